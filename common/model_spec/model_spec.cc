@@ -1,0 +1,341 @@
+#include "common/model_spec/model_spec.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status/macros.h"
+#include "nlohmann/json.hpp"
+
+namespace shardserve {
+namespace {
+
+using json = nlohmann::json;
+
+// Reads typed fields of one JSON object, producing errors that name the file and the field.
+class Fields {
+ public:
+  Fields(const json& obj, absl::string_view label) : obj_(obj), label_(label) {}
+
+  absl::Status Error(absl::string_view field, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(label_, ": field \"", field, "\" ", what));
+  }
+  bool Has(const char* key) const {
+    auto it = obj_.find(key);
+    return it != obj_.end() && !it->is_null();
+  }
+  // A required integer in [min, max].
+  absl::StatusOr<int64_t> Int(const char* key, int64_t min, int64_t max) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end() || it->is_null()) return Error(key, "is missing");
+    return IntValue(key, *it, min, max);
+  }
+  absl::StatusOr<int64_t> IntOr(const char* key, int64_t def, int64_t min, int64_t max) const {
+    if (!Has(key)) return def;
+    return Int(key, min, max);
+  }
+  absl::StatusOr<double> NumberOr(const char* key, double def, double min, double max) const {
+    if (!Has(key)) return def;
+    const json& v = obj_.at(key);
+    if (!v.is_number()) return Error(key, "is not a number");
+    const double d = v.get<double>();
+    if (!(d >= min && d <= max)) return Error(key, absl::StrCat("is ", d, ", outside [", min, ", ", max, "]"));
+    return d;
+  }
+  absl::StatusOr<bool> BoolOr(const char* key, bool def) const {
+    if (!Has(key)) return def;
+    const json& v = obj_.at(key);
+    if (!v.is_boolean()) return Error(key, "is not true or false");
+    return v.get<bool>();
+  }
+  absl::StatusOr<int64_t> IntValue(absl::string_view key, const json& v, int64_t min, int64_t max) const {
+    if (!v.is_number_integer()) return Error(key, "is not an integer");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max)) {
+      return Error(key, absl::StrCat("is ", v.get<uint64_t>(), ", above the limit ", max));
+    }
+    const int64_t i = v.get<int64_t>();
+    if (i < min || i > max) return Error(key, absl::StrCat("is ", i, ", outside [", min, ", ", max, "]"));
+    return i;
+  }
+  const json& obj() const { return obj_; }
+
+ private:
+  const json& obj_;
+  absl::string_view label_;
+};
+
+constexpr int64_t kMaxDim = int64_t{1} << 24;     // 16M: no real hidden/vocab size is larger
+constexpr int64_t kMaxPositions = int64_t{1} << 24;
+
+absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_view label) {
+  auto it = doc.find("architectures");
+  if (it == doc.end() || !it->is_array() || it->empty() || !(*it)[0].is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": field \"architectures\" is missing or not a list of names"));
+  }
+  const std::string name = (*it)[0].get<std::string>();
+  if (name == "LlamaForCausalLM") return Architecture::kLlama;
+  if (name == "MistralForCausalLM") return Architecture::kMistral;
+  if (name == "Qwen2ForCausalLM") return Architecture::kQwen2;
+  if (name == "MixtralForCausalLM") return Architecture::kMixtral;
+  if (name == "Qwen2MoeForCausalLM") return Architecture::kQwen2Moe;
+  return absl::UnimplementedError(absl::StrCat(
+      label, ": architecture \"", name,
+      "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+      "MixtralForCausalLM, Qwen2MoeForCausalLM)"));
+}
+
+// RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
+// configs have top-level `rope_theta` and an optional `rope_scaling` {type|rope_type, ...}.
+absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_positions, RopeSpec* rope) {
+  Fields top(doc, label);
+  ASSIGN_OR_RETURN(rope->theta, top.NumberOr("rope_theta", 10000.0, 1e-3, 1e12));
+  const json* params = nullptr;
+  std::string field = "rope_scaling";
+  if (top.Has("rope_parameters")) {
+    params = &doc.at("rope_parameters");
+    field = "rope_parameters";
+  } else if (top.Has("rope_scaling")) {
+    params = &doc.at("rope_scaling");
+  }
+  if (params == nullptr) return absl::OkStatus();
+  if (!params->is_object()) return top.Error(field, "is not an object");
+  const std::string sub_label = absl::StrCat(label, " ", field);
+  Fields p(*params, sub_label);
+  ASSIGN_OR_RETURN(rope->theta, p.NumberOr("rope_theta", rope->theta, 1e-3, 1e12));
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    if (p.Has(key)) {
+      if (!params->at(key).is_string()) return p.Error(key, "is not a string");
+      type = params->at(key).get<std::string>();
+      break;
+    }
+  }
+  if (type == "default") {
+    rope->type = RopeType::kDefault;
+  } else if (type == "linear") {
+    rope->type = RopeType::kLinear;
+    ASSIGN_OR_RETURN(rope->factor, p.NumberOr("factor", -1.0, 1e-6, 1e6));
+    if (rope->factor < 0) return p.Error("factor", "is missing");
+  } else if (type == "llama3") {
+    rope->type = RopeType::kLlama3;
+    ASSIGN_OR_RETURN(rope->factor, p.NumberOr("factor", -1.0, 1e-6, 1e6));
+    if (rope->factor < 0) return p.Error("factor", "is missing");
+    ASSIGN_OR_RETURN(rope->low_freq_factor, p.NumberOr("low_freq_factor", 1.0, 1e-6, 1e6));
+    ASSIGN_OR_RETURN(rope->high_freq_factor, p.NumberOr("high_freq_factor", 4.0, 1e-6, 1e6));
+    if (rope->high_freq_factor <= rope->low_freq_factor) {
+      return p.Error("high_freq_factor", "must be greater than low_freq_factor");
+    }
+    ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
+                     p.IntOr("original_max_position_embeddings", max_positions, 1, kMaxPositions));
+  } else {
+    return absl::UnimplementedError(absl::StrCat(sub_label, ": rope type \"", type,
+                                                 "\" is not supported (supported: default, linear, llama3)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseIds(const Fields& f, const char* key, int64_t vocab) {
+  std::vector<int64_t> ids;
+  if (!f.Has(key)) return ids;
+  const json& v = f.obj().at(key);
+  if (v.is_array()) {
+    for (const auto& e : v) {
+      ASSIGN_OR_RETURN(int64_t id, f.IntValue(key, e, 0, vocab - 1));
+      ids.push_back(id);
+    }
+  } else {
+    ASSIGN_OR_RETURN(int64_t id, f.IntValue(key, v, 0, vocab - 1));
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
+  MoeSpec& moe = spec->moe;
+  if (spec->arch == Architecture::kMixtral) {
+    ASSIGN_OR_RETURN(moe.num_experts, f.Int("num_local_experts", 1, 4096));
+    ASSIGN_OR_RETURN(moe.top_k, f.Int("num_experts_per_tok", 1, moe.num_experts));
+    moe.norm_topk_prob = true;
+    moe.expert_intermediate_size = spec->intermediate_size;
+    moe.sparse_layers.assign(static_cast<size_t>(spec->num_layers), true);
+    return absl::OkStatus();
+  }
+  // Qwen2-MoE.
+  ASSIGN_OR_RETURN(moe.num_experts, f.Int("num_experts", 1, 4096));
+  ASSIGN_OR_RETURN(moe.top_k, f.Int("num_experts_per_tok", 1, moe.num_experts));
+  ASSIGN_OR_RETURN(moe.norm_topk_prob, f.BoolOr("norm_topk_prob", false));
+  ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.Int("moe_intermediate_size", 1, kMaxDim));
+  ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size,
+                   f.IntOr("shared_expert_intermediate_size", 0, 0, kMaxDim));
+  ASSIGN_OR_RETURN(int64_t step, f.IntOr("decoder_sparse_step", 1, 1, spec->num_layers));
+  std::vector<bool> dense_only(static_cast<size_t>(spec->num_layers), false);
+  if (f.Has("mlp_only_layers")) {
+    const auto& v = f.obj().at("mlp_only_layers");
+    if (!v.is_array()) return f.Error("mlp_only_layers", "is not a list of layer indices");
+    for (const auto& e : v) {
+      ASSIGN_OR_RETURN(int64_t layer, f.IntValue("mlp_only_layers", e, 0, spec->num_layers - 1));
+      dense_only[static_cast<size_t>(layer)] = true;
+    }
+  }
+  moe.sparse_layers.resize(static_cast<size_t>(spec->num_layers));
+  for (int64_t l = 0; l < spec->num_layers; ++l) {
+    moe.sparse_layers[static_cast<size_t>(l)] = !dense_only[static_cast<size_t>(l)] && (l + 1) % step == 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+absl::string_view ArchitectureName(Architecture arch) {
+  switch (arch) {
+    case Architecture::kLlama: return "LlamaForCausalLM";
+    case Architecture::kMistral: return "MistralForCausalLM";
+    case Architecture::kQwen2: return "Qwen2ForCausalLM";
+    case Architecture::kMixtral: return "MixtralForCausalLM";
+    case Architecture::kQwen2Moe: return "Qwen2MoeForCausalLM";
+  }
+  return "?";
+}
+
+int64_t ModelSpec::NumParameters() const {
+  const int64_t h = hidden_size;
+  const int64_t q = num_heads * head_dim;
+  const int64_t kv = num_kv_heads * head_dim;
+  int64_t attn = h * q + 2 * h * kv + q * h + 2 * h;  // projections + 2 norms
+  if (qkv_bias) attn += q + 2 * kv;
+  if (o_bias) attn += h;
+  int64_t total = vocab_size * h * (tie_word_embeddings ? 1 : 2) + h;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    total += attn;
+    if (IsSparseLayer(l)) {
+      total += moe.num_experts * (h + 3 * h * moe.expert_intermediate_size);
+      if (moe.shared_expert_intermediate_size > 0) total += 3 * h * moe.shared_expert_intermediate_size + h;
+    } else {
+      total += 3 * h * intermediate_size + (mlp_bias ? 2 * intermediate_size + h : 0);
+    }
+  }
+  return total;
+}
+
+absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::string_view label) {
+  json doc = json::parse(config_json.begin(), config_json.end(), nullptr, false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(label, ": not valid JSON"));
+  if (!doc.is_object()) return absl::InvalidArgumentError(absl::StrCat(label, ": not a JSON object"));
+  Fields f(doc, label);
+  ModelSpec s;
+  ASSIGN_OR_RETURN(s.arch, ParseArchitecture(doc, label));
+  ASSIGN_OR_RETURN(s.vocab_size, f.Int("vocab_size", 1, kMaxDim));
+  ASSIGN_OR_RETURN(s.hidden_size, f.Int("hidden_size", 1, kMaxDim));
+  ASSIGN_OR_RETURN(s.intermediate_size, f.Int("intermediate_size", 1, kMaxDim));
+  ASSIGN_OR_RETURN(s.num_layers, f.Int("num_hidden_layers", 1, 4096));
+  ASSIGN_OR_RETURN(s.num_heads, f.Int("num_attention_heads", 1, 4096));
+  ASSIGN_OR_RETURN(s.num_kv_heads, f.IntOr("num_key_value_heads", s.num_heads, 1, s.num_heads));
+  if (s.num_heads % s.num_kv_heads != 0) {
+    return f.Error("num_key_value_heads", absl::StrCat("(", s.num_kv_heads, ") does not divide num_attention_heads (",
+                                                       s.num_heads, ")"));
+  }
+  if (f.Has("head_dim")) {
+    ASSIGN_OR_RETURN(s.head_dim, f.Int("head_dim", 2, 65536));
+  } else {
+    if (s.hidden_size % s.num_heads != 0) {
+      return f.Error("hidden_size", "is not divisible by num_attention_heads and no head_dim is given");
+    }
+    s.head_dim = s.hidden_size / s.num_heads;
+  }
+  if (s.head_dim % 2 != 0) return f.Error("head_dim", absl::StrCat("is ", s.head_dim, "; RoPE needs an even size"));
+  ASSIGN_OR_RETURN(s.max_position_embeddings, f.Int("max_position_embeddings", 1, kMaxPositions));
+  ASSIGN_OR_RETURN(s.rms_norm_eps, f.NumberOr("rms_norm_eps", 1e-6, 0.0, 1.0));
+  ASSIGN_OR_RETURN(s.tie_word_embeddings, f.BoolOr("tie_word_embeddings", false));
+  if (f.Has("hidden_act")) {
+    const json& act = doc.at("hidden_act");
+    if (!act.is_string() || (act.get<std::string>() != "silu" && act.get<std::string>() != "swish")) {
+      return absl::UnimplementedError(absl::StrCat(label, ": field \"hidden_act\" is ", act.dump(),
+                                                   "; only \"silu\" is supported"));
+    }
+  }
+  RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope));
+  if (f.Has("partial_rotary_factor")) {
+    ASSIGN_OR_RETURN(double prf, f.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
+    if (prf != 1.0) return absl::UnimplementedError(absl::StrCat(label, ": partial_rotary_factor != 1 is not supported"));
+  }
+  switch (s.arch) {
+    case Architecture::kLlama: {
+      ASSIGN_OR_RETURN(s.qkv_bias, f.BoolOr("attention_bias", false));
+      s.o_bias = s.qkv_bias;
+      ASSIGN_OR_RETURN(s.mlp_bias, f.BoolOr("mlp_bias", false));
+      break;
+    }
+    case Architecture::kQwen2:
+    case Architecture::kQwen2Moe: {
+      // Qwen2 always has q/k/v biases; Qwen2-MoE follows its `qkv_bias` (default true).
+      s.qkv_bias = true;
+      if (s.arch == Architecture::kQwen2Moe) {
+        ASSIGN_OR_RETURN(s.qkv_bias, f.BoolOr("qkv_bias", true));
+      }
+      ASSIGN_OR_RETURN(bool use_sw, f.BoolOr("use_sliding_window", false));
+      if (use_sw) {
+        return absl::UnimplementedError(
+            absl::StrCat(label, ": use_sliding_window=true (per-layer sliding windows) is not supported"));
+      }
+      break;
+    }
+    case Architecture::kMistral:
+    case Architecture::kMixtral: {
+      ASSIGN_OR_RETURN(s.sliding_window, f.IntOr("sliding_window", 0, 0, kMaxPositions));
+      if (s.sliding_window >= s.max_position_embeddings) s.sliding_window = 0;  // never reached
+      break;
+    }
+  }
+  if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe) {
+    RETURN_IF_ERROR(ParseMoe(f, &s));
+  }
+  if (f.Has("bos_token_id")) {
+    ASSIGN_OR_RETURN(s.bos_token_id, f.Int("bos_token_id", 0, s.vocab_size - 1));
+  }
+  ASSIGN_OR_RETURN(s.eos_token_ids, ParseIds(f, "eos_token_id", s.vocab_size));
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (f.Has(key) && doc.at(key).is_string()) {
+      std::string d = doc.at(key).get<std::string>();
+      if (d == "float32") s.dtype = DType::kF32;
+      else if (d == "float16") s.dtype = DType::kF16;
+      else if (d == "bfloat16") s.dtype = DType::kBF16;
+      else return absl::UnimplementedError(absl::StrCat(label, ": field \"", key, "\" is \"", d,
+                                                        "\"; supported: float32, float16, bfloat16"));
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<ModelSpec> LoadModelSpec(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+  ASSIGN_OR_RETURN(ModelSpec spec, ParseModelSpec(text, config_path));
+  const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
+  std::error_code ec;
+  if (fs::exists(gen_path, ec)) {
+    ASSIGN_OR_RETURN(std::string gen_text, ReadFile(gen_path));
+    json gen = json::parse(gen_text, nullptr, false);
+    if (gen.is_discarded() || !gen.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(gen_path, ": not a JSON object"));
+    }
+    Fields g(gen, gen_path);
+    ASSIGN_OR_RETURN(auto eos, ParseIds(g, "eos_token_id", spec.vocab_size));
+    if (!eos.empty()) spec.eos_token_ids = std::move(eos);
+  }
+  return spec;
+}
+
+}  // namespace shardserve

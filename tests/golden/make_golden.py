@@ -1,0 +1,487 @@
+#!/usr/bin/env python3
+"""Create tiny random-weight Hugging Face checkpoints and their reference outputs.
+
+Run from the repository root:
+
+    python3 tests/golden/make_golden.py            # all models
+    python3 tests/golden/make_golden.py --only llama mistral
+
+For every model this writes tests/golden/models/<name>/ with exactly what
+`save_pretrained(safe_serialization=True)` writes (config.json,
+generation_config.json, model.safetensors or model-0000x-of-0000y.safetensors +
+model.safetensors.index.json) and a reference.json:
+
+    {"model", "architecture", "generator", "transformers_version", "torch_version",
+     "cases": [{"prompt_ids", "logits" (prompt_len x vocab), "greedy_ids" (32),
+                "min_greedy_margin"}],
+     "min_router_margin" (MoE models) | null}
+
+References are computed by transformers itself (eager attention, float32, CPU,
+one thread) on the checkpoint *reloaded from disk*, so what is tested is what is
+committed.  Weights are re-initialised with large standard deviations so that the
+logits are well spread, and every fixture is checked to have no near-ties (the
+thresholds are 5x / 10x stricter than the 1e-3 / 1e-4 that cross-implementation
+float32 comparisons need, to leave room for TF32-like GPU math):
+
+  * every greedy decision: top1 - top2 > GREEDY_REL_MARGIN (5e-3) * max|logit| at
+    that position, in both the KV-cache decode loop and a cache-free recompute
+    (which must pick the same tokens);
+  * MoE models: for every token (prompt and generated) and every sparse layer,
+    p[k-1] - p[k] > ROUTER_MARGIN (1e-3) for the sorted router softmax
+    probabilities (k = num_experts_per_tok);
+  * no generated token equals eos_token_id (2), so an engine that stops on EOS
+    still produces all 32 tokens, and at least MIN_DISTINCT (12) distinct
+    generated tokens per case (no degenerate repetition).
+
+When a check fails the prompt (and, if needed, the weight seed) is changed
+deterministically.  Recorded: min_greedy_margin = smallest absolute top1 - top2
+logit gap over the greedy steps of a case (logit units); min_router_margin =
+smallest router-probability gap p[k-1] - p[k] over all cases (null for dense
+models).  Everything is deterministic: re-running reproduces identical files
+(same torch / transformers versions, CPU).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+import transformers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS_DIR = os.path.join(HERE, "models")
+GENERATOR = "tests/golden/make_golden.py"
+
+VOCAB = 256
+HIDDEN = 64
+MAX_POS = 128
+BOS, EOS = 1, 2
+PROMPT_LENS = (1, 5, 11)
+NEW_TOKENS = 32
+GREEDY_REL_MARGIN = 5e-3
+ROUTER_MARGIN = 1e-3
+MIN_DISTINCT = 12  # greedy outputs stuck on one token make weak tests
+MAX_MODEL_SEEDS = 50
+MAX_PROMPT_TRIES = 100
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    max_position_embeddings=MAX_POS,
+    hidden_act="silu",
+    bos_token_id=BOS,
+    eos_token_id=EOS,
+    attention_dropout=0.0,
+)
+
+SPECS = [
+    dict(
+        name="llama",
+        model_cls=LlamaForCausalLM,
+        config_cls=LlamaConfig,
+        config=dict(
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    dict(
+        name="llama_tied_llama3rope_bias",
+        model_cls=LlamaForCausalLM,
+        # With tied embeddings a large embedding makes every token predict itself
+        # (logit e_t . e_t dominates): keep it small so the layers drive the output.
+        std_embed=0.3,
+        config_cls=LlamaConfig,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,  # != hidden_size / num_attention_heads (16)
+            rms_norm_eps=1e-5,
+            attention_bias=True,  # q, k, v AND o_proj get a bias
+            mlp_bias=False,
+            tie_word_embeddings=True,
+            # head_dim 32, theta 5e5: wavelengths 2*pi*theta^(2i/32) = 6.28, 14.3, 32.4, 73.4, ...
+            # original_max_position_embeddings 32 -> high_freq_wavelen 8, low_freq_wavelen 32:
+            # i=0 unchanged, i=1 smoothed, i>=2 divided by factor: all three branches are used.
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),
+    dict(
+        name="mistral",
+        model_cls=MistralForCausalLM,
+        config_cls=MistralConfig,
+        config=dict(
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            sliding_window=8,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    dict(
+        name="qwen2",
+        model_cls=Qwen2ForCausalLM,
+        config_cls=Qwen2Config,
+        config=dict(
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    dict(
+        name="mixtral",
+        model_cls=MixtralForCausalLM,
+        config_cls=MixtralConfig,
+        config=dict(
+            intermediate_size=32,  # per expert
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    dict(
+        name="qwen2_moe",
+        model_cls=Qwen2MoeForCausalLM,
+        config_cls=Qwen2MoeConfig,
+        config=dict(
+            intermediate_size=96,  # dense MLP of the mlp_only_layers
+            moe_intermediate_size=16,  # per routed expert
+            shared_expert_intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],  # layers 0 and 2 sparse, layer 1 dense
+            use_sliding_window=False,
+            qkv_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    dict(
+        name="llama_bf16_sharded",
+        model_cls=LlamaForCausalLM,
+        config_cls=LlamaConfig,
+        config=dict(
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+        save_dtype=torch.bfloat16,
+        max_shard_size="100KB",
+    ),
+]
+
+# Standard deviations of the re-initialisation (see module docstring).
+STD_EMBED = 1.0
+STD_LINEAR = 0.2
+STD_BIAS = 0.2
+STD_NORM_NOISE = 0.1
+STD_ROUTER = 0.25
+STD_SHARED_GATE = 0.5
+
+
+def reinit_(model, seed, std_embed=STD_EMBED):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                value = 1.0 + STD_NORM_NOISE * noise
+            elif name.endswith(".bias"):
+                value = STD_BIAS * noise
+            elif "embed_tokens" in name:
+                value = std_embed * noise
+            elif name.endswith("mlp.gate.weight"):  # MoE router (Mixtral and Qwen2-MoE)
+                value = STD_ROUTER * noise
+            elif name.endswith("shared_expert_gate.weight"):
+                value = STD_SHARED_GATE * noise
+            else:
+                value = STD_LINEAR * noise
+            p.copy_(value.to(p.dtype))
+
+
+def f32(x):
+    """Shortest decimal that round-trips the float32 value x."""
+    return float(str(np.float32(x)))
+
+
+def dump_reference(path, ref):
+    """JSON with one logits row per line (compact but diffable)."""
+    def enc(v):
+        return json.dumps(v, separators=(", ", ": "))
+
+    lines = ["{"]
+    head = [k for k in ref if k not in ("cases", "min_router_margin")]
+    for k in head:
+        lines.append(f"  {enc(k)}: {enc(ref[k])},")
+    lines.append('  "cases": [')
+    for ci, case in enumerate(ref["cases"]):
+        lines.append("    {")
+        items = list(case.items())
+        for ki, (k, v) in enumerate(items):
+            comma = "," if ki + 1 < len(items) else ""
+            if k in ("logits",):
+                lines.append(f"      {enc(k)}: [")
+                for ri, row in enumerate(v):
+                    rc = "," if ri + 1 < len(v) else ""
+                    lines.append("        " + enc(row) + rc)
+                lines.append("      ]" + comma)
+            else:
+                lines.append(f"      {enc(k)}: {enc(v)}{comma}")
+        lines.append("    }" + ("," if ci + 1 < len(ref["cases"]) else ""))
+    lines.append("  ],")
+    lines.append(f'  "min_router_margin": {enc(ref["min_router_margin"])}')
+    lines.append("}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+class RouterProbe:
+    """Records, for every token routed by every MoE router, the gap between the
+    k-th and (k+1)-th largest softmax probabilities."""
+
+    def __init__(self, model):
+        self.handles = []
+        self.min_gap = float("inf")
+        for name, mod in model.named_modules():
+            if type(mod).__name__.endswith("TopKRouter"):
+                self.top_k = mod.top_k
+                self.handles.append(mod.register_forward_hook(self._hook))
+
+    @property
+    def active(self):
+        return bool(self.handles)
+
+    def _hook(self, mod, inputs, output):
+        router_logits = output[0].float()
+        probs = torch.softmax(router_logits, dim=-1)
+        s = torch.sort(probs, dim=-1, descending=True).values
+        gap = (s[:, self.top_k - 1] - s[:, self.top_k]).min().item()
+        self.min_gap = min(self.min_gap, gap)
+
+    def reset(self):
+        self.min_gap = float("inf")
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def greedy_margin(row):
+    top2 = torch.topk(row, 2).values
+    gap = (top2[0] - top2[1]).item()
+    return gap, gap / row.abs().max().item()
+
+
+@torch.no_grad()
+def run_case(model, prompt_ids):
+    """Returns (prompt_logits [L,V], greedy ids, min abs margin, min rel margin) or
+    raises ValueError if the two generation paths disagree."""
+    ids = torch.tensor([prompt_ids], dtype=torch.long)
+    # 1) cache-free forward over the prompt: the recorded logits.
+    prompt_logits = model(ids, use_cache=False).logits[0].float()
+
+    # 2) greedy decode with the KV cache.
+    out = model(ids, use_cache=True)
+    cached_prompt_logits = out.logits[0].float()
+    if not torch.allclose(cached_prompt_logits, prompt_logits, rtol=1e-5, atol=1e-5):
+        raise ValueError("cached and cache-free prompt logits differ")
+    past = out.past_key_values
+    row = out.logits[0, -1].float()
+    gen, abs_m, rel_m = [], [], []
+    for step in range(NEW_TOKENS):
+        a, r = greedy_margin(row)
+        abs_m.append(a)
+        rel_m.append(r)
+        tok = int(torch.argmax(row))
+        gen.append(tok)
+        if step + 1 == NEW_TOKENS:
+            break
+        out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        row = out.logits[0, -1].float()
+
+    # 3) cache-free recompute over prompt + generated: same argmax everywhere.
+    full = torch.tensor([list(prompt_ids) + gen[:-1]], dtype=torch.long)
+    logits = model(full, use_cache=False).logits[0].float()
+    L = len(prompt_ids)
+    for step in range(NEW_TOKENS):
+        row = logits[L - 1 + step]
+        if int(torch.argmax(row)) != gen[step]:
+            raise ValueError("cached and cache-free greedy tokens differ")
+        a, r = greedy_margin(row)
+        abs_m.append(a)
+        rel_m.append(r)
+    return prompt_logits, gen, min(abs_m), min(rel_m)
+
+
+def make_prompt(model_idx, case_idx, attempt):
+    g = torch.Generator().manual_seed(7_919 * model_idx + 1_000_003 * (case_idx + 1) + attempt)
+    return torch.randint(3, VOCAB, (PROMPT_LENS[case_idx],), generator=g).tolist()
+
+
+def build_and_save(spec, seed, out_dir):
+    torch.manual_seed(seed)
+    config = spec["config_cls"](**COMMON, **spec["config"])
+    model = spec["model_cls"](config)
+    reinit_(model, seed, spec.get("std_embed", STD_EMBED))
+    save_dtype = spec.get("save_dtype", torch.float32)
+    model = model.to(save_dtype)
+    expected = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    kwargs = {}
+    if "max_shard_size" in spec:
+        kwargs["max_shard_size"] = spec["max_shard_size"]
+    model.save_pretrained(out_dir, safe_serialization=True, **kwargs)
+    return expected
+
+
+def load(spec, out_dir):
+    model = spec["model_cls"].from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    return model
+
+
+def check_roundtrip(model, expected):
+    got = model.state_dict()
+    for k, v in expected.items():
+        if k not in got:
+            raise RuntimeError(f"reloaded model lacks {k}")
+        if got[k].dtype != torch.float32 or not torch.equal(got[k], v):
+            raise RuntimeError(f"reloaded weight {k} differs from the saved one")
+
+
+def generate_model(model_idx, spec):
+    name = spec["name"]
+    out_dir = os.path.join(MODELS_DIR, name)
+    for seed in range(1000 * model_idx, 1000 * model_idx + MAX_MODEL_SEEDS):
+        expected = build_and_save(spec, seed, out_dir)
+        model = load(spec, out_dir)
+        check_roundtrip(model, expected)
+        probe = RouterProbe(model)
+        cases, router_min = [], float("inf")
+        for ci in range(len(PROMPT_LENS)):
+            found = None
+            for attempt in range(MAX_PROMPT_TRIES):
+                prompt = make_prompt(model_idx, ci, attempt)
+                probe.reset()
+                try:
+                    logits, gen, abs_m, rel_m = run_case(model, prompt)
+                except ValueError as e:
+                    print(f"  {name} seed {seed} case {ci} try {attempt}: {e}", file=sys.stderr)
+                    continue
+                if rel_m <= GREEDY_REL_MARGIN or EOS in gen or len(set(gen)) < MIN_DISTINCT:
+                    continue
+                if probe.active and probe.min_gap <= ROUTER_MARGIN:
+                    continue
+                found = (prompt, logits, gen, abs_m, rel_m, probe.min_gap)
+                break
+            if found is None:
+                break
+            prompt, logits, gen, abs_m, rel_m, rgap = found
+            if probe.active:
+                router_min = min(router_min, rgap)
+            cases.append(
+                {
+                    "prompt_ids": prompt,
+                    "logits": [[f32(x) for x in row] for row in logits.tolist()],
+                    "greedy_ids": gen,
+                    "min_greedy_margin": f32(abs_m),
+                }
+            )
+            print(
+                f"  {name}: seed {seed} case {ci} (prompt try {attempt}): len {len(prompt)}, "
+                f"min greedy gap {abs_m:.4g} (rel {rel_m:.4g})"
+                + (f", min router gap {rgap:.4g}" if probe.active else "")
+            )
+        probe.remove()
+        if len(cases) < len(PROMPT_LENS):
+            print(f"  {name}: seed {seed} rejected, trying the next one", file=sys.stderr)
+            continue
+        ref = {
+            "model": name,
+            "architecture": spec["model_cls"].__name__,
+            "generator": GENERATOR,
+            "transformers_version": transformers.__version__,
+            "torch_version": torch.__version__,
+            "cases": cases,
+            "min_router_margin": f32(router_min) if probe.active else None,
+        }
+        dump_reference(os.path.join(out_dir, "reference.json"), ref)
+        return ref
+    raise RuntimeError(f"{name}: no seed satisfies the margin checks")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", help="model names to regenerate (default: all)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    os.makedirs(MODELS_DIR, exist_ok=True)
+    names = [s["name"] for s in SPECS]
+    for n in args.only or []:
+        if n not in names:
+            ap.error(f"unknown model {n}; known: {', '.join(names)}")
+    for model_idx, spec in enumerate(SPECS):
+        if args.only and spec["name"] not in args.only:
+            continue
+        print(f"{spec['name']} ({spec['model_cls'].__name__})")
+        generate_model(model_idx, spec)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Independent float64 NumPy forward pass for the golden checkpoints (no PyTorch).
+
+A readable statement of the semantics the fixtures encode, and a cross-check of
+the reference.json files that make_golden.py records with transformers:
+
+    python3 tests/golden/numpy_reference.py                 # every model under tests/golden/models
+    python3 tests/golden/numpy_reference.py path/to/model   # one checkpoint directory
+
+For each case it recomputes the prompt logits and the 32 greedy tokens (by
+re-running the whole sequence, no KV cache) and prints the largest logit
+difference against reference.json. Needs only numpy.
+
+Semantics (transformers 5.23, eager attention):
+  * RMSNorm: w * x / sqrt(mean(x^2) + eps)  (weight multiplies, no 1 + w).
+  * RoPE rotate_half: x[i] pairs with x[i + d/2]; inv_freq_i = theta^(-2i/d);
+    llama3 scaling rescales inv_freq (see llama3_inv_freq).
+  * GQA: query head h uses kv head h // (num_heads / num_kv_heads).
+  * scores scaled by head_dim^-0.5; causal; sliding window W: key j visible from
+    query i iff 0 <= i - j < W (W keys including the query itself).
+  * Llama attention_bias: bias on q, k, v AND o; Qwen2: bias on q, k, v only.
+  * Mixtral: softmax over all experts, top-k, renormalise the k weights.
+  * Qwen2-MoE: softmax over all experts, top-k, renormalise only if
+    norm_topk_prob; plus sigmoid(shared_expert_gate . x) * shared_expert(x).
+  * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
+"""
+
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        raw = data[base + a : base + b]
+        dt = info["dtype"]
+        if dt == "F32":
+            arr = np.frombuffer(raw, dtype="<f4")
+        elif dt == "F16":
+            arr = np.frombuffer(raw, dtype="<f2")
+        elif dt == "BF16":
+            arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError(f"unsupported dtype {dt}")
+        out[name] = arr.reshape(info["shape"]).astype(np.float64)
+    return out
+
+
+def load_checkpoint(d):
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    idx = os.path.join(d, "model.safetensors.index.json")
+    w = {}
+    if os.path.exists(idx):
+        with open(idx) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        for fn in files:
+            w.update(read_safetensors(os.path.join(d, fn)))
+    else:
+        w = read_safetensors(os.path.join(d, "model.safetensors"))
+    return cfg, w
+
+
+def rope_params(cfg):
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rp = dict(rp)
+    rp.setdefault("rope_type", rp.get("type", "default"))
+    theta = rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    return rp, float(theta)
+
+
+def llama3_inv_freq(inv_freq, rp):
+    factor = rp["factor"]
+    lo, hi = rp["low_freq_factor"], rp["high_freq_factor"]
+    old = rp["original_max_position_embeddings"]
+    low_wl, high_wl = old / lo, old / hi
+    out = []
+    for f in inv_freq:
+        wl = 2 * math.pi / f
+        if wl < high_wl:
+            out.append(f)
+        elif wl > low_wl:
+            out.append(f / factor)
+        else:
+            s = (old / wl - lo) / (hi - lo)
+            out.append((1 - s) * f / factor + s * f)
+    return np.array(out)
+
+
+class Model:
+    def __init__(self, d):
+        self.cfg, self.w = load_checkpoint(d)
+        c = self.cfg
+        self.arch = c["architectures"][0]
+        self.H = c["hidden_size"]
+        self.nh = c["num_attention_heads"]
+        self.nkv = c.get("num_key_value_heads") or self.nh
+        self.hd = c.get("head_dim") or self.H // self.nh
+        self.eps = c["rms_norm_eps"]
+        self.L = c["num_hidden_layers"]
+        rp, theta = rope_params(c)
+        inv = 1.0 / theta ** (np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
+        if rp["rope_type"] == "llama3":
+            inv = llama3_inv_freq(inv, rp)
+        elif rp["rope_type"] != "default":
+            raise ValueError(f"rope_type {rp['rope_type']} not implemented here")
+        self.inv_freq = inv
+        # sliding window per layer
+        sw = c.get("sliding_window")
+        if self.arch in ("MistralForCausalLM", "MixtralForCausalLM"):
+            self.windows = [sw] * self.L
+        else:  # Qwen2 / Qwen2-MoE: only with use_sliding_window, per layer_types
+            types = c.get("layer_types") or ["full_attention"] * self.L
+            use = c.get("use_sliding_window", False)
+            self.windows = [sw if (use and t == "sliding_attention") else None for t in types]
+
+    def lin(self, x, name):
+        y = x @ self.w[name + ".weight"].T
+        b = self.w.get(name + ".bias")
+        return y if b is None else y + b
+
+    def rms(self, x, name):
+        return self.w[name + ".weight"] * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
+
+    def rope(self, x, pos):  # x [T, heads, hd]
+        ang = pos[:, None] * self.inv_freq[None, :]
+        cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
+        sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
+        h = self.hd // 2
+        rot = np.concatenate([-x[..., h:], x[..., :h]], -1)
+        return x * cos + rot * sin
+
+    def attention(self, x, l):
+        p = f"model.layers.{l}.self_attn"
+        T = x.shape[0]
+        pos = np.arange(T, dtype=np.float64)
+        q = self.rope(self.lin(x, p + ".q_proj").reshape(T, self.nh, self.hd), pos)
+        k = self.rope(self.lin(x, p + ".k_proj").reshape(T, self.nkv, self.hd), pos)
+        v = self.lin(x, p + ".v_proj").reshape(T, self.nkv, self.hd)
+        i = np.arange(T)[:, None]
+        j = np.arange(T)[None, :]
+        visible = j <= i
+        if self.windows[l] is not None:
+            visible &= (i - j) < self.windows[l]
+        group = self.nh // self.nkv
+        out = np.zeros((T, self.nh, self.hd))
+        for h in range(self.nh):
+            kv = h // group
+            s = (q[:, h, :] @ k[:, kv, :].T) * self.hd**-0.5
+            s = np.where(visible, s, -np.inf)
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            out[:, h, :] = s @ v[:, kv, :]
+        return self.lin(out.reshape(T, -1), p + ".o_proj")
+
+    def swiglu(self, x, gate, up, down):
+        g = x @ gate.T
+        return ((g / (1 + np.exp(-g))) * (x @ up.T)) @ down.T
+
+    def mlp(self, x, l):
+        p = f"model.layers.{l}"
+        c = self.cfg
+        if self.arch == "MixtralForCausalLM":
+            m = p + ".block_sparse_moe"
+            return self.moe(x, m + ".gate.weight", c["num_local_experts"], c["num_experts_per_tok"], True,
+                            lambda e: (m + f".experts.{e}.w1.weight", m + f".experts.{e}.w3.weight",
+                                       m + f".experts.{e}.w2.weight"))
+        if self.arch == "Qwen2MoeForCausalLM" and (p + ".mlp.gate.weight") in self.w:
+            m = p + ".mlp"
+            y = self.moe(x, m + ".gate.weight", c["num_experts"], c["num_experts_per_tok"], c["norm_topk_prob"],
+                         lambda e: (m + f".experts.{e}.gate_proj.weight", m + f".experts.{e}.up_proj.weight",
+                                    m + f".experts.{e}.down_proj.weight"))
+            s = m + ".shared_expert"
+            shared = self.swiglu(x, self.w[s + ".gate_proj.weight"], self.w[s + ".up_proj.weight"],
+                                 self.w[s + ".down_proj.weight"])
+            g = x @ self.w[m + ".shared_expert_gate.weight"].T  # [T, 1]
+            return y + shared / (1 + np.exp(-g))
+        m = p + ".mlp"
+        return self.swiglu(x, self.w[m + ".gate_proj.weight"], self.w[m + ".up_proj.weight"],
+                           self.w[m + ".down_proj.weight"])
+
+    def moe(self, x, gate_name, n_exp, k, renorm, names):
+        logits = x @ self.w[gate_name].T
+        pr = np.exp(logits - logits.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            top = np.argsort(-pr[t], kind="stable")[:k]
+            wts = pr[t, top]
+            if renorm:
+                wts = wts / wts.sum()
+            for e, wt in zip(top, wts):
+                g, u, d = names(e)
+                out[t] += wt * self.swiglu(x[t : t + 1], self.w[g], self.w[u], self.w[d])[0]
+        return out
+
+    def forward(self, ids):
+        x = self.w["model.embed_tokens.weight"][np.array(ids)]
+        for l in range(self.L):
+            x = x + self.attention(self.rms(x, f"model.layers.{l}.input_layernorm"), l)
+            x = x + self.mlp(self.rms(x, f"model.layers.{l}.post_attention_layernorm"), l)
+        x = self.rms(x, "model.norm")
+        head = self.w.get("lm_head.weight")
+        if head is None:
+            head = self.w["model.embed_tokens.weight"]
+        return x @ head.T
+
+
+def check(d):
+    ref_path = os.path.join(d, "reference.json")
+    with open(ref_path) as f:
+        ref = json.load(f)
+    m = Model(d)
+    worst, ok = 0.0, True
+    for case in ref["cases"]:
+        ids = list(case["prompt_ids"])
+        logits = m.forward(ids)
+        ref_logits = np.array(case["logits"])
+        worst = max(worst, float(np.abs(logits - ref_logits).max()))
+        n = len(case["greedy_ids"])
+        for _ in range(n):
+            ids.append(int(np.argmax(m.forward(ids)[-1])))
+        got = ids[len(case["prompt_ids"]) :]
+        if got != case["greedy_ids"]:
+            ok = False
+            first = next(i for i, (a, b) in enumerate(zip(got, case["greedy_ids"])) if a != b)
+            print(f"  {ref['model']}: greedy differs at step {first}: {got} vs {case['greedy_ids']}")
+    print(f"{ref['model']:28s} max |logit - ref| = {worst:.3g}  greedy {'OK' if ok else 'MISMATCH'}")
+    return ok and worst < 1e-3
+
+
+def main():
+    dirs = sys.argv[1:]
+    if not dirs:
+        root = os.path.join(HERE, "models")
+        dirs = [os.path.join(root, n) for n in sorted(os.listdir(root))]
+    ok = all([check(d) for d in dirs])
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+#include "worker/engine/generator.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/macros.h"
+
+namespace shardserve::engine {
+namespace {
+
+struct Active {
+  size_t index;           // request index
+  int32_t slot;
+  int32_t consumed = 0;   // tokens of prompt+output already in the cache
+  std::vector<int32_t> context;  // prompt followed by generated tokens
+  bool done = false;
+};
+
+}  // namespace
+
+absl::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+  }
+  return "?";
+}
+
+absl::Status ValidateRequest(const Model& model, const GenerationRequest& r) {
+  const ModelSpec& spec = model.spec();
+  const int64_t ctx = model.options().max_seq_len;
+  if (r.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= spec.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " has id ", r.prompt[i],
+                                                     ", outside the vocabulary [0, ", spec.vocab_size, ")"));
+    }
+  }
+  if (static_cast<int64_t>(r.prompt.size()) >= ctx) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", r.prompt.size(),
+                                                   " tokens; the context length is ", ctx,
+                                                   ", which leaves no room to generate"));
+  }
+  if (r.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
+  }
+  return r.sampling.Validate();
+}
+
+absl::StatusOr<std::vector<GenerationResult>> Generate(Model& model, const std::vector<GenerationRequest>& requests,
+                                                       const TokenCallback& on_token) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (auto st = ValidateRequest(model, requests[i]); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("request ", i, ": ", st.message()));
+    }
+  }
+  const int64_t ctx = model.options().max_seq_len;
+  const int64_t budget = model.options().max_step_tokens;
+  std::vector<GenerationResult> results(requests.size());
+  std::deque<size_t> waiting;
+  for (size_t i = 0; i < requests.size(); ++i) waiting.push_back(i);
+  std::vector<int32_t> free_slots;
+  for (int32_t s = static_cast<int32_t>(model.options().max_slots) - 1; s >= 0; --s) free_slots.push_back(s);
+  std::vector<Active> active;
+  Sampler sampler;
+
+  while (!waiting.empty() || !active.empty()) {
+    while (!waiting.empty() && !free_slots.empty()) {
+      const size_t i = waiting.front();
+      waiting.pop_front();
+      active.push_back(Active{.index = i, .slot = free_slots.back(), .context = requests[i].prompt});
+      free_slots.pop_back();
+    }
+    // Decodes first (one token each), then prefill chunks with what is left of the budget.
+    std::vector<StepSequence> batch;
+    std::vector<size_t> members;  // index into `active` per batch entry
+    int64_t left = budget;
+    for (int pass = 0; pass < 2 && left > 0; ++pass) {
+      for (size_t a = 0; a < active.size() && left > 0; ++a) {
+        Active& s = active[a];
+        const int64_t pending = static_cast<int64_t>(s.context.size()) - s.consumed;
+        const bool decoding = pending == 1;
+        if ((pass == 0) != decoding) continue;
+        const int64_t n = std::min(pending, left);
+        StepSequence seq{.slot = s.slot, .pos_begin = s.consumed};
+        seq.tokens.assign(s.context.begin() + s.consumed, s.context.begin() + s.consumed + n);
+        batch.push_back(std::move(seq));
+        members.push_back(a);
+        left -= n;
+      }
+    }
+    ASSIGN_OR_RETURN(StepResult step, model.Step(batch));
+    for (size_t b = 0; b < batch.size(); ++b) {
+      Active& s = active[members[b]];
+      s.consumed += static_cast<int32_t>(batch[b].tokens.size());
+      if (s.consumed < static_cast<int32_t>(s.context.size())) continue;  // prompt chunk, not yet at the end
+      const GenerationRequest& req = requests[s.index];
+      GenerationResult& res = results[s.index];
+      const int32_t token = sampler.Sample(step.logits[b], req.sampling, res.tokens.size());
+      res.tokens.push_back(token);
+      s.context.push_back(token);
+      if (on_token) on_token(s.index, token);
+      if (std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end()) {
+        res.finish = FinishReason::kStop;
+        s.done = true;
+      } else if (static_cast<int32_t>(res.tokens.size()) >= req.max_tokens ||
+                 static_cast<int64_t>(s.context.size()) >= ctx) {
+        res.finish = FinishReason::kLength;
+        s.done = true;
+      }
+    }
+    for (const Active& s : active) {
+      if (s.done) free_slots.push_back(s.slot);
+    }
+    std::erase_if(active, [](const Active& s) { return s.done; });
+  }
+  return results;
+}
+
+}  // namespace shardserve::engine

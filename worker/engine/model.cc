@@ -1,0 +1,380 @@
+#include "worker/engine/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status/macros.h"
+#include "worker/kernels/shared/row_math.h"
+
+namespace shardserve::engine {
+
+using kernels::AttnSeq;
+using kernels::DeviceBuffer;
+
+// Step-sized device buffers, allocated once for max_step_tokens.
+struct Model::Workspace {
+  DeviceBuffer hidden, normed, q, k, v, attn, tmp, gate, up;  // activations
+  DeviceBuffer ids, positions, seqs, inv_freq;                  // inputs
+  DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, shared_gate;
+  DeviceBuffer logit_rows, selected, logits;
+  float position_scale = 1.0f;
+  // Host staging.
+  std::vector<int32_t> h_ids, h_pos, h_rows;
+  std::vector<AttnSeq> h_seqs;
+  std::vector<float> h_router, h_scales, h_probs;
+  std::vector<int32_t> h_moe_rows, h_topk;
+  std::vector<float> h_topw;
+};
+
+namespace {
+
+// RoPE inverse frequencies (f32, as transformers computes them), with llama3 scaling applied.
+std::vector<float> InvFreq(const ModelSpec& spec, float* position_scale) {
+  const int64_t d = spec.head_dim;
+  std::vector<float> inv(static_cast<size_t>(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(d);
+    inv[static_cast<size_t>(i)] = 1.0f / std::pow(static_cast<float>(spec.rope.theta), exponent);
+  }
+  *position_scale = 1.0f;
+  switch (spec.rope.type) {
+    case RopeType::kDefault:
+      break;
+    case RopeType::kLinear:
+      *position_scale = static_cast<float>(1.0 / spec.rope.factor);
+      break;
+    case RopeType::kLlama3: {
+      const double factor = spec.rope.factor;
+      const double old_len = static_cast<double>(spec.rope.original_max_position_embeddings);
+      const double low_wavelen = old_len / spec.rope.low_freq_factor;
+      const double high_wavelen = old_len / spec.rope.high_freq_factor;
+      for (float& f : inv) {
+        const double wavelen = 2.0 * std::numbers::pi / f;
+        if (wavelen > low_wavelen) {
+          f = static_cast<float>(f / factor);
+        } else if (wavelen >= high_wavelen) {
+          const double smooth = (old_len / wavelen - spec.rope.low_freq_factor) /
+                                (spec.rope.high_freq_factor - spec.rope.low_freq_factor);
+          f = static_cast<float>((1.0 - smooth) * f / factor + smooth * f);
+        }
+      }
+      break;
+    }
+  }
+  return inv;
+}
+
+absl::Status Alloc(kernels::Backend& b, DeviceBuffer* buf, size_t bytes) {
+  ASSIGN_OR_RETURN(*buf, b.Allocate(std::max<size_t>(bytes, 64)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Model::Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend)
+    : spec_(spec), options_(options), backend_(backend), ws_(std::make_unique<Workspace>()) {}
+
+Model::~Model() = default;
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, const Checkpoint& ckpt,
+                                                     kernels::Backend* backend, const ModelOptions& options_in) {
+  ModelOptions options = options_in;
+  if (options.max_seq_len == 0) options.max_seq_len = spec.max_position_embeddings;
+  if (options.max_slots < 1 || options.max_slots > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_slots must be in [1, 2^20], got ", options.max_slots));
+  }
+  if (options.max_seq_len < 1 || options.max_seq_len > spec.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("max_seq_len must be in [1, max_position_embeddings = ",
+                                                   spec.max_position_embeddings, "], got ", options.max_seq_len));
+  }
+  if (options.max_step_tokens < 1 || options.max_step_tokens > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_step_tokens must be in [1, 2^20], got ", options.max_step_tokens));
+  }
+  std::unique_ptr<Model> m(new Model(spec, options, backend));
+  ASSIGN_OR_RETURN(m->layout_, ShardLayout::Make(spec, options.shard));
+  ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, ckpt, *backend));
+
+  // KV cache: [slots, max_len, local kv heads, head_dim] per layer for K and V.
+  const size_t kv_elems = static_cast<size_t>(options.max_slots * options.max_seq_len * m->layout_.kv_heads *
+                                              spec.head_dim);
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    DeviceBuffer k, v;
+    RETURN_IF_ERROR(Alloc(*backend, &k, kv_elems * sizeof(float)));
+    RETURN_IF_ERROR(Alloc(*backend, &v, kv_elems * sizeof(float)));
+    m->k_cache_.push_back(std::move(k));
+    m->v_cache_.push_back(std::move(v));
+    m->kv_bytes_ += 2 * kv_elems * sizeof(float);
+  }
+
+  Workspace& w = *m->ws_;
+  const size_t t = static_cast<size_t>(options.max_step_tokens);
+  const size_t h = static_cast<size_t>(spec.hidden_size);
+  const size_t qd = static_cast<size_t>(m->layout_.q_heads * spec.head_dim);
+  const size_t kvd = static_cast<size_t>(m->layout_.kv_heads * spec.head_dim);
+  const size_t ffn = static_cast<size_t>(
+      std::max({m->layout_.ffn, m->layout_.expert_ffn, m->layout_.shared_ffn}));
+  const size_t f = sizeof(float);
+  const size_t topk = static_cast<size_t>(std::max<int64_t>(spec.moe.top_k, 1));
+  const size_t experts = static_cast<size_t>(std::max<int64_t>(spec.moe.num_experts, 1));
+  RETURN_IF_ERROR(Alloc(*backend, &w.hidden, t * h * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.normed, t * h * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.q, t * qd * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.k, t * kvd * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.v, t * kvd * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.attn, t * qd * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.tmp, t * h * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.gate, t * ffn * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.up, t * ffn * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.ids, t * sizeof(int32_t)));
+  RETURN_IF_ERROR(Alloc(*backend, &w.positions, t * sizeof(int32_t)));
+  RETURN_IF_ERROR(Alloc(*backend, &w.seqs, t * sizeof(AttnSeq)));
+  RETURN_IF_ERROR(Alloc(*backend, &w.logit_rows, t * sizeof(int32_t)));
+  RETURN_IF_ERROR(Alloc(*backend, &w.selected, t * h * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.logits, t * static_cast<size_t>(spec.vocab_size) * f));
+  if (spec.IsMoe()) {
+    RETURN_IF_ERROR(Alloc(*backend, &w.router, t * experts * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.moe_x, t * h * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.moe_y, t * h * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.moe_rows, t * topk * sizeof(int32_t)));
+    RETURN_IF_ERROR(Alloc(*backend, &w.moe_scales, t * topk * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.shared_gate, t * f));
+  }
+  const std::vector<float> inv = InvFreq(spec, &w.position_scale);
+  RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq, inv.size() * f));
+  RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq.as<void>(), inv.data(), inv.size() * f));
+  return m;
+}
+
+absl::Status Model::Validate(const std::vector<StepSequence>& batch) const {
+  if (batch.empty()) return absl::InvalidArgumentError("empty step batch");
+  int64_t total = 0;
+  absl::flat_hash_set<int32_t> slots;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const StepSequence& s = batch[i];
+    if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": no tokens"));
+    if (s.slot < 0 || s.slot >= options_.max_slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", i, ": slot ", s.slot, " outside [0, ", options_.max_slots, ")"));
+    }
+    if (!slots.insert(s.slot).second) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": slot ", s.slot, " used twice in one step"));
+    }
+    const int64_t end = int64_t{s.pos_begin} + static_cast<int64_t>(s.tokens.size());
+    if (s.pos_begin < 0 || end > options_.max_seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": positions [", s.pos_begin, ", ", end,
+                                                     ") exceed the context length ", options_.max_seq_len));
+    }
+    for (int32_t id : s.tokens) {
+      if (id < 0 || id >= spec_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": token id ", id,
+                                                       " is outside the vocabulary [0, ", spec_.vocab_size, ")"));
+      }
+    }
+    total += static_cast<int64_t>(s.tokens.size());
+  }
+  if (total > options_.max_step_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", total, " tokens; the limit is max_step_tokens = ", options_.max_step_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch) {
+  RETURN_IF_ERROR(Validate(batch));
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  w.h_ids.clear();
+  w.h_pos.clear();
+  w.h_seqs.clear();
+  w.h_rows.clear();
+  for (const StepSequence& s : batch) {
+    AttnSeq a;
+    a.q_begin = static_cast<int32_t>(w.h_ids.size());
+    a.q_len = static_cast<int32_t>(s.tokens.size());
+    a.pos_begin = s.pos_begin;
+    a.slot = s.slot;
+    w.h_seqs.push_back(a);
+    for (size_t j = 0; j < s.tokens.size(); ++j) {
+      w.h_ids.push_back(s.tokens[j]);
+      w.h_pos.push_back(s.pos_begin + static_cast<int32_t>(j));
+      if (s.all_logits || j + 1 == s.tokens.size()) w.h_rows.push_back(a.q_begin + static_cast<int32_t>(j));
+    }
+  }
+  const int64_t tokens = static_cast<int64_t>(w.h_ids.size());
+  const int64_t num_seqs = static_cast<int64_t>(w.h_seqs.size());
+  const int64_t rows = static_cast<int64_t>(w.h_rows.size());
+  const int64_t h = spec_.hidden_size;
+  RETURN_IF_ERROR(b.CopyToDevice(w.ids.as<void>(), w.h_ids.data(), tokens * sizeof(int32_t)));
+  RETURN_IF_ERROR(b.CopyToDevice(w.positions.as<void>(), w.h_pos.data(), tokens * sizeof(int32_t)));
+  RETURN_IF_ERROR(b.CopyToDevice(w.seqs.as<void>(), w.h_seqs.data(), num_seqs * sizeof(AttnSeq)));
+  RETURN_IF_ERROR(b.CopyToDevice(w.logit_rows.as<void>(), w.h_rows.data(), rows * sizeof(int32_t)));
+
+  RETURN_IF_ERROR(b.Embedding({.table = weights_.embedding.as<float>(),
+                               .ids = w.ids.as<int32_t>(),
+                               .out = w.hidden.as<float>(),
+                               .tokens = tokens,
+                               .vocab = spec_.vocab_size,
+                               .hidden = h}));
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    RETURN_IF_ERROR(Layer(l, tokens, w.seqs.as<AttnSeq>(), num_seqs));
+  }
+  RETURN_IF_ERROR(b.GatherRows({.src = w.hidden.as<float>(),
+                                .rows = w.logit_rows.as<int32_t>(),
+                                .dst = w.selected.as<float>(),
+                                .count = rows,
+                                .src_rows = tokens,
+                                .width = h}));
+  RETURN_IF_ERROR(b.RmsNorm({.x = w.selected.as<float>(),
+                             .weight = weights_.final_norm.as<float>(),
+                             .y = w.selected.as<float>(),
+                             .tokens = rows,
+                             .hidden = h,
+                             .eps = static_cast<float>(spec_.rms_norm_eps)}));
+  RETURN_IF_ERROR(b.Linear({.x = w.selected.as<float>(),
+                            .w = weights_.lm_head_w,
+                            .y = w.logits.as<float>(),
+                            .tokens = rows,
+                            .in = h,
+                            .out = spec_.vocab_size}));
+  StepResult result;
+  result.logits.resize(batch.size());
+  const int64_t v = spec_.vocab_size;
+  int64_t row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t n = batch[i].all_logits ? static_cast<int64_t>(batch[i].tokens.size()) : 1;
+    result.logits[i].resize(static_cast<size_t>(n * v));
+    RETURN_IF_ERROR(b.CopyToHost(result.logits[i].data(), w.logits.as<float>() + row * v, n * v * sizeof(float)));
+    row += n;
+  }
+  return result;
+}
+
+absl::Status Model::Layer(int64_t layer, int64_t tokens, const AttnSeq* seqs, int64_t num_seqs) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  const int64_t h = spec_.hidden_size;
+  const int64_t d = spec_.head_dim;
+  const float eps = static_cast<float>(spec_.rms_norm_eps);
+  float* hidden = w.hidden.as<float>();
+  float* normed = w.normed.as<float>();
+
+  RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.input_norm.as<float>(), .y = normed, .tokens = tokens,
+                             .hidden = h, .eps = eps}));
+  auto linear = [&](const LinearWeight& lin, const float* x, float* y, bool accumulate) {
+    return b.Linear({.x = x, .w = lin.w.as<float>(), .bias = lin.b.empty() ? nullptr : lin.b.as<float>(), .y = y,
+                     .tokens = tokens, .in = lin.in, .out = lin.out, .accumulate = accumulate});
+  };
+  RETURN_IF_ERROR(linear(lw.q, normed, w.q.as<float>(), false));
+  RETURN_IF_ERROR(linear(lw.k, normed, w.k.as<float>(), false));
+  RETURN_IF_ERROR(linear(lw.v, normed, w.v.as<float>(), false));
+  RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
+                          .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
+                          .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
+  const kernels::KvLayerView cache{.k = k_cache_[static_cast<size_t>(layer)].as<float>(),
+                                   .v = v_cache_[static_cast<size_t>(layer)].as<float>(),
+                                   .slots = options_.max_slots,
+                                   .max_len = options_.max_seq_len,
+                                   .kv_heads = layout_.kv_heads,
+                                   .head_dim = d};
+  RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .seqs = seqs, .host_seqs = w.h_seqs.data(),
+                             .num_seqs = num_seqs, .tokens = tokens, .cache = cache}));
+  RETURN_IF_ERROR(b.Attention({.q = w.q.as<float>(), .out = w.attn.as<float>(), .seqs = seqs,
+                               .host_seqs = w.h_seqs.data(), .num_seqs = num_seqs, .tokens = tokens,
+                               .q_heads = layout_.q_heads, .cache = cache,
+                               .scale = 1.0f / std::sqrt(static_cast<float>(d)),
+                               .sliding_window = spec_.sliding_window}));
+  // Residual add fused into the o projection: hidden += attn . o^T.
+  RETURN_IF_ERROR(linear(lw.o, w.attn.as<float>(), hidden, true));
+
+  RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.post_norm.as<float>(), .y = normed, .tokens = tokens,
+                             .hidden = h, .eps = eps}));
+  if (lw.sparse) return Moe(lw, tokens);
+  return Mlp(lw.mlp, normed, hidden, tokens, layout_.ffn, true);
+}
+
+absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t tokens, int64_t width,
+                        bool accumulate) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  auto linear = [&](const LinearWeight& lin, const float* in, float* out, bool acc) {
+    return b.Linear({.x = in, .w = lin.w.as<float>(), .bias = lin.b.empty() ? nullptr : lin.b.as<float>(),
+                     .y = out, .tokens = tokens, .in = lin.in, .out = lin.out, .accumulate = acc});
+  };
+  RETURN_IF_ERROR(linear(mw.gate, x, w.gate.as<float>(), false));
+  RETURN_IF_ERROR(linear(mw.up, x, w.up.as<float>(), false));
+  RETURN_IF_ERROR(b.SiluMul({.gate = w.gate.as<float>(), .up = w.up.as<float>(), .out = w.gate.as<float>(),
+                             .n = tokens * width}));
+  return linear(mw.down, w.gate.as<float>(), y, accumulate);
+}
+
+absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  const int64_t h = spec_.hidden_size;
+  const int64_t e_count = spec_.moe.num_experts;
+  const int64_t k = spec_.moe.top_k;
+  float* normed = w.normed.as<float>();
+  float* hidden = w.hidden.as<float>();
+
+  // Route on the host: router logits [tokens, experts] -> top-k experts and weights per token.
+  RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.router.w.as<float>(), .y = w.router.as<float>(), .tokens = tokens,
+                            .in = h, .out = e_count}));
+  w.h_router.resize(static_cast<size_t>(tokens * e_count));
+  RETURN_IF_ERROR(b.CopyToHost(w.h_router.data(), w.router.as<float>(), w.h_router.size() * sizeof(float)));
+  w.h_probs.resize(static_cast<size_t>(e_count));
+  w.h_topk.resize(static_cast<size_t>(tokens * k));
+  w.h_topw.resize(static_cast<size_t>(tokens * k));
+  for (int64_t t = 0; t < tokens; ++t) {
+    kernels::RouteTopK(w.h_router.data() + t * e_count, w.h_probs.data(), static_cast<int>(e_count),
+                       static_cast<int>(k), spec_.moe.norm_topk_prob, w.h_topk.data() + t * k,
+                       w.h_topw.data() + t * k);
+  }
+  // Group (token, weight) pairs by expert: rows of expert e are [offset[e], offset[e+1]).
+  std::vector<int64_t> offset(static_cast<size_t>(e_count + 1), 0);
+  for (int32_t e : w.h_topk) ++offset[static_cast<size_t>(e) + 1];
+  for (int64_t e = 0; e < e_count; ++e) offset[static_cast<size_t>(e + 1)] += offset[static_cast<size_t>(e)];
+  w.h_moe_rows.assign(static_cast<size_t>(tokens * k), 0);
+  w.h_scales.assign(static_cast<size_t>(tokens * k), 0.f);
+  std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const size_t e = static_cast<size_t>(w.h_topk[static_cast<size_t>(t * k + j)]);
+      const size_t at = static_cast<size_t>(fill[e]++);
+      w.h_moe_rows[at] = static_cast<int32_t>(t);
+      w.h_scales[at] = w.h_topw[static_cast<size_t>(t * k + j)];
+    }
+  }
+  RETURN_IF_ERROR(b.CopyToDevice(w.moe_rows.as<void>(), w.h_moe_rows.data(), w.h_moe_rows.size() * sizeof(int32_t)));
+  RETURN_IF_ERROR(b.CopyToDevice(w.moe_scales.as<void>(), w.h_scales.data(), w.h_scales.size() * sizeof(float)));
+
+  for (int64_t e = 0; e < e_count; ++e) {
+    const int64_t begin = offset[static_cast<size_t>(e)];
+    const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
+    if (count == 0) continue;
+    const int32_t* rows = w.moe_rows.as<int32_t>() + begin;
+    RETURN_IF_ERROR(b.GatherRows({.src = normed, .rows = rows, .dst = w.moe_x.as<float>(), .count = count,
+                                  .src_rows = tokens, .width = h}));
+    RETURN_IF_ERROR(Mlp(lw.experts[static_cast<size_t>(e)], w.moe_x.as<float>(), w.moe_y.as<float>(), count,
+                        layout_.expert_ffn, false));
+    RETURN_IF_ERROR(b.ScatterAddRows({.src = w.moe_y.as<float>(), .rows = rows,
+                                      .scales = w.moe_scales.as<float>() + begin, .dst = hidden, .count = count,
+                                      .dst_rows = tokens, .width = h}));
+  }
+  if (layout_.shared_ffn > 0) {
+    // hidden += sigmoid(x . g) * SharedMlp(x)
+    RETURN_IF_ERROR(Mlp(lw.shared, normed, w.tmp.as<float>(), tokens, layout_.shared_ffn, false));
+    RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.shared_gate.w.as<float>(), .y = w.shared_gate.as<float>(),
+                              .tokens = tokens, .in = h, .out = 1}));
+    RETURN_IF_ERROR(b.SigmoidScaleRows({.x = w.tmp.as<float>(), .gate = w.shared_gate.as<float>(), .tokens = tokens,
+                                        .width = h}));
+    RETURN_IF_ERROR(b.Add({.x = hidden, .y = w.tmp.as<float>(), .n = tokens * h}));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardserve::engine

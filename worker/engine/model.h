@@ -1,0 +1,86 @@
+// Model: one rank's forward pass over a batch of sequences, with a KV cache of fixed slots.
+//
+// A step takes, for each sequence, its cache slot, the position of its first new token and the
+// new tokens (a prefill chunk or one decode token); sequences of different lengths share one
+// batch. Matrix products run over all the batch's tokens at once; attention runs per sequence.
+// The step returns f32 logits on the host for the last new token of each sequence, or for all of
+// its new tokens when asked.
+//
+// Thread-safety: a Model is used by one thread at a time (the rank thread that owns its backend).
+#ifndef SHARDSERVE_WORKER_ENGINE_MODEL_H_
+#define SHARDSERVE_WORKER_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "worker/engine/weights.h"
+#include "worker/kernels/backend.h"
+
+namespace shardserve::engine {
+
+struct ModelOptions {
+  int64_t max_slots = 8;          // sequences that can hold KV state at once
+  int64_t max_seq_len = 0;        // tokens per sequence; 0 = max_position_embeddings
+  int64_t max_step_tokens = 256;  // tokens per step over all sequences (prefill chunk budget)
+  TpShard shard;
+};
+
+struct StepSequence {
+  int32_t slot = 0;
+  int32_t pos_begin = 0;         // the sequence's current length in the cache
+  std::vector<int32_t> tokens;   // new tokens, at least one
+  bool all_logits = false;       // logits for every new token, not only the last
+};
+
+struct StepResult {
+  // Per sequence, in request order: [rows, vocab] row-major, rows = tokens.size() or 1.
+  std::vector<std::vector<float>> logits;
+};
+
+class Model {
+ public:
+  // Loads the rank's weights and allocates its KV cache and workspace on `backend`, which must
+  // outlive the Model. Errors: InvalidArgument for options or a checkpoint that disagrees with the
+  // spec, ResourceExhausted when memory runs out.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelSpec& spec, const Checkpoint& ckpt,
+                                                       kernels::Backend* backend, const ModelOptions& options);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Runs one step. InvalidArgument (naming the sequence) for an empty token list, a token id
+  // outside the vocabulary, a slot out of range or used twice, positions past max_seq_len, or more
+  // than max_step_tokens tokens in all. Nothing is written to the cache when validation fails.
+  absl::StatusOr<StepResult> Step(const std::vector<StepSequence>& batch);
+
+  const ModelSpec& spec() const { return spec_; }
+  const ModelOptions& options() const { return options_; }
+  // Device bytes of weights and of KV cache held by this rank.
+  size_t weight_bytes() const { return weights_.bytes; }
+  size_t kv_cache_bytes() const { return kv_bytes_; }
+
+ private:
+  struct Workspace;
+  Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend);
+  absl::Status Validate(const std::vector<StepSequence>& batch) const;
+  absl::Status Layer(int64_t layer, int64_t tokens, const kernels::AttnSeq* seqs, int64_t num_seqs);
+  absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, int64_t width, bool accumulate);
+  absl::Status Moe(const LayerWeights& w, int64_t tokens);
+
+  const ModelSpec spec_;
+  const ModelOptions options_;
+  kernels::Backend* const backend_;  // not owned
+  ShardLayout layout_;
+  ModelWeights weights_;
+  std::vector<kernels::DeviceBuffer> k_cache_, v_cache_;  // per layer
+  size_t kv_bytes_ = 0;
+  std::unique_ptr<Workspace> ws_;
+};
+
+}  // namespace shardserve::engine
+
+#endif  // SHARDSERVE_WORKER_ENGINE_MODEL_H_

@@ -1,0 +1,87 @@
+#include "worker/engine/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardserve::engine {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+absl::Status SamplingParams::Validate() const {
+  if (!std::isfinite(temperature) || temperature < 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature must be a finite number >= 0, got ", temperature));
+  }
+  if (top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", top_k));
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", top_p));
+  }
+  return absl::OkStatus();
+}
+
+double SamplingUniform(uint64_t seed, uint64_t step) {
+  const uint64_t r = SplitMix64(SplitMix64(seed) ^ (step * 0xd1b54a32d192ed03ull));
+  return static_cast<double>(r >> 11) * 0x1.0p-53;
+}
+
+int32_t Sampler::Sample(absl::Span<const float> logits, const SamplingParams& params, uint64_t step) {
+  const int32_t n = static_cast<int32_t>(logits.size());
+  if (params.temperature == 0.0f || params.top_k == 1) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  // Candidates sorted by logit, descending (ties: lower id first), cut to top_k.
+  order_.resize(static_cast<size_t>(n));
+  std::iota(order_.begin(), order_.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  int32_t keep = n;
+  if (params.top_k > 0 && params.top_k < n) {
+    keep = params.top_k;
+    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_logit);
+  } else {
+    std::sort(order_.begin(), order_.end(), by_logit);
+  }
+  // Softmax of logits / temperature over the candidates.
+  probs_.resize(static_cast<size_t>(keep));
+  const double inv_t = 1.0 / params.temperature;
+  const double max_logit = logits[order_[0]];
+  double total = 0.0;
+  for (int32_t i = 0; i < keep; ++i) {
+    const double p = std::exp((logits[order_[i]] - max_logit) * inv_t);
+    probs_[static_cast<size_t>(i)] = static_cast<float>(p);
+    total += p;
+  }
+  // Top-p: the smallest prefix whose probability reaches top_p (at least one token).
+  if (params.top_p < 1.0f) {
+    double cum = 0.0;
+    int32_t cut = keep;
+    for (int32_t i = 0; i < keep; ++i) {
+      cum += probs_[static_cast<size_t>(i)] / total;
+      if (cum >= params.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+    total = 0.0;
+    for (int32_t i = 0; i < keep; ++i) total += probs_[static_cast<size_t>(i)];
+  }
+  const double u = SamplingUniform(params.seed, step) * total;
+  double cum = 0.0;
+  for (int32_t i = 0; i < keep; ++i) {
+    cum += probs_[static_cast<size_t>(i)];
+    if (u < cum) return order_[static_cast<size_t>(i)];
+  }
+  return order_[static_cast<size_t>(keep - 1)];
+}
+
+}  // namespace shardserve::engine

@@ -1,0 +1,206 @@
+#include "worker/engine/weights.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/macros.h"
+
+namespace shardserve::engine {
+namespace {
+
+absl::Status NotDivisible(absl::string_view what, int64_t n, int size) {
+  return absl::InvalidArgumentError(absl::StrCat("tensor parallel size ", size, " does not divide ", what, " (", n,
+                                                 "); choose a tp that divides it"));
+}
+
+// Loads checkpoint tensors onto one backend, counting bytes.
+class Loader {
+ public:
+  Loader(const Checkpoint& ckpt, const ModelSpec& spec, kernels::Backend& backend)
+      : ckpt_(ckpt), spec_(spec), backend_(backend) {}
+
+  // config.json's dtype, when given, must be the stored dtype of every weight.
+  absl::Status CheckDType(const std::string& name) {
+    if (!spec_.dtype.has_value()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const SafetensorsEntry* e, ckpt_.Find(name));
+    if (e->dtype != *spec_.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(ckpt_.label(), ": tensor \"", name, "\" is stored as ",
+                                                     DTypeName(e->dtype), " but config.json declares dtype ",
+                                                     DTypeName(*spec_.dtype)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<kernels::DeviceBuffer> Upload(const HostTensor& t) {
+    ASSIGN_OR_RETURN(kernels::DeviceBuffer buf, backend_.Allocate(t.bytes()));
+    RETURN_IF_ERROR(backend_.CopyToDevice(buf.as<void>(), t.data(), t.bytes()));
+    bytes_ += t.bytes();
+    return buf;
+  }
+  absl::StatusOr<kernels::DeviceBuffer> Full(const std::string& name, const Shape& shape) {
+    RETURN_IF_ERROR(CheckDType(name));
+    ASSIGN_OR_RETURN(HostTensor t, ckpt_.Read(name, shape));
+    return Upload(t);
+  }
+  absl::StatusOr<kernels::DeviceBuffer> Rows(const std::string& name, const Shape& shape, int64_t begin,
+                                             int64_t end) {
+    RETURN_IF_ERROR(CheckDType(name));
+    ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadRows(name, shape, begin, end));
+    return Upload(t);
+  }
+  absl::StatusOr<kernels::DeviceBuffer> Cols(const std::string& name, const Shape& shape, int64_t begin,
+                                             int64_t end) {
+    RETURN_IF_ERROR(CheckDType(name));
+    ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadCols(name, shape, begin, end));
+    return Upload(t);
+  }
+
+  // Column-parallel linear (split by output rows [begin, end)), with optional bias.
+  absl::StatusOr<LinearWeight> ColumnParallel(const std::string& prefix, int64_t in, int64_t out, int64_t begin,
+                                              int64_t end, bool bias) {
+    LinearWeight lw;
+    lw.in = in;
+    lw.out = end - begin;
+    ASSIGN_OR_RETURN(lw.w, Rows(prefix + ".weight", {out, in}, begin, end));
+    if (bias) {
+      ASSIGN_OR_RETURN(lw.b, Rows(prefix + ".bias", {out}, begin, end));
+    }
+    return lw;
+  }
+  // Row-parallel linear (split by input columns [begin, end)); the bias is added once, on rank 0.
+  absl::StatusOr<LinearWeight> RowParallel(const std::string& prefix, int64_t in, int64_t out, int64_t begin,
+                                           int64_t end, bool bias, bool bias_here) {
+    LinearWeight lw;
+    lw.in = end - begin;
+    lw.out = out;
+    ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end));
+    if (bias && bias_here) {
+      ASSIGN_OR_RETURN(lw.b, Full(prefix + ".bias", {out}));
+    }
+    return lw;
+  }
+  absl::StatusOr<MlpWeights> Mlp(const std::string& prefix, const char* gate, const char* up, const char* down,
+                                 int64_t hidden, int64_t width, int64_t begin, int64_t end, bool bias, int rank) {
+    MlpWeights m;
+    ASSIGN_OR_RETURN(m.gate, ColumnParallel(prefix + gate, hidden, width, begin, end, bias));
+    ASSIGN_OR_RETURN(m.up, ColumnParallel(prefix + up, hidden, width, begin, end, bias));
+    ASSIGN_OR_RETURN(m.down, RowParallel(prefix + down, width, hidden, begin, end, bias, rank == 0));
+    return m;
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  const Checkpoint& ckpt_;
+  const ModelSpec& spec_;
+  kernels::Backend& backend_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<ShardLayout> ShardLayout::Make(const ModelSpec& spec, TpShard shard) {
+  const int n = shard.size;
+  if (n < 1 || shard.rank < 0 || shard.rank >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid tensor-parallel rank ", shard.rank, " of ", n));
+  }
+  ShardLayout l;
+  if (spec.num_heads % n != 0) return NotDivisible("num_attention_heads", spec.num_heads, n);
+  l.q_heads = spec.num_heads / n;
+  l.q_head_begin = l.q_heads * shard.rank;
+  if (spec.num_kv_heads % n == 0) {
+    l.kv_heads = spec.num_kv_heads / n;
+    l.kv_head_begin = l.kv_heads * shard.rank;
+  } else if (n % spec.num_kv_heads == 0) {
+    // Fewer kv heads than ranks: each rank holds the one kv head its query heads read.
+    l.kv_heads = 1;
+    const int64_t group = spec.num_heads / spec.num_kv_heads;
+    l.kv_head_begin = l.q_head_begin / group;
+  } else {
+    return NotDivisible("num_key_value_heads", spec.num_kv_heads, n);
+  }
+  if (spec.intermediate_size % n != 0) return NotDivisible("intermediate_size", spec.intermediate_size, n);
+  l.ffn = spec.intermediate_size / n;
+  if (spec.IsMoe()) {
+    if (spec.moe.expert_intermediate_size % n != 0) {
+      return NotDivisible("the expert intermediate size", spec.moe.expert_intermediate_size, n);
+    }
+    l.expert_ffn = spec.moe.expert_intermediate_size / n;
+    if (spec.moe.shared_expert_intermediate_size % n != 0) {
+      return NotDivisible("shared_expert_intermediate_size", spec.moe.shared_expert_intermediate_size, n);
+    }
+    l.shared_ffn = spec.moe.shared_expert_intermediate_size / n;
+  }
+  return l;
+}
+
+absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
+                                         const Checkpoint& ckpt, kernels::Backend& backend) {
+  Loader ld(ckpt, spec, backend);
+  ModelWeights mw;
+  const int64_t h = spec.hidden_size;
+  const int64_t d = spec.head_dim;
+  const int64_t q_out = spec.num_heads * d;
+  const int64_t kv_out = spec.num_kv_heads * d;
+  ASSIGN_OR_RETURN(mw.embedding, ld.Full("model.embed_tokens.weight", {spec.vocab_size, h}));
+  ASSIGN_OR_RETURN(mw.final_norm, ld.Full("model.norm.weight", {h}));
+  if (spec.tie_word_embeddings) {
+    mw.lm_head_w = mw.embedding.as<float>();
+  } else {
+    ASSIGN_OR_RETURN(mw.lm_head.w, ld.Full("lm_head.weight", {spec.vocab_size, h}));
+    mw.lm_head_w = mw.lm_head.w.as<float>();
+  }
+  mw.lm_head.in = h;
+  mw.lm_head.out = spec.vocab_size;
+  const bool moe_mixtral = spec.arch == Architecture::kMixtral;
+  for (int64_t i = 0; i < spec.num_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    LayerWeights lw;
+    ASSIGN_OR_RETURN(lw.input_norm, ld.Full(p + "input_layernorm.weight", {h}));
+    ASSIGN_OR_RETURN(lw.post_norm, ld.Full(p + "post_attention_layernorm.weight", {h}));
+    const int64_t qb = layout.q_head_begin * d, qe = qb + layout.q_heads * d;
+    const int64_t kb = layout.kv_head_begin * d, ke = kb + layout.kv_heads * d;
+    ASSIGN_OR_RETURN(lw.q, ld.ColumnParallel(p + "self_attn.q_proj", h, q_out, qb, qe, spec.qkv_bias));
+    ASSIGN_OR_RETURN(lw.k, ld.ColumnParallel(p + "self_attn.k_proj", h, kv_out, kb, ke, spec.qkv_bias));
+    ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(p + "self_attn.v_proj", h, kv_out, kb, ke, spec.qkv_bias));
+    ASSIGN_OR_RETURN(lw.o, ld.RowParallel(p + "self_attn.o_proj", q_out, h, qb, qe, spec.o_bias, shard.rank == 0));
+    lw.sparse = spec.IsSparseLayer(i);
+    if (!lw.sparse) {
+      const int64_t fb = layout.ffn * shard.rank;
+      ASSIGN_OR_RETURN(lw.mlp, ld.Mlp(p + "mlp.", "gate_proj", "up_proj", "down_proj", h, spec.intermediate_size, fb,
+                                      fb + layout.ffn, spec.mlp_bias, shard.rank));
+    } else {
+      const std::string moe = p + (moe_mixtral ? "block_sparse_moe." : "mlp.");
+      const int64_t e_count = spec.moe.num_experts;
+      ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + "gate.weight", {e_count, h}));
+      lw.router.in = h;
+      lw.router.out = e_count;
+      const int64_t eb = layout.expert_ffn * shard.rank;
+      for (int64_t e = 0; e < e_count; ++e) {
+        const std::string ep = absl::StrCat(moe, "experts.", e, ".");
+        MlpWeights m;
+        if (moe_mixtral) {
+          ASSIGN_OR_RETURN(m, ld.Mlp(ep, "w1", "w3", "w2", h, spec.moe.expert_intermediate_size, eb,
+                                     eb + layout.expert_ffn, false, shard.rank));
+        } else {
+          ASSIGN_OR_RETURN(m, ld.Mlp(ep, "gate_proj", "up_proj", "down_proj", h, spec.moe.expert_intermediate_size,
+                                     eb, eb + layout.expert_ffn, false, shard.rank));
+        }
+        lw.experts.push_back(std::move(m));
+      }
+      if (layout.shared_ffn > 0) {
+        const int64_t sb = layout.shared_ffn * shard.rank;
+        ASSIGN_OR_RETURN(lw.shared, ld.Mlp(moe + "shared_expert.", "gate_proj", "up_proj", "down_proj", h,
+                                           spec.moe.shared_expert_intermediate_size, sb, sb + layout.shared_ffn,
+                                           false, shard.rank));
+        ASSIGN_OR_RETURN(lw.shared_gate.w, ld.Full(moe + "shared_expert_gate.weight", {1, h}));
+        lw.shared_gate.in = h;
+        lw.shared_gate.out = 1;
+      }
+    }
+    mw.layers.push_back(std::move(lw));
+  }
+  mw.bytes = ld.bytes();
+  return mw;
+}
+
+}  // namespace shardserve::engine

@@ -1,0 +1,76 @@
+// The weights one rank holds for its part of a model, loaded from a safetensors checkpoint onto a
+// backend. Tensor-parallel slicing (Megatron): q/k/v and gate/up are split by output rows (whole
+// heads / FFN columns), o and down by input columns; norms, embeddings and the router are
+// replicated. Each rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
+// Every tensor's dtype and shape are checked against the ModelSpec before use; a mismatch is an
+// InvalidArgument naming the file and tensor.
+#ifndef SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_
+#define SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "worker/kernels/backend.h"
+
+namespace shardserve::engine {
+
+// Which slice of the model a rank holds.
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+};
+
+// What one rank computes, derived from ModelSpec + TpShard. Validate() rejects layouts whose
+// sizes do not divide evenly, before anything is loaded.
+struct ShardLayout {
+  int64_t q_heads = 0;        // local query heads
+  int64_t kv_heads = 0;       // local kv heads (replicated when fewer kv heads than ranks)
+  int64_t kv_head_begin = 0;  // first global kv head held
+  int64_t q_head_begin = 0;
+  int64_t ffn = 0;            // local dense MLP width
+  int64_t expert_ffn = 0;     // local width of each expert
+  int64_t shared_ffn = 0;     // local width of the shared expert
+  static absl::StatusOr<ShardLayout> Make(const ModelSpec& spec, TpShard shard);
+};
+
+struct LinearWeight {
+  kernels::DeviceBuffer w;  // [out, in]
+  kernels::DeviceBuffer b;  // [out] or empty
+  int64_t in = 0, out = 0;
+};
+
+struct MlpWeights {
+  LinearWeight gate, up, down;
+};
+
+struct LayerWeights {
+  kernels::DeviceBuffer input_norm;  // [hidden]
+  kernels::DeviceBuffer post_norm;   // [hidden]
+  LinearWeight q, k, v, o;
+  bool sparse = false;
+  MlpWeights mlp;                    // dense layers
+  LinearWeight router;               // sparse: [experts, hidden]
+  std::vector<MlpWeights> experts;   // sparse: one per expert (all experts on this rank for now)
+  MlpWeights shared;                 // Qwen2-MoE shared expert (when shared_ffn > 0)
+  LinearWeight shared_gate;          // [1, hidden]
+};
+
+struct ModelWeights {
+  kernels::DeviceBuffer embedding;  // [vocab, hidden]
+  kernels::DeviceBuffer final_norm; // [hidden]
+  LinearWeight lm_head;             // [vocab, hidden]; shares storage with embedding when tied
+  const float* lm_head_w = nullptr; // the lm_head matrix to use (embedding when tied)
+  std::vector<LayerWeights> layers;
+  size_t bytes = 0;                 // device bytes held
+};
+
+// Loads the weights of `shard` from `ckpt` onto `backend` (which must outlive the result).
+absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
+                                         const Checkpoint& ckpt, kernels::Backend& backend);
+
+}  // namespace shardserve::engine
+
+#endif  // SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_

@@ -1,0 +1,118 @@
+#include "worker/kernels/backend.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace shardserve::kernels {
+namespace {
+
+absl::Status Invalid(absl::string_view op, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
+}
+
+bool AnyNegative(std::initializer_list<int64_t> v) {
+  for (int64_t x : v) {
+    if (x < 0) return true;
+  }
+  return false;
+}
+
+absl::Status ValidateCache(absl::string_view op, const KvLayerView& c) {
+  if (c.k == nullptr || c.v == nullptr) return Invalid(op, "null cache");
+  if (c.slots <= 0 || c.max_len <= 0 || c.kv_heads <= 0 || c.head_dim <= 0) return Invalid(op, "empty cache shape");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSeqs(absl::string_view op, const AttnSeq* seqs, const AttnSeq* host, int64_t n, int64_t tokens,
+                          const KvLayerView& c) {
+  if (n > 0 && (seqs == nullptr || host == nullptr)) return Invalid(op, "null sequence table");
+  for (int64_t i = 0; i < n; ++i) {
+    const AttnSeq& s = host[i];
+    if (s.q_len < 0 || s.q_begin < 0 || s.q_begin + int64_t{s.q_len} > tokens) {
+      return Invalid(op, absl::StrCat("sequence ", i, " rows out of range"));
+    }
+    if (s.slot < 0 || s.slot >= c.slots) return Invalid(op, absl::StrCat("sequence ", i, " slot out of range"));
+    if (s.pos_begin < 0 || s.pos_begin + int64_t{s.q_len} > c.max_len) {
+      return Invalid(op, absl::StrCat("sequence ", i, " positions exceed the cache length ", c.max_len));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EmbeddingParams::Validate() const {
+  if (table == nullptr || ids == nullptr || out == nullptr) return Invalid("Embedding", "null pointer");
+  if (AnyNegative({tokens, vocab, hidden})) return Invalid("Embedding", "negative size");
+  return absl::OkStatus();
+}
+
+absl::Status LinearParams::Validate() const {
+  if (x == nullptr || w == nullptr || y == nullptr) return Invalid("Linear", "null pointer");
+  if (AnyNegative({tokens, in, out})) return Invalid("Linear", "negative size");
+  if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("Linear", "y aliases x");
+  return absl::OkStatus();
+}
+
+absl::Status RmsNormParams::Validate() const {
+  if (x == nullptr || weight == nullptr || y == nullptr) return Invalid("RmsNorm", "null pointer");
+  if (AnyNegative({tokens}) || hidden <= 0) return Invalid("RmsNorm", "bad size");
+  return absl::OkStatus();
+}
+
+absl::Status RopeParams::Validate() const {
+  if (q == nullptr || k == nullptr || positions == nullptr || inv_freq == nullptr) return Invalid("Rope", "null pointer");
+  if (AnyNegative({tokens, q_heads, kv_heads}) || head_dim <= 0 || head_dim % 2 != 0) {
+    return Invalid("Rope", "bad size (head_dim must be even)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvWriteParams::Validate() const {
+  if (k == nullptr || v == nullptr) return Invalid("KvWrite", "null pointer");
+  if (auto st = ValidateCache("KvWrite", cache); !st.ok()) return st;
+  return ValidateSeqs("KvWrite", seqs, host_seqs, num_seqs, tokens, cache);
+}
+
+absl::Status AttentionParams::Validate() const {
+  if (q == nullptr || out == nullptr) return Invalid("Attention", "null pointer");
+  if (auto st = ValidateCache("Attention", cache); !st.ok()) return st;
+  if (q_heads <= 0 || q_heads % cache.kv_heads != 0) {
+    return Invalid("Attention", "q_heads must be a positive multiple of kv_heads");
+  }
+  if (sliding_window < 0) return Invalid("Attention", "negative sliding window");
+  return ValidateSeqs("Attention", seqs, host_seqs, num_seqs, tokens, cache);
+}
+
+absl::Status SiluMulParams::Validate() const {
+  if (gate == nullptr || up == nullptr || out == nullptr) return Invalid("SiluMul", "null pointer");
+  if (n < 0) return Invalid("SiluMul", "negative size");
+  return absl::OkStatus();
+}
+
+absl::Status AddParams::Validate() const {
+  if (x == nullptr || y == nullptr) return Invalid("Add", "null pointer");
+  if (n < 0) return Invalid("Add", "negative size");
+  return absl::OkStatus();
+}
+
+absl::Status GatherRowsParams::Validate() const {
+  if (src == nullptr || rows == nullptr || dst == nullptr) return Invalid("GatherRows", "null pointer");
+  if (AnyNegative({count, src_rows, width})) return Invalid("GatherRows", "negative size");
+  return absl::OkStatus();
+}
+
+absl::Status ScatterAddRowsParams::Validate() const {
+  if (src == nullptr || rows == nullptr || scales == nullptr || dst == nullptr) {
+    return Invalid("ScatterAddRows", "null pointer");
+  }
+  if (AnyNegative({count, dst_rows, width})) return Invalid("ScatterAddRows", "negative size");
+  return absl::OkStatus();
+}
+
+absl::Status SigmoidScaleRowsParams::Validate() const {
+  if (x == nullptr || gate == nullptr) return Invalid("SigmoidScaleRows", "null pointer");
+  if (AnyNegative({tokens, width})) return Invalid("SigmoidScaleRows", "negative size");
+  return absl::OkStatus();
+}
+
+}  // namespace shardserve::kernels

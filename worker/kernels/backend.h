@@ -1,0 +1,228 @@
+// The compute backend interface: memory and the ops the engine runs, in the spirit of ggml's
+// backend (device -> buffer -> op) and TensorRT-LLM's Params-struct kernels.
+//
+// Conventions for every op:
+//   * Each op takes one Params struct whose pointer members carry their shape in a comment. All
+//     pointers are device pointers of *this* backend (host memory for the CPU backend), except
+//     where a member says "host".
+//   * Params::Validate() checks sizes and non-null pointers; each op calls it first and returns
+//     its InvalidArgument status without touching memory. Validate() cannot see buffer sizes, so
+//     the caller guarantees that pointers cover the stated shapes.
+//   * Ops are enqueued in order on the backend's single stream; results are visible to later ops
+//     and, after Synchronize(), to the host. Ops never allocate.
+//   * A failing device call becomes a non-OK Status (Internal, with the library's message) and
+//     the backend is then unhealthy; it never aborts the process.
+//   * A Backend is used by one thread at a time (the rank thread that owns it).
+#ifndef SHARDSERVE_WORKER_KERNELS_BACKEND_H_
+#define SHARDSERVE_WORKER_KERNELS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace shardserve::kernels {
+
+enum class DeviceKind : uint8_t { kCpu, kCuda };
+
+// Owned device memory. Move-only; frees itself through the backend's deallocator.
+class DeviceBuffer {
+ public:
+  using FreeFn = void (*)(void*);
+  DeviceBuffer() = default;
+  DeviceBuffer(void* ptr, size_t bytes, FreeFn free_fn) : ptr_(ptr), bytes_(bytes), free_fn_(free_fn) {}
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), free_fn_(o.free_fn_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      free_fn_ = o.free_fn_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+  bool empty() const { return ptr_ == nullptr; }
+
+ private:
+  void Reset() {
+    if (ptr_ != nullptr && free_fn_ != nullptr) free_fn_(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  FreeFn free_fn_ = nullptr;
+};
+
+// out[t, :] = table[ids[t], :]
+struct EmbeddingParams {
+  const float* table = nullptr;  // [vocab, hidden]
+  const int32_t* ids = nullptr;  // [tokens], each in [0, vocab) (checked by the engine)
+  float* out = nullptr;          // [tokens, hidden]
+  int64_t tokens = 0, vocab = 0, hidden = 0;
+  absl::Status Validate() const;
+};
+
+// y = x . w^T (+ bias), or y += x . w^T (+ bias) when `accumulate`.
+struct LinearParams {
+  const float* x = nullptr;     // [tokens, in]
+  const float* w = nullptr;     // [out, in]  (PyTorch nn.Linear layout)
+  const float* bias = nullptr;  // [out] or null
+  float* y = nullptr;           // [tokens, out]; must not alias x
+  int64_t tokens = 0, in = 0, out = 0;
+  bool accumulate = false;
+  absl::Status Validate() const;
+};
+
+// y[t] = RmsNormRow(x[t], weight)
+struct RmsNormParams {
+  const float* x = nullptr;       // [tokens, hidden]
+  const float* weight = nullptr;  // [hidden]
+  float* y = nullptr;             // [tokens, hidden]; may alias x
+  int64_t tokens = 0, hidden = 0;
+  float eps = 1e-6f;
+  absl::Status Validate() const;
+};
+
+// In-place rotary embedding (rotate_half layout) of q and k at each token's position.
+struct RopeParams {
+  float* q = nullptr;                // [tokens, q_heads, head_dim]
+  float* k = nullptr;                // [tokens, kv_heads, head_dim]
+  const int32_t* positions = nullptr;  // [tokens]
+  const float* inv_freq = nullptr;   // [head_dim / 2]; angle = position * position_scale * inv_freq
+  int64_t tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  float position_scale = 1.0f;
+  absl::Status Validate() const;
+};
+
+// One sequence's part of a batch: rows [q_begin, q_begin + q_len) of the batch are its new tokens
+// at positions [pos_begin, pos_begin + q_len); its cache lives in `slot`.
+struct AttnSeq {
+  int32_t q_begin = 0;
+  int32_t q_len = 0;
+  int32_t pos_begin = 0;
+  int32_t slot = 0;
+};
+
+// KV cache of one layer on one rank: [slots, max_len, kv_heads, head_dim] for K and for V.
+struct KvLayerView {
+  float* k = nullptr;
+  float* v = nullptr;
+  int64_t slots = 0, max_len = 0, kv_heads = 0, head_dim = 0;
+};
+
+// Writes each sequence's new k/v rows into its cache slot at its positions.
+struct KvWriteParams {
+  const float* k = nullptr;      // [tokens, kv_heads, head_dim]
+  const float* v = nullptr;      // [tokens, kv_heads, head_dim]
+  const AttnSeq* seqs = nullptr;  // [num_seqs]; host for the CPU backend, device otherwise
+  const AttnSeq* host_seqs = nullptr;  // host copy of `seqs`, for validation and launch sizing
+  int64_t num_seqs = 0, tokens = 0;
+  KvLayerView cache;
+  absl::Status Validate() const;
+};
+
+// Causal grouped-query attention of each sequence's new queries over its cached keys
+// [0, pos + 1), restricted to keys with pos - key < sliding_window when sliding_window > 0.
+// Query head h reads kv head h / (q_heads / kv_heads).
+struct AttentionParams {
+  const float* q = nullptr;      // [tokens, q_heads, head_dim]
+  float* out = nullptr;          // [tokens, q_heads, head_dim]
+  const AttnSeq* seqs = nullptr;  // as in KvWriteParams
+  const AttnSeq* host_seqs = nullptr;
+  int64_t num_seqs = 0, tokens = 0, q_heads = 0;
+  KvLayerView cache;
+  float scale = 1.0f;            // usually 1/sqrt(head_dim)
+  int64_t sliding_window = 0;    // 0 = none
+  absl::Status Validate() const;
+};
+
+// out = silu(gate) * up, elementwise.
+struct SiluMulParams {
+  const float* gate = nullptr;  // [n]
+  const float* up = nullptr;    // [n]
+  float* out = nullptr;         // [n]; may alias gate or up
+  int64_t n = 0;
+  absl::Status Validate() const;
+};
+
+// x += y, elementwise.
+struct AddParams {
+  float* x = nullptr;        // [n]
+  const float* y = nullptr;  // [n]
+  int64_t n = 0;
+  absl::Status Validate() const;
+};
+
+// dst[i] = src[rows[i]]
+struct GatherRowsParams {
+  const float* src = nullptr;    // [src_rows, width]
+  const int32_t* rows = nullptr;  // [count], each in [0, src_rows)
+  float* dst = nullptr;          // [count, width]
+  int64_t count = 0, src_rows = 0, width = 0;
+  absl::Status Validate() const;
+};
+
+// dst[rows[i]] += scales[i] * src[i]; `rows` has no duplicates.
+struct ScatterAddRowsParams {
+  const float* src = nullptr;     // [count, width]
+  const int32_t* rows = nullptr;  // [count]
+  const float* scales = nullptr;  // [count]
+  float* dst = nullptr;           // [dst_rows, width]
+  int64_t count = 0, dst_rows = 0, width = 0;
+  absl::Status Validate() const;
+};
+
+// x[t, :] *= sigmoid(gate[t])  (Qwen2-MoE shared-expert gate).
+struct SigmoidScaleRowsParams {
+  float* x = nullptr;           // [tokens, width]
+  const float* gate = nullptr;  // [tokens]
+  int64_t tokens = 0, width = 0;
+  absl::Status Validate() const;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceKind kind() const = 0;
+  // "cpu", "cuda:0", ... for messages and metrics.
+  virtual std::string name() const = 0;
+
+  // Allocates `bytes` (zero-filled) of device memory. ResourceExhausted when it does not fit.
+  virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
+  virtual absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
+  // Waits for queued work, then copies.
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status Synchronize() = 0;
+
+  virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
+  virtual absl::Status Linear(const LinearParams& p) = 0;
+  virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
+  virtual absl::Status Rope(const RopeParams& p) = 0;
+  virtual absl::Status KvWrite(const KvWriteParams& p) = 0;
+  virtual absl::Status Attention(const AttentionParams& p) = 0;
+  virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
+  virtual absl::Status Add(const AddParams& p) = 0;
+  virtual absl::Status GatherRows(const GatherRowsParams& p) = 0;
+  virtual absl::Status ScatterAddRows(const ScatterAddRowsParams& p) = 0;
+  virtual absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) = 0;
+};
+
+}  // namespace shardserve::kernels
+
+#endif  // SHARDSERVE_WORKER_KERNELS_BACKEND_H_

@@ -1,0 +1,218 @@
+#include "worker/kernels/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/kernels/cpu/gemv.h"
+#include "worker/kernels/shared/row_math.h"
+
+namespace shardserve::kernels {
+namespace {
+
+#define SHARDSERVE_VALIDATE(p)                 \
+  do {                                         \
+    if (auto st = (p).Validate(); !st.ok()) return st; \
+  } while (false)
+
+void FreeHost(void* p) { std::free(p); }
+
+class CpuBackend final : public Backend {
+ public:
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  std::string name() const override { return "cpu"; }
+
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
+    if (bytes == 0) return DeviceBuffer();
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
+    }
+    std::memset(p, 0, rounded);
+    return DeviceBuffer(p, bytes, &FreeHost);
+  }
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::Status Embedding(const EmbeddingParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      std::memcpy(p.out + t * p.hidden, p.table + int64_t{p.ids[t]} * p.hidden, p.hidden * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Linear(const LinearParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    if (p.tokens == 0 || p.out == 0) return absl::OkStatus();
+    if (p.tokens <= cpu::kSmallBatchMaxTokens) {
+      cpu::SmallBatchLinear(p.x, p.w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
+      return absl::OkStatus();
+    }
+    const float beta = p.accumulate ? 1.0f : 0.0f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.tokens), static_cast<int>(p.out),
+                static_cast<int>(p.in), 1.0f, p.x, static_cast<int>(p.in), p.w, static_cast<int>(p.in), beta, p.y,
+                static_cast<int>(p.out));
+    if (p.bias != nullptr) {
+      for (int64_t t = 0; t < p.tokens; ++t) {
+        float* yt = p.y + t * p.out;
+        for (int64_t o = 0; o < p.out; ++o) yt[o] += p.bias[o];
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RmsNorm(const RmsNormParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      RmsNormRow(p.x + t * p.hidden, p.weight, p.y + t * p.hidden, static_cast<int>(p.hidden), p.eps);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Rope(const RopeParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    const int64_t half = p.head_dim / 2;
+    cos_.resize(static_cast<size_t>(half));
+    sin_.resize(static_cast<size_t>(half));
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      // float32 angles, as Hugging Face computes them.
+      const float pos = static_cast<float>(p.positions[t]) * p.position_scale;
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = pos * p.inv_freq[i];
+        cos_[static_cast<size_t>(i)] = std::cos(angle);
+        sin_[static_cast<size_t>(i)] = std::sin(angle);
+      }
+      for (int64_t h = 0; h < p.q_heads; ++h) {
+        RopeHead(p.q + (t * p.q_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(p.head_dim));
+      }
+      for (int64_t h = 0; h < p.kv_heads; ++h) {
+        RopeHead(p.k + (t * p.kv_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(p.head_dim));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status KvWrite(const KvWriteParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    const KvLayerView& c = p.cache;
+    const int64_t row = c.kv_heads * c.head_dim;
+    for (int64_t s = 0; s < p.num_seqs; ++s) {
+      const AttnSeq& q = p.seqs[s];
+      const int64_t dst = (int64_t{q.slot} * c.max_len + q.pos_begin) * row;
+      std::memcpy(c.k + dst, p.k + int64_t{q.q_begin} * row, q.q_len * row * sizeof(float));
+      std::memcpy(c.v + dst, p.v + int64_t{q.q_begin} * row, q.q_len * row * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Attention(const AttentionParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    const KvLayerView& c = p.cache;
+    const int64_t d = c.head_dim;
+    const int64_t row = c.kv_heads * d;
+    const int64_t group = p.q_heads / c.kv_heads;
+    scores_.resize(static_cast<size_t>(c.max_len));
+    for (int64_t s = 0; s < p.num_seqs; ++s) {
+      const AttnSeq& q = p.seqs[s];
+      const float* kbase = c.k + int64_t{q.slot} * c.max_len * row;
+      const float* vbase = c.v + int64_t{q.slot} * c.max_len * row;
+      for (int64_t i = 0; i < q.q_len; ++i) {
+        const int64_t t = q.q_begin + i;
+        const int64_t pos = q.pos_begin + i;
+        const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+        const int64_t n = pos + 1 - lo;
+        for (int64_t h = 0; h < p.q_heads; ++h) {
+          const float* qh = p.q + (t * p.q_heads + h) * d;
+          const int64_t g = h / group;
+          float* sc = scores_.data();
+          for (int64_t j = 0; j < n; ++j) {
+            const float* kj = kbase + (lo + j) * row + g * d;
+            float acc = 0.f;
+            for (int64_t e = 0; e < d; ++e) acc += qh[e] * kj[e];
+            sc[j] = acc * p.scale;
+          }
+          SoftmaxRow(sc, static_cast<int>(n));
+          float* oh = p.out + (t * p.q_heads + h) * d;
+          std::fill(oh, oh + d, 0.f);
+          for (int64_t j = 0; j < n; ++j) {
+            const float* vj = vbase + (lo + j) * row + g * d;
+            const float w = sc[j];
+            for (int64_t e = 0; e < d; ++e) oh[e] += w * vj[e];
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SiluMul(const SiluMulParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t i = 0; i < p.n; ++i) p.out[i] = Silu(p.gate[i]) * p.up[i];
+    return absl::OkStatus();
+  }
+
+  absl::Status Add(const AddParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t i = 0; i < p.n; ++i) p.x[i] += p.y[i];
+    return absl::OkStatus();
+  }
+
+  absl::Status GatherRows(const GatherRowsParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t i = 0; i < p.count; ++i) {
+      std::memcpy(p.dst + i * p.width, p.src + int64_t{p.rows[i]} * p.width, p.width * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ScatterAddRows(const ScatterAddRowsParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t i = 0; i < p.count; ++i) {
+      float* dst = p.dst + int64_t{p.rows[i]} * p.width;
+      const float* src = p.src + i * p.width;
+      const float s = p.scales[i];
+      for (int64_t e = 0; e < p.width; ++e) dst[e] += s * src[e];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      const float g = 1.0f / (1.0f + std::exp(-p.gate[t]));
+      float* x = p.x + t * p.width;
+      for (int64_t e = 0; e < p.width; ++e) x[e] *= g;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Per-call scratch, grown on demand (amortised: it reaches its final size on the first step).
+  std::vector<float> cos_, sin_, scores_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(int blas_threads) {
+  if (blas_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu backend: blas_threads must be >= 1, got ", blas_threads));
+  }
+  openblas_set_num_threads(blas_threads);
+  return std::unique_ptr<Backend>(new CpuBackend());
+}
+
+}  // namespace shardserve::kernels

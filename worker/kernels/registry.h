@@ -1,0 +1,32 @@
+// Creating backends by device name. The only code that knows which backends were compiled in;
+// nothing above worker/kernels includes cpu/ or cuda/ directly.
+#ifndef SHARDSERVE_WORKER_KERNELS_REGISTRY_H_
+#define SHARDSERVE_WORKER_KERNELS_REGISTRY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/kernels/backend.h"
+
+namespace shardserve::kernels {
+
+struct BackendOptions {
+  DeviceKind kind = DeviceKind::kCpu;
+  int device_index = 0;  // CUDA device ordinal
+  int cpu_threads = 1;   // BLAS threads for a CPU backend
+};
+
+// True when this binary was built with the CUDA backend.
+bool CudaCompiledIn();
+// Number of CUDA devices visible (0 without CUDA, a driver or a device).
+int CudaDeviceCount();
+
+// Creates a backend. Unimplemented when CUDA was not compiled in; FailedPrecondition when the
+// CUDA device does not exist (the message says how many there are).
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options);
+
+}  // namespace shardserve::kernels
+
+#endif  // SHARDSERVE_WORKER_KERNELS_REGISTRY_H_

@@ -1,0 +1,80 @@
+// Per-row math shared by the CPU and CUDA backends. Every function is SHARDSERVE_HD (host and
+// device), works on one row or one head, allocates nothing and has no failure mode: callers
+// validate shapes in their Params::Validate(). The CPU backend calls these in loops, so CPU tests
+// cover the exact formulas the CUDA kernels use.
+#ifndef SHARDSERVE_WORKER_KERNELS_SHARED_ROW_MATH_H_
+#define SHARDSERVE_WORKER_KERNELS_SHARED_ROW_MATH_H_
+
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define SHARDSERVE_HD __host__ __device__ __forceinline__
+#else
+#define SHARDSERVE_HD inline
+#endif
+
+namespace shardserve::kernels {
+
+// y = x / sqrt(mean(x^2) + eps) * weight, as Hugging Face's LlamaRMSNorm (f32 throughout).
+// x, weight, y: [n]. y may alias x.
+SHARDSERVE_HD void RmsNormRow(const float* x, const float* weight, float* y, int n, float eps) {
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  for (int i = 0; i < n; ++i) y[i] = weight[i] * (x[i] * inv);
+}
+
+// Rotary embedding of one head in the Hugging Face "rotate_half" layout: element i rotates with
+// element i + d/2. head: [d]; cos, sin: [d/2] for this position.
+SHARDSERVE_HD void RopeHead(float* head, const float* cos, const float* sin, int d) {
+  const int h = d / 2;
+  for (int i = 0; i < h; ++i) {
+    const float a = head[i];
+    const float b = head[i + h];
+    head[i] = a * cos[i] - b * sin[i];
+    head[i + h] = b * cos[i] + a * sin[i];
+  }
+}
+
+// In-place numerically stable softmax of x[n].
+SHARDSERVE_HD void SoftmaxRow(float* x, int n) {
+  float m = x[0];
+  for (int i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+  float sum = 0.f;
+  for (int i = 0; i < n; ++i) {
+    x[i] = expf(x[i] - m);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int i = 0; i < n; ++i) x[i] *= inv;
+}
+
+SHARDSERVE_HD float Silu(float x) { return x / (1.0f + expf(-x)); }
+
+// MoE routing of one token: softmax over `num_experts` router logits, then the `k` largest
+// probabilities (ties: lower expert index first, as torch.topk on CPU), optionally renormalised to
+// sum to 1. probs: scratch [num_experts] (overwritten); experts, weights: [k].
+SHARDSERVE_HD void RouteTopK(const float* logits, float* probs, int num_experts, int k, bool renormalize,
+                             int* experts, float* weights) {
+  for (int e = 0; e < num_experts; ++e) probs[e] = logits[e];
+  SoftmaxRow(probs, num_experts);
+  float total = 0.f;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int e = 0; e < num_experts; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken = taken || experts[i] == e;
+      if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+    }
+    experts[j] = best;
+    weights[j] = probs[best];
+    total += probs[best];
+  }
+  if (renormalize) {
+    for (int j = 0; j < k; ++j) weights[j] /= total;
+  }
+}
+
+}  // namespace shardserve::kernels
+
+#endif  // SHARDSERVE_WORKER_KERNELS_SHARED_ROW_MATH_H_
