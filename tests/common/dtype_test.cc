@@ -1,0 +1,64 @@
+#include "common/tensor/dtype.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "tests/testing/status_matchers.h"
+
+namespace shardserve {
+namespace {
+
+using ::shardserve::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(DTypeTest, HalfRoundTripsEveryFiniteValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const uint16_t v = static_cast<uint16_t>(h);
+    const float f = HalfToFloat(v);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(f))));
+      continue;
+    }
+    EXPECT_EQ(FloatToHalf(f), v) << "half 0x" << std::hex << h;
+  }
+}
+
+TEST(DTypeTest, HalfKnownValues) {
+  EXPECT_EQ(HalfToFloat(0x3c00), 1.0f);
+  EXPECT_EQ(HalfToFloat(0xc000), -2.0f);
+  EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);
+  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_TRUE(std::isinf(HalfToFloat(0x7c00)));
+  EXPECT_EQ(FloatToHalf(1e6f), 0x7c00);                    // overflow -> inf
+  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie rounds to even
+}
+
+TEST(DTypeTest, BFloat16IsTheHighHalfOfFloatWithRounding) {
+  EXPECT_EQ(BFloat16ToFloat(0x3f80), 1.0f);
+  EXPECT_EQ(FloatToBFloat16(1.0f), 0x3f80);
+  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(3.140625f)), 3.140625f);
+  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+TEST(DTypeTest, ConvertToFloatHandlesUnalignedInput) {
+  unsigned char bytes[7] = {0};
+  const uint16_t vals[3] = {0x3c00, 0x4000, 0xbc00};
+  std::memcpy(bytes + 1, vals, 6);
+  float out[3];
+  ConvertToFloat(DType::kF16, bytes + 1, 3, out);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 2.0f);
+  EXPECT_EQ(out[2], -1.0f);
+}
+
+TEST(DTypeTest, ParseNamesTheUnsupportedDtype) {
+  EXPECT_EQ(*ParseDType("BF16"), DType::kBF16);
+  EXPECT_THAT(ParseDType("F8_E4M3"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("F8_E4M3")));
+}
+
+}  // namespace
+}  // namespace shardserve

@@ -1,0 +1,147 @@
+#include "common/model_spec/model_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace shardserve {
+namespace {
+
+using ::shardserve::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+json LlamaConfig() {
+  return json::parse(R"({"architectures":["LlamaForCausalLM"],"vocab_size":100,"hidden_size":64,
+    "intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+    "max_position_embeddings":256,"rms_norm_eps":1e-5,"rope_theta":10000.0,"hidden_act":"silu",
+    "eos_token_id":2,"bos_token_id":1})");
+}
+
+TEST(ModelSpecTest, ParsesEveryGoldenConfig) {
+  for (const char* name : {"llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral", "qwen2_moe",
+                           "llama_bf16_sharded"}) {
+    auto spec = LoadModelSpec(std::string("tests/golden/models/") + name);
+    EXPECT_TRUE(spec.ok()) << name << ": " << spec.status();
+  }
+}
+
+TEST(ModelSpecTest, GoldenConfigsHaveTheExpectedSemantics) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec tied, LoadModelSpec("tests/golden/models/llama_tied_llama3rope_bias"));
+  EXPECT_TRUE(tied.tie_word_embeddings);
+  EXPECT_TRUE(tied.qkv_bias);
+  EXPECT_TRUE(tied.o_bias);
+  EXPECT_EQ(tied.head_dim, 32);
+  EXPECT_EQ(tied.rope.type, RopeType::kLlama3);
+  EXPECT_EQ(tied.rope.theta, 500000.0);
+  EXPECT_EQ(tied.rope.original_max_position_embeddings, 32);
+  ASSERT_OK_AND_ASSIGN(ModelSpec mistral, LoadModelSpec("tests/golden/models/mistral"));
+  EXPECT_EQ(mistral.sliding_window, 8);
+  ASSERT_OK_AND_ASSIGN(ModelSpec mixtral, LoadModelSpec("tests/golden/models/mixtral"));
+  EXPECT_EQ(mixtral.moe.num_experts, 4);
+  EXPECT_TRUE(mixtral.moe.norm_topk_prob);
+  ASSERT_OK_AND_ASSIGN(ModelSpec qmoe, LoadModelSpec("tests/golden/models/qwen2_moe"));
+  EXPECT_FALSE(qmoe.moe.norm_topk_prob);
+  EXPECT_THAT(qmoe.moe.sparse_layers, ElementsAre(true, false, true));
+  EXPECT_EQ(qmoe.moe.shared_expert_intermediate_size, 64);
+  EXPECT_EQ(qmoe.sliding_window, 0);
+  ASSERT_OK_AND_ASSIGN(ModelSpec bf16, LoadModelSpec("tests/golden/models/llama_bf16_sharded"));
+  EXPECT_EQ(bf16.dtype, DType::kBF16);
+}
+
+TEST(ModelSpecTest, ReadsStories260KWithLegacyRopeKeys) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("../shared/models/stories260K"));
+  EXPECT_EQ(s.arch, Architecture::kLlama);
+  EXPECT_EQ(s.head_dim, 8);
+  EXPECT_EQ(s.num_kv_heads, 4);
+  EXPECT_EQ(s.rope.type, RopeType::kDefault);
+  EXPECT_THAT(s.eos_token_ids, ElementsAre(2));
+  EXPECT_EQ(s.NumParameters(), 5 * (64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 172 + 128) + 512 * 64 + 64);
+}
+
+TEST(ModelSpecTest, LegacyRopeScalingWithTypeKey) {
+  json c = LlamaConfig();
+  c["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "config.json"));
+  EXPECT_EQ(s.rope.type, RopeType::kLinear);
+  EXPECT_EQ(s.rope.factor, 4.0);
+}
+
+struct BadConfig {
+  std::string name;
+  std::function<void(json&)> edit;
+  absl::StatusCode code;
+  std::string message;
+};
+
+void PrintTo(const BadConfig& c, std::ostream* os) { *os << c.name; }
+
+class BadConfigTest : public ::testing::TestWithParam<BadConfig> {};
+
+TEST_P(BadConfigTest, IsRejectedNamingTheField) {
+  json c = LlamaConfig();
+  GetParam().edit(c);
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, BadConfigTest,
+    ::testing::Values(
+        BadConfig{"UnknownArchitecture", [](json& c) { c["architectures"] = {"GPT2LMHeadModel"}; },
+                  absl::StatusCode::kUnimplemented, "\"GPT2LMHeadModel\" is not supported"},
+        BadConfig{"NoArchitectures", [](json& c) { c.erase("architectures"); }, absl::StatusCode::kInvalidArgument,
+                  "architectures"},
+        BadConfig{"MissingHidden", [](json& c) { c.erase("hidden_size"); }, absl::StatusCode::kInvalidArgument,
+                  "\"hidden_size\" is missing"},
+        BadConfig{"NegativeLayers", [](json& c) { c["num_hidden_layers"] = -1; }, absl::StatusCode::kInvalidArgument,
+                  "\"num_hidden_layers\" is -1"},
+        BadConfig{"StringVocab", [](json& c) { c["vocab_size"] = "big"; }, absl::StatusCode::kInvalidArgument,
+                  "\"vocab_size\" is not an integer"},
+        BadConfig{"KvHeadsDoNotDivide", [](json& c) { c["num_key_value_heads"] = 3; },
+                  absl::StatusCode::kInvalidArgument, "does not divide"},
+        BadConfig{"GeluActivation", [](json& c) { c["hidden_act"] = "gelu"; }, absl::StatusCode::kUnimplemented,
+                  "hidden_act"},
+        BadConfig{"YarnRope", [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; },
+                  absl::StatusCode::kUnimplemented, "rope type \"yarn\""},
+        BadConfig{"Llama3WithoutFactor", [](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}}; },
+                  absl::StatusCode::kInvalidArgument, "\"factor\" is missing"},
+        BadConfig{"EosOutOfVocab", [](json& c) { c["eos_token_id"] = 100; }, absl::StatusCode::kInvalidArgument,
+                  "eos_token_id"},
+        BadConfig{"HugeVocab", [](json& c) { c["vocab_size"] = 1e30; }, absl::StatusCode::kInvalidArgument,
+                  "vocab_size"},
+        BadConfig{"OddHeadDim", [](json& c) { c["head_dim"] = 15; }, absl::StatusCode::kInvalidArgument, "head_dim"},
+        BadConfig{"FloatDtype8", [](json& c) { c["torch_dtype"] = "float8_e4m3fn"; },
+                  absl::StatusCode::kUnimplemented, "float8_e4m3fn"},
+        BadConfig{"QwenSlidingWindow",
+                  [](json& c) {
+                    c["architectures"] = {"Qwen2ForCausalLM"};
+                    c["use_sliding_window"] = true;
+                  },
+                  absl::StatusCode::kUnimplemented, "use_sliding_window"},
+        BadConfig{"MixtralWithoutExperts", [](json& c) { c["architectures"] = {"MixtralForCausalLM"}; },
+                  absl::StatusCode::kInvalidArgument, "num_local_experts"},
+        BadConfig{"TopKAboveExperts",
+                  [](json& c) {
+                    c["architectures"] = {"MixtralForCausalLM"};
+                    c["num_local_experts"] = 2;
+                    c["num_experts_per_tok"] = 3;
+                  },
+                  absl::StatusCode::kInvalidArgument, "num_experts_per_tok"}),
+    [](const auto& test_info) { return test_info.param.name; });
+
+TEST(ModelSpecTest, NotJsonAndMissingFile) {
+  EXPECT_THAT(ParseModelSpec("{nope", "c.json"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not valid JSON")));
+  testing::TempDir dir;
+  EXPECT_THAT(LoadModelSpec(dir.path()), StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json")));
+}
+
+}  // namespace
+}  // namespace shardserve

@@ -1,0 +1,59 @@
+#include "tests/testing/golden.h"
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/temp_dir.h"
+
+namespace shardserve::testing {
+namespace {
+
+using json = nlohmann::json;
+
+absl::StatusOr<json> ReadJson(const std::string& path) {
+  const std::string text = ReadFileOrEmpty(path);
+  if (text.empty()) return absl::NotFoundError(absl::StrCat(path, ": missing or empty"));
+  json doc = json::parse(text, nullptr, false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not JSON"));
+  return doc;
+}
+
+GoldenCase ParseCase(const json& c) {
+  GoldenCase g;
+  if (c.contains("prompt_text") && c["prompt_text"].is_string()) g.prompt_text = c["prompt_text"].get<std::string>();
+  g.prompt_ids = c.at("prompt_ids").get<std::vector<int32_t>>();
+  g.greedy_ids = c.at("greedy_ids").get<std::vector<int32_t>>();
+  if (c.contains("logits")) g.logits = c["logits"].get<std::vector<std::vector<float>>>();
+  if (c.contains("last_logits")) g.last_logits = c["last_logits"].get<std::vector<float>>();
+  if (c.contains("text") && c["text"].is_string()) g.text = c["text"].get<std::string>();
+  return g;
+}
+
+}  // namespace
+
+std::vector<std::string> GoldenModelNames() {
+  return {"llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded"};
+}
+
+absl::StatusOr<GoldenModel> LoadGoldenModel(const std::string& name) {
+  GoldenModel m;
+  m.name = name;
+  m.dir = absl::StrCat("tests/golden/models/", name);
+  auto doc = ReadJson(m.dir + "/reference.json");
+  if (!doc.ok()) return doc.status();
+  for (const auto& c : (*doc)["cases"]) m.cases.push_back(ParseCase(c));
+  return m;
+}
+
+std::string Stories260KDir() { return "../shared/models/stories260K"; }
+
+absl::StatusOr<GoldenModel> LoadStories260K() {
+  GoldenModel m;
+  m.name = "stories260K";
+  m.dir = Stories260KDir();
+  auto doc = ReadJson("tests/golden/stories260K_reference.json");
+  if (!doc.ok()) return doc.status();
+  for (const auto& c : (*doc)["cases"]) m.cases.push_back(ParseCase(c));
+  return m;
+}
+
+}  // namespace shardserve::testing

@@ -1,0 +1,145 @@
+// The engine against Hugging Face transformers: logits at every prompt position and 32 greedy
+// tokens for each tiny golden model (tests/golden/make_golden.py) and for the trained stories260K.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "tests/testing/golden.h"
+#include "tests/testing/status_matchers.h"
+#include "worker/engine/generator.h"
+#include "worker/engine/model.h"
+#include "worker/kernels/registry.h"
+
+namespace shardserve::engine {
+namespace {
+
+using ::shardserve::testing::GoldenModel;
+
+// Per-position tolerance: max |logit error| <= 1e-4 * max |reference logit|.
+void ExpectLogitsClose(const std::vector<float>& ref, const float* got, const std::string& where) {
+  float max_ref = 0.f, max_err = 0.f;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    max_err = std::max(max_err, std::fabs(ref[i] - got[i]));
+  }
+  EXPECT_LE(max_err, 1e-4f * max_ref) << where << ": max |error| " << max_err << " vs max |logit| " << max_ref;
+}
+
+struct Loaded {
+  ModelSpec spec;
+  std::unique_ptr<Checkpoint> ckpt;
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+absl::StatusOr<Loaded> Load(const std::string& dir, ModelOptions options) {
+  Loaded l;
+  auto spec = LoadModelSpec(dir);
+  if (!spec.ok()) return spec.status();
+  l.spec = *spec;
+  auto ckpt = Checkpoint::Open(dir);
+  if (!ckpt.ok()) return ckpt.status();
+  l.ckpt = *std::move(ckpt);
+  auto backend = kernels::CreateBackend({});
+  if (!backend.ok()) return backend.status();
+  l.backend = *std::move(backend);
+  auto model = Model::Create(l.spec, *l.ckpt, l.backend.get(), options);
+  if (!model.ok()) return model.status();
+  l.model = *std::move(model);
+  return l;
+}
+
+std::vector<GenerationRequest> GreedyRequests(const GoldenModel& g) {
+  std::vector<GenerationRequest> reqs;
+  for (const auto& c : g.cases) {
+    GenerationRequest r;
+    r.prompt = c.prompt_ids;
+    r.max_tokens = static_cast<int32_t>(c.greedy_ids.size());
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+class GoldenTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(golden_, testing::LoadGoldenModel(GetParam()));
+    ASSERT_EQ(golden_.cases.size(), 3u);
+  }
+  GoldenModel golden_;
+};
+
+TEST_P(GoldenTest, LogitsAtEveryPromptPositionMatchTransformers) {
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {}));
+  int32_t slot = 0;
+  for (const auto& c : golden_.cases) {
+    ASSERT_EQ(c.logits.size(), c.prompt_ids.size());
+    StepSequence s{.slot = slot++, .pos_begin = 0, .tokens = c.prompt_ids, .all_logits = true};
+    ASSERT_OK_AND_ASSIGN(StepResult r, l.model->Step({s}));
+    const size_t v = static_cast<size_t>(l.spec.vocab_size);
+    ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
+    for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
+      ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(golden_.name, " position ", p));
+    }
+  }
+}
+
+TEST_P(GoldenTest, GreedyTokensMatchTransformersOneRequestAtATime) {
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {.max_slots = 1}));
+  const auto reqs = GreedyRequests(golden_);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, {reqs[i]}));
+    EXPECT_EQ(res[0].tokens, golden_.cases[i].greedy_ids) << golden_.name << " case " << i;
+    EXPECT_EQ(res[0].finish, FinishReason::kLength);
+  }
+}
+
+TEST_P(GoldenTest, GreedyTokensMatchWhenBatchedWithChunkedPrefill) {
+  // Three sequences of different lengths share every step; prompts are prefilled 4 tokens at a
+  // time, so chunks, decodes and sequences of other lengths mix in one batch.
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {.max_slots = 3, .max_step_tokens = 4}));
+  ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, GreedyRequests(golden_)));
+  for (size_t i = 0; i < res.size(); ++i) {
+    EXPECT_EQ(res[i].tokens, golden_.cases[i].greedy_ids) << golden_.name << " case " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, GoldenTest, ::testing::ValuesIn(testing::GoldenModelNames()),
+                         [](const auto& test_info) { return test_info.param; });
+
+class Stories260KTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(testing::Stories260KDir() + "/model.safetensors")) {
+      GTEST_FAIL() << "../shared/models/stories260K is missing: tests need ../shared beside the repository";
+    }
+    ASSERT_OK_AND_ASSIGN(golden_, testing::LoadStories260K());
+  }
+  GoldenModel golden_;
+};
+
+TEST_F(Stories260KTest, GreedyGenerationMatchesTransformers) {
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {.max_slots = 8}));
+  ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, GreedyRequests(golden_)));
+  for (size_t i = 0; i < res.size(); ++i) {
+    EXPECT_EQ(res[i].tokens, golden_.cases[i].greedy_ids) << "case " << i << " \"" << golden_.cases[i].prompt_text
+                                                          << "\"";
+  }
+}
+
+TEST_F(Stories260KTest, LastPromptLogitsMatchTransformers) {
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {}));
+  for (const auto& c : golden_.cases) {
+    ASSERT_EQ(c.last_logits.size(), static_cast<size_t>(l.spec.vocab_size));
+    ASSERT_OK_AND_ASSIGN(StepResult r, l.model->Step({StepSequence{.slot = 0, .pos_begin = 0, .tokens = c.prompt_ids}}));
+    ExpectLogitsClose(c.last_logits, r.logits[0].data(), "stories260K \"" + c.prompt_text + "\"");
+  }
+}
+
+}  // namespace
+}  // namespace shardserve::engine

@@ -1,0 +1,93 @@
+#include "worker/engine/sampling.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "tests/testing/status_matchers.h"
+
+namespace shardserve::engine {
+namespace {
+
+using ::shardserve::testing::IsOk;
+using ::shardserve::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(SamplingTest, GreedyPicksTheFirstLargestLogit) {
+  Sampler s;
+  const std::vector<float> logits = {0.1f, 2.0f, -1.f, 2.0f};
+  EXPECT_EQ(s.Sample(logits, {}, 0), 1);
+  EXPECT_EQ(s.Sample(logits, {.temperature = 1.0f, .top_k = 1}, 7), 1);
+}
+
+TEST(SamplingTest, TopKNeverPicksOutsideTheKLargest) {
+  Sampler s;
+  const std::vector<float> logits = {1.f, 5.f, 4.f, 0.f, 3.f};
+  for (uint64_t step = 0; step < 500; ++step) {
+    const int32_t t = s.Sample(logits, {.temperature = 5.0f, .top_k = 2, .seed = 11}, step);
+    EXPECT_TRUE(t == 1 || t == 2) << t;
+  }
+}
+
+TEST(SamplingTest, TopPKeepsTheSmallestPrefixReachingP) {
+  Sampler s;
+  // probabilities ~ {0.643, 0.237, 0.087, 0.032}: top_p 0.7 keeps ids 0 and 1 only.
+  const std::vector<float> logits = {3.f, 2.f, 1.f, 0.f};
+  std::map<int32_t, int> seen;
+  for (uint64_t step = 0; step < 2000; ++step) ++seen[s.Sample(logits, {.temperature = 1.0f, .top_p = 0.7f}, step)];
+  EXPECT_EQ(seen.count(2), 0u);
+  EXPECT_EQ(seen.count(3), 0u);
+  // Renormalised over {0, 1}: P(0) = e / (e + 1) = 0.731.
+  EXPECT_NEAR(seen[0] / 2000.0, 0.731, 0.04);
+}
+
+TEST(SamplingTest, FrequenciesFollowTheSoftmaxAtTheTemperature) {
+  Sampler s;
+  const std::vector<float> logits = {0.f, std::log(3.0f)};  // p = {0.25, 0.75} at T = 1
+  int ones = 0;
+  const int n = 4000;
+  for (int i = 0; i < n; ++i) ones += s.Sample(logits, {.temperature = 1.0f, .seed = 3}, static_cast<uint64_t>(i));
+  EXPECT_NEAR(ones / static_cast<double>(n), 0.75, 0.03);
+  // At T = 2 the odds are sqrt(3): p(1) = 0.634.
+  ones = 0;
+  for (int i = 0; i < n; ++i) ones += s.Sample(logits, {.temperature = 2.0f, .seed = 3}, static_cast<uint64_t>(i));
+  EXPECT_NEAR(ones / static_cast<double>(n), 0.634, 0.03);
+}
+
+TEST(SamplingTest, SameSeedAndStepGiveTheSameTokenDifferentSeedsDiffer) {
+  Sampler a, b;
+  std::vector<float> logits(100);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 7);
+  int differ = 0;
+  for (uint64_t step = 0; step < 50; ++step) {
+    const SamplingParams p{.temperature = 1.0f, .seed = 42};
+    EXPECT_EQ(a.Sample(logits, p, step), b.Sample(logits, p, step));
+    differ += a.Sample(logits, p, step) != a.Sample(logits, {.temperature = 1.0f, .seed = 43}, step);
+  }
+  EXPECT_GT(differ, 10);
+}
+
+TEST(SamplingTest, UniformIsInUnitInterval) {
+  for (uint64_t i = 0; i < 1000; ++i) {
+    const double u = SamplingUniform(i * 7919, i);
+    EXPECT_GE(u, 0.0);
+    EXPECT_LT(u, 1.0);
+  }
+}
+
+TEST(SamplingTest, ValidateNamesTheBadField) {
+  EXPECT_THAT(SamplingParams{}.Validate(), IsOk());
+  EXPECT_THAT(SamplingParams{.temperature = -0.5f}.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("temperature")));
+  EXPECT_THAT(SamplingParams{.temperature = NAN}.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("temperature")));
+  EXPECT_THAT(SamplingParams{.top_k = -1}.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_k")));
+  EXPECT_THAT(SamplingParams{.top_p = 1.5f}.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_p")));
+  EXPECT_THAT(SamplingParams{.top_p = 0.f}.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_p")));
+}
+
+}  // namespace
+}  // namespace shardserve::engine

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""shardserve-run end to end: greedy ids against the committed Hugging Face references, and clear
+errors (exit code 1 or 2, a message naming the problem, no crash) for bad flags and inputs."""
+import json
+import subprocess
+import sys
+import unittest
+
+BINARY = None
+
+
+def run(*args):
+    p = subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+class GreedyIds(unittest.TestCase):
+    def test_golden_models_match_transformers(self):
+        for name in ["llama", "mixtral", "qwen2_moe", "llama_bf16_sharded"]:
+            ref = json.load(open(f"tests/golden/models/{name}/reference.json"))
+            case = ref["cases"][2]
+            code, out, err = run("--model", f"tests/golden/models/{name}",
+                                 "--prompt_ids", ",".join(map(str, case["prompt_ids"])),
+                                 "--max_tokens", "32", "--temperature", "0", "--print_ids",
+                                 "--stop_at_eos=false")
+            self.assertEqual(code, 0, err)
+            self.assertEqual(out.strip(), ",".join(map(str, case["greedy_ids"])), name)
+
+    def test_stories260k_from_bos(self):
+        ref = json.load(open("tests/golden/stories260K_reference.json"))
+        case = ref["cases"][0]
+        self.assertEqual(case["prompt_ids"], [1])
+        code, out, err = run("--model", "../shared/models/stories260K", "--prompt_ids", "1",
+                             "--max_tokens", str(len(case["greedy_ids"])), "--print_ids")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.strip(), ",".join(map(str, case["greedy_ids"])))
+
+
+class BadInput(unittest.TestCase):
+    def expect_error(self, args, message, codes=(1, 2)):
+        code, out, err = run(*args)
+        self.assertIn(code, codes, f"{args}: exit {code}, stderr {err!r}")
+        self.assertIn(message, err, f"{args}: stderr {err!r}")
+
+    def test_errors(self):
+        m = "tests/golden/models/llama"
+        self.expect_error(["--prompt_ids", "1"], "--model is required")
+        self.expect_error(["--model", "/nonexistent", "--prompt_ids", "1"], "/nonexistent/config.json")
+        self.expect_error(["--model", m], "exactly one of --prompt and --prompt_ids")
+        self.expect_error(["--model", m, "--prompt_ids", "1,300"], "token 1 has id 300")
+        self.expect_error(["--model", m, "--prompt_ids", "1,a"], "\"a\"")
+        self.expect_error(["--model", m, "--prompt_ids", "1", "--temperature", "-1"], "temperature")
+        self.expect_error(["--model", m, "--prompt_ids", "1", "--top_p", "1.5"], "top_p")
+        self.expect_error(["--model", m, "--prompt_ids", "1", "--max_tokens", "0"], "--max_tokens")
+        self.expect_error(["--model", m, "--prompt_ids", ",".join(["5"] * 128)], "context length is 128")
+        self.expect_error(["--model", m, "--prompt_ids", "1", "--devices", "cuda"], "CUDA")
+        self.expect_error(["--model", m, "--prompt_ids", "1", "--devices", "gpu"], "not a device")
+        self.expect_error(["--model", m, "--prompt_ids", "1", "--bogus_flag"], "bogus_flag")
+
+
+if __name__ == "__main__":
+    BINARY = sys.argv.pop(1)
+    unittest.main(verbosity=2)
