@@ -1,7 +1,8 @@
 // Small-batch matrix products for decode: y[t] (+)= W . x[t] (+ bias) for a few tokens, streaming
-// W once. Decode is bound by reading W from memory; these kernels keep several rows of W in L1
-// across the tokens and use explicit SIMD (AVX2+FMA when compiled for it) with independent
-// accumulators, which reaches a larger fraction of read bandwidth than OpenBLAS sgemv.
+// W once. Decode is bound by reading W from memory; this kernel walks W row by row as one
+// sequential stream, reuses each row from L1 for every token, and uses explicit SIMD (AVX2+FMA
+// when compiled for it) with independent accumulators, which reaches a larger fraction of read
+// bandwidth than OpenBLAS sgemv.
 #ifndef SHARDSERVE_WORKER_KERNELS_CPU_GEMV_H_
 #define SHARDSERVE_WORKER_KERNELS_CPU_GEMV_H_
 

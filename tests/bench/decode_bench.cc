@@ -1,0 +1,208 @@
+// Decode and prefill speed of the single-process engine against this machine's own ceilings,
+// measured in the same run:
+//   decode  tok/s  vs  read-bandwidth roofline = bandwidth / weight bytes read per token
+//   prefill tok/s  vs  the sgemm rate (GFLOP/s) on a prefill-shaped product
+// Usage: shardserve-bench-decode [--model=DIR] [--threads=1] [--tokens=128]
+//   Without --model it benchmarks ../shared/models/stories260K and the generated 100M model
+//   (written once to --scratch, default /tmp/shardserve-100m).
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "common/status/macros.h"
+#include "tests/testing/random_model.h"
+#include "worker/engine/generator.h"
+#include "worker/engine/model.h"
+#include "worker/kernels/registry.h"
+
+ABSL_FLAG(std::string, model, "", "model directory; empty = stories260K and the generated 100M model");
+ABSL_FLAG(std::string, scratch, "/tmp/shardserve-100m", "where the 100M model is generated");
+ABSL_FLAG(int32_t, threads, 1, "BLAS threads");
+ABSL_FLAG(int32_t, tokens, 128, "decode tokens to time");
+ABSL_FLAG(int32_t, prefill, 256, "prefill prompt length");
+
+namespace shardserve {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Sum of a float range with independent vector accumulators: reads at the memory's speed.
+float SumRange(const float* p, size_t n) {
+#if defined(__AVX2__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+  }
+  float out[8];
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  float s = 0;
+  for (float x : out) s += x;
+  for (; i < n; ++i) s += p[i];
+  return s;
+#else
+  float acc[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += p[i + static_cast<size_t>(j)];
+  }
+  float s = 0;
+  for (float x : acc) s += x;
+  for (; i < n; ++i) s += p[i];
+  return s;
+#endif
+}
+
+// Best-of-5 read bandwidth (bytes/s) over a 1 GiB array with `threads` threads.
+double ReadBandwidth(int threads) {
+  const size_t n = (size_t{1} << 30) / sizeof(float);
+  float* data = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
+  for (size_t i = 0; i < n; ++i) data[i] = 1.0f;
+  double best = 0;
+  volatile float sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<float> sums(static_cast<size_t>(threads));
+    const double t0 = Now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const size_t chunk = n / static_cast<size_t>(threads);
+        sums[static_cast<size_t>(t)] = SumRange(data + chunk * static_cast<size_t>(t), chunk);
+      });
+    }
+    for (auto& th : pool) th.join();
+    const double dt = Now() - t0;
+    for (float s : sums) sink = sink + s;
+    best = std::max(best, static_cast<double>(n * sizeof(float)) / dt);
+  }
+  std::free(data);
+  return best;
+}
+
+// sgemm GFLOP/s for [m, k] x [n, k]^T, best of 5.
+double SgemmRate(int m, int n, int k) {
+  std::vector<float> a(static_cast<size_t>(m) * k, 0.01f), b(static_cast<size_t>(n) * k, 0.02f),
+      c(static_cast<size_t>(m) * n);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = Now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.f, a.data(), k, b.data(), k, 0.f, c.data(), n);
+    best = std::max(best, 2.0 * m * n * k / (Now() - t0) / 1e9);
+  }
+  return best;
+}
+
+absl::Status Bench(const std::string& dir, double bandwidth, double sgemm_gflops) {
+  ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
+  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
+  ASSIGN_OR_RETURN(auto backend, kernels::CreateBackend({.cpu_threads = absl::GetFlag(FLAGS_threads)}));
+  const int32_t decode_tokens = absl::GetFlag(FLAGS_tokens);
+  const int32_t prefill = std::min<int32_t>(absl::GetFlag(FLAGS_prefill),
+                                            static_cast<int32_t>(spec.max_position_embeddings) - decode_tokens - 2);
+  engine::ModelOptions options{.max_slots = 1, .max_step_tokens = std::max(prefill, 1)};
+  ASSIGN_OR_RETURN(auto model, engine::Model::Create(spec, *ckpt, backend.get(), options));
+  const int64_t emb_bytes = spec.vocab_size * spec.hidden_size * 4;
+  // Decode reads every weight once per token except the embedding table (one row), unless the
+  // lm_head is the embedding itself.
+  const double weight_read = static_cast<double>(model->weight_bytes()) -
+                             (spec.tie_word_embeddings ? 0.0 : static_cast<double>(emb_bytes));
+
+  // Decode: one sequence, greedy, after a 1-token prompt; time the steps after a short warm-up.
+  std::vector<int32_t> ctx = {1};
+  int32_t pos = 0;
+  auto step = [&](std::vector<int32_t> tokens) -> absl::StatusOr<int32_t> {
+    ASSIGN_OR_RETURN(auto r, model->Step({engine::StepSequence{.slot = 0, .pos_begin = pos, .tokens = tokens}}));
+    pos += static_cast<int32_t>(tokens.size());
+    const auto& l = r.logits[0];
+    return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  };
+  ASSIGN_OR_RETURN(int32_t tok, step({1}));
+  for (int i = 0; i < 4; ++i) {
+    ASSIGN_OR_RETURN(tok, step({tok}));
+  }
+  const double t0 = Now();
+  for (int i = 0; i < decode_tokens; ++i) {
+    ASSIGN_OR_RETURN(tok, step({tok}));
+  }
+  const double decode_s = Now() - t0;
+  const double tok_s = decode_tokens / decode_s;
+  // KV bytes read per token on average over the timed positions.
+  const double kv_read = 2.0 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4 * (5 + decode_tokens / 2.0);
+  const double roofline = bandwidth / (weight_read + kv_read);
+
+  // Prefill: one prompt of `prefill` tokens in one step, best of 3.
+  double prefill_best = 0;
+  std::vector<int32_t> prompt(static_cast<size_t>(prefill));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + i % 200);
+  for (int rep = 0; rep < 3 && prefill > 0; ++rep) {
+    const double p0 = Now();
+    RETURN_IF_ERROR(model->Step({engine::StepSequence{.slot = 0, .pos_begin = 0, .tokens = prompt}}).status());
+    prefill_best = std::max(prefill_best, prefill / (Now() - p0));
+  }
+  const double flops_per_token = 2.0 * (weight_read / 4.0);
+  const double prefill_gflops = prefill_best * flops_per_token / 1e9;
+
+  std::printf("\nmodel %s: %.1fM parameters, %.1f MB weights read per decoded token\n", dir.c_str(),
+              spec.NumParameters() / 1e6, weight_read / 1e6);
+  std::printf("  decode : %8.1f tok/s   roofline %8.1f tok/s   fraction of roofline %.3f\n", tok_s, roofline,
+              tok_s / roofline);
+  std::printf("  prefill: %8.1f tok/s   (%d-token prompt) %.1f GFLOP/s = %.3f of sgemm %.1f GFLOP/s\n", prefill_best,
+              prefill, prefill_gflops, prefill_gflops / sgemm_gflops, sgemm_gflops);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace shardserve
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  using namespace shardserve;
+  const int threads = absl::GetFlag(FLAGS_threads);
+  openblas_set_num_threads(threads);
+  const double bw = ReadBandwidth(threads);
+  const double bw2 = threads == 1 ? ReadBandwidth(2) : bw;
+  const double sgemm = SgemmRate(256, 2048, 768);
+  std::printf("machine: read bandwidth %.1f GB/s (%d thread), %.1f GB/s (2 threads); sgemm %.1f GFLOP/s\n", bw / 1e9,
+              threads, bw2 / 1e9, sgemm);
+  std::vector<std::string> dirs;
+  if (!absl::GetFlag(FLAGS_model).empty()) {
+    dirs.push_back(absl::GetFlag(FLAGS_model));
+  } else {
+    dirs.push_back("../shared/models/stories260K");
+    const std::string scratch = absl::GetFlag(FLAGS_scratch);
+    if (!std::filesystem::exists(scratch + "/model.safetensors")) {
+      std::printf("writing the 100M model to %s ...\n", scratch.c_str());
+      if (auto st = testing::WriteRandomLlama(scratch, testing::HundredMModel(), 1234); !st.ok()) {
+        std::fprintf(stderr, "%s\n", st.ToString().c_str());
+        return 1;
+      }
+    }
+    dirs.push_back(scratch);
+  }
+  for (const auto& d : dirs) {
+    if (auto st = Bench(d, bw, sgemm); !st.ok()) {
+      std::fprintf(stderr, "%s: %s\n", d.c_str(), st.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}

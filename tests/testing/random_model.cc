@@ -1,0 +1,102 @@
+#include "tests/testing/random_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace shardserve::testing {
+namespace {
+
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool norm;  // ones instead of random
+};
+
+uint64_t Next(uint64_t& s) {
+  s ^= s << 13;
+  s ^= s >> 7;
+  s ^= s << 17;
+  return s;
+}
+
+}  // namespace
+
+absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m, uint64_t seed) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat(dir, ": ", ec.message()));
+  const int64_t d = m.hidden / m.heads;
+  std::vector<Spec> specs = {{"model.embed_tokens.weight", {m.vocab, m.hidden}, false}};
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    specs.push_back({p + "input_layernorm.weight", {m.hidden}, true});
+    specs.push_back({p + "self_attn.q_proj.weight", {m.heads * d, m.hidden}, false});
+    specs.push_back({p + "self_attn.k_proj.weight", {m.kv_heads * d, m.hidden}, false});
+    specs.push_back({p + "self_attn.v_proj.weight", {m.kv_heads * d, m.hidden}, false});
+    specs.push_back({p + "self_attn.o_proj.weight", {m.hidden, m.heads * d}, false});
+    specs.push_back({p + "post_attention_layernorm.weight", {m.hidden}, true});
+    specs.push_back({p + "mlp.gate_proj.weight", {m.intermediate, m.hidden}, false});
+    specs.push_back({p + "mlp.up_proj.weight", {m.intermediate, m.hidden}, false});
+    specs.push_back({p + "mlp.down_proj.weight", {m.hidden, m.intermediate}, false});
+  }
+  specs.push_back({"model.norm.weight", {m.hidden}, true});
+  if (!m.tied) specs.push_back({"lm_head.weight", {m.vocab, m.hidden}, false});
+
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const Spec& s : specs) {
+    uint64_t n = 1;
+    for (int64_t x : s.shape) n *= static_cast<uint64_t>(x);
+    header[s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + 4 * n}}};
+    offset += 4 * n;
+  }
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');
+  std::ofstream out(fs::path(dir) / "model.safetensors", std::ios::binary);
+  const uint64_t hlen = h.size();
+  out.write(reinterpret_cast<const char*>(&hlen), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  std::vector<float> buf;
+  for (const Spec& s : specs) {
+    uint64_t n = 1;
+    for (int64_t x : s.shape) n *= static_cast<uint64_t>(x);
+    buf.resize(n);
+    const float scale = 0.5f / std::sqrt(static_cast<float>(s.shape.back()));
+    for (float& v : buf) {
+      v = s.norm ? 1.0f : scale * (static_cast<float>(Next(state) >> 40) * 0x1.0p-23f - 1.0f);
+    }
+    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(n * 4));
+  }
+  if (!out) return absl::InternalError(absl::StrCat(dir, "/model.safetensors: write failed"));
+  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                           {"model_type", "llama"},
+                           {"vocab_size", m.vocab},
+                           {"hidden_size", m.hidden},
+                           {"intermediate_size", m.intermediate},
+                           {"num_hidden_layers", m.layers},
+                           {"num_attention_heads", m.heads},
+                           {"num_key_value_heads", m.kv_heads},
+                           {"max_position_embeddings", m.max_positions},
+                           {"rms_norm_eps", 1e-5},
+                           {"rope_theta", 10000.0},
+                           {"hidden_act", "silu"},
+                           {"tie_word_embeddings", m.tied},
+                           {"bos_token_id", 1},
+                           {"eos_token_id", 2},
+                           {"torch_dtype", "float32"}};
+  std::ofstream cfg(fs::path(dir) / "config.json");
+  cfg << config.dump(2) << "\n";
+  if (!cfg) return absl::InternalError(absl::StrCat(dir, "/config.json: write failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace shardserve::testing
