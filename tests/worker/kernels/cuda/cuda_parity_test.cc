@@ -1,0 +1,427 @@
+// CUDA vs CPU parity for every op of backend.h, in the manner of llama.cpp's test-backend-ops:
+// the same random inputs (fixed seeds) go through both backends, created through the registry, and
+// the CUDA result must match the CPU oracle within a tolerance relative to the largest reference
+// magnitude. Tests that need a device skip without one (label gpu).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "worker/kernels/backend.h"
+#include "worker/kernels/registry.h"
+
+namespace shardserve::kernels {
+namespace {
+
+// Index of each backend in the arrays below; the CPU one is the reference.
+constexpr int kRef = 0;
+constexpr int kGpu = 1;
+constexpr int kSides = 2;
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<int32_t> RandomInts(size_t n, uint32_t seed, int32_t lo, int32_t hi) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(lo, hi);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = dist(rng);
+  return v;
+}
+
+// `count` distinct values from [0, n), in random order.
+std::vector<int32_t> DistinctRows(int32_t n, size_t count, uint32_t seed) {
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), std::mt19937(seed));
+  all.resize(count);
+  return all;
+}
+
+// Every element within rtol * max|want| (plus a tiny atol for all-zero references), and a normalised
+// mean squared error (test-backend-ops' nmse) far below that.
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rtol = 1e-4f) {
+  ASSERT_EQ(got.size(), want.size());
+  float max_ref = 0.f;
+  for (float w : want) max_ref = std::max(max_ref, std::fabs(w));
+  const float tol = rtol * max_ref + 1e-6f;
+  double err2 = 0, ref2 = 0;
+  size_t worst = 0;
+  float worst_diff = 0.f;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "element " << i << " is " << got[i];
+    const float diff = std::fabs(got[i] - want[i]);
+    if (diff > worst_diff) {
+      worst_diff = diff;
+      worst = i;
+    }
+    err2 += static_cast<double>(diff) * diff;
+    ref2 += static_cast<double>(want[i]) * want[i];
+  }
+  EXPECT_LE(worst_diff, tol) << "worst element " << worst << ": got " << got[worst] << ", want " << want[worst]
+                             << " (max |ref| " << max_ref << ")";
+  if (ref2 > 0) {
+    EXPECT_LE(err2 / ref2, 1e-8) << "nmse";
+  }
+}
+
+class CudaParityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    auto cpu = CreateBackend({.kind = DeviceKind::kCpu});
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    auto gpu = CreateBackend({.kind = DeviceKind::kCuda, .device_index = 0});
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    owned_[kRef] = std::move(cpu).value();
+    owned_[kGpu] = std::move(gpu).value();
+  }
+
+  Backend& backend(int side) { return *owned_[side]; }
+
+  // The same host data in each backend's memory.
+  template <typename T>
+  struct Mirrored {
+    DeviceBuffer buf[kSides];
+    size_t n = 0;
+    T* at(int side) const { return buf[side].as<T>(); }
+  };
+
+  template <typename T>
+  Mirrored<T> Mirror(const std::vector<T>& host) {
+    Mirrored<T> m;
+    m.n = host.size();
+    for (int side = 0; side < kSides; ++side) {
+      // At least one element, so that zero-sized ops still get non-null pointers.
+      auto buf = backend(side).Allocate(std::max<size_t>(1, host.size()) * sizeof(T));
+      EXPECT_TRUE(buf.ok()) << buf.status();
+      if (!buf.ok()) return m;
+      m.buf[side] = std::move(buf).value();
+      EXPECT_TRUE(backend(side).CopyToDevice(m.buf[side].template as<T>(), host.data(), host.size() * sizeof(T)).ok());
+    }
+    return m;
+  }
+
+  template <typename T>
+  std::vector<T> Read(const Mirrored<T>& m, int side) {
+    std::vector<T> host(m.n);
+    EXPECT_TRUE(backend(side).CopyToHost(host.data(), m.at(side), m.n * sizeof(T)).ok());
+    return host;
+  }
+
+  // Runs `op(backend, side)` on both backends; each must succeed.
+  template <typename Op>
+  void RunBoth(Op op) {
+    for (int side = 0; side < kSides; ++side) {
+      const absl::Status st = op(backend(side), side);
+      ASSERT_TRUE(st.ok()) << backend(side).name() << ": " << st;
+    }
+    ASSERT_TRUE(backend(kGpu).Synchronize().ok());
+  }
+
+  void ExpectMirrorsClose(const Mirrored<float>& m, float rtol = 1e-4f) {
+    ExpectClose(Read(m, kGpu), Read(m, kRef), rtol);
+  }
+
+  std::unique_ptr<Backend> owned_[kSides];
+};
+
+TEST_F(CudaParityTest, Embedding) {
+  const int64_t vocab = 50, hidden = 72, tokens = 13;
+  auto table = Mirror(RandomFloats(vocab * hidden, 1));
+  auto ids = Mirror(RandomInts(tokens, 2, 0, vocab - 1));
+  auto out = Mirror(std::vector<float>(tokens * hidden));
+  RunBoth([&](Backend& b, int s) {
+    return b.Embedding({.table = table.at(s), .ids = ids.at(s), .out = out.at(s), .tokens = tokens, .vocab = vocab,
+                        .hidden = hidden});
+  });
+  ExpectMirrorsClose(out, 0.f);  // a copy: exact
+}
+
+struct LinearCase {
+  int64_t tokens, in, out;
+  bool accumulate, bias;
+};
+
+// Readable names in gtest and ctest output, e.g. "t37_in96_out80_acc_bias".
+void PrintTo(const LinearCase& c, std::ostream* os) {
+  *os << "t" << c.tokens << "_in" << c.in << "_out" << c.out << (c.accumulate ? "_acc" : "") << (c.bias ? "_bias" : "");
+}
+
+template <typename Case>
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  return ::testing::PrintToString(info.param);
+}
+
+class CudaLinearParityTest : public CudaParityTest, public ::testing::WithParamInterface<LinearCase> {};
+
+TEST_P(CudaLinearParityTest, MatchesCpu) {
+  const LinearCase c = GetParam();
+  auto x = Mirror(RandomFloats(c.tokens * c.in, 10));
+  auto w = Mirror(RandomFloats(c.out * c.in, 11));
+  auto bias = Mirror(RandomFloats(c.out, 12));
+  auto y = Mirror(RandomFloats(c.tokens * c.out, 13));  // nonzero, so accumulate matters
+  RunBoth([&](Backend& b, int s) {
+    return b.Linear({.x = x.at(s), .w = w.at(s), .bias = c.bias ? bias.at(s) : nullptr, .y = y.at(s),
+                     .tokens = c.tokens, .in = c.in, .out = c.out, .accumulate = c.accumulate});
+  });
+  ExpectMirrorsClose(y);
+}
+
+// tokens = 1 and <= 8 take the CPU's small-batch kernels; 37 takes its sgemm.
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaLinearParityTest,
+                         ::testing::Values(LinearCase{1, 64, 48, false, false}, LinearCase{1, 256, 33, true, true},
+                                           LinearCase{37, 96, 80, true, true}, LinearCase{37, 300, 129, false, true},
+                                           LinearCase{5, 17, 7, true, false}, LinearCase{4, 0, 6, true, true},
+                                           LinearCase{3, 0, 6, false, true}),
+                         CaseName<LinearCase>);
+
+TEST_F(CudaParityTest, RmsNormInPlaceAndOutOfPlace) {
+  const int64_t tokens = 7, hidden = 1000;  // not a multiple of the block size
+  auto x = Mirror(RandomFloats(tokens * hidden, 20, -3.f, 3.f));
+  auto weight = Mirror(RandomFloats(hidden, 21, 0.5f, 1.5f));
+  auto y = Mirror(std::vector<float>(tokens * hidden));
+  RunBoth([&](Backend& b, int s) {
+    return b.RmsNorm({.x = x.at(s), .weight = weight.at(s), .y = y.at(s), .tokens = tokens, .hidden = hidden,
+                      .eps = 1e-5f});
+  });
+  ExpectMirrorsClose(y);
+  RunBoth([&](Backend& b, int s) {
+    return b.RmsNorm({.x = x.at(s), .weight = weight.at(s), .y = x.at(s), .tokens = tokens, .hidden = hidden});
+  });
+  ExpectMirrorsClose(x);
+}
+
+TEST_F(CudaParityTest, Rope) {
+  const int64_t tokens = 9, q_heads = 4, kv_heads = 2, head_dim = 64;
+  std::vector<float> inv_freq(head_dim / 2);
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  }
+  auto freq = Mirror(inv_freq);
+  auto positions = Mirror(RandomInts(tokens, 30, 0, 5000));
+  for (float scale : {1.0f, 0.25f}) {
+    SCOPED_TRACE(scale);
+    auto q = Mirror(RandomFloats(tokens * q_heads * head_dim, 31));
+    auto k = Mirror(RandomFloats(tokens * kv_heads * head_dim, 32));
+    RunBoth([&](Backend& b, int s) {
+      return b.Rope({.q = q.at(s), .k = k.at(s), .positions = positions.at(s), .inv_freq = freq.at(s),
+                     .tokens = tokens, .q_heads = q_heads, .kv_heads = kv_heads, .head_dim = head_dim,
+                     .position_scale = scale});
+    });
+    ExpectMirrorsClose(q);
+    ExpectMirrorsClose(k);
+  }
+}
+
+// Three sequences of different lengths in one batch: a prefill from position 0, a decode step deep
+// in its context, and a prefill chunk that continues a cached prefix.
+const std::vector<AttnSeq> kSeqs = {
+    {.q_begin = 0, .q_len = 11, .pos_begin = 0, .slot = 2},
+    {.q_begin = 11, .q_len = 1, .pos_begin = 40, .slot = 0},
+    {.q_begin = 12, .q_len = 6, .pos_begin = 17, .slot = 1},
+};
+constexpr int64_t kSeqTokens = 18;
+
+TEST_F(CudaParityTest, KvWrite) {
+  const KvLayerView shape{.slots = 3, .max_len = 48, .kv_heads = 2, .head_dim = 16};
+  const int64_t row = shape.kv_heads * shape.head_dim;
+  const int64_t cache_elems = shape.slots * shape.max_len * row;
+  auto seqs = Mirror(kSeqs);
+  auto k = Mirror(RandomFloats(kSeqTokens * row, 40));
+  auto v = Mirror(RandomFloats(kSeqTokens * row, 41));
+  auto ck = Mirror(RandomFloats(cache_elems, 42));
+  auto cv = Mirror(RandomFloats(cache_elems, 43));
+  RunBoth([&](Backend& b, int s) {
+    KvLayerView cache = shape;
+    cache.k = ck.at(s);
+    cache.v = cv.at(s);
+    return b.KvWrite({.k = k.at(s), .v = v.at(s), .seqs = seqs.at(s), .host_seqs = kSeqs.data(),
+                      .num_seqs = static_cast<int64_t>(kSeqs.size()), .tokens = kSeqTokens, .cache = cache});
+  });
+  ExpectMirrorsClose(ck, 0.f);  // copies: exact
+  ExpectMirrorsClose(cv, 0.f);
+}
+
+struct AttentionCase {
+  int64_t q_heads, kv_heads, head_dim, sliding_window;
+};
+
+void PrintTo(const AttentionCase& c, std::ostream* os) {
+  *os << "q" << c.q_heads << "_kv" << c.kv_heads << "_d" << c.head_dim << "_window" << c.sliding_window;
+}
+
+class CudaAttentionParityTest : public CudaParityTest, public ::testing::WithParamInterface<AttentionCase> {};
+
+TEST_P(CudaAttentionParityTest, MatchesCpu) {
+  const AttentionCase c = GetParam();
+  const KvLayerView shape{.slots = 3, .max_len = 48, .kv_heads = c.kv_heads, .head_dim = c.head_dim};
+  const int64_t cache_elems = shape.slots * shape.max_len * shape.kv_heads * shape.head_dim;
+  auto seqs = Mirror(kSeqs);
+  // Scores of a few units, so the softmax is neither flat nor one-hot.
+  auto q = Mirror(RandomFloats(kSeqTokens * c.q_heads * c.head_dim, 50, -2.f, 2.f));
+  auto ck = Mirror(RandomFloats(cache_elems, 51, -2.f, 2.f));
+  auto cv = Mirror(RandomFloats(cache_elems, 52));
+  auto out = Mirror(std::vector<float>(kSeqTokens * c.q_heads * c.head_dim));
+  RunBoth([&](Backend& b, int s) {
+    KvLayerView cache = shape;
+    cache.k = ck.at(s);
+    cache.v = cv.at(s);
+    return b.Attention({.q = q.at(s), .out = out.at(s), .seqs = seqs.at(s), .host_seqs = kSeqs.data(),
+                        .num_seqs = static_cast<int64_t>(kSeqs.size()), .tokens = kSeqTokens, .q_heads = c.q_heads,
+                        .cache = cache, .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                        .sliding_window = c.sliding_window});
+  });
+  ExpectMirrorsClose(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionParityTest,
+                         ::testing::Values(AttentionCase{8, 2, 64, 0}, AttentionCase{8, 2, 64, 8},
+                                           AttentionCase{4, 4, 128, 0}, AttentionCase{6, 1, 80, 5},
+                                           AttentionCase{2, 1, 16, 1}),
+                         CaseName<AttentionCase>);
+
+TEST_F(CudaParityTest, SiluMulInPlace) {
+  const int64_t n = 1001;
+  auto gate = Mirror(RandomFloats(n, 60, -6.f, 6.f));
+  auto up = Mirror(RandomFloats(n, 61));
+  RunBoth([&](Backend& b, int s) { return b.SiluMul({.gate = gate.at(s), .up = up.at(s), .out = gate.at(s), .n = n}); });
+  ExpectMirrorsClose(gate);
+}
+
+TEST_F(CudaParityTest, Add) {
+  const int64_t n = 1001;
+  auto x = Mirror(RandomFloats(n, 70));
+  auto y = Mirror(RandomFloats(n, 71));
+  RunBoth([&](Backend& b, int s) { return b.Add({.x = x.at(s), .y = y.at(s), .n = n}); });
+  ExpectMirrorsClose(x);
+}
+
+TEST_F(CudaParityTest, GatherRows) {
+  const int64_t src_rows = 20, width = 300, count = 9;
+  auto src = Mirror(RandomFloats(src_rows * width, 80));
+  auto rows = Mirror(RandomInts(count, 81, 0, src_rows - 1));  // repeats allowed
+  auto dst = Mirror(std::vector<float>(count * width));
+  RunBoth([&](Backend& b, int s) {
+    return b.GatherRows({.src = src.at(s), .rows = rows.at(s), .dst = dst.at(s), .count = count,
+                         .src_rows = src_rows, .width = width});
+  });
+  ExpectMirrorsClose(dst, 0.f);
+}
+
+TEST_F(CudaParityTest, ScatterAddRows) {
+  const int64_t dst_rows = 20, width = 300, count = 9;
+  auto src = Mirror(RandomFloats(count * width, 90));
+  auto rows = Mirror(DistinctRows(dst_rows, count, 91));
+  auto scales = Mirror(RandomFloats(count, 92, 0.f, 1.f));
+  auto dst = Mirror(RandomFloats(dst_rows * width, 93));
+  RunBoth([&](Backend& b, int s) {
+    return b.ScatterAddRows({.src = src.at(s), .rows = rows.at(s), .scales = scales.at(s), .dst = dst.at(s),
+                             .count = count, .dst_rows = dst_rows, .width = width});
+  });
+  ExpectMirrorsClose(dst);
+}
+
+TEST_F(CudaParityTest, SigmoidScaleRows) {
+  const int64_t tokens = 6, width = 513;
+  auto x = Mirror(RandomFloats(tokens * width, 100));
+  auto gate = Mirror(RandomFloats(tokens, 101, -5.f, 5.f));
+  RunBoth([&](Backend& b, int s) {
+    return b.SigmoidScaleRows({.x = x.at(s), .gate = gate.at(s), .tokens = tokens, .width = width});
+  });
+  ExpectMirrorsClose(x);
+}
+
+// Zero-sized shapes are no-ops that succeed without a launch (a launch with an empty grid would
+// fail) and leave the output alone.
+TEST_F(CudaParityTest, ZeroSizedOpsSucceed) {
+  Backend& gpu = backend(kGpu);
+  auto f = Mirror(std::vector<float>{7.f, 8.f});
+  auto i = Mirror(std::vector<int32_t>{0});
+  auto seqs = Mirror(std::vector<AttnSeq>{{.q_begin = 0, .q_len = 0, .pos_begin = 3, .slot = 0}});
+  float* p = f.at(kGpu);
+  const std::vector<AttnSeq> host_seqs = {{.q_begin = 0, .q_len = 0, .pos_begin = 3, .slot = 0}};
+  const KvLayerView cache{.k = p, .v = p, .slots = 1, .max_len = 8, .kv_heads = 1, .head_dim = 1};
+  EXPECT_TRUE(gpu.Embedding({.table = p, .ids = i.at(kGpu), .out = p, .tokens = 0, .vocab = 1, .hidden = 1}).ok());
+  EXPECT_TRUE(gpu.Linear({.x = p, .w = p, .y = p + 1, .tokens = 0, .in = 4, .out = 4}).ok());  // y must not alias x
+  EXPECT_TRUE(gpu.RmsNorm({.x = p, .weight = p, .y = p, .tokens = 0, .hidden = 4}).ok());
+  EXPECT_TRUE(gpu.Rope({.q = p, .k = p, .positions = i.at(kGpu), .inv_freq = p, .tokens = 0, .q_heads = 1,
+                        .kv_heads = 1, .head_dim = 2})
+                  .ok());
+  EXPECT_TRUE(gpu.KvWrite({.k = p, .v = p, .seqs = seqs.at(kGpu), .host_seqs = host_seqs.data(), .num_seqs = 1,
+                           .tokens = 0, .cache = cache})
+                  .ok());
+  EXPECT_TRUE(gpu.Attention({.q = p, .out = p, .seqs = seqs.at(kGpu), .host_seqs = host_seqs.data(), .num_seqs = 1,
+                             .tokens = 0, .q_heads = 1, .cache = cache})
+                  .ok());
+  EXPECT_TRUE(gpu.Attention({.q = p, .out = p, .seqs = seqs.at(kGpu), .host_seqs = host_seqs.data(), .num_seqs = 0,
+                             .tokens = 0, .q_heads = 1, .cache = cache})
+                  .ok());
+  EXPECT_TRUE(gpu.SiluMul({.gate = p, .up = p, .out = p, .n = 0}).ok());
+  EXPECT_TRUE(gpu.Add({.x = p, .y = p, .n = 0}).ok());
+  EXPECT_TRUE(gpu.GatherRows({.src = p, .rows = i.at(kGpu), .dst = p, .count = 0, .src_rows = 1, .width = 1}).ok());
+  EXPECT_TRUE(gpu.ScatterAddRows({.src = p, .rows = i.at(kGpu), .scales = p, .dst = p, .count = 0, .dst_rows = 1,
+                                  .width = 1})
+                  .ok());
+  EXPECT_TRUE(gpu.SigmoidScaleRows({.x = p, .gate = p, .tokens = 0, .width = 1}).ok());
+  EXPECT_TRUE(gpu.Synchronize().ok());
+  EXPECT_EQ(Read(f, kGpu), (std::vector<float>{7.f, 8.f}));
+}
+
+TEST_F(CudaParityTest, InvalidParamsAreRejectedAndBackendStaysHealthy) {
+  Backend& gpu = backend(kGpu);
+  auto x = Mirror(RandomFloats(4, 110));
+  const absl::Status st = gpu.Add({.x = x.at(kGpu), .y = nullptr, .n = 4});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(gpu.Synchronize().ok());
+}
+
+TEST_F(CudaParityTest, AllocateZeroFillsAndReportsOutOfMemory) {
+  Backend& gpu = backend(kGpu);
+  auto buf = gpu.Allocate(1000 * sizeof(float));
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  std::vector<float> host(1000, 1.f);
+  ASSERT_TRUE(gpu.CopyToHost(host.data(), buf->as<float>(), host.size() * sizeof(float)).ok());
+  EXPECT_EQ(host, std::vector<float>(1000, 0.f));
+  // More than any device has: out of memory is reported, and the backend stays usable.
+  auto huge = gpu.Allocate(size_t{1} << 50);
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_TRUE(gpu.Synchronize().ok());
+}
+
+TEST_F(CudaParityTest, DeviceErrorMakesBackendUnhealthy) {
+  // A fresh backend, so the fixture's stays healthy for other tests in this process.
+  auto made = CreateBackend({.kind = DeviceKind::kCuda, .device_index = 0});
+  ASSERT_TRUE(made.ok()) << made.status();
+  Backend& gpu = **made;
+  const float src[4] = {1, 2, 3, 4};
+  // A null destination: the runtime rejects the copy (cudaErrorInvalidValue, not sticky, so the
+  // rest of this process's tests still have a working device).
+  const absl::Status st = gpu.CopyToDevice(nullptr, src, sizeof(src));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  const absl::Status later = gpu.Synchronize();
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+  EXPECT_NE(std::string(later.message()).find("backend unhealthy after"), std::string::npos) << later;
+}
+
+// Runs on every machine: asking for a device that is not there is an error, not a crash.
+TEST(CudaRegistryTest, MissingDeviceIsFailedPrecondition) {
+  ASSERT_TRUE(CudaCompiledIn());
+  auto made = CreateBackend({.kind = DeviceKind::kCuda, .device_index = CudaDeviceCount()});
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kFailedPrecondition) << made.status();
+}
+
+}  // namespace
+}  // namespace shardserve::kernels

@@ -1,0 +1,321 @@
+// CudaBackend: memory, copies, cuBLAS and error bookkeeping around the kernels of ops.cu. The
+// contract is in cuda_backend.h; this file says why things are done the way they are.
+//
+// Invariants:
+//   * stream_, blas_ and blas_workspace_ are created by Init() and never change afterwards.
+//   * first_error_ is empty while the backend is healthy. Once a CUDA or cuBLAS call fails it holds
+//     that call's message and never changes again; every entry point then refuses to run.
+#include "worker/kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/status/macros.h"
+#include "worker/kernels/cuda/ops.cuh"
+
+namespace shardserve::kernels {
+namespace {
+
+// cuBLAS's recommended workspace sizes (cuBLAS docs, cublasSetWorkspace): 32 MiB on Hopper and
+// newer, 4 MiB before. Owning it keeps cuBLAS from allocating during an op.
+size_t BlasWorkspaceBytes(int compute_major) { return (compute_major >= 9 ? 32u : 4u) << 20; }
+
+// DeviceBuffer's deallocator. The buffer may be destroyed on any thread with any device current,
+// so free on the device that owns the pointer. Errors here have no one to report to; clearing the
+// runtime's last error keeps them from being blamed on the caller's next launch.
+void FreeDevice(void* ptr) {
+  cudaPointerAttributes attr{};
+  int current = -1;
+  if (cudaPointerGetAttributes(&attr, ptr) == cudaSuccess && cudaGetDevice(&current) == cudaSuccess &&
+      attr.device >= 0 && attr.device != current) {
+    (void)cudaSetDevice(attr.device);
+    (void)cudaFree(ptr);
+    (void)cudaSetDevice(current);
+  } else {
+    (void)cudaFree(ptr);
+  }
+  (void)cudaGetLastError();
+}
+
+bool FitsInt(std::initializer_list<int64_t> sizes) {
+  for (int64_t s : sizes) {
+    if (s > INT_MAX) return false;
+  }
+  return true;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device), name_(absl::StrCat("cuda:", device)) {}
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // Creates the stream, the cuBLAS handle and its workspace. Called once, by CreateCudaBackend.
+  absl::Status Init();
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return name_; }
+
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
+  absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status Synchronize() override;
+
+  absl::Status Embedding(const EmbeddingParams& p) override;
+  absl::Status Linear(const LinearParams& p) override;
+  absl::Status RmsNorm(const RmsNormParams& p) override;
+  absl::Status Rope(const RopeParams& p) override;
+  absl::Status KvWrite(const KvWriteParams& p) override;
+  absl::Status Attention(const AttentionParams& p) override;
+  absl::Status SiluMul(const SiluMulParams& p) override;
+  absl::Status Add(const AddParams& p) override;
+  absl::Status GatherRows(const GatherRowsParams& p) override;
+  absl::Status ScatterAddRows(const ScatterAddRowsParams& p) override;
+  absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) override;
+
+ private:
+  // Refuses to run when unhealthy; otherwise makes device_ current on the calling thread (the
+  // backend may have been created on another thread than the rank thread that uses it).
+  absl::Status Enter();
+  // OK for cudaSuccess; otherwise records the first error (the backend becomes unhealthy) and
+  // returns Internal naming `call`.
+  absl::Status Check(cudaError_t err, absl::string_view call);
+  absl::Status CheckBlas(cublasStatus_t st, absl::string_view call);
+  absl::Status Fail(std::string message);
+
+  // Constant after construction / Init().
+  const int device_;
+  const std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* blas_workspace_ = nullptr;
+
+  // Empty while healthy; the first device error afterwards.
+  std::string first_error_;
+};
+
+CudaBackend::~CudaBackend() {
+  // Best effort: drain queued work, then release in reverse order of creation. Works for a
+  // partially initialised backend (Init failed half-way).
+  (void)cudaSetDevice(device_);
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  if (blas_ != nullptr) (void)cublasDestroy(blas_);
+  if (blas_workspace_ != nullptr) (void)cudaFree(blas_workspace_);
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  (void)cudaGetLastError();
+}
+
+absl::Status CudaBackend::Init() {
+  RETURN_IF_ERROR(Check(cudaSetDevice(device_), "cudaSetDevice"));
+  // Non-blocking: the legacy default stream (used by libraries that pass stream 0) does not
+  // serialise with ours.
+  RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
+  RETURN_IF_ERROR(CheckBlas(cublasCreate(&blas_), "cublasCreate"));
+  RETURN_IF_ERROR(CheckBlas(cublasSetStream(blas_, stream_), "cublasSetStream"));
+  // Default math never lowers f32 GEMMs to TF32 (that needs CUBLAS_TF32_TENSOR_OP_MATH), which
+  // keeps parity with the CPU oracle. Pedantic math would also forbid faster exact algorithms.
+  RETURN_IF_ERROR(CheckBlas(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+  int major = 0;
+  RETURN_IF_ERROR(Check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_),
+                        "cudaDeviceGetAttribute"));
+  const size_t workspace_bytes = BlasWorkspaceBytes(major);
+  RETURN_IF_ERROR(Check(cudaMalloc(&blas_workspace_, workspace_bytes), "cudaMalloc (cuBLAS workspace)"));
+  // After cublasSetStream, which resets the workspace to cuBLAS's own pool.
+  return CheckBlas(cublasSetWorkspace(blas_, blas_workspace_, workspace_bytes), "cublasSetWorkspace");
+}
+
+absl::Status CudaBackend::Fail(std::string message) {
+  if (first_error_.empty()) first_error_ = message;
+  return absl::InternalError(std::move(message));
+}
+
+absl::Status CudaBackend::Check(cudaError_t err, absl::string_view call) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return Fail(absl::StrCat(name_, ": ", call, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+}
+
+absl::Status CudaBackend::CheckBlas(cublasStatus_t st, absl::string_view call) {
+  if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return Fail(
+      absl::StrCat(name_, ": ", call, " failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ")"));
+}
+
+absl::Status CudaBackend::Enter() {
+  if (!first_error_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(name_, ": backend unhealthy after: ", first_error_));
+  }
+  return Check(cudaSetDevice(device_), "cudaSetDevice");
+}
+
+absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  RETURN_IF_ERROR(Enter());
+  if (bytes == 0) return DeviceBuffer();
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    // Out of memory is not sticky: clear it and stay healthy, so the caller may try a smaller plan.
+    (void)cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+    (void)cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat(name_, ": cannot allocate ", bytes, " bytes (", free_bytes,
+                                                     " of ", total_bytes, " bytes free)"));
+  }
+  RETURN_IF_ERROR(Check(err, "cudaMalloc"));
+  DeviceBuffer buffer(ptr, bytes, &FreeDevice);  // frees ptr on the error paths below
+  RETURN_IF_ERROR(Check(cudaMemsetAsync(ptr, 0, bytes, stream_), "cudaMemsetAsync"));
+  // Wait, so the zeros are in place for any stream (a communicator's, say), not only ours.
+  RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  return buffer;
+}
+
+absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t bytes) {
+  RETURN_IF_ERROR(Enter());
+  if (bytes == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(Check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (H2D)"));
+  // The caller may reuse host_src as soon as we return.
+  return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  RETURN_IF_ERROR(Enter());
+  if (bytes == 0) return absl::OkStatus();
+  // Ordered after the queued ops on the same stream.
+  RETURN_IF_ERROR(Check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (D2H)"));
+  return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+absl::Status CudaBackend::Synchronize() {
+  RETURN_IF_ERROR(Enter());
+  return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchEmbedding(p, stream_), "Embedding kernel launch");
+}
+
+absl::Status CudaBackend::Linear(const LinearParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  if (!FitsInt({p.tokens, p.in, p.out})) {
+    return absl::UnimplementedError(
+        absl::StrCat(name_, ": Linear dimensions exceed cuBLAS's int range: ", p.tokens, "x", p.in, "x", p.out));
+  }
+  RETURN_IF_ERROR(Enter());
+  if (p.tokens == 0 || p.out == 0) return absl::OkStatus();
+  if (p.in == 0) {
+    // An empty product (cuBLAS rejects lda = 0): y = bias, or y += bias.
+    if (!p.accumulate) {
+      RETURN_IF_ERROR(Check(cudaMemsetAsync(p.y, 0, static_cast<size_t>(p.tokens * p.out) * sizeof(float), stream_),
+                            "cudaMemsetAsync"));
+    }
+  } else {
+    // Row-major y[tokens, out] = x[tokens, in] . w[out, in]^T is, in cuBLAS's column-major terms,
+    // y^T[out, tokens] = op_T(w^T[in, out]) . x^T[in, tokens].
+    const float alpha = 1.0f;
+    const float beta = p.accumulate ? 1.0f : 0.0f;
+    const int tokens = static_cast<int>(p.tokens), in = static_cast<int>(p.in), out = static_cast<int>(p.out);
+    RETURN_IF_ERROR(CheckBlas(
+        cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, tokens, in, &alpha, p.w, in, p.x, in, &beta, p.y, out),
+        "cublasSgemm"));
+  }
+  if (p.bias == nullptr) return absl::OkStatus();
+  return Check(cuda::LaunchBiasAdd(p.bias, p.y, p.tokens, p.out, stream_), "Linear bias kernel launch");
+}
+
+absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchRmsNorm(p, stream_), "RmsNorm kernel launch");
+}
+
+absl::Status CudaBackend::Rope(const RopeParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  if (cuda::RopeSharedBytes(p.head_dim) > cuda::kMaxDynamicSharedBytes) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": Rope head_dim ", p.head_dim, " is too large"));
+  }
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchRope(p, stream_), "Rope kernel launch");
+}
+
+absl::Status CudaBackend::KvWrite(const KvWriteParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchKvWrite(p, stream_), "KvWrite kernel launch");
+}
+
+absl::Status CudaBackend::Attention(const AttentionParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  if (cuda::AttentionSharedBytes(p.cache.head_dim) > cuda::kMaxDynamicSharedBytes || !FitsInt({p.q_heads})) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": Attention with head_dim ", p.cache.head_dim, " and ",
+                                                 p.q_heads, " query heads is not supported"));
+  }
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchAttention(p, stream_), "Attention kernel launch");
+}
+
+absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchSiluMul(p, stream_), "SiluMul kernel launch");
+}
+
+absl::Status CudaBackend::Add(const AddParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchAdd(p, stream_), "Add kernel launch");
+}
+
+absl::Status CudaBackend::GatherRows(const GatherRowsParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchGatherRows(p, stream_), "GatherRows kernel launch");
+}
+
+absl::Status CudaBackend::ScatterAddRows(const ScatterAddRowsParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchScatterAddRows(p, stream_), "ScatterAddRows kernel launch");
+}
+
+absl::Status CudaBackend::SigmoidScaleRows(const SigmoidScaleRowsParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchSigmoidScaleRows(p, stream_), "SigmoidScaleRows kernel launch");
+}
+
+}  // namespace
+
+int CudaBackendDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    // No driver, no device, or a driver older than the runtime: report none, and clear the error
+    // so it is not blamed on a later call.
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index) {
+  const int count = CudaBackendDeviceCount();
+  if (device_index < 0 || device_index >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device_index, " requested but this machine has ", count, " CUDA device(s)"));
+  }
+  auto backend = std::make_unique<CudaBackend>(device_index);
+  RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace shardserve::kernels

@@ -1,0 +1,50 @@
+// The CUDA backend: one device, one stream, one cuBLAS handle; f32 kernels that compute what the
+// CPU backend (the oracle) computes, reusing kernels/shared row math. Built only when
+// SHARDSERVE_HAVE_CUDA; nothing above worker/kernels includes this header (the registry does).
+//
+// This header names no CUDA type, so it can be included from code compiled without nvcc.
+//
+// Contract of the Backend that CreateCudaBackend returns (in addition to backend.h):
+//   * Device memory. Allocate() returns zero-filled device memory (cudaMalloc, then a memset that
+//     has completed before it returns). The buffer frees itself with cudaFree, which waits for the
+//     device; a buffer may outlive the backend that made it.
+//   * Ordering. Every op and copy is enqueued on the backend's one non-blocking stream.
+//     CopyToDevice and CopyToHost return only after the copy has finished, so the host buffer may
+//     be reused or read right away. Ops return once enqueued; their results reach the host through
+//     CopyToHost or after Synchronize().
+//   * Threads. One thread at a time (the rank thread that owns the device). Every entry point makes
+//     the backend's device current on the calling thread (cudaSetDevice), so the backend may be
+//     created on one thread and then handed to another.
+//   * Numerics. f32 throughout; cuBLAS runs in its default math mode, which never uses TF32 for
+//     cublasSgemm. Reductions are ordered differently from the CPU backend, so results agree within
+//     rounding, not bit for bit.
+//   * Errors. Params::Validate() failures return InvalidArgument and change nothing. Shapes the
+//     kernels cannot launch (a dimension over INT_MAX for cuBLAS, a head_dim too large for the
+//     attention kernel's shared memory) return Unimplemented and change nothing. A failing CUDA or
+//     cuBLAS call returns Internal naming the call and the library's error, and marks the backend
+//     unhealthy: every later call returns FailedPrecondition("backend unhealthy after: <first
+//     error>") and the rank should be restarted. Allocate() returns ResourceExhausted (and stays
+//     healthy) when the device is out of memory.
+#ifndef SHARDSERVE_WORKER_KERNELS_CUDA_CUDA_BACKEND_H_
+#define SHARDSERVE_WORKER_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "worker/kernels/backend.h"
+
+namespace shardserve::kernels {
+
+// Number of CUDA devices visible to this process. 0 when there is no driver, no device or the
+// query fails for any other reason; never aborts. Thread-safe.
+int CudaBackendDeviceCount();
+
+// Creates a backend for device `device_index` (0-based, as CUDA numbers devices): creates its
+// stream, cuBLAS handle and cuBLAS workspace. FailedPrecondition when the device does not exist
+// (the message says how many there are); Internal when the driver or cuBLAS refuses (the message
+// names the call). Thread-safe; the backend it returns is not (see above).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index);
+
+}  // namespace shardserve::kernels
+
+#endif  // SHARDSERVE_WORKER_KERNELS_CUDA_CUDA_BACKEND_H_

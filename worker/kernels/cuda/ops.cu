@@ -1,0 +1,315 @@
+// f32 CUDA kernels that compute what the CPU backend computes. Per-row formulas come from
+// kernels/shared/row_math.h (RopeHead, Silu) or repeat it term for term where the row is split
+// across a block (RmsNorm's normalisation, the attention softmax), so the two backends differ only
+// in summation order.
+#include "worker/kernels/cuda/ops.cuh"
+
+#include <cmath>
+
+#include "worker/kernels/shared/row_math.h"
+
+namespace shardserve::kernels::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowThreads = 256;       // row kernels: one block per row
+constexpr int kElementThreads = 256;   // elementwise kernels
+constexpr int kRopeThreads = 128;      // one thread per head of a token
+constexpr int kAttnWarps = 4;          // attention: warps split the keys of one (token, head)
+constexpr int64_t kMaxGrid = 65535;    // grid-stride beyond this (also the y/z grid limit)
+
+unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
+
+unsigned ElementGrid(int64_t n) { return GridFor((n + kElementThreads - 1) / kElementThreads); }
+
+// Threads per block for a row of `width` elements: enough warps to cover it, at most kRowThreads.
+unsigned RowThreads(int64_t width) {
+  const int64_t warps = (width + kWarp - 1) / kWarp;
+  const int64_t threads = (warps < 1 ? 1 : warps) * kWarp;
+  return static_cast<unsigned>(threads < kRowThreads ? threads : kRowThreads);
+}
+
+int64_t MaxQueryLen(const AttnSeq* host_seqs, int64_t num_seqs) {
+  int64_t m = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) m = host_seqs[s].q_len > m ? host_seqs[s].q_len : m;
+  return m;
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum of `v` over the block; every thread gets the same value (each adds the warp sums in the same
+// order). blockDim.x must be a multiple of 32; scratch: [blockDim.x / 32] shared floats.
+__device__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  v = WarpSum(v);
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) total += scratch[w];
+  return total;
+}
+
+// dst[i, :] = src[idx[i], :]  (Embedding and GatherRows).
+__global__ void GatherRowsKernel(const float* src, const int32_t* idx, float* dst, int64_t count, int64_t width) {
+  for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
+    const float* s = src + int64_t{idx[i]} * width;
+    float* d = dst + i * width;
+    for (int64_t e = threadIdx.x; e < width; e += blockDim.x) d[e] = s[e];
+  }
+}
+
+__global__ void BiasAddKernel(const float* bias, float* y, int64_t tokens, int64_t out) {
+  const int64_t n = tokens * out;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] += bias[i % out];
+  }
+}
+
+// One block per row. The sum of squares is a block reduction; the rest is RmsNormRow's formula.
+__global__ void RmsNormKernel(const float* x, const float* weight, float* y, int64_t tokens, int64_t hidden,
+                              float eps) {
+  __shared__ float scratch[kRowThreads / kWarp];
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const float* xr = x + t * hidden;
+    float* yr = y + t * hidden;
+    float ss = 0.f;
+    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = BlockSum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(hidden) + eps);
+    // y may alias x: each thread rewrites only the elements it alone read above.
+    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
+// One block per token: cos/sin of the token's angles in shared memory, then one thread per head.
+__global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t tokens,
+                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float position_scale) {
+  extern __shared__ float rope_smem[];
+  const int64_t half = head_dim / 2;
+  float* cos_s = rope_smem;        // [half]
+  float* sin_s = rope_smem + half;  // [half]
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    __syncthreads();  // the previous token's heads are done with cos_s/sin_s
+    // float32 angles in the CPU backend's order: (position * position_scale) * inv_freq[i].
+    const float pos = static_cast<float>(positions[t]) * position_scale;
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      const float angle = pos * inv_freq[i];
+      cos_s[i] = cosf(angle);
+      sin_s[i] = sinf(angle);
+    }
+    __syncthreads();
+    for (int64_t h = threadIdx.x; h < q_heads + kv_heads; h += blockDim.x) {
+      float* head = h < q_heads ? q + (t * q_heads + h) * head_dim : k + (t * kv_heads + (h - q_heads)) * head_dim;
+      RopeHead(head, cos_s, sin_s, static_cast<int>(head_dim));
+    }
+  }
+}
+
+// grid.y strides over sequences, grid.x over each sequence's rows; threads over a row's elements.
+__global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seqs, int64_t num_seqs, float* cache_k,
+                              float* cache_v, int64_t max_len, int64_t row) {
+  for (int64_t s = blockIdx.y; s < num_seqs; s += gridDim.y) {
+    const AttnSeq seq = seqs[s];
+    for (int64_t i = blockIdx.x; i < seq.q_len; i += gridDim.x) {
+      const int64_t src = (int64_t{seq.q_begin} + i) * row;
+      const int64_t dst = (int64_t{seq.slot} * max_len + seq.pos_begin + i) * row;
+      for (int64_t e = threadIdx.x; e < row; e += blockDim.x) {
+        cache_k[dst + e] = k[src + e];
+        cache_v[dst + e] = v[src + e];
+      }
+    }
+  }
+}
+
+// One block per (query head, query row, sequence): grid.x = head, grid.y strides over the
+// sequence's rows, grid.z over sequences. Each warp runs an online softmax over every
+// kAttnWarps-th key of [lo, pos] (running max m, running sum l, accumulator acc = sum p_j v_j in
+// shared memory), then the block merges the warps' partial results. This equals the CPU's
+// SoftmaxRow-then-weighted-sum up to rounding, and needs no scratch proportional to the context.
+__global__ void AttentionKernel(const float* q, float* out, const AttnSeq* seqs, int64_t num_seqs,
+                                const float* cache_k, const float* cache_v, int64_t max_len, int64_t q_heads,
+                                int64_t kv_heads, int64_t head_dim, float scale, int64_t sliding_window) {
+  extern __shared__ float attn_smem[];
+  float* q_s = attn_smem;                          // [head_dim]
+  float* acc_s = q_s + head_dim;                   // [kAttnWarps, head_dim]
+  float* m_s = acc_s + kAttnWarps * head_dim;      // [kAttnWarps]
+  float* l_s = m_s + kAttnWarps;                   // [kAttnWarps]
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int64_t h = blockIdx.x;
+  const int64_t g = h / (q_heads / kv_heads);
+  const int64_t row = kv_heads * head_dim;
+  float* my_acc = acc_s + warp * head_dim;
+  for (int64_t s = blockIdx.z; s < num_seqs; s += gridDim.z) {
+    const AttnSeq seq = seqs[s];
+    const float* k_base = cache_k + int64_t{seq.slot} * max_len * row + g * head_dim;
+    const float* v_base = cache_v + int64_t{seq.slot} * max_len * row + g * head_dim;
+    for (int64_t i = blockIdx.y; i < seq.q_len; i += gridDim.y) {
+      const int64_t t = seq.q_begin + i;
+      const int64_t pos = seq.pos_begin + i;
+      const int64_t lo = sliding_window > 0 && pos - sliding_window + 1 > 0 ? pos - sliding_window + 1 : 0;
+      const float* qh = q + (t * q_heads + h) * head_dim;
+      __syncthreads();  // the previous row is done with q_s, acc_s, m_s and l_s
+      for (int64_t e = threadIdx.x; e < head_dim; e += blockDim.x) q_s[e] = qh[e];
+      for (int64_t e = lane; e < head_dim; e += kWarp) my_acc[e] = 0.f;
+      __syncthreads();
+      float m = -INFINITY;
+      float l = 0.f;
+      // Warp-uniform loop: every lane of a warp sees the same key j.
+      for (int64_t j = lo + warp; j <= pos; j += kAttnWarps) {
+        const float* kj = k_base + j * row;
+        float dot = 0.f;
+        for (int64_t e = lane; e < head_dim; e += kWarp) dot += q_s[e] * kj[e];
+        const float score = WarpSum(dot) * scale;
+        const float m_new = fmaxf(m, score);
+        const float correction = expf(m - m_new);  // 0 for the first key (m = -inf)
+        const float p = expf(score - m_new);
+        l = l * correction + p;
+        const float* vj = v_base + j * row;
+        for (int64_t e = lane; e < head_dim; e += kWarp) my_acc[e] = my_acc[e] * correction + p * vj[e];
+        m = m_new;
+      }
+      if (lane == 0) {
+        m_s[warp] = m;
+        l_s[warp] = l;
+      }
+      __syncthreads();
+      // Warp 0 always has key lo <= pos, so the maximum is finite; warps without keys (m = -inf,
+      // l = 0, acc = 0) contribute exp(-inf) = 0.
+      float m_all = -INFINITY;
+      for (int w = 0; w < kAttnWarps; ++w) m_all = fmaxf(m_all, m_s[w]);
+      float l_all = 0.f;
+      for (int w = 0; w < kAttnWarps; ++w) l_all += l_s[w] * expf(m_s[w] - m_all);
+      const float inv = 1.0f / l_all;
+      float* oh = out + (t * q_heads + h) * head_dim;
+      for (int64_t e = threadIdx.x; e < head_dim; e += blockDim.x) {
+        float o = 0.f;
+        for (int w = 0; w < kAttnWarps; ++w) o += acc_s[w * head_dim + e] * expf(m_s[w] - m_all);
+        oh[e] = o * inv;
+      }
+    }
+  }
+}
+
+__global__ void SiluMulKernel(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = Silu(gate[i]) * up[i];
+  }
+}
+
+__global__ void AddKernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] += y[i];
+  }
+}
+
+// dst[rows[i], :] += scales[i] * src[i, :]. rows has no duplicates, so blocks never share a row.
+__global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, const float* scales, float* dst,
+                                     int64_t count, int64_t width) {
+  for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
+    float* d = dst + int64_t{rows[i]} * width;
+    const float* s = src + i * width;
+    const float sc = scales[i];
+    for (int64_t e = threadIdx.x; e < width; e += blockDim.x) d[e] += sc * s[e];
+  }
+}
+
+__global__ void SigmoidScaleRowsKernel(float* x, const float* gate, int64_t tokens, int64_t width) {
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const float g = 1.0f / (1.0f + expf(-gate[t]));
+    float* xr = x + t * width;
+    for (int64_t e = threadIdx.x; e < width; e += blockDim.x) xr[e] *= g;
+  }
+}
+
+}  // namespace
+
+size_t RopeSharedBytes(int64_t head_dim) { return static_cast<size_t>(head_dim) * sizeof(float); }
+
+size_t AttentionSharedBytes(int64_t head_dim) {
+  return (static_cast<size_t>(kAttnWarps + 1) * static_cast<size_t>(head_dim) + 2 * kAttnWarps) * sizeof(float);
+}
+
+cudaError_t LaunchEmbedding(const EmbeddingParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.hidden == 0) return cudaSuccess;
+  GatherRowsKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.table, p.ids, p.out, p.tokens, p.hidden);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t out, cudaStream_t stream) {
+  if (tokens == 0 || out == 0) return cudaSuccess;
+  BiasAddKernel<<<ElementGrid(tokens * out), kElementThreads, 0, stream>>>(bias, y, tokens, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  RmsNormKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.x, p.weight, p.y, p.tokens, p.hidden, p.eps);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.q_heads + p.kv_heads == 0) return cudaSuccess;
+  RopeKernel<<<GridFor(p.tokens), kRopeThreads, RopeSharedBytes(p.head_dim), stream>>>(
+      p.q, p.k, p.positions, p.inv_freq, p.tokens, p.q_heads, p.kv_heads, p.head_dim, p.position_scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
+  const int64_t max_q_len = MaxQueryLen(p.host_seqs, p.num_seqs);
+  if (max_q_len == 0) return cudaSuccess;
+  const int64_t row = p.cache.kv_heads * p.cache.head_dim;
+  const dim3 grid(GridFor(max_q_len), GridFor(p.num_seqs));
+  KvWriteKernel<<<grid, RowThreads(row), 0, stream>>>(p.k, p.v, p.seqs, p.num_seqs, p.cache.k, p.cache.v,
+                                                      p.cache.max_len, row);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAttention(const AttentionParams& p, cudaStream_t stream) {
+  const int64_t max_q_len = MaxQueryLen(p.host_seqs, p.num_seqs);
+  if (max_q_len == 0) return cudaSuccess;
+  // grid.x is the query head: up to 2^31 - 1, far above any model's head count.
+  const dim3 grid(static_cast<unsigned>(p.q_heads), GridFor(max_q_len), GridFor(p.num_seqs));
+  AttentionKernel<<<grid, kAttnWarps * kWarp, AttentionSharedBytes(p.cache.head_dim), stream>>>(
+      p.q, p.out, p.seqs, p.num_seqs, p.cache.k, p.cache.v, p.cache.max_len, p.q_heads, p.cache.kv_heads,
+      p.cache.head_dim, p.scale, p.sliding_window);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  SiluMulKernel<<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.gate, p.up, p.out, p.n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdd(const AddParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  AddKernel<<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.x, p.y, p.n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGatherRows(const GatherRowsParams& p, cudaStream_t stream) {
+  if (p.count == 0 || p.width == 0) return cudaSuccess;
+  GatherRowsKernel<<<GridFor(p.count), RowThreads(p.width), 0, stream>>>(p.src, p.rows, p.dst, p.count, p.width);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScatterAddRows(const ScatterAddRowsParams& p, cudaStream_t stream) {
+  if (p.count == 0 || p.width == 0) return cudaSuccess;
+  ScatterAddRowsKernel<<<GridFor(p.count), RowThreads(p.width), 0, stream>>>(p.src, p.rows, p.scales, p.dst,
+                                                                             p.count, p.width);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSigmoidScaleRows(const SigmoidScaleRowsParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.width == 0) return cudaSuccess;
+  SigmoidScaleRowsKernel<<<GridFor(p.tokens), RowThreads(p.width), 0, stream>>>(p.x, p.gate, p.tokens, p.width);
+  return cudaGetLastError();
+}
+
+}  // namespace shardserve::kernels::cuda
