@@ -33,6 +33,10 @@ def rules(src, inc):
         same = src.startswith(os.path.dirname(inc) + "/")
         if not same and src != "worker/kernels/registry.cc":
             return "only worker/kernels/registry.cc reaches a backend implementation"
+    if (inc.startswith("worker/comm/host/") or inc.startswith("worker/comm/nccl/")) and top != "tests":
+        same = src.startswith(os.path.dirname(inc) + "/")
+        if not same and src != "worker/comm/comm_registry.cc":
+            return "only worker/comm/comm_registry.cc reaches a communicator implementation"
     if os.path.basename(inc) in BACKEND_HEADERS:
         if not (src.startswith("worker/kernels/cuda/") or src.startswith("worker/comm/nccl/")):
             return "CUDA/NCCL headers only in worker/kernels/cuda and worker/comm/nccl"

@@ -27,7 +27,7 @@ absl::string_view FinishReasonName(FinishReason reason) {
   return "?";
 }
 
-absl::Status ValidateRequest(const Model& model, const GenerationRequest& r) {
+absl::Status ValidateRequest(const StepRunner& model, const GenerationRequest& r) {
   const ModelSpec& spec = model.spec();
   const int64_t ctx = model.options().max_seq_len;
   if (r.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
@@ -48,7 +48,7 @@ absl::Status ValidateRequest(const Model& model, const GenerationRequest& r) {
   return r.sampling.Validate();
 }
 
-absl::StatusOr<std::vector<GenerationResult>> Generate(Model& model, const std::vector<GenerationRequest>& requests,
+absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const std::vector<GenerationRequest>& requests,
                                                        const TokenCallback& on_token) {
   for (size_t i = 0; i < requests.size(); ++i) {
     if (auto st = ValidateRequest(model, requests[i]); !st.ok()) {

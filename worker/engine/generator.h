@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/engine/model.h"
+#include "worker/engine/step_runner.h"
 #include "worker/engine/sampling.h"
 
 namespace shardserve::engine {
@@ -40,10 +40,11 @@ using TokenCallback = std::function<void(size_t request_index, int32_t token)>;
 
 // InvalidArgument naming the problem: empty prompt, token ids outside the vocabulary, max_tokens
 // < 1, a prompt that leaves no room to generate within the context length, bad sampling params.
-absl::Status ValidateRequest(const Model& model, const GenerationRequest& request);
+absl::Status ValidateRequest(const StepRunner& model, const GenerationRequest& request);
 
-// Runs every request to completion. All requests are validated before any work is done.
-absl::StatusOr<std::vector<GenerationResult>> Generate(Model& model, const std::vector<GenerationRequest>& requests,
+// Runs every request to completion on `model` (one Model or a TpExecutor). All requests are
+// validated before any work is done.
+absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const std::vector<GenerationRequest>& requests,
                                                        const TokenCallback& on_token = nullptr);
 
 }  // namespace shardserve::engine

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
+#include "worker/comm/communicator.h"
 #include "worker/kernels/shared/row_math.h"
 
 namespace shardserve::engine {
@@ -19,7 +20,7 @@ struct Model::Workspace {
   DeviceBuffer hidden, normed, q, k, v, attn, tmp, gate, up;  // activations
   DeviceBuffer ids, positions, seqs, inv_freq;                  // inputs
   DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, shared_gate;
-  DeviceBuffer logit_rows, selected, logits;
+  DeviceBuffer logit_rows, selected, logits, gathered;
   float position_scale = 1.0f;
   // Host staging.
   std::vector<int32_t> h_ids, h_pos, h_rows;
@@ -95,7 +96,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
         absl::StrCat("max_step_tokens must be in [1, 2^20], got ", options.max_step_tokens));
   }
   std::unique_ptr<Model> m(new Model(spec, options, backend));
-  ASSIGN_OR_RETURN(m->layout_, ShardLayout::Make(spec, options.shard));
+  ASSIGN_OR_RETURN(m->layout_, ShardLayout::Make(spec, options.shard, options.expert_owner, options.split_experts));
+  if (options.shard.size > 1) {
+    if (options.comm == nullptr || options.comm->size() != options.shard.size ||
+        options.comm->rank() != options.shard.rank) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor-parallel rank ", options.shard.rank, " of ",
+                                                     options.shard.size, " needs a communicator of that group"));
+    }
+  }
   ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, ckpt, *backend));
 
   // KV cache: [slots, max_len, local kv heads, head_dim] per layer for K and V.
@@ -134,7 +142,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   RETURN_IF_ERROR(Alloc(*backend, &w.seqs, t * sizeof(AttnSeq)));
   RETURN_IF_ERROR(Alloc(*backend, &w.logit_rows, t * sizeof(int32_t)));
   RETURN_IF_ERROR(Alloc(*backend, &w.selected, t * h * f));
-  RETURN_IF_ERROR(Alloc(*backend, &w.logits, t * static_cast<size_t>(spec.vocab_size) * f));
+  const size_t vpad = static_cast<size_t>(m->layout_.vocab_padded);
+  RETURN_IF_ERROR(Alloc(*backend, &w.logits, t * vpad * f));
+  if (options.shard.size > 1) {
+    RETURN_IF_ERROR(Alloc(*backend, &w.gathered, static_cast<size_t>(options.shard.size) * t * vpad * f));
+  }
   if (spec.IsMoe()) {
     RETURN_IF_ERROR(Alloc(*backend, &w.router, t * experts * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_x, t * h * f));
@@ -234,23 +246,53 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch) {
                              .tokens = rows,
                              .hidden = h,
                              .eps = static_cast<float>(spec_.rms_norm_eps)}));
+  const int64_t vpad = layout_.vocab_padded;
   RETURN_IF_ERROR(b.Linear({.x = w.selected.as<float>(),
                             .w = weights_.lm_head_w,
                             .y = w.logits.as<float>(),
                             .tokens = rows,
                             .in = h,
-                            .out = spec_.vocab_size}));
+                            .out = vpad}));
   StepResult result;
   result.logits.resize(batch.size());
   const int64_t v = spec_.vocab_size;
+  if (!tp()) {
+    int64_t row = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t n = batch[i].all_logits ? static_cast<int64_t>(batch[i].tokens.size()) : 1;
+      result.logits[i].resize(static_cast<size_t>(n * v));
+      RETURN_IF_ERROR(b.CopyToHost(result.logits[i].data(), w.logits.as<float>() + row * v, n * v * sizeof(float)));
+      row += n;
+    }
+    return result;
+  }
+  // Vocab-parallel logits: gather every rank's [rows, vpad] slice; rank 0 assembles [rows, vocab].
+  RETURN_IF_ERROR(b.Synchronize());
+  RETURN_IF_ERROR(options_.comm->AllGather(w.logits.as<float>(), w.gathered.as<float>(),
+                                           static_cast<size_t>(rows * vpad)));
+  if (options_.shard.rank != 0) return result;
+  const int ranks = options_.shard.size;
   int64_t row = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const int64_t n = batch[i].all_logits ? static_cast<int64_t>(batch[i].tokens.size()) : 1;
     result.logits[i].resize(static_cast<size_t>(n * v));
-    RETURN_IF_ERROR(b.CopyToHost(result.logits[i].data(), w.logits.as<float>() + row * v, n * v * sizeof(float)));
-    row += n;
+    for (int64_t r = 0; r < n; ++r, ++row) {
+      for (int k = 0; k < ranks; ++k) {
+        const int64_t begin = vpad * k;
+        const int64_t count = std::min(vpad, v - begin);
+        if (count <= 0) break;
+        const float* src = w.gathered.as<float>() + (k * rows + row) * vpad;
+        RETURN_IF_ERROR(b.CopyToHost(result.logits[i].data() + r * v + begin, src, count * sizeof(float)));
+      }
+    }
   }
   return result;
+}
+
+absl::Status Model::AllReduce(float* data, int64_t count) {
+  if (!tp()) return absl::OkStatus();
+  RETURN_IF_ERROR(backend_->Synchronize());
+  return options_.comm->AllReduceSum(data, static_cast<size_t>(count));
 }
 
 absl::Status Model::Layer(int64_t layer, int64_t tokens, const AttnSeq* seqs, int64_t num_seqs) {
@@ -288,13 +330,28 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const AttnSeq* seqs, in
                                .q_heads = layout_.q_heads, .cache = cache,
                                .scale = 1.0f / std::sqrt(static_cast<float>(d)),
                                .sliding_window = spec_.sliding_window}));
-  // Residual add fused into the o projection: hidden += attn . o^T.
-  RETURN_IF_ERROR(linear(lw.o, w.attn.as<float>(), hidden, true));
+  // One rank: the residual add is fused into the o projection (hidden += attn . o^T). Several
+  // ranks: each has a partial product over its heads; sum them, then add.
+  if (!tp()) {
+    RETURN_IF_ERROR(linear(lw.o, w.attn.as<float>(), hidden, true));
+  } else {
+    RETURN_IF_ERROR(linear(lw.o, w.attn.as<float>(), w.tmp.as<float>(), false));
+    RETURN_IF_ERROR(AllReduce(w.tmp.as<float>(), tokens * h));
+    RETURN_IF_ERROR(b.Add({.x = hidden, .y = w.tmp.as<float>(), .n = tokens * h}));
+  }
 
   RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.post_norm.as<float>(), .y = normed, .tokens = tokens,
                              .hidden = h, .eps = eps}));
-  if (lw.sparse) return Moe(lw, tokens);
-  return Mlp(lw.mlp, normed, hidden, tokens, layout_.ffn, true);
+  float* out = tp() ? w.tmp.as<float>() : hidden;
+  if (lw.sparse) {
+    if (tp()) RETURN_IF_ERROR(b.Zero({.x = out, .n = tokens * h}));
+    RETURN_IF_ERROR(Moe(lw, tokens, out));
+  } else {
+    RETURN_IF_ERROR(Mlp(lw.mlp, normed, out, tokens, layout_.ffn, /*accumulate=*/!tp()));
+  }
+  if (!tp()) return absl::OkStatus();
+  RETURN_IF_ERROR(AllReduce(out, tokens * h));
+  return b.Add({.x = hidden, .y = out, .n = tokens * h});
 }
 
 absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t tokens, int64_t width,
@@ -312,14 +369,15 @@ absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t 
   return linear(mw.down, w.gate.as<float>(), y, accumulate);
 }
 
-absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens) {
+// Adds this rank's share of the MoE block's output to `out`: its local experts' contributions (or
+// its slice of every expert) and its slice of the shared expert.
+absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
   const int64_t h = spec_.hidden_size;
   const int64_t e_count = spec_.moe.num_experts;
   const int64_t k = spec_.moe.top_k;
   float* normed = w.normed.as<float>();
-  float* hidden = w.hidden.as<float>();
 
   // Route on the host: router logits [tokens, experts] -> top-k experts and weights per token.
   RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.router.w.as<float>(), .y = w.router.as<float>(), .tokens = tokens,
@@ -355,24 +413,25 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens) {
   for (int64_t e = 0; e < e_count; ++e) {
     const int64_t begin = offset[static_cast<size_t>(e)];
     const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
-    if (count == 0) continue;
+    if (count == 0 || !layout_.IsLocalExpert(e)) continue;
     const int32_t* rows = w.moe_rows.as<int32_t>() + begin;
     RETURN_IF_ERROR(b.GatherRows({.src = normed, .rows = rows, .dst = w.moe_x.as<float>(), .count = count,
                                   .src_rows = tokens, .width = h}));
     RETURN_IF_ERROR(Mlp(lw.experts[static_cast<size_t>(e)], w.moe_x.as<float>(), w.moe_y.as<float>(), count,
                         layout_.expert_ffn, false));
     RETURN_IF_ERROR(b.ScatterAddRows({.src = w.moe_y.as<float>(), .rows = rows,
-                                      .scales = w.moe_scales.as<float>() + begin, .dst = hidden, .count = count,
+                                      .scales = w.moe_scales.as<float>() + begin, .dst = out, .count = count,
                                       .dst_rows = tokens, .width = h}));
   }
   if (layout_.shared_ffn > 0) {
-    // hidden += sigmoid(x . g) * SharedMlp(x)
-    RETURN_IF_ERROR(Mlp(lw.shared, normed, w.tmp.as<float>(), tokens, layout_.shared_ffn, false));
+    // out += sigmoid(x . g) * SharedMlp(x); the gate is linear in the (partial) MLP output, so
+    // each rank may scale its own slice before the all-reduce.
+    float* shared = w.moe_y.as<float>();
+    RETURN_IF_ERROR(Mlp(lw.shared, normed, shared, tokens, layout_.shared_ffn, false));
     RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.shared_gate.w.as<float>(), .y = w.shared_gate.as<float>(),
                               .tokens = tokens, .in = h, .out = 1}));
-    RETURN_IF_ERROR(b.SigmoidScaleRows({.x = w.tmp.as<float>(), .gate = w.shared_gate.as<float>(), .tokens = tokens,
-                                        .width = h}));
-    RETURN_IF_ERROR(b.Add({.x = hidden, .y = w.tmp.as<float>(), .n = tokens * h}));
+    RETURN_IF_ERROR(b.SigmoidScaleRows({.x = shared, .gate = w.shared_gate.as<float>(), .tokens = tokens, .width = h}));
+    RETURN_IF_ERROR(b.Add({.x = out, .y = shared, .n = tokens * h}));
   }
   return absl::OkStatus();
 }

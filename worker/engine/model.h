@@ -6,6 +6,9 @@
 // The step returns f32 logits on the host for the last new token of each sequence, or for all of
 // its new tokens when asked.
 //
+// Tensor parallelism (Megatron): each rank's Model holds its ShardLayout's slice; the ranks meet in
+// an all-reduce after attention and after the MLP/MoE, and gather the vocab-parallel logits.
+//
 // Thread-safety: a Model is used by one thread at a time (the rank thread that owns its backend).
 #ifndef SHARDSERVE_WORKER_ENGINE_MODEL_H_
 #define SHARDSERVE_WORKER_ENGINE_MODEL_H_
@@ -17,31 +20,13 @@
 #include "absl/status/statusor.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
+#include "worker/engine/step_runner.h"
 #include "worker/engine/weights.h"
 #include "worker/kernels/backend.h"
 
 namespace shardserve::engine {
 
-struct ModelOptions {
-  int64_t max_slots = 8;          // sequences that can hold KV state at once
-  int64_t max_seq_len = 0;        // tokens per sequence; 0 = max_position_embeddings
-  int64_t max_step_tokens = 256;  // tokens per step over all sequences (prefill chunk budget)
-  TpShard shard;
-};
-
-struct StepSequence {
-  int32_t slot = 0;
-  int32_t pos_begin = 0;         // the sequence's current length in the cache
-  std::vector<int32_t> tokens;   // new tokens, at least one
-  bool all_logits = false;       // logits for every new token, not only the last
-};
-
-struct StepResult {
-  // Per sequence, in request order: [rows, vocab] row-major, rows = tokens.size() or 1.
-  std::vector<std::vector<float>> logits;
-};
-
-class Model {
+class Model final : public StepRunner {
  public:
   // Loads the rank's weights and allocates its KV cache and workspace on `backend`, which must
   // outlive the Model. Errors: InvalidArgument for options or a checkpoint that disagrees with the
@@ -55,10 +40,14 @@ class Model {
   // Runs one step. InvalidArgument (naming the sequence) for an empty token list, a token id
   // outside the vocabulary, a slot out of range or used twice, positions past max_seq_len, or more
   // than max_step_tokens tokens in all. Nothing is written to the cache when validation fails.
-  absl::StatusOr<StepResult> Step(const std::vector<StepSequence>& batch);
+  //
+  // With tensor parallelism every rank of the group calls Step with the same batch; rank 0 returns
+  // the logits, other ranks return empty logits vectors.
+  absl::StatusOr<StepResult> Step(const std::vector<StepSequence>& batch) override;
 
-  const ModelSpec& spec() const { return spec_; }
-  const ModelOptions& options() const { return options_; }
+  const ModelSpec& spec() const override { return spec_; }
+  const ModelOptions& options() const override { return options_; }
+  const ShardLayout& layout() const { return layout_; }
   // Device bytes of weights and of KV cache held by this rank.
   size_t weight_bytes() const { return weights_.bytes; }
   size_t kv_cache_bytes() const { return kv_bytes_; }
@@ -69,7 +58,10 @@ class Model {
   absl::Status Validate(const std::vector<StepSequence>& batch) const;
   absl::Status Layer(int64_t layer, int64_t tokens, const kernels::AttnSeq* seqs, int64_t num_seqs);
   absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, int64_t width, bool accumulate);
-  absl::Status Moe(const LayerWeights& w, int64_t tokens);
+  absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);
+  // Sums `data` over the tensor-parallel group (no-op for one rank).
+  absl::Status AllReduce(float* data, int64_t count);
+  bool tp() const { return options_.shard.size > 1; }
 
   const ModelSpec spec_;
   const ModelOptions options_;

@@ -1,5 +1,6 @@
 #include "worker/engine/weights.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -87,6 +88,15 @@ class Loader {
     ASSIGN_OR_RETURN(m.down, RowParallel(prefix + down, width, hidden, begin, end, bias, rank == 0));
     return m;
   }
+  // Rows [begin, end) followed by zero rows up to `rows` rows in all.
+  absl::StatusOr<kernels::DeviceBuffer> PaddedRows(const std::string& name, const Shape& shape, int64_t begin,
+                                                   int64_t end, int64_t rows) {
+    RETURN_IF_ERROR(CheckDType(name));
+    ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadRows(name, shape, begin, end));
+    HostTensor padded({rows, shape[1]});
+    std::copy(t.data(), t.data() + t.size(), padded.data());
+    return Upload(padded);
+  }
   size_t bytes() const { return bytes_; }
 
  private:
@@ -98,12 +108,16 @@ class Loader {
 
 }  // namespace
 
-absl::StatusOr<ShardLayout> ShardLayout::Make(const ModelSpec& spec, TpShard shard) {
+absl::StatusOr<ShardLayout> ShardLayout::Make(const ModelSpec& spec, TpShard shard,
+                                              const std::vector<int32_t>& expert_owner, bool split_experts) {
   const int n = shard.size;
   if (n < 1 || shard.rank < 0 || shard.rank >= n) {
     return absl::InvalidArgumentError(absl::StrCat("invalid tensor-parallel rank ", shard.rank, " of ", n));
   }
   ShardLayout l;
+  l.rank = shard.rank;
+  l.vocab_padded = (spec.vocab_size + n - 1) / n;
+  l.vocab_begin = l.vocab_padded * shard.rank;
   if (spec.num_heads % n != 0) return NotDivisible("num_attention_heads", spec.num_heads, n);
   l.q_heads = spec.num_heads / n;
   l.q_head_begin = l.q_heads * shard.rank;
@@ -120,11 +134,40 @@ absl::StatusOr<ShardLayout> ShardLayout::Make(const ModelSpec& spec, TpShard sha
   }
   if (spec.intermediate_size % n != 0) return NotDivisible("intermediate_size", spec.intermediate_size, n);
   l.ffn = spec.intermediate_size / n;
+  if (!spec.IsMoe() && !expert_owner.empty()) {
+    return absl::InvalidArgumentError("an expert placement was given for a model without experts");
+  }
   if (spec.IsMoe()) {
-    if (spec.moe.expert_intermediate_size % n != 0) {
-      return NotDivisible("the expert intermediate size", spec.moe.expert_intermediate_size, n);
+    const int64_t e_count = spec.moe.num_experts;
+    l.expert_parallel = e_count >= n && n > 1 && !split_experts;
+    if (!expert_owner.empty()) {
+      if (static_cast<int64_t>(expert_owner.size()) != e_count) {
+        return absl::InvalidArgumentError(absl::StrCat("expert placement lists ", expert_owner.size(),
+                                                       " experts; the model has ", e_count));
+      }
+      if (!l.expert_parallel) {
+        return absl::InvalidArgumentError(absl::StrCat("an expert placement needs at least as many experts (", e_count,
+                                                       ") as ranks (", n, ") and more than one rank"));
+      }
+      for (size_t e = 0; e < expert_owner.size(); ++e) {
+        if (expert_owner[e] < 0 || expert_owner[e] >= n) {
+          return absl::InvalidArgumentError(absl::StrCat("expert placement puts expert ", e, " on rank ",
+                                                         expert_owner[e], ", outside [0, ", n, ")"));
+        }
+      }
+      l.expert_owner = expert_owner;
+    } else if (l.expert_parallel) {
+      // Balanced contiguous blocks: expert e on rank floor(e * n / experts).
+      for (int64_t e = 0; e < e_count; ++e) l.expert_owner.push_back(static_cast<int32_t>(e * n / e_count));
     }
-    l.expert_ffn = spec.moe.expert_intermediate_size / n;
+    if (l.expert_parallel) {
+      l.expert_ffn = spec.moe.expert_intermediate_size;
+    } else {
+      if (spec.moe.expert_intermediate_size % n != 0) {
+        return NotDivisible("the expert intermediate size", spec.moe.expert_intermediate_size, n);
+      }
+      l.expert_ffn = spec.moe.expert_intermediate_size / n;
+    }
     if (spec.moe.shared_expert_intermediate_size % n != 0) {
       return NotDivisible("shared_expert_intermediate_size", spec.moe.shared_expert_intermediate_size, n);
     }
@@ -143,14 +186,18 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
   const int64_t kv_out = spec.num_kv_heads * d;
   ASSIGN_OR_RETURN(mw.embedding, ld.Full("model.embed_tokens.weight", {spec.vocab_size, h}));
   ASSIGN_OR_RETURN(mw.final_norm, ld.Full("model.norm.weight", {h}));
-  if (spec.tie_word_embeddings) {
+  // lm_head: this rank's vocab rows, zero-padded to vocab_padded rows.
+  const int64_t vb = std::min(layout.vocab_begin, spec.vocab_size);
+  const int64_t ve = std::min(layout.vocab_begin + layout.vocab_padded, spec.vocab_size);
+  mw.lm_head.in = h;
+  mw.lm_head.out = layout.vocab_padded;
+  if (spec.tie_word_embeddings && shard.size == 1) {
     mw.lm_head_w = mw.embedding.as<float>();
   } else {
-    ASSIGN_OR_RETURN(mw.lm_head.w, ld.Full("lm_head.weight", {spec.vocab_size, h}));
+    const std::string name = spec.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    ASSIGN_OR_RETURN(mw.lm_head.w, ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded));
     mw.lm_head_w = mw.lm_head.w.as<float>();
   }
-  mw.lm_head.in = h;
-  mw.lm_head.out = spec.vocab_size;
   const bool moe_mixtral = spec.arch == Architecture::kMixtral;
   for (int64_t i = 0; i < spec.num_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
@@ -174,16 +221,23 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + "gate.weight", {e_count, h}));
       lw.router.in = h;
       lw.router.out = e_count;
-      const int64_t eb = layout.expert_ffn * shard.rank;
+      // Expert parallel: whole local experts (slice [0, expert_ffn) = all of it). Otherwise every
+      // expert is split tensor-parallel like a dense MLP.
+      const int64_t eb = layout.expert_parallel ? 0 : layout.expert_ffn * shard.rank;
+      const int down_bias_rank = layout.expert_parallel ? shard.rank : 0;
       for (int64_t e = 0; e < e_count; ++e) {
         const std::string ep = absl::StrCat(moe, "experts.", e, ".");
         MlpWeights m;
+        if (!layout.IsLocalExpert(e)) {
+          lw.experts.push_back(std::move(m));
+          continue;
+        }
         if (moe_mixtral) {
           ASSIGN_OR_RETURN(m, ld.Mlp(ep, "w1", "w3", "w2", h, spec.moe.expert_intermediate_size, eb,
-                                     eb + layout.expert_ffn, false, shard.rank));
+                                     eb + layout.expert_ffn, false, down_bias_rank));
         } else {
           ASSIGN_OR_RETURN(m, ld.Mlp(ep, "gate_proj", "up_proj", "down_proj", h, spec.moe.expert_intermediate_size,
-                                     eb, eb + layout.expert_ffn, false, shard.rank));
+                                     eb, eb + layout.expert_ffn, false, down_bias_rank));
         }
         lw.experts.push_back(std::move(m));
       }

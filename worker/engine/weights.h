@@ -13,15 +13,10 @@
 #include "absl/status/statusor.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
+#include "worker/engine/step_runner.h"
 #include "worker/kernels/backend.h"
 
 namespace shardserve::engine {
-
-// Which slice of the model a rank holds.
-struct TpShard {
-  int rank = 0;
-  int size = 1;
-};
 
 // What one rank computes, derived from ModelSpec + TpShard. Validate() rejects layouts whose
 // sizes do not divide evenly, before anything is loaded.
@@ -31,9 +26,24 @@ struct ShardLayout {
   int64_t kv_head_begin = 0;  // first global kv head held
   int64_t q_head_begin = 0;
   int64_t ffn = 0;            // local dense MLP width
-  int64_t expert_ffn = 0;     // local width of each expert
+  int64_t expert_ffn = 0;     // local width of each local expert
   int64_t shared_ffn = 0;     // local width of the shared expert
-  static absl::StatusOr<ShardLayout> Make(const ModelSpec& spec, TpShard shard);
+  // Vocab-parallel lm_head: rows [vocab_begin, vocab_begin + vocab_padded) of the (zero-padded)
+  // lm_head; vocab_padded = ceil(vocab / ranks).
+  int64_t vocab_begin = 0;
+  int64_t vocab_padded = 0;
+  // MoE: expert parallel (whole experts, each on the rank expert_owner names) or, with fewer
+  // experts than ranks, every expert split tensor-parallel (expert_parallel = false).
+  bool expert_parallel = false;
+  std::vector<int32_t> expert_owner;  // [num_experts]; only when expert_parallel
+  bool IsLocalExpert(int64_t e) const {
+    return !expert_parallel || expert_owner[static_cast<size_t>(e)] == rank;
+  }
+  int rank = 0;
+  // InvalidArgument naming what the tensor-parallel size does not divide, or a bad placement.
+  static absl::StatusOr<ShardLayout> Make(const ModelSpec& spec, TpShard shard,
+                                          const std::vector<int32_t>& expert_owner = {},
+                                          bool split_experts = false);
 };
 
 struct LinearWeight {
@@ -53,7 +63,7 @@ struct LayerWeights {
   bool sparse = false;
   MlpWeights mlp;                    // dense layers
   LinearWeight router;               // sparse: [experts, hidden]
-  std::vector<MlpWeights> experts;   // sparse: one per expert (all experts on this rank for now)
+  std::vector<MlpWeights> experts;   // sparse: one per expert; empty weights for non-local ones
   MlpWeights shared;                 // Qwen2-MoE shared expert (when shared_ffn > 0)
   LinearWeight shared_gate;          // [1, hidden]
 };
@@ -61,8 +71,8 @@ struct LayerWeights {
 struct ModelWeights {
   kernels::DeviceBuffer embedding;  // [vocab, hidden]
   kernels::DeviceBuffer final_norm; // [hidden]
-  LinearWeight lm_head;             // [vocab, hidden]; shares storage with embedding when tied
-  const float* lm_head_w = nullptr; // the lm_head matrix to use (embedding when tied)
+  LinearWeight lm_head;             // [vocab_padded, hidden]: this rank's rows of the lm_head
+  const float* lm_head_w = nullptr; // the matrix to use (the embedding itself when tied on one rank)
   std::vector<LayerWeights> layers;
   size_t bytes = 0;                 // device bytes held
 };

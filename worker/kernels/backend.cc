@@ -115,4 +115,10 @@ absl::Status SigmoidScaleRowsParams::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status ZeroParams::Validate() const {
+  if (x == nullptr) return Invalid("Zero", "null pointer");
+  if (n < 0) return Invalid("Zero", "negative size");
+  return absl::OkStatus();
+}
+
 }  // namespace shardserve::kernels

@@ -195,6 +195,13 @@ struct SigmoidScaleRowsParams {
   absl::Status Validate() const;
 };
 
+// x = 0, elementwise.
+struct ZeroParams {
+  float* x = nullptr;  // [n]
+  int64_t n = 0;
+  absl::Status Validate() const;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -221,6 +228,7 @@ class Backend {
   virtual absl::Status GatherRows(const GatherRowsParams& p) = 0;
   virtual absl::Status ScatterAddRows(const ScatterAddRowsParams& p) = 0;
   virtual absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) = 0;
+  virtual absl::Status Zero(const ZeroParams& p) = 0;
 };
 
 }  // namespace shardserve::kernels

@@ -208,6 +208,12 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status Zero(const ZeroParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    std::fill(p.x, p.x + p.n, 0.f);
+    return absl::OkStatus();
+  }
+
  private:
   // Per-call scratch, grown on demand (amortised: it reaches its final size on the first step).
   std::vector<float> cos_, sin_, scores_;

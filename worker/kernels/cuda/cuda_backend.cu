@@ -81,6 +81,7 @@ class CudaBackend final : public Backend {
   absl::Status GatherRows(const GatherRowsParams& p) override;
   absl::Status ScatterAddRows(const ScatterAddRowsParams& p) override;
   absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) override;
+  absl::Status Zero(const ZeroParams& p) override;
 
  private:
   // Refuses to run when unhealthy; otherwise makes device_ current on the calling thread (the
@@ -292,6 +293,13 @@ absl::Status CudaBackend::SigmoidScaleRows(const SigmoidScaleRowsParams& p) {
   RETURN_IF_ERROR(p.Validate());
   RETURN_IF_ERROR(Enter());
   return Check(cuda::LaunchSigmoidScaleRows(p, stream_), "SigmoidScaleRows kernel launch");
+}
+
+absl::Status CudaBackend::Zero(const ZeroParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  if (p.n == 0) return absl::OkStatus();
+  return Check(cudaMemsetAsync(p.x, 0, static_cast<size_t>(p.n) * sizeof(float), stream_), "cudaMemsetAsync");
 }
 
 }  // namespace

@@ -1,0 +1,196 @@
+#include "worker/engine/executor.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/macros.h"
+#include "worker/comm/comm_registry.h"
+#include "worker/engine/model.h"
+#include "worker/kernels/registry.h"
+
+namespace shardserve::engine {
+
+struct TpExecutor::Rank {
+  int index = 0;
+  std::unique_ptr<comm::Communicator> comm;
+  // Owned by the rank thread once started.
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<Model> model;
+  std::thread thread;
+  // Written by the rank thread before it reports done (under Sync::mu), read by Step() after.
+  absl::Status init_status;
+  absl::StatusOr<StepResult> result;
+};
+
+// std::mutex rather than absl::Mutex here: Debian's Abseil is not built with TSan annotations, and
+// the TSan build of the rank threads must see this synchronisation.
+struct TpExecutor::Sync {
+  std::mutex mu;
+  std::condition_variable to_ranks;     // a job or stop is posted
+  std::condition_variable to_caller;    // a rank finished
+  uint64_t job = 0;                     // incremented per step; guarded by mu
+  int done = 0;                         // ranks finished with the current job (or init); mu
+  bool stop = false;                    // mu
+  const std::vector<StepSequence>* batch = nullptr;  // mu
+  absl::Status broken;                  // first mid-step failure; mu
+};
+
+TpExecutor::TpExecutor(const ModelSpec& spec, const ExecutorOptions& options)
+    : spec_(spec), options_(options), sync_(std::make_unique<Sync>()) {}
+
+absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(const ModelSpec& spec, const Checkpoint& ckpt,
+                                                               const ExecutorOptions& options) {
+  int n = 0;
+  comm::CommKind comm_kind = comm::CommKind::kHost;
+  switch (options.kind) {
+    case kernels::DeviceKind::kCpu:
+      n = options.cpu_ranks;
+      if (n < 1 || n > 256) return absl::InvalidArgumentError(absl::StrCat("cpu ranks must be in [1, 256], got ", n));
+      if (options.cpu_threads < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("cpu threads must be >= 1, got ", options.cpu_threads));
+      }
+      break;
+    case kernels::DeviceKind::kCuda:
+      n = static_cast<int>(options.cuda_devices.size());
+      if (n < 1) return absl::InvalidArgumentError("no CUDA devices given");
+      comm_kind = comm::CommKind::kNccl;
+      for (int d : options.cuda_devices) {
+        if (d < 0 || d >= kernels::CudaDeviceCount()) {
+          if (!kernels::CudaCompiledIn()) {
+            return absl::UnimplementedError("CUDA devices requested but this binary was built without CUDA");
+          }
+          return absl::FailedPreconditionError(absl::StrCat("CUDA device ", d, " requested but this machine has ",
+                                                            kernels::CudaDeviceCount(), " CUDA device(s)"));
+        }
+      }
+      break;
+  }
+  std::unique_ptr<TpExecutor> ex(new TpExecutor(spec, options));
+  std::vector<std::unique_ptr<comm::Communicator>> comms;
+  if (n > 1) {
+    ASSIGN_OR_RETURN(comms, comm::CreateCommGroup(comm_kind, n, options.cuda_devices));
+  }
+  for (int r = 0; r < n; ++r) {
+    auto rank = std::make_unique<Rank>();
+    rank->index = r;
+    if (n > 1) rank->comm = std::move(comms[static_cast<size_t>(r)]);
+    ex->ranks_.push_back(std::move(rank));
+  }
+  for (auto& rank : ex->ranks_) {
+    Rank* raw = rank.get();
+    raw->thread = std::thread([e = ex.get(), raw, &ckpt] { e->RankLoop(raw, &ckpt); });
+  }
+  // Wait for every rank's initialisation.
+  {
+    Sync& s = *ex->sync_;
+    std::unique_lock lock(s.mu);
+    s.to_caller.wait(lock, [&] { return s.done == n; });
+    s.done = 0;
+  }
+  for (auto& rank : ex->ranks_) {
+    if (!rank->init_status.ok()) {
+      return absl::Status(rank->init_status.code(),
+                          absl::StrCat("rank ", rank->index, " of ", n, ": ", rank->init_status.message()));
+    }
+  }
+  ex->model_options_ = ex->ranks_[0]->model->options();
+  return ex;
+}
+
+TpExecutor::~TpExecutor() {
+  {
+    std::lock_guard lock(sync_->mu);
+    sync_->stop = true;
+  }
+  sync_->to_ranks.notify_all();
+  for (auto& rank : ranks_) {
+    if (rank->thread.joinable()) rank->thread.join();
+  }
+}
+
+void TpExecutor::RankLoop(Rank* rank, const Checkpoint* ckpt) {
+  const int n = static_cast<int>(ranks_.size());
+  kernels::BackendOptions bo;
+  bo.kind = options_.kind;
+  bo.cpu_threads = n > 1 ? 1 : options_.cpu_threads;
+  if (options_.kind == kernels::DeviceKind::kCuda) bo.device_index = options_.cuda_devices[static_cast<size_t>(rank->index)];
+  absl::Status init = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(rank->backend, kernels::CreateBackend(bo));
+    ModelOptions mo = options_.model;
+    mo.shard = {.rank = rank->index, .size = n};
+    mo.comm = rank->comm.get();
+    ASSIGN_OR_RETURN(rank->model, Model::Create(spec_, *ckpt, rank->backend.get(), mo));
+    return absl::OkStatus();
+  }();
+  uint64_t seen = 0;
+  Sync& s = *sync_;
+  {
+    std::lock_guard lock(s.mu);
+    rank->init_status = init;
+    ++s.done;
+  }
+  s.to_caller.notify_one();
+  if (!init.ok()) return;
+  while (true) {
+    const std::vector<StepSequence>* batch = nullptr;
+    {
+      std::unique_lock lock(s.mu);
+      s.to_ranks.wait(lock, [&] { return s.stop || s.job > seen; });
+      if (s.stop) return;
+      seen = s.job;
+      batch = s.batch;
+    }
+    absl::StatusOr<StepResult> result = rank->model->Step(*batch);
+    if (!result.ok() && result.status().code() != absl::StatusCode::kInvalidArgument && rank->comm != nullptr) {
+      rank->comm->Abort(result.status());  // release peers waiting in a collective
+    }
+    {
+      std::lock_guard lock(s.mu);
+      rank->result = std::move(result);
+      ++s.done;
+    }
+    s.to_caller.notify_one();
+  }
+}
+
+absl::StatusOr<StepResult> TpExecutor::Step(const std::vector<StepSequence>& batch) {
+  const int n = static_cast<int>(ranks_.size());
+  Sync& s = *sync_;
+  {
+    std::unique_lock lock(s.mu);
+    if (!s.broken.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor-parallel group is broken after an earlier failure: ", s.broken.message()));
+    }
+    s.batch = &batch;
+    s.done = 0;
+    ++s.job;
+    s.to_ranks.notify_all();
+    s.to_caller.wait(lock, [&] { return s.done == n; });
+    s.batch = nullptr;
+  }
+  // Rank 0's status is the one to report: a validation error is the same on every rank, and a
+  // peer's abort shows on rank 0 as Aborted carrying the first error.
+  for (auto& rank : ranks_) {
+    if (!rank->result.ok()) {
+      absl::Status st = rank->result.status();
+      if (st.code() != absl::StatusCode::kInvalidArgument) {
+        std::lock_guard lock(s.mu);
+        s.broken = absl::Status(st.code(), absl::StrCat("rank ", rank->index, ": ", st.message()));
+        return s.broken;
+      }
+      return st;
+    }
+  }
+  return std::move(ranks_[0]->result);
+}
+
+std::vector<size_t> TpExecutor::WeightBytesPerRank() const {
+  std::vector<size_t> bytes;
+  for (const auto& rank : ranks_) bytes.push_back(rank->model->weight_bytes());
+  return bytes;
+}
+
+}  // namespace shardserve::engine

@@ -1,0 +1,64 @@
+// StepRunner: whatever runs a model step for a batch of sequences — one Model on one rank, or a
+// group of tensor-parallel ranks (TpExecutor). Generation and, later, pipeline stages are written
+// against this interface.
+#ifndef SHARDSERVE_WORKER_ENGINE_STEP_RUNNER_H_
+#define SHARDSERVE_WORKER_ENGINE_STEP_RUNNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_spec/model_spec.h"
+
+namespace shardserve::comm {
+class Communicator;
+}
+
+namespace shardserve::engine {
+
+struct StepSequence {
+  int32_t slot = 0;
+  int32_t pos_begin = 0;         // the sequence's current length in the cache
+  std::vector<int32_t> tokens;   // new tokens, at least one
+  bool all_logits = false;       // logits for every new token, not only the last
+};
+
+struct StepResult {
+  // Per sequence, in request order: [rows, vocab] row-major, rows = tokens.size() or 1.
+  std::vector<std::vector<float>> logits;
+};
+
+// Which slice of the model a rank holds.
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+};
+
+struct ModelOptions {
+  int64_t max_slots = 8;          // sequences that can hold KV state at once
+  int64_t max_seq_len = 0;        // tokens per sequence; 0 = max_position_embeddings
+  int64_t max_step_tokens = 256;  // tokens per step over all sequences (prefill chunk budget)
+  TpShard shard;
+  // Required when shard.size > 1: this rank's communicator (must outlive the model).
+  comm::Communicator* comm = nullptr;
+  // MoE expert placement: expert_owner[e] = the rank that computes expert e. Empty = balanced
+  // contiguous blocks when there are at least as many experts as ranks; with fewer experts than
+  // ranks every expert is instead split tensor-parallel across all ranks.
+  std::vector<int32_t> expert_owner;
+  // Split every expert tensor-parallel even when there are enough experts for expert parallelism.
+  bool split_experts = false;
+};
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  // Runs one step; see Model::Step for the contract and errors.
+  virtual absl::StatusOr<StepResult> Step(const std::vector<StepSequence>& batch) = 0;
+  virtual const ModelSpec& spec() const = 0;
+  // The options in force (max_seq_len resolved).
+  virtual const ModelOptions& options() const = 0;
+};
+
+}  // namespace shardserve::engine
+
+#endif  // SHARDSERVE_WORKER_ENGINE_STEP_RUNNER_H_
