@@ -15,6 +15,9 @@ if(NOT SHARDSERVE_CUDA STREQUAL "OFF")
       # Ampere and Hopper; add more with -DCMAKE_CUDA_ARCHITECTURES=... (each adds compile time).
       set(CMAKE_CUDA_ARCHITECTURES 80 90)
     endif()
+    # CMake 3.25 knows no C++20 flag for nvcc: CUDA sources (and the headers they include) are C++17.
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
