@@ -26,7 +26,8 @@
 #include "common/status/macros.h"
 #include "tests/testing/random_model.h"
 #include "worker/engine/generator.h"
-#include "worker/engine/model.h"
+#include "worker/comm/host/host_communicator.h"
+#include "worker/engine/executor.h"
 #include "worker/kernels/registry.h"
 
 ABSL_FLAG(std::string, model, "", "model directory; empty = stories260K and the generated 100M model");
@@ -34,6 +35,8 @@ ABSL_FLAG(std::string, scratch, "/tmp/shardserve-100m", "where the 100M model is
 ABSL_FLAG(int32_t, threads, 1, "BLAS threads");
 ABSL_FLAG(int32_t, tokens, 128, "decode tokens to time");
 ABSL_FLAG(int32_t, prefill, 256, "prefill prompt length");
+ABSL_FLAG(std::vector<std::string>, ranks, std::vector<std::string>({"1", "2"}),
+          "tensor-parallel CPU rank counts to compare");
 
 namespace shardserve {
 namespace {
@@ -111,20 +114,26 @@ double SgemmRate(int m, int n, int k) {
   return best;
 }
 
-absl::Status Bench(const std::string& dir, double bandwidth, double sgemm_gflops) {
+struct BenchResult {
+  double decode_tok_s = 0;
+  double step_s = 0;
+};
+
+absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double bandwidth, double sgemm_gflops) {
   ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
-  ASSIGN_OR_RETURN(auto backend, kernels::CreateBackend({.cpu_threads = absl::GetFlag(FLAGS_threads)}));
   const int32_t decode_tokens = absl::GetFlag(FLAGS_tokens);
   const int32_t prefill = std::min<int32_t>(absl::GetFlag(FLAGS_prefill),
                                             static_cast<int32_t>(spec.max_position_embeddings) - decode_tokens - 2);
-  engine::ModelOptions options{.max_slots = 1, .max_step_tokens = std::max(prefill, 1)};
-  ASSIGN_OR_RETURN(auto model, engine::Model::Create(spec, *ckpt, backend.get(), options));
+  engine::ExecutorOptions options{.cpu_ranks = ranks, .cpu_threads = absl::GetFlag(FLAGS_threads)};
+  options.model = {.max_slots = 1, .max_step_tokens = std::max(prefill, 1)};
+  ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, options));
   const int64_t emb_bytes = spec.vocab_size * spec.hidden_size * 4;
-  // Decode reads every weight once per token except the embedding table (one row), unless the
-  // lm_head is the embedding itself.
-  const double weight_read = static_cast<double>(model->weight_bytes()) -
-                             (spec.tie_word_embeddings ? 0.0 : static_cast<double>(emb_bytes));
+  // Decode reads every weight once per token except the embedding table (one row per rank),
+  // unless the lm_head is the embedding itself.
+  double held = 0;
+  for (size_t b : model->WeightBytesPerRank()) held += static_cast<double>(b);
+  const double weight_read = held - (spec.tie_word_embeddings ? 0.0 : static_cast<double>(emb_bytes) * ranks);
 
   // Decode: one sequence, greedy, after a 1-token prompt; time the steps after a short warm-up.
   std::vector<int32_t> ctx = {1};
@@ -161,13 +170,28 @@ absl::Status Bench(const std::string& dir, double bandwidth, double sgemm_gflops
   const double flops_per_token = 2.0 * (weight_read / 4.0);
   const double prefill_gflops = prefill_best * flops_per_token / 1e9;
 
-  std::printf("\nmodel %s: %.1fM parameters, %.1f MB weights read per decoded token\n", dir.c_str(),
-              spec.NumParameters() / 1e6, weight_read / 1e6);
+  std::printf("\nmodel %s on %d CPU rank(s): %.1fM parameters, %.1f MB weights read per decoded token\n",
+              dir.c_str(), ranks, spec.NumParameters() / 1e6, weight_read / 1e6);
   std::printf("  decode : %8.1f tok/s   roofline %8.1f tok/s   fraction of roofline %.3f\n", tok_s, roofline,
               tok_s / roofline);
   std::printf("  prefill: %8.1f tok/s   (%d-token prompt) %.1f GFLOP/s = %.3f of sgemm %.1f GFLOP/s\n", prefill_best,
               prefill, prefill_gflops, prefill_gflops / sgemm_gflops, sgemm_gflops);
-  return absl::OkStatus();
+  return BenchResult{.decode_tok_s = tok_s, .step_s = decode_s / decode_tokens};
+}
+
+// Mean latency (s) of an all-reduce of `count` floats between `ranks` host ranks.
+double AllReduceLatency(int ranks, size_t count, int iters) {
+  auto comms = *comm::CreateHostGroup(ranks);
+  std::vector<std::vector<float>> data(static_cast<size_t>(ranks), std::vector<float>(count, 1.f));
+  const double t0 = Now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      for (int i = 0; i < iters; ++i) (void)comms[static_cast<size_t>(r)]->AllReduceSum(data[static_cast<size_t>(r)].data(), count);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return (Now() - t0) / iters;
 }
 
 }  // namespace
@@ -181,8 +205,12 @@ int main(int argc, char** argv) {
   const double bw = ReadBandwidth(threads);
   const double bw2 = threads == 1 ? ReadBandwidth(2) : bw;
   const double sgemm = SgemmRate(256, 2048, 768);
-  std::printf("machine: read bandwidth %.1f GB/s (%d thread), %.1f GB/s (2 threads); sgemm %.1f GFLOP/s\n", bw / 1e9,
-              threads, bw2 / 1e9, sgemm);
+  openblas_set_num_threads(2);
+  const double sgemm2 = SgemmRate(256, 2048, 768);
+  openblas_set_num_threads(threads);
+  std::printf("machine: read bandwidth %.1f GB/s (%d thread), %.1f GB/s (2 threads); sgemm %.1f GFLOP/s (%d thread), "
+              "%.1f GFLOP/s (2 threads)\n",
+              bw / 1e9, threads, bw2 / 1e9, sgemm, threads, sgemm2);
   std::vector<std::string> dirs;
   if (!absl::GetFlag(FLAGS_model).empty()) {
     dirs.push_back(absl::GetFlag(FLAGS_model));
@@ -198,10 +226,30 @@ int main(int argc, char** argv) {
     }
     dirs.push_back(scratch);
   }
+  std::vector<int> rank_counts;
+  for (const auto& r : absl::GetFlag(FLAGS_ranks)) rank_counts.push_back(std::atoi(r.c_str()));
   for (const auto& d : dirs) {
-    if (auto st = Bench(d, bw, sgemm); !st.ok()) {
-      std::fprintf(stderr, "%s: %s\n", d.c_str(), st.ToString().c_str());
-      return 1;
+    std::vector<BenchResult> results;
+    for (int ranks : rank_counts) {
+      // Ceilings at the same number of threads as ranks (2 cores on the reference machines).
+      auto r = Bench(d, ranks, ranks == 1 ? bw : bw2, ranks == 1 ? sgemm : sgemm2);
+      if (!r.ok()) {
+        std::fprintf(stderr, "%s: %s\n", d.c_str(), r.status().ToString().c_str());
+        return 1;
+      }
+      results.push_back(*r);
+    }
+    if (rank_counts.size() == 2 && rank_counts[0] == 1 && rank_counts[1] == 2) {
+      auto spec = LoadModelSpec(d);
+      const double speedup = results[1].decode_tok_s / results[0].decode_tok_s;
+      const double ceiling = bw2 / bw;
+      const double lat = AllReduceLatency(2, static_cast<size_t>(spec->hidden_size), 20000);
+      const double per_step = (2.0 * spec->num_layers) * lat;
+      std::printf("  tensor parallel: 2 ranks vs 1: %.2fx; bandwidth ceiling %.2fx; %.2f of the ceiling\n", speedup,
+                  ceiling, speedup / ceiling);
+      std::printf("  host all-reduce of %ld floats: %.2f us; %d per decode step = %.1f%% of a %.2f ms step\n",
+                  static_cast<long>(spec->hidden_size), lat * 1e6, static_cast<int>(2 * spec->num_layers),
+                  100.0 * per_step / results[1].step_s, results[1].step_s * 1e3);
     }
   }
   return 0;

@@ -16,11 +16,19 @@ namespace shardserve::run {
 // anything that is not a comma-separated list of non-negative 32-bit integers.
 absl::StatusOr<std::vector<int32_t>> ParseTokenIds(absl::string_view text);
 
-// Device selection: "cpu" (one rank, `threads` BLAS threads), "cuda" or "cuda:N" (device N).
+// Device selection for a worker's ranks:
+//   "cpu"          one CPU rank with `threads` BLAS threads
+//   "cpu:N"        N CPU ranks (threads), tensor-parallel, single-threaded BLAS each
+//   "cuda:all"     one rank per visible CUDA device (`cuda_device_count` of them)
+//   "cuda:0,1"     ranks on the listed devices; "cuda" = "cuda:0"
+// InvalidArgument naming the bad part; FailedPrecondition for "cuda:all" with no device.
 struct DeviceChoice {
-  kernels::BackendOptions backend;
+  kernels::DeviceKind kind = kernels::DeviceKind::kCpu;
+  int cpu_ranks = 1;
+  int cpu_threads = 1;
+  std::vector<int> cuda_devices;
 };
-absl::StatusOr<DeviceChoice> ParseDevices(absl::string_view text, int threads);
+absl::StatusOr<DeviceChoice> ParseDevices(absl::string_view text, int threads, int cuda_device_count);
 
 }  // namespace shardserve::run
 

@@ -15,7 +15,7 @@
 #include "common/safetensors/safetensors.h"
 #include "common/status/macros.h"
 #include "worker/engine/generator.h"
-#include "worker/engine/model.h"
+#include "worker/engine/executor.h"
 #include "worker/kernels/registry.h"
 #include "worker/run/run_options.h"
 
@@ -28,8 +28,8 @@ ABSL_FLAG(double, temperature, 0.0, "sampling temperature; 0 = greedy");
 ABSL_FLAG(int32_t, top_k, 0, "sample from the k most likely tokens; 0 = all");
 ABSL_FLAG(double, top_p, 1.0, "nucleus sampling threshold in (0, 1]");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
-ABSL_FLAG(std::string, devices, "cpu", "cpu, cuda or cuda:N");
-ABSL_FLAG(int32_t, threads, 1, "BLAS threads for the CPU backend");
+ABSL_FLAG(std::string, devices, "cpu", "cpu, cpu:N (N tensor-parallel CPU ranks), cuda:all or cuda:0,1,...");
+ABSL_FLAG(int32_t, threads, 1, "BLAS threads for a single CPU rank");
 ABSL_FLAG(bool, stop_at_eos, true, "stop when the model emits an EOS id from its config");
 
 namespace shardserve {
@@ -58,14 +58,17 @@ absl::Status Run() {
                                     "use --prompt_ids");
   }
   ASSIGN_OR_RETURN(req.prompt, run::ParseTokenIds(ids_text));
-  ASSIGN_OR_RETURN(run::DeviceChoice dev, run::ParseDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_threads)));
+  ASSIGN_OR_RETURN(run::DeviceChoice dev, run::ParseDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_threads),
+                                                            kernels::CudaDeviceCount()));
 
   ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
-  ASSIGN_OR_RETURN(auto backend, kernels::CreateBackend(dev.backend));
-  engine::ModelOptions options;
-  options.max_slots = 1;
-  ASSIGN_OR_RETURN(auto model, engine::Model::Create(spec, *ckpt, backend.get(), options));
+  engine::ExecutorOptions options{.kind = dev.kind,
+                                  .cpu_ranks = dev.cpu_ranks,
+                                  .cpu_threads = dev.cpu_threads,
+                                  .cuda_devices = dev.cuda_devices};
+  options.model.max_slots = 1;
+  ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, options));
   if (absl::GetFlag(FLAGS_stop_at_eos)) {
     for (int64_t id : spec.eos_token_ids) req.stop_ids.push_back(static_cast<int32_t>(id));
   }

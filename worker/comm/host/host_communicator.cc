@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -18,9 +19,12 @@
 namespace shardserve::comm {
 namespace {
 
-// How long a waiting rank spins before it sleeps. A per-layer collective of a decode step
-// arrives within a few microseconds; sleeping and waking through the kernel costs ~25 us.
-constexpr int kSpinIterations = 1 << 14;
+// How long a waiting rank spins before it sleeps on the futex. Peers of a decode step arrive
+// within a few microseconds of each other, and a futex sleep + wake costs ~25 us, so a short spin
+// wins when every rank has its own core. When cores are oversubscribed (another process, more
+// ranks than cores) a long spin would burn the time slice the late peer needs, so the spin is
+// bounded in time rather than iterations.
+constexpr auto kSpinTime = std::chrono::microseconds(30);
 
 class Group {
  public:
@@ -37,9 +41,11 @@ class Group {
       generation_.notify_all();
       return !aborted_.load(std::memory_order_acquire);
     }
-    for (int i = 0; i < kSpinIterations; ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+    for (int i = 1;; ++i) {
       if (generation_.load(std::memory_order_acquire) != gen) return !aborted_.load(std::memory_order_acquire);
       SHARDSERVE_CPU_RELAX();
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
     }
     while (generation_.load(std::memory_order_acquire) == gen) generation_.wait(gen, std::memory_order_acquire);
     return !aborted_.load(std::memory_order_acquire);
