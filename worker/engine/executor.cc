@@ -34,6 +34,7 @@ struct TpExecutor::Sync {
   int done = 0;                         // ranks finished with the current job (or init); mu
   bool stop = false;                    // mu
   const std::vector<StepSequence>* batch = nullptr;  // mu
+  absl::Span<const float> hidden;                    // mu
   absl::Status broken;                  // first mid-step failure; mu
 };
 
@@ -135,14 +136,16 @@ void TpExecutor::RankLoop(Rank* rank, const Checkpoint* ckpt) {
   if (!init.ok()) return;
   while (true) {
     const std::vector<StepSequence>* batch = nullptr;
+    absl::Span<const float> hidden;
     {
       std::unique_lock lock(s.mu);
       s.to_ranks.wait(lock, [&] { return s.stop || s.job > seen; });
       if (s.stop) return;
       seen = s.job;
       batch = s.batch;
+      hidden = s.hidden;
     }
-    absl::StatusOr<StepResult> result = rank->model->Step(*batch);
+    absl::StatusOr<StepResult> result = rank->model->Step(*batch, hidden);
     if (!result.ok() && result.status().code() != absl::StatusCode::kInvalidArgument && rank->comm != nullptr) {
       rank->comm->Abort(result.status());  // release peers waiting in a collective
     }
@@ -155,7 +158,8 @@ void TpExecutor::RankLoop(Rank* rank, const Checkpoint* ckpt) {
   }
 }
 
-absl::StatusOr<StepResult> TpExecutor::Step(const std::vector<StepSequence>& batch) {
+absl::StatusOr<StepResult> TpExecutor::Step(const std::vector<StepSequence>& batch,
+                                            absl::Span<const float> hidden_in) {
   const int n = static_cast<int>(ranks_.size());
   Sync& s = *sync_;
   {
@@ -165,6 +169,7 @@ absl::StatusOr<StepResult> TpExecutor::Step(const std::vector<StepSequence>& bat
           absl::StrCat("tensor-parallel group is broken after an earlier failure: ", s.broken.message()));
     }
     s.batch = &batch;
+    s.hidden = hidden_in;
     s.done = 0;
     ++s.job;
     s.to_ranks.notify_all();

@@ -41,7 +41,8 @@ class TpExecutor final : public StepRunner {
                                                             const ExecutorOptions& options);
   ~TpExecutor() override;  // stops and joins the rank threads
 
-  absl::StatusOr<StepResult> Step(const std::vector<StepSequence>& batch) override;
+  absl::StatusOr<StepResult> Step(const std::vector<StepSequence>& batch,
+                                  absl::Span<const float> hidden_in = {}) override;
   const ModelSpec& spec() const override { return spec_; }
   const ModelOptions& options() const override { return model_options_; }
 

@@ -84,6 +84,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                                      kernels::Backend* backend, const ModelOptions& options_in) {
   ModelOptions options = options_in;
   if (options.max_seq_len == 0) options.max_seq_len = spec.max_position_embeddings;
+  if (options.layer_end == -1) options.layer_end = spec.num_layers;
+  if (options.layer_begin < 0 || options.layer_begin >= options.layer_end || options.layer_end > spec.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", options.layer_begin, ", ", options.layer_end,
+                                                   ") is not a non-empty part of the model's ", spec.num_layers,
+                                                   " layers"));
+  }
   if (options.max_slots < 1 || options.max_slots > (1 << 20)) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be in [1, 2^20], got ", options.max_slots));
   }
@@ -104,12 +110,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                                      options.shard.size, " needs a communicator of that group"));
     }
   }
-  ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, ckpt, *backend));
+  ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, options.layer_begin, options.layer_end,
+                                            ckpt, *backend));
 
   // KV cache: [slots, max_len, local kv heads, head_dim] per layer for K and V.
   const size_t kv_elems = static_cast<size_t>(options.max_slots * options.max_seq_len * m->layout_.kv_heads *
                                               spec.head_dim);
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
+  for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
     DeviceBuffer k, v;
     RETURN_IF_ERROR(Alloc(*backend, &k, kv_elems * sizeof(float)));
     RETURN_IF_ERROR(Alloc(*backend, &v, kv_elems * sizeof(float)));
@@ -161,13 +168,16 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   return m;
 }
 
-absl::Status Model::Validate(const std::vector<StepSequence>& batch) const {
+absl::Status Model::Validate(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) const {
   if (batch.empty()) return absl::InvalidArgumentError("empty step batch");
   int64_t total = 0;
   absl::flat_hash_set<int32_t> slots;
   for (size_t i = 0; i < batch.size(); ++i) {
     const StepSequence& s = batch[i];
-    if (s.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": no tokens"));
+    if (s.NumTokens() < 1) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": no tokens"));
+    if (first_stage() && static_cast<int32_t>(s.tokens.size()) != s.NumTokens()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": the first stage needs the token ids"));
+    }
     if (s.slot < 0 || s.slot >= options_.max_slots) {
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", i, ": slot ", s.slot, " outside [0, ", options_.max_slots, ")"));
@@ -175,7 +185,7 @@ absl::Status Model::Validate(const std::vector<StepSequence>& batch) const {
     if (!slots.insert(s.slot).second) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": slot ", s.slot, " used twice in one step"));
     }
-    const int64_t end = int64_t{s.pos_begin} + static_cast<int64_t>(s.tokens.size());
+    const int64_t end = int64_t{s.pos_begin} + s.NumTokens();
     if (s.pos_begin < 0 || end > options_.max_seq_len) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": positions [", s.pos_begin, ", ", end,
                                                      ") exceed the context length ", options_.max_seq_len));
@@ -186,17 +196,24 @@ absl::Status Model::Validate(const std::vector<StepSequence>& batch) const {
                                                        " is outside the vocabulary [0, ", spec_.vocab_size, ")"));
       }
     }
-    total += static_cast<int64_t>(s.tokens.size());
+    total += s.NumTokens();
   }
   if (total > options_.max_step_tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("step has ", total, " tokens; the limit is max_step_tokens = ", options_.max_step_tokens));
   }
+  if (first_stage() && !hidden_in.empty()) {
+    return absl::InvalidArgumentError("hidden states were given to the first pipeline stage");
+  }
+  if (!first_stage() && static_cast<int64_t>(hidden_in.size()) != total * spec_.hidden_size) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden states hold ", hidden_in.size(), " values; ", total,
+                                                   " tokens x hidden ", spec_.hidden_size, " expected"));
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch) {
-  RETURN_IF_ERROR(Validate(batch));
+absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) {
+  RETURN_IF_ERROR(Validate(batch, hidden_in));
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
   w.h_ids.clear();
@@ -206,14 +223,14 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch) {
   for (const StepSequence& s : batch) {
     AttnSeq a;
     a.q_begin = static_cast<int32_t>(w.h_ids.size());
-    a.q_len = static_cast<int32_t>(s.tokens.size());
+    a.q_len = s.NumTokens();
     a.pos_begin = s.pos_begin;
     a.slot = s.slot;
     w.h_seqs.push_back(a);
-    for (size_t j = 0; j < s.tokens.size(); ++j) {
-      w.h_ids.push_back(s.tokens[j]);
-      w.h_pos.push_back(s.pos_begin + static_cast<int32_t>(j));
-      if (s.all_logits || j + 1 == s.tokens.size()) w.h_rows.push_back(a.q_begin + static_cast<int32_t>(j));
+    for (int32_t j = 0; j < a.q_len; ++j) {
+      w.h_ids.push_back(s.tokens.empty() ? 0 : s.tokens[static_cast<size_t>(j)]);
+      w.h_pos.push_back(s.pos_begin + j);
+      if (s.all_logits || j + 1 == a.q_len) w.h_rows.push_back(a.q_begin + j);
     }
   }
   const int64_t tokens = static_cast<int64_t>(w.h_ids.size());
@@ -225,14 +242,27 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch) {
   RETURN_IF_ERROR(b.CopyToDevice(w.seqs.as<void>(), w.h_seqs.data(), num_seqs * sizeof(AttnSeq)));
   RETURN_IF_ERROR(b.CopyToDevice(w.logit_rows.as<void>(), w.h_rows.data(), rows * sizeof(int32_t)));
 
-  RETURN_IF_ERROR(b.Embedding({.table = weights_.embedding.as<float>(),
-                               .ids = w.ids.as<int32_t>(),
-                               .out = w.hidden.as<float>(),
-                               .tokens = tokens,
-                               .vocab = spec_.vocab_size,
-                               .hidden = h}));
-  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+  if (first_stage()) {
+    RETURN_IF_ERROR(b.Embedding({.table = weights_.embedding.as<float>(),
+                                 .ids = w.ids.as<int32_t>(),
+                                 .out = w.hidden.as<float>(),
+                                 .tokens = tokens,
+                                 .vocab = spec_.vocab_size,
+                                 .hidden = h}));
+  } else {
+    RETURN_IF_ERROR(b.CopyToDevice(w.hidden.as<void>(), hidden_in.data(), hidden_in.size() * sizeof(float)));
+  }
+  for (int64_t l = options_.layer_begin; l < options_.layer_end; ++l) {
     RETURN_IF_ERROR(Layer(l, tokens, w.seqs.as<AttnSeq>(), num_seqs));
+  }
+  if (!last_stage()) {
+    // Hidden states for the next stage (identical on every rank after the layer's all-reduce).
+    StepResult result;
+    if (options_.shard.rank == 0) {
+      result.hidden.resize(static_cast<size_t>(tokens * h));
+      RETURN_IF_ERROR(b.CopyToHost(result.hidden.data(), w.hidden.as<float>(), result.hidden.size() * sizeof(float)));
+    }
+    return result;
   }
   RETURN_IF_ERROR(b.GatherRows({.src = w.hidden.as<float>(),
                                 .rows = w.logit_rows.as<int32_t>(),
@@ -259,7 +289,7 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch) {
   if (!tp()) {
     int64_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
-      const int64_t n = batch[i].all_logits ? static_cast<int64_t>(batch[i].tokens.size()) : 1;
+      const int64_t n = batch[i].all_logits ? batch[i].NumTokens() : 1;
       result.logits[i].resize(static_cast<size_t>(n * v));
       RETURN_IF_ERROR(b.CopyToHost(result.logits[i].data(), w.logits.as<float>() + row * v, n * v * sizeof(float)));
       row += n;
@@ -274,7 +304,7 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch) {
   const int ranks = options_.shard.size;
   int64_t row = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
-    const int64_t n = batch[i].all_logits ? static_cast<int64_t>(batch[i].tokens.size()) : 1;
+    const int64_t n = batch[i].all_logits ? batch[i].NumTokens() : 1;
     result.logits[i].resize(static_cast<size_t>(n * v));
     for (int64_t r = 0; r < n; ++r, ++row) {
       for (int k = 0; k < ranks; ++k) {
@@ -298,7 +328,7 @@ absl::Status Model::AllReduce(float* data, int64_t count) {
 absl::Status Model::Layer(int64_t layer, int64_t tokens, const AttnSeq* seqs, int64_t num_seqs) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
-  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer)];
+  const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer - options_.layer_begin)];
   const int64_t h = spec_.hidden_size;
   const int64_t d = spec_.head_dim;
   const float eps = static_cast<float>(spec_.rms_norm_eps);
@@ -317,8 +347,9 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const AttnSeq* seqs, in
   RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
                           .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
                           .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
-  const kernels::KvLayerView cache{.k = k_cache_[static_cast<size_t>(layer)].as<float>(),
-                                   .v = v_cache_[static_cast<size_t>(layer)].as<float>(),
+  const size_t local = static_cast<size_t>(layer - options_.layer_begin);
+  const kernels::KvLayerView cache{.k = k_cache_[local].as<float>(),
+                                   .v = v_cache_[local].as<float>(),
                                    .slots = options_.max_slots,
                                    .max_len = options_.max_seq_len,
                                    .kv_heads = layout_.kv_heads,

@@ -38,12 +38,14 @@ class Model final : public StepRunner {
   Model& operator=(const Model&) = delete;
 
   // Runs one step. InvalidArgument (naming the sequence) for an empty token list, a token id
-  // outside the vocabulary, a slot out of range or used twice, positions past max_seq_len, or more
-  // than max_step_tokens tokens in all. Nothing is written to the cache when validation fails.
+  // outside the vocabulary, a slot out of range or used twice, positions past max_seq_len, more
+  // than max_step_tokens tokens in all, or hidden states of the wrong size (or given to the
+  // first stage). Nothing is written to the cache when validation fails.
   //
   // With tensor parallelism every rank of the group calls Step with the same batch; rank 0 returns
   // the logits, other ranks return empty logits vectors.
-  absl::StatusOr<StepResult> Step(const std::vector<StepSequence>& batch) override;
+  absl::StatusOr<StepResult> Step(const std::vector<StepSequence>& batch,
+                                  absl::Span<const float> hidden_in = {}) override;
 
   const ModelSpec& spec() const override { return spec_; }
   const ModelOptions& options() const override { return options_; }
@@ -55,7 +57,9 @@ class Model final : public StepRunner {
  private:
   struct Workspace;
   Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend);
-  absl::Status Validate(const std::vector<StepSequence>& batch) const;
+  absl::Status Validate(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) const;
+  bool first_stage() const { return options_.layer_begin == 0; }
+  bool last_stage() const { return options_.layer_end == spec_.num_layers; }
   absl::Status Layer(int64_t layer, int64_t tokens, const kernels::AttnSeq* seqs, int64_t num_seqs);
   absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, int64_t width, bool accumulate);
   absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);

@@ -177,29 +177,37 @@ absl::StatusOr<ShardLayout> ShardLayout::Make(const ModelSpec& spec, TpShard sha
 }
 
 absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
-                                         const Checkpoint& ckpt, kernels::Backend& backend) {
+                                         int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
+                                         kernels::Backend& backend) {
   Loader ld(ckpt, spec, backend);
   ModelWeights mw;
   const int64_t h = spec.hidden_size;
   const int64_t d = spec.head_dim;
   const int64_t q_out = spec.num_heads * d;
   const int64_t kv_out = spec.num_kv_heads * d;
-  ASSIGN_OR_RETURN(mw.embedding, ld.Full("model.embed_tokens.weight", {spec.vocab_size, h}));
-  ASSIGN_OR_RETURN(mw.final_norm, ld.Full("model.norm.weight", {h}));
-  // lm_head: this rank's vocab rows, zero-padded to vocab_padded rows.
-  const int64_t vb = std::min(layout.vocab_begin, spec.vocab_size);
-  const int64_t ve = std::min(layout.vocab_begin + layout.vocab_padded, spec.vocab_size);
-  mw.lm_head.in = h;
-  mw.lm_head.out = layout.vocab_padded;
-  if (spec.tie_word_embeddings && shard.size == 1) {
-    mw.lm_head_w = mw.embedding.as<float>();
-  } else {
-    const std::string name = spec.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    ASSIGN_OR_RETURN(mw.lm_head.w, ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded));
-    mw.lm_head_w = mw.lm_head.w.as<float>();
+  const bool first = layer_begin == 0;
+  const bool last = layer_end == spec.num_layers;
+  const bool lm_head_is_embedding = spec.tie_word_embeddings && shard.size == 1;
+  if (first || (last && lm_head_is_embedding)) {
+    ASSIGN_OR_RETURN(mw.embedding, ld.Full("model.embed_tokens.weight", {spec.vocab_size, h}));
+  }
+  if (last) {
+    ASSIGN_OR_RETURN(mw.final_norm, ld.Full("model.norm.weight", {h}));
+    // lm_head: this rank's vocab rows, zero-padded to vocab_padded rows.
+    const int64_t vb = std::min(layout.vocab_begin, spec.vocab_size);
+    const int64_t ve = std::min(layout.vocab_begin + layout.vocab_padded, spec.vocab_size);
+    mw.lm_head.in = h;
+    mw.lm_head.out = layout.vocab_padded;
+    if (lm_head_is_embedding) {
+      mw.lm_head_w = mw.embedding.as<float>();
+    } else {
+      const std::string name = spec.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+      ASSIGN_OR_RETURN(mw.lm_head.w, ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded));
+      mw.lm_head_w = mw.lm_head.w.as<float>();
+    }
   }
   const bool moe_mixtral = spec.arch == Architecture::kMixtral;
-  for (int64_t i = 0; i < spec.num_layers; ++i) {
+  for (int64_t i = layer_begin; i < layer_end; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     LayerWeights lw;
     ASSIGN_OR_RETURN(lw.input_norm, ld.Full(p + "input_layernorm.weight", {h}));

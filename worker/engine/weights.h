@@ -69,17 +69,21 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  kernels::DeviceBuffer embedding;  // [vocab, hidden]
-  kernels::DeviceBuffer final_norm; // [hidden]
+  kernels::DeviceBuffer embedding;  // [vocab, hidden]; first stage (or tied last stage) only
+  kernels::DeviceBuffer final_norm; // [hidden]; last stage only
   LinearWeight lm_head;             // [vocab_padded, hidden]: this rank's rows of the lm_head
   const float* lm_head_w = nullptr; // the matrix to use (the embedding itself when tied on one rank)
   std::vector<LayerWeights> layers;
   size_t bytes = 0;                 // device bytes held
 };
 
-// Loads the weights of `shard` from `ckpt` onto `backend` (which must outlive the result).
+// Loads the weights of `shard` for layers [layer_begin, layer_end) from `ckpt` onto `backend`
+// (which must outlive the result): the embedding when the range starts at layer 0 (or when the
+// lm_head is tied to it and the range ends at the last layer), the final norm and lm_head when it
+// ends at the last layer. ModelWeights::layers[i] is layer layer_begin + i.
 absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
-                                         const Checkpoint& ckpt, kernels::Backend& backend);
+                                         int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
+                                         kernels::Backend& backend);
 
 }  // namespace shardserve::engine
 

@@ -14,6 +14,7 @@
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/executor.h"
 #include "worker/engine/generator.h"
+#include "worker/engine/local_pipeline.h"
 
 namespace shardserve::engine {
 namespace {
@@ -110,6 +111,69 @@ TEST(TensorParallelStoriesTest, GreedyTextIdenticalAcrossRankCounts) {
     ASSERT_OK_AND_ASSIGN(auto res, Generate(*ex, reqs));
     for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].tokens, golden.cases[i].greedy_ids) << "ranks " << n;
   }
+}
+
+struct PipelineLayout {
+  std::string model;
+  std::vector<int64_t> cuts;  // layer boundaries, e.g. {0, 1, 2}
+  int ranks;
+  std::string name;
+};
+
+void PrintTo(const PipelineLayout& l, std::ostream* os) { *os << l.name; }
+
+class PipelineTest : public ::testing::TestWithParam<PipelineLayout> {};
+
+TEST_P(PipelineTest, StagesChainedGiveTheSameGreedyTokensAndLogits) {
+  const PipelineLayout& layout = GetParam();
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(layout.model));
+  std::vector<std::unique_ptr<StepRunner>> stages;
+  for (size_t i = 0; i + 1 < layout.cuts.size(); ++i) {
+    ModelOptions mo{.max_slots = 3, .max_step_tokens = 16, .layer_begin = layout.cuts[i], .layer_end = layout.cuts[i + 1]};
+    ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor(golden.dir, layout.ranks, mo));
+    stages.push_back(std::move(ex));
+  }
+  ASSERT_OK_AND_ASSIGN(auto pipeline, LocalPipeline::Create(std::move(stages)));
+  const auto& c = golden.cases[2];
+  ASSERT_OK_AND_ASSIGN(StepResult r, pipeline->Step({StepSequence{.slot = 2, .tokens = c.prompt_ids, .all_logits = true}}));
+  const size_t v = static_cast<size_t>(pipeline->spec().vocab_size);
+  for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
+    float max_ref = 0.f, max_err = 0.f;
+    for (size_t i = 0; i < v; ++i) {
+      max_ref = std::max(max_ref, std::fabs(c.logits[p][i]));
+      max_err = std::max(max_err, std::fabs(c.logits[p][i] - r.logits[0][p * v + i]));
+    }
+    EXPECT_LE(max_err, 1e-4f * max_ref) << layout.name << " position " << p;
+  }
+  std::vector<GenerationRequest> reqs;
+  for (const auto& gc : golden.cases) {
+    reqs.push_back({.prompt = gc.prompt_ids, .max_tokens = static_cast<int32_t>(gc.greedy_ids.size())});
+  }
+  ASSERT_OK_AND_ASSIGN(auto res, Generate(*pipeline, reqs));
+  for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].tokens, golden.cases[i].greedy_ids) << layout.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
+                         ::testing::Values(PipelineLayout{"llama", {0, 1, 2}, 1, "llama_pp2"},
+                                           PipelineLayout{"llama_tied_llama3rope_bias", {0, 1, 2}, 2, "tied_pp2_tp2"},
+                                           PipelineLayout{"qwen2_moe", {0, 1, 2, 3}, 1, "qwen2_moe_pp3"},
+                                           PipelineLayout{"mixtral", {0, 1, 2}, 2, "mixtral_pp2_tp2"}),
+                         [](const auto& test_info) { return test_info.param.name; });
+
+TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
+  std::vector<std::unique_ptr<StepRunner>> stages;
+  ASSERT_OK_AND_ASSIGN(auto a, MakeExecutor("tests/golden/models/llama", 1, {.layer_begin = 1, .layer_end = 2}));
+  stages.push_back(std::move(a));
+  EXPECT_THAT(LocalPipeline::Create(std::move(stages)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stage 0 starts at layer 1, expected 0")));
+  EXPECT_THAT(MakeExecutor("tests/golden/models/llama", 1, {.layer_begin = 1, .layer_end = 5}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer range [1, 5)")));
+  ASSERT_OK_AND_ASSIGN(auto second, MakeExecutor("tests/golden/models/llama", 1, {.layer_begin = 1}));
+  EXPECT_THAT(second->Step({StepSequence{.slot = 0, .num_tokens = 2}}, std::vector<float>(64)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hidden states hold 64 values; 2 tokens")));
+  ASSERT_OK_AND_ASSIGN(auto first, MakeExecutor("tests/golden/models/llama", 1, {.layer_end = 1}));
+  EXPECT_THAT(first->Step({StepSequence{.slot = 0, .num_tokens = 2}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs the token ids")));
 }
 
 TEST(TensorParallelMemoryTest, EachRankHoldsItsSliceAndTheReplicatedParts) {

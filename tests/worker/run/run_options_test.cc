@@ -26,15 +26,29 @@ TEST(RunOptionsTest, RejectsBadTokenIds) {
 }
 
 TEST(RunOptionsTest, ParsesDevices) {
-  ASSERT_OK_AND_ASSIGN(auto cpu, ParseDevices("cpu", 2));
-  EXPECT_EQ(cpu.backend.kind, kernels::DeviceKind::kCpu);
-  EXPECT_EQ(cpu.backend.cpu_threads, 2);
-  ASSERT_OK_AND_ASSIGN(auto cuda, ParseDevices("cuda:1", 1));
-  EXPECT_EQ(cuda.backend.kind, kernels::DeviceKind::kCuda);
-  EXPECT_EQ(cuda.backend.device_index, 1);
-  EXPECT_THAT(ParseDevices("tpu", 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a device")));
-  EXPECT_THAT(ParseDevices("cuda:x", 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"x\"")));
-  EXPECT_THAT(ParseDevices("cpu", 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--threads")));
+  ASSERT_OK_AND_ASSIGN(auto cpu, ParseDevices("cpu", 2, 0));
+  EXPECT_EQ(cpu.kind, kernels::DeviceKind::kCpu);
+  EXPECT_EQ(cpu.cpu_ranks, 1);
+  EXPECT_EQ(cpu.cpu_threads, 2);
+  ASSERT_OK_AND_ASSIGN(auto ranks, ParseDevices("cpu:4", 1, 0));
+  EXPECT_EQ(ranks.cpu_ranks, 4);
+  ASSERT_OK_AND_ASSIGN(auto cuda, ParseDevices("cuda:1,3", 1, 0));
+  EXPECT_EQ(cuda.kind, kernels::DeviceKind::kCuda);
+  EXPECT_THAT(cuda.cuda_devices, ElementsAre(1, 3));
+  ASSERT_OK_AND_ASSIGN(auto all, ParseDevices("cuda:all", 1, 2));
+  EXPECT_THAT(all.cuda_devices, ElementsAre(0, 1));
+  ASSERT_OK_AND_ASSIGN(auto plain, ParseDevices("cuda", 1, 0));
+  EXPECT_THAT(plain.cuda_devices, ElementsAre(0));
+}
+
+TEST(RunOptionsTest, RejectsBadDevices) {
+  EXPECT_THAT(ParseDevices("tpu", 1, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a device list")));
+  EXPECT_THAT(ParseDevices("cuda:x", 1, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"x\"")));
+  EXPECT_THAT(ParseDevices("cuda:0,0", 1, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
+  EXPECT_THAT(ParseDevices("cpu:0", 1, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank count")));
+  EXPECT_THAT(ParseDevices("cpu:", 1, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank count")));
+  EXPECT_THAT(ParseDevices("cuda:all", 1, 0), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no CUDA")));
+  EXPECT_THAT(ParseDevices("cpu", 0, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--threads")));
 }
 
 }  // namespace

@@ -34,7 +34,11 @@ class Group {
 
   // Sense-reversing barrier. Returns false when the group was aborted.
   bool Wait() {
-    const uint32_t gen = generation_.load(std::memory_order_acquire);
+    // Load the generation before checking for an abort: Abort() sets the flag before it bumps the
+    // generation (both sequentially consistent), so a rank that misses the flag is sure to see
+    // the generation change and wake.
+    const uint32_t gen = generation_.load();
+    if (aborted_.load()) return false;
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == size_) {
       arrived_.store(0, std::memory_order_relaxed);
       generation_.store(gen + 1, std::memory_order_release);
@@ -56,9 +60,9 @@ class Group {
       std::lock_guard lock(mu_);
       if (abort_reason_.ok()) abort_reason_ = reason.ok() ? absl::InternalError("aborted") : reason;
     }
-    aborted_.store(true, std::memory_order_release);
+    aborted_.store(true);
     // Release everyone blocked in a barrier.
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+    generation_.fetch_add(1);
     generation_.notify_all();
   }
 
