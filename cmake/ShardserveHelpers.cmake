@@ -69,5 +69,5 @@ function(shardserve_cc_test)
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gmock GTest::gtest_main)
   _shardserve_common_flags(${A_NAME})
   gtest_discover_tests(${A_NAME} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-                       PROPERTIES LABELS "${A_LABELS}" DISCOVERY_TIMEOUT 60)
+                       PROPERTIES LABELS "${A_LABELS}" TIMEOUT 600 DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -1,0 +1,120 @@
+// The placement planner: a pure function from (model shape, worker inventory, policy) to a Plan
+// (common/plan/plan.h) or an error. No I/O, no gRPC, no clocks: the same input always gives the
+// same output, whatever the order of `workers`. Used by the coordinator when workers join or
+// leave, and by `shardserve plan` to print a plan without starting anything.
+//
+// ---- What a stage holds (bytes = parameters x policy.bytes_per_param) ------------------------
+// Parallelism follows ARCHITECTURE.md: tensor parallel (TP) inside a worker, pipeline parallel
+// (PP) across workers, data-parallel replicas of whole pipelines. Per TP rank of a stage, as the
+// engine's ShardLayout / LoadWeights (worker/engine/weights.h) lay it out:
+//  - attention: q/k/v/o split by heads (KV heads replicated when tp > num_key_value_heads),
+//    norms replicated, the o_proj bias on rank 0;
+//  - dense MLP: split by columns (intermediate_size / tp), the down_proj bias on rank 0;
+//  - MoE layer: router replicated, shared expert split by columns (its gate replicated); routed
+//    experts whole, in contiguous blocks over the ranks, when num_experts >= tp > 1 (expert
+//    parallel: of k local experts, expert e on rank e x tp / k), else each split by columns;
+//  - stage 0: the whole embedding [vocab, hidden] on every rank; the last stage: final norm and
+//    the vocab-parallel lm_head, ceil(vocab / tp) rows per rank (a tied lm_head is the embedding
+//    itself only with tp = 1 and pp = 1);
+//  - KV cache: 2 x its layers x local KV heads x head_dim x bytes_per_param per token.
+// Predicted bytes are those of rank 0, the most loaded rank. For tp = 1, pp = 1 the weights are
+// exactly ModelSpec::NumParameters() x bytes_per_param.
+//
+// ---- Devices --------------------------------------------------------------------------------
+// A worker runs on its CUDA devices when it has any, else on its CPU devices, and hosts at most
+// one stage (run several workers on a node to get several replicas there). A stage with tp ranks
+// uses the tp devices with the most room (free_bytes - policy.reserve_bytes_per_device; ties: lower
+// index); its capacity per rank is the smallest room among them.
+//
+// ---- What "auto" chooses ----------------------------------------------------------------------
+//  - tp = 0: per worker, the largest tp <= its device count that ValidateTensorParallelSize
+//    accepts (TP is cheap inside a node and gives the stage all of the node's memory).
+//  - pp = 0: the fewest stages that fit: pp = 1, 2, ... up to min(eligible workers, layers).
+//  - replicas = 0: for that pp, as many replicas as fit (at most workers / pp). Fewest stages
+//    first means that when the model fits on one worker, two workers give two replicas (twice
+//    the throughput, no stage hops) rather than one two-stage pipeline; a two-stage pipeline is
+//    chosen only when no single worker can hold the model plus the KV of one sequence.
+//  - which workers: the replicas x pp workers with the most capacity (tp x capacity per rank),
+//    dealt to the replicas snake-wise (0, 1, .., R-1, R-1, .., 0, 0, ..) so that replicas get
+//    similar capacity; inside a replica, stages are ordered by worker_id.
+//  Replicas always have the same pp (tp may differ between heterogeneous workers).
+//
+// ---- Stage balance ---------------------------------------------------------------------------
+// Layer ranges are contiguous and non-empty. Among the partitions in which every stage holds its
+// weights plus the minimum KV (below), the planner picks the one with the smallest maximum stage
+// cost, then the smallest sum of squared stage costs (so slack is spread evenly), where
+//   cost(stage) = (0.5 x bytes(stage) / bytes(model) + 0.5 x flops(stage) / flops(model)) / tp
+//   bytes: parameters of the parts the stage runs, unsharded, all experts counted (the embedding
+//          on the first stage, the lm_head on the last);
+//   flops: forward FLOPs per token = 2 x active parameters: 0 for the embedding (a lookup), the
+//          whole dense layer, for a MoE layer attention + router + top_k experts + shared expert,
+//          and vocab x hidden for the lm_head.
+// Bytes stand for memory (what is left for KV) and for the weight reads of a memory-bound decode
+// step; FLOPs for prefill time, where a MoE layer costs only its top_k experts. Dividing by tp
+// models a stage with more ranks as proportionally faster and larger. Attention-score FLOPs,
+// which grow with the context, are the same in every layer and are left out. So the first stage
+// gets fewer layers when the embedding is large, the last stage fewer still (lm_head bytes AND
+// FLOPs), and a MoE layer counts for more than a dense one of the same width.
+//
+// ---- KV budget -------------------------------------------------------------------------------
+// Minimum: every stage holds the KV of one sequence of max_seq_len tokens (or policy.kv_tokens
+// when set). With policy.kv_tokens, every stage reserves exactly that many tokens. Otherwise a
+// stage could hold floor(kv_fraction x (capacity - weights) / KV bytes per token) tokens, and every
+// stage of a pipeline gets the pipeline's smallest such capacity (the others could not use more).
+// Sliding windows are not taken into account (the engine keeps max_seq_len positions per sequence),
+// nor are activation workspaces: leave room for them with policy.reserve_bytes_per_device.
+//
+// ---- Expert spill vs more stages ---------------------------------------------------------------
+// A remote expert costs a gRPC round trip per MoE layer per step, a stage boundary one hop per
+// step. So the planner first tries every pp (and replica count) with all experts local, and
+// spills only when none fits: with a fixed pp too small for the model, or with workers too small
+// to hold whole MoE layers but large enough to hold some experts. Spill (MoE models, with
+// policy.allow_expert_spill) repeats the same search (pp ascending, replicas descending) where a
+// stage must hold only its non-expert weights plus the minimum KV. Each stage then keeps as many
+// experts as fit next to the minimum KV, filling its MoE layers in order: the spill is
+// concentrated in its last MoE layers (a layer with any remote expert costs an expert call per
+// step, while the bytes sent depend only on the total of remote experts). Inside a layer the
+// lowest expert ids stay local, spread over the ranks as usual. So a spilling stage has about the
+// minimum KV capacity: set policy.kv_tokens to trade local experts for KV. Spilled experts go to
+// the workers that host no stage (a worker hosts a stage or experts, never both), each whole
+// expert to the one device with the most room left (ties: lower worker_id, then device index),
+// which balances the hosts.
+//
+// ---- Complexity --------------------------------------------------------------------------------
+// The partition is a dynamic program over (stage, layer) with pruning, O(pp x layers^2) at worst
+// per pipeline; the search tries at most min(workers, layers) values of pp and, for each, replica
+// counts from the most that the total capacity allows downwards.
+#ifndef SHARDSERVE_COORDINATOR_PLANNER_PLANNER_H_
+#define SHARDSERVE_COORDINATOR_PLANNER_PLANNER_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_spec/model_spec.h"
+#include "common/plan/plan.h"
+
+namespace shardserve {
+
+// Computes a placement of `spec` on `workers` under `policy`, as described above.
+//
+// Errors:
+//  - InvalidArgument, naming the field and why: an inconsistent ModelSpec; a policy field out of
+//    range (negative tp/pp/replicas, kv_fraction outside (0, 1], kv_tokens below max_seq_len,
+//    max_seq_len above max_position_embeddings, bytes_per_param outside [1, 8], ...); a policy.tp
+//    the model cannot be split by (e.g. "does not divide num_attention_heads (4)") or that no
+//    worker has enough devices for; policy.pp above num_hidden_layers or above the workers that
+//    can host a stage; policy.replicas x pp above those workers; an inventory with an empty or
+//    duplicate worker_id, a duplicate device, or free_bytes outside [0, total_bytes].
+//  - FailedPrecondition: no worker has any device (wait for workers to register).
+//  - ResourceExhausted: no layout fits; the message states the bytes the model needs (weights +
+//    the minimum KV) and the bytes the workers have free in total, e.g. "model needs 620.3 MB
+//    (536.4 MB weights + 83.9 MB for the KV of 1 sequence of 1024 tokens at kv_fraction 0.9),
+//    workers have 300.0 MB free in total"; when the total would be enough, it adds which pp were
+//    tried and what the largest worker offers.
+// Pure and thread-safe.
+absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
+                              const PlanPolicy& policy);
+
+}  // namespace shardserve
+
+#endif  // SHARDSERVE_COORDINATOR_PLANNER_PLANNER_H_
