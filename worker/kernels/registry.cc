@@ -1,6 +1,10 @@
 #include "worker/kernels/registry.h"
 
+#include <fstream>
+#include <string>
+
 #include "absl/strings/str_cat.h"
+#include "common/status/macros.h"
 #include "worker/kernels/cpu/cpu_backend.h"
 #if SHARDSERVE_HAVE_CUDA
 #include "worker/kernels/cuda/cuda_backend.h"
@@ -16,6 +20,34 @@ int CudaDeviceCount() {
 #else
   return 0;
 #endif
+}
+
+absl::StatusOr<DeviceMemory> QueryDeviceMemory(DeviceKind kind, int device_index) {
+  DeviceMemory m;
+  switch (kind) {
+    case DeviceKind::kCpu: {
+      std::ifstream in("/proc/meminfo");
+      std::string key;
+      int64_t kb = 0;
+      std::string unit;
+      while (in >> key >> kb >> unit) {
+        if (key == "MemTotal:") m.total_bytes = kb * 1024;
+        if (key == "MemAvailable:") m.free_bytes = kb * 1024;
+      }
+      if (m.total_bytes == 0) return absl::InternalError("cannot read MemTotal from /proc/meminfo");
+      return m;
+    }
+    case DeviceKind::kCuda: {
+#if SHARDSERVE_HAVE_CUDA
+      RETURN_IF_ERROR(CudaBackendDeviceMemory(device_index, &m.total_bytes, &m.free_bytes));
+      return m;
+#else
+      (void)device_index;
+      return absl::UnimplementedError("CUDA devices requested but this binary was built without CUDA");
+#endif
+    }
+  }
+  return absl::InvalidArgumentError("unknown device kind");
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {

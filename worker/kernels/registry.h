@@ -23,6 +23,15 @@ bool CudaCompiledIn();
 // Number of CUDA devices visible (0 without CUDA, a driver or a device).
 int CudaDeviceCount();
 
+// Total and free bytes of a device: host memory (MemTotal / MemAvailable) for kCpu, the device's
+// memory for kCuda. Unimplemented for CUDA in builds without it; FailedPrecondition for a missing
+// device.
+struct DeviceMemory {
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;
+};
+absl::StatusOr<DeviceMemory> QueryDeviceMemory(DeviceKind kind, int device_index);
+
 // Creates a backend. Unimplemented when CUDA was not compiled in; FailedPrecondition when the
 // CUDA device does not exist (the message says how many there are).
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options);

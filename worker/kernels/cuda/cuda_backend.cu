@@ -304,6 +304,19 @@ absl::Status CudaBackend::Zero(const ZeroParams& p) {
 
 }  // namespace
 
+absl::Status CudaBackendDeviceMemory(int device_index, int64_t* total_bytes, int64_t* free_bytes) {
+  if (device_index < 0 || device_index >= CudaBackendDeviceCount()) {
+    return absl::FailedPreconditionError(absl::StrCat("CUDA device ", device_index, " does not exist"));
+  }
+  size_t free_b = 0, total_b = 0;
+  if (cudaSetDevice(device_index) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaMemGetInfo failed on device ", device_index));
+  }
+  *total_bytes = static_cast<int64_t>(total_b);
+  *free_bytes = static_cast<int64_t>(free_b);
+  return absl::OkStatus();
+}
+
 int CudaBackendDeviceCount() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {

@@ -39,6 +39,10 @@ namespace shardserve::kernels {
 // query fails for any other reason; never aborts. Thread-safe.
 int CudaBackendDeviceCount();
 
+// Total and free memory of CUDA device `device_index` (cudaMemGetInfo). FailedPrecondition when
+// the device does not exist.
+absl::Status CudaBackendDeviceMemory(int device_index, int64_t* total_bytes, int64_t* free_bytes);
+
 // Creates a backend for device `device_index` (0-based, as CUDA numbers devices): creates its
 // stream, cuBLAS handle and cuBLAS workspace. FailedPrecondition when the device does not exist
 // (the message says how many there are); Internal when the driver or cuBLAS refuses (the message

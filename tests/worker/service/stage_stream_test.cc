@@ -1,0 +1,225 @@
+// Workers serving pipeline stages over gRPC on 127.0.0.1 (port 0), driven the way the coordinator
+// drives stage 0: greedy tokens must equal Hugging Face's, and bad input gets error responses.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/golden.h"
+#include "tests/testing/status_matchers.h"
+#include "worker/service/convert.h"
+#include "worker/service/worker_server.h"
+
+namespace shardserve::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct RunningWorker {
+  std::unique_ptr<WorkerServer> server;
+  std::unique_ptr<grpc::Server> rpc;
+  std::string address;
+};
+
+RunningWorker StartWorker(int cpu_ranks) {
+  RunningWorker w;
+  w.server = std::make_unique<WorkerServer>(WorkerOptions{.cpu_ranks = cpu_ranks});
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  b.RegisterService(w.server->worker_service());
+  b.RegisterService(w.server->stage_service());
+  w.rpc = b.BuildAndStart();
+  w.address = absl::StrCat("127.0.0.1:", port);
+  return w;
+}
+
+v1::Assignment StageAssignment(const std::string& model, int stage, int layer_begin, int layer_end, int ranks,
+                               const std::string& next) {
+  v1::Assignment a;
+  a.set_assignment_id(absl::StrCat("test-", stage));
+  a.set_model_path(model);
+  a.set_stage(stage);
+  a.set_layer_begin(layer_begin);
+  a.set_layer_end(layer_end);
+  a.set_device_kind(v1::DEVICE_KIND_CPU);
+  for (int r = 0; r < ranks; ++r) a.add_devices(r);
+  a.set_max_slots(4);
+  a.set_max_step_tokens(64);
+  a.set_next_address(next);
+  return a;
+}
+
+// Waits (bounded) until the worker reports READY or FAILED for its assignment.
+WorkerStatusSnapshot AwaitLoaded(const WorkerServer& w) {
+  for (int i = 0; i < 600; ++i) {
+    WorkerStatusSnapshot s = w.Status();
+    if (s.state == v1::WORKER_STATE_READY || s.state == v1::WORKER_STATE_FAILED) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return w.Status();
+}
+
+class StageStreamTest : public ::testing::Test {
+ protected:
+  // Two workers: stage 0 = layers [0, 1) on 2 ranks, stage 1 = layers [1, 2) on 1 rank.
+  void SetUp() override {
+    ASSERT_OK_AND_ASSIGN(golden_, testing::LoadGoldenModel("llama"));
+    w1_ = StartWorker(1);
+    w0_ = StartWorker(2);
+    ASSERT_TRUE(w1_.server->Assign(StageAssignment(golden_.dir, 1, 1, 2, 1, "")).ok());
+    ASSERT_TRUE(w0_.server->Assign(StageAssignment(golden_.dir, 0, 0, 1, 2, w1_.address)).ok());
+    ASSERT_EQ(AwaitLoaded(*w1_.server).state, v1::WORKER_STATE_READY) << w1_.server->Status().error;
+    ASSERT_EQ(AwaitLoaded(*w0_.server).state, v1::WORKER_STATE_READY) << w0_.server->Status().error;
+    channel_ = grpc::CreateChannel(w0_.address, grpc::InsecureChannelCredentials());
+    stub_ = v1::Stage::NewStub(channel_);
+  }
+  void TearDown() override {
+    for (RunningWorker* w : {&w0_, &w1_}) {
+      if (w->server) w->server->Shutdown();
+      if (w->rpc) w->rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    }
+  }
+
+  testing::GoldenModel golden_;
+  RunningWorker w0_, w1_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Stage::Stub> stub_;
+};
+
+v1::StepRequest Step(uint64_t id, int slot, int pos, const std::vector<int32_t>& tokens, uint64_t sample_index) {
+  v1::StepRequest r;
+  r.set_step_id(id);
+  v1::StepSequence* s = r.add_sequences();
+  s->set_slot(slot);
+  s->set_pos_begin(pos);
+  s->set_num_tokens(static_cast<int32_t>(tokens.size()));
+  for (int32_t t : tokens) s->add_token_ids(t);
+  s->set_sample(true);
+  s->set_sample_index(sample_index);
+  return r;
+}
+
+TEST_F(StageStreamTest, GreedyTokensThroughTwoStagesMatchTransformers) {
+  grpc::ClientContext ctx;
+  auto stream = stub_->StepStream(&ctx);
+  uint64_t step = 1;
+  for (size_t c = 0; c < golden_.cases.size(); ++c) {
+    const auto& gc = golden_.cases[c];
+    std::vector<int32_t> out;
+    std::vector<int32_t> next = gc.prompt_ids;
+    int pos = 0;
+    for (size_t i = 0; i < gc.greedy_ids.size(); ++i) {
+      ASSERT_TRUE(stream->Write(Step(step, static_cast<int>(c), pos, next, i)));
+      v1::StepResponse r;
+      ASSERT_TRUE(stream->Read(&r));
+      ASSERT_EQ(r.error_code(), 0) << r.error_message();
+      ASSERT_EQ(r.step_id(), step);
+      ASSERT_EQ(r.token_ids_size(), 1);
+      pos += static_cast<int>(next.size());
+      out.push_back(r.token_ids(0));
+      next = {r.token_ids(0)};
+      ++step;
+    }
+    EXPECT_EQ(out, gc.greedy_ids) << "case " << c;
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(StageStreamTest, BadStepsGetErrorResponsesAndTheStreamStaysUsable) {
+  grpc::ClientContext ctx;
+  auto stream = stub_->StepStream(&ctx);
+  v1::StepResponse r;
+  ASSERT_TRUE(stream->Write(Step(7, 0, 0, {5, 999}, 0)));  // token outside the vocabulary
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_EQ(r.step_id(), 7u);
+  EXPECT_EQ(r.error_code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(r.error_message(), HasSubstr("token id 999"));
+  v1::StepRequest bad_sampling = Step(8, 0, 0, {5}, 0);
+  bad_sampling.mutable_sequences(0)->mutable_sampling()->set_temperature(-1);
+  ASSERT_TRUE(stream->Write(bad_sampling));
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_THAT(r.error_message(), HasSubstr("temperature"));
+  ASSERT_TRUE(stream->Write(Step(9, 0, 0, {5, 6}, 0)));
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_EQ(r.error_code(), 0) << r.error_message();
+  EXPECT_EQ(r.token_ids_size(), 1);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(WorkerAssignTest, InvalidAssignmentsNameTheField) {
+  WorkerServer w(WorkerOptions{.cpu_ranks = 1});
+  v1::Assignment a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
+  a.clear_model_path();
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("model_path"));
+  a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 2, "");
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("device 1 is not one of this worker's"));
+  a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
+  a.set_device_kind(v1::DEVICE_KIND_CUDA);
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("does not match"));
+}
+
+TEST(WorkerAssignTest, AssignmentThatCannotLoadReportsFailedWithTheReason) {
+  WorkerServer w(WorkerOptions{.cpu_ranks = 1});
+  ASSERT_TRUE(w.Assign(StageAssignment("/nonexistent/model", 0, 0, 2, 1, "")).ok());
+  WorkerStatusSnapshot s = AwaitLoaded(w);
+  EXPECT_EQ(s.state, v1::WORKER_STATE_FAILED);
+  EXPECT_THAT(s.error, HasSubstr("/nonexistent/model/config.json"));
+  // A last-layer mismatch with next_address is caught at load.
+  ASSERT_TRUE(w.Assign(StageAssignment("tests/golden/models/llama", 0, 0, 1, 1, "")).ok());
+  s = AwaitLoaded(w);
+  EXPECT_EQ(s.state, v1::WORKER_STATE_FAILED);
+  EXPECT_THAT(s.error, HasSubstr("do not end the model but next_address is \"\""));
+}
+
+TEST(ConvertTest, LargeHiddenStatesAreChunkedAndReassembled) {
+  StageBatch batch;
+  batch.step_id = 42;
+  StageSequence s;
+  s.step.slot = 1;
+  s.step.num_tokens = 1024;
+  batch.sequences.push_back(s);
+  const int64_t hidden = 1100;  // 1024 x 1100 x 4 bytes = 4.3 MiB: three chunks
+  batch.hidden.resize(1024 * hidden);
+  for (size_t i = 0; i < batch.hidden.size(); ++i) batch.hidden[i] = static_cast<float>(i % 9973);
+  std::vector<v1::StepRequest> msgs = ToNextStage(batch, hidden);
+  ASSERT_EQ(msgs.size(), 3u);
+  for (const auto& m : msgs) EXPECT_LE(m.ByteSizeLong(), static_cast<size_t>(kMaxMessageBytes));
+  ChunkAssembler assembler(size_t{1} << 30);
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(bool done, assembler.Add(std::move(msgs[i])));
+    EXPECT_EQ(done, i + 1 == 3);
+  }
+  ASSERT_OK_AND_ASSIGN(StageBatch back, FromProto(assembler.Take(), hidden));
+  EXPECT_EQ(back.step_id, 42u);
+  EXPECT_EQ(back.sequences[0].step.NumTokens(), 1024);
+  EXPECT_EQ(back.hidden, batch.hidden);
+}
+
+TEST(ConvertTest, InconsistentChunksAndTensorsAreRejected) {
+  ChunkAssembler assembler(1000);
+  v1::StepRequest c1;
+  c1.set_chunk_index(1);
+  c1.set_chunk_count(2);
+  EXPECT_THAT(assembler.Add(std::move(c1)).status().message(), HasSubstr("chunk 0 expected"));
+  v1::StepRequest big;
+  big.set_chunk_count(1);
+  big.mutable_hidden()->set_data(std::string(2000, 'x'));
+  EXPECT_THAT(assembler.Add(std::move(big)).status().message(), HasSubstr("exceed 1000 bytes"));
+  v1::StepRequest wrong = Step(1, 0, 0, {1, 2}, 0);
+  wrong.mutable_hidden()->set_dtype(v1::DTYPE_BF16);
+  EXPECT_THAT(FromProto(wrong, 64).status().message(), HasSubstr("must be F32"));
+  wrong.mutable_hidden()->set_dtype(v1::DTYPE_F32);
+  wrong.mutable_hidden()->add_shape(2);
+  wrong.mutable_hidden()->add_shape(63);
+  EXPECT_THAT(FromProto(wrong, 64).status().message(), HasSubstr("shape [2, 64]"));
+}
+
+}  // namespace
+}  // namespace shardserve::service

@@ -1,0 +1,122 @@
+#include "worker/service/convert.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status/macros.h"
+
+namespace shardserve::service {
+
+absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size) {
+  StageBatch batch;
+  batch.step_id = request.step_id();
+  int64_t total = 0;
+  for (int i = 0; i < request.sequences_size(); ++i) {
+    const v1::StepSequence& p = request.sequences(i);
+    StageSequence s;
+    s.step.slot = p.slot();
+    s.step.pos_begin = p.pos_begin();
+    s.step.tokens.assign(p.token_ids().begin(), p.token_ids().end());
+    s.step.num_tokens = p.num_tokens();
+    if (!s.step.tokens.empty() && s.step.num_tokens != 0 && s.step.num_tokens != s.step.NumTokens()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": num_tokens ", p.num_tokens(), " but ",
+                                                     p.token_ids_size(), " token ids"));
+    }
+    if (s.step.NumTokens() < 1) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": no tokens"));
+    s.sample = p.sample();
+    s.sampling.temperature = p.sampling().temperature();
+    s.sampling.top_k = p.sampling().top_k();
+    s.sampling.top_p = p.sampling().top_p() == 0.0f ? 1.0f : p.sampling().top_p();
+    s.sampling.seed = p.sampling().seed();
+    if (s.sample) RETURN_IF_ERROR(s.sampling.Validate());
+    s.sample_index = p.sample_index();
+    s.request_id = p.request_id();
+    total += s.step.NumTokens();
+    batch.sequences.push_back(std::move(s));
+  }
+  if (request.has_hidden()) {
+    const v1::Tensor& t = request.hidden();
+    if (t.dtype() != v1::DTYPE_F32) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden states must be F32, got dtype ", t.dtype()));
+    }
+    if (t.shape_size() != 2 || t.shape(0) != total || t.shape(1) != hidden_size) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden states must have shape [", total, ", ", hidden_size,
+                                                     "] for this batch"));
+    }
+    const size_t bytes = static_cast<size_t>(total * hidden_size) * sizeof(float);
+    if (t.data().size() != bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hidden states carry ", t.data().size(), " bytes; ", bytes, " expected"));
+    }
+    batch.hidden.resize(static_cast<size_t>(total * hidden_size));
+    std::memcpy(batch.hidden.data(), t.data().data(), bytes);
+  }
+  return batch;
+}
+
+std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden_size) {
+  v1::StepRequest first;
+  first.set_step_id(batch.step_id);
+  int64_t total = 0;
+  for (const StageSequence& s : batch.sequences) {
+    v1::StepSequence* p = first.add_sequences();
+    p->set_slot(s.step.slot);
+    p->set_pos_begin(s.step.pos_begin);
+    p->set_num_tokens(s.step.NumTokens());
+    p->set_sample(s.sample);
+    p->mutable_sampling()->set_temperature(s.sampling.temperature);
+    p->mutable_sampling()->set_top_k(s.sampling.top_k);
+    p->mutable_sampling()->set_top_p(s.sampling.top_p);
+    p->mutable_sampling()->set_seed(s.sampling.seed);
+    p->set_sample_index(s.sample_index);
+    p->set_request_id(s.request_id);
+    total += s.step.NumTokens();
+  }
+  v1::Tensor* t = first.mutable_hidden();
+  t->set_dtype(v1::DTYPE_F32);
+  t->add_shape(total);
+  t->add_shape(hidden_size);
+  const char* bytes = reinterpret_cast<const char*>(batch.hidden.data());
+  const size_t size = batch.hidden.size() * sizeof(float);
+  const uint32_t chunks = static_cast<uint32_t>(std::max<size_t>(1, (size + kMaxChunkBytes - 1) / kMaxChunkBytes));
+  std::vector<v1::StepRequest> out;
+  for (uint32_t c = 0; c < chunks; ++c) {
+    v1::StepRequest msg = c == 0 ? first : v1::StepRequest();
+    msg.set_step_id(batch.step_id);
+    msg.set_chunk_index(c);
+    msg.set_chunk_count(chunks);
+    const size_t begin = static_cast<size_t>(c) * kMaxChunkBytes;
+    const size_t end = std::min(size, begin + kMaxChunkBytes);
+    msg.mutable_hidden()->set_data(bytes + begin, end - begin);
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+absl::StatusOr<bool> ChunkAssembler::Add(v1::StepRequest&& chunk) {
+  const uint32_t count = std::max<uint32_t>(chunk.chunk_count(), 1);
+  if (chunk.chunk_index() != expected_) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", chunk.step_id(), ": chunk ", chunk.chunk_index(),
+                                                   " arrived, chunk ", expected_, " expected"));
+  }
+  if (expected_ == 0) {
+    pending_ = std::move(chunk);
+  } else {
+    if (chunk.step_id() != pending_.step_id() || count != pending_.chunk_count()) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk of step ", chunk.step_id(), " interleaved with step ",
+                                                     pending_.step_id()));
+    }
+    pending_.mutable_hidden()->mutable_data()->append(chunk.hidden().data());
+  }
+  if (pending_.hidden().data().size() > max_bytes_) {
+    expected_ = 0;
+    return absl::InvalidArgumentError(absl::StrCat("step ", pending_.step_id(), ": hidden states exceed ",
+                                                   max_bytes_, " bytes"));
+  }
+  ++expected_;
+  if (expected_ < count) return false;
+  expected_ = 0;
+  return true;
+}
+
+}  // namespace shardserve::service

@@ -1,0 +1,64 @@
+// Conversions between the stage data plane's protobuf messages and engine structs. The only place
+// (with the services) where worker code touches protobuf types.
+#ifndef SHARDSERVE_WORKER_SERVICE_CONVERT_H_
+#define SHARDSERVE_WORKER_SERVICE_CONVERT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "shardserve/v1/stage.pb.h"
+#include "worker/engine/sampling.h"
+#include "worker/engine/step_runner.h"
+
+namespace shardserve::service {
+
+// Largest hidden-state bytes carried by one StepRequest message; larger tensors are split into
+// chunks (StepRequest.chunk_index / chunk_count) and reassembled by the receiver.
+inline constexpr size_t kMaxChunkBytes = size_t{2} << 20;
+// gRPC message size limit configured on every stage server and channel (chunks + headroom).
+inline constexpr int kMaxMessageBytes = 8 << 20;
+
+// One sequence of a micro-batch as the stage sees it.
+struct StageSequence {
+  engine::StepSequence step;       // slot, positions, tokens (first stage) or num_tokens
+  bool sample = false;             // the last stage samples for it
+  engine::SamplingParams sampling;
+  uint64_t sample_index = 0;
+  std::string request_id;
+};
+
+// A micro-batch, reassembled.
+struct StageBatch {
+  uint64_t step_id = 0;
+  std::vector<StageSequence> sequences;
+  std::vector<float> hidden;  // [total tokens, hidden] (empty for the first stage)
+};
+
+// Converts a complete (reassembled) request. InvalidArgument naming the problem for a bad dtype,
+// a shape that disagrees with the sequences' token counts or `hidden_size`, or bad sampling params.
+absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size);
+
+// Builds the messages that carry `batch` to the next stage: sequences without token ids,
+// hidden states as F32 bytes [tokens, hidden_size], split into chunks of at most kMaxChunkBytes.
+std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden_size);
+
+// Reassembles chunked StepRequests. Feed messages in order; Add() returns true when a request is
+// complete (then take it with Take()). InvalidArgument for out-of-order or inconsistent chunks or a
+// total above `max_bytes`.
+class ChunkAssembler {
+ public:
+  explicit ChunkAssembler(size_t max_bytes) : max_bytes_(max_bytes) {}
+  absl::StatusOr<bool> Add(v1::StepRequest&& chunk);
+  v1::StepRequest Take() { return std::move(pending_); }
+
+ private:
+  size_t max_bytes_;
+  v1::StepRequest pending_;
+  uint32_t expected_ = 0;  // next chunk index; 0 = between requests
+};
+
+}  // namespace shardserve::service
+
+#endif  // SHARDSERVE_WORKER_SERVICE_CONVERT_H_

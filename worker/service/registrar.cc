@@ -1,0 +1,100 @@
+#include "worker/service/registrar.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/log/log.h"
+
+namespace shardserve::service {
+namespace {
+
+constexpr auto kCallDeadline = std::chrono::seconds(5);
+
+}  // namespace
+
+Registrar::Registrar(const std::string& coordinator_address, v1::RegisterRequest registration,
+                     std::function<WorkerStatusSnapshot()> status)
+    : coordinator_address_(coordinator_address),
+      registration_(std::move(registration)),
+      status_(std::move(status)),
+      stub_(v1::Registry::NewStub(grpc::CreateChannel(coordinator_address, grpc::InsecureChannelCredentials()))) {}
+
+Registrar::~Registrar() { Stop(); }
+
+void Registrar::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void Registrar::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Registrar::worker_id() const {
+  std::lock_guard lock(mu_);
+  return worker_id_;
+}
+
+bool Registrar::Sleep(int64_t ms) {
+  std::unique_lock lock(mu_);
+  return !cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stop_; });
+}
+
+void Registrar::Loop() {
+  int64_t backoff_ms = 200;
+  int64_t interval_ms = 1000;
+  std::string id;
+  while (true) {
+    {
+      std::lock_guard lock(mu_);
+      if (stop_) return;
+    }
+    if (id.empty()) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+      v1::RegisterResponse response;
+      grpc::Status st = stub_->Register(&ctx, registration_, &response);
+      if (!st.ok()) {
+        LOG(WARNING) << "registering with the coordinator at " << coordinator_address_ << " failed: "
+                     << st.error_message() << "; retrying in " << backoff_ms << " ms";
+        if (!Sleep(backoff_ms)) return;
+        backoff_ms = std::min<int64_t>(backoff_ms * 2, 5000);
+        continue;
+      }
+      id = response.worker_id();
+      interval_ms = std::clamp<int64_t>(response.heartbeat_interval_ms(), 50, 60000);
+      backoff_ms = 200;
+      {
+        std::lock_guard lock(mu_);
+        worker_id_ = id;
+      }
+      LOG(INFO) << "registered with the coordinator at " << coordinator_address_ << " as " << id;
+    }
+    const WorkerStatusSnapshot s = status_();
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(id);
+    hb.set_state(s.state);
+    hb.set_assignment_id(s.assignment_id);
+    hb.set_error(s.error);
+    hb.set_kv_slots(s.kv_slots);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+    v1::HeartbeatResponse response;
+    grpc::Status st = stub_->Heartbeat(&ctx, hb, &response);
+    if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
+      LOG(WARNING) << "the coordinator no longer knows worker " << id << "; registering again";
+      id.clear();
+      std::lock_guard lock(mu_);
+      worker_id_.clear();
+      continue;
+    }
+    if (!st.ok()) LOG(WARNING) << "heartbeat failed: " << st.error_message();
+    if (!Sleep(interval_ms)) return;
+  }
+}
+
+}  // namespace shardserve::service

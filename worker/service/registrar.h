@@ -1,0 +1,49 @@
+// Registrar: keeps a worker registered with the coordinator. It registers (retrying with backoff
+// until the coordinator answers), then sends a heartbeat with the worker's state every interval
+// the coordinator asked for; a NOT_FOUND heartbeat (the coordinator restarted or declared the
+// worker dead) makes it register again. Every call has a deadline.
+#ifndef SHARDSERVE_WORKER_SERVICE_REGISTRAR_H_
+#define SHARDSERVE_WORKER_SERVICE_REGISTRAR_H_
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "shardserve/v1/control.grpc.pb.h"
+#include "worker/service/worker_server.h"
+
+namespace shardserve::service {
+
+class Registrar {
+ public:
+  // `status` is called from the registrar's thread for every heartbeat.
+  Registrar(const std::string& coordinator_address, v1::RegisterRequest registration,
+            std::function<WorkerStatusSnapshot()> status);
+  ~Registrar();  // Stop()
+  void Start();
+  void Stop();
+  // The id the coordinator gave; empty while unregistered. Thread-safe.
+  std::string worker_id() const;
+
+ private:
+  void Loop();
+  // Waits up to `ms`, returning false when stopping.
+  bool Sleep(int64_t ms);
+
+  const std::string coordinator_address_;
+  const v1::RegisterRequest registration_;
+  const std::function<WorkerStatusSnapshot()> status_;
+  std::unique_ptr<v1::Registry::Stub> stub_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;      // guarded by mu_
+  std::string worker_id_;  // mu_
+  std::thread thread_;
+};
+
+}  // namespace shardserve::service
+
+#endif  // SHARDSERVE_WORKER_SERVICE_REGISTRAR_H_

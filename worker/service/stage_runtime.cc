@@ -1,0 +1,103 @@
+#include "worker/service/stage_runtime.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+#include "common/status/macros.h"
+#include "worker/service/convert.h"
+
+namespace shardserve::service {
+
+StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
+    : runner_(std::move(runner)), config_(std::move(config)) {}
+
+StageRuntime::~StageRuntime() { Cancel(); }
+
+void StageRuntime::Cancel() {
+  std::lock_guard lock(mu_);
+  if (context_ != nullptr) context_->TryCancel();
+}
+
+v1::StepResponse StageRuntime::Run(const v1::StepRequest& request) {
+  absl::StatusOr<v1::StepResponse> r = RunOrError(request);
+  if (r.ok()) return *std::move(r);
+  v1::StepResponse failed;
+  failed.set_step_id(request.step_id());
+  failed.set_error_code(static_cast<int32_t>(r.status().code()));
+  failed.set_error_message(std::string(r.status().message()));
+  return failed;
+}
+
+absl::StatusOr<v1::StepResponse> StageRuntime::RunOrError(const v1::StepRequest& request) {
+  const int64_t hidden = runner_->spec().hidden_size;
+  ASSIGN_OR_RETURN(StageBatch batch, FromProto(request, hidden));
+  std::vector<engine::StepSequence> steps;
+  steps.reserve(batch.sequences.size());
+  for (const StageSequence& s : batch.sequences) steps.push_back(s.step);
+  ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.hidden));
+  if (!is_last()) {
+    batch.hidden = std::move(result.hidden);
+    return Forward(ToNextStage(batch, hidden));
+  }
+  v1::StepResponse response;
+  response.set_step_id(batch.step_id);
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const StageSequence& s = batch.sequences[i];
+    if (!s.sample) continue;
+    const std::vector<float>& logits = result.logits[i];
+    const size_t vocab = static_cast<size_t>(runner_->spec().vocab_size);
+    // The last row holds the logits of the sequence's last new token.
+    absl::Span<const float> row(logits.data() + logits.size() - vocab, vocab);
+    response.add_token_ids(sampler_.Sample(row, s.sampling, s.sample_index));
+  }
+  return response;
+}
+
+absl::StatusOr<v1::StepResponse> StageRuntime::Forward(const std::vector<v1::StepRequest>& messages) {
+  grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>* stream = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (stream_ == nullptr) {
+      if (channel_ == nullptr) {
+        grpc::ChannelArguments args;
+        args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+        args.SetMaxSendMessageSize(kMaxMessageBytes);
+        channel_ = grpc::CreateCustomChannel(config_.next_address, grpc::InsecureChannelCredentials(), args);
+        stub_ = v1::Stage::NewStub(channel_);
+      }
+      context_ = std::make_unique<grpc::ClientContext>();
+      stream_ = stub_->StepStream(context_.get());
+    }
+    stream = stream_.get();
+  }
+  for (const v1::StepRequest& m : messages) {
+    if (!stream->Write(m)) {
+      ResetDownstream();
+      return absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " closed the stream"));
+    }
+  }
+  v1::StepResponse response;
+  if (!stream->Read(&response)) {
+    ResetDownstream();
+    return absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " did not answer"));
+  }
+  return response;
+}
+
+void StageRuntime::ResetDownstream() {
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
+  std::unique_ptr<grpc::ClientContext> context;
+  {
+    std::lock_guard lock(mu_);
+    stream = std::move(stream_);
+    context = std::move(context_);
+  }
+  if (context != nullptr) context->TryCancel();
+  if (stream != nullptr) {
+    grpc::Status st = stream->Finish();
+    LOG(WARNING) << "stream to next stage " << config_.next_address << " ended: " << st.error_message();
+  }
+}
+
+}  // namespace shardserve::service

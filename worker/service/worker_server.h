@@ -1,0 +1,95 @@
+// WorkerServer: what a worker daemon serves — the Worker service (assignments pushed by the
+// coordinator), the Stage service (the data-plane stream from the previous hop) — and the state
+// its heartbeats report.
+//
+// Threads: gRPC reactions only validate and enqueue. One stage thread runs micro-batches in
+// arrival order on the loaded StageRuntime (which owns the rank threads); one loader thread at a
+// time loads an assignment. The stage's job queue is bounded: a full queue answers the step with
+// RESOURCE_EXHAUSTED.
+#ifndef SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
+#define SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardserve/v1/control.grpc.pb.h"
+#include "shardserve/v1/stage.grpc.pb.h"
+#include "worker/kernels/backend.h"
+#include "worker/service/stage_runtime.h"
+
+namespace shardserve::service {
+
+struct WorkerOptions {
+  kernels::DeviceKind kind = kernels::DeviceKind::kCpu;
+  int cpu_ranks = 1;
+  int cpu_threads = 1;
+  std::vector<int> cuda_devices;
+  size_t max_queued_steps = 64;
+};
+
+// What heartbeats report.
+struct WorkerStatusSnapshot {
+  v1::WorkerState state = v1::WORKER_STATE_IDLE;
+  std::string assignment_id;
+  std::string error;
+  int64_t kv_slots = 0;
+};
+
+class WorkerServer {
+ public:
+  explicit WorkerServer(WorkerOptions options);
+  ~WorkerServer();  // Shutdown() + join
+  WorkerServer(const WorkerServer&) = delete;
+  WorkerServer& operator=(const WorkerServer&) = delete;
+
+  // The services to register on the worker's grpc::Server; owned by this object.
+  grpc::Service* worker_service();
+  grpc::Service* stage_service();
+
+  // Thread-safe.
+  WorkerStatusSnapshot Status() const;
+  // The devices this worker offers (for registration).
+  std::vector<v1::Device> Devices() const;
+
+  // Validates and starts loading `assignment` in the background (replacing the current one once
+  // loaded). InvalidArgument naming the bad field.
+  absl::Status Assign(const v1::Assignment& assignment);
+
+  // A micro-batch for the stage thread; `done` receives the response (on the stage thread, or
+  // inline when the queue is full or the worker is shutting down).
+  void Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done);
+
+  // Stops the stage and loader threads; queued steps are answered with UNAVAILABLE.
+  void Shutdown();
+
+ private:
+  struct Job {
+    v1::StepRequest request;
+    std::function<void(v1::StepResponse)> done;
+  };
+  void StageLoop();
+  void Load(v1::Assignment assignment);
+
+  const WorkerOptions options_;
+  std::unique_ptr<grpc::Service> worker_service_;
+  std::unique_ptr<grpc::Service> stage_service_;
+
+  mutable std::mutex mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<Job> jobs_;                       // guarded by mu_
+  bool stopping_ = false;                      // mu_
+  WorkerStatusSnapshot status_;                // mu_
+  std::shared_ptr<StageRuntime> runtime_;      // mu_; replaced when a new assignment is loaded
+  std::thread loader_;                         // joined before starting another; mu_
+  std::thread stage_thread_;
+};
+
+}  // namespace shardserve::service
+
+#endif  // SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
