@@ -13,7 +13,7 @@ BACKEND_HEADERS = ("cuda_runtime.h", "cuda.h", "cublas_v2.h", "cublasLt.h", "ncc
 
 
 def ours(path):
-    return path.split("/")[0] in ("common", "worker", "coordinator", "sdk", "proto", "tests")
+    return path.split("/")[0] in ("common", "worker", "coordinator", "sdk", "proto", "tests", "shardserve")
 
 
 def rules(src, inc):
@@ -23,6 +23,11 @@ def rules(src, inc):
         return "production code includes tests/"
     if top == "common" and ours(inc) and not inc.startswith("common/") and not inc.startswith("shardserve/v1/"):
         return "common/ may include only common/ (and generated proto code)"
+    if src.startswith("sdk/cpp/") and ours(inc) and not inc.startswith("shardserve/"):
+        return "the C++ client library (sdk/cpp) depends on the generated protocol code only"
+    if src.startswith("sdk/") and (inc.startswith("worker/") or
+                                   (inc.startswith("coordinator/") and not inc.startswith("coordinator/planner/"))):
+        return "sdk/ may use proto, common/ and the pure planner only"
     if top == "worker" and inc.startswith("coordinator/"):
         return "worker/ never includes coordinator/"
     if top == "coordinator" and inc.startswith("worker/"):

@@ -1,0 +1,163 @@
+// shardserve: the command-line client of a shardserve cluster.
+//
+//   shardserve generate --server=HOST:PORT --prompt "TEXT" --max_tokens 32 --temperature 0
+//   shardserve generate --server=HOST:PORT --prompt_ids 1,2,3 --print_ids
+//   shardserve status   --server=HOST:PORT
+//   shardserve plan     --model=DIR --workers=a=cpu:2x8GiB,b=cpu:2x8GiB [--tp --pp --replicas]
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model_spec/model_spec.h"
+#include "common/plan/plan.h"
+#include "coordinator/planner/planner.h"
+#include "sdk/cli/cli_parse.h"
+#include "shardserve/client.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:7000", "coordinator address HOST:PORT");
+ABSL_FLAG(std::string, prompt, "", "prompt text");
+ABSL_FLAG(std::string, prompt_ids, "", "prompt token ids, comma-separated, used exactly as given");
+ABSL_FLAG(bool, print_ids, false, "print only the generated ids, comma-separated, on one line");
+ABSL_FLAG(int32_t, max_tokens, 64, "tokens to generate");
+ABSL_FLAG(double, temperature, 0.0, "sampling temperature; 0 = greedy");
+ABSL_FLAG(int32_t, top_k, 0, "sample from the k most likely tokens; 0 = all");
+ABSL_FLAG(double, top_p, 1.0, "nucleus sampling threshold in (0, 1]");
+ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
+ABSL_FLAG(bool, ignore_eos, false, "do not stop at the model's EOS tokens");
+ABSL_FLAG(int32_t, timeout_s, 600, "deadline of each call, seconds");
+ABSL_FLAG(std::string, model, "", "plan: model directory (config.json)");
+ABSL_FLAG(std::string, workers, "", "plan: workers as NAME=KIND:COUNTxSIZE,... (e.g. a=cuda:8x80GiB)");
+ABSL_FLAG(int32_t, tp, 0, "plan: tensor-parallel ranks per stage; 0 = auto");
+ABSL_FLAG(int32_t, pp, 0, "plan: pipeline stages; 0 = auto");
+ABSL_FLAG(int32_t, replicas, 0, "plan: replicas; 0 = auto");
+ABSL_FLAG(int64_t, max_seq_len, 0, "plan: longest sequence; 0 = the model's context");
+
+namespace shardserve {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Client>> Connect() {
+  return Client::Connect(absl::GetFlag(FLAGS_server),
+                         {.timeout = std::chrono::seconds(std::max(1, absl::GetFlag(FLAGS_timeout_s)))});
+}
+
+absl::Status GenerateCommand() {
+  const std::string text = absl::GetFlag(FLAGS_prompt);
+  const std::string ids = absl::GetFlag(FLAGS_prompt_ids);
+  if (text.empty() == ids.empty()) return absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids");
+  Prompt prompt = Prompt::Text(text);
+  if (!ids.empty()) {
+    auto parsed = cli::ParseIds(ids);
+    if (!parsed.ok()) return parsed.status();
+    prompt = Prompt::Ids(*parsed);
+  }
+  GenerateOptions o{.max_tokens = absl::GetFlag(FLAGS_max_tokens),
+                    .temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature)),
+                    .top_k = absl::GetFlag(FLAGS_top_k),
+                    .top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p)),
+                    .seed = absl::GetFlag(FLAGS_seed),
+                    .ignore_eos = absl::GetFlag(FLAGS_ignore_eos)};
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  const bool print_ids = absl::GetFlag(FLAGS_print_ids);
+  std::vector<int32_t> all;
+  std::string finish;
+  absl::Status st = (*client)->Generate(prompt, o, [&](const GenerateDelta& d) {
+    all.insert(all.end(), d.token_ids.begin(), d.token_ids.end());
+    if (!print_ids) std::cout << d.text << std::flush;
+    if (d.finished) finish = d.finish_reason;
+    return true;
+  });
+  if (!st.ok()) return st;
+  if (print_ids) {
+    std::cout << absl::StrJoin(all, ",") << "\n";
+  } else {
+    std::cout << "\n";
+    std::cerr << "finish_reason: " << finish << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StatusCommand() {
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  auto info = (*client)->ClusterStatus();
+  if (!info.ok()) return info.status();
+  std::cout << "cluster: " << (info->ready ? "ready" : "not ready") << (info->reason.empty() ? "" : " (" + info->reason + ")")
+            << "\nmodel: " << info->model_path << "\nsequences: " << info->running_sequences << " running, "
+            << info->waiting_sequences << " waiting\n\n";
+  std::vector<std::vector<std::string>> rows = {{"WORKER", "NODE", "ADDRESS", "STATE", "DEVICES", "ASSIGNMENT", "ERROR"}};
+  for (const WorkerInfo& w : info->workers) {
+    rows.push_back({w.worker_id, w.node_name, w.address, w.state, w.devices, w.assignment, w.error});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows) {
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  for (const auto& r : rows) {
+    for (size_t i = 0; i < r.size(); ++i) {
+      std::cout << r[i] << (i + 1 < r.size() ? std::string(width[i] - r[i].size() + 2, ' ') : "");
+    }
+    std::cout << "\n";
+  }
+  if (!info->plan.empty()) std::cout << "\n" << info->plan << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status PlanCommand() {
+  if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("plan needs --model");
+  auto spec = LoadModelSpec(absl::GetFlag(FLAGS_model));
+  if (!spec.ok()) return spec.status();
+  auto workers = cli::ParseWorkers(absl::GetFlag(FLAGS_workers));
+  if (!workers.ok()) return workers.status();
+  PlanPolicy policy;
+  policy.tp = absl::GetFlag(FLAGS_tp);
+  policy.pp = absl::GetFlag(FLAGS_pp);
+  policy.replicas = absl::GetFlag(FLAGS_replicas);
+  policy.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  auto plan = MakePlan(*spec, *workers, policy);
+  if (!plan.ok()) return plan.status();
+  std::cout << PlanToString(*plan) << "\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace shardserve
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "shardserve generate|status|plan [flags]\n"
+      "  generate --server=HOST:PORT --prompt \"TEXT\" --max_tokens N --temperature 0\n"
+      "  status   --server=HOST:PORT\n"
+      "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]");
+  if (argc < 2 || argv[1][0] == '-') {
+    std::cerr << "usage: shardserve generate|status|plan [flags] (--help for the flags)\n";
+    return 2;
+  }
+  const std::string command = argv[1];
+  std::vector<char*> args = {argv[0]};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  const std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (rest.size() > 1) {
+    std::cerr << "shardserve: unexpected argument \"" << rest[1] << "\"\n";
+    return 2;
+  }
+  absl::Status st;
+  if (command == "generate") st = shardserve::GenerateCommand();
+  else if (command == "status") st = shardserve::StatusCommand();
+  else if (command == "plan") st = shardserve::PlanCommand();
+  else {
+    std::cerr << "shardserve: unknown command \"" << command << "\" (generate, status, plan)\n";
+    return 2;
+  }
+  if (!st.ok()) {
+    std::cerr << "shardserve " << command << ": " << st << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,209 @@
+// shardserve-local: a whole cluster on this machine — one coordinator and N workers as separate
+// processes on 127.0.0.1 — for demos, tests and development without Kubernetes.
+//
+//   shardserve-local --model=DIR --workers=2 --devices_per_worker=cpu:2 [--tp --pp --replicas] [--port]
+//
+// Waits until the cluster is ready, then prints "ready: coordinator at HOST:PORT" on a line of its
+// own and keeps running; SIGINT/SIGTERM stop every process. Exits non-zero (naming the cause) when
+// the cluster cannot become ready or a process dies.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "shardserve/client.h"
+
+ABSL_FLAG(std::string, model, "", "model directory (config.json + safetensors [+ tokenizer])");
+ABSL_FLAG(int32_t, workers, 1, "worker processes");
+ABSL_FLAG(std::string, devices_per_worker, "cpu:1", "each worker's --devices (cpu:N, cuda:all, cuda:0,1)");
+ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = auto");
+ABSL_FLAG(int32_t, pp, 0, "pipeline stages; 0 = auto");
+ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
+ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
+ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once");
+ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
+ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
+ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to become ready");
+ABSL_FLAG(std::string, bin_dir, "", "where shardserve-coordinator and shardserve-worker are (default: next to this binary)");
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+};
+
+pid_t Spawn(const std::vector<std::string>& argv) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  // Child: die with the launcher.
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(1);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  std::cerr << "shardserve-local: cannot run " << argv[0] << ": " << std::strerror(errno) << "\n";
+  _exit(127);
+}
+
+// Returns the name of a child that has exited (and reaps it), or empty.
+std::string DeadChild(std::vector<Child>& children, int* status) {
+  for (Child& c : children) {
+    if (c.pid <= 0) continue;
+    if (waitpid(c.pid, status, WNOHANG) == c.pid) {
+      c.pid = -1;
+      return c.name;
+    }
+  }
+  return "";
+}
+
+void StopAll(std::vector<Child>& children) {
+  for (const Child& c : children) {
+    if (c.pid > 0) kill(c.pid, SIGTERM);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (Child& c : children) {
+    while (c.pid > 0) {
+      if (waitpid(c.pid, nullptr, WNOHANG) == c.pid) {
+        c.pid = -1;
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, nullptr, 0);
+        c.pid = -1;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("run a shardserve cluster on this machine: --model=DIR --workers=N --devices_per_worker=cpu:M");
+  absl::ParseCommandLine(argc, argv);
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const int workers = absl::GetFlag(FLAGS_workers);
+  if (model.empty()) {
+    std::cerr << "shardserve-local: --model is required\n";
+    return 2;
+  }
+  if (workers < 1 || workers > 64) {
+    std::cerr << "shardserve-local: --workers must be in [1, 64]\n";
+    return 2;
+  }
+  std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  if (bin_dir.empty()) {
+    std::error_code ec;
+    bin_dir = std::filesystem::canonical("/proc/self/exe", ec).parent_path().string();
+  }
+  int port = absl::GetFlag(FLAGS_port);
+  if (port == 0) port = FreePort();
+  if (port <= 0 || port > 65535) {
+    std::cerr << "shardserve-local: no usable coordinator port\n";
+    return 1;
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+
+  std::vector<Child> children;
+  children.push_back({"coordinator",
+                      Spawn({bin_dir + "/shardserve-coordinator", "--listen=" + address, "--model=" + model,
+                             absl::StrCat("--expected_workers=", workers), absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)),
+                             absl::StrCat("--pp=", absl::GetFlag(FLAGS_pp)),
+                             absl::StrCat("--replicas=", absl::GetFlag(FLAGS_replicas)),
+                             absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
+                             absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
+                             absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens))})});
+  for (int i = 0; i < workers; ++i) {
+    children.push_back({absl::StrCat("worker ", i),
+                        Spawn({bin_dir + "/shardserve-worker", "--coordinator=" + address, "--listen=127.0.0.1:0",
+                               "--devices=" + absl::GetFlag(FLAGS_devices_per_worker),
+                               absl::StrCat("--node_name=local-", i)})});
+  }
+  auto client = shardserve::Client::Connect(address, {.timeout = std::chrono::seconds(5)});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_ready_timeout_s));
+  std::string last_reason = "the coordinator did not answer";
+  bool ready = false;
+  int status = 0;
+  while (!g_stop && !ready) {
+    if (std::string dead = DeadChild(children, &status); !dead.empty()) {
+      std::cerr << "shardserve-local: " << dead << " exited (status " << status << ") before the cluster was ready\n";
+      StopAll(children);
+      return 1;
+    }
+    auto info = (*client)->ClusterStatus();
+    if (info.ok()) {
+      ready = info->ready;
+      last_reason = info->reason;
+      for (const auto& w : info->workers) {
+        if (w.state == "failed") {
+          std::cerr << "shardserve-local: worker " << w.worker_id << " (" << w.node_name << ") failed: " << w.error << "\n";
+          StopAll(children);
+          return 1;
+        }
+      }
+    }
+    if (ready) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::cerr << "shardserve-local: the cluster was not ready after " << absl::GetFlag(FLAGS_ready_timeout_s)
+                << " s: " << last_reason << "\n";
+      StopAll(children);
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (ready) {
+    std::cout << "ready: coordinator at " << address << std::endl;
+  }
+  while (!g_stop) {
+    if (std::string dead = DeadChild(children, &status); !dead.empty()) {
+      std::cerr << "shardserve-local: " << dead << " exited (status " << status << "); stopping the cluster\n";
+      StopAll(children);
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  StopAll(children);
+  return 0;
+}
