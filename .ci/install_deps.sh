@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev libsentencepiece-dev nlohmann-json3-dev libpcre2-dev
+  libopenblas-dev libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libicu-dev
   clang libclang-rt-14-dev
 )
 missing=()

@@ -1,7 +1,8 @@
-// Encode throughput of each tokenizer implementation on about 1 MB of text, plus whole-sequence
-// and streamed decode of the resulting ids. Run from the repository root:
+// Encode throughput of each tokenizer implementation on about 1 MB of text (prose, and random
+// words that defeat the per-call word cache), plus whole-sequence and streamed decode of the
+// prose's ids. Run from the repository root:
 //
-//   build/bin/tokenizer_bench
+//   build/bin/shardserve-bench-tokenizer
 //
 // MB is 10^6 bytes of UTF-8 input. Each figure is the best of several runs (at least 3, and at
 // least about a second of work), single-threaded.
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,24 @@ std::string MakeText(size_t bytes) {
   return text;
 }
 
+// Words of random letters (a few accented) with random punctuation and numbers: nearly every word
+// is new, so this is the worst case for the per-call word cache.
+std::string MakeRandomWords(size_t bytes) {
+  static const char* const kLetters[] = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n",
+                                         "o", "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z", "é", "ö"};
+  static const char* const kSeparators[] = {" ", " ", " ", " ", " ", ", ", ". ", "\n", "  ", "? "};
+  std::mt19937 rng(42);
+  std::string text;
+  text.reserve(bytes + 64);
+  while (text.size() < bytes) {
+    const int len = 1 + static_cast<int>(rng() % 9);
+    for (int i = 0; i < len; ++i) text += kLetters[rng() % 28];
+    if (rng() % 11 == 0) text += std::to_string(rng() % 100000);
+    text += kSeparators[rng() % 10];
+  }
+  return text;
+}
+
 // Best seconds per call of `fn` over at least 3 runs and about `min_seconds` in total.
 double BestSeconds(const std::function<void()>& fn, double min_seconds = 1.0) {
   using Clock = std::chrono::steady_clock;
@@ -70,7 +90,9 @@ struct Candidate {
 
 int Run() {
   const std::string text = MakeText(1'000'000);
+  const std::string random_words = MakeRandomWords(1'000'000);
   const double mb = static_cast<double>(text.size()) / 1e6;
+  const double random_mb = static_cast<double>(random_words.size()) / 1e6;
   const std::string g = "tests/golden/tokenizers/";
   const std::string stories = "../shared/models/stories260K";
   const Candidate candidates[] = {
@@ -79,12 +101,15 @@ int Run() {
       {"HF byte-level BPE, NFC + Qwen2 regex (bytelevel_qwen2)", g + "bytelevel_qwen2", false},
       {"HF Metaspace BPE + byte fallback (metaspace_bytefallback)", g + "metaspace_bytefallback", false},
       {"HF legacy Llama BPE, no pre-tokenizer (stories260K json)", stories, false},
-      {"SentencePiece BPE, libsentencepiece (spm_llama2)", g + "spm_llama2", false},
-      {"SentencePiece BPE, libsentencepiece (stories260K model)", stories, true},
+      {"SentencePiece BPE, native (spm_llama2)", g + "spm_llama2", false},
+      {"SentencePiece BPE + charsmap, native (spm_charsmap)", g + "spm_charsmap", false},
+      {"SentencePiece BPE, native (stories260K tokenizer.model)", stories, true},
   };
-  std::printf("input: %zu bytes of UTF-8 (%.2f MB)\n\n", text.size(), mb);
-  std::printf("%-58s %10s %10s %12s %12s %12s\n", "tokenizer", "tokens", "encode", "encode", "decode", "stream");
-  std::printf("%-58s %10s %10s %12s %12s %12s\n", "", "", "MB/s", "Mtok/s", "Mtok/s", "Mtok/s");
+  std::printf("prose: %zu bytes of UTF-8 (mostly English, some code, numbers, accents, CJK, emoji)\n", text.size());
+  std::printf("random: %zu bytes of random words (worst case for the word cache)\n\n", random_words.size());
+  std::printf("%-58s %9s %9s %9s %9s %9s %9s\n", "tokenizer", "tokens", "prose", "random", "encode", "decode",
+              "stream");
+  std::printf("%-58s %9s %9s %9s %9s %9s %9s\n", "", "(prose)", "MB/s", "MB/s", "Mtok/s", "Mtok/s", "Mtok/s");
   for (const Candidate& c : candidates) {
     if (!std::filesystem::exists(c.dir)) {
       std::printf("%-58s (skipped: %s not found)\n", c.name, c.dir.c_str());
@@ -113,6 +138,10 @@ int Run() {
       ok = ok && r.ok();
       if (r.ok()) ids = *std::move(r);
     });
+    const double random_s = BestSeconds([&] {
+      absl::StatusOr<std::vector<int32_t>> r = tok.Encode(random_words, /*add_special_tokens=*/false);
+      ok = ok && r.ok();
+    });
     size_t decoded_bytes = 0;
     const double decode_s = BestSeconds([&] {
       absl::StatusOr<std::string> r = tok.Decode(ids, /*skip_special_tokens=*/true);
@@ -135,8 +164,8 @@ int Run() {
       return 1;
     }
     const double n = static_cast<double>(ids.size());
-    std::printf("%-58s %10zu %10.2f %12.3f %12.3f %12.3f\n", c.name, ids.size(), mb / encode_s, n / encode_s / 1e6,
-                n / decode_s / 1e6, n / stream_s / 1e6);
+    std::printf("%-58s %9zu %9.2f %9.2f %9.3f %9.3f %9.3f\n", c.name, ids.size(), mb / encode_s, random_mb / random_s,
+                n / encode_s / 1e6, n / decode_s / 1e6, n / stream_s / 1e6);
   }
   return 0;
 }
