@@ -14,6 +14,7 @@
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/macros.h"
+#include "common/tokenizer/tokenizer.h"
 #include "worker/engine/generator.h"
 #include "worker/engine/executor.h"
 #include "worker/kernels/registry.h"
@@ -53,11 +54,15 @@ absl::Status Run() {
   if (ids_text.empty() == text.empty()) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids");
   }
+  // The model's tokenizer, when its directory has one: needed for text prompts, and used to
+  // print the answer as text.
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
   if (!text.empty()) {
-    return absl::UnimplementedError("text prompts need the tokenizer, which this build does not have yet; "
-                                    "use --prompt_ids");
+    if (!tokenizer.ok()) return tokenizer.status();
+    ASSIGN_OR_RETURN(req.prompt, (*tokenizer)->Encode(text, /*add_special_tokens=*/true));
+  } else {
+    ASSIGN_OR_RETURN(req.prompt, run::ParseTokenIds(ids_text));
   }
-  ASSIGN_OR_RETURN(req.prompt, run::ParseTokenIds(ids_text));
   ASSIGN_OR_RETURN(run::DeviceChoice dev, run::ParseDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_threads),
                                                             kernels::CudaDeviceCount()));
 
@@ -72,13 +77,29 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_stop_at_eos)) {
     for (int64_t id : spec.eos_token_ids) req.stop_ids.push_back(static_cast<int32_t>(id));
   }
-  const bool print_ids = absl::GetFlag(FLAGS_print_ids);
-  ASSIGN_OR_RETURN(auto results, engine::Generate(*model, {req}));
-  if (print_ids) {
-    std::cout << absl::StrJoin(results[0].tokens, ",") << "\n";
+  const bool as_text = !absl::GetFlag(FLAGS_print_ids) && tokenizer.ok();
+  std::unique_ptr<StreamDecoder> decoder;
+  if (as_text) decoder = (*tokenizer)->NewStreamDecoder(/*skip_special_tokens=*/true);
+  absl::Status decode_status;
+  auto on_token = [&](size_t, int32_t id) {
+    if (!as_text || !decode_status.ok()) return;
+    absl::StatusOr<std::string> piece = decoder->Next(id);
+    if (!piece.ok()) {
+      decode_status = piece.status();
+      return;
+    }
+    std::cout << *piece << std::flush;  // streamed as tokens arrive
+  };
+  ASSIGN_OR_RETURN(auto results, engine::Generate(*model, {req}, on_token));
+  RETURN_IF_ERROR(decode_status);
+  if (as_text) {
+    std::cout << decoder->Finish() << "\n";
   } else {
     std::cout << absl::StrJoin(results[0].tokens, ",") << "\n";
-    std::cerr << "finish_reason: " << engine::FinishReasonName(results[0].finish) << "\n";
+  }
+  if (!absl::GetFlag(FLAGS_print_ids)) {
+    std::cerr << "finish_reason: " << engine::FinishReasonName(results[0].finish) << ", " << results[0].tokens.size()
+              << " tokens\n";
   }
   return absl::OkStatus();
 }

@@ -36,6 +36,28 @@ class GreedyIds(unittest.TestCase):
         self.assertEqual(out.strip(), ",".join(map(str, case["greedy_ids"])))
 
 
+    def test_stories260k_text_prompts(self):
+        ref = json.load(open("tests/golden/stories260K_reference.json"))
+        for case in ref["cases"]:
+            if not case["prompt_text"]:
+                continue
+            n = str(len(case["greedy_ids"]))
+            code, out, err = run("--model", "../shared/models/stories260K", "--prompt", case["prompt_text"],
+                                 "--max_tokens", n, "--print_ids")
+            self.assertEqual(code, 0, err)
+            self.assertEqual(out.strip(), ",".join(map(str, case["greedy_ids"])), case["prompt_text"])
+            code, out, err = run("--model", "../shared/models/stories260K", "--prompt", case["prompt_text"],
+                                 "--max_tokens", n)
+            self.assertEqual(code, 0, err)
+            self.assertTrue(out.strip(), case["prompt_text"])
+            self.assertIn(out.strip(), case["text"], case["prompt_text"])
+            for ranks in ["cpu:2", "cpu:4"]:
+                code, out2, err = run("--model", "../shared/models/stories260K", "--prompt", case["prompt_text"],
+                                      "--max_tokens", n, "--devices", ranks)
+                self.assertEqual(code, 0, err)
+                self.assertEqual(out2, out, ranks)
+
+
 class BadInput(unittest.TestCase):
     def expect_error(self, args, message, codes=(1, 2)):
         code, out, err = run(*args)
@@ -56,6 +78,8 @@ class BadInput(unittest.TestCase):
         self.expect_error(["--model", m, "--prompt_ids", "1", "--devices", "cuda"], "CUDA")
         self.expect_error(["--model", m, "--prompt_ids", "1", "--devices", "gpu"], "not a device")
         self.expect_error(["--model", m, "--prompt_ids", "1", "--bogus_flag"], "bogus_flag")
+        self.expect_error(["--model", m, "--prompt", "hello"], "no tokenizer.json or tokenizer.model")
+        self.expect_error(["--model", "../shared/models/stories260K", "--prompt", "caf\udcc3"], "UTF-8")
 
 
 if __name__ == "__main__":
