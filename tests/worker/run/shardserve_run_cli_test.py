@@ -58,6 +58,27 @@ class GreedyIds(unittest.TestCase):
                 self.assertEqual(out2, out, ranks)
 
 
+    def test_text_prompts_on_every_golden_model(self):
+        for name in ["llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral", "qwen2_moe",
+                     "llama_bf16_sharded"]:
+            model = f"tests/golden/models/{name}"
+            ref = json.load(open(f"{model}/tokenizer_reference.json"))
+            for case in ref["cases"]:
+                if not case["text"]:
+                    continue
+                code, by_text, err = run("--model", model, "--prompt", case["text"], "--max_tokens", "6",
+                                         "--print_ids", "--stop_at_eos=false")
+                self.assertEqual(code, 0, err)
+                code, by_ids, err = run("--model", model, "--prompt_ids", ",".join(map(str, case["ids"])),
+                                        "--max_tokens", "6", "--print_ids", "--stop_at_eos=false")
+                self.assertEqual(code, 0, err)
+                self.assertEqual(by_text, by_ids, f"{name}: {case['text']!r}")
+                code, text, err = run("--model", model, "--prompt", case["text"], "--max_tokens", "6",
+                                      "--stop_at_eos=false")
+                self.assertEqual(code, 0, err)
+                self.assertIn("finish_reason: length, 6 tokens", err)
+
+
 class BadInput(unittest.TestCase):
     def expect_error(self, args, message, codes=(1, 2)):
         code, out, err = run(*args)
@@ -78,7 +99,7 @@ class BadInput(unittest.TestCase):
         self.expect_error(["--model", m, "--prompt_ids", "1", "--devices", "cuda"], "CUDA")
         self.expect_error(["--model", m, "--prompt_ids", "1", "--devices", "gpu"], "not a device")
         self.expect_error(["--model", m, "--prompt_ids", "1", "--bogus_flag"], "bogus_flag")
-        self.expect_error(["--model", m, "--prompt", "hello"], "no tokenizer.json or tokenizer.model")
+        self.expect_error(["--model", "/tmp", "--prompt", "hello"], "/tmp/config.json")
         self.expect_error(["--model", "../shared/models/stories260K", "--prompt", "caf\udcc3"], "UTF-8")
 
 
