@@ -54,6 +54,7 @@ absl::Status Run() {
   if (ids_text.empty() == text.empty()) {
     return absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids");
   }
+  ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
   // The model's tokenizer, when its directory has one: needed for text prompts, and used to
   // print the answer as text.
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
@@ -66,7 +67,6 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(run::DeviceChoice dev, run::ParseDevices(absl::GetFlag(FLAGS_devices), absl::GetFlag(FLAGS_threads),
                                                             kernels::CudaDeviceCount()));
 
-  ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
   engine::ExecutorOptions options{.kind = dev.kind,
                                   .cpu_ranks = dev.cpu_ranks,

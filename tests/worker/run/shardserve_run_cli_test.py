@@ -9,6 +9,11 @@ import unittest
 BINARY = None
 
 
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def run(*args):
     p = subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=120)
     return p.returncode, p.stdout, p.stderr
@@ -17,7 +22,7 @@ def run(*args):
 class GreedyIds(unittest.TestCase):
     def test_golden_models_match_transformers(self):
         for name in ["llama", "mixtral", "qwen2_moe", "llama_bf16_sharded"]:
-            ref = json.load(open(f"tests/golden/models/{name}/reference.json"))
+            ref = load_json(f"tests/golden/models/{name}/reference.json")
             case = ref["cases"][2]
             code, out, err = run("--model", f"tests/golden/models/{name}",
                                  "--prompt_ids", ",".join(map(str, case["prompt_ids"])),
@@ -27,7 +32,7 @@ class GreedyIds(unittest.TestCase):
             self.assertEqual(out.strip(), ",".join(map(str, case["greedy_ids"])), name)
 
     def test_stories260k_from_bos(self):
-        ref = json.load(open("tests/golden/stories260K_reference.json"))
+        ref = load_json("tests/golden/stories260K_reference.json")
         case = ref["cases"][0]
         self.assertEqual(case["prompt_ids"], [1])
         code, out, err = run("--model", "../shared/models/stories260K", "--prompt_ids", "1",
@@ -37,7 +42,7 @@ class GreedyIds(unittest.TestCase):
 
 
     def test_stories260k_text_prompts(self):
-        ref = json.load(open("tests/golden/stories260K_reference.json"))
+        ref = load_json("tests/golden/stories260K_reference.json")
         for case in ref["cases"]:
             if not case["prompt_text"]:
                 continue
@@ -62,7 +67,7 @@ class GreedyIds(unittest.TestCase):
         for name in ["llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral", "qwen2_moe",
                      "llama_bf16_sharded"]:
             model = f"tests/golden/models/{name}"
-            ref = json.load(open(f"{model}/tokenizer_reference.json"))
+            ref = load_json(f"{model}/tokenizer_reference.json")
             for case in ref["cases"]:
                 if not case["text"]:
                     continue
