@@ -198,4 +198,10 @@ std::vector<size_t> TpExecutor::WeightBytesPerRank() const {
   return bytes;
 }
 
+std::vector<size_t> TpExecutor::KvCacheBytesPerRank() const {
+  std::vector<size_t> bytes;
+  for (const auto& rank : ranks_) bytes.push_back(rank->model->kv_cache_bytes());
+  return bytes;
+}
+
 }  // namespace shardserve::engine

@@ -49,6 +49,8 @@ class TpExecutor final : public StepRunner {
   int ranks() const { return static_cast<int>(ranks_.size()); }
   // Device bytes of weights held by each rank.
   std::vector<size_t> WeightBytesPerRank() const;
+  // Device bytes of KV cache held by each rank.
+  std::vector<size_t> KvCacheBytesPerRank() const;
 
  private:
   struct Rank;

@@ -1,6 +1,7 @@
 #include "worker/engine/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numbers>
 
@@ -298,8 +299,14 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch, a
   }
   // Vocab-parallel logits: gather every rank's [rows, vpad] slice; rank 0 assembles [rows, vocab].
   RETURN_IF_ERROR(b.Synchronize());
+  const auto gather_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(options_.comm->AllGather(w.logits.as<float>(), w.gathered.as<float>(),
                                            static_cast<size_t>(rows * vpad)));
+  if (options_.observer != nullptr) {
+    options_.observer->OnCollective(
+        options_.shard.rank, "all_gather",
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - gather_start).count());
+  }
   if (options_.shard.rank != 0) return result;
   const int ranks = options_.shard.size;
   int64_t row = 0;
@@ -322,7 +329,13 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch, a
 absl::Status Model::AllReduce(float* data, int64_t count) {
   if (!tp()) return absl::OkStatus();
   RETURN_IF_ERROR(backend_->Synchronize());
-  return options_.comm->AllReduceSum(data, static_cast<size_t>(count));
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(options_.comm->AllReduceSum(data, static_cast<size_t>(count)));
+  if (options_.observer != nullptr) {
+    options_.observer->OnCollective(options_.shard.rank, "all_reduce",
+                                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Model::Layer(int64_t layer, int64_t tokens, const AttnSeq* seqs, int64_t num_seqs) {
@@ -429,6 +442,12 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
   for (int64_t e = 0; e < e_count; ++e) offset[static_cast<size_t>(e + 1)] += offset[static_cast<size_t>(e)];
   w.h_moe_rows.assign(static_cast<size_t>(tokens * k), 0);
   w.h_scales.assign(static_cast<size_t>(tokens * k), 0.f);
+  if (options_.observer != nullptr && options_.shard.rank == 0) {
+    for (int64_t e = 0; e < e_count; ++e) {
+      const int64_t n = offset[static_cast<size_t>(e + 1)] - offset[static_cast<size_t>(e)];
+      if (n > 0) options_.observer->OnExpertTokens(lw.layer, e, n);
+    }
+  }
   std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t j = 0; j < k; ++j) {

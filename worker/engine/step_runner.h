@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/model_spec/model_spec.h"
 
@@ -39,6 +40,17 @@ struct TpShard {
   int size = 1;
 };
 
+// Receives engine events for metrics. Called from rank threads, so implementations must be
+// thread-safe and cheap (no I/O). Must outlive the models that report to it.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // A collective of this rank took `seconds` (op: "all_reduce", "all_gather").
+  virtual void OnCollective(int rank, absl::string_view op, double seconds) = 0;
+  // `tokens` tokens of one step were routed to `expert` of MoE layer `layer` (reported by rank 0).
+  virtual void OnExpertTokens(int64_t layer, int64_t expert, int64_t tokens) = 0;
+};
+
 struct ModelOptions {
   int64_t max_slots = 8;          // sequences that can hold KV state at once
   int64_t max_seq_len = 0;        // tokens per sequence; 0 = max_position_embeddings
@@ -57,6 +69,8 @@ struct ModelOptions {
   std::vector<int32_t> expert_owner;
   // Split every expert tensor-parallel even when there are enough experts for expert parallelism.
   bool split_experts = false;
+  // Optional metrics sink (not owned).
+  StepObserver* observer = nullptr;
 };
 
 class StepRunner {

@@ -210,6 +210,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
   for (int64_t i = layer_begin; i < layer_end; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     LayerWeights lw;
+    lw.layer = i;
     ASSIGN_OR_RETURN(lw.input_norm, ld.Full(p + "input_layernorm.weight", {h}));
     ASSIGN_OR_RETURN(lw.post_norm, ld.Full(p + "post_attention_layernorm.weight", {h}));
     const int64_t qb = layout.q_head_begin * d, qe = qb + layout.q_heads * d;

@@ -57,6 +57,7 @@ struct MlpWeights {
 };
 
 struct LayerWeights {
+  int64_t layer = 0;                 // index in the model
   kernels::DeviceBuffer input_norm;  // [hidden]
   kernels::DeviceBuffer post_norm;   // [hidden]
   LinearWeight q, k, v, o;

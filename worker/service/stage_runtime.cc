@@ -2,10 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/status/macros.h"
 #include "worker/service/convert.h"
+#include "worker/service/worker_metrics.h"
 
 namespace shardserve::service {
 
@@ -35,7 +38,18 @@ absl::StatusOr<v1::StepResponse> StageRuntime::RunOrError(const v1::StepRequest&
   std::vector<engine::StepSequence> steps;
   steps.reserve(batch.sequences.size());
   for (const StageSequence& s : batch.sequences) steps.push_back(s.step);
+  const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.hidden));
+  if (config_.metrics != nullptr) {
+    int64_t tokens = 0;
+    bool prefill = false;
+    for (const auto& s : steps) {
+      tokens += s.NumTokens();
+      prefill = prefill || s.NumTokens() > 1;
+    }
+    config_.metrics->ObserveStep(config_.stage, prefill,
+                                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), tokens);
+  }
   if (!is_last()) {
     batch.hidden = std::move(result.hidden);
     return Forward(ToNextStage(batch, hidden));
@@ -72,6 +86,7 @@ absl::StatusOr<v1::StepResponse> StageRuntime::Forward(const std::vector<v1::Ste
     stream = stream_.get();
   }
   for (const v1::StepRequest& m : messages) {
+    if (config_.metrics != nullptr) config_.metrics->ObserveStream("tx", "downstream", m.ByteSizeLong());
     if (!stream->Write(m)) {
       ResetDownstream();
       return absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " closed the stream"));
@@ -82,6 +97,7 @@ absl::StatusOr<v1::StepResponse> StageRuntime::Forward(const std::vector<v1::Ste
     ResetDownstream();
     return absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " did not answer"));
   }
+  if (config_.metrics != nullptr) config_.metrics->ObserveStream("rx", "downstream", response.ByteSizeLong());
   return response;
 }
 

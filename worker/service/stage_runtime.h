@@ -17,9 +17,13 @@
 
 namespace shardserve::service {
 
+class WorkerMetrics;
+
 struct StageConfig {
   std::string assignment_id;
+  int stage = 0;             // index in the pipeline (metrics label)
   std::string next_address;  // empty on the last stage
+  WorkerMetrics* metrics = nullptr;  // optional, not owned; must outlive the runtime
 };
 
 class StageRuntime {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/log/log.h"
+#include "common/metrics/metrics_server.h"
 #include "worker/kernels/registry.h"
 #include "worker/run/run_options.h"
 #include "worker/service/convert.h"
@@ -31,7 +32,8 @@ ABSL_FLAG(std::string, advertise, "", "address other processes reach this worker
 ABSL_FLAG(std::string, devices, "cpu", "cpu, cpu:N, cuda:all or cuda:0,1,...");
 ABSL_FLAG(int32_t, threads, 1, "BLAS threads of a single CPU rank");
 ABSL_FLAG(std::string, node_name, "", "node name (default: the host name)");
-ABSL_FLAG(std::string, metrics_listen, "", "Prometheus endpoint HOST:PORT (reserved; not served yet)");
+ABSL_FLAG(std::string, metrics_listen, "", "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; "
+                                           "empty = no metrics)");
 
 namespace {
 
@@ -66,10 +68,22 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof(host) - 1);
     node = host;
   }
+  service::WorkerMetrics metrics;
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
+    auto started = MetricsServer::Start(m, metrics.registry());
+    if (!started.ok()) {
+      std::cerr << "shardserve-worker: " << started.status() << "\n";
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    LOG(INFO) << "metrics at " << metrics_server->url();
+  }
   service::WorkerServer server({.kind = devices->kind,
                                 .cpu_ranks = devices->cpu_ranks,
                                 .cpu_threads = devices->cpu_threads,
-                                .cuda_devices = devices->cuda_devices});
+                                .cuda_devices = devices->cuda_devices,
+                                .metrics = &metrics});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -95,7 +109,12 @@ int main(int argc, char** argv) {
   v1::RegisterRequest reg;
   reg.set_node_name(node);
   reg.set_address(advertise);
-  reg.set_metrics_address(absl::GetFlag(FLAGS_metrics_listen));
+  if (metrics_server != nullptr) {
+    const std::string m = absl::GetFlag(FLAGS_metrics_listen);
+    std::string host = m.substr(0, m.rfind(':'));
+    if (host == "0.0.0.0" || host.empty()) host = node;
+    reg.set_metrics_address(absl::StrCat(host, ":", metrics_server->port()));
+  }
   for (const v1::Device& d : server.Devices()) *reg.add_devices() = d;
   service::Registrar registrar(coordinator, reg, [&server] { return server.Status(); });
   registrar.Start();

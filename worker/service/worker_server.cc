@@ -54,6 +54,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
       MaybeFinishLocked();
       return;
     }
+    if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("rx", "upstream", incoming_.ByteSizeLong());
     absl::StatusOr<bool> complete = assembler_.Add(std::move(incoming_));
     incoming_.Clear();
     if (!complete.ok()) {
@@ -91,6 +92,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   }
   void WriteNextLocked() {
     current_ = std::move(pending_.front());
+    if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("tx", "upstream", current_.ByteSizeLong());
     pending_.pop_front();
     writing_ = true;
     StartWrite(&current_);
@@ -241,9 +243,17 @@ void WorkerServer::Load(v1::Assignment a) {
     eo.model.max_step_tokens = a.max_step_tokens();
     eo.model.layer_begin = a.layer_begin();
     eo.model.layer_end = a.layer_end();
+    eo.model.observer = options_.metrics;
     ASSIGN_OR_RETURN(auto executor, engine::TpExecutor::Create(spec, *ckpt, eo));
+    if (options_.metrics != nullptr) {
+      options_.metrics->SetLoaded(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+                                  executor->WeightBytesPerRank(), executor->KvCacheBytesPerRank());
+    }
     return std::make_shared<StageRuntime>(std::move(executor),
-                                          StageConfig{.assignment_id = a.assignment_id(), .next_address = a.next_address()});
+                                          StageConfig{.assignment_id = a.assignment_id(),
+                                                      .stage = a.stage(),
+                                                      .next_address = a.next_address(),
+                                                      .metrics = options_.metrics});
   }();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::shared_ptr<StageRuntime> old;

@@ -22,6 +22,7 @@
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "worker/kernels/backend.h"
 #include "worker/service/stage_runtime.h"
+#include "worker/service/worker_metrics.h"
 
 namespace shardserve::service {
 
@@ -31,6 +32,7 @@ struct WorkerOptions {
   int cpu_threads = 1;
   std::vector<int> cuda_devices;
   size_t max_queued_steps = 64;
+  WorkerMetrics* metrics = nullptr;  // optional, not owned; must outlive the server
 };
 
 // What heartbeats report.
@@ -60,6 +62,8 @@ class WorkerServer {
   // Validates and starts loading `assignment` in the background (replacing the current one once
   // loaded). InvalidArgument naming the bad field.
   absl::Status Assign(const v1::Assignment& assignment);
+
+  WorkerMetrics* metrics() const { return options_.metrics; }
 
   // A micro-batch for the stage thread; `done` receives the response (on the stage thread, or
   // inline when the queue is full or the worker is shutting down).

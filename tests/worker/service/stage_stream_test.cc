@@ -4,10 +4,16 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/metrics_server.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/service/convert.h"
@@ -24,9 +30,9 @@ struct RunningWorker {
   std::string address;
 };
 
-RunningWorker StartWorker(int cpu_ranks) {
+RunningWorker StartWorker(int cpu_ranks, WorkerMetrics* metrics = nullptr) {
   RunningWorker w;
-  w.server = std::make_unique<WorkerServer>(WorkerOptions{.cpu_ranks = cpu_ranks});
+  w.server = std::make_unique<WorkerServer>(WorkerOptions{.cpu_ranks = cpu_ranks, .metrics = metrics});
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -64,13 +70,33 @@ WorkerStatusSnapshot AwaitLoaded(const WorkerServer& w) {
   return w.Status();
 }
 
+// A minimal HTTP/1.0 GET on 127.0.0.1 (no client library needed for one request).
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
 class StageStreamTest : public ::testing::Test {
  protected:
   // Two workers: stage 0 = layers [0, 1) on 2 ranks, stage 1 = layers [1, 2) on 1 rank.
   void SetUp() override {
     ASSERT_OK_AND_ASSIGN(golden_, testing::LoadGoldenModel("llama"));
     w1_ = StartWorker(1);
-    w0_ = StartWorker(2);
+    w0_ = StartWorker(2, &metrics_);
     ASSERT_TRUE(w1_.server->Assign(StageAssignment(golden_.dir, 1, 1, 2, 1, "")).ok());
     ASSERT_TRUE(w0_.server->Assign(StageAssignment(golden_.dir, 0, 0, 1, 2, w1_.address)).ok());
     ASSERT_EQ(AwaitLoaded(*w1_.server).state, v1::WORKER_STATE_READY) << w1_.server->Status().error;
@@ -86,6 +112,7 @@ class StageStreamTest : public ::testing::Test {
   }
 
   testing::GoldenModel golden_;
+  WorkerMetrics metrics_;  // of w0_ (declared first: outlives the worker)
   RunningWorker w0_, w1_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Stage::Stub> stub_;
@@ -129,6 +156,22 @@ TEST_F(StageStreamTest, GreedyTokensThroughTwoStagesMatchTransformers) {
   }
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
+
+  // Stage 0's metrics, read over HTTP as Prometheus would. The prompts have 1, 5 and 11 tokens:
+  // the 1-token one counts as a decode step, so 2 prefill steps (16 tokens) and 94 decode steps.
+  ASSERT_OK_AND_ASSIGN(auto server, MetricsServer::Start("127.0.0.1:0", metrics_.registry()));
+  const std::string page = HttpGet(server->port(), "/metrics");
+  for (const char* expected :
+       {"shardserve_worker_step_seconds_count{phase=\"prefill\",stage=\"0\"} 2",
+        "shardserve_worker_step_seconds_count{phase=\"decode\",stage=\"0\"} 94",
+        "shardserve_worker_step_tokens_total{phase=\"prefill\",stage=\"0\"} 16",
+        "shardserve_worker_collective_seconds_count{op=\"all_reduce\",rank=\"0\"} 192",
+        "shardserve_worker_stream_messages_total{direction=\"tx\",peer=\"downstream\"} 96",
+        "shardserve_worker_stream_messages_total{direction=\"rx\",peer=\"upstream\"} 96",
+        "shardserve_worker_weight_bytes{rank=\"1\"}", "shardserve_worker_kv_cache_bytes{rank=\"0\"}",
+        "shardserve_worker_assignment_load_seconds"}) {
+    EXPECT_THAT(page, HasSubstr(expected));
+  }
 }
 
 TEST_F(StageStreamTest, BadStepsGetErrorResponsesAndTheStreamStaysUsable) {

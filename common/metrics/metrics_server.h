@@ -1,0 +1,61 @@
+// Serving a prometheus-cpp registry on HTTP GET /metrics (Prometheus text format 0.0.4).
+//
+// Why not prometheus-cpp's Exposer: Debian's CivetWeb (under the Exposer) runs its threads on
+// fixed 100 KiB stacks, and glibc carves every thread's static TLS out of its stack; OpenBLAS
+// (60 KiB) and glog (30 KiB) leave almost nothing, and the Exposer's threads overflow and crash the
+// worker. This server is one thread on a normal stack: it accepts a connection, reads one request
+// (bounded in size and time), answers it and closes the connection — all a scrape needs.
+//
+// Metric naming in shardserve: shardserve_<subsystem>_<what>_<unit>; counters end in _total,
+// durations are _seconds histograms, labels stay low-cardinality (stage, rank, phase, op,
+// finish_reason — never request ids). Each process declares all its families in one metrics.h.
+#ifndef SHARDSERVE_COMMON_METRICS_METRICS_SERVER_H_
+#define SHARDSERVE_COMMON_METRICS_METRICS_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prometheus/registry.h"
+
+namespace shardserve {
+
+class MetricsServer {
+ public:
+  // Serves `registry` at http://`address`/metrics; `address` is IPV4:PORT or localhost:PORT (port 0
+  // picks a free port). InvalidArgument for a malformed address, Unavailable when it cannot bind.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
+                                                              std::shared_ptr<prometheus::Registry> registry);
+  ~MetricsServer();  // stops the thread and closes the socket
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  // The bound port.
+  int port() const { return port_; }
+  // "http://HOST:PORT/metrics".
+  std::string url() const { return url_; }
+
+ private:
+  MetricsServer() = default;
+  void Serve();
+  void Answer(int fd);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::string url_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Histogram buckets for LLM serving latencies: 1 ms .. 120 s, roughly x2 apart.
+const std::vector<double>& LatencyBuckets();
+// Buckets for per-step and per-collective times: 10 us .. 10 s.
+const std::vector<double>& StepBuckets();
+
+}  // namespace shardserve
+
+#endif  // SHARDSERVE_COMMON_METRICS_METRICS_SERVER_H_

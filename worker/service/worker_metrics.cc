@@ -1,0 +1,80 @@
+#include "worker/service/worker_metrics.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics/metrics_server.h"
+
+namespace shardserve::service {
+
+WorkerMetrics::WorkerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("shardserve_worker_step_seconds")
+                        .Help("Time of one micro-batch on this worker's stage, by stage and phase")
+                        .Register(*registry_)),
+      step_tokens_(prometheus::BuildCounter()
+                       .Name("shardserve_worker_step_tokens_total")
+                       .Help("Tokens processed by this worker's stage, by stage and phase")
+                       .Register(*registry_)),
+      collective_seconds_(prometheus::BuildHistogram()
+                              .Name("shardserve_worker_collective_seconds")
+                              .Help("Time in collectives between this worker's ranks, by operation and rank")
+                              .Register(*registry_)),
+      stream_bytes_(prometheus::BuildCounter()
+                        .Name("shardserve_worker_stream_bytes_total")
+                        .Help("Bytes on stage streams, by direction and peer")
+                        .Register(*registry_)),
+      stream_messages_(prometheus::BuildCounter()
+                           .Name("shardserve_worker_stream_messages_total")
+                           .Help("Messages on stage streams, by direction and peer")
+                           .Register(*registry_)),
+      expert_tokens_(prometheus::BuildCounter()
+                         .Name("shardserve_worker_expert_tokens_total")
+                         .Help("Tokens routed to each expert of each MoE layer on this stage")
+                         .Register(*registry_)),
+      weight_bytes_(prometheus::BuildGauge()
+                        .Name("shardserve_worker_weight_bytes")
+                        .Help("Weight bytes held by each rank")
+                        .Register(*registry_)),
+      kv_cache_bytes_(prometheus::BuildGauge()
+                          .Name("shardserve_worker_kv_cache_bytes")
+                          .Help("KV cache bytes held by each rank")
+                          .Register(*registry_)),
+      load_seconds_(prometheus::BuildGauge()
+                        .Name("shardserve_worker_assignment_load_seconds")
+                        .Help("Time the current assignment took to load")
+                        .Register(*registry_)
+                        .Add({})) {}
+
+void WorkerMetrics::ObserveStep(int stage, bool prefill, double seconds, int64_t tokens) {
+  const prometheus::Labels labels = {{"stage", absl::StrCat(stage)}, {"phase", prefill ? "prefill" : "decode"}};
+  step_seconds_.Add(labels, StepBuckets()).Observe(seconds);
+  step_tokens_.Add(labels).Increment(static_cast<double>(tokens));
+}
+
+void WorkerMetrics::ObserveStream(const char* direction, const char* peer, size_t bytes) {
+  const prometheus::Labels labels = {{"direction", direction}, {"peer", peer}};
+  stream_bytes_.Add(labels).Increment(static_cast<double>(bytes));
+  stream_messages_.Add(labels).Increment();
+}
+
+void WorkerMetrics::SetLoaded(double load_seconds, const std::vector<size_t>& weight_bytes,
+                              const std::vector<size_t>& kv_bytes) {
+  load_seconds_.Set(load_seconds);
+  for (size_t r = 0; r < weight_bytes.size(); ++r) {
+    weight_bytes_.Add({{"rank", absl::StrCat(r)}}).Set(static_cast<double>(weight_bytes[r]));
+  }
+  for (size_t r = 0; r < kv_bytes.size(); ++r) {
+    kv_cache_bytes_.Add({{"rank", absl::StrCat(r)}}).Set(static_cast<double>(kv_bytes[r]));
+  }
+}
+
+void WorkerMetrics::OnCollective(int rank, absl::string_view op, double seconds) {
+  collective_seconds_.Add({{"op", std::string(op)}, {"rank", absl::StrCat(rank)}}, StepBuckets()).Observe(seconds);
+}
+
+void WorkerMetrics::OnExpertTokens(int64_t layer, int64_t expert, int64_t tokens) {
+  expert_tokens_.Add({{"layer", absl::StrCat(layer)}, {"expert", absl::StrCat(expert)}})
+      .Increment(static_cast<double>(tokens));
+}
+
+}  // namespace shardserve::service
