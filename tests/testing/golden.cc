@@ -1,5 +1,10 @@
 #include "tests/testing/golden.h"
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
@@ -29,6 +34,15 @@ GoldenCase ParseCase(const json& c) {
 }
 
 }  // namespace
+
+void ExpectLogitsClose(const std::vector<float>& ref, const float* got, const std::string& where) {
+  float max_ref = 0.f, max_err = 0.f;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    max_err = std::max(max_err, std::fabs(ref[i] - got[i]));
+  }
+  EXPECT_LE(max_err, 1e-4f * max_ref) << where << ": max |error| " << max_err << " vs max |logit| " << max_ref;
+}
 
 std::vector<std::string> GoldenModelNames() {
   return {"llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded"};

@@ -25,6 +25,10 @@ struct GoldenModel {
   std::vector<GoldenCase> cases;
 };
 
+// The golden tolerance: max |logit error| <= 1e-4 * max |reference logit| over one position's
+// logits. `got` points at vocab = ref.size() values. Adds a gtest failure naming `where`.
+void ExpectLogitsClose(const std::vector<float>& ref, const float* got, const std::string& where);
+
 // Names of the tiny random-weight models under tests/golden/models.
 std::vector<std::string> GoldenModelNames();
 // Loads tests/golden/models/<name>/reference.json (paths relative to the repository root, where

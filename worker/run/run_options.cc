@@ -1,5 +1,7 @@
 #include "worker/run/run_options.h"
 
+#include "common/flags/parse.h"
+
 #include <algorithm>
 
 #include "absl/strings/match.h"
@@ -11,21 +13,9 @@
 namespace shardserve::run {
 
 absl::StatusOr<std::vector<int32_t>> ParseTokenIds(absl::string_view text) {
-  std::vector<int32_t> ids;
-  if (absl::StripAsciiWhitespace(text).empty()) return absl::InvalidArgumentError("--prompt_ids is empty");
-  int index = 0;
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    part = absl::StripAsciiWhitespace(part);
-    int32_t id = 0;
-    if (part.empty() || !absl::SimpleAtoi(part, &id) || id < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--prompt_ids element ", index, " (\"", part,
-                                                     "\") is not a non-negative integer"));
-    }
-    ids.push_back(id);
-    ++index;
-  }
-  return ids;
+  return ParseTokenIdList(text, "--prompt_ids");
 }
+
 
 absl::StatusOr<DeviceChoice> ParseDevices(absl::string_view text, int threads, int cuda_device_count) {
   DeviceChoice c;

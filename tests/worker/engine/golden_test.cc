@@ -18,17 +18,8 @@
 namespace shardserve::engine {
 namespace {
 
+using ::shardserve::testing::ExpectLogitsClose;
 using ::shardserve::testing::GoldenModel;
-
-// Per-position tolerance: max |logit error| <= 1e-4 * max |reference logit|.
-void ExpectLogitsClose(const std::vector<float>& ref, const float* got, const std::string& where) {
-  float max_ref = 0.f, max_err = 0.f;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(ref[i]));
-    max_err = std::max(max_err, std::fabs(ref[i] - got[i]));
-  }
-  EXPECT_LE(max_err, 1e-4f * max_ref) << where << ": max |error| " << max_err << " vs max |logit| " << max_ref;
-}
 
 struct Loaded {
   ModelSpec spec;

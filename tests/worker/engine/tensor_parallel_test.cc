@@ -80,12 +80,7 @@ TEST_P(TensorParallelTest, LogitsMatchTransformersAndGreedyTokensMatchOneRank) {
                                                                    .all_logits = true}}));
     ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
     for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
-      float max_ref = 0.f, max_err = 0.f;
-      for (size_t i = 0; i < v; ++i) {
-        max_ref = std::max(max_ref, std::fabs(c.logits[p][i]));
-        max_err = std::max(max_err, std::fabs(c.logits[p][i] - r.logits[0][p * v + i]));
-      }
-      EXPECT_LE(max_err, 1e-4f * max_ref) << layout.name << " position " << p;
+      testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(layout.name, " position ", p));
     }
   }
   // Greedy generation of all cases batched together, with chunked prefill.
@@ -138,12 +133,7 @@ TEST_P(PipelineTest, StagesChainedGiveTheSameGreedyTokensAndLogits) {
   ASSERT_OK_AND_ASSIGN(StepResult r, pipeline->Step({StepSequence{.slot = 2, .tokens = c.prompt_ids, .all_logits = true}}));
   const size_t v = static_cast<size_t>(pipeline->spec().vocab_size);
   for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
-    float max_ref = 0.f, max_err = 0.f;
-    for (size_t i = 0; i < v; ++i) {
-      max_ref = std::max(max_ref, std::fabs(c.logits[p][i]));
-      max_err = std::max(max_err, std::fabs(c.logits[p][i] - r.logits[0][p * v + i]));
-    }
-    EXPECT_LE(max_err, 1e-4f * max_ref) << layout.name << " position " << p;
+    testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(layout.name, " position ", p));
   }
   std::vector<GenerationRequest> reqs;
   for (const auto& gc : golden.cases) {

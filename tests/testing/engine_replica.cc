@@ -1,0 +1,111 @@
+#include "tests/testing/engine_replica.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "common/status/macros.h"
+#include "worker/engine/executor.h"
+#include "worker/engine/local_pipeline.h"
+#include "worker/engine/sampling.h"
+
+namespace shardserve::testing {
+
+absl::StatusOr<std::unique_ptr<EngineReplica>> EngineReplica::Create(const EngineReplicaOptions& options) {
+  ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(options.model_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(options.model_dir));
+  std::vector<int64_t> begins = {0};
+  begins.insert(begins.end(), options.stage_starts.begin(), options.stage_starts.end());
+  std::vector<std::unique_ptr<engine::StepRunner>> stages;
+  for (size_t i = 0; i < begins.size(); ++i) {
+    engine::ExecutorOptions eo;
+    eo.cpu_ranks = options.tp;
+    eo.model.max_slots = options.max_slots;
+    eo.model.max_seq_len = options.max_seq_len;
+    eo.model.max_step_tokens = options.max_step_tokens;
+    eo.model.layer_begin = begins[i];
+    eo.model.layer_end = i + 1 < begins.size() ? begins[i + 1] : spec.num_layers;
+    ASSIGN_OR_RETURN(std::unique_ptr<engine::TpExecutor> ex, engine::TpExecutor::Create(spec, *ckpt, eo));
+    stages.push_back(std::move(ex));
+  }
+  std::unique_ptr<EngineReplica> replica(new EngineReplica());
+  if (stages.size() == 1) {
+    replica->runner_ = std::move(stages.front());
+  } else {
+    ASSIGN_OR_RETURN(replica->runner_, engine::LocalPipeline::Create(std::move(stages)));
+  }
+  replica->sampler_ = std::make_unique<engine::Sampler>();
+  return replica;
+}
+
+EngineReplica::~EngineReplica() = default;
+
+void EngineReplica::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+void EngineReplica::SetStepHookForTest(StepHook hook) {
+  absl::MutexLock lock(&mu_);
+  hook_ = std::move(hook);
+}
+
+void EngineReplica::HoldStepsForTest() {
+  absl::MutexLock lock(&mu_);
+  held_ = true;
+}
+
+void EngineReplica::ReleaseStepsForTest() {
+  absl::MutexLock lock(&mu_);
+  held_ = false;
+}
+
+std::vector<coordinator::StepInput> EngineReplica::StepInputsForTest() const {
+  absl::MutexLock lock(&mu_);
+  return inputs_;
+}
+
+int64_t EngineReplica::NumStepsForTest() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(inputs_.size());
+}
+
+absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::StepInput& input) {
+  StepHook hook;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return absl::UnavailableError("engine replica is shut down");
+    inputs_.push_back(input);
+    hook = hook_;
+  }
+  if (hook) RETURN_IF_ERROR(hook(input));
+  {
+    absl::MutexLock lock(&mu_);
+    auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_ || shutdown_; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(120))) {
+      return absl::DeadlineExceededError("engine replica: steps held for 120 s");
+    }
+    if (shutdown_) return absl::UnavailableError("engine replica is shut down");
+  }
+  std::vector<engine::StepSequence> batch;
+  batch.reserve(input.sequences.size());
+  for (const coordinator::StepSequenceInput& s : input.sequences) {
+    batch.push_back(engine::StepSequence{.slot = s.slot, .pos_begin = s.pos_begin, .tokens = s.token_ids});
+  }
+  ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(batch));
+  coordinator::StepOutput out;
+  for (size_t b = 0; b < input.sequences.size(); ++b) {
+    const coordinator::StepSequenceInput& s = input.sequences[b];
+    if (!s.sample) continue;
+    const engine::SamplingParams params{.temperature = s.sampling.temperature,
+                                        .top_k = s.sampling.top_k,
+                                        .top_p = s.sampling.top_p,
+                                        .seed = s.sampling.seed};
+    if (absl::Status st = params.Validate(); !st.ok()) return st;
+    out.token_ids.push_back(sampler_->Sample(result.logits[b], params, s.sample_index));
+  }
+  return out;
+}
+
+}  // namespace shardserve::testing

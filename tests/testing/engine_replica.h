@@ -1,0 +1,82 @@
+// EngineReplica: a coordinator ReplicaClient that runs the real engine in-process — the stages a
+// replica's workers would run (TpExecutor per stage, chained by LocalPipeline), with sampling on
+// the "last stage" exactly as a worker does it: Sampler::Sample(logits row, params, sample_index).
+// Scheduler and API tests use it in place of gRPC to stage 0, and compare the scheduler's output
+// with engine::Generate run alone per request.
+//
+// Test hooks let a test act at a precise step (cancel a sequence, fail a step) or hold every step
+// until it releases them, without sleeping.
+//
+// Thread-safety: as ReplicaClient; the hooks and StepInputs() may be used from any thread.
+#ifndef SHARDSERVE_TESTS_TESTING_ENGINE_REPLICA_H_
+#define SHARDSERVE_TESTS_TESTING_ENGINE_REPLICA_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/scheduler/replica_client.h"
+
+namespace shardserve::engine {
+class StepRunner;
+class Sampler;
+}  // namespace shardserve::engine
+
+namespace shardserve::testing {
+
+struct EngineReplicaOptions {
+  std::string model_dir;
+  // Layer index where each stage after the first begins, ascending (empty = one stage).
+  std::vector<int64_t> stage_starts;
+  int tp = 1;  // CPU ranks per stage
+  // As the assignment gives them to every stage: must match the scheduler's options.
+  int32_t max_slots = 8;
+  int64_t max_seq_len = 0;  // 0 = max_position_embeddings
+  int64_t max_step_tokens = 256;
+};
+
+class EngineReplica final : public coordinator::ReplicaClient {
+ public:
+  // Loads the model once per stage. Errors of loading (NotFound, InvalidArgument, ...).
+  static absl::StatusOr<std::unique_ptr<EngineReplica>> Create(const EngineReplicaOptions& options);
+  ~EngineReplica() override;
+
+  absl::StatusOr<coordinator::StepOutput> Step(const coordinator::StepInput& input) override;
+  void Shutdown() override;
+
+  // Called on the stepping thread before each step runs (with no scheduler lock held): it may
+  // call the scheduler (e.g. Cancel), or block until the test releases it. A non-OK return fails
+  // the step with that status.
+  using StepHook = std::function<absl::Status(const coordinator::StepInput&)>;
+  void SetStepHookForTest(StepHook hook);
+
+  // While held, every Step waits (after being recorded and after the hook) until released or
+  // Shutdown() (which then fails it with Unavailable, as a gRPC replica would), at most 120 s.
+  void HoldStepsForTest();
+  void ReleaseStepsForTest();
+
+  // Every step input seen so far, in order.
+  std::vector<coordinator::StepInput> StepInputsForTest() const;
+  int64_t NumStepsForTest() const;
+
+ private:
+  EngineReplica() = default;
+
+  std::unique_ptr<engine::StepRunner> runner_;
+  std::unique_ptr<engine::Sampler> sampler_;  // used by the stepping thread only
+
+  mutable absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  StepHook hook_ ABSL_GUARDED_BY(mu_);
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<coordinator::StepInput> inputs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardserve::testing
+
+#endif  // SHARDSERVE_TESTS_TESTING_ENGINE_REPLICA_H_
