@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Installs every Debian package shardserve needs to build and test. Run as root on Debian 12.
+# Installs every Debian package shardserve needs to build and test (--build-only: to build).
+# Run as root on Debian 12.
 # The CUDA toolkit (nvcc, cuBLAS, NCCL) is not a Debian 12 package: where it is installed under
 # /usr/local/cuda the build picks it up (SHARDSERVE_CUDA=AUTO); without it the CPU build is complete.
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build pkg-config git python3
+  build-essential cmake ninja-build pkg-config git python3 procps
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libicu-dev
   clang libclang-rt-14-dev
 )
+# Only the tests need these: the Helm chart checks (tests/helm) render the chart with Go and Sprig
+# in GOPATH mode, lint YAML, and make a venv for kubernetes-validate. The container builds
+# (deploy/docker) pass --build-only.
+test_packages=(
+  golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
+  golang-github-xeipuuv-gojsonschema-dev yamllint python3-venv python3-yaml
+)
+[ "${1:-}" = "--build-only" ] || packages+=("${test_packages[@]}")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
