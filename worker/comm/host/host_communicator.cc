@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -19,12 +20,14 @@
 namespace shardserve::comm {
 namespace {
 
-// How long a waiting rank spins before it sleeps on the futex. Peers of a decode step arrive
-// within a few microseconds of each other, and a futex sleep + wake costs ~25 us, so a short spin
-// wins when every rank has its own core. When cores are oversubscribed (another process, more
-// ranks than cores) a long spin would burn the time slice the late peer needs, so the spin is
-// bounded in time rather than iterations.
-constexpr auto kSpinTime = std::chrono::microseconds(30);
+// How a waiting rank waits. Peers of a decode step arrive within microseconds of each other, and a
+// futex sleep + wake costs 25-50 us; worse, a rank that slept arrives late at the next barrier, so
+// its peer times out and sleeps in turn, and every barrier of the step pays a wake-up. So a
+// waiting rank spins for up to kSpinTime before sleeping on the futex — long enough to cover a
+// layer's imbalance. Past kPureSpinIterations it yields the core between checks, so a peer that
+// shares the core (more ranks than cores, another busy process) still gets to run.
+constexpr auto kSpinTime = std::chrono::microseconds(2000);
+constexpr int kPureSpinIterations = 4096;
 
 class Group {
  public:
@@ -49,7 +52,10 @@ class Group {
     for (int i = 1;; ++i) {
       if (generation_.load(std::memory_order_acquire) != gen) return !aborted_.load(std::memory_order_acquire);
       SHARDSERVE_CPU_RELAX();
-      if (i % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
+      if (i % 64 == 0) {
+        if (std::chrono::steady_clock::now() > deadline) break;
+        if (i > kPureSpinIterations) std::this_thread::yield();
+      }
     }
     while (generation_.load(std::memory_order_acquire) == gen) generation_.wait(gen, std::memory_order_acquire);
     return !aborted_.load(std::memory_order_acquire);

@@ -1,0 +1,379 @@
+#include "coordinator/api/cluster.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log/log.h"
+#include "coordinator/planner/planner.h"
+
+namespace shardserve::coordinator {
+
+absl::Status ClusterOptions::Validate() const {
+  if (expected_workers < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("expected_workers must be >= 1, got ", expected_workers));
+  }
+  if (policy.max_seq_len < 1) return absl::InvalidArgumentError("max_seq_len must be resolved (> 0)");
+  if (max_slots < 1) return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", max_slots));
+  if (max_step_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be >= 1, got ", max_step_tokens));
+  }
+  if (poll_interval <= absl::ZeroDuration()) return absl::InvalidArgumentError("poll_interval must be > 0");
+  return absl::OkStatus();
+}
+
+Cluster::Cluster(ClusterOptions options, const ModelSpec* spec, WorkerRegistry* registry, Scheduler* scheduler,
+                 WorkerClient* workers, ReplicaClientFactory replica_factory, const Clock* clock)
+    : options_(std::move(options)),
+      spec_(spec),
+      registry_(registry),
+      scheduler_(scheduler),
+      workers_(workers),
+      replica_factory_(std::move(replica_factory)),
+      clock_(clock) {
+  CHECK(options_.Validate().ok()) << options_.Validate();
+  CHECK(spec_ != nullptr && registry_ != nullptr && scheduler_ != nullptr && workers_ != nullptr &&
+        replica_factory_ != nullptr && clock_ != nullptr);
+}
+
+Cluster::~Cluster() { Stop(); }
+
+void Cluster::Start() {
+  absl::MutexLock lock(&mu_);
+  if (thread_.joinable() || stop_) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Cluster::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Cluster::Loop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+    const uint64_t seen = registry_->version();
+    Tick();
+    registry_->WaitForChange(seen, options_.poll_interval);
+  }
+}
+
+void Cluster::SetReadinessCallback(std::function<void(bool)> callback) {
+  absl::MutexLock lock(&mu_);
+  on_readiness_ = std::move(callback);
+}
+
+absl::Status Cluster::ReadyStatus() const {
+  absl::MutexLock lock(&mu_);
+  if (ready_) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("the cluster is not ready: ", reason_));
+}
+
+bool Cluster::WaitUntilReady(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+}
+
+namespace {
+
+const WorkerRecord* Find(const std::vector<WorkerRecord>& workers, const std::string& id) {
+  for (const WorkerRecord& w : workers) {
+    if (w.worker_id == id) return &w;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
+  std::vector<WorkerInventory> inventory;
+  std::vector<std::string> ids;
+  for (const WorkerRecord& w : workers) {
+    if (w.state == WorkerState::kDead) continue;
+    inventory.push_back({.worker_id = w.worker_id, .node_name = w.registration.node_name,
+                         .devices = w.registration.devices});
+    ids.push_back(w.worker_id);
+  }
+  const std::string key = absl::StrJoin(ids, ",");
+  if (key == planned_for_) return;  // this set of workers was already found wanting
+  planned_for_ = key;
+  absl::StatusOr<Plan> plan = MakePlan(*spec_, inventory, options_.policy);
+  if (plan.ok()) {
+    int64_t remote = 0;
+    for (const Pipeline& p : plan->replicas) remote += p.NumRemoteExperts();
+    if (remote > 0) {
+      plan = absl::UnimplementedError(absl::StrCat(
+          "the plan places ", remote, " experts on other workers (expert spill), which the coordinator does not ",
+          "support yet; give the stage workers more memory or add workers"));
+    }
+  }
+  if (!plan.ok()) {
+    plan_error_ = absl::StrCat("planning failed for workers ", key, ": ", plan.status().ToString());
+    LOG(WARNING) << plan_error_;
+    return;
+  }
+  plan_error_.clear();
+  const int plan_number = ++plans_made_;
+  replicas_.clear();
+  for (size_t r = 0; r < plan->replicas.size(); ++r) {
+    const Pipeline& p = plan->replicas[r];
+    ReplicaState rs;
+    const int64_t fit = p.stages.front().kv_tokens / plan->max_seq_len;
+    rs.max_slots = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(options_.max_slots, fit)));
+    for (size_t s = 0; s < p.stages.size(); ++s) {
+      const StageSpec& spec = p.stages[s];
+      const WorkerRecord* w = Find(workers, spec.worker_id);
+      CHECK(w != nullptr) << "the planner returned an unknown worker";
+      Stage stage;
+      stage.worker_id = spec.worker_id;
+      stage.node_name = w->registration.node_name;
+      stage.address = w->registration.address;
+      WorkerAssignment& a = stage.assignment;
+      a.assignment_id = absl::StrCat("plan-", plan_number, "/r", r, "/s", s, "/", spec.worker_id);
+      a.model_path = options_.model_path;
+      a.replica = static_cast<int32_t>(r);
+      a.stage = static_cast<int32_t>(s);
+      a.num_stages = static_cast<int32_t>(p.stages.size());
+      a.layer_begin = spec.layer_begin;
+      a.layer_end = spec.layer_end;
+      a.device_kind = spec.device_kind;
+      a.devices = spec.devices;
+      a.max_slots = rs.max_slots;
+      a.max_seq_len = static_cast<int32_t>(plan->max_seq_len);
+      a.max_step_tokens = options_.max_step_tokens;
+      rs.stages.push_back(std::move(stage));
+    }
+    for (size_t s = 0; s + 1 < rs.stages.size(); ++s) rs.stages[s].assignment.next_address = rs.stages[s + 1].address;
+    replicas_.push_back(std::move(rs));
+  }
+  plan_text_ = PlanToString(*plan);
+  LOG(INFO) << "plan " << plan_number << " for " << key << ":\n" << plan_text_;
+  plan_ = *std::move(plan);
+}
+
+std::string Cluster::StageProblem(const Stage& stage, const WorkerRecord* w, bool* settled) const {
+  const std::string& id = stage.worker_id;
+  *settled = true;
+  if (w == nullptr) return absl::StrCat("worker ", id, " is gone (it registered again or was forgotten)");
+  if (w->state == WorkerState::kDead) return absl::StrCat("worker ", id, " is dead: ", w->error);
+  if (!stage.assigned) {
+    if (!stage.assign_error.empty()) return absl::StrCat("assigning worker ", id, " failed: ", stage.assign_error);
+    *settled = false;
+    return absl::StrCat("worker ", id, " is being assigned");
+  }
+  if (w->assignment_id == stage.assignment.assignment_id) {
+    switch (w->state) {
+      case WorkerState::kReady: return "";
+      case WorkerState::kFailed: return absl::StrCat("worker ", id, " failed to load: ", w->error);
+      case WorkerState::kLoading:
+      case WorkerState::kIdle:
+      case WorkerState::kDead: break;
+    }
+  }
+  *settled = false;
+  return absl::StrCat("worker ", id, " is loading");
+}
+
+void Cluster::Tick() {
+  absl::MutexLock tick(&tick_mu_);
+  registry_->SweepDead();
+  const std::vector<WorkerRecord> workers = registry_->List();
+  const absl::Time now = clock_->Now();
+
+  // 1. Plan once enough workers are alive.
+  struct AssignJob {
+    size_t replica, stage;
+    std::string worker_id, address;
+    WorkerAssignment assignment;
+  };
+  std::vector<AssignJob> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!plan_.has_value()) {
+      int alive = 0;
+      for (const WorkerRecord& w : workers) alive += w.state != WorkerState::kDead ? 1 : 0;
+      if (alive < options_.expected_workers) {
+        reason_ = absl::StrCat("waiting for workers: ", alive, " of ", options_.expected_workers, " registered");
+        return;
+      }
+      PlanLocked(workers);
+      if (!plan_.has_value()) {
+        reason_ = plan_error_;
+        return;
+      }
+    }
+    // 2. A restarted worker (same node and address, new id) takes its stage back; then send the
+    // assignments not yet accepted.
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      for (size_t s = 0; s < replicas_[r].stages.size(); ++s) {
+        Stage& stage = replicas_[r].stages[s];
+        const WorkerRecord* w = Find(workers, stage.worker_id);
+        if (w == nullptr || w->state == WorkerState::kDead) {
+          for (const WorkerRecord& c : workers) {
+            if (c.state != WorkerState::kIdle || c.registration.node_name != stage.node_name ||
+                c.registration.address != stage.address) {
+              continue;
+            }
+            LOG(INFO) << "worker " << c.worker_id << " replaces " << stage.worker_id << " as replica " << r
+                      << " stage " << s;
+            stage.worker_id = c.worker_id;
+            stage.assignment.assignment_id = absl::StrCat(
+                stage.assignment.assignment_id.substr(0, stage.assignment.assignment_id.rfind('/') + 1), c.worker_id);
+            stage.assigned = false;
+            stage.assign_error.clear();
+            stage.next_attempt = absl::InfinitePast();
+            w = &c;
+            break;
+          }
+        }
+        if (w != nullptr && w->state != WorkerState::kDead && !stage.assigned && now >= stage.next_attempt) {
+          jobs.push_back({r, s, stage.worker_id, stage.address, stage.assignment});
+        }
+      }
+    }
+  }
+  for (AssignJob& job : jobs) {
+    LOG(INFO) << "assigning " << job.assignment.assignment_id << " (layers [" << job.assignment.layer_begin << ", "
+              << job.assignment.layer_end << ")) to worker " << job.worker_id << " at " << job.address;
+    const absl::Status st = workers_->Assign(job.address, job.assignment);
+    if (!st.ok()) LOG(WARNING) << "assigning worker " << job.worker_id << " failed: " << st;
+    absl::MutexLock lock(&mu_);
+    Stage& stage = replicas_[job.replica].stages[job.stage];
+    if (stage.worker_id != job.worker_id) continue;
+    stage.assigned = st.ok();
+    stage.assign_error = st.ok() ? "" : st.ToString();
+    stage.next_attempt = clock_->Now() + options_.assign_retry;
+  }
+
+  // 3. Replicas whose stages are all READY serve; the others do not.
+  struct Change {
+    int replica;
+    bool add;
+    ReplicaEndpoint endpoint;
+    std::string reason;
+  };
+  std::vector<Change> changes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      ReplicaState& rs = replicas_[r];
+      std::vector<std::string> problems;
+      ReplicaEndpoint endpoint{.replica = static_cast<int>(r), .max_slots = rs.max_slots};
+      for (const Stage& stage : rs.stages) {
+        const WorkerRecord* w = Find(workers, stage.worker_id);
+        bool settled = false;
+        std::string problem = StageProblem(stage, w, &settled);
+        if (!problem.empty()) problems.push_back(std::move(problem));
+        if (w != nullptr && w->kv_slots > 0) endpoint.max_slots = std::min<int32_t>(endpoint.max_slots, w->kv_slots);
+        endpoint.worker_ids.push_back(stage.worker_id);
+      }
+      endpoint.stage0_address = rs.stages.front().address;
+      if (problems.empty() && !rs.serving) changes.push_back({endpoint.replica, true, endpoint, ""});
+      if (!problems.empty() && rs.serving) {
+        changes.push_back({endpoint.replica, false, endpoint,
+                           absl::StrCat("replica ", r, " stopped serving: ", absl::StrJoin(problems, "; "))});
+      }
+    }
+  }
+  for (Change& c : changes) {
+    if (!c.add) {
+      scheduler_->RemoveReplica(c.replica, absl::UnavailableError(c.reason));
+    } else {
+      absl::StatusOr<std::unique_ptr<ReplicaClient>> client = replica_factory_(c.endpoint);
+      absl::Status st = client.ok() ? scheduler_->AddReplica(c.replica, *std::move(client),
+                                                             {.max_slots = c.endpoint.max_slots})
+                                    : client.status();
+      if (!st.ok()) {
+        LOG(WARNING) << "replica " << c.replica << " cannot serve: " << st;
+        continue;
+      }
+      LOG(INFO) << "replica " << c.replica << " serving (stage 0 at " << c.endpoint.stage0_address << ", "
+                << c.endpoint.max_slots << " slots)";
+    }
+    absl::MutexLock lock(&mu_);
+    replicas_[static_cast<size_t>(c.replica)].serving = c.add;
+  }
+
+  // 4. Readiness.
+  std::function<void(bool)> notify;
+  bool ready_now = false;
+  bool changed = false;
+  std::string new_reason;
+  {
+    absl::MutexLock lock(&mu_);
+    int serving = 0;
+    int stages = 0, stages_ready = 0;
+    bool all_settled = true;
+    std::vector<std::string> problems;
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      serving += replicas_[r].serving ? 1 : 0;
+      for (const Stage& stage : replicas_[r].stages) {
+        bool settled = false;
+        std::string problem = StageProblem(stage, Find(workers, stage.worker_id), &settled);
+        all_settled &= settled;
+        ++stages;
+        stages_ready += problem.empty() ? 1 : 0;
+        if (!problem.empty()) problems.push_back(std::move(problem));
+      }
+    }
+    if (all_settled && serving > 0) was_ready_ = true;
+    const bool ready = was_ready_ && serving > 0;
+    const std::string details = absl::StrJoin(problems, "; ");
+    if (ready) {
+      new_reason = details;
+    } else if (all_settled) {
+      new_reason = absl::StrCat("no replica can serve: ", details);
+    } else {
+      new_reason = absl::StrCat("loading: ", stages_ready, " of ", stages, " stage workers ready (", details, ")");
+    }
+    if (ready == ready_) {
+      reason_ = new_reason;
+    } else {
+      notify = on_readiness_;
+      ready_now = ready;
+      changed = true;
+      LOG(INFO) << (ready ? "cluster ready" : "cluster not ready: ") << (ready ? "" : new_reason);
+    }
+  }
+  if (!changed) return;
+  // The callback (the health service) hears of the change before readers of ready_ do, so that
+  // whoever sees ReadyStatus() OK also sees SERVING.
+  if (notify) notify(ready_now);
+  absl::MutexLock lock(&mu_);
+  ready_ = ready_now;
+  reason_ = new_reason;
+}
+
+ClusterView Cluster::View() {
+  const std::vector<WorkerRecord> workers = registry_->List();
+  absl::MutexLock lock(&mu_);
+  ClusterView view;
+  view.ready = ready_;
+  view.reason = reason_;
+  view.plan = plan_text_;
+  for (const WorkerRecord& w : workers) {
+    ClusterWorkerView v{.record = w};
+    for (const ReplicaState& rs : replicas_) {
+      for (const Stage& stage : rs.stages) {
+        if (stage.worker_id != w.worker_id) continue;
+        v.assignment = stage.assignment;
+        v.assign_error = stage.assign_error;
+      }
+    }
+    view.workers.push_back(std::move(v));
+  }
+  for (size_t r = 0; r < replicas_.size(); ++r) {
+    if (replicas_[r].serving) view.serving_replicas.push_back(static_cast<int>(r));
+  }
+  return view;
+}
+
+}  // namespace shardserve::coordinator

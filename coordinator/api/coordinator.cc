@@ -1,0 +1,152 @@
+#include "coordinator/api/coordinator.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log/log.h"
+#include "common/model_spec/model_spec.h"
+#include "common/tokenizer/tokenizer.h"
+#include "coordinator/api/control_service.h"
+#include "coordinator/api/inference_service.h"
+#include "coordinator/client/grpc_replica_client.h"
+#include "coordinator/client/grpc_worker_client.h"
+
+namespace shardserve::coordinator {
+
+absl::Status CoordinatorOptions::Validate() const {
+  auto bad = [](absl::string_view flag, auto value, absl::string_view want) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be ", want, ", got ", value));
+  };
+  if (listen.empty()) return absl::InvalidArgumentError("--listen is required (HOST:PORT)");
+  if (model_path.empty()) return absl::InvalidArgumentError("--model is required");
+  if (expected_workers < 1) return bad("expected_workers", expected_workers, ">= 1");
+  if (tp < 0) return bad("tp", tp, ">= 0");
+  if (pp < 0) return bad("pp", pp, ">= 0");
+  if (replicas < 0) return bad("replicas", replicas, ">= 0");
+  if (max_seq_len < 0) return bad("max_seq_len", max_seq_len, ">= 0");
+  if (max_slots < 1) return bad("max_slots", max_slots, ">= 1");
+  if (max_step_tokens < 1) return bad("max_step_tokens", max_step_tokens, ">= 1");
+  if (max_queued < 0) return bad("max_queued", max_queued, ">= 0");
+  if (heartbeat_interval <= absl::ZeroDuration()) {
+    return bad("heartbeat_interval_ms", absl::FormatDuration(heartbeat_interval), "> 0");
+  }
+  if (heartbeat_timeout <= heartbeat_interval) {
+    return bad("heartbeat_timeout_ms", absl::FormatDuration(heartbeat_timeout), "above --heartbeat_interval_ms");
+  }
+  if (assign_timeout <= absl::ZeroDuration()) return bad("assign_timeout_ms", absl::FormatDuration(assign_timeout), "> 0");
+  if (step_timeout <= absl::ZeroDuration()) return bad("step_timeout_ms", absl::FormatDuration(step_timeout), "> 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const CoordinatorOptions& options,
+                                                                CoordinatorDeps deps) {
+  if (absl::Status st = options.Validate(); !st.ok()) return st;
+  std::unique_ptr<Coordinator> c(new Coordinator());
+  absl::StatusOr<ModelSpec> spec = LoadModelSpec(options.model_path);
+  if (!spec.ok()) return spec.status();
+  c->spec_ = std::make_unique<ModelSpec>(*std::move(spec));
+  const ModelSpec& model = *c->spec_;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(options.model_path);
+  if (tokenizer.ok()) {
+    c->tokenizer_ = *std::move(tokenizer);
+  } else if (absl::IsNotFound(tokenizer.status())) {
+    LOG(INFO) << options.model_path << " has no tokenizer: only token-id prompts are served";
+  } else {
+    return tokenizer.status();
+  }
+  const int64_t max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : model.max_position_embeddings;
+  if (max_seq_len > model.max_position_embeddings || max_seq_len < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_seq_len must be in [2, ", model.max_position_embeddings,
+                                                   "] (max_position_embeddings), got ", max_seq_len));
+  }
+  const Clock* clock = deps.clock != nullptr ? deps.clock : RealClock::Get();
+
+  c->registry_ = std::make_unique<WorkerRegistry>(
+      WorkerRegistry::Options{.heartbeat_interval = options.heartbeat_interval,
+                              .heartbeat_timeout = options.heartbeat_timeout},
+      clock);
+  SchedulerOptions so;
+  so.limits = {.vocab_size = model.vocab_size, .max_seq_len = max_seq_len};
+  so.max_step_tokens = options.max_step_tokens;
+  so.max_queued = options.max_queued;
+  for (int64_t id : model.eos_token_ids) so.eos_token_ids.push_back(static_cast<int32_t>(id));
+  c->scheduler_ = std::make_unique<Scheduler>(so);
+  c->worker_client_ = deps.worker_client != nullptr
+                          ? std::move(deps.worker_client)
+                          : std::make_unique<GrpcWorkerClient>(GrpcWorkerClient::Options{.timeout = options.assign_timeout});
+  ReplicaClientFactory factory = deps.replica_factory;
+  if (factory == nullptr) {
+    factory = [timeout = options.step_timeout](const ReplicaEndpoint& e)
+        -> absl::StatusOr<std::unique_ptr<ReplicaClient>> {
+      return std::make_unique<GrpcReplicaClient>(
+          grpc::CreateChannel(e.stage0_address, grpc::InsecureChannelCredentials()),
+          GrpcReplicaClient::Options{.address = e.stage0_address, .step_timeout = timeout});
+    };
+  }
+  ClusterOptions co;
+  co.model_path = options.model_path;
+  co.expected_workers = options.expected_workers;
+  co.policy.tp = options.tp;
+  co.policy.pp = options.pp;
+  co.policy.replicas = options.replicas;
+  co.policy.max_seq_len = max_seq_len;
+  co.max_slots = options.max_slots;
+  co.max_step_tokens = options.max_step_tokens;
+  c->cluster_ = std::make_unique<Cluster>(co, c->spec_.get(), c->registry_.get(), c->scheduler_.get(),
+                                          c->worker_client_.get(), std::move(factory), clock);
+
+  c->inference_ = std::make_unique<InferenceService>(
+      InferenceServiceOptions{.model_path = options.model_path, .max_seq_len = max_seq_len}, c->spec_.get(),
+      c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
+  c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get());
+  c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(c->inference_.get());
+  builder.RegisterService(c->registry_service_.get());
+  builder.RegisterService(c->admin_.get());
+  c->server_ = builder.BuildAndStart();
+  if (c->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve on --listen=", options.listen));
+  }
+  c->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  grpc::HealthCheckServiceInterface* health = c->server_->GetHealthCheckService();
+  if (health != nullptr) health->SetServingStatus(false);
+  c->cluster_->SetReadinessCallback([health](bool ready) {
+    if (health != nullptr) health->SetServingStatus(ready);
+  });
+  c->cluster_->Start();
+  LOG(INFO) << "coordinator serving " << options.model_path << " on " << c->address_ << ", waiting for "
+            << options.expected_workers << " worker(s)";
+  return c;
+}
+
+Coordinator::~Coordinator() { Shutdown(absl::Seconds(5)); }
+
+void Coordinator::Shutdown(absl::Duration deadline) {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (cluster_ != nullptr) cluster_->Stop();
+  if (server_ != nullptr && server_->GetHealthCheckService() != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+  }
+  if (scheduler_ != nullptr) scheduler_->Shutdown(absl::UnavailableError("shutting down"));
+  if (server_ != nullptr) {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
+    server_->Wait();
+  }
+}
+
+}  // namespace shardserve::coordinator

@@ -1,0 +1,113 @@
+// Coordinator: the whole coordinator process minus flag parsing and signals — it loads the model's
+// ModelSpec (config.json) and tokenizer (when the directory has one) from `model_path`, and serves
+// on one gRPC server:
+//   shardserve.v1.Inference (public API), Registry (workers), Admin (operators), the standard
+//   grpc.health.v1.Health (NOT_SERVING until the cluster is ready, SERVING while it is) and server
+//   reflection.
+// Behind them: the WorkerRegistry, the Scheduler and the Cluster control loop (cluster.h).
+//
+// Tests inject a FakeClock, a fake WorkerClient and an in-process ReplicaClient factory through
+// CoordinatorDeps; production uses the real clock and the gRPC clients.
+//
+// Thread-safety: Shutdown() may be called from any thread, once or more; the accessors return
+// objects that are themselves thread-safe.
+#ifndef SHARDSERVE_COORDINATOR_API_COORDINATOR_H_
+#define SHARDSERVE_COORDINATOR_API_COORDINATOR_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/concurrency/clock.h"
+#include "coordinator/api/cluster.h"
+#include "coordinator/client/worker_client.h"
+#include "coordinator/registry/registry.h"
+#include "coordinator/scheduler/scheduler.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace shardserve {
+class Tokenizer;
+struct ModelSpec;
+}  // namespace shardserve
+
+namespace shardserve::coordinator {
+
+class InferenceService;
+class RegistryService;
+class AdminService;
+
+struct CoordinatorOptions {
+  std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free port
+  std::string model_path;              // required: config.json (+ tokenizer files)
+  int expected_workers = 1;            // >= 1
+  int tp = 0, pp = 0, replicas = 0;    // >= 0; 0 = let the planner choose
+  int64_t max_seq_len = 0;             // 0 = the model's max_position_embeddings
+  int32_t max_slots = 8;               // per replica, >= 1
+  int32_t max_step_tokens = 256;       // >= 1
+  int64_t max_queued = 1024;           // >= 0
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign
+  absl::Duration step_timeout = absl::Seconds(60);    // bound on one micro-batch
+  // InvalidArgument naming the option (as its flag is spelled) when out of range.
+  absl::Status Validate() const;
+};
+
+// Test seams; every null member gets the production implementation.
+struct CoordinatorDeps {
+  const Clock* clock = nullptr;                 // borrowed; must outlive the Coordinator
+  std::unique_ptr<WorkerClient> worker_client;  // default: GrpcWorkerClient
+  ReplicaClientFactory replica_factory;         // default: GrpcReplicaClient to stage 0
+};
+
+class Coordinator {
+ public:
+  // Loads the model description, builds everything and starts serving. Errors: InvalidArgument
+  // for options (or max_seq_len above the model's max_position_embeddings); the errors of
+  // LoadModelSpec / LoadTokenizer (a directory without tokenizer files is fine; a broken one is
+  // not); Unavailable when the listen address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options,
+                                                            CoordinatorDeps deps = {});
+  ~Coordinator();  // Shutdown(5 s)
+
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Stops the control loop, marks the health service NOT_SERVING, fails every outstanding request
+  // with UNAVAILABLE "shutting down", then shuts the gRPC server down, cancelling what is still
+  // running at `deadline`. Idempotent.
+  void Shutdown(absl::Duration deadline);
+
+  // The address actually bound ("127.0.0.1:43567").
+  const std::string& address() const { return address_; }
+  Cluster& cluster() { return *cluster_; }
+  Scheduler& scheduler() { return *scheduler_; }
+  WorkerRegistry& registry() { return *registry_; }
+
+ private:
+  Coordinator() = default;
+
+  std::string address_;
+  std::unique_ptr<ModelSpec> spec_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // null when the model has none
+  std::unique_ptr<WorkerClient> worker_client_;
+  std::unique_ptr<WorkerRegistry> registry_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<InferenceService> inference_;
+  std::unique_ptr<RegistryService> registry_service_;
+  std::unique_ptr<AdminService> admin_;
+  std::unique_ptr<grpc::Server> server_;
+
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace shardserve::coordinator
+
+#endif  // SHARDSERVE_COORDINATOR_API_COORDINATOR_H_

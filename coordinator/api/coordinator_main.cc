@@ -1,0 +1,89 @@
+// shardserve-coordinator: one per cluster. Waits for --expected_workers workers to register, plans
+// the placement, assigns stages, and serves the public API once the cluster is ready.
+//
+//   shardserve-coordinator --listen=127.0.0.1:7000 --model=DIR --expected_workers=2
+//
+// SIGINT / SIGTERM: stop planning, fail outstanding requests with UNAVAILABLE "shutting down",
+// and shut the server down within --shutdown_timeout_ms.
+#include <pthread.h>
+
+#include <csignal>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "common/log/log.h"
+#include "coordinator/api/coordinator.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7000", "address to serve on, HOST:PORT (port 0 picks a free port)");
+ABSL_FLAG(std::string, model, "", "model directory (config.json, tokenizer files), as the workers also see it");
+ABSL_FLAG(int32_t, expected_workers, 1, "plan once this many workers have registered");
+ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = planner's choice");
+ABSL_FLAG(int32_t, pp, 0, "pipeline stages per replica; 0 = planner's choice");
+ABSL_FLAG(int32_t, replicas, 0, "data-parallel replicas; 0 = as many as fit");
+ABSL_FLAG(int64_t, max_seq_len, 0, "tokens per sequence (prompt + output); 0 = the model's max_position_embeddings");
+ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once (lowered to what the KV budget holds)");
+ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per micro-batch (prefill chunk budget)");
+ABSL_FLAG(int64_t, max_queued, 1024, "requests waiting for a slot; beyond it Generate fails with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval workers are told to use");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000, "a worker silent this long is dead");
+ABSL_FLAG(int64_t, assign_timeout_ms, 10000, "deadline of Worker.Assign calls");
+ABSL_FLAG(int64_t, step_timeout_ms, 60000, "bound on one micro-batch round trip to a replica");
+ABSL_FLAG(int64_t, shutdown_timeout_ms, 5000, "on SIGINT/SIGTERM, cancel calls still running after this");
+ABSL_FLAG(std::string, metrics_listen, "", "Prometheus endpoint HOST:PORT (reserved; not served yet)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "shardserve coordinator: --listen=HOST:PORT --model=DIR --expected_workers=N [--tp --pp --replicas ...]");
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  if (rest.size() > 1) {
+    std::cerr << "shardserve-coordinator: unexpected argument \"" << rest[1] << "\"\n";
+    return 2;
+  }
+  using namespace shardserve::coordinator;
+  CoordinatorOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.model_path = absl::GetFlag(FLAGS_model);
+  options.expected_workers = absl::GetFlag(FLAGS_expected_workers);
+  options.tp = absl::GetFlag(FLAGS_tp);
+  options.pp = absl::GetFlag(FLAGS_pp);
+  options.replicas = absl::GetFlag(FLAGS_replicas);
+  options.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  options.max_slots = absl::GetFlag(FLAGS_max_slots);
+  options.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
+  options.max_queued = absl::GetFlag(FLAGS_max_queued);
+  options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  options.assign_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_assign_timeout_ms));
+  options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
+  const absl::Duration shutdown_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms));
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    LOG(WARNING) << "--metrics_listen is accepted but metrics are not served yet";
+  }
+
+  // Block the stop signals in every thread (threads inherit the mask), then wait for them here.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<Coordinator>> coordinator = Coordinator::Start(options);
+  if (!coordinator.ok()) {
+    std::cerr << "shardserve-coordinator: " << coordinator.status() << "\n";
+    return 1;
+  }
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  LOG(INFO) << "signal " << signal << ": shutting down";
+  (*coordinator)->Shutdown(shutdown_timeout);
+  coordinator->reset();
+  LOG(INFO) << "coordinator stopped";
+  return 0;
+}

@@ -1,0 +1,267 @@
+#include "coordinator/api/inference_service.h"
+
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/log/log.h"
+#include "common/status/grpc_status.h"
+
+namespace shardserve::coordinator {
+namespace {
+
+v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kStop: return v1::FINISH_REASON_STOP;
+    case FinishReason::kCancelled: return v1::FINISH_REASON_CANCELLED;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+// One Generate call's output queue: the SequenceSink the scheduler feeds, and the writer that
+// drives the reactor. At most one write is in flight; tokens that arrive meanwhile are merged into
+// one pending message. The reactor is used until Finish is called and never after (gRPC deletes it
+// in OnDone, which cannot come before Finish).
+class GenerateStream final : public SequenceSink {
+ public:
+  GenerateStream(grpc::ServerWriteReactor<v1::GenerateResponse>* reactor, Scheduler* scheduler,
+                 std::string request_id, std::unique_ptr<StreamDecoder> decoder)
+      : reactor_(reactor), scheduler_(scheduler), request_id_(std::move(request_id)), decoder_(std::move(decoder)) {}
+
+  // The sequence id, once Submit has returned; cancels it now if a cancel came first.
+  void Bind(SequenceId id) {
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = id;
+      cancel = cancel_requested_;
+    }
+    if (cancel) scheduler_->Cancel(id);
+  }
+
+  // The client went away (OnCancel, or a failed write): stop generating.
+  void RequestCancel() {
+    std::optional<SequenceId> id;
+    {
+      absl::MutexLock lock(&mu_);
+      cancel_requested_ = true;
+      id = id_;
+    }
+    if (id.has_value()) scheduler_->Cancel(*id);  // may call OnEnd on this thread
+  }
+
+  void OnTokens(absl::Span<const int32_t> tokens) override {
+    Action action;
+    {
+      absl::MutexLock lock(&mu_);
+      for (int32_t id : tokens) {
+        pending_.add_token_ids(id);
+        if (decoder_ != nullptr) {
+          absl::StatusOr<std::string> text = decoder_->Next(id);
+          if (text.ok()) {
+            pending_.mutable_text()->append(*text);
+          } else {
+            VLOG(1) << request_id_ << ": no text for token " << id << ": " << text.status();
+          }
+        }
+      }
+      has_pending_ = true;
+      action = NextLocked();
+    }
+    Run(action);
+  }
+
+  void OnEnd(const SequenceEnd& end) override {
+    Action action;
+    {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      if (end.status.ok() && end.reason == FinishReason::kCancelled) {
+        final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled");
+        has_pending_ = false;  // nobody is listening
+      } else if (end.status.ok()) {
+        if (decoder_ != nullptr) pending_.mutable_text()->append(decoder_->Finish());
+        pending_.set_finish_reason(ToProto(end.reason));
+        pending_.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
+        pending_.mutable_usage()->set_completion_tokens(end.completion_tokens);
+        has_pending_ = true;
+        final_status_ = grpc::Status::OK;
+      } else {
+        final_status_ = ToGrpcStatus(end.status);  // tokens already produced are still sent first
+      }
+      action = NextLocked();
+    }
+    Run(action);
+  }
+
+  void OnWriteDone(bool ok) {
+    Action action;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) broken_ = true;
+      action = NextLocked();
+    }
+    if (!ok) RequestCancel();
+    Run(action);
+  }
+
+ private:
+  enum class Action { kNone, kWrite, kFinish };
+
+  Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || finished_) return Action::kNone;
+    if (has_pending_ && !broken_) {
+      pending_.set_request_id(request_id_);
+      in_flight_.Swap(&pending_);
+      pending_.Clear();
+      has_pending_ = false;
+      writing_ = true;
+      return Action::kWrite;
+    }
+    if (!ended_) return Action::kNone;
+    finished_ = true;
+    if (broken_ && final_status_.ok()) final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "write failed");
+    return Action::kFinish;
+  }
+
+  // Start* outside mu_: gRPC may run a reaction inline.
+  void Run(Action action) {
+    switch (action) {
+      case Action::kNone: return;
+      case Action::kWrite: reactor_->StartWrite(&in_flight_); return;
+      case Action::kFinish: reactor_->Finish(final_status_); return;  // set before finished_; constant since
+    }
+  }
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* const reactor_;  // valid until Finish
+  Scheduler* const scheduler_;
+  const std::string request_id_;
+
+  absl::Mutex mu_;
+  std::unique_ptr<StreamDecoder> decoder_ ABSL_GUARDED_BY(mu_);
+  v1::GenerateResponse pending_ ABSL_GUARDED_BY(mu_);
+  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
+  v1::GenerateResponse in_flight_;  // filled under mu_ when no write is in flight; then read by gRPC
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_;  // written under mu_ before finished_ is set, read once after
+  std::optional<SequenceId> id_ ABSL_GUARDED_BY(mu_);
+  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  void set_stream(std::shared_ptr<GenerateStream> stream) { stream_ = std::move(stream); }
+  void OnWriteDone(bool ok) override { stream_->OnWriteDone(ok); }
+  void OnCancel() override {
+    if (stream_ != nullptr) stream_->RequestCancel();
+  }
+  void OnDone() override { delete this; }  // gRPC is done with the call; the stream may live on briefly
+
+ private:
+  std::shared_ptr<GenerateStream> stream_;  // set before the handler returns
+};
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
+InferenceService::InferenceService(InferenceServiceOptions options, const ModelSpec* spec, const Tokenizer* tokenizer,
+                                   Scheduler* scheduler, const Cluster* cluster)
+    : options_(std::move(options)), spec_(spec), tokenizer_(tokenizer), scheduler_(scheduler), cluster_(cluster) {}
+
+absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequest& request) const {
+  SequenceRequest r;
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      if (tokenizer_ == nullptr) {
+        return absl::InvalidArgumentError("prompt.text: model has no tokenizer; send prompt.token_ids instead");
+      }
+      if (request.text().empty()) return absl::InvalidArgumentError("prompt is empty (prompt.text)");
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request.text(), /*add_special_tokens=*/true);
+      if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt.text: ", ids.status().message()));
+      r.prompt = *std::move(ids);
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds:
+      r.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      break;
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      return absl::InvalidArgumentError("prompt is empty: set prompt.text or prompt.token_ids");
+  }
+  r.max_tokens = request.max_tokens();
+  r.sampling = {.temperature = request.sampling().temperature(),
+                .top_k = request.sampling().top_k(),
+                .top_p = request.sampling().top_p() == 0.0f ? 1.0f : request.sampling().top_p(),
+                .seed = request.sampling().seed()};
+  r.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  r.ignore_eos = request.ignore_eos();
+  r.request_id = request.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
+                                              : request.request_id();
+  const absl::Status valid =
+      ValidateSequenceRequest(r, {.vocab_size = spec_->vocab_size, .max_seq_len = options_.max_seq_len});
+  if (!valid.ok()) return valid;
+  return r;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc::CallbackServerContext* /*ctx*/,
+                                                                           const v1::GenerateRequest* request) {
+  auto* reactor = new GenerateReactor();
+  absl::StatusOr<SequenceRequest> seq = Convert(*request);
+  if (seq.ok()) {
+    if (absl::Status ready = cluster_->ReadyStatus(); !ready.ok()) seq = ready;
+  }
+  if (!seq.ok()) {
+    reactor->Finish(ToGrpcStatus(seq.status()));
+    return reactor;
+  }
+  std::unique_ptr<StreamDecoder> decoder;
+  if (tokenizer_ != nullptr) decoder = tokenizer_->NewStreamDecoder(/*skip_special_tokens=*/true);
+  const std::string request_id = seq->request_id;
+  auto stream = std::make_shared<GenerateStream>(reactor, scheduler_, request_id, std::move(decoder));
+  reactor->set_stream(stream);
+  absl::StatusOr<SequenceId> id = scheduler_->Submit(*std::move(seq), stream);
+  if (!id.ok()) {
+    reactor->Finish(ToGrpcStatus(id.status()));
+    return reactor;
+  }
+  stream->Bind(*id);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx,
+                                                     const v1::TokenizeRequest* request,
+                                                     v1::TokenizeResponse* response) {
+  if (tokenizer_ == nullptr) return Done(ctx, absl::InvalidArgumentError("model has no tokenizer"));
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request->text(), request->add_special_tokens());
+  if (!ids.ok()) return Done(ctx, absl::InvalidArgumentError(absl::StrCat("text: ", ids.status().message())));
+  response->mutable_ids()->Add(ids->begin(), ids->end());
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                         const v1::GetModelInfoRequest* /*request*/,
+                                                         v1::ModelInfo* response) {
+  response->set_model_path(options_.model_path);
+  response->set_architecture(std::string(ArchitectureName(spec_->arch)));
+  response->set_vocab_size(spec_->vocab_size);
+  response->set_max_position_embeddings(options_.max_seq_len);
+  response->set_num_layers(spec_->num_layers);
+  response->set_num_parameters(spec_->NumParameters());
+  for (int64_t id : spec_->eos_token_ids) response->add_eos_token_ids(static_cast<int32_t>(id));
+  response->set_has_tokenizer(tokenizer_ != nullptr);
+  return Done(ctx, absl::OkStatus());
+}
+
+}  // namespace shardserve::coordinator

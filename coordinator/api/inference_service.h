@@ -1,0 +1,63 @@
+// InferenceService: the public API (proto/shardserve/v1/inference.proto) on the callback API.
+//
+// Generate: the handler validates the request (INVALID_ARGUMENT naming the field), checks that
+// the cluster is ready (UNAVAILABLE with the reason), tokenizes a text prompt, and submits the
+// sequence to the Scheduler (RESOURCE_EXHAUSTED when the queue is full). From then on the
+// scheduler's threads push tokens into the call's own small queue (GenerateStream, a
+// SequenceSink), which coalesces them into at most one pending message while a write is in flight;
+// OnWriteDone starts the next write. Text deltas come from the tokenizer's StreamDecoder. The last
+// message carries finish_reason and usage. A client that cancels, disconnects or passes its
+// deadline (OnCancel, or a failed write) cancels its sequence, which frees its slot; the call
+// finishes once the scheduler has ended the sequence. No reaction blocks.
+//
+// Tokenize and GetModelInfo answer from constant data.
+#ifndef SHARDSERVE_COORDINATOR_API_INFERENCE_SERVICE_H_
+#define SHARDSERVE_COORDINATOR_API_INFERENCE_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/model_spec/model_spec.h"
+#include "common/tokenizer/tokenizer.h"
+#include "coordinator/api/cluster.h"
+#include "coordinator/scheduler/scheduler.h"
+#include "shardserve/v1/inference.grpc.pb.h"
+
+namespace shardserve::coordinator {
+
+struct InferenceServiceOptions {
+  std::string model_path;
+  int64_t max_seq_len = 0;  // the context served (resolved)
+};
+
+class InferenceService final : public v1::Inference::CallbackService {
+ public:
+  // Borrows everything; all must outlive the service (and every call it serves: shut the gRPC
+  // server down first). `tokenizer` may be null (the model has none).
+  InferenceService(InferenceServiceOptions options, const ModelSpec* spec, const Tokenizer* tokenizer,
+                   Scheduler* scheduler, const Cluster* cluster);
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
+                                                           const v1::GenerateRequest* request) override;
+  // INVALID_ARGUMENT "model has no tokenizer", or the tokenizer's own error (e.g. invalid UTF-8).
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+
+ private:
+  // The scheduler's request for `request`, or INVALID_ARGUMENT naming the field.
+  absl::StatusOr<SequenceRequest> Convert(const v1::GenerateRequest& request) const;
+
+  const InferenceServiceOptions options_;
+  const ModelSpec* const spec_;
+  const Tokenizer* const tokenizer_;
+  Scheduler* const scheduler_;
+  const Cluster* const cluster_;
+  mutable std::atomic<uint64_t> next_request_ = 1;  // for request ids the server makes
+};
+
+}  // namespace shardserve::coordinator
+
+#endif  // SHARDSERVE_COORDINATOR_API_INFERENCE_SERVICE_H_

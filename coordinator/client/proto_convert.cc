@@ -1,0 +1,90 @@
+#include "coordinator/client/proto_convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace shardserve::coordinator {
+
+v1::DeviceKind ToProto(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu: return v1::DEVICE_KIND_CPU;
+    case DeviceKind::kCuda: return v1::DEVICE_KIND_CUDA;
+  }
+  return v1::DEVICE_KIND_UNSPECIFIED;
+}
+
+absl::StatusOr<DeviceKind> FromProto(v1::DeviceKind kind) {
+  switch (kind) {
+    case v1::DEVICE_KIND_CPU: return DeviceKind::kCpu;
+    case v1::DEVICE_KIND_CUDA: return DeviceKind::kCuda;
+    default: break;  // a proto enum: open, with values we do not list
+  }
+  return absl::InvalidArgumentError(absl::StrCat("kind: unsupported device kind ", static_cast<int>(kind)));
+}
+
+void ToProto(const Device& device, v1::Device* out) {
+  out->set_kind(ToProto(device.kind));
+  out->set_index(device.index);
+  out->set_total_bytes(device.total_bytes);
+  out->set_free_bytes(device.free_bytes);
+}
+
+absl::StatusOr<Device> FromProto(const v1::Device& device) {
+  absl::StatusOr<DeviceKind> kind = FromProto(device.kind());
+  if (!kind.ok()) return kind.status();
+  return Device{.kind = *kind, .index = device.index(), .total_bytes = device.total_bytes(),
+                .free_bytes = device.free_bytes()};
+}
+
+void ToProto(const WorkerAssignment& a, v1::Assignment* out) {
+  out->set_assignment_id(a.assignment_id);
+  out->set_model_path(a.model_path);
+  out->set_replica(a.replica);
+  out->set_stage(a.stage);
+  out->set_num_stages(a.num_stages);
+  out->set_layer_begin(static_cast<int32_t>(a.layer_begin));
+  out->set_layer_end(static_cast<int32_t>(a.layer_end));
+  out->set_device_kind(ToProto(a.device_kind));
+  out->clear_devices();
+  for (int d : a.devices) out->add_devices(d);
+  out->set_max_slots(a.max_slots);
+  out->set_max_seq_len(a.max_seq_len);
+  out->set_max_step_tokens(a.max_step_tokens);
+  out->set_next_address(a.next_address);
+}
+
+void ToProto(const StepInput& input, v1::StepRequest* out) {
+  out->Clear();
+  out->set_step_id(input.step_id);
+  out->mutable_sequences()->Reserve(static_cast<int>(input.sequences.size()));
+  for (const StepSequenceInput& in : input.sequences) {
+    v1::StepSequence* s = out->add_sequences();
+    s->set_slot(in.slot);
+    s->set_pos_begin(in.pos_begin);
+    s->set_num_tokens(static_cast<int32_t>(in.token_ids.size()));
+    s->mutable_token_ids()->Add(in.token_ids.begin(), in.token_ids.end());
+    s->set_sample(in.sample);
+    if (in.sample) {
+      v1::SamplingParams* p = s->mutable_sampling();
+      p->set_temperature(in.sampling.temperature);
+      p->set_top_k(in.sampling.top_k);
+      p->set_top_p(in.sampling.top_p);
+      p->set_seed(in.sampling.seed);
+      s->set_sample_index(in.sample_index);
+    }
+    s->set_request_id(in.request_id);
+  }
+}
+
+absl::StatusOr<StepOutput> FromProto(const v1::StepResponse& response) {
+  if (response.error_code() != 0) {
+    const int code = response.error_code();
+    const absl::StatusCode c = (code > 0 && code <= 16) ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
+    return absl::Status(c, response.error_message().empty() ? absl::StrCat("step failed with code ", code)
+                                                            : response.error_message());
+  }
+  StepOutput out;
+  out.token_ids.assign(response.token_ids().begin(), response.token_ids().end());
+  return out;
+}
+
+}  // namespace shardserve::coordinator

@@ -1,0 +1,46 @@
+// WorkerClient: how the coordinator pushes an assignment to a worker (Worker.Assign in
+// proto/shardserve/v1/control.proto), behind an interface so that tests use a fake.
+#ifndef SHARDSERVE_COORDINATOR_CLIENT_WORKER_CLIENT_H_
+#define SHARDSERVE_COORDINATOR_CLIENT_WORKER_CLIENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/plan/plan.h"
+
+namespace shardserve::coordinator {
+
+// One pipeline stage of one replica, for one worker (mirrors shardserve.v1.Assignment).
+struct WorkerAssignment {
+  std::string assignment_id;  // unique per plan and worker
+  std::string model_path;     // the model directory as the worker sees it
+  int32_t replica = 0;
+  int32_t stage = 0;
+  int32_t num_stages = 1;
+  int64_t layer_begin = 0;  // layers [layer_begin, layer_end)
+  int64_t layer_end = 0;
+  DeviceKind device_kind = DeviceKind::kCpu;
+  std::vector<int> devices;  // CUDA ordinals, or CPU ranks (the count is what matters)
+  int32_t max_slots = 0;
+  int32_t max_seq_len = 0;
+  int32_t max_step_tokens = 0;
+  std::string next_address;  // the next stage's worker; empty on the last stage
+};
+
+// Thread-safe: Assign may be called from several threads at once.
+class WorkerClient {
+ public:
+  virtual ~WorkerClient() = default;
+
+  // Sends `assignment` to the worker serving at `address` and returns once the worker has taken
+  // it (loading goes on in the background; its progress arrives through heartbeats). Blocks the
+  // caller for at most the implementation's deadline. Errors: the call's status, e.g.
+  // Unavailable (unreachable), DeadlineExceeded, or the worker's own InvalidArgument.
+  virtual absl::Status Assign(const std::string& address, const WorkerAssignment& assignment) = 0;
+};
+
+}  // namespace shardserve::coordinator
+
+#endif  // SHARDSERVE_COORDINATOR_CLIENT_WORKER_CLIENT_H_

@@ -1,0 +1,195 @@
+#include "coordinator/registry/registry.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+
+namespace shardserve::coordinator {
+
+absl::string_view WorkerStateName(WorkerState state) {
+  switch (state) {
+    case WorkerState::kIdle: return "idle";
+    case WorkerState::kLoading: return "loading";
+    case WorkerState::kReady: return "ready";
+    case WorkerState::kFailed: return "failed";
+    case WorkerState::kDead: return "dead";
+  }
+  return "?";
+}
+
+absl::Status WorkerRegistry::Options::Validate() const {
+  if (heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("heartbeat_interval must be > 0, got ", absl::FormatDuration(heartbeat_interval)));
+  }
+  if (heartbeat_timeout <= heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat("heartbeat_timeout (", absl::FormatDuration(heartbeat_timeout),
+                                                   ") must exceed heartbeat_interval (",
+                                                   absl::FormatDuration(heartbeat_interval), ")"));
+  }
+  return absl::OkStatus();
+}
+
+WorkerRegistry::WorkerRegistry(const Options& options, const Clock* clock) : options_(options), clock_(clock) {
+  CHECK(options_.Validate().ok()) << options_.Validate();
+  CHECK(clock_ != nullptr);
+}
+
+namespace {
+
+absl::Status ValidateRegistration(const WorkerRegistration& r) {
+  if (r.node_name.empty()) return absl::InvalidArgumentError("node_name is empty");
+  if (r.address.empty()) return absl::InvalidArgumentError("address is empty");
+  std::set<std::pair<DeviceKind, int>> seen;
+  for (size_t i = 0; i < r.devices.size(); ++i) {
+    const Device& d = r.devices[i];
+    const std::string field = absl::StrCat("devices[", i, "]");
+    if (!seen.insert({d.kind, d.index}).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": duplicate device ", DeviceKindName(d.kind), ":", d.index));
+    }
+    if (d.index < 0) return absl::InvalidArgumentError(absl::StrCat(field, ".index is negative: ", d.index));
+    if (d.total_bytes < 0 || d.free_bytes < 0 || d.free_bytes > d.total_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": free_bytes (", d.free_bytes,
+                                                     ") must be in [0, total_bytes (", d.total_bytes, ")]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> WorkerRegistry::Register(WorkerRegistration registration) {
+  if (absl::Status st = ValidateRegistration(registration); !st.ok()) return st;
+  absl::MutexLock lock(&mu_);
+  // A restarted worker: same node and address. Its old record (and id) go away.
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    const WorkerRegistration& old = it->second.record.registration;
+    if (old.node_name == registration.node_name && old.address == registration.address) {
+      LOG(INFO) << "worker " << it->first << " (" << old.address << ") registered again; dropping the old record";
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const uint64_t order = next_id_++;
+  const std::string id = absl::StrCat("w-", order);
+  const absl::Time now = clock_->Now();
+  Entry e;
+  e.order = order;
+  e.record.worker_id = id;
+  e.record.registration = std::move(registration);
+  e.record.state = WorkerState::kIdle;
+  e.record.registered_at = now;
+  e.record.last_heartbeat = now;
+  LOG(INFO) << "worker " << id << " registered: node " << e.record.registration.node_name << ", address "
+            << e.record.registration.address << ", " << e.record.registration.devices.size() << " device(s)";
+  workers_.emplace(id, std::move(e));
+  ++version_;
+  return id;
+}
+
+absl::Status WorkerRegistry::Heartbeat(const WorkerHeartbeat& hb) {
+  if (hb.state == WorkerState::kDead) {
+    return absl::InvalidArgumentError("state: a worker cannot report itself dead");
+  }
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  auto it = workers_.find(hb.worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown worker_id \"", hb.worker_id, "\"; register again"));
+  }
+  WorkerRecord& r = it->second.record;
+  if (r.state == WorkerState::kDead) {
+    return absl::NotFoundError(absl::StrCat("worker ", hb.worker_id, " was declared dead (", r.error,
+                                            "); register again"));
+  }
+  r.last_heartbeat = clock_->Now();
+  const std::string error = hb.state == WorkerState::kFailed ? hb.error : std::string();
+  const int64_t kv_slots = hb.state == WorkerState::kReady ? hb.kv_slots : 0;
+  if (r.state != hb.state || r.assignment_id != hb.assignment_id || r.error != error || r.kv_slots != kv_slots) {
+    if (r.state != hb.state) {
+      LOG(INFO) << "worker " << hb.worker_id << ": " << WorkerStateName(r.state) << " -> "
+                << WorkerStateName(hb.state) << (hb.assignment_id.empty() ? "" : " (assignment ")
+                << hb.assignment_id << (hb.assignment_id.empty() ? "" : ")")
+                << (error.empty() ? "" : ": ") << error;
+    }
+    r.state = hb.state;
+    r.assignment_id = hb.assignment_id;
+    r.error = error;
+    r.kv_slots = kv_slots;
+    ++version_;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> WorkerRegistry::SweepLocked() {
+  std::vector<std::string> dead;
+  const absl::Time now = clock_->Now();
+  for (auto& [id, e] : workers_) {
+    WorkerRecord& r = e.record;
+    if (r.state == WorkerState::kDead) continue;
+    const absl::Duration silent = now - r.last_heartbeat;
+    if (silent > options_.heartbeat_timeout) {
+      r.error = absl::StrCat("no heartbeat for ", absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(1))),
+                             " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), "), last state ",
+                             WorkerStateName(r.state));
+      LOG(WARNING) << "worker " << id << " (" << r.registration.address << ") is dead: " << r.error;
+      r.state = WorkerState::kDead;
+      r.kv_slots = 0;
+      dead.push_back(id);
+    }
+  }
+  if (!dead.empty()) ++version_;
+  return dead;
+}
+
+std::vector<std::string> WorkerRegistry::SweepDead() {
+  absl::MutexLock lock(&mu_);
+  return SweepLocked();
+}
+
+std::vector<WorkerRecord> WorkerRegistry::List() {
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  std::vector<const Entry*> entries;
+  entries.reserve(workers_.size());
+  for (const auto& [id, e] : workers_) entries.push_back(&e);
+  std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) { return a->order < b->order; });
+  std::vector<WorkerRecord> out;
+  out.reserve(entries.size());
+  for (const Entry* e : entries) out.push_back(e->record);
+  return out;
+}
+
+std::optional<WorkerRecord> WorkerRegistry::Get(absl::string_view worker_id) {
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  auto it = workers_.find(std::string(worker_id));
+  if (it == workers_.end()) return std::nullopt;
+  return it->second.record;
+}
+
+int WorkerRegistry::NumAlive() {
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  int n = 0;
+  for (const auto& [id, e] : workers_) n += e.record.state != WorkerState::kDead ? 1 : 0;
+  return n;
+}
+
+uint64_t WorkerRegistry::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+bool WorkerRegistry::WaitForChange(uint64_t seen, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ != seen; };
+  return mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+}
+
+}  // namespace shardserve::coordinator

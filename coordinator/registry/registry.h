@@ -1,0 +1,147 @@
+// WorkerRegistry: the coordinator's view of its workers — who registered, with which devices, in
+// which state (as their heartbeats report it), and whether they are still alive.
+//
+// Life of a worker, as the Registry service (proto/shardserve/v1/control.proto) describes it:
+//   Register      -> a new worker_id, state kIdle. Registering again with the same
+//                    (node_name, address) — a restarted worker — drops the old record and gives a
+//                    new worker_id.
+//   Heartbeat     -> records the state the worker reports (kIdle / kLoading / kReady / kFailed with
+//                    its error), the assignment_id that state refers to and, when ready, kv_slots.
+//   no heartbeat  -> after Options::heartbeat_timeout without a Register or Heartbeat, the worker
+//                    is kDead. A dead worker stays listed (operators see it in the cluster status)
+//                    until it registers again; its heartbeats get NotFound ("register again").
+//
+// Liveness is evaluated against the injected Clock whenever the registry is read or swept, so a
+// test with a FakeClock controls it completely.
+//
+// Plain C++ structs only: the Registry service converts protobuf at the edge.
+// Thread-safety: every method is thread-safe.
+#ifndef SHARDSERVE_COORDINATOR_REGISTRY_REGISTRY_H_
+#define SHARDSERVE_COORDINATOR_REGISTRY_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/concurrency/clock.h"
+#include "common/plan/plan.h"
+
+namespace shardserve::coordinator {
+
+// Mirrors shardserve.v1.WorkerState (without UNSPECIFIED).
+enum class WorkerState : uint8_t {
+  kIdle,     // registered, no assignment
+  kLoading,  // loading its assignment
+  kReady,    // serving its assignment
+  kFailed,   // its assignment failed; WorkerRecord::error says why
+  kDead,     // (coordinator view) heartbeats stopped
+};
+
+// "idle", "loading", "ready", "failed", "dead".
+absl::string_view WorkerStateName(WorkerState state);
+
+// What a worker announces when it registers.
+struct WorkerRegistration {
+  std::string node_name;        // required
+  std::string address;          // required: host:port of its Stage and Worker services
+  std::string metrics_address;  // optional
+  std::vector<Device> devices;  // may be empty (the planner then cannot use it)
+};
+
+// One heartbeat. `state` must not be kDead (only the coordinator decides that).
+struct WorkerHeartbeat {
+  std::string worker_id;
+  WorkerState state = WorkerState::kIdle;
+  std::string assignment_id;  // the assignment the state refers to ("" = none)
+  std::string error;          // with kFailed
+  int64_t kv_slots = 0;       // with kReady: sequences the stage can hold
+};
+
+// A snapshot of one worker.
+struct WorkerRecord {
+  std::string worker_id;
+  WorkerRegistration registration;
+  WorkerState state = WorkerState::kIdle;
+  std::string assignment_id;
+  std::string error;  // the worker's error with kFailed; why it was declared dead with kDead
+  int64_t kv_slots = 0;
+  absl::Time registered_at;
+  absl::Time last_heartbeat;  // the last Register or Heartbeat
+};
+
+class WorkerRegistry {
+ public:
+  struct Options {
+    // What workers are told to use (RegisterResponse.heartbeat_interval_ms). > 0.
+    absl::Duration heartbeat_interval = absl::Seconds(1);
+    // Silence after which a worker is dead. Must exceed heartbeat_interval.
+    absl::Duration heartbeat_timeout = absl::Seconds(5);
+    // InvalidArgument naming the field when the values above are out of range.
+    absl::Status Validate() const;
+  };
+
+  // `options` must be valid (checked: a programmer error otherwise). `clock` is borrowed and must
+  // outlive the registry.
+  WorkerRegistry(const Options& options, const Clock* clock);
+
+  WorkerRegistry(const WorkerRegistry&) = delete;
+  WorkerRegistry& operator=(const WorkerRegistry&) = delete;
+
+  const Options& options() const { return options_; }
+
+  // Adds a worker and returns its new id ("w-1", "w-2", ... in registration order; never reused).
+  // A previous record with the same (node_name, address) is dropped. InvalidArgument naming the
+  // field: empty node_name or address, two devices with the same (kind, index), negative bytes or
+  // free_bytes above total_bytes.
+  absl::StatusOr<std::string> Register(WorkerRegistration registration);
+
+  // Records a heartbeat. NotFound (with "register again") when the worker_id is unknown, was
+  // replaced by a newer registration, or was declared dead; InvalidArgument for state kDead.
+  absl::Status Heartbeat(const WorkerHeartbeat& heartbeat);
+
+  // Marks every worker silent for longer than heartbeat_timeout as kDead. Returns the ids that
+  // became dead in this call. Reading methods below apply the same rule first.
+  std::vector<std::string> SweepDead();
+
+  // All known workers (dead ones included), in registration order.
+  std::vector<WorkerRecord> List();
+  // One worker; nullopt when unknown.
+  std::optional<WorkerRecord> Get(absl::string_view worker_id);
+  // Registered workers that are not dead.
+  int NumAlive();
+
+  // A counter that increases whenever anything observable changes (register, heartbeat that
+  // changes state / assignment / error / kv_slots, a worker declared dead).
+  uint64_t version() const;
+  // Blocks until version() != `seen` or `timeout` (real time) passes. Returns whether it changed.
+  bool WaitForChange(uint64_t seen, absl::Duration timeout) const;
+
+ private:
+  struct Entry {
+    WorkerRecord record;
+    uint64_t order = 0;  // registration order
+  };
+  // Marks silent workers dead; returns their ids.
+  std::vector<std::string> SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const Options options_;
+  const Clock* const clock_;  // not owned
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);  // by worker_id
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace shardserve::coordinator
+
+#endif  // SHARDSERVE_COORDINATOR_REGISTRY_REGISTRY_H_

@@ -1,0 +1,74 @@
+// ReplicaClient: how the scheduler runs one micro-batch on one data-parallel replica (a whole
+// pipeline of stages), without knowing about gRPC. The production implementation
+// (coordinator/client/grpc_replica_client.h) sends a StepRequest over the Stage.StepStream of the
+// replica's stage-0 worker; tests run the engine in-process (tests/testing/engine_replica.h).
+//
+// The plain structs below mirror shardserve.v1.StepRequest / StepResponse (stage.proto) for the
+// first stage, which takes token ids (no hidden states on this edge).
+#ifndef SHARDSERVE_COORDINATOR_SCHEDULER_REPLICA_CLIENT_H_
+#define SHARDSERVE_COORDINATOR_SCHEDULER_REPLICA_CLIENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace shardserve::coordinator {
+
+// How the last stage picks a token (shardserve.v1.SamplingParams, already validated: temperature
+// >= 0 and finite, top_k >= 0, top_p in (0, 1] with 0 already read as 1).
+struct SamplingOptions {
+  float temperature = 0.0f;  // 0 = greedy
+  int32_t top_k = 0;         // 0 = no limit
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+};
+
+// One sequence's part of a micro-batch.
+struct StepSequenceInput {
+  int32_t slot = 0;                // KV cache slot, the same on every stage of the replica
+  int32_t pos_begin = 0;           // position of the first new token (tokens already cached)
+  std::vector<int32_t> token_ids;  // the new tokens: a prefill chunk, or the one token to decode
+  bool sample = false;             // sample a token after this chunk (end of prompt, or decode)
+  SamplingOptions sampling;        // with sample
+  uint64_t sample_index = 0;       // with sample: index of the token in the sequence's output
+  std::string request_id;          // for logs only
+};
+
+struct StepInput {
+  uint64_t step_id = 0;  // unique per replica; increasing
+  std::vector<StepSequenceInput> sequences;
+};
+
+struct StepOutput {
+  // One token per sequence with sample = true, in input order.
+  std::vector<int32_t> token_ids;
+};
+
+// Contract for implementations:
+//  - Step() runs one micro-batch on every stage of the replica and returns the sampled tokens. It
+//    blocks the calling thread until the answer arrives, a bounded step timeout passes, or
+//    Shutdown() is called: never indefinitely.
+//  - Errors fail the micro-batch only; the scheduler fails the sequences that were in it with the
+//    status (the stage's own gRPC code and message when a stage reported the failure;
+//    Unavailable when the replica cannot be reached; DeadlineExceeded after the step timeout).
+//    Nothing is assumed about the KV contents of those sequences' slots afterwards. A later Step
+//    may succeed (e.g. after the implementation reconnects).
+//  - StepOutput::token_ids must have exactly one entry per sequence with sample = true;
+//    the scheduler fails the batch with Internal otherwise.
+//  - Thread-safety: Step() is called by one thread at a time (the replica's step loop);
+//    Shutdown() may be called from any thread, at any time, more than once.
+class ReplicaClient {
+ public:
+  virtual ~ReplicaClient() = default;
+
+  virtual absl::StatusOr<StepOutput> Step(const StepInput& input) = 0;
+
+  // Makes a Step in progress return promptly (Unavailable) and every later Step fail at once.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace shardserve::coordinator
+
+#endif  // SHARDSERVE_COORDINATOR_SCHEDULER_REPLICA_CLIENT_H_

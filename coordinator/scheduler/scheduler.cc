@@ -1,0 +1,430 @@
+#include "coordinator/scheduler/scheduler.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+
+namespace shardserve::coordinator {
+
+// Invariants (under mu_):
+//  - a Sequence is in sequences_ iff its OnEnd has not been queued;
+//  - it is in exactly one of its replica's `waiting` (slot == -1) or `running` (slot >= 0);
+//  - a running sequence's slot is not in its replica's free_slots; slots of a replica are
+//    free_slots + running slots = [0, max_slots);
+//  - only the replica's own thread ends a running sequence, except RemoveReplica / Shutdown, which
+//    do so after that thread has been joined. So token and end events of one sequence are
+//    delivered in order from one thread.
+struct Scheduler::Sequence {
+  SequenceId id = 0;
+  SequenceRequest request;
+  std::shared_ptr<SequenceSink> sink;
+  Replica* replica = nullptr;
+  int32_t slot = -1;
+  int32_t consumed = 0;          // tokens of `context` already in the KV cache
+  std::vector<int32_t> context;  // prompt followed by the generated tokens
+  int32_t generated = 0;
+  bool cancelled = false;
+  bool in_flight = false;
+  uint64_t last_step = 0;  // the replica step that last included it (0 = none)
+  uint64_t admitted = 0;   // admission order on its replica
+};
+
+struct Scheduler::Replica {
+  int id = 0;
+  int32_t max_slots = 0;
+  std::unique_ptr<ReplicaClient> client;  // set at creation; used without the lock
+  std::vector<int32_t> free_slots;        // the lowest slot at the back
+  std::deque<Sequence*> waiting;
+  std::vector<Sequence*> running;  // admission order
+  bool stopping = false;
+  uint64_t steps = 0;
+  uint64_t next_admitted = 1;
+  std::thread thread;
+};
+
+struct Scheduler::Event {
+  std::shared_ptr<SequenceSink> sink;
+  std::vector<int32_t> tokens;
+  std::optional<SequenceEnd> end;
+};
+
+struct Scheduler::Batch {
+  StepInput input;
+  std::vector<SequenceId> members;  // per input sequence
+};
+
+absl::Status SchedulerOptions::Validate() const {
+  if (limits.vocab_size < 1) return absl::InvalidArgumentError("vocab_size must be >= 1");
+  if (limits.max_seq_len < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("max_seq_len must be >= 2, got ", limits.max_seq_len));
+  }
+  if (max_step_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be >= 1, got ", max_step_tokens));
+  }
+  if (max_queued < 0) return absl::InvalidArgumentError(absl::StrCat("max_queued must be >= 0, got ", max_queued));
+  return absl::OkStatus();
+}
+
+Scheduler::Scheduler(SchedulerOptions options) : options_(std::move(options)) {
+  CHECK(options_.Validate().ok()) << options_.Validate();
+}
+
+Scheduler::~Scheduler() { Shutdown(absl::UnavailableError("shutting down")); }
+
+absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> client, const ReplicaOptions& options) {
+  if (client == nullptr) return absl::InvalidArgumentError("replica client is null");
+  if (options.max_slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", options.max_slots));
+  }
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::FailedPreconditionError("the scheduler is shut down");
+  if (replicas_.contains(replica)) {
+    return absl::AlreadyExistsError(absl::StrCat("replica ", replica, " is already serving"));
+  }
+  auto r = std::make_unique<Replica>();
+  r->id = replica;
+  r->max_slots = options.max_slots;
+  r->client = std::move(client);
+  for (int32_t s = options.max_slots - 1; s >= 0; --s) r->free_slots.push_back(s);
+  Replica* raw = r.get();
+  replicas_.emplace(replica, std::move(r));
+  raw->thread = std::thread([this, raw] { ReplicaLoop(raw); });
+  LOG(INFO) << "scheduler: replica " << replica << " serving with " << options.max_slots << " slots";
+  return absl::OkStatus();
+}
+
+std::vector<int> Scheduler::Replicas() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> out;
+  for (const auto& [id, r] : replicas_) {
+    if (!r->stopping) out.push_back(id);
+  }
+  return out;
+}
+
+Scheduler::Replica* Scheduler::PickReplicaLocked() {
+  Replica* best = nullptr;
+  for (auto& [id, r] : replicas_) {
+    if (r->stopping) continue;
+    if (best == nullptr) {
+      best = r.get();
+      continue;
+    }
+    // load(r) < load(best), as fractions of max_slots, without division.
+    const int64_t load_r = static_cast<int64_t>(r->running.size() + r->waiting.size());
+    const int64_t load_b = static_cast<int64_t>(best->running.size() + best->waiting.size());
+    if (load_r * best->max_slots < load_b * r->max_slots) best = r.get();
+  }
+  return best;
+}
+
+absl::StatusOr<SequenceId> Scheduler::Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink) {
+  if (sink == nullptr) return absl::InvalidArgumentError("sink is null");
+  if (absl::Status st = ValidateSequenceRequest(request, options_.limits); !st.ok()) return st;
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError(shutdown_reason_.message());
+  Replica* r = PickReplicaLocked();
+  if (r == nullptr) return absl::UnavailableError("no replica is serving");
+  if (num_waiting_ >= options_.max_queued) {
+    // A request that a free slot can take at once does not count as waiting.
+    const bool slot_now = r->waiting.empty() && !r->free_slots.empty();
+    if (!slot_now) {
+      return absl::ResourceExhaustedError(absl::StrCat("the waiting queue is full: ", num_waiting_,
+                                                       " requests are waiting for a slot (max_queued = ",
+                                                       options_.max_queued, "); retry later"));
+    }
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->id = next_id_++;
+  seq->context = request.prompt;
+  seq->request = std::move(request);
+  seq->sink = std::move(sink);
+  seq->replica = r;
+  Sequence* raw = seq.get();
+  sequences_.emplace(raw->id, std::move(seq));
+  r->waiting.push_back(raw);
+  ++num_waiting_;
+  // Take a free slot now so that the queue limit counts only sequences that really wait.
+  AdmitLocked(*r);
+  return raw->id;
+}
+
+void Scheduler::Cancel(SequenceId id) {
+  std::vector<Event> events;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) return;
+    Sequence& seq = *it->second;
+    if (seq.slot < 0) {
+      // Waiting: nobody else touches it; end it here.
+      EndLocked(seq, SequenceEnd{.reason = FinishReason::kCancelled}, events);
+    } else {
+      seq.cancelled = true;  // its replica's loop ends it before the next step
+    }
+  }
+  Deliver(events);
+}
+
+void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& events) {
+  Replica& r = *seq.replica;
+  if (seq.slot >= 0) {
+    r.free_slots.push_back(seq.slot);
+    // Keep the lowest free slot at the back (deterministic slot reuse).
+    std::sort(r.free_slots.begin(), r.free_slots.end(), std::greater<int32_t>());
+    std::erase(r.running, &seq);
+  } else {
+    auto it = std::find(r.waiting.begin(), r.waiting.end(), &seq);
+    if (it != r.waiting.end()) {
+      r.waiting.erase(it);
+      --num_waiting_;
+    }
+  }
+  end.prompt_tokens = static_cast<int32_t>(seq.request.prompt.size());
+  end.completion_tokens = seq.generated;
+  events.push_back(Event{.sink = std::move(seq.sink), .end = std::move(end)});
+  sequences_.erase(seq.id);  // destroys `seq`
+}
+
+bool Scheduler::HasWorkLocked(const Replica& r) const {
+  if (!r.running.empty()) return true;
+  return !r.waiting.empty() && !r.free_slots.empty();
+}
+
+void Scheduler::EndCancelledLocked(Replica& r, std::vector<Event>& events) {
+  std::vector<Sequence*> cancelled;
+  for (Sequence* s : r.running) {
+    if (s->cancelled && !s->in_flight) cancelled.push_back(s);
+  }
+  for (Sequence* s : cancelled) EndLocked(*s, SequenceEnd{.reason = FinishReason::kCancelled}, events);
+}
+
+void Scheduler::AdmitLocked(Replica& r) {
+  while (!r.waiting.empty() && !r.free_slots.empty()) {
+    Sequence* s = r.waiting.front();
+    r.waiting.pop_front();
+    --num_waiting_;
+    s->slot = r.free_slots.back();
+    r.free_slots.pop_back();
+    s->admitted = r.next_admitted++;
+    r.running.push_back(s);
+  }
+}
+
+Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r) {
+  Batch batch;
+  batch.input.step_id = r.steps + 1;
+  int64_t left = options_.max_step_tokens;
+  auto pending = [](const Sequence* s) { return static_cast<int64_t>(s->context.size()) - s->consumed; };
+  std::vector<Sequence*> decodes, prefills;
+  for (Sequence* s : r.running) {
+    if (s->cancelled || s->in_flight) continue;
+    (pending(s) == 1 ? decodes : prefills).push_back(s);
+  }
+  // Least recently stepped first, so that a budget smaller than the decodes starves nobody.
+  std::stable_sort(decodes.begin(), decodes.end(),
+                   [](const Sequence* a, const Sequence* b) { return a->last_step < b->last_step; });
+  auto add = [&](Sequence* s, int64_t n) {
+    StepSequenceInput in;
+    in.slot = s->slot;
+    in.pos_begin = s->consumed;
+    in.token_ids.assign(s->context.begin() + s->consumed, s->context.begin() + s->consumed + n);
+    in.sample = s->consumed + n == static_cast<int64_t>(s->context.size());
+    if (in.sample) {
+      in.sampling = s->request.sampling;
+      in.sample_index = static_cast<uint64_t>(s->generated);
+    }
+    in.request_id = s->request.request_id;
+    batch.input.sequences.push_back(std::move(in));
+    batch.members.push_back(s->id);
+    s->in_flight = true;
+    s->last_step = batch.input.step_id;
+    left -= n;
+  };
+  for (Sequence* s : decodes) {
+    if (left <= 0) break;
+    add(s, 1);
+  }
+  for (Sequence* s : prefills) {
+    if (left <= 0) break;
+    add(s, std::min(pending(s), left));
+  }
+  return batch;
+}
+
+void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out,
+                            std::vector<Event>& events) {
+  ++r.steps;
+  absl::Status status = out.status();
+  if (status.ok()) {
+    size_t want = 0;
+    for (const StepSequenceInput& in : batch.input.sequences) want += in.sample ? 1 : 0;
+    if (out->token_ids.size() != want) {
+      status = absl::InternalError(absl::StrCat("replica ", r.id, " returned ", out->token_ids.size(),
+                                                " tokens for a step that sampled ", want, " sequences"));
+    }
+  }
+  if (!status.ok() && r.stopping) {
+    // Interrupted by RemoveReplica / Shutdown, which end these sequences with their own reason.
+    for (SequenceId id : batch.members) {
+      if (auto it = sequences_.find(id); it != sequences_.end()) it->second->in_flight = false;
+    }
+    return;
+  }
+  if (!status.ok()) {
+    LOG(WARNING) << "replica " << r.id << ": step " << batch.input.step_id << " of "
+                 << batch.input.sequences.size() << " sequence(s) failed: " << status;
+  }
+  size_t k = 0;
+  for (size_t b = 0; b < batch.members.size(); ++b) {
+    const StepSequenceInput& in = batch.input.sequences[b];
+    const int32_t token = (status.ok() && in.sample) ? out->token_ids[k++] : -1;
+    auto it = sequences_.find(batch.members[b]);
+    CHECK(it != sequences_.end()) << "a sequence in flight was ended by another thread";
+    Sequence& s = *it->second;
+    s.in_flight = false;
+    if (!status.ok()) {
+      EndLocked(s, SequenceEnd{.status = status}, events);
+      continue;
+    }
+    s.consumed += static_cast<int32_t>(in.token_ids.size());
+    if (!in.sample || s.cancelled) continue;  // a cancelled sequence is ended before the next step
+    s.context.push_back(token);
+    ++s.generated;
+    events.push_back(Event{.sink = s.sink, .tokens = {token}});
+    const SequenceRequest& req = s.request;
+    const bool stop = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
+                          req.stop_token_ids.end() ||
+                      (!req.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
+                                                    token) != options_.eos_token_ids.end());
+    if (stop) {
+      EndLocked(s, SequenceEnd{.reason = FinishReason::kStop}, events);
+    } else if (s.generated >= req.max_tokens ||
+               static_cast<int64_t>(s.context.size()) >= options_.limits.max_seq_len) {
+      EndLocked(s, SequenceEnd{.reason = FinishReason::kLength}, events);
+    }
+  }
+}
+
+void Scheduler::ReplicaLoop(Replica* r) {
+  while (true) {
+    std::vector<Event> events;
+    Batch batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return r->stopping || HasWorkLocked(*r); };
+      mu_.Await(absl::Condition(&ready));
+      if (r->stopping) return;
+      EndCancelledLocked(*r, events);
+      AdmitLocked(*r);
+      batch = BuildBatchLocked(*r);
+    }
+    Deliver(events);
+    if (batch.input.sequences.empty()) continue;
+    absl::StatusOr<StepOutput> out = r->client->Step(batch.input);
+    {
+      absl::MutexLock lock(&mu_);
+      ApplyLocked(*r, batch, out, events);
+      EndCancelledLocked(*r, events);
+    }
+    Deliver(events);
+  }
+}
+
+void Scheduler::Deliver(std::vector<Event>& events) {
+  for (Event& e : events) {
+    if (!e.tokens.empty()) e.sink->OnTokens(e.tokens);
+    if (e.end.has_value()) e.sink->OnEnd(*e.end);
+  }
+  events.clear();
+}
+
+void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
+  CHECK(!reason.ok());
+  Replica* r = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = replicas_.find(replica);
+    if (it == replicas_.end() || it->second->stopping) return;
+    r = it->second.get();
+    r->stopping = true;
+  }
+  LOG(WARNING) << "scheduler: removing replica " << replica << ": " << reason;
+  r->client->Shutdown();
+  r->thread.join();
+  std::vector<Event> events;
+  std::unique_ptr<Replica> owned;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!r->running.empty()) EndLocked(*r->running.front(), SequenceEnd{.status = reason}, events);
+    std::deque<Sequence*> moved = std::move(r->waiting);
+    r->waiting.clear();
+    num_waiting_ -= static_cast<int64_t>(moved.size());
+    for (Sequence* s : moved) {
+      Replica* to = PickReplicaLocked();
+      if (to == nullptr) {
+        s->replica = r;  // not queued anywhere: EndLocked finds nothing to unlink
+        EndLocked(*s, SequenceEnd{.status = reason}, events);
+        continue;
+      }
+      s->replica = to;
+      to->waiting.push_back(s);
+      ++num_waiting_;
+    }
+    owned = std::move(replicas_[replica]);
+    replicas_.erase(replica);
+  }
+  Deliver(events);
+  // `owned` (and its client) are destroyed here, outside the lock.
+}
+
+void Scheduler::Shutdown(const absl::Status& reason) {
+  CHECK(!reason.ok());
+  std::vector<Replica*> stopping;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    shutdown_reason_ = reason;
+    for (auto& [id, r] : replicas_) {
+      if (r->stopping) continue;  // being removed by RemoveReplica, which joins it
+      r->stopping = true;
+      stopping.push_back(r.get());
+    }
+  }
+  for (Replica* r : stopping) r->client->Shutdown();
+  for (Replica* r : stopping) r->thread.join();
+  std::vector<Event> events;
+  std::vector<std::unique_ptr<Replica>> owned;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Replica* r : stopping) {
+      while (!r->running.empty()) EndLocked(*r->running.front(), SequenceEnd{.status = reason}, events);
+      while (!r->waiting.empty()) EndLocked(*r->waiting.front(), SequenceEnd{.status = reason}, events);
+      owned.push_back(std::move(replicas_[r->id]));
+      replicas_.erase(r->id);
+    }
+  }
+  Deliver(events);
+}
+
+SchedulerStats Scheduler::Stats() const {
+  absl::MutexLock lock(&mu_);
+  SchedulerStats stats;
+  for (const auto& [id, r] : replicas_) {
+    ReplicaStats rs{.replica = id,
+                    .max_slots = r->max_slots,
+                    .running = static_cast<int64_t>(r->running.size()),
+                    .waiting = static_cast<int64_t>(r->waiting.size()),
+                    .steps = r->steps};
+    stats.running += rs.running;
+    stats.waiting += rs.waiting;
+    stats.replicas.push_back(rs);
+  }
+  return stats;
+}
+
+}  // namespace shardserve::coordinator

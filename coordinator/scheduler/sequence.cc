@@ -1,0 +1,60 @@
+#include "coordinator/scheduler/sequence.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardserve::coordinator {
+
+absl::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kCancelled: return "cancelled";
+  }
+  return "?";
+}
+
+absl::Status ValidateSequenceRequest(const SequenceRequest& r, const RequestLimits& limits) {
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= limits.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt.token_ids[", i, "] = ", r.prompt[i],
+                                                     " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+  }
+  const int64_t prompt = static_cast<int64_t>(r.prompt.size());
+  if (prompt >= limits.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt is too long: ", prompt, " tokens, and the context is ",
+                                                   limits.max_seq_len,
+                                                   " tokens (max_seq_len), which leaves no room to generate"));
+  }
+  if (r.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
+  }
+  if (prompt + r.max_tokens > limits.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_tokens is too large: the prompt (", prompt, " tokens) + max_tokens (", r.max_tokens, ") = ",
+        prompt + r.max_tokens, " exceeds the context of ", limits.max_seq_len, " tokens; max_tokens can be at most ",
+        limits.max_seq_len - prompt));
+  }
+  const SamplingOptions& s = r.sampling;
+  if (!std::isfinite(s.temperature) || s.temperature < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.temperature must be a finite number >= 0, got ", s.temperature));
+  }
+  if (s.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("sampling.top_k must be >= 0, got ", s.top_k));
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.top_p must be in (0, 1] (0 means unset), got ", s.top_p));
+  }
+  for (size_t i = 0; i < r.stop_token_ids.size(); ++i) {
+    const int32_t id = r.stop_token_ids[i];
+    if (id < 0 || id >= limits.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] = ", id,
+                                                     " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardserve::coordinator

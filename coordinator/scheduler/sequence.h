@@ -1,0 +1,75 @@
+// What the scheduler is asked to generate (SequenceRequest), how it reports back (SequenceSink),
+// and the request checks shared by the public API and the scheduler (ValidateSequenceRequest).
+// Plain structs: the Inference service converts shardserve.v1.GenerateRequest into these.
+#ifndef SHARDSERVE_COORDINATOR_SCHEDULER_SEQUENCE_H_
+#define SHARDSERVE_COORDINATOR_SCHEDULER_SEQUENCE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "coordinator/scheduler/replica_client.h"
+
+namespace shardserve::coordinator {
+
+struct SequenceRequest {
+  std::string request_id;              // for logs and replies; may be empty
+  std::vector<int32_t> prompt;         // token ids, used exactly as given
+  int32_t max_tokens = 0;              // >= 1; prompt + max_tokens <= max_seq_len
+  SamplingOptions sampling;            // top_p already mapped from 0 (unset) to 1
+  std::vector<int32_t> stop_token_ids;  // end generation after emitting one of these...
+  bool ignore_eos = false;              // ...and after the model's EOS ids unless this is set
+};
+
+// Mirrors shardserve.v1.FinishReason.
+enum class FinishReason : uint8_t {
+  kLength,     // max_tokens generated, or the context is full
+  kStop,       // an EOS id or a stop id was generated (it is part of the output)
+  kCancelled,  // Scheduler::Cancel (the client went away)
+};
+
+absl::string_view FinishReasonName(FinishReason reason);
+
+// How a sequence ended.
+struct SequenceEnd {
+  // OK: the sequence finished with `reason`. Otherwise the error that failed it (Unavailable
+  // "shutting down" or a lost replica, or the error of the step that failed it); `reason` is then
+  // meaningless.
+  absl::Status status;
+  FinishReason reason = FinishReason::kLength;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;  // tokens delivered through OnTokens
+};
+
+// Receives one sequence's output. For every request the scheduler accepts, it calls OnTokens zero
+// or more times, then OnEnd exactly once, and nothing after that; calls for one sequence never
+// overlap. Calls come from the replica's step-loop thread, or from the thread calling Cancel,
+// RemoveReplica or Shutdown (never from Submit), with no scheduler lock held: an implementation
+// must not block (hand the data to its own queue), and may call Scheduler::Cancel.
+class SequenceSink {
+ public:
+  virtual ~SequenceSink() = default;
+  // New tokens, in order, since the previous call (non-empty).
+  virtual void OnTokens(absl::Span<const int32_t> tokens) = 0;
+  virtual void OnEnd(const SequenceEnd& end) = 0;
+};
+
+// What a request is checked against.
+struct RequestLimits {
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 0;  // prompt + generated tokens of one sequence
+};
+
+// InvalidArgument naming the request field (as in shardserve.v1.GenerateRequest) when: the prompt
+// is empty; a prompt id is outside [0, vocab_size) ("prompt.token_ids[3] = 999 is outside ...");
+// the prompt has max_seq_len tokens or more; max_tokens < 1; prompt + max_tokens exceeds
+// max_seq_len; sampling.temperature is negative or not finite; sampling.top_k < 0;
+// sampling.top_p is outside (0, 1]; a stop_token_ids entry is outside the vocabulary. Pure.
+absl::Status ValidateSequenceRequest(const SequenceRequest& request, const RequestLimits& limits);
+
+}  // namespace shardserve::coordinator
+
+#endif  // SHARDSERVE_COORDINATOR_SCHEDULER_SEQUENCE_H_

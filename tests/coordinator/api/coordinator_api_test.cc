@@ -1,0 +1,632 @@
+// The coordinator's services in-process on 127.0.0.1:0, driven through real gRPC channels. Workers
+// are played by the test: it registers and heartbeats over the Registry service, a fake
+// WorkerClient records the assignments, and replicas run the engine in-process
+// (tests/testing/engine_replica.h) through the injected ReplicaClient factory.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "common/tokenizer/tokenizer.h"
+#include "coordinator/api/coordinator.h"
+#include "shardserve/v1/control.grpc.pb.h"
+#include "shardserve/v1/inference.grpc.pb.h"
+#include "tests/testing/engine_replica.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/golden.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "worker/engine/executor.h"
+#include "worker/engine/generator.h"
+
+namespace shardserve::coordinator {
+namespace {
+
+using ::shardserve::testing::EngineReplica;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+std::chrono::system_clock::time_point Deadline() { return absl::ToChronoTime(absl::Now() + kWait); }
+
+// Records assignments; the test then plays the worker's heartbeats.
+class FakeWorkerClient final : public WorkerClient {
+ public:
+  absl::Status Assign(const std::string& address, const WorkerAssignment& a) override {
+    absl::MutexLock lock(&mu_);
+    assigned_[address] = a;
+    return absl::OkStatus();
+  }
+  // The latest assignment sent to `address` whose id differs from `not_id` (bounded wait).
+  std::optional<WorkerAssignment> WaitFor(const std::string& address, const std::string& not_id = "") {
+    absl::MutexLock lock(&mu_);
+    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = assigned_.find(address);
+      return it != assigned_.end() && it->second.assignment_id != not_id;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&has), kWait)) return std::nullopt;
+    return assigned_[address];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, WorkerAssignment> assigned_ ABSL_GUARDED_BY(mu_);
+};
+
+// Makes EngineReplicas and remembers the last one (valid while its replica serves).
+class EngineFactory {
+ public:
+  EngineFactory(std::string dir, int32_t max_step_tokens) : dir_(std::move(dir)), step_tokens_(max_step_tokens) {}
+  ReplicaClientFactory Get() {
+    return [this](const ReplicaEndpoint& e) -> absl::StatusOr<std::unique_ptr<ReplicaClient>> {
+      auto r = EngineReplica::Create({.model_dir = dir_, .max_slots = e.max_slots, .max_step_tokens = step_tokens_});
+      if (!r.ok()) return r.status();
+      absl::MutexLock lock(&mu_);
+      if (on_make_) on_make_(r->get());
+      last_ = r->get();
+      return std::unique_ptr<ReplicaClient>(*std::move(r));
+    };
+  }
+  // Runs on every replica made from now on (before it serves).
+  void OnMake(std::function<void(EngineReplica*)> f) {
+    absl::MutexLock lock(&mu_);
+    on_make_ = std::move(f);
+  }
+  EngineReplica* last() {
+    absl::MutexLock lock(&mu_);
+    return last_;
+  }
+
+ private:
+  const std::string dir_;
+  const int32_t step_tokens_;
+  absl::Mutex mu_;
+  std::function<void(EngineReplica*)> on_make_ ABSL_GUARDED_BY(mu_);
+  EngineReplica* last_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+struct GenerateResult {
+  grpc::Status status;
+  std::vector<v1::GenerateResponse> messages;
+  std::vector<int32_t> ids;
+  std::string text;
+};
+
+class CoordinatorApiTest : public ::testing::Test {
+ protected:
+  void StartCoordinator(const std::string& model, int expected_workers, CoordinatorOptions options = {}) {
+    model_dir_ = model;
+    factory_ = std::make_unique<EngineFactory>(model, options.max_step_tokens);
+    auto workers = std::make_unique<FakeWorkerClient>();
+    workers_ = workers.get();
+    options.listen = "127.0.0.1:0";
+    options.model_path = model;
+    options.expected_workers = expected_workers;
+    options.heartbeat_timeout = absl::Seconds(5);
+    ASSERT_OK_AND_ASSIGN(coordinator_, Coordinator::Start(options, {.clock = &clock_,
+                                                                   .worker_client = std::move(workers),
+                                                                   .replica_factory = factory_->Get()}));
+    channel_ = grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials());
+    inference_ = v1::Inference::NewStub(channel_);
+    registry_ = v1::Registry::NewStub(channel_);
+    admin_ = v1::Admin::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    if (coordinator_ != nullptr) coordinator_->Shutdown(absl::Seconds(5));
+  }
+
+  std::string Register(const std::string& node, const std::string& address) {
+    v1::RegisterRequest req;
+    req.set_node_name(node);
+    req.set_address(address);
+    v1::Device* d = req.add_devices();
+    d->set_kind(v1::DEVICE_KIND_CPU);
+    d->set_total_bytes(int64_t{4} << 30);
+    d->set_free_bytes(int64_t{4} << 30);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    v1::RegisterResponse resp;
+    const grpc::Status st = registry_->Register(&ctx, req, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.heartbeat_interval_ms(), 1000);
+    return resp.worker_id();
+  }
+
+  grpc::Status Heartbeat(const std::string& id, v1::WorkerState state, const std::string& assignment_id,
+                         const std::string& error = "", int64_t kv_slots = 0) {
+    v1::HeartbeatRequest req;
+    req.set_worker_id(id);
+    req.set_state(state);
+    req.set_assignment_id(assignment_id);
+    req.set_error(error);
+    req.set_kv_slots(kv_slots);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    v1::HeartbeatResponse resp;
+    return registry_->Heartbeat(&ctx, req, &resp);
+  }
+
+  // Registers a worker, waits for its assignment, reports READY. Returns the worker id.
+  std::string BringUpWorker(const std::string& node, const std::string& address) {
+    const std::string id = Register(node, address);
+    std::optional<WorkerAssignment> a = workers_->WaitFor(address);
+    EXPECT_TRUE(a.has_value()) << "no assignment for " << address;
+    if (!a.has_value()) return id;
+    EXPECT_TRUE(Heartbeat(id, v1::WORKER_STATE_READY, a->assignment_id, "", a->max_slots).ok());
+    return id;
+  }
+
+  void BringUpOneWorker() {
+    BringUpWorker("node-a", "127.0.0.1:1");
+    ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
+  }
+
+  GenerateResult Generate(const v1::GenerateRequest& request, grpc::ClientContext* ctx_in = nullptr) {
+    grpc::ClientContext own;
+    grpc::ClientContext* ctx = ctx_in != nullptr ? ctx_in : &own;
+    ctx->set_deadline(Deadline());
+    GenerateResult r;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = inference_->Generate(ctx, request);
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      r.ids.insert(r.ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+      r.text += msg.text();
+      r.messages.push_back(msg);
+    }
+    r.status = reader->Finish();
+    return r;
+  }
+
+  v1::ClusterStatus Status() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    v1::ClusterStatus status;
+    EXPECT_TRUE(admin_->GetClusterStatus(&ctx, {}, &status).ok());
+    return status;
+  }
+
+  // grpc.health.v1.Health/Check for the whole server, spoken in raw bytes (Debian ships no
+  // generated health client): "" request, response field 1 = 1 SERVING / 2 NOT_SERVING.
+  int HealthStatus() {
+    grpc::GenericStub stub(channel_);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    grpc::ByteBuffer request, response;
+    grpc::Slice empty("");
+    request = grpc::ByteBuffer(&empty, 1);
+    absl::Notification done;
+    grpc::Status status;
+    stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status s) {
+                     status = std::move(s);
+                     done.Notify();
+                   });
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(kWait));
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    std::vector<grpc::Slice> slices;
+    if (!response.Dump(&slices).ok()) return -1;
+    std::string bytes;
+    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
+  }
+
+  // engine::Generate alone on `prompt`, as shardserve-run does it (EOS ids stop).
+  std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int32_t max_tokens,
+                                 const engine::SamplingParams& sampling = {}) {
+    auto spec = LoadModelSpec(model_dir_);
+    auto ckpt = Checkpoint::Open(model_dir_);
+    EXPECT_TRUE(spec.ok() && ckpt.ok());
+    engine::ExecutorOptions eo;
+    eo.model.max_slots = 1;
+    auto ex = engine::TpExecutor::Create(*spec, **ckpt, eo);
+    EXPECT_TRUE(ex.ok()) << ex.status();
+    engine::GenerationRequest g{.prompt = prompt, .max_tokens = max_tokens, .sampling = sampling};
+    for (int64_t id : spec->eos_token_ids) g.stop_ids.push_back(static_cast<int32_t>(id));
+    auto res = engine::Generate(**ex, {g});
+    EXPECT_TRUE(res.ok()) << res.status();
+    return res.ok() ? (*res)[0].tokens : std::vector<int32_t>{};
+  }
+
+  static v1::GenerateRequest IdsRequest(std::vector<int32_t> ids, int32_t max_tokens) {
+    v1::GenerateRequest req;
+    req.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+    req.set_max_tokens(max_tokens);
+    return req;
+  }
+
+  testing::FakeClock clock_;
+  std::string model_dir_;
+  std::unique_ptr<EngineFactory> factory_;
+  FakeWorkerClient* workers_ = nullptr;  // owned by the coordinator
+  std::unique_ptr<Coordinator> coordinator_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Inference::Stub> inference_;
+  std::unique_ptr<v1::Registry::Stub> registry_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+TEST_F(CoordinatorApiTest, UnavailableWithTheReasonUntilEveryWorkerIsReady) {
+  StartCoordinator(testing::Stories260KDir(), 2);
+  const v1::GenerateRequest req = IdsRequest({1, 2, 3}, 4);
+  EXPECT_EQ(HealthStatus(), 2);  // NOT_SERVING
+  const std::string w1 = Register("node-a", "127.0.0.1:1");
+  coordinator_->cluster().Tick();
+  GenerateResult r = Generate(req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("waiting for workers: 1 of 2 registered"));
+  const std::string w2 = Register("node-b", "127.0.0.1:2");
+  std::optional<WorkerAssignment> a1 = workers_->WaitFor("127.0.0.1:1");
+  std::optional<WorkerAssignment> a2 = workers_->WaitFor("127.0.0.1:2");
+  ASSERT_TRUE(a1.has_value() && a2.has_value());
+  EXPECT_EQ(a1->model_path, testing::Stories260KDir());
+  ASSERT_TRUE(Heartbeat(w1, v1::WORKER_STATE_READY, a1->assignment_id, "", a1->max_slots).ok());
+  ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_LOADING, a2->assignment_id).ok());
+  coordinator_->cluster().Tick();
+  r = Generate(req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("is loading"));
+  ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_READY, a2->assignment_id, "", a2->max_slots).ok());
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
+  EXPECT_EQ(HealthStatus(), 1);  // SERVING
+  r = Generate(req);
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, Reference({1, 2, 3}, 4));
+}
+
+TEST_F(CoordinatorApiTest, GenerateFromTextMatchesTheEngineAndStreamsItsText) {
+  StartCoordinator(testing::Stories260KDir(), 1, {.max_step_tokens = 4});  // chunked prefill
+  BringUpOneWorker();
+  ASSERT_OK_AND_ASSIGN(auto tokenizer, LoadTokenizer(testing::Stories260KDir()));
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> prompt, tokenizer->Encode("Once upon a time, there was a", true));
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time, there was a");
+  req.set_max_tokens(40);
+  req.set_request_id("story-1");
+  const GenerateResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, Reference(prompt, 40));
+  ASSERT_OK_AND_ASSIGN(std::string text, tokenizer->Decode(r.ids, true));
+  EXPECT_EQ(r.text, text);
+  EXPECT_FALSE(r.text.empty());
+  ASSERT_FALSE(r.messages.empty());
+  const v1::GenerateResponse& last = r.messages.back();
+  EXPECT_NE(last.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+  EXPECT_EQ(last.usage().prompt_tokens(), static_cast<int32_t>(prompt.size()));
+  EXPECT_EQ(last.usage().completion_tokens(), static_cast<int32_t>(r.ids.size()));
+  for (size_t i = 0; i + 1 < r.messages.size(); ++i) {
+    EXPECT_EQ(r.messages[i].finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+  }
+  for (const auto& m : r.messages) EXPECT_EQ(m.request_id(), "story-1");
+}
+
+TEST_F(CoordinatorApiTest, ConcurrentSeededRequestsMatchTheEngine) {
+  StartCoordinator(testing::Stories260KDir(), 1, {.max_slots = 3, .max_step_tokens = 16});
+  BringUpOneWorker();
+  constexpr int kClients = 6;
+  std::vector<v1::GenerateRequest> requests;
+  for (int i = 0; i < kClients; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t <= i * 3; ++t) prompt.push_back(1 + (t * 37 + i * 11) % 500);
+    v1::GenerateRequest req = IdsRequest(prompt, 10 + i * 4);
+    req.mutable_sampling()->set_temperature(0.9f);
+    req.mutable_sampling()->set_top_k(i % 2 == 0 ? 0 : 40);
+    req.mutable_sampling()->set_seed(100 + i);
+    req.set_ignore_eos(false);
+    requests.push_back(req);
+  }
+  std::vector<GenerateResult> results(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) clients.emplace_back([&, i] { results[i] = Generate(requests[i]); });
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    const auto& ids = requests[i].token_ids().ids();
+    EXPECT_EQ(results[i].ids, Reference(std::vector<int32_t>(ids.begin(), ids.end()), requests[i].max_tokens(),
+                                        {.temperature = 0.9f, .top_k = i % 2 == 0 ? 0 : 40, .seed = 100u + i}))
+        << "client " << i;
+  }
+}
+
+TEST_F(CoordinatorApiTest, GenerateRejectsBadRequestsNamingTheField) {
+  StartCoordinator(testing::Stories260KDir(), 1);  // vocab 512, context 512
+  BringUpOneWorker();
+  auto expect_invalid = [&](const v1::GenerateRequest& req, const std::string& what) {
+    const GenerateResult r = Generate(req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
+    EXPECT_THAT(r.status.error_message(), HasSubstr(what));
+    EXPECT_TRUE(r.messages.empty());
+  };
+  v1::GenerateRequest none;
+  none.set_max_tokens(3);
+  expect_invalid(none, "prompt is empty");
+  expect_invalid(IdsRequest({}, 3), "prompt is empty");
+  expect_invalid(IdsRequest(std::vector<int32_t>(512, 5), 1), "prompt is too long: 512 tokens");
+  expect_invalid(IdsRequest({1, 2}, 0), "max_tokens must be >= 1, got 0");
+  expect_invalid(IdsRequest({1, 2}, 511), "max_tokens can be at most 510");
+  expect_invalid(IdsRequest({1, 512}, 3), "prompt.token_ids[1] = 512 is outside the vocabulary");
+  v1::GenerateRequest hot = IdsRequest({1, 2}, 3);
+  hot.mutable_sampling()->set_temperature(-0.5f);
+  expect_invalid(hot, "sampling.temperature");
+  v1::GenerateRequest top_p = IdsRequest({1, 2}, 3);
+  top_p.mutable_sampling()->set_top_p(1.5f);
+  expect_invalid(top_p, "sampling.top_p must be in (0, 1]");
+  // top_p 0 means unset.
+  EXPECT_TRUE(Generate(IdsRequest({1, 2}, 2)).status.ok());
+}
+
+TEST_F(CoordinatorApiTest, TokenizeAndModelInfo) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  ASSERT_OK_AND_ASSIGN(auto tokenizer, LoadTokenizer(testing::Stories260KDir()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  v1::TokenizeRequest treq;
+  treq.set_text("Hello world");
+  treq.set_add_special_tokens(true);
+  v1::TokenizeResponse tresp;
+  ASSERT_TRUE(inference_->Tokenize(&ctx, treq, &tresp).ok());  // needs no ready cluster
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> want, tokenizer->Encode("Hello world", true));
+  EXPECT_EQ(std::vector<int32_t>(tresp.ids().begin(), tresp.ids().end()), want);
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(Deadline());
+  v1::ModelInfo info;
+  ASSERT_TRUE(inference_->GetModelInfo(&ctx2, {}, &info).ok());
+  EXPECT_EQ(info.model_path(), testing::Stories260KDir());
+  EXPECT_EQ(info.architecture(), "LlamaForCausalLM");
+  EXPECT_EQ(info.vocab_size(), 512);
+  EXPECT_EQ(info.max_position_embeddings(), 512);
+  EXPECT_EQ(info.num_layers(), 5);
+  EXPECT_GT(info.num_parameters(), 0);
+  EXPECT_THAT(info.eos_token_ids(), ::testing::ElementsAre(2));
+  EXPECT_TRUE(info.has_tokenizer());
+}
+
+TEST_F(CoordinatorApiTest, ModelWithoutTokenizerServesIdsOnly) {
+  // The golden llama model without its tokenizer files.
+  testing::TempDir dir;
+  for (const char* name : {"config.json", "generation_config.json", "model.safetensors"}) {
+    dir.Write(name, testing::ReadFileOrEmpty(absl::StrCat("tests/golden/models/llama/", name)));
+  }
+  StartCoordinator(dir.path(), 1, {.max_seq_len = 64});
+  BringUpOneWorker();
+  v1::GenerateRequest text;
+  text.set_text("hello");
+  text.set_max_tokens(3);
+  const GenerateResult r = Generate(text);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("model has no tokenizer"));
+  const GenerateResult ids = Generate(IdsRequest({5, 6, 7}, 8));
+  ASSERT_TRUE(ids.status.ok()) << ids.status.error_message();
+  EXPECT_EQ(ids.ids, Reference({5, 6, 7}, 8));
+  EXPECT_TRUE(ids.text.empty());
+  grpc::ClientContext ctx;
+  v1::TokenizeResponse resp;
+  v1::TokenizeRequest treq;
+  treq.set_text("x");
+  const grpc::Status st = inference_->Tokenize(&ctx, treq, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::ClientContext ctx2;
+  v1::ModelInfo info;
+  ASSERT_TRUE(inference_->GetModelInfo(&ctx2, {}, &info).ok());
+  EXPECT_FALSE(info.has_tokenizer());
+  EXPECT_EQ(info.max_position_embeddings(), 64);
+}
+
+TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  BringUpOneWorker();
+  const v1::ClusterStatus st = Status();
+  EXPECT_TRUE(st.ready());
+  EXPECT_EQ(st.model_path(), testing::Stories260KDir());
+  EXPECT_THAT(st.plan(), HasSubstr("w-1"));
+  ASSERT_EQ(st.workers_size(), 1);
+  const v1::WorkerStatus& w = st.workers(0);
+  EXPECT_EQ(w.worker_id(), "w-1");
+  EXPECT_EQ(w.node_name(), "node-a");
+  EXPECT_EQ(w.state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(w.devices_size(), 1);
+  EXPECT_EQ(w.assignment().layer_begin(), 0);
+  EXPECT_EQ(w.assignment().layer_end(), 5);
+  EXPECT_EQ(w.assignment().num_stages(), 1);
+  EXPECT_EQ(w.assignment().next_address(), "");
+  EXPECT_EQ(w.assignment().max_seq_len(), 512);
+  EXPECT_EQ(st.running_sequences(), 0);
+  EXPECT_EQ(st.waiting_sequences(), 0);
+}
+
+TEST_F(CoordinatorApiTest, ClientCancellingMidStreamFreesItsSequence) {
+  StartCoordinator(testing::Stories260KDir(), 1, {.max_slots = 1});
+  absl::Notification client_cancelled;
+  // Step 3 of the first replica waits until the client has cancelled, so the cancel lands mid-stream.
+  factory_->OnMake([&client_cancelled](EngineReplica* r) {
+    r->SetStepHookForTest([&client_cancelled](const StepInput& in) {
+      if (in.step_id == 3) client_cancelled.WaitForNotificationWithTimeout(kWait);
+      return absl::OkStatus();
+    });
+  });
+  BringUpOneWorker();
+  v1::GenerateRequest long_req = IdsRequest({1, 2, 3}, 400);
+  long_req.set_ignore_eos(true);
+  long_req.set_request_id("to-cancel");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = inference_->Generate(&ctx, long_req);
+  v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first));
+  EXPECT_EQ(first.token_ids_size(), 1);
+  ctx.TryCancel();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  client_cancelled.Notify();
+  // The only slot must come free for this one to run.
+  const GenerateResult next = Generate(IdsRequest({4, 5}, 5));
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.ids, Reference({4, 5}, 5));
+  int steps_of_cancelled = 0;
+  for (const StepInput& in : factory_->last()->StepInputsForTest()) {
+    for (const StepSequenceInput& s : in.sequences) steps_of_cancelled += s.request_id == "to-cancel" ? 1 : 0;
+  }
+  EXPECT_LT(steps_of_cancelled, 400) << "the cancelled request ran to completion";
+  EXPECT_GE(steps_of_cancelled, 1);
+  const v1::ClusterStatus st = Status();
+  EXPECT_EQ(st.running_sequences(), 0);
+  EXPECT_EQ(st.waiting_sequences(), 0);
+}
+
+TEST_F(CoordinatorApiTest, QueueFullIsResourceExhausted) {
+  StartCoordinator(testing::Stories260KDir(), 1, {.max_slots = 1, .max_queued = 0});
+  absl::Notification stepping;
+  factory_->OnMake([&stepping](EngineReplica* r) {
+    r->HoldStepsForTest();
+    r->SetStepHookForTest([&stepping](const StepInput&) {
+      if (!stepping.HasBeenNotified()) stepping.Notify();
+      return absl::OkStatus();
+    });
+  });
+  BringUpOneWorker();
+  GenerateResult held;
+  std::thread first([&] { held = Generate(IdsRequest({1, 2}, 3)); });
+  ASSERT_TRUE(stepping.WaitForNotificationWithTimeout(kWait));  // it holds the only slot
+  const GenerateResult r = Generate(IdsRequest({3, 4}, 3));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("max_queued = 0"));
+  factory_->last()->ReleaseStepsForTest();
+  first.join();
+  EXPECT_TRUE(held.status.ok()) << held.status.error_message();
+}
+
+TEST_F(CoordinatorApiTest, AFailedWorkerIsReportedAndTheOtherReplicaServes) {
+  StartCoordinator(testing::Stories260KDir(), 2, {.replicas = 2});
+  const std::string w1 = Register("node-a", "127.0.0.1:1");
+  const std::string w2 = Register("node-b", "127.0.0.1:2");
+  std::optional<WorkerAssignment> a1 = workers_->WaitFor("127.0.0.1:1");
+  std::optional<WorkerAssignment> a2 = workers_->WaitFor("127.0.0.1:2");
+  ASSERT_TRUE(a1.has_value() && a2.has_value());
+  EXPECT_NE(a1->replica, a2->replica);
+  ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_FAILED, a2->assignment_id, "model.safetensors: truncated").ok());
+  coordinator_->cluster().Tick();
+  GenerateResult r = Generate(IdsRequest({1, 2}, 3));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);  // w-1 is still loading
+  ASSERT_TRUE(Heartbeat(w1, v1::WORKER_STATE_READY, a1->assignment_id, "", a1->max_slots).ok());
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
+  r = Generate(IdsRequest({1, 2}, 3));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  const v1::ClusterStatus st = Status();
+  EXPECT_TRUE(st.ready());
+  EXPECT_THAT(st.reason(), HasSubstr("worker w-2 failed to load: model.safetensors: truncated"));
+  ASSERT_EQ(st.workers_size(), 2);
+  EXPECT_EQ(st.workers(1).state(), v1::WORKER_STATE_FAILED);
+  EXPECT_EQ(st.workers(1).error(), "model.safetensors: truncated");
+}
+
+TEST_F(CoordinatorApiTest, TheOnlyWorkerFailingIsUnavailableWithWhy) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  const std::string w1 = Register("node-a", "127.0.0.1:1");
+  std::optional<WorkerAssignment> a1 = workers_->WaitFor("127.0.0.1:1");
+  ASSERT_TRUE(a1.has_value());
+  ASSERT_TRUE(Heartbeat(w1, v1::WORKER_STATE_FAILED, a1->assignment_id, "out of memory").ok());
+  coordinator_->cluster().Tick();
+  const GenerateResult r = Generate(IdsRequest({1, 2}, 3));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("worker w-1 failed to load: out of memory"));
+  EXPECT_EQ(HealthStatus(), 2);
+}
+
+TEST_F(CoordinatorApiTest, ADeadWorkerStopsItsReplicaAndTakesItBackAfterARestart) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  BringUpOneWorker();
+  const std::string first_assignment = workers_->WaitFor("127.0.0.1:1")->assignment_id;
+  clock_.Advance(absl::Seconds(6));  // no heartbeat for longer than the 5 s timeout
+  coordinator_->cluster().Tick();
+  GenerateResult r = Generate(IdsRequest({1, 2}, 3));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("worker w-1 is dead"));
+  EXPECT_EQ(Status().workers(0).state(), v1::WORKER_STATE_DEAD);
+  EXPECT_EQ(Heartbeat("w-1", v1::WORKER_STATE_READY, first_assignment).error_code(), grpc::StatusCode::NOT_FOUND);
+  // The worker restarts: same node and address, new id; it gets its stage back.
+  const std::string w2 = Register("node-a", "127.0.0.1:1");
+  EXPECT_EQ(w2, "w-2");
+  std::optional<WorkerAssignment> again = workers_->WaitFor("127.0.0.1:1", first_assignment);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_THAT(again->assignment_id, HasSubstr("w-2"));
+  ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_READY, again->assignment_id, "", again->max_slots).ok());
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
+  r = Generate(IdsRequest({1, 2}, 3));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+}
+
+TEST_F(CoordinatorApiTest, ShutdownFailsOutstandingRequestsWithUnavailable) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  absl::Notification stepping;
+  factory_->OnMake([&stepping](EngineReplica* r) {
+    r->HoldStepsForTest();
+    r->SetStepHookForTest([&stepping](const StepInput&) {
+      if (!stepping.HasBeenNotified()) stepping.Notify();
+      return absl::OkStatus();
+    });
+  });
+  BringUpOneWorker();
+  GenerateResult r;
+  std::thread client([&] { r = Generate(IdsRequest({1, 2}, 30)); });
+  ASSERT_TRUE(stepping.WaitForNotificationWithTimeout(kWait));
+  coordinator_->Shutdown(absl::Seconds(5));
+  client.join();
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("shutting down"));
+}
+
+TEST_F(CoordinatorApiTest, ServerReflectionListsTheServices) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  // grpc.reflection.v1alpha.ServerReflection in raw bytes: list_services (field 7) = "".
+  grpc::GenericStub stub(channel_);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto await = [&cq](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    const auto got = cq.AsyncNext(&tag, &ok, Deadline());
+    return got == grpc::CompletionQueue::GOT_EVENT && tag == reinterpret_cast<void*>(want) && ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(await(1));
+  grpc::Slice request(std::string("\x3a\x00", 2));
+  call->Write(grpc::ByteBuffer(&request, 1), reinterpret_cast<void*>(2));
+  ASSERT_TRUE(await(2));
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(await(3));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  for (const char* service : {"shardserve.v1.Inference", "shardserve.v1.Admin", "shardserve.v1.Registry",
+                              "grpc.health.v1.Health"}) {
+    EXPECT_THAT(bytes, HasSubstr(service));
+  }
+  call->WritesDone(reinterpret_cast<void*>(4));
+  ASSERT_TRUE(await(4));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  ASSERT_TRUE(await(5));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator

@@ -1,0 +1,273 @@
+// GrpcReplicaClient and GrpcWorkerClient against in-process fake Stage / Worker services on
+// 127.0.0.1:0: what goes on the wire, stage errors, a stream that ends and is re-opened, the step
+// timeout, shutdown of a blocked step, unreachable peers.
+#include <grpcpp/grpcpp.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "coordinator/client/grpc_replica_client.h"
+#include "coordinator/client/grpc_worker_client.h"
+#include "shardserve/v1/control.grpc.pb.h"
+#include "shardserve/v1/stage.grpc.pb.h"
+#include "tests/testing/status_matchers.h"
+
+namespace shardserve::coordinator {
+namespace {
+
+using ::shardserve::testing::IsOk;
+using ::shardserve::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+// Stage 0 of a fake replica: answers each StepRequest with, per sampled sequence,
+// slot * 1000 + pos_begin + num_tokens. Test knobs: fail a step, end the stream at a step,
+// hold a step until released.
+class FakeStage final : public v1::Stage::Service {
+ public:
+  grpc::Status StepStream(grpc::ServerContext* ctx,
+                          grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* stream) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++streams_;
+    }
+    v1::StepRequest req;
+    while (stream->Read(&req)) {
+      uint64_t hold = 0, end = 0, fail = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        requests_.push_back(req);
+        hold = hold_step_;
+        end = end_step_;
+        fail = fail_step_;
+      }
+      if (req.step_id() == end) return grpc::Status(grpc::StatusCode::INTERNAL, "stage crashed");
+      if (req.step_id() == hold) {
+        held_.Notify();
+        // Bounded: the client cancels (timeout or shutdown) long before this.
+        for (int i = 0; i < 600 && !ctx->IsCancelled(); ++i) {
+          if (release_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) break;
+        }
+        if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+      }
+      v1::StepResponse resp;
+      resp.set_step_id(req.step_id());
+      if (req.step_id() == fail) {
+        resp.set_error_code(static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+        resp.set_error_message("stage 1: KV slot 3 out of range");
+      } else {
+        for (const v1::StepSequence& s : req.sequences()) {
+          if (s.sample()) resp.add_token_ids(s.slot() * 1000 + s.pos_begin() + s.num_tokens());
+        }
+      }
+      if (!stream->Write(resp)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  void HoldStep(uint64_t step) {
+    absl::MutexLock lock(&mu_);
+    hold_step_ = step;
+  }
+  void EndStreamAtStep(uint64_t step) {
+    absl::MutexLock lock(&mu_);
+    end_step_ = step;
+  }
+  void FailStep(uint64_t step) {
+    absl::MutexLock lock(&mu_);
+    fail_step_ = step;
+  }
+  bool WaitHeld() { return held_.WaitForNotificationWithTimeout(kWait); }
+  void Release() { release_.Notify(); }
+  std::vector<v1::StepRequest> requests() {
+    absl::MutexLock lock(&mu_);
+    return requests_;
+  }
+  int streams() {
+    absl::MutexLock lock(&mu_);
+    return streams_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::StepRequest> requests_ ABSL_GUARDED_BY(mu_);
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t hold_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t end_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t fail_step_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Notification held_, release_;
+};
+
+class FakeWorker final : public v1::Worker::Service {
+ public:
+  grpc::Status Assign(grpc::ServerContext*, const v1::Assignment* a, v1::AssignResponse*) override {
+    absl::MutexLock lock(&mu_);
+    last_ = *a;
+    if (a->max_slots() < 1) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "max_slots must be >= 1");
+    return grpc::Status::OK;
+  }
+  v1::Assignment last() {
+    absl::MutexLock lock(&mu_);
+    return last_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  v1::Assignment last_ ABSL_GUARDED_BY(mu_);
+};
+
+class GrpcClientsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&stage_);
+    builder.RegisterService(&worker_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  void TearDown() override {
+    stage_.Release();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  }
+  std::unique_ptr<GrpcReplicaClient> Client(absl::Duration step_timeout = kWait) {
+    return std::make_unique<GrpcReplicaClient>(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()),
+                                               GrpcReplicaClient::Options{.address = address_,
+                                                                          .step_timeout = step_timeout});
+  }
+  static StepInput Input(uint64_t step_id) {
+    StepInput in{.step_id = step_id};
+    in.sequences.push_back({.slot = 2, .pos_begin = 0, .token_ids = {5, 6, 7}, .sample = false, .request_id = "a"});
+    in.sequences.push_back({.slot = 1,
+                            .pos_begin = 9,
+                            .token_ids = {42},
+                            .sample = true,
+                            .sampling = {.temperature = 0.5f, .top_k = 7, .top_p = 0.9f, .seed = 11},
+                            .sample_index = 3,
+                            .request_id = "b"});
+    return in;
+  }
+
+  FakeStage stage_;
+  FakeWorker worker_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+TEST_F(GrpcClientsTest, StepSendsTheBatchAndReturnsTheSampledTokens) {
+  auto client = Client();
+  ASSERT_OK_AND_ASSIGN(StepOutput out, client->Step(Input(1)));
+  EXPECT_THAT(out.token_ids, ElementsAre(1000 + 9 + 1));
+  ASSERT_OK_AND_ASSIGN(out, client->Step(Input(2)));
+  EXPECT_EQ(stage_.streams(), 1);  // one long-lived stream
+  const std::vector<v1::StepRequest> got = stage_.requests();
+  ASSERT_EQ(got.size(), 2u);
+  const v1::StepRequest& r = got[0];
+  EXPECT_EQ(r.step_id(), 1u);
+  ASSERT_EQ(r.sequences_size(), 2);
+  EXPECT_EQ(r.sequences(0).slot(), 2);
+  EXPECT_EQ(r.sequences(0).num_tokens(), 3);
+  EXPECT_THAT(r.sequences(0).token_ids(), ElementsAre(5, 6, 7));
+  EXPECT_FALSE(r.sequences(0).sample());
+  const v1::StepSequence& s = r.sequences(1);
+  EXPECT_EQ(s.pos_begin(), 9);
+  EXPECT_TRUE(s.sample());
+  EXPECT_FLOAT_EQ(s.sampling().temperature(), 0.5f);
+  EXPECT_EQ(s.sampling().top_k(), 7);
+  EXPECT_FLOAT_EQ(s.sampling().top_p(), 0.9f);
+  EXPECT_EQ(s.sampling().seed(), 11u);
+  EXPECT_EQ(s.sample_index(), 3u);
+  EXPECT_EQ(s.request_id(), "b");
+  EXPECT_FALSE(r.has_hidden());
+}
+
+TEST_F(GrpcClientsTest, AStageErrorFailsTheStepAndTheStreamGoesOn) {
+  stage_.FailStep(1);
+  auto client = Client();
+  EXPECT_THAT(client->Step(Input(1)),
+              StatusIs(absl::StatusCode::kResourceExhausted, "stage 1: KV slot 3 out of range"));
+  EXPECT_THAT(client->Step(Input(2)), IsOk());
+  EXPECT_EQ(stage_.streams(), 1);
+}
+
+TEST_F(GrpcClientsTest, AnEndedStreamFailsItsStepAndTheNextStepReconnects) {
+  stage_.EndStreamAtStep(1);
+  auto client = Client();
+  EXPECT_THAT(client->Step(Input(1)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stage crashed")));
+  EXPECT_THAT(client->Step(Input(2)), IsOk());
+  EXPECT_EQ(stage_.streams(), 2);
+}
+
+TEST_F(GrpcClientsTest, AStepWithoutAnswerTimesOut) {
+  stage_.HoldStep(1);
+  auto client = Client(absl::Milliseconds(300));
+  EXPECT_THAT(client->Step(Input(1)), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("step 1")));
+  EXPECT_THAT(client->Step(Input(2)), IsOk());  // on a new stream
+  EXPECT_EQ(stage_.streams(), 2);
+}
+
+TEST_F(GrpcClientsTest, ShutdownInterruptsABlockedStep) {
+  stage_.HoldStep(1);
+  auto client = Client();
+  absl::StatusOr<StepOutput> result;
+  std::thread stepper([&] { result = client->Step(Input(1)); });
+  ASSERT_TRUE(stage_.WaitHeld());
+  client->Shutdown();
+  stepper.join();
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shut down")));
+  EXPECT_THAT(client->Step(Input(2)), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shut down")));
+}
+
+TEST_F(GrpcClientsTest, UnreachableStageIsUnavailable) {
+  auto client = std::make_unique<GrpcReplicaClient>(
+      grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()),
+      GrpcReplicaClient::Options{.address = "127.0.0.1:1", .step_timeout = kWait});
+  EXPECT_THAT(client->Step(Input(1)), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("127.0.0.1:1")));
+}
+
+TEST_F(GrpcClientsTest, AssignSendsTheAssignment) {
+  GrpcWorkerClient client({.timeout = kWait});
+  WorkerAssignment a{.assignment_id = "plan-1/r0/s1/w-2",
+                     .model_path = "/models/x",
+                     .replica = 0,
+                     .stage = 1,
+                     .num_stages = 2,
+                     .layer_begin = 6,
+                     .layer_end = 12,
+                     .device_kind = DeviceKind::kCpu,
+                     .devices = {0, 1},
+                     .max_slots = 4,
+                     .max_seq_len = 1024,
+                     .max_step_tokens = 128,
+                     .next_address = ""};
+  ASSERT_THAT(client.Assign(address_, a), IsOk());
+  const v1::Assignment got = worker_.last();
+  EXPECT_EQ(got.assignment_id(), "plan-1/r0/s1/w-2");
+  EXPECT_EQ(got.model_path(), "/models/x");
+  EXPECT_EQ(got.stage(), 1);
+  EXPECT_EQ(got.num_stages(), 2);
+  EXPECT_EQ(got.layer_begin(), 6);
+  EXPECT_EQ(got.layer_end(), 12);
+  EXPECT_EQ(got.device_kind(), v1::DEVICE_KIND_CPU);
+  EXPECT_THAT(got.devices(), ElementsAre(0, 1));
+  EXPECT_EQ(got.max_slots(), 4);
+  EXPECT_EQ(got.max_seq_len(), 1024);
+  EXPECT_EQ(got.max_step_tokens(), 128);
+  a.max_slots = 0;
+  EXPECT_THAT(client.Assign(address_, a), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_slots")));
+  EXPECT_THAT(client.Assign("127.0.0.1:1", a),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("Worker.Assign to 127.0.0.1:1")));
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator

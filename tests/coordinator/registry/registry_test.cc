@@ -1,0 +1,165 @@
+// WorkerRegistry with a FakeClock: registration, heartbeats and states, liveness (heartbeat
+// timeout -> dead), re-registration of a restarted worker.
+#include "coordinator/registry/registry.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
+
+namespace shardserve::coordinator {
+namespace {
+
+using ::shardserve::testing::FakeClock;
+using ::shardserve::testing::IsOk;
+using ::shardserve::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+WorkerRegistration Worker(const std::string& node, const std::string& address, int cpus = 2) {
+  WorkerRegistration r{.node_name = node, .address = address};
+  for (int i = 0; i < cpus; ++i) {
+    r.devices.push_back(Device{.kind = DeviceKind::kCpu, .index = i, .total_bytes = 1000, .free_bytes = 800});
+  }
+  return r;
+}
+
+class RegistryTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  WorkerRegistry registry_{{.heartbeat_interval = absl::Seconds(1), .heartbeat_timeout = absl::Seconds(5)}, &clock_};
+};
+
+TEST_F(RegistryTest, RegisterGivesNewIdsInOrderAndStartsIdle) {
+  ASSERT_OK_AND_ASSIGN(std::string a, registry_.Register(Worker("node-a", "10.0.0.1:7000")));
+  ASSERT_OK_AND_ASSIGN(std::string b, registry_.Register(Worker("node-b", "10.0.0.2:7000", 4)));
+  EXPECT_EQ(a, "w-1");
+  EXPECT_EQ(b, "w-2");
+  const std::vector<WorkerRecord> all = registry_.List();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].worker_id, "w-1");
+  EXPECT_EQ(all[0].state, WorkerState::kIdle);
+  EXPECT_EQ(all[1].registration.devices.size(), 4u);
+  EXPECT_EQ(all[1].registered_at, clock_.Now());
+  EXPECT_EQ(registry_.NumAlive(), 2);
+}
+
+TEST_F(RegistryTest, RegisterRejectsBadRegistrations) {
+  EXPECT_THAT(registry_.Register(Worker("", "x:1")), StatusIs(absl::StatusCode::kInvalidArgument, "node_name is empty"));
+  EXPECT_THAT(registry_.Register(Worker("n", "")), StatusIs(absl::StatusCode::kInvalidArgument, "address is empty"));
+  WorkerRegistration dup = Worker("n", "x:1");
+  dup.devices[1].index = 0;
+  EXPECT_THAT(registry_.Register(dup), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate device cpu:0")));
+  WorkerRegistration over = Worker("n", "x:1");
+  over.devices[0].free_bytes = 2000;
+  EXPECT_THAT(registry_.Register(over), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("devices[0]")));
+  EXPECT_THAT(registry_.List(), IsEmpty());
+}
+
+TEST_F(RegistryTest, HeartbeatsRecordStateAssignmentErrorAndSlots) {
+  ASSERT_OK_AND_ASSIGN(std::string id, registry_.Register(Worker("n", "x:1")));
+  const uint64_t v0 = registry_.version();
+  ASSERT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kLoading, .assignment_id = "p1/r0s0"}),
+              IsOk());
+  EXPECT_GT(registry_.version(), v0);
+  ASSERT_THAT(registry_.Heartbeat(
+                  {.worker_id = id, .state = WorkerState::kReady, .assignment_id = "p1/r0s0", .kv_slots = 6}),
+              IsOk());
+  std::optional<WorkerRecord> r = registry_.Get(id);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->state, WorkerState::kReady);
+  EXPECT_EQ(r->assignment_id, "p1/r0s0");
+  EXPECT_EQ(r->kv_slots, 6);
+  // The same heartbeat again changes nothing observable.
+  const uint64_t v1 = registry_.version();
+  ASSERT_THAT(registry_.Heartbeat(
+                  {.worker_id = id, .state = WorkerState::kReady, .assignment_id = "p1/r0s0", .kv_slots = 6}),
+              IsOk());
+  EXPECT_EQ(registry_.version(), v1);
+  ASSERT_THAT(registry_.Heartbeat({.worker_id = id,
+                                   .state = WorkerState::kFailed,
+                                   .assignment_id = "p1/r0s0",
+                                   .error = "model.safetensors: missing tensor lm_head.weight"}),
+              IsOk());
+  r = registry_.Get(id);
+  EXPECT_EQ(r->state, WorkerState::kFailed);
+  EXPECT_EQ(r->error, "model.safetensors: missing tensor lm_head.weight");
+  EXPECT_EQ(r->kv_slots, 0);
+}
+
+TEST_F(RegistryTest, HeartbeatFromAnUnknownWorkerIsNotFound) {
+  EXPECT_THAT(registry_.Heartbeat({.worker_id = "w-9", .state = WorkerState::kIdle}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  ASSERT_OK_AND_ASSIGN(std::string id, registry_.Register(Worker("n", "x:1")));
+  EXPECT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kDead}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dead")));
+}
+
+TEST_F(RegistryTest, SilentWorkerBecomesDeadAfterTheTimeout) {
+  ASSERT_OK_AND_ASSIGN(std::string a, registry_.Register(Worker("a", "x:1")));
+  ASSERT_OK_AND_ASSIGN(std::string b, registry_.Register(Worker("b", "x:2")));
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_THAT(registry_.Heartbeat({.worker_id = b, .state = WorkerState::kIdle}), IsOk());
+  clock_.Advance(absl::Seconds(1));  // a: exactly 5 s silent, not yet beyond the timeout
+  EXPECT_THAT(registry_.SweepDead(), IsEmpty());
+  clock_.Advance(absl::Milliseconds(1));
+  const uint64_t v = registry_.version();
+  EXPECT_THAT(registry_.SweepDead(), ElementsAre(a));
+  EXPECT_GT(registry_.version(), v);
+  EXPECT_THAT(registry_.SweepDead(), IsEmpty());  // reported once
+  std::optional<WorkerRecord> dead = registry_.Get(a);
+  EXPECT_EQ(dead->state, WorkerState::kDead);
+  EXPECT_THAT(dead->error, HasSubstr("no heartbeat for 5.001s"));
+  EXPECT_EQ(registry_.NumAlive(), 1);
+  // A dead worker must register again.
+  EXPECT_THAT(registry_.Heartbeat({.worker_id = a, .state = WorkerState::kIdle}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("declared dead")));
+}
+
+TEST_F(RegistryTest, ReadsApplyTheTimeoutToo) {
+  ASSERT_OK_AND_ASSIGN(std::string a, registry_.Register(Worker("a", "x:1")));
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(registry_.Get(a)->state, WorkerState::kDead);
+  EXPECT_EQ(registry_.NumAlive(), 0);
+}
+
+TEST_F(RegistryTest, ReRegistrationReplacesTheOldRecord) {
+  ASSERT_OK_AND_ASSIGN(std::string old_id, registry_.Register(Worker("a", "x:1")));
+  ASSERT_OK_AND_ASSIGN(std::string other, registry_.Register(Worker("a", "x:2")));  // same node, other address
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_EQ(registry_.Get(old_id)->state, WorkerState::kDead);
+  ASSERT_OK_AND_ASSIGN(std::string new_id, registry_.Register(Worker("a", "x:1")));
+  EXPECT_NE(new_id, old_id);
+  EXPECT_FALSE(registry_.Get(old_id).has_value());
+  EXPECT_THAT(registry_.Heartbeat({.worker_id = old_id, .state = WorkerState::kIdle}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown worker_id")));
+  const std::vector<WorkerRecord> all = registry_.List();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].worker_id, other);
+  EXPECT_EQ(all[1].worker_id, new_id);
+  EXPECT_EQ(all[1].state, WorkerState::kIdle);
+}
+
+TEST_F(RegistryTest, WaitForChangeWakesOnRegistration) {
+  const uint64_t v = registry_.version();
+  EXPECT_FALSE(registry_.WaitForChange(v, absl::ZeroDuration()));
+  std::thread t([this] { ASSERT_THAT(registry_.Register(Worker("a", "x:1")), IsOk()); });
+  EXPECT_TRUE(registry_.WaitForChange(v, absl::Seconds(60)));
+  t.join();
+}
+
+TEST(RegistryOptionsTest, Validate) {
+  EXPECT_THAT((WorkerRegistry::Options{.heartbeat_interval = absl::ZeroDuration()}.Validate()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("heartbeat_interval")));
+  EXPECT_THAT((WorkerRegistry::Options{.heartbeat_interval = absl::Seconds(2), .heartbeat_timeout = absl::Seconds(2)}
+                   .Validate()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("heartbeat_timeout")));
+  EXPECT_THAT(WorkerRegistry::Options{}.Validate(), IsOk());
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator

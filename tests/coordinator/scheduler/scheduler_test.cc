@@ -1,0 +1,473 @@
+// The scheduler against the real engine in-process (tests/testing/engine_replica.h): whatever the
+// batching (many concurrent requests, fewer slots than requests, tiny step budgets that chunk every
+// prompt, several replicas, pipeline stages), every request gets exactly the tokens that
+// engine::Generate gives it alone — greedy and seeded sampling — and cancellation, step failures,
+// the queue limit and shutdown affect only the requests they should.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <set>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "coordinator/scheduler/scheduler.h"
+#include "tests/testing/engine_replica.h"
+#include "tests/testing/status_matchers.h"
+#include "worker/engine/executor.h"
+#include "worker/engine/generator.h"
+
+namespace shardserve::coordinator {
+namespace {
+
+using ::shardserve::testing::EngineReplica;
+using ::shardserve::testing::EngineReplicaOptions;
+using ::shardserve::testing::IsOk;
+using ::shardserve::testing::StatusIs;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(120);  // bound on every wait; tests finish far sooner
+
+std::string ModelDir(const std::string& name) { return absl::StrCat("tests/golden/models/", name); }
+
+// Records one sequence's output; OnEnd must come exactly once, after all tokens.
+class CollectingSink final : public SequenceSink {
+ public:
+  void OnTokens(absl::Span<const int32_t> tokens) override {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(ends_, 0) << "tokens after OnEnd";
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  }
+  void OnEnd(const SequenceEnd& end) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++ends_;
+      end_ = end;
+    }
+    if (!done_.HasBeenNotified()) done_.Notify();
+  }
+  // Waits (bounded) for OnEnd.
+  bool Wait() { return done_.WaitForNotificationWithTimeout(kWait); }
+  std::vector<int32_t> tokens() const {
+    absl::MutexLock lock(&mu_);
+    return tokens_;
+  }
+  SequenceEnd end() const {
+    absl::MutexLock lock(&mu_);
+    return end_;
+  }
+  int ends() const {
+    absl::MutexLock lock(&mu_);
+    return ends_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  SequenceEnd end_ ABSL_GUARDED_BY(mu_);
+  int ends_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Notification done_;
+};
+
+struct Setup {
+  std::string model = "llama";
+  int replicas = 1;
+  int32_t max_slots = 3;
+  int64_t max_step_tokens = 5;
+  int64_t max_queued = 1024;
+  std::vector<int64_t> stage_starts;
+  int tp = 1;
+  std::vector<int32_t> eos;  // the scheduler's EOS ids
+};
+
+struct Harness {
+  ModelSpec spec;
+  std::unique_ptr<Scheduler> scheduler;
+  std::vector<EngineReplica*> replicas;  // owned by the scheduler
+};
+
+absl::StatusOr<Harness> MakeHarness(const Setup& setup) {
+  Harness h;
+  auto spec = LoadModelSpec(ModelDir(setup.model));
+  if (!spec.ok()) return spec.status();
+  h.spec = *spec;
+  SchedulerOptions so;
+  so.limits = {.vocab_size = h.spec.vocab_size, .max_seq_len = h.spec.max_position_embeddings};
+  so.max_step_tokens = setup.max_step_tokens;
+  so.max_queued = setup.max_queued;
+  so.eos_token_ids = setup.eos;
+  h.scheduler = std::make_unique<Scheduler>(so);
+  for (int r = 0; r < setup.replicas; ++r) {
+    auto replica = EngineReplica::Create(EngineReplicaOptions{.model_dir = ModelDir(setup.model),
+                                                              .stage_starts = setup.stage_starts,
+                                                              .tp = setup.tp,
+                                                              .max_slots = setup.max_slots,
+                                                              .max_step_tokens = setup.max_step_tokens});
+    if (!replica.ok()) return replica.status();
+    h.replicas.push_back(replica->get());
+    if (absl::Status st = h.scheduler->AddReplica(r, *std::move(replica), {.max_slots = setup.max_slots}); !st.ok()) {
+      return st;
+    }
+  }
+  return h;
+}
+
+// Requests of many shapes, from a fixed seed.
+std::vector<SequenceRequest> MakeRequests(int n, int64_t vocab, uint32_t seed, bool sampled) {
+  std::mt19937 rng(seed);
+  std::vector<SequenceRequest> out;
+  for (int i = 0; i < n; ++i) {
+    SequenceRequest r;
+    r.request_id = absl::StrCat("req-", i);
+    const int len = 1 + static_cast<int>(rng() % 23);
+    for (int t = 0; t < len; ++t) r.prompt.push_back(static_cast<int32_t>(rng() % vocab));
+    r.max_tokens = 1 + static_cast<int32_t>(rng() % 18);
+    if (sampled) {
+      r.sampling = {.temperature = 0.7f + 0.1f * static_cast<float>(i % 4),
+                    .top_k = (i % 3 == 0) ? 0 : 20,
+                    .top_p = (i % 2 == 0) ? 1.0f : 0.9f,
+                    .seed = 1000u + static_cast<uint64_t>(i)};
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// engine::Generate on each request alone, as shardserve-run does it.
+absl::StatusOr<std::vector<engine::GenerationResult>> Reference(const std::string& model,
+                                                               const std::vector<SequenceRequest>& requests,
+                                                               const std::vector<int32_t>& eos) {
+  auto spec = LoadModelSpec(ModelDir(model));
+  if (!spec.ok()) return spec.status();
+  auto ckpt = Checkpoint::Open(ModelDir(model));
+  if (!ckpt.ok()) return ckpt.status();
+  engine::ExecutorOptions eo;
+  eo.model.max_slots = 1;
+  auto ex = engine::TpExecutor::Create(*spec, **ckpt, eo);
+  if (!ex.ok()) return ex.status();
+  std::vector<engine::GenerationResult> out;
+  for (const SequenceRequest& r : requests) {
+    engine::GenerationRequest g{.prompt = r.prompt, .max_tokens = r.max_tokens};
+    g.sampling = {.temperature = r.sampling.temperature, .top_k = r.sampling.top_k, .top_p = r.sampling.top_p,
+                  .seed = r.sampling.seed};
+    g.stop_ids = r.stop_token_ids;
+    if (!r.ignore_eos) g.stop_ids.insert(g.stop_ids.end(), eos.begin(), eos.end());
+    auto res = engine::Generate(**ex, {g});
+    if (!res.ok()) return res.status();
+    out.push_back((*res)[0]);
+  }
+  return out;
+}
+
+FinishReason ToFinish(engine::FinishReason f) {
+  return f == engine::FinishReason::kStop ? FinishReason::kStop : FinishReason::kLength;
+}
+
+// Submits every request at once, waits for all, and checks each against the reference.
+void RunAndCompare(Scheduler& scheduler, const std::string& model, const std::vector<SequenceRequest>& requests,
+                   const std::vector<int32_t>& eos) {
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference(model, requests, eos));
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const SequenceRequest& r : requests) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_THAT(scheduler.Submit(r, sinks.back()), IsOk());
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait()) << "request " << i << " did not finish";
+    const SequenceEnd end = sinks[i]->end();
+    EXPECT_THAT(end.status, IsOk()) << "request " << i;
+    EXPECT_THAT(sinks[i]->tokens(), ElementsAreArray(expected[i].tokens)) << "request " << i;
+    EXPECT_EQ(end.reason, ToFinish(expected[i].finish)) << "request " << i;
+    EXPECT_EQ(end.prompt_tokens, static_cast<int32_t>(requests[i].prompt.size()));
+    EXPECT_EQ(end.completion_tokens, static_cast<int32_t>(expected[i].tokens.size()));
+    EXPECT_EQ(sinks[i]->ends(), 1);
+  }
+  const SchedulerStats stats = scheduler.Stats();
+  EXPECT_EQ(stats.running, 0);
+  EXPECT_EQ(stats.waiting, 0);
+}
+
+class SchedulerModelTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SchedulerModelTest, GreedyTokensMatchTheEngineAlone) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.model = GetParam(), .max_slots = 3, .max_step_tokens = 5}));
+  RunAndCompare(*h.scheduler, GetParam(), MakeRequests(10, h.spec.vocab_size, 7, false), {});
+}
+
+TEST_P(SchedulerModelTest, SeededSamplingMatchesTheEngineAlone) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.model = GetParam(), .max_slots = 4, .max_step_tokens = 7}));
+  RunAndCompare(*h.scheduler, GetParam(), MakeRequests(10, h.spec.vocab_size, 11, true), {});
+}
+
+INSTANTIATE_TEST_SUITE_P(GoldenModels, SchedulerModelTest,
+                         ::testing::Values("llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral",
+                                           "qwen2_moe"));
+
+TEST(SchedulerTest, BatchesRespectSlotsAndTheStepBudget) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2, .max_step_tokens = 3}));
+  RunAndCompare(*h.scheduler, "llama", MakeRequests(6, h.spec.vocab_size, 3, false), {});
+  bool chunked = false;
+  for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
+    int64_t tokens = 0;
+    std::set<int32_t> slots;
+    for (const StepSequenceInput& s : in.sequences) {
+      tokens += static_cast<int64_t>(s.token_ids.size());
+      EXPECT_TRUE(slots.insert(s.slot).second) << "slot used twice in step " << in.step_id;
+      EXPECT_GE(s.slot, 0);
+      EXPECT_LT(s.slot, 2);
+      chunked |= !s.sample;
+    }
+    EXPECT_LE(tokens, 3);
+    EXPECT_GE(tokens, 1);
+  }
+  EXPECT_TRUE(chunked) << "some prompt should have been prefilled in several chunks";
+}
+
+TEST(SchedulerTest, OneTokenStepBudgetStillMatches) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 3, .max_step_tokens = 1}));
+  RunAndCompare(*h.scheduler, "llama", MakeRequests(5, h.spec.vocab_size, 5, true), {});
+}
+
+TEST(SchedulerTest, PipelineAndTensorParallelReplicaMatchesOneProcess) {
+  ASSERT_OK_AND_ASSIGN(Harness h,
+                       MakeHarness({.model = "qwen2_moe", .max_slots = 3, .max_step_tokens = 6,
+                                    .stage_starts = {1}, .tp = 2}));
+  RunAndCompare(*h.scheduler, "qwen2_moe", MakeRequests(6, h.spec.vocab_size, 13, false), {});
+}
+
+TEST(SchedulerTest, StopIdsAndEosEndGeneration) {
+  const std::string model = "llama";
+  ASSERT_OK_AND_ASSIGN(Harness probe, MakeHarness({}));
+  std::vector<SequenceRequest> base = MakeRequests(1, probe.spec.vocab_size, 21, false);
+  base[0].max_tokens = 16;
+  ASSERT_OK_AND_ASSIGN(auto free_run, Reference(model, base, {}));
+  ASSERT_GE(free_run[0].tokens.size(), 4u);
+  const int32_t stop = free_run[0].tokens[3];
+  // The 4th token as a request stop id, as the model's EOS, and as EOS with ignore_eos.
+  std::vector<SequenceRequest> requests(3, base[0]);
+  requests[0].stop_token_ids = {stop};
+  requests[2].ignore_eos = true;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.eos = {stop}}));
+  RunAndCompare(*h.scheduler, model, requests, {stop});
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference(model, requests, {stop}));
+  EXPECT_EQ(expected[0].finish, engine::FinishReason::kStop);
+  EXPECT_EQ(expected[1].finish, engine::FinishReason::kStop);
+  EXPECT_LE(expected[0].tokens.size(), 4u);
+  EXPECT_EQ(expected[2].tokens, free_run[0].tokens);
+}
+
+TEST(SchedulerTest, CancellingARunningSequenceFreesItsSlotAndSparesTheOthers) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2, .max_step_tokens = 4}));
+  std::vector<SequenceRequest> requests = MakeRequests(5, h.spec.vocab_size, 31, false);
+  for (SequenceRequest& r : requests) r.max_tokens = 12;
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", requests, {}));
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  std::vector<SequenceId> ids;
+  absl::Notification submitted;
+  // Step 1 waits until every id is known; step 6 cancels request 0, which is running by then.
+  Scheduler* scheduler = h.scheduler.get();
+  h.replicas[0]->SetStepHookForTest([&ids, &submitted, scheduler](const StepInput& in) {
+    if (in.step_id == 1 && !submitted.WaitForNotificationWithTimeout(kWait)) {
+      return absl::DeadlineExceededError("test never submitted");
+    }
+    if (in.step_id == 6) scheduler->Cancel(ids[0]);
+    return absl::OkStatus();
+  });
+  for (const SequenceRequest& r : requests) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_OK_AND_ASSIGN(SequenceId id, h.scheduler->Submit(r, sinks.back()));
+    ids.push_back(id);
+  }
+  submitted.Notify();
+  for (auto& s : sinks) ASSERT_TRUE(s->Wait());
+  const SequenceEnd cancelled = sinks[0]->end();
+  EXPECT_THAT(cancelled.status, IsOk());
+  EXPECT_EQ(cancelled.reason, FinishReason::kCancelled);
+  const std::vector<int32_t> got = sinks[0]->tokens();
+  ASSERT_LT(got.size(), expected[0].tokens.size());
+  EXPECT_THAT(got, ElementsAreArray(expected[0].tokens.begin(), expected[0].tokens.begin() + got.size()));
+  for (size_t i = 1; i < requests.size(); ++i) {
+    EXPECT_THAT(sinks[i]->tokens(), ElementsAreArray(expected[i].tokens)) << "request " << i;
+    EXPECT_EQ(sinks[i]->end().reason, ToFinish(expected[i].finish));
+  }
+  // After the cancel is seen, the sequence is in no step.
+  bool seen_after = false;
+  for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
+    if (in.step_id <= 6) continue;
+    for (const StepSequenceInput& s : in.sequences) seen_after |= s.request_id == requests[0].request_id;
+  }
+  EXPECT_FALSE(seen_after);
+  EXPECT_EQ(h.scheduler->Stats().running, 0);
+}
+
+
+TEST(SchedulerTest, CancellingAWaitingSequenceEndsItAtOnce) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 1}));
+  h.replicas[0]->HoldStepsForTest();
+  std::vector<SequenceRequest> requests = MakeRequests(2, h.spec.vocab_size, 41, false);
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", requests, {}));
+  auto first = std::make_shared<CollectingSink>();
+  auto second = std::make_shared<CollectingSink>();
+  ASSERT_THAT(h.scheduler->Submit(requests[0], first), IsOk());
+  ASSERT_OK_AND_ASSIGN(SequenceId waiting, h.scheduler->Submit(requests[1], second));
+  EXPECT_EQ(h.scheduler->Stats().waiting, 1);
+  h.scheduler->Cancel(waiting);  // ends on this thread
+  EXPECT_EQ(second->ends(), 1);
+  EXPECT_EQ(second->end().reason, FinishReason::kCancelled);
+  EXPECT_TRUE(second->tokens().empty());
+  EXPECT_EQ(h.scheduler->Stats().waiting, 0);
+  h.scheduler->Cancel(waiting);  // unknown by now: a no-op
+  h.replicas[0]->ReleaseStepsForTest();
+  ASSERT_TRUE(first->Wait());
+  EXPECT_THAT(first->tokens(), ElementsAreArray(expected[0].tokens));
+}
+
+TEST(SchedulerTest, QueueLimitRejectsWithResourceExhausted) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 1, .max_queued = 2}));
+  h.replicas[0]->HoldStepsForTest();
+  std::vector<SequenceRequest> requests = MakeRequests(4, h.spec.vocab_size, 43, false);
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < 3; ++i) {  // one running, two waiting
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_THAT(h.scheduler->Submit(requests[i], sinks.back()), IsOk()) << i;
+  }
+  EXPECT_THAT(h.scheduler->Submit(requests[3], std::make_shared<CollectingSink>()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_queued = 2")));
+  h.replicas[0]->ReleaseStepsForTest();
+  for (auto& s : sinks) {
+    ASSERT_TRUE(s->Wait());
+    EXPECT_THAT(s->end().status, IsOk());
+  }
+  // Room again.
+  RunAndCompare(*h.scheduler, "llama", {requests[3]}, {});
+}
+
+TEST(SchedulerTest, TwoReplicasShareTheLoadAndMatchTheEngine) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.replicas = 2, .max_slots = 2, .max_step_tokens = 8}));
+  RunAndCompare(*h.scheduler, "llama", MakeRequests(9, h.spec.vocab_size, 17, true), {});
+  EXPECT_GT(h.replicas[0]->NumStepsForTest(), 0);
+  EXPECT_GT(h.replicas[1]->NumStepsForTest(), 0);
+}
+
+TEST(SchedulerTest, RoutesToTheLeastLoadedReplica) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.replicas = 2, .max_slots = 2}));
+  for (EngineReplica* r : h.replicas) r->HoldStepsForTest();
+  std::vector<SequenceRequest> requests = MakeRequests(4, h.spec.vocab_size, 19, false);
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const SequenceRequest& r : requests) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_THAT(h.scheduler->Submit(r, sinks.back()), IsOk());
+  }
+  const SchedulerStats stats = h.scheduler->Stats();
+  ASSERT_EQ(stats.replicas.size(), 2u);
+  EXPECT_EQ(stats.replicas[0].running, 2);
+  EXPECT_EQ(stats.replicas[1].running, 2);
+  for (EngineReplica* r : h.replicas) r->ReleaseStepsForTest();
+  for (auto& s : sinks) ASSERT_TRUE(s->Wait());
+}
+
+TEST(SchedulerTest, AFailedStepFailsOnlyItsSequences) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 1}));
+  std::vector<SequenceRequest> requests = MakeRequests(2, h.spec.vocab_size, 47, false);
+  for (SequenceRequest& r : requests) r.max_tokens = 5;  // request 0 needs more than one step
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", requests, {}));
+  h.replicas[0]->SetStepHookForTest([](const StepInput& in) {
+    return in.step_id == 2 ? absl::InternalError("stage 1: out of memory") : absl::OkStatus();
+  });
+  auto first = std::make_shared<CollectingSink>();
+  auto second = std::make_shared<CollectingSink>();
+  ASSERT_THAT(h.scheduler->Submit(requests[0], first), IsOk());
+  ASSERT_THAT(h.scheduler->Submit(requests[1], second), IsOk());
+  ASSERT_TRUE(first->Wait());
+  ASSERT_TRUE(second->Wait());
+  // With one slot, step 2 holds request 0 only (it has a prompt of several chunks or a decode).
+  EXPECT_THAT(first->end().status, StatusIs(absl::StatusCode::kInternal, HasSubstr("out of memory")));
+  EXPECT_THAT(second->end().status, IsOk());
+  EXPECT_THAT(second->tokens(), ElementsAreArray(expected[1].tokens));
+}
+
+TEST(SchedulerTest, ShutdownFailsOutstandingSequencesAndRejectsNewOnes) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 1}));
+  h.replicas[0]->HoldStepsForTest();
+  std::vector<SequenceRequest> requests = MakeRequests(2, h.spec.vocab_size, 53, false);
+  auto running = std::make_shared<CollectingSink>();
+  auto waiting = std::make_shared<CollectingSink>();
+  ASSERT_THAT(h.scheduler->Submit(requests[0], running), IsOk());
+  ASSERT_THAT(h.scheduler->Submit(requests[1], waiting), IsOk());
+  h.scheduler->Shutdown(absl::UnavailableError("shutting down"));  // interrupts the held step
+  for (auto* s : {running.get(), waiting.get()}) {
+    ASSERT_EQ(s->ends(), 1);
+    EXPECT_THAT(s->end().status, StatusIs(absl::StatusCode::kUnavailable, "shutting down"));
+  }
+  EXPECT_THAT(h.scheduler->Submit(requests[0], std::make_shared<CollectingSink>()),
+              StatusIs(absl::StatusCode::kUnavailable, "shutting down"));
+  h.scheduler->Shutdown(absl::UnavailableError("again"));  // idempotent
+}
+
+TEST(SchedulerTest, RemovingAReplicaFailsItsRunningSequencesAndMovesWaitingOnes) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.replicas = 2, .max_slots = 1}));
+  for (EngineReplica* r : h.replicas) r->HoldStepsForTest();
+  std::vector<SequenceRequest> requests = MakeRequests(4, h.spec.vocab_size, 59, false);
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", requests, {}));
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (const SequenceRequest& r : requests) {  // replicas 0, 1, 0, 1: two running, two waiting
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_THAT(h.scheduler->Submit(r, sinks.back()), IsOk());
+  }
+  // Replica 0 is held in (or before) its first step: removal interrupts it.
+  h.scheduler->RemoveReplica(0, absl::UnavailableError("replica 0 lost: worker w-1 is dead"));
+  EXPECT_THAT(h.scheduler->Replicas(), ElementsAreArray({1}));
+  ASSERT_TRUE(sinks[0]->Wait());
+  EXPECT_THAT(sinks[0]->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w-1 is dead")));
+  h.replicas[1]->ReleaseStepsForTest();
+  for (size_t i : {1u, 2u, 3u}) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_THAT(sinks[i]->end().status, IsOk()) << i;
+    EXPECT_THAT(sinks[i]->tokens(), ElementsAreArray(expected[i].tokens)) << i;
+  }
+  h.scheduler->RemoveReplica(1, absl::UnavailableError("gone"));
+  EXPECT_THAT(h.scheduler->Submit(requests[0], std::make_shared<CollectingSink>()),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no replica")));
+}
+
+TEST(SchedulerTest, SubmitValidatesTheRequest) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({}));  // llama: vocab 256, context 128
+  auto sink = std::make_shared<CollectingSink>();
+  SequenceRequest ok{.prompt = {1, 2, 3}, .max_tokens = 4};
+  auto with = [&](auto edit) {
+    SequenceRequest r = ok;
+    edit(r);
+    return h.scheduler->Submit(r, sink).status();
+  };
+  EXPECT_THAT(with([](SequenceRequest& r) { r.prompt.clear(); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prompt is empty")));
+  EXPECT_THAT(with([](SequenceRequest& r) { r.prompt[1] = 256; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prompt.token_ids[1] = 256")));
+  EXPECT_THAT(with([](SequenceRequest& r) { r.prompt.assign(128, 5); }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prompt is too long: 128 tokens")));
+  EXPECT_THAT(with([](SequenceRequest& r) { r.max_tokens = 0; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_tokens must be >= 1")));
+  EXPECT_THAT(with([](SequenceRequest& r) { r.max_tokens = 126; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_tokens can be at most 125")));
+  EXPECT_THAT(with([](SequenceRequest& r) { r.sampling.temperature = -1; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sampling.temperature")));
+  EXPECT_THAT(with([](SequenceRequest& r) { r.sampling.top_p = 1.5f; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sampling.top_p")));
+  EXPECT_THAT(with([](SequenceRequest& r) { r.sampling.top_k = -2; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sampling.top_k")));
+  EXPECT_THAT(with([](SequenceRequest& r) { r.stop_token_ids = {3, -1}; }),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stop_token_ids[1] = -1")));
+  EXPECT_EQ(sink->ends(), 0);
+  // The longest request that fits: prompt + max_tokens = the context.
+  RunAndCompare(*h.scheduler, "llama", {SequenceRequest{.prompt = {1, 2, 3}, .max_tokens = 125}}, {});
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator

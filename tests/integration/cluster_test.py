@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""End-to-end tests of a shardserve cluster: a coordinator and workers as separate processes on
+127.0.0.1, started by shardserve-local and driven with the shardserve CLI. Every layout must give
+the greedy token ids of the single-process engine (and of Hugging Face, whose ids are committed
+under tests/golden)."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+BIN = None  # directory with shardserve-local, shardserve, shardserve-run
+STORIES = "../shared/models/stories260K"
+
+
+class Cluster:
+    """shardserve-local running in the background until stop()."""
+
+    def __init__(self, model, workers, devices="cpu:1", extra=(), timeout=240):
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, "shardserve-local"), f"--model={model}", f"--workers={workers}",
+             f"--devices_per_worker={devices}", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.stderr = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.address = None
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("ready: coordinator at "):
+                self.address = line.split()[-1]
+                return
+        self.stop()
+        raise AssertionError(f"cluster did not become ready: {''.join(self.stderr[-30:])}")
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+
+    def generate(self, *args, check=True):
+        p = subprocess.run([os.path.join(BIN, "shardserve"), "generate", f"--server={self.address}", *args],
+                           capture_output=True, text=True, timeout=300)
+        if check:
+            assert p.returncode == 0, p.stderr
+        return p
+
+    def ids(self, prompt_ids, max_tokens, *extra):
+        p = self.generate("--prompt_ids", ",".join(map(str, prompt_ids)), "--max_tokens", str(max_tokens),
+                          "--print_ids", *extra)
+        return [int(x) for x in p.stdout.strip().split(",") if x]
+
+    def status(self):
+        return subprocess.run([os.path.join(BIN, "shardserve"), "status", f"--server={self.address}"],
+                              capture_output=True, text=True, timeout=60)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def golden(name):
+    return json.load(open(f"tests/golden/models/{name}/reference.json"))
+
+
+def run_alone(model, prompt_ids, max_tokens, *extra):
+    p = subprocess.run([os.path.join(BIN, "shardserve-run"), f"--model={model}",
+                        "--prompt_ids", ",".join(map(str, prompt_ids)), "--max_tokens", str(max_tokens),
+                        "--print_ids", *extra], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return [int(x) for x in p.stdout.strip().split(",") if x]
+
+
+class Layouts(unittest.TestCase):
+    def check_golden(self, cluster, name):
+        for case in golden(name)["cases"]:
+            got = cluster.ids(case["prompt_ids"], len(case["greedy_ids"]), "--ignore_eos")
+            self.assertEqual(got, case["greedy_ids"], f"{name} prompt {case['prompt_ids']}")
+
+    def test_pp2_tp2(self):
+        c = Cluster("tests/golden/models/llama", 2, "cpu:2", ["--pp=2", "--tp=2"])
+        try:
+            self.check_golden(c, "llama")
+            st = c.status()
+            self.assertEqual(st.returncode, 0, st.stderr)
+            self.assertIn("layers [0, 1)", st.stdout)
+            self.assertIn("layers [1, 2)", st.stdout)
+        finally:
+            self.assertEqual(c.stop(), 0)
+
+    def test_pp3_tp1_moe(self):
+        c = Cluster("tests/golden/models/qwen2_moe", 3, "cpu:1", ["--pp=3", "--tp=1"])
+        try:
+            self.check_golden(c, "qwen2_moe")
+        finally:
+            c.stop()
+
+    def test_two_replicas_and_stories(self):
+        c = Cluster(STORIES, 2, "cpu:1", ["--replicas=2", "--pp=1"])
+        try:
+            ref = json.load(open("tests/golden/stories260K_reference.json"))
+            for case in ref["cases"]:
+                self.assertEqual(c.ids(case["prompt_ids"], len(case["greedy_ids"])), case["greedy_ids"])
+            self.assertEqual(c.status().stdout.count("ready"), 3)  # cluster + 2 workers
+        finally:
+            c.stop()
+
+
+class Load(unittest.TestCase):
+    def test_32_concurrent_clients_get_their_own_tokens(self):
+        prompts = [[1] + [300 + (7 * i + j) % 200 for j in range(i % 9)] for i in range(32)]
+        lengths = [8 + (i * 5) % 40 for i in range(32)]
+        expected = [run_alone(STORIES, p, n) for p, n in zip(prompts, lengths)]
+        c = Cluster(STORIES, 2, "cpu:1", ["--pp=2", "--max_slots=8", "--max_step_tokens=16"])
+        try:
+            results = [None] * 32
+
+            def client(i):
+                results[i] = c.ids(prompts[i], lengths[i])
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for i in range(32):
+                self.assertEqual(results[i], expected[i], f"client {i}")
+        finally:
+            c.stop()
+
+    def test_sampling_is_reproducible_across_layouts(self):
+        args = ["--temperature", "0.8", "--top_p", "0.9", "--seed", "7"]
+        expected = run_alone(STORIES, [1, 400], 40, *args)
+        c = Cluster(STORIES, 2, "cpu:1", ["--pp=2"])
+        try:
+            self.assertEqual(c.ids([1, 400], 40, *args), expected)
+        finally:
+            c.stop()
+
+
+class Faults(unittest.TestCase):
+    def test_bad_requests_are_invalid_argument(self):
+        c = Cluster("tests/golden/models/llama", 1)
+        try:
+            for args, message in [
+                (["--prompt_ids", "1,999", "--max_tokens", "4"], "999"),
+                (["--prompt_ids", "1", "--max_tokens", "0"], "max_tokens"),
+                (["--prompt_ids", "1", "--temperature", "-1"], "temperature"),
+                (["--prompt_ids", "1", "--top_p", "1.5"], "top_p"),
+                (["--prompt_ids", ",".join(["5"] * 128), "--max_tokens", "1"], "128"),
+                (["--prompt_ids", "1", "--max_tokens", "500"], "max_tokens"),
+            ]:
+                p = c.generate(*args, check=False)
+                self.assertEqual(p.returncode, 1, args)
+                self.assertIn("INVALID_ARGUMENT", p.stderr, args)
+                self.assertIn(message, p.stderr, args)
+            # The cluster still serves.
+            self.assertEqual(len(c.ids([1, 2], 3)), 3)
+        finally:
+            c.stop()
+
+    def test_worker_that_cannot_load_is_reported(self):
+        d = tempfile.mkdtemp()
+        try:
+            for f in ["config.json", "generation_config.json", "model.safetensors"]:
+                shutil.copy(f"tests/golden/models/llama/{f}", d)
+            with open(os.path.join(d, "model.safetensors"), "r+b") as f:
+                f.truncate(5000)
+            p = subprocess.run([os.path.join(BIN, "shardserve-local"), f"--model={d}", "--workers=1",
+                                "--ready_timeout_s=120"], capture_output=True, text=True, timeout=200)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("failed", p.stderr)
+            self.assertIn("truncated", p.stderr)
+        finally:
+            shutil.rmtree(d)
+
+    def test_client_disconnect_frees_its_sequence(self):
+        c = Cluster(STORIES, 1, "cpu:1", ["--max_slots=1"])
+        try:
+            long = subprocess.Popen([os.path.join(BIN, "shardserve"), "generate", f"--server={c.address}",
+                                     "--prompt_ids", "1", "--max_tokens", "400", "--ignore_eos"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            time.sleep(0.5)
+            long.kill()
+            long.wait()
+            # With one slot, this only completes if the cancelled sequence released it.
+            self.assertEqual(len(c.ids([1, 2], 5)), 5)
+        finally:
+            c.stop()
+
+    def test_shutdown_leaves_no_process(self):
+        c = Cluster("tests/golden/models/llama", 2, "cpu:1", ["--pp=2"])
+        port = c.address.split(":")[1]
+        self.assertEqual(c.stop(), 0)
+        time.sleep(0.5)
+        p = subprocess.run(["pgrep", "-f", f"127.0.0.1:{port}"], capture_output=True, text=True)
+        self.assertEqual(p.stdout.strip(), "", "processes left behind")
+
+
+if __name__ == "__main__":
+    BIN = sys.argv.pop(1)
+    unittest.main(verbosity=2)
