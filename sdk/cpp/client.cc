@@ -104,6 +104,7 @@ class GrpcClient final : public Client {
     for (const v1::WorkerStatus& w : resp.workers()) {
       WorkerInfo wi{.worker_id = w.worker_id(), .node_name = w.node_name(), .address = w.address(),
                     .state = StateName(w.state()), .error = w.error()};
+      wi.metrics_address = w.metrics_address();
       std::vector<std::string> devs;
       for (const v1::Device& d : w.devices()) {
         devs.push_back(absl::StrCat(d.kind() == v1::DEVICE_KIND_CUDA ? "cuda:" : "cpu:", d.index()));

@@ -40,6 +40,7 @@ ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
 ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to become ready");
+ABSL_FLAG(bool, metrics, true, "workers serve Prometheus metrics on free ports (printed as \"metrics: URL\" lines)");
 ABSL_FLAG(std::string, bin_dir, "", "where shardserve-coordinator and shardserve-worker are (default: next to this binary)");
 
 namespace {
@@ -156,10 +157,11 @@ int main(int argc, char** argv) {
                              absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
                              absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens))})});
   for (int i = 0; i < workers; ++i) {
-    children.push_back({absl::StrCat("worker ", i),
-                        Spawn({bin_dir + "/shardserve-worker", "--coordinator=" + address, "--listen=127.0.0.1:0",
-                               "--devices=" + absl::GetFlag(FLAGS_devices_per_worker),
-                               absl::StrCat("--node_name=local-", i)})});
+    std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + address,
+                                     "--listen=127.0.0.1:0", "--devices=" + absl::GetFlag(FLAGS_devices_per_worker),
+                                     absl::StrCat("--node_name=local-", i)};
+    if (absl::GetFlag(FLAGS_metrics)) worker_argv.push_back("--metrics_listen=127.0.0.1:0");
+    children.push_back({absl::StrCat("worker ", i), Spawn(worker_argv)});
   }
   auto client = shardserve::Client::Connect(address, {.timeout = std::chrono::seconds(5)});
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_ready_timeout_s));
@@ -195,6 +197,11 @@ int main(int argc, char** argv) {
   }
   if (ready) {
     std::cout << "ready: coordinator at " << address << std::endl;
+    if (auto info = (*client)->ClusterStatus(); info.ok()) {
+      for (const auto& w : info->workers) {
+        if (!w.metrics_address.empty()) std::cout << "metrics: http://" << w.metrics_address << "/metrics" << std::endl;
+      }
+    }
   }
   while (!g_stop) {
     if (std::string dead = DeadChild(children, &status); !dead.empty()) {

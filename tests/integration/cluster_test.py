@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.request
 
 BIN = None  # directory with shardserve-local, shardserve, shardserve-run
 STORIES = "../shared/models/stories260K"
@@ -36,6 +37,11 @@ class Cluster:
                 break
             if line.startswith("ready: coordinator at "):
                 self.address = line.split()[-1]
+                self.metrics = []
+                for _ in range(workers):
+                    m = self.proc.stdout.readline()
+                    if m.startswith("metrics: "):
+                        self.metrics.append(m.split()[-1])
                 return
         self.stop()
         raise AssertionError(f"cluster did not become ready: {''.join(self.stderr[-30:])}")
@@ -95,6 +101,11 @@ class Layouts(unittest.TestCase):
             self.check_golden(c, "llama")
             st = c.status()
             self.assertEqual(st.returncode, 0, st.stderr)
+            # Every worker serves Prometheus metrics; stage 0 ran prefill and decode steps.
+            self.assertEqual(len(c.metrics), 2)
+            pages = [urllib.request.urlopen(url, timeout=10).read().decode() for url in c.metrics]
+            self.assertTrue(any('shardserve_worker_step_seconds_count{phase="prefill",stage="0"}' in p for p in pages))
+            self.assertTrue(any('shardserve_worker_collective_seconds_count{op="all_reduce"' in p for p in pages))
             self.assertIn("layers [0, 1)", st.stdout)
             self.assertIn("layers [1, 2)", st.stdout)
         finally:

@@ -57,6 +57,7 @@ struct GenerateDelta {
 
 struct WorkerInfo {
   std::string worker_id, node_name, address, state, error, devices, assignment;
+  std::string metrics_address;  // HOST:PORT of its /metrics endpoint; empty when it serves none
 };
 
 struct ClusterInfo {

@@ -1,0 +1,230 @@
+// The cost of a pipeline hop, measured in one run on this machine:
+//   * a bare gRPC bidirectional-stream round trip (echo service) with a decode-sized message
+//     (one token's hidden state) and with a prefill-sized one;
+//   * the same model decoded in one process and as 2 pipeline stages (two worker servers on
+//     127.0.0.1, stage 0 forwarding hidden states to stage 1 over its stream);
+// and prints the per-hop overhead beside the bare round trip and the stage compute time, and PP=2
+// decode tokens/s as a fraction of one process.
+// Usage: shardserve-bench-pipeline [--model=DIR] [--tokens=64]   (default: the generated 100M model)
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "shardserve/v1/stage.grpc.pb.h"
+#include "tests/testing/random_model.h"
+#include "worker/engine/executor.h"
+#include "worker/service/convert.h"
+#include "worker/service/worker_server.h"
+
+ABSL_FLAG(std::string, model, "", "model directory; empty = the generated 100M model in --scratch");
+ABSL_FLAG(std::string, scratch, "/tmp/shardserve-100m", "where the 100M model is generated");
+ABSL_FLAG(int32_t, tokens, 64, "decode tokens to time");
+
+namespace shardserve {
+namespace {
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Answers every request with an empty response: the bare cost of a round trip.
+class EchoStage final : public v1::Stage::CallbackService {
+  class Reactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+   public:
+    Reactor() { StartRead(&req_); }
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      resp_.set_step_id(req_.step_id());
+      StartWrite(&resp_);
+    }
+    void OnWriteDone(bool ok) override {
+      if (ok) {
+        StartRead(&req_);
+      } else {
+        Finish(grpc::Status::OK);
+      }
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    v1::StepRequest req_;
+    v1::StepResponse resp_;
+  };
+
+ public:
+  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(grpc::CallbackServerContext*) override {
+    return new Reactor();
+  }
+};
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* a, grpc::Service* b, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.SetMaxReceiveMessageSize(service::kMaxMessageBytes);
+  builder.RegisterService(a);
+  if (b != nullptr) builder.RegisterService(b);
+  return builder.BuildAndStart();
+}
+
+// Mean round trip (s) of `payload` bytes of hidden states on a bidi stream.
+double EchoRoundTrip(v1::Stage::Stub& stub, size_t payload, int iters) {
+  grpc::ClientContext ctx;
+  auto stream = stub.StepStream(&ctx);
+  v1::StepRequest req;
+  req.mutable_hidden()->set_data(std::string(payload, 'x'));
+  v1::StepResponse resp;
+  for (int i = 0; i < 20; ++i) {
+    stream->Write(req);
+    stream->Read(&resp);
+  }
+  const double t0 = Now();
+  for (int i = 0; i < iters; ++i) {
+    req.set_step_id(static_cast<uint64_t>(i));
+    stream->Write(req);
+    stream->Read(&resp);
+  }
+  const double dt = (Now() - t0) / iters;
+  stream->WritesDone();
+  (void)stream->Finish();
+  return dt;
+}
+
+v1::StepRequest DecodeStep(uint64_t id, int pos, int32_t token) {
+  v1::StepRequest r;
+  r.set_step_id(id);
+  v1::StepSequence* s = r.add_sequences();
+  s->set_slot(0);
+  s->set_pos_begin(pos);
+  s->set_num_tokens(1);
+  s->add_token_ids(token);
+  s->set_sample(true);
+  s->set_sample_index(static_cast<uint64_t>(pos));
+  return r;
+}
+
+v1::Assignment Stage(const std::string& model, int stage, int begin, int end, const std::string& next) {
+  v1::Assignment a;
+  a.set_assignment_id(absl::StrCat("bench-", stage));
+  a.set_model_path(model);
+  a.set_stage(stage);
+  a.set_layer_begin(begin);
+  a.set_layer_end(end);
+  a.set_device_kind(v1::DEVICE_KIND_CPU);
+  a.add_devices(0);
+  a.set_max_slots(1);
+  a.set_max_step_tokens(16);
+  a.set_next_address(next);
+  return a;
+}
+
+int Run() {
+  std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty()) {
+    dir = absl::GetFlag(FLAGS_scratch);
+    if (!std::filesystem::exists(dir + "/model.safetensors")) {
+      std::printf("writing the 100M model to %s ...\n", dir.c_str());
+      if (auto st = testing::WriteRandomLlama(dir, testing::HundredMModel(), 1234); !st.ok()) return 1;
+    }
+  }
+  auto spec = LoadModelSpec(dir);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+    return 1;
+  }
+  const int tokens = absl::GetFlag(FLAGS_tokens);
+  const size_t decode_bytes = static_cast<size_t>(spec->hidden_size) * 4;
+  const size_t prefill_bytes = 256 * decode_bytes;
+
+  // 1. Bare round trips.
+  EchoStage echo;
+  int echo_port = 0;
+  auto echo_server = Serve(&echo, nullptr, &echo_port);
+  auto echo_stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", echo_port),
+                                                          grpc::InsecureChannelCredentials()));
+  const double rtt_decode = EchoRoundTrip(*echo_stub, decode_bytes, 2000);
+  const double rtt_prefill = EchoRoundTrip(*echo_stub, prefill_bytes, 200);
+  echo_server->Shutdown();
+
+  // 2. One process.
+  auto ckpt = Checkpoint::Open(dir);
+  engine::ExecutorOptions eo;
+  eo.model.max_slots = 1;
+  auto one = engine::TpExecutor::Create(*spec, **ckpt, eo);
+  if (!one.ok()) {
+    std::fprintf(stderr, "%s\n", one.status().ToString().c_str());
+    return 1;
+  }
+  int32_t tok = 1;
+  double t0 = 0;
+  for (int i = 0; i < tokens + 4; ++i) {
+    if (i == 4) t0 = Now();
+    auto r = (*one)->Step({engine::StepSequence{.slot = 0, .pos_begin = i, .tokens = {tok}}});
+    const auto& l = r->logits[0];
+    tok = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  }
+  const double step_one = (Now() - t0) / tokens;
+  one->reset();
+
+  // 3. Two stages over gRPC.
+  const int half = static_cast<int>(spec->num_layers / 2);
+  service::WorkerServer w1({.cpu_ranks = 1}), w0({.cpu_ranks = 1});
+  int p1 = 0, p0 = 0;
+  auto s1 = Serve(w1.worker_service(), w1.stage_service(), &p1);
+  auto s0 = Serve(w0.worker_service(), w0.stage_service(), &p0);
+  (void)w1.Assign(Stage(dir, 1, half, static_cast<int>(spec->num_layers), ""));
+  (void)w0.Assign(Stage(dir, 0, 0, half, absl::StrCat("127.0.0.1:", p1)));
+  for (int i = 0; i < 1200 && (w0.Status().state != v1::WORKER_STATE_READY || w1.Status().state != v1::WORKER_STATE_READY); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", p0), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->StepStream(&ctx);
+  tok = 1;
+  v1::StepResponse resp;
+  for (int i = 0; i < tokens + 4; ++i) {
+    if (i == 4) t0 = Now();
+    stream->Write(DecodeStep(static_cast<uint64_t>(i), i, tok));
+    if (!stream->Read(&resp) || resp.error_code() != 0 || resp.token_ids_size() != 1) {
+      std::fprintf(stderr, "pipeline step failed: %s\n", resp.error_message().c_str());
+      return 1;
+    }
+    tok = resp.token_ids(0);
+  }
+  const double step_pp = (Now() - t0) / tokens;
+  stream->WritesDone();
+  (void)stream->Finish();
+  w0.Shutdown();
+  w1.Shutdown();
+  s0->Shutdown();
+  s1->Shutdown();
+
+  // Two hops per step in the pipeline (client -> stage 0 -> stage 1) against one call of compute.
+  const double hop = (step_pp - step_one) / 2.0;
+  std::printf("model %s, %lld layers, hidden %lld\n", dir.c_str(), static_cast<long long>(spec->num_layers),
+              static_cast<long long>(spec->hidden_size));
+  std::printf("bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n", rtt_decode * 1e6,
+              decode_bytes, rtt_prefill * 1e6, prefill_bytes, prefill_bytes / rtt_prefill / 1e9);
+  std::printf("decode step: one process %.2f ms, 2 stages %.2f ms; per hop %.1f us = %.2fx the bare round trip; "
+              "stage compute %.2f ms\n",
+              step_one * 1e3, step_pp * 1e3, hop * 1e6, hop / rtt_decode, step_one * 1e3 / 2);
+  std::printf("decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", 1 / step_one, 1 / step_pp,
+              step_one / step_pp);
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardserve
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return shardserve::Run();
+}
