@@ -84,22 +84,8 @@ absl::Status DecoderChain::AddSteps(const Json& j, const JsonWhere& where) {
   } else if (type == "Fuse") {
     step.kind = Kind::kFuse;
   } else if (type == "Replace") {
-    const Json* pattern = JsonMember(j, "pattern");
-    if (pattern == nullptr || !pattern->is_object()) return where.Child("pattern").Error("is missing or not an object");
-    ASSIGN_OR_RETURN(step.content, JsonString(j, "content", where));
-    if (pattern->contains("String")) {
-      step.kind = Kind::kReplaceString;
-      ASSIGN_OR_RETURN(step.pattern, JsonString(*pattern, "String", where.Child("pattern")));
-      if (step.pattern.empty()) return where.Child("pattern.String").Error("is empty");
-    } else if (pattern->contains("Regex")) {
-      step.kind = Kind::kReplaceRegex;
-      ASSIGN_OR_RETURN(step.pattern, JsonString(*pattern, "Regex", where.Child("pattern")));
-      auto re = Regex::Compile(step.pattern);
-      if (!re.ok()) return where.Child("pattern.Regex").Error(std::string(re.status().message()));
-      step.regex = *std::move(re);
-    } else {
-      return where.Child("pattern").Error("has neither \"String\" nor \"Regex\"");
-    }
+    step.kind = Kind::kReplace;
+    ASSIGN_OR_RETURN(step.replace, ReplaceRule::Parse(j, where));
   } else if (type == "Strip") {
     step.kind = Kind::kStrip;
     ASSIGN_OR_RETURN(step.pattern, JsonString(j, "content", where));
@@ -139,28 +125,6 @@ absl::StatusOr<std::unique_ptr<DecoderChain>> DecoderChain::FromJson(const Json&
     RETURN_IF_ERROR(chain->AddSteps(j, where));
   }
   return chain;
-}
-
-absl::StatusOr<std::string> DecoderChain::ReplaceAll(const Step& step, std::string_view in) {
-  std::string out;
-  size_t pos = 0;
-  if (step.kind == Kind::kReplaceString) {
-    while (true) {
-      const size_t hit = in.find(step.pattern, pos);
-      if (hit == std::string_view::npos) break;
-      absl::StrAppend(&out, AbslView(in.substr(pos, hit - pos)), step.content);
-      pos = hit + step.pattern.size();
-    }
-  } else {
-    std::vector<std::pair<size_t, size_t>> matches;
-    RETURN_IF_ERROR(step.regex->FindAll(in, &matches));
-    for (const auto& [b, e] : matches) {
-      absl::StrAppend(&out, AbslView(in.substr(pos, b - pos)), step.content);
-      pos = e;
-    }
-  }
-  out.append(in.substr(pos));
-  return out;
 }
 
 absl::StatusOr<std::string> DecoderChain::Decode(std::vector<std::string> tokens) const {
@@ -204,10 +168,9 @@ absl::StatusOr<std::string> DecoderChain::Decode(std::vector<std::string> tokens
       case Kind::kFuse:
         tokens.assign(1, absl::StrJoin(tokens, ""));
         break;
-      case Kind::kReplaceString:
-      case Kind::kReplaceRegex:
+      case Kind::kReplace:
         for (std::string& token : tokens) {
-          ASSIGN_OR_RETURN(token, ReplaceAll(step, token));
+          ASSIGN_OR_RETURN(token, step.replace.Apply(token));
         }
         break;
       case Kind::kStrip:
@@ -259,11 +222,10 @@ absl::Status DecoderChain::Stream::Feed(std::string_view token, std::string* out
       }
       case Kind::kFuse:
         break;
-      case Kind::kReplaceString:
-      case Kind::kReplaceRegex: {
+      case Kind::kReplace: {
         // A lone raw byte is not UTF-8 and cannot hold a UTF-8 pattern; skip it.
         if (!ValidateUtf8(text).ok()) break;
-        ASSIGN_OR_RETURN(text, ReplaceAll(step, text));
+        ASSIGN_OR_RETURN(text, step.replace.Apply(text));
         break;
       }
       case Kind::kStrip:

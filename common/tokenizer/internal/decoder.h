@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "common/tokenizer/internal/json_util.h"
 #include "common/tokenizer/internal/regex.h"
+#include "common/tokenizer/internal/replace_rule.h"
 #include "common/tokenizer/utf8.h"
 
 namespace shardserve::tokenizer_internal {
@@ -60,19 +61,17 @@ class DecoderChain {
   };
 
  private:
-  enum class Kind { kByteLevel, kByteFallback, kFuse, kReplaceString, kReplaceRegex, kStrip, kMetaspace };
+  enum class Kind { kByteLevel, kByteFallback, kFuse, kReplace, kStrip, kMetaspace };
   struct Step {
     Kind kind;
-    std::string pattern;  // kReplace*: pattern; kStrip: content; kMetaspace: replacement
-    std::string content;  // kReplace*: replacement
-    std::unique_ptr<Regex> regex;
+    std::string pattern;  // kStrip: content; kMetaspace: replacement
+    ReplaceRule replace;  // kReplace
     size_t start = 0;  // kStrip
     size_t stop = 0;
     bool prepend = true;      // kMetaspace: prepend_scheme != never
     bool after_fuse = false;  // a Fuse or ByteLevel step comes earlier: tokens arrive as one text
   };
   absl::Status AddSteps(const Json& j, const JsonWhere& where);
-  static absl::StatusOr<std::string> ReplaceAll(const Step& step, std::string_view in);
 
   std::vector<Step> steps_;
   bool null_decoder_ = false;  // no decoder: tokens joined by " "

@@ -35,18 +35,6 @@ absl::StatusOr<const icu::Normalizer2*> IcuNormalizer(int form) {
   return n;
 }
 
-void ReplaceAll(std::string_view in, std::string_view pattern, std::string_view content, std::string* out) {
-  out->clear();
-  size_t pos = 0;
-  while (true) {
-    const size_t hit = in.find(pattern, pos);
-    if (hit == std::string_view::npos) break;
-    out->append(in.data() + pos, hit - pos);
-    out->append(content);
-    pos = hit + pattern.size();
-  }
-  out->append(in.data() + pos, in.size() - pos);
-}
 
 }  // namespace
 
@@ -69,22 +57,8 @@ absl::Status Normalizer::AddSteps(const Json& j, const JsonWhere& where, std::ve
     step.kind = Kind::kPrepend;
     ASSIGN_OR_RETURN(step.text, JsonString(j, "prepend", where));
   } else if (type == "Replace") {
-    const Json* pattern = JsonMember(j, "pattern");
-    if (pattern == nullptr || !pattern->is_object()) return where.Child("pattern").Error("is missing or not an object");
-    ASSIGN_OR_RETURN(step.content, JsonString(j, "content", where));
-    if (pattern->contains("String")) {
-      step.kind = Kind::kReplaceString;
-      ASSIGN_OR_RETURN(step.text, JsonString(*pattern, "String", where.Child("pattern")));
-      if (step.text.empty()) return where.Child("pattern.String").Error("is empty");
-    } else if (pattern->contains("Regex")) {
-      step.kind = Kind::kReplaceRegex;
-      ASSIGN_OR_RETURN(step.text, JsonString(*pattern, "Regex", where.Child("pattern")));
-      auto re = Regex::Compile(step.text);
-      if (!re.ok()) return where.Child("pattern.Regex").Error(std::string(re.status().message()));
-      step.regex = *std::move(re);
-    } else {
-      return where.Child("pattern").Error("has neither \"String\" nor \"Regex\"");
-    }
+    step.kind = Kind::kReplace;
+    ASSIGN_OR_RETURN(step.replace, ReplaceRule::Parse(j, where));
   } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     step.kind = Kind::kUnicode;
     step.unicode_form = type == "NFC" ? 0 : type == "NFD" ? 1 : type == "NFKC" ? 2 : 3;
@@ -119,20 +93,8 @@ absl::Status Normalizer::Apply(const Step& step, std::string_view in, std::strin
         out->append(in);
       }
       return absl::OkStatus();
-    case Kind::kReplaceString:
-      ReplaceAll(in, step.text, step.content, out);
-      return absl::OkStatus();
-    case Kind::kReplaceRegex: {
-      std::vector<std::pair<size_t, size_t>> matches;
-      RETURN_IF_ERROR(step.regex->FindAll(in, &matches));
-      out->clear();
-      size_t pos = 0;
-      for (const auto& [b, e] : matches) {
-        out->append(in.data() + pos, b - pos);
-        out->append(step.content);
-        pos = e;
-      }
-      out->append(in.data() + pos, in.size() - pos);
+    case Kind::kReplace: {
+      ASSIGN_OR_RETURN(*out, step.replace.Apply(in));
       return absl::OkStatus();
     }
     case Kind::kUnicode: {

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tokenizer/internal/json_util.h"
+#include "common/tokenizer/internal/replace_rule.h"
 #include "common/tokenizer/internal/regex.h"
 
 namespace shardserve::tokenizer_internal {
@@ -29,12 +30,11 @@ class Normalizer {
   absl::Status Normalize(std::string_view in, std::string* out) const;
 
  private:
-  enum class Kind { kPrepend, kReplaceString, kReplaceRegex, kUnicode, kStrip };
+  enum class Kind { kPrepend, kReplace, kUnicode, kStrip };
   struct Step {
     Kind kind;
-    std::string text;     // kPrepend: the prefix; kReplace*: the pattern string
-    std::string content;  // kReplace*: the replacement
-    std::unique_ptr<Regex> regex;
+    std::string text;     // kPrepend: the prefix
+    ReplaceRule replace;  // kReplace
     int unicode_form = 0;  // kUnicode: 0 NFC, 1 NFD, 2 NFKC, 3 NFKD
     bool strip_left = false;
     bool strip_right = false;
