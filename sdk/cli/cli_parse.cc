@@ -1,14 +1,11 @@
 #include "sdk/cli/cli_parse.h"
 
-#include "common/flags/parse.h"
-
-#include <cmath>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/flags/parse.h"
 
 namespace shardserve::cli {
 
@@ -30,7 +27,7 @@ absl::StatusOr<std::vector<WorkerInventory>> ParseWorkers(absl::string_view text
     if (count_size.size() != 2 || !absl::SimpleAtoi(count_size[0], &count) || count < 1 || count > 1024) {
       return absl::InvalidArgumentError(absl::StrCat(hint, ": COUNT must be in [1, 1024]"));
     }
-    auto size = ParseBytes(count_size[1]);
+    auto size = ParseByteSize(count_size[1]);
     if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat(hint, ": ", size.status().message()));
     WorkerInventory w;
     w.worker_id = std::string(name_rest[0]);
@@ -41,9 +38,5 @@ absl::StatusOr<std::vector<WorkerInventory>> ParseWorkers(absl::string_view text
   if (workers.empty()) return absl::InvalidArgumentError("--workers lists no worker");
   return workers;
 }
-
-absl::StatusOr<std::vector<int32_t>> ParseIds(absl::string_view text) { return ParseTokenIdList(text, "--prompt_ids"); }
-
-absl::StatusOr<int64_t> ParseBytes(absl::string_view text) { return ParseByteSize(text); }
 
 }  // namespace shardserve::cli

@@ -14,6 +14,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/flags/parse.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
 #include "coordinator/planner/planner.h"
@@ -52,7 +53,7 @@ absl::Status GenerateCommand() {
   if (text.empty() == ids.empty()) return absl::InvalidArgumentError("give exactly one of --prompt and --prompt_ids");
   Prompt prompt = Prompt::Text(text);
   if (!ids.empty()) {
-    auto parsed = cli::ParseIds(ids);
+    auto parsed = ParseTokenIdList(ids, "--prompt_ids");
     if (!parsed.ok()) return parsed.status();
     prompt = Prompt::Ids(*parsed);
   }

@@ -158,8 +158,9 @@ int main(int argc, char** argv) {
                              absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens))})});
   for (int i = 0; i < workers; ++i) {
     std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + address,
-                                     "--listen=127.0.0.1:0", "--devices=" + absl::GetFlag(FLAGS_devices_per_worker),
-                                     absl::StrCat("--node_name=local-", i)};
+                                            "--listen=127.0.0.1:0",
+                                            "--devices=" + absl::GetFlag(FLAGS_devices_per_worker),
+                                            absl::StrCat("--node_name=local-", i)};
     if (absl::GetFlag(FLAGS_metrics)) worker_argv.push_back("--metrics_listen=127.0.0.1:0");
     children.push_back({absl::StrCat("worker ", i), Spawn(worker_argv)});
   }

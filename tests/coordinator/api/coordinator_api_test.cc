@@ -167,6 +167,17 @@ class CoordinatorApiTest : public ::testing::Test {
     return id;
   }
 
+  // Every replica made from now on holds its steps, and `stepping` is notified at its first one.
+  void HoldStepsAndNotifyOnFirst(absl::Notification* stepping) {
+    factory_->OnMake([stepping](EngineReplica* r) {
+      r->HoldStepsForTest();
+      r->SetStepHookForTest([stepping](const StepInput&) {
+        if (!stepping->HasBeenNotified()) stepping->Notify();
+        return absl::OkStatus();
+      });
+    });
+  }
+
   void BringUpOneWorker() {
     BringUpWorker("node-a", "127.0.0.1:1");
     ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
@@ -485,13 +496,7 @@ TEST_F(CoordinatorApiTest, ClientCancellingMidStreamFreesItsSequence) {
 TEST_F(CoordinatorApiTest, QueueFullIsResourceExhausted) {
   StartCoordinator(testing::Stories260KDir(), 1, {.max_slots = 1, .max_queued = 0});
   absl::Notification stepping;
-  factory_->OnMake([&stepping](EngineReplica* r) {
-    r->HoldStepsForTest();
-    r->SetStepHookForTest([&stepping](const StepInput&) {
-      if (!stepping.HasBeenNotified()) stepping.Notify();
-      return absl::OkStatus();
-    });
-  });
+  HoldStepsAndNotifyOnFirst(&stepping);
   BringUpOneWorker();
   GenerateResult held;
   std::thread first([&] { held = Generate(IdsRequest({1, 2}, 3)); });
@@ -567,13 +572,7 @@ TEST_F(CoordinatorApiTest, ADeadWorkerStopsItsReplicaAndTakesItBackAfterARestart
 TEST_F(CoordinatorApiTest, ShutdownFailsOutstandingRequestsWithUnavailable) {
   StartCoordinator(testing::Stories260KDir(), 1);
   absl::Notification stepping;
-  factory_->OnMake([&stepping](EngineReplica* r) {
-    r->HoldStepsForTest();
-    r->SetStepHookForTest([&stepping](const StepInput&) {
-      if (!stepping.HasBeenNotified()) stepping.Notify();
-      return absl::OkStatus();
-    });
-  });
+  HoldStepsAndNotifyOnFirst(&stepping);
   BringUpOneWorker();
   GenerateResult r;
   std::thread client([&] { r = Generate(IdsRequest({1, 2}, 30)); });
