@@ -30,6 +30,10 @@ struct Scheduler::Sequence {
   bool in_flight = false;
   uint64_t last_step = 0;  // the replica step that last included it (0 = none)
   uint64_t admitted = 0;   // admission order on its replica
+  absl::Time submitted;
+  std::optional<absl::Time> first_admitted;
+  std::optional<absl::Time> first_token;
+  absl::Time last_token;
 };
 
 struct Scheduler::Replica {
@@ -68,8 +72,15 @@ absl::Status SchedulerOptions::Validate() const {
   return absl::OkStatus();
 }
 
-Scheduler::Scheduler(SchedulerOptions options) : options_(std::move(options)) {
+Scheduler::Scheduler(SchedulerOptions options)
+    : options_(std::move(options)), clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()) {
   CHECK(options_.Validate().ok()) << options_.Validate();
+}
+
+absl::StatusOr<SequenceId> Scheduler::Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink) {
+  absl::StatusOr<SequenceId> id = SubmitImpl(std::move(request), std::move(sink));
+  if (!id.ok() && options_.observer != nullptr) options_.observer->OnRejected(id.status());
+  return id;
 }
 
 Scheduler::~Scheduler() { Shutdown(absl::UnavailableError("shutting down")); }
@@ -121,7 +132,7 @@ Scheduler::Replica* Scheduler::PickReplicaLocked() {
   return best;
 }
 
-absl::StatusOr<SequenceId> Scheduler::Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink) {
+absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::shared_ptr<SequenceSink> sink) {
   if (sink == nullptr) return absl::InvalidArgumentError("sink is null");
   if (absl::Status st = ValidateSequenceRequest(request, options_.limits); !st.ok()) return st;
   absl::MutexLock lock(&mu_);
@@ -143,6 +154,7 @@ absl::StatusOr<SequenceId> Scheduler::Submit(SequenceRequest request, std::share
   seq->request = std::move(request);
   seq->sink = std::move(sink);
   seq->replica = r;
+  seq->submitted = clock_->Now();
   Sequence* raw = seq.get();
   sequences_.emplace(raw->id, std::move(seq));
   r->waiting.push_back(raw);
@@ -185,6 +197,17 @@ void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& ev
   }
   end.prompt_tokens = static_cast<int32_t>(seq.request.prompt.size());
   end.completion_tokens = seq.generated;
+  if (options_.observer != nullptr) {
+    const absl::Time now = clock_->Now();
+    RequestReport report{.replica = r.id,
+                         .end = end,
+                         .queue_time = std::max(absl::ZeroDuration(), seq.first_admitted.value_or(now) - seq.submitted),
+                         .e2e_time = std::max(absl::ZeroDuration(), now - seq.submitted)};
+    if (seq.first_token.has_value()) {
+      report.time_to_first_token = std::max(absl::ZeroDuration(), *seq.first_token - seq.submitted);
+    }
+    options_.observer->OnRequestEnd(report);
+  }
   events.push_back(Event{.sink = std::move(seq.sink), .end = std::move(end)});
   sequences_.erase(seq.id);  // destroys `seq`
 }
@@ -210,6 +233,7 @@ void Scheduler::AdmitLocked(Replica& r) {
     s->slot = r.free_slots.back();
     r.free_slots.pop_back();
     s->admitted = r.next_admitted++;
+    if (!s->first_admitted.has_value()) s->first_admitted = clock_->Now();
     r.running.push_back(s);
   }
 }
@@ -256,7 +280,7 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r) {
 }
 
 void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out,
-                            std::vector<Event>& events) {
+                            absl::Duration took, std::vector<Event>& events) {
   ++r.steps;
   absl::Status status = out.status();
   if (status.ok()) {
@@ -266,6 +290,17 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
       status = absl::InternalError(absl::StrCat("replica ", r.id, " returned ", out->token_ids.size(),
                                                 " tokens for a step that sampled ", want, " sequences"));
     }
+  }
+  if (options_.observer != nullptr) {
+    StepReport report{.replica = r.id,
+                      .sequences = static_cast<int32_t>(batch.input.sequences.size()),
+                      .duration = took,
+                      .status = status};
+    for (const StepSequenceInput& in : batch.input.sequences) {
+      const bool decode = in.sample && in.token_ids.size() == 1 && in.sample_index > 0;
+      (decode ? report.decode_tokens : report.prefill_tokens) += static_cast<int64_t>(in.token_ids.size());
+    }
+    options_.observer->OnStep(report);
   }
   if (!status.ok() && r.stopping) {
     // Interrupted by RemoveReplica / Shutdown, which end these sequences with their own reason.
@@ -294,6 +329,13 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     if (!in.sample || s.cancelled) continue;  // a cancelled sequence is ended before the next step
     s.context.push_back(token);
     ++s.generated;
+    const absl::Time now = clock_->Now();
+    if (!s.first_token.has_value()) {
+      s.first_token = now;
+    } else if (options_.observer != nullptr) {
+      options_.observer->OnInterTokenLatency(std::max(absl::ZeroDuration(), now - s.last_token));
+    }
+    s.last_token = now;
     events.push_back(Event{.sink = s.sink, .tokens = {token}});
     const SequenceRequest& req = s.request;
     const bool stop = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
@@ -324,10 +366,12 @@ void Scheduler::ReplicaLoop(Replica* r) {
     }
     Deliver(events);
     if (batch.input.sequences.empty()) continue;
+    const absl::Time step_start = clock_->Now();
     absl::StatusOr<StepOutput> out = r->client->Step(batch.input);
+    const absl::Duration took = std::max(absl::ZeroDuration(), clock_->Now() - step_start);
     {
       absl::MutexLock lock(&mu_);
-      ApplyLocked(*r, batch, out, events);
+      ApplyLocked(*r, batch, out, took, events);
       EndCancelledLocked(*r, events);
     }
     Deliver(events);

@@ -47,7 +47,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/concurrency/clock.h"
 #include "coordinator/scheduler/replica_client.h"
+#include "coordinator/scheduler/scheduler_observer.h"
 #include "coordinator/scheduler/sequence.h"
 
 namespace shardserve::coordinator {
@@ -57,6 +59,8 @@ struct SchedulerOptions {
   int64_t max_step_tokens = 256;      // tokens per micro-batch over all sequences, >= 1
   int64_t max_queued = 1024;          // sequences waiting for a slot over all replicas, >= 0
   std::vector<int32_t> eos_token_ids;  // the model's EOS ids (stop unless ignore_eos)
+  SchedulerObserver* observer = nullptr;  // borrowed, may be null; must outlive the scheduler
+  const Clock* clock = nullptr;           // borrowed; null = RealClock
   // InvalidArgument naming the field when a value is out of range.
   absl::Status Validate() const;
 };
@@ -109,7 +113,7 @@ class Scheduler {
   // Queues a request; `sink` (non-null) then receives its output. Errors (the sink is then never
   // called): InvalidArgument from ValidateSequenceRequest; Unavailable when no replica is serving
   // or after Shutdown (with its reason); ResourceExhausted when max_queued sequences are already
-  // waiting (the message gives the limit).
+  // waiting (the message gives the limit). Refusals are reported to the observer.
   absl::StatusOr<SequenceId> Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
 
   // Ends a sequence with FinishReason::kCancelled: at once when it is waiting (the sink's OnEnd
@@ -132,12 +136,13 @@ class Scheduler {
   struct Event;  // a sink call to make after unlocking
   struct Batch;  // a micro-batch being run
 
+  absl::StatusOr<SequenceId> SubmitImpl(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
   void ReplicaLoop(Replica* replica);
   bool HasWorkLocked(const Replica& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCancelledLocked(Replica& r, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdmitLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Batch BuildBatchLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out,
+  void ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out, absl::Duration took,
                    std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `seq` (running or waiting) and queues its OnEnd.
   void EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -147,6 +152,7 @@ class Scheduler {
 
   // Constant after construction.
   const SchedulerOptions options_;
+  const Clock* const clock_;
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
