@@ -157,7 +157,7 @@ int Run() {
   // 2. One process.
   auto ckpt = Checkpoint::Open(dir);
   engine::ExecutorOptions eo;
-  eo.model.max_slots = 1;
+  eo.model.num_kv_blocks = (spec->max_position_embeddings + 15) / 16;  // one sequence of the whole context
   auto one = engine::TpExecutor::Create(*spec, **ckpt, eo);
   if (!one.ok()) {
     std::fprintf(stderr, "%s\n", one.status().ToString().c_str());
@@ -167,7 +167,8 @@ int Run() {
   double t0 = 0;
   for (int i = 0; i < tokens + 4; ++i) {
     if (i == 4) t0 = Now();
-    auto r = (*one)->Step({engine::StepSequence{.slot = 0, .pos_begin = i, .tokens = {tok}}});
+    auto r = (*one)->Step({engine::StepSequence{.block_ids = engine::WholeContextBlocks((*one)->options(), 0), .pos_begin = i,
+                                                .tokens = {tok}}});
     const auto& l = r->logits[0];
     tok = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
   }
