@@ -136,8 +136,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                           static_cast<size_t>(m->layout_.kv_heads * spec.head_dim);
   for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
     DeviceBuffer k, v;
-    RETURN_IF_ERROR(Alloc(*backend, &k, kv_elems * sizeof(float)));
-    RETURN_IF_ERROR(Alloc(*backend, &v, kv_elems * sizeof(float)));
+    absl::Status st = Alloc(*backend, &k, kv_elems * sizeof(float));
+    if (st.ok()) st = Alloc(*backend, &v, kv_elems * sizeof(float));
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("KV cache of ", options.num_kv_blocks, " blocks of ",
+                                                  options.kv_block_size, " tokens (", 2 * kv_elems * sizeof(float),
+                                                  " bytes per layer, ", options.layer_end - options.layer_begin,
+                                                  " layers) does not fit on ", backend->name(), ": ", st.message()));
+    }
     m->k_cache_.push_back(std::move(k));
     m->v_cache_.push_back(std::move(v));
     m->kv_bytes_ += 2 * kv_elems * sizeof(float);
