@@ -16,6 +16,12 @@ absl::Status ClusterOptions::Validate() const {
   }
   if (policy.max_seq_len < 1) return absl::InvalidArgumentError("max_seq_len must be resolved (> 0)");
   if (max_slots < 1) return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", max_slots));
+  if (kv_block_size < 1 || kv_block_size > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be in [1, 65536], got ", kv_block_size));
+  }
+  if (max_kv_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_kv_blocks must be >= 0 (0 = no cap), got ", max_kv_blocks));
+  }
   if (max_step_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be >= 1, got ", max_step_tokens));
   }
@@ -129,8 +135,14 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
   for (size_t r = 0; r < plan->replicas.size(); ++r) {
     const Pipeline& p = plan->replicas[r];
     ReplicaState rs;
-    const int64_t fit = p.stages.front().kv_tokens / plan->max_seq_len;
-    rs.max_slots = static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(options_.max_slots, fit)));
+    absl::StatusOr<int64_t> blocks = PipelineKvBlocks(p, plan->max_seq_len, options_.kv_block_size);
+    CHECK(blocks.ok()) << blocks.status();  // the plan and the options were validated
+    // No more than max_slots whole sequences can ever use (and no more than --kv_blocks), but
+    // always one whole sequence (PipelineKvBlocks guarantees it too).
+    const int64_t one_sequence = (plan->max_seq_len + options_.kv_block_size - 1) / options_.kv_block_size;
+    rs.kv_blocks = std::min(*blocks, one_sequence * options_.max_slots);
+    if (options_.max_kv_blocks > 0) rs.kv_blocks = std::min(rs.kv_blocks, options_.max_kv_blocks);
+    rs.kv_blocks = std::max(rs.kv_blocks, one_sequence);
     for (size_t s = 0; s < p.stages.size(); ++s) {
       const StageSpec& spec = p.stages[s];
       const WorkerRecord* w = Find(workers, spec.worker_id);
@@ -149,7 +161,8 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
       a.layer_end = spec.layer_end;
       a.device_kind = spec.device_kind;
       a.devices = spec.devices;
-      a.max_slots = rs.max_slots;
+      a.kv_blocks = rs.kv_blocks;
+      a.kv_block_size = options_.kv_block_size;
       a.max_seq_len = static_cast<int32_t>(plan->max_seq_len);
       a.max_step_tokens = options_.max_step_tokens;
       rs.stages.push_back(std::move(stage));
@@ -269,13 +282,17 @@ void Cluster::Tick() {
     for (size_t r = 0; r < replicas_.size(); ++r) {
       ReplicaState& rs = replicas_[r];
       std::vector<std::string> problems;
-      ReplicaEndpoint endpoint{.replica = static_cast<int>(r), .max_slots = rs.max_slots};
+      ReplicaEndpoint endpoint{.replica = static_cast<int>(r),
+                               .max_slots = options_.max_slots,
+                               .kv_blocks = rs.kv_blocks,
+                               .kv_block_size = options_.kv_block_size};
       for (const Stage& stage : rs.stages) {
         const WorkerRecord* w = Find(workers, stage.worker_id);
         bool settled = false;
         std::string problem = StageProblem(stage, w, &settled);
         if (!problem.empty()) problems.push_back(std::move(problem));
-        if (w != nullptr && w->kv_slots > 0) endpoint.max_slots = std::min<int32_t>(endpoint.max_slots, w->kv_slots);
+        // The block ids are shared by every stage: the replica has what its smallest stage reports.
+        if (w != nullptr && w->kv_blocks > 0) endpoint.kv_blocks = std::min(endpoint.kv_blocks, w->kv_blocks);
         endpoint.worker_ids.push_back(stage.worker_id);
       }
       endpoint.stage0_address = rs.stages.front().address;
@@ -294,14 +311,18 @@ void Cluster::Tick() {
       const int32_t depth = options_.pipeline_depth > 0 ? options_.pipeline_depth
                                                         : static_cast<int32_t>(c.endpoint.worker_ids.size());
       absl::Status st = client.ok() ? scheduler_->AddReplica(c.replica, *std::move(client),
-                                                             {.max_slots = c.endpoint.max_slots, .pipeline_depth = depth})
+                                                             {.max_slots = c.endpoint.max_slots,
+                                                              .pipeline_depth = depth,
+                                                              .kv_blocks = c.endpoint.kv_blocks,
+                                                              .kv_block_size = c.endpoint.kv_block_size})
                                     : client.status();
       if (!st.ok()) {
         LOG(WARNING) << "replica " << c.replica << " cannot serve: " << st;
         continue;
       }
       LOG(INFO) << "replica " << c.replica << " serving (stage 0 at " << c.endpoint.stage0_address << ", "
-                << c.endpoint.max_slots << " slots)";
+                << c.endpoint.kv_blocks << " KV blocks of " << c.endpoint.kv_block_size << " tokens, at most "
+                << c.endpoint.max_slots << " sequences at once)";
     }
     absl::MutexLock lock(&mu_);
     replicas_[static_cast<size_t>(c.replica)].serving = c.add;

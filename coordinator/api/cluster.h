@@ -47,7 +47,9 @@ struct ReplicaEndpoint {
   int replica = 0;
   std::string stage0_address;  // the first stage's worker (Stage.StepStream)
   std::vector<std::string> worker_ids;  // per stage
-  int32_t max_slots = 0;
+  int32_t max_slots = 0;       // running sequences at once (a scheduling limit)
+  int64_t kv_blocks = 0;       // KV cache blocks, the same ids on every stage (their minimum)
+  int32_t kv_block_size = 0;   // tokens per block
 };
 
 // Makes the client of a replica that is about to serve. Called on the cluster's thread.
@@ -57,9 +59,15 @@ struct ClusterOptions {
   std::string model_path;    // sent to workers as given
   int expected_workers = 1;  // plan once this many workers are registered and alive, >= 1
   PlanPolicy policy;         // policy.max_seq_len must be resolved (> 0)
-  int32_t max_slots = 8;     // per replica; lowered to what the plan's KV budget holds
+  // Running sequences per replica, >= 1. The KV cache may hold fewer; it never gets more blocks
+  // than max_slots whole sequences (ceil(max_seq_len / kv_block_size) blocks each) could use.
+  int32_t max_slots = 8;
   int32_t max_step_tokens = 256;
   int32_t pipeline_depth = 0;  // micro-batches in flight per replica; 0 = its number of stages
+  int32_t kv_block_size = 16;  // tokens per KV cache block, in [1, 65536]
+  // At most this many KV blocks per replica (0 = what the plan's KV budget holds); at least one
+  // whole sequence (ceil(max_seq_len / kv_block_size) blocks) is always allocated.
+  int64_t max_kv_blocks = 0;
   absl::Duration poll_interval = absl::Milliseconds(100);  // loop wake-up bound
   absl::Duration assign_retry = absl::Seconds(1);          // between failed Assign attempts
   absl::Status Validate() const;
@@ -117,7 +125,7 @@ class Cluster {
   struct ReplicaState {
     std::vector<Stage> stages;
     bool serving = false;
-    int32_t max_slots = 0;
+    int64_t kv_blocks = 0;  // assigned to every stage
   };
 
   void Loop();

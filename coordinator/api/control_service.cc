@@ -69,7 +69,7 @@ grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext
                                          .state = *state,
                                          .assignment_id = request->assignment_id(),
                                          .error = request->error(),
-                                         .kv_slots = request->kv_slots()}));
+                                         .kv_blocks = request->kv_blocks()}));
 }
 
 grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerContext* ctx,

@@ -30,6 +30,8 @@ absl::Status CoordinatorOptions::Validate() const {
   if (replicas < 0) return bad("replicas", replicas, ">= 0");
   if (max_seq_len < 0) return bad("max_seq_len", max_seq_len, ">= 0");
   if (max_slots < 1) return bad("max_slots", max_slots, ">= 1");
+  if (kv_block_size < 1 || kv_block_size > 65536) return bad("kv_block_size", kv_block_size, "in [1, 65536]");
+  if (max_kv_blocks < 0) return bad("kv_blocks", max_kv_blocks, ">= 0 (0 = what the KV budget holds)");
   if (max_step_tokens < 1) return bad("max_step_tokens", max_step_tokens, ">= 1");
   if (max_queued < 0) return bad("max_queued", max_queued, ">= 0");
   if (pipeline_depth < 0) return bad("pipeline_depth", pipeline_depth, ">= 0");
@@ -97,6 +99,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   co.policy.replicas = options.replicas;
   co.policy.max_seq_len = max_seq_len;
   co.max_slots = options.max_slots;
+  co.kv_block_size = options.kv_block_size;
+  co.max_kv_blocks = options.max_kv_blocks;
   co.max_step_tokens = options.max_step_tokens;
   co.pipeline_depth = options.pipeline_depth;
   c->cluster_ = std::make_unique<Cluster>(co, c->spec_.get(), c->registry_.get(), c->scheduler_.get(),

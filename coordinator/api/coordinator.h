@@ -47,7 +47,9 @@ struct CoordinatorOptions {
   int expected_workers = 1;            // >= 1
   int tp = 0, pp = 0, replicas = 0;    // >= 0; 0 = let the planner choose
   int64_t max_seq_len = 0;             // 0 = the model's max_position_embeddings
-  int32_t max_slots = 8;               // per replica, >= 1
+  int32_t max_slots = 8;               // running sequences per replica, >= 1
+  int32_t kv_block_size = 16;          // tokens per KV cache block, in [1, 65536]
+  int64_t max_kv_blocks = 0;           // KV blocks per replica at most; 0 = what the budget holds
   int32_t max_step_tokens = 256;       // >= 1
   int64_t max_queued = 1024;           // >= 0
   int32_t pipeline_depth = 0;          // micro-batches in flight per replica, >= 0; 0 = its stages

@@ -26,7 +26,11 @@ ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = planner's choice
 ABSL_FLAG(int32_t, pp, 0, "pipeline stages per replica; 0 = planner's choice");
 ABSL_FLAG(int32_t, replicas, 0, "data-parallel replicas; 0 = as many as fit");
 ABSL_FLAG(int64_t, max_seq_len, 0, "tokens per sequence (prompt + output); 0 = the model's max_position_embeddings");
-ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once (lowered to what the KV budget holds)");
+ABSL_FLAG(int32_t, max_slots, 8, "running sequences per replica at once (the KV cache may hold fewer)");
+ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block, in [1, 65536]");
+ABSL_FLAG(int64_t, kv_blocks, 0,
+          "KV cache blocks per replica at most (0 = what the KV budget holds); when full, the newest sequences "
+          "are preempted and recomputed later");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per micro-batch (prefill chunk budget)");
 ABSL_FLAG(int64_t, max_queued, 1024, "requests waiting for a slot; beyond it Generate fails with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, pipeline_depth, 0,
@@ -58,6 +62,8 @@ int main(int argc, char** argv) {
   options.replicas = absl::GetFlag(FLAGS_replicas);
   options.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   options.max_slots = absl::GetFlag(FLAGS_max_slots);
+  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  options.max_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   options.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
   options.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);

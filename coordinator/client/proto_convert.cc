@@ -46,7 +46,8 @@ void ToProto(const WorkerAssignment& a, v1::Assignment* out) {
   out->set_device_kind(ToProto(a.device_kind));
   out->clear_devices();
   for (int d : a.devices) out->add_devices(d);
-  out->set_max_slots(a.max_slots);
+  out->set_kv_blocks(a.kv_blocks);
+  out->set_kv_block_size(a.kv_block_size);
   out->set_max_seq_len(a.max_seq_len);
   out->set_max_step_tokens(a.max_step_tokens);
   out->set_next_address(a.next_address);
@@ -58,7 +59,7 @@ void ToProto(const StepInput& input, v1::StepRequest* out) {
   out->mutable_sequences()->Reserve(static_cast<int>(input.sequences.size()));
   for (const StepSequenceInput& in : input.sequences) {
     v1::StepSequence* s = out->add_sequences();
-    s->set_slot(in.slot);
+    s->mutable_block_ids()->Add(in.block_ids.begin(), in.block_ids.end());
     s->set_pos_begin(in.pos_begin);
     s->set_num_tokens(static_cast<int32_t>(in.token_ids.size()));
     s->mutable_token_ids()->Add(in.token_ids.begin(), in.token_ids.end());

@@ -23,7 +23,8 @@ struct WorkerAssignment {
   int64_t layer_end = 0;
   DeviceKind device_kind = DeviceKind::kCpu;
   std::vector<int> devices;  // CUDA ordinals, or CPU ranks (the count is what matters)
-  int32_t max_slots = 0;
+  int64_t kv_blocks = 0;      // KV cache blocks to allocate, >= 1
+  int32_t kv_block_size = 0;  // tokens per KV cache block, >= 1
   int32_t max_seq_len = 0;
   int32_t max_step_tokens = 0;
   std::string next_address;  // the next stage's worker; empty on the last stage

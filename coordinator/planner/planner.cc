@@ -707,4 +707,15 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInv
       NotEnoughMemory(spec, policy, planner.min_tokens(), sorted, eligible, pp_lo, pp_hi, can_spill));
 }
 
+absl::StatusOr<int64_t> PipelineKvBlocks(const Pipeline& pipeline, int64_t max_seq_len, int64_t block_size) {
+  if (block_size < 1) return absl::InvalidArgumentError(absl::StrCat("kv block size must be >= 1, got ", block_size));
+  if (max_seq_len < 1) return absl::InvalidArgumentError(absl::StrCat("max_seq_len must be >= 1, got ", max_seq_len));
+  if (pipeline.stages.empty()) return absl::InvalidArgumentError("the pipeline has no stages");
+  int64_t tokens = std::numeric_limits<int64_t>::max();
+  for (const StageSpec& st : pipeline.stages) tokens = std::min(tokens, st.kv_tokens);
+  const int64_t one_sequence = (max_seq_len + block_size - 1) / block_size;
+  const int64_t blocks = std::max(tokens / block_size, one_sequence);
+  return std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max());
+}
+
 }  // namespace shardserve

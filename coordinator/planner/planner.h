@@ -115,6 +115,15 @@ namespace shardserve {
 absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
                               const PlanPolicy& policy);
 
+// The paged KV cache of a pipeline: blocks of `block_size` tokens, the same block ids on every
+// stage, so its capacity is that of its tightest stage: floor(kv_tokens / block_size) blocks
+// (kv_bytes_per_rank / the bytes of one block of the stage's layers on one rank), raised to the
+// ceil(max_seq_len / block_size) blocks one whole sequence needs (the plan reserves at least
+// max_seq_len tokens; rounding up to whole blocks may exceed it by less than one block). Capped
+// at 2^31 - 1 (block ids are int32). InvalidArgument for block_size < 1, an empty pipeline or
+// max_seq_len < 1. Pure.
+absl::StatusOr<int64_t> PipelineKvBlocks(const Pipeline& pipeline, int64_t max_seq_len, int64_t block_size);
+
 }  // namespace shardserve
 
 #endif  // SHARDSERVE_COORDINATOR_PLANNER_PLANNER_H_

@@ -109,8 +109,8 @@ absl::Status WorkerRegistry::Heartbeat(const WorkerHeartbeat& hb) {
   }
   r.last_heartbeat = clock_->Now();
   const std::string error = hb.state == WorkerState::kFailed ? hb.error : std::string();
-  const int64_t kv_slots = hb.state == WorkerState::kReady ? hb.kv_slots : 0;
-  if (r.state != hb.state || r.assignment_id != hb.assignment_id || r.error != error || r.kv_slots != kv_slots) {
+  const int64_t kv_blocks = hb.state == WorkerState::kReady ? hb.kv_blocks : 0;
+  if (r.state != hb.state || r.assignment_id != hb.assignment_id || r.error != error || r.kv_blocks != kv_blocks) {
     if (r.state != hb.state) {
       LOG(INFO) << "worker " << hb.worker_id << ": " << WorkerStateName(r.state) << " -> "
                 << WorkerStateName(hb.state) << (hb.assignment_id.empty() ? "" : " (assignment ")
@@ -120,7 +120,7 @@ absl::Status WorkerRegistry::Heartbeat(const WorkerHeartbeat& hb) {
     r.state = hb.state;
     r.assignment_id = hb.assignment_id;
     r.error = error;
-    r.kv_slots = kv_slots;
+    r.kv_blocks = kv_blocks;
     ++version_;
   }
   return absl::OkStatus();
@@ -139,7 +139,7 @@ std::vector<std::string> WorkerRegistry::SweepLocked() {
                              WorkerStateName(r.state));
       LOG(WARNING) << "worker " << id << " (" << r.registration.address << ") is dead: " << r.error;
       r.state = WorkerState::kDead;
-      r.kv_slots = 0;
+      r.kv_blocks = 0;
       dead.push_back(id);
     }
   }

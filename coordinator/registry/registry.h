@@ -6,7 +6,7 @@
 //                    (node_name, address) — a restarted worker — drops the old record and gives a
 //                    new worker_id.
 //   Heartbeat     -> records the state the worker reports (kIdle / kLoading / kReady / kFailed with
-//                    its error), the assignment_id that state refers to and, when ready, kv_slots.
+//                    its error), the assignment_id that state refers to and, when ready, kv_blocks.
 //   no heartbeat  -> after Options::heartbeat_timeout without a Register or Heartbeat, the worker
 //                    is kDead. A dead worker stays listed (operators see it in the cluster status)
 //                    until it registers again; its heartbeats get NotFound ("register again").
@@ -62,7 +62,7 @@ struct WorkerHeartbeat {
   WorkerState state = WorkerState::kIdle;
   std::string assignment_id;  // the assignment the state refers to ("" = none)
   std::string error;          // with kFailed
-  int64_t kv_slots = 0;       // with kReady: sequences the stage can hold
+  int64_t kv_blocks = 0;      // with kReady: KV cache blocks the stage holds
 };
 
 // A snapshot of one worker.
@@ -72,7 +72,7 @@ struct WorkerRecord {
   WorkerState state = WorkerState::kIdle;
   std::string assignment_id;
   std::string error;  // the worker's error with kFailed; why it was declared dead with kDead
-  int64_t kv_slots = 0;
+  int64_t kv_blocks = 0;
   absl::Time registered_at;
   absl::Time last_heartbeat;  // the last Register or Heartbeat
 };
@@ -119,7 +119,7 @@ class WorkerRegistry {
   int NumAlive();
 
   // A counter that increases whenever anything observable changes (register, heartbeat that
-  // changes state / assignment / error / kv_slots, a worker declared dead).
+  // changes state / assignment / error / kv_blocks, a worker declared dead).
   uint64_t version() const;
   // Blocks until version() != `seen` or `timeout` (real time) passes. Returns whether it changed.
   bool WaitForChange(uint64_t seen, absl::Duration timeout) const;

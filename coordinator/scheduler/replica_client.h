@@ -27,7 +27,10 @@ struct SamplingOptions {
 
 // One sequence's part of a micro-batch.
 struct StepSequenceInput {
-  int32_t slot = 0;                // KV cache slot, the same on every stage of the replica
+  // The sequence's KV cache blocks, in order (block j holds positions [j * kv_block_size,
+  // (j + 1) * kv_block_size)); the same ids on every stage of the replica. Covers at least
+  // pos_begin + token_ids.size() positions.
+  std::vector<int32_t> block_ids;
   int32_t pos_begin = 0;           // position of the first new token (tokens already cached)
   std::vector<int32_t> token_ids;  // the new tokens: a prefill chunk, or the one token to decode
   bool sample = false;             // sample a token after this chunk (end of prompt, or decode)
@@ -53,7 +56,7 @@ struct StepOutput {
 //  - Errors fail the micro-batch only; the scheduler fails the sequences that were in it with the
 //    status (the stage's own gRPC code and message when a stage reported the failure;
 //    Unavailable when the replica cannot be reached; DeadlineExceeded after the step timeout).
-//    Nothing is assumed about the KV contents of those sequences' slots afterwards. A later Step
+//    Nothing is assumed about the KV contents of those sequences' blocks afterwards. A later Step
 //    may succeed (e.g. after the implementation reconnects).
 //  - StepOutput::token_ids must have exactly one entry per sequence with sample = true;
 //    the scheduler fails the batch with Internal otherwise.

@@ -1,6 +1,7 @@
 #include "coordinator/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -11,9 +12,12 @@ namespace shardserve::coordinator {
 
 // Invariants (under mu_):
 //  - a Sequence is in sequences_ iff its OnEnd has not been queued;
-//  - it is in exactly one of its replica's `waiting` (slot == -1) or `running` (slot >= 0);
-//  - a running sequence's slot is not in its replica's free_slots; slots of a replica are
-//    free_slots + running slots = [0, max_slots);
+//  - it is in exactly one of its replica's `waiting` (running == false) or `running` (true);
+//  - a waiting sequence holds no KV blocks and has consumed == 0 unless it never ran;
+//  - the blocks of a replica are its free_blocks plus the blocks of its running sequences, each
+//    id exactly once: [0, kv_blocks) in all; a running sequence's blocks cover at least its
+//    `consumed` positions (and those of its micro-batch while in flight);
+//  - a sequence in flight is never preempted or ended by another step;
 //  - only the replica's own threads end a running sequence, except RemoveReplica / Shutdown, which
 //    do so after those threads have been joined; a sequence is in_flight from the build of its
 //    micro-batch until the thread that ran it has delivered its events, and only a sequence that is
@@ -24,7 +28,8 @@ struct Scheduler::Sequence {
   SequenceRequest request;
   std::shared_ptr<SequenceSink> sink;
   Replica* replica = nullptr;
-  int32_t slot = -1;
+  bool running = false;
+  std::vector<int32_t> blocks;   // KV cache blocks, in position order (running only)
   int32_t consumed = 0;          // tokens of `context` already in the KV cache
   std::vector<int32_t> context;  // prompt followed by the generated tokens
   int32_t generated = 0;
@@ -41,8 +46,10 @@ struct Scheduler::Sequence {
 struct Scheduler::Replica {
   int id = 0;
   int32_t max_slots = 0;
+  int64_t kv_blocks = 0;
+  int64_t block_size = 0;
   std::unique_ptr<ReplicaClient> client;  // set at creation; used without the lock
-  std::vector<int32_t> free_slots;        // the lowest slot at the back
+  std::vector<int32_t> free_blocks;       // taken from the back
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;  // admission order
   int32_t depth = 1;  // step loops (micro-batches in flight at once)
@@ -63,6 +70,17 @@ struct Scheduler::Batch {
   StepInput input;
   std::vector<SequenceId> members;  // per input sequence
 };
+
+namespace {
+
+int64_t BlocksFor(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
+
+// Positions a request writes to the KV cache at most: every token but the last one generated.
+int64_t MaxCachedTokens(const SequenceRequest& r) {
+  return static_cast<int64_t>(r.prompt.size()) + r.max_tokens - 1;
+}
+
+}  // namespace
 
 absl::Status SchedulerOptions::Validate() const {
   if (limits.vocab_size < 1) return absl::InvalidArgumentError("vocab_size must be >= 1");
@@ -97,6 +115,12 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   if (options.pipeline_depth < 1) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline_depth must be >= 1, got ", options.pipeline_depth));
   }
+  if (options.kv_blocks < 1 || options.kv_blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_blocks must be in [1, 2^31 - 1], got ", options.kv_blocks));
+  }
+  if (options.kv_block_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be >= 1, got ", options.kv_block_size));
+  }
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::FailedPreconditionError("the scheduler is shut down");
   if (replicas_.contains(replica)) {
@@ -105,13 +129,18 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   auto r = std::make_unique<Replica>();
   r->id = replica;
   r->max_slots = options.max_slots;
+  r->kv_blocks = options.kv_blocks;
+  r->block_size = options.kv_block_size;
   r->client = std::move(client);
   r->depth = options.pipeline_depth;
-  for (int32_t s = options.max_slots - 1; s >= 0; --s) r->free_slots.push_back(s);
+  // Lowest id at the back: a fresh replica hands out blocks 0, 1, 2, ...
+  r->free_blocks.reserve(static_cast<size_t>(options.kv_blocks));
+  for (int64_t b = options.kv_blocks - 1; b >= 0; --b) r->free_blocks.push_back(static_cast<int32_t>(b));
   Replica* raw = r.get();
   replicas_.emplace(replica, std::move(r));
   for (int32_t t = 0; t < options.pipeline_depth; ++t) raw->threads.emplace_back([this, raw] { ReplicaLoop(raw); });
-  LOG(INFO) << "scheduler: replica " << replica << " serving with " << options.max_slots << " slots, "
+  LOG(INFO) << "scheduler: replica " << replica << " serving with " << options.kv_blocks << " KV blocks of "
+            << options.kv_block_size << " tokens, at most " << options.max_slots << " sequences at once, "
             << options.pipeline_depth << " micro-batch(es) in flight";
   return absl::OkStatus();
 }
@@ -125,10 +154,10 @@ std::vector<int> Scheduler::Replicas() const {
   return out;
 }
 
-Scheduler::Replica* Scheduler::PickReplicaLocked() {
+Scheduler::Replica* Scheduler::PickReplicaLocked(int64_t tokens) {
   Replica* best = nullptr;
   for (auto& [id, r] : replicas_) {
-    if (r->stopping) continue;
+    if (r->stopping || BlocksFor(tokens, r->block_size) > r->kv_blocks) continue;
     if (best == nullptr) {
       best = r.get();
       continue;
@@ -146,15 +175,29 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   if (absl::Status st = ValidateSequenceRequest(request, options_.limits); !st.ok()) return st;
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError(shutdown_reason_.message());
-  Replica* r = PickReplicaLocked();
-  if (r == nullptr) return absl::UnavailableError("no replica is serving");
+  const int64_t tokens = MaxCachedTokens(request);
+  Replica* r = PickReplicaLocked(tokens);
+  if (r == nullptr) {
+    // Either nothing serves, or no serving replica's KV cache can hold this sequence.
+    const Replica* largest = nullptr;
+    for (const auto& [id, rep] : replicas_) {
+      if (!rep->stopping && (largest == nullptr || rep->kv_blocks * rep->block_size >
+                                                       largest->kv_blocks * largest->block_size)) {
+        largest = rep.get();
+      }
+    }
+    if (largest == nullptr) return absl::UnavailableError("no replica is serving");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt (", request.prompt.size(), " tokens) and max_tokens (", request.max_tokens, ") need ",
+        BlocksFor(tokens, largest->block_size), " KV cache blocks of ", largest->block_size,
+        " tokens; the largest replica has ", largest->kv_blocks, " blocks; lower max_tokens or shorten the prompt"));
+  }
   if (num_waiting_ >= options_.max_queued) {
-    // A request that a free slot can take at once does not count as waiting.
-    const bool slot_now = r->waiting.empty() && !r->free_slots.empty();
-    if (!slot_now) {
+    // A request that can be admitted at once does not count as waiting.
+    if (!r->waiting.empty() || !FitsNowLocked(*r, static_cast<int64_t>(request.prompt.size()))) {
       return absl::ResourceExhaustedError(absl::StrCat("the waiting queue is full: ", num_waiting_,
-                                                       " requests are waiting for a slot (max_queued = ",
-                                                       options_.max_queued, "); retry later"));
+                                                       " requests are waiting (max_queued = ", options_.max_queued,
+                                                       "); retry later"));
     }
   }
   auto seq = std::make_unique<Sequence>();
@@ -168,7 +211,7 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   sequences_.emplace(raw->id, std::move(seq));
   r->waiting.push_back(raw);
   ++num_waiting_;
-  // Take a free slot now so that the queue limit counts only sequences that really wait.
+  // Admit it now when it fits, so that the queue limit counts only sequences that really wait.
   AdmitLocked(*r);
   return raw->id;
 }
@@ -180,8 +223,8 @@ void Scheduler::Cancel(SequenceId id) {
     auto it = sequences_.find(id);
     if (it == sequences_.end()) return;
     Sequence& seq = *it->second;
-    if (seq.slot < 0) {
-      // Waiting: nobody else touches it; end it here.
+    if (!seq.running) {
+      // Waiting (new or preempted, holding no blocks): nobody else touches it; end it here.
       EndLocked(seq, SequenceEnd{.reason = FinishReason::kCancelled}, events);
     } else {
       seq.cancelled = true;  // its replica's loop ends it before the next step
@@ -192,10 +235,9 @@ void Scheduler::Cancel(SequenceId id) {
 
 void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& events) {
   Replica& r = *seq.replica;
-  if (seq.slot >= 0) {
-    r.free_slots.push_back(seq.slot);
-    // Keep the lowest free slot at the back (deterministic slot reuse).
-    std::sort(r.free_slots.begin(), r.free_slots.end(), std::greater<int32_t>());
+  if (seq.running) {
+    r.free_blocks.insert(r.free_blocks.end(), seq.blocks.rbegin(), seq.blocks.rend());
+    seq.blocks.clear();
     std::erase(r.running, &seq);
   } else {
     auto it = std::find(r.waiting.begin(), r.waiting.end(), &seq);
@@ -225,7 +267,44 @@ bool Scheduler::HasWorkLocked(const Replica& r) const {
   for (const Sequence* s : r.running) {
     if (!s->in_flight) return true;  // to step, or (cancelled) to end
   }
-  return !r.waiting.empty() && !r.free_slots.empty();
+  return CanAdmitLocked(r);
+}
+
+bool Scheduler::CanAdmitLocked(const Replica& r) const {
+  return !r.waiting.empty() && FitsNowLocked(r, static_cast<int64_t>(r.waiting.front()->context.size()));
+}
+
+bool Scheduler::FitsNowLocked(const Replica& r, int64_t context_tokens) const {
+  if (static_cast<int64_t>(r.running.size()) >= r.max_slots) return false;
+  // The first prefill chunk (a preempted sequence recomputes its whole context), plus one block of
+  // headroom per running sequence: enough for each to decode into a new block, so that admitting
+  // a sequence does not at once force the preemption of a newer one (or of itself).
+  const int64_t chunk = std::min<int64_t>(context_tokens, options_.max_step_tokens);
+  return BlocksFor(chunk, r.block_size) + static_cast<int64_t>(r.running.size()) <=
+         static_cast<int64_t>(r.free_blocks.size());
+}
+
+bool Scheduler::GrowLocked(Replica& r, Sequence& seq, int64_t tokens) {
+  const int64_t need = BlocksFor(tokens, r.block_size) - static_cast<int64_t>(seq.blocks.size());
+  if (need <= 0) return true;
+  if (need > static_cast<int64_t>(r.free_blocks.size())) return false;
+  for (int64_t i = 0; i < need; ++i) {
+    seq.blocks.push_back(r.free_blocks.back());
+    r.free_blocks.pop_back();
+  }
+  return true;
+}
+
+void Scheduler::PreemptLocked(Replica& r, Sequence& seq) {
+  CHECK(seq.running && !seq.in_flight);
+  r.free_blocks.insert(r.free_blocks.end(), seq.blocks.rbegin(), seq.blocks.rend());
+  seq.blocks.clear();
+  seq.consumed = 0;  // recomputed from its context (prompt + generated tokens) when admitted again
+  seq.running = false;
+  std::erase(r.running, &seq);
+  r.waiting.push_front(&seq);
+  ++num_waiting_;
+  if (options_.observer != nullptr) options_.observer->OnPreempted(r.id);
 }
 
 void Scheduler::ReleaseLocked(const Batch& batch) {
@@ -243,12 +322,13 @@ void Scheduler::EndCancelledLocked(Replica& r, std::vector<Event>& events) {
 }
 
 void Scheduler::AdmitLocked(Replica& r) {
-  while (!r.waiting.empty() && !r.free_slots.empty()) {
+  while (CanAdmitLocked(r)) {
     Sequence* s = r.waiting.front();
     r.waiting.pop_front();
     --num_waiting_;
-    s->slot = r.free_slots.back();
-    r.free_slots.pop_back();
+    s->running = true;
+    const int64_t chunk = std::min<int64_t>(static_cast<int64_t>(s->context.size()), options_.max_step_tokens);
+    CHECK(GrowLocked(r, *s, chunk));  // CanAdmitLocked saw enough free blocks
     s->admitted = r.next_admitted++;
     if (!s->first_admitted.has_value()) s->first_admitted = clock_->Now();
     r.running.push_back(s);
@@ -268,12 +348,60 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
   // Least recently stepped first, so that a budget smaller than the decodes starves nobody.
   std::stable_sort(decodes.begin(), decodes.end(),
                    [](const Sequence* a, const Sequence* b) { return a->last_step < b->last_step; });
-  auto add = [&](Sequence* s, int64_t n) {
+  // 1. The members and their new tokens, in batch order.
+  struct Member {
+    Sequence* seq;
+    int64_t n;
+    bool dropped = false;  // preempted while the batch was being given blocks
+  };
+  std::vector<Member> members;
+  for (Sequence* s : decodes) {
+    if (left <= 0 || members.size() >= max_sequences) break;
+    members.push_back({s, 1});
+    left -= 1;
+  }
+  for (Sequence* s : prefills) {
+    if (left <= 0 || members.size() >= max_sequences) break;
+    const int64_t n = std::min(pending(s), left);
+    members.push_back({s, n});
+    left -= n;
+  }
+  // 2. Blocks for their new tokens, oldest admission first. A victim is always the newest running
+  //    sequence not in flight (nor cancelled), so it is never a member already served here: it is
+  //    the member being served, a later member (dropped from the batch) or a sequence outside it.
+  std::vector<Member*> by_age;
+  for (Member& m : members) by_age.push_back(&m);
+  std::sort(by_age.begin(), by_age.end(),
+            [](const Member* a, const Member* b) { return a->seq->admitted < b->seq->admitted; });
+  for (Member* m : by_age) {
+    if (m->dropped) continue;
+    Sequence& s = *m->seq;
+    while (!GrowLocked(r, s, s.consumed + m->n)) {
+      Sequence* victim = nullptr;
+      for (auto it = r.running.rbegin(); it != r.running.rend(); ++it) {
+        // A cancelled one is about to end and free its blocks anyway (it is never in a batch).
+        if (!(*it)->in_flight && !(*it)->cancelled) {
+          victim = *it;
+          break;
+        }
+      }
+      CHECK(victim != nullptr);  // `s` itself is running and not in flight
+      for (Member& other : members) {
+        if (other.seq == victim) other.dropped = true;
+      }
+      PreemptLocked(r, *victim);
+      if (victim == &s) break;
+    }
+  }
+  // 3. The micro-batch.
+  for (const Member& m : members) {
+    if (m.dropped) continue;
+    Sequence* s = m.seq;
     StepSequenceInput in;
-    in.slot = s->slot;
+    in.block_ids = s->blocks;
     in.pos_begin = s->consumed;
-    in.token_ids.assign(s->context.begin() + s->consumed, s->context.begin() + s->consumed + n);
-    in.sample = s->consumed + n == static_cast<int64_t>(s->context.size());
+    in.token_ids.assign(s->context.begin() + s->consumed, s->context.begin() + s->consumed + m.n);
+    in.sample = s->consumed + m.n == static_cast<int64_t>(s->context.size());
     if (in.sample) {
       in.sampling = s->request.sampling;
       in.sample_index = static_cast<uint64_t>(s->generated);
@@ -283,15 +411,6 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
     batch.members.push_back(s->id);
     s->in_flight = true;
     s->last_step = batch.input.step_id;
-    left -= n;
-  };
-  for (Sequence* s : decodes) {
-    if (left <= 0 || batch.members.size() >= max_sequences) break;
-    add(s, 1);
-  }
-  for (Sequence* s : prefills) {
-    if (left <= 0 || batch.members.size() >= max_sequences) break;
-    add(s, std::min(pending(s), left));
   }
   return batch;
 }
@@ -428,7 +547,7 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
     r->waiting.clear();
     num_waiting_ -= static_cast<int64_t>(moved.size());
     for (Sequence* s : moved) {
-      Replica* to = PickReplicaLocked();
+      Replica* to = PickReplicaLocked(MaxCachedTokens(s->request));
       if (to == nullptr) {
         s->replica = r;  // not queued anywhere: EndLocked finds nothing to unlink
         EndLocked(*s, SequenceEnd{.status = reason}, events);
@@ -485,7 +604,9 @@ SchedulerStats Scheduler::Stats() const {
                     .max_slots = r->max_slots,
                     .running = static_cast<int64_t>(r->running.size()),
                     .waiting = static_cast<int64_t>(r->waiting.size()),
-                    .steps = r->steps};
+                    .steps = r->steps,
+                    .kv_blocks_used = r->kv_blocks - static_cast<int64_t>(r->free_blocks.size()),
+                    .kv_blocks_total = r->kv_blocks};
     stats.running += rs.running;
     stats.waiting += rs.waiting;
     stats.replicas.push_back(rs);

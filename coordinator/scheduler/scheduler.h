@@ -5,17 +5,28 @@
 // request's SamplingOptions and sample_index = the token's index in the sequence's output).
 //
 // ---- Per replica -------------------------------------------------------------------------------
-// Each replica has max_slots KV slots (indices [0, max_slots), the same slot on every stage), a
-// FIFO of waiting sequences and the running ones. Its step loop (one thread per replica) repeats:
-//   1. end the running sequences cancelled since the last step and free their slots;
-//   2. admit waiting sequences, in order, while slots are free;
+// Each replica has a paged KV cache of kv_blocks blocks of kv_block_size tokens (the same block ids
+// on every stage: the scheduler allocates them, the workers only index them), runs at most
+// max_slots sequences at once, and keeps a FIFO of waiting sequences and the running ones. A
+// running sequence holds the blocks covering the positions it has written so far, plus those of
+// the micro-batch it is in. Its step loop (pipeline_depth threads per replica) repeats:
+//   1. end the running sequences cancelled since the last step and free their blocks;
+//   2. admit waiting sequences, in order, while fewer than max_slots run and the free blocks hold
+//      the first prefill chunk of the next one (which gets those blocks at once) plus one block of
+//      headroom per running sequence (so that admission does not at once cause a preemption);
 //   3. build a micro-batch under max_step_tokens: first every decoding sequence (one token each,
 //      least recently stepped first), then prefill chunks of the others in admission order, each
 //      as long as the budget left allows; a chunk that reaches the end of its prompt, and every
-//      decode, asks for a sampled token;
+//      decode, asks for a sampled token. Then, oldest admission first, each member gets the
+//      blocks its new tokens need; when the free list runs short, the most recently admitted
+//      running sequence that is not in flight is PREEMPTED (possibly the member itself, which then
+//      leaves the micro-batch): its blocks are freed, its context (prompt + generated tokens) is
+//      kept with nothing cached, and it goes back to the FRONT of the waiting queue, to be
+//      recomputed as a prefill when admitted again. Sampling is seeded by (seed, sample_index =
+//      tokens generated so far), so a preempted sequence's output does not change;
 //   4. run it (ReplicaClient::Step, outside the lock);
 //   5. append the sampled tokens, stream them to the sinks, and end the sequences that hit a stop
-//      condition, freeing their slots: a stop id (the request's stop_token_ids, plus the model's
+//      condition, freeing their blocks: a stop id (the request's stop_token_ids, plus the model's
 //      EOS ids unless ignore_eos) -> kStop; max_tokens generated or the context (max_seq_len)
 //      full -> kLength. A failed step fails the sequences that were in it with its status.
 // Pipelining: a replica runs pipeline_depth step loops (threads) over the same state, so up to
@@ -24,14 +35,19 @@
 // keeps each sequence's sink calls in order). A micro-batch takes at most
 // ceil(running / pipeline_depth) sequences, so the running set splits into groups that take turns
 // through the stages.
+// The batch builder skips sequences already in flight and never preempts them. The oldest running
+// sequence is only ever preempted by itself, when every block not held by in-flight sequences is
+// too few; every request fits the cache alone (checked at Submit), so the oldest sequence always
+// finishes.
 //
 // ---- Admission and routing ----------------------------------------------------------------------
-// Submit validates the request (ValidateSequenceRequest), picks the least-loaded replica (fewest
-// (running + waiting) / max_slots; ties: lowest replica id) and queues the sequence there. At
-// most max_queued sequences wait for a slot over all replicas; beyond that Submit fails.
+// Submit validates the request (ValidateSequenceRequest), picks the least-loaded replica whose KV
+// cache can hold the whole sequence (fewest (running + waiting) / max_slots; ties: lowest replica
+// id) and queues the sequence there. At most max_queued sequences wait over all replicas (a
+// preempted sequence waits again, but is never refused); beyond that Submit fails.
 //
 // ---- Ownership and threads ----------------------------------------------------------------------
-// The scheduler owns its ReplicaClients and one thread per replica. Sinks are shared with the
+// The scheduler owns its ReplicaClients and pipeline_depth threads per replica. Sinks are shared with the
 // caller (the public API's stream reactors) and released after their OnEnd. Sink calls are made
 // with no scheduler lock held (see SequenceSink).
 //
@@ -70,10 +86,12 @@ struct SchedulerOptions {
 };
 
 struct ReplicaOptions {
-  int32_t max_slots = 8;  // sequences the replica holds at once (its stages' KV slots), >= 1
+  int32_t max_slots = 8;      // sequences running at once (a scheduling limit), >= 1
   // Micro-batches in flight at once, >= 1: with P pipeline stages, P lets every stage work on a
   // different micro-batch; 1 = one at a time.
   int32_t pipeline_depth = 1;
+  int64_t kv_blocks = 0;      // KV cache blocks of every stage (the replica's capacity), in [1, 2^31 - 1]
+  int32_t kv_block_size = 16;  // tokens per block, >= 1
 };
 
 using SequenceId = uint64_t;
@@ -81,9 +99,11 @@ using SequenceId = uint64_t;
 struct ReplicaStats {
   int replica = 0;
   int32_t max_slots = 0;
-  int64_t running = 0;  // holding a slot
-  int64_t waiting = 0;  // queued for a slot
+  int64_t running = 0;  // admitted (holding KV blocks, or about to)
+  int64_t waiting = 0;  // queued for admission (new or preempted)
   uint64_t steps = 0;   // micro-batches run so far
+  int64_t kv_blocks_used = 0;   // KV cache blocks held by its sequences
+  int64_t kv_blocks_total = 0;  // the replica's KV cache blocks (the same on every stage)
 };
 
 struct SchedulerStats {
@@ -103,15 +123,14 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Starts serving on a replica: takes ownership of `client` and starts its step loops.
-  // AlreadyExists for a replica id in use; InvalidArgument for max_slots < 1, pipeline_depth < 1
-  // or a null client;
-  // FailedPrecondition after Shutdown.
+  // AlreadyExists for a replica id in use; InvalidArgument for max_slots < 1, pipeline_depth < 1,
+  // kv_blocks or kv_block_size out of range, or a null client; FailedPrecondition after Shutdown.
   absl::Status AddReplica(int replica, std::unique_ptr<ReplicaClient> client, const ReplicaOptions& options);
 
   // Stops serving on a replica (its worker failed or died): interrupts its step in flight
   // (ReplicaClient::Shutdown), waits for its loop to stop, fails its running sequences with
-  // `reason` (which must not be OK) and moves its waiting ones to the other replicas (or fails them
-  // with `reason` when none is left). Returns once done; a no-op for an unknown replica or one
+  // `reason` (which must not be OK) and moves its waiting ones to the other replicas whose KV cache
+  // can hold them (or fails them with `reason` when none is left). Returns once done; a no-op for an unknown replica or one
   // already being removed. Must not be called from a sink.
   void RemoveReplica(int replica, const absl::Status& reason);
 
@@ -119,15 +138,17 @@ class Scheduler {
   std::vector<int> Replicas() const;
 
   // Queues a request; `sink` (non-null) then receives its output. Errors (the sink is then never
-  // called): InvalidArgument from ValidateSequenceRequest; Unavailable when no replica is serving
-  // or after Shutdown (with its reason); ResourceExhausted when max_queued sequences are already
-  // waiting (the message gives the limit). Refusals are reported to the observer.
+  // called): InvalidArgument from ValidateSequenceRequest, or when prompt + max_tokens needs more
+  // KV blocks than any serving replica has (the message gives both numbers); Unavailable when no
+  // replica is serving or after Shutdown (with its reason); ResourceExhausted when max_queued
+  // sequences are already waiting (the message gives the limit). Refusals are reported to the
+  // observer.
   absl::StatusOr<SequenceId> Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
 
   // Ends a sequence with FinishReason::kCancelled: at once when it is waiting (the sink's OnEnd
   // runs on the calling thread), otherwise at the end of its step in flight or before the next
-  // one (on its replica's thread), freeing its slot; no tokens are delivered after the cancel is
-  // seen. A no-op for a finished or unknown id. Must not be called with a lock the sink takes.
+  // one (on its replica's thread), freeing its KV blocks; no tokens are delivered after the cancel
+  // is seen. A preempted sequence waits, so it ends at once. A no-op for a finished or unknown id. Must not be called with a lock the sink takes.
   void Cancel(SequenceId id);
 
   // Stops everything: no more requests; every waiting and running sequence fails with `reason`
@@ -151,14 +172,24 @@ class Scheduler {
   void ReleaseLocked(const Batch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCancelledLocked(Replica& r, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdmitLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the front waiting sequence can be admitted now.
+  bool CanAdmitLocked(const Replica& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a sequence of `context_tokens` (all to be prefilled) could be admitted now: a slot
+  // free, and blocks for its first chunk plus one per running sequence.
+  bool FitsNowLocked(const Replica& r, int64_t context_tokens) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `seq` blocks until they cover `tokens` positions; false (nothing taken) when too few are free.
+  bool GrowLocked(Replica& r, Sequence& seq, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a running sequence's blocks and puts it back at the front of the waiting queue.
+  void PreemptLocked(Replica& r, Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At most `max_sequences` sequences.
   Batch BuildBatchLocked(Replica& r, size_t max_sequences) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out, absl::Duration took,
                    std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `seq` (running or waiting) and queues its OnEnd.
   void EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The least-loaded replica that is not stopping; nullptr when none.
-  Replica* PickReplicaLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The least-loaded replica that is not stopping and whose KV cache holds a sequence of `tokens`
+  // positions; nullptr when none.
+  Replica* PickReplicaLocked(int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Deliver(std::vector<Event>& events);
 
   // Constant after construction.

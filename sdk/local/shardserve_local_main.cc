@@ -39,6 +39,8 @@ ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
 ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = its number of stages");
+ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
+ABSL_FLAG(int64_t, kv_blocks, 0, "KV cache blocks per replica at most; 0 = what the KV budget holds");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
 ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to become ready");
 ABSL_FLAG(bool, metrics, true, "workers serve Prometheus metrics on free ports (printed as \"metrics: URL\" lines)");
@@ -157,7 +159,9 @@ int main(int argc, char** argv) {
                              absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
                              absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
                              absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens)),
-                             absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth))})});
+                             absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth)),
+                             absl::StrCat("--kv_block_size=", absl::GetFlag(FLAGS_kv_block_size)),
+                             absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks))})});
   for (int i = 0; i < workers; ++i) {
     std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + address,
                                             "--listen=127.0.0.1:0",

@@ -126,8 +126,12 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double band
   const int32_t prefill = std::min<int32_t>(absl::GetFlag(FLAGS_prefill),
                                             static_cast<int32_t>(spec.max_position_embeddings) - decode_tokens - 2);
   engine::ExecutorOptions options{.cpu_ranks = ranks, .cpu_threads = absl::GetFlag(FLAGS_threads)};
-  options.model = {.max_slots = 1, .max_step_tokens = std::max(prefill, 1)};
+  // One sequence: KV blocks for the whole context.
+  options.model = {.num_kv_blocks = (spec.max_position_embeddings + 15) / 16,
+                   .kv_block_size = 16,
+                   .max_step_tokens = std::max(prefill, 1)};
   ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, options));
+  const std::vector<int32_t> blocks = engine::WholeContextBlocks(model->options(), 0);
   const int64_t emb_bytes = spec.vocab_size * spec.hidden_size * 4;
   // Decode reads every weight once per token except the embedding table (one row per rank),
   // unless the lm_head is the embedding itself.
@@ -139,7 +143,7 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double band
   std::vector<int32_t> ctx = {1};
   int32_t pos = 0;
   auto step = [&](std::vector<int32_t> tokens) -> absl::StatusOr<int32_t> {
-    ASSIGN_OR_RETURN(auto r, model->Step({engine::StepSequence{.slot = 0, .pos_begin = pos, .tokens = tokens}}));
+    ASSIGN_OR_RETURN(auto r, model->Step({engine::StepSequence{.block_ids = blocks, .pos_begin = pos, .tokens = tokens}}));
     pos += static_cast<int32_t>(tokens.size());
     const auto& l = r.logits[0];
     return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
@@ -164,7 +168,7 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double band
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + i % 200);
   for (int rep = 0; rep < 3 && prefill > 0; ++rep) {
     const double p0 = Now();
-    RETURN_IF_ERROR(model->Step({engine::StepSequence{.slot = 0, .pos_begin = 0, .tokens = prompt}}).status());
+    RETURN_IF_ERROR(model->Step({engine::StepSequence{.block_ids = blocks, .pos_begin = 0, .tokens = prompt}}).status());
     prefill_best = std::max(prefill_best, prefill / (Now() - p0));
   }
   const double flops_per_token = 2.0 * (weight_read / 4.0);

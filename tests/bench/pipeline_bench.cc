@@ -99,11 +99,14 @@ double EchoRoundTrip(v1::Stage::Stub& stub, size_t payload, int iters) {
   return dt;
 }
 
+// KV blocks of 16 tokens for the one sequence of the benchmark: up to 2048 positions.
+constexpr int kBenchBlocks = 128;
+
 v1::StepRequest DecodeStep(uint64_t id, int pos, int32_t token) {
   v1::StepRequest r;
   r.set_step_id(id);
   v1::StepSequence* s = r.add_sequences();
-  s->set_slot(0);
+  for (int b = 0; b <= pos / 16; ++b) s->add_block_ids(b);  // block b holds positions [16 b, 16 b + 16)
   s->set_pos_begin(pos);
   s->set_num_tokens(1);
   s->add_token_ids(token);
@@ -121,7 +124,8 @@ v1::Assignment Stage(const std::string& model, int stage, int begin, int end, co
   a.set_layer_end(end);
   a.set_device_kind(v1::DEVICE_KIND_CPU);
   a.add_devices(0);
-  a.set_max_slots(1);
+  a.set_kv_blocks(kBenchBlocks);
+  a.set_kv_block_size(16);
   a.set_max_step_tokens(16);
   a.set_next_address(next);
   return a;
@@ -143,6 +147,10 @@ int Run() {
     return 1;
   }
   const int tokens = absl::GetFlag(FLAGS_tokens);
+  if (tokens < 1 || tokens + 4 > kBenchBlocks * 16) {
+    std::fprintf(stderr, "--tokens must be in [1, %d]\n", kBenchBlocks * 16 - 4);
+    return 1;
+  }
   const size_t decode_bytes = static_cast<size_t>(spec->hidden_size) * 4;
   const size_t prefill_bytes = 256 * decode_bytes;
 
@@ -159,7 +167,7 @@ int Run() {
   // 2. One process.
   auto ckpt = Checkpoint::Open(dir);
   engine::ExecutorOptions eo;
-  eo.model.max_slots = 1;
+  eo.model.num_kv_blocks = (spec->max_position_embeddings + 15) / 16;  // one sequence of the whole context
   auto one = engine::TpExecutor::Create(*spec, **ckpt, eo);
   if (!one.ok()) {
     std::fprintf(stderr, "%s\n", one.status().ToString().c_str());
@@ -169,7 +177,8 @@ int Run() {
   double t0 = 0;
   for (int i = 0; i < tokens + 4; ++i) {
     if (i == 4) t0 = Now();
-    auto r = (*one)->Step({engine::StepSequence{.slot = 0, .pos_begin = i, .tokens = {tok}}});
+    auto r = (*one)->Step({engine::StepSequence{.block_ids = engine::WholeContextBlocks((*one)->options(), 0), .pos_begin = i,
+                                                .tokens = {tok}}});
     const auto& l = r->logits[0];
     tok = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
   }

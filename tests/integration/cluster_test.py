@@ -163,6 +163,33 @@ class Load(unittest.TestCase):
         finally:
             c.stop()
 
+    def test_tiny_kv_cache_preempts_and_still_answers_exactly(self):
+        # Blocks of 4 tokens, 20 per replica: one 64-token sequence needs 16, so 8 concurrent
+        # clients (greedy and sampled) keep preempting each other; every answer must still be the
+        # single-process one.
+        prompts = [[1] + [300 + (11 * i + j) % 200 for j in range(1 + i % 7)] for i in range(8)]
+        lengths = [20 + (i * 7) % 30 for i in range(8)]
+        sampled = ["--temperature", "0.8", "--top_p", "0.9", "--seed", "5"]
+        extras = [sampled if i % 2 else [] for i in range(8)]
+        expected = [run_alone(STORIES, p, n, *e) for p, n, e in zip(prompts, lengths, extras)]
+        c = Cluster(STORIES, 2, "cpu:1", ["--pp=2", "--max_seq_len=64", "--max_slots=8", "--max_step_tokens=16",
+                                          "--kv_block_size=4", "--kv_blocks=20"])
+        try:
+            results = [None] * 8
+
+            def client(i):
+                results[i] = c.ids(prompts[i], lengths[i], *extras[i])
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for i in range(8):
+                self.assertEqual(results[i], expected[i], f"client {i}")
+        finally:
+            c.stop()
+
     def test_sampling_is_reproducible_across_layouts(self):
         args = ["--temperature", "0.8", "--top_p", "0.9", "--seed", "7"]
         expected = run_alone(STORIES, [1, 400], 40, *args)

@@ -21,7 +21,8 @@ absl::StatusOr<std::unique_ptr<EngineReplica>> EngineReplica::Create(const Engin
   for (size_t i = 0; i < begins.size(); ++i) {
     engine::ExecutorOptions eo;
     eo.cpu_ranks = options.tp;
-    eo.model.max_slots = options.max_slots;
+    eo.model.num_kv_blocks = options.kv_blocks;
+    eo.model.kv_block_size = options.kv_block_size;
     eo.model.max_seq_len = options.max_seq_len;
     eo.model.max_step_tokens = options.max_step_tokens;
     eo.model.layer_begin = begins[i];
@@ -71,6 +72,8 @@ int64_t EngineReplica::NumStepsForTest() const {
   return static_cast<int64_t>(inputs_.size());
 }
 
+int64_t EngineReplica::kv_blocks() const { return runner_->options().num_kv_blocks; }
+
 absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::StepInput& input) {
   StepHook hook;
   {
@@ -92,7 +95,7 @@ absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::S
   std::vector<engine::StepSequence> batch;
   batch.reserve(input.sequences.size());
   for (const coordinator::StepSequenceInput& s : input.sequences) {
-    batch.push_back(engine::StepSequence{.slot = s.slot, .pos_begin = s.pos_begin, .tokens = s.token_ids});
+    batch.push_back(engine::StepSequence{.block_ids = s.block_ids, .pos_begin = s.pos_begin, .tokens = s.token_ids});
   }
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(batch));
   coordinator::StepOutput out;

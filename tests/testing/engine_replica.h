@@ -35,7 +35,8 @@ struct EngineReplicaOptions {
   std::vector<int64_t> stage_starts;
   int tp = 1;  // CPU ranks per stage
   // As the assignment gives them to every stage: must match the scheduler's options.
-  int32_t max_slots = 8;
+  int64_t kv_blocks = 0;      // KV cache blocks per stage; 0 = the engine's default
+  int64_t kv_block_size = 16;
   int64_t max_seq_len = 0;  // 0 = max_position_embeddings
   int64_t max_step_tokens = 256;
 };
@@ -63,6 +64,8 @@ class EngineReplica final : public coordinator::ReplicaClient {
   // Every step input seen so far, in order.
   std::vector<coordinator::StepInput> StepInputsForTest() const;
   int64_t NumStepsForTest() const;
+  // The KV cache blocks every stage holds (kv_blocks resolved).
+  int64_t kv_blocks() const;
 
  private:
   EngineReplica() = default;

@@ -11,11 +11,18 @@ namespace {
 
 struct Active {
   size_t index;           // request index
-  int32_t slot;
+  std::vector<int32_t> blocks;  // KV cache blocks, enough for the whole sequence
   int32_t consumed = 0;   // tokens of prompt+output already in the cache
   std::vector<int32_t> context;  // prompt followed by generated tokens
   bool done = false;
 };
+
+// KV blocks reserved for a request: its longest possible sequence.
+int64_t BlocksNeeded(const StepRunner& model, const GenerationRequest& r) {
+  const ModelOptions& o = model.options();
+  const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(r.prompt.size()) + r.max_tokens, o.max_seq_len);
+  return (tokens + o.kv_block_size - 1) / o.kv_block_size;
+}
 
 }  // namespace
 
@@ -45,6 +52,12 @@ absl::Status ValidateRequest(const StepRunner& model, const GenerationRequest& r
   if (r.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
   }
+  const int64_t blocks = BlocksNeeded(model, r);
+  if (blocks > model.options().num_kv_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt (", r.prompt.size(), " tokens) and max_tokens (", r.max_tokens, ") need ", blocks,
+        " KV blocks of ", model.options().kv_block_size, " tokens; the model has ", model.options().num_kv_blocks));
+  }
   return r.sampling.Validate();
 }
 
@@ -60,17 +73,22 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
   std::vector<GenerationResult> results(requests.size());
   std::deque<size_t> waiting;
   for (size_t i = 0; i < requests.size(); ++i) waiting.push_back(i);
-  std::vector<int32_t> free_slots;
-  for (int32_t s = static_cast<int32_t>(model.options().max_slots) - 1; s >= 0; --s) free_slots.push_back(s);
+  std::vector<int32_t> free_blocks;  // the lowest id at the back
+  for (int64_t b = model.options().num_kv_blocks - 1; b >= 0; --b) free_blocks.push_back(static_cast<int32_t>(b));
   std::vector<Active> active;
   Sampler sampler;
 
   while (!waiting.empty() || !active.empty()) {
-    while (!waiting.empty() && !free_slots.empty()) {
+    while (!waiting.empty()) {
       const size_t i = waiting.front();
+      const size_t need = static_cast<size_t>(BlocksNeeded(model, requests[i]));
+      if (need > free_blocks.size()) break;  // FIFO: later requests wait too
       waiting.pop_front();
-      active.push_back(Active{.index = i, .slot = free_slots.back(), .context = requests[i].prompt});
-      free_slots.pop_back();
+      Active a{.index = i, .context = requests[i].prompt};
+      a.blocks.assign(free_blocks.end() - static_cast<std::ptrdiff_t>(need), free_blocks.end());
+      std::reverse(a.blocks.begin(), a.blocks.end());
+      free_blocks.resize(free_blocks.size() - need);
+      active.push_back(std::move(a));
     }
     // Decodes first (one token each), then prefill chunks with what is left of the budget.
     std::vector<StepSequence> batch;
@@ -83,7 +101,7 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
         const bool decoding = pending == 1;
         if ((pass == 0) != decoding) continue;
         const int64_t n = std::min(pending, left);
-        StepSequence seq{.slot = s.slot, .pos_begin = s.consumed};
+        StepSequence seq{.block_ids = s.blocks, .pos_begin = s.consumed};
         seq.tokens.assign(s.context.begin() + s.consumed, s.context.begin() + s.consumed + n);
         batch.push_back(std::move(seq));
         members.push_back(a);
@@ -111,7 +129,7 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
       }
     }
     for (const Active& s : active) {
-      if (s.done) free_slots.push_back(s.slot);
+      if (s.done) free_blocks.insert(free_blocks.end(), s.blocks.rbegin(), s.blocks.rend());
     }
     std::erase_if(active, [](const Active& s) { return s.done; });
   }

@@ -1,6 +1,8 @@
 // Generation in one process: runs a set of requests to completion on one Model with continuous
 // batching (sequences join and leave the batch between steps; prompts are prefilled in chunks
-// under the model's per-step token budget). This is the single-process reference every cluster
+// under the model's per-step token budget). A request is admitted, in order, once the model's KV
+// cache has free blocks for its whole sequence (prompt + max_tokens, within the context length);
+// they are freed when it ends, so nothing is ever preempted. This is the single-process reference every cluster
 // layout is compared with, and the engine of `shardserve-run`.
 #ifndef SHARDSERVE_WORKER_ENGINE_GENERATOR_H_
 #define SHARDSERVE_WORKER_ENGINE_GENERATOR_H_
@@ -39,7 +41,8 @@ struct GenerationResult {
 using TokenCallback = std::function<void(size_t request_index, int32_t token)>;
 
 // InvalidArgument naming the problem: empty prompt, token ids outside the vocabulary, max_tokens
-// < 1, a prompt that leaves no room to generate within the context length, bad sampling params.
+// < 1, a prompt that leaves no room to generate within the context length, a sequence that needs
+// more KV blocks than the model has, bad sampling params.
 absl::Status ValidateRequest(const StepRunner& model, const GenerationRequest& request);
 
 // Runs every request to completion on `model` (one Model or a TpExecutor). All requests are

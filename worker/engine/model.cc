@@ -20,12 +20,15 @@ using kernels::DeviceBuffer;
 struct Model::Workspace {
   DeviceBuffer hidden, normed, q, k, v, attn, tmp, gate, up;  // activations
   DeviceBuffer ids, positions, seqs, inv_freq;                  // inputs
+  DeviceBuffer tables;        // the step's block tables, concatenated; grown on demand
+  size_t tables_capacity = 0;  // int32 entries that `tables` holds
   DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, shared_gate;
   DeviceBuffer logit_rows, selected, logits, gathered;
   float position_scale = 1.0f;
   // Host staging.
   std::vector<int32_t> h_ids, h_pos, h_rows;
   std::vector<AttnSeq> h_seqs;
+  std::vector<int32_t> h_tables;
   std::vector<float> h_router, h_scales, h_probs;
   std::vector<int32_t> h_moe_rows, h_topk;
   std::vector<float> h_topw;
@@ -74,6 +77,12 @@ absl::Status Alloc(kernels::Backend& b, DeviceBuffer* buf, size_t bytes) {
   return absl::OkStatus();
 }
 
+// Bounds that keep block ids and table offsets in int32 and a block of reasonable size.
+constexpr int64_t kMaxKvBlockSize = 1 << 16;
+constexpr int64_t kMaxKvBlocks = (int64_t{1} << 31) - 1;
+
+int64_t BlocksFor(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
+
 }  // namespace
 
 Model::Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend)
@@ -91,12 +100,20 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                                    ") is not a non-empty part of the model's ", spec.num_layers,
                                                    " layers"));
   }
-  if (options.max_slots < 1 || options.max_slots > (1 << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat("max_slots must be in [1, 2^20], got ", options.max_slots));
-  }
   if (options.max_seq_len < 1 || options.max_seq_len > spec.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("max_seq_len must be in [1, max_position_embeddings = ",
                                                    spec.max_position_embeddings, "], got ", options.max_seq_len));
+  }
+  if (options.kv_block_size < 1 || options.kv_block_size > kMaxKvBlockSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_block_size must be in [1, ", kMaxKvBlockSize, "], got ", options.kv_block_size));
+  }
+  if (options.num_kv_blocks == 0) {
+    options.num_kv_blocks = 8 * ((options.max_seq_len + options.kv_block_size - 1) / options.kv_block_size);
+  }
+  if (options.num_kv_blocks < 1 || options.num_kv_blocks > kMaxKvBlocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_kv_blocks must be in [1, ", kMaxKvBlocks, "] (0 = default), got ", options.num_kv_blocks));
   }
   if (options.max_step_tokens < 1 || options.max_step_tokens > (1 << 20)) {
     return absl::InvalidArgumentError(
@@ -114,13 +131,19 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, options.layer_begin, options.layer_end,
                                             ckpt, *backend));
 
-  // KV cache: [slots, max_len, local kv heads, head_dim] per layer for K and V.
-  const size_t kv_elems = static_cast<size_t>(options.max_slots * options.max_seq_len * m->layout_.kv_heads *
-                                              spec.head_dim);
+  // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V.
+  const size_t kv_elems = static_cast<size_t>(options.num_kv_blocks) * static_cast<size_t>(options.kv_block_size) *
+                          static_cast<size_t>(m->layout_.kv_heads * spec.head_dim);
   for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
     DeviceBuffer k, v;
-    RETURN_IF_ERROR(Alloc(*backend, &k, kv_elems * sizeof(float)));
-    RETURN_IF_ERROR(Alloc(*backend, &v, kv_elems * sizeof(float)));
+    absl::Status st = Alloc(*backend, &k, kv_elems * sizeof(float));
+    if (st.ok()) st = Alloc(*backend, &v, kv_elems * sizeof(float));
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("KV cache of ", options.num_kv_blocks, " blocks of ",
+                                                  options.kv_block_size, " tokens (", 2 * kv_elems * sizeof(float),
+                                                  " bytes per layer, ", options.layer_end - options.layer_begin,
+                                                  " layers) does not fit on ", backend->name(), ": ", st.message()));
+    }
     m->k_cache_.push_back(std::move(k));
     m->v_cache_.push_back(std::move(v));
     m->kv_bytes_ += 2 * kv_elems * sizeof(float);
@@ -172,24 +195,35 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
 absl::Status Model::Validate(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) const {
   if (batch.empty()) return absl::InvalidArgumentError("empty step batch");
   int64_t total = 0;
-  absl::flat_hash_set<int32_t> slots;
+  const int64_t bs = options_.kv_block_size;
+  absl::flat_hash_set<int32_t> written;  // blocks holding the step's new positions
   for (size_t i = 0; i < batch.size(); ++i) {
     const StepSequence& s = batch[i];
     if (s.NumTokens() < 1) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": no tokens"));
     if (first_stage() && static_cast<int32_t>(s.tokens.size()) != s.NumTokens()) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": the first stage needs the token ids"));
     }
-    if (s.slot < 0 || s.slot >= options_.max_slots) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", i, ": slot ", s.slot, " outside [0, ", options_.max_slots, ")"));
-    }
-    if (!slots.insert(s.slot).second) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": slot ", s.slot, " used twice in one step"));
-    }
     const int64_t end = int64_t{s.pos_begin} + s.NumTokens();
     if (s.pos_begin < 0 || end > options_.max_seq_len) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": positions [", s.pos_begin, ", ", end,
                                                      ") exceed the context length ", options_.max_seq_len));
+    }
+    const int64_t needed = BlocksFor(end, bs);
+    if (static_cast<int64_t>(s.block_ids.size()) < needed) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", s.block_ids.size(), " KV blocks of ", bs,
+                                                     " tokens cannot hold positions up to ", end, "; ", needed,
+                                                     " needed"));
+    }
+    for (int64_t j = 0; j < needed; ++j) {
+      const int32_t id = s.block_ids[static_cast<size_t>(j)];
+      if (id < 0 || id >= options_.num_kv_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": KV block ", id, " is outside [0, ",
+                                                       options_.num_kv_blocks, ")"));
+      }
+      if (j >= s.pos_begin / bs && !written.insert(id).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", i, ": KV block ", id, " is written twice in one step"));
+      }
     }
     for (int32_t id : s.tokens) {
       if (id < 0 || id >= spec_.vocab_size) {
@@ -221,12 +255,17 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch, a
   w.h_pos.clear();
   w.h_seqs.clear();
   w.h_rows.clear();
+  w.h_tables.clear();
   for (const StepSequence& s : batch) {
     AttnSeq a;
     a.q_begin = static_cast<int32_t>(w.h_ids.size());
     a.q_len = s.NumTokens();
     a.pos_begin = s.pos_begin;
-    a.slot = s.slot;
+    // Only the blocks this step reads (Validate checked that they exist).
+    const int64_t needed = BlocksFor(int64_t{s.pos_begin} + a.q_len, options_.kv_block_size);
+    a.table_begin = static_cast<int32_t>(w.h_tables.size());
+    a.table_len = static_cast<int32_t>(needed);
+    w.h_tables.insert(w.h_tables.end(), s.block_ids.begin(), s.block_ids.begin() + needed);
     w.h_seqs.push_back(a);
     for (int32_t j = 0; j < a.q_len; ++j) {
       w.h_ids.push_back(s.tokens.empty() ? 0 : s.tokens[static_cast<size_t>(j)]);
@@ -241,6 +280,15 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch, a
   RETURN_IF_ERROR(b.CopyToDevice(w.ids.as<void>(), w.h_ids.data(), tokens * sizeof(int32_t)));
   RETURN_IF_ERROR(b.CopyToDevice(w.positions.as<void>(), w.h_pos.data(), tokens * sizeof(int32_t)));
   RETURN_IF_ERROR(b.CopyToDevice(w.seqs.as<void>(), w.h_seqs.data(), num_seqs * sizeof(AttnSeq)));
+  if (w.h_tables.size() > w.tables_capacity) {
+    // Grow geometrically: the tables lengthen as contexts do, a block at a time.
+    const size_t capacity = std::max(w.h_tables.size(), 2 * w.tables_capacity);
+    w.tables = DeviceBuffer();  // free first (a backend may be short of memory)
+    w.tables_capacity = 0;
+    RETURN_IF_ERROR(Alloc(b, &w.tables, capacity * sizeof(int32_t)));
+    w.tables_capacity = capacity;
+  }
+  RETURN_IF_ERROR(b.CopyToDevice(w.tables.as<void>(), w.h_tables.data(), w.h_tables.size() * sizeof(int32_t)));
   RETURN_IF_ERROR(b.CopyToDevice(w.logit_rows.as<void>(), w.h_rows.data(), rows * sizeof(int32_t)));
 
   if (first_stage()) {
@@ -254,7 +302,12 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch, a
     RETURN_IF_ERROR(b.CopyToDevice(w.hidden.as<void>(), hidden_in.data(), hidden_in.size() * sizeof(float)));
   }
   for (int64_t l = options_.layer_begin; l < options_.layer_end; ++l) {
-    RETURN_IF_ERROR(Layer(l, tokens, w.seqs.as<AttnSeq>(), num_seqs));
+    RETURN_IF_ERROR(Layer(l, tokens, {.seqs = w.seqs.as<AttnSeq>(),
+                                      .host_seqs = w.h_seqs.data(),
+                                      .num_seqs = num_seqs,
+                                      .block_table = w.tables.as<int32_t>(),
+                                      .host_block_table = w.h_tables.data(),
+                                      .table_entries = static_cast<int64_t>(w.h_tables.size())}));
   }
   if (!last_stage()) {
     // Hidden states for the next stage (identical on every rank after the layer's all-reduce).
@@ -338,7 +391,7 @@ absl::Status Model::AllReduce(float* data, int64_t count) {
   return absl::OkStatus();
 }
 
-absl::Status Model::Layer(int64_t layer, int64_t tokens, const AttnSeq* seqs, int64_t num_seqs) {
+absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer - options_.layer_begin)];
@@ -363,14 +416,13 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const AttnSeq* seqs, in
   const size_t local = static_cast<size_t>(layer - options_.layer_begin);
   const kernels::KvLayerView cache{.k = k_cache_[local].as<float>(),
                                    .v = v_cache_[local].as<float>(),
-                                   .slots = options_.max_slots,
-                                   .max_len = options_.max_seq_len,
+                                   .num_blocks = options_.num_kv_blocks,
+                                   .block_size = options_.kv_block_size,
                                    .kv_heads = layout_.kv_heads,
                                    .head_dim = d};
-  RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .seqs = seqs, .host_seqs = w.h_seqs.data(),
-                             .num_seqs = num_seqs, .tokens = tokens, .cache = cache}));
-  RETURN_IF_ERROR(b.Attention({.q = w.q.as<float>(), .out = w.attn.as<float>(), .seqs = seqs,
-                               .host_seqs = w.h_seqs.data(), .num_seqs = num_seqs, .tokens = tokens,
+  RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
+                             .cache = cache}));
+  RETURN_IF_ERROR(b.Attention({.q = w.q.as<float>(), .out = w.attn.as<float>(), .paged = paged, .tokens = tokens,
                                .q_heads = layout_.q_heads, .cache = cache,
                                .scale = 1.0f / std::sqrt(static_cast<float>(d)),
                                .sliding_window = spec_.sliding_window}));

@@ -1,7 +1,8 @@
-// Model: one rank's forward pass over a batch of sequences, with a KV cache of fixed slots.
+// Model: one rank's forward pass over a batch of sequences, with a paged KV cache.
 //
-// A step takes, for each sequence, its cache slot, the position of its first new token and the
-// new tokens (a prefill chunk or one decode token); sequences of different lengths share one
+// The cache is num_kv_blocks blocks of kv_block_size tokens per layer; the caller allocates them
+// to sequences (the Model only indexes them). A step takes, for each sequence, its block table,
+// the position of its first new token and the new tokens (a prefill chunk or one decode token); sequences of different lengths share one
 // batch. Matrix products run over all the batch's tokens at once; attention runs per sequence.
 // The step returns f32 logits on the host for the last new token of each sequence, or for all of
 // its new tokens when asked.
@@ -38,7 +39,9 @@ class Model final : public StepRunner {
   Model& operator=(const Model&) = delete;
 
   // Runs one step. InvalidArgument (naming the sequence) for an empty token list, a token id
-  // outside the vocabulary, a slot out of range or used twice, positions past max_seq_len, more
+  // outside the vocabulary, a block table too short for the positions or with a block id outside
+  // [0, num_kv_blocks), a block written by two sequences of the step (or twice by one), positions
+  // past max_seq_len, more
   // than max_step_tokens tokens in all, or hidden states of the wrong size (or given to the
   // first stage). Nothing is written to the cache when validation fails.
   //
@@ -60,7 +63,7 @@ class Model final : public StepRunner {
   absl::Status Validate(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) const;
   bool first_stage() const { return options_.layer_begin == 0; }
   bool last_stage() const { return options_.layer_end == spec_.num_layers; }
-  absl::Status Layer(int64_t layer, int64_t tokens, const kernels::AttnSeq* seqs, int64_t num_seqs);
+  absl::Status Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged);
   absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, int64_t width, bool accumulate);
   absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);
   // Sums `data` over the tensor-parallel group (no-op for one rank).

@@ -19,7 +19,11 @@ class Communicator;
 namespace shardserve::engine {
 
 struct StepSequence {
-  int32_t slot = 0;
+  // The sequence's KV cache blocks, in order: block_ids[j] holds positions [j * kv_block_size,
+  // (j + 1) * kv_block_size). Must cover pos_begin + NumTokens() positions; further entries are
+  // allowed and ignored. The caller owns block allocation: blocks written by one step (those of
+  // the new positions) must not belong to another sequence of the step.
+  std::vector<int32_t> block_ids;
   int32_t pos_begin = 0;         // the sequence's current length in the cache
   std::vector<int32_t> tokens;   // new tokens (a stage with the embedding needs them)
   int32_t num_tokens = 0;        // new tokens when `tokens` is empty (stages after the first)
@@ -52,7 +56,10 @@ class StepObserver {
 };
 
 struct ModelOptions {
-  int64_t max_slots = 8;          // sequences that can hold KV state at once
+  // Paged KV cache: num_kv_blocks blocks of kv_block_size tokens per layer (K and V, this rank's
+  // kv heads). 0 = enough for 8 sequences of max_seq_len tokens.
+  int64_t num_kv_blocks = 0;
+  int64_t kv_block_size = 16;
   int64_t max_seq_len = 0;        // tokens per sequence; 0 = max_position_embeddings
   int64_t max_step_tokens = 256;  // tokens per step over all sequences (prefill chunk budget)
   // Pipeline stage: layers [layer_begin, layer_end); layer_end = -1 means the last layer. The
@@ -73,6 +80,17 @@ struct ModelOptions {
   StepObserver* observer = nullptr;
 };
 
+// The block table of sequence `seq` when the cache is cut into whole-context pieces: blocks
+// [seq * n, (seq + 1) * n) with n = ceil(max_seq_len / kv_block_size). For callers that run a few
+// sequences at fixed places (tests, benchmarks); `resolved` must have max_seq_len resolved (as
+// StepRunner::options() returns it). The ids are in range only for seq < num_kv_blocks / n.
+inline std::vector<int32_t> WholeContextBlocks(const ModelOptions& resolved, int32_t seq) {
+  const int64_t n = (resolved.max_seq_len + resolved.kv_block_size - 1) / resolved.kv_block_size;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) ids[static_cast<size_t>(j)] = static_cast<int32_t>(seq * n + j);
+  return ids;
+}
+
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
@@ -81,7 +99,7 @@ class StepRunner {
   virtual absl::StatusOr<StepResult> Step(const std::vector<StepSequence>& batch,
                                           absl::Span<const float> hidden_in = {}) = 0;
   virtual const ModelSpec& spec() const = 0;
-  // The options in force (max_seq_len resolved).
+  // The options in force (max_seq_len and num_kv_blocks resolved).
   virtual const ModelOptions& options() const = 0;
 };
 

@@ -18,21 +18,41 @@ bool AnyNegative(std::initializer_list<int64_t> v) {
 
 absl::Status ValidateCache(absl::string_view op, const KvLayerView& c) {
   if (c.k == nullptr || c.v == nullptr) return Invalid(op, "null cache");
-  if (c.slots <= 0 || c.max_len <= 0 || c.kv_heads <= 0 || c.head_dim <= 0) return Invalid(op, "empty cache shape");
+  if (c.num_blocks <= 0 || c.block_size <= 0 || c.kv_heads <= 0 || c.head_dim <= 0) {
+    return Invalid(op, "empty cache shape");
+  }
   return absl::OkStatus();
 }
 
-absl::Status ValidateSeqs(absl::string_view op, const AttnSeq* seqs, const AttnSeq* host, int64_t n, int64_t tokens,
-                          const KvLayerView& c) {
-  if (n > 0 && (seqs == nullptr || host == nullptr)) return Invalid(op, "null sequence table");
-  for (int64_t i = 0; i < n; ++i) {
-    const AttnSeq& s = host[i];
+// Checks every sequence's rows, and that its block table covers its positions with block ids of
+// the cache (only the entries the op reads).
+absl::Status ValidateSeqs(absl::string_view op, const PagedSeqs& p, int64_t tokens, const KvLayerView& c) {
+  if (p.num_seqs < 0 || p.table_entries < 0) return Invalid(op, "negative size");
+  if (p.num_seqs > 0 && (p.seqs == nullptr || p.host_seqs == nullptr)) return Invalid(op, "null sequence table");
+  if (p.table_entries > 0 && (p.block_table == nullptr || p.host_block_table == nullptr)) {
+    return Invalid(op, "null block table");
+  }
+  for (int64_t i = 0; i < p.num_seqs; ++i) {
+    const AttnSeq& s = p.host_seqs[i];
     if (s.q_len < 0 || s.q_begin < 0 || s.q_begin + int64_t{s.q_len} > tokens) {
       return Invalid(op, absl::StrCat("sequence ", i, " rows out of range"));
     }
-    if (s.slot < 0 || s.slot >= c.slots) return Invalid(op, absl::StrCat("sequence ", i, " slot out of range"));
-    if (s.pos_begin < 0 || s.pos_begin + int64_t{s.q_len} > c.max_len) {
-      return Invalid(op, absl::StrCat("sequence ", i, " positions exceed the cache length ", c.max_len));
+    if (s.pos_begin < 0) return Invalid(op, absl::StrCat("sequence ", i, " has a negative position"));
+    if (s.table_begin < 0 || s.table_len < 0 || s.table_begin + int64_t{s.table_len} > p.table_entries) {
+      return Invalid(op, absl::StrCat("sequence ", i, " block table entries out of range"));
+    }
+    const int64_t end = s.pos_begin + int64_t{s.q_len};
+    const int64_t needed = (end + c.block_size - 1) / c.block_size;
+    if (needed > s.table_len) {
+      return Invalid(op, absl::StrCat("sequence ", i, " has ", s.table_len, " blocks of ", c.block_size,
+                                      " tokens, too few for positions up to ", end));
+    }
+    for (int64_t j = 0; j < needed; ++j) {
+      const int32_t b = p.host_block_table[s.table_begin + j];
+      if (b < 0 || b >= c.num_blocks) {
+        return Invalid(op, absl::StrCat("sequence ", i, " block ", j, " has id ", b, ", outside [0, ", c.num_blocks,
+                                        ")"));
+      }
     }
   }
   return absl::OkStatus();
@@ -70,7 +90,7 @@ absl::Status RopeParams::Validate() const {
 absl::Status KvWriteParams::Validate() const {
   if (k == nullptr || v == nullptr) return Invalid("KvWrite", "null pointer");
   if (auto st = ValidateCache("KvWrite", cache); !st.ok()) return st;
-  return ValidateSeqs("KvWrite", seqs, host_seqs, num_seqs, tokens, cache);
+  return ValidateSeqs("KvWrite", paged, tokens, cache);
 }
 
 absl::Status AttentionParams::Validate() const {
@@ -80,7 +100,7 @@ absl::Status AttentionParams::Validate() const {
     return Invalid("Attention", "q_heads must be a positive multiple of kv_heads");
   }
   if (sliding_window < 0) return Invalid("Attention", "negative sliding window");
-  return ValidateSeqs("Attention", seqs, host_seqs, num_seqs, tokens, cache);
+  return ValidateSeqs("Attention", paged, tokens, cache);
 }
 
 absl::Status SiluMulParams::Validate() const {

@@ -110,28 +110,44 @@ struct RopeParams {
 };
 
 // One sequence's part of a batch: rows [q_begin, q_begin + q_len) of the batch are its new tokens
-// at positions [pos_begin, pos_begin + q_len); its cache lives in `slot`.
+// at positions [pos_begin, pos_begin + q_len). Its cache is paged: entries
+// [table_begin, table_begin + table_len) of the op's block table are its blocks in order, block
+// j holding positions [j * block_size, (j + 1) * block_size). The table must cover every position
+// the op touches (table_len * block_size >= pos_begin + q_len); entries past that are not read.
 struct AttnSeq {
   int32_t q_begin = 0;
   int32_t q_len = 0;
   int32_t pos_begin = 0;
-  int32_t slot = 0;
+  int32_t table_begin = 0;
+  int32_t table_len = 0;
 };
 
-// KV cache of one layer on one rank: [slots, max_len, kv_heads, head_dim] for K and for V.
+// KV cache of one layer on one rank, in fixed-size blocks: [num_blocks, block_size, kv_heads,
+// head_dim] for K and for V. Which block holds which positions of which sequence is decided by
+// the caller (the block tables); the cache itself knows nothing about sequences.
 struct KvLayerView {
   float* k = nullptr;
   float* v = nullptr;
-  int64_t slots = 0, max_len = 0, kv_heads = 0, head_dim = 0;
+  int64_t num_blocks = 0, block_size = 0, kv_heads = 0, head_dim = 0;
 };
 
-// Writes each sequence's new k/v rows into its cache slot at its positions.
+// The sequences of a paged-cache op and their block tables.
+struct PagedSeqs {
+  const AttnSeq* seqs = nullptr;        // [num_seqs]; host for the CPU backend, device otherwise
+  const AttnSeq* host_seqs = nullptr;   // host copy of `seqs`, for validation and launch sizing
+  int64_t num_seqs = 0;
+  const int32_t* block_table = nullptr;       // [table_entries] block ids; same memory as `seqs`
+  const int32_t* host_block_table = nullptr;  // host copy of `block_table`, for validation
+  int64_t table_entries = 0;
+};
+
+// Writes each sequence's new k/v rows into the cache blocks its table names for its positions.
+// The blocks written by different sequences of one call must be distinct (checked by the engine).
 struct KvWriteParams {
   const float* k = nullptr;      // [tokens, kv_heads, head_dim]
   const float* v = nullptr;      // [tokens, kv_heads, head_dim]
-  const AttnSeq* seqs = nullptr;  // [num_seqs]; host for the CPU backend, device otherwise
-  const AttnSeq* host_seqs = nullptr;  // host copy of `seqs`, for validation and launch sizing
-  int64_t num_seqs = 0, tokens = 0;
+  PagedSeqs paged;
+  int64_t tokens = 0;
   KvLayerView cache;
   absl::Status Validate() const;
 };
@@ -142,9 +158,8 @@ struct KvWriteParams {
 struct AttentionParams {
   const float* q = nullptr;      // [tokens, q_heads, head_dim]
   float* out = nullptr;          // [tokens, q_heads, head_dim]
-  const AttnSeq* seqs = nullptr;  // as in KvWriteParams
-  const AttnSeq* host_seqs = nullptr;
-  int64_t num_seqs = 0, tokens = 0, q_heads = 0;
+  PagedSeqs paged;
+  int64_t tokens = 0, q_heads = 0;
   KvLayerView cache;
   float scale = 1.0f;            // usually 1/sqrt(head_dim)
   int64_t sliding_window = 0;    // 0 = none

@@ -72,7 +72,9 @@ absl::Status Run() {
                                   .cpu_ranks = dev.cpu_ranks,
                                   .cpu_threads = dev.cpu_threads,
                                   .cuda_devices = dev.cuda_devices};
-  options.model.max_slots = 1;
+  // One sequence: KV blocks for the whole context.
+  options.model.num_kv_blocks =
+      (spec.max_position_embeddings + options.model.kv_block_size - 1) / options.model.kv_block_size;
   ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, options));
   if (absl::GetFlag(FLAGS_stop_at_eos)) {
     for (int64_t id : spec.eos_token_ids) req.stop_ids.push_back(static_cast<int32_t>(id));

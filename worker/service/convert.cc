@@ -14,7 +14,7 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
   for (int i = 0; i < request.sequences_size(); ++i) {
     const v1::StepSequence& p = request.sequences(i);
     StageSequence s;
-    s.step.slot = p.slot();
+    s.step.block_ids.assign(p.block_ids().begin(), p.block_ids().end());
     s.step.pos_begin = p.pos_begin();
     s.step.tokens.assign(p.token_ids().begin(), p.token_ids().end());
     s.step.num_tokens = p.num_tokens();
@@ -60,7 +60,7 @@ std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden
   int64_t total = 0;
   for (const StageSequence& s : batch.sequences) {
     v1::StepSequence* p = first.add_sequences();
-    p->set_slot(s.step.slot);
+    p->mutable_block_ids()->Add(s.step.block_ids.begin(), s.step.block_ids.end());
     p->set_pos_begin(s.step.pos_begin);
     p->set_num_tokens(s.step.NumTokens());
     p->set_sample(s.sample);

@@ -80,7 +80,7 @@ void Registrar::Loop() {
     hb.set_state(s.state);
     hb.set_assignment_id(s.assignment_id);
     hb.set_error(s.error);
-    hb.set_kv_slots(s.kv_slots);
+    hb.set_kv_blocks(s.kv_blocks);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
     v1::HeartbeatResponse response;

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -205,8 +206,14 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
                                  options_.cuda_devices.end();
     if (!known) return absl::InvalidArgumentError(absl::StrCat("device ", d, " is not one of this worker's"));
   }
-  if (a.max_slots() < 1 || a.max_step_tokens() < 1 || a.max_seq_len() < 0) {
-    return absl::InvalidArgumentError("max_slots and max_step_tokens must be >= 1 and max_seq_len >= 0");
+  if (a.kv_blocks() < 1 || a.kv_blocks() > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_blocks must be in [1, 2^31 - 1], got ", a.kv_blocks()));
+  }
+  if (a.kv_block_size() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be >= 1, got ", a.kv_block_size()));
+  }
+  if (a.max_step_tokens() < 1 || a.max_seq_len() < 0) {
+    return absl::InvalidArgumentError("max_step_tokens must be >= 1 and max_seq_len >= 0");
   }
   std::lock_guard lock(mu_);
   if (stopping_) return absl::UnavailableError("worker is shutting down");
@@ -238,7 +245,8 @@ void WorkerServer::Load(v1::Assignment a) {
     } else {
       eo.cuda_devices.assign(a.devices().begin(), a.devices().end());
     }
-    eo.model.max_slots = a.max_slots();
+    eo.model.num_kv_blocks = a.kv_blocks();
+    eo.model.kv_block_size = a.kv_block_size();
     eo.model.max_seq_len = a.max_seq_len();
     eo.model.max_step_tokens = a.max_step_tokens();
     eo.model.layer_begin = a.layer_begin();
@@ -263,7 +271,7 @@ void WorkerServer::Load(v1::Assignment a) {
       old = std::move(runtime_);
       runtime_ = *runtime;
       status_ = {.state = v1::WORKER_STATE_READY, .assignment_id = a.assignment_id(),
-                 .kv_slots = a.max_slots()};
+                 .kv_blocks = (*runtime)->runner().options().num_kv_blocks};
     } else {
       status_ = {.state = v1::WORKER_STATE_FAILED, .assignment_id = a.assignment_id(),
                  .error = std::string(runtime.status().message())};

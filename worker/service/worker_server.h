@@ -41,7 +41,7 @@ struct WorkerStatusSnapshot {
   v1::WorkerState state = v1::WORKER_STATE_IDLE;
   std::string assignment_id;
   std::string error;
-  int64_t kv_slots = 0;
+  int64_t kv_blocks = 0;  // with READY: the KV cache blocks allocated
 };
 
 class WorkerServer {

@@ -69,7 +69,10 @@ class EngineFactory {
   EngineFactory(std::string dir, int32_t max_step_tokens) : dir_(std::move(dir)), step_tokens_(max_step_tokens) {}
   ReplicaClientFactory Get() {
     return [this](const ReplicaEndpoint& e) -> absl::StatusOr<std::unique_ptr<ReplicaClient>> {
-      auto r = EngineReplica::Create({.model_dir = dir_, .max_slots = e.max_slots, .max_step_tokens = step_tokens_});
+      auto r = EngineReplica::Create({.model_dir = dir_,
+                                      .kv_blocks = e.kv_blocks,
+                                      .kv_block_size = e.kv_block_size,
+                                      .max_step_tokens = step_tokens_});
       if (!r.ok()) return r.status();
       absl::MutexLock lock(&mu_);
       if (on_make_) on_make_(r->get());
@@ -144,13 +147,13 @@ class CoordinatorApiTest : public ::testing::Test {
   }
 
   grpc::Status Heartbeat(const std::string& id, v1::WorkerState state, const std::string& assignment_id,
-                         const std::string& error = "", int64_t kv_slots = 0) {
+                         const std::string& error = "", int64_t kv_blocks = 0) {
     v1::HeartbeatRequest req;
     req.set_worker_id(id);
     req.set_state(state);
     req.set_assignment_id(assignment_id);
     req.set_error(error);
-    req.set_kv_slots(kv_slots);
+    req.set_kv_blocks(kv_blocks);
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline());
     v1::HeartbeatResponse resp;
@@ -163,7 +166,7 @@ class CoordinatorApiTest : public ::testing::Test {
     std::optional<WorkerAssignment> a = workers_->WaitFor(address);
     EXPECT_TRUE(a.has_value()) << "no assignment for " << address;
     if (!a.has_value()) return id;
-    EXPECT_TRUE(Heartbeat(id, v1::WORKER_STATE_READY, a->assignment_id, "", a->max_slots).ok());
+    EXPECT_TRUE(Heartbeat(id, v1::WORKER_STATE_READY, a->assignment_id, "", a->kv_blocks).ok());
     return id;
   }
 
@@ -238,9 +241,7 @@ class CoordinatorApiTest : public ::testing::Test {
     auto spec = LoadModelSpec(model_dir_);
     auto ckpt = Checkpoint::Open(model_dir_);
     EXPECT_TRUE(spec.ok() && ckpt.ok());
-    engine::ExecutorOptions eo;
-    eo.model.max_slots = 1;
-    auto ex = engine::TpExecutor::Create(*spec, **ckpt, eo);
+    auto ex = engine::TpExecutor::Create(*spec, **ckpt, engine::ExecutorOptions{});
     EXPECT_TRUE(ex.ok()) << ex.status();
     engine::GenerationRequest g{.prompt = prompt, .max_tokens = max_tokens, .sampling = sampling};
     for (int64_t id : spec->eos_token_ids) g.stop_ids.push_back(static_cast<int32_t>(id));
@@ -281,13 +282,13 @@ TEST_F(CoordinatorApiTest, UnavailableWithTheReasonUntilEveryWorkerIsReady) {
   std::optional<WorkerAssignment> a2 = workers_->WaitFor("127.0.0.1:2");
   ASSERT_TRUE(a1.has_value() && a2.has_value());
   EXPECT_EQ(a1->model_path, testing::Stories260KDir());
-  ASSERT_TRUE(Heartbeat(w1, v1::WORKER_STATE_READY, a1->assignment_id, "", a1->max_slots).ok());
+  ASSERT_TRUE(Heartbeat(w1, v1::WORKER_STATE_READY, a1->assignment_id, "", a1->kv_blocks).ok());
   ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_LOADING, a2->assignment_id).ok());
   coordinator_->cluster().Tick();
   r = Generate(req);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(r.status.error_message(), HasSubstr("is loading"));
-  ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_READY, a2->assignment_id, "", a2->max_slots).ok());
+  ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_READY, a2->assignment_id, "", a2->kv_blocks).ok());
   ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
   EXPECT_EQ(HealthStatus(), 1);  // SERVING
   r = Generate(req);
@@ -451,6 +452,9 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
   EXPECT_EQ(w.assignment().num_stages(), 1);
   EXPECT_EQ(w.assignment().next_address(), "");
   EXPECT_EQ(w.assignment().max_seq_len(), 512);
+  // The 4 GiB budget would hold far more; 8 sequences (max_slots) of 512 tokens use 8 x 32 blocks.
+  EXPECT_EQ(w.assignment().kv_block_size(), 16);
+  EXPECT_EQ(w.assignment().kv_blocks(), 8 * 32);
   EXPECT_EQ(st.running_sequences(), 0);
   EXPECT_EQ(st.waiting_sequences(), 0);
 }
@@ -521,7 +525,7 @@ TEST_F(CoordinatorApiTest, AFailedWorkerIsReportedAndTheOtherReplicaServes) {
   coordinator_->cluster().Tick();
   GenerateResult r = Generate(IdsRequest({1, 2}, 3));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);  // w-1 is still loading
-  ASSERT_TRUE(Heartbeat(w1, v1::WORKER_STATE_READY, a1->assignment_id, "", a1->max_slots).ok());
+  ASSERT_TRUE(Heartbeat(w1, v1::WORKER_STATE_READY, a1->assignment_id, "", a1->kv_blocks).ok());
   ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
   r = Generate(IdsRequest({1, 2}, 3));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
@@ -563,7 +567,7 @@ TEST_F(CoordinatorApiTest, ADeadWorkerStopsItsReplicaAndTakesItBackAfterARestart
   std::optional<WorkerAssignment> again = workers_->WaitFor("127.0.0.1:1", first_assignment);
   ASSERT_TRUE(again.has_value());
   EXPECT_THAT(again->assignment_id, HasSubstr("w-2"));
-  ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_READY, again->assignment_id, "", again->max_slots).ok());
+  ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_READY, again->assignment_id, "", again->kv_blocks).ok());
   ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
   r = Generate(IdsRequest({1, 2}, 3));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();

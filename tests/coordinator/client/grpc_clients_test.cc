@@ -28,7 +28,7 @@ using ::testing::HasSubstr;
 constexpr absl::Duration kWait = absl::Seconds(60);
 
 // Stage 0 of a fake replica: answers each StepRequest with, per sampled sequence,
-// slot * 1000 + pos_begin + num_tokens. Test knobs: fail a step, end the stream at a step,
+// block_ids[0] * 1000 + pos_begin + num_tokens. Test knobs: fail a step, end the stream at a step,
 // hold a step until released.
 class FakeStage final : public v1::Stage::Service {
  public:
@@ -61,10 +61,11 @@ class FakeStage final : public v1::Stage::Service {
       resp.set_step_id(req.step_id());
       if (req.step_id() == fail) {
         resp.set_error_code(static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
-        resp.set_error_message("stage 1: KV slot 3 out of range");
+        resp.set_error_message("stage 1: KV block 300 out of range");
       } else {
         for (const v1::StepSequence& s : req.sequences()) {
-          if (s.sample()) resp.add_token_ids(s.slot() * 1000 + s.pos_begin() + s.num_tokens());
+          // The first block id, the position and the token count, so the test sees what arrived.
+          if (s.sample()) resp.add_token_ids(s.block_ids(0) * 1000 + s.pos_begin() + s.num_tokens());
         }
       }
       if (!stream->Write(resp)) break;
@@ -110,7 +111,7 @@ class FakeWorker final : public v1::Worker::Service {
   grpc::Status Assign(grpc::ServerContext*, const v1::Assignment* a, v1::AssignResponse*) override {
     absl::MutexLock lock(&mu_);
     last_ = *a;
-    if (a->max_slots() < 1) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "max_slots must be >= 1");
+    if (a->kv_blocks() < 1) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "kv_blocks must be >= 1");
     return grpc::Status::OK;
   }
   v1::Assignment last() {
@@ -146,8 +147,8 @@ class GrpcClientsTest : public ::testing::Test {
   }
   static StepInput Input(uint64_t step_id) {
     StepInput in{.step_id = step_id};
-    in.sequences.push_back({.slot = 2, .pos_begin = 0, .token_ids = {5, 6, 7}, .sample = false, .request_id = "a"});
-    in.sequences.push_back({.slot = 1,
+    in.sequences.push_back({.block_ids = {2}, .pos_begin = 0, .token_ids = {5, 6, 7}, .sample = false, .request_id = "a"});
+    in.sequences.push_back({.block_ids = {1, 4},
                             .pos_begin = 9,
                             .token_ids = {42},
                             .sample = true,
@@ -174,7 +175,8 @@ TEST_F(GrpcClientsTest, StepSendsTheBatchAndReturnsTheSampledTokens) {
   const v1::StepRequest& r = got[0];
   EXPECT_EQ(r.step_id(), 1u);
   ASSERT_EQ(r.sequences_size(), 2);
-  EXPECT_EQ(r.sequences(0).slot(), 2);
+  EXPECT_THAT(r.sequences(0).block_ids(), ElementsAre(2));
+  EXPECT_THAT(r.sequences(1).block_ids(), ElementsAre(1, 4));
   EXPECT_EQ(r.sequences(0).num_tokens(), 3);
   EXPECT_THAT(r.sequences(0).token_ids(), ElementsAre(5, 6, 7));
   EXPECT_FALSE(r.sequences(0).sample());
@@ -194,7 +196,7 @@ TEST_F(GrpcClientsTest, AStageErrorFailsTheStepAndTheStreamGoesOn) {
   stage_.FailStep(1);
   auto client = Client();
   EXPECT_THAT(client->Step(Input(1)),
-              StatusIs(absl::StatusCode::kResourceExhausted, "stage 1: KV slot 3 out of range"));
+              StatusIs(absl::StatusCode::kResourceExhausted, "stage 1: KV block 300 out of range"));
   EXPECT_THAT(client->Step(Input(2)), IsOk());
   EXPECT_EQ(stage_.streams(), 1);
 }
@@ -246,7 +248,8 @@ TEST_F(GrpcClientsTest, AssignSendsTheAssignment) {
                      .layer_end = 12,
                      .device_kind = DeviceKind::kCpu,
                      .devices = {0, 1},
-                     .max_slots = 4,
+                     .kv_blocks = 4000,
+                     .kv_block_size = 32,
                      .max_seq_len = 1024,
                      .max_step_tokens = 128,
                      .next_address = ""};
@@ -260,11 +263,12 @@ TEST_F(GrpcClientsTest, AssignSendsTheAssignment) {
   EXPECT_EQ(got.layer_end(), 12);
   EXPECT_EQ(got.device_kind(), v1::DEVICE_KIND_CPU);
   EXPECT_THAT(got.devices(), ElementsAre(0, 1));
-  EXPECT_EQ(got.max_slots(), 4);
+  EXPECT_EQ(got.kv_blocks(), 4000);
+  EXPECT_EQ(got.kv_block_size(), 32);
   EXPECT_EQ(got.max_seq_len(), 1024);
   EXPECT_EQ(got.max_step_tokens(), 128);
-  a.max_slots = 0;
-  EXPECT_THAT(client.Assign(address_, a), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_slots")));
+  a.kv_blocks = 0;
+  EXPECT_THAT(client.Assign(address_, a), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_blocks")));
   EXPECT_THAT(client.Assign("127.0.0.1:1", a),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("Worker.Assign to 127.0.0.1:1")));
 }

@@ -67,17 +67,17 @@ TEST_F(RegistryTest, HeartbeatsRecordStateAssignmentErrorAndSlots) {
               IsOk());
   EXPECT_GT(registry_.version(), v0);
   ASSERT_THAT(registry_.Heartbeat(
-                  {.worker_id = id, .state = WorkerState::kReady, .assignment_id = "p1/r0s0", .kv_slots = 6}),
+                  {.worker_id = id, .state = WorkerState::kReady, .assignment_id = "p1/r0s0", .kv_blocks = 6}),
               IsOk());
   std::optional<WorkerRecord> r = registry_.Get(id);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->state, WorkerState::kReady);
   EXPECT_EQ(r->assignment_id, "p1/r0s0");
-  EXPECT_EQ(r->kv_slots, 6);
+  EXPECT_EQ(r->kv_blocks, 6);
   // The same heartbeat again changes nothing observable.
   const uint64_t v1 = registry_.version();
   ASSERT_THAT(registry_.Heartbeat(
-                  {.worker_id = id, .state = WorkerState::kReady, .assignment_id = "p1/r0s0", .kv_slots = 6}),
+                  {.worker_id = id, .state = WorkerState::kReady, .assignment_id = "p1/r0s0", .kv_blocks = 6}),
               IsOk());
   EXPECT_EQ(registry_.version(), v1);
   ASSERT_THAT(registry_.Heartbeat({.worker_id = id,
@@ -88,7 +88,7 @@ TEST_F(RegistryTest, HeartbeatsRecordStateAssignmentErrorAndSlots) {
   r = registry_.Get(id);
   EXPECT_EQ(r->state, WorkerState::kFailed);
   EXPECT_EQ(r->error, "model.safetensors: missing tensor lm_head.weight");
-  EXPECT_EQ(r->kv_slots, 0);
+  EXPECT_EQ(r->kv_blocks, 0);
 }
 
 TEST_F(RegistryTest, HeartbeatFromAnUnknownWorkerIsNotFound) {

@@ -1,13 +1,16 @@
 // The scheduler against the real engine in-process (tests/testing/engine_replica.h): whatever the
 // batching (many concurrent requests, fewer slots than requests, tiny step budgets that chunk every
-// prompt, several replicas, pipeline stages), every request gets exactly the tokens that
-// engine::Generate gives it alone — greedy and seeded sampling — and cancellation, step failures,
-// the queue limit and shutdown affect only the requests they should.
+// prompt, several replicas, pipeline stages, a KV cache so small that sequences are preempted and
+// recomputed), every request gets exactly the tokens that engine::Generate gives it alone — greedy
+// and seeded sampling — and cancellation, step failures, the queue limit and shutdown affect only
+// the requests they should, with every KV block given back.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <random>
@@ -78,6 +81,20 @@ class CollectingSink final : public SequenceSink {
   absl::Notification done_;
 };
 
+// Counts preemptions; ignores the rest.
+class PreemptionCounter final : public SchedulerObserver {
+ public:
+  void OnRejected(const absl::Status&) override {}
+  void OnInterTokenLatency(absl::Duration) override {}
+  void OnRequestEnd(const RequestReport&) override {}
+  void OnStep(const StepReport&) override {}
+  void OnPreempted(int) override { preempted_.fetch_add(1); }
+  int preempted() const { return preempted_.load(); }
+
+ private:
+  std::atomic<int> preempted_{0};
+};
+
 struct Setup {
   std::string model = "llama";
   int replicas = 1;
@@ -87,6 +104,9 @@ struct Setup {
   std::vector<int64_t> stage_starts;
   int tp = 1;
   std::vector<int32_t> eos;  // the scheduler's EOS ids
+  int64_t kv_blocks = 0;     // per replica; 0 = the engine's default (8 whole contexts)
+  int32_t kv_block_size = 16;
+  SchedulerObserver* observer = nullptr;
   int32_t pipeline_depth = 1;
   // Wraps each replica's client (e.g. to observe its steps); identity when null.
   std::function<std::unique_ptr<ReplicaClient>(std::unique_ptr<ReplicaClient>)> wrap;
@@ -108,22 +128,24 @@ absl::StatusOr<Harness> MakeHarness(const Setup& setup) {
   so.max_step_tokens = setup.max_step_tokens;
   so.max_queued = setup.max_queued;
   so.eos_token_ids = setup.eos;
+  so.observer = setup.observer;
   h.scheduler = std::make_unique<Scheduler>(so);
   for (int r = 0; r < setup.replicas; ++r) {
     auto replica = EngineReplica::Create(EngineReplicaOptions{.model_dir = ModelDir(setup.model),
                                                               .stage_starts = setup.stage_starts,
                                                               .tp = setup.tp,
-                                                              .max_slots = setup.max_slots,
+                                                              .kv_blocks = setup.kv_blocks,
+                                                              .kv_block_size = setup.kv_block_size,
                                                               .max_step_tokens = setup.max_step_tokens});
     if (!replica.ok()) return replica.status();
     h.replicas.push_back(replica->get());
+    const ReplicaOptions ro{.max_slots = setup.max_slots,
+                            .pipeline_depth = setup.pipeline_depth,
+                            .kv_blocks = (*replica)->kv_blocks(),
+                            .kv_block_size = setup.kv_block_size};
     std::unique_ptr<ReplicaClient> client = *std::move(replica);
     if (setup.wrap) client = setup.wrap(std::move(client));
-    if (absl::Status st = h.scheduler->AddReplica(
-            r, std::move(client), {.max_slots = setup.max_slots, .pipeline_depth = setup.pipeline_depth});
-        !st.ok()) {
-      return st;
-    }
+    if (absl::Status st = h.scheduler->AddReplica(r, std::move(client), ro); !st.ok()) return st;
   }
   return h;
 }
@@ -157,9 +179,7 @@ absl::StatusOr<std::vector<engine::GenerationResult>> Reference(const std::strin
   if (!spec.ok()) return spec.status();
   auto ckpt = Checkpoint::Open(ModelDir(model));
   if (!ckpt.ok()) return ckpt.status();
-  engine::ExecutorOptions eo;
-  eo.model.max_slots = 1;
-  auto ex = engine::TpExecutor::Create(*spec, **ckpt, eo);
+  auto ex = engine::TpExecutor::Create(*spec, **ckpt, engine::ExecutorOptions{});
   if (!ex.ok()) return ex.status();
   std::vector<engine::GenerationResult> out;
   for (const SequenceRequest& r : requests) {
@@ -179,15 +199,18 @@ FinishReason ToFinish(engine::FinishReason f) {
   return f == engine::FinishReason::kStop ? FinishReason::kStop : FinishReason::kLength;
 }
 
-// Submits every request at once, waits for all, and checks each against the reference.
+// Submits every request at once, waits for all, and checks each against the reference. The
+// replicas in `hold` run no step until every request is submitted (a deterministic start).
 void RunAndCompare(Scheduler& scheduler, const std::string& model, const std::vector<SequenceRequest>& requests,
-                   const std::vector<int32_t>& eos) {
+                   const std::vector<int32_t>& eos, const std::vector<EngineReplica*>& hold = {}) {
   ASSERT_OK_AND_ASSIGN(auto expected, Reference(model, requests, eos));
+  for (EngineReplica* r : hold) r->HoldStepsForTest();
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (const SequenceRequest& r : requests) {
     sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_THAT(scheduler.Submit(r, sinks.back()), IsOk());
+    ASSERT_THAT(scheduler.Submit(r, sinks.back()), IsOk());  // held replicas are freed at shutdown
   }
+  for (EngineReplica* r : hold) r->ReleaseStepsForTest();
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(sinks[i]->Wait()) << "request " << i << " did not finish";
     const SequenceEnd end = sinks[i]->end();
@@ -201,6 +224,30 @@ void RunAndCompare(Scheduler& scheduler, const std::string& model, const std::ve
   const SchedulerStats stats = scheduler.Stats();
   EXPECT_EQ(stats.running, 0);
   EXPECT_EQ(stats.waiting, 0);
+  for (const ReplicaStats& r : stats.replicas) {
+    EXPECT_EQ(r.kv_blocks_used, 0) << "replica " << r.replica << " kept KV blocks";
+    EXPECT_GT(r.kv_blocks_total, 0);
+  }
+}
+
+// Every step of `replica` gave each sequence blocks for its new positions, in range, and no block
+// to two sequences; no sequence appears twice in a step.
+void ExpectSoundBlockTables(const EngineReplica& replica, int64_t block_size, int32_t max_slots) {
+  for (const StepInput& in : replica.StepInputsForTest()) {
+    std::set<int32_t> blocks;
+    std::set<std::string> ids;
+    EXPECT_LE(static_cast<int64_t>(in.sequences.size()), max_slots) << "step " << in.step_id;
+    for (const StepSequenceInput& s : in.sequences) {
+      EXPECT_TRUE(ids.insert(s.request_id).second) << s.request_id << " twice in step " << in.step_id;
+      const int64_t end = s.pos_begin + static_cast<int64_t>(s.token_ids.size());
+      EXPECT_GE(static_cast<int64_t>(s.block_ids.size()) * block_size, end) << "step " << in.step_id;
+      for (int32_t b : s.block_ids) {
+        EXPECT_TRUE(blocks.insert(b).second) << "block " << b << " held twice in step " << in.step_id;
+        EXPECT_GE(b, 0);
+        EXPECT_LT(b, replica.kv_blocks());
+      }
+    }
+  }
 }
 
 class SchedulerModelTest : public ::testing::TestWithParam<std::string> {};
@@ -219,18 +266,15 @@ INSTANTIATE_TEST_SUITE_P(GoldenModels, SchedulerModelTest,
                          ::testing::Values("llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral",
                                            "qwen2_moe"));
 
-TEST(SchedulerTest, BatchesRespectSlotsAndTheStepBudget) {
+TEST(SchedulerTest, BatchesRespectSlotsBlocksAndTheStepBudget) {
   ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2, .max_step_tokens = 3}));
   RunAndCompare(*h.scheduler, "llama", MakeRequests(6, h.spec.vocab_size, 3, false), {});
+  ExpectSoundBlockTables(*h.replicas[0], 16, 2);
   bool chunked = false;
   for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
     int64_t tokens = 0;
-    std::set<int32_t> slots;
     for (const StepSequenceInput& s : in.sequences) {
       tokens += static_cast<int64_t>(s.token_ids.size());
-      EXPECT_TRUE(slots.insert(s.slot).second) << "slot used twice in step " << in.step_id;
-      EXPECT_GE(s.slot, 0);
-      EXPECT_LT(s.slot, 2);
       chunked |= !s.sample;
     }
     EXPECT_LE(tokens, 3);
@@ -252,7 +296,7 @@ TEST(SchedulerTest, PipelineAndTensorParallelReplicaMatchesOneProcess) {
 }
 
 // Passes steps through to the engine after a short pause (so that pipelined steps overlap), and
-// records how many were in flight at once and whether two in flight ever shared a slot.
+// records how many were in flight at once and whether two in flight ever shared a KV block.
 class OverlapProbe final : public ReplicaClient {
  public:
   explicit OverlapProbe(std::unique_ptr<ReplicaClient> inner) : inner_(std::move(inner)) {}
@@ -261,13 +305,17 @@ class OverlapProbe final : public ReplicaClient {
       absl::MutexLock lock(&mu_);
       ++in_flight_;
       max_in_flight_ = std::max(max_in_flight_, in_flight_);
-      for (const StepSequenceInput& s : input.sequences) shared_slot_ |= !slots_.insert(s.slot).second;
+      for (const StepSequenceInput& s : input.sequences) {
+        for (int32_t b : s.block_ids) shared_block_ |= !blocks_.insert(b).second;
+      }
     }
     absl::SleepFor(absl::Milliseconds(3));
     absl::StatusOr<StepOutput> out = inner_->Step(input);
     absl::MutexLock lock(&mu_);
     --in_flight_;
-    for (const StepSequenceInput& s : input.sequences) slots_.erase(s.slot);
+    for (const StepSequenceInput& s : input.sequences) {
+      for (int32_t b : s.block_ids) blocks_.erase(b);
+    }
     return out;
   }
   void Shutdown() override { inner_->Shutdown(); }
@@ -275,9 +323,9 @@ class OverlapProbe final : public ReplicaClient {
     absl::MutexLock lock(&mu_);
     return max_in_flight_;
   }
-  bool shared_slot() const {
+  bool shared_block() const {
     absl::MutexLock lock(&mu_);
-    return shared_slot_;
+    return shared_block_;
   }
 
  private:
@@ -285,8 +333,8 @@ class OverlapProbe final : public ReplicaClient {
   mutable absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int max_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<int32_t> slots_ ABSL_GUARDED_BY(mu_);
-  bool shared_slot_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<int32_t> blocks_ ABSL_GUARDED_BY(mu_);
+  bool shared_block_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 TEST(SchedulerTest, PipelinedMicroBatchesOverlapAndMatchTheEngineAlone) {
@@ -302,7 +350,7 @@ TEST(SchedulerTest, PipelinedMicroBatchesOverlapAndMatchTheEngineAlone) {
                                                }}));
   RunAndCompare(*h.scheduler, "llama", MakeRequests(12, h.spec.vocab_size, 17, true), {});
   EXPECT_EQ(probe->max_in_flight(), 2) << "two micro-batches should have been in flight at once, never more";
-  EXPECT_FALSE(probe->shared_slot()) << "a sequence was in two micro-batches in flight";
+  EXPECT_FALSE(probe->shared_block()) << "a KV block was in two micro-batches in flight";
   // Each micro-batch took at most half of the running sequences (6 slots, depth 2 -> <= 3).
   for (const StepInput& in : h.replicas[0]->StepInputsForTest()) EXPECT_LE(in.sequences.size(), 3u);
 }
@@ -541,6 +589,138 @@ TEST(SchedulerTest, SubmitValidatesTheRequest) {
   EXPECT_EQ(sink->ends(), 0);
   // The longest request that fits: prompt + max_tokens = the context.
   RunAndCompare(*h.scheduler, "llama", {SequenceRequest{.prompt = {1, 2, 3}, .max_tokens = 125}}, {});
+}
+
+// ---- Paged KV cache and preemption -------------------------------------------------------------
+
+TEST(SchedulerKvTest, PreemptionUnderATinyKvBudgetKeepsEveryOutputIdentical) {
+  // Blocks of 4 tokens, 11 in all: the longest request (prompt <= 23 + max_tokens <= 18) needs at
+  // most 10, so every request fits alone but a handful running together do not. Mixed greedy and
+  // seeded sampling, different lengths, more slots than the cache can feed.
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 6, .max_step_tokens = 8, .kv_blocks = 11,
+                                               .kv_block_size = 4, .observer = &counter}));
+  std::vector<SequenceRequest> requests = MakeRequests(8, h.spec.vocab_size, 71, false);
+  for (const SequenceRequest& r : MakeRequests(8, h.spec.vocab_size, 72, true)) requests.push_back(r);
+  for (size_t i = 8; i < requests.size(); ++i) requests[i].request_id = absl::StrCat("sampled-", i);
+  RunAndCompare(*h.scheduler, "llama", requests, {}, h.replicas);
+  EXPECT_GT(counter.preempted(), 0) << "the budget should have forced preemption";
+  ExpectSoundBlockTables(*h.replicas[0], 4, 6);
+  const SchedulerStats stats = h.scheduler->Stats();
+  EXPECT_EQ(stats.replicas[0].kv_blocks_total, 11);
+  EXPECT_EQ(stats.replicas[0].kv_blocks_used, 0);
+  // A preempted sequence is recomputed from position 0 with its generated tokens in the prompt.
+  std::map<std::string, int64_t> restarts;
+  for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
+    for (const StepSequenceInput& s : in.sequences) restarts[s.request_id] += s.pos_begin == 0 ? 1 : 0;
+  }
+  int64_t recomputed = 0;
+  for (const auto& [id, n] : restarts) recomputed += n - 1;
+  EXPECT_GT(recomputed, 0);
+  EXPECT_LE(recomputed, counter.preempted());  // some were preempted before their first step
+}
+
+TEST(SchedulerKvTest, PipelineReplicaWithTinyKvBudgetMatchesOneProcess) {
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.model = "qwen2_moe", .max_slots = 4, .max_step_tokens = 6,
+                                               .stage_starts = {1}, .kv_blocks = 14, .kv_block_size = 3,
+                                               .observer = &counter}));
+  RunAndCompare(*h.scheduler, "qwen2_moe", MakeRequests(8, h.spec.vocab_size, 73, true), {}, h.replicas);
+  EXPECT_GT(counter.preempted(), 0);
+}
+
+TEST(SchedulerKvTest, CancellingAPreemptedSequenceEndsItAtOnceAndFreesItsBlocks) {
+  // Two sequences of 4 + 30 tokens in 9 blocks of 4: each fits alone (33 positions), both do not,
+  // so the newer one is preempted; the step hook cancels it while it waits.
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2, .max_step_tokens = 8, .kv_blocks = 9,
+                                               .kv_block_size = 4, .observer = &counter}));
+  std::vector<SequenceRequest> requests = MakeRequests(2, h.spec.vocab_size, 75, false);
+  for (SequenceRequest& r : requests) {
+    r.prompt.resize(4, 1);
+    r.max_tokens = 30;
+  }
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", requests, {}));
+  auto older = std::make_shared<CollectingSink>();
+  auto newer = std::make_shared<CollectingSink>();
+  std::atomic<SequenceId> newer_id{0};
+  std::atomic<bool> cancelled_while_waiting{false};
+  absl::Notification submitted;
+  Scheduler* scheduler = h.scheduler.get();
+  h.replicas[0]->SetStepHookForTest([&](const StepInput& in) {
+    if (in.step_id == 1 && !submitted.WaitForNotificationWithTimeout(kWait)) {
+      return absl::DeadlineExceededError("test never submitted");
+    }
+    if (!cancelled_while_waiting && counter.preempted() > 0 && scheduler->Stats().waiting == 1) {
+      cancelled_while_waiting = true;
+      scheduler->Cancel(newer_id);  // waiting: ends on this thread, at once
+      EXPECT_EQ(newer->ends(), 1);
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_THAT(h.scheduler->Submit(requests[0], older), IsOk());
+  ASSERT_OK_AND_ASSIGN(SequenceId id, h.scheduler->Submit(requests[1], newer));
+  newer_id = id;
+  submitted.Notify();
+  ASSERT_TRUE(older->Wait());
+  ASSERT_TRUE(newer->Wait());
+  ASSERT_TRUE(cancelled_while_waiting) << "the newer sequence was never preempted";
+  EXPECT_EQ(newer->end().reason, FinishReason::kCancelled);
+  const std::vector<int32_t> got = newer->tokens();
+  ASSERT_LT(got.size(), expected[1].tokens.size());
+  EXPECT_THAT(got, ElementsAreArray(expected[1].tokens.begin(), expected[1].tokens.begin() + got.size()));
+  EXPECT_THAT(older->tokens(), ElementsAreArray(expected[0].tokens));
+  const SchedulerStats stats = h.scheduler->Stats();
+  EXPECT_EQ(stats.running + stats.waiting, 0);
+  EXPECT_EQ(stats.replicas[0].kv_blocks_used, 0);
+}
+
+TEST(SchedulerKvTest, CancellingARunningSequenceGivesItsBlocksBack) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2, .kv_blocks = 20, .kv_block_size = 4}));
+  h.replicas[0]->HoldStepsForTest();
+  std::vector<SequenceRequest> requests = MakeRequests(2, h.spec.vocab_size, 77, false);
+  requests[0].prompt.assign(9, 5);  // its first chunk (5 tokens) takes 2 blocks at admission
+  auto first = std::make_shared<CollectingSink>();
+  auto second = std::make_shared<CollectingSink>();
+  ASSERT_OK_AND_ASSIGN(SequenceId a, h.scheduler->Submit(requests[0], first));
+  ASSERT_OK_AND_ASSIGN(SequenceId b, h.scheduler->Submit(requests[1], second));
+  EXPECT_GT(h.scheduler->Stats().replicas[0].kv_blocks_used, 0);  // admitted with their first chunks
+  h.scheduler->Cancel(a);
+  h.scheduler->Cancel(b);
+  h.replicas[0]->ReleaseStepsForTest();
+  ASSERT_TRUE(first->Wait());
+  ASSERT_TRUE(second->Wait());
+  EXPECT_EQ(first->end().reason, FinishReason::kCancelled);
+  EXPECT_EQ(second->end().reason, FinishReason::kCancelled);
+  const SchedulerStats stats = h.scheduler->Stats();
+  EXPECT_EQ(stats.running, 0);
+  EXPECT_EQ(stats.replicas[0].kv_blocks_used, 0);
+  EXPECT_EQ(stats.replicas[0].kv_blocks_total, 20);
+}
+
+TEST(SchedulerKvTest, RequestsThatCanNeverFitAreRefusedAtSubmit) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.kv_blocks = 4, .kv_block_size = 4}));  // 16 positions
+  auto sink = std::make_shared<CollectingSink>();
+  // 10 + 7 tokens write 16 positions (the last token is never fed back): it fits; one more does not.
+  SequenceRequest fits{.prompt = std::vector<int32_t>(10, 3), .max_tokens = 7};
+  SequenceRequest too_long = fits;
+  too_long.max_tokens = 8;
+  EXPECT_THAT(h.scheduler->Submit(too_long, sink),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the prompt (10 tokens) and max_tokens (8) need 5 KV cache blocks of 4 tokens; the "
+                                 "largest replica has 4 blocks")));
+  EXPECT_EQ(sink->ends(), 0);
+  RunAndCompare(*h.scheduler, "llama", {fits}, {});
+}
+
+TEST(SchedulerKvTest, AddReplicaValidatesTheKvCache) {
+  Scheduler scheduler(SchedulerOptions{.limits = {.vocab_size = 10, .max_seq_len = 8}});
+  ASSERT_OK_AND_ASSIGN(auto replica, EngineReplica::Create({.model_dir = ModelDir("llama")}));
+  EXPECT_THAT(scheduler.AddReplica(0, std::move(replica), {.kv_blocks = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_blocks must be in [1, 2^31 - 1], got 0")));
+  ASSERT_OK_AND_ASSIGN(replica, EngineReplica::Create({.model_dir = ModelDir("llama")}));
+  EXPECT_THAT(scheduler.AddReplica(0, std::move(replica), {.kv_blocks = 4, .kv_block_size = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_block_size must be >= 1")));
 }
 
 }  // namespace

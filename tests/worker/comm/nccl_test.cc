@@ -61,7 +61,6 @@ TEST_F(NcclTest, TwoGpuTensorParallelGreedyMatchesTransformers) {
   ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
   ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(golden.dir));
   engine::ExecutorOptions eo{.kind = kernels::DeviceKind::kCuda, .cuda_devices = {0, 1}};
-  eo.model.max_slots = 3;
   ASSERT_OK_AND_ASSIGN(auto ex, engine::TpExecutor::Create(spec, *ckpt, eo));
   std::vector<engine::GenerationRequest> reqs;
   for (const auto& c : golden.cases) {

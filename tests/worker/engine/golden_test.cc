@@ -67,10 +67,11 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(GoldenTest, LogitsAtEveryPromptPositionMatchTransformers) {
   ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {}));
-  int32_t slot = 0;
+  int32_t seq = 0;
   for (const auto& c : golden_.cases) {
     ASSERT_EQ(c.logits.size(), c.prompt_ids.size());
-    StepSequence s{.slot = slot++, .pos_begin = 0, .tokens = c.prompt_ids, .all_logits = true};
+    StepSequence s{.block_ids = WholeContextBlocks(l.model->options(), seq++), .pos_begin = 0, .tokens = c.prompt_ids,
+                   .all_logits = true};
     ASSERT_OK_AND_ASSIGN(StepResult r, l.model->Step({s}));
     const size_t v = static_cast<size_t>(l.spec.vocab_size);
     ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
@@ -81,7 +82,7 @@ TEST_P(GoldenTest, LogitsAtEveryPromptPositionMatchTransformers) {
 }
 
 TEST_P(GoldenTest, GreedyTokensMatchTransformersOneRequestAtATime) {
-  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {.max_slots = 1}));
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {.num_kv_blocks = 0}));
   const auto reqs = GreedyRequests(golden_);
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, {reqs[i]}));
@@ -92,8 +93,9 @@ TEST_P(GoldenTest, GreedyTokensMatchTransformersOneRequestAtATime) {
 
 TEST_P(GoldenTest, GreedyTokensMatchWhenBatchedWithChunkedPrefill) {
   // Three sequences of different lengths share every step; prompts are prefilled 4 tokens at a
-  // time, so chunks, decodes and sequences of other lengths mix in one batch.
-  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {.max_slots = 3, .max_step_tokens = 4}));
+  // time, so chunks, decodes and sequences of other lengths mix in one batch. Blocks of 3 tokens,
+  // so chunks and blocks end at different places.
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {.kv_block_size = 3, .max_step_tokens = 4}));
   ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, GreedyRequests(golden_)));
   for (size_t i = 0; i < res.size(); ++i) {
     EXPECT_EQ(res[i].tokens, golden_.cases[i].greedy_ids) << golden_.name << " case " << i;
@@ -115,7 +117,7 @@ class Stories260KTest : public ::testing::Test {
 };
 
 TEST_F(Stories260KTest, GreedyGenerationMatchesTransformers) {
-  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {.max_slots = 8}));
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {}));
   ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, GreedyRequests(golden_)));
   for (size_t i = 0; i < res.size(); ++i) {
     EXPECT_EQ(res[i].tokens, golden_.cases[i].greedy_ids) << "case " << i << " \"" << golden_.cases[i].prompt_text
@@ -127,7 +129,10 @@ TEST_F(Stories260KTest, LastPromptLogitsMatchTransformers) {
   ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden_.dir, {}));
   for (const auto& c : golden_.cases) {
     ASSERT_EQ(c.last_logits.size(), static_cast<size_t>(l.spec.vocab_size));
-    ASSERT_OK_AND_ASSIGN(StepResult r, l.model->Step({StepSequence{.slot = 0, .pos_begin = 0, .tokens = c.prompt_ids}}));
+    ASSERT_OK_AND_ASSIGN(StepResult r, l.model->Step(
+                                           {StepSequence{.block_ids = WholeContextBlocks(l.model->options(), 0),
+                                                         .pos_begin = 0,
+                                                         .tokens = c.prompt_ids}}));
     ExpectLogitsClose(c.last_logits, r.logits[0].data(), "stories260K \"" + c.prompt_text + "\"");
   }
 }

@@ -26,7 +26,8 @@ class ModelTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(backend_, kernels::CreateBackend({}));
     ASSERT_OK_AND_ASSIGN(model_, Model::Create(spec_, *ckpt_, backend_.get(), options));
   }
-  void SetUp() override { Make({.max_slots = 2, .max_seq_len = 16, .max_step_tokens = 8}); }
+  // 8 blocks of 4 tokens: two sequences of the whole context (16 tokens) at once.
+  void SetUp() override { Make({.num_kv_blocks = 8, .kv_block_size = 4, .max_seq_len = 16, .max_step_tokens = 8}); }
 
   ModelSpec spec_;
   std::unique_ptr<Checkpoint> ckpt_;
@@ -35,29 +36,69 @@ class ModelTest : public ::testing::Test {
 };
 
 TEST_F(ModelTest, RejectsTokenIdsOutsideTheVocabulary) {
-  EXPECT_THAT(model_->Step({StepSequence{.slot = 0, .tokens = {5, 256}}}),
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {0}, .tokens = {5, 256}}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token id 256 is outside the vocabulary")));
-  EXPECT_THAT(model_->Step({StepSequence{.slot = 0, .tokens = {-1}}}),
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {0}, .tokens = {-1}}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token id -1")));
 }
 
-TEST_F(ModelTest, RejectsBadSlotsPositionsAndBudgets) {
+TEST_F(ModelTest, RejectsBadBlockTablesPositionsAndBudgets) {
   EXPECT_THAT(model_->Step({}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
-  EXPECT_THAT(model_->Step({StepSequence{.slot = 2, .tokens = {5}}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slot 2 outside")));
-  EXPECT_THAT(model_->Step({StepSequence{.slot = 0, .tokens = {5}}, StepSequence{.slot = 0, .tokens = {6}}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("used twice")));
-  EXPECT_THAT(model_->Step({StepSequence{.slot = 0, .pos_begin = 15, .tokens = {5, 6}}}),
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {8}, .tokens = {5}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KV block 8 is outside [0, 8)")));
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {-1}, .tokens = {5}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KV block -1 is outside")));
+  // Positions [2, 7) need blocks 0 and 1 of 4 tokens.
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {0}, .pos_begin = 2, .tokens = {5, 6, 7, 8, 9}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 KV blocks of 4 tokens cannot hold positions "
+                                                                     "up to 7; 2 needed")));
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {0}, .tokens = {5}}, StepSequence{.block_ids = {0}, .tokens = {6}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sequence 1: KV block 0 is written twice")));
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {3, 3}, .tokens = {5, 6, 7, 8, 9}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("written twice")));
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {0, 1, 2, 3}, .pos_begin = 15, .tokens = {5, 6}}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exceed the context length 16")));
-  EXPECT_THAT(model_->Step({StepSequence{.slot = 0, .tokens = std::vector<int32_t>(9, 5)}}),
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {0, 1, 2}, .tokens = std::vector<int32_t>(9, 5)}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_step_tokens = 8")));
-  EXPECT_THAT(model_->Step({StepSequence{.slot = 0, .tokens = {}}}),
+  EXPECT_THAT(model_->Step({StepSequence{.block_ids = {0}, .tokens = {}}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no tokens")));
 }
 
+TEST_F(ModelTest, SequencesMayReadABlockTheyShareButNotWriteIt) {
+  // Two sequences with the same first block (a shared prefix), each writing its own second block.
+  ASSERT_TRUE(model_->Step({StepSequence{.block_ids = {0}, .tokens = {3, 4, 5, 6}}}).ok());
+  EXPECT_TRUE(model_->Step({StepSequence{.block_ids = {0, 1}, .pos_begin = 4, .tokens = {7}},
+                            StepSequence{.block_ids = {0, 2}, .pos_begin = 4, .tokens = {8}}})
+                  .ok());
+}
+
+TEST_F(ModelTest, LogitsDoNotDependOnWhichBlocksHoldTheSequence) {
+  const std::vector<int32_t> prompt = {3, 9, 4, 1, 5, 9, 2, 6, 5, 3};
+  auto run = [&](const std::vector<int32_t>& blocks) -> std::vector<std::vector<float>> {
+    std::vector<std::vector<float>> logits;
+    // A prefill in two chunks that end mid-block, then two decodes.
+    auto a = model_->Step({StepSequence{.block_ids = blocks, .tokens = {prompt.begin(), prompt.begin() + 6}}});
+    EXPECT_TRUE(a.ok()) << a.status();
+    auto b = model_->Step({StepSequence{.block_ids = blocks, .pos_begin = 6, .tokens = {prompt.begin() + 6, prompt.end()}}});
+    EXPECT_TRUE(b.ok()) << b.status();
+    logits.push_back(b->logits[0]);
+    for (int32_t pos = 10; pos < 12; ++pos) {
+      auto d = model_->Step({StepSequence{.block_ids = blocks, .pos_begin = pos, .tokens = {7}}});
+      EXPECT_TRUE(d.ok()) << d.status();
+      logits.push_back(d->logits[0]);
+    }
+    return logits;
+  };
+  const auto contiguous = run({0, 1, 2});
+  const auto shuffled = run({6, 3, 7, 1});  // an unused extra entry is allowed
+  EXPECT_EQ(contiguous, shuffled);
+}
+
 TEST_F(ModelTest, RejectsBadOptions) {
-  EXPECT_THAT(Model::Create(spec_, *ckpt_, backend_.get(), {.max_slots = 0}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_slots")));
+  EXPECT_THAT(Model::Create(spec_, *ckpt_, backend_.get(), {.num_kv_blocks = -1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_kv_blocks")));
+  EXPECT_THAT(Model::Create(spec_, *ckpt_, backend_.get(), {.kv_block_size = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_block_size must be in [1, 65536], got 0")));
   EXPECT_THAT(Model::Create(spec_, *ckpt_, backend_.get(), {.max_seq_len = 129}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_position_embeddings = 128")));
 }
@@ -80,6 +121,12 @@ TEST_F(ModelTest, GenerateValidatesEveryRequestFirst) {
   GenerationRequest bad_sampling{.prompt = {3}};
   bad_sampling.sampling.top_p = 0.f;
   EXPECT_THAT(Generate(*model_, {bad_sampling}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_p")));
+  // 8 blocks of 4 tokens hold 32 tokens; a sequence is at most the context (16 tokens), so a
+  // smaller cache is needed to refuse one.
+  Make({.num_kv_blocks = 2, .kv_block_size = 4, .max_seq_len = 16, .max_step_tokens = 8});
+  EXPECT_THAT(Generate(*model_, {GenerationRequest{.prompt = {3, 4, 5}, .max_tokens = 6}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the prompt (3 tokens) and max_tokens (6) need 3 KV blocks of 4 tokens; the model has 2")));
 }
 
 TEST_F(ModelTest, GenerationStopsAtTheContextLengthAndAtStopIds) {

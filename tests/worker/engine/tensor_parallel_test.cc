@@ -65,7 +65,7 @@ class TensorParallelTest : public ::testing::TestWithParam<Layout> {};
 TEST_P(TensorParallelTest, LogitsMatchTransformersAndGreedyTokensMatchOneRank) {
   const Layout& layout = GetParam();
   ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(layout.model));
-  ModelOptions mo{.max_slots = 3, .max_step_tokens = 4, .expert_owner = layout.expert_owner,
+  ModelOptions mo{.max_step_tokens = 4, .expert_owner = layout.expert_owner,
                   .split_experts = layout.split_experts};
   ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor(golden.dir, layout.ranks, mo));
   ASSERT_EQ(ex->ranks(), layout.ranks);
@@ -74,9 +74,10 @@ TEST_P(TensorParallelTest, LogitsMatchTransformersAndGreedyTokensMatchOneRank) {
   wide.max_step_tokens = 64;
   ASSERT_OK_AND_ASSIGN(auto ex_wide, MakeExecutor(golden.dir, layout.ranks, wide));
   const size_t v = static_cast<size_t>(ex_wide->spec().vocab_size);
-  int32_t slot = 0;
+  int32_t seq = 0;
   for (const auto& c : golden.cases) {
-    ASSERT_OK_AND_ASSIGN(StepResult r, ex_wide->Step({StepSequence{.slot = slot++, .tokens = c.prompt_ids,
+    ASSERT_OK_AND_ASSIGN(StepResult r, ex_wide->Step({StepSequence{.block_ids = WholeContextBlocks(ex_wide->options(), seq++),
+                                                                   .tokens = c.prompt_ids,
                                                                    .all_logits = true}}));
     ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
     for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
@@ -102,7 +103,7 @@ TEST(TensorParallelStoriesTest, GreedyTextIdenticalAcrossRankCounts) {
     reqs.push_back({.prompt = c.prompt_ids, .max_tokens = static_cast<int32_t>(c.greedy_ids.size())});
   }
   for (int n : {1, 2, 4}) {
-    ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor(golden.dir, n, {.max_slots = 8}));
+    ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor(golden.dir, n, {}));
     ASSERT_OK_AND_ASSIGN(auto res, Generate(*ex, reqs));
     for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].tokens, golden.cases[i].greedy_ids) << "ranks " << n;
   }
@@ -124,13 +125,14 @@ TEST_P(PipelineTest, StagesChainedGiveTheSameGreedyTokensAndLogits) {
   ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(layout.model));
   std::vector<std::unique_ptr<StepRunner>> stages;
   for (size_t i = 0; i + 1 < layout.cuts.size(); ++i) {
-    ModelOptions mo{.max_slots = 3, .max_step_tokens = 16, .layer_begin = layout.cuts[i], .layer_end = layout.cuts[i + 1]};
+    ModelOptions mo{.max_step_tokens = 16, .layer_begin = layout.cuts[i], .layer_end = layout.cuts[i + 1]};
     ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor(golden.dir, layout.ranks, mo));
     stages.push_back(std::move(ex));
   }
   ASSERT_OK_AND_ASSIGN(auto pipeline, LocalPipeline::Create(std::move(stages)));
   const auto& c = golden.cases[2];
-  ASSERT_OK_AND_ASSIGN(StepResult r, pipeline->Step({StepSequence{.slot = 2, .tokens = c.prompt_ids, .all_logits = true}}));
+  ASSERT_OK_AND_ASSIGN(StepResult r, pipeline->Step(
+      {StepSequence{.block_ids = WholeContextBlocks(pipeline->options(), 2), .tokens = c.prompt_ids, .all_logits = true}}));
   const size_t v = static_cast<size_t>(pipeline->spec().vocab_size);
   for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
     testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(layout.name, " position ", p));
@@ -159,10 +161,10 @@ TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
   EXPECT_THAT(MakeExecutor("tests/golden/models/llama", 1, {.layer_begin = 1, .layer_end = 5}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer range [1, 5)")));
   ASSERT_OK_AND_ASSIGN(auto second, MakeExecutor("tests/golden/models/llama", 1, {.layer_begin = 1}));
-  EXPECT_THAT(second->Step({StepSequence{.slot = 0, .num_tokens = 2}}, std::vector<float>(64)),
+  EXPECT_THAT(second->Step({StepSequence{.block_ids = {0}, .num_tokens = 2}}, std::vector<float>(64)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hidden states hold 64 values; 2 tokens")));
   ASSERT_OK_AND_ASSIGN(auto first, MakeExecutor("tests/golden/models/llama", 1, {.layer_end = 1}));
-  EXPECT_THAT(first->Step({StepSequence{.slot = 0, .num_tokens = 2}}),
+  EXPECT_THAT(first->Step({StepSequence{.block_ids = {0}, .num_tokens = 2}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs the token ids")));
 }
 
@@ -208,9 +210,9 @@ TEST(TensorParallelErrorsTest, BadExpertPlacementsNameTheProblem) {
 
 TEST(TensorParallelErrorsTest, InvalidRequestLeavesTheGroupUsable) {
   ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor("tests/golden/models/llama", 2, {}));
-  EXPECT_THAT(ex->Step({StepSequence{.slot = 0, .tokens = {999}}}),
+  EXPECT_THAT(ex->Step({StepSequence{.block_ids = {0}, .tokens = {999}}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token id 999")));
-  ASSERT_OK_AND_ASSIGN(auto r, ex->Step({StepSequence{.slot = 0, .tokens = {3, 4}}}));
+  ASSERT_OK_AND_ASSIGN(auto r, ex->Step({StepSequence{.block_ids = {0}, .tokens = {3, 4}}}));
   EXPECT_EQ(r.logits[0].size(), 256u);
 }
 

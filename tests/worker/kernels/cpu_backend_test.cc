@@ -73,72 +73,184 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
                                            LinearShape{8, 100, 7}, LinearShape{9, 64, 33}, LinearShape{40, 172, 64},
                                            LinearShape{1, 5, 1}));
 
-TEST_F(CpuBackendTest, AttentionMatchesNaiveReferenceWithSlidingWindowAndGqa) {
-  // Two sequences: one prefilling 5 tokens from position 3, one decoding at position 9.
-  const int64_t kv_heads = 2, q_heads = 4, d = 8, max_len = 16, slots = 2;
-  const int64_t row = kv_heads * d;
-  auto k_cache = Random(static_cast<size_t>(slots * max_len * row), 5);
-  auto v_cache = Random(static_cast<size_t>(slots * max_len * row), 6);
-  const std::vector<AttnSeq> seqs = {{.q_begin = 0, .q_len = 5, .pos_begin = 3, .slot = 1},
-                                     {.q_begin = 5, .q_len = 1, .pos_begin = 9, .slot = 0}};
-  const int64_t tokens = 6;
-  const auto q = Random(static_cast<size_t>(tokens * q_heads * d), 7);
-  for (int64_t window : {int64_t{0}, int64_t{4}}) {
-    std::vector<float> out(q.size());
-    const KvLayerView cache{k_cache.data(), v_cache.data(), slots, max_len, kv_heads, d};
-    ASSERT_TRUE(b_->Attention({.q = q.data(), .out = out.data(), .seqs = seqs.data(), .host_seqs = seqs.data(),
-                               .num_seqs = 2, .tokens = tokens, .q_heads = q_heads, .cache = cache, .scale = 0.35f,
-                               .sliding_window = window})
-                    .ok());
-    std::vector<float> ref(q.size());
-    for (const AttnSeq& s : seqs) {
-      for (int64_t i = 0; i < s.q_len; ++i) {
-        const int64_t t = s.q_begin + i, pos = s.pos_begin + i;
-        for (int64_t h = 0; h < q_heads; ++h) {
-          const int64_t g = h / (q_heads / kv_heads);
-          std::vector<double> sc;
-          double m = -1e300;
-          std::vector<int64_t> keys;
-          for (int64_t j = 0; j <= pos; ++j) {
-            if (window > 0 && pos - j >= window) continue;
-            double dot = 0;
-            for (int64_t e = 0; e < d; ++e) {
-              dot += double{q[static_cast<size_t>((t * q_heads + h) * d + e)]} *
-                     k_cache[static_cast<size_t>((s.slot * max_len + j) * row + g * d + e)];
-            }
-            sc.push_back(dot * 0.35);
-            m = std::max(m, dot * 0.35);
-            keys.push_back(j);
-          }
-          double sum = 0;
-          for (double& x : sc) sum += (x = std::exp(x - m));
+// A paged cache filled from per-sequence contiguous K/V: sequence s's position j lives in block
+// tables[s][j / block_size] at row j % block_size. Block ids are shuffled, so neighbouring
+// positions of a sequence are not neighbours in memory.
+struct PagedFixture {
+  int64_t kv_heads = 2, d = 8, block_size = 3, num_blocks = 0;
+  std::vector<std::vector<float>> k_seq, v_seq;  // per sequence [ctx, kv_heads, d]
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> flat;                     // tables concatenated
+  std::vector<float> k_cache, v_cache;           // [num_blocks, block_size, kv_heads, d]
+
+  int64_t row() const { return kv_heads * d; }
+
+  PagedFixture(const std::vector<int64_t>& ctx_lens, uint32_t seed) {
+    int64_t blocks = 0;
+    for (int64_t len : ctx_lens) blocks += (len + block_size - 1) / block_size;
+    num_blocks = blocks + 3;  // some blocks belong to nobody
+    std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+    for (int32_t i = 0; i < num_blocks; ++i) ids[static_cast<size_t>(i)] = i;
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+    k_cache = Random(static_cast<size_t>(num_blocks * block_size * row()), seed + 1);  // garbage elsewhere
+    v_cache = Random(k_cache.size(), seed + 2);
+    size_t next = 0;
+    for (size_t s = 0; s < ctx_lens.size(); ++s) {
+      const int64_t len = ctx_lens[s];
+      k_seq.push_back(Random(static_cast<size_t>(len * row()), seed + 10 + static_cast<uint32_t>(s)));
+      v_seq.push_back(Random(static_cast<size_t>(len * row()), seed + 20 + static_cast<uint32_t>(s)));
+      std::vector<int32_t> table;
+      for (int64_t j = 0; j < (len + block_size - 1) / block_size; ++j) table.push_back(ids[next++]);
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t dst = (table[static_cast<size_t>(j / block_size)] * block_size + j % block_size) * row();
+        std::copy_n(k_seq[s].begin() + j * row(), row(), k_cache.begin() + dst);
+        std::copy_n(v_seq[s].begin() + j * row(), row(), v_cache.begin() + dst);
+      }
+      tables.push_back(table);
+    }
+    for (const auto& t : tables) flat.insert(flat.end(), t.begin(), t.end());
+  }
+  // Table entry range of sequence s in `flat`.
+  int32_t begin(size_t s) const {
+    int32_t b = 0;
+    for (size_t i = 0; i < s; ++i) b += static_cast<int32_t>(tables[i].size());
+    return b;
+  }
+  int32_t len(size_t s) const { return static_cast<int32_t>(tables[s].size()); }
+  KvLayerView view() { return {k_cache.data(), v_cache.data(), num_blocks, block_size, kv_heads, d}; }
+  PagedSeqs paged(const std::vector<AttnSeq>& seqs) const {
+    return {.seqs = seqs.data(), .host_seqs = seqs.data(), .num_seqs = static_cast<int64_t>(seqs.size()),
+            .block_table = flat.data(), .host_block_table = flat.data(),
+            .table_entries = static_cast<int64_t>(flat.size())};
+  }
+};
+
+// Naive double-precision attention over sequence s's contiguous K/V.
+std::vector<float> ReferenceAttention(const PagedFixture& f, const std::vector<AttnSeq>& seqs, const std::vector<float>& q,
+                                      int64_t q_heads, float scale, int64_t window) {
+  const int64_t d = f.d, row = f.row();
+  std::vector<float> ref(q.size());
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    const AttnSeq& s = seqs[si];
+    for (int64_t i = 0; i < s.q_len; ++i) {
+      const int64_t t = s.q_begin + i, pos = s.pos_begin + i;
+      for (int64_t h = 0; h < q_heads; ++h) {
+        const int64_t g = h / (q_heads / f.kv_heads);
+        std::vector<double> sc;
+        double m = -1e300;
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j <= pos; ++j) {
+          if (window > 0 && pos - j >= window) continue;
+          double dot = 0;
           for (int64_t e = 0; e < d; ++e) {
-            double acc = 0;
-            for (size_t j = 0; j < keys.size(); ++j) {
-              acc += sc[j] / sum * v_cache[static_cast<size_t>((s.slot * max_len + keys[j]) * row + g * d + e)];
-            }
-            ref[static_cast<size_t>((t * q_heads + h) * d + e)] = static_cast<float>(acc);
+            dot += double{q[static_cast<size_t>((t * q_heads + h) * d + e)]} *
+                   f.k_seq[si][static_cast<size_t>(j * row + g * d + e)];
           }
+          sc.push_back(dot * scale);
+          m = std::max(m, dot * scale);
+          keys.push_back(j);
+        }
+        double sum = 0;
+        for (double& x : sc) sum += (x = std::exp(x - m));
+        for (int64_t e = 0; e < d; ++e) {
+          double acc = 0;
+          for (size_t j = 0; j < keys.size(); ++j) {
+            acc += sc[j] / sum * f.v_seq[si][static_cast<size_t>(keys[j] * row + g * d + e)];
+          }
+          ref[static_cast<size_t>((t * q_heads + h) * d + e)] = static_cast<float>(acc);
         }
       }
     }
-    ExpectClose(ref, out, 1e-5f, absl::StrCat("window ", window));
+  }
+  return ref;
+}
+
+TEST_F(CpuBackendTest, PagedAttentionMatchesContiguousReferenceWithSlidingWindowAndGqa) {
+  // Three sequences: one prefilling 5 tokens from position 3, one decoding at position 9, one
+  // decoding at position 0; blocks of 3 tokens, shuffled.
+  PagedFixture f({8, 10, 1}, 5);
+  const int64_t q_heads = 4;
+  const std::vector<AttnSeq> seqs = {
+      {.q_begin = 0, .q_len = 5, .pos_begin = 3, .table_begin = f.begin(0), .table_len = f.len(0)},
+      {.q_begin = 5, .q_len = 1, .pos_begin = 9, .table_begin = f.begin(1), .table_len = f.len(1)},
+      {.q_begin = 6, .q_len = 1, .pos_begin = 0, .table_begin = f.begin(2), .table_len = f.len(2)}};
+  const int64_t tokens = 7;
+  const auto q = Random(static_cast<size_t>(tokens * q_heads * f.d), 7);
+  for (int64_t window : {int64_t{0}, int64_t{4}}) {
+    std::vector<float> out(q.size());
+    ASSERT_TRUE(b_->Attention({.q = q.data(), .out = out.data(), .paged = f.paged(seqs), .tokens = tokens,
+                               .q_heads = q_heads, .cache = f.view(), .scale = 0.35f, .sliding_window = window})
+                    .ok());
+    ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 0.35f, window), out, 1e-5f, absl::StrCat("window ", window));
   }
 }
 
-TEST_F(CpuBackendTest, KvWriteStoresRowsAtSlotAndPosition) {
-  const int64_t kv_heads = 1, d = 2, max_len = 4, slots = 2;
-  std::vector<float> kc(static_cast<size_t>(slots * max_len * d)), vc(kc.size());
-  const std::vector<float> k = {1, 2, 3, 4}, v = {5, 6, 7, 8};
-  const std::vector<AttnSeq> seqs = {{.q_begin = 0, .q_len = 2, .pos_begin = 1, .slot = 1}};
-  ASSERT_TRUE(b_->KvWrite({.k = k.data(), .v = v.data(), .seqs = seqs.data(), .host_seqs = seqs.data(),
-                           .num_seqs = 1, .tokens = 2,
-                           .cache = {kc.data(), vc.data(), slots, max_len, kv_heads, d}})
+TEST_F(CpuBackendTest, PagedKvWriteThenAttentionMatchesContiguousReference) {
+  // The cache starts with garbage; KvWrite fills each sequence's positions through its shuffled
+  // table (a prefill across block boundaries and a decode at a block's first row), then attention
+  // reads them back.
+  PagedFixture f({7, 4}, 11);
+  const int64_t row = f.row(), q_heads = 2;
+  std::fill(f.k_cache.begin(), f.k_cache.end(), 1e3f);
+  std::fill(f.v_cache.begin(), f.v_cache.end(), -1e3f);
+  const std::vector<AttnSeq> seqs = {
+      {.q_begin = 0, .q_len = 7, .pos_begin = 0, .table_begin = f.begin(0), .table_len = f.len(0)},
+      {.q_begin = 7, .q_len = 4, .pos_begin = 0, .table_begin = f.begin(1), .table_len = f.len(1)}};
+  std::vector<float> k, v;
+  for (size_t s = 0; s < 2; ++s) {
+    k.insert(k.end(), f.k_seq[s].begin(), f.k_seq[s].end());
+    v.insert(v.end(), f.v_seq[s].begin(), f.v_seq[s].end());
+  }
+  const int64_t tokens = 11;
+  ASSERT_TRUE(b_->KvWrite({.k = k.data(), .v = v.data(), .paged = f.paged(seqs), .tokens = tokens, .cache = f.view()})
                   .ok());
-  EXPECT_EQ(kc[static_cast<size_t>((1 * max_len + 1) * d)], 1.f);
-  EXPECT_EQ(kc[static_cast<size_t>((1 * max_len + 2) * d + 1)], 4.f);
-  EXPECT_EQ(vc[static_cast<size_t>((1 * max_len + 2) * d)], 7.f);
-  EXPECT_EQ(kc[0], 0.f);
+  for (size_t s = 0; s < 2; ++s) {
+    for (int64_t j = 0; j < static_cast<int64_t>(f.k_seq[s].size()) / row; ++j) {
+      const int64_t at = (f.tables[s][static_cast<size_t>(j / f.block_size)] * f.block_size + j % f.block_size) * row;
+      for (int64_t e = 0; e < row; ++e) {
+        ASSERT_EQ(f.k_cache[static_cast<size_t>(at + e)], f.k_seq[s][static_cast<size_t>(j * row + e)]);
+        ASSERT_EQ(f.v_cache[static_cast<size_t>(at + e)], f.v_seq[s][static_cast<size_t>(j * row + e)]);
+      }
+    }
+  }
+  const auto q = Random(static_cast<size_t>(tokens * q_heads * f.d), 12);
+  std::vector<float> out(q.size());
+  ASSERT_TRUE(b_->Attention({.q = q.data(), .out = out.data(), .paged = f.paged(seqs), .tokens = tokens,
+                             .q_heads = q_heads, .cache = f.view(), .scale = 0.2f})
+                  .ok());
+  ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 0.2f, 0), out, 1e-5f, "after KvWrite");
+}
+
+TEST_F(CpuBackendTest, PagedAttentionWithOneBlockPerSequenceEqualsSlotLayout) {
+  // block_size = the context length: each sequence's table has one block, which is exactly the
+  // old [slots, max_len] layout; outputs must not change by a single bit when the blocks are split.
+  PagedFixture big({12, 12}, 21);
+  const int64_t q_heads = 4;
+  const std::vector<AttnSeq> seqs = {{.q_begin = 0, .q_len = 12, .pos_begin = 0, .table_begin = 0, .table_len = 4},
+                                     {.q_begin = 12, .q_len = 1, .pos_begin = 11, .table_begin = 4, .table_len = 4}};
+  const auto q = Random(static_cast<size_t>(13 * q_heads * big.d), 22);
+  std::vector<float> paged_out(q.size());
+  ASSERT_TRUE(b_->Attention({.q = q.data(), .out = paged_out.data(), .paged = big.paged(seqs), .tokens = 13,
+                             .q_heads = q_heads, .cache = big.view(), .scale = 0.3f})
+                  .ok());
+  // The same data as [2 slots, 12 positions].
+  std::vector<float> kc, vc;
+  for (size_t s = 0; s < 2; ++s) {
+    kc.insert(kc.end(), big.k_seq[s].begin(), big.k_seq[s].end());
+    vc.insert(vc.end(), big.v_seq[s].begin(), big.v_seq[s].end());
+  }
+  const std::vector<int32_t> slots = {0, 1};
+  const std::vector<AttnSeq> slot_seqs = {{.q_begin = 0, .q_len = 12, .pos_begin = 0, .table_begin = 0, .table_len = 1},
+                                          {.q_begin = 12, .q_len = 1, .pos_begin = 11, .table_begin = 1, .table_len = 1}};
+  std::vector<float> slot_out(q.size());
+  ASSERT_TRUE(b_->Attention({.q = q.data(), .out = slot_out.data(),
+                             .paged = {.seqs = slot_seqs.data(), .host_seqs = slot_seqs.data(), .num_seqs = 2,
+                                       .block_table = slots.data(), .host_block_table = slots.data(),
+                                       .table_entries = 2},
+                             .tokens = 13, .q_heads = q_heads,
+                             .cache = {kc.data(), vc.data(), 2, 12, big.kv_heads, big.d}, .scale = 0.3f})
+                  .ok());
+  EXPECT_EQ(paged_out, slot_out);
 }
 
 TEST_F(CpuBackendTest, RopeUsesFloatAnglesOfPositionTimesInvFreq) {
@@ -182,10 +294,27 @@ TEST_F(CpuBackendTest, OpsRejectInvalidParamsWithoutTouchingMemory) {
   EXPECT_THAT(b_->Rope({.q = buf, .k = buf, .positions = reinterpret_cast<int32_t*>(buf), .inv_freq = buf,
                         .head_dim = 3}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("head_dim must be even")));
-  const AttnSeq bad = {.q_begin = 0, .q_len = 1, .pos_begin = 4, .slot = 0};
-  EXPECT_THAT(b_->KvWrite({.k = buf, .v = buf, .seqs = &bad, .host_seqs = &bad, .num_seqs = 1, .tokens = 1,
-                           .cache = {buf, buf, 1, 4, 1, 1}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exceed the cache length")));
+  // Positions [4, 5) need block 2 of blocks of 2 tokens; the table has two entries.
+  const AttnSeq bad = {.q_begin = 0, .q_len = 1, .pos_begin = 4, .table_begin = 0, .table_len = 2};
+  const int32_t table[2] = {0, 1};
+  const PagedSeqs paged{.seqs = &bad, .host_seqs = &bad, .num_seqs = 1, .block_table = table,
+                        .host_block_table = table, .table_entries = 2};
+  EXPECT_THAT(b_->KvWrite({.k = buf, .v = buf, .paged = paged, .tokens = 1, .cache = {buf, buf, 2, 2, 1, 1}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("too few for positions up to 5")));
+  const AttnSeq ok_len = {.q_begin = 0, .q_len = 1, .pos_begin = 3, .table_begin = 0, .table_len = 2};
+  const int32_t out_of_range[2] = {0, 7};
+  EXPECT_THAT(b_->Attention({.q = buf, .out = buf,
+                             .paged = {.seqs = &ok_len, .host_seqs = &ok_len, .num_seqs = 1,
+                                       .block_table = out_of_range, .host_block_table = out_of_range,
+                                       .table_entries = 2},
+                             .tokens = 1, .q_heads = 1, .cache = {buf, buf, 2, 2, 1, 1}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block 1 has id 7, outside [0, 2)")));
+  const AttnSeq past_table = {.q_begin = 0, .q_len = 1, .pos_begin = 0, .table_begin = 1, .table_len = 2};
+  EXPECT_THAT(b_->KvWrite({.k = buf, .v = buf,
+                           .paged = {.seqs = &past_table, .host_seqs = &past_table, .num_seqs = 1,
+                                     .block_table = table, .host_block_table = table, .table_entries = 2},
+                           .tokens = 1, .cache = {buf, buf, 2, 2, 1, 1}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block table entries out of range")));
 }
 
 }  // namespace

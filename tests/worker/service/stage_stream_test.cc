@@ -54,7 +54,8 @@ v1::Assignment StageAssignment(const std::string& model, int stage, int layer_be
   a.set_layer_end(layer_end);
   a.set_device_kind(v1::DEVICE_KIND_CPU);
   for (int r = 0; r < ranks; ++r) a.add_devices(r);
-  a.set_max_slots(4);
+  a.set_kv_blocks(4 * 8);  // blocks of 16 tokens: 4 sequences of the whole context (128 tokens)
+  a.set_kv_block_size(16);
   a.set_max_step_tokens(64);
   a.set_next_address(next);
   return a;
@@ -118,11 +119,12 @@ class StageStreamTest : public ::testing::Test {
   std::unique_ptr<v1::Stage::Stub> stub_;
 };
 
-v1::StepRequest Step(uint64_t id, int slot, int pos, const std::vector<int32_t>& tokens, uint64_t sample_index) {
+// Sequence `seq` holds blocks [8 * seq, 8 * seq + 8): a whole context of 128 tokens.
+v1::StepRequest Step(uint64_t id, int seq, int pos, const std::vector<int32_t>& tokens, uint64_t sample_index) {
   v1::StepRequest r;
   r.set_step_id(id);
   v1::StepSequence* s = r.add_sequences();
-  s->set_slot(slot);
+  for (int b = 0; b < 8; ++b) s->add_block_ids(8 * seq + b);
   s->set_pos_begin(pos);
   s->set_num_tokens(static_cast<int32_t>(tokens.size()));
   for (int32_t t : tokens) s->add_token_ids(t);
@@ -314,6 +316,12 @@ TEST(WorkerAssignTest, InvalidAssignmentsNameTheField) {
   a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
   a.set_device_kind(v1::DEVICE_KIND_CUDA);
   EXPECT_THAT(w.Assign(a).message(), HasSubstr("does not match"));
+  a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
+  a.set_kv_blocks(0);
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("kv_blocks must be in [1, 2^31 - 1], got 0"));
+  a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
+  a.set_kv_block_size(0);
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("kv_block_size must be >= 1, got 0"));
 }
 
 TEST(WorkerAssignTest, AssignmentThatCannotLoadReportsFailedWithTheReason) {
@@ -333,7 +341,7 @@ TEST(ConvertTest, LargeHiddenStatesAreChunkedAndReassembled) {
   StageBatch batch;
   batch.step_id = 42;
   StageSequence s;
-  s.step.slot = 1;
+  s.step.block_ids = {7, 3, 5};
   s.step.num_tokens = 1024;
   batch.sequences.push_back(s);
   const int64_t hidden = 1100;  // 1024 x 1100 x 4 bytes = 4.3 MiB: three chunks
@@ -350,6 +358,7 @@ TEST(ConvertTest, LargeHiddenStatesAreChunkedAndReassembled) {
   ASSERT_OK_AND_ASSIGN(StageBatch back, FromProto(assembler.Take(), hidden));
   EXPECT_EQ(back.step_id, 42u);
   EXPECT_EQ(back.sequences[0].step.NumTokens(), 1024);
+  EXPECT_EQ(back.sequences[0].step.block_ids, (std::vector<int32_t>{7, 3, 5}));
   EXPECT_EQ(back.hidden, batch.hidden);
 }
 

@@ -118,11 +118,21 @@ class CpuBackend final : public Backend {
     SHARDSERVE_VALIDATE(p);
     const KvLayerView& c = p.cache;
     const int64_t row = c.kv_heads * c.head_dim;
-    for (int64_t s = 0; s < p.num_seqs; ++s) {
-      const AttnSeq& q = p.seqs[s];
-      const int64_t dst = (int64_t{q.slot} * c.max_len + q.pos_begin) * row;
-      std::memcpy(c.k + dst, p.k + int64_t{q.q_begin} * row, q.q_len * row * sizeof(float));
-      std::memcpy(c.v + dst, p.v + int64_t{q.q_begin} * row, q.q_len * row * sizeof(float));
+    const int64_t bs = c.block_size;
+    for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
+      const AttnSeq& q = p.paged.seqs[s];
+      const int32_t* table = p.paged.block_table + q.table_begin;
+      // Copy in runs that stay within one block.
+      for (int64_t i = 0; i < q.q_len;) {
+        const int64_t pos = q.pos_begin + i;
+        const int64_t off = pos % bs;
+        const int64_t run = std::min(bs - off, q.q_len - i);
+        const int64_t dst = (int64_t{table[pos / bs]} * bs + off) * row;
+        const int64_t src = (q.q_begin + i) * row;
+        std::memcpy(c.k + dst, p.k + src, run * row * sizeof(float));
+        std::memcpy(c.v + dst, p.v + src, run * row * sizeof(float));
+        i += run;
+      }
     }
     return absl::OkStatus();
   }
@@ -132,12 +142,12 @@ class CpuBackend final : public Backend {
     const KvLayerView& c = p.cache;
     const int64_t d = c.head_dim;
     const int64_t row = c.kv_heads * d;
+    const int64_t bs = c.block_size;
     const int64_t group = p.q_heads / c.kv_heads;
-    scores_.resize(static_cast<size_t>(c.max_len));
-    for (int64_t s = 0; s < p.num_seqs; ++s) {
-      const AttnSeq& q = p.seqs[s];
-      const float* kbase = c.k + int64_t{q.slot} * c.max_len * row;
-      const float* vbase = c.v + int64_t{q.slot} * c.max_len * row;
+    for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
+      const AttnSeq& q = p.paged.seqs[s];
+      const int32_t* table = p.paged.block_table + q.table_begin;
+      scores_.resize(std::max(scores_.size(), static_cast<size_t>(q.pos_begin + q.q_len)));
       for (int64_t i = 0; i < q.q_len; ++i) {
         const int64_t t = q.q_begin + i;
         const int64_t pos = q.pos_begin + i;
@@ -147,19 +157,33 @@ class CpuBackend final : public Backend {
           const float* qh = p.q + (t * p.q_heads + h) * d;
           const int64_t g = h / group;
           float* sc = scores_.data();
-          for (int64_t j = 0; j < n; ++j) {
-            const float* kj = kbase + (lo + j) * row + g * d;
-            float acc = 0.f;
-            for (int64_t e = 0; e < d; ++e) acc += qh[e] * kj[e];
-            sc[j] = acc * p.scale;
+          // Keys [lo, pos] walked block by block: within a block the rows are contiguous, as
+          // they were in the slot layout, so the inner loops are unchanged.
+          for (int64_t j = lo; j <= pos;) {
+            const int64_t off = j % bs;
+            const int64_t run = std::min(bs - off, pos + 1 - j);
+            const float* kb = c.k + (int64_t{table[j / bs]} * bs + off) * row + g * d;
+            for (int64_t r = 0; r < run; ++r) {
+              const float* kj = kb + r * row;
+              float acc = 0.f;
+              for (int64_t e = 0; e < d; ++e) acc += qh[e] * kj[e];
+              sc[j - lo + r] = acc * p.scale;
+            }
+            j += run;
           }
           SoftmaxRow(sc, static_cast<int>(n));
           float* oh = p.out + (t * p.q_heads + h) * d;
           std::fill(oh, oh + d, 0.f);
-          for (int64_t j = 0; j < n; ++j) {
-            const float* vj = vbase + (lo + j) * row + g * d;
-            const float w = sc[j];
-            for (int64_t e = 0; e < d; ++e) oh[e] += w * vj[e];
+          for (int64_t j = lo; j <= pos;) {
+            const int64_t off = j % bs;
+            const int64_t run = std::min(bs - off, pos + 1 - j);
+            const float* vb = c.v + (int64_t{table[j / bs]} * bs + off) * row + g * d;
+            for (int64_t r = 0; r < run; ++r) {
+              const float* vj = vb + r * row;
+              const float w = sc[j - lo + r];
+              for (int64_t e = 0; e < d; ++e) oh[e] += w * vj[e];
+            }
+            j += run;
           }
         }
       }

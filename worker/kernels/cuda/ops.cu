@@ -110,14 +110,21 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
   }
 }
 
+// Offset (in rows) of position `pos` in the paged cache, through the sequence's block table.
+__device__ __forceinline__ int64_t CacheRow(const int32_t* table, int64_t pos, int64_t block_size) {
+  return int64_t{table[pos / block_size]} * block_size + pos % block_size;
+}
+
 // grid.y strides over sequences, grid.x over each sequence's rows; threads over a row's elements.
-__global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seqs, int64_t num_seqs, float* cache_k,
-                              float* cache_v, int64_t max_len, int64_t row) {
+__global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seqs, int64_t num_seqs,
+                              const int32_t* block_table, float* cache_k, float* cache_v, int64_t block_size,
+                              int64_t row) {
   for (int64_t s = blockIdx.y; s < num_seqs; s += gridDim.y) {
     const AttnSeq seq = seqs[s];
+    const int32_t* table = block_table + seq.table_begin;
     for (int64_t i = blockIdx.x; i < seq.q_len; i += gridDim.x) {
       const int64_t src = (int64_t{seq.q_begin} + i) * row;
-      const int64_t dst = (int64_t{seq.slot} * max_len + seq.pos_begin + i) * row;
+      const int64_t dst = CacheRow(table, seq.pos_begin + i, block_size) * row;
       for (int64_t e = threadIdx.x; e < row; e += blockDim.x) {
         cache_k[dst + e] = k[src + e];
         cache_v[dst + e] = v[src + e];
@@ -132,7 +139,8 @@ __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seq
 // shared memory), then the block merges the warps' partial results. This equals the CPU's
 // SoftmaxRow-then-weighted-sum up to rounding, and needs no scratch proportional to the context.
 __global__ void AttentionKernel(const float* q, float* out, const AttnSeq* seqs, int64_t num_seqs,
-                                const float* cache_k, const float* cache_v, int64_t max_len, int64_t q_heads,
+                                const int32_t* block_table, const float* cache_k, const float* cache_v,
+                                int64_t block_size, int64_t q_heads,
                                 int64_t kv_heads, int64_t head_dim, float scale, int64_t sliding_window) {
   extern __shared__ float attn_smem[];
   float* q_s = attn_smem;                          // [head_dim]
@@ -147,8 +155,9 @@ __global__ void AttentionKernel(const float* q, float* out, const AttnSeq* seqs,
   float* my_acc = acc_s + warp * head_dim;
   for (int64_t s = blockIdx.z; s < num_seqs; s += gridDim.z) {
     const AttnSeq seq = seqs[s];
-    const float* k_base = cache_k + int64_t{seq.slot} * max_len * row + g * head_dim;
-    const float* v_base = cache_v + int64_t{seq.slot} * max_len * row + g * head_dim;
+    const int32_t* table = block_table + seq.table_begin;
+    const float* k_base = cache_k + g * head_dim;
+    const float* v_base = cache_v + g * head_dim;
     for (int64_t i = blockIdx.y; i < seq.q_len; i += gridDim.y) {
       const int64_t t = seq.q_begin + i;
       const int64_t pos = seq.pos_begin + i;
@@ -162,7 +171,8 @@ __global__ void AttentionKernel(const float* q, float* out, const AttnSeq* seqs,
       float l = 0.f;
       // Warp-uniform loop: every lane of a warp sees the same key j.
       for (int64_t j = lo + warp; j <= pos; j += kAttnWarps) {
-        const float* kj = k_base + j * row;
+        const int64_t cache_row = CacheRow(table, j, block_size);
+        const float* kj = k_base + cache_row * row;
         float dot = 0.f;
         for (int64_t e = lane; e < head_dim; e += kWarp) dot += q_s[e] * kj[e];
         const float score = WarpSum(dot) * scale;
@@ -170,7 +180,7 @@ __global__ void AttentionKernel(const float* q, float* out, const AttnSeq* seqs,
         const float correction = expf(m - m_new);  // 0 for the first key (m = -inf)
         const float p = expf(score - m_new);
         l = l * correction + p;
-        const float* vj = v_base + j * row;
+        const float* vj = v_base + cache_row * row;
         for (int64_t e = lane; e < head_dim; e += kWarp) my_acc[e] = my_acc[e] * correction + p * vj[e];
         m = m_new;
       }
@@ -261,22 +271,23 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
 }
 
 cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
-  const int64_t max_q_len = MaxQueryLen(p.host_seqs, p.num_seqs);
+  const int64_t max_q_len = MaxQueryLen(p.paged.host_seqs, p.paged.num_seqs);
   if (max_q_len == 0) return cudaSuccess;
   const int64_t row = p.cache.kv_heads * p.cache.head_dim;
-  const dim3 grid(GridFor(max_q_len), GridFor(p.num_seqs));
-  KvWriteKernel<<<grid, RowThreads(row), 0, stream>>>(p.k, p.v, p.seqs, p.num_seqs, p.cache.k, p.cache.v,
-                                                      p.cache.max_len, row);
+  const dim3 grid(GridFor(max_q_len), GridFor(p.paged.num_seqs));
+  KvWriteKernel<<<grid, RowThreads(row), 0, stream>>>(p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table,
+                                                      p.cache.k, p.cache.v, p.cache.block_size, row);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAttention(const AttentionParams& p, cudaStream_t stream) {
-  const int64_t max_q_len = MaxQueryLen(p.host_seqs, p.num_seqs);
+  const int64_t max_q_len = MaxQueryLen(p.paged.host_seqs, p.paged.num_seqs);
   if (max_q_len == 0) return cudaSuccess;
   // grid.x is the query head: up to 2^31 - 1, far above any model's head count.
-  const dim3 grid(static_cast<unsigned>(p.q_heads), GridFor(max_q_len), GridFor(p.num_seqs));
+  const dim3 grid(static_cast<unsigned>(p.q_heads), GridFor(max_q_len), GridFor(p.paged.num_seqs));
   AttentionKernel<<<grid, kAttnWarps * kWarp, AttentionSharedBytes(p.cache.head_dim), stream>>>(
-      p.q, p.out, p.seqs, p.num_seqs, p.cache.k, p.cache.v, p.cache.max_len, p.q_heads, p.cache.kv_heads,
+      p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, p.cache.k, p.cache.v, p.cache.block_size,
+      p.q_heads, p.cache.kv_heads,
       p.cache.head_dim, p.scale, p.sliding_window);
   return cudaGetLastError();
 }

@@ -227,19 +227,29 @@ TEST_F(CudaParityTest, Rope) {
 }
 
 // Three sequences of different lengths in one batch: a prefill from position 0, a decode step deep
-// in its context, and a prefill chunk that continues a cached prefix.
+// in its context, and a prefill chunk that continues a cached prefix. The paged cache has blocks of
+// 8 tokens; each sequence's table names shuffled, non-contiguous blocks.
 const std::vector<AttnSeq> kSeqs = {
-    {.q_begin = 0, .q_len = 11, .pos_begin = 0, .slot = 2},
-    {.q_begin = 11, .q_len = 1, .pos_begin = 40, .slot = 0},
-    {.q_begin = 12, .q_len = 6, .pos_begin = 17, .slot = 1},
+    {.q_begin = 0, .q_len = 11, .pos_begin = 0, .table_begin = 0, .table_len = 2},
+    {.q_begin = 11, .q_len = 1, .pos_begin = 40, .table_begin = 2, .table_len = 6},
+    {.q_begin = 12, .q_len = 6, .pos_begin = 17, .table_begin = 8, .table_len = 3},
 };
+const std::vector<int32_t> kTable = {13, 2, 7, 0, 15, 9, 4, 11, 5, 14, 1};
 constexpr int64_t kSeqTokens = 18;
+constexpr int64_t kNumBlocks = 16, kBlockSize = 8;
+
+// kSeqs and kTable as the op's PagedSeqs, with the given backend's copies.
+PagedSeqs Paged(const AttnSeq* seqs, const int32_t* table) {
+  return {.seqs = seqs, .host_seqs = kSeqs.data(), .num_seqs = static_cast<int64_t>(kSeqs.size()),
+          .block_table = table, .host_block_table = kTable.data(), .table_entries = static_cast<int64_t>(kTable.size())};
+}
 
 TEST_F(CudaParityTest, KvWrite) {
-  const KvLayerView shape{.slots = 3, .max_len = 48, .kv_heads = 2, .head_dim = 16};
+  const KvLayerView shape{.num_blocks = kNumBlocks, .block_size = kBlockSize, .kv_heads = 2, .head_dim = 16};
   const int64_t row = shape.kv_heads * shape.head_dim;
-  const int64_t cache_elems = shape.slots * shape.max_len * row;
+  const int64_t cache_elems = shape.num_blocks * shape.block_size * row;
   auto seqs = Mirror(kSeqs);
+  auto table = Mirror(kTable);
   auto k = Mirror(RandomFloats(kSeqTokens * row, 40));
   auto v = Mirror(RandomFloats(kSeqTokens * row, 41));
   auto ck = Mirror(RandomFloats(cache_elems, 42));
@@ -248,8 +258,8 @@ TEST_F(CudaParityTest, KvWrite) {
     KvLayerView cache = shape;
     cache.k = ck.at(s);
     cache.v = cv.at(s);
-    return b.KvWrite({.k = k.at(s), .v = v.at(s), .seqs = seqs.at(s), .host_seqs = kSeqs.data(),
-                      .num_seqs = static_cast<int64_t>(kSeqs.size()), .tokens = kSeqTokens, .cache = cache});
+    return b.KvWrite({.k = k.at(s), .v = v.at(s), .paged = Paged(seqs.at(s), table.at(s)), .tokens = kSeqTokens,
+                      .cache = cache});
   });
   ExpectMirrorsClose(ck, 0.f);  // copies: exact
   ExpectMirrorsClose(cv, 0.f);
@@ -267,9 +277,11 @@ class CudaAttentionParityTest : public CudaParityTest, public ::testing::WithPar
 
 TEST_P(CudaAttentionParityTest, MatchesCpu) {
   const AttentionCase c = GetParam();
-  const KvLayerView shape{.slots = 3, .max_len = 48, .kv_heads = c.kv_heads, .head_dim = c.head_dim};
-  const int64_t cache_elems = shape.slots * shape.max_len * shape.kv_heads * shape.head_dim;
+  const KvLayerView shape{.num_blocks = kNumBlocks, .block_size = kBlockSize, .kv_heads = c.kv_heads,
+                          .head_dim = c.head_dim};
+  const int64_t cache_elems = shape.num_blocks * shape.block_size * shape.kv_heads * shape.head_dim;
   auto seqs = Mirror(kSeqs);
+  auto table = Mirror(kTable);
   // Scores of a few units, so the softmax is neither flat nor one-hot.
   auto q = Mirror(RandomFloats(kSeqTokens * c.q_heads * c.head_dim, 50, -2.f, 2.f));
   auto ck = Mirror(RandomFloats(cache_elems, 51, -2.f, 2.f));
@@ -279,8 +291,8 @@ TEST_P(CudaAttentionParityTest, MatchesCpu) {
     KvLayerView cache = shape;
     cache.k = ck.at(s);
     cache.v = cv.at(s);
-    return b.Attention({.q = q.at(s), .out = out.at(s), .seqs = seqs.at(s), .host_seqs = kSeqs.data(),
-                        .num_seqs = static_cast<int64_t>(kSeqs.size()), .tokens = kSeqTokens, .q_heads = c.q_heads,
+    return b.Attention({.q = q.at(s), .out = out.at(s), .paged = Paged(seqs.at(s), table.at(s)),
+                        .tokens = kSeqTokens, .q_heads = c.q_heads,
                         .cache = cache, .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                         .sliding_window = c.sliding_window});
   });
@@ -350,24 +362,26 @@ TEST_F(CudaParityTest, ZeroSizedOpsSucceed) {
   Backend& gpu = backend(kGpu);
   auto f = Mirror(std::vector<float>{7.f, 8.f});
   auto i = Mirror(std::vector<int32_t>{0});
-  auto seqs = Mirror(std::vector<AttnSeq>{{.q_begin = 0, .q_len = 0, .pos_begin = 3, .slot = 0}});
+  const std::vector<AttnSeq> host_seqs = {{.q_begin = 0, .q_len = 0, .pos_begin = 3, .table_begin = 0, .table_len = 1}};
+  auto seqs = Mirror(host_seqs);
   float* p = f.at(kGpu);
-  const std::vector<AttnSeq> host_seqs = {{.q_begin = 0, .q_len = 0, .pos_begin = 3, .slot = 0}};
-  const KvLayerView cache{.k = p, .v = p, .slots = 1, .max_len = 8, .kv_heads = 1, .head_dim = 1};
+  const KvLayerView cache{.k = p, .v = p, .num_blocks = 1, .block_size = 8, .kv_heads = 1, .head_dim = 1};
+  const std::vector<int32_t> host_table = {0};  // the contents of `i`
+  const PagedSeqs one{.seqs = seqs.at(kGpu), .host_seqs = host_seqs.data(), .num_seqs = 1, .block_table = i.at(kGpu),
+                      .host_block_table = host_table.data(), .table_entries = 1};
+  PagedSeqs none = one;
+  none.num_seqs = 0;
   EXPECT_TRUE(gpu.Embedding({.table = p, .ids = i.at(kGpu), .out = p, .tokens = 0, .vocab = 1, .hidden = 1}).ok());
   EXPECT_TRUE(gpu.Linear({.x = p, .w = p, .y = p + 1, .tokens = 0, .in = 4, .out = 4}).ok());  // y must not alias x
   EXPECT_TRUE(gpu.RmsNorm({.x = p, .weight = p, .y = p, .tokens = 0, .hidden = 4}).ok());
   EXPECT_TRUE(gpu.Rope({.q = p, .k = p, .positions = i.at(kGpu), .inv_freq = p, .tokens = 0, .q_heads = 1,
                         .kv_heads = 1, .head_dim = 2})
                   .ok());
-  EXPECT_TRUE(gpu.KvWrite({.k = p, .v = p, .seqs = seqs.at(kGpu), .host_seqs = host_seqs.data(), .num_seqs = 1,
-                           .tokens = 0, .cache = cache})
+  EXPECT_TRUE(gpu.KvWrite({.k = p, .v = p, .paged = one, .tokens = 0, .cache = cache})
                   .ok());
-  EXPECT_TRUE(gpu.Attention({.q = p, .out = p, .seqs = seqs.at(kGpu), .host_seqs = host_seqs.data(), .num_seqs = 1,
-                             .tokens = 0, .q_heads = 1, .cache = cache})
+  EXPECT_TRUE(gpu.Attention({.q = p, .out = p, .paged = one, .tokens = 0, .q_heads = 1, .cache = cache})
                   .ok());
-  EXPECT_TRUE(gpu.Attention({.q = p, .out = p, .seqs = seqs.at(kGpu), .host_seqs = host_seqs.data(), .num_seqs = 0,
-                             .tokens = 0, .q_heads = 1, .cache = cache})
+  EXPECT_TRUE(gpu.Attention({.q = p, .out = p, .paged = none, .tokens = 0, .q_heads = 1, .cache = cache})
                   .ok());
   EXPECT_TRUE(gpu.SiluMul({.gate = p, .up = p, .out = p, .n = 0}).ok());
   EXPECT_TRUE(gpu.Add({.x = p, .y = p, .n = 0}).ok());
