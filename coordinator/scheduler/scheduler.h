@@ -77,6 +77,8 @@ struct ReplicaStats {
   int64_t running = 0;  // holding a slot
   int64_t waiting = 0;  // queued for a slot
   uint64_t steps = 0;   // micro-batches run so far
+  int64_t kv_blocks_used = 0;   // KV cache blocks held by its sequences
+  int64_t kv_blocks_total = 0;  // the replica's KV cache blocks (the same on every stage)
 };
 
 struct SchedulerStats {

@@ -5,12 +5,25 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/log/fields.h"
 #include "common/log/log.h"
 #include "common/status/macros.h"
 #include "worker/service/convert.h"
 #include "worker/service/worker_metrics.h"
 
 namespace shardserve::service {
+namespace {
+
+// "req-1,req-2": the request ids of a micro-batch's sequences, for its log lines.
+std::string RequestIds(const v1::StepRequest& request) {
+  std::string ids;
+  for (const v1::StepSequence& s : request.sequences()) {
+    absl::StrAppend(&ids, ids.empty() ? "" : ",", s.request_id().empty() ? "-" : LogValue(s.request_id()));
+  }
+  return ids;
+}
+
+}  // namespace
 
 StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
     : runner_(std::move(runner)), config_(std::move(config)) {}
@@ -23,8 +36,20 @@ void StageRuntime::Cancel() {
 }
 
 v1::StepResponse StageRuntime::Run(const v1::StepRequest& request) {
+  const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<v1::StepResponse> r = RunOrError(request);
-  if (r.ok()) return *std::move(r);
+  // Structured lines (common/log/fields.h) naming the requests, so that one request can be
+  // followed from the coordinator's log through every stage's.
+  if (r.ok()) {
+    VLOG(1) << "event=step stage=" << config_.stage << " step_id=" << request.step_id()
+            << " sequences=" << request.sequences_size() << " request_ids=" << RequestIds(request) << " ms="
+            << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    return *std::move(r);
+  }
+  LOG(WARNING) << "event=step_failed stage=" << config_.stage << " assignment=" << LogValue(config_.assignment_id)
+               << " step_id=" << request.step_id() << " request_ids=" << RequestIds(request)
+               << " status=" << absl::StatusCodeToString(r.status().code())
+               << " error=" << LogValue(r.status().message());
   v1::StepResponse failed;
   failed.set_step_id(request.step_id());
   failed.set_error_code(static_cast<int32_t>(r.status().code()));
