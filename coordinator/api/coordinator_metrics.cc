@@ -201,7 +201,9 @@ void CoordinatorMetrics::OnStep(const StepReport& report) {
   batch_sequences_.Add({{"replica", replica}}, CountBuckets()).Observe(report.sequences);
   batch_tokens_.Add({{"replica", replica}}, CountBuckets())
       .Observe(static_cast<double>(report.prefill_tokens + report.decode_tokens));
-  // Create both phases' series at once, so rate() over either is defined from the first step.
+  // Create both phases' series and the replica's preemption counter at once, so that rate() over
+  // any of them is defined (0) from the first step rather than absent.
+  preemptions_.Add({{"replica", replica}});
   step_tokens_.Add({{"replica", replica}, {"phase", "prefill"}}).Increment(static_cast<double>(report.prefill_tokens));
   step_tokens_.Add({{"replica", replica}, {"phase", "decode"}}).Increment(static_cast<double>(report.decode_tokens));
 }
