@@ -39,6 +39,7 @@ ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
 ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
 ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
+ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = its number of stages");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
 ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to become ready");
 ABSL_FLAG(bool, metrics, true,
@@ -165,7 +166,8 @@ int main(int argc, char** argv) {
       absl::StrCat("--pp=", absl::GetFlag(FLAGS_pp)), absl::StrCat("--replicas=", absl::GetFlag(FLAGS_replicas)),
       absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
       absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
-      absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens))};
+      absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens)),
+      absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth))};
   if (metrics_port > 0) coordinator_argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
   children.push_back({"coordinator", Spawn(coordinator_argv)});
   for (int i = 0; i < workers; ++i) {
