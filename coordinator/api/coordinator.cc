@@ -107,8 +107,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
                                           c->worker_client_.get(), std::move(factory), clock);
 
   c->inference_ = std::make_unique<InferenceService>(
-      InferenceServiceOptions{.model_path = options.model_path, .max_seq_len = max_seq_len}, c->spec_.get(),
-      c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
+      InferenceServiceOptions{
+          .model_path = options.model_path, .max_seq_len = max_seq_len, .observer = c->metrics_.get()},
+      c->spec_.get(), c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
   c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get());
   c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock);
 

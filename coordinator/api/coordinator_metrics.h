@@ -1,11 +1,12 @@
 // Every metric family the coordinator exports, declared in one place (workers have theirs in
 // worker/service/worker_metrics.h). Names follow shardserve_coordinator_<what>_<unit>:
 //
-//  requests (one count per request the scheduler saw, whatever front end it came by)
+//  requests (one count per request, whatever front end it came by)
 //   shardserve_coordinator_requests_total{finish_reason,code}  counter
 //       finish_reason: length | stop | cancelled (ended normally, code="OK"),
 //                      error (failed: code is the gRPC code name, e.g. UNAVAILABLE),
-//                      rejected (refused by Submit: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)
+//                      rejected (refused before generating: INVALID_ARGUMENT, RESOURCE_EXHAUSTED,
+//                      UNAVAILABLE while the cluster is not ready, ...)
 //   shardserve_coordinator_prompt_tokens_total                  counter (ended requests)
 //   shardserve_coordinator_generated_tokens_total               counter (tokens delivered)
 //   shardserve_coordinator_request_prompt_tokens                histogram, per request

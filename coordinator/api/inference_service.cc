@@ -224,6 +224,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc:
     if (absl::Status ready = cluster_->ReadyStatus(); !ready.ok()) seq = ready;
   }
   if (!seq.ok()) {
+    ReportRejected(options_.observer, seq.status());
     reactor->Finish(ToGrpcStatus(seq.status()));
     return reactor;
   }

@@ -62,6 +62,12 @@ class LoggingSink final : public SequenceSink {
 
 }  // namespace
 
+void ReportRejected(SchedulerObserver* observer, const absl::Status& status) {
+  LOG(WARNING) << "event=request_rejected status=" << absl::StatusCodeToString(status.code())
+               << " error=" << LogValue(status.message());
+  if (observer != nullptr) observer->OnRejected(status);
+}
+
 absl::StatusOr<SequenceId> SubmitWithLog(Scheduler& scheduler, SequenceRequest request,
                                          std::shared_ptr<SequenceSink> sink, const Clock* clock) {
   if (clock == nullptr) clock = RealClock::Get();

@@ -8,7 +8,8 @@
 //   event=request_end request_id=req-42 status=OK finish_reason=stop prompt_tokens=12
 //       completion_tokens=40 ttft_ms=35.2 e2e_ms=812.0
 //   event=request_rejected request_id=req-43 status=RESOURCE_EXHAUSTED error="..."
-// Every front end (gRPC, HTTP) submits through SubmitWithLog instead of Scheduler::Submit.
+// Every front end (gRPC, HTTP) submits through SubmitWithLog instead of Scheduler::Submit, and
+// reports the requests it refuses itself (malformed, cluster not ready) with ReportRejected.
 #ifndef SHARDSERVE_COORDINATOR_API_REQUEST_LOG_H_
 #define SHARDSERVE_COORDINATOR_API_REQUEST_LOG_H_
 
@@ -17,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "common/concurrency/clock.h"
 #include "coordinator/scheduler/scheduler.h"
+#include "coordinator/scheduler/scheduler_observer.h"
 #include "coordinator/scheduler/sequence.h"
 
 namespace shardserve::coordinator {
@@ -27,6 +29,11 @@ namespace shardserve::coordinator {
 // returns. `clock` is borrowed (null = RealClock) and must outlive the request. Thread-safe.
 absl::StatusOr<SequenceId> SubmitWithLog(Scheduler& scheduler, SequenceRequest request,
                                          std::shared_ptr<SequenceSink> sink, const Clock* clock = nullptr);
+
+// A request the front end refused before it reached the scheduler (`status`, not OK, is what the
+// client gets): logs event=request_rejected and tells `observer` (borrowed; may be null), so that
+// the metrics count it with the scheduler's own refusals. Thread-safe.
+void ReportRejected(SchedulerObserver* observer, const absl::Status& status);
 
 }  // namespace shardserve::coordinator
 

@@ -5,8 +5,9 @@ a real Prometheus server (Debian's `prometheus`) on loopback. The test sends a k
 requests with the `shardserve` CLI, then asks Prometheus's HTTP API that
 
   - every process was scraped and the coordinator's and workers' series exist;
-  - the counters agree with what was sent (requests, prompt and generated tokens, first-token and
-    latency observations, tokens through each stage, tokens routed to experts);
+  - the counters agree with what was sent (requests, one of them refused, prompt and generated
+    tokens, first-token and latency observations, tokens through each stage, tokens routed to
+    experts);
   - every metric name the Grafana dashboards (deploy/grafana/*.json) use is one the processes
     really export, and every dashboard query is valid PromQL;
 
@@ -34,6 +35,8 @@ MODEL = "tests/golden/models/qwen2_moe"  # 3 layers (0 and 2 MoE, 8 experts, top
 SCRAPE_INTERVAL_S = 1
 # (prompt ids, max_tokens): each request generates exactly max_tokens tokens (--ignore_eos).
 REQUESTS = [([1, 17, 42], 6), ([1, 5], 4), ([1, 9, 9, 9, 30, 31], 8), ([1, 2, 3, 4], 5), ([1], 7), ([1, 60, 61], 3)]
+# Refused with INVALID_ARGUMENT (token 300 is outside the vocabulary).
+BAD_REQUEST = ([1, 300], 4)
 
 
 def free_port():
@@ -176,13 +179,13 @@ class Cluster:
         with self.lock:
             return "".join(self.stderr)
 
-    def generate(self, prompt, max_tokens):
+    def generate(self, prompt, max_tokens, expect_ok=True):
         p = subprocess.run([os.path.join(BIN, "shardserve"), "generate", f"--server={self.address}",
                             "--prompt_ids", ",".join(map(str, prompt)), "--max_tokens", str(max_tokens),
                             "--ignore_eos", "--print_ids"], capture_output=True, text=True, timeout=120)
-        if p.returncode != 0:
-            raise AssertionError(f"generate failed: {p.stderr}")
-        return [int(x) for x in p.stdout.strip().split(",") if x]
+        if (p.returncode == 0) != expect_ok:
+            raise AssertionError(f"generate exited with {p.returncode}: {p.stderr}")
+        return [int(x) for x in p.stdout.strip().split(",") if x] if expect_ok else p.stderr
 
     def stop(self):
         if self.proc.poll() is None:
@@ -241,8 +244,9 @@ class Observability(unittest.TestCase):
                 t.start()
             for t in threads:
                 t.join()
+            cls.bad_error = cls.cluster.generate(*BAD_REQUEST, expect_ok=False)
             # Wait for a scrape that saw every request end.
-            cls.prom.wait_for("sum(shardserve_coordinator_requests_total)", float(len(REQUESTS)))
+            cls.prom.wait_for("sum(shardserve_coordinator_requests_total)", float(len(REQUESTS) + 1))
             # Rates in the dashboards need two samples after the load; a few more scrapes pass.
             time.sleep(3 * SCRAPE_INTERVAL_S)
         except BaseException:
@@ -268,7 +272,10 @@ class Observability(unittest.TestCase):
         generated = float(sum(k for _, k in REQUESTS))
         c = 'job="shardserve-coordinator"'
         self.assertEqual(p.scalar(f'shardserve_coordinator_requests_total{{{c},finish_reason="length",code="OK"}}'), n)
-        self.assertEqual(p.scalar(f"sum(shardserve_coordinator_requests_total{{{c}}})"), n)
+        self.assertIn("INVALID_ARGUMENT", self.bad_error)
+        self.assertEqual(p.scalar(f'shardserve_coordinator_requests_total{{{c},finish_reason="rejected",'
+                                  f'code="INVALID_ARGUMENT"}}'), 1)
+        self.assertEqual(p.scalar(f"sum(shardserve_coordinator_requests_total{{{c}}})"), n + 1)
         self.assertEqual(p.scalar(f"shardserve_coordinator_prompt_tokens_total{{{c}}}"), prompt)
         self.assertEqual(p.scalar(f"shardserve_coordinator_generated_tokens_total{{{c}}}"), generated)
         for h in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "queue_time_seconds"):

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -25,6 +26,7 @@
 #include "coordinator/api/coordinator.h"
 #include "coordinator/api/request_log.h"
 #include "prometheus/text_serializer.h"
+#include "shardserve/v1/inference.grpc.pb.h"
 #include "tests/testing/status_matchers.h"
 
 namespace shardserve::coordinator {
@@ -316,11 +318,24 @@ TEST(CoordinatorEndpointTest, ServesMetricsAtTheBoundAddress) {
   ASSERT_FALSE(address.empty());
   int port = 0;
   ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) << address;
+  // No worker has registered, so the cluster is not ready: a request is refused before the
+  // scheduler sees it, and counted all the same.
+  auto stub = v1::Inference::NewStub(grpc::CreateChannel(c->address(), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest req;
+  req.mutable_token_ids()->add_ids(1);
+  req.set_max_tokens(2);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
   const std::string page = HttpGet(port, "/metrics");
-  // No worker has registered: not ready, nothing up, no plan.
   EXPECT_THAT(page, HasSubstr("\nshardserve_coordinator_ready 0\n"));
   EXPECT_THAT(page, HasSubstr("\nshardserve_coordinator_workers_up 0\n"));
   EXPECT_THAT(page, HasSubstr("\nshardserve_coordinator_plans_total 0\n"));
+  EXPECT_THAT(page, HasSubstr("\nshardserve_coordinator_requests_total{code=\"UNAVAILABLE\",finish_reason=\"rejected\"} 1\n"));
   c->Shutdown(absl::Seconds(1));
 }
 
