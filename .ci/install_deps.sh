@@ -13,11 +13,12 @@ packages=(
   clang libclang-rt-14-dev
 )
 # Only the tests need these: the Helm chart checks (tests/helm) render the chart with Go and Sprig
-# in GOPATH mode, lint YAML, and make a venv for kubernetes-validate. The container builds
-# (deploy/docker) pass --build-only.
+# in GOPATH mode, lint YAML, and make a venv for kubernetes-validate; the observability test
+# (tests/integration/observability_test.py) scrapes a local cluster with a real Prometheus server.
+# The container builds (deploy/docker) pass --build-only.
 test_packages=(
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
-  golang-github-xeipuuv-gojsonschema-dev yamllint python3-venv python3-yaml
+  golang-github-xeipuuv-gojsonschema-dev yamllint python3-venv python3-yaml prometheus
 )
 [ "${1:-}" = "--build-only" ] || packages+=("${test_packages[@]}")
 missing=()

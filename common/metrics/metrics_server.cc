@@ -32,7 +32,8 @@ void WriteAll(int fd, const std::string& data) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                    std::shared_ptr<prometheus::Registry> registry) {
+                                                                    std::shared_ptr<prometheus::Registry> registry,
+                                                                    BeforeScrape before_scrape) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
@@ -50,6 +51,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   }
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->registry_ = std::move(registry);
+  server->before_scrape_ = std::move(before_scrape);
   server->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;
   setsockopt(server->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -60,7 +62,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   socklen_t len = sizeof(addr);
   getsockname(server->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
   server->port_ = ntohs(addr.sin_port);
-  server->url_ = absl::StrCat("http://", address.substr(0, colon), ":", server->port_, "/metrics");
+  server->address_ = absl::StrCat(address.substr(0, colon), ":", server->port_);
+  server->url_ = absl::StrCat("http://", server->address_, "/metrics");
   server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   return server;
 }
@@ -93,6 +96,7 @@ void MetricsServer::Answer(int fd) {
     request.append(buf, static_cast<size_t>(n));
   }
   if (absl::StartsWith(request, "GET /metrics ") || absl::StartsWith(request, "GET /metrics?")) {
+    if (before_scrape_ != nullptr) before_scrape_();
     const std::string body = prometheus::TextSerializer().Serialize(registry_->Collect());
     WriteAll(fd, absl::StrCat("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
                               "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body));
@@ -112,6 +116,17 @@ const std::vector<double>& LatencyBuckets() {
 const std::vector<double>& StepBuckets() {
   static const std::vector<double> kBuckets = {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01,
                                                0.025, 0.05,  0.1,  0.25, 0.5,    1,    2.5,    5,      10};
+  return kBuckets;
+}
+
+const std::vector<double>& InterTokenBuckets() {
+  static const std::vector<double> kBuckets = {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+                                               0.1,   0.15,   0.2,   0.25, 0.3,   0.4,  0.5,   0.75, 1,    2.5,  5,   10};
+  return kBuckets;
+}
+
+const std::vector<double>& CountBuckets() {
+  static const std::vector<double> kBuckets = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
   return kBuckets;
 }
 

@@ -13,6 +13,7 @@
 #define SHARDSERVE_COMMON_METRICS_METRICS_SERVER_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,10 +26,16 @@ namespace shardserve {
 
 class MetricsServer {
  public:
+  // Called on the server's thread before each scrape collects the registry, to refresh gauges that
+  // are read from other objects (queue lengths, worker states). Must not block for long.
+  using BeforeScrape = std::function<void()>;
+
   // Serves `registry` at http://`address`/metrics; `address` is IPV4:PORT or localhost:PORT (port 0
-  // picks a free port). InvalidArgument for a malformed address, Unavailable when it cannot bind.
+  // picks a free port). `before_scrape` may be null; everything it uses must outlive the server.
+  // InvalidArgument for a malformed address, Unavailable when it cannot bind.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
-                                                              std::shared_ptr<prometheus::Registry> registry);
+                                                              std::shared_ptr<prometheus::Registry> registry,
+                                                              BeforeScrape before_scrape = nullptr);
   ~MetricsServer();  // stops the thread and closes the socket
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -37,6 +44,8 @@ class MetricsServer {
   int port() const { return port_; }
   // "http://HOST:PORT/metrics".
   std::string url() const { return url_; }
+  // "HOST:PORT" as bound (the port resolved when 0 was asked for).
+  std::string address() const { return address_; }
 
  private:
   MetricsServer() = default;
@@ -44,9 +53,11 @@ class MetricsServer {
   void Answer(int fd);
 
   std::shared_ptr<prometheus::Registry> registry_;
+  BeforeScrape before_scrape_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::string url_;
+  std::string address_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -55,6 +66,11 @@ class MetricsServer {
 const std::vector<double>& LatencyBuckets();
 // Buckets for per-step and per-collective times: 10 us .. 10 s.
 const std::vector<double>& StepBuckets();
+// Buckets for the gap between two tokens of one sequence (inter-token latency): 1 ms .. 10 s,
+// finer than LatencyBuckets where decode steps usually fall (5 .. 250 ms).
+const std::vector<double>& InterTokenBuckets();
+// Buckets for counts per step (sequences in a batch, tokens in a step): powers of two, 1 .. 8192.
+const std::vector<double>& CountBuckets();
 
 }  // namespace shardserve
 

@@ -378,6 +378,11 @@ void Cluster::Tick() {
   reason_ = new_reason;
 }
 
+int Cluster::PlansMade() const {
+  absl::MutexLock lock(&mu_);
+  return plans_made_;
+}
+
 ClusterView Cluster::View() {
   const std::vector<WorkerRecord> workers = registry_->List();
   absl::MutexLock lock(&mu_);

@@ -108,6 +108,8 @@ class Cluster {
   // OK when ready; Unavailable with the reason otherwise.
   absl::Status ReadyStatus() const;
   ClusterView View();
+  // Plans made so far (successful MakePlan calls that replaced the assignments); 0 before the first.
+  int PlansMade() const;
   // Waits (bounded) until ready; returns whether it is.
   bool WaitUntilReady(absl::Duration timeout) const;
   // Called with the new readiness whenever it changes (from the loop thread, no lock held).

@@ -9,9 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log/log.h"
+#include "common/metrics/metrics_server.h"
 #include "common/model_spec/model_spec.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/api/control_service.h"
+#include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/api/inference_service.h"
 #include "coordinator/client/grpc_replica_client.h"
 #include "coordinator/client/grpc_worker_client.h"
@@ -68,6 +70,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
                                                    "] (max_position_embeddings), got ", max_seq_len));
   }
   const Clock* clock = deps.clock != nullptr ? deps.clock : RealClock::Get();
+  c->metrics_ = std::make_unique<CoordinatorMetrics>();
 
   c->registry_ = std::make_unique<WorkerRegistry>(
       WorkerRegistry::Options{.heartbeat_interval = options.heartbeat_interval,
@@ -77,6 +80,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   so.limits = {.vocab_size = model.vocab_size, .max_seq_len = max_seq_len};
   so.max_step_tokens = options.max_step_tokens;
   so.max_queued = options.max_queued;
+  so.observer = c->metrics_.get();
   for (int64_t id : model.eos_token_ids) so.eos_token_ids.push_back(static_cast<int32_t>(id));
   c->scheduler_ = std::make_unique<Scheduler>(so);
   c->worker_client_ = deps.worker_client != nullptr
@@ -107,8 +111,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
                                           c->worker_client_.get(), std::move(factory), clock);
 
   c->inference_ = std::make_unique<InferenceService>(
-      InferenceServiceOptions{.model_path = options.model_path, .max_seq_len = max_seq_len}, c->spec_.get(),
-      c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
+      InferenceServiceOptions{
+          .model_path = options.model_path, .max_seq_len = max_seq_len, .observer = c->metrics_.get()},
+      c->spec_.get(), c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
   c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get());
   c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock);
 
@@ -130,6 +135,23 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   c->cluster_->SetReadinessCallback([health](bool ready) {
     if (health != nullptr) health->SetServingStatus(ready);
   });
+  if (!options.metrics_listen.empty()) {
+    Coordinator* self = c.get();
+    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
+        MetricsServer::Start(options.metrics_listen, c->metrics_->registry(), [self] {
+          ClusterSample sample{.scheduler = self->scheduler_->Stats(),
+                               .plans_made = self->cluster_->PlansMade(),
+                               .ready = self->cluster_->ReadyStatus().ok()};
+          for (const WorkerRecord& w : self->registry_->List()) sample.workers.push_back(w.state);
+          self->metrics_->Refresh(sample);
+        });
+    if (!metrics.ok()) {
+      return absl::Status(metrics.status().code(), absl::StrCat("--metrics_listen: ", metrics.status().message()));
+    }
+    c->metrics_server_ = *std::move(metrics);
+    c->metrics_address_ = c->metrics_server_->address();
+    LOG(INFO) << "coordinator metrics at " << c->metrics_server_->url();
+  }
   c->cluster_->Start();
   LOG(INFO) << "coordinator serving " << options.model_path << " on " << c->address_ << ", waiting for "
             << options.expected_workers << " worker(s)";

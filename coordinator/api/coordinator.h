@@ -4,6 +4,8 @@
 //   shardserve.v1.Inference (public API), Registry (workers), Admin (operators), the standard
 //   grpc.health.v1.Health (NOT_SERVING until the cluster is ready, SERVING while it is) and server
 //   reflection.
+// With CoordinatorOptions::metrics_listen it also serves Prometheus metrics (coordinator_metrics.h)
+// on HTTP GET /metrics at that address.
 // Behind them: the WorkerRegistry, the Scheduler and the Cluster control loop (cluster.h).
 //
 // Tests inject a FakeClock, a fake WorkerClient and an in-process ReplicaClient factory through
@@ -31,12 +33,14 @@ class Server;
 }  // namespace grpc
 
 namespace shardserve {
+class MetricsServer;
 class Tokenizer;
 struct ModelSpec;
 }  // namespace shardserve
 
 namespace shardserve::coordinator {
 
+class CoordinatorMetrics;
 class InferenceService;
 class RegistryService;
 class AdminService;
@@ -57,6 +61,7 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign
   absl::Duration step_timeout = absl::Seconds(60);    // bound on one micro-batch
+  std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint (port 0 picks one); empty = none
   // InvalidArgument naming the option (as its flag is spelled) when out of range.
   absl::Status Validate() const;
 };
@@ -73,7 +78,8 @@ class Coordinator {
   // Loads the model description, builds everything and starts serving. Errors: InvalidArgument
   // for options (or max_seq_len above the model's max_position_embeddings); the errors of
   // LoadModelSpec / LoadTokenizer (a directory without tokenizer files is fine; a broken one is
-  // not); Unavailable when the listen address cannot be bound.
+  // not); Unavailable when the listen address (or metrics_listen) cannot be bound; InvalidArgument
+  // for a malformed metrics_listen.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options,
                                                             CoordinatorDeps deps = {});
   ~Coordinator();  // Shutdown(5 s)
@@ -88,6 +94,10 @@ class Coordinator {
 
   // The address actually bound ("127.0.0.1:43567").
   const std::string& address() const { return address_; }
+  // The metrics endpoint actually bound ("127.0.0.1:43568"); empty without metrics_listen.
+  const std::string& metrics_address() const { return metrics_address_; }
+  // The coordinator's metric families (there even without an endpoint).
+  CoordinatorMetrics& metrics() { return *metrics_; }
   Cluster& cluster() { return *cluster_; }
   Scheduler& scheduler() { return *scheduler_; }
   WorkerRegistry& registry() { return *registry_; }
@@ -96,6 +106,8 @@ class Coordinator {
   Coordinator() = default;
 
   std::string address_;
+  std::string metrics_address_;
+  std::unique_ptr<CoordinatorMetrics> metrics_;  // outlives the scheduler, which reports to it
   std::unique_ptr<ModelSpec> spec_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the model has none
   std::unique_ptr<WorkerClient> worker_client_;
@@ -106,6 +118,8 @@ class Coordinator {
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
+  // Declared last so it stops first: its scrapes read the registry, scheduler and cluster.
+  std::unique_ptr<MetricsServer> metrics_server_;
 
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -40,7 +40,8 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000, "a worker silent this long is dea
 ABSL_FLAG(int64_t, assign_timeout_ms, 10000, "deadline of Worker.Assign calls");
 ABSL_FLAG(int64_t, step_timeout_ms, 60000, "bound on one micro-batch round trip to a replica");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 5000, "on SIGINT/SIGTERM, cancel calls still running after this");
-ABSL_FLAG(std::string, metrics_listen, "", "Prometheus endpoint HOST:PORT (reserved; not served yet)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; empty = no metrics)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -71,10 +72,8 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.assign_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_assign_timeout_ms));
   options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   const absl::Duration shutdown_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms));
-  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    LOG(WARNING) << "--metrics_listen is accepted but metrics are not served yet";
-  }
 
   // Block the stop signals in every thread (threads inherit the mask), then wait for them here.
   sigset_t stop_signals;

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/log/log.h"
 #include "common/status/grpc_status.h"
+#include "coordinator/api/request_log.h"
 
 namespace shardserve::coordinator {
 namespace {
@@ -223,6 +224,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc:
     if (absl::Status ready = cluster_->ReadyStatus(); !ready.ok()) seq = ready;
   }
   if (!seq.ok()) {
+    ReportRejected(options_.observer, seq.status());
     reactor->Finish(ToGrpcStatus(seq.status()));
     return reactor;
   }
@@ -231,7 +233,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc:
   const std::string request_id = seq->request_id;
   auto stream = std::make_shared<GenerateStream>(reactor, scheduler_, request_id, std::move(decoder));
   reactor->set_stream(stream);
-  absl::StatusOr<SequenceId> id = scheduler_->Submit(*std::move(seq), stream);
+  absl::StatusOr<SequenceId> id = SubmitWithLog(*scheduler_, *std::move(seq), stream);
   if (!id.ok()) {
     reactor->Finish(ToGrpcStatus(id.status()));
     return reactor;

@@ -22,6 +22,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/api/cluster.h"
 #include "coordinator/scheduler/scheduler.h"
+#include "coordinator/scheduler/scheduler_observer.h"
 #include "shardserve/v1/inference.grpc.pb.h"
 
 namespace shardserve::coordinator {
@@ -29,6 +30,9 @@ namespace shardserve::coordinator {
 struct InferenceServiceOptions {
   std::string model_path;
   int64_t max_seq_len = 0;  // the context served (resolved)
+  // Told of the requests the service refuses before the scheduler sees them (borrowed; may be
+  // null; must outlive the service). The scheduler reports its own refusals.
+  SchedulerObserver* observer = nullptr;
 };
 
 class InferenceService final : public v1::Inference::CallbackService {

@@ -4,7 +4,8 @@
 //   shardserve-local --model=DIR --workers=2 --devices_per_worker=cpu:2 [--tp --pp --replicas] [--port]
 //
 // Waits until the cluster is ready, then prints "ready: coordinator at HOST:PORT" on a line of its
-// own and keeps running; SIGINT/SIGTERM stop every process. Exits non-zero (naming the cause) when
+// own, then (with --metrics) one "metrics: URL" line per worker and "coordinator metrics: URL", and
+// keeps running; SIGINT/SIGTERM stop every process. Exits non-zero (naming the cause) when
 // the cluster cannot become ready or a process dies.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -43,7 +44,9 @@ ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(int64_t, kv_blocks, 0, "KV cache blocks per replica at most; 0 = what the KV budget holds");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
 ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to become ready");
-ABSL_FLAG(bool, metrics, true, "workers serve Prometheus metrics on free ports (printed as \"metrics: URL\" lines)");
+ABSL_FLAG(bool, metrics, true,
+          "the workers and the coordinator serve Prometheus metrics on free ports (printed after the ready line: "
+          "\"metrics: URL\" per worker, then \"coordinator metrics: URL\")");
 ABSL_FLAG(std::string, bin_dir, "", "where shardserve-coordinator and shardserve-worker are (default: next to this binary)");
 
 namespace {
@@ -147,21 +150,30 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string address = absl::StrCat("127.0.0.1:", port);
+  int metrics_port = 0;
+  if (absl::GetFlag(FLAGS_metrics)) {
+    metrics_port = FreePort();
+    if (metrics_port <= 0) {
+      std::cerr << "shardserve-local: no free port for the coordinator's metrics\n";
+      return 1;
+    }
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
 
   std::vector<Child> children;
-  children.push_back({"coordinator",
-                      Spawn({bin_dir + "/shardserve-coordinator", "--listen=" + address, "--model=" + model,
-                             absl::StrCat("--expected_workers=", workers), absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)),
-                             absl::StrCat("--pp=", absl::GetFlag(FLAGS_pp)),
-                             absl::StrCat("--replicas=", absl::GetFlag(FLAGS_replicas)),
-                             absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
-                             absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
-                             absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens)),
-                             absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth)),
-                             absl::StrCat("--kv_block_size=", absl::GetFlag(FLAGS_kv_block_size)),
-                             absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks))})});
+  std::vector<std::string> coordinator_argv = {
+      bin_dir + "/shardserve-coordinator", "--listen=" + address, "--model=" + model,
+      absl::StrCat("--expected_workers=", workers), absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)),
+      absl::StrCat("--pp=", absl::GetFlag(FLAGS_pp)), absl::StrCat("--replicas=", absl::GetFlag(FLAGS_replicas)),
+      absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
+      absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
+      absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens)),
+      absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth)),
+      absl::StrCat("--kv_block_size=", absl::GetFlag(FLAGS_kv_block_size)),
+      absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks))};
+  if (metrics_port > 0) coordinator_argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
+  children.push_back({"coordinator", Spawn(coordinator_argv)});
   for (int i = 0; i < workers; ++i) {
     std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + address,
                                             "--listen=127.0.0.1:0",
@@ -208,6 +220,9 @@ int main(int argc, char** argv) {
       for (const auto& w : info->workers) {
         if (!w.metrics_address.empty()) std::cout << "metrics: http://" << w.metrics_address << "/metrics" << std::endl;
       }
+    }
+    if (metrics_port > 0) {
+      std::cout << "coordinator metrics: http://127.0.0.1:" << metrics_port << "/metrics" << std::endl;
     }
   }
   while (!g_stop) {

@@ -531,6 +531,8 @@ def cmd_chart(args):
                    f"helm/shardserve/dashboards/{src.name} is missing or differs from deploy/grafana/{src.name} "
                    f"(cp deploy/grafana/{src.name} helm/shardserve/dashboards/)")
     for f in sorted((CHART / "dashboards").glob("*.json")):
+        fail.check((ROOT / "deploy" / "grafana" / f.name).exists(),
+                   f"helm/shardserve/dashboards/{f.name} has no source in deploy/grafana (dashboards are written there)")
         try:
             d = json.loads(f.read_text())
             fail.check(isinstance(d, dict) and d.get("title"), f"dashboards/{f.name}: no title")

@@ -10,12 +10,25 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/log/fields.h"
 #include "common/log/log.h"
 #include "common/status/macros.h"
 #include "worker/service/convert.h"
 #include "worker/service/worker_metrics.h"
 
 namespace shardserve::service {
+namespace {
+
+// "req-1,req-2": the request ids of a micro-batch's sequences, for its log lines.
+std::string RequestIds(const v1::StepRequest& request) {
+  std::string ids;
+  for (const v1::StepSequence& s : request.sequences()) {
+    absl::StrAppend(&ids, ids.empty() ? "" : ",", s.request_id().empty() ? "-" : LogValue(s.request_id()));
+  }
+  return ids;
+}
+
+}  // namespace
 
 struct StageRuntime::Link {
   std::unique_ptr<grpc::ClientContext> context;
@@ -60,6 +73,13 @@ void StageRuntime::Cancel() {
 void StageRuntime::Run(const v1::StepRequest& request, Done done) {
   absl::StatusOr<std::optional<v1::StepResponse>> r = RunOrForward(request, done);
   if (!r.ok()) {
+    // A structured line naming the requests (common/log/fields.h), so that one request can be
+    // followed from the coordinator's log through every stage's. Failures of later stages are
+    // logged by those stages.
+    LOG(WARNING) << "event=step_failed stage=" << config_.stage << " assignment=" << LogValue(config_.assignment_id)
+                 << " step_id=" << request.step_id() << " request_ids=" << RequestIds(request)
+                 << " status=" << absl::StatusCodeToString(r.status().code())
+                 << " error=" << LogValue(r.status().message());
     done(ErrorResponse(request.step_id(), r.status()));
   } else if (r->has_value()) {
     done(**std::move(r));
@@ -75,6 +95,9 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   for (const StageSequence& s : batch.sequences) steps.push_back(s.step);
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.hidden));
+  VLOG(1) << "event=step stage=" << config_.stage << " step_id=" << request.step_id()
+          << " sequences=" << request.sequences_size() << " request_ids=" << RequestIds(request) << " ms="
+          << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (config_.metrics != nullptr) {
     int64_t tokens = 0;
     bool prefill = false;
