@@ -4,6 +4,8 @@
 //   shardserve.v1.Inference (public API), Registry (workers), Admin (operators), the standard
 //   grpc.health.v1.Health (NOT_SERVING until the cluster is ready, SERVING while it is) and server
 //   reflection.
+// With http_listen set it also serves the OpenAI-compatible HTTP API (coordinator/http) from the
+// same scheduler.
 // Behind them: the WorkerRegistry, the Scheduler and the Cluster control loop (cluster.h).
 //
 // Tests inject a FakeClock, a fake WorkerClient and an in-process ReplicaClient factory through
@@ -38,6 +40,9 @@ struct ModelSpec;
 namespace shardserve::coordinator {
 
 class InferenceService;
+namespace http {
+class HttpServer;
+}  // namespace http
 class RegistryService;
 class AdminService;
 
@@ -54,6 +59,8 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign
   absl::Duration step_timeout = absl::Seconds(60);    // bound on one micro-batch
+  // OpenAI-compatible HTTP API (coordinator/http): HOST:PORT (port 0 picks a free port); empty = off.
+  std::string http_listen;
   // InvalidArgument naming the option (as its flag is spelled) when out of range.
   absl::Status Validate() const;
 };
@@ -85,6 +92,8 @@ class Coordinator {
 
   // The address actually bound ("127.0.0.1:43567").
   const std::string& address() const { return address_; }
+  // The HTTP API's bound address, or "" when --http_listen is off.
+  std::string http_address() const;
   Cluster& cluster() { return *cluster_; }
   Scheduler& scheduler() { return *scheduler_; }
   WorkerRegistry& registry() { return *registry_; }
@@ -103,6 +112,7 @@ class Coordinator {
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<http::HttpServer> http_;  // null when --http_listen is off
 
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

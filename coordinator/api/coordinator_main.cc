@@ -34,6 +34,8 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000, "a worker silent this long is dea
 ABSL_FLAG(int64_t, assign_timeout_ms, 10000, "deadline of Worker.Assign calls");
 ABSL_FLAG(int64_t, step_timeout_ms, 60000, "bound on one micro-batch round trip to a replica");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 5000, "on SIGINT/SIGTERM, cancel calls still running after this");
+ABSL_FLAG(std::string, http_listen, "",
+          "OpenAI-compatible HTTP API address HOST:PORT (port 0 picks a free port); empty = off");
 ABSL_FLAG(std::string, metrics_listen, "", "Prometheus endpoint HOST:PORT (reserved; not served yet)");
 
 int main(int argc, char** argv) {
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.assign_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_assign_timeout_ms));
   options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
+  options.http_listen = absl::GetFlag(FLAGS_http_listen);
   const absl::Duration shutdown_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms));
   if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
     LOG(WARNING) << "--metrics_listen is accepted but metrics are not served yet";
@@ -73,6 +76,8 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // A client that closes its HTTP connection mid-write must not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
 
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator = Coordinator::Start(options);
   if (!coordinator.ok()) {

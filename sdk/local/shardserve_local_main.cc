@@ -4,7 +4,7 @@
 //   shardserve-local --model=DIR --workers=2 --devices_per_worker=cpu:2 [--tp --pp --replicas] [--port]
 //
 // Waits until the cluster is ready, then prints "ready: coordinator at HOST:PORT" on a line of its
-// own and keeps running; SIGINT/SIGTERM stop every process. Exits non-zero (naming the cause) when
+// own (and "http: http://HOST:PORT" with --http_listen) and keeps running; SIGINT/SIGTERM stop every process. Exits non-zero (naming the cause) when
 // the cluster cannot become ready or a process dies.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -26,6 +26,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "shardserve/client.h"
 
@@ -39,6 +40,8 @@ ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
 ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
+ABSL_FLAG(std::string, http_listen, "",
+          "serve the OpenAI-compatible HTTP API on HOST:PORT (port 0 = a free port; printed as \"http: URL\"); empty = off");
 ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to become ready");
 ABSL_FLAG(bool, metrics, true, "workers serve Prometheus metrics on free ports (printed as \"metrics: URL\" lines)");
 ABSL_FLAG(std::string, bin_dir, "", "where shardserve-coordinator and shardserve-worker are (default: next to this binary)");
@@ -144,6 +147,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string address = absl::StrCat("127.0.0.1:", port);
+  std::string http_listen = absl::GetFlag(FLAGS_http_listen);
+  if (!http_listen.empty()) {
+    // Port 0: pick the port here, so that the "http:" line can name it.
+    const size_t colon = http_listen.rfind(':');
+    int http_port = -1;
+    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(http_listen.substr(colon + 1), &http_port) ||
+        http_port < 0 || http_port > 65535) {
+      std::cerr << "shardserve-local: --http_listen must be HOST:PORT, got \"" << http_listen << "\"\n";
+      return 2;
+    }
+    if (http_port == 0) http_port = FreePort();
+    if (http_port <= 0) {
+      std::cerr << "shardserve-local: no usable HTTP port\n";
+      return 1;
+    }
+    http_listen = absl::StrCat(http_listen.substr(0, colon), ":", http_port);
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
 
@@ -155,7 +175,8 @@ int main(int argc, char** argv) {
                              absl::StrCat("--replicas=", absl::GetFlag(FLAGS_replicas)),
                              absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
                              absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
-                             absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens))})});
+                             absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens)),
+                             "--http_listen=" + http_listen})});
   for (int i = 0; i < workers; ++i) {
     std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + address,
                                             "--listen=127.0.0.1:0",
@@ -198,6 +219,7 @@ int main(int argc, char** argv) {
   }
   if (ready) {
     std::cout << "ready: coordinator at " << address << std::endl;
+    if (!http_listen.empty()) std::cout << "http: http://" << http_listen << std::endl;
     if (auto info = (*client)->ClusterStatus(); info.ok()) {
       for (const auto& w : info->workers) {
         if (!w.metrics_address.empty()) std::cout << "metrics: http://" << w.metrics_address << "/metrics" << std::endl;
