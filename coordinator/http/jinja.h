@@ -15,13 +15,14 @@
 //   * filters: trim, length/count, tojson (transformers' variant: json.dumps, non-ASCII kept,
 //     indent=), upper, lower, capitalize, title, default/d, join, first, last, string, int, float,
 //     list, replace, items, reverse, safe, selectattr/rejectattr (with a test), map(attribute=),
-//     unique is not; abs, round, sort(attribute=).
+//     abs, round, sort(attribute=).
 //   * tests: defined, undefined, none, string, number, integer, float, boolean, mapping,
 //     iterable, sequence, true, false, equalto/eq/==, ne, odd, even, divisibleby, in.
 //   * methods: str.strip/lstrip/rstrip/split/startswith/endswith/upper/lower/replace/title,
 //     dict.items/keys/values/get.
 // Not supported (a parse or render error naming it, never a crash): macros, call blocks, include,
-// extends, import, filter blocks, block-set ({% set x %}...{% endset %}).
+// extends, import, filter blocks, block-set ({% set x %}...{% endset %}), break/continue (the
+// loopcontrols extension transformers enables), strftime_now.
 //
 // Values print as Python does (True, None, ['a', 1], 1.0). Undefined names and missing keys are
 // Jinja's default Undefined: they print as "", are false, and only `is defined` tells them apart.
