@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libicu-dev
+  libopenblas-dev libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libicu-dev libcpp-httplib-dev
   clang libclang-rt-14-dev
 )
 # Only the tests need these: the Helm chart checks (tests/helm) render the chart with Go and Sprig
@@ -18,7 +18,7 @@ packages=(
 # The container builds (deploy/docker) pass --build-only.
 test_packages=(
   golang-go golang-github-masterminds-sprig-dev golang-github-ghodss-yaml-dev
-  golang-github-xeipuuv-gojsonschema-dev yamllint python3-venv python3-yaml prometheus
+  golang-github-xeipuuv-gojsonschema-dev yamllint python3-venv python3-yaml prometheus curl
 )
 [ "${1:-}" = "--build-only" ] || packages+=("${test_packages[@]}")
 missing=()

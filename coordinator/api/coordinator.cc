@@ -17,6 +17,7 @@
 #include "coordinator/api/inference_service.h"
 #include "coordinator/client/grpc_replica_client.h"
 #include "coordinator/client/grpc_worker_client.h"
+#include "coordinator/http/http_server.h"
 
 namespace shardserve::coordinator {
 
@@ -152,6 +153,17 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
     c->metrics_address_ = c->metrics_server_->address();
     LOG(INFO) << "coordinator metrics at " << c->metrics_server_->url();
   }
+  if (!options.http_listen.empty()) {
+    // The model's name in the HTTP API: the directory's last component ("stories260K").
+    const std::string& dir = options.model_path;
+    std::string model_id = dir.substr(0, dir.find_last_not_of('/') + 1);
+    model_id = model_id.substr(model_id.rfind('/') == std::string::npos ? 0 : model_id.rfind('/') + 1);
+    absl::StatusOr<std::unique_ptr<http::HttpServer>> server = http::HttpServer::Start(
+        {.listen = options.http_listen, .model_id = model_id.empty() ? dir : model_id, .model_path = dir},
+        c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->ReadyStatus(); });
+    if (!server.ok()) return server.status();
+    c->http_ = *std::move(server);
+  }
   c->cluster_->Start();
   LOG(INFO) << "coordinator serving " << options.model_path << " on " << c->address_ << ", waiting for "
             << options.expected_workers << " worker(s)";
@@ -159,6 +171,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
 }
 
 Coordinator::~Coordinator() { Shutdown(absl::Seconds(5)); }
+
+std::string Coordinator::http_address() const { return http_ != nullptr ? http_->address() : ""; }
 
 void Coordinator::Shutdown(absl::Duration deadline) {
   {
@@ -171,6 +185,7 @@ void Coordinator::Shutdown(absl::Duration deadline) {
     server_->GetHealthCheckService()->SetServingStatus(false);
   }
   if (scheduler_ != nullptr) scheduler_->Shutdown(absl::UnavailableError("shutting down"));
+  if (http_ != nullptr) http_->Stop();  // after the scheduler: requests waiting on it have ended
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
     server_->Wait();

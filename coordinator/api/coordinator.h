@@ -6,6 +6,8 @@
 //   reflection.
 // With CoordinatorOptions::metrics_listen it also serves Prometheus metrics (coordinator_metrics.h)
 // on HTTP GET /metrics at that address.
+// With http_listen set it also serves the OpenAI-compatible HTTP API (coordinator/http) from the
+// same scheduler.
 // Behind them: the WorkerRegistry, the Scheduler and the Cluster control loop (cluster.h).
 //
 // Tests inject a FakeClock, a fake WorkerClient and an in-process ReplicaClient factory through
@@ -42,6 +44,9 @@ namespace shardserve::coordinator {
 
 class CoordinatorMetrics;
 class InferenceService;
+namespace http {
+class HttpServer;
+}  // namespace http
 class RegistryService;
 class AdminService;
 
@@ -62,6 +67,8 @@ struct CoordinatorOptions {
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign
   absl::Duration step_timeout = absl::Seconds(60);    // bound on one micro-batch
   std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint (port 0 picks one); empty = none
+  // OpenAI-compatible HTTP API (coordinator/http): HOST:PORT (port 0 picks a free port); empty = off.
+  std::string http_listen;
   // InvalidArgument naming the option (as its flag is spelled) when out of range.
   absl::Status Validate() const;
 };
@@ -98,6 +105,8 @@ class Coordinator {
   const std::string& metrics_address() const { return metrics_address_; }
   // The coordinator's metric families (there even without an endpoint).
   CoordinatorMetrics& metrics() { return *metrics_; }
+  // The HTTP API's bound address, or "" when --http_listen is off.
+  std::string http_address() const;
   Cluster& cluster() { return *cluster_; }
   Scheduler& scheduler() { return *scheduler_; }
   WorkerRegistry& registry() { return *registry_; }
@@ -118,6 +127,7 @@ class Coordinator {
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<http::HttpServer> http_;  // null when --http_listen is off
   // Declared last so it stops first: its scrapes read the registry, scheduler and cluster.
   std::unique_ptr<MetricsServer> metrics_server_;
 

@@ -42,6 +42,8 @@ ABSL_FLAG(int64_t, step_timeout_ms, 60000, "bound on one micro-batch round trip 
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 5000, "on SIGINT/SIGTERM, cancel calls still running after this");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; empty = no metrics)");
+ABSL_FLAG(std::string, http_listen, "",
+          "OpenAI-compatible HTTP API address HOST:PORT (port 0 picks a free port); empty = off");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
   options.assign_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_assign_timeout_ms));
   options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.http_listen = absl::GetFlag(FLAGS_http_listen);
   const absl::Duration shutdown_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms));
 
   // Block the stop signals in every thread (threads inherit the mask), then wait for them here.
@@ -81,6 +84,8 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // A client that closes its HTTP connection mid-write must not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
 
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator = Coordinator::Start(options);
   if (!coordinator.ok()) {

@@ -10,6 +10,7 @@
 #include "common/log/log.h"
 #include "common/status/grpc_status.h"
 #include "coordinator/api/request_log.h"
+#include "coordinator/api/stop_strings.h"
 
 namespace shardserve::coordinator {
 namespace {
@@ -30,8 +31,12 @@ v1::FinishReason ToProto(FinishReason reason) {
 class GenerateStream final : public SequenceSink {
  public:
   GenerateStream(grpc::ServerWriteReactor<v1::GenerateResponse>* reactor, Scheduler* scheduler,
-                 std::string request_id, std::unique_ptr<StreamDecoder> decoder)
-      : reactor_(reactor), scheduler_(scheduler), request_id_(std::move(request_id)), decoder_(std::move(decoder)) {}
+                 std::string request_id, std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
+      : reactor_(reactor),
+        scheduler_(scheduler),
+        request_id_(std::move(request_id)),
+        decoder_(std::move(decoder)),
+        matcher_(std::move(stops)) {}
 
   // The sequence id, once Submit has returned; cancels it now if a cancel came first.
   void Bind(SequenceId id) {
@@ -57,14 +62,21 @@ class GenerateStream final : public SequenceSink {
 
   void OnTokens(absl::Span<const int32_t> tokens) override {
     Action action;
+    bool stop_now = false;
     {
       absl::MutexLock lock(&mu_);
+      if (matcher_.stopped()) return;  // a stop string matched; the cancel is on its way
       for (int32_t id : tokens) {
         pending_.add_token_ids(id);
         if (decoder_ != nullptr) {
           absl::StatusOr<std::string> text = decoder_->Next(id);
           if (text.ok()) {
-            pending_.mutable_text()->append(*text);
+            StopStringMatcher::Result r = matcher_.Feed(*text);
+            pending_.mutable_text()->append(r.text);
+            if (r.stopped) {
+              stop_now = true;
+              break;
+            }
           } else {
             VLOG(1) << request_id_ << ": no text for token " << id << ": " << text.status();
           }
@@ -74,6 +86,7 @@ class GenerateStream final : public SequenceSink {
       action = NextLocked();
     }
     Run(action);
+    if (stop_now) RequestCancel();  // ends the sequence; OnEnd reports FINISH_REASON_STOP
   }
 
   void OnEnd(const SequenceEnd& end) override {
@@ -81,12 +94,28 @@ class GenerateStream final : public SequenceSink {
     {
       absl::MutexLock lock(&mu_);
       ended_ = true;
-      if (end.status.ok() && end.reason == FinishReason::kCancelled) {
+      if (matcher_.stopped() && !broken_) {
+        // The sequence was cancelled because a stop string matched: a normal stop for the client.
+        pending_.set_finish_reason(v1::FINISH_REASON_STOP);
+        pending_.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
+        pending_.mutable_usage()->set_completion_tokens(end.completion_tokens);
+        has_pending_ = true;
+        final_status_ = grpc::Status::OK;
+      } else if (end.status.ok() && end.reason == FinishReason::kCancelled) {
         final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled");
         has_pending_ = false;  // nobody is listening
       } else if (end.status.ok()) {
-        if (decoder_ != nullptr) pending_.mutable_text()->append(decoder_->Finish());
-        pending_.set_finish_reason(ToProto(end.reason));
+        FinishReason reason = end.reason;
+        if (decoder_ != nullptr) {
+          StopStringMatcher::Result r = matcher_.Feed(decoder_->Finish());
+          pending_.mutable_text()->append(r.text);
+          if (r.stopped) {
+            reason = FinishReason::kStop;
+          } else {
+            pending_.mutable_text()->append(matcher_.Finish());
+          }
+        }
+        pending_.set_finish_reason(ToProto(reason));
         pending_.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
         pending_.mutable_usage()->set_completion_tokens(end.completion_tokens);
         has_pending_ = true;
@@ -145,6 +174,7 @@ class GenerateStream final : public SequenceSink {
 
   absl::Mutex mu_;
   std::unique_ptr<StreamDecoder> decoder_ ABSL_GUARDED_BY(mu_);
+  StopStringMatcher matcher_ ABSL_GUARDED_BY(mu_);  // text stop strings (none: passes text through)
   v1::GenerateResponse pending_ ABSL_GUARDED_BY(mu_);
   bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
   v1::GenerateResponse in_flight_;  // filled under mu_ when no write is in flight; then read by gRPC
@@ -208,6 +238,11 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
                 .seed = request.sampling().seed()};
   r.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   r.ignore_eos = request.ignore_eos();
+  if (request.stop_size() > 0) {
+    if (tokenizer_ == nullptr) return absl::InvalidArgumentError("stop: model has no tokenizer, so text stop strings cannot be matched");
+    const std::vector<std::string> stops(request.stop().begin(), request.stop().end());
+    if (absl::Status st = ValidateStopStrings(stops, "stop"); !st.ok()) return st;
+  }
   r.request_id = request.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
                                               : request.request_id();
   const absl::Status valid =
@@ -231,7 +266,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc:
   std::unique_ptr<StreamDecoder> decoder;
   if (tokenizer_ != nullptr) decoder = tokenizer_->NewStreamDecoder(/*skip_special_tokens=*/true);
   const std::string request_id = seq->request_id;
-  auto stream = std::make_shared<GenerateStream>(reactor, scheduler_, request_id, std::move(decoder));
+  auto stream = std::make_shared<GenerateStream>(reactor, scheduler_, request_id, std::move(decoder),
+                                                 std::vector<std::string>(request->stop().begin(), request->stop().end()));
   reactor->set_stream(stream);
   absl::StatusOr<SequenceId> id = SubmitWithLog(*scheduler_, *std::move(seq), stream);
   if (!id.ok()) {

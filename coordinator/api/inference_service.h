@@ -5,7 +5,9 @@
 // sequence to the Scheduler (RESOURCE_EXHAUSTED when the queue is full). From then on the
 // scheduler's threads push tokens into the call's own small queue (GenerateStream, a
 // SequenceSink), which coalesces them into at most one pending message while a write is in flight;
-// OnWriteDone starts the next write. Text deltas come from the tokenizer's StreamDecoder. The last
+// OnWriteDone starts the next write. Text deltas come from the tokenizer's StreamDecoder, through a
+// StopStringMatcher for the request's text stop strings: a match truncates the text, cancels the
+// sequence in the scheduler and ends the call with FINISH_REASON_STOP. The last
 // message carries finish_reason and usage. A client that cancels, disconnects or passes its
 // deadline (OnCancel, or a failed write) cancels its sequence, which frees its slot; the call
 // finishes once the scheduler has ended the sequence. No reaction blocks.

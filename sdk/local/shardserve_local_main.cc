@@ -4,7 +4,8 @@
 //   shardserve-local --model=DIR --workers=2 --devices_per_worker=cpu:2 [--tp --pp --replicas] [--port]
 //
 // Waits until the cluster is ready, then prints "ready: coordinator at HOST:PORT" on a line of its
-// own, then (with --metrics) one "metrics: URL" line per worker and "coordinator metrics: URL", and
+// own, then (with --metrics) one "metrics: URL" line per worker and "coordinator metrics: URL"
+// (and "http: http://HOST:PORT" with --http_listen), and
 // keeps running; SIGINT/SIGTERM stop every process. Exits non-zero (naming the cause) when
 // the cluster cannot become ready or a process dies.
 #include <arpa/inet.h>
@@ -27,6 +28,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "shardserve/client.h"
 
@@ -43,6 +45,8 @@ ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = 
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(int64_t, kv_blocks, 0, "KV cache blocks per replica at most; 0 = what the KV budget holds");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
+ABSL_FLAG(std::string, http_listen, "",
+          "serve the OpenAI-compatible HTTP API on HOST:PORT (port 0 = a free port; printed as \"http: URL\"); empty = off");
 ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to become ready");
 ABSL_FLAG(bool, metrics, true,
           "the workers and the coordinator serve Prometheus metrics on free ports (printed after the ready line: "
@@ -158,6 +162,23 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  std::string http_listen = absl::GetFlag(FLAGS_http_listen);
+  if (!http_listen.empty()) {
+    // Port 0: pick the port here, so that the "http:" line can name it.
+    const size_t colon = http_listen.rfind(':');
+    int http_port = -1;
+    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(http_listen.substr(colon + 1), &http_port) ||
+        http_port < 0 || http_port > 65535) {
+      std::cerr << "shardserve-local: --http_listen must be HOST:PORT, got \"" << http_listen << "\"\n";
+      return 2;
+    }
+    if (http_port == 0) http_port = FreePort();
+    if (http_port <= 0) {
+      std::cerr << "shardserve-local: no usable HTTP port\n";
+      return 1;
+    }
+    http_listen = absl::StrCat(http_listen.substr(0, colon), ":", http_port);
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
 
@@ -173,6 +194,7 @@ int main(int argc, char** argv) {
       absl::StrCat("--kv_block_size=", absl::GetFlag(FLAGS_kv_block_size)),
       absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks))};
   if (metrics_port > 0) coordinator_argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
+  if (!http_listen.empty()) coordinator_argv.push_back("--http_listen=" + http_listen);
   children.push_back({"coordinator", Spawn(coordinator_argv)});
   for (int i = 0; i < workers; ++i) {
     std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + address,
@@ -216,6 +238,7 @@ int main(int argc, char** argv) {
   }
   if (ready) {
     std::cout << "ready: coordinator at " << address << std::endl;
+    if (!http_listen.empty()) std::cout << "http: http://" << http_listen << std::endl;
     if (auto info = (*client)->ClusterStatus(); info.ok()) {
       for (const auto& w : info->workers) {
         if (!w.metrics_address.empty()) std::cout << "metrics: http://" << w.metrics_address << "/metrics" << std::endl;

@@ -322,6 +322,32 @@ TEST_F(CoordinatorApiTest, GenerateFromTextMatchesTheEngineAndStreamsItsText) {
   for (const auto& m : r.messages) EXPECT_EQ(m.request_id(), "story-1");
 }
 
+TEST_F(CoordinatorApiTest, TextStopStringEndsGenerationWithStop) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  BringUpOneWorker();
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.set_max_tokens(40);
+  const GenerateResult full = Generate(req);
+  ASSERT_TRUE(full.status.ok()) << full.status.error_message();
+  ASSERT_GT(full.text.size(), 20u);
+  const std::string stop = full.text.substr(full.text.size() / 2, 5);  // likely spans tokens
+  req.add_stop("never appears");
+  req.add_stop(stop);
+  const GenerateResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.text, full.text.substr(0, full.text.find(stop)));
+  ASSERT_FALSE(r.messages.empty());
+  EXPECT_EQ(r.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_LT(r.messages.back().usage().completion_tokens(), 40);
+  EXPECT_EQ(coordinator_->scheduler().Stats().running, 0);  // cancelled, slot freed
+
+  req.add_stop("");
+  const GenerateResult bad = Generate(req);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), HasSubstr("stop[2] is empty"));
+}
+
 TEST_F(CoordinatorApiTest, ConcurrentSeededRequestsMatchTheEngine) {
   StartCoordinator(testing::Stories260KDir(), 1, {.max_slots = 3, .max_step_tokens = 16});
   BringUpOneWorker();

@@ -1,0 +1,497 @@
+#include "coordinator/http/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/log/log.h"
+#include "coordinator/api/stop_strings.h"
+#include "coordinator/http/jinja.h"
+#include "coordinator/http/openai_protocol.h"
+
+namespace shardserve::coordinator::http {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// One request's output queue: the SequenceSink the scheduler feeds (never blocking) and the
+// handler thread that drains it. Text goes through the stream decoder and the stop-string matcher
+// here, so the handler only sees text that is final.
+class HttpSequence final : public SequenceSink {
+ public:
+  HttpSequence(Scheduler* scheduler, std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
+      : scheduler_(scheduler), decoder_(std::move(decoder)), matcher_(std::move(stops)) {}
+
+  // The id from Submit; cancels at once when a cancel was asked for before.
+  void Bind(SequenceId id) {
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = id;
+      cancel = cancel_requested_;
+    }
+    if (cancel) scheduler_->Cancel(id);
+  }
+
+  // Ends the sequence (the client went away, or a stop string matched). No lock held: the
+  // scheduler may call OnEnd on this thread.
+  void Cancel() {
+    std::optional<SequenceId> id;
+    {
+      absl::MutexLock lock(&mu_);
+      cancel_requested_ = true;
+      id = id_;
+    }
+    if (id.has_value()) scheduler_->Cancel(*id);
+  }
+
+  void OnTokens(absl::Span<const int32_t> tokens) override {
+    bool stop_now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (matcher_.stopped()) return;
+      for (int32_t id : tokens) {
+        if (decoder_ == nullptr) break;
+        absl::StatusOr<std::string> piece = decoder_->Next(id);
+        if (!piece.ok()) {
+          VLOG(1) << "no text for token " << id << ": " << piece.status();
+          continue;
+        }
+        StopStringMatcher::Result r = matcher_.Feed(*piece);
+        text_ += r.text;
+        if (r.stopped) {
+          stop_now = true;
+          break;
+        }
+      }
+    }
+    if (stop_now) Cancel();
+  }
+
+  void OnEnd(const SequenceEnd& end) override {
+    absl::MutexLock lock(&mu_);
+    end_ = end;
+    if (matcher_.stopped()) {
+      end_->status = absl::OkStatus();
+      end_->reason = FinishReason::kStop;
+    } else if (end.status.ok() && end.reason != FinishReason::kCancelled && decoder_ != nullptr) {
+      StopStringMatcher::Result r = matcher_.Feed(decoder_->Finish());
+      text_ += r.text;
+      if (r.stopped) {
+        end_->reason = FinishReason::kStop;
+      } else {
+        text_ += matcher_.Finish();
+      }
+    }
+  }
+
+  struct Update {
+    std::string text;                // new final text
+    std::optional<SequenceEnd> end;  // set once the sequence has ended (with all its text)
+  };
+
+  // Waits up to `timeout` for new text or the end, and takes what there is.
+  Update Wait(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](HttpSequence* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+                               return !s->text_.empty() || s->end_.has_value();
+                             },
+                             this),
+                         timeout);
+    Update u;
+    u.text = std::move(text_);
+    text_.clear();
+    u.end = end_;
+    return u;
+  }
+
+ private:
+  Scheduler* const scheduler_;
+  absl::Mutex mu_;
+  std::unique_ptr<StreamDecoder> decoder_ ABSL_GUARDED_BY(mu_);  // null: the model has no tokenizer
+  StopStringMatcher matcher_ ABSL_GUARDED_BY(mu_);
+  std::string text_ ABSL_GUARDED_BY(mu_);
+  std::optional<SequenceEnd> end_ ABSL_GUARDED_BY(mu_);
+  std::optional<SequenceId> id_ ABSL_GUARDED_BY(mu_);
+  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+const char* FinishReasonText(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kCancelled: return "cancelled";
+  }
+  return "";
+}
+
+void Reply(httplib::Response& res, const ApiError& error) {
+  res.status = error.http_status;
+  res.set_content(Dump(error.body), "application/json");
+}
+
+void ReplyStatus(httplib::Response& res, const absl::Status& status) { Reply(res, ErrorFromStatus(status)); }
+
+std::string HostOf(const std::string& listen) { return listen.substr(0, listen.rfind(':')); }
+
+}  // namespace
+
+absl::Status HttpServerOptions::Validate() const {
+  const size_t colon = listen.rfind(':');
+  if (listen.empty() || colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--http_listen must be HOST:PORT, got \"", listen, "\""));
+  }
+  int port = -1;
+  if (!absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--http_listen port must be in [0, 65535], got \"", listen, "\""));
+  }
+  if (max_body_bytes < 1024) return absl::InvalidArgumentError("http max_body_bytes must be at least 1024");
+  if (threads < 1) return absl::InvalidArgumentError("http threads must be >= 1");
+  if (read_timeout <= absl::ZeroDuration() || write_timeout <= absl::ZeroDuration() ||
+      keepalive <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("http timeouts must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+struct HttpServer::Impl {
+  HttpServerOptions options;
+  const Tokenizer* tokenizer = nullptr;
+  Scheduler* scheduler = nullptr;
+  std::function<absl::Status()> ready;
+  std::optional<jinja::JinjaTemplate> chat_template;
+  absl::Status chat_template_error;  // why chat is not served (no template, or it does not parse)
+  std::string bos_token, eos_token;
+  std::atomic<uint64_t> next_id{1};
+
+  httplib::Server server;
+  std::thread thread;
+  std::string address;
+  int port = 0;
+  absl::Mutex stop_mu;
+  bool stopped ABSL_GUARDED_BY(stop_mu) = false;
+
+  void Routes();
+  void Models(httplib::Response& res);
+  void Generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  absl::StatusOr<std::vector<int32_t>> ChatPrompt(const ChatRequest& request) const;
+  absl::Status CheckModel(const std::string& model) const;
+};
+
+absl::Status HttpServer::Impl::CheckModel(const std::string& model) const {
+  if (model.empty() || model == options.model_id || model == options.model_path) return absl::OkStatus();
+  return WithParam(absl::NotFoundError(absl::StrCat("the model '", model, "' does not exist; this server serves '",
+                                                    options.model_id, "'")),
+                   "model");
+}
+
+void HttpServer::Impl::Models(httplib::Response& res) {
+  Json model;
+  model["id"] = options.model_id;
+  model["object"] = "model";
+  model["created"] = 0;
+  model["owned_by"] = "shardserve";
+  model["root"] = options.model_path;
+  model["max_model_len"] = scheduler->options().limits.max_seq_len;
+  Json list;
+  list["object"] = "list";
+  list["data"] = Json::array({std::move(model)});
+  res.set_content(Dump(list), "application/json");
+}
+
+absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPrompt(const ChatRequest& request) const {
+  if (tokenizer == nullptr) {
+    return InvalidParam("messages", absl::StrCat("the model ", options.model_path,
+                                                 " has no tokenizer, so chat messages cannot be served"));
+  }
+  if (!chat_template.has_value()) return chat_template_error;
+  Json context;
+  Json messages = Json::array();
+  for (const ChatMessage& m : request.messages) {
+    Json msg;
+    msg["role"] = m.role;
+    msg["content"] = m.content;
+    if (m.name.has_value()) msg["name"] = *m.name;
+    messages.push_back(std::move(msg));
+  }
+  context["messages"] = std::move(messages);
+  context["bos_token"] = bos_token;
+  context["eos_token"] = eos_token;
+  context["add_generation_prompt"] = true;
+  absl::StatusOr<std::string> prompt = chat_template->Render(context);
+  if (!prompt.ok()) return InvalidParam("messages", prompt.status().message());
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(*prompt, /*add_special_tokens=*/false);
+  if (!ids.ok()) return InvalidParam("messages", ids.status().message());
+  return ids;
+}
+
+void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const RequestLimits& limits = scheduler->options().limits;
+  SequenceRequest seq;
+  SamplingFields fields;
+  if (chat) {
+    absl::StatusOr<ChatRequest> parsed = ParseChatRequest(req.body);
+    if (!parsed.ok()) return ReplyStatus(res, parsed.status());
+    fields = parsed->fields;
+    if (absl::Status st = CheckModel(fields.model); !st.ok()) return ReplyStatus(res, st);
+    absl::StatusOr<std::vector<int32_t>> prompt = ChatPrompt(*parsed);
+    if (!prompt.ok()) return ReplyStatus(res, prompt.status());
+    seq.prompt = *std::move(prompt);
+  } else {
+    absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(req.body);
+    if (!parsed.ok()) return ReplyStatus(res, parsed.status());
+    fields = parsed->fields;
+    if (absl::Status st = CheckModel(fields.model); !st.ok()) return ReplyStatus(res, st);
+    if (parsed->prompt_text.has_value()) {
+      if (tokenizer == nullptr) {
+        return ReplyStatus(res, InvalidParam("prompt", absl::StrCat("the model ", options.model_path,
+                                                                    " has no tokenizer: send the prompt as token ids")));
+      }
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(*parsed->prompt_text, /*add_special_tokens=*/true);
+      if (!ids.ok()) return ReplyStatus(res, InvalidParam("prompt", ids.status().message()));
+      seq.prompt = *std::move(ids);
+    } else {
+      for (size_t i = 0; i < parsed->prompt_ids.size(); ++i) {
+        const int64_t id = parsed->prompt_ids[i];
+        if (id < 0 || id >= limits.vocab_size) {
+          return ReplyStatus(res, InvalidParam("prompt", absl::StrCat("prompt[", i, "] = ", id, " is outside the vocabulary [0, ",
+                                                                      limits.vocab_size, ")")));
+        }
+        seq.prompt.push_back(static_cast<int32_t>(id));
+      }
+    }
+  }
+  const int64_t prompt_len = static_cast<int64_t>(seq.prompt.size());
+  if (prompt_len >= limits.max_seq_len) {
+    return ReplyStatus(res, InvalidParam(chat ? "messages" : "prompt",
+                                         absl::StrCat("the prompt has ", prompt_len, " tokens; the context holds ",
+                                                      limits.max_seq_len, " (prompt + max_tokens)")));
+  }
+  // OpenAI's defaults: 16 tokens for completions; chat runs to the end of the context.
+  const int64_t max_tokens = fields.max_tokens.value_or(chat ? limits.max_seq_len - prompt_len : 16);
+  if (prompt_len + max_tokens > limits.max_seq_len) {
+    return ReplyStatus(res, InvalidParam("max_tokens", absl::StrCat("prompt (", prompt_len, " tokens) + max_tokens (", max_tokens,
+                                                      ") exceeds the context of ", limits.max_seq_len, " tokens")));
+  }
+  if (absl::Status st = ValidateStopStrings(fields.stop, "stop"); !st.ok()) {
+    return ReplyStatus(res, InvalidParam("stop", st.message()));
+  }
+  seq.max_tokens = static_cast<int32_t>(max_tokens);
+  seq.sampling = {.temperature = static_cast<float>(fields.temperature),
+                  .top_k = static_cast<int32_t>(fields.top_k),
+                  .top_p = static_cast<float>(fields.top_p),
+                  .seed = static_cast<uint64_t>(fields.seed.value_or(0))};
+  const uint64_t n = next_id.fetch_add(1);
+  seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", n);
+  if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return ReplyStatus(res, st);
+  if (absl::Status st = ready(); !st.ok()) return ReplyStatus(res, st);
+
+  const ResponseMeta meta{.id = seq.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
+  auto sequence = std::make_shared<HttpSequence>(
+      scheduler, tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr,
+      fields.stop);
+  absl::StatusOr<SequenceId> id = scheduler->Submit(std::move(seq), sequence);
+  if (!id.ok()) return ReplyStatus(res, id.status());
+  sequence->Bind(*id);
+  auto usage_of = [prompt_len](const SequenceEnd& end) {
+    return Usage{.prompt_tokens = prompt_len, .completion_tokens = end.completion_tokens};
+  };
+
+  if (!fields.stream) {
+    std::string text;
+    while (true) {
+      HttpSequence::Update u = sequence->Wait(absl::Seconds(1));
+      text += u.text;
+      if (!u.end.has_value()) continue;
+      if (!u.end->status.ok()) return ReplyStatus(res, u.end->status);
+      const char* reason = FinishReasonText(u.end->reason);
+      const Json body = chat ? ChatResponse(meta, text, reason, usage_of(*u.end))
+                             : CompletionResponse(meta, text, reason, usage_of(*u.end));
+      res.set_content(Dump(body), "application/json");
+      return;
+    }
+  }
+
+  // Streamed: the provider runs on this handler's thread until it calls sink.done() or a write
+  // fails; the releaser then runs (success = false when the client went away first).
+  struct StreamState {
+    bool role_sent = false;
+    bool done = false;
+  };
+  auto state = std::make_shared<StreamState>();
+  const absl::Duration keepalive = options.keepalive;
+  const bool include_usage = fields.include_usage;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [sequence, state, meta, chat, keepalive, include_usage, usage_of](size_t /*offset*/, httplib::DataSink& sink) {
+        auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
+        if (chat && !state->role_sent) {
+          state->role_sent = true;
+          if (!write(SseEvent(Dump(ChatChunk(meta, "assistant", std::string(), ""))))) return false;
+        }
+        HttpSequence::Update u = sequence->Wait(keepalive);
+        if (!u.text.empty()) {
+          const Json chunk = chat ? ChatChunk(meta, "", u.text, "") : CompletionChunk(meta, u.text, "");
+          if (!write(SseEvent(Dump(chunk)))) return false;
+        }
+        if (!u.end.has_value()) {
+          // Nothing new: a comment line (ignored by SSE clients) finds out whether the client is still there.
+          return u.text.empty() ? write(": keep-alive\n\n") : true;
+        }
+        if (!u.end->status.ok()) {
+          if (!write(SseEvent(Dump(ErrorFromStatus(u.end->status).body)))) return false;
+        } else {
+          const char* reason = FinishReasonText(u.end->reason);
+          const Json last = chat ? ChatChunk(meta, "", std::nullopt, reason) : CompletionChunk(meta, "", reason);
+          if (!write(SseEvent(Dump(last)))) return false;
+          if (include_usage) {
+            const Json usage = UsageChunk(meta, chat ? "chat.completion.chunk" : "text_completion", usage_of(*u.end));
+            if (!write(SseEvent(Dump(usage)))) return false;
+          }
+        }
+        if (!write(SseDone())) return false;
+        state->done = true;
+        sink.done();
+        return true;
+      },
+      [sequence, state](bool /*success*/) {
+        if (!state->done) sequence->Cancel();  // the client left (or the server stopped) mid-stream
+      });
+}
+
+void HttpServer::Impl::Routes() {
+  server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { Models(res); });
+  server.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { Generate(req, res, /*chat=*/false); });
+  server.Post("/v1/chat/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { Generate(req, res, /*chat=*/true); });
+  // A known path with the wrong method: 405, before the body is read.
+  server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    const bool models = req.path == "/v1/models";
+    const bool post = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
+    if ((models && req.method != "GET" && req.method != "HEAD") || (post && req.method != "POST")) {
+      res.set_header("Allow", models ? "GET" : "POST");
+      Reply(res, MakeError(405, "invalid_request_error",
+                           absl::StrCat(req.method, " is not allowed on ", req.path, "; use ", models ? "GET" : "POST"),
+                           "method_not_allowed"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // Every error without a body of ours (no route, body too large, malformed HTTP) gets one.
+  const size_t max_body = options.max_body_bytes;
+  server.set_error_handler(httplib::Server::HandlerWithResponse([max_body](const httplib::Request& req,
+                                                                          httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Handled;
+    ApiError e;
+    switch (res.status) {
+      case 404:
+        e = MakeError(404, "invalid_request_error", absl::StrCat("unknown route: ", req.method, " ", req.path),
+                      "unknown_route");
+        break;
+      case 413:
+        e = MakeError(413, "invalid_request_error",
+                      absl::StrCat("request body is larger than ", max_body, " bytes"), "request_too_large");
+        break;
+      default:
+        e = MakeError(res.status, res.status < 500 ? "invalid_request_error" : "server_error",
+                      absl::StrCat("HTTP error ", res.status));
+        break;
+    }
+    e.http_status = res.status;
+    Reply(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    Reply(res, MakeError(500, "server_error", "internal error"));
+  });
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options, const Tokenizer* tokenizer,
+                                                              Scheduler* scheduler,
+                                                              std::function<absl::Status()> ready) {
+  if (absl::Status st = options.Validate(); !st.ok()) return st;
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->tokenizer = tokenizer;
+  impl->scheduler = scheduler;
+  impl->ready = std::move(ready);
+  const std::string& dir = impl->options.model_path;
+  if (tokenizer == nullptr) {
+    impl->chat_template_error = InvalidParam("messages", absl::StrCat("the model ", dir, " has no tokenizer"));
+  } else if (!tokenizer->chat_template().has_value()) {
+    impl->chat_template_error = InvalidParam(
+        "messages", absl::StrCat("the model has no chat template: ", dir,
+                                 "/tokenizer_config.json has no \"chat_template\" (and there is no chat_template.jinja); "
+                                 "use /v1/completions"));
+  } else {
+    absl::StatusOr<jinja::JinjaTemplate> t = jinja::JinjaTemplate::Parse(*tokenizer->chat_template());
+    if (t.ok()) {
+      impl->chat_template = *std::move(t);
+    } else {
+      LOG(WARNING) << "the chat template of " << dir << " cannot be used: " << t.status();
+      impl->chat_template_error =
+          InvalidParam("messages", absl::StrCat("the chat template of ", dir, " is not supported: ", t.status().message()));
+    }
+    if (std::optional<int32_t> bos = tokenizer->bos_id(); bos.has_value()) {
+      impl->bos_token = tokenizer->IdToPiece(*bos).value_or("");
+    }
+    if (!tokenizer->eos_ids().empty()) impl->eos_token = tokenizer->IdToPiece(tokenizer->eos_ids()[0]).value_or("");
+  }
+
+  Impl& s = *impl;
+  const int threads = s.options.threads;
+  s.server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.server.set_payload_max_length(s.options.max_body_bytes);
+  s.server.set_read_timeout(absl::ToChronoSeconds(s.options.read_timeout));
+  s.server.set_write_timeout(absl::ToChronoSeconds(s.options.write_timeout));
+  s.server.set_keep_alive_timeout(2);
+  s.server.set_tcp_nodelay(true);
+  s.Routes();
+  const std::string host = HostOf(s.options.listen);
+  int want = 0;
+  (void)absl::SimpleAtoi(s.options.listen.substr(s.options.listen.rfind(':') + 1), &want);  // checked by Validate
+  if (want == 0) {
+    s.port = s.server.bind_to_any_port(host);
+  } else {
+    s.port = s.server.bind_to_port(host, want) ? want : -1;
+  }
+  if (s.port <= 0) return absl::UnavailableError(absl::StrCat("cannot serve HTTP on --http_listen=", s.options.listen));
+  s.address = absl::StrCat(host, ":", s.port);
+  s.thread = std::thread([&s] { s.server.listen_after_bind(); });
+  // Stop() only interrupts a server that is running: wait until it is.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!s.server.is_running() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  LOG(INFO) << "OpenAI-compatible HTTP API on http://" << s.address << "/v1";
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+void HttpServer::Stop() {
+  {
+    absl::MutexLock lock(&impl_->stop_mu);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+  }
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+const std::string& HttpServer::address() const { return impl_->address; }
+int HttpServer::port() const { return impl_->port; }
+
+}  // namespace shardserve::coordinator::http

@@ -1,0 +1,87 @@
+// HttpServer: the coordinator's OpenAI-compatible HTTP API (cpp-httplib, a pool of threads with
+// normal stacks), next to the gRPC Inference service and fed by the same Scheduler.
+//
+//   GET  /v1/models            the served model
+//   POST /v1/completions       prompt (text or token ids) -> text; stream = server-sent events
+//   POST /v1/chat/completions  messages -> the model's chat template -> prompt -> text
+//
+// A request is parsed strictly (openai_protocol.h), converted to a SequenceRequest (text prompts
+// are tokenized as the gRPC API does; chat prompts are rendered with the tokenizer's chat
+// template and tokenized without adding special tokens, as transformers' apply_chat_template
+// does), checked with ValidateSequenceRequest and ValidateStopStrings, and submitted to the
+// Scheduler. Generated ids become text through the tokenizer's StreamDecoder and a
+// StopStringMatcher: a stop string ends the request with finish_reason "stop" (and cancels the
+// sequence in the scheduler); EOS or a stop id gives "stop"; max_tokens or the context gives
+// "length".
+//
+// Errors are OpenAI-shaped JSON bodies ({"error": {"message", "type", "param", "code"}}): 400 for
+// invalid requests (malformed JSON, unknown fields, wrong types, values out of range), 413 for a
+// body over max_body_bytes, 404 for an unknown route or model, 405 for a wrong method, 429 when
+// the scheduler's queue is full, 503 while the cluster is not ready, 500 when generation fails.
+//
+// Streams: one handler thread per streamed request, waiting on the request's own queue (the
+// scheduler's threads never block on a client). A client that disconnects mid-stream is noticed
+// at the next write (a keep-alive comment is written after `keepalive` without output), and its
+// sequence is cancelled. A non-streamed request runs to completion.
+//
+// Thread-safety: Start and Stop may be called from any thread; Stop is idempotent.
+#ifndef SHARDSERVE_COORDINATOR_HTTP_HTTP_SERVER_H_
+#define SHARDSERVE_COORDINATOR_HTTP_HTTP_SERVER_H_
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/tokenizer/tokenizer.h"
+#include "coordinator/scheduler/scheduler.h"
+
+namespace shardserve::coordinator::http {
+
+struct HttpServerOptions {
+  std::string listen;          // HOST:PORT; port 0 picks a free port
+  std::string model_id;        // the model's name in /v1/models and replies (requests may also use model_path)
+  std::string model_path;      // the model directory (for messages, and accepted as a model name)
+  size_t max_body_bytes = 1 << 20;  // larger bodies get 413
+  int threads = 32;                 // handler threads (each streamed request holds one), >= 1
+  absl::Duration read_timeout = absl::Seconds(10);
+  absl::Duration write_timeout = absl::Seconds(30);
+  absl::Duration keepalive = absl::Seconds(1);  // SSE comment after this long without output
+  // InvalidArgument naming the option when out of range.
+  absl::Status Validate() const;
+};
+
+class HttpServer {
+ public:
+  // Binds and starts serving. `tokenizer` may be null (then only token-id prompts are served);
+  // `ready` tells whether the cluster serves now (OK, or Unavailable with the reason). The
+  // scheduler, tokenizer and `ready`'s captures must outlive the server. Errors: InvalidArgument
+  // for options; Unavailable when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(HttpServerOptions options, const Tokenizer* tokenizer,
+                                                           Scheduler* scheduler,
+                                                           std::function<absl::Status()> ready);
+  ~HttpServer();  // Stop()
+
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Stops accepting, ends open streams and joins the threads. Requests still waiting for the
+  // scheduler return once it ends them, so shut the scheduler down first.
+  void Stop();
+
+  // The address actually bound ("127.0.0.1:8080").
+  const std::string& address() const;
+  int port() const;
+
+ private:
+  struct Impl;
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardserve::coordinator::http
+
+#endif  // SHARDSERVE_COORDINATOR_HTTP_HTTP_SERVER_H_

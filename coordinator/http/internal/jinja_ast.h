@@ -1,0 +1,129 @@
+// The values and the syntax tree of the Jinja subset (see ../jinja.h). Internal to coordinator/http.
+#ifndef SHARDSERVE_COORDINATOR_HTTP_INTERNAL_JINJA_AST_H_
+#define SHARDSERVE_COORDINATOR_HTTP_INTERNAL_JINJA_AST_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "coordinator/http/jinja.h"
+
+namespace shardserve::coordinator::jinja {
+
+// A template value, with Python's semantics. Lists and dicts are shared by reference, as in
+// Python (a namespace is a dict whose attributes may be assigned).
+struct Value {
+  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kFunction };
+  using List = std::vector<Value>;
+  using Dict = std::vector<std::pair<std::string, Value>>;  // insertion order, as Python's dict
+
+  Kind kind = Kind::kUndefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;                     // kString; the function's name for kFunction
+  std::shared_ptr<List> list;        // kList
+  std::shared_ptr<Dict> dict;        // kDict
+  bool is_namespace = false;         // kDict made by namespace(): attributes may be set
+  bool is_tuple = false;             // kList written as a tuple: prints as (a, b)
+  std::shared_ptr<Value> self;       // kFunction: the object of a bound method, else null
+
+  static Value None() { Value v; v.kind = Kind::kNone; return v; }
+  static Value Bool(bool x) { Value v; v.kind = Kind::kBool; v.b = x; return v; }
+  static Value Int(int64_t x) { Value v; v.kind = Kind::kInt; v.i = x; return v; }
+  static Value Float(double x) { Value v; v.kind = Kind::kFloat; v.f = x; return v; }
+  static Value Str(std::string x) { Value v; v.kind = Kind::kString; v.s = std::move(x); return v; }
+  static Value NewList(List items = {}) {
+    Value v; v.kind = Kind::kList; v.list = std::make_shared<List>(std::move(items)); return v;
+  }
+  static Value NewDict(Dict items = {}) {
+    Value v; v.kind = Kind::kDict; v.dict = std::make_shared<Dict>(std::move(items)); return v;
+  }
+  static Value Function(std::string name, std::shared_ptr<Value> self = nullptr) {
+    Value v; v.kind = Kind::kFunction; v.s = std::move(name); v.self = std::move(self); return v;
+  }
+
+  bool defined() const { return kind != Kind::kUndefined; }
+  bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
+  // The dict entry for `key`, or null.
+  const Value* Find(absl::string_view key) const;
+  Value* FindMutable(absl::string_view key);
+  // Sets (or adds) a dict entry.
+  void Set(const std::string& key, Value value);
+};
+
+bool Truthy(const Value& v);
+// Python's str(): strings as they are, True/None, 1.0, ['a', 1], {'k': 'v'}; Undefined is "".
+std::string ToString(const Value& v);
+// Python's repr() (strings quoted).
+std::string Repr(const Value& v);
+// json.dumps(v, ensure_ascii=False, indent=indent (< 0: none), sort_keys=false).
+std::string ToJson(const Value& v, int indent);
+Value FromJson(const nlohmann::ordered_json& j);
+bool Equal(const Value& a, const Value& b);
+
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+
+struct Expr {
+  enum class Kind {
+    kLiteral,   // value
+    kName,      // name
+    kList,      // items
+    kTuple,     // items
+    kDict,      // items: key, value, key, value...
+    kGetAttr,   // a.name
+    kGetItem,   // a[b]
+    kSlice,     // a[items[0]:items[1]:items[2]] (null items are absent)
+    kCall,      // a(items, kwargs)
+    kFilter,    // a | name(items, kwargs)
+    kTest,      // a is [negated] name(items)
+    kUnary,     // op a   (op: "not", "-", "+")
+    kBinary,    // a op b (op: or and == != < <= > >= in "not in" + - * / // % ** ~)
+    kCondition, // a if b else c (c may be null: Undefined)
+  };
+  Kind kind = Kind::kLiteral;
+  int line = 0;
+  Value value;
+  std::string name;  // kName, kGetAttr, kFilter, kTest; the operator for kUnary/kBinary
+  bool negated = false;
+  ExprPtr a, b, c;
+  std::vector<ExprPtr> items;
+  std::vector<std::pair<std::string, ExprPtr>> kwargs;
+};
+
+struct Node;
+using Body = std::vector<std::unique_ptr<Node>>;
+
+struct Node {
+  enum class Kind { kText, kOutput, kIf, kFor, kSet };
+  Kind kind = Kind::kText;
+  int line = 0;
+  std::string text;                 // kText
+  ExprPtr expr;                     // kOutput; kFor: the iterable; kSet: the value
+  // kIf: conditions[i] guards bodies[i]; a trailing else is bodies.back() when it has one more.
+  std::vector<ExprPtr> conditions;
+  std::vector<Body> bodies;
+  // kFor: loop variables; filter (may be null); bodies[0] the body, bodies[1] (optional) the else.
+  // kSet: targets (one name, a tuple of names, or "ns" + attribute in `attribute`).
+  std::vector<std::string> targets;
+  std::string attribute;
+  ExprPtr filter;
+};
+
+struct Program {
+  Body body;
+};
+
+// Parser (jinja_parse.cc).
+absl::StatusOr<std::shared_ptr<const Program>> ParseProgram(absl::string_view source);
+// Renderer (jinja_render.cc).
+absl::StatusOr<std::string> RenderProgram(const Program& program, const nlohmann::ordered_json& context);
+
+}  // namespace shardserve::coordinator::jinja
+
+#endif  // SHARDSERVE_COORDINATOR_HTTP_INTERNAL_JINJA_AST_H_

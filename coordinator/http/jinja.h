@@ -1,0 +1,62 @@
+// A Jinja2 interpreter for the subset of the language that Hugging Face chat templates use, so the
+// coordinator can turn chat messages into a prompt the way transformers' apply_chat_template does.
+//
+// Supported:
+//   * text, {{ expressions }}, {% statements %}, {# comments #}, whitespace control ({%- -%},
+//     {{- -}}), and the environment transformers uses: trim_blocks and lstrip_blocks on.
+//   * statements: if / elif / else, for (with tuple unpacking, an `if` filter, `else`, and `loop`:
+//     index, index0, revindex, revindex0, first, last, length, previtem, nextitem), set (a name,
+//     a namespace attribute `ns.x`, or a tuple), generation blocks (rendered as plain content).
+//   * expressions: literals (strings, integers, floats, true/false/none in either case, lists,
+//     dicts, tuples), names, `.attr`, `[key]`, slices `[a:b:c]`, calls, filters `x | f(...)`,
+//     tests `x is [not] t(...)`, `not`, `and`, `or`, `a if c else b`, comparisons, `in`, `not in`,
+//     + - * / // % ** and ~ (string concatenation).
+//   * globals: raise_exception(msg) (rendering fails with msg), namespace(...), range(...).
+//   * filters: trim, length/count, tojson (transformers' variant: json.dumps, non-ASCII kept,
+//     indent=), upper, lower, capitalize, title, default/d, join, first, last, string, int, float,
+//     list, replace, items, reverse, safe, selectattr/rejectattr (with a test), map(attribute=),
+//     abs, round, sort(attribute=).
+//   * tests: defined, undefined, none, string, number, integer, float, boolean, mapping,
+//     iterable, sequence, true, false, equalto/eq/==, ne, odd, even, divisibleby, in.
+//   * methods: str.strip/lstrip/rstrip/split/startswith/endswith/upper/lower/replace/title,
+//     dict.items/keys/values/get.
+// Not supported (a parse or render error naming it, never a crash): macros, call blocks, include,
+// extends, import, filter blocks, block-set ({% set x %}...{% endset %}), break/continue (the
+// loopcontrols extension transformers enables), strftime_now.
+//
+// Values print as Python does (True, None, ['a', 1], 1.0). Undefined names and missing keys are
+// Jinja's default Undefined: they print as "", are false, and only `is defined` tells them apart.
+//
+// Thread-safety: a parsed JinjaTemplate is immutable; Render may be called from many threads.
+#ifndef SHARDSERVE_COORDINATOR_HTTP_JINJA_H_
+#define SHARDSERVE_COORDINATOR_HTTP_JINJA_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace shardserve::coordinator::jinja {
+
+struct Program;  // the parsed template (internal)
+
+class JinjaTemplate {
+ public:
+  // Parses `source`. InvalidArgument with the line number for syntax errors and unsupported tags.
+  static absl::StatusOr<JinjaTemplate> Parse(absl::string_view source);
+
+  // Renders with the variables of `context` (a JSON object; its values become template values:
+  // objects are dicts, arrays are lists). InvalidArgument for errors while rendering (with the line
+  // number), and for raise_exception (with its message). Output is capped at 4 MiB.
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context) const;
+
+ private:
+  explicit JinjaTemplate(std::shared_ptr<const Program> program) : program_(std::move(program)) {}
+  std::shared_ptr<const Program> program_;
+};
+
+}  // namespace shardserve::coordinator::jinja
+
+#endif  // SHARDSERVE_COORDINATOR_HTTP_JINJA_H_

@@ -1,0 +1,416 @@
+#include "coordinator/http/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardserve::coordinator::http {
+namespace {
+
+using Json = nlohmann::ordered_json;
+constexpr absl::string_view kParamPayload = "type.shardserve/openai.param";
+
+const char* TypeName(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "an integer";
+    case Json::value_t::number_float: return "a number";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::binary:
+    case Json::value_t::discarded: break;
+  }
+  return "a value";
+}
+
+absl::Status WrongType(absl::string_view field, absl::string_view want, const Json& got) {
+  return InvalidParam(field, absl::StrCat("'", field, "' must be ", want, ", got ", TypeName(got)));
+}
+
+absl::StatusOr<Json> ParseObject(absl::string_view body) {
+  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Parse again to learn where it broke (nlohmann reports it only through its exception).
+    try {
+      Json unused = Json::parse(body.begin(), body.end());
+      (void)unused;
+    } catch (const Json::parse_error& e) {
+      return InvalidParam("", absl::StrCat("request body is not valid JSON (at byte ", e.byte, ")"));
+    }
+    return InvalidParam("", "request body is not valid JSON");
+  }
+  if (!j.is_object()) return InvalidParam("", absl::StrCat("request body must be a JSON object, got ", TypeName(j)));
+  return j;
+}
+
+absl::StatusOr<int64_t> GetInt(const Json& v, absl::string_view field) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return static_cast<int64_t>(u);
+    return InvalidParam(field, absl::StrCat("'", field, "' is out of range"));
+  }
+  return WrongType(field, "an integer", v);
+}
+
+absl::StatusOr<double> GetNumber(const Json& v, absl::string_view field) {
+  if (!v.is_number()) return WrongType(field, "a number", v);
+  return v.get<double>();
+}
+
+absl::StatusOr<bool> GetBool(const Json& v, absl::string_view field) {
+  if (!v.is_boolean()) return WrongType(field, "a boolean", v);
+  return v.get<bool>();
+}
+
+// Handles a field both endpoints know. Returns false (with OK) when `key` is not one of them.
+absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, SamplingFields* f) {
+  if (key == "model") {
+    if (!v.is_string()) return WrongType(key, "a string", v);
+    f->model = v.get<std::string>();
+  } else if (key == "max_tokens" || key == "max_completion_tokens") {
+    if (v.is_null()) return true;
+    absl::StatusOr<int64_t> n = GetInt(v, key);
+    if (!n.ok()) return n.status();
+    if (*n < 1) return InvalidParam(key, absl::StrCat("'", key, "' must be at least 1, got ", *n));
+    f->max_tokens = *n;
+  } else if (key == "temperature") {
+    if (v.is_null()) return true;
+    absl::StatusOr<double> t = GetNumber(v, key);
+    if (!t.ok()) return t.status();
+    if (!(*t >= 0 && *t <= 2)) return InvalidParam(key, absl::StrCat("'temperature' must be in [0, 2], got ", *t));
+    f->temperature = *t;
+  } else if (key == "top_p") {
+    if (v.is_null()) return true;
+    absl::StatusOr<double> p = GetNumber(v, key);
+    if (!p.ok()) return p.status();
+    if (!(*p > 0 && *p <= 1)) return InvalidParam(key, absl::StrCat("'top_p' must be in (0, 1], got ", *p));
+    f->top_p = *p;
+  } else if (key == "top_k") {
+    if (v.is_null()) return true;
+    absl::StatusOr<int64_t> k = GetInt(v, key);
+    if (!k.ok()) return k.status();
+    if (*k < 0 || *k > std::numeric_limits<int32_t>::max()) {
+      return InvalidParam(key, absl::StrCat("'top_k' must be >= 0 (0 = no limit), got ", *k));
+    }
+    f->top_k = *k;
+  } else if (key == "seed") {
+    if (v.is_null()) return true;
+    absl::StatusOr<int64_t> s = GetInt(v, key);
+    if (!s.ok()) return s.status();
+    f->seed = *s;
+  } else if (key == "stop") {
+    if (v.is_null()) return true;
+    if (v.is_string()) {
+      f->stop.push_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (!v[i].is_string()) return WrongType(absl::StrCat("stop[", i, "]"), "a string", v[i]);
+        f->stop.push_back(v[i].get<std::string>());
+      }
+    } else {
+      return WrongType(key, "a string or an array of strings", v);
+    }
+  } else if (key == "stream") {
+    if (v.is_null()) return true;
+    absl::StatusOr<bool> b = GetBool(v, key);
+    if (!b.ok()) return b.status();
+    f->stream = *b;
+  } else if (key == "stream_options") {
+    if (v.is_null()) return true;
+    if (!v.is_object()) return WrongType(key, "an object", v);
+    for (const auto& [k, x] : v.items()) {
+      if (k != "include_usage") return InvalidParam("stream_options", absl::StrCat("unknown field 'stream_options.", k, "'"));
+      absl::StatusOr<bool> b = GetBool(x, "stream_options.include_usage");
+      if (!b.ok()) return b.status();
+      f->include_usage = *b;
+    }
+  } else if (key == "n" || key == "best_of") {
+    if (v.is_null()) return true;
+    absl::StatusOr<int64_t> n = GetInt(v, key);
+    if (!n.ok()) return n.status();
+    if (*n != 1) return InvalidParam(key, absl::StrCat("'", key, "' must be 1 (one choice per request), got ", *n));
+  } else if (key == "presence_penalty" || key == "frequency_penalty") {
+    if (v.is_null()) return true;
+    absl::StatusOr<double> p = GetNumber(v, key);
+    if (!p.ok()) return p.status();
+    if (*p != 0) return InvalidParam(key, absl::StrCat("'", key, "' is not supported (only 0)"));
+  } else if (key == "logit_bias") {
+    if (v.is_null() || (v.is_object() && v.empty())) return true;
+    if (!v.is_object()) return WrongType(key, "an object", v);
+    return InvalidParam(key, "'logit_bias' is not supported");
+  } else if (key == "user") {
+    if (!v.is_string() && !v.is_null()) return WrongType(key, "a string", v);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+absl::Status UnknownField(const std::string& key) {
+  return InvalidParam(key, absl::StrCat("unknown field '", key, "'"));
+}
+
+Json Base(const ResponseMeta& meta, absl::string_view object) {
+  Json j;
+  j["id"] = meta.id;
+  j["object"] = std::string(object);
+  j["created"] = meta.created;
+  j["model"] = meta.model;
+  return j;
+}
+
+Json FinishReason(absl::string_view reason) { return reason.empty() ? Json(nullptr) : Json(std::string(reason)); }
+
+Json UsageJson(const Usage& u) {
+  Json j;
+  j["prompt_tokens"] = u.prompt_tokens;
+  j["completion_tokens"] = u.completion_tokens;
+  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  return j;
+}
+
+}  // namespace
+
+absl::Status WithParam(absl::Status status, absl::string_view param) {
+  if (!param.empty()) status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
+absl::Status InvalidParam(absl::string_view param, absl::string_view message) {
+  return WithParam(absl::InvalidArgumentError(message), param);
+}
+
+std::string ParamOf(const absl::Status& status) {
+  absl::optional<absl::Cord> p = status.GetPayload(kParamPayload);
+  return p.has_value() ? std::string(*p) : "";
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body) {
+  absl::StatusOr<Json> j = ParseObject(body);
+  if (!j.ok()) return j.status();
+  CompletionRequest r;
+  bool has_prompt = false;
+  for (const auto& [key, v] : j->items()) {
+    absl::StatusOr<bool> shared = ParseSharedField(key, v, &r.fields);
+    if (!shared.ok()) return shared.status();
+    if (*shared) continue;
+    if (key == "prompt") {
+      has_prompt = true;
+      if (v.is_string()) {
+        r.prompt_text = v.get<std::string>();
+      } else if (v.is_array() && v.size() == 1 && v[0].is_string()) {
+        r.prompt_text = v[0].get<std::string>();
+      } else if (v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array())) {
+        return InvalidParam("prompt", "'prompt' must be one string or one array of token ids (one prompt per request)");
+      } else if (v.is_array()) {
+        for (size_t i = 0; i < v.size(); ++i) {
+          absl::StatusOr<int64_t> id = GetInt(v[i], absl::StrCat("prompt[", i, "]"));
+          if (!id.ok()) return id.status();
+          r.prompt_ids.push_back(*id);
+        }
+      } else {
+        return WrongType("prompt", "a string or an array of token ids", v);
+      }
+    } else if (key == "echo") {
+      if (v.is_null()) continue;
+      absl::StatusOr<bool> b = GetBool(v, key);
+      if (!b.ok()) return b.status();
+      if (*b) return InvalidParam(key, "'echo' is not supported");
+    } else if (key == "logprobs") {
+      if (!v.is_null()) return InvalidParam(key, "'logprobs' is not supported");
+    } else if (key == "suffix") {
+      if (!v.is_null()) return InvalidParam(key, "'suffix' is not supported");
+    } else {
+      return UnknownField(key);
+    }
+  }
+  if (!has_prompt) return InvalidParam("prompt", "'prompt' is required");
+  if (r.prompt_text.has_value() ? r.prompt_text->empty() : r.prompt_ids.empty()) {
+    return InvalidParam("prompt", "'prompt' is empty");
+  }
+  return r;
+}
+
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
+  absl::StatusOr<Json> j = ParseObject(body);
+  if (!j.ok()) return j.status();
+  ChatRequest r;
+  bool has_messages = false;
+  for (const auto& [key, v] : j->items()) {
+    absl::StatusOr<bool> shared = ParseSharedField(key, v, &r.fields);
+    if (!shared.ok()) return shared.status();
+    if (*shared) continue;
+    if (key == "messages") {
+      has_messages = true;
+      if (!v.is_array()) return WrongType(key, "an array of messages", v);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const std::string at = absl::StrCat("messages[", i, "]");
+        const Json& m = v[i];
+        if (!m.is_object()) return WrongType(at, "an object", m);
+        ChatMessage msg;
+        bool has_role = false, has_content = false;
+        for (const auto& [mk, mv] : m.items()) {
+          const std::string field = absl::StrCat(at, ".", mk);
+          if (mk == "role") {
+            if (!mv.is_string()) return WrongType(field, "a string", mv);
+            msg.role = mv.get<std::string>();
+            if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool" &&
+                msg.role != "developer") {
+              return InvalidParam(field, absl::StrCat("'", field, "' must be system, user, assistant, tool or developer, got '",
+                                                      msg.role, "'"));
+            }
+            has_role = true;
+          } else if (mk == "content") {
+            has_content = true;
+            if (mv.is_null()) continue;
+            if (mv.is_string()) {
+              msg.content = mv.get<std::string>();
+            } else if (mv.is_array()) {
+              for (size_t p = 0; p < mv.size(); ++p) {
+                const std::string part = absl::StrCat(field, "[", p, "]");
+                const Json& pv = mv[p];
+                if (!pv.is_object()) return WrongType(part, "an object", pv);
+                if (!pv.contains("type") || pv["type"] != "text" || !pv.contains("text") || !pv["text"].is_string() ||
+                    pv.size() != 2) {
+                  return InvalidParam(part, absl::StrCat("'", part, "' must be {\"type\": \"text\", \"text\": \"...\"} (only text is supported)"));
+                }
+                msg.content += pv["text"].get<std::string>();
+              }
+            } else {
+              return WrongType(field, "a string or an array of text parts", mv);
+            }
+          } else if (mk == "name") {
+            if (!mv.is_string()) return WrongType(field, "a string", mv);
+            msg.name = mv.get<std::string>();
+          } else {
+            return InvalidParam(field, absl::StrCat("unknown field '", field, "'"));
+          }
+        }
+        if (!has_role) return InvalidParam(at + ".role", absl::StrCat("'", at, ".role' is required"));
+        if (!has_content) return InvalidParam(at + ".content", absl::StrCat("'", at, ".content' is required"));
+        r.messages.push_back(std::move(msg));
+      }
+    } else if (key == "logprobs") {
+      if (v.is_null()) continue;
+      absl::StatusOr<bool> b = GetBool(v, key);
+      if (!b.ok()) return b.status();
+      if (*b) return InvalidParam(key, "'logprobs' is not supported");
+    } else if (key == "top_logprobs") {
+      if (!v.is_null()) return InvalidParam(key, "'top_logprobs' is not supported");
+    } else {
+      return UnknownField(key);
+    }
+  }
+  if (!has_messages) return InvalidParam("messages", "'messages' is required");
+  if (r.messages.empty()) return InvalidParam("messages", "'messages' is empty");
+  return r;
+}
+
+ApiError MakeError(int http_status, absl::string_view type, absl::string_view message, absl::string_view code) {
+  ApiError e;
+  e.http_status = http_status;
+  Json err;
+  err["message"] = std::string(message);
+  err["type"] = std::string(type);
+  err["param"] = nullptr;
+  err["code"] = code.empty() ? Json(nullptr) : Json(std::string(code));
+  e.body["error"] = std::move(err);
+  return e;
+}
+
+ApiError ErrorFromStatus(const absl::Status& status) {
+  ApiError e;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      e = MakeError(400, "invalid_request_error", status.message());
+      break;
+    case absl::StatusCode::kNotFound: e = MakeError(404, "invalid_request_error", status.message(), "not_found"); break;
+    case absl::StatusCode::kResourceExhausted:
+      e = MakeError(429, "rate_limit_error", status.message(), "queue_full");
+      break;
+    case absl::StatusCode::kUnavailable:
+      e = MakeError(503, "service_unavailable_error", status.message(), "service_unavailable");
+      break;
+    default: e = MakeError(500, "server_error", status.message()); break;
+  }
+  if (const std::string param = ParamOf(status); !param.empty()) e.body["error"]["param"] = param;
+  return e;
+}
+
+std::string SseEvent(absl::string_view data) { return absl::StrCat("data: ", data, "\n\n"); }
+std::string SseDone() { return "data: [DONE]\n\n"; }
+
+Json CompletionResponse(const ResponseMeta& meta, absl::string_view text, absl::string_view finish_reason,
+                        const Usage& usage) {
+  Json j = Base(meta, "text_completion");
+  Json choice;
+  choice["index"] = 0;
+  choice["text"] = std::string(text);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = FinishReason(finish_reason);
+  j["choices"] = Json::array({std::move(choice)});
+  j["usage"] = UsageJson(usage);
+  return j;
+}
+
+Json CompletionChunk(const ResponseMeta& meta, absl::string_view text, absl::string_view finish_reason) {
+  Json j = Base(meta, "text_completion");
+  Json choice;
+  choice["index"] = 0;
+  choice["text"] = std::string(text);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = FinishReason(finish_reason);
+  j["choices"] = Json::array({std::move(choice)});
+  return j;
+}
+
+Json ChatResponse(const ResponseMeta& meta, absl::string_view content, absl::string_view finish_reason,
+                  const Usage& usage) {
+  Json j = Base(meta, "chat.completion");
+  Json message;
+  message["role"] = "assistant";
+  message["content"] = std::string(content);
+  Json choice;
+  choice["index"] = 0;
+  choice["message"] = std::move(message);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = FinishReason(finish_reason);
+  j["choices"] = Json::array({std::move(choice)});
+  j["usage"] = UsageJson(usage);
+  return j;
+}
+
+Json ChatChunk(const ResponseMeta& meta, absl::string_view role, const std::optional<std::string>& content,
+               absl::string_view finish_reason) {
+  Json j = Base(meta, "chat.completion.chunk");
+  Json delta = Json::object();
+  if (!role.empty()) delta["role"] = std::string(role);
+  if (content.has_value()) delta["content"] = *content;
+  Json choice;
+  choice["index"] = 0;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = FinishReason(finish_reason);
+  j["choices"] = Json::array({std::move(choice)});
+  return j;
+}
+
+Json UsageChunk(const ResponseMeta& meta, absl::string_view object, const Usage& usage) {
+  Json j = Base(meta, object);
+  j["choices"] = Json::array();
+  j["usage"] = UsageJson(usage);
+  return j;
+}
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+}  // namespace shardserve::coordinator::http

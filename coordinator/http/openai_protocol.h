@@ -1,0 +1,113 @@
+// The OpenAI wire format of the coordinator's HTTP API: strict parsing of /v1/completions and
+// /v1/chat/completions request bodies, the JSON of responses and stream chunks, server-sent-event
+// framing, and OpenAI-shaped error bodies. Pure functions, no I/O.
+//
+// Parsing is strict, as the API promises: a body that is not a JSON object, an unknown field, a
+// field of the wrong type, or a value out of range is InvalidArgument whose message names the
+// field; the field is also attached to the status (ParamOf) for the error body's "param". Fields
+// OpenAI defines but this server does not implement are accepted only with their neutral value
+// (n = 1, echo = false, presence_penalty = 0, ...) and refused otherwise.
+#ifndef SHARDSERVE_COORDINATOR_HTTP_OPENAI_PROTOCOL_H_
+#define SHARDSERVE_COORDINATOR_HTTP_OPENAI_PROTOCOL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace shardserve::coordinator::http {
+
+// What both endpoints share.
+struct SamplingFields {
+  std::string model;                  // empty when absent
+  std::optional<int64_t> max_tokens;  // >= 1 when set
+  double temperature = 1.0;           // [0, 2]; OpenAI's default is 1
+  double top_p = 1.0;                 // (0, 1]
+  int64_t top_k = 0;                  // >= 0 (an extension, as in vLLM); 0 = no limit
+  std::optional<int64_t> seed;
+  std::vector<std::string> stop;      // a string or an array of strings
+  bool stream = false;
+  bool include_usage = false;         // stream_options.include_usage
+};
+
+struct CompletionRequest {
+  SamplingFields fields;
+  // Exactly one is set: a text prompt, or token ids (an array of integers).
+  std::optional<std::string> prompt_text;
+  std::vector<int64_t> prompt_ids;
+};
+
+struct ChatMessage {
+  std::string role;     // system, user, assistant, tool or developer
+  std::string content;  // a string, or the text parts of a content array joined
+  std::optional<std::string> name;
+};
+
+struct ChatRequest {
+  SamplingFields fields;
+  std::vector<ChatMessage> messages;  // non-empty
+};
+
+// Request bodies. InvalidArgument naming the field (see above).
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
+
+// An InvalidArgument status that carries the request field `param` (for the error body).
+absl::Status InvalidParam(absl::string_view param, absl::string_view message);
+// `status` with the request field `param` attached.
+absl::Status WithParam(absl::Status status, absl::string_view param);
+// The field attached by InvalidParam or WithParam, or "".
+std::string ParamOf(const absl::Status& status);
+
+// An error reply: its HTTP status and OpenAI body.
+struct ApiError {
+  int http_status = 500;
+  nlohmann::ordered_json body;  // {"error": {"message", "type", "param", "code"}}
+};
+// By status code: InvalidArgument/FailedPrecondition/OutOfRange -> 400 invalid_request_error;
+// NotFound -> 404; ResourceExhausted -> 429; Unavailable -> 503; others -> 500 server_error.
+ApiError ErrorFromStatus(const absl::Status& status);
+// An error with an explicit HTTP status, type and code (code may be empty: null).
+ApiError MakeError(int http_status, absl::string_view type, absl::string_view message, absl::string_view code = "");
+
+// One server-sent event carrying `data`: "data: <data>\n\n".
+std::string SseEvent(absl::string_view data);
+// The stream's terminator: "data: [DONE]\n\n".
+std::string SseDone();
+
+// Identity of one response, shared by all its chunks.
+struct ResponseMeta {
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// finish_reason: "stop" or "length"; empty for none (JSON null).
+nlohmann::ordered_json CompletionResponse(const ResponseMeta& meta, absl::string_view text,
+                                          absl::string_view finish_reason, const Usage& usage);
+nlohmann::ordered_json CompletionChunk(const ResponseMeta& meta, absl::string_view text,
+                                       absl::string_view finish_reason);
+nlohmann::ordered_json ChatResponse(const ResponseMeta& meta, absl::string_view content,
+                                    absl::string_view finish_reason, const Usage& usage);
+// A chat delta: `role` (first chunk) and/or `content`; both empty gives {} (the final chunk).
+nlohmann::ordered_json ChatChunk(const ResponseMeta& meta, absl::string_view role,
+                                 const std::optional<std::string>& content, absl::string_view finish_reason);
+// The usage-only chunk sent last when stream_options.include_usage is set ("choices": []).
+nlohmann::ordered_json UsageChunk(const ResponseMeta& meta, absl::string_view object, const Usage& usage);
+
+// The JSON text of `j` (invalid UTF-8 in strings is replaced, never thrown on).
+std::string Dump(const nlohmann::ordered_json& j);
+
+}  // namespace shardserve::coordinator::http
+
+#endif  // SHARDSERVE_COORDINATOR_HTTP_OPENAI_PROTOCOL_H_

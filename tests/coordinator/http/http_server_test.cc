@@ -1,0 +1,236 @@
+// HttpServer over a real Scheduler and a scripted replica (no workers): routes, errors, stop
+// strings, and a client that disconnects mid-stream cancelling its sequence.
+#include "coordinator/http/http_server.h"
+
+#include <httplib.h>
+
+#include <csignal>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace shardserve::coordinator::http {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// Samples script[sample_index % size] for every sequence; steps can be held. Counts steps.
+class ScriptReplica final : public ReplicaClient {
+ public:
+  explicit ScriptReplica(std::vector<int32_t> script) : script_(std::move(script)) {}
+
+  absl::StatusOr<StepOutput> Step(const StepInput& input) override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](ScriptReplica* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+                                return !r->held_ || r->shut_down_;
+                              },
+                              this));
+    if (shut_down_) return absl::UnavailableError("shut down");
+    ++steps_;
+    StepOutput out;
+    for (const StepSequenceInput& s : input.sequences) {
+      if (s.sample) out.token_ids.push_back(script_[s.sample_index % script_.size()]);
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&shut_down_), delay_);  // a slow model
+    return out;
+  }
+  void Shutdown() override {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+  }
+  void Hold(bool held) {
+    absl::MutexLock lock(&mu_);
+    held_ = held;
+  }
+  void SetDelay(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    delay_ = d;
+  }
+  int steps() {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+
+ private:
+  const std::vector<int32_t> script_;
+  absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration delay_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  int steps_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+constexpr char kModel[] = "tests/golden/models/llama";
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::signal(SIGPIPE, SIG_IGN);
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(kModel);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = *std::move(tokenizer);
+    absl::StatusOr<std::vector<int32_t>> script = tokenizer_->Encode(" hello world, the end is near.", false);
+    ASSERT_TRUE(script.ok());
+    script_text_ = " hello world, the end is near.";
+    SchedulerOptions so;
+    so.limits = {.vocab_size = tokenizer_->vocab_size(), .max_seq_len = 256};
+    so.max_queued = 0;  // a request that finds the only slot taken is refused (429)
+    scheduler_ = std::make_unique<Scheduler>(so);
+    auto replica = std::make_unique<ScriptReplica>(*script);
+    replica_ = replica.get();
+    ASSERT_TRUE(scheduler_->AddReplica(0, std::move(replica), {.max_slots = 1}).ok());
+    absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
+        {.listen = "127.0.0.1:0", .model_id = "llama", .model_path = kModel, .max_body_bytes = 4096},
+        tokenizer_.get(), scheduler_.get(), [this] {
+          absl::MutexLock lock(&ready_mu_);
+          return ready_;
+        });
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(30, 0);
+  }
+
+  void TearDown() override {
+    scheduler_->Shutdown(absl::UnavailableError("shutting down"));
+    server_->Stop();
+  }
+
+  // POSTs `body` to `path`: (status, parsed body).
+  std::pair<int, Json> Post(const std::string& path, const std::string& body) {
+    httplib::Result r = client_->Post(path.c_str(), body, "application/json");
+    if (!r) return {0, Json()};
+    return {r->status, Json::parse(r->body, nullptr, false)};
+  }
+
+  bool WaitIdle(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      SchedulerStats s = scheduler_->Stats();
+      if (s.running == 0 && s.waiting == 0) return true;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::string script_text_;
+  std::unique_ptr<Scheduler> scheduler_;
+  ScriptReplica* replica_ = nullptr;
+  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+  absl::Mutex ready_mu_;
+  absl::Status ready_ ABSL_GUARDED_BY(ready_mu_);
+};
+
+TEST_F(HttpServerTest, CompletionTextUsageAndLength) {
+  auto [status, body] = Post("/v1/completions", R"({"prompt": [1, 2, 3], "max_tokens": 4})");
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 4);
+  const std::string text = body["choices"][0]["text"];
+  EXPECT_FALSE(text.empty());
+  EXPECT_THAT(script_text_, HasSubstr(text.substr(1))) << text;  // the script's first tokens
+}
+
+TEST_F(HttpServerTest, StopStringTruncatesAndEndsWithStop) {
+  auto [status, body] = Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 100, "stop": ["end is"]})");
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  const std::string text = body["choices"][0]["text"];
+  EXPECT_EQ(text.find("end"), std::string::npos);
+  EXPECT_THAT(text, HasSubstr("world, the"));
+  EXPECT_LT(body["usage"]["completion_tokens"].get<int>(), 100);
+  EXPECT_TRUE(WaitIdle(absl::Seconds(10)));
+}
+
+TEST_F(HttpServerTest, StreamEndsWithDone) {
+  std::string received;
+  httplib::Result r = client_->Post(
+      "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}]})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);  // this model has no chat template
+  EXPECT_THAT(r->body, HasSubstr("tokenizer_config.json"));
+
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"prompt": [1], "max_tokens": 6, "stream": true, "stream_options": {"include_usage": true}})";
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    received.append(data, n);
+    return true;
+  };
+  httplib::Result s = client_->send(req);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->status, 200);
+  EXPECT_EQ(s->get_header_value("Content-Type"), "text/event-stream");
+  EXPECT_TRUE(received.ends_with("data: [DONE]\n\n")) << received;
+  EXPECT_THAT(received, HasSubstr(R"("finish_reason":"length")"));
+  EXPECT_THAT(received, HasSubstr(R"("usage":{"prompt_tokens":1,"completion_tokens":6,"total_tokens":7})"));
+}
+
+TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsTheSequence) {
+  replica_->SetDelay(absl::Milliseconds(5));
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"prompt": [1], "max_tokens": 250, "stream": true})";
+  int chunks = 0;
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };  // then hang up
+  (void)client_->send(req);
+  EXPECT_EQ(chunks, 3);
+  ASSERT_TRUE(WaitIdle(absl::Seconds(10)));
+  EXPECT_LT(replica_->steps(), 200) << "the sequence ran on after the client left";
+  // The slot is free again.
+  auto [status, body] = Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})");
+  EXPECT_EQ(status, 200) << body;
+}
+
+TEST_F(HttpServerTest, QueueFullIs429AndNotReadyIs503) {
+  replica_->Hold(true);
+  std::thread first([this] { (void)Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})"); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (scheduler_->Stats().running == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  httplib::Client other("127.0.0.1", server_->port());
+  httplib::Result r = other.Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["error"]["type"], "rate_limit_error");
+  replica_->Hold(false);
+  first.join();
+  {
+    absl::MutexLock lock(&ready_mu_);
+    ready_ = absl::UnavailableError("waiting for 1 worker");
+  }
+  auto [status, body] = Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})");
+  EXPECT_EQ(status, 503);
+  EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("waiting for 1 worker"));
+}
+
+TEST_F(HttpServerTest, BadRequestsAnd413And404And405) {
+  EXPECT_EQ(Post("/v1/completions", "{").first, 400);
+  EXPECT_EQ(Post("/v1/completions", R"({"prompt": [1], "foo": 1})").second["error"]["param"], "foo");
+  EXPECT_EQ(Post("/v1/completions", R"({"prompt": [1, 100000]})").first, 400);
+  EXPECT_EQ(Post("/v1/completions", R"({"prompt": [1], "max_tokens": 300})").first, 400);
+  auto [big, big_body] = Post("/v1/completions", std::string(5000, ' '));
+  EXPECT_EQ(big, 413);
+  EXPECT_EQ(big_body["error"]["code"], "request_too_large");
+  EXPECT_EQ(Post("/v2/other", "{}").first, 404);
+  httplib::Result get = client_->Get("/v1/completions");
+  ASSERT_TRUE(get);
+  EXPECT_EQ(get->status, 405);
+  EXPECT_EQ(get->get_header_value("Allow"), "POST");
+  httplib::Result models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(Json::parse(models->body)["data"][0]["id"], "llama");
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator::http

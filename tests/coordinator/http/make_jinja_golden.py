@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Records what Python's jinja2 renders for the chat-template cases below, in the environment
+Hugging Face transformers uses for apply_chat_template (ImmutableSandboxedEnvironment with
+trim_blocks and lstrip_blocks, a json.dumps-based tojson, and raise_exception), into
+jinja_golden.json next to this file. The C++ test (jinja_test.cc) renders the same cases with
+coordinator/http/jinja.h and compares; it needs no Python.
+
+    python3 -m venv /tmp/jv && /tmp/jv/bin/pip install jinja2 && /tmp/jv/bin/python tests/coordinator/http/make_jinja_golden.py
+"""
+import json
+import os
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Chat templates written in the styles of well-known model families.
+LLAMA3 = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- endif %}"
+)
+
+CHATML = """{% for message in messages %}
+{% if loop.first and message['role'] != 'system' %}<|im_start|>system
+You are a helpful assistant.<|im_end|>
+{% endif %}
+<|im_start|>{{ message['role'] }}
+{{ message['content'] }}<|im_end|>
+{% endfor %}
+{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+MISTRAL = """{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+# A template in the style of those that track state across the loop with namespace().
+NAMESPACE = """{%- set ns = namespace(system='', count=0, last_role=none) -%}
+{%- for m in messages if m.role == 'system' -%}{%- set ns.system = ns.system ~ m.content -%}{%- endfor -%}
+{%- if ns.system %}<<SYS>>{{ ns.system | trim }}<</SYS>>
+{% endif -%}
+{%- for m in messages | rejectattr('role', 'equalto', 'system') -%}
+{%- set ns.count = ns.count + 1 -%}
+{{ loop.index }}/{{ loop.length }} {{ m.role | upper }}: {{ m.content }}{% if not loop.last %}
+{% endif %}
+{%- set ns.last_role = m.role -%}
+{%- endfor %}
+[{{ ns.count }} turns, last {{ ns.last_role }}]
+{%- if add_generation_prompt and ns.last_role != 'assistant' %} ASSISTANT:{% endif %}"""
+
+MESSAGES = [
+    {"role": "system", "content": "  Be brief.  "},
+    {"role": "user", "content": "Hello, who are you?"},
+    {"role": "assistant", "content": "I am a model. ünïcødé ✓"},
+    {"role": "user", "content": "Say \"hi\" and 'bye'\nplease"},
+]
+NO_SYSTEM = MESSAGES[1:]
+BASE = {"bos_token": "<s>", "eos_token": "</s>"}
+
+
+def ctx(messages, add_generation_prompt=True, **extra):
+    c = dict(BASE, messages=messages, add_generation_prompt=add_generation_prompt)
+    c.update(extra)
+    return c
+
+
+CASES = [
+    ("llama3_style", LLAMA3, ctx(MESSAGES)),
+    ("llama3_style_no_prompt", LLAMA3, ctx(MESSAGES, add_generation_prompt=False)),
+    ("chatml_style", CHATML, ctx(MESSAGES)),
+    ("chatml_style_default_system", CHATML, ctx(NO_SYSTEM)),
+    ("mistral_style", MISTRAL, ctx(MESSAGES)),
+    ("mistral_style_no_system", MISTRAL, ctx(NO_SYSTEM)),
+    ("mistral_style_bad_roles", MISTRAL, ctx([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])),
+    ("namespace_style", NAMESPACE, ctx(MESSAGES)),
+    ("namespace_style_no_system", NAMESPACE, ctx(NO_SYSTEM[:2], add_generation_prompt=False)),
+    # Features one by one.
+    ("whitespace_control", "a  {{- ' b ' -}}  c\n  {%- if true %} d {% endif -%}\n e", {}),
+    ("trim_and_lstrip_blocks", "x\n    {% if true %}\n    y\n    {% endif %}\nz\n  {# note #}\nw", {}),
+    ("comment_strip", "a {#- c -#} b", {}),
+    ("literals", "{{ 1 }} {{ -2 }} {{ 1.5 }} {{ 2.0 }} {{ true }} {{ none }} {{ 'q' }} {{ [1, 'a', none, false] }} {{ {'k': 'v', 'n': 1} }} {{ (1, 2) }}", {}),
+    ("arithmetic", "{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 3 - 5 }} {{ 1.5 + 1 }}", {}),
+    ("concat", "{{ 'a' ~ 1 ~ none ~ true }} {{ 'x' + 'y' }} {{ [1] + [2, 3] }} {{ '=' * 3 }}", {}),
+    ("comparisons", "{{ 1 < 2 }} {{ 2 <= 1 }} {{ 'a' < 'b' }} {{ 1 == 1.0 }} {{ 'a' != 'a' }} {{ 1 in [1, 2] }} {{ 'ell' in 'hello' }} {{ 'k' in {'k': 1} }} {{ 3 not in [1] }}", {}),
+    ("logic", "{{ true and false }} {{ false or 'x' }} {{ not none }} {{ 'a' if 0 else 'b' }} {{ 'yes' if [1] }}|{{ 'no' if [] }}|", {}),
+    ("tests", "{{ x is defined }} {{ y is defined }} {{ y is undefined }} {{ none is none }} {{ 'a' is string }} {{ 1 is number }} {{ {} is mapping }} {{ [] is iterable }} {{ 3 is odd }} {{ 4 is even }} {{ 6 is divisibleby(3) }} {{ x is not none }} {{ 1 is eq 1 }}", {"x": 1}),
+    ("filters", "{{ '  pad  ' | trim }}|{{ [1, 2, 3] | length }}|{{ 'héllo' | length }}|{{ 'abc' | upper }}|{{ 'ABC' | lower }}|{{ y | default('dflt') }}|{{ '' | default('e', true) }}|{{ ['a', 'b'] | join(', ') }}|{{ [3, 4] | first }}|{{ [3, 4] | last }}|{{ 42 | string }}|{{ '7' | int + 1 }}|{{ [1, 2] | reverse | list }}|{{ 'hello world' | title }}|{{ 'hello' | capitalize }}|{{ 'a-b' | replace('-', '+') }}", {}),
+    ("tojson", "{{ obj | tojson }}|{{ 'ü\"\\n' | tojson }}|{{ obj | tojson(indent=2) }}|{{ [] | tojson }}|{{ none | tojson }}", {"obj": {"name": "f", "args": [1, 2.5, True, None], "nested": {"a": "ü"}}}),
+    ("slices", "{{ xs[1:] }} {{ xs[:2] }} {{ xs[-1] }} {{ xs[::-1] }} {{ xs[1:3] }} {{ 'hello'[1:3] }} {{ 'hello'[::-1] }} {{ xs[-2:] }} {{ xs[0] }}", {"xs": [1, 2, 3, 4]}),
+    ("loop_vars", "{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}", {"xs": ["a", "b", "c"]}),
+    ("loop_else_and_filter", "{% for x in [] %}x{% else %}empty{% endfor %} {% for x in xs if x > 1 %}{{ x }}{% endfor %}", {"xs": [1, 2, 3]}),
+    ("loop_unpack", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor %}", {"d": {"b": 1, "a": 2}}),
+    ("scoping", "{% set x = 1 %}{% for i in [1, 2] %}{% set x = i * 10 %}{{ x }}{% endfor %}{{ x }}{% if true %}{% set x = 5 %}{% endif %}{{ x }}", {}),
+    ("namespace", "{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}", {}),
+    ("methods", "{{ '  x  '.strip() }}|{{ 'a,b'.split(',') }}|{{ 'abc'.startswith('ab') }}|{{ 'abc'.endswith('x') }}|{{ 'ab'.upper() }}|{{ d.get('k') }}|{{ d.get('z', 'none') }}|{{ d.keys() | list }}|{{ d.values() | list }}|{{ 'a b  c'.split() }}|{{ 'xxhixx'.strip('x') }}", {"d": {"k": "v"}}),
+    ("selectattr_map", "{{ ms | selectattr('role', 'equalto', 'user') | map(attribute='content') | join(' ') }}|{{ ms | rejectattr('role', 'equalto', 'user') | list | length }}|{{ ms | map(attribute='role') | list }}", {"ms": MESSAGES}),
+    ("message_attr_access", "{% for m in messages %}{{ m.role }}:{{ m['content'][:5] }};{% endfor %}", ctx(MESSAGES)),
+    ("raise_exception", "{% if messages | length > 1 %}{{ raise_exception('Too many messages: ' ~ messages | length) }}{% endif %}ok", ctx(MESSAGES)),
+    ("generation_block", "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% endif %}{% endfor %}", ctx(MESSAGES)),
+    ("string_escapes", "{{ 'tab\\there' }}|{{ \"dq 'in' \" }}|{{ 'line\\nbreak' }}", {}),
+    ("undefined_behaviour", "[{{ missing }}][{{ d.missing }}][{{ d['missing'] }}][{{ missing | length }}][{{ missing is defined }}]", {"d": {}}),
+    ("is_test_precedence", "{{ not x is defined }} {{ x is defined and x > 0 }}", {"x": 3}),
+]
+
+
+def main():
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+
+    # transformers handles {% generation %} with an extension; a plain one that renders the body
+    # stands in for it here.
+    from jinja2.ext import Extension
+    from jinja2 import nodes
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    env.add_extension(Generation)
+
+    out = []
+    for name, template, context in CASES:
+        case = {"name": name, "template": template, "context": context}
+        try:
+            case["output"] = env.from_string(template).render(**context)
+        except jinja2.exceptions.TemplateError as e:
+            case["error"] = str(e)
+        out.append(case)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jinja_golden.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"generator": "make_jinja_golden.py", "jinja2": jinja2.__version__, "cases": out}, f,
+                  ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {len(out)} cases to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+#include "coordinator/http/openai_protocol.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardserve::coordinator::http {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Json = nlohmann::ordered_json;
+
+// The 400 error body for `status`, with its message and param checked.
+void ExpectInvalid(const absl::Status& status, absl::string_view message_part, absl::string_view param) {
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr(message_part));
+  const ApiError e = ErrorFromStatus(status);
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.body["error"]["type"], "invalid_request_error");
+  if (param.empty()) {
+    EXPECT_TRUE(e.body["error"]["param"].is_null());
+  } else {
+    EXPECT_EQ(e.body["error"]["param"], std::string(param));
+  }
+}
+
+TEST(OpenAiProtocolTest, CompletionWithEveryField) {
+  absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(R"({
+      "model": "m", "prompt": "Once upon", "max_tokens": 12, "temperature": 0, "top_p": 0.5, "top_k": 4,
+      "seed": 7, "stop": ["\n", "The end"], "stream": true, "stream_options": {"include_usage": true},
+      "n": 1, "echo": false, "logprobs": null, "user": "u", "presence_penalty": 0, "frequency_penalty": 0.0,
+      "best_of": 1, "suffix": null, "logit_bias": {}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->fields.model, "m");
+  EXPECT_EQ(*r->prompt_text, "Once upon");
+  EXPECT_EQ(*r->fields.max_tokens, 12);
+  EXPECT_EQ(r->fields.temperature, 0);
+  EXPECT_EQ(r->fields.top_p, 0.5);
+  EXPECT_EQ(r->fields.top_k, 4);
+  EXPECT_EQ(*r->fields.seed, 7);
+  EXPECT_THAT(r->fields.stop, ElementsAre("\n", "The end"));
+  EXPECT_TRUE(r->fields.stream);
+  EXPECT_TRUE(r->fields.include_usage);
+}
+
+TEST(OpenAiProtocolTest, CompletionDefaults) {
+  absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "stop": "x"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->prompt_text.has_value());
+  EXPECT_THAT(r->prompt_ids, ElementsAre(1, 2, 3));
+  EXPECT_FALSE(r->fields.max_tokens.has_value());
+  EXPECT_EQ(r->fields.temperature, 1.0);
+  EXPECT_EQ(r->fields.top_p, 1.0);
+  EXPECT_FALSE(r->fields.stream);
+  EXPECT_THAT(r->fields.stop, ElementsAre("x"));
+}
+
+TEST(OpenAiProtocolTest, MalformedJson) {
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a",)").status(), "not valid JSON", "");
+  ExpectInvalid(ParseCompletionRequest("").status(), "not valid JSON", "");
+  ExpectInvalid(ParseCompletionRequest("[1]").status(), "must be a JSON object", "");
+  ExpectInvalid(ParseCompletionRequest("{\"prompt\": \"\xff\"}").status(), "not valid JSON", "");
+}
+
+TEST(OpenAiProtocolTest, UnknownFields) {
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "bogus": 1})").status(), "unknown field 'bogus'", "bogus");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "tools": []})").status(),
+                "unknown field 'tools'", "tools");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a", "x": 1}]})").status(),
+                "messages[0].x", "messages[0].x");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stream_options": {"other": 1}})").status(),
+                "stream_options.other", "stream_options");
+}
+
+TEST(OpenAiProtocolTest, WrongTypes) {
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "max_tokens": "5"})").status(),
+                "'max_tokens' must be an integer, got a string", "max_tokens");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "max_tokens": 5.5})").status(), "must be an integer",
+                "max_tokens");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "temperature": "hot"})").status(), "must be a number",
+                "temperature");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stream": 1})").status(), "must be a boolean", "stream");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": 5})").status(), "'prompt' must be a string or an array",
+                "prompt");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": [1, "a"]})").status(), "prompt[1]", "prompt[1]");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stop": [1]})").status(), "stop[0]", "stop[0]");
+  ExpectInvalid(ParseChatRequest(R"({"messages": "hi"})").status(), "'messages' must be an array", "messages");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": 1, "content": "a"}]})").status(), "messages[0].role",
+                "messages[0].role");
+}
+
+TEST(OpenAiProtocolTest, OutOfRangeAndUnsupportedValues) {
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "max_tokens": 0})").status(), "at least 1", "max_tokens");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "temperature": -1})").status(), "[0, 2]", "temperature");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "top_p": 0})").status(), "(0, 1]", "top_p");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "top_k": -1})").status(), "top_k", "top_k");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "n": 2})").status(), "'n' must be 1", "n");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "echo": true})").status(), "'echo' is not supported", "echo");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logprobs": 2})").status(), "logprobs", "logprobs");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "presence_penalty": 0.5})").status(), "presence_penalty",
+                "presence_penalty");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": ["a", "b"]})").status(), "one prompt per request", "prompt");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": ""})").status(), "'prompt' is empty", "prompt");
+  ExpectInvalid(ParseCompletionRequest(R"({"max_tokens": 3})").status(), "'prompt' is required", "prompt");
+  ExpectInvalid(ParseChatRequest(R"({"messages": []})").status(), "'messages' is empty", "messages");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "robot", "content": "a"}]})").status(), "robot",
+                "messages[0].role");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user"}]})").status(), "content' is required",
+                "messages[0].content");
+}
+
+TEST(OpenAiProtocolTest, ChatMessagesWithTextParts) {
+  absl::StatusOr<ChatRequest> r = ParseChatRequest(R"({"messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "there"}], "name": "ann"},
+      {"role": "assistant", "content": null}], "max_completion_tokens": 9})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 3u);
+  EXPECT_EQ(r->messages[1].content, "Hello, there");
+  EXPECT_EQ(*r->messages[1].name, "ann");
+  EXPECT_EQ(r->messages[2].content, "");
+  EXPECT_EQ(*r->fields.max_tokens, 9);
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})")
+                    .status(),
+                "only text", "messages[0].content[0]");
+}
+
+TEST(OpenAiProtocolTest, ErrorStatusMapping) {
+  EXPECT_EQ(ErrorFromStatus(absl::UnavailableError("not ready")).http_status, 503);
+  EXPECT_EQ(ErrorFromStatus(absl::ResourceExhaustedError("queue full")).http_status, 429);
+  EXPECT_EQ(ErrorFromStatus(absl::NotFoundError("no model")).http_status, 404);
+  EXPECT_EQ(ErrorFromStatus(absl::InternalError("x")).http_status, 500);
+  const ApiError e = ErrorFromStatus(WithParam(absl::NotFoundError("no model"), "model"));
+  EXPECT_EQ(Dump(e.body),
+            R"({"error":{"message":"no model","type":"invalid_request_error","param":"model","code":"not_found"}})");
+}
+
+TEST(OpenAiProtocolTest, SseFraming) {
+  EXPECT_EQ(SseEvent(R"({"a":1})"), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(SseDone(), "data: [DONE]\n\n");
+}
+
+TEST(OpenAiProtocolTest, ResponseShapes) {
+  const ResponseMeta meta{.id = "cmpl-1", .created = 1700000000, .model = "m"};
+  EXPECT_EQ(Dump(CompletionResponse(meta, "hi", "length", {.prompt_tokens = 3, .completion_tokens = 2})),
+            R"({"id":"cmpl-1","object":"text_completion","created":1700000000,"model":"m","choices":[{"index":0,)"
+            R"("text":"hi","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2,)"
+            R"("total_tokens":5}})");
+  EXPECT_EQ(Dump(CompletionChunk(meta, "h", "")),
+            R"({"id":"cmpl-1","object":"text_completion","created":1700000000,"model":"m","choices":[{"index":0,)"
+            R"("text":"h","logprobs":null,"finish_reason":null}]})");
+  EXPECT_EQ(Dump(ChatChunk(meta, "assistant", std::string(), ""))
+                .find(R"("delta":{"role":"assistant","content":""})") != std::string::npos,
+            true);
+  EXPECT_NE(Dump(ChatChunk(meta, "", std::nullopt, "stop")).find(R"("delta":{},"logprobs":null,"finish_reason":"stop")"),
+            std::string::npos);
+  const Json chat = ChatResponse(meta, "yo", "stop", {.prompt_tokens = 1, .completion_tokens = 1});
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], "yo");
+  const Json usage = UsageChunk(meta, "chat.completion.chunk", {.prompt_tokens = 4, .completion_tokens = 6});
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 10);
+  // Invalid UTF-8 in generated text never throws.
+  EXPECT_NE(Dump(CompletionChunk(meta, "\xff", "")).find("\xEF\xBF\xBD"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator::http

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the coordinator's OpenAI-compatible HTTP API: shardserve-local with
+--http_listen=127.0.0.1:0 on ../shared/models/stories260K (a real SentencePiece-style tokenizer),
+driven with curl and with the `openai` Python package (installed from PyPI into a venv that this
+test creates under the build directory). Greedy text over HTTP must equal the gRPC path's
+(`shardserve generate --temperature 0`).
+
+    python3 tests/integration/http_api_test.py build/bin
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+BIN = None  # directory with shardserve-local and shardserve
+STORIES = "../shared/models/stories260K"
+OPENAI_VERSION = "3.54.0"  # pinned: the client the test was written against
+PROMPT = "Once upon a time"
+
+
+def venv_python():
+    """A venv with the openai package (made once per build directory)."""
+    venv = os.path.join(os.path.dirname(os.path.abspath(BIN)), "http_test_venv")
+    python = os.path.join(venv, "bin", "python")
+    marker = os.path.join(venv, f"openai-{OPENAI_VERSION}.installed")
+    if not os.path.exists(marker):
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", f"openai=={OPENAI_VERSION}"], check=True, timeout=600)
+        open(marker, "w").close()
+    return python
+
+
+class Cluster:
+    """shardserve-local with the HTTP API, running until stop()."""
+
+    def __init__(self, model, extra=(), timeout=240):
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, "shardserve-local"), f"--model={model}", "--workers=1", "--devices_per_worker=cpu:1",
+             "--http_listen=127.0.0.1:0", "--metrics=false", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.stderr = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.address = self.http = None
+        deadline = time.time() + timeout
+        while time.time() < deadline and self.http is None:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("ready: coordinator at "):
+                self.address = line.split()[-1]
+            elif line.startswith("http: "):
+                self.http = line.split()[-1]
+        if self.http is None:
+            self.stop()
+            raise AssertionError(f"cluster did not become ready: {''.join(self.stderr[-30:])}")
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def curl(url, *args, data=None):
+    """(HTTP status, body) of a curl call."""
+    cmd = ["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", "--max-time", "120", url, *args]
+    if data is not None:
+        cmd += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+    p = subprocess.run(cmd, input=data, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    body, _, code = p.stdout.rpartition("\n")
+    return int(code), body
+
+
+def sse_events(body):
+    """The data payloads of a server-sent-event stream, in order."""
+    events = []
+    for block in body.split("\n\n"):
+        for line in block.split("\n"):
+            if line.startswith("data: "):
+                events.append(line[len("data: "):])
+    return events
+
+
+class HttpApiTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.python = venv_python()
+        cls.cluster = Cluster(STORIES)
+        cls.url = cls.cluster.http
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+
+    def grpc_text(self, prompt, max_tokens):
+        p = subprocess.run([os.path.join(BIN, "shardserve"), "generate", f"--server={self.cluster.address}",
+                            "--prompt", prompt, "--max_tokens", str(max_tokens), "--temperature", "0"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return p.stdout[:-1] if p.stdout.endswith("\n") else p.stdout
+
+    def completion(self, **fields):
+        code, body = curl(self.url + "/v1/completions", data=json.dumps(fields))
+        self.assertEqual(code, 200, body)
+        return json.loads(body)
+
+    def test_models(self):
+        code, body = curl(self.url + "/v1/models")
+        self.assertEqual(code, 200, body)
+        models = json.loads(body)
+        self.assertEqual(models["object"], "list")
+        self.assertEqual([m["id"] for m in models["data"]], ["stories260K"])
+
+    def test_completion_matches_grpc(self):
+        r = self.completion(model="stories260K", prompt=PROMPT, max_tokens=24, temperature=0)
+        self.assertEqual(r["object"], "text_completion")
+        choice = r["choices"][0]
+        self.assertEqual(choice["text"], self.grpc_text(PROMPT, 24))
+        self.assertEqual(choice["finish_reason"], "length")
+        self.assertEqual(r["usage"]["completion_tokens"], 24)
+        self.assertEqual(r["usage"]["total_tokens"], r["usage"]["prompt_tokens"] + 24)
+
+    def test_streamed_completion_equals_unstreamed(self):
+        whole = self.completion(prompt=PROMPT, max_tokens=24, temperature=0)
+        code, body = curl(self.url + "/v1/completions", "-N", data=json.dumps(
+            {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": True,
+             "stream_options": {"include_usage": True}}))
+        self.assertEqual(code, 200, body)
+        events = sse_events(body)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = [json.loads(e) for e in events[:-1]]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        self.assertEqual(text, whole["choices"][0]["text"])
+        self.assertGreater(len(chunks), 3, "the text should arrive in several chunks")
+        finals = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+        self.assertEqual(finals[-1], "length")
+        self.assertTrue(all(f is None for f in finals[:-1]))
+        self.assertEqual(chunks[-1]["usage"], whole["usage"])
+
+    def test_stop_string_truncates_with_finish_reason_stop(self):
+        full = self.completion(prompt=PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
+        stop = full[len(full) // 2: len(full) // 2 + 4]  # some text from the middle, likely across tokens
+        r = self.completion(prompt=PROMPT, max_tokens=40, temperature=0, stop=["@@never@@", stop])
+        self.assertEqual(r["choices"][0]["text"], full[:full.index(stop)])
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        self.assertLess(r["usage"]["completion_tokens"], 40)
+
+    def test_prompt_as_token_ids(self):
+        r = self.completion(prompt=[1, 403, 407], max_tokens=5, temperature=0)
+        self.assertEqual(r["usage"]["prompt_tokens"], 3)
+        self.assertEqual(r["usage"]["completion_tokens"], 5)
+
+    def test_bad_inputs_get_400_and_the_server_keeps_serving(self):
+        cases = [
+            ('{"prompt": "a",', None, "not valid JSON"),
+            ('{"prompt": "a", "bogus": true}', "bogus", "unknown field"),
+            ('{"prompt": "a", "max_tokens": "many"}', "max_tokens", "must be an integer"),
+            ('{"prompt": "a", "temperature": -3}', "temperature", "[0, 2]"),
+            ('{"prompt": "a", "n": 3}', "n", "must be 1"),
+            ('{"prompt": "a", "max_tokens": 100000}', "max_tokens", "exceeds the context"),
+            ('{"prompt": [1, 99999]}', "prompt", "outside the vocabulary"),
+            ('{"prompt": "a", "stop": [""]}', "stop", "is empty"),
+            ('[]', None, "JSON object"),
+        ]
+        for body, param, message in cases:
+            with self.subTest(body=body):
+                code, reply = curl(self.url + "/v1/completions", data=body)
+                self.assertEqual(code, 400, reply)
+                err = json.loads(reply)["error"]
+                self.assertEqual(err["type"], "invalid_request_error")
+                self.assertIn(message, err["message"])
+                self.assertEqual(err["param"], param)
+        # Oversized body: 413 with an OpenAI error.
+        big = json.dumps({"prompt": "x" * (2 << 20)})
+        code, reply = curl(self.url + "/v1/completions", data=big)
+        self.assertEqual(code, 413, reply)
+        self.assertIn("larger than", json.loads(reply)["error"]["message"])
+        # Unknown route and wrong method.
+        code, reply = curl(self.url + "/v1/nothing")
+        self.assertEqual(code, 404, reply)
+        self.assertIn("error", json.loads(reply))
+        code, reply = curl(self.url + "/v1/completions")
+        self.assertEqual(code, 405, reply)
+        # Unknown model: 404.
+        code, reply = curl(self.url + "/v1/completions", data='{"model": "gpt-9", "prompt": "a"}')
+        self.assertEqual(code, 404, reply)
+        self.assertEqual(json.loads(reply)["error"]["param"], "model")
+        # A model without a chat template: 400 naming the file.
+        code, reply = curl(self.url + "/v1/chat/completions", data='{"messages": [{"role": "user", "content": "hi"}]}')
+        self.assertEqual(code, 400, reply)
+        self.assertIn("tokenizer_config.json", json.loads(reply)["error"]["message"])
+        # Still serving.
+        r = self.completion(prompt=PROMPT, max_tokens=4, temperature=0)
+        self.assertEqual(r["usage"]["completion_tokens"], 4)
+
+    def test_openai_package(self):
+        script = f"""
+import json, openai
+c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
+out = {{"models": [m.id for m in c.models.list()]}}
+r = c.completions.create(model="stories260K", prompt={PROMPT!r}, max_tokens=24, temperature=0)
+out["text"], out["finish"], out["usage"] = r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens
+s = c.completions.create(model="stories260K", prompt={PROMPT!r}, max_tokens=24, temperature=0, stream=True)
+out["streamed"] = "".join(ch.choices[0].text for ch in s if ch.choices)
+try:
+    c.completions.create(model="stories260K", prompt="x", max_tokens=0)
+except openai.BadRequestError as e:
+    out["error"] = [e.status_code, e.body["param"]]
+print(json.dumps(out))
+"""
+        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        expected = self.grpc_text(PROMPT, 24)
+        self.assertEqual(out["models"], ["stories260K"])
+        self.assertEqual(out["text"], expected)
+        self.assertEqual(out["streamed"], expected)
+        self.assertEqual(out["finish"], "length")
+        self.assertEqual(out["usage"], 24)
+        self.assertEqual(out["error"], [400, "max_tokens"])
+
+
+class HttpChatTest(unittest.TestCase):
+    """Chat completions with a chat template added to a copy of the model."""
+
+    TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ m.content | trim }}\n"
+                "{% else %}{{ m.role | capitalize }}: {{ m.content }}\n{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}Assistant:{% endif %}")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.python = venv_python()
+        cls.dir = tempfile.mkdtemp(prefix="http_chat_")
+        model = os.path.join(cls.dir, "stories-chat")
+        shutil.copytree(STORIES, model, ignore=shutil.ignore_patterns("llama2c"))
+        path = os.path.join(model, "tokenizer_config.json")
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        config["chat_template"] = cls.TEMPLATE
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(config, f)
+        cls.cluster = Cluster(model)
+        cls.url = cls.cluster.http
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+        shutil.rmtree(cls.dir)
+
+    def test_chat_streamed_and_not(self):
+        messages = [{"role": "system", "content": " Tell a story. "}, {"role": "user", "content": "A cat"}]
+        code, body = curl(self.url + "/v1/chat/completions", data=json.dumps(
+            {"model": "stories-chat", "messages": messages, "max_tokens": 20, "temperature": 0}))
+        self.assertEqual(code, 200, body)
+        r = json.loads(body)
+        self.assertEqual(r["object"], "chat.completion")
+        message = r["choices"][0]["message"]
+        self.assertEqual(message["role"], "assistant")
+        self.assertTrue(message["content"])
+        self.assertIn(r["choices"][0]["finish_reason"], ("stop", "length"))
+        # The rendered prompt, tokenized: "<s>Tell a story.\nUser: A cat\nAssistant:" is more than 10 tokens.
+        self.assertGreater(r["usage"]["prompt_tokens"], 10)
+
+        code, body = curl(self.url + "/v1/chat/completions", "-N", data=json.dumps(
+            {"messages": messages, "max_tokens": 20, "temperature": 0, "stream": True}))
+        self.assertEqual(code, 200, body)
+        events = sse_events(body)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = [json.loads(e) for e in events[:-1]]
+        self.assertEqual(chunks[0]["choices"][0]["delta"], {"role": "assistant", "content": ""})
+        self.assertTrue(all(c["object"] == "chat.completion.chunk" for c in chunks))
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        self.assertEqual(text, message["content"])
+        self.assertEqual(chunks[-1]["choices"][0]["finish_reason"], r["choices"][0]["finish_reason"])
+
+    def test_chat_with_openai_package(self):
+        script = f"""
+import json, openai
+c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
+msgs = [{{"role": "user", "content": "A dog"}}]
+r = c.chat.completions.create(model="stories-chat", messages=msgs, max_tokens=16, temperature=0)
+s = c.chat.completions.create(model="stories-chat", messages=msgs, max_tokens=16, temperature=0, stream=True)
+streamed = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
+print(json.dumps([r.choices[0].message.content, streamed, r.usage.completion_tokens]))
+"""
+        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        content, streamed, tokens = json.loads(p.stdout)
+        self.assertTrue(content)
+        self.assertEqual(streamed, content)
+        self.assertLessEqual(tokens, 16)
+
+
+if __name__ == "__main__":
+    BIN = sys.argv.pop(1)
+    unittest.main(verbosity=2)
