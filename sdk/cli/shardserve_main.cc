@@ -67,19 +67,19 @@ absl::Status GenerateCommand() {
   if (!client.ok()) return client.status();
   const bool print_ids = absl::GetFlag(FLAGS_print_ids);
   std::vector<int32_t> all;
-  std::string finish;
-  absl::Status st = (*client)->Generate(prompt, o, [&](const GenerateDelta& d) {
+  FinishReason finish = FinishReason::kUnspecified;
+  std::unique_ptr<GenerateStream> stream = (*client)->StartGenerate(prompt, o);
+  for (const GenerateDelta& d : *stream) {
     all.insert(all.end(), d.token_ids.begin(), d.token_ids.end());
     if (!print_ids) std::cout << d.text << std::flush;
     if (d.finished) finish = d.finish_reason;
-    return true;
-  });
-  if (!st.ok()) return st;
+  }
+  if (!stream->status().ok()) return stream->status();
   if (print_ids) {
     std::cout << absl::StrJoin(all, ",") << "\n";
   } else {
     std::cout << "\n";
-    std::cerr << "finish_reason: " << finish << "\n";
+    std::cerr << "finish_reason: " << FinishReasonName(finish) << "\n";
   }
   return absl::OkStatus();
 }
