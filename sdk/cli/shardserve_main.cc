@@ -3,9 +3,12 @@
 //   shardserve generate --server=HOST:PORT --prompt "TEXT" --max_tokens 32 --temperature 0
 //   shardserve generate --server=HOST:PORT --prompt_ids 1,2,3 --print_ids
 //   shardserve status   --server=HOST:PORT
+//   (generate, status: --tls_ca_file, --tls_cert_file/--tls_key_file, --bearer_token_file)
 //   shardserve plan     --model=DIR --workers=a=cpu:2x8GiB,b=cpu:2x8GiB [--tp --pp --replicas]
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/flags/parse.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
@@ -32,6 +36,12 @@ ABSL_FLAG(double, top_p, 1.0, "nucleus sampling threshold in (0, 1]");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(bool, ignore_eos, false, "do not stop at the model's EOS tokens");
 ABSL_FLAG(int32_t, timeout_s, 600, "deadline of each call, seconds");
+ABSL_FLAG(bool, tls, false, "connect with TLS (implied by any --tls_* file)");
+ABSL_FLAG(std::string, tls_ca_file, "", "PEM CA certificates to trust; default: the system's roots");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate chain for mutual TLS (with --tls_key_file)");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_server_name, "", "name to check the server's certificate against; default: the host");
+ABSL_FLAG(std::string, bearer_token_file, "", "file holding a token sent as 'authorization: Bearer TOKEN'");
 ABSL_FLAG(std::string, model, "", "plan: model directory (config.json)");
 ABSL_FLAG(std::string, workers, "", "plan: workers as NAME=KIND:COUNTxSIZE,... (e.g. a=cuda:8x80GiB)");
 ABSL_FLAG(int32_t, tp, 0, "plan: tensor-parallel ranks per stage; 0 = auto");
@@ -42,9 +52,33 @@ ABSL_FLAG(int64_t, max_seq_len, 0, "plan: longest sequence; 0 = the model's cont
 namespace shardserve {
 namespace {
 
+// The contents of the file a flag names ("" when the flag is empty).
+absl::StatusOr<std::string> ReadFlagFile(const std::string& path, const char* flag) {
+  if (path.empty()) return std::string();
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream contents;
+  contents << f.rdbuf();
+  if (!f || contents.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read \"", path, "\" (or it is empty)"));
+  }
+  return contents.str();
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Connect() {
-  return Client::Connect(absl::GetFlag(FLAGS_server),
-                         {.timeout = std::chrono::seconds(std::max(1, absl::GetFlag(FLAGS_timeout_s)))});
+  ClientOptions o{.timeout = std::chrono::seconds(std::max(1, absl::GetFlag(FLAGS_timeout_s)))};
+  auto ca = ReadFlagFile(absl::GetFlag(FLAGS_tls_ca_file), "tls_ca_file");
+  auto cert = ReadFlagFile(absl::GetFlag(FLAGS_tls_cert_file), "tls_cert_file");
+  auto key = ReadFlagFile(absl::GetFlag(FLAGS_tls_key_file), "tls_key_file");
+  auto token = ReadFlagFile(absl::GetFlag(FLAGS_bearer_token_file), "bearer_token_file");
+  for (const auto* r : {&ca, &cert, &key, &token}) {
+    if (!r->ok()) return r->status();
+  }
+  o.tls = {.root_certs = *ca, .client_cert = *cert, .client_key = *key,
+           .server_name = absl::GetFlag(FLAGS_tls_server_name)};
+  o.tls.enabled = absl::GetFlag(FLAGS_tls) || !o.tls.root_certs.empty() || !o.tls.client_cert.empty() ||
+                  !o.tls.client_key.empty() || !o.tls.server_name.empty();
+  o.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
+  return Client::Connect(absl::GetFlag(FLAGS_server), std::move(o));
 }
 
 absl::Status GenerateCommand() {
@@ -135,6 +169,7 @@ int main(int argc, char** argv) {
       "shardserve generate|status|plan [flags]\n"
       "  generate --server=HOST:PORT --prompt \"TEXT\" --max_tokens N --temperature 0\n"
       "  status   --server=HOST:PORT\n"
+      "  (generate, status: --tls_ca_file=PEM [--tls_cert_file --tls_key_file] --bearer_token_file=FILE)\n"
       "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]");
   if (argc < 2 || argv[1][0] == '-') {
     std::cerr << "usage: shardserve generate|status|plan [flags] (--help for the flags)\n";

@@ -5,6 +5,8 @@ and against an in-process fake server (retry before the first token, deadline, b
     VENV/bin/python tests/sdk/python_sdk_test.py BIN_DIR"""
 import asyncio
 import os
+import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -242,6 +244,25 @@ class AgainstAFakeServer(unittest.TestCase):
                     c.generate("hi").result()
             self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE, kwargs)
         self.assertEqual(fake.calls, 1)
+
+    def test_cli_uses_tls_and_the_bearer_token(self):
+        fake = FakeInference(responses=ANSWER)
+        address = self.serve(fake, tls=True)
+        cli = [os.path.join(BIN, "shardserve"), "generate", f"--server={address}", "--prompt", "hi"]
+        with tempfile.NamedTemporaryFile("w", suffix=".token") as token:
+            token.write("cli-token\n")
+            token.flush()
+            p = subprocess.run(cli + [f"--tls_ca_file={TESTDATA}/ca.pem", f"--bearer_token_file={token.name}"],
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout, "Once upon\n")
+        self.assertEqual(fake.authorization, ["Bearer cli-token"])
+        p = subprocess.run(cli + ["--tls_ca_file=/nonexistent.pem"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--tls_ca_file", p.stderr)
+        p = subprocess.run(cli, capture_output=True, text=True, timeout=60)  # plaintext to a TLS server
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("UNAVAILABLE", p.stderr)
 
     def test_bad_options_are_value_errors(self):
         for args, kwargs, word in (
