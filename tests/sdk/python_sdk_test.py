@@ -116,6 +116,20 @@ class AgainstALocalCluster(unittest.TestCase):
             stream.result()
         self.assertEqual(e.exception.code, grpc.StatusCode.CANCELLED)
 
+    def test_async_cancel_mid_stream(self):
+        async def main():
+            async with shardserve.AsyncClient(self.cluster.address, timeout=60) as client:
+                stream = client.generate(PROMPT, max_tokens=400, ignore_eos=True)
+                first = await stream.__anext__()
+                stream.cancel()
+                with self.assertRaises(shardserve.ShardserveError) as e:
+                    await stream.result()
+                return first, e.exception
+
+        first, error = asyncio.run(main())
+        self.assertIsNone(first.finish_reason)
+        self.assertEqual(error.code, grpc.StatusCode.CANCELLED)
+
     def test_unreachable_server_is_unavailable(self):
         with shardserve.Client("127.0.0.1:1", retry=shardserve.RetryOptions(max_attempts=2, initial_backoff=0.01,
                                                                             max_backoff=0.01)) as c:

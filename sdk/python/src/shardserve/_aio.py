@@ -1,6 +1,7 @@
 """The asyncio client (grpc.aio)."""
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator, List, Optional, Sequence, Union
 
 import grpc
@@ -20,6 +21,7 @@ class AsyncGenerateStream:
         self._it = call.__aiter__()
         self._acc = _common.Accumulator()
         self._done = False
+        self._cancelled_by_caller = False
 
     def __aiter__(self) -> AsyncIterator[GenerateDelta]:
         return self
@@ -35,11 +37,12 @@ class AsyncGenerateStream:
         except grpc.RpcError as e:
             self._done = True
             raise _common.error(e) from None
-        except BaseException as e:  # a cancelled call ends its iterator with asyncio.CancelledError
-            if self._call.cancelled():
-                self._done = True
-                raise _common.ShardserveError(grpc.StatusCode.CANCELLED, "the generation was cancelled") from None
-            raise e
+        except asyncio.CancelledError:
+            # cancel() ends the call's iterator with CancelledError; a cancelled task must stay one.
+            if not self._cancelled_by_caller:
+                raise
+            self._done = True
+            raise _common.ShardserveError(grpc.StatusCode.CANCELLED, "the generation was cancelled") from None
         d = _common.delta(resp)
         self._acc.add(d)
         return d
@@ -50,6 +53,8 @@ class AsyncGenerateStream:
         return self._acc.result()
 
     def cancel(self) -> None:
+        """Ends the request; the next read raises ShardserveError with CANCELLED."""
+        self._cancelled_by_caller = True
         self._call.cancel()
 
 
