@@ -19,6 +19,9 @@ absl::Status ClusterOptions::Validate() const {
   if (max_step_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be >= 1, got ", max_step_tokens));
   }
+  if (pipeline_depth < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline_depth must be >= 0, got ", pipeline_depth));
+  }
   if (poll_interval <= absl::ZeroDuration()) return absl::InvalidArgumentError("poll_interval must be > 0");
   return absl::OkStatus();
 }
@@ -288,8 +291,10 @@ void Cluster::Tick() {
       scheduler_->RemoveReplica(c.replica, absl::UnavailableError(c.reason));
     } else {
       absl::StatusOr<std::unique_ptr<ReplicaClient>> client = replica_factory_(c.endpoint);
+      const int32_t depth = options_.pipeline_depth > 0 ? options_.pipeline_depth
+                                                        : static_cast<int32_t>(c.endpoint.worker_ids.size());
       absl::Status st = client.ok() ? scheduler_->AddReplica(c.replica, *std::move(client),
-                                                             {.max_slots = c.endpoint.max_slots})
+                                                             {.max_slots = c.endpoint.max_slots, .pipeline_depth = depth})
                                     : client.status();
       if (!st.ok()) {
         LOG(WARNING) << "replica " << c.replica << " cannot serve: " << st;

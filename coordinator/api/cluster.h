@@ -59,6 +59,7 @@ struct ClusterOptions {
   PlanPolicy policy;         // policy.max_seq_len must be resolved (> 0)
   int32_t max_slots = 8;     // per replica; lowered to what the plan's KV budget holds
   int32_t max_step_tokens = 256;
+  int32_t pipeline_depth = 0;  // micro-batches in flight per replica; 0 = its number of stages
   absl::Duration poll_interval = absl::Milliseconds(100);  // loop wake-up bound
   absl::Duration assign_retry = absl::Seconds(1);          // between failed Assign attempts
   absl::Status Validate() const;

@@ -32,6 +32,7 @@ absl::Status CoordinatorOptions::Validate() const {
   if (max_slots < 1) return bad("max_slots", max_slots, ">= 1");
   if (max_step_tokens < 1) return bad("max_step_tokens", max_step_tokens, ">= 1");
   if (max_queued < 0) return bad("max_queued", max_queued, ">= 0");
+  if (pipeline_depth < 0) return bad("pipeline_depth", pipeline_depth, ">= 0");
   if (heartbeat_interval <= absl::ZeroDuration()) {
     return bad("heartbeat_interval_ms", absl::FormatDuration(heartbeat_interval), "> 0");
   }
@@ -97,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   co.policy.max_seq_len = max_seq_len;
   co.max_slots = options.max_slots;
   co.max_step_tokens = options.max_step_tokens;
+  co.pipeline_depth = options.pipeline_depth;
   c->cluster_ = std::make_unique<Cluster>(co, c->spec_.get(), c->registry_.get(), c->scheduler_.get(),
                                           c->worker_client_.get(), std::move(factory), clock);
 

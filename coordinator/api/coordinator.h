@@ -50,6 +50,7 @@ struct CoordinatorOptions {
   int32_t max_slots = 8;               // per replica, >= 1
   int32_t max_step_tokens = 256;       // >= 1
   int64_t max_queued = 1024;           // >= 0
+  int32_t pipeline_depth = 0;          // micro-batches in flight per replica, >= 0; 0 = its stages
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign

@@ -29,6 +29,8 @@ ABSL_FLAG(int64_t, max_seq_len, 0, "tokens per sequence (prompt + output); 0 = t
 ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once (lowered to what the KV budget holds)");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per micro-batch (prefill chunk budget)");
 ABSL_FLAG(int64_t, max_queued, 1024, "requests waiting for a slot; beyond it Generate fails with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, pipeline_depth, 0,
+          "micro-batches in flight per replica (pipelining); 0 = its number of stages, 1 = one at a time");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval workers are told to use");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000, "a worker silent this long is dead");
 ABSL_FLAG(int64_t, assign_timeout_ms, 10000, "deadline of Worker.Assign calls");
@@ -58,6 +60,7 @@ int main(int argc, char** argv) {
   options.max_slots = absl::GetFlag(FLAGS_max_slots);
   options.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
   options.max_queued = absl::GetFlag(FLAGS_max_queued);
+  options.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.assign_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_assign_timeout_ms));

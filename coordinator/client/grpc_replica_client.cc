@@ -203,11 +203,11 @@ GrpcReplicaClient::~GrpcReplicaClient() {
   Shutdown();
   absl::MutexLock lock(&mu_);
   if (stream_ != nullptr) retired_.push_back(std::move(stream_));
-  for (std::unique_ptr<Stream>& s : retired_) {
+  for (std::shared_ptr<Stream>& s : retired_) {
     if (!s->WaitDone(absl::Seconds(10))) {
       // Freeing it would let gRPC touch freed memory; leaking one object is the lesser evil.
       LOG(ERROR) << "stage stream to " << options_.address << " did not finish within 10s of its cancellation";
-      (void)s.release();
+      static_cast<void>(new std::shared_ptr<Stream>(std::move(s)));
     }
   }
 }
@@ -219,17 +219,17 @@ void GrpcReplicaClient::Shutdown() {
 }
 
 absl::StatusOr<StepOutput> GrpcReplicaClient::Step(const StepInput& input) {
-  Stream* stream = nullptr;
+  std::shared_ptr<Stream> stream;  // kept alive by this reference while this Step uses it
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError(absl::StrCat("replica client for ", options_.address, " is shut down"));
-    std::erase_if(retired_, [](const std::unique_ptr<Stream>& s) { return s->done(); });
+    std::erase_if(retired_, [](const std::shared_ptr<Stream>& s) { return s->done(); });
     if (stream_ != nullptr && stream_->closing()) retired_.push_back(std::move(stream_));
     if (stream_ == nullptr) {
-      stream_ = std::make_unique<Stream>(channel_, options_.address);
+      stream_ = std::make_shared<Stream>(channel_, options_.address);
       stream_->Start();
     }
-    stream = stream_.get();  // only this thread replaces or retires stream_
+    stream = stream_;
   }
   v1::StepRequest request;
   ToProto(input, &request);

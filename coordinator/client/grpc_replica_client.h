@@ -3,8 +3,8 @@
 //
 // One long-lived bidirectional stream, opened on the first Step and re-opened on the next Step
 // after it breaks. Each Step writes one StepRequest (step_id = StepInput::step_id) and waits for
-// the StepResponse with the same step_id, so the stream itself could carry several micro-batches
-// in flight; the scheduler uses one at a time today. The stream uses the gRPC callback client API
+// the StepResponse with the same step_id, so several Steps (from several threads) can be in flight
+// on the one stream: pipelined micro-batches. The stream uses the gRPC callback client API
 // (ClientBidiReactor); Step waits on a condition variable, bounded by Options::step_timeout.
 //
 // Errors from Step: the stages' own error (StepResponse.error_code / error_message);
@@ -12,7 +12,7 @@
 // DeadlineExceeded after step_timeout (the stream is then cancelled and re-opened by the next
 // Step); Unavailable after Shutdown.
 //
-// Thread-safety: as ReplicaClient (Step from one thread at a time; Shutdown from any thread).
+// Thread-safety: as ReplicaClient (Step from several threads at once; Shutdown from any thread).
 // Destruction waits (bounded) for the stream to finish.
 #ifndef SHARDSERVE_COORDINATOR_CLIENT_GRPC_REPLICA_CLIENT_H_
 #define SHARDSERVE_COORDINATOR_CLIENT_GRPC_REPLICA_CLIENT_H_
@@ -57,9 +57,10 @@ class GrpcReplicaClient final : public ReplicaClient {
 
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  std::unique_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);
+  // Shared with the Steps using it, so that one Step retiring it cannot free it under another.
+  std::shared_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);
   // Streams cancelled or broken, kept until gRPC has finished with them (their OnDone).
-  std::vector<std::unique_ptr<Stream>> retired_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Stream>> retired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardserve::coordinator

@@ -57,8 +57,10 @@ struct StepOutput {
 //    may succeed (e.g. after the implementation reconnects).
 //  - StepOutput::token_ids must have exactly one entry per sequence with sample = true;
 //    the scheduler fails the batch with Internal otherwise.
-//  - Thread-safety: Step() is called by one thread at a time (the replica's step loop);
-//    Shutdown() may be called from any thread, at any time, more than once.
+//  - Thread-safety: Step() may be called by several threads at once (pipelined micro-batches of
+//    different sequences; at most ReplicaOptions::pipeline_depth), and must then run them in the
+//    order they are called on each stage; Shutdown() may be called from any thread, at any time,
+//    more than once.
 class ReplicaClient {
  public:
   virtual ~ReplicaClient() = default;

@@ -14,9 +14,11 @@ namespace shardserve::coordinator {
 //  - it is in exactly one of its replica's `waiting` (slot == -1) or `running` (slot >= 0);
 //  - a running sequence's slot is not in its replica's free_slots; slots of a replica are
 //    free_slots + running slots = [0, max_slots);
-//  - only the replica's own thread ends a running sequence, except RemoveReplica / Shutdown, which
-//    do so after that thread has been joined. So token and end events of one sequence are
-//    delivered in order from one thread.
+//  - only the replica's own threads end a running sequence, except RemoveReplica / Shutdown, which
+//    do so after those threads have been joined; a sequence is in_flight from the build of its
+//    micro-batch until the thread that ran it has delivered its events, and only a sequence that is
+//    not in flight is put in a micro-batch or ended by EndCancelledLocked. So the token and end
+//    events of one sequence are delivered in order, never from two threads at once.
 struct Scheduler::Sequence {
   SequenceId id = 0;
   SequenceRequest request;
@@ -43,10 +45,12 @@ struct Scheduler::Replica {
   std::vector<int32_t> free_slots;        // the lowest slot at the back
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;  // admission order
+  int32_t depth = 1;  // step loops (micro-batches in flight at once)
   bool stopping = false;
-  uint64_t steps = 0;
+  uint64_t steps = 0;         // micro-batches answered
+  uint64_t last_step_id = 0;  // of the last micro-batch built
   uint64_t next_admitted = 1;
-  std::thread thread;
+  std::vector<std::thread> threads;
 };
 
 struct Scheduler::Event {
@@ -90,6 +94,9 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   if (options.max_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", options.max_slots));
   }
+  if (options.pipeline_depth < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline_depth must be >= 1, got ", options.pipeline_depth));
+  }
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::FailedPreconditionError("the scheduler is shut down");
   if (replicas_.contains(replica)) {
@@ -99,11 +106,13 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->id = replica;
   r->max_slots = options.max_slots;
   r->client = std::move(client);
+  r->depth = options.pipeline_depth;
   for (int32_t s = options.max_slots - 1; s >= 0; --s) r->free_slots.push_back(s);
   Replica* raw = r.get();
   replicas_.emplace(replica, std::move(r));
-  raw->thread = std::thread([this, raw] { ReplicaLoop(raw); });
-  LOG(INFO) << "scheduler: replica " << replica << " serving with " << options.max_slots << " slots";
+  for (int32_t t = 0; t < options.pipeline_depth; ++t) raw->threads.emplace_back([this, raw] { ReplicaLoop(raw); });
+  LOG(INFO) << "scheduler: replica " << replica << " serving with " << options.max_slots << " slots, "
+            << options.pipeline_depth << " micro-batch(es) in flight";
   return absl::OkStatus();
 }
 
@@ -213,8 +222,16 @@ void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& ev
 }
 
 bool Scheduler::HasWorkLocked(const Replica& r) const {
-  if (!r.running.empty()) return true;
+  for (const Sequence* s : r.running) {
+    if (!s->in_flight) return true;  // to step, or (cancelled) to end
+  }
   return !r.waiting.empty() && !r.free_slots.empty();
+}
+
+void Scheduler::ReleaseLocked(const Batch& batch) {
+  for (SequenceId id : batch.members) {
+    if (auto it = sequences_.find(id); it != sequences_.end()) it->second->in_flight = false;
+  }
 }
 
 void Scheduler::EndCancelledLocked(Replica& r, std::vector<Event>& events) {
@@ -238,9 +255,9 @@ void Scheduler::AdmitLocked(Replica& r) {
   }
 }
 
-Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r) {
+Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
   Batch batch;
-  batch.input.step_id = r.steps + 1;
+  batch.input.step_id = ++r.last_step_id;
   int64_t left = options_.max_step_tokens;
   auto pending = [](const Sequence* s) { return static_cast<int64_t>(s->context.size()) - s->consumed; };
   std::vector<Sequence*> decodes, prefills;
@@ -269,11 +286,11 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r) {
     left -= n;
   };
   for (Sequence* s : decodes) {
-    if (left <= 0) break;
+    if (left <= 0 || batch.members.size() >= max_sequences) break;
     add(s, 1);
   }
   for (Sequence* s : prefills) {
-    if (left <= 0) break;
+    if (left <= 0 || batch.members.size() >= max_sequences) break;
     add(s, std::min(pending(s), left));
   }
   return batch;
@@ -304,9 +321,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
   }
   if (!status.ok() && r.stopping) {
     // Interrupted by RemoveReplica / Shutdown, which end these sequences with their own reason.
-    for (SequenceId id : batch.members) {
-      if (auto it = sequences_.find(id); it != sequences_.end()) it->second->in_flight = false;
-    }
+    ReleaseLocked(batch);
     return;
   }
   if (!status.ok()) {
@@ -319,8 +334,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     const int32_t token = (status.ok() && in.sample) ? out->token_ids[k++] : -1;
     auto it = sequences_.find(batch.members[b]);
     CHECK(it != sequences_.end()) << "a sequence in flight was ended by another thread";
-    Sequence& s = *it->second;
-    s.in_flight = false;
+    Sequence& s = *it->second;  // stays in flight until its events are delivered (ReleaseLocked)
     if (!status.ok()) {
       EndLocked(s, SequenceEnd{.status = status}, events);
       continue;
@@ -362,7 +376,8 @@ void Scheduler::ReplicaLoop(Replica* r) {
       if (r->stopping) return;
       EndCancelledLocked(*r, events);
       AdmitLocked(*r);
-      batch = BuildBatchLocked(*r);
+      const size_t share = (r->running.size() + static_cast<size_t>(r->depth) - 1) / static_cast<size_t>(r->depth);
+      batch = BuildBatchLocked(*r, std::max<size_t>(share, 1));
     }
     Deliver(events);
     if (batch.input.sequences.empty()) continue;
@@ -372,6 +387,11 @@ void Scheduler::ReplicaLoop(Replica* r) {
     {
       absl::MutexLock lock(&mu_);
       ApplyLocked(*r, batch, out, took, events);
+    }
+    Deliver(events);
+    {
+      absl::MutexLock lock(&mu_);
+      ReleaseLocked(batch);
       EndCancelledLocked(*r, events);
     }
     Deliver(events);
@@ -398,7 +418,7 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
   }
   LOG(WARNING) << "scheduler: removing replica " << replica << ": " << reason;
   r->client->Shutdown();
-  r->thread.join();
+  for (std::thread& t : r->threads) t.join();
   std::vector<Event> events;
   std::unique_ptr<Replica> owned;
   {
@@ -440,7 +460,9 @@ void Scheduler::Shutdown(const absl::Status& reason) {
     }
   }
   for (Replica* r : stopping) r->client->Shutdown();
-  for (Replica* r : stopping) r->thread.join();
+  for (Replica* r : stopping) {
+    for (std::thread& t : r->threads) t.join();
+  }
   std::vector<Event> events;
   std::vector<std::unique_ptr<Replica>> owned;
   {

@@ -18,8 +18,12 @@
 //      condition, freeing their slots: a stop id (the request's stop_token_ids, plus the model's
 //      EOS ids unless ignore_eos) -> kStop; max_tokens generated or the context (max_seq_len)
 //      full -> kLength. A failed step fails the sequences that were in it with its status.
-// One micro-batch is in flight per replica. The batch builder skips sequences already in flight,
-// so a pipelined loop (up to one micro-batch per stage) can reuse it unchanged.
+// Pipelining: a replica runs pipeline_depth step loops (threads) over the same state, so up to
+// that many micro-batches are in flight at once, each of different sequences (a sequence stays
+// "in flight" from the build of its micro-batch until its tokens have been delivered, which also
+// keeps each sequence's sink calls in order). A micro-batch takes at most
+// ceil(running / pipeline_depth) sequences, so the running set splits into groups that take turns
+// through the stages.
 //
 // ---- Admission and routing ----------------------------------------------------------------------
 // Submit validates the request (ValidateSequenceRequest), picks the least-loaded replica (fewest
@@ -67,6 +71,9 @@ struct SchedulerOptions {
 
 struct ReplicaOptions {
   int32_t max_slots = 8;  // sequences the replica holds at once (its stages' KV slots), >= 1
+  // Micro-batches in flight at once, >= 1: with P pipeline stages, P lets every stage work on a
+  // different micro-batch; 1 = one at a time.
+  int32_t pipeline_depth = 1;
 };
 
 using SequenceId = uint64_t;
@@ -95,8 +102,9 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Starts serving on a replica: takes ownership of `client` and starts its step loop.
-  // AlreadyExists for a replica id in use; InvalidArgument for max_slots < 1 or a null client;
+  // Starts serving on a replica: takes ownership of `client` and starts its step loops.
+  // AlreadyExists for a replica id in use; InvalidArgument for max_slots < 1, pipeline_depth < 1
+  // or a null client;
   // FailedPrecondition after Shutdown.
   absl::Status AddReplica(int replica, std::unique_ptr<ReplicaClient> client, const ReplicaOptions& options);
 
@@ -139,9 +147,12 @@ class Scheduler {
   absl::StatusOr<SequenceId> SubmitImpl(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
   void ReplicaLoop(Replica* replica);
   bool HasWorkLocked(const Replica& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the batch's sequences that are still running as no longer in flight.
+  void ReleaseLocked(const Batch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCancelledLocked(Replica& r, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdmitLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Batch BuildBatchLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At most `max_sequences` sequences.
+  Batch BuildBatchLocked(Replica& r, size_t max_sequences) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out, absl::Duration took,
                    std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `seq` (running or waiting) and queues its OnEnd.

@@ -3,8 +3,9 @@
 //   shardserve generate --server=HOST:PORT --prompt "TEXT" --max_tokens 32 --temperature 0
 //   shardserve generate --server=HOST:PORT --prompt_ids 1,2,3 --print_ids
 //   shardserve status   --server=HOST:PORT
-//   (generate, status: --tls_ca_file, --tls_cert_file/--tls_key_file, --bearer_token_file)
+//   (generate, status, bench: --tls_ca_file, --tls_cert_file/--tls_key_file, --bearer_token_file)
 //   shardserve plan     --model=DIR --workers=a=cpu:2x8GiB,b=cpu:2x8GiB [--tp --pp --replicas]
+//   shardserve bench    --server=HOST:PORT --concurrency 16 --requests 200 --max_tokens 64 [--json]
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -22,6 +23,7 @@
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
 #include "coordinator/planner/planner.h"
+#include "sdk/cli/bench.h"
 #include "sdk/cli/cli_parse.h"
 #include "shardserve/client.h"
 
@@ -48,6 +50,14 @@ ABSL_FLAG(int32_t, tp, 0, "plan: tensor-parallel ranks per stage; 0 = auto");
 ABSL_FLAG(int32_t, pp, 0, "plan: pipeline stages; 0 = auto");
 ABSL_FLAG(int32_t, replicas, 0, "plan: replicas; 0 = auto");
 ABSL_FLAG(int64_t, max_seq_len, 0, "plan: longest sequence; 0 = the model's context");
+ABSL_FLAG(int32_t, concurrency, 1, "bench: clients sending back to back, or (with --rate) requests in flight at most");
+ABSL_FLAG(int64_t, requests, 0, "bench: requests to send; 0 = until --duration_s");
+ABSL_FLAG(double, duration_s, 0, "bench: stop sending after this many seconds; 0 = until --requests are sent");
+ABSL_FLAG(double, rate, 0, "bench: open loop, mean requests per second (Poisson arrivals); 0 = closed loop");
+ABSL_FLAG(std::string, prompt_tokens, "32", "bench: prompt length in tokens, N or MIN:MAX (uniform)");
+ABSL_FLAG(std::string, output_tokens, "", "bench: max_tokens per request as MIN:MAX (uniform); default --max_tokens");
+ABSL_FLAG(int32_t, prompt_vocab, 256, "bench: prompt ids are drawn from [1, prompt_vocab)");
+ABSL_FLAG(bool, json, false, "bench: print the summary as one JSON object instead of a table");
 
 namespace shardserve {
 namespace {
@@ -101,7 +111,7 @@ absl::Status GenerateCommand() {
   if (!client.ok()) return client.status();
   const bool print_ids = absl::GetFlag(FLAGS_print_ids);
   std::vector<int32_t> all;
-  FinishReason finish = FinishReason::kUnspecified;
+  std::string finish;
   std::unique_ptr<GenerateStream> stream = (*client)->StartGenerate(prompt, o);
   for (const GenerateDelta& d : *stream) {
     all.insert(all.end(), d.token_ids.begin(), d.token_ids.end());
@@ -113,7 +123,7 @@ absl::Status GenerateCommand() {
     std::cout << absl::StrJoin(all, ",") << "\n";
   } else {
     std::cout << "\n";
-    std::cerr << "finish_reason: " << FinishReasonName(finish) << "\n";
+    std::cerr << "finish_reason: " << finish << "\n";
   }
   return absl::OkStatus();
 }
@@ -144,6 +154,32 @@ absl::Status StatusCommand() {
   return absl::OkStatus();
 }
 
+absl::Status BenchCommand() {
+  cli::BenchOptions o;
+  o.concurrency = absl::GetFlag(FLAGS_concurrency);
+  o.requests = absl::GetFlag(FLAGS_requests);
+  o.duration_s = absl::GetFlag(FLAGS_duration_s);
+  o.rate = absl::GetFlag(FLAGS_rate);
+  o.prompt_vocab = absl::GetFlag(FLAGS_prompt_vocab);
+  o.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  o.seed = absl::GetFlag(FLAGS_seed);
+  auto prompt = cli::ParseLengthRange(absl::GetFlag(FLAGS_prompt_tokens), "--prompt_tokens");
+  if (!prompt.ok()) return prompt.status();
+  o.prompt_tokens = *prompt;
+  const std::string output = absl::GetFlag(FLAGS_output_tokens);
+  auto out = cli::ParseLengthRange(output.empty() ? absl::StrCat(absl::GetFlag(FLAGS_max_tokens)) : output,
+                                   output.empty() ? "--max_tokens" : "--output_tokens");
+  if (!out.ok()) return out.status();
+  o.output_tokens = *out;
+  if (absl::Status st = o.Validate(); !st.ok()) return st;
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  auto summary = cli::RunBench(**client, o);
+  if (!summary.ok()) return summary.status();
+  std::cout << (absl::GetFlag(FLAGS_json) ? cli::ToJson(*summary) + "\n" : cli::ToTable(*summary)) << std::flush;
+  return absl::OkStatus();
+}
+
 absl::Status PlanCommand() {
   if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("plan needs --model");
   auto spec = LoadModelSpec(absl::GetFlag(FLAGS_model));
@@ -166,13 +202,15 @@ absl::Status PlanCommand() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "shardserve generate|status|plan [flags]\n"
+      "shardserve generate|status|plan|bench [flags]\n"
       "  generate --server=HOST:PORT --prompt \"TEXT\" --max_tokens N --temperature 0\n"
       "  status   --server=HOST:PORT\n"
-      "  (generate, status: --tls_ca_file=PEM [--tls_cert_file --tls_key_file] --bearer_token_file=FILE)\n"
-      "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]");
+      "  (generate, status, bench: --tls_ca_file=PEM [--tls_cert_file --tls_key_file] --bearer_token_file=FILE)\n"
+      "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]\n"
+      "  bench    --server=HOST:PORT --concurrency N (--requests N | --duration_s S) [--rate R]\n"
+      "           [--prompt_tokens N|MIN:MAX] [--max_tokens N | --output_tokens MIN:MAX] [--json]");
   if (argc < 2 || argv[1][0] == '-') {
-    std::cerr << "usage: shardserve generate|status|plan [flags] (--help for the flags)\n";
+    std::cerr << "usage: shardserve generate|status|plan|bench [flags] (--help for the flags)\n";
     return 2;
   }
   const std::string command = argv[1];
@@ -187,8 +225,9 @@ int main(int argc, char** argv) {
   if (command == "generate") st = shardserve::GenerateCommand();
   else if (command == "status") st = shardserve::StatusCommand();
   else if (command == "plan") st = shardserve::PlanCommand();
+  else if (command == "bench") st = shardserve::BenchCommand();
   else {
-    std::cerr << "shardserve: unknown command \"" << command << "\" (generate, status, plan)\n";
+    std::cerr << "shardserve: unknown command \"" << command << "\" (generate, status, plan, bench)\n";
     return 2;
   }
   if (!st.ok()) {

@@ -37,16 +37,6 @@ bool CancellationToken::IsCancelled() const {
   return state_->cancelled;
 }
 
-const char* FinishReasonName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kUnspecified: return "";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kCancelled: return "cancelled";
-  }
-  return "";
-}
-
 namespace {
 
 absl::Status FromGrpc(const grpc::Status& s) {
@@ -55,12 +45,12 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-FinishReason ReasonFromProto(v1::FinishReason r) {
+std::string ReasonName(v1::FinishReason r) {
   switch (r) {
-    case v1::FINISH_REASON_LENGTH: return FinishReason::kLength;
-    case v1::FINISH_REASON_STOP: return FinishReason::kStop;
-    case v1::FINISH_REASON_CANCELLED: return FinishReason::kCancelled;
-    default: return FinishReason::kUnspecified;  // also values newer than this client
+    case v1::FINISH_REASON_LENGTH: return "length";
+    case v1::FINISH_REASON_STOP: return "stop";
+    case v1::FINISH_REASON_CANCELLED: return "cancelled";
+    default: return "";  // unset, or a value newer than this client
   }
 }
 
@@ -164,8 +154,9 @@ GenerateDelta ToDelta(const v1::GenerateResponse& resp) {
   GenerateDelta d;
   d.token_ids.assign(resp.token_ids().begin(), resp.token_ids().end());
   d.text = resp.text();
-  d.finish_reason = ReasonFromProto(resp.finish_reason());
   d.finished = resp.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  d.finish_reason = d.finished ? ReasonName(resp.finish_reason()) : "";
+  if (d.finished && d.finish_reason.empty()) d.finish_reason = "unknown";
   d.prompt_tokens = resp.usage().prompt_tokens();
   d.completion_tokens = resp.usage().completion_tokens();
   d.request_id = resp.request_id();
@@ -191,10 +182,9 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   return req;
 }
 
-}  // namespace
-
-struct Client::Impl {
-  Impl(std::shared_ptr<grpc::Channel> channel, ClientOptions o)
+// What the calls of one client share (streams keep it alive after the client is gone).
+struct Channel {
+  Channel(std::shared_ptr<grpc::Channel> channel, ClientOptions o)
       : options(std::move(o)), inference(v1::Inference::NewStub(channel)), admin(v1::Admin::NewStub(channel)) {}
 
   // Sets the deadline and the bearer token of a call.
@@ -218,12 +208,10 @@ struct Client::Impl {
   const std::unique_ptr<v1::Admin::Stub> admin;
 };
 
-namespace {
-
 // A Generate call read with the synchronous gRPC API on the caller's thread.
 class GrpcGenerateStream final : public GenerateStream {
  public:
-  GrpcGenerateStream(std::shared_ptr<const Client::Impl> impl, const v1::GenerateRequest& request,
+  GrpcGenerateStream(std::shared_ptr<const Channel> impl, const v1::GenerateRequest& request,
                      const CallOptions& call)
       : impl_(std::move(impl)) {
     impl_->Prepare(&ctx_, call);
@@ -267,7 +255,7 @@ class GrpcGenerateStream final : public GenerateStream {
   }
 
  private:
-  const std::shared_ptr<const Client::Impl> impl_;  // keeps the stub alive
+  const std::shared_ptr<const Channel> impl_;  // keeps the stub alive
   grpc::ClientContext ctx_;
   std::optional<CallRegistration> registration_;  // after ctx_: unregisters before ctx_ goes
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
@@ -276,10 +264,88 @@ class GrpcGenerateStream final : public GenerateStream {
   absl::Status status_;
 };
 
-}  // namespace
+// The Client of Connect: one gRPC channel, calls on the caller's thread.
+class GrpcClient final : public Client {
+ public:
+  explicit GrpcClient(std::shared_ptr<const Channel> channel) : channel_(std::move(channel)) {}
 
-Client::Client(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Client::~Client() = default;
+ protected:
+  std::unique_ptr<GenerateStream> DoStartGenerate(const Prompt& prompt, const GenerateOptions& options,
+                                                  const CallOptions& call) override {
+    return std::make_unique<GrpcGenerateStream>(channel_, ToRequest(prompt, options), call);
+  }
+  absl::StatusOr<std::vector<int32_t>> DoTokenize(const std::string& text, bool add_special_tokens,
+                                                  const CallOptions& call) override;
+  absl::StatusOr<ModelInfo> DoGetModelInfo(const CallOptions& call) override;
+  absl::StatusOr<ClusterInfo> DoClusterStatus(const CallOptions& call) override;
+
+ private:
+  const std::shared_ptr<const Channel> channel_;
+};
+
+absl::StatusOr<std::vector<int32_t>> GrpcClient::DoTokenize(const std::string& text, bool add_special_tokens,
+                                                            const CallOptions& call) {
+  v1::TokenizeRequest req;
+  req.set_text(text);
+  req.set_add_special_tokens(add_special_tokens);
+  v1::TokenizeResponse resp;
+  absl::Status st =
+      channel_->Unary(call, [&](grpc::ClientContext* ctx) { return channel_->inference->Tokenize(ctx, req, &resp); });
+  if (!st.ok()) return st;
+  return std::vector<int32_t>(resp.ids().begin(), resp.ids().end());
+}
+
+absl::StatusOr<ModelInfo> GrpcClient::DoGetModelInfo(const CallOptions& call) {
+  v1::ModelInfo resp;
+  absl::Status st = channel_->Unary(call, [&](grpc::ClientContext* ctx) {
+    return channel_->inference->GetModelInfo(ctx, v1::GetModelInfoRequest(), &resp);
+  });
+  if (!st.ok()) return st;
+  ModelInfo info;
+  info.model_path = resp.model_path();
+  info.architecture = resp.architecture();
+  info.vocab_size = resp.vocab_size();
+  info.max_position_embeddings = resp.max_position_embeddings();
+  info.num_layers = resp.num_layers();
+  info.num_parameters = resp.num_parameters();
+  info.eos_token_ids.assign(resp.eos_token_ids().begin(), resp.eos_token_ids().end());
+  info.has_tokenizer = resp.has_tokenizer();
+  return info;
+}
+
+absl::StatusOr<ClusterInfo> GrpcClient::DoClusterStatus(const CallOptions& call) {
+  v1::ClusterStatus resp;
+  absl::Status st = channel_->Unary(call, [&](grpc::ClientContext* ctx) {
+    return channel_->admin->GetClusterStatus(ctx, v1::GetClusterStatusRequest(), &resp);
+  });
+  if (!st.ok()) return st;
+  ClusterInfo info;
+  info.ready = resp.ready();
+  info.reason = resp.reason();
+  info.model_path = resp.model_path();
+  info.plan = resp.plan();
+  info.running_sequences = resp.running_sequences();
+  info.waiting_sequences = resp.waiting_sequences();
+  for (const v1::WorkerStatus& w : resp.workers()) {
+    WorkerInfo wi{.worker_id = w.worker_id(), .node_name = w.node_name(), .address = w.address(),
+                  .state = StateName(w.state()), .error = w.error()};
+    wi.metrics_address = w.metrics_address();
+    std::vector<std::string> devs;
+    for (const v1::Device& d : w.devices()) {
+      devs.push_back(absl::StrCat(d.kind() == v1::DEVICE_KIND_CUDA ? "cuda:" : "cpu:", d.index()));
+    }
+    wi.devices = absl::StrJoin(devs, ",");
+    if (w.has_assignment() && !w.assignment().assignment_id().empty()) {
+      const v1::Assignment& a = w.assignment();
+      wi.assignment = absl::StrCat("replica ", a.replica(), " stage ", a.stage(), "/", a.num_stages(), " layers [",
+                                   a.layer_begin(), ", ", a.layer_end(), ")");
+    }
+    info.workers.push_back(std::move(wi));
+  }
+  return info;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address, ClientOptions options) {
   if (absl::Status st = ValidateAddress(address); !st.ok()) return st;
@@ -299,12 +365,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
     credentials = grpc::InsecureChannelCredentials();
   }
   auto channel = grpc::CreateCustomChannel(address, credentials, args);
-  return std::unique_ptr<Client>(new Client(std::make_shared<Impl>(std::move(channel), std::move(options))));
-}
-
-std::unique_ptr<GenerateStream> Client::StartGenerate(const Prompt& prompt, const GenerateOptions& options,
-                                                      const CallOptions& call) {
-  return std::make_unique<GrpcGenerateStream>(impl_, ToRequest(prompt, options), call);
+  return std::unique_ptr<Client>(new GrpcClient(std::make_shared<Channel>(std::move(channel), std::move(options))));
 }
 
 absl::Status Client::GenerateStreaming(const Prompt& prompt, const GenerateOptions& options,
@@ -337,72 +398,10 @@ absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const Gene
     }
   }
   if (!stream->status().ok()) return stream->status();
-  if (result.finish_reason == FinishReason::kUnspecified) {
+  if (result.finish_reason.empty()) {
     return absl::InternalError("the server ended the generation without a finish reason");
   }
   return result;
-}
-
-absl::StatusOr<std::vector<int32_t>> Client::Tokenize(const std::string& text, bool add_special_tokens,
-                                                      const CallOptions& call) {
-  v1::TokenizeRequest req;
-  req.set_text(text);
-  req.set_add_special_tokens(add_special_tokens);
-  v1::TokenizeResponse resp;
-  absl::Status st =
-      impl_->Unary(call, [&](grpc::ClientContext* ctx) { return impl_->inference->Tokenize(ctx, req, &resp); });
-  if (!st.ok()) return st;
-  return std::vector<int32_t>(resp.ids().begin(), resp.ids().end());
-}
-
-absl::StatusOr<ModelInfo> Client::GetModelInfo(const CallOptions& call) {
-  v1::ModelInfo resp;
-  absl::Status st = impl_->Unary(call, [&](grpc::ClientContext* ctx) {
-    return impl_->inference->GetModelInfo(ctx, v1::GetModelInfoRequest(), &resp);
-  });
-  if (!st.ok()) return st;
-  ModelInfo info;
-  info.model_path = resp.model_path();
-  info.architecture = resp.architecture();
-  info.vocab_size = resp.vocab_size();
-  info.max_position_embeddings = resp.max_position_embeddings();
-  info.num_layers = resp.num_layers();
-  info.num_parameters = resp.num_parameters();
-  info.eos_token_ids.assign(resp.eos_token_ids().begin(), resp.eos_token_ids().end());
-  info.has_tokenizer = resp.has_tokenizer();
-  return info;
-}
-
-absl::StatusOr<ClusterInfo> Client::ClusterStatus(const CallOptions& call) {
-  v1::ClusterStatus resp;
-  absl::Status st = impl_->Unary(call, [&](grpc::ClientContext* ctx) {
-    return impl_->admin->GetClusterStatus(ctx, v1::GetClusterStatusRequest(), &resp);
-  });
-  if (!st.ok()) return st;
-  ClusterInfo info;
-  info.ready = resp.ready();
-  info.reason = resp.reason();
-  info.model_path = resp.model_path();
-  info.plan = resp.plan();
-  info.running_sequences = resp.running_sequences();
-  info.waiting_sequences = resp.waiting_sequences();
-  for (const v1::WorkerStatus& w : resp.workers()) {
-    WorkerInfo wi{.worker_id = w.worker_id(), .node_name = w.node_name(), .address = w.address(),
-                  .state = StateName(w.state()), .error = w.error()};
-    wi.metrics_address = w.metrics_address();
-    std::vector<std::string> devs;
-    for (const v1::Device& d : w.devices()) {
-      devs.push_back(absl::StrCat(d.kind() == v1::DEVICE_KIND_CUDA ? "cuda:" : "cpu:", d.index()));
-    }
-    wi.devices = absl::StrJoin(devs, ",");
-    if (w.has_assignment() && !w.assignment().assignment_id().empty()) {
-      const v1::Assignment& a = w.assignment();
-      wi.assignment = absl::StrCat("replica ", a.replica(), " stage ", a.stage(), "/", a.num_stages(), " layers [",
-                                   a.layer_begin(), ", ", a.layer_end(), ")");
-    }
-    info.workers.push_back(std::move(wi));
-  }
-  return info;
 }
 
 }  // namespace shardserve

@@ -38,6 +38,7 @@ ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
 ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
 ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
+ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = its number of stages");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
 ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to become ready");
 ABSL_FLAG(bool, metrics, true, "workers serve Prometheus metrics on free ports (printed as \"metrics: URL\" lines)");
@@ -155,7 +156,8 @@ int main(int argc, char** argv) {
                              absl::StrCat("--replicas=", absl::GetFlag(FLAGS_replicas)),
                              absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
                              absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
-                             absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens))})});
+                             absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens)),
+                             absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth))})});
   for (int i = 0; i < workers; ++i) {
     std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + address,
                                             "--listen=127.0.0.1:0",

@@ -148,6 +148,18 @@ class Load(unittest.TestCase):
                 t.join()
             for i in range(32):
                 self.assertEqual(results[i], expected[i], f"client {i}")
+
+            # The load generator against the same (pipelined) cluster: every request answered in full.
+            p = subprocess.run([os.path.join(BIN, "shardserve"), "bench", f"--server={c.address}", "--json",
+                                "--requests=24", "--concurrency=8", "--max_tokens=8", "--prompt_tokens=4:12",
+                                "--prompt_vocab=500"], capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            summary = json.loads(p.stdout)
+            self.assertEqual((summary["completed"], summary["failed"]), (24, 0), summary)
+            self.assertEqual(summary["output_tokens"], 24 * 8)
+            for key in ("ttft_s", "itl_s"):
+                self.assertTrue(0 < summary[key]["p50"] <= summary[key]["p90"] <= summary[key]["p99"], summary)
+            self.assertGreater(summary["output_tokens_per_s"], 0)
         finally:
             c.stop()
 

@@ -88,6 +88,7 @@ absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::S
     }
     if (shutdown_) return absl::UnavailableError("engine replica is shut down");
   }
+  absl::MutexLock run_lock(&run_mu_);  // pipelined Steps run one at a time, in call order
   std::vector<engine::StepSequence> batch;
   batch.reserve(input.sequences.size());
   for (const coordinator::StepSequenceInput& s : input.sequences) {

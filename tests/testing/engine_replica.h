@@ -70,6 +70,7 @@ class EngineReplica final : public coordinator::ReplicaClient {
   std::unique_ptr<engine::StepRunner> runner_;
   std::unique_ptr<engine::Sampler> sampler_;  // used by the stepping thread only
 
+  absl::Mutex run_mu_;  // serialises the runner and the sampler (taken after mu_ is released)
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   StepHook hook_ ABSL_GUARDED_BY(mu_);

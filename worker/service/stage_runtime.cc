@@ -3,7 +3,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/status/macros.h"
@@ -12,27 +17,57 @@
 
 namespace shardserve::service {
 
-StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
-    : runner_(std::move(runner)), config_(std::move(config)) {}
+struct StageRuntime::Link {
+  std::unique_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
+  std::thread reader;
+  // Guarded by StageRuntime::mu_.
+  absl::flat_hash_map<uint64_t, Done> waiting;  // step_id -> the upstream's answer callback
+  bool broken = false;
+};
 
-StageRuntime::~StageRuntime() { Cancel(); }
+namespace {
 
-void StageRuntime::Cancel() {
-  std::lock_guard lock(mu_);
-  if (context_ != nullptr) context_->TryCancel();
-}
-
-v1::StepResponse StageRuntime::Run(const v1::StepRequest& request) {
-  absl::StatusOr<v1::StepResponse> r = RunOrError(request);
-  if (r.ok()) return *std::move(r);
+v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
   v1::StepResponse failed;
-  failed.set_step_id(request.step_id());
-  failed.set_error_code(static_cast<int32_t>(r.status().code()));
-  failed.set_error_message(std::string(r.status().message()));
+  failed.set_step_id(step_id);
+  failed.set_error_code(static_cast<int32_t>(st.code()));
+  failed.set_error_message(std::string(st.message()));
   return failed;
 }
 
-absl::StatusOr<v1::StepResponse> StageRuntime::RunOrError(const v1::StepRequest& request) {
+}  // namespace
+
+StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
+    : runner_(std::move(runner)), config_(std::move(config)) {}
+
+StageRuntime::~StageRuntime() {
+  Cancel();
+  std::shared_ptr<Link> link;
+  {
+    std::lock_guard lock(mu_);
+    link = std::move(link_);
+  }
+  if (link != nullptr && link->reader.joinable()) link->reader.join();
+}
+
+void StageRuntime::Cancel() {
+  std::lock_guard lock(mu_);
+  cancelled_ = true;
+  if (link_ != nullptr) link_->context->TryCancel();
+}
+
+void StageRuntime::Run(const v1::StepRequest& request, Done done) {
+  absl::StatusOr<std::optional<v1::StepResponse>> r = RunOrForward(request, done);
+  if (!r.ok()) {
+    done(ErrorResponse(request.step_id(), r.status()));
+  } else if (r->has_value()) {
+    done(**std::move(r));
+  }
+}
+
+absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const v1::StepRequest& request,
+                                                                           Done& done) {
   const int64_t hidden = runner_->spec().hidden_size;
   ASSIGN_OR_RETURN(StageBatch batch, FromProto(request, hidden));
   std::vector<engine::StepSequence> steps;
@@ -52,7 +87,8 @@ absl::StatusOr<v1::StepResponse> StageRuntime::RunOrError(const v1::StepRequest&
   }
   if (!is_last()) {
     batch.hidden = std::move(result.hidden);
-    return Forward(ToNextStage(batch, hidden));
+    Forward(batch.step_id, ToNextStage(batch, hidden), std::move(done));
+    return std::nullopt;
   }
   v1::StepResponse response;
   response.set_step_id(batch.step_id);
@@ -68,52 +104,108 @@ absl::StatusOr<v1::StepResponse> StageRuntime::RunOrError(const v1::StepRequest&
   return response;
 }
 
-absl::StatusOr<v1::StepResponse> StageRuntime::Forward(const std::vector<v1::StepRequest>& messages) {
-  grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>* stream = nullptr;
+std::shared_ptr<StageRuntime::Link> StageRuntime::OpenLink() {
+  std::shared_ptr<Link> old;
   {
     std::lock_guard lock(mu_);
-    if (stream_ == nullptr) {
-      if (channel_ == nullptr) {
-        grpc::ChannelArguments args;
-        args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-        args.SetMaxSendMessageSize(kMaxMessageBytes);
-        channel_ = grpc::CreateCustomChannel(config_.next_address, grpc::InsecureChannelCredentials(), args);
-        stub_ = v1::Stage::NewStub(channel_);
-      }
-      context_ = std::make_unique<grpc::ClientContext>();
-      stream_ = stub_->StepStream(context_.get());
+    if (link_ != nullptr && !link_->broken) return link_;
+    old = std::move(link_);
+  }
+  // The old link's reader has marked it broken and is answering (or has answered) its waiting
+  // batches; let it finish.
+  if (old != nullptr && old->reader.joinable()) old->reader.join();
+  if (channel_ == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    channel_ = grpc::CreateCustomChannel(config_.next_address, grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::Stage::NewStub(channel_);
+  }
+  auto link = std::make_shared<Link>();
+  link->context = std::make_unique<grpc::ClientContext>();
+  {
+    std::lock_guard lock(mu_);
+    if (cancelled_) link->context->TryCancel();  // Cancel() came first: the stream fails at once
+    link_ = link;
+  }
+  link->stream = stub_->StepStream(link->context.get());
+  link->reader = std::thread([this, link] { ReadLoop(link); });
+  return link;
+}
+
+void StageRuntime::Forward(uint64_t step_id, const std::vector<v1::StepRequest>& messages, Done done) {
+  std::shared_ptr<Link> link = OpenLink();
+  bool broken = false, duplicate = false;
+  {
+    std::lock_guard lock(mu_);
+    if (link->broken) {
+      broken = true;  // it broke since OpenLink: its reader has already answered what was waiting
+    } else {
+      duplicate = !link->waiting.try_emplace(step_id, std::move(done)).second;  // moves only if inserted
     }
-    stream = stream_.get();
+  }
+  if (duplicate) {
+    // Refused so that a repeated id cannot misroute another batch's answer.
+    done(ErrorResponse(step_id, absl::InvalidArgumentError(
+                                    absl::StrCat("step_id ", step_id, " is already in flight to the next stage"))));
+    return;
+  }
+  if (broken) {
+    done(ErrorResponse(step_id, absl::UnavailableError(
+                                    absl::StrCat("stream to the next stage at ", config_.next_address, " is broken"))));
+    return;
   }
   for (const v1::StepRequest& m : messages) {
     if (config_.metrics != nullptr) config_.metrics->ObserveStream("tx", "downstream", m.ByteSizeLong());
-    if (!stream->Write(m)) {
-      ResetDownstream();
-      return absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " closed the stream"));
+    if (!link->stream->Write(m)) {
+      // The stream is gone: the reader sees it end and answers every waiting batch, this one too.
+      link->context->TryCancel();
+      return;
     }
   }
-  v1::StepResponse response;
-  if (!stream->Read(&response)) {
-    ResetDownstream();
-    return absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " did not answer"));
-  }
-  if (config_.metrics != nullptr) config_.metrics->ObserveStream("rx", "downstream", response.ByteSizeLong());
-  return response;
 }
 
-void StageRuntime::ResetDownstream() {
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
-  std::unique_ptr<grpc::ClientContext> context;
+void StageRuntime::ReadLoop(const std::shared_ptr<Link>& link) {
+  v1::StepResponse response;
+  std::string problem;
+  while (link->stream->Read(&response)) {
+    if (config_.metrics != nullptr) config_.metrics->ObserveStream("rx", "downstream", response.ByteSizeLong());
+    Done done;
+    {
+      std::lock_guard lock(mu_);
+      auto it = link->waiting.find(response.step_id());
+      if (it != link->waiting.end()) {
+        done = std::move(it->second);
+        link->waiting.erase(it);
+      }
+    }
+    if (done == nullptr) {
+      // An answer to nothing we sent (e.g. the next stage could not reassemble a batch): the
+      // stream's state is unknown, so end it and fail what is waiting.
+      problem = absl::StrCat("answered step ", response.step_id(), " that was not in flight",
+                             response.error_message().empty() ? "" : ": ", response.error_message());
+      link->context->TryCancel();
+      break;
+    }
+    done(std::move(response));
+    response.Clear();
+  }
+  const grpc::Status st = link->stream->Finish();
+  if (problem.empty()) problem = st.ok() ? "closed the stream" : absl::StrCat("ended the stream: ", st.error_message());
+  absl::flat_hash_map<uint64_t, Done> waiting;
   {
     std::lock_guard lock(mu_);
-    stream = std::move(stream_);
-    context = std::move(context_);
+    link->broken = true;
+    waiting = std::move(link->waiting);
+    link->waiting.clear();
   }
-  if (context != nullptr) context->TryCancel();
-  if (stream != nullptr) {
-    grpc::Status st = stream->Finish();
-    LOG(WARNING) << "stream to next stage " << config_.next_address << " ended: " << st.error_message();
+  if (!waiting.empty() || !st.ok()) {
+    LOG(WARNING) << "stage " << config_.stage << ": next stage at " << config_.next_address << " " << problem << "; "
+                 << waiting.size() << " micro-batch(es) in flight fail";
   }
+  const absl::Status failed =
+      absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " ", problem));
+  for (auto& [step_id, done] : waiting) done(ErrorResponse(step_id, failed));
 }
 
 }  // namespace shardserve::service

@@ -1,15 +1,29 @@
 // StageRuntime: one loaded pipeline stage of a worker — its ranks (a StepRunner), its place in
-// the pipeline, and its link to the next stage. Run() takes a reassembled micro-batch and returns
-// the response that goes back up the stream: on the last stage the sampled tokens, elsewhere the
-// response relayed from the next stage.
+// the pipeline, and its link to the next stage.
 //
-// Thread-safety: Run() is called from one thread (the worker's stage thread); Cancel() from any.
+// Run() takes a reassembled micro-batch, runs this stage's layers on it, and then either answers
+// at once (the last stage: the sampled tokens; or an error) or forwards the activations over the
+// long-lived stream to the next stage and returns WITHOUT waiting for its answer: the answer is
+// relayed to `done` by the link's reader thread when it arrives. So while the next stage works on
+// micro-batch k, this stage already runs k+1 — the pipelining that lets P stages work on P
+// micro-batches at once. Answers are matched to requests by step_id.
+//
+// When the downstream stream breaks (the next stage went away or answered something unexpected),
+// every micro-batch still waiting on it is answered with UNAVAILABLE naming the next stage, and the
+// next Run opens a new stream.
+//
+// Thread-safety: Run() is called from one thread (the worker's stage thread); `done` runs on that
+// thread or on the link's reader thread, never concurrently for one request; Cancel() from any
+// thread.
 #ifndef SHARDSERVE_WORKER_SERVICE_STAGE_RUNTIME_H_
 #define SHARDSERVE_WORKER_SERVICE_STAGE_RUNTIME_H_
 
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "worker/engine/sampling.h"
@@ -33,10 +47,13 @@ class StageRuntime {
   StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config);
   ~StageRuntime();
 
-  // Never fails as a call: errors travel in the response's error_code / error_message, so the
-  // coordinator can fail the batch's requests and the stream stays open.
-  v1::StepResponse Run(const v1::StepRequest& request);
-  // Cancels the downstream stream (used at shutdown so a blocked Run returns).
+  using Done = std::function<void(v1::StepResponse)>;
+
+  // Never fails as a call: `done` gets exactly one response, and errors travel in its error_code /
+  // error_message, so the coordinator can fail the batch's requests and the stream stays open.
+  void Run(const v1::StepRequest& request, Done done);
+  // Cancels the downstream stream (at shutdown): micro-batches waiting on it are answered with
+  // UNAVAILABLE.
   void Cancel();
 
   const StageConfig& config() const { return config_; }
@@ -44,19 +61,26 @@ class StageRuntime {
   bool is_last() const { return config_.next_address.empty(); }
 
  private:
-  absl::StatusOr<v1::StepResponse> RunOrError(const v1::StepRequest& request);
-  absl::StatusOr<v1::StepResponse> Forward(const std::vector<v1::StepRequest>& messages);
-  void ResetDownstream();
+  struct Link;  // one stream to the next stage and its reader thread
+
+  // The sampled tokens (last stage), or nullopt when the batch was forwarded (its answer will come
+  // through the link); errors as status.
+  absl::StatusOr<std::optional<v1::StepResponse>> RunOrForward(const v1::StepRequest& request, Done& done);
+  // Sends `messages` (one micro-batch) downstream; `done` gets the answer later.
+  void Forward(uint64_t step_id, const std::vector<v1::StepRequest>& messages, Done done);
+  // The open link, opening one when there is none or the last one broke.
+  std::shared_ptr<Link> OpenLink();
+  void ReadLoop(const std::shared_ptr<Link>& link);
 
   std::unique_ptr<engine::StepRunner> runner_;
   const StageConfig config_;
   engine::Sampler sampler_;
-  // Downstream link, used by the stage thread; `mu_` guards replacing / cancelling it.
+  std::shared_ptr<grpc::Channel> channel_;  // stage thread only
+  std::unique_ptr<v1::Stage::Stub> stub_;   // stage thread only
   std::mutex mu_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Stage::Stub> stub_;
-  std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream_;
+  // mu_; the current link (a broken one stays until the next OpenLink joins its reader).
+  std::shared_ptr<Link> link_;
+  bool cancelled_ = false;  // mu_
 };
 
 }  // namespace shardserve::service

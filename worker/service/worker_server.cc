@@ -316,7 +316,7 @@ void WorkerServer::StageLoop() {
       job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("this worker has no stage loaded")));
       continue;
     }
-    job.done(runtime->Run(job.request));
+    runtime->Run(job.request, std::move(job.done));
   }
 }
 

@@ -3,7 +3,8 @@
 // its heartbeats report.
 //
 // Threads: gRPC reactions only validate and enqueue. One stage thread runs micro-batches in
-// arrival order on the loaded StageRuntime (which owns the rank threads); one loader thread at a
+// arrival order on the loaded StageRuntime (which owns the rank threads); it does not wait for
+// the next stage's answer, which the runtime's link reader relays (pipelining); one loader thread at a
 // time loads an assignment. The stage's job queue is bounded: a full queue answers the step with
 // RESOURCE_EXHAUSTED.
 #ifndef SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
@@ -65,8 +66,8 @@ class WorkerServer {
 
   WorkerMetrics* metrics() const { return options_.metrics; }
 
-  // A micro-batch for the stage thread; `done` receives the response (on the stage thread, or
-  // inline when the queue is full or the worker is shutting down).
+  // A micro-batch for the stage thread; `done` receives the response (on the stage thread, on the
+  // next-stage link's reader thread, or inline when the queue is full or the worker is stopping).
   void Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done);
 
   // Stops the stage and loader threads; queued steps are answered with UNAVAILABLE.

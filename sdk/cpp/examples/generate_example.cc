@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     std::cerr << "error: generate: " << stream->status() << "\n";
     return 1;
   }
-  std::cerr << "finish_reason: " << shardserve::FinishReasonName(last.finish_reason) << "\n"
+  std::cerr << "finish_reason: " << last.finish_reason << "\n"
             << "usage: " << last.prompt_tokens << " prompt + " << last.completion_tokens << " completion tokens\n";
   return 0;
 }

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <memory>
 #include <set>
 #include <random>
@@ -85,6 +87,9 @@ struct Setup {
   std::vector<int64_t> stage_starts;
   int tp = 1;
   std::vector<int32_t> eos;  // the scheduler's EOS ids
+  int32_t pipeline_depth = 1;
+  // Wraps each replica's client (e.g. to observe its steps); identity when null.
+  std::function<std::unique_ptr<ReplicaClient>(std::unique_ptr<ReplicaClient>)> wrap;
 };
 
 struct Harness {
@@ -112,7 +117,11 @@ absl::StatusOr<Harness> MakeHarness(const Setup& setup) {
                                                               .max_step_tokens = setup.max_step_tokens});
     if (!replica.ok()) return replica.status();
     h.replicas.push_back(replica->get());
-    if (absl::Status st = h.scheduler->AddReplica(r, *std::move(replica), {.max_slots = setup.max_slots}); !st.ok()) {
+    std::unique_ptr<ReplicaClient> client = *std::move(replica);
+    if (setup.wrap) client = setup.wrap(std::move(client));
+    if (absl::Status st = h.scheduler->AddReplica(
+            r, std::move(client), {.max_slots = setup.max_slots, .pipeline_depth = setup.pipeline_depth});
+        !st.ok()) {
       return st;
     }
   }
@@ -240,6 +249,71 @@ TEST(SchedulerTest, PipelineAndTensorParallelReplicaMatchesOneProcess) {
                        MakeHarness({.model = "qwen2_moe", .max_slots = 3, .max_step_tokens = 6,
                                     .stage_starts = {1}, .tp = 2}));
   RunAndCompare(*h.scheduler, "qwen2_moe", MakeRequests(6, h.spec.vocab_size, 13, false), {});
+}
+
+// Passes steps through to the engine after a short pause (so that pipelined steps overlap), and
+// records how many were in flight at once and whether two in flight ever shared a slot.
+class OverlapProbe final : public ReplicaClient {
+ public:
+  explicit OverlapProbe(std::unique_ptr<ReplicaClient> inner) : inner_(std::move(inner)) {}
+  absl::StatusOr<StepOutput> Step(const StepInput& input) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++in_flight_;
+      max_in_flight_ = std::max(max_in_flight_, in_flight_);
+      for (const StepSequenceInput& s : input.sequences) shared_slot_ |= !slots_.insert(s.slot).second;
+    }
+    absl::SleepFor(absl::Milliseconds(3));
+    absl::StatusOr<StepOutput> out = inner_->Step(input);
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+    for (const StepSequenceInput& s : input.sequences) slots_.erase(s.slot);
+    return out;
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+  int max_in_flight() const {
+    absl::MutexLock lock(&mu_);
+    return max_in_flight_;
+  }
+  bool shared_slot() const {
+    absl::MutexLock lock(&mu_);
+    return shared_slot_;
+  }
+
+ private:
+  std::unique_ptr<ReplicaClient> inner_;
+  mutable absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int max_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int32_t> slots_ ABSL_GUARDED_BY(mu_);
+  bool shared_slot_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST(SchedulerTest, PipelinedMicroBatchesOverlapAndMatchTheEngineAlone) {
+  OverlapProbe* probe = nullptr;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 6,
+                                               .max_step_tokens = 8,
+                                               .stage_starts = {1},
+                                               .pipeline_depth = 2,
+                                               .wrap = [&](std::unique_ptr<ReplicaClient> inner) {
+                                                 auto p = std::make_unique<OverlapProbe>(std::move(inner));
+                                                 probe = p.get();
+                                                 return p;
+                                               }}));
+  RunAndCompare(*h.scheduler, "llama", MakeRequests(12, h.spec.vocab_size, 17, true), {});
+  EXPECT_EQ(probe->max_in_flight(), 2) << "two micro-batches should have been in flight at once, never more";
+  EXPECT_FALSE(probe->shared_slot()) << "a sequence was in two micro-batches in flight";
+  // Each micro-batch took at most half of the running sequences (6 slots, depth 2 -> <= 3).
+  for (const StepInput& in : h.replicas[0]->StepInputsForTest()) EXPECT_LE(in.sequences.size(), 3u);
+}
+
+TEST(SchedulerTest, PipelineDepthMustBePositive) {
+  SchedulerOptions so;
+  so.limits = {.vocab_size = 10, .max_seq_len = 16};
+  Scheduler scheduler(so);
+  ASSERT_OK_AND_ASSIGN(auto replica, EngineReplica::Create(EngineReplicaOptions{.model_dir = ModelDir("llama")}));
+  EXPECT_THAT(scheduler.AddReplica(0, std::move(replica), {.max_slots = 2, .pipeline_depth = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline_depth")));
 }
 
 TEST(SchedulerTest, StopIdsAndEosEndGeneration) {

@@ -196,6 +196,114 @@ TEST_F(StageStreamTest, BadStepsGetErrorResponsesAndTheStreamStaysUsable) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+// A next stage that answers only once it holds `hold` micro-batches, and then in reverse order
+// (token = 10 × step_id): stage 0 must forward micro-batch k+1 before k is answered (pipelining)
+// and route answers by step_id. With `close`, it ends the stream instead of answering.
+class HoldingStage final : public v1::Stage::Service {
+ public:
+  HoldingStage(size_t hold, bool close) : hold_(hold), close_(close) {}
+  grpc::Status StepStream(grpc::ServerContext* /*ctx*/,
+                          grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* stream) override {
+    ChunkAssembler assembler(size_t{1} << 30);
+    std::vector<uint64_t> ids;
+    v1::StepRequest m;
+    while (ids.size() < hold_ && stream->Read(&m)) {
+      absl::StatusOr<bool> complete = assembler.Add(std::move(m));
+      if (!complete.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(complete.status().message()));
+      if (*complete) ids.push_back(assembler.Take().step_id());
+      m.Clear();
+    }
+    if (close_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "holding stage went away");
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+      v1::StepResponse r;
+      r.set_step_id(*it);
+      r.add_token_ids(static_cast<int32_t>(*it * 10));
+      stream->Write(r);
+    }
+    while (stream->Read(&m)) {
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  const size_t hold_;
+  const bool close_;
+};
+
+// Stage 0 (layer 0 of the golden llama) in front of a HoldingStage; a stream to stage 0 with a
+// deadline, so that a stage that waits for each answer before forwarding the next fails the test
+// instead of hanging it.
+struct PipelineRig {
+  testing::GoldenModel golden;
+  HoldingStage next;
+  std::unique_ptr<grpc::Server> next_rpc;
+  RunningWorker w0;
+  grpc::ClientContext ctx;
+  std::unique_ptr<v1::Stage::Stub> stub;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
+
+  PipelineRig(size_t hold, bool close) : next(hold, close) {}
+  void Start() {
+    ASSERT_OK_AND_ASSIGN(golden, testing::LoadGoldenModel("llama"));
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    b.RegisterService(&next);
+    next_rpc = b.BuildAndStart();
+    ASSERT_NE(next_rpc, nullptr);
+    w0 = StartWorker(1);
+    ASSERT_TRUE(w0.server->Assign(StageAssignment(golden.dir, 0, 0, 1, 1, absl::StrCat("127.0.0.1:", port))).ok());
+    ASSERT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
+    stub = v1::Stage::NewStub(grpc::CreateChannel(w0.address, grpc::InsecureChannelCredentials()));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    stream = stub->StepStream(&ctx);
+  }
+  ~PipelineRig() {
+    if (stream != nullptr) {
+      ctx.TryCancel();
+      stream->Finish();
+    }
+    if (w0.server) w0.server->Shutdown();
+    if (w0.rpc) w0.rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (next_rpc) next_rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+};
+
+TEST(StagePipeliningTest, ForwardsTheNextMicroBatchBeforeTheLastIsAnswered) {
+  PipelineRig rig(/*hold=*/3, /*close=*/false);
+  ASSERT_NO_FATAL_FAILURE(rig.Start());
+  ASSERT_TRUE(rig.stream->Write(Step(1, 0, 0, {5, 6}, 0)));
+  ASSERT_TRUE(rig.stream->Write(Step(2, 1, 0, {7}, 0)));
+  ASSERT_TRUE(rig.stream->Write(Step(3, 2, 0, {8, 9, 10}, 0)));
+  std::vector<std::pair<uint64_t, int32_t>> answers;
+  for (int i = 0; i < 3; ++i) {
+    v1::StepResponse r;
+    ASSERT_TRUE(rig.stream->Read(&r)) << "answer " << i << " never came: stage 0 did not pipeline";
+    ASSERT_EQ(r.error_code(), 0) << r.error_message();
+    ASSERT_EQ(r.token_ids_size(), 1);
+    answers.emplace_back(r.step_id(), r.token_ids(0));
+  }
+  EXPECT_THAT(answers, ::testing::ElementsAre(std::pair<uint64_t, int32_t>{3, 30}, std::pair<uint64_t, int32_t>{2, 20},
+                                              std::pair<uint64_t, int32_t>{1, 10}));
+}
+
+TEST(StagePipeliningTest, MicroBatchesInFlightFailWhenTheNextStageGoesAway) {
+  PipelineRig rig(/*hold=*/2, /*close=*/true);
+  ASSERT_NO_FATAL_FAILURE(rig.Start());
+  ASSERT_TRUE(rig.stream->Write(Step(1, 0, 0, {5, 6}, 0)));
+  ASSERT_TRUE(rig.stream->Write(Step(2, 1, 0, {7}, 0)));
+  std::vector<uint64_t> failed;
+  for (int i = 0; i < 2; ++i) {
+    v1::StepResponse r;
+    ASSERT_TRUE(rig.stream->Read(&r));
+    EXPECT_EQ(r.error_code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+    EXPECT_THAT(r.error_message(), HasSubstr("holding stage went away"));
+    failed.push_back(r.step_id());
+  }
+  EXPECT_THAT(failed, ::testing::UnorderedElementsAre(1u, 2u));
+}
+
 TEST(WorkerAssignTest, InvalidAssignmentsNameTheField) {
   WorkerServer w(WorkerOptions{.cpu_ranks = 1});
   v1::Assignment a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");

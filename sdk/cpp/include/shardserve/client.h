@@ -113,16 +113,12 @@ struct GenerateOptions {
   std::string request_id;  // optional; the server makes one when empty
 };
 
-enum class FinishReason { kUnspecified, kLength, kStop, kCancelled };
-// "length", "stop", "cancelled", or "" for kUnspecified.
-const char* FinishReasonName(FinishReason reason);
-
 // A piece of the streamed answer. The last one has `finished` set with the reason and usage.
 struct GenerateDelta {
   std::vector<int32_t> token_ids;  // new tokens since the previous delta
   std::string text;                // their text (complete UTF-8 characters only)
   bool finished = false;
-  FinishReason finish_reason = FinishReason::kUnspecified;
+  std::string finish_reason;       // "length", "stop" or "cancelled" when finished
   int32_t prompt_tokens = 0;       // usage, on the last delta
   int32_t completion_tokens = 0;
   std::string request_id;
@@ -132,7 +128,7 @@ struct GenerateDelta {
 struct GenerateResult {
   std::vector<int32_t> token_ids;
   std::string text;
-  FinishReason finish_reason = FinishReason::kUnspecified;
+  std::string finish_reason;  // "length", "stop" or "cancelled"
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   std::string request_id;
@@ -215,15 +211,21 @@ class GenerateStream {
   Iterator end() { return Iterator(); }
 };
 
-class Client final {
+// A client of one cluster. Client::Connect makes the gRPC one; tests may implement the protected
+// Do* methods to fake a cluster (the public methods are written on top of them).
+class Client {
  public:
   // Creates a channel to `address` (HOST:PORT). Does not wait for the server: an unreachable
   // server shows as UNAVAILABLE on the first call. INVALID_ARGUMENT for an address that is not
   // HOST:PORT or for inconsistent options (the message names the option).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address, ClientOptions options);
-  ~Client();
-  Client(const Client&) = delete;
-  Client& operator=(const Client&) = delete;
+  virtual ~Client() = default;
+
+  // Starts a generation and returns its stream at once; errors show in the stream's status().
+  std::unique_ptr<GenerateStream> StartGenerate(const Prompt& prompt, const GenerateOptions& options,
+                                                const CallOptions& call = {}) {
+    return DoStartGenerate(prompt, options, call);
+  }
 
   // Generates and returns the whole answer.
   absl::StatusOr<GenerateResult> Generate(const Prompt& prompt, const GenerateOptions& options,
@@ -235,22 +237,23 @@ class Client final {
                                  const std::function<bool(const GenerateDelta&)>& on_delta,
                                  const CallOptions& call = {});
 
-  // Starts a generation and returns its stream at once; errors show in the stream's status().
-  std::unique_ptr<GenerateStream> StartGenerate(const Prompt& prompt, const GenerateOptions& options,
-                                                const CallOptions& call = {});
-
   // Tokenizes with the served model's tokenizer.
   absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& text, bool add_special_tokens,
-                                                const CallOptions& call = {});
-  absl::StatusOr<ModelInfo> GetModelInfo(const CallOptions& call = {});
+                                                const CallOptions& call = {}) {
+    return DoTokenize(text, add_special_tokens, call);
+  }
+  absl::StatusOr<ModelInfo> GetModelInfo(const CallOptions& call = {}) { return DoGetModelInfo(call); }
   // The coordinator's view of the cluster (Admin.GetClusterStatus).
-  absl::StatusOr<ClusterInfo> ClusterStatus(const CallOptions& call = {});
+  absl::StatusOr<ClusterInfo> ClusterStatus(const CallOptions& call = {}) { return DoClusterStatus(call); }
 
-  struct Impl;  // defined in client.cc
-
- private:
-  explicit Client(std::shared_ptr<Impl> impl);
-  std::shared_ptr<Impl> impl_;  // shared with the streams it started
+ protected:
+  // Thread-safe in every implementation: threads share a Client.
+  virtual std::unique_ptr<GenerateStream> DoStartGenerate(const Prompt& prompt, const GenerateOptions& options,
+                                                          const CallOptions& call) = 0;
+  virtual absl::StatusOr<std::vector<int32_t>> DoTokenize(const std::string& text, bool add_special_tokens,
+                                                          const CallOptions& call) = 0;
+  virtual absl::StatusOr<ModelInfo> DoGetModelInfo(const CallOptions& call) = 0;
+  virtual absl::StatusOr<ClusterInfo> DoClusterStatus(const CallOptions& call) = 0;
 };
 
 }  // namespace shardserve

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Serving benchmark: a local cluster (shardserve-local, CPU ranks) under `shardserve bench` load.
+
+    python3 tests/bench/serving_bench.py build/bin [--model DIR] [--requests 48] [--max_tokens 64]
+
+Without --model it uses the generated 100M model (written by shardserve-bench-pipeline into
+/tmp/shardserve-100m). It prints, for a PP=2 cluster of two 1-rank workers:
+  1. output tokens/s with 1 client and with 16 clients (target: 16 clients >= 5x one client);
+  2. at 16 clients, pipelined (2 micro-batches in flight) vs one micro-batch at a time
+     (target: >= 1.6x);
+and TTFT / inter-token p50/p99 beside each. Figures are only meaningful on an otherwise idle machine.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def start_cluster(bin_dir, model, extra):
+    proc = subprocess.Popen(
+        [os.path.join(bin_dir, "shardserve-local"), f"--model={model}", "--workers=2", "--pp=2",
+         "--devices_per_worker=cpu:1", "--max_slots=16", "--max_seq_len=256", "--max_step_tokens=512",
+         "--metrics=false", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("ready: coordinator at "):
+            return proc, line.split()[-1]
+    stop(proc)
+    sys.exit("the cluster did not become ready")
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def bench(bin_dir, address, concurrency, requests, max_tokens):
+    p = subprocess.run(
+        [os.path.join(bin_dir, "shardserve"), "bench", f"--server={address}", "--json",
+         f"--concurrency={concurrency}", f"--requests={requests}", f"--max_tokens={max_tokens}",
+         "--prompt_tokens=32", "--prompt_vocab=32000"],
+        capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        sys.exit(f"shardserve bench failed: {p.stderr}")
+    s = json.loads(p.stdout)
+    if s["failed"]:
+        sys.exit(f"{s['failed']} requests failed: {s['failed_by_code']}")
+    return s
+
+
+def row(name, s):
+    print(f"{name:<34} {s['output_tokens_per_s']:>10.1f} {s['ttft_s']['p50'] * 1e3:>10.1f} "
+          f"{s['ttft_s']['p99'] * 1e3:>10.1f} {s['itl_s']['p50'] * 1e3:>10.2f} {s['itl_s']['p99'] * 1e3:>10.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir")
+    ap.add_argument("--model", default="")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--max_tokens", type=int, default=64)
+    args = ap.parse_args()
+    model = args.model
+    if not model:
+        model = "/tmp/shardserve-100m"
+        if not os.path.exists(os.path.join(model, "model.safetensors")):
+            subprocess.run([os.path.join(args.bin_dir, "shardserve-bench-pipeline"), "--write_model_only",
+                            f"--scratch={model}"], check=True)
+
+    results = {}
+    for depth in (0, 1):
+        proc, address = start_cluster(args.bin_dir, model, [f"--pipeline_depth={depth}"])
+        try:
+            bench(args.bin_dir, address, 4, 4, 8)  # warm-up
+            if depth == 0:
+                results["1 client, pipelined"] = bench(args.bin_dir, address, 1, max(4, args.requests // 8),
+                                                       args.max_tokens)
+            name = "16 clients, " + ("pipelined" if depth == 0 else "one micro-batch at a time")
+            results[name] = bench(args.bin_dir, address, 16, args.requests, args.max_tokens)
+        finally:
+            stop(proc)
+
+    print(f"PP=2 x 1 CPU rank, prompt 32 tokens, {args.max_tokens} output tokens, model {model}")
+    print(f"{'':<34} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>10} {'ITL p99':>10}   (ms)")
+    for name, s in results.items():
+        row(name, s)
+    one = results["1 client, pipelined"]["output_tokens_per_s"]
+    many = results["16 clients, pipelined"]["output_tokens_per_s"]
+    flat = results["16 clients, one micro-batch at a time"]["output_tokens_per_s"]
+    print(f"16 clients / 1 client:              {many / one:.2f}x (target >= 5)")
+    print(f"pipelined / one micro-batch (16):   {many / flat:.2f}x (target >= 1.6)")
+
+
+if __name__ == "__main__":
+    main()
