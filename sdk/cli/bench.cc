@@ -77,7 +77,7 @@ RequestSample RunOne(Client& client, const BenchOptions& o, const Ticket& ticket
                     .ignore_eos = true};
   RequestSample s;
   std::optional<SteadyClock::time_point> last;
-  const absl::Status st = client.Generate(Prompt::Ids(std::move(ids)), g, [&](const GenerateDelta& d) {
+  const absl::Status st = client.GenerateStreaming(Prompt::Ids(std::move(ids)), g, [&](const GenerateDelta& d) {
     if (d.token_ids.empty()) return true;
     const auto now = SteadyClock::now();
     const size_t k = d.token_ids.size();

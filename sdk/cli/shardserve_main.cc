@@ -3,10 +3,13 @@
 //   shardserve generate --server=HOST:PORT --prompt "TEXT" --max_tokens 32 --temperature 0
 //   shardserve generate --server=HOST:PORT --prompt_ids 1,2,3 --print_ids
 //   shardserve status   --server=HOST:PORT
+//   (generate, status, bench: --tls_ca_file, --tls_cert_file/--tls_key_file, --bearer_token_file)
 //   shardserve plan     --model=DIR --workers=a=cpu:2x8GiB,b=cpu:2x8GiB [--tp --pp --replicas]
 //   shardserve bench    --server=HOST:PORT --concurrency 16 --requests 200 --max_tokens 64 [--json]
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/flags/parse.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
@@ -34,6 +38,12 @@ ABSL_FLAG(double, top_p, 1.0, "nucleus sampling threshold in (0, 1]");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(bool, ignore_eos, false, "do not stop at the model's EOS tokens");
 ABSL_FLAG(int32_t, timeout_s, 600, "deadline of each call, seconds");
+ABSL_FLAG(bool, tls, false, "connect with TLS (implied by any --tls_* file)");
+ABSL_FLAG(std::string, tls_ca_file, "", "PEM CA certificates to trust; default: the system's roots");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate chain for mutual TLS (with --tls_key_file)");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_server_name, "", "name to check the server's certificate against; default: the host");
+ABSL_FLAG(std::string, bearer_token_file, "", "file holding a token sent as 'authorization: Bearer TOKEN'");
 ABSL_FLAG(std::string, model, "", "plan: model directory (config.json)");
 ABSL_FLAG(std::string, workers, "", "plan: workers as NAME=KIND:COUNTxSIZE,... (e.g. a=cuda:8x80GiB)");
 ABSL_FLAG(int32_t, tp, 0, "plan: tensor-parallel ranks per stage; 0 = auto");
@@ -52,9 +62,33 @@ ABSL_FLAG(bool, json, false, "bench: print the summary as one JSON object instea
 namespace shardserve {
 namespace {
 
+// The contents of the file a flag names ("" when the flag is empty).
+absl::StatusOr<std::string> ReadFlagFile(const std::string& path, const char* flag) {
+  if (path.empty()) return std::string();
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream contents;
+  contents << f.rdbuf();
+  if (!f || contents.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read \"", path, "\" (or it is empty)"));
+  }
+  return contents.str();
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Connect() {
-  return Client::Connect(absl::GetFlag(FLAGS_server),
-                         {.timeout = std::chrono::seconds(std::max(1, absl::GetFlag(FLAGS_timeout_s)))});
+  ClientOptions o{.timeout = std::chrono::seconds(std::max(1, absl::GetFlag(FLAGS_timeout_s)))};
+  auto ca = ReadFlagFile(absl::GetFlag(FLAGS_tls_ca_file), "tls_ca_file");
+  auto cert = ReadFlagFile(absl::GetFlag(FLAGS_tls_cert_file), "tls_cert_file");
+  auto key = ReadFlagFile(absl::GetFlag(FLAGS_tls_key_file), "tls_key_file");
+  auto token = ReadFlagFile(absl::GetFlag(FLAGS_bearer_token_file), "bearer_token_file");
+  for (const auto* r : {&ca, &cert, &key, &token}) {
+    if (!r->ok()) return r->status();
+  }
+  o.tls = {.root_certs = *ca, .client_cert = *cert, .client_key = *key,
+           .server_name = absl::GetFlag(FLAGS_tls_server_name)};
+  o.tls.enabled = absl::GetFlag(FLAGS_tls) || !o.tls.root_certs.empty() || !o.tls.client_cert.empty() ||
+                  !o.tls.client_key.empty() || !o.tls.server_name.empty();
+  o.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
+  return Client::Connect(absl::GetFlag(FLAGS_server), std::move(o));
 }
 
 absl::Status GenerateCommand() {
@@ -78,13 +112,13 @@ absl::Status GenerateCommand() {
   const bool print_ids = absl::GetFlag(FLAGS_print_ids);
   std::vector<int32_t> all;
   std::string finish;
-  absl::Status st = (*client)->Generate(prompt, o, [&](const GenerateDelta& d) {
+  std::unique_ptr<GenerateStream> stream = (*client)->StartGenerate(prompt, o);
+  for (const GenerateDelta& d : *stream) {
     all.insert(all.end(), d.token_ids.begin(), d.token_ids.end());
     if (!print_ids) std::cout << d.text << std::flush;
     if (d.finished) finish = d.finish_reason;
-    return true;
-  });
-  if (!st.ok()) return st;
+  }
+  if (!stream->status().ok()) return stream->status();
   if (print_ids) {
     std::cout << absl::StrJoin(all, ",") << "\n";
   } else {
@@ -171,6 +205,7 @@ int main(int argc, char** argv) {
       "shardserve generate|status|plan|bench [flags]\n"
       "  generate --server=HOST:PORT --prompt \"TEXT\" --max_tokens N --temperature 0\n"
       "  status   --server=HOST:PORT\n"
+      "  (generate, status, bench: --tls_ca_file=PEM [--tls_cert_file --tls_key_file] --bearer_token_file=FILE)\n"
       "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]\n"
       "  bench    --server=HOST:PORT --concurrency N (--requests N | --duration_s S) [--rate R]\n"
       "           [--prompt_tokens N|MIN:MAX] [--max_tokens N | --output_tokens MIN:MAX] [--json]");

@@ -2,16 +2,46 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <cctype>
+#include <set>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/inference.grpc.pb.h"
 
 namespace shardserve {
+
+struct CancellationToken::State {
+  absl::Mutex mu;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  std::set<grpc::ClientContext*> calls ABSL_GUARDED_BY(mu);  // the calls in flight with this token
+};
+
+CancellationToken::CancellationToken() : state_(std::make_shared<State>()) {}
+
+void CancellationToken::Cancel() {
+  absl::MutexLock lock(&state_->mu);
+  state_->cancelled = true;
+  // TryCancel only marks the call; it never calls back into us, so holding the lock is safe.
+  for (grpc::ClientContext* ctx : state_->calls) ctx->TryCancel();
+}
+
+bool CancellationToken::IsCancelled() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->cancelled;
+}
+
 namespace {
 
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
+  // gRPC's and Abseil's canonical codes have the same numbers.
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
@@ -20,7 +50,7 @@ std::string ReasonName(v1::FinishReason r) {
     case v1::FINISH_REASON_LENGTH: return "length";
     case v1::FINISH_REASON_STOP: return "stop";
     case v1::FINISH_REASON_CANCELLED: return "cancelled";
-    default: return "";
+    default: return "";  // unset, or a value newer than this client
   }
 }
 
@@ -32,108 +62,346 @@ std::string StateName(v1::WorkerState s) {
   return name;
 }
 
-class GrpcClient final : public Client {
+// Keeps `ctx` registered with a CancellationToken for the life of a call.
+class CallRegistration {
  public:
-  GrpcClient(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
-      : options_(options), inference_(v1::Inference::NewStub(channel)), admin_(v1::Admin::NewStub(channel)) {}
+  CallRegistration(const CancellationToken* token, grpc::ClientContext* ctx)
+      : state_(token ? token->StateForClient() : nullptr), ctx_(ctx) {
+    if (!state_) return;
+    absl::MutexLock lock(&state_->mu);
+    cancelled_ = state_->cancelled;
+    if (!cancelled_) state_->calls.insert(ctx_);
+  }
+  ~CallRegistration() {
+    if (!state_ || cancelled_) return;
+    absl::MutexLock lock(&state_->mu);
+    state_->calls.erase(ctx_);
+  }
+  CallRegistration(const CallRegistration&) = delete;
+  CallRegistration& operator=(const CallRegistration&) = delete;
 
-  absl::Status Generate(const Prompt& prompt, const GenerateOptions& o,
-                        const std::function<bool(const GenerateDelta&)>& on_delta) override {
-    v1::GenerateRequest req;
-    if (prompt.is_ids) {
-      for (int32_t id : prompt.ids) req.mutable_token_ids()->add_ids(id);
-    } else {
-      req.set_text(prompt.text);
+  // True when the token was cancelled before the call started: do not start it.
+  bool cancelled_before_start() const { return cancelled_; }
+
+ private:
+  std::shared_ptr<CancellationToken::State> state_;
+  grpc::ClientContext* ctx_;
+  bool cancelled_ = false;
+};
+
+absl::Status CancelledBeforeStart() {
+  return absl::CancelledError("the call's CancellationToken was cancelled before the call started");
+}
+
+// gRPC's duration syntax in service configs: seconds with a fraction, e.g. "0.100s".
+std::string GrpcDuration(std::chrono::milliseconds ms) {
+  return absl::StrFormat("%d.%03ds", ms.count() / 1000, ms.count() % 1000);
+}
+
+// Retry UNAVAILABLE on every method of both services. gRPC retries a call only until the first
+// response message arrives (the call is then committed), which is the rule we want for streams.
+std::string RetryServiceConfig(const RetryOptions& r) {
+  return absl::StrCat(
+      R"({"methodConfig":[{"name":[{"service":"shardserve.v1.Inference"},{"service":"shardserve.v1.Admin"}],)",
+      R"("retryPolicy":{"maxAttempts":)", r.max_attempts, R"(,"initialBackoff":")", GrpcDuration(r.initial_backoff),
+      R"(","maxBackoff":")", GrpcDuration(r.max_backoff), R"(","backoffMultiplier":)",
+      absl::StrFormat("%g", r.backoff_multiplier), R"(,"retryableStatusCodes":["UNAVAILABLE"]}}]})");
+}
+
+absl::Status ValidateAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (address.empty() || colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port == 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server address \"", address, "\" is not HOST:PORT with a port in 1..65535"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const ClientOptions& o) {
+  if (o.timeout.count() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ClientOptions.timeout must be > 0 ms, not ", o.timeout.count()));
+  }
+  const RetryOptions& r = o.retry;
+  if (r.max_attempts < 1 || r.max_attempts > 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.retry.max_attempts must be in 1..5, not ", r.max_attempts));
+  }
+  if (r.initial_backoff.count() <= 0 || r.max_backoff < r.initial_backoff) {
+    return absl::InvalidArgumentError(absl::StrCat("ClientOptions.retry needs 0 < initial_backoff <= max_backoff, not ",
+                                                   r.initial_backoff.count(), " ms and ", r.max_backoff.count(), " ms"));
+  }
+  if (!(r.backoff_multiplier >= 1.0 && r.backoff_multiplier <= 100.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.retry.backoff_multiplier must be in [1, 100], not ", r.backoff_multiplier));
+  }
+  if (o.tls.client_cert.empty() != o.tls.client_key.empty()) {
+    return absl::InvalidArgumentError("ClientOptions.tls: give both client_cert and client_key, or neither");
+  }
+  if (!o.tls.enabled && (!o.tls.root_certs.empty() || !o.tls.client_cert.empty() || !o.tls.server_name.empty())) {
+    return absl::InvalidArgumentError("ClientOptions.tls has certificates or a server name but tls.enabled is false");
+  }
+  for (char c : o.bearer_token) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError("ClientOptions.bearer_token has a character that is not printable ASCII");
     }
-    req.set_max_tokens(o.max_tokens);
-    req.mutable_sampling()->set_temperature(o.temperature);
-    req.mutable_sampling()->set_top_k(o.top_k);
-    req.mutable_sampling()->set_top_p(o.top_p);
-    req.mutable_sampling()->set_seed(o.seed);
-    for (int32_t id : o.stop_token_ids) req.add_stop_token_ids(id);
-    req.set_ignore_eos(o.ignore_eos);
+  }
+  return absl::OkStatus();
+}
+
+GenerateDelta ToDelta(const v1::GenerateResponse& resp) {
+  GenerateDelta d;
+  d.token_ids.assign(resp.token_ids().begin(), resp.token_ids().end());
+  d.text = resp.text();
+  d.finished = resp.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  d.finish_reason = d.finished ? ReasonName(resp.finish_reason()) : "";
+  if (d.finished && d.finish_reason.empty()) d.finish_reason = "unknown";
+  d.prompt_tokens = resp.usage().prompt_tokens();
+  d.completion_tokens = resp.usage().completion_tokens();
+  d.request_id = resp.request_id();
+  return d;
+}
+
+v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
+  v1::GenerateRequest req;
+  if (prompt.is_ids) {
+    // An empty id list still selects the ids prompt, so the server names the empty prompt.
+    req.mutable_token_ids()->mutable_ids()->Add(prompt.ids.begin(), prompt.ids.end());
+  } else {
+    req.set_text(prompt.text);
+  }
+  req.set_max_tokens(o.max_tokens);
+  req.mutable_sampling()->set_temperature(o.temperature);
+  req.mutable_sampling()->set_top_k(o.top_k);
+  req.mutable_sampling()->set_top_p(o.top_p);
+  req.mutable_sampling()->set_seed(o.seed);
+  req.mutable_stop_token_ids()->Add(o.stop_token_ids.begin(), o.stop_token_ids.end());
+  req.set_ignore_eos(o.ignore_eos);
+  req.set_request_id(o.request_id);
+  return req;
+}
+
+// What the calls of one client share (streams keep it alive after the client is gone).
+struct Channel {
+  Channel(std::shared_ptr<grpc::Channel> channel, ClientOptions o)
+      : options(std::move(o)), inference(v1::Inference::NewStub(channel)), admin(v1::Admin::NewStub(channel)) {}
+
+  // Sets the deadline and the bearer token of a call.
+  void Prepare(grpc::ClientContext* ctx, const CallOptions& call) const {
+    ctx->set_deadline(call.deadline.value_or(std::chrono::system_clock::now() + options.timeout));
+    if (!options.bearer_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options.bearer_token);
+  }
+
+  // Runs a unary call `fn(ctx)` with the call's deadline, token and cancellation.
+  template <typename Fn>
+  absl::Status Unary(const CallOptions& call, Fn fn) const {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
-    auto reader = inference_->Generate(&ctx, req);
+    Prepare(&ctx, call);
+    CallRegistration registration(call.cancellation, &ctx);
+    if (registration.cancelled_before_start()) return CancelledBeforeStart();
+    return FromGrpc(fn(&ctx));
+  }
+
+  const ClientOptions options;
+  const std::unique_ptr<v1::Inference::Stub> inference;
+  const std::unique_ptr<v1::Admin::Stub> admin;
+};
+
+// A Generate call read with the synchronous gRPC API on the caller's thread.
+class GrpcGenerateStream final : public GenerateStream {
+ public:
+  GrpcGenerateStream(std::shared_ptr<const Channel> impl, const v1::GenerateRequest& request,
+                     const CallOptions& call)
+      : impl_(std::move(impl)) {
+    impl_->Prepare(&ctx_, call);
+    registration_.emplace(call.cancellation, &ctx_);
+    if (registration_->cancelled_before_start()) {
+      done_ = true;
+      status_ = CancelledBeforeStart();
+      return;
+    }
+    reader_ = impl_->inference->Generate(&ctx_, request);
+  }
+
+  ~GrpcGenerateStream() override {
+    if (done_) return;
+    ctx_.TryCancel();
+    v1::GenerateResponse ignored;
+    while (reader_->Read(&ignored)) {
+    }
+    reader_->Finish();  // the status of a call we cancelled says nothing new
+  }
+
+  std::optional<GenerateDelta> Next() override {
+    if (done_) return std::nullopt;
     v1::GenerateResponse resp;
-    bool cancelled = false;
-    while (reader->Read(&resp)) {
-      GenerateDelta d;
-      d.token_ids.assign(resp.token_ids().begin(), resp.token_ids().end());
-      d.text = resp.text();
-      d.finished = resp.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
-      d.finish_reason = ReasonName(resp.finish_reason());
-      d.prompt_tokens = resp.usage().prompt_tokens();
-      d.completion_tokens = resp.usage().completion_tokens();
-      if (!on_delta(d)) {
-        ctx.TryCancel();
-        cancelled = true;
-        break;
-      }
+    if (reader_->Read(&resp)) return ToDelta(resp);
+    done_ = true;
+    const grpc::Status st = reader_->Finish();
+    if (cancelled_by_caller_.load() && st.error_code() == grpc::StatusCode::CANCELLED) {
+      status_ = absl::CancelledError("the generation was cancelled by the caller");
+    } else {
+      status_ = FromGrpc(st);
     }
-    grpc::Status st = reader->Finish();
-    if (cancelled) return absl::CancelledError("cancelled by the caller");
-    return FromGrpc(st);
+    return std::nullopt;
   }
 
-  absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& text, bool add_special_tokens) override {
-    v1::TokenizeRequest req;
-    req.set_text(text);
-    req.set_add_special_tokens(add_special_tokens);
-    v1::TokenizeResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
-    grpc::Status st = inference_->Tokenize(&ctx, req, &resp);
-    if (!st.ok()) return FromGrpc(st);
-    return std::vector<int32_t>(resp.ids().begin(), resp.ids().end());
-  }
+  absl::Status status() const override { return status_; }
 
-  absl::StatusOr<ClusterInfo> ClusterStatus() override {
-    v1::ClusterStatus resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
-    grpc::Status st = admin_->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &resp);
-    if (!st.ok()) return FromGrpc(st);
-    ClusterInfo info;
-    info.ready = resp.ready();
-    info.reason = resp.reason();
-    info.model_path = resp.model_path();
-    info.plan = resp.plan();
-    info.running_sequences = resp.running_sequences();
-    info.waiting_sequences = resp.waiting_sequences();
-    for (const v1::WorkerStatus& w : resp.workers()) {
-      WorkerInfo wi{.worker_id = w.worker_id(), .node_name = w.node_name(), .address = w.address(),
-                    .state = StateName(w.state()), .error = w.error()};
-      wi.metrics_address = w.metrics_address();
-      std::vector<std::string> devs;
-      for (const v1::Device& d : w.devices()) {
-        devs.push_back(absl::StrCat(d.kind() == v1::DEVICE_KIND_CUDA ? "cuda:" : "cpu:", d.index()));
-      }
-      wi.devices = absl::StrJoin(devs, ",");
-      if (w.has_assignment() && !w.assignment().assignment_id().empty()) {
-        const v1::Assignment& a = w.assignment();
-        wi.assignment = absl::StrCat("replica ", a.replica(), " stage ", a.stage(), "/", a.num_stages(), " layers [",
-                                     a.layer_begin(), ", ", a.layer_end(), ")");
-      }
-      info.workers.push_back(std::move(wi));
-    }
-    return info;
+  void Cancel() override {
+    cancelled_by_caller_.store(true);
+    ctx_.TryCancel();  // thread-safe in gRPC
   }
 
  private:
-  const ClientOptions options_;
-  std::unique_ptr<v1::Inference::Stub> inference_;
-  std::unique_ptr<v1::Admin::Stub> admin_;
+  const std::shared_ptr<const Channel> impl_;  // keeps the stub alive
+  grpc::ClientContext ctx_;
+  std::optional<CallRegistration> registration_;  // after ctx_: unregisters before ctx_ goes
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
+  std::atomic<bool> cancelled_by_caller_{false};
+  bool done_ = false;
+  absl::Status status_;
 };
+
+// The Client of Connect: one gRPC channel, calls on the caller's thread.
+class GrpcClient final : public Client {
+ public:
+  explicit GrpcClient(std::shared_ptr<const Channel> channel) : channel_(std::move(channel)) {}
+
+ protected:
+  std::unique_ptr<GenerateStream> DoStartGenerate(const Prompt& prompt, const GenerateOptions& options,
+                                                  const CallOptions& call) override {
+    return std::make_unique<GrpcGenerateStream>(channel_, ToRequest(prompt, options), call);
+  }
+  absl::StatusOr<std::vector<int32_t>> DoTokenize(const std::string& text, bool add_special_tokens,
+                                                  const CallOptions& call) override;
+  absl::StatusOr<ModelInfo> DoGetModelInfo(const CallOptions& call) override;
+  absl::StatusOr<ClusterInfo> DoClusterStatus(const CallOptions& call) override;
+
+ private:
+  const std::shared_ptr<const Channel> channel_;
+};
+
+absl::StatusOr<std::vector<int32_t>> GrpcClient::DoTokenize(const std::string& text, bool add_special_tokens,
+                                                            const CallOptions& call) {
+  v1::TokenizeRequest req;
+  req.set_text(text);
+  req.set_add_special_tokens(add_special_tokens);
+  v1::TokenizeResponse resp;
+  absl::Status st =
+      channel_->Unary(call, [&](grpc::ClientContext* ctx) { return channel_->inference->Tokenize(ctx, req, &resp); });
+  if (!st.ok()) return st;
+  return std::vector<int32_t>(resp.ids().begin(), resp.ids().end());
+}
+
+absl::StatusOr<ModelInfo> GrpcClient::DoGetModelInfo(const CallOptions& call) {
+  v1::ModelInfo resp;
+  absl::Status st = channel_->Unary(call, [&](grpc::ClientContext* ctx) {
+    return channel_->inference->GetModelInfo(ctx, v1::GetModelInfoRequest(), &resp);
+  });
+  if (!st.ok()) return st;
+  ModelInfo info;
+  info.model_path = resp.model_path();
+  info.architecture = resp.architecture();
+  info.vocab_size = resp.vocab_size();
+  info.max_position_embeddings = resp.max_position_embeddings();
+  info.num_layers = resp.num_layers();
+  info.num_parameters = resp.num_parameters();
+  info.eos_token_ids.assign(resp.eos_token_ids().begin(), resp.eos_token_ids().end());
+  info.has_tokenizer = resp.has_tokenizer();
+  return info;
+}
+
+absl::StatusOr<ClusterInfo> GrpcClient::DoClusterStatus(const CallOptions& call) {
+  v1::ClusterStatus resp;
+  absl::Status st = channel_->Unary(call, [&](grpc::ClientContext* ctx) {
+    return channel_->admin->GetClusterStatus(ctx, v1::GetClusterStatusRequest(), &resp);
+  });
+  if (!st.ok()) return st;
+  ClusterInfo info;
+  info.ready = resp.ready();
+  info.reason = resp.reason();
+  info.model_path = resp.model_path();
+  info.plan = resp.plan();
+  info.running_sequences = resp.running_sequences();
+  info.waiting_sequences = resp.waiting_sequences();
+  for (const v1::WorkerStatus& w : resp.workers()) {
+    WorkerInfo wi{.worker_id = w.worker_id(), .node_name = w.node_name(), .address = w.address(),
+                  .state = StateName(w.state()), .error = w.error()};
+    wi.metrics_address = w.metrics_address();
+    std::vector<std::string> devs;
+    for (const v1::Device& d : w.devices()) {
+      devs.push_back(absl::StrCat(d.kind() == v1::DEVICE_KIND_CUDA ? "cuda:" : "cpu:", d.index()));
+    }
+    wi.devices = absl::StrJoin(devs, ",");
+    if (w.has_assignment() && !w.assignment().assignment_id().empty()) {
+      const v1::Assignment& a = w.assignment();
+      wi.assignment = absl::StrCat("replica ", a.replica(), " stage ", a.stage(), "/", a.num_stages(), " layers [",
+                                   a.layer_begin(), ", ", a.layer_end(), ")");
+    }
+    info.workers.push_back(std::move(wi));
+  }
+  return info;
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address, ClientOptions options) {
-  if (address.empty() || address.find(':') == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("server address \"", address, "\" is not HOST:PORT"));
+  if (absl::Status st = ValidateAddress(address); !st.ok()) return st;
+  if (absl::Status st = ValidateOptions(options); !st.ok()) return st;
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, options.retry.max_attempts > 1 ? 1 : 0);
+  if (options.retry.max_attempts > 1) args.SetServiceConfigJSON(RetryServiceConfig(options.retry));
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options.tls.enabled) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls.root_certs;
+    ssl.pem_cert_chain = options.tls.client_cert;
+    ssl.pem_private_key = options.tls.client_key;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls.server_name.empty()) args.SetSslTargetNameOverride(options.tls.server_name);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
   }
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  return std::unique_ptr<Client>(new GrpcClient(std::move(channel), options));
+  auto channel = grpc::CreateCustomChannel(address, credentials, args);
+  return std::unique_ptr<Client>(new GrpcClient(std::make_shared<Channel>(std::move(channel), std::move(options))));
+}
+
+absl::Status Client::GenerateStreaming(const Prompt& prompt, const GenerateOptions& options,
+                                       const std::function<bool(const GenerateDelta&)>& on_delta,
+                                       const CallOptions& call) {
+  std::unique_ptr<GenerateStream> stream = StartGenerate(prompt, options, call);
+  while (std::optional<GenerateDelta> d = stream->Next()) {
+    if (!on_delta(*d)) {
+      stream->Cancel();
+      while (stream->Next()) {
+      }
+      return absl::CancelledError("the generation was cancelled by its callback");
+    }
+  }
+  return stream->status();
+}
+
+absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const GenerateOptions& options,
+                                                const CallOptions& call) {
+  GenerateResult result;
+  std::unique_ptr<GenerateStream> stream = StartGenerate(prompt, options, call);
+  for (const GenerateDelta& d : *stream) {
+    result.token_ids.insert(result.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+    result.text += d.text;
+    if (!d.request_id.empty()) result.request_id = d.request_id;
+    if (d.finished) {
+      result.finish_reason = d.finish_reason;
+      result.prompt_tokens = d.prompt_tokens;
+      result.completion_tokens = d.completion_tokens;
+    }
+  }
+  if (!stream->status().ok()) return stream->status();
+  if (result.finish_reason.empty()) {
+    return absl::InternalError("the server ended the generation without a finish reason");
+  }
+  return result;
 }
 
 }  // namespace shardserve

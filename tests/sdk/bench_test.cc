@@ -88,38 +88,60 @@ TEST(BenchTest, SummaryCountsFailuresByCodeAndGivesTheJsonFields) {
 // with RESOURCE_EXHAUSTED. Records the prompts and the largest number of calls at once.
 class FakeClient final : public Client {
  public:
-  absl::Status Generate(const Prompt& prompt, const GenerateOptions& options,
-                        const std::function<bool(const GenerateDelta&)>& on_delta) override {
-    {
-      std::lock_guard lock(mu_);
-      ++active_;
-      max_active_ = std::max(max_active_, active_);
-      prompts_.push_back(prompt.ids);
-      ignore_eos_ &= options.ignore_eos;
-    }
-    absl::Status st = absl::OkStatus();
-    if (options.seed % 5 == 0) {
-      st = absl::ResourceExhaustedError("queue full");
-    } else {
-      for (int32_t i = 0; i < options.max_tokens; ++i) {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-        on_delta(GenerateDelta{.token_ids = {i}});
-      }
-      on_delta(GenerateDelta{.finished = true, .finish_reason = "length"});
-    }
-    std::lock_guard lock(mu_);
-    --active_;
-    return st;
-  }
-  absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string&, bool) override {
-    return absl::UnimplementedError("fake");
-  }
-  absl::StatusOr<ClusterInfo> ClusterStatus() override { return absl::UnimplementedError("fake"); }
-
   std::mutex mu_;
   int active_ = 0, max_active_ = 0;
   bool ignore_eos_ = true;
   std::vector<std::vector<int32_t>> prompts_;
+
+ protected:
+  // One request: counted as active from its start until its stream has ended.
+  class Stream final : public GenerateStream {
+   public:
+    Stream(FakeClient* client, const GenerateOptions& options) : client_(client), options_(options) {}
+    std::optional<GenerateDelta> Next() override {
+      if (done_) return std::nullopt;
+      if (options_.seed % 5 == 0) return End(absl::ResourceExhaustedError("queue full"));
+      if (next_ < options_.max_tokens) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        return GenerateDelta{.token_ids = {next_++}};
+      }
+      if (next_++ == options_.max_tokens) return GenerateDelta{.finished = true, .finish_reason = "length"};
+      return End(absl::OkStatus());
+    }
+    absl::Status status() const override { return status_; }
+    void Cancel() override {}
+
+   private:
+    std::optional<GenerateDelta> End(absl::Status status) {
+      done_ = true;
+      status_ = std::move(status);
+      std::lock_guard lock(client_->mu_);
+      --client_->active_;
+      return std::nullopt;
+    }
+    FakeClient* const client_;
+    const GenerateOptions options_;
+    int32_t next_ = 0;
+    bool done_ = false;
+    absl::Status status_;
+  };
+
+  std::unique_ptr<GenerateStream> DoStartGenerate(const Prompt& prompt, const GenerateOptions& options,
+                                                  const CallOptions&) override {
+    std::lock_guard lock(mu_);
+    ++active_;
+    max_active_ = std::max(max_active_, active_);
+    prompts_.push_back(prompt.ids);
+    ignore_eos_ &= options.ignore_eos;
+    return std::make_unique<Stream>(this, options);
+  }
+  absl::StatusOr<std::vector<int32_t>> DoTokenize(const std::string&, bool, const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<ModelInfo> DoGetModelInfo(const CallOptions&) override { return absl::UnimplementedError("fake"); }
+  absl::StatusOr<ClusterInfo> DoClusterStatus(const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
 };
 
 TEST(BenchTest, ClosedLoopSendsEveryRequestWithTheAskedShapes) {

@@ -1,20 +1,41 @@
 // shardserve C++ client: the public Inference and Admin APIs of a shardserve cluster.
 //
-//   ASSIGN_OR_RETURN(auto client, shardserve::Client::Connect("127.0.0.1:7000", {}));
-//   shardserve::GenerateOptions g{.max_tokens = 32};
-//   absl::Status st = client->Generate(shardserve::Prompt::Text("Once upon a time"), g,
-//                                      [](const shardserve::GenerateDelta& d) { std::cout << d.text; return true; });
+//   auto client = shardserve::Client::Connect("127.0.0.1:7000", {});
+//   if (!client.ok()) return client.status();
+//   // The whole answer at once:
+//   absl::StatusOr<shardserve::GenerateResult> r =
+//       (*client)->Generate(shardserve::Prompt::Text("Once upon a time"), {.max_tokens = 32});
+//   // Streamed, pull style:
+//   auto stream = (*client)->StartGenerate(shardserve::Prompt::Text("Once upon a time"), {.max_tokens = 32});
+//   for (const shardserve::GenerateDelta& d : *stream) std::cout << d.text;
+//   if (!stream->status().ok()) ...
+//   // Streamed, push style: GenerateStreaming(prompt, options, callback).
 //
-// Every call has a deadline (ClientOptions::timeout). Errors are absl::Status values carrying the
-// server's code and message. Thread-safety: a Client may be shared by threads; each call is
-// independent.
+// Errors are absl::Status values with the gRPC code and the server's message (for example
+// INVALID_ARGUMENT naming the bad field, UNAVAILABLE with the reason the cluster is not ready).
+// Errors made on this side (an address that is not HOST:PORT, inconsistent options) are
+// INVALID_ARGUMENT from Connect.
+//
+// Every call has a deadline: ClientOptions::timeout from its start, or CallOptions::deadline.
+// A call that fails with UNAVAILABLE before the server sent anything (no connection, the cluster
+// not ready yet) is tried again, up to ClientOptions::retry.max_attempts attempts in all with
+// exponential backoff, within the same deadline. A generation that has produced a token is never
+// retried: the error is returned as it is.
+//
+// No protobuf or gRPC type appears in this header: the package installs no generated code.
+// Thread-safety: a Client may be shared by threads and every call is independent. A
+// GenerateStream is used by one thread at a time, except Cancel(), which any thread may call.
+// CancellationToken is thread-safe.
 #ifndef SHARDSERVE_SDK_CPP_INCLUDE_SHARDSERVE_CLIENT_H_
 #define SHARDSERVE_SDK_CPP_INCLUDE_SHARDSERVE_CLIENT_H_
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +44,54 @@
 
 namespace shardserve {
 
+// Transport security: TLS with the given PEM contents (not file names).
+struct TlsOptions {
+  bool enabled = false;
+  std::string root_certs;   // PEM CA certificates to trust; empty = the system's roots
+  std::string client_cert;  // PEM certificate chain for mutual TLS; set with client_key or not at all
+  std::string client_key;   // PEM private key of client_cert
+  std::string server_name;  // the name to check the server's certificate against; empty = the address's host
+};
+
+// Retry of UNAVAILABLE before the first response (gRPC's own retry policy does the work).
+struct RetryOptions {
+  int max_attempts = 4;  // attempts in all, 1..5 (gRPC's limit); 1 = never retry
+  std::chrono::milliseconds initial_backoff{100};
+  std::chrono::milliseconds max_backoff{2000};
+  double backoff_multiplier = 2.0;  // >= 1
+};
+
 struct ClientOptions {
-  std::chrono::milliseconds timeout{std::chrono::minutes(10)};  // per call, including streaming
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};  // per call, including streaming; > 0
+  TlsOptions tls;
+  // Sent as "authorization: Bearer <token>" on every call when not empty. Printable ASCII only.
+  std::string bearer_token;
+  RetryOptions retry;
+};
+
+// Cancels calls from any thread. Pass a pointer in CallOptions; Cancel() ends every call using the
+// token with CANCELLED, and every later call started with it fails at once with CANCELLED.
+// Copies share the same state. Thread-safe.
+class CancellationToken {
+ public:
+  CancellationToken();
+  void Cancel();
+  bool IsCancelled() const;
+
+  // Internal: the state shared with the calls (defined in client.cc).
+  struct State;
+  const std::shared_ptr<State>& StateForClient() const { return state_; }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Per-call settings.
+struct CallOptions {
+  // When set, the call's deadline instead of now + ClientOptions::timeout.
+  std::optional<std::chrono::system_clock::time_point> deadline;
+  // When set, cancels the call. Not owned; must outlive the call (or the stream).
+  const CancellationToken* cancellation = nullptr;
 };
 
 struct Prompt {
@@ -37,26 +104,51 @@ struct Prompt {
 
 struct GenerateOptions {
   int32_t max_tokens = 64;
-  float temperature = 0.0f;
-  int32_t top_k = 0;
+  float temperature = 0.0f;  // 0 = greedy
+  int32_t top_k = 0;         // 0 = no limit
   float top_p = 1.0f;
   uint64_t seed = 0;
-  std::vector<int32_t> stop_token_ids;
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
   bool ignore_eos = false;
+  std::string request_id;  // optional; the server makes one when empty
 };
 
 // A piece of the streamed answer. The last one has `finished` set with the reason and usage.
 struct GenerateDelta {
+  std::vector<int32_t> token_ids;  // new tokens since the previous delta
+  std::string text;                // their text (complete UTF-8 characters only)
+  bool finished = false;
+  std::string finish_reason;       // "length", "stop" or "cancelled" when finished
+  int32_t prompt_tokens = 0;       // usage, on the last delta
+  int32_t completion_tokens = 0;
+  std::string request_id;
+};
+
+// The whole answer of a generation.
+struct GenerateResult {
   std::vector<int32_t> token_ids;
   std::string text;
-  bool finished = false;
-  std::string finish_reason;  // "length", "stop" or "cancelled" when finished
+  std::string finish_reason;  // "length", "stop" or "cancelled"
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
+  std::string request_id;
+};
+
+struct ModelInfo {
+  std::string model_path;
+  std::string architecture;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;  // the context length served
+  int64_t num_layers = 0;
+  int64_t num_parameters = 0;
+  std::vector<int32_t> eos_token_ids;
+  bool has_tokenizer = false;
 };
 
 struct WorkerInfo {
-  std::string worker_id, node_name, address, state, error, devices, assignment;
+  std::string worker_id, node_name, address;
+  std::string state;  // "ready", "loading", ... (the proto's WorkerState without its prefix, lower case)
+  std::string error, devices, assignment;
   std::string metrics_address;  // HOST:PORT of its /metrics endpoint; empty when it serves none
 };
 
@@ -70,18 +162,98 @@ struct ClusterInfo {
   int64_t waiting_sequences = 0;
 };
 
+// A generation being streamed, read in pull style:
+//
+//   while (std::optional<GenerateDelta> d = stream->Next()) { ... }
+//   // or: for (const GenerateDelta& d : *stream) { ... }
+//   absl::Status st = stream->status();
+//
+// Destroying an unfinished stream cancels the request. A stream may outlive its Client.
+class GenerateStream {
+ public:
+  virtual ~GenerateStream() = default;
+
+  // Blocks for the next delta; nullopt once the stream has ended (then status() says how).
+  virtual std::optional<GenerateDelta> Next() = 0;
+  // The final status: OK after the last delta, else the error (CANCELLED after Cancel()).
+  // Meaningful once Next() has returned nullopt; before that it is OK.
+  virtual absl::Status status() const = 0;
+  // Ends the request; the next Next() returns nullopt and status() is CANCELLED. Any thread.
+  virtual void Cancel() = 0;
+
+  // An input iterator over the remaining deltas, for range-for.
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = GenerateDelta;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const GenerateDelta*;
+    using reference = const GenerateDelta&;
+    Iterator() = default;
+    explicit Iterator(GenerateStream* stream) : stream_(stream) { Advance(); }
+    reference operator*() const { return *current_; }
+    pointer operator->() const { return &*current_; }
+    Iterator& operator++() {
+      Advance();
+      return *this;
+    }
+    bool operator==(const Iterator& other) const { return stream_ == other.stream_; }
+
+   private:
+    void Advance() {
+      current_ = stream_->Next();
+      if (!current_) stream_ = nullptr;
+    }
+    GenerateStream* stream_ = nullptr;  // null at the end
+    std::optional<GenerateDelta> current_;
+  };
+  Iterator begin() { return Iterator(this); }
+  Iterator end() { return Iterator(); }
+};
+
+// A client of one cluster. Client::Connect makes the gRPC one; tests may implement the protected
+// Do* methods to fake a cluster (the public methods are written on top of them).
 class Client {
  public:
-  // Creates a channel to `address` (HOST:PORT). Does not wait for the server.
+  // Creates a channel to `address` (HOST:PORT). Does not wait for the server: an unreachable
+  // server shows as UNAVAILABLE on the first call. INVALID_ARGUMENT for an address that is not
+  // HOST:PORT or for inconsistent options (the message names the option).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address, ClientOptions options);
   virtual ~Client() = default;
 
-  // Streams the answer to `on_delta`; returning false from it cancels the request. Returns the
-  // RPC's final status (OK after the last delta).
-  virtual absl::Status Generate(const Prompt& prompt, const GenerateOptions& options,
-                                const std::function<bool(const GenerateDelta&)>& on_delta) = 0;
-  virtual absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& text, bool add_special_tokens) = 0;
-  virtual absl::StatusOr<ClusterInfo> ClusterStatus() = 0;
+  // Starts a generation and returns its stream at once; errors show in the stream's status().
+  std::unique_ptr<GenerateStream> StartGenerate(const Prompt& prompt, const GenerateOptions& options,
+                                                const CallOptions& call = {}) {
+    return DoStartGenerate(prompt, options, call);
+  }
+
+  // Generates and returns the whole answer.
+  absl::StatusOr<GenerateResult> Generate(const Prompt& prompt, const GenerateOptions& options,
+                                          const CallOptions& call = {});
+
+  // Streams the answer to `on_delta`, called on this thread; returning false from it cancels the
+  // request and makes the result CANCELLED. Returns OK after the last delta.
+  absl::Status GenerateStreaming(const Prompt& prompt, const GenerateOptions& options,
+                                 const std::function<bool(const GenerateDelta&)>& on_delta,
+                                 const CallOptions& call = {});
+
+  // Tokenizes with the served model's tokenizer.
+  absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& text, bool add_special_tokens,
+                                                const CallOptions& call = {}) {
+    return DoTokenize(text, add_special_tokens, call);
+  }
+  absl::StatusOr<ModelInfo> GetModelInfo(const CallOptions& call = {}) { return DoGetModelInfo(call); }
+  // The coordinator's view of the cluster (Admin.GetClusterStatus).
+  absl::StatusOr<ClusterInfo> ClusterStatus(const CallOptions& call = {}) { return DoClusterStatus(call); }
+
+ protected:
+  // Thread-safe in every implementation: threads share a Client.
+  virtual std::unique_ptr<GenerateStream> DoStartGenerate(const Prompt& prompt, const GenerateOptions& options,
+                                                          const CallOptions& call) = 0;
+  virtual absl::StatusOr<std::vector<int32_t>> DoTokenize(const std::string& text, bool add_special_tokens,
+                                                          const CallOptions& call) = 0;
+  virtual absl::StatusOr<ModelInfo> DoGetModelInfo(const CallOptions& call) = 0;
+  virtual absl::StatusOr<ClusterInfo> DoClusterStatus(const CallOptions& call) = 0;
 };
 
 }  // namespace shardserve

@@ -1,0 +1,113 @@
+"""The asyncio client (grpc.aio)."""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, List, Optional, Sequence, Union
+
+import grpc
+import grpc.aio
+
+from shardserve import _common
+from shardserve._types import ClusterStatus, GenerateDelta, GenerateResult, ModelInfo, RetryOptions, TlsOptions
+from shardserve.v1 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc
+
+
+class AsyncGenerateStream:
+    """A generation being streamed: `async for delta in stream`, or `await stream.result()` for the
+    whole answer. Errors raise ShardserveError; cancel() ends the request."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
+        self._it = call.__aiter__()
+        self._acc = _common.Accumulator()
+        self._done = False
+        self._cancelled_by_caller = False
+
+    def __aiter__(self) -> AsyncIterator[GenerateDelta]:
+        return self
+
+    async def __anext__(self) -> GenerateDelta:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            resp = await self._it.__anext__()
+        except StopAsyncIteration:
+            self._done = True
+            raise
+        except grpc.RpcError as e:
+            self._done = True
+            raise _common.error(e) from None
+        except asyncio.CancelledError:
+            # cancel() ends the call's iterator with CancelledError; a cancelled task must stay one.
+            if not self._cancelled_by_caller:
+                raise
+            self._done = True
+            raise _common.ShardserveError(grpc.StatusCode.CANCELLED, "the generation was cancelled") from None
+        d = _common.delta(resp)
+        self._acc.add(d)
+        return d
+
+    async def result(self) -> GenerateResult:
+        async for _ in self:
+            pass
+        return self._acc.result()
+
+    def cancel(self) -> None:
+        """Ends the request; the next read raises ShardserveError with CANCELLED."""
+        self._cancelled_by_caller = True
+        self._call.cancel()
+
+
+class AsyncClient:
+    """The asyncio counterpart of Client, with the same options; create it inside a running event
+    loop and close it with `await client.close()` (or `async with`)."""
+
+    def __init__(self, address: str, *, timeout: float = 600.0, tls: Union[TlsOptions, bool, None] = None,
+                 bearer_token: Optional[str] = None, retry: RetryOptions = RetryOptions()) -> None:
+        self._settings = _common.Settings(address, timeout, tls, bearer_token, retry)
+        creds = self._settings.credentials()
+        opts = self._settings.channel_options
+        self._channel = (grpc.aio.secure_channel(address, creds, options=opts) if creds is not None
+                         else grpc.aio.insecure_channel(address, options=opts))
+        self._inference = inference_pb2_grpc.InferenceStub(self._channel)
+        self._admin = control_pb2_grpc.AdminStub(self._channel)
+
+    def generate(self, prompt: Union[str, Sequence[int]], *, max_tokens: int = 64, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = (),
+                 ignore_eos: bool = False, request_id: str = "",
+                 timeout: Optional[float] = None) -> AsyncGenerateStream:
+        """Starts a generation; see Client.generate."""
+        req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                                       ignore_eos, request_id)
+        call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
+                                        metadata=self._settings.metadata)
+        return AsyncGenerateStream(call)
+
+    async def tokenize(self, text: str, *, add_special_tokens: bool = False,
+                       timeout: Optional[float] = None) -> List[int]:
+        req = inference_pb2.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)
+        return list((await self._unary(self._inference.Tokenize, req, timeout)).ids)
+
+    async def model_info(self, *, timeout: Optional[float] = None) -> ModelInfo:
+        return _common.model_info(await self._unary(self._inference.GetModelInfo,
+                                                    inference_pb2.GetModelInfoRequest(), timeout))
+
+    async def cluster_status(self, *, timeout: Optional[float] = None) -> ClusterStatus:
+        return _common.cluster_status(await self._unary(self._admin.GetClusterStatus,
+                                                        control_pb2.GetClusterStatusRequest(), timeout))
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _unary(self, method, request, timeout: Optional[float]):  # type: ignore[no-untyped-def]
+        try:
+            return await method(request, timeout=self._settings.call_timeout(timeout),
+                                metadata=self._settings.metadata)
+        except grpc.RpcError as e:
+            raise _common.error(e) from None

@@ -1,0 +1,116 @@
+"""The synchronous client."""
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Sequence, Union
+
+import grpc
+
+from shardserve import _common
+from shardserve._types import (ClusterStatus, GenerateDelta, GenerateResult, ModelInfo, RetryOptions,
+                               ShardserveError, TlsOptions)
+from shardserve.v1 import control_pb2, control_pb2_grpc, inference_pb2, inference_pb2_grpc
+
+
+class GenerateStream:
+    """A generation being streamed. Iterate over it for the deltas; result() reads what is left and
+    returns the whole answer (with the finish reason and usage). Errors raise ShardserveError.
+    cancel() may be called from any thread."""
+
+    def __init__(self, call: grpc.Call) -> None:
+        self._call = call
+        self._acc = _common.Accumulator()
+        self._done = False
+
+    def __iter__(self) -> Iterator[GenerateDelta]:
+        return self
+
+    def __next__(self) -> GenerateDelta:
+        if self._done:
+            raise StopIteration
+        try:
+            resp = next(self._call)  # type: ignore[call-overload]
+        except StopIteration:
+            self._done = True
+            raise
+        except grpc.RpcError as e:
+            self._done = True
+            raise _common.error(e) from None
+        d = _common.delta(resp)
+        self._acc.add(d)
+        return d
+
+    def result(self) -> GenerateResult:
+        for _ in self:
+            pass
+        return self._acc.result()
+
+    def cancel(self) -> None:
+        """Ends the request; the next read raises ShardserveError with CANCELLED."""
+        self._call.cancel()
+
+    def __enter__(self) -> "GenerateStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._done:
+            self.cancel()
+
+
+class Client:
+    """A synchronous client of a shardserve cluster's coordinator at `address` (HOST:PORT).
+
+    timeout: the deadline of each call in seconds (a generation's whole stream included); each call
+    may give its own. tls: True for TLS with the system's roots, or TlsOptions. bearer_token: sent as
+    "authorization: Bearer <token>". retry: retries of UNAVAILABLE before anything was received.
+    Raises ValueError for bad options; calls raise ShardserveError. Thread-safe; close() (or a with
+    block) releases the channel."""
+
+    def __init__(self, address: str, *, timeout: float = 600.0, tls: Union[TlsOptions, bool, None] = None,
+                 bearer_token: Optional[str] = None, retry: RetryOptions = RetryOptions()) -> None:
+        self._settings = _common.Settings(address, timeout, tls, bearer_token, retry)
+        creds = self._settings.credentials()
+        opts = self._settings.channel_options
+        self._channel = (grpc.secure_channel(address, creds, options=opts) if creds is not None
+                         else grpc.insecure_channel(address, options=opts))
+        self._inference = inference_pb2_grpc.InferenceStub(self._channel)
+        self._admin = control_pb2_grpc.AdminStub(self._channel)
+
+    def generate(self, prompt: Union[str, Sequence[int]], *, max_tokens: int = 64, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = (),
+                 ignore_eos: bool = False, request_id: str = "", timeout: Optional[float] = None) -> GenerateStream:
+        """Starts a generation from text (tokenized by the server) or token ids (used as given)."""
+        req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                                       ignore_eos, request_id)
+        call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
+                                        metadata=self._settings.metadata)
+        return GenerateStream(call)
+
+    def tokenize(self, text: str, *, add_special_tokens: bool = False, timeout: Optional[float] = None) -> List[int]:
+        req = inference_pb2.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)
+        return list(self._unary(self._inference.Tokenize, req, timeout).ids)
+
+    def model_info(self, *, timeout: Optional[float] = None) -> ModelInfo:
+        return _common.model_info(self._unary(self._inference.GetModelInfo, inference_pb2.GetModelInfoRequest(),
+                                              timeout))
+
+    def cluster_status(self, *, timeout: Optional[float] = None) -> ClusterStatus:
+        return _common.cluster_status(self._unary(self._admin.GetClusterStatus, control_pb2.GetClusterStatusRequest(),
+                                                  timeout))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _unary(self, method, request, timeout: Optional[float]):  # type: ignore[no-untyped-def]
+        try:
+            return method(request, timeout=self._settings.call_timeout(timeout), metadata=self._settings.metadata)
+        except grpc.RpcError as e:
+            raise _common.error(e) from None
+
+
+

@@ -1,0 +1,157 @@
+"""What the synchronous and the asyncio clients share: option checks, channel options, request
+building and the conversions from the protocol's messages."""
+from __future__ import annotations
+
+import json
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from shardserve._types import (ClusterStatus, GenerateDelta, GenerateResult, ModelInfo, RetryOptions,
+                               ShardserveError, TlsOptions, Usage, WorkerStatus)
+from shardserve.v1 import common_pb2, control_pb2, inference_pb2
+
+Prompt = Union[str, Sequence[int]]
+Metadata = Tuple[Tuple[str, str], ...]
+
+_FINISH = {
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_CANCELLED: "cancelled",
+}
+
+
+class Settings:
+    """The checked options of a client: channel arguments, credentials, per-call metadata."""
+
+    def __init__(self, address: str, timeout: float, tls: Union[TlsOptions, bool, None],
+                 bearer_token: Optional[str], retry: RetryOptions) -> None:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f'server address "{address}" is not HOST:PORT with a port in 1..65535')
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, not {timeout}")
+        if not 1 <= retry.max_attempts <= 5:
+            raise ValueError(f"retry.max_attempts must be in 1..5, not {retry.max_attempts}")
+        if not 0 < retry.initial_backoff <= retry.max_backoff:
+            raise ValueError("retry needs 0 < initial_backoff <= max_backoff, not "
+                             f"{retry.initial_backoff} and {retry.max_backoff}")
+        if not 1 <= retry.backoff_multiplier <= 100:
+            raise ValueError(f"retry.backoff_multiplier must be in [1, 100], not {retry.backoff_multiplier}")
+        if bearer_token is not None and not all(0x20 <= ord(c) <= 0x7E for c in bearer_token):
+            raise ValueError("bearer_token has a character that is not printable ASCII")
+        if tls is True:
+            tls = TlsOptions()
+        if isinstance(tls, TlsOptions) and (tls.client_cert is None) != (tls.client_key is None):
+            raise ValueError("TlsOptions: give both client_cert and client_key, or neither")
+        self.address = address
+        self.timeout = timeout
+        self.tls: Optional[TlsOptions] = tls if isinstance(tls, TlsOptions) else None
+        self.metadata: Metadata = (("authorization", f"Bearer {bearer_token}"),) if bearer_token else ()
+        options: List[Tuple[str, Any]] = [("grpc.enable_retries", 1 if retry.max_attempts > 1 else 0)]
+        if retry.max_attempts > 1:
+            options.append(("grpc.service_config", _retry_config(retry)))
+        if self.tls is not None and self.tls.server_name:
+            options.append(("grpc.ssl_target_name_override", self.tls.server_name))
+        self.channel_options = options
+
+    def credentials(self) -> Optional[grpc.ChannelCredentials]:
+        """None for a plaintext channel."""
+        if self.tls is None:
+            return None
+        return grpc.ssl_channel_credentials(root_certificates=self.tls.root_certs, private_key=self.tls.client_key,
+                                            certificate_chain=self.tls.client_cert)
+
+    def call_timeout(self, timeout: Optional[float]) -> float:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, not {timeout}")
+        return self.timeout if timeout is None else timeout
+
+
+def _retry_config(r: RetryOptions) -> str:
+    policy = {
+        "maxAttempts": r.max_attempts,
+        "initialBackoff": f"{r.initial_backoff:.3f}s",
+        "maxBackoff": f"{r.max_backoff:.3f}s",
+        "backoffMultiplier": r.backoff_multiplier,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    names = [{"service": "shardserve.v1.Inference"}, {"service": "shardserve.v1.Admin"}]
+    return json.dumps({"methodConfig": [{"name": names, "retryPolicy": policy}]})
+
+
+def error(e: grpc.RpcError) -> ShardserveError:
+    code = e.code() if hasattr(e, "code") else None
+    details = e.details() if hasattr(e, "details") else None
+    return ShardserveError(code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN,
+                           details or str(e))
+
+
+def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k: int, top_p: float, seed: int,
+                     stop_token_ids: Sequence[int], ignore_eos: bool, request_id: str) -> inference_pb2.GenerateRequest:
+    req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
+                                        ignore_eos=ignore_eos, request_id=request_id)
+    if isinstance(prompt, str):
+        req.text = prompt
+    else:
+        req.token_ids.ids.extend(prompt)
+        req.token_ids.SetInParent()  # an empty id list is still an ids prompt; the server names it
+    req.sampling.temperature = temperature
+    req.sampling.top_k = top_k
+    req.sampling.top_p = top_p
+    req.sampling.seed = seed
+    return req
+
+
+def delta(resp: inference_pb2.GenerateResponse) -> GenerateDelta:
+    finished = resp.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+    return GenerateDelta(
+        token_ids=list(resp.token_ids), text=resp.text,
+        finish_reason=_FINISH.get(resp.finish_reason, "unknown") if finished else None,
+        usage=Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens) if finished else None,
+        request_id=resp.request_id)
+
+
+class Accumulator:
+    """Builds the GenerateResult from the deltas of a stream."""
+
+    def __init__(self) -> None:
+        self.token_ids: List[int] = []
+        self.text: List[str] = []
+        self.last: Optional[GenerateDelta] = None
+        self.request_id = ""
+
+    def add(self, d: GenerateDelta) -> None:
+        self.token_ids.extend(d.token_ids)
+        self.text.append(d.text)
+        self.request_id = d.request_id or self.request_id
+        if d.finish_reason is not None:
+            self.last = d
+
+    def result(self) -> GenerateResult:
+        if self.last is None or self.last.usage is None or self.last.finish_reason is None:
+            raise ShardserveError(grpc.StatusCode.INTERNAL, "the server ended the generation without a finish reason")
+        return GenerateResult(token_ids=self.token_ids, text="".join(self.text), finish_reason=self.last.finish_reason,
+                              usage=self.last.usage, request_id=self.request_id)
+
+
+def model_info(m: inference_pb2.ModelInfo) -> ModelInfo:
+    return ModelInfo(model_path=m.model_path, architecture=m.architecture, vocab_size=m.vocab_size,
+                     max_position_embeddings=m.max_position_embeddings, num_layers=m.num_layers,
+                     num_parameters=m.num_parameters, eos_token_ids=list(m.eos_token_ids),
+                     has_tokenizer=m.has_tokenizer)
+
+
+def cluster_status(s: control_pb2.ClusterStatus) -> ClusterStatus:
+    def state(v: int) -> str:
+        name = control_pb2.WorkerState.Name(v) if v in control_pb2.WorkerState.values() else "WORKER_STATE_UNKNOWN"
+        return name[len("WORKER_STATE_"):].lower()
+
+    def device(d: common_pb2.Device) -> str:
+        return f"{'cuda' if d.kind == common_pb2.DEVICE_KIND_CUDA else 'cpu'}:{d.index}"
+
+    workers = [WorkerStatus(worker_id=w.worker_id, node_name=w.node_name, address=w.address, state=state(w.state),
+                            error=w.error, devices=[device(d) for d in w.devices], metrics_address=w.metrics_address)
+               for w in s.workers]
+    return ClusterStatus(ready=s.ready, reason=s.reason, model_path=s.model_path, plan=s.plan,
+                         running_sequences=s.running_sequences, waiting_sequences=s.waiting_sequences, workers=workers)

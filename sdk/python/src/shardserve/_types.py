@@ -1,0 +1,102 @@
+"""The values the shardserve clients take and return, and their error type."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import grpc
+
+
+class ShardserveError(Exception):
+    """A call failed. `code` is the gRPC status code (e.g. grpc.StatusCode.INVALID_ARGUMENT when the
+    request is bad, UNAVAILABLE when the cluster is not ready or cannot be reached, DEADLINE_EXCEEDED
+    when the timeout passed, CANCELLED after cancel()), `message` the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS for the channel, with PEM contents (not file names)."""
+
+    root_certs: Optional[bytes] = None  # CA certificates to trust; None = the system's roots
+    client_cert: Optional[bytes] = None  # certificate chain for mutual TLS, with client_key
+    client_key: Optional[bytes] = None
+    server_name: Optional[str] = None  # the name to check the certificate against; None = the host
+
+
+@dataclass(frozen=True)
+class RetryOptions:
+    """Retry of UNAVAILABLE before the server has sent anything (gRPC's retry policy). A
+    generation that has produced a token is never retried."""
+
+    max_attempts: int = 4  # attempts in all, 1..5 (gRPC's limit); 1 = never retry
+    initial_backoff: float = 0.1  # seconds
+    max_backoff: float = 2.0
+    backoff_multiplier: float = 2.0
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerateDelta:
+    """A piece of a streamed answer: the new tokens since the previous delta and their text. The
+    last delta has finish_reason ("length", "stop" or "cancelled") and usage."""
+
+    token_ids: List[int]
+    text: str
+    finish_reason: Optional[str] = None
+    usage: Optional[Usage] = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """The whole answer of a generation."""
+
+    token_ids: List[int]
+    text: str
+    finish_reason: str
+    usage: Usage
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_path: str
+    architecture: str
+    vocab_size: int
+    max_position_embeddings: int  # the context length served
+    num_layers: int
+    num_parameters: int
+    eos_token_ids: List[int]
+    has_tokenizer: bool
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    worker_id: str
+    node_name: str
+    address: str
+    state: str  # "idle", "loading", "ready", "failed", "dead"
+    error: str
+    devices: List[str]  # "cpu:0", "cuda:1", ...
+    metrics_address: str
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    ready: bool
+    reason: str  # why not ready
+    model_path: str
+    plan: str
+    running_sequences: int
+    waiting_sequences: int
+    workers: List[WorkerStatus] = field(default_factory=list)

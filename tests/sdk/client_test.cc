@@ -1,0 +1,331 @@
+// The C++ client against an in-process fake server: the three Generate styles, conversions,
+// retry of UNAVAILABLE only before the first response, deadlines, cancellation, the bearer token,
+// TLS, and option checks in Connect.
+#include "shardserve/client.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/log/log.h"
+#include "tests/sdk/fake_inference_server.h"
+#include "tests/testing/status_matchers.h"
+
+namespace shardserve {
+namespace {
+
+using ::shardserve::testing::FakeInferenceServer;
+using ::shardserve::testing::FakeScript;
+using ::shardserve::testing::IsOk;
+using ::shardserve::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+v1::GenerateResponse Tokens(std::vector<int32_t> ids, std::string text) {
+  v1::GenerateResponse r;
+  r.mutable_token_ids()->Add(ids.begin(), ids.end());
+  r.set_text(std::move(text));
+  r.set_request_id("req-7");
+  return r;
+}
+
+v1::GenerateResponse Last(v1::FinishReason reason, int prompt_tokens, int completion_tokens) {
+  v1::GenerateResponse r = Tokens({}, "");
+  r.set_finish_reason(reason);
+  r.mutable_usage()->set_prompt_tokens(prompt_tokens);
+  r.mutable_usage()->set_completion_tokens(completion_tokens);
+  return r;
+}
+
+FakeScript ThreeTokens() {
+  return FakeScript{.responses = {Tokens({10, 11}, "Once"), Tokens({12}, " upon"),
+                                  Last(v1::FINISH_REASON_LENGTH, 4, 3)}};
+}
+
+ClientOptions FastRetries(int attempts) {
+  ClientOptions o;
+  o.timeout = std::chrono::seconds(30);
+  o.retry = {.max_attempts = attempts, .initial_backoff = std::chrono::milliseconds(10),
+             .max_backoff = std::chrono::milliseconds(50)};
+  return o;
+}
+
+std::unique_ptr<Client> MustConnect(const std::string& address, ClientOptions o = FastRetries(4)) {
+  auto client = Client::Connect(address, std::move(o));
+  CHECK(client.ok()) << client.status();
+  return std::move(*client);
+}
+
+std::string ReadTestFile(const std::string& name) {
+  std::ifstream f("tests/sdk/testdata/" + name);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  CHECK(!ss.str().empty()) << "cannot read tests/sdk/testdata/" << name;
+  return ss.str();
+}
+
+TEST(ClientTest, GenerateReturnsTheWholeAnswer) {
+  FakeInferenceServer server(ThreeTokens());
+  auto client = MustConnect(server.address());
+  ASSERT_OK_AND_ASSIGN(GenerateResult r, client->Generate(Prompt::Text("hi"), {.max_tokens = 3}));
+  EXPECT_THAT(r.token_ids, ElementsAre(10, 11, 12));
+  EXPECT_EQ(r.text, "Once upon");
+  EXPECT_EQ(r.finish_reason, "length");
+  EXPECT_EQ(r.prompt_tokens, 4);
+  EXPECT_EQ(r.completion_tokens, 3);
+  EXPECT_EQ(r.request_id, "req-7");
+}
+
+TEST(ClientTest, StreamIteratesOverTheDeltasInOrder) {
+  FakeInferenceServer server(ThreeTokens());
+  auto client = MustConnect(server.address());
+  std::unique_ptr<GenerateStream> stream = client->StartGenerate(Prompt::Ids({1, 2}), {.max_tokens = 3});
+  std::vector<std::string> texts;
+  std::vector<bool> finished;
+  for (const GenerateDelta& d : *stream) {
+    texts.push_back(d.text);
+    finished.push_back(d.finished);
+  }
+  EXPECT_THAT(stream->status(), IsOk());
+  EXPECT_THAT(texts, ElementsAre("Once", " upon", ""));
+  EXPECT_THAT(finished, ElementsAre(false, false, true));
+  EXPECT_EQ(stream->Next(), std::nullopt);  // stays ended
+}
+
+TEST(ClientTest, CallbackReturningFalseCancels) {
+  FakeScript script = ThreeTokens();
+  script.hold = true;
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address());
+  int seen = 0;
+  absl::Status st = client->GenerateStreaming(Prompt::Text("hi"), {}, [&](const GenerateDelta&) {
+    ++seen;
+    return false;
+  });
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kCancelled, HasSubstr("callback")));
+  EXPECT_EQ(seen, 1);
+}
+
+TEST(ClientTest, ServerErrorKeepsItsCodeAndMessage) {
+  FakeInferenceServer server(ThreeTokens());
+  auto client = MustConnect(server.address());
+  EXPECT_THAT(client->Generate(Prompt::Text("hi"), {.max_tokens = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_tokens must be >= 1, got 0"));
+}
+
+TEST(ClientTest, RetriesUnavailableBeforeTheFirstResponse) {
+  FakeScript script = ThreeTokens();
+  script.unavailable_first = 2;
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address(), FastRetries(4));
+  ASSERT_OK_AND_ASSIGN(GenerateResult r, client->Generate(Prompt::Text("hi"), {}));
+  EXPECT_THAT(r.token_ids, ElementsAre(10, 11, 12));
+  EXPECT_EQ(server.calls(), 3);
+}
+
+TEST(ClientTest, RetriesUnaryCallsToo) {
+  FakeScript script;
+  script.unavailable_first = 1;
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address(), FastRetries(2));
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> ids, client->Tokenize("ab", true));
+  EXPECT_THAT(ids, ElementsAre(1, 'a', 'b'));
+  EXPECT_EQ(server.calls(), 2);
+}
+
+TEST(ClientTest, RetriesAreBounded) {
+  FakeScript script = ThreeTokens();
+  script.unavailable_first = 100;
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address(), FastRetries(3));
+  EXPECT_THAT(client->Generate(Prompt::Text("hi"), {}),
+              StatusIs(absl::StatusCode::kUnavailable, "fake server: warming up"));
+  EXPECT_EQ(server.calls(), 3);
+}
+
+TEST(ClientTest, NeverRetriesAfterATokenArrived) {
+  FakeScript script{.responses = {Tokens({10}, "Once")},
+                    .end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker w-2 went away")};
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address(), FastRetries(4));
+  std::vector<int32_t> got;
+  absl::Status st = client->GenerateStreaming(Prompt::Text("hi"), {}, [&](const GenerateDelta& d) {
+    got.insert(got.end(), d.token_ids.begin(), d.token_ids.end());
+    return true;
+  });
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnavailable, "worker w-2 went away"));
+  EXPECT_THAT(got, ElementsAre(10));
+  EXPECT_EQ(server.calls(), 1);
+}
+
+TEST(ClientTest, NoRetryWithOneAttempt) {
+  FakeScript script;
+  script.unavailable_first = 1;
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address(), FastRetries(1));
+  EXPECT_THAT(client->GetModelInfo(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("warming up")));
+  EXPECT_EQ(server.calls(), 1);
+}
+
+TEST(ClientTest, DeadlineEndsAHeldStream) {
+  FakeScript script{.responses = {Tokens({10}, "Once")}, .hold = true};
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address());
+  CallOptions call{.deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(300)};
+  EXPECT_THAT(client->Generate(Prompt::Text("hi"), {}, call), StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+}
+
+TEST(ClientTest, ClientTimeoutAppliesToEveryCall) {
+  FakeScript script{.hold = true};
+  FakeInferenceServer server(script);
+  ClientOptions o = FastRetries(1);
+  o.timeout = std::chrono::milliseconds(200);
+  auto client = MustConnect(server.address(), o);
+  EXPECT_THAT(client->Generate(Prompt::Text("hi"), {}), StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::_));
+}
+
+TEST(ClientTest, CancellationTokenCancelsFromAnotherThread) {
+  FakeScript script{.responses = {Tokens({10}, "Once")}, .hold = true};
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address());
+  CancellationToken token;
+  std::unique_ptr<GenerateStream> stream = client->StartGenerate(Prompt::Text("hi"), {}, {.cancellation = &token});
+  std::optional<GenerateDelta> first = stream->Next();
+  ASSERT_TRUE(first.has_value()) << stream->status();
+  EXPECT_THAT(first->token_ids, ElementsAre(10));
+  std::thread canceller([&] { token.Cancel(); });  // while this thread may be blocked in Next()
+  EXPECT_EQ(stream->Next(), std::nullopt);  // the server holds the stream: only the cancel ends it
+  canceller.join();
+  EXPECT_THAT(stream->status(), StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  EXPECT_TRUE(token.IsCancelled());
+}
+
+TEST(ClientTest, CancelledTokenFailsLaterCallsWithoutSendingThem) {
+  FakeInferenceServer server(ThreeTokens());
+  auto client = MustConnect(server.address());
+  CancellationToken token;
+  token.Cancel();
+  EXPECT_THAT(client->Generate(Prompt::Text("hi"), {}, {.cancellation = &token}),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("before the call started")));
+  EXPECT_THAT(client->Tokenize("hi", false, {.cancellation = &token}),
+              StatusIs(absl::StatusCode::kCancelled, ::testing::_));
+  EXPECT_EQ(server.calls(), 0);
+}
+
+TEST(ClientTest, StreamCancelEndsWithCancelled) {
+  FakeScript script{.responses = {Tokens({10}, "Once")}, .hold = true};
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address());
+  std::unique_ptr<GenerateStream> stream = client->StartGenerate(Prompt::Text("hi"), {});
+  ASSERT_TRUE(stream->Next().has_value()) << stream->status();
+  stream->Cancel();
+  EXPECT_EQ(stream->Next(), std::nullopt);
+  EXPECT_THAT(stream->status(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled by the caller")));
+}
+
+TEST(ClientTest, DroppingAnUnfinishedStreamCancelsIt) {
+  FakeScript script{.responses = {Tokens({10}, "Once")}, .hold = true};
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address());
+  std::unique_ptr<GenerateStream> stream = client->StartGenerate(Prompt::Text("hi"), {});
+  ASSERT_TRUE(stream->Next().has_value()) << stream->status();
+  client.reset();  // the stream keeps what it needs
+  stream.reset();
+  EXPECT_TRUE(server.AwaitCancelledGenerates(1, absl::Seconds(10)));
+}
+
+TEST(ClientTest, SendsTheBearerToken) {
+  FakeInferenceServer server(ThreeTokens());
+  ClientOptions o = FastRetries(1);
+  o.bearer_token = "s3cret-token";
+  auto client = MustConnect(server.address(), o);
+  ASSERT_THAT(client->Generate(Prompt::Text("hi"), {}), IsOk());
+  EXPECT_EQ(server.last_authorization(), "Bearer s3cret-token");
+  auto plain = MustConnect(server.address());
+  ASSERT_THAT(plain->Tokenize("x", false), IsOk());
+  EXPECT_EQ(server.last_authorization(), "");
+}
+
+TEST(ClientTest, ModelInfoAndClusterStatusAreConverted) {
+  FakeInferenceServer server(ThreeTokens());
+  auto client = MustConnect(server.address());
+  ASSERT_OK_AND_ASSIGN(ModelInfo info, client->GetModelInfo());
+  EXPECT_EQ(info.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(info.vocab_size, 512);
+  EXPECT_EQ(info.max_position_embeddings, 256);
+  EXPECT_THAT(info.eos_token_ids, ElementsAre(2));
+  EXPECT_TRUE(info.has_tokenizer);
+  ASSERT_OK_AND_ASSIGN(ClusterInfo cluster, client->ClusterStatus());
+  EXPECT_TRUE(cluster.ready);
+  EXPECT_EQ(cluster.running_sequences, 3);
+  ASSERT_EQ(cluster.workers.size(), 1u);
+  EXPECT_EQ(cluster.workers[0].state, "ready");
+  EXPECT_EQ(cluster.workers[0].devices, "cuda:1");
+  EXPECT_EQ(cluster.workers[0].assignment, "replica 0 stage 0/2 layers [0, 3)");
+}
+
+TEST(ClientTest, TlsWithTheRightRootConnects) {
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({ReadTestFile("server.key"), ReadTestFile("server.pem")});
+  FakeInferenceServer server(ThreeTokens(), grpc::SslServerCredentials(ssl));
+  ClientOptions o = FastRetries(1);
+  o.tls = {.enabled = true, .root_certs = ReadTestFile("ca.pem")};
+  auto client = MustConnect(server.address(), o);
+  ASSERT_OK_AND_ASSIGN(GenerateResult r, client->Generate(Prompt::Text("hi"), {}));
+  EXPECT_EQ(r.text, "Once upon");
+  // The certificate names localhost too.
+  o.tls.server_name = "localhost";
+  ASSERT_THAT(MustConnect(server.address(), o)->Tokenize("a", false), IsOk());
+}
+
+TEST(ClientTest, TlsRefusesAnUntrustedOrPlaintextPeer) {
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({ReadTestFile("server.key"), ReadTestFile("server.pem")});
+  FakeInferenceServer server(ThreeTokens(), grpc::SslServerCredentials(ssl));
+  ClientOptions o = FastRetries(1);
+  o.tls = {.enabled = true, .root_certs = ReadTestFile("other_ca.pem")};  // not the issuer
+  EXPECT_THAT(MustConnect(server.address(), o)->Tokenize("a", false),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_THAT(MustConnect(server.address(), FastRetries(1))->Tokenize("a", false),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_EQ(server.calls(), 0);
+}
+
+TEST(ClientTest, UnreachableServerIsUnavailable) {
+  // Port 1 on loopback refuses connections.
+  EXPECT_THAT(MustConnect("127.0.0.1:1", FastRetries(2))->ClusterStatus(),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+TEST(ClientTest, ConnectRejectsBadAddressesAndOptions) {
+  EXPECT_THAT(Client::Connect("", {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("HOST:PORT")));
+  EXPECT_THAT(Client::Connect("localhost", {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("HOST:PORT")));
+  EXPECT_THAT(Client::Connect("localhost:0", {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1..65535")));
+  EXPECT_THAT(Client::Connect("localhost:http", {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("HOST:PORT")));
+  EXPECT_THAT(Client::Connect("[::1]:7000", {}), IsOk());
+
+  ClientOptions o;
+  o.timeout = std::chrono::milliseconds(0);
+  EXPECT_THAT(Client::Connect("h:1", o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("timeout")));
+  o = {};
+  o.retry.max_attempts = 6;
+  EXPECT_THAT(Client::Connect("h:1", o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_attempts")));
+  o = {};
+  o.retry.max_backoff = std::chrono::milliseconds(1);
+  EXPECT_THAT(Client::Connect("h:1", o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_backoff")));
+  o = {};
+  o.tls = {.enabled = true, .client_cert = "PEM"};
+  EXPECT_THAT(Client::Connect("h:1", o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("client_key")));
+  o = {};
+  o.tls.root_certs = "PEM";
+  EXPECT_THAT(Client::Connect("h:1", o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tls.enabled")));
+  o = {};
+  o.bearer_token = "line\nbreak";
+  EXPECT_THAT(Client::Connect("h:1", o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bearer_token")));
+}
+
+}  // namespace
+}  // namespace shardserve

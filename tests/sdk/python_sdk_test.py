@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""The Python SDK (sdk/python), installed into a venv by tests/sdk/python_sdk_setup.sh: against a
+local cluster (same greedy output as the C++ CLI, sync and asyncio, errors with their gRPC code)
+and against an in-process fake server (retry before the first token, deadline, bearer token, TLS).
+    VENV/bin/python tests/sdk/python_sdk_test.py BIN_DIR"""
+import asyncio
+import os
+import subprocess
+import tempfile
+import sys
+import threading
+import time
+import unittest
+from concurrent import futures
+
+import grpc
+
+import shardserve
+from shardserve.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from local_cluster import LocalCluster  # noqa: E402
+
+BIN = None
+PROMPT = "Once upon a time"
+TESTDATA = "tests/sdk/testdata"
+
+
+def read(name):
+    with open(os.path.join(TESTDATA, name), "rb") as f:
+        return f.read()
+
+
+class AgainstALocalCluster(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = LocalCluster(BIN)
+        cls.client = shardserve.Client(cls.cluster.address, timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        assert cls.cluster.stop() == 0, "".join(cls.cluster.stderr[-20:])
+
+    def test_greedy_text_equals_the_cli(self):
+        cli = self.cluster.cli("generate", "--prompt", PROMPT, "--max_tokens", "24")
+        deltas = list(self.client.generate(PROMPT, max_tokens=24))
+        self.assertGreater(len(deltas), 1)
+        self.assertEqual("".join(d.text for d in deltas) + "\n", cli.stdout)
+        self.assertTrue(all(d.finish_reason is None for d in deltas[:-1]))
+        self.assertEqual(deltas[-1].finish_reason, "length")
+        self.assertEqual(deltas[-1].usage, shardserve.Usage(prompt_tokens=5, completion_tokens=24))
+
+    def test_id_prompt_gives_the_cli_ids(self):
+        ids = self.client.tokenize(PROMPT, add_special_tokens=True)
+        self.assertEqual(ids[0], 1)  # BOS
+        cli = self.cluster.cli("generate", "--prompt_ids", ",".join(map(str, ids)), "--max_tokens", "16",
+                               "--print_ids", "--ignore_eos")
+        result = self.client.generate(ids, max_tokens=16, ignore_eos=True).result()
+        self.assertEqual(result.token_ids, [int(x) for x in cli.stdout.strip().split(",")])
+        self.assertEqual(result.finish_reason, "length")
+        self.assertEqual(result.usage.completion_tokens, 16)
+        self.assertEqual(self.client.generate(PROMPT, max_tokens=16, ignore_eos=True).result().token_ids,
+                         result.token_ids)
+
+    def test_async_client_gives_the_same_answer(self):
+        expected = self.client.generate(PROMPT, max_tokens=20).result()
+
+        async def main():
+            async with shardserve.AsyncClient(self.cluster.address, timeout=60) as client:
+                texts = [d.text async for d in client.generate(PROMPT, max_tokens=20)]
+                result = await client.generate(PROMPT, max_tokens=20).result()
+                info = await client.model_info()
+                status = await client.cluster_status()
+                ids = await client.tokenize(PROMPT)
+                with self.assertRaises(shardserve.ShardserveError) as e:
+                    await client.generate(PROMPT, max_tokens=0).result()
+                return texts, result, info, status, ids, e.exception
+
+        texts, result, info, status, ids, error = asyncio.run(main())
+        self.assertEqual("".join(texts), expected.text)
+        self.assertEqual(result.token_ids, expected.token_ids)
+        self.assertEqual(info.vocab_size, 512)
+        self.assertTrue(status.ready)
+        self.assertEqual(ids, self.client.tokenize(PROMPT))
+        self.assertEqual(error.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("max_tokens", error.message)
+
+    def test_bad_requests_are_invalid_argument(self):
+        for kwargs in ({"max_tokens": 0}, {"max_tokens": 8, "temperature": -1.0}, {"max_tokens": 100000}):
+            with self.assertRaises(shardserve.ShardserveError) as e:
+                self.client.generate(PROMPT, **kwargs).result()
+            self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT, kwargs)
+            self.assertTrue(e.exception.message, kwargs)
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            self.client.generate([], max_tokens=4).result()
+        self.assertEqual(e.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+
+    def test_model_info_and_cluster_status(self):
+        info = self.client.model_info()
+        self.assertEqual(info.architecture, "LlamaForCausalLM")
+        self.assertEqual(info.num_layers, 5)
+        self.assertTrue(info.has_tokenizer)
+        status = self.client.cluster_status()
+        self.assertTrue(status.ready)
+        self.assertEqual(len(status.workers), 1)
+        self.assertEqual(status.workers[0].state, "ready")
+        self.assertEqual(status.workers[0].devices, ["cpu:0"])
+
+    def test_cancel_mid_stream(self):
+        stream = self.client.generate(PROMPT, max_tokens=400, ignore_eos=True)
+        first = next(stream)
+        self.assertIsNone(first.finish_reason)
+        stream.cancel()
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            stream.result()
+        self.assertEqual(e.exception.code, grpc.StatusCode.CANCELLED)
+
+    def test_async_cancel_mid_stream(self):
+        async def main():
+            async with shardserve.AsyncClient(self.cluster.address, timeout=60) as client:
+                stream = client.generate(PROMPT, max_tokens=400, ignore_eos=True)
+                first = await stream.__anext__()
+                stream.cancel()
+                with self.assertRaises(shardserve.ShardserveError) as e:
+                    await stream.result()
+                return first, e.exception
+
+        first, error = asyncio.run(main())
+        self.assertIsNone(first.finish_reason)
+        self.assertEqual(error.code, grpc.StatusCode.CANCELLED)
+
+    def test_unreachable_server_is_unavailable(self):
+        with shardserve.Client("127.0.0.1:1", retry=shardserve.RetryOptions(max_attempts=2, initial_backoff=0.01,
+                                                                            max_backoff=0.01)) as c:
+            with self.assertRaises(shardserve.ShardserveError) as e:
+                c.model_info()
+        self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
+
+
+class FakeInference(inference_pb2_grpc.InferenceServicer):
+    """Fails the first `unavailable_first` calls with UNAVAILABLE, then streams `responses` and ends
+    with `end` (a (code, message) pair or None), or holds the stream until the deadline."""
+
+    def __init__(self, unavailable_first=0, responses=(), end=None, hold=False):
+        self.unavailable_first = unavailable_first
+        self.responses = list(responses)
+        self.end = end
+        self.hold = hold
+        self.calls = 0
+        self.authorization = []
+        self.lock = threading.Lock()
+
+    def Generate(self, request, context):
+        with self.lock:
+            self.calls += 1
+            n = self.calls
+            self.authorization.append(dict(context.invocation_metadata()).get("authorization"))
+        if n <= self.unavailable_first:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "fake server: warming up")
+        yield from self.responses
+        if self.hold:
+            while context.is_active():
+                time.sleep(0.01)
+            return
+        if self.end:
+            context.abort(*self.end)
+
+
+def tokens(ids, text, finish=common_pb2.FINISH_REASON_UNSPECIFIED):
+    r = inference_pb2.GenerateResponse(token_ids=ids, text=text, finish_reason=finish, request_id="req-1")
+    if finish != common_pb2.FINISH_REASON_UNSPECIFIED:
+        r.usage.prompt_tokens, r.usage.completion_tokens = 3, 2
+    return r
+
+
+ANSWER = [tokens([10], "Once"), tokens([11], " upon"), tokens([], "", common_pb2.FINISH_REASON_STOP)]
+FAST = shardserve.RetryOptions(max_attempts=4, initial_backoff=0.01, max_backoff=0.05)
+
+
+class AgainstAFakeServer(unittest.TestCase):
+    def serve(self, fake, tls=False):
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        inference_pb2_grpc.add_InferenceServicer_to_server(fake, server)
+        if tls:
+            creds = grpc.ssl_server_credentials([(read("server.key"), read("server.pem"))])
+            port = server.add_secure_port("127.0.0.1:0", creds)
+        else:
+            port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        self.addCleanup(server.stop, None)
+        return f"127.0.0.1:{port}"
+
+    def test_retries_unavailable_before_the_first_token(self):
+        fake = FakeInference(unavailable_first=2, responses=ANSWER)
+        with shardserve.Client(self.serve(fake), retry=FAST) as c:
+            result = c.generate("hi").result()
+        self.assertEqual(result.token_ids, [10, 11])
+        self.assertEqual(result.text, "Once upon")
+        self.assertEqual(result.finish_reason, "stop")
+        self.assertEqual(fake.calls, 3)
+
+    def test_retries_are_bounded(self):
+        fake = FakeInference(unavailable_first=100)
+        with shardserve.Client(self.serve(fake), retry=shardserve.RetryOptions(max_attempts=3, initial_backoff=0.01,
+                                                                               max_backoff=0.01)) as c:
+            with self.assertRaises(shardserve.ShardserveError) as e:
+                c.generate("hi").result()
+        self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(e.exception.message, "fake server: warming up")
+        self.assertEqual(fake.calls, 3)
+
+    def test_never_retries_after_a_token(self):
+        fake = FakeInference(responses=ANSWER[:1], end=(grpc.StatusCode.UNAVAILABLE, "worker w-2 went away"))
+        with shardserve.Client(self.serve(fake), retry=FAST) as c:
+            stream = c.generate("hi")
+            self.assertEqual(next(stream).token_ids, [10])
+            with self.assertRaises(shardserve.ShardserveError) as e:
+                next(stream)
+        self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(e.exception.message, "worker w-2 went away")
+        self.assertEqual(fake.calls, 1)
+
+    def test_timeout_is_deadline_exceeded(self):
+        fake = FakeInference(responses=ANSWER[:1], hold=True)
+        address = self.serve(fake)
+        with shardserve.Client(address, timeout=60) as c:
+            with self.assertRaises(shardserve.ShardserveError) as e:
+                c.generate("hi", timeout=0.3).result()
+        self.assertEqual(e.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+        async def main():
+            async with shardserve.AsyncClient(address, timeout=0.3) as c:
+                await c.generate("hi").result()
+
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            asyncio.run(main())
+        self.assertEqual(e.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    def test_sends_the_bearer_token(self):
+        fake = FakeInference(responses=ANSWER)
+        address = self.serve(fake)
+        with shardserve.Client(address, bearer_token="s3cret") as c:
+            c.generate("hi").result()
+        with shardserve.Client(address) as c:
+            c.generate("hi").result()
+        self.assertEqual(fake.authorization, ["Bearer s3cret", None])
+
+    def test_tls_with_the_right_root(self):
+        fake = FakeInference(responses=ANSWER)
+        address = self.serve(fake, tls=True)
+        with shardserve.Client(address, tls=shardserve.TlsOptions(root_certs=read("ca.pem"))) as c:
+            self.assertEqual(c.generate("hi").result().text, "Once upon")
+        untrusted = shardserve.TlsOptions(root_certs=read("other_ca.pem"))
+        for kwargs in ({"tls": untrusted}, {}):
+            with shardserve.Client(address, retry=shardserve.RetryOptions(max_attempts=1), **kwargs) as c:
+                with self.assertRaises(shardserve.ShardserveError) as e:
+                    c.generate("hi").result()
+            self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE, kwargs)
+        self.assertEqual(fake.calls, 1)
+
+    def test_cli_uses_tls_and_the_bearer_token(self):
+        fake = FakeInference(responses=ANSWER)
+        address = self.serve(fake, tls=True)
+        cli = [os.path.join(BIN, "shardserve"), "generate", f"--server={address}", "--prompt", "hi"]
+        with tempfile.NamedTemporaryFile("w", suffix=".token") as token:
+            token.write("cli-token\n")
+            token.flush()
+            p = subprocess.run(cli + [f"--tls_ca_file={TESTDATA}/ca.pem", f"--bearer_token_file={token.name}"],
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout, "Once upon\n")
+        self.assertEqual(fake.authorization, ["Bearer cli-token"])
+        p = subprocess.run(cli + ["--tls_ca_file=/nonexistent.pem"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--tls_ca_file", p.stderr)
+        p = subprocess.run(cli, capture_output=True, text=True, timeout=60)  # plaintext to a TLS server
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("UNAVAILABLE", p.stderr)
+
+    def test_bad_options_are_value_errors(self):
+        for args, kwargs, word in (
+                (("localhost",), {}, "HOST:PORT"), (("h:0",), {}, "HOST:PORT"), (("h:1",), {"timeout": 0}, "timeout"),
+                (("h:1",), {"retry": shardserve.RetryOptions(max_attempts=9)}, "max_attempts"),
+                (("h:1",), {"bearer_token": "a\nb"}, "bearer_token"),
+                (("h:1",), {"tls": shardserve.TlsOptions(client_cert=b"x")}, "client_key")):
+            with self.assertRaises(ValueError) as e:
+                shardserve.Client(*args, **kwargs)
+            self.assertIn(word, str(e.exception))
+
+
+if __name__ == "__main__":
+    BIN = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
