@@ -294,6 +294,9 @@ class Observability(unittest.TestCase):
         self.assertEqual(p.scalar(f"shardserve_coordinator_plans_total{{{c}}}"), 1)
         self.assertEqual(p.scalar(f'shardserve_coordinator_slots{{{c},replica="0"}}'), 4)
         self.assertEqual(p.scalar(f'shardserve_coordinator_running_sequences{{{c},replica="0"}}'), 0)
+        # Every request gave its KV blocks back.
+        self.assertGreater(p.scalar(f'shardserve_coordinator_kv_blocks_capacity{{{c},replica="0"}}'), 0)
+        self.assertEqual(p.scalar(f'shardserve_coordinator_kv_blocks_used{{{c},replica="0"}}'), 0)
 
     def test_worker_counters_agree_with_what_was_sent(self):
         p = self.prom
@@ -338,7 +341,8 @@ class Observability(unittest.TestCase):
     def test_core_dashboard_queries_return_data(self):
         for file, title, expr in dashboard_exprs():
             if any(k in title for k in ("Time to first token", "Requests by outcome", "Step time by stage",
-                                        "Collective share", "Expert load", "Workers by state")):
+                                        "Collective share", "Expert load", "Workers by state",
+                                        "KV cache blocks in use")):
                 got = self.prom.query(expr.replace("$__rate_interval", "1m"))
                 self.assertTrue(got, f"{file}: panel '{title}' shows nothing: {expr}")
 

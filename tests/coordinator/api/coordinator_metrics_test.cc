@@ -262,7 +262,7 @@ TEST(RequestLogTest, ASchedulerReportsEveryRequestToTheMetricsAndTheLog) {
   so.limits = {.vocab_size = 16, .max_seq_len = 64};
   so.observer = &m;
   Scheduler scheduler(so);
-  ASSERT_THAT(scheduler.AddReplica(0, std::make_unique<FakeReplica>(), {.max_slots = 2}), IsOk());
+  ASSERT_THAT(scheduler.AddReplica(0, std::make_unique<FakeReplica>(), {.max_slots = 2, .kv_blocks = 64}), IsOk());
   std::vector<std::shared_ptr<EndSink>> sinks;
   for (int i = 0; i < 3; ++i) {
     sinks.push_back(std::make_shared<EndSink>());
@@ -290,6 +290,9 @@ TEST(RequestLogTest, ASchedulerReportsEveryRequestToTheMetricsAndTheLog) {
   EXPECT_EQ(Value(t, "shardserve_coordinator_time_to_first_token_seconds_count"), 3);
   EXPECT_EQ(Value(t, "shardserve_coordinator_inter_token_latency_seconds_count"), 9);  // 3 gaps per request
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_running_sequences{replica="0"})"), 0);
+  // Every sequence gave its KV blocks back.
+  EXPECT_EQ(Value(t, R"(shardserve_coordinator_kv_blocks_used{replica="0"})"), 0);
+  EXPECT_EQ(Value(t, R"(shardserve_coordinator_kv_blocks_capacity{replica="0"})"), 64);
   EXPECT_GE(Value(t, R"(shardserve_coordinator_steps_total{code="OK",replica="0"})"), 4);
   scheduler.Shutdown(absl::UnavailableError("test over"));
 
