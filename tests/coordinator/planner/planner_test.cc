@@ -759,5 +759,20 @@ TEST(PlannerTest, InconsistentSpecIsInvalid) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_hidden_layers")));
 }
 
+TEST(PipelineKvBlocksTest, TheTightestStageInWholeBlocksButAlwaysOneSequence) {
+  Pipeline p;
+  p.stages.resize(2);
+  p.stages[0].kv_tokens = 1000;
+  p.stages[1].kv_tokens = 700;
+  EXPECT_EQ(PipelineKvBlocks(p, 100, 16).value_or(-1), 43);  // floor(700 / 16)
+  EXPECT_EQ(PipelineKvBlocks(p, 700, 16).value_or(-1), 44);  // ceil(700 / 16): one whole sequence
+  p.stages[1].kv_tokens = int64_t{1} << 40;
+  p.stages[0].kv_tokens = int64_t{1} << 40;
+  EXPECT_EQ(PipelineKvBlocks(p, 100, 1).value_or(-1), (int64_t{1} << 31) - 1);  // block ids are int32
+  EXPECT_THAT(PipelineKvBlocks(p, 100, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("block size")));
+  EXPECT_THAT(PipelineKvBlocks(Pipeline{}, 100, 16),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no stages")));
+}
+
 }  // namespace
 }  // namespace shardserve

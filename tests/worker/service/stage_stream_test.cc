@@ -102,6 +102,8 @@ class StageStreamTest : public ::testing::Test {
     ASSERT_TRUE(w0_.server->Assign(StageAssignment(golden_.dir, 0, 0, 1, 2, w1_.address)).ok());
     ASSERT_EQ(AwaitLoaded(*w1_.server).state, v1::WORKER_STATE_READY) << w1_.server->Status().error;
     ASSERT_EQ(AwaitLoaded(*w0_.server).state, v1::WORKER_STATE_READY) << w0_.server->Status().error;
+    EXPECT_EQ(w0_.server->Status().kv_blocks, 32);  // READY reports the blocks allocated
+    EXPECT_EQ(w1_.server->Status().kv_blocks, 32);
     channel_ = grpc::CreateChannel(w0_.address, grpc::InsecureChannelCredentials());
     stub_ = v1::Stage::NewStub(channel_);
   }

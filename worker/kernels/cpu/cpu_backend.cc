@@ -143,48 +143,56 @@ class CpuBackend final : public Backend {
     const int64_t d = c.head_dim;
     const int64_t row = c.kv_heads * d;
     const int64_t bs = c.block_size;
-    const int64_t group = p.q_heads / c.kv_heads;
+    const int64_t heads = p.q_heads;
+    const int64_t group = heads / c.kv_heads;
     for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
       const AttnSeq& q = p.paged.seqs[s];
       const int32_t* table = p.paged.block_table + q.table_begin;
-      scores_.resize(std::max(scores_.size(), static_cast<size_t>(q.pos_begin + q.q_len)));
       for (int64_t i = 0; i < q.q_len; ++i) {
         const int64_t t = q.q_begin + i;
         const int64_t pos = q.pos_begin + i;
         const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
         const int64_t n = pos + 1 - lo;
-        for (int64_t h = 0; h < p.q_heads; ++h) {
-          const float* qh = p.q + (t * p.q_heads + h) * d;
-          const int64_t g = h / group;
-          float* sc = scores_.data();
-          // Keys [lo, pos] walked block by block: within a block the rows are contiguous, as
-          // they were in the slot layout, so the inner loops are unchanged.
-          for (int64_t j = lo; j <= pos;) {
-            const int64_t off = j % bs;
-            const int64_t run = std::min(bs - off, pos + 1 - j);
-            const float* kb = c.k + (int64_t{table[j / bs]} * bs + off) * row + g * d;
-            for (int64_t r = 0; r < run; ++r) {
-              const float* kj = kb + r * row;
+        scores_.resize(std::max(scores_.size(), static_cast<size_t>(heads * n)));
+        float* sc = scores_.data();  // [heads, n]
+        const float* qt = p.q + t * heads * d;
+        float* ot = p.out + t * heads * d;
+        // Keys [lo, pos] walked block by block (rows of one block are contiguous), every query head
+        // at each key, so that a block's lookup is paid once per key row rather than per head. Per
+        // (head, key) the dot product and, per head, the weighted sum over keys in ascending order
+        // are those of a contiguous cache: the results do not depend on the block layout.
+        for (int64_t j = lo; j <= pos;) {
+          const int64_t off = j % bs;
+          const int64_t run = std::min(bs - off, pos + 1 - j);
+          const float* kb = c.k + (int64_t{table[j / bs]} * bs + off) * row;
+          for (int64_t r = 0; r < run; ++r) {
+            const float* kr = kb + r * row;
+            for (int64_t h = 0; h < heads; ++h) {
+              const float* qh = qt + h * d;
+              const float* kj = kr + (h / group) * d;
               float acc = 0.f;
               for (int64_t e = 0; e < d; ++e) acc += qh[e] * kj[e];
-              sc[j - lo + r] = acc * p.scale;
+              sc[h * n + (j - lo + r)] = acc * p.scale;
             }
-            j += run;
           }
-          SoftmaxRow(sc, static_cast<int>(n));
-          float* oh = p.out + (t * p.q_heads + h) * d;
-          std::fill(oh, oh + d, 0.f);
-          for (int64_t j = lo; j <= pos;) {
-            const int64_t off = j % bs;
-            const int64_t run = std::min(bs - off, pos + 1 - j);
-            const float* vb = c.v + (int64_t{table[j / bs]} * bs + off) * row + g * d;
-            for (int64_t r = 0; r < run; ++r) {
-              const float* vj = vb + r * row;
-              const float w = sc[j - lo + r];
+          j += run;
+        }
+        for (int64_t h = 0; h < heads; ++h) SoftmaxRow(sc + h * n, static_cast<int>(n));
+        std::fill(ot, ot + heads * d, 0.f);
+        for (int64_t j = lo; j <= pos;) {
+          const int64_t off = j % bs;
+          const int64_t run = std::min(bs - off, pos + 1 - j);
+          const float* vb = c.v + (int64_t{table[j / bs]} * bs + off) * row;
+          for (int64_t r = 0; r < run; ++r) {
+            const float* vr = vb + r * row;
+            for (int64_t h = 0; h < heads; ++h) {
+              const float* vj = vr + (h / group) * d;
+              const float w = sc[h * n + (j - lo + r)];
+              float* oh = ot + h * d;
               for (int64_t e = 0; e < d; ++e) oh[e] += w * vj[e];
             }
-            j += run;
           }
+          j += run;
         }
       }
     }
