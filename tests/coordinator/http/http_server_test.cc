@@ -83,7 +83,7 @@ class HttpServerTest : public ::testing::Test {
     scheduler_ = std::make_unique<Scheduler>(so);
     auto replica = std::make_unique<ScriptReplica>(*script);
     replica_ = replica.get();
-    ASSERT_TRUE(scheduler_->AddReplica(0, std::move(replica), {.max_slots = 1}).ok());
+    ASSERT_TRUE(scheduler_->AddReplica(0, std::move(replica), {.max_slots = 1, .kv_blocks = 64}).ok());
     absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
         {.listen = "127.0.0.1:0", .model_id = "llama", .model_path = kModel, .max_body_bytes = 4096},
         tokenizer_.get(), scheduler_.get(), [this] {
