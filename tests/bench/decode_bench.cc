@@ -35,6 +35,8 @@ ABSL_FLAG(std::string, scratch, "/tmp/shardserve-100m", "where the 100M model is
 ABSL_FLAG(int32_t, threads, 1, "BLAS threads");
 ABSL_FLAG(int32_t, tokens, 128, "decode tokens to time");
 ABSL_FLAG(int32_t, prefill, 256, "prefill prompt length");
+ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8", "16"}),
+          "batch sizes for the batched-decode table (tokens/s with B sequences decoding together)");
 ABSL_FLAG(std::vector<std::string>, ranks, std::vector<std::string>({"1", "2"}),
           "tensor-parallel CPU rank counts to compare");
 
@@ -174,12 +176,45 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double band
   const double flops_per_token = 2.0 * (weight_read / 4.0);
   const double prefill_gflops = prefill_best * flops_per_token / 1e9;
 
+  // Batched decode: B sequences at context ~32, one new token each per step.
+  std::vector<std::pair<int, double>> batched;
+  for (const auto& b_str : absl::GetFlag(FLAGS_batches)) {
+    const int b = std::atoi(b_str.c_str());
+    if (b < 1) continue;
+    engine::ExecutorOptions bo = options;
+    bo.model.num_kv_blocks = b * ((spec.max_position_embeddings + 15) / 16);
+    bo.model.max_step_tokens = std::max(32 * b, 1);
+    ASSIGN_OR_RETURN(auto bm, engine::TpExecutor::Create(spec, *ckpt, bo));
+    std::vector<engine::StepSequence> seqs(static_cast<size_t>(b));
+    for (int i = 0; i < b; ++i) {
+      seqs[static_cast<size_t>(i)] = engine::StepSequence{
+          .block_ids = engine::WholeContextBlocks(bm->options(), i), .pos_begin = 0,
+          .tokens = std::vector<int32_t>(32, 3 + i)};
+    }
+    RETURN_IF_ERROR(bm->Step(seqs).status());
+    for (auto& s : seqs) {
+      s.pos_begin = 32;
+      s.tokens = {5};
+    }
+    const int steps = std::max(8, decode_tokens / 4);
+    const double b0 = Now();
+    for (int i = 0; i < steps; ++i) {
+      RETURN_IF_ERROR(bm->Step(seqs).status());
+      for (auto& s : seqs) ++s.pos_begin;
+    }
+    batched.emplace_back(b, b * steps / (Now() - b0));
+  }
+
   std::printf("\nmodel %s on %d CPU rank(s): %.1fM parameters, %.1f MB weights read per decoded token\n",
               dir.c_str(), ranks, spec.NumParameters() / 1e6, weight_read / 1e6);
   std::printf("  decode : %8.1f tok/s   roofline %8.1f tok/s   fraction of roofline %.3f\n", tok_s, roofline,
               tok_s / roofline);
   std::printf("  prefill: %8.1f tok/s   (%d-token prompt) %.1f GFLOP/s = %.3f of sgemm %.1f GFLOP/s\n", prefill_best,
               prefill, prefill_gflops, prefill_gflops / sgemm_gflops, sgemm_gflops);
+  for (const auto& [b, t] : batched) {
+    std::printf("  batched decode, %2d sequences: %8.1f tok/s (%.2fx of batch 1 at the same context)\n", b, t,
+                t / batched.front().second);
+  }
   return BenchResult{.decode_tok_s = tok_s, .step_s = decode_s / decode_tokens};
 }
 

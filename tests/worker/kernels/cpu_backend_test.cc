@@ -69,9 +69,35 @@ TEST_P(LinearTest, MatchesReferenceWithBiasAndAccumulate) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
+                         // Each kernel and each edge of its tiling: 1-3 tokens stream, 4-48 tokens are
+                         // blocked 4 rows x 3 tokens (with 1 or 2 tokens and 1-3 rows left over, and
+                         // `in` not a multiple of 8), 49+ go to sgemm.
                          ::testing::Values(LinearShape{1, 64, 64}, LinearShape{1, 37, 13}, LinearShape{3, 768, 35},
-                                           LinearShape{8, 100, 7}, LinearShape{9, 64, 33}, LinearShape{40, 172, 64},
-                                           LinearShape{1, 5, 1}));
+                                           LinearShape{4, 64, 8}, LinearShape{5, 37, 13}, LinearShape{7, 100, 7},
+                                           LinearShape{8, 100, 7}, LinearShape{9, 64, 33}, LinearShape{16, 2048, 11},
+                                           LinearShape{40, 172, 64}, LinearShape{48, 100, 9}, LinearShape{49, 64, 5},
+                                           LinearShape{1, 5, 1}, LinearShape{6, 5, 3}));
+
+// Callers may split output rows across threads: a row range writes exactly those columns.
+TEST(BlockedLinearTest, RowRangeWritesOnlyThoseOutputs) {
+  const int64_t tokens = 11, in = 76, out = 23;
+  const auto x = Random(static_cast<size_t>(tokens * in), 5);
+  const auto w = Random(static_cast<size_t>(out * in), 6);
+  std::vector<float> ref(static_cast<size_t>(tokens * out));
+  cpu::ReferenceLinear(x.data(), w.data(), nullptr, ref.data(), tokens, in, out, false);
+  std::vector<float> got(ref.size(), -7.f);
+  cpu::BlockedLinear(x.data(), w.data(), nullptr, got.data(), tokens, in, out, false, 5, 18);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t o = 0; o < out; ++o) {
+      const float g = got[static_cast<size_t>(t * out + o)];
+      if (o < 5 || o >= 18) {
+        EXPECT_EQ(g, -7.f) << "token " << t << " row " << o;
+      } else {
+        EXPECT_NEAR(g, ref[static_cast<size_t>(t * out + o)], 1e-4f) << "token " << t << " row " << o;
+      }
+    }
+  }
+}
 
 // A paged cache filled from per-sequence contiguous K/V: sequence s's position j lives in block
 // tables[s][j / block_size] at row j % block_size. Block ids are shuffled, so neighbouring

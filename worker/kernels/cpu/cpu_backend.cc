@@ -27,6 +27,7 @@ void FreeHost(void* p) { std::free(p); }
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(int blas_threads) : blas_threads_(blas_threads) {}
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string name() const override { return "cpu"; }
 
@@ -68,6 +69,11 @@ class CpuBackend final : public Backend {
     if (p.tokens == 0 || p.out == 0) return absl::OkStatus();
     if (p.tokens <= cpu::kSmallBatchMaxTokens) {
       cpu::SmallBatchLinear(p.x, p.w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
+      return absl::OkStatus();
+    }
+    // The blocked kernel runs on one thread; with more BLAS threads sgemm's parallelism wins.
+    if (p.tokens <= cpu::kBlockedMaxTokens && blas_threads_ == 1) {
+      cpu::BlockedLinear(p.x, p.w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
       return absl::OkStatus();
     }
     const float beta = p.accumulate ? 1.0f : 0.0f;
@@ -247,6 +253,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  const int blas_threads_;
   // Per-call scratch, grown on demand (amortised: it reaches its final size on the first step).
   std::vector<float> cos_, sin_, scores_;
 };
@@ -258,7 +265,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(int blas_threads) {
     return absl::InvalidArgumentError(absl::StrCat("cpu backend: blas_threads must be >= 1, got ", blas_threads));
   }
   openblas_set_num_threads(blas_threads);
-  return std::unique_ptr<Backend>(new CpuBackend());
+  return std::unique_ptr<Backend>(new CpuBackend(blas_threads));
 }
 
 }  // namespace shardserve::kernels

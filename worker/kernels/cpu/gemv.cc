@@ -56,6 +56,63 @@ inline void Store(float* y, float v, const float* bias, int64_t o, bool accumula
   y[o] = accumulate ? y[o] + v : v;
 }
 
+#if SHARDSERVE_GEMV_AVX2
+// R weight rows x T tokens: R*T accumulators (at most 12 of the 16 ymm registers) over the whole
+// of `in`, so each loaded weight vector feeds T FMAs and each token vector R. When `prefetch` is
+// set, the next block of R rows is requested into L2 while this one computes: the first token
+// group of a block would otherwise wait on memory with R interleaved streams, which the hardware
+// prefetcher follows poorly.
+template <int R, int T>
+inline void Tile(const float* w, const float* x, float* y, const float* bias, int64_t o, int64_t in, int64_t out,
+                 bool accumulate, const float* prefetch) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  const float* wr = w + o * in;
+  int64_t k = 0;
+  for (; k + 8 <= in; k += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(wr + r * in + k);
+    if (prefetch != nullptr && (k & 15) == 0) {
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(prefetch + r * in + k), _MM_HINT_T1);
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + t * in + k);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      float v = HorizontalSum(acc[r][t]);
+      for (int64_t j = k; j < in; ++j) v += wr[r * in + j] * x[t * in + j];
+      Store(y + t * out, v, bias, o + r, accumulate);
+    }
+  }
+}
+
+template <int R>
+void RowBlock(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in, int64_t out,
+              bool accumulate, int64_t o, const float* prefetch) {
+  constexpr int kT = 3;
+  int64_t t = 0;
+  for (; t + kT <= tokens; t += kT) {
+    Tile<R, kT>(w, x + t * in, y + t * out, bias, o, in, out, accumulate, t == 0 ? prefetch : nullptr);
+  }
+  const float* pf = t == 0 ? prefetch : nullptr;
+  switch (tokens - t) {
+    case 2:
+      Tile<R, 2>(w, x + t * in, y + t * out, bias, o, in, out, accumulate, pf);
+      break;
+    case 1:
+      Tile<R, 1>(w, x + t * in, y + t * out, bias, o, in, out, accumulate, pf);
+      break;
+    default:
+      break;
+  }
+}
+#endif
+
 }  // namespace
 
 void SmallBatchLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
@@ -64,6 +121,21 @@ void SmallBatchLinear(const float* x, const float* w, const float* bias, float* 
   for (int64_t o = row_begin; o < row_end; ++o) {
     for (int64_t t = 0; t < tokens; ++t) Store(y + t * out, Dot1(w + o * in, x + t * in, in), bias, o, accumulate);
   }
+}
+
+void BlockedLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
+                   int64_t out, bool accumulate, int64_t row_begin, int64_t row_end) {
+#if SHARDSERVE_GEMV_AVX2
+  constexpr int kR = 4;
+  int64_t o = row_begin;
+  for (; o + kR <= row_end; o += kR) {
+    const float* next = o + 2 * kR <= row_end ? w + (o + kR) * in : nullptr;
+    RowBlock<kR>(x, w, bias, y, tokens, in, out, accumulate, o, next);
+  }
+  for (; o < row_end; ++o) RowBlock<1>(x, w, bias, y, tokens, in, out, accumulate, o, nullptr);
+#else
+  SmallBatchLinear(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+#endif
 }
 
 void ReferenceLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,

@@ -10,13 +10,23 @@
 
 namespace shardserve::kernels::cpu {
 
-// Largest token count SmallBatchLinear is used for; larger batches go to sgemm.
-inline constexpr int64_t kSmallBatchMaxTokens = 8;
+// Token counts each kernel is used for on one thread (measured with shardserve-bench-kernels on
+// AVX2 machines): up to kSmallBatchMaxTokens the product is bound by reading W and
+// SmallBatchLinear's single stream is fastest; up to kBlockedMaxTokens BlockedLinear beats sgemm,
+// which spends much of a small product packing W; larger batches go to sgemm.
+inline constexpr int64_t kSmallBatchMaxTokens = 3;
+inline constexpr int64_t kBlockedMaxTokens = 48;
 
 // x: [tokens, in]; w: [out, in]; bias: [out] or null; y: [tokens, out]. Rows [row_begin, row_end)
 // of the output only (callers may split rows across threads).
 void SmallBatchLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
                       int64_t out, bool accumulate, int64_t row_begin, int64_t row_end);
+
+// The same contract as SmallBatchLinear, register-blocked over 4 rows x 3 tokens so that each
+// weight load feeds several FMAs: compute-bound batches (a decode step of many sequences, a short
+// prefill chunk). Summation order differs from SmallBatchLinear (one accumulator per output).
+void BlockedLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
+                   int64_t out, bool accumulate, int64_t row_begin, int64_t row_end);
 
 // The same product with scalar code and a double accumulator: the reference for tests.
 void ReferenceLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
