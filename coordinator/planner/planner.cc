@@ -300,7 +300,10 @@ class Planner {
       : spec_(spec), policy_(policy), max_seq_len_(max_seq_len), workers_(workers) {
     min_tokens_ = policy.kv_tokens > 0 ? policy.kv_tokens : max_seq_len;
     const Params p = CountParams(spec);
-    double bytes = static_cast<double>(p.embedding + p.head), flops = static_cast<double>(p.head);
+    // The embedding is a lookup: it is held (the memory constraint counts it) but a step reads
+    // one row per token of it, so it costs no time. The lm_head is read whole by every decode
+    // step but runs on one position per sequence, so a prompt token costs it no FLOPs.
+    double bytes = static_cast<double>(p.head), flops = 0.0;
     for (size_t l = 0; l < p.layer.size(); ++l) {
       bytes += static_cast<double>(p.layer[l]);
       flops += static_cast<double>(p.layer_active[l]);
@@ -310,8 +313,7 @@ class Planner {
       cost_prefix_.push_back(cost_prefix_.back() + 0.5 * static_cast<double>(p.layer[l]) / bytes +
                              0.5 * static_cast<double>(p.layer_active[l]) / flops);
     }
-    embedding_cost_ = 0.5 * static_cast<double>(p.embedding) / bytes;
-    head_cost_ = 0.5 * static_cast<double>(p.head) / bytes + 0.5 * static_cast<double>(p.head) / flops;
+    head_cost_ = 0.5 * static_cast<double>(p.head) / bytes;
     expert_bytes_ = 3 * spec.hidden_size * spec.moe.expert_intermediate_size * policy.bytes_per_param;
   }
 
@@ -364,7 +366,6 @@ class Planner {
 
   double Cost(const Candidate& c, const StageRange& r) const {
     double cost = cost_prefix_[static_cast<size_t>(r.end)] - cost_prefix_[static_cast<size_t>(r.begin)];
-    if (r.first) cost += embedding_cost_;
     if (r.last) cost += head_cost_;
     return cost / c.tp;
   }
@@ -380,7 +381,7 @@ class Planner {
   int64_t min_tokens_ = 0;
   std::map<int, TpFigures> figures_;
   std::vector<double> cost_prefix_;  // [layers + 1]
-  double embedding_cost_ = 0.0, head_cost_ = 0.0;
+  double head_cost_ = 0.0;
   int64_t expert_bytes_ = 0;  // one whole routed expert
 };
 

@@ -44,17 +44,20 @@
 // weights plus the minimum KV (below), the planner picks the one with the smallest maximum stage
 // cost, then the smallest sum of squared stage costs (so slack is spread evenly), where
 //   cost(stage) = (0.5 x bytes(stage) / bytes(model) + 0.5 x flops(stage) / flops(model)) / tp
-//   bytes: parameters of the parts the stage runs, unsharded, all experts counted (the embedding
-//          on the first stage, the lm_head on the last);
-//   flops: forward FLOPs per token = 2 x active parameters: 0 for the embedding (a lookup), the
-//          whole dense layer, for a MoE layer attention + router + top_k experts + shared expert,
-//          and vocab x hidden for the lm_head.
-// Bytes stand for memory (what is left for KV) and for the weight reads of a memory-bound decode
-// step; FLOPs for prefill time, where a MoE layer costs only its top_k experts. Dividing by tp
-// models a stage with more ranks as proportionally faster and larger. Attention-score FLOPs,
-// which grow with the context, are the same in every layer and are left out. So the first stage
-// gets fewer layers when the embedding is large, the last stage fewer still (lm_head bytes AND
-// FLOPs), and a MoE layer counts for more than a dense one of the same width.
+//   bytes: parameters a decode step reads, unsharded, all experts counted: the layers, and the
+//          lm_head on the last stage; not the embedding, a lookup that reads one row per token;
+//   flops: forward FLOPs per prompt token = 2 x active parameters: the whole dense layer, for a
+//          MoE layer attention + router + top_k experts + shared expert; 0 for the embedding and
+//          for the lm_head, which runs on one position per sequence.
+// The cost is a time model: bytes for a memory-bound decode step, FLOPs for prefill, where a MoE
+// layer costs only its top_k experts. What a stage holds (the embedding included) is the memory
+// constraint above, not part of the cost. Dividing by tp models a stage with more ranks as
+// proportionally faster and larger. Attention-score FLOPs, which grow with the context, are the
+// same in every layer and are left out. So the last stage gets fewer layers (the lm_head's
+// reads), the first stage is not penalised for its embedding unless memory binds, and a MoE layer
+// counts for more than a dense one of the same width. Measured on the 100M model at 16 clients
+// (32-token prompts, 32 output tokens): 7 + 5 layers keep both stages busy 0.85-0.9 of the time;
+// 8 + 4 left the first stage the bottleneck (0.92 vs 0.69).
 //
 // ---- KV budget -------------------------------------------------------------------------------
 // Minimum: every stage holds the KV of one sequence of max_seq_len tokens (or policy.kv_tokens
