@@ -68,6 +68,11 @@ function(shardserve_cc_test)
   add_executable(${A_NAME} ${A_SRCS})
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gmock GTest::gtest_main)
   _shardserve_common_flags(${A_NAME})
+  # An empty LABELS value would swallow the next key of PROPERTIES: list it only when given.
+  set(_props TIMEOUT 600)
+  if(A_LABELS)
+    list(APPEND _props LABELS "${A_LABELS}")
+  endif()
   gtest_discover_tests(${A_NAME} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-                       PROPERTIES LABELS "${A_LABELS}" TIMEOUT 600 DISCOVERY_TIMEOUT 60)
+                       PROPERTIES ${_props} DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -146,7 +146,7 @@ void TpExecutor::RankLoop(Rank* rank, const Checkpoint* ckpt) {
       hidden = s.hidden;
     }
     absl::StatusOr<StepResult> result = rank->model->Step(*batch, hidden);
-    if (!result.ok() && result.status().code() != absl::StatusCode::kInvalidArgument && rank->comm != nullptr) {
+    if (!result.ok() && !IsGroupIntact(result.status()) && rank->comm != nullptr) {
       rank->comm->Abort(result.status());  // release peers waiting in a collective
     }
     {
@@ -176,12 +176,13 @@ absl::StatusOr<StepResult> TpExecutor::Step(const std::vector<StepSequence>& bat
     s.to_caller.wait(lock, [&] { return s.done == n; });
     s.batch = nullptr;
   }
-  // Rank 0's status is the one to report: a validation error is the same on every rank, and a
-  // peer's abort shows on rank 0 as Aborted carrying the first error.
+  // Rank 0's status is the one to report: a validation error is the same on every rank, a remote
+  // expert failure happens only on rank 0, and a peer's abort shows on rank 0 as Aborted carrying
+  // the first error.
   for (auto& rank : ranks_) {
     if (!rank->result.ok()) {
       absl::Status st = rank->result.status();
-      if (st.code() != absl::StatusCode::kInvalidArgument) {
+      if (!IsGroupIntact(st)) {
         std::lock_guard lock(s.mu);
         s.broken = absl::Status(st.code(), absl::StrCat("rank ", rank->index, ": ", st.message()));
         return s.broken;

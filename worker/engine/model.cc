@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
 #include "worker/comm/communicator.h"
+#include "worker/engine/remote_experts.h"
 #include "worker/kernels/shared/row_math.h"
 
 namespace shardserve::engine {
@@ -32,6 +34,10 @@ struct Model::Workspace {
   std::vector<float> h_router, h_scales, h_probs;
   std::vector<int32_t> h_moe_rows, h_topk;
   std::vector<float> h_topw;
+  // Remote experts (rank 0 of a stage with expert spill): the rows sent and the answers.
+  DeviceBuffer remote_x;  // [max_step_tokens x top_k, hidden]
+  std::vector<float> h_remote_x, h_remote_y;
+  std::vector<ExpertRows> h_remote_groups;
 };
 
 namespace {
@@ -119,6 +125,29 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     return absl::InvalidArgumentError(
         absl::StrCat("max_step_tokens must be in [1, 2^20], got ", options.max_step_tokens));
   }
+  bool any_remote = false;
+  for (const auto& [layer, owners] : options.layer_experts) {
+    if (layer < options.layer_begin || layer >= options.layer_end || !spec.IsSparseLayer(layer)) {
+      return absl::InvalidArgumentError(absl::StrCat("an expert placement is given for layer ", layer,
+                                                     ", which is not a MoE layer of layers [", options.layer_begin,
+                                                     ", ", options.layer_end, ")"));
+    }
+    if (static_cast<int64_t>(owners.size()) != spec.moe.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("the expert placement of layer ", layer, " lists ", owners.size(),
+                                                     " experts; the model has ", spec.moe.num_experts));
+    }
+    for (size_t e = 0; e < owners.size(); ++e) {
+      if (owners[e] != kRemoteExpert && (owners[e] < 0 || owners[e] >= options.shard.size)) {
+        return absl::InvalidArgumentError(absl::StrCat("the expert placement of layer ", layer, " puts expert ", e,
+                                                       " on rank ", owners[e], ", outside [0, ", options.shard.size,
+                                                       ") (or ", kRemoteExpert, " for a remote expert)"));
+      }
+      any_remote |= owners[e] == kRemoteExpert;
+    }
+  }
+  if (any_remote && options.remote_experts == nullptr) {
+    return absl::InvalidArgumentError("the expert placement has remote experts but no way to call them");
+  }
   std::unique_ptr<Model> m(new Model(spec, options, backend));
   ASSIGN_OR_RETURN(m->layout_, ShardLayout::Make(spec, options.shard, options.expert_owner, options.split_experts));
   if (options.shard.size > 1) {
@@ -129,7 +158,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     }
   }
   ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, options.layer_begin, options.layer_end,
-                                            ckpt, *backend));
+                                            ckpt, *backend, options.layer_experts));
 
   // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V.
   const size_t kv_elems = static_cast<size_t>(options.num_kv_blocks) * static_cast<size_t>(options.kv_block_size) *
@@ -185,6 +214,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_rows, t * topk * sizeof(int32_t)));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_scales, t * topk * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.shared_gate, t * f));
+    if (any_remote && options.shard.rank == 0) RETURN_IF_ERROR(Alloc(*backend, &w.remote_x, t * topk * h * f));
   }
   const std::vector<float> inv = InvFreq(spec, &w.position_scale);
   RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq, inv.size() * f));
@@ -249,6 +279,13 @@ absl::Status Model::Validate(const std::vector<StepSequence>& batch, absl::Span<
 
 absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) {
   RETURN_IF_ERROR(Validate(batch, hidden_in));
+  deferred_ = absl::OkStatus();
+  absl::StatusOr<StepResult> result = Run(batch, hidden_in);
+  if (result.ok() && !deferred_.ok()) return MarkGroupIntact(std::exchange(deferred_, absl::OkStatus()));
+  return result;
+}
+
+absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
   w.h_ids.clear();
@@ -512,10 +549,71 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
   RETURN_IF_ERROR(b.CopyToDevice(w.moe_rows.as<void>(), w.h_moe_rows.data(), w.h_moe_rows.size() * sizeof(int32_t)));
   RETURN_IF_ERROR(b.CopyToDevice(w.moe_scales.as<void>(), w.h_scales.data(), w.h_scales.size() * sizeof(float)));
 
+  // Experts on other workers (rank 0 only): send their rows first, compute the local experts
+  // meanwhile, then add the answers.
+  std::unique_ptr<RemoteExpertCall> remote;
+  if (lw.has_remote_experts && options_.shard.rank == 0) {
+    w.h_remote_groups.clear();
+    int64_t rows = 0;
+    for (int64_t e = 0; e < e_count; ++e) {
+      const int64_t begin = offset[static_cast<size_t>(e)];
+      const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
+      if (count == 0 || !lw.IsRemoteExpert(e)) continue;
+      RETURN_IF_ERROR(b.GatherRows({.src = normed, .rows = w.moe_rows.as<int32_t>() + begin,
+                                    .dst = w.remote_x.as<float>() + rows * h, .count = count, .src_rows = tokens,
+                                    .width = h}));
+      w.h_remote_groups.push_back({.expert = static_cast<int32_t>(e), .rows = static_cast<int32_t>(count)});
+      rows += count;
+    }
+    if (rows > 0) {
+      w.h_remote_x.resize(static_cast<size_t>(rows * h));
+      w.h_remote_y.resize(static_cast<size_t>(rows * h));
+      RETURN_IF_ERROR(b.CopyToHost(w.h_remote_x.data(), w.remote_x.as<float>(), w.h_remote_x.size() * sizeof(float)));
+      remote = options_.remote_experts->Start(lw.layer, w.h_remote_groups, w.h_remote_x, absl::MakeSpan(w.h_remote_y));
+    }
+  }
+  absl::Status local = LocalExperts(lw, tokens, offset, out);
+  if (remote != nullptr) {
+    // Always wait: the call writes into the workspace.
+    absl::Status st = remote->Wait();
+    RETURN_IF_ERROR(local);
+    if (!st.ok()) {
+      // The other ranks are on their way to this layer's all-reduce: finish the step with them
+      // (the answer is wrong, and Step reports the failure instead of it), so that the group stays
+      // in step and the next batch can run when the host is back. Not InvalidArgument, which reads
+      // as a bad batch.
+      const absl::StatusCode code =
+          st.code() == absl::StatusCode::kInvalidArgument ? absl::StatusCode::kInternal : st.code();
+      if (deferred_.ok()) {
+        deferred_ = absl::Status(code, absl::StrCat("remote experts of layer ", lw.layer, ": ", st.message()));
+      }
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(b.CopyToDevice(w.remote_x.as<void>(), w.h_remote_y.data(), w.h_remote_y.size() * sizeof(float)));
+    int64_t rows = 0;
+    for (const ExpertRows& g : w.h_remote_groups) {
+      const int64_t begin = offset[static_cast<size_t>(g.expert)];
+      RETURN_IF_ERROR(b.ScatterAddRows({.src = w.remote_x.as<float>() + rows * h,
+                                        .rows = w.moe_rows.as<int32_t>() + begin,
+                                        .scales = w.moe_scales.as<float>() + begin, .dst = out, .count = g.rows,
+                                        .dst_rows = tokens, .width = h}));
+      rows += g.rows;
+    }
+  }
+  return local;
+}
+
+absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const std::vector<int64_t>& offset,
+                                 float* out) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  const int64_t h = spec_.hidden_size;
+  const int64_t e_count = spec_.moe.num_experts;
+  float* normed = w.normed.as<float>();
   for (int64_t e = 0; e < e_count; ++e) {
     const int64_t begin = offset[static_cast<size_t>(e)];
     const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
-    if (count == 0 || !layout_.IsLocalExpert(e)) continue;
+    if (count == 0 || !lw.IsLocalExpert(e, layout_)) continue;
     const int32_t* rows = w.moe_rows.as<int32_t>() + begin;
     RETURN_IF_ERROR(b.GatherRows({.src = normed, .rows = rows, .dst = w.moe_x.as<float>(), .count = count,
                                   .src_rows = tokens, .width = h}));

@@ -61,11 +61,15 @@ class Model final : public StepRunner {
   struct Workspace;
   Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend);
   absl::Status Validate(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) const;
+  // Step after validation.
+  absl::StatusOr<StepResult> Run(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in);
   bool first_stage() const { return options_.layer_begin == 0; }
   bool last_stage() const { return options_.layer_end == spec_.num_layers; }
   absl::Status Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged);
   absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, int64_t width, bool accumulate);
   absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);
+  // The local experts' share and the shared expert; rows of expert e are [offset[e], offset[e+1]).
+  absl::Status LocalExperts(const LayerWeights& w, int64_t tokens, const std::vector<int64_t>& offset, float* out);
   // Sums `data` over the tensor-parallel group (no-op for one rank).
   absl::Status AllReduce(float* data, int64_t count);
   bool tp() const { return options_.shard.size > 1; }
@@ -78,6 +82,8 @@ class Model final : public StepRunner {
   std::vector<kernels::DeviceBuffer> k_cache_, v_cache_;  // per layer
   size_t kv_bytes_ = 0;
   std::unique_ptr<Workspace> ws_;
+  // A failure the step ran on through (a remote expert call), reported when the step ends.
+  absl::Status deferred_;
 };
 
 }  // namespace shardserve::engine

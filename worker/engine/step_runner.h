@@ -5,6 +5,7 @@
 #define SHARDSERVE_WORKER_ENGINE_STEP_RUNNER_H_
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,11 @@ class Communicator;
 }
 
 namespace shardserve::engine {
+
+class RemoteExperts;
+
+// In ModelOptions::layer_experts: the expert is computed by another worker.
+inline constexpr int32_t kRemoteExpert = -1;
 
 struct StepSequence {
   // The sequence's KV cache blocks, in order: block_ids[j] holds positions [j * kv_block_size,
@@ -76,6 +82,14 @@ struct ModelOptions {
   std::vector<int32_t> expert_owner;
   // Split every expert tensor-parallel even when there are enough experts for expert parallelism.
   bool split_experts = false;
+  // Per-layer expert placement (the planner's, e.g. with expert spill), overriding expert_owner for
+  // the layers listed: layer_experts[layer][e] = the rank computing expert e (any rank >= 0 means
+  // "local" when experts are split over all ranks), or kRemoteExpert when another worker computes
+  // it through `remote_experts`. Each listed layer must be a MoE layer of the stage.
+  std::map<int64_t, std::vector<int32_t>> layer_experts;
+  // Computes the remote experts; required when layer_experts names any. Rank 0 calls it (not
+  // owned; must outlive the model).
+  RemoteExperts* remote_experts = nullptr;
   // Optional metrics sink (not owned).
   StepObserver* observer = nullptr;
 };
@@ -90,6 +104,13 @@ inline std::vector<int32_t> WholeContextBlocks(const ModelOptions& resolved, int
   for (int64_t j = 0; j < n; ++j) ids[static_cast<size_t>(j)] = static_cast<int32_t>(seq * n + j);
   return ids;
 }
+
+// Step errors after which every tensor-parallel rank is still in step — the ranks ran the whole
+// step (or none of it), so the group can take the next batch: InvalidArgument (a batch rejected
+// before any work) and errors marked with MarkGroupIntact (e.g. a remote expert call that failed
+// while the ranks finished the step). Other errors break the group.
+absl::Status MarkGroupIntact(absl::Status status);
+bool IsGroupIntact(const absl::Status& status);
 
 class StepRunner {
  public:

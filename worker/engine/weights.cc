@@ -176,9 +176,47 @@ absl::StatusOr<ShardLayout> ShardLayout::Make(const ModelSpec& spec, TpShard sha
   return l;
 }
 
+namespace {
+
+std::string ExpertPrefix(const ModelSpec& spec, int64_t layer, int64_t expert) {
+  return absl::StrCat("model.layers.", layer, ".",
+                      spec.arch == Architecture::kMixtral ? "block_sparse_moe." : "mlp.", "experts.", expert, ".");
+}
+
+// Expert `e` of a layer: its columns [begin, end) of the expert MLP (all of them when whole); the
+// down projection's bias (none in supported MoE models) on `bias_rank`.
+absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, int64_t layer, int64_t e, int64_t begin,
+                                           int64_t end, int bias_rank) {
+  const std::string ep = ExpertPrefix(spec, layer, e);
+  if (spec.arch == Architecture::kMixtral) {
+    return ld.Mlp(ep, "w1", "w3", "w2", spec.hidden_size, spec.moe.expert_intermediate_size, begin, end, false,
+                  bias_rank);
+  }
+  return ld.Mlp(ep, "gate_proj", "up_proj", "down_proj", spec.hidden_size, spec.moe.expert_intermediate_size, begin,
+                end, false, bias_rank);
+}
+
+}  // namespace
+
+absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int64_t expert, const Checkpoint& ckpt,
+                                      kernels::Backend& backend, size_t* bytes) {
+  if (layer < 0 || layer >= spec.num_layers || !spec.IsSparseLayer(layer)) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is not a MoE layer of the model"));
+  }
+  if (expert < 0 || expert >= spec.moe.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert ", expert, " is outside [0, ", spec.moe.num_experts, ") (layer ", layer, ")"));
+  }
+  Loader ld(ckpt, spec, backend);
+  ASSIGN_OR_RETURN(MlpWeights m, LoadExpertSlice(ld, spec, layer, expert, 0, spec.moe.expert_intermediate_size, 0));
+  if (bytes != nullptr) *bytes += ld.bytes();
+  return m;
+}
+
 absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
                                          int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
-                                         kernels::Backend& backend) {
+                                         kernels::Backend& backend,
+                                         const std::map<int64_t, std::vector<int32_t>>& layer_experts) {
   Loader ld(ckpt, spec, backend);
   ModelWeights mw;
   const int64_t h = spec.hidden_size;
@@ -234,19 +272,21 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       // expert is split tensor-parallel like a dense MLP.
       const int64_t eb = layout.expert_parallel ? 0 : layout.expert_ffn * shard.rank;
       const int down_bias_rank = layout.expert_parallel ? shard.rank : 0;
-      for (int64_t e = 0; e < e_count; ++e) {
-        const std::string ep = absl::StrCat(moe, "experts.", e, ".");
-        MlpWeights m;
-        if (!layout.IsLocalExpert(e)) {
-          lw.experts.push_back(std::move(m));
-          continue;
+      if (auto it = layer_experts.find(i); it != layer_experts.end()) {
+        lw.expert_owner = it->second;
+        if (!layout.expert_parallel) {
+          for (int32_t& o : lw.expert_owner) o = o == kRemoteExpert ? kRemoteExpert : 0;
         }
-        if (moe_mixtral) {
-          ASSIGN_OR_RETURN(m, ld.Mlp(ep, "w1", "w3", "w2", h, spec.moe.expert_intermediate_size, eb,
-                                     eb + layout.expert_ffn, false, down_bias_rank));
-        } else {
-          ASSIGN_OR_RETURN(m, ld.Mlp(ep, "gate_proj", "up_proj", "down_proj", h, spec.moe.expert_intermediate_size,
-                                     eb, eb + layout.expert_ffn, false, down_bias_rank));
+      } else if (layout.expert_parallel) {
+        lw.expert_owner = layout.expert_owner;
+      } else {
+        lw.expert_owner.assign(static_cast<size_t>(e_count), 0);
+      }
+      for (int64_t e = 0; e < e_count; ++e) {
+        lw.has_remote_experts |= lw.IsRemoteExpert(e);
+        MlpWeights m;
+        if (lw.IsLocalExpert(e, layout)) {
+          ASSIGN_OR_RETURN(m, LoadExpertSlice(ld, spec, i, e, eb, eb + layout.expert_ffn, down_bias_rank));
         }
         lw.experts.push_back(std::move(m));
       }

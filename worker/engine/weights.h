@@ -8,6 +8,7 @@
 #define SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -65,6 +66,15 @@ struct LayerWeights {
   MlpWeights mlp;                    // dense layers
   LinearWeight router;               // sparse: [experts, hidden]
   std::vector<MlpWeights> experts;   // sparse: one per expert; empty weights for non-local ones
+  // Sparse: where each expert is computed, as ModelOptions::layer_experts (the layout's default
+  // when the layer is not listed there): a rank, or kRemoteExpert.
+  std::vector<int32_t> expert_owner;
+  bool has_remote_experts = false;
+  bool IsLocalExpert(int64_t e, const ShardLayout& layout) const {
+    const int32_t owner = expert_owner[static_cast<size_t>(e)];
+    return owner != kRemoteExpert && (!layout.expert_parallel || owner == layout.rank);
+  }
+  bool IsRemoteExpert(int64_t e) const { return expert_owner[static_cast<size_t>(e)] == kRemoteExpert; }
   MlpWeights shared;                 // Qwen2-MoE shared expert (when shared_ffn > 0)
   LinearWeight shared_gate;          // [1, hidden]
 };
@@ -81,10 +91,18 @@ struct ModelWeights {
 // Loads the weights of `shard` for layers [layer_begin, layer_end) from `ckpt` onto `backend`
 // (which must outlive the result): the embedding when the range starts at layer 0 (or when the
 // lm_head is tied to it and the range ends at the last layer), the final norm and lm_head when it
-// ends at the last layer. ModelWeights::layers[i] is layer layer_begin + i.
+// ends at the last layer. ModelWeights::layers[i] is layer layer_begin + i. `layer_experts` as in
+// ModelOptions (validated by the caller): remote experts are not loaded.
 absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
                                          int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
-                                         kernels::Backend& backend);
+                                         kernels::Backend& backend,
+                                         const std::map<int64_t, std::vector<int32_t>>& layer_experts = {});
+
+// One whole expert's MLP weights (w1/w3/w2 or gate/up/down, all of it) of MoE layer `layer`, for a
+// worker that computes experts for other stages. InvalidArgument for a layer that is not a MoE
+// layer or an expert id out of range.
+absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int64_t expert, const Checkpoint& ckpt,
+                                      kernels::Backend& backend, size_t* bytes);
 
 }  // namespace shardserve::engine
 

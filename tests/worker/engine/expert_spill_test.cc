@@ -1,0 +1,227 @@
+// Expert spill in the engine: a stage computes some experts of its MoE layers on another worker
+// (here an ExpertHost in the same process behind the RemoteExperts interface). Every placement
+// must give the Hugging Face logits within the golden tolerance and the same greedy tokens, and a
+// failing host must fail the step without breaking the tensor-parallel group.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "tests/testing/golden.h"
+#include "tests/testing/status_matchers.h"
+#include "worker/engine/executor.h"
+#include "worker/engine/expert_host.h"
+#include "worker/engine/generator.h"
+
+namespace shardserve::engine {
+namespace {
+
+using ::shardserve::testing::GoldenModel;
+using ::shardserve::testing::IsOk;
+using ::shardserve::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int32_t R = kRemoteExpert;
+
+struct SpillLayout {
+  std::string model;
+  int ranks;
+  bool split_experts;
+  std::map<int64_t, std::vector<int32_t>> layer_experts;
+  std::string name;
+};
+
+void PrintTo(const SpillLayout& l, std::ostream* os) { *os << l.name; }
+
+// The experts a placement leaves to the host, spread over two host devices.
+std::vector<HostedExpertSpec> RemoteOf(const std::map<int64_t, std::vector<int32_t>>& layer_experts) {
+  std::vector<HostedExpertSpec> out;
+  for (const auto& [layer, owners] : layer_experts) {
+    for (size_t e = 0; e < owners.size(); ++e) {
+      if (owners[e] == R) out.push_back({layer, static_cast<int64_t>(e), static_cast<int>(out.size() % 2)});
+    }
+  }
+  return out;
+}
+
+struct Spilled {
+  std::unique_ptr<Checkpoint> ckpt;
+  std::unique_ptr<ExpertHost> host;
+  std::unique_ptr<RemoteExperts> remote;
+  std::unique_ptr<TpExecutor> executor;  // destroyed first
+};
+
+absl::StatusOr<Spilled> MakeSpilled(const std::string& dir, int ranks, ModelOptions mo,
+                                    std::unique_ptr<RemoteExperts> remote = nullptr) {
+  Spilled s;
+  auto spec = LoadModelSpec(dir);
+  if (!spec.ok()) return spec.status();
+  auto ckpt = Checkpoint::Open(dir);
+  if (!ckpt.ok()) return ckpt.status();
+  s.ckpt = *std::move(ckpt);
+  if (remote == nullptr) {
+    auto host = ExpertHost::Create(*spec, *s.ckpt, RemoteOf(mo.layer_experts), kernels::DeviceKind::kCpu, 1);
+    if (!host.ok()) return host.status();
+    s.host = *std::move(host);
+    remote = std::make_unique<InProcessRemoteExperts>(s.host.get());
+  }
+  s.remote = std::move(remote);
+  mo.remote_experts = s.remote.get();
+  ExecutorOptions eo;
+  eo.cpu_ranks = ranks;
+  eo.model = std::move(mo);
+  auto ex = TpExecutor::Create(*spec, *s.ckpt, eo);
+  if (!ex.ok()) return ex.status();
+  s.executor = *std::move(ex);
+  return s;
+}
+
+class ExpertSpillTest : public ::testing::TestWithParam<SpillLayout> {};
+
+TEST_P(ExpertSpillTest, LogitsMatchTransformersAndGreedyTokensMatch) {
+  const SpillLayout& layout = GetParam();
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(layout.model));
+  ModelOptions mo{.max_step_tokens = 64, .split_experts = layout.split_experts,
+                  .layer_experts = layout.layer_experts};
+  ASSERT_OK_AND_ASSIGN(Spilled s, MakeSpilled(golden.dir, layout.ranks, mo));
+  const size_t v = static_cast<size_t>(s.executor->spec().vocab_size);
+  int32_t seq = 0;
+  for (const auto& c : golden.cases) {
+    ASSERT_OK_AND_ASSIGN(StepResult r,
+                         s.executor->Step({StepSequence{.block_ids = WholeContextBlocks(s.executor->options(), seq++),
+                                                        .tokens = c.prompt_ids,
+                                                        .all_logits = true}}));
+    ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
+    for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
+      testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(layout.name, " position ", p));
+    }
+  }
+  std::vector<GenerationRequest> reqs;
+  for (const auto& c : golden.cases) {
+    reqs.push_back({.prompt = c.prompt_ids, .max_tokens = static_cast<int32_t>(c.greedy_ids.size())});
+  }
+  ASSERT_OK_AND_ASSIGN(auto res, Generate(*s.executor, reqs));
+  for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].tokens, golden.cases[i].greedy_ids) << layout.name;
+  // Only the local experts are loaded: fewer bytes than the same layout with every expert local.
+  ModelOptions all_local = mo;
+  all_local.layer_experts.clear();
+  all_local.remote_experts = nullptr;
+  ASSERT_OK_AND_ASSIGN(Spilled full, MakeSpilled(golden.dir, layout.ranks, all_local,
+                                                 std::make_unique<InProcessRemoteExperts>(nullptr)));
+  size_t spilled_bytes = 0, full_bytes = 0;
+  for (size_t b : s.executor->WeightBytesPerRank()) spilled_bytes += b;
+  for (size_t b : full.executor->WeightBytesPerRank()) full_bytes += b;
+  EXPECT_EQ(full_bytes - spilled_bytes, s.host->weight_bytes()) << layout.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ExpertSpillTest,
+    ::testing::Values(
+        // qwen2_moe: 3 layers, 0 and 2 MoE, 8 experts, top-2, a shared expert.
+        SpillLayout{"qwen2_moe", 1, false, {{0, {0, R, 0, R, R, 0, R, R}}, {2, {R, R, R, R, R, R, R, R}}},
+                    "qwen2_moe_tp1_partial_and_whole_layer"},
+        SpillLayout{"qwen2_moe", 2, false, {{2, {0, 1, R, R, R, R, R, R}}}, "qwen2_moe_tp2_last_layer_2_local"},
+        SpillLayout{"qwen2_moe", 2, true, {{0, {0, 0, 0, R, R, R, R, 0}}}, "qwen2_moe_tp2_split_experts"},
+        // mixtral: 2 layers, 4 experts, top-2.
+        SpillLayout{"mixtral", 2, false, {{0, {1, R, R, 0}}, {1, {R, 0, 1, R}}}, "mixtral_tp2_both_layers"},
+        SpillLayout{"mixtral", 4, false, {{1, {3, R, 0, R}}}, "mixtral_tp4_two_ranks_without_experts"}),
+    [](const auto& test_info) { return test_info.param.name; });
+
+// Fails the first `failures` calls, then asks the host.
+class FlakyRemote final : public RemoteExperts {
+ public:
+  FlakyRemote(ExpertHost* host, int failures) : inner_(host), failures_(failures) {}
+  std::unique_ptr<RemoteExpertCall> Start(int64_t layer, absl::Span<const ExpertRows> groups,
+                                          absl::Span<const float> x, absl::Span<float> y) override {
+    if (failures_.fetch_sub(1) > 0) {
+      struct Failed final : RemoteExpertCall {
+        absl::Status Wait() override { return absl::UnavailableError("host 10.0.0.9:7001 is unreachable"); }
+      };
+      return std::make_unique<Failed>();
+    }
+    return inner_.Start(layer, groups, x, y);
+  }
+
+ private:
+  InProcessRemoteExperts inner_;
+  std::atomic<int> failures_;
+};
+
+TEST(ExpertSpillErrorsTest, AFailingHostFailsTheStepAndTheGroupStaysUsable) {
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel("mixtral"));
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
+  ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(golden.dir));
+  const std::map<int64_t, std::vector<int32_t>> placement{{0, {0, R, 1, R}}};
+  ASSERT_OK_AND_ASSIGN(auto host,
+                       ExpertHost::Create(spec, *ckpt, RemoteOf(placement), kernels::DeviceKind::kCpu, 1));
+  ModelOptions mo{.max_step_tokens = 64, .layer_experts = placement};
+  ASSERT_OK_AND_ASSIGN(Spilled s, MakeSpilled(golden.dir, 2, mo, std::make_unique<FlakyRemote>(host.get(), 1)));
+  const auto& c = golden.cases[0];
+  const StepSequence seq{.block_ids = WholeContextBlocks(s.executor->options(), 0), .tokens = c.prompt_ids,
+                         .all_logits = true};
+  EXPECT_THAT(s.executor->Step({seq}),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("remote experts of layer 0: host 10.0.0.9:7001 is unreachable")));
+  ASSERT_OK_AND_ASSIGN(StepResult r, s.executor->Step({seq}));
+  const size_t v = static_cast<size_t>(spec.vocab_size);
+  for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
+    testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat("after the failure, position ", p));
+  }
+}
+
+TEST(ExpertSpillErrorsTest, BadPlacementsNameTheProblem) {
+  const std::string dir = "tests/golden/models/qwen2_moe";
+  InProcessRemoteExperts nowhere(nullptr);
+  auto make = [&](std::map<int64_t, std::vector<int32_t>> placement, RemoteExperts* remote, int ranks = 1) {
+    ModelOptions mo{.max_step_tokens = 8, .layer_experts = std::move(placement), .remote_experts = remote};
+    ExecutorOptions eo{.cpu_ranks = ranks, .model = mo};
+    auto spec = LoadModelSpec(dir);
+    auto ckpt = Checkpoint::Open(dir);
+    return TpExecutor::Create(*spec, **ckpt, eo).status();
+  };
+  EXPECT_THAT(make({{1, {0, 0, 0, 0, 0, 0, 0, 0}}}, &nowhere),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer 1, which is not a MoE layer")));
+  EXPECT_THAT(make({{0, {0, 0}}}, &nowhere),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lists 2 experts; the model has 8")));
+  EXPECT_THAT(make({{0, {0, 0, 0, 2, 0, 0, 0, 0}}}, &nowhere, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("puts expert 3 on rank 2")));
+  EXPECT_THAT(make({{0, {0, R, 0, 0, 0, 0, 0, 0}}}, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("remote experts but no way to call them")));
+}
+
+TEST(ExpertHostTest, RejectsWhatItCannotServe) {
+  const std::string dir = "tests/golden/models/qwen2_moe";
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
+  ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(dir));
+  const auto cpu = kernels::DeviceKind::kCpu;
+  EXPECT_THAT(ExpertHost::Create(spec, *ckpt, {}, cpu, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at least one expert")));
+  EXPECT_THAT(ExpertHost::Create(spec, *ckpt, {{1, 0, 0}}, cpu, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer 1 is not a MoE layer")));
+  EXPECT_THAT(ExpertHost::Create(spec, *ckpt, {{0, 8, 0}}, cpu, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expert 8 is outside [0, 8)")));
+  EXPECT_THAT(ExpertHost::Create(spec, *ckpt, {{0, 3, 0}, {0, 3, 1}}, cpu, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("listed twice")));
+  ASSERT_OK_AND_ASSIGN(auto host, ExpertHost::Create(spec, *ckpt, {{0, 3, 0}, {2, 5, 1}}, cpu, 1));
+  EXPECT_EQ(host->num_experts(), 2);
+  const int64_t h = spec.hidden_size;
+  std::vector<float> x(static_cast<size_t>(3 * h), 0.5f), y(x.size());
+  const std::vector<ExpertRows> groups{{3, 2}, {5, 1}};
+  EXPECT_THAT(host->Compute(0, groups, x, absl::MakeSpan(y)),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("does not host expert 5 of layer 0")));
+  EXPECT_THAT(host->Compute(0, {{3, 2}}, x, absl::MakeSpan(y)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 rows of 64 values; x has 192")));
+  EXPECT_THAT(host->Compute(0, {{3, 0}}, {}, {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0 rows")));
+  ASSERT_THAT(host->Compute(0, {{3, 3}}, x, absl::MakeSpan(y)), IsOk());
+  // Identical inputs give identical rows, and the expert is not the identity.
+  for (int64_t i = 0; i < h; ++i) {
+    EXPECT_EQ(y[static_cast<size_t>(i)], y[static_cast<size_t>(2 * h + i)]);
+  }
+  EXPECT_NE(y[0], 0.5f);
+}
+
+}  // namespace
+}  // namespace shardserve::engine
