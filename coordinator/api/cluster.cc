@@ -1,6 +1,7 @@
 #include "coordinator/api/cluster.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -115,15 +116,6 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
   if (key == planned_for_) return;  // this set of workers was already found wanting
   planned_for_ = key;
   absl::StatusOr<Plan> plan = MakePlan(*spec_, inventory, options_.policy);
-  if (plan.ok()) {
-    int64_t remote = 0;
-    for (const Pipeline& p : plan->replicas) remote += p.NumRemoteExperts();
-    if (remote > 0) {
-      plan = absl::UnimplementedError(absl::StrCat(
-          "the plan places ", remote, " experts on other workers (expert spill), which the coordinator does not ",
-          "support yet; give the stage workers more memory or add workers"));
-    }
-  }
   if (!plan.ok()) {
     plan_error_ = absl::StrCat("planning failed for workers ", key, ": ", plan.status().ToString());
     LOG(WARNING) << plan_error_;
@@ -165,10 +157,53 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
       a.kv_block_size = options_.kv_block_size;
       a.max_seq_len = static_cast<int32_t>(plan->max_seq_len);
       a.max_step_tokens = options_.max_step_tokens;
+      // The planner's expert placement of the stage's MoE layers; remote experts name their host.
+      for (const LayerExperts& le : p.experts) {
+        if (le.layer < spec.layer_begin || le.layer >= spec.layer_end) continue;
+        LayerExpertPlacement& placement = a.experts.emplace_back();
+        placement.layer = le.layer;
+        for (const ExpertLocation& loc : le.experts) {
+          placement.ranks.push_back(loc.remote ? -1 : loc.rank);
+          const WorkerRecord* host = loc.remote ? Find(workers, loc.worker_id) : nullptr;
+          CHECK(!loc.remote || host != nullptr) << "the planner returned an unknown expert host";
+          placement.addresses.push_back(host != nullptr ? host->registration.address : "");
+        }
+      }
       rs.stages.push_back(std::move(stage));
     }
     for (size_t s = 0; s + 1 < rs.stages.size(); ++s) rs.stages[s].assignment.next_address = rs.stages[s + 1].address;
     replicas_.push_back(std::move(rs));
+  }
+  // Expert hosts: each loads the experts spilled to it (once, whichever replicas use them).
+  hosts_.clear();
+  for (const ExpertHostSpec& eh : plan->expert_hosts) {
+    if (!hosts_.empty() && hosts_.back().worker_id == eh.worker_id) continue;  // sorted by worker
+    const WorkerRecord* w = Find(workers, eh.worker_id);
+    CHECK(w != nullptr) << "the planner returned an unknown expert host";
+    Stage host;
+    host.worker_id = eh.worker_id;
+    host.node_name = w->registration.node_name;
+    host.address = w->registration.address;
+    WorkerAssignment& a = host.assignment;
+    a.expert_host = true;
+    a.assignment_id = absl::StrCat("plan-", plan_number, "/experts/", eh.worker_id);
+    a.model_path = options_.model_path;
+    a.device_kind = eh.device_kind;
+    std::set<std::pair<int64_t, int32_t>> seen;
+    std::set<int> devices;
+    for (const Pipeline& p : plan->replicas) {
+      for (const LayerExperts& le : p.experts) {
+        for (size_t e = 0; e < le.experts.size(); ++e) {
+          const ExpertLocation& loc = le.experts[e];
+          if (!loc.remote || loc.worker_id != eh.worker_id) continue;
+          if (!seen.insert({le.layer, static_cast<int32_t>(e)}).second) continue;
+          a.hosted_experts.push_back({.layer = le.layer, .expert = static_cast<int32_t>(e), .device = loc.device});
+          devices.insert(loc.device);
+        }
+      }
+    }
+    a.devices.assign(devices.begin(), devices.end());
+    hosts_.push_back(std::move(host));
   }
   plan_text_ = PlanToString(*plan);
   LOG(INFO) << "plan " << plan_number << " for " << key << ":\n" << plan_text_;
@@ -226,11 +261,13 @@ void Cluster::Tick() {
         return;
       }
     }
-    // 2. A restarted worker (same node and address, new id) takes its stage back; then send the
-    // assignments not yet accepted.
-    for (size_t r = 0; r < replicas_.size(); ++r) {
-      for (size_t s = 0; s < replicas_[r].stages.size(); ++s) {
-        Stage& stage = replicas_[r].stages[s];
+    // 2. A restarted worker (same node and address, new id) takes its stage (or its experts)
+    // back; then send the assignments not yet accepted. Expert hosts count as replica
+    // replicas_.size(), so that they are assigned with (and before serving starts for) every replica.
+    for (size_t r = 0; r <= replicas_.size(); ++r) {
+      std::vector<Stage>& stages = r < replicas_.size() ? replicas_[r].stages : hosts_;
+      for (size_t s = 0; s < stages.size(); ++s) {
+        Stage& stage = stages[s];
         const WorkerRecord* w = Find(workers, stage.worker_id);
         if (w == nullptr || w->state == WorkerState::kDead) {
           for (const WorkerRecord& c : workers) {
@@ -238,8 +275,8 @@ void Cluster::Tick() {
                 c.registration.address != stage.address) {
               continue;
             }
-            LOG(INFO) << "worker " << c.worker_id << " replaces " << stage.worker_id << " as replica " << r
-                      << " stage " << s;
+            LOG(INFO) << "worker " << c.worker_id << " replaces " << stage.worker_id << " as "
+                      << (r < replicas_.size() ? absl::StrCat("replica ", r, " stage ", s) : "expert host");
             stage.worker_id = c.worker_id;
             stage.assignment.assignment_id = absl::StrCat(
                 stage.assignment.assignment_id.substr(0, stage.assignment.assignment_id.rfind('/') + 1), c.worker_id);
@@ -257,12 +294,15 @@ void Cluster::Tick() {
     }
   }
   for (AssignJob& job : jobs) {
-    LOG(INFO) << "assigning " << job.assignment.assignment_id << " (layers [" << job.assignment.layer_begin << ", "
-              << job.assignment.layer_end << ")) to worker " << job.worker_id << " at " << job.address;
+    LOG(INFO) << "assigning " << job.assignment.assignment_id << " ("
+              << (job.assignment.expert_host
+                      ? absl::StrCat(job.assignment.hosted_experts.size(), " experts")
+                      : absl::StrCat("layers [", job.assignment.layer_begin, ", ", job.assignment.layer_end, ")"))
+              << ") to worker " << job.worker_id << " at " << job.address;
     const absl::Status st = workers_->Assign(job.address, job.assignment);
     if (!st.ok()) LOG(WARNING) << "assigning worker " << job.worker_id << " failed: " << st;
     absl::MutexLock lock(&mu_);
-    Stage& stage = replicas_[job.replica].stages[job.stage];
+    Stage& stage = job.replica < replicas_.size() ? replicas_[job.replica].stages[job.stage] : hosts_[job.stage];
     if (stage.worker_id != job.worker_id) continue;
     stage.assigned = st.ok();
     stage.assign_error = st.ok() ? "" : st.ToString();
@@ -294,6 +334,11 @@ void Cluster::Tick() {
         // The block ids are shared by every stage: the replica has what its smallest stage reports.
         if (w != nullptr && w->kv_blocks > 0) endpoint.kv_blocks = std::min(endpoint.kv_blocks, w->kv_blocks);
         endpoint.worker_ids.push_back(stage.worker_id);
+      }
+      for (const Stage& host : hosts_) {
+        bool settled = false;
+        std::string problem = StageProblem(host, Find(workers, host.worker_id), &settled);
+        if (!problem.empty()) problems.push_back(absl::StrCat("expert host: ", problem));
       }
       endpoint.stage0_address = rs.stages.front().address;
       if (problems.empty() && !rs.serving) changes.push_back({endpoint.replica, true, endpoint, ""});
@@ -339,9 +384,9 @@ void Cluster::Tick() {
     int stages = 0, stages_ready = 0;
     bool all_settled = true;
     std::vector<std::string> problems;
-    for (size_t r = 0; r < replicas_.size(); ++r) {
-      serving += replicas_[r].serving ? 1 : 0;
-      for (const Stage& stage : replicas_[r].stages) {
+    for (size_t r = 0; r <= replicas_.size(); ++r) {
+      if (r < replicas_.size()) serving += replicas_[r].serving ? 1 : 0;
+      for (const Stage& stage : r < replicas_.size() ? replicas_[r].stages : hosts_) {
         bool settled = false;
         std::string problem = StageProblem(stage, Find(workers, stage.worker_id), &settled);
         all_settled &= settled;
@@ -358,7 +403,7 @@ void Cluster::Tick() {
     } else if (all_settled) {
       new_reason = absl::StrCat("no replica can serve: ", details);
     } else {
-      new_reason = absl::StrCat("loading: ", stages_ready, " of ", stages, " stage workers ready (", details, ")");
+      new_reason = absl::StrCat("loading: ", stages_ready, " of ", stages, " workers ready (", details, ")");
     }
     if (ready == ready_) {
       reason_ = new_reason;
@@ -392,13 +437,15 @@ ClusterView Cluster::View() {
   view.plan = plan_text_;
   for (const WorkerRecord& w : workers) {
     ClusterWorkerView v{.record = w};
+    auto take = [&](const Stage& stage) {
+      if (stage.worker_id != w.worker_id) return;
+      v.assignment = stage.assignment;
+      v.assign_error = stage.assign_error;
+    };
     for (const ReplicaState& rs : replicas_) {
-      for (const Stage& stage : rs.stages) {
-        if (stage.worker_id != w.worker_id) continue;
-        v.assignment = stage.assignment;
-        v.assign_error = stage.assign_error;
-      }
+      for (const Stage& stage : rs.stages) take(stage);
     }
+    for (const Stage& host : hosts_) take(host);
     view.workers.push_back(std::move(v));
   }
   for (size_t r = 0; r < replicas_.size(); ++r) {

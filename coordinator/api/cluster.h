@@ -155,6 +155,8 @@ class Cluster {
   std::string plan_error_ ABSL_GUARDED_BY(mu_);
   std::string planned_for_ ABSL_GUARDED_BY(mu_);  // the alive worker set of the last failed plan
   std::vector<ReplicaState> replicas_ ABSL_GUARDED_BY(mu_);
+  // Workers serving spilled experts (the plan's expert hosts); every replica needs all of them.
+  std::vector<Stage> hosts_ ABSL_GUARDED_BY(mu_);
   std::function<void(bool)> on_readiness_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex tick_mu_;  // one Tick at a time (loop thread or a test)

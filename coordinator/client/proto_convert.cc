@@ -51,6 +51,21 @@ void ToProto(const WorkerAssignment& a, v1::Assignment* out) {
   out->set_max_seq_len(a.max_seq_len);
   out->set_max_step_tokens(a.max_step_tokens);
   out->set_next_address(a.next_address);
+  out->set_role(a.expert_host ? v1::ASSIGNMENT_ROLE_EXPERT_HOST : v1::ASSIGNMENT_ROLE_STAGE);
+  out->clear_experts();
+  for (const LayerExpertPlacement& le : a.experts) {
+    v1::LayerExperts* l = out->add_experts();
+    l->set_layer(static_cast<int32_t>(le.layer));
+    l->mutable_ranks()->Add(le.ranks.begin(), le.ranks.end());
+    for (const std::string& address : le.addresses) l->add_addresses(address);
+  }
+  out->clear_hosted_experts();
+  for (const HostedExpert& e : a.hosted_experts) {
+    v1::HostedExpert* h = out->add_hosted_experts();
+    h->set_layer(static_cast<int32_t>(e.layer));
+    h->set_expert(e.expert);
+    h->set_device(e.device);
+  }
 }
 
 void ToProto(const StepInput& input, v1::StepRequest* out) {

@@ -12,8 +12,24 @@
 
 namespace shardserve::coordinator {
 
-// One pipeline stage of one replica, for one worker (mirrors shardserve.v1.Assignment).
+// Where the experts of one MoE layer of a stage live (mirrors shardserve.v1.LayerExperts).
+struct LayerExpertPlacement {
+  int64_t layer = 0;
+  std::vector<int32_t> ranks;           // per expert: the stage's rank, or -1 when remote
+  std::vector<std::string> addresses;   // per expert: the host's address when remote, else empty
+};
+
+// One expert an expert host serves (mirrors shardserve.v1.HostedExpert).
+struct HostedExpert {
+  int64_t layer = 0;
+  int32_t expert = 0;
+  int device = 0;
+};
+
+// One pipeline stage of one replica, or the experts an expert host serves, for one worker
+// (mirrors shardserve.v1.Assignment).
 struct WorkerAssignment {
+  bool expert_host = false;   // ASSIGNMENT_ROLE_EXPERT_HOST (else a stage)
   std::string assignment_id;  // unique per plan and worker
   std::string model_path;     // the model directory as the worker sees it
   int32_t replica = 0;
@@ -28,6 +44,8 @@ struct WorkerAssignment {
   int32_t max_seq_len = 0;
   int32_t max_step_tokens = 0;
   std::string next_address;  // the next stage's worker; empty on the last stage
+  std::vector<LayerExpertPlacement> experts;  // stage: its MoE layers' expert placement
+  std::vector<HostedExpert> hosted_experts;   // expert host: what it loads and serves
 };
 
 // Thread-safe: Assign may be called from several threads at once.

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <map>
 #include <set>
 
 #include "absl/base/thread_annotations.h"
@@ -337,8 +338,22 @@ absl::StatusOr<ClusterInfo> GrpcClient::DoClusterStatus(const CallOptions& call)
     wi.devices = absl::StrJoin(devs, ",");
     if (w.has_assignment() && !w.assignment().assignment_id().empty()) {
       const v1::Assignment& a = w.assignment();
-      wi.assignment = absl::StrCat("replica ", a.replica(), " stage ", a.stage(), "/", a.num_stages(), " layers [",
-                                   a.layer_begin(), ", ", a.layer_end(), ")");
+      if (a.role() == v1::ASSIGNMENT_ROLE_EXPERT_HOST) {
+        // e.g. "experts 0:4,5,6 2:7" (layer:expert ids), for every replica.
+        std::map<int32_t, std::vector<int32_t>> by_layer;
+        for (const v1::HostedExpert& e : a.hosted_experts()) by_layer[e.layer()].push_back(e.expert());
+        std::vector<std::string> parts;
+        for (const auto& [layer, experts] : by_layer) parts.push_back(absl::StrCat(layer, ":", absl::StrJoin(experts, ",")));
+        wi.assignment = absl::StrCat("experts ", absl::StrJoin(parts, " "));
+      } else {
+        int64_t remote = 0;
+        for (const v1::LayerExperts& le : a.experts()) {
+          for (int32_t r : le.ranks()) remote += r < 0 ? 1 : 0;
+        }
+        wi.assignment = absl::StrCat("replica ", a.replica(), " stage ", a.stage(), "/", a.num_stages(), " layers [",
+                                     a.layer_begin(), ", ", a.layer_end(), ")",
+                                     remote > 0 ? absl::StrCat(", ", remote, " remote experts") : "");
+      }
     }
     info.workers.push_back(std::move(wi));
   }

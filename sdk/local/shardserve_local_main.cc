@@ -35,6 +35,9 @@
 ABSL_FLAG(std::string, model, "", "model directory (config.json + safetensors [+ tokenizer])");
 ABSL_FLAG(int32_t, workers, 1, "worker processes");
 ABSL_FLAG(std::string, devices_per_worker, "cpu:1", "each worker's --devices (cpu:N, cuda:all, cuda:0,1)");
+ABSL_FLAG(std::string, memory_per_device, "",
+          "each worker's --memory_per_device: memory a device offers the planner at most (e.g. 2GiB; default: free "
+          "memory)");
 ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = auto");
 ABSL_FLAG(int32_t, pp, 0, "pipeline stages; 0 = auto");
 ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
@@ -202,6 +205,9 @@ int main(int argc, char** argv) {
                                             "--devices=" + absl::GetFlag(FLAGS_devices_per_worker),
                                             absl::StrCat("--node_name=local-", i)};
     if (absl::GetFlag(FLAGS_metrics)) worker_argv.push_back("--metrics_listen=127.0.0.1:0");
+    if (const std::string m = absl::GetFlag(FLAGS_memory_per_device); !m.empty()) {
+      worker_argv.push_back("--memory_per_device=" + m);
+    }
     children.push_back({absl::StrCat("worker ", i), Spawn(worker_argv)});
   }
   auto client = shardserve::Client::Connect(address, {.timeout = std::chrono::seconds(5)});

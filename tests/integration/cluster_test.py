@@ -118,6 +118,27 @@ class Layouts(unittest.TestCase):
         finally:
             c.stop()
 
+    def test_moe_experts_spilled_to_a_third_worker(self):
+        # With 190 KB per device the two stage workers (2 CPU ranks each) cannot hold every expert:
+        # the planner keeps 2 of the 8 experts of layer 2 on stage 1 (one per rank) and places the
+        # other 6 on the third worker, which stage 1 calls for them at every step.
+        c = Cluster("tests/golden/models/qwen2_moe", 3, "cpu:2",
+                    ["--pp=2", "--max_seq_len=64", "--memory_per_device=190KB"])
+        try:
+            st = c.status()
+            self.assertEqual(st.returncode, 0, st.stderr)
+            self.assertIn("layers [1, 3), 6 remote experts", st.stdout)
+            self.assertIn("experts 2:2,3,4,5,6,7", st.stdout)
+            self.check_golden(c, "qwen2_moe")
+            prompt = [1, 5, 9, 12, 40]
+            self.assertEqual(c.ids(prompt, 24), run_alone("tests/golden/models/qwen2_moe", prompt, 24))
+            # The expert host answered calls (bytes received from its callers).
+            pages = [urllib.request.urlopen(url, timeout=10).read().decode() for url in c.metrics]
+            host = [p for p in pages if 'peer="expert-callers"' in p]
+            self.assertEqual(len(host), 1)
+        finally:
+            self.assertEqual(c.stop(), 0)
+
     def test_two_replicas_and_stories(self):
         c = Cluster(STORIES, 2, "cpu:1", ["--replicas=2", "--pp=1"])
         try:

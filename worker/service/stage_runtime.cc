@@ -52,7 +52,7 @@ v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
 }  // namespace
 
 StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
-    : runner_(std::move(runner)), config_(std::move(config)) {}
+    : remote_experts_(config.remote_experts), runner_(std::move(runner)), config_(std::move(config)) {}
 
 StageRuntime::~StageRuntime() {
   Cancel();

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "shardserve/v1/stage.grpc.pb.h"
+#include "worker/engine/remote_experts.h"
 #include "worker/engine/sampling.h"
 #include "worker/engine/step_runner.h"
 
@@ -38,6 +39,9 @@ struct StageConfig {
   int stage = 0;             // index in the pipeline (metrics label)
   std::string next_address;  // empty on the last stage
   WorkerMetrics* metrics = nullptr;  // optional, not owned; must outlive the runtime
+  // What the runner calls for spilled experts, if anything; the runtime keeps it alive as long as
+  // the runner.
+  std::shared_ptr<engine::RemoteExperts> remote_experts;
 };
 
 class StageRuntime {
@@ -72,6 +76,7 @@ class StageRuntime {
   std::shared_ptr<Link> OpenLink();
   void ReadLoop(const std::shared_ptr<Link>& link);
 
+  std::shared_ptr<engine::RemoteExperts> remote_experts_;  // outlives runner_
   std::unique_ptr<engine::StepRunner> runner_;
   const StageConfig config_;
   engine::Sampler sampler_;

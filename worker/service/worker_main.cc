@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/flags/parse.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics_server.h"
 #include "worker/kernels/registry.h"
@@ -32,6 +33,8 @@ ABSL_FLAG(std::string, advertise, "", "address other processes reach this worker
 ABSL_FLAG(std::string, devices, "cpu", "cpu, cpu:N, cuda:all or cuda:0,1,...");
 ABSL_FLAG(int32_t, threads, 1, "BLAS threads of a single CPU rank");
 ABSL_FLAG(std::string, node_name, "", "node name (default: the host name)");
+ABSL_FLAG(std::string, memory_per_device, "",
+          "memory each device offers the planner at most, e.g. 20GiB or 512MB (default: its free memory)");
 ABSL_FLAG(std::string, metrics_listen, "", "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; "
                                            "empty = no metrics)");
 
@@ -62,6 +65,16 @@ int main(int argc, char** argv) {
     std::cerr << "shardserve-worker: CUDA devices requested but this binary was built without CUDA\n";
     return 2;
   }
+  int64_t memory_per_device = 0;
+  if (const std::string m = absl::GetFlag(FLAGS_memory_per_device); !m.empty()) {
+    auto bytes = ParseByteSize(m);
+    if (!bytes.ok() || *bytes < 1) {
+      std::cerr << "shardserve-worker: --memory_per_device: "
+                << (bytes.ok() ? "must be > 0" : std::string(bytes.status().message())) << "\n";
+      return 2;
+    }
+    memory_per_device = *bytes;
+  }
   std::string node = absl::GetFlag(FLAGS_node_name);
   if (node.empty()) {
     char host[256] = {};
@@ -83,7 +96,8 @@ int main(int argc, char** argv) {
                                 .cpu_ranks = devices->cpu_ranks,
                                 .cpu_threads = devices->cpu_threads,
                                 .cuda_devices = devices->cuda_devices,
-                                .metrics = &metrics});
+                                .metrics = &metrics,
+                                .memory_per_device = memory_per_device});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -94,6 +108,7 @@ int main(int argc, char** argv) {
   builder.SetMaxSendMessageSize(service::kMaxMessageBytes);
   builder.RegisterService(server.worker_service());
   builder.RegisterService(server.stage_service());
+  builder.RegisterService(server.expert_service());
   std::unique_ptr<grpc::Server> rpc_server = builder.BuildAndStart();
   if (rpc_server == nullptr || port == 0) {
     std::cerr << "shardserve-worker: cannot listen on " << listen << "\n";

@@ -2,7 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <cstring>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +17,7 @@
 #include "worker/engine/executor.h"
 #include "worker/kernels/registry.h"
 #include "worker/service/convert.h"
+#include "worker/service/expert_client.h"
 
 namespace shardserve::service {
 namespace {
@@ -130,12 +134,26 @@ class StageServiceImpl final : public v1::Stage::CallbackService {
   WorkerServer* server_;
 };
 
+// Synchronous: a call computes on the caller's gRPC thread (the host's devices serialise it).
+class ExpertServiceImpl final : public v1::Expert::Service {
+ public:
+  explicit ExpertServiceImpl(WorkerServer* server) : server_(server) {}
+  grpc::Status Compute(grpc::ServerContext* /*ctx*/, const v1::ExpertRequest* request,
+                       v1::ExpertResponse* response) override {
+    return ToGrpcStatus(server_->ComputeExperts(*request, response));
+  }
+
+ private:
+  WorkerServer* server_;
+};
+
 }  // namespace
 
 WorkerServer::WorkerServer(WorkerOptions options)
     : options_(std::move(options)),
       worker_service_(std::make_unique<WorkerServiceImpl>(this)),
       stage_service_(std::make_unique<StageServiceImpl>(this)),
+      expert_service_(std::make_unique<ExpertServiceImpl>(this)),
       stage_thread_([this] { StageLoop(); }) {}
 
 WorkerServer::~WorkerServer() {
@@ -151,6 +169,42 @@ WorkerServer::~WorkerServer() {
 
 grpc::Service* WorkerServer::worker_service() { return worker_service_.get(); }
 grpc::Service* WorkerServer::stage_service() { return stage_service_.get(); }
+grpc::Service* WorkerServer::expert_service() { return expert_service_.get(); }
+
+absl::Status WorkerServer::ComputeExperts(const v1::ExpertRequest& request, v1::ExpertResponse* response) {
+  std::shared_ptr<engine::ExpertHost> host;
+  {
+    std::lock_guard lock(mu_);
+    host = expert_host_;
+  }
+  if (host == nullptr) return absl::UnavailableError("this worker hosts no experts");
+  const v1::Tensor& x = request.x();
+  int64_t rows = 0;
+  std::vector<engine::ExpertRows> groups;
+  groups.reserve(static_cast<size_t>(request.groups_size()));
+  for (const v1::ExpertGroup& g : request.groups()) {
+    if (g.rows() < 1) return absl::InvalidArgumentError(absl::StrCat("expert ", g.expert(), ": rows must be >= 1"));
+    groups.push_back({.expert = g.expert(), .rows = g.rows()});
+    rows += g.rows();
+  }
+  if (x.dtype() != v1::DTYPE_F32 || x.shape_size() != 2 || x.shape(0) != rows ||
+      x.data().size() != static_cast<size_t>(rows * std::max<int64_t>(x.shape(1), 0)) * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrCat("x must be F32 [", rows, " rows (the groups' sum), hidden] with ",
+                                                   "matching data"));
+  }
+  std::vector<float> in(static_cast<size_t>(rows * x.shape(1)));
+  std::memcpy(in.data(), x.data().data(), x.data().size());
+  std::vector<float> out(in.size());
+  if (options_.metrics != nullptr) options_.metrics->ObserveStream("rx", "expert-callers", request.ByteSizeLong());
+  RETURN_IF_ERROR(host->Compute(request.layer(), groups, in, absl::MakeSpan(out)));
+  v1::Tensor* y = response->mutable_y();
+  y->set_dtype(v1::DTYPE_F32);
+  y->add_shape(x.shape(0));
+  y->add_shape(x.shape(1));
+  y->set_data(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+  if (options_.metrics != nullptr) options_.metrics->ObserveStream("tx", "expert-callers", response->ByteSizeLong());
+  return absl::OkStatus();
+}
 
 WorkerStatusSnapshot WorkerServer::Status() const {
   std::lock_guard lock(mu_);
@@ -158,6 +212,17 @@ WorkerStatusSnapshot WorkerServer::Status() const {
 }
 
 std::vector<v1::Device> WorkerServer::Devices() const {
+  std::vector<v1::Device> devices = QueryDevices();
+  if (options_.memory_per_device > 0) {
+    for (v1::Device& d : devices) {
+      d.set_total_bytes(std::min<int64_t>(d.total_bytes(), options_.memory_per_device));
+      d.set_free_bytes(std::min<int64_t>(d.free_bytes(), options_.memory_per_device));
+    }
+  }
+  return devices;
+}
+
+std::vector<v1::Device> WorkerServer::QueryDevices() const {
   std::vector<v1::Device> devices;
   if (options_.kind == kernels::DeviceKind::kCpu) {
     auto mem = kernels::QueryDeviceMemory(kernels::DeviceKind::kCpu, 0);
@@ -190,9 +255,35 @@ std::vector<v1::Device> WorkerServer::Devices() const {
 absl::Status WorkerServer::Assign(const v1::Assignment& a) {
   if (a.assignment_id().empty()) return absl::InvalidArgumentError("assignment_id is empty");
   if (a.model_path().empty()) return absl::InvalidArgumentError("model_path is empty");
-  if (a.layer_begin() < 0 || a.layer_end() <= a.layer_begin()) {
+  const bool host = a.role() == v1::ASSIGNMENT_ROLE_EXPERT_HOST;
+  if (a.role() != v1::ASSIGNMENT_ROLE_UNSPECIFIED && a.role() != v1::ASSIGNMENT_ROLE_STAGE && !host) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown assignment role ", static_cast<int>(a.role())));
+  }
+  if (!host && (a.layer_begin() < 0 || a.layer_end() <= a.layer_begin())) {
     return absl::InvalidArgumentError(
         absl::StrCat("layer range [", a.layer_begin(), ", ", a.layer_end(), ") is empty or negative"));
+  }
+  if (host && a.hosted_experts_size() == 0) return absl::InvalidArgumentError("an expert host needs hosted_experts");
+  if (!host && a.hosted_experts_size() > 0) {
+    return absl::InvalidArgumentError("hosted_experts are for ASSIGNMENT_ROLE_EXPERT_HOST assignments");
+  }
+  for (const v1::HostedExpert& e : a.hosted_experts()) {
+    if (std::find(a.devices().begin(), a.devices().end(), e.device()) == a.devices().end()) {
+      return absl::InvalidArgumentError(absl::StrCat("hosted expert ", e.expert(), " of layer ", e.layer(),
+                                                     " is on device ", e.device(), ", not one of the assignment's"));
+    }
+  }
+  for (const v1::LayerExperts& le : a.experts()) {
+    if (le.addresses_size() != le.ranks_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("experts of layer ", le.layer(), ": ", le.ranks_size(),
+                                                     " ranks but ", le.addresses_size(), " addresses"));
+    }
+    for (int e = 0; e < le.ranks_size(); ++e) {
+      if ((le.ranks(e) == engine::kRemoteExpert) == le.addresses(e).empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("expert ", e, " of layer ", le.layer(),
+                                                       ": a remote expert (rank -1) needs an address, and only it"));
+      }
+    }
   }
   const bool cpu = options_.kind == kernels::DeviceKind::kCpu;
   if (a.device_kind() != (cpu ? v1::DEVICE_KIND_CPU : v1::DEVICE_KIND_CUDA)) {
@@ -206,13 +297,15 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
                                  options_.cuda_devices.end();
     if (!known) return absl::InvalidArgumentError(absl::StrCat("device ", d, " is not one of this worker's"));
   }
-  if (a.kv_blocks() < 1 || a.kv_blocks() > std::numeric_limits<int32_t>::max()) {
+  if (host) {
+    // No layer range, KV cache or next hop to check.
+  } else if (a.kv_blocks() < 1 || a.kv_blocks() > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("kv_blocks must be in [1, 2^31 - 1], got ", a.kv_blocks()));
   }
-  if (a.kv_block_size() < 1) {
+  if (!host && a.kv_block_size() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be >= 1, got ", a.kv_block_size()));
   }
-  if (a.max_step_tokens() < 1 || a.max_seq_len() < 0) {
+  if (!host && (a.max_step_tokens() < 1 || a.max_seq_len() < 0)) {
     return absl::InvalidArgumentError("max_step_tokens must be >= 1 and max_seq_len >= 0");
   }
   std::lock_guard lock(mu_);
@@ -226,62 +319,102 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::Assignment& a) {
+  const auto started = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(a.model_path()));
+  const bool last = a.layer_end() == spec.num_layers;
+  if (last != a.next_address().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", a.layer_begin(), ", ", a.layer_end(), ") of ",
+                                                   spec.num_layers, (last ? " end the model but" : " do not end the model but"),
+                                                   " next_address is \"", a.next_address(), "\""));
+  }
+  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(a.model_path()));
+  engine::ExecutorOptions eo;
+  eo.kind = options_.kind;
+  if (options_.kind == kernels::DeviceKind::kCpu) {
+    eo.cpu_ranks = a.devices_size();
+    eo.cpu_threads = options_.cpu_threads;
+  } else {
+    eo.cuda_devices.assign(a.devices().begin(), a.devices().end());
+  }
+  eo.model.num_kv_blocks = a.kv_blocks();
+  eo.model.kv_block_size = a.kv_block_size();
+  eo.model.max_seq_len = a.max_seq_len();
+  eo.model.max_step_tokens = a.max_step_tokens();
+  eo.model.layer_begin = a.layer_begin();
+  eo.model.layer_end = a.layer_end();
+  eo.model.observer = options_.metrics;
+  std::map<int64_t, std::vector<std::string>> remote_addresses;
+  bool any_remote = false;
+  for (const v1::LayerExperts& le : a.experts()) {
+    eo.model.layer_experts[le.layer()].assign(le.ranks().begin(), le.ranks().end());
+    remote_addresses[le.layer()].assign(le.addresses().begin(), le.addresses().end());
+    for (const std::string& address : le.addresses()) any_remote |= !address.empty();
+  }
+  std::shared_ptr<engine::RemoteExperts> remote;
+  if (any_remote) {
+    ASSIGN_OR_RETURN(remote, GrpcRemoteExperts::Create(remote_addresses, spec.hidden_size, a.assignment_id(),
+                                                       options_.expert_call_timeout, options_.metrics));
+    eo.model.remote_experts = remote.get();
+  }
+  ASSIGN_OR_RETURN(auto executor, engine::TpExecutor::Create(spec, *ckpt, eo));
+  if (options_.metrics != nullptr) {
+    options_.metrics->SetLoaded(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+                                executor->WeightBytesPerRank(), executor->KvCacheBytesPerRank());
+  }
+  return std::make_shared<StageRuntime>(std::move(executor), StageConfig{.assignment_id = a.assignment_id(),
+                                                                         .stage = a.stage(),
+                                                                         .next_address = a.next_address(),
+                                                                         .metrics = options_.metrics,
+                                                                         .remote_experts = std::move(remote)});
+}
+
 void WorkerServer::Load(v1::Assignment a) {
   const auto started = std::chrono::steady_clock::now();
-  absl::StatusOr<std::shared_ptr<StageRuntime>> runtime = [&]() -> absl::StatusOr<std::shared_ptr<StageRuntime>> {
+  const bool host = a.role() == v1::ASSIGNMENT_ROLE_EXPERT_HOST;
+  std::shared_ptr<StageRuntime> runtime;
+  std::shared_ptr<engine::ExpertHost> experts;
+  absl::Status st = [&]() -> absl::Status {
+    if (!host) {
+      ASSIGN_OR_RETURN(runtime, LoadStage(a));
+      return absl::OkStatus();
+    }
     ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(a.model_path()));
-    const bool last = a.layer_end() == spec.num_layers;
-    if (last != a.next_address().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("layers [", a.layer_begin(), ", ", a.layer_end(), ") of ",
-                                                     spec.num_layers, (last ? " end the model but" : " do not end the model but"),
-                                                     " next_address is \"", a.next_address(), "\""));
-    }
     ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(a.model_path()));
-    engine::ExecutorOptions eo;
-    eo.kind = options_.kind;
-    if (options_.kind == kernels::DeviceKind::kCpu) {
-      eo.cpu_ranks = a.devices_size();
-      eo.cpu_threads = options_.cpu_threads;
-    } else {
-      eo.cuda_devices.assign(a.devices().begin(), a.devices().end());
-    }
-    eo.model.num_kv_blocks = a.kv_blocks();
-    eo.model.kv_block_size = a.kv_block_size();
-    eo.model.max_seq_len = a.max_seq_len();
-    eo.model.max_step_tokens = a.max_step_tokens();
-    eo.model.layer_begin = a.layer_begin();
-    eo.model.layer_end = a.layer_end();
-    eo.model.observer = options_.metrics;
-    ASSIGN_OR_RETURN(auto executor, engine::TpExecutor::Create(spec, *ckpt, eo));
+    std::vector<engine::HostedExpertSpec> list;
+    for (const v1::HostedExpert& e : a.hosted_experts()) list.push_back({e.layer(), e.expert(), e.device()});
+    ASSIGN_OR_RETURN(experts, engine::ExpertHost::Create(spec, *ckpt, list, options_.kind, options_.cpu_threads));
     if (options_.metrics != nullptr) {
       options_.metrics->SetLoaded(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
-                                  executor->WeightBytesPerRank(), executor->KvCacheBytesPerRank());
+                                  {experts->weight_bytes()}, {0});
     }
-    return std::make_shared<StageRuntime>(std::move(executor),
-                                          StageConfig{.assignment_id = a.assignment_id(),
-                                                      .stage = a.stage(),
-                                                      .next_address = a.next_address(),
-                                                      .metrics = options_.metrics});
+    return absl::OkStatus();
   }();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::shared_ptr<StageRuntime> old;
+  std::shared_ptr<engine::ExpertHost> old_experts;
   {
     std::lock_guard lock(mu_);
-    if (runtime.ok()) {
+    if (st.ok()) {
       old = std::move(runtime_);
-      runtime_ = *runtime;
+      old_experts = std::move(expert_host_);
+      runtime_ = runtime;
+      expert_host_ = experts;
       status_ = {.state = v1::WORKER_STATE_READY, .assignment_id = a.assignment_id(),
-                 .kv_blocks = (*runtime)->runner().options().num_kv_blocks};
+                 .kv_blocks = runtime != nullptr ? runtime->runner().options().num_kv_blocks : 0};
     } else {
       status_ = {.state = v1::WORKER_STATE_FAILED, .assignment_id = a.assignment_id(),
-                 .error = std::string(runtime.status().message())};
+                 .error = std::string(st.message())};
     }
   }
-  if (runtime.ok()) {
+  if (!st.ok()) {
+    LOG(ERROR) << "assignment " << a.assignment_id() << " failed: " << st;
+  } else if (host) {
+    LOG(INFO) << "assignment " << a.assignment_id() << ": " << experts->num_experts() << " experts ("
+              << experts->weight_bytes() << " bytes) loaded in " << seconds << " s";
+  } else {
     LOG(INFO) << "assignment " << a.assignment_id() << ": layers [" << a.layer_begin() << ", " << a.layer_end()
               << ") loaded in " << seconds << " s";
-  } else {
-    LOG(ERROR) << "assignment " << a.assignment_id() << " failed: " << runtime.status();
   }
 }
 

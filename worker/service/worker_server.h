@@ -1,6 +1,7 @@
 // WorkerServer: what a worker daemon serves — the Worker service (assignments pushed by the
-// coordinator), the Stage service (the data-plane stream from the previous hop) — and the state
-// its heartbeats report.
+// coordinator), the Stage service (the data-plane stream from the previous hop), the Expert
+// service (experts it hosts for other workers' stages) — and the state its heartbeats report.
+// An assignment makes the worker either a pipeline stage or an expert host.
 //
 // Threads: gRPC reactions only validate and enqueue. One stage thread runs micro-batches in
 // arrival order on the loaded StageRuntime (which owns the rank threads); it does not wait for
@@ -10,6 +11,7 @@
 #ifndef SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 #define SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -20,7 +22,9 @@
 #include <vector>
 
 #include "shardserve/v1/control.grpc.pb.h"
+#include "shardserve/v1/expert.grpc.pb.h"
 #include "shardserve/v1/stage.grpc.pb.h"
+#include "worker/engine/expert_host.h"
 #include "worker/kernels/backend.h"
 #include "worker/service/stage_runtime.h"
 #include "worker/service/worker_metrics.h"
@@ -33,7 +37,10 @@ struct WorkerOptions {
   int cpu_threads = 1;
   std::vector<int> cuda_devices;
   size_t max_queued_steps = 64;
+  std::chrono::milliseconds expert_call_timeout{30000};  // deadline of a stage's calls to expert hosts
   WorkerMetrics* metrics = nullptr;  // optional, not owned; must outlive the server
+  // Bytes each device offers the planner at most (0 = what it has free).
+  int64_t memory_per_device = 0;
 };
 
 // What heartbeats report.
@@ -54,10 +61,12 @@ class WorkerServer {
   // The services to register on the worker's grpc::Server; owned by this object.
   grpc::Service* worker_service();
   grpc::Service* stage_service();
+  grpc::Service* expert_service();
 
   // Thread-safe.
   WorkerStatusSnapshot Status() const;
-  // The devices this worker offers (for registration).
+  // The devices this worker offers (for registration), with free memory capped at
+  // memory_per_device.
   std::vector<v1::Device> Devices() const;
 
   // Validates and starts loading `assignment` in the background (replacing the current one once
@@ -65,6 +74,10 @@ class WorkerServer {
   absl::Status Assign(const v1::Assignment& assignment);
 
   WorkerMetrics* metrics() const { return options_.metrics; }
+
+  // Expert.Compute: UNAVAILABLE when this worker hosts no experts, NOT_FOUND for an expert it does
+  // not host, INVALID_ARGUMENT for a malformed request.
+  absl::Status ComputeExperts(const v1::ExpertRequest& request, v1::ExpertResponse* response);
 
   // A micro-batch for the stage thread; `done` receives the response (on the stage thread, on the
   // next-stage link's reader thread, or inline when the queue is full or the worker is stopping).
@@ -80,10 +93,13 @@ class WorkerServer {
   };
   void StageLoop();
   void Load(v1::Assignment assignment);
+  std::vector<v1::Device> QueryDevices() const;
+  absl::StatusOr<std::shared_ptr<StageRuntime>> LoadStage(const v1::Assignment& a);
 
   const WorkerOptions options_;
   std::unique_ptr<grpc::Service> worker_service_;
   std::unique_ptr<grpc::Service> stage_service_;
+  std::unique_ptr<grpc::Service> expert_service_;
 
   mutable std::mutex mu_;
   std::condition_variable jobs_cv_;
@@ -91,6 +107,7 @@ class WorkerServer {
   bool stopping_ = false;                      // mu_
   WorkerStatusSnapshot status_;                // mu_
   std::shared_ptr<StageRuntime> runtime_;      // mu_; replaced when a new assignment is loaded
+  std::shared_ptr<engine::ExpertHost> expert_host_;  // mu_; set instead of runtime_ on expert hosts
   std::thread loader_;                         // joined before starting another; mu_
   std::thread stage_thread_;
 };

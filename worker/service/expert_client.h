@@ -1,0 +1,56 @@
+// GrpcRemoteExperts: the engine's RemoteExperts over Expert.Compute calls to the workers that host
+// a stage's spilled experts (proto/shardserve/v1/expert.proto). One call per host per MoE layer
+// and step, split into several when the rows exceed the message size; all calls of a layer run
+// concurrently, while the stage's rank 0 computes its local experts.
+#ifndef SHARDSERVE_WORKER_SERVICE_EXPERT_CLIENT_H_
+#define SHARDSERVE_WORKER_SERVICE_EXPERT_CLIENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shardserve/v1/expert.grpc.pb.h"
+#include "worker/engine/remote_experts.h"
+
+namespace shardserve::service {
+
+class WorkerMetrics;
+
+class GrpcRemoteExperts final : public engine::RemoteExperts {
+ public:
+  // addresses[layer][e]: host:port of the worker computing expert e of MoE layer `layer`; empty
+  // for local experts. InvalidArgument when no address is given at all.
+  static absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> Create(
+      const std::map<int64_t, std::vector<std::string>>& addresses, int64_t hidden_size, std::string assignment_id,
+      std::chrono::milliseconds deadline, WorkerMetrics* metrics);
+
+  std::unique_ptr<engine::RemoteExpertCall> Start(int64_t layer, absl::Span<const engine::ExpertRows> groups,
+                                                  absl::Span<const float> x, absl::Span<float> y) override;
+
+  // Rows of `hidden_size` floats per request at most (so that a request stays under the message
+  // size limit); exposed for tests.
+  int64_t max_rows_per_call() const { return max_rows_; }
+
+ private:
+  struct Host {
+    std::string address;
+    std::unique_ptr<v1::Expert::Stub> stub;
+  };
+  GrpcRemoteExperts() = default;
+
+  std::vector<Host> hosts_;
+  std::map<int64_t, std::vector<int>> host_of_;  // [layer][expert] -> index into hosts_, or -1
+  int64_t hidden_ = 0;
+  int64_t max_rows_ = 0;
+  std::string assignment_id_;
+  std::chrono::milliseconds deadline_{0};
+  WorkerMetrics* metrics_ = nullptr;
+};
+
+}  // namespace shardserve::service
+
+#endif  // SHARDSERVE_WORKER_SERVICE_EXPERT_CLIENT_H_
