@@ -129,14 +129,18 @@ class CoordinatorApiTest : public ::testing::Test {
     if (coordinator_ != nullptr) coordinator_->Shutdown(absl::Seconds(5));
   }
 
-  std::string Register(const std::string& node, const std::string& address) {
+  std::string Register(const std::string& node, const std::string& address, int devices = 1,
+                       int64_t bytes_per_device = int64_t{4} << 30) {
     v1::RegisterRequest req;
     req.set_node_name(node);
     req.set_address(address);
-    v1::Device* d = req.add_devices();
-    d->set_kind(v1::DEVICE_KIND_CPU);
-    d->set_total_bytes(int64_t{4} << 30);
-    d->set_free_bytes(int64_t{4} << 30);
+    for (int i = 0; i < devices; ++i) {
+      v1::Device* d = req.add_devices();
+      d->set_kind(v1::DEVICE_KIND_CPU);
+      d->set_index(i);
+      d->set_total_bytes(bytes_per_device);
+      d->set_free_bytes(bytes_per_device);
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline());
     v1::RegisterResponse resp;
@@ -483,6 +487,59 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
   EXPECT_EQ(w.assignment().kv_blocks(), 8 * 32);
   EXPECT_EQ(st.running_sequences(), 0);
   EXPECT_EQ(st.waiting_sequences(), 0);
+}
+
+TEST_F(CoordinatorApiTest, SpilledExpertsGoToAnExpertHostThatMustBeReadyBeforeServing) {
+  // qwen2_moe (layers 0 and 2 MoE, 8 experts) on three workers of 2 x 190 KB: a stage holding layer
+  // 2 cannot keep all its experts, so the third worker hosts 6 of them (see tests/integration).
+  StartCoordinator("tests/golden/models/qwen2_moe", 3, {.pp = 2, .max_seq_len = 64});
+  const std::vector<std::string> addresses = {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"};
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    ids.push_back(Register(absl::StrCat("node-", i), addresses[i], 2, 190'000));
+  }
+  std::vector<WorkerAssignment> a;
+  for (const std::string& address : addresses) {
+    std::optional<WorkerAssignment> got = workers_->WaitFor(address);
+    ASSERT_TRUE(got.has_value()) << address;
+    a.push_back(*got);
+  }
+  size_t host = a.size(), last = a.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].expert_host) host = i;
+    if (!a[i].expert_host && a[i].layer_end == 3) last = i;
+  }
+  ASSERT_LT(host, a.size());
+  ASSERT_LT(last, a.size());
+  std::vector<std::pair<int64_t, int32_t>> hosted;
+  for (const HostedExpert& e : a[host].hosted_experts) hosted.emplace_back(e.layer, e.expert);
+  EXPECT_EQ(hosted, (std::vector<std::pair<int64_t, int32_t>>{{2, 2}, {2, 3}, {2, 4}, {2, 5}, {2, 6}, {2, 7}}));
+  EXPECT_EQ(a[host].devices, (std::vector<int>{0, 1}));
+  const WorkerAssignment& stage = a[last];
+  ASSERT_EQ(stage.experts.size(), 1u);
+  EXPECT_EQ(stage.experts[0].layer, 2);
+  EXPECT_EQ(stage.experts[0].ranks, (std::vector<int32_t>{0, 1, -1, -1, -1, -1, -1, -1}));
+  for (size_t e = 0; e < 8; ++e) EXPECT_EQ(stage.experts[0].addresses[e], e < 2 ? "" : addresses[host]) << e;
+  // The stages are ready, the host is not: no replica serves yet, and the reason names the host.
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (i == host) continue;
+    ASSERT_TRUE(Heartbeat(ids[i], v1::WORKER_STATE_READY, a[i].assignment_id, "", a[i].kv_blocks).ok());
+  }
+  coordinator_->cluster().Tick();
+  EXPECT_THAT(coordinator_->cluster().ReadyStatus(),
+              testing::StatusIs(absl::StatusCode::kUnavailable,
+                                HasSubstr(absl::StrCat("worker ", ids[host], " is loading"))));
+  ASSERT_TRUE(Heartbeat(ids[host], v1::WORKER_STATE_READY, a[host].assignment_id).ok());
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
+  const v1::ClusterStatus st = Status();
+  EXPECT_THAT(st.plan(), HasSubstr("expert hosts:"));
+  bool seen_host = false;
+  for (const v1::WorkerStatus& w : st.workers()) {
+    if (w.assignment().role() != v1::ASSIGNMENT_ROLE_EXPERT_HOST) continue;
+    seen_host = true;
+    EXPECT_EQ(w.assignment().hosted_experts_size(), 6);
+  }
+  EXPECT_TRUE(seen_host);
 }
 
 TEST_F(CoordinatorApiTest, ClientCancellingMidStreamFreesItsSequence) {
