@@ -97,11 +97,12 @@ class PendingCalls final : public engine::RemoteExpertCall {
 
 absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> GrpcRemoteExperts::Create(
     const std::map<int64_t, std::vector<std::string>>& addresses, int64_t hidden_size, std::string assignment_id,
-    std::chrono::milliseconds deadline, WorkerMetrics* metrics) {
+    std::chrono::milliseconds deadline, WorkerMetrics* metrics, int64_t max_rows_per_call) {
   if (hidden_size < 1) return absl::InvalidArgumentError("hidden_size must be >= 1");
   std::unique_ptr<GrpcRemoteExperts> r(new GrpcRemoteExperts());
   r->hidden_ = hidden_size;
-  r->max_rows_ = std::max<int64_t>(1, static_cast<int64_t>(kMaxChunkBytes) / (hidden_size * 4));
+  r->max_rows_ = max_rows_per_call > 0 ? max_rows_per_call
+                                       : std::max<int64_t>(1, static_cast<int64_t>(kMaxChunkBytes) / (hidden_size * 4));
   r->assignment_id_ = std::move(assignment_id);
   r->deadline_ = deadline;
   r->metrics_ = metrics;

@@ -10,18 +10,27 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/metrics/metrics_server.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/status_matchers.h"
+#include "worker/engine/expert_host.h"
 #include "worker/service/convert.h"
+#include "worker/service/expert_client.h"
 #include "worker/service/worker_server.h"
 
 namespace shardserve::service {
 namespace {
 
+using ::shardserve::testing::IsOk;
+using ::shardserve::testing::StatusIs;
 using ::testing::HasSubstr;
 
 struct RunningWorker {
@@ -39,6 +48,7 @@ RunningWorker StartWorker(int cpu_ranks, WorkerMetrics* metrics = nullptr) {
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   b.RegisterService(w.server->worker_service());
   b.RegisterService(w.server->stage_service());
+  b.RegisterService(w.server->expert_service());
   w.rpc = b.BuildAndStart();
   w.address = absl::StrCat("127.0.0.1:", port);
   return w;
@@ -337,6 +347,130 @@ TEST(WorkerAssignTest, AssignmentThatCannotLoadReportsFailedWithTheReason) {
   s = AwaitLoaded(w);
   EXPECT_EQ(s.state, v1::WORKER_STATE_FAILED);
   EXPECT_THAT(s.error, HasSubstr("do not end the model but next_address is \"\""));
+}
+
+v1::Assignment ExpertHostAssignment(const std::string& model,
+                                    const std::vector<std::tuple<int, int, int>>& experts) {
+  v1::Assignment a;
+  a.set_assignment_id("test-experts");
+  a.set_model_path(model);
+  a.set_role(v1::ASSIGNMENT_ROLE_EXPERT_HOST);
+  a.set_device_kind(v1::DEVICE_KIND_CPU);
+  std::set<int> devices;
+  for (const auto& [layer, expert, device] : experts) {
+    v1::HostedExpert* e = a.add_hosted_experts();
+    e->set_layer(layer);
+    e->set_expert(expert);
+    e->set_device(device);
+    devices.insert(device);
+  }
+  for (int d : devices) a.add_devices(d);
+  return a;
+}
+
+TEST(ExpertServiceTest, RemoteCallsGiveTheHostsAnswerAcrossSplitCalls) {
+  const std::string dir = "tests/golden/models/qwen2_moe";  // layers 0 and 2 MoE, 8 experts, hidden 64
+  RunningWorker w = StartWorker(2);
+  ASSERT_TRUE(w.server->Assign(ExpertHostAssignment(dir, {{0, 1, 0}, {0, 3, 1}, {0, 5, 0}, {2, 0, 1}})).ok());
+  ASSERT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY);
+  EXPECT_EQ(w.server->Status().kv_blocks, 0);
+
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
+  ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(dir));
+  ASSERT_OK_AND_ASSIGN(auto reference, engine::ExpertHost::Create(spec, *ckpt, {{0, 1, 0}, {0, 3, 0}, {0, 5, 0}},
+                                                                  kernels::DeviceKind::kCpu, 1));
+  // Expert 7 of layer 0 names the host, which does not hold it.
+  std::vector<std::string> layer0(8, "");
+  for (int e : {1, 3, 5, 7}) layer0[static_cast<size_t>(e)] = w.address;
+  ASSERT_OK_AND_ASSIGN(auto remote, GrpcRemoteExperts::Create({{0, layer0}}, spec.hidden_size, "test-stage",
+                                                              std::chrono::seconds(10), nullptr,
+                                                              /*max_rows_per_call=*/3));
+  const int64_t h = spec.hidden_size;
+  const std::vector<engine::ExpertRows> groups{{1, 4}, {3, 2}, {5, 1}};  // 7 rows: calls of 3, 3 and 1
+  std::vector<float> x(static_cast<size_t>(7 * h));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 37) % 101) / 50.0f - 1.0f;
+  std::vector<float> got(x.size(), 0.f), want(x.size(), 0.f);
+  ASSERT_THAT(remote->Start(0, groups, x, absl::MakeSpan(got))->Wait(), IsOk());
+  ASSERT_THAT(reference->Compute(0, groups, x, absl::MakeSpan(want)), IsOk());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5f) << "value " << i;
+  EXPECT_NE(got[0], 0.f);
+
+  EXPECT_THAT(remote->Start(0, {{7, 1}}, std::vector<float>(static_cast<size_t>(h)), absl::MakeSpan(got).first(64))
+                  ->Wait(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr(absl::StrCat("expert host ", w.address, ": this worker does not host expert 7 of layer 0"))));
+  EXPECT_THAT(remote->Start(0, {{2, 1}}, std::vector<float>(static_cast<size_t>(h)), absl::MakeSpan(got).first(64))
+                  ->Wait(),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("expert 2 of layer 0 has no host")));
+
+  // A host that is not there: UNAVAILABLE (or the deadline), naming it.
+  ASSERT_OK_AND_ASSIGN(auto nowhere, GrpcRemoteExperts::Create({{0, {"", "127.0.0.1:1", "", "", "", "", "", ""}}},
+                                                               spec.hidden_size, "test-stage",
+                                                               std::chrono::seconds(2), nullptr));
+  const absl::Status st =
+      nowhere->Start(0, {{1, 1}}, std::vector<float>(static_cast<size_t>(h)), absl::MakeSpan(got).first(64))->Wait();
+  EXPECT_TRUE(st.code() == absl::StatusCode::kUnavailable || st.code() == absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_THAT(st.message(), HasSubstr("expert host 127.0.0.1:1"));
+}
+
+TEST(ExpertServiceTest, AWorkerWithoutExpertsAndBadRequestsAreRefused) {
+  RunningWorker w = StartWorker(1);
+  v1::ExpertRequest req;
+  req.set_layer(0);
+  v1::ExpertResponse resp;
+  EXPECT_THAT(w.server->ComputeExperts(req, &resp),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("hosts no experts")));
+  ASSERT_TRUE(w.server->Assign(ExpertHostAssignment("tests/golden/models/qwen2_moe", {{0, 1, 0}})).ok());
+  ASSERT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY);
+  v1::ExpertGroup* g = req.add_groups();
+  g->set_expert(1);
+  g->set_rows(2);
+  req.mutable_x()->set_dtype(v1::DTYPE_F32);
+  req.mutable_x()->add_shape(1);
+  req.mutable_x()->add_shape(64);
+  req.mutable_x()->set_data(std::string(64 * 4, '\0'));
+  EXPECT_THAT(w.server->ComputeExperts(req, &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("x must be F32 [2 rows")));
+  g->set_rows(0);
+  EXPECT_THAT(w.server->ComputeExperts(req, &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rows must be >= 1")));
+  g->set_rows(1);
+  ASSERT_THAT(w.server->ComputeExperts(req, &resp), IsOk());
+  EXPECT_EQ(resp.y().shape_size(), 2);
+  EXPECT_EQ(resp.y().data().size(), 64u * 4u);
+  // A stage step sent to an expert host is refused, not lost.
+  absl::Notification answered;
+  v1::StepResponse step;
+  w.server->Enqueue(v1::StepRequest(), [&](v1::StepResponse r) {
+    step = std::move(r);
+    answered.Notify();
+  });
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(step.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+}
+
+TEST(WorkerAssignTest, InvalidExpertAssignmentsNameTheField) {
+  WorkerServer w(WorkerOptions{.cpu_ranks = 2});
+  v1::Assignment a = ExpertHostAssignment("tests/golden/models/qwen2_moe", {});
+  a.add_devices(0);
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("an expert host needs hosted_experts"));
+  a = ExpertHostAssignment("tests/golden/models/qwen2_moe", {{0, 1, 1}});
+  a.set_devices(0, 0);
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("hosted expert 1 of layer 0 is on device 1, not one of the assignment's"));
+  a = StageAssignment("tests/golden/models/qwen2_moe", 0, 0, 3, 1, "");
+  a.add_hosted_experts()->set_expert(1);
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("hosted_experts are for ASSIGNMENT_ROLE_EXPERT_HOST"));
+  a = StageAssignment("tests/golden/models/qwen2_moe", 0, 0, 3, 1, "");
+  v1::LayerExperts* le = a.add_experts();
+  le->set_layer(2);
+  le->add_ranks(0);
+  le->add_ranks(-1);
+  le->add_addresses("");
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("experts of layer 2: 2 ranks but 1 addresses"));
+  le->add_addresses("");
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("expert 1 of layer 2: a remote expert (rank -1) needs an address"));
+  a.set_role(static_cast<v1::AssignmentRole>(7));
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("unknown assignment role 7"));
 }
 
 TEST(ConvertTest, LargeHiddenStatesAreChunkedAndReassembled) {
