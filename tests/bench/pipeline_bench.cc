@@ -4,10 +4,14 @@
 //   * the same model decoded in one process and as 2 pipeline stages (two worker servers on
 //     127.0.0.1, stage 0 forwarding hidden states to stage 1 over its stream);
 // and prints the per-hop overhead beside the bare round trip and the stage compute time, and PP=2
-// decode tokens/s as a fraction of one process.
+// decode tokens/s as a fraction of one process. The per-hop overhead is the pipeline's step time
+// minus what the two stages report as their own compute (their step-time metrics) over the same
+// steps, so that run-to-run changes in compute speed do not count as hop cost; the median of
+// several rounds is printed.
 // Usage: shardserve-bench-pipeline [--model=DIR] [--tokens=64]   (default: the generated 100M model)
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +26,7 @@
 #include "tests/testing/random_model.h"
 #include "worker/engine/executor.h"
 #include "worker/service/convert.h"
+#include "worker/service/worker_metrics.h"
 #include "worker/service/worker_server.h"
 
 ABSL_FLAG(std::string, model, "", "model directory; empty = the generated 100M model in --scratch");
@@ -31,6 +36,21 @@ ABSL_FLAG(bool, write_model_only, false, "write the 100M model into --scratch an
 
 namespace shardserve {
 namespace {
+
+// Sum of the step-time histogram of a worker's metrics (seconds its stage spent computing).
+double StepSeconds(const service::WorkerMetrics& m) {
+  double sum = 0;
+  for (const prometheus::MetricFamily& f : m.registry()->Collect()) {
+    if (f.name != "shardserve_worker_step_seconds") continue;
+    for (const prometheus::ClientMetric& c : f.metric) sum += c.histogram.sample_sum;
+  }
+  return sum;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -187,7 +207,8 @@ int Run() {
 
   // 3. Two stages over gRPC.
   const int half = static_cast<int>(spec->num_layers / 2);
-  service::WorkerServer w1({.cpu_ranks = 1}), w0({.cpu_ranks = 1});
+  service::WorkerMetrics m1, m0;
+  service::WorkerServer w1({.cpu_ranks = 1, .metrics = &m1}), w0({.cpu_ranks = 1, .metrics = &m0});
   int p1 = 0, p0 = 0;
   auto s1 = Serve(w1.worker_service(), w1.stage_service(), &p1);
   auto s0 = Serve(w0.worker_service(), w0.stage_service(), &p0);
@@ -199,18 +220,36 @@ int Run() {
   auto stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", p0), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   auto stream = stub->StepStream(&ctx);
-  tok = 1;
   v1::StepResponse resp;
-  for (int i = 0; i < tokens + 4; ++i) {
-    if (i == 4) t0 = Now();
-    stream->Write(DecodeStep(static_cast<uint64_t>(i), i, tok));
-    if (!stream->Read(&resp) || resp.error_code() != 0 || resp.token_ids_size() != 1) {
-      std::fprintf(stderr, "pipeline step failed: %s\n", resp.error_message().c_str());
-      return 1;
+  // Rounds of `tokens` decode steps over the same positions (the sequence restarts at 0).
+  constexpr int kRounds = 5;
+  std::vector<double> round_step, round_hop, round_compute;
+  uint64_t step_id = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    tok = 1;
+    double c0 = 0;
+    for (int i = 0; i < tokens + 4; ++i) {
+      if (i == 4) {
+        t0 = Now();
+        c0 = StepSeconds(m0) + StepSeconds(m1);
+      }
+      stream->Write(DecodeStep(step_id++, i, tok));
+      if (!stream->Read(&resp) || resp.error_code() != 0 || resp.token_ids_size() != 1) {
+        std::fprintf(stderr, "pipeline step failed: %s\n", resp.error_message().c_str());
+        return 1;
+      }
+      tok = resp.token_ids(0);
     }
-    tok = resp.token_ids(0);
+    const double step = (Now() - t0) / tokens;
+    const double compute = (StepSeconds(m0) + StepSeconds(m1) - c0) / tokens;
+    round_step.push_back(step);
+    round_compute.push_back(compute);
+    // Two round trips per step (client -> stage 0 -> stage 1 and the answers back).
+    round_hop.push_back((step - compute) / 2.0);
   }
-  const double step_pp = (Now() - t0) / tokens;
+  const double step_pp = Median(round_step);
+  const double hop = Median(round_hop);
+  const double compute_pp = Median(round_compute);
   stream->WritesDone();
   (void)stream->Finish();
   w0.Shutdown();
@@ -218,15 +257,14 @@ int Run() {
   s0->Shutdown();
   s1->Shutdown();
 
-  // Two hops per step in the pipeline (client -> stage 0 -> stage 1) against one call of compute.
-  const double hop = (step_pp - step_one) / 2.0;
   std::printf("model %s, %lld layers, hidden %lld\n", dir.c_str(), static_cast<long long>(spec->num_layers),
               static_cast<long long>(spec->hidden_size));
   std::printf("bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n", rtt_decode * 1e6,
               decode_bytes, rtt_prefill * 1e6, prefill_bytes, prefill_bytes / rtt_prefill / 1e9);
-  std::printf("decode step: one process %.2f ms, 2 stages %.2f ms; per hop %.1f us = %.2fx the bare round trip; "
-              "stage compute %.2f ms\n",
-              step_one * 1e3, step_pp * 1e3, hop * 1e6, hop / rtt_decode, step_one * 1e3 / 2);
+  std::printf("decode step: one process %.2f ms, 2 stages %.2f ms (their compute %.2f ms); per hop %.1f us = %.2fx "
+              "the bare round trip; stage compute %.2f ms (median of %d rounds of %d steps)\n",
+              step_one * 1e3, step_pp * 1e3, compute_pp * 1e3, hop * 1e6, hop / rtt_decode, compute_pp * 1e3 / 2,
+              kRounds, tokens);
   std::printf("decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", 1 / step_one, 1 / step_pp,
               step_one / step_pp);
   return 0;
