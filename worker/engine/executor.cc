@@ -161,6 +161,9 @@ void TpExecutor::RankLoop(Rank* rank, const Checkpoint* ckpt) {
 absl::StatusOr<StepResult> TpExecutor::Step(const std::vector<StepSequence>& batch,
                                             absl::Span<const float> hidden_in) {
   const int n = static_cast<int>(ranks_.size());
+  // One CPU rank: run on the caller's thread and save two thread hand-offs per step (a CPU
+  // backend is not tied to the thread that made it; a CUDA one is, and stays on its rank thread).
+  if (n == 1 && options_.kind == kernels::DeviceKind::kCpu) return ranks_[0]->model->Step(batch, hidden_in);
   Sync& s = *sync_;
   {
     std::unique_lock lock(s.mu);

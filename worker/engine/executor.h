@@ -2,12 +2,14 @@
 //
 // Each rank thread owns its backend (a CPU rank with single-threaded BLAS, or one GPU), its
 // communicator, its weight shard and its KV cache: nothing of a rank is touched by another thread.
-// Step() hands the same batch to every rank, waits for all of them and returns rank 0's logits.
+// Step() hands the same batch to every rank, waits for all of them and returns rank 0's logits
+// (a single CPU rank runs on the caller's thread instead: no hand-off for the latency-bound case).
 //
 // Errors: a step that fails validation fails identically on every rank (validation precedes any
-// collective) and leaves the executor usable. A rank that fails mid-step aborts the communicator
-// group, so its peers return instead of waiting; the executor is then broken and every later Step
-// returns FailedPrecondition with the first error.
+// collective) and leaves the executor usable, as does a failure the ranks ran on through together
+// (IsGroupIntact, e.g. a remote expert call). A rank that fails otherwise mid-step aborts the
+// communicator group, so its peers return instead of waiting; the executor is then broken and
+// every later Step returns FailedPrecondition with the first error.
 //
 // Thread-safety: Step() may be called from one thread at a time.
 #ifndef SHARDSERVE_WORKER_ENGINE_EXECUTOR_H_
