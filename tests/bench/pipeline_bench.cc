@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -79,6 +81,67 @@ class EchoStage final : public v1::Stage::CallbackService {
    private:
     v1::StepRequest req_;
     v1::StepResponse resp_;
+  };
+
+ public:
+  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(grpc::CallbackServerContext*) override {
+    return new Reactor();
+  }
+};
+
+// Like EchoStage, but the answer is written by another thread (as a worker's stage thread
+// answers): the round trip a stage cannot beat without computing on gRPC's own threads.
+class HandOffEchoStage final : public v1::Stage::CallbackService {
+  class Reactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+   public:
+    Reactor() {
+      thread_ = std::thread([this] {
+        std::unique_lock lock(mu_);
+        while (true) {
+          cv_.wait(lock, [&] { return pending_ || stop_; });
+          if (stop_) return;
+          pending_ = false;
+          lock.unlock();
+          StartWrite(&resp_);
+          lock.lock();
+        }
+      });
+      StartRead(&req_);
+    }
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      resp_.set_step_id(req_.step_id());
+      std::lock_guard lock(mu_);
+      pending_ = true;
+      cv_.notify_one();
+    }
+    void OnWriteDone(bool ok) override {
+      if (ok) {
+        StartRead(&req_);
+      } else {
+        Finish(grpc::Status::OK);
+      }
+    }
+    void OnDone() override {
+      {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+        cv_.notify_one();
+      }
+      thread_.join();
+      delete this;
+    }
+
+   private:
+    v1::StepRequest req_;
+    v1::StepResponse resp_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool pending_ = false, stop_ = false;
+    std::thread thread_;
   };
 
  public:
@@ -183,6 +246,13 @@ int Run() {
   const double rtt_decode = EchoRoundTrip(*echo_stub, decode_bytes, 2000);
   const double rtt_prefill = EchoRoundTrip(*echo_stub, prefill_bytes, 200);
   echo_server->Shutdown();
+  HandOffEchoStage handoff;
+  int handoff_port = 0;
+  auto handoff_server = Serve(&handoff, nullptr, &handoff_port);
+  auto handoff_stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", handoff_port),
+                                                             grpc::InsecureChannelCredentials()));
+  const double rtt_handoff = EchoRoundTrip(*handoff_stub, decode_bytes, 2000);
+  handoff_server->Shutdown();
 
   // 2. One process.
   auto ckpt = Checkpoint::Open(dir);
@@ -261,6 +331,7 @@ int Run() {
               static_cast<long long>(spec->hidden_size));
   std::printf("bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n", rtt_decode * 1e6,
               decode_bytes, rtt_prefill * 1e6, prefill_bytes, prefill_bytes / rtt_prefill / 1e9);
+  std::printf("bare round trip answered from another thread: %.1f us (%zu B)\n", rtt_handoff * 1e6, decode_bytes);
   std::printf("decode step: one process %.2f ms, 2 stages %.2f ms (their compute %.2f ms); per hop %.1f us = %.2fx "
               "the bare round trip; stage compute %.2f ms (median of %d rounds of %d steps)\n",
               step_one * 1e3, step_pp * 1e3, compute_pp * 1e3, hop * 1e6, hop / rtt_decode, compute_pp * 1e3 / 2,

@@ -3,8 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -30,15 +32,6 @@ std::string RequestIds(const v1::StepRequest& request) {
 
 }  // namespace
 
-struct StageRuntime::Link {
-  std::unique_ptr<grpc::ClientContext> context;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
-  std::thread reader;
-  // Guarded by StageRuntime::mu_.
-  absl::flat_hash_map<uint64_t, Done> waiting;  // step_id -> the upstream's answer callback
-  bool broken = false;
-};
-
 namespace {
 
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
@@ -51,6 +44,179 @@ v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
 
 }  // namespace
 
+// One stream to the next stage on gRPC's callback API. Send() queues a micro-batch's messages and
+// registers its answer callback; answers are matched by step_id as they arrive. When the stream
+// ends (either side), every micro-batch still waiting is answered with UNAVAILABLE.
+class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest, v1::StepResponse>,
+                                 public std::enable_shared_from_this<Link> {
+ public:
+  Link(const StageConfig& config) : config_(config) {}
+
+  void Start(v1::Stage::Stub* stub, bool cancelled) {
+    self_ = shared_from_this();  // until OnDone: gRPC uses the reactor until then
+    stub->async()->StepStream(&context_, this);
+    AddHold();  // released by Stop(), so that OnDone waits for writes started outside reactions
+    StartRead(&read_);
+    StartCall();
+    if (cancelled) Stop("was cancelled", /*cancel=*/true);
+  }
+
+  // Queues `messages` (one micro-batch) and registers `done` for its answer. On an error (the
+  // stream is closed, or step_id is already in flight) `done` is left to the caller.
+  absl::Status Send(uint64_t step_id, std::vector<v1::StepRequest> messages, Done& done) {
+    std::unique_lock lock(mu_);
+    if (closing_) {
+      return absl::UnavailableError(absl::StrCat("stream to the next stage at ", config_.next_address, " ",
+                                                 problem_.empty() ? "is closed" : problem_));
+    }
+    if (!waiting_.try_emplace(step_id, std::move(done)).second) {  // moves only if inserted
+      // Refused so that a repeated id cannot misroute another batch's answer.
+      return absl::InvalidArgumentError(absl::StrCat("step_id ", step_id, " is already in flight to the next stage"));
+    }
+    for (v1::StepRequest& m : messages) {
+      if (config_.metrics != nullptr) config_.metrics->ObserveStream("tx", "downstream", m.ByteSizeLong());
+      queue_.push_back(std::move(m));
+    }
+    if (writing_) return absl::OkStatus();
+    writing_ = true;
+    writing_msg_ = std::move(queue_.front());
+    queue_.pop_front();
+    ++starting_;
+    lock.unlock();
+    StartWrite(&writing_msg_);
+    lock.lock();
+    --starting_;
+    const bool release = ReleaseHoldLocked();
+    lock.unlock();
+    if (release) RemoveHold();
+    return absl::OkStatus();
+  }
+
+  bool closing() {
+    std::lock_guard lock(mu_);
+    return closing_;
+  }
+
+  // No more sends; with `cancel` the call is cancelled too (OnDone then fails what is waiting).
+  void Stop(const std::string& why, bool cancel) {
+    bool release = false;
+    {
+      std::lock_guard lock(mu_);
+      if (!closing_) {
+        closing_ = true;
+        problem_ = why;
+        release = ReleaseHoldLocked();
+      }
+    }
+    if (cancel) context_.TryCancel();
+    if (release) RemoveHold();
+  }
+
+  void WaitDone() {
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [&] { return done_; });
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard lock(mu_);
+      if (ok && !queue_.empty()) {
+        writing_msg_ = std::move(queue_.front());
+        queue_.pop_front();
+      } else {
+        writing_ = false;
+        if (ok) return;
+      }
+    }
+    if (!ok) {
+      Stop("failed a write", /*cancel=*/true);
+      return;
+    }
+    StartWrite(&writing_msg_);  // from a reaction: the call cannot end meanwhile
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Stop("ended the stream", /*cancel=*/false);
+      return;
+    }
+    if (config_.metrics != nullptr) config_.metrics->ObserveStream("rx", "downstream", read_.ByteSizeLong());
+    Done done;
+    {
+      std::lock_guard lock(mu_);
+      auto it = waiting_.find(read_.step_id());
+      if (it != waiting_.end()) {
+        done = std::move(it->second);
+        waiting_.erase(it);
+      }
+    }
+    if (done == nullptr) {
+      // An answer to nothing we sent (e.g. the next stage could not reassemble a batch): the
+      // stream's state is unknown, so end it and fail what is waiting.
+      Stop(absl::StrCat("answered step ", read_.step_id(), " that was not in flight",
+                        read_.error_message().empty() ? "" : ": ", read_.error_message()),
+           /*cancel=*/true);
+      return;
+    }
+    v1::StepResponse response = std::move(read_);
+    read_.Clear();
+    StartRead(&read_);
+    done(std::move(response));
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::flat_hash_map<uint64_t, Done> waiting;
+    std::string problem;
+    {
+      std::lock_guard lock(mu_);
+      closing_ = true;
+      if (problem_.empty()) problem_ = status.ok() ? "closed the stream" : "ended the stream";
+      if (!status.ok()) absl::StrAppend(&problem_, ": ", status.error_message());
+      problem = problem_;
+      waiting = std::move(waiting_);
+      waiting_.clear();
+    }
+    if (!waiting.empty() || !status.ok()) {
+      LOG(WARNING) << "stage " << config_.stage << ": next stage at " << config_.next_address << " " << problem << "; "
+                   << waiting.size() << " micro-batch(es) in flight fail";
+    }
+    const absl::Status failed = absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " ", problem));
+    for (auto& [step_id, done] : waiting) done(ErrorResponse(step_id, failed));
+    std::shared_ptr<Link> self;
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+      done_cv_.notify_all();
+      self = std::move(self_);
+    }
+    // `self` may be the last reference: the link is destroyed here, after its mutex is released.
+  }
+
+ private:
+  // Whether the caller must call RemoveHold (once, after unlocking).
+  bool ReleaseHoldLocked() {
+    if (!closing_ || starting_ > 0 || hold_released_) return false;
+    hold_released_ = true;
+    return true;
+  }
+
+  const StageConfig& config_;
+  grpc::ClientContext context_;
+  v1::StepResponse read_;        // the read chain's buffer
+  v1::StepRequest writing_msg_;  // owned by whoever set writing_ until OnWriteDone
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  absl::flat_hash_map<uint64_t, Done> waiting_;  // mu_: step_id -> the upstream's answer callback
+  std::deque<v1::StepRequest> queue_;            // mu_
+  bool writing_ = false;                         // mu_
+  int starting_ = 0;                             // mu_: StartWrite calls outside reactions
+  bool closing_ = false;                         // mu_: no more sends
+  bool hold_released_ = false;                   // mu_
+  bool done_ = false;                            // mu_: OnDone has run
+  std::string problem_;                          // mu_: why it closed
+  std::shared_ptr<Link> self_;                   // mu_: keeps the reactor alive until OnDone
+};
+
 StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
     : remote_experts_(config.remote_experts), runner_(std::move(runner)), config_(std::move(config)) {}
 
@@ -61,13 +227,17 @@ StageRuntime::~StageRuntime() {
     std::lock_guard lock(mu_);
     link = std::move(link_);
   }
-  if (link != nullptr && link->reader.joinable()) link->reader.join();
+  if (link != nullptr) link->WaitDone();
 }
 
 void StageRuntime::Cancel() {
-  std::lock_guard lock(mu_);
-  cancelled_ = true;
-  if (link_ != nullptr) link_->context->TryCancel();
+  std::shared_ptr<Link> link;
+  {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+    link = link_;
+  }
+  if (link != nullptr) link->Stop("was cancelled", /*cancel=*/true);
 }
 
 void StageRuntime::Run(const v1::StepRequest& request, Done done) {
@@ -131,12 +301,14 @@ std::shared_ptr<StageRuntime::Link> StageRuntime::OpenLink() {
   std::shared_ptr<Link> old;
   {
     std::lock_guard lock(mu_);
-    if (link_ != nullptr && !link_->broken) return link_;
+    if (link_ != nullptr && !link_->closing()) return link_;
     old = std::move(link_);
   }
-  // The old link's reader has marked it broken and is answering (or has answered) its waiting
-  // batches; let it finish.
-  if (old != nullptr && old->reader.joinable()) old->reader.join();
+  // The old stream is closing: its OnDone answers (or has answered) what was waiting on it.
+  if (old != nullptr) {
+    old->Stop("was replaced", /*cancel=*/true);
+    old->WaitDone();
+  }
   if (channel_ == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -144,91 +316,22 @@ std::shared_ptr<StageRuntime::Link> StageRuntime::OpenLink() {
     channel_ = grpc::CreateCustomChannel(config_.next_address, grpc::InsecureChannelCredentials(), args);
     stub_ = v1::Stage::NewStub(channel_);
   }
-  auto link = std::make_shared<Link>();
-  link->context = std::make_unique<grpc::ClientContext>();
+  auto link = std::make_shared<Link>(config_);
+  bool cancelled = false;
   {
     std::lock_guard lock(mu_);
-    if (cancelled_) link->context->TryCancel();  // Cancel() came first: the stream fails at once
+    cancelled = cancelled_;
     link_ = link;
   }
-  link->stream = stub_->StepStream(link->context.get());
-  link->reader = std::thread([this, link] { ReadLoop(link); });
+  link->Start(stub_.get(), cancelled);
   return link;
 }
 
-void StageRuntime::Forward(uint64_t step_id, const std::vector<v1::StepRequest>& messages, Done done) {
+void StageRuntime::Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done) {
   std::shared_ptr<Link> link = OpenLink();
-  bool broken = false, duplicate = false;
-  {
-    std::lock_guard lock(mu_);
-    if (link->broken) {
-      broken = true;  // it broke since OpenLink: its reader has already answered what was waiting
-    } else {
-      duplicate = !link->waiting.try_emplace(step_id, std::move(done)).second;  // moves only if inserted
-    }
+  if (absl::Status st = link->Send(step_id, std::move(messages), done); !st.ok()) {
+    done(ErrorResponse(step_id, st));
   }
-  if (duplicate) {
-    // Refused so that a repeated id cannot misroute another batch's answer.
-    done(ErrorResponse(step_id, absl::InvalidArgumentError(
-                                    absl::StrCat("step_id ", step_id, " is already in flight to the next stage"))));
-    return;
-  }
-  if (broken) {
-    done(ErrorResponse(step_id, absl::UnavailableError(
-                                    absl::StrCat("stream to the next stage at ", config_.next_address, " is broken"))));
-    return;
-  }
-  for (const v1::StepRequest& m : messages) {
-    if (config_.metrics != nullptr) config_.metrics->ObserveStream("tx", "downstream", m.ByteSizeLong());
-    if (!link->stream->Write(m)) {
-      // The stream is gone: the reader sees it end and answers every waiting batch, this one too.
-      link->context->TryCancel();
-      return;
-    }
-  }
-}
-
-void StageRuntime::ReadLoop(const std::shared_ptr<Link>& link) {
-  v1::StepResponse response;
-  std::string problem;
-  while (link->stream->Read(&response)) {
-    if (config_.metrics != nullptr) config_.metrics->ObserveStream("rx", "downstream", response.ByteSizeLong());
-    Done done;
-    {
-      std::lock_guard lock(mu_);
-      auto it = link->waiting.find(response.step_id());
-      if (it != link->waiting.end()) {
-        done = std::move(it->second);
-        link->waiting.erase(it);
-      }
-    }
-    if (done == nullptr) {
-      // An answer to nothing we sent (e.g. the next stage could not reassemble a batch): the
-      // stream's state is unknown, so end it and fail what is waiting.
-      problem = absl::StrCat("answered step ", response.step_id(), " that was not in flight",
-                             response.error_message().empty() ? "" : ": ", response.error_message());
-      link->context->TryCancel();
-      break;
-    }
-    done(std::move(response));
-    response.Clear();
-  }
-  const grpc::Status st = link->stream->Finish();
-  if (problem.empty()) problem = st.ok() ? "closed the stream" : absl::StrCat("ended the stream: ", st.error_message());
-  absl::flat_hash_map<uint64_t, Done> waiting;
-  {
-    std::lock_guard lock(mu_);
-    link->broken = true;
-    waiting = std::move(link->waiting);
-    link->waiting.clear();
-  }
-  if (!waiting.empty() || !st.ok()) {
-    LOG(WARNING) << "stage " << config_.stage << ": next stage at " << config_.next_address << " " << problem << "; "
-                 << waiting.size() << " micro-batch(es) in flight fail";
-  }
-  const absl::Status failed =
-      absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " ", problem));
-  for (auto& [step_id, done] : waiting) done(ErrorResponse(step_id, failed));
 }
 
 }  // namespace shardserve::service

@@ -4,7 +4,8 @@
 // Run() takes a reassembled micro-batch, runs this stage's layers on it, and then either answers
 // at once (the last stage: the sampled tokens; or an error) or forwards the activations over the
 // long-lived stream to the next stage and returns WITHOUT waiting for its answer: the answer is
-// relayed to `done` by the link's reader thread when it arrives. So while the next stage works on
+// relayed to `done` (on a gRPC thread) when it arrives. Writes downstream never block the stage
+// thread: the link is a callback-API stream with its own write queue. So while the next stage works on
 // micro-batch k, this stage already runs k+1 — the pipelining that lets P stages work on P
 // micro-batches at once. Answers are matched to requests by step_id.
 //
@@ -13,8 +14,7 @@
 // next Run opens a new stream.
 //
 // Thread-safety: Run() is called from one thread (the worker's stage thread); `done` runs on that
-// thread or on the link's reader thread, never concurrently for one request; Cancel() from any
-// thread.
+// thread or on a gRPC thread of the link, once per request; Cancel() from any thread.
 #ifndef SHARDSERVE_WORKER_SERVICE_STAGE_RUNTIME_H_
 #define SHARDSERVE_WORKER_SERVICE_STAGE_RUNTIME_H_
 
@@ -65,16 +65,15 @@ class StageRuntime {
   bool is_last() const { return config_.next_address.empty(); }
 
  private:
-  struct Link;  // one stream to the next stage and its reader thread
+  class Link;  // one stream to the next stage
 
   // The sampled tokens (last stage), or nullopt when the batch was forwarded (its answer will come
   // through the link); errors as status.
   absl::StatusOr<std::optional<v1::StepResponse>> RunOrForward(const v1::StepRequest& request, Done& done);
   // Sends `messages` (one micro-batch) downstream; `done` gets the answer later.
-  void Forward(uint64_t step_id, const std::vector<v1::StepRequest>& messages, Done done);
+  void Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done);
   // The open link, opening one when there is none or the last one broke.
   std::shared_ptr<Link> OpenLink();
-  void ReadLoop(const std::shared_ptr<Link>& link);
 
   std::shared_ptr<engine::RemoteExperts> remote_experts_;  // outlives runner_
   std::unique_ptr<engine::StepRunner> runner_;
@@ -83,7 +82,7 @@ class StageRuntime {
   std::shared_ptr<grpc::Channel> channel_;  // stage thread only
   std::unique_ptr<v1::Stage::Stub> stub_;   // stage thread only
   std::mutex mu_;
-  // mu_; the current link (a broken one stays until the next OpenLink joins its reader).
+  // mu_; the current link (a closed one stays until the next OpenLink replaces it).
   std::shared_ptr<Link> link_;
   bool cancelled_ = false;  // mu_
 };
