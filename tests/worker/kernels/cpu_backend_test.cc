@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -69,35 +71,95 @@ TEST_P(LinearTest, MatchesReferenceWithBiasAndAccumulate) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
-                         // Each kernel and each edge of its tiling: 1-3 tokens stream, 4-48 tokens are
-                         // blocked 4 rows x 3 tokens (with 1 or 2 tokens and 1-3 rows left over, and
-                         // `in` not a multiple of 8), 49+ go to sgemm.
-                         ::testing::Values(LinearShape{1, 64, 64}, LinearShape{1, 37, 13}, LinearShape{3, 768, 35},
-                                           LinearShape{4, 64, 8}, LinearShape{5, 37, 13}, LinearShape{7, 100, 7},
-                                           LinearShape{8, 100, 7}, LinearShape{9, 64, 33}, LinearShape{16, 2048, 11},
-                                           LinearShape{40, 172, 64}, LinearShape{48, 100, 9}, LinearShape{49, 64, 5},
-                                           LinearShape{1, 5, 1}, LinearShape{6, 5, 3}));
+                         // Each kernel the backend picks and the token counts where it switches: the
+                         // stream up to 3 tokens (AVX2) or 2 (AVX-512), the blocked kernel up to 48
+                         // (AVX2) or 128 (AVX-512), sgemm above; with rows and tokens left over from
+                         // the tiles and `in` not a multiple of the vector width.
+                         ::testing::Values(LinearShape{1, 64, 64}, LinearShape{1, 37, 13}, LinearShape{2, 37, 13},
+                                           LinearShape{3, 768, 35}, LinearShape{4, 64, 8}, LinearShape{5, 37, 13},
+                                           LinearShape{7, 100, 7}, LinearShape{8, 100, 7}, LinearShape{9, 64, 33},
+                                           LinearShape{16, 2048, 11}, LinearShape{40, 172, 64},
+                                           LinearShape{48, 100, 9}, LinearShape{49, 64, 5}, LinearShape{128, 70, 6},
+                                           LinearShape{129, 70, 6}, LinearShape{1, 5, 1}, LinearShape{6, 5, 3}));
 
-// Callers may split output rows across threads: a row range writes exactly those columns.
-TEST(BlockedLinearTest, RowRangeWritesOnlyThoseOutputs) {
-  const int64_t tokens = 11, in = 76, out = 23;
-  const auto x = Random(static_cast<size_t>(tokens * in), 5);
-  const auto w = Random(static_cast<size_t>(out * in), 6);
-  std::vector<float> ref(static_cast<size_t>(tokens * out));
-  cpu::ReferenceLinear(x.data(), w.data(), nullptr, ref.data(), tokens, in, out, false);
-  std::vector<float> got(ref.size(), -7.f);
-  cpu::BlockedLinear(x.data(), w.data(), nullptr, got.data(), tokens, in, out, false, 5, 18);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t o = 0; o < out; ++o) {
-      const float g = got[static_cast<size_t>(t * out + o)];
-      if (o < 5 || o >= 18) {
-        EXPECT_EQ(g, -7.f) << "token " << t << " row " << o;
-      } else {
-        EXPECT_NEAR(g, ref[static_cast<size_t>(t * out + o)], 1e-4f) << "token " << t << " row " << o;
+// Each body of the blocked kernel called directly, whatever the backend would pick on this CPU,
+// against the reference: tile remainders in rows (out % 4, % 3 ...) and tokens (tokens % 3, % 6,
+// % 8), `in` not a multiple of the vector width (8 or 16), row subranges, bias and accumulate.
+enum class BlockedVariant { kAvx2, kAvx512 };
+
+struct BlockedCase {
+  int64_t tokens, in, out, row_begin, row_end;
+};
+
+class BlockedLinearTest : public ::testing::TestWithParam<std::tuple<BlockedVariant, BlockedCase>> {
+ protected:
+  void SetUp() override {
+    if (std::get<0>(GetParam()) == BlockedVariant::kAvx512 && !cpu::HaveAvx512()) {
+      GTEST_SKIP() << "this CPU lacks AVX-512F/VL/BW: the AVX-512 kernel is not tested here";
+    }
+  }
+  void Run(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in, int64_t out,
+           bool accumulate, int64_t row_begin, int64_t row_end) const {
+    if (std::get<0>(GetParam()) == BlockedVariant::kAvx512) {
+      cpu::BlockedLinearAvx512(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+    } else {
+      cpu::BlockedLinearAvx2(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+    }
+  }
+};
+
+TEST_P(BlockedLinearTest, MatchesReferenceAndWritesOnlyItsRows) {
+  const auto [tokens, in, out, row_begin, row_end] = std::get<1>(GetParam());
+  const auto x = Random(static_cast<size_t>(tokens * in), 11);
+  const auto w = Random(static_cast<size_t>(out * in), 12);
+  const auto bias = Random(static_cast<size_t>(out), 13);
+  const auto y0 = Random(static_cast<size_t>(tokens * out), 14);
+  for (bool accumulate : {false, true}) {
+    for (bool with_bias : {false, true}) {
+      const float* b = with_bias ? bias.data() : nullptr;
+      std::vector<float> ref = y0, got = y0;
+      cpu::ReferenceLinear(x.data(), w.data(), b, ref.data(), tokens, in, out, accumulate);
+      Run(x.data(), w.data(), b, got.data(), tokens, in, out, accumulate, row_begin, row_end);
+      const std::string what = absl::StrCat("tokens ", tokens, " in ", in, " out ", out, " rows [", row_begin, ", ",
+                                            row_end, ") acc ", accumulate, " bias ", with_bias);
+      float max_ref = 1e-6f, max_err = 0.f;
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t o = 0; o < out; ++o) {
+          const size_t i = static_cast<size_t>(t * out + o);
+          if (o < row_begin || o >= row_end) {
+            ASSERT_EQ(got[i], y0[i]) << what << ": token " << t << " row " << o << " is outside the range";
+          } else {
+            max_ref = std::max(max_ref, std::fabs(ref[i]));
+            max_err = std::max(max_err, std::fabs(ref[i] - got[i]));
+          }
+        }
       }
+      EXPECT_LE(max_err, 1e-5f * max_ref) << what;
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, BlockedLinearTest,
+    ::testing::Combine(::testing::Values(BlockedVariant::kAvx2, BlockedVariant::kAvx512),
+                       ::testing::Values(BlockedCase{0, 16, 5, 0, 5}, BlockedCase{7, 0, 6, 0, 6},
+                                         BlockedCase{5, 20, 8, 4, 4}, BlockedCase{1, 5, 1, 0, 1},
+                                         BlockedCase{1, 37, 13, 0, 13}, BlockedCase{128, 70, 6, 0, 6},
+                                         BlockedCase{2, 16, 4, 0, 4}, BlockedCase{3, 17, 7, 0, 7},
+                                         BlockedCase{4, 64, 8, 0, 8}, BlockedCase{5, 37, 13, 0, 13},
+                                         BlockedCase{6, 48, 12, 0, 12}, BlockedCase{7, 100, 7, 0, 7},
+                                         BlockedCase{8, 100, 9, 0, 9}, BlockedCase{9, 64, 33, 0, 33},
+                                         BlockedCase{11, 76, 23, 5, 18}, BlockedCase{13, 15, 10, 1, 10},
+                                         BlockedCase{16, 2048, 11, 0, 11}, BlockedCase{16, 768, 26, 3, 25},
+                                         BlockedCase{17, 33, 30, 0, 30}, BlockedCase{23, 31, 6, 2, 5},
+                                         BlockedCase{25, 129, 17, 0, 17}, BlockedCase{40, 172, 64, 0, 64},
+                                         BlockedCase{48, 100, 9, 0, 9}, BlockedCase{64, 257, 19, 7, 19},
+                                         BlockedCase{6, 5, 3, 0, 3}, BlockedCase{12, 3, 5, 4, 5})),
+    [](const ::testing::TestParamInfo<BlockedLinearTest::ParamType>& p) {
+      const auto& c = std::get<1>(p.param);
+      return absl::StrCat(std::get<0>(p.param) == BlockedVariant::kAvx512 ? "Avx512" : "Avx2", "_t", c.tokens,
+                          "_in", c.in, "_out", c.out, "_rows", c.row_begin, "to", c.row_end);
+    });
 
 // A paged cache filled from per-sequence contiguous K/V: sequence s's position j lives in block
 // tables[s][j / block_size] at row j % block_size. Block ids are shuffled, so neighbouring

@@ -67,12 +67,12 @@ class CpuBackend final : public Backend {
   absl::Status Linear(const LinearParams& p) override {
     SHARDSERVE_VALIDATE(p);
     if (p.tokens == 0 || p.out == 0) return absl::OkStatus();
-    if (p.tokens <= cpu::kSmallBatchMaxTokens) {
+    if (p.tokens <= cpu::SmallBatchMaxTokens()) {
       cpu::SmallBatchLinear(p.x, p.w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
       return absl::OkStatus();
     }
     // The blocked kernel runs on one thread; with more BLAS threads sgemm's parallelism wins.
-    if (p.tokens <= cpu::kBlockedMaxTokens && blas_threads_ == 1) {
+    if (p.tokens <= cpu::BlockedMaxTokens() && blas_threads_ == 1) {
       cpu::BlockedLinear(p.x, p.w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
       return absl::OkStatus();
     }

@@ -133,8 +133,8 @@ void SmallBatchLinear(const float* x, const float* w, const float* bias, float* 
   }
 }
 
-void BlockedLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
-                   int64_t out, bool accumulate, int64_t row_begin, int64_t row_end) {
+void BlockedLinearAvx2(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
+                       int64_t out, bool accumulate, int64_t row_begin, int64_t row_end) {
 #if SHARDSERVE_GEMV_AVX2
   // 4 x 3 measured best among 4x3, 3x4, 2x6 and 4x2 at 4-32 tokens (shardserve-bench-kernels).
   constexpr int kR = 4, kT = 3;
@@ -148,6 +148,19 @@ void BlockedLinear(const float* x, const float* w, const float* bias, float* y, 
   SmallBatchLinear(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
 #endif
 }
+
+void BlockedLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
+                   int64_t out, bool accumulate, int64_t row_begin, int64_t row_end) {
+  if (HaveAvx512()) {
+    BlockedLinearAvx512(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+  } else {
+    BlockedLinearAvx2(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+  }
+}
+
+int64_t SmallBatchMaxTokens() { return HaveAvx512() ? kSmallBatchMaxTokensAvx512 : kSmallBatchMaxTokensAvx2; }
+
+int64_t BlockedMaxTokens() { return HaveAvx512() ? kBlockedMaxTokensAvx512 : kBlockedMaxTokensAvx2; }
 
 void ReferenceLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
                      int64_t out, bool accumulate) {
