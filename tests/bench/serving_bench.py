@@ -9,7 +9,9 @@ Without --model it uses the generated 100M model (written by shardserve-bench-pi
   1. output tokens/s with 1 client and with 16 clients (target: 16 clients >= 5x one client);
   2. at 16 clients, pipelined (2 micro-batches in flight) vs one micro-batch at a time
      (target: >= 1.6x);
-and TTFT / inter-token p50/p99 beside each. Figures are only meaningful on an otherwise idle machine.
+and TTFT / inter-token p50/p99 beside each, and for the 16-client loads how busy each stage was (its
+compute time, from the workers' shardserve_worker_step_seconds, over the wall time). Figures are
+only meaningful on an otherwise idle machine.
 """
 import argparse
 import json
@@ -19,13 +21,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 
 def start_cluster(bin_dir, model, max_step_tokens, extra):
     proc = subprocess.Popen(
         [os.path.join(bin_dir, "shardserve-local"), f"--model={model}", "--workers=2", "--pp=2",
          "--devices_per_worker=cpu:1", "--max_slots=16", "--max_seq_len=256", f"--max_step_tokens={max_step_tokens}",
-         "--metrics=false", *extra],
+         *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
     deadline = time.time() + 300
@@ -34,7 +37,13 @@ def start_cluster(bin_dir, model, max_step_tokens, extra):
         if not line:
             break
         if line.startswith("ready: coordinator at "):
-            return proc, line.split()[-1]
+            address = line.split()[-1]
+            metrics = []
+            for _ in range(2):
+                m = proc.stdout.readline()
+                if m.startswith("metrics: "):
+                    metrics.append(m.split()[-1])
+            return proc, address, metrics
     stop(proc)
     sys.exit("the cluster did not become ready")
 
@@ -63,6 +72,15 @@ def bench(bin_dir, address, concurrency, requests, max_tokens):
     return s
 
 
+def step_seconds(url):
+    """Sum of a worker's shardserve_worker_step_seconds histogram."""
+    total = 0.0
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        if line.startswith("shardserve_worker_step_seconds_sum"):
+            total += float(line.split()[-1])
+    return total
+
+
 def row(name, s):
     print(f"{name:<34} {s['output_tokens_per_s']:>10.1f} {s['ttft_s']['p50'] * 1e3:>10.1f} "
           f"{s['ttft_s']['p99'] * 1e3:>10.1f} {s['itl_s']['p50'] * 1e3:>10.2f} {s['itl_s']['p99'] * 1e3:>10.2f}")
@@ -89,8 +107,9 @@ def main():
                             f"--scratch={model}"], check=True)
 
     results = {}
+    busy = {}
     for depth in (0, 1):
-        proc, address = start_cluster(args.bin_dir, model, args.max_step_tokens, [f"--pipeline_depth={depth}"])
+        proc, address, metrics = start_cluster(args.bin_dir, model, args.max_step_tokens, [f"--pipeline_depth={depth}"])
 
         def median_of_runs(concurrency, requests):
             runs = sorted((bench(args.bin_dir, address, concurrency, requests, args.max_tokens)
@@ -102,7 +121,11 @@ def main():
             if depth == 0:
                 results["1 client, pipelined"] = median_of_runs(1, max(4, args.requests // 8))
             name = "16 clients, " + ("pipelined" if depth == 0 else "one micro-batch at a time")
+            before = [step_seconds(u) for u in metrics]
+            t0 = time.time()
             results[name] = median_of_runs(16, args.requests)
+            wall = time.time() - t0
+            busy[name] = [(step_seconds(u) - b) / wall for u, b in zip(metrics, before)]
         finally:
             stop(proc)
 
@@ -111,6 +134,8 @@ def main():
     print(f"{'':<34} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>10} {'ITL p99':>10}   (ms)")
     for name, s in results.items():
         row(name, s)
+    for name, b in busy.items():
+        print(f"{name}: stages busy {', '.join(f'{x:.2f}' for x in b)} of the time")
     one = results["1 client, pipelined"]["output_tokens_per_s"]
     many = results["16 clients, pipelined"]["output_tokens_per_s"]
     flat = results["16 clients, one micro-batch at a time"]["output_tokens_per_s"]

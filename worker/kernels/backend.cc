@@ -67,7 +67,8 @@ absl::Status EmbeddingParams::Validate() const {
 }
 
 absl::Status LinearParams::Validate() const {
-  if (x == nullptr || w == nullptr || y == nullptr) return Invalid("Linear", "null pointer");
+  if (x == nullptr || y == nullptr) return Invalid("Linear", "null pointer");
+  if ((w == nullptr) == (w_bf16 == nullptr)) return Invalid("Linear", "exactly one of w and w_bf16 must be set");
   if (AnyNegative({tokens, in, out})) return Invalid("Linear", "negative size");
   if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("Linear", "y aliases x");
   return absl::OkStatus();

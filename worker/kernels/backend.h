@@ -81,6 +81,9 @@ struct EmbeddingParams {
 struct LinearParams {
   const float* x = nullptr;     // [tokens, in]
   const float* w = nullptr;     // [out, in]  (PyTorch nn.Linear layout)
+  // Or the same matrix as bfloat16 bits (the upper half of each f32), for backends whose
+  // SupportsBf16Weights(): exactly one of w and w_bf16 is set. Products and sums stay f32.
+  const uint16_t* w_bf16 = nullptr;
   const float* bias = nullptr;  // [out] or null
   float* y = nullptr;           // [tokens, out]; must not alias x
   int64_t tokens = 0, in = 0, out = 0;
@@ -224,6 +227,10 @@ class Backend {
   virtual DeviceKind kind() const = 0;
   // "cpu", "cuda:0", ... for messages and metrics.
   virtual std::string name() const = 0;
+  // Whether Linear takes bfloat16 weights (LinearParams::w_bf16). Loaders keep bf16 checkpoints
+  // in bf16 on such backends (half the memory and the bytes a decode step reads) and widen them
+  // to f32 elsewhere.
+  virtual bool SupportsBf16Weights() const { return false; }
 
   // Allocates `bytes` (zero-filled) of device memory. ResourceExhausted when it does not fit.
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;

@@ -66,6 +66,7 @@ class CpuBackend final : public Backend {
 
   absl::Status Linear(const LinearParams& p) override {
     SHARDSERVE_VALIDATE(p);
+    if (p.w_bf16 != nullptr) return absl::UnimplementedError("cpu backend: bfloat16 weights");
     if (p.tokens == 0 || p.out == 0) return absl::OkStatus();
     if (p.tokens <= cpu::SmallBatchMaxTokens()) {
       cpu::SmallBatchLinear(p.x, p.w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);

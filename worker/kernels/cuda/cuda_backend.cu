@@ -208,6 +208,7 @@ absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {
 
 absl::Status CudaBackend::Linear(const LinearParams& p) {
   RETURN_IF_ERROR(p.Validate());
+  if (p.w_bf16 != nullptr) return absl::UnimplementedError(absl::StrCat(name_, ": bfloat16 weights"));
   if (!FitsInt({p.tokens, p.in, p.out})) {
     return absl::UnimplementedError(
         absl::StrCat(name_, ": Linear dimensions exceed cuBLAS's int range: ", p.tokens, "x", p.in, "x", p.out));
