@@ -32,6 +32,7 @@
 
 ABSL_FLAG(std::string, model, "", "model directory; empty = stories260K and the generated 100M model");
 ABSL_FLAG(std::string, scratch, "/tmp/shardserve-100m", "where the 100M model is generated");
+ABSL_FLAG(bool, bf16, false, "generate the 100M model with BF16 weights (use another --scratch)");
 ABSL_FLAG(int32_t, threads, 1, "BLAS threads");
 ABSL_FLAG(int32_t, tokens, 128, "decode tokens to time");
 ABSL_FLAG(int32_t, prefill, 256, "prefill prompt length");
@@ -258,7 +259,7 @@ int main(int argc, char** argv) {
     const std::string scratch = absl::GetFlag(FLAGS_scratch);
     if (!std::filesystem::exists(scratch + "/model.safetensors")) {
       std::printf("writing the 100M model to %s ...\n", scratch.c_str());
-      if (auto st = testing::WriteRandomLlama(scratch, testing::HundredMModel(), 1234); !st.ok()) {
+      if (auto st = testing::WriteRandomLlama(scratch, testing::HundredMModel(absl::GetFlag(FLAGS_bf16)), 1234); !st.ok()) {
         std::fprintf(stderr, "%s\n", st.ToString().c_str());
         return 1;
       }

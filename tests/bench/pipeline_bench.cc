@@ -33,6 +33,7 @@
 
 ABSL_FLAG(std::string, model, "", "model directory; empty = the generated 100M model in --scratch");
 ABSL_FLAG(std::string, scratch, "/tmp/shardserve-100m", "where the 100M model is generated");
+ABSL_FLAG(bool, bf16, false, "generate the 100M model with BF16 weights (use another --scratch)");
 ABSL_FLAG(int32_t, tokens, 64, "decode tokens to time");
 ABSL_FLAG(bool, write_model_only, false, "write the 100M model into --scratch and exit (for serving_bench.py)");
 
@@ -220,7 +221,7 @@ int Run() {
     dir = absl::GetFlag(FLAGS_scratch);
     if (!std::filesystem::exists(dir + "/model.safetensors")) {
       std::printf("writing the 100M model to %s ...\n", dir.c_str());
-      if (auto st = testing::WriteRandomLlama(dir, testing::HundredMModel(), 1234); !st.ok()) return 1;
+      if (auto st = testing::WriteRandomLlama(dir, testing::HundredMModel(absl::GetFlag(FLAGS_bf16)), 1234); !st.ok()) return 1;
     }
     if (absl::GetFlag(FLAGS_write_model_only)) return 0;
   }

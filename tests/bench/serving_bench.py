@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Serving benchmark: a local cluster (shardserve-local, CPU ranks) under `shardserve bench` load.
 
-    python3 tests/bench/serving_bench.py build/bin [--model DIR] [--requests 48] [--max_tokens 64]
+    python3 tests/bench/serving_bench.py build/bin [--model DIR | --bf16] [--requests 48] [--max_tokens 64]
         [--max_step_tokens 64] [--repeats 3]
 
 Without --model it uses the generated 100M model (written by shardserve-bench-pipeline into
@@ -96,15 +96,17 @@ def main():
                     help="tokens per micro-batch (chunked prefill); with CPU ranks a small budget keeps a "
                          "burst of prompts from stalling everyone's decode (ITL p99) and keeps the "
                          "pipeline's fill short; the cluster's default is 256")
+    ap.add_argument("--bf16", action="store_true",
+                    help="the generated 100M model with BF16 weights (kept bf16 by the CPU backend)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs of each load; the run with the median throughput is reported")
     args = ap.parse_args()
     model = args.model
     if not model:
-        model = "/tmp/shardserve-100m"
+        model = "/tmp/shardserve-100m-bf16" if args.bf16 else "/tmp/shardserve-100m"
         if not os.path.exists(os.path.join(model, "model.safetensors")):
             subprocess.run([os.path.join(args.bin_dir, "shardserve-bench-pipeline"), "--write_model_only",
-                            f"--scratch={model}"], check=True)
+                            f"--scratch={model}"] + (["--bf16"] if args.bf16 else []), check=True)
 
     results = {}
     busy = {}

@@ -51,12 +51,13 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
   if (!m.tied) specs.push_back({"lm_head.weight", {m.vocab, m.hidden}, false});
 
   nlohmann::json header = nlohmann::json::object();
+  const uint64_t elem = m.bf16 ? 2 : 4;
   uint64_t offset = 0;
   for (const Spec& s : specs) {
     uint64_t n = 1;
     for (int64_t x : s.shape) n *= static_cast<uint64_t>(x);
-    header[s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + 4 * n}}};
-    offset += 4 * n;
+    header[s.name] = {{"dtype", m.bf16 ? "BF16" : "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + elem * n}}};
+    offset += elem * n;
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');
@@ -74,7 +75,17 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
     for (float& v : buf) {
       v = s.norm ? 1.0f : scale * (static_cast<float>(Next(state) >> 40) * 0x1.0p-23f - 1.0f);
     }
-    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(n * 4));
+    if (m.bf16) {
+      std::vector<uint16_t> bits(n);
+      for (uint64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, &buf[i], sizeof(u));
+        bits[i] = static_cast<uint16_t>(u >> 16);  // truncation: the values are random anyway
+      }
+      out.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(n * 2));
+    } else {
+      out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(n * 4));
+    }
   }
   if (!out) return absl::InternalError(absl::StrCat(dir, "/model.safetensors: write failed"));
   nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
@@ -92,7 +103,7 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
                            {"tie_word_embeddings", m.tied},
                            {"bos_token_id", 1},
                            {"eos_token_id", 2},
-                           {"torch_dtype", "float32"}};
+                           {"torch_dtype", m.bf16 ? "bfloat16" : "float32"}};
   std::ofstream cfg(fs::path(dir) / "config.json");
   cfg << config.dump(2) << "\n";
   if (!cfg) return absl::InternalError(absl::StrCat(dir, "/config.json: write failed"));

@@ -20,10 +20,15 @@ struct RandomLlamaShape {
   int64_t kv_heads = 12;
   int64_t max_positions = 1024;
   bool tied = false;
+  bool bf16 = false;  // store every tensor as BF16 (as Hugging Face checkpoints usually are), else F32
 };
 
-// The benchmark model of ARCHITECTURE.md: 134M parameters, f32, untied.
-inline RandomLlamaShape HundredMModel() { return {}; }
+// The benchmark model of ARCHITECTURE.md: 134M parameters, f32 (or bf16), untied.
+inline RandomLlamaShape HundredMModel(bool bf16 = false) {
+  RandomLlamaShape s;
+  s.bf16 = bf16;
+  return s;
+}
 
 // Writes `dir`/config.json and `dir`/model.safetensors (creating `dir`). Weights are uniform in
 // +-0.5/sqrt(fan_in) (norms are 1), so activations stay O(1) through the layers.

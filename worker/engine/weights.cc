@@ -1,6 +1,7 @@
 #include "worker/engine/weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,30 @@ class Loader {
     return absl::OkStatus();
   }
 
+  // Whether matrix `name` is kept as bfloat16: stored so, and the backend computes with it.
+  bool KeepBf16(const std::string& name) {
+    if (!backend_.SupportsBf16Weights()) return false;
+    absl::StatusOr<const SafetensorsEntry*> e = ckpt_.Find(name);
+    return e.ok() && (*e)->dtype == DType::kBF16;
+  }
+  // Uploads `t` as bfloat16 bits (exact for values read from a bf16 tensor).
+  absl::StatusOr<kernels::DeviceBuffer> UploadBf16(const HostTensor& t) {
+    std::vector<uint16_t> bits(static_cast<size_t>(t.size()));
+    for (size_t i = 0; i < bits.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, t.data() + i, sizeof(u));
+      bits[i] = static_cast<uint16_t>(u >> 16);
+    }
+    const size_t bytes = bits.size() * sizeof(uint16_t);
+    ASSIGN_OR_RETURN(kernels::DeviceBuffer buf, backend_.Allocate(bytes));
+    RETURN_IF_ERROR(backend_.CopyToDevice(buf.as<void>(), bits.data(), bytes));
+    bytes_ += bytes;
+    return buf;
+  }
+  absl::StatusOr<kernels::DeviceBuffer> UploadAs(const HostTensor& t, bool bf16) {
+    return bf16 ? UploadBf16(t) : Upload(t);
+  }
+
   absl::StatusOr<kernels::DeviceBuffer> Upload(const HostTensor& t) {
     ASSIGN_OR_RETURN(kernels::DeviceBuffer buf, backend_.Allocate(t.bytes()));
     RETURN_IF_ERROR(backend_.CopyToDevice(buf.as<void>(), t.data(), t.bytes()));
@@ -44,16 +69,16 @@ class Loader {
     return Upload(t);
   }
   absl::StatusOr<kernels::DeviceBuffer> Rows(const std::string& name, const Shape& shape, int64_t begin,
-                                             int64_t end) {
+                                             int64_t end, bool bf16 = false) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadRows(name, shape, begin, end));
-    return Upload(t);
+    return UploadAs(t, bf16);
   }
   absl::StatusOr<kernels::DeviceBuffer> Cols(const std::string& name, const Shape& shape, int64_t begin,
-                                             int64_t end) {
+                                             int64_t end, bool bf16 = false) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadCols(name, shape, begin, end));
-    return Upload(t);
+    return UploadAs(t, bf16);
   }
 
   // Column-parallel linear (split by output rows [begin, end)), with optional bias.
@@ -62,7 +87,8 @@ class Loader {
     LinearWeight lw;
     lw.in = in;
     lw.out = end - begin;
-    ASSIGN_OR_RETURN(lw.w, Rows(prefix + ".weight", {out, in}, begin, end));
+    lw.bf16 = KeepBf16(prefix + ".weight");
+    ASSIGN_OR_RETURN(lw.w, Rows(prefix + ".weight", {out, in}, begin, end, lw.bf16));
     if (bias) {
       ASSIGN_OR_RETURN(lw.b, Rows(prefix + ".bias", {out}, begin, end));
     }
@@ -74,7 +100,8 @@ class Loader {
     LinearWeight lw;
     lw.in = end - begin;
     lw.out = out;
-    ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end));
+    lw.bf16 = KeepBf16(prefix + ".weight");
+    ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end, lw.bf16));
     if (bias && bias_here) {
       ASSIGN_OR_RETURN(lw.b, Full(prefix + ".bias", {out}));
     }
@@ -90,12 +117,12 @@ class Loader {
   }
   // Rows [begin, end) followed by zero rows up to `rows` rows in all.
   absl::StatusOr<kernels::DeviceBuffer> PaddedRows(const std::string& name, const Shape& shape, int64_t begin,
-                                                   int64_t end, int64_t rows) {
+                                                   int64_t end, int64_t rows, bool bf16 = false) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadRows(name, shape, begin, end));
     HostTensor padded({rows, shape[1]});
     std::copy(t.data(), t.data() + t.size(), padded.data());
-    return Upload(padded);
+    return UploadAs(padded, bf16);
   }
   size_t bytes() const { return bytes_; }
 
@@ -240,8 +267,9 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       mw.lm_head_w = mw.embedding.as<float>();
     } else {
       const std::string name = spec.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-      ASSIGN_OR_RETURN(mw.lm_head.w, ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded));
-      mw.lm_head_w = mw.lm_head.w.as<float>();
+      mw.lm_head.bf16 = ld.KeepBf16(name);
+      ASSIGN_OR_RETURN(mw.lm_head.w,
+                       ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded, mw.lm_head.bf16));
     }
   }
   const bool moe_mixtral = spec.arch == Architecture::kMixtral;

@@ -2,6 +2,8 @@
 // backend. Tensor-parallel slicing (Megatron): q/k/v and gate/up are split by output rows (whole
 // heads / FFN columns), o and down by input columns; norms, embeddings and the router are
 // replicated. Each rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
+// Matrices stored as bfloat16 stay bfloat16 on backends that SupportsBf16Weights() (the
+// conversion is exact); everything else is f32.
 // Every tensor's dtype and shape are checked against the ModelSpec before use; a mismatch is an
 // InvalidArgument naming the file and tensor.
 #ifndef SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_
@@ -48,9 +50,14 @@ struct ShardLayout {
 };
 
 struct LinearWeight {
-  kernels::DeviceBuffer w;  // [out, in]
+  kernels::DeviceBuffer w;  // [out, in], f32 or (bf16 true) bfloat16 bits
   kernels::DeviceBuffer b;  // [out] or empty
   int64_t in = 0, out = 0;
+  bool bf16 = false;
+  // For kernels::LinearParams::w / w_bf16 (one is null).
+  const float* f32_w() const { return bf16 ? nullptr : w.as<float>(); }
+  const uint16_t* bf16_w() const { return bf16 ? w.as<uint16_t>() : nullptr; }
+  const float* bias() const { return b.empty() ? nullptr : b.as<float>(); }
 };
 
 struct MlpWeights {
@@ -82,8 +89,10 @@ struct LayerWeights {
 struct ModelWeights {
   kernels::DeviceBuffer embedding;  // [vocab, hidden]; first stage (or tied last stage) only
   kernels::DeviceBuffer final_norm; // [hidden]; last stage only
-  LinearWeight lm_head;             // [vocab_padded, hidden]: this rank's rows of the lm_head
-  const float* lm_head_w = nullptr; // the matrix to use (the embedding itself when tied on one rank)
+  // [vocab_padded, hidden]: this rank's rows of the lm_head; when tied on one rank, w is empty and
+  // lm_head_w (the embedding itself, f32) is the matrix to use.
+  LinearWeight lm_head;
+  const float* lm_head_w = nullptr;
   std::vector<LayerWeights> layers;
   size_t bytes = 0;                 // device bytes held
 };
