@@ -159,7 +159,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
     std::string model_id = dir.substr(0, dir.find_last_not_of('/') + 1);
     model_id = model_id.substr(model_id.rfind('/') == std::string::npos ? 0 : model_id.rfind('/') + 1);
     absl::StatusOr<std::unique_ptr<http::HttpServer>> server = http::HttpServer::Start(
-        {.listen = options.http_listen, .model_id = model_id.empty() ? dir : model_id, .model_path = dir},
+        {.listen = options.http_listen,
+         .model_id = model_id.empty() ? dir : model_id,
+         .model_path = dir,
+         .observer = c->metrics_.get()},
         c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->ReadyStatus(); });
     if (!server.ok()) return server.status();
     c->http_ = *std::move(server);

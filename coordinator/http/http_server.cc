@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log/log.h"
+#include "coordinator/api/request_log.h"
 #include "coordinator/api/stop_strings.h"
 #include "coordinator/http/jinja.h"
 #include "coordinator/http/openai_protocol.h"
@@ -184,6 +185,11 @@ struct HttpServer::Impl {
   void Routes();
   void Models(httplib::Response& res);
   void Generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  // A request refused before the scheduler: logged and counted, then answered.
+  void Reject(httplib::Response& res, const absl::Status& status) {
+    ReportRejected(options.observer, status);
+    ReplyStatus(res, status);
+  }
   absl::StatusOr<std::vector<int32_t>> ChatPrompt(const ChatRequest& request) const;
   absl::Status CheckModel(const std::string& model) const;
 };
@@ -241,30 +247,30 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   SamplingFields fields;
   if (chat) {
     absl::StatusOr<ChatRequest> parsed = ParseChatRequest(req.body);
-    if (!parsed.ok()) return ReplyStatus(res, parsed.status());
+    if (!parsed.ok()) return Reject(res, parsed.status());
     fields = parsed->fields;
-    if (absl::Status st = CheckModel(fields.model); !st.ok()) return ReplyStatus(res, st);
+    if (absl::Status st = CheckModel(fields.model); !st.ok()) return Reject(res, st);
     absl::StatusOr<std::vector<int32_t>> prompt = ChatPrompt(*parsed);
-    if (!prompt.ok()) return ReplyStatus(res, prompt.status());
+    if (!prompt.ok()) return Reject(res, prompt.status());
     seq.prompt = *std::move(prompt);
   } else {
     absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(req.body);
-    if (!parsed.ok()) return ReplyStatus(res, parsed.status());
+    if (!parsed.ok()) return Reject(res, parsed.status());
     fields = parsed->fields;
-    if (absl::Status st = CheckModel(fields.model); !st.ok()) return ReplyStatus(res, st);
+    if (absl::Status st = CheckModel(fields.model); !st.ok()) return Reject(res, st);
     if (parsed->prompt_text.has_value()) {
       if (tokenizer == nullptr) {
-        return ReplyStatus(res, InvalidParam("prompt", absl::StrCat("the model ", options.model_path,
+        return Reject(res, InvalidParam("prompt", absl::StrCat("the model ", options.model_path,
                                                                     " has no tokenizer: send the prompt as token ids")));
       }
       absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(*parsed->prompt_text, /*add_special_tokens=*/true);
-      if (!ids.ok()) return ReplyStatus(res, InvalidParam("prompt", ids.status().message()));
+      if (!ids.ok()) return Reject(res, InvalidParam("prompt", ids.status().message()));
       seq.prompt = *std::move(ids);
     } else {
       for (size_t i = 0; i < parsed->prompt_ids.size(); ++i) {
         const int64_t id = parsed->prompt_ids[i];
         if (id < 0 || id >= limits.vocab_size) {
-          return ReplyStatus(res, InvalidParam("prompt", absl::StrCat("prompt[", i, "] = ", id, " is outside the vocabulary [0, ",
+          return Reject(res, InvalidParam("prompt", absl::StrCat("prompt[", i, "] = ", id, " is outside the vocabulary [0, ",
                                                                       limits.vocab_size, ")")));
         }
         seq.prompt.push_back(static_cast<int32_t>(id));
@@ -273,18 +279,18 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   }
   const int64_t prompt_len = static_cast<int64_t>(seq.prompt.size());
   if (prompt_len >= limits.max_seq_len) {
-    return ReplyStatus(res, InvalidParam(chat ? "messages" : "prompt",
+    return Reject(res, InvalidParam(chat ? "messages" : "prompt",
                                          absl::StrCat("the prompt has ", prompt_len, " tokens; the context holds ",
                                                       limits.max_seq_len, " (prompt + max_tokens)")));
   }
   // OpenAI's defaults: 16 tokens for completions; chat runs to the end of the context.
   const int64_t max_tokens = fields.max_tokens.value_or(chat ? limits.max_seq_len - prompt_len : 16);
   if (prompt_len + max_tokens > limits.max_seq_len) {
-    return ReplyStatus(res, InvalidParam("max_tokens", absl::StrCat("prompt (", prompt_len, " tokens) + max_tokens (", max_tokens,
+    return Reject(res, InvalidParam("max_tokens", absl::StrCat("prompt (", prompt_len, " tokens) + max_tokens (", max_tokens,
                                                       ") exceeds the context of ", limits.max_seq_len, " tokens")));
   }
   if (absl::Status st = ValidateStopStrings(fields.stop, "stop"); !st.ok()) {
-    return ReplyStatus(res, InvalidParam("stop", st.message()));
+    return Reject(res, InvalidParam("stop", st.message()));
   }
   seq.max_tokens = static_cast<int32_t>(max_tokens);
   seq.sampling = {.temperature = static_cast<float>(fields.temperature),
@@ -293,14 +299,15 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
                   .seed = static_cast<uint64_t>(fields.seed.value_or(0))};
   const uint64_t n = next_id.fetch_add(1);
   seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", n);
-  if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return ReplyStatus(res, st);
-  if (absl::Status st = ready(); !st.ok()) return ReplyStatus(res, st);
+  if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return Reject(res, st);
+  if (absl::Status st = ready(); !st.ok()) return Reject(res, st);
 
   const ResponseMeta meta{.id = seq.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
   auto sequence = std::make_shared<HttpSequence>(
       scheduler, tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr,
       fields.stop);
-  absl::StatusOr<SequenceId> id = scheduler->Submit(std::move(seq), sequence);
+  // Logged and counted like the gRPC front end's requests (coordinator/api/request_log.h).
+  absl::StatusOr<SequenceId> id = SubmitWithLog(*scheduler, std::move(seq), sequence);
   if (!id.ok()) return ReplyStatus(res, id.status());
   sequence->Bind(*id);
   auto usage_of = [prompt_len](const SequenceEnd& end) {

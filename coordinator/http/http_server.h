@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/scheduler/scheduler.h"
+#include "coordinator/scheduler/scheduler_observer.h"
 
 namespace shardserve::coordinator::http {
 
@@ -50,6 +51,9 @@ struct HttpServerOptions {
   absl::Duration read_timeout = absl::Seconds(10);
   absl::Duration write_timeout = absl::Seconds(30);
   absl::Duration keepalive = absl::Seconds(1);  // SSE comment after this long without output
+  // Told of the requests this front end refuses itself (bad parameters, cluster not ready), so
+  // that the metrics count them with the scheduler's refusals; borrowed, may be null.
+  SchedulerObserver* observer = nullptr;
   // InvalidArgument naming the option when out of range.
   absl::Status Validate() const;
 };

@@ -5,6 +5,7 @@
 #include <httplib.h>
 
 #include <csignal>
+#include <map>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -67,6 +68,27 @@ class ScriptReplica final : public ReplicaClient {
 
 constexpr char kModel[] = "tests/golden/models/llama";
 
+// Counts the refusals the front end reports.
+class RejectionCounter final : public SchedulerObserver {
+ public:
+  void OnRejected(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    ++by_code_[status.code()];
+  }
+  void OnInterTokenLatency(absl::Duration) override {}
+  void OnRequestEnd(const RequestReport&) override {}
+  void OnStep(const StepReport&) override {}
+  void OnPreempted(int) override {}
+  int count(absl::StatusCode code) {
+    absl::MutexLock lock(&mu_);
+    return by_code_[code];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<absl::StatusCode, int> by_code_ ABSL_GUARDED_BY(mu_);
+};
+
 class HttpServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -85,7 +107,8 @@ class HttpServerTest : public ::testing::Test {
     replica_ = replica.get();
     ASSERT_TRUE(scheduler_->AddReplica(0, std::move(replica), {.max_slots = 1, .kv_blocks = 64}).ok());
     absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
-        {.listen = "127.0.0.1:0", .model_id = "llama", .model_path = kModel, .max_body_bytes = 4096},
+        {.listen = "127.0.0.1:0", .model_id = "llama", .model_path = kModel, .max_body_bytes = 4096,
+         .observer = &rejections_},
         tokenizer_.get(), scheduler_.get(), [this] {
           absl::MutexLock lock(&ready_mu_);
           return ready_;
@@ -118,6 +141,7 @@ class HttpServerTest : public ::testing::Test {
     return false;
   }
 
+  RejectionCounter rejections_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::string script_text_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -212,6 +236,7 @@ TEST_F(HttpServerTest, QueueFullIs429AndNotReadyIs503) {
   auto [status, body] = Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})");
   EXPECT_EQ(status, 503);
   EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("waiting for 1 worker"));
+  EXPECT_EQ(rejections_.count(absl::StatusCode::kUnavailable), 1);  // counted like the gRPC API's
 }
 
 TEST_F(HttpServerTest, BadRequestsAnd413And404And405) {
@@ -219,6 +244,7 @@ TEST_F(HttpServerTest, BadRequestsAnd413And404And405) {
   EXPECT_EQ(Post("/v1/completions", R"({"prompt": [1], "foo": 1})").second["error"]["param"], "foo");
   EXPECT_EQ(Post("/v1/completions", R"({"prompt": [1, 100000]})").first, 400);
   EXPECT_EQ(Post("/v1/completions", R"({"prompt": [1], "max_tokens": 300})").first, 400);
+  EXPECT_EQ(rejections_.count(absl::StatusCode::kInvalidArgument), 4);
   auto [big, big_body] = Post("/v1/completions", std::string(5000, ' '));
   EXPECT_EQ(big, 413);
   EXPECT_EQ(big_body["error"]["code"], "request_too_large");
