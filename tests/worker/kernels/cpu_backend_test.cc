@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <tuple>
@@ -26,6 +28,22 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);
   return v;
+}
+
+// Round-to-nearest-even bfloat16 bits of each value (finite inputs), as checkpoints store them.
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint32_t b = std::bit_cast<uint32_t>(v[i]);
+    out[i] = static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+  }
+  return out;
+}
+
+std::vector<float> Widen(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = std::bit_cast<float>(uint32_t{v[i]} << 16);
+  return out;
 }
 
 void ExpectClose(const std::vector<float>& ref, const std::vector<float>& got, float rel, const std::string& what) {
@@ -91,6 +109,17 @@ struct BlockedCase {
   int64_t tokens, in, out, row_begin, row_end;
 };
 
+// Empty products, `in` = 0, an empty row range, single rows; tile remainders; `in` % 16 != 0; row
+// subranges.
+const std::vector<BlockedCase> kBlockedCases = {
+    {0, 16, 5, 0, 5}, {7, 0, 6, 0, 6}, {5, 20, 8, 4, 4}, {1, 5, 1, 0, 1}, {1, 37, 13, 0, 13},
+    {128, 70, 6, 0, 6}, {2, 16, 4, 0, 4}, {3, 17, 7, 0, 7}, {4, 64, 8, 0, 8}, {5, 37, 13, 0, 13},
+    {6, 48, 12, 0, 12}, {7, 100, 7, 0, 7}, {8, 100, 9, 0, 9}, {9, 64, 33, 0, 33}, {11, 76, 23, 5, 18},
+    {13, 15, 10, 1, 10}, {16, 2048, 11, 0, 11}, {16, 768, 26, 3, 25}, {17, 33, 30, 0, 30}, {23, 31, 6, 2, 5},
+    {25, 129, 17, 0, 17}, {40, 172, 64, 0, 64}, {48, 100, 9, 0, 9}, {64, 257, 19, 7, 19}, {6, 5, 3, 0, 3},
+    {12, 3, 5, 4, 5},
+};
+
 class BlockedLinearTest : public ::testing::TestWithParam<std::tuple<BlockedVariant, BlockedCase>> {
  protected:
   void SetUp() override {
@@ -142,24 +171,161 @@ TEST_P(BlockedLinearTest, MatchesReferenceAndWritesOnlyItsRows) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, BlockedLinearTest,
     ::testing::Combine(::testing::Values(BlockedVariant::kAvx2, BlockedVariant::kAvx512),
-                       ::testing::Values(BlockedCase{0, 16, 5, 0, 5}, BlockedCase{7, 0, 6, 0, 6},
-                                         BlockedCase{5, 20, 8, 4, 4}, BlockedCase{1, 5, 1, 0, 1},
-                                         BlockedCase{1, 37, 13, 0, 13}, BlockedCase{128, 70, 6, 0, 6},
-                                         BlockedCase{2, 16, 4, 0, 4}, BlockedCase{3, 17, 7, 0, 7},
-                                         BlockedCase{4, 64, 8, 0, 8}, BlockedCase{5, 37, 13, 0, 13},
-                                         BlockedCase{6, 48, 12, 0, 12}, BlockedCase{7, 100, 7, 0, 7},
-                                         BlockedCase{8, 100, 9, 0, 9}, BlockedCase{9, 64, 33, 0, 33},
-                                         BlockedCase{11, 76, 23, 5, 18}, BlockedCase{13, 15, 10, 1, 10},
-                                         BlockedCase{16, 2048, 11, 0, 11}, BlockedCase{16, 768, 26, 3, 25},
-                                         BlockedCase{17, 33, 30, 0, 30}, BlockedCase{23, 31, 6, 2, 5},
-                                         BlockedCase{25, 129, 17, 0, 17}, BlockedCase{40, 172, 64, 0, 64},
-                                         BlockedCase{48, 100, 9, 0, 9}, BlockedCase{64, 257, 19, 7, 19},
-                                         BlockedCase{6, 5, 3, 0, 3}, BlockedCase{12, 3, 5, 4, 5})),
+                       ::testing::ValuesIn(kBlockedCases)),
     [](const ::testing::TestParamInfo<BlockedLinearTest::ParamType>& p) {
       const auto& c = std::get<1>(p.param);
       return absl::StrCat(std::get<0>(p.param) == BlockedVariant::kAvx512 ? "Avx512" : "Avx2", "_t", c.tokens,
                           "_in", c.in, "_out", c.out, "_rows", c.row_begin, "to", c.row_end);
     });
+
+// Each bfloat16 kernel called directly over the same cases: against ReferenceLinearBf16, and against
+// the f32 kernel of the same kind on the widened weights. Widening is exact and the vector
+// arithmetic is the same, but the compiler may contract the scalar tails (in % 8) into FMAs
+// differently in the two instantiations, so the second check allows a few ulps.
+enum class Bf16Variant { kSmall, kBlockedAvx2, kBlockedAvx512 };
+
+class Bf16KernelTest : public ::testing::TestWithParam<std::tuple<Bf16Variant, BlockedCase>> {
+ protected:
+  void SetUp() override {
+    if (std::get<0>(GetParam()) == Bf16Variant::kBlockedAvx512 && !cpu::HaveAvx512()) {
+      GTEST_SKIP() << "this CPU lacks AVX-512F/VL/BW: the AVX-512 kernel is not tested here";
+    }
+  }
+  void Run(const float* x, const uint16_t* w, const float* bias, float* y, int64_t tokens, int64_t in, int64_t out,
+           bool accumulate, int64_t row_begin, int64_t row_end) const {
+    switch (std::get<0>(GetParam())) {
+      case Bf16Variant::kSmall:
+        cpu::SmallBatchLinearBf16(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+        break;
+      case Bf16Variant::kBlockedAvx2:
+        cpu::BlockedLinearBf16Avx2(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+        break;
+      case Bf16Variant::kBlockedAvx512:
+        cpu::BlockedLinearBf16Avx512(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+        break;
+    }
+  }
+  void RunF32(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in, int64_t out,
+              bool accumulate, int64_t row_begin, int64_t row_end) const {
+    switch (std::get<0>(GetParam())) {
+      case Bf16Variant::kSmall:
+        cpu::SmallBatchLinear(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+        break;
+      case Bf16Variant::kBlockedAvx2:
+        cpu::BlockedLinearAvx2(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+        break;
+      case Bf16Variant::kBlockedAvx512:
+        cpu::BlockedLinearAvx512(x, w, bias, y, tokens, in, out, accumulate, row_begin, row_end);
+        break;
+    }
+  }
+};
+
+TEST_P(Bf16KernelTest, MatchesReferenceAndF32KernelOnWidenedWeights) {
+  const auto [tokens, in, out, row_begin, row_end] = std::get<1>(GetParam());
+  const auto x = Random(static_cast<size_t>(tokens * in), 21);
+  const auto w16 = ToBf16(Random(static_cast<size_t>(out * in), 22));
+  const auto w = Widen(w16);
+  const auto bias = Random(static_cast<size_t>(out), 23);
+  const auto y0 = Random(static_cast<size_t>(tokens * out), 24);
+  for (bool accumulate : {false, true}) {
+    for (bool with_bias : {false, true}) {
+      const float* b = with_bias ? bias.data() : nullptr;
+      std::vector<float> ref = y0, got = y0, f32 = y0;
+      cpu::ReferenceLinearBf16(x.data(), w16.data(), b, ref.data(), tokens, in, out, accumulate);
+      Run(x.data(), w16.data(), b, got.data(), tokens, in, out, accumulate, row_begin, row_end);
+      RunF32(x.data(), w.data(), b, f32.data(), tokens, in, out, accumulate, row_begin, row_end);
+      const std::string what = absl::StrCat("tokens ", tokens, " in ", in, " out ", out, " rows [", row_begin, ", ",
+                                            row_end, ") acc ", accumulate, " bias ", with_bias);
+      float max_ref = 1e-6f, max_err = 0.f, max_f32_err = 0.f;
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t o = 0; o < out; ++o) {
+          const size_t i = static_cast<size_t>(t * out + o);
+          if (o < row_begin || o >= row_end) {
+            ASSERT_EQ(got[i], y0[i]) << what << ": token " << t << " row " << o << " is outside the range";
+          } else {
+            max_ref = std::max(max_ref, std::fabs(ref[i]));
+            max_err = std::max(max_err, std::fabs(ref[i] - got[i]));
+            max_f32_err = std::max(max_f32_err, std::fabs(f32[i] - got[i]));
+          }
+        }
+      }
+      EXPECT_LE(max_err, 1e-5f * max_ref) << what;
+      EXPECT_LE(max_f32_err, 1e-6f * max_ref) << what << ": against the f32 kernel on the widened weights";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Bf16KernelTest,
+    ::testing::Combine(::testing::Values(Bf16Variant::kSmall, Bf16Variant::kBlockedAvx2, Bf16Variant::kBlockedAvx512),
+                       ::testing::ValuesIn(kBlockedCases)),
+    [](const ::testing::TestParamInfo<Bf16KernelTest::ParamType>& p) {
+      const auto& c = std::get<1>(p.param);
+      const Bf16Variant v = std::get<0>(p.param);
+      return absl::StrCat(v == Bf16Variant::kSmall ? "Small" : v == Bf16Variant::kBlockedAvx2 ? "Avx2" : "Avx512",
+                          "_t", c.tokens, "_in", c.in, "_out", c.out, "_rows", c.row_begin, "to", c.row_end);
+    });
+
+TEST(Bf16Test, WidenBf16IsExactOverEveryLength) {
+  const auto w16 = ToBf16(Random(67, 31));
+  const auto ref = Widen(w16);
+  for (int64_t n = 0; n <= 67; ++n) {
+    std::vector<float> got(67, -7.f);
+    cpu::WidenBf16(w16.data(), got.data(), n);
+    for (int64_t i = 0; i < 67; ++i) {
+      ASSERT_EQ(got[static_cast<size_t>(i)], i < n ? ref[static_cast<size_t>(i)] : -7.f) << "n " << n << " i " << i;
+    }
+  }
+  EXPECT_EQ(cpu::Bf16ToFloat(0x3F80), 1.0f);
+  EXPECT_EQ(cpu::Bf16ToFloat(0xC040), -3.0f);
+}
+
+// The backend's Linear with bfloat16 weights at token counts in every range its dispatch uses
+// (stream, blocked, sgemm on widened row blocks; out = 300 with in = 2048 takes several blocks),
+// against the reference.
+class LinearBf16Test : public CpuBackendTest, public ::testing::WithParamInterface<LinearShape> {};
+
+TEST_P(LinearBf16Test, MatchesReferenceWithBiasAndAccumulate) {
+  const auto [tokens, in, out] = GetParam();
+  ASSERT_TRUE(b_->SupportsBf16Weights());
+  // One spare element each, so that no pointer is null at 0 tokens or in = 0.
+  const auto x = Random(static_cast<size_t>(tokens * in + 1), 41);
+  const auto w16 = ToBf16(Random(static_cast<size_t>(out * in + 1), 42));
+  const auto bias = Random(static_cast<size_t>(out), 43);
+  const auto y0 = Random(static_cast<size_t>(tokens * out + 1), 44);
+  for (bool accumulate : {false, true}) {
+    for (bool with_bias : {false, true}) {
+      std::vector<float> ref = y0, got = y0;
+      cpu::ReferenceLinearBf16(x.data(), w16.data(), with_bias ? bias.data() : nullptr, ref.data(), tokens, in, out,
+                               accumulate);
+      ASSERT_TRUE(b_->Linear({.x = x.data(), .w_bf16 = w16.data(), .bias = with_bias ? bias.data() : nullptr,
+                              .y = got.data(), .tokens = tokens, .in = in, .out = out, .accumulate = accumulate})
+                      .ok());
+      ExpectClose(ref, got, 1e-5f, absl::StrCat("tokens ", tokens, " in ", in, " out ", out, " acc ", accumulate,
+                                                " bias ", with_bias));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearBf16Test,
+                         ::testing::Values(LinearShape{0, 37, 13}, LinearShape{1, 64, 64}, LinearShape{1, 37, 13},
+                                           LinearShape{2, 37, 13}, LinearShape{3, 768, 35}, LinearShape{8, 100, 7},
+                                           LinearShape{16, 2048, 11}, LinearShape{48, 100, 9},
+                                           LinearShape{49, 64, 5}, LinearShape{128, 70, 6}, LinearShape{129, 70, 6},
+                                           LinearShape{129, 2048, 300}, LinearShape{300, 37, 13},
+                                           LinearShape{300, 2048, 300}, LinearShape{130, 5, 1},
+                                           LinearShape{300, 0, 4}));
+
+TEST_F(CpuBackendTest, LinearRejectsBothOrNeitherWeightType) {
+  float buf[4] = {}, y[4] = {};
+  const uint16_t w16[4] = {};
+  EXPECT_THAT(b_->Linear({.x = buf, .y = y, .tokens = 1, .in = 1, .out = 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exactly one of w and w_bf16")));
+  EXPECT_THAT(b_->Linear({.x = buf, .w = buf, .w_bf16 = w16, .y = y, .tokens = 1, .in = 1, .out = 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exactly one of w and w_bf16")));
+  EXPECT_EQ(y[0], 0.f);
+}
 
 // A paged cache filled from per-sequence contiguous K/V: sequence s's position j lives in block
 // tables[s][j / block_size] at row j % block_size. Block ids are shuffled, so neighbouring
