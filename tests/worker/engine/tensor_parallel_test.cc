@@ -190,6 +190,25 @@ TEST(TensorParallelMemoryTest, EachRankHoldsItsSliceAndTheReplicatedParts) {
   }
 }
 
+TEST(TensorParallelMemoryTest, Bf16MatricesStayBf16OnTheCpuBackend) {
+  // The same shapes as the f32 llama model; the bf16 checkpoint's matrices (attention, MLP,
+  // lm_head) are held as bf16, the embedding and the norms as f32.
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec("tests/golden/models/llama_bf16_sharded"));
+  const int64_t h = spec.hidden_size, v = spec.vocab_size;
+  const int64_t f32_params = v * h + h + spec.num_layers * 2 * h;
+  const int64_t bf16_params = spec.NumParameters() - f32_params;
+  for (int n : {1, 2}) {
+    ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor("tests/golden/models/llama_bf16_sharded", n, {}));
+    ASSERT_OK_AND_ASSIGN(auto f32, MakeExecutor("tests/golden/models/llama", n, {}));
+    size_t total = 0, total_f32 = 0;
+    for (size_t b : ex->WeightBytesPerRank()) total += b;
+    for (size_t b : f32->WeightBytesPerRank()) total_f32 += b;
+    // Each rank holds its slice of the matrices; the replicated f32 parts are on every rank.
+    EXPECT_EQ(static_cast<int64_t>(total), n * f32_params * 4 + bf16_params * 2) << "ranks " << n;
+    EXPECT_EQ(static_cast<int64_t>(total_f32), n * f32_params * 4 + bf16_params * 4) << "ranks " << n;
+  }
+}
+
 TEST(TensorParallelErrorsTest, SizeThatDoesNotDivideIsRejectedBeforeAnythingIsLoaded) {
   // The llama spec with the stories260K checkpoint: loading would fail on the first shape, so an
   // error about divisibility proves the check comes first.
