@@ -86,6 +86,14 @@ CoordinatorMetrics::CoordinatorMetrics()
                        .Name("shardserve_coordinator_preemptions_total")
                        .Help("Running sequences that gave their KV blocks back to be recomputed later")
                        .Register(*registry_)),
+      prefix_cache_queried_(BuildCounter()
+                                .Name("shardserve_coordinator_prefix_cache_queried_tokens_total")
+                                .Help("Context tokens of admitted sequences looked up in the prefix cache")
+                                .Register(*registry_)),
+      prefix_cache_hits_(BuildCounter()
+                             .Name("shardserve_coordinator_prefix_cache_hit_tokens_total")
+                             .Help("Context tokens found in the prefix cache (not computed again)")
+                             .Register(*registry_)),
       workers_(BuildGauge()
                    .Name("shardserve_coordinator_workers")
                    .Help("Known workers by state (idle, loading, ready, failed, dead)")
@@ -119,6 +127,8 @@ CoordinatorMetrics::CoordinatorMetrics()
   slots_.family = gauge("shardserve_coordinator_slots", "Sequences a replica holds at once");
   kv_blocks_used_.family =
       gauge("shardserve_coordinator_kv_blocks_used", "KV cache blocks held by a replica's sequences");
+  kv_blocks_cached_.family = gauge("shardserve_coordinator_kv_blocks_cached",
+                                   "KV cache blocks whose contents are kept for prefix reuse (held or not)");
   kv_blocks_capacity_.family =
       gauge("shardserve_coordinator_kv_blocks_capacity", "KV cache blocks of a replica (the same on every stage)");
   // Every state has a series from the start, so that a dashboard shows 0 rather than nothing.
@@ -151,6 +161,8 @@ void CoordinatorMetrics::Refresh(const ClusterSample& sample) {
   SetReplicaGauges(waiting_, r, [](const ReplicaStats& s) { return static_cast<double>(s.waiting); });
   SetReplicaGauges(slots_, r, [](const ReplicaStats& s) { return static_cast<double>(s.max_slots); });
   SetReplicaGauges(kv_blocks_used_, r, [](const ReplicaStats& s) { return static_cast<double>(s.kv_blocks_used); });
+  SetReplicaGauges(kv_blocks_cached_, r,
+                   [](const ReplicaStats& s) { return static_cast<double>(s.kv_blocks_cached); });
   SetReplicaGauges(kv_blocks_capacity_, r,
                    [](const ReplicaStats& s) { return static_cast<double>(s.kv_blocks_total); });
 
@@ -204,12 +216,20 @@ void CoordinatorMetrics::OnStep(const StepReport& report) {
   // Create both phases' series and the replica's preemption counter at once, so that rate() over
   // any of them is defined (0) from the first step rather than absent.
   preemptions_.Add({{"replica", replica}});
+  prefix_cache_queried_.Add({{"replica", replica}});
+  prefix_cache_hits_.Add({{"replica", replica}});
   step_tokens_.Add({{"replica", replica}, {"phase", "prefill"}}).Increment(static_cast<double>(report.prefill_tokens));
   step_tokens_.Add({{"replica", replica}, {"phase", "decode"}}).Increment(static_cast<double>(report.decode_tokens));
 }
 
 void CoordinatorMetrics::OnPreempted(int replica) {
   preemptions_.Add({{"replica", ReplicaLabel(replica)}}).Increment();
+}
+
+void CoordinatorMetrics::OnPrefixCacheLookup(int replica, int64_t context_tokens, int64_t cached_tokens) {
+  const std::string label = ReplicaLabel(replica);
+  prefix_cache_queried_.Add({{"replica", label}}).Increment(static_cast<double>(context_tokens));
+  prefix_cache_hits_.Add({{"replica", label}}).Increment(static_cast<double>(cached_tokens));
 }
 
 }  // namespace shardserve::coordinator

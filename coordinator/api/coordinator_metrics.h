@@ -22,11 +22,15 @@
 //   shardserve_coordinator_batch_tokens{replica}                histogram (tokens per step)
 //   shardserve_coordinator_step_tokens_total{replica,phase}     counter; phase: prefill | decode
 //   shardserve_coordinator_preemptions_total{replica}           counter
+//  prefix cache, by replica (sequences admitted with prefix caching on)
+//   shardserve_coordinator_prefix_cache_queried_tokens_total{replica}  counter (context tokens looked up)
+//   shardserve_coordinator_prefix_cache_hit_tokens_total{replica}      counter (of those, found cached)
 //  state, refreshed by Refresh() (the metrics server calls it before every scrape)
 //   shardserve_coordinator_running_sequences{replica}           gauge
 //   shardserve_coordinator_waiting_sequences{replica}           gauge
 //   shardserve_coordinator_slots{replica}                       gauge (sequences the replica holds at once)
 //   shardserve_coordinator_kv_blocks_used{replica}              gauge
+//   shardserve_coordinator_kv_blocks_cached{replica}            gauge (kept for prefix reuse, held or not)
 //   shardserve_coordinator_kv_blocks_capacity{replica}          gauge (the same on every stage)
 //   shardserve_coordinator_workers{state}                       gauge; idle|loading|ready|failed|dead
 //   shardserve_coordinator_workers_up                           gauge (registered and heartbeating)
@@ -84,6 +88,7 @@ class CoordinatorMetrics final : public SchedulerObserver {
   void OnRequestEnd(const RequestReport& report) override;
   void OnStep(const StepReport& report) override;
   void OnPreempted(int replica) override;
+  void OnPrefixCacheLookup(int replica, int64_t context_tokens, int64_t cached_tokens) override;
 
  private:
   // A gauge family labelled by replica, whose children follow the replicas that exist.
@@ -111,6 +116,8 @@ class CoordinatorMetrics final : public SchedulerObserver {
   prometheus::Family<prometheus::Histogram>& batch_tokens_;
   prometheus::Family<prometheus::Counter>& step_tokens_;
   prometheus::Family<prometheus::Counter>& preemptions_;
+  prometheus::Family<prometheus::Counter>& prefix_cache_queried_;
+  prometheus::Family<prometheus::Counter>& prefix_cache_hits_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Gauge& workers_up_;
   prometheus::Gauge& replicas_serving_;
@@ -123,6 +130,7 @@ class CoordinatorMetrics final : public SchedulerObserver {
   ReplicaGauges waiting_ ABSL_GUARDED_BY(refresh_mu_);
   ReplicaGauges slots_ ABSL_GUARDED_BY(refresh_mu_);
   ReplicaGauges kv_blocks_used_ ABSL_GUARDED_BY(refresh_mu_);
+  ReplicaGauges kv_blocks_cached_ ABSL_GUARDED_BY(refresh_mu_);
   ReplicaGauges kv_blocks_capacity_ ABSL_GUARDED_BY(refresh_mu_);
 };
 

@@ -14,9 +14,10 @@ namespace shardserve::coordinator {
 //  - a Sequence is in sequences_ iff its OnEnd has not been queued;
 //  - it is in exactly one of its replica's `waiting` (running == false) or `running` (true);
 //  - a waiting sequence holds no KV blocks and has consumed == 0 unless it never ran;
-//  - the blocks of a replica are its free_blocks plus the blocks of its running sequences, each
-//    id exactly once: [0, kv_blocks) in all; a running sequence's blocks cover at least its
-//    `consumed` positions (and those of its micro-batch while in flight);
+//  - a replica's BlockPool holds one reference per block of each running sequence; a waiting
+//    sequence holds none; a running sequence's blocks cover at least its `consumed` positions (and
+//    those of its micro-batch while in flight), and its first `cached_blocks` blocks are cached
+//    entries of the pool (its matched prefix and the full blocks it has committed since);
 //  - a sequence in flight is never preempted or ended by another step;
 //  - only the replica's own threads end a running sequence, except RemoveReplica / Shutdown, which
 //    do so after those threads have been joined; a sequence is in_flight from the build of its
@@ -30,7 +31,13 @@ struct Scheduler::Sequence {
   Replica* replica = nullptr;
   bool running = false;
   std::vector<int32_t> blocks;   // KV cache blocks, in position order (running only)
+  int64_t cached_blocks = 0;     // leading `blocks` that are prefix-cache entries (running only)
   int32_t consumed = 0;          // tokens of `context` already in the KV cache
+  int32_t cached_prompt_tokens = -1;  // prompt tokens found cached at the first admission (-1: not yet)
+  // The last BlockPool::Match of a waiting sequence's context, and the pool epoch it was made at.
+  std::vector<int32_t> match;
+  uint64_t match_epoch = 0;
+  bool match_valid = false;
   std::vector<int32_t> context;  // prompt followed by the generated tokens
   int32_t generated = 0;
   bool cancelled = false;
@@ -49,7 +56,7 @@ struct Scheduler::Replica {
   int64_t kv_blocks = 0;
   int64_t block_size = 0;
   std::unique_ptr<ReplicaClient> client;  // set at creation; used without the lock
-  std::vector<int32_t> free_blocks;       // taken from the back
+  std::unique_ptr<BlockPool> pool;        // the KV cache blocks
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;  // admission order
   int32_t depth = 1;  // step loops (micro-batches in flight at once)
@@ -133,15 +140,14 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->block_size = options.kv_block_size;
   r->client = std::move(client);
   r->depth = options.pipeline_depth;
-  // Lowest id at the back: a fresh replica hands out blocks 0, 1, 2, ...
-  r->free_blocks.reserve(static_cast<size_t>(options.kv_blocks));
-  for (int64_t b = options.kv_blocks - 1; b >= 0; --b) r->free_blocks.push_back(static_cast<int32_t>(b));
+  r->pool = std::make_unique<BlockPool>(options.kv_blocks, options.kv_block_size, options.prefix_caching);
   Replica* raw = r.get();
   replicas_.emplace(replica, std::move(r));
   for (int32_t t = 0; t < options.pipeline_depth; ++t) raw->threads.emplace_back([this, raw] { ReplicaLoop(raw); });
   LOG(INFO) << "scheduler: replica " << replica << " serving with " << options.kv_blocks << " KV blocks of "
             << options.kv_block_size << " tokens, at most " << options.max_slots << " sequences at once, "
-            << options.pipeline_depth << " micro-batch(es) in flight";
+            << options.pipeline_depth << " micro-batch(es) in flight, prefix caching "
+            << (options.prefix_caching ? "on" : "off");
   return absl::OkStatus();
 }
 
@@ -194,7 +200,8 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   }
   if (num_waiting_ >= options_.max_queued) {
     // A request that can be admitted at once does not count as waiting.
-    if (!r->waiting.empty() || !FitsNowLocked(*r, static_cast<int64_t>(request.prompt.size()))) {
+    if (!r->waiting.empty() || !FitsNowLocked(*r, request.prompt,
+                                              r->pool->Match(request.prompt, std::ssize(request.prompt) - 1))) {
       return absl::ResourceExhaustedError(absl::StrCat("the waiting queue is full: ", num_waiting_,
                                                        " requests are waiting (max_queued = ", options_.max_queued,
                                                        "); retry later"));
@@ -236,7 +243,7 @@ void Scheduler::Cancel(SequenceId id) {
 void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& events) {
   Replica& r = *seq.replica;
   if (seq.running) {
-    r.free_blocks.insert(r.free_blocks.end(), seq.blocks.rbegin(), seq.blocks.rend());
+    r.pool->Release(seq.blocks);
     seq.blocks.clear();
     std::erase(r.running, &seq);
   } else {
@@ -248,6 +255,7 @@ void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& ev
   }
   end.prompt_tokens = static_cast<int32_t>(seq.request.prompt.size());
   end.completion_tokens = seq.generated;
+  end.cached_prompt_tokens = std::max(0, seq.cached_prompt_tokens);
   if (options_.observer != nullptr) {
     const absl::Time now = clock_->Now();
     RequestReport report{.replica = r.id,
@@ -271,34 +279,44 @@ bool Scheduler::HasWorkLocked(const Replica& r) const {
 }
 
 bool Scheduler::CanAdmitLocked(const Replica& r) const {
-  return !r.waiting.empty() && FitsNowLocked(r, static_cast<int64_t>(r.waiting.front()->context.size()));
+  if (r.waiting.empty()) return false;
+  Sequence& front = *r.waiting.front();
+  return FitsNowLocked(r, front.context, MatchLocked(r, front));
 }
 
-bool Scheduler::FitsNowLocked(const Replica& r, int64_t context_tokens) const {
+const std::vector<int32_t>& Scheduler::MatchLocked(const Replica& r, Sequence& seq) const {
+  if (!seq.match_valid || seq.match_epoch != r.pool->epoch()) {
+    // The last token is always computed: its logits give the next token.
+    seq.match = r.pool->Match(seq.context, std::ssize(seq.context) - 1);
+    seq.match_epoch = r.pool->epoch();
+    seq.match_valid = true;
+  }
+  return seq.match;
+}
+
+bool Scheduler::FitsNowLocked(const Replica& r, absl::Span<const int32_t> context,
+                              absl::Span<const int32_t> match) const {
   if (static_cast<int64_t>(r.running.size()) >= r.max_slots) return false;
-  // The first prefill chunk (a preempted sequence recomputes its whole context), plus one block of
-  // headroom per running sequence: enough for each to decode into a new block, so that admitting
-  // a sequence does not at once force the preemption of a newer one (or of itself).
-  const int64_t chunk = std::min<int64_t>(context_tokens, options_.max_step_tokens);
-  return BlocksFor(chunk, r.block_size) + static_cast<int64_t>(r.running.size()) <=
-         static_cast<int64_t>(r.free_blocks.size());
+  // The first prefill chunk after the cached prefix (a preempted sequence recomputes the rest of
+  // its context), plus one block of headroom per running sequence: enough for each to decode into
+  // a new block, so that admitting a sequence does not at once force the preemption of a newer
+  // one (or of itself). Cached blocks nobody holds count as available, so taking them costs too.
+  const int64_t cached = std::ssize(match) * r.block_size;
+  const int64_t chunk = std::min<int64_t>(std::ssize(context) - cached, options_.max_step_tokens);
+  const int64_t fresh = BlocksFor(cached + chunk, r.block_size) - std::ssize(match);
+  return fresh + r.pool->CountUnreferenced(match) + std::ssize(r.running) <= r.pool->available();
 }
 
 bool Scheduler::GrowLocked(Replica& r, Sequence& seq, int64_t tokens) {
   const int64_t need = BlocksFor(tokens, r.block_size) - static_cast<int64_t>(seq.blocks.size());
-  if (need <= 0) return true;
-  if (need > static_cast<int64_t>(r.free_blocks.size())) return false;
-  for (int64_t i = 0; i < need; ++i) {
-    seq.blocks.push_back(r.free_blocks.back());
-    r.free_blocks.pop_back();
-  }
-  return true;
+  return r.pool->Allocate(need, seq.blocks);
 }
 
 void Scheduler::PreemptLocked(Replica& r, Sequence& seq) {
   CHECK(seq.running && !seq.in_flight);
-  r.free_blocks.insert(r.free_blocks.end(), seq.blocks.rbegin(), seq.blocks.rend());
+  r.pool->Release(seq.blocks);
   seq.blocks.clear();
+  seq.cached_blocks = 0;
   seq.consumed = 0;  // recomputed from its context (prompt + generated tokens) when admitted again
   seq.running = false;
   std::erase(r.running, &seq);
@@ -327,8 +345,21 @@ void Scheduler::AdmitLocked(Replica& r) {
     r.waiting.pop_front();
     --num_waiting_;
     s->running = true;
-    const int64_t chunk = std::min<int64_t>(static_cast<int64_t>(s->context.size()), options_.max_step_tokens);
-    CHECK(GrowLocked(r, *s, chunk));  // CanAdmitLocked saw enough free blocks
+    // Its cached prefix (CanAdmitLocked has just matched it), then blocks for the first chunk.
+    std::vector<int32_t> match = MatchLocked(r, *s);
+    s->match_valid = false;
+    r.pool->Acquire(match);
+    s->blocks = std::move(match);
+    s->cached_blocks = std::ssize(s->blocks);
+    s->consumed = static_cast<int32_t>(s->cached_blocks * r.block_size);
+    if (s->cached_prompt_tokens < 0) {
+      s->cached_prompt_tokens = std::min<int32_t>(s->consumed, static_cast<int32_t>(s->request.prompt.size()));
+    }
+    if (options_.observer != nullptr && r.pool->caching()) {
+      options_.observer->OnPrefixCacheLookup(r.id, std::ssize(s->context), s->consumed);
+    }
+    const int64_t chunk = std::min<int64_t>(std::ssize(s->context) - s->consumed, options_.max_step_tokens);
+    CHECK(GrowLocked(r, *s, s->consumed + chunk));  // CanAdmitLocked saw enough available blocks
     s->admitted = r.next_admitted++;
     if (!s->first_admitted.has_value()) s->first_admitted = clock_->Now();
     r.running.push_back(s);
@@ -459,6 +490,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
       continue;
     }
     s.consumed += static_cast<int32_t>(in.token_ids.size());
+    r.pool->Commit(s.blocks, s.context, s.consumed, &s.cached_blocks);
     if (!in.sample || s.cancelled) continue;  // a cancelled sequence is ended before the next step
     s.context.push_back(token);
     ++s.generated;
@@ -605,7 +637,8 @@ SchedulerStats Scheduler::Stats() const {
                     .running = static_cast<int64_t>(r->running.size()),
                     .waiting = static_cast<int64_t>(r->waiting.size()),
                     .steps = r->steps,
-                    .kv_blocks_used = r->kv_blocks - static_cast<int64_t>(r->free_blocks.size()),
+                    .kv_blocks_used = r->pool->held(),
+                    .kv_blocks_cached = r->pool->cached(),
                     .kv_blocks_total = r->kv_blocks};
     stats.running += rs.running;
     stats.waiting += rs.waiting;

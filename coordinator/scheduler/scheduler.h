@@ -6,29 +6,35 @@
 //
 // ---- Per replica -------------------------------------------------------------------------------
 // Each replica has a paged KV cache of kv_blocks blocks of kv_block_size tokens (the same block ids
-// on every stage: the scheduler allocates them, the workers only index them), runs at most
+// on every stage: the scheduler allocates them from a BlockPool, the workers only index them).
+// With prefix caching, full blocks stay cached after their sequences end, and an admitted
+// sequence whose context starts with cached blocks takes them and prefills only the rest
+// (block_pool.h); the cache gives its blocks up, least recently used first, when new ones are
+// needed. A replica runs at most
 // max_slots sequences at once, and keeps a FIFO of waiting sequences and the running ones. A
 // running sequence holds the blocks covering the positions it has written so far, plus those of
 // the micro-batch it is in. Its step loop (pipeline_depth threads per replica) repeats:
 //   1. end the running sequences cancelled since the last step and free their blocks;
-//   2. admit waiting sequences, in order, while fewer than max_slots run and the free blocks hold
-//      the first prefill chunk of the next one (which gets those blocks at once) plus one block of
-//      headroom per running sequence (so that admission does not at once cause a preemption);
+//   2. admit waiting sequences, in order, while fewer than max_slots run and the available blocks
+//      (free or cached but unused) hold the first prefill chunk of the next one after its cached
+//      prefix (which it gets at once) plus one block of headroom per running sequence (so that
+//      admission does not at once cause a preemption);
 //   3. build a micro-batch under max_step_tokens: first every decoding sequence (one token each,
 //      least recently stepped first), then prefill chunks of the others in admission order, each
 //      as long as the budget left allows; a chunk that reaches the end of its prompt, and every
 //      decode, asks for a sampled token. Then, oldest admission first, each member gets the
 //      blocks its new tokens need; when the free list runs short, the most recently admitted
 //      running sequence that is not in flight is PREEMPTED (possibly the member itself, which then
-//      leaves the micro-batch): its blocks are freed, its context (prompt + generated tokens) is
-//      kept with nothing cached, and it goes back to the FRONT of the waiting queue, to be
-//      recomputed as a prefill when admitted again. Sampling is seeded by (seed, sample_index =
+//      leaves the micro-batch): its blocks are released (its full ones stay in the prefix cache
+//      while nothing needs them), its context (prompt + generated tokens) is kept, and it goes
+//      back to the FRONT of the waiting queue, to be recomputed as a prefill (after whatever
+//      prefix is still cached) when admitted again. Sampling is seeded by (seed, sample_index =
 //      tokens generated so far), so a preempted sequence's output does not change;
 //   4. run it (ReplicaClient::Step, outside the lock);
-//   5. append the sampled tokens, stream them to the sinks, and end the sequences that hit a stop
-//      condition, freeing their blocks: a stop id (the request's stop_token_ids, plus the model's
-//      EOS ids unless ignore_eos) -> kStop; max_tokens generated or the context (max_seq_len)
-//      full -> kLength. A failed step fails the sequences that were in it with its status.
+//   5. cache the blocks the step filled; append the sampled tokens, stream them to the sinks, and
+//      end the sequences that hit a stop condition, freeing their blocks: a stop id (the
+//      request's stop_token_ids, plus the model's EOS ids unless ignore_eos) -> kStop; max_tokens
+//      generated or the context (max_seq_len) full -> kLength. A failed step fails the sequences that were in it with its status.
 // Pipelining: a replica runs pipeline_depth step loops (threads) over the same state, so up to
 // that many micro-batches are in flight at once, each of different sequences (a sequence stays
 // "in flight" from the build of its micro-batch until its tokens have been delivered, which also
@@ -67,7 +73,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "common/concurrency/clock.h"
+#include "coordinator/scheduler/block_pool.h"
 #include "coordinator/scheduler/replica_client.h"
 #include "coordinator/scheduler/scheduler_observer.h"
 #include "coordinator/scheduler/sequence.h"
@@ -92,6 +100,9 @@ struct ReplicaOptions {
   int32_t pipeline_depth = 1;
   int64_t kv_blocks = 0;      // KV cache blocks of every stage (the replica's capacity), in [1, 2^31 - 1]
   int32_t kv_block_size = 16;  // tokens per block, >= 1
+  // Keep full blocks after their sequences end and reuse them for later sequences with the same
+  // prefix (block_pool.h).
+  bool prefix_caching = true;
 };
 
 using SequenceId = uint64_t;
@@ -102,8 +113,9 @@ struct ReplicaStats {
   int64_t running = 0;  // admitted (holding KV blocks, or about to)
   int64_t waiting = 0;  // queued for admission (new or preempted)
   uint64_t steps = 0;   // micro-batches run so far
-  int64_t kv_blocks_used = 0;   // KV cache blocks held by its sequences
-  int64_t kv_blocks_total = 0;  // the replica's KV cache blocks (the same on every stage)
+  int64_t kv_blocks_used = 0;    // KV cache blocks held by its sequences
+  int64_t kv_blocks_cached = 0;  // blocks whose contents are kept for prefix reuse (held or not)
+  int64_t kv_blocks_total = 0;   // the replica's KV cache blocks (the same on every stage)
 };
 
 struct SchedulerStats {
@@ -174,9 +186,13 @@ class Scheduler {
   void AdmitLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the front waiting sequence can be admitted now.
   bool CanAdmitLocked(const Replica& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a sequence of `context_tokens` (all to be prefilled) could be admitted now: a slot
-  // free, and blocks for its first chunk plus one per running sequence.
-  bool FitsNowLocked(const Replica& r, int64_t context_tokens) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a sequence with `context` (all to be prefilled but the cached prefix `match`) could be
+  // admitted now: a slot free, and blocks for its first chunk plus one per running sequence.
+  bool FitsNowLocked(const Replica& r, absl::Span<const int32_t> context, absl::Span<const int32_t> match) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cached blocks holding a prefix of `seq`'s context (a waiting sequence), refreshed when the
+  // replica's cache changed since the last look.
+  const std::vector<int32_t>& MatchLocked(const Replica& r, Sequence& seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `seq` blocks until they cover `tokens` positions; false (nothing taken) when too few are free.
   bool GrowLocked(Replica& r, Sequence& seq, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a running sequence's blocks and puts it back at the front of the waiting queue.

@@ -51,6 +51,10 @@ class SchedulerObserver {
   virtual void OnStep(const StepReport& report) = 0;
   // A running sequence gave its KV blocks back to make room (it is recomputed later).
   virtual void OnPreempted(int replica) = 0;
+  // A sequence was admitted on a replica with prefix caching on: `cached_tokens` of the
+  // `context_tokens` it needs in the KV cache were found cached and are not computed again.
+  // Re-admissions after a preemption count too.
+  virtual void OnPrefixCacheLookup(int replica, int64_t context_tokens, int64_t cached_tokens) = 0;
 };
 
 }  // namespace shardserve::coordinator

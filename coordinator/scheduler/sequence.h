@@ -42,6 +42,7 @@ struct SequenceEnd {
   FinishReason reason = FinishReason::kLength;
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;  // tokens delivered through OnTokens
+  int32_t cached_prompt_tokens = 0;  // prompt tokens found in the prefix cache when first admitted
 };
 
 // Receives one sequence's output. For every request the scheduler accepts, it calls OnTokens zero

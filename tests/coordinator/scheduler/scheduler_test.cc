@@ -89,10 +89,18 @@ class PreemptionCounter final : public SchedulerObserver {
   void OnRequestEnd(const RequestReport&) override {}
   void OnStep(const StepReport&) override {}
   void OnPreempted(int) override { preempted_.fetch_add(1); }
+  void OnPrefixCacheLookup(int, int64_t context_tokens, int64_t cached_tokens) override {
+    looked_up_.fetch_add(context_tokens);
+    cached_.fetch_add(cached_tokens);
+  }
   int preempted() const { return preempted_.load(); }
+  int64_t looked_up_tokens() const { return looked_up_.load(); }
+  int64_t cached_tokens() const { return cached_.load(); }
 
  private:
   std::atomic<int> preempted_{0};
+  std::atomic<int64_t> looked_up_{0};
+  std::atomic<int64_t> cached_{0};
 };
 
 struct Setup {
@@ -108,6 +116,7 @@ struct Setup {
   int32_t kv_block_size = 16;
   SchedulerObserver* observer = nullptr;
   int32_t pipeline_depth = 1;
+  bool prefix_caching = true;
   // Wraps each replica's client (e.g. to observe its steps); identity when null.
   std::function<std::unique_ptr<ReplicaClient>(std::unique_ptr<ReplicaClient>)> wrap;
 };
@@ -142,7 +151,8 @@ absl::StatusOr<Harness> MakeHarness(const Setup& setup) {
     const ReplicaOptions ro{.max_slots = setup.max_slots,
                             .pipeline_depth = setup.pipeline_depth,
                             .kv_blocks = (*replica)->kv_blocks(),
-                            .kv_block_size = setup.kv_block_size};
+                            .kv_block_size = setup.kv_block_size,
+                            .prefix_caching = setup.prefix_caching};
     std::unique_ptr<ReplicaClient> client = *std::move(replica);
     if (setup.wrap) client = setup.wrap(std::move(client));
     if (absl::Status st = h.scheduler->AddReplica(r, std::move(client), ro); !st.ok()) return st;
@@ -230,22 +240,32 @@ void RunAndCompare(Scheduler& scheduler, const std::string& model, const std::ve
   }
 }
 
-// Every step of `replica` gave each sequence blocks for its new positions, in range, and no block
-// to two sequences; no sequence appears twice in a step.
+// Every step of `replica` gave each sequence blocks for its new positions, in range; a block a
+// sequence writes (one holding a position from pos_begin on) is in no other sequence's table in
+// that step, and one sequence holds a block once. Blocks before pos_begin may be shared (a cached
+// prefix, read only). No sequence appears twice in a step.
 void ExpectSoundBlockTables(const EngineReplica& replica, int64_t block_size, int32_t max_slots) {
   for (const StepInput& in : replica.StepInputsForTest()) {
-    std::set<int32_t> blocks;
+    std::map<int32_t, int> holders;
+    std::set<int32_t> written;
     std::set<std::string> ids;
     EXPECT_LE(static_cast<int64_t>(in.sequences.size()), max_slots) << "step " << in.step_id;
     for (const StepSequenceInput& s : in.sequences) {
       EXPECT_TRUE(ids.insert(s.request_id).second) << s.request_id << " twice in step " << in.step_id;
       const int64_t end = s.pos_begin + static_cast<int64_t>(s.token_ids.size());
       EXPECT_GE(static_cast<int64_t>(s.block_ids.size()) * block_size, end) << "step " << in.step_id;
-      for (int32_t b : s.block_ids) {
-        EXPECT_TRUE(blocks.insert(b).second) << "block " << b << " held twice in step " << in.step_id;
+      std::set<int32_t> own;
+      for (size_t j = 0; j < s.block_ids.size(); ++j) {
+        const int32_t b = s.block_ids[j];
+        EXPECT_TRUE(own.insert(b).second) << "block " << b << " twice in one table in step " << in.step_id;
+        ++holders[b];
+        if (static_cast<int64_t>(j) >= s.pos_begin / block_size) written.insert(b);
         EXPECT_GE(b, 0);
         EXPECT_LT(b, replica.kv_blocks());
       }
+    }
+    for (int32_t b : written) {
+      EXPECT_EQ(holders[b], 1) << "block " << b << " is written and shared in step " << in.step_id;
     }
   }
 }
@@ -609,15 +629,37 @@ TEST(SchedulerKvTest, PreemptionUnderATinyKvBudgetKeepsEveryOutputIdentical) {
   const SchedulerStats stats = h.scheduler->Stats();
   EXPECT_EQ(stats.replicas[0].kv_blocks_total, 11);
   EXPECT_EQ(stats.replicas[0].kv_blocks_used, 0);
-  // A preempted sequence is recomputed from position 0 with its generated tokens in the prompt.
-  std::map<std::string, int64_t> restarts;
-  for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
-    for (const StepSequenceInput& s : in.sequences) restarts[s.request_id] += s.pos_begin == 0 ? 1 : 0;
-  }
+  // A preempted sequence is recomputed with its generated tokens in the prompt: from the end of
+  // whatever prefix of it is still cached (position 0 when nothing is), so it steps back.
+  std::map<std::string, int64_t> written_to;
   int64_t recomputed = 0;
-  for (const auto& [id, n] : restarts) recomputed += n - 1;
+  for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
+    for (const StepSequenceInput& s : in.sequences) {
+      auto it = written_to.find(s.request_id);
+      if (it != written_to.end() && s.pos_begin < it->second) ++recomputed;
+      written_to[s.request_id] = s.pos_begin + static_cast<int64_t>(s.token_ids.size());
+    }
+  }
   EXPECT_GT(recomputed, 0);
   EXPECT_LE(recomputed, counter.preempted());  // some were preempted before their first step
+}
+
+TEST(SchedulerKvTest, WithoutPrefixCachingAPreemptedSequenceRestartsAtPositionZero) {
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 6, .max_step_tokens = 8, .kv_blocks = 11,
+                                               .kv_block_size = 4, .observer = &counter,
+                                               .prefix_caching = false}));
+  RunAndCompare(*h.scheduler, "llama", MakeRequests(12, h.spec.vocab_size, 71, false), {}, h.replicas);
+  EXPECT_GT(counter.preempted(), 0);
+  EXPECT_EQ(counter.looked_up_tokens(), 0) << "no lookups with prefix caching off";
+  std::map<std::string, int64_t> starts;
+  for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
+    for (const StepSequenceInput& s : in.sequences) starts[s.request_id] += s.pos_begin == 0 ? 1 : 0;
+  }
+  int64_t restarts = 0;
+  for (const auto& [id, n] : starts) restarts += n - 1;
+  EXPECT_GT(restarts, 0);
+  EXPECT_EQ(h.scheduler->Stats().replicas[0].kv_blocks_cached, 0);
 }
 
 TEST(SchedulerKvTest, PipelineReplicaWithTinyKvBudgetMatchesOneProcess) {
@@ -721,6 +763,106 @@ TEST(SchedulerKvTest, AddReplicaValidatesTheKvCache) {
   ASSERT_OK_AND_ASSIGN(replica, EngineReplica::Create({.model_dir = ModelDir("llama")}));
   EXPECT_THAT(scheduler.AddReplica(0, std::move(replica), {.kv_blocks = 4, .kv_block_size = 0}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_block_size must be >= 1")));
+}
+
+
+// ---- Prefix caching ----------------------------------------------------------------------------
+
+// `n` requests that start with the same `shared` tokens, then differ (each its own suffix of 1-9
+// tokens), half greedy and half seeded sampling.
+std::vector<SequenceRequest> SharedPrefixRequests(int n, int shared, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> prefix;
+  for (int t = 0; t < shared; ++t) prefix.push_back(static_cast<int32_t>(rng() % vocab));
+  std::vector<SequenceRequest> out;
+  for (int i = 0; i < n; ++i) {
+    SequenceRequest r;
+    r.request_id = absl::StrCat("shared-", i);
+    r.prompt = prefix;
+    const int suffix = 1 + static_cast<int>(rng() % 9);
+    for (int t = 0; t < suffix; ++t) r.prompt.push_back(static_cast<int32_t>(rng() % vocab));
+    r.max_tokens = 2 + static_cast<int32_t>(rng() % 10);
+    if (i % 2 == 1) r.sampling = {.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 500u + static_cast<uint64_t>(i)};
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// The position each request's first step started at.
+std::map<std::string, int64_t> FirstPositions(const EngineReplica& replica) {
+  std::map<std::string, int64_t> first;
+  for (const StepInput& in : replica.StepInputsForTest()) {
+    for (const StepSequenceInput& s : in.sequences) first.try_emplace(s.request_id, s.pos_begin);
+  }
+  return first;
+}
+
+TEST(SchedulerPrefixTest, LaterRequestsReuseTheCachedPrefixAndGetTheSameTokens) {
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 4, .max_step_tokens = 8, .kv_blocks = 40,
+                                               .kv_block_size = 4, .observer = &counter}));
+  const std::vector<SequenceRequest> requests = SharedPrefixRequests(6, 18, h.spec.vocab_size, 81);
+  // The first request alone: nothing is cached yet, it computes everything.
+  RunAndCompare(*h.scheduler, "llama", {requests[0]}, {});
+  EXPECT_EQ(counter.cached_tokens(), 0);
+  EXPECT_GT(h.scheduler->Stats().replicas[0].kv_blocks_cached, 0);
+  // Then the others together: each finds the 16 tokens of the shared prefix in 4 full blocks (the
+  // 18 shared tokens end inside the fifth block, which is not shared).
+  std::vector<SequenceRequest> rest(requests.begin() + 1, requests.end());
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", rest, {}));
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  h.replicas[0]->HoldStepsForTest();
+  for (const SequenceRequest& r : rest) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_THAT(h.scheduler->Submit(r, sinks.back()), IsOk());
+  }
+  h.replicas[0]->ReleaseStepsForTest();
+  for (size_t i = 0; i < rest.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_THAT(sinks[i]->end().status, IsOk());
+    EXPECT_THAT(sinks[i]->tokens(), ElementsAreArray(expected[i].tokens)) << rest[i].request_id;
+    EXPECT_EQ(sinks[i]->end().cached_prompt_tokens, 16) << rest[i].request_id;
+  }
+  const std::map<std::string, int64_t> first = FirstPositions(*h.replicas[0]);
+  EXPECT_EQ(first.at("shared-0"), 0);
+  for (const SequenceRequest& r : rest) EXPECT_EQ(first.at(r.request_id), 16) << r.request_id;
+  EXPECT_GE(counter.cached_tokens(), 16 * static_cast<int64_t>(rest.size()));
+  ExpectSoundBlockTables(*h.replicas[0], 4, 4);
+  const SchedulerStats stats = h.scheduler->Stats();
+  EXPECT_EQ(stats.replicas[0].kv_blocks_used, 0);
+}
+
+TEST(SchedulerPrefixTest, AWholePromptInCachedBlocksStillComputesItsLastToken) {
+  // A prompt of exactly 3 blocks asked twice: the second time the first 2 blocks are reused and
+  // the third is recomputed (its last token's logits are needed), into a block of its own.
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2, .max_step_tokens = 16, .kv_blocks = 20,
+                                               .kv_block_size = 4, .observer = &counter}));
+  SequenceRequest r = SharedPrefixRequests(1, 12, h.spec.vocab_size, 82)[0];
+  r.prompt.resize(12);
+  r.max_tokens = 5;
+  RunAndCompare(*h.scheduler, "llama", {r}, {});
+  r.request_id = "again";
+  RunAndCompare(*h.scheduler, "llama", {r}, {});
+  EXPECT_EQ(counter.cached_tokens(), 8);
+  EXPECT_EQ(FirstPositions(*h.replicas[0]).at("again"), 8);
+  ExpectSoundBlockTables(*h.replicas[0], 4, 2);
+}
+
+TEST(SchedulerPrefixTest, SharedPrefixesUnderATinyKvBudgetWithPipelining) {
+  // Eviction, preemption, sharing and two micro-batches in flight at once on a 2-stage replica:
+  // every output stays identical to the request run alone, and every block comes back.
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.model = "qwen2_moe", .max_slots = 5, .max_step_tokens = 7,
+                                               .stage_starts = {1}, .kv_blocks = 16, .kv_block_size = 3,
+                                               .observer = &counter, .pipeline_depth = 2}));
+  std::vector<SequenceRequest> requests = SharedPrefixRequests(8, 10, h.spec.vocab_size, 83);
+  for (const SequenceRequest& r : SharedPrefixRequests(6, 7, h.spec.vocab_size, 84)) requests.push_back(r);
+  for (size_t i = 8; i < requests.size(); ++i) requests[i].request_id = absl::StrCat("other-", i);
+  RunAndCompare(*h.scheduler, "qwen2_moe", requests, {}, h.replicas);
+  EXPECT_GT(counter.cached_tokens(), 0);
+  EXPECT_GT(counter.preempted(), 0) << "the budget should have forced preemption";
+  ExpectSoundBlockTables(*h.replicas[0], 3, 5);
 }
 
 }  // namespace
