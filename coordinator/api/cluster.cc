@@ -359,7 +359,8 @@ void Cluster::Tick() {
                                                              {.max_slots = c.endpoint.max_slots,
                                                               .pipeline_depth = depth,
                                                               .kv_blocks = c.endpoint.kv_blocks,
-                                                              .kv_block_size = c.endpoint.kv_block_size})
+                                                              .kv_block_size = c.endpoint.kv_block_size,
+                                                              .prefix_caching = options_.prefix_caching})
                                     : client.status();
       if (!st.ok()) {
         LOG(WARNING) << "replica " << c.replica << " cannot serve: " << st;

@@ -64,6 +64,7 @@ struct ClusterOptions {
   int32_t max_slots = 8;
   int32_t max_step_tokens = 256;
   int32_t pipeline_depth = 0;  // micro-batches in flight per replica; 0 = its number of stages
+  bool prefix_caching = true;  // ReplicaOptions::prefix_caching
   int32_t kv_block_size = 16;  // tokens per KV cache block, in [1, 65536]
   // At most this many KV blocks per replica (0 = what the plan's KV budget holds); at least one
   // whole sequence (ceil(max_seq_len / kv_block_size) blocks) is always allocated.

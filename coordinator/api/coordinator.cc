@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   co.max_kv_blocks = options.max_kv_blocks;
   co.max_step_tokens = options.max_step_tokens;
   co.pipeline_depth = options.pipeline_depth;
+  co.prefix_caching = options.prefix_caching;
   c->cluster_ = std::make_unique<Cluster>(co, c->spec_.get(), c->registry_.get(), c->scheduler_.get(),
                                           c->worker_client_.get(), std::move(factory), clock);
 

@@ -62,6 +62,7 @@ struct CoordinatorOptions {
   int32_t max_step_tokens = 256;       // >= 1
   int64_t max_queued = 1024;           // >= 0
   int32_t pipeline_depth = 0;          // micro-batches in flight per replica, >= 0; 0 = its stages
+  bool prefix_caching = true;          // reuse cached KV blocks of identical prompt prefixes
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign

@@ -35,6 +35,9 @@ ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per micro-batch (prefill chunk 
 ABSL_FLAG(int64_t, max_queued, 1024, "requests waiting for a slot; beyond it Generate fails with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, pipeline_depth, 0,
           "micro-batches in flight per replica (pipelining); 0 = its number of stages, 1 = one at a time");
+ABSL_FLAG(bool, prefix_caching, true,
+          "keep full KV cache blocks after their sequences end and reuse them for later requests that start "
+          "with the same tokens (their prefill skips those blocks)");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval workers are told to use");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000, "a worker silent this long is dead");
 ABSL_FLAG(int64_t, assign_timeout_ms, 10000, "deadline of Worker.Assign calls");
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
   options.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
   options.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
+  options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.assign_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_assign_timeout_ms));

@@ -99,6 +99,7 @@ class GenerateStream final : public SequenceSink {
         pending_.set_finish_reason(v1::FINISH_REASON_STOP);
         pending_.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
         pending_.mutable_usage()->set_completion_tokens(end.completion_tokens);
+        pending_.mutable_usage()->set_cached_prompt_tokens(end.cached_prompt_tokens);
         has_pending_ = true;
         final_status_ = grpc::Status::OK;
       } else if (end.status.ok() && end.reason == FinishReason::kCancelled) {
@@ -118,6 +119,7 @@ class GenerateStream final : public SequenceSink {
         pending_.set_finish_reason(ToProto(reason));
         pending_.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
         pending_.mutable_usage()->set_completion_tokens(end.completion_tokens);
+        pending_.mutable_usage()->set_cached_prompt_tokens(end.cached_prompt_tokens);
         has_pending_ = true;
         final_status_ = grpc::Status::OK;
       } else {

@@ -39,7 +39,7 @@ class LoggingSink final : public SequenceSink {
     if (end.status.ok()) {
       LOG(INFO) << "event=request_end request_id=" << request_id_ << " status=OK finish_reason="
                 << FinishReasonName(end.reason) << " prompt_tokens=" << end.prompt_tokens
-                << " completion_tokens=" << end.completion_tokens << " ttft_ms=" << ttft
+                << " cached_prompt_tokens=" << end.cached_prompt_tokens << " completion_tokens=" << end.completion_tokens << " ttft_ms=" << ttft
                 << " e2e_ms=" << Millis(now - start_);
     } else {
       LOG(WARNING) << "event=request_end request_id=" << request_id_

@@ -311,7 +311,9 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   if (!id.ok()) return ReplyStatus(res, id.status());
   sequence->Bind(*id);
   auto usage_of = [prompt_len](const SequenceEnd& end) {
-    return Usage{.prompt_tokens = prompt_len, .completion_tokens = end.completion_tokens};
+    return Usage{.prompt_tokens = prompt_len,
+                 .completion_tokens = end.completion_tokens,
+                 .cached_tokens = end.cached_prompt_tokens};
   };
 
   if (!fields.stream) {

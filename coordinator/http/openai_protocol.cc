@@ -173,6 +173,7 @@ Json UsageJson(const Usage& u) {
   j["prompt_tokens"] = u.prompt_tokens;
   j["completion_tokens"] = u.completion_tokens;
   j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  j["prompt_tokens_details"] = {{"cached_tokens", u.cached_tokens}};
   return j;
 }
 

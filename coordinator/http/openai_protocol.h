@@ -90,6 +90,7 @@ struct ResponseMeta {
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // of prompt_tokens, found in the prefix cache (prompt_tokens_details)
 };
 
 // finish_reason: "stop" or "length"; empty for none (JSON null).

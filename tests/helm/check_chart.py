@@ -340,6 +340,7 @@ def expectations(name, docs, fail):
         fail.check(all(gpu_limit(w) is None for w in workers.values()), "cpu: no GPU limits")
         fail.check(main["spec"]["replicas"] == 2 and wargs[main["metadata"]["name"]]["devices"] == "cpu:2", "cpu: 2 workers, --devices=cpu:2")
         fail.check((cargs["tp"], cargs["pp"], cargs["replicas"]) == ("2", "2", "1"), "cpu: --tp=2 --pp=2 --replicas=1")
+        fail.check(cargs.get("prefix_caching") == "true", "cpu: --prefix_caching=true by default")
         fail.check(not anti(main), "cpu: no anti-affinity (both workers on one node)")
         vol = [v for v in main["spec"]["template"]["spec"]["volumes"] if v["name"] == "model"][0]
         fail.check(vol.get("hostPath", {}).get("path") == "/var/lib/shardserve/models", "cpu: model from hostPath")
@@ -378,6 +379,7 @@ def expectations(name, docs, fail):
         fail.check("ServiceAccount" not in kinds, "options: no ServiceAccount created")
         fail.check(coord["spec"]["template"]["spec"]["serviceAccountName"] == "llm-serving", "options: the existing ServiceAccount")
         fail.check(cargs.get("http_listen") == "[::]:8000", "options: --http_listen")
+        fail.check(cargs.get("prefix_caching") == "false", "options: --prefix_caching=false")
         fail.check(coord["spec"]["template"]["spec"]["containers"][0]["image"].endswith("@sha256:" + "0123456789abcdef" * 4), "options: digest")
         fail.check(not any(d["kind"] == "Pod" for d in docs), "options: no test pod")
         fail.check(wargs["llm-worker"]["devices"] == "cuda:0,1", "options: --devices override")

@@ -118,6 +118,8 @@ TEST(CoordinatorMetricsTest, StepsAndTokenGapsAreRecordedPerReplica) {
   m.OnInterTokenLatency(absl::Milliseconds(20));
   m.OnInterTokenLatency(absl::Milliseconds(45));
   m.OnPreempted(1);
+  m.OnPrefixCacheLookup(0, 40, 32);
+  m.OnPrefixCacheLookup(0, 10, 0);
   const std::string t = Scrape(m);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_steps_total{code="OK",replica="0"})"), 2) << t;
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_steps_total{code="INTERNAL",replica="1"})"), 1);
@@ -130,13 +132,17 @@ TEST(CoordinatorMetricsTest, StepsAndTokenGapsAreRecordedPerReplica) {
   EXPECT_EQ(Value(t, "shardserve_coordinator_inter_token_latency_seconds_count"), 2);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_inter_token_latency_seconds_bucket{le="0.025"})"), 1);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_preemptions_total{replica="1"})"), 1);
+  EXPECT_EQ(Value(t, R"(shardserve_coordinator_prefix_cache_queried_tokens_total{replica="0"})"), 50);
+  EXPECT_EQ(Value(t, R"(shardserve_coordinator_prefix_cache_hit_tokens_total{replica="0"})"), 32);
+  // A replica that has stepped has its prefix cache series from the first step (at 0).
+  EXPECT_EQ(Value(t, R"(shardserve_coordinator_prefix_cache_hit_tokens_total{replica="1"})"), 0);
 }
 
 TEST(CoordinatorMetricsTest, RefreshSetsStateGaugesAndDropsGoneReplicas) {
   CoordinatorMetrics m;
   ClusterSample s;
   s.scheduler.replicas = {{.replica = 0, .max_slots = 8, .running = 3, .waiting = 2, .kv_blocks_used = 40,
-                           .kv_blocks_total = 128},
+                           .kv_blocks_cached = 17, .kv_blocks_total = 128},
                           {.replica = 1, .max_slots = 4, .running = 1, .waiting = 0, .kv_blocks_used = 9,
                            .kv_blocks_total = 64}};
   s.workers = {WorkerState::kReady, WorkerState::kReady, WorkerState::kDead, WorkerState::kLoading};
@@ -149,6 +155,7 @@ TEST(CoordinatorMetricsTest, RefreshSetsStateGaugesAndDropsGoneReplicas) {
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_slots{replica="1"})"), 4);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_kv_blocks_used{replica="1"})"), 9);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_kv_blocks_capacity{replica="0"})"), 128);
+  EXPECT_EQ(Value(t, R"(shardserve_coordinator_kv_blocks_cached{replica="0"})"), 17);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_workers{state="ready"})"), 2);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_workers{state="dead"})"), 1);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_workers{state="failed"})"), 0);
@@ -306,7 +313,8 @@ TEST(RequestLogTest, ASchedulerReportsEveryRequestToTheMetricsAndTheLog) {
   for (int i = 0; i < 3; ++i) {
     EXPECT_TRUE(has(absl::StrCat("event=request_start request_id=r-", i, " prompt_tokens=3 max_tokens=4")));
     EXPECT_TRUE(has(absl::StrCat("event=request_end request_id=r-", i,
-                                 " status=OK finish_reason=length prompt_tokens=3 completion_tokens=4 ttft_ms=")));
+                                 " status=OK finish_reason=length prompt_tokens=3 cached_prompt_tokens=0 "
+                                 "completion_tokens=4 ttft_ms=")));
   }
   // An id with odd characters is quoted and escaped, so it cannot break the line.
   EXPECT_TRUE(has(R"(event=request_rejected request_id="has space\n" status=INVALID_ARGUMENT error=)"));

@@ -198,7 +198,8 @@ TEST_F(HttpServerTest, StreamEndsWithDone) {
   EXPECT_EQ(s->get_header_value("Content-Type"), "text/event-stream");
   EXPECT_TRUE(received.ends_with("data: [DONE]\n\n")) << received;
   EXPECT_THAT(received, HasSubstr(R"("finish_reason":"length")"));
-  EXPECT_THAT(received, HasSubstr(R"("usage":{"prompt_tokens":1,"completion_tokens":6,"total_tokens":7})"));
+  EXPECT_THAT(received, HasSubstr(R"("usage":{"prompt_tokens":1,"completion_tokens":6,"total_tokens":7,)"
+                                  R"("prompt_tokens_details":{"cached_tokens":0}})"));
 }
 
 TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsTheSequence) {

@@ -144,10 +144,11 @@ TEST(OpenAiProtocolTest, SseFraming) {
 
 TEST(OpenAiProtocolTest, ResponseShapes) {
   const ResponseMeta meta{.id = "cmpl-1", .created = 1700000000, .model = "m"};
-  EXPECT_EQ(Dump(CompletionResponse(meta, "hi", "length", {.prompt_tokens = 3, .completion_tokens = 2})),
+  EXPECT_EQ(Dump(CompletionResponse(meta, "hi", "length",
+                                    {.prompt_tokens = 3, .completion_tokens = 2, .cached_tokens = 1})),
             R"({"id":"cmpl-1","object":"text_completion","created":1700000000,"model":"m","choices":[{"index":0,)"
             R"("text":"hi","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2,)"
-            R"("total_tokens":5}})");
+            R"("total_tokens":5,"prompt_tokens_details":{"cached_tokens":1}}})");
   EXPECT_EQ(Dump(CompletionChunk(meta, "h", "")),
             R"({"id":"cmpl-1","object":"text_completion","created":1700000000,"model":"m","choices":[{"index":0,)"
             R"("text":"h","logprobs":null,"finish_reason":null}]})");
