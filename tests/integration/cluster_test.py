@@ -5,6 +5,7 @@ the greedy token ids of the single-process engine (and of Hugging Face, whose id
 under tests/golden)."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -210,6 +211,35 @@ class Load(unittest.TestCase):
                 self.assertEqual(results[i], expected[i], f"client {i}")
         finally:
             c.stop()
+
+    def test_shared_prompt_prefix_is_reused_and_answers_stay_exact(self):
+        # One request with a 41-token prompt, then 4 concurrent ones that start with the same 33
+        # tokens: with blocks of 4 tokens the later ones find 32 prompt tokens in the prefix cache
+        # (logged as cached_prompt_tokens) and still answer exactly as the single-process engine.
+        shared = [1] + [200 + (7 * j) % 150 for j in range(32)]
+        prompts = [shared + [400 + (13 * i + j) % 90 for j in range(8 - i)] for i in range(5)]
+        expected = [run_alone(STORIES, p, 12) for p in prompts]
+        c = Cluster(STORIES, 2, "cpu:1", ["--pp=2", "--max_seq_len=96", "--max_slots=4", "--max_step_tokens=16",
+                                          "--kv_block_size=4"])
+        try:
+            self.assertEqual(c.ids(prompts[0], 12), expected[0])
+            results = [None] * 5
+
+            def client(i):
+                results[i] = c.ids(prompts[i], 12)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(1, 5)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for i in range(1, 5):
+                self.assertEqual(results[i], expected[i], f"client {i}")
+        finally:
+            c.stop()
+        cached = [int(m) for line in c.stderr for m in re.findall(r"event=request_end .* cached_prompt_tokens=(\d+)", line)]
+        self.assertEqual(len(cached), 5, "".join(c.stderr[-20:]))
+        self.assertEqual(sorted(cached), [0, 32, 32, 32, 32])
 
     def test_sampling_is_reproducible_across_layouts(self):
         args = ["--temperature", "0.8", "--top_p", "0.9", "--seed", "7"]
