@@ -69,8 +69,15 @@ int32_t Draw(std::mt19937_64& rng, LengthRange r) {
 RequestSample RunOne(Client& client, const BenchOptions& o, const Ticket& ticket) {
   std::mt19937_64 rng(o.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(ticket.index));
   const int32_t prompt_len = Draw(rng, o.prompt_tokens);
-  std::vector<int32_t> ids(static_cast<size_t>(prompt_len));
-  for (int32_t& id : ids) id = 1 + static_cast<int32_t>(rng() % static_cast<uint64_t>(o.prompt_vocab - 1));
+  std::vector<int32_t> ids;
+  ids.reserve(static_cast<size_t>(o.shared_prefix_tokens + prompt_len));
+  std::mt19937_64 shared_rng(o.seed);  // the same prefix for every request
+  for (int32_t i = 0; i < o.shared_prefix_tokens; ++i) {
+    ids.push_back(1 + static_cast<int32_t>(shared_rng() % static_cast<uint64_t>(o.prompt_vocab - 1)));
+  }
+  for (int32_t i = 0; i < prompt_len; ++i) {
+    ids.push_back(1 + static_cast<int32_t>(rng() % static_cast<uint64_t>(o.prompt_vocab - 1)));
+  }
   GenerateOptions g{.max_tokens = Draw(rng, o.output_tokens),
                     .temperature = o.temperature,
                     .seed = static_cast<uint64_t>(ticket.index),
@@ -78,6 +85,10 @@ RequestSample RunOne(Client& client, const BenchOptions& o, const Ticket& ticket
   RequestSample s;
   std::optional<SteadyClock::time_point> last;
   const absl::Status st = client.GenerateStreaming(Prompt::Ids(std::move(ids)), g, [&](const GenerateDelta& d) {
+    if (d.finished) {
+      s.prompt_tokens = d.prompt_tokens;
+      s.cached_prompt_tokens = d.cached_prompt_tokens;
+    }
     if (d.token_ids.empty()) return true;
     const auto now = SteadyClock::now();
     const size_t k = d.token_ids.size();
@@ -129,6 +140,9 @@ absl::Status BenchOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("--rate must be >= 0 (0 = closed loop), got ", rate));
   }
   if (prompt_vocab < 2) return absl::InvalidArgumentError(absl::StrCat("--prompt_vocab must be >= 2, got ", prompt_vocab));
+  if (shared_prefix_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--shared_prefix_tokens must be >= 0, got ", shared_prefix_tokens));
+  }
   if (!(temperature >= 0) || !std::isfinite(temperature)) {
     return absl::InvalidArgumentError(absl::StrCat("--temperature must be >= 0, got ", temperature));
   }
@@ -170,6 +184,8 @@ BenchSummary Summarize(const std::vector<RequestSample>& samples, double wall_s)
     }
     ++s.completed;
     s.output_tokens += r.output_tokens;
+    s.prompt_tokens += r.prompt_tokens;
+    s.cached_prompt_tokens += r.cached_prompt_tokens;
     if (r.ttft_s >= 0) ttft.push_back(r.ttft_s);
     itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
     e2e.push_back(r.e2e_s);
@@ -194,6 +210,8 @@ std::string ToJson(const BenchSummary& s) {
                       {"failed", s.failed},
                       {"failed_by_code", nlohmann::json::object()},
                       {"output_tokens", s.output_tokens},
+                      {"prompt_tokens", s.prompt_tokens},
+                      {"cached_prompt_tokens", s.cached_prompt_tokens},
                       {"wall_s", s.wall_s}};
   for (const auto& [code, n] : s.failed_by_code) j["failed_by_code"][code] = n;
   return j.dump();
@@ -205,6 +223,8 @@ std::string ToTable(const BenchSummary& s) {
   for (const auto& [code, n] : s.failed_by_code) out << absl::StrFormat("  failed %s: %d\n", code, n);
   out << absl::StrFormat("throughput: %.2f requests/s, %.1f output tokens/s (%d tokens)\n", s.requests_per_s,
                          s.output_tokens_per_s, s.output_tokens);
+  out << absl::StrFormat("prompt tokens: %d, %d of them from the prefix cache\n", s.prompt_tokens,
+                         s.cached_prompt_tokens);
   out << absl::StrFormat("%-22s %10s %10s %10s %10s %8s\n", "latency (ms)", "p50", "p90", "p99", "mean", "n");
   for (const auto& [name, p] : {std::pair{"time to first token", s.ttft_s}, std::pair{"inter-token", s.itl_s},
                                 std::pair{"end to end", s.e2e_s}}) {

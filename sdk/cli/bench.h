@@ -37,6 +37,9 @@ struct BenchOptions {
   LengthRange prompt_tokens{.min = 32, .max = 32};
   LengthRange output_tokens{.min = 64, .max = 64};  // max_tokens of each request
   int32_t prompt_vocab = 256;  // prompt ids are drawn from [1, prompt_vocab)
+  // Tokens every prompt starts with (the same for all requests, e.g. a system prompt), before its
+  // own prompt_tokens; >= 0.
+  int32_t shared_prefix_tokens = 0;
   float temperature = 0.0f;
   uint64_t seed = 1;           // of the prompt / length / arrival draws
   // InvalidArgument naming the flag when out of range (exactly one of requests / duration_s must
@@ -51,6 +54,8 @@ struct RequestSample {
   double ttft_s = -1;  // < 0: no token arrived
   double e2e_s = 0;
   int32_t output_tokens = 0;
+  int32_t prompt_tokens = 0;         // usage reported by the server
+  int32_t cached_prompt_tokens = 0;  // of those, found in its prefix cache
   std::vector<double> itl_s;  // per token after the first
 };
 
@@ -65,6 +70,8 @@ struct BenchSummary {
   int64_t failed = 0;
   std::map<std::string, int64_t> failed_by_code;
   int64_t output_tokens = 0;
+  int64_t prompt_tokens = 0;         // of completed requests
+  int64_t cached_prompt_tokens = 0;  // of those, found in the server's prefix cache
   double requests_per_s = 0;       // completed / wall
   double output_tokens_per_s = 0;  // output tokens of completed requests / wall
   Percentiles ttft_s, itl_s, e2e_s;
@@ -77,7 +84,7 @@ BenchSummary Summarize(const std::vector<RequestSample>& samples, double wall_s)
 
 // The summary as one JSON object: requests_per_s, output_tokens_per_s, ttft_s / itl_s / e2e_s
 // (each {p50, p90, p99, mean, count}), completed, failed, failed_by_code {CODE: n}, output_tokens,
-// wall_s.
+// prompt_tokens, cached_prompt_tokens, wall_s.
 std::string ToJson(const BenchSummary& summary);
 // A human-readable table.
 std::string ToTable(const BenchSummary& summary);

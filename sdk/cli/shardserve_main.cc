@@ -57,6 +57,9 @@ ABSL_FLAG(double, rate, 0, "bench: open loop, mean requests per second (Poisson 
 ABSL_FLAG(std::string, prompt_tokens, "32", "bench: prompt length in tokens, N or MIN:MAX (uniform)");
 ABSL_FLAG(std::string, output_tokens, "", "bench: max_tokens per request as MIN:MAX (uniform); default --max_tokens");
 ABSL_FLAG(int32_t, prompt_vocab, 256, "bench: prompt ids are drawn from [1, prompt_vocab)");
+ABSL_FLAG(int32_t, shared_prefix_tokens, 0,
+          "bench: tokens every prompt starts with (the same for all requests, like a system prompt), before its "
+          "own --prompt_tokens");
 ABSL_FLAG(bool, json, false, "bench: print the summary as one JSON object instead of a table");
 
 namespace shardserve {
@@ -161,6 +164,7 @@ absl::Status BenchCommand() {
   o.duration_s = absl::GetFlag(FLAGS_duration_s);
   o.rate = absl::GetFlag(FLAGS_rate);
   o.prompt_vocab = absl::GetFlag(FLAGS_prompt_vocab);
+  o.shared_prefix_tokens = absl::GetFlag(FLAGS_shared_prefix_tokens);
   o.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   o.seed = absl::GetFlag(FLAGS_seed);
   auto prompt = cli::ParseLengthRange(absl::GetFlag(FLAGS_prompt_tokens), "--prompt_tokens");
@@ -208,7 +212,7 @@ int main(int argc, char** argv) {
       "  (generate, status, bench: --tls_ca_file=PEM [--tls_cert_file --tls_key_file] --bearer_token_file=FILE)\n"
       "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]\n"
       "  bench    --server=HOST:PORT --concurrency N (--requests N | --duration_s S) [--rate R]\n"
-      "           [--prompt_tokens N|MIN:MAX] [--max_tokens N | --output_tokens MIN:MAX] [--json]");
+      "           [--prompt_tokens N|MIN:MAX] [--shared_prefix_tokens N] [--max_tokens N | --output_tokens MIN:MAX] [--json]");
   if (argc < 2 || argv[1][0] == '-') {
     std::cerr << "usage: shardserve generate|status|plan|bench [flags] (--help for the flags)\n";
     return 2;

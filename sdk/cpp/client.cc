@@ -160,6 +160,7 @@ GenerateDelta ToDelta(const v1::GenerateResponse& resp) {
   if (d.finished && d.finish_reason.empty()) d.finish_reason = "unknown";
   d.prompt_tokens = resp.usage().prompt_tokens();
   d.completion_tokens = resp.usage().completion_tokens();
+  d.cached_prompt_tokens = resp.usage().cached_prompt_tokens();
   d.request_id = resp.request_id();
   return d;
 }
@@ -410,6 +411,7 @@ absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const Gene
       result.finish_reason = d.finish_reason;
       result.prompt_tokens = d.prompt_tokens;
       result.completion_tokens = d.completion_tokens;
+      result.cached_prompt_tokens = d.cached_prompt_tokens;
     }
   }
   if (!stream->status().ok()) return stream->status();

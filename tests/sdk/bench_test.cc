@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <set>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/status_matchers.h"
@@ -166,6 +168,36 @@ TEST(BenchTest, ClosedLoopSendsEveryRequestWithTheAskedShapes) {
       EXPECT_LT(id, 50);
     }
   }
+}
+
+TEST(BenchTest, ASharedPrefixStartsEveryPrompt) {
+  FakeClient client;
+  BenchOptions o{.concurrency = 3, .requests = 9, .prompt_tokens = {.min = 2, .max = 5},
+                 .output_tokens = {.min = 2, .max = 2}, .prompt_vocab = 1000, .shared_prefix_tokens = 12};
+  ASSERT_OK_AND_ASSIGN(BenchSummary s, RunBench(client, o));
+  ASSERT_EQ(client.prompts_.size(), 9u);
+  const std::vector<int32_t> prefix(client.prompts_[0].begin(), client.prompts_[0].begin() + 12);
+  std::set<std::vector<int32_t>> suffixes;
+  for (const auto& p : client.prompts_) {
+    ASSERT_GE(p.size(), 14u);
+    ASSERT_LE(p.size(), 17u);
+    EXPECT_EQ(std::vector<int32_t>(p.begin(), p.begin() + 12), prefix);
+    suffixes.insert(std::vector<int32_t>(p.begin() + 12, p.end()));
+  }
+  EXPECT_GT(suffixes.size(), 1u) << "each request draws its own tokens after the prefix";
+  o.shared_prefix_tokens = -1;
+  EXPECT_THAT(o.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--shared_prefix_tokens")));
+}
+
+TEST(BenchTest, PromptUsageIsSummed) {
+  const BenchSummary s = Summarize({{.ok = true, .output_tokens = 1, .prompt_tokens = 40, .cached_prompt_tokens = 32},
+                                    {.ok = true, .output_tokens = 1, .prompt_tokens = 40, .cached_prompt_tokens = 0}},
+                                   1.0);
+  EXPECT_EQ(s.prompt_tokens, 80);
+  EXPECT_EQ(s.cached_prompt_tokens, 32);
+  const nlohmann::json j = nlohmann::json::parse(ToJson(s));
+  EXPECT_EQ(j["cached_prompt_tokens"].get<int64_t>(), 32);
+  EXPECT_THAT(ToTable(s), HasSubstr("80, 32 of them from the prefix cache"));
 }
 
 TEST(BenchTest, OpenLoopStopsAtTheRequestCount) {

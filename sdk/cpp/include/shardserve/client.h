@@ -121,6 +121,7 @@ struct GenerateDelta {
   std::string finish_reason;       // "length", "stop" or "cancelled" when finished
   int32_t prompt_tokens = 0;       // usage, on the last delta
   int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // of prompt_tokens, found in the server's prefix cache
   std::string request_id;
 };
 
@@ -131,6 +132,7 @@ struct GenerateResult {
   std::string finish_reason;  // "length", "stop" or "cancelled"
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // of prompt_tokens, found in the server's prefix cache
   std::string request_id;
 };
 

@@ -108,7 +108,8 @@ def delta(resp: inference_pb2.GenerateResponse) -> GenerateDelta:
     return GenerateDelta(
         token_ids=list(resp.token_ids), text=resp.text,
         finish_reason=_FINISH.get(resp.finish_reason, "unknown") if finished else None,
-        usage=Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens) if finished else None,
+        usage=Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens,
+                    resp.usage.cached_prompt_tokens) if finished else None,
         request_id=resp.request_id)
 
 

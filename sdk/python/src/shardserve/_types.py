@@ -43,6 +43,7 @@ class RetryOptions:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_prompt_tokens: int = 0  # of prompt_tokens, found in the server's prefix cache
 
 
 @dataclass(frozen=True)
