@@ -71,7 +71,8 @@ RequestSample RunOne(Client& client, const BenchOptions& o, const Ticket& ticket
   const int32_t prompt_len = Draw(rng, o.prompt_tokens);
   std::vector<int32_t> ids;
   ids.reserve(static_cast<size_t>(o.shared_prefix_tokens + prompt_len));
-  std::mt19937_64 shared_rng(o.seed);  // the same prefix for every request
+  // The same prefix for every request, and in every run whatever --seed (like a system prompt).
+  std::mt19937_64 shared_rng(kSharedPrefixSeed);
   for (int32_t i = 0; i < o.shared_prefix_tokens; ++i) {
     ids.push_back(1 + static_cast<int32_t>(shared_rng() % static_cast<uint64_t>(o.prompt_vocab - 1)));
   }

@@ -29,6 +29,9 @@ struct LengthRange {
 // Parses "N" or "MIN:MAX" (1 <= MIN <= MAX); InvalidArgument naming `flag` otherwise.
 absl::StatusOr<LengthRange> ParseLengthRange(absl::string_view text, absl::string_view flag);
 
+// Seeds the draw of the shared prefix (BenchOptions::shared_prefix_tokens).
+inline constexpr uint64_t kSharedPrefixSeed = 0x5eed;
+
 struct BenchOptions {
   int32_t concurrency = 1;     // clients (closed loop) or requests in flight at most (open loop), >= 1
   int64_t requests = 0;        // requests to send; 0 = until duration_s
@@ -37,8 +40,8 @@ struct BenchOptions {
   LengthRange prompt_tokens{.min = 32, .max = 32};
   LengthRange output_tokens{.min = 64, .max = 64};  // max_tokens of each request
   int32_t prompt_vocab = 256;  // prompt ids are drawn from [1, prompt_vocab)
-  // Tokens every prompt starts with (the same for all requests, e.g. a system prompt), before its
-  // own prompt_tokens; >= 0.
+  // Tokens every prompt starts with (the same for all requests and all runs, whatever `seed`, as a
+  // system prompt would be), before its own prompt_tokens; >= 0.
   int32_t shared_prefix_tokens = 0;
   float temperature = 0.0f;
   uint64_t seed = 1;           // of the prompt / length / arrival draws

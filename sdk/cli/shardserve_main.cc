@@ -58,8 +58,8 @@ ABSL_FLAG(std::string, prompt_tokens, "32", "bench: prompt length in tokens, N o
 ABSL_FLAG(std::string, output_tokens, "", "bench: max_tokens per request as MIN:MAX (uniform); default --max_tokens");
 ABSL_FLAG(int32_t, prompt_vocab, 256, "bench: prompt ids are drawn from [1, prompt_vocab)");
 ABSL_FLAG(int32_t, shared_prefix_tokens, 0,
-          "bench: tokens every prompt starts with (the same for all requests, like a system prompt), before its "
-          "own --prompt_tokens");
+          "bench: tokens every prompt starts with (the same for all requests and runs, like a system prompt), "
+          "before its own --prompt_tokens");
 ABSL_FLAG(bool, json, false, "bench: print the summary as one JSON object instead of a table");
 
 namespace shardserve {

@@ -10,8 +10,11 @@ Without --model it uses the generated 100M model (written by shardserve-bench-pi
   2. at 16 clients, pipelined (2 micro-batches in flight) vs one micro-batch at a time
      (target: >= 1.6x);
 and TTFT / inter-token p50/p99 beside each, and for the 16-client loads how busy each stage was (its
-compute time, from the workers' shardserve_worker_step_seconds, over the wall time). Figures are
-only meaningful on an otherwise idle machine.
+compute time, from the workers' shardserve_worker_step_seconds, over the wall time);
+  3. with --prefix: 16 clients whose prompts share a 192-token prefix (a system prompt) before 32
+     tokens of their own, with prefix caching on and off: TTFT and throughput, and the prompt
+     tokens served from the cache.
+Figures are only meaningful on an otherwise idle machine.
 """
 import argparse
 import json
@@ -58,11 +61,13 @@ def stop(proc):
             proc.wait()
 
 
-def bench(bin_dir, address, concurrency, requests, max_tokens):
+def bench(bin_dir, address, concurrency, requests, max_tokens, shared_prefix=0, seed=1):
+    """One `shardserve bench` run; each seed draws other prompts (so that a run does not find the
+    prompts of an earlier one in the prefix cache)."""
     p = subprocess.run(
         [os.path.join(bin_dir, "shardserve"), "bench", f"--server={address}", "--json",
          f"--concurrency={concurrency}", f"--requests={requests}", f"--max_tokens={max_tokens}",
-         "--prompt_tokens=32", "--prompt_vocab=32000"],
+         "--prompt_tokens=32", "--prompt_vocab=32000", f"--shared_prefix_tokens={shared_prefix}", f"--seed={seed}"],
         capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         sys.exit(f"shardserve bench failed: {p.stderr}")
@@ -100,6 +105,8 @@ def main():
                     help="the generated 100M model with BF16 weights (kept bf16 by the CPU backend)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="runs of each load; the run with the median throughput is reported")
+    ap.add_argument("--prefix", action="store_true",
+                    help="only the shared-prefix comparison (prefix caching on vs off)")
     args = ap.parse_args()
     model = args.model
     if not model:
@@ -108,18 +115,21 @@ def main():
             subprocess.run([os.path.join(args.bin_dir, "shardserve-bench-pipeline"), "--write_model_only",
                             f"--scratch={model}"] + (["--bf16"] if args.bf16 else []), check=True)
 
+    if args.prefix:
+        prefix_comparison(args, model)
+        return
     results = {}
     busy = {}
     for depth in (0, 1):
         proc, address, metrics = start_cluster(args.bin_dir, model, args.max_step_tokens, [f"--pipeline_depth={depth}"])
 
         def median_of_runs(concurrency, requests):
-            runs = sorted((bench(args.bin_dir, address, concurrency, requests, args.max_tokens)
+            runs = sorted((bench(args.bin_dir, address, concurrency, requests, args.max_tokens, seed=next_seed())
                            for _ in range(args.repeats)), key=lambda s: s["output_tokens_per_s"])
             return runs[len(runs) // 2]
 
         try:
-            bench(args.bin_dir, address, 4, 4, 8)  # warm-up
+            bench(args.bin_dir, address, 4, 4, 8, seed=next_seed())  # warm-up
             if depth == 0:
                 results["1 client, pipelined"] = median_of_runs(1, max(4, args.requests // 8))
             name = "16 clients, " + ("pipelined" if depth == 0 else "one micro-batch at a time")
@@ -143,6 +153,40 @@ def main():
     flat = results["16 clients, one micro-batch at a time"]["output_tokens_per_s"]
     print(f"16 clients / 1 client:              {many / one:.2f}x (target >= 5)")
     print(f"pipelined / one micro-batch (16):   {many / flat:.2f}x (target >= 1.6)")
+
+
+SEEDS = iter(range(1, 1 << 30))
+
+
+def next_seed():
+    return next(SEEDS)
+
+
+def prefix_comparison(args, model):
+    shared = 192
+    results = {}
+    for caching in ("true", "false"):
+        proc, address, _ = start_cluster(args.bin_dir, model, args.max_step_tokens,
+                                         [f"--prefix_caching={caching}"])
+        try:
+            # Every run shares the same prefix (as a system prompt); the warm-up puts it in the cache,
+            # as the first user of a system prompt would. Each run's own tokens are new.
+            bench(args.bin_dir, address, 1, 1, 4, shared, seed=next_seed())
+            runs = sorted((bench(args.bin_dir, address, 16, args.requests, args.max_tokens, shared, next_seed())
+                           for _ in range(args.repeats)), key=lambda s: s["output_tokens_per_s"])
+            results[caching] = runs[len(runs) // 2]
+        finally:
+            stop(proc)
+    print(f"PP=2 x 1 CPU rank, 16 clients, prompts of {shared} shared + 32 own tokens, {args.max_tokens} output "
+          f"tokens, max_step_tokens {args.max_step_tokens}, median of {args.repeats} runs, model {model}")
+    print(f"{'':<34} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>10} {'ITL p99':>10}   (ms)")
+    for caching, s in results.items():
+        row(f"prefix caching {'on' if caching == 'true' else 'off'}", s)
+        print(f"{'':<34} prompt tokens {s['prompt_tokens']}, from the cache {s['cached_prompt_tokens']} "
+              f"({s['cached_prompt_tokens'] / max(1, s['prompt_tokens']):.0%})")
+    on, off = results["true"], results["false"]
+    print(f"caching on / off: throughput {on['output_tokens_per_s'] / off['output_tokens_per_s']:.2f}x, "
+          f"TTFT p50 {off['ttft_s']['p50'] / on['ttft_s']['p50']:.2f}x lower")
 
 
 if __name__ == "__main__":
