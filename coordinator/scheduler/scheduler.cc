@@ -42,6 +42,7 @@ struct Scheduler::Sequence {
   int32_t generated = 0;
   bool cancelled = false;
   bool in_flight = false;
+  int failovers = 0;       // times moved to another replica after its own failed
   uint64_t last_step = 0;  // the replica step that last included it (0 = none)
   uint64_t admitted = 0;   // admission order on its replica
   absl::Time submitted;
@@ -160,10 +161,10 @@ std::vector<int> Scheduler::Replicas() const {
   return out;
 }
 
-Scheduler::Replica* Scheduler::PickReplicaLocked(int64_t tokens) {
+Scheduler::Replica* Scheduler::PickReplicaLocked(int64_t tokens, const Replica* exclude) {
   Replica* best = nullptr;
   for (auto& [id, r] : replicas_) {
-    if (r->stopping || BlocksFor(tokens, r->block_size) > r->kv_blocks) continue;
+    if (r.get() == exclude || r->stopping || BlocksFor(tokens, r->block_size) > r->kv_blocks) continue;
     if (best == nullptr) {
       best = r.get();
       continue;
@@ -323,6 +324,27 @@ void Scheduler::PreemptLocked(Replica& r, Sequence& seq) {
   r.waiting.push_front(&seq);
   ++num_waiting_;
   if (options_.observer != nullptr) options_.observer->OnPreempted(r.id);
+}
+
+bool Scheduler::FailOverLocked(Replica& from, Sequence& seq) {
+  Replica* to = PickReplicaLocked(MaxCachedTokens(seq.request), &from);
+  if (to == nullptr) return false;
+  if (seq.running) {
+    from.pool->Release(seq.blocks);
+    seq.blocks.clear();
+    std::erase(from.running, &seq);
+    seq.running = false;
+  }
+  seq.cached_blocks = 0;
+  seq.consumed = 0;  // recomputed there from its context (prompt + generated tokens)
+  seq.match_valid = false;
+  seq.replica = to;
+  ++seq.failovers;
+  to->waiting.push_front(&seq);
+  ++num_waiting_;
+  LOG(WARNING) << "event=failover request_id=" << (seq.request.request_id.empty() ? "-" : seq.request.request_id)
+               << " from_replica=" << from.id << " to_replica=" << to->id << " generated=" << seq.generated;
+  return true;
 }
 
 void Scheduler::ReleaseLocked(const Batch& batch) {
@@ -486,7 +508,12 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     CHECK(it != sequences_.end()) << "a sequence in flight was ended by another thread";
     Sequence& s = *it->second;  // stays in flight until its events are delivered (ReleaseLocked)
     if (!status.ok()) {
-      EndLocked(s, SequenceEnd{.status = status}, events);
+      // A broken pipeline (UNAVAILABLE) is this replica's problem, not the request's: another
+      // replica recomputes it. Other errors fail it. Either way it stays in flight until
+      // ReleaseLocked, so the other replica does not step it before this thread is done with it.
+      const bool moved = absl::IsUnavailable(status) && !s.cancelled && s.failovers < kMaxFailovers &&
+                         FailOverLocked(r, s);
+      if (!moved) EndLocked(s, SequenceEnd{.status = status}, events);
       continue;
     }
     s.consumed += static_cast<int32_t>(in.token_ids.size());
@@ -574,7 +601,15 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
   std::unique_ptr<Replica> owned;
   {
     absl::MutexLock lock(&mu_);
-    while (!r->running.empty()) EndLocked(*r->running.front(), SequenceEnd{.status = reason}, events);
+    // Newest first, each to the front of a waiting queue: the oldest ends up first in line.
+    while (!r->running.empty()) {
+      Sequence& s = *r->running.back();
+      if (s.cancelled) {
+        EndLocked(s, SequenceEnd{.reason = FinishReason::kCancelled}, events);
+      } else if (!FailOverLocked(*r, s)) {
+        EndLocked(s, SequenceEnd{.status = reason}, events);
+      }
+    }
     std::deque<Sequence*> moved = std::move(r->waiting);
     r->waiting.clear();
     num_waiting_ -= static_cast<int64_t>(moved.size());

@@ -34,7 +34,11 @@
 //   5. cache the blocks the step filled; append the sampled tokens, stream them to the sinks, and
 //      end the sequences that hit a stop condition, freeing their blocks: a stop id (the
 //      request's stop_token_ids, plus the model's EOS ids unless ignore_eos) -> kStop; max_tokens
-//      generated or the context (max_seq_len) full -> kLength. A failed step fails the sequences that were in it with its status.
+//      generated or the context (max_seq_len) full -> kLength. A failed step fails the sequences
+//      that were in it with its status, except that when it failed with UNAVAILABLE (the
+//      replica's pipeline broke: a worker died, a stream closed) and another replica can hold
+//      them, they FAIL OVER: each moves to the front of that replica's waiting queue, keeping
+//      the tokens it has delivered, and is recomputed there (at most kMaxFailovers times).
 // Pipelining: a replica runs pipeline_depth step loops (threads) over the same state, so up to
 // that many micro-batches are in flight at once, each of different sequences (a sequence stays
 // "in flight" from the build of its micro-batch until its tokens have been delivered, which also
@@ -140,10 +144,12 @@ class Scheduler {
   absl::Status AddReplica(int replica, std::unique_ptr<ReplicaClient> client, const ReplicaOptions& options);
 
   // Stops serving on a replica (its worker failed or died): interrupts its step in flight
-  // (ReplicaClient::Shutdown), waits for its loop to stop, fails its running sequences with
-  // `reason` (which must not be OK) and moves its waiting ones to the other replicas whose KV cache
-  // can hold them (or fails them with `reason` when none is left). Returns once done; a no-op for an unknown replica or one
-  // already being removed. Must not be called from a sink.
+  // (ReplicaClient::Shutdown), waits for its loop to stop, and moves its sequences to the other
+  // replicas whose KV cache can hold them: running ones fail over (to the front of a waiting
+  // queue, keeping the tokens they have delivered, to be recomputed), waiting ones join the back.
+  // Sequences no other replica can take fail with `reason` (which must not be OK); cancelled ones
+  // end as cancelled. Returns once done; a no-op for an unknown replica or one already being
+  // removed. Must not be called from a sink.
   void RemoveReplica(int replica, const absl::Status& reason);
 
   // Ids of the replicas serving now, ascending.
@@ -203,10 +209,17 @@ class Scheduler {
                    std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `seq` (running or waiting) and queues its OnEnd.
   void EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The least-loaded replica that is not stopping and whose KV cache holds a sequence of `tokens`
-  // positions; nullptr when none.
-  Replica* PickReplicaLocked(int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The least-loaded replica other than `exclude` that is not stopping and whose KV cache holds a
+  // sequence of `tokens` positions; nullptr when none.
+  Replica* PickReplicaLocked(int64_t tokens, const Replica* exclude = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves `seq` (running on `from`, or taken out of its waiting queue) to the front of the waiting
+  // queue of another replica that can hold it, as if preempted: it keeps its context and tokens and
+  // is recomputed there. False (nothing changed) when no other replica can take it.
+  bool FailOverLocked(Replica& from, Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Deliver(std::vector<Event>& events);
+
+  // Times one sequence may fail over to another replica before a failed step fails it.
+  static constexpr int kMaxFailovers = 3;
 
   // Constant after construction.
   const SchedulerOptions options_;

@@ -553,30 +553,76 @@ TEST(SchedulerTest, ShutdownFailsOutstandingSequencesAndRejectsNewOnes) {
   h.scheduler->Shutdown(absl::UnavailableError("again"));  // idempotent
 }
 
-TEST(SchedulerTest, RemovingAReplicaFailsItsRunningSequencesAndMovesWaitingOnes) {
+TEST(SchedulerTest, RemovingAReplicaMovesItsSequencesToAnotherAndTheyStayExact) {
   ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.replicas = 2, .max_slots = 1}));
-  for (EngineReplica* r : h.replicas) r->HoldStepsForTest();
   std::vector<SequenceRequest> requests = MakeRequests(4, h.spec.vocab_size, 59, false);
+  for (SequenceRequest& r : requests) r.max_tokens = 12;
   ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", requests, {}));
+  // Replica 0 delivers a few tokens of its running sequence, then holds its next step.
+  h.replicas[1]->HoldStepsForTest();
+  h.replicas[0]->SetStepHookForTest([&h](const StepInput& in) {
+    if (in.step_id == 8) h.replicas[0]->HoldStepsForTest();
+    return absl::OkStatus();
+  });
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (const SequenceRequest& r : requests) {  // replicas 0, 1, 0, 1: two running, two waiting
     sinks.push_back(std::make_shared<CollectingSink>());
     ASSERT_THAT(h.scheduler->Submit(r, sinks.back()), IsOk());
   }
-  // Replica 0 is held in (or before) its first step: removal interrupts it.
+  while (h.replicas[0]->StepInputsForTest().size() < 8) absl::SleepFor(absl::Milliseconds(1));
+  // Interrupts the held step; its running sequence (with tokens delivered) and its waiting one
+  // move to replica 1.
   h.scheduler->RemoveReplica(0, absl::UnavailableError("replica 0 lost: worker w-1 is dead"));
   EXPECT_THAT(h.scheduler->Replicas(), ElementsAreArray({1}));
-  ASSERT_TRUE(sinks[0]->Wait());
-  EXPECT_THAT(sinks[0]->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("w-1 is dead")));
+  EXPECT_EQ(h.scheduler->Stats().replicas[0].waiting + h.scheduler->Stats().replicas[0].running, 4);
   h.replicas[1]->ReleaseStepsForTest();
-  for (size_t i : {1u, 2u, 3u}) {
+  for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(sinks[i]->Wait());
     EXPECT_THAT(sinks[i]->end().status, IsOk()) << i;
     EXPECT_THAT(sinks[i]->tokens(), ElementsAreArray(expected[i].tokens)) << i;
+    EXPECT_EQ(sinks[i]->ends(), 1);
   }
-  h.scheduler->RemoveReplica(1, absl::UnavailableError("gone"));
+  // Without another replica, removal fails what it had.
+  auto last = std::make_shared<CollectingSink>();
+  h.replicas[1]->HoldStepsForTest();
+  ASSERT_THAT(h.scheduler->Submit(requests[0], last), IsOk());
+  h.scheduler->RemoveReplica(1, absl::UnavailableError("replica 1 lost"));
+  ASSERT_TRUE(last->Wait());
+  EXPECT_THAT(last->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("replica 1 lost")));
   EXPECT_THAT(h.scheduler->Submit(requests[0], std::make_shared<CollectingSink>()),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no replica")));
+}
+
+TEST(SchedulerTest, SequencesOfABrokenPipelineFailOverAndGetTheirTokens) {
+  // Replica 0's pipeline breaks (every step from its third on is UNAVAILABLE, as when a worker
+  // dies) while it is still listed; its sequences, some with tokens delivered, continue on
+  // replica 1 with exactly the tokens they would have had. Errors other than UNAVAILABLE and a
+  // single replica still fail a sequence.
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.replicas = 2, .max_slots = 3, .max_step_tokens = 8}));
+  h.replicas[0]->SetStepHookForTest([](const StepInput& in) {
+    return in.step_id >= 3 ? absl::UnavailableError("next stage at 10.0.0.2:7100 ended the stream")
+                           : absl::OkStatus();
+  });
+  std::vector<SequenceRequest> requests = MakeRequests(10, h.spec.vocab_size, 61, true);
+  RunAndCompare(*h.scheduler, "llama", requests, {}, h.replicas);
+  size_t moved = 0;
+  std::set<std::string> on_zero;
+  for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
+    for (const StepSequenceInput& s : in.sequences) on_zero.insert(s.request_id);
+  }
+  for (const StepInput& in : h.replicas[1]->StepInputsForTest()) {
+    for (const StepSequenceInput& s : in.sequences) moved += on_zero.count(s.request_id);
+  }
+  EXPECT_GT(moved, 0u) << "some sequences should have moved from replica 0 to replica 1";
+}
+
+TEST(SchedulerTest, WithNoOtherReplicaABrokenPipelineFailsItsSequences) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2}));
+  h.replicas[0]->SetStepHookForTest([](const StepInput&) { return absl::UnavailableError("stage 1 is gone"); });
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_THAT(h.scheduler->Submit(MakeRequests(1, h.spec.vocab_size, 62, false)[0], sink), IsOk());
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stage 1 is gone")));
 }
 
 TEST(SchedulerTest, SubmitValidatesTheRequest) {
