@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -256,11 +257,20 @@ int main(int argc, char** argv) {
       std::cout << "coordinator metrics: http://127.0.0.1:" << metrics_port << "/metrics" << std::endl;
     }
   }
+  // Once serving, a worker that exits is only reported: the coordinator moves its sequences to the
+  // replicas left (as it would on a cluster of machines). The cluster stops when the coordinator
+  // or every worker has exited.
   while (!g_stop) {
     if (std::string dead = DeadChild(children, &status); !dead.empty()) {
-      std::cerr << "shardserve-local: " << dead << " exited (status " << status << "); stopping the cluster\n";
-      StopAll(children);
-      return 1;
+      const bool coordinator_gone = children.front().pid <= 0;
+      const bool workers_gone = std::all_of(children.begin() + 1, children.end(), [](const Child& c) { return c.pid <= 0; });
+      if (coordinator_gone || workers_gone) {
+        std::cerr << "shardserve-local: " << dead << " exited (status " << status << "); stopping the cluster\n";
+        StopAll(children);
+        return 1;
+      }
+      std::cerr << "shardserve-local: " << dead << " exited (status " << status
+                << "); the coordinator serves on with the workers left\n";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

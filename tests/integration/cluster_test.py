@@ -43,6 +43,8 @@ class Cluster:
                     m = self.proc.stdout.readline()
                     if m.startswith("metrics: "):
                         self.metrics.append(m.split()[-1])
+                m = self.proc.stdout.readline()
+                self.coordinator_metrics = m.split()[-1] if m.startswith("coordinator metrics: ") else None
                 return
         self.stop()
         raise AssertionError(f"cluster did not become ready: {''.join(self.stderr[-30:])}")
@@ -252,6 +254,47 @@ class Load(unittest.TestCase):
 
 
 class Faults(unittest.TestCase):
+    def test_a_killed_worker_loses_no_request(self):
+        # Two replicas of one worker each. One worker is killed (SIGKILL) while 12 clients generate:
+        # the sequences it ran fail over to the other replica, and every client still gets exactly
+        # the tokens of the single-process engine; the cluster keeps serving.
+        prompts = [[1] + [250 + (17 * i + j) % 120 for j in range(2 + i % 5)] for i in range(12)]
+        n = 300
+        expected = [run_alone(STORIES, p, n) for p in prompts]
+        c = Cluster(STORIES, 2, "cpu:1", ["--replicas=2", "--pp=1", "--max_seq_len=320", "--max_slots=8"])
+        try:
+            results = [None] * 12
+
+            def client(i):
+                results[i] = c.ids(prompts[i], n)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+            for t in threads:
+                t.start()
+            # Kill a worker once both replicas run sequences.
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                text = urllib.request.urlopen(c.coordinator_metrics, timeout=10).read().decode()
+                running = [float(l.split()[-1]) for l in text.splitlines()
+                           if l.startswith("shardserve_coordinator_running_sequences{")]
+                if len(running) == 2 and min(running) > 0:
+                    break
+                time.sleep(0.01)
+            workers = subprocess.run(["pgrep", "-P", str(c.proc.pid), "-f", "shardserve-worker"],
+                                     capture_output=True, text=True).stdout.split()
+            self.assertEqual(len(workers), 2)
+            os.kill(int(workers[0]), signal.SIGKILL)
+            for t in threads:
+                t.join()
+            for i in range(12):
+                self.assertEqual(results[i], expected[i], f"client {i}")
+            self.assertEqual(c.ids(prompts[0], 8), expected[0][:8], "the cluster serves on")
+        finally:
+            c.stop()
+        log = "".join(c.stderr)
+        self.assertIn("event=failover", log)
+        self.assertIn("the coordinator serves on with the workers left", log)
+
     def test_bad_requests_are_invalid_argument(self):
         c = Cluster("tests/golden/models/llama", 1)
         try:
