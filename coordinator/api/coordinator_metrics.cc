@@ -86,6 +86,11 @@ CoordinatorMetrics::CoordinatorMetrics()
                        .Name("shardserve_coordinator_preemptions_total")
                        .Help("Running sequences that gave their KV blocks back to be recomputed later")
                        .Register(*registry_)),
+      failovers_(BuildCounter()
+                     .Name("shardserve_coordinator_failovers_total")
+                     .Help("Sequences moved off a replica whose pipeline broke or that was removed, to be "
+                           "recomputed on another")
+                     .Register(*registry_)),
       prefix_cache_queried_(BuildCounter()
                                 .Name("shardserve_coordinator_prefix_cache_queried_tokens_total")
                                 .Help("Context tokens of admitted sequences looked up in the prefix cache")
@@ -216,6 +221,7 @@ void CoordinatorMetrics::OnStep(const StepReport& report) {
   // Create both phases' series and the replica's preemption counter at once, so that rate() over
   // any of them is defined (0) from the first step rather than absent.
   preemptions_.Add({{"replica", replica}});
+  failovers_.Add({{"replica", replica}});
   prefix_cache_queried_.Add({{"replica", replica}});
   prefix_cache_hits_.Add({{"replica", replica}});
   step_tokens_.Add({{"replica", replica}, {"phase", "prefill"}}).Increment(static_cast<double>(report.prefill_tokens));
@@ -224,6 +230,10 @@ void CoordinatorMetrics::OnStep(const StepReport& report) {
 
 void CoordinatorMetrics::OnPreempted(int replica) {
   preemptions_.Add({{"replica", ReplicaLabel(replica)}}).Increment();
+}
+
+void CoordinatorMetrics::OnFailover(int from_replica) {
+  failovers_.Add({{"replica", ReplicaLabel(from_replica)}}).Increment();
 }
 
 void CoordinatorMetrics::OnPrefixCacheLookup(int replica, int64_t context_tokens, int64_t cached_tokens) {

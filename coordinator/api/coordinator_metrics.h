@@ -22,6 +22,7 @@
 //   shardserve_coordinator_batch_tokens{replica}                histogram (tokens per step)
 //   shardserve_coordinator_step_tokens_total{replica,phase}     counter; phase: prefill | decode
 //   shardserve_coordinator_preemptions_total{replica}           counter
+//   shardserve_coordinator_failovers_total{replica}             counter (sequences moved off the replica)
 //  prefix cache, by replica (sequences admitted with prefix caching on)
 //   shardserve_coordinator_prefix_cache_queried_tokens_total{replica}  counter (context tokens looked up)
 //   shardserve_coordinator_prefix_cache_hit_tokens_total{replica}      counter (of those, found cached)
@@ -88,6 +89,7 @@ class CoordinatorMetrics final : public SchedulerObserver {
   void OnRequestEnd(const RequestReport& report) override;
   void OnStep(const StepReport& report) override;
   void OnPreempted(int replica) override;
+  void OnFailover(int from_replica) override;
   void OnPrefixCacheLookup(int replica, int64_t context_tokens, int64_t cached_tokens) override;
 
  private:
@@ -116,6 +118,7 @@ class CoordinatorMetrics final : public SchedulerObserver {
   prometheus::Family<prometheus::Histogram>& batch_tokens_;
   prometheus::Family<prometheus::Counter>& step_tokens_;
   prometheus::Family<prometheus::Counter>& preemptions_;
+  prometheus::Family<prometheus::Counter>& failovers_;
   prometheus::Family<prometheus::Counter>& prefix_cache_queried_;
   prometheus::Family<prometheus::Counter>& prefix_cache_hits_;
   prometheus::Family<prometheus::Gauge>& workers_;

@@ -342,6 +342,7 @@ bool Scheduler::FailOverLocked(Replica& from, Sequence& seq) {
   ++seq.failovers;
   to->waiting.push_front(&seq);
   ++num_waiting_;
+  if (options_.observer != nullptr) options_.observer->OnFailover(from.id);
   LOG(WARNING) << "event=failover request_id=" << (seq.request.request_id.empty() ? "-" : seq.request.request_id)
                << " from_replica=" << from.id << " to_replica=" << to->id << " generated=" << seq.generated;
   return true;

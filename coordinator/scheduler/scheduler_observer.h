@@ -51,6 +51,9 @@ class SchedulerObserver {
   virtual void OnStep(const StepReport& report) = 0;
   // A running sequence gave its KV blocks back to make room (it is recomputed later).
   virtual void OnPreempted(int replica) = 0;
+  // A sequence left `from_replica` (its pipeline broke, or it was removed) for another replica,
+  // where it is recomputed.
+  virtual void OnFailover(int from_replica) = 0;
   // A sequence was admitted on a replica with prefix caching on: `cached_tokens` of the
   // `context_tokens` it needs in the KV cache were found cached and are not computed again.
   // Re-admissions after a preemption count too.

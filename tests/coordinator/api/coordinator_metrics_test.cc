@@ -118,6 +118,8 @@ TEST(CoordinatorMetricsTest, StepsAndTokenGapsAreRecordedPerReplica) {
   m.OnInterTokenLatency(absl::Milliseconds(20));
   m.OnInterTokenLatency(absl::Milliseconds(45));
   m.OnPreempted(1);
+  m.OnFailover(1);
+  m.OnFailover(1);
   m.OnPrefixCacheLookup(0, 40, 32);
   m.OnPrefixCacheLookup(0, 10, 0);
   const std::string t = Scrape(m);
@@ -132,6 +134,8 @@ TEST(CoordinatorMetricsTest, StepsAndTokenGapsAreRecordedPerReplica) {
   EXPECT_EQ(Value(t, "shardserve_coordinator_inter_token_latency_seconds_count"), 2);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_inter_token_latency_seconds_bucket{le="0.025"})"), 1);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_preemptions_total{replica="1"})"), 1);
+  EXPECT_EQ(Value(t, R"(shardserve_coordinator_failovers_total{replica="1"})"), 2);
+  EXPECT_EQ(Value(t, R"(shardserve_coordinator_failovers_total{replica="0"})"), 0);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_prefix_cache_queried_tokens_total{replica="0"})"), 50);
   EXPECT_EQ(Value(t, R"(shardserve_coordinator_prefix_cache_hit_tokens_total{replica="0"})"), 32);
   // A replica that has stepped has its prefix cache series from the first step (at 0).

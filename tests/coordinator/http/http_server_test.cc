@@ -79,6 +79,7 @@ class RejectionCounter final : public SchedulerObserver {
   void OnRequestEnd(const RequestReport&) override {}
   void OnStep(const StepReport&) override {}
   void OnPreempted(int) override {}
+  void OnFailover(int) override {}
   void OnPrefixCacheLookup(int, int64_t, int64_t) override {}
   int count(absl::StatusCode code) {
     absl::MutexLock lock(&mu_);

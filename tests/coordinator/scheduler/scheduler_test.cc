@@ -89,6 +89,8 @@ class PreemptionCounter final : public SchedulerObserver {
   void OnRequestEnd(const RequestReport&) override {}
   void OnStep(const StepReport&) override {}
   void OnPreempted(int) override { preempted_.fetch_add(1); }
+  void OnFailover(int) override { failovers_.fetch_add(1); }
+  int failovers() const { return failovers_.load(); }
   void OnPrefixCacheLookup(int, int64_t context_tokens, int64_t cached_tokens) override {
     looked_up_.fetch_add(context_tokens);
     cached_.fetch_add(cached_tokens);
@@ -99,6 +101,7 @@ class PreemptionCounter final : public SchedulerObserver {
 
  private:
   std::atomic<int> preempted_{0};
+  std::atomic<int> failovers_{0};
   std::atomic<int64_t> looked_up_{0};
   std::atomic<int64_t> cached_{0};
 };
@@ -598,7 +601,9 @@ TEST(SchedulerTest, SequencesOfABrokenPipelineFailOverAndGetTheirTokens) {
   // dies) while it is still listed; its sequences, some with tokens delivered, continue on
   // replica 1 with exactly the tokens they would have had. Errors other than UNAVAILABLE and a
   // single replica still fail a sequence.
-  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.replicas = 2, .max_slots = 3, .max_step_tokens = 8}));
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h,
+                       MakeHarness({.replicas = 2, .max_slots = 3, .max_step_tokens = 8, .observer = &counter}));
   h.replicas[0]->SetStepHookForTest([](const StepInput& in) {
     return in.step_id >= 3 ? absl::UnavailableError("next stage at 10.0.0.2:7100 ended the stream")
                            : absl::OkStatus();
@@ -614,6 +619,7 @@ TEST(SchedulerTest, SequencesOfABrokenPipelineFailOverAndGetTheirTokens) {
     for (const StepSequenceInput& s : in.sequences) moved += on_zero.count(s.request_id);
   }
   EXPECT_GT(moved, 0u) << "some sequences should have moved from replica 0 to replica 1";
+  EXPECT_GT(counter.failovers(), 0);
 }
 
 TEST(SchedulerTest, WithNoOtherReplicaABrokenPipelineFailsItsSequences) {
