@@ -19,46 +19,20 @@ Figures are only meaningful on an otherwise idle machine.
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from local_cluster import LocalCluster  # noqa: E402
+
 
 def start_cluster(bin_dir, model, max_step_tokens, extra):
-    proc = subprocess.Popen(
-        [os.path.join(bin_dir, "shardserve-local"), f"--model={model}", "--workers=2", "--pp=2",
-         "--devices_per_worker=cpu:1", "--max_slots=16", "--max_seq_len=256", f"--max_step_tokens={max_step_tokens}",
-         *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith("ready: coordinator at "):
-            address = line.split()[-1]
-            metrics = []
-            for _ in range(2):
-                m = proc.stdout.readline()
-                if m.startswith("metrics: "):
-                    metrics.append(m.split()[-1])
-            return proc, address, metrics
-    stop(proc)
-    sys.exit("the cluster did not become ready")
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    """A PP=2 cluster of two 1-rank workers (tests/testing/local_cluster.py)."""
+    return LocalCluster(bin_dir, model, 2, "cpu:1",
+                        ["--pp=2", "--max_slots=16", "--max_seq_len=256", f"--max_step_tokens={max_step_tokens}",
+                         *extra], timeout=300)
 
 
 def bench(bin_dir, address, concurrency, requests, max_tokens, shared_prefix=0, seed=1):
@@ -121,7 +95,8 @@ def main():
     results = {}
     busy = {}
     for depth in (0, 1):
-        proc, address, metrics = start_cluster(args.bin_dir, model, args.max_step_tokens, [f"--pipeline_depth={depth}"])
+        cluster = start_cluster(args.bin_dir, model, args.max_step_tokens, [f"--pipeline_depth={depth}"])
+        address, metrics = cluster.address, cluster.worker_metrics
 
         def median_of_runs(concurrency, requests):
             runs = sorted((bench(args.bin_dir, address, concurrency, requests, args.max_tokens, seed=next_seed())
@@ -139,7 +114,7 @@ def main():
             wall = time.time() - t0
             busy[name] = [(step_seconds(u) - b) / wall for u, b in zip(metrics, before)]
         finally:
-            stop(proc)
+            cluster.stop()
 
     print(f"PP=2 x 1 CPU rank, prompt 32 tokens, {args.max_tokens} output tokens, max_step_tokens "
           f"{args.max_step_tokens}, median of {args.repeats} runs, model {model}")
@@ -166,8 +141,8 @@ def prefix_comparison(args, model):
     shared = 192
     results = {}
     for caching in ("true", "false"):
-        proc, address, _ = start_cluster(args.bin_dir, model, args.max_step_tokens,
-                                         [f"--prefix_caching={caching}"])
+        cluster = start_cluster(args.bin_dir, model, args.max_step_tokens, [f"--prefix_caching={caching}"])
+        address = cluster.address
         try:
             # Every run shares the same prefix (as a system prompt); the warm-up puts it in the cache,
             # as the first user of a system prompt would. Each run's own tokens are new.
@@ -176,7 +151,7 @@ def prefix_comparison(args, model):
                            for _ in range(args.repeats)), key=lambda s: s["output_tokens_per_s"])
             results[caching] = runs[len(runs) // 2]
         finally:
-            stop(proc)
+            cluster.stop()
     print(f"PP=2 x 1 CPU rank, 16 clients, prompts of {shared} shared + 32 own tokens, {args.max_tokens} output "
           f"tokens, max_step_tokens {args.max_step_tokens}, median of {args.repeats} runs, model {model}")
     print(f"{'':<34} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>10} {'ITL p99':>10}   (ms)")

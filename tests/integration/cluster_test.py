@@ -16,49 +16,21 @@ import time
 import unittest
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from local_cluster import STORIES, LocalCluster  # noqa: E402
+
 BIN = None  # directory with shardserve-local, shardserve, shardserve-run
-STORIES = "../shared/models/stories260K"
 
 
-class Cluster:
-    """shardserve-local running in the background until stop()."""
+class Cluster(LocalCluster):
+    """A LocalCluster with the CLI calls these tests make."""
 
     def __init__(self, model, workers, devices="cpu:1", extra=(), timeout=240):
-        self.proc = subprocess.Popen(
-            [os.path.join(BIN, "shardserve-local"), f"--model={model}", f"--workers={workers}",
-             f"--devices_per_worker={devices}", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.stderr = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        self.address = None
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("ready: coordinator at "):
-                self.address = line.split()[-1]
-                self.metrics = []
-                for _ in range(workers):
-                    m = self.proc.stdout.readline()
-                    if m.startswith("metrics: "):
-                        self.metrics.append(m.split()[-1])
-                m = self.proc.stdout.readline()
-                self.coordinator_metrics = m.split()[-1] if m.startswith("coordinator metrics: ") else None
-                return
-        self.stop()
-        raise AssertionError(f"cluster did not become ready: {''.join(self.stderr[-30:])}")
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.stderr.append(line)
+        super().__init__(BIN, model, workers, devices, extra, timeout=timeout)
+        self.metrics = self.worker_metrics
 
     def generate(self, *args, check=True):
-        p = subprocess.run([os.path.join(BIN, "shardserve"), "generate", f"--server={self.address}", *args],
-                           capture_output=True, text=True, timeout=300)
-        if check:
-            assert p.returncode == 0, p.stderr
-        return p
+        return self.cli("generate", *args, check=check)
 
     def ids(self, prompt_ids, max_tokens, *extra):
         p = self.generate("--prompt_ids", ",".join(map(str, prompt_ids)), "--max_tokens", str(max_tokens),
@@ -66,18 +38,7 @@ class Cluster:
         return [int(x) for x in p.stdout.strip().split(",") if x]
 
     def status(self):
-        return subprocess.run([os.path.join(BIN, "shardserve"), "status", f"--server={self.address}"],
-                              capture_output=True, text=True, timeout=60)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return self.cli("status", check=False, timeout=60)
 
 
 def golden(name):

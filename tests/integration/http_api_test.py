@@ -10,17 +10,15 @@ test creates under the build directory). Greedy text over HTTP must equal the gR
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from local_cluster import STORIES, LocalCluster  # noqa: E402
+
 BIN = None  # directory with shardserve-local and shardserve
-STORIES = "../shared/models/stories260K"
 OPENAI_VERSION = "3.54.0"  # pinned: the client the test was written against
 PROMPT = "Once upon a time"
 
@@ -38,43 +36,12 @@ def venv_python():
     return python
 
 
-class Cluster:
-    """shardserve-local with the HTTP API, running until stop()."""
+class Cluster(LocalCluster):
+    """shardserve-local with the HTTP API (one worker, no metrics), running until stop()."""
 
     def __init__(self, model, extra=(), timeout=240):
-        self.proc = subprocess.Popen(
-            [os.path.join(BIN, "shardserve-local"), f"--model={model}", "--workers=1", "--devices_per_worker=cpu:1",
-             "--http_listen=127.0.0.1:0", "--metrics=false", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.stderr = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        self.address = self.http = None
-        deadline = time.time() + timeout
-        while time.time() < deadline and self.http is None:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("ready: coordinator at "):
-                self.address = line.split()[-1]
-            elif line.startswith("http: "):
-                self.http = line.split()[-1]
-        if self.http is None:
-            self.stop()
-            raise AssertionError(f"cluster did not become ready: {''.join(self.stderr[-30:])}")
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        super().__init__(BIN, model, 1, "cpu:1", ["--http_listen=127.0.0.1:0", "--metrics=false", *extra],
+                         timeout=timeout)
 
 
 def curl(url, *args, data=None):

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,9 @@ import time
 import unittest
 import urllib.parse
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from local_cluster import LocalCluster  # noqa: E402
 
 BIN = None
 MODEL = "tests/golden/models/qwen2_moe"  # 3 layers (0 and 2 MoE, 8 experts, top-2), vocab 256
@@ -140,62 +142,18 @@ class Prometheus:
         self.log.close()
 
 
-class Cluster:
-    """shardserve-local in the background; reads the ready line and the metrics URLs after it."""
+class Cluster(LocalCluster):
+    """The cluster under test: PP=2 x TP=2 over the MoE model, with every process's metrics."""
 
     def __init__(self, extra_env):
-        env = dict(os.environ, **extra_env)
-        self.proc = subprocess.Popen(
-            [os.path.join(BIN, "shardserve-local"), f"--model={MODEL}", "--workers=2", "--devices_per_worker=cpu:2",
-             "--pp=2", "--tp=2", "--max_slots=4"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.stderr = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._drain, daemon=True).start()
-        self.address = None
-        self.worker_metrics = []
-        self.coordinator_metrics = None
-        deadline = time.time() + 120
-        while time.time() < deadline and self.coordinator_metrics is None:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("ready: coordinator at "):
-                self.address = line.split()[-1]
-            elif line.startswith("metrics: "):
-                self.worker_metrics.append(line.split()[-1])
-            elif line.startswith("coordinator metrics: "):
-                self.coordinator_metrics = line.split()[-1]
-        if self.address is None or self.coordinator_metrics is None:
-            self.stop()
-            raise AssertionError(f"cluster did not come up with metrics: {self.log()[-3000:]}")
-
-    def _drain(self):
-        for line in self.proc.stderr:
-            with self.lock:
-                self.stderr.append(line)
-
-    def log(self):
-        with self.lock:
-            return "".join(self.stderr)
+        super().__init__(BIN, MODEL, 2, "cpu:2", ["--pp=2", "--tp=2", "--max_slots=4"], env=extra_env, timeout=120)
 
     def generate(self, prompt, max_tokens, expect_ok=True):
-        p = subprocess.run([os.path.join(BIN, "shardserve"), "generate", f"--server={self.address}",
-                            "--prompt_ids", ",".join(map(str, prompt)), "--max_tokens", str(max_tokens),
-                            "--ignore_eos", "--print_ids"], capture_output=True, text=True, timeout=120)
+        p = self.cli("generate", "--prompt_ids", ",".join(map(str, prompt)), "--max_tokens", str(max_tokens),
+                     "--ignore_eos", "--print_ids", check=False, timeout=120)
         if (p.returncode == 0) != expect_ok:
             raise AssertionError(f"generate exited with {p.returncode}: {p.stderr}")
         return [int(x) for x in p.stdout.strip().split(",") if x] if expect_ok else p.stderr
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 def host_port(url):

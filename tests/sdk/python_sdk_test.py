@@ -18,7 +18,7 @@ import grpc
 import shardserve
 from shardserve.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 from local_cluster import LocalCluster  # noqa: E402
 
 BIN = None
