@@ -10,6 +10,7 @@
 #include "common/log/log.h"
 #include "common/status/grpc_status.h"
 #include "coordinator/api/request_log.h"
+#include "coordinator/api/sequence_output.h"
 #include "coordinator/api/stop_strings.h"
 
 namespace shardserve::coordinator {
@@ -33,53 +34,27 @@ class GenerateStream final : public SequenceSink {
   GenerateStream(grpc::ServerWriteReactor<v1::GenerateResponse>* reactor, Scheduler* scheduler,
                  std::string request_id, std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
       : reactor_(reactor),
-        scheduler_(scheduler),
         request_id_(std::move(request_id)),
-        decoder_(std::move(decoder)),
-        matcher_(std::move(stops)) {}
+        canceller_(scheduler),
+        text_(std::move(decoder), std::move(stops)) {}
 
   // The sequence id, once Submit has returned; cancels it now if a cancel came first.
-  void Bind(SequenceId id) {
-    bool cancel = false;
-    {
-      absl::MutexLock lock(&mu_);
-      id_ = id;
-      cancel = cancel_requested_;
-    }
-    if (cancel) scheduler_->Cancel(id);
-  }
+  void Bind(SequenceId id) { canceller_.Bind(id); }
 
   // The client went away (OnCancel, or a failed write): stop generating.
-  void RequestCancel() {
-    std::optional<SequenceId> id;
-    {
-      absl::MutexLock lock(&mu_);
-      cancel_requested_ = true;
-      id = id_;
-    }
-    if (id.has_value()) scheduler_->Cancel(*id);  // may call OnEnd on this thread
-  }
+  void RequestCancel() { canceller_.Cancel(); }  // may call OnEnd on this thread
 
   void OnTokens(absl::Span<const int32_t> tokens) override {
     Action action;
     bool stop_now = false;
     {
       absl::MutexLock lock(&mu_);
-      if (matcher_.stopped()) return;  // a stop string matched; the cancel is on its way
+      if (text_.stopped()) return;  // a stop string matched; the cancel is on its way
       for (int32_t id : tokens) {
         pending_.add_token_ids(id);
-        if (decoder_ != nullptr) {
-          absl::StatusOr<std::string> text = decoder_->Next(id);
-          if (text.ok()) {
-            StopStringMatcher::Result r = matcher_.Feed(*text);
-            pending_.mutable_text()->append(r.text);
-            if (r.stopped) {
-              stop_now = true;
-              break;
-            }
-          } else {
-            VLOG(1) << request_id_ << ": no text for token " << id << ": " << text.status();
-          }
+        if (text_.Add(id, pending_.mutable_text())) {
+          stop_now = true;
+          break;
         }
       }
       has_pending_ = true;
@@ -94,7 +69,7 @@ class GenerateStream final : public SequenceSink {
     {
       absl::MutexLock lock(&mu_);
       ended_ = true;
-      if (matcher_.stopped() && !broken_) {
+      if (text_.stopped() && !broken_) {
         // The sequence was cancelled because a stop string matched: a normal stop for the client.
         pending_.set_finish_reason(v1::FINISH_REASON_STOP);
         pending_.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
@@ -106,16 +81,7 @@ class GenerateStream final : public SequenceSink {
         final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled");
         has_pending_ = false;  // nobody is listening
       } else if (end.status.ok()) {
-        FinishReason reason = end.reason;
-        if (decoder_ != nullptr) {
-          StopStringMatcher::Result r = matcher_.Feed(decoder_->Finish());
-          pending_.mutable_text()->append(r.text);
-          if (r.stopped) {
-            reason = FinishReason::kStop;
-          } else {
-            pending_.mutable_text()->append(matcher_.Finish());
-          }
-        }
+        const FinishReason reason = text_.Finish(pending_.mutable_text()) ? FinishReason::kStop : end.reason;
         pending_.set_finish_reason(ToProto(reason));
         pending_.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
         pending_.mutable_usage()->set_completion_tokens(end.completion_tokens);
@@ -171,12 +137,11 @@ class GenerateStream final : public SequenceSink {
   }
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* const reactor_;  // valid until Finish
-  Scheduler* const scheduler_;
   const std::string request_id_;
+  SequenceCanceller canceller_;
 
   absl::Mutex mu_;
-  std::unique_ptr<StreamDecoder> decoder_ ABSL_GUARDED_BY(mu_);
-  StopStringMatcher matcher_ ABSL_GUARDED_BY(mu_);  // text stop strings (none: passes text through)
+  SequenceText text_ ABSL_GUARDED_BY(mu_);  // the decoder and the text stop strings
   v1::GenerateResponse pending_ ABSL_GUARDED_BY(mu_);
   bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
   v1::GenerateResponse in_flight_;  // filled under mu_ when no write is in flight; then read by gRPC
@@ -185,8 +150,6 @@ class GenerateStream final : public SequenceSink {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status final_status_;  // written under mu_ before finished_ is set, read once after
-  std::optional<SequenceId> id_ ABSL_GUARDED_BY(mu_);
-  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/log/log.h"
 #include "coordinator/api/request_log.h"
+#include "coordinator/api/sequence_output.h"
 #include "coordinator/api/stop_strings.h"
 #include "coordinator/http/jinja.h"
 #include "coordinator/http/openai_protocol.h"
@@ -30,46 +31,22 @@ using Json = nlohmann::ordered_json;
 class HttpSequence final : public SequenceSink {
  public:
   HttpSequence(Scheduler* scheduler, std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
-      : scheduler_(scheduler), decoder_(std::move(decoder)), matcher_(std::move(stops)) {}
+      : canceller_(scheduler), sequence_text_(std::move(decoder), std::move(stops)) {}
 
   // The id from Submit; cancels at once when a cancel was asked for before.
-  void Bind(SequenceId id) {
-    bool cancel = false;
-    {
-      absl::MutexLock lock(&mu_);
-      id_ = id;
-      cancel = cancel_requested_;
-    }
-    if (cancel) scheduler_->Cancel(id);
-  }
+  void Bind(SequenceId id) { canceller_.Bind(id); }
 
   // Ends the sequence (the client went away, or a stop string matched). No lock held: the
   // scheduler may call OnEnd on this thread.
-  void Cancel() {
-    std::optional<SequenceId> id;
-    {
-      absl::MutexLock lock(&mu_);
-      cancel_requested_ = true;
-      id = id_;
-    }
-    if (id.has_value()) scheduler_->Cancel(*id);
-  }
+  void Cancel() { canceller_.Cancel(); }
 
   void OnTokens(absl::Span<const int32_t> tokens) override {
     bool stop_now = false;
     {
       absl::MutexLock lock(&mu_);
-      if (matcher_.stopped()) return;
+      if (sequence_text_.stopped() || !sequence_text_.has_text()) return;
       for (int32_t id : tokens) {
-        if (decoder_ == nullptr) break;
-        absl::StatusOr<std::string> piece = decoder_->Next(id);
-        if (!piece.ok()) {
-          VLOG(1) << "no text for token " << id << ": " << piece.status();
-          continue;
-        }
-        StopStringMatcher::Result r = matcher_.Feed(*piece);
-        text_ += r.text;
-        if (r.stopped) {
+        if (sequence_text_.Add(id, &text_)) {
           stop_now = true;
           break;
         }
@@ -81,17 +58,11 @@ class HttpSequence final : public SequenceSink {
   void OnEnd(const SequenceEnd& end) override {
     absl::MutexLock lock(&mu_);
     end_ = end;
-    if (matcher_.stopped()) {
+    if (sequence_text_.stopped()) {
       end_->status = absl::OkStatus();
       end_->reason = FinishReason::kStop;
-    } else if (end.status.ok() && end.reason != FinishReason::kCancelled && decoder_ != nullptr) {
-      StopStringMatcher::Result r = matcher_.Feed(decoder_->Finish());
-      text_ += r.text;
-      if (r.stopped) {
-        end_->reason = FinishReason::kStop;
-      } else {
-        text_ += matcher_.Finish();
-      }
+    } else if (end.status.ok() && end.reason != FinishReason::kCancelled && sequence_text_.Finish(&text_)) {
+      end_->reason = FinishReason::kStop;
     }
   }
 
@@ -117,14 +88,11 @@ class HttpSequence final : public SequenceSink {
   }
 
  private:
-  Scheduler* const scheduler_;
+  SequenceCanceller canceller_;
   absl::Mutex mu_;
-  std::unique_ptr<StreamDecoder> decoder_ ABSL_GUARDED_BY(mu_);  // null: the model has no tokenizer
-  StopStringMatcher matcher_ ABSL_GUARDED_BY(mu_);
-  std::string text_ ABSL_GUARDED_BY(mu_);
+  SequenceText sequence_text_ ABSL_GUARDED_BY(mu_);  // no text when the model has no tokenizer
+  std::string text_ ABSL_GUARDED_BY(mu_);             // final text not yet taken by Wait
   std::optional<SequenceEnd> end_ ABSL_GUARDED_BY(mu_);
-  std::optional<SequenceId> id_ ABSL_GUARDED_BY(mu_);
-  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 const char* FinishReasonText(FinishReason reason) {

@@ -1,0 +1,55 @@
+#include "coordinator/api/sequence_output.h"
+
+#include <utility>
+
+#include "common/log/log.h"
+
+namespace shardserve::coordinator {
+
+SequenceText::SequenceText(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
+    : decoder_(std::move(decoder)), matcher_(std::move(stops)) {}
+
+bool SequenceText::Add(int32_t id, std::string* out) {
+  if (matcher_.stopped()) return true;
+  if (decoder_ == nullptr) return false;
+  absl::StatusOr<std::string> piece = decoder_->Next(id);
+  if (!piece.ok()) {
+    VLOG(1) << "no text for token " << id << ": " << piece.status();
+    return false;
+  }
+  StopStringMatcher::Result r = matcher_.Feed(*piece);
+  out->append(r.text);
+  return r.stopped;
+}
+
+bool SequenceText::Finish(std::string* out) {
+  if (matcher_.stopped()) return true;
+  if (decoder_ == nullptr) return false;
+  StopStringMatcher::Result r = matcher_.Feed(decoder_->Finish());
+  out->append(r.text);
+  if (r.stopped) return true;
+  out->append(matcher_.Finish());
+  return false;
+}
+
+void SequenceCanceller::Bind(SequenceId id) {
+  bool cancel = false;
+  {
+    absl::MutexLock lock(&mu_);
+    id_ = id;
+    cancel = cancel_requested_;
+  }
+  if (cancel) scheduler_->Cancel(id);
+}
+
+void SequenceCanceller::Cancel() {
+  std::optional<SequenceId> id;
+  {
+    absl::MutexLock lock(&mu_);
+    cancel_requested_ = true;
+    id = id_;
+  }
+  if (id.has_value()) scheduler_->Cancel(*id);
+}
+
+}  // namespace shardserve::coordinator
