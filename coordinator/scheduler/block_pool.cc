@@ -15,7 +15,6 @@ BlockPool::BlockPool(int64_t num_blocks, int32_t block_size, bool caching)
   const auto n = static_cast<size_t>(num_blocks);
   refs_.assign(n, 0);
   lru_pos_.resize(n);
-  in_lru_.assign(n, false);
   // Lowest id at the back: a fresh pool hands out blocks 0, 1, 2, ...
   free_.reserve(n);
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
@@ -46,10 +45,7 @@ void BlockPool::Acquire(absl::Span<const int32_t> blocks) {
   for (int32_t b : blocks) {
     const auto i = static_cast<size_t>(b);
     CHECK(entries_.contains(b)) << "block " << b << " is not cached";
-    if (refs_[i]++ == 0) {
-      lru_.erase(lru_pos_[i]);
-      in_lru_[i] = false;
-    }
+    if (refs_[i]++ == 0) lru_.erase(lru_pos_[i]);
   }
 }
 
@@ -75,7 +71,6 @@ void BlockPool::Release(absl::Span<const int32_t> blocks) {
     if (--refs_[i] > 0) continue;
     if (entries_.contains(b)) {
       lru_pos_[i] = lru_.insert(lru_.end(), b);
-      in_lru_[i] = true;
     } else {
       free_.push_back(b);
     }
@@ -87,11 +82,9 @@ void BlockPool::Commit(absl::Span<const int32_t> blocks, absl::Span<const int32_
   if (!caching_) return;
   const int64_t full = std::min<int64_t>(written / block_size_, static_cast<int64_t>(blocks.size()));
   for (int64_t j = *cached_blocks; j < full; ++j) {
+    // Blocks past the cached ones were allocated fresh: none is cached yet.
     const int32_t b = blocks[static_cast<size_t>(j)];
-    if (entries_.contains(b)) {  // already cached (matched by this sequence)
-      *cached_blocks = j + 1;
-      continue;
-    }
+    DCHECK(!entries_.contains(b)) << "block " << b;
     Key key;
     key.parent = j == 0 ? -1 : blocks[static_cast<size_t>(j - 1)];
     key.tokens.assign(tokens.begin() + j * block_size_, tokens.begin() + (j + 1) * block_size_);
@@ -119,10 +112,7 @@ void BlockPool::Uncache(int32_t block) {
     stack.insert(stack.end(), entry.children.begin(), entry.children.end());
     const auto i = static_cast<size_t>(b);
     CHECK_EQ(refs_[i], 0) << "evicting cached block " << b << ", which a sequence holds";
-    if (in_lru_[i]) {
-      lru_.erase(lru_pos_[i]);
-      in_lru_[i] = false;
-    }
+    lru_.erase(lru_pos_[i]);  // cached and unreferenced: it is in lru_
     free_.push_back(b);
   }
   ++epoch_;
@@ -136,17 +126,15 @@ void BlockPool::CheckInvariantsForTest() const {
     CHECK(!entries_.contains(b));
     ++seen[static_cast<size_t>(b)];
   }
-  for (int32_t b : lru_) {
-    CHECK_EQ(refs_[static_cast<size_t>(b)], 0);
-    CHECK(entries_.contains(b));
-    CHECK(in_lru_[static_cast<size_t>(b)]);
-    ++seen[static_cast<size_t>(b)];
+  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+    const auto b = static_cast<size_t>(*it);
+    CHECK_EQ(refs_[b], 0);
+    CHECK(entries_.contains(*it));
+    CHECK(lru_pos_[b] == it) << "block " << b << ": its lru_ position is stale";
+    ++seen[b];
   }
   for (size_t b = 0; b < n; ++b) {
-    if (refs_[b] > 0) {
-      CHECK(!in_lru_[b]);
-      ++seen[b];
-    }
+    if (refs_[b] > 0) ++seen[b];
     CHECK_EQ(seen[b], 1) << "block " << b << " is in " << seen[b] << " states";
   }
   CHECK_EQ(entries_.size(), index_.size());

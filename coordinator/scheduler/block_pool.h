@@ -113,8 +113,8 @@ class BlockPool {
   std::vector<int32_t> refs_;     // per block: sequences holding it
   std::vector<int32_t> free_;     // FREE blocks, taken from the back (the lowest id first when new)
   std::list<int32_t> lru_;        // unreferenced cached blocks, least recently released first
-  std::vector<std::list<int32_t>::iterator> lru_pos_;  // per block: its place in lru_, if there
-  std::vector<bool> in_lru_;
+  // Per block: its place in lru_, valid exactly when the block is cached and unreferenced.
+  std::vector<std::list<int32_t>::iterator> lru_pos_;
   absl::flat_hash_map<int32_t, Entry> entries_;  // cached blocks
   absl::flat_hash_map<Key, int32_t> index_;      // contents -> cached block
   uint64_t epoch_ = 0;

@@ -34,10 +34,10 @@ struct Scheduler::Sequence {
   int64_t cached_blocks = 0;     // leading `blocks` that are prefix-cache entries (running only)
   int32_t consumed = 0;          // tokens of `context` already in the KV cache
   int32_t cached_prompt_tokens = -1;  // prompt tokens found cached at the first admission (-1: not yet)
-  // The last BlockPool::Match of a waiting sequence's context, and the pool epoch it was made at.
+  // The last BlockPool::Match of a waiting sequence's context, and the pool epoch it was made at
+  // (none: not matched since it last waited).
   std::vector<int32_t> match;
-  uint64_t match_epoch = 0;
-  bool match_valid = false;
+  std::optional<uint64_t> match_epoch;
   std::vector<int32_t> context;  // prompt followed by the generated tokens
   int32_t generated = 0;
   bool cancelled = false;
@@ -286,11 +286,10 @@ bool Scheduler::CanAdmitLocked(const Replica& r) const {
 }
 
 const std::vector<int32_t>& Scheduler::MatchLocked(const Replica& r, Sequence& seq) const {
-  if (!seq.match_valid || seq.match_epoch != r.pool->epoch()) {
+  if (seq.match_epoch != r.pool->epoch()) {
     // The last token is always computed: its logits give the next token.
     seq.match = r.pool->Match(seq.context, std::ssize(seq.context) - 1);
     seq.match_epoch = r.pool->epoch();
-    seq.match_valid = true;
   }
   return seq.match;
 }
@@ -313,22 +312,7 @@ bool Scheduler::GrowLocked(Replica& r, Sequence& seq, int64_t tokens) {
   return r.pool->Allocate(need, seq.blocks);
 }
 
-void Scheduler::PreemptLocked(Replica& r, Sequence& seq) {
-  CHECK(seq.running && !seq.in_flight);
-  r.pool->Release(seq.blocks);
-  seq.blocks.clear();
-  seq.cached_blocks = 0;
-  seq.consumed = 0;  // recomputed from its context (prompt + generated tokens) when admitted again
-  seq.running = false;
-  std::erase(r.running, &seq);
-  r.waiting.push_front(&seq);
-  ++num_waiting_;
-  if (options_.observer != nullptr) options_.observer->OnPreempted(r.id);
-}
-
-bool Scheduler::FailOverLocked(Replica& from, Sequence& seq) {
-  Replica* to = PickReplicaLocked(MaxCachedTokens(seq.request), &from);
-  if (to == nullptr) return false;
+void Scheduler::RequeueLocked(Replica& from, Sequence& seq, Replica& to) {
   if (seq.running) {
     from.pool->Release(seq.blocks);
     seq.blocks.clear();
@@ -336,12 +320,24 @@ bool Scheduler::FailOverLocked(Replica& from, Sequence& seq) {
     seq.running = false;
   }
   seq.cached_blocks = 0;
-  seq.consumed = 0;  // recomputed there from its context (prompt + generated tokens)
-  seq.match_valid = false;
-  seq.replica = to;
-  ++seq.failovers;
-  to->waiting.push_front(&seq);
+  seq.consumed = 0;  // recomputed from its context (prompt + generated tokens) when admitted again
+  seq.match_epoch.reset();
+  seq.replica = &to;
+  to.waiting.push_front(&seq);
   ++num_waiting_;
+}
+
+void Scheduler::PreemptLocked(Replica& r, Sequence& seq) {
+  CHECK(seq.running && !seq.in_flight);
+  RequeueLocked(r, seq, r);
+  if (options_.observer != nullptr) options_.observer->OnPreempted(r.id);
+}
+
+bool Scheduler::FailOverLocked(Replica& from, Sequence& seq) {
+  Replica* to = PickReplicaLocked(MaxCachedTokens(seq.request), &from);
+  if (to == nullptr) return false;
+  RequeueLocked(from, seq, *to);
+  ++seq.failovers;
   if (options_.observer != nullptr) options_.observer->OnFailover(from.id);
   LOG(WARNING) << "event=failover request_id=" << (seq.request.request_id.empty() ? "-" : seq.request.request_id)
                << " from_replica=" << from.id << " to_replica=" << to->id << " generated=" << seq.generated;
@@ -370,7 +366,7 @@ void Scheduler::AdmitLocked(Replica& r) {
     s->running = true;
     // Its cached prefix (CanAdmitLocked has just matched it), then blocks for the first chunk.
     std::vector<int32_t> match = MatchLocked(r, *s);
-    s->match_valid = false;
+    s->match_epoch.reset();
     r.pool->Acquire(match);
     s->blocks = std::move(match);
     s->cached_blocks = std::ssize(s->blocks);

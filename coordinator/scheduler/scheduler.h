@@ -203,6 +203,10 @@ class Scheduler {
   bool GrowLocked(Replica& r, Sequence& seq, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a running sequence's blocks and puts it back at the front of the waiting queue.
   void PreemptLocked(Replica& r, Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `seq` off `from` (giving back its blocks when it runs; a waiting one must already be out
+  // of `from`'s queue) and puts it at the front of `to`'s waiting queue with nothing cached, to be
+  // recomputed from its context. `to` may be `from` (a preemption).
+  void RequeueLocked(Replica& from, Sequence& seq, Replica& to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At most `max_sequences` sequences.
   Batch BuildBatchLocked(Replica& r, size_t max_sequences) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out, absl::Duration took,

@@ -622,6 +622,22 @@ TEST(SchedulerTest, SequencesOfABrokenPipelineFailOverAndGetTheirTokens) {
   EXPECT_GT(counter.failovers(), 0);
 }
 
+TEST(SchedulerTest, ASequenceFailsOverAtMostThreeTimes) {
+  // Both replicas' pipelines are broken: the sequence bounces between them, then fails with the
+  // last step's error instead of moving on for ever.
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.replicas = 2, .max_slots = 2, .observer = &counter}));
+  for (EngineReplica* r : h.replicas) {
+    r->SetStepHookForTest([](const StepInput&) { return absl::UnavailableError("the stream ended"); });
+  }
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_THAT(h.scheduler->Submit(MakeRequests(1, h.spec.vocab_size, 63, false)[0], sink), IsOk());
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("the stream ended")));
+  EXPECT_EQ(counter.failovers(), 3);
+  EXPECT_EQ(h.replicas[0]->NumStepsForTest() + h.replicas[1]->NumStepsForTest(), 4);
+}
+
 TEST(SchedulerTest, WithNoOtherReplicaABrokenPipelineFailsItsSequences) {
   ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2}));
   h.replicas[0]->SetStepHookForTest([](const StepInput&) { return absl::UnavailableError("stage 1 is gone"); });
