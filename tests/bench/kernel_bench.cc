@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
       });
       bool ok = true;
       const double picked16 = gf16([&](const uint16_t* w) {
-        ok &= backend.Linear({.x = x.data(), .w_bf16 = w, .y = y.data(), .tokens = m, .in = in, .out = out}).ok();
+        ok &= backend.Linear({.x = x.data(), .w = shardserve::kernels::WeightView::Bf16(w), .y = y.data(), .tokens = m, .in = in, .out = out}).ok();
       });
       if (!ok) {
         std::fprintf(stderr, "bf16 Linear failed\n");

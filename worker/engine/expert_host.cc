@@ -91,7 +91,7 @@ absl::Status ExpertHost::Compute(int64_t layer, absl::Span<const ExpertRows> gro
     const size_t bytes = static_cast<size_t>(n * h) * sizeof(float);
     RETURN_IF_ERROR(b.CopyToDevice(d.x.as<void>(), x.data() + row * h, bytes));
     auto linear = [&](const LinearWeight& lin, const float* in, float* out) {
-      return b.Linear({.x = in, .w = lin.f32_w(), .w_bf16 = lin.bf16_w(), .bias = lin.bias(),
+      return b.Linear({.x = in, .w = lin.view(), .bias = lin.bias(),
                        .y = out, .tokens = n, .in = lin.in, .out = lin.out});
     };
     RETURN_IF_ERROR(linear(w.gate, d.x.as<float>(), d.gate.as<float>()));

@@ -216,6 +216,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     RETURN_IF_ERROR(Alloc(*backend, &w.shared_gate, t * f));
     if (any_remote && options.shard.rank == 0) RETURN_IF_ERROR(Alloc(*backend, &w.remote_x, t * topk * h * f));
   }
+  // The widest Linear input is the hidden size, the attention output or an MLP's width.
+  RETURN_IF_ERROR(backend->Reserve({.max_tokens = options.max_step_tokens,
+                                    .max_linear_in = static_cast<int64_t>(std::max({h, qd, ffn})),
+                                    .max_q_heads = m->layout_.q_heads,
+                                    .max_head_dim = spec.head_dim,
+                                    .max_context = options.max_seq_len}));
   const std::vector<float> inv = InvFreq(spec, &w.position_scale);
   RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq, inv.size() * f));
   RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq.as<void>(), inv.data(), inv.size() * f));
@@ -329,7 +335,7 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
   RETURN_IF_ERROR(b.CopyToDevice(w.logit_rows.as<void>(), w.h_rows.data(), rows * sizeof(int32_t)));
 
   if (first_stage()) {
-    RETURN_IF_ERROR(b.Embedding({.table = weights_.embedding.as<float>(),
+    RETURN_IF_ERROR(b.Embedding({.table = weights_.embedding_view(),
                                  .ids = w.ids.as<int32_t>(),
                                  .out = w.hidden.as<float>(),
                                  .tokens = tokens,
@@ -369,8 +375,7 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
                              .eps = static_cast<float>(spec_.rms_norm_eps)}));
   const int64_t vpad = layout_.vocab_padded;
   RETURN_IF_ERROR(b.Linear({.x = w.selected.as<float>(),
-                            .w = weights_.lm_head_w != nullptr ? weights_.lm_head_w : weights_.lm_head.f32_w(),
-                            .w_bf16 = weights_.lm_head_w != nullptr ? nullptr : weights_.lm_head.bf16_w(),
+                            .w = weights_.lm_head_view(),
                             .y = w.logits.as<float>(),
                             .tokens = rows,
                             .in = h,
@@ -442,7 +447,7 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.input_norm.as<float>(), .y = normed, .tokens = tokens,
                              .hidden = h, .eps = eps}));
   auto linear = [&](const LinearWeight& lin, const float* x, float* y, bool accumulate) {
-    return b.Linear({.x = x, .w = lin.f32_w(), .w_bf16 = lin.bf16_w(), .bias = lin.bias(), .y = y,
+    return b.Linear({.x = x, .w = lin.view(), .bias = lin.bias(), .y = y,
                      .tokens = tokens, .in = lin.in, .out = lin.out, .accumulate = accumulate});
   };
   RETURN_IF_ERROR(linear(lw.q, normed, w.q.as<float>(), false));
@@ -493,7 +498,7 @@ absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t 
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
   auto linear = [&](const LinearWeight& lin, const float* in, float* out, bool acc) {
-    return b.Linear({.x = in, .w = lin.f32_w(), .w_bf16 = lin.bf16_w(), .bias = lin.bias(),
+    return b.Linear({.x = in, .w = lin.view(), .bias = lin.bias(),
                      .y = out, .tokens = tokens, .in = lin.in, .out = lin.out, .accumulate = acc});
   };
   RETURN_IF_ERROR(linear(mw.gate, x, w.gate.as<float>(), false));
@@ -514,7 +519,7 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
   float* normed = w.normed.as<float>();
 
   // Route on the host: router logits [tokens, experts] -> top-k experts and weights per token.
-  RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.router.f32_w(), .w_bf16 = lw.router.bf16_w(), .y = w.router.as<float>(), .tokens = tokens,
+  RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.router.view(), .y = w.router.as<float>(), .tokens = tokens,
                             .in = h, .out = e_count}));
   w.h_router.resize(static_cast<size_t>(tokens * e_count));
   RETURN_IF_ERROR(b.CopyToHost(w.h_router.data(), w.router.as<float>(), w.h_router.size() * sizeof(float)));
@@ -629,7 +634,7 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
     // each rank may scale its own slice before the all-reduce.
     float* shared = w.moe_y.as<float>();
     RETURN_IF_ERROR(Mlp(lw.shared, normed, shared, tokens, layout_.shared_ffn, false));
-    RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.shared_gate.f32_w(), .w_bf16 = lw.shared_gate.bf16_w(), .y = w.shared_gate.as<float>(),
+    RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.shared_gate.view(), .y = w.shared_gate.as<float>(),
                               .tokens = tokens, .in = h, .out = 1}));
     RETURN_IF_ERROR(b.SigmoidScaleRows({.x = shared, .gate = w.shared_gate.as<float>(), .tokens = tokens, .width = h}));
     RETURN_IF_ERROR(b.Add({.x = out, .y = shared, .n = tokens * h}));

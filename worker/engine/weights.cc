@@ -33,19 +33,21 @@ class Loader {
     return absl::OkStatus();
   }
 
-  // Whether matrix `name` is kept as bfloat16: stored so, and the backend computes with it.
-  bool KeepBf16(const std::string& name) {
-    if (!backend_.SupportsBf16Weights()) return false;
+  // The dtype matrix `name` is kept in on this backend for `op`: its stored bf16/f16 where the
+  // backend takes it, else f32.
+  DType KeptDType(const std::string& name, kernels::Op op) {
     absl::StatusOr<const SafetensorsEntry*> e = ckpt_.Find(name);
-    return e.ok() && (*e)->dtype == DType::kBF16;
+    if (!e.ok() || (*e)->dtype == DType::kF32 || !backend_.SupportsOp(op, (*e)->dtype)) return DType::kF32;
+    return (*e)->dtype;
   }
-  // Uploads `t` as bfloat16 bits (exact for values read from a bf16 tensor).
-  absl::StatusOr<kernels::DeviceBuffer> UploadBf16(const HostTensor& t) {
+  // Uploads `t` as 16-bit patterns of `dtype` (exact for values read from a tensor of that dtype).
+  absl::StatusOr<kernels::DeviceBuffer> Upload16(const HostTensor& t, DType dtype) {
     std::vector<uint16_t> bits(static_cast<size_t>(t.size()));
-    for (size_t i = 0; i < bits.size(); ++i) {
-      uint32_t u;
-      std::memcpy(&u, t.data() + i, sizeof(u));
-      bits[i] = static_cast<uint16_t>(u >> 16);
+    const float* src = t.data();
+    if (dtype == DType::kBF16) {
+      for (size_t i = 0; i < bits.size(); ++i) bits[i] = FloatToBFloat16(src[i]);
+    } else {
+      for (size_t i = 0; i < bits.size(); ++i) bits[i] = FloatToHalf(src[i]);
     }
     const size_t bytes = bits.size() * sizeof(uint16_t);
     ASSIGN_OR_RETURN(kernels::DeviceBuffer buf, backend_.Allocate(bytes));
@@ -53,8 +55,8 @@ class Loader {
     bytes_ += bytes;
     return buf;
   }
-  absl::StatusOr<kernels::DeviceBuffer> UploadAs(const HostTensor& t, bool bf16) {
-    return bf16 ? UploadBf16(t) : Upload(t);
+  absl::StatusOr<kernels::DeviceBuffer> UploadAs(const HostTensor& t, DType dtype) {
+    return dtype == DType::kF32 ? Upload(t) : Upload16(t, dtype);
   }
 
   absl::StatusOr<kernels::DeviceBuffer> Upload(const HostTensor& t) {
@@ -63,22 +65,23 @@ class Loader {
     bytes_ += t.bytes();
     return buf;
   }
-  absl::StatusOr<kernels::DeviceBuffer> Full(const std::string& name, const Shape& shape) {
+  absl::StatusOr<kernels::DeviceBuffer> Full(const std::string& name, const Shape& shape,
+                                             DType dtype = DType::kF32) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ckpt_.Read(name, shape));
-    return Upload(t);
+    return UploadAs(t, dtype);
   }
   absl::StatusOr<kernels::DeviceBuffer> Rows(const std::string& name, const Shape& shape, int64_t begin,
-                                             int64_t end, bool bf16 = false) {
+                                             int64_t end, DType dtype = DType::kF32) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadRows(name, shape, begin, end));
-    return UploadAs(t, bf16);
+    return UploadAs(t, dtype);
   }
   absl::StatusOr<kernels::DeviceBuffer> Cols(const std::string& name, const Shape& shape, int64_t begin,
-                                             int64_t end, bool bf16 = false) {
+                                             int64_t end, DType dtype = DType::kF32) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadCols(name, shape, begin, end));
-    return UploadAs(t, bf16);
+    return UploadAs(t, dtype);
   }
 
   // Column-parallel linear (split by output rows [begin, end)), with optional bias.
@@ -87,8 +90,8 @@ class Loader {
     LinearWeight lw;
     lw.in = in;
     lw.out = end - begin;
-    lw.bf16 = KeepBf16(prefix + ".weight");
-    ASSIGN_OR_RETURN(lw.w, Rows(prefix + ".weight", {out, in}, begin, end, lw.bf16));
+    lw.dtype = KeptDType(prefix + ".weight", kernels::Op::kLinear);
+    ASSIGN_OR_RETURN(lw.w, Rows(prefix + ".weight", {out, in}, begin, end, lw.dtype));
     if (bias) {
       ASSIGN_OR_RETURN(lw.b, Rows(prefix + ".bias", {out}, begin, end));
     }
@@ -100,8 +103,8 @@ class Loader {
     LinearWeight lw;
     lw.in = end - begin;
     lw.out = out;
-    lw.bf16 = KeepBf16(prefix + ".weight");
-    ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end, lw.bf16));
+    lw.dtype = KeptDType(prefix + ".weight", kernels::Op::kLinear);
+    ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end, lw.dtype));
     if (bias && bias_here) {
       ASSIGN_OR_RETURN(lw.b, Full(prefix + ".bias", {out}));
     }
@@ -117,12 +120,12 @@ class Loader {
   }
   // Rows [begin, end) followed by zero rows up to `rows` rows in all.
   absl::StatusOr<kernels::DeviceBuffer> PaddedRows(const std::string& name, const Shape& shape, int64_t begin,
-                                                   int64_t end, int64_t rows, bool bf16 = false) {
+                                                   int64_t end, int64_t rows, DType dtype = DType::kF32) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadRows(name, shape, begin, end));
     HostTensor padded({rows, shape[1]});
     std::copy(t.data(), t.data() + t.size(), padded.data());
-    return UploadAs(padded, bf16);
+    return UploadAs(padded, dtype);
   }
   size_t bytes() const { return bytes_; }
 
@@ -223,6 +226,13 @@ absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, in
                 end, false, bias_rank);
 }
 
+// The embedding table's dtype: kept narrow when Embedding (and, when `also_lm_head`, Linear) take it.
+DType KeptEmbeddingDType(Loader& ld, const std::string& name, bool also_lm_head) {
+  const DType dtype = ld.KeptDType(name, kernels::Op::kEmbedding);
+  if (also_lm_head && ld.KeptDType(name, kernels::Op::kLinear) != dtype) return DType::kF32;
+  return dtype;
+}
+
 }  // namespace
 
 absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int64_t expert, const Checkpoint& ckpt,
@@ -254,7 +264,10 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
   const bool last = layer_end == spec.num_layers;
   const bool lm_head_is_embedding = spec.tie_word_embeddings && shard.size == 1;
   if (first || (last && lm_head_is_embedding)) {
-    ASSIGN_OR_RETURN(mw.embedding, ld.Full("model.embed_tokens.weight", {spec.vocab_size, h}));
+    const std::string name = "model.embed_tokens.weight";
+    // A tied lm_head multiplies with the table too: keep a dtype both ops take.
+    mw.embedding_dtype = KeptEmbeddingDType(ld, name, last && lm_head_is_embedding);
+    ASSIGN_OR_RETURN(mw.embedding, ld.Full(name, {spec.vocab_size, h}, mw.embedding_dtype));
   }
   if (last) {
     ASSIGN_OR_RETURN(mw.final_norm, ld.Full("model.norm.weight", {h}));
@@ -263,13 +276,12 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     const int64_t ve = std::min(layout.vocab_begin + layout.vocab_padded, spec.vocab_size);
     mw.lm_head.in = h;
     mw.lm_head.out = layout.vocab_padded;
-    if (lm_head_is_embedding) {
-      mw.lm_head_w = mw.embedding.as<float>();
-    } else {
+    mw.lm_head_is_embedding = lm_head_is_embedding;
+    if (!lm_head_is_embedding) {
       const std::string name = spec.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-      mw.lm_head.bf16 = ld.KeepBf16(name);
+      mw.lm_head.dtype = ld.KeptDType(name, kernels::Op::kLinear);
       ASSIGN_OR_RETURN(mw.lm_head.w,
-                       ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded, mw.lm_head.bf16));
+                       ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded, mw.lm_head.dtype));
     }
   }
   const bool moe_mixtral = spec.arch == Architecture::kMixtral;

@@ -2,8 +2,9 @@
 // backend. Tensor-parallel slicing (Megatron): q/k/v and gate/up are split by output rows (whole
 // heads / FFN columns), o and down by input columns; norms, embeddings and the router are
 // replicated. Each rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
-// Matrices stored as bfloat16 stay bfloat16 on backends that SupportsBf16Weights() (the
-// conversion is exact); everything else is f32.
+// Matrices (and the embedding table) stored as bf16 or f16 keep their dtype on backends that
+// SupportsOp(kLinear / kEmbedding, dtype) (the round trip through f32 is exact); everything else,
+// and every other backend, holds f32.
 // Every tensor's dtype and shape are checked against the ModelSpec before use; a mismatch is an
 // InvalidArgument naming the file and tensor.
 #ifndef SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_
@@ -50,13 +51,12 @@ struct ShardLayout {
 };
 
 struct LinearWeight {
-  kernels::DeviceBuffer w;  // [out, in], f32 or (bf16 true) bfloat16 bits
-  kernels::DeviceBuffer b;  // [out] or empty
+  kernels::DeviceBuffer w;  // [out, in] of `dtype`
+  kernels::DeviceBuffer b;  // [out] f32, or empty
   int64_t in = 0, out = 0;
-  bool bf16 = false;
-  // For kernels::LinearParams::w / w_bf16 (one is null).
-  const float* f32_w() const { return bf16 ? nullptr : w.as<float>(); }
-  const uint16_t* bf16_w() const { return bf16 ? w.as<uint16_t>() : nullptr; }
+  DType dtype = DType::kF32;
+  // For kernels::LinearParams::w.
+  kernels::WeightView view() const { return {dtype, w.as<void>()}; }
   const float* bias() const { return b.empty() ? nullptr : b.as<float>(); }
 };
 
@@ -87,12 +87,15 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  kernels::DeviceBuffer embedding;  // [vocab, hidden]; first stage (or tied last stage) only
+  kernels::DeviceBuffer embedding;  // [vocab, hidden] of embedding_dtype; first stage (or tied last stage) only
+  DType embedding_dtype = DType::kF32;
   kernels::DeviceBuffer final_norm; // [hidden]; last stage only
   // [vocab_padded, hidden]: this rank's rows of the lm_head; when tied on one rank, w is empty and
-  // lm_head_w (the embedding itself, f32) is the matrix to use.
+  // the embedding itself is the matrix (lm_head_view() says which).
   LinearWeight lm_head;
-  const float* lm_head_w = nullptr;
+  bool lm_head_is_embedding = false;
+  kernels::WeightView embedding_view() const { return {embedding_dtype, embedding.as<void>()}; }
+  kernels::WeightView lm_head_view() const { return lm_head_is_embedding ? embedding_view() : lm_head.view(); }
   std::vector<LayerWeights> layers;
   size_t bytes = 0;                 // device bytes held
 };

@@ -60,15 +60,38 @@ absl::Status ValidateSeqs(absl::string_view op, const PagedSeqs& p, int64_t toke
 
 }  // namespace
 
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kEmbedding: return "Embedding";
+    case Op::kLinear: return "Linear";
+    case Op::kRmsNorm: return "RmsNorm";
+    case Op::kRope: return "Rope";
+    case Op::kKvWrite: return "KvWrite";
+    case Op::kAttention: return "Attention";
+    case Op::kSiluMul: return "SiluMul";
+    case Op::kAdd: return "Add";
+    case Op::kGatherRows: return "GatherRows";
+    case Op::kScatterAddRows: return "ScatterAddRows";
+    case Op::kSigmoidScaleRows: return "SigmoidScaleRows";
+    case Op::kZero: return "Zero";
+  }
+  return "?";
+}
+
+absl::Status UnsupportedWeights(absl::string_view backend_name, Op op, DType dtype) {
+  return absl::UnimplementedError(
+      absl::StrCat(backend_name, ": ", OpName(op), " does not take ", DTypeName(dtype), " weights"));
+}
+
 absl::Status EmbeddingParams::Validate() const {
-  if (table == nullptr || ids == nullptr || out == nullptr) return Invalid("Embedding", "null pointer");
+  if (table.data == nullptr || ids == nullptr || out == nullptr) return Invalid("Embedding", "null pointer");
   if (AnyNegative({tokens, vocab, hidden})) return Invalid("Embedding", "negative size");
   return absl::OkStatus();
 }
 
 absl::Status LinearParams::Validate() const {
   if (x == nullptr || y == nullptr) return Invalid("Linear", "null pointer");
-  if ((w == nullptr) == (w_bf16 == nullptr)) return Invalid("Linear", "exactly one of w and w_bf16 must be set");
+  if (w.data == nullptr) return Invalid("Linear", "null weights");
   if (AnyNegative({tokens, in, out})) return Invalid("Linear", "negative size");
   if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("Linear", "y aliases x");
   return absl::OkStatus();

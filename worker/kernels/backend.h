@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/tensor/dtype.h"
 
 namespace shardserve::kernels {
 
@@ -68,9 +69,42 @@ class DeviceBuffer {
   FreeFn free_fn_ = nullptr;
 };
 
-// out[t, :] = table[ids[t], :]
+// A weight matrix as the backend holds it: its element type and its device memory. Activations
+// are f32 for every op; weights may be narrower where the backend SupportsOp() the pair. The
+// implicit conversion from `const float*` keeps f32 call sites short.
+struct WeightView {
+  DType dtype = DType::kF32;
+  const void* data = nullptr;  // elements of `dtype` (bf16/f16: their 16-bit patterns)
+  WeightView() = default;
+  WeightView(const float* f32) : data(f32) {}  // NOLINT(google-explicit-constructor)
+  WeightView(DType type, const void* p) : dtype(type), data(p) {}
+  static WeightView Bf16(const uint16_t* p) { return {DType::kBF16, p}; }
+  static WeightView F16(const uint16_t* p) { return {DType::kF16, p}; }
+};
+
+// The ops of this interface, for SupportsOp().
+enum class Op : uint8_t {
+  kEmbedding, kLinear, kRmsNorm, kRope, kKvWrite, kAttention, kSiluMul, kAdd, kGatherRows,
+  kScatterAddRows, kSigmoidScaleRows, kZero,
+};
+// "Embedding", "Linear", ... for messages.
+const char* OpName(Op op);
+// Unimplemented("<backend>: <op> does not take <dtype> weights"): what an op returns for a dtype
+// its backend does not SupportsOp().
+absl::Status UnsupportedWeights(absl::string_view backend_name, Op op, DType dtype);
+
+// The largest shapes one engine step passes to the ops, for Backend::Reserve().
+struct StepLimits {
+  int64_t max_tokens = 0;       // rows of any op's activations
+  int64_t max_linear_in = 0;    // the widest Linear input
+  int64_t max_q_heads = 0;      // query heads of Attention
+  int64_t max_head_dim = 0;
+  int64_t max_context = 0;      // the longest sequence Attention reads (positions)
+};
+
+// out[t, :] = table[ids[t], :], widened to f32.
 struct EmbeddingParams {
-  const float* table = nullptr;  // [vocab, hidden]
+  WeightView table;              // [vocab, hidden]
   const int32_t* ids = nullptr;  // [tokens], each in [0, vocab) (checked by the engine)
   float* out = nullptr;          // [tokens, hidden]
   int64_t tokens = 0, vocab = 0, hidden = 0;
@@ -80,10 +114,7 @@ struct EmbeddingParams {
 // y = x . w^T (+ bias), or y += x . w^T (+ bias) when `accumulate`.
 struct LinearParams {
   const float* x = nullptr;     // [tokens, in]
-  const float* w = nullptr;     // [out, in]  (PyTorch nn.Linear layout)
-  // Or the same matrix as bfloat16 bits (the upper half of each f32), for backends whose
-  // SupportsBf16Weights(): exactly one of w and w_bf16 is set. Products and sums stay f32.
-  const uint16_t* w_bf16 = nullptr;
+  WeightView w;                 // [out, in]  (PyTorch nn.Linear layout), of a dtype SupportsOp(kLinear, ...)
   const float* bias = nullptr;  // [out] or null
   float* y = nullptr;           // [tokens, out]; must not alias x
   int64_t tokens = 0, in = 0, out = 0;
@@ -227,10 +258,18 @@ class Backend {
   virtual DeviceKind kind() const = 0;
   // "cpu", "cuda:0", ... for messages and metrics.
   virtual std::string name() const = 0;
-  // Whether Linear takes bfloat16 weights (LinearParams::w_bf16). Loaders keep bf16 checkpoints
-  // in bf16 on such backends (half the memory and the bytes a decode step reads) and widen them
-  // to f32 elsewhere.
-  virtual bool SupportsBf16Weights() const { return false; }
+  // Whether `op` takes weights (LinearParams::w, EmbeddingParams::table) of `weight_dtype`; ops
+  // without weights answer for kF32 only. Every backend takes f32. Loaders keep a checkpoint's
+  // bf16/f16 matrices in their dtype where this is true (half the memory and the bytes a decode
+  // step reads) and widen them to f32 elsewhere. An op called with a dtype it does not take
+  // returns Unimplemented naming the op and the dtype. Thread-safe.
+  virtual bool SupportsOp(Op op, DType weight_dtype) const = 0;
+
+  // Sizes the backend's own scratch memory (if it needs any) for steps up to `limits`, so that
+  // ops within them never allocate. Ops called beyond the reserved limits allocate what they
+  // need first (correct, but not capturable and slower). Never shrinks. ResourceExhausted when
+  // the scratch does not fit.
+  virtual absl::Status Reserve(const StepLimits& limits) = 0;
 
   // Allocates `bytes` (zero-filled) of device memory. ResourceExhausted when it does not fit.
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;

@@ -192,20 +192,23 @@ TEST(TensorParallelMemoryTest, EachRankHoldsItsSliceAndTheReplicatedParts) {
 
 TEST(TensorParallelMemoryTest, Bf16MatricesStayBf16OnTheCpuBackend) {
   // The same shapes as the f32 llama model; the bf16 checkpoint's matrices (attention, MLP,
-  // lm_head) are held as bf16, the embedding and the norms as f32.
+  // lm_head) and its embedding table are held as bf16, the norms as f32.
   ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec("tests/golden/models/llama_bf16_sharded"));
   const int64_t h = spec.hidden_size, v = spec.vocab_size;
-  const int64_t f32_params = v * h + h + spec.num_layers * 2 * h;
-  const int64_t bf16_params = spec.NumParameters() - f32_params;
+  const int64_t norm_params = h + spec.num_layers * 2 * h;
+  const int64_t embedding_params = v * h;
+  const int64_t matrix_params = spec.NumParameters() - norm_params - embedding_params;
   for (int n : {1, 2}) {
     ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor("tests/golden/models/llama_bf16_sharded", n, {}));
     ASSERT_OK_AND_ASSIGN(auto f32, MakeExecutor("tests/golden/models/llama", n, {}));
     size_t total = 0, total_f32 = 0;
     for (size_t b : ex->WeightBytesPerRank()) total += b;
     for (size_t b : f32->WeightBytesPerRank()) total_f32 += b;
-    // Each rank holds its slice of the matrices; the replicated f32 parts are on every rank.
-    EXPECT_EQ(static_cast<int64_t>(total), n * f32_params * 4 + bf16_params * 2) << "ranks " << n;
-    EXPECT_EQ(static_cast<int64_t>(total_f32), n * f32_params * 4 + bf16_params * 4) << "ranks " << n;
+    // Each rank holds its slice of the matrices; the norms and the embedding are on every rank.
+    EXPECT_EQ(static_cast<int64_t>(total), n * (norm_params * 4 + embedding_params * 2) + matrix_params * 2)
+        << "ranks " << n;
+    EXPECT_EQ(static_cast<int64_t>(total_f32), n * (norm_params + embedding_params) * 4 + matrix_params * 4)
+        << "ranks " << n;
   }
 }
 

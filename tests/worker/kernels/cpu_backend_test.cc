@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/tensor/dtype.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/kernels/cpu/gemv.h"
 #include "worker/kernels/registry.h"
@@ -288,7 +289,7 @@ class LinearBf16Test : public CpuBackendTest, public ::testing::WithParamInterfa
 
 TEST_P(LinearBf16Test, MatchesReferenceWithBiasAndAccumulate) {
   const auto [tokens, in, out] = GetParam();
-  ASSERT_TRUE(b_->SupportsBf16Weights());
+  ASSERT_TRUE(b_->SupportsOp(Op::kLinear, DType::kBF16));
   // One spare element each, so that no pointer is null at 0 tokens or in = 0.
   const auto x = Random(static_cast<size_t>(tokens * in + 1), 41);
   const auto w16 = ToBf16(Random(static_cast<size_t>(out * in + 1), 42));
@@ -299,7 +300,7 @@ TEST_P(LinearBf16Test, MatchesReferenceWithBiasAndAccumulate) {
       std::vector<float> ref = y0, got = y0;
       cpu::ReferenceLinearBf16(x.data(), w16.data(), with_bias ? bias.data() : nullptr, ref.data(), tokens, in, out,
                                accumulate);
-      ASSERT_TRUE(b_->Linear({.x = x.data(), .w_bf16 = w16.data(), .bias = with_bias ? bias.data() : nullptr,
+      ASSERT_TRUE(b_->Linear({.x = x.data(), .w = WeightView::Bf16(w16.data()), .bias = with_bias ? bias.data() : nullptr,
                               .y = got.data(), .tokens = tokens, .in = in, .out = out, .accumulate = accumulate})
                       .ok());
       ExpectClose(ref, got, 1e-5f, absl::StrCat("tokens ", tokens, " in ", in, " out ", out, " acc ", accumulate,
@@ -317,14 +318,32 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LinearBf16Test,
                                            LinearShape{300, 2048, 300}, LinearShape{130, 5, 1},
                                            LinearShape{300, 0, 4}));
 
-TEST_F(CpuBackendTest, LinearRejectsBothOrNeitherWeightType) {
+TEST_F(CpuBackendTest, LinearRejectsMissingAndUnsupportedWeights) {
   float buf[4] = {}, y[4] = {};
   const uint16_t w16[4] = {};
   EXPECT_THAT(b_->Linear({.x = buf, .y = y, .tokens = 1, .in = 1, .out = 1}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exactly one of w and w_bf16")));
-  EXPECT_THAT(b_->Linear({.x = buf, .w = buf, .w_bf16 = w16, .y = y, .tokens = 1, .in = 1, .out = 1}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exactly one of w and w_bf16")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("null weights")));
+  // The CPU backend multiplies f32 and bf16 weights; f16 ones are widened at load, never passed.
+  EXPECT_FALSE(b_->SupportsOp(Op::kLinear, DType::kF16));
+  EXPECT_THAT(b_->Linear({.x = buf, .w = WeightView::F16(w16), .y = y, .tokens = 1, .in = 1, .out = 1}),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("cpu: Linear does not take F16 weights")));
   EXPECT_EQ(y[0], 0.f);
+}
+
+TEST_F(CpuBackendTest, EmbeddingWidensEveryTableDtype) {
+  const std::vector<float> table = {0.5f, -1.25f, 3.0f, 2.0f, -0.75f, 8.0f};  // [3, 2], exact in bf16 and f16
+  std::vector<uint16_t> bf16, f16;
+  for (float v : table) {
+    bf16.push_back(FloatToBFloat16(v));
+    f16.push_back(FloatToHalf(v));
+  }
+  const int32_t ids[3] = {2, 0, 2};
+  for (const WeightView& view : {WeightView(table.data()), WeightView::Bf16(bf16.data()), WeightView::F16(f16.data())}) {
+    ASSERT_TRUE(b_->SupportsOp(Op::kEmbedding, view.dtype));
+    std::vector<float> out(6, 0.f);
+    ASSERT_TRUE(b_->Embedding({.table = view, .ids = ids, .out = out.data(), .tokens = 3, .vocab = 3, .hidden = 2}).ok());
+    EXPECT_EQ(out, (std::vector<float>{-0.75f, 8.0f, 0.5f, -1.25f, -0.75f, 8.0f})) << DTypeName(view.dtype);
+  }
 }
 
 // A paged cache filled from per-sequence contiguous K/V: sequence s's position j lives in block

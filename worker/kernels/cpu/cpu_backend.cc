@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/tensor/dtype.h"
 #include "worker/kernels/cpu/gemv.h"
 #include "worker/kernels/shared/row_math.h"
 
@@ -30,7 +31,28 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int blas_threads) : blas_threads_(blas_threads) {}
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string name() const override { return "cpu"; }
-  bool SupportsBf16Weights() const override { return true; }
+  bool SupportsOp(Op op, DType dtype) const override {
+    switch (op) {
+      case Op::kEmbedding:
+        return true;  // rows are widened on the fly
+      case Op::kLinear:
+        return dtype == DType::kF32 || dtype == DType::kBF16;
+      case Op::kRmsNorm:
+      case Op::kRope:
+      case Op::kKvWrite:
+      case Op::kAttention:
+      case Op::kSiluMul:
+      case Op::kAdd:
+      case Op::kGatherRows:
+      case Op::kScatterAddRows:
+      case Op::kSigmoidScaleRows:
+      case Op::kZero:
+        return dtype == DType::kF32;
+    }
+    return false;
+  }
+  // Host memory needs no reservation: the bf16 path's widening buffer is bounded (kWidenFloats).
+  absl::Status Reserve(const StepLimits& /*limits*/) override { return absl::OkStatus(); }
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
     if (bytes == 0) return DeviceBuffer();
@@ -59,8 +81,11 @@ class CpuBackend final : public Backend {
 
   absl::Status Embedding(const EmbeddingParams& p) override {
     SHARDSERVE_VALIDATE(p);
+    const size_t row_bytes = static_cast<size_t>(p.hidden) * DTypeSize(p.table.dtype);
+    const auto* table = static_cast<const uint8_t*>(p.table.data);
     for (int64_t t = 0; t < p.tokens; ++t) {
-      std::memcpy(p.out + t * p.hidden, p.table + int64_t{p.ids[t]} * p.hidden, p.hidden * sizeof(float));
+      ConvertToFloat(p.table.dtype, table + static_cast<size_t>(p.ids[t]) * row_bytes, static_cast<size_t>(p.hidden),
+                     p.out + t * p.hidden);
     }
     return absl::OkStatus();
   }
@@ -68,19 +93,27 @@ class CpuBackend final : public Backend {
   absl::Status Linear(const LinearParams& p) override {
     SHARDSERVE_VALIDATE(p);
     if (p.tokens == 0 || p.out == 0) return absl::OkStatus();
-    if (p.w_bf16 != nullptr) return LinearBf16(p);
+    switch (p.w.dtype) {
+      case DType::kF32:
+        break;
+      case DType::kBF16:
+        return LinearBf16(p, static_cast<const uint16_t*>(p.w.data));
+      case DType::kF16:
+        return UnsupportedWeights(name(), Op::kLinear, p.w.dtype);
+    }
+    const auto* w = static_cast<const float*>(p.w.data);
     if (p.tokens <= cpu::SmallBatchMaxTokens()) {
-      cpu::SmallBatchLinear(p.x, p.w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
+      cpu::SmallBatchLinear(p.x, w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
       return absl::OkStatus();
     }
     // The blocked kernel runs on one thread; with more BLAS threads sgemm's parallelism wins.
     if (p.tokens <= cpu::BlockedMaxTokens() && blas_threads_ == 1) {
-      cpu::BlockedLinear(p.x, p.w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
+      cpu::BlockedLinear(p.x, w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
       return absl::OkStatus();
     }
     const float beta = p.accumulate ? 1.0f : 0.0f;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.tokens), static_cast<int>(p.out),
-                static_cast<int>(p.in), 1.0f, p.x, static_cast<int>(p.in), p.w, static_cast<int>(p.in), beta, p.y,
+                static_cast<int>(p.in), 1.0f, p.x, static_cast<int>(p.in), w, static_cast<int>(p.in), beta, p.y,
                 static_cast<int>(p.out));
     if (p.bias != nullptr) AddBias(p);
     return absl::OkStatus();
@@ -88,14 +121,14 @@ class CpuBackend final : public Backend {
 
   // The f32 dispatch with bfloat16 weights: their thresholds, and above them sgemm on blocks of
   // rows widened to f32 in a bounded scratch buffer.
-  absl::Status LinearBf16(const LinearParams& p) {
+  absl::Status LinearBf16(const LinearParams& p, const uint16_t* w) {
     if (p.tokens <= cpu::SmallBatchMaxTokensBf16()) {
-      cpu::SmallBatchLinearBf16(p.x, p.w_bf16, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
+      cpu::SmallBatchLinearBf16(p.x, w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
       return absl::OkStatus();
     }
     // (in = 0 also goes here: sgemm takes no leading dimension below 1.)
     if ((p.tokens <= cpu::BlockedMaxTokensBf16() && blas_threads_ == 1) || p.in == 0) {
-      cpu::BlockedLinearBf16(p.x, p.w_bf16, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
+      cpu::BlockedLinearBf16(p.x, w, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate, 0, p.out);
       return absl::OkStatus();
     }
     const int64_t rows = std::min(p.out, std::max<int64_t>(16, kWidenFloats / p.in));
@@ -103,7 +136,7 @@ class CpuBackend final : public Backend {
     const float beta = p.accumulate ? 1.0f : 0.0f;
     for (int64_t o = 0; o < p.out; o += rows) {
       const int64_t n = std::min(rows, p.out - o);
-      cpu::WidenBf16(p.w_bf16 + o * p.in, widened_.data(), n * p.in);
+      cpu::WidenBf16(w + o * p.in, widened_.data(), n * p.in);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.tokens), static_cast<int>(n),
                   static_cast<int>(p.in), 1.0f, p.x, static_cast<int>(p.in), widened_.data(), static_cast<int>(p.in),
                   beta, p.y + o, static_cast<int>(p.out));

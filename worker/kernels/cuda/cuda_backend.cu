@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status/macros.h"
+#include "worker/kernels/cuda/linear16.cuh"
 #include "worker/kernels/cuda/ops.cuh"
 
 namespace shardserve::kernels {
@@ -64,6 +65,8 @@ class CudaBackend final : public Backend {
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
+  bool SupportsOp(Op op, DType dtype) const override;
+  absl::Status Reserve(const StepLimits& limits) override;
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
   absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) override;
@@ -92,6 +95,10 @@ class CudaBackend final : public Backend {
   absl::Status Check(cudaError_t err, absl::string_view call);
   absl::Status CheckBlas(cublasStatus_t st, absl::string_view call);
   absl::Status Fail(std::string message);
+  // Makes scratch_ at least `bytes` long (cudaMalloc after draining the stream, when it grows).
+  absl::Status EnsureScratch(size_t bytes);
+  // Linear with bf16/f16 weights (see linear16.cuh for the two paths).
+  absl::Status Linear16(const LinearParams& p);
 
   // Constant after construction / Init().
   const int device_;
@@ -99,6 +106,10 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
+
+  // Backend-owned scratch for ops that need device memory beyond their Params (the activations
+  // of a 16-bit GEMM, rounded). Sized by Reserve(); grown by an op called beyond it.
+  DeviceBuffer scratch_;
 
   // Empty while healthy; the first device error afterwards.
   std::string first_error_;
@@ -200,21 +211,62 @@ absl::Status CudaBackend::Synchronize() {
   return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
+bool CudaBackend::SupportsOp(Op op, DType dtype) const {
+  switch (op) {
+    case Op::kEmbedding:
+    case Op::kLinear:
+      return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+    case Op::kRmsNorm:
+    case Op::kRope:
+    case Op::kKvWrite:
+    case Op::kAttention:
+    case Op::kSiluMul:
+    case Op::kAdd:
+    case Op::kGatherRows:
+    case Op::kScatterAddRows:
+    case Op::kSigmoidScaleRows:
+    case Op::kZero:
+      return dtype == DType::kF32;
+  }
+  return false;
+}
+
+absl::Status CudaBackend::Reserve(const StepLimits& limits) {
+  if (limits.max_tokens < 0 || limits.max_linear_in < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": negative step limits"));
+  }
+  // 16-bit GEMMs round their activations into the scratch: [tokens, in] of 2 bytes.
+  const size_t cast_bytes = static_cast<size_t>(limits.max_tokens) * static_cast<size_t>(limits.max_linear_in) * 2;
+  return EnsureScratch(cast_bytes);
+}
+
+absl::Status CudaBackend::EnsureScratch(size_t bytes) {
+  if (bytes <= scratch_.bytes()) return absl::OkStatus();
+  // Queued ops may still read the old scratch: let them finish before it is freed.
+  RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  scratch_ = DeviceBuffer();
+  ASSIGN_OR_RETURN(scratch_, Allocate(bytes));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {
   RETURN_IF_ERROR(p.Validate());
+  if (!SupportsOp(Op::kEmbedding, p.table.dtype)) return UnsupportedWeights(name_, Op::kEmbedding, p.table.dtype);
   RETURN_IF_ERROR(Enter());
-  return Check(cuda::LaunchEmbedding(p, stream_), "Embedding kernel launch");
+  return Check(cuda::LaunchEmbeddingTyped(p.table.dtype, p.table.data, p.ids, p.out, p.tokens, p.hidden, stream_),
+               "Embedding kernel launch");
 }
 
 absl::Status CudaBackend::Linear(const LinearParams& p) {
   RETURN_IF_ERROR(p.Validate());
-  if (p.w_bf16 != nullptr) return absl::UnimplementedError(absl::StrCat(name_, ": bfloat16 weights"));
+  if (!SupportsOp(Op::kLinear, p.w.dtype)) return UnsupportedWeights(name_, Op::kLinear, p.w.dtype);
   if (!FitsInt({p.tokens, p.in, p.out})) {
     return absl::UnimplementedError(
         absl::StrCat(name_, ": Linear dimensions exceed cuBLAS's int range: ", p.tokens, "x", p.in, "x", p.out));
   }
   RETURN_IF_ERROR(Enter());
   if (p.tokens == 0 || p.out == 0) return absl::OkStatus();
+  if (p.w.dtype != DType::kF32 && p.in > 0) return Linear16(p);
   if (p.in == 0) {
     // An empty product (cuBLAS rejects lda = 0): y = bias, or y += bias.
     if (!p.accumulate) {
@@ -228,9 +280,34 @@ absl::Status CudaBackend::Linear(const LinearParams& p) {
     const float beta = p.accumulate ? 1.0f : 0.0f;
     const int tokens = static_cast<int>(p.tokens), in = static_cast<int>(p.in), out = static_cast<int>(p.out);
     RETURN_IF_ERROR(CheckBlas(
-        cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, tokens, in, &alpha, p.w, in, p.x, in, &beta, p.y, out),
+        cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, tokens, in, &alpha, static_cast<const float*>(p.w.data), in,
+                    p.x, in, &beta, p.y, out),
         "cublasSgemm"));
   }
+  if (p.bias == nullptr) return absl::OkStatus();
+  return Check(cuda::LaunchBiasAdd(p.bias, p.y, p.tokens, p.out, stream_), "Linear bias kernel launch");
+}
+
+absl::Status CudaBackend::Linear16(const LinearParams& p) {
+  if (p.tokens <= cuda::kGemv16MaxTokens) {
+    // Bias and accumulation are fused into the GEMV.
+    return Check(cuda::LaunchGemv16(p.w.dtype, p.x, p.w.data, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate,
+                                    stream_),
+                 "Gemv16 kernel launch");
+  }
+  const int64_t n = p.tokens * p.in;
+  RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
+  void* x16 = scratch_.as<void>();
+  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(p.w.dtype, p.x, x16, n, stream_), "CastTo16 kernel launch"));
+  const cudaDataType type = p.w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const float alpha = 1.0f;
+  const float beta = p.accumulate ? 1.0f : 0.0f;
+  const int tokens = static_cast<int>(p.tokens), in = static_cast<int>(p.in), out = static_cast<int>(p.out);
+  // The layout of Linear's f32 cublasSgemm; 16-bit inputs, f32 output and accumulation.
+  RETURN_IF_ERROR(CheckBlas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, tokens, in, &alpha, p.w.data, type, in,
+                                         x16, type, in, &beta, p.y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT),
+                            "cublasGemmEx"));
   if (p.bias == nullptr) return absl::OkStatus();
   return Check(cuda::LaunchBiasAdd(p.bias, p.y, p.tokens, p.out, stream_), "Linear bias kernel launch");
 }

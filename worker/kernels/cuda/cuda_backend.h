@@ -15,9 +15,13 @@
 //   * Threads. One thread at a time (the rank thread that owns the device). Every entry point makes
 //     the backend's device current on the calling thread (cudaSetDevice), so the backend may be
 //     created on one thread and then handed to another.
-//   * Numerics. f32 throughout; cuBLAS runs in its default math mode, which never uses TF32 for
-//     cublasSgemm. Reductions are ordered differently from the CPU backend, so results agree within
-//     rounding, not bit for bit.
+//   * Numerics. Activations are f32. Weights are f32, bf16 or f16 (SupportsOp): f32 GEMMs run in
+//     cuBLAS's default math mode, which never uses TF32 for cublasSgemm; 16-bit weights are widened
+//     to f32 in a GEMV for up to 8 tokens, and above that the activations are rounded to the
+//     weights' type for a tensor-core GEMM with f32 accumulation (linear16.cuh). Reductions are
+//     ordered differently from the CPU backend, so results agree within rounding, not bit for bit.
+//   * Scratch. The backend owns one scratch buffer (16-bit GEMM activations), sized by Reserve();
+//     an op called beyond the reserved limits first drains the stream and grows it.
 //   * Errors. Params::Validate() failures return InvalidArgument and change nothing. Shapes the
 //     kernels cannot launch (a dimension over INT_MAX for cuBLAS, a head_dim too large for the
 //     attention kernel's shared memory) return Unimplemented and change nothing. A failing CUDA or

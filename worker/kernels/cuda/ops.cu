@@ -54,7 +54,7 @@ __device__ float BlockSum(float v, float* scratch) {
   return total;
 }
 
-// dst[i, :] = src[idx[i], :]  (Embedding and GatherRows).
+// dst[i, :] = src[idx[i], :]  (GatherRows; Embedding is in linear16.cu, over every weight dtype).
 __global__ void GatherRowsKernel(const float* src, const int32_t* idx, float* dst, int64_t count, int64_t width) {
   for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
     const float* s = src + int64_t{idx[i]} * width;
@@ -243,12 +243,6 @@ size_t RopeSharedBytes(int64_t head_dim) { return static_cast<size_t>(head_dim) 
 
 size_t AttentionSharedBytes(int64_t head_dim) {
   return (static_cast<size_t>(kAttnWarps + 1) * static_cast<size_t>(head_dim) + 2 * kAttnWarps) * sizeof(float);
-}
-
-cudaError_t LaunchEmbedding(const EmbeddingParams& p, cudaStream_t stream) {
-  if (p.tokens == 0 || p.hidden == 0) return cudaSuccess;
-  GatherRowsKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.table, p.ids, p.out, p.tokens, p.hidden);
-  return cudaGetLastError();
 }
 
 cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t out, cudaStream_t stream) {

@@ -28,7 +28,6 @@ inline constexpr size_t kMaxDynamicSharedBytes = 48 * 1024;
 size_t RopeSharedBytes(int64_t head_dim);
 size_t AttentionSharedBytes(int64_t head_dim);
 
-cudaError_t LaunchEmbedding(const EmbeddingParams& p, cudaStream_t stream);
 // y[t, o] += bias[o]. y: [tokens, out]; bias: [out]. The bias half of Linear (cuBLAS does the rest).
 cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t out, cudaStream_t stream);
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);

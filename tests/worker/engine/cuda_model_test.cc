@@ -1,0 +1,136 @@
+// Whole models on a CUDA device against Hugging Face transformers (label gpu; skipped without a
+// device): every golden model's logits at every prompt position and its greedy tokens, one
+// request at a time and batched with chunked prefill, as golden_test.cc does on the CPU. f32
+// checkpoints hold the golden tolerance and give identical tokens; the bf16 checkpoint runs its
+// prefill GEMMs with bf16 activations (see worker/kernels/cuda/linear16.cuh), so its logits get a
+// bf16 tolerance, and it must occupy bf16 bytes on the device.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_spec/model_spec.h"
+#include "common/status/macros.h"
+#include "common/safetensors/safetensors.h"
+#include "tests/testing/golden.h"
+#include "tests/testing/status_matchers.h"
+#include "worker/engine/executor.h"
+#include "worker/engine/generator.h"
+#include "worker/engine/model.h"
+#include "worker/kernels/registry.h"
+
+namespace shardserve::engine {
+namespace {
+
+using ::shardserve::testing::ExpectLogitsClose;
+using ::shardserve::testing::GoldenModel;
+
+struct Loaded {
+  ModelSpec spec;
+  std::unique_ptr<Checkpoint> ckpt;
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+absl::StatusOr<Loaded> LoadOnCuda(const std::string& dir, ModelOptions options) {
+  Loaded l;
+  ASSIGN_OR_RETURN(l.spec, LoadModelSpec(dir));
+  ASSIGN_OR_RETURN(l.ckpt, Checkpoint::Open(dir));
+  ASSIGN_OR_RETURN(l.backend, kernels::CreateBackend({.kind = kernels::DeviceKind::kCuda, .device_index = 0}));
+  ASSIGN_OR_RETURN(l.model, Model::Create(l.spec, *l.ckpt, l.backend.get(), options));
+  return l;
+}
+
+std::vector<GenerationRequest> GreedyRequests(const GoldenModel& g) {
+  std::vector<GenerationRequest> reqs;
+  for (const auto& c : g.cases) {
+    GenerationRequest r;
+    r.prompt = c.prompt_ids;
+    r.max_tokens = static_cast<int32_t>(c.greedy_ids.size());
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+bool IsBf16Checkpoint(const ModelSpec& spec) { return spec.dtype.has_value() && *spec.dtype == DType::kBF16; }
+
+// max |got - ref| <= rtol * max |ref|.
+void ExpectLogitsWithin(const std::vector<float>& ref, const float* got, float rtol, const std::string& where) {
+  float max_ref = 0.f, worst = 0.f;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    worst = std::max(worst, std::fabs(got[i] - ref[i]));
+  }
+  EXPECT_LE(worst, rtol * max_ref) << where;
+}
+
+class CudaGoldenTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    ASSERT_OK_AND_ASSIGN(golden_, testing::LoadGoldenModel(GetParam()));
+  }
+  GoldenModel golden_;
+};
+
+TEST_P(CudaGoldenTest, LogitsAtEveryPromptPositionMatchTransformers) {
+  ASSERT_OK_AND_ASSIGN(Loaded l, LoadOnCuda(golden_.dir, {}));
+  const bool bf16 = IsBf16Checkpoint(l.spec);
+  int32_t seq = 0;
+  for (const auto& c : golden_.cases) {
+    StepSequence s{.block_ids = WholeContextBlocks(l.model->options(), seq++), .pos_begin = 0, .tokens = c.prompt_ids,
+                   .all_logits = true};
+    ASSERT_OK_AND_ASSIGN(StepResult r, l.model->Step({s}));
+    const size_t v = static_cast<size_t>(l.spec.vocab_size);
+    ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
+    for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
+      const std::string where = absl::StrCat(golden_.name, " position ", p, " of ", c.prompt_ids.size());
+      if (bf16) {
+        ExpectLogitsWithin(c.logits[p], r.logits[0].data() + p * v, 2e-2f, where);
+      } else {
+        ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, where);
+      }
+    }
+  }
+}
+
+TEST_P(CudaGoldenTest, GreedyTokensMatchTransformersAloneAndBatched) {
+  ASSERT_OK_AND_ASSIGN(Loaded alone, LoadOnCuda(golden_.dir, {}));
+  if (IsBf16Checkpoint(alone.spec)) GTEST_SKIP() << "bf16 activations in prefill: tokens may differ at near-ties";
+  const auto reqs = GreedyRequests(golden_);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(auto res, Generate(*alone.model, {reqs[i]}));
+    EXPECT_EQ(res[0].tokens, golden_.cases[i].greedy_ids) << golden_.name << " case " << i;
+  }
+  ASSERT_OK_AND_ASSIGN(Loaded batched, LoadOnCuda(golden_.dir, {.kv_block_size = 3, .max_step_tokens = 4}));
+  ASSERT_OK_AND_ASSIGN(auto res, Generate(*batched.model, reqs));
+  for (size_t i = 0; i < res.size(); ++i) {
+    EXPECT_EQ(res[i].tokens, golden_.cases[i].greedy_ids) << golden_.name << " batched case " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaGoldenTest, ::testing::ValuesIn(testing::GoldenModelNames()),
+                         [](const auto& test_info) { return test_info.param; });
+
+TEST(CudaWeightsTest, Bf16CheckpointOccupiesBf16BytesOnTheDevice) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  // Matrices and the embedding in bf16 (2 bytes), norms in f32: the byte count of the CPU test
+  // tensor_parallel_test.cc, on the device.
+  const std::string dir = "tests/golden/models/llama_bf16_sharded";
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
+  ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(dir));
+  const int64_t h = spec.hidden_size;
+  const int64_t norm_params = h + spec.num_layers * 2 * h;
+  const int64_t other_params = spec.NumParameters() - norm_params;
+  ASSERT_OK_AND_ASSIGN(auto ex, TpExecutor::Create(spec, *ckpt,
+                                                   {.kind = kernels::DeviceKind::kCuda, .cuda_devices = {0}}));
+  ASSERT_EQ(ex->WeightBytesPerRank().size(), 1u);
+  EXPECT_EQ(static_cast<int64_t>(ex->WeightBytesPerRank()[0]), norm_params * 4 + other_params * 2);
+}
+
+}  // namespace
+}  // namespace shardserve::engine

@@ -1,0 +1,185 @@
+// Kernels of linear16.cuh. The weights are read as raw 16-bit patterns and widened with the same
+// bit operations the CPU backend uses (bf16: the upper half of an f32), so both backends multiply
+// the same f32 values.
+#include "worker/kernels/cuda/linear16.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace shardserve::kernels::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kGemvWarps = 4;        // rows per block (one warp per row)
+constexpr int kVec = 8;              // 16-bit weights per 16-byte load
+constexpr int kElementThreads = 256;
+constexpr int64_t kMaxGrid = 65535;
+
+unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <DType kType>
+__device__ __forceinline__ float Widen(uint16_t bits) {
+  if constexpr (kType == DType::kBF16) {
+    return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+  } else {
+    return __half2float(__ushort_as_half(bits));
+  }
+}
+
+// One warp per output row (grid-stride over rows). `kVectorized`: in % 8 == 0 and every row and
+// activation row 16-byte aligned, so each lane loads 8 weights and 2 x float4 per token at once.
+template <DType kType, bool kVectorized>
+__global__ void __launch_bounds__(kGemvWarps * kWarp)
+    Gemv16Kernel(const float* __restrict__ x, const uint16_t* __restrict__ w, const float* __restrict__ bias,
+                 float* __restrict__ y, int tokens, int64_t in, int64_t out, bool accumulate) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  for (int64_t row = int64_t{blockIdx.x} * kGemvWarps + warp; row < out; row += int64_t{gridDim.x} * kGemvWarps) {
+    const uint16_t* wr = w + row * in;
+    float acc[kGemv16MaxTokens];
+#pragma unroll
+    for (int t = 0; t < kGemv16MaxTokens; ++t) acc[t] = 0.f;
+    if constexpr (kVectorized) {
+#pragma unroll 2
+      for (int64_t e = int64_t{lane} * kVec; e < in; e += kWarp * kVec) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(wr + e);
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        float wf[kVec];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          wf[2 * i] = Widen<kType>(static_cast<uint16_t>(words[i] & 0xffffu));
+          wf[2 * i + 1] = Widen<kType>(static_cast<uint16_t>(words[i] >> 16));
+        }
+#pragma unroll
+        for (int t = 0; t < kGemv16MaxTokens; ++t) {
+          if (t < tokens) {
+            const float4 a = *reinterpret_cast<const float4*>(x + t * in + e);
+            const float4 b = *reinterpret_cast<const float4*>(x + t * in + e + 4);
+            acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                      wf[6] * b.z + wf[7] * b.w;
+          }
+        }
+      }
+    } else {
+      for (int64_t e = lane; e < in; e += kWarp) {
+        const float wv = Widen<kType>(wr[e]);
+#pragma unroll
+        for (int t = 0; t < kGemv16MaxTokens; ++t) {
+          if (t < tokens) acc[t] += wv * x[t * in + e];
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kGemv16MaxTokens; ++t) {
+      if (t < tokens) {
+        const float sum = WarpSum(acc[t]);
+        if (lane == 0) {
+          float* dst = y + t * out + row;
+          const float b = bias != nullptr ? bias[row] : 0.f;
+          *dst = (accumulate ? *dst : 0.f) + sum + b;
+        }
+      }
+    }
+  }
+}
+
+template <DType kType>
+__global__ void CastKernel(const float* __restrict__ x, uint16_t* __restrict__ dst, int64_t n) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    if constexpr (kType == DType::kBF16) {
+      dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+    } else {
+      dst[i] = __half_as_ushort(__float2half_rn(x[i]));
+    }
+  }
+}
+
+template <DType kType>
+__global__ void EmbeddingKernel(const void* table, const int32_t* ids, float* out, int64_t tokens, int64_t hidden) {
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const int64_t row = int64_t{ids[t]} * hidden;
+    float* d = out + t * hidden;
+    for (int64_t e = threadIdx.x; e < hidden; e += blockDim.x) {
+      if constexpr (kType == DType::kF32) {
+        d[e] = static_cast<const float*>(table)[row + e];
+      } else {
+        d[e] = Widen<kType>(static_cast<const uint16_t*>(table)[row + e]);
+      }
+    }
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <DType kType>
+cudaError_t Gemv16(const float* x, const void* w, const float* bias, float* y, int64_t tokens, int64_t in,
+                   int64_t out, bool accumulate, cudaStream_t stream) {
+  const unsigned grid = GridFor((out + kGemvWarps - 1) / kGemvWarps);
+  const auto* w16 = static_cast<const uint16_t*>(w);
+  const int t = static_cast<int>(tokens);
+  if (in % kVec == 0 && Aligned16(w) && Aligned16(x)) {
+    Gemv16Kernel<kType, true><<<grid, kGemvWarps * kWarp, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
+  } else {
+    Gemv16Kernel<kType, false><<<grid, kGemvWarps * kWarp, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchGemv16(DType dtype, const float* x, const void* w, const float* bias, float* y, int64_t tokens,
+                         int64_t in, int64_t out, bool accumulate, cudaStream_t stream) {
+  if (tokens == 0 || out == 0) return cudaSuccess;
+  if (tokens > kGemv16MaxTokens) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case DType::kBF16:
+      return Gemv16<DType::kBF16>(x, w, bias, y, tokens, in, out, accumulate, stream);
+    case DType::kF16:
+      return Gemv16<DType::kF16>(x, w, bias, y, tokens, in, out, accumulate, stream);
+    case DType::kF32:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned grid = GridFor((n + kElementThreads - 1) / kElementThreads);
+  auto* d = static_cast<uint16_t*>(dst);
+  switch (dtype) {
+    case DType::kBF16:
+      CastKernel<DType::kBF16><<<grid, kElementThreads, 0, stream>>>(x, d, n);
+      return cudaGetLastError();
+    case DType::kF16:
+      CastKernel<DType::kF16><<<grid, kElementThreads, 0, stream>>>(x, d, n);
+      return cudaGetLastError();
+    case DType::kF32:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchEmbeddingTyped(DType dtype, const void* table, const int32_t* ids, float* out, int64_t tokens,
+                                 int64_t hidden, cudaStream_t stream) {
+  if (tokens == 0 || hidden == 0) return cudaSuccess;
+  const unsigned threads = hidden >= kElementThreads ? kElementThreads : kWarp;
+  switch (dtype) {
+    case DType::kF32:
+      EmbeddingKernel<DType::kF32><<<GridFor(tokens), threads, 0, stream>>>(table, ids, out, tokens, hidden);
+      break;
+    case DType::kBF16:
+      EmbeddingKernel<DType::kBF16><<<GridFor(tokens), threads, 0, stream>>>(table, ids, out, tokens, hidden);
+      break;
+    case DType::kF16:
+      EmbeddingKernel<DType::kF16><<<GridFor(tokens), threads, 0, stream>>>(table, ids, out, tokens, hidden);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace shardserve::kernels::cuda

@@ -1,0 +1,41 @@
+// Linear with 16-bit weights (bfloat16 or IEEE half) on CUDA. Internal to worker/kernels/cuda:
+// only cuda_backend.cu includes this header.
+//
+// Two paths, chosen by the backend on the number of tokens:
+//   * Decode-sized batches (tokens <= kGemv16MaxTokens): LaunchGemv16 reads each weight row once
+//     with 16-byte loads, widens it to f32 in registers and multiplies it with every token's f32
+//     activations (f32 products and sums, like the CPU backend's bf16 path). Memory-bound: the
+//     weights are the traffic, and one pass serves the whole batch.
+//   * Larger batches: LaunchCastTo16 rounds the activations to the weights' type (round to nearest
+//     even) in the backend's scratch, and cuBLAS multiplies 16-bit x 16-bit with f32 accumulation
+//     on the tensor cores (cublasGemmEx, CUBLAS_COMPUTE_32F). Rounding the activations costs about
+//     2^-9 (bf16) or 2^-12 (f16) relative per product; the parity test states the tolerance.
+#ifndef SHARDSERVE_WORKER_KERNELS_CUDA_LINEAR16_CUH_
+#define SHARDSERVE_WORKER_KERNELS_CUDA_LINEAR16_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/tensor/dtype.h"
+
+namespace shardserve::kernels::cuda {
+
+inline constexpr int64_t kGemv16MaxTokens = 8;
+
+// y[t, o] (+)= sum_i x[t, i] * w[o, i] (+ bias[o]) for t < tokens <= kGemv16MaxTokens.
+// x: [tokens, in] f32; w: [out, in] of `dtype` (kBF16 or kF16); bias: [out] or null;
+// y: [tokens, out] f32 (accumulated into when `accumulate`).
+cudaError_t LaunchGemv16(DType dtype, const float* x, const void* w, const float* bias, float* y, int64_t tokens,
+                         int64_t in, int64_t out, bool accumulate, cudaStream_t stream);
+
+// dst[i] = x[i] rounded to `dtype` (kBF16 or kF16), as 16-bit patterns. x: [n]; dst: [n].
+cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cudaStream_t stream);
+
+// out[t, :] = table[ids[t], :] widened to f32. table: [vocab, hidden] of `dtype` (any DType).
+cudaError_t LaunchEmbeddingTyped(DType dtype, const void* table, const int32_t* ids, float* out, int64_t tokens,
+                                 int64_t hidden, cudaStream_t stream);
+
+}  // namespace shardserve::kernels::cuda
+
+#endif  // SHARDSERVE_WORKER_KERNELS_CUDA_LINEAR16_CUH_
