@@ -32,8 +32,9 @@ def rules(src, inc):
         return "worker/ never includes coordinator/"
     if top == "coordinator" and inc.startswith("worker/"):
         return "coordinator/ never includes worker/"
-    if src.startswith("worker/kernels/shared/") and ours(inc) and not inc.startswith("common/tensor/"):
-        return "kernels/shared may include only common/tensor"
+    if (src.startswith("worker/kernels/shared/") and ours(inc) and not inc.startswith("common/tensor/")
+            and not inc.startswith("worker/kernels/shared/")):
+        return "kernels/shared may include only common/tensor (and itself)"
     if (inc.startswith("worker/kernels/cpu/") or inc.startswith("worker/kernels/cuda/")) and top != "tests":
         same = src.startswith(os.path.dirname(inc) + "/")
         if not same and src != "worker/kernels/registry.cc":

@@ -11,6 +11,7 @@
 #include "common/status/macros.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/remote_experts.h"
+#include "worker/kernels/shared/moe_math.h"
 #include "worker/kernels/shared/row_math.h"
 
 namespace shardserve::engine {
@@ -32,7 +33,7 @@ struct Model::Workspace {
   std::vector<AttnSeq> h_seqs;
   std::vector<int32_t> h_tables;
   std::vector<float> h_router, h_scales, h_probs;
-  std::vector<int32_t> h_moe_rows, h_topk;
+  std::vector<int32_t> h_moe_rows, h_topk, h_fill;
   std::vector<float> h_topw;
   // Remote experts (rank 0 of a stage with expert spill): the rows sent and the answers.
   DeviceBuffer remote_x;  // [max_step_tokens x top_k, hidden]
@@ -532,24 +533,17 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
                        w.h_topw.data() + t * k);
   }
   // Group (token, weight) pairs by expert: rows of expert e are [offset[e], offset[e+1]).
-  std::vector<int64_t> offset(static_cast<size_t>(e_count + 1), 0);
-  for (int32_t e : w.h_topk) ++offset[static_cast<size_t>(e) + 1];
-  for (int64_t e = 0; e < e_count; ++e) offset[static_cast<size_t>(e + 1)] += offset[static_cast<size_t>(e)];
-  w.h_moe_rows.assign(static_cast<size_t>(tokens * k), 0);
-  w.h_scales.assign(static_cast<size_t>(tokens * k), 0.f);
+  std::vector<int32_t> offset(static_cast<size_t>(e_count + 1), 0);
+  w.h_moe_rows.resize(static_cast<size_t>(tokens * k));
+  w.h_scales.resize(static_cast<size_t>(tokens * k));
+  w.h_fill.resize(static_cast<size_t>(e_count));
+  kernels::GroupByExpert(w.h_topk.data(), w.h_topw.data(), static_cast<int>(tokens), static_cast<int>(k),
+                         static_cast<int>(e_count), offset.data(), w.h_moe_rows.data(), w.h_scales.data(),
+                         w.h_fill.data());
   if (options_.observer != nullptr && options_.shard.rank == 0) {
     for (int64_t e = 0; e < e_count; ++e) {
       const int64_t n = offset[static_cast<size_t>(e + 1)] - offset[static_cast<size_t>(e)];
       if (n > 0) options_.observer->OnExpertTokens(lw.layer, e, n);
-    }
-  }
-  std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t j = 0; j < k; ++j) {
-      const size_t e = static_cast<size_t>(w.h_topk[static_cast<size_t>(t * k + j)]);
-      const size_t at = static_cast<size_t>(fill[e]++);
-      w.h_moe_rows[at] = static_cast<int32_t>(t);
-      w.h_scales[at] = w.h_topw[static_cast<size_t>(t * k + j)];
     }
   }
   RETURN_IF_ERROR(b.CopyToDevice(w.moe_rows.as<void>(), w.h_moe_rows.data(), w.h_moe_rows.size() * sizeof(int32_t)));
@@ -609,7 +603,7 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
   return local;
 }
 
-absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const std::vector<int64_t>& offset,
+absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const std::vector<int32_t>& offset,
                                  float* out) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;

@@ -69,7 +69,7 @@ class Model final : public StepRunner {
   absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, int64_t width, bool accumulate);
   absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);
   // The local experts' share and the shared expert; rows of expert e are [offset[e], offset[e+1]).
-  absl::Status LocalExperts(const LayerWeights& w, int64_t tokens, const std::vector<int64_t>& offset, float* out);
+  absl::Status LocalExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>& offset, float* out);
   // Sums `data` over the tensor-parallel group (no-op for one rank).
   absl::Status AllReduce(float* data, int64_t count);
   bool tp() const { return options_.shard.size > 1; }

@@ -10,6 +10,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <initializer_list>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status/macros.h"
+#include "worker/kernels/cuda/attention.cuh"
 #include "worker/kernels/cuda/linear16.cuh"
 #include "worker/kernels/cuda/ops.cuh"
 
@@ -106,6 +108,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
+  int multiprocessors_ = 1;
 
   // Backend-owned scratch for ops that need device memory beyond their Params (the activations
   // of a 16-bit GEMM, rounded). Sized by Reserve(); grown by an op called beyond it.
@@ -138,6 +141,8 @@ absl::Status CudaBackend::Init() {
   RETURN_IF_ERROR(CheckBlas(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
   int major = 0;
   RETURN_IF_ERROR(Check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_),
+                        "cudaDeviceGetAttribute"));
+  RETURN_IF_ERROR(Check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device_),
                         "cudaDeviceGetAttribute"));
   const size_t workspace_bytes = BlasWorkspaceBytes(major);
   RETURN_IF_ERROR(Check(cudaMalloc(&blas_workspace_, workspace_bytes), "cudaMalloc (cuBLAS workspace)"));
@@ -235,9 +240,16 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
   if (limits.max_tokens < 0 || limits.max_linear_in < 0) {
     return absl::InvalidArgumentError(absl::StrCat(name_, ": negative step limits"));
   }
-  // 16-bit GEMMs round their activations into the scratch: [tokens, in] of 2 bytes.
+  // 16-bit GEMMs round their activations into the scratch: [tokens, in] of 2 bytes. Split-K
+  // attention keeps its partial states there: [rows, q_heads, splits, head_dim + 2] floats, capped.
   const size_t cast_bytes = static_cast<size_t>(limits.max_tokens) * static_cast<size_t>(limits.max_linear_in) * 2;
-  return EnsureScratch(cast_bytes);
+  size_t attn_floats = 0;
+  if (limits.max_tokens > 0 && limits.max_q_heads > 0 && limits.max_head_dim > 0) {
+    attn_floats = std::min(static_cast<size_t>(limits.max_tokens) * static_cast<size_t>(limits.max_q_heads) *
+                               static_cast<size_t>(cuda::kMaxAttnSplits) * static_cast<size_t>(limits.max_head_dim + 2),
+                           cuda::MaxAttentionPartialFloats(limits.max_head_dim));
+  }
+  return EnsureScratch(std::max(cast_bytes, attn_floats * sizeof(float)));
 }
 
 absl::Status CudaBackend::EnsureScratch(size_t bytes) {
@@ -335,12 +347,16 @@ absl::Status CudaBackend::KvWrite(const KvWriteParams& p) {
 
 absl::Status CudaBackend::Attention(const AttentionParams& p) {
   RETURN_IF_ERROR(p.Validate());
-  if (cuda::AttentionSharedBytes(p.cache.head_dim) > cuda::kMaxDynamicSharedBytes || !FitsInt({p.q_heads})) {
+  const cuda::AttentionPlan plan = cuda::PlanAttention(p, multiprocessors_);
+  if (plan.heads_per_block == 0 || !FitsInt({p.q_heads})) {
     return absl::UnimplementedError(absl::StrCat(name_, ": Attention with head_dim ", p.cache.head_dim, " and ",
                                                  p.q_heads, " query heads is not supported"));
   }
   RETURN_IF_ERROR(Enter());
-  return Check(cuda::LaunchAttention(p, stream_), "Attention kernel launch");
+  const size_t partial_floats = cuda::AttentionPartialFloats(p, plan);
+  RETURN_IF_ERROR(EnsureScratch(partial_floats * sizeof(float)));
+  return Check(cuda::LaunchAttention(p, plan, partial_floats > 0 ? scratch_.as<float>() : nullptr, stream_),
+               "Attention kernel launch");
 }
 
 absl::Status CudaBackend::SiluMul(const SiluMulParams& p) {

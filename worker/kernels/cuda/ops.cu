@@ -15,7 +15,6 @@ constexpr int kWarp = 32;
 constexpr int kRowThreads = 256;       // row kernels: one block per row
 constexpr int kElementThreads = 256;   // elementwise kernels
 constexpr int kRopeThreads = 128;      // one thread per head of a token
-constexpr int kAttnWarps = 4;          // attention: warps split the keys of one (token, head)
 constexpr int64_t kMaxGrid = 65535;    // grid-stride beyond this (also the y/z grid limit)
 
 unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
@@ -133,79 +132,6 @@ __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seq
   }
 }
 
-// One block per (query head, query row, sequence): grid.x = head, grid.y strides over the
-// sequence's rows, grid.z over sequences. Each warp runs an online softmax over every
-// kAttnWarps-th key of [lo, pos] (running max m, running sum l, accumulator acc = sum p_j v_j in
-// shared memory), then the block merges the warps' partial results. This equals the CPU's
-// SoftmaxRow-then-weighted-sum up to rounding, and needs no scratch proportional to the context.
-__global__ void AttentionKernel(const float* q, float* out, const AttnSeq* seqs, int64_t num_seqs,
-                                const int32_t* block_table, const float* cache_k, const float* cache_v,
-                                int64_t block_size, int64_t q_heads,
-                                int64_t kv_heads, int64_t head_dim, float scale, int64_t sliding_window) {
-  extern __shared__ float attn_smem[];
-  float* q_s = attn_smem;                          // [head_dim]
-  float* acc_s = q_s + head_dim;                   // [kAttnWarps, head_dim]
-  float* m_s = acc_s + kAttnWarps * head_dim;      // [kAttnWarps]
-  float* l_s = m_s + kAttnWarps;                   // [kAttnWarps]
-  const int lane = threadIdx.x % kWarp;
-  const int warp = threadIdx.x / kWarp;
-  const int64_t h = blockIdx.x;
-  const int64_t g = h / (q_heads / kv_heads);
-  const int64_t row = kv_heads * head_dim;
-  float* my_acc = acc_s + warp * head_dim;
-  for (int64_t s = blockIdx.z; s < num_seqs; s += gridDim.z) {
-    const AttnSeq seq = seqs[s];
-    const int32_t* table = block_table + seq.table_begin;
-    const float* k_base = cache_k + g * head_dim;
-    const float* v_base = cache_v + g * head_dim;
-    for (int64_t i = blockIdx.y; i < seq.q_len; i += gridDim.y) {
-      const int64_t t = seq.q_begin + i;
-      const int64_t pos = seq.pos_begin + i;
-      const int64_t lo = sliding_window > 0 && pos - sliding_window + 1 > 0 ? pos - sliding_window + 1 : 0;
-      const float* qh = q + (t * q_heads + h) * head_dim;
-      __syncthreads();  // the previous row is done with q_s, acc_s, m_s and l_s
-      for (int64_t e = threadIdx.x; e < head_dim; e += blockDim.x) q_s[e] = qh[e];
-      for (int64_t e = lane; e < head_dim; e += kWarp) my_acc[e] = 0.f;
-      __syncthreads();
-      float m = -INFINITY;
-      float l = 0.f;
-      // Warp-uniform loop: every lane of a warp sees the same key j.
-      for (int64_t j = lo + warp; j <= pos; j += kAttnWarps) {
-        const int64_t cache_row = CacheRow(table, j, block_size);
-        const float* kj = k_base + cache_row * row;
-        float dot = 0.f;
-        for (int64_t e = lane; e < head_dim; e += kWarp) dot += q_s[e] * kj[e];
-        const float score = WarpSum(dot) * scale;
-        const float m_new = fmaxf(m, score);
-        const float correction = expf(m - m_new);  // 0 for the first key (m = -inf)
-        const float p = expf(score - m_new);
-        l = l * correction + p;
-        const float* vj = v_base + cache_row * row;
-        for (int64_t e = lane; e < head_dim; e += kWarp) my_acc[e] = my_acc[e] * correction + p * vj[e];
-        m = m_new;
-      }
-      if (lane == 0) {
-        m_s[warp] = m;
-        l_s[warp] = l;
-      }
-      __syncthreads();
-      // Warp 0 always has key lo <= pos, so the maximum is finite; warps without keys (m = -inf,
-      // l = 0, acc = 0) contribute exp(-inf) = 0.
-      float m_all = -INFINITY;
-      for (int w = 0; w < kAttnWarps; ++w) m_all = fmaxf(m_all, m_s[w]);
-      float l_all = 0.f;
-      for (int w = 0; w < kAttnWarps; ++w) l_all += l_s[w] * expf(m_s[w] - m_all);
-      const float inv = 1.0f / l_all;
-      float* oh = out + (t * q_heads + h) * head_dim;
-      for (int64_t e = threadIdx.x; e < head_dim; e += blockDim.x) {
-        float o = 0.f;
-        for (int w = 0; w < kAttnWarps; ++w) o += acc_s[w * head_dim + e] * expf(m_s[w] - m_all);
-        oh[e] = o * inv;
-      }
-    }
-  }
-}
-
 __global__ void SiluMulKernel(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     out[i] = Silu(gate[i]) * up[i];
@@ -241,10 +167,6 @@ __global__ void SigmoidScaleRowsKernel(float* x, const float* gate, int64_t toke
 
 size_t RopeSharedBytes(int64_t head_dim) { return static_cast<size_t>(head_dim) * sizeof(float); }
 
-size_t AttentionSharedBytes(int64_t head_dim) {
-  return (static_cast<size_t>(kAttnWarps + 1) * static_cast<size_t>(head_dim) + 2 * kAttnWarps) * sizeof(float);
-}
-
 cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t out, cudaStream_t stream) {
   if (tokens == 0 || out == 0) return cudaSuccess;
   BiasAddKernel<<<ElementGrid(tokens * out), kElementThreads, 0, stream>>>(bias, y, tokens, out);
@@ -271,18 +193,6 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
   const dim3 grid(GridFor(max_q_len), GridFor(p.paged.num_seqs));
   KvWriteKernel<<<grid, RowThreads(row), 0, stream>>>(p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table,
                                                       p.cache.k, p.cache.v, p.cache.block_size, row);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchAttention(const AttentionParams& p, cudaStream_t stream) {
-  const int64_t max_q_len = MaxQueryLen(p.paged.host_seqs, p.paged.num_seqs);
-  if (max_q_len == 0) return cudaSuccess;
-  // grid.x is the query head: up to 2^31 - 1, far above any model's head count.
-  const dim3 grid(static_cast<unsigned>(p.q_heads), GridFor(max_q_len), GridFor(p.paged.num_seqs));
-  AttentionKernel<<<grid, kAttnWarps * kWarp, AttentionSharedBytes(p.cache.head_dim), stream>>>(
-      p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, p.cache.k, p.cache.v, p.cache.block_size,
-      p.q_heads, p.cache.kv_heads,
-      p.cache.head_dim, p.scale, p.sliding_window);
   return cudaGetLastError();
 }
 

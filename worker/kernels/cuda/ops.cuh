@@ -22,18 +22,15 @@ namespace shardserve::kernels::cuda {
 // Dynamic shared memory a block may use without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
 inline constexpr size_t kMaxDynamicSharedBytes = 48 * 1024;
 
-// Dynamic shared memory the Rope and Attention kernels need for `head_dim`. The backend refuses a
-// head_dim whose need exceeds kMaxDynamicSharedBytes (about 2400 for attention: far above any
-// model's).
+// Dynamic shared memory the Rope kernel needs for `head_dim`. The backend refuses a head_dim whose
+// need exceeds kMaxDynamicSharedBytes. (Attention has its own header, attention.cuh.)
 size_t RopeSharedBytes(int64_t head_dim);
-size_t AttentionSharedBytes(int64_t head_dim);
 
 // y[t, o] += bias[o]. y: [tokens, out]; bias: [out]. The bias half of Linear (cuBLAS does the rest).
 cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t out, cudaStream_t stream);
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream);
-cudaError_t LaunchAttention(const AttentionParams& p, cudaStream_t stream);
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
 cudaError_t LaunchAdd(const AddParams& p, cudaStream_t stream);
 cudaError_t LaunchGatherRows(const GatherRowsParams& p, cudaStream_t stream);

@@ -413,6 +413,68 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionParityTest,
                                            AttentionCase{2, 1, 16, 1}),
                          CaseName<AttentionCase>);
 
+// Decode rows with long contexts: few blocks for the machine, so the kernel splits the keys of each
+// row over several blocks and merges the splits (attention.cuh). Groups of 12 query heads per kv
+// head take two head blocks (8 + 4); head_dim 256 fewer heads per block.
+struct LongAttentionCase {
+  int64_t q_heads, kv_heads, head_dim, sliding_window;
+};
+
+void PrintTo(const LongAttentionCase& c, std::ostream* os) {
+  *os << "q" << c.q_heads << "_kv" << c.kv_heads << "_d" << c.head_dim << "_window" << c.sliding_window;
+}
+
+class CudaLongAttentionParityTest : public CudaParityTest, public ::testing::WithParamInterface<LongAttentionCase> {};
+
+TEST_P(CudaLongAttentionParityTest, SplitKeysMatchCpu) {
+  const LongAttentionCase c = GetParam();
+  constexpr int64_t kBlock = 16, kBlocks = 256;  // 4096 positions
+  // Three decode rows (one token each) at positions 300, 1000 and 2047, and a 3-token chunk at 2500.
+  const std::vector<int64_t> ends = {301, 1001, 2048, 2503};
+  std::vector<AttnSeq> seqs;
+  std::vector<int32_t> table;
+  const std::vector<int32_t> shuffled = DistinctRows(kBlocks, kBlocks, 77);
+  size_t next = 0;
+  int32_t row = 0;
+  for (size_t i = 0; i < ends.size(); ++i) {
+    const int32_t q_len = i == 3 ? 3 : 1;
+    const int32_t blocks = static_cast<int32_t>((ends[i] + kBlock - 1) / kBlock);
+    seqs.push_back({.q_begin = row, .q_len = q_len, .pos_begin = static_cast<int32_t>(ends[i]) - q_len,
+                    .table_begin = static_cast<int32_t>(table.size()), .table_len = blocks});
+    for (int32_t b = 0; b < blocks; ++b) table.push_back(shuffled[next++ % shuffled.size()]);
+    row += q_len;
+  }
+  // The tables need 367 blocks of the 256: later rows reuse ids, which attention (it only reads)
+  // does not mind.
+  const int64_t tokens = row;
+  const KvLayerView shape{.num_blocks = kBlocks, .block_size = kBlock, .kv_heads = c.kv_heads, .head_dim = c.head_dim};
+  const int64_t cache_elems = kBlocks * kBlock * c.kv_heads * c.head_dim;
+  auto dseqs = Mirror(seqs);
+  auto dtable = Mirror(table);
+  auto q = Mirror(RandomFloats(tokens * c.q_heads * c.head_dim, 60, -2.f, 2.f));
+  auto ck = Mirror(RandomFloats(cache_elems, 61, -2.f, 2.f));
+  auto cv = Mirror(RandomFloats(cache_elems, 62));
+  auto out = Mirror(std::vector<float>(tokens * c.q_heads * c.head_dim));
+  RunBoth([&](Backend& b, int s) {
+    KvLayerView cache = shape;
+    cache.k = ck.at(s);
+    cache.v = cv.at(s);
+    const PagedSeqs paged{.seqs = dseqs.at(s), .host_seqs = seqs.data(), .num_seqs = static_cast<int64_t>(seqs.size()),
+                          .block_table = dtable.at(s), .host_block_table = table.data(),
+                          .table_entries = static_cast<int64_t>(table.size())};
+    return b.Attention({.q = q.at(s), .out = out.at(s), .paged = paged, .tokens = tokens, .q_heads = c.q_heads,
+                        .cache = cache, .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                        .sliding_window = c.sliding_window});
+  });
+  ExpectMirrorsClose(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaLongAttentionParityTest,
+                         ::testing::Values(LongAttentionCase{16, 2, 128, 0}, LongAttentionCase{24, 2, 64, 0},
+                                           LongAttentionCase{8, 2, 256, 0}, LongAttentionCase{8, 8, 128, 500},
+                                           LongAttentionCase{4, 1, 96, 0}),
+                         CaseName<LongAttentionCase>);
+
 TEST_F(CudaParityTest, SiluMulInPlace) {
   const int64_t n = 1001;
   auto gate = Mirror(RandomFloats(n, 60, -6.f, 6.f));

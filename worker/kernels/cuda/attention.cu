@@ -1,0 +1,243 @@
+// Kernels of attention.cuh. The per-key and merge arithmetic is kernels/shared/attention_math.h,
+// which the CPU tests check against the CPU backend's attention.
+#include "worker/kernels/cuda/attention.cuh"
+
+#include <cmath>
+
+#include "worker/kernels/shared/attention_math.h"
+
+namespace shardserve::kernels::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = kAttnWarps * kWarp;
+constexpr int64_t kMaxGrid = 65535;
+constexpr size_t kSharedBytes = 48 * 1024;
+constexpr int64_t kKeysPerSplit = 128;
+
+unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ int64_t CacheRow(const int32_t* table, int64_t pos, int64_t block_size) {
+  return int64_t{table[pos / block_size]} * block_size + pos % block_size;
+}
+
+size_t SharedBytes(int heads, int64_t head_dim) {
+  // q [heads, d], acc [warps, heads, d], states [warps, heads, 2], scales [heads, warps], l [heads].
+  const size_t d = static_cast<size_t>(head_dim);
+  const size_t h = static_cast<size_t>(heads);
+  return ((kAttnWarps + 1) * h * d + 3 * kAttnWarps * h + h) * sizeof(float);
+}
+
+struct Shape {
+  int64_t block_size, q_heads, kv_heads, head_dim, sliding_window;
+  float scale;
+  int heads_per_block, head_blocks, splits;
+};
+
+// grid.x = kv head x head block x split, grid.y strides over a sequence's rows, grid.z over
+// sequences. partials: [tokens, q_heads, splits, head_dim + 2] (acc, then m and l), or null when
+// splits == 1 (then the output is written directly).
+__global__ void __launch_bounds__(kThreads)
+    SplitAttentionKernel(const float* __restrict__ q, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
+                         int64_t num_seqs, const int32_t* __restrict__ block_table, const float* __restrict__ cache_k,
+                         const float* __restrict__ cache_v, Shape sh, float* __restrict__ partials) {
+  extern __shared__ float smem[];
+  const int hpb = sh.heads_per_block;
+  const int64_t d = sh.head_dim;
+  float* q_s = smem;                                   // [hpb, d]
+  float* acc_s = q_s + hpb * d;                        // [warps, hpb, d]
+  float* state_s = acc_s + kAttnWarps * hpb * d;       // [warps, hpb, 2]
+  float* scale_s = state_s + kAttnWarps * hpb * 2;     // [hpb, warps]
+  float* l_s = scale_s + hpb * kAttnWarps;             // [hpb]
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int split = static_cast<int>(blockIdx.x % sh.splits);
+  const int head_block = static_cast<int>((blockIdx.x / sh.splits) % sh.head_blocks);
+  const int64_t g = blockIdx.x / (static_cast<int64_t>(sh.splits) * sh.head_blocks);
+  const int64_t group = sh.q_heads / sh.kv_heads;
+  const int64_t h0 = g * group + int64_t{head_block} * hpb;
+  const int nh = static_cast<int>(group - int64_t{head_block} * hpb < hpb ? group - int64_t{head_block} * hpb : hpb);
+  const int64_t row = sh.kv_heads * d;
+  float* my_acc = acc_s + warp * hpb * d;
+  for (int64_t s = blockIdx.z; s < num_seqs; s += gridDim.z) {
+    const AttnSeq seq = seqs[s];
+    const int32_t* table = block_table + seq.table_begin;
+    for (int64_t i = blockIdx.y; i < seq.q_len; i += gridDim.y) {
+      const int64_t t = seq.q_begin + i;
+      const int64_t pos = seq.pos_begin + i;
+      const int64_t lo = sh.sliding_window > 0 && pos - sh.sliding_window + 1 > 0 ? pos - sh.sliding_window + 1 : 0;
+      long long kb = 0, ke = 0;
+      SplitKeys(lo, pos, sh.splits, split, &kb, &ke);
+      __syncthreads();  // the previous row is done with the shared arrays
+      const float* qh = q + (t * sh.q_heads + h0) * d;
+      for (int64_t e = threadIdx.x; e < nh * d; e += blockDim.x) q_s[e] = qh[e];
+      for (int64_t e = lane; e < nh * d; e += kWarp) my_acc[e] = 0.f;
+      __syncthreads();
+      float m[kMaxHeadsPerBlock], l[kMaxHeadsPerBlock];
+#pragma unroll
+      for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.f;
+      }
+      // Warp-uniform loop: every lane of a warp sees the same key j.
+      for (long long j = kb + warp; j < ke; j += kAttnWarps) {
+        const int64_t cache_row = CacheRow(table, j, sh.block_size);
+        const float* kj = cache_k + cache_row * row + g * d;
+        const float* vj = cache_v + cache_row * row + g * d;
+#pragma unroll
+        for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+          if (hh < nh) {
+            float dot = 0.f;
+            for (int64_t e = lane; e < d; e += kWarp) dot += q_s[hh * d + e] * kj[e];
+            const float score = WarpSum(dot) * sh.scale;
+            float rescale = 0.f, weight = 0.f;
+            OnlineSoftmaxStep(score, &m[hh], &l[hh], &rescale, &weight);
+            float* acc = my_acc + hh * d;
+            for (int64_t e = lane; e < d; e += kWarp) acc[e] = acc[e] * rescale + weight * vj[e];
+          }
+        }
+      }
+      if (lane == 0) {
+#pragma unroll
+        for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+          if (hh < nh) {
+            state_s[(warp * hpb + hh) * 2] = m[hh];
+            state_s[(warp * hpb + hh) * 2 + 1] = l[hh];
+          }
+        }
+      }
+      __syncthreads();
+      // Merge the warps: one thread per head computes the scales, then every thread its elements.
+      if (threadIdx.x < nh) {
+        const int hh = static_cast<int>(threadIdx.x);
+        float m_all = 0.f;
+        l_s[hh] = MergeSoftmaxStates(state_s + hh * 2, kAttnWarps, hpb * 2, scale_s + hh * kAttnWarps, &m_all);
+        if (partials != nullptr) {
+          float* part = partials + ((t * sh.q_heads + h0 + hh) * sh.splits + split) * (d + 2);
+          part[d] = m_all;
+          part[d + 1] = l_s[hh];
+        }
+      }
+      __syncthreads();
+      for (int64_t idx = threadIdx.x; idx < nh * d; idx += blockDim.x) {
+        const int64_t hh = idx / d;
+        const int64_t e = idx % d;
+        float o = 0.f;
+        for (int w = 0; w < kAttnWarps; ++w) o += acc_s[(w * hpb + hh) * d + e] * scale_s[hh * kAttnWarps + w];
+        if (partials == nullptr) {
+          // One split: the row has at least key `pos`, so l > 0.
+          out[(t * sh.q_heads + h0 + hh) * d + e] = o / l_s[hh];
+        } else {
+          partials[((t * sh.q_heads + h0 + hh) * sh.splits + split) * (d + 2) + e] = o;
+        }
+      }
+    }
+  }
+}
+
+// grid.x = query head, grid.y strides over a sequence's rows, grid.z over sequences: merges the
+// splits' states of one (row, head) into the output.
+__global__ void __launch_bounds__(kThreads)
+    MergeSplitsKernel(const float* __restrict__ partials, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
+                      int64_t num_seqs, int64_t q_heads, int64_t head_dim, int splits) {
+  __shared__ float scales[kMaxAttnSplits];
+  __shared__ float total;
+  const int64_t h = blockIdx.x;
+  const int64_t d = head_dim;
+  for (int64_t s = blockIdx.z; s < num_seqs; s += gridDim.z) {
+    const AttnSeq seq = seqs[s];
+    for (int64_t i = blockIdx.y; i < seq.q_len; i += gridDim.y) {
+      const int64_t t = seq.q_begin + i;
+      const float* part = partials + (t * q_heads + h) * splits * (d + 2);
+      __syncthreads();  // the previous row is done with scales and total
+      if (threadIdx.x == 0) total = MergeSoftmaxStates(part + d, splits, static_cast<int>(d + 2), scales, nullptr);
+      __syncthreads();
+      for (int64_t e = threadIdx.x; e < d; e += blockDim.x) {
+        float o = 0.f;
+        for (int sp = 0; sp < splits; ++sp) o += part[sp * (d + 2) + e] * scales[sp];
+        out[(t * q_heads + h) * d + e] = o / total;
+      }
+    }
+  }
+}
+
+int64_t MaxQueryLen(const PagedSeqs& p) {
+  int64_t m = 0;
+  for (int64_t s = 0; s < p.num_seqs; ++s) m = p.host_seqs[s].q_len > m ? p.host_seqs[s].q_len : m;
+  return m;
+}
+
+}  // namespace
+
+AttentionPlan PlanAttention(const AttentionParams& p, int multiprocessors) {
+  AttentionPlan plan;
+  const int64_t group = p.q_heads / p.cache.kv_heads;
+  int heads = static_cast<int>(group < kMaxHeadsPerBlock ? group : kMaxHeadsPerBlock);
+  while (heads > 0 && SharedBytes(heads, p.cache.head_dim) > kSharedBytes) --heads;
+  plan.heads_per_block = heads;
+  if (heads == 0) return plan;
+  int64_t rows = 0, longest = 0;
+  for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
+    const AttnSeq& seq = p.paged.host_seqs[s];
+    rows += seq.q_len;
+    const int64_t end = int64_t{seq.pos_begin} + seq.q_len;
+    longest = end > longest ? end : longest;
+  }
+  if (p.sliding_window > 0 && longest > p.sliding_window) longest = p.sliding_window;
+  const int64_t head_blocks = (group + heads - 1) / heads;
+  const int64_t blocks = rows * p.cache.kv_heads * head_blocks;
+  const int64_t target = 2 * static_cast<int64_t>(multiprocessors > 0 ? multiprocessors : 1);
+  int64_t splits = blocks >= target ? 1 : (target + blocks - 1) / (blocks > 0 ? blocks : 1);
+  const int64_t by_keys = (longest + kKeysPerSplit - 1) / kKeysPerSplit;
+  splits = splits < by_keys ? splits : by_keys;
+  splits = splits < kMaxAttnSplits ? splits : kMaxAttnSplits;
+  const int64_t partial_rows = rows * p.q_heads;
+  if (partial_rows > 0 && splits * partial_rows > kMaxAttnPartials) splits = kMaxAttnPartials / partial_rows;
+  plan.splits = static_cast<int>(splits < 1 ? 1 : splits);
+  return plan;
+}
+
+size_t AttentionPartialFloats(const AttentionParams& p, const AttentionPlan& plan) {
+  if (plan.splits <= 1) return 0;
+  return static_cast<size_t>(p.tokens) * static_cast<size_t>(p.q_heads) * static_cast<size_t>(plan.splits) *
+         static_cast<size_t>(p.cache.head_dim + 2);
+}
+
+size_t MaxAttentionPartialFloats(int64_t max_head_dim) {
+  return static_cast<size_t>(kMaxAttnPartials) * static_cast<size_t>(max_head_dim + 2);
+}
+
+cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials,
+                            cudaStream_t stream) {
+  const int64_t max_q_len = MaxQueryLen(p.paged);
+  if (max_q_len == 0 || p.q_heads == 0) return cudaSuccess;
+  const int64_t group = p.q_heads / p.cache.kv_heads;
+  const int head_blocks = static_cast<int>((group + plan.heads_per_block - 1) / plan.heads_per_block);
+  const Shape sh{.block_size = p.cache.block_size,
+                 .q_heads = p.q_heads,
+                 .kv_heads = p.cache.kv_heads,
+                 .head_dim = p.cache.head_dim,
+                 .sliding_window = p.sliding_window,
+                 .scale = p.scale,
+                 .heads_per_block = plan.heads_per_block,
+                 .head_blocks = head_blocks,
+                 .splits = plan.splits};
+  // grid.x: kv heads x head blocks x splits, far below 2^31 - 1 for any model.
+  const dim3 grid(static_cast<unsigned>(p.cache.kv_heads * head_blocks * plan.splits), GridFor(max_q_len),
+                  GridFor(p.paged.num_seqs));
+  SplitAttentionKernel<<<grid, kThreads, SharedBytes(plan.heads_per_block, p.cache.head_dim), stream>>>(
+      p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, p.cache.k, p.cache.v, sh,
+      plan.splits > 1 ? partials : nullptr);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || plan.splits == 1) return err;
+  const dim3 merge_grid(static_cast<unsigned>(p.q_heads), GridFor(max_q_len), GridFor(p.paged.num_seqs));
+  MergeSplitsKernel<<<merge_grid, kThreads, 0, stream>>>(partials, p.out, p.paged.seqs, p.paged.num_seqs, p.q_heads,
+                                                          p.cache.head_dim, plan.splits);
+  return cudaGetLastError();
+}
+
+}  // namespace shardserve::kernels::cuda

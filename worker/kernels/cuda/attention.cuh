@@ -1,0 +1,53 @@
+// Paged causal attention on CUDA, split-K over the keys ("flash-decoding"). Internal to
+// worker/kernels/cuda: only cuda_backend.cu includes this header.
+//
+// One block computes, for one query row of one sequence and one kv head, the attention of up to
+// kMaxHeadsPerBlock query heads of that kv head's group over one split of the row's keys: each key
+// row of K and V is read once for all those heads (GQA reuse), the block's warps take every
+// kAttnWarps-th key with an online softmax each, and the warps' states are merged in shared memory
+// (kernels/shared/attention_math.h). With one split the block writes the output; with several,
+// each block writes its state (m, l, acc) to the partials workspace and a second kernel merges the
+// splits of each (row, head). Splitting keeps all multiprocessors busy when a decode batch has few
+// rows and long contexts; nothing the size of the context is ever materialised.
+#ifndef SHARDSERVE_WORKER_KERNELS_CUDA_ATTENTION_CUH_
+#define SHARDSERVE_WORKER_KERNELS_CUDA_ATTENTION_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "worker/kernels/backend.h"
+
+namespace shardserve::kernels::cuda {
+
+inline constexpr int kAttnWarps = 4;
+inline constexpr int kMaxHeadsPerBlock = 8;
+inline constexpr int kMaxAttnSplits = 32;
+// Partial states the split path may keep at once (rows x q_heads x splits); beyond it, fewer splits.
+inline constexpr int64_t kMaxAttnPartials = 1 << 16;
+
+struct AttentionPlan {
+  int heads_per_block = 1;  // query heads of one group per block
+  int splits = 1;           // blocks per (row, kv head, head block) over the keys
+};
+
+// Chooses heads per block (as many of a group as fit in 48 KiB of shared memory, at most 8) and
+// splits (enough blocks for two per multiprocessor, at most one per 128 keys of the longest row,
+// at most kMaxAttnSplits, within kMaxAttnPartials). heads_per_block = 0 when even one head does not
+// fit (head_dim above about 2400): the backend refuses the op.
+AttentionPlan PlanAttention(const AttentionParams& p, int multiprocessors);
+
+// Floats of partials workspace a plan needs: 0 for one split, else rows x q_heads x splits x
+// (head_dim + 2), rows being the query rows of the batch.
+size_t AttentionPartialFloats(const AttentionParams& p, const AttentionPlan& plan);
+// The most partial floats any Attention within (max_q_heads, max_head_dim) can need.
+size_t MaxAttentionPartialFloats(int64_t max_head_dim);
+
+// Enqueues the attention. `partials`: at least AttentionPartialFloats() floats (null when 0).
+cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials,
+                            cudaStream_t stream);
+
+}  // namespace shardserve::kernels::cuda
+
+#endif  // SHARDSERVE_WORKER_KERNELS_CUDA_ATTENTION_CUH_
