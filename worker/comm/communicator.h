@@ -34,6 +34,14 @@ class Communicator {
   // data = data of `root`, in place. data: [count].
   virtual absl::Status Broadcast(float* data, size_t count, int root) = 0;
   virtual absl::Status Barrier() = 0;
+  // Orders this rank's collectives on `stream`, the opaque queue of the rank's backend
+  // (kernels::Backend::stream_handle(); it must outlive every later collective). Returns true when
+  // the communicator does so (NCCL given a CUDA stream): a collective then returns once enqueued,
+  // after the ops enqueued before it and before those enqueued after it, with no host wait, and
+  // the host sees its result after the backend synchronizes. Returns false when it ignores the
+  // stream (a null one, or the host communicator, whose collectives complete before returning).
+  // Call before the first collective.
+  virtual bool OrderOnStream(void* stream) = 0;
   // Marks the group failed with `reason`: every rank's collectives then return Aborted.
   virtual void Abort(const absl::Status& reason) = 0;
 };

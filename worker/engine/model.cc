@@ -158,6 +158,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                                      options.shard.size, " needs a communicator of that group"));
     }
   }
+  // NCCL on the backend's stream: collectives need no host synchronization around them.
+  m->comm_on_stream_ = options.comm != nullptr && options.comm->OrderOnStream(backend->stream_handle());
   ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, options.layer_begin, options.layer_end,
                                             ckpt, *backend, options.layer_experts));
 
@@ -395,7 +397,7 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
     return result;
   }
   // Vocab-parallel logits: gather every rank's [rows, vpad] slice; rank 0 assembles [rows, vocab].
-  RETURN_IF_ERROR(b.Synchronize());
+  if (!comm_on_stream_) RETURN_IF_ERROR(b.Synchronize());
   const auto gather_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(options_.comm->AllGather(w.logits.as<float>(), w.gathered.as<float>(),
                                            static_cast<size_t>(rows * vpad)));
@@ -425,7 +427,7 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
 
 absl::Status Model::AllReduce(float* data, int64_t count) {
   if (!tp()) return absl::OkStatus();
-  RETURN_IF_ERROR(backend_->Synchronize());
+  if (!comm_on_stream_) RETURN_IF_ERROR(backend_->Synchronize());
   const auto start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(options_.comm->AllReduceSum(data, static_cast<size_t>(count)));
   if (options_.observer != nullptr) {

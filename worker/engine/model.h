@@ -78,6 +78,9 @@ class Model final : public StepRunner {
   const ModelOptions options_;
   kernels::Backend* const backend_;  // not owned
   ShardLayout layout_;
+  // The communicator orders its collectives on the backend's stream (NCCL): no host
+  // synchronization before them.
+  bool comm_on_stream_ = false;
   ModelWeights weights_;
   std::vector<kernels::DeviceBuffer> k_cache_, v_cache_;  // per layer
   size_t kv_bytes_ = 0;

@@ -271,6 +271,11 @@ class Backend {
   // the scratch does not fit.
   virtual absl::Status Reserve(const StepLimits& limits) = 0;
 
+  // The backend's queue as an opaque handle, for a communicator that orders its collectives on it
+  // (comm::Communicator::OrderOnStream): a cudaStream_t for CUDA, null for backends whose ops
+  // complete before they return. Only kernels/cuda and comm/nccl interpret it.
+  virtual void* stream_handle() const = 0;
+
   // Allocates `bytes` (zero-filled) of device memory. ResourceExhausted when it does not fit.
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
   virtual absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;

@@ -160,6 +160,8 @@ class HostCommunicator final : public Communicator {
   }
 
   void Abort(const absl::Status& reason) override { group_->Abort(reason); }
+  // Host collectives complete before they return; there is no device queue to order on.
+  bool OrderOnStream(void* /*stream*/) override { return false; }
 
  private:
   absl::Status Check() { return group_->aborted() ? group_->AbortedStatus() : absl::OkStatus(); }

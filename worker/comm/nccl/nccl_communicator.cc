@@ -27,11 +27,18 @@ absl::Status CudaError(const char* call, cudaError_t e) {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int device, int rank, int size)
-      : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size) {}
+      : comm_(comm), own_stream_(stream), stream_(stream), device_(device), rank_(rank), size_(size) {}
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
     ncclCommDestroy(comm_);
-    cudaStreamDestroy(stream_);
+    cudaStreamDestroy(own_stream_);  // a bound stream belongs to its backend
+  }
+
+  bool OrderOnStream(void* stream) override {
+    if (stream == nullptr) return false;
+    stream_ = static_cast<cudaStream_t>(stream);
+    bound_ = true;
+    return true;
   }
 
   int rank() const override { return rank_; }
@@ -58,6 +65,9 @@ class NcclCommunicator final : public Communicator {
     float* one = nullptr;
     if (cudaError_t e = cudaMalloc(&one, sizeof(float)); e != cudaSuccess) return CudaError("cudaMalloc", e);
     absl::Status st = AllReduceSum(one, 1);
+    if (st.ok()) {
+      if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) st = CudaError("cudaStreamSynchronize", e);
+    }
     cudaFree(one);
     return st;
   }
@@ -72,12 +82,17 @@ class NcclCommunicator final : public Communicator {
     if (aborted_.load()) return absl::AbortedError("NCCL communicator aborted");
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaError("cudaSetDevice", e);
     if (ncclResult_t r = enqueue(); r != ncclSuccess) return NcclError(call, r, comm_);
+    // On the backend's stream the collective is ordered with the ops around it: no host wait. On
+    // our own stream the caller synchronized its backend before the call, and waits here.
+    if (bound_) return absl::OkStatus();
     if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) return CudaError("cudaStreamSynchronize", e);
     return absl::OkStatus();
   }
 
   ncclComm_t comm_;
-  cudaStream_t stream_;
+  const cudaStream_t own_stream_;
+  cudaStream_t stream_;  // own_stream_, or the backend's after OrderOnStream
+  bool bound_ = false;
   const int device_;
   const int rank_;
   const int size_;

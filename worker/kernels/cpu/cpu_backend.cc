@@ -51,6 +51,7 @@ class CpuBackend final : public Backend {
     }
     return false;
   }
+  void* stream_handle() const override { return nullptr; }
   // Host memory needs no reservation: the bf16 path's widening buffer is bounded (kWidenFloats).
   absl::Status Reserve(const StepLimits& /*limits*/) override { return absl::OkStatus(); }
 

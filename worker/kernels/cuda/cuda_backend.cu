@@ -68,6 +68,7 @@ class CudaBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
   bool SupportsOp(Op op, DType dtype) const override;
+  void* stream_handle() const override { return stream_; }
   absl::Status Reserve(const StepLimits& limits) override;
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
