@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, devices_per_worker, "cpu:1", "each worker's --devices (cp
 ABSL_FLAG(std::string, memory_per_device, "",
           "each worker's --memory_per_device: memory a device offers the planner at most (e.g. 2GiB; default: free "
           "memory)");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "each worker's --gpu_memory_utilization: fraction of each CUDA device's memory it may fill (workers that "
+          "share a device should split it)");
 ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = auto");
 ABSL_FLAG(int32_t, pp, 0, "pipeline stages; 0 = auto");
 ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
@@ -211,6 +214,7 @@ int main(int argc, char** argv) {
     if (const std::string m = absl::GetFlag(FLAGS_memory_per_device); !m.empty()) {
       worker_argv.push_back("--memory_per_device=" + m);
     }
+    worker_argv.push_back(absl::StrCat("--gpu_memory_utilization=", absl::GetFlag(FLAGS_gpu_memory_utilization)));
     children.push_back({absl::StrCat("worker ", i), Spawn(worker_argv)});
   }
   auto client = shardserve::Client::Connect(address, {.timeout = std::chrono::seconds(5)});

@@ -35,6 +35,9 @@ ABSL_FLAG(int32_t, threads, 1, "BLAS threads of a single CPU rank");
 ABSL_FLAG(std::string, node_name, "", "node name (default: the host name)");
 ABSL_FLAG(std::string, memory_per_device, "",
           "memory each device offers the planner at most, e.g. 20GiB or 512MB (default: its free memory)");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "fraction of each CUDA device's memory this worker may fill (weights, workspace and the KV cache the "
+          "planner sizes from what is left), in (0, 1]");
 ABSL_FLAG(std::string, metrics_listen, "", "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; "
                                            "empty = no metrics)");
 
@@ -75,6 +78,12 @@ int main(int argc, char** argv) {
     }
     memory_per_device = *bytes;
   }
+  const double gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0)) {
+    std::cerr << "shardserve-worker: --gpu_memory_utilization must be in (0, 1], got " << gpu_memory_utilization
+              << "\n";
+    return 2;
+  }
   std::string node = absl::GetFlag(FLAGS_node_name);
   if (node.empty()) {
     char host[256] = {};
@@ -97,7 +106,8 @@ int main(int argc, char** argv) {
                                 .cpu_threads = devices->cpu_threads,
                                 .cuda_devices = devices->cuda_devices,
                                 .metrics = &metrics,
-                                .memory_per_device = memory_per_device});
+                                .memory_per_device = memory_per_device,
+                                .gpu_memory_utilization = gpu_memory_utilization});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

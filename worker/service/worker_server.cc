@@ -206,6 +206,11 @@ absl::Status WorkerServer::ComputeExperts(const v1::ExpertRequest& request, v1::
   return absl::OkStatus();
 }
 
+int64_t OfferedGpuBytes(int64_t total_bytes, int64_t free_bytes, double utilization) {
+  const auto kept = static_cast<int64_t>(static_cast<double>(total_bytes) * (1.0 - utilization));
+  return std::max<int64_t>(0, free_bytes - kept);
+}
+
 WorkerStatusSnapshot WorkerServer::Status() const {
   std::lock_guard lock(mu_);
   return status_;
@@ -213,6 +218,10 @@ WorkerStatusSnapshot WorkerServer::Status() const {
 
 std::vector<v1::Device> WorkerServer::Devices() const {
   std::vector<v1::Device> devices = QueryDevices();
+  for (v1::Device& d : devices) {
+    if (d.kind() != v1::DEVICE_KIND_CUDA) continue;
+    d.set_free_bytes(OfferedGpuBytes(d.total_bytes(), d.free_bytes(), options_.gpu_memory_utilization));
+  }
   if (options_.memory_per_device > 0) {
     for (v1::Device& d : devices) {
       d.set_total_bytes(std::min<int64_t>(d.total_bytes(), options_.memory_per_device));

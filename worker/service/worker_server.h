@@ -41,7 +41,16 @@ struct WorkerOptions {
   WorkerMetrics* metrics = nullptr;  // optional, not owned; must outlive the server
   // Bytes each device offers the planner at most (0 = what it has free).
   int64_t memory_per_device = 0;
+  // Fraction of each CUDA device's total memory this worker may fill (vLLM's
+  // gpu_memory_utilization): a device offers its free memory less the (1 - fraction) x total it
+  // keeps back, so that the planner's weights, workspace and KV cache stay under fraction x total
+  // whatever else the device holds. In (0, 1]; not applied to CPU ranks.
+  double gpu_memory_utilization = 0.9;
 };
+
+// The free bytes a CUDA device with `total_bytes` and `free_bytes` offers when this worker may fill
+// `utilization` of it: free_bytes less the (1 - utilization) x total_bytes it keeps back, at least 0.
+int64_t OfferedGpuBytes(int64_t total_bytes, int64_t free_bytes, double utilization);
 
 // What heartbeats report.
 struct WorkerStatusSnapshot {
@@ -65,8 +74,8 @@ class WorkerServer {
 
   // Thread-safe.
   WorkerStatusSnapshot Status() const;
-  // The devices this worker offers (for registration), with free memory capped at
-  // memory_per_device.
+  // The devices this worker offers (for registration): CUDA devices' free memory less what
+  // gpu_memory_utilization keeps back, and every device's capped at memory_per_device.
   std::vector<v1::Device> Devices() const;
 
   // Validates and starts loading `assignment` in the background (replacing the current one once

@@ -517,5 +517,15 @@ TEST(ConvertTest, InconsistentChunksAndTensorsAreRejected) {
   EXPECT_THAT(FromProto(wrong, 64).status().message(), HasSubstr("shape [2, 64]"));
 }
 
+TEST(OfferedGpuBytesTest, KeepsBackTheUnusedFractionOfTheWholeDevice) {
+  const int64_t gib = int64_t{1} << 30;
+  // An idle 80 GiB device at 0.9 offers 72 GiB; with 20 GiB held by another process, 52 GiB.
+  EXPECT_EQ(OfferedGpuBytes(80 * gib, 80 * gib, 0.9), 80 * gib - 8 * gib);
+  EXPECT_EQ(OfferedGpuBytes(80 * gib, 60 * gib, 0.9), 52 * gib);
+  EXPECT_EQ(OfferedGpuBytes(80 * gib, 60 * gib, 1.0), 60 * gib);
+  // Already fuller than the fraction allows: nothing.
+  EXPECT_EQ(OfferedGpuBytes(80 * gib, 4 * gib, 0.9), 0);
+}
+
 }  // namespace
 }  // namespace shardserve::service
