@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -207,7 +208,8 @@ absl::Status WorkerServer::ComputeExperts(const v1::ExpertRequest& request, v1::
 }
 
 int64_t OfferedGpuBytes(int64_t total_bytes, int64_t free_bytes, double utilization) {
-  const auto kept = static_cast<int64_t>(static_cast<double>(total_bytes) * (1.0 - utilization));
+  // Rounded up: 1 - 0.9 is a hair under 0.1 in binary, and a byte more kept back is the safe side.
+  const auto kept = static_cast<int64_t>(std::ceil(static_cast<double>(total_bytes) * (1.0 - utilization)));
   return std::max<int64_t>(0, free_bytes - kept);
 }
 
