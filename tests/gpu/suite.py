@@ -42,7 +42,24 @@ def log_tail(path, lines=40):
         return "".join(f.readlines()[-lines:])
 
 
-def gtest_part(name, json_path, rc, seconds):
+def skip_messages(log_path):
+    """GTEST_SKIP() messages from a GoogleTest log (its JSON output does not carry them)."""
+    out, grab = [], False
+    if not log_path or not os.path.exists(log_path):
+        return out
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.endswith(": Skipped"):
+                grab = True
+            elif grab and line.startswith("["):
+                grab = False
+            elif grab and line.strip():
+                out.append(line.strip())
+    return out
+
+
+def gtest_part(name, json_path, rc, seconds, log_path=None):
     """A part from a GoogleTest JSON output file (--gtest_output=json:F) and the binary's exit code.
 
     passed: every test ran and passed; skipped: no test failed and none ran to completion (every one
@@ -58,7 +75,6 @@ def gtest_part(name, json_path, rc, seconds):
                 doc = json.load(f)
         except (OSError, ValueError) as e:
             part["reason"] = f"unreadable gtest output {json_path}: {e}"
-    skip_messages = []
     for suite in (doc or {}).get("testsuites", []):
         for case in suite.get("testsuite", []):
             full = f"{suite.get('name')}.{case.get('name')}"
@@ -67,9 +83,6 @@ def gtest_part(name, json_path, rc, seconds):
                 part["failures"].append({"test": full, "message": case["failures"][0].get("failure", "")[:2000]})
             elif case.get("result") == "SKIPPED" or case.get("status") == "NOTRUN":
                 part["skipped"] += 1
-                for s in case.get("skipped", []) or []:
-                    if s.get("message"):
-                        skip_messages.append(s["message"].strip().splitlines()[-1])
             else:
                 part["passed"] += 1
     if rc in TIMEOUT_RCS:
@@ -83,9 +96,11 @@ def gtest_part(name, json_path, rc, seconds):
             part["reason"] = f"exit code {rc} with no failed test"
     elif part["passed"] == 0 and part["skipped"] > 0:
         part["status"] = "skipped"
-        part["reason"] = "; ".join(sorted(set(skip_messages))) or "every test skipped"
+        part["reason"] = "; ".join(sorted(set(skip_messages(log_path)))) or "every test skipped"
     else:
         part["status"] = "passed"
+        if part["skipped"]:
+            part["reason"] = "skipped: " + ("; ".join(sorted(set(skip_messages(log_path)))) or "?")
     return part
 
 
@@ -267,7 +282,7 @@ def main(argv=None):
         return out
 
     if a.cmd == "gtest":
-        part = gtest_part(a.name, a.json, a.rc, a.seconds)
+        part = gtest_part(a.name, a.json, a.rc, a.seconds, a.log)
     elif a.cmd == "part":
         part = {"name": a.name, "status": a.status, "seconds": round(a.seconds, 3), **kv(a.field)}
         if a.reason:
@@ -285,7 +300,8 @@ def main(argv=None):
     if a.cmd in ("gtest", "part", "bench") and a.log and part["status"] in ("failed", "timeout"):
         part["log_tail"] = log_tail(a.log)
     write_json(a.out, part)
-    print(f"  {part['name']}: {part['status']}" + (f" ({part['reason']})" if part.get("reason") else ""))
+    counts = f" {part['passed']} passed, {part['failed']} failed, {part['skipped']} skipped" if a.cmd == "gtest" else ""
+    print(f"  {part['name']}: {part['status']}{counts}" + (f" ({part['reason']})" if part.get("reason") else ""))
     return 0
 
 
