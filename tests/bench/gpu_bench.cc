@@ -4,8 +4,9 @@
 //   prefill tok/s                        vs  the bf16 tensor-core GEMM rate on a prefill-shaped product
 //   all-reduce of one hidden state (8192 floats) over every GPU (NCCL), when there are >= 2
 //   host CPU time per decode step (CLOCK_PROCESS_CPUTIME_ID over the timed steps)
-// The models are generated (tests/testing/random_model.h) into --scratch once: a ~1.1B-parameter
-// bf16 Llama and a ~1.1B-parameter bf16 Mixtral-style MoE (8 experts, top 2).
+// The models are generated (tests/testing/random_model.h) into --scratch once: a 1.1B-parameter
+// bf16 Llama (TinyLlama's shape) and a 1.08B-parameter bf16 Mixtral-style MoE (12 layers, 8
+// experts of width 1408, top 2: 0.33B parameters used per token).
 //
 // The roofline counts the bytes the engine holds (TpExecutor::WeightBytesPerRank), not the
 // checkpoint's: a backend without bf16 weights widens them to f32 on load and then reads twice as
@@ -64,7 +65,7 @@ double ProcessCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// The two generated shapes: about 1.1B parameters each, bf16.
+// The two generated shapes, bf16: 1.10B (llama) and 1.08B (moe) parameters.
 testing::RandomLlamaShape ModelShape(const std::string& name) {
   testing::RandomLlamaShape s;
   s.vocab = 32000;
@@ -78,8 +79,8 @@ testing::RandomLlamaShape ModelShape(const std::string& name) {
     s.intermediate = 1408;  // per expert
     s.experts = 8;
     s.experts_per_tok = 2;
-  } else {
-    s.layers = 16;
+  } else {  // TinyLlama-1.1B's shape
+    s.layers = 22;
     s.intermediate = 5632;
   }
   return s;
