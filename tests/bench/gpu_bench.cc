@@ -10,7 +10,8 @@
 //
 // The roofline counts the bytes the engine holds (TpExecutor::WeightBytesPerRank), not the
 // checkpoint's: a backend without bf16 weights widens them to f32 on load and then reads twice as
-// many bytes per step. The f32 embedding table is not read by a decode step (one row per token);
+// many bytes per step (InferLayout says which happened). The embedding table is not read by a
+// decode step (one row per token);
 // an MoE step reads only the experts its tokens are routed to (expected distinct experts for B
 // random tokens: E * (1 - (1 - k/E)^B)); the KV cache adds its bytes per token times the context.
 //
@@ -118,10 +119,29 @@ ParamCounts CountParams(const ModelSpec& s) {
   return c;
 }
 
+// How the engine holds the weights, inferred from the bytes it reports: norms are f32; matrices
+// take `matrix_elem` bytes per element (2: kept as bf16, 4: widened to f32); the embedding table
+// either is f32 or shares the matrices' dtype (`embedding_elem`), whichever fits the held bytes to
+// a whole element size best (both fit equally when everything is f32).
+struct HeldLayout {
+  double matrix_elem = 4;
+  double embedding_elem = 4;
+};
+
+HeldLayout InferLayout(const ParamCounts& c, double held) {
+  const double f32_embedding = (held - 4 * (c.embedding + c.norms)) / c.matrices;
+  const double same_as_matrices = (held - 4 * c.norms) / (c.matrices + c.embedding);
+  auto off = [](double e) { return std::min(std::abs(e - 2), std::abs(e - 4)); };
+  if (off(same_as_matrices) < off(f32_embedding)) return {same_as_matrices, same_as_matrices};
+  return {f32_embedding, 4};
+}
+
 // Bytes of weights one decode step of `batch` tokens reads, from the bytes the engine holds.
-double WeightBytesRead(const ModelSpec& s, const ParamCounts& c, double held, double matrix_elem, int batch) {
-  double read = held - 4 * c.embedding;  // the f32 embedding table (tied models: it is the lm_head too)
-  if (s.tie_word_embeddings) read += 4 * c.embedding;
+double WeightBytesRead(const ModelSpec& s, const ParamCounts& c, double held, const HeldLayout& h, int batch) {
+  const double matrix_elem = h.matrix_elem;
+  // The embedding table is read one row per token (tied models: it is the lm_head too, read whole).
+  double read = held - h.embedding_elem * c.embedding;
+  if (s.tie_word_embeddings) read += h.embedding_elem * c.embedding;
   if (s.IsMoe()) {
     const double e = static_cast<double>(s.moe.num_experts);
     const double k = static_cast<double>(s.moe.top_k);
@@ -167,9 +187,8 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
 
   const ParamCounts pc = CountParams(spec);
   const double held = static_cast<double>(model->WeightBytesPerRank()[0]);
-  // Bytes per matrix element as held: 2 when the backend keeps bf16, 4 when it widened to f32.
-  const double matrix_elem = (held - 4 * (pc.embedding + pc.norms)) / pc.matrices;
-  const char* held_dtype = matrix_elem < 3 ? "bf16" : "f32";
+  const HeldLayout layout = InferLayout(pc, held);
+  const char* held_dtype = layout.matrix_elem < 3 ? "bf16" : "f32";
   const double kv_bytes_per_token =
       static_cast<double>(model->KvCacheBytesPerRank()[0]) /
       static_cast<double>(model->options().num_kv_blocks * model->options().kv_block_size);
@@ -206,7 +225,7 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
     f.cpu_ms_per_step = (ProcessCpuSeconds() - c0) / steps * 1e3;
     f.step_ms = wall / steps * 1e3;
     f.tok_s = b * steps / wall;
-    f.bytes_per_step = WeightBytesRead(spec, pc, held, matrix_elem, b) + b * kv_bytes_per_token * avg_ctx;
+    f.bytes_per_step = WeightBytesRead(spec, pc, held, layout, b) + b * kv_bytes_per_token * avg_ctx;
     f.roofline_tok_s = b * bw_gbps * 1e9 / f.bytes_per_step;
     return f;
   };
@@ -246,6 +265,8 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
               {"weight_bytes_held", held},
               {"weight_bytes_source", "TpExecutor::WeightBytesPerRank"},
               {"matrix_dtype_held", held_dtype},
+              {"matrix_bytes_per_element", layout.matrix_elem},
+              {"embedding_bytes_per_element", layout.embedding_elem},
               {"kv_bytes_per_token", kv_bytes_per_token},
               {"decode_batch_1", decode_json(d1, 1)},
               {"decode_batch_n", decode_json(db, batch)},
