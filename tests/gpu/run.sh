@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite, run from inside the bundle that tests/gpu/bundle.sh made (as is, no network):
 #   bash run.sh [REPORT]        REPORT defaults to ${OUT:-.}/gpu_report.json
-# Parts, each bounded by timeout(1) and run whatever the others did:
+# Parts, each bounded by timeout(1) and run whatever the others did, all within
+# SHARDSERVE_GPU_BUDGET_S (default 470 s):
 #   env        the library path (bundle's libs + the machine's CUDA/cuBLAS/NCCL) and ldd's verdict
 #   test:NAME  every gpu-labelled GoogleTest binary in tests/ (nccl_test skips itself below 2 GPUs)
 #   memcheck, racecheck   compute-sanitizer on cuda_parity_test (where compute-sanitizer exists)
@@ -20,6 +21,18 @@ LOGS="${REPORT%.json}_logs"
 mkdir -p "$PARTS" "$LOGS"
 SUITE=(python3 "$BUNDLE/suite.py")
 T0=$SECONDS
+# The whole run stays within BUDGET seconds: each part's limit is cut to what is left of it, and a
+# part with under 15 s left is recorded as timeout without running.
+BUDGET="${SHARDSERVE_GPU_BUDGET_S:-470}"
+limit() {  # PART_LIMIT_S -> the limit to use (0 = the budget is spent)
+  local left=$((BUDGET - (SECONDS - T0)))
+  ((left < 15)) && { echo 0; return; }
+  echo $(($1 < left ? $1 : left))
+}
+out_of_time() {  # NAME
+  "${SUITE[@]}" part --name "$1" --status timeout --reason "the suite's ${BUDGET} s budget was spent before it ran" \
+    --out "$PARTS/$1.json"
+}
 say() { printf '%s\n' "$*"; }
 now() { date +%s.%N; }
 since() { python3 -c "import sys; print(round($(now) - $1, 3))"; }
@@ -138,10 +151,11 @@ fi
 # Runs one gtest binary under `timeout` from the bundle's source-root stand-in (the tests read
 # tests/golden/... and ../shared/models/... from there).
 run_gtest() {  # NAME LIMIT_S CMD...
-  local name="$1" limit="$2"; shift 2
+  local name="$1" lim; lim="$(limit "$2")"; shift 2
   local log="$LOGS/$name.log" js="$WORK/$name.gtest.json" t rc
+  ((lim > 0)) || { out_of_time "$name"; return; }
   t="$(now)"
-  (cd "$BUNDLE/root" && timeout -k 10 "$limit" "$@" --gtest_output="json:$js" >"$log" 2>&1)
+  (cd "$BUNDLE/root" && timeout -k 10 "$lim" "$@" --gtest_output="json:$js" >"$log" 2>&1)
   rc=$?
   "${SUITE[@]}" gtest --name "$name" --json "$js" --rc "$rc" --seconds "$(since "$t")" --log "$log" \
     --out "$PARTS/$name.json"
@@ -177,9 +191,12 @@ done
 say "-- local cluster (2 workers on cuda:0, PP=2) vs shardserve-run"
 if ((GPUS < 1)); then
   "${SUITE[@]}" part --name cluster --status skipped --reason "$NO_GPU_REASON" --out "$PARTS/cluster.json"
+elif (($(limit 170) == 0)); then
+  out_of_time cluster
 else
   t="$(now)"
-  timeout -k 10 170 "${SUITE[@]}" cluster --bin "$BUNDLE/bin" --root "$BUNDLE/root" --timeout 150 \
+  lim="$(limit 170)"
+  timeout -k 10 "$lim" "${SUITE[@]}" cluster --bin "$BUNDLE/bin" --root "$BUNDLE/root" --timeout $((lim - 15)) \
     --out "$PARTS/cluster.json" >"$LOGS/cluster.log" 2>&1
   rc=$?
   cat "$LOGS/cluster.log"
@@ -192,12 +209,17 @@ fi
 
 # --- (e) the benchmark ------------------------------------------------------------------------------
 say "-- shardserve-bench-gpu"
-t="$(now)"
-(cd "$BUNDLE/root" && timeout -k 10 240 "$BUNDLE/bin/shardserve-bench-gpu" --json \
-  --scratch="${SHARDSERVE_GPU_SCRATCH:-$WORK/models}" >"$LOGS/bench.json" 2>"$LOGS/bench.log")
-rc=$?
-"${SUITE[@]}" bench --json-file "$LOGS/bench.json" --rc "$rc" --seconds "$(since "$t")" --log "$LOGS/bench.log" \
-  --out "$PARTS/bench.json"
+lim="$(limit 240)"
+if ((lim == 0)); then
+  out_of_time bench
+else
+  t="$(now)"
+  (cd "$BUNDLE/root" && timeout -k 10 "$lim" "$BUNDLE/bin/shardserve-bench-gpu" --json \
+    --scratch="${SHARDSERVE_GPU_SCRATCH:-$WORK/models}" >"$LOGS/bench.json" 2>"$LOGS/bench.log")
+  rc=$?
+  "${SUITE[@]}" bench --json-file "$LOGS/bench.json" --rc "$rc" --seconds "$(since "$t")" --log "$LOGS/bench.log" \
+    --out "$PARTS/bench.json"
+fi
 
 # --- the report ----------------------------------------------------------------------------------
 "${SUITE[@]}" report --parts "$PARTS" --out "$REPORT" --meta "bundle=$BUNDLE" --meta "seconds=$((SECONDS - T0))" \
