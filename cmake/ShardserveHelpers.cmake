@@ -75,4 +75,9 @@ function(shardserve_cc_test)
   endif()
   gtest_discover_tests(${A_NAME} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
                        PROPERTIES ${_props} DISCOVERY_TIMEOUT 60)
+  # Tests labelled gpu are collected so that one target (gpu_tests, tests/CMakeLists.txt) builds
+  # them all for the GPU bundle (tests/gpu/bundle.sh).
+  if("gpu" IN_LIST A_LABELS)
+    set_property(GLOBAL APPEND PROPERTY SHARDSERVE_GPU_TESTS ${A_NAME})
+  endif()
 endfunction()

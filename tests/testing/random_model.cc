@@ -30,6 +30,11 @@ uint64_t Next(uint64_t& s) {
 
 absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m, uint64_t seed) {
   namespace fs = std::filesystem;
+  const bool moe = m.experts > 0;
+  if (moe && (m.experts_per_tok < 1 || m.experts_per_tok > m.experts)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("experts_per_tok must be in [1, ", m.experts, "], got ", m.experts_per_tok));
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": ", ec.message()));
@@ -43,9 +48,19 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
     specs.push_back({p + "self_attn.v_proj.weight", {m.kv_heads * d, m.hidden}, false});
     specs.push_back({p + "self_attn.o_proj.weight", {m.hidden, m.heads * d}, false});
     specs.push_back({p + "post_attention_layernorm.weight", {m.hidden}, true});
-    specs.push_back({p + "mlp.gate_proj.weight", {m.intermediate, m.hidden}, false});
-    specs.push_back({p + "mlp.up_proj.weight", {m.intermediate, m.hidden}, false});
-    specs.push_back({p + "mlp.down_proj.weight", {m.hidden, m.intermediate}, false});
+    if (moe) {
+      specs.push_back({p + "block_sparse_moe.gate.weight", {m.experts, m.hidden}, false});
+      for (int64_t e = 0; e < m.experts; ++e) {
+        const std::string ep = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
+        specs.push_back({ep + "w1.weight", {m.intermediate, m.hidden}, false});
+        specs.push_back({ep + "w2.weight", {m.hidden, m.intermediate}, false});
+        specs.push_back({ep + "w3.weight", {m.intermediate, m.hidden}, false});
+      }
+    } else {
+      specs.push_back({p + "mlp.gate_proj.weight", {m.intermediate, m.hidden}, false});
+      specs.push_back({p + "mlp.up_proj.weight", {m.intermediate, m.hidden}, false});
+      specs.push_back({p + "mlp.down_proj.weight", {m.hidden, m.intermediate}, false});
+    }
   }
   specs.push_back({"model.norm.weight", {m.hidden}, true});
   if (!m.tied) specs.push_back({"lm_head.weight", {m.vocab, m.hidden}, false});
@@ -88,8 +103,8 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
     }
   }
   if (!out) return absl::InternalError(absl::StrCat(dir, "/model.safetensors: write failed"));
-  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
-                           {"model_type", "llama"},
+  nlohmann::json config = {{"architectures", {moe ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
+                           {"model_type", moe ? "mixtral" : "llama"},
                            {"vocab_size", m.vocab},
                            {"hidden_size", m.hidden},
                            {"intermediate_size", m.intermediate},
@@ -104,6 +119,10 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
                            {"bos_token_id", 1},
                            {"eos_token_id", 2},
                            {"torch_dtype", m.bf16 ? "bfloat16" : "float32"}};
+  if (moe) {
+    config["num_local_experts"] = m.experts;
+    config["num_experts_per_tok"] = m.experts_per_tok;
+  }
   std::ofstream cfg(fs::path(dir) / "config.json");
   cfg << config.dump(2) << "\n";
   if (!cfg) return absl::InternalError(absl::StrCat(dir, "/config.json: write failed"));

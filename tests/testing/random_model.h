@@ -1,6 +1,7 @@
 // Writes Llama-family checkpoints with random weights from a fixed seed (config.json +
 // model.safetensors), for benchmarks and layout tests that need shapes larger than the committed
-// golden models. "The 100M model" of the benchmarks is HundredMModel().
+// golden models: dense Llama, or Mixtral-style MoE when `experts` > 0. "The 100M model" of the
+// benchmarks is HundredMModel().
 #ifndef SHARDSERVE_TESTS_TESTING_RANDOM_MODEL_H_
 #define SHARDSERVE_TESTS_TESTING_RANDOM_MODEL_H_
 
@@ -21,6 +22,12 @@ struct RandomLlamaShape {
   int64_t max_positions = 1024;
   bool tied = false;
   bool bf16 = false;  // store every tensor as BF16 (as Hugging Face checkpoints usually are), else F32
+  // Mixture of experts: 0 = a dense LlamaForCausalLM. Otherwise a MixtralForCausalLM whose every
+  // layer has `experts` expert MLPs of width `intermediate` (block_sparse_moe.experts.N.w1/w3
+  // [intermediate, hidden], w2 [hidden, intermediate]) and a router block_sparse_moe.gate
+  // [experts, hidden]; each token uses `experts_per_tok` of them.
+  int64_t experts = 0;
+  int64_t experts_per_tok = 2;
 };
 
 // The benchmark model of ARCHITECTURE.md: 134M parameters, f32 (or bf16), untied.
@@ -31,7 +38,9 @@ inline RandomLlamaShape HundredMModel(bool bf16 = false) {
 }
 
 // Writes `dir`/config.json and `dir`/model.safetensors (creating `dir`). Weights are uniform in
-// +-0.5/sqrt(fan_in) (norms are 1), so activations stay O(1) through the layers.
+// +-0.5/sqrt(fan_in) (norms are 1), so activations stay O(1) through the layers. The file is
+// written tensor by tensor (memory stays at one tensor). InvalidArgument when experts_per_tok is
+// not in [1, experts] for an MoE shape; Internal when a file cannot be written.
 absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& shape, uint64_t seed);
 
 }  // namespace shardserve::testing
