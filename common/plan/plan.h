@@ -55,8 +55,12 @@ struct PlanPolicy {
   // Longest sequence (prompt + generation); 0 = the model's max_position_embeddings. Every stage
   // must hold the KV of at least one sequence of this length.
   int64_t max_seq_len = 0;
-  // Bytes per stored weight and per KV cache element (4 for the f32 engine).
-  int64_t bytes_per_param = 4;
+  // Bytes per element of the weight matrices and the embedding as the workers hold them; 0 = from
+  // the checkpoint (coordinator/planner/planner.h says how). Norms, biases and routers are always
+  // f32 (4 bytes).
+  int64_t bytes_per_param = 0;
+  // Bytes per KV cache element (the engine's cache is f32).
+  int64_t kv_bytes_per_element = 4;
   // Subtracted from every device's free_bytes before planning (workspace, allocator slack).
   int64_t reserve_bytes_per_device = 0;
   // Allow experts of MoE layers that do not fit on their stage's worker to live on other workers

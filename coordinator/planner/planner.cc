@@ -82,20 +82,25 @@ struct TpFigures {
   int64_t slots_per_layer = 0;
 };
 
-TpFigures MakeTpFigures(const ModelSpec& s, int tp, int64_t bpp) {
+// bpp: bytes per element of the matrices and the embedding; kv_bpe: per KV cache element. Norms,
+// biases and routers are f32, as the engine's loader keeps them.
+TpFigures MakeTpFigures(const ModelSpec& s, int tp, int64_t bpp, int64_t kv_bpe) {
+  constexpr int64_t kF32 = 4;
   const int64_t h = s.hidden_size, d = s.head_dim;
   const int64_t q = s.num_heads / tp * d;
   const int64_t kv = (s.num_kv_heads % tp == 0 ? s.num_kv_heads / tp : 1) * d;
-  int64_t attn = 2 * h + h * q + 2 * h * kv + q * h;
-  if (s.qkv_bias) attn += q + 2 * kv;
-  if (s.o_bias) attn += h;  // rank 0 only
+  int64_t attn = 2 * h * kF32 + (h * q + 2 * h * kv + q * h) * bpp;
+  if (s.qkv_bias) attn += (q + 2 * kv) * kF32;
+  if (s.o_bias) attn += h * kF32;  // rank 0 only
   const int64_t ffn = s.intermediate_size / tp;
-  const int64_t dense = 3 * h * ffn + (s.mlp_bias ? 2 * ffn + h : 0);
+  const int64_t dense = 3 * h * ffn * bpp + (s.mlp_bias ? 2 * ffn + h : 0) * kF32;
   TpFigures f;
   int64_t sparse = 0, expert_bytes = 0;
   if (s.IsMoe()) {
-    sparse = s.moe.num_experts * h;  // router
-    if (s.moe.shared_expert_intermediate_size > 0) sparse += 3 * h * (s.moe.shared_expert_intermediate_size / tp) + h;
+    sparse = s.moe.num_experts * h * kF32;  // router
+    if (s.moe.shared_expert_intermediate_size > 0) {
+      sparse += 3 * h * (s.moe.shared_expert_intermediate_size / tp) * bpp + h * kF32;
+    }
     const int64_t expert = 3 * h * s.moe.expert_intermediate_size;
     const bool ep = ExpertParallel(s, tp);
     f.slot_bytes = (ep ? expert : expert / tp) * bpp;
@@ -108,13 +113,13 @@ TpFigures MakeTpFigures(const ModelSpec& s, int tp, int64_t bpp) {
   f.sparse_prefix.assign(1, 0);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const bool sp = s.IsSparseLayer(l);
-    f.dense_prefix.push_back(f.dense_prefix.back() + (attn + (sp ? sparse : dense)) * bpp);
+    f.dense_prefix.push_back(f.dense_prefix.back() + attn + (sp ? sparse : dense));
     f.expert_prefix.push_back(f.expert_prefix.back() + (sp ? expert_bytes : 0));
     f.sparse_prefix.push_back(f.sparse_prefix.back() + (sp ? 1 : 0));
   }
-  f.kv_per_token_layer = 2 * kv * bpp;
+  f.kv_per_token_layer = 2 * kv * kv_bpe;
   f.embedding = s.vocab_size * h * bpp;
-  f.final_norm = h * bpp;
+  f.final_norm = h * kF32;
   f.lm_head = CeilDiv(s.vocab_size, tp) * h * bpp;
   return f;
 }
@@ -168,8 +173,12 @@ absl::StatusOr<int64_t> ValidatePolicy(const ModelSpec& spec, const PlanPolicy& 
   if (p.tp < 0) return PolicyError("tp", absl::StrCat("must be >= 0 (0 = auto), got ", p.tp));
   if (p.pp < 0) return PolicyError("pp", absl::StrCat("must be >= 0 (0 = auto), got ", p.pp));
   if (p.replicas < 0) return PolicyError("replicas", absl::StrCat("must be >= 0 (0 = auto), got ", p.replicas));
-  if (p.bytes_per_param < 1 || p.bytes_per_param > 8) {
-    return PolicyError("bytes_per_param", absl::StrCat("must be in [1, 8], got ", p.bytes_per_param));
+  if (p.bytes_per_param < 0 || p.bytes_per_param > 8) {
+    return PolicyError("bytes_per_param", absl::StrCat("must be in [1, 8] (0 = from the checkpoint), got ",
+                                                       p.bytes_per_param));
+  }
+  if (p.kv_bytes_per_element < 1 || p.kv_bytes_per_element > 8) {
+    return PolicyError("kv_bytes_per_element", absl::StrCat("must be in [1, 8], got ", p.kv_bytes_per_element));
   }
   if (p.reserve_bytes_per_device < 0) {
     return PolicyError("reserve_bytes_per_device", absl::StrCat("must be >= 0, got ", p.reserve_bytes_per_device));
@@ -318,7 +327,9 @@ class Planner {
   }
 
   void AddTp(int tp) {
-    if (figures_.count(tp) == 0) figures_.emplace(tp, MakeTpFigures(spec_, tp, policy_.bytes_per_param));
+    if (figures_.count(tp) == 0) {
+      figures_.emplace(tp, MakeTpFigures(spec_, tp, policy_.bytes_per_param, policy_.kv_bytes_per_element));
+    }
   }
   int64_t min_tokens() const { return min_tokens_; }
 
@@ -590,10 +601,9 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
 std::string NotEnoughMemory(const ModelSpec& spec, const PlanPolicy& policy, int64_t min_tokens,
                             const std::vector<WorkerInventory>& workers, const std::vector<Candidate>& eligible,
                             int pp_lo, int pp_hi, bool tried_spill) {
-  const int64_t bpp = policy.bytes_per_param;
-  const int64_t weights = spec.NumParameters() * bpp;
+  const int64_t weights = spec.NumParameters() * policy.bytes_per_param;
   const double kv_min = static_cast<double>(min_tokens) * static_cast<double>(spec.num_layers) * 2.0 *
-                        static_cast<double>(spec.num_kv_heads * spec.head_dim * bpp);
+                        static_cast<double>(spec.num_kv_heads * spec.head_dim * policy.kv_bytes_per_element);
   const int64_t kv = static_cast<int64_t>(std::ceil(policy.kv_tokens > 0 ? kv_min : kv_min / policy.kv_fraction));
   const int replicas = std::max(policy.replicas, 1);
   int64_t available = 0;
@@ -622,10 +632,33 @@ std::string NotEnoughMemory(const ModelSpec& spec, const PlanPolicy& policy, int
 
 }  // namespace
 
+int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInventory>& workers) {
+  if (!spec.dtype.has_value()) return 4;
+  switch (*spec.dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16: {
+      // CUDA devices multiply f16 matrices; CPU ranks widen them to f32.
+      bool all_cuda = !workers.empty();
+      for (const WorkerInventory& w : workers) {
+        bool cuda = false;
+        for (const Device& d : w.devices) cuda = cuda || d.kind == DeviceKind::kCuda;
+        all_cuda = all_cuda && cuda;
+      }
+      return all_cuda ? 2 : 4;
+    }
+  }
+  return 4;
+}
+
 absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
-                              const PlanPolicy& policy) {
+                              const PlanPolicy& requested) {
   RETURN_IF_ERROR(ValidateSpec(spec));
-  ASSIGN_OR_RETURN(const int64_t max_seq_len, ValidatePolicy(spec, policy));
+  ASSIGN_OR_RETURN(const int64_t max_seq_len, ValidatePolicy(spec, requested));
+  PlanPolicy policy = requested;
+  if (policy.bytes_per_param == 0) policy.bytes_per_param = WeightBytesPerParam(spec, workers);
   std::vector<WorkerInventory> sorted = workers;
   std::sort(sorted.begin(), sorted.end(),
             [](const WorkerInventory& a, const WorkerInventory& b) { return a.worker_id < b.worker_id; });
@@ -679,7 +712,7 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInv
   const double replica_need =
       static_cast<double>(spec.NumParameters() * policy.bytes_per_param) +
       static_cast<double>(planner.min_tokens()) *
-          static_cast<double>(spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * policy.bytes_per_param);
+          static_cast<double>(spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * policy.kv_bytes_per_element);
   std::vector<double> capacity_prefix(1, 0.0);
   for (const Candidate& c : eligible)
     capacity_prefix.push_back(capacity_prefix.back() + static_cast<double>(c.Capacity()));

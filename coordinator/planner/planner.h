@@ -3,7 +3,12 @@
 // same output, whatever the order of `workers`. Used by the coordinator when workers join or
 // leave, and by `shardserve plan` to print a plan without starting anything.
 //
-// ---- What a stage holds (bytes = parameters x policy.bytes_per_param) ------------------------
+// ---- What a stage holds ------------------------------------------------------------------------
+// Bytes are those the engine's loader allocates: the weight matrices and the embedding at
+// policy.bytes_per_param each (0 = from the checkpoint: config.json's dtype, bf16 -> 2, f16 -> 2
+// when every worker runs on CUDA devices and 4 otherwise, since CPU ranks widen f16 matrices, f32
+// or no dtype -> 4), norms, biases and MoE routers at 4 (the loader keeps them f32), and the KV
+// cache at policy.kv_bytes_per_element (4: the engine's cache is f32).
 // Parallelism follows ARCHITECTURE.md: tensor parallel (TP) inside a worker, pipeline parallel
 // (PP) across workers, data-parallel replicas of whole pipelines. Per TP rank of a stage, as the
 // engine's ShardLayout / LoadWeights (worker/engine/weights.h) lay it out:
@@ -16,9 +21,9 @@
 //  - stage 0: the whole embedding [vocab, hidden] on every rank; the last stage: final norm and
 //    the vocab-parallel lm_head, ceil(vocab / tp) rows per rank (a tied lm_head is the embedding
 //    itself only with tp = 1 and pp = 1);
-//  - KV cache: 2 x its layers x local KV heads x head_dim x bytes_per_param per token.
-// Predicted bytes are those of rank 0, the most loaded rank. For tp = 1, pp = 1 the weights are
-// exactly ModelSpec::NumParameters() x bytes_per_param.
+//  - KV cache: 2 x its layers x local KV heads x head_dim x kv_bytes_per_element per token.
+// Predicted bytes are those of rank 0, the most loaded rank. For an f32 checkpoint with tp = 1,
+// pp = 1 the weights are exactly ModelSpec::NumParameters() x 4.
 //
 // ---- Devices --------------------------------------------------------------------------------
 // A worker runs on its CUDA devices when it has any, else on its CPU devices, and hosts at most
@@ -98,12 +103,16 @@
 
 namespace shardserve {
 
+// Bytes per element of the weight matrices and the embedding that the workers hold for `spec`'s
+// checkpoint: what policy.bytes_per_param = 0 resolves to (see "What a stage holds" above). Pure.
+int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInventory>& workers);
+
 // Computes a placement of `spec` on `workers` under `policy`, as described above.
 //
 // Errors:
 //  - InvalidArgument, naming the field and why: an inconsistent ModelSpec; a policy field out of
 //    range (negative tp/pp/replicas, kv_fraction outside (0, 1], kv_tokens below max_seq_len,
-//    max_seq_len above max_position_embeddings, bytes_per_param outside [1, 8], ...); a policy.tp
+//    max_seq_len above max_position_embeddings, bytes_per_param outside [0, 8], ...); a policy.tp
 //    the model cannot be split by (e.g. "does not divide num_attention_heads (4)") or that no
 //    worker has enough devices for; policy.pp above num_hidden_layers or above the workers that
 //    can host a stage; policy.replicas x pp above those workers; an inventory with an empty or

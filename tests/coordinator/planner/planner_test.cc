@@ -202,10 +202,34 @@ TEST(PlannerTest, WeightsMatchNumParametersForEveryArchitecture) {
     EXPECT_EQ(plan.replicas[0].stages[0].predicted_weight_bytes_per_rank, spec.NumParameters() * 4)
         << ArchitectureName(spec.arch);
   }
-  PlanPolicy f16;
-  f16.bytes_per_param = 2;
-  ASSERT_OK_AND_ASSIGN(const Plan plan, PlanAndCheck(Model100M(), {Worker("w0", 4 * kGB)}, f16));
-  EXPECT_EQ(plan.replicas[0].stages[0].predicted_weight_bytes_per_rank, k100MWeightBytes / 2);
+}
+
+TEST(PlannerTest, BytesPerParamFollowTheCheckpointDtypeAndNormsStayF32) {
+  // A bf16 checkpoint: matrices and embedding at 2 bytes, the 2 norms per layer and the final norm
+  // at 4 (the loader keeps them f32), the KV cache at 4 (f32 cache).
+  ModelSpec bf16 = Model100M();
+  bf16.dtype = DType::kBF16;
+  const int64_t norms = 768 + 12 * 2 * 768;
+  const int64_t want = (bf16.NumParameters() - norms) * 2 + norms * 4;
+  EXPECT_EQ(WeightBytesPerParam(bf16, {Worker("w0", 4 * kGB)}), 2);
+  ASSERT_OK_AND_ASSIGN(const Plan plan, PlanAndCheck(bf16, {Worker("w0", 4 * kGB)}));
+  const StageSpec& st = plan.replicas[0].stages[0];
+  EXPECT_EQ(st.predicted_weight_bytes_per_rank, want);
+  EXPECT_EQ(st.kv_bytes_per_rank, st.kv_tokens * k100MKvBytesPerToken);
+  // An explicit policy says the same for the f32 model's shapes.
+  PlanPolicy two;
+  two.bytes_per_param = 2;
+  ASSERT_OK_AND_ASSIGN(const Plan explicit_plan, PlanAndCheck(Model100M(), {Worker("w0", 4 * kGB)}, two));
+  EXPECT_EQ(explicit_plan.replicas[0].stages[0].predicted_weight_bytes_per_rank, want);
+  // f16: CUDA devices hold it as f16; CPU ranks widen the matrices to f32.
+  ModelSpec f16 = Model100M();
+  f16.dtype = DType::kF16;
+  EXPECT_EQ(WeightBytesPerParam(f16, {Worker("w0", 4 * kGB)}), 4);
+  WorkerInventory gpu = Worker("g0", 4 * kGB);
+  for (Device& d : gpu.devices) d.kind = DeviceKind::kCuda;
+  EXPECT_EQ(WeightBytesPerParam(f16, {gpu}), 2);
+  EXPECT_EQ(WeightBytesPerParam(f16, {gpu, Worker("w0", 4 * kGB)}), 4);
+  EXPECT_EQ(WeightBytesPerParam(Model100M(), {gpu}), 4);  // no dtype in config.json: f32
 }
 
 TEST(PlannerTest, TiedEmbeddingIsSharedOnlyOnASingleRankThatHoldsBoth) {
@@ -734,8 +758,10 @@ TEST(PlannerTest, InvalidPolicyNamesTheField) {
                        AllOf(HasSubstr("policy.kv_tokens"), HasSubstr("max_seq_len (1024)"))));
   EXPECT_THAT(MakePlan(Model100M(), one, with([](PlanPolicy& p) { p.max_seq_len = 4096; })),
               StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("policy.max_seq_len"), HasSubstr("1024"))));
-  EXPECT_THAT(MakePlan(Model100M(), one, with([](PlanPolicy& p) { p.bytes_per_param = 0; })),
+  EXPECT_THAT(MakePlan(Model100M(), one, with([](PlanPolicy& p) { p.bytes_per_param = -1; })),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.bytes_per_param")));
+  EXPECT_THAT(MakePlan(Model100M(), one, with([](PlanPolicy& p) { p.kv_bytes_per_element = 0; })),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.kv_bytes_per_element")));
   EXPECT_THAT(MakePlan(Model100M(), one, with([](PlanPolicy& p) { p.reserve_bytes_per_device = -1; })),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.reserve_bytes_per_device")));
 }
