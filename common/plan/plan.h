@@ -59,8 +59,9 @@ struct PlanPolicy {
   // the checkpoint (coordinator/planner/planner.h says how). Norms, biases and routers are always
   // f32 (4 bytes).
   int64_t bytes_per_param = 0;
-  // Bytes per KV cache element (the engine's cache is f32).
-  int64_t kv_bytes_per_element = 4;
+  // Bytes per KV cache element as the workers keep it; 0 = from the checkpoint (see
+  // coordinator/planner/planner.h).
+  int64_t kv_bytes_per_element = 0;
   // Subtracted from every device's free_bytes before planning (workspace, allocator slack).
   int64_t reserve_bytes_per_device = 0;
   // Allow experts of MoE layers that do not fit on their stage's worker to live on other workers

@@ -177,8 +177,9 @@ absl::StatusOr<int64_t> ValidatePolicy(const ModelSpec& spec, const PlanPolicy& 
     return PolicyError("bytes_per_param", absl::StrCat("must be in [1, 8] (0 = from the checkpoint), got ",
                                                        p.bytes_per_param));
   }
-  if (p.kv_bytes_per_element < 1 || p.kv_bytes_per_element > 8) {
-    return PolicyError("kv_bytes_per_element", absl::StrCat("must be in [1, 8], got ", p.kv_bytes_per_element));
+  if (p.kv_bytes_per_element < 0 || p.kv_bytes_per_element > 8) {
+    return PolicyError("kv_bytes_per_element",
+                       absl::StrCat("must be in [1, 8] (0 = from the checkpoint), got ", p.kv_bytes_per_element));
   }
   if (p.reserve_bytes_per_device < 0) {
     return PolicyError("reserve_bytes_per_device", absl::StrCat("must be >= 0, got ", p.reserve_bytes_per_device));
@@ -632,6 +633,21 @@ std::string NotEnoughMemory(const ModelSpec& spec, const PlanPolicy& policy, int
 
 }  // namespace
 
+namespace {
+
+// Whether every worker runs its stage on CUDA devices (it has some).
+bool AllCuda(const std::vector<WorkerInventory>& workers) {
+  bool all_cuda = !workers.empty();
+  for (const WorkerInventory& w : workers) {
+    bool cuda = false;
+    for (const Device& d : w.devices) cuda = cuda || d.kind == DeviceKind::kCuda;
+    all_cuda = all_cuda && cuda;
+  }
+  return all_cuda;
+}
+
+}  // namespace
+
 int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInventory>& workers) {
   if (!spec.dtype.has_value()) return 4;
   switch (*spec.dtype) {
@@ -639,18 +655,16 @@ int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInven
       return 4;
     case DType::kBF16:
       return 2;
-    case DType::kF16: {
-      // CUDA devices multiply f16 matrices; CPU ranks widen them to f32.
-      bool all_cuda = !workers.empty();
-      for (const WorkerInventory& w : workers) {
-        bool cuda = false;
-        for (const Device& d : w.devices) cuda = cuda || d.kind == DeviceKind::kCuda;
-        all_cuda = all_cuda && cuda;
-      }
-      return all_cuda ? 2 : 4;
-    }
+    case DType::kF16:
+      return AllCuda(workers) ? 2 : 4;  // CUDA devices multiply f16 matrices; CPU ranks widen them
   }
   return 4;
+}
+
+int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInventory>& workers) {
+  // The engine's KvCacheDType: a bf16/f16 checkpoint's dtype on CUDA devices, else f32.
+  const bool narrow = spec.dtype.has_value() && (*spec.dtype == DType::kBF16 || *spec.dtype == DType::kF16);
+  return narrow && AllCuda(workers) ? 2 : 4;
 }
 
 absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
@@ -659,6 +673,7 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInv
   ASSIGN_OR_RETURN(const int64_t max_seq_len, ValidatePolicy(spec, requested));
   PlanPolicy policy = requested;
   if (policy.bytes_per_param == 0) policy.bytes_per_param = WeightBytesPerParam(spec, workers);
+  if (policy.kv_bytes_per_element == 0) policy.kv_bytes_per_element = KvBytesPerElement(spec, workers);
   std::vector<WorkerInventory> sorted = workers;
   std::sort(sorted.begin(), sorted.end(),
             [](const WorkerInventory& a, const WorkerInventory& b) { return a.worker_id < b.worker_id; });

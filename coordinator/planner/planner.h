@@ -8,7 +8,8 @@
 // policy.bytes_per_param each (0 = from the checkpoint: config.json's dtype, bf16 -> 2, f16 -> 2
 // when every worker runs on CUDA devices and 4 otherwise, since CPU ranks widen f16 matrices, f32
 // or no dtype -> 4), norms, biases and MoE routers at 4 (the loader keeps them f32), and the KV
-// cache at policy.kv_bytes_per_element (4: the engine's cache is f32).
+// cache at policy.kv_bytes_per_element (0 = from the checkpoint: 2 for bf16/f16 on CUDA-only
+// inventories, where the engine keeps the cache in that dtype, else 4).
 // Parallelism follows ARCHITECTURE.md: tensor parallel (TP) inside a worker, pipeline parallel
 // (PP) across workers, data-parallel replicas of whole pipelines. Per TP rank of a stage, as the
 // engine's ShardLayout / LoadWeights (worker/engine/weights.h) lay it out:
@@ -106,6 +107,10 @@ namespace shardserve {
 // Bytes per element of the weight matrices and the embedding that the workers hold for `spec`'s
 // checkpoint: what policy.bytes_per_param = 0 resolves to (see "What a stage holds" above). Pure.
 int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInventory>& workers);
+// Bytes per KV cache element the workers keep for `spec`'s checkpoint (what
+// policy.kv_bytes_per_element = 0 resolves to): 2 for a bf16/f16 checkpoint when every worker runs
+// on CUDA devices (the engine keeps the cache in that dtype there), else 4. Pure.
+int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInventory>& workers);
 
 // Computes a placement of `spec` on `workers` under `policy`, as described above.
 //

@@ -92,6 +92,17 @@ int64_t BlocksFor(int64_t tokens, int64_t block_size) { return (tokens + block_s
 
 }  // namespace
 
+DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend) {
+  if (!spec.dtype.has_value() || *spec.dtype == DType::kF32) return DType::kF32;
+  const DType d = *spec.dtype;
+  return backend.SupportsOp(kernels::Op::kKvWrite, d) && backend.SupportsOp(kernels::Op::kAttention, d) ? d
+                                                                                                       : DType::kF32;
+}
+
+namespace {
+
+}  // namespace
+
 Model::Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend)
     : spec_(spec), options_(options), backend_(backend), ws_(std::make_unique<Workspace>()) {}
 
@@ -163,22 +174,26 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, options.layer_begin, options.layer_end,
                                             ckpt, *backend, options.layer_experts));
 
-  // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V.
+  // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V, in
+  // the checkpoint's 16-bit dtype where the backend keeps one (half the memory; vLLM's "auto"),
+  // else f32.
+  m->kv_dtype_ = KvCacheDType(spec, *backend);
   const size_t kv_elems = static_cast<size_t>(options.num_kv_blocks) * static_cast<size_t>(options.kv_block_size) *
                           static_cast<size_t>(m->layout_.kv_heads * spec.head_dim);
+  const size_t kv_layer_bytes = kv_elems * DTypeSize(m->kv_dtype_);
   for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
     DeviceBuffer k, v;
-    absl::Status st = Alloc(*backend, &k, kv_elems * sizeof(float));
-    if (st.ok()) st = Alloc(*backend, &v, kv_elems * sizeof(float));
+    absl::Status st = Alloc(*backend, &k, kv_layer_bytes);
+    if (st.ok()) st = Alloc(*backend, &v, kv_layer_bytes);
     if (!st.ok()) {
       return absl::Status(st.code(), absl::StrCat("KV cache of ", options.num_kv_blocks, " blocks of ",
-                                                  options.kv_block_size, " tokens (", 2 * kv_elems * sizeof(float),
+                                                  options.kv_block_size, " tokens (", 2 * kv_layer_bytes,
                                                   " bytes per layer, ", options.layer_end - options.layer_begin,
                                                   " layers) does not fit on ", backend->name(), ": ", st.message()));
     }
     m->k_cache_.push_back(std::move(k));
     m->v_cache_.push_back(std::move(v));
-    m->kv_bytes_ += 2 * kv_elems * sizeof(float);
+    m->kv_bytes_ += 2 * kv_layer_bytes;
   }
 
   Workspace& w = *m->ws_;
@@ -460,12 +475,13 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
                           .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
                           .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
   const size_t local = static_cast<size_t>(layer - options_.layer_begin);
-  const kernels::KvLayerView cache{.k = k_cache_[local].as<float>(),
-                                   .v = v_cache_[local].as<float>(),
+  const kernels::KvLayerView cache{.k = k_cache_[local].as<void>(),
+                                   .v = v_cache_[local].as<void>(),
                                    .num_blocks = options_.num_kv_blocks,
                                    .block_size = options_.kv_block_size,
                                    .kv_heads = layout_.kv_heads,
-                                   .head_dim = d};
+                                   .head_dim = d,
+                                   .dtype = kv_dtype_};
   RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
                              .cache = cache}));
   RETURN_IF_ERROR(b.Attention({.q = w.q.as<float>(), .out = w.attn.as<float>(), .paged = paged, .tokens = tokens,

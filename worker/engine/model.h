@@ -27,6 +27,11 @@
 
 namespace shardserve::engine {
 
+// The element type of the KV cache a Model keeps for `spec` on `backend`: the checkpoint's bf16 or
+// f16 (config.json's dtype) where the backend's KvWrite and Attention take it (half the memory of
+// f32, as vLLM's kv_cache_dtype "auto"), else f32. Thread-safe.
+DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend);
+
 class Model final : public StepRunner {
  public:
   // Loads the rank's weights and allocates its KV cache and workspace on `backend`, which must
@@ -78,6 +83,7 @@ class Model final : public StepRunner {
   const ModelOptions options_;
   kernels::Backend* const backend_;  // not owned
   ShardLayout layout_;
+  DType kv_dtype_ = DType::kF32;  // of k_cache_ and v_cache_
   // The communicator orders its collectives on the backend's stream (NCCL): no host
   // synchronization before them.
   bool comm_on_stream_ = false;

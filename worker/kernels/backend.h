@@ -157,12 +157,15 @@ struct AttnSeq {
 };
 
 // KV cache of one layer on one rank, in fixed-size blocks: [num_blocks, block_size, kv_heads,
-// head_dim] for K and for V. Which block holds which positions of which sequence is decided by
-// the caller (the block tables); the cache itself knows nothing about sequences.
+// head_dim] elements of `dtype` for K and for V. Which block holds which positions of which
+// sequence is decided by the caller (the block tables); the cache itself knows nothing about
+// sequences. A 16-bit cache stores each f32 value rounded to nearest even and is read widened;
+// KvWrite and Attention take the dtypes their backend SupportsOp().
 struct KvLayerView {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
   int64_t num_blocks = 0, block_size = 0, kv_heads = 0, head_dim = 0;
+  DType dtype = DType::kF32;
 };
 
 // The sequences of a paged-cache op and their block tables.
@@ -258,8 +261,8 @@ class Backend {
   virtual DeviceKind kind() const = 0;
   // "cpu", "cuda:0", ... for messages and metrics.
   virtual std::string name() const = 0;
-  // Whether `op` takes weights (LinearParams::w, EmbeddingParams::table) of `weight_dtype`; ops
-  // without weights answer for kF32 only. Every backend takes f32. Loaders keep a checkpoint's
+  // Whether `op` takes weights (LinearParams::w, EmbeddingParams::table) or a KV cache (KvWrite,
+  // Attention: KvLayerView::dtype) of `weight_dtype`; the other ops answer for kF32 only. Every backend takes f32. Loaders keep a checkpoint's
   // bf16/f16 matrices in their dtype where this is true (half the memory and the bytes a decode
   // step reads) and widen them to f32 elsewhere. An op called with a dtype it does not take
   // returns Unimplemented naming the op and the dtype. Thread-safe.

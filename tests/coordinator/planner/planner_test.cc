@@ -230,6 +230,14 @@ TEST(PlannerTest, BytesPerParamFollowTheCheckpointDtypeAndNormsStayF32) {
   EXPECT_EQ(WeightBytesPerParam(f16, {gpu}), 2);
   EXPECT_EQ(WeightBytesPerParam(f16, {gpu, Worker("w0", 4 * kGB)}), 4);
   EXPECT_EQ(WeightBytesPerParam(Model100M(), {gpu}), 4);  // no dtype in config.json: f32
+  // The KV cache: 16-bit where every worker is a GPU worker.
+  EXPECT_EQ(KvBytesPerElement(bf16, {gpu}), 2);
+  EXPECT_EQ(KvBytesPerElement(f16, {gpu}), 2);
+  EXPECT_EQ(KvBytesPerElement(bf16, {Worker("w0", 4 * kGB)}), 4);
+  EXPECT_EQ(KvBytesPerElement(Model100M(), {gpu}), 4);
+  ASSERT_OK_AND_ASSIGN(const Plan on_gpu, PlanAndCheck(bf16, {gpu}));
+  const StageSpec& g = on_gpu.replicas[0].stages[0];
+  EXPECT_EQ(g.kv_bytes_per_rank, g.kv_tokens * k100MKvBytesPerToken / 2);
 }
 
 TEST(PlannerTest, TiedEmbeddingIsSharedOnlyOnASingleRankThatHoldsBoth) {
@@ -760,7 +768,7 @@ TEST(PlannerTest, InvalidPolicyNamesTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("policy.max_seq_len"), HasSubstr("1024"))));
   EXPECT_THAT(MakePlan(Model100M(), one, with([](PlanPolicy& p) { p.bytes_per_param = -1; })),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.bytes_per_param")));
-  EXPECT_THAT(MakePlan(Model100M(), one, with([](PlanPolicy& p) { p.kv_bytes_per_element = 0; })),
+  EXPECT_THAT(MakePlan(Model100M(), one, with([](PlanPolicy& p) { p.kv_bytes_per_element = 9; })),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.kv_bytes_per_element")));
   EXPECT_THAT(MakePlan(Model100M(), one, with([](PlanPolicy& p) { p.reserve_bytes_per_device = -1; })),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.reserve_bytes_per_device")));

@@ -330,6 +330,21 @@ TEST_F(CpuBackendTest, LinearRejectsMissingAndUnsupportedWeights) {
   EXPECT_EQ(y[0], 0.f);
 }
 
+TEST_F(CpuBackendTest, KvCacheIsF32Only) {
+  // CPU ranks keep an f32 cache (Model's KvCacheDType asks SupportsOp); a 16-bit view is refused.
+  EXPECT_FALSE(b_->SupportsOp(Op::kKvWrite, DType::kBF16));
+  EXPECT_FALSE(b_->SupportsOp(Op::kAttention, DType::kF16));
+  float buf[8] = {};
+  const AttnSeq seq{.q_begin = 0, .q_len = 1, .pos_begin = 0, .table_begin = 0, .table_len = 1};
+  const int32_t block = 0;
+  const PagedSeqs paged{.seqs = &seq, .host_seqs = &seq, .num_seqs = 1, .block_table = &block,
+                        .host_block_table = &block, .table_entries = 1};
+  const KvLayerView cache{.k = buf, .v = buf + 4, .num_blocks = 1, .block_size = 2, .kv_heads = 1, .head_dim = 2,
+                          .dtype = DType::kBF16};
+  EXPECT_THAT(b_->KvWrite({.k = buf, .v = buf, .paged = paged, .tokens = 1, .cache = cache}),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("KvWrite does not take BF16")));
+}
+
 TEST_F(CpuBackendTest, EmbeddingWidensEveryTableDtype) {
   const std::vector<float> table = {0.5f, -1.25f, 3.0f, 2.0f, -0.75f, 8.0f};  // [3, 2], exact in bf16 and f16
   std::vector<uint16_t> bf16, f16;

@@ -186,7 +186,10 @@ class CpuBackend final : public Backend {
 
   absl::Status KvWrite(const KvWriteParams& p) override {
     SHARDSERVE_VALIDATE(p);
+    if (p.cache.dtype != DType::kF32) return UnsupportedWeights(name(), Op::kKvWrite, p.cache.dtype);
     const KvLayerView& c = p.cache;
+    auto* ck = static_cast<float*>(c.k);
+    auto* cv = static_cast<float*>(c.v);
     const int64_t row = c.kv_heads * c.head_dim;
     const int64_t bs = c.block_size;
     for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
@@ -199,8 +202,8 @@ class CpuBackend final : public Backend {
         const int64_t run = std::min(bs - off, q.q_len - i);
         const int64_t dst = (int64_t{table[pos / bs]} * bs + off) * row;
         const int64_t src = (q.q_begin + i) * row;
-        std::memcpy(c.k + dst, p.k + src, run * row * sizeof(float));
-        std::memcpy(c.v + dst, p.v + src, run * row * sizeof(float));
+        std::memcpy(ck + dst, p.k + src, run * row * sizeof(float));
+        std::memcpy(cv + dst, p.v + src, run * row * sizeof(float));
         i += run;
       }
     }
@@ -209,7 +212,10 @@ class CpuBackend final : public Backend {
 
   absl::Status Attention(const AttentionParams& p) override {
     SHARDSERVE_VALIDATE(p);
+    if (p.cache.dtype != DType::kF32) return UnsupportedWeights(name(), Op::kAttention, p.cache.dtype);
     const KvLayerView& c = p.cache;
+    const auto* ck = static_cast<const float*>(c.k);
+    const auto* cv = static_cast<const float*>(c.v);
     const int64_t d = c.head_dim;
     const int64_t row = c.kv_heads * d;
     const int64_t bs = c.block_size;
@@ -234,7 +240,7 @@ class CpuBackend final : public Backend {
         for (int64_t j = lo; j <= pos;) {
           const int64_t off = j % bs;
           const int64_t run = std::min(bs - off, pos + 1 - j);
-          const float* kb = c.k + (int64_t{table[j / bs]} * bs + off) * row;
+          const float* kb = ck + (int64_t{table[j / bs]} * bs + off) * row;
           for (int64_t r = 0; r < run; ++r) {
             const float* kr = kb + r * row;
             for (int64_t h = 0; h < heads; ++h) {
@@ -252,7 +258,7 @@ class CpuBackend final : public Backend {
         for (int64_t j = lo; j <= pos;) {
           const int64_t off = j % bs;
           const int64_t run = std::min(bs - off, pos + 1 - j);
-          const float* vb = c.v + (int64_t{table[j / bs]} * bs + off) * row;
+          const float* vb = cv + (int64_t{table[j / bs]} * bs + off) * row;
           for (int64_t r = 0; r < run; ++r) {
             const float* vr = vb + r * row;
             for (int64_t h = 0; h < heads; ++h) {

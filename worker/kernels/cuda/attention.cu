@@ -2,6 +2,9 @@
 // which the CPU tests check against the CPU backend's attention.
 #include "worker/kernels/cuda/attention.cuh"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "worker/kernels/shared/attention_math.h"
@@ -26,6 +29,10 @@ __device__ __forceinline__ int64_t CacheRow(const int32_t* table, int64_t pos, i
   return int64_t{table[pos / block_size]} * block_size + pos % block_size;
 }
 
+__device__ __forceinline__ float Widen(float x) { return x; }
+__device__ __forceinline__ float Widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float Widen(__half x) { return __half2float(x); }
+
 size_t SharedBytes(int heads, int64_t head_dim) {
   // q [heads, d], acc [warps, heads, d], states [warps, heads, 2], scales [heads, warps], l [heads].
   const size_t d = static_cast<size_t>(head_dim);
@@ -42,10 +49,11 @@ struct Shape {
 // grid.x = kv head x head block x split, grid.y strides over a sequence's rows, grid.z over
 // sequences. partials: [tokens, q_heads, splits, head_dim + 2] (acc, then m and l), or null when
 // splits == 1 (then the output is written directly).
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
     SplitAttentionKernel(const float* __restrict__ q, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
-                         int64_t num_seqs, const int32_t* __restrict__ block_table, const float* __restrict__ cache_k,
-                         const float* __restrict__ cache_v, Shape sh, float* __restrict__ partials) {
+                         int64_t num_seqs, const int32_t* __restrict__ block_table, const T* __restrict__ cache_k,
+                         const T* __restrict__ cache_v, Shape sh, float* __restrict__ partials) {
   extern __shared__ float smem[];
   const int hpb = sh.heads_per_block;
   const int64_t d = sh.head_dim;
@@ -87,18 +95,18 @@ __global__ void __launch_bounds__(kThreads)
       // Warp-uniform loop: every lane of a warp sees the same key j.
       for (long long j = kb + warp; j < ke; j += kAttnWarps) {
         const int64_t cache_row = CacheRow(table, j, sh.block_size);
-        const float* kj = cache_k + cache_row * row + g * d;
-        const float* vj = cache_v + cache_row * row + g * d;
+        const T* kj = cache_k + cache_row * row + g * d;
+        const T* vj = cache_v + cache_row * row + g * d;
 #pragma unroll
         for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
           if (hh < nh) {
             float dot = 0.f;
-            for (int64_t e = lane; e < d; e += kWarp) dot += q_s[hh * d + e] * kj[e];
+            for (int64_t e = lane; e < d; e += kWarp) dot += q_s[hh * d + e] * Widen(kj[e]);
             const float score = WarpSum(dot) * sh.scale;
             float rescale = 0.f, weight = 0.f;
             OnlineSoftmaxStep(score, &m[hh], &l[hh], &rescale, &weight);
             float* acc = my_acc + hh * d;
-            for (int64_t e = lane; e < d; e += kWarp) acc[e] = acc[e] * rescale + weight * vj[e];
+            for (int64_t e = lane; e < d; e += kWarp) acc[e] = acc[e] * rescale + weight * Widen(vj[e]);
           }
         }
       }
@@ -230,9 +238,25 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
   // grid.x: kv heads x head blocks x splits, far below 2^31 - 1 for any model.
   const dim3 grid(static_cast<unsigned>(p.cache.kv_heads * head_blocks * plan.splits), GridFor(max_q_len),
                   GridFor(p.paged.num_seqs));
-  SplitAttentionKernel<<<grid, kThreads, SharedBytes(plan.heads_per_block, p.cache.head_dim), stream>>>(
-      p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, p.cache.k, p.cache.v, sh,
-      plan.splits > 1 ? partials : nullptr);
+  const size_t shared = SharedBytes(plan.heads_per_block, p.cache.head_dim);
+  float* part = plan.splits > 1 ? partials : nullptr;
+  switch (p.cache.dtype) {
+    case DType::kF32:
+      SplitAttentionKernel<float><<<grid, kThreads, shared, stream>>>(
+          p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<const float*>(p.cache.k),
+          static_cast<const float*>(p.cache.v), sh, part);
+      break;
+    case DType::kBF16:
+      SplitAttentionKernel<__nv_bfloat16><<<grid, kThreads, shared, stream>>>(
+          p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table,
+          static_cast<const __nv_bfloat16*>(p.cache.k), static_cast<const __nv_bfloat16*>(p.cache.v), sh, part);
+      break;
+    case DType::kF16:
+      SplitAttentionKernel<__half><<<grid, kThreads, shared, stream>>>(
+          p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<const __half*>(p.cache.k),
+          static_cast<const __half*>(p.cache.v), sh, part);
+      break;
+  }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || plan.splits == 1) return err;
   const dim3 merge_grid(static_cast<unsigned>(p.q_heads), GridFor(max_q_len), GridFor(p.paged.num_seqs));
   MergeSplitsKernel<<<merge_grid, kThreads, 0, stream>>>(partials, p.out, p.paged.seqs, p.paged.num_seqs, p.q_heads,

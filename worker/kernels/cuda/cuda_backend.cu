@@ -221,11 +221,11 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
   switch (op) {
     case Op::kEmbedding:
     case Op::kLinear:
+    case Op::kKvWrite:
+    case Op::kAttention:
       return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
     case Op::kRmsNorm:
     case Op::kRope:
-    case Op::kKvWrite:
-    case Op::kAttention:
     case Op::kSiluMul:
     case Op::kAdd:
     case Op::kGatherRows:

@@ -4,6 +4,9 @@
 // in summation order.
 #include "worker/kernels/cuda/ops.cuh"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "worker/kernels/shared/row_math.h"
@@ -115,8 +118,19 @@ __device__ __forceinline__ int64_t CacheRow(const int32_t* table, int64_t pos, i
 }
 
 // grid.y strides over sequences, grid.x over each sequence's rows; threads over a row's elements.
+// A cache element from f32: the value itself, or rounded to nearest even for 16-bit caches.
+template <typename T>
+__device__ __forceinline__ T ToCache(float x);
+template <>
+__device__ __forceinline__ float ToCache<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 ToCache<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half ToCache<__half>(float x) { return __float2half_rn(x); }
+
+template <typename T>
 __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seqs, int64_t num_seqs,
-                              const int32_t* block_table, float* cache_k, float* cache_v, int64_t block_size,
+                              const int32_t* block_table, T* cache_k, T* cache_v, int64_t block_size,
                               int64_t row) {
   for (int64_t s = blockIdx.y; s < num_seqs; s += gridDim.y) {
     const AttnSeq seq = seqs[s];
@@ -125,8 +139,8 @@ __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seq
       const int64_t src = (int64_t{seq.q_begin} + i) * row;
       const int64_t dst = CacheRow(table, seq.pos_begin + i, block_size) * row;
       for (int64_t e = threadIdx.x; e < row; e += blockDim.x) {
-        cache_k[dst + e] = k[src + e];
-        cache_v[dst + e] = v[src + e];
+        cache_k[dst + e] = ToCache<T>(k[src + e]);
+        cache_v[dst + e] = ToCache<T>(v[src + e]);
       }
     }
   }
@@ -191,8 +205,23 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
   if (max_q_len == 0) return cudaSuccess;
   const int64_t row = p.cache.kv_heads * p.cache.head_dim;
   const dim3 grid(GridFor(max_q_len), GridFor(p.paged.num_seqs));
-  KvWriteKernel<<<grid, RowThreads(row), 0, stream>>>(p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table,
-                                                      p.cache.k, p.cache.v, p.cache.block_size, row);
+  switch (p.cache.dtype) {
+    case DType::kF32:
+      KvWriteKernel<float><<<grid, RowThreads(row), 0, stream>>>(
+          p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<float*>(p.cache.k),
+          static_cast<float*>(p.cache.v), p.cache.block_size, row);
+      break;
+    case DType::kBF16:
+      KvWriteKernel<__nv_bfloat16><<<grid, RowThreads(row), 0, stream>>>(
+          p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<__nv_bfloat16*>(p.cache.k),
+          static_cast<__nv_bfloat16*>(p.cache.v), p.cache.block_size, row);
+      break;
+    case DType::kF16:
+      KvWriteKernel<__half><<<grid, RowThreads(row), 0, stream>>>(
+          p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<__half*>(p.cache.k),
+          static_cast<__half*>(p.cache.v), p.cache.block_size, row);
+      break;
+  }
   return cudaGetLastError();
 }
 

@@ -373,6 +373,55 @@ TEST_F(CudaParityTest, KvWrite) {
   ExpectMirrorsClose(cv, 0.f);
 }
 
+// A bf16/f16 cache: KvWrite rounds each f32 to nearest even, Attention reads the rounded values
+// widened. The oracle: the CPU backend's f32 cache holding the same rounded values. Both then
+// multiply the same numbers: f32 tolerance.
+TEST_F(CudaParityTest, NarrowKvCacheRoundsOnWriteAndAttentionReadsIt) {
+  const int64_t q_heads = 8, kv_heads = 2, d = 64;
+  const KvLayerView shape{.num_blocks = kNumBlocks, .block_size = kBlockSize, .kv_heads = kv_heads, .head_dim = d};
+  const int64_t row = kv_heads * d;
+  const int64_t cache_elems = shape.num_blocks * shape.block_size * row;
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    ASSERT_TRUE(backend(kGpu).SupportsOp(Op::kKvWrite, dtype));
+    ASSERT_TRUE(backend(kGpu).SupportsOp(Op::kAttention, dtype));
+    EXPECT_FALSE(backend(kRef).SupportsOp(Op::kKvWrite, dtype));
+    auto round = [&](std::vector<float> x) {
+      for (float& f : x) f = dtype == DType::kBF16 ? BFloat16ToFloat(FloatToBFloat16(f)) : HalfToFloat(FloatToHalf(f));
+      return x;
+    };
+    const std::vector<float> k = RandomFloats(kSeqTokens * row, 70, -2.f, 2.f);
+    const std::vector<float> v = RandomFloats(kSeqTokens * row, 71);
+    auto seqs = Mirror(kSeqs);
+    auto table = Mirror(kTable);
+    // The CPU gets the rounded values; the GPU the f32 ones, which its KvWrite rounds.
+    Mirrored<float> kk, vv;
+    kk = Mirror(round(k));
+    vv = Mirror(round(v));
+    auto k_gpu = Mirror(k);
+    auto v_gpu = Mirror(v);
+    auto ck = Mirror(std::vector<float>(cache_elems));  // f32 on the CPU; the GPU uses half of it
+    auto cv = Mirror(std::vector<float>(cache_elems));
+    auto q = Mirror(RandomFloats(kSeqTokens * q_heads * d, 72, -2.f, 2.f));
+    auto out = Mirror(std::vector<float>(kSeqTokens * q_heads * d));
+    RunBoth([&](Backend& b, int s) {
+      KvLayerView cache = shape;
+      cache.k = ck.at(s);
+      cache.v = cv.at(s);
+      cache.dtype = s == kRef ? DType::kF32 : dtype;
+      const float* kin = s == kRef ? kk.at(s) : k_gpu.at(s);
+      const float* vin = s == kRef ? vv.at(s) : v_gpu.at(s);
+      const PagedSeqs paged = Paged(seqs.at(s), table.at(s));
+      if (absl::Status st = b.KvWrite({.k = kin, .v = vin, .paged = paged, .tokens = kSeqTokens, .cache = cache});
+          !st.ok()) {
+        return st;
+      }
+      return b.Attention({.q = q.at(s), .out = out.at(s), .paged = paged, .tokens = kSeqTokens, .q_heads = q_heads,
+                          .cache = cache, .scale = 1.0f / std::sqrt(static_cast<float>(d))});
+    });
+    ExpectMirrorsClose(out);
+  }
+}
+
 struct AttentionCase {
   int64_t q_heads, kv_heads, head_dim, sliding_window;
 };
