@@ -346,30 +346,25 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
     const size_t capacity = std::max(w.h_tables.size(), 2 * w.tables_capacity);
     w.tables = DeviceBuffer();  // free first (a backend may be short of memory)
     w.tables_capacity = 0;
+    graphs_.clear();  // they read the old tables
     RETURN_IF_ERROR(Alloc(b, &w.tables, capacity * sizeof(int32_t)));
     w.tables_capacity = capacity;
   }
   RETURN_IF_ERROR(b.CopyToDevice(w.tables.as<void>(), w.h_tables.data(), w.h_tables.size() * sizeof(int32_t)));
   RETURN_IF_ERROR(b.CopyToDevice(w.logit_rows.as<void>(), w.h_rows.data(), rows * sizeof(int32_t)));
 
-  if (first_stage()) {
-    RETURN_IF_ERROR(b.Embedding({.table = weights_.embedding_view(),
-                                 .ids = w.ids.as<int32_t>(),
-                                 .out = w.hidden.as<float>(),
-                                 .tokens = tokens,
-                                 .vocab = spec_.vocab_size,
-                                 .hidden = h}));
-  } else {
+  if (!first_stage()) {
     RETURN_IF_ERROR(b.CopyToDevice(w.hidden.as<void>(), hidden_in.data(), hidden_in.size() * sizeof(float)));
   }
-  for (int64_t l = options_.layer_begin; l < options_.layer_end; ++l) {
-    RETURN_IF_ERROR(Layer(l, tokens, {.seqs = w.seqs.as<AttnSeq>(),
-                                      .host_seqs = w.h_seqs.data(),
-                                      .num_seqs = num_seqs,
-                                      .block_table = w.tables.as<int32_t>(),
-                                      .host_block_table = w.h_tables.data(),
-                                      .table_entries = static_cast<int64_t>(w.h_tables.size())}));
-  }
+  const bool decode_only = std::all_of(w.h_seqs.begin(), w.h_seqs.end(), [](const AttnSeq& a) { return a.q_len == 1; });
+  RETURN_IF_ERROR(ForwardMaybeRecorded(tokens,
+                                       {.seqs = w.seqs.as<AttnSeq>(),
+                                        .host_seqs = w.h_seqs.data(),
+                                        .num_seqs = num_seqs,
+                                        .block_table = w.tables.as<int32_t>(),
+                                        .host_block_table = w.h_tables.data(),
+                                        .table_entries = static_cast<int64_t>(w.h_tables.size())},
+                                       decode_only));
   if (!last_stage()) {
     // Hidden states for the next stage (identical on every rank after the layer's all-reduce).
     StepResult result;
@@ -438,6 +433,63 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
     }
   }
   return result;
+}
+
+absl::Status Model::Forward(int64_t tokens, const kernels::PagedSeqs& paged) {
+  Workspace& w = *ws_;
+  if (first_stage()) {
+    RETURN_IF_ERROR(backend_->Embedding({.table = weights_.embedding_view(),
+                                         .ids = w.ids.as<int32_t>(),
+                                         .out = w.hidden.as<float>(),
+                                         .tokens = tokens,
+                                         .vocab = spec_.vocab_size,
+                                         .hidden = spec_.hidden_size}));
+  }
+  for (int64_t l = options_.layer_begin; l < options_.layer_end; ++l) RETURN_IF_ERROR(Layer(l, tokens, paged));
+  return absl::OkStatus();
+}
+
+absl::Status Model::ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeqs& paged, bool decode_only) {
+  kernels::Backend& b = *backend_;
+  // Decode steps only (their shapes repeat); one rank (no collectives inside) and no MoE layer
+  // (routing reads the router's logits on the host mid-step).
+  const bool eligible = options_.op_graphs && !graphs_off_ && decode_only && !tp() && !spec_.IsMoe() &&
+                        b.SupportsCapture();
+  auto forward = [&] { return Forward(tokens, paged); };
+  if (!eligible) return forward();
+  const int64_t d = spec_.head_dim;
+  const kernels::AttentionParams probe{
+      .q = ws_->q.as<float>(),
+      .out = ws_->attn.as<float>(),
+      .paged = paged,
+      .tokens = tokens,
+      .q_heads = layout_.q_heads,
+      .cache = {.k = k_cache_[0].as<void>(), .v = v_cache_[0].as<void>(), .num_blocks = options_.num_kv_blocks,
+                .block_size = options_.kv_block_size, .kv_heads = layout_.kv_heads, .head_dim = d, .dtype = kv_dtype_},
+      .scale = 1.0f / std::sqrt(static_cast<float>(d)),
+      .sliding_window = spec_.sliding_window};
+  const std::pair<int64_t, int64_t> key{tokens, b.AttentionShapeKey(probe)};
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    // Bounded: a long-running server sees few batch sizes, but contexts keep growing.
+    constexpr size_t kMaxGraphs = 256;
+    if (graphs_.size() >= kMaxGraphs) graphs_.clear();
+    absl::StatusOr<std::unique_ptr<kernels::OpGraph>> graph = b.Capture(forward);
+    if (!graph.ok()) {
+      // Nothing ran: run the step op by op, and from now on every step (the failure would repeat).
+      graphs_off_ = true;
+      return forward();
+    }
+    it = graphs_.emplace(key, *std::move(graph)).first;
+  }
+  const absl::Status replayed = it->second->Replay();
+  if (replayed.code() == absl::StatusCode::kFailedPrecondition) {
+    graphs_.clear();  // the backend's scratch moved: record again from the next step
+    return forward();
+  }
+  RETURN_IF_ERROR(replayed);
+  ++graph_replays_;
+  return absl::OkStatus();
 }
 
 absl::Status Model::AllReduce(float* data, int64_t count) {

@@ -15,7 +15,9 @@
 #define SHARDSERVE_WORKER_ENGINE_MODEL_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -71,6 +73,10 @@ class Model final : public StepRunner {
   bool first_stage() const { return options_.layer_begin == 0; }
   bool last_stage() const { return options_.layer_end == spec_.num_layers; }
   absl::Status Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged);
+  // The embedding (first stage) and every layer: what a graph records.
+  absl::Status Forward(int64_t tokens, const kernels::PagedSeqs& paged);
+  // Forward through a recorded graph when the step qualifies (ModelOptions::op_graphs), else op by op.
+  absl::Status ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeqs& paged, bool decode_only);
   absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, int64_t width, bool accumulate);
   absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);
   // The local experts' share and the shared expert; rows of expert e are [offset[e], offset[e+1]).
@@ -93,6 +99,16 @@ class Model final : public StepRunner {
   std::unique_ptr<Workspace> ws_;
   // A failure the step ran on through (a remote expert call), reported when the step ends.
   absl::Status deferred_;
+  // Recorded decode steps by (tokens, the backend's attention shape key). Dropped when a buffer
+  // they read moves (the block tables grow) or the backend replaced its scratch; recording is
+  // switched off for good after a failed recording.
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<kernels::OpGraph>> graphs_;
+  bool graphs_off_ = false;
+  int64_t graph_replays_ = 0;
+
+ public:
+  // Steps that ran as a replayed graph so far (tests and benchmarks).
+  int64_t graph_replays() const { return graph_replays_; }
 };
 
 }  // namespace shardserve::engine

@@ -92,6 +92,10 @@ struct ModelOptions {
   RemoteExperts* remote_experts = nullptr;
   // Optional metrics sink (not owned).
   StepObserver* observer = nullptr;
+  // Decode steps (one new token per sequence) of a single-rank dense model are recorded once per
+  // shape (sequences, attention launch) and replayed (CUDA graphs), where the backend
+  // SupportsCapture(); elsewhere, and when recording fails, steps run op by op.
+  bool op_graphs = true;
 };
 
 // The block table of sequence `seq` when the cache is cut into whole-context pieces: blocks

@@ -20,6 +20,9 @@
 #include <cstdint>
 #include <string>
 
+#include <memory>
+
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tensor/dtype.h"
@@ -254,6 +257,17 @@ struct ZeroParams {
   absl::Status Validate() const;
 };
 
+// Ops recorded by Backend::Capture (a CUDA graph). Replay() enqueues them again, with the
+// arguments they were recorded with: the same pointers, sizes and launch shapes, so the caller
+// refreshes the contents of the buffers they read (not the buffers themselves) before replaying.
+// FailedPrecondition when the backend's own scratch was reallocated since the recording (record
+// again). Belongs to the backend that recorded it, which must outlive it; one thread at a time.
+class OpGraph {
+ public:
+  virtual ~OpGraph() = default;
+  virtual absl::Status Replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -267,6 +281,19 @@ class Backend {
   // step reads) and widen them to f32 elsewhere. An op called with a dtype it does not take
   // returns Unimplemented naming the op and the dtype. Thread-safe.
   virtual bool SupportsOp(Op op, DType weight_dtype) const = 0;
+
+  // Whether Capture() records ops (CUDA graphs): replaying a recorded decode step costs the host
+  // one launch instead of one per op.
+  virtual bool SupportsCapture() const = 0;
+  // Calls `record`, whose ops are recorded instead of run, and returns them as a graph. Nothing
+  // recorded runs until Replay(). Unimplemented where !SupportsCapture(). When `record` fails, or
+  // one of its calls cannot be recorded (an allocation, a copy, a synchronization), returns that
+  // error and leaves the backend healthy.
+  virtual absl::StatusOr<std::unique_ptr<OpGraph>> Capture(absl::FunctionRef<absl::Status()> record) = 0;
+  // An opaque key of how Attention(p) would launch beyond p's sizes (CUDA: its key splits, which
+  // follow the context length), so that a graph recorded for one step is replayed only for steps
+  // that launch alike. 0 where nothing else matters.
+  virtual int64_t AttentionShapeKey(const AttentionParams& p) const = 0;
 
   // Sizes the backend's own scratch memory (if it needs any) for steps up to `limits`, so that
   // ops within them never allocate. Ops called beyond the reserved limits allocate what they

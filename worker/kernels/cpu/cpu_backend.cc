@@ -52,6 +52,12 @@ class CpuBackend final : public Backend {
     return false;
   }
   void* stream_handle() const override { return nullptr; }
+  // Ops run as they are called: there is nothing to record.
+  bool SupportsCapture() const override { return false; }
+  absl::StatusOr<std::unique_ptr<OpGraph>> Capture(absl::FunctionRef<absl::Status()> /*record*/) override {
+    return absl::UnimplementedError("cpu: op graphs are not supported");
+  }
+  int64_t AttentionShapeKey(const AttentionParams& /*p*/) const override { return 0; }
   // Host memory needs no reservation: the bf16 path's widening buffer is bounded (kWidenFloats).
   absl::Status Reserve(const StepLimits& /*limits*/) override { return absl::OkStatus(); }
 

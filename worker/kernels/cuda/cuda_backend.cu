@@ -69,6 +69,13 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   bool SupportsOp(Op op, DType dtype) const override;
   void* stream_handle() const override { return stream_; }
+  bool SupportsCapture() const override { return true; }
+  absl::StatusOr<std::unique_ptr<OpGraph>> Capture(absl::FunctionRef<absl::Status()> record) override;
+  int64_t AttentionShapeKey(const AttentionParams& p) const override {
+    return cuda::PlanAttention(p, multiprocessors_).splits;
+  }
+  // Launches a graph instantiated by Capture() when the scratch it recorded is still current.
+  absl::Status Launch(cudaGraphExec_t exec, uint64_t scratch_generation);
   absl::Status Reserve(const StepLimits& limits) override;
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
@@ -112,8 +119,16 @@ class CudaBackend final : public Backend {
   int multiprocessors_ = 1;
 
   // Backend-owned scratch for ops that need device memory beyond their Params (the activations
-  // of a 16-bit GEMM, rounded). Sized by Reserve(); grown by an op called beyond it.
+  // of a 16-bit GEMM, rounded; attention's split partials). Sized by Reserve(); grown by an op
+  // called beyond it, which bumps scratch_generation_ (graphs that recorded the old one refuse to
+  // replay).
   DeviceBuffer scratch_;
+  uint64_t scratch_generation_ = 0;
+
+  // While Capture() records: errors are the capture's (capture_error_), not the device's, so a
+  // failed recording leaves the backend healthy.
+  bool capturing_ = false;
+  std::string capture_error_;
 
   // Empty while healthy; the first device error afterwards.
   std::string first_error_;
@@ -152,6 +167,10 @@ absl::Status CudaBackend::Init() {
 }
 
 absl::Status CudaBackend::Fail(std::string message) {
+  if (capturing_) {
+    if (capture_error_.empty()) capture_error_ = message;
+    return absl::InternalError(std::move(message));
+  }
   if (first_error_.empty()) first_error_ = message;
   return absl::InternalError(std::move(message));
 }
@@ -258,8 +277,64 @@ absl::Status CudaBackend::EnsureScratch(size_t bytes) {
   // Queued ops may still read the old scratch: let them finish before it is freed.
   RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
   scratch_ = DeviceBuffer();
+  ++scratch_generation_;
   ASSIGN_OR_RETURN(scratch_, Allocate(bytes));
   return absl::OkStatus();
+}
+
+// A graph instantiated on one backend; replayed on its stream.
+class CudaOpGraph final : public OpGraph {
+ public:
+  CudaOpGraph(CudaBackend* backend, cudaGraphExec_t exec, uint64_t scratch_generation)
+      : backend_(backend), exec_(exec), scratch_generation_(scratch_generation) {}
+  ~CudaOpGraph() override { (void)cudaGraphExecDestroy(exec_); }
+  CudaOpGraph(const CudaOpGraph&) = delete;
+  CudaOpGraph& operator=(const CudaOpGraph&) = delete;
+  absl::Status Replay() override { return backend_->Launch(exec_, scratch_generation_); }
+
+ private:
+  CudaBackend* const backend_;
+  const cudaGraphExec_t exec_;
+  const uint64_t scratch_generation_;
+};
+
+absl::StatusOr<std::unique_ptr<OpGraph>> CudaBackend::Capture(absl::FunctionRef<absl::Status()> record) {
+  RETURN_IF_ERROR(Enter());
+  // Thread-local mode: only this (the rank's) thread is barred from calls that would break the
+  // recording; other ranks' threads allocate and copy as they please.
+  RETURN_IF_ERROR(Check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture"));
+  capturing_ = true;
+  capture_error_.clear();
+  absl::Status st = record();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  capturing_ = false;
+  (void)cudaGetLastError();  // an invalidated capture leaves its error behind
+  // Update keeps the first error (nvcc warns on assigning to a [[nodiscard]] Status).
+  if (!capture_error_.empty()) st.Update(absl::InternalError(capture_error_));
+  if (end != cudaSuccess) {
+    st.Update(absl::InternalError(absl::StrCat(name_, ": cudaStreamEndCapture failed: ", cudaGetErrorName(end))));
+  }
+  if (!st.ok()) {
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    return absl::Status(st.code(), absl::StrCat(name_, ": recording a graph failed: ", st.message()));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  if (inst != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::InternalError(absl::StrCat(name_, ": cudaGraphInstantiate failed: ", cudaGetErrorName(inst)));
+  }
+  return std::unique_ptr<OpGraph>(std::make_unique<CudaOpGraph>(this, exec, scratch_generation_));
+}
+
+absl::Status CudaBackend::Launch(cudaGraphExec_t exec, uint64_t scratch_generation) {
+  if (scratch_generation != scratch_generation_) {
+    return absl::FailedPreconditionError(absl::StrCat(name_, ": the graph recorded a scratch buffer since replaced"));
+  }
+  RETURN_IF_ERROR(Enter());
+  return Check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
 }
 
 absl::Status CudaBackend::Embedding(const EmbeddingParams& p) {

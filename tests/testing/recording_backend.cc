@@ -1,0 +1,136 @@
+#include "tests/testing/recording_backend.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardserve::testing {
+namespace {
+
+class RecordedGraph final : public kernels::OpGraph {
+ public:
+  RecordedGraph(std::vector<std::function<absl::Status()>> tape, std::shared_ptr<int> replays)
+      : tape_(std::move(tape)), replays_(std::move(replays)) {}
+  absl::Status Replay() override {
+    for (const auto& call : tape_) {
+      if (absl::Status st = call(); !st.ok()) return st;
+    }
+    ++*replays_;
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::function<absl::Status()>> tape_;
+  std::shared_ptr<int> replays_;
+};
+
+// A replayed paged op reads its sequences and block tables from the "device" copies (host memory
+// here), as a CUDA kernel would; their host copies may have moved since the recording.
+kernels::PagedSeqs ForReplay(kernels::PagedSeqs p) {
+  p.host_seqs = p.seqs;
+  p.host_block_table = p.block_table;
+  p.table_entries = std::numeric_limits<int32_t>::max();  // the table may have grown within its buffer
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<kernels::OpGraph>> RecordingBackend::Capture(absl::FunctionRef<absl::Status()> record) {
+  recording_ = true;
+  recording_error_ = absl::OkStatus();
+  tape_.clear();
+  absl::Status st = record();
+  recording_ = false;
+  st.Update(recording_error_);
+  if (fail_recordings_) st.Update(absl::InternalError("recording refused (test)"));
+  std::vector<std::function<absl::Status()>> tape = std::move(tape_);
+  tape_.clear();
+  if (!st.ok()) return st;
+  ++recordings_;
+  return std::unique_ptr<kernels::OpGraph>(std::make_unique<RecordedGraph>(std::move(tape), replays_));
+}
+
+int64_t RecordingBackend::AttentionShapeKey(const kernels::AttentionParams& p) const {
+  int64_t longest = 0;
+  for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
+    const kernels::AttnSeq& a = p.paged.host_seqs[s];
+    longest = std::max<int64_t>(longest, int64_t{a.pos_begin} + a.q_len);
+  }
+  return longest / 8;
+}
+
+absl::Status RecordingBackend::Refuse(const char* what) {
+  absl::Status st = absl::FailedPreconditionError(absl::StrCat(name(), ": ", what, " while recording"));
+  recording_error_.Update(st);
+  return st;
+}
+
+absl::Status RecordingBackend::RunOrRecord(std::function<absl::Status()> call) {
+  if (!recording_) return call();
+  tape_.push_back(std::move(call));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<kernels::DeviceBuffer> RecordingBackend::Allocate(size_t bytes) {
+  if (recording_) return Refuse("Allocate");
+  return inner_->Allocate(bytes);
+}
+absl::Status RecordingBackend::CopyToDevice(void* dst, const void* host_src, size_t bytes) {
+  if (recording_) return Refuse("CopyToDevice");
+  return inner_->CopyToDevice(dst, host_src, bytes);
+}
+absl::Status RecordingBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  if (recording_) return Refuse("CopyToHost");
+  return inner_->CopyToHost(host_dst, src, bytes);
+}
+absl::Status RecordingBackend::Synchronize() {
+  if (recording_) return Refuse("Synchronize");
+  return inner_->Synchronize();
+}
+
+absl::Status RecordingBackend::Embedding(const kernels::EmbeddingParams& p) {
+  return RunOrRecord([this, p] { return inner_->Embedding(p); });
+}
+absl::Status RecordingBackend::Linear(const kernels::LinearParams& p) {
+  return RunOrRecord([this, p] { return inner_->Linear(p); });
+}
+absl::Status RecordingBackend::RmsNorm(const kernels::RmsNormParams& p) {
+  return RunOrRecord([this, p] { return inner_->RmsNorm(p); });
+}
+absl::Status RecordingBackend::Rope(const kernels::RopeParams& p) {
+  return RunOrRecord([this, p] { return inner_->Rope(p); });
+}
+absl::Status RecordingBackend::KvWrite(const kernels::KvWriteParams& p) {
+  if (!recording_) return inner_->KvWrite(p);
+  kernels::KvWriteParams r = p;
+  r.paged = ForReplay(p.paged);
+  return RunOrRecord([this, r] { return inner_->KvWrite(r); });
+}
+absl::Status RecordingBackend::Attention(const kernels::AttentionParams& p) {
+  if (!recording_) return inner_->Attention(p);
+  kernels::AttentionParams r = p;
+  r.paged = ForReplay(p.paged);
+  return RunOrRecord([this, r] { return inner_->Attention(r); });
+}
+absl::Status RecordingBackend::SiluMul(const kernels::SiluMulParams& p) {
+  return RunOrRecord([this, p] { return inner_->SiluMul(p); });
+}
+absl::Status RecordingBackend::Add(const kernels::AddParams& p) {
+  return RunOrRecord([this, p] { return inner_->Add(p); });
+}
+absl::Status RecordingBackend::GatherRows(const kernels::GatherRowsParams& p) {
+  return RunOrRecord([this, p] { return inner_->GatherRows(p); });
+}
+absl::Status RecordingBackend::ScatterAddRows(const kernels::ScatterAddRowsParams& p) {
+  return RunOrRecord([this, p] { return inner_->ScatterAddRows(p); });
+}
+absl::Status RecordingBackend::SigmoidScaleRows(const kernels::SigmoidScaleRowsParams& p) {
+  return RunOrRecord([this, p] { return inner_->SigmoidScaleRows(p); });
+}
+absl::Status RecordingBackend::Zero(const kernels::ZeroParams& p) {
+  return RunOrRecord([this, p] { return inner_->Zero(p); });
+}
+
+}  // namespace shardserve::testing

@@ -1,0 +1,80 @@
+// A Backend for tests of code that records op graphs (Backend::Capture), without a GPU: it wraps
+// another backend (the CPU one) and, while recording, stores each op call with its Params instead
+// of running it; OpGraph::Replay runs the stored calls again with those same Params, as a CUDA
+// graph relaunches its kernels with their recorded arguments. Like a CUDA capture it refuses
+// allocations, copies and synchronization while recording (the recording fails and nothing ran).
+//
+// Replayed calls read the current contents of the buffers they point at, so a caller that
+// refreshes a buffer's contents before replaying sees the new values, while one that moved data
+// to another buffer after recording sees stale ones: the bug class graph users must avoid. The
+// paged ops' host copies (host_seqs, host_block_table), which a CUDA graph never reads again, are
+// pointed at the device copies on replay (host memory on the CPU backend).
+#ifndef SHARDSERVE_TESTS_TESTING_RECORDING_BACKEND_H_
+#define SHARDSERVE_TESTS_TESTING_RECORDING_BACKEND_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/kernels/backend.h"
+
+namespace shardserve::testing {
+
+class RecordingBackend final : public kernels::Backend {
+ public:
+  explicit RecordingBackend(std::unique_ptr<kernels::Backend> inner) : inner_(std::move(inner)) {}
+
+  // Test controls: the next recordings fail (as a capture the device refuses would); the number of
+  // graphs recorded and replays run so far.
+  void FailRecordingsForTest(bool fail) { fail_recordings_ = fail; }
+  int recordings() const { return recordings_; }
+  int replays() const { return *replays_; }
+
+  kernels::DeviceKind kind() const override { return inner_->kind(); }
+  std::string name() const override { return "recording-" + inner_->name(); }
+  bool SupportsOp(kernels::Op op, DType dtype) const override { return inner_->SupportsOp(op, dtype); }
+  void* stream_handle() const override { return inner_->stream_handle(); }
+  bool SupportsCapture() const override { return true; }
+  absl::StatusOr<std::unique_ptr<kernels::OpGraph>> Capture(absl::FunctionRef<absl::Status()> record) override;
+  // Emulates a launch shape that follows the context, as CUDA's key splits do: one key per 8
+  // positions of the longest sequence.
+  int64_t AttentionShapeKey(const kernels::AttentionParams& p) const override;
+  absl::Status Reserve(const kernels::StepLimits& limits) override { return inner_->Reserve(limits); }
+
+  absl::StatusOr<kernels::DeviceBuffer> Allocate(size_t bytes) override;
+  absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status Synchronize() override;
+
+  absl::Status Embedding(const kernels::EmbeddingParams& p) override;
+  absl::Status Linear(const kernels::LinearParams& p) override;
+  absl::Status RmsNorm(const kernels::RmsNormParams& p) override;
+  absl::Status Rope(const kernels::RopeParams& p) override;
+  absl::Status KvWrite(const kernels::KvWriteParams& p) override;
+  absl::Status Attention(const kernels::AttentionParams& p) override;
+  absl::Status SiluMul(const kernels::SiluMulParams& p) override;
+  absl::Status Add(const kernels::AddParams& p) override;
+  absl::Status GatherRows(const kernels::GatherRowsParams& p) override;
+  absl::Status ScatterAddRows(const kernels::ScatterAddRowsParams& p) override;
+  absl::Status SigmoidScaleRows(const kernels::SigmoidScaleRowsParams& p) override;
+  absl::Status Zero(const kernels::ZeroParams& p) override;
+
+ private:
+  // Runs `call` now, or stores it while recording.
+  absl::Status RunOrRecord(std::function<absl::Status()> call);
+  absl::Status Refuse(const char* what);
+
+  std::unique_ptr<kernels::Backend> inner_;
+  bool recording_ = false;
+  bool fail_recordings_ = false;
+  absl::Status recording_error_;
+  std::vector<std::function<absl::Status()>> tape_;
+  int recordings_ = 0;
+  std::shared_ptr<int> replays_ = std::make_shared<int>(0);
+};
+
+}  // namespace shardserve::testing
+
+#endif  // SHARDSERVE_TESTS_TESTING_RECORDING_BACKEND_H_
