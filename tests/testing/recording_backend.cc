@@ -99,6 +99,9 @@ absl::Status RecordingBackend::Linear(const kernels::LinearParams& p) {
 absl::Status RecordingBackend::RmsNorm(const kernels::RmsNormParams& p) {
   return RunOrRecord([this, p] { return inner_->RmsNorm(p); });
 }
+absl::Status RecordingBackend::AddRmsNorm(const kernels::AddRmsNormParams& p) {
+  return RunOrRecord([this, p] { return inner_->AddRmsNorm(p); });
+}
 absl::Status RecordingBackend::Rope(const kernels::RopeParams& p) {
   return RunOrRecord([this, p] { return inner_->Rope(p); });
 }

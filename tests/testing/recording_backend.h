@@ -51,6 +51,7 @@ class RecordingBackend final : public kernels::Backend {
   absl::Status Embedding(const kernels::EmbeddingParams& p) override;
   absl::Status Linear(const kernels::LinearParams& p) override;
   absl::Status RmsNorm(const kernels::RmsNormParams& p) override;
+  absl::Status AddRmsNorm(const kernels::AddRmsNormParams& p) override;
   absl::Status Rope(const kernels::RopeParams& p) override;
   absl::Status KvWrite(const kernels::KvWriteParams& p) override;
   absl::Status Attention(const kernels::AttentionParams& p) override;

@@ -445,8 +445,11 @@ absl::Status Model::Forward(int64_t tokens, const kernels::PagedSeqs& paged) {
                                          .vocab = spec_.vocab_size,
                                          .hidden = spec_.hidden_size}));
   }
+  pending_residual_ = nullptr;
   for (int64_t l = options_.layer_begin; l < options_.layer_end; ++l) RETURN_IF_ERROR(Layer(l, tokens, paged));
-  return absl::OkStatus();
+  if (pending_residual_ == nullptr) return absl::OkStatus();
+  return backend_->Add({.x = w.hidden.as<float>(), .y = std::exchange(pending_residual_, nullptr),
+                        .n = tokens * spec_.hidden_size});
 }
 
 absl::Status Model::ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeqs& paged, bool decode_only) {
@@ -514,8 +517,15 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   float* hidden = w.hidden.as<float>();
   float* normed = w.normed.as<float>();
 
-  RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.input_norm.as<float>(), .y = normed, .tokens = tokens,
-                             .hidden = h, .eps = eps}));
+  if (pending_residual_ != nullptr) {
+    // The previous layer's output joins the residual stream in the same pass as this norm.
+    RETURN_IF_ERROR(b.AddRmsNorm({.x = hidden, .y = std::exchange(pending_residual_, nullptr),
+                                  .weight = lw.input_norm.as<float>(), .out = normed, .tokens = tokens, .hidden = h,
+                                  .eps = eps}));
+  } else {
+    RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.input_norm.as<float>(), .y = normed, .tokens = tokens,
+                               .hidden = h, .eps = eps}));
+  }
   auto linear = [&](const LinearWeight& lin, const float* x, float* y, bool accumulate) {
     return b.Linear({.x = x, .w = lin.view(), .bias = lin.bias(), .y = y,
                      .tokens = tokens, .in = lin.in, .out = lin.out, .accumulate = accumulate});
@@ -544,14 +554,14 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   // ranks: each has a partial product over its heads; sum them, then add.
   if (!tp()) {
     RETURN_IF_ERROR(linear(lw.o, w.attn.as<float>(), hidden, true));
+    RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.post_norm.as<float>(), .y = normed, .tokens = tokens,
+                               .hidden = h, .eps = eps}));
   } else {
     RETURN_IF_ERROR(linear(lw.o, w.attn.as<float>(), w.tmp.as<float>(), false));
     RETURN_IF_ERROR(AllReduce(w.tmp.as<float>(), tokens * h));
-    RETURN_IF_ERROR(b.Add({.x = hidden, .y = w.tmp.as<float>(), .n = tokens * h}));
+    RETURN_IF_ERROR(b.AddRmsNorm({.x = hidden, .y = w.tmp.as<float>(), .weight = lw.post_norm.as<float>(),
+                                  .out = normed, .tokens = tokens, .hidden = h, .eps = eps}));
   }
-
-  RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.post_norm.as<float>(), .y = normed, .tokens = tokens,
-                             .hidden = h, .eps = eps}));
   float* out = tp() ? w.tmp.as<float>() : hidden;
   if (lw.sparse) {
     if (tp()) RETURN_IF_ERROR(b.Zero({.x = out, .n = tokens * h}));
@@ -561,7 +571,9 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   }
   if (!tp()) return absl::OkStatus();
   RETURN_IF_ERROR(AllReduce(out, tokens * h));
-  return b.Add({.x = hidden, .y = out, .n = tokens * h});
+  // Added by the next layer's AddRmsNorm, or at the end of Forward.
+  pending_residual_ = out;
+  return absl::OkStatus();
 }
 
 absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t tokens, int64_t width,

@@ -90,6 +90,9 @@ class Model final : public StepRunner {
   kernels::Backend* const backend_;  // not owned
   ShardLayout layout_;
   DType kv_dtype_ = DType::kF32;  // of k_cache_ and v_cache_
+  // Tensor parallel: a layer's all-reduced output [tokens, hidden] not yet added to the residual
+  // stream; the next layer adds it in its first norm (AddRmsNorm), Forward after the last layer.
+  const float* pending_residual_ = nullptr;
   // The communicator orders its collectives on the backend's stream (NCCL): no host
   // synchronization before them.
   bool comm_on_stream_ = false;

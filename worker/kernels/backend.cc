@@ -65,6 +65,7 @@ const char* OpName(Op op) {
     case Op::kEmbedding: return "Embedding";
     case Op::kLinear: return "Linear";
     case Op::kRmsNorm: return "RmsNorm";
+    case Op::kAddRmsNorm: return "AddRmsNorm";
     case Op::kRope: return "Rope";
     case Op::kKvWrite: return "KvWrite";
     case Op::kAttention: return "Attention";
@@ -94,6 +95,13 @@ absl::Status LinearParams::Validate() const {
   if (w.data == nullptr) return Invalid("Linear", "null weights");
   if (AnyNegative({tokens, in, out})) return Invalid("Linear", "negative size");
   if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("Linear", "y aliases x");
+  return absl::OkStatus();
+}
+
+absl::Status AddRmsNormParams::Validate() const {
+  if (x == nullptr || y == nullptr || weight == nullptr || out == nullptr) return Invalid("AddRmsNorm", "null pointer");
+  if (AnyNegative({tokens}) || hidden <= 0) return Invalid("AddRmsNorm", "bad size");
+  if (static_cast<const void*>(y) == x || y == out || out == x) return Invalid("AddRmsNorm", "x, y and out must not alias");
   return absl::OkStatus();
 }
 

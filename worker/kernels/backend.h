@@ -87,7 +87,7 @@ struct WeightView {
 
 // The ops of this interface, for SupportsOp().
 enum class Op : uint8_t {
-  kEmbedding, kLinear, kRmsNorm, kRope, kKvWrite, kAttention, kSiluMul, kAdd, kGatherRows,
+  kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kKvWrite, kAttention, kSiluMul, kAdd, kGatherRows,
   kScatterAddRows, kSigmoidScaleRows, kZero,
 };
 // "Embedding", "Linear", ... for messages.
@@ -130,6 +130,18 @@ struct RmsNormParams {
   const float* x = nullptr;       // [tokens, hidden]
   const float* weight = nullptr;  // [hidden]
   float* y = nullptr;             // [tokens, hidden]; may alias x
+  int64_t tokens = 0, hidden = 0;
+  float eps = 1e-6f;
+  absl::Status Validate() const;
+};
+
+// The residual add fused with the next norm: x[t] += y[t], then out[t] = RmsNormRow(x[t], weight).
+// One pass over the rows instead of an Add and an RmsNorm.
+struct AddRmsNormParams {
+  float* x = nullptr;             // [tokens, hidden]: the residual stream, updated in place
+  const float* y = nullptr;       // [tokens, hidden]: added to x; must not alias x or out
+  const float* weight = nullptr;  // [hidden]
+  float* out = nullptr;           // [tokens, hidden]: the normalised rows; must not alias x
   int64_t tokens = 0, hidden = 0;
   float eps = 1e-6f;
   absl::Status Validate() const;
@@ -316,6 +328,7 @@ class Backend {
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status Linear(const LinearParams& p) = 0;
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
+  virtual absl::Status AddRmsNorm(const AddRmsNormParams& p) = 0;
   virtual absl::Status Rope(const RopeParams& p) = 0;
   virtual absl::Status KvWrite(const KvWriteParams& p) = 0;
   virtual absl::Status Attention(const AttentionParams& p) = 0;

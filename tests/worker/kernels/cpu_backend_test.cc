@@ -330,6 +330,26 @@ TEST_F(CpuBackendTest, LinearRejectsMissingAndUnsupportedWeights) {
   EXPECT_EQ(y[0], 0.f);
 }
 
+TEST_F(CpuBackendTest, AddRmsNormEqualsAddThenRmsNorm) {
+  const int64_t tokens = 5, hidden = 37;
+  const auto x0 = Random(static_cast<size_t>(tokens * hidden), 81);
+  const auto y = Random(static_cast<size_t>(tokens * hidden), 82);
+  const auto weight = Random(static_cast<size_t>(hidden), 83);
+  std::vector<float> x_fused = x0, out_fused(x0.size()), x_apart = x0, out_apart(x0.size());
+  ASSERT_TRUE(b_->AddRmsNorm({.x = x_fused.data(), .y = y.data(), .weight = weight.data(), .out = out_fused.data(),
+                              .tokens = tokens, .hidden = hidden, .eps = 1e-5f})
+                  .ok());
+  ASSERT_TRUE(b_->Add({.x = x_apart.data(), .y = y.data(), .n = tokens * hidden}).ok());
+  ASSERT_TRUE(b_->RmsNorm({.x = x_apart.data(), .weight = weight.data(), .y = out_apart.data(), .tokens = tokens,
+                           .hidden = hidden, .eps = 1e-5f})
+                  .ok());
+  EXPECT_EQ(x_fused, x_apart);  // the same formulas in the same order: bit for bit
+  EXPECT_EQ(out_fused, out_apart);
+  EXPECT_THAT(b_->AddRmsNorm({.x = x_fused.data(), .y = y.data(), .weight = weight.data(), .out = x_fused.data(),
+                              .tokens = tokens, .hidden = hidden}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must not alias")));
+}
+
 TEST_F(CpuBackendTest, KvCacheIsF32Only) {
   // CPU ranks keep an f32 cache (Model's KvCacheDType asks SupportsOp); a 16-bit view is refused.
   EXPECT_FALSE(b_->SupportsOp(Op::kKvWrite, DType::kBF16));

@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
       case Op::kLinear:
         return dtype == DType::kF32 || dtype == DType::kBF16;
       case Op::kRmsNorm:
+      case Op::kAddRmsNorm:
       case Op::kRope:
       case Op::kKvWrite:
       case Op::kAttention:
@@ -163,6 +164,15 @@ class CpuBackend final : public Backend {
     SHARDSERVE_VALIDATE(p);
     for (int64_t t = 0; t < p.tokens; ++t) {
       RmsNormRow(p.x + t * p.hidden, p.weight, p.y + t * p.hidden, static_cast<int>(p.hidden), p.eps);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AddRmsNorm(const AddRmsNormParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      AddRmsNormRow(p.x + t * p.hidden, p.y + t * p.hidden, p.weight, p.out + t * p.hidden,
+                    static_cast<int>(p.hidden), p.eps);
     }
     return absl::OkStatus();
   }

@@ -86,6 +86,7 @@ class CudaBackend final : public Backend {
   absl::Status Embedding(const EmbeddingParams& p) override;
   absl::Status Linear(const LinearParams& p) override;
   absl::Status RmsNorm(const RmsNormParams& p) override;
+  absl::Status AddRmsNorm(const AddRmsNormParams& p) override;
   absl::Status Rope(const RopeParams& p) override;
   absl::Status KvWrite(const KvWriteParams& p) override;
   absl::Status Attention(const AttentionParams& p) override;
@@ -244,6 +245,7 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kAttention:
       return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
     case Op::kRmsNorm:
+    case Op::kAddRmsNorm:
     case Op::kRope:
     case Op::kSiluMul:
     case Op::kAdd:
@@ -404,6 +406,12 @@ absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {
   RETURN_IF_ERROR(p.Validate());
   RETURN_IF_ERROR(Enter());
   return Check(cuda::LaunchRmsNorm(p, stream_), "RmsNorm kernel launch");
+}
+
+absl::Status CudaBackend::AddRmsNorm(const AddRmsNormParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchAddRmsNorm(p, stream_), "AddRmsNorm kernel launch");
 }
 
 absl::Status CudaBackend::Rope(const RopeParams& p) {

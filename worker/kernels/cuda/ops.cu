@@ -88,6 +88,27 @@ __global__ void RmsNormKernel(const float* x, const float* weight, float* y, int
   }
 }
 
+// One block per row: add y into x (each thread its own elements), then RmsNormKernel's formula.
+__global__ void AddRmsNormKernel(float* x, const float* y, const float* weight, float* out, int64_t tokens,
+                                 int64_t hidden, float eps) {
+  __shared__ float scratch[kRowThreads / kWarp];
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    float* xr = x + t * hidden;
+    const float* yr = y + t * hidden;
+    float* outr = out + t * hidden;
+    float ss = 0.f;
+    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+      const float v = xr[i] + yr[i];
+      xr[i] = v;
+      ss += v * v;
+    }
+    ss = BlockSum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(hidden) + eps);
+    // Each thread reads back only the elements it wrote above.
+    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) outr[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
 // One block per token: cos/sin of the token's angles in shared memory, then one thread per head.
 __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t tokens,
                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float position_scale) {
@@ -190,6 +211,13 @@ cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t o
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
   RmsNormKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.x, p.weight, p.y, p.tokens, p.hidden, p.eps);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  AddRmsNormKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.x, p.y, p.weight, p.out, p.tokens,
+                                                                           p.hidden, p.eps);
   return cudaGetLastError();
 }
 

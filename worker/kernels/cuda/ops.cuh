@@ -29,6 +29,7 @@ size_t RopeSharedBytes(int64_t head_dim);
 // y[t, o] += bias[o]. y: [tokens, out]; bias: [out]. The bias half of Linear (cuBLAS does the rest).
 cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t out, cudaStream_t stream);
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
+cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream);
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream);
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);

@@ -24,6 +24,13 @@ SHARDSERVE_HD void RmsNormRow(const float* x, const float* weight, float* y, int
   for (int i = 0; i < n; ++i) y[i] = weight[i] * (x[i] * inv);
 }
 
+// x += y, then out = RmsNormRow(x, weight): the residual add fused with the next norm. x, y, out,
+// weight: [n]; out must not alias x or y.
+SHARDSERVE_HD void AddRmsNormRow(float* x, const float* y, const float* weight, float* out, int n, float eps) {
+  for (int i = 0; i < n; ++i) x[i] += y[i];
+  RmsNormRow(x, weight, out, n, eps);
+}
+
 // Rotary embedding of one head in the Hugging Face "rotate_half" layout: element i rotates with
 // element i + d/2. head: [d]; cos, sin: [d/2] for this position.
 SHARDSERVE_HD void RopeHead(float* head, const float* cos, const float* sin, int d) {

@@ -312,6 +312,20 @@ TEST_F(CudaParityTest, RmsNormInPlaceAndOutOfPlace) {
   ExpectMirrorsClose(x);
 }
 
+TEST_F(CudaParityTest, AddRmsNorm) {
+  const int64_t tokens = 9, hidden = 1000;
+  auto x = Mirror(RandomFloats(tokens * hidden, 90, -3.f, 3.f));
+  auto y = Mirror(RandomFloats(tokens * hidden, 91, -3.f, 3.f));
+  auto weight = Mirror(RandomFloats(hidden, 92, 0.5f, 1.5f));
+  auto out = Mirror(std::vector<float>(tokens * hidden));
+  RunBoth([&](Backend& b, int s) {
+    return b.AddRmsNorm({.x = x.at(s), .y = y.at(s), .weight = weight.at(s), .out = out.at(s), .tokens = tokens,
+                         .hidden = hidden, .eps = 1e-5f});
+  });
+  ExpectMirrorsClose(x, 0.f);  // one f32 add per element: exact
+  ExpectMirrorsClose(out);
+}
+
 TEST_F(CudaParityTest, Rope) {
   const int64_t tokens = 9, q_heads = 4, kv_heads = 2, head_dim = 64;
   std::vector<float> inv_freq(head_dim / 2);
