@@ -132,6 +132,9 @@ absl::Status RecordingBackend::ScatterAddRows(const kernels::ScatterAddRowsParam
 absl::Status RecordingBackend::SigmoidScaleRows(const kernels::SigmoidScaleRowsParams& p) {
   return RunOrRecord([this, p] { return inner_->SigmoidScaleRows(p); });
 }
+absl::Status RecordingBackend::ArgmaxRows(const kernels::ArgmaxRowsParams& p) {
+  return RunOrRecord([this, p] { return inner_->ArgmaxRows(p); });
+}
 absl::Status RecordingBackend::Zero(const kernels::ZeroParams& p) {
   return RunOrRecord([this, p] { return inner_->Zero(p); });
 }

@@ -101,7 +101,9 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
         const bool decoding = pending == 1;
         if ((pass == 0) != decoding) continue;
         const int64_t n = std::min(pending, left);
-        StepSequence seq{.block_ids = s.blocks, .pos_begin = s.consumed};
+        const SamplingParams& sp = requests[s.index].sampling;
+        StepSequence seq{.block_ids = s.blocks, .pos_begin = s.consumed,
+                         .greedy = sp.temperature == 0.0f || sp.top_k == 1};
         seq.tokens.assign(s.context.begin() + s.consumed, s.context.begin() + s.consumed + n);
         batch.push_back(std::move(seq));
         members.push_back(a);
@@ -115,7 +117,9 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
       if (s.consumed < static_cast<int32_t>(s.context.size())) continue;  // prompt chunk, not yet at the end
       const GenerationRequest& req = requests[s.index];
       GenerationResult& res = results[s.index];
-      const int32_t token = sampler.Sample(step.logits[b], req.sampling, res.tokens.size());
+      const int32_t token = step.greedy_ids.size() > b && step.greedy_ids[b] >= 0
+                                ? step.greedy_ids[b]
+                                : sampler.Sample(step.logits[b], req.sampling, res.tokens.size());
       res.tokens.push_back(token);
       s.context.push_back(token);
       if (on_token) on_token(s.index, token);

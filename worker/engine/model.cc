@@ -26,14 +26,14 @@ struct Model::Workspace {
   DeviceBuffer tables;        // the step's block tables, concatenated; grown on demand
   size_t tables_capacity = 0;  // int32 entries that `tables` holds
   DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, shared_gate;
-  DeviceBuffer logit_rows, selected, logits, gathered;
+  DeviceBuffer logit_rows, selected, logits, gathered, argmax;
   float position_scale = 1.0f;
   // Host staging.
   std::vector<int32_t> h_ids, h_pos, h_rows;
   std::vector<AttnSeq> h_seqs;
   std::vector<int32_t> h_tables;
   std::vector<float> h_router, h_scales, h_probs;
-  std::vector<int32_t> h_moe_rows, h_topk, h_fill;
+  std::vector<int32_t> h_moe_rows, h_topk, h_fill, h_argmax;
   std::vector<float> h_topw;
   // Remote experts (rank 0 of a stage with expert spill): the rows sent and the answers.
   DeviceBuffer remote_x;  // [max_step_tokens x top_k, hidden]
@@ -222,6 +222,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   RETURN_IF_ERROR(Alloc(*backend, &w.selected, t * h * f));
   const size_t vpad = static_cast<size_t>(m->layout_.vocab_padded);
   RETURN_IF_ERROR(Alloc(*backend, &w.logits, t * vpad * f));
+  RETURN_IF_ERROR(Alloc(*backend, &w.argmax, t * sizeof(int32_t)));
   if (options.shard.size > 1) {
     RETURN_IF_ERROR(Alloc(*backend, &w.gathered, static_cast<size_t>(options.shard.size) * t * vpad * f));
   }
@@ -395,13 +396,27 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
                             .out = vpad}));
   StepResult result;
   result.logits.resize(batch.size());
+  result.greedy_ids.assign(batch.size(), -1);
   const int64_t v = spec_.vocab_size;
+  auto greedy = [&](size_t i) { return batch[i].greedy && !batch[i].all_logits; };
   if (!tp()) {
+    // Greedy sequences: the argmax on the device, and only the ids cross to the host.
+    if (std::any_of(batch.begin(), batch.end(), [](const StepSequence& s) { return s.greedy && !s.all_logits; })) {
+      RETURN_IF_ERROR(b.ArgmaxRows(
+          {.x = w.logits.as<float>(), .out = w.argmax.as<int32_t>(), .rows = rows, .width = v, .stride = vpad}));
+      w.h_argmax.resize(static_cast<size_t>(rows));
+      RETURN_IF_ERROR(b.CopyToHost(w.h_argmax.data(), w.argmax.as<void>(), static_cast<size_t>(rows) * sizeof(int32_t)));
+    }
     int64_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
       const int64_t n = batch[i].all_logits ? batch[i].NumTokens() : 1;
-      result.logits[i].resize(static_cast<size_t>(n * v));
-      RETURN_IF_ERROR(b.CopyToHost(result.logits[i].data(), w.logits.as<float>() + row * v, n * v * sizeof(float)));
+      if (greedy(i)) {
+        result.greedy_ids[i] = w.h_argmax[static_cast<size_t>(row)];
+      } else {
+        result.logits[i].resize(static_cast<size_t>(n * v));
+        RETURN_IF_ERROR(
+            b.CopyToHost(result.logits[i].data(), w.logits.as<float>() + row * v, n * v * sizeof(float)));
+      }
       row += n;
     }
     return result;
@@ -430,6 +445,12 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
         const float* src = w.gathered.as<float>() + (k * rows + row) * vpad;
         RETURN_IF_ERROR(b.CopyToHost(result.logits[i].data() + r * v + begin, src, count * sizeof(float)));
       }
+    }
+    if (greedy(i)) {
+      // Vocab-parallel: the row is assembled on the host anyway; take its argmax here.
+      const std::vector<float>& l = result.logits[i];
+      result.greedy_ids[i] = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      result.logits[i].clear();
     }
   }
   return result;

@@ -34,12 +34,19 @@ struct StepSequence {
   std::vector<int32_t> tokens;   // new tokens (a stage with the embedding needs them)
   int32_t num_tokens = 0;        // new tokens when `tokens` is empty (stages after the first)
   bool all_logits = false;       // logits for every new token, not only the last
+  // The caller samples this sequence greedily: the last stage returns the argmax of its last new
+  // token's logits (StepResult::greedy_ids; lowest id on ties) instead of the logits, so that only
+  // an id leaves the device. Ignored with all_logits.
+  bool greedy = false;
   int32_t NumTokens() const { return tokens.empty() ? num_tokens : static_cast<int32_t>(tokens.size()); }
 };
 
 struct StepResult {
-  // Last stage: per sequence, in request order, [rows, vocab] row-major, rows = NumTokens() or 1.
+  // Last stage: per sequence, in request order, [rows, vocab] row-major, rows = NumTokens() or 1;
+  // empty for a greedy sequence.
   std::vector<std::vector<float>> logits;
+  // Last stage: per sequence, the argmax of a greedy sequence's last logits row, else -1.
+  std::vector<int32_t> greedy_ids;
   // Other stages: the hidden states leaving the stage, [total new tokens, hidden].
   std::vector<float> hidden;
 };

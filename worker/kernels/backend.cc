@@ -74,6 +74,7 @@ const char* OpName(Op op) {
     case Op::kGatherRows: return "GatherRows";
     case Op::kScatterAddRows: return "ScatterAddRows";
     case Op::kSigmoidScaleRows: return "SigmoidScaleRows";
+    case Op::kArgmaxRows: return "ArgmaxRows";
     case Op::kZero: return "Zero";
   }
   return "?";
@@ -164,6 +165,15 @@ absl::Status ScatterAddRowsParams::Validate() const {
 absl::Status SigmoidScaleRowsParams::Validate() const {
   if (x == nullptr || gate == nullptr) return Invalid("SigmoidScaleRows", "null pointer");
   if (AnyNegative({tokens, width})) return Invalid("SigmoidScaleRows", "negative size");
+  return absl::OkStatus();
+}
+
+absl::Status ArgmaxRowsParams::Validate() const {
+  if (x == nullptr || out == nullptr) return Invalid("ArgmaxRows", "null pointer");
+  if (AnyNegative({rows})) return Invalid("ArgmaxRows", "negative size");
+  if (rows > 0 && (width < 1 || width > stride)) {
+    return Invalid("ArgmaxRows", absl::StrCat("width ", width, " must be in [1, stride = ", stride, "]"));
+  }
   return absl::OkStatus();
 }
 

@@ -88,7 +88,7 @@ struct WeightView {
 // The ops of this interface, for SupportsOp().
 enum class Op : uint8_t {
   kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kKvWrite, kAttention, kSiluMul, kAdd, kGatherRows,
-  kScatterAddRows, kSigmoidScaleRows, kZero,
+  kScatterAddRows, kSigmoidScaleRows, kArgmaxRows, kZero,
 };
 // "Embedding", "Linear", ... for messages.
 const char* OpName(Op op);
@@ -262,6 +262,15 @@ struct SigmoidScaleRowsParams {
   absl::Status Validate() const;
 };
 
+// out[r] = the column of the largest of x[r, 0 .. width) (the lowest such column on ties), as
+// std::max_element finds it: greedy sampling on the device, so that only ids reach the host.
+struct ArgmaxRowsParams {
+  const float* x = nullptr;  // [rows, stride]
+  int32_t* out = nullptr;    // [rows]
+  int64_t rows = 0, width = 0, stride = 0;  // 1 <= width <= stride (when rows > 0)
+  absl::Status Validate() const;
+};
+
 // x = 0, elementwise.
 struct ZeroParams {
   float* x = nullptr;  // [n]
@@ -337,6 +346,7 @@ class Backend {
   virtual absl::Status GatherRows(const GatherRowsParams& p) = 0;
   virtual absl::Status ScatterAddRows(const ScatterAddRowsParams& p) = 0;
   virtual absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) = 0;
+  virtual absl::Status ArgmaxRows(const ArgmaxRowsParams& p) = 0;
   virtual absl::Status Zero(const ZeroParams& p) = 0;
 };
 

@@ -262,7 +262,11 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   ASSIGN_OR_RETURN(StageBatch batch, FromProto(request, hidden));
   std::vector<engine::StepSequence> steps;
   steps.reserve(batch.sequences.size());
-  for (const StageSequence& s : batch.sequences) steps.push_back(s.step);
+  for (const StageSequence& s : batch.sequences) {
+    steps.push_back(s.step);
+    // Greedy sequences get their id from the last stage's device, not a logits row.
+    steps.back().greedy = is_last() && s.sample && (s.sampling.temperature == 0.0f || s.sampling.top_k == 1);
+  }
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.hidden));
   VLOG(1) << "event=step stage=" << config_.stage << " step_id=" << request.step_id()
@@ -288,6 +292,10 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const StageSequence& s = batch.sequences[i];
     if (!s.sample) continue;
+    if (i < result.greedy_ids.size() && result.greedy_ids[i] >= 0) {
+      response.add_token_ids(result.greedy_ids[i]);
+      continue;
+    }
     const std::vector<float>& logits = result.logits[i];
     const size_t vocab = static_cast<size_t>(runner_->spec().vocab_size);
     // The last row holds the logits of the sequence's last new token.

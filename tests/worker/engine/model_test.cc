@@ -2,6 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "tests/testing/status_matchers.h"
@@ -187,6 +189,21 @@ TEST(BackendRegistryTest, CudaWithoutADeviceIsAClearError) {
   auto backend = kernels::CreateBackend({.kind = kernels::DeviceKind::kCuda});
   ASSERT_FALSE(backend.ok());
   EXPECT_THAT(backend.status().message(), HasSubstr("CUDA"));
+}
+
+TEST_F(ModelTest, GreedySequencesGetTheArgmaxInsteadOfTheLogits) {
+  // The same step twice on two caches: with logits, and greedy (the argmax computed by the backend).
+  const std::vector<int32_t> prompt = {5, 17, 3};
+  ASSERT_OK_AND_ASSIGN(StepResult full, model_->Step({StepSequence{.block_ids = {0}, .tokens = prompt},
+                                                      StepSequence{.block_ids = {1}, .tokens = {9}}}));
+  ASSERT_OK_AND_ASSIGN(StepResult greedy,
+                       model_->Step({StepSequence{.block_ids = {2}, .tokens = prompt, .greedy = true},
+                                     StepSequence{.block_ids = {3}, .tokens = {9}}}));
+  const std::vector<float>& l = full.logits[0];
+  EXPECT_EQ(greedy.greedy_ids[0], std::max_element(l.begin(), l.end()) - l.begin());
+  EXPECT_TRUE(greedy.logits[0].empty());
+  EXPECT_EQ(greedy.greedy_ids[1], -1);  // not greedy: its logits as before
+  EXPECT_EQ(greedy.logits[1], full.logits[1]);
 }
 
 }  // namespace

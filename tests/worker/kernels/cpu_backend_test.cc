@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -348,6 +349,21 @@ TEST_F(CpuBackendTest, AddRmsNormEqualsAddThenRmsNorm) {
   EXPECT_THAT(b_->AddRmsNorm({.x = x_fused.data(), .y = y.data(), .weight = weight.data(), .out = x_fused.data(),
                               .tokens = tokens, .hidden = hidden}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must not alias")));
+}
+
+TEST_F(CpuBackendTest, ArgmaxRowsTakesTheFirstMaximumOfEachRowsColumns) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // 3 rows of stride 5, width 4 (the fifth column is padding, never read).
+  const std::vector<float> x = {1.f, 3.f, 3.f, -2.f, 99.f,     // tie: column 1
+                                -inf, -inf, -inf, -inf, 99.f,  // all -inf: column 0
+                                -5.f, -4.f, -6.f, -3.5f, 99.f};
+  int32_t out[3] = {-1, -1, -1};
+  ASSERT_TRUE(b_->ArgmaxRows({.x = x.data(), .out = out, .rows = 3, .width = 4, .stride = 5}).ok());
+  EXPECT_EQ(out[0], 1);
+  EXPECT_EQ(out[1], 0);
+  EXPECT_EQ(out[2], 3);
+  EXPECT_THAT(b_->ArgmaxRows({.x = x.data(), .out = out, .rows = 1, .width = 6, .stride = 5}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("width 6")));
 }
 
 TEST_F(CpuBackendTest, KvCacheIsF32Only) {

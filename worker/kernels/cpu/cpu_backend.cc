@@ -47,6 +47,7 @@ class CpuBackend final : public Backend {
       case Op::kGatherRows:
       case Op::kScatterAddRows:
       case Op::kSigmoidScaleRows:
+      case Op::kArgmaxRows:
       case Op::kZero:
         return dtype == DType::kF32;
     }
@@ -328,6 +329,15 @@ class CpuBackend final : public Backend {
       const float g = 1.0f / (1.0f + std::exp(-p.gate[t]));
       float* x = p.x + t * p.width;
       for (int64_t e = 0; e < p.width; ++e) x[e] *= g;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ArgmaxRows(const ArgmaxRowsParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const float* row = p.x + r * p.stride;
+      p.out[r] = static_cast<int32_t>(std::max_element(row, row + p.width) - row);
     }
     return absl::OkStatus();
   }

@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
   absl::Status GatherRows(const GatherRowsParams& p) override;
   absl::Status ScatterAddRows(const ScatterAddRowsParams& p) override;
   absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) override;
+  absl::Status ArgmaxRows(const ArgmaxRowsParams& p) override;
   absl::Status Zero(const ZeroParams& p) override;
 
  private:
@@ -252,6 +253,7 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kGatherRows:
     case Op::kScatterAddRows:
     case Op::kSigmoidScaleRows:
+    case Op::kArgmaxRows:
     case Op::kZero:
       return dtype == DType::kF32;
   }
@@ -471,6 +473,12 @@ absl::Status CudaBackend::SigmoidScaleRows(const SigmoidScaleRowsParams& p) {
   RETURN_IF_ERROR(p.Validate());
   RETURN_IF_ERROR(Enter());
   return Check(cuda::LaunchSigmoidScaleRows(p, stream_), "SigmoidScaleRows kernel launch");
+}
+
+absl::Status CudaBackend::ArgmaxRows(const ArgmaxRowsParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchArgmaxRows(p, stream_), "ArgmaxRows kernel launch");
 }
 
 absl::Status CudaBackend::Zero(const ZeroParams& p) {

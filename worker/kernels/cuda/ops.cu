@@ -198,6 +198,59 @@ __global__ void SigmoidScaleRowsKernel(float* x, const float* gate, int64_t toke
   }
 }
 
+// (value, column) pairs: a beats b when larger, or equal at a lower column (std::max_element's
+// first maximum).
+__device__ __forceinline__ bool Beats(float va, int32_t ia, float vb, int32_t ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// One block per row. Each thread starts from its first column (so rows of -inf still answer 0,
+// as std::max_element does) and keeps the first maximum of its columns; the block then reduces.
+__global__ void ArgmaxRowsKernel(const float* x, int32_t* out, int64_t rows, int64_t width, int64_t stride) {
+  __shared__ float vals[kRowThreads / kWarp];
+  __shared__ int32_t idxs[kRowThreads / kWarp];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* row = x + r * stride;
+    float best = -INFINITY;
+    int32_t best_i = INT32_MAX;
+    if (threadIdx.x < width) {
+      best = row[threadIdx.x];
+      best_i = static_cast<int32_t>(threadIdx.x);
+    }
+    for (int64_t e = threadIdx.x + blockDim.x; e < width; e += blockDim.x) {
+      if (row[e] > best) {
+        best = row[e];
+        best_i = static_cast<int32_t>(e);
+      }
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      const float v = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int32_t i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+      if (Beats(v, i, best, best_i)) {
+        best = v;
+        best_i = i;
+      }
+    }
+    __syncthreads();  // the previous row is done with vals and idxs
+    if (lane == 0) {
+      vals[warp] = best;
+      idxs[warp] = best_i;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
+        if (Beats(vals[w], idxs[w], best, best_i)) {
+          best = vals[w];
+          best_i = idxs[w];
+        }
+      }
+      out[r] = best_i;
+    }
+  }
+}
+
 }  // namespace
 
 size_t RopeSharedBytes(int64_t head_dim) { return static_cast<size_t>(head_dim) * sizeof(float); }
@@ -275,6 +328,12 @@ cudaError_t LaunchScatterAddRows(const ScatterAddRowsParams& p, cudaStream_t str
   if (p.count == 0 || p.width == 0) return cudaSuccess;
   ScatterAddRowsKernel<<<GridFor(p.count), RowThreads(p.width), 0, stream>>>(p.src, p.rows, p.scales, p.dst,
                                                                              p.count, p.width);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchArgmaxRows(const ArgmaxRowsParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  ArgmaxRowsKernel<<<GridFor(p.rows), kRowThreads, 0, stream>>>(p.x, p.out, p.rows, p.width, p.stride);
   return cudaGetLastError();
 }
 

@@ -326,6 +326,24 @@ TEST_F(CudaParityTest, AddRmsNorm) {
   ExpectMirrorsClose(out);
 }
 
+TEST_F(CudaParityTest, ArgmaxRows) {
+  // Long rows (more columns than threads), ties planted at two columns, padding past the width.
+  const int64_t rows = 7, width = 32003, stride = 32008;
+  std::vector<float> x = RandomFloats(rows * stride, 95);
+  for (int64_t r = 0; r < rows; ++r) {
+    x[r * stride + 100 + r] = 2.f;
+    x[r * stride + 30000 - r] = 2.f;  // the same maximum later: the earlier column wins
+    x[r * stride + width + 1] = 5.f;  // padding: never read
+  }
+  auto dx = Mirror(x);
+  auto out = Mirror(std::vector<int32_t>(rows, -1));
+  RunBoth([&](Backend& b, int s) {
+    return b.ArgmaxRows({.x = dx.at(s), .out = out.at(s), .rows = rows, .width = width, .stride = stride});
+  });
+  EXPECT_EQ(Read(out, kGpu), Read(out, kRef));
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(Read(out, kRef)[r], 100 + r);
+}
+
 TEST_F(CudaParityTest, Rope) {
   const int64_t tokens = 9, q_heads = 4, kv_heads = 2, head_dim = 64;
   std::vector<float> inv_freq(head_dim / 2);
