@@ -17,6 +17,7 @@
 #include "common/status/macros.h"
 #include "common/safetensors/safetensors.h"
 #include "tests/testing/golden.h"
+#include "tests/testing/golden_requests.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/executor.h"
 #include "worker/engine/generator.h"
@@ -28,6 +29,7 @@ namespace {
 
 using ::shardserve::testing::ExpectLogitsClose;
 using ::shardserve::testing::GoldenModel;
+using ::shardserve::testing::GreedyRequests;
 
 struct Loaded {
   ModelSpec spec;
@@ -43,17 +45,6 @@ absl::StatusOr<Loaded> LoadOnCuda(const std::string& dir, ModelOptions options) 
   ASSIGN_OR_RETURN(l.backend, kernels::CreateBackend({.kind = kernels::DeviceKind::kCuda, .device_index = 0}));
   ASSIGN_OR_RETURN(l.model, Model::Create(l.spec, *l.ckpt, l.backend.get(), options));
   return l;
-}
-
-std::vector<GenerationRequest> GreedyRequests(const GoldenModel& g) {
-  std::vector<GenerationRequest> reqs;
-  for (const auto& c : g.cases) {
-    GenerationRequest r;
-    r.prompt = c.prompt_ids;
-    r.max_tokens = static_cast<int32_t>(c.greedy_ids.size());
-    reqs.push_back(r);
-  }
-  return reqs;
 }
 
 bool IsBf16Checkpoint(const ModelSpec& spec) { return spec.dtype.has_value() && *spec.dtype == DType::kBF16; }

@@ -10,6 +10,7 @@
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "tests/testing/golden.h"
+#include "tests/testing/golden_requests.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/generator.h"
 #include "worker/engine/model.h"
@@ -20,6 +21,7 @@ namespace {
 
 using ::shardserve::testing::ExpectLogitsClose;
 using ::shardserve::testing::GoldenModel;
+using ::shardserve::testing::GreedyRequests;
 
 struct Loaded {
   ModelSpec spec;
@@ -43,17 +45,6 @@ absl::StatusOr<Loaded> Load(const std::string& dir, ModelOptions options) {
   if (!model.ok()) return model.status();
   l.model = *std::move(model);
   return l;
-}
-
-std::vector<GenerationRequest> GreedyRequests(const GoldenModel& g) {
-  std::vector<GenerationRequest> reqs;
-  for (const auto& c : g.cases) {
-    GenerationRequest r;
-    r.prompt = c.prompt_ids;
-    r.max_tokens = static_cast<int32_t>(c.greedy_ids.size());
-    reqs.push_back(r);
-  }
-  return reqs;
 }
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {

@@ -14,6 +14,7 @@
 #include "common/safetensors/safetensors.h"
 #include "common/status/macros.h"
 #include "tests/testing/golden.h"
+#include "tests/testing/golden_requests.h"
 #include "tests/testing/recording_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/generator.h"
@@ -24,6 +25,7 @@ namespace shardserve::engine {
 namespace {
 
 using ::shardserve::testing::GoldenModel;
+using ::shardserve::testing::GreedyRequests;
 using ::shardserve::testing::RecordingBackend;
 
 struct Loaded {
@@ -48,14 +50,6 @@ absl::StatusOr<Loaded> Load(const std::string& dir, ModelOptions options, bool r
   }
   ASSIGN_OR_RETURN(l.model, Model::Create(l.spec, *l.ckpt, l.backend.get(), options));
   return l;
-}
-
-std::vector<GenerationRequest> GreedyRequests(const GoldenModel& g) {
-  std::vector<GenerationRequest> reqs;
-  for (const auto& c : g.cases) {
-    reqs.push_back({.prompt = c.prompt_ids, .max_tokens = static_cast<int32_t>(c.greedy_ids.size())});
-  }
-  return reqs;
 }
 
 class OpGraphGoldenTest : public ::testing::TestWithParam<std::string> {};
