@@ -11,9 +11,14 @@ namespace {
 
 class RecordedGraph final : public kernels::OpGraph {
  public:
-  RecordedGraph(std::vector<std::function<absl::Status()>> tape, std::shared_ptr<int> replays)
-      : tape_(std::move(tape)), replays_(std::move(replays)) {}
+  RecordedGraph(std::vector<std::function<absl::Status()>> tape, std::shared_ptr<int> replays,
+                std::shared_ptr<const int> generation)
+      : tape_(std::move(tape)),
+        replays_(std::move(replays)),
+        generation_(std::move(generation)),
+        recorded_generation_(*generation_) {}
   absl::Status Replay() override {
+    if (*generation_ != recorded_generation_) return absl::AbortedError("recording invalidated (test)");
     for (const auto& call : tape_) {
       if (absl::Status st = call(); !st.ok()) return st;
     }
@@ -24,6 +29,8 @@ class RecordedGraph final : public kernels::OpGraph {
  private:
   std::vector<std::function<absl::Status()>> tape_;
   std::shared_ptr<int> replays_;
+  std::shared_ptr<const int> generation_;
+  const int recorded_generation_;
 };
 
 // A replayed paged op reads its sequences and block tables from the "device" copies (host memory
@@ -49,7 +56,7 @@ absl::StatusOr<std::unique_ptr<kernels::OpGraph>> RecordingBackend::Capture(absl
   tape_.clear();
   if (!st.ok()) return st;
   ++recordings_;
-  return std::unique_ptr<kernels::OpGraph>(std::make_unique<RecordedGraph>(std::move(tape), replays_));
+  return std::unique_ptr<kernels::OpGraph>(std::make_unique<RecordedGraph>(std::move(tape), replays_, generation_));
 }
 
 int64_t RecordingBackend::AttentionShapeKey(const kernels::AttentionParams& p) const {

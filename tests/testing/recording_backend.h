@@ -26,9 +26,11 @@ class RecordingBackend final : public kernels::Backend {
  public:
   explicit RecordingBackend(std::unique_ptr<kernels::Backend> inner) : inner_(std::move(inner)) {}
 
-  // Test controls: the next recordings fail (as a capture the device refuses would); the number of
-  // graphs recorded and replays run so far.
+  // Test controls: the next recordings fail (as a capture the device refuses would); the graphs
+  // recorded so far answer Aborted to Replay (as CUDA's do once the backend replaced the scratch
+  // they recorded); the number of graphs recorded and replays run so far.
   void FailRecordingsForTest(bool fail) { fail_recordings_ = fail; }
+  void InvalidateRecordingsForTest() { ++*generation_; }
   int recordings() const { return recordings_; }
   int replays() const { return *replays_; }
 
@@ -75,6 +77,7 @@ class RecordingBackend final : public kernels::Backend {
   std::vector<std::function<absl::Status()>> tape_;
   int recordings_ = 0;
   std::shared_ptr<int> replays_ = std::make_shared<int>(0);
+  std::shared_ptr<int> generation_ = std::make_shared<int>(0);
 };
 
 }  // namespace shardserve::testing

@@ -101,9 +101,8 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
         const bool decoding = pending == 1;
         if ((pass == 0) != decoding) continue;
         const int64_t n = std::min(pending, left);
-        const SamplingParams& sp = requests[s.index].sampling;
         StepSequence seq{.block_ids = s.blocks, .pos_begin = s.consumed,
-                         .greedy = sp.temperature == 0.0f || sp.top_k == 1};
+                         .greedy = requests[s.index].sampling.IsGreedy()};
         seq.tokens.assign(s.context.begin() + s.consumed, s.context.begin() + s.consumed + n);
         batch.push_back(std::move(seq));
         members.push_back(a);

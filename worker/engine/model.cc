@@ -90,6 +90,9 @@ constexpr int64_t kMaxKvBlocks = (int64_t{1} << 31) - 1;
 
 int64_t BlocksFor(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
 
+// The last stage answers this sequence with the argmax of its last logits row, not the row.
+bool WantsGreedyId(const StepSequence& s) { return s.greedy && !s.all_logits; }
+
 }  // namespace
 
 DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend) {
@@ -98,10 +101,6 @@ DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend) {
   return backend.SupportsOp(kernels::Op::kKvWrite, d) && backend.SupportsOp(kernels::Op::kAttention, d) ? d
                                                                                                        : DType::kF32;
 }
-
-namespace {
-
-}  // namespace
 
 Model::Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend)
     : spec_(spec), options_(options), backend_(backend), ws_(std::make_unique<Workspace>()) {}
@@ -398,10 +397,9 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
   result.logits.resize(batch.size());
   result.greedy_ids.assign(batch.size(), -1);
   const int64_t v = spec_.vocab_size;
-  auto greedy = [&](size_t i) { return batch[i].greedy && !batch[i].all_logits; };
   if (!tp()) {
     // Greedy sequences: the argmax on the device, and only the ids cross to the host.
-    if (std::any_of(batch.begin(), batch.end(), [](const StepSequence& s) { return s.greedy && !s.all_logits; })) {
+    if (std::any_of(batch.begin(), batch.end(), WantsGreedyId)) {
       RETURN_IF_ERROR(b.ArgmaxRows(
           {.x = w.logits.as<float>(), .out = w.argmax.as<int32_t>(), .rows = rows, .width = v, .stride = vpad}));
       w.h_argmax.resize(static_cast<size_t>(rows));
@@ -410,7 +408,7 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
     int64_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
       const int64_t n = batch[i].all_logits ? batch[i].NumTokens() : 1;
-      if (greedy(i)) {
+      if (WantsGreedyId(batch[i])) {
         result.greedy_ids[i] = w.h_argmax[static_cast<size_t>(row)];
       } else {
         result.logits[i].resize(static_cast<size_t>(n * v));
@@ -446,7 +444,7 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
         RETURN_IF_ERROR(b.CopyToHost(result.logits[i].data() + r * v + begin, src, count * sizeof(float)));
       }
     }
-    if (greedy(i)) {
+    if (WantsGreedyId(batch[i])) {
       // Vocab-parallel: the row is assembled on the host anyway; take its argmax here.
       const std::vector<float>& l = result.logits[i];
       result.greedy_ids[i] = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
@@ -481,18 +479,9 @@ absl::Status Model::ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeq
                         b.SupportsCapture();
   auto forward = [&] { return Forward(tokens, paged); };
   if (!eligible) return forward();
-  const int64_t d = spec_.head_dim;
-  const kernels::AttentionParams probe{
-      .q = ws_->q.as<float>(),
-      .out = ws_->attn.as<float>(),
-      .paged = paged,
-      .tokens = tokens,
-      .q_heads = layout_.q_heads,
-      .cache = {.k = k_cache_[0].as<void>(), .v = v_cache_[0].as<void>(), .num_blocks = options_.num_kv_blocks,
-                .block_size = options_.kv_block_size, .kv_heads = layout_.kv_heads, .head_dim = d, .dtype = kv_dtype_},
-      .scale = 1.0f / std::sqrt(static_cast<float>(d)),
-      .sliding_window = spec_.sliding_window};
-  const std::pair<int64_t, int64_t> key{tokens, b.AttentionShapeKey(probe)};
+  // Every layer's attention launches alike: ask for the first one's.
+  const std::pair<int64_t, int64_t> key{tokens,
+                                        b.AttentionShapeKey(AttentionFor(options_.layer_begin, tokens, paged))};
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     // Bounded: a long-running server sees few batch sizes, but contexts keep growing.
@@ -507,7 +496,7 @@ absl::Status Model::ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeq
     it = graphs_.emplace(key, *std::move(graph)).first;
   }
   const absl::Status replayed = it->second->Replay();
-  if (replayed.code() == absl::StatusCode::kFailedPrecondition) {
+  if (replayed.code() == absl::StatusCode::kAborted) {
     graphs_.clear();  // the backend's scratch moved: record again from the next step
     return forward();
   }
@@ -526,6 +515,25 @@ absl::Status Model::AllReduce(float* data, int64_t count) {
                                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return absl::OkStatus();
+}
+
+kernels::AttentionParams Model::AttentionFor(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) const {
+  const size_t local = static_cast<size_t>(layer - options_.layer_begin);
+  const int64_t d = spec_.head_dim;
+  return {.q = ws_->q.as<float>(),
+          .out = ws_->attn.as<float>(),
+          .paged = paged,
+          .tokens = tokens,
+          .q_heads = layout_.q_heads,
+          .cache = {.k = k_cache_[local].as<void>(),
+                    .v = v_cache_[local].as<void>(),
+                    .num_blocks = options_.num_kv_blocks,
+                    .block_size = options_.kv_block_size,
+                    .kv_heads = layout_.kv_heads,
+                    .head_dim = d,
+                    .dtype = kv_dtype_},
+          .scale = 1.0f / std::sqrt(static_cast<float>(d)),
+          .sliding_window = spec_.sliding_window};
 }
 
 absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) {
@@ -557,20 +565,10 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
                           .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
                           .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
-  const size_t local = static_cast<size_t>(layer - options_.layer_begin);
-  const kernels::KvLayerView cache{.k = k_cache_[local].as<void>(),
-                                   .v = v_cache_[local].as<void>(),
-                                   .num_blocks = options_.num_kv_blocks,
-                                   .block_size = options_.kv_block_size,
-                                   .kv_heads = layout_.kv_heads,
-                                   .head_dim = d,
-                                   .dtype = kv_dtype_};
+  const kernels::AttentionParams attention = AttentionFor(layer, tokens, paged);
   RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
-                             .cache = cache}));
-  RETURN_IF_ERROR(b.Attention({.q = w.q.as<float>(), .out = w.attn.as<float>(), .paged = paged, .tokens = tokens,
-                               .q_heads = layout_.q_heads, .cache = cache,
-                               .scale = 1.0f / std::sqrt(static_cast<float>(d)),
-                               .sliding_window = spec_.sliding_window}));
+                             .cache = attention.cache}));
+  RETURN_IF_ERROR(b.Attention(attention));
   // One rank: the residual add is fused into the o projection (hidden += attn . o^T). Several
   // ranks: each has a partial product over its heads; sum them, then add.
   if (!tp()) {

@@ -63,6 +63,8 @@ class Model final : public StepRunner {
   // Device bytes of weights and of KV cache held by this rank.
   size_t weight_bytes() const { return weights_.bytes; }
   size_t kv_cache_bytes() const { return kv_bytes_; }
+  // Steps that ran as a replayed graph so far (tests and benchmarks).
+  int64_t graph_replays() const { return graph_replays_; }
 
  private:
   struct Workspace;
@@ -73,6 +75,9 @@ class Model final : public StepRunner {
   bool first_stage() const { return options_.layer_begin == 0; }
   bool last_stage() const { return options_.layer_end == spec_.num_layers; }
   absl::Status Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged);
+  // The Attention op of layer `layer` for a step of `tokens` tokens (Layer runs it; graph keys ask
+  // the backend how it would launch).
+  kernels::AttentionParams AttentionFor(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) const;
   // The embedding (first stage) and every layer: what a graph records.
   absl::Status Forward(int64_t tokens, const kernels::PagedSeqs& paged);
   // Forward through a recorded graph when the step qualifies (ModelOptions::op_graphs), else op by op.
@@ -108,10 +113,6 @@ class Model final : public StepRunner {
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<kernels::OpGraph>> graphs_;
   bool graphs_off_ = false;
   int64_t graph_replays_ = 0;
-
- public:
-  // Steps that ran as a replayed graph so far (tests and benchmarks).
-  int64_t graph_replays() const { return graph_replays_; }
 };
 
 }  // namespace shardserve::engine

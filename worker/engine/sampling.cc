@@ -36,7 +36,7 @@ double SamplingUniform(uint64_t seed, uint64_t step) {
 
 int32_t Sampler::Sample(absl::Span<const float> logits, const SamplingParams& params, uint64_t step) {
   const int32_t n = static_cast<int32_t>(logits.size());
-  if (params.temperature == 0.0f || params.top_k == 1) {
+  if (params.IsGreedy()) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
   // Candidates sorted by logit, descending (ties: lower id first), cut to top_k.

@@ -19,6 +19,8 @@ struct SamplingParams {
   int32_t top_k = 0;         // 0 = no limit
   float top_p = 1.0f;        // in (0, 1]
   uint64_t seed = 0;
+  // Whether sampling picks the argmax (temperature 0 or top_k 1), which the device can do alone.
+  bool IsGreedy() const { return temperature == 0.0f || top_k == 1; }
   // InvalidArgument naming the field: temperature < 0 or not finite, top_k < 0, top_p outside (0, 1].
   absl::Status Validate() const;
 };

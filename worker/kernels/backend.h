@@ -281,8 +281,7 @@ struct ZeroParams {
 // Ops recorded by Backend::Capture (a CUDA graph). Replay() enqueues them again, with the
 // arguments they were recorded with: the same pointers, sizes and launch shapes, so the caller
 // refreshes the contents of the buffers they read (not the buffers themselves) before replaying.
-// FailedPrecondition when the backend's own scratch was reallocated since the recording (record
-// again). Belongs to the backend that recorded it, which must outlive it; one thread at a time.
+// Aborted when the backend's own scratch was reallocated since the recording (record again). Belongs to the backend that recorded it, which must outlive it; one thread at a time.
 class OpGraph {
  public:
   virtual ~OpGraph() = default;

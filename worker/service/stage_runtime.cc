@@ -265,7 +265,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   for (const StageSequence& s : batch.sequences) {
     steps.push_back(s.step);
     // Greedy sequences get their id from the last stage's device, not a logits row.
-    steps.back().greedy = is_last() && s.sample && (s.sampling.temperature == 0.0f || s.sampling.top_k == 1);
+    steps.back().greedy = is_last() && s.sample && s.sampling.IsGreedy();
   }
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.hidden));

@@ -17,7 +17,7 @@
 #include "common/status/macros.h"
 #include "common/safetensors/safetensors.h"
 #include "tests/testing/golden.h"
-#include "tests/testing/golden_requests.h"
+#include "tests/testing/engine_fixtures.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/executor.h"
 #include "worker/engine/generator.h"
@@ -31,20 +31,12 @@ using ::shardserve::testing::ExpectLogitsClose;
 using ::shardserve::testing::GoldenModel;
 using ::shardserve::testing::GreedyRequests;
 
-struct Loaded {
-  ModelSpec spec;
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<Model> model;
-};
+using Loaded = testing::LoadedModel;
 
 absl::StatusOr<Loaded> LoadOnCuda(const std::string& dir, ModelOptions options) {
-  Loaded l;
-  ASSIGN_OR_RETURN(l.spec, LoadModelSpec(dir));
-  ASSIGN_OR_RETURN(l.ckpt, Checkpoint::Open(dir));
-  ASSIGN_OR_RETURN(l.backend, kernels::CreateBackend({.kind = kernels::DeviceKind::kCuda, .device_index = 0}));
-  ASSIGN_OR_RETURN(l.model, Model::Create(l.spec, *l.ckpt, l.backend.get(), options));
-  return l;
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
+                   kernels::CreateBackend({.kind = kernels::DeviceKind::kCuda, .device_index = 0}));
+  return testing::LoadModel(dir, options, std::move(backend));
 }
 
 bool IsBf16Checkpoint(const ModelSpec& spec) { return spec.dtype.has_value() && *spec.dtype == DType::kBF16; }

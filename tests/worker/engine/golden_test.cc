@@ -9,8 +9,9 @@
 
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
+#include "common/status/macros.h"
 #include "tests/testing/golden.h"
-#include "tests/testing/golden_requests.h"
+#include "tests/testing/engine_fixtures.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/generator.h"
 #include "worker/engine/model.h"
@@ -23,28 +24,11 @@ using ::shardserve::testing::ExpectLogitsClose;
 using ::shardserve::testing::GoldenModel;
 using ::shardserve::testing::GreedyRequests;
 
-struct Loaded {
-  ModelSpec spec;
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<Model> model;
-};
+using Loaded = testing::LoadedModel;
 
 absl::StatusOr<Loaded> Load(const std::string& dir, ModelOptions options) {
-  Loaded l;
-  auto spec = LoadModelSpec(dir);
-  if (!spec.ok()) return spec.status();
-  l.spec = *spec;
-  auto ckpt = Checkpoint::Open(dir);
-  if (!ckpt.ok()) return ckpt.status();
-  l.ckpt = *std::move(ckpt);
-  auto backend = kernels::CreateBackend({});
-  if (!backend.ok()) return backend.status();
-  l.backend = *std::move(backend);
-  auto model = Model::Create(l.spec, *l.ckpt, l.backend.get(), options);
-  if (!model.ok()) return model.status();
-  l.model = *std::move(model);
-  return l;
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend({}));
+  return testing::LoadModel(dir, options, std::move(backend));
 }
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {

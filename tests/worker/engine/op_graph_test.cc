@@ -14,7 +14,7 @@
 #include "common/safetensors/safetensors.h"
 #include "common/status/macros.h"
 #include "tests/testing/golden.h"
-#include "tests/testing/golden_requests.h"
+#include "tests/testing/engine_fixtures.h"
 #include "tests/testing/recording_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/generator.h"
@@ -28,29 +28,16 @@ using ::shardserve::testing::GoldenModel;
 using ::shardserve::testing::GreedyRequests;
 using ::shardserve::testing::RecordingBackend;
 
-struct Loaded {
-  ModelSpec spec;
-  std::unique_ptr<Checkpoint> ckpt;
-  std::unique_ptr<kernels::Backend> backend;
-  RecordingBackend* recorder = nullptr;  // backend, when recording
-  std::unique_ptr<Model> model;
-};
+using Loaded = testing::LoadedModel;
 
+// The model on the CPU backend, wrapped in a RecordingBackend when `recording`.
 absl::StatusOr<Loaded> Load(const std::string& dir, ModelOptions options, bool recording) {
-  Loaded l;
-  ASSIGN_OR_RETURN(l.spec, LoadModelSpec(dir));
-  ASSIGN_OR_RETURN(l.ckpt, Checkpoint::Open(dir));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> cpu, kernels::CreateBackend({}));
-  if (recording) {
-    auto rec = std::make_unique<RecordingBackend>(std::move(cpu));
-    l.recorder = rec.get();
-    l.backend = std::move(rec);
-  } else {
-    l.backend = std::move(cpu);
-  }
-  ASSIGN_OR_RETURN(l.model, Model::Create(l.spec, *l.ckpt, l.backend.get(), options));
-  return l;
+  if (recording) cpu = std::make_unique<RecordingBackend>(std::move(cpu));
+  return testing::LoadModel(dir, options, std::move(cpu));
 }
+
+RecordingBackend& Recorder(const Loaded& l) { return static_cast<RecordingBackend&>(*l.backend); }
 
 class OpGraphGoldenTest : public ::testing::TestWithParam<std::string> {};
 
@@ -64,9 +51,9 @@ TEST_P(OpGraphGoldenTest, ReplayedDecodeStepsGiveTransformersTokens) {
     ASSERT_OK_AND_ASSIGN(auto res, Generate(*alone.model, {reqs[i]}));
     EXPECT_EQ(res[0].tokens, golden.cases[i].greedy_ids) << golden.name << " case " << i;
   }
-  EXPECT_GT(alone.recorder->recordings(), 1);
+  EXPECT_GT(Recorder(alone).recordings(), 1);
   EXPECT_GT(alone.model->graph_replays(), 3 * 16);
-  EXPECT_EQ(alone.model->graph_replays(), alone.recorder->replays());
+  EXPECT_EQ(alone.model->graph_replays(), Recorder(alone).replays());
   // Batched with chunked prefill and 3-token blocks: prefill chunks run op by op, decode steps of
   // 1-3 sequences replay, and the block tables outgrow their buffer (the recordings are dropped).
   ASSERT_OK_AND_ASSIGN(Loaded batched, Load(golden.dir, {.kv_block_size = 3, .max_step_tokens = 4}, true));
@@ -108,23 +95,40 @@ TEST(OpGraphTest, ReplayedLogitsAreBitIdenticalToOpByOp) {
 TEST(OpGraphTest, AFailedRecordingFallsBackToOpByOpForGood) {
   ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel("llama"));
   ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden.dir, {}, true));
-  l.recorder->FailRecordingsForTest(true);
+  Recorder(l).FailRecordingsForTest(true);
   ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, GreedyRequests(golden)));
   for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].tokens, golden.cases[i].greedy_ids) << "case " << i;
-  EXPECT_EQ(l.recorder->recordings(), 0);
+  EXPECT_EQ(Recorder(l).recordings(), 0);
   EXPECT_EQ(l.model->graph_replays(), 0);
+}
+
+TEST(OpGraphTest, InvalidatedRecordingsAreRecordedAgain) {
+  // Every recording goes stale before its second replay (as when a CUDA backend replaces its
+  // scratch): the step runs op by op, the recordings are dropped and made again, tokens stay right.
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel("llama"));
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(golden.dir, {}, true));
+  const auto reqs = GreedyRequests(golden);
+  const int64_t steps = reqs[0].max_tokens;
+  int64_t generated = 0;
+  ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, {reqs[0]}, [&](size_t, int32_t) {
+                         if (++generated % 2 == 0) Recorder(l).InvalidateRecordingsForTest();
+                       }));
+  EXPECT_EQ(res[0].tokens, golden.cases[0].greedy_ids);
+  EXPECT_GT(Recorder(l).recordings(), steps / 4);  // made again after invalidations
+  EXPECT_GT(l.model->graph_replays(), 0);
+  EXPECT_LT(l.model->graph_replays(), steps - 1);  // some steps fell back to op by op
 }
 
 TEST(OpGraphTest, OffOrMoeStepsAreNeverRecorded) {
   ASSERT_OK_AND_ASSIGN(GoldenModel llama, testing::LoadGoldenModel("llama"));
   ASSERT_OK_AND_ASSIGN(Loaded off, Load(llama.dir, {.op_graphs = false}, true));
   ASSERT_OK_AND_ASSIGN(auto res, Generate(*off.model, GreedyRequests(llama)));
-  EXPECT_EQ(off.recorder->recordings(), 0);
+  EXPECT_EQ(Recorder(off).recordings(), 0);
   ASSERT_OK_AND_ASSIGN(GoldenModel mixtral, testing::LoadGoldenModel("mixtral"));
   ASSERT_OK_AND_ASSIGN(Loaded moe, Load(mixtral.dir, {}, true));
   ASSERT_OK_AND_ASSIGN(auto moe_res, Generate(*moe.model, GreedyRequests(mixtral)));
   for (size_t i = 0; i < moe_res.size(); ++i) EXPECT_EQ(moe_res[i].tokens, mixtral.cases[i].greedy_ids);
-  EXPECT_EQ(moe.recorder->recordings(), 0);
+  EXPECT_EQ(Recorder(moe).recordings(), 0);
 }
 
 }  // namespace

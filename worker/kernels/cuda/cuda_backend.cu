@@ -335,7 +335,7 @@ absl::StatusOr<std::unique_ptr<OpGraph>> CudaBackend::Capture(absl::FunctionRef<
 
 absl::Status CudaBackend::Launch(cudaGraphExec_t exec, uint64_t scratch_generation) {
   if (scratch_generation != scratch_generation_) {
-    return absl::FailedPreconditionError(absl::StrCat(name_, ": the graph recorded a scratch buffer since replaced"));
+    return absl::AbortedError(absl::StrCat(name_, ": the graph recorded a scratch buffer since replaced"));
   }
   RETURN_IF_ERROR(Enter());
   return Check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");

@@ -20,8 +20,11 @@
 //     to f32 in a GEMV for up to 8 tokens, and above that the activations are rounded to the
 //     weights' type for a tensor-core GEMM with f32 accumulation (linear16.cuh). Reductions are
 //     ordered differently from the CPU backend, so results agree within rounding, not bit for bit.
-//   * Scratch. The backend owns one scratch buffer (16-bit GEMM activations), sized by Reserve();
-//     an op called beyond the reserved limits first drains the stream and grows it.
+//   * Scratch. The backend owns one scratch buffer (16-bit GEMM activations, split-K attention
+//     partials), sized by Reserve(); an op called beyond the reserved limits first drains the
+//     stream and grows it, after which graphs recorded earlier answer Aborted to Replay().
+//   * Graphs. Capture() records on the backend's stream (cudaStreamCaptureModeThreadLocal); a
+//     failure while recording is the recording's, not the device's: the backend stays healthy.
 //   * Errors. Params::Validate() failures return InvalidArgument and change nothing. Shapes the
 //     kernels cannot launch (a dimension over INT_MAX for cuBLAS, a head_dim too large for the
 //     attention kernel's shared memory) return Unimplemented and change nothing. A failing CUDA or

@@ -51,6 +51,23 @@ std::vector<int32_t> DistinctRows(int32_t n, size_t count, uint32_t seed) {
   return all;
 }
 
+// `values` rounded to `dtype` (kBF16 or kF16, nearest even): their 16-bit patterns, and the same
+// values widened back to f32 (exactly what a backend computes with).
+std::vector<uint16_t> Narrow(DType dtype, const std::vector<float>& values) {
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    bits[i] = dtype == DType::kBF16 ? FloatToBFloat16(values[i]) : FloatToHalf(values[i]);
+  }
+  return bits;
+}
+std::vector<float> Widen(DType dtype, const std::vector<uint16_t>& bits) {
+  std::vector<float> values(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    values[i] = dtype == DType::kBF16 ? BFloat16ToFloat(bits[i]) : HalfToFloat(bits[i]);
+  }
+  return values;
+}
+
 // Every element within rtol * max|want| (plus a tiny atol for all-zero references), and a normalised
 // mean squared error (test-backend-ops' nmse) far below that.
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rtol = 1e-4f,
@@ -211,14 +228,9 @@ class CudaLinear16ParityTest : public CudaParityTest, public ::testing::WithPara
 TEST_P(CudaLinear16ParityTest, MatchesCpuOnWidenedWeights) {
   const Linear16Case c = GetParam();
   ASSERT_TRUE(backend(kGpu).SupportsOp(Op::kLinear, c.dtype));
-  std::vector<float> w_host = RandomFloats(c.out * c.in, 11);
-  std::vector<uint16_t> w16(w_host.size());
-  for (size_t i = 0; i < w_host.size(); ++i) {
-    w16[i] = c.dtype == DType::kBF16 ? FloatToBFloat16(w_host[i]) : FloatToHalf(w_host[i]);
-    w_host[i] = c.dtype == DType::kBF16 ? BFloat16ToFloat(w16[i]) : HalfToFloat(w16[i]);
-  }
+  const std::vector<uint16_t> w16 = Narrow(c.dtype, RandomFloats(c.out * c.in, 11));
   auto x = Mirror(RandomFloats(c.tokens * c.in, 10));
-  auto w = Mirror(w_host);
+  auto w = Mirror(Widen(c.dtype, w16));
   auto w_narrow = Mirror(w16);
   auto bias = Mirror(RandomFloats(c.out, 12));
   auto y = Mirror(RandomFloats(c.tokens * c.out, 13));
@@ -254,11 +266,7 @@ TEST_F(CudaParityTest, EmbeddingOfNarrowTablesWidensExactly) {
   auto ids = Mirror(RandomInts(tokens, 2, 0, vocab - 1));
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     ASSERT_TRUE(backend(kGpu).SupportsOp(Op::kEmbedding, dtype));
-    std::vector<uint16_t> bits(table.size());
-    for (size_t i = 0; i < table.size(); ++i) {
-      bits[i] = dtype == DType::kBF16 ? FloatToBFloat16(table[i]) : FloatToHalf(table[i]);
-    }
-    auto t = Mirror(bits);
+    auto t = Mirror(Narrow(dtype, table));
     auto out = Mirror(std::vector<float>(tokens * hidden));
     RunBoth([&](Backend& b, int s) {
       return b.Embedding({.table = WeightView(dtype, t.at(s)), .ids = ids.at(s), .out = out.at(s), .tokens = tokens,
@@ -272,15 +280,9 @@ TEST_F(CudaParityTest, ReserveSizesTheScratchAndOpsBeyondItStillRun) {
   ASSERT_TRUE(backend(kGpu).Reserve({.max_tokens = 16, .max_linear_in = 64}).ok());
   // 40 x 256 activations exceed the reservation: the op grows the scratch first.
   const int64_t tokens = 40, in = 256, out = 32;
-  std::vector<uint16_t> w16(static_cast<size_t>(out * in));
-  std::vector<float> w_host(w16.size());
-  const std::vector<float> r = RandomFloats(w16.size(), 5);
-  for (size_t i = 0; i < w16.size(); ++i) {
-    w16[i] = FloatToBFloat16(r[i]);
-    w_host[i] = BFloat16ToFloat(w16[i]);
-  }
+  const std::vector<uint16_t> w16 = Narrow(DType::kBF16, RandomFloats(out * in, 5));
   auto x = Mirror(RandomFloats(tokens * in, 6));
-  auto w = Mirror(w_host);
+  auto w = Mirror(Widen(DType::kBF16, w16));
   auto wn = Mirror(w16);
   auto y = Mirror(std::vector<float>(tokens * out));
   RunBoth([&](Backend& b, int s) {
@@ -417,10 +419,7 @@ TEST_F(CudaParityTest, NarrowKvCacheRoundsOnWriteAndAttentionReadsIt) {
     ASSERT_TRUE(backend(kGpu).SupportsOp(Op::kKvWrite, dtype));
     ASSERT_TRUE(backend(kGpu).SupportsOp(Op::kAttention, dtype));
     EXPECT_FALSE(backend(kRef).SupportsOp(Op::kKvWrite, dtype));
-    auto round = [&](std::vector<float> x) {
-      for (float& f : x) f = dtype == DType::kBF16 ? BFloat16ToFloat(FloatToBFloat16(f)) : HalfToFloat(FloatToHalf(f));
-      return x;
-    };
+    auto round = [&](const std::vector<float>& x) { return Widen(dtype, Narrow(dtype, x)); };
     const std::vector<float> k = RandomFloats(kSeqTokens * row, 70, -2.f, 2.f);
     const std::vector<float> v = RandomFloats(kSeqTokens * row, 71);
     auto seqs = Mirror(kSeqs);
