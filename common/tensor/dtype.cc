@@ -1,6 +1,7 @@
 #include "common/tensor/dtype.h"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "absl/status/status.h"
@@ -13,6 +14,8 @@ size_t DTypeSize(DType dtype) {
     case DType::kF32: return 4;
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
+    case DType::kF8E4M3: return 1;
+    case DType::kQ8: return 1;
   }
   return 0;
 }
@@ -22,6 +25,8 @@ absl::string_view DTypeName(DType dtype) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kF8E4M3: return "F8_E4M3";
+    case DType::kQ8: return "Q8";
   }
   return "?";
 }
@@ -30,8 +35,9 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, F16, BF16)"));
+      absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, F16, BF16, F8_E4M3)"));
 }
 
 float HalfToFloat(uint16_t h) {
@@ -56,6 +62,16 @@ float HalfToFloat(uint16_t h) {
     bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }
   return std::bit_cast<float>(bits);
+}
+
+float E4M3ToFloat(uint8_t v) {
+  const float sign = (v & 0x80u) != 0 ? -1.0f : 1.0f;
+  const int exp = (v >> 3) & 0xf;
+  const int mant = v & 0x7;
+  if (exp == 0xf && mant == 0x7) return std::bit_cast<float>(0x7fc00000u);  // NaN
+  // Subnormals (exp 0): mant/8 * 2^-6; normals: (1 + mant/8) * 2^(exp-7). Both exact in float.
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), -9);
+  return sign * std::ldexp(static_cast<float>(8 + mant), exp - 10);
 }
 
 float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
@@ -103,6 +119,11 @@ void ConvertToFloat(DType dtype, const void* src, size_t count, float* dst) {
         dst[i] = BFloat16ToFloat(b);
       }
       return;
+    case DType::kF8E4M3:
+      for (size_t i = 0; i < count; ++i) dst[i] = E4M3ToFloat(bytes[i]);
+      return;
+    case DType::kQ8:
+      return;  // a packed layout, not elements (see the header)
   }
 }
 

@@ -1,5 +1,5 @@
 // Element types of tensors that cross the project's boundaries (checkpoints, activations on the
-// wire). Engine math is f32; f16 and bf16 weights are converted on load.
+// wire), and the weight formats kernels take. Engine math is f32.
 #ifndef SHARDSERVE_COMMON_TENSOR_DTYPE_H_
 #define SHARDSERVE_COMMON_TENSOR_DTYPE_H_
 
@@ -11,14 +11,25 @@
 
 namespace shardserve {
 
-enum class DType : uint8_t { kF32 = 1, kF16 = 2, kBF16 = 3 };
+enum class DType : uint8_t {
+  kF32 = 1,
+  kF16 = 2,
+  kBF16 = 3,
+  // float8 e4m3 ("fn": no infinities, 0x7f/0xff NaN, max 448), as FP8 checkpoints store weights
+  // (their scales are separate tensors; see common/model_spec's quantization config).
+  kF8E4M3 = 4,
+  // Weights only, never in a checkpoint or on the wire: block-quantized int8 in the kernels' packed
+  // layout (worker/kernels/shared/q8_pack.h), made at load by --quantize=int8. DTypeSize is the
+  // int8 payload (1); the per-block scales are extra (Q8PackedBytes).
+  kQ8 = 5,
+};
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
-// "F32", "F16", "BF16": the spelling safetensors uses.
+// "F32", "F16", "BF16", "F8_E4M3": the spelling safetensors uses ("Q8" for kQ8).
 absl::string_view DTypeName(DType dtype);
-// Parses a safetensors dtype string. Any other dtype (I8, F64, F8_E4M3, ...) is InvalidArgument
-// naming it.
+// Parses a safetensors dtype string: F32, F16, BF16, F8_E4M3. Any other dtype (I8, F64, F8_E5M2,
+// ...) is InvalidArgument naming it.
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 
 // IEEE half and bfloat16 to float, exact.
@@ -27,8 +38,11 @@ float BFloat16ToFloat(uint16_t b);
 // float to half / bfloat16 with round-to-nearest-even (NaN stays NaN, overflow becomes inf).
 uint16_t FloatToHalf(float f);
 uint16_t FloatToBFloat16(float f);
+// float8 e4m3fn to float, exact (0x7f and 0xff are NaN).
+float E4M3ToFloat(uint8_t v);
 
-// Converts `count` little-endian elements of `dtype` at `src` to float. `src` need not be aligned.
+// Converts `count` little-endian elements of `dtype` (not kQ8) at `src` to float. `src` need not
+// be aligned.
 void ConvertToFloat(DType dtype, const void* src, size_t count, float* dst);
 
 }  // namespace shardserve

@@ -657,6 +657,10 @@ int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInven
       return 2;
     case DType::kF16:
       return AllCuda(workers) ? 2 : 4;  // CUDA devices multiply f16 matrices; CPU ranks widen them
+    case DType::kF8E4M3:
+      return 2;  // dequantized to bf16 on load
+    case DType::kQ8:
+      return 1;  // never a checkpoint's dtype
   }
   return 4;
 }

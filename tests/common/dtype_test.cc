@@ -57,7 +57,39 @@ TEST(DTypeTest, ConvertToFloatHandlesUnalignedInput) {
 
 TEST(DTypeTest, ParseNamesTheUnsupportedDtype) {
   EXPECT_EQ(*ParseDType("BF16"), DType::kBF16);
-  EXPECT_THAT(ParseDType("F8_E4M3"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("F8_E4M3")));
+  EXPECT_EQ(*ParseDType("F8_E4M3"), DType::kF8E4M3);
+  EXPECT_THAT(ParseDType("F8_E5M2"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("F8_E5M2")));
+  // kQ8 is a kernel weight format, never a checkpoint's.
+  EXPECT_THAT(ParseDType("Q8"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Q8")));
+}
+
+// e4m3fn values from the OCP FP8 specification's table: bias 7, no infinities, S.1111.111 NaN.
+TEST(DTypeTest, E4M3KnownValues) {
+  EXPECT_EQ(E4M3ToFloat(0x00), 0.0f);
+  EXPECT_TRUE(std::signbit(E4M3ToFloat(0x80)));
+  EXPECT_EQ(E4M3ToFloat(0x38), 1.0f);         // 0.0111.000
+  EXPECT_EQ(E4M3ToFloat(0xb8), -1.0f);
+  EXPECT_EQ(E4M3ToFloat(0x7e), 448.0f);       // largest finite: 0.1111.110 = 1.75 * 2^8
+  EXPECT_EQ(E4M3ToFloat(0x78), 256.0f);       // 0.1111.000 is a number, not infinity
+  EXPECT_EQ(E4M3ToFloat(0x08), 0.015625f);    // smallest normal 2^-6
+  EXPECT_EQ(E4M3ToFloat(0x01), 0.001953125f); // smallest subnormal 2^-9
+  EXPECT_EQ(E4M3ToFloat(0x07), 7 * 0.001953125f);
+  EXPECT_EQ(E4M3ToFloat(0x3c), 1.5f);
+  EXPECT_TRUE(std::isnan(E4M3ToFloat(0x7f)));
+  EXPECT_TRUE(std::isnan(E4M3ToFloat(0xff)));
+  // Every non-NaN code is finite and the codes are ordered by magnitude.
+  float prev = -1.0f;
+  for (int v = 0; v < 0x7f; ++v) {
+    const float f = E4M3ToFloat(static_cast<uint8_t>(v));
+    EXPECT_GT(f, prev) << v;
+    EXPECT_EQ(E4M3ToFloat(static_cast<uint8_t>(v | 0x80)), -f) << v;
+    prev = f;
+  }
+  const uint8_t bytes[2] = {0x38, 0xc0};  // 1, -2
+  float out[2];
+  ConvertToFloat(DType::kF8E4M3, bytes, 2, out);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], -2.0f);
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ class CpuBackend final : public Backend {
   bool SupportsOp(Op op, DType dtype) const override {
     switch (op) {
       case Op::kEmbedding:
-        return true;  // rows are widened on the fly
+        return dtype != DType::kQ8;  // rows are widened on the fly
       case Op::kLinear:
         return dtype == DType::kF32 || dtype == DType::kBF16;
       case Op::kRmsNorm:
@@ -90,6 +90,7 @@ class CpuBackend final : public Backend {
 
   absl::Status Embedding(const EmbeddingParams& p) override {
     SHARDSERVE_VALIDATE(p);
+    if (!SupportsOp(Op::kEmbedding, p.table.dtype)) return UnsupportedWeights(name(), Op::kEmbedding, p.table.dtype);
     const size_t row_bytes = static_cast<size_t>(p.hidden) * DTypeSize(p.table.dtype);
     const auto* table = static_cast<const uint8_t*>(p.table.data);
     for (int64_t t = 0; t < p.tokens; ++t) {
@@ -108,6 +109,8 @@ class CpuBackend final : public Backend {
       case DType::kBF16:
         return LinearBf16(p, static_cast<const uint16_t*>(p.w.data));
       case DType::kF16:
+      case DType::kF8E4M3:
+      case DType::kQ8:
         return UnsupportedWeights(name(), Op::kLinear, p.w.dtype);
     }
     const auto* w = static_cast<const float*>(p.w.data);

@@ -256,6 +256,9 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
           p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<const __half*>(p.cache.k),
           static_cast<const __half*>(p.cache.v), sh, part);
       break;
+    case DType::kF8E4M3:
+    case DType::kQ8:
+      return cudaErrorInvalidValue;
   }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || plan.splits == 1) return err;
   const dim3 merge_grid(static_cast<unsigned>(p.q_heads), GridFor(max_q_len), GridFor(p.paged.num_seqs));

@@ -142,6 +142,8 @@ cudaError_t LaunchGemv16(DType dtype, const float* x, const void* w, const float
     case DType::kF16:
       return Gemv16<DType::kF16>(x, w, bias, y, tokens, in, out, accumulate, stream);
     case DType::kF32:
+    case DType::kF8E4M3:
+    case DType::kQ8:
       break;
   }
   return cudaErrorInvalidValue;
@@ -159,6 +161,8 @@ cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cu
       CastKernel<DType::kF16><<<grid, kElementThreads, 0, stream>>>(x, d, n);
       return cudaGetLastError();
     case DType::kF32:
+    case DType::kF8E4M3:
+    case DType::kQ8:
       break;
   }
   return cudaErrorInvalidValue;
@@ -178,6 +182,9 @@ cudaError_t LaunchEmbeddingTyped(DType dtype, const void* table, const int32_t* 
     case DType::kF16:
       EmbeddingKernel<DType::kF16><<<GridFor(tokens), threads, 0, stream>>>(table, ids, out, tokens, hidden);
       break;
+    case DType::kF8E4M3:
+    case DType::kQ8:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -302,6 +302,9 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
           p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<__half*>(p.cache.k),
           static_cast<__half*>(p.cache.v), p.cache.block_size, row);
       break;
+    case DType::kF8E4M3:
+    case DType::kQ8:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
