@@ -80,6 +80,11 @@ const char* OpName(Op op) {
   return "?";
 }
 
+absl::StatusOr<DeviceBuffer> Backend::QuantizeWeights(DType format, const float* /*host*/, int64_t /*rows*/,
+                                                      int64_t /*cols*/) {
+  return absl::UnimplementedError(absl::StrCat(name(), ": cannot quantize weights to ", DTypeName(format)));
+}
+
 absl::Status UnsupportedWeights(absl::string_view backend_name, Op op, DType dtype) {
   return absl::UnimplementedError(
       absl::StrCat(backend_name, ": ", OpName(op), " does not take ", DTypeName(dtype), " weights"));

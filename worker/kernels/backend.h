@@ -328,6 +328,10 @@ class Backend {
 
   // Allocates `bytes` (zero-filled) of device memory. ResourceExhausted when it does not fit.
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
+  // A matrix [rows, cols] of host f32 values quantized into `format` (a weight format this backend
+  // SupportsOp(kLinear, format), such as kQ8) in the backend's own layout, for LinearParams::w with
+  // in = cols, out = rows. The default: Unimplemented naming the backend and format.
+  virtual absl::StatusOr<DeviceBuffer> QuantizeWeights(DType format, const float* host, int64_t rows, int64_t cols);
   virtual absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
   // Waits for queued work, then copies.
   virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;

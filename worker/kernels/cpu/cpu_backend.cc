@@ -11,7 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/tensor/dtype.h"
+#include "common/status/macros.h"
 #include "worker/kernels/cpu/gemv.h"
+#include "worker/kernels/cpu/q8.h"
 #include "worker/kernels/shared/row_math.h"
 
 namespace shardserve::kernels {
@@ -36,7 +38,7 @@ class CpuBackend final : public Backend {
       case Op::kEmbedding:
         return dtype != DType::kQ8;  // rows are widened on the fly
       case Op::kLinear:
-        return dtype == DType::kF32 || dtype == DType::kBF16;
+        return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kQ8;
       case Op::kRmsNorm:
       case Op::kAddRmsNorm:
       case Op::kRope:
@@ -78,6 +80,15 @@ class CpuBackend final : public Backend {
     std::memset(p, 0, rounded);
     return DeviceBuffer(p, bytes, &FreeHost);
   }
+  absl::StatusOr<DeviceBuffer> QuantizeWeights(DType format, const float* host, int64_t rows, int64_t cols) override {
+    if (format != DType::kQ8 || rows < 0 || cols < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cpu: cannot quantize a [", rows, ", ", cols, "] matrix to ",
+                                                     DTypeName(format), " (only Q8)"));
+    }
+    ASSIGN_OR_RETURN(DeviceBuffer buf, Allocate(cpu::Q8Layout::For(rows, cols).bytes));
+    cpu::PackQ8(host, rows, cols, buf.as<uint8_t>());
+    return buf;
+  }
   absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
     if (bytes > 0) std::memcpy(dst, src, bytes);
     return absl::OkStatus();
@@ -108,9 +119,11 @@ class CpuBackend final : public Backend {
         break;
       case DType::kBF16:
         return LinearBf16(p, static_cast<const uint16_t*>(p.w.data));
+      case DType::kQ8:
+        cpu::Q8Linear(p.x, static_cast<const uint8_t*>(p.w.data), p.bias, p.y, p.tokens, p.in, p.out, p.accumulate);
+        return absl::OkStatus();
       case DType::kF16:
       case DType::kF8E4M3:
-      case DType::kQ8:
         return UnsupportedWeights(name(), Op::kLinear, p.w.dtype);
     }
     const auto* w = static_cast<const float*>(p.w.data);
