@@ -64,6 +64,9 @@ struct PlanPolicy {
   int64_t kv_bytes_per_element = 0;
   // Subtracted from every device's free_bytes before planning (workspace, allocator slack).
   int64_t reserve_bytes_per_device = 0;
+  // How the workers store weight matrices: with kInt8 the projections and the lm_head count at
+  // Q8MatrixBytes (common/tensor/dtype.h) instead of bytes_per_param per element.
+  Quantization quantize = Quantization::kNone;
   // Allow experts of MoE layers that do not fit on their stage's worker to live on other workers
   // (called over gRPC). When false, a stage must hold all experts of its layers.
   bool allow_expert_spill = true;

@@ -40,6 +40,27 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
       absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, F16, BF16, F8_E4M3)"));
 }
 
+absl::string_view QuantizationName(Quantization q) {
+  switch (q) {
+    case Quantization::kNone: return "none";
+    case Quantization::kInt8: return "int8";
+  }
+  return "?";
+}
+
+absl::StatusOr<Quantization> ParseQuantization(absl::string_view name) {
+  if (name == "none" || name.empty()) return Quantization::kNone;
+  if (name == "int8") return Quantization::kInt8;
+  return absl::InvalidArgumentError(absl::StrCat("unknown quantization \"", name, "\" (choices: none, int8)"));
+}
+
+int64_t Q8MatrixBytes(int64_t rows, int64_t cols) {
+  const int64_t padded_rows = (rows + 15) / 16 * 16;
+  const int64_t blocks = (cols + 63) / 64;
+  const int64_t quants = padded_rows * blocks * 64;
+  return (quants + 63) / 64 * 64 + padded_rows * blocks * 4;
+}
+
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;

@@ -41,6 +41,20 @@ uint16_t FloatToBFloat16(float f);
 // float8 e4m3fn to float, exact (0x7f and 0xff are NaN).
 float E4M3ToFloat(uint8_t v);
 
+// How the loader stores weight matrices (the linear projections and the lm_head; embeddings, norms
+// and routers are never quantized). kInt8: DType::kQ8 on backends that take it, 64-weight blocks.
+enum class Quantization : uint8_t { kNone = 0, kInt8 = 1 };
+// "none", "int8".
+absl::string_view QuantizationName(Quantization q);
+// Parses "none" / "int8" (as flags and the Helm chart spell them); anything else is
+// InvalidArgument naming the value and the choices.
+absl::StatusOr<Quantization> ParseQuantization(absl::string_view name);
+// Bytes of a [rows, cols] matrix stored as kQ8: rows padded to panels of 16, each row to blocks of
+// 64 int8 weights, plus one f32 scale per block of every padded row (the scales start 64-byte
+// aligned). The CPU kernels' packed layout (worker/kernels/cpu/q8.h) has exactly this size; the
+// planner counts with it.
+int64_t Q8MatrixBytes(int64_t rows, int64_t cols);
+
 // Converts `count` little-endian elements of `dtype` (not kQ8) at `src` to float. `src` need not
 // be aligned.
 void ConvertToFloat(DType dtype, const void* src, size_t count, float* dst);

@@ -157,6 +157,7 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
       a.kv_block_size = options_.kv_block_size;
       a.max_seq_len = static_cast<int32_t>(plan->max_seq_len);
       a.max_step_tokens = options_.max_step_tokens;
+      a.quantize = options_.policy.quantize;
       // The planner's expert placement of the stage's MoE layers; remote experts name their host.
       for (const LayerExperts& le : p.experts) {
         if (le.layer < spec.layer_begin || le.layer >= spec.layer_end) continue;
@@ -189,6 +190,7 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
     a.assignment_id = absl::StrCat("plan-", plan_number, "/experts/", eh.worker_id);
     a.model_path = options_.model_path;
     a.device_kind = eh.device_kind;
+    a.quantize = options_.policy.quantize;
     std::set<std::pair<int64_t, int32_t>> seen;
     std::set<int> devices;
     for (const Pipeline& p : plan->replicas) {

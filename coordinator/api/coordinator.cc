@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   co.policy.pp = options.pp;
   co.policy.replicas = options.replicas;
   co.policy.max_seq_len = max_seq_len;
+  co.policy.quantize = options.quantize;
   co.max_slots = options.max_slots;
   co.kv_block_size = options.kv_block_size;
   co.max_kv_blocks = options.max_kv_blocks;

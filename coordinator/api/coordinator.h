@@ -63,6 +63,9 @@ struct CoordinatorOptions {
   int64_t max_queued = 1024;           // >= 0
   int32_t pipeline_depth = 0;          // micro-batches in flight per replica, >= 0; 0 = its stages
   bool prefix_caching = true;          // reuse cached KV blocks of identical prompt prefixes
+  // How workers store the weight matrices (--quantize): sent in every assignment and counted by
+  // the planner.
+  Quantization quantize = Quantization::kNone;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign

@@ -45,6 +45,9 @@ ABSL_FLAG(int64_t, step_timeout_ms, 60000, "bound on one micro-batch round trip 
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 5000, "on SIGINT/SIGTERM, cancel calls still running after this");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; empty = no metrics)");
+ABSL_FLAG(std::string, quantize, "none",
+          "int8: workers store the linear projections and lm_head as block int8 (64 weights per scale) on "
+          "backends that take it (CPU); none: the checkpoint's dtype");
 ABSL_FLAG(std::string, http_listen, "",
           "OpenAI-compatible HTTP API address HOST:PORT (port 0 picks a free port); empty = off");
 
@@ -80,6 +83,13 @@ int main(int argc, char** argv) {
   options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
+  if (absl::StatusOr<shardserve::Quantization> q = shardserve::ParseQuantization(absl::GetFlag(FLAGS_quantize));
+      q.ok()) {
+    options.quantize = *q;
+  } else {
+    std::cerr << "shardserve-coordinator: --quantize: " << q.status().message() << "\n";
+    return 2;
+  }
   const absl::Duration shutdown_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms));
 
   // Block the stop signals in every thread (threads inherit the mask), then wait for them here.

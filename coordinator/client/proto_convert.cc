@@ -52,6 +52,7 @@ void ToProto(const WorkerAssignment& a, v1::Assignment* out) {
   out->set_max_step_tokens(a.max_step_tokens);
   out->set_next_address(a.next_address);
   out->set_role(a.expert_host ? v1::ASSIGNMENT_ROLE_EXPERT_HOST : v1::ASSIGNMENT_ROLE_STAGE);
+  out->set_quantize(a.quantize == Quantization::kInt8 ? v1::WEIGHT_QUANTIZATION_INT8 : v1::WEIGHT_QUANTIZATION_NONE);
   out->clear_experts();
   for (const LayerExpertPlacement& le : a.experts) {
     v1::LayerExperts* l = out->add_experts();

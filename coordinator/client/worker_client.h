@@ -46,6 +46,7 @@ struct WorkerAssignment {
   std::string next_address;  // the next stage's worker; empty on the last stage
   std::vector<LayerExpertPlacement> experts;  // stage: its MoE layers' expert placement
   std::vector<HostedExpert> hosted_experts;   // expert host: what it loads and serves
+  Quantization quantize = Quantization::kNone;  // how to store the weight matrices
 };
 
 // Thread-safe: Assign may be called from several threads at once.

@@ -82,28 +82,38 @@ struct TpFigures {
   int64_t slots_per_layer = 0;
 };
 
-// bpp: bytes per element of the matrices and the embedding; kv_bpe: per KV cache element. Norms,
-// biases and routers are f32, as the engine's loader keeps them.
-TpFigures MakeTpFigures(const ModelSpec& s, int tp, int64_t bpp, int64_t kv_bpe) {
+// Bytes of one [rows, cols] weight matrix as the loader stores it: Q8MatrixBytes when the policy
+// quantizes to int8, else policy.bytes_per_param per element.
+int64_t MatrixBytes(const PlanPolicy& policy, int64_t rows, int64_t cols) {
+  return policy.quantize == Quantization::kInt8 ? Q8MatrixBytes(rows, cols) : rows * cols * policy.bytes_per_param;
+}
+
+// policy.bytes_per_param (resolved): bytes per element of the embedding and, unquantized, of the
+// matrices; policy.kv_bytes_per_element (resolved): per KV cache element. Norms, biases and
+// routers are f32, as the engine's loader keeps them.
+TpFigures MakeTpFigures(const ModelSpec& s, int tp, const PlanPolicy& policy) {
   constexpr int64_t kF32 = 4;
+  const int64_t bpp = policy.bytes_per_param, kv_bpe = policy.kv_bytes_per_element;
+  auto mat = [&](int64_t rows, int64_t cols) { return MatrixBytes(policy, rows, cols); };
   const int64_t h = s.hidden_size, d = s.head_dim;
   const int64_t q = s.num_heads / tp * d;
   const int64_t kv = (s.num_kv_heads % tp == 0 ? s.num_kv_heads / tp : 1) * d;
-  int64_t attn = 2 * h * kF32 + (h * q + 2 * h * kv + q * h) * bpp;
+  int64_t attn = 2 * h * kF32 + mat(q, h) + 2 * mat(kv, h) + mat(h, q);
   if (s.qkv_bias) attn += (q + 2 * kv) * kF32;
   if (s.o_bias) attn += h * kF32;  // rank 0 only
   const int64_t ffn = s.intermediate_size / tp;
-  const int64_t dense = 3 * h * ffn * bpp + (s.mlp_bias ? 2 * ffn + h : 0) * kF32;
+  const int64_t dense = 2 * mat(ffn, h) + mat(h, ffn) + (s.mlp_bias ? 2 * ffn + h : 0) * kF32;
   TpFigures f;
   int64_t sparse = 0, expert_bytes = 0;
   if (s.IsMoe()) {
     sparse = s.moe.num_experts * h * kF32;  // router
     if (s.moe.shared_expert_intermediate_size > 0) {
-      sparse += 3 * h * (s.moe.shared_expert_intermediate_size / tp) * bpp + h * kF32;
+      const int64_t shared = s.moe.shared_expert_intermediate_size / tp;
+      sparse += 2 * mat(shared, h) + mat(h, shared) + h * kF32;
     }
-    const int64_t expert = 3 * h * s.moe.expert_intermediate_size;
     const bool ep = ExpertParallel(s, tp);
-    f.slot_bytes = (ep ? expert : expert / tp) * bpp;
+    const int64_t width = ep ? s.moe.expert_intermediate_size : s.moe.expert_intermediate_size / tp;
+    f.slot_bytes = 2 * mat(width, h) + mat(h, width);
     f.experts_per_slot = ep ? tp : 1;
     f.slots_per_layer = CeilDiv(s.moe.num_experts, f.experts_per_slot);
     expert_bytes = f.slots_per_layer * f.slot_bytes;
@@ -120,7 +130,7 @@ TpFigures MakeTpFigures(const ModelSpec& s, int tp, int64_t bpp, int64_t kv_bpe)
   f.kv_per_token_layer = 2 * kv * kv_bpe;
   f.embedding = s.vocab_size * h * bpp;
   f.final_norm = h * kF32;
-  f.lm_head = CeilDiv(s.vocab_size, tp) * h * bpp;
+  f.lm_head = mat(CeilDiv(s.vocab_size, tp), h);
   return f;
 }
 
@@ -324,12 +334,13 @@ class Planner {
                              0.5 * static_cast<double>(p.layer_active[l]) / flops);
     }
     head_cost_ = 0.5 * static_cast<double>(p.head) / bytes;
-    expert_bytes_ = 3 * spec.hidden_size * spec.moe.expert_intermediate_size * policy.bytes_per_param;
+    expert_bytes_ = 2 * MatrixBytes(policy, spec.moe.expert_intermediate_size, spec.hidden_size) +
+                    MatrixBytes(policy, spec.hidden_size, spec.moe.expert_intermediate_size);
   }
 
   void AddTp(int tp) {
     if (figures_.count(tp) == 0) {
-      figures_.emplace(tp, MakeTpFigures(spec_, tp, policy_.bytes_per_param, policy_.kv_bytes_per_element));
+      figures_.emplace(tp, MakeTpFigures(spec_, tp, policy_));
     }
   }
   int64_t min_tokens() const { return min_tokens_; }
@@ -597,12 +608,19 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
   return plan;
 }
 
+// Weight bytes of the whole model on one rank (tp = 1): its layers with every expert, the
+// embedding, the final norm and the lm_head, as the figures count them.
+int64_t ModelWeightBytes(const ModelSpec& spec, const PlanPolicy& policy) {
+  const TpFigures f = MakeTpFigures(spec, 1, policy);
+  return f.dense_prefix.back() + f.expert_prefix.back() + f.embedding + f.final_norm + f.lm_head;
+}
+
 // What the ResourceExhausted error says: bytes needed vs available, and why no layout fits
 // when the total would be enough.
 std::string NotEnoughMemory(const ModelSpec& spec, const PlanPolicy& policy, int64_t min_tokens,
                             const std::vector<WorkerInventory>& workers, const std::vector<Candidate>& eligible,
                             int pp_lo, int pp_hi, bool tried_spill) {
-  const int64_t weights = spec.NumParameters() * policy.bytes_per_param;
+  const int64_t weights = ModelWeightBytes(spec, policy);
   const double kv_min = static_cast<double>(min_tokens) * static_cast<double>(spec.num_layers) * 2.0 *
                         static_cast<double>(spec.num_kv_heads * spec.head_dim * policy.kv_bytes_per_element);
   const int64_t kv = static_cast<int64_t>(std::ceil(policy.kv_tokens > 0 ? kv_min : kv_min / policy.kv_fraction));
@@ -646,6 +664,16 @@ bool AllCuda(const std::vector<WorkerInventory>& workers) {
   return all_cuda;
 }
 
+// Whether any worker has a CUDA device (and so runs its stage there).
+bool AnyCuda(const std::vector<WorkerInventory>& workers) {
+  for (const WorkerInventory& w : workers) {
+    for (const Device& d : w.devices) {
+      if (d.kind == DeviceKind::kCuda) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInventory>& workers) {
@@ -678,6 +706,9 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInv
   PlanPolicy policy = requested;
   if (policy.bytes_per_param == 0) policy.bytes_per_param = WeightBytesPerParam(spec, workers);
   if (policy.kv_bytes_per_element == 0) policy.kv_bytes_per_element = KvBytesPerElement(spec, workers);
+  // CUDA backends do not take int8 weights (their workers keep the checkpoint's dtype): count int8
+  // only when no worker runs on CUDA, so that no stage is under-counted.
+  if (policy.quantize == Quantization::kInt8 && AnyCuda(workers)) policy.quantize = Quantization::kNone;
   std::vector<WorkerInventory> sorted = workers;
   std::sort(sorted.begin(), sorted.end(),
             [](const WorkerInventory& a, const WorkerInventory& b) { return a.worker_id < b.worker_id; });
@@ -729,7 +760,7 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInv
   for (const Candidate& c : eligible) planner.AddTp(c.tp);
   // Lower bound on what one replica needs (tp = 1: nothing replicated) to skip hopeless counts.
   const double replica_need =
-      static_cast<double>(spec.NumParameters() * policy.bytes_per_param) +
+      static_cast<double>(ModelWeightBytes(spec, policy)) +
       static_cast<double>(planner.min_tokens()) *
           static_cast<double>(spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * policy.kv_bytes_per_element);
   std::vector<double> capacity_prefix(1, 0.0);

@@ -9,7 +9,9 @@
 // when every worker runs on CUDA devices and 4 otherwise, since CPU ranks widen f16 matrices, f32
 // or no dtype -> 4), norms, biases and MoE routers at 4 (the loader keeps them f32), and the KV
 // cache at policy.kv_bytes_per_element (0 = from the checkpoint: 2 for bf16/f16 on CUDA-only
-// inventories, where the engine keeps the cache in that dtype, else 4).
+// inventories, where the engine keeps the cache in that dtype, else 4). With policy.quantize =
+// kInt8 every projection matrix and the lm_head count at Q8MatrixBytes (int8 plus one f32 scale
+// per 64 weights, rows padded to 16); the embedding stays at bytes_per_param.
 // Parallelism follows ARCHITECTURE.md: tensor parallel (TP) inside a worker, pipeline parallel
 // (PP) across workers, data-parallel replicas of whole pipelines. Per TP rank of a stage, as the
 // engine's ShardLayout / LoadWeights (worker/engine/weights.h) lay it out:

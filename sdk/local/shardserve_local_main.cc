@@ -51,6 +51,9 @@ ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = its number of stages");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");
+ABSL_FLAG(std::string, quantize, "none",
+          "the coordinator's --quantize: int8 stores the workers' linear projections and lm_head as block int8 "
+          "(CPU ranks); none: the checkpoint's dtype");
 ABSL_FLAG(int64_t, kv_blocks, 0, "KV cache blocks per replica at most; 0 = what the KV budget holds");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
 ABSL_FLAG(std::string, http_listen, "",
@@ -201,7 +204,8 @@ int main(int argc, char** argv) {
       absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth)),
       absl::StrCat("--kv_block_size=", absl::GetFlag(FLAGS_kv_block_size)),
       absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks)),
-      absl::StrCat("--prefix_caching=", absl::GetFlag(FLAGS_prefix_caching) ? "true" : "false")};
+      absl::StrCat("--prefix_caching=", absl::GetFlag(FLAGS_prefix_caching) ? "true" : "false"),
+      "--quantize=" + absl::GetFlag(FLAGS_quantize)};
   if (metrics_port > 0) coordinator_argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
   if (!http_listen.empty()) coordinator_argv.push_back("--http_listen=" + http_listen);
   children.push_back({"coordinator", Spawn(coordinator_argv)});

@@ -5,8 +5,9 @@
 // Linear, which picks among its kernels and, above them, widens blocks of rows for sgemm. Weights
 // are cold: each timed call reads a different copy from a pool larger than the last-level cache,
 // as a decode step does. Prints GFLOP/s (GF/s), the ratio of the f32 kernel the backend picks to
-// sgemm, the ratio of the bfloat16 pick to the f32 pick and, at 1 token, the weight bytes read
-// per second (GB/s) of both picks.
+// sgemm, the ratio of the bfloat16 pick to the f32 pick, the int8 (Q8) Linear and its ratio to the
+// f32 pick and, at 1 token, the weight bytes read per second (GB/s) of the three (Q8: its int8
+// bytes plus scales).
 // Usage: shardserve-bench-kernels [--pool_mb=512] [--reps=3] [--tokens=1,2,3,4,8,16,32,48,64,128,256]
 #include <cblas.h>
 
@@ -21,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "worker/kernels/cpu/cpu_backend.h"
 #include "worker/kernels/cpu/gemv.h"
+#include "worker/kernels/cpu/q8.h"
 
 ABSL_FLAG(int32_t, pool_mb, 512, "weight pool size in MB per weight type (should exceed the last-level cache)");
 ABSL_FLAG(int32_t, reps, 3, "timed passes over the pool; the best is reported");
@@ -74,28 +76,36 @@ int main(int argc, char** argv) {
               static_cast<long>(SmallBatchMaxTokensBf16()), avx512 ? "512" : "2",
               static_cast<long>(BlockedMaxTokensBf16()),
               static_cast<long>(std::max(BlockedMaxTokens(), BlockedMaxTokensBf16())));
-  std::printf("%-13s %6s | %6s %6s %6s %6s %6s %7s | %6s %6s %6s %6s %9s | %s\n", "in x out", "tokens", "small",
-              "blk2", "blk512", "sgemm", "picked", "pk/sgemm", "small", "blk2", "blk512", "picked", "bf16/f32",
-              "1-token GB/s f32 bf16");
+  std::printf("Q8: %s body.\n", HaveAvx512Vnni() ? "AVX-512 VNNI" : "AVX2");
+  std::printf("%-13s %6s | %6s %6s %6s %6s %6s %7s | %6s %6s %6s %6s %9s | %6s %7s | %s\n", "in x out", "tokens",
+              "small", "blk2", "blk512", "sgemm", "picked", "pk/sgemm", "small", "blk2", "blk512", "picked",
+              "bf16/f32", "q8", "q8/f32", "1-token GB/s f32 bf16 q8");
   for (const auto& shape : shapes) {
     const int64_t in = shape[0], out = shape[1];
     const size_t mat = static_cast<size_t>(in * out);
     const size_t copies = std::max<size_t>(1, pool / mat), copies16 = std::max<size_t>(1, pool16 / mat);
+    // Q8 copies of the matrix, packed from the f32 pool's first copy.
+    const size_t q8_bytes = Q8Layout::For(out, in).bytes;
+    const size_t copies8 = std::max<size_t>(1, pool_bytes / q8_bytes);
+    std::vector<uint8_t> weights8(copies8 * q8_bytes);
+    PackQ8(weights.data(), out, in, weights8.data());
+    for (size_t c = 1; c < copies8; ++c) std::copy_n(weights8.data(), q8_bytes, weights8.data() + c * q8_bytes);
     for (int64_t m : token_counts) {
       std::vector<float> x(static_cast<size_t>(m * in), 0.01f), y(static_cast<size_t>(m * out));
       // Seconds per call, the best of the passes.
-      auto seconds = [&](auto&& f, const auto* base, size_t n) {
+      auto seconds = [&](auto&& f, const auto* base, size_t n, size_t stride) {
         double best = 1e30;
         for (int r = 0; r < absl::GetFlag(FLAGS_reps); ++r) {
           const double t0 = Now();
-          for (size_t c = 0; c < n; ++c) f(base + c * mat);
+          for (size_t c = 0; c < n; ++c) f(base + c * stride);
           best = std::min(best, (Now() - t0) / static_cast<double>(n));
         }
         return best;
       };
       const double flops = 2.0 * static_cast<double>(m * in * out);
-      auto gf = [&](auto&& f) { return flops / seconds(f, weights.data(), copies) / 1e9; };
-      auto gf16 = [&](auto&& f) { return flops / seconds(f, weights16.data(), copies16) / 1e9; };
+      auto gf = [&](auto&& f) { return flops / seconds(f, weights.data(), copies, mat) / 1e9; };
+      auto gf16 = [&](auto&& f) { return flops / seconds(f, weights16.data(), copies16, mat) / 1e9; };
+      auto gf8 = [&](auto&& f) { return flops / seconds(f, weights8.data(), copies8, q8_bytes) / 1e9; };
       // The stream kernels are slow at large batches and never picked there.
       const bool run_small = m <= 128;
       const bool run_blocked = m <= std::max(BlockedMaxTokens(), BlockedMaxTokensBf16());
@@ -131,8 +141,13 @@ int main(int argc, char** argv) {
       const double picked16 = gf16([&](const uint16_t* w) {
         ok &= backend.Linear({.x = x.data(), .w = shardserve::kernels::WeightView::Bf16(w), .y = y.data(), .tokens = m, .in = in, .out = out}).ok();
       });
+      const double q8 = gf8([&](const uint8_t* w) {
+        ok &= backend.Linear({.x = x.data(), .w = shardserve::kernels::WeightView(shardserve::DType::kQ8, w),
+                              .y = y.data(), .tokens = m, .in = in, .out = out})
+                  .ok();
+      });
       if (!ok) {
-        std::fprintf(stderr, "bf16 Linear failed\n");
+        std::fprintf(stderr, "bf16 or Q8 Linear failed\n");
         return 1;
       }
       const double blocked = avx512 ? blocked512 : blocked2;
@@ -140,13 +155,14 @@ int main(int argc, char** argv) {
       std::string gbs;
       if (m == 1) {
         // One token reads each weight once per 2 flops.
-        gbs = Cell(picked / 2 * sizeof(float)) + " " + Cell(picked16 / 2 * sizeof(uint16_t));
+        gbs = Cell(picked / 2 * sizeof(float)) + " " + Cell(picked16 / 2 * sizeof(uint16_t)) + " " +
+              Cell(q8 / 2 * static_cast<double>(q8_bytes) / static_cast<double>(mat));
       }
-      std::printf("%5ld x %-5ld %6ld | %s %s %s %s %s %7.2fx | %s %s %s %s %8.2fx | %s\n", static_cast<long>(in),
-                  static_cast<long>(out), static_cast<long>(m), Cell(small).c_str(), Cell(blocked2).c_str(),
-                  Cell(blocked512).c_str(), Cell(sgemm).c_str(), Cell(picked).c_str(), picked / sgemm,
-                  Cell(small16).c_str(), Cell(blocked2_16).c_str(), Cell(blocked512_16).c_str(),
-                  Cell(picked16).c_str(), picked16 / picked, gbs.c_str());
+      std::printf("%5ld x %-5ld %6ld | %s %s %s %s %s %7.2fx | %s %s %s %s %8.2fx | %s %6.2fx | %s\n",
+                  static_cast<long>(in), static_cast<long>(out), static_cast<long>(m), Cell(small).c_str(),
+                  Cell(blocked2).c_str(), Cell(blocked512).c_str(), Cell(sgemm).c_str(), Cell(picked).c_str(),
+                  picked / sgemm, Cell(small16).c_str(), Cell(blocked2_16).c_str(), Cell(blocked512_16).c_str(),
+                  Cell(picked16).c_str(), picked16 / picked, Cell(q8).c_str(), q8 / picked, gbs.c_str());
     }
   }
   return 0;

@@ -63,6 +63,12 @@ TEST(DTypeTest, ParseNamesTheUnsupportedDtype) {
   EXPECT_THAT(ParseDType("Q8"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Q8")));
 }
 
+TEST(DTypeTest, QuantizationNamesRoundTrip) {
+  for (Quantization q : {Quantization::kNone, Quantization::kInt8}) EXPECT_EQ(*ParseQuantization(QuantizationName(q)), q);
+  EXPECT_EQ(*ParseQuantization(""), Quantization::kNone);
+  EXPECT_THAT(ParseQuantization("int4"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int4")));
+}
+
 // e4m3fn values from the OCP FP8 specification's table: bias 7, no infinities, S.1111.111 NaN.
 TEST(DTypeTest, E4M3KnownValues) {
   EXPECT_EQ(E4M3ToFloat(0x00), 0.0f);

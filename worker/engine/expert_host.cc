@@ -36,7 +36,8 @@ ExpertHost::~ExpertHost() {
 
 absl::StatusOr<std::unique_ptr<ExpertHost>> ExpertHost::Create(const ModelSpec& spec, const Checkpoint& ckpt,
                                                                const std::vector<HostedExpertSpec>& experts,
-                                                               kernels::DeviceKind kind, int cpu_threads) {
+                                                               kernels::DeviceKind kind, int cpu_threads,
+                                                               Quantization quantize) {
   if (experts.empty()) return absl::InvalidArgumentError("an expert host needs at least one expert");
   if (!spec.IsMoe()) return absl::InvalidArgumentError("the model has no experts to host");
   std::unique_ptr<ExpertHost> host(new ExpertHost(spec));
@@ -52,7 +53,8 @@ absl::StatusOr<std::unique_ptr<ExpertHost>> ExpertHost::Create(const ModelSpec& 
       ASSIGN_OR_RETURN(dev->backend,
                        kernels::CreateBackend({.kind = kind, .device_index = key, .cpu_threads = cpu_threads}));
     }
-    ASSIGN_OR_RETURN(MlpWeights w, LoadExpert(spec, e.layer, e.expert, ckpt, *dev->backend, &host->weight_bytes_));
+    ASSIGN_OR_RETURN(MlpWeights w, LoadExpert(spec, e.layer, e.expert, ckpt, *dev->backend, &host->weight_bytes_,
+                                                    quantize));
     host->experts_.emplace(std::make_pair(e.layer, e.expert), Entry{dev.get(), std::move(w)});
   }
   return host;

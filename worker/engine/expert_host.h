@@ -35,7 +35,8 @@ class ExpertHost {
   // ResourceExhausted when a device runs out of memory.
   static absl::StatusOr<std::unique_ptr<ExpertHost>> Create(const ModelSpec& spec, const Checkpoint& ckpt,
                                                             const std::vector<HostedExpertSpec>& experts,
-                                                            kernels::DeviceKind kind, int cpu_threads);
+                                                            kernels::DeviceKind kind, int cpu_threads,
+                                                            Quantization quantize = Quantization::kNone);
   ~ExpertHost();
 
   // Thread-safe. Computes each group's expert of MoE layer `layer` on its rows of x ([sum of rows,

@@ -103,6 +103,10 @@ struct ModelOptions {
   // shape (sequences, attention launch) and replayed (CUDA graphs), where the backend
   // SupportsCapture(); elsewhere, and when recording fails, steps run op by op.
   bool op_graphs = true;
+  // kInt8: the linear projections and the lm_head (not embeddings, norms or routers) are quantized
+  // at load into the backend's int8 format (DType::kQ8), where it SupportsOp(kLinear, kQ8); on
+  // other backends the matrices keep their usual dtype.
+  Quantization quantize = Quantization::kNone;
 };
 
 // The block table of sequence `seq` when the cache is cut into whole-context pieces: blocks

@@ -18,8 +18,9 @@ absl::Status NotDivisible(absl::string_view what, int64_t n, int size) {
 // Loads checkpoint tensors onto one backend, counting bytes.
 class Loader {
  public:
-  Loader(const Checkpoint& ckpt, const ModelSpec& spec, kernels::Backend& backend)
-      : ckpt_(ckpt), spec_(spec), backend_(backend) {}
+  Loader(const Checkpoint& ckpt, const ModelSpec& spec, kernels::Backend& backend, Quantization quantize)
+      : ckpt_(ckpt), spec_(spec), backend_(backend),
+        int8_(quantize == Quantization::kInt8 && backend.SupportsOp(kernels::Op::kLinear, DType::kQ8)) {}
 
   // config.json's dtype, when given, must be the stored dtype of every weight.
   absl::Status CheckDType(const std::string& name) {
@@ -33,6 +34,10 @@ class Loader {
     return absl::OkStatus();
   }
 
+  // The dtype of the projection matrix `name`: kQ8 when quantizing to int8, else KeptDType.
+  DType MatrixDType(const std::string& name) {
+    return int8_ ? DType::kQ8 : KeptDType(name, kernels::Op::kLinear);
+  }
   // The dtype matrix `name` is kept in on this backend for `op`: its stored bf16/f16 where the
   // backend takes it, else f32.
   DType KeptDType(const std::string& name, kernels::Op op) {
@@ -56,6 +61,12 @@ class Loader {
     return buf;
   }
   absl::StatusOr<kernels::DeviceBuffer> UploadAs(const HostTensor& t, DType dtype) {
+    if (dtype == DType::kQ8) {
+      const int64_t rows = t.shape().size() == 2 ? t.shape()[0] : 1;
+      ASSIGN_OR_RETURN(kernels::DeviceBuffer buf, backend_.QuantizeWeights(DType::kQ8, t.data(), rows, t.shape().back()));
+      bytes_ += buf.bytes();
+      return buf;
+    }
     return dtype == DType::kF32 ? Upload(t) : Upload16(t, dtype);
   }
 
@@ -90,7 +101,7 @@ class Loader {
     LinearWeight lw;
     lw.in = in;
     lw.out = end - begin;
-    lw.dtype = KeptDType(prefix + ".weight", kernels::Op::kLinear);
+    lw.dtype = MatrixDType(prefix + ".weight");
     ASSIGN_OR_RETURN(lw.w, Rows(prefix + ".weight", {out, in}, begin, end, lw.dtype));
     if (bias) {
       ASSIGN_OR_RETURN(lw.b, Rows(prefix + ".bias", {out}, begin, end));
@@ -103,7 +114,7 @@ class Loader {
     LinearWeight lw;
     lw.in = end - begin;
     lw.out = out;
-    lw.dtype = KeptDType(prefix + ".weight", kernels::Op::kLinear);
+    lw.dtype = MatrixDType(prefix + ".weight");
     ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end, lw.dtype));
     if (bias && bias_here) {
       ASSIGN_OR_RETURN(lw.b, Full(prefix + ".bias", {out}));
@@ -133,6 +144,7 @@ class Loader {
   const Checkpoint& ckpt_;
   const ModelSpec& spec_;
   kernels::Backend& backend_;
+  const bool int8_;
   size_t bytes_ = 0;
 };
 
@@ -236,7 +248,7 @@ DType KeptEmbeddingDType(Loader& ld, const std::string& name, bool also_lm_head)
 }  // namespace
 
 absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int64_t expert, const Checkpoint& ckpt,
-                                      kernels::Backend& backend, size_t* bytes) {
+                                      kernels::Backend& backend, size_t* bytes, Quantization quantize) {
   if (layer < 0 || layer >= spec.num_layers || !spec.IsSparseLayer(layer)) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is not a MoE layer of the model"));
   }
@@ -244,7 +256,7 @@ absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int6
     return absl::InvalidArgumentError(
         absl::StrCat("expert ", expert, " is outside [0, ", spec.moe.num_experts, ") (layer ", layer, ")"));
   }
-  Loader ld(ckpt, spec, backend);
+  Loader ld(ckpt, spec, backend, quantize);
   ASSIGN_OR_RETURN(MlpWeights m, LoadExpertSlice(ld, spec, layer, expert, 0, spec.moe.expert_intermediate_size, 0));
   if (bytes != nullptr) *bytes += ld.bytes();
   return m;
@@ -253,8 +265,9 @@ absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int6
 absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
                                          int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
                                          kernels::Backend& backend,
-                                         const std::map<int64_t, std::vector<int32_t>>& layer_experts) {
-  Loader ld(ckpt, spec, backend);
+                                         const std::map<int64_t, std::vector<int32_t>>& layer_experts,
+                                         Quantization quantize) {
+  Loader ld(ckpt, spec, backend, quantize);
   ModelWeights mw;
   const int64_t h = spec.hidden_size;
   const int64_t d = spec.head_dim;
@@ -279,7 +292,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     mw.lm_head_is_embedding = lm_head_is_embedding;
     if (!lm_head_is_embedding) {
       const std::string name = spec.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-      mw.lm_head.dtype = ld.KeptDType(name, kernels::Op::kLinear);
+      mw.lm_head.dtype = ld.MatrixDType(name);
       ASSIGN_OR_RETURN(mw.lm_head.w,
                        ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded, mw.lm_head.dtype));
     }

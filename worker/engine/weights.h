@@ -4,7 +4,9 @@
 // replicated. Each rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
 // Matrices (and the embedding table) stored as bf16 or f16 keep their dtype on backends that
 // SupportsOp(kLinear / kEmbedding, dtype) (the round trip through f32 is exact); everything else,
-// and every other backend, holds f32.
+// and every other backend, holds f32. With Quantization::kInt8 the matrices of LinearWeight (the
+// projections, experts and lm_head; not the router or the shared-expert gate) are quantized per
+// rank slice into kQ8 where the backend SupportsOp(kLinear, kQ8).
 // Every tensor's dtype and shape are checked against the ModelSpec before use; a mismatch is an
 // InvalidArgument naming the file and tensor.
 #ifndef SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_
@@ -108,13 +110,15 @@ struct ModelWeights {
 absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
                                          int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
                                          kernels::Backend& backend,
-                                         const std::map<int64_t, std::vector<int32_t>>& layer_experts = {});
+                                         const std::map<int64_t, std::vector<int32_t>>& layer_experts = {},
+                                         Quantization quantize = Quantization::kNone);
 
 // One whole expert's MLP weights (w1/w3/w2 or gate/up/down, all of it) of MoE layer `layer`, for a
 // worker that computes experts for other stages. InvalidArgument for a layer that is not a MoE
 // layer or an expert id out of range.
 absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int64_t expert, const Checkpoint& ckpt,
-                                      kernels::Backend& backend, size_t* bytes);
+                                      kernels::Backend& backend, size_t* bytes,
+                                      Quantization quantize = Quantization::kNone);
 
 }  // namespace shardserve::engine
 

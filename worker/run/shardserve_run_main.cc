@@ -31,6 +31,9 @@ ABSL_FLAG(double, top_p, 1.0, "nucleus sampling threshold in (0, 1]");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(std::string, devices, "cpu", "cpu, cpu:N (N tensor-parallel CPU ranks), cuda:all or cuda:0,1,...");
 ABSL_FLAG(int32_t, threads, 1, "BLAS threads for a single CPU rank");
+ABSL_FLAG(std::string, quantize, "none",
+          "int8: workers store the linear projections and lm_head as block int8 (64 weights per scale) on "
+          "backends that take it (CPU); none: the checkpoint's dtype");
 ABSL_FLAG(bool, stop_at_eos, true, "stop when the model emits an EOS id from its config");
 
 namespace shardserve {
@@ -72,6 +75,7 @@ absl::Status Run() {
                                   .cpu_ranks = dev.cpu_ranks,
                                   .cpu_threads = dev.cpu_threads,
                                   .cuda_devices = dev.cuda_devices};
+  ASSIGN_OR_RETURN(options.model.quantize, ParseQuantization(absl::GetFlag(FLAGS_quantize)));
   // One sequence: KV blocks for the whole context.
   options.model.num_kv_blocks =
       (spec.max_position_embeddings + options.model.kv_block_size - 1) / options.model.kv_block_size;

@@ -23,6 +23,11 @@
 namespace shardserve::service {
 namespace {
 
+// The engine's option for an assignment's (validated) quantize field.
+Quantization ToQuantization(v1::WeightQuantization q) {
+  return q == v1::WEIGHT_QUANTIZATION_INT8 ? Quantization::kInt8 : Quantization::kNone;
+}
+
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
   v1::StepResponse r;
   r.set_step_id(step_id);
@@ -313,6 +318,9 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
   } else if (a.kv_blocks() < 1 || a.kv_blocks() > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat("kv_blocks must be in [1, 2^31 - 1], got ", a.kv_blocks()));
   }
+  if (!v1::WeightQuantization_IsValid(a.quantize())) {
+    return absl::InvalidArgumentError(absl::StrCat("quantize ", a.quantize(), " is not a known WeightQuantization"));
+  }
   if (!host && a.kv_block_size() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be >= 1, got ", a.kv_block_size()));
   }
@@ -355,6 +363,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
   eo.model.layer_begin = a.layer_begin();
   eo.model.layer_end = a.layer_end();
   eo.model.observer = options_.metrics;
+  eo.model.quantize = ToQuantization(a.quantize());
   std::map<int64_t, std::vector<std::string>> remote_addresses;
   bool any_remote = false;
   for (const v1::LayerExperts& le : a.experts()) {
@@ -394,7 +403,8 @@ void WorkerServer::Load(v1::Assignment a) {
     ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(a.model_path()));
     std::vector<engine::HostedExpertSpec> list;
     for (const v1::HostedExpert& e : a.hosted_experts()) list.push_back({e.layer(), e.expert(), e.device()});
-    ASSIGN_OR_RETURN(experts, engine::ExpertHost::Create(spec, *ckpt, list, options_.kind, options_.cpu_threads));
+    ASSIGN_OR_RETURN(experts, engine::ExpertHost::Create(spec, *ckpt, list, options_.kind, options_.cpu_threads,
+                                                         ToQuantization(a.quantize())));
     if (options_.metrics != nullptr) {
       options_.metrics->SetLoaded(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
                                   {experts->weight_bytes()}, {0});

@@ -54,6 +54,13 @@ TEST(Q8Test, LayoutPadsToWholeBlocksAndPanels) {
   EXPECT_EQ(l.bytes, l.scale_offset + 2u * 2u * 16u * sizeof(float));
   EXPECT_EQ(cpu::Q8Layout::For(0, 64).bytes, 0u);
   EXPECT_EQ(cpu::Q8Layout::For(16, 0).bytes, 0u);
+  // The size the planner counts with (common/tensor/dtype.h) is the layout's.
+  for (int64_t rows : {0, 1, 15, 16, 17, 100, 4096}) {
+    for (int64_t cols : {0, 1, 63, 64, 65, 130, 4096}) {
+      EXPECT_EQ(Q8MatrixBytes(rows, cols), static_cast<int64_t>(cpu::Q8Layout::For(rows, cols).bytes))
+          << rows << " x " << cols;
+    }
+  }
   // Whole panels of whole blocks: 1 byte per weight plus one float per 64 weights.
   const cpu::Q8Layout big = cpu::Q8Layout::For(4096, 4096);
   EXPECT_EQ(big.bytes, 4096u * 4096u + 4096u * 64u * 4u);

@@ -16,6 +16,7 @@ namespace shardserve::kernels::cpu {
 namespace {
 
 constexpr int64_t kGroupsPerBlock = kQ8Block / 4;
+int64_t kSinglePanelMaxTokens = 2;
 
 // Rows [o0, o0 + 16) of token row yt: v (+ bias) (+ yt), the rows at or past `out` left alone.
 SHARDSERVE_VNNI_FN inline void StorePanel(__m512 v, const float* bias, float* yt, int64_t o0, int64_t out,
@@ -92,7 +93,7 @@ SHARDSERVE_VNNI_FN inline void TileN(int64_t n, const Q8Activations& a, int64_t 
                                      const float* bias, float* y, int64_t out, bool accumulate) {
   if constexpr (N >= 1) {
     if (n == N) {
-      constexpr int kS = P * N < 4 ? 2 : 1;
+      constexpr int kS = P * N >= 4 ? 1 : 4 / (P * N);
       Tile<P, N, kS>(a, t0, quants, scales, blocks, in_pad, panel0, bias, y, out, accumulate);
     } else {
       TileN<P, N - 1>(n, a, t0, quants, scales, blocks, in_pad, panel0, bias, y, out, accumulate);
@@ -134,6 +135,10 @@ void Q8LinearVnni(const Q8Activations& a, const uint8_t* packed, const float* bi
   const auto* scales = reinterpret_cast<const float*>(packed + l.scale_offset);
   constexpr int kP = 2, kT = 4;
   int64_t p = 0;
+  if (a.tokens <= kSinglePanelMaxTokens) {
+    for (; p < l.panels; ++p) Panels<1, kT>(a, packed, scales, l.blocks, l.in_pad, p, bias, y, out, accumulate);
+    return;
+  }
   for (; p + kP <= l.panels; p += kP) Panels<kP, kT>(a, packed, scales, l.blocks, l.in_pad, p, bias, y, out, accumulate);
   if (p < l.panels) Panels<1, kT>(a, packed, scales, l.blocks, l.in_pad, p, bias, y, out, accumulate);
 }

@@ -1,0 +1,203 @@
+// Int8 weights (--quantize=int8) against the transformers references: the logits error at every
+// prompt position relative to max|logit| and the greedy tokens' agreement, for every golden model
+// at 1 and 2 tensor-parallel ranks and for the trained stories260K, plus the bytes the ranks hold.
+// The figures are printed ("int8 <model> tp<N>: ...") for the issue notes; the assertions bound them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/model_spec/model_spec.h"
+#include "common/plan/plan.h"
+#include "coordinator/planner/planner.h"
+#include "common/safetensors/safetensors.h"
+#include "tests/testing/engine_fixtures.h"
+#include "tests/testing/golden.h"
+#include "tests/testing/status_matchers.h"
+#include "worker/engine/executor.h"
+#include "worker/engine/generator.h"
+
+namespace shardserve::engine {
+namespace {
+
+using ::shardserve::testing::GoldenModel;
+using ::shardserve::testing::GreedyRequests;
+
+// Logits of int8 weights differ from float ones by the quantization of every weight (half a step
+// of its 64-weight block) and of every activation entering a projection: about 0.5% of a dot
+// product each for the Gaussian random weights of the tiny golden models (a block's max is ~2.4
+// standard deviations). Measured (the printed figures, x86-64 with AVX-512 VNNI): dense golden
+// models at most 10.9% of a position's max|logit| (mistral, tp 2) and 1.04% on average; the
+// trained stories260K 2.6% and 0.39%. The bounds are those rounded up.
+constexpr double kMaxRelError = 0.15;
+constexpr double kMeanRelError = 0.015;
+constexpr double kStoriesMaxRelError = 0.05;
+constexpr double kStoriesMeanRelError = 0.01;
+// qwen2_moe's fixture keeps router margins only above 1e-3 (make_golden.py), below the int8 error
+// of the router's input: some tokens take another expert, and their logits move far (measured:
+// 52% max, 2.8% mean). Its bounds are those measured figures rounded up; the dense ones hold for
+// the other MoE model (mixtral, whose routing did not flip).
+constexpr double kRoutingFlipMaxRelError = 0.6;
+constexpr double kRoutingFlipMeanRelError = 0.04;
+
+absl::StatusOr<std::unique_ptr<TpExecutor>> MakeExecutor(const std::string& dir, int ranks, Quantization q,
+                                                         std::unique_ptr<Checkpoint>* ckpt) {
+  ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
+  ASSIGN_OR_RETURN(*ckpt, Checkpoint::Open(dir));
+  ExecutorOptions eo;
+  eo.cpu_ranks = ranks;
+  eo.model.max_step_tokens = 64;
+  eo.model.quantize = q;
+  return TpExecutor::Create(spec, **ckpt, eo);
+}
+
+struct Errors {
+  double max_rel = 0, sum_rel = 0;
+  int64_t positions = 0;
+  void Add(const std::vector<float>& ref, const float* got) {
+    double ref_max = 0, err_max = 0, err_sum = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ref_max = std::max(ref_max, std::fabs(static_cast<double>(ref[i])));
+      const double e = std::fabs(static_cast<double>(got[i]) - ref[i]);
+      err_max = std::max(err_max, e);
+      err_sum += e;
+    }
+    max_rel = std::max(max_rel, err_max / ref_max);
+    sum_rel += err_sum / static_cast<double>(ref.size()) / ref_max;
+    ++positions;
+  }
+  double mean_rel() const { return positions > 0 ? sum_rel / static_cast<double>(positions) : 0; }
+};
+
+// Leading tokens of `got` equal to `want`.
+size_t Agreement(const std::vector<int32_t>& got, const std::vector<int32_t>& want) {
+  size_t n = 0;
+  while (n < got.size() && n < want.size() && got[n] == want[n]) ++n;
+  return n;
+}
+
+class Int8GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
+  const auto& [name, ranks] = GetParam();
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(name));
+  std::unique_ptr<Checkpoint> ckpt_f, ckpt_q;
+  ASSERT_OK_AND_ASSIGN(auto f32, MakeExecutor(golden.dir, ranks, Quantization::kNone, &ckpt_f));
+  ASSERT_OK_AND_ASSIGN(auto int8, MakeExecutor(golden.dir, ranks, Quantization::kInt8, &ckpt_q));
+  // The projections are int8: well under half the bytes of the unquantized weights (which are
+  // f32, or bf16 for the bf16 checkpoint; the embedding and norms stay as they were).
+  const size_t f32_bytes = f32->WeightBytesPerRank()[0], int8_bytes = int8->WeightBytesPerRank()[0];
+  EXPECT_LT(int8_bytes, f32_bytes * 3 / 4) << name;
+  const size_t v = static_cast<size_t>(golden.cases[0].logits[0].size());
+  Errors err;
+  int32_t seq = 0;
+  for (const auto& c : golden.cases) {
+    StepSequence s{.block_ids = WholeContextBlocks(int8->options(), seq++), .pos_begin = 0, .tokens = c.prompt_ids,
+                   .all_logits = true};
+    ASSERT_OK_AND_ASSIGN(StepResult r, int8->Step({s}));
+    ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
+    for (size_t p = 0; p < c.prompt_ids.size(); ++p) err.Add(c.logits[p], r.logits[0].data() + p * v);
+  }
+  ASSERT_OK_AND_ASSIGN(auto res, Generate(*int8, GreedyRequests(golden)));
+  size_t agree = 0, total = 0;
+  for (size_t i = 0; i < res.size(); ++i) {
+    agree += Agreement(res[i].tokens, golden.cases[i].greedy_ids);
+    total += golden.cases[i].greedy_ids.size();
+  }
+  std::printf("int8 %s tp%d: logits max err %.4f, mean err %.5f of max|logit| over %ld positions; greedy "
+              "agreement %zu/%zu leading tokens; weights %zu -> %zu bytes per rank\n",
+              name.c_str(), ranks, err.max_rel, err.mean_rel(), static_cast<long>(err.positions), agree, total,
+              f32_bytes, int8_bytes);
+  const bool flips = name == "qwen2_moe";
+  EXPECT_LE(err.max_rel, flips ? kRoutingFlipMaxRelError : kMaxRelError) << name;
+  EXPECT_LE(err.mean_rel(), flips ? kRoutingFlipMeanRelError : kMeanRelError) << name;
+  // Every case's first generated token is the reference's (measured on every model and rank count);
+  // later tokens may diverge where a greedy margin is below the int8 error, and the agreement
+  // printed above says how far they go.
+  for (size_t i = 0; i < res.size(); ++i) {
+    ASSERT_FALSE(res[i].tokens.empty());
+    EXPECT_EQ(res[i].tokens[0], golden.cases[i].greedy_ids[0]) << name << " case " << i;
+  }
+}
+
+std::vector<std::tuple<std::string, int>> Cases() {
+  std::vector<std::tuple<std::string, int>> out;
+  for (const std::string& name : testing::GoldenModelNames()) {
+    out.emplace_back(name, 1);
+    out.emplace_back(name, 2);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllGolden, Int8GoldenTest, ::testing::ValuesIn(Cases()),
+                         [](const auto& p) {
+                           return std::get<0>(p.param) + "_tp" + std::to_string(std::get<1>(p.param));
+                         });
+
+// The planner counts int8 matrices as the CPU ranks hold them: its predicted weight bytes of rank 0
+// equal what the engine allocated, unquantized and int8, at 1 and 2 ranks.
+TEST(Int8PlannerTest, PredictedWeightBytesAreTheBytesTheEngineHolds) {
+  for (const std::string name : {"llama", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded"}) {
+    ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(name));
+    ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
+    for (int ranks : {1, 2}) {
+      for (Quantization q : {Quantization::kNone, Quantization::kInt8}) {
+        std::unique_ptr<Checkpoint> ckpt;
+        ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor(golden.dir, ranks, q, &ckpt));
+        WorkerInventory w{"w0", "node", {}};
+        for (int d = 0; d < ranks; ++d) w.devices.push_back({DeviceKind::kCpu, d, int64_t{1} << 32, int64_t{1} << 31});
+        PlanPolicy policy;
+        policy.tp = ranks;
+        policy.pp = 1;
+        policy.replicas = 1;
+        policy.quantize = q;
+        ASSERT_OK_AND_ASSIGN(Plan plan, MakePlan(spec, {w}, policy));
+        EXPECT_EQ(plan.replicas[0].stages[0].predicted_weight_bytes_per_rank,
+                  static_cast<int64_t>(ex->WeightBytesPerRank()[0]))
+            << name << " tp " << ranks << " " << QuantizationName(q);
+      }
+    }
+  }
+}
+
+// The trained model: its text continuations are what users see.
+TEST(Int8Stories260KTest, GreedyTextAgreesWithTransformers) {
+  if (!std::filesystem::exists(testing::Stories260KDir() + "/model.safetensors")) {
+    GTEST_FAIL() << "../shared/models/stories260K is missing: tests need ../shared beside the repository";
+  }
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadStories260K());
+  std::unique_ptr<Checkpoint> ckpt;
+  ASSERT_OK_AND_ASSIGN(auto int8, MakeExecutor(golden.dir, 1, Quantization::kInt8, &ckpt));
+  Errors err;
+  for (const auto& c : golden.cases) {
+    ASSERT_OK_AND_ASSIGN(StepResult r, int8->Step({StepSequence{.block_ids = WholeContextBlocks(int8->options(), 0),
+                                                                .pos_begin = 0,
+                                                                .tokens = c.prompt_ids}}));
+    err.Add(c.last_logits, r.logits[0].data());
+  }
+  ASSERT_OK_AND_ASSIGN(auto res, Generate(*int8, GreedyRequests(golden)));
+  size_t agree = 0, total = 0;
+  for (size_t i = 0; i < res.size(); ++i) {
+    agree += Agreement(res[i].tokens, golden.cases[i].greedy_ids);
+    total += golden.cases[i].greedy_ids.size();
+  }
+  std::printf("int8 stories260K: last-prompt logits max err %.4f, mean err %.5f of max|logit|; greedy agreement "
+              "%zu/%zu leading tokens\n",
+              err.max_rel, err.mean_rel(), agree, total);
+  EXPECT_LE(err.max_rel, kStoriesMaxRelError);
+  EXPECT_LE(err.mean_rel(), kStoriesMeanRelError);
+  for (size_t i = 0; i < res.size(); ++i) {
+    EXPECT_EQ(res[i].tokens[0], golden.cases[i].greedy_ids[0]) << "case " << i;
+  }
+}
+
+}  // namespace
+}  // namespace shardserve::engine
