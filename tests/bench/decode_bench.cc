@@ -2,7 +2,10 @@
 // measured in the same run:
 //   decode  tok/s  vs  read-bandwidth roofline = bandwidth / weight bytes read per token
 //   prefill tok/s  vs  the sgemm rate (GFLOP/s) on a prefill-shaped product
-// Usage: shardserve-bench-decode [--model=DIR] [--threads=1] [--tokens=128]
+// Each model runs with every --quantize choice (default: none and int8), whose rooflines count the
+// bytes actually held (int8 plus scales), and the int8/none ratios of decode and prefill are
+// printed per rank count.
+// Usage: shardserve-bench-decode [--model=DIR] [--threads=1] [--tokens=128] [--quantize=none,int8]
 //   Without --model it benchmarks ../shared/models/stories260K and the generated 100M model
 //   (written once to --scratch, default /tmp/shardserve-100m).
 #include <cblas.h>
@@ -38,6 +41,8 @@ ABSL_FLAG(int32_t, tokens, 128, "decode tokens to time");
 ABSL_FLAG(int32_t, prefill, 256, "prefill prompt length");
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8", "16"}),
           "batch sizes for the batched-decode table (tokens/s with B sequences decoding together)");
+ABSL_FLAG(std::vector<std::string>, quantize, std::vector<std::string>({"none", "int8"}),
+          "weight storage to compare (the coordinator's --quantize choices)");
 ABSL_FLAG(std::vector<std::string>, ranks, std::vector<std::string>({"1", "2"}),
           "tensor-parallel CPU rank counts to compare");
 
@@ -119,10 +124,12 @@ double SgemmRate(int m, int n, int k) {
 
 struct BenchResult {
   double decode_tok_s = 0;
+  double prefill_tok_s = 0;
   double step_s = 0;
 };
 
-absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double bandwidth, double sgemm_gflops) {
+absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, Quantization quantize, double bandwidth,
+                                  double sgemm_gflops) {
   ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
   const int32_t decode_tokens = absl::GetFlag(FLAGS_tokens);
@@ -132,10 +139,13 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double band
   // One sequence: KV blocks for the whole context.
   options.model = {.num_kv_blocks = (spec.max_position_embeddings + 15) / 16,
                    .kv_block_size = 16,
-                   .max_step_tokens = std::max(prefill, 1)};
+                   .max_step_tokens = std::max(prefill, 1),
+                   .quantize = quantize};
   ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, options));
   const std::vector<int32_t> blocks = engine::WholeContextBlocks(model->options(), 0);
-  const int64_t emb_bytes = spec.vocab_size * spec.hidden_size * 4;
+  // The CPU backend keeps the embedding in the checkpoint's dtype (never quantized).
+  const int64_t emb_bytes =
+      spec.vocab_size * spec.hidden_size * (spec.dtype.has_value() ? static_cast<int64_t>(DTypeSize(*spec.dtype)) : 4);
   // Decode reads every weight once per token except the embedding table (one row per rank),
   // unless the lm_head is the embedding itself.
   double held = 0;
@@ -174,7 +184,9 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double band
     RETURN_IF_ERROR(model->Step({engine::StepSequence{.block_ids = blocks, .pos_begin = 0, .tokens = prompt}}).status());
     prefill_best = std::max(prefill_best, prefill / (Now() - p0));
   }
-  const double flops_per_token = 2.0 * (weight_read / 4.0);
+  // Two flops per multiplied weight: every parameter but the embedding's lookup (and the norms).
+  const double flops_per_token =
+      2.0 * static_cast<double>(spec.NumParameters() - (spec.tie_word_embeddings ? 0 : spec.vocab_size * spec.hidden_size));
   const double prefill_gflops = prefill_best * flops_per_token / 1e9;
 
   // Batched decode: B sequences at context ~32, one new token each per step.
@@ -206,8 +218,9 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double band
     batched.emplace_back(b, b * steps / (Now() - b0));
   }
 
-  std::printf("\nmodel %s on %d CPU rank(s): %.1fM parameters, %.1f MB weights read per decoded token\n",
-              dir.c_str(), ranks, spec.NumParameters() / 1e6, weight_read / 1e6);
+  std::printf("\nmodel %s on %d CPU rank(s), quantize=%s: %.1fM parameters, %.1f MB weights read per decoded token\n",
+              dir.c_str(), ranks, std::string(QuantizationName(quantize)).c_str(), spec.NumParameters() / 1e6,
+              weight_read / 1e6);
   std::printf("  decode : %8.1f tok/s   roofline %8.1f tok/s   fraction of roofline %.3f\n", tok_s, roofline,
               tok_s / roofline);
   std::printf("  prefill: %8.1f tok/s   (%d-token prompt) %.1f GFLOP/s = %.3f of sgemm %.1f GFLOP/s\n", prefill_best,
@@ -216,7 +229,7 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, double band
     std::printf("  batched decode, %2d sequences: %8.1f tok/s (%.2fx of batch 1 at the same context)\n", b, t,
                 t / batched.front().second);
   }
-  return BenchResult{.decode_tok_s = tok_s, .step_s = decode_s / decode_tokens};
+  return BenchResult{.decode_tok_s = tok_s, .prefill_tok_s = prefill_best, .step_s = decode_s / decode_tokens};
 }
 
 // Mean latency (s) of an all-reduce of `count` floats between `ranks` host ranks.
@@ -268,16 +281,36 @@ int main(int argc, char** argv) {
   }
   std::vector<int> rank_counts;
   for (const auto& r : absl::GetFlag(FLAGS_ranks)) rank_counts.push_back(std::atoi(r.c_str()));
+  std::vector<Quantization> quantizations;
+  for (const auto& q : absl::GetFlag(FLAGS_quantize)) {
+    auto parsed = ParseQuantization(q);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "--quantize: %s\n", std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    quantizations.push_back(*parsed);
+  }
+  if (quantizations.empty()) quantizations.push_back(Quantization::kNone);
   for (const auto& d : dirs) {
-    std::vector<BenchResult> results;
+    std::vector<BenchResult> results;  // per rank count, the first quantization
     for (int ranks : rank_counts) {
-      // Ceilings at the same number of threads as ranks (2 cores on the reference machines).
-      auto r = Bench(d, ranks, ranks == 1 ? bw : bw2, ranks == 1 ? sgemm : sgemm2);
-      if (!r.ok()) {
-        std::fprintf(stderr, "%s: %s\n", d.c_str(), r.status().ToString().c_str());
-        return 1;
+      std::vector<BenchResult> per_q;
+      for (Quantization q : quantizations) {
+        // Ceilings at the same number of threads as ranks (2 cores on the reference machines).
+        auto r = Bench(d, ranks, q, ranks == 1 ? bw : bw2, ranks == 1 ? sgemm : sgemm2);
+        if (!r.ok()) {
+          std::fprintf(stderr, "%s: %s\n", d.c_str(), r.status().ToString().c_str());
+          return 1;
+        }
+        per_q.push_back(*r);
       }
-      results.push_back(*r);
+      for (size_t i = 1; i < per_q.size(); ++i) {
+        std::printf("  %d rank(s): quantize=%s vs %s: decode %.2fx, prefill %.2fx\n", ranks,
+                    std::string(QuantizationName(quantizations[i])).c_str(),
+                    std::string(QuantizationName(quantizations[0])).c_str(),
+                    per_q[i].decode_tok_s / per_q[0].decode_tok_s, per_q[i].prefill_tok_s / per_q[0].prefill_tok_s);
+      }
+      results.push_back(per_q[0]);
     }
     if (rank_counts.size() == 2 && rank_counts[0] == 1 && rank_counts[1] == 2) {
       auto spec = LoadModelSpec(d);

@@ -18,6 +18,17 @@ inline int8_t QuantizeOne(float v, float inv) {
   return static_cast<int8_t>(r > 127.0f ? 127 : (r < -127.0f ? -127 : static_cast<int>(r)));
 }
 
+// Largest |v[k]| for k in [k0, k1). A comparison, not std::fmax (an out-of-line call per element
+// here): NaNs are skipped, which QuantizeOne then maps to 0.
+inline float BlockMax(const float* v, int64_t k0, int64_t k1) {
+  float amax = 0.0f;
+  for (int64_t k = k0; k < k1; ++k) {
+    const float a = std::fabs(v[k]);
+    amax = a > amax ? a : amax;
+  }
+  return amax;
+}
+
 // The scale of a block whose largest magnitude is `amax`, and its reciprocal for quantizing.
 inline void BlockScale(float amax, float* scale, float* inv) {
   *scale = amax / 127.0f;
@@ -66,10 +77,8 @@ void PackQ8(const float* w, int64_t out, int64_t in, uint8_t* dst) {
     const float* row = w + o * in;
     for (int64_t b = 0; b < l.blocks; ++b) {
       const int64_t k0 = b * kQ8Block, k1 = k0 + kQ8Block < in ? k0 + kQ8Block : in;
-      float amax = 0.0f;
-      for (int64_t k = k0; k < k1; ++k) amax = std::fmax(amax, std::fabs(row[k]));
       float scale, inv;
-      BlockScale(amax, &scale, &inv);
+      BlockScale(BlockMax(row, k0, k1), &scale, &inv);
       scales[ScaleIndex(l, o, b)] = scale;
       for (int64_t k = k0; k < k1; ++k) {
         dst[QuantIndex(l, o, k)] = static_cast<uint8_t>(QuantizeOne(row[k], inv) + 128);
@@ -96,10 +105,8 @@ void QuantizeActivations(const float* x, int64_t tokens, int64_t in, Q8Activatio
     int8_t* qt = a->q.data() + t * a->in_pad;
     for (int64_t b = 0; b < a->blocks; ++b) {
       const int64_t k0 = b * kQ8Block, k1 = k0 + kQ8Block < in ? k0 + kQ8Block : in;
-      float amax = 0.0f;
-      for (int64_t k = k0; k < k1; ++k) amax = std::fmax(amax, std::fabs(xt[k]));
       float scale, inv;
-      BlockScale(amax, &scale, &inv);
+      BlockScale(BlockMax(xt, k0, k1), &scale, &inv);
       int32_t sum = 0;
       for (int64_t k = k0; k < k1; ++k) {
         qt[k] = QuantizeOne(xt[k], inv);
