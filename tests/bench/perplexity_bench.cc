@@ -1,0 +1,153 @@
+// Perplexity of a model on a fixed text with its weights as stored (f32), rounded to bfloat16, and
+// quantized to int8 (--quantize=int8): what each storage costs in accuracy, on a trained model.
+// Also prints how often the int8 and bf16 models' most likely next token is the f32 model's.
+// Usage: shardserve-bench-perplexity [--model=../shared/models/stories260K]
+//        [--scratch=/tmp/shardserve-ppl-bf16]  (where the bfloat16 copy is written)
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/model_spec/model_spec.h"
+#include "common/safetensors/safetensors.h"
+#include "common/status/macros.h"
+#include "common/tensor/dtype.h"
+#include "common/tokenizer/tokenizer.h"
+#include "worker/engine/executor.h"
+
+ABSL_FLAG(std::string, model, "../shared/models/stories260K", "model directory (f32 or bf16 safetensors + tokenizer)");
+ABSL_FLAG(std::string, scratch, "/tmp/shardserve-ppl-bf16", "directory for the bfloat16 copy of the model");
+
+namespace shardserve {
+namespace {
+
+// A short story in the simple style of the small models' training data.
+constexpr char kText[] =
+    "Once upon a time, there was a little girl named Lily. She liked to play in the garden with her dog, Max. "
+    "One day, Lily saw a big red ball under a tree. She wanted to play with it, but the ball was stuck in a bush. "
+    "Lily asked Max to help her. Max pulled the ball with his teeth and it came out. Lily was very happy. She "
+    "said, \"Thank you, Max! You are a good dog.\" They played with the ball all day. When the sun went down, "
+    "Lily and Max went inside. Mom gave them a warm bowl of soup. Lily hugged Max and said, \"Today was the best "
+    "day.\" Then they went to sleep, and they dreamed about the big red ball.";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Writes every tensor of `ckpt` rounded to bfloat16 into dir/model.safetensors, and config.json
+// with its dtype said to be bfloat16.
+absl::Status WriteBf16Copy(const std::string& src, const Checkpoint& ckpt, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::string header = "{";
+  std::vector<std::vector<uint16_t>> data;
+  size_t offset = 0;
+  for (const std::string& name : ckpt.Names()) {
+    ASSIGN_OR_RETURN(const SafetensorsEntry* e, ckpt.Find(name));
+    ASSIGN_OR_RETURN(HostTensor t, ckpt.Read(name, e->shape));
+    std::vector<uint16_t> bits(static_cast<size_t>(t.size()));
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = FloatToBFloat16(t.data()[i]);
+    std::string shape;
+    for (int64_t d : e->shape) absl::StrAppend(&shape, shape.empty() ? "" : ",", d);
+    absl::StrAppend(&header, header.size() > 1 ? "," : "", "\"", name, "\":{\"dtype\":\"BF16\",\"shape\":[", shape,
+                    "],\"data_offsets\":[", offset, ",", offset + bits.size() * 2, "]}");
+    offset += bits.size() * 2;
+    data.push_back(std::move(bits));
+  }
+  header += "}";
+  while (header.size() % 8 != 0) header += ' ';
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary);
+  const uint64_t n = header.size();
+  out.write(reinterpret_cast<const char*>(&n), sizeof(n));
+  out << header;
+  for (const auto& bits : data) out.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(bits.size() * 2));
+  std::ofstream(dir + "/config.json") << absl::StrReplaceAll(ReadFile(src + "/config.json"),
+                                                             {{"\"float32\"", "\"bfloat16\""}});
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", dir, "/model.safetensors"));
+  return absl::OkStatus();
+}
+
+struct Scores {
+  double perplexity = 0;
+  std::vector<int32_t> top1;  // most likely next token at every position
+};
+
+absl::StatusOr<Scores> Score(const std::string& dir, Quantization q, const std::vector<int32_t>& ids) {
+  ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
+  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
+  engine::ExecutorOptions eo;
+  eo.model.max_step_tokens = static_cast<int64_t>(ids.size());
+  eo.model.quantize = q;
+  ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, eo));
+  ASSIGN_OR_RETURN(engine::StepResult r,
+                   model->Step({engine::StepSequence{.block_ids = engine::WholeContextBlocks(model->options(), 0),
+                                                     .pos_begin = 0,
+                                                     .tokens = ids,
+                                                     .all_logits = true}}));
+  const size_t v = static_cast<size_t>(spec.vocab_size);
+  Scores s;
+  double nll = 0;
+  for (size_t t = 0; t + 1 < ids.size(); ++t) {
+    const float* l = r.logits[0].data() + t * v;
+    const double mx = *std::max_element(l, l + v);
+    double sum = 0;
+    for (size_t i = 0; i < v; ++i) sum += std::exp(static_cast<double>(l[i]) - mx);
+    nll -= static_cast<double>(l[ids[t + 1]]) - mx - std::log(sum);
+    s.top1.push_back(static_cast<int32_t>(std::max_element(l, l + v) - l));
+  }
+  s.perplexity = std::exp(nll / static_cast<double>(ids.size() - 1));
+  return s;
+}
+
+absl::Status Run() {
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(auto tokenizer, LoadTokenizer(dir));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(kText, /*add_special_tokens=*/true));
+  ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
+  if (static_cast<int64_t>(ids.size()) > spec.max_position_embeddings) ids.resize(static_cast<size_t>(spec.max_position_embeddings));
+  ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
+  const std::string bf16_dir = absl::GetFlag(FLAGS_scratch);
+  RETURN_IF_ERROR(WriteBf16Copy(dir, *ckpt, bf16_dir));
+  ASSIGN_OR_RETURN(Scores f32, Score(dir, Quantization::kNone, ids));
+  ASSIGN_OR_RETURN(Scores bf16, Score(bf16_dir, Quantization::kNone, ids));
+  ASSIGN_OR_RETURN(Scores int8, Score(dir, Quantization::kInt8, ids));
+  ASSIGN_OR_RETURN(Scores bf16_int8, Score(bf16_dir, Quantization::kInt8, ids));
+  auto agree = [&](const Scores& s) {
+    size_t n = 0;
+    for (size_t i = 0; i < s.top1.size(); ++i) n += s.top1[i] == f32.top1[i] ? 1 : 0;
+    return 100.0 * static_cast<double>(n) / static_cast<double>(s.top1.size());
+  };
+  std::printf("%s: %zu tokens of a fixed story\n", dir.c_str(), ids.size());
+  std::printf("  %-22s perplexity %8.4f\n", "f32 (as stored)", f32.perplexity);
+  std::printf("  %-22s perplexity %8.4f (%+.2f%%), next-token top-1 equal to f32 at %.1f%% of positions\n",
+              "bf16 weights", bf16.perplexity, 100.0 * (bf16.perplexity / f32.perplexity - 1), agree(bf16));
+  std::printf("  %-22s perplexity %8.4f (%+.2f%%), next-token top-1 equal to f32 at %.1f%% of positions\n",
+              "int8 (from f32)", int8.perplexity, 100.0 * (int8.perplexity / f32.perplexity - 1), agree(int8));
+  std::printf("  %-22s perplexity %8.4f (%+.2f%%), next-token top-1 equal to f32 at %.1f%% of positions\n",
+              "int8 (from bf16)", bf16_int8.perplexity, 100.0 * (bf16_int8.perplexity / f32.perplexity - 1),
+              agree(bf16_int8));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace shardserve
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::Status st = shardserve::Run(); !st.ok()) {
+    std::fprintf(stderr, "shardserve-bench-perplexity: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
