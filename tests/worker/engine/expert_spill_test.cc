@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
@@ -56,6 +58,7 @@ struct Spilled {
 
 absl::StatusOr<Spilled> MakeSpilled(const std::string& dir, int ranks, ModelOptions mo,
                                     std::unique_ptr<RemoteExperts> remote = nullptr) {
+  const Quantization quantize = mo.quantize;
   Spilled s;
   auto spec = LoadModelSpec(dir);
   if (!spec.ok()) return spec.status();
@@ -63,7 +66,8 @@ absl::StatusOr<Spilled> MakeSpilled(const std::string& dir, int ranks, ModelOpti
   if (!ckpt.ok()) return ckpt.status();
   s.ckpt = *std::move(ckpt);
   if (remote == nullptr) {
-    auto host = ExpertHost::Create(*spec, *s.ckpt, RemoteOf(mo.layer_experts), kernels::DeviceKind::kCpu, 1);
+    auto host =
+        ExpertHost::Create(*spec, *s.ckpt, RemoteOf(mo.layer_experts), kernels::DeviceKind::kCpu, 1, quantize);
     if (!host.ok()) return host.status();
     s.host = *std::move(host);
     remote = std::make_unique<InProcessRemoteExperts>(s.host.get());
@@ -129,6 +133,33 @@ INSTANTIATE_TEST_SUITE_P(
         SpillLayout{"mixtral", 2, false, {{0, {1, R, R, 0}}, {1, {R, 0, 1, R}}}, "mixtral_tp2_both_layers"},
         SpillLayout{"mixtral", 4, false, {{1, {3, R, 0, R}}}, "mixtral_tp4_two_ranks_without_experts"}),
     [](const auto& test_info) { return test_info.param.name; });
+
+// An expert host quantizes like the stages (--quantize reaches it in its assignment): int8 experts
+// computed remotely give the logits and tokens of the same int8 experts computed locally.
+TEST(ExpertSpillInt8Test, Int8HostedExpertsMatchInt8LocalExperts) {
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel("mixtral"));
+  ModelOptions local{.max_step_tokens = 64, .quantize = Quantization::kInt8};
+  ModelOptions spilled = local;
+  spilled.layer_experts = {{0, {0, R, R, 0}}, {1, {R, 0, 0, R}}};
+  ASSERT_OK_AND_ASSIGN(Spilled s, MakeSpilled(golden.dir, 1, spilled));
+  ASSERT_OK_AND_ASSIGN(Spilled l, MakeSpilled(golden.dir, 1, local, std::make_unique<InProcessRemoteExperts>(nullptr)));
+  // The host holds 4 int8 experts: w1 and w3 [32, 64] and w2 [64, 32] each.
+  EXPECT_EQ(static_cast<int64_t>(s.host->weight_bytes()), 4 * (2 * Q8MatrixBytes(32, 64) + Q8MatrixBytes(64, 32)));
+  for (const auto& c : golden.cases) {
+    ASSERT_OK_AND_ASSIGN(StepResult rs, s.executor->Step({StepSequence{
+                                            .block_ids = WholeContextBlocks(s.executor->options(), 0),
+                                            .tokens = c.prompt_ids,
+                                            .all_logits = true}}));
+    ASSERT_OK_AND_ASSIGN(StepResult rl, l.executor->Step({StepSequence{
+                                            .block_ids = WholeContextBlocks(l.executor->options(), 0),
+                                            .tokens = c.prompt_ids,
+                                            .all_logits = true}}));
+    ASSERT_EQ(rs.logits[0].size(), rl.logits[0].size());
+    for (size_t i = 0; i < rs.logits[0].size(); ++i) {
+      ASSERT_NEAR(rs.logits[0][i], rl.logits[0][i], 1e-5f * (1.0f + std::fabs(rl.logits[0][i]))) << i;
+    }
+  }
+}
 
 // Fails the first `failures` calls, then asks the host.
 class FlakyRemote final : public RemoteExperts {
