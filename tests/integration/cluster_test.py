@@ -103,6 +103,20 @@ class Layouts(unittest.TestCase):
         finally:
             self.assertEqual(c.stop(), 0)
 
+    def test_int8_pipeline_answers_as_one_int8_process(self):
+        # --quantize=int8 reaches both stages through their assignments: a 2-stage int8 cluster
+        # gives exactly the tokens of one int8 process (and the f32 tokens for the first ones).
+        c = Cluster(STORIES, 2, "cpu:1", ["--pp=2", "--quantize=int8"])
+        try:
+            ref = json.load(open("tests/golden/stories260K_reference.json"))
+            for case in ref["cases"][:2]:
+                n = len(case["greedy_ids"])
+                alone = run_alone(STORIES, case["prompt_ids"], n, "--quantize=int8", "--stop_at_eos=false")
+                self.assertEqual(c.ids(case["prompt_ids"], n, "--ignore_eos"), alone)
+                self.assertEqual(alone[:4], case["greedy_ids"][:4])
+        finally:
+            self.assertEqual(c.stop(), 0)
+
     def test_two_replicas_and_stories(self):
         c = Cluster(STORIES, 2, "cpu:1", ["--replicas=2", "--pp=1"])
         try:
