@@ -6,13 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
-#include <optional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "nlohmann/json.hpp"
+#include "tests/testing/safetensors_file.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -20,35 +19,13 @@ namespace shardserve {
 namespace {
 
 using ::shardserve::testing::StatusIs;
+using ::shardserve::testing::StoredTensor;
 using ::shardserve::testing::TempDir;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-struct StoredTensor {
-  std::string name;
-  std::string dtype;  // safetensors spelling
-  Shape shape;
-  std::string bytes;
-};
-
-// A safetensors file holding `tensors` in order.
-std::string File(const std::vector<StoredTensor>& tensors) {
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const auto& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
-    data += t.bytes;
-  }
-  const std::string text = header.dump();
-  std::string out(8, '\0');
-  const uint64_t n = text.size();
-  std::memcpy(out.data(), &n, 8);
-  return out + text + data;
-}
-
-std::string Floats(const std::vector<float>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
+std::string File(const std::vector<StoredTensor>& tensors) { return testing::SafetensorsFile(tensors); }
+std::string Floats(const std::vector<float>& v) { return testing::F32Bytes(v); }
 
 // e4m3fn codes with their values, worked out by hand (sign | exponent (bias 7) | 3 mantissa bits).
 struct Code {

@@ -55,6 +55,19 @@ TEST(ModelSpecTest, GoldenConfigsHaveTheExpectedSemantics) {
   ASSERT_OK_AND_ASSIGN(ModelSpec bf16, LoadModelSpec("tests/golden/models/llama_bf16_sharded"));
   EXPECT_EQ(bf16.dtype, DType::kBF16);
   EXPECT_FALSE(bf16.fp8.has_value());
+  ASSERT_OK_AND_ASSIGN(ModelSpec block, LoadModelSpec("tests/golden/models/llama_fp8_block"));
+  EXPECT_EQ(block.dtype, DType::kBF16);
+  ASSERT_TRUE(block.fp8.has_value());
+  EXPECT_TRUE(block.fp8->IsBlockWise());
+  EXPECT_EQ(block.fp8->block_rows, 32);
+  EXPECT_EQ(block.fp8->block_cols, 32);
+  EXPECT_FALSE(block.fp8->static_activations);
+  EXPECT_THAT(block.fp8->modules_not_converted, ElementsAre("lm_head"));
+  ASSERT_OK_AND_ASSIGN(ModelSpec tensor, LoadModelSpec("tests/golden/models/llama_fp8_tensor"));
+  ASSERT_TRUE(tensor.fp8.has_value());
+  EXPECT_FALSE(tensor.fp8->IsBlockWise());
+  EXPECT_TRUE(tensor.fp8->static_activations);
+  EXPECT_THAT(tensor.fp8->modules_not_converted, ElementsAre("lm_head"));  // from ignored_layers
 }
 
 TEST(ModelSpecTest, DeepSeekStyleFp8Config) {
