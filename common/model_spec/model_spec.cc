@@ -188,6 +188,57 @@ absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
   return absl::OkStatus();
 }
 
+// quantization_config: only fp8 (see Fp8Quantization). Unknown keys are ignored, as transformers
+// does; every key we read is type-checked.
+absl::Status ParseQuantization(const json& doc, absl::string_view label, ModelSpec* spec) {
+  Fields top(doc, label);
+  if (!top.Has("quantization_config")) return absl::OkStatus();
+  const json& q = doc.at("quantization_config");
+  if (!q.is_object()) return top.Error("quantization_config", "is not an object");
+  const std::string sub_label = absl::StrCat(label, " quantization_config");
+  Fields f(q, sub_label);
+  if (!f.Has("quant_method")) return f.Error("quant_method", "is missing");
+  if (!q.at("quant_method").is_string()) return f.Error("quant_method", "is not a string");
+  const std::string method = q.at("quant_method").get<std::string>();
+  if (method != "fp8") {
+    return f.Error("quant_method", absl::StrCat("is \"", method,
+                                                "\"; only \"fp8\" (e4m3 weights with block or per-tensor "
+                                                "scales) is supported"));
+  }
+  Fp8Quantization fp8;
+  if (f.Has("fmt")) {
+    if (!q.at("fmt").is_string()) return f.Error("fmt", "is not a string");
+    const std::string fmt = q.at("fmt").get<std::string>();
+    if (fmt != "e4m3") return f.Error("fmt", absl::StrCat("is \"", fmt, "\"; only \"e4m3\" is supported"));
+  }
+  if (f.Has("weight_block_size")) {
+    const json& b = q.at("weight_block_size");
+    if (!b.is_array() || b.size() != 2) {
+      return f.Error("weight_block_size", "is not a list of two integers [rows, cols]");
+    }
+    ASSIGN_OR_RETURN(fp8.block_rows, f.IntValue("weight_block_size", b[0], 1, kMaxDim));
+    ASSIGN_OR_RETURN(fp8.block_cols, f.IntValue("weight_block_size", b[1], 1, kMaxDim));
+  }
+  if (f.Has("activation_scheme")) {
+    const json& a = q.at("activation_scheme");
+    if (!a.is_string() || (a.get<std::string>() != "dynamic" && a.get<std::string>() != "static")) {
+      return f.Error("activation_scheme", absl::StrCat("is ", a.dump(), "; expected \"dynamic\" or \"static\""));
+    }
+    fp8.static_activations = a.get<std::string>() == "static";
+  }
+  for (const char* key : {"modules_to_not_convert", "ignored_layers"}) {
+    if (!f.Has(key)) continue;
+    const json& list = q.at(key);
+    if (!list.is_array()) return f.Error(key, "is not a list of module names");
+    for (const auto& m : list) {
+      if (!m.is_string()) return f.Error(key, "is not a list of module names");
+      fp8.modules_not_converted.push_back(m.get<std::string>());
+    }
+  }
+  spec->fp8 = std::move(fp8);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -315,6 +366,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
                                                         "\"; supported: float32, float16, bfloat16"));
     }
   }
+  RETURN_IF_ERROR(ParseQuantization(doc, label, &s));
   return s;
 }
 

@@ -51,6 +51,33 @@ struct MoeSpec {
   std::vector<bool> sparse_layers;
 };
 
+// An FP8 checkpoint: config.json's `quantization_config` with `quant_method: "fp8"`, as written by
+// Hugging Face's fine-grained FP8 (DeepSeek-V3, Qwen3-*-FP8: block scales) and by AutoFP8 / vLLM
+// (one scale per tensor). The weight matrices are stored F8_E4M3 (e4m3fn) and everything else in
+// the config's dtype; tensors listed in `modules_not_converted` are simply not stored as fp8. The
+// dequantized weight is fp8 value x scale, where the scale of a weight `<name>` is:
+//   - block-wise (`weight_block_size: [block_rows, block_cols]`): `<name>_scale_inv`, F32 (or BF16)
+//     of shape [ceil(out / block_rows), ceil(in / block_cols)]; element (i, j) scales the block of
+//     output features [i * block_rows, ...) and input features [j * block_cols, ...), the last
+//     blocks of each dimension possibly shorter;
+//   - per tensor (no `weight_block_size`): `<name>_scale_inv` or `<name>_scale`, one value of
+//     shape [], [1] or [1, 1].
+// common/fp8 applies them (ReadWeightRows and friends). Activations are always computed in f32 (the
+// weights are dequantized on load), so `activation_scheme` "dynamic" and "static" both load, and the
+// input scales of a static checkpoint (`<prefix>.input_scale`) are ignored.
+struct Fp8Quantization {
+  // Block size along output features (rows) and input features (columns); both 0 for per-tensor
+  // scales, both > 0 otherwise.
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+  // activation_scheme "static": the checkpoint carries input scales, which are not used.
+  bool static_activations = false;
+  // `modules_to_not_convert` (Hugging Face) or `ignored_layers` (vLLM), as given; informational.
+  std::vector<std::string> modules_not_converted;
+
+  bool IsBlockWise() const { return block_rows > 0; }
+};
+
 struct ModelSpec {
   Architecture arch = Architecture::kLlama;
   int64_t vocab_size = 0;
@@ -71,8 +98,11 @@ struct ModelSpec {
   int64_t sliding_window = 0;
   int64_t bos_token_id = -1;           // -1 = none
   std::vector<int64_t> eos_token_ids;  // may be empty
-  // torch_dtype / dtype from config.json when given: every weight tensor must be stored in it.
+  // torch_dtype / dtype from config.json when given: every weight tensor must be stored in it
+  // (except, in an FP8 checkpoint, the F8_E4M3 matrices and their scales).
   std::optional<DType> dtype;
+  // Set for FP8 checkpoints (quantization_config with quant_method "fp8").
+  std::optional<Fp8Quantization> fp8;
   MoeSpec moe;
 
   bool IsMoe() const { return moe.num_experts > 0; }
@@ -85,7 +115,11 @@ struct ModelSpec {
 
 // Parses config.json text. InvalidArgument naming `label` and the offending field for malformed or
 // inconsistent values; Unimplemented for well-formed but unsupported models (architecture,
-// activation, rope type, Qwen2 sliding window). Pure.
+// activation, rope type, Qwen2 sliding window). A `quantization_config` is InvalidArgument, naming
+// the field, unless it is fp8 as described at Fp8Quantization: another quant_method (gptq, awq,
+// bitsandbytes, compressed-tensors, fbgemm_fp8, ...), an `fmt` other than "e4m3" (e.g. "e5m2"), an
+// activation_scheme other than "dynamic"/"static", a weight_block_size that is not two positive
+// integers, or a modules_to_not_convert / ignored_layers that is not a list of strings. Pure.
 absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::string_view label);
 
 // Reads `dir`/config.json, and `dir`/generation_config.json when present (its eos_token_id, which

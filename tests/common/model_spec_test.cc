@@ -7,6 +7,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "tests/testing/golden.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -26,9 +27,8 @@ json LlamaConfig() {
 }
 
 TEST(ModelSpecTest, ParsesEveryGoldenConfig) {
-  for (const char* name : {"llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral", "qwen2_moe",
-                           "llama_bf16_sharded"}) {
-    auto spec = LoadModelSpec(std::string("tests/golden/models/") + name);
+  for (const std::string& name : testing::GoldenModelNames()) {
+    auto spec = LoadModelSpec("tests/golden/models/" + name);
     EXPECT_TRUE(spec.ok()) << name << ": " << spec.status();
   }
 }
@@ -54,6 +54,57 @@ TEST(ModelSpecTest, GoldenConfigsHaveTheExpectedSemantics) {
   EXPECT_EQ(qmoe.sliding_window, 0);
   ASSERT_OK_AND_ASSIGN(ModelSpec bf16, LoadModelSpec("tests/golden/models/llama_bf16_sharded"));
   EXPECT_EQ(bf16.dtype, DType::kBF16);
+  EXPECT_FALSE(bf16.fp8.has_value());
+  ASSERT_OK_AND_ASSIGN(ModelSpec block, LoadModelSpec("tests/golden/models/llama_fp8_block"));
+  EXPECT_EQ(block.dtype, DType::kBF16);
+  ASSERT_TRUE(block.fp8.has_value());
+  EXPECT_TRUE(block.fp8->IsBlockWise());
+  EXPECT_EQ(block.fp8->block_rows, 32);
+  EXPECT_EQ(block.fp8->block_cols, 32);
+  EXPECT_FALSE(block.fp8->static_activations);
+  EXPECT_THAT(block.fp8->modules_not_converted, ElementsAre("lm_head"));
+  ASSERT_OK_AND_ASSIGN(ModelSpec tensor, LoadModelSpec("tests/golden/models/llama_fp8_tensor"));
+  ASSERT_TRUE(tensor.fp8.has_value());
+  EXPECT_FALSE(tensor.fp8->IsBlockWise());
+  EXPECT_TRUE(tensor.fp8->static_activations);
+  EXPECT_THAT(tensor.fp8->modules_not_converted, ElementsAre("lm_head"));  // from ignored_layers
+}
+
+TEST(ModelSpecTest, DeepSeekStyleFp8Config) {
+  json c = LlamaConfig();
+  c["torch_dtype"] = "bfloat16";
+  c["quantization_config"] = json::parse(
+      R"({"activation_scheme":"dynamic","fmt":"e4m3","quant_method":"fp8","weight_block_size":[128,64]})");
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "config.json"));
+  ASSERT_TRUE(s.fp8.has_value());
+  EXPECT_EQ(s.fp8->block_rows, 128);  // output features
+  EXPECT_EQ(s.fp8->block_cols, 64);   // input features
+  EXPECT_FALSE(s.fp8->static_activations);
+  EXPECT_TRUE(s.fp8->modules_not_converted.empty());
+  EXPECT_EQ(s.dtype, DType::kBF16);
+}
+
+TEST(ModelSpecTest, PerTensorFp8ConfigWithStaticActivationsAndNulls) {
+  // AutoFP8 / vLLM style; null fields mean absent (fmt defaults to e4m3, no block size).
+  json c = LlamaConfig();
+  c["quantization_config"] = json::parse(
+      R"({"quant_method":"fp8","activation_scheme":"static","weight_block_size":null,"fmt":null,
+          "modules_to_not_convert":null,"ignored_layers":["lm_head","model.layers.0.mlp.down_proj"]})");
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "config.json"));
+  ASSERT_TRUE(s.fp8.has_value());
+  EXPECT_FALSE(s.fp8->IsBlockWise());
+  EXPECT_EQ(s.fp8->block_rows, 0);
+  EXPECT_TRUE(s.fp8->static_activations);
+  EXPECT_THAT(s.fp8->modules_not_converted, ElementsAre("lm_head", "model.layers.0.mlp.down_proj"));
+}
+
+TEST(ModelSpecTest, NoQuantizationConfigMeansNoFp8) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(LlamaConfig().dump(), "config.json"));
+  EXPECT_FALSE(s.fp8.has_value());
+  json c = LlamaConfig();
+  c["quantization_config"] = nullptr;
+  ASSERT_OK_AND_ASSIGN(s, ParseModelSpec(c.dump(), "config.json"));
+  EXPECT_FALSE(s.fp8.has_value());
 }
 
 TEST(ModelSpecTest, ReadsStories260KWithLegacyRopeKeys) {
@@ -82,6 +133,13 @@ struct BadConfig {
 };
 
 void PrintTo(const BadConfig& c, std::ostream* os) { *os << c.name; }
+
+// A config whose quantization_config is `quant` (JSON text): InvalidArgument containing `message`.
+BadConfig Quant(std::string name, const char* quant, std::string message) {
+  const std::string text = quant;
+  return {std::move(name), [text](json& c) { c["quantization_config"] = json::parse(text); },
+          absl::StatusCode::kInvalidArgument, std::move(message)};
+}
 
 class BadConfigTest : public ::testing::TestWithParam<BadConfig> {};
 
@@ -134,7 +192,42 @@ INSTANTIATE_TEST_SUITE_P(
                     c["num_local_experts"] = 2;
                     c["num_experts_per_tok"] = 3;
                   },
-                  absl::StatusCode::kInvalidArgument, "num_experts_per_tok"}),
+                  absl::StatusCode::kInvalidArgument, "num_experts_per_tok"},
+        // quantization_config: only fp8 (e4m3), with well-formed fields.
+        Quant("QuantGptq", R"({"quant_method":"gptq","bits":4,"group_size":128})",
+              "\"quant_method\" is \"gptq\"; only \"fp8\""),
+        Quant("QuantAwq", R"({"quant_method":"awq","bits":4})", "\"quant_method\" is \"awq\"; only \"fp8\""),
+        Quant("QuantBitsAndBytes", R"({"quant_method":"bitsandbytes","load_in_4bit":true})",
+              "\"quant_method\" is \"bitsandbytes\"; only \"fp8\""),
+        Quant("QuantCompressedTensors", R"({"quant_method":"compressed-tensors","format":"float-quantized"})",
+              "\"quant_method\" is \"compressed-tensors\"; only \"fp8\""),
+        Quant("QuantFbgemmFp8", R"({"quant_method":"fbgemm_fp8"})", "\"quant_method\" is \"fbgemm_fp8\""),
+        Quant("QuantWithoutMethod", R"({"weight_block_size":[128,128]})",
+              "quantization_config: field \"quant_method\" is missing"),
+        Quant("QuantMethodNotString", R"({"quant_method":8})", "\"quant_method\" is not a string"),
+        Quant("QuantNotObject", R"("fp8")", "field \"quantization_config\" is not an object"),
+        Quant("Fp8E5M2", R"({"quant_method":"fp8","fmt":"e5m2"})", "\"fmt\" is \"e5m2\"; only \"e4m3\""),
+        Quant("Fp8FmtNotString", R"({"quant_method":"fp8","fmt":4})", "\"fmt\" is not a string"),
+        Quant("Fp8BlockZero", R"({"quant_method":"fp8","weight_block_size":[0,128]})",
+              "\"weight_block_size\" is 0, outside [1, "),
+        Quant("Fp8BlockNegative", R"({"quant_method":"fp8","weight_block_size":[128,-1]})",
+              "\"weight_block_size\" is -1, outside [1, "),
+        Quant("Fp8BlockOneNumber", R"({"quant_method":"fp8","weight_block_size":128})",
+              "\"weight_block_size\" is not a list of two integers"),
+        Quant("Fp8BlockThreeNumbers", R"({"quant_method":"fp8","weight_block_size":[1,2,3]})",
+              "\"weight_block_size\" is not a list of two integers"),
+        Quant("Fp8BlockStrings", R"({"quant_method":"fp8","weight_block_size":["128","128"]})",
+              "\"weight_block_size\" is not an integer"),
+        Quant("Fp8BlockFraction", R"({"quant_method":"fp8","weight_block_size":[128.5,128]})",
+              "\"weight_block_size\" is not an integer"),
+        Quant("Fp8ActivationScheme", R"({"quant_method":"fp8","activation_scheme":"per_token"})",
+              "\"activation_scheme\" is \"per_token\"; expected \"dynamic\" or \"static\""),
+        Quant("Fp8ActivationSchemeNotString", R"({"quant_method":"fp8","activation_scheme":true})",
+              "\"activation_scheme\" is true"),
+        Quant("Fp8ModulesNotAList", R"({"quant_method":"fp8","modules_to_not_convert":"lm_head"})",
+              "\"modules_to_not_convert\" is not a list of module names"),
+        Quant("Fp8IgnoredLayersNotStrings", R"({"quant_method":"fp8","ignored_layers":[1]})",
+              "\"ignored_layers\" is not a list of module names")),
     [](const auto& test_info) { return test_info.param.name; });
 
 TEST(ModelSpecTest, NotJsonAndMissingFile) {

@@ -23,6 +23,13 @@ Semantics (transformers 5.23, eager attention):
   * Qwen2-MoE: softmax over all experts, top-k, renormalise only if
     norm_topk_prob; plus sigmoid(shared_expert_gate . x) * shared_expert(x).
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
+  * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
+    F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
+    0x7f/0xff NaN) is value * scale, exactly (float64). With weight_block_size
+    [br, bc] the scale of W[i, j] is W_scale_inv[i // br, j // bc] (the last
+    block of each dimension may be short); without it, one scale per tensor,
+    W_scale_inv or W_scale of shape [], [1] or [1, 1]. Input (activation)
+    scales are not used: activations stay in float64 here.
 """
 
 import json
@@ -36,7 +43,27 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def read_safetensors(path):
+def e4m3_values():
+    """The 256 float8 e4m3fn codes as float64 (NaN for 0x7f and 0xff)."""
+    out = np.empty(256)
+    for code in range(256):
+        sign = -1.0 if code & 0x80 else 1.0
+        exp, man = (code >> 3) & 0xF, code & 0x7
+        if exp == 0xF and man == 0x7:
+            out[code] = np.nan
+        elif exp == 0:
+            out[code] = sign * man / 8.0 * 2.0**-6
+        else:
+            out[code] = sign * (1.0 + man / 8.0) * 2.0 ** (exp - 7)
+    return out
+
+
+E4M3 = e4m3_values()
+
+
+def read_safetensors(path, dtypes=None):
+    """Tensors of one file as float64 arrays (F8_E4M3 as the e4m3 values, unscaled);
+    fills `dtypes` (name -> safetensors dtype) when given."""
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
@@ -55,24 +82,60 @@ def read_safetensors(path):
             arr = np.frombuffer(raw, dtype="<f2")
         elif dt == "BF16":
             arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F8_E4M3":
+            arr = E4M3[np.frombuffer(raw, dtype=np.uint8)]
         else:
             raise ValueError(f"unsupported dtype {dt}")
         out[name] = arr.reshape(info["shape"]).astype(np.float64)
+        if dtypes is not None:
+            dtypes[name] = dt
     return out
+
+
+def dequantize_fp8(cfg, w, dtypes):
+    """Replaces every F8_E4M3 weight of `w` by value * scale (see the module docstring)."""
+    fp8 = sorted(n for n, dt in dtypes.items() if dt == "F8_E4M3")
+    if not fp8:
+        return
+    qc = cfg.get("quantization_config") or {}
+    if qc.get("quant_method") != "fp8":
+        raise ValueError(f"F8_E4M3 tensors but quantization_config is {qc}")
+    block = qc.get("weight_block_size")
+    for name in fp8:
+        x = w[name]
+        if np.isnan(x).any():
+            raise ValueError(f"{name}: NaN fp8 code")
+        if block:
+            s = w[name + "_scale_inv"]
+            br, bc = block
+            want = (-(-x.shape[0] // br), -(-x.shape[1] // bc))
+            if s.shape != want:
+                raise ValueError(f"{name}_scale_inv: shape {s.shape}, expected {want}")
+            scale = np.repeat(np.repeat(s, br, axis=0), bc, axis=1)[: x.shape[0], : x.shape[1]]
+        else:
+            key = name + "_scale_inv" if name + "_scale_inv" in w else name + "_scale"
+            s = w[key]
+            if s.size != 1:
+                raise ValueError(f"{key}: shape {s.shape}, expected one scale")
+            scale = float(s.reshape(-1)[0])
+        if not (np.isfinite(s).all() and (s > 0).all()):
+            raise ValueError(f"{name}: scales must be finite and > 0")
+        w[name] = x * scale
 
 
 def load_checkpoint(d):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
     idx = os.path.join(d, "model.safetensors.index.json")
-    w = {}
+    w, dtypes = {}, {}
     if os.path.exists(idx):
         with open(idx) as f:
             files = sorted(set(json.load(f)["weight_map"].values()))
         for fn in files:
-            w.update(read_safetensors(os.path.join(d, fn)))
+            w.update(read_safetensors(os.path.join(d, fn), dtypes))
     else:
-        w = read_safetensors(os.path.join(d, "model.safetensors"))
+        w = read_safetensors(os.path.join(d, "model.safetensors"), dtypes)
+    dequantize_fp8(cfg, w, dtypes)
     return cfg, w
 
 
@@ -103,8 +166,11 @@ def llama3_inv_freq(inv_freq, rp):
 
 
 class Model:
-    def __init__(self, d):
-        self.cfg, self.w = load_checkpoint(d)
+    def __init__(self, d=None, cfg=None, w=None):
+        """From checkpoint directory d, or from a config.json dict and float64 weights."""
+        if d is not None:
+            cfg, w = load_checkpoint(d)
+        self.cfg, self.w = cfg, w
         c = self.cfg
         self.arch = c["architectures"][0]
         self.H = c["hidden_size"]

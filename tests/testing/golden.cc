@@ -35,17 +35,19 @@ GoldenCase ParseCase(const json& c) {
 
 }  // namespace
 
-void ExpectLogitsClose(const std::vector<float>& ref, const float* got, const std::string& where) {
+void ExpectLogitsClose(const std::vector<float>& ref, const float* got, const std::string& where, float rtol) {
   float max_ref = 0.f, max_err = 0.f;
   for (size_t i = 0; i < ref.size(); ++i) {
     max_ref = std::max(max_ref, std::fabs(ref[i]));
     max_err = std::max(max_err, std::fabs(ref[i] - got[i]));
   }
-  EXPECT_LE(max_err, 1e-4f * max_ref) << where << ": max |error| " << max_err << " vs max |logit| " << max_ref;
+  EXPECT_LE(max_err, rtol * max_ref) << where << ": max |error| " << max_err << " vs max |logit| " << max_ref
+                                     << " (relative " << max_err / max_ref << ", tolerance " << rtol << ")";
 }
 
 std::vector<std::string> GoldenModelNames() {
-  return {"llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded"};
+  return {"llama",    "llama_tied_llama3rope_bias", "mistral",         "qwen2",           "mixtral",
+          "qwen2_moe", "llama_bf16_sharded",        "llama_fp8_block", "llama_fp8_tensor"};
 }
 
 absl::StatusOr<GoldenModel> LoadGoldenModel(const std::string& name) {
@@ -55,6 +57,9 @@ absl::StatusOr<GoldenModel> LoadGoldenModel(const std::string& name) {
   auto doc = ReadJson(m.dir + "/reference.json");
   if (!doc.ok()) return doc.status();
   for (const auto& c : (*doc)["cases"]) m.cases.push_back(ParseCase(c));
+  auto config = ReadJson(m.dir + "/config.json");
+  if (!config.ok()) return config.status();
+  if (config->contains("quantization_config")) m.logits_rtol = kFp8GoldenLogitsRtol;
   return m;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/fp8/fp8_weights.h"
 #include "common/status/macros.h"
 
 namespace shardserve::engine {
@@ -22,10 +23,12 @@ class Loader {
       : ckpt_(ckpt), spec_(spec), backend_(backend),
         int8_(quantize == Quantization::kInt8 && backend.SupportsOp(kernels::Op::kLinear, DType::kQ8)) {}
 
-  // config.json's dtype, when given, must be the stored dtype of every weight.
+  // config.json's dtype, when given, must be the stored dtype of every weight; an FP8 checkpoint's
+  // matrices are F8_E4M3 instead (their scales are checked by ReadWeight*).
   absl::Status CheckDType(const std::string& name) {
     if (!spec_.dtype.has_value()) return absl::OkStatus();
     ASSIGN_OR_RETURN(const SafetensorsEntry* e, ckpt_.Find(name));
+    if (e->dtype == DType::kF8E4M3 && spec_.fp8.has_value()) return absl::OkStatus();
     if (e->dtype != *spec_.dtype) {
       return absl::InvalidArgumentError(absl::StrCat(ckpt_.label(), ": tensor \"", name, "\" is stored as ",
                                                      DTypeName(e->dtype), " but config.json declares dtype ",
@@ -34,18 +37,21 @@ class Loader {
     return absl::OkStatus();
   }
 
-  // The dtype of the projection matrix `name`: kQ8 when quantizing to int8, else KeptDType.
+  // The dtype of the projection matrix `name`: kQ8 when quantizing to int8 (an FP8 matrix is
+  // dequantized first, then quantized), else KeptDType.
   DType MatrixDType(const std::string& name) {
     return int8_ ? DType::kQ8 : KeptDType(name, kernels::Op::kLinear);
   }
-  // The dtype matrix `name` is kept in on this backend for `op`: its stored bf16/f16 where the
-  // backend takes it, else f32.
+  // The dtype matrix `name` is kept in on this backend for `op`: its stored bf16/f16 (bf16 for a
+  // dequantized F8_E4M3 matrix) where the backend takes it, else f32.
   DType KeptDType(const std::string& name, kernels::Op op) {
     absl::StatusOr<const SafetensorsEntry*> e = ckpt_.Find(name);
+    if (e.ok() && (*e)->dtype == DType::kF8E4M3) return backend_.SupportsOp(op, DType::kBF16) ? DType::kBF16 : DType::kF32;
     if (!e.ok() || (*e)->dtype == DType::kF32 || !backend_.SupportsOp(op, (*e)->dtype)) return DType::kF32;
     return (*e)->dtype;
   }
-  // Uploads `t` as 16-bit patterns of `dtype` (exact for values read from a tensor of that dtype).
+  // Uploads `t` as 16-bit patterns of `dtype` (exact for values read from a tensor of that dtype;
+  // dequantized FP8 values are rounded to nearest even).
   absl::StatusOr<kernels::DeviceBuffer> Upload16(const HostTensor& t, DType dtype) {
     std::vector<uint16_t> bits(static_cast<size_t>(t.size()));
     const float* src = t.data();
@@ -79,19 +85,19 @@ class Loader {
   absl::StatusOr<kernels::DeviceBuffer> Full(const std::string& name, const Shape& shape,
                                              DType dtype = DType::kF32) {
     RETURN_IF_ERROR(CheckDType(name));
-    ASSIGN_OR_RETURN(HostTensor t, ckpt_.Read(name, shape));
+    ASSIGN_OR_RETURN(HostTensor t, ReadWeight(ckpt_, spec_.fp8, name, shape));
     return UploadAs(t, dtype);
   }
   absl::StatusOr<kernels::DeviceBuffer> Rows(const std::string& name, const Shape& shape, int64_t begin,
                                              int64_t end, DType dtype = DType::kF32) {
     RETURN_IF_ERROR(CheckDType(name));
-    ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadRows(name, shape, begin, end));
+    ASSIGN_OR_RETURN(HostTensor t, ReadWeightRows(ckpt_, spec_.fp8, name, shape, begin, end));
     return UploadAs(t, dtype);
   }
   absl::StatusOr<kernels::DeviceBuffer> Cols(const std::string& name, const Shape& shape, int64_t begin,
                                              int64_t end, DType dtype = DType::kF32) {
     RETURN_IF_ERROR(CheckDType(name));
-    ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadCols(name, shape, begin, end));
+    ASSIGN_OR_RETURN(HostTensor t, ReadWeightCols(ckpt_, spec_.fp8, name, shape, begin, end));
     return UploadAs(t, dtype);
   }
 
@@ -133,7 +139,7 @@ class Loader {
   absl::StatusOr<kernels::DeviceBuffer> PaddedRows(const std::string& name, const Shape& shape, int64_t begin,
                                                    int64_t end, int64_t rows, DType dtype = DType::kF32) {
     RETURN_IF_ERROR(CheckDType(name));
-    ASSIGN_OR_RETURN(HostTensor t, ckpt_.ReadRows(name, shape, begin, end));
+    ASSIGN_OR_RETURN(HostTensor t, ReadWeightRows(ckpt_, spec_.fp8, name, shape, begin, end));
     HostTensor padded({rows, shape[1]});
     std::copy(t.data(), t.data() + t.size(), padded.data());
     return UploadAs(padded, dtype);

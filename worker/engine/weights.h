@@ -4,11 +4,14 @@
 // replicated. Each rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
 // Matrices (and the embedding table) stored as bf16 or f16 keep their dtype on backends that
 // SupportsOp(kLinear / kEmbedding, dtype) (the round trip through f32 is exact); everything else,
-// and every other backend, holds f32. With Quantization::kInt8 the matrices of LinearWeight (the
-// projections, experts and lm_head; not the router or the shared-expert gate) are quantized per
-// rank slice into kQ8 where the backend SupportsOp(kLinear, kQ8).
+// and every other backend, holds f32. Matrices of an FP8 checkpoint (F8_E4M3 with scales, see
+// ModelSpec::fp8) are dequantized on load (common/fp8) and held as bf16 where the backend
+// SupportsOp(kLinear, kBF16), rounded to nearest even, else f32. With Quantization::kInt8 the
+// matrices of LinearWeight (the projections, experts and lm_head; not the router or the
+// shared-expert gate) are quantized per rank slice into kQ8 where the backend SupportsOp(kLinear,
+// kQ8), FP8 ones after dequantization.
 // Every tensor's dtype and shape are checked against the ModelSpec before use; a mismatch is an
-// InvalidArgument naming the file and tensor.
+// InvalidArgument naming the file and tensor (FP8 scale errors: see common/fp8/fp8_weights.h).
 #ifndef SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_
 #define SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_
 

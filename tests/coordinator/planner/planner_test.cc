@@ -240,6 +240,23 @@ TEST(PlannerTest, BytesPerParamFollowTheCheckpointDtypeAndNormsStayF32) {
   EXPECT_EQ(g.kv_bytes_per_rank, g.kv_tokens * k100MKvBytesPerToken / 2);
 }
 
+TEST(PlannerTest, Fp8CheckpointsArePlannedAtTheBf16TheyAreHeldIn) {
+  // FP8 checkpoints declare torch_dtype bfloat16 and the loader holds their F8_E4M3 matrices as
+  // bf16 (not 1 byte): 2 bytes per parameter on CPU and GPU workers, norms at 4. This is the byte
+  // count tensor_parallel_test.cc's Fp8MatricesAreHeldAsBf16OnTheCpuBackend measures on a rank.
+  ASSERT_OK_AND_ASSIGN(const ModelSpec fp8, LoadModelSpec("tests/golden/models/llama_fp8_block"));
+  ASSERT_TRUE(fp8.fp8.has_value());
+  WorkerInventory gpu = Worker("g0", 4 * kGB);
+  for (Device& d : gpu.devices) d.kind = DeviceKind::kCuda;
+  EXPECT_EQ(WeightBytesPerParam(fp8, {Worker("w0", 4 * kGB)}), 2);
+  EXPECT_EQ(WeightBytesPerParam(fp8, {gpu}), 2);
+  EXPECT_EQ(KvBytesPerElement(fp8, {gpu}), 2);
+  const int64_t norms = fp8.hidden_size * (1 + 2 * fp8.num_layers);
+  ASSERT_OK_AND_ASSIGN(const Plan plan, PlanAndCheck(fp8, {Worker("w0", 4 * kGB)}));
+  EXPECT_EQ(plan.replicas[0].stages[0].predicted_weight_bytes_per_rank,
+            (fp8.NumParameters() - norms) * 2 + norms * 4);
+}
+
 TEST(PlannerTest, TiedEmbeddingIsSharedOnlyOnASingleRankThatHoldsBoth) {
   ModelSpec spec = Model100M();
   spec.tie_word_embeddings = true;

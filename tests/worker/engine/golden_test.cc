@@ -1,5 +1,9 @@
 // The engine against Hugging Face transformers: logits at every prompt position and 32 greedy
 // tokens for each tiny golden model (tests/golden/make_golden.py) and for the trained stories260K.
+// The FP8 golden models (tests/golden/make_fp8_golden.py) are checked the same way against a
+// float64 NumPy reference over their exactly dequantized weights; the engine holds those weights
+// rounded to bf16, so their logits get kFp8GoldenLogitsRtol (justified, with the measured error,
+// in tests/testing/golden.h) while their greedy tokens must match exactly.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -51,7 +55,8 @@ TEST_P(GoldenTest, LogitsAtEveryPromptPositionMatchTransformers) {
     const size_t v = static_cast<size_t>(l.spec.vocab_size);
     ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
     for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
-      ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(golden_.name, " position ", p));
+      ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(golden_.name, " position ", p),
+                        golden_.logits_rtol);
     }
   }
 }

@@ -1,5 +1,6 @@
 // Tensor and expert parallelism on CPU ranks: every layout gives the Hugging Face logits within
-// the golden tolerance and the same greedy tokens as one rank; each rank holds only its slice.
+// the golden tolerance (the FP8 models: their NumPy reference within kFp8GoldenLogitsRtol, see
+// tests/testing/golden.h) and the same greedy tokens as one rank; each rank holds only its slice.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -81,7 +82,8 @@ TEST_P(TensorParallelTest, LogitsMatchTransformersAndGreedyTokensMatchOneRank) {
                                                                    .all_logits = true}}));
     ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
     for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
-      testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(layout.name, " position ", p));
+      testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(layout.name, " position ", p),
+                                 golden.logits_rtol);
     }
   }
   // Greedy generation of all cases batched together, with chunked prefill.
@@ -135,7 +137,8 @@ TEST_P(PipelineTest, StagesChainedGiveTheSameGreedyTokensAndLogits) {
       {StepSequence{.block_ids = WholeContextBlocks(pipeline->options(), 2), .tokens = c.prompt_ids, .all_logits = true}}));
   const size_t v = static_cast<size_t>(pipeline->spec().vocab_size);
   for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
-    testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(layout.name, " position ", p));
+    testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(layout.name, " position ", p),
+                               golden.logits_rtol);
   }
   std::vector<GenerationRequest> reqs;
   for (const auto& gc : golden.cases) {
@@ -209,6 +212,26 @@ TEST(TensorParallelMemoryTest, Bf16MatricesStayBf16OnTheCpuBackend) {
         << "ranks " << n;
     EXPECT_EQ(static_cast<int64_t>(total_f32), n * (norm_params + embedding_params) * 4 + matrix_params * 4)
         << "ranks " << n;
+  }
+}
+
+TEST(TensorParallelMemoryTest, Fp8MatricesAreHeldAsBf16OnTheCpuBackend) {
+  // FP8 checkpoints: the F8_E4M3 projections are dequantized and held as bf16 (2 bytes, not the
+  // stored 1 byte plus scales); the BF16 embedding and lm_head stay bf16, the norms are f32.
+  for (const char* name : {"llama_fp8_block", "llama_fp8_tensor"}) {
+    const std::string dir = absl::StrCat("tests/golden/models/", name);
+    ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
+    const int64_t h = spec.hidden_size, v = spec.vocab_size;
+    const int64_t norm_params = h + spec.num_layers * 2 * h;
+    const int64_t embedding_params = v * h;
+    const int64_t matrix_params = spec.NumParameters() - norm_params - embedding_params;
+    for (int n : {1, 2}) {
+      ASSERT_OK_AND_ASSIGN(auto ex, MakeExecutor(dir, n, {}));
+      size_t total = 0;
+      for (size_t b : ex->WeightBytesPerRank()) total += b;
+      EXPECT_EQ(static_cast<int64_t>(total), n * (norm_params * 4 + embedding_params * 2) + matrix_params * 2)
+          << name << ", ranks " << n;
+    }
   }
 }
 

@@ -21,7 +21,7 @@ def run(*args):
 
 class GreedyIds(unittest.TestCase):
     def test_golden_models_match_transformers(self):
-        for name in ["llama", "mixtral", "qwen2_moe", "llama_bf16_sharded"]:
+        for name in ["llama", "mixtral", "qwen2_moe", "llama_bf16_sharded", "llama_fp8_block", "llama_fp8_tensor"]:
             ref = load_json(f"tests/golden/models/{name}/reference.json")
             case = ref["cases"][2]
             code, out, err = run("--model", f"tests/golden/models/{name}",
@@ -65,7 +65,7 @@ class GreedyIds(unittest.TestCase):
 
     def test_text_prompts_on_every_golden_model(self):
         for name in ["llama", "llama_tied_llama3rope_bias", "mistral", "qwen2", "mixtral", "qwen2_moe",
-                     "llama_bf16_sharded"]:
+                     "llama_bf16_sharded", "llama_fp8_block", "llama_fp8_tensor"]:
             model = f"tests/golden/models/{name}"
             ref = load_json(f"{model}/tokenizer_reference.json")
             for case in ref["cases"]:
