@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -92,19 +93,29 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
   std::unique_ptr<Checkpoint> ckpt_f, ckpt_q;
   ASSERT_OK_AND_ASSIGN(auto f32, MakeExecutor(golden.dir, ranks, Quantization::kNone, &ckpt_f));
   ASSERT_OK_AND_ASSIGN(auto int8, MakeExecutor(golden.dir, ranks, Quantization::kInt8, &ckpt_q));
-  // The projections are int8: well under half the bytes of the unquantized weights (which are
-  // f32, or bf16 for the bf16 checkpoint; the embedding and norms stay as they were).
+  // The projections are int8: fewer bytes than unquantized (f32, or bf16 for the bf16 and FP8
+  // checkpoints; the embedding and norms stay as they were). Int8PlannerTest checks the exact sum.
   const size_t f32_bytes = f32->WeightBytesPerRank()[0], int8_bytes = int8->WeightBytesPerRank()[0];
-  EXPECT_LT(int8_bytes, f32_bytes * 3 / 4) << name;
+  EXPECT_LT(int8_bytes, f32_bytes) << name;
   const size_t v = static_cast<size_t>(golden.cases[0].logits[0].size());
   Errors err;
   int32_t seq = 0;
+  // Per case: whether the first generated token cannot flip, because the reference's top-1 leads
+  // its runner-up by more than twice the largest int8 error at the last prompt position.
+  std::vector<bool> first_token_safe;
   for (const auto& c : golden.cases) {
     StepSequence s{.block_ids = WholeContextBlocks(int8->options(), seq++), .pos_begin = 0, .tokens = c.prompt_ids,
                    .all_logits = true};
     ASSERT_OK_AND_ASSIGN(StepResult r, int8->Step({s}));
     ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
     for (size_t p = 0; p < c.prompt_ids.size(); ++p) err.Add(c.logits[p], r.logits[0].data() + p * v);
+    const std::vector<float>& ref = c.logits.back();
+    const float* got = r.logits[0].data() + (c.prompt_ids.size() - 1) * v;
+    std::vector<float> sorted = ref;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    double worst = 0;
+    for (size_t i = 0; i < v; ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    first_token_safe.push_back(sorted[0] - sorted[1] > 2 * worst);
   }
   ASSERT_OK_AND_ASSIGN(auto res, Generate(*int8, GreedyRequests(golden)));
   size_t agree = 0, total = 0;
@@ -119,13 +130,19 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
   const bool flips = name == "qwen2_moe";
   EXPECT_LE(err.max_rel, flips ? kRoutingFlipMaxRelError : kMaxRelError) << name;
   EXPECT_LE(err.mean_rel(), flips ? kRoutingFlipMeanRelError : kMeanRelError) << name;
-  // Every case's first generated token is the reference's (measured on every model and rank count);
-  // later tokens may diverge where a greedy margin is below the int8 error, and the agreement
-  // printed above says how far they go.
+  // A first token whose margin exceeds twice the int8 error at that position cannot differ (36 of
+  // the 54 cases here qualify); later tokens, and the other first ones, may diverge where a greedy
+  // margin is below the error, and the agreement printed above says how far they go.
+  int safe_cases = 0;
   for (size_t i = 0; i < res.size(); ++i) {
     ASSERT_FALSE(res[i].tokens.empty());
-    EXPECT_EQ(res[i].tokens[0], golden.cases[i].greedy_ids[0]) << name << " case " << i;
+    if (first_token_safe[i]) {
+      EXPECT_EQ(res[i].tokens[0], golden.cases[i].greedy_ids[0]) << name << " case " << i;
+    }
+    safe_cases += first_token_safe[i] ? 1 : 0;
   }
+  std::printf("int8 %s tp%d: %d of %zu first tokens checked (margin above twice the int8 error)\n", name.c_str(), ranks,
+              safe_cases, res.size());
 }
 
 std::vector<std::tuple<std::string, int>> Cases() {
