@@ -1,4 +1,5 @@
-// Token sampling from one row of logits: greedy, temperature, top-k, top-p, seeded.
+// Token sampling from one row of logits: greedy, temperature, top-k, top-p, min-p, logit bias and
+// suppressed tokens, seeded; and the log-probabilities a request may ask for.
 //
 // Sampling is reproducible and independent of batching: the random number for a sequence's n-th
 // sampled token depends only on (seed, n), so a request gets the same tokens alone or in any batch,
@@ -7,6 +8,7 @@
 #define SHARDSERVE_WORKER_ENGINE_SAMPLING_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,11 +21,35 @@ struct SamplingParams {
   int32_t top_k = 0;         // 0 = no limit
   float top_p = 1.0f;        // in (0, 1]
   uint64_t seed = 0;
-  // Whether sampling picks the argmax (temperature 0 or top_k 1), which the device can do alone.
-  bool IsGreedy() const { return temperature == 0.0f || top_k == 1; }
-  // InvalidArgument naming the field: temperature < 0 or not finite, top_k < 0, top_p outside (0, 1].
+  // After temperature, top_k and top_p: candidates less likely than min_p times the most likely
+  // one are dropped (0 = off), as vLLM's min_p.
+  float min_p = 0.0f;
+  // Added to the logits before anything else, as OpenAI's logit_bias: (token id, bias). Ids outside
+  // the row are ignored (callers validate them against the vocabulary).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Tokens that cannot be chosen at this step (their logits count as -inf): the EOS and stop ids
+  // while a request has fewer than its min_tokens. Ids outside the row are ignored.
+  std::vector<int32_t> suppress_ids;
+  // Whether sampling is the argmax of the raw logits (temperature 0 or top_k 1, nothing biased or
+  // suppressed), which the device can do alone.
+  bool IsGreedy() const {
+    return (temperature == 0.0f || top_k == 1) && logit_bias.empty() && suppress_ids.empty();
+  }
+  // InvalidArgument naming the field: temperature < 0 or not finite, top_k < 0, top_p outside
+  // (0, 1], min_p outside [0, 1], a logit_bias value not finite or outside [-100, 100], a negative id.
   absl::Status Validate() const;
 };
+
+// The log-probabilities of one sampled token under the model (log-softmax of the raw logits, in
+// double, before temperature, bias or filtering, as vLLM reports them by default).
+struct TokenLogprobs {
+  float logprob = 0.0f;               // of the chosen token
+  std::vector<int32_t> top_ids;       // the top_n most likely tokens, most likely first (ties: lower id)
+  std::vector<float> top_logprobs;    // their logprobs
+};
+inline constexpr int32_t kMaxTopLogprobs = 20;
+// `chosen` in [0, logits.size()), top_n in [0, kMaxTopLogprobs] (clamped).
+TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t chosen, int32_t top_n);
 
 // Thread-compatible: one Sampler per thread (it keeps scratch space).
 class Sampler {
@@ -35,6 +61,7 @@ class Sampler {
  private:
   std::vector<int32_t> order_;
   std::vector<float> probs_;
+  std::vector<float> adjusted_;  // the row with logit_bias and suppress_ids applied
 };
 
 // The uniform number in [0, 1) used for (seed, step). Exposed for tests.

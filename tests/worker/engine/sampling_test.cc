@@ -87,6 +87,63 @@ TEST(SamplingTest, ValidateNamesTheBadField) {
   EXPECT_THAT(SamplingParams{.top_k = -1}.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_k")));
   EXPECT_THAT(SamplingParams{.top_p = 1.5f}.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_p")));
   EXPECT_THAT(SamplingParams{.top_p = 0.f}.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_p")));
+  EXPECT_THAT(SamplingParams{.min_p = 1.5f}.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("min_p")));
+  const SamplingParams too_big{.logit_bias = {{3, 101.f}}};
+  EXPECT_THAT(too_big.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("logit_bias for token 3")));
+  const SamplingParams negative_id{.logit_bias = {{-1, 1.f}}};
+  EXPECT_THAT(negative_id.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("logit_bias")));
+  EXPECT_THAT(SamplingParams{.suppress_ids = {-2}}.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("suppressed")));
+}
+
+TEST(SamplingTest, LogitBiasAndSuppressionChangeTheArgmaxAndAreNotGreedyOnTheDevice) {
+  Sampler s;
+  const std::vector<float> logits = {0.f, 3.f, 1.f, 2.f};
+  EXPECT_TRUE(SamplingParams{}.IsGreedy());
+  const SamplingParams bias{.logit_bias = {{2, 2.5f}}};
+  EXPECT_FALSE(bias.IsGreedy());
+  EXPECT_EQ(s.Sample(logits, bias, 0), 2);  // 1 + 2.5 > 3
+  const SamplingParams banned{.suppress_ids = {1, 99}};  // out-of-row ids are ignored
+  EXPECT_FALSE(banned.IsGreedy());
+  EXPECT_EQ(s.Sample(logits, banned, 0), 3);
+  // With a temperature, a suppressed token is never drawn, and a -100 bias makes one negligible.
+  for (uint64_t step = 0; step < 500; ++step) {
+    EXPECT_NE(s.Sample(logits, {.temperature = 3.0f, .seed = 5, .suppress_ids = {1}}, step), 1);
+    EXPECT_NE(s.Sample(logits, {.temperature = 1.0f, .seed = 5, .logit_bias = {{1, -100.f}}}, step), 1);
+  }
+}
+
+TEST(SamplingTest, MinPDropsTokensBelowAFractionOfTheMostLikely) {
+  Sampler s;
+  // p ~ {0.643, 0.237, 0.087, 0.032}: min_p 0.3 keeps ids with p >= 0.193: 0 and 1.
+  const std::vector<float> logits = {3.f, 2.f, 1.f, 0.f};
+  std::map<int32_t, int> seen;
+  for (uint64_t step = 0; step < 2000; ++step) ++seen[s.Sample(logits, {.temperature = 1.0f, .min_p = 0.3f}, step)];
+  EXPECT_EQ(seen.count(2), 0u);
+  EXPECT_EQ(seen.count(3), 0u);
+  EXPECT_NEAR(seen[0] / 2000.0, 0.731, 0.04);
+  // min_p 0 keeps everything: id 3 (p 0.032) shows up.
+  seen.clear();
+  for (uint64_t step = 0; step < 2000; ++step) ++seen[s.Sample(logits, {.temperature = 1.0f}, step)];
+  EXPECT_GT(seen[3], 20);
+}
+
+TEST(SamplingTest, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
+  const std::vector<float> logits = {1.f, 3.f, 3.f, -2.f, 0.5f};
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  const TokenLogprobs lp = ComputeLogprobs(logits, 4, 3);
+  EXPECT_NEAR(lp.logprob, 0.5 - std::log(z), 1e-6);
+  ASSERT_EQ(lp.top_ids, (std::vector<int32_t>{1, 2, 0}));  // ties: lower id first
+  ASSERT_EQ(lp.top_logprobs.size(), 3u);
+  EXPECT_NEAR(lp.top_logprobs[0], 3.0 - std::log(z), 1e-6);
+  EXPECT_EQ(lp.top_logprobs[0], lp.top_logprobs[1]);
+  EXPECT_NEAR(lp.top_logprobs[2], 1.0 - std::log(z), 1e-6);
+  EXPECT_TRUE(ComputeLogprobs(logits, 0, 0).top_ids.empty());
+  EXPECT_EQ(ComputeLogprobs(logits, 0, 99).top_ids.size(), logits.size());  // clamped to the row
+  // Large logits do not overflow.
+  const std::vector<float> big = {1000.f, 999.f};
+  EXPECT_NEAR(ComputeLogprobs(big, 1, 0).logprob, -1.0 - std::log1p(std::exp(-1.0)), 1e-6);
 }
 
 }  // namespace
