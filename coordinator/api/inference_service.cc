@@ -1,5 +1,6 @@
 #include "coordinator/api/inference_service.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -44,14 +45,21 @@ class GenerateStream final : public SequenceSink {
   // The client went away (OnCancel, or a failed write): stop generating.
   void RequestCancel() { canceller_.Cancel(); }  // may call OnEnd on this thread
 
-  void OnTokens(absl::Span<const int32_t> tokens) override {
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
     Action action;
     bool stop_now = false;
     {
       absl::MutexLock lock(&mu_);
       if (text_.stopped()) return;  // a stop string matched; the cancel is on its way
-      for (int32_t id : tokens) {
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        const int32_t id = tokens[i];
         pending_.add_token_ids(id);
+        if (i < logprobs.size()) {
+          v1::TokenLogprobs* lp = pending_.add_logprobs();
+          lp->set_logprob(logprobs[i].logprob);
+          lp->mutable_top_ids()->Add(logprobs[i].top_ids.begin(), logprobs[i].top_ids.end());
+          lp->mutable_top_logprobs()->Add(logprobs[i].top_logprobs.begin(), logprobs[i].top_logprobs.end());
+        }
         if (text_.Add(id, pending_.mutable_text())) {
           stop_now = true;
           break;
@@ -200,9 +208,15 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
   r.sampling = {.temperature = request.sampling().temperature(),
                 .top_k = request.sampling().top_k(),
                 .top_p = request.sampling().top_p() == 0.0f ? 1.0f : request.sampling().top_p(),
-                .seed = request.sampling().seed()};
+                .seed = request.sampling().seed(),
+                .min_p = request.sampling().min_p()};
+  for (const auto& [id, bias] : request.sampling().logit_bias()) r.sampling.logit_bias.emplace_back(id, bias);
+  std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
   r.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   r.ignore_eos = request.ignore_eos();
+  r.min_tokens = request.min_tokens();
+  r.logprobs = request.logprobs();
+  r.top_logprobs = request.top_logprobs();
   if (request.stop_size() > 0) {
     if (tokenizer_ == nullptr) return absl::InvalidArgumentError("stop: model has no tokenizer, so text stop strings cannot be matched");
     const std::vector<std::string> stops(request.stop().begin(), request.stop().end());

@@ -21,12 +21,12 @@ class LoggingSink final : public SequenceSink {
   LoggingSink(std::string request_id, std::shared_ptr<SequenceSink> inner, const Clock* clock)
       : request_id_(LogValue(request_id)), inner_(std::move(inner)), clock_(clock), start_(clock->Now()) {}
 
-  void OnTokens(absl::Span<const int32_t> tokens) override {
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
     {
       absl::MutexLock lock(&mu_);
       if (!first_token_.has_value()) first_token_ = clock_->Now();
     }
-    inner_->OnTokens(tokens);
+    inner_->OnTokens(tokens, logprobs);
   }
 
   void OnEnd(const SequenceEnd& end) override {

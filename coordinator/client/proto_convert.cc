@@ -86,7 +86,12 @@ void ToProto(const StepInput& input, v1::StepRequest* out) {
       p->set_top_k(in.sampling.top_k);
       p->set_top_p(in.sampling.top_p);
       p->set_seed(in.sampling.seed);
+      p->set_min_p(in.sampling.min_p);
+      for (const auto& [id, bias] : in.sampling.logit_bias) (*p->mutable_logit_bias())[id] = bias;
       s->set_sample_index(in.sample_index);
+      s->mutable_suppress_token_ids()->Add(in.suppress_token_ids.begin(), in.suppress_token_ids.end());
+      s->set_logprobs(in.logprobs);
+      s->set_top_logprobs(in.top_logprobs);
     }
     s->set_request_id(in.request_id);
   }
@@ -101,6 +106,11 @@ absl::StatusOr<StepOutput> FromProto(const v1::StepResponse& response) {
   }
   StepOutput out;
   out.token_ids.assign(response.token_ids().begin(), response.token_ids().end());
+  for (const v1::TokenLogprobs& lp : response.logprobs()) {
+    out.logprobs.push_back(TokenLogprobs{.logprob = lp.logprob(),
+                                         .top_ids = {lp.top_ids().begin(), lp.top_ids().end()},
+                                         .top_logprobs = {lp.top_logprobs().begin(), lp.top_logprobs().end()}});
+  }
   return out;
 }
 

@@ -40,7 +40,7 @@ class HttpSequence final : public SequenceSink {
   // scheduler may call OnEnd on this thread.
   void Cancel() { canceller_.Cancel(); }
 
-  void OnTokens(absl::Span<const int32_t> tokens) override {
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> /*logprobs*/) override {
     bool stop_now = false;
     {
       absl::MutexLock lock(&mu_);

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,12 +18,22 @@
 namespace shardserve::coordinator {
 
 // How the last stage picks a token (shardserve.v1.SamplingParams, already validated: temperature
-// >= 0 and finite, top_k >= 0, top_p in (0, 1] with 0 already read as 1).
+// >= 0 and finite, top_k >= 0, top_p in (0, 1] with 0 already read as 1, min_p in [0, 1], logit
+// bias ids in the vocabulary and values in [-100, 100]).
 struct SamplingOptions {
   float temperature = 0.0f;  // 0 = greedy
   int32_t top_k = 0;         // 0 = no limit
   float top_p = 1.0f;
   uint64_t seed = 0;
+  float min_p = 0.0f;                                   // 0 = off
+  std::vector<std::pair<int32_t, float>> logit_bias;    // (token id, bias), sorted by id
+};
+
+// shardserve.v1.TokenLogprobs: one generated token's logprob and the most likely tokens'.
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
 };
 
 // One sequence's part of a micro-batch.
@@ -37,6 +48,9 @@ struct StepSequenceInput {
   SamplingOptions sampling;        // with sample
   uint64_t sample_index = 0;       // with sample: index of the token in the sequence's output
   std::string request_id;          // for logs only
+  std::vector<int32_t> suppress_token_ids;  // with sample: cannot be chosen this step (min_tokens)
+  bool logprobs = false;                    // with sample: return the token's logprobs
+  int32_t top_logprobs = 0;                 // and this many of the most likely tokens' (<= 20)
 };
 
 struct StepInput {
@@ -47,6 +61,9 @@ struct StepInput {
 struct StepOutput {
   // One token per sequence with sample = true, in input order.
   std::vector<int32_t> token_ids;
+  // Empty when no sequence asked for logprobs; else one entry per token_ids entry (empty entries
+  // for the sequences that did not ask).
+  std::vector<TokenLogprobs> logprobs;
 };
 
 // Contract for implementations:

@@ -71,6 +71,7 @@ struct Scheduler::Replica {
 struct Scheduler::Event {
   std::shared_ptr<SequenceSink> sink;
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // empty, or one per token
   std::optional<SequenceEnd> end;
 };
 
@@ -453,8 +454,18 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
     in.token_ids.assign(s->context.begin() + s->consumed, s->context.begin() + s->consumed + m.n);
     in.sample = s->consumed + m.n == static_cast<int64_t>(s->context.size());
     if (in.sample) {
-      in.sampling = s->request.sampling;
+      const SequenceRequest& req = s->request;
+      in.sampling = req.sampling;
       in.sample_index = static_cast<uint64_t>(s->generated);
+      in.logprobs = req.logprobs;
+      in.top_logprobs = req.top_logprobs;
+      if (s->generated < req.min_tokens) {
+        in.suppress_token_ids = req.stop_token_ids;
+        if (!req.ignore_eos) {
+          in.suppress_token_ids.insert(in.suppress_token_ids.end(), options_.eos_token_ids.begin(),
+                                       options_.eos_token_ids.end());
+        }
+      }
     }
     in.request_id = s->request.request_id;
     batch.input.sequences.push_back(std::move(in));
@@ -472,9 +483,14 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
   if (status.ok()) {
     size_t want = 0;
     for (const StepSequenceInput& in : batch.input.sequences) want += in.sample ? 1 : 0;
+    bool logprobs = false;
+    for (const StepSequenceInput& in : batch.input.sequences) logprobs = logprobs || (in.sample && in.logprobs);
     if (out->token_ids.size() != want) {
       status = absl::InternalError(absl::StrCat("replica ", r.id, " returned ", out->token_ids.size(),
                                                 " tokens for a step that sampled ", want, " sequences"));
+    } else if (logprobs && out->logprobs.size() != want) {
+      status = absl::InternalError(absl::StrCat("replica ", r.id, " returned ", out->logprobs.size(),
+                                                " logprobs for a step that sampled ", want, " sequences"));
     }
   }
   if (options_.observer != nullptr) {
@@ -500,6 +516,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
   size_t k = 0;
   for (size_t b = 0; b < batch.members.size(); ++b) {
     const StepSequenceInput& in = batch.input.sequences[b];
+    const size_t sampled = k;
     const int32_t token = (status.ok() && in.sample) ? out->token_ids[k++] : -1;
     auto it = sequences_.find(batch.members[b]);
     CHECK(it != sequences_.end()) << "a sequence in flight was ended by another thread";
@@ -526,6 +543,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     }
     s.last_token = now;
     events.push_back(Event{.sink = s.sink, .tokens = {token}});
+    if (in.logprobs) events.back().logprobs.push_back(out->logprobs[sampled]);
     const SequenceRequest& req = s.request;
     const bool stop = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
                           req.stop_token_ids.end() ||
@@ -575,7 +593,7 @@ void Scheduler::ReplicaLoop(Replica* r) {
 
 void Scheduler::Deliver(std::vector<Event>& events) {
   for (Event& e : events) {
-    if (!e.tokens.empty()) e.sink->OnTokens(e.tokens);
+    if (!e.tokens.empty()) e.sink->OnTokens(e.tokens, e.logprobs);
     if (e.end.has_value()) e.sink->OnEnd(*e.end);
   }
   events.clear();

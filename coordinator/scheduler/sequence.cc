@@ -54,6 +54,31 @@ absl::Status ValidateSequenceRequest(const SequenceRequest& r, const RequestLimi
                                                      " is outside the vocabulary [0, ", limits.vocab_size, ")"));
     }
   }
+  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.min_p must be in [0, 1], got ", s.min_p));
+  }
+  if (s.logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias has ", s.logit_bias.size(),
+                                                   " entries; at most ", kMaxLogitBias, " are allowed"));
+  }
+  for (const auto& [id, bias] : s.logit_bias) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias token ", id,
+                                                     " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.logit_bias for token ", id, " must be in [-100, 100], got ", bias));
+    }
+  }
+  if (r.min_tokens < 0 || r.min_tokens > r.max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_tokens must be in [0, max_tokens = ", r.max_tokens, "], got ", r.min_tokens));
+  }
+  if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "], got ", r.top_logprobs));
+  }
   return absl::OkStatus();
 }
 

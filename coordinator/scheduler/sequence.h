@@ -15,6 +15,9 @@
 
 namespace shardserve::coordinator {
 
+inline constexpr size_t kMaxLogitBias = 1024;
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
 struct SequenceRequest {
   std::string request_id;              // for logs and replies; may be empty
   std::vector<int32_t> prompt;         // token ids, used exactly as given
@@ -22,6 +25,11 @@ struct SequenceRequest {
   SamplingOptions sampling;            // top_p already mapped from 0 (unset) to 1
   std::vector<int32_t> stop_token_ids;  // end generation after emitting one of these...
   bool ignore_eos = false;              // ...and after the model's EOS ids unless this is set
+  // Until this many tokens are generated, stop_token_ids (and the EOS ids unless ignore_eos)
+  // cannot be sampled. In [0, max_tokens].
+  int32_t min_tokens = 0;
+  bool logprobs = false;      // report each generated token's logprobs (SequenceSink::OnTokens)
+  int32_t top_logprobs = 0;   // and this many of the most likely tokens', in [0, 20]
 };
 
 // Mirrors shardserve.v1.FinishReason.
@@ -53,8 +61,9 @@ struct SequenceEnd {
 class SequenceSink {
  public:
   virtual ~SequenceSink() = default;
-  // New tokens, in order, since the previous call (non-empty).
-  virtual void OnTokens(absl::Span<const int32_t> tokens) = 0;
+  // New tokens, in order, since the previous call (non-empty); `logprobs` is empty unless the
+  // request asked for them, then one entry per token.
+  virtual void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) = 0;
   virtual void OnEnd(const SequenceEnd& end) = 0;
 };
 
@@ -68,7 +77,10 @@ struct RequestLimits {
 // is empty; a prompt id is outside [0, vocab_size) ("prompt.token_ids[3] = 999 is outside ...");
 // the prompt has max_seq_len tokens or more; max_tokens < 1; prompt + max_tokens exceeds
 // max_seq_len; sampling.temperature is negative or not finite; sampling.top_k < 0;
-// sampling.top_p is outside (0, 1]; a stop_token_ids entry is outside the vocabulary. Pure.
+// sampling.top_p is outside (0, 1]; sampling.min_p is outside [0, 1]; a logit_bias id is outside
+// the vocabulary or its bias outside [-100, 100] (or more than 1024 entries); a stop_token_ids
+// entry is outside the vocabulary; min_tokens is outside [0, max_tokens]; top_logprobs is outside
+// [0, 20]. Pure.
 absl::Status ValidateSequenceRequest(const SequenceRequest& request, const RequestLimits& limits);
 
 }  // namespace shardserve::coordinator

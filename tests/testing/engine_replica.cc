@@ -99,15 +99,28 @@ absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::S
   }
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(batch));
   coordinator::StepOutput out;
+  bool any_logprobs = false;
+  for (const coordinator::StepSequenceInput& s : input.sequences) any_logprobs = any_logprobs || (s.sample && s.logprobs);
   for (size_t b = 0; b < input.sequences.size(); ++b) {
     const coordinator::StepSequenceInput& s = input.sequences[b];
     if (!s.sample) continue;
     const engine::SamplingParams params{.temperature = s.sampling.temperature,
                                         .top_k = s.sampling.top_k,
                                         .top_p = s.sampling.top_p,
-                                        .seed = s.sampling.seed};
+                                        .seed = s.sampling.seed,
+                                        .min_p = s.sampling.min_p,
+                                        .logit_bias = s.sampling.logit_bias,
+                                        .suppress_ids = s.suppress_token_ids};
     if (absl::Status st = params.Validate(); !st.ok()) return st;
-    out.token_ids.push_back(sampler_->Sample(result.logits[b], params, s.sample_index));
+    const int32_t token = sampler_->Sample(result.logits[b], params, s.sample_index);
+    out.token_ids.push_back(token);
+    if (any_logprobs) {
+      coordinator::TokenLogprobs& lp = out.logprobs.emplace_back();
+      if (s.logprobs) {
+        engine::TokenLogprobs e = engine::ComputeLogprobs(result.logits[b], token, s.top_logprobs);
+        lp = {.logprob = e.logprob, .top_ids = std::move(e.top_ids), .top_logprobs = std::move(e.top_logprobs)};
+      }
+    }
   }
   return out;
 }

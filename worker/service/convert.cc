@@ -1,11 +1,43 @@
 #include "worker/service/convert.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
 
 namespace shardserve::service {
+namespace {
+
+engine::SamplingParams SamplingFromProto(const v1::StepSequence& p) {
+  engine::SamplingParams s;
+  s.temperature = p.sampling().temperature();
+  s.top_k = p.sampling().top_k();
+  s.top_p = p.sampling().top_p() == 0.0f ? 1.0f : p.sampling().top_p();
+  s.seed = p.sampling().seed();
+  s.min_p = p.sampling().min_p();
+  // Sorted by id: the map's iteration order is unspecified, the sum is not order-dependent, but a
+  // fixed order keeps the forwarded message byte-identical.
+  for (const auto& [id, bias] : p.sampling().logit_bias()) s.logit_bias.emplace_back(id, bias);
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
+  s.suppress_ids.assign(p.suppress_token_ids().begin(), p.suppress_token_ids().end());
+  return s;
+}
+
+void SamplingToProto(const StageSequence& s, v1::StepSequence* p) {
+  v1::SamplingParams* o = p->mutable_sampling();
+  o->set_temperature(s.sampling.temperature);
+  o->set_top_k(s.sampling.top_k);
+  o->set_top_p(s.sampling.top_p);
+  o->set_seed(s.sampling.seed);
+  o->set_min_p(s.sampling.min_p);
+  for (const auto& [id, bias] : s.sampling.logit_bias) (*o->mutable_logit_bias())[id] = bias;
+  p->mutable_suppress_token_ids()->Add(s.sampling.suppress_ids.begin(), s.sampling.suppress_ids.end());
+  p->set_logprobs(s.logprobs);
+  p->set_top_logprobs(s.top_logprobs);
+}
+
+}  // namespace
 
 absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size) {
   StageBatch batch;
@@ -24,11 +56,14 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
     }
     if (s.step.NumTokens() < 1) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": no tokens"));
     s.sample = p.sample();
-    s.sampling.temperature = p.sampling().temperature();
-    s.sampling.top_k = p.sampling().top_k();
-    s.sampling.top_p = p.sampling().top_p() == 0.0f ? 1.0f : p.sampling().top_p();
-    s.sampling.seed = p.sampling().seed();
+    s.sampling = SamplingFromProto(p);
     if (s.sample) RETURN_IF_ERROR(s.sampling.Validate());
+    s.logprobs = p.logprobs();
+    s.top_logprobs = p.top_logprobs();
+    if (s.top_logprobs < 0 || s.top_logprobs > engine::kMaxTopLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": top_logprobs must be in [0, ",
+                                                     engine::kMaxTopLogprobs, "], got ", s.top_logprobs));
+    }
     s.sample_index = p.sample_index();
     s.request_id = p.request_id();
     total += s.step.NumTokens();
@@ -64,10 +99,7 @@ std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden
     p->set_pos_begin(s.step.pos_begin);
     p->set_num_tokens(s.step.NumTokens());
     p->set_sample(s.sample);
-    p->mutable_sampling()->set_temperature(s.sampling.temperature);
-    p->mutable_sampling()->set_top_k(s.sampling.top_k);
-    p->mutable_sampling()->set_top_p(s.sampling.top_p);
-    p->mutable_sampling()->set_seed(s.sampling.seed);
+    SamplingToProto(s, p);
     p->set_sample_index(s.sample_index);
     p->set_request_id(s.request_id);
     total += s.step.NumTokens();

@@ -24,9 +24,11 @@ inline constexpr int kMaxMessageBytes = 8 << 20;
 struct StageSequence {
   engine::StepSequence step;       // slot, positions, tokens (first stage) or num_tokens
   bool sample = false;             // the last stage samples for it
-  engine::SamplingParams sampling;
+  engine::SamplingParams sampling;  // suppress_ids from the step's suppress_token_ids
   uint64_t sample_index = 0;
   std::string request_id;
+  bool logprobs = false;       // return the sampled token's logprobs
+  int32_t top_logprobs = 0;    // and this many of the most likely tokens', in [0, 20]
 };
 
 // A micro-batch, reassembled.

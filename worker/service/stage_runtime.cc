@@ -265,7 +265,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   for (const StageSequence& s : batch.sequences) {
     steps.push_back(s.step);
     // Greedy sequences get their id from the last stage's device, not a logits row.
-    steps.back().greedy = is_last() && s.sample && s.sampling.IsGreedy();
+    steps.back().greedy = is_last() && s.sample && s.sampling.IsGreedy() && !s.logprobs;
   }
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.hidden));
@@ -289,18 +289,31 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   }
   v1::StepResponse response;
   response.set_step_id(batch.step_id);
+  bool any_logprobs = false;
+  for (const StageSequence& s : batch.sequences) any_logprobs = any_logprobs || (s.sample && s.logprobs);
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const StageSequence& s = batch.sequences[i];
     if (!s.sample) continue;
     if (i < result.greedy_ids.size() && result.greedy_ids[i] >= 0) {
       response.add_token_ids(result.greedy_ids[i]);
+      if (any_logprobs) response.add_logprobs();  // this one did not ask (it would have had its row)
       continue;
     }
     const std::vector<float>& logits = result.logits[i];
     const size_t vocab = static_cast<size_t>(runner_->spec().vocab_size);
     // The last row holds the logits of the sequence's last new token.
     absl::Span<const float> row(logits.data() + logits.size() - vocab, vocab);
-    response.add_token_ids(sampler_.Sample(row, s.sampling, s.sample_index));
+    const int32_t token = sampler_.Sample(row, s.sampling, s.sample_index);
+    response.add_token_ids(token);
+    if (any_logprobs) {
+      v1::TokenLogprobs* out = response.add_logprobs();
+      if (s.logprobs) {
+        const engine::TokenLogprobs lp = engine::ComputeLogprobs(row, token, s.top_logprobs);
+        out->set_logprob(lp.logprob);
+        out->mutable_top_ids()->Add(lp.top_ids.begin(), lp.top_ids.end());
+        out->mutable_top_logprobs()->Add(lp.top_logprobs.begin(), lp.top_logprobs.end());
+      }
+    }
   }
   return response;
 }

@@ -7,7 +7,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -405,6 +408,88 @@ TEST_F(CoordinatorApiTest, GenerateRejectsBadRequestsNamingTheField) {
   expect_invalid(top_p, "sampling.top_p must be in (0, 1]");
   // top_p 0 means unset.
   EXPECT_TRUE(Generate(IdsRequest({1, 2}, 2)).status.ok());
+}
+
+// logprobs against the log-softmax of transformers' logits (stories260K_reference.json), and the
+// sampling extras: logit_bias moves the argmax, min_tokens holds back a stop id.
+TEST_F(CoordinatorApiTest, LogprobsLogitBiasAndMinTokens) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  BringUpOneWorker();
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadStories260K());
+  const testing::GoldenCase& c = golden.cases[1];  // "Once upon a time"
+  const std::vector<float>& ref = c.last_logits;
+  double mx = *std::max_element(ref.begin(), ref.end()), z = 0;
+  for (float l : ref) z += std::exp(static_cast<double>(l) - mx);
+  const double log_z = mx + std::log(z);
+
+  v1::GenerateRequest req = IdsRequest(c.prompt_ids, 3);
+  req.set_logprobs(true);
+  req.set_top_logprobs(5);
+  GenerateResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.ids.size(), 3u);
+  EXPECT_EQ(r.ids[0], c.greedy_ids[0]);
+  std::vector<v1::TokenLogprobs> lps;
+  for (const auto& m : r.messages) {
+    ASSERT_EQ(m.logprobs_size(), m.token_ids_size());
+    lps.insert(lps.end(), m.logprobs().begin(), m.logprobs().end());
+  }
+  ASSERT_EQ(lps.size(), 3u);
+  EXPECT_NEAR(lps[0].logprob(), ref[static_cast<size_t>(c.greedy_ids[0])] - log_z, 2e-3);
+  ASSERT_EQ(lps[0].top_ids_size(), 5);
+  EXPECT_EQ(lps[0].top_ids(0), c.greedy_ids[0]);  // greedy: the chosen token is the most likely
+  EXPECT_EQ(lps[0].top_logprobs(0), lps[0].logprob());
+  for (int i = 1; i < 5; ++i) {
+    EXPECT_LE(lps[0].top_logprobs(i), lps[0].top_logprobs(i - 1));
+    EXPECT_NEAR(lps[0].top_logprobs(i), ref[static_cast<size_t>(lps[0].top_ids(i))] - log_z, 2e-3);
+  }
+  for (const auto& lp : lps) EXPECT_LE(lp.logprob(), 0.0f);
+  // Without asking, no logprobs.
+  r = Generate(IdsRequest(c.prompt_ids, 2));
+  for (const auto& m : r.messages) EXPECT_EQ(m.logprobs_size(), 0);
+
+  // logit_bias -100 on the greedy token: the runner-up of the reference logits comes first.
+  std::vector<int32_t> order(ref.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return ref[static_cast<size_t>(a)] > ref[static_cast<size_t>(b)]; });
+  ASSERT_EQ(order[0], c.greedy_ids[0]);
+  v1::GenerateRequest biased = IdsRequest(c.prompt_ids, 1);
+  (*biased.mutable_sampling()->mutable_logit_bias())[c.greedy_ids[0]] = -100.0f;
+  r = Generate(biased);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, std::vector<int32_t>{order[1]});
+
+  // The second greedy token as a stop id ends generation there; with min_tokens 3 it cannot be
+  // sampled before the third token.
+  v1::GenerateRequest stop = IdsRequest(c.prompt_ids, 8);
+  stop.add_stop_token_ids(c.greedy_ids[1]);
+  r = Generate(stop);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{c.greedy_ids[0], c.greedy_ids[1]}));
+  EXPECT_EQ(r.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+  stop.set_min_tokens(3);
+  r = Generate(stop);
+  ASSERT_TRUE(r.status.ok());
+  ASSERT_GE(r.ids.size(), 3u);
+  EXPECT_EQ(r.ids[0], c.greedy_ids[0]);
+  EXPECT_NE(r.ids[1], c.greedy_ids[1]);
+
+  // Bad values name the field.
+  v1::GenerateRequest bad = IdsRequest(c.prompt_ids, 2);
+  bad.set_min_tokens(3);
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("min_tokens must be in [0, max_tokens = 2]"));
+  bad = IdsRequest(c.prompt_ids, 2);
+  bad.set_top_logprobs(21);
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("top_logprobs must be in [0, 20]"));
+  bad = IdsRequest(c.prompt_ids, 2);
+  (*bad.mutable_sampling()->mutable_logit_bias())[512] = 1.0f;
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("logit_bias token 512 is outside the vocabulary"));
+  bad = IdsRequest(c.prompt_ids, 2);
+  (*bad.mutable_sampling()->mutable_logit_bias())[5] = 101.0f;
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("must be in [-100, 100]"));
+  bad = IdsRequest(c.prompt_ids, 2);
+  bad.mutable_sampling()->set_min_p(2.0f);
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("sampling.min_p"));
 }
 
 TEST_F(CoordinatorApiTest, TokenizeAndModelInfo) {

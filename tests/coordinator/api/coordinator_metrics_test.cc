@@ -218,7 +218,7 @@ class FakeReplica final : public ReplicaClient {
 
 class EndSink final : public SequenceSink {
  public:
-  void OnTokens(absl::Span<const int32_t> tokens) override {
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> /*logprobs*/) override {
     absl::MutexLock lock(&mu_);
     tokens_ += static_cast<int>(tokens.size());
   }

@@ -45,7 +45,7 @@ std::string ModelDir(const std::string& name) { return absl::StrCat("tests/golde
 // Records one sequence's output; OnEnd must come exactly once, after all tokens.
 class CollectingSink final : public SequenceSink {
  public:
-  void OnTokens(absl::Span<const int32_t> tokens) override {
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> /*logprobs*/) override {
     absl::MutexLock lock(&mu_);
     EXPECT_EQ(ends_, 0) << "tokens after OnEnd";
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());

@@ -9,7 +9,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
+#include <numeric>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -186,6 +190,60 @@ TEST_F(StageStreamTest, GreedyTokensThroughTwoStagesMatchTransformers) {
         "shardserve_worker_assignment_load_seconds"}) {
     EXPECT_THAT(page, HasSubstr(expected));
   }
+}
+
+// Logprobs, logit bias and suppressed ids travel through both stages (the first forwards them) and
+// are applied by the last: against the log-softmax of transformers' logits of the prompt.
+TEST_F(StageStreamTest, LogprobsBiasAndSuppressionReachTheLastStage) {
+  grpc::ClientContext ctx;
+  auto stream = stub_->StepStream(&ctx);
+  const auto& gc = golden_.cases[1];
+  const std::vector<float>& ref = gc.logits.back();
+  const double mx = *std::max_element(ref.begin(), ref.end());
+  double z = 0;
+  for (float l : ref) z += std::exp(static_cast<double>(l) - mx);
+  const double log_z = mx + std::log(z);
+  std::vector<int32_t> order(ref.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return ref[static_cast<size_t>(a)] > ref[static_cast<size_t>(b)]; });
+  ASSERT_EQ(order[0], gc.greedy_ids[0]);
+  auto run = [&](uint64_t id, int seq, const std::function<void(v1::StepSequence*)>& edit, bool ok = true) {
+    v1::StepRequest req = Step(id, seq, 0, gc.prompt_ids, 0);
+    edit(req.mutable_sequences(0));
+    EXPECT_TRUE(stream->Write(req));
+    v1::StepResponse r;
+    EXPECT_TRUE(stream->Read(&r));
+    if (ok) {
+      EXPECT_EQ(r.error_code(), 0) << r.error_message();
+    }
+    return r;
+  };
+  v1::StepResponse r = run(1, 0, [](v1::StepSequence* s) {
+    s->set_logprobs(true);
+    s->set_top_logprobs(3);
+  });
+  ASSERT_EQ(r.token_ids_size(), 1);
+  EXPECT_EQ(r.token_ids(0), gc.greedy_ids[0]);
+  ASSERT_EQ(r.logprobs_size(), 1);
+  EXPECT_NEAR(r.logprobs(0).logprob(), ref[static_cast<size_t>(gc.greedy_ids[0])] - log_z, 1e-3);
+  ASSERT_EQ(r.logprobs(0).top_ids_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.logprobs(0).top_ids(i), order[static_cast<size_t>(i)]);
+    EXPECT_NEAR(r.logprobs(0).top_logprobs(i), ref[static_cast<size_t>(order[static_cast<size_t>(i)])] - log_z, 1e-3);
+  }
+  r = run(2, 1, [&](v1::StepSequence* s) { s->add_suppress_token_ids(gc.greedy_ids[0]); });
+  ASSERT_EQ(r.token_ids_size(), 1);
+  EXPECT_EQ(r.token_ids(0), order[1]);
+  EXPECT_EQ(r.logprobs_size(), 0);  // not asked
+  r = run(3, 2, [&](v1::StepSequence* s) { (*s->mutable_sampling()->mutable_logit_bias())[gc.greedy_ids[0]] = -100.f; });
+  ASSERT_EQ(r.token_ids_size(), 1);
+  EXPECT_EQ(r.token_ids(0), order[1]);
+  r = run(4, 3, [](v1::StepSequence* s) { s->set_top_logprobs(21); }, /*ok=*/false);
+  EXPECT_NE(r.error_code(), 0);
+  EXPECT_THAT(r.error_message(), HasSubstr("top_logprobs must be in [0, 20]"));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST_F(StageStreamTest, BadStepsGetErrorResponsesAndTheStreamStaysUsable) {
