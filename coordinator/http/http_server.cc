@@ -2,7 +2,9 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -264,7 +266,19 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   seq.sampling = {.temperature = static_cast<float>(fields.temperature),
                   .top_k = static_cast<int32_t>(fields.top_k),
                   .top_p = static_cast<float>(fields.top_p),
-                  .seed = static_cast<uint64_t>(fields.seed.value_or(0))};
+                  .seed = static_cast<uint64_t>(fields.seed.value_or(0)),
+                  .min_p = static_cast<float>(fields.min_p)};
+  // Ids beyond the vocabulary (int32 included) are refused by ValidateSequenceRequest below.
+  auto clamp_id = [](int64_t id) {
+    return static_cast<int32_t>(std::clamp<int64_t>(id, -1, std::numeric_limits<int32_t>::max()));
+  };
+  for (const auto& [id, bias] : fields.logit_bias) {
+    seq.sampling.logit_bias.emplace_back(clamp_id(id), static_cast<float>(bias));
+  }
+  std::sort(seq.sampling.logit_bias.begin(), seq.sampling.logit_bias.end());
+  for (int64_t id : fields.stop_token_ids) seq.stop_token_ids.push_back(clamp_id(id));
+  seq.ignore_eos = fields.ignore_eos;
+  seq.min_tokens = static_cast<int32_t>(std::min<int64_t>(fields.min_tokens, std::numeric_limits<int32_t>::max()));
   const uint64_t n = next_id.fetch_add(1);
   seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", n);
   if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return Reject(res, st);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardserve::coordinator::http {
@@ -142,9 +143,47 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
     if (!p.ok()) return p.status();
     if (*p != 0) return InvalidParam(key, absl::StrCat("'", key, "' is not supported (only 0)"));
   } else if (key == "logit_bias") {
-    if (v.is_null() || (v.is_object() && v.empty())) return true;
+    if (v.is_null()) return true;
     if (!v.is_object()) return WrongType(key, "an object", v);
-    return InvalidParam(key, "'logit_bias' is not supported");
+    for (const auto& [k, x] : v.items()) {
+      int64_t id = -1;
+      if (!absl::SimpleAtoi(k, &id) || id < 0) {
+        return InvalidParam(key, absl::StrCat("'logit_bias' keys must be token ids (integers >= 0), got \"", k, "\""));
+      }
+      absl::StatusOr<double> b = GetNumber(x, absl::StrCat("logit_bias.", k));
+      if (!b.ok()) return b.status();
+      if (!(*b >= -100 && *b <= 100)) {
+        return InvalidParam(key, absl::StrCat("'logit_bias' values must be in [-100, 100], got ", *b, " for token ", k));
+      }
+      f->logit_bias.emplace_back(id, *b);
+    }
+  } else if (key == "min_p") {
+    if (v.is_null()) return true;
+    absl::StatusOr<double> p = GetNumber(v, key);
+    if (!p.ok()) return p.status();
+    if (!(*p >= 0 && *p <= 1)) return InvalidParam(key, absl::StrCat("'min_p' must be in [0, 1], got ", *p));
+    f->min_p = *p;
+  } else if (key == "min_tokens") {
+    if (v.is_null()) return true;
+    absl::StatusOr<int64_t> n = GetInt(v, key);
+    if (!n.ok()) return n.status();
+    if (*n < 0 || *n > std::numeric_limits<int32_t>::max()) {
+      return InvalidParam(key, absl::StrCat("'min_tokens' must be >= 0, got ", *n));
+    }
+    f->min_tokens = *n;
+  } else if (key == "stop_token_ids") {
+    if (v.is_null()) return true;
+    if (!v.is_array()) return WrongType(key, "an array of integers", v);
+    for (size_t i = 0; i < v.size(); ++i) {
+      absl::StatusOr<int64_t> id = GetInt(v[i], absl::StrCat("stop_token_ids[", i, "]"));
+      if (!id.ok()) return id.status();
+      f->stop_token_ids.push_back(*id);
+    }
+  } else if (key == "ignore_eos") {
+    if (v.is_null()) return true;
+    absl::StatusOr<bool> b = GetBool(v, key);
+    if (!b.ok()) return b.status();
+    f->ignore_eos = *b;
   } else if (key == "user") {
     if (!v.is_string() && !v.is_null()) return WrongType(key, "a string", v);
   } else {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,6 +34,13 @@ struct SamplingFields {
   std::vector<std::string> stop;      // a string or an array of strings
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
+  // Extensions as vLLM spells them:
+  double min_p = 0.0;                 // [0, 1]; 0 = off
+  int64_t min_tokens = 0;             // >= 0
+  std::vector<int64_t> stop_token_ids;
+  bool ignore_eos = false;
+  // OpenAI's logit_bias: {"token id": bias in [-100, 100]}, ids checked against the vocabulary later.
+  std::vector<std::pair<int64_t, double>> logit_bias;
 };
 
 struct CompletionRequest {

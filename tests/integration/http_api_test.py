@@ -129,6 +129,26 @@ class HttpApiTest(unittest.TestCase):
         self.assertEqual(r["choices"][0]["finish_reason"], "stop")
         self.assertLess(r["usage"]["completion_tokens"], 40)
 
+    def test_sampling_extensions(self):
+        # logit_bias -100 on the greedy first token changes it; stop_token_ids ends at a token,
+        # and min_tokens holds that stop back; bad values are 400 naming the field.
+        greedy = self.completion(prompt=[1, 403, 407], max_tokens=3, temperature=0)["choices"][0]["text"]
+        biased = self.completion(prompt=[1, 403, 407], max_tokens=3, temperature=0,
+                                 logit_bias={"261": -100, "378": -100})
+        self.assertNotEqual(biased["choices"][0]["text"], greedy)
+        r = self.completion(prompt=[1, 403, 407], max_tokens=8, temperature=0, stop_token_ids=[261])
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        self.assertEqual(r["usage"]["completion_tokens"], 1)  # stories260K's greedy answer starts with 261
+        r = self.completion(prompt=[1, 403, 407], max_tokens=8, temperature=0, stop_token_ids=[261], min_tokens=4)
+        self.assertGreaterEqual(r["usage"]["completion_tokens"], 4)
+        r = self.completion(prompt=PROMPT, max_tokens=4, temperature=0.8, seed=3, min_p=0.2, ignore_eos=True)
+        self.assertEqual(r["usage"]["completion_tokens"], 4)
+        for body, param in [({"logit_bias": {"512": 1}}, "logit_bias"), ({"min_p": 2}, "min_p"),
+                            ({"min_tokens": 9, "max_tokens": 3}, "min_tokens")]:
+            code, out = curl(self.url + "/v1/completions", data=json.dumps({"prompt": "a", **body}))
+            self.assertEqual(code, 400, out)
+            self.assertIn(param, json.loads(out)["error"]["message"])
+
     def test_prompt_as_token_ids(self):
         r = self.completion(prompt=[1, 403, 407], max_tokens=5, temperature=0)
         self.assertEqual(r["usage"]["prompt_tokens"], 3)

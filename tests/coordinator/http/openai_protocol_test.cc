@@ -1,5 +1,6 @@
 #include "coordinator/http/openai_protocol.h"
 
+#include <map>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -43,6 +44,21 @@ TEST(OpenAiProtocolTest, CompletionWithEveryField) {
   EXPECT_THAT(r->fields.stop, ElementsAre("\n", "The end"));
   EXPECT_TRUE(r->fields.stream);
   EXPECT_TRUE(r->fields.include_usage);
+}
+
+TEST(OpenAiProtocolTest, SamplingExtensions) {
+  absl::StatusOr<ChatRequest> r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}],
+      "min_p": 0.05, "min_tokens": 4, "stop_token_ids": [7, 9], "ignore_eos": true,
+      "logit_bias": {"12": -100, "3": 2.5}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->fields.min_p, 0.05);
+  EXPECT_EQ(r->fields.min_tokens, 4);
+  EXPECT_THAT(r->fields.stop_token_ids, ElementsAre(7, 9));
+  EXPECT_TRUE(r->fields.ignore_eos);
+  ASSERT_EQ(r->fields.logit_bias.size(), 2u);
+  std::map<int64_t, double> bias(r->fields.logit_bias.begin(), r->fields.logit_bias.end());
+  EXPECT_EQ(bias[12], -100);
+  EXPECT_EQ(bias[3], 2.5);
 }
 
 TEST(OpenAiProtocolTest, CompletionDefaults) {
@@ -99,6 +115,19 @@ TEST(OpenAiProtocolTest, OutOfRangeAndUnsupportedValues) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "n": 2})").status(), "'n' must be 1", "n");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "echo": true})").status(), "'echo' is not supported", "echo");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logprobs": 2})").status(), "logprobs", "logprobs");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logit_bias": {"x": 1}})").status(), "token ids",
+                "logit_bias");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logit_bias": {"5": 101}})").status(), "[-100, 100]",
+                "logit_bias");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logit_bias": {"5": "up"}})").status(), "number",
+                "logit_bias.5");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "min_p": 1.5})").status(), "'min_p' must be in [0, 1]",
+                "min_p");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "min_tokens": -1})").status(), "'min_tokens' must be >= 0",
+                "min_tokens");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stop_token_ids": [1, "x"]})").status(), "integer",
+                "stop_token_ids[1]");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "ignore_eos": 1})").status(), "boolean", "ignore_eos");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "presence_penalty": 0.5})").status(), "presence_penalty",
                 "presence_penalty");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": ["a", "b"]})").status(), "one prompt per request", "prompt");
