@@ -32,8 +32,10 @@ using Json = nlohmann::ordered_json;
 // here, so the handler only sees text that is final.
 class HttpSequence final : public SequenceSink {
  public:
-  HttpSequence(Scheduler* scheduler, std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
-      : canceller_(scheduler), sequence_text_(std::move(decoder), std::move(stops)) {}
+  // `tokenizer` (may be null) spells the tokens of logprobs entries.
+  HttpSequence(Scheduler* scheduler, std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops,
+               const Tokenizer* tokenizer)
+      : canceller_(scheduler), sequence_text_(std::move(decoder), std::move(stops)), tokenizer_(tokenizer) {}
 
   // The id from Submit; cancels at once when a cancel was asked for before.
   void Bind(SequenceId id) { canceller_.Bind(id); }
@@ -42,13 +44,14 @@ class HttpSequence final : public SequenceSink {
   // scheduler may call OnEnd on this thread.
   void Cancel() { canceller_.Cancel(); }
 
-  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> /*logprobs*/) override {
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
     bool stop_now = false;
     {
       absl::MutexLock lock(&mu_);
-      if (sequence_text_.stopped() || !sequence_text_.has_text()) return;
-      for (int32_t id : tokens) {
-        if (sequence_text_.Add(id, &text_)) {
+      if (sequence_text_.stopped()) return;
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        if (i < logprobs.size()) logprobs_.push_back(Entry(tokens[i], logprobs[i]));
+        if (sequence_text_.has_text() && sequence_text_.Add(tokens[i], &text_)) {
           stop_now = true;
           break;
         }
@@ -69,8 +72,9 @@ class HttpSequence final : public SequenceSink {
   }
 
   struct Update {
-    std::string text;                // new final text
-    std::optional<SequenceEnd> end;  // set once the sequence has ended (with all its text)
+    std::string text;                    // new final text
+    std::vector<LogprobEntry> logprobs;  // of the new tokens, when the request asked
+    std::optional<SequenceEnd> end;      // set once the sequence has ended (with all its text)
   };
 
   // Waits up to `timeout` for new text or the end, and takes what there is.
@@ -78,22 +82,42 @@ class HttpSequence final : public SequenceSink {
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(
                              +[](HttpSequence* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-                               return !s->text_.empty() || s->end_.has_value();
+                               return !s->text_.empty() || !s->logprobs_.empty() || s->end_.has_value();
                              },
                              this),
                          timeout);
     Update u;
     u.text = std::move(text_);
     text_.clear();
+    u.logprobs = std::move(logprobs_);
+    logprobs_.clear();
     u.end = end_;
     return u;
   }
 
  private:
+  // A token's text: decoded alone (special tokens included), or "token_id:N" without a tokenizer.
+  std::string Spell(int32_t id) const {
+    if (tokenizer_ != nullptr) {
+      absl::StatusOr<std::string> s = tokenizer_->Decode({id}, /*skip_special_tokens=*/false);
+      if (s.ok()) return *std::move(s);
+    }
+    return absl::StrCat("token_id:", id);
+  }
+  LogprobEntry Entry(int32_t id, const TokenLogprobs& lp) const {
+    LogprobEntry e{.token = Spell(id), .logprob = lp.logprob};
+    for (size_t k = 0; k < lp.top_ids.size() && k < lp.top_logprobs.size(); ++k) {
+      e.top.emplace_back(Spell(lp.top_ids[k]), lp.top_logprobs[k]);
+    }
+    return e;
+  }
+
   SequenceCanceller canceller_;
   absl::Mutex mu_;
   SequenceText sequence_text_ ABSL_GUARDED_BY(mu_);  // no text when the model has no tokenizer
+  const Tokenizer* tokenizer_;
   std::string text_ ABSL_GUARDED_BY(mu_);             // final text not yet taken by Wait
+  std::vector<LogprobEntry> logprobs_ ABSL_GUARDED_BY(mu_);  // not yet taken by Wait
   std::optional<SequenceEnd> end_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -279,6 +303,8 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   for (int64_t id : fields.stop_token_ids) seq.stop_token_ids.push_back(clamp_id(id));
   seq.ignore_eos = fields.ignore_eos;
   seq.min_tokens = static_cast<int32_t>(std::min<int64_t>(fields.min_tokens, std::numeric_limits<int32_t>::max()));
+  seq.logprobs = fields.logprobs;
+  seq.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
   const uint64_t n = next_id.fetch_add(1);
   seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", n);
   if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return Reject(res, st);
@@ -287,7 +313,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   const ResponseMeta meta{.id = seq.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
   auto sequence = std::make_shared<HttpSequence>(
       scheduler, tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr,
-      fields.stop);
+      fields.stop, tokenizer);
   // Logged and counted like the gRPC front end's requests (coordinator/api/request_log.h).
   absl::StatusOr<SequenceId> id = SubmitWithLog(*scheduler, std::move(seq), sequence);
   if (!id.ok()) return ReplyStatus(res, id.status());
@@ -298,16 +324,20 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
                  .cached_tokens = end.cached_prompt_tokens};
   };
 
+  const bool logprobs = fields.logprobs;
   if (!fields.stream) {
     std::string text;
+    std::vector<LogprobEntry> entries;
     while (true) {
       HttpSequence::Update u = sequence->Wait(absl::Seconds(1));
       text += u.text;
+      entries.insert(entries.end(), std::make_move_iterator(u.logprobs.begin()), std::make_move_iterator(u.logprobs.end()));
       if (!u.end.has_value()) continue;
       if (!u.end->status.ok()) return ReplyStatus(res, u.end->status);
       const char* reason = FinishReasonText(u.end->reason);
-      const Json body = chat ? ChatResponse(meta, text, reason, usage_of(*u.end))
-                             : CompletionResponse(meta, text, reason, usage_of(*u.end));
+      const std::vector<LogprobEntry>* lp = logprobs ? &entries : nullptr;
+      const Json body = chat ? ChatResponse(meta, text, reason, usage_of(*u.end), lp)
+                             : CompletionResponse(meta, text, reason, usage_of(*u.end), lp);
       res.set_content(Dump(body), "application/json");
       return;
     }
@@ -318,6 +348,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   struct StreamState {
     bool role_sent = false;
     bool done = false;
+    int64_t text_offset = 0;  // completions' logprobs: where the next token's text starts
   };
   auto state = std::make_shared<StreamState>();
   const absl::Duration keepalive = options.keepalive;
@@ -325,20 +356,25 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [sequence, state, meta, chat, keepalive, include_usage, usage_of](size_t /*offset*/, httplib::DataSink& sink) {
+      [sequence, state, meta, chat, keepalive, include_usage, usage_of, logprobs](size_t /*offset*/,
+                                                                                  httplib::DataSink& sink) {
         auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
         if (chat && !state->role_sent) {
           state->role_sent = true;
           if (!write(SseEvent(Dump(ChatChunk(meta, "assistant", std::string(), ""))))) return false;
         }
         HttpSequence::Update u = sequence->Wait(keepalive);
-        if (!u.text.empty()) {
-          const Json chunk = chat ? ChatChunk(meta, "", u.text, "") : CompletionChunk(meta, u.text, "");
+        const bool news = !u.text.empty() || (logprobs && !u.logprobs.empty());
+        if (news) {
+          const std::vector<LogprobEntry>* lp = logprobs ? &u.logprobs : nullptr;
+          const Json chunk = chat ? ChatChunk(meta, "", u.text, "", lp)
+                                  : CompletionChunk(meta, u.text, "", lp, state->text_offset);
+          for (const LogprobEntry& e : u.logprobs) state->text_offset += static_cast<int64_t>(e.token.size());
           if (!write(SseEvent(Dump(chunk)))) return false;
         }
         if (!u.end.has_value()) {
           // Nothing new: a comment line (ignored by SSE clients) finds out whether the client is still there.
-          return u.text.empty() ? write(": keep-alive\n\n") : true;
+          return news ? true : write(": keep-alive\n\n");
         }
         if (!u.end->status.ok()) {
           if (!write(SseEvent(Dump(ErrorFromStatus(u.end->status).body)))) return false;

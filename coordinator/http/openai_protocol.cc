@@ -11,6 +11,8 @@
 namespace shardserve::coordinator::http {
 namespace {
 
+constexpr int64_t kMaxTopLogprobs = 20;  // as the engine's (worker/engine/sampling.h)
+
 using Json = nlohmann::ordered_json;
 constexpr absl::string_view kParamPayload = "type.shardserve/openai.param";
 
@@ -264,7 +266,14 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
       if (!b.ok()) return b.status();
       if (*b) return InvalidParam(key, "'echo' is not supported");
     } else if (key == "logprobs") {
-      if (!v.is_null()) return InvalidParam(key, "'logprobs' is not supported");
+      if (v.is_null()) continue;
+      absl::StatusOr<int64_t> n = GetInt(v, key);
+      if (!n.ok()) return n.status();
+      if (*n < 0 || *n > kMaxTopLogprobs) {
+        return InvalidParam(key, absl::StrCat("'logprobs' must be in [0, ", kMaxTopLogprobs, "], got ", *n));
+      }
+      r.fields.logprobs = true;
+      r.fields.top_logprobs = *n;
     } else if (key == "suffix") {
       if (!v.is_null()) return InvalidParam(key, "'suffix' is not supported");
     } else {
@@ -341,12 +350,21 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
       if (v.is_null()) continue;
       absl::StatusOr<bool> b = GetBool(v, key);
       if (!b.ok()) return b.status();
-      if (*b) return InvalidParam(key, "'logprobs' is not supported");
+      r.fields.logprobs = *b;
     } else if (key == "top_logprobs") {
-      if (!v.is_null()) return InvalidParam(key, "'top_logprobs' is not supported");
+      if (v.is_null()) continue;
+      absl::StatusOr<int64_t> n = GetInt(v, key);
+      if (!n.ok()) return n.status();
+      if (*n < 0 || *n > kMaxTopLogprobs) {
+        return InvalidParam(key, absl::StrCat("'top_logprobs' must be in [0, ", kMaxTopLogprobs, "], got ", *n));
+      }
+      r.fields.top_logprobs = *n;
     } else {
       return UnknownField(key);
     }
+  }
+  if (r.fields.top_logprobs > 0 && !r.fields.logprobs) {
+    return InvalidParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   }
   if (!has_messages) return InvalidParam("messages", "'messages' is required");
   if (r.messages.empty()) return InvalidParam("messages", "'messages' is empty");
@@ -389,32 +407,89 @@ ApiError ErrorFromStatus(const absl::Status& status) {
 std::string SseEvent(absl::string_view data) { return absl::StrCat("data: ", data, "\n\n"); }
 std::string SseDone() { return "data: [DONE]\n\n"; }
 
+namespace {
+
+Json Bytes(const std::string& s) {
+  Json b = Json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+Json CompletionLogprobs(const std::vector<LogprobEntry>* entries, int64_t text_offset) {
+  if (entries == nullptr) return nullptr;
+  Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offsets = Json::array();
+  for (const LogprobEntry& e : *entries) {
+    tokens.push_back(e.token);
+    lps.push_back(e.logprob);
+    Json top = Json::object();
+    for (const auto& [t, lp] : e.top) {
+      if (!top.contains(t)) top[t] = lp;  // two ids may decode alike: the more likely one is kept
+    }
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(e.token.size());
+  }
+  Json j;
+  j["tokens"] = std::move(tokens);
+  j["token_logprobs"] = std::move(lps);
+  j["top_logprobs"] = std::move(tops);
+  j["text_offset"] = std::move(offsets);
+  return j;
+}
+
+Json ChatLogprobs(const std::vector<LogprobEntry>* entries) {
+  if (entries == nullptr) return nullptr;
+  Json content = Json::array();
+  for (const LogprobEntry& e : *entries) {
+    Json c;
+    c["token"] = e.token;
+    c["logprob"] = e.logprob;
+    c["bytes"] = Bytes(e.token);
+    Json top = Json::array();
+    for (const auto& [t, lp] : e.top) {
+      Json o;
+      o["token"] = t;
+      o["logprob"] = lp;
+      o["bytes"] = Bytes(t);
+      top.push_back(std::move(o));
+    }
+    c["top_logprobs"] = std::move(top);
+    content.push_back(std::move(c));
+  }
+  Json j;
+  j["content"] = std::move(content);
+  return j;
+}
+
+}  // namespace
+
 Json CompletionResponse(const ResponseMeta& meta, absl::string_view text, absl::string_view finish_reason,
-                        const Usage& usage) {
+                        const Usage& usage, const std::vector<LogprobEntry>* logprobs) {
   Json j = Base(meta, "text_completion");
   Json choice;
   choice["index"] = 0;
   choice["text"] = std::string(text);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = CompletionLogprobs(logprobs, 0);
   choice["finish_reason"] = FinishReason(finish_reason);
   j["choices"] = Json::array({std::move(choice)});
   j["usage"] = UsageJson(usage);
   return j;
 }
 
-Json CompletionChunk(const ResponseMeta& meta, absl::string_view text, absl::string_view finish_reason) {
+Json CompletionChunk(const ResponseMeta& meta, absl::string_view text, absl::string_view finish_reason,
+                     const std::vector<LogprobEntry>* logprobs, int64_t text_offset) {
   Json j = Base(meta, "text_completion");
   Json choice;
   choice["index"] = 0;
   choice["text"] = std::string(text);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = CompletionLogprobs(logprobs, text_offset);
   choice["finish_reason"] = FinishReason(finish_reason);
   j["choices"] = Json::array({std::move(choice)});
   return j;
 }
 
 Json ChatResponse(const ResponseMeta& meta, absl::string_view content, absl::string_view finish_reason,
-                  const Usage& usage) {
+                  const Usage& usage, const std::vector<LogprobEntry>* logprobs) {
   Json j = Base(meta, "chat.completion");
   Json message;
   message["role"] = "assistant";
@@ -422,7 +497,7 @@ Json ChatResponse(const ResponseMeta& meta, absl::string_view content, absl::str
   Json choice;
   choice["index"] = 0;
   choice["message"] = std::move(message);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = ChatLogprobs(logprobs);
   choice["finish_reason"] = FinishReason(finish_reason);
   j["choices"] = Json::array({std::move(choice)});
   j["usage"] = UsageJson(usage);
@@ -430,7 +505,7 @@ Json ChatResponse(const ResponseMeta& meta, absl::string_view content, absl::str
 }
 
 Json ChatChunk(const ResponseMeta& meta, absl::string_view role, const std::optional<std::string>& content,
-               absl::string_view finish_reason) {
+               absl::string_view finish_reason, const std::vector<LogprobEntry>* logprobs) {
   Json j = Base(meta, "chat.completion.chunk");
   Json delta = Json::object();
   if (!role.empty()) delta["role"] = std::string(role);
@@ -438,7 +513,7 @@ Json ChatChunk(const ResponseMeta& meta, absl::string_view role, const std::opti
   Json choice;
   choice["index"] = 0;
   choice["delta"] = std::move(delta);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = ChatLogprobs(logprobs);
   choice["finish_reason"] = FinishReason(finish_reason);
   j["choices"] = Json::array({std::move(choice)});
   return j;

@@ -41,6 +41,16 @@ struct SamplingFields {
   bool ignore_eos = false;
   // OpenAI's logit_bias: {"token id": bias in [-100, 100]}, ids checked against the vocabulary later.
   std::vector<std::pair<int64_t, double>> logit_bias;
+  // Completions: "logprobs": N (0..20); chat: "logprobs": true with "top_logprobs": N (0..20).
+  bool logprobs = false;
+  int64_t top_logprobs = 0;
+};
+
+// One generated token's log-probabilities as the API reports them.
+struct LogprobEntry {
+  std::string token;  // the token's text, decoded alone
+  double logprob = 0;
+  std::vector<std::pair<std::string, double>> top;  // the most likely tokens, most likely first
 };
 
 struct CompletionRequest {
@@ -101,16 +111,24 @@ struct Usage {
   int64_t cached_tokens = 0;  // of prompt_tokens, found in the prefix cache (prompt_tokens_details)
 };
 
-// finish_reason: "stop" or "length"; empty for none (JSON null).
+// finish_reason: "stop" or "length"; empty for none (JSON null). `logprobs`, when given, fills the
+// choice's "logprobs" (null otherwise): for completions {"tokens", "token_logprobs",
+// "top_logprobs" (one {token: logprob} object per token), "text_offset" (from `text_offset`, the
+// offset of the first token in the whole completion)}; for chat {"content": [{"token", "logprob",
+// "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
 nlohmann::ordered_json CompletionResponse(const ResponseMeta& meta, absl::string_view text,
-                                          absl::string_view finish_reason, const Usage& usage);
+                                          absl::string_view finish_reason, const Usage& usage,
+                                          const std::vector<LogprobEntry>* logprobs = nullptr);
 nlohmann::ordered_json CompletionChunk(const ResponseMeta& meta, absl::string_view text,
-                                       absl::string_view finish_reason);
+                                       absl::string_view finish_reason,
+                                       const std::vector<LogprobEntry>* logprobs = nullptr, int64_t text_offset = 0);
 nlohmann::ordered_json ChatResponse(const ResponseMeta& meta, absl::string_view content,
-                                    absl::string_view finish_reason, const Usage& usage);
+                                    absl::string_view finish_reason, const Usage& usage,
+                                    const std::vector<LogprobEntry>* logprobs = nullptr);
 // A chat delta: `role` (first chunk) and/or `content`; both empty gives {} (the final chunk).
 nlohmann::ordered_json ChatChunk(const ResponseMeta& meta, absl::string_view role,
-                                 const std::optional<std::string>& content, absl::string_view finish_reason);
+                                 const std::optional<std::string>& content, absl::string_view finish_reason,
+                                 const std::vector<LogprobEntry>* logprobs = nullptr);
 // The usage-only chunk sent last when stream_options.include_usage is set ("choices": []).
 nlohmann::ordered_json UsageChunk(const ResponseMeta& meta, absl::string_view object, const Usage& usage);
 

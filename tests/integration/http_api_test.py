@@ -115,7 +115,9 @@ class HttpApiTest(unittest.TestCase):
         chunks = [json.loads(e) for e in events[:-1]]
         text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
         self.assertEqual(text, whole["choices"][0]["text"])
-        self.assertGreater(len(chunks), 3, "the text should arrive in several chunks")
+        # At least one text chunk, the finish chunk and the usage chunk (how many text chunks depends
+        # on how fast the tokens come compared with the writes: not asserted).
+        self.assertGreaterEqual(len(chunks), 3)
         finals = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
         self.assertEqual(finals[-1], "length")
         self.assertTrue(all(f is None for f in finals[:-1]))
@@ -148,6 +150,21 @@ class HttpApiTest(unittest.TestCase):
             code, out = curl(self.url + "/v1/completions", data=json.dumps({"prompt": "a", **body}))
             self.assertEqual(code, 400, out)
             self.assertIn(param, json.loads(out)["error"]["message"])
+
+    def test_logprobs(self):
+        # Completions: "logprobs": N; greedy, so each chosen token is the most likely one.
+        r = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
+        lp = r["choices"][0]["logprobs"]
+        self.assertEqual(len(lp["tokens"]), 6)
+        self.assertEqual(len(lp["token_logprobs"]), 6)
+        self.assertEqual(len(lp["text_offset"]), 6)
+        for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+            self.assertLessEqual(chosen, 0.0)
+            self.assertLessEqual(len(top), 3)
+            self.assertAlmostEqual(max(top.values()), chosen, places=5)
+        # Without asking: null.
+        r = self.completion(prompt=PROMPT, max_tokens=2, temperature=0)
+        self.assertIsNone(r["choices"][0]["logprobs"])
 
     def test_prompt_as_token_ids(self):
         r = self.completion(prompt=[1, 403, 407], max_tokens=5, temperature=0)
@@ -250,6 +267,32 @@ class HttpChatTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.cluster.stop()
         shutil.rmtree(cls.dir)
+
+    def test_chat_logprobs(self):
+        # Chat: "logprobs": true and "top_logprobs", streamed and not, give the same entries.
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0,
+                "logprobs": True, "top_logprobs": 2}
+        code, out = curl(self.url + "/v1/chat/completions", data=json.dumps(body))
+        self.assertEqual(code, 200, out)
+        content = json.loads(out)["choices"][0]["logprobs"]["content"]
+        self.assertEqual(len(content), 5)
+        for c in content:
+            self.assertEqual(len(c["top_logprobs"]), 2)
+            self.assertEqual(c["top_logprobs"][0]["logprob"], c["logprob"])
+            self.assertEqual(bytes(c["bytes"]).decode("utf-8", "replace"), c["token"])
+        code, out = curl(self.url + "/v1/chat/completions", "-N", data=json.dumps({**body, "stream": True}))
+        self.assertEqual(code, 200, out)
+        streamed = []
+        for e in sse_events(out)[:-1]:
+            chunk = json.loads(e)
+            if chunk["choices"] and chunk["choices"][0]["logprobs"]:
+                streamed += chunk["choices"][0]["logprobs"]["content"]
+        # The same tokens; logprobs equal up to float rounding (the second request may reuse the
+        # first one's cached prompt blocks, which sums in another order).
+        self.assertEqual([c["token"] for c in streamed], [c["token"] for c in content])
+        for a, b in zip(streamed, content):
+            self.assertAlmostEqual(a["logprob"], b["logprob"], places=4)
+            self.assertEqual([t["token"] for t in a["top_logprobs"]], [t["token"] for t in b["top_logprobs"]])
 
     def test_chat_streamed_and_not(self):
         messages = [{"role": "system", "content": " Tell a story. "}, {"role": "user", "content": "A cat"}]

@@ -46,6 +46,36 @@ TEST(OpenAiProtocolTest, CompletionWithEveryField) {
   EXPECT_TRUE(r->fields.include_usage);
 }
 
+TEST(OpenAiProtocolTest, LogprobsRequestsAndTheirJson) {
+  absl::StatusOr<CompletionRequest> c = ParseCompletionRequest(R"({"prompt": "a", "logprobs": 2})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->fields.logprobs);
+  EXPECT_EQ(c->fields.top_logprobs, 2);
+  absl::StatusOr<ChatRequest> ch =
+      ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 3})");
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  EXPECT_TRUE(ch->fields.logprobs);
+  EXPECT_EQ(ch->fields.top_logprobs, 3);
+
+  const ResponseMeta meta{.id = "x", .created = 1, .model = "m"};
+  const std::vector<LogprobEntry> entries = {{.token = "Hi", .logprob = -0.5, .top = {{"Hi", -0.5}, {"Ho", -1.5}}},
+                                             {.token = "!", .logprob = -2, .top = {{"?", -1}, {"!", -2}}}};
+  const auto comp = CompletionResponse(meta, "Hi!", "length", {}, &entries);
+  const auto& lp = comp["choices"][0]["logprobs"];
+  EXPECT_EQ(Dump(lp["tokens"]), R"(["Hi","!"])");
+  EXPECT_EQ(Dump(lp["token_logprobs"]), "[-0.5,-2.0]");
+  EXPECT_EQ(Dump(lp["top_logprobs"]), R"([{"Hi":-0.5,"Ho":-1.5},{"?":-1.0,"!":-2.0}])");
+  EXPECT_EQ(Dump(lp["text_offset"]), "[0,2]");
+  EXPECT_EQ(Dump(CompletionChunk(meta, "!", "", &entries, 7)["choices"][0]["logprobs"]["text_offset"]), "[7,9]");
+  const auto chat = ChatResponse(meta, "Hi!", "stop", {}, &entries);
+  const auto& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(Dump(content[0]), R"({"token":"Hi","logprob":-0.5,"bytes":[72,105],"top_logprobs":[)"
+                              R"({"token":"Hi","logprob":-0.5,"bytes":[72,105]},{"token":"Ho","logprob":-1.5,"bytes":[72,111]}]})");
+  // Not asked: null, as before.
+  EXPECT_TRUE(ChatResponse(meta, "Hi!", "stop", {})["choices"][0]["logprobs"].is_null());
+}
+
 TEST(OpenAiProtocolTest, SamplingExtensions) {
   absl::StatusOr<ChatRequest> r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}],
       "min_p": 0.05, "min_tokens": 4, "stop_token_ids": [7, 9], "ignore_eos": true,
@@ -114,7 +144,11 @@ TEST(OpenAiProtocolTest, OutOfRangeAndUnsupportedValues) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "top_k": -1})").status(), "top_k", "top_k");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "n": 2})").status(), "'n' must be 1", "n");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "echo": true})").status(), "'echo' is not supported", "echo");
-  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logprobs": 2})").status(), "logprobs", "logprobs");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logprobs": 21})").status(), "[0, 20]", "logprobs");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})").status(),
+                "needs 'logprobs': true", "top_logprobs");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "logprobs": true,
+                                    "top_logprobs": 21})").status(), "[0, 20]", "top_logprobs");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logit_bias": {"x": 1}})").status(), "token ids",
                 "logit_bias");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logit_bias": {"5": 101}})").status(), "[-100, 100]",
