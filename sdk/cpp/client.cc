@@ -162,6 +162,11 @@ GenerateDelta ToDelta(const v1::GenerateResponse& resp) {
   d.completion_tokens = resp.usage().completion_tokens();
   d.cached_prompt_tokens = resp.usage().cached_prompt_tokens();
   d.request_id = resp.request_id();
+  for (const v1::TokenLogprobs& lp : resp.logprobs()) {
+    d.logprobs.push_back(TokenLogprob{.logprob = lp.logprob(),
+                                      .top_ids = {lp.top_ids().begin(), lp.top_ids().end()},
+                                      .top_logprobs = {lp.top_logprobs().begin(), lp.top_logprobs().end()}});
+  }
   return d;
 }
 
@@ -181,6 +186,11 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   req.mutable_stop_token_ids()->Add(o.stop_token_ids.begin(), o.stop_token_ids.end());
   req.set_ignore_eos(o.ignore_eos);
   req.set_request_id(o.request_id);
+  req.mutable_sampling()->set_min_p(o.min_p);
+  for (const auto& [id, bias] : o.logit_bias) (*req.mutable_sampling()->mutable_logit_bias())[id] = bias;
+  req.set_min_tokens(o.min_tokens);
+  req.set_logprobs(o.logprobs);
+  req.set_top_logprobs(o.top_logprobs);
   return req;
 }
 
@@ -406,6 +416,7 @@ absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const Gene
   for (const GenerateDelta& d : *stream) {
     result.token_ids.insert(result.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
     result.text += d.text;
+    result.logprobs.insert(result.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
     if (!d.request_id.empty()) result.request_id = d.request_id;
     if (d.finished) {
       result.finish_reason = d.finish_reason;

@@ -79,6 +79,32 @@ TEST(ClientTest, GenerateReturnsTheWholeAnswer) {
   EXPECT_EQ(r.request_id, "req-7");
 }
 
+TEST(ClientTest, LogprobsArriveWithTheirTokens) {
+  FakeScript script = ThreeTokens();
+  auto add = [](v1::GenerateResponse& r, float lp, std::vector<int32_t> ids, std::vector<float> lps) {
+    v1::TokenLogprobs* t = r.add_logprobs();
+    t->set_logprob(lp);
+    t->mutable_top_ids()->Add(ids.begin(), ids.end());
+    t->mutable_top_logprobs()->Add(lps.begin(), lps.end());
+  };
+  add(script.responses[0], -0.5f, {10, 3}, {-0.5f, -1.5f});
+  add(script.responses[0], -0.25f, {11, 4}, {-0.25f, -2.f});
+  add(script.responses[1], -3.f, {5, 12}, {-0.1f, -3.f});
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address());
+  ASSERT_OK_AND_ASSIGN(GenerateResult r, client->Generate(Prompt::Text("hi"), {.max_tokens = 3,
+                                                                               .min_p = 0.1f,
+                                                                               .logit_bias = {{7, -5.f}},
+                                                                               .min_tokens = 2,
+                                                                               .logprobs = true,
+                                                                               .top_logprobs = 2}));
+  EXPECT_THAT(r.token_ids, ElementsAre(10, 11, 12));
+  ASSERT_EQ(r.logprobs.size(), 3u);
+  EXPECT_EQ(r.logprobs[0].logprob, -0.5f);
+  EXPECT_THAT(r.logprobs[1].top_ids, ElementsAre(11, 4));
+  EXPECT_THAT(r.logprobs[2].top_logprobs, ElementsAre(-0.1f, -3.f));
+}
+
 TEST(ClientTest, StreamIteratesOverTheDeltasInOrder) {
   FakeInferenceServer server(ThreeTokens());
   auto client = MustConnect(server.address());

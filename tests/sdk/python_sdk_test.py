@@ -63,6 +63,27 @@ class AgainstALocalCluster(unittest.TestCase):
         self.assertEqual(self.client.generate(PROMPT, max_tokens=16, ignore_eos=True).result().token_ids,
                          result.token_ids)
 
+    def test_logprobs_and_sampling_extras(self):
+        # Through the workers' stage streams: greedy, so each token is its step's most likely one.
+        ids = self.client.tokenize(PROMPT, add_special_tokens=True)
+        r = self.client.generate(ids, max_tokens=4, ignore_eos=True, logprobs=True, top_logprobs=3).result()
+        self.assertEqual(len(r.logprobs), 4)
+        for token, lp in zip(r.token_ids, r.logprobs):
+            self.assertEqual(len(lp.top_ids), 3)
+            self.assertEqual(lp.top_ids[0], token)
+            self.assertEqual(lp.top_logprobs[0], lp.logprob)
+            self.assertLessEqual(lp.logprob, 0.0)
+        self.assertEqual(self.client.generate(ids, max_tokens=2).result().logprobs, [])
+        # logit_bias -100 on the first token: the runner-up comes instead.
+        biased = self.client.generate(ids, max_tokens=1, logit_bias={r.token_ids[0]: -100.0}).result()
+        self.assertEqual(biased.token_ids, [r.logprobs[0].top_ids[1]])
+        # The second token as a stop id, held back by min_tokens.
+        stopped = self.client.generate(ids, max_tokens=6, stop_token_ids=[r.token_ids[1]]).result()
+        self.assertEqual(stopped.token_ids, r.token_ids[:2])
+        held = self.client.generate(ids, max_tokens=6, stop_token_ids=[r.token_ids[1]], min_tokens=3).result()
+        self.assertGreaterEqual(len(held.token_ids), 3)
+        self.assertNotEqual(held.token_ids[1], r.token_ids[1])
+
     def test_async_client_gives_the_same_answer(self):
         expected = self.client.generate(PROMPT, max_tokens=20).result()
 

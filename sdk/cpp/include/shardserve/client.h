@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -111,6 +112,18 @@ struct GenerateOptions {
   std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
   bool ignore_eos = false;
   std::string request_id;  // optional; the server makes one when empty
+  float min_p = 0.0f;      // [0, 1]: drop tokens less likely than min_p x the most likely; 0 = off
+  std::map<int32_t, float> logit_bias;  // token id -> bias in [-100, 100], added to the logits
+  int32_t min_tokens = 0;  // no EOS or stop id before this many tokens
+  bool logprobs = false;   // report each token's logprob (GenerateDelta::logprobs)
+  int32_t top_logprobs = 0;  // and this many of the most likely tokens', in [0, 20]
+};
+
+// One generated token's log-probabilities (log-softmax of the model's logits).
+struct TokenLogprob {
+  float logprob = 0.0f;
+  std::vector<int32_t> top_ids;     // most likely first
+  std::vector<float> top_logprobs;
 };
 
 // A piece of the streamed answer. The last one has `finished` set with the reason and usage.
@@ -123,6 +136,7 @@ struct GenerateDelta {
   int32_t completion_tokens = 0;
   int32_t cached_prompt_tokens = 0;  // of prompt_tokens, found in the server's prefix cache
   std::string request_id;
+  std::vector<TokenLogprob> logprobs;  // with GenerateOptions::logprobs: one per token_ids entry
 };
 
 // The whole answer of a generation.
@@ -134,6 +148,7 @@ struct GenerateResult {
   int32_t completion_tokens = 0;
   int32_t cached_prompt_tokens = 0;  // of prompt_tokens, found in the server's prefix cache
   std::string request_id;
+  std::vector<TokenLogprob> logprobs;  // with GenerateOptions::logprobs: one per token_ids entry
 };
 
 struct ModelInfo {

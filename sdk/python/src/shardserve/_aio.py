@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, List, Optional, Sequence, Union
+from typing import AsyncIterator, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import grpc.aio
@@ -74,11 +74,12 @@ class AsyncClient:
 
     def generate(self, prompt: Union[str, Sequence[int]], *, max_tokens: int = 64, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = (),
-                 ignore_eos: bool = False, request_id: str = "",
-                 timeout: Optional[float] = None) -> AsyncGenerateStream:
+                 ignore_eos: bool = False, request_id: str = "", min_p: float = 0.0,
+                 logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
+                 top_logprobs: int = 0, timeout: Optional[float] = None) -> AsyncGenerateStream:
         """Starts a generation; see Client.generate."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
-                                       ignore_eos, request_id)
+                                       ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs)
         call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
                                         metadata=self._settings.metadata)
         return AsyncGenerateStream(call)

@@ -3,11 +3,11 @@ building and the conversions from the protocol's messages."""
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
-from shardserve._types import (ClusterStatus, GenerateDelta, GenerateResult, ModelInfo, RetryOptions,
+from shardserve._types import (ClusterStatus, GenerateDelta, GenerateResult, ModelInfo, RetryOptions, TokenLogprob,
                                ShardserveError, TlsOptions, Usage, WorkerStatus)
 from shardserve.v1 import common_pb2, control_pb2, inference_pb2
 
@@ -88,9 +88,15 @@ def error(e: grpc.RpcError) -> ShardserveError:
 
 
 def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k: int, top_p: float, seed: int,
-                     stop_token_ids: Sequence[int], ignore_eos: bool, request_id: str) -> inference_pb2.GenerateRequest:
+                     stop_token_ids: Sequence[int], ignore_eos: bool, request_id: str, min_p: float = 0.0,
+                     logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
+                     top_logprobs: int = 0) -> inference_pb2.GenerateRequest:
     req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
-                                        ignore_eos=ignore_eos, request_id=request_id)
+                                        ignore_eos=ignore_eos, request_id=request_id, min_tokens=min_tokens,
+                                        logprobs=logprobs, top_logprobs=top_logprobs)
+    req.sampling.min_p = min_p
+    for token, bias in (logit_bias or {}).items():
+        req.sampling.logit_bias[int(token)] = float(bias)
     if isinstance(prompt, str):
         req.text = prompt
     else:
@@ -110,7 +116,8 @@ def delta(resp: inference_pb2.GenerateResponse) -> GenerateDelta:
         finish_reason=_FINISH.get(resp.finish_reason, "unknown") if finished else None,
         usage=Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens,
                     resp.usage.cached_prompt_tokens) if finished else None,
-        request_id=resp.request_id)
+        request_id=resp.request_id,
+        logprobs=[TokenLogprob(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in resp.logprobs])
 
 
 class Accumulator:
@@ -121,9 +128,11 @@ class Accumulator:
         self.text: List[str] = []
         self.last: Optional[GenerateDelta] = None
         self.request_id = ""
+        self.logprobs: List[TokenLogprob] = []
 
     def add(self, d: GenerateDelta) -> None:
         self.token_ids.extend(d.token_ids)
+        self.logprobs.extend(d.logprobs)
         self.text.append(d.text)
         self.request_id = d.request_id or self.request_id
         if d.finish_reason is not None:
@@ -133,7 +142,7 @@ class Accumulator:
         if self.last is None or self.last.usage is None or self.last.finish_reason is None:
             raise ShardserveError(grpc.StatusCode.INTERNAL, "the server ended the generation without a finish reason")
         return GenerateResult(token_ids=self.token_ids, text="".join(self.text), finish_reason=self.last.finish_reason,
-                              usage=self.last.usage, request_id=self.request_id)
+                              usage=self.last.usage, request_id=self.request_id, logprobs=self.logprobs)
 
 
 def model_info(m: inference_pb2.ModelInfo) -> ModelInfo:

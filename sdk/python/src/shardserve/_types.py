@@ -47,6 +47,15 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability and the most likely tokens' (most likely first)."""
+
+    logprob: float
+    top_ids: List[int] = field(default_factory=list)
+    top_logprobs: List[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class GenerateDelta:
     """A piece of a streamed answer: the new tokens since the previous delta and their text. The
     last delta has finish_reason ("length", "stop" or "cancelled") and usage."""
@@ -56,6 +65,7 @@ class GenerateDelta:
     finish_reason: Optional[str] = None
     usage: Optional[Usage] = None
     request_id: str = ""
+    logprobs: List[TokenLogprob] = field(default_factory=list)  # with logprobs=True: one per token
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class GenerateResult:
     finish_reason: str
     usage: Usage
     request_id: str = ""
+    logprobs: List[TokenLogprob] = field(default_factory=list)  # with logprobs=True: one per token
 
 
 @dataclass(frozen=True)
