@@ -44,6 +44,8 @@ class GenerateStream final : public SequenceSink {
 
   // The client went away (OnCancel, or a failed write): stop generating.
   void RequestCancel() { canceller_.Cancel(); }  // may call OnEnd on this thread
+  // A stop string matched: end the sequence as stopped (logged and counted as such).
+  void RequestStop() { canceller_.Cancel(FinishReason::kStop); }
 
   void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
     Action action;
@@ -69,7 +71,7 @@ class GenerateStream final : public SequenceSink {
       action = NextLocked();
     }
     Run(action);
-    if (stop_now) RequestCancel();  // ends the sequence; OnEnd reports FINISH_REASON_STOP
+    if (stop_now) RequestStop();  // ends the sequence; OnEnd reports FINISH_REASON_STOP
   }
 
   void OnEnd(const SequenceEnd& end) override {

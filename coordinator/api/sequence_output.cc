@@ -34,22 +34,26 @@ bool SequenceText::Finish(std::string* out) {
 
 void SequenceCanceller::Bind(SequenceId id) {
   bool cancel = false;
+  FinishReason reason = FinishReason::kCancelled;
   {
     absl::MutexLock lock(&mu_);
     id_ = id;
     cancel = cancel_requested_;
+    reason = reason_;
   }
-  if (cancel) scheduler_->Cancel(id);
+  if (cancel) scheduler_->Cancel(id, reason);
 }
 
-void SequenceCanceller::Cancel() {
+void SequenceCanceller::Cancel(FinishReason reason) {
   std::optional<SequenceId> id;
   {
     absl::MutexLock lock(&mu_);
+    if (!cancel_requested_) reason_ = reason;  // the first reason wins
     cancel_requested_ = true;
     id = id_;
+    reason = reason_;
   }
-  if (id.has_value()) scheduler_->Cancel(*id);
+  if (id.has_value()) scheduler_->Cancel(*id, reason);
 }
 
 }  // namespace shardserve::coordinator

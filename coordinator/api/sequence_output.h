@@ -52,15 +52,17 @@ class SequenceCanceller {
 
   // The id Submit returned; cancels the sequence at once when Cancel came first.
   void Bind(SequenceId id);
-  // Cancels the sequence now, or at Bind. Must not be called with a lock that the sequence's sink
-  // takes: the scheduler may call the sink's OnEnd on this thread.
-  void Cancel();
+  // Cancels the sequence now, or at Bind, ending it with `reason` (Scheduler::Cancel). Must not be
+  // called with a lock that the sequence's sink takes: the scheduler may call the sink's OnEnd on
+  // this thread.
+  void Cancel(FinishReason reason = FinishReason::kCancelled);
 
  private:
   Scheduler* const scheduler_;
   absl::Mutex mu_;
   std::optional<SequenceId> id_ ABSL_GUARDED_BY(mu_);
   bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
+  FinishReason reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kCancelled;
 };
 
 }  // namespace shardserve::coordinator

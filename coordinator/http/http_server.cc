@@ -43,6 +43,8 @@ class HttpSequence final : public SequenceSink {
   // Ends the sequence (the client went away, or a stop string matched). No lock held: the
   // scheduler may call OnEnd on this thread.
   void Cancel() { canceller_.Cancel(); }
+  // A stop string matched: end the sequence as stopped (logged and counted as such).
+  void Stop() { canceller_.Cancel(FinishReason::kStop); }
 
   void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
     bool stop_now = false;
@@ -57,7 +59,7 @@ class HttpSequence final : public SequenceSink {
         }
       }
     }
-    if (stop_now) Cancel();
+    if (stop_now) Stop();
   }
 
   void OnEnd(const SequenceEnd& end) override {

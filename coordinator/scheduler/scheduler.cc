@@ -41,6 +41,7 @@ struct Scheduler::Sequence {
   std::vector<int32_t> context;  // prompt followed by the generated tokens
   int32_t generated = 0;
   bool cancelled = false;
+  FinishReason cancel_reason = FinishReason::kCancelled;  // with cancelled
   bool in_flight = false;
   int failovers = 0;       // times moved to another replica after its own failed
   uint64_t last_step = 0;  // the replica step that last included it (0 = none)
@@ -225,7 +226,7 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   return raw->id;
 }
 
-void Scheduler::Cancel(SequenceId id) {
+void Scheduler::Cancel(SequenceId id, FinishReason reason) {
   std::vector<Event> events;
   {
     absl::MutexLock lock(&mu_);
@@ -234,9 +235,10 @@ void Scheduler::Cancel(SequenceId id) {
     Sequence& seq = *it->second;
     if (!seq.running) {
       // Waiting (new or preempted, holding no blocks): nobody else touches it; end it here.
-      EndLocked(seq, SequenceEnd{.reason = FinishReason::kCancelled}, events);
-    } else {
+      EndLocked(seq, SequenceEnd{.reason = reason}, events);
+    } else if (!seq.cancelled) {
       seq.cancelled = true;  // its replica's loop ends it before the next step
+      seq.cancel_reason = reason;
     }
   }
   Deliver(events);
@@ -356,7 +358,7 @@ void Scheduler::EndCancelledLocked(Replica& r, std::vector<Event>& events) {
   for (Sequence* s : r.running) {
     if (s->cancelled && !s->in_flight) cancelled.push_back(s);
   }
-  for (Sequence* s : cancelled) EndLocked(*s, SequenceEnd{.reason = FinishReason::kCancelled}, events);
+  for (Sequence* s : cancelled) EndLocked(*s, SequenceEnd{.reason = s->cancel_reason}, events);
 }
 
 void Scheduler::AdmitLocked(Replica& r) {
@@ -620,7 +622,7 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
     while (!r->running.empty()) {
       Sequence& s = *r->running.back();
       if (s.cancelled) {
-        EndLocked(s, SequenceEnd{.reason = FinishReason::kCancelled}, events);
+        EndLocked(s, SequenceEnd{.reason = s.cancel_reason}, events);
       } else if (!FailOverLocked(*r, s)) {
         EndLocked(s, SequenceEnd{.status = reason}, events);
       }

@@ -163,11 +163,13 @@ class Scheduler {
   // observer.
   absl::StatusOr<SequenceId> Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
 
-  // Ends a sequence with FinishReason::kCancelled: at once when it is waiting (the sink's OnEnd
-  // runs on the calling thread), otherwise at the end of its step in flight or before the next
-  // one (on its replica's thread), freeing its KV blocks; no tokens are delivered after the cancel
-  // is seen. A preempted sequence waits, so it ends at once. A no-op for a finished or unknown id. Must not be called with a lock the sink takes.
-  void Cancel(SequenceId id);
+  // Ends a sequence with `reason` (kCancelled: the client went away; kStop: the front end matched
+  // one of the request's stop strings): at once when it is waiting (the sink's OnEnd runs on the
+  // calling thread), otherwise at the end of its step in flight or before the next one (on its
+  // replica's thread), freeing its KV blocks; no tokens are delivered after the cancel is seen. A
+  // preempted sequence waits, so it ends at once. A no-op for a finished or unknown id. Must not
+  // be called with a lock the sink takes.
+  void Cancel(SequenceId id, FinishReason reason = FinishReason::kCancelled);
 
   // Stops everything: no more requests; every waiting and running sequence fails with `reason`
   // (not OK; the API uses Unavailable "shutting down"); step loops stop (steps in flight are
