@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/flags/usage.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -52,7 +53,7 @@ ABSL_FLAG(std::string, http_listen, "",
           "OpenAI-compatible HTTP API address HOST:PORT (port 0 picks a free port); empty = off");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  shardserve::SetProgramUsage(
       "shardserve coordinator: --listen=HOST:PORT --model=DIR --expected_workers=N [--tp --pp --replicas ...]");
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);

@@ -11,8 +11,10 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "common/flags/usage.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -205,7 +207,7 @@ absl::Status PlanCommand() {
 }  // namespace shardserve
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  shardserve::SetProgramUsage(
       "shardserve generate|status|plan|bench [flags]\n"
       "  generate --server=HOST:PORT --prompt \"TEXT\" --max_tokens N --temperature 0\n"
       "  status   --server=HOST:PORT\n"
@@ -213,6 +215,9 @@ int main(int argc, char** argv) {
       "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]\n"
       "  bench    --server=HOST:PORT --concurrency N (--requests N | --duration_s S) [--rate R]\n"
       "           [--prompt_tokens N|MIN:MAX] [--shared_prefix_tokens N] [--max_tokens N | --output_tokens MIN:MAX] [--json]");
+  if (argc >= 2 && std::string_view(argv[1]).starts_with("--help")) {
+    absl::ParseCommandLine(argc, argv);  // prints the usage and the flags, and exits
+  }
   if (argc < 2 || argv[1][0] == '-') {
     std::cerr << "usage: shardserve generate|status|plan|bench [flags] (--help for the flags)\n";
     return 2;

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/flags/usage.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -141,7 +142,7 @@ void StopAll(std::vector<Child>& children) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("run a shardserve cluster on this machine: --model=DIR --workers=N --devices_per_worker=cpu:M");
+  shardserve::SetProgramUsage("run a shardserve cluster on this machine: --model=DIR --workers=N --devices_per_worker=cpu:M");
   absl::ParseCommandLine(argc, argv);
   const std::string model = absl::GetFlag(FLAGS_model);
   const int workers = absl::GetFlag(FLAGS_workers);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/flags/usage.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -114,7 +115,7 @@ absl::Status Run() {
 }  // namespace shardserve
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Generate with a Hugging Face model in one process.\n"
+  shardserve::SetProgramUsage("Generate with a Hugging Face model in one process.\n"
                                "  shardserve-run --model DIR --prompt \"TEXT\" --max_tokens N --temperature 0");
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <string>
 
+#include "common/flags/usage.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -49,7 +50,7 @@ void OnSignal(int) { g_stop = 1; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("shardserve worker daemon: --coordinator=HOST:PORT --listen=HOST:PORT --devices=cpu:N");
+  shardserve::SetProgramUsage("shardserve worker daemon: --coordinator=HOST:PORT --listen=HOST:PORT --devices=cpu:N");
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
