@@ -162,7 +162,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
     model_id = model_id.substr(model_id.rfind('/') == std::string::npos ? 0 : model_id.rfind('/') + 1);
     absl::StatusOr<std::unique_ptr<http::HttpServer>> server = http::HttpServer::Start(
         {.listen = options.http_listen,
-         .model_id = model_id.empty() ? dir : model_id,
+         .model_id = !options.served_model_name.empty() ? options.served_model_name
+                     : model_id.empty()                 ? dir
+                                                        : model_id,
          .model_path = dir,
          .observer = c->metrics_.get()},
         c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->ReadyStatus(); });

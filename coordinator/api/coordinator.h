@@ -66,6 +66,9 @@ struct CoordinatorOptions {
   // How workers store the weight matrices (--quantize): sent in every assignment and counted by
   // the planner.
   Quantization quantize = Quantization::kNone;
+  // The model's name in the HTTP API (/v1/models, replies; requests may name it or model_path).
+  // Empty: the model directory's last component.
+  std::string served_model_name;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign

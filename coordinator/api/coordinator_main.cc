@@ -46,6 +46,8 @@ ABSL_FLAG(int64_t, step_timeout_ms, 60000, "bound on one micro-batch round trip 
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 5000, "on SIGINT/SIGTERM, cancel calls still running after this");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; empty = no metrics)");
+ABSL_FLAG(std::string, served_model_name, "",
+          "the model's name in the HTTP API (/v1/models and replies); empty = the model directory's last component");
 ABSL_FLAG(std::string, quantize, "none",
           "int8: workers store the linear projections and lm_head as block int8 (64 weights per scale) on "
           "backends that take it (CPU); none: the checkpoint's dtype");
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
   options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
+  options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
   if (absl::StatusOr<shardserve::Quantization> q = shardserve::ParseQuantization(absl::GetFlag(FLAGS_quantize));
       q.ok()) {
     options.quantize = *q;

@@ -179,7 +179,9 @@ struct HttpServer::Impl {
   bool stopped ABSL_GUARDED_BY(stop_mu) = false;
 
   void Routes();
+  Json ModelJson() const;
   void Models(httplib::Response& res);
+  void Model(const std::string& id, httplib::Response& res);
   void Generate(const httplib::Request& req, httplib::Response& res, bool chat);
   // A request refused before the scheduler: logged and counted, then answered.
   void Reject(httplib::Response& res, const absl::Status& status) {
@@ -197,7 +199,7 @@ absl::Status HttpServer::Impl::CheckModel(const std::string& model) const {
                    "model");
 }
 
-void HttpServer::Impl::Models(httplib::Response& res) {
+Json HttpServer::Impl::ModelJson() const {
   Json model;
   model["id"] = options.model_id;
   model["object"] = "model";
@@ -205,10 +207,24 @@ void HttpServer::Impl::Models(httplib::Response& res) {
   model["owned_by"] = "shardserve";
   model["root"] = options.model_path;
   model["max_model_len"] = scheduler->options().limits.max_seq_len;
+  return model;
+}
+
+void HttpServer::Impl::Models(httplib::Response& res) {
   Json list;
   list["object"] = "list";
-  list["data"] = Json::array({std::move(model)});
+  list["data"] = Json::array({ModelJson()});
   res.set_content(Dump(list), "application/json");
+}
+
+void HttpServer::Impl::Model(const std::string& id, httplib::Response& res) {
+  if (id != options.model_id) {
+    return Reply(res, MakeError(404, "invalid_request_error",
+                                absl::StrCat("The model '", id, "' does not exist; this server serves '",
+                                             options.model_id, "'"),
+                                "model_not_found"));
+  }
+  res.set_content(Dump(ModelJson()), "application/json");
 }
 
 absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPrompt(const ChatRequest& request) const {
@@ -401,6 +417,15 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
 
 void HttpServer::Impl::Routes() {
   server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { Models(res); });
+  // One model by id (the OpenAI client's models.retrieve); ids may contain '/'.
+  server.Get(R"(/v1/models/(.+))",
+             [this](const httplib::Request& req, httplib::Response& res) { Model(req.matches[1], res); });
+  // Liveness and readiness as vLLM's /health: 200 with an empty body when the cluster serves, 503
+  // with the reason (as the gRPC API gives it) while it does not.
+  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (absl::Status st = ready(); !st.ok()) return ReplyStatus(res, st);
+    res.status = 200;
+  });
   server.Post("/v1/completions",
               [this](const httplib::Request& req, httplib::Response& res) { Generate(req, res, /*chat=*/false); });
   server.Post("/v1/chat/completions",

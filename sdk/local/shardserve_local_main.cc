@@ -52,6 +52,7 @@ ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = its number of stages");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");
+ABSL_FLAG(std::string, served_model_name, "", "the coordinator's --served_model_name (the model's name in the HTTP API)");
 ABSL_FLAG(std::string, quantize, "none",
           "the coordinator's --quantize: int8 stores the workers' linear projections and lm_head as block int8 "
           "(CPU ranks); none: the checkpoint's dtype");
@@ -207,6 +208,9 @@ int main(int argc, char** argv) {
       absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks)),
       absl::StrCat("--prefix_caching=", absl::GetFlag(FLAGS_prefix_caching) ? "true" : "false"),
       "--quantize=" + absl::GetFlag(FLAGS_quantize)};
+  if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
+    coordinator_argv.push_back("--served_model_name=" + absl::GetFlag(FLAGS_served_model_name));
+  }
   if (metrics_port > 0) coordinator_argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
   if (!http_listen.empty()) coordinator_argv.push_back("--http_listen=" + http_listen);
   children.push_back({"coordinator", Spawn(coordinator_argv)});

@@ -94,6 +94,14 @@ class HttpApiTest(unittest.TestCase):
         models = json.loads(body)
         self.assertEqual(models["object"], "list")
         self.assertEqual([m["id"] for m in models["data"]], ["stories260K"])
+        code, body = curl(self.url + "/v1/models/stories260K")
+        self.assertEqual(code, 200, body)
+        self.assertEqual(json.loads(body)["id"], "stories260K")
+        code, body = curl(self.url + "/v1/models/gpt-9")
+        self.assertEqual(code, 404, body)
+        self.assertEqual(json.loads(body)["error"]["code"], "model_not_found")
+        code, body = curl(self.url + "/health")
+        self.assertEqual((code, body), (200, ""))
 
     def test_completion_matches_grpc(self):
         r = self.completion(model="stories260K", prompt=PROMPT, max_tokens=24, temperature=0)
@@ -252,7 +260,7 @@ class HttpChatTest(unittest.TestCase):
     def setUpClass(cls):
         cls.python = venv_python()
         cls.dir = tempfile.mkdtemp(prefix="http_chat_")
-        model = os.path.join(cls.dir, "stories-chat")
+        model = os.path.join(cls.dir, "stories-copy")
         shutil.copytree(STORIES, model, ignore=shutil.ignore_patterns("llama2c"))
         path = os.path.join(model, "tokenizer_config.json")
         with open(path, encoding="utf-8") as f:
@@ -260,13 +268,22 @@ class HttpChatTest(unittest.TestCase):
         config["chat_template"] = cls.TEMPLATE
         with open(path, "w", encoding="utf-8") as f:
             json.dump(config, f)
-        cls.cluster = Cluster(model)
+        # Served under another name than its directory's.
+        cls.cluster = Cluster(model, ["--served_model_name=stories-chat"])
         cls.url = cls.cluster.http
 
     @classmethod
     def tearDownClass(cls):
         cls.cluster.stop()
         shutil.rmtree(cls.dir)
+
+    def test_served_model_name(self):
+        code, body = curl(self.url + "/v1/models")
+        self.assertEqual([m["id"] for m in json.loads(body)["data"]], ["stories-chat"])
+        code, body = curl(self.url + "/v1/models/stories-chat")
+        self.assertEqual(code, 200, body)
+        code, body = curl(self.url + "/v1/models/stories-copy")
+        self.assertEqual(code, 404, body)
 
     def test_chat_logprobs(self):
         # Chat: "logprobs": true and "top_logprobs", streamed and not, give the same entries.
