@@ -182,6 +182,8 @@ struct HttpServer::Impl {
   Json ModelJson() const;
   void Models(httplib::Response& res);
   void Model(const std::string& id, httplib::Response& res);
+  void Tokenize(const httplib::Request& req, httplib::Response& res);
+  void Detokenize(const httplib::Request& req, httplib::Response& res);
   void Generate(const httplib::Request& req, httplib::Response& res, bool chat);
   // A request refused before the scheduler: logged and counted, then answered.
   void Reject(httplib::Response& res, const absl::Status& status) {
@@ -215,6 +217,45 @@ void HttpServer::Impl::Models(httplib::Response& res) {
   list["object"] = "list";
   list["data"] = Json::array({ModelJson()});
   res.set_content(Dump(list), "application/json");
+}
+
+void HttpServer::Impl::Tokenize(const httplib::Request& req, httplib::Response& res) {
+  absl::StatusOr<TokenizeRequest> r = ParseTokenizeRequest(req.body);
+  if (!r.ok()) return ReplyStatus(res, r.status());
+  if (absl::Status st = CheckModel(r->model); !st.ok()) return ReplyStatus(res, st);
+  if (tokenizer == nullptr) {
+    return ReplyStatus(res, InvalidParam("prompt", absl::StrCat("the model ", options.model_path, " has no tokenizer")));
+  }
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(r->prompt, r->add_special_tokens);
+  if (!ids.ok()) return ReplyStatus(res, InvalidParam("prompt", ids.status().message()));
+  Json j;
+  j["count"] = ids->size();
+  j["max_model_len"] = scheduler->options().limits.max_seq_len;
+  j["tokens"] = *ids;
+  res.set_content(Dump(j), "application/json");
+}
+
+void HttpServer::Impl::Detokenize(const httplib::Request& req, httplib::Response& res) {
+  absl::StatusOr<DetokenizeRequest> r = ParseDetokenizeRequest(req.body);
+  if (!r.ok()) return ReplyStatus(res, r.status());
+  if (absl::Status st = CheckModel(r->model); !st.ok()) return ReplyStatus(res, st);
+  if (tokenizer == nullptr) {
+    return ReplyStatus(res, InvalidParam("tokens", absl::StrCat("the model ", options.model_path, " has no tokenizer")));
+  }
+  std::vector<int32_t> ids;
+  const int64_t vocab = scheduler->options().limits.vocab_size;
+  for (size_t i = 0; i < r->tokens.size(); ++i) {
+    if (r->tokens[i] < 0 || r->tokens[i] >= vocab) {
+      return ReplyStatus(res, InvalidParam("tokens", absl::StrCat("tokens[", i, "] = ", r->tokens[i],
+                                                                  " is outside the vocabulary [0, ", vocab, ")")));
+    }
+    ids.push_back(static_cast<int32_t>(r->tokens[i]));
+  }
+  absl::StatusOr<std::string> text = tokenizer->Decode(ids, /*skip_special_tokens=*/false);
+  if (!text.ok()) return ReplyStatus(res, InvalidParam("tokens", text.status().message()));
+  Json j;
+  j["prompt"] = *text;
+  res.set_content(Dump(j), "application/json");
 }
 
 void HttpServer::Impl::Model(const std::string& id, httplib::Response& res) {
@@ -420,6 +461,9 @@ void HttpServer::Impl::Routes() {
   // One model by id (the OpenAI client's models.retrieve); ids may contain '/'.
   server.Get(R"(/v1/models/(.+))",
              [this](const httplib::Request& req, httplib::Response& res) { Model(req.matches[1], res); });
+  // vLLM's tokenizer endpoints.
+  server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { Tokenize(req, res); });
+  server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { Detokenize(req, res); });
   // Liveness and readiness as vLLM's /health: 200 with an empty body when the cluster serves, 503
   // with the reason (as the gRPC API gives it) while it does not.
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {

@@ -287,6 +287,56 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   return r;
 }
 
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
+  absl::StatusOr<Json> j = ParseObject(body);
+  if (!j.ok()) return j.status();
+  TokenizeRequest r;
+  bool has_prompt = false;
+  for (const auto& [key, v] : j->items()) {
+    if (key == "model") {
+      if (!v.is_string()) return WrongType(key, "a string", v);
+      r.model = v.get<std::string>();
+    } else if (key == "prompt") {
+      if (!v.is_string()) return WrongType(key, "a string", v);
+      r.prompt = v.get<std::string>();
+      has_prompt = true;
+    } else if (key == "add_special_tokens") {
+      absl::StatusOr<bool> b = GetBool(v, key);
+      if (!b.ok()) return b.status();
+      r.add_special_tokens = *b;
+    } else {
+      return UnknownField(key);
+    }
+  }
+  if (!has_prompt) return InvalidParam("prompt", "'prompt' is required");
+  return r;
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body) {
+  absl::StatusOr<Json> j = ParseObject(body);
+  if (!j.ok()) return j.status();
+  DetokenizeRequest r;
+  bool has_tokens = false;
+  for (const auto& [key, v] : j->items()) {
+    if (key == "model") {
+      if (!v.is_string()) return WrongType(key, "a string", v);
+      r.model = v.get<std::string>();
+    } else if (key == "tokens") {
+      if (!v.is_array()) return WrongType(key, "an array of token ids", v);
+      for (size_t i = 0; i < v.size(); ++i) {
+        absl::StatusOr<int64_t> id = GetInt(v[i], absl::StrCat("tokens[", i, "]"));
+        if (!id.ok()) return id.status();
+        r.tokens.push_back(*id);
+      }
+      has_tokens = true;
+    } else {
+      return UnknownField(key);
+    }
+  }
+  if (!has_tokens) return InvalidParam("tokens", "'tokens' is required");
+  return r;
+}
+
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   absl::StatusOr<Json> j = ParseObject(body);
   if (!j.ok()) return j.status();

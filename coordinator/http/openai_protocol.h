@@ -71,9 +71,22 @@ struct ChatRequest {
   std::vector<ChatMessage> messages;  // non-empty
 };
 
+// vLLM's /tokenize and /detokenize bodies.
+struct TokenizeRequest {
+  std::string model;
+  std::string prompt;               // required
+  bool add_special_tokens = true;   // vLLM's default
+};
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int64_t> tokens;      // required (may be empty)
+};
+
 // Request bodies. InvalidArgument naming the field (see above).
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
 
 // An InvalidArgument status that carries the request field `param` (for the error body).
 absl::Status InvalidParam(absl::string_view param, absl::string_view message);

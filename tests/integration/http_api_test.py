@@ -103,6 +103,23 @@ class HttpApiTest(unittest.TestCase):
         code, body = curl(self.url + "/health")
         self.assertEqual((code, body), (200, ""))
 
+    def test_tokenize_and_detokenize(self):
+        code, body = curl(self.url + "/tokenize", data=json.dumps({"prompt": PROMPT}))
+        self.assertEqual(code, 200, body)
+        r = json.loads(body)
+        self.assertEqual(r["count"], len(r["tokens"]))
+        self.assertEqual(r["tokens"][0], 1)  # BOS, as vLLM adds special tokens by default
+        code, body = curl(self.url + "/tokenize", data=json.dumps({"prompt": PROMPT, "add_special_tokens": False}))
+        self.assertEqual(json.loads(body)["tokens"], r["tokens"][1:])
+        code, body = curl(self.url + "/detokenize", data=json.dumps({"tokens": r["tokens"][1:]}))
+        self.assertEqual(code, 200, body)
+        self.assertEqual(json.loads(body)["prompt"], PROMPT)
+        for path, data, param in [("/tokenize", {}, "prompt"), ("/detokenize", {"tokens": [9999]}, "tokens"),
+                                  ("/tokenize", {"prompt": "a", "model": "gpt-9"}, "model")]:
+            code, body = curl(self.url + path, data=json.dumps(data))
+            self.assertIn(code, (400, 404), body)
+            self.assertEqual(json.loads(body)["error"]["param"], param, body)
+
     def test_completion_matches_grpc(self):
         r = self.completion(model="stories260K", prompt=PROMPT, max_tokens=24, temperature=0)
         self.assertEqual(r["object"], "text_completion")
