@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/security/grpc_security.h"
 #include "common/status/grpc_status.h"
 #include "coordinator/client/proto_convert.h"
 
@@ -38,11 +39,21 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
   return reactor;
 }
 
+grpc::ServerUnaryReactor* FailCall(grpc::CallbackServerContext* ctx, grpc::Status status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(std::move(status));
+  return reactor;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext* ctx,
                                                     const v1::RegisterRequest* request,
                                                     v1::RegisterResponse* response) {
+  // Only workers register (on a TLS control port: a certificate with the worker role).
+  if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) {
+    return FailCall(ctx, std::move(st));
+  }
   WorkerRegistration reg{.node_name = request->node_name(),
                          .address = request->address(),
                          .metrics_address = request->metrics_address()};
@@ -63,6 +74,9 @@ grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                      const v1::HeartbeatRequest* request,
                                                      v1::HeartbeatResponse* /*response*/) {
+  if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) {
+    return FailCall(ctx, std::move(st));
+  }
   absl::StatusOr<WorkerState> state = FromProto(request->state());
   if (!state.ok()) return Done(ctx, state.status());
   return Done(ctx, registry_->Heartbeat({.worker_id = request->worker_id(),

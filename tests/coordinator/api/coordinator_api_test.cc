@@ -121,7 +121,9 @@ class CoordinatorApiTest : public ::testing::Test {
                                                                    .replica_factory = factory_->Get()}));
     channel_ = grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials());
     inference_ = v1::Inference::NewStub(channel_);
-    registry_ = v1::Registry::NewStub(channel_);
+    // Workers register on the control port, not on the public one.
+    registry_ = v1::Registry::NewStub(
+        grpc::CreateChannel(coordinator_->control_address(), grpc::InsecureChannelCredentials()));
     admin_ = v1::Admin::NewStub(channel_);
   }
 
