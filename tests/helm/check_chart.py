@@ -244,7 +244,8 @@ def check_objects(docs, values, fail):
     fail.check(len(csvc) == 1, "the coordinator is not behind exactly one Service")
     domain = values.get("clusterDomain", "cluster.local")
     if csvc:
-        grpc_port = [p["port"] for p in csvc[0]["spec"]["ports"] if p["name"] == "grpc"]
+        # Workers dial the coordinator's control port, never its public gRPC port.
+        grpc_port = [p["port"] for p in csvc[0]["spec"]["ports"] if p["name"] == "control"]
         coordinator_address = f"{csvc[0]['metadata']['name']}.{NAMESPACE}.svc.{domain}:{grpc_port[0] if grpc_port else '?'}"
         fail.check(csvc[0]["spec"].get("publishNotReadyAddresses") is True,
                    "the coordinator Service must publish the not-ready coordinator (workers register before it is ready)")

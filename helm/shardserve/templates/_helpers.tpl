@@ -51,7 +51,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* host:port the workers (and the helm test) reach the coordinator at. */}}
 {{- define "shardserve.coordinatorAddress" -}}
-{{- printf "%s.%s.svc.%s:%d" (include "shardserve.coordinatorName" .) .Release.Namespace .Values.clusterDomain (int .Values.coordinator.grpcPort) }}
+{{- printf "%s.%s.svc.%s:%d" (include "shardserve.coordinatorName" .) .Release.Namespace .Values.clusterDomain (int .Values.coordinator.controlPort) }}
 {{- end }}
 
 {{- define "shardserve.serviceAccountName" -}}
@@ -173,6 +173,9 @@ Checks across values that the schema cannot express; fails the install with the 
 {{- end }}
 {{- if eq (int .Values.coordinator.grpcPort) (int .Values.metrics.port) }}
 {{- fail "coordinator.grpcPort and metrics.port must differ" }}
+{{- end }}
+{{- if or (eq (int .Values.coordinator.controlPort) (int .Values.coordinator.grpcPort)) (eq (int .Values.coordinator.controlPort) (int .Values.metrics.port)) (and .Values.coordinator.http.enabled (eq (int .Values.coordinator.controlPort) (int .Values.coordinator.http.port))) }}
+{{- fail "coordinator.controlPort must differ from coordinator.grpcPort, coordinator.http.port and metrics.port" }}
 {{- end }}
 {{- if eq (int .Values.worker.grpcPort) (int .Values.metrics.port) }}
 {{- fail "worker.grpcPort and metrics.port must differ" }}
