@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/security/grpc_security.h"
+#include "coordinator/api/api_auth.h"
 #include "common/status/grpc_status.h"
 #include "coordinator/client/proto_convert.h"
 
@@ -89,6 +90,7 @@ grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerContext* ctx,
                                                          const v1::GetClusterStatusRequest* /*request*/,
                                                          v1::ClusterStatus* response) {
+  if (auto lease = AdmitCall(api_keys_, *ctx, security::ApiRole::kAdmin); !lease.ok()) return Done(ctx, lease.status());
   const ClusterView view = cluster_->View();
   const SchedulerStats stats = scheduler_->Stats();
   const absl::Time now = clock_->Now();

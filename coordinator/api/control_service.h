@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "common/security/api_keys.h"
 #include "coordinator/api/cluster.h"
 #include "coordinator/registry/registry.h"
 #include "coordinator/scheduler/scheduler.h"
@@ -36,8 +37,15 @@ class RegistryService final : public v1::Registry::CallbackService {
 class AdminService final : public v1::Admin::CallbackService {
  public:
   // Borrowed; must outlive the service.
-  AdminService(std::string model_path, Cluster* cluster, Scheduler* scheduler, const Clock* clock)
-      : model_path_(std::move(model_path)), cluster_(cluster), scheduler_(scheduler), clock_(clock) {}
+  // `api_keys` may be null; every call needs an admin key, or without keys (on a TLS port) a
+  // client certificate with the admin role (api_auth.h).
+  AdminService(std::string model_path, Cluster* cluster, Scheduler* scheduler, const Clock* clock,
+               security::ApiKeys* api_keys = nullptr)
+      : model_path_(std::move(model_path)),
+        cluster_(cluster),
+        scheduler_(scheduler),
+        clock_(clock),
+        api_keys_(api_keys) {}
 
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* ctx,
                                              const v1::GetClusterStatusRequest* request,
@@ -48,6 +56,7 @@ class AdminService final : public v1::Admin::CallbackService {
   Cluster* const cluster_;
   Scheduler* const scheduler_;
   const Clock* const clock_;
+  security::ApiKeys* const api_keys_;
 };
 
 }  // namespace shardserve::coordinator

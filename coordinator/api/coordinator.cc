@@ -75,6 +75,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
     }
   }
   std::unique_ptr<Coordinator> c(new Coordinator());
+  if (!options.api_keys_file.empty()) {
+    absl::StatusOr<std::unique_ptr<security::ApiKeys>> keys = security::ApiKeys::Load(options.api_keys_file);
+    if (!keys.ok()) return keys.status();
+    c->api_keys_ = *std::move(keys);
+    LOG(INFO) << "the public API needs an API key (" << c->api_keys_->size() << " key(s) in " << options.api_keys_file
+              << ")";
+  } else if (!security::IsLoopbackAddress(options.listen)) {
+    LOG(WARNING) << "no --api_keys_file: anyone who reaches " << options.listen << " may generate"
+                 << (public_tls ? "" : " and call the admin API");
+  }
   absl::StatusOr<ModelSpec> spec = LoadModelSpec(options.model_path);
   if (!spec.ok()) return spec.status();
   c->spec_ = std::make_unique<ModelSpec>(*std::move(spec));
@@ -139,10 +149,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
 
   c->inference_ = std::make_unique<InferenceService>(
       InferenceServiceOptions{
-          .model_path = options.model_path, .max_seq_len = max_seq_len, .observer = c->metrics_.get()},
+          .model_path = options.model_path,
+          .max_seq_len = max_seq_len,
+          .observer = c->metrics_.get(),
+          .api_keys = c->api_keys_.get()},
       c->spec_.get(), c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
   c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get());
-  c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock);
+  c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock,
+                                             c->api_keys_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -200,7 +214,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
         {.listen = options.http_listen,
          .model_id = model_id.empty() ? dir : model_id,
          .model_path = dir,
-         .observer = c->metrics_.get()},
+         .observer = c->metrics_.get(),
+         .api_keys = c->api_keys_.get(),
+         .tls = public_tls ? options.tls : std::nullopt},
         c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->ReadyStatus(); });
     if (!server.ok()) return server.status();
     c->http_ = *std::move(server);

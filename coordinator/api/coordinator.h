@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/concurrency/clock.h"
+#include "common/security/api_keys.h"
 #include "common/security/tls_files.h"
 #include "coordinator/api/cluster.h"
 #include "coordinator/client/worker_client.h"
@@ -64,6 +65,8 @@ struct CoordinatorOptions {
   // With tls: serve the public API (gRPC and HTTP) in plaintext all the same, the internal links
   // keeping mutual TLS. Only on a loopback `listen` (and http_listen); InvalidArgument otherwise.
   bool public_plaintext = false;
+  // API keys of the public API (gRPC and HTTP; security/api_keys.h): a file path, empty = none.
+  std::string api_keys_file;
   std::string model_path;              // required: config.json (+ tokenizer files)
   int expected_workers = 1;            // >= 1
   int tp = 0, pp = 0, replicas = 0;    // >= 0; 0 = let the planner choose
@@ -84,6 +87,7 @@ struct CoordinatorOptions {
   absl::Duration step_timeout = absl::Seconds(60);    // bound on one micro-batch
   std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint (port 0 picks one); empty = none
   // OpenAI-compatible HTTP API (coordinator/http): HOST:PORT (port 0 picks a free port); empty = off.
+  // HTTPS with `tls` (unless public_plaintext).
   std::string http_listen;
   // InvalidArgument naming the option (as its flag is spelled) when out of range.
   absl::Status Validate() const;
@@ -138,6 +142,7 @@ class Coordinator {
   std::unique_ptr<CoordinatorMetrics> metrics_;  // outlives the scheduler, which reports to it
   std::unique_ptr<ModelSpec> spec_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the model has none
+  std::unique_ptr<security::ApiKeys> api_keys_;  // null without --api_keys_file
   std::unique_ptr<WorkerClient> worker_client_;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<Scheduler> scheduler_;

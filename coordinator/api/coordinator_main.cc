@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, tls_dir, "", "directory with tls.crt, tls.key and ca.crt 
 ABSL_FLAG(bool, public_plaintext, false,
           "with TLS: serve the public API (--listen, --http_listen) in plaintext all the same, the control plane "
           "and the links to the workers keeping mutual TLS; only for loopback addresses (shardserve-local)");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "API keys of the public API (gRPC and HTTP), one per line: NAME user|admin sha256:HEX [rps=R] [burst=B] "
+          "[concurrency=C]; empty = no authentication");
 ABSL_FLAG(int32_t, tls_refresh_s, 10, "re-read the TLS files this often (seconds): rotated certificates are used "
                                       "by new connections without a restart");
 ABSL_FLAG(std::string, model, "", "model directory (config.json, tokenizer files), as the workers also see it");
@@ -93,6 +96,7 @@ int main(int argc, char** argv) {
   }
   options.tls = *tls;
   options.public_plaintext = absl::GetFlag(FLAGS_public_plaintext);
+  options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
   if (options.tls.has_value()) {
     options.tls->refresh_interval = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_tls_refresh_s)));
   }

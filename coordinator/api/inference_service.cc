@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log/log.h"
+#include "coordinator/api/api_auth.h"
 #include "common/status/grpc_status.h"
 #include "coordinator/api/request_log.h"
 #include "coordinator/api/sequence_output.h"
@@ -155,6 +156,7 @@ class GenerateStream final : public SequenceSink {
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   void set_stream(std::shared_ptr<GenerateStream> stream) { stream_ = std::move(stream); }
+  void set_lease(std::shared_ptr<security::ApiKeys::Lease> lease) { lease_ = std::move(lease); }
   void OnWriteDone(bool ok) override { stream_->OnWriteDone(ok); }
   void OnCancel() override {
     if (stream_ != nullptr) stream_->RequestCancel();
@@ -163,6 +165,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
  private:
   std::shared_ptr<GenerateStream> stream_;  // set before the handler returns
+  std::shared_ptr<security::ApiKeys::Lease> lease_;  // the caller's API-key admission, until OnDone
 };
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& status) {
@@ -216,9 +219,17 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
   return r;
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc::CallbackServerContext* /*ctx*/,
+grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc::CallbackServerContext* ctx,
                                                                            const v1::GenerateRequest* request) {
   auto* reactor = new GenerateReactor();
+  absl::StatusOr<std::shared_ptr<security::ApiKeys::Lease>> lease =
+      AdmitCall(options_.api_keys, *ctx, security::ApiRole::kUser);
+  if (!lease.ok()) {
+    ReportRejected(options_.observer, lease.status());
+    reactor->Finish(ToGrpcStatus(lease.status()));
+    return reactor;
+  }
+  reactor->set_lease(*std::move(lease));
   absl::StatusOr<SequenceRequest> seq = Convert(*request);
   if (seq.ok()) {
     if (absl::Status ready = cluster_->ReadyStatus(); !ready.ok()) seq = ready;
@@ -246,6 +257,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc:
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx,
                                                      const v1::TokenizeRequest* request,
                                                      v1::TokenizeResponse* response) {
+  auto lease = AdmitCall(options_.api_keys, *ctx, security::ApiRole::kUser);
+  if (!lease.ok()) return Done(ctx, lease.status());
   if (tokenizer_ == nullptr) return Done(ctx, absl::InvalidArgumentError("model has no tokenizer"));
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request->text(), request->add_special_tokens());
   if (!ids.ok()) return Done(ctx, absl::InvalidArgumentError(absl::StrCat("text: ", ids.status().message())));
@@ -256,6 +269,8 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* ctx,
                                                          const v1::GetModelInfoRequest* /*request*/,
                                                          v1::ModelInfo* response) {
+  auto lease = AdmitCall(options_.api_keys, *ctx, security::ApiRole::kUser);
+  if (!lease.ok()) return Done(ctx, lease.status());
   response->set_model_path(options_.model_path);
   response->set_architecture(std::string(ArchitectureName(spec_->arch)));
   response->set_vocab_size(spec_->vocab_size);

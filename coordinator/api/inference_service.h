@@ -22,6 +22,7 @@
 
 #include "common/model_spec/model_spec.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/security/api_keys.h"
 #include "coordinator/api/cluster.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/scheduler/scheduler_observer.h"
@@ -35,6 +36,8 @@ struct InferenceServiceOptions {
   // Told of the requests the service refuses before the scheduler sees them (borrowed; may be
   // null; must outlive the service). The scheduler reports its own refusals.
   SchedulerObserver* observer = nullptr;
+  // API keys (borrowed, may be null = none): every call needs a key with the user role (api_auth.h).
+  security::ApiKeys* api_keys = nullptr;
 };
 
 class InferenceService final : public v1::Inference::CallbackService {

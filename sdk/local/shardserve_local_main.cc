@@ -7,7 +7,8 @@
 // process (in a private temporary directory removed at exit), and runs every link between the
 // processes with mutual TLS (workers <-> coordinator control port, coordinator -> stage 0,
 // stage -> stage, expert calls). The public API listens on 127.0.0.1 only; it is plaintext unless
-// --public_tls (then TLS with the same CA, whose path is printed as "tls ca: PATH").
+// --public_tls (then TLS with the same CA, whose path is printed as "tls ca: PATH"; a client
+// certificate with the client and admin roles lies beside it, in ../client/tls.crt and tls.key).
 // --insecure runs everything in plaintext.
 //
 // Waits until the cluster is ready, then prints "ready: coordinator at HOST:PORT" on a line of its
@@ -143,6 +144,17 @@ bool MakeCertificates(const std::string& dir, int workers) {
     return st.ok();
   };
   if (!issue("coordinator", Role::kCoordinator)) return false;
+  // For this launcher's own readiness calls (Admin needs the admin role on a TLS port) and for
+  // clients of --public_tls: DIR/client.
+  {
+    auto leaf = (*ca)->Issue({.common_name = "client", .roles = {Role::kClient, Role::kAdmin},
+                              .validity = absl::Hours(24 * 30)});
+    absl::Status st = leaf.ok() ? WriteTlsDir(dir + "/client", *leaf, (*ca)->cert_pem()) : leaf.status();
+    if (!st.ok()) {
+      std::cerr << "shardserve-local: " << st << "\n";
+      return false;
+    }
+  }
   for (int i = 0; i < workers; ++i) {
     if (!issue(absl::StrCat("worker-", i), Role::kWorker)) return false;
   }
@@ -304,10 +316,17 @@ int main(int argc, char** argv) {
   }
   shardserve::ClientOptions client_options{.timeout = std::chrono::seconds(5)};
   if (public_tls) {
-    std::ifstream in(tls_root + "/coordinator/ca.crt");
-    std::stringstream ca;
-    ca << in.rdbuf();
-    client_options.tls = {.enabled = true, .root_certs = ca.str()};
+    auto read = [](const std::string& path) {
+      std::ifstream in(path);
+      std::stringstream s;
+      s << in.rdbuf();
+      return s.str();
+    };
+    client_options.tls = {.enabled = true,
+                          .root_certs = read(tls_root + "/client/ca.crt"),
+                          .client_cert = read(tls_root + "/client/tls.crt"),
+                          .client_key = read(tls_root + "/client/tls.key"),
+                          .server_name = "localhost"};
   }
   auto client = shardserve::Client::Connect(address, client_options);
   if (!client.ok()) {

@@ -88,7 +88,11 @@ class LocalCluster:
 
     def cli(self, *args, check=True, timeout=300):
         """Runs `shardserve ARGS --server=ADDRESS`; the CompletedProcess (which must succeed with check)."""
-        tls = [f"--tls_ca_file={self.tls_ca}", "--tls_server_name=localhost"] if self.tls_ca else []
+        tls = []
+        if self.tls_ca:  # the client certificate shardserve-local made beside the CA (roles client, admin)
+            client = os.path.join(os.path.dirname(os.path.dirname(self.tls_ca)), "client")
+            tls = [f"--tls_ca_file={self.tls_ca}", "--tls_server_name=localhost",
+                   f"--tls_cert_file={client}/tls.crt", f"--tls_key_file={client}/tls.key"]
         p = subprocess.run([os.path.join(self.bin_dir, "shardserve"), *args, f"--server={self.address}", *tls],
                            capture_output=True, text=True, timeout=timeout)
         if check:

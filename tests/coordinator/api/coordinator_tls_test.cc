@@ -3,7 +3,11 @@
 // plaintext cannot), and the public port serves TLS to clients without certificates.
 #include <grpcpp/grpcpp.h>
 
+#include <httplib.h>
+
 #include <chrono>
+
+#include "nlohmann/json.hpp"
 
 #include "absl/strings/str_cat.h"
 #include "common/security/grpc_security.h"
@@ -11,7 +15,9 @@
 #include "gtest/gtest.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/inference.grpc.pb.h"
+#include "common/security/api_keys.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/testing/tls_fixture.h"
 
 namespace shardserve::coordinator {
@@ -86,6 +92,138 @@ TEST_F(CoordinatorTlsTest, ThePublicPortHasNoRegistryAndServesTlsToClientsWithou
   EXPECT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(Register(coordinator_->address(), grpc::InsecureChannelCredentials()).error_code(),
             grpc::StatusCode::UNAVAILABLE);
+}
+
+grpc::Status ClusterStatus(const std::shared_ptr<grpc::Channel>& channel, const std::string& key = "") {
+  auto admin = v1::Admin::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+  v1::ClusterStatus st;
+  return admin->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &st);
+}
+
+grpc::Status ModelInfo(const std::shared_ptr<grpc::Channel>& channel, const std::string& key = "") {
+  auto inference = v1::Inference::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+  v1::ModelInfo info;
+  return inference->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
+}
+
+TEST_F(CoordinatorTlsTest, WithoutApiKeysTheAdminApiNeedsAnAdminCertificate) {
+  const std::string port = coordinator_->address().substr(coordinator_->address().rfind(':') + 1);
+  auto as = [&](const std::string& name, std::vector<Role> roles) {
+    const security::TlsOptions files = ca_.Dir(name, std::move(roles));
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = shardserve::testing::ReadFileOrEmpty(files.ca_file);
+    ssl.pem_cert_chain = shardserve::testing::ReadFileOrEmpty(files.cert_file);
+    ssl.pem_private_key = shardserve::testing::ReadFileOrEmpty(files.key_file);
+    return grpc::CreateChannel(absl::StrCat("localhost:", port), grpc::SslCredentials(ssl));
+  };
+  grpc::SslCredentialsOptions anonymous;
+  anonymous.pem_root_certs = ca_.cert_pem();
+  auto no_cert = grpc::CreateChannel(absl::StrCat("localhost:", port), grpc::SslCredentials(anonymous));
+  EXPECT_EQ(ClusterStatus(no_cert).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(ModelInfo(no_cert).ok());  // the user API takes anonymous TLS clients without keys
+  EXPECT_EQ(ClusterStatus(as("a-worker", {Role::kWorker})).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(ClusterStatus(as("a-client", {Role::kClient})).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  grpc::Status admin = ClusterStatus(as("an-admin", {Role::kAdmin}));
+  EXPECT_TRUE(admin.ok()) << admin.error_message();
+}
+
+// API keys on both front ends (plaintext here: keys do not depend on TLS).
+class CoordinatorApiKeysTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    keys_file_ = dir_.Write("keys", absl::StrCat("alice user sha256:", security::Sha256Hex("alice-key"), "\n",
+                                                 "ops admin sha256:", security::Sha256Hex("ops-key"), "\n",
+                                                 "slow user sha256:", security::Sha256Hex("slow-key"),
+                                                 " rps=0.001 burst=1\n"));
+    CoordinatorOptions o;
+    o.model_path = "tests/golden/models/llama";
+    o.api_keys_file = keys_file_;
+    o.http_listen = "127.0.0.1:0";
+    ASSERT_OK_AND_ASSIGN(coordinator_, Coordinator::Start(o, {.worker_client = std::make_unique<NoWorkers>()}));
+    channel_ = grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials());
+  }
+  shardserve::testing::TempDir dir_;
+  std::string keys_file_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(CoordinatorApiKeysTest, GrpcNeedsAKeyAndAdminCallsNeedTheAdminRole) {
+  EXPECT_EQ(ModelInfo(channel_).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(ModelInfo(channel_, "wrong").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(ModelInfo(channel_, "alice-key").ok());
+  EXPECT_EQ(ClusterStatus(channel_, "alice-key").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(ClusterStatus(channel_).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(ClusterStatus(channel_, "ops-key").ok());
+  EXPECT_TRUE(ModelInfo(channel_, "slow-key").ok());
+  EXPECT_EQ(ModelInfo(channel_, "slow-key").error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Generate is refused before anything is scheduled.
+  auto inference = v1::Inference::NewStub(channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GenerateRequest req;
+  req.mutable_token_ids()->add_ids(1);
+  req.set_max_tokens(1);
+  auto reader = inference->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  while (reader->Read(&r)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(CoordinatorApiKeysTest, HttpAnswers401WithAnOpenAiErrorWithoutAValidKey) {
+  const std::string http = coordinator_->http_address();
+  httplib::Client client("127.0.0.1", std::stoi(http.substr(http.rfind(':') + 1)));
+  auto none = client.Get("/v1/models");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  const nlohmann::json body = nlohmann::json::parse(none->body);
+  EXPECT_EQ(body["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  auto wrong = client.Post("/v1/completions", {{"Authorization", "Bearer nope"}}, R"({"prompt": [1], "max_tokens": 1})",
+                           "application/json");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto ok = client.Get("/v1/models", {{"Authorization", "Bearer alice-key"}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(client.Get("/v1/models", {{"Authorization", "Bearer slow-key"}})->status, 200);
+  auto limited = client.Get("/v1/models", {{"Authorization", "Bearer slow-key"}});
+  ASSERT_TRUE(limited);
+  EXPECT_EQ(limited->status, 429);
+}
+
+TEST(CoordinatorHttpsTest, TheHttpApiServesHttpsWithTheSameFlagsAndRefusesPlainHttp) {
+  shardserve::testing::TestCa ca("cluster CA");
+  CoordinatorOptions o;
+  o.model_path = "tests/golden/models/llama";
+  o.tls = ca.Dir("coordinator", {Role::kCoordinator});
+  o.http_listen = "127.0.0.1:0";
+  ASSERT_OK_AND_ASSIGN(auto coordinator, Coordinator::Start(o, {.worker_client = std::make_unique<NoWorkers>()}));
+  const std::string http = coordinator->http_address();
+  const int port = std::stoi(http.substr(http.rfind(':') + 1));
+  httplib::SSLClient https("localhost", port);
+  https.set_ca_cert_path(o.tls->ca_file.c_str());
+  https.enable_server_certificate_verification(true);
+  auto models = https.Get("/v1/models");
+  ASSERT_TRUE(models) << httplib::to_string(models.error());
+  EXPECT_EQ(models->status, 200);
+  // A client that does not trust the cluster CA refuses the server.
+  httplib::SSLClient untrusting("localhost", port);
+  untrusting.set_ca_cert_path(ca.Dir("elsewhere", {Role::kClient}).cert_file.c_str());  // not a CA
+  untrusting.enable_server_certificate_verification(true);
+  EXPECT_FALSE(untrusting.Get("/v1/models"));
+  // Plain HTTP gets no answer.
+  httplib::Client plain("127.0.0.1", port);
+  plain.set_read_timeout(std::chrono::seconds(5));
+  auto r = plain.Get("/v1/models");
+  EXPECT_TRUE(!r || r->status != 200);
 }
 
 TEST(CoordinatorTlsOptionsTest, PublicPlaintextOnlyOnLoopbackAndTheCertificateMustBeTheCoordinators) {
