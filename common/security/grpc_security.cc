@@ -8,6 +8,7 @@
 #include <grpcpp/server_context.h>
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,8 @@
 
 namespace shardserve::security {
 namespace {
+
+std::atomic<int64_t> g_client_handshakes{0};
 
 std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> Provider(const TlsOptions& o) {
   const int64_t seconds = std::max<int64_t>(1, absl::ToInt64Seconds(o.refresh_interval));
@@ -40,6 +43,7 @@ class RoleVerifier final : public grpc::experimental::ExternalCertificateVerifie
   explicit RoleVerifier(Role role) : uri_(RoleUri(role)), role_(role) {}
   bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
               std::function<void(grpc::Status)> /*callback*/, grpc::Status* sync_status) override {
+    g_client_handshakes.fetch_add(1, std::memory_order_relaxed);
     for (const grpc::string_ref& uri : request->uri_names()) {
       if (absl::string_view(uri.data(), uri.size()) == uri_) {
         *sync_status = grpc::Status::OK;
@@ -123,6 +127,8 @@ std::shared_ptr<grpc::ChannelCredentials> GrpcSecurity::InternalChannelCredentia
   o.set_certificate_verifier(grpc::experimental::ExternalCertificateVerifier::Create<RoleVerifier>(server_role));
   return grpc::experimental::TlsCredentials(o);
 }
+
+int64_t InternalClientHandshakes() { return g_client_handshakes.load(std::memory_order_relaxed); }
 
 std::vector<Role> PeerRoles(const grpc::AuthContext& auth) {
   std::vector<Role> roles;

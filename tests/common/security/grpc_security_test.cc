@@ -106,6 +106,15 @@ TEST_F(GrpcSecurityTest, MutualTlsLetsTheAllowedRoleInAndShowsItToTheServer) {
   EXPECT_EQ(r.server_name, "coordinator");
 }
 
+TEST_F(GrpcSecurityTest, ManyCallsOnOneChannelCostOneHandshake) {
+  Server coordinator(ca_.Security("coordinator", {Role::kCoordinator}).InternalServerCredentials({Role::kWorker}));
+  auto channel = grpc::CreateChannel(
+      coordinator.address(), ca_.Security("worker", {Role::kWorker}).InternalChannelCredentials(Role::kCoordinator));
+  const int64_t before = InternalClientHandshakes();
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(Call(channel).status.ok());
+  EXPECT_EQ(InternalClientHandshakes() - before, 1);
+}
+
 TEST_F(GrpcSecurityTest, PlaintextClientAgainstATlsServerIsRefused) {
   Server coordinator(ca_.Security("coordinator", {Role::kCoordinator}).InternalServerCredentials({Role::kWorker}));
   EXPECT_EQ(Call(coordinator.address(), grpc::InsecureChannelCredentials()).status.error_code(),
