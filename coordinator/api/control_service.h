@@ -17,24 +17,35 @@
 
 namespace shardserve::coordinator {
 
-class RegistryService final : public v1::Registry::CallbackService {
+// Raw (bytes) methods, parsed by the service: a request that is not a message is INVALID_ARGUMENT
+// (common/status/grpc_raw.h), where gRPC's typed handlers would answer UNIMPLEMENTED.
+using RegistryBase =
+    v1::Registry::WithRawCallbackMethod_Register<v1::Registry::WithRawCallbackMethod_Heartbeat<v1::Registry::CallbackService>>;
+using AdminBase = v1::Admin::WithRawCallbackMethod_GetClusterStatus<v1::Admin::CallbackService>;
+
+class RegistryService final : public RegistryBase {
  public:
   // `registry` must outlive the service.
   explicit RegistryService(WorkerRegistry* registry) : registry_(registry) {}
 
   // INVALID_ARGUMENT naming the field for a bad registration (see WorkerRegistry::Register).
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const v1::RegisterRequest* request,
-                                     v1::RegisterResponse* response) override;
+  using RegistryBase::Heartbeat;
+  using RegistryBase::Register;
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   // NOT_FOUND for an unknown or dead worker ("register again"); INVALID_ARGUMENT for state
   // UNSPECIFIED or DEAD.
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request,
-                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
  private:
+  grpc::Status DoRegister(grpc::CallbackServerContext* ctx, const v1::RegisterRequest* request,
+                          v1::RegisterResponse* response);
+  grpc::Status DoHeartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request);
   WorkerRegistry* const registry_;
 };
 
-class AdminService final : public v1::Admin::CallbackService {
+class AdminService final : public AdminBase {
  public:
   // Borrowed; must outlive the service.
   // `api_keys` may be null; every call needs an admin key, or without keys (on a TLS port) a
@@ -47,11 +58,12 @@ class AdminService final : public v1::Admin::CallbackService {
         clock_(clock),
         api_keys_(api_keys) {}
 
-  grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* ctx,
-                                             const v1::GetClusterStatusRequest* request,
-                                             v1::ClusterStatus* response) override;
+  using AdminBase::GetClusterStatus;
+  grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
 
  private:
+  grpc::Status DoGetClusterStatus(grpc::CallbackServerContext* ctx, v1::ClusterStatus* response);
   const std::string model_path_;
   Cluster* const cluster_;
   Scheduler* const scheduler_;

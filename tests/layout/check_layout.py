@@ -24,8 +24,8 @@ def rules(src, inc):
     if top == "common" and ours(inc) and not inc.startswith("common/") and not inc.startswith("shardserve/v1/"):
         return "common/ may include only common/ (and generated proto code)"
     if top == "common" and (inc.startswith("grpcpp/") or inc.startswith("grpc/")) and not (
-            src.startswith("common/status/grpc_status.") or src.startswith("common/security/grpc_security.")):
-        return "common/ uses gRPC only in status/grpc_status and security/grpc_security"
+            src.startswith("common/status/grpc_") or src.startswith("common/security/grpc_security.")):
+        return "common/ uses gRPC only in status/grpc_* and security/grpc_security"
     if src.startswith("sdk/cpp/") and ours(inc) and not inc.startswith("shardserve/"):
         return "the C++ client library (sdk/cpp) depends on the generated protocol code only"
     if src.startswith("sdk/") and (inc.startswith("worker/") or

@@ -14,6 +14,7 @@
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/security/grpc_security.h"
+#include "common/status/grpc_raw.h"
 #include "common/status/grpc_status.h"
 #include "common/status/macros.h"
 #include "worker/engine/executor.h"
@@ -37,18 +38,21 @@ v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
   return r;
 }
 
-class WorkerServiceImpl final : public v1::Worker::CallbackService {
+// A raw method, parsed here: an assignment that does not parse is INVALID_ARGUMENT (gRPC's typed
+// handler would answer UNIMPLEMENTED).
+using WorkerBase = v1::Worker::WithRawCallbackMethod_Assign<v1::Worker::CallbackService>;
+
+class WorkerServiceImpl final : public WorkerBase {
  public:
   explicit WorkerServiceImpl(WorkerServer* server) : server_(server) {}
-  grpc::ServerUnaryReactor* Assign(grpc::CallbackServerContext* ctx, const v1::Assignment* request,
-                                   v1::AssignResponse* /*response*/) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kCoordinator}); !st.ok()) {
-      reactor->Finish(st);
-      return reactor;
-    }
-    reactor->Finish(ToGrpcStatus(server_->Assign(*request)));
-    return reactor;
+  using WorkerBase::Assign;
+  grpc::ServerUnaryReactor* Assign(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override {
+    return RawUnary<v1::Assignment, v1::AssignResponse>(
+        ctx, request, response, [&](const v1::Assignment& assignment, v1::AssignResponse* /*resp*/) {
+          if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kCoordinator}); !st.ok()) return st;
+          return ToGrpcStatus(server_->Assign(assignment));
+        });
   }
 
  private:

@@ -1,6 +1,7 @@
 // The coordinator with TLS: the public API and the control plane are separate ports; only
 // certificates with the worker role register (a client certificate, a foreign CA's, none, or
 // plaintext cannot), and the public port serves TLS to clients without certificates.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <httplib.h>
@@ -224,6 +225,62 @@ TEST(CoordinatorHttpsTest, TheHttpApiServesHttpsWithTheSameFlagsAndRefusesPlainH
   plain.set_read_timeout(std::chrono::seconds(5));
   auto r = plain.Get("/v1/models");
   EXPECT_TRUE(!r || r->status != 200);
+}
+
+// Bytes that are not a protobuf message (0xff: field 31 with the invalid wire type 7).
+grpc::ByteBuffer Garbage() {
+  grpc::Slice slice(std::string("\xff\xff\xff\xff", 4));
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Sends one raw message on `method` (unary methods take the same wire exchange) and returns the
+// call's status.
+grpc::Status RawStreamCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method) {
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  void* tag = nullptr;
+  bool ok = false;
+  auto call = stub.PrepareCall(&ctx, method, &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  call->WriteLast(Garbage(), grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  grpc::ByteBuffer response;
+  do {
+    call->Read(&response, reinterpret_cast<void*>(3));
+    cq.Next(&tag, &ok);
+  } while (ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+TEST(CoordinatorRawRequestsTest, RequestsThatAreNotMessagesAreInvalidArgument) {
+  CoordinatorOptions o;
+  o.model_path = "tests/golden/models/llama";
+  ASSERT_OK_AND_ASSIGN(auto coordinator, Coordinator::Start(o, {.worker_client = std::make_unique<NoWorkers>()}));
+  auto public_port = grpc::CreateChannel(coordinator->address(), grpc::InsecureChannelCredentials());
+  auto control_port = grpc::CreateChannel(coordinator->control_address(), grpc::InsecureChannelCredentials());
+  for (const char* method : {"/shardserve.v1.Inference/Tokenize", "/shardserve.v1.Inference/GetModelInfo",
+                             "/shardserve.v1.Admin/GetClusterStatus"}) {
+    grpc::Status st = RawStreamCall(public_port, method);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << st.error_message();
+  }
+  for (const char* method : {"/shardserve.v1.Registry/Register", "/shardserve.v1.Registry/Heartbeat"}) {
+    EXPECT_EQ(RawStreamCall(control_port, method).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+  }
+  grpc::Status generate = RawStreamCall(public_port, "/shardserve.v1.Inference/Generate");
+  EXPECT_EQ(generate.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << generate.error_message();
+  EXPECT_THAT(generate.error_message(), ::testing::HasSubstr("GenerateRequest"));
+  // A real method that does not exist is still UNIMPLEMENTED.
+  EXPECT_EQ(RawStreamCall(public_port, "/shardserve.v1.Inference/NoSuchMethod").error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
 }
 
 TEST(CoordinatorTlsOptionsTest, PublicPlaintextOnlyOnLoopbackAndTheCertificateMustBeTheCoordinators) {

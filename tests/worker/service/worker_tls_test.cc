@@ -1,6 +1,7 @@
 // A worker daemon's port with mutual TLS (the server worker_main builds, StartWorkerRpcServer):
 // only the coordinator assigns, only the coordinator and workers open stage streams, and
 // certificates of the client role, of another CA or none at all get nowhere.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_certificate_verifier.h>
@@ -80,6 +81,32 @@ TEST_F(WorkerTlsTest, OnlyTheCoordinatorAssigns) {
   EXPECT_EQ(Assign(As("worker-1", Role::kWorker)).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(Assign(As("client", Role::kClient)).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(Assign(grpc::InsecureChannelCredentials()).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(WorkerTlsTest, AnAssignmentThatIsNotAMessageIsInvalidArgument) {
+  grpc::GenericStub stub(grpc::CreateChannel(address_, As("coordinator", Role::kCoordinator)));
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Slice slice(std::string("\xff\xff\xff\xff", 4));
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::Status status;
+  void* tag = nullptr;
+  bool ok = false;
+  // A generic stream carries a unary exchange: one message each way.
+  auto call = stub.PrepareCall(&ctx, "/shardserve.v1.Worker/Assign", &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  call->WriteLast(request, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  call->Read(&response, reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
 }
 
 TEST_F(WorkerTlsTest, StageStreamsOpenOnlyForTheCoordinatorAndWorkers) {
