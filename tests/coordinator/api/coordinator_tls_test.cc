@@ -5,6 +5,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <httplib.h>
+#include <openssl/bio.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include <chrono>
 
@@ -281,6 +284,56 @@ TEST(CoordinatorRawRequestsTest, RequestsThatAreNotMessagesAreInvalidArgument) {
   // A real method that does not exist is still UNIMPLEMENTED.
   EXPECT_EQ(RawStreamCall(public_port, "/shardserve.v1.Inference/NoSuchMethod").error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+}
+
+// The common name of the certificate an HTTPS server at 127.0.0.1:port presents to a new
+// connection (empty when the handshake fails).
+std::string HttpsServerName(int port) {
+  std::string cn;
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  BIO* bio = BIO_new_ssl_connect(ctx);
+  BIO_set_conn_hostname(bio, absl::StrCat("127.0.0.1:", port).c_str());
+  if (BIO_do_connect(bio) == 1 && BIO_do_handshake(bio) == 1) {
+    SSL* ssl = nullptr;
+    BIO_get_ssl(bio, &ssl);
+    if (X509* cert = SSL_get1_peer_certificate(ssl); cert != nullptr) {
+      char buf[256] = {};
+      X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, buf, sizeof(buf));
+      cn = buf;
+      X509_free(cert);
+    }
+  }
+  BIO_free_all(bio);
+  SSL_CTX_free(ctx);
+  return cn;
+}
+
+TEST(CoordinatorHttpsTest, ARotatedCertificateIsServedToNewConnectionsWithoutARestart) {
+  shardserve::testing::TestCa ca("cluster CA");
+  CoordinatorOptions o;
+  o.model_path = "tests/golden/models/llama";
+  o.tls = ca.Dir("coordinator", {Role::kCoordinator});
+  o.http_listen = "127.0.0.1:0";
+  ASSERT_OK_AND_ASSIGN(auto coordinator, Coordinator::Start(o, {.worker_client = std::make_unique<NoWorkers>()}));
+  const std::string http = coordinator->http_address();
+  const int port = std::stoi(http.substr(http.rfind(':') + 1));
+  httplib::SSLClient kept("localhost", port);  // a connection made before the rotation
+  kept.set_ca_cert_path(o.tls->ca_file.c_str());
+  kept.enable_server_certificate_verification(true);
+  kept.set_keep_alive(true);
+  ASSERT_TRUE(kept.Get("/v1/models"));
+  EXPECT_EQ(HttpsServerName(port), "coordinator");
+  // Renew the coordinator's certificate in place (as cert-manager does): same CA and role.
+  const security::TlsOptions renewed = ca.Dir("coordinator-renewed", {Role::kCoordinator});
+  ASSERT_THAT(security::WriteTlsDir(ca.root() + "/coordinator",
+                                    {.cert_pem = shardserve::testing::ReadFileOrEmpty(renewed.cert_file),
+                                     .key_pem = shardserve::testing::ReadFileOrEmpty(renewed.key_file)},
+                                    ca.cert_pem()),
+              shardserve::testing::IsOk());
+  EXPECT_EQ(HttpsServerName(port), "coordinator-renewed");  // read at each handshake
+  auto after = kept.Get("/v1/models");
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200);
 }
 
 TEST(CoordinatorTlsOptionsTest, PublicPlaintextOnlyOnLoopbackAndTheCertificateMustBeTheCoordinators) {
