@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libicu-dev libcpp-httplib-dev
   clang libclang-rt-14-dev
+  libssl-dev openssl
 )
 # Only the tests need these: the Helm chart checks (tests/helm) render the chart with Go and Sprig
 # in GOPATH mode, lint YAML, and make a venv for kubernetes-validate; the observability test

@@ -20,7 +20,8 @@ elseif(SHARDSERVE_SANITIZE STREQUAL "thread")
   set(SHARDSERVE_SANITIZER_FLAGS -fsanitize=thread -fno-omit-frame-pointer)
 elseif(SHARDSERVE_SANITIZE STREQUAL "fuzzer")
   # Coverage instrumentation for libFuzzer targets (clang), with ASan+UBSan.
-  set(SHARDSERVE_SANITIZER_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  set(SHARDSERVE_SANITIZER_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
+      -fno-omit-frame-pointer)
 elseif(NOT SHARDSERVE_SANITIZE STREQUAL "")
   message(FATAL_ERROR "SHARDSERVE_SANITIZE must be '', 'address', 'thread' or 'fuzzer', not '${SHARDSERVE_SANITIZE}'")
 endif()

@@ -1,5 +1,6 @@
 #include "common/model_spec/model_spec.h"
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -260,24 +261,48 @@ absl::string_view ArchitectureName(Architecture arch) {
   return "?";
 }
 
-int64_t ModelSpec::NumParameters() const {
-  const int64_t h = hidden_size;
-  const int64_t q = num_heads * head_dim;
-  const int64_t kv = num_kv_heads * head_dim;
-  int64_t attn = h * q + 2 * h * kv + q * h + 2 * h;  // projections + 2 norms
-  if (qkv_bias) attn += q + 2 * kv;
-  if (o_bias) attn += h;
-  int64_t total = vocab_size * h * (tie_word_embeddings ? 1 : 2) + h;
-  for (int64_t l = 0; l < num_layers; ++l) {
-    total += attn;
-    if (IsSparseLayer(l)) {
-      total += moe.num_experts * (h + 3 * h * moe.expert_intermediate_size);
-      if (moe.shared_expert_intermediate_size > 0) total += 3 * h * moe.shared_expert_intermediate_size + h;
-    } else {
-      total += 3 * h * intermediate_size + (mlp_bias ? 2 * intermediate_size + h : 0);
-    }
+namespace {
+
+// Saturating int64 arithmetic: a config.json may declare sizes whose product overflows int64
+// (the fuzzer found one); the count then saturates at INT64_MAX instead of overflowing.
+struct SatInt {
+  int64_t v = 0;
+  friend SatInt operator+(SatInt a, SatInt b) {
+    int64_t r = 0;
+    return {__builtin_add_overflow(a.v, b.v, &r) ? (a.v < 0 ? INT64_MIN : INT64_MAX) : r};
   }
-  return total;
+  friend SatInt operator*(SatInt a, SatInt b) {
+    int64_t r = 0;
+    if (!__builtin_mul_overflow(a.v, b.v, &r)) return {r};
+    return {(a.v < 0) != (b.v < 0) ? INT64_MIN : INT64_MAX};
+  }
+};
+
+}  // namespace
+
+int64_t ModelSpec::NumParameters() const {
+  const SatInt h{hidden_size};
+  const SatInt q = SatInt{num_heads} * SatInt{head_dim};
+  const SatInt kv = SatInt{num_kv_heads} * SatInt{head_dim};
+  const SatInt two{2}, three{3};
+  SatInt attn = h * q + two * h * kv + q * h + two * h;  // projections + 2 norms
+  if (qkv_bias) attn = attn + q + two * kv;
+  if (o_bias) attn = attn + h;
+  SatInt total = SatInt{vocab_size} * h * SatInt{tie_word_embeddings ? 1 : 2} + h;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    total = total + attn;
+    if (IsSparseLayer(l)) {
+      total = total + SatInt{moe.num_experts} * (h + three * h * SatInt{moe.expert_intermediate_size});
+      if (moe.shared_expert_intermediate_size > 0) {
+        total = total + three * h * SatInt{moe.shared_expert_intermediate_size} + h;
+      }
+    } else {
+      const SatInt inter{intermediate_size};
+      total = total + three * h * inter + (mlp_bias ? two * inter + h : SatInt{0});
+    }
+    if (total.v == INT64_MAX) break;  // saturated: more layers change nothing
+  }
+  return total.v;
 }
 
 absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::string_view label) {

@@ -109,7 +109,8 @@ struct ModelSpec {
   bool IsSparseLayer(int64_t layer) const {
     return IsMoe() && moe.sparse_layers[static_cast<size_t>(layer)];
   }
-  // Number of parameters (embedding and lm_head counted once when tied).
+  // Number of parameters (embedding and lm_head counted once when tied); INT64_MAX when the
+  // declared sizes overflow int64 (a config.json may declare anything).
   int64_t NumParameters() const;
 };
 

@@ -3,7 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/security/grpc_security.h"
+#include "common/status/grpc_raw.h"
 #include "common/status/grpc_status.h"
+#include "coordinator/api/api_auth.h"
 #include "coordinator/client/proto_convert.h"
 
 namespace shardserve::coordinator {
@@ -32,49 +35,66 @@ absl::StatusOr<WorkerState> FromProto(v1::WorkerState state) {
   return absl::InvalidArgumentError(absl::StrCat("state: unsupported worker state ", static_cast<int>(state)));
 }
 
-grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 }  // namespace
 
-grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext* ctx,
-                                                    const v1::RegisterRequest* request,
-                                                    v1::RegisterResponse* response) {
+grpc::ServerUnaryReactor* RegistryService::Register(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return RawUnary<v1::RegisterRequest, v1::RegisterResponse>(
+      ctx, request, response, [&](const v1::RegisterRequest& req, v1::RegisterResponse* resp) {
+        return DoRegister(ctx, &req, resp);
+      });
+}
+
+grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return RawUnary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      ctx, request, response,
+      [&](const v1::HeartbeatRequest& req, v1::HeartbeatResponse* /*resp*/) { return DoHeartbeat(ctx, &req); });
+}
+
+grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerContext* ctx,
+                                                         const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  return RawUnary<v1::GetClusterStatusRequest, v1::ClusterStatus>(
+      ctx, request, response,
+      [&](const v1::GetClusterStatusRequest& /*req*/, v1::ClusterStatus* resp) { return DoGetClusterStatus(ctx, resp); });
+}
+
+grpc::Status RegistryService::DoRegister(grpc::CallbackServerContext* ctx, const v1::RegisterRequest* request,
+                                         v1::RegisterResponse* response) {
+  // Only workers register (on a TLS control port: a certificate with the worker role).
+  if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) return st;
   WorkerRegistration reg{.node_name = request->node_name(),
                          .address = request->address(),
                          .metrics_address = request->metrics_address()};
   for (int i = 0; i < request->devices_size(); ++i) {
     absl::StatusOr<Device> d = coordinator::FromProto(request->devices(i));
     if (!d.ok()) {
-      return Done(ctx, absl::InvalidArgumentError(absl::StrCat("devices[", i, "].", d.status().message())));
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("devices[", i, "].", d.status().message())));
     }
     reg.devices.push_back(*d);
   }
   absl::StatusOr<std::string> id = registry_->Register(std::move(reg));
-  if (!id.ok()) return Done(ctx, id.status());
+  if (!id.ok()) return ToGrpcStatus(id.status());
   response->set_worker_id(*id);
   response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(registry_->options().heartbeat_interval));
-  return Done(ctx, absl::OkStatus());
+  return ToGrpcStatus(absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext* ctx,
-                                                     const v1::HeartbeatRequest* request,
-                                                     v1::HeartbeatResponse* /*response*/) {
+grpc::Status RegistryService::DoHeartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request) {
+  if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) return st;
   absl::StatusOr<WorkerState> state = FromProto(request->state());
-  if (!state.ok()) return Done(ctx, state.status());
-  return Done(ctx, registry_->Heartbeat({.worker_id = request->worker_id(),
+  if (!state.ok()) return ToGrpcStatus(state.status());
+  return ToGrpcStatus(registry_->Heartbeat({.worker_id = request->worker_id(),
                                          .state = *state,
                                          .assignment_id = request->assignment_id(),
                                          .error = request->error(),
                                          .kv_blocks = request->kv_blocks()}));
 }
 
-grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerContext* ctx,
-                                                         const v1::GetClusterStatusRequest* /*request*/,
-                                                         v1::ClusterStatus* response) {
+grpc::Status AdminService::DoGetClusterStatus(grpc::CallbackServerContext* ctx, v1::ClusterStatus* response) {
+  if (auto lease = AdmitCall(api_keys_, *ctx, security::ApiRole::kAdmin); !lease.ok()) {
+    return ToGrpcStatus(lease.status());
+  }
   const ClusterView view = cluster_->View();
   const SchedulerStats stats = scheduler_->Stats();
   const absl::Time now = clock_->Now();
@@ -98,7 +118,7 @@ grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerCon
     out->set_last_heartbeat_ms_ago(std::max<int64_t>(0, absl::ToInt64Milliseconds(now - w.record.last_heartbeat)));
     if (w.assignment.has_value()) coordinator::ToProto(*w.assignment, out->mutable_assignment());
   }
-  return Done(ctx, absl::OkStatus());
+  return ToGrpcStatus(absl::OkStatus());
 }
 
 }  // namespace shardserve::coordinator

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "common/security/api_keys.h"
 #include "coordinator/api/cluster.h"
 #include "coordinator/registry/registry.h"
 #include "coordinator/scheduler/scheduler.h"
@@ -16,38 +17,58 @@
 
 namespace shardserve::coordinator {
 
-class RegistryService final : public v1::Registry::CallbackService {
+// Raw (bytes) methods, parsed by the service: a request that is not a message is INVALID_ARGUMENT
+// (common/status/grpc_raw.h), where gRPC's typed handlers would answer UNIMPLEMENTED.
+using RegistryBase =
+    v1::Registry::WithRawCallbackMethod_Register<v1::Registry::WithRawCallbackMethod_Heartbeat<v1::Registry::CallbackService>>;
+using AdminBase = v1::Admin::WithRawCallbackMethod_GetClusterStatus<v1::Admin::CallbackService>;
+
+class RegistryService final : public RegistryBase {
  public:
   // `registry` must outlive the service.
   explicit RegistryService(WorkerRegistry* registry) : registry_(registry) {}
 
   // INVALID_ARGUMENT naming the field for a bad registration (see WorkerRegistry::Register).
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const v1::RegisterRequest* request,
-                                     v1::RegisterResponse* response) override;
+  using RegistryBase::Heartbeat;
+  using RegistryBase::Register;
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   // NOT_FOUND for an unknown or dead worker ("register again"); INVALID_ARGUMENT for state
   // UNSPECIFIED or DEAD.
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request,
-                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
  private:
+  grpc::Status DoRegister(grpc::CallbackServerContext* ctx, const v1::RegisterRequest* request,
+                          v1::RegisterResponse* response);
+  grpc::Status DoHeartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request);
   WorkerRegistry* const registry_;
 };
 
-class AdminService final : public v1::Admin::CallbackService {
+class AdminService final : public AdminBase {
  public:
   // Borrowed; must outlive the service.
-  AdminService(std::string model_path, Cluster* cluster, Scheduler* scheduler, const Clock* clock)
-      : model_path_(std::move(model_path)), cluster_(cluster), scheduler_(scheduler), clock_(clock) {}
+  // `api_keys` may be null; every call needs an admin key, or without keys (on a TLS port) a
+  // client certificate with the admin role (api_auth.h).
+  AdminService(std::string model_path, Cluster* cluster, Scheduler* scheduler, const Clock* clock,
+               security::ApiKeys* api_keys = nullptr)
+      : model_path_(std::move(model_path)),
+        cluster_(cluster),
+        scheduler_(scheduler),
+        clock_(clock),
+        api_keys_(api_keys) {}
 
-  grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* ctx,
-                                             const v1::GetClusterStatusRequest* request,
-                                             v1::ClusterStatus* response) override;
+  using AdminBase::GetClusterStatus;
+  grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
 
  private:
+  grpc::Status DoGetClusterStatus(grpc::CallbackServerContext* ctx, v1::ClusterStatus* response);
   const std::string model_path_;
   Cluster* const cluster_;
   Scheduler* const scheduler_;
   const Clock* const clock_;
+  security::ApiKeys* const api_keys_;
 };
 
 }  // namespace shardserve::coordinator

@@ -11,6 +11,7 @@
 #include "common/log/log.h"
 #include "common/metrics/metrics_server.h"
 #include "common/model_spec/model_spec.h"
+#include "common/security/grpc_security.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/api/control_service.h"
 #include "coordinator/api/coordinator_metrics.h"
@@ -26,6 +27,14 @@ absl::Status CoordinatorOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be ", want, ", got ", value));
   };
   if (listen.empty()) return absl::InvalidArgumentError("--listen is required (HOST:PORT)");
+  if (control_listen.empty()) return absl::InvalidArgumentError("--control_listen is required (HOST:PORT)");
+  if (public_plaintext && !security::IsLoopbackAddress(listen)) {
+    return absl::InvalidArgumentError("--public_plaintext is only for a loopback --listen (127.0.0.1, ::1, localhost)");
+  }
+  if (public_plaintext && !http_listen.empty() && !security::IsLoopbackAddress(http_listen)) {
+    return absl::InvalidArgumentError(
+        "--public_plaintext is only for a loopback --http_listen (127.0.0.1, ::1, localhost)");
+  }
   if (model_path.empty()) return absl::InvalidArgumentError("--model is required");
   if (expected_workers < 1) return bad("expected_workers", expected_workers, ">= 1");
   if (tp < 0) return bad("tp", tp, ">= 0");
@@ -52,7 +61,30 @@ absl::Status CoordinatorOptions::Validate() const {
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const CoordinatorOptions& options,
                                                                 CoordinatorDeps deps) {
   if (absl::Status st = options.Validate(); !st.ok()) return st;
+  absl::StatusOr<security::GrpcSecurity> grpc_security =
+      security::GrpcSecurity::Create(options.tls, security::Role::kCoordinator);
+  if (!grpc_security.ok()) return grpc_security.status();
+  const security::GrpcSecurity& sec = *grpc_security;
+  const bool public_tls = sec.tls_enabled() && !options.public_plaintext;
+  for (const std::string* a : {&options.listen, &options.control_listen, &options.http_listen}) {
+    const bool tls = a == &options.control_listen ? sec.tls_enabled() : public_tls;
+    if (!a->empty() && !tls && !security::IsLoopbackAddress(*a)) {
+      LOG(WARNING) << "*** INSECURE: serving plaintext without authentication on " << *a
+                   << ": anyone who reaches it can register workers or use the API. Give --tls_dir (or "
+                      "--tls_cert/--tls_key/--tls_ca). ***";
+    }
+  }
   std::unique_ptr<Coordinator> c(new Coordinator());
+  if (!options.api_keys_file.empty()) {
+    absl::StatusOr<std::unique_ptr<security::ApiKeys>> keys = security::ApiKeys::Load(options.api_keys_file);
+    if (!keys.ok()) return keys.status();
+    c->api_keys_ = *std::move(keys);
+    LOG(INFO) << "the public API needs an API key (" << c->api_keys_->size() << " key(s) in " << options.api_keys_file
+              << ")";
+  } else if (!security::IsLoopbackAddress(options.listen)) {
+    LOG(WARNING) << "no --api_keys_file: anyone who reaches " << options.listen << " may generate"
+                 << (public_tls ? "" : " and call the admin API");
+  }
   absl::StatusOr<ModelSpec> spec = LoadModelSpec(options.model_path);
   if (!spec.ok()) return spec.status();
   c->spec_ = std::make_unique<ModelSpec>(*std::move(spec));
@@ -86,13 +118,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   c->scheduler_ = std::make_unique<Scheduler>(so);
   c->worker_client_ = deps.worker_client != nullptr
                           ? std::move(deps.worker_client)
-                          : std::make_unique<GrpcWorkerClient>(GrpcWorkerClient::Options{.timeout = options.assign_timeout});
+                          : std::make_unique<GrpcWorkerClient>(GrpcWorkerClient::Options{
+                                .timeout = options.assign_timeout,
+                                .credentials = sec.InternalChannelCredentials(security::Role::kWorker)});
   ReplicaClientFactory factory = deps.replica_factory;
   if (factory == nullptr) {
-    factory = [timeout = options.step_timeout](const ReplicaEndpoint& e)
-        -> absl::StatusOr<std::unique_ptr<ReplicaClient>> {
+    factory = [timeout = options.step_timeout, creds = sec.InternalChannelCredentials(security::Role::kWorker)](
+                  const ReplicaEndpoint& e) -> absl::StatusOr<std::unique_ptr<ReplicaClient>> {
       return std::make_unique<GrpcReplicaClient>(
-          grpc::CreateChannel(e.stage0_address, grpc::InsecureChannelCredentials()),
+          grpc::CreateChannel(e.stage0_address, creds),
           GrpcReplicaClient::Options{.address = e.stage0_address, .step_timeout = timeout});
     };
   }
@@ -115,24 +149,40 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
 
   c->inference_ = std::make_unique<InferenceService>(
       InferenceServiceOptions{
-          .model_path = options.model_path, .max_seq_len = max_seq_len, .observer = c->metrics_.get()},
+          .model_path = options.model_path,
+          .max_seq_len = max_seq_len,
+          .observer = c->metrics_.get(),
+          .api_keys = c->api_keys_.get()},
       c->spec_.get(), c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
   c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get());
-  c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock);
+  c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock,
+                                             c->api_keys_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen,
+                           public_tls ? sec.PublicServerCredentials() : grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(c->inference_.get());
-  builder.RegisterService(c->registry_service_.get());
   builder.RegisterService(c->admin_.get());
   c->server_ = builder.BuildAndStart();
   if (c->server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve on --listen=", options.listen));
   }
   c->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  // The control plane on a port of its own: clients of the public API never reach Registry.
+  grpc::ServerBuilder control_builder;
+  int control_port = 0;
+  control_builder.AddListeningPort(options.control_listen, sec.InternalServerCredentials({security::Role::kWorker}),
+                                   &control_port);
+  control_builder.RegisterService(c->registry_service_.get());
+  c->control_server_ = control_builder.BuildAndStart();
+  if (c->control_server_ == nullptr || control_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve on --control_listen=", options.control_listen));
+  }
+  c->control_address_ =
+      absl::StrCat(options.control_listen.substr(0, options.control_listen.rfind(':')), ":", control_port);
   grpc::HealthCheckServiceInterface* health = c->server_->GetHealthCheckService();
   if (health != nullptr) health->SetServingStatus(false);
   c->cluster_->SetReadinessCallback([health](bool ready) {
@@ -166,13 +216,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
                      : model_id.empty()                 ? dir
                                                         : model_id,
          .model_path = dir,
-         .observer = c->metrics_.get()},
+         .observer = c->metrics_.get(),
+         .api_keys = c->api_keys_.get(),
+         .tls = public_tls ? options.tls : std::nullopt},
         c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->ReadyStatus(); });
     if (!server.ok()) return server.status();
     c->http_ = *std::move(server);
   }
   c->cluster_->Start();
-  LOG(INFO) << "coordinator serving " << options.model_path << " on " << c->address_ << ", waiting for "
+  LOG(INFO) << "coordinator serving " << options.model_path << " on " << c->address_ << " (control port "
+            << c->control_address_ << ", " << (sec.tls_enabled() ? "TLS" : "plaintext") << "), waiting for "
             << options.expected_workers << " worker(s)";
   return c;
 }
@@ -196,6 +249,10 @@ void Coordinator::Shutdown(absl::Duration deadline) {
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
     server_->Wait();
+  }
+  if (control_server_ != nullptr) {
+    control_server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
+    control_server_->Wait();
   }
 }
 

@@ -1,9 +1,13 @@
 // Coordinator: the whole coordinator process minus flag parsing and signals — it loads the model's
 // ModelSpec (config.json) and tokenizer (when the directory has one) from `model_path`, and serves
-// on one gRPC server:
-//   shardserve.v1.Inference (public API), Registry (workers), Admin (operators), the standard
-//   grpc.health.v1.Health (NOT_SERVING until the cluster is ready, SERVING while it is) and server
-//   reflection.
+// on two gRPC servers:
+//   - the public port (`listen`): shardserve.v1.Inference (public API), Admin (operators), the
+//     standard grpc.health.v1.Health (NOT_SERVING until the cluster is ready, SERVING while it
+//     is) and server reflection; server TLS with optional client certificates when TLS is on.
+//   - the control port (`control_listen`): Registry (workers register and heartbeat there);
+//     mutual TLS when TLS is on, and only certificates with the worker role get in.
+// Its own calls to the workers (Worker.Assign, the stage-0 stream) use mutual TLS and accept only
+// workers' certificates.
 // With CoordinatorOptions::metrics_listen it also serves Prometheus metrics (coordinator_metrics.h)
 // on HTTP GET /metrics at that address.
 // With http_listen set it also serves the OpenAI-compatible HTTP API (coordinator/http) from the
@@ -19,12 +23,15 @@
 #define SHARDSERVE_COORDINATOR_API_COORDINATOR_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/concurrency/clock.h"
+#include "common/security/api_keys.h"
+#include "common/security/tls_files.h"
 #include "coordinator/api/cluster.h"
 #include "coordinator/client/worker_client.h"
 #include "coordinator/registry/registry.h"
@@ -51,7 +58,15 @@ class RegistryService;
 class AdminService;
 
 struct CoordinatorOptions {
-  std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free port
+  std::string listen = "127.0.0.1:0";          // public API, HOST:PORT; port 0 picks a free port
+  std::string control_listen = "127.0.0.1:0";  // worker registration, HOST:PORT; port 0 picks one
+  // TLS files (security/tls_files.h); nullopt = plaintext on every port and link.
+  std::optional<security::TlsOptions> tls;
+  // With tls: serve the public API (gRPC and HTTP) in plaintext all the same, the internal links
+  // keeping mutual TLS. Only on a loopback `listen` (and http_listen); InvalidArgument otherwise.
+  bool public_plaintext = false;
+  // API keys of the public API (gRPC and HTTP; security/api_keys.h): a file path, empty = none.
+  std::string api_keys_file;
   std::string model_path;              // required: config.json (+ tokenizer files)
   int expected_workers = 1;            // >= 1
   int tp = 0, pp = 0, replicas = 0;    // >= 0; 0 = let the planner choose
@@ -75,6 +90,7 @@ struct CoordinatorOptions {
   absl::Duration step_timeout = absl::Seconds(60);    // bound on one micro-batch
   std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint (port 0 picks one); empty = none
   // OpenAI-compatible HTTP API (coordinator/http): HOST:PORT (port 0 picks a free port); empty = off.
+  // HTTPS with `tls` (unless public_plaintext).
   std::string http_listen;
   // InvalidArgument naming the option (as its flag is spelled) when out of range.
   absl::Status Validate() const;
@@ -106,8 +122,10 @@ class Coordinator {
   // running at `deadline`. Idempotent.
   void Shutdown(absl::Duration deadline);
 
-  // The address actually bound ("127.0.0.1:43567").
+  // The public address actually bound ("127.0.0.1:43567").
   const std::string& address() const { return address_; }
+  // The control address actually bound (workers' --coordinator).
+  const std::string& control_address() const { return control_address_; }
   // The metrics endpoint actually bound ("127.0.0.1:43568"); empty without metrics_listen.
   const std::string& metrics_address() const { return metrics_address_; }
   // The coordinator's metric families (there even without an endpoint).
@@ -122,10 +140,12 @@ class Coordinator {
   Coordinator() = default;
 
   std::string address_;
+  std::string control_address_;
   std::string metrics_address_;
   std::unique_ptr<CoordinatorMetrics> metrics_;  // outlives the scheduler, which reports to it
   std::unique_ptr<ModelSpec> spec_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the model has none
+  std::unique_ptr<security::ApiKeys> api_keys_;  // null without --api_keys_file
   std::unique_ptr<WorkerClient> worker_client_;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -133,7 +153,8 @@ class Coordinator {
   std::unique_ptr<InferenceService> inference_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<AdminService> admin_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> server_;          // public port
+  std::unique_ptr<grpc::Server> control_server_;  // control port
   std::unique_ptr<http::HttpServer> http_;  // null when --http_listen is off
   // Declared last so it stops first: its scrapes read the registry, scheduler and cluster.
   std::unique_ptr<MetricsServer> metrics_server_;

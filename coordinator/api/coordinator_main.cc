@@ -1,12 +1,16 @@
 // shardserve-coordinator: one per cluster. Waits for --expected_workers workers to register, plans
 // the placement, assigns stages, and serves the public API once the cluster is ready.
 //
-//   shardserve-coordinator --listen=127.0.0.1:7000 --model=DIR --expected_workers=2
+//   shardserve-coordinator --listen=127.0.0.1:7000 --control_listen=127.0.0.1:7001 --model=DIR --expected_workers=2
+//                          [--tls_dir=DIR | --tls_cert=PEM --tls_key=PEM --tls_ca=PEM]
+//
+// Clients use --listen; workers register on --control_listen (their --coordinator).
 //
 // SIGINT / SIGTERM: stop planning, fail outstanding requests with UNAVAILABLE "shutting down",
 // and shut the server down within --shutdown_timeout_ms.
 #include <pthread.h>
 
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <string>
@@ -18,9 +22,28 @@
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "common/log/log.h"
+#include "common/security/tls_files.h"
 #include "coordinator/api/coordinator.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:7000", "address to serve on, HOST:PORT (port 0 picks a free port)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7000",
+          "public API address (Inference, Admin), HOST:PORT (port 0 picks a free port)");
+ABSL_FLAG(std::string, control_listen, "127.0.0.1:7001",
+          "control-plane address workers register on (their --coordinator), HOST:PORT (port 0 picks a free port)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the coordinator (its URI SAN spiffe://shardserve/coordinator; DNS/IP SANs for "
+          "the names clients use)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate(s) of the cluster: workers and client certificates chain to it");
+ABSL_FLAG(std::string, tls_dir, "", "directory with tls.crt, tls.key and ca.crt (a Kubernetes TLS Secret); "
+                                    "instead of --tls_cert/--tls_key/--tls_ca");
+ABSL_FLAG(bool, public_plaintext, false,
+          "with TLS: serve the public API (--listen, --http_listen) in plaintext all the same, the control plane "
+          "and the links to the workers keeping mutual TLS; only for loopback addresses (shardserve-local)");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "API keys of the public API (gRPC and HTTP), one per line: NAME user|admin sha256:HEX [rps=R] [burst=B] "
+          "[concurrency=C]; empty = no authentication");
+ABSL_FLAG(int32_t, tls_refresh_s, 10, "re-read the TLS files this often (seconds): rotated certificates are used "
+                                      "by new connections without a restart");
 ABSL_FLAG(std::string, model, "", "model directory (config.json, tokenizer files), as the workers also see it");
 ABSL_FLAG(int32_t, expected_workers, 1, "plan once this many workers have registered");
 ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = planner's choice");
@@ -67,6 +90,19 @@ int main(int argc, char** argv) {
   using namespace shardserve::coordinator;
   CoordinatorOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.control_listen = absl::GetFlag(FLAGS_control_listen);
+  auto tls = shardserve::security::TlsOptionsFromFlags(absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                                       absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_dir));
+  if (!tls.ok()) {
+    std::cerr << "shardserve-coordinator: " << tls.status().message() << "\n";
+    return 2;
+  }
+  options.tls = *tls;
+  options.public_plaintext = absl::GetFlag(FLAGS_public_plaintext);
+  options.api_keys_file = absl::GetFlag(FLAGS_api_keys_file);
+  if (options.tls.has_value()) {
+    options.tls->refresh_interval = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_tls_refresh_s)));
+  }
   options.model_path = absl::GetFlag(FLAGS_model);
   options.expected_workers = absl::GetFlag(FLAGS_expected_workers);
   options.tp = absl::GetFlag(FLAGS_tp);

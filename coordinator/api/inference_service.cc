@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log/log.h"
+#include "common/status/grpc_raw.h"
+#include "coordinator/api/api_auth.h"
 #include "common/status/grpc_status.h"
 #include "coordinator/api/request_log.h"
 #include "coordinator/api/sequence_output.h"
@@ -32,7 +34,7 @@ v1::FinishReason ToProto(FinishReason reason) {
 // in OnDone, which cannot come before Finish).
 class GenerateStream final : public SequenceSink {
  public:
-  GenerateStream(grpc::ServerWriteReactor<v1::GenerateResponse>* reactor, Scheduler* scheduler,
+  GenerateStream(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor, Scheduler* scheduler,
                  std::string request_id, std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
       : reactor_(reactor),
         request_id_(std::move(request_id)),
@@ -125,7 +127,7 @@ class GenerateStream final : public SequenceSink {
     if (writing_ || finished_) return Action::kNone;
     if (has_pending_ && !broken_) {
       pending_.set_request_id(request_id_);
-      in_flight_.Swap(&pending_);
+      SerializeRawMessage(pending_, &in_flight_);
       pending_.Clear();
       has_pending_ = false;
       writing_ = true;
@@ -146,7 +148,7 @@ class GenerateStream final : public SequenceSink {
     }
   }
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* const reactor_;  // valid until Finish
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* const reactor_;  // valid until Finish
   const std::string request_id_;
   SequenceCanceller canceller_;
 
@@ -154,7 +156,7 @@ class GenerateStream final : public SequenceSink {
   SequenceText text_ ABSL_GUARDED_BY(mu_);  // the decoder and the text stop strings
   v1::GenerateResponse pending_ ABSL_GUARDED_BY(mu_);
   bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
-  v1::GenerateResponse in_flight_;  // filled under mu_ when no write is in flight; then read by gRPC
+  grpc::ByteBuffer in_flight_;  // a serialized v1::GenerateResponse, filled under mu_ when no write is in flight; then read by gRPC
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
@@ -162,9 +164,10 @@ class GenerateStream final : public SequenceSink {
   grpc::Status final_status_;  // written under mu_ before finished_ is set, read once after
 };
 
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   void set_stream(std::shared_ptr<GenerateStream> stream) { stream_ = std::move(stream); }
+  void set_lease(std::shared_ptr<security::ApiKeys::Lease> lease) { lease_ = std::move(lease); }
   void OnWriteDone(bool ok) override { stream_->OnWriteDone(ok); }
   void OnCancel() override {
     if (stream_ != nullptr) stream_->RequestCancel();
@@ -173,13 +176,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
  private:
   std::shared_ptr<GenerateStream> stream_;  // set before the handler returns
+  std::shared_ptr<security::ApiKeys::Lease> lease_;  // the caller's API-key admission, until OnDone
 };
-
-grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 }  // namespace
 
@@ -232,9 +230,24 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
   return r;
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc::CallbackServerContext* /*ctx*/,
-                                                                           const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::CallbackServerContext* ctx,
+                                                                       const grpc::ByteBuffer* raw_request) {
   auto* reactor = new GenerateReactor();
+  v1::GenerateRequest parsed;
+  if (grpc::Status st = ParseRawRequest(*raw_request, &parsed); !st.ok()) {
+    ReportRejected(options_.observer, FromGrpcStatus(st));
+    reactor->Finish(st);
+    return reactor;
+  }
+  const v1::GenerateRequest* request = &parsed;
+  absl::StatusOr<std::shared_ptr<security::ApiKeys::Lease>> lease =
+      AdmitCall(options_.api_keys, *ctx, security::ApiRole::kUser);
+  if (!lease.ok()) {
+    ReportRejected(options_.observer, lease.status());
+    reactor->Finish(ToGrpcStatus(lease.status()));
+    return reactor;
+  }
+  reactor->set_lease(*std::move(lease));
   absl::StatusOr<SequenceRequest> seq = Convert(*request);
   if (seq.ok()) {
     if (absl::Status ready = cluster_->ReadyStatus(); !ready.ok()) seq = ready;
@@ -259,19 +272,34 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(grpc:
   return reactor;
 }
 
-grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx,
-                                                     const v1::TokenizeRequest* request,
-                                                     v1::TokenizeResponse* response) {
-  if (tokenizer_ == nullptr) return Done(ctx, absl::InvalidArgumentError("model has no tokenizer"));
-  absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request->text(), request->add_special_tokens());
-  if (!ids.ok()) return Done(ctx, absl::InvalidArgumentError(absl::StrCat("text: ", ids.status().message())));
-  response->mutable_ids()->Add(ids->begin(), ids->end());
-  return Done(ctx, absl::OkStatus());
+grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return RawUnary<v1::TokenizeRequest, v1::TokenizeResponse>(
+      ctx, request, response,
+      [&](const v1::TokenizeRequest& req, v1::TokenizeResponse* resp) { return DoTokenize(ctx, req, resp); });
 }
 
 grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* ctx,
-                                                         const v1::GetModelInfoRequest* /*request*/,
-                                                         v1::ModelInfo* response) {
+                                                         const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  return RawUnary<v1::GetModelInfoRequest, v1::ModelInfo>(
+      ctx, request, response,
+      [&](const v1::GetModelInfoRequest& /*req*/, v1::ModelInfo* resp) { return DoGetModelInfo(ctx, resp); });
+}
+
+grpc::Status InferenceService::DoTokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest& request,
+                                          v1::TokenizeResponse* response) {
+  auto lease = AdmitCall(options_.api_keys, *ctx, security::ApiRole::kUser);
+  if (!lease.ok()) return ToGrpcStatus(lease.status());
+  if (tokenizer_ == nullptr) return ToGrpcStatus(absl::InvalidArgumentError("model has no tokenizer"));
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request.text(), request.add_special_tokens());
+  if (!ids.ok()) return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("text: ", ids.status().message())));
+  response->mutable_ids()->Add(ids->begin(), ids->end());
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::DoGetModelInfo(grpc::CallbackServerContext* ctx, v1::ModelInfo* response) {
+  auto lease = AdmitCall(options_.api_keys, *ctx, security::ApiRole::kUser);
+  if (!lease.ok()) return ToGrpcStatus(lease.status());
   response->set_model_path(options_.model_path);
   response->set_architecture(std::string(ArchitectureName(spec_->arch)));
   response->set_vocab_size(spec_->vocab_size);
@@ -280,7 +308,7 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
   response->set_num_parameters(spec_->NumParameters());
   for (int64_t id : spec_->eos_token_ids) response->add_eos_token_ids(static_cast<int32_t>(id));
   response->set_has_tokenizer(tokenizer_ != nullptr);
-  return Done(ctx, absl::OkStatus());
+  return grpc::Status::OK;
 }
 
 }  // namespace shardserve::coordinator

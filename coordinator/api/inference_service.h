@@ -22,6 +22,7 @@
 
 #include "common/model_spec/model_spec.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/security/api_keys.h"
 #include "coordinator/api/cluster.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/scheduler/scheduler_observer.h"
@@ -35,24 +36,38 @@ struct InferenceServiceOptions {
   // Told of the requests the service refuses before the scheduler sees them (borrowed; may be
   // null; must outlive the service). The scheduler reports its own refusals.
   SchedulerObserver* observer = nullptr;
+  // API keys (borrowed, may be null = none): every call needs a key with the user role (api_auth.h).
+  security::ApiKeys* api_keys = nullptr;
 };
 
-class InferenceService final : public v1::Inference::CallbackService {
+// Raw (bytes) methods, parsed by the service: a request that is not a message is INVALID_ARGUMENT
+// (common/status/grpc_raw.h), where gRPC's typed handlers would answer UNIMPLEMENTED.
+using InferenceBase = v1::Inference::WithRawCallbackMethod_Generate<v1::Inference::WithRawCallbackMethod_Tokenize<
+    v1::Inference::WithRawCallbackMethod_GetModelInfo<v1::Inference::CallbackService>>>;
+
+class InferenceService final : public InferenceBase {
  public:
   // Borrows everything; all must outlive the service (and every call it serves: shut the gRPC
   // server down first). `tokenizer` may be null (the model has none).
   InferenceService(InferenceServiceOptions options, const ModelSpec* spec, const Tokenizer* tokenizer,
                    Scheduler* scheduler, const Cluster* cluster);
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
-                                                           const v1::GenerateRequest* request) override;
+  using InferenceBase::Generate;
+  using InferenceBase::GetModelInfo;
+  using InferenceBase::Tokenize;
+  // Streams v1::GenerateResponse messages (serialized by the service).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* request) override;
   // INVALID_ARGUMENT "model has no tokenizer", or the tokenizer's own error (e.g. invalid UTF-8).
-  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest* request,
-                                         v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
  private:
+  grpc::Status DoTokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest& request,
+                          v1::TokenizeResponse* response);
+  grpc::Status DoGetModelInfo(grpc::CallbackServerContext* ctx, v1::ModelInfo* response);
   // The scheduler's request for `request`, or INVALID_ARGUMENT naming the field.
   absl::StatusOr<SequenceRequest> Convert(const v1::GenerateRequest& request) const;
 

@@ -17,7 +17,8 @@ GrpcWorkerClient::~GrpcWorkerClient() = default;
 std::shared_ptr<grpc::Channel> GrpcWorkerClient::ChannelFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<grpc::Channel>& channel = channels_[address];
-  if (channel == nullptr) channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  if (channel == nullptr) channel = grpc::CreateChannel(
+        address, options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials());
   return channel;
 }
 

@@ -13,6 +13,7 @@
 
 namespace grpc {
 class Channel;
+class ChannelCredentials;
 }  // namespace grpc
 
 namespace shardserve::coordinator {
@@ -21,12 +22,14 @@ class GrpcWorkerClient final : public WorkerClient {
  public:
   struct Options {
     absl::Duration timeout = absl::Seconds(10);  // deadline of each Assign call, > 0
+    // Credentials of the channels to the workers (mutual TLS expecting the worker role when the
+    // cluster runs TLS); null = plaintext.
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
   };
   explicit GrpcWorkerClient(const Options& options);
   ~GrpcWorkerClient() override;
 
-  // See WorkerClient. Plain-text (insecure) channels: the cluster runs on a trusted network.
-  // Thread-safe.
+  // See WorkerClient. Thread-safe.
   absl::Status Assign(const std::string& address, const WorkerAssignment& assignment) override;
 
  private:

@@ -1,6 +1,8 @@
 #include "coordinator/http/http_server.h"
 
 #include <httplib.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -141,6 +143,20 @@ void ReplyStatus(httplib::Response& res, const absl::Status& status) { Reply(res
 
 std::string HostOf(const std::string& listen) { return listen.substr(0, listen.rfind(':')); }
 
+// OpenSSL's certificate callback: gives the connection the certificate chain and key read from
+// their files now. 1 = go on, 0 = fail the handshake (files missing, or a key that does not match).
+int LoadCertificateAtHandshake(SSL* ssl, void* arg) {
+  const auto* files = static_cast<const security::TlsOptions*>(arg);
+  if (SSL_use_certificate_chain_file(ssl, files->cert_file.c_str()) != 1 ||
+      SSL_use_PrivateKey_file(ssl, files->key_file.c_str(), SSL_FILETYPE_PEM) != 1 || SSL_check_private_key(ssl) != 1) {
+    LOG(WARNING) << "HTTPS handshake refused: cannot load " << files->cert_file << " / " << files->key_file;
+    ERR_clear_error();
+    return 0;
+  }
+  return 1;
+}
+
+
 }  // namespace
 
 absl::Status HttpServerOptions::Validate() const {
@@ -162,6 +178,8 @@ absl::Status HttpServerOptions::Validate() const {
 }
 
 struct HttpServer::Impl {
+  Impl(std::unique_ptr<httplib::Server> s, std::shared_ptr<const security::TlsOptions> files)
+      : tls_files(std::move(files)), server_holder(std::move(s)), server(*server_holder) {}
   HttpServerOptions options;
   const Tokenizer* tokenizer = nullptr;
   Scheduler* scheduler = nullptr;
@@ -171,7 +189,10 @@ struct HttpServer::Impl {
   std::string bos_token, eos_token;
   std::atomic<uint64_t> next_id{1};
 
-  httplib::Server server;
+  // What the SSL_CTX's certificate callback reads (null without TLS); outlives the server.
+  std::shared_ptr<const security::TlsOptions> tls_files;
+  std::unique_ptr<httplib::Server> server_holder;  // an httplib::SSLServer with options.tls
+  httplib::Server& server;                         // *server_holder
   std::thread thread;
   std::string address;
   int port = 0;
@@ -184,7 +205,9 @@ struct HttpServer::Impl {
   void Model(const std::string& id, httplib::Response& res);
   void Tokenize(const httplib::Request& req, httplib::Response& res);
   void Detokenize(const httplib::Request& req, httplib::Response& res);
-  void Generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  // `lease`: the request's API-key admission (null without keys), held until it ends.
+  void Generate(const httplib::Request& req, httplib::Response& res, bool chat,
+                std::shared_ptr<security::ApiKeys::Lease> lease);
   // A request refused before the scheduler: logged and counted, then answered.
   void Reject(httplib::Response& res, const absl::Status& status) {
     ReportRejected(options.observer, status);
@@ -294,7 +317,8 @@ absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPrompt(const ChatRequ
   return ids;
 }
 
-void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& res, bool chat,
+                                std::shared_ptr<security::ApiKeys::Lease> lease) {
   const RequestLimits& limits = scheduler->options().limits;
   SequenceRequest seq;
   SamplingFields fields;
@@ -408,8 +432,10 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
     bool role_sent = false;
     bool done = false;
     int64_t text_offset = 0;  // completions' logprobs: where the next token's text starts
+    std::shared_ptr<security::ApiKeys::Lease> lease;  // released with the stream
   };
   auto state = std::make_shared<StreamState>();
+  state->lease = std::move(lease);
   const absl::Duration keepalive = options.keepalive;
   const bool include_usage = fields.include_usage;
   res.set_header("Cache-Control", "no-cache");
@@ -457,23 +483,45 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
 }
 
 void HttpServer::Impl::Routes() {
-  server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { Models(res); });
+  // Each route first admits the request under its API key (when keys are configured); the lease
+  // lives as long as the request, streams included (the content provider holds it).
+  auto admit = [this](const httplib::Request& req,
+                      httplib::Response& res) -> std::optional<std::shared_ptr<security::ApiKeys::Lease>> {
+    if (options.api_keys == nullptr) return std::shared_ptr<security::ApiKeys::Lease>();
+    absl::StatusOr<std::shared_ptr<security::ApiKeys::Lease>> lease =
+        options.api_keys->Admit(req.get_header_value("Authorization"), security::ApiRole::kUser);
+    if (!lease.ok()) {
+      Reject(res, lease.status());
+      return std::nullopt;
+    }
+    return *std::move(lease);
+  };
+  server.Get("/v1/models", [this, admit](const httplib::Request& req, httplib::Response& res) {
+    if (admit(req, res).has_value()) Models(res);
+  });
   // One model by id (the OpenAI client's models.retrieve); ids may contain '/'.
-  server.Get(R"(/v1/models/(.+))",
-             [this](const httplib::Request& req, httplib::Response& res) { Model(req.matches[1], res); });
+  server.Get(R"(/v1/models/(.+))", [this, admit](const httplib::Request& req, httplib::Response& res) {
+    if (admit(req, res).has_value()) Model(req.matches[1], res);
+  });
   // vLLM's tokenizer endpoints.
-  server.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { Tokenize(req, res); });
-  server.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { Detokenize(req, res); });
-  // Liveness and readiness as vLLM's /health: 200 with an empty body when the cluster serves, 503
-  // with the reason (as the gRPC API gives it) while it does not.
+  server.Post("/tokenize", [this, admit](const httplib::Request& req, httplib::Response& res) {
+    if (admit(req, res).has_value()) Tokenize(req, res);
+  });
+  server.Post("/detokenize", [this, admit](const httplib::Request& req, httplib::Response& res) {
+    if (admit(req, res).has_value()) Detokenize(req, res);
+  });
+  // Liveness and readiness as vLLM's /health (no API key, for probes): 200 with an empty body when
+  // the cluster serves, 503 with the reason (as the gRPC API gives it) while it does not.
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (absl::Status st = ready(); !st.ok()) return ReplyStatus(res, st);
     res.status = 200;
   });
-  server.Post("/v1/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { Generate(req, res, /*chat=*/false); });
-  server.Post("/v1/chat/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { Generate(req, res, /*chat=*/true); });
+  server.Post("/v1/completions", [this, admit](const httplib::Request& req, httplib::Response& res) {
+    if (auto lease = admit(req, res)) Generate(req, res, /*chat=*/false, *std::move(lease));
+  });
+  server.Post("/v1/chat/completions", [this, admit](const httplib::Request& req, httplib::Response& res) {
+    if (auto lease = admit(req, res)) Generate(req, res, /*chat=*/true, *std::move(lease));
+  });
   // A known path with the wrong method: 405, before the body is read.
   server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
     const bool models = req.path == "/v1/models";
@@ -524,7 +572,24 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
                                                               Scheduler* scheduler,
                                                               std::function<absl::Status()> ready) {
   if (absl::Status st = options.Validate(); !st.ok()) return st;
-  auto impl = std::make_unique<Impl>();
+  std::unique_ptr<httplib::Server> server;
+  std::shared_ptr<const security::TlsOptions> tls_files;
+  if (options.tls.has_value()) {
+    // The certificate and key are read at every handshake (SSL_CTX_set_cert_cb), so a rotated
+    // pair is served to the next connection without a restart.
+    auto files = std::make_shared<security::TlsOptions>(*options.tls);
+    auto ssl = std::make_unique<httplib::SSLServer>([files](SSL_CTX& ctx) {
+      SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
+      SSL_CTX_set_cert_cb(&ctx, &LoadCertificateAtHandshake, files.get());
+      return true;
+    });
+    if (!ssl->is_valid()) return absl::InternalError("cannot set up the HTTPS server (OpenSSL)");
+    server = std::move(ssl);
+    tls_files = std::move(files);
+  } else {
+    server = std::make_unique<httplib::Server>();
+  }
+  auto impl = std::make_unique<Impl>(std::move(server), std::move(tls_files));
   impl->options = std::move(options);
   impl->tokenizer = tokenizer;
   impl->scheduler = scheduler;
@@ -575,7 +640,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   // Stop() only interrupts a server that is running: wait until it is.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (!s.server.is_running() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-  LOG(INFO) << "OpenAI-compatible HTTP API on http://" << s.address << "/v1";
+  LOG(INFO) << "OpenAI-compatible HTTP API on " << (s.tls_files != nullptr ? "https://" : "http://") << s.address
+            << "/v1";
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 

@@ -17,7 +17,8 @@
 // Errors are OpenAI-shaped JSON bodies ({"error": {"message", "type", "param", "code"}}): 400 for
 // invalid requests (malformed JSON, unknown fields, wrong types, values out of range), 413 for a
 // body over max_body_bytes, 404 for an unknown route or model, 405 for a wrong method, 429 when
-// the scheduler's queue is full, 503 while the cluster is not ready, 500 when generation fails.
+// the scheduler's queue is full, 503 while the cluster is not ready, 500 when generation fails;
+// with API keys, 401 without a valid key and 429 over the key's limits.
 //
 // Streams: one handler thread per streamed request, waiting on the request's own queue (the
 // scheduler's threads never block on a client). A client that disconnects mid-stream is noticed
@@ -31,11 +32,14 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security/api_keys.h"
+#include "common/security/tls_files.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/scheduler/scheduler_observer.h"
@@ -54,6 +58,13 @@ struct HttpServerOptions {
   // Told of the requests this front end refuses itself (bad parameters, cluster not ready), so
   // that the metrics count them with the scheduler's refusals; borrowed, may be null.
   SchedulerObserver* observer = nullptr;
+  // API keys (borrowed, may be null = no authentication): every route needs "Authorization:
+  // Bearer KEY" with a key of role user or admin, answered 401 (missing or unknown key) or 429
+  // (the key's rate or concurrency limit) with an OpenAI-style body otherwise.
+  security::ApiKeys* api_keys = nullptr;
+  // HTTPS with these files (the certificate and key are read at each handshake, so a rotated
+  // certificate is used by new connections without a restart); nullopt = plain HTTP.
+  std::optional<security::TlsOptions> tls;
   // InvalidArgument naming the option when out of range.
   absl::Status Validate() const;
 };

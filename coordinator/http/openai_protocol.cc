@@ -45,6 +45,10 @@ absl::StatusOr<Json> ParseObject(absl::string_view body) {
       (void)unused;
     } catch (const Json::parse_error& e) {
       return InvalidParam("", absl::StrCat("request body is not valid JSON (at byte ", e.byte, ")"));
+    } catch (const Json::exception& e) {
+      // A number out of double's range (1e400) is nlohmann's out_of_range, not a parse_error:
+      // still the client's mistake (400), never a 500.
+      return InvalidParam("", absl::StrCat("request body is not valid JSON: ", e.what()));
     }
     return InvalidParam("", "request body is not valid JSON");
   }
@@ -442,6 +446,12 @@ ApiError ErrorFromStatus(const absl::Status& status) {
       e = MakeError(400, "invalid_request_error", status.message());
       break;
     case absl::StatusCode::kNotFound: e = MakeError(404, "invalid_request_error", status.message(), "not_found"); break;
+    case absl::StatusCode::kUnauthenticated:
+      e = MakeError(401, "invalid_request_error", status.message(), "invalid_api_key");
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      e = MakeError(403, "invalid_request_error", status.message(), "permission_denied");
+      break;
     case absl::StatusCode::kResourceExhausted:
       e = MakeError(429, "rate_limit_error", status.message(), "queue_full");
       break;

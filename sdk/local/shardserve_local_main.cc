@@ -3,6 +3,14 @@
 //
 //   shardserve-local --model=DIR --workers=2 --devices_per_worker=cpu:2 [--tp --pp --replicas] [--port]
 //
+// Secure by default: at start it makes a throw-away certificate authority and a certificate per
+// process (in a private temporary directory removed at exit), and runs every link between the
+// processes with mutual TLS (workers <-> coordinator control port, coordinator -> stage 0,
+// stage -> stage, expert calls). The public API listens on 127.0.0.1 only; it is plaintext unless
+// --public_tls (then TLS with the same CA, whose path is printed as "tls ca: PATH"; a client
+// certificate with the client and admin roles lies beside it, in ../client/tls.crt and tls.key).
+// --insecure runs everything in plaintext.
+//
 // Waits until the cluster is ready, then prints "ready: coordinator at HOST:PORT" on a line of its
 // own, then (with --metrics) one "metrics: URL" line per worker and "coordinator metrics: URL"
 // (and "http: http://HOST:PORT" with --http_listen), and
@@ -21,7 +29,9 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +42,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/security/cert_authority.h"
 #include "shardserve/client.h"
 
 ABSL_FLAG(std::string, model, "", "model directory (config.json + safetensors [+ tokenizer])");
@@ -64,6 +75,11 @@ ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to be
 ABSL_FLAG(bool, metrics, true,
           "the workers and the coordinator serve Prometheus metrics on free ports (printed after the ready line: "
           "\"metrics: URL\" per worker, then \"coordinator metrics: URL\")");
+ABSL_FLAG(bool, insecure, false,
+          "run every link in plaintext, without the throw-away CA and mutual TLS (not recommended)");
+ABSL_FLAG(bool, public_tls, false,
+          "also serve the public API (gRPC, and HTTP with --http_listen) with TLS from the throw-away CA; its "
+          "certificate is printed as \"tls ca: PATH\" after the ready line (clients: --tls_ca_file=PATH)");
 ABSL_FLAG(std::string, bin_dir, "", "where shardserve-coordinator and shardserve-worker are (default: next to this binary)");
 
 namespace {
@@ -106,6 +122,45 @@ pid_t Spawn(const std::vector<std::string>& argv) {
   execv(args[0], args.data());
   std::cerr << "shardserve-local: cannot run " << argv[0] << ": " << std::strerror(errno) << "\n";
   _exit(127);
+}
+
+// The throw-away CA and one certificate directory per process under a private temporary
+// directory: DIR/coordinator and DIR/worker-I, each with tls.crt, tls.key and ca.crt.
+bool MakeCertificates(const std::string& dir, int workers) {
+  using namespace shardserve::security;
+  auto ca = CertificateAuthority::Create("shardserve-local throw-away CA", absl::Hours(24 * 30));
+  if (!ca.ok()) {
+    std::cerr << "shardserve-local: " << ca.status() << "\n";
+    return false;
+  }
+  auto issue = [&](const std::string& name, Role role) {
+    CertificateRequest r{.common_name = name, .roles = {role}};
+    if (role == Role::kCoordinator) {  // the public API: clients check host names
+      r.dns_names = {"localhost"};
+      r.ip_addresses = {"127.0.0.1"};
+    }
+    r.validity = absl::Hours(24 * 30);
+    auto leaf = (*ca)->Issue(r);
+    absl::Status st = leaf.ok() ? WriteTlsDir(dir + "/" + name, *leaf, (*ca)->cert_pem()) : leaf.status();
+    if (!st.ok()) std::cerr << "shardserve-local: " << st << "\n";
+    return st.ok();
+  };
+  if (!issue("coordinator", Role::kCoordinator)) return false;
+  // For this launcher's own readiness calls (Admin needs the admin role on a TLS port) and for
+  // clients of --public_tls: DIR/client.
+  {
+    auto leaf = (*ca)->Issue({.common_name = "client", .roles = {Role::kClient, Role::kAdmin},
+                              .validity = absl::Hours(24 * 30)});
+    absl::Status st = leaf.ok() ? WriteTlsDir(dir + "/client", *leaf, (*ca)->cert_pem()) : leaf.status();
+    if (!st.ok()) {
+      std::cerr << "shardserve-local: " << st << "\n";
+      return false;
+    }
+  }
+  for (int i = 0; i < workers; ++i) {
+    if (!issue(absl::StrCat("worker-", i), Role::kWorker)) return false;
+  }
+  return true;
 }
 
 // Returns the name of a child that has exited (and reaps it), or empty.
@@ -192,12 +247,45 @@ int main(int argc, char** argv) {
     }
     http_listen = absl::StrCat(http_listen.substr(0, colon), ":", http_port);
   }
+  const bool insecure = absl::GetFlag(FLAGS_insecure);
+  const bool public_tls = absl::GetFlag(FLAGS_public_tls);
+  if (insecure && public_tls) {
+    std::cerr << "shardserve-local: --public_tls needs TLS, which --insecure turns off\n";
+    return 2;
+  }
+  const int control_port = FreePort();
+  if (control_port <= 0) {
+    std::cerr << "shardserve-local: no free port for the coordinator's control plane\n";
+    return 1;
+  }
+  const std::string control_address = absl::StrCat("127.0.0.1:", control_port);
+  std::string tls_root;  // removed at exit
+  if (!insecure) {
+    char tmpl[] = "/tmp/shardserve-local-tls-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::cerr << "shardserve-local: cannot create a directory for the certificates: " << std::strerror(errno) << "\n";
+      return 1;
+    }
+    tls_root = tmpl;
+    if (!MakeCertificates(tls_root, workers)) {
+      std::filesystem::remove_all(tls_root);
+      return 1;
+    }
+  }
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_tls_root{tls_root};
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
 
   std::vector<Child> children;
   std::vector<std::string> coordinator_argv = {
-      bin_dir + "/shardserve-coordinator", "--listen=" + address, "--model=" + model,
+      bin_dir + "/shardserve-coordinator", "--listen=" + address, "--control_listen=" + control_address,
+      "--model=" + model,
       absl::StrCat("--expected_workers=", workers), absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)),
       absl::StrCat("--pp=", absl::GetFlag(FLAGS_pp)), absl::StrCat("--replicas=", absl::GetFlag(FLAGS_replicas)),
       absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
@@ -213,9 +301,13 @@ int main(int argc, char** argv) {
   }
   if (metrics_port > 0) coordinator_argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
   if (!http_listen.empty()) coordinator_argv.push_back("--http_listen=" + http_listen);
+  if (!insecure) {
+    coordinator_argv.push_back("--tls_dir=" + tls_root + "/coordinator");
+    if (!public_tls) coordinator_argv.push_back("--public_plaintext");
+  }
   children.push_back({"coordinator", Spawn(coordinator_argv)});
   for (int i = 0; i < workers; ++i) {
-    std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + address,
+    std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + control_address,
                                             "--listen=127.0.0.1:0",
                                             "--devices=" + absl::GetFlag(FLAGS_devices_per_worker),
                                             absl::StrCat("--node_name=local-", i)};
@@ -224,9 +316,29 @@ int main(int argc, char** argv) {
       worker_argv.push_back("--memory_per_device=" + m);
     }
     worker_argv.push_back(absl::StrCat("--gpu_memory_utilization=", absl::GetFlag(FLAGS_gpu_memory_utilization)));
+    if (!insecure) worker_argv.push_back(absl::StrCat("--tls_dir=", tls_root, "/worker-", i));
     children.push_back({absl::StrCat("worker ", i), Spawn(worker_argv)});
   }
-  auto client = shardserve::Client::Connect(address, {.timeout = std::chrono::seconds(5)});
+  shardserve::ClientOptions client_options{.timeout = std::chrono::seconds(5)};
+  if (public_tls) {
+    auto read = [](const std::string& path) {
+      std::ifstream in(path);
+      std::stringstream s;
+      s << in.rdbuf();
+      return s.str();
+    };
+    client_options.tls = {.enabled = true,
+                          .root_certs = read(tls_root + "/client/ca.crt"),
+                          .client_cert = read(tls_root + "/client/tls.crt"),
+                          .client_key = read(tls_root + "/client/tls.key"),
+                          .server_name = "localhost"};
+  }
+  auto client = shardserve::Client::Connect(address, client_options);
+  if (!client.ok()) {
+    std::cerr << "shardserve-local: " << client.status() << "\n";
+    StopAll(children);
+    return 1;
+  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_ready_timeout_s));
   std::string last_reason = "the coordinator did not answer";
   bool ready = false;
@@ -261,6 +373,7 @@ int main(int argc, char** argv) {
   if (ready) {
     std::cout << "ready: coordinator at " << address << std::endl;
     if (!http_listen.empty()) std::cout << "http: http://" << http_listen << std::endl;
+    if (public_tls) std::cout << "tls ca: " << tls_root << "/coordinator/ca.crt" << std::endl;
     if (auto info = (*client)->ClusterStatus(); info.ok()) {
       for (const auto& w : info->workers) {
         if (!w.metrics_address.empty()) std::cout << "metrics: http://" << w.metrics_address << "/metrics" << std::endl;

@@ -7,7 +7,10 @@
 // decode tokens/s as a fraction of one process. The per-hop overhead is the pipeline's step time
 // minus what the two stages report as their own compute (their step-time metrics) over the same
 // steps, so that run-to-run changes in compute speed do not count as hop cost; the median of
-// several rounds is printed.
+// several rounds is printed. Everything over gRPC runs twice in the same run: plaintext, and with
+// mutual TLS on every link (certificates from a throw-away CA, as shardserve-local makes them);
+// it prints the TLS cost per hop and the TLS handshakes per decode step (zero: the streams are
+// long-lived).
 // Usage: shardserve-bench-pipeline [--model=DIR] [--tokens=64]   (default: the generated 100M model)
 #include <grpcpp/grpcpp.h>
 
@@ -17,13 +20,17 @@
 #include <mutex>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
+#include <unistd.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
+#include "common/security/cert_authority.h"
+#include "common/security/grpc_security.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "tests/testing/random_model.h"
 #include "worker/engine/executor.h"
@@ -151,9 +158,11 @@ class HandOffEchoStage final : public v1::Stage::CallbackService {
   }
 };
 
-std::unique_ptr<grpc::Server> Serve(grpc::Service* a, grpc::Service* b, int* port) {
+std::unique_ptr<grpc::Server> Serve(grpc::Service* a, grpc::Service* b, int* port,
+                                    const security::GrpcSecurity& sec) {
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort("127.0.0.1:0",
+                           sec.InternalServerCredentials({security::Role::kCoordinator, security::Role::kWorker}), port);
   builder.SetMaxReceiveMessageSize(service::kMaxMessageBytes);
   builder.RegisterService(a);
   if (b != nullptr) builder.RegisterService(b);
@@ -238,22 +247,64 @@ int Run() {
   const size_t decode_bytes = static_cast<size_t>(spec->hidden_size) * 4;
   const size_t prefill_bytes = 256 * decode_bytes;
 
-  // 1. Bare round trips.
-  EchoStage echo;
-  int echo_port = 0;
-  auto echo_server = Serve(&echo, nullptr, &echo_port);
-  auto echo_stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", echo_port),
-                                                          grpc::InsecureChannelCredentials()));
-  const double rtt_decode = EchoRoundTrip(*echo_stub, decode_bytes, 2000);
-  const double rtt_prefill = EchoRoundTrip(*echo_stub, prefill_bytes, 200);
-  echo_server->Shutdown();
-  HandOffEchoStage handoff;
-  int handoff_port = 0;
-  auto handoff_server = Serve(&handoff, nullptr, &handoff_port);
-  auto handoff_stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", handoff_port),
-                                                             grpc::InsecureChannelCredentials()));
-  const double rtt_handoff = EchoRoundTrip(*handoff_stub, decode_bytes, 2000);
-  handoff_server->Shutdown();
+  // The two transports: plaintext, and mutual TLS with a throw-away CA (the worker certificate
+  // serves and dials; the client of stage 0 presents the coordinator's).
+  const std::string tls_dir = absl::StrCat("/tmp/shardserve-bench-tls-", getpid());
+  auto ca = security::CertificateAuthority::Create("bench CA");
+  if (!ca.ok()) return 1;
+  security::GrpcSecurity plaintext;
+  std::optional<security::GrpcSecurity> worker_tls, coordinator_tls;
+  for (auto [name, role] : {std::pair{"worker", security::Role::kWorker}, {"coordinator", security::Role::kCoordinator}}) {
+    auto leaf = (*ca)->Issue({.common_name = name, .roles = {role}});
+    if (!leaf.ok() || !security::WriteTlsDir(absl::StrCat(tls_dir, "/", name), *leaf, (*ca)->cert_pem()).ok()) return 1;
+    const std::string d = absl::StrCat(tls_dir, "/", name);
+    auto sec = security::GrpcSecurity::Create(
+        security::TlsOptions{.cert_file = d + "/tls.crt", .key_file = d + "/tls.key", .ca_file = d + "/ca.crt"}, role);
+    if (!sec.ok()) {
+      std::fprintf(stderr, "%s\n", sec.status().ToString().c_str());
+      return 1;
+    }
+    (role == security::Role::kWorker ? worker_tls : coordinator_tls) = *std::move(sec);
+  }
+  struct Transport {
+    const char* name;
+    const security::GrpcSecurity* worker;
+    const security::GrpcSecurity* client;
+  };
+  const Transport transports[] = {{"plaintext", &plaintext, &plaintext}, {"mTLS", &*worker_tls, &*coordinator_tls}};
+
+  // 1. Bare round trips, both transports served at once and timed in interleaved rounds (medians).
+  double rtt_decode[2], rtt_prefill[2], rtt_handoff[2];
+  {
+    EchoStage echo[2];
+    HandOffEchoStage handoff[2];
+    std::unique_ptr<grpc::Server> servers[4];
+    std::unique_ptr<v1::Stage::Stub> echo_stub[2], handoff_stub[2];
+    for (int t = 0; t < 2; ++t) {
+      const Transport& tr = transports[t];
+      int port = 0;
+      servers[2 * t] = Serve(&echo[t], nullptr, &port, *tr.worker);
+      echo_stub[t] = v1::Stage::NewStub(grpc::CreateChannel(
+          absl::StrCat("127.0.0.1:", port), tr.client->InternalChannelCredentials(security::Role::kWorker)));
+      servers[2 * t + 1] = Serve(&handoff[t], nullptr, &port, *tr.worker);
+      handoff_stub[t] = v1::Stage::NewStub(grpc::CreateChannel(
+          absl::StrCat("127.0.0.1:", port), tr.client->InternalChannelCredentials(security::Role::kWorker)));
+    }
+    std::vector<double> d[2], f[2], h[2];
+    for (int r = 0; r < 5; ++r) {
+      for (int t = 0; t < 2; ++t) {
+        d[t].push_back(EchoRoundTrip(*echo_stub[t], decode_bytes, 400));
+        f[t].push_back(EchoRoundTrip(*echo_stub[t], prefill_bytes, 40));
+        h[t].push_back(EchoRoundTrip(*handoff_stub[t], decode_bytes, 400));
+      }
+    }
+    for (int t = 0; t < 2; ++t) {
+      rtt_decode[t] = Median(d[t]);
+      rtt_prefill[t] = Median(f[t]);
+      rtt_handoff[t] = Median(h[t]);
+    }
+    for (auto& server : servers) server->Shutdown();
+  }
 
   // 2. One process.
   auto ckpt = Checkpoint::Open(dir);
@@ -276,69 +327,121 @@ int Run() {
   const double step_one = (Now() - t0) / tokens;
   one->reset();
 
-  // 3. Two stages over gRPC.
+  // 3. Two stages over gRPC, one pipeline per transport, both loaded at once and timed in
+  // interleaved rounds (plaintext, mTLS, plaintext, ...), so that the load of a shared machine
+  // falls on both alike; each round's per-hop difference is paired with its neighbour's.
   const int half = static_cast<int>(spec->num_layers / 2);
-  service::WorkerMetrics m1, m0;
-  service::WorkerServer w1({.cpu_ranks = 1, .metrics = &m1}), w0({.cpu_ranks = 1, .metrics = &m0});
-  int p1 = 0, p0 = 0;
-  auto s1 = Serve(w1.worker_service(), w1.stage_service(), &p1);
-  auto s0 = Serve(w0.worker_service(), w0.stage_service(), &p0);
-  (void)w1.Assign(Stage(dir, 1, half, static_cast<int>(spec->num_layers), ""));
-  (void)w0.Assign(Stage(dir, 0, 0, half, absl::StrCat("127.0.0.1:", p1)));
-  for (int i = 0; i < 1200 && (w0.Status().state != v1::WORKER_STATE_READY || w1.Status().state != v1::WORKER_STATE_READY); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  constexpr int kRounds = 7;
+  struct Pipeline {
+    service::WorkerMetrics m0, m1;
+    std::unique_ptr<service::WorkerServer> w0, w1;
+    std::unique_ptr<grpc::Server> s0, s1;
+    std::unique_ptr<v1::Stage::Stub> stub;
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
+    std::vector<double> step, hop, compute;
+    uint64_t step_id = 0;
+  };
+  std::unique_ptr<Pipeline> pipes[2];
+  for (int t = 0; t < 2; ++t) {
+    const Transport& tr = transports[t];
+    auto& p = pipes[t];
+    p = std::make_unique<Pipeline>();
+    p->w1 = std::make_unique<service::WorkerServer>(service::WorkerOptions{.cpu_ranks = 1, .metrics = &p->m1});
+    p->w0 = std::make_unique<service::WorkerServer>(service::WorkerOptions{
+        .cpu_ranks = 1,
+        .metrics = &p->m0,
+        .peer_credentials = tr.worker->InternalChannelCredentials(security::Role::kWorker)});
+    int p1 = 0, p0 = 0;
+    p->s1 = Serve(p->w1->worker_service(), p->w1->stage_service(), &p1, *tr.worker);
+    p->s0 = Serve(p->w0->worker_service(), p->w0->stage_service(), &p0, *tr.worker);
+    (void)p->w1->Assign(Stage(dir, 1, half, static_cast<int>(spec->num_layers), ""));
+    (void)p->w0->Assign(Stage(dir, 0, 0, half, absl::StrCat("127.0.0.1:", p1)));
+    for (int i = 0; i < 1200 && (p->w0->Status().state != v1::WORKER_STATE_READY ||
+                                 p->w1->Status().state != v1::WORKER_STATE_READY);
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    p->stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", p0),
+                                                     tr.client->InternalChannelCredentials(security::Role::kWorker)));
+    p->stream = p->stub->StepStream(&p->ctx);
   }
-  auto stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", p0), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  auto stream = stub->StepStream(&ctx);
-  v1::StepResponse resp;
-  // Rounds of `tokens` decode steps over the same positions (the sequence restarts at 0).
-  constexpr int kRounds = 5;
-  std::vector<double> round_step, round_hop, round_compute;
-  uint64_t step_id = 0;
-  for (int round = 0; round < kRounds; ++round) {
-    tok = 1;
-    double c0 = 0;
+  // One round: `tokens` decode steps over the same positions (the sequence restarts at 0).
+  auto round = [&](Pipeline& p) {
+    v1::StepResponse resp;
+    int32_t t = 1;
+    double start = 0, c0 = 0;
     for (int i = 0; i < tokens + 4; ++i) {
       if (i == 4) {
-        t0 = Now();
-        c0 = StepSeconds(m0) + StepSeconds(m1);
+        start = Now();
+        c0 = StepSeconds(p.m0) + StepSeconds(p.m1);
       }
-      stream->Write(DecodeStep(step_id++, i, tok));
-      if (!stream->Read(&resp) || resp.error_code() != 0 || resp.token_ids_size() != 1) {
+      p.stream->Write(DecodeStep(p.step_id++, i, t));
+      if (!p.stream->Read(&resp) || resp.error_code() != 0 || resp.token_ids_size() != 1) {
         std::fprintf(stderr, "pipeline step failed: %s\n", resp.error_message().c_str());
-        return 1;
+        return false;
       }
-      tok = resp.token_ids(0);
+      t = resp.token_ids(0);
     }
-    const double step = (Now() - t0) / tokens;
-    const double compute = (StepSeconds(m0) + StepSeconds(m1) - c0) / tokens;
-    round_step.push_back(step);
-    round_compute.push_back(compute);
+    const double step = (Now() - start) / tokens;
+    const double compute = (StepSeconds(p.m0) + StepSeconds(p.m1) - c0) / tokens;
+    p.step.push_back(step);
+    p.compute.push_back(compute);
     // Two round trips per step (client -> stage 0 -> stage 1 and the answers back).
-    round_hop.push_back((step - compute) / 2.0);
+    p.hop.push_back((step - compute) / 2.0);
+    return true;
+  };
+  for (auto& p : pipes) {
+    if (!round(*p)) return 1;  // warm-up: the links are up after it
   }
-  const double step_pp = Median(round_step);
-  const double hop = Median(round_hop);
-  const double compute_pp = Median(round_compute);
-  stream->WritesDone();
-  (void)stream->Finish();
-  w0.Shutdown();
-  w1.Shutdown();
-  s0->Shutdown();
-  s1->Shutdown();
+  for (auto& p : pipes) p->step.clear(), p->hop.clear(), p->compute.clear();
+  const int64_t handshakes_before = security::InternalClientHandshakes();
+  std::vector<double> hop_diff;
+  for (int r = 0; r < kRounds; ++r) {
+    for (auto& p : pipes) {
+      if (!round(*p)) return 1;
+    }
+    hop_diff.push_back(pipes[1]->hop.back() - pipes[0]->hop.back());
+  }
+  const double handshakes_per_step =
+      static_cast<double>(security::InternalClientHandshakes() - handshakes_before) / (2.0 * kRounds * tokens);
+  double step_pp[2], hop[2], compute_pp[2];
+  for (int t = 0; t < 2; ++t) {
+    step_pp[t] = Median(pipes[t]->step);
+    hop[t] = Median(pipes[t]->hop);
+    compute_pp[t] = Median(pipes[t]->compute);
+    pipes[t]->stream->WritesDone();
+    (void)pipes[t]->stream->Finish();
+    pipes[t]->w0->Shutdown();
+    pipes[t]->w1->Shutdown();
+    pipes[t]->s0->Shutdown();
+    pipes[t]->s1->Shutdown();
+  }
+  const double hop_tls_cost = Median(hop_diff);
+  std::filesystem::remove_all(tls_dir);
 
   std::printf("model %s, %lld layers, hidden %lld\n", dir.c_str(), static_cast<long long>(spec->num_layers),
               static_cast<long long>(spec->hidden_size));
-  std::printf("bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n", rtt_decode * 1e6,
-              decode_bytes, rtt_prefill * 1e6, prefill_bytes, prefill_bytes / rtt_prefill / 1e9);
-  std::printf("bare round trip answered from another thread: %.1f us (%zu B)\n", rtt_handoff * 1e6, decode_bytes);
-  std::printf("decode step: one process %.2f ms, 2 stages %.2f ms (their compute %.2f ms); per hop %.1f us = %.2fx "
-              "the bare round trip; stage compute %.2f ms (median of %d rounds of %d steps)\n",
-              step_one * 1e3, step_pp * 1e3, compute_pp * 1e3, hop * 1e6, hop / rtt_decode, compute_pp * 1e3 / 2,
-              kRounds, tokens);
-  std::printf("decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", 1 / step_one, 1 / step_pp,
-              step_one / step_pp);
+  for (int t = 0; t < 2; ++t) {
+    std::printf("[%s] bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n", transports[t].name,
+                rtt_decode[t] * 1e6, decode_bytes, rtt_prefill[t] * 1e6, prefill_bytes,
+                prefill_bytes / rtt_prefill[t] / 1e9);
+    std::printf("[%s] bare round trip answered from another thread: %.1f us (%zu B)\n", transports[t].name,
+                rtt_handoff[t] * 1e6, decode_bytes);
+    std::printf("[%s] decode step: one process %.2f ms, 2 stages %.2f ms (their compute %.2f ms); per hop %.1f us = "
+                "%.2fx the bare round trip; stage compute %.2f ms (median of %d rounds of %d steps)\n",
+                transports[t].name, step_one * 1e3, step_pp[t] * 1e3, compute_pp[t] * 1e3, hop[t] * 1e6,
+                hop[t] / rtt_decode[t], compute_pp[t] * 1e3 / 2, kRounds, tokens);
+    std::printf("[%s] decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", transports[t].name,
+                1 / step_one, 1 / step_pp[t], step_one / step_pp[t]);
+  }
+  std::printf("TLS handshakes per decode step once the links are up (both pipelines): %.3f\n", handshakes_per_step);
+  // The hop includes the stage's own transport work; TLS adds record encryption both ways.
+  std::printf("mTLS cost: per hop %+.1f us (%+.1f%%; median of %d paired rounds), bare round trip %+.1f us (%+.1f%%), "
+              "prefill-sized round trip %+.1f%%, decode step %+.1f%%\n",
+              hop_tls_cost * 1e6, 100 * hop_tls_cost / hop[0], kRounds, (rtt_decode[1] - rtt_decode[0]) * 1e6,
+              100 * (rtt_decode[1] - rtt_decode[0]) / rtt_decode[0], 100 * (rtt_prefill[1] - rtt_prefill[0]) / rtt_prefill[0],
+              100 * (step_pp[1] - step_pp[0]) / step_pp[0]);
   return 0;
 }
 

@@ -238,3 +238,19 @@ TEST(ModelSpecTest, NotJsonAndMissingFile) {
 
 }  // namespace
 }  // namespace shardserve
+
+namespace shardserve {
+namespace {
+
+// The fuzzer's finding: sizes whose products overflow int64 saturate instead (no UB).
+TEST(ModelSpecTest, NumParametersSaturatesInsteadOfOverflowing) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/llama"));
+  const int64_t normal = s.NumParameters();
+  EXPECT_GT(normal, 0);
+  s.vocab_size = int64_t{1} << 40;
+  s.hidden_size = int64_t{1} << 40;
+  EXPECT_EQ(s.NumParameters(), INT64_MAX);
+}
+
+}  // namespace
+}  // namespace shardserve

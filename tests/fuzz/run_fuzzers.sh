@@ -28,6 +28,10 @@ i=0
 for f in tests/golden/models/*/config.json ../shared/models/stories260K/config.json; do
   [ -f "$f" ] && cp "$f" "$corpus/config/seed$((i++)).json"
 done
+# Any sanitizer report ends the run with a non-zero status (the libraries are also built with
+# -fno-sanitize-recover=all; these make sure of it at run time).
+export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
+export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1
 "$build/tests/fuzz/safetensors_header_fuzzer" -max_total_time="$seconds" -max_len=65536 "$corpus/safetensors"
 "$build/tests/fuzz/model_spec_fuzzer" -max_total_time="$seconds" -max_len=16384 "$corpus/config"
 echo "fuzzers: no crash in ${seconds}s each"

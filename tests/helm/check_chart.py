@@ -244,7 +244,8 @@ def check_objects(docs, values, fail):
     fail.check(len(csvc) == 1, "the coordinator is not behind exactly one Service")
     domain = values.get("clusterDomain", "cluster.local")
     if csvc:
-        grpc_port = [p["port"] for p in csvc[0]["spec"]["ports"] if p["name"] == "grpc"]
+        # Workers dial the coordinator's control port, never its public gRPC port.
+        grpc_port = [p["port"] for p in csvc[0]["spec"]["ports"] if p["name"] == "control"]
         coordinator_address = f"{csvc[0]['metadata']['name']}.{NAMESPACE}.svc.{domain}:{grpc_port[0] if grpc_port else '?'}"
         fail.check(csvc[0]["spec"].get("publishNotReadyAddresses") is True,
                    "the coordinator Service must publish the not-ready coordinator (workers register before it is ready)")
@@ -310,6 +311,27 @@ def check_objects(docs, values, fail):
         fail.check(not cms, "a dashboards ConfigMap without dashboards")
 
 
+def secret_volume(workload, name):
+    """The Secret behind the volume `name` of a workload's pod, or None."""
+    for v in workload["spec"]["template"]["spec"].get("volumes", []):
+        if v["name"] == name:
+            return v.get("secret", {}).get("secretName")
+    return None
+
+
+def tls_checks(coord, workers, kinds, fail, what):
+    """With tls.enabled: every process runs with --tls_dir from its Secret, and the probes are TCP."""
+    for w in [coord] + list(workers.values()):
+        c = w["spec"]["template"]["spec"]["containers"][0]
+        n = w["metadata"]["name"]
+        fail.check(args_of(c).get("tls_dir") == "/etc/shardserve/tls", f"{what}: {n} runs with --tls_dir")
+        fail.check(any(m["name"] == "tls" and m["mountPath"] == "/etc/shardserve/tls" for m in c["volumeMounts"]),
+                   f"{what}: {n} mounts its TLS Secret")
+        for probe in ("livenessProbe", "readinessProbe"):
+            if probe in c:
+                fail.check("grpc" not in c[probe], f"{what}: {n}'s {probe} is a gRPC probe, which speaks no TLS")
+
+
 def gpu_limit(sts):
     return sts["spec"]["template"]["spec"]["containers"][0].get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
 
@@ -336,6 +358,10 @@ def expectations(name, docs, fail):
         fail.check("requiredDuringSchedulingIgnoredDuringExecution" in anti(main), "default: one worker per node (required anti-affinity)")
         fail.check("ServiceMonitor" not in kinds, "default: no ServiceMonitor")
         fail.check(any(d["kind"] == "Pod" for d in docs), "default: the helm test pod")
+        fail.check(len(kinds.get("NetworkPolicy", [])) == 2, "default: NetworkPolicies for the coordinator and the workers")
+        fail.check(all("Egress" not in p["spec"]["policyTypes"] for p in kinds.get("NetworkPolicy", [])),
+                   "default: no egress rules while an init container downloads the model")
+        fail.check("tls_dir" not in cargs, "default: TLS off")
     elif name == "cpu-single-node":
         fail.check(all(gpu_limit(w) is None for w in workers.values()), "cpu: no GPU limits")
         fail.check(main["spec"]["replicas"] == 2 and wargs[main["metadata"]["name"]]["devices"] == "cpu:2", "cpu: 2 workers, --devices=cpu:2")
@@ -375,6 +401,46 @@ def expectations(name, docs, fail):
         fail.check(env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "HF_TOKEN"}, "moe: HF token from the Secret")
         fail.check(env["HF_REPO"]["value"] == "mistralai/Mixtral-8x7B-Instruct-v0.1", "moe: the repository")
         fail.check(len(kinds.get("PodDisruptionBudget", [])) == 2, "moe: a PodDisruptionBudget per worker group")
+    elif name == "security":
+        tls_checks(coord, workers, kinds, fail, "security")
+        certs = {c["spec"]["uris"][0]: c for c in kinds.get("Certificate", []) if c["spec"].get("uris")}
+        fail.check(sorted(certs) == ["spiffe://shardserve/coordinator", "spiffe://shardserve/worker"],
+                   f"security: one Certificate per role, got {sorted(certs)}")
+        ca = [c for c in kinds.get("Certificate", []) if c["spec"].get("isCA")]
+        fail.check(len(ca) == 1 and len(kinds.get("Issuer", [])) == 2, "security: the chart's CA (self-signed Issuer, CA Certificate, CA Issuer)")
+        for uri, sts in (("spiffe://shardserve/coordinator", coord), ("spiffe://shardserve/worker", main)):
+            vol = secret_volume(sts, "tls")
+            fail.check(uri in certs and vol == certs[uri]["spec"]["secretName"], f"security: {uri} mounted from its Certificate's Secret ({vol})")
+        coord_cert = certs.get("spiffe://shardserve/coordinator", {"spec": {}})
+        fail.check({f"{RELEASE}-coordinator.{NAMESPACE}.svc.cluster.local", "llm.example.com"} <= set(coord_cert["spec"].get("dnsNames", [])),
+                   "security: the coordinator's certificate names its Service and the extra DNS name")
+        fail.check(cargs.get("api_keys_file") == "/etc/shardserve/api-keys/api_keys", "security: --api_keys_file from the Secret")
+        fail.check(secret_volume(coord, "api-keys") == "shardserve-api-keys", "security: the API keys Secret is mounted")
+        fail.check(not any(d["kind"] == "Pod" for d in docs), "security: no test pod (it would need an API key)")
+        pols = {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p for p in kinds.get("NetworkPolicy", [])}
+        fail.check(set(pols) == {"coordinator", "worker"}, "security: a NetworkPolicy for the coordinator and one for the workers")
+        if set(pols) == {"coordinator", "worker"}:
+            rules = {tuple(p["port"] for p in r["ports"]): r.get("from") for r in pols["coordinator"]["spec"]["ingress"]}
+            fail.check(rules.get(("grpc", "http")) == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "frontend"}}}],
+                       f"security: clients reach only the public ports, from networkPolicy.clients ({rules})")
+            control = rules.get(("control",)) or []
+            fail.check([f["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for f in control] == ["worker"],
+                       "security: only workers reach the control port")
+            w = pols["worker"]["spec"]
+            sources = [f["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for r in w["ingress"] if r["ports"][0]["port"] == "grpc" for f in r["from"]]
+            fail.check(sorted(sources) == ["coordinator", "worker"], "security: workers take calls only from the coordinator and workers")
+            fail.check("Egress" in w["policyTypes"] and any(p.get("port") == 7001 for r in w["egress"] for p in r.get("ports", [])),
+                       "security: workers' egress restricted (the coordinator's control port, workers, DNS)")
+    elif name == "tls-secrets":
+        tls_checks(coord, workers, kinds, fail, "tls-secrets")
+        fail.check(secret_volume(coord, "tls") == "llm-coordinator-tls" and secret_volume(main, "tls") == "llm-worker-tls",
+                   "tls-secrets: the given Secrets are mounted")
+        fail.check("Certificate" not in kinds and "NetworkPolicy" not in kinds, "tls-secrets: no Certificate, no NetworkPolicy")
+        pod = [d for d in docs if d["kind"] == "Pod"]
+        if fail.check(len(pod) == 1, "tls-secrets: the test pod"):
+            pa = args_of(pod[0]["spec"]["containers"][0])
+            fail.check(pa.get("tls_ca_file") == "/etc/shardserve/tls/ca.crt" and pa.get("server", "").endswith(":7000"),
+                       "tls-secrets: the test pod checks the coordinator against the CA, on the public port")
     elif name == "options":
         fail.check("ServiceAccount" not in kinds, "options: no ServiceAccount created")
         fail.check(coord["spec"]["template"]["spec"]["serviceAccountName"] == "llm-serving", "options: the existing ServiceAccount")
@@ -387,7 +453,7 @@ def expectations(name, docs, fail):
         fail.check("nodeAffinity" in a and "preferredDuringSchedulingIgnoredDuringExecution" in a["podAntiAffinity"], "options: user affinity + soft anti-affinity")
         fail.check(all(d["metadata"]["labels"].get("team") == "inference" for d in docs), "options: commonLabels everywhere")
         fail.check(len(kinds.get("PodDisruptionBudget", [])) == 2, "options: coordinator and worker PodDisruptionBudgets")
-        fail.check(wargs["llm-worker"]["coordinator"] == "llm-coordinator.llm.svc.k8s.example.internal:7000", "options: cluster domain")
+        fail.check(wargs["llm-worker"]["coordinator"] == "llm-coordinator.llm.svc.k8s.example.internal:7001", "options: cluster domain")
 
 
 def coalesce(user, defaults):

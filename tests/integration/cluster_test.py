@@ -60,8 +60,17 @@ class Layouts(unittest.TestCase):
             self.assertEqual(got, case["greedy_ids"], f"{name} prompt {case['prompt_ids']}")
 
     def test_pp2_tp2(self):
+        # shardserve-local is secure by default: every link between the processes (registration,
+        # coordinator -> stage 0, stage 0 -> stage 1) runs mutual TLS with its throw-away CA, and
+        # the answers are exactly the single-process engine's.
         c = Cluster("tests/golden/models/llama", 2, "cpu:2", ["--pp=2", "--tp=2"])
         try:
+            log = c.log()
+            self.assertIn("(control port", log)
+            self.assertRegex(log, r"control port 127\.0\.0\.1:\d+, TLS\)")
+            self.assertEqual(log.count("(mutual TLS)"), 2, log)
+            for prompt in ([1, 2, 3, 4], [5, 17, 42]):
+                self.assertEqual(c.ids(prompt, 16), run_alone("tests/golden/models/llama", prompt, 16))
             self.check_golden(c, "llama")
             st = c.status()
             self.assertEqual(st.returncode, 0, st.stderr)
@@ -72,6 +81,25 @@ class Layouts(unittest.TestCase):
             self.assertTrue(any('shardserve_worker_collective_seconds_count{op="all_reduce"' in p for p in pages))
             self.assertIn("layers [0, 1)", st.stdout)
             self.assertIn("layers [1, 2)", st.stdout)
+        finally:
+            self.assertEqual(c.stop(), 0)
+
+    def test_public_tls_and_insecure(self):
+        # --public_tls: the public API serves TLS from the throw-away CA; a plaintext client gets nowhere.
+        c = Cluster("tests/golden/models/llama", 1, "cpu:1", ["--public_tls", "--metrics=false"])
+        try:
+            self.assertIsNotNone(c.tls_ca)
+            self.assertEqual(c.ids([1, 2, 3], 8), run_alone("tests/golden/models/llama", [1, 2, 3], 8))
+            p = subprocess.run([os.path.join(BIN, "shardserve"), "status", f"--server={c.address}", "--timeout_s=5"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(p.returncode, 0)
+        finally:
+            self.assertEqual(c.stop(), 0)
+        # --insecure: plaintext everywhere, same answers.
+        c = Cluster("tests/golden/models/llama", 1, "cpu:1", ["--insecure", "--metrics=false"])
+        try:
+            self.assertIn("(plaintext)", c.log())
+            self.assertEqual(c.ids([1, 2, 3], 8), run_alone("tests/golden/models/llama", [1, 2, 3], 8))
         finally:
             self.assertEqual(c.stop(), 0)
 

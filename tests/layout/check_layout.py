@@ -23,6 +23,9 @@ def rules(src, inc):
         return "production code includes tests/"
     if top == "common" and ours(inc) and not inc.startswith("common/") and not inc.startswith("shardserve/v1/"):
         return "common/ may include only common/ (and generated proto code)"
+    if top == "common" and (inc.startswith("grpcpp/") or inc.startswith("grpc/")) and not (
+            src.startswith("common/status/grpc_") or src.startswith("common/security/grpc_security.")):
+        return "common/ uses gRPC only in status/grpc_* and security/grpc_security"
     if src.startswith("sdk/cpp/") and ours(inc) and not inc.startswith("shardserve/"):
         return "the C++ client library (sdk/cpp) depends on the generated protocol code only"
     if src.startswith("sdk/") and (inc.startswith("worker/") or

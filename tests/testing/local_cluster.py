@@ -21,7 +21,8 @@ class LocalCluster:
     Once the constructor returns, the cluster serves and these are set from what shardserve-local
     printed: `address` (the coordinator's gRPC HOST:PORT), `http` (the OpenAI API's URL, with
     --http_listen in `extra`, else None), `worker_metrics` (one URL per worker) and
-    `coordinator_metrics` (a URL; both empty/None with --metrics=false). `stderr` collects the
+    `coordinator_metrics` (a URL; both empty/None with --metrics=false), `tls_ca` (with
+    --public_tls: the CA file the public API's certificate chains to; cli() passes it). `stderr` collects the
     processes' log lines as they come (shardserve-local passes its children's stderr through).
     Raises AssertionError, with the log's tail, when the cluster does not become ready in time.
     """
@@ -34,7 +35,7 @@ class LocalCluster:
              f"--devices_per_worker={devices}", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=None if env is None else dict(os.environ, **env))
-        self.address = self.http = self.coordinator_metrics = None
+        self.address = self.http = self.coordinator_metrics = self.tls_ca = None
         self.worker_metrics = []
         self._lock = threading.Lock()
         self._stderr = []
@@ -47,7 +48,8 @@ class LocalCluster:
         # The lines shardserve-local prints once ready: the ready line, the HTTP URL, then one metrics
         # URL per worker and the coordinator's.
         metrics = "--metrics=false" not in extra
-        want = 1 + any(a.startswith("--http_listen") for a in extra) + (workers + 1 if metrics else 0)
+        want = (1 + any(a.startswith("--http_listen") for a in extra) + ("--public_tls" in extra) +
+                (workers + 1 if metrics else 0))
         deadline = time.time() + timeout
         with self._lock:
             while len(self._stdout) < want and self.proc.poll() is None and time.time() < deadline:
@@ -58,6 +60,8 @@ class LocalCluster:
                 self.address = line.split()[-1]
             elif line.startswith("http: "):
                 self.http = line.split()[-1]
+            elif line.startswith("tls ca: "):
+                self.tls_ca = line.split()[-1]
             elif line.startswith("metrics: "):
                 self.worker_metrics.append(line.split()[-1])
             elif line.startswith("coordinator metrics: "):
@@ -84,7 +88,12 @@ class LocalCluster:
 
     def cli(self, *args, check=True, timeout=300):
         """Runs `shardserve ARGS --server=ADDRESS`; the CompletedProcess (which must succeed with check)."""
-        p = subprocess.run([os.path.join(self.bin_dir, "shardserve"), *args, f"--server={self.address}"],
+        tls = []
+        if self.tls_ca:  # the client certificate shardserve-local made beside the CA (roles client, admin)
+            client = os.path.join(os.path.dirname(os.path.dirname(self.tls_ca)), "client")
+            tls = [f"--tls_ca_file={self.tls_ca}", "--tls_server_name=localhost",
+                   f"--tls_cert_file={client}/tls.crt", f"--tls_key_file={client}/tls.key"]
+        p = subprocess.run([os.path.join(self.bin_dir, "shardserve"), *args, f"--server={self.address}", *tls],
                            capture_output=True, text=True, timeout=timeout)
         if check:
             assert p.returncode == 0, f"shardserve {' '.join(args)} failed: {p.stderr}"

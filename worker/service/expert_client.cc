@@ -97,7 +97,9 @@ class PendingCalls final : public engine::RemoteExpertCall {
 
 absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> GrpcRemoteExperts::Create(
     const std::map<int64_t, std::vector<std::string>>& addresses, int64_t hidden_size, std::string assignment_id,
-    std::chrono::milliseconds deadline, WorkerMetrics* metrics, int64_t max_rows_per_call) {
+    std::chrono::milliseconds deadline, WorkerMetrics* metrics, int64_t max_rows_per_call,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   if (hidden_size < 1) return absl::InvalidArgumentError("hidden_size must be >= 1");
   std::unique_ptr<GrpcRemoteExperts> r(new GrpcRemoteExperts());
   r->hidden_ = hidden_size;
@@ -120,7 +122,7 @@ absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> GrpcRemoteExperts::Create(
         args.SetMaxReceiveMessageSize(kMaxMessageBytes);
         args.SetMaxSendMessageSize(kMaxMessageBytes);
         r->hosts_.push_back(
-            {a, v1::Expert::NewStub(grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args))});
+            {a, v1::Expert::NewStub(grpc::CreateCustomChannel(a, credentials, args))});
       }
       hosts.push_back(it->second);
     }

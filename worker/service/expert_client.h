@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/status/statusor.h"
 #include "shardserve/v1/expert.grpc.pb.h"
 #include "worker/engine/remote_experts.h"
@@ -24,10 +26,12 @@ class GrpcRemoteExperts final : public engine::RemoteExperts {
  public:
   // addresses[layer][e]: host:port of the worker computing expert e of MoE layer `layer`; empty
   // for local experts. InvalidArgument when no address is given at all. `max_rows_per_call`: 0 =
-  // as many as fit in a message (kMaxChunkBytes); tests set it lower.
+  // as many as fit in a message (kMaxChunkBytes); tests set it lower. `credentials`: of the
+  // channels to the hosts (null = plaintext).
   static absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> Create(
       const std::map<int64_t, std::vector<std::string>>& addresses, int64_t hidden_size, std::string assignment_id,
-      std::chrono::milliseconds deadline, WorkerMetrics* metrics, int64_t max_rows_per_call = 0);
+      std::chrono::milliseconds deadline, WorkerMetrics* metrics, int64_t max_rows_per_call = 0,
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   std::unique_ptr<engine::RemoteExpertCall> Start(int64_t layer, absl::Span<const engine::ExpertRows> groups,
                                                   absl::Span<const float> x, absl::Span<float> y) override;

@@ -15,11 +15,13 @@ constexpr auto kCallDeadline = std::chrono::seconds(5);
 }  // namespace
 
 Registrar::Registrar(const std::string& coordinator_address, v1::RegisterRequest registration,
-                     std::function<WorkerStatusSnapshot()> status)
+                     std::function<WorkerStatusSnapshot()> status,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials)
     : coordinator_address_(coordinator_address),
       registration_(std::move(registration)),
       status_(std::move(status)),
-      stub_(v1::Registry::NewStub(grpc::CreateChannel(coordinator_address, grpc::InsecureChannelCredentials()))) {}
+      stub_(v1::Registry::NewStub(grpc::CreateChannel(
+          coordinator_address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials()))) {}
 
 Registrar::~Registrar() { Stop(); }
 

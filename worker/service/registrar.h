@@ -19,9 +19,12 @@ namespace shardserve::service {
 
 class Registrar {
  public:
-  // `status` is called from the registrar's thread for every heartbeat.
+  // `status` is called from the registrar's thread for every heartbeat. `credentials`: of the
+  // channel to the coordinator's control port (mutual TLS expecting the coordinator role when the
+  // cluster runs TLS); null = plaintext.
   Registrar(const std::string& coordinator_address, v1::RegisterRequest registration,
-            std::function<WorkerStatusSnapshot()> status);
+            std::function<WorkerStatusSnapshot()> status,
+            std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
   ~Registrar();  // Stop()
   void Start();
   void Stop();

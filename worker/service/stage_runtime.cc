@@ -334,7 +334,9 @@ std::shared_ptr<StageRuntime::Link> StageRuntime::OpenLink() {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
-    channel_ = grpc::CreateCustomChannel(config_.next_address, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(
+        config_.next_address,
+        config_.peer_credentials != nullptr ? config_.peer_credentials : grpc::InsecureChannelCredentials(), args);
     stub_ = v1::Stage::NewStub(channel_);
   }
   auto link = std::make_shared<Link>(config_);

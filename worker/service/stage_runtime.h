@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "worker/engine/remote_experts.h"
 #include "worker/engine/sampling.h"
@@ -42,6 +44,8 @@ struct StageConfig {
   // What the runner calls for spilled experts, if anything; the runtime keeps it alive as long as
   // the runner.
   std::shared_ptr<engine::RemoteExperts> remote_experts;
+  // Credentials of the channel to the next stage (null = plaintext).
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
 };
 
 class StageRuntime {

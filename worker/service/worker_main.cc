@@ -2,11 +2,18 @@
 // pipeline stage), loads its slice of the weights onto its ranks, and serves the stage stream.
 //
 //   shardserve-worker --coordinator=HOST:PORT --listen=HOST:PORT --devices=cpu:2 --node_name=NODE
+//                     [--tls_dir=DIR | --tls_cert=PEM --tls_key=PEM --tls_ca=PEM]
+//
+// --coordinator is the coordinator's control port (its --control_listen), not its public API.
+// With TLS every link is mutual TLS: this worker presents a certificate with the worker role,
+// accepts calls only from peers whose certificate carries the coordinator or worker role, and
+// talks only to a coordinator (and workers) whose certificates carry theirs.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <string>
@@ -21,13 +28,15 @@
 #include "common/flags/parse.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics_server.h"
+#include "common/security/grpc_security.h"
+#include "common/security/tls_files.h"
 #include "worker/kernels/registry.h"
 #include "worker/run/run_options.h"
 #include "worker/service/convert.h"
 #include "worker/service/registrar.h"
 #include "worker/service/worker_server.h"
 
-ABSL_FLAG(std::string, coordinator, "", "coordinator address HOST:PORT");
+ABSL_FLAG(std::string, coordinator, "", "the coordinator's control address HOST:PORT (its --control_listen)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "address to serve on, HOST:PORT (port 0 picks a free port)");
 ABSL_FLAG(std::string, advertise, "", "address other processes reach this worker at (default: --listen's host "
                                       "with the bound port)");
@@ -41,6 +50,13 @@ ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "planner sizes from what is left), in (0, 1]");
 ABSL_FLAG(std::string, metrics_listen, "", "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; "
                                            "empty = no metrics)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of this worker (its URI SAN spiffe://shardserve/worker)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate(s) of the cluster: every peer must chain to it");
+ABSL_FLAG(std::string, tls_dir, "", "directory with tls.crt, tls.key and ca.crt (a Kubernetes TLS Secret); "
+                                    "instead of --tls_cert/--tls_key/--tls_ca");
+ABSL_FLAG(int32_t, tls_refresh_s, 10, "re-read the TLS files this often (seconds): rotated certificates are used "
+                                      "by new connections without a restart");
 
 namespace {
 
@@ -91,6 +107,24 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof(host) - 1);
     node = host;
   }
+  auto tls = security::TlsOptionsFromFlags(absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                           absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_dir));
+  if (!tls.ok()) {
+    std::cerr << "shardserve-worker: " << tls.status().message() << "\n";
+    return 2;
+  }
+  if (tls->has_value()) (*tls)->refresh_interval = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_tls_refresh_s)));
+  absl::StatusOr<security::GrpcSecurity> grpc_security = security::GrpcSecurity::Create(*tls, security::Role::kWorker);
+  if (!grpc_security.ok()) {
+    std::cerr << "shardserve-worker: " << grpc_security.status().message() << "\n";
+    return 2;
+  }
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (!grpc_security->tls_enabled() && !security::IsLoopbackAddress(listen)) {
+    LOG(WARNING) << "*** INSECURE: serving plaintext without authentication on " << listen
+                 << ": anyone who reaches this port can assign this worker, read and write its KV cache. "
+                    "Give --tls_dir (or --tls_cert/--tls_key/--tls_ca). ***";
+  }
   service::WorkerMetrics metrics;
   std::unique_ptr<MetricsServer> metrics_server;
   if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
@@ -108,21 +142,15 @@ int main(int argc, char** argv) {
                                 .cuda_devices = devices->cuda_devices,
                                 .metrics = &metrics,
                                 .memory_per_device = memory_per_device,
-                                .gpu_memory_utilization = gpu_memory_utilization});
+                                .gpu_memory_utilization = gpu_memory_utilization,
+                                .peer_credentials = grpc_security->InternalChannelCredentials(security::Role::kWorker)});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
   int port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(service::kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(service::kMaxMessageBytes);
-  builder.RegisterService(server.worker_service());
-  builder.RegisterService(server.stage_service());
-  builder.RegisterService(server.expert_service());
-  std::unique_ptr<grpc::Server> rpc_server = builder.BuildAndStart();
-  if (rpc_server == nullptr || port == 0) {
-    std::cerr << "shardserve-worker: cannot listen on " << listen << "\n";
+  absl::StatusOr<std::unique_ptr<grpc::Server>> rpc_server =
+      service::StartWorkerRpcServer(listen, *grpc_security, server, &port);
+  if (!rpc_server.ok()) {
+    std::cerr << "shardserve-worker: " << rpc_server.status().message() << "\n";
     return 1;
   }
   std::string advertise = absl::GetFlag(FLAGS_advertise);
@@ -131,7 +159,8 @@ int main(int argc, char** argv) {
     if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = node;
     advertise = absl::StrCat(host, ":", port);
   }
-  LOG(INFO) << "worker " << node << " serving on " << advertise;
+  LOG(INFO) << "worker " << node << " serving on " << advertise
+            << (grpc_security->tls_enabled() ? " (mutual TLS)" : " (plaintext)");
   v1::RegisterRequest reg;
   reg.set_node_name(node);
   reg.set_address(advertise);
@@ -142,7 +171,8 @@ int main(int argc, char** argv) {
     reg.set_metrics_address(absl::StrCat(host, ":", metrics_server->port()));
   }
   for (const v1::Device& d : server.Devices()) *reg.add_devices() = d;
-  service::Registrar registrar(coordinator, reg, [&server] { return server.Status(); });
+  service::Registrar registrar(coordinator, reg, [&server] { return server.Status(); },
+                              grpc_security->InternalChannelCredentials(security::Role::kCoordinator));
   registrar.Start();
 
   std::signal(SIGINT, OnSignal);
@@ -151,6 +181,6 @@ int main(int argc, char** argv) {
   LOG(INFO) << "shutting down";
   registrar.Stop();
   server.Shutdown();
-  rpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*rpc_server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   return 0;
 }

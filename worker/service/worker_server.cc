@@ -13,6 +13,8 @@
 #include "common/log/log.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
+#include "common/security/grpc_security.h"
+#include "common/status/grpc_raw.h"
 #include "common/status/grpc_status.h"
 #include "common/status/macros.h"
 #include "worker/engine/executor.h"
@@ -36,14 +38,21 @@ v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
   return r;
 }
 
-class WorkerServiceImpl final : public v1::Worker::CallbackService {
+// A raw method, parsed here: an assignment that does not parse is INVALID_ARGUMENT (gRPC's typed
+// handler would answer UNIMPLEMENTED).
+using WorkerBase = v1::Worker::WithRawCallbackMethod_Assign<v1::Worker::CallbackService>;
+
+class WorkerServiceImpl final : public WorkerBase {
  public:
   explicit WorkerServiceImpl(WorkerServer* server) : server_(server) {}
-  grpc::ServerUnaryReactor* Assign(grpc::CallbackServerContext* ctx, const v1::Assignment* request,
-                                   v1::AssignResponse* /*response*/) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(server_->Assign(*request)));
-    return reactor;
+  using WorkerBase::Assign;
+  grpc::ServerUnaryReactor* Assign(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override {
+    return RawUnary<v1::Assignment, v1::AssignResponse>(
+        ctx, request, response, [&](const v1::Assignment& assignment, v1::AssignResponse* /*resp*/) {
+          if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kCoordinator}); !st.ok()) return st;
+          return ToGrpcStatus(server_->Assign(assignment));
+        });
   }
 
  private:
@@ -128,11 +137,22 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   int outstanding_jobs_ = 0;              // mu_
 };
 
+// A stream refused before any message is read (its caller lacks the role).
+class RejectedStepStream final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+ public:
+  explicit RejectedStepStream(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
 class StageServiceImpl final : public v1::Stage::CallbackService {
  public:
   explicit StageServiceImpl(WorkerServer* server) : server_(server) {}
-  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(
-      grpc::CallbackServerContext* /*ctx*/) override {
+  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(grpc::CallbackServerContext* ctx) override {
+    // Stage 0's stream comes from the coordinator, the others' from the previous stage's worker.
+    if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kCoordinator, security::Role::kWorker});
+        !st.ok()) {
+      return new RejectedStepStream(std::move(st));
+    }
     return new StepStreamReactor(server_);
   }
 
@@ -144,8 +164,9 @@ class StageServiceImpl final : public v1::Stage::CallbackService {
 class ExpertServiceImpl final : public v1::Expert::Service {
  public:
   explicit ExpertServiceImpl(WorkerServer* server) : server_(server) {}
-  grpc::Status Compute(grpc::ServerContext* /*ctx*/, const v1::ExpertRequest* request,
+  grpc::Status Compute(grpc::ServerContext* ctx, const v1::ExpertRequest* request,
                        v1::ExpertResponse* response) override {
+    if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) return st;
     return ToGrpcStatus(server_->ComputeExperts(*request, response));
   }
 
@@ -154,6 +175,23 @@ class ExpertServiceImpl final : public v1::Expert::Service {
 };
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartWorkerRpcServer(const std::string& listen,
+                                                                   const security::GrpcSecurity& security,
+                                                                   WorkerServer& server, int* port) {
+  grpc::ServerBuilder builder;
+  *port = 0;
+  builder.AddListeningPort(
+      listen, security.InternalServerCredentials({security::Role::kCoordinator, security::Role::kWorker}), port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterService(server.worker_service());
+  builder.RegisterService(server.stage_service());
+  builder.RegisterService(server.expert_service());
+  std::unique_ptr<grpc::Server> rpc_server = builder.BuildAndStart();
+  if (rpc_server == nullptr || *port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  return rpc_server;
+}
 
 WorkerServer::WorkerServer(WorkerOptions options)
     : options_(std::move(options)),
@@ -374,7 +412,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
   std::shared_ptr<engine::RemoteExperts> remote;
   if (any_remote) {
     ASSIGN_OR_RETURN(remote, GrpcRemoteExperts::Create(remote_addresses, spec.hidden_size, a.assignment_id(),
-                                                       options_.expert_call_timeout, options_.metrics));
+                                                       options_.expert_call_timeout, options_.metrics,
+                                                       /*max_rows_per_call=*/0, options_.peer_credentials));
     eo.model.remote_experts = remote.get();
   }
   ASSIGN_OR_RETURN(auto executor, engine::TpExecutor::Create(spec, *ckpt, eo));
@@ -386,7 +425,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
                                                                          .stage = a.stage(),
                                                                          .next_address = a.next_address(),
                                                                          .metrics = options_.metrics,
-                                                                         .remote_experts = std::move(remote)});
+                                                                         .remote_experts = std::move(remote),
+                                                                         .peer_credentials = options_.peer_credentials});
 }
 
 void WorkerServer::Load(v1::Assignment a) {

@@ -21,6 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "common/security/grpc_security.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/expert.grpc.pb.h"
 #include "shardserve/v1/stage.grpc.pb.h"
@@ -46,6 +51,9 @@ struct WorkerOptions {
   // keeps back, so that the planner's weights, workspace and KV cache stay under fraction x total
   // whatever else the device holds. In (0, 1]; not applied to CPU ranks.
   double gpu_memory_utilization = 0.9;
+  // Credentials of this worker's channels to other workers (the next stage, expert hosts): mutual
+  // TLS expecting the `worker` role when the cluster runs TLS. Null = plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
 };
 
 // The free bytes a CUDA device with `total_bytes` and `free_bytes` offers when this worker may fill
@@ -67,7 +75,10 @@ class WorkerServer {
   WorkerServer(const WorkerServer&) = delete;
   WorkerServer& operator=(const WorkerServer&) = delete;
 
-  // The services to register on the worker's grpc::Server; owned by this object.
+  // The services to register on the worker's grpc::Server; owned by this object. On a TLS port
+  // each call checks its caller's role (security::CheckPeerRole): Worker.Assign only from the
+  // coordinator, Stage.StepStream from the coordinator (stage 0) or a worker (the previous stage),
+  // Expert.Compute only from workers.
   grpc::Service* worker_service();
   grpc::Service* stage_service();
   grpc::Service* expert_service();
@@ -120,6 +131,15 @@ class WorkerServer {
   std::thread loader_;                         // joined before starting another; mu_
   std::thread stage_thread_;
 };
+
+// Builds and starts the gRPC server of a worker daemon on `listen` (HOST:PORT, port 0 = a free
+// one), serving `server`'s services on an internal port of `security` (mutual TLS whose callers
+// must carry the coordinator or worker role, when TLS is on), with the health service and
+// reflection. Sets *port to the bound port. Unavailable when the address cannot be bound.
+// `server` must outlive the returned grpc::Server.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartWorkerRpcServer(const std::string& listen,
+                                                                   const security::GrpcSecurity& security,
+                                                                   WorkerServer& server, int* port);
 
 }  // namespace shardserve::service
 

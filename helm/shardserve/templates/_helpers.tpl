@@ -50,8 +50,61 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/* host:port the workers (and the helm test) reach the coordinator at. */}}
+{{/* The coordinator's control port, which workers register on. */}}
 {{- define "shardserve.coordinatorAddress" -}}
+{{- printf "%s.%s.svc.%s:%d" (include "shardserve.coordinatorName" .) .Release.Namespace .Values.clusterDomain (int .Values.coordinator.controlPort) }}
+{{- end }}
+
+{{/* The coordinator's public gRPC API, which clients use. */}}
+{{- define "shardserve.coordinatorPublicAddress" -}}
 {{- printf "%s.%s.svc.%s:%d" (include "shardserve.coordinatorName" .) .Release.Namespace .Values.clusterDomain (int .Values.coordinator.grpcPort) }}
+{{- end }}
+
+{{/* The Secret holding a role's tls.crt, tls.key and ca.crt (args: dict "root" . "role" "coordinator"|"worker"). */}}
+{{- define "shardserve.tlsSecretName" -}}
+{{- $root := .root }}
+{{- if eq $root.Values.tls.source "existingSecrets" }}
+{{- index $root.Values.tls.existingSecrets .role }}
+{{- else }}
+{{- printf "%s-%s-tls" (include "shardserve.fullname" $root) .role | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* Flags, volume mounts and volumes of TLS and API keys (args: dict "root" . "role" "coordinator"|"worker"). */}}
+{{- define "shardserve.securityArgs" -}}
+{{- if .root.Values.tls.enabled }}
+- --tls_dir=/etc/shardserve/tls
+- --tls_refresh_s={{ int .root.Values.tls.refreshSeconds }}
+{{- end }}
+{{- if and (eq .role "coordinator") .root.Values.apiKeys.existingSecret }}
+- --api_keys_file=/etc/shardserve/api-keys/{{ .root.Values.apiKeys.key }}
+{{- end }}
+{{- end }}
+
+{{- define "shardserve.securityVolumeMounts" -}}
+{{- if .root.Values.tls.enabled }}
+- name: tls
+  mountPath: /etc/shardserve/tls
+  readOnly: true
+{{- end }}
+{{- if and (eq .role "coordinator") .root.Values.apiKeys.existingSecret }}
+- name: api-keys
+  mountPath: /etc/shardserve/api-keys
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "shardserve.securityVolumes" -}}
+{{- if .root.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "shardserve.tlsSecretName" . }}
+{{- end }}
+{{- if and (eq .role "coordinator") .root.Values.apiKeys.existingSecret }}
+- name: api-keys
+  secret:
+    secretName: {{ .root.Values.apiKeys.existingSecret }}
+{{- end }}
 {{- end }}
 
 {{- define "shardserve.serviceAccountName" -}}
@@ -173,6 +226,12 @@ Checks across values that the schema cannot express; fails the install with the 
 {{- end }}
 {{- if eq (int .Values.coordinator.grpcPort) (int .Values.metrics.port) }}
 {{- fail "coordinator.grpcPort and metrics.port must differ" }}
+{{- end }}
+{{- if and .Values.tls.enabled (eq .Values.tls.source "existingSecrets") (or (not .Values.tls.existingSecrets.coordinator) (not .Values.tls.existingSecrets.worker)) }}
+{{- fail "tls.source existingSecrets needs tls.existingSecrets.coordinator and tls.existingSecrets.worker (Secrets with tls.crt, tls.key and ca.crt)" }}
+{{- end }}
+{{- if or (eq (int .Values.coordinator.controlPort) (int .Values.coordinator.grpcPort)) (eq (int .Values.coordinator.controlPort) (int .Values.metrics.port)) (and .Values.coordinator.http.enabled (eq (int .Values.coordinator.controlPort) (int .Values.coordinator.http.port))) }}
+{{- fail "coordinator.controlPort must differ from coordinator.grpcPort, coordinator.http.port and metrics.port" }}
 {{- end }}
 {{- if eq (int .Values.worker.grpcPort) (int .Values.metrics.port) }}
 {{- fail "worker.grpcPort and metrics.port must differ" }}

@@ -124,7 +124,9 @@ class CoordinatorApiTest : public ::testing::Test {
                                                                    .replica_factory = factory_->Get()}));
     channel_ = grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials());
     inference_ = v1::Inference::NewStub(channel_);
-    registry_ = v1::Registry::NewStub(channel_);
+    // Workers register on the control port, not on the public one.
+    registry_ = v1::Registry::NewStub(
+        grpc::CreateChannel(coordinator_->control_address(), grpc::InsecureChannelCredentials()));
     admin_ = v1::Admin::NewStub(channel_);
   }
 
@@ -782,10 +784,11 @@ TEST_F(CoordinatorApiTest, ServerReflectionListsTheServices) {
   ASSERT_TRUE(response.Dump(&slices).ok());
   std::string bytes;
   for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  for (const char* service : {"shardserve.v1.Inference", "shardserve.v1.Admin", "shardserve.v1.Registry",
-                              "grpc.health.v1.Health"}) {
+  for (const char* service : {"shardserve.v1.Inference", "shardserve.v1.Admin", "grpc.health.v1.Health"}) {
     EXPECT_THAT(bytes, HasSubstr(service));
   }
+  // Registry is served on the control port only.
+  EXPECT_THAT(bytes, ::testing::Not(HasSubstr("shardserve.v1.Registry")));
   call->WritesDone(reinterpret_cast<void*>(4));
   ASSERT_TRUE(await(4));
   grpc::Status status;

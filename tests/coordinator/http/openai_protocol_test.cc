@@ -108,6 +108,9 @@ TEST(OpenAiProtocolTest, MalformedJson) {
   ExpectInvalid(ParseCompletionRequest("").status(), "not valid JSON", "");
   ExpectInvalid(ParseCompletionRequest("[1]").status(), "must be a JSON object", "");
   ExpectInvalid(ParseCompletionRequest("{\"prompt\": \"\xff\"}").status(), "not valid JSON", "");
+  // A number beyond double's range is a bad request (400), not an internal error.
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "max_tokens": 1e400})").status(), "not valid JSON", "");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "temperature": -1e999})").status(), "not valid JSON", "");
 }
 
 TEST(OpenAiProtocolTest, UnknownFields) {
