@@ -62,6 +62,7 @@ class Fields {
     return i;
   }
   const json& obj() const { return obj_; }
+  absl::string_view label() const { return label_; }
 
  private:
   const json& obj_;
@@ -83,10 +84,13 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Qwen2ForCausalLM") return Architecture::kQwen2;
   if (name == "MixtralForCausalLM") return Architecture::kMixtral;
   if (name == "Qwen2MoeForCausalLM") return Architecture::kQwen2Moe;
+  if (name == "Qwen3ForCausalLM") return Architecture::kQwen3;
+  if (name == "Qwen3MoeForCausalLM") return Architecture::kQwen3Moe;
+  if (name == "Phi3ForCausalLM") return Architecture::kPhi3;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-      "MixtralForCausalLM, Qwen2MoeForCausalLM)"));
+      "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -107,6 +111,12 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
   const std::string sub_label = absl::StrCat(label, " ", field);
   Fields p(*params, sub_label);
   ASSIGN_OR_RETURN(rope->theta, p.NumberOr("rope_theta", rope->theta, 1e-3, 1e12));
+  // transformers >= 5 moves `partial_rotary_factor` (Phi-3 writes 1.0) into the rope parameters.
+  ASSIGN_OR_RETURN(double partial, p.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
+  if (partial != 1.0) {
+    return absl::UnimplementedError(absl::StrCat(sub_label, ": field \"partial_rotary_factor\" is ", partial,
+                                                 "; only 1 (RoPE over the whole head) is supported"));
+  }
   std::string type = "default";
   for (const char* key : {"rope_type", "type"}) {
     if (p.Has(key)) {
@@ -132,6 +142,10 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
     }
     ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
                      p.IntOr("original_max_position_embeddings", max_positions, 1, kMaxPositions));
+  } else if (type == "longrope") {
+    return absl::UnimplementedError(absl::StrCat(
+        sub_label, ": rope type \"longrope\" (Phi-3 long-context short/long factors) is not supported yet "
+        "(supported: default, linear, llama3); the short-context Phi-3 checkpoints have no rope scaling"));
   } else {
     return absl::UnimplementedError(absl::StrCat(sub_label, ": rope type \"", type,
                                                  "\" is not supported (supported: default, linear, llama3)"));
@@ -155,6 +169,24 @@ absl::StatusOr<std::vector<int64_t>> ParseIds(const Fields& f, const char* key, 
   return ids;
 }
 
+// `layer_types` (transformers >= 4.53), when present: one entry per layer, all "full_attention";
+// sliding-window layers mixed with full ones are not supported.
+absl::Status CheckFullAttentionLayers(const Fields& f, int64_t num_layers) {
+  if (!f.Has("layer_types")) return absl::OkStatus();
+  const json& v = f.obj().at("layer_types");
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != num_layers) {
+    return f.Error("layer_types", absl::StrCat("is not a list of ", num_layers, " layer types"));
+  }
+  for (const auto& e : v) {
+    if (!e.is_string()) return f.Error("layer_types", "is not a list of strings");
+    if (e.get<std::string>() != "full_attention") {
+      return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"layer_types\" has \"", e.get<std::string>(),
+                                                   "\"; only \"full_attention\" layers are supported"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
   MoeSpec& moe = spec->moe;
   if (spec->arch == Architecture::kMixtral) {
@@ -165,13 +197,25 @@ absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
     moe.sparse_layers.assign(static_cast<size_t>(spec->num_layers), true);
     return absl::OkStatus();
   }
-  // Qwen2-MoE.
-  ASSIGN_OR_RETURN(moe.num_experts, f.Int("num_experts", 1, 4096));
+  // Qwen2-MoE and Qwen3-MoE. transformers >= 5 writes Qwen3-MoE's `num_experts` as
+  // `num_local_experts`; the released checkpoints say `num_experts`.
+  const char* experts_key = "num_experts";
+  if (spec->arch == Architecture::kQwen3Moe && !f.Has("num_experts")) experts_key = "num_local_experts";
+  ASSIGN_OR_RETURN(moe.num_experts, f.Int(experts_key, 1, 4096));
+  if (spec->arch == Architecture::kQwen3Moe && f.Has("num_experts") && f.Has("num_local_experts")) {
+    ASSIGN_OR_RETURN(int64_t local, f.Int("num_local_experts", 1, 4096));
+    if (local != moe.num_experts) {
+      return f.Error("num_local_experts", absl::StrCat("(", local, ") disagrees with num_experts (", moe.num_experts,
+                                                       ")"));
+    }
+  }
   ASSIGN_OR_RETURN(moe.top_k, f.Int("num_experts_per_tok", 1, moe.num_experts));
   ASSIGN_OR_RETURN(moe.norm_topk_prob, f.BoolOr("norm_topk_prob", false));
   ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.Int("moe_intermediate_size", 1, kMaxDim));
-  ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size,
-                   f.IntOr("shared_expert_intermediate_size", 0, 0, kMaxDim));
+  if (spec->arch == Architecture::kQwen2Moe) {
+    ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size,
+                     f.IntOr("shared_expert_intermediate_size", 0, 0, kMaxDim));
+  }  // Qwen3-MoE has no shared expert (transformers ignores the field there too).
   ASSIGN_OR_RETURN(int64_t step, f.IntOr("decoder_sparse_step", 1, 1, spec->num_layers));
   std::vector<bool> dense_only(static_cast<size_t>(spec->num_layers), false);
   if (f.Has("mlp_only_layers")) {
@@ -257,6 +301,9 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kQwen2: return "Qwen2ForCausalLM";
     case Architecture::kMixtral: return "MixtralForCausalLM";
     case Architecture::kQwen2Moe: return "Qwen2MoeForCausalLM";
+    case Architecture::kQwen3: return "Qwen3ForCausalLM";
+    case Architecture::kQwen3Moe: return "Qwen3MoeForCausalLM";
+    case Architecture::kPhi3: return "Phi3ForCausalLM";
   }
   return "?";
 }
@@ -288,6 +335,7 @@ int64_t ModelSpec::NumParameters() const {
   SatInt attn = h * q + two * h * kv + q * h + two * h;  // projections + 2 norms
   if (qkv_bias) attn = attn + q + two * kv;
   if (o_bias) attn = attn + h;
+  if (qk_norm) attn = attn + two * SatInt{head_dim};  // per-head q and k RMSNorm weights
   SatInt total = SatInt{vocab_size} * h * SatInt{tie_word_embeddings ? 1 : 2} + h;
   for (int64_t l = 0; l < num_layers; ++l) {
     total = total + attn;
@@ -324,6 +372,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   }
   if (f.Has("head_dim")) {
     ASSIGN_OR_RETURN(s.head_dim, f.Int("head_dim", 2, 65536));
+  } else if (s.arch == Architecture::kQwen3) {
+    // transformers' Qwen3 defaults a missing head_dim to 128, not hidden / heads: no guessing.
+    return f.Error("head_dim", "is missing (Qwen3 configs state it)");
   } else {
     if (s.hidden_size % s.num_heads != 0) {
       return f.Error("hidden_size", "is not divisible by num_attention_heads and no head_dim is given");
@@ -367,6 +418,28 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       }
       break;
     }
+    case Architecture::kQwen3:
+    case Architecture::kQwen3Moe: {
+      // q/k/v and o share `attention_bias`; q and k are normalised per head.
+      ASSIGN_OR_RETURN(s.qkv_bias, f.BoolOr("attention_bias", false));
+      s.o_bias = s.qkv_bias;
+      s.qk_norm = true;
+      ASSIGN_OR_RETURN(bool use_sw, f.BoolOr("use_sliding_window", false));
+      if (use_sw) {
+        return absl::UnimplementedError(
+            absl::StrCat(label, ": use_sliding_window=true (per-layer sliding windows) is not supported"));
+      }
+      RETURN_IF_ERROR(CheckFullAttentionLayers(f, s.num_layers));
+      break;
+    }
+    case Architecture::kPhi3: {
+      // Fused checkpoint tensors; every layer attends within `sliding_window` when it is set.
+      s.fused_qkv = true;
+      s.fused_gate_up = true;
+      ASSIGN_OR_RETURN(s.sliding_window, f.IntOr("sliding_window", 0, 0, kMaxPositions));
+      if (s.sliding_window >= s.max_position_embeddings) s.sliding_window = 0;  // never reached
+      break;
+    }
     case Architecture::kMistral:
     case Architecture::kMixtral: {
       ASSIGN_OR_RETURN(s.sliding_window, f.IntOr("sliding_window", 0, 0, kMaxPositions));
@@ -374,7 +447,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       break;
     }
   }
-  if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe) {
+  if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe || s.arch == Architecture::kQwen3Moe) {
     RETURN_IF_ERROR(ParseMoe(f, &s));
   }
   if (f.Has("bos_token_id")) {

@@ -1,9 +1,10 @@
 // ModelSpec: the shape and semantics of a supported model, parsed from a Hugging Face
 // `config.json`. Everything downstream (weight loading, the planner, the engine) works from this
 // struct and never from JSON. Supported architectures: LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM. Anything else — another architecture,
-// an activation other than SiLU, an unsupported RoPE scaling type — is an error that names the
-// field, never a silently wrong model.
+// Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+// Phi3ForCausalLM. Anything else — another architecture (DeepSeek-V3, Llama-4, Gemma-2, ...), an
+// activation other than SiLU, an unsupported RoPE scaling type (longrope among them), a partial
+// rotary factor below 1 — is an error that names the field, never a silently wrong model.
 #ifndef SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 #define SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 
@@ -18,7 +19,7 @@
 
 namespace shardserve {
 
-enum class Architecture : uint8_t { kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe };
+enum class Architecture : uint8_t { kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3 };
 
 absl::string_view ArchitectureName(Architecture arch);
 
@@ -41,10 +42,11 @@ struct RopeSpec {
 struct MoeSpec {
   int64_t num_experts = 0;
   int64_t top_k = 0;
-  // Renormalise the top-k routing weights to sum to 1 (Mixtral always does; Qwen2-MoE per config).
+  // Renormalise the top-k routing weights to sum to 1 (Mixtral always does; Qwen2-MoE and
+  // Qwen3-MoE per config).
   bool norm_topk_prob = true;
   int64_t expert_intermediate_size = 0;
-  // Qwen2-MoE shared expert (0 = none) and its sigmoid gate [1, hidden].
+  // Qwen2-MoE shared expert (0 = none) and its sigmoid gate [1, hidden]. Qwen3-MoE has none.
   int64_t shared_expert_intermediate_size = 0;
   // Per layer: true when the layer's MLP is a sparse MoE block (false: dense MLP of width
   // ModelSpec::intermediate_size).
@@ -94,6 +96,14 @@ struct ModelSpec {
   bool qkv_bias = false;  // Qwen2 always; Llama with attention_bias
   bool o_bias = false;    // Llama with attention_bias
   bool mlp_bias = false;  // Llama with mlp_bias
+  // Qwen3 / Qwen3-MoE: q and k are RMS-normalised per head (weights `self_attn.q_norm` and
+  // `self_attn.k_norm`, [head_dim] each, eps rms_norm_eps) after their projections, before RoPE.
+  bool qk_norm = false;
+  // Phi-3: the checkpoint stores q/k/v as one `self_attn.qkv_proj` [(heads + 2 kv_heads) x
+  // head_dim, hidden] and gate/up as one `mlp.gate_up_proj` [2 x intermediate, hidden] (gate
+  // rows first). Only the checkpoint's layout differs; the loader slices them per rank.
+  bool fused_qkv = false;
+  bool fused_gate_up = false;
   // Keys at distance >= sliding_window from the query are masked (Mistral); 0 = no window.
   int64_t sliding_window = 0;
   int64_t bos_token_id = -1;           // -1 = none
@@ -116,7 +126,8 @@ struct ModelSpec {
 
 // Parses config.json text. InvalidArgument naming `label` and the offending field for malformed or
 // inconsistent values; Unimplemented for well-formed but unsupported models (architecture,
-// activation, rope type, Qwen2 sliding window). A `quantization_config` is InvalidArgument, naming
+// activation, rope type, partial_rotary_factor < 1, Qwen2/Qwen3 sliding windows or layer_types
+// other than "full_attention"). A `quantization_config` is InvalidArgument, naming
 // the field, unless it is fp8 as described at Fp8Quantization: another quant_method (gptq, awq,
 // bitsandbytes, compressed-tensors, fbgemm_fp8, ...), an `fmt` other than "e4m3" (e.g. "e5m2"), an
 // activation_scheme other than "dynamic"/"static", a weight_block_size that is not two positive

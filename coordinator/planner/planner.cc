@@ -45,6 +45,7 @@ Params CountParams(const ModelSpec& s) {
   int64_t attn = h * q + 2 * h * kv + q * h + 2 * h;
   if (s.qkv_bias) attn += q + 2 * kv;
   if (s.o_bias) attn += h;
+  if (s.qk_norm) attn += 2 * s.head_dim;  // Qwen3's per-head q/k norm weights
   const int64_t dense = 3 * h * s.intermediate_size + (s.mlp_bias ? 2 * s.intermediate_size + h : 0);
   const int64_t expert = 3 * h * s.moe.expert_intermediate_size;
   const int64_t shared =
@@ -101,6 +102,7 @@ TpFigures MakeTpFigures(const ModelSpec& s, int tp, const PlanPolicy& policy) {
   int64_t attn = 2 * h * kF32 + mat(q, h) + 2 * mat(kv, h) + mat(h, q);
   if (s.qkv_bias) attn += (q + 2 * kv) * kF32;
   if (s.o_bias) attn += h * kF32;  // rank 0 only
+  if (s.qk_norm) attn += 2 * d * kF32;  // replicated per-head q/k norm weights
   const int64_t ffn = s.intermediate_size / tp;
   const int64_t dense = 2 * mat(ffn, h) + mat(h, ffn) + (s.mlp_bias ? 2 * ffn + h : 0) * kF32;
   TpFigures f;

@@ -70,6 +70,54 @@ TEST(ModelSpecTest, GoldenConfigsHaveTheExpectedSemantics) {
   EXPECT_THAT(tensor.fp8->modules_not_converted, ElementsAre("lm_head"));  // from ignored_layers
 }
 
+TEST(ModelSpecTest, Qwen3AndPhi3GoldenConfigs) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec qwen3, LoadModelSpec("tests/golden/models/qwen3"));
+  EXPECT_EQ(qwen3.arch, Architecture::kQwen3);
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_FALSE(qwen3.qkv_bias);
+  EXPECT_FALSE(qwen3.o_bias);
+  EXPECT_EQ(qwen3.head_dim, 32);  // explicit, != 64 / 4
+  EXPECT_FALSE(qwen3.fused_qkv);
+  // Projections, two norms and the two [head_dim] q/k norms per layer.
+  EXPECT_EQ(qwen3.NumParameters(),
+            2 * (64 * 128 + 2 * 64 * 64 + 128 * 64 + 2 * 64 + 2 * 32 + 3 * 64 * 96) + 2 * 256 * 64 + 64);
+  ASSERT_OK_AND_ASSIGN(ModelSpec qmoe, LoadModelSpec("tests/golden/models/qwen3_moe"));
+  EXPECT_EQ(qmoe.arch, Architecture::kQwen3Moe);
+  EXPECT_TRUE(qmoe.qk_norm);
+  EXPECT_TRUE(qmoe.qkv_bias);
+  EXPECT_TRUE(qmoe.o_bias);
+  EXPECT_EQ(qmoe.moe.num_experts, 8);  // written as num_local_experts by transformers 5
+  EXPECT_EQ(qmoe.moe.top_k, 2);
+  EXPECT_TRUE(qmoe.moe.norm_topk_prob);
+  EXPECT_EQ(qmoe.moe.expert_intermediate_size, 16);
+  EXPECT_EQ(qmoe.moe.shared_expert_intermediate_size, 0);
+  EXPECT_THAT(qmoe.moe.sparse_layers, ElementsAre(true, false, true));
+  ASSERT_OK_AND_ASSIGN(ModelSpec phi3, LoadModelSpec("tests/golden/models/phi3"));
+  EXPECT_EQ(phi3.arch, Architecture::kPhi3);
+  EXPECT_TRUE(phi3.fused_qkv);
+  EXPECT_TRUE(phi3.fused_gate_up);
+  EXPECT_FALSE(phi3.qk_norm);
+  EXPECT_FALSE(phi3.qkv_bias);
+  EXPECT_EQ(phi3.sliding_window, 16);
+  EXPECT_EQ(phi3.rope.type, RopeType::kDefault);
+}
+
+TEST(ModelSpecTest, Qwen3MoeReleasedConfigsSayNumExperts) {
+  json c = LlamaConfig();
+  c["architectures"] = {"Qwen3MoeForCausalLM"};
+  c["num_experts"] = 16;
+  c["num_experts_per_tok"] = 4;
+  c["moe_intermediate_size"] = 32;
+  c["decoder_sparse_step"] = 2;
+  c["norm_topk_prob"] = true;
+  c["shared_expert_intermediate_size"] = 64;  // not a Qwen3-MoE field: no shared expert
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "config.json"));
+  EXPECT_EQ(s.moe.num_experts, 16);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 0);
+  EXPECT_THAT(s.moe.sparse_layers, ElementsAre(false, true));
+  EXPECT_EQ(s.head_dim, 16);  // Qwen3-MoE falls back to hidden / heads, as transformers does
+}
+
 TEST(ModelSpecTest, DeepSeekStyleFp8Config) {
   json c = LlamaConfig();
   c["torch_dtype"] = "bfloat16";
@@ -184,6 +232,63 @@ INSTANTIATE_TEST_SUITE_P(
                     c["use_sliding_window"] = true;
                   },
                   absl::StatusCode::kUnimplemented, "use_sliding_window"},
+        BadConfig{"Qwen3WithoutHeadDim", [](json& c) { c["architectures"] = {"Qwen3ForCausalLM"}; },
+                  absl::StatusCode::kInvalidArgument, "\"head_dim\" is missing"},
+        BadConfig{"Qwen3SlidingWindow",
+                  [](json& c) {
+                    c["architectures"] = {"Qwen3ForCausalLM"};
+                    c["head_dim"] = 16;
+                    c["use_sliding_window"] = true;
+                  },
+                  absl::StatusCode::kUnimplemented, "use_sliding_window"},
+        BadConfig{"Qwen3SlidingLayerType",
+                  [](json& c) {
+                    c["architectures"] = {"Qwen3ForCausalLM"};
+                    c["head_dim"] = 16;
+                    c["layer_types"] = {"full_attention", "sliding_attention"};
+                  },
+                  absl::StatusCode::kUnimplemented, "\"layer_types\" has \"sliding_attention\""},
+        BadConfig{"Qwen3LayerTypesTooShort",
+                  [](json& c) {
+                    c["architectures"] = {"Qwen3ForCausalLM"};
+                    c["head_dim"] = 16;
+                    c["layer_types"] = {"full_attention"};
+                  },
+                  absl::StatusCode::kInvalidArgument, "\"layer_types\" is not a list of 2 layer types"},
+        BadConfig{"Qwen3MoeExpertCountsDisagree",
+                  [](json& c) {
+                    c["architectures"] = {"Qwen3MoeForCausalLM"};
+                    c["num_experts"] = 8;
+                    c["num_local_experts"] = 4;
+                    c["num_experts_per_tok"] = 2;
+                    c["moe_intermediate_size"] = 16;
+                  },
+                  absl::StatusCode::kInvalidArgument, "\"num_local_experts\" (4) disagrees with num_experts (8)"},
+        BadConfig{"Qwen3MoeWithoutExpertWidth",
+                  [](json& c) {
+                    c["architectures"] = {"Qwen3MoeForCausalLM"};
+                    c["num_experts"] = 8;
+                    c["num_experts_per_tok"] = 2;
+                  },
+                  absl::StatusCode::kInvalidArgument, "\"moe_intermediate_size\" is missing"},
+        BadConfig{"Phi3LongRope",
+                  [](json& c) {
+                    c["architectures"] = {"Phi3ForCausalLM"};
+                    c["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
+                  },
+                  absl::StatusCode::kUnimplemented, "rope type \"longrope\""},
+        BadConfig{"PartialRotaryInRopeParameters",
+                  [](json& c) {
+                    c["architectures"] = {"Phi3ForCausalLM"};
+                    c["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.75}};
+                  },
+                  absl::StatusCode::kUnimplemented, "\"partial_rotary_factor\" is 0.75"},
+        BadConfig{"DeepSeekV3", [](json& c) { c["architectures"] = {"DeepseekV3ForCausalLM"}; },
+                  absl::StatusCode::kUnimplemented, "\"DeepseekV3ForCausalLM\" is not supported"},
+        BadConfig{"Llama4", [](json& c) { c["architectures"] = {"Llama4ForConditionalGeneration"}; },
+                  absl::StatusCode::kUnimplemented, "\"Llama4ForConditionalGeneration\" is not supported"},
+        BadConfig{"Gemma2", [](json& c) { c["architectures"] = {"Gemma2ForCausalLM"}; },
+                  absl::StatusCode::kUnimplemented, "\"Gemma2ForCausalLM\" is not supported"},
         BadConfig{"MixtralWithoutExperts", [](json& c) { c["architectures"] = {"MixtralForCausalLM"}; },
                   absl::StatusCode::kInvalidArgument, "num_local_experts"},
         BadConfig{"TopKAboveExperts",

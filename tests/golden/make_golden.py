@@ -57,10 +57,16 @@ from transformers import (
     MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -220,6 +226,65 @@ SPECS = [
         save_dtype=torch.bfloat16,
         max_shard_size="100KB",
     ),
+    # Added with issue 22 (new architectures). Appended, so the seeds of the models above are
+    # unchanged (they derive from the index in this list).
+    dict(
+        name="qwen3",
+        model_cls=Qwen3ForCausalLM,
+        config_cls=Qwen3Config,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,  # explicit, != hidden_size / num_attention_heads (16), as in Qwen3-0.6B
+            rms_norm_eps=1e-6,
+            attention_bias=False,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    dict(
+        name="qwen3_moe",
+        model_cls=Qwen3MoeForCausalLM,
+        config_cls=Qwen3MoeConfig,
+        config=dict(
+            intermediate_size=96,  # dense MLP of the mlp_only_layers
+            moe_intermediate_size=16,  # per routed expert
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rms_norm_eps=1e-6,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],  # layers 0 and 2 sparse, layer 1 dense
+            attention_bias=True,  # q, k, v and o biases together with the q/k norms
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    dict(
+        name="phi3",
+        model_cls=Phi3ForCausalLM,
+        config_cls=Phi3Config,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            sliding_window=16,  # reached by the 11-token prompt + 32 generated tokens
+            original_max_position_embeddings=MAX_POS,
+            pad_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+            tie_word_embeddings=False,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -242,7 +307,7 @@ def reinit_(model, seed, std_embed=STD_EMBED):
                 value = STD_BIAS * noise
             elif "embed_tokens" in name:
                 value = std_embed * noise
-            elif name.endswith("mlp.gate.weight"):  # MoE router (Mixtral and Qwen2-MoE)
+            elif name.endswith("mlp.gate.weight"):  # MoE router (Mixtral, Qwen2-MoE, Qwen3-MoE)
                 value = STD_ROUTER * noise
             elif name.endswith("shared_expert_gate.weight"):
                 value = STD_SHARED_GATE * noise

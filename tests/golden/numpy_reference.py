@@ -22,6 +22,13 @@ Semantics (transformers 5.23, eager attention):
   * Mixtral: softmax over all experts, top-k, renormalise the k weights.
   * Qwen2-MoE: softmax over all experts, top-k, renormalise only if
     norm_topk_prob; plus sigmoid(shared_expert_gate . x) * shared_expert(x).
+  * Qwen3 / Qwen3-MoE: q and k are RMS-normalised per head (q_norm, k_norm
+    weights [head_dim], eps rms_norm_eps) after the projections, before RoPE;
+    attention_bias puts a bias on q, k, v AND o. Qwen3-MoE routes like
+    Qwen2-MoE (norm_topk_prob, decoder_sparse_step, mlp_only_layers) with no
+    shared expert; config.json may call num_experts num_local_experts.
+  * Phi-3: qkv_proj is q, k, v stacked by rows (q first); gate_up_proj is gate
+    then up; sliding_window (when set) applies to every layer.
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -180,6 +187,8 @@ class Model:
         self.eps = c["rms_norm_eps"]
         self.L = c["num_hidden_layers"]
         rp, theta = rope_params(c)
+        if rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("partial_rotary_factor != 1 not implemented here")
         inv = 1.0 / theta ** (np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
         if rp["rope_type"] == "llama3":
             inv = llama3_inv_freq(inv, rp)
@@ -188,9 +197,9 @@ class Model:
         self.inv_freq = inv
         # sliding window per layer
         sw = c.get("sliding_window")
-        if self.arch in ("MistralForCausalLM", "MixtralForCausalLM"):
+        if self.arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
             self.windows = [sw] * self.L
-        else:  # Qwen2 / Qwen2-MoE: only with use_sliding_window, per layer_types
+        else:  # Qwen2 / Qwen2-MoE / Qwen3 / Qwen3-MoE: only with use_sliding_window, per layer_types
             types = c.get("layer_types") or ["full_attention"] * self.L
             use = c.get("use_sliding_window", False)
             self.windows = [sw if (use and t == "sliding_attention") else None for t in types]
@@ -211,13 +220,26 @@ class Model:
         rot = np.concatenate([-x[..., h:], x[..., :h]], -1)
         return x * cos + rot * sin
 
+    def qkv(self, x, p):
+        if self.arch == "Phi3ForCausalLM":
+            qkv = self.lin(x, p + ".qkv_proj")
+            nq, nk = self.nh * self.hd, self.nkv * self.hd
+            return qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
+        return self.lin(x, p + ".q_proj"), self.lin(x, p + ".k_proj"), self.lin(x, p + ".v_proj")
+
     def attention(self, x, l):
         p = f"model.layers.{l}.self_attn"
         T = x.shape[0]
         pos = np.arange(T, dtype=np.float64)
-        q = self.rope(self.lin(x, p + ".q_proj").reshape(T, self.nh, self.hd), pos)
-        k = self.rope(self.lin(x, p + ".k_proj").reshape(T, self.nkv, self.hd), pos)
-        v = self.lin(x, p + ".v_proj").reshape(T, self.nkv, self.hd)
+        q, k, v = self.qkv(x, p)
+        q = q.reshape(T, self.nh, self.hd)
+        k = k.reshape(T, self.nkv, self.hd)
+        v = v.reshape(T, self.nkv, self.hd)
+        if self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+            q = self.rms(q, p + ".q_norm")  # per head: the mean runs over head_dim
+            k = self.rms(k, p + ".k_norm")
+        q = self.rope(q, pos)
+        k = self.rope(k, pos)
         i = np.arange(T)[:, None]
         j = np.arange(T)[None, :]
         visible = j <= i
@@ -256,7 +278,17 @@ class Model:
                                  self.w[s + ".down_proj.weight"])
             g = x @ self.w[m + ".shared_expert_gate.weight"].T  # [T, 1]
             return y + shared / (1 + np.exp(-g))
+        if self.arch == "Qwen3MoeForCausalLM" and (p + ".mlp.gate.weight") in self.w:
+            m = p + ".mlp"
+            n_exp = c.get("num_experts", c.get("num_local_experts"))
+            return self.moe(x, m + ".gate.weight", n_exp, c["num_experts_per_tok"], c["norm_topk_prob"],
+                            lambda e: (m + f".experts.{e}.gate_proj.weight", m + f".experts.{e}.up_proj.weight",
+                                       m + f".experts.{e}.down_proj.weight"))
         m = p + ".mlp"
+        if self.arch == "Phi3ForCausalLM":
+            gu = self.w[m + ".gate_up_proj.weight"]
+            n = gu.shape[0] // 2
+            return self.swiglu(x, gu[:n], gu[n:], self.w[m + ".down_proj.weight"])
         return self.swiglu(x, self.w[m + ".gate_proj.weight"], self.w[m + ".up_proj.weight"],
                            self.w[m + ".down_proj.weight"])
 

@@ -562,6 +562,14 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   RETURN_IF_ERROR(linear(lw.q, normed, w.q.as<float>(), false));
   RETURN_IF_ERROR(linear(lw.k, normed, w.k.as<float>(), false));
   RETURN_IF_ERROR(linear(lw.v, normed, w.v.as<float>(), false));
+  if (spec_.qk_norm) {
+    // Qwen3: every head of q and k is RMS-normalised on its own before RoPE. The heads are
+    // contiguous rows of head_dim, so this is the RmsNorm op over tokens x heads rows.
+    RETURN_IF_ERROR(b.RmsNorm({.x = w.q.as<float>(), .weight = lw.q_norm.as<float>(), .y = w.q.as<float>(),
+                               .tokens = tokens * layout_.q_heads, .hidden = d, .eps = eps}));
+    RETURN_IF_ERROR(b.RmsNorm({.x = w.k.as<float>(), .weight = lw.k_norm.as<float>(), .y = w.k.as<float>(),
+                               .tokens = tokens * layout_.kv_heads, .hidden = d, .eps = eps}));
+  }
   RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
                           .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
                           .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));

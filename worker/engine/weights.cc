@@ -135,6 +135,17 @@ class Loader {
     ASSIGN_OR_RETURN(m.down, RowParallel(prefix + down, width, hidden, begin, end, bias, rank == 0));
     return m;
   }
+  // An MLP whose gate and up matrices are stored as one `<prefix>gate_up_proj` [2 x width, hidden]
+  // (gate rows first, Phi-3): this rank's gate rows [begin, end) and up rows width + [begin, end).
+  absl::StatusOr<MlpWeights> FusedMlp(const std::string& prefix, int64_t hidden, int64_t width, int64_t begin,
+                                      int64_t end, int rank) {
+    MlpWeights m;
+    const std::string fused = prefix + "gate_up_proj";
+    ASSIGN_OR_RETURN(m.gate, ColumnParallel(fused, hidden, 2 * width, begin, end, false));
+    ASSIGN_OR_RETURN(m.up, ColumnParallel(fused, hidden, 2 * width, width + begin, width + end, false));
+    ASSIGN_OR_RETURN(m.down, RowParallel(prefix + "down_proj", width, hidden, begin, end, false, rank == 0));
+    return m;
+  }
   // Rows [begin, end) followed by zero rows up to `rows` rows in all.
   absl::StatusOr<kernels::DeviceBuffer> PaddedRows(const std::string& name, const Shape& shape, int64_t begin,
                                                    int64_t end, int64_t rows, DType dtype = DType::kF32) {
@@ -312,15 +323,32 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     ASSIGN_OR_RETURN(lw.post_norm, ld.Full(p + "post_attention_layernorm.weight", {h}));
     const int64_t qb = layout.q_head_begin * d, qe = qb + layout.q_heads * d;
     const int64_t kb = layout.kv_head_begin * d, ke = kb + layout.kv_heads * d;
-    ASSIGN_OR_RETURN(lw.q, ld.ColumnParallel(p + "self_attn.q_proj", h, q_out, qb, qe, spec.qkv_bias));
-    ASSIGN_OR_RETURN(lw.k, ld.ColumnParallel(p + "self_attn.k_proj", h, kv_out, kb, ke, spec.qkv_bias));
-    ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(p + "self_attn.v_proj", h, kv_out, kb, ke, spec.qkv_bias));
+    if (spec.fused_qkv) {
+      // qkv_proj rows: q [0, q_out), k [q_out, q_out + kv_out), v [q_out + kv_out, q_out + 2 kv_out).
+      const std::string fused = p + "self_attn.qkv_proj";
+      const int64_t rows = q_out + 2 * kv_out;
+      ASSIGN_OR_RETURN(lw.q, ld.ColumnParallel(fused, h, rows, qb, qe, spec.qkv_bias));
+      ASSIGN_OR_RETURN(lw.k, ld.ColumnParallel(fused, h, rows, q_out + kb, q_out + ke, spec.qkv_bias));
+      ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(fused, h, rows, q_out + kv_out + kb, q_out + kv_out + ke, spec.qkv_bias));
+    } else {
+      ASSIGN_OR_RETURN(lw.q, ld.ColumnParallel(p + "self_attn.q_proj", h, q_out, qb, qe, spec.qkv_bias));
+      ASSIGN_OR_RETURN(lw.k, ld.ColumnParallel(p + "self_attn.k_proj", h, kv_out, kb, ke, spec.qkv_bias));
+      ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(p + "self_attn.v_proj", h, kv_out, kb, ke, spec.qkv_bias));
+    }
+    if (spec.qk_norm) {
+      ASSIGN_OR_RETURN(lw.q_norm, ld.Full(p + "self_attn.q_norm.weight", {d}));
+      ASSIGN_OR_RETURN(lw.k_norm, ld.Full(p + "self_attn.k_norm.weight", {d}));
+    }
     ASSIGN_OR_RETURN(lw.o, ld.RowParallel(p + "self_attn.o_proj", q_out, h, qb, qe, spec.o_bias, shard.rank == 0));
     lw.sparse = spec.IsSparseLayer(i);
     if (!lw.sparse) {
       const int64_t fb = layout.ffn * shard.rank;
-      ASSIGN_OR_RETURN(lw.mlp, ld.Mlp(p + "mlp.", "gate_proj", "up_proj", "down_proj", h, spec.intermediate_size, fb,
-                                      fb + layout.ffn, spec.mlp_bias, shard.rank));
+      if (spec.fused_gate_up) {
+        ASSIGN_OR_RETURN(lw.mlp, ld.FusedMlp(p + "mlp.", h, spec.intermediate_size, fb, fb + layout.ffn, shard.rank));
+      } else {
+        ASSIGN_OR_RETURN(lw.mlp, ld.Mlp(p + "mlp.", "gate_proj", "up_proj", "down_proj", h, spec.intermediate_size, fb,
+                                        fb + layout.ffn, spec.mlp_bias, shard.rank));
+      }
     } else {
       const std::string moe = p + (moe_mixtral ? "block_sparse_moe." : "mlp.");
       const int64_t e_count = spec.moe.num_experts;

@@ -1,7 +1,10 @@
 // The weights one rank holds for its part of a model, loaded from a safetensors checkpoint onto a
 // backend. Tensor-parallel slicing (Megatron): q/k/v and gate/up are split by output rows (whole
 // heads / FFN columns), o and down by input columns; norms, embeddings and the router are
-// replicated. Each rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
+// replicated, as are Qwen3's per-head q/k norms. Fused checkpoint tensors (Phi-3's qkv_proj and
+// gate_up_proj) are sliced into the same per-rank q/k/v and gate/up matrices as separate ones: a
+// rank reads its q rows, k rows and v rows (its gate rows and up rows) of the fused matrix. Each
+// rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
 // Matrices (and the embedding table) stored as bf16 or f16 keep their dtype on backends that
 // SupportsOp(kLinear / kEmbedding, dtype) (the round trip through f32 is exact); everything else,
 // and every other backend, holds f32. Matrices of an FP8 checkpoint (F8_E4M3 with scales, see
@@ -74,6 +77,8 @@ struct LayerWeights {
   kernels::DeviceBuffer input_norm;  // [hidden]
   kernels::DeviceBuffer post_norm;   // [hidden]
   LinearWeight q, k, v, o;
+  // ModelSpec::qk_norm: the per-head RMSNorm weights of q and k, [head_dim] each; else empty.
+  kernels::DeviceBuffer q_norm, k_norm;
   bool sparse = false;
   MlpWeights mlp;                    // dense layers
   LinearWeight router;               // sparse: [experts, hidden]

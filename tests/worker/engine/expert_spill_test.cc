@@ -131,7 +131,10 @@ INSTANTIATE_TEST_SUITE_P(
         SpillLayout{"qwen2_moe", 2, true, {{0, {0, 0, 0, R, R, R, R, 0}}}, "qwen2_moe_tp2_split_experts"},
         // mixtral: 2 layers, 4 experts, top-2.
         SpillLayout{"mixtral", 2, false, {{0, {1, R, R, 0}}, {1, {R, 0, 1, R}}}, "mixtral_tp2_both_layers"},
-        SpillLayout{"mixtral", 4, false, {{1, {3, R, 0, R}}}, "mixtral_tp4_two_ranks_without_experts"}),
+        SpillLayout{"mixtral", 4, false, {{1, {3, R, 0, R}}}, "mixtral_tp4_two_ranks_without_experts"},
+        // qwen3_moe: 3 layers, 0 and 2 MoE, 8 experts, top-2, renormalised, no shared expert.
+        SpillLayout{"qwen3_moe", 2, false, {{0, {0, R, 1, R, R, 0, R, 1}}, {2, {R, 1, 0, R, R, R, 1, R}}},
+                    "qwen3_moe_tp2_both_layers"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 // An expert host quantizes like the stages (--quantize reaches it in its assignment): int8 experts

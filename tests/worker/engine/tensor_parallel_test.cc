@@ -44,6 +44,8 @@ std::vector<Layout> Layouts() {
   out.push_back({"mixtral", 2, {1, 1, 1, 0}, false, "mixtral_tp2_experts_1110"});
   out.push_back({"mixtral", 4, {3, 2, 1, 0}, false, "mixtral_tp4_experts_reversed"});
   out.push_back({"qwen2_moe", 2, {0, 0, 0, 0, 0, 0, 0, 1}, false, "qwen2_moe_tp2_experts_7_1"});
+  out.push_back({"qwen3_moe", 2, {1, 0, 1, 0, 1, 0, 1, 0}, false, "qwen3_moe_tp2_experts_interleaved"});
+  out.push_back({"qwen3_moe", 2, {}, true, "qwen3_moe_tp2_split_experts"});
   return out;
 }
 
@@ -152,7 +154,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                          ::testing::Values(PipelineLayout{"llama", {0, 1, 2}, 1, "llama_pp2"},
                                            PipelineLayout{"llama_tied_llama3rope_bias", {0, 1, 2}, 2, "tied_pp2_tp2"},
                                            PipelineLayout{"qwen2_moe", {0, 1, 2, 3}, 1, "qwen2_moe_pp3"},
-                                           PipelineLayout{"mixtral", {0, 1, 2}, 2, "mixtral_pp2_tp2"}),
+                                           PipelineLayout{"mixtral", {0, 1, 2}, 2, "mixtral_pp2_tp2"},
+                                           PipelineLayout{"qwen3_moe", {0, 2, 3}, 2, "qwen3_moe_pp2_tp2"},
+                                           PipelineLayout{"phi3", {0, 1, 2}, 2, "phi3_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
