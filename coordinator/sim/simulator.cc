@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -60,8 +61,10 @@ struct RequestRecord {
 class Sink final : public SequenceSink {
  public:
   // `stopped`: set when the run stops; ends reported after that (Shutdown) are not recorded.
-  Sink(RequestRecord* record, const VirtualClock* clock, std::vector<double>* token_times, const bool* stopped)
-      : record_(record), clock_(clock), token_times_(token_times), stopped_(stopped) {}
+  // `on_end` (may be empty) runs after the end is recorded (a closed-loop client's next request).
+  Sink(RequestRecord* record, const VirtualClock* clock, std::vector<double>* token_times, const bool* stopped,
+       std::function<void()> on_end)
+      : record_(record), clock_(clock), token_times_(token_times), stopped_(stopped), on_end_(std::move(on_end)) {}
   void OnTokens(absl::Span<const int32_t> tokens) override {
     const double now = clock_->seconds();
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -79,6 +82,7 @@ class Sink final : public SequenceSink {
     if (*stopped_) return;
     record_->end = clock_->seconds();
     record_->ok = end.status.ok();
+    if (on_end_) on_end_();
   }
 
  private:
@@ -86,6 +90,7 @@ class Sink final : public SequenceSink {
   const VirtualClock* clock_;
   std::vector<double>* token_times_;
   const bool* stopped_;
+  std::function<void()> on_end_;
 };
 
 class Observer final : public SchedulerObserver {
@@ -267,17 +272,31 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
   std::vector<double> token_times;  // every generated token, in time order
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
   uint64_t order = 0;
-  for (size_t i = 0; i < workload.size(); ++i) {
-    records[i].arrival = workload[i].arrival_s;
-    events.push(Event{.t = workload[i].arrival_s, .order = order++, .kind = EventKind::kArrival,
-                      .index = static_cast<int64_t>(i)});
+  const bool closed = options.closed_loop_clients > 0;
+  size_t next_request = 0;  // closed loop: the next request a client sends
+  auto arrive = [&](size_t i, double t) {
+    records[i].arrival = t;
+    events.push(Event{.t = t, .order = order++, .kind = EventKind::kArrival, .index = static_cast<int64_t>(i)});
+  };
+  // Closed loop: a client whose request ended sends the next one at once.
+  auto next_of_client = [&]() {
+    if (next_request < workload.size()) arrive(next_request++, clock.seconds());
+  };
+  if (closed) {
+    while (next_request < std::min<size_t>(workload.size(), static_cast<size_t>(options.closed_loop_clients))) {
+      arrive(next_request++, 0.0);
+    }
+  } else {
+    for (size_t i = 0; i < workload.size(); ++i) arrive(i, workload[i].arrival_s);
   }
   for (size_t f = 0; f < options.faults.size(); ++f) {
     events.push(Event{.t = options.faults[f].at_s, .order = order++, .kind = EventKind::kFault,
                       .index = static_cast<int64_t>(f)});
   }
-  const double last_arrival = workload.back().arrival_s;
-  const double stop_at = options.max_time_s > 0 ? options.max_time_s : last_arrival * 10 + 600;
+  double last_arrival = closed ? 0.0 : workload.back().arrival_s;
+  const double stop_at = options.max_time_s > 0 ? options.max_time_s
+                         : closed               ? 1e9
+                                                : last_arrival * 10 + 600;
 
   bool stopped = false;
   double kv_use_sum = 0;
@@ -342,9 +361,13 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
         }
         req.max_tokens = w.output_tokens;
         req.ignore_eos = true;
-        absl::StatusOr<uint64_t> id =
-            scheduler.Submit(std::move(req), std::make_shared<Sink>(&rec, &clock, &token_times, &stopped));
-        if (!id.ok()) rec.rejected = true;
+        absl::StatusOr<uint64_t> id = scheduler.Submit(
+            std::move(req), std::make_shared<Sink>(&rec, &clock, &token_times, &stopped,
+                                                   closed ? std::function<void()>(next_of_client) : nullptr));
+        if (!id.ok()) {
+          rec.rejected = true;
+          if (closed) next_of_client();
+        }
         break;
       }
       case EventKind::kStepDone: {
@@ -399,6 +422,7 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
   }
   const double end_time = clock.seconds();
   stopped = true;
+  for (const RequestRecord& r : records) last_arrival = std::max(last_arrival, r.arrival);
   scheduler.Shutdown(absl::CancelledError("the simulation stopped"));
 
   // Totals.

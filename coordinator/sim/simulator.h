@@ -57,6 +57,10 @@ struct SimOptions {
   LinkProfile network;             // between workers and to the coordinator
   double hop_overhead_s = 100e-6;  // software cost of one stage hop (gRPC stream message)
   std::vector<SimFault> faults;
+  // Closed loop (as `shardserve bench --concurrency=N` without --rate): when > 0, the workload's
+  // arrival times are ignored; this many clients start at time 0 and each sends the next request
+  // of the workload as soon as its previous one has ended.
+  int32_t closed_loop_clients = 0;
   // Stop at this virtual time even if requests are left (0: when every request has ended, or at
   // 10 x the last arrival + 600 s, whichever comes first); unfinished requests are reported.
   double max_time_s = 0;

@@ -259,8 +259,13 @@ absl::Status SimulateCommand() {
     auto out = cli::ParseLengthRange(output.empty() ? absl::StrCat(absl::GetFlag(FLAGS_max_tokens)) : output,
                                      output.empty() ? "--max_tokens" : "--output_tokens");
     if (!out.ok()) return out.status();
-    if (absl::GetFlag(FLAGS_rate) <= 0) return absl::InvalidArgumentError("simulate needs --rate or --trace");
-    auto poisson = sim::MakePoissonWorkload({.rate = absl::GetFlag(FLAGS_rate),
+    const bool closed = absl::GetFlag(FLAGS_rate) <= 0;
+    if (closed && absl::GetFlag(FLAGS_requests) <= 0) {
+      return absl::InvalidArgumentError(
+          "simulate needs --rate (open loop), --trace, or --requests with --concurrency (closed loop)");
+    }
+    // Closed loop: the arrival times drawn here are ignored (SimOptions::closed_loop_clients).
+    auto poisson = sim::MakePoissonWorkload({.rate = closed ? 1.0 : absl::GetFlag(FLAGS_rate),
                                              .duration_s = absl::GetFlag(FLAGS_duration_s) > 0
                                                                ? absl::GetFlag(FLAGS_duration_s)
                                                                : 60.0,
@@ -283,6 +288,9 @@ absl::Status SimulateCommand() {
   o.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
   o.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
   o.max_queued = absl::GetFlag(FLAGS_max_queued);
+  if (absl::GetFlag(FLAGS_trace).empty() && absl::GetFlag(FLAGS_rate) <= 0) {
+    o.closed_loop_clients = std::max(1, absl::GetFlag(FLAGS_concurrency));
+  }
   auto gpu = sim::GpuProfile(absl::GetFlag(FLAGS_gpu));
   if (!gpu.ok()) return gpu.status();
   o.gpu = *gpu;
@@ -323,7 +331,8 @@ int main(int argc, char** argv) {
       "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]\n"
       "  bench    --server=HOST:PORT --concurrency N (--requests N | --duration_s S) [--rate R]\n"
       "           [--prompt_tokens N|MIN:MAX] [--shared_prefix_tokens N] [--max_tokens N | --output_tokens MIN:MAX] [--json]\n"
-      "  simulate --model=DIR --workers=n*4=cuda:8x80GiB (--rate R [--requests N | --duration_s S] | --trace FILE)\n"
+      "  simulate --model=DIR --workers=n*4=cuda:8x80GiB (--rate R [--requests N | --duration_s S] | --trace FILE |\n"
+      "           --concurrency N --requests N)\n"
       "           [--prompt_tokens --output_tokens] [--gpu h100] [--fail WORKER@S,...] [--sweep --slo ttft_p99=500ms] [--json]");
   if (argc < 2 || argv[1][0] == '-') {
     std::cerr << "usage: shardserve generate|status|plan|bench|simulate [flags] (--help for the flags)\n";

@@ -51,8 +51,11 @@ def main():
     assert s["best"] is not None and s["tried"], s
     best = min((c for c in s["tried"] if c["meets"]), key=lambda c: (c["workers"], c["devices"]))
     assert s["best"]["layout"] == f"tp={best['tp']} pp={best['pp']} replicas={best['replicas']}", (s["best"]["layout"], best)
+    # Closed loop: 4 clients, 40 requests.
+    c = json.loads(run(*base, "--concurrency=4", "--requests=40", "--json").stdout)
+    assert c["requests"] == 40 and c["completed"] == 40, c
     # Errors name the flag.
-    for args, want in ((["--rate=0"], "--rate or --trace"), (["--rate=1", "--gpu=v100"], "unknown GPU profile"),
+    for args, want in ((["--rate=0"], "--rate (open loop), --trace"), (["--rate=1", "--gpu=v100"], "unknown GPU profile"),
                        (["--rate=1", "--fail=n-1"], "WORKER@SECONDS"), (["--rate=1", "--sweep", "--slo=x=1"], "--slo")):
         p = run(*base, *args, ok=False)
         assert want in p.stderr, f"{want!r} not in: {p.stderr}"

@@ -200,6 +200,21 @@ TEST(SimulatorTest, TheSameSeedGivesTheSameResult) {
   EXPECT_NE(ResultToJson(a), ResultToJson(c));
 }
 
+TEST(SimulatorTest, ClosedLoopClientsSendBackToBack) {
+  const ModelSpec spec = SmallModel();
+  SimOptions o = H100Options();
+  o.closed_loop_clients = 1;
+  // Arrival times are ignored: one client sends each request when the previous one ends.
+  ASSERT_OK_AND_ASSIGN(SimResult one, Simulate(spec, {GpuWorker("a", 1)}, Poisson(1000, 10, 64, 16), o));
+  EXPECT_EQ(one.completed, 10);
+  EXPECT_NEAR(one.duration_s, 10 * one.e2e_s.mean, one.duration_s * 1e-6);
+  o.closed_loop_clients = 8;
+  ASSERT_OK_AND_ASSIGN(SimResult eight, Simulate(spec, {GpuWorker("a", 1)}, Poisson(1000, 80, 64, 16), o));
+  EXPECT_EQ(eight.completed, 80);
+  // Eight sequences share each memory-bound decode step: far more than 2x the tokens per second.
+  EXPECT_GT(eight.output_tokens_per_s, 4 * one.output_tokens_per_s);
+}
+
 TEST(SimulatorTest, PlannerErrorsComeThrough) {
   const ModelSpec spec = SmallModel();
   SimOptions o = H100Options();
