@@ -545,14 +545,24 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
     const int round = k / replicas, pos = k % replicas;
     groups[static_cast<size_t>(round % 2 == 0 ? pos : replicas - 1 - pos)].push_back(&eligible[static_cast<size_t>(k)]);
   }
+  // Partition every group first, the last dealt (the smallest workers) first: when a layout does
+  // not fit, it is usually the group of the smallest workers that fails, so the search over
+  // replica counts (MakePlan) rejects a layout after one partition instead of one per replica.
+  // The partitions do not depend on the order, so neither does the plan.
+  std::vector<std::vector<int64_t>> partitions(groups.size());
+  for (size_t g = groups.size(); g-- > 0;) {
+    std::sort(groups[g].begin(), groups[g].end(),
+              [](const Candidate* a, const Candidate* b) { return a->worker->worker_id < b->worker->worker_id; });
+    std::optional<std::vector<int64_t>> bounds = Partition(groups[g], spill);
+    if (!bounds.has_value()) return std::nullopt;
+    partitions[g] = *std::move(bounds);
+  }
   Plan plan;
   plan.max_seq_len = max_seq_len_;
   std::vector<std::vector<Draft>> drafts;
-  for (auto& group : groups) {
-    std::sort(group.begin(), group.end(),
-              [](const Candidate* a, const Candidate* b) { return a->worker->worker_id < b->worker->worker_id; });
-    std::optional<std::vector<int64_t>> bounds = Partition(group, spill);
-    if (!bounds.has_value()) return std::nullopt;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<const Candidate*>& group = groups[g];
+    const std::vector<int64_t>* bounds = &partitions[g];
     std::vector<Draft>& ds = drafts.emplace_back();
     Pipeline& pipeline = plan.replicas.emplace_back();
     for (size_t s = 0; s < group.size(); ++s) {

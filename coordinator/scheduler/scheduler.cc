@@ -52,6 +52,11 @@ struct Scheduler::Sequence {
   absl::Time last_token;
 };
 
+struct Scheduler::Batch {
+  StepInput input;
+  std::vector<SequenceId> members;  // per input sequence
+};
+
 struct Scheduler::Replica {
   int id = 0;
   int32_t max_slots = 0;
@@ -67,6 +72,8 @@ struct Scheduler::Replica {
   uint64_t last_step_id = 0;  // of the last micro-batch built
   uint64_t next_admitted = 1;
   std::vector<std::thread> threads;
+  // StepDriver::kCaller: the micro-batches begun and not yet ended, by step id.
+  std::map<uint64_t, Batch> open;
 };
 
 struct Scheduler::Event {
@@ -76,10 +83,6 @@ struct Scheduler::Event {
   std::optional<SequenceEnd> end;
 };
 
-struct Scheduler::Batch {
-  StepInput input;
-  std::vector<SequenceId> members;  // per input sequence
-};
 
 namespace {
 
@@ -118,7 +121,9 @@ absl::StatusOr<SequenceId> Scheduler::Submit(SequenceRequest request, std::share
 Scheduler::~Scheduler() { Shutdown(absl::UnavailableError("shutting down")); }
 
 absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> client, const ReplicaOptions& options) {
-  if (client == nullptr) return absl::InvalidArgumentError("replica client is null");
+  if (client == nullptr && options_.step_driver == StepDriver::kThreads) {
+    return absl::InvalidArgumentError("replica client is null");
+  }
   if (options.max_slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", options.max_slots));
   }
@@ -146,7 +151,9 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->pool = std::make_unique<BlockPool>(options.kv_blocks, options.kv_block_size, options.prefix_caching);
   Replica* raw = r.get();
   replicas_.emplace(replica, std::move(r));
-  for (int32_t t = 0; t < options.pipeline_depth; ++t) raw->threads.emplace_back([this, raw] { ReplicaLoop(raw); });
+  if (options_.step_driver == StepDriver::kThreads) {
+    for (int32_t t = 0; t < options.pipeline_depth; ++t) raw->threads.emplace_back([this, raw] { ReplicaLoop(raw); });
+  }
   LOG(INFO) << "scheduler: replica " << replica << " serving with " << options.kv_blocks << " KV blocks of "
             << options.kv_block_size << " tokens, at most " << options.max_slots << " sequences at once, "
             << options.pipeline_depth << " micro-batch(es) in flight, prefix caching "
@@ -560,6 +567,29 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
   }
 }
 
+Scheduler::Batch Scheduler::NextBatchLocked(Replica& r, std::vector<Event>& events) {
+  EndCancelledLocked(r, events);
+  AdmitLocked(r);
+  const size_t share = (r.running.size() + static_cast<size_t>(r.depth) - 1) / static_cast<size_t>(r.depth);
+  return BuildBatchLocked(r, std::max<size_t>(share, 1));
+}
+
+void Scheduler::FinishBatch(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out,
+                            absl::Duration took) {
+  std::vector<Event> events;
+  {
+    absl::MutexLock lock(&mu_);
+    ApplyLocked(r, batch, out, took, events);
+  }
+  Deliver(events);
+  {
+    absl::MutexLock lock(&mu_);
+    ReleaseLocked(batch);
+    EndCancelledLocked(r, events);
+  }
+  Deliver(events);
+}
+
 void Scheduler::ReplicaLoop(Replica* r) {
   while (true) {
     std::vector<Event> events;
@@ -569,28 +599,60 @@ void Scheduler::ReplicaLoop(Replica* r) {
       auto ready = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return r->stopping || HasWorkLocked(*r); };
       mu_.Await(absl::Condition(&ready));
       if (r->stopping) return;
-      EndCancelledLocked(*r, events);
-      AdmitLocked(*r);
-      const size_t share = (r->running.size() + static_cast<size_t>(r->depth) - 1) / static_cast<size_t>(r->depth);
-      batch = BuildBatchLocked(*r, std::max<size_t>(share, 1));
+      batch = NextBatchLocked(*r, events);
     }
     Deliver(events);
     if (batch.input.sequences.empty()) continue;
     const absl::Time step_start = clock_->Now();
     absl::StatusOr<StepOutput> out = r->client->Step(batch.input);
     const absl::Duration took = std::max(absl::ZeroDuration(), clock_->Now() - step_start);
-    {
-      absl::MutexLock lock(&mu_);
-      ApplyLocked(*r, batch, out, took, events);
-    }
-    Deliver(events);
-    {
-      absl::MutexLock lock(&mu_);
-      ReleaseLocked(batch);
-      EndCancelledLocked(*r, events);
-    }
-    Deliver(events);
+    FinishBatch(*r, batch, out, took);
   }
+}
+
+std::optional<StepInput> Scheduler::BeginStep(int replica) {
+  std::vector<Event> events;
+  std::optional<StepInput> result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (options_.step_driver != StepDriver::kCaller) return std::nullopt;
+    auto it = replicas_.find(replica);
+    if (it == replicas_.end() || it->second->stopping) return std::nullopt;
+    Replica& r = *it->second;
+    // A pass can build nothing (its only member preempted itself); the step loop would simply go
+    // round again, so try a few times before saying there is no work.
+    for (int attempt = 0; attempt < 4 && std::ssize(r.open) < r.depth && HasWorkLocked(r); ++attempt) {
+      Batch batch = NextBatchLocked(r, events);
+      if (batch.input.sequences.empty()) continue;
+      result = batch.input;
+      r.open.emplace(batch.input.step_id, std::move(batch));
+      break;
+    }
+  }
+  Deliver(events);
+  return result;
+}
+
+void Scheduler::EndStep(int replica, uint64_t step_id, const absl::StatusOr<StepOutput>& out, absl::Duration took) {
+  Replica* r = nullptr;
+  Batch batch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (options_.step_driver != StepDriver::kCaller) return;
+    auto it = replicas_.find(replica);
+    if (it == replicas_.end() || it->second->stopping) return;
+    auto b = it->second->open.find(step_id);
+    if (b == it->second->open.end()) return;
+    r = it->second.get();
+    batch = std::move(b->second);
+    it->second->open.erase(b);
+  }
+  FinishBatch(*r, batch, out, took);
+}
+
+void Scheduler::CloseOpenBatchesLocked(Replica& r) {
+  for (const auto& [step_id, batch] : r.open) ReleaseLocked(batch);
+  r.open.clear();
 }
 
 void Scheduler::Deliver(std::vector<Event>& events) {
@@ -612,12 +674,13 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
     r->stopping = true;
   }
   LOG(WARNING) << "scheduler: removing replica " << replica << ": " << reason;
-  r->client->Shutdown();
+  if (r->client != nullptr) r->client->Shutdown();
   for (std::thread& t : r->threads) t.join();
   std::vector<Event> events;
   std::unique_ptr<Replica> owned;
   {
     absl::MutexLock lock(&mu_);
+    CloseOpenBatchesLocked(*r);
     // Newest first, each to the front of a waiting queue: the oldest ends up first in line.
     while (!r->running.empty()) {
       Sequence& s = *r->running.back();
@@ -662,7 +725,9 @@ void Scheduler::Shutdown(const absl::Status& reason) {
       stopping.push_back(r.get());
     }
   }
-  for (Replica* r : stopping) r->client->Shutdown();
+  for (Replica* r : stopping) {
+    if (r->client != nullptr) r->client->Shutdown();
+  }
   for (Replica* r : stopping) {
     for (std::thread& t : r->threads) t.join();
   }
@@ -671,6 +736,7 @@ void Scheduler::Shutdown(const absl::Status& reason) {
   {
     absl::MutexLock lock(&mu_);
     for (Replica* r : stopping) {
+      CloseOpenBatchesLocked(*r);
       while (!r->running.empty()) EndLocked(*r->running.front(), SequenceEnd{.status = reason}, events);
       while (!r->waiting.empty()) EndLocked(*r->waiting.front(), SequenceEnd{.status = reason}, events);
       owned.push_back(std::move(replicas_[r->id]));

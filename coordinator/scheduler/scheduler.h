@@ -61,6 +61,15 @@
 // caller (the public API's stream reactors) and released after their OnEnd. Sink calls are made
 // with no scheduler lock held (see SequenceSink).
 //
+// ---- Who runs the step loops ------------------------------------------------------------------
+// With StepDriver::kThreads (production) the loop above runs on pipeline_depth threads per replica
+// that call ReplicaClient::Step. With StepDriver::kCaller the scheduler starts no threads: the
+// caller runs each replica's loop by hand, BeginStep (steps 1-3) then EndStep (step 5) per
+// micro-batch, at most pipeline_depth of them open per replica. Everything else (admission,
+// batching, preemption, prefix caching, stop conditions, failover) is the same code. This is how a
+// discrete-event simulation drives the real scheduler on virtual time (coordinator/sim): its
+// clock is an injected Clock, and the order of events is the caller's, so runs are reproducible.
+//
 // Thread-safety: all public methods are thread-safe.
 #ifndef SHARDSERVE_COORDINATOR_SCHEDULER_SCHEDULER_H_
 #define SHARDSERVE_COORDINATOR_SCHEDULER_SCHEDULER_H_
@@ -69,6 +78,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -86,6 +96,12 @@
 
 namespace shardserve::coordinator {
 
+// Who runs the replicas' step loops (see "Who runs the step loops" above).
+enum class StepDriver : uint8_t {
+  kThreads,  // pipeline_depth threads per replica call ReplicaClient::Step
+  kCaller,   // no threads; the caller calls BeginStep / EndStep
+};
+
 struct SchedulerOptions {
   RequestLimits limits;               // vocab_size >= 1, max_seq_len >= 2
   int64_t max_step_tokens = 256;      // tokens per micro-batch over all sequences, >= 1
@@ -93,6 +109,7 @@ struct SchedulerOptions {
   std::vector<int32_t> eos_token_ids;  // the model's EOS ids (stop unless ignore_eos)
   SchedulerObserver* observer = nullptr;  // borrowed, may be null; must outlive the scheduler
   const Clock* clock = nullptr;           // borrowed; null = RealClock
+  StepDriver step_driver = StepDriver::kThreads;
   // InvalidArgument naming the field when a value is out of range.
   absl::Status Validate() const;
 };
@@ -138,9 +155,11 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Starts serving on a replica: takes ownership of `client` and starts its step loops.
+  // Starts serving on a replica: takes ownership of `client` and starts its step loops (none with
+  // StepDriver::kCaller, where `client` may be null: it is only ever Shutdown).
   // AlreadyExists for a replica id in use; InvalidArgument for max_slots < 1, pipeline_depth < 1,
-  // kv_blocks or kv_block_size out of range, or a null client; FailedPrecondition after Shutdown.
+  // kv_blocks or kv_block_size out of range, or a null client with kThreads; FailedPrecondition
+  // after Shutdown.
   absl::Status AddReplica(int replica, std::unique_ptr<ReplicaClient> client, const ReplicaOptions& options);
 
   // Stops serving on a replica (its worker failed or died): interrupts its step in flight
@@ -176,6 +195,21 @@ class Scheduler {
   // interrupted) and are joined. Idempotent. Must not be called from a sink.
   void Shutdown(const absl::Status& reason);
 
+  // ---- StepDriver::kCaller only (FailedPrecondition / nullopt / no-op with kThreads) ----------
+  // Builds the next micro-batch of `replica` as one pass of its step loop would now (steps 1-3:
+  // ends its cancelled sequences, admits waiting ones, builds a batch of at most
+  // ceil(running / pipeline_depth) sequences), when fewer than pipeline_depth of its micro-batches
+  // are open (begun and not ended) and it has work. nullopt when it has none, when pipeline_depth
+  // are open, or for an unknown or removed replica. The sink calls of ended sequences are made on
+  // the calling thread. The caller runs the batch and reports its answer with EndStep.
+  std::optional<StepInput> BeginStep(int replica);
+  // Applies the answer to the open micro-batch `step_id` of `replica` as the step loop does after
+  // ReplicaClient::Step returns (step 5: tokens, stop conditions, failover of its sequences when
+  // `out` is Unavailable); `took` is what the observer reports as its duration. Sink calls are
+  // made on the calling thread. A no-op for an unknown replica or step (e.g. the replica was
+  // removed: RemoveReplica and Shutdown close its open micro-batches, whose answers are dropped).
+  void EndStep(int replica, uint64_t step_id, const absl::StatusOr<StepOutput>& out, absl::Duration took);
+
   SchedulerStats Stats() const;
   const SchedulerOptions& options() const { return options_; }
 
@@ -187,6 +221,13 @@ class Scheduler {
 
   absl::StatusOr<SequenceId> SubmitImpl(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
   void ReplicaLoop(Replica* replica);
+  // Steps 1-3 of the loop: ends cancelled sequences, admits, builds the next micro-batch.
+  Batch NextBatchLocked(Replica& r, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 5: applies the answer, delivers its sink calls, releases the batch, ends the cancelled.
+  void FinishBatch(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out, absl::Duration took)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // With kCaller: releases the replica's open micro-batches (RemoveReplica, Shutdown).
+  void CloseOpenBatchesLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkLocked(const Replica& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the batch's sequences that are still running as no longer in flight.
   void ReleaseLocked(const Batch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

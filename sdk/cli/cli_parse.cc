@@ -1,5 +1,7 @@
 #include "sdk/cli/cli_parse.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -29,14 +31,42 @@ absl::StatusOr<std::vector<WorkerInventory>> ParseWorkers(absl::string_view text
     }
     auto size = ParseByteSize(count_size[1]);
     if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat(hint, ": ", size.status().message()));
-    WorkerInventory w;
-    w.worker_id = std::string(name_rest[0]);
-    w.node_name = w.worker_id;
-    for (int d = 0; d < count; ++d) w.devices.push_back({.kind = kind, .index = d, .total_bytes = *size, .free_bytes = *size});
-    workers.push_back(std::move(w));
+    absl::string_view name = name_rest[0];
+    int repeat = 0;  // 0: one worker named NAME
+    if (const size_t star = name.rfind('*'); star != absl::string_view::npos) {
+      if (star == 0 || !absl::SimpleAtoi(name.substr(star + 1), &repeat) || repeat < 1 || repeat > 100000) {
+        return absl::InvalidArgumentError(absl::StrCat(hint, ": NAME*N needs N in [1, 100000]"));
+      }
+      name = name.substr(0, star);
+    }
+    for (int i = 0; i < std::max(repeat, 1); ++i) {
+      WorkerInventory w;
+      w.worker_id = repeat > 0 ? absl::StrCat(name, "-", i) : std::string(name);
+      w.node_name = w.worker_id;
+      for (int d = 0; d < count; ++d) {
+        w.devices.push_back({.kind = kind, .index = d, .total_bytes = *size, .free_bytes = *size});
+      }
+      workers.push_back(std::move(w));
+    }
   }
   if (workers.empty()) return absl::InvalidArgumentError("--workers lists no worker");
   return workers;
+}
+
+absl::StatusOr<std::vector<FaultSpec>> ParseFaults(absl::string_view text) {
+  std::vector<FaultSpec> faults;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    const std::vector<absl::string_view> parts = absl::StrSplit(entry, absl::MaxSplits('@', 1));
+    FaultSpec f;
+    if (parts.size() != 2 || parts[0].empty() || !absl::SimpleAtod(parts[1], &f.at_s) || !(f.at_s >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--fail: \"", entry, "\" is not WORKER@SECONDS (e.g. node-3@30)"));
+    }
+    f.worker = std::string(parts[0]);
+    faults.push_back(std::move(f));
+  }
+  return faults;
 }
 
 }  // namespace shardserve::cli

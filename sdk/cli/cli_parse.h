@@ -13,10 +13,19 @@
 
 namespace shardserve::cli {
 
-// A hypothetical inventory for `shardserve plan`: comma-separated NAME=KIND:COUNTxSIZE entries,
-// e.g. "node-a=cuda:8x80GiB,node-b=cpu:2x16GiB". Each entry is one worker with COUNT devices of
-// SIZE bytes each (all free).
+// A hypothetical inventory for `shardserve plan` and `shardserve simulate`: comma-separated
+// NAME=KIND:COUNTxSIZE entries, e.g. "node-a=cuda:8x80GiB,node-b=cpu:2x16GiB". Each entry is one
+// worker with COUNT devices of SIZE bytes each (all free). NAME*N=... stands for N such workers
+// named NAME-0 .. NAME-(N-1) (N in [1, 100000]), e.g. "h100*16=cuda:8x80GiB".
 absl::StatusOr<std::vector<WorkerInventory>> ParseWorkers(absl::string_view text);
+
+struct FaultSpec {
+  std::string worker;
+  double at_s = 0;
+};
+
+// `shardserve simulate --fail`: comma-separated WORKER@SECONDS entries (seconds >= 0).
+absl::StatusOr<std::vector<FaultSpec>> ParseFaults(absl::string_view text);
 
 }  // namespace shardserve::cli
 

@@ -6,6 +6,7 @@
 //   (generate, status, bench: --tls_ca_file, --tls_cert_file/--tls_key_file, --bearer_token_file)
 //   shardserve plan     --model=DIR --workers=a=cpu:2x8GiB,b=cpu:2x8GiB [--tp --pp --replicas]
 //   shardserve bench    --server=HOST:PORT --concurrency 16 --requests 200 --max_tokens 64 [--json]
+//   shardserve simulate --model=DIR --workers=n*4=cuda:8x80GiB --rate=100 [--fail=n-0@30] [--sweep --slo=...]
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -22,9 +23,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/flags/parse.h"
+#include "common/log/log.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/sim/device_profile.h"
+#include "coordinator/sim/report.h"
+#include "coordinator/sim/simulator.h"
+#include "coordinator/sim/sweep.h"
+#include "coordinator/sim/workload.h"
 #include "sdk/cli/bench.h"
 #include "sdk/cli/cli_parse.h"
 #include "shardserve/client.h"
@@ -62,7 +69,26 @@ ABSL_FLAG(int32_t, prompt_vocab, 256, "bench: prompt ids are drawn from [1, prom
 ABSL_FLAG(int32_t, shared_prefix_tokens, 0,
           "bench: tokens every prompt starts with (the same for all requests and runs, like a system prompt), "
           "before its own --prompt_tokens");
-ABSL_FLAG(bool, json, false, "bench: print the summary as one JSON object instead of a table");
+ABSL_FLAG(bool, json, false, "bench, simulate: print the summary as one JSON object instead of a table");
+ABSL_FLAG(std::string, trace, "", "simulate: workload file, one 'ARRIVAL_SECONDS PROMPT_TOKENS OUTPUT_TOKENS' per line");
+ABSL_FLAG(std::string, fail, "", "simulate: worker failures as WORKER@SECONDS,...");
+ABSL_FLAG(bool, sweep, false, "simulate: try layouts and print the cheapest that meets --slo");
+ABSL_FLAG(std::string, slo, "", "simulate --sweep: bounds, e.g. ttft_p99=500ms,itl_p99=50ms,e2e_p99=20s");
+ABSL_FLAG(int32_t, max_pp, 8, "simulate --sweep: largest pipeline depth to try");
+ABSL_FLAG(std::string, gpu, "h100", "simulate: device profile of CUDA workers (h100, h200, a100, l40s)");
+ABSL_FLAG(std::string, network, "ib", "simulate: link between workers (ib, eth, loopback)");
+ABSL_FLAG(double, hop_overhead_us, 100, "simulate: software cost of one stage hop, microseconds");
+ABSL_FLAG(double, cpu_bandwidth_gbs, 30, "simulate: CPU workers' read bandwidth per rank, GB/s (measure it: shardserve-bench-sim)");
+ABSL_FLAG(double, cpu_gflops, 110, "simulate: CPU workers' GEMM rate per rank, GFLOP/s");
+ABSL_FLAG(double, cpu_layer_overhead_us, 20, "simulate: CPU fixed cost per layer, microseconds");
+ABSL_FLAG(double, cpu_step_overhead_us, 300, "simulate: CPU fixed cost per step and stage, microseconds");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "simulate: fraction of each GPU's memory the worker offers the planner (as shardserve-worker)");
+ABSL_FLAG(int32_t, max_slots, 256, "simulate: running sequences per replica (shardserve-coordinator --max_slots)");
+ABSL_FLAG(int32_t, kv_block_size, 16, "simulate: tokens per KV cache block");
+ABSL_FLAG(int32_t, max_step_tokens, 2048, "simulate: tokens per micro-batch (prefill chunk budget)");
+ABSL_FLAG(int32_t, pipeline_depth, 0, "simulate: micro-batches in flight per replica; 0 = its stage count");
+ABSL_FLAG(int64_t, max_queued, 100000, "simulate: waiting requests over all replicas before refusing more");
 
 namespace shardserve {
 namespace {
@@ -203,23 +229,118 @@ absl::Status PlanCommand() {
   return absl::OkStatus();
 }
 
+absl::Status SimulateCommand() {
+  // The real scheduler logs every replica it adds and every sequence that fails over; in a
+  // simulation those are results (reported below), not news: keep stderr for errors.
+  FLAGS_minloglevel = google::GLOG_ERROR;
+  if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("simulate needs --model");
+  auto spec = LoadModelSpec(absl::GetFlag(FLAGS_model));
+  if (!spec.ok()) return spec.status();
+  auto workers = cli::ParseWorkers(absl::GetFlag(FLAGS_workers));
+  if (!workers.ok()) return workers.status();
+  // What a GPU worker offers the planner: its memory less what --gpu_memory_utilization keeps back.
+  const double util = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  if (!(util > 0 && util <= 1)) return absl::InvalidArgumentError("--gpu_memory_utilization must be in (0, 1]");
+  for (WorkerInventory& w : *workers) {
+    for (Device& d : w.devices) {
+      if (d.kind == DeviceKind::kCuda) d.free_bytes = static_cast<int64_t>(static_cast<double>(d.total_bytes) * util);
+    }
+  }
+  // The workload.
+  std::vector<sim::SimRequest> workload;
+  if (!absl::GetFlag(FLAGS_trace).empty()) {
+    auto text = ReadFlagFile(absl::GetFlag(FLAGS_trace), "trace");
+    if (!text.ok()) return text.status();
+    auto trace = sim::ParseTrace(*text);
+    if (!trace.ok()) return trace.status();
+    workload = *std::move(trace);
+  } else {
+    auto prompt = cli::ParseLengthRange(absl::GetFlag(FLAGS_prompt_tokens), "--prompt_tokens");
+    if (!prompt.ok()) return prompt.status();
+    const std::string output = absl::GetFlag(FLAGS_output_tokens);
+    auto out = cli::ParseLengthRange(output.empty() ? absl::StrCat(absl::GetFlag(FLAGS_max_tokens)) : output,
+                                     output.empty() ? "--max_tokens" : "--output_tokens");
+    if (!out.ok()) return out.status();
+    const bool closed = absl::GetFlag(FLAGS_rate) <= 0;
+    if (closed && absl::GetFlag(FLAGS_requests) <= 0) {
+      return absl::InvalidArgumentError(
+          "simulate needs --rate (open loop), --trace, or --requests with --concurrency (closed loop)");
+    }
+    // Closed loop: the arrival times drawn here are ignored (SimOptions::closed_loop_clients).
+    auto poisson = sim::MakePoissonWorkload({.rate = closed ? 1.0 : absl::GetFlag(FLAGS_rate),
+                                             .duration_s = absl::GetFlag(FLAGS_duration_s) > 0
+                                                               ? absl::GetFlag(FLAGS_duration_s)
+                                                               : 60.0,
+                                             .requests = absl::GetFlag(FLAGS_requests),
+                                             .prompt_tokens = {prompt->min, prompt->max},
+                                             .output_tokens = {out->min, out->max},
+                                             .seed = absl::GetFlag(FLAGS_seed) == 0 ? 1 : absl::GetFlag(FLAGS_seed)});
+    if (!poisson.ok()) return poisson.status();
+    workload = *std::move(poisson);
+  }
+  if (workload.empty()) return absl::InvalidArgumentError("the workload has no requests");
+  // The simulated cluster.
+  sim::SimOptions o;
+  o.policy.tp = absl::GetFlag(FLAGS_tp);
+  o.policy.pp = absl::GetFlag(FLAGS_pp);
+  o.policy.replicas = absl::GetFlag(FLAGS_replicas);
+  o.policy.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  o.max_slots = absl::GetFlag(FLAGS_max_slots);
+  o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  o.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
+  o.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
+  o.max_queued = absl::GetFlag(FLAGS_max_queued);
+  if (absl::GetFlag(FLAGS_trace).empty() && absl::GetFlag(FLAGS_rate) <= 0) {
+    o.closed_loop_clients = std::max(1, absl::GetFlag(FLAGS_concurrency));
+  }
+  auto gpu = sim::GpuProfile(absl::GetFlag(FLAGS_gpu));
+  if (!gpu.ok()) return gpu.status();
+  o.gpu = *gpu;
+  auto network = sim::NetworkProfile(absl::GetFlag(FLAGS_network));
+  if (!network.ok()) return network.status();
+  o.network = *network;
+  o.hop_overhead_s = absl::GetFlag(FLAGS_hop_overhead_us) * 1e-6;
+  o.cpu = sim::CpuProfile(absl::GetFlag(FLAGS_cpu_bandwidth_gbs) * 1e9, absl::GetFlag(FLAGS_cpu_gflops) * 1e9,
+                          absl::GetFlag(FLAGS_cpu_layer_overhead_us) * 1e-6,
+                          absl::GetFlag(FLAGS_cpu_step_overhead_us) * 1e-6);
+  auto faults = cli::ParseFaults(absl::GetFlag(FLAGS_fail));
+  if (!faults.ok()) return faults.status();
+  for (const cli::FaultSpec& f : *faults) o.faults.push_back({.worker = f.worker, .at_s = f.at_s});
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (absl::GetFlag(FLAGS_sweep)) {
+    auto slo = sim::ParseSlo(absl::GetFlag(FLAGS_slo));
+    if (!slo.ok()) return slo.status();
+    auto sweep = sim::Sweep(*spec, *workers, workload, o, *slo, {.max_pp = absl::GetFlag(FLAGS_max_pp)});
+    if (!sweep.ok()) return sweep.status();
+    std::cout << (json ? sim::SweepToJson(*sweep, *slo) + "\n" : sim::SweepToTable(*sweep, *slo)) << std::flush;
+    return absl::OkStatus();
+  }
+  auto result = sim::Simulate(*spec, *workers, workload, o);
+  if (!result.ok()) return result.status();
+  std::cout << (json ? sim::ResultToJson(*result) + "\n" : sim::ResultToTable(*result)) << std::flush;
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace shardserve
 
 int main(int argc, char** argv) {
   shardserve::SetProgramUsage(
-      "shardserve generate|status|plan|bench [flags]\n"
+      "shardserve generate|status|plan|bench|simulate [flags]\n"
       "  generate --server=HOST:PORT --prompt \"TEXT\" --max_tokens N --temperature 0\n"
       "  status   --server=HOST:PORT\n"
       "  (generate, status, bench: --tls_ca_file=PEM [--tls_cert_file --tls_key_file] --bearer_token_file=FILE)\n"
       "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]\n"
       "  bench    --server=HOST:PORT --concurrency N (--requests N | --duration_s S) [--rate R]\n"
-      "           [--prompt_tokens N|MIN:MAX] [--shared_prefix_tokens N] [--max_tokens N | --output_tokens MIN:MAX] [--json]");
+      "           [--prompt_tokens N|MIN:MAX] [--shared_prefix_tokens N] [--max_tokens N | --output_tokens MIN:MAX] [--json]\n"
+      "  simulate --model=DIR --workers=n*4=cuda:8x80GiB (--rate R [--requests N | --duration_s S] | --trace FILE |\n"
+      "           --concurrency N --requests N)\n"
+      "           [--prompt_tokens --output_tokens] [--gpu h100] [--fail WORKER@S,...] [--sweep --slo ttft_p99=500ms] [--json]");
   if (argc >= 2 && std::string_view(argv[1]).starts_with("--help")) {
     absl::ParseCommandLine(argc, argv);  // prints the usage and the flags, and exits
   }
   if (argc < 2 || argv[1][0] == '-') {
-    std::cerr << "usage: shardserve generate|status|plan|bench [flags] (--help for the flags)\n";
+    std::cerr << "usage: shardserve generate|status|plan|bench|simulate [flags] (--help for the flags)\n";
     return 2;
   }
   const std::string command = argv[1];
@@ -235,8 +356,9 @@ int main(int argc, char** argv) {
   else if (command == "status") st = shardserve::StatusCommand();
   else if (command == "plan") st = shardserve::PlanCommand();
   else if (command == "bench") st = shardserve::BenchCommand();
+  else if (command == "simulate") st = shardserve::SimulateCommand();
   else {
-    std::cerr << "shardserve: unknown command \"" << command << "\" (generate, status, plan, bench)\n";
+    std::cerr << "shardserve: unknown command \"" << command << "\" (generate, status, plan, bench, simulate)\n";
     return 2;
   }
   if (!st.ok()) {

@@ -28,9 +28,11 @@ def rules(src, inc):
         return "common/ uses gRPC only in status/grpc_* and security/grpc_security"
     if src.startswith("sdk/cpp/") and ours(inc) and not inc.startswith("shardserve/"):
         return "the C++ client library (sdk/cpp) depends on the generated protocol code only"
-    if src.startswith("sdk/") and (inc.startswith("worker/") or
-                                   (inc.startswith("coordinator/") and not inc.startswith("coordinator/planner/"))):
-        return "sdk/ may use proto, common/ and the pure planner only"
+    # The CLI's offline commands may also use the simulator (coordinator/sim: the planner and the
+    # scheduler on virtual time, no gRPC) for `shardserve simulate`.
+    offline = inc.startswith("coordinator/planner/") or (src.startswith("sdk/cli/") and inc.startswith("coordinator/sim/"))
+    if src.startswith("sdk/") and (inc.startswith("worker/") or (inc.startswith("coordinator/") and not offline)):
+        return "sdk/ may use proto, common/ and the pure planner only (the CLI also the simulator)"
     if top == "worker" and inc.startswith("coordinator/"):
         return "worker/ never includes coordinator/"
     if top == "coordinator" and inc.startswith("worker/"):

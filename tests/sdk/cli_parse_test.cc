@@ -30,5 +30,27 @@ TEST(CliParseTest, BadWorkersNameTheEntry) {
   EXPECT_THAT(ParseWorkers("a=cpu:2x1QB"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown unit")));
 }
 
+TEST(CliParseTest, ARepeatedEntryNamesEachWorker) {
+  ASSERT_OK_AND_ASSIGN(auto workers, ParseWorkers("h100*3=cuda:8x80GiB,small=cuda:4x24GiB"));
+  ASSERT_EQ(workers.size(), 4u);
+  EXPECT_EQ(workers[0].worker_id, "h100-0");
+  EXPECT_EQ(workers[2].worker_id, "h100-2");
+  EXPECT_EQ(workers[2].node_name, "h100-2");
+  EXPECT_EQ(workers[3].worker_id, "small");
+  EXPECT_EQ(workers[3].devices.size(), 4u);
+  EXPECT_THAT(ParseWorkers("a*0=cpu:1x1GiB"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NAME*N")));
+  EXPECT_THAT(ParseWorkers("*2=cpu:1x1GiB"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NAME*N")));
+}
+
+TEST(CliParseTest, FaultsAreWorkerAtSeconds) {
+  ASSERT_OK_AND_ASSIGN(auto faults, ParseFaults("node-3@30, b@1.5"));
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].worker, "node-3");
+  EXPECT_DOUBLE_EQ(faults[0].at_s, 30);
+  EXPECT_DOUBLE_EQ(faults[1].at_s, 1.5);
+  EXPECT_THAT(ParseFaults("b"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("WORKER@SECONDS")));
+  EXPECT_THAT(ParseFaults("b@-1"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("WORKER@SECONDS")));
+}
+
 }  // namespace
 }  // namespace shardserve::cli

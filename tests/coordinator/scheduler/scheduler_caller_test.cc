@@ -1,0 +1,119 @@
+// The scheduler driven by its caller (StepDriver::kCaller): no threads; BeginStep builds the
+// micro-batches a step loop would, at most pipeline_depth open per replica, and EndStep applies
+// their answers on the calling thread. The simulator (coordinator/sim) drives it this way.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "coordinator/scheduler/scheduler.h"
+#include "tests/testing/fake_clock.h"
+
+namespace shardserve::coordinator {
+namespace {
+
+class RecordingSink final : public SequenceSink {
+ public:
+  void OnTokens(absl::Span<const int32_t> t) override { tokens.insert(tokens.end(), t.begin(), t.end()); }
+  void OnEnd(const SequenceEnd& e) override { end = e; }
+  std::vector<int32_t> tokens;
+  std::optional<SequenceEnd> end;
+};
+
+SchedulerOptions CallerOptions(const Clock* clock) {
+  SchedulerOptions o;
+  o.limits = {.vocab_size = 100, .max_seq_len = 64};
+  o.clock = clock;
+  o.step_driver = StepDriver::kCaller;
+  return o;
+}
+
+SequenceRequest Request(int32_t max_tokens) {
+  return SequenceRequest{.prompt = {1, 2, 3}, .max_tokens = max_tokens, .ignore_eos = true};
+}
+
+StepOutput Answer(const StepInput& in, int32_t token) {
+  StepOutput out;
+  for (const auto& s : in.sequences) {
+    if (s.sample) out.token_ids.push_back(token);
+  }
+  return out;
+}
+
+TEST(SchedulerCallerTest, RunsTheStepsTheCallerDrives) {
+  testing::FakeClock clock;
+  Scheduler scheduler(CallerOptions(&clock));
+  ASSERT_TRUE(scheduler.AddReplica(0, nullptr, {.max_slots = 4, .pipeline_depth = 1, .kv_blocks = 16}).ok());
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(scheduler.Submit(Request(2), sink).ok());
+  std::optional<StepInput> prefill = scheduler.BeginStep(0);
+  ASSERT_TRUE(prefill.has_value());
+  ASSERT_EQ(prefill->sequences.size(), 1u);
+  EXPECT_EQ(prefill->sequences[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
+  // pipeline_depth = 1: nothing more until it ends.
+  EXPECT_FALSE(scheduler.BeginStep(0).has_value());
+  scheduler.EndStep(0, prefill->step_id, Answer(*prefill, 7), absl::Milliseconds(5));
+  EXPECT_EQ(sink->tokens, (std::vector<int32_t>{7}));
+  std::optional<StepInput> decode = scheduler.BeginStep(0);
+  ASSERT_TRUE(decode.has_value());
+  EXPECT_EQ(decode->sequences[0].token_ids, (std::vector<int32_t>{7}));
+  scheduler.EndStep(0, decode->step_id, Answer(*decode, 8), absl::Milliseconds(5));
+  EXPECT_EQ(sink->tokens, (std::vector<int32_t>{7, 8}));
+  ASSERT_TRUE(sink->end.has_value());
+  EXPECT_TRUE(sink->end->status.ok());
+  EXPECT_EQ(sink->end->reason, FinishReason::kLength);
+  EXPECT_FALSE(scheduler.BeginStep(0).has_value());  // no work left
+  EXPECT_EQ(scheduler.Stats().replicas[0].kv_blocks_used, 0);
+}
+
+TEST(SchedulerCallerTest, KeepsPipelineDepthMicroBatchesOpen) {
+  testing::FakeClock clock;
+  Scheduler scheduler(CallerOptions(&clock));
+  ASSERT_TRUE(scheduler.AddReplica(0, nullptr, {.max_slots = 4, .pipeline_depth = 2, .kv_blocks = 16}).ok());
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i < 4; ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    ASSERT_TRUE(scheduler.Submit(Request(3), sinks.back()).ok());
+  }
+  std::optional<StepInput> a = scheduler.BeginStep(0);
+  std::optional<StepInput> b = scheduler.BeginStep(0);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(a->sequences.size(), 2u);  // ceil(4 running / depth 2)
+  EXPECT_EQ(b->sequences.size(), 2u);
+  EXPECT_FALSE(scheduler.BeginStep(0).has_value());
+  // Answers may come back in any order; an unknown step id is ignored.
+  scheduler.EndStep(0, 999, StepOutput{}, absl::ZeroDuration());
+  scheduler.EndStep(0, b->step_id, Answer(*b, 5), absl::ZeroDuration());
+  EXPECT_TRUE(scheduler.BeginStep(0).has_value());
+}
+
+TEST(SchedulerCallerTest, RemovingAReplicaFailsItsOpenMicroBatchesOver) {
+  testing::FakeClock clock;
+  Scheduler scheduler(CallerOptions(&clock));
+  ASSERT_TRUE(scheduler.AddReplica(0, nullptr, {.max_slots = 4, .pipeline_depth = 1, .kv_blocks = 16}).ok());
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(scheduler.Submit(Request(2), sink).ok());
+  ASSERT_TRUE(scheduler.AddReplica(1, nullptr, {.max_slots = 4, .pipeline_depth = 1, .kv_blocks = 16}).ok());
+  std::optional<StepInput> open = scheduler.BeginStep(0);
+  ASSERT_TRUE(open.has_value());
+  scheduler.RemoveReplica(0, absl::UnavailableError("worker died"));
+  scheduler.EndStep(0, open->step_id, Answer(*open, 7), absl::ZeroDuration());  // dropped
+  EXPECT_TRUE(sink->tokens.empty());
+  EXPECT_FALSE(sink->end.has_value());
+  std::optional<StepInput> again = scheduler.BeginStep(1);  // recomputed on replica 1
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->sequences[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
+}
+
+TEST(SchedulerCallerTest, ThreadDrivenSchedulersRefuseBeginStep) {
+  SchedulerOptions o;
+  o.limits = {.vocab_size = 100, .max_seq_len = 64};
+  Scheduler scheduler(o);
+  EXPECT_FALSE(scheduler.AddReplica(0, nullptr, {.kv_blocks = 16}).ok());  // kThreads needs a client
+  EXPECT_FALSE(scheduler.BeginStep(0).has_value());
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator
