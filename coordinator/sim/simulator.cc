@@ -65,7 +65,7 @@ class Sink final : public SequenceSink {
   Sink(RequestRecord* record, const VirtualClock* clock, std::vector<double>* token_times, const bool* stopped,
        std::function<void()> on_end)
       : record_(record), clock_(clock), token_times_(token_times), stopped_(stopped), on_end_(std::move(on_end)) {}
-  void OnTokens(absl::Span<const int32_t> tokens) override {
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const coordinator::TokenLogprobs> /*logprobs*/) override {
     const double now = clock_->seconds();
     for (size_t i = 0; i < tokens.size(); ++i) {
       if (!record_->first_token.has_value()) {

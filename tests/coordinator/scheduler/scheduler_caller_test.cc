@@ -16,7 +16,9 @@ namespace {
 
 class RecordingSink final : public SequenceSink {
  public:
-  void OnTokens(absl::Span<const int32_t> t) override { tokens.insert(tokens.end(), t.begin(), t.end()); }
+  void OnTokens(absl::Span<const int32_t> t, absl::Span<const TokenLogprobs> /*logprobs*/) override {
+    tokens.insert(tokens.end(), t.begin(), t.end());
+  }
   void OnEnd(const SequenceEnd& e) override { end = e; }
   std::vector<int32_t> tokens;
   std::optional<SequenceEnd> end;
