@@ -160,8 +160,11 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
     }
     v1::StepResponse response = std::move(read_);
     read_.Clear();
-    StartRead(&read_);
+    // Answer before reading on: the next answer's reaction may run on another thread as soon as the
+    // read is started, and upstream must see the answers in the order the next stage gave them.
+    // (Inside this reaction the call cannot end, so `done` runs with the link alive.)
     done(std::move(response));
+    StartRead(&read_);
   }
 
   void OnDone(const grpc::Status& status) override {
