@@ -7,11 +7,10 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/scheduler/sequence.h"
 
 namespace shardserve::coordinator::http {
 namespace {
-
-constexpr int64_t kMaxTopLogprobs = 20;  // as the engine's (worker/engine/sampling.h)
 
 using Json = nlohmann::ordered_json;
 constexpr absl::string_view kParamPayload = "type.shardserve/openai.param";

@@ -22,6 +22,7 @@
 #include "common/status/macros.h"
 #include "common/tensor/dtype.h"
 #include "common/tokenizer/tokenizer.h"
+#include "tests/testing/safetensors_file.h"
 #include "worker/engine/executor.h"
 
 ABSL_FLAG(std::string, model, "../shared/models/stories260K", "model directory (f32 or bf16 safetensors + tokenizer)");
@@ -50,28 +51,19 @@ std::string ReadFile(const std::string& path) {
 // with its dtype said to be bfloat16.
 absl::Status WriteBf16Copy(const std::string& src, const Checkpoint& ckpt, const std::string& dir) {
   std::filesystem::create_directories(dir);
-  std::string header = "{";
-  std::vector<std::vector<uint16_t>> data;
-  size_t offset = 0;
+  std::vector<testing::StoredTensor> tensors;
   for (const std::string& name : ckpt.Names()) {
     ASSIGN_OR_RETURN(const SafetensorsEntry* e, ckpt.Find(name));
     ASSIGN_OR_RETURN(HostTensor t, ckpt.Read(name, e->shape));
-    std::vector<uint16_t> bits(static_cast<size_t>(t.size()));
-    for (size_t i = 0; i < bits.size(); ++i) bits[i] = FloatToBFloat16(t.data()[i]);
-    std::string shape;
-    for (int64_t d : e->shape) absl::StrAppend(&shape, shape.empty() ? "" : ",", d);
-    absl::StrAppend(&header, header.size() > 1 ? "," : "", "\"", name, "\":{\"dtype\":\"BF16\",\"shape\":[", shape,
-                    "],\"data_offsets\":[", offset, ",", offset + bits.size() * 2, "]}");
-    offset += bits.size() * 2;
-    data.push_back(std::move(bits));
+    std::string bytes(static_cast<size_t>(t.size()) * 2, '\0');
+    for (int64_t i = 0; i < t.size(); ++i) {
+      const uint16_t b = FloatToBFloat16(t.data()[i]);
+      std::memcpy(bytes.data() + 2 * i, &b, 2);
+    }
+    tensors.push_back({.name = name, .dtype = "BF16", .shape = e->shape, .bytes = std::move(bytes)});
   }
-  header += "}";
-  while (header.size() % 8 != 0) header += ' ';
   std::ofstream out(dir + "/model.safetensors", std::ios::binary);
-  const uint64_t n = header.size();
-  out.write(reinterpret_cast<const char*>(&n), sizeof(n));
-  out << header;
-  for (const auto& bits : data) out.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(bits.size() * 2));
+  out << testing::SafetensorsFile(tensors);
   std::ofstream(dir + "/config.json") << absl::StrReplaceAll(ReadFile(src + "/config.json"),
                                                              {{"\"float32\"", "\"bfloat16\""}});
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", dir, "/model.safetensors"));
