@@ -3,7 +3,7 @@
 # NVIDIA driver, CUDA and Python but none of our Debian libraries and no package registry:
 #   bash tests/gpu/bundle.sh [OUT_DIR]          (default OUT_DIR: gpu-bundle at the repository root)
 # OUT_DIR then holds:
-#   run.sh suite.py README.md   the runner (tests/gpu/run.sh) and its helper
+#   run.sh env.sh profile.sh suite.py kernels.py README.md   the runner, its library setup, the profiler and helpers
 #   bin/       the daemons and tools, shardserve-bench-gpu
 #   tests/     every test binary labelled gpu (found through ctest -L gpu)
 #   lib.tar.xz their shared libraries except glibc's and NVIDIA's (packed: OpenBLAS and ICU data
@@ -54,8 +54,8 @@ for b in "${BINS[@]}"; do
 done
 for t in "${TESTS[@]}"; do cp "$t" "$OUT/tests/"; done
 strip --strip-unneeded "$OUT"/bin/* "$OUT"/tests/*
-cp "$ROOT/tests/gpu/run.sh" "$ROOT/tests/gpu/suite.py" "$ROOT/tests/gpu/README.md" "$OUT/"
-chmod +x "$OUT/run.sh" "$OUT/suite.py"
+cp "$ROOT"/tests/gpu/{run.sh,env.sh,profile.sh,suite.py,kernels.py,README.md} "$OUT/"
+chmod +x "$OUT"/{run.sh,profile.sh,suite.py,kernels.py}
 
 # Shared libraries: everything ldd resolves except the glibc family (the machine's own) and the
 # NVIDIA/CUDA libraries (the machine's driver, toolkit and pip packages provide those).

@@ -9,6 +9,8 @@ benchmark outputs; run.sh end to end on a fake bundle (stand-in binaries, no GPU
 skips and the report is written); with --bench, that the benchmark skips cleanly without a device.
 """
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -51,9 +53,47 @@ def gtest_doc(results):
     return {"tests": len(cases), "testsuites": [{"name": "S", "testsuite": cases}]}
 
 
+class KernelTimes(unittest.TestCase):
+    """kernels.py on a made-up ncu raw CSV: steps split at the embedding kernel, runs grouped."""
+
+    def test_steps_and_runs(self):
+        sys.path.insert(0, HERE)
+        import kernels  # noqa: E402
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "ncu.csv")
+            rows = ['"==PROF== Connected to process"',
+                    '"ID","Kernel Name","Grid Size","Block Size","gpu__time_duration.sum"',
+                    '"","","","","nsecond"']
+            seq = [("EmbeddingKernel", 1000), ("void ns::Gemv16Kernel<(DType)2, true>(const float *)", 5000),
+                   ("ns::Gemv16Kernel<(DType)2, true>(const float *)", 7000)]
+            i = 0
+            for _ in range(3):
+                for name, ns in seq:
+                    rows.append(f'"{i}","{name}","(1, 1, 1)","(128, 1, 1)","{ns:,}"')
+                    i += 1
+            rows.append(f'"{i}","EmbeddingKernel","(1, 1, 1)","(128, 1, 1)","2000"')
+            with open(path, "w") as f:
+                f.write("\n".join(rows) + "\n")
+            ks = kernels.read_kernels(path)
+            self.assertEqual(len(ks), 10)
+            self.assertAlmostEqual(ks[1][3], 5.0)
+            self.assertEqual(kernels.short(ks[1][0]), "Gemv16Kernel")
+            steps = kernels.split_steps(ks)
+            self.assertEqual([len(s) for s in steps], [3, 3, 3, 1])
+            out = os.path.join(d, "k.json")
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(kernels.main([path, "--json", out]), 0)
+            with open(out) as f:
+                runs = json.load(f)["runs"]
+            self.assertEqual([r["steps"] for r in runs], [3, 1])
+            self.assertAlmostEqual(runs[0]["median_us_per_step"], 13.0)
+            self.assertEqual(runs[0]["top"][0], {"kernel": "Gemv16Kernel", "count": 2, "us": 12.0,
+                                                 "grid": "(1, 1, 1)", "block": "(128, 1, 1)"})
+
+
 class Scripts(unittest.TestCase):
     def test_bash_syntax(self):
-        for name in ("bundle.sh", "run.sh"):
+        for name in ("bundle.sh", "run.sh", "env.sh", "profile.sh"):
             p = subprocess.run(["bash", "-n", os.path.join(HERE, name)], capture_output=True, text=True)
             self.assertEqual(p.returncode, 0, f"{name}: {p.stderr}")
 
@@ -168,7 +208,7 @@ class RunShOnAFakeBundle(unittest.TestCase):
         bundle = os.path.join(d, "bundle")
         for sub in ("bin", "tests", "root/tests/testing", "shared/models"):
             os.makedirs(os.path.join(bundle, sub))
-        for name in ("run.sh", "suite.py"):
+        for name in ("run.sh", "env.sh", "suite.py"):
             shutil.copy(os.path.join(HERE, name), bundle)
         fake_test = """#!/bin/bash
 for a in "$@"; do case "$a" in --gtest_output=json:*) out="${a#--gtest_output=json:}";; esac; done

@@ -202,6 +202,12 @@ std::vector<size_t> TpExecutor::WeightBytesPerRank() const {
   return bytes;
 }
 
+int64_t TpExecutor::GraphReplays() const {
+  int64_t replays = 0;
+  for (const auto& rank : ranks_) replays += rank->model->graph_replays();
+  return replays;
+}
+
 std::vector<size_t> TpExecutor::KvCacheBytesPerRank() const {
   std::vector<size_t> bytes;
   for (const auto& rank : ranks_) bytes.push_back(rank->model->kv_cache_bytes());

@@ -53,6 +53,8 @@ class TpExecutor final : public StepRunner {
   std::vector<size_t> WeightBytesPerRank() const;
   // Device bytes of KV cache held by each rank.
   std::vector<size_t> KvCacheBytesPerRank() const;
+  // Steps that ran as a replayed op graph, summed over ranks (read between steps).
+  int64_t GraphReplays() const;
 
  private:
   struct Rank;

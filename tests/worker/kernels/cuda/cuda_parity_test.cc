@@ -295,7 +295,10 @@ TEST_F(CudaParityTest, ReserveSizesTheScratchAndOpsBeyondItStillRun) {
 TEST_F(CudaParityTest, OpsWithoutWeightsTakeOnlyF32) {
   EXPECT_TRUE(backend(kGpu).SupportsOp(Op::kRmsNorm, DType::kF32));
   EXPECT_FALSE(backend(kGpu).SupportsOp(Op::kRmsNorm, DType::kBF16));
-  EXPECT_FALSE(backend(kGpu).SupportsOp(Op::kAttention, DType::kF16));
+  EXPECT_FALSE(backend(kGpu).SupportsOp(Op::kSiluMul, DType::kF16));
+  // Attention's dtype is its KV cache's, which may be 16-bit.
+  EXPECT_TRUE(backend(kGpu).SupportsOp(Op::kAttention, DType::kBF16));
+  EXPECT_FALSE(backend(kGpu).SupportsOp(Op::kAttention, DType::kQ8));
 }
 
 TEST_F(CudaParityTest, RmsNormInPlaceAndOutOfPlace) {
