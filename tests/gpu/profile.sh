@@ -27,7 +27,7 @@ FLAGS=("$@")
 ((${#FLAGS[@]})) || FLAGS=(--models=llama --tokens=8 --batch=8 --prefill=128 --copy_mib=64)
 say "== $NCU on shardserve-bench-gpu ${FLAGS[*]}"
 (cd "$BUNDLE/root" && timeout -k 10 "${SHARDSERVE_PROFILE_TIMEOUT_S:-300}" "$NCU" --csv --page raw \
-  --metrics gpu__time_duration.sum --log-file "$WORK/ncu.log" \
+  --metrics gpu__time_duration.sum \
   "$BUNDLE/bin/shardserve-bench-gpu" --json --scratch="$WORK/models" "${FLAGS[@]}" >"$WORK/out.txt" 2>"$WORK/err.txt")
 rc=$?
 # ncu writes the table to stdout after the program's own output: split the two.
@@ -39,7 +39,8 @@ table = [l for l in lines if l.startswith('"')]
 open(sys.argv[2], "w").write((bench[-1] if bench else "{}") + "\n")
 open(sys.argv[3], "w").write("\n".join(table) + "\n")
 PY
-tail -5 "$WORK/err.txt" "$WORK/ncu.log" 2>/dev/null
+grep -v '^[{"]' "$WORK/out.txt" | tail -5
+tail -5 "$WORK/err.txt"
 python3 "$BUNDLE/kernels.py" "$DEST/ncu.csv" --json "$DEST/kernels.json" | tee "$DEST/kernels.txt"
 say "== ncu exited $rc"
 exit "$rc"

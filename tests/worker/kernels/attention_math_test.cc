@@ -26,9 +26,13 @@ std::vector<float> Random(size_t n, uint32_t seed, float lo, float hi) {
   return v;
 }
 
-// One query head over keys [lo, pos] of contiguous k, v ([keys, d]), computed as the kernel does.
+constexpr int kLanes = 32;  // keys per chunk in the chunked kernel (one per lane)
+
+// One query head over keys [lo, pos] of contiguous k, v ([keys, d]), computed as the kernel does:
+// per key (each warp takes every kWarps-th key) or `chunked` (each warp takes every kWarps-th
+// chunk of kLanes keys, scores them at once and updates its state once per chunk).
 std::vector<float> SplitAttention(const float* q, const float* k, const float* v, int d, long long lo, long long pos,
-                                  int splits, float scale) {
+                                  int splits, float scale, bool chunked) {
   std::vector<float> split_states(static_cast<size_t>(splits) * static_cast<size_t>(d + 2));  // acc, m, l
   for (int sp = 0; sp < splits; ++sp) {
     long long kb = 0, ke = 0;
@@ -37,7 +41,27 @@ std::vector<float> SplitAttention(const float* q, const float* k, const float* v
     std::vector<float> warp_acc(static_cast<size_t>(kWarps * d), 0.f);
     for (int w = 0; w < kWarps; ++w) {
       float m = -INFINITY, l = 0.f;
-      for (long long j = kb + w; j < ke; j += kWarps) {
+      for (long long c = kb + w * kLanes; chunked && c < ke; c += kWarps * kLanes) {
+        const long long n = std::min<long long>(kLanes, ke - c);
+        float scores[kLanes];
+        float chunk_max = -INFINITY;
+        for (long long j = 0; j < n; ++j) {
+          float dot = 0.f;
+          for (int e = 0; e < d; ++e) dot += q[e] * k[(c + j) * d + e];
+          scores[j] = dot * scale;
+          chunk_max = std::max(chunk_max, scores[j]);
+        }
+        const float rescale = SoftmaxChunkRescale(chunk_max, &m, l);
+        float sum = 0.f;
+        for (int e = 0; e < d; ++e) warp_acc[w * d + e] *= rescale;
+        for (long long j = 0; j < n; ++j) {
+          const float weight = std::exp(scores[j] - m);
+          sum += weight;
+          for (int e = 0; e < d; ++e) warp_acc[w * d + e] += weight * v[(c + j) * d + e];
+        }
+        l = l * rescale + sum;
+      }
+      for (long long j = kb + w; !chunked && j < ke; j += kWarps) {
         float dot = 0.f;
         for (int e = 0; e < d; ++e) dot += q[e] * k[j * d + e];
         float rescale = 0.f, weight = 0.f;
@@ -72,6 +96,7 @@ std::vector<float> SplitAttention(const float* q, const float* k, const float* v
 
 struct Case {
   int keys, splits, window;
+  bool chunked;
 };
 
 class AttentionMathTest : public ::testing::TestWithParam<Case> {};
@@ -88,7 +113,7 @@ TEST_P(AttentionMathTest, SplitAndMergedStatesEqualTheCpuBackend) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const long long pos = c.keys - 1;
   const long long lo = c.window > 0 ? std::max<long long>(0, pos - c.window + 1) : 0;
-  const std::vector<float> got = SplitAttention(q.data(), k.data(), v.data(), d, lo, pos, c.splits, scale);
+  const std::vector<float> got = SplitAttention(q.data(), k.data(), v.data(), d, lo, pos, c.splits, scale, c.chunked);
 
   auto cpu = CreateBackend({});
   ASSERT_TRUE(cpu.ok());
@@ -113,15 +138,21 @@ TEST_P(AttentionMathTest, SplitAndMergedStatesEqualTheCpuBackend) {
   for (int e = 0; e < d; ++e) EXPECT_NEAR(got[e], want[e], 1e-5f * max_ref + 1e-7f) << "element " << e;
 }
 
-// More splits than keys (empty splits), one key, windows, and long rows.
-INSTANTIATE_TEST_SUITE_P(Splits, AttentionMathTest,
-                         ::testing::Values(Case{1, 1, 0}, Case{1, 4, 0}, Case{3, 8, 0}, Case{5, 2, 0},
-                                           Case{128, 1, 0}, Case{129, 2, 0}, Case{1000, 8, 0}, Case{1000, 32, 0},
-                                           Case{2047, 16, 300}, Case{700, 5, 64}),
-                         [](const auto& test_info) {
-                           return "keys" + std::to_string(test_info.param.keys) + "_splits" +
-                                  std::to_string(test_info.param.splits) + "_window" + std::to_string(test_info.param.window);
-                         });
+// More splits than keys (empty splits), one key, windows, and long rows; per key and chunked
+// (partial chunks, empty warps, several chunks per warp).
+INSTANTIATE_TEST_SUITE_P(
+    Splits, AttentionMathTest,
+    ::testing::Values(Case{1, 1, 0, false}, Case{1, 4, 0, false}, Case{3, 8, 0, false}, Case{5, 2, 0, false},
+                      Case{128, 1, 0, false}, Case{129, 2, 0, false}, Case{1000, 8, 0, false},
+                      Case{1000, 32, 0, false}, Case{2047, 16, 300, false}, Case{700, 5, 64, false},
+                      Case{1, 1, 0, true}, Case{3, 8, 0, true}, Case{33, 1, 0, true}, Case{129, 2, 0, true},
+                      Case{1000, 1, 0, true}, Case{1000, 8, 0, true}, Case{2047, 16, 300, true},
+                      Case{700, 5, 64, true}),
+    [](const auto& test_info) {
+      return std::string(test_info.param.chunked ? "chunked_" : "per_key_") + "keys" +
+             std::to_string(test_info.param.keys) + "_splits" + std::to_string(test_info.param.splits) + "_window" +
+             std::to_string(test_info.param.window);
+    });
 
 TEST(SplitKeysTest, SplitsCoverTheRowOnceInOrder) {
   for (long long lo : {0LL, 7LL}) {

@@ -46,10 +46,57 @@ struct Shape {
   int heads_per_block, head_blocks, splits;
 };
 
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// How a warp walks its keys.
+enum class KeyWalk {
+  kPerKey,         // one key at a time, lanes over head_dim (any head_dim)
+  kChunked,        // kWarp keys at a time, one per lane (head_dim <= kMaxChunkedHeadDim)
+  kChunkedVector,  // kChunked with 16-byte loads of each key row (head_dim a multiple of 16 bytes)
+};
+constexpr int kMaxDimsPerLane = kMaxChunkedHeadDim / kWarp;
+
+// dots[hh] = q_s[hh] . kj for the block's heads, kj being one key row of the cache.
+template <typename T, KeyWalk kWalk>
+__device__ __forceinline__ void DotHeads(const T* __restrict__ kj, const float* q_s, int64_t d, int nh,
+                                         float (&dots)[kMaxHeadsPerBlock]) {
+#pragma unroll
+  for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) dots[hh] = 0.f;
+  if constexpr (kWalk == KeyWalk::kChunkedVector) {
+    constexpr int kN = 16 / sizeof(T);
+    for (int64_t e = 0; e < d; e += kN) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(kj + e);
+      const T* kv = reinterpret_cast<const T*>(&raw);
+      float kf[kN];
+#pragma unroll
+      for (int i = 0; i < kN; ++i) kf[i] = Widen(kv[i]);
+#pragma unroll
+      for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+        if (hh < nh) {
+          const float* qh = q_s + hh * d + e;  // every lane reads the same address: a broadcast
+#pragma unroll
+          for (int i = 0; i < kN; ++i) dots[hh] += qh[i] * kf[i];
+        }
+      }
+    }
+  } else {
+    for (int64_t e = 0; e < d; ++e) {
+      const float kf = Widen(kj[e]);
+#pragma unroll
+      for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+        if (hh < nh) dots[hh] += q_s[hh * d + e] * kf;
+      }
+    }
+  }
+}
+
 // grid.x = kv head x head block x split, grid.y strides over a sequence's rows, grid.z over
 // sequences. partials: [tokens, q_heads, splits, head_dim + 2] (acc, then m and l), or null when
 // splits == 1 (then the output is written directly).
-template <typename T>
+template <typename T, KeyWalk kWalk>
 __global__ void __launch_bounds__(kThreads)
     SplitAttentionKernel(const float* __restrict__ q, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
                          int64_t num_seqs, const int32_t* __restrict__ block_table, const T* __restrict__ cache_k,
@@ -84,7 +131,9 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();  // the previous row is done with the shared arrays
       const float* qh = q + (t * sh.q_heads + h0) * d;
       for (int64_t e = threadIdx.x; e < nh * d; e += blockDim.x) q_s[e] = qh[e];
-      for (int64_t e = lane; e < nh * d; e += kWarp) my_acc[e] = 0.f;
+      if constexpr (kWalk == KeyWalk::kPerKey) {
+        for (int64_t e = lane; e < nh * d; e += kWarp) my_acc[e] = 0.f;
+      }
       __syncthreads();
       float m[kMaxHeadsPerBlock], l[kMaxHeadsPerBlock];
 #pragma unroll
@@ -92,21 +141,84 @@ __global__ void __launch_bounds__(kThreads)
         m[hh] = -INFINITY;
         l[hh] = 0.f;
       }
-      // Warp-uniform loop: every lane of a warp sees the same key j.
-      for (long long j = kb + warp; j < ke; j += kAttnWarps) {
-        const int64_t cache_row = CacheRow(table, j, sh.block_size);
-        const T* kj = cache_k + cache_row * row + g * d;
-        const T* vj = cache_v + cache_row * row + g * d;
+      if constexpr (kWalk == KeyWalk::kPerKey) {
+        // Warp-uniform loop: every lane of a warp sees the same key j.
+        for (long long j = kb + warp; j < ke; j += kAttnWarps) {
+          const int64_t cache_row = CacheRow(table, j, sh.block_size);
+          const T* kj = cache_k + cache_row * row + g * d;
+          const T* vj = cache_v + cache_row * row + g * d;
+#pragma unroll
+          for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+            if (hh < nh) {
+              float dot = 0.f;
+              for (int64_t e = lane; e < d; e += kWarp) dot += q_s[hh * d + e] * Widen(kj[e]);
+              const float score = WarpSum(dot) * sh.scale;
+              float rescale = 0.f, weight = 0.f;
+              OnlineSoftmaxStep(score, &m[hh], &l[hh], &rescale, &weight);
+              float* acc = my_acc + hh * d;
+              for (int64_t e = lane; e < d; e += kWarp) acc[e] = acc[e] * rescale + weight * Widen(vj[e]);
+            }
+          }
+        }
+      } else {
+        // Chunks of kWarp keys: each lane scores one key of the chunk for every head (its whole key
+        // row, so the loads of the chunk's rows are all in flight at once); then, lanes over
+        // head_dim, the chunk's value rows are summed with the weights taken from the lanes that
+        // scored them. acc[hh][k] holds element lane + k * kWarp of head hh.
+        float acc[kMaxHeadsPerBlock][kMaxDimsPerLane];
+#pragma unroll
+        for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+#pragma unroll
+          for (int k = 0; k < kMaxDimsPerLane; ++k) acc[hh][k] = 0.f;
+        }
+        for (long long c = kb + int64_t{warp} * kWarp; c < ke; c += int64_t{kAttnWarps} * kWarp) {
+          const long long j = c + lane;
+          const bool valid = j < ke;
+          const int64_t cache_row = valid ? CacheRow(table, j, sh.block_size) : 0;
+          float dots[kMaxHeadsPerBlock];
+          DotHeads<T, kWalk>(cache_k + cache_row * row + g * d, q_s, d, valid ? nh : 0, dots);
+          float p[kMaxHeadsPerBlock];
+#pragma unroll
+          for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+            p[hh] = 0.f;
+            if (hh < nh) {
+              const float score = valid ? dots[hh] * sh.scale : -INFINITY;
+              const float rescale = SoftmaxChunkRescale(WarpMax(score), &m[hh], l[hh]);
+              p[hh] = valid ? expf(score - m[hh]) : 0.f;
+              l[hh] = l[hh] * rescale + WarpSum(p[hh]);
+#pragma unroll
+              for (int k = 0; k < kMaxDimsPerLane; ++k) acc[hh][k] *= rescale;
+            }
+          }
+          const int n = static_cast<int>(ke - c < kWarp ? ke - c : kWarp);
+#pragma unroll 4
+          for (int jj = 0; jj < n; ++jj) {
+            const int64_t vrow = __shfl_sync(0xffffffffu, cache_row, jj);
+            const T* vj = cache_v + vrow * row + g * d;
+            float v[kMaxDimsPerLane];
+#pragma unroll
+            for (int k = 0; k < kMaxDimsPerLane; ++k) {
+              const int64_t e = lane + int64_t{k} * kWarp;
+              v[k] = e < d ? Widen(vj[e]) : 0.f;
+            }
+#pragma unroll
+            for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+              if (hh < nh) {
+                const float w = __shfl_sync(0xffffffffu, p[hh], jj);
+#pragma unroll
+                for (int k = 0; k < kMaxDimsPerLane; ++k) acc[hh][k] += w * v[k];
+              }
+            }
+          }
+        }
 #pragma unroll
         for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
           if (hh < nh) {
-            float dot = 0.f;
-            for (int64_t e = lane; e < d; e += kWarp) dot += q_s[hh * d + e] * Widen(kj[e]);
-            const float score = WarpSum(dot) * sh.scale;
-            float rescale = 0.f, weight = 0.f;
-            OnlineSoftmaxStep(score, &m[hh], &l[hh], &rescale, &weight);
-            float* acc = my_acc + hh * d;
-            for (int64_t e = lane; e < d; e += kWarp) acc[e] = acc[e] * rescale + weight * Widen(vj[e]);
+#pragma unroll
+            for (int k = 0; k < kMaxDimsPerLane; ++k) {
+              const int64_t e = lane + int64_t{k} * kWarp;
+              if (e < d) my_acc[hh * d + e] = acc[hh][k];
+            }
           }
         }
       }
@@ -174,6 +286,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The attention kernel for the cache's type and head_dim: chunked up to kMaxChunkedHeadDim (with
+// 16-byte key loads when every key row is 16-byte aligned), else one key at a time.
+template <typename T>
+void LaunchSplit(const AttentionParams& p, const Shape& sh, dim3 grid, size_t shared, float* partials,
+                 cudaStream_t stream) {
+  const auto* k = static_cast<const T*>(p.cache.k);
+  const auto* v = static_cast<const T*>(p.cache.v);
+  const bool aligned = (p.cache.head_dim * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
+                       (reinterpret_cast<uintptr_t>(k) & 15u) == 0;
+  if (p.cache.head_dim > kMaxChunkedHeadDim) {
+    SplitAttentionKernel<T, KeyWalk::kPerKey><<<grid, kThreads, shared, stream>>>(
+        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+  } else if (aligned) {
+    SplitAttentionKernel<T, KeyWalk::kChunkedVector><<<grid, kThreads, shared, stream>>>(
+        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+  } else {
+    SplitAttentionKernel<T, KeyWalk::kChunked><<<grid, kThreads, shared, stream>>>(
+        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+  }
+}
+
 int64_t MaxQueryLen(const PagedSeqs& p) {
   int64_t m = 0;
   for (int64_t s = 0; s < p.num_seqs; ++s) m = p.host_seqs[s].q_len > m ? p.host_seqs[s].q_len : m;
@@ -197,9 +330,13 @@ AttentionPlan PlanAttention(const AttentionParams& p, int multiprocessors) {
     longest = end > longest ? end : longest;
   }
   if (p.sliding_window > 0 && longest > p.sliding_window) longest = p.sliding_window;
+  const int64_t target = 2 * static_cast<int64_t>(multiprocessors > 0 ? multiprocessors : 1);
+  // A block walks its heads one after another: with too few blocks for the multiprocessors, fewer
+  // heads per block (more blocks, each key row then read by several blocks, from L2).
+  while (heads > 1 && rows * p.cache.kv_heads * ((group + heads - 1) / heads) < target) heads = (heads + 1) / 2;
+  plan.heads_per_block = heads;
   const int64_t head_blocks = (group + heads - 1) / heads;
   const int64_t blocks = rows * p.cache.kv_heads * head_blocks;
-  const int64_t target = 2 * static_cast<int64_t>(multiprocessors > 0 ? multiprocessors : 1);
   int64_t splits = blocks >= target ? 1 : (target + blocks - 1) / (blocks > 0 ? blocks : 1);
   const int64_t by_keys = (longest + kKeysPerSplit - 1) / kKeysPerSplit;
   splits = splits < by_keys ? splits : by_keys;
@@ -242,19 +379,13 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
   float* part = plan.splits > 1 ? partials : nullptr;
   switch (p.cache.dtype) {
     case DType::kF32:
-      SplitAttentionKernel<float><<<grid, kThreads, shared, stream>>>(
-          p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<const float*>(p.cache.k),
-          static_cast<const float*>(p.cache.v), sh, part);
+      LaunchSplit<float>(p, sh, grid, shared, part, stream);
       break;
     case DType::kBF16:
-      SplitAttentionKernel<__nv_bfloat16><<<grid, kThreads, shared, stream>>>(
-          p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table,
-          static_cast<const __nv_bfloat16*>(p.cache.k), static_cast<const __nv_bfloat16*>(p.cache.v), sh, part);
+      LaunchSplit<__nv_bfloat16>(p, sh, grid, shared, part, stream);
       break;
     case DType::kF16:
-      SplitAttentionKernel<__half><<<grid, kThreads, shared, stream>>>(
-          p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<const __half*>(p.cache.k),
-          static_cast<const __half*>(p.cache.v), sh, part);
+      LaunchSplit<__half>(p, sh, grid, shared, part, stream);
       break;
     case DType::kF8E4M3:
     case DType::kQ8:

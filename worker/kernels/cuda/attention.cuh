@@ -4,8 +4,10 @@
 // One block computes, for one query row of one sequence and one kv head, the attention of up to
 // kMaxHeadsPerBlock query heads of that kv head's group over one split of the row's keys: each key
 // row of K and V is read once for all those heads (GQA reuse), the block's warps take every
-// kAttnWarps-th key with an online softmax each, and the warps' states are merged in shared memory
-// (kernels/shared/attention_math.h). With one split the block writes the output; with several,
+// kAttnWarps-th chunk of 32 keys (each lane scores one key of the chunk, then the lanes sum the
+// chunk's value rows over head_dim; head_dim above kMaxChunkedHeadDim: every kAttnWarps-th key,
+// lanes over head_dim) with an online softmax each, and the warps' states are merged in shared
+// memory (kernels/shared/attention_math.h). With one split the block writes the output; with several,
 // each block writes its state (m, l, acc) to the partials workspace and a second kernel merges the
 // splits of each (row, head). Splitting keeps all multiprocessors busy when a decode batch has few
 // rows and long contexts; nothing the size of the context is ever materialised.
@@ -23,6 +25,9 @@ namespace shardserve::kernels::cuda {
 
 inline constexpr int kAttnWarps = 4;
 inline constexpr int kMaxHeadsPerBlock = 8;
+// The largest head_dim of the chunked kernel (lanes score one key each); larger ones walk the keys
+// one at a time.
+inline constexpr int64_t kMaxChunkedHeadDim = 256;
 inline constexpr int kMaxAttnSplits = 32;
 // Partial states the split path may keep at once (rows x q_heads x splits); beyond it, fewer splits.
 inline constexpr int64_t kMaxAttnPartials = 1 << 16;
@@ -32,7 +37,8 @@ struct AttentionPlan {
   int splits = 1;           // blocks per (row, kv head, head block) over the keys
 };
 
-// Chooses heads per block (as many of a group as fit in 48 KiB of shared memory, at most 8) and
+// Chooses heads per block (as many of a group as fit in 48 KiB of shared memory, at most 8, halved
+// while the blocks would not reach two per multiprocessor) and
 // splits (enough blocks for two per multiprocessor, at most one per 128 keys of the longest row,
 // at most kMaxAttnSplits, within kMaxAttnPartials). heads_per_block = 0 when even one head does not
 // fit (head_dim above about 2400): the backend refuses the op.

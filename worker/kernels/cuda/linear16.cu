@@ -45,23 +45,36 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp)
 #pragma unroll
     for (int t = 0; t < kGemv16MaxTokens; ++t) acc[t] = 0.f;
     if constexpr (kVectorized) {
-#pragma unroll 2
-      for (int64_t e = int64_t{lane} * kVec; e < in; e += kWarp * kVec) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(wr + e);
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-        float wf[kVec];
+      // kLoads 16-byte weight loads per lane are issued before any is used: a row is a few KiB, so
+      // the loads in flight, not the arithmetic, bound the rate.
+      constexpr int kLoads = 4;
+      constexpr int64_t kStride = int64_t{kWarp} * kVec;
+      for (int64_t base = int64_t{lane} * kVec; base < in; base += kLoads * kStride) {
+        uint4 raw[kLoads];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          wf[2 * i] = Widen<kType>(static_cast<uint16_t>(words[i] & 0xffffu));
-          wf[2 * i + 1] = Widen<kType>(static_cast<uint16_t>(words[i] >> 16));
+        for (int u = 0; u < kLoads; ++u) {
+          const int64_t e = base + u * kStride;
+          raw[u] = e < in ? __ldg(reinterpret_cast<const uint4*>(wr + e)) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int t = 0; t < kGemv16MaxTokens; ++t) {
-          if (t < tokens) {
-            const float4 a = *reinterpret_cast<const float4*>(x + t * in + e);
-            const float4 b = *reinterpret_cast<const float4*>(x + t * in + e + 4);
-            acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
-                      wf[6] * b.z + wf[7] * b.w;
+        for (int u = 0; u < kLoads; ++u) {
+          const int64_t e = base + u * kStride;
+          if (e >= in) break;
+          const uint32_t words[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+          float wf[kVec];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            wf[2 * i] = Widen<kType>(static_cast<uint16_t>(words[i] & 0xffffu));
+            wf[2 * i + 1] = Widen<kType>(static_cast<uint16_t>(words[i] >> 16));
+          }
+#pragma unroll
+          for (int t = 0; t < kGemv16MaxTokens; ++t) {
+            if (t < tokens) {
+              const float4 a = *reinterpret_cast<const float4*>(x + t * in + e);
+              const float4 b = *reinterpret_cast<const float4*>(x + t * in + e + 4);
+              acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                        wf[6] * b.z + wf[7] * b.w;
+            }
           }
         }
       }

@@ -17,7 +17,7 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kRowThreads = 256;       // row kernels: one block per row
 constexpr int kElementThreads = 256;   // elementwise kernels
-constexpr int kRopeThreads = 128;      // one thread per head of a token
+constexpr int kRopeThreads = 256;      // threads per token, one per rotated pair
 constexpr int64_t kMaxGrid = 65535;    // grid-stride beyond this (also the y/z grid limit)
 
 unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
@@ -109,7 +109,8 @@ __global__ void AddRmsNormKernel(float* x, const float* y, const float* weight, 
   }
 }
 
-// One block per token: cos/sin of the token's angles in shared memory, then one thread per head.
+// One block per token: cos/sin of the token's angles in shared memory, then one thread per pair
+// of elements of every head (consecutive threads, consecutive elements).
 __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t tokens,
                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float position_scale) {
   extern __shared__ float rope_smem[];
@@ -126,9 +127,10 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
       sin_s[i] = sinf(angle);
     }
     __syncthreads();
-    for (int64_t h = threadIdx.x; h < q_heads + kv_heads; h += blockDim.x) {
+    for (int64_t idx = threadIdx.x; idx < (q_heads + kv_heads) * half; idx += blockDim.x) {
+      const int64_t h = idx / half;
       float* head = h < q_heads ? q + (t * q_heads + h) * head_dim : k + (t * kv_heads + (h - q_heads)) * head_dim;
-      RopeHead(head, cos_s, sin_s, static_cast<int>(head_dim));
+      RopePair(head, cos_s, sin_s, static_cast<int>(head_dim), static_cast<int>(idx % half));
     }
   }
 }

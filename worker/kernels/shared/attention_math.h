@@ -27,6 +27,17 @@ SHARDSERVE_HD void OnlineSoftmaxStep(float score, float* m, float* l, float* res
   *m = m_new;
 }
 
+// The online softmax over a chunk of keys scored at once (the CUDA kernel's lanes score one key
+// each): raises the running maximum *m to include the chunk's largest score and returns the factor
+// by which the running l and acc are scaled first (0 while they hold no key). The chunk's weights
+// are then expf(score - *m), and their sum is added to the scaled l.
+SHARDSERVE_HD float SoftmaxChunkRescale(float chunk_max, float* m, float l) {
+  const float m_new = *m > chunk_max ? *m : chunk_max;
+  const float rescale = l > 0.f ? expf(*m - m_new) : 0.f;
+  *m = m_new;
+  return rescale;
+}
+
 // Merges `n` states: state i has m = ml[i * stride] and l = ml[i * stride + 1] (states with l = 0
 // hold no keys and are ignored). Writes scales[i] (0 for empty states) such that the merged acc is
 // sum_i scales[i] * acc_i, and returns the merged l (0 when every state is empty); the merged m

@@ -33,14 +33,17 @@ SHARDSERVE_HD void AddRmsNormRow(float* x, const float* y, const float* weight, 
 
 // Rotary embedding of one head in the Hugging Face "rotate_half" layout: element i rotates with
 // element i + d/2. head: [d]; cos, sin: [d/2] for this position.
-SHARDSERVE_HD void RopeHead(float* head, const float* cos, const float* sin, int d) {
+// RopePair rotates the one pair (i, i + d/2), as a GPU thread does.
+SHARDSERVE_HD void RopePair(float* head, const float* cos, const float* sin, int d, int i) {
   const int h = d / 2;
-  for (int i = 0; i < h; ++i) {
-    const float a = head[i];
-    const float b = head[i + h];
-    head[i] = a * cos[i] - b * sin[i];
-    head[i + h] = b * cos[i] + a * sin[i];
-  }
+  const float a = head[i];
+  const float b = head[i + h];
+  head[i] = a * cos[i] - b * sin[i];
+  head[i + h] = b * cos[i] + a * sin[i];
+}
+
+SHARDSERVE_HD void RopeHead(float* head, const float* cos, const float* sin, int d) {
+  for (int i = 0; i < d / 2; ++i) RopePair(head, cos, sin, d, i);
 }
 
 // In-place numerically stable softmax of x[n].
