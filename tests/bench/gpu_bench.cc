@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -49,6 +50,9 @@ ABSL_FLAG(int32_t, tokens, 64, "decode steps to time at batch 1 (half as many at
 ABSL_FLAG(int32_t, batch, 32, "sequences per step of the batched decode");
 ABSL_FLAG(int32_t, prefill, 512, "prefill prompt length (tokens)");
 ABSL_FLAG(int32_t, context, 32, "prompt length of each sequence before the timed decode steps");
+ABSL_FLAG(bool, blocking_sync, false,
+          "the host blocks in its waits for the device instead of spinning (cudaDeviceScheduleBlockingSync): "
+          "host_cpu_ms_per_step then counts the host's work rather than its waiting");
 ABSL_FLAG(int64_t, copy_mib, 1024, "size of the device-to-device copy that measures the bandwidth (MiB)");
 
 namespace shardserve {
@@ -332,6 +336,12 @@ int Run() {
     }
     return 0;
   }
+  if (absl::GetFlag(FLAGS_blocking_sync)) {
+    if (absl::Status st = kernels::UseBlockingSync(); !st.ok()) {
+      std::fprintf(stderr, "shardserve-bench-gpu: --blocking_sync: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+  }
   json report;
   auto fail = [&](const std::string& what, const absl::Status& st) {
     if (as_json) {
@@ -378,6 +388,9 @@ int Run() {
     report["all_reduce"] = "skipped: 1 GPU";
     if (!as_json) std::printf("NCCL all-reduce: skipped: 1 GPU\n");
   }
+  report["host_waits"] = absl::GetFlag(FLAGS_blocking_sync) ? "blocking" : "spinning";
+  const char* gemv = std::getenv("SHARDSERVE_CUDA_GEMV");
+  report["cuda_gemv"] = gemv != nullptr && *gemv != '\0' ? gemv : "default";
   report["models"] = json::array();
   for (const std::string& name : absl::GetFlag(FLAGS_models)) {
     if (name != "llama" && name != "moe") {

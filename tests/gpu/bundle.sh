@@ -3,7 +3,7 @@
 # NVIDIA driver, CUDA and Python but none of our Debian libraries and no package registry:
 #   bash tests/gpu/bundle.sh [OUT_DIR]          (default OUT_DIR: gpu-bundle at the repository root)
 # OUT_DIR then holds:
-#   run.sh env.sh profile.sh suite.py kernels.py README.md   the runner, its library setup, the profiler and helpers
+#   run.sh env.sh profile.sh variants.sh suite.py kernels.py README.md   the runner, its library setup, the profiler and helpers
 #   bin/       the daemons and tools, shardserve-bench-gpu
 #   tests/     every test binary labelled gpu (found through ctest -L gpu)
 #   lib.tar.xz their shared libraries except glibc's and NVIDIA's (packed: OpenBLAS and ICU data
@@ -27,7 +27,7 @@ TARGETS=(gpu_tests gpu_bench shardserve_worker coordinator_main shardserve_local
 echo "== configure and build ($BUILD)"
 mkdir -p "$BUILD"
 nice -n 10 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DSHARDSERVE_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES="80;90" -DSHARDSERVE_BENCH=ON >"$BUILD/configure.log" 2>&1 ||
+  -DCMAKE_CUDA_ARCHITECTURES="80-real;90" -DCMAKE_CUDA_FLAGS="--compress-mode=size" -DSHARDSERVE_BENCH=ON >"$BUILD/configure.log" 2>&1 ||
   { tail -30 "$BUILD/configure.log"; exit 1; }
 nice -n 10 ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}"
 
@@ -54,8 +54,8 @@ for b in "${BINS[@]}"; do
 done
 for t in "${TESTS[@]}"; do cp "$t" "$OUT/tests/"; done
 strip --strip-unneeded "$OUT"/bin/* "$OUT"/tests/*
-cp "$ROOT"/tests/gpu/{run.sh,env.sh,profile.sh,suite.py,kernels.py,README.md} "$OUT/"
-chmod +x "$OUT"/{run.sh,profile.sh,suite.py,kernels.py}
+cp "$ROOT"/tests/gpu/{run.sh,env.sh,profile.sh,variants.sh,suite.py,kernels.py,README.md} "$OUT/"
+chmod +x "$OUT"/{run.sh,profile.sh,variants.sh,suite.py,kernels.py}
 
 # Shared libraries: everything ldd resolves except the glibc family (the machine's own) and the
 # NVIDIA/CUDA libraries (the machine's driver, toolkit and pip packages provide those).

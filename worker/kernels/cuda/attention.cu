@@ -57,7 +57,6 @@ enum class KeyWalk {
   kChunked,        // kWarp keys at a time, one per lane (head_dim <= kMaxChunkedHeadDim)
   kChunkedVector,  // kChunked with 16-byte loads of each key row (head_dim a multiple of 16 bytes)
 };
-constexpr int kMaxDimsPerLane = kMaxChunkedHeadDim / kWarp;
 
 // dots[hh] = q_s[hh] . kj for the block's heads, kj being one key row of the cache.
 template <typename T, KeyWalk kWalk>
@@ -96,7 +95,8 @@ __device__ __forceinline__ void DotHeads(const T* __restrict__ kj, const float* 
 // grid.x = kv head x head block x split, grid.y strides over a sequence's rows, grid.z over
 // sequences. partials: [tokens, q_heads, splits, head_dim + 2] (acc, then m and l), or null when
 // splits == 1 (then the output is written directly).
-template <typename T, KeyWalk kWalk>
+// kDpl: head_dim elements per lane in the chunked walks (head_dim <= kDpl * kWarp).
+template <typename T, KeyWalk kWalk, int kDpl>
 __global__ void __launch_bounds__(kThreads)
     SplitAttentionKernel(const float* __restrict__ q, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
                          int64_t num_seqs, const int32_t* __restrict__ block_table, const T* __restrict__ cache_k,
@@ -165,12 +165,14 @@ __global__ void __launch_bounds__(kThreads)
         // row, so the loads of the chunk's rows are all in flight at once); then, lanes over
         // head_dim, the chunk's value rows are summed with the weights taken from the lanes that
         // scored them. acc[hh][k] holds element lane + k * kWarp of head hh.
-        float acc[kMaxHeadsPerBlock][kMaxDimsPerLane];
+        float acc[kMaxHeadsPerBlock][kDpl];
 #pragma unroll
         for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
 #pragma unroll
-          for (int k = 0; k < kMaxDimsPerLane; ++k) acc[hh][k] = 0.f;
+          for (int k = 0; k < kDpl; ++k) acc[hh][k] = 0.f;
         }
+        // Value rows loaded per group, all before the group's sums.
+        constexpr int kGroup = 16 / kDpl < 8 ? 16 / kDpl : 8;
         for (long long c = kb + int64_t{warp} * kWarp; c < ke; c += int64_t{kAttnWarps} * kWarp) {
           const long long j = c + lane;
           const bool valid = j < ke;
@@ -187,26 +189,32 @@ __global__ void __launch_bounds__(kThreads)
               p[hh] = valid ? expf(score - m[hh]) : 0.f;
               l[hh] = l[hh] * rescale + WarpSum(p[hh]);
 #pragma unroll
-              for (int k = 0; k < kMaxDimsPerLane; ++k) acc[hh][k] *= rescale;
+              for (int k = 0; k < kDpl; ++k) acc[hh][k] *= rescale;
             }
           }
+          // Keys past the chunk's end have weight 0 (their rows are row 0 of the cache, in bounds).
           const int n = static_cast<int>(ke - c < kWarp ? ke - c : kWarp);
-#pragma unroll 4
-          for (int jj = 0; jj < n; ++jj) {
-            const int64_t vrow = __shfl_sync(0xffffffffu, cache_row, jj);
-            const T* vj = cache_v + vrow * row + g * d;
-            float v[kMaxDimsPerLane];
+          for (int j0 = 0; j0 < n; j0 += kGroup) {
+            float v[kGroup][kDpl];
 #pragma unroll
-            for (int k = 0; k < kMaxDimsPerLane; ++k) {
-              const int64_t e = lane + int64_t{k} * kWarp;
-              v[k] = e < d ? Widen(vj[e]) : 0.f;
+            for (int u = 0; u < kGroup; ++u) {
+              const int64_t vrow = __shfl_sync(0xffffffffu, cache_row, (j0 + u) % kWarp);
+              const T* vj = cache_v + vrow * row + g * d;
+#pragma unroll
+              for (int k = 0; k < kDpl; ++k) {
+                const int64_t e = lane + int64_t{k} * kWarp;
+                v[u][k] = e < d ? Widen(vj[e]) : 0.f;
+              }
             }
 #pragma unroll
-            for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
-              if (hh < nh) {
-                const float w = __shfl_sync(0xffffffffu, p[hh], jj);
+            for (int u = 0; u < kGroup; ++u) {
 #pragma unroll
-                for (int k = 0; k < kMaxDimsPerLane; ++k) acc[hh][k] += w * v[k];
+              for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+                if (hh < nh) {
+                  const float w = __shfl_sync(0xffffffffu, p[hh], (j0 + u) % kWarp);
+#pragma unroll
+                  for (int k = 0; k < kDpl; ++k) acc[hh][k] += w * v[u][k];
+                }
               }
             }
           }
@@ -215,7 +223,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
           if (hh < nh) {
 #pragma unroll
-            for (int k = 0; k < kMaxDimsPerLane; ++k) {
+            for (int k = 0; k < kDpl; ++k) {
               const int64_t e = lane + int64_t{k} * kWarp;
               if (e < d) my_acc[hh * d + e] = acc[hh][k];
             }
@@ -286,6 +294,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <typename T, int kDpl>
+void LaunchChunked(bool aligned, const AttentionParams& p, const Shape& sh, dim3 grid, size_t shared, float* partials,
+                   cudaStream_t stream) {
+  const auto* k = static_cast<const T*>(p.cache.k);
+  const auto* v = static_cast<const T*>(p.cache.v);
+  if (aligned) {
+    SplitAttentionKernel<T, KeyWalk::kChunkedVector, kDpl><<<grid, kThreads, shared, stream>>>(
+        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+  } else {
+    SplitAttentionKernel<T, KeyWalk::kChunked, kDpl><<<grid, kThreads, shared, stream>>>(
+        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+  }
+}
+
 // The attention kernel for the cache's type and head_dim: chunked up to kMaxChunkedHeadDim (with
 // 16-byte key loads when every key row is 16-byte aligned), else one key at a time.
 template <typename T>
@@ -295,15 +317,16 @@ void LaunchSplit(const AttentionParams& p, const Shape& sh, dim3 grid, size_t sh
   const auto* v = static_cast<const T*>(p.cache.v);
   const bool aligned = (p.cache.head_dim * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
                        (reinterpret_cast<uintptr_t>(k) & 15u) == 0;
-  if (p.cache.head_dim > kMaxChunkedHeadDim) {
-    SplitAttentionKernel<T, KeyWalk::kPerKey><<<grid, kThreads, shared, stream>>>(
+  const int64_t d = p.cache.head_dim;
+  if (d > kMaxChunkedHeadDim) {
+    SplitAttentionKernel<T, KeyWalk::kPerKey, 1><<<grid, kThreads, shared, stream>>>(
         p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
-  } else if (aligned) {
-    SplitAttentionKernel<T, KeyWalk::kChunkedVector><<<grid, kThreads, shared, stream>>>(
-        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+  } else if (d <= 2 * kWarp) {
+    LaunchChunked<T, 2>(aligned, p, sh, grid, shared, partials, stream);
+  } else if (d <= 4 * kWarp) {
+    LaunchChunked<T, 4>(aligned, p, sh, grid, shared, partials, stream);
   } else {
-    SplitAttentionKernel<T, KeyWalk::kChunked><<<grid, kThreads, shared, stream>>>(
-        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+    LaunchChunked<T, 8>(aligned, p, sh, grid, shared, partials, stream);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -30,6 +31,20 @@ namespace {
 // cuBLAS's recommended workspace sizes (cuBLAS docs, cublasSetWorkspace): 32 MiB on Hopper and
 // newer, 4 MiB before. Owning it keeps cuBLAS from allocating during an op.
 size_t BlasWorkspaceBytes(int compute_major) { return (compute_major >= 9 ? 32u : 4u) << 20; }
+
+constexpr int kDefaultGemvLoads = 8;
+
+// SHARDSERVE_CUDA_GEMV: unset or empty (the default), "loads4", "loads8" or "cublas".
+absl::StatusOr<int> GemvLoadsFromEnv() {
+  const char* v = std::getenv("SHARDSERVE_CUDA_GEMV");
+  const absl::string_view mode = v == nullptr ? "" : v;
+  if (mode.empty()) return kDefaultGemvLoads;
+  if (mode == "loads4") return 4;
+  if (mode == "loads8") return 8;
+  if (mode == "cublas") return 0;
+  return absl::InvalidArgumentError(
+      absl::StrCat("SHARDSERVE_CUDA_GEMV=\"", mode, "\" is not one of loads4, loads8, cublas (or unset)"));
+}
 
 // DeviceBuffer's deallocator. The buffer may be destroyed on any thread with any device current,
 // so free on the device that owns the pointer. Errors here have no one to report to; clearing the
@@ -119,6 +134,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
   int multiprocessors_ = 1;
+  // The decode-sized 16-bit Linear: GEMV kernel loads in flight per lane, or 0 for cuBLAS at every
+  // batch size (SHARDSERVE_CUDA_GEMV; see cuda_backend.h).
+  int gemv_loads_ = kDefaultGemvLoads;
 
   // Backend-owned scratch for ops that need device memory beyond their Params (the activations
   // of a 16-bit GEMM, rounded; attention's split partials). Sized by Reserve(); grown by an op
@@ -148,6 +166,7 @@ CudaBackend::~CudaBackend() {
 }
 
 absl::Status CudaBackend::Init() {
+  ASSIGN_OR_RETURN(gemv_loads_, GemvLoadsFromEnv());
   RETURN_IF_ERROR(Check(cudaSetDevice(device_), "cudaSetDevice"));
   // Non-blocking: the legacy default stream (used by libraries that pass stream 0) does not
   // serialise with ours.
@@ -221,7 +240,13 @@ absl::Status CudaBackend::CopyToDevice(void* dst, const void* host_src, size_t b
   RETURN_IF_ERROR(Enter());
   if (bytes == 0) return absl::OkStatus();
   RETURN_IF_ERROR(Check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (H2D)"));
-  // The caller may reuse host_src as soon as we return.
+  // The caller may reuse host_src as soon as we return. From pageable memory (what the engine
+  // passes) cudaMemcpyAsync returns only once the source is staged, so no wait is needed; from
+  // page-locked memory the DMA reads the source later: wait for it.
+  cudaPointerAttributes attr{};
+  const cudaError_t query = cudaPointerGetAttributes(&attr, host_src);
+  if (query == cudaSuccess && attr.type == cudaMemoryTypeUnregistered) return absl::OkStatus();
+  (void)cudaGetLastError();  // a failed query: not an error of the copy; wait to be safe
   return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
@@ -381,10 +406,10 @@ absl::Status CudaBackend::Linear(const LinearParams& p) {
 }
 
 absl::Status CudaBackend::Linear16(const LinearParams& p) {
-  if (p.tokens <= cuda::kGemv16MaxTokens) {
+  if (p.tokens <= cuda::kGemv16MaxTokens && gemv_loads_ > 0) {
     // Bias and accumulation are fused into the GEMV.
     return Check(cuda::LaunchGemv16(p.w.dtype, p.x, p.w.data, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate,
-                                    stream_),
+                                    gemv_loads_, stream_),
                  "Gemv16 kernel launch");
   }
   const int64_t n = p.tokens * p.in;

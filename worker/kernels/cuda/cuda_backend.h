@@ -9,8 +9,9 @@
 //     has completed before it returns). The buffer frees itself with cudaFree, which waits for the
 //     device; a buffer may outlive the backend that made it.
 //   * Ordering. Every op and copy is enqueued on the backend's one non-blocking stream.
-//     CopyToDevice and CopyToHost return only after the copy has finished, so the host buffer may
-//     be reused or read right away. Ops return once enqueued; their results reach the host through
+//     CopyToDevice returns once the host buffer may be reused (from pageable memory: once the
+//     driver has staged it, without waiting for the stream; from page-locked memory: after the
+//     copy). CopyToHost returns after the copy has finished, so the host buffer may be read. Ops return once enqueued; their results reach the host through
 //     CopyToHost or after Synchronize().
 //   * Threads. One thread at a time (the rank thread that owns the device). Every entry point makes
 //     the backend's device current on the calling thread (cudaSetDevice), so the backend may be
@@ -20,6 +21,10 @@
 //     to f32 in a GEMV for up to 8 tokens, and above that the activations are rounded to the
 //     weights' type for a tensor-core GEMM with f32 accumulation (linear16.cuh). Reductions are
 //     ordered differently from the CPU backend, so results agree within rounding, not bit for bit.
+//   * Tuning. SHARDSERVE_CUDA_GEMV picks the 16-bit Linear for up to 8 tokens, for benchmarks:
+//     "loads8" (the default) or "loads4" (the GEMV kernel with that many 16-byte weight loads in
+//     flight per lane), or "cublas" (cuBLAS at every batch size). CreateCudaBackend answers
+//     InvalidArgument for any other value.
 //   * Scratch. The backend owns one scratch buffer (16-bit GEMM activations, split-K attention
 //     partials), sized by Reserve(); an op called beyond the reserved limits first drains the
 //     stream and grows it, after which graphs recorded earlier answer Aborted to Replay().

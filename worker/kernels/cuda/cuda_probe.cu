@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,25 @@ absl::Status CudaError(const char* call, cudaError_t e) {
                                               cublasGetStatusString(probe_st_)));                   \
     }                                                                                               \
   } while (0)
+
+// x[i] = a bfloat16 in [-1, 1) from a hash of (i, seed): finite products, no denormals.
+__global__ void FillRandomBf16Kernel(uint16_t* x, size_t n, uint32_t seed) {
+  for (size_t i = size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9e3779b9u ^ static_cast<uint32_t>(i >> 32) ^ seed * 0x85ebca6bu;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    const float f = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    x[i] = static_cast<uint16_t>(__float_as_uint(f) >> 16);  // truncated to bfloat16
+  }
+}
+
+cudaError_t FillRandomBf16(uint16_t* x, size_t n, uint32_t seed, cudaStream_t stream) {
+  FillRandomBf16Kernel<<<1024, 256, 0, stream>>>(x, n, seed);
+  return cudaGetLastError();
+}
 
 // What one measurement creates; released in reverse order whatever happened.
 struct Scope {
@@ -147,9 +167,9 @@ absl::StatusOr<double> MeasureBf16GemmTflops(int device, int m, int n, int k) {
   ASSIGN_OR_RETURN(void* a, s.Alloc(mm * kk * 2));
   ASSIGN_OR_RETURN(void* b, s.Alloc(kk * nn * 2));
   ASSIGN_OR_RETURN(void* c, s.Alloc(mm * nn * 4));
-  // 0x3c3c as bfloat16 is about 0.0115: finite products, no denormals.
-  PROBE_CUDA(cudaMemsetAsync(a, 0x3c, mm * kk * 2, s.stream));
-  PROBE_CUDA(cudaMemsetAsync(b, 0x3c, kk * nn * 2, s.stream));
+  // Pseudo-random operands: constant or zero ones can run faster than real data does.
+  PROBE_CUDA(FillRandomBf16(static_cast<uint16_t*>(a), mm * kk, 1, s.stream));
+  PROBE_CUDA(FillRandomBf16(static_cast<uint16_t*>(b), kk * nn, 2, s.stream));
   PROBE_CUBLAS(cublasCreate(&s.blas));
   PROBE_CUBLAS(cublasSetStream(s.blas, s.stream));
   const float alpha = 1.0f, beta = 0.0f;
@@ -170,6 +190,16 @@ absl::StatusOr<double> MeasureBf16GemmTflops(int device, int m, int n, int k) {
   }
   if (best_ms <= 0) return absl::InternalError("GEMM rate: the device timer measured no time");
   return 2.0 * static_cast<double>(mm * nn * kk) * kIters / (best_ms * 1e-3) / 1e12;
+}
+
+absl::Status UseBlockingSync() {
+  int count = 0;
+  PROBE_CUDA(cudaGetDeviceCount(&count));
+  for (int d = 0; d < count; ++d) {
+    PROBE_CUDA(cudaSetDevice(d));
+    PROBE_CUDA(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shardserve::kernels

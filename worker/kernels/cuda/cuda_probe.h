@@ -43,9 +43,14 @@ absl::StatusOr<double> MeasureCopyBandwidthGBps(int device, size_t bytes);
 // Tensor-core GEMM rate in TFLOP/s (1e12 flop/s, 2*m*n*k per product): C[m, n] (f32) =
 // A[m, k] * B[k, n] with A and B bfloat16, f32 compute (cublasGemmEx, CUBLAS_COMPUTE_32F,
 // column-major, default math mode). The best of 3 timings of 10 products each, after one untimed
-// product; the inputs are constant-filled (the values do not change the rate). InvalidArgument
-// unless 1 <= m, n, k <= 65536.
+// product; the inputs are pseudo-random bfloat16 in [-1, 1) (constant or zero operands can run
+// faster than real data). InvalidArgument unless 1 <= m, n, k <= 65536.
 absl::StatusOr<double> MeasureBf16GemmTflops(int device, int m, int n, int k);
+
+// Makes every CUDA device of the process block the host thread in a wait for the device instead
+// of spinning (cudaDeviceScheduleBlockingSync), so that process CPU time counts the host's work.
+// Call before anything else uses a device. Internal naming the call when the driver refuses.
+absl::Status UseBlockingSync();
 
 }  // namespace shardserve::kernels
 

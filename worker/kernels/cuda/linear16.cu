@@ -33,7 +33,7 @@ __device__ __forceinline__ float Widen(uint16_t bits) {
 
 // One warp per output row (grid-stride over rows). `kVectorized`: in % 8 == 0 and every row and
 // activation row 16-byte aligned, so each lane loads 8 weights and 2 x float4 per token at once.
-template <DType kType, bool kVectorized>
+template <DType kType, bool kVectorized, int kLoads>
 __global__ void __launch_bounds__(kGemvWarps * kWarp)
     Gemv16Kernel(const float* __restrict__ x, const uint16_t* __restrict__ w, const float* __restrict__ bias,
                  float* __restrict__ y, int tokens, int64_t in, int64_t out, bool accumulate) {
@@ -47,7 +47,6 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp)
     if constexpr (kVectorized) {
       // kLoads 16-byte weight loads per lane are issued before any is used: a row is a few KiB, so
       // the loads in flight, not the arithmetic, bound the rate.
-      constexpr int kLoads = 4;
       constexpr int64_t kStride = int64_t{kWarp} * kVec;
       for (int64_t base = int64_t{lane} * kVec; base < in; base += kLoads * kStride) {
         uint4 raw[kLoads];
@@ -131,14 +130,19 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 template <DType kType>
 cudaError_t Gemv16(const float* x, const void* w, const float* bias, float* y, int64_t tokens, int64_t in,
-                   int64_t out, bool accumulate, cudaStream_t stream) {
+                   int64_t out, bool accumulate, int loads, cudaStream_t stream) {
   const unsigned grid = GridFor((out + kGemvWarps - 1) / kGemvWarps);
   const auto* w16 = static_cast<const uint16_t*>(w);
   const int t = static_cast<int>(tokens);
+  constexpr unsigned kThreads = kGemvWarps * kWarp;
   if (in % kVec == 0 && Aligned16(w) && Aligned16(x)) {
-    Gemv16Kernel<kType, true><<<grid, kGemvWarps * kWarp, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
+    if (loads == 8) {
+      Gemv16Kernel<kType, true, 8><<<grid, kThreads, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
+    } else {
+      Gemv16Kernel<kType, true, 4><<<grid, kThreads, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
+    }
   } else {
-    Gemv16Kernel<kType, false><<<grid, kGemvWarps * kWarp, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
+    Gemv16Kernel<kType, false, 1><<<grid, kThreads, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
   }
   return cudaGetLastError();
 }
@@ -146,14 +150,14 @@ cudaError_t Gemv16(const float* x, const void* w, const float* bias, float* y, i
 }  // namespace
 
 cudaError_t LaunchGemv16(DType dtype, const float* x, const void* w, const float* bias, float* y, int64_t tokens,
-                         int64_t in, int64_t out, bool accumulate, cudaStream_t stream) {
+                         int64_t in, int64_t out, bool accumulate, int loads, cudaStream_t stream) {
   if (tokens == 0 || out == 0) return cudaSuccess;
-  if (tokens > kGemv16MaxTokens) return cudaErrorInvalidValue;
+  if (tokens > kGemv16MaxTokens || (loads != 4 && loads != 8)) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kBF16:
-      return Gemv16<DType::kBF16>(x, w, bias, y, tokens, in, out, accumulate, stream);
+      return Gemv16<DType::kBF16>(x, w, bias, y, tokens, in, out, accumulate, loads, stream);
     case DType::kF16:
-      return Gemv16<DType::kF16>(x, w, bias, y, tokens, in, out, accumulate, stream);
+      return Gemv16<DType::kF16>(x, w, bias, y, tokens, in, out, accumulate, loads, stream);
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:

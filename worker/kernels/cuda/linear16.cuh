@@ -25,9 +25,10 @@ inline constexpr int64_t kGemv16MaxTokens = 8;
 
 // y[t, o] (+)= sum_i x[t, i] * w[o, i] (+ bias[o]) for t < tokens <= kGemv16MaxTokens.
 // x: [tokens, in] f32; w: [out, in] of `dtype` (kBF16 or kF16); bias: [out] or null;
-// y: [tokens, out] f32 (accumulated into when `accumulate`).
+// y: [tokens, out] f32 (accumulated into when `accumulate`). `loads`: 16-byte weight loads each lane
+// issues before using them (4 or 8; the same sums either way).
 cudaError_t LaunchGemv16(DType dtype, const float* x, const void* w, const float* bias, float* y, int64_t tokens,
-                         int64_t in, int64_t out, bool accumulate, cudaStream_t stream);
+                         int64_t in, int64_t out, bool accumulate, int loads, cudaStream_t stream);
 
 // dst[i] = x[i] rounded to `dtype` (kBF16 or kF16), as 16-bit patterns. x: [n]; dst: [n].
 cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cudaStream_t stream);

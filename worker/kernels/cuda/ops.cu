@@ -88,6 +88,65 @@ __global__ void RmsNormKernel(const float* x, const float* weight, float* y, int
   }
 }
 
+// RmsNormKernel and AddRmsNormKernel for rows of at most kPer * kRowThreads elements: each thread
+// loads its kPer elements (and weights) at once into registers, so a row is read once and its
+// loads are all in flight together (a decode step's norms are one row: latency, not bandwidth).
+// kAdd: x += y first, written back. out may alias x.
+template <int kPer, bool kAdd>
+__global__ void __launch_bounds__(kRowThreads)
+    RegisterNormKernel(float* x, const float* y, const float* weight, float* out, int64_t tokens, int64_t hidden,
+                       float eps) {
+  __shared__ float scratch[kRowThreads / kWarp];
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    float* xr = x + t * hidden;
+    float v[kPer], wv[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+      v[k] = i < hidden ? xr[i] : 0.f;
+      if constexpr (kAdd) v[k] += i < hidden ? y[t * hidden + i] : 0.f;
+      wv[k] = i < hidden ? weight[i] : 0.f;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      ss += v[k] * v[k];
+      if constexpr (kAdd) {
+        const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+        if (i < hidden) xr[i] = v[k];
+      }
+    }
+    ss = BlockSum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(hidden) + eps);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+      if (i < hidden) out[t * hidden + i] = wv[k] * (v[k] * inv);
+    }
+  }
+}
+
+// Launches RegisterNormKernel when the row fits in registers; false when it does not.
+template <bool kAdd>
+bool LaunchRegisterNorm(float* x, const float* y, const float* weight, float* out, int64_t tokens, int64_t hidden,
+                        float eps, cudaStream_t stream) {
+  const unsigned threads = RowThreads(hidden);
+  const int64_t per = (hidden + threads - 1) / threads;
+  const unsigned grid = GridFor(tokens);
+  if (per <= 4) {
+    RegisterNormKernel<4, kAdd><<<grid, threads, 0, stream>>>(x, y, weight, out, tokens, hidden, eps);
+  } else if (per <= 8) {
+    RegisterNormKernel<8, kAdd><<<grid, threads, 0, stream>>>(x, y, weight, out, tokens, hidden, eps);
+  } else if (per <= 16) {
+    RegisterNormKernel<16, kAdd><<<grid, threads, 0, stream>>>(x, y, weight, out, tokens, hidden, eps);
+  } else if (per <= 32) {
+    RegisterNormKernel<32, kAdd><<<grid, threads, 0, stream>>>(x, y, weight, out, tokens, hidden, eps);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // One block per row: add y into x (each thread its own elements), then RmsNormKernel's formula.
 __global__ void AddRmsNormKernel(float* x, const float* y, const float* weight, float* out, int64_t tokens,
                                  int64_t hidden, float eps) {
@@ -265,12 +324,17 @@ cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t o
 
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
+  // x is only read (const_cast for the shared kernel, whose kAdd = false path never writes x).
+  if (LaunchRegisterNorm<false>(const_cast<float*>(p.x), nullptr, p.weight, p.y, p.tokens, p.hidden, p.eps, stream)) {
+    return cudaGetLastError();
+  }
   RmsNormKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.x, p.weight, p.y, p.tokens, p.hidden, p.eps);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
+  if (LaunchRegisterNorm<true>(p.x, p.y, p.weight, p.out, p.tokens, p.hidden, p.eps, stream)) return cudaGetLastError();
   AddRmsNormKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.x, p.y, p.weight, p.out, p.tokens,
                                                                            p.hidden, p.eps);
   return cudaGetLastError();

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs shardserve-bench-gpu once per variant, from inside the bundle, and prints one table row each:
+#   bash variants.sh [OUT_DIR] [VARIANT...]
+# A variant is a SHARDSERVE_CUDA_GEMV mode (loads4, loads8, cublas; see cuda_backend.h) or
+# "blocking" (the default mode with --blocking_sync). Default: loads4 loads8 cublas blocking.
+# Each run's JSON goes to OUT_DIR/bench_VARIANT.json (default OUT_DIR: ${OUT:-.}). Bench flags come
+# from SHARDSERVE_BENCH_FLAGS (default: --models=llama).
+set -u
+BUNDLE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+DEST="${1:-${OUT:-.}}"
+shift || true
+mkdir -p "$DEST"
+DEST="$(cd "$DEST" && pwd)"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/shardserve-var.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+say() { :; }
+# shellcheck source=env.sh
+source "$BUNDLE/env.sh"
+VARIANTS=("$@")
+((${#VARIANTS[@]})) || VARIANTS=(loads4 loads8 cublas blocking)
+read -r -a FLAGS <<<"${SHARDSERVE_BENCH_FLAGS:---models=llama}"
+for v in "${VARIANTS[@]}"; do
+  extra=()
+  mode="$v"
+  if [[ "$v" == blocking ]]; then extra=(--blocking_sync); mode=""; fi
+  (cd "$BUNDLE/root" && SHARDSERVE_CUDA_GEMV="$mode" timeout -k 10 "${SHARDSERVE_VARIANT_TIMEOUT_S:-150}" \
+    "$BUNDLE/bin/shardserve-bench-gpu" --json --scratch="$WORK/models" "${FLAGS[@]}" "${extra[@]}" \
+    >"$DEST/bench_$v.json" 2>"$WORK/err_$v.txt") || { echo "$v: failed: $(tail -3 "$WORK/err_$v.txt")"; continue; }
+  python3 - "$v" "$DEST/bench_$v.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[2]))
+for m in r.get("models", []):
+    d1, dn, p = m["decode_batch_1"], m["decode_batch_n"], m["prefill"]
+    print(f"{sys.argv[1]:9s} {m['model']:6s} b1 {d1['tok_s']:8.1f} tok/s {d1['fraction_of_roofline']:.3f} roof "
+          f"cpu {d1['host_cpu_ms_per_step']:.3f}/{d1['step_ms']:.3f} ms | b{dn['batch']} {dn['tok_s']:8.1f} tok/s "
+          f"{dn['fraction_of_roofline']:.3f} roof | prefill {p['tok_s']:8.0f} tok/s {p['fraction_of_bf16_gemm']:.3f} gemm")
+PY
+done
