@@ -23,7 +23,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -389,8 +388,6 @@ int Run() {
     if (!as_json) std::printf("NCCL all-reduce: skipped: 1 GPU\n");
   }
   report["host_waits"] = absl::GetFlag(FLAGS_blocking_sync) ? "blocking" : "spinning";
-  const char* gemv = std::getenv("SHARDSERVE_CUDA_GEMV");
-  report["cuda_gemv"] = gemv != nullptr && *gemv != '\0' ? gemv : "default";
   report["models"] = json::array();
   for (const std::string& name : absl::GetFlag(FLAGS_models)) {
     if (name != "llama" && name != "moe") {

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs shardserve-bench-gpu once per variant, from inside the bundle, and prints one table row each:
 #   bash variants.sh [OUT_DIR] [VARIANT...]
-# A variant is a SHARDSERVE_CUDA_GEMV mode (loads4, loads8, cublas; see cuda_backend.h) or
-# "blocking" (the default mode with --blocking_sync). Default: loads4 loads8 cublas blocking.
-# Each run's JSON goes to OUT_DIR/bench_VARIANT.json (default OUT_DIR: ${OUT:-.}). Bench flags come
-# from SHARDSERVE_BENCH_FLAGS (default: --models=llama).
+# Variants: "spin" (the host spins in its waits for the device, as the daemons do: the decode
+# figures) and "blocking" (--blocking_sync: the host sleeps in its waits, so host_cpu_ms_per_step
+# is the host's own work per step). Default: spin blocking. Each run's JSON goes to
+# OUT_DIR/bench_VARIANT.json (default OUT_DIR: ${OUT:-.}). Bench flags come from
+# SHARDSERVE_BENCH_FLAGS (default: --models=llama).
 set -u
 BUNDLE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DEST="${1:-${OUT:-.}}"
@@ -17,14 +18,16 @@ say() { :; }
 # shellcheck source=env.sh
 source "$BUNDLE/env.sh"
 VARIANTS=("$@")
-((${#VARIANTS[@]})) || VARIANTS=(loads4 loads8 cublas blocking)
+((${#VARIANTS[@]})) || VARIANTS=(spin blocking)
 read -r -a FLAGS <<<"${SHARDSERVE_BENCH_FLAGS:---models=llama}"
 for v in "${VARIANTS[@]}"; do
-  extra=()
-  mode="$v"
-  if [[ "$v" == blocking ]]; then extra=(--blocking_sync); mode=""; fi
-  (cd "$BUNDLE/root" && SHARDSERVE_CUDA_GEMV="$mode" timeout -k 10 "${SHARDSERVE_VARIANT_TIMEOUT_S:-150}" \
-    "$BUNDLE/bin/shardserve-bench-gpu" --json --scratch="$WORK/models" "${FLAGS[@]}" "${extra[@]}" \
+  case "$v" in
+    spin) extra=() ;;
+    blocking) extra=(--blocking_sync) ;;
+    *) echo "variants.sh: unknown variant '$v' (spin, blocking)" >&2; exit 2 ;;
+  esac
+  (cd "$BUNDLE/root" && timeout -k 10 "${SHARDSERVE_VARIANT_TIMEOUT_S:-150}" \
+    "$BUNDLE/bin/shardserve-bench-gpu" --json --scratch="$WORK/models" "${FLAGS[@]}" ${extra[@]+"${extra[@]}"} \
     >"$DEST/bench_$v.json" 2>"$WORK/err_$v.txt") || { echo "$v: failed: $(tail -3 "$WORK/err_$v.txt")"; continue; }
   python3 - "$v" "$DEST/bench_$v.json" <<'PY'
 import json, sys

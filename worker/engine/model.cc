@@ -536,6 +536,15 @@ kernels::AttentionParams Model::AttentionFor(int64_t layer, int64_t tokens, cons
           .sliding_window = spec_.sliding_window};
 }
 
+namespace {
+
+// One product of a LinearGroup: y = x . lin^T (+ bias).
+kernels::LinearGroupParams::Part GroupPart(const LinearWeight& lin, float* y) {
+  return {.w = lin.view(), .bias = lin.bias(), .y = y, .out = lin.out};
+}
+
+}  // namespace
+
 absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
@@ -559,9 +568,13 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
     return b.Linear({.x = x, .w = lin.view(), .bias = lin.bias(), .y = y,
                      .tokens = tokens, .in = lin.in, .out = lin.out, .accumulate = accumulate});
   };
-  RETURN_IF_ERROR(linear(lw.q, normed, w.q.as<float>(), false));
-  RETURN_IF_ERROR(linear(lw.k, normed, w.k.as<float>(), false));
-  RETURN_IF_ERROR(linear(lw.v, normed, w.v.as<float>(), false));
+  // q, k and v in one op (one launch for a decode step on a GPU).
+  RETURN_IF_ERROR(b.LinearGroup({.x = normed,
+                                 .tokens = tokens,
+                                 .in = lw.q.in,
+                                 .parts = {{GroupPart(lw.q, w.q.as<float>()), GroupPart(lw.k, w.k.as<float>()),
+                                            GroupPart(lw.v, w.v.as<float>())}},
+                                 .num_parts = 3}));
   if (spec_.qk_norm) {
     // Qwen3: every head of q and k is RMS-normalised on its own before RoPE. The heads are
     // contiguous rows of head_dim, so this is the RmsNorm op over tokens x heads rows.
@@ -611,8 +624,11 @@ absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t 
     return b.Linear({.x = in, .w = lin.view(), .bias = lin.bias(),
                      .y = out, .tokens = tokens, .in = lin.in, .out = lin.out, .accumulate = acc});
   };
-  RETURN_IF_ERROR(linear(mw.gate, x, w.gate.as<float>(), false));
-  RETURN_IF_ERROR(linear(mw.up, x, w.up.as<float>(), false));
+  RETURN_IF_ERROR(b.LinearGroup({.x = x,
+                                 .tokens = tokens,
+                                 .in = mw.gate.in,
+                                 .parts = {{GroupPart(mw.gate, w.gate.as<float>()), GroupPart(mw.up, w.up.as<float>())}},
+                                 .num_parts = 2}));
   RETURN_IF_ERROR(b.SiluMul({.gate = w.gate.as<float>(), .up = w.up.as<float>(), .out = w.gate.as<float>(),
                              .n = tokens * width}));
   return linear(mw.down, w.gate.as<float>(), y, accumulate);

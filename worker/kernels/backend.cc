@@ -1,6 +1,7 @@
 #include "worker/kernels/backend.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status/macros.h"
 
 namespace shardserve::kernels {
 namespace {
@@ -101,6 +102,35 @@ absl::Status LinearParams::Validate() const {
   if (w.data == nullptr) return Invalid("Linear", "null weights");
   if (AnyNegative({tokens, in, out})) return Invalid("Linear", "negative size");
   if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("Linear", "y aliases x");
+  return absl::OkStatus();
+}
+
+LinearParams LinearGroupParams::PartParams(int i) const {
+  const Part& part = parts[static_cast<size_t>(i)];
+  return {.x = x, .w = part.w, .bias = part.bias, .y = part.y, .tokens = tokens, .in = in, .out = part.out,
+          .accumulate = part.accumulate};
+}
+
+absl::Status LinearGroupParams::Validate() const {
+  if (num_parts < 1 || num_parts > kMaxParts) {
+    return Invalid("LinearGroup", absl::StrCat(num_parts, " parts (1 to ", kMaxParts, ")"));
+  }
+  for (int i = 0; i < num_parts; ++i) {
+    if (absl::Status st = PartParams(i).Validate(); !st.ok()) {
+      return Invalid("LinearGroup", absl::StrCat("part ", i, ": ", st.message()));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (parts[static_cast<size_t>(j)].y == parts[static_cast<size_t>(i)].y) {
+        return Invalid("LinearGroup", absl::StrCat("parts ", j, " and ", i, " write the same y"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::LinearGroup(const LinearGroupParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  for (int i = 0; i < p.num_parts; ++i) RETURN_IF_ERROR(Linear(p.PartParams(i)));
   return absl::OkStatus();
 }
 

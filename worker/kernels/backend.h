@@ -16,6 +16,7 @@
 #ifndef SHARDSERVE_WORKER_KERNELS_BACKEND_H_
 #define SHARDSERVE_WORKER_KERNELS_BACKEND_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -122,6 +123,28 @@ struct LinearParams {
   float* y = nullptr;           // [tokens, out]; must not alias x
   int64_t tokens = 0, in = 0, out = 0;
   bool accumulate = false;
+  absl::Status Validate() const;
+};
+
+// Several products of one x: parts[i].y = x . parts[i].w^T (+ bias), or += when accumulate, for
+// i < num_parts. One pass over x (on a GPU, one launch for a decode step, or one rounding of x for
+// the tensor cores) instead of one per product: a layer's q, k and v projections, an MLP's gate and
+// up. The same sums as a Linear per part.
+struct LinearGroupParams {
+  static constexpr int kMaxParts = 4;
+  struct Part {
+    WeightView w;                 // [out, in]
+    const float* bias = nullptr;  // [out] or null
+    float* y = nullptr;           // [tokens, out]; must not alias x or another part's y
+    int64_t out = 0;
+    bool accumulate = false;
+  };
+  const float* x = nullptr;  // [tokens, in]
+  int64_t tokens = 0, in = 0;
+  std::array<Part, kMaxParts> parts{};
+  int num_parts = 0;
+  // Part i as a Linear.
+  LinearParams PartParams(int i) const;
   absl::Status Validate() const;
 };
 
@@ -339,6 +362,8 @@ class Backend {
 
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status Linear(const LinearParams& p) = 0;
+  // The default: Validate(), then Linear for each part in order.
+  virtual absl::Status LinearGroup(const LinearGroupParams& p);
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
   virtual absl::Status AddRmsNorm(const AddRmsNormParams& p) = 0;
   virtual absl::Status Rope(const RopeParams& p) = 0;

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -32,19 +31,9 @@ namespace {
 // newer, 4 MiB before. Owning it keeps cuBLAS from allocating during an op.
 size_t BlasWorkspaceBytes(int compute_major) { return (compute_major >= 9 ? 32u : 4u) << 20; }
 
-constexpr int kDefaultGemvLoads = 8;
-
-// SHARDSERVE_CUDA_GEMV: unset or empty (the default), "loads4", "loads8" or "cublas".
-absl::StatusOr<int> GemvLoadsFromEnv() {
-  const char* v = std::getenv("SHARDSERVE_CUDA_GEMV");
-  const absl::string_view mode = v == nullptr ? "" : v;
-  if (mode.empty()) return kDefaultGemvLoads;
-  if (mode == "loads4") return 4;
-  if (mode == "loads8") return 8;
-  if (mode == "cublas") return 0;
-  return absl::InvalidArgumentError(
-      absl::StrCat("SHARDSERVE_CUDA_GEMV=\"", mode, "\" is not one of loads4, loads8, cublas (or unset)"));
-}
+// 16-byte weight loads each lane of the decode GEMV keeps in flight. Measured on an H100
+// (tests/gpu/README.md): 4, 8 and cuBLAS on rounded activations decode alike.
+constexpr int kGemvLoads = 8;
 
 // DeviceBuffer's deallocator. The buffer may be destroyed on any thread with any device current,
 // so free on the device that owns the pointer. Errors here have no one to report to; clearing the
@@ -100,6 +89,7 @@ class CudaBackend final : public Backend {
 
   absl::Status Embedding(const EmbeddingParams& p) override;
   absl::Status Linear(const LinearParams& p) override;
+  absl::Status LinearGroup(const LinearGroupParams& p) override;
   absl::Status RmsNorm(const RmsNormParams& p) override;
   absl::Status AddRmsNorm(const AddRmsNormParams& p) override;
   absl::Status Rope(const RopeParams& p) override;
@@ -126,6 +116,9 @@ class CudaBackend final : public Backend {
   absl::Status EnsureScratch(size_t bytes);
   // Linear with bf16/f16 weights (see linear16.cuh for the two paths).
   absl::Status Linear16(const LinearParams& p);
+  // The tensor-core product of Linear16 on activations already rounded to the weights' type
+  // (x16: [tokens, in]), then the bias.
+  absl::Status Gemm16(const LinearParams& p, const void* x16);
 
   // Constant after construction / Init().
   const int device_;
@@ -134,9 +127,6 @@ class CudaBackend final : public Backend {
   cublasHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
   int multiprocessors_ = 1;
-  // The decode-sized 16-bit Linear: GEMV kernel loads in flight per lane, or 0 for cuBLAS at every
-  // batch size (SHARDSERVE_CUDA_GEMV; see cuda_backend.h).
-  int gemv_loads_ = kDefaultGemvLoads;
 
   // Backend-owned scratch for ops that need device memory beyond their Params (the activations
   // of a 16-bit GEMM, rounded; attention's split partials). Sized by Reserve(); grown by an op
@@ -166,7 +156,6 @@ CudaBackend::~CudaBackend() {
 }
 
 absl::Status CudaBackend::Init() {
-  ASSIGN_OR_RETURN(gemv_loads_, GemvLoadsFromEnv());
   RETURN_IF_ERROR(Check(cudaSetDevice(device_), "cudaSetDevice"));
   // Non-blocking: the legacy default stream (used by libraries that pass stream 0) does not
   // serialise with ours.
@@ -406,16 +395,25 @@ absl::Status CudaBackend::Linear(const LinearParams& p) {
 }
 
 absl::Status CudaBackend::Linear16(const LinearParams& p) {
-  if (p.tokens <= cuda::kGemv16MaxTokens && gemv_loads_ > 0) {
+  if (p.tokens <= cuda::kGemv16MaxTokens) {
     // Bias and accumulation are fused into the GEMV.
-    return Check(cuda::LaunchGemv16(p.w.dtype, p.x, p.w.data, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate,
-                                    gemv_loads_, stream_),
+    cuda::Gemv16Group group;
+    group.parts = 1;
+    group.w[0] = p.w.data;
+    group.bias[0] = p.bias;
+    group.y[0] = p.y;
+    group.out[0] = p.out;
+    group.accumulate[0] = p.accumulate;
+    return Check(cuda::LaunchGemv16(p.w.dtype, p.x, group, p.tokens, p.in, kGemvLoads, stream_),
                  "Gemv16 kernel launch");
   }
   const int64_t n = p.tokens * p.in;
   RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
-  void* x16 = scratch_.as<void>();
-  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(p.w.dtype, p.x, x16, n, stream_), "CastTo16 kernel launch"));
+  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(p.w.dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
+  return Gemm16(p, scratch_.as<void>());
+}
+
+absl::Status CudaBackend::Gemm16(const LinearParams& p, const void* x16) {
   const cudaDataType type = p.w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
   const float alpha = 1.0f;
   const float beta = p.accumulate ? 1.0f : 0.0f;
@@ -427,6 +425,42 @@ absl::Status CudaBackend::Linear16(const LinearParams& p) {
                             "cublasGemmEx"));
   if (p.bias == nullptr) return absl::OkStatus();
   return Check(cuda::LaunchBiasAdd(p.bias, p.y, p.tokens, p.out, stream_), "Linear bias kernel launch");
+}
+
+absl::Status CudaBackend::LinearGroup(const LinearGroupParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  // One 16-bit type across the parts, all within cuBLAS's int range: one GEMV launch, or one
+  // rounding of x shared by the parts' GEMMs. Anything else: a Linear per part.
+  const DType dtype = p.parts[0].w.dtype;
+  bool fused = (dtype == DType::kBF16 || dtype == DType::kF16) && p.in > 0 && FitsInt({p.tokens, p.in});
+  for (int i = 0; i < p.num_parts; ++i) {
+    const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
+    fused = fused && part.w.dtype == dtype && FitsInt({part.out});
+  }
+  if (!fused) return Backend::LinearGroup(p);
+  RETURN_IF_ERROR(Enter());
+  if (p.tokens == 0) return absl::OkStatus();
+  if (p.tokens <= cuda::kGemv16MaxTokens) {
+    cuda::Gemv16Group group;
+    group.parts = p.num_parts;
+    for (int i = 0; i < p.num_parts; ++i) {
+      const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
+      group.w[i] = part.w.data;
+      group.bias[i] = part.bias;
+      group.y[i] = part.y;
+      group.out[i] = part.out;
+      group.accumulate[i] = part.accumulate;
+    }
+    return Check(cuda::LaunchGemv16(dtype, p.x, group, p.tokens, p.in, kGemvLoads, stream_), "Gemv16 kernel launch");
+  }
+  const int64_t n = p.tokens * p.in;
+  RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
+  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
+  for (int i = 0; i < p.num_parts; ++i) {
+    const LinearParams part = p.PartParams(i);
+    if (part.out > 0) RETURN_IF_ERROR(Gemm16(part, scratch_.as<void>()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {

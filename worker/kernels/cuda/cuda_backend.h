@@ -21,10 +21,6 @@
 //     to f32 in a GEMV for up to 8 tokens, and above that the activations are rounded to the
 //     weights' type for a tensor-core GEMM with f32 accumulation (linear16.cuh). Reductions are
 //     ordered differently from the CPU backend, so results agree within rounding, not bit for bit.
-//   * Tuning. SHARDSERVE_CUDA_GEMV picks the 16-bit Linear for up to 8 tokens, for benchmarks:
-//     "loads8" (the default) or "loads4" (the GEMV kernel with that many 16-byte weight loads in
-//     flight per lane), or "cublas" (cuBLAS at every batch size). CreateCudaBackend answers
-//     InvalidArgument for any other value.
 //   * Scratch. The backend owns one scratch buffer (16-bit GEMM activations, split-K attention
 //     partials), sized by Reserve(); an op called beyond the reserved limits first drains the
 //     stream and grows it, after which graphs recorded earlier answer Aborted to Replay().

@@ -31,16 +31,23 @@ __device__ __forceinline__ float Widen(uint16_t bits) {
   }
 }
 
-// One warp per output row (grid-stride over rows). `kVectorized`: in % 8 == 0 and every row and
-// activation row 16-byte aligned, so each lane loads 8 weights and 2 x float4 per token at once.
+// One warp per output row of the group's rows (grid-stride; part after part). `kVectorized`:
+// in % 8 == 0 and every row and activation row 16-byte aligned, so each lane loads 8 weights and
+// 2 x float4 per token at once.
 template <DType kType, bool kVectorized, int kLoads>
 __global__ void __launch_bounds__(kGemvWarps * kWarp)
-    Gemv16Kernel(const float* __restrict__ x, const uint16_t* __restrict__ w, const float* __restrict__ bias,
-                 float* __restrict__ y, int tokens, int64_t in, int64_t out, bool accumulate) {
+    Gemv16Kernel(const float* __restrict__ x, const Gemv16Group g, int tokens, int64_t in, int64_t total_rows) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
-  for (int64_t row = int64_t{blockIdx.x} * kGemvWarps + warp; row < out; row += int64_t{gridDim.x} * kGemvWarps) {
-    const uint16_t* wr = w + row * in;
+  for (int64_t r = int64_t{blockIdx.x} * kGemvWarps + warp; r < total_rows; r += int64_t{gridDim.x} * kGemvWarps) {
+    int part = 0;
+    int64_t row = r;
+    while (part + 1 < g.parts && row >= g.out[part]) row -= g.out[part++];
+    const uint16_t* wr = static_cast<const uint16_t*>(g.w[part]) + row * in;
+    const int64_t out = g.out[part];
+    const float* bias = g.bias[part];
+    float* y = g.y[part];
+    const bool accumulate = g.accumulate[part];
     float acc[kGemv16MaxTokens];
 #pragma unroll
     for (int t = 0; t < kGemv16MaxTokens; ++t) acc[t] = 0.f;
@@ -129,35 +136,43 @@ __global__ void EmbeddingKernel(const void* table, const int32_t* ids, float* ou
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <DType kType>
-cudaError_t Gemv16(const float* x, const void* w, const float* bias, float* y, int64_t tokens, int64_t in,
-                   int64_t out, bool accumulate, int loads, cudaStream_t stream) {
-  const unsigned grid = GridFor((out + kGemvWarps - 1) / kGemvWarps);
-  const auto* w16 = static_cast<const uint16_t*>(w);
+cudaError_t Gemv16(const float* x, const Gemv16Group& g, int64_t tokens, int64_t in, int loads, cudaStream_t stream) {
+  int64_t rows = 0;
+  bool aligned = in % kVec == 0 && Aligned16(x);
+  for (int p = 0; p < g.parts; ++p) {
+    rows += g.out[p];
+    aligned = aligned && Aligned16(g.w[p]);
+  }
+  if (rows == 0) return cudaSuccess;
+  const unsigned grid = GridFor((rows + kGemvWarps - 1) / kGemvWarps);
   const int t = static_cast<int>(tokens);
   constexpr unsigned kThreads = kGemvWarps * kWarp;
-  if (in % kVec == 0 && Aligned16(w) && Aligned16(x)) {
+  if (aligned) {
     if (loads == 8) {
-      Gemv16Kernel<kType, true, 8><<<grid, kThreads, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
+      Gemv16Kernel<kType, true, 8><<<grid, kThreads, 0, stream>>>(x, g, t, in, rows);
     } else {
-      Gemv16Kernel<kType, true, 4><<<grid, kThreads, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
+      Gemv16Kernel<kType, true, 4><<<grid, kThreads, 0, stream>>>(x, g, t, in, rows);
     }
   } else {
-    Gemv16Kernel<kType, false, 1><<<grid, kThreads, 0, stream>>>(x, w16, bias, y, t, in, out, accumulate);
+    Gemv16Kernel<kType, false, 1><<<grid, kThreads, 0, stream>>>(x, g, t, in, rows);
   }
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t LaunchGemv16(DType dtype, const float* x, const void* w, const float* bias, float* y, int64_t tokens,
-                         int64_t in, int64_t out, bool accumulate, int loads, cudaStream_t stream) {
-  if (tokens == 0 || out == 0) return cudaSuccess;
-  if (tokens > kGemv16MaxTokens || (loads != 4 && loads != 8)) return cudaErrorInvalidValue;
+cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, int64_t tokens, int64_t in, int loads,
+                         cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (tokens > kGemv16MaxTokens || (loads != 4 && loads != 8) || group.parts < 1 ||
+      group.parts > Gemv16Group::kMaxParts) {
+    return cudaErrorInvalidValue;
+  }
   switch (dtype) {
     case DType::kBF16:
-      return Gemv16<DType::kBF16>(x, w, bias, y, tokens, in, out, accumulate, loads, stream);
+      return Gemv16<DType::kBF16>(x, group, tokens, in, loads, stream);
     case DType::kF16:
-      return Gemv16<DType::kF16>(x, w, bias, y, tokens, in, out, accumulate, loads, stream);
+      return Gemv16<DType::kF16>(x, group, tokens, in, loads, stream);
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:

@@ -23,12 +23,24 @@ namespace shardserve::kernels::cuda {
 
 inline constexpr int64_t kGemv16MaxTokens = 8;
 
-// y[t, o] (+)= sum_i x[t, i] * w[o, i] (+ bias[o]) for t < tokens <= kGemv16MaxTokens.
-// x: [tokens, in] f32; w: [out, in] of `dtype` (kBF16 or kF16); bias: [out] or null;
-// y: [tokens, out] f32 (accumulated into when `accumulate`). `loads`: 16-byte weight loads each lane
-// issues before using them (4 or 8; the same sums either way).
-cudaError_t LaunchGemv16(DType dtype, const float* x, const void* w, const float* bias, float* y, int64_t tokens,
-                         int64_t in, int64_t out, bool accumulate, int loads, cudaStream_t stream);
+// The products of one GEMV launch: up to kMaxParts weight matrices [out[p], in] of one 16-bit type
+// that multiply the same activations, each with its own bias (or null), output y[p] ([tokens,
+// out[p]] f32) and accumulate flag. Their rows are one index space, so one grid covers them all.
+struct Gemv16Group {
+  static constexpr int kMaxParts = 4;
+  int parts = 0;
+  const void* w[kMaxParts] = {};
+  const float* bias[kMaxParts] = {};
+  float* y[kMaxParts] = {};
+  int64_t out[kMaxParts] = {};
+  bool accumulate[kMaxParts] = {};
+};
+
+// y[p][t, o] (+)= sum_i x[t, i] * w[p][o, i] (+ bias[p][o]) for every part p and t < tokens <=
+// kGemv16MaxTokens. x: [tokens, in] f32; the weights of `dtype` (kBF16 or kF16). `loads`: 16-byte
+// weight loads each lane issues before using them (4 or 8; the same sums either way).
+cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, int64_t tokens, int64_t in, int loads,
+                         cudaStream_t stream);
 
 // dst[i] = x[i] rounded to `dtype` (kBF16 or kF16), as 16-bit patterns. x: [n]; dst: [n].
 cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cudaStream_t stream);
