@@ -4,7 +4,10 @@
 #include <set>
 #include <utility>
 
+#include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log/log.h"
 
 namespace shardserve::coordinator {
@@ -30,10 +33,27 @@ absl::Status WorkerRegistry::Options::Validate() const {
                                                    ") must exceed heartbeat_interval (",
                                                    absl::FormatDuration(heartbeat_interval), ")"));
   }
+  if (incarnation.size() > 16 ||
+      !std::all_of(incarnation.begin(), incarnation.end(), [](char c) { return absl::ascii_isalnum(c); })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("incarnation \"", incarnation, "\" must be at most 16 letters and digits"));
+  }
   return absl::OkStatus();
 }
 
-WorkerRegistry::WorkerRegistry(const Options& options, const Clock* clock) : options_(options), clock_(clock) {
+namespace {
+
+std::string NewIncarnation() {
+  absl::BitGen gen;
+  return absl::StrFormat("%08x", absl::Uniform<uint32_t>(gen));
+}
+
+}  // namespace
+
+WorkerRegistry::WorkerRegistry(const Options& options, const Clock* clock)
+    : options_(options),
+      incarnation_(options.incarnation.empty() ? NewIncarnation() : options.incarnation),
+      clock_(clock) {
   CHECK(options_.Validate().ok()) << options_.Validate();
   CHECK(clock_ != nullptr);
 }
@@ -76,7 +96,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(WorkerRegistration registra
     }
   }
   const uint64_t order = next_id_++;
-  const std::string id = absl::StrCat("w-", order);
+  const std::string id = absl::StrCat("w-", incarnation_, "-", order);
   const absl::Time now = clock_->Now();
   Entry e;
   e.order = order;

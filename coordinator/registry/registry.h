@@ -84,6 +84,11 @@ class WorkerRegistry {
     absl::Duration heartbeat_interval = absl::Seconds(1);
     // Silence after which a worker is dead. Must exceed heartbeat_interval.
     absl::Duration heartbeat_timeout = absl::Seconds(5);
+    // Part of every worker id this registry hands out, so that an id from an earlier coordinator
+    // run is unknown here (a worker still heartbeating under it is told to register again) instead
+    // of naming another worker that registered since. Letters and digits, at most 16. Empty: 8
+    // random hex digits, chosen when the registry is made.
+    std::string incarnation;
     // InvalidArgument naming the field when the values above are out of range.
     absl::Status Validate() const;
   };
@@ -96,8 +101,11 @@ class WorkerRegistry {
   WorkerRegistry& operator=(const WorkerRegistry&) = delete;
 
   const Options& options() const { return options_; }
+  // options().incarnation, or the one chosen when it was empty.
+  const std::string& incarnation() const { return incarnation_; }
 
-  // Adds a worker and returns its new id ("w-1", "w-2", ... in registration order; never reused).
+  // Adds a worker and returns its new id ("w-<incarnation>-1", "w-<incarnation>-2", ... in
+  // registration order; never reused, and never one an earlier registry handed out).
   // A previous record with the same (node_name, address) is dropped. InvalidArgument naming the
   // field: empty node_name or address, two devices with the same (kind, index), negative bytes or
   // free_bytes above total_bytes.
@@ -134,6 +142,7 @@ class WorkerRegistry {
 
   // Constant after construction.
   const Options options_;
+  const std::string incarnation_;
   const Clock* const clock_;  // not owned
 
   mutable absl::Mutex mu_;

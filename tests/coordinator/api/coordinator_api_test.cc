@@ -557,10 +557,11 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
   const v1::ClusterStatus st = Status();
   EXPECT_TRUE(st.ready());
   EXPECT_EQ(st.model_path(), testing::Stories260KDir());
-  EXPECT_THAT(st.plan(), HasSubstr("w-1"));
   ASSERT_EQ(st.workers_size(), 1);
   const v1::WorkerStatus& w = st.workers(0);
-  EXPECT_EQ(w.worker_id(), "w-1");
+  // "w-<incarnation>-1": 8 hex digits that differ between coordinator runs.
+  EXPECT_THAT(w.worker_id(), ::testing::MatchesRegex("w-[0-9a-f]{8}-1"));
+  EXPECT_THAT(st.plan(), HasSubstr(w.worker_id()));
   EXPECT_EQ(w.node_name(), "node-a");
   EXPECT_EQ(w.state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(w.devices_size(), 1);
@@ -694,14 +695,14 @@ TEST_F(CoordinatorApiTest, AFailedWorkerIsReportedAndTheOtherReplicaServes) {
   ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_FAILED, a2->assignment_id, "model.safetensors: truncated").ok());
   coordinator_->cluster().Tick();
   GenerateResult r = Generate(IdsRequest({1, 2}, 3));
-  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);  // w-1 is still loading
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);  // w1 is still loading
   ASSERT_TRUE(Heartbeat(w1, v1::WORKER_STATE_READY, a1->assignment_id, "", a1->kv_blocks).ok());
   ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
   r = Generate(IdsRequest({1, 2}, 3));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   const v1::ClusterStatus st = Status();
   EXPECT_TRUE(st.ready());
-  EXPECT_THAT(st.reason(), HasSubstr("worker w-2 failed to load: model.safetensors: truncated"));
+  EXPECT_THAT(st.reason(), HasSubstr("worker " + w2 + " failed to load: model.safetensors: truncated"));
   ASSERT_EQ(st.workers_size(), 2);
   EXPECT_EQ(st.workers(1).state(), v1::WORKER_STATE_FAILED);
   EXPECT_EQ(st.workers(1).error(), "model.safetensors: truncated");
@@ -716,7 +717,7 @@ TEST_F(CoordinatorApiTest, TheOnlyWorkerFailingIsUnavailableWithWhy) {
   coordinator_->cluster().Tick();
   const GenerateResult r = Generate(IdsRequest({1, 2}, 3));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_THAT(r.status.error_message(), HasSubstr("worker w-1 failed to load: out of memory"));
+  EXPECT_THAT(r.status.error_message(), HasSubstr("worker " + w1 + " failed to load: out of memory"));
   EXPECT_EQ(HealthStatus(), 2);
 }
 
@@ -728,15 +729,16 @@ TEST_F(CoordinatorApiTest, ADeadWorkerStopsItsReplicaAndTakesItBackAfterARestart
   coordinator_->cluster().Tick();
   GenerateResult r = Generate(IdsRequest({1, 2}, 3));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_THAT(r.status.error_message(), HasSubstr("worker w-1 is dead"));
+  const std::string w1 = Status().workers(0).worker_id();
+  EXPECT_THAT(r.status.error_message(), HasSubstr("worker " + w1 + " is dead"));
   EXPECT_EQ(Status().workers(0).state(), v1::WORKER_STATE_DEAD);
-  EXPECT_EQ(Heartbeat("w-1", v1::WORKER_STATE_READY, first_assignment).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Heartbeat(w1, v1::WORKER_STATE_READY, first_assignment).error_code(), grpc::StatusCode::NOT_FOUND);
   // The worker restarts: same node and address, new id; it gets its stage back.
   const std::string w2 = Register("node-a", "127.0.0.1:1");
-  EXPECT_EQ(w2, "w-2");
+  EXPECT_THAT(w2, ::testing::MatchesRegex("w-[0-9a-f]{8}-2"));
   std::optional<WorkerAssignment> again = workers_->WaitFor("127.0.0.1:1", first_assignment);
   ASSERT_TRUE(again.has_value());
-  EXPECT_THAT(again->assignment_id, HasSubstr("w-2"));
+  EXPECT_THAT(again->assignment_id, HasSubstr(w2));
   ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_READY, again->assignment_id, "", again->kv_blocks).ok());
   ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
   r = Generate(IdsRequest({1, 2}, 3));

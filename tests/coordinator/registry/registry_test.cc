@@ -7,6 +7,7 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
@@ -31,21 +32,52 @@ WorkerRegistration Worker(const std::string& node, const std::string& address, i
 class RegistryTest : public ::testing::Test {
  protected:
   FakeClock clock_;
-  WorkerRegistry registry_{{.heartbeat_interval = absl::Seconds(1), .heartbeat_timeout = absl::Seconds(5)}, &clock_};
+  WorkerRegistry registry_{
+      {.heartbeat_interval = absl::Seconds(1), .heartbeat_timeout = absl::Seconds(5), .incarnation = "t"}, &clock_};
 };
 
 TEST_F(RegistryTest, RegisterGivesNewIdsInOrderAndStartsIdle) {
   ASSERT_OK_AND_ASSIGN(std::string a, registry_.Register(Worker("node-a", "10.0.0.1:7000")));
   ASSERT_OK_AND_ASSIGN(std::string b, registry_.Register(Worker("node-b", "10.0.0.2:7000", 4)));
-  EXPECT_EQ(a, "w-1");
-  EXPECT_EQ(b, "w-2");
+  EXPECT_EQ(a, "w-t-1");
+  EXPECT_EQ(b, "w-t-2");
   const std::vector<WorkerRecord> all = registry_.List();
   ASSERT_EQ(all.size(), 2u);
-  EXPECT_EQ(all[0].worker_id, "w-1");
+  EXPECT_EQ(all[0].worker_id, "w-t-1");
   EXPECT_EQ(all[0].state, WorkerState::kIdle);
   EXPECT_EQ(all[1].registration.devices.size(), 4u);
   EXPECT_EQ(all[1].registered_at, clock_.Now());
   EXPECT_EQ(registry_.NumAlive(), 2);
+}
+
+// A coordinator restart makes a new registry: ids from the old one must not name its workers
+// (a worker still heartbeating under an old id is told to register again, never mistaken for
+// the worker that now holds the same number).
+TEST_F(RegistryTest, IdsOfAnEarlierRegistryAreUnknownToANewOne) {
+  ASSERT_OK_AND_ASSIGN(const std::string old_a, registry_.Register(Worker("node-a", "10.0.0.1:7000")));
+  ASSERT_OK_AND_ASSIGN(const std::string old_b, registry_.Register(Worker("node-b", "10.0.0.2:7000")));
+  WorkerRegistry restarted({.heartbeat_interval = absl::Seconds(1), .heartbeat_timeout = absl::Seconds(5)}, &clock_);
+  EXPECT_THAT(restarted.incarnation(), ::testing::MatchesRegex("[0-9a-f]{8}"));
+  // node-b comes back first and takes the first number.
+  ASSERT_OK_AND_ASSIGN(const std::string new_b, restarted.Register(Worker("node-b", "10.0.0.2:7000")));
+  EXPECT_EQ(new_b, absl::StrCat("w-", restarted.incarnation(), "-1"));
+  EXPECT_NE(new_b, old_a);
+  EXPECT_THAT(restarted.Heartbeat({.worker_id = old_a, .state = WorkerState::kReady}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  EXPECT_THAT(restarted.Heartbeat({.worker_id = old_b, .state = WorkerState::kIdle}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  EXPECT_THAT(restarted.Heartbeat({.worker_id = new_b, .state = WorkerState::kIdle}), IsOk());
+  // Two registries made alike still differ (8 random hex digits each).
+  WorkerRegistry another({}, &clock_);
+  EXPECT_NE(another.incarnation(), restarted.incarnation());
+}
+
+TEST(RegistryOptionsTest, IncarnationIsLettersAndDigits) {
+  EXPECT_THAT((WorkerRegistry::Options{.incarnation = "abc-1"}.Validate()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("incarnation")));
+  EXPECT_THAT((WorkerRegistry::Options{.incarnation = std::string(17, 'a')}.Validate()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 16")));
+  EXPECT_THAT((WorkerRegistry::Options{.incarnation = "Run7"}.Validate()), IsOk());
 }
 
 TEST_F(RegistryTest, RegisterRejectsBadRegistrations) {
