@@ -33,6 +33,10 @@ absl::Status WorkerRegistry::Options::Validate() const {
                                                    ") must exceed heartbeat_interval (",
                                                    absl::FormatDuration(heartbeat_interval), ")"));
   }
+  if (dead_retention <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dead_retention (", absl::FormatDuration(dead_retention), ") must be > 0"));
+  }
   if (incarnation.size() > 16 ||
       !std::all_of(incarnation.begin(), incarnation.end(), [](char c) { return absl::ascii_isalnum(c); })) {
     return absl::InvalidArgumentError(
@@ -149,6 +153,19 @@ absl::Status WorkerRegistry::Heartbeat(const WorkerHeartbeat& hb) {
 std::vector<std::string> WorkerRegistry::SweepLocked() {
   std::vector<std::string> dead;
   const absl::Time now = clock_->Now();
+  bool forgot = false;
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    const WorkerRecord& r = it->second.record;
+    if (r.state == WorkerState::kDead && now - r.last_heartbeat > options_.heartbeat_timeout + options_.dead_retention) {
+      LOG(INFO) << "forgetting worker " << it->first << " (" << r.registration.address << "), dead since "
+                << absl::FormatTime(r.last_heartbeat + options_.heartbeat_timeout);
+      it = workers_.erase(it);
+      forgot = true;
+    } else {
+      ++it;
+    }
+  }
+  if (forgot) ++version_;
   for (auto& [id, e] : workers_) {
     WorkerRecord& r = e.record;
     if (r.state == WorkerState::kDead) continue;

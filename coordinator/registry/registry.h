@@ -84,6 +84,11 @@ class WorkerRegistry {
     absl::Duration heartbeat_interval = absl::Seconds(1);
     // Silence after which a worker is dead. Must exceed heartbeat_interval.
     absl::Duration heartbeat_timeout = absl::Seconds(5);
+    // How long a dead worker's record stays (for status and errors that name it) before it is
+    // forgotten, so that workers that come and go cannot grow the registry without bound. A
+    // forgotten worker's stage still goes back to it when it registers again (same node and
+    // address). > 0.
+    absl::Duration dead_retention = absl::Minutes(10);
     // Part of every worker id this registry hands out, so that an id from an earlier coordinator
     // run is unknown here (a worker still heartbeating under it is told to register again) instead
     // of naming another worker that registered since. Letters and digits, at most 16. Empty: 8
@@ -115,11 +120,12 @@ class WorkerRegistry {
   // replaced by a newer registration, or was declared dead; InvalidArgument for state kDead.
   absl::Status Heartbeat(const WorkerHeartbeat& heartbeat);
 
-  // Marks every worker silent for longer than heartbeat_timeout as kDead. Returns the ids that
-  // became dead in this call. Reading methods below apply the same rule first.
+  // Marks every worker silent for longer than heartbeat_timeout as kDead, and forgets those dead
+  // for longer than dead_retention. Returns the ids that became dead in this call. Reading
+  // methods below apply the same rules first.
   std::vector<std::string> SweepDead();
 
-  // All known workers (dead ones included), in registration order.
+  // All known workers (dead ones within dead_retention included), in registration order.
   std::vector<WorkerRecord> List();
   // One worker; nullopt when unknown.
   std::optional<WorkerRecord> Get(absl::string_view worker_id);

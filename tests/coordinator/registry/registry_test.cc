@@ -72,12 +72,40 @@ TEST_F(RegistryTest, IdsOfAnEarlierRegistryAreUnknownToANewOne) {
   EXPECT_NE(another.incarnation(), restarted.incarnation());
 }
 
+// Workers that come and go (or a flood of bogus registrations) cannot grow the registry: dead
+// records stay for dead_retention, then go.
+TEST(RegistryRetentionTest, DeadWorkersAreForgottenAfterTheRetention) {
+  FakeClock clock;
+  WorkerRegistry registry({.heartbeat_interval = absl::Seconds(1), .heartbeat_timeout = absl::Seconds(5),
+                           .dead_retention = absl::Minutes(1)},
+                          &clock);
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_THAT(registry.Register(Worker(absl::StrCat("fake-", i), absl::StrCat("10.1.0.1:", i))), IsOk());
+  }
+  ASSERT_OK_AND_ASSIGN(const std::string live, registry.Register(Worker("node-a", "10.0.0.1:7000")));
+  clock.Advance(absl::Seconds(4));
+  ASSERT_THAT(registry.Heartbeat({.worker_id = live, .state = WorkerState::kIdle}), IsOk());
+  clock.Advance(absl::Seconds(2));  // the fakes: silent 6 s > 5 s
+  EXPECT_EQ(registry.SweepDead().size(), 2000u);
+  EXPECT_EQ(registry.List().size(), 2001u);  // still listed: within the retention
+  for (int s = 0; s < 60; s += 2) {  // the live worker keeps heartbeating
+    clock.Advance(absl::Seconds(2));
+    ASSERT_THAT(registry.Heartbeat({.worker_id = live, .state = WorkerState::kIdle}), IsOk());
+  }
+  const std::vector<WorkerRecord> left = registry.List();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].worker_id, live);
+  EXPECT_EQ(registry.NumAlive(), 1);
+}
+
 TEST(RegistryOptionsTest, IncarnationIsLettersAndDigits) {
   EXPECT_THAT((WorkerRegistry::Options{.incarnation = "abc-1"}.Validate()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("incarnation")));
   EXPECT_THAT((WorkerRegistry::Options{.incarnation = std::string(17, 'a')}.Validate()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 16")));
   EXPECT_THAT((WorkerRegistry::Options{.incarnation = "Run7"}.Validate()), IsOk());
+  EXPECT_THAT((WorkerRegistry::Options{.dead_retention = absl::ZeroDuration()}.Validate()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dead_retention")));
 }
 
 TEST_F(RegistryTest, RegisterRejectsBadRegistrations) {
