@@ -643,3 +643,56 @@ TEST_F(CpuBackendTest, OpsRejectInvalidParamsWithoutTouchingMemory) {
 
 }  // namespace
 }  // namespace shardserve::kernels
+
+namespace shardserve::kernels {
+namespace {
+
+// LinearGroup (the default every backend inherits, and the CPU backend's) is bit for bit a Linear
+// per part: f32 and bf16 parts, biases, accumulation, a part with no rows.
+TEST(LinearGroupTest, EqualsALinearPerPart) {
+  auto backend = CreateBackend({});
+  ASSERT_TRUE(backend.ok());
+  Backend& b = **backend;
+  const int64_t tokens = 5, in = 96;
+  const std::vector<float> x = Random(static_cast<size_t>(tokens * in), 1);
+  const std::vector<float> wq = Random(static_cast<size_t>(64 * in), 2);
+  const std::vector<uint16_t> wk = ToBf16(Random(static_cast<size_t>(16 * in), 3));
+  const std::vector<float> bias = Random(16, 4);
+  const std::vector<float> start = Random(static_cast<size_t>(tokens * 16), 5);
+  std::vector<float> q(static_cast<size_t>(tokens * 64), -1.f), k = start, empty(1, 7.f);
+  std::vector<float> q_ref = q, k_ref = start;
+  LinearGroupParams g{.x = x.data(), .tokens = tokens, .in = in, .num_parts = 3};
+  g.parts[0] = {.w = {DType::kF32, wq.data()}, .y = q.data(), .out = 64};
+  g.parts[1] = {.w = {DType::kBF16, wk.data()}, .bias = bias.data(), .y = k.data(), .out = 16, .accumulate = true};
+  g.parts[2] = {.w = {DType::kF32, wq.data()}, .y = empty.data(), .out = 0};
+  ASSERT_TRUE(b.LinearGroup(g).ok());
+  ASSERT_TRUE(b.Linear({.x = x.data(), .w = {DType::kF32, wq.data()}, .y = q_ref.data(), .tokens = tokens, .in = in,
+                        .out = 64})
+                  .ok());
+  ASSERT_TRUE(b.Linear({.x = x.data(), .w = {DType::kBF16, wk.data()}, .bias = bias.data(), .y = k_ref.data(),
+                        .tokens = tokens, .in = in, .out = 16, .accumulate = true})
+                  .ok());
+  EXPECT_EQ(q, q_ref);
+  EXPECT_EQ(k, k_ref);
+  EXPECT_EQ(empty[0], 7.f);
+}
+
+TEST(LinearGroupTest, RejectsBadGroupsNamingThePart) {
+  auto backend = CreateBackend({});
+  ASSERT_TRUE(backend.ok());
+  std::vector<float> x(8), w(8), y(4), z(4);
+  LinearGroupParams g{.x = x.data(), .tokens = 2, .in = 4, .num_parts = 0};
+  EXPECT_THAT((*backend)->LinearGroup(g), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0 parts")));
+  g.num_parts = 5;
+  EXPECT_THAT((*backend)->LinearGroup(g), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 to 4")));
+  g.num_parts = 2;
+  g.parts[0] = {.w = {DType::kF32, w.data()}, .y = y.data(), .out = 2};
+  g.parts[1] = {.w = {DType::kF32, nullptr}, .y = z.data(), .out = 2};
+  EXPECT_THAT((*backend)->LinearGroup(g), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("part 1")));
+  g.parts[1] = {.w = {DType::kF32, w.data()}, .y = y.data(), .out = 2};
+  EXPECT_THAT((*backend)->LinearGroup(g),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("parts 0 and 1 write the same y")));
+}
+
+}  // namespace
+}  // namespace shardserve::kernels

@@ -260,6 +260,47 @@ INSTANTIATE_TEST_SUITE_P(
                       Linear16Case{DType::kF16, 64, 300, 129, false, false}),
     CaseName<Linear16Case>);
 
+// LinearGroup on the GPU: one GEMV launch over three parts (3 tokens; in = 264 takes the 16-byte
+// loads) and, at 20 tokens, one rounding of x for the three GEMMs; against the CPU's Linear per
+// part on the widened weights. Part sizes differ so that rows cross part boundaries inside blocks.
+TEST_F(CudaParityTest, LinearGroupMatchesCpu) {
+  for (const int64_t tokens : {int64_t{3}, int64_t{20}}) {
+    SCOPED_TRACE(absl::StrCat(tokens, " tokens"));
+    const int64_t in = 264;
+    const int64_t outs[3] = {70, 9, 33};
+    auto x = Mirror(RandomFloats(tokens * in, 40));
+    std::vector<Mirrored<float>> wide, y;
+    std::vector<Mirrored<uint16_t>> narrow;
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<uint16_t> w16 = Narrow(DType::kBF16, RandomFloats(outs[i] * in, 41 + i));
+      wide.push_back(Mirror(Widen(DType::kBF16, w16)));
+      narrow.push_back(Mirror(w16));
+      y.push_back(Mirror(RandomFloats(tokens * outs[i], 50 + i)));
+    }
+    auto bias = Mirror(RandomFloats(outs[1], 60));
+    RunBoth([&](Backend& b, int s) {
+      LinearGroupParams g{.x = x.at(s), .tokens = tokens, .in = in, .num_parts = 3};
+      for (int i = 0; i < 3; ++i) {
+        g.parts[static_cast<size_t>(i)] = {
+            .w = s == kRef ? WeightView(wide[static_cast<size_t>(i)].at(s))
+                           : WeightView(DType::kBF16, narrow[static_cast<size_t>(i)].at(s)),
+            .bias = i == 1 ? bias.at(s) : nullptr,
+            .y = y[static_cast<size_t>(i)].at(s),
+            .out = outs[i],
+            .accumulate = i == 2};
+      }
+      return b.LinearGroup(g);
+    });
+    for (auto& m : y) {
+      if (tokens <= 8) {
+        ExpectMirrorsClose(m);
+      } else {
+        ExpectMirrorsClose(m, 2e-2f, 1e-5);
+      }
+    }
+  }
+}
+
 TEST_F(CudaParityTest, EmbeddingOfNarrowTablesWidensExactly) {
   const int64_t vocab = 50, hidden = 300, tokens = 13;
   const std::vector<float> table = RandomFloats(vocab * hidden, 1);
