@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(kThreads)
               for (int k = 0; k < kDpl; ++k) acc[hh][k] *= rescale;
             }
           }
-          // Keys past the chunk's end have weight 0 (their rows are row 0 of the cache, in bounds).
+          // Keys past the chunk's end (the group's tail) have weight 0 and read row 0 of the cache,
+          // in bounds; their values count as 0, so no stale Inf/NaN there can leak in as 0 * Inf.
           const int n = static_cast<int>(ke - c < kWarp ? ke - c : kWarp);
           for (int j0 = 0; j0 < n; j0 += kGroup) {
             float v[kGroup][kDpl];
@@ -200,10 +201,11 @@ __global__ void __launch_bounds__(kThreads)
             for (int u = 0; u < kGroup; ++u) {
               const int64_t vrow = __shfl_sync(0xffffffffu, cache_row, (j0 + u) % kWarp);
               const T* vj = cache_v + vrow * row + g * d;
+              const bool key = j0 + u < n;
 #pragma unroll
               for (int k = 0; k < kDpl; ++k) {
                 const int64_t e = lane + int64_t{k} * kWarp;
-                v[u][k] = e < d ? Widen(vj[e]) : 0.f;
+                v[u][k] = key && e < d ? Widen(vj[e]) : 0.f;
               }
             }
 #pragma unroll
