@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Sourced by run.sh and profile.sh from inside the bundle: unpacks the bundle's libraries into
 # $WORK/lib and sets LD_LIBRARY_PATH to them plus the machine's CUDA runtime, cuBLAS and NCCL.
-# Needs BUNDLE (the bundle's folder), WORK (a scratch folder) and say(). Sets LIBDIR, LIB_PATH,
+# Needs BUNDLE (the bundle's folder) and say(); WORK (a scratch folder) is made, and removed at
+# exit, when the caller has not set it. Sets LIBDIR, LIB_PATH,
 # FOUND (library -> folder), NEEDED, COMPAT (which C++ runtime is used), MISSING (what ldd leaves
 # unresolved), ENV_STATUS/ENV_REASON and found_json.
+if [[ -z "${WORK:-}" ]]; then
+  WORK="$(mktemp -d "${TMPDIR:-/tmp}/shardserve-gpu.XXXXXX")"
+  trap 'rm -rf "$WORK"' EXIT
+fi
 # The bundle's own libraries come packed (bundle.sh compresses them to stay under the transfer
 # limit); unpack them next to the scratch files.
 LIBDIR="$WORK/lib"

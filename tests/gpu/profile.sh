@@ -13,10 +13,9 @@ DEST="${1:-${OUT:-.}}"
 shift || true
 mkdir -p "$DEST"
 DEST="$(cd "$DEST" && pwd)"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/shardserve-prof.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
 say() { printf '%s\n' "$*"; }
 # shellcheck source=env.sh
+unset WORK  # env.sh makes a scratch folder and removes it at exit
 source "$BUNDLE/env.sh"
 NCU="$(command -v ncu || true)"
 for c in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do

@@ -12,10 +12,9 @@ DEST="${1:-${OUT:-.}}"
 shift || true
 mkdir -p "$DEST"
 DEST="$(cd "$DEST" && pwd)"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/shardserve-var.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
 say() { :; }
 # shellcheck source=env.sh
+unset WORK  # env.sh makes a scratch folder and removes it at exit
 source "$BUNDLE/env.sh"
 VARIANTS=("$@")
 ((${#VARIANTS[@]})) || VARIANTS=(spin blocking)

@@ -114,9 +114,12 @@ class CudaBackend final : public Backend {
   absl::Status Fail(std::string message);
   // Makes scratch_ at least `bytes` long (cudaMalloc after draining the stream, when it grows).
   absl::Status EnsureScratch(size_t bytes);
-  // Linear with bf16/f16 weights (see linear16.cuh for the two paths).
+  // Linear with bf16/f16 weights: Group16 of one part.
   absl::Status Linear16(const LinearParams& p);
-  // The tensor-core product of Linear16 on activations already rounded to the weights' type
+  // Products of one x with 16-bit weights of one type (see linear16.cuh for the two paths): one
+  // GEMV launch for every part, or x rounded once for every part's GEMM. tokens > 0, in > 0.
+  absl::Status Group16(const LinearGroupParams& p);
+  // The tensor-core product of Group16 on activations already rounded to the weights' type
   // (x16: [tokens, in]), then the bias.
   absl::Status Gemm16(const LinearParams& p, const void* x16);
 
@@ -395,22 +398,36 @@ absl::Status CudaBackend::Linear(const LinearParams& p) {
 }
 
 absl::Status CudaBackend::Linear16(const LinearParams& p) {
+  LinearGroupParams one{.x = p.x, .tokens = p.tokens, .in = p.in, .num_parts = 1};
+  one.parts[0] = {.w = p.w, .bias = p.bias, .y = p.y, .out = p.out, .accumulate = p.accumulate};
+  return Group16(one);
+}
+
+absl::Status CudaBackend::Group16(const LinearGroupParams& p) {
+  const DType dtype = p.parts[0].w.dtype;
   if (p.tokens <= cuda::kGemv16MaxTokens) {
-    // Bias and accumulation are fused into the GEMV.
+    // One launch for every part; bias and accumulation are fused into the GEMV.
     cuda::Gemv16Group group;
-    group.parts = 1;
-    group.w[0] = p.w.data;
-    group.bias[0] = p.bias;
-    group.y[0] = p.y;
-    group.out[0] = p.out;
-    group.accumulate[0] = p.accumulate;
-    return Check(cuda::LaunchGemv16(p.w.dtype, p.x, group, p.tokens, p.in, kGemvLoads, stream_),
-                 "Gemv16 kernel launch");
+    group.parts = p.num_parts;
+    for (int i = 0; i < p.num_parts; ++i) {
+      const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
+      group.w[i] = part.w.data;
+      group.bias[i] = part.bias;
+      group.y[i] = part.y;
+      group.out[i] = part.out;
+      group.accumulate[i] = part.accumulate;
+    }
+    return Check(cuda::LaunchGemv16(dtype, p.x, group, p.tokens, p.in, kGemvLoads, stream_), "Gemv16 kernel launch");
   }
+  // x rounded to the weights' type once, for every part's GEMM.
   const int64_t n = p.tokens * p.in;
   RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
-  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(p.w.dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
-  return Gemm16(p, scratch_.as<void>());
+  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
+  for (int i = 0; i < p.num_parts; ++i) {
+    const LinearParams part = p.PartParams(i);
+    if (part.out > 0) RETURN_IF_ERROR(Gemm16(part, scratch_.as<void>()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Gemm16(const LinearParams& p, const void* x16) {
@@ -440,27 +457,7 @@ absl::Status CudaBackend::LinearGroup(const LinearGroupParams& p) {
   if (!fused) return Backend::LinearGroup(p);
   RETURN_IF_ERROR(Enter());
   if (p.tokens == 0) return absl::OkStatus();
-  if (p.tokens <= cuda::kGemv16MaxTokens) {
-    cuda::Gemv16Group group;
-    group.parts = p.num_parts;
-    for (int i = 0; i < p.num_parts; ++i) {
-      const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
-      group.w[i] = part.w.data;
-      group.bias[i] = part.bias;
-      group.y[i] = part.y;
-      group.out[i] = part.out;
-      group.accumulate[i] = part.accumulate;
-    }
-    return Check(cuda::LaunchGemv16(dtype, p.x, group, p.tokens, p.in, kGemvLoads, stream_), "Gemv16 kernel launch");
-  }
-  const int64_t n = p.tokens * p.in;
-  RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
-  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
-  for (int i = 0; i < p.num_parts; ++i) {
-    const LinearParams part = p.PartParams(i);
-    if (part.out > 0) RETURN_IF_ERROR(Gemm16(part, scratch_.as<void>()));
-  }
-  return absl::OkStatus();
+  return Group16(p);
 }
 
 absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {

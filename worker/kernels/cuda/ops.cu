@@ -91,14 +91,15 @@ __global__ void RmsNormKernel(const float* x, const float* weight, float* y, int
 // RmsNormKernel and AddRmsNormKernel for rows of at most kPer * kRowThreads elements: each thread
 // loads its kPer elements (and weights) at once into registers, so a row is read once and its
 // loads are all in flight together (a decode step's norms are one row: latency, not bandwidth).
-// kAdd: x += y first, written back. out may alias x.
+// kAdd: x + y is normalised and written to x_sum (which is x for AddRmsNorm; unused without
+// kAdd). out may alias x.
 template <int kPer, bool kAdd>
 __global__ void __launch_bounds__(kRowThreads)
-    RegisterNormKernel(float* x, const float* y, const float* weight, float* out, int64_t tokens, int64_t hidden,
-                       float eps) {
+    RegisterNormKernel(const float* x, float* x_sum, const float* y, const float* weight, float* out, int64_t tokens,
+                       int64_t hidden, float eps) {
   __shared__ float scratch[kRowThreads / kWarp];
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    float* xr = x + t * hidden;
+    const float* xr = x + t * hidden;
     float v[kPer], wv[kPer];
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(kRowThreads)
       ss += v[k] * v[k];
       if constexpr (kAdd) {
         const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
-        if (i < hidden) xr[i] = v[k];
+        if (i < hidden) x_sum[t * hidden + i] = v[k];
       }
     }
     ss = BlockSum(ss, scratch);
@@ -128,19 +129,19 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // Launches RegisterNormKernel when the row fits in registers; false when it does not.
 template <bool kAdd>
-bool LaunchRegisterNorm(float* x, const float* y, const float* weight, float* out, int64_t tokens, int64_t hidden,
-                        float eps, cudaStream_t stream) {
+bool LaunchRegisterNorm(const float* x, float* x_sum, const float* y, const float* weight, float* out,
+                        int64_t tokens, int64_t hidden, float eps, cudaStream_t stream) {
   const unsigned threads = RowThreads(hidden);
   const int64_t per = (hidden + threads - 1) / threads;
   const unsigned grid = GridFor(tokens);
   if (per <= 4) {
-    RegisterNormKernel<4, kAdd><<<grid, threads, 0, stream>>>(x, y, weight, out, tokens, hidden, eps);
+    RegisterNormKernel<4, kAdd><<<grid, threads, 0, stream>>>(x, x_sum, y, weight, out, tokens, hidden, eps);
   } else if (per <= 8) {
-    RegisterNormKernel<8, kAdd><<<grid, threads, 0, stream>>>(x, y, weight, out, tokens, hidden, eps);
+    RegisterNormKernel<8, kAdd><<<grid, threads, 0, stream>>>(x, x_sum, y, weight, out, tokens, hidden, eps);
   } else if (per <= 16) {
-    RegisterNormKernel<16, kAdd><<<grid, threads, 0, stream>>>(x, y, weight, out, tokens, hidden, eps);
+    RegisterNormKernel<16, kAdd><<<grid, threads, 0, stream>>>(x, x_sum, y, weight, out, tokens, hidden, eps);
   } else if (per <= 32) {
-    RegisterNormKernel<32, kAdd><<<grid, threads, 0, stream>>>(x, y, weight, out, tokens, hidden, eps);
+    RegisterNormKernel<32, kAdd><<<grid, threads, 0, stream>>>(x, x_sum, y, weight, out, tokens, hidden, eps);
   } else {
     return false;
   }
@@ -324,8 +325,7 @@ cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t o
 
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
-  // x is only read (const_cast for the shared kernel, whose kAdd = false path never writes x).
-  if (LaunchRegisterNorm<false>(const_cast<float*>(p.x), nullptr, p.weight, p.y, p.tokens, p.hidden, p.eps, stream)) {
+  if (LaunchRegisterNorm<false>(p.x, nullptr, nullptr, p.weight, p.y, p.tokens, p.hidden, p.eps, stream)) {
     return cudaGetLastError();
   }
   RmsNormKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.x, p.weight, p.y, p.tokens, p.hidden, p.eps);
@@ -334,7 +334,9 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return cudaSuccess;
-  if (LaunchRegisterNorm<true>(p.x, p.y, p.weight, p.out, p.tokens, p.hidden, p.eps, stream)) return cudaGetLastError();
+  if (LaunchRegisterNorm<true>(p.x, p.x, p.y, p.weight, p.out, p.tokens, p.hidden, p.eps, stream)) {
+    return cudaGetLastError();
+  }
   AddRmsNormKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.x, p.y, p.weight, p.out, p.tokens,
                                                                            p.hidden, p.eps);
   return cudaGetLastError();
