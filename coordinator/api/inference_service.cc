@@ -209,7 +209,11 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
                 .top_k = request.sampling().top_k(),
                 .top_p = request.sampling().top_p() == 0.0f ? 1.0f : request.sampling().top_p(),
                 .seed = request.sampling().seed(),
-                .min_p = request.sampling().min_p()};
+                .min_p = request.sampling().min_p(),
+                .presence_penalty = request.sampling().presence_penalty(),
+                .frequency_penalty = request.sampling().frequency_penalty(),
+                .repetition_penalty =
+                    request.sampling().repetition_penalty() == 0.0f ? 1.0f : request.sampling().repetition_penalty()};
   for (const auto& [id, bias] : request.sampling().logit_bias()) r.sampling.logit_bias.emplace_back(id, bias);
   std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
   r.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());

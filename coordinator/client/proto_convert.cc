@@ -88,6 +88,11 @@ void ToProto(const StepInput& input, v1::StepRequest* out) {
       p->set_seed(in.sampling.seed);
       p->set_min_p(in.sampling.min_p);
       for (const auto& [id, bias] : in.sampling.logit_bias) (*p->mutable_logit_bias())[id] = bias;
+      p->set_presence_penalty(in.sampling.presence_penalty);
+      p->set_frequency_penalty(in.sampling.frequency_penalty);
+      p->set_repetition_penalty(in.sampling.repetition_penalty);
+      s->mutable_penalty_token_ids()->Add(in.penalty_token_ids.begin(), in.penalty_token_ids.end());
+      s->mutable_penalty_token_counts()->Add(in.penalty_token_counts.begin(), in.penalty_token_counts.end());
       s->set_sample_index(in.sample_index);
       s->mutable_suppress_token_ids()->Add(in.suppress_token_ids.begin(), in.suppress_token_ids.end());
       s->set_logprobs(in.logprobs);

@@ -374,7 +374,10 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
                   .top_k = static_cast<int32_t>(fields.top_k),
                   .top_p = static_cast<float>(fields.top_p),
                   .seed = static_cast<uint64_t>(fields.seed.value_or(0)),
-                  .min_p = static_cast<float>(fields.min_p)};
+                  .min_p = static_cast<float>(fields.min_p),
+                  .presence_penalty = static_cast<float>(fields.presence_penalty),
+                  .frequency_penalty = static_cast<float>(fields.frequency_penalty),
+                  .repetition_penalty = static_cast<float>(fields.repetition_penalty)};
   // Ids beyond the vocabulary (int32 included) are refused by ValidateSequenceRequest below.
   auto clamp_id = [](int64_t id) {
     return static_cast<int32_t>(std::clamp<int64_t>(id, -1, std::numeric_limits<int32_t>::max()));

@@ -146,7 +146,14 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
     if (v.is_null()) return true;
     absl::StatusOr<double> p = GetNumber(v, key);
     if (!p.ok()) return p.status();
-    if (*p != 0) return InvalidParam(key, absl::StrCat("'", key, "' is not supported (only 0)"));
+    if (!(*p >= -2 && *p <= 2)) return InvalidParam(key, absl::StrCat("'", key, "' must be in [-2, 2], got ", *p));
+    (key == "presence_penalty" ? f->presence_penalty : f->frequency_penalty) = *p;
+  } else if (key == "repetition_penalty") {
+    if (v.is_null()) return true;
+    absl::StatusOr<double> p = GetNumber(v, key);
+    if (!p.ok()) return p.status();
+    if (!(*p > 0 && *p <= 2)) return InvalidParam(key, absl::StrCat("'repetition_penalty' must be in (0, 2], got ", *p));
+    f->repetition_penalty = *p;
   } else if (key == "logit_bias") {
     if (v.is_null()) return true;
     if (!v.is_object()) return WrongType(key, "an object", v);

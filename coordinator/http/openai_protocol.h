@@ -36,6 +36,9 @@ struct SamplingFields {
   bool include_usage = false;         // stream_options.include_usage
   // Extensions as vLLM spells them:
   double min_p = 0.0;                 // [0, 1]; 0 = off
+  double presence_penalty = 0.0;      // [-2, 2] (OpenAI's range); 0 = off
+  double frequency_penalty = 0.0;     // [-2, 2]; 0 = off
+  double repetition_penalty = 1.0;    // (0, 2] (vLLM's extension); 1 = off
   int64_t min_tokens = 0;             // >= 0
   std::vector<int64_t> stop_token_ids;
   bool ignore_eos = false;

@@ -27,6 +27,13 @@ struct SamplingOptions {
   uint64_t seed = 0;
   float min_p = 0.0f;                                   // 0 = off
   std::vector<std::pair<int32_t, float>> logit_bias;    // (token id, bias), sorted by id
+  // As vLLM: repetition in (0, 2] (1 = off), frequency and presence in [-2, 2] (0 = off).
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  bool HasPenalties() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
+  }
 };
 
 // shardserve.v1.TokenLogprobs: one generated token's logprob and the most likely tokens'.
@@ -51,6 +58,10 @@ struct StepSequenceInput {
   std::vector<int32_t> suppress_token_ids;  // with sample: cannot be chosen this step (min_tokens)
   bool logprobs = false;                    // with sample: return the token's logprobs
   int32_t top_logprobs = 0;                 // and this many of the most likely tokens' (<= 20)
+  // With sample and a penalty: the sequence's TokenHistory (common/sampling/token_history.h):
+  // distinct ids ascending, and the times each was generated (0: prompt only).
+  std::vector<int32_t> penalty_token_ids;
+  std::vector<int32_t> penalty_token_counts;
 };
 
 struct StepInput {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "common/sampling/token_history.h"
 
 namespace shardserve::coordinator {
 
@@ -39,6 +40,7 @@ struct Scheduler::Sequence {
   std::vector<int32_t> match;
   std::optional<uint64_t> match_epoch;
   std::vector<int32_t> context;  // prompt followed by the generated tokens
+  TokenHistory history;          // with a penalty: the tokens it reads (the context, counted)
   int32_t generated = 0;
   bool cancelled = false;
   FinishReason cancel_reason = FinishReason::kCancelled;  // with cancelled
@@ -220,6 +222,9 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   auto seq = std::make_unique<Sequence>();
   seq->id = next_id_++;
   seq->context = request.prompt;
+  if (request.sampling.HasPenalties()) {
+    seq->history = TokenHistory(request.prompt, request.sampling.repetition_penalty != 1.0f);
+  }
   seq->request = std::move(request);
   seq->sink = std::move(sink);
   seq->replica = r;
@@ -468,6 +473,10 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
       in.sample_index = static_cast<uint64_t>(s->generated);
       in.logprobs = req.logprobs;
       in.top_logprobs = req.top_logprobs;
+      if (req.sampling.HasPenalties()) {
+        in.penalty_token_ids = s->history.ids();
+        in.penalty_token_counts = s->history.counts();
+      }
       if (s->generated < req.min_tokens) {
         in.suppress_token_ids = req.stop_token_ids;
         if (!req.ignore_eos) {
@@ -544,6 +553,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     if (!in.sample || s.cancelled) continue;  // a cancelled sequence is ended before the next step
     s.context.push_back(token);
     ++s.generated;
+    if (s.request.sampling.HasPenalties()) s.history.AddGenerated(token);
     const absl::Time now = clock_->Now();
     if (!s.first_token.has_value()) {
       s.first_token = now;

@@ -71,6 +71,18 @@ absl::Status ValidateSequenceRequest(const SequenceRequest& r, const RequestLimi
           absl::StrCat("sampling.logit_bias for token ", id, " must be in [-100, 100], got ", bias));
     }
   }
+  if (!(s.repetition_penalty > 0.0f && s.repetition_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.repetition_penalty must be in (0, 2] (0 means unset), got ", s.repetition_penalty));
+  }
+  if (!(s.frequency_penalty >= -2.0f && s.frequency_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.frequency_penalty must be in [-2, 2], got ", s.frequency_penalty));
+  }
+  if (!(s.presence_penalty >= -2.0f && s.presence_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.presence_penalty must be in [-2, 2], got ", s.presence_penalty));
+  }
   if (r.min_tokens < 0 || r.min_tokens > r.max_tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("min_tokens must be in [0, max_tokens = ", r.max_tokens, "], got ", r.min_tokens));

@@ -77,7 +77,8 @@ struct RequestLimits {
 // is empty; a prompt id is outside [0, vocab_size) ("prompt.token_ids[3] = 999 is outside ...");
 // the prompt has max_seq_len tokens or more; max_tokens < 1; prompt + max_tokens exceeds
 // max_seq_len; sampling.temperature is negative or not finite; sampling.top_k < 0;
-// sampling.top_p is outside (0, 1]; sampling.min_p is outside [0, 1]; a logit_bias id is outside
+// sampling.top_p is outside (0, 1]; sampling.min_p is outside [0, 1]; repetition_penalty outside
+// (0, 2] or frequency_penalty / presence_penalty outside [-2, 2]; a logit_bias id is outside
 // the vocabulary or its bias outside [-100, 100] (or more than 1024 entries); a stop_token_ids
 // entry is outside the vocabulary; min_tokens is outside [0, max_tokens]; top_logprobs is outside
 // [0, 20]. Pure.

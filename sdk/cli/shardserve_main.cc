@@ -46,6 +46,11 @@ ABSL_FLAG(int32_t, top_k, 0, "sample from the k most likely tokens; 0 = all");
 ABSL_FLAG(double, top_p, 1.0, "nucleus sampling threshold in (0, 1]");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
 ABSL_FLAG(bool, ignore_eos, false, "do not stop at the model's EOS tokens");
+ABSL_FLAG(double, presence_penalty, 0.0, "subtracted once from the logit of every token generated so far; [-2, 2]");
+ABSL_FLAG(double, frequency_penalty, 0.0,
+          "subtracted from a token's logit once per time it was generated so far; [-2, 2]");
+ABSL_FLAG(double, repetition_penalty, 1.0,
+          "divides the positive (multiplies the negative) logits of tokens in the prompt or generated; (0, 2]");
 ABSL_FLAG(int32_t, timeout_s, 600, "deadline of each call, seconds");
 ABSL_FLAG(bool, tls, false, "connect with TLS (implied by any --tls_* file)");
 ABSL_FLAG(std::string, tls_ca_file, "", "PEM CA certificates to trust; default: the system's roots");
@@ -137,7 +142,10 @@ absl::Status GenerateCommand() {
                     .top_k = absl::GetFlag(FLAGS_top_k),
                     .top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p)),
                     .seed = absl::GetFlag(FLAGS_seed),
-                    .ignore_eos = absl::GetFlag(FLAGS_ignore_eos)};
+                    .ignore_eos = absl::GetFlag(FLAGS_ignore_eos),
+                    .presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty)),
+                    .frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty)),
+                    .repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty))};
   auto client = Connect();
   if (!client.ok()) return client.status();
   const bool print_ids = absl::GetFlag(FLAGS_print_ids);

@@ -191,6 +191,9 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   req.set_min_tokens(o.min_tokens);
   req.set_logprobs(o.logprobs);
   req.set_top_logprobs(o.top_logprobs);
+  req.mutable_sampling()->set_presence_penalty(o.presence_penalty);
+  req.mutable_sampling()->set_frequency_penalty(o.frequency_penalty);
+  req.mutable_sampling()->set_repetition_penalty(o.repetition_penalty);
   return req;
 }
 

@@ -76,9 +76,9 @@ class HttpApiTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.cluster.stop()
 
-    def grpc_text(self, prompt, max_tokens):
+    def grpc_text(self, prompt, max_tokens, *flags):
         p = subprocess.run([os.path.join(BIN, "shardserve"), "generate", f"--server={self.cluster.address}",
-                            "--prompt", prompt, "--max_tokens", str(max_tokens), "--temperature", "0"],
+                            "--prompt", prompt, "--max_tokens", str(max_tokens), "--temperature", "0", *flags],
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
         return p.stdout[:-1] if p.stdout.endswith("\n") else p.stdout
@@ -175,6 +175,43 @@ class HttpApiTest(unittest.TestCase):
             code, out = curl(self.url + "/v1/completions", data=json.dumps({"prompt": "a", **body}))
             self.assertEqual(code, 400, out)
             self.assertIn(param, json.loads(out)["error"]["message"])
+
+    def test_penalties(self):
+        # Through the cluster (gRPC CLI) the penalized greedy ids are those of the one-process
+        # engine (shardserve-run) with the same penalties; through the openai package, the text is
+        # the CLI's; the penalties change the answer; bad values are 400 naming the field.
+        ids = "1,403,407,261,378"
+        flags = ["--presence_penalty=0.8", "--frequency_penalty=0.6", "--repetition_penalty=1.3", "--ignore_eos"]
+        run = subprocess.run([os.path.join(BIN, "shardserve-run"), f"--model={STORIES}", f"--prompt_ids={ids}",
+                              "--max_tokens=32", "--print_ids", "--stop_at_eos=false", *flags[:3]],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        cli = subprocess.run([os.path.join(BIN, "shardserve"), "generate", f"--server={self.cluster.address}",
+                              f"--prompt_ids={ids}", "--max_tokens=32", "--temperature=0", "--print_ids", *flags],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(cli.returncode, 0, cli.stderr)
+        self.assertEqual(cli.stdout.split(), run.stdout.split())
+        plain = subprocess.run([os.path.join(BIN, "shardserve-run"), f"--model={STORIES}", f"--prompt_ids={ids}",
+                                "--max_tokens=32", "--print_ids", "--stop_at_eos=false"],
+                               capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(plain.stdout.split(), run.stdout.split())
+        script = f"""
+import json, openai
+c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
+r = c.completions.create(model="stories260K", prompt={PROMPT!r}, max_tokens=40, temperature=0,
+                         presence_penalty=0.8, frequency_penalty=0.6, extra_body={{"repetition_penalty": 1.3}})
+print(json.dumps(r.choices[0].text))
+"""
+        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout), self.grpc_text(PROMPT, 40, *flags[:3]))
+        self.assertNotEqual(json.loads(p.stdout), self.grpc_text(PROMPT, 40))
+        for body, param in [({"presence_penalty": 3}, "presence_penalty"),
+                            ({"frequency_penalty": -2.5}, "frequency_penalty"),
+                            ({"repetition_penalty": 0}, "repetition_penalty")]:
+            code, out = curl(self.url + "/v1/completions", data=json.dumps({"prompt": "a", **body}))
+            self.assertEqual(code, 400, out)
+            self.assertEqual(json.loads(out)["error"]["param"], param)
 
     def test_logprobs(self):
         # Completions: "logprobs": N; greedy, so each chosen token is the most likely one.

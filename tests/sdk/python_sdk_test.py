@@ -84,6 +84,20 @@ class AgainstALocalCluster(unittest.TestCase):
         self.assertGreaterEqual(len(held.token_ids), 3)
         self.assertNotEqual(held.token_ids[1], r.token_ids[1])
 
+    def test_penalties_give_the_cli_ids(self):
+        ids = self.client.tokenize(PROMPT, add_special_tokens=True)
+        cli = self.cluster.cli("generate", "--prompt_ids", ",".join(map(str, ids)), "--max_tokens", "32",
+                               "--print_ids", "--ignore_eos", "--presence_penalty=0.8", "--frequency_penalty=0.6",
+                               "--repetition_penalty=1.3")
+        penalized = self.client.generate(ids, max_tokens=32, ignore_eos=True, presence_penalty=0.8,
+                                         frequency_penalty=0.6, repetition_penalty=1.3).result()
+        self.assertEqual(penalized.token_ids, [int(x) for x in cli.stdout.strip().split(",")])
+        plain = self.client.generate(ids, max_tokens=32, ignore_eos=True).result()
+        self.assertNotEqual(penalized.token_ids, plain.token_ids)
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            self.client.generate(ids, max_tokens=2, presence_penalty=3.0).result()
+        self.assertIn("presence_penalty", str(e.exception))
+
     def test_async_client_gives_the_same_answer(self):
         expected = self.client.generate(PROMPT, max_tokens=20).result()
 

@@ -110,7 +110,12 @@ absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::S
                                         .seed = s.sampling.seed,
                                         .min_p = s.sampling.min_p,
                                         .logit_bias = s.sampling.logit_bias,
-                                        .suppress_ids = s.suppress_token_ids};
+                                        .suppress_ids = s.suppress_token_ids,
+                                        .repetition_penalty = s.sampling.repetition_penalty,
+                                        .frequency_penalty = s.sampling.frequency_penalty,
+                                        .presence_penalty = s.sampling.presence_penalty,
+                                        .history_ids = s.penalty_token_ids,
+                                        .history_counts = s.penalty_token_counts};
     if (absl::Status st = params.Validate(); !st.ok()) return st;
     const int32_t token = sampler_->Sample(result.logits[b], params, s.sample_index);
     out.token_ids.push_back(token);

@@ -4,6 +4,7 @@
 #include <deque>
 
 #include "absl/strings/str_cat.h"
+#include "common/sampling/token_history.h"
 #include "common/status/macros.h"
 
 namespace shardserve::engine {
@@ -14,6 +15,7 @@ struct Active {
   std::vector<int32_t> blocks;  // KV cache blocks, enough for the whole sequence
   int32_t consumed = 0;   // tokens of prompt+output already in the cache
   std::vector<int32_t> context;  // prompt followed by generated tokens
+  TokenHistory history;          // for the penalties (empty without them)
   bool done = false;
 };
 
@@ -85,6 +87,8 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
       if (need > free_blocks.size()) break;  // FIFO: later requests wait too
       waiting.pop_front();
       Active a{.index = i, .context = requests[i].prompt};
+      const SamplingParams& sp = requests[i].sampling;
+      if (sp.HasPenalties()) a.history = TokenHistory(requests[i].prompt, sp.repetition_penalty != 1.0f);
       a.blocks.assign(free_blocks.end() - static_cast<std::ptrdiff_t>(need), free_blocks.end());
       std::reverse(a.blocks.begin(), a.blocks.end());
       free_blocks.resize(free_blocks.size() - need);
@@ -116,9 +120,18 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
       if (s.consumed < static_cast<int32_t>(s.context.size())) continue;  // prompt chunk, not yet at the end
       const GenerationRequest& req = requests[s.index];
       GenerationResult& res = results[s.index];
-      const int32_t token = step.greedy_ids.size() > b && step.greedy_ids[b] >= 0
-                                ? step.greedy_ids[b]
-                                : sampler.Sample(step.logits[b], req.sampling, res.tokens.size());
+      int32_t token;
+      if (step.greedy_ids.size() > b && step.greedy_ids[b] >= 0) {
+        token = step.greedy_ids[b];
+      } else if (req.sampling.HasPenalties()) {
+        SamplingParams params = req.sampling;
+        params.history_ids = s.history.ids();
+        params.history_counts = s.history.counts();
+        token = sampler.Sample(step.logits[b], params, res.tokens.size());
+      } else {
+        token = sampler.Sample(step.logits[b], req.sampling, res.tokens.size());
+      }
+      if (req.sampling.HasPenalties()) s.history.AddGenerated(token);
       res.tokens.push_back(token);
       s.context.push_back(token);
       if (on_token) on_token(s.index, token);

@@ -39,7 +39,65 @@ absl::Status SamplingParams::Validate() const {
   for (int32_t id : suppress_ids) {
     if (id < 0) return absl::InvalidArgumentError(absl::StrCat("suppressed token id must be >= 0, got ", id));
   }
+  if (!(repetition_penalty > 0.0f && repetition_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("repetition_penalty must be in (0, 2], got ", repetition_penalty));
+  }
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("frequency_penalty must be in [-2, 2], got ", frequency_penalty));
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("presence_penalty must be in [-2, 2], got ", presence_penalty));
+  }
+  if (history_ids.size() != history_counts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("penalty history has ", history_ids.size(), " ids but ",
+                                                   history_counts.size(), " counts"));
+  }
+  for (size_t i = 0; i < history_ids.size(); ++i) {
+    if (history_ids[i] < 0 || (i > 0 && history_ids[i] <= history_ids[i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("penalty history ids must be distinct, ascending and >= 0; entry ", i, " is ", history_ids[i]));
+    }
+    if (history_counts[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("penalty history count of token ", history_ids[i], " is negative: ", history_counts[i]));
+    }
+  }
   return absl::OkStatus();
+}
+
+namespace {
+
+bool NeedsAdjusting(const SamplingParams& params) {
+  return !params.logit_bias.empty() || !params.suppress_ids.empty() ||
+         (params.HasPenalties() && !params.history_ids.empty());
+}
+
+void Adjust(const SamplingParams& params, std::vector<float>& row) {
+  const int32_t n = static_cast<int32_t>(row.size());
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id >= 0 && id < n) row[static_cast<size_t>(id)] += bias;
+  }
+  for (int32_t id : params.suppress_ids) {
+    if (id >= 0 && id < n) row[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+  }
+  if (!params.HasPenalties()) return;
+  const float rep = params.repetition_penalty;
+  for (size_t i = 0; i < params.history_ids.size(); ++i) {
+    const int32_t id = params.history_ids[i];
+    if (id < 0 || id >= n) continue;
+    float& l = row[static_cast<size_t>(id)];
+    if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
+    const int32_t count = params.history_counts[i];
+    if (count > 0) l -= params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;
+  }
+}
+
+}  // namespace
+
+std::vector<float> AdjustedLogits(absl::Span<const float> logits, const SamplingParams& params) {
+  std::vector<float> row(logits.begin(), logits.end());
+  Adjust(params, row);
+  return row;
 }
 
 double SamplingUniform(uint64_t seed, uint64_t step) {
@@ -73,14 +131,9 @@ TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t chosen, in
 int32_t Sampler::Sample(absl::Span<const float> raw, const SamplingParams& params, uint64_t step) {
   const int32_t n = static_cast<int32_t>(raw.size());
   absl::Span<const float> logits = raw;
-  if (!params.logit_bias.empty() || !params.suppress_ids.empty()) {
+  if (NeedsAdjusting(params)) {
     adjusted_.assign(raw.begin(), raw.end());
-    for (const auto& [id, bias] : params.logit_bias) {
-      if (id >= 0 && id < n) adjusted_[static_cast<size_t>(id)] += bias;
-    }
-    for (int32_t id : params.suppress_ids) {
-      if (id >= 0 && id < n) adjusted_[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
-    }
+    Adjust(params, adjusted_);
     logits = adjusted_;
   }
   if (params.temperature == 0.0f || params.top_k == 1) {

@@ -30,13 +30,31 @@ struct SamplingParams {
   // Tokens that cannot be chosen at this step (their logits count as -inf): the EOS and stop ids
   // while a request has fewer than its min_tokens. Ids outside the row are ignored.
   std::vector<int32_t> suppress_ids;
-  // Whether sampling is the argmax of the raw logits (temperature 0 or top_k 1, nothing biased or
-  // suppressed), which the device can do alone.
+  // Penalties as vLLM defines them, applied after logit_bias and suppress_ids, in this order:
+  // repetition (a token of the prompt or the output: a positive logit divided by it, a negative
+  // one multiplied), frequency (minus it times the token's count in the output), presence (minus
+  // it once for a token of the output). 1, 0, 0 = off.
+  float repetition_penalty = 1.0f;  // (0, 2]
+  float frequency_penalty = 0.0f;   // [-2, 2]
+  float presence_penalty = 0.0f;    // [-2, 2]
+  // The sequence's tokens for the penalties: distinct ids in ascending order, and for each the
+  // number of times it was generated (0: it is in the prompt only). Prompt-only ids matter to the
+  // repetition penalty alone, so callers may leave them out when it is 1. Ids outside the row are
+  // ignored.
+  std::vector<int32_t> history_ids;
+  std::vector<int32_t> history_counts;
+  bool HasPenalties() const {
+    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
+  }
+  // Whether sampling is the argmax of the raw logits (temperature 0 or top_k 1, nothing biased,
+  // suppressed or penalized), which the device can do alone.
   bool IsGreedy() const {
-    return (temperature == 0.0f || top_k == 1) && logit_bias.empty() && suppress_ids.empty();
+    return (temperature == 0.0f || top_k == 1) && logit_bias.empty() && suppress_ids.empty() && !HasPenalties();
   }
   // InvalidArgument naming the field: temperature < 0 or not finite, top_k < 0, top_p outside
-  // (0, 1], min_p outside [0, 1], a logit_bias value not finite or outside [-100, 100], a negative id.
+  // (0, 1], min_p outside [0, 1], a logit_bias value not finite or outside [-100, 100], a negative id,
+  // a penalty outside its range, history_ids not ascending or not as many as history_counts, a
+  // negative count.
   absl::Status Validate() const;
 };
 
@@ -51,6 +69,10 @@ inline constexpr int32_t kMaxTopLogprobs = 20;
 // `chosen` in [0, logits.size()), top_n in [0, kMaxTopLogprobs] (clamped).
 TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t chosen, int32_t top_n);
 
+// `logits` with params' logit_bias, suppress_ids and penalties applied, as Sampler::Sample sees
+// them. Exposed for tests.
+std::vector<float> AdjustedLogits(absl::Span<const float> logits, const SamplingParams& params);
+
 // Thread-compatible: one Sampler per thread (it keeps scratch space).
 class Sampler {
  public:
@@ -61,7 +83,7 @@ class Sampler {
  private:
   std::vector<int32_t> order_;
   std::vector<float> probs_;
-  std::vector<float> adjusted_;  // the row with logit_bias and suppress_ids applied
+  std::vector<float> adjusted_;  // the row with logit_bias, suppress_ids and penalties applied
 };
 
 // The uniform number in [0, 1) used for (seed, step). Exposed for tests.

@@ -30,6 +30,11 @@ ABSL_FLAG(double, temperature, 0.0, "sampling temperature; 0 = greedy");
 ABSL_FLAG(int32_t, top_k, 0, "sample from the k most likely tokens; 0 = all");
 ABSL_FLAG(double, top_p, 1.0, "nucleus sampling threshold in (0, 1]");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed");
+ABSL_FLAG(double, presence_penalty, 0.0, "subtracted once from the logit of every token generated so far; [-2, 2]");
+ABSL_FLAG(double, frequency_penalty, 0.0,
+          "subtracted from a token's logit once per time it was generated so far; [-2, 2]");
+ABSL_FLAG(double, repetition_penalty, 1.0,
+          "divides the positive (multiplies the negative) logits of tokens in the prompt or generated; (0, 2]");
 ABSL_FLAG(std::string, devices, "cpu", "cpu, cpu:N (N tensor-parallel CPU ranks), cuda:all or cuda:0,1,...");
 ABSL_FLAG(int32_t, threads, 1, "BLAS threads for a single CPU rank");
 ABSL_FLAG(std::string, quantize, "none",
@@ -49,6 +54,9 @@ absl::Status Run() {
   req.sampling.top_k = absl::GetFlag(FLAGS_top_k);
   req.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   req.sampling.seed = absl::GetFlag(FLAGS_seed);
+  req.sampling.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
+  req.sampling.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
+  req.sampling.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
   RETURN_IF_ERROR(req.sampling.Validate());
   if (req.max_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--max_tokens must be >= 1, got ", req.max_tokens));

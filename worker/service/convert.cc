@@ -21,6 +21,11 @@ engine::SamplingParams SamplingFromProto(const v1::StepSequence& p) {
   for (const auto& [id, bias] : p.sampling().logit_bias()) s.logit_bias.emplace_back(id, bias);
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
   s.suppress_ids.assign(p.suppress_token_ids().begin(), p.suppress_token_ids().end());
+  s.presence_penalty = p.sampling().presence_penalty();
+  s.frequency_penalty = p.sampling().frequency_penalty();
+  s.repetition_penalty = p.sampling().repetition_penalty() == 0.0f ? 1.0f : p.sampling().repetition_penalty();
+  s.history_ids.assign(p.penalty_token_ids().begin(), p.penalty_token_ids().end());
+  s.history_counts.assign(p.penalty_token_counts().begin(), p.penalty_token_counts().end());
   return s;
 }
 
@@ -33,6 +38,11 @@ void SamplingToProto(const StageSequence& s, v1::StepSequence* p) {
   o->set_min_p(s.sampling.min_p);
   for (const auto& [id, bias] : s.sampling.logit_bias) (*o->mutable_logit_bias())[id] = bias;
   p->mutable_suppress_token_ids()->Add(s.sampling.suppress_ids.begin(), s.sampling.suppress_ids.end());
+  o->set_presence_penalty(s.sampling.presence_penalty);
+  o->set_frequency_penalty(s.sampling.frequency_penalty);
+  o->set_repetition_penalty(s.sampling.repetition_penalty);
+  p->mutable_penalty_token_ids()->Add(s.sampling.history_ids.begin(), s.sampling.history_ids.end());
+  p->mutable_penalty_token_counts()->Add(s.sampling.history_counts.begin(), s.sampling.history_counts.end());
   p->set_logprobs(s.logprobs);
   p->set_top_logprobs(s.top_logprobs);
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -492,6 +493,83 @@ TEST_F(CoordinatorApiTest, LogprobsLogitBiasAndMinTokens) {
   bad = IdsRequest(c.prompt_ids, 2);
   bad.mutable_sampling()->set_min_p(2.0f);
   EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("sampling.min_p"));
+}
+
+// Penalties against transformers' logits (stories260K_reference.json) and, over many steps, against
+// the raw logprobs the server reports with each token (themselves checked against transformers'
+// above): a penalized greedy choice is the argmax of the logprobs minus the penalties.
+TEST_F(CoordinatorApiTest, PresenceFrequencyAndRepetitionPenalties) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  BringUpOneWorker();
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadStories260K());
+
+  // Repetition penalty 0.5 favours the prompt's tokens: the first token is the argmax of the
+  // reference logits with the prompt's positive logits doubled and negative ones halved.
+  const testing::GoldenCase& c = golden.cases[2];  // "Lily and Tom went to the park"
+  std::vector<float> adjusted = c.last_logits;
+  std::vector<int32_t> prompt_ids = c.prompt_ids;
+  std::sort(prompt_ids.begin(), prompt_ids.end());
+  prompt_ids.erase(std::unique(prompt_ids.begin(), prompt_ids.end()), prompt_ids.end());
+  for (int32_t t : prompt_ids) {
+    float& l = adjusted[static_cast<size_t>(t)];
+    l = l > 0 ? l / 0.5f : l * 0.5f;
+  }
+  const int32_t want = static_cast<int32_t>(std::max_element(adjusted.begin(), adjusted.end()) - adjusted.begin());
+  ASSERT_NE(want, c.greedy_ids[0]);  // the penalty must matter for this test to mean anything
+  v1::GenerateRequest rep = IdsRequest(c.prompt_ids, 1);
+  rep.mutable_sampling()->set_repetition_penalty(0.5f);
+  GenerateResult r = Generate(rep);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, std::vector<int32_t>{want});
+
+  // Frequency and presence penalties over 40 greedy steps.
+  const testing::GoldenCase& once = golden.cases[1];
+  const int32_t n = 40;
+  const GenerateResult plain = Generate(IdsRequest(once.prompt_ids, n));
+  ASSERT_TRUE(plain.status.ok());
+  for (const auto& [presence, frequency] : std::vector<std::pair<float, float>>{{1.5f, 0.f}, {0.f, 0.7f}, {0.5f, 0.5f}}) {
+    SCOPED_TRACE(absl::StrCat("presence ", presence, " frequency ", frequency));
+    v1::GenerateRequest req = IdsRequest(once.prompt_ids, n);
+    req.set_ignore_eos(true);
+    req.set_logprobs(true);
+    req.set_top_logprobs(20);
+    req.mutable_sampling()->set_presence_penalty(presence);
+    req.mutable_sampling()->set_frequency_penalty(frequency);
+    r = Generate(req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.ids.size(), static_cast<size_t>(n));
+    std::vector<v1::TokenLogprobs> lps;
+    for (const auto& m : r.messages) lps.insert(lps.end(), m.logprobs().begin(), m.logprobs().end());
+    ASSERT_EQ(lps.size(), r.ids.size());
+    EXPECT_EQ(r.ids[0], once.greedy_ids[0]);  // nothing generated yet: nothing to penalize
+    std::map<int32_t, int> count;
+    for (size_t k = 0; k < r.ids.size(); ++k) {
+      auto penalized = [&](int32_t id, float lp) {
+        const auto it = count.find(id);
+        return it == count.end() ? lp : lp - frequency * static_cast<float>(it->second) - presence;
+      };
+      const float chosen = penalized(r.ids[k], lps[k].logprob());
+      // Every token outside the top 20 has a raw logprob <= the 20th, and penalties only lower it.
+      EXPECT_GE(chosen + 1e-4f, lps[k].top_logprobs(19)) << "step " << k;
+      for (int j = 0; j < lps[k].top_ids_size(); ++j) {
+        EXPECT_GE(chosen + 1e-4f, penalized(lps[k].top_ids(j), lps[k].top_logprobs(j)))
+            << "step " << k << ": token " << lps[k].top_ids(j) << " beats the chosen " << r.ids[k];
+      }
+      ++count[r.ids[k]];
+    }
+    EXPECT_NE(r.ids, plain.ids);  // the penalties changed the greedy continuation
+  }
+
+  // Out of range values name the field.
+  v1::GenerateRequest bad = IdsRequest(c.prompt_ids, 2);
+  bad.mutable_sampling()->set_presence_penalty(2.5f);
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("sampling.presence_penalty must be in [-2, 2]"));
+  bad = IdsRequest(c.prompt_ids, 2);
+  bad.mutable_sampling()->set_frequency_penalty(-3.f);
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("sampling.frequency_penalty must be in [-2, 2]"));
+  bad = IdsRequest(c.prompt_ids, 2);
+  bad.mutable_sampling()->set_repetition_penalty(-1.f);
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("sampling.repetition_penalty must be in (0, 2]"));
 }
 
 TEST_F(CoordinatorApiTest, TokenizeAndModelInfo) {

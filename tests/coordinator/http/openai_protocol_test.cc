@@ -44,6 +44,15 @@ TEST(OpenAiProtocolTest, CompletionWithEveryField) {
   EXPECT_THAT(r->fields.stop, ElementsAre("\n", "The end"));
   EXPECT_TRUE(r->fields.stream);
   EXPECT_TRUE(r->fields.include_usage);
+  EXPECT_EQ(r->fields.presence_penalty, 0);
+  EXPECT_EQ(r->fields.repetition_penalty, 1);
+
+  absl::StatusOr<ChatRequest> ch = ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}],
+      "presence_penalty": -0.5, "frequency_penalty": 1.25, "repetition_penalty": 1.1})");
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  EXPECT_EQ(ch->fields.presence_penalty, -0.5);
+  EXPECT_EQ(ch->fields.frequency_penalty, 1.25);
+  EXPECT_EQ(ch->fields.repetition_penalty, 1.1);
 }
 
 TEST(OpenAiProtocolTest, LogprobsRequestsAndTheirJson) {
@@ -165,8 +174,12 @@ TEST(OpenAiProtocolTest, OutOfRangeAndUnsupportedValues) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stop_token_ids": [1, "x"]})").status(), "integer",
                 "stop_token_ids[1]");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "ignore_eos": 1})").status(), "boolean", "ignore_eos");
-  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "presence_penalty": 0.5})").status(), "presence_penalty",
-                "presence_penalty");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "presence_penalty": 2.5})").status(),
+                "'presence_penalty' must be in [-2, 2]", "presence_penalty");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "frequency_penalty": "x"})").status(), "number",
+                "frequency_penalty");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "repetition_penalty": 0})").status(),
+                "'repetition_penalty' must be in (0, 2]", "repetition_penalty");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": ["a", "b"]})").status(), "one prompt per request", "prompt");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": ""})").status(), "'prompt' is empty", "prompt");
   ExpectInvalid(ParseCompletionRequest(R"({"max_tokens": 3})").status(), "'prompt' is required", "prompt");

@@ -146,5 +146,52 @@ TEST(SamplingTest, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
   EXPECT_NEAR(ComputeLogprobs(big, 1, 0).logprob, -1.0 - std::log1p(std::exp(-1.0)), 1e-6);
 }
 
+// The penalties as vLLM defines them, on a row small enough to work out by hand.
+TEST(SamplingTest, PenaltiesFollowTheirDefinitions) {
+  const std::vector<float> logits = {2.f, -1.f, 0.5f, 4.f, -3.f};
+  // Token 0 and 1 in the prompt only, 2 generated twice, 3 generated once; 4 never seen.
+  SamplingParams p{.repetition_penalty = 1.25f,
+                   .frequency_penalty = 0.5f,
+                   .presence_penalty = 0.75f,
+                   .history_ids = {0, 1, 2, 3},
+                   .history_counts = {0, 0, 2, 1}};
+  ASSERT_TRUE(p.Validate().ok());
+  EXPECT_FALSE(p.IsGreedy());
+  const std::vector<float> got = AdjustedLogits(logits, p);
+  EXPECT_FLOAT_EQ(got[0], 2.f / 1.25f);                       // positive: divided
+  EXPECT_FLOAT_EQ(got[1], -1.f * 1.25f);                      // negative: multiplied
+  EXPECT_FLOAT_EQ(got[2], 0.5f / 1.25f - 2 * 0.5f - 0.75f);   // repetition, then frequency x2, presence
+  EXPECT_FLOAT_EQ(got[3], 4.f / 1.25f - 0.5f - 0.75f);
+  EXPECT_FLOAT_EQ(got[4], -3.f);                              // untouched
+  // Logit bias comes first: a bias that makes token 4 positive is then divided.
+  p.logit_bias = {{4, 5.f}};
+  p.history_ids = {4};
+  p.history_counts = {0};
+  EXPECT_FLOAT_EQ(AdjustedLogits(logits, p)[4], 2.f / 1.25f);
+  // Greedy sampling takes the argmax of the penalized row: a large presence penalty moves it off
+  // the repeated token 3.
+  Sampler s;
+  EXPECT_EQ(s.Sample(logits, {}, 0), 3);
+  EXPECT_EQ(s.Sample(logits, {.presence_penalty = 2.f, .history_ids = {3}, .history_counts = {1}}, 0), 0);
+  // A prompt-only token is not touched by frequency or presence penalties.
+  EXPECT_EQ(s.Sample(logits, {.presence_penalty = 2.f, .history_ids = {3}, .history_counts = {0}}, 0), 3);
+  // Negative penalties encourage repetition.
+  EXPECT_EQ(s.Sample(logits, {.frequency_penalty = -2.f, .history_ids = {0}, .history_counts = {2}}, 0), 0);
+}
+
+TEST(SamplingTest, PenaltyValidationNamesTheField) {
+
+  EXPECT_THAT(SamplingParams{.repetition_penalty = 0.f}.Validate().message(), HasSubstr("repetition_penalty"));
+  EXPECT_THAT(SamplingParams{.repetition_penalty = 2.5f}.Validate().message(), HasSubstr("repetition_penalty"));
+  EXPECT_THAT(SamplingParams{.frequency_penalty = -2.5f}.Validate().message(), HasSubstr("frequency_penalty"));
+  EXPECT_THAT(SamplingParams{.presence_penalty = 3.f}.Validate().message(), HasSubstr("presence_penalty"));
+  EXPECT_THAT((SamplingParams{.history_ids = {1, 2}, .history_counts = {1}}.Validate().message()),
+              HasSubstr("2 ids but 1 counts"));
+  EXPECT_THAT((SamplingParams{.history_ids = {2, 2}, .history_counts = {1, 1}}.Validate().message()),
+              HasSubstr("ascending"));
+  EXPECT_THAT((SamplingParams{.history_ids = {2}, .history_counts = {-1}}.Validate().message()),
+              HasSubstr("negative"));
+}
+
 }  // namespace
 }  // namespace shardserve::engine

@@ -239,7 +239,31 @@ TEST_F(StageStreamTest, LogprobsBiasAndSuppressionReachTheLastStage) {
   r = run(3, 2, [&](v1::StepSequence* s) { (*s->mutable_sampling()->mutable_logit_bias())[gc.greedy_ids[0]] = -100.f; });
   ASSERT_EQ(r.token_ids_size(), 1);
   EXPECT_EQ(r.token_ids(0), order[1]);
-  r = run(4, 3, [](v1::StepSequence* s) { s->set_top_logprobs(21); }, /*ok=*/false);
+  // Penalties with the history the coordinator sends: the greedy token counted as generated once
+  // and a presence penalty wider than its margin gives the runner-up; counted as a prompt token
+  // only, it is not touched.
+  const float margin = ref[static_cast<size_t>(order[0])] - ref[static_cast<size_t>(order[1])];
+  ASSERT_LT(margin, 2.f);
+  r = run(4, 0, [&](v1::StepSequence* s) {
+    s->mutable_sampling()->set_presence_penalty(2.f);
+    s->add_penalty_token_ids(gc.greedy_ids[0]);
+    s->add_penalty_token_counts(1);
+  });
+  ASSERT_EQ(r.token_ids_size(), 1);
+  EXPECT_EQ(r.token_ids(0), order[1]);
+  r = run(5, 1, [&](v1::StepSequence* s) {
+    s->mutable_sampling()->set_presence_penalty(2.f);
+    s->add_penalty_token_ids(gc.greedy_ids[0]);
+    s->add_penalty_token_counts(0);
+  });
+  ASSERT_EQ(r.token_ids_size(), 1);
+  EXPECT_EQ(r.token_ids(0), order[0]);
+  r = run(6, 2, [&](v1::StepSequence* s) {
+    s->mutable_sampling()->set_presence_penalty(2.f);
+    s->add_penalty_token_ids(gc.greedy_ids[0]);  // no count: refused, naming the problem
+  }, /*ok=*/false);
+  EXPECT_THAT(r.error_message(), HasSubstr("penalty history has 1 ids but 0 counts"));
+  r = run(7, 3, [](v1::StepSequence* s) { s->set_top_logprobs(21); }, /*ok=*/false);
   EXPECT_NE(r.error_code(), 0);
   EXPECT_THAT(r.error_message(), HasSubstr("top_logprobs must be in [0, 20]"));
   stream->WritesDone();

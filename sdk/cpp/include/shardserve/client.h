@@ -117,6 +117,11 @@ struct GenerateOptions {
   int32_t min_tokens = 0;  // no EOS or stop id before this many tokens
   bool logprobs = false;   // report each token's logprob (GenerateDelta::logprobs)
   int32_t top_logprobs = 0;  // and this many of the most likely tokens', in [0, 20]
+  // As vLLM and OpenAI define them: presence and frequency in [-2, 2] (0 = off) over the generated
+  // tokens, repetition in (0, 2] (1 = off) over the prompt and the generated tokens.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
 };
 
 // One generated token's log-probabilities (log-softmax of the model's logits).

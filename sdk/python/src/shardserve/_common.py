@@ -90,11 +90,15 @@ def error(e: grpc.RpcError) -> ShardserveError:
 def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k: int, top_p: float, seed: int,
                      stop_token_ids: Sequence[int], ignore_eos: bool, request_id: str, min_p: float = 0.0,
                      logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
-                     top_logprobs: int = 0) -> inference_pb2.GenerateRequest:
+                     top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                     repetition_penalty: float = 1.0) -> inference_pb2.GenerateRequest:
     req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                                         ignore_eos=ignore_eos, request_id=request_id, min_tokens=min_tokens,
                                         logprobs=logprobs, top_logprobs=top_logprobs)
     req.sampling.min_p = min_p
+    req.sampling.presence_penalty = presence_penalty
+    req.sampling.frequency_penalty = frequency_penalty
+    req.sampling.repetition_penalty = repetition_penalty
     for token, bias in (logit_bias or {}).items():
         req.sampling.logit_bias[int(token)] = float(bias)
     if isinstance(prompt, str):
