@@ -76,6 +76,22 @@ class GenerateStream final : public SequenceSink {
     if (stop_now) RequestStop();  // ends the sequence; OnEnd reports FINISH_REASON_STOP
   }
 
+  void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override {
+    Action action;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const TokenLogprobs& l : logprobs) {
+        v1::TokenLogprobs* lp = pending_.add_prompt_logprobs();
+        lp->set_logprob(l.logprob);
+        lp->mutable_top_ids()->Add(l.top_ids.begin(), l.top_ids.end());
+        lp->mutable_top_logprobs()->Add(l.top_logprobs.begin(), l.top_logprobs.end());
+      }
+      has_pending_ = true;
+      action = NextLocked();
+    }
+    Run(action);
+  }
+
   void OnEnd(const SequenceEnd& end) override {
     Action action;
     {
@@ -221,6 +237,7 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
   r.min_tokens = request.min_tokens();
   r.logprobs = request.logprobs();
   r.top_logprobs = request.top_logprobs();
+  r.prompt_logprobs = request.prompt_logprobs();
   if (request.stop_size() > 0) {
     if (tokenizer_ == nullptr) return absl::InvalidArgumentError("stop: model has no tokenizer, so text stop strings cannot be matched");
     const std::vector<std::string> stops(request.stop().begin(), request.stop().end());

@@ -29,6 +29,8 @@ class LoggingSink final : public SequenceSink {
     inner_->OnTokens(tokens, logprobs);
   }
 
+  void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override { inner_->OnPromptLogprobs(logprobs); }
+
   void OnEnd(const SequenceEnd& end) override {
     const absl::Time now = clock_->Now();
     std::string ttft = "none";

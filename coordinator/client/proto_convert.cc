@@ -99,6 +99,7 @@ void ToProto(const StepInput& input, v1::StepRequest* out) {
       s->set_top_logprobs(in.top_logprobs);
     }
     s->set_request_id(in.request_id);
+    s->mutable_prompt_logprob_targets()->Add(in.prompt_logprob_targets.begin(), in.prompt_logprob_targets.end());
   }
 }
 
@@ -115,6 +116,11 @@ absl::StatusOr<StepOutput> FromProto(const v1::StepResponse& response) {
     out.logprobs.push_back(TokenLogprobs{.logprob = lp.logprob(),
                                          .top_ids = {lp.top_ids().begin(), lp.top_ids().end()},
                                          .top_logprobs = {lp.top_logprobs().begin(), lp.top_logprobs().end()}});
+  }
+  for (const v1::TokenLogprobs& lp : response.prompt_logprobs()) {
+    out.prompt_logprobs.push_back(TokenLogprobs{.logprob = lp.logprob(),
+                                                .top_ids = {lp.top_ids().begin(), lp.top_ids().end()},
+                                                .top_logprobs = {lp.top_logprobs().begin(), lp.top_logprobs().end()}});
   }
   return out;
 }

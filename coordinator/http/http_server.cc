@@ -42,6 +42,38 @@ class HttpSequence final : public SequenceSink {
   // The id from Submit; cancels at once when a cancel was asked for before.
   void Bind(SequenceId id) { canceller_.Bind(id); }
 
+  // Completions' echo, before Submit: the answer starts with `prompt_text`; with logprobs, its
+  // entries start with the prompt's tokens' (the first one without a logprob), and the prompt's
+  // text is held back until they have all arrived (OnPromptLogprobs), so that a streamed chunk's
+  // text and entries agree.
+  void Echo(std::string prompt_text, std::vector<int32_t> prompt, bool with_logprobs) {
+    absl::MutexLock lock(&mu_);
+    if (!with_logprobs || prompt.size() <= 1) {
+      text_ = std::move(prompt_text);
+      if (with_logprobs && !prompt.empty()) logprobs_.push_back(LogprobEntry{.token = Spell(prompt[0]), .has_logprob = false});
+      return;
+    }
+    echo_text_ = std::move(prompt_text);
+    echo_prompt_ = std::move(prompt);
+    echo_entries_.push_back(LogprobEntry{.token = Spell(echo_prompt_[0]), .has_logprob = false});
+  }
+
+  void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override {
+    absl::MutexLock lock(&mu_);
+    for (const TokenLogprobs& lp : logprobs) {
+      if (echo_entries_.empty() || echo_entries_.size() >= echo_prompt_.size()) break;  // not asked, or all there
+      echo_entries_.push_back(Entry(echo_prompt_[echo_entries_.size()], lp));
+    }
+    if (!echo_prompt_.empty() && echo_entries_.size() == echo_prompt_.size()) {
+      // Before any token's text or entry: the prompt's come first.
+      text_ = std::move(echo_text_) + text_;
+      logprobs_.insert(logprobs_.begin(), std::make_move_iterator(echo_entries_.begin()),
+                       std::make_move_iterator(echo_entries_.end()));
+      echo_prompt_.clear();
+      echo_entries_.clear();
+    }
+  }
+
   // Ends the sequence (the client went away, or a stop string matched). No lock held: the
   // scheduler may call OnEnd on this thread.
   void Cancel() { canceller_.Cancel(); }
@@ -123,6 +155,10 @@ class HttpSequence final : public SequenceSink {
   std::string text_ ABSL_GUARDED_BY(mu_);             // final text not yet taken by Wait
   std::vector<LogprobEntry> logprobs_ ABSL_GUARDED_BY(mu_);  // not yet taken by Wait
   std::optional<SequenceEnd> end_ ABSL_GUARDED_BY(mu_);
+  // Echo with logprobs, until the prompt's logprobs have all arrived.
+  std::string echo_text_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> echo_prompt_ ABSL_GUARDED_BY(mu_);
+  std::vector<LogprobEntry> echo_entries_ ABSL_GUARDED_BY(mu_);
 };
 
 const char* FinishReasonText(FinishReason reason) {
@@ -322,6 +358,8 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   const RequestLimits& limits = scheduler->options().limits;
   SequenceRequest seq;
   SamplingFields fields;
+  bool echo = false;      // completions: the answer starts with the prompt
+  std::string echo_text;  // the prompt's text
   if (chat) {
     absl::StatusOr<ChatRequest> parsed = ParseChatRequest(req.body);
     if (!parsed.ok()) return Reject(res, parsed.status());
@@ -335,7 +373,9 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
     if (!parsed.ok()) return Reject(res, parsed.status());
     fields = parsed->fields;
     if (absl::Status st = CheckModel(fields.model); !st.ok()) return Reject(res, st);
+    echo = parsed->echo;
     if (parsed->prompt_text.has_value()) {
+      if (echo) echo_text = *parsed->prompt_text;
       if (tokenizer == nullptr) {
         return Reject(res, InvalidParam("prompt", absl::StrCat("the model ", options.model_path,
                                                                     " has no tokenizer: send the prompt as token ids")));
@@ -351,6 +391,10 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
                                                                       limits.vocab_size, ")")));
         }
         seq.prompt.push_back(static_cast<int32_t>(id));
+      }
+      if (echo && tokenizer != nullptr) {
+        absl::StatusOr<std::string> text = tokenizer->Decode(seq.prompt, /*skip_special_tokens=*/true);
+        if (text.ok()) echo_text = *std::move(text);
       }
     }
   }
@@ -391,6 +435,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   seq.min_tokens = static_cast<int32_t>(std::min<int64_t>(fields.min_tokens, std::numeric_limits<int32_t>::max()));
   seq.logprobs = fields.logprobs;
   seq.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
+  seq.prompt_logprobs = echo && fields.logprobs;
   const uint64_t n = next_id.fetch_add(1);
   seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", n);
   if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return Reject(res, st);
@@ -400,6 +445,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   auto sequence = std::make_shared<HttpSequence>(
       scheduler, tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr,
       fields.stop, tokenizer);
+  if (echo) sequence->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
   // Logged and counted like the gRPC front end's requests (coordinator/api/request_log.h).
   absl::StatusOr<SequenceId> id = SubmitWithLog(*scheduler, std::move(seq), sequence);
   if (!id.ok()) return ReplyStatus(res, id.status());

@@ -274,7 +274,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
       if (v.is_null()) continue;
       absl::StatusOr<bool> b = GetBool(v, key);
       if (!b.ok()) return b.status();
-      if (*b) return InvalidParam(key, "'echo' is not supported");
+      r.echo = *b;
     } else if (key == "logprobs") {
       if (v.is_null()) continue;
       absl::StatusOr<int64_t> n = GetInt(v, key);
@@ -486,14 +486,19 @@ Json CompletionLogprobs(const std::vector<LogprobEntry>* entries, int64_t text_o
   Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offsets = Json::array();
   for (const LogprobEntry& e : *entries) {
     tokens.push_back(e.token);
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(e.token.size());
+    if (!e.has_logprob) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
     lps.push_back(e.logprob);
     Json top = Json::object();
     for (const auto& [t, lp] : e.top) {
       if (!top.contains(t)) top[t] = lp;  // two ids may decode alike: the more likely one is kept
     }
     tops.push_back(std::move(top));
-    offsets.push_back(text_offset);
-    text_offset += static_cast<int64_t>(e.token.size());
   }
   Json j;
   j["tokens"] = std::move(tokens);

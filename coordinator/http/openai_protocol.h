@@ -53,6 +53,7 @@ struct SamplingFields {
 struct LogprobEntry {
   std::string token;  // the token's text, decoded alone
   double logprob = 0;
+  bool has_logprob = true;  // false for an echoed prompt's first token (null in the JSON)
   std::vector<std::pair<std::string, double>> top;  // the most likely tokens, most likely first
 };
 
@@ -61,6 +62,8 @@ struct CompletionRequest {
   // Exactly one is set: a text prompt, or token ids (an array of integers).
   std::optional<std::string> prompt_text;
   std::vector<int64_t> prompt_ids;
+  // The answer's text starts with the prompt's (and its logprobs with the prompt tokens').
+  bool echo = false;
 };
 
 struct ChatMessage {

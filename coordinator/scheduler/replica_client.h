@@ -62,6 +62,9 @@ struct StepSequenceInput {
   // distinct ids ascending, and the times each was generated (0: prompt only).
   std::vector<int32_t> penalty_token_ids;
   std::vector<int32_t> penalty_token_counts;
+  // Prompt logprobs: empty, or one per token_ids entry: the prompt token after it whose logprob
+  // the replica returns in StepOutput::prompt_logprobs (-1: none).
+  std::vector<int32_t> prompt_logprob_targets;
 };
 
 struct StepInput {
@@ -75,6 +78,8 @@ struct StepOutput {
   // Empty when no sequence asked for logprobs; else one entry per token_ids entry (empty entries
   // for the sequences that did not ask).
   std::vector<TokenLogprobs> logprobs;
+  // One entry per prompt_logprob_targets entry >= 0, over the sequences in input order.
+  std::vector<TokenLogprobs> prompt_logprobs;
 };
 
 // Contract for implementations:

@@ -41,6 +41,8 @@ struct Scheduler::Sequence {
   std::optional<uint64_t> match_epoch;
   std::vector<int32_t> context;  // prompt followed by the generated tokens
   TokenHistory history;          // with a penalty: the tokens it reads (the context, counted)
+  // With prompt_logprobs: the next prompt position whose logprob is still owed (1 = none sent).
+  int32_t prompt_logprobs_next = 1;
   int32_t generated = 0;
   bool cancelled = false;
   FinishReason cancel_reason = FinishReason::kCancelled;  // with cancelled
@@ -80,6 +82,7 @@ struct Scheduler::Replica {
 
 struct Scheduler::Event {
   std::shared_ptr<SequenceSink> sink;
+  std::vector<TokenLogprobs> prompt_logprobs;  // delivered before the tokens
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;  // empty, or one per token
   std::optional<SequenceEnd> end;
@@ -89,6 +92,12 @@ struct Scheduler::Event {
 namespace {
 
 int64_t BlocksFor(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
+
+// Whether a sequence still owes prompt logprobs (it must then compute those positions, not take
+// them from the prefix cache).
+bool OwesPromptLogprobs(const SequenceRequest& r, int32_t next) {
+  return r.prompt_logprobs && next < static_cast<int32_t>(r.prompt.size());
+}
 
 // Positions a request writes to the KV cache at most: every token but the last one generated.
 int64_t MaxCachedTokens(const SequenceRequest& r) {
@@ -301,6 +310,10 @@ bool Scheduler::CanAdmitLocked(const Replica& r) const {
 }
 
 const std::vector<int32_t>& Scheduler::MatchLocked(const Replica& r, Sequence& seq) const {
+  if (OwesPromptLogprobs(seq.request, seq.prompt_logprobs_next)) {
+    seq.match.clear();
+    return seq.match;
+  }
   if (seq.match_epoch != r.pool->epoch()) {
     // The last token is always computed: its logits give the next token.
     seq.match = r.pool->Match(seq.context, std::ssize(seq.context) - 1);
@@ -485,6 +498,19 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
         }
       }
     }
+    if (OwesPromptLogprobs(s->request, s->prompt_logprobs_next)) {
+      // Row i predicts the token at position consumed + i + 1.
+      const int32_t prompt_len = static_cast<int32_t>(s->request.prompt.size());
+      bool any = false;
+      for (int64_t i = 0; i < m.n; ++i) {
+        const int32_t t = s->consumed + static_cast<int32_t>(i) + 1;
+        const bool owed = t >= s->prompt_logprobs_next && t < prompt_len;
+        in.prompt_logprob_targets.push_back(owed ? s->context[static_cast<size_t>(t)] : -1);
+        any = any || owed;
+      }
+      if (!any) in.prompt_logprob_targets.clear();
+      in.top_logprobs = s->request.top_logprobs;
+    }
     in.request_id = s->request.request_id;
     batch.input.sequences.push_back(std::move(in));
     batch.members.push_back(s->id);
@@ -509,6 +535,15 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     } else if (logprobs && out->logprobs.size() != want) {
       status = absl::InternalError(absl::StrCat("replica ", r.id, " returned ", out->logprobs.size(),
                                                 " logprobs for a step that sampled ", want, " sequences"));
+    } else {
+      size_t targets = 0;
+      for (const StepSequenceInput& in : batch.input.sequences) {
+        for (int32_t t : in.prompt_logprob_targets) targets += t >= 0 ? 1 : 0;
+      }
+      if (out->prompt_logprobs.size() != targets) {
+        status = absl::InternalError(absl::StrCat("replica ", r.id, " returned ", out->prompt_logprobs.size(),
+                                                  " prompt logprobs for a step that asked for ", targets));
+      }
     }
   }
   if (options_.observer != nullptr) {
@@ -532,6 +567,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
                  << batch.input.sequences.size() << " sequence(s) failed: " << status;
   }
   size_t k = 0;
+  size_t prompt_k = 0;  // next entry of out->prompt_logprobs
   for (size_t b = 0; b < batch.members.size(); ++b) {
     const StepSequenceInput& in = batch.input.sequences[b];
     const size_t sampled = k;
@@ -550,6 +586,15 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     }
     s.consumed += static_cast<int32_t>(in.token_ids.size());
     r.pool->Commit(s.blocks, s.context, s.consumed, &s.cached_blocks);
+    if (!in.prompt_logprob_targets.empty()) {
+      Event e{.sink = s.sink};
+      for (size_t i = 0; i < in.prompt_logprob_targets.size(); ++i) {
+        if (in.prompt_logprob_targets[i] < 0) continue;
+        e.prompt_logprobs.push_back(out->prompt_logprobs[prompt_k++]);
+        s.prompt_logprobs_next = in.pos_begin + static_cast<int32_t>(i) + 2;
+      }
+      if (!s.cancelled) events.push_back(std::move(e));
+    }
     if (!in.sample || s.cancelled) continue;  // a cancelled sequence is ended before the next step
     s.context.push_back(token);
     ++s.generated;
@@ -667,6 +712,7 @@ void Scheduler::CloseOpenBatchesLocked(Replica& r) {
 
 void Scheduler::Deliver(std::vector<Event>& events) {
   for (Event& e : events) {
+    if (!e.prompt_logprobs.empty()) e.sink->OnPromptLogprobs(e.prompt_logprobs);
     if (!e.tokens.empty()) e.sink->OnTokens(e.tokens, e.logprobs);
     if (e.end.has_value()) e.sink->OnEnd(*e.end);
   }

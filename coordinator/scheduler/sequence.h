@@ -30,6 +30,11 @@ struct SequenceRequest {
   int32_t min_tokens = 0;
   bool logprobs = false;      // report each generated token's logprobs (SequenceSink::OnTokens)
   int32_t top_logprobs = 0;   // and this many of the most likely tokens', in [0, 20]
+  // Report the logprob of every prompt token after the first under the model (and the
+  // top_logprobs most likely tokens' at each position) through SequenceSink::OnPromptLogprobs
+  // (OpenAI's echo with logprobs). Such a sequence does not use the prefix cache for the prompt
+  // positions still owed.
+  bool prompt_logprobs = false;
 };
 
 // Mirrors shardserve.v1.FinishReason.
@@ -64,6 +69,11 @@ class SequenceSink {
   // New tokens, in order, since the previous call (non-empty); `logprobs` is empty unless the
   // request asked for them, then one entry per token.
   virtual void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) = 0;
+  // With SequenceRequest::prompt_logprobs: the logprobs of prompt tokens 1, 2, ... in order, in
+  // one or more calls (one per prefill chunk) that all come before the first OnTokens; each prompt
+  // token's entry exactly once, even when the sequence is recomputed.
+  // The default drops them: a sink that wraps another must pass them on.
+  virtual void OnPromptLogprobs(absl::Span<const TokenLogprobs> /*logprobs*/) {}
   virtual void OnEnd(const SequenceEnd& end) = 0;
 };
 

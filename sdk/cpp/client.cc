@@ -167,6 +167,11 @@ GenerateDelta ToDelta(const v1::GenerateResponse& resp) {
                                       .top_ids = {lp.top_ids().begin(), lp.top_ids().end()},
                                       .top_logprobs = {lp.top_logprobs().begin(), lp.top_logprobs().end()}});
   }
+  for (const v1::TokenLogprobs& lp : resp.prompt_logprobs()) {
+    d.prompt_logprobs.push_back(TokenLogprob{.logprob = lp.logprob(),
+                                             .top_ids = {lp.top_ids().begin(), lp.top_ids().end()},
+                                             .top_logprobs = {lp.top_logprobs().begin(), lp.top_logprobs().end()}});
+  }
   return d;
 }
 
@@ -194,6 +199,7 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   req.mutable_sampling()->set_presence_penalty(o.presence_penalty);
   req.mutable_sampling()->set_frequency_penalty(o.frequency_penalty);
   req.mutable_sampling()->set_repetition_penalty(o.repetition_penalty);
+  req.set_prompt_logprobs(o.prompt_logprobs);
   return req;
 }
 
@@ -420,6 +426,7 @@ absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const Gene
     result.token_ids.insert(result.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
     result.text += d.text;
     result.logprobs.insert(result.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    result.prompt_logprobs.insert(result.prompt_logprobs.end(), d.prompt_logprobs.begin(), d.prompt_logprobs.end());
     if (!d.request_id.empty()) result.request_id = d.request_id;
     if (d.finished) {
       result.finish_reason = d.finish_reason;

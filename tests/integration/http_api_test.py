@@ -213,6 +213,54 @@ print(json.dumps(r.choices[0].text))
             self.assertEqual(code, 400, out)
             self.assertEqual(json.loads(out)["error"]["param"], param)
 
+    def test_echo(self):
+        # The answer starts with the prompt; with logprobs, so do its entries (the first prompt token
+        # has no logprob); streamed gives the same; the openai package's scoring call (echo,
+        # logprobs, max_tokens 1) gets the same prompt logprobs.
+        greedy = self.completion(prompt=PROMPT, max_tokens=6, temperature=0)["choices"][0]["text"]
+        r = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
+        self.assertEqual(r["choices"][0]["text"], PROMPT + greedy)
+        self.assertIsNone(r["choices"][0]["logprobs"])
+        ids = self.completion(prompt=[1, 403, 407, 261, 378], max_tokens=6, temperature=0, echo=True)
+        self.assertEqual(ids["choices"][0]["text"], PROMPT + greedy)  # the ids of the same prompt, decoded
+        r = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, echo=True, logprobs=2)
+        lp = r["choices"][0]["logprobs"]
+        prompt_tokens = r["usage"]["prompt_tokens"]
+        self.assertEqual(len(lp["tokens"]), prompt_tokens + 6)
+        self.assertIsNone(lp["token_logprobs"][0])
+        self.assertIsNone(lp["top_logprobs"][0])
+        for chosen, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+            self.assertLessEqual(chosen, 0.0)
+            self.assertLessEqual(max(top.values()), 0.0)
+            self.assertGreaterEqual(max(top.values()), chosen - 1e-6)  # the most likely is at least as likely
+        # The generated tokens' entries are those of a request without echo.
+        plain = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)["choices"][0]["logprobs"]
+        self.assertEqual(lp["tokens"][prompt_tokens:], plain["tokens"])
+        for a, b in zip(lp["token_logprobs"][prompt_tokens:], plain["token_logprobs"]):
+            self.assertAlmostEqual(a, b, places=5)
+        code, body = curl(self.url + "/v1/completions", data=json.dumps(
+            {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "echo": True, "logprobs": 2, "stream": True}))
+        self.assertEqual(code, 200, body)
+        chunks = [json.loads(e) for e in sse_events(body) if e != "[DONE]"]
+        self.assertEqual("".join(c["choices"][0]["text"] for c in chunks), PROMPT + greedy)
+        streamed = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["token_logprobs"]]
+        self.assertEqual(len(streamed), prompt_tokens + 6)
+        self.assertIsNone(streamed[0])
+        for a, b in zip(streamed[1:], lp["token_logprobs"][1:]):
+            self.assertAlmostEqual(a, b, places=5)
+        script = f"""
+import json, openai
+c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
+r = c.completions.create(model="stories260K", prompt={PROMPT!r}, max_tokens=1, temperature=0, echo=True, logprobs=1)
+print(json.dumps(r.choices[0].logprobs.token_logprobs))
+"""
+        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        scored = json.loads(p.stdout)
+        self.assertEqual(len(scored), prompt_tokens + 1)
+        for a, b in zip(scored[1:prompt_tokens], lp["token_logprobs"][1:prompt_tokens]):
+            self.assertAlmostEqual(a, b, places=5)
+
     def test_logprobs(self):
         # Completions: "logprobs": N; greedy, so each chosen token is the most likely one.
         r = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)

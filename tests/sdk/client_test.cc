@@ -90,6 +90,10 @@ TEST(ClientTest, LogprobsArriveWithTheirTokens) {
   add(script.responses[0], -0.5f, {10, 3}, {-0.5f, -1.5f});
   add(script.responses[0], -0.25f, {11, 4}, {-0.25f, -2.f});
   add(script.responses[1], -3.f, {5, 12}, {-0.1f, -3.f});
+  v1::TokenLogprobs* p = script.responses[0].add_prompt_logprobs();
+  p->set_logprob(-4.f);
+  p->add_top_ids(9);
+  p->add_top_logprobs(-1.f);
   FakeInferenceServer server(script);
   auto client = MustConnect(server.address());
   ASSERT_OK_AND_ASSIGN(GenerateResult r, client->Generate(Prompt::Text("hi"), {.max_tokens = 3,
@@ -103,6 +107,9 @@ TEST(ClientTest, LogprobsArriveWithTheirTokens) {
   EXPECT_EQ(r.logprobs[0].logprob, -0.5f);
   EXPECT_THAT(r.logprobs[1].top_ids, ElementsAre(11, 4));
   EXPECT_THAT(r.logprobs[2].top_logprobs, ElementsAre(-0.1f, -3.f));
+  ASSERT_EQ(r.prompt_logprobs.size(), 1u);
+  EXPECT_EQ(r.prompt_logprobs[0].logprob, -4.f);
+  EXPECT_THAT(r.prompt_logprobs[0].top_ids, ElementsAre(9));
 }
 
 TEST(ClientTest, StreamIteratesOverTheDeltasInOrder) {

@@ -74,6 +74,13 @@ class AgainstALocalCluster(unittest.TestCase):
             self.assertEqual(lp.top_logprobs[0], lp.logprob)
             self.assertLessEqual(lp.logprob, 0.0)
         self.assertEqual(self.client.generate(ids, max_tokens=2).result().logprobs, [])
+        # Prompt logprobs: one per prompt token after the first, each at most its position's best.
+        scored = self.client.generate(ids, max_tokens=1, prompt_logprobs=True, top_logprobs=2).result()
+        self.assertEqual(len(scored.prompt_logprobs), len(ids) - 1)
+        for lp in scored.prompt_logprobs:
+            self.assertEqual(len(lp.top_ids), 2)
+            self.assertLessEqual(lp.logprob, lp.top_logprobs[0] + 1e-6)
+        self.assertEqual(scored.token_ids, r.token_ids[:1])
         # logit_bias -100 on the first token: the runner-up comes instead.
         biased = self.client.generate(ids, max_tokens=1, logit_bias={r.token_ids[0]: -100.0}).result()
         self.assertEqual(biased.token_ids, [r.logprobs[0].top_ids[1]])

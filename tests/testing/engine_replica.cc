@@ -95,12 +95,26 @@ absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::S
   std::vector<engine::StepSequence> batch;
   batch.reserve(input.sequences.size());
   for (const coordinator::StepSequenceInput& s : input.sequences) {
-    batch.push_back(engine::StepSequence{.block_ids = s.block_ids, .pos_begin = s.pos_begin, .tokens = s.token_ids});
+    batch.push_back(engine::StepSequence{.block_ids = s.block_ids,
+                                         .pos_begin = s.pos_begin,
+                                         .tokens = s.token_ids,
+                                         .all_logits = !s.prompt_logprob_targets.empty()});
   }
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(batch));
   coordinator::StepOutput out;
   bool any_logprobs = false;
   for (const coordinator::StepSequenceInput& s : input.sequences) any_logprobs = any_logprobs || (s.sample && s.logprobs);
+  const size_t vocab = static_cast<size_t>(runner_->spec().vocab_size);
+  for (size_t b = 0; b < input.sequences.size(); ++b) {
+    const std::vector<int32_t>& targets = input.sequences[b].prompt_logprob_targets;
+    for (size_t r = 0; r < targets.size(); ++r) {
+      if (targets[r] < 0) continue;
+      engine::TokenLogprobs e = engine::ComputeLogprobs(
+          absl::Span<const float>(result.logits[b].data() + r * vocab, vocab), targets[r], input.sequences[b].top_logprobs);
+      out.prompt_logprobs.push_back(
+          {.logprob = e.logprob, .top_ids = std::move(e.top_ids), .top_logprobs = std::move(e.top_logprobs)});
+    }
+  }
   for (size_t b = 0; b < input.sequences.size(); ++b) {
     const coordinator::StepSequenceInput& s = input.sequences[b];
     if (!s.sample) continue;
@@ -117,12 +131,14 @@ absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::S
                                         .history_ids = s.penalty_token_ids,
                                         .history_counts = s.penalty_token_counts};
     if (absl::Status st = params.Validate(); !st.ok()) return st;
-    const int32_t token = sampler_->Sample(result.logits[b], params, s.sample_index);
+    // The last row: the logits of the sequence's last new token.
+    const absl::Span<const float> row(result.logits[b].data() + result.logits[b].size() - vocab, vocab);
+    const int32_t token = sampler_->Sample(row, params, s.sample_index);
     out.token_ids.push_back(token);
     if (any_logprobs) {
       coordinator::TokenLogprobs& lp = out.logprobs.emplace_back();
       if (s.logprobs) {
-        engine::TokenLogprobs e = engine::ComputeLogprobs(result.logits[b], token, s.top_logprobs);
+        engine::TokenLogprobs e = engine::ComputeLogprobs(row, token, s.top_logprobs);
         lp = {.logprob = e.logprob, .top_ids = std::move(e.top_ids), .top_logprobs = std::move(e.top_logprobs)};
       }
     }

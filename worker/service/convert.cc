@@ -76,6 +76,15 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
     }
     s.sample_index = p.sample_index();
     s.request_id = p.request_id();
+    s.prompt_logprob_targets.assign(p.prompt_logprob_targets().begin(), p.prompt_logprob_targets().end());
+    if (!s.prompt_logprob_targets.empty() &&
+        static_cast<int32_t>(s.prompt_logprob_targets.size()) != s.step.NumTokens()) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": ", s.prompt_logprob_targets.size(),
+                                                     " prompt_logprob_targets for ", s.step.NumTokens(), " tokens"));
+    }
+    for (int32_t t : s.prompt_logprob_targets) {
+      if (t < -1) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": prompt_logprob_targets has ", t));
+    }
     total += s.step.NumTokens();
     batch.sequences.push_back(std::move(s));
   }
@@ -112,6 +121,7 @@ std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden
     SamplingToProto(s, p);
     p->set_sample_index(s.sample_index);
     p->set_request_id(s.request_id);
+    p->mutable_prompt_logprob_targets()->Add(s.prompt_logprob_targets.begin(), s.prompt_logprob_targets.end());
     total += s.step.NumTokens();
   }
   v1::Tensor* t = first.mutable_hidden();

@@ -29,6 +29,8 @@ struct StageSequence {
   std::string request_id;
   bool logprobs = false;       // return the sampled token's logprobs
   int32_t top_logprobs = 0;    // and this many of the most likely tokens', in [0, 20]
+  // Empty, or one per new token: the prompt token whose logprob its logits give (-1: none).
+  std::vector<int32_t> prompt_logprob_targets;
 };
 
 // A micro-batch, reassembled.

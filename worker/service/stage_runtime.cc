@@ -269,6 +269,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
     steps.push_back(s.step);
     // Greedy sequences get their id from the last stage's device, not a logits row.
     steps.back().greedy = is_last() && s.sample && s.sampling.IsGreedy() && !s.logprobs;
+    steps.back().all_logits = is_last() && !s.prompt_logprob_targets.empty();
   }
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.hidden));
@@ -294,6 +295,25 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   response.set_step_id(batch.step_id);
   bool any_logprobs = false;
   for (const StageSequence& s : batch.sequences) any_logprobs = any_logprobs || (s.sample && s.logprobs);
+  const size_t vocab = static_cast<size_t>(runner_->spec().vocab_size);
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const StageSequence& s = batch.sequences[i];
+    // Prompt logprobs first: row r's logits give the logprob of the prompt token after it.
+    for (size_t r = 0; r < s.prompt_logprob_targets.size(); ++r) {
+      const int32_t target = s.prompt_logprob_targets[r];
+      if (target < 0) continue;
+      if (static_cast<size_t>(target) >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": prompt_logprob_targets[", r, "] = ", target,
+                                                       " is outside the vocabulary [0, ", vocab, ")"));
+      }
+      const absl::Span<const float> row(result.logits[i].data() + r * vocab, vocab);
+      const engine::TokenLogprobs lp = engine::ComputeLogprobs(row, target, s.top_logprobs);
+      v1::TokenLogprobs* out = response.add_prompt_logprobs();
+      out->set_logprob(lp.logprob);
+      out->mutable_top_ids()->Add(lp.top_ids.begin(), lp.top_ids.end());
+      out->mutable_top_logprobs()->Add(lp.top_logprobs.begin(), lp.top_logprobs.end());
+    }
+  }
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const StageSequence& s = batch.sequences[i];
     if (!s.sample) continue;
@@ -303,7 +323,6 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
       continue;
     }
     const std::vector<float>& logits = result.logits[i];
-    const size_t vocab = static_cast<size_t>(runner_->spec().vocab_size);
     // The last row holds the logits of the sequence's last new token.
     absl::Span<const float> row(logits.data() + logits.size() - vocab, vocab);
     const int32_t token = sampler_.Sample(row, s.sampling, s.sample_index);

@@ -572,6 +572,56 @@ TEST_F(CoordinatorApiTest, PresenceFrequencyAndRepetitionPenalties) {
   EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("sampling.repetition_penalty must be in (0, 2]"));
 }
 
+// Prompt logprobs against transformers' logits at every prompt position (the golden llama model):
+// in order, each once, over prefill chunks that split the prompt (max_step_tokens 4), and computed
+// again (not taken from the prefix cache) when the same prompt comes twice.
+TEST_F(CoordinatorApiTest, PromptLogprobsAreTheReferenceLogSoftmaxAtEveryPosition) {
+  StartCoordinator("tests/golden/models/llama", 1, {.max_seq_len = 64, .kv_block_size = 4, .max_step_tokens = 4});
+  BringUpOneWorker();
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
+  const testing::GoldenCase& c = golden.cases[2];  // 11 prompt tokens: 3 chunks
+  ASSERT_EQ(c.logits.size(), c.prompt_ids.size());
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    v1::GenerateRequest req = IdsRequest(c.prompt_ids, 2);
+    req.set_prompt_logprobs(true);
+    req.set_top_logprobs(3);
+    const GenerateResult r = Generate(req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{c.greedy_ids[0], c.greedy_ids[1]}));
+    std::vector<v1::TokenLogprobs> lps;
+    bool tokens_seen = false;
+    for (const auto& m : r.messages) {
+      if (m.prompt_logprobs_size() > 0) {
+        EXPECT_FALSE(tokens_seen) << "prompt logprobs after generated tokens";
+      }
+      tokens_seen = tokens_seen || m.token_ids_size() > 0;
+      lps.insert(lps.end(), m.prompt_logprobs().begin(), m.prompt_logprobs().end());
+      EXPECT_EQ(m.logprobs_size(), 0);  // generated tokens' logprobs were not asked for
+    }
+    ASSERT_EQ(lps.size(), c.prompt_ids.size() - 1);
+    for (size_t i = 0; i + 1 < c.prompt_ids.size(); ++i) {
+      const std::vector<float>& ref = c.logits[i];  // position i predicts prompt token i + 1
+      const double mx = *std::max_element(ref.begin(), ref.end());
+      double z = 0;
+      for (float l : ref) z += std::exp(static_cast<double>(l) - mx);
+      const double log_z = mx + std::log(z);
+      EXPECT_NEAR(lps[i].logprob(), ref[static_cast<size_t>(c.prompt_ids[i + 1])] - log_z, 1e-3) << "position " << i;
+      ASSERT_EQ(lps[i].top_ids_size(), 3);
+      const int32_t best = static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
+      EXPECT_EQ(lps[i].top_ids(0), best);
+      EXPECT_NEAR(lps[i].top_logprobs(0), mx - log_z, 1e-3);
+    }
+    // The second round found the prompt in the prefix cache but computed it anyway.
+    EXPECT_EQ(r.messages.back().usage().cached_prompt_tokens(), 0);
+  }
+  // Without asking: the cache serves the prompt and no prompt logprobs come.
+  const GenerateResult plain = Generate(IdsRequest(c.prompt_ids, 2));
+  ASSERT_TRUE(plain.status.ok());
+  EXPECT_GT(plain.messages.back().usage().cached_prompt_tokens(), 0);
+  for (const auto& m : plain.messages) EXPECT_EQ(m.prompt_logprobs_size(), 0);
+}
+
 TEST_F(CoordinatorApiTest, TokenizeAndModelInfo) {
   StartCoordinator(testing::Stories260KDir(), 1);
   ASSERT_OK_AND_ASSIGN(auto tokenizer, LoadTokenizer(testing::Stories260KDir()));

@@ -45,6 +45,8 @@ TEST(OpenAiProtocolTest, CompletionWithEveryField) {
   EXPECT_TRUE(r->fields.stream);
   EXPECT_TRUE(r->fields.include_usage);
   EXPECT_EQ(r->fields.presence_penalty, 0);
+  EXPECT_FALSE(r->echo);
+  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": "a", "echo": true})")->echo);
   EXPECT_EQ(r->fields.repetition_penalty, 1);
 
   absl::StatusOr<ChatRequest> ch = ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}],
@@ -155,7 +157,9 @@ TEST(OpenAiProtocolTest, OutOfRangeAndUnsupportedValues) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "top_p": 0})").status(), "(0, 1]", "top_p");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "top_k": -1})").status(), "top_k", "top_k");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "n": 2})").status(), "'n' must be 1", "n");
-  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "echo": true})").status(), "'echo' is not supported", "echo");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "echo": 1})").status(), "boolean", "echo");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "echo": true})").status(),
+                "unknown field 'echo'", "echo");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "logprobs": 21})").status(), "[0, 20]", "logprobs");
   ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})").status(),
                 "needs 'logprobs': true", "top_logprobs");

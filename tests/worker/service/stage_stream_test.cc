@@ -263,7 +263,30 @@ TEST_F(StageStreamTest, LogprobsBiasAndSuppressionReachTheLastStage) {
     s->add_penalty_token_ids(gc.greedy_ids[0]);  // no count: refused, naming the problem
   }, /*ok=*/false);
   EXPECT_THAT(r.error_message(), HasSubstr("penalty history has 1 ids but 0 counts"));
-  r = run(7, 3, [](v1::StepSequence* s) { s->set_top_logprobs(21); }, /*ok=*/false);
+  // Prompt logprobs: each row's logits give the next prompt token's logprob (transformers' logits
+  // at every prompt position); -1 rows give none.
+  r = run(7, 3, [&](v1::StepSequence* s) {
+    for (size_t i = 0; i + 1 < gc.prompt_ids.size(); ++i) s->add_prompt_logprob_targets(i == 1 ? -1 : gc.prompt_ids[i + 1]);
+    s->add_prompt_logprob_targets(-1);
+    s->set_top_logprobs(2);
+  });
+  ASSERT_EQ(r.token_ids_size(), 1);
+  EXPECT_EQ(r.token_ids(0), gc.greedy_ids[0]);
+  ASSERT_EQ(r.prompt_logprobs_size(), static_cast<int>(gc.prompt_ids.size()) - 2);
+  int k = 0;
+  for (size_t i = 0; i + 1 < gc.prompt_ids.size(); ++i) {
+    if (i == 1) continue;
+    const std::vector<float>& row = gc.logits[i];
+    const double rmx = *std::max_element(row.begin(), row.end());
+    double rz = 0;
+    for (float l : row) rz += std::exp(static_cast<double>(l) - rmx);
+    EXPECT_NEAR(r.prompt_logprobs(k).logprob(), row[static_cast<size_t>(gc.prompt_ids[i + 1])] - rmx - std::log(rz), 1e-3);
+    EXPECT_EQ(r.prompt_logprobs(k).top_ids_size(), 2);
+    ++k;
+  }
+  r = run(8, 0, [&](v1::StepSequence* s) { s->add_prompt_logprob_targets(3); }, /*ok=*/false);
+  EXPECT_THAT(r.error_message(), HasSubstr("1 prompt_logprob_targets for 5 tokens"));
+  r = run(9, 3, [](v1::StepSequence* s) { s->set_top_logprobs(21); }, /*ok=*/false);
   EXPECT_NE(r.error_code(), 0);
   EXPECT_THAT(r.error_message(), HasSubstr("top_logprobs must be in [0, 20]"));
   stream->WritesDone();

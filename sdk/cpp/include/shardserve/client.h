@@ -122,6 +122,8 @@ struct GenerateOptions {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
+  // Also report the prompt tokens' logprobs (GenerateDelta::prompt_logprobs), for scoring.
+  bool prompt_logprobs = false;
 };
 
 // One generated token's log-probabilities (log-softmax of the model's logits).
@@ -142,6 +144,8 @@ struct GenerateDelta {
   int32_t cached_prompt_tokens = 0;  // of prompt_tokens, found in the server's prefix cache
   std::string request_id;
   std::vector<TokenLogprob> logprobs;  // with GenerateOptions::logprobs: one per token_ids entry
+  // With GenerateOptions::prompt_logprobs: prompt tokens 1, 2, ... (all before the first token).
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 // The whole answer of a generation.
@@ -154,6 +158,8 @@ struct GenerateResult {
   int32_t cached_prompt_tokens = 0;  // of prompt_tokens, found in the server's prefix cache
   std::string request_id;
   std::vector<TokenLogprob> logprobs;  // with GenerateOptions::logprobs: one per token_ids entry
+  // With GenerateOptions::prompt_logprobs: prompt tokens 1, 2, ... (all before the first token).
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 struct ModelInfo {

@@ -80,12 +80,13 @@ class Client:
                  ignore_eos: bool = False, request_id: str = "", min_p: float = 0.0,
                  logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
                  top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 repetition_penalty: float = 1.0, timeout: Optional[float] = None) -> GenerateStream:
+                 repetition_penalty: float = 1.0, prompt_logprobs: bool = False,
+                 timeout: Optional[float] = None) -> GenerateStream:
         """Starts a generation from text (tokenized by the server) or token ids (used as given)."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                        ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs,
                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                       repetition_penalty=repetition_penalty)
+                                       repetition_penalty=repetition_penalty, prompt_logprobs=prompt_logprobs)
         call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
                                         metadata=self._settings.metadata)
         return GenerateStream(call)

@@ -91,11 +91,12 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      stop_token_ids: Sequence[int], ignore_eos: bool, request_id: str, min_p: float = 0.0,
                      logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
                      top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                     repetition_penalty: float = 1.0) -> inference_pb2.GenerateRequest:
+                     repetition_penalty: float = 1.0, prompt_logprobs: bool = False) -> inference_pb2.GenerateRequest:
     req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                                         ignore_eos=ignore_eos, request_id=request_id, min_tokens=min_tokens,
                                         logprobs=logprobs, top_logprobs=top_logprobs)
     req.sampling.min_p = min_p
+    req.prompt_logprobs = prompt_logprobs
     req.sampling.presence_penalty = presence_penalty
     req.sampling.frequency_penalty = frequency_penalty
     req.sampling.repetition_penalty = repetition_penalty
@@ -121,7 +122,9 @@ def delta(resp: inference_pb2.GenerateResponse) -> GenerateDelta:
         usage=Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens,
                     resp.usage.cached_prompt_tokens) if finished else None,
         request_id=resp.request_id,
-        logprobs=[TokenLogprob(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in resp.logprobs])
+        logprobs=[TokenLogprob(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in resp.logprobs],
+        prompt_logprobs=[TokenLogprob(lp.logprob, list(lp.top_ids), list(lp.top_logprobs))
+                         for lp in resp.prompt_logprobs])
 
 
 class Accumulator:
@@ -133,10 +136,12 @@ class Accumulator:
         self.last: Optional[GenerateDelta] = None
         self.request_id = ""
         self.logprobs: List[TokenLogprob] = []
+        self.prompt_logprobs: List[TokenLogprob] = []
 
     def add(self, d: GenerateDelta) -> None:
         self.token_ids.extend(d.token_ids)
         self.logprobs.extend(d.logprobs)
+        self.prompt_logprobs.extend(d.prompt_logprobs)
         self.text.append(d.text)
         self.request_id = d.request_id or self.request_id
         if d.finish_reason is not None:
@@ -146,7 +151,8 @@ class Accumulator:
         if self.last is None or self.last.usage is None or self.last.finish_reason is None:
             raise ShardserveError(grpc.StatusCode.INTERNAL, "the server ended the generation without a finish reason")
         return GenerateResult(token_ids=self.token_ids, text="".join(self.text), finish_reason=self.last.finish_reason,
-                              usage=self.last.usage, request_id=self.request_id, logprobs=self.logprobs)
+                              usage=self.last.usage, request_id=self.request_id, logprobs=self.logprobs,
+                              prompt_logprobs=self.prompt_logprobs)
 
 
 def model_info(m: inference_pb2.ModelInfo) -> ModelInfo:

@@ -66,6 +66,8 @@ class GenerateDelta:
     usage: Optional[Usage] = None
     request_id: str = ""
     logprobs: List[TokenLogprob] = field(default_factory=list)  # with logprobs=True: one per token
+    # with prompt_logprobs=True: prompt tokens 1, 2, ... (all before the first token)
+    prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class GenerateResult:
     usage: Usage
     request_id: str = ""
     logprobs: List[TokenLogprob] = field(default_factory=list)  # with logprobs=True: one per token
+    # with prompt_logprobs=True: prompt tokens 1, 2, ... (all before the first token)
+    prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
