@@ -1,6 +1,7 @@
 #include "coordinator/api/inference_service.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "common/log/log.h"
 #include "common/status/grpc_raw.h"
 #include "coordinator/api/api_auth.h"
+#include "coordinator/api/choices.h"
 #include "common/status/grpc_status.h"
 #include "coordinator/api/request_log.h"
 #include "coordinator/api/sequence_output.h"
@@ -28,100 +30,48 @@ v1::FinishReason ToProto(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-// One Generate call's output queue: the SequenceSink the scheduler feeds, and the writer that
-// drives the reactor. At most one write is in flight; tokens that arrive meanwhile are merged into
-// one pending message. The reactor is used until Finish is called and never after (gRPC deletes it
-// in OnDone, which cannot come before Finish).
-class GenerateStream final : public SequenceSink {
+// One Generate call's output queue: the SequenceSinks the scheduler feeds (one per choice), and
+// the writer that drives the reactor. At most one write is in flight; tokens that arrive
+// meanwhile are merged into one pending message per choice, and the choices take turns. The
+// reactor is used until Finish is called and never after (gRPC deletes it in OnDone, which cannot
+// come before Finish).
+class GenerateStream final : public std::enable_shared_from_this<GenerateStream> {
  public:
-  GenerateStream(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor, Scheduler* scheduler,
-                 std::string request_id, std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
-      : reactor_(reactor),
-        request_id_(std::move(request_id)),
-        canceller_(scheduler),
-        text_(std::move(decoder), std::move(stops)) {}
-
-  // The sequence id, once Submit has returned; cancels it now if a cancel came first.
-  void Bind(SequenceId id) { canceller_.Bind(id); }
-
-  // The client went away (OnCancel, or a failed write): stop generating.
-  void RequestCancel() { canceller_.Cancel(); }  // may call OnEnd on this thread
-  // A stop string matched: end the sequence as stopped (logged and counted as such).
-  void RequestStop() { canceller_.Cancel(FinishReason::kStop); }
-
-  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
-    Action action;
-    bool stop_now = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (text_.stopped()) return;  // a stop string matched; the cancel is on its way
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        const int32_t id = tokens[i];
-        pending_.add_token_ids(id);
-        if (i < logprobs.size()) {
-          v1::TokenLogprobs* lp = pending_.add_logprobs();
-          lp->set_logprob(logprobs[i].logprob);
-          lp->mutable_top_ids()->Add(logprobs[i].top_ids.begin(), logprobs[i].top_ids.end());
-          lp->mutable_top_logprobs()->Add(logprobs[i].top_logprobs.begin(), logprobs[i].top_logprobs.end());
-        }
-        if (text_.Add(id, pending_.mutable_text())) {
-          stop_now = true;
-          break;
-        }
-      }
-      has_pending_ = true;
-      action = NextLocked();
-    }
-    Run(action);
-    if (stop_now) RequestStop();  // ends the sequence; OnEnd reports FINISH_REASON_STOP
+  GenerateStream(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor, std::string request_id, int n,
+                 const std::function<std::unique_ptr<StreamDecoder>()>& new_decoder, const std::vector<std::string>& stops)
+      : reactor_(reactor), request_id_(std::move(request_id)) {
+    for (int i = 0; i < n; ++i) choices_.emplace_back(new_decoder(), stops);
   }
 
-  void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override {
-    Action action;
+  // One SequenceSink per choice, for ChoiceGroup::Submit.
+  std::vector<std::shared_ptr<SequenceSink>> Sinks() {
+    std::vector<std::shared_ptr<SequenceSink>> sinks;
+    for (size_t i = 0; i < choices_.size(); ++i) sinks.push_back(std::make_shared<ChoiceSink>(shared_from_this(), i));
+    return sinks;
+  }
+  // The submitted choices, to cancel them.
+  void Bind(std::shared_ptr<ChoiceGroup> group) {
+    bool cancel = false;
+    std::vector<size_t> stops;
     {
       absl::MutexLock lock(&mu_);
-      for (const TokenLogprobs& l : logprobs) {
-        v1::TokenLogprobs* lp = pending_.add_prompt_logprobs();
-        lp->set_logprob(l.logprob);
-        lp->mutable_top_ids()->Add(l.top_ids.begin(), l.top_ids.end());
-        lp->mutable_top_logprobs()->Add(l.top_logprobs.begin(), l.top_logprobs.end());
-      }
-      has_pending_ = true;
-      action = NextLocked();
+      group_ = group;
+      cancel = cancel_requested_;
+      stops.swap(stops_before_bind_);
     }
-    Run(action);
+    for (size_t i : stops) group->Cancel(i, FinishReason::kStop);
+    if (cancel) group->CancelAll();
   }
 
-  void OnEnd(const SequenceEnd& end) override {
-    Action action;
+  // The client went away (OnCancel, or a failed write): stop generating every choice.
+  void RequestCancel() {
+    std::shared_ptr<ChoiceGroup> group;
     {
       absl::MutexLock lock(&mu_);
-      ended_ = true;
-      if (text_.stopped() && !broken_) {
-        // The sequence was cancelled because a stop string matched: a normal stop for the client.
-        pending_.set_finish_reason(v1::FINISH_REASON_STOP);
-        pending_.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
-        pending_.mutable_usage()->set_completion_tokens(end.completion_tokens);
-        pending_.mutable_usage()->set_cached_prompt_tokens(end.cached_prompt_tokens);
-        has_pending_ = true;
-        final_status_ = grpc::Status::OK;
-      } else if (end.status.ok() && end.reason == FinishReason::kCancelled) {
-        final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled");
-        has_pending_ = false;  // nobody is listening
-      } else if (end.status.ok()) {
-        const FinishReason reason = text_.Finish(pending_.mutable_text()) ? FinishReason::kStop : end.reason;
-        pending_.set_finish_reason(ToProto(reason));
-        pending_.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
-        pending_.mutable_usage()->set_completion_tokens(end.completion_tokens);
-        pending_.mutable_usage()->set_cached_prompt_tokens(end.cached_prompt_tokens);
-        has_pending_ = true;
-        final_status_ = grpc::Status::OK;
-      } else {
-        final_status_ = ToGrpcStatus(end.status);  // tokens already produced are still sent first
-      }
-      action = NextLocked();
+      cancel_requested_ = true;
+      group = group_;
     }
-    Run(action);
+    if (group != nullptr) group->CancelAll();  // may call OnEnd on this thread
   }
 
   void OnWriteDone(bool ok) {
@@ -137,20 +87,143 @@ class GenerateStream final : public SequenceSink {
   }
 
  private:
+  struct Choice {
+    Choice(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
+        : text(std::move(decoder), std::move(stops)) {}
+    SequenceText text;  // the decoder and the text stop strings
+    v1::GenerateResponse pending;
+    bool has_pending = false;
+    bool ended = false;
+    grpc::Status status;  // how it ended
+  };
+
+  class ChoiceSink final : public SequenceSink {
+   public:
+    ChoiceSink(std::shared_ptr<GenerateStream> stream, size_t index) : stream_(std::move(stream)), index_(index) {}
+    void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override {
+      stream_->OnPromptLogprobs(index_, logprobs);
+    }
+    void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
+      stream_->OnTokens(index_, tokens, logprobs);
+    }
+    void OnEnd(const SequenceEnd& end) override { stream_->OnEnd(index_, end); }
+
+   private:
+    const std::shared_ptr<GenerateStream> stream_;
+    const size_t index_;
+  };
+
+  static void AddLogprobs(const TokenLogprobs& l, v1::TokenLogprobs* lp) {
+    lp->set_logprob(l.logprob);
+    lp->mutable_top_ids()->Add(l.top_ids.begin(), l.top_ids.end());
+    lp->mutable_top_logprobs()->Add(l.top_logprobs.begin(), l.top_logprobs.end());
+  }
+
+  void OnPromptLogprobs(size_t index, absl::Span<const TokenLogprobs> logprobs) {
+    Action action;
+    {
+      absl::MutexLock lock(&mu_);
+      Choice& c = choices_[index];
+      for (const TokenLogprobs& l : logprobs) AddLogprobs(l, c.pending.add_prompt_logprobs());
+      c.has_pending = true;
+      action = NextLocked();
+    }
+    Run(action);
+  }
+
+  void OnTokens(size_t index, absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) {
+    Action action;
+    bool stop_now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      Choice& c = choices_[index];
+      if (c.text.stopped()) return;  // a stop string matched; the cancel is on its way
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        c.pending.add_token_ids(tokens[i]);
+        if (i < logprobs.size()) AddLogprobs(logprobs[i], c.pending.add_logprobs());
+        if (c.text.Add(tokens[i], c.pending.mutable_text())) {
+          stop_now = true;
+          break;
+        }
+      }
+      c.has_pending = true;
+      action = NextLocked();
+    }
+    Run(action);
+    // A stop string matched: end the choice as stopped (logged and counted as such); OnEnd then
+    // reports FINISH_REASON_STOP. Tokens may come before Bind: the stop then waits for it.
+    if (stop_now) {
+      std::shared_ptr<ChoiceGroup> group;
+      {
+        absl::MutexLock lock(&mu_);
+        group = group_;
+        if (group == nullptr) stops_before_bind_.push_back(index);
+      }
+      if (group != nullptr) group->Cancel(index, FinishReason::kStop);
+    }
+  }
+
+  void OnEnd(size_t index, const SequenceEnd& end) {
+    Action action;
+    {
+      absl::MutexLock lock(&mu_);
+      Choice& c = choices_[index];
+      c.ended = true;
+      auto finish = [&](FinishReason reason) {
+        c.pending.set_finish_reason(ToProto(reason));
+        c.pending.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
+        c.pending.mutable_usage()->set_completion_tokens(end.completion_tokens);
+        c.pending.mutable_usage()->set_cached_prompt_tokens(end.cached_prompt_tokens);
+        c.has_pending = true;
+      };
+      if (c.text.stopped() && !broken_) {
+        finish(FinishReason::kStop);  // cancelled because a stop string matched: a normal stop
+      } else if (end.status.ok() && end.reason == FinishReason::kCancelled) {
+        c.status = grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled");
+        c.has_pending = false;  // nobody is listening
+      } else if (end.status.ok()) {
+        finish(c.text.Finish(c.pending.mutable_text()) ? FinishReason::kStop : end.reason);
+      } else {
+        c.status = ToGrpcStatus(end.status);  // tokens already produced are still sent first
+      }
+      action = NextLocked();
+    }
+    Run(action);
+  }
+
   enum class Action { kNone, kWrite, kFinish };
 
   Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || finished_) return Action::kNone;
-    if (has_pending_ && !broken_) {
-      pending_.set_request_id(request_id_);
-      SerializeRawMessage(pending_, &in_flight_);
-      pending_.Clear();
-      has_pending_ = false;
-      writing_ = true;
-      return Action::kWrite;
+    if (!broken_) {
+      // The choices take turns, starting after the last one written.
+      for (size_t k = 0; k < choices_.size(); ++k) {
+        const size_t i = (next_ + k) % choices_.size();
+        Choice& c = choices_[i];
+        if (!c.has_pending) continue;
+        c.pending.set_request_id(request_id_);
+        if (choices_.size() > 1) c.pending.set_index(static_cast<int32_t>(i));
+        SerializeRawMessage(c.pending, &in_flight_);
+        c.pending.Clear();
+        c.has_pending = false;
+        next_ = i + 1;
+        writing_ = true;
+        return Action::kWrite;
+      }
     }
-    if (!ended_) return Action::kNone;
+    for (const Choice& c : choices_) {
+      if (!c.ended) return Action::kNone;
+    }
     finished_ = true;
+    // The first failed choice's error; else cancelled when one was; else OK.
+    final_status_ = grpc::Status::OK;
+    for (const Choice& c : choices_) {
+      if (!c.status.ok() && c.status.error_code() != grpc::StatusCode::CANCELLED) {
+        final_status_ = c.status;
+        break;
+      }
+      if (!c.status.ok() && final_status_.ok()) final_status_ = c.status;
+    }
     if (broken_ && final_status_.ok()) final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "write failed");
     return Action::kFinish;
   }
@@ -166,15 +239,15 @@ class GenerateStream final : public SequenceSink {
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* const reactor_;  // valid until Finish
   const std::string request_id_;
-  SequenceCanceller canceller_;
 
   absl::Mutex mu_;
-  SequenceText text_ ABSL_GUARDED_BY(mu_);  // the decoder and the text stop strings
-  v1::GenerateResponse pending_ ABSL_GUARDED_BY(mu_);
-  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;              // the choice whose turn it is to be written
+  std::shared_ptr<ChoiceGroup> group_ ABSL_GUARDED_BY(mu_);
+  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<size_t> stops_before_bind_ ABSL_GUARDED_BY(mu_);  // choices stopped by a stop string before Bind
   grpc::ByteBuffer in_flight_;  // a serialized v1::GenerateResponse, filled under mu_ when no write is in flight; then read by gRPC
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status final_status_;  // written under mu_ before finished_ is set, read once after
@@ -238,6 +311,9 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
   r.logprobs = request.logprobs();
   r.top_logprobs = request.top_logprobs();
   r.prompt_logprobs = request.prompt_logprobs();
+  if (request.n() < 0 || request.n() > kMaxChoices) {
+    return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", kMaxChoices, "] (0 means 1), got ", request.n()));
+  }
   if (request.stop_size() > 0) {
     if (tokenizer_ == nullptr) return absl::InvalidArgumentError("stop: model has no tokenizer, so text stop strings cannot be matched");
     const std::vector<std::string> stops(request.stop().begin(), request.stop().end());
@@ -278,18 +354,20 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::Cal
     reactor->Finish(ToGrpcStatus(seq.status()));
     return reactor;
   }
-  std::unique_ptr<StreamDecoder> decoder;
-  if (tokenizer_ != nullptr) decoder = tokenizer_->NewStreamDecoder(/*skip_special_tokens=*/true);
-  const std::string request_id = seq->request_id;
-  auto stream = std::make_shared<GenerateStream>(reactor, scheduler_, request_id, std::move(decoder),
+  const Tokenizer* tokenizer = tokenizer_;
+  auto new_decoder = [tokenizer]() -> std::unique_ptr<StreamDecoder> {
+    return tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr;
+  };
+  const int n = request->n() == 0 ? 1 : request->n();
+  auto stream = std::make_shared<GenerateStream>(reactor, seq->request_id, n, new_decoder,
                                                  std::vector<std::string>(request->stop().begin(), request->stop().end()));
   reactor->set_stream(stream);
-  absl::StatusOr<SequenceId> id = SubmitWithLog(*scheduler_, *std::move(seq), stream);
-  if (!id.ok()) {
-    reactor->Finish(ToGrpcStatus(id.status()));
+  absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler_, *std::move(seq), stream->Sinks());
+  if (!group.ok()) {
+    reactor->Finish(ToGrpcStatus(group.status()));
     return reactor;
   }
-  stream->Bind(*id);
+  stream->Bind(*std::move(group));
   return reactor;
 }
 

@@ -622,6 +622,58 @@ TEST_F(CoordinatorApiTest, PromptLogprobsAreTheReferenceLogSoftmaxAtEveryPositio
   for (const auto& m : plain.messages) EXPECT_EQ(m.prompt_logprobs_size(), 0);
 }
 
+// n choices: choice i is the request alone with seed + i; each ends with its own finish reason and
+// usage; choices after the first find the prompt's full blocks in the prefix cache.
+TEST_F(CoordinatorApiTest, NChoicesAreSeededRequestsThatShareThePrompt) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  BringUpOneWorker();
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadStories260K());
+  const testing::GoldenCase& c = golden.cases[1];
+  std::vector<int32_t> prompt = c.prompt_ids;  // 5 + 40 tokens: two full KV blocks of 16
+  prompt.insert(prompt.end(), c.greedy_ids.begin(), c.greedy_ids.begin() + 40);
+  auto request = [&](int n, uint64_t seed) {
+    v1::GenerateRequest req = IdsRequest(prompt, 12);
+    req.set_n(n);
+    req.set_ignore_eos(true);
+    req.mutable_sampling()->set_temperature(1.0f);
+    req.mutable_sampling()->set_seed(seed);
+    return req;
+  };
+  const GenerateResult r = Generate(request(3, 7));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  std::map<int, std::vector<int32_t>> ids;
+  std::map<int, v1::GenerateResponse> last;
+  for (const auto& m : r.messages) {
+    ids[m.index()].insert(ids[m.index()].end(), m.token_ids().begin(), m.token_ids().end());
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      EXPECT_EQ(last.count(m.index()), 0u) << "two ends for choice " << m.index();
+      last[m.index()] = m;
+    }
+  }
+  ASSERT_EQ(ids.size(), 3u);
+  ASSERT_EQ(last.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(absl::StrCat("choice ", i));
+    const GenerateResult alone = Generate(request(1, 7 + static_cast<uint64_t>(i)));
+    ASSERT_TRUE(alone.status.ok());
+    EXPECT_EQ(ids[i], alone.ids);
+    for (const auto& m : alone.messages) EXPECT_EQ(m.index(), 0);
+    EXPECT_EQ(last[i].finish_reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(last[i].usage().prompt_tokens(), static_cast<int32_t>(prompt.size()));
+    EXPECT_EQ(last[i].usage().completion_tokens(), 12);
+    if (i > 0) {
+      EXPECT_EQ(last[i].usage().cached_prompt_tokens(), 32);  // the prompt's two full blocks
+    }
+  }
+  EXPECT_NE(ids[0], ids[1]);  // distinct seeds
+  EXPECT_NE(ids[1], ids[2]);
+  // n 0 is 1; more than 16 is refused naming the field.
+  const GenerateResult one = Generate(request(0, 7));
+  ASSERT_TRUE(one.status.ok());
+  EXPECT_EQ(one.ids, ids[0]);
+  EXPECT_THAT(Generate(request(17, 7)).status.error_message(), HasSubstr("n must be in [1, 16]"));
+}
+
 TEST_F(CoordinatorApiTest, TokenizeAndModelInfo) {
   StartCoordinator(testing::Stories260KDir(), 1);
   ASSERT_OK_AND_ASSIGN(auto tokenizer, LoadTokenizer(testing::Stories260KDir()));

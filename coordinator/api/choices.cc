@@ -1,0 +1,95 @@
+#include "coordinator/api/choices.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/api/request_log.h"
+
+namespace shardserve::coordinator {
+
+// Choice 0's sink: passes every call on, and submits the other choices at its first token (or end).
+class ChoiceGroup::FirstChoiceSink final : public SequenceSink {
+ public:
+  FirstChoiceSink(std::shared_ptr<ChoiceGroup> group, std::shared_ptr<SequenceSink> inner)
+      : group_(std::move(group)), inner_(std::move(inner)) {}
+
+  void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override { inner_->OnPromptLogprobs(logprobs); }
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
+    inner_->OnTokens(tokens, logprobs);
+    group_->SubmitRest();
+  }
+  void OnEnd(const SequenceEnd& end) override {
+    inner_->OnEnd(end);
+    group_->SubmitRest();
+  }
+
+ private:
+  const std::shared_ptr<ChoiceGroup> group_;
+  const std::shared_ptr<SequenceSink> inner_;
+};
+
+ChoiceGroup::ChoiceGroup(Scheduler& scheduler, SequenceRequest request, std::vector<std::shared_ptr<SequenceSink>> sinks)
+    : scheduler_(scheduler), request_(std::move(request)), rest_(std::move(sinks)) {
+  for (size_t i = 0; i < rest_.size(); ++i) cancellers_.push_back(std::make_unique<SequenceCanceller>(&scheduler));
+}
+
+absl::StatusOr<std::shared_ptr<ChoiceGroup>> ChoiceGroup::Submit(Scheduler& scheduler, SequenceRequest request,
+                                                                 std::vector<std::shared_ptr<SequenceSink>> sinks) {
+  if (sinks.empty() || sinks.size() > static_cast<size_t>(kMaxChoices)) {
+    return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", kMaxChoices, "], got ", sinks.size()));
+  }
+  std::shared_ptr<SequenceSink> first = sinks.front();
+  std::shared_ptr<ChoiceGroup> group(new ChoiceGroup(scheduler, request, std::move(sinks)));
+  std::shared_ptr<SequenceSink> sink = first;
+  if (group->size() > 1) sink = std::make_shared<FirstChoiceSink>(group, std::move(first));
+  absl::StatusOr<SequenceId> id = SubmitWithLog(scheduler, std::move(request), std::move(sink));
+  if (!id.ok()) return id.status();
+  group->cancellers_[0]->Bind(*id);
+  return group;
+}
+
+void ChoiceGroup::SubmitRest() {
+  std::vector<std::shared_ptr<SequenceSink>> sinks;
+  SequenceRequest request;
+  bool cancelled = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (rest_done_) return;
+    rest_done_ = true;
+    sinks = std::move(rest_);
+    request = std::move(request_);
+    cancelled = cancelled_;
+  }
+  const std::string request_id = request.request_id;
+  const uint64_t seed = request.sampling.seed;
+  for (size_t i = 1; i < sinks.size(); ++i) {
+    if (cancelled) {
+      sinks[i]->OnEnd(SequenceEnd{.reason = FinishReason::kCancelled});
+      continue;
+    }
+    SequenceRequest r = request;
+    r.sampling.seed = seed + i;
+    r.prompt_logprobs = false;  // choice 0 reports them
+    if (!request_id.empty()) r.request_id = absl::StrCat(request_id, ".", i);
+    absl::StatusOr<SequenceId> id = SubmitWithLog(scheduler_, std::move(r), sinks[i]);
+    if (id.ok()) {
+      cancellers_[i]->Bind(*id);
+    } else {
+      sinks[i]->OnEnd(SequenceEnd{.status = id.status()});
+    }
+  }
+}
+
+void ChoiceGroup::Cancel(size_t choice, FinishReason reason) {
+  if (choice < cancellers_.size()) cancellers_[choice]->Cancel(reason);
+}
+
+void ChoiceGroup::CancelAll() {
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+  }
+  for (auto& c : cancellers_) c->Cancel();
+}
+
+}  // namespace shardserve::coordinator

@@ -1,0 +1,60 @@
+// ChoiceGroup: the n choices of one request (OpenAI's `n`, GenerateRequest.n) as n sequences of
+// the scheduler, shared by the gRPC service and the HTTP API.
+//
+// Choice 0 is submitted at once; the others when choice 0's prompt is in the KV cache (its first
+// token, or its end), so that they find the prompt's full blocks in the prefix cache and compute
+// only its last, partial block and their own tokens, instead of n prefills of the whole prompt.
+// They start one step later than choice 0. Choice i samples with seed + i (so choice 0 is the
+// request alone, and every choice is reproducible); only choice 0 reports prompt logprobs.
+#ifndef SHARDSERVE_COORDINATOR_API_CHOICES_H_
+#define SHARDSERVE_COORDINATOR_API_CHOICES_H_
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/api/sequence_output.h"
+#include "coordinator/scheduler/scheduler.h"
+
+namespace shardserve::coordinator {
+
+inline constexpr int kMaxChoices = 16;
+
+class ChoiceGroup : public std::enable_shared_from_this<ChoiceGroup> {
+ public:
+  // Submits (through SubmitWithLog) one choice per sink (1 <= sinks.size() <= kMaxChoices). What
+  // the first Submit returns when it fails (nothing is submitted then); a later choice that cannot
+  // be submitted gets OnEnd with its error. Each sink then gets its choice's calls as a
+  // SequenceSink does. `scheduler` must outlive the group's sequences.
+  static absl::StatusOr<std::shared_ptr<ChoiceGroup>> Submit(Scheduler& scheduler, SequenceRequest request,
+                                                             std::vector<std::shared_ptr<SequenceSink>> sinks);
+
+  // Ends choice `choice` with `reason` (Scheduler::Cancel), now or as soon as it is submitted. Must
+  // not be called with a lock its sink takes (the sink's OnEnd may run on this thread).
+  void Cancel(size_t choice, FinishReason reason = FinishReason::kCancelled);
+  // Every choice, as cancelled: those not submitted yet never will be.
+  void CancelAll();
+
+  size_t size() const { return cancellers_.size(); }
+
+ private:
+  class FirstChoiceSink;
+  ChoiceGroup(Scheduler& scheduler, SequenceRequest request, std::vector<std::shared_ptr<SequenceSink>> sinks);
+  // Choice 0's prompt is in the cache: submits the others (once).
+  void SubmitRest();
+
+  Scheduler& scheduler_;
+  std::vector<std::unique_ptr<SequenceCanceller>> cancellers_;  // one per choice
+  absl::Mutex mu_;
+  SequenceRequest request_ ABSL_GUARDED_BY(mu_);  // the template of choices 1..n-1
+  std::vector<std::shared_ptr<SequenceSink>> rest_ ABSL_GUARDED_BY(mu_);  // their sinks, until submitted
+  bool rest_done_ ABSL_GUARDED_BY(mu_) = false;    // submitted, or given up
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;    // CancelAll was called
+};
+
+}  // namespace shardserve::coordinator
+
+#endif  // SHARDSERVE_COORDINATOR_API_CHOICES_H_
