@@ -3,9 +3,10 @@
 // Generate: the handler validates the request (INVALID_ARGUMENT naming the field), checks that
 // the cluster is ready (UNAVAILABLE with the reason), tokenizes a text prompt, and submits the
 // sequence to the Scheduler (RESOURCE_EXHAUSTED when the queue is full). From then on the
-// scheduler's threads push tokens into the call's own small queue (GenerateStream, a
-// SequenceSink), which coalesces them into at most one pending message while a write is in flight;
-// OnWriteDone starts the next write. Text deltas come from the tokenizer's StreamDecoder, through a
+// scheduler's threads push tokens into the call's own small queue (GenerateStream, with one
+// SequenceSink per choice of GenerateRequest.n, submitted through ChoiceGroup), which coalesces them
+// into at most one pending message per choice while a write is in flight; OnWriteDone starts the
+// next write, the choices taking turns. Text deltas come from the tokenizer's StreamDecoder, through a
 // StopStringMatcher for the request's text stop strings: a match truncates the text, cancels the
 // sequence in the scheduler and ends the call with FINISH_REASON_STOP. The last
 // message carries finish_reason and usage. A client that cancels, disconnects or passes its

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log/log.h"
+#include "coordinator/api/choices.h"
 #include "coordinator/api/request_log.h"
 #include "coordinator/api/sequence_output.h"
 #include "coordinator/api/stop_strings.h"
@@ -29,109 +30,191 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// One request's output queue: the SequenceSink the scheduler feeds (never blocking) and the
-// handler thread that drains it. Text goes through the stream decoder and the stop-string matcher
-// here, so the handler only sees text that is final.
-class HttpSequence final : public SequenceSink {
+// One request's output queues, one per choice: the SequenceSinks the scheduler feeds (never
+// blocking) and the handler thread that drains them. Text goes through each choice's stream
+// decoder and stop-string matcher here, so the handler only sees text that is final.
+class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
  public:
-  // `tokenizer` (may be null) spells the tokens of logprobs entries.
-  HttpSequence(Scheduler* scheduler, std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops,
-               const Tokenizer* tokenizer)
-      : canceller_(scheduler), sequence_text_(std::move(decoder), std::move(stops)), tokenizer_(tokenizer) {}
-
-  // The id from Submit; cancels at once when a cancel was asked for before.
-  void Bind(SequenceId id) { canceller_.Bind(id); }
-
-  // Completions' echo, before Submit: the answer starts with `prompt_text`; with logprobs, its
-  // entries start with the prompt's tokens' (the first one without a logprob), and the prompt's
-  // text is held back until they have all arrived (OnPromptLogprobs), so that a streamed chunk's
-  // text and entries agree.
-  void Echo(std::string prompt_text, std::vector<int32_t> prompt, bool with_logprobs) {
-    absl::MutexLock lock(&mu_);
-    if (!with_logprobs || prompt.size() <= 1) {
-      text_ = std::move(prompt_text);
-      if (with_logprobs && !prompt.empty()) logprobs_.push_back(LogprobEntry{.token = Spell(prompt[0]), .has_logprob = false});
-      return;
+  // `tokenizer` (may be null) decodes the text and spells the tokens of logprobs entries.
+  HttpChoices(int n, const Tokenizer* tokenizer, const std::vector<std::string>& stops) : tokenizer_(tokenizer) {
+    for (int i = 0; i < n; ++i) {
+      choices_.emplace_back(tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr,
+                            stops);
     }
-    echo_text_ = std::move(prompt_text);
-    echo_prompt_ = std::move(prompt);
-    echo_entries_.push_back(LogprobEntry{.token = Spell(echo_prompt_[0]), .has_logprob = false});
   }
 
-  void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override {
+  // One SequenceSink per choice, for ChoiceGroup::Submit.
+  std::vector<std::shared_ptr<SequenceSink>> Sinks() {
+    std::vector<std::shared_ptr<SequenceSink>> sinks;
+    for (size_t i = 0; i < choices_.size(); ++i) sinks.push_back(std::make_shared<ChoiceSink>(shared_from_this(), i));
+    return sinks;
+  }
+
+  // The submitted choices; applies what came before (a cancel, a stop string's match).
+  void Bind(std::shared_ptr<ChoiceGroup> group) {
+    bool cancel = false;
+    std::vector<size_t> stops;
+    {
+      absl::MutexLock lock(&mu_);
+      group_ = group;
+      cancel = cancel_requested_;
+      stops.swap(stops_before_bind_);
+    }
+    for (size_t i : stops) group->Cancel(i, FinishReason::kStop);
+    if (cancel) group->CancelAll();
+  }
+
+  // Ends every choice (the client went away). No lock held: the scheduler may call OnEnd on this
+  // thread.
+  void Cancel() {
+    std::shared_ptr<ChoiceGroup> group;
+    {
+      absl::MutexLock lock(&mu_);
+      cancel_requested_ = true;
+      group = group_;
+    }
+    if (group != nullptr) group->CancelAll();
+  }
+
+  // Completions' echo, before Submit: every choice's answer starts with `prompt_text`; with
+  // logprobs, its entries start with the prompt's tokens' (the first one without a logprob), and
+  // the prompt's text is held back until they have all arrived (from choice 0), so that a streamed
+  // chunk's text and entries agree.
+  void Echo(std::string prompt_text, std::vector<int32_t> prompt, bool with_logprobs) {
+    absl::MutexLock lock(&mu_);
+    echo_text_ = std::move(prompt_text);
+    echo_prompt_ = std::move(prompt);
+    if (with_logprobs && !echo_prompt_.empty()) {
+      echo_entries_.push_back(LogprobEntry{.token = Spell(echo_prompt_[0]), .has_logprob = false});
+    }
+    if (!with_logprobs || echo_prompt_.size() <= 1) ReleaseEchoLocked();
+  }
+
+  struct Update {
+    size_t index = 0;                    // the choice
+    std::string text;                    // new final text
+    std::vector<LogprobEntry> logprobs;  // of the new tokens, when the request asked
+    std::optional<SequenceEnd> end;      // once, when the choice has ended (with all its text)
+    double cumulative_logprob = 0;       // of all its tokens so far (with logprobs asked)
+  };
+
+  // Waits up to `timeout` for news of any choice, and takes what there is: one Update per choice
+  // with news, in choice order (none after the timeout).
+  std::vector<Update> Wait(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](HttpChoices* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->HasNewsLocked(); },
+                             this),
+                         timeout);
+    std::vector<Update> updates;
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Choice& c = choices_[i];
+      const bool end = c.end.has_value() && !c.end_taken;
+      if (c.text.empty() && c.logprobs.empty() && !end) continue;
+      Update& u = updates.emplace_back();
+      u.index = i;
+      u.text = std::move(c.text);
+      c.text.clear();
+      u.logprobs = std::move(c.logprobs);
+      c.logprobs.clear();
+      if (end) u.end = c.end;
+      c.end_taken = c.end_taken || end;
+      u.cumulative_logprob = c.cumulative_logprob;
+    }
+    return updates;
+  }
+
+ private:
+  struct Choice {
+    Choice(std::unique_ptr<StreamDecoder> decoder, const std::vector<std::string>& stops)
+        : sequence_text(std::move(decoder), stops) {}
+    SequenceText sequence_text;  // no text when the model has no tokenizer
+    std::string text;                    // final text not yet taken by Wait
+    std::vector<LogprobEntry> logprobs;  // not yet taken by Wait
+    std::optional<SequenceEnd> end;
+    bool end_taken = false;  // Wait has reported the end
+    double cumulative_logprob = 0;
+  };
+
+  class ChoiceSink final : public SequenceSink {
+   public:
+    ChoiceSink(std::shared_ptr<HttpChoices> choices, size_t index) : choices_(std::move(choices)), index_(index) {}
+    void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override { choices_->OnPromptLogprobs(logprobs); }
+    void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
+      choices_->OnTokens(index_, tokens, logprobs);
+    }
+    void OnEnd(const SequenceEnd& end) override { choices_->OnEnd(index_, end); }
+
+   private:
+    const std::shared_ptr<HttpChoices> choices_;
+    const size_t index_;
+  };
+
+  void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) {
     absl::MutexLock lock(&mu_);
     for (const TokenLogprobs& lp : logprobs) {
       if (echo_entries_.empty() || echo_entries_.size() >= echo_prompt_.size()) break;  // not asked, or all there
       echo_entries_.push_back(Entry(echo_prompt_[echo_entries_.size()], lp));
     }
-    if (!echo_prompt_.empty() && echo_entries_.size() == echo_prompt_.size()) {
-      // Before any token's text or entry: the prompt's come first.
-      text_ = std::move(echo_text_) + text_;
-      logprobs_.insert(logprobs_.begin(), std::make_move_iterator(echo_entries_.begin()),
-                       std::make_move_iterator(echo_entries_.end()));
-      echo_prompt_.clear();
-      echo_entries_.clear();
-    }
+    if (!echo_released_ && !echo_entries_.empty() && echo_entries_.size() == echo_prompt_.size()) ReleaseEchoLocked();
   }
 
-  // Ends the sequence (the client went away, or a stop string matched). No lock held: the
-  // scheduler may call OnEnd on this thread.
-  void Cancel() { canceller_.Cancel(); }
-  // A stop string matched: end the sequence as stopped (logged and counted as such).
-  void Stop() { canceller_.Cancel(FinishReason::kStop); }
-
-  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
+  void OnTokens(size_t index, absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) {
     bool stop_now = false;
+    std::shared_ptr<ChoiceGroup> group;
     {
       absl::MutexLock lock(&mu_);
-      if (sequence_text_.stopped()) return;
+      Choice& c = choices_[index];
+      if (c.sequence_text.stopped()) return;
       for (size_t i = 0; i < tokens.size(); ++i) {
-        if (i < logprobs.size()) logprobs_.push_back(Entry(tokens[i], logprobs[i]));
-        if (sequence_text_.has_text() && sequence_text_.Add(tokens[i], &text_)) {
+        if (i < logprobs.size()) {
+          c.logprobs.push_back(Entry(tokens[i], logprobs[i]));
+          c.cumulative_logprob += logprobs[i].logprob;
+        }
+        if (c.sequence_text.has_text() && c.sequence_text.Add(tokens[i], &c.text)) {
           stop_now = true;
           break;
         }
       }
+      if (stop_now) {
+        group = group_;
+        if (group == nullptr) stops_before_bind_.push_back(index);
+      }
     }
-    if (stop_now) Stop();
+    // A stop string matched: end the choice as stopped (logged and counted as such).
+    if (group != nullptr) group->Cancel(index, FinishReason::kStop);
   }
 
-  void OnEnd(const SequenceEnd& end) override {
+  void OnEnd(size_t index, const SequenceEnd& end) {
     absl::MutexLock lock(&mu_);
-    end_ = end;
-    if (sequence_text_.stopped()) {
-      end_->status = absl::OkStatus();
-      end_->reason = FinishReason::kStop;
-    } else if (end.status.ok() && end.reason != FinishReason::kCancelled && sequence_text_.Finish(&text_)) {
-      end_->reason = FinishReason::kStop;
+    Choice& c = choices_[index];
+    c.end = end;
+    if (c.sequence_text.stopped()) {
+      c.end->status = absl::OkStatus();
+      c.end->reason = FinishReason::kStop;
+    } else if (end.status.ok() && end.reason != FinishReason::kCancelled && c.sequence_text.Finish(&c.text)) {
+      c.end->reason = FinishReason::kStop;
     }
   }
 
-  struct Update {
-    std::string text;                    // new final text
-    std::vector<LogprobEntry> logprobs;  // of the new tokens, when the request asked
-    std::optional<SequenceEnd> end;      // set once the sequence has ended (with all its text)
-  };
-
-  // Waits up to `timeout` for new text or the end, and takes what there is.
-  Update Wait(absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](HttpSequence* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-                               return !s->text_.empty() || !s->logprobs_.empty() || s->end_.has_value();
-                             },
-                             this),
-                         timeout);
-    Update u;
-    u.text = std::move(text_);
-    text_.clear();
-    u.logprobs = std::move(logprobs_);
-    logprobs_.clear();
-    u.end = end_;
-    return u;
+  bool HasNewsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Choice& c : choices_) {
+      if (!c.text.empty() || !c.logprobs.empty() || (c.end.has_value() && !c.end_taken)) return true;
+    }
+    return false;
   }
 
- private:
+  // The echoed prompt goes in front of every choice's text and entries (before any token's: the
+  // prompt's logprobs come before choice 0's first token, and the others start after it).
+  void ReleaseEchoLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    echo_released_ = true;
+    for (Choice& c : choices_) {
+      c.text = echo_text_ + c.text;
+      c.logprobs.insert(c.logprobs.begin(), echo_entries_.begin(), echo_entries_.end());
+    }
+    echo_entries_.clear();
+  }
+
   // A token's text: decoded alone (special tokens included), or "token_id:N" without a tokenizer.
   std::string Spell(int32_t id) const {
     if (tokenizer_ != nullptr) {
@@ -148,17 +231,17 @@ class HttpSequence final : public SequenceSink {
     return e;
   }
 
-  SequenceCanceller canceller_;
+  const Tokenizer* const tokenizer_;
   absl::Mutex mu_;
-  SequenceText sequence_text_ ABSL_GUARDED_BY(mu_);  // no text when the model has no tokenizer
-  const Tokenizer* tokenizer_;
-  std::string text_ ABSL_GUARDED_BY(mu_);             // final text not yet taken by Wait
-  std::vector<LogprobEntry> logprobs_ ABSL_GUARDED_BY(mu_);  // not yet taken by Wait
-  std::optional<SequenceEnd> end_ ABSL_GUARDED_BY(mu_);
-  // Echo with logprobs, until the prompt's logprobs have all arrived.
+  std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size
+  std::shared_ptr<ChoiceGroup> group_ ABSL_GUARDED_BY(mu_);
+  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<size_t> stops_before_bind_ ABSL_GUARDED_BY(mu_);
+  // Echo: the prompt, and with logprobs its entries until they have all arrived.
   std::string echo_text_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> echo_prompt_ ABSL_GUARDED_BY(mu_);
   std::vector<LogprobEntry> echo_entries_ ABSL_GUARDED_BY(mu_);
+  bool echo_released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 const char* FinishReasonText(FinishReason reason) {
@@ -436,43 +519,82 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   seq.logprobs = fields.logprobs;
   seq.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
   seq.prompt_logprobs = echo && fields.logprobs;
-  const uint64_t n = next_id.fetch_add(1);
-  seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", n);
+  const uint64_t serial = next_id.fetch_add(1);
+  seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", serial);
   if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return Reject(res, st);
   if (absl::Status st = ready(); !st.ok()) return Reject(res, st);
 
+  // n choices; with best_of, that many are generated and the n most likely answered (their
+  // logprobs are needed to rank them, whether or not the client asked for them).
+  const int n = static_cast<int>(fields.n);
+  const int generate = static_cast<int>(fields.best_of.value_or(fields.n));
+  if (generate < n) {
+    return Reject(res, InvalidParam("best_of", absl::StrCat("'best_of' (", generate, ") must be >= 'n' (", n, ")")));
+  }
+  const bool rank = generate > n;
+  if (rank && fields.stream) return Reject(res, InvalidParam("best_of", "'best_of' > 'n' cannot be streamed"));
+  if (rank) seq.logprobs = true;
+
   const ResponseMeta meta{.id = seq.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
-  auto sequence = std::make_shared<HttpSequence>(
-      scheduler, tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr,
-      fields.stop, tokenizer);
-  if (echo) sequence->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
+  auto choices = std::make_shared<HttpChoices>(generate, tokenizer, fields.stop);
+  if (echo) choices->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
   // Logged and counted like the gRPC front end's requests (coordinator/api/request_log.h).
-  absl::StatusOr<SequenceId> id = SubmitWithLog(*scheduler, std::move(seq), sequence);
-  if (!id.ok()) return ReplyStatus(res, id.status());
-  sequence->Bind(*id);
-  auto usage_of = [prompt_len](const SequenceEnd& end) {
-    return Usage{.prompt_tokens = prompt_len,
-                 .completion_tokens = end.completion_tokens,
-                 .cached_tokens = end.cached_prompt_tokens};
+  absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler, std::move(seq), choices->Sinks());
+  if (!group.ok()) return ReplyStatus(res, group.status());
+  choices->Bind(*std::move(group));
+  // Usage over every generated choice; the cached prompt tokens are choice 0's.
+  auto usage_of = [prompt_len](const std::vector<SequenceEnd>& ends) {
+    Usage u{.prompt_tokens = prompt_len};
+    for (const SequenceEnd& e : ends) u.completion_tokens += e.completion_tokens;
+    if (!ends.empty()) u.cached_tokens = ends[0].cached_prompt_tokens;
+    return u;
   };
 
   const bool logprobs = fields.logprobs;
   if (!fields.stream) {
-    std::string text;
-    std::vector<LogprobEntry> entries;
-    while (true) {
-      HttpSequence::Update u = sequence->Wait(absl::Seconds(1));
-      text += u.text;
-      entries.insert(entries.end(), std::make_move_iterator(u.logprobs.begin()), std::make_move_iterator(u.logprobs.end()));
-      if (!u.end.has_value()) continue;
-      if (!u.end->status.ok()) return ReplyStatus(res, u.end->status);
-      const char* reason = FinishReasonText(u.end->reason);
-      const std::vector<LogprobEntry>* lp = logprobs ? &entries : nullptr;
-      const Json body = chat ? ChatResponse(meta, text, reason, usage_of(*u.end), lp)
-                             : CompletionResponse(meta, text, reason, usage_of(*u.end), lp);
-      res.set_content(Dump(body), "application/json");
-      return;
+    struct Answer {
+      std::string text;
+      std::vector<LogprobEntry> entries;
+      std::optional<SequenceEnd> end;
+      double cumulative_logprob = 0;
+    };
+    std::vector<Answer> answers(static_cast<size_t>(generate));
+    int ended = 0;
+    while (ended < generate) {
+      for (HttpChoices::Update& u : choices->Wait(absl::Seconds(1))) {
+        Answer& a = answers[u.index];
+        a.text += u.text;
+        a.entries.insert(a.entries.end(), std::make_move_iterator(u.logprobs.begin()),
+                         std::make_move_iterator(u.logprobs.end()));
+        a.cumulative_logprob = u.cumulative_logprob;
+        if (!u.end.has_value()) continue;
+        if (!u.end->status.ok()) {
+          choices->Cancel();  // the answer fails as a whole
+          return ReplyStatus(res, u.end->status);
+        }
+        a.end = u.end;
+        ++ended;
+      }
     }
+    std::vector<SequenceEnd> ends;
+    for (const Answer& a : answers) ends.push_back(*a.end);
+    std::vector<size_t> order(answers.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (rank) {
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return answers[a].cumulative_logprob > answers[b].cumulative_logprob;
+      });
+      order.resize(static_cast<size_t>(n));
+    }
+    std::vector<ChoiceOutput> out;
+    for (size_t i : order) {
+      out.push_back(ChoiceOutput{.text = answers[i].text,
+                                 .finish_reason = FinishReasonText(answers[i].end->reason),
+                                 .logprobs = logprobs ? &answers[i].entries : nullptr});
+    }
+    const Json body = chat ? ChatResponse(meta, out, usage_of(ends)) : CompletionResponse(meta, out, usage_of(ends));
+    res.set_content(Dump(body), "application/json");
+    return;
   }
 
   // Streamed: the provider runs on this handler's thread until it calls sink.done() or a write
@@ -480,54 +602,68 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   struct StreamState {
     bool role_sent = false;
     bool done = false;
-    int64_t text_offset = 0;  // completions' logprobs: where the next token's text starts
+    std::vector<int64_t> text_offset;  // completions' logprobs: where each choice's next token's text starts
+    std::vector<SequenceEnd> ends;     // of the choices that have ended
     std::shared_ptr<security::ApiKeys::Lease> lease;  // released with the stream
   };
   auto state = std::make_shared<StreamState>();
+  state->text_offset.assign(static_cast<size_t>(n), 0);
   state->lease = std::move(lease);
   const absl::Duration keepalive = options.keepalive;
   const bool include_usage = fields.include_usage;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [sequence, state, meta, chat, keepalive, include_usage, usage_of, logprobs](size_t /*offset*/,
-                                                                                  httplib::DataSink& sink) {
+      [choices, state, meta, chat, keepalive, include_usage, usage_of, logprobs, n](size_t /*offset*/,
+                                                                                     httplib::DataSink& sink) {
         auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
         if (chat && !state->role_sent) {
           state->role_sent = true;
-          if (!write(SseEvent(Dump(ChatChunk(meta, "assistant", std::string(), ""))))) return false;
-        }
-        HttpSequence::Update u = sequence->Wait(keepalive);
-        const bool news = !u.text.empty() || (logprobs && !u.logprobs.empty());
-        if (news) {
-          const std::vector<LogprobEntry>* lp = logprobs ? &u.logprobs : nullptr;
-          const Json chunk = chat ? ChatChunk(meta, "", u.text, "", lp)
-                                  : CompletionChunk(meta, u.text, "", lp, state->text_offset);
-          for (const LogprobEntry& e : u.logprobs) state->text_offset += static_cast<int64_t>(e.token.size());
-          if (!write(SseEvent(Dump(chunk)))) return false;
-        }
-        if (!u.end.has_value()) {
-          // Nothing new: a comment line (ignored by SSE clients) finds out whether the client is still there.
-          return news ? true : write(": keep-alive\n\n");
-        }
-        if (!u.end->status.ok()) {
-          if (!write(SseEvent(Dump(ErrorFromStatus(u.end->status).body)))) return false;
-        } else {
-          const char* reason = FinishReasonText(u.end->reason);
-          const Json last = chat ? ChatChunk(meta, "", std::nullopt, reason) : CompletionChunk(meta, "", reason);
-          if (!write(SseEvent(Dump(last)))) return false;
-          if (include_usage) {
-            const Json usage = UsageChunk(meta, chat ? "chat.completion.chunk" : "text_completion", usage_of(*u.end));
-            if (!write(SseEvent(Dump(usage)))) return false;
+          for (int i = 0; i < n; ++i) {
+            if (!write(SseEvent(Dump(ChatChunk(meta, "assistant", std::string(), "", nullptr, i))))) return false;
           }
+        }
+        const std::vector<HttpChoices::Update> updates = choices->Wait(keepalive);
+        for (const HttpChoices::Update& u : updates) {
+          const int index = static_cast<int>(u.index);
+          if (!u.text.empty() || (logprobs && !u.logprobs.empty())) {
+            const std::vector<LogprobEntry>* lp = logprobs ? &u.logprobs : nullptr;
+            const Json chunk = chat ? ChatChunk(meta, "", u.text, "", lp, index)
+                                    : CompletionChunk(meta, u.text, "", lp, state->text_offset[u.index], index);
+            for (const LogprobEntry& e : u.logprobs) state->text_offset[u.index] += static_cast<int64_t>(e.token.size());
+            if (!write(SseEvent(Dump(chunk)))) return false;
+          }
+          if (!u.end.has_value()) continue;
+          if (!u.end->status.ok()) {
+            // The answer fails as a whole: the error, then the end of the stream.
+            if (!write(SseEvent(Dump(ErrorFromStatus(u.end->status).body)))) return false;
+            choices->Cancel();
+            if (!write(SseDone())) return false;
+            state->done = true;
+            sink.done();
+            return true;
+          }
+          const char* reason = FinishReasonText(u.end->reason);
+          const Json last = chat ? ChatChunk(meta, "", std::nullopt, reason, nullptr, index)
+                                 : CompletionChunk(meta, "", reason, nullptr, 0, index);
+          if (!write(SseEvent(Dump(last)))) return false;
+          state->ends.push_back(*u.end);
+        }
+        if (static_cast<int>(state->ends.size()) < n) {
+          // Nothing new: a comment line (ignored by SSE clients) finds out whether the client is still there.
+          return !updates.empty() ? true : write(": keep-alive\n\n");
+        }
+        if (include_usage) {
+          const Json usage = UsageChunk(meta, chat ? "chat.completion.chunk" : "text_completion", usage_of(state->ends));
+          if (!write(SseEvent(Dump(usage)))) return false;
         }
         if (!write(SseDone())) return false;
         state->done = true;
         sink.done();
         return true;
       },
-      [sequence, state](bool /*success*/) {
-        if (!state->done) sequence->Cancel();  // the client left (or the server stopped) mid-stream
+      [choices, state](bool /*success*/) {
+        if (!state->done) choices->Cancel();  // the client left (or the server stopped) mid-stream
       });
 }
 

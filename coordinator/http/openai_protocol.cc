@@ -7,6 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/api/choices.h"
 #include "coordinator/scheduler/sequence.h"
 
 namespace shardserve::coordinator::http {
@@ -141,7 +142,14 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
     if (v.is_null()) return true;
     absl::StatusOr<int64_t> n = GetInt(v, key);
     if (!n.ok()) return n.status();
-    if (*n != 1) return InvalidParam(key, absl::StrCat("'", key, "' must be 1 (one choice per request), got ", *n));
+    if (*n < 1 || *n > kMaxChoices) {
+      return InvalidParam(key, absl::StrCat("'", key, "' must be in [1, ", kMaxChoices, "], got ", *n));
+    }
+    if (key == "n") {
+      f->n = *n;
+    } else {
+      f->best_of = *n;
+    }
   } else if (key == "presence_penalty" || key == "frequency_penalty") {
     if (v.is_null()) return true;
     absl::StatusOr<double> p = GetNumber(v, key);
@@ -534,24 +542,34 @@ Json ChatLogprobs(const std::vector<LogprobEntry>* entries) {
 
 }  // namespace
 
-Json CompletionResponse(const ResponseMeta& meta, absl::string_view text, absl::string_view finish_reason,
-                        const Usage& usage, const std::vector<LogprobEntry>* logprobs) {
+Json CompletionResponse(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices, const Usage& usage) {
   Json j = Base(meta, "text_completion");
-  Json choice;
-  choice["index"] = 0;
-  choice["text"] = std::string(text);
-  choice["logprobs"] = CompletionLogprobs(logprobs, 0);
-  choice["finish_reason"] = FinishReason(finish_reason);
-  j["choices"] = Json::array({std::move(choice)});
+  Json list = Json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    Json choice;
+    choice["index"] = i;
+    choice["text"] = choices[i].text;
+    choice["logprobs"] = CompletionLogprobs(choices[i].logprobs, 0);
+    choice["finish_reason"] = FinishReason(choices[i].finish_reason);
+    list.push_back(std::move(choice));
+  }
+  j["choices"] = std::move(list);
   j["usage"] = UsageJson(usage);
   return j;
 }
 
+Json CompletionResponse(const ResponseMeta& meta, absl::string_view text, absl::string_view finish_reason,
+                        const Usage& usage, const std::vector<LogprobEntry>* logprobs) {
+  return CompletionResponse(
+      meta, {ChoiceOutput{.text = std::string(text), .finish_reason = std::string(finish_reason), .logprobs = logprobs}},
+      usage);
+}
+
 Json CompletionChunk(const ResponseMeta& meta, absl::string_view text, absl::string_view finish_reason,
-                     const std::vector<LogprobEntry>* logprobs, int64_t text_offset) {
+                     const std::vector<LogprobEntry>* logprobs, int64_t text_offset, int index) {
   Json j = Base(meta, "text_completion");
   Json choice;
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["text"] = std::string(text);
   choice["logprobs"] = CompletionLogprobs(logprobs, text_offset);
   choice["finish_reason"] = FinishReason(finish_reason);
@@ -559,30 +577,40 @@ Json CompletionChunk(const ResponseMeta& meta, absl::string_view text, absl::str
   return j;
 }
 
-Json ChatResponse(const ResponseMeta& meta, absl::string_view content, absl::string_view finish_reason,
-                  const Usage& usage, const std::vector<LogprobEntry>* logprobs) {
+Json ChatResponse(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices, const Usage& usage) {
   Json j = Base(meta, "chat.completion");
-  Json message;
-  message["role"] = "assistant";
-  message["content"] = std::string(content);
-  Json choice;
-  choice["index"] = 0;
-  choice["message"] = std::move(message);
-  choice["logprobs"] = ChatLogprobs(logprobs);
-  choice["finish_reason"] = FinishReason(finish_reason);
-  j["choices"] = Json::array({std::move(choice)});
+  Json list = Json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    Json message;
+    message["role"] = "assistant";
+    message["content"] = choices[i].text;
+    Json choice;
+    choice["index"] = i;
+    choice["message"] = std::move(message);
+    choice["logprobs"] = ChatLogprobs(choices[i].logprobs);
+    choice["finish_reason"] = FinishReason(choices[i].finish_reason);
+    list.push_back(std::move(choice));
+  }
+  j["choices"] = std::move(list);
   j["usage"] = UsageJson(usage);
   return j;
 }
 
+Json ChatResponse(const ResponseMeta& meta, absl::string_view content, absl::string_view finish_reason,
+                  const Usage& usage, const std::vector<LogprobEntry>* logprobs) {
+  return ChatResponse(
+      meta, {ChoiceOutput{.text = std::string(content), .finish_reason = std::string(finish_reason), .logprobs = logprobs}},
+      usage);
+}
+
 Json ChatChunk(const ResponseMeta& meta, absl::string_view role, const std::optional<std::string>& content,
-               absl::string_view finish_reason, const std::vector<LogprobEntry>* logprobs) {
+               absl::string_view finish_reason, const std::vector<LogprobEntry>* logprobs, int index) {
   Json j = Base(meta, "chat.completion.chunk");
   Json delta = Json::object();
   if (!role.empty()) delta["role"] = std::string(role);
   if (content.has_value()) delta["content"] = *content;
   Json choice;
-  choice["index"] = 0;
+  choice["index"] = index;
   choice["delta"] = std::move(delta);
   choice["logprobs"] = ChatLogprobs(logprobs);
   choice["finish_reason"] = FinishReason(finish_reason);

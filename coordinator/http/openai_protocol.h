@@ -47,6 +47,8 @@ struct SamplingFields {
   // Completions: "logprobs": N (0..20); chat: "logprobs": true with "top_logprobs": N (0..20).
   bool logprobs = false;
   int64_t top_logprobs = 0;
+  int64_t n = 1;                   // choices, [1, 16]
+  std::optional<int64_t> best_of;  // [n, 16]: generate this many, answer the n most likely (not streamed)
 };
 
 // One generated token's log-probabilities as the API reports them.
@@ -138,16 +140,29 @@ struct Usage {
 nlohmann::ordered_json CompletionResponse(const ResponseMeta& meta, absl::string_view text,
                                           absl::string_view finish_reason, const Usage& usage,
                                           const std::vector<LogprobEntry>* logprobs = nullptr);
+// `index` is the choice's (OpenAI's n).
 nlohmann::ordered_json CompletionChunk(const ResponseMeta& meta, absl::string_view text,
                                        absl::string_view finish_reason,
-                                       const std::vector<LogprobEntry>* logprobs = nullptr, int64_t text_offset = 0);
+                                       const std::vector<LogprobEntry>* logprobs = nullptr, int64_t text_offset = 0,
+                                       int index = 0);
 nlohmann::ordered_json ChatResponse(const ResponseMeta& meta, absl::string_view content,
                                     absl::string_view finish_reason, const Usage& usage,
                                     const std::vector<LogprobEntry>* logprobs = nullptr);
 // A chat delta: `role` (first chunk) and/or `content`; both empty gives {} (the final chunk).
 nlohmann::ordered_json ChatChunk(const ResponseMeta& meta, absl::string_view role,
                                  const std::optional<std::string>& content, absl::string_view finish_reason,
-                                 const std::vector<LogprobEntry>* logprobs = nullptr);
+                                 const std::vector<LogprobEntry>* logprobs = nullptr, int index = 0);
+
+// One choice of a whole answer with several (OpenAI's n); its "index" is its place in the list.
+struct ChoiceOutput {
+  std::string text;
+  std::string finish_reason;
+  const std::vector<LogprobEntry>* logprobs = nullptr;  // null: not asked (JSON null)
+};
+nlohmann::ordered_json CompletionResponse(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,
+                                          const Usage& usage);
+nlohmann::ordered_json ChatResponse(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,
+                                    const Usage& usage);
 // The usage-only chunk sent last when stream_options.include_usage is set ("choices": []).
 nlohmann::ordered_json UsageChunk(const ResponseMeta& meta, absl::string_view object, const Usage& usage);
 

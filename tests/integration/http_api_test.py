@@ -261,6 +261,49 @@ print(json.dumps(r.choices[0].logprobs.token_logprobs))
         for a, b in zip(scored[1:prompt_tokens], lp["token_logprobs"][1:prompt_tokens]):
             self.assertAlmostEqual(a, b, places=5)
 
+    def test_n_and_best_of(self):
+        # Choice i is the request alone with seed + i; streamed choices carry their index; best_of
+        # answers the most likely of its choices (by the sum of their tokens' logprobs).
+        base = dict(prompt=PROMPT, max_tokens=12, temperature=1.0, ignore_eos=True)
+        r = self.completion(n=3, seed=5, **base)
+        self.assertEqual([c["index"] for c in r["choices"]], [0, 1, 2])
+        alone = [self.completion(n=1, seed=5 + i, logprobs=0, **base)["choices"][0] for i in range(3)]
+        self.assertEqual([c["text"] for c in r["choices"]], [a["text"] for a in alone])
+        self.assertEqual(r["usage"]["completion_tokens"], 36)
+        self.assertEqual(len({c["text"] for c in r["choices"]}), 3)
+        code, body = curl(self.url + "/v1/completions", data=json.dumps({"n": 3, "seed": 5, "stream": True, **base}))
+        self.assertEqual(code, 200, body)
+        texts = {}
+        for e in sse_events(body):
+            if e == "[DONE]":
+                continue
+            for c in json.loads(e)["choices"]:
+                texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+        self.assertEqual([texts[i] for i in range(3)], [a["text"] for a in alone])
+        best = self.completion(n=1, best_of=3, seed=5, **base)
+        sums = [sum(a["logprobs"]["token_logprobs"]) for a in alone]
+        self.assertEqual(len(best["choices"]), 1)
+        self.assertEqual(best["choices"][0]["text"], alone[sums.index(max(sums))]["text"])
+        self.assertIsNone(best["choices"][0]["logprobs"])  # used to rank, not asked for
+        echoed = self.completion(n=2, seed=5, echo=True, **base)
+        for c in echoed["choices"]:
+            self.assertTrue(c["text"].startswith(PROMPT))
+        for body, param in [({"n": 2, "best_of": 1}, "best_of"), ({"best_of": 2, "stream": True}, "best_of"),
+                            ({"n": 0}, "n")]:
+            code, out = curl(self.url + "/v1/completions", data=json.dumps({"prompt": "a", **body}))
+            self.assertEqual(code, 400, out)
+            self.assertEqual(json.loads(out)["error"]["param"], param)
+        script = f"""
+import json, openai
+c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
+r = c.completions.create(model="stories260K", prompt={PROMPT!r}, max_tokens=12, temperature=1.0, n=3, seed=5,
+                         extra_body={{"ignore_eos": True}})
+print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]))
+"""
+        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout), [a["text"] for a in alone])
+
     def test_logprobs(self):
         # Completions: "logprobs": N; greedy, so each chosen token is the most likely one.
         r = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
@@ -412,6 +455,25 @@ class HttpChatTest(unittest.TestCase):
         for a, b in zip(streamed, content):
             self.assertAlmostEqual(a["logprob"], b["logprob"], places=4)
             self.assertEqual([t["token"] for t in a["top_logprobs"]], [t["token"] for t in b["top_logprobs"]])
+
+    def test_chat_n_choices(self):
+        # Chat with n: one message per choice, streamed deltas carry their choice's index.
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 1.0, "seed": 3,
+                "n": 2}
+        code, out = curl(self.url + "/v1/chat/completions", data=json.dumps(body))
+        self.assertEqual(code, 200, out)
+        choices = json.loads(out)["choices"]
+        self.assertEqual([c["index"] for c in choices], [0, 1])
+        code, out = curl(self.url + "/v1/chat/completions", "-N", data=json.dumps({**body, "stream": True}))
+        self.assertEqual(code, 200, out)
+        texts, roles = {}, []
+        for e in sse_events(out)[:-1]:
+            for c in json.loads(e)["choices"]:
+                if "role" in c["delta"]:
+                    roles.append(c["index"])
+                texts[c["index"]] = texts.get(c["index"], "") + c["delta"].get("content", "")
+        self.assertEqual(sorted(roles), [0, 1])
+        self.assertEqual([texts[0], texts[1]], [c["message"]["content"] for c in choices])
 
     def test_chat_streamed_and_not(self):
         messages = [{"role": "system", "content": " Tell a story. "}, {"role": "user", "content": "A cat"}]

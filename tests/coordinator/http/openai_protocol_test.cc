@@ -156,7 +156,11 @@ TEST(OpenAiProtocolTest, OutOfRangeAndUnsupportedValues) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "temperature": -1})").status(), "[0, 2]", "temperature");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "top_p": 0})").status(), "(0, 1]", "top_p");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "top_k": -1})").status(), "top_k", "top_k");
-  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "n": 2})").status(), "'n' must be 1", "n");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "n": 17})").status(), "'n' must be in [1, 16]", "n");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "best_of": 0})").status(), "'best_of' must be in [1, 16]",
+                "best_of");
+  EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "a", "n": 3, "best_of": 5})")->fields.n, 3);
+  EXPECT_EQ(*ParseCompletionRequest(R"({"prompt": "a", "n": 3, "best_of": 5})")->fields.best_of, 5);
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "echo": 1})").status(), "boolean", "echo");
   ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "echo": true})").status(),
                 "unknown field 'echo'", "echo");
