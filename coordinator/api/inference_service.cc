@@ -17,6 +17,7 @@
 #include "coordinator/api/request_log.h"
 #include "coordinator/api/sequence_output.h"
 #include "coordinator/api/stop_strings.h"
+#include "coordinator/http/chat_prompt.h"
 
 namespace shardserve::coordinator {
 namespace {
@@ -272,7 +273,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
 InferenceService::InferenceService(InferenceServiceOptions options, const ModelSpec* spec, const Tokenizer* tokenizer,
                                    Scheduler* scheduler, const Cluster* cluster)
-    : options_(std::move(options)), spec_(spec), tokenizer_(tokenizer), scheduler_(scheduler), cluster_(cluster) {}
+    : options_(std::move(options)),
+      spec_(spec),
+      tokenizer_(tokenizer),
+      scheduler_(scheduler),
+      cluster_(cluster),
+      chat_prompt_(std::make_unique<http::ChatPrompt>(tokenizer, options_.model_path)) {}
+
+InferenceService::~InferenceService() = default;
 
 absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequest& request) const {
   SequenceRequest r;
@@ -290,8 +298,19 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
     case v1::GenerateRequest::kTokenIds:
       r.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
       break;
+    case v1::GenerateRequest::kChat: {
+      std::vector<http::ChatTurn> turns;
+      for (const v1::ChatMessage& m : request.chat().messages()) {
+        turns.push_back({.role = m.role(), .content = m.content()});
+        if (!m.name().empty()) turns.back().name = m.name();
+      }
+      absl::StatusOr<std::vector<int32_t>> ids = chat_prompt_->Render(turns);
+      if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt.chat: ", ids.status().message()));
+      r.prompt = *std::move(ids);
+      break;
+    }
     case v1::GenerateRequest::PROMPT_NOT_SET:
-      return absl::InvalidArgumentError("prompt is empty: set prompt.text or prompt.token_ids");
+      return absl::InvalidArgumentError("prompt is empty: set prompt.text, prompt.token_ids or prompt.chat");
   }
   r.max_tokens = request.max_tokens();
   r.sampling = {.temperature = request.sampling().temperature(),

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "common/model_spec/model_spec.h"
@@ -30,6 +31,9 @@
 #include "shardserve/v1/inference.grpc.pb.h"
 
 namespace shardserve::coordinator {
+namespace http {
+class ChatPrompt;
+}  // namespace http
 
 struct InferenceServiceOptions {
   std::string model_path;
@@ -52,6 +56,7 @@ class InferenceService final : public InferenceBase {
   // server down first). `tokenizer` may be null (the model has none).
   InferenceService(InferenceServiceOptions options, const ModelSpec* spec, const Tokenizer* tokenizer,
                    Scheduler* scheduler, const Cluster* cluster);
+  ~InferenceService() override;
 
   using InferenceBase::Generate;
   using InferenceBase::GetModelInfo;
@@ -77,6 +82,7 @@ class InferenceService final : public InferenceBase {
   const Tokenizer* const tokenizer_;
   Scheduler* const scheduler_;
   const Cluster* const cluster_;
+  const std::unique_ptr<http::ChatPrompt> chat_prompt_;  // for GenerateRequest.chat
   mutable std::atomic<uint64_t> next_request_ = 1;  // for request ids the server makes
 };
 

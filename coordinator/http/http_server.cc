@@ -22,7 +22,7 @@
 #include "coordinator/api/request_log.h"
 #include "coordinator/api/sequence_output.h"
 #include "coordinator/api/stop_strings.h"
-#include "coordinator/http/jinja.h"
+#include "coordinator/http/chat_prompt.h"
 #include "coordinator/http/openai_protocol.h"
 
 namespace shardserve::coordinator::http {
@@ -303,9 +303,7 @@ struct HttpServer::Impl {
   const Tokenizer* tokenizer = nullptr;
   Scheduler* scheduler = nullptr;
   std::function<absl::Status()> ready;
-  std::optional<jinja::JinjaTemplate> chat_template;
-  absl::Status chat_template_error;  // why chat is not served (no template, or it does not parse)
-  std::string bos_token, eos_token;
+  std::unique_ptr<ChatPrompt> chat_prompt;  // the model's chat template
   std::atomic<uint64_t> next_id{1};
 
   // What the SSL_CTX's certificate callback reads (null without TLS); outlives the server.
@@ -332,7 +330,7 @@ struct HttpServer::Impl {
     ReportRejected(options.observer, status);
     ReplyStatus(res, status);
   }
-  absl::StatusOr<std::vector<int32_t>> ChatPrompt(const ChatRequest& request) const;
+  absl::StatusOr<std::vector<int32_t>> ChatPromptIds(const ChatRequest& request) const;
   absl::Status CheckModel(const std::string& model) const;
 };
 
@@ -410,29 +408,11 @@ void HttpServer::Impl::Model(const std::string& id, httplib::Response& res) {
   res.set_content(Dump(ModelJson()), "application/json");
 }
 
-absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPrompt(const ChatRequest& request) const {
-  if (tokenizer == nullptr) {
-    return InvalidParam("messages", absl::StrCat("the model ", options.model_path,
-                                                 " has no tokenizer, so chat messages cannot be served"));
-  }
-  if (!chat_template.has_value()) return chat_template_error;
-  Json context;
-  Json messages = Json::array();
-  for (const ChatMessage& m : request.messages) {
-    Json msg;
-    msg["role"] = m.role;
-    msg["content"] = m.content;
-    if (m.name.has_value()) msg["name"] = *m.name;
-    messages.push_back(std::move(msg));
-  }
-  context["messages"] = std::move(messages);
-  context["bos_token"] = bos_token;
-  context["eos_token"] = eos_token;
-  context["add_generation_prompt"] = true;
-  absl::StatusOr<std::string> prompt = chat_template->Render(context);
-  if (!prompt.ok()) return InvalidParam("messages", prompt.status().message());
-  absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(*prompt, /*add_special_tokens=*/false);
-  if (!ids.ok()) return InvalidParam("messages", ids.status().message());
+absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPromptIds(const ChatRequest& request) const {
+  std::vector<ChatTurn> turns;
+  for (const ChatMessage& m : request.messages) turns.push_back({.role = m.role, .content = m.content, .name = m.name});
+  absl::StatusOr<std::vector<int32_t>> ids = chat_prompt->Render(turns);
+  if (!ids.ok()) return WithParam(ids.status(), "messages");
   return ids;
 }
 
@@ -448,7 +428,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
     if (!parsed.ok()) return Reject(res, parsed.status());
     fields = parsed->fields;
     if (absl::Status st = CheckModel(fields.model); !st.ok()) return Reject(res, st);
-    absl::StatusOr<std::vector<int32_t>> prompt = ChatPrompt(*parsed);
+    absl::StatusOr<std::vector<int32_t>> prompt = ChatPromptIds(*parsed);
     if (!prompt.ok()) return Reject(res, prompt.status());
     seq.prompt = *std::move(prompt);
   } else {
@@ -779,28 +759,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   impl->tokenizer = tokenizer;
   impl->scheduler = scheduler;
   impl->ready = std::move(ready);
-  const std::string& dir = impl->options.model_path;
-  if (tokenizer == nullptr) {
-    impl->chat_template_error = InvalidParam("messages", absl::StrCat("the model ", dir, " has no tokenizer"));
-  } else if (!tokenizer->chat_template().has_value()) {
-    impl->chat_template_error = InvalidParam(
-        "messages", absl::StrCat("the model has no chat template: ", dir,
-                                 "/tokenizer_config.json has no \"chat_template\" (and there is no chat_template.jinja); "
-                                 "use /v1/completions"));
-  } else {
-    absl::StatusOr<jinja::JinjaTemplate> t = jinja::JinjaTemplate::Parse(*tokenizer->chat_template());
-    if (t.ok()) {
-      impl->chat_template = *std::move(t);
-    } else {
-      LOG(WARNING) << "the chat template of " << dir << " cannot be used: " << t.status();
-      impl->chat_template_error =
-          InvalidParam("messages", absl::StrCat("the chat template of ", dir, " is not supported: ", t.status().message()));
-    }
-    if (std::optional<int32_t> bos = tokenizer->bos_id(); bos.has_value()) {
-      impl->bos_token = tokenizer->IdToPiece(*bos).value_or("");
-    }
-    if (!tokenizer->eos_ids().empty()) impl->eos_token = tokenizer->IdToPiece(tokenizer->eos_ids()[0]).value_or("");
-  }
+  impl->chat_prompt = std::make_unique<ChatPrompt>(tokenizer, impl->options.model_path);
 
   Impl& s = *impl;
   const int threads = s.options.threads;

@@ -177,7 +177,15 @@ GenerateDelta ToDelta(const v1::GenerateResponse& resp) {
 
 v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   v1::GenerateRequest req;
-  if (prompt.is_ids) {
+  if (prompt.is_chat) {
+    v1::ChatMessages* chat = req.mutable_chat();  // selected even when empty: the server names it
+    for (const ChatMessage& m : prompt.chat) {
+      v1::ChatMessage* out = chat->add_messages();
+      out->set_role(m.role);
+      out->set_content(m.content);
+      out->set_name(m.name);
+    }
+  } else if (prompt.is_ids) {
     // An empty id list still selects the ids prompt, so the server names the empty prompt.
     req.mutable_token_ids()->mutable_ids()->Add(prompt.ids.begin(), prompt.ids.end());
   } else {
@@ -200,6 +208,7 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   req.mutable_sampling()->set_frequency_penalty(o.frequency_penalty);
   req.mutable_sampling()->set_repetition_penalty(o.repetition_penalty);
   req.set_prompt_logprobs(o.prompt_logprobs);
+  for (const std::string& s : o.stop) req.add_stop(s);
   return req;
 }
 

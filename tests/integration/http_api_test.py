@@ -330,7 +330,7 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
             ('{"prompt": "a", "bogus": true}', "bogus", "unknown field"),
             ('{"prompt": "a", "max_tokens": "many"}', "max_tokens", "must be an integer"),
             ('{"prompt": "a", "temperature": -3}', "temperature", "[0, 2]"),
-            ('{"prompt": "a", "n": 3}', "n", "must be 1"),
+            ('{"prompt": "a", "n": 17}', "n", "must be in [1, 16]"),
             ('{"prompt": "a", "max_tokens": 100000}', "max_tokens", "exceeds the context"),
             ('{"prompt": [1, 99999]}', "prompt", "outside the vocabulary"),
             ('{"prompt": "a", "stop": [""]}', "stop", "is empty"),

@@ -105,6 +105,18 @@ class AgainstALocalCluster(unittest.TestCase):
             self.client.generate(ids, max_tokens=2, presence_penalty=3.0).result()
         self.assertIn("presence_penalty", str(e.exception))
 
+    def test_stop_strings_and_chat(self):
+        # A text stop string cuts the text right before it; chat messages need a chat template,
+        # which this model lacks: the server says so.
+        full = self.client.generate(PROMPT, max_tokens=24).result()
+        stop = full.text[10:14]
+        cut = self.client.generate(PROMPT, max_tokens=24, stop=[stop]).result()
+        self.assertEqual(cut.text, full.text[:full.text.index(stop)])
+        self.assertEqual(cut.finish_reason, "stop")
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            self.client.generate([{"role": "user", "content": "Hi"}], max_tokens=4).result()
+        self.assertIn("has no chat template", str(e.exception))
+
     def test_async_client_gives_the_same_answer(self):
         expected = self.client.generate(PROMPT, max_tokens=20).result()
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/model_spec/model_spec.h"
@@ -672,6 +673,64 @@ TEST_F(CoordinatorApiTest, NChoicesAreSeededRequestsThatShareThePrompt) {
   ASSERT_TRUE(one.status.ok());
   EXPECT_EQ(one.ids, ids[0]);
   EXPECT_THAT(Generate(request(17, 7)).status.error_message(), HasSubstr("n must be in [1, 16]"));
+}
+
+// Chat messages through the gRPC API: rendered with the model's chat template (added to a copy of
+// stories260K), the answer is the one for the rendered prompt's ids; bad roles and models without a
+// template are INVALID_ARGUMENT saying why.
+TEST_F(CoordinatorApiTest, ChatMessagesAreRenderedWithTheModelsTemplate) {
+  testing::TempDir dir;
+  for (const char* name : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                           "tokenizer.model", "special_tokens_map.json"}) {
+    dir.Write(name, testing::ReadFileOrEmpty(absl::StrCat(testing::Stories260KDir(), "/", name)));
+  }
+  nlohmann::json config = nlohmann::json::parse(
+      testing::ReadFileOrEmpty(absl::StrCat(testing::Stories260KDir(), "/tokenizer_config.json")));
+  config["chat_template"] =
+      "{{ bos_token }}{% for m in messages %}{{ m.role | capitalize }}: {{ m.content }}\n{% endfor %}"
+      "{% if add_generation_prompt %}Assistant:{% endif %}";
+  dir.Write("tokenizer_config.json", config.dump());
+  StartCoordinator(dir.path(), 1);
+  BringUpOneWorker();
+  ASSERT_OK_AND_ASSIGN(auto tokenizer, LoadTokenizer(dir.path()));
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> rendered,
+                       tokenizer->Encode("<s>System: Be brief.\nUser: Tell a story\nAssistant:", false));
+  v1::GenerateRequest chat;
+  auto add = [&](const char* role, const char* content) {
+    v1::ChatMessage* m = chat.mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  };
+  add("system", "Be brief.");
+  add("user", "Tell a story");
+  chat.set_max_tokens(12);
+  const GenerateResult r = Generate(chat);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const GenerateResult ids = Generate(IdsRequest(rendered, 12));
+  ASSERT_TRUE(ids.status.ok());
+  EXPECT_EQ(r.ids, ids.ids);
+  EXPECT_EQ(r.text, ids.text);
+  EXPECT_EQ(r.messages.back().usage().prompt_tokens(), static_cast<int32_t>(rendered.size()));
+
+  v1::GenerateRequest bad = chat;
+  bad.mutable_chat()->mutable_messages(1)->set_role("robot");
+  EXPECT_THAT(Generate(bad).status.error_message(),
+              HasSubstr("prompt.chat: messages[1].role must be system, user, assistant, tool or developer, got 'robot'"));
+  bad.mutable_chat()->clear_messages();
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("prompt.chat: messages is empty"));
+}
+
+TEST_F(CoordinatorApiTest, ChatNeedsAChatTemplate) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  BringUpOneWorker();
+  v1::GenerateRequest chat;
+  v1::ChatMessage* m = chat.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Hi");
+  chat.set_max_tokens(4);
+  const GenerateResult r = Generate(chat);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("has no chat template"));
 }
 
 TEST_F(CoordinatorApiTest, TokenizeAndModelInfo) {

@@ -95,12 +95,22 @@ struct CallOptions {
   const CancellationToken* cancellation = nullptr;
 };
 
+// One chat message; the server renders a list of them with the model's chat template.
+struct ChatMessage {
+  std::string role;  // system, user, assistant, tool or developer
+  std::string content;
+  std::string name;  // optional
+};
+
 struct Prompt {
   std::string text;
   std::vector<int32_t> ids;
   bool is_ids = false;
+  std::vector<ChatMessage> chat;
+  bool is_chat = false;
   static Prompt Text(std::string t) { return Prompt{.text = std::move(t)}; }
   static Prompt Ids(std::vector<int32_t> i) { return Prompt{.ids = std::move(i), .is_ids = true}; }
+  static Prompt Chat(std::vector<ChatMessage> m) { return Prompt{.chat = std::move(m), .is_chat = true}; }
 };
 
 struct GenerateOptions {
@@ -124,6 +134,8 @@ struct GenerateOptions {
   float repetition_penalty = 1.0f;
   // Also report the prompt tokens' logprobs (GenerateDelta::prompt_logprobs), for scoring.
   bool prompt_logprobs = false;
+  // Text that ends generation (at most 16 strings; the text stops right before the first match).
+  std::vector<std::string> stop;
 };
 
 // One generated token's log-probabilities (log-softmax of the model's logits).

@@ -72,18 +72,19 @@ class AsyncClient:
         self._inference = inference_pb2_grpc.InferenceStub(self._channel)
         self._admin = control_pb2_grpc.AdminStub(self._channel)
 
-    def generate(self, prompt: Union[str, Sequence[int]], *, max_tokens: int = 64, temperature: float = 0.0,
+    def generate(self, prompt: _common.Prompt, *, max_tokens: int = 64, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = (),
                  ignore_eos: bool = False, request_id: str = "", min_p: float = 0.0,
                  logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
                  top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 repetition_penalty: float = 1.0, prompt_logprobs: bool = False,
+                 repetition_penalty: float = 1.0, prompt_logprobs: bool = False, stop: Sequence[str] = (),
                  timeout: Optional[float] = None) -> AsyncGenerateStream:
         """Starts a generation; see Client.generate."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                        ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs,
                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                       repetition_penalty=repetition_penalty, prompt_logprobs=prompt_logprobs)
+                                       repetition_penalty=repetition_penalty, prompt_logprobs=prompt_logprobs,
+                                       stop=stop)
         call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
                                         metadata=self._settings.metadata)
         return AsyncGenerateStream(call)

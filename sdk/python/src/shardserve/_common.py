@@ -11,7 +11,9 @@ from shardserve._types import (ClusterStatus, GenerateDelta, GenerateResult, Mod
                                ShardserveError, TlsOptions, Usage, WorkerStatus)
 from shardserve.v1 import common_pb2, control_pb2, inference_pb2
 
-Prompt = Union[str, Sequence[int]]
+# Text (tokenized by the server), token ids (used as given), or chat messages ({"role": ...,
+# "content": ..., optional "name"}) rendered with the model's chat template by the server.
+Prompt = Union[str, Sequence[int], Sequence[Mapping[str, str]]]
 Metadata = Tuple[Tuple[str, str], ...]
 
 _FINISH = {
@@ -91,12 +93,14 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      stop_token_ids: Sequence[int], ignore_eos: bool, request_id: str, min_p: float = 0.0,
                      logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
                      top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                     repetition_penalty: float = 1.0, prompt_logprobs: bool = False) -> inference_pb2.GenerateRequest:
+                     repetition_penalty: float = 1.0, prompt_logprobs: bool = False,
+                     stop: Sequence[str] = ()) -> inference_pb2.GenerateRequest:
     req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                                         ignore_eos=ignore_eos, request_id=request_id, min_tokens=min_tokens,
                                         logprobs=logprobs, top_logprobs=top_logprobs)
     req.sampling.min_p = min_p
     req.prompt_logprobs = prompt_logprobs
+    req.stop.extend(stop)
     req.sampling.presence_penalty = presence_penalty
     req.sampling.frequency_penalty = frequency_penalty
     req.sampling.repetition_penalty = repetition_penalty
@@ -104,6 +108,11 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
         req.sampling.logit_bias[int(token)] = float(bias)
     if isinstance(prompt, str):
         req.text = prompt
+    elif len(prompt) > 0 and isinstance(prompt[0], Mapping):
+        for m in prompt:
+            msg = req.chat.messages.add(role=str(m.get("role", "")), content=str(m.get("content", "")))
+            if m.get("name") is not None:
+                msg.name = str(m["name"])
     else:
         req.token_ids.ids.extend(prompt)
         req.token_ids.SetInParent()  # an empty id list is still an ids prompt; the server names it
