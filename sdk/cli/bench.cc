@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/log/progress.h"
 
 namespace shardserve::cli {
 namespace {
@@ -246,6 +247,8 @@ absl::StatusOr<BenchSummary> RunBench(Client& client, const BenchOptions& o) {
     return (o.requests == 0 || index < o.requests) && (!stop_sending.has_value() || now < *stop_sending);
   };
 
+  std::optional<Progress> progress;
+  if (o.progress) progress.emplace(Progress::Options{.what = "bench", .unit = "requests", .total = o.requests});
   std::mutex mu;
   std::vector<RequestSample> samples;
   std::atomic<int64_t> next{0};
@@ -267,6 +270,7 @@ absl::StatusOr<BenchSummary> RunBench(Client& client, const BenchOptions& o) {
         RequestSample s = RunOne(client, o, *ticket);
         std::lock_guard lock(mu);
         samples.push_back(std::move(s));
+        if (progress.has_value()) progress->Update(static_cast<int64_t>(samples.size()));
       }
     });
   }
@@ -283,6 +287,7 @@ absl::StatusOr<BenchSummary> RunBench(Client& client, const BenchOptions& o) {
     queue.Close();
   }
   for (std::thread& t : senders) t.join();
+  if (progress.has_value()) progress->Finish();
   return Summarize(samples, Seconds(SteadyClock::now() - start));
 }
 

@@ -45,6 +45,7 @@ struct BenchOptions {
   int32_t shared_prefix_tokens = 0;
   float temperature = 0.0f;
   uint64_t seed = 1;           // of the prompt / length / arrival draws
+  bool progress = false;       // a progress line on stderr (requests done, rate, ETA)
   // InvalidArgument naming the flag when out of range (exactly one of requests / duration_s must
   // bound the run, or both).
   absl::Status Validate() const;

@@ -203,6 +203,7 @@ absl::Status BenchCommand() {
   o.shared_prefix_tokens = absl::GetFlag(FLAGS_shared_prefix_tokens);
   o.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.progress = true;  // on stderr: the summary (or --json) on stdout stays clean
   auto prompt = cli::ParseLengthRange(absl::GetFlag(FLAGS_prompt_tokens), "--prompt_tokens");
   if (!prompt.ok()) return prompt.status();
   o.prompt_tokens = *prompt;

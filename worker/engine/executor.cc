@@ -122,6 +122,7 @@ void TpExecutor::RankLoop(Rank* rank, const Checkpoint* ckpt) {
     ModelOptions mo = options_.model;
     mo.shard = {.rank = rank->index, .size = n};
     mo.comm = rank->comm.get();
+    if (rank->index != 0) mo.on_load_progress = nullptr;  // the ranks load alike: rank 0 reports
     ASSIGN_OR_RETURN(rank->model, Model::Create(spec_, *ckpt, rank->backend.get(), mo));
     return absl::OkStatus();
   }();

@@ -171,7 +171,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   // NCCL on the backend's stream: collectives need no host synchronization around them.
   m->comm_on_stream_ = options.comm != nullptr && options.comm->OrderOnStream(backend->stream_handle());
   ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, options.layer_begin, options.layer_end,
-                                            ckpt, *backend, options.layer_experts, options.quantize));
+                                            ckpt, *backend, options.layer_experts, options.quantize,
+                                            options.on_load_progress));
 
   // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V, in
   // the checkpoint's 16-bit dtype where the backend keeps one (half the memory; vLLM's "auto"),

@@ -5,6 +5,7 @@
 #define SHARDSERVE_WORKER_ENGINE_STEP_RUNNER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -107,6 +108,9 @@ struct ModelOptions {
   // at load into the backend's int8 format (DType::kQ8), where it SupportsOp(kLinear, kQ8); on
   // other backends the matrices keep their usual dtype.
   Quantization quantize = Quantization::kNone;
+  // Told after each layer's weights are loaded (layers done of the range, bytes held so far), for
+  // a progress line; called on the loading thread. Optional.
+  std::function<void(int64_t layers_done, int64_t layers_total, size_t bytes)> on_load_progress;
 };
 
 // The block table of sequence `seq` when the cache is cut into whole-context pieces: blocks

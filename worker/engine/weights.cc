@@ -283,7 +283,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
                                          int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
                                          kernels::Backend& backend,
                                          const std::map<int64_t, std::vector<int32_t>>& layer_experts,
-                                         Quantization quantize) {
+                                         Quantization quantize,
+                                         const std::function<void(int64_t, int64_t, size_t)>& on_layer) {
   Loader ld(ckpt, spec, backend, quantize);
   ModelWeights mw;
   const int64_t h = spec.hidden_size;
@@ -388,6 +389,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       }
     }
     mw.layers.push_back(std::move(lw));
+    if (on_layer) on_layer(i - layer_begin + 1, layer_end - layer_begin, ld.bytes());
   }
   mw.bytes = ld.bytes();
   return mw;

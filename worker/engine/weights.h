@@ -19,6 +19,7 @@
 #define SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -119,7 +120,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
                                          int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
                                          kernels::Backend& backend,
                                          const std::map<int64_t, std::vector<int32_t>>& layer_experts = {},
-                                         Quantization quantize = Quantization::kNone);
+                                         Quantization quantize = Quantization::kNone,
+                                         const std::function<void(int64_t, int64_t, size_t)>& on_layer = nullptr);
 
 // One whole expert's MLP weights (w1/w3/w2 or gate/up/down, all of it) of MoE layer `layer`, for a
 // worker that computes experts for other stages. InvalidArgument for a layer that is not a MoE

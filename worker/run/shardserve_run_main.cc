@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/flags/usage.h"
+#include "common/log/progress.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -88,7 +89,13 @@ absl::Status Run() {
   // One sequence: KV blocks for the whole context.
   options.model.num_kv_blocks =
       (spec.max_position_embeddings + options.model.kv_block_size - 1) / options.model.kv_block_size;
+  auto progress = std::make_shared<Progress>(Progress::Options{
+      .what = "loading weights", .unit = "layers", .total = spec.num_layers, .bytes = true});
+  options.model.on_load_progress = [progress](int64_t done, int64_t /*total*/, size_t bytes) {
+    progress->Update(done, static_cast<int64_t>(bytes));
+  };
   ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, options));
+  progress->Finish();
   if (absl::GetFlag(FLAGS_stop_at_eos)) {
     for (int64_t id : spec.eos_token_ids) req.stop_ids.push_back(static_cast<int32_t>(id));
   }

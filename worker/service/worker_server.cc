@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "common/log/progress.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/security/grpc_security.h"
@@ -402,6 +403,14 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
   eo.model.layer_end = a.layer_end();
   eo.model.observer = options_.metrics;
   eo.model.quantize = ToQuantization(a.quantize());
+  // A progress line on the worker's stderr (a plain line every few seconds when it is not a
+  // terminal, as in a pod's log).
+  auto progress = std::make_shared<Progress>(Progress::Options{
+      .what = absl::StrCat("loading ", a.assignment_id()), .unit = "layers", .total = a.layer_end() - a.layer_begin(),
+      .bytes = true});
+  eo.model.on_load_progress = [progress](int64_t done, int64_t /*total*/, size_t bytes) {
+    progress->Update(done, static_cast<int64_t>(bytes));
+  };
   std::map<int64_t, std::vector<std::string>> remote_addresses;
   bool any_remote = false;
   for (const v1::LayerExperts& le : a.experts()) {
