@@ -717,6 +717,76 @@ TEST(SchedulerKvTest, PreemptionUnderATinyKvBudgetKeepsEveryOutputIdentical) {
   EXPECT_LE(recomputed, counter.preempted());  // some were preempted before their first step
 }
 
+// Records prompt logprobs (each before any token) and tokens.
+class PromptLogprobsSink final : public SequenceSink {
+ public:
+  void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override {
+    absl::MutexLock lock(&mu_);
+    EXPECT_TRUE(tokens_.empty()) << "prompt logprobs after a token";
+    for (const TokenLogprobs& lp : logprobs) prompt_.push_back(lp.logprob);
+  }
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> /*logprobs*/) override {
+    absl::MutexLock lock(&mu_);
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  }
+  void OnEnd(const SequenceEnd& end) override {
+    EXPECT_TRUE(end.status.ok()) << end.status;
+    done_.Notify();
+  }
+  bool Wait() { return done_.WaitForNotificationWithTimeout(kWait); }
+  std::vector<float> prompt() const {
+    absl::MutexLock lock(&mu_);
+    return prompt_;
+  }
+  std::vector<int32_t> tokens() const {
+    absl::MutexLock lock(&mu_);
+    return tokens_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<float> prompt_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  absl::Notification done_;
+};
+
+TEST(SchedulerKvTest, PromptLogprobsComeOnceEachThroughPreemptionAndChunks) {
+  // The tiny KV budget of the test above forces preemption (some mid-prompt); every sequence still
+  // gets each prompt token's logprob exactly once, equal to what it gets alone on a large cache,
+  // and the same tokens.
+  const std::vector<SequenceRequest> requests = [] {
+    std::vector<SequenceRequest> r = MakeRequests(12, 256, 73, false);  // the llama golden model's vocabulary
+    for (SequenceRequest& q : r) q.prompt_logprobs = true;
+    return r;
+  }();
+  auto run = [&](int32_t max_slots, int64_t max_step_tokens, int64_t kv_blocks, int32_t kv_block_size,
+                 PreemptionCounter* counter) {
+    auto h = MakeHarness({.max_slots = max_slots, .max_step_tokens = max_step_tokens, .kv_blocks = kv_blocks,
+                          .kv_block_size = kv_block_size, .observer = counter});
+    EXPECT_TRUE(h.ok()) << h.status();
+    std::vector<std::shared_ptr<PromptLogprobsSink>> sinks;
+    for (const SequenceRequest& r : requests) {
+      sinks.push_back(std::make_shared<PromptLogprobsSink>());
+      EXPECT_TRUE(h->scheduler->Submit(r, sinks.back()).ok());
+    }
+    for (auto& sink : sinks) EXPECT_TRUE(sink->Wait());
+    return sinks;
+  };
+  PreemptionCounter tight, roomy;
+  const auto got = run(6, 8, 11, 4, &tight);
+  const auto alone = run(1, 64, 0, 16, &roomy);
+  EXPECT_GT(tight.preempted(), 0);
+  EXPECT_EQ(roomy.preempted(), 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(requests[i].request_id);
+    const std::vector<float> a = got[i]->prompt(), b = alone[i]->prompt();
+    ASSERT_EQ(a.size(), requests[i].prompt.size() - 1);
+    ASSERT_EQ(b.size(), a.size());
+    for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], 1e-4) << "prompt token " << k + 1;
+    EXPECT_EQ(got[i]->tokens(), alone[i]->tokens());
+  }
+}
+
 TEST(SchedulerKvTest, WithoutPrefixCachingAPreemptedSequenceRestartsAtPositionZero) {
   PreemptionCounter counter;
   ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 6, .max_step_tokens = 8, .kv_blocks = 11,
