@@ -185,6 +185,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartWorkerRpcServer(const std::st
       listen, security.InternalServerCredentials({security::Role::kCoordinator, security::Role::kWorker}), port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Keepalive pings find vanished peers; idle connections close after 5 min (the defaults of
+  // security::GrpcServerLimits; no connection age limit, as stage streams live on one connection).
+  security::ApplyServerLimits(security::GrpcServerLimits{}, builder);
   builder.RegisterService(server.worker_service());
   builder.RegisterService(server.stage_service());
   builder.RegisterService(server.expert_service());
