@@ -6,10 +6,12 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "tests/testing/golden.h"
 #include "worker/service/convert.h"
 #include "worker/service/worker_server.h"
 
@@ -79,6 +81,92 @@ TEST(WorkerStreamBudgetTest, MicroBatchOverTwiceTheBudgetIsRefusedAndTheStreamSt
   EXPECT_EQ(worker.stream_budget().used(), 0u);  // every byte given back
   worker.Shutdown();
   rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+// A next stage that reads everything and answers nothing: what stage 0 forwards stays unanswered,
+// so its bytes stay charged.
+class SilentStage final : public v1::Stage::Service {
+ public:
+  grpc::Status StepStream(grpc::ServerContext* /*ctx*/,
+                          grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* stream) override {
+    v1::StepRequest m;
+    while (stream->Read(&m)) ++messages_;
+    return grpc::Status::OK;
+  }
+  int messages() const { return messages_.load(); }
+
+ private:
+  std::atomic<int> messages_{0};
+};
+
+TEST(WorkerStreamBudgetTest, OverTheBudgetTheStreamStopsReadingBetweenMicroBatches) {
+  absl::StatusOr<testing::GoldenModel> golden = testing::LoadGoldenModel("llama");
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  SilentStage next;
+  grpc::ServerBuilder nb;
+  int next_port = 0;
+  nb.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &next_port);
+  nb.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  nb.RegisterService(&next);
+  std::unique_ptr<grpc::Server> next_rpc = nb.BuildAndStart();
+  ASSERT_NE(next_rpc, nullptr);
+
+  constexpr size_t kBudget = 400;  // a few of the micro-batches below
+  WorkerServer worker(WorkerOptions{.stream_buffer_bytes = kBudget});
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  b.RegisterService(worker.stage_service());
+  std::unique_ptr<grpc::Server> rpc = b.BuildAndStart();
+  ASSERT_NE(rpc, nullptr);
+  v1::Assignment a;
+  a.set_assignment_id("budget");
+  a.set_model_path(golden->dir);
+  a.set_stage(0);
+  a.set_layer_begin(0);
+  a.set_layer_end(1);
+  a.set_device_kind(v1::DEVICE_KIND_CPU);
+  a.add_devices(0);
+  a.set_kv_blocks(64);
+  a.set_kv_block_size(16);
+  a.set_max_step_tokens(64);
+  a.set_next_address(absl::StrCat("127.0.0.1:", next_port));
+  ASSERT_TRUE(worker.Assign(a).ok());
+  for (int i = 0; i < 600 && worker.Status().state != v1::WORKER_STATE_READY; ++i) {
+    ASSERT_NE(worker.Status().state, v1::WORKER_STATE_FAILED) << worker.Status().error;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(worker.Status().state, v1::WORKER_STATE_READY);
+
+  auto stub = v1::Stage::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->StepStream(&ctx);
+  size_t step_bytes = 0;
+  for (uint64_t id = 1; id <= 30; ++id) {
+    v1::StepRequest r;
+    r.set_step_id(id);
+    v1::StepSequence* s = r.add_sequences();
+    s->add_block_ids(static_cast<int32_t>(id % 64));
+    s->set_pos_begin(0);
+    s->set_num_tokens(4);
+    for (int32_t t : {5, 6, 7, 8}) s->add_token_ids(t);
+    step_bytes = std::max(step_bytes, r.ByteSizeLong());
+    ASSERT_TRUE(stream->Write(r));  // small: gRPC's windows take them all
+  }
+  // Let the worker read what it will.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Nothing is answered, so without back-pressure all 30 would be charged.
+  EXPECT_LE(worker.stream_budget().used(), kBudget + step_bytes);
+  EXPECT_GT(worker.stream_budget().used(), 0u);
+  EXPECT_LT(next.messages(), 30);
+  ctx.TryCancel();
+  stream->Finish();
+  worker.Shutdown();  // answers what is in flight: the paused stream resumes and ends
+  rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  next_rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  EXPECT_EQ(worker.stream_budget().used(), 0u);
 }
 
 }  // namespace
