@@ -112,6 +112,8 @@ def chunked_post(port, path, total, pid):
 
 
 class SlowClientsTest(unittest.TestCase):
+    # Numbered so that they run in this order (unittest sorts by name): the API first, on a fresh server.
+
     @classmethod
     def setUpClass(cls):
         cls.http_port, cls.metrics_port = free_port(), free_port()
@@ -152,16 +154,16 @@ class SlowClientsTest(unittest.TestCase):
         finally:
             slow.close()
 
-    def test_slow_connections_do_not_delay_the_api(self):
+    def test_1_dribbling_connections_do_not_delay_the_api(self):
         self.check_not_delayed(self.http_port, "/v1/models")
 
-    def test_silent_connections_do_not_delay_the_api(self):
+    def test_2_silent_connections_do_not_delay_the_api(self):
         self.check_not_delayed(self.http_port, "/v1/models", silent=True)
 
-    def test_slow_connections_do_not_delay_metrics(self):
+    def test_3_dribbling_connections_do_not_delay_metrics(self):
         self.check_not_delayed(self.metrics_port, "/metrics")
 
-    def test_chunked_body_is_refused_without_buffering(self):
+    def test_4_chunked_body_is_refused_without_buffering(self):
         idle = rss_kib(self.proc.pid)
         reply, peak = chunked_post(self.http_port, "/v1/completions", 100 << 20, self.proc.pid)
         print(f"\n100 MB chunked body: reply {reply[:12]!r}, coordinator RSS idle {idle} KiB, peak {peak} KiB",
