@@ -1,39 +1,27 @@
 #include "common/metrics/metrics_server.h"
 
 #include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <httplib.h>
 
-#include <cerrno>
-#include <cstring>
+#include <thread>
+#include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "common/http/capped_body.h"
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
 
 namespace shardserve {
-namespace {
 
-constexpr size_t kMaxRequestBytes = 8192;
-constexpr int kRequestTimeoutMs = 2000;
-
-void WriteAll(int fd, const std::string& data) {
-  size_t sent = 0;
-  while (sent < data.size()) {
-    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    sent += static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
+struct MetricsServer::Impl {
+  httplib::Server server;
+  std::thread thread;  // runs listen_after_bind
+};
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
                                                                     std::shared_ptr<prometheus::Registry> registry,
-                                                                    BeforeScrape before_scrape) {
+                                                                    BeforeScrape before_scrape,
+                                                                    const HttpServingLimits& limits) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
@@ -42,69 +30,52 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   }
   std::string host = address.substr(0, colon);
   if (host == "localhost") host = "127.0.0.1";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+  in_addr parsed{};
+  if (inet_pton(AF_INET, host.c_str(), &parsed) != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics address \"", address, "\": \"", host, "\" is not an IPv4 address or localhost"));
   }
-  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  if (absl::Status st = limits.Validate("metrics server: "); !st.ok()) return st;
+  std::unique_ptr<MetricsServer> server(new MetricsServer(std::make_unique<Impl>()));
   server->registry_ = std::move(registry);
   server->before_scrape_ = std::move(before_scrape);
-  server->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int one = 1;
-  setsockopt(server->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (server->listen_fd_ < 0 || bind(server->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(server->listen_fd_, 16) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", std::strerror(errno)));
-  }
-  socklen_t len = sizeof(addr);
-  getsockname(server->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-  server->port_ = ntohs(addr.sin_port);
-  server->address_ = absl::StrCat(address.substr(0, colon), ":", server->port_);
+  httplib::Server& http = server->impl_->server;
+  ApplyServingLimits(limits, http);
+  // Nothing here takes a body: refuse one at once rather than read it.
+  http.set_payload_max_length(0);
+  MetricsServer* self = server.get();
+  http.Get("/metrics", [self](const httplib::Request&, httplib::Response& res) {
+    res.set_content(self->Scrape(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  RefuseUnroutedBodies(http, [](const httplib::Request&, httplib::Response& res) {
+    res.status = 404;
+    res.set_content("not found: this server answers GET /metrics\n", "text/plain");
+  });
+  http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (res.status == 404) res.set_content("not found: this server answers GET /metrics\n", "text/plain");
+  });
+  absl::StatusOr<int> bound = BindServer(http, host, port);
+  if (!bound.ok()) return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));
+  server->port_ = *bound;
+  server->address_ = absl::StrCat(address.substr(0, colon), ":", *bound);
   server->url_ = absl::StrCat("http://", server->address_, "/metrics");
-  server->thread_ = std::thread([s = server.get()] { s->Serve(); });
+  server->impl_->thread = std::thread([&http] { http.listen_after_bind(); });
+  // stop() only interrupts a server that runs: wait until it does.
+  for (int i = 0; i < 10000 && !http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return server;
 }
 
+MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 MetricsServer::~MetricsServer() {
-  stop_.store(true);
-  if (thread_.joinable()) thread_.join();
-  if (listen_fd_ >= 0) close(listen_fd_);
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-void MetricsServer::Serve() {
-  while (!stop_.load()) {
-    pollfd p{.fd = listen_fd_, .events = POLLIN, .revents = 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Answer(fd);
-    close(fd);
-  }
-}
-
-void MetricsServer::Answer(int fd) {
-  std::string request;
-  char buf[1024];
-  while (request.size() < kMaxRequestBytes && !absl::StrContains(request, "\r\n\r\n")) {
-    pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
-    if (poll(&p, 1, kRequestTimeoutMs) <= 0) return;
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) return;
-    request.append(buf, static_cast<size_t>(n));
-  }
-  if (absl::StartsWith(request, "GET /metrics ") || absl::StartsWith(request, "GET /metrics?")) {
-    if (before_scrape_ != nullptr) before_scrape_();
-    const std::string body = prometheus::TextSerializer().Serialize(registry_->Collect());
-    WriteAll(fd, absl::StrCat("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                              "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body));
-  } else {
-    const std::string body = "not found: this server answers GET /metrics\n";
-    WriteAll(fd, absl::StrCat("HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: ", body.size(),
-                              "\r\nConnection: close\r\n\r\n", body));
-  }
+std::string MetricsServer::Scrape() {
+  absl::MutexLock lock(&scrape_mu_);
+  if (before_scrape_ != nullptr) before_scrape_();
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 
 const std::vector<double>& LatencyBuckets() {

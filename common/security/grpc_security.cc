@@ -5,9 +5,12 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
+#include <grpc/grpc.h>
+#include <grpcpp/server_builder.h>
 #include <grpcpp/server_context.h>
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <utility>
 
@@ -159,6 +162,47 @@ grpc::Status CheckPeerRole(const grpc::ServerContextBase& context, std::initiali
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr) return grpc::Status::OK;
   return CheckPeerRole(*auth, absl::Span<const Role>(allowed.begin(), allowed.size()));
+}
+
+absl::Status GrpcServerLimits::Validate() const {
+  auto bad = [](const char* flag, absl::Duration d) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be ", d < absl::ZeroDuration() ? ">= 0" : "> 0",
+                                                   ", got ", absl::FormatDuration(d)));
+  };
+  if (keepalive_time <= absl::ZeroDuration()) return bad("grpc_keepalive_time_ms", keepalive_time);
+  if (keepalive_timeout <= absl::ZeroDuration()) return bad("grpc_keepalive_timeout_ms", keepalive_timeout);
+  if (min_client_ping_interval < absl::ZeroDuration()) {
+    return bad("grpc_min_client_ping_interval_ms", min_client_ping_interval);
+  }
+  if (max_connection_idle < absl::ZeroDuration()) return bad("grpc_max_connection_idle_ms", max_connection_idle);
+  if (max_connection_age < absl::ZeroDuration()) return bad("grpc_max_connection_age_ms", max_connection_age);
+  if (max_connection_age_grace < absl::ZeroDuration()) {
+    return bad("grpc_max_connection_age_grace_ms", max_connection_age_grace);
+  }
+  return absl::OkStatus();
+}
+
+void ApplyServerLimits(const GrpcServerLimits& limits, grpc::ServerBuilder& builder) {
+  // Milliseconds as gRPC's int arguments, saturated; 0 = off (the argument is not set).
+  auto ms = [](absl::Duration d) {
+    return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), std::numeric_limits<int>::max()));
+  };
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(limits.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(limits.keepalive_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // The server's own keepalive pings are not limited by data frames (0 = any number).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             ms(limits.min_client_ping_interval));
+  if (limits.max_connection_idle > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms(limits.max_connection_idle));
+  }
+  if (limits.max_connection_age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, ms(limits.max_connection_age));
+    if (limits.max_connection_age_grace > absl::ZeroDuration()) {
+      builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, ms(limits.max_connection_age_grace));
+    }
+  }
 }
 
 }  // namespace shardserve::security

@@ -33,7 +33,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/security/tls_files.h"
+
+namespace grpc {
+class ServerBuilder;
+}  // namespace grpc
 
 namespace grpc {
 class ServerContextBase;
@@ -86,6 +91,33 @@ std::vector<Role> PeerRoles(const grpc::AuthContext& auth);
 // certificate; PERMISSION_DENIED naming the roles otherwise.
 grpc::Status CheckPeerRole(const grpc::ServerContextBase& context, std::initializer_list<Role> allowed);
 grpc::Status CheckPeerRole(const grpc::AuthContext& auth, absl::Span<const Role> allowed);
+
+// Connection limits of a gRPC server (every shardserve gRPC port), so that dead, idle or abusive
+// clients cannot hold its connections forever. Zero turns a limit off.
+struct GrpcServerLimits {
+  // The server pings a connection after this long without activity (GRPC_ARG_KEEPALIVE_TIME_MS,
+  // also without calls) and closes it when the ping is not answered within keepalive_timeout
+  // (GRPC_ARG_KEEPALIVE_TIMEOUT_MS): a peer that vanished without closing is found.
+  absl::Duration keepalive_time = absl::Seconds(60);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // Clients may ping at most this often without data; more often earns a GOAWAY
+  // (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, "too_many_pings").
+  absl::Duration min_client_ping_interval = absl::Seconds(10);
+  // A connection without calls this long is closed gracefully (GRPC_ARG_MAX_CONNECTION_IDLE_MS);
+  // clients reconnect when they next call.
+  absl::Duration max_connection_idle = absl::Minutes(5);
+  // A connection older than this is told to go away (GRPC_ARG_MAX_CONNECTION_AGE_MS) and its calls
+  // are cancelled after max_connection_age_grace (GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS). Off by
+  // default: stage streams and long generations live on one connection.
+  absl::Duration max_connection_age = absl::ZeroDuration();
+  absl::Duration max_connection_age_grace = absl::ZeroDuration();
+
+  // InvalidArgument naming the flag (--grpc_...) when a value is negative, or a keepalive time is 0.
+  absl::Status Validate() const;
+};
+
+// Sets `limits` (valid) as channel arguments of the server `builder` builds.
+void ApplyServerLimits(const GrpcServerLimits& limits, grpc::ServerBuilder& builder);
 
 }  // namespace shardserve::security
 

@@ -1,7 +1,11 @@
 #include "coordinator/api/control_service.h"
 
+#include <algorithm>
+#include <map>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/security/grpc_security.h"
 #include "common/status/grpc_raw.h"
@@ -56,7 +60,7 @@ grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
   return RawUnary<v1::GetClusterStatusRequest, v1::ClusterStatus>(
       ctx, request, response,
-      [&](const v1::GetClusterStatusRequest& /*req*/, v1::ClusterStatus* resp) { return DoGetClusterStatus(ctx, resp); });
+      [&](const v1::GetClusterStatusRequest& req, v1::ClusterStatus* resp) { return DoGetClusterStatus(ctx, req, resp); });
 }
 
 grpc::Status RegistryService::DoRegister(grpc::CallbackServerContext* ctx, const v1::RegisterRequest* request,
@@ -91,7 +95,8 @@ grpc::Status RegistryService::DoHeartbeat(grpc::CallbackServerContext* ctx, cons
                                          .kv_blocks = request->kv_blocks()}));
 }
 
-grpc::Status AdminService::DoGetClusterStatus(grpc::CallbackServerContext* ctx, v1::ClusterStatus* response) {
+grpc::Status AdminService::DoGetClusterStatus(grpc::CallbackServerContext* ctx, const v1::GetClusterStatusRequest& request,
+                                              v1::ClusterStatus* response) {
   if (auto lease = AdmitCall(api_keys_, *ctx, security::ApiRole::kAdmin); !lease.ok()) {
     return ToGrpcStatus(lease.status());
   }
@@ -104,7 +109,35 @@ grpc::Status AdminService::DoGetClusterStatus(grpc::CallbackServerContext* ctx, 
   response->set_plan(view.plan);
   response->set_running_sequences(stats.running);
   response->set_waiting_sequences(stats.waiting);
+  // Every worker counted; at most one page of them listed, live ones before dead ones (a registry
+  // may hold thousands of dead or bogus entries: the reply must stay small).
+  constexpr int kDefaultPage = 256;
+  constexpr int kMaxPage = 4096;
+  if (request.max_workers() < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "max_workers must be >= 0");
+  const size_t page = static_cast<size_t>(request.max_workers() == 0 ? kDefaultPage
+                                                                     : std::min(request.max_workers(), kMaxPage));
+  size_t offset = 0;
+  if (!request.page_token().empty() && !absl::SimpleAtoi(request.page_token(), &offset)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "page_token is not one this server gave");
+  }
+  std::vector<const ClusterWorkerView*> order;
+  std::map<WorkerState, int64_t> counts;
   for (const ClusterWorkerView& w : view.workers) {
+    order.push_back(&w);
+    ++counts[w.record.state];
+  }
+  std::stable_partition(order.begin(), order.end(),
+                        [](const ClusterWorkerView* w) { return w->record.state != WorkerState::kDead; });
+  response->set_total_workers(static_cast<int64_t>(order.size()));
+  for (const auto& [state, count] : counts) {
+    v1::WorkerStateCount* c = response->add_worker_counts();
+    c->set_state(ToProto(state));
+    c->set_count(count);
+  }
+  const size_t end = std::min(order.size(), offset + page);
+  if (end < order.size()) response->set_next_page_token(absl::StrCat(end));
+  for (size_t i = offset; i < end; ++i) {
+    const ClusterWorkerView& w = *order[i];
     v1::WorkerStatus* out = response->add_workers();
     out->set_worker_id(w.record.worker_id);
     out->set_node_name(w.record.registration.node_name);

@@ -63,7 +63,9 @@ class AdminService final : public AdminBase {
                                              grpc::ByteBuffer* response) override;
 
  private:
-  grpc::Status DoGetClusterStatus(grpc::CallbackServerContext* ctx, v1::ClusterStatus* response);
+  // Counts every worker; lists one page of them (GetClusterStatusRequest.max_workers, default 256).
+  grpc::Status DoGetClusterStatus(grpc::CallbackServerContext* ctx, const v1::GetClusterStatusRequest& request,
+                                  v1::ClusterStatus* response);
   const std::string model_path_;
   Cluster* const cluster_;
   Scheduler* const scheduler_;

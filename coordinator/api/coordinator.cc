@@ -55,7 +55,9 @@ absl::Status CoordinatorOptions::Validate() const {
   }
   if (assign_timeout <= absl::ZeroDuration()) return bad("assign_timeout_ms", absl::FormatDuration(assign_timeout), "> 0");
   if (step_timeout <= absl::ZeroDuration()) return bad("step_timeout_ms", absl::FormatDuration(step_timeout), "> 0");
-  return absl::OkStatus();
+  if (http_max_body_bytes < 1024) return bad("http_max_body_bytes", http_max_body_bytes, ">= 1024");
+  if (absl::Status st = http_limits.Validate("--http_"); !st.ok()) return st;
+  return grpc_limits.Validate();
 }
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const CoordinatorOptions& options,
@@ -164,6 +166,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   int port = 0;
   builder.AddListeningPort(options.listen,
                            public_tls ? sec.PublicServerCredentials() : grpc::InsecureServerCredentials(), &port);
+  security::ApplyServerLimits(options.grpc_limits, builder);
   builder.RegisterService(c->inference_.get());
   builder.RegisterService(c->admin_.get());
   c->server_ = builder.BuildAndStart();
@@ -176,6 +179,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   int control_port = 0;
   control_builder.AddListeningPort(options.control_listen, sec.InternalServerCredentials({security::Role::kWorker}),
                                    &control_port);
+  security::ApplyServerLimits(options.grpc_limits, control_builder);
   control_builder.RegisterService(c->registry_service_.get());
   c->control_server_ = control_builder.BuildAndStart();
   if (c->control_server_ == nullptr || control_port == 0) {
@@ -191,13 +195,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   if (!options.metrics_listen.empty()) {
     Coordinator* self = c.get();
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
-        MetricsServer::Start(options.metrics_listen, c->metrics_->registry(), [self] {
+        MetricsServer::Start(
+            options.metrics_listen, c->metrics_->registry(),
+            [self] {
           ClusterSample sample{.scheduler = self->scheduler_->Stats(),
                                .plans_made = self->cluster_->PlansMade(),
                                .ready = self->cluster_->ReadyStatus().ok()};
           for (const WorkerRecord& w : self->registry_->List()) sample.workers.push_back(w.state);
           self->metrics_->Refresh(sample);
-        });
+            },
+            options.http_limits);
     if (!metrics.ok()) {
       return absl::Status(metrics.status().code(), absl::StrCat("--metrics_listen: ", metrics.status().message()));
     }
@@ -216,6 +223,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
                      : model_id.empty()                 ? dir
                                                         : model_id,
          .model_path = dir,
+         .max_body_bytes = options.http_max_body_bytes,
+         .limits = options.http_limits,
          .observer = c->metrics_.get(),
          .api_keys = c->api_keys_.get(),
          .tls = public_tls ? options.tls : std::nullopt},

@@ -30,7 +30,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/concurrency/clock.h"
+#include "common/http/serving_limits.h"
 #include "common/security/api_keys.h"
+#include "common/security/grpc_security.h"
 #include "common/security/tls_files.h"
 #include "coordinator/api/cluster.h"
 #include "coordinator/client/worker_client.h"
@@ -92,6 +94,13 @@ struct CoordinatorOptions {
   // OpenAI-compatible HTTP API (coordinator/http): HOST:PORT (port 0 picks a free port); empty = off.
   // HTTPS with `tls` (unless public_plaintext).
   std::string http_listen;
+  // The HTTP API's connection budget and timeouts (--http_max_connections, --http_*_timeout_ms, ...;
+  // common/http/serving_limits.h) and its request-body cap (--http_max_body_bytes; 413 beyond it,
+  // chunked bodies included). The metrics endpoint uses the same limits.
+  HttpServingLimits http_limits;
+  size_t http_max_body_bytes = 1 << 20;
+  // gRPC connection limits of every gRPC server of the coordinator (public and control ports).
+  security::GrpcServerLimits grpc_limits;
   // InvalidArgument naming the option (as its flag is spelled) when out of range.
   absl::Status Validate() const;
 };

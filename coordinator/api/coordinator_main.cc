@@ -77,6 +77,30 @@ ABSL_FLAG(std::string, quantize, "none",
 ABSL_FLAG(std::string, http_listen, "",
           "OpenAI-compatible HTTP API address HOST:PORT (port 0 picks a free port); empty = off");
 
+// Limits that keep slow, idle or hostile clients from stalling the servers (README "Limits").
+ABSL_FLAG(int32_t, http_max_connections, 512,
+          "HTTP API and metrics: connections served at once (one thread each, started on demand; a streamed "
+          "request holds its connection's thread)");
+ABSL_FLAG(int32_t, http_max_queued_connections, 1024,
+          "HTTP API and metrics: accepted connections waiting for a thread; beyond, accepting pauses");
+ABSL_FLAG(int64_t, http_idle_timeout_ms, 5000,
+          "HTTP: close a connection that sends no request for this long (rounded up to seconds)");
+ABSL_FLAG(int64_t, http_read_timeout_ms, 10000, "HTTP: bound on each read of a request");
+ABSL_FLAG(int64_t, http_write_timeout_ms, 30000, "HTTP: bound on each write of a reply");
+ABSL_FLAG(int32_t, http_max_requests_per_connection, 100, "HTTP: requests per keep-alive connection");
+ABSL_FLAG(int64_t, http_max_body_bytes, 1 << 20,
+          "HTTP API: larger request bodies get 413 (Content-Length or chunked; never buffered past the cap)");
+ABSL_FLAG(int64_t, grpc_keepalive_time_ms, 60000, "gRPC servers: ping a connection after this long without activity");
+ABSL_FLAG(int64_t, grpc_keepalive_timeout_ms, 20000, "gRPC servers: close it when the ping is not answered in time");
+ABSL_FLAG(int64_t, grpc_min_client_ping_interval_ms, 10000,
+          "gRPC servers: clients pinging more often (without data) are sent GOAWAY");
+ABSL_FLAG(int64_t, grpc_max_connection_idle_ms, 300000, "gRPC servers: close connections without calls this long; 0 = never");
+ABSL_FLAG(int64_t, grpc_max_connection_age_ms, 0,
+          "gRPC servers: tell connections older than this to reconnect; 0 = never (long generations and streams "
+          "live on one connection)");
+ABSL_FLAG(int64_t, grpc_max_connection_age_grace_ms, 0,
+          "gRPC servers: cancel calls still running this long after max_connection_age; 0 = never");
+
 int main(int argc, char** argv) {
   shardserve::SetProgramUsage(
       "shardserve coordinator: --listen=HOST:PORT --model=DIR --expected_workers=N [--tp --pp --replicas ...]");
@@ -123,6 +147,20 @@ int main(int argc, char** argv) {
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  options.http_limits = {.max_threads = absl::GetFlag(FLAGS_http_max_connections),
+                         .max_queued = absl::GetFlag(FLAGS_http_max_queued_connections),
+                         .idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_http_idle_timeout_ms)),
+                         .read_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_http_read_timeout_ms)),
+                         .write_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_http_write_timeout_ms)),
+                         .max_requests_per_connection = absl::GetFlag(FLAGS_http_max_requests_per_connection)};
+  options.http_max_body_bytes = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_http_max_body_bytes)));
+  options.grpc_limits = {
+      .keepalive_time = absl::Milliseconds(absl::GetFlag(FLAGS_grpc_keepalive_time_ms)),
+      .keepalive_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_grpc_keepalive_timeout_ms)),
+      .min_client_ping_interval = absl::Milliseconds(absl::GetFlag(FLAGS_grpc_min_client_ping_interval_ms)),
+      .max_connection_idle = absl::Milliseconds(absl::GetFlag(FLAGS_grpc_max_connection_idle_ms)),
+      .max_connection_age = absl::Milliseconds(absl::GetFlag(FLAGS_grpc_max_connection_age_ms)),
+      .max_connection_age_grace = absl::Milliseconds(absl::GetFlag(FLAGS_grpc_max_connection_age_grace_ms))};
   if (absl::StatusOr<shardserve::Quantization> q = shardserve::ParseQuantization(absl::GetFlag(FLAGS_quantize));
       q.ok()) {
     options.quantize = *q;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/http/capped_body.h"
 #include "common/log/log.h"
 #include "coordinator/api/choices.h"
 #include "coordinator/api/request_log.h"
@@ -260,6 +261,11 @@ void Reply(httplib::Response& res, const ApiError& error) {
 
 void ReplyStatus(httplib::Response& res, const absl::Status& status) { Reply(res, ErrorFromStatus(status)); }
 
+ApiError TooLarge(size_t max_body) {
+  return MakeError(413, "invalid_request_error", absl::StrCat("request body is larger than ", max_body, " bytes"),
+                   "request_too_large");
+}
+
 std::string HostOf(const std::string& listen) { return listen.substr(0, listen.rfind(':')); }
 
 // OpenSSL's certificate callback: gives the connection the certificate chain and key read from
@@ -288,12 +294,8 @@ absl::Status HttpServerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("--http_listen port must be in [0, 65535], got \"", listen, "\""));
   }
   if (max_body_bytes < 1024) return absl::InvalidArgumentError("http max_body_bytes must be at least 1024");
-  if (threads < 1) return absl::InvalidArgumentError("http threads must be >= 1");
-  if (read_timeout <= absl::ZeroDuration() || write_timeout <= absl::ZeroDuration() ||
-      keepalive <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("http timeouts must be > 0");
-  }
-  return absl::OkStatus();
+  if (keepalive <= absl::ZeroDuration()) return absl::InvalidArgumentError("http keepalive must be > 0");
+  return limits.Validate("--http_");
 }
 
 struct HttpServer::Impl {
@@ -320,11 +322,15 @@ struct HttpServer::Impl {
   Json ModelJson() const;
   void Models(httplib::Response& res);
   void Model(const std::string& id, httplib::Response& res);
-  void Tokenize(const httplib::Request& req, httplib::Response& res);
-  void Detokenize(const httplib::Request& req, httplib::Response& res);
-  // `lease`: the request's API-key admission (null without keys), held until it ends.
-  void Generate(const httplib::Request& req, httplib::Response& res, bool chat,
+  void Tokenize(const std::string& body, httplib::Response& res);
+  void Detokenize(const std::string& body, httplib::Response& res);
+  // `body`: the request's JSON. `lease`: the request's API-key admission (null without keys),
+  // held until it ends.
+  void Generate(const std::string& body, httplib::Response& res, bool chat,
                 std::shared_ptr<security::ApiKeys::Lease> lease);
+  // Reads the request body under max_body_bytes into *body; false when it could not be read, the
+  // error (413 over the cap, 400 for broken framing) answered and the connection to be closed.
+  bool ReadBody(const httplib::ContentReader& reader, httplib::Response& res, std::string* body) const;
   // A request refused before the scheduler: logged and counted, then answered.
   void Reject(httplib::Response& res, const absl::Status& status) {
     ReportRejected(options.observer, status);
@@ -359,8 +365,8 @@ void HttpServer::Impl::Models(httplib::Response& res) {
   res.set_content(Dump(list), "application/json");
 }
 
-void HttpServer::Impl::Tokenize(const httplib::Request& req, httplib::Response& res) {
-  absl::StatusOr<TokenizeRequest> r = ParseTokenizeRequest(req.body);
+void HttpServer::Impl::Tokenize(const std::string& body, httplib::Response& res) {
+  absl::StatusOr<TokenizeRequest> r = ParseTokenizeRequest(body);
   if (!r.ok()) return ReplyStatus(res, r.status());
   if (absl::Status st = CheckModel(r->model); !st.ok()) return ReplyStatus(res, st);
   if (tokenizer == nullptr) {
@@ -375,8 +381,8 @@ void HttpServer::Impl::Tokenize(const httplib::Request& req, httplib::Response& 
   res.set_content(Dump(j), "application/json");
 }
 
-void HttpServer::Impl::Detokenize(const httplib::Request& req, httplib::Response& res) {
-  absl::StatusOr<DetokenizeRequest> r = ParseDetokenizeRequest(req.body);
+void HttpServer::Impl::Detokenize(const std::string& body, httplib::Response& res) {
+  absl::StatusOr<DetokenizeRequest> r = ParseDetokenizeRequest(body);
   if (!r.ok()) return ReplyStatus(res, r.status());
   if (absl::Status st = CheckModel(r->model); !st.ok()) return ReplyStatus(res, st);
   if (tokenizer == nullptr) {
@@ -416,7 +422,24 @@ absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPromptIds(const ChatR
   return ids;
 }
 
-void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& res, bool chat,
+bool HttpServer::Impl::ReadBody(const httplib::ContentReader& reader, httplib::Response& res,
+                                std::string* body) const {
+  switch (ReadCappedBody(reader, options.max_body_bytes, res, body)) {
+    case BodyRead::kOk:
+      return true;
+    case BodyRead::kTooLarge:
+      ReplyAndClose(res, 413, Dump(TooLarge(options.max_body_bytes).body), "application/json");
+      return false;
+    case BodyRead::kBroken:
+      ReplyAndClose(res, 400,
+                    Dump(MakeError(400, "invalid_request_error", "the request body could not be read").body),
+                    "application/json");
+      return false;
+  }
+  return false;
+}
+
+void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res, bool chat,
                                 std::shared_ptr<security::ApiKeys::Lease> lease) {
   const RequestLimits& limits = scheduler->options().limits;
   SequenceRequest seq;
@@ -424,7 +447,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   bool echo = false;      // completions: the answer starts with the prompt
   std::string echo_text;  // the prompt's text
   if (chat) {
-    absl::StatusOr<ChatRequest> parsed = ParseChatRequest(req.body);
+    absl::StatusOr<ChatRequest> parsed = ParseChatRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
     fields = parsed->fields;
     if (absl::Status st = CheckModel(fields.model); !st.ok()) return Reject(res, st);
@@ -432,7 +455,7 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
     if (!prompt.ok()) return Reject(res, prompt.status());
     seq.prompt = *std::move(prompt);
   } else {
-    absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(req.body);
+    absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
     fields = parsed->fields;
     if (absl::Status st = CheckModel(fields.model); !st.ok()) return Reject(res, st);
@@ -572,8 +595,8 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
                                  .finish_reason = FinishReasonText(answers[i].end->reason),
                                  .logprobs = logprobs ? &answers[i].entries : nullptr});
     }
-    const Json body = chat ? ChatResponse(meta, out, usage_of(ends)) : CompletionResponse(meta, out, usage_of(ends));
-    res.set_content(Dump(body), "application/json");
+    const Json reply = chat ? ChatResponse(meta, out, usage_of(ends)) : CompletionResponse(meta, out, usage_of(ends));
+    res.set_content(Dump(reply), "application/json");
     return;
   }
 
@@ -669,23 +692,44 @@ void HttpServer::Impl::Routes() {
     if (admit(req, res).has_value()) Model(req.matches[1], res);
   });
   // vLLM's tokenizer endpoints.
-  server.Post("/tokenize", [this, admit](const httplib::Request& req, httplib::Response& res) {
-    if (admit(req, res).has_value()) Tokenize(req, res);
-  });
-  server.Post("/detokenize", [this, admit](const httplib::Request& req, httplib::Response& res) {
-    if (admit(req, res).has_value()) Detokenize(req, res);
-  });
   // Liveness and readiness as vLLM's /health (no API key, for probes): 200 with an empty body when
   // the cluster serves, 503 with the reason (as the gRPC API gives it) while it does not.
   server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (absl::Status st = ready(); !st.ok()) return ReplyStatus(res, st);
     res.status = 200;
   });
-  server.Post("/v1/completions", [this, admit](const httplib::Request& req, httplib::Response& res) {
-    if (auto lease = admit(req, res)) Generate(req, res, /*chat=*/false, *std::move(lease));
-  });
-  server.Post("/v1/chat/completions", [this, admit](const httplib::Request& req, httplib::Response& res) {
-    if (auto lease = admit(req, res)) Generate(req, res, /*chat=*/true, *std::move(lease));
+  // Routes with a body: the API key is admitted first (an unauthenticated client never makes the
+  // server read a body), then the body is read under max_body_bytes whatever its transfer
+  // encoding. A request refused before its body is read closes its connection.
+  using Lease = std::shared_ptr<security::ApiKeys::Lease>;
+  auto with_body = [this, admit](std::function<void(const std::string&, httplib::Response&, Lease)> handle) {
+    return [this, admit, handle = std::move(handle)](const httplib::Request& req, httplib::Response& res,
+                                                     const httplib::ContentReader& reader) {
+      std::optional<Lease> lease = admit(req, res);
+      if (!lease.has_value()) {
+        std::string refusal = std::move(res.body);
+        return ReplyAndClose(res, res.status, std::move(refusal), "application/json");
+      }
+      std::string body;
+      if (ReadBody(reader, res, &body)) handle(body, res, *std::move(lease));
+    };
+  };
+  server.Post("/tokenize", with_body([this](const std::string& body, httplib::Response& res, Lease) {
+    Tokenize(body, res);
+  }));
+  server.Post("/detokenize", with_body([this](const std::string& body, httplib::Response& res, Lease) {
+    Detokenize(body, res);
+  }));
+  server.Post("/v1/completions", with_body([this](const std::string& body, httplib::Response& res, Lease lease) {
+    Generate(body, res, /*chat=*/false, std::move(lease));
+  }));
+  server.Post("/v1/chat/completions", with_body([this](const std::string& body, httplib::Response& res, Lease lease) {
+    Generate(body, res, /*chat=*/true, std::move(lease));
+  }));
+  // Any other request with a body: 404 without reading it (cpp-httplib would read it whole).
+  RefuseUnroutedBodies(server, [](const httplib::Request& req, httplib::Response& res) {
+    Reply(res, MakeError(404, "invalid_request_error", absl::StrCat("unknown route: ", req.method, " ", req.path),
+                         "unknown_route"));
   });
   // A known path with the wrong method: 405, before the body is read.
   server.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
@@ -693,9 +737,14 @@ void HttpServer::Impl::Routes() {
     const bool post = req.path == "/v1/completions" || req.path == "/v1/chat/completions";
     if ((models && req.method != "GET" && req.method != "HEAD") || (post && req.method != "POST")) {
       res.set_header("Allow", models ? "GET" : "POST");
-      Reply(res, MakeError(405, "invalid_request_error",
-                           absl::StrCat(req.method, " is not allowed on ", req.path, "; use ", models ? "GET" : "POST"),
-                           "method_not_allowed"));
+      // Closes the connection: a body this request may have is not read.
+      ReplyAndClose(res, 405,
+                    Dump(MakeError(405, "invalid_request_error",
+                                   absl::StrCat(req.method, " is not allowed on ", req.path, "; use ",
+                                                models ? "GET" : "POST"),
+                                   "method_not_allowed")
+                             .body),
+                    "application/json");
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -704,7 +753,7 @@ void HttpServer::Impl::Routes() {
   const size_t max_body = options.max_body_bytes;
   server.set_error_handler(httplib::Server::HandlerWithResponse([max_body](const httplib::Request& req,
                                                                           httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Handled;
+    if (!res.body.empty() || res.content_provider_) return httplib::Server::HandlerResponse::Handled;
     ApiError e;
     switch (res.status) {
       case 404:
@@ -712,8 +761,7 @@ void HttpServer::Impl::Routes() {
                       "unknown_route");
         break;
       case 413:
-        e = MakeError(413, "invalid_request_error",
-                      absl::StrCat("request body is larger than ", max_body, " bytes"), "request_too_large");
+        e = TooLarge(max_body);
         break;
       default:
         e = MakeError(res.status, res.status < 500 ? "invalid_request_error" : "server_error",
@@ -762,23 +810,17 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   impl->chat_prompt = std::make_unique<ChatPrompt>(tokenizer, impl->options.model_path);
 
   Impl& s = *impl;
-  const int threads = s.options.threads;
-  s.server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  ApplyServingLimits(s.options.limits, s.server);
+  // Content-Length bodies over the cap: refused by cpp-httplib before they are read (413); chunked
+  // ones are cut by ReadCappedBody in the routes.
   s.server.set_payload_max_length(s.options.max_body_bytes);
-  s.server.set_read_timeout(absl::ToChronoSeconds(s.options.read_timeout));
-  s.server.set_write_timeout(absl::ToChronoSeconds(s.options.write_timeout));
-  s.server.set_keep_alive_timeout(2);
-  s.server.set_tcp_nodelay(true);
   s.Routes();
   const std::string host = HostOf(s.options.listen);
   int want = 0;
   (void)absl::SimpleAtoi(s.options.listen.substr(s.options.listen.rfind(':') + 1), &want);  // checked by Validate
-  if (want == 0) {
-    s.port = s.server.bind_to_any_port(host);
-  } else {
-    s.port = s.server.bind_to_port(host, want) ? want : -1;
-  }
-  if (s.port <= 0) return absl::UnavailableError(absl::StrCat("cannot serve HTTP on --http_listen=", s.options.listen));
+  absl::StatusOr<int> bound = BindServer(s.server, host, want);
+  if (!bound.ok()) return absl::UnavailableError(absl::StrCat("cannot serve HTTP on --http_listen=", s.options.listen));
+  s.port = *bound;
   s.address = absl::StrCat(host, ":", s.port);
   s.thread = std::thread([&s] { s.server.listen_after_bind(); });
   // Stop() only interrupts a server that is running: wait until it is.

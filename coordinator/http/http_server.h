@@ -16,7 +16,7 @@
 //
 // Errors are OpenAI-shaped JSON bodies ({"error": {"message", "type", "param", "code"}}): 400 for
 // invalid requests (malformed JSON, unknown fields, wrong types, values out of range), 413 for a
-// body over max_body_bytes, 404 for an unknown route or model, 405 for a wrong method, 429 when
+// body over max_body_bytes (Content-Length or chunked; never buffered past the cap), 404 for an unknown route or model, 405 for a wrong method, 429 when
 // the scheduler's queue is full, 503 while the cluster is not ready, 500 when generation fails;
 // with API keys, 401 without a valid key and 429 over the key's limits.
 //
@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/http/serving_limits.h"
 #include "common/security/api_keys.h"
 #include "common/security/tls_files.h"
 #include "common/tokenizer/tokenizer.h"
@@ -50,10 +51,13 @@ struct HttpServerOptions {
   std::string listen;          // HOST:PORT; port 0 picks a free port
   std::string model_id;        // the model's name in /v1/models and replies (requests may also use model_path)
   std::string model_path;      // the model directory (for messages, and accepted as a model name)
-  size_t max_body_bytes = 1 << 20;  // larger bodies get 413
-  int threads = 32;                 // handler threads (each streamed request holds one), >= 1
-  absl::Duration read_timeout = absl::Seconds(10);
-  absl::Duration write_timeout = absl::Seconds(30);
+  // Larger request bodies get 413, whatever their transfer encoding (Content-Length or chunked);
+  // a chunked body is read only up to here, then the connection is closed. >= 1024.
+  size_t max_body_bytes = 1 << 20;
+  // Connection budget and timeouts (common/http/serving_limits.h). Each connection holds one
+  // thread while it is open (a streamed request for as long as it streams); slow or silent
+  // clients are dropped by the idle and read timeouts.
+  HttpServingLimits limits;
   absl::Duration keepalive = absl::Seconds(1);  // SSE comment after this long without output
   // Told of the requests this front end refuses itself (bad parameters, cluster not ready), so
   // that the metrics count them with the scheduler's refusals; borrowed, may be null.

@@ -189,6 +189,10 @@ absl::Status StatusCommand() {
     }
     std::cout << "\n";
   }
+  if (info->total_workers > static_cast<int64_t>(info->workers.size())) {
+    std::cout << "(" << info->total_workers - static_cast<int64_t>(info->workers.size())
+              << " more workers not listed: the coordinator lists live workers first, one page at most)\n";
+  }
   if (!info->plan.empty()) std::cout << "\n" << info->plan << "\n";
   return absl::OkStatus();
 }

@@ -71,6 +71,14 @@ ABSL_FLAG(int64_t, kv_blocks, 0, "KV cache blocks per replica at most; 0 = what 
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
 ABSL_FLAG(std::string, http_listen, "",
           "serve the OpenAI-compatible HTTP API on HOST:PORT (port 0 = a free port; printed as \"http: URL\"); empty = off");
+ABSL_FLAG(int32_t, http_max_connections, 512,
+          "the coordinator's --http_max_connections: HTTP connections served at once (threads started on demand)");
+ABSL_FLAG(int32_t, http_max_queued_connections, 1024,
+          "the coordinator's --http_max_queued_connections: connections waiting for a thread");
+ABSL_FLAG(int64_t, http_idle_timeout_ms, 5000, "the coordinator's --http_idle_timeout_ms");
+ABSL_FLAG(int64_t, http_read_timeout_ms, 10000, "the coordinator's --http_read_timeout_ms");
+ABSL_FLAG(int64_t, http_max_body_bytes, 1 << 20,
+          "the coordinator's --http_max_body_bytes: larger HTTP request bodies get 413");
 ABSL_FLAG(int32_t, ready_timeout_s, 300, "how long to wait for the cluster to become ready");
 ABSL_FLAG(bool, metrics, true,
           "the workers and the coordinator serve Prometheus metrics on free ports (printed after the ready line: "
@@ -301,6 +309,14 @@ int main(int argc, char** argv) {
   }
   if (metrics_port > 0) coordinator_argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
   if (!http_listen.empty()) coordinator_argv.push_back("--http_listen=" + http_listen);
+  for (std::string flag :
+       {absl::StrCat("--http_max_connections=", absl::GetFlag(FLAGS_http_max_connections)),
+        absl::StrCat("--http_max_queued_connections=", absl::GetFlag(FLAGS_http_max_queued_connections)),
+        absl::StrCat("--http_idle_timeout_ms=", absl::GetFlag(FLAGS_http_idle_timeout_ms)),
+        absl::StrCat("--http_read_timeout_ms=", absl::GetFlag(FLAGS_http_read_timeout_ms)),
+        absl::StrCat("--http_max_body_bytes=", absl::GetFlag(FLAGS_http_max_body_bytes))}) {
+    coordinator_argv.push_back(std::move(flag));
+  }
   if (!insecure) {
     coordinator_argv.push_back("--tls_dir=" + tls_root + "/coordinator");
     if (!public_tls) coordinator_argv.push_back("--public_plaintext");

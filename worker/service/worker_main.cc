@@ -45,6 +45,9 @@ ABSL_FLAG(int32_t, threads, 1, "BLAS threads of a single CPU rank");
 ABSL_FLAG(std::string, node_name, "", "node name (default: the host name)");
 ABSL_FLAG(std::string, memory_per_device, "",
           "memory each device offers the planner at most, e.g. 20GiB or 512MB (default: its free memory)");
+ABSL_FLAG(std::string, stream_buffer_bytes, "1GiB",
+          "stage-stream bytes this worker holds over all its streams before they stop reading (back-pressure); a "
+          "micro-batch that would take them past twice this is refused (RESOURCE_EXHAUSTED)");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "fraction of each CUDA device's memory this worker may fill (weights, workspace and the KV cache the "
           "planner sizes from what is left), in (0, 1]");
@@ -95,6 +98,13 @@ int main(int argc, char** argv) {
     }
     memory_per_device = *bytes;
   }
+  absl::StatusOr<int64_t> stream_buffer_bytes = ParseByteSize(absl::GetFlag(FLAGS_stream_buffer_bytes));
+  if (!stream_buffer_bytes.ok() || *stream_buffer_bytes < 1) {
+    std::cerr << "shardserve-worker: --stream_buffer_bytes: "
+              << (stream_buffer_bytes.ok() ? "must be > 0" : std::string(stream_buffer_bytes.status().message()))
+              << "\n";
+    return 2;
+  }
   const double gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0)) {
     std::cerr << "shardserve-worker: --gpu_memory_utilization must be in (0, 1], got " << gpu_memory_utilization
@@ -140,6 +150,7 @@ int main(int argc, char** argv) {
                                 .cpu_ranks = devices->cpu_ranks,
                                 .cpu_threads = devices->cpu_threads,
                                 .cuda_devices = devices->cuda_devices,
+                                .stream_buffer_bytes = static_cast<size_t>(*stream_buffer_bytes),
                                 .metrics = &metrics,
                                 .memory_per_device = memory_per_device,
                                 .gpu_memory_utilization = gpu_memory_utilization,

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,10 +62,13 @@ class WorkerServiceImpl final : public WorkerBase {
 };
 
 // One data-plane stream from the previous hop. Requests are reassembled from chunks and handed
-// to the stage thread; responses are written back one at a time, in completion order.
+// to the stage thread; responses are written back one at a time, in completion order. Every
+// message read is charged to the worker's StreamBudget until its micro-batch is answered (or
+// refused); over the budget, the stream stops reading between micro-batches (stream_budget.h).
 class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
  public:
-  explicit StepStreamReactor(WorkerServer* server) : server_(server), assembler_(kMaxAssembledBytes) {
+  explicit StepStreamReactor(WorkerServer* server)
+      : server_(server), budget_(server->stream_budget()), assembler_(kMaxAssembledBytes) {
     StartRead(&incoming_);
   }
 
@@ -75,19 +79,55 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
       MaybeFinishLocked();
       return;
     }
-    if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("rx", "upstream", incoming_.ByteSizeLong());
+    const size_t bytes = incoming_.ByteSizeLong();
+    if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("rx", "upstream", bytes);
+    if (dropping_step_.has_value() && incoming_.step_id() == *dropping_step_ && incoming_.chunk_index() != 0) {
+      // The rest of a refused micro-batch: not kept.
+      incoming_.Clear();
+      StartRead(&incoming_);
+      return;
+    }
+    dropping_step_.reset();
+    budget_.Charge(bytes);
+    assembling_bytes_ += bytes;
+    const uint64_t step_id = incoming_.step_id();
+    const uint32_t chunk_index = incoming_.chunk_index();
+    const uint32_t chunk_count = std::max<uint32_t>(incoming_.chunk_count(), 1);
+    if (chunk_index + 1 < chunk_count && budget_.used() > 2 * budget_.capacity()) {
+      // A micro-batch this large does not fit beside what the worker holds: refuse it.
+      const size_t used = budget_.used();
+      DropAssembly();
+      dropping_step_ = step_id;
+      Deliver(ErrorResponse(step_id, absl::ResourceExhaustedError(absl::StrCat(
+                                         "the worker's stage streams hold ", used, " bytes, over twice their budget of ",
+                                         budget_.capacity(), " bytes (--stream_buffer_bytes); micro-batch refused"))),
+              /*from_job=*/false);
+      StartRead(&incoming_);
+      return;
+    }
     absl::StatusOr<bool> complete = assembler_.Add(std::move(incoming_));
     incoming_.Clear();
     if (!complete.ok()) {
+      DropAssembly();
       Deliver(ErrorResponse(0, complete.status()), /*from_job=*/false);
     } else if (*complete) {
       {
         std::lock_guard lock(mu_);
         ++outstanding_jobs_;
       }
-      server_->Enqueue(assembler_.Take(), [this](v1::StepResponse r) { Deliver(std::move(r), /*from_job=*/true); });
+      const size_t job_bytes = std::exchange(assembling_bytes_, 0);
+      // Released before the answer is delivered: once delivered, the stream may end and go.
+      server_->Enqueue(assembler_.Take(), [this, budget = &budget_, job_bytes](v1::StepResponse r) {
+        budget->Release(job_bytes);
+        Deliver(std::move(r), /*from_job=*/true);
+      });
     }
-    StartRead(&incoming_);
+    if (assembling_bytes_ == 0) {
+      // Between micro-batches: read on once the worker's streams are within their budget.
+      budget_.WhenRoom([this] { StartRead(&incoming_); });
+    } else {
+      StartRead(&incoming_);
+    }
   }
 
   void OnWriteDone(bool /*ok*/) override {
@@ -100,11 +140,19 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    budget_.Release(assembling_bytes_);  // a micro-batch cut off by the stream's end
+    delete this;
+  }
 
  private:
   static constexpr size_t kMaxAssembledBytes = size_t{1} << 30;
 
+  // Forgets the micro-batch being reassembled and gives its bytes back.
+  void DropAssembly() {
+    assembler_ = ChunkAssembler(kMaxAssembledBytes);
+    budget_.Release(std::exchange(assembling_bytes_, 0));
+  }
   void Deliver(v1::StepResponse response, bool from_job) {
     std::lock_guard lock(mu_);
     if (from_job) --outstanding_jobs_;
@@ -127,7 +175,11 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   }
 
   WorkerServer* const server_;
-  ChunkAssembler assembler_;  // used by reactions only (reads are serialised)
+  StreamBudget& budget_;      // the worker's; outlives the stream
+  // Used by read reactions only (reads are serialised, and the next starts after these are set).
+  ChunkAssembler assembler_;
+  size_t assembling_bytes_ = 0;           // charged for the micro-batch being reassembled
+  std::optional<uint64_t> dropping_step_;  // a refused micro-batch whose chunks are still coming
   v1::StepRequest incoming_;
   std::mutex mu_;
   std::deque<v1::StepResponse> pending_;  // guarded by mu_
@@ -186,6 +238,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartWorkerRpcServer(const std::st
       listen, security.InternalServerCredentials({security::Role::kCoordinator, security::Role::kWorker}), port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Keepalive pings find vanished peers; idle connections close after 5 min (the defaults of
+  // security::GrpcServerLimits; no connection age limit, as stage streams live on one connection).
+  security::ApplyServerLimits(security::GrpcServerLimits{}, builder);
   builder.RegisterService(server.worker_service());
   builder.RegisterService(server.stage_service());
   builder.RegisterService(server.expert_service());

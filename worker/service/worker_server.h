@@ -29,6 +29,7 @@
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/expert.grpc.pb.h"
 #include "shardserve/v1/stage.grpc.pb.h"
+#include "worker/service/stream_budget.h"
 #include "worker/engine/expert_host.h"
 #include "worker/kernels/backend.h"
 #include "worker/service/stage_runtime.h"
@@ -42,6 +43,10 @@ struct WorkerOptions {
   int cpu_threads = 1;
   std::vector<int> cuda_devices;
   size_t max_queued_steps = 64;
+  // Bytes of stage-stream messages the worker holds over all its streams before they stop reading
+  // (stream_budget.h; --stream_buffer_bytes); a micro-batch that would take them past twice this is
+  // refused with RESOURCE_EXHAUSTED. >= 1.
+  size_t stream_buffer_bytes = size_t{1} << 30;
   std::chrono::milliseconds expert_call_timeout{30000};  // deadline of a stage's calls to expert hosts
   WorkerMetrics* metrics = nullptr;  // optional, not owned; must outlive the server
   // Bytes each device offers the planner at most (0 = what it has free).
@@ -94,6 +99,8 @@ class WorkerServer {
   absl::Status Assign(const v1::Assignment& assignment);
 
   WorkerMetrics* metrics() const { return options_.metrics; }
+  // The budget every stage stream of this worker charges (stream_budget.h).
+  StreamBudget& stream_budget() { return stream_budget_; }
 
   // Expert.Compute: UNAVAILABLE when this worker hosts no experts, NOT_FOUND for an expert it does
   // not host, INVALID_ARGUMENT for a malformed request.
@@ -117,6 +124,7 @@ class WorkerServer {
   absl::StatusOr<std::shared_ptr<StageRuntime>> LoadStage(const v1::Assignment& a);
 
   const WorkerOptions options_;
+  StreamBudget stream_budget_{options_.stream_buffer_bytes};
   std::unique_ptr<grpc::Service> worker_service_;
   std::unique_ptr<grpc::Service> stage_service_;
   std::unique_ptr<grpc::Service> expert_service_;

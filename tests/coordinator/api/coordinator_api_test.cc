@@ -13,6 +13,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -814,6 +815,32 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
   EXPECT_EQ(w.assignment().kv_blocks(), 8 * 32);
   EXPECT_EQ(st.running_sequences(), 0);
   EXPECT_EQ(st.waiting_sequences(), 0);
+}
+
+TEST_F(CoordinatorApiTest, ClusterStatusListsOnePageOfWorkersAndCountsThemAll) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  for (int i = 0; i < 300; ++i) Register(absl::StrCat("node-", i), absl::StrCat("127.0.0.1:", 1000 + i));
+  const v1::ClusterStatus first = Status();
+  EXPECT_EQ(first.total_workers(), 300);
+  EXPECT_EQ(first.workers_size(), 256);  // the default page
+  ASSERT_FALSE(first.next_page_token().empty());
+  int64_t counted = 0;
+  for (const v1::WorkerStateCount& c : first.worker_counts()) counted += c.count();
+  EXPECT_EQ(counted, 300);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  v1::GetClusterStatusRequest next;
+  next.set_page_token(first.next_page_token());
+  next.set_max_workers(100);
+  v1::ClusterStatus second;
+  ASSERT_TRUE(admin_->GetClusterStatus(&ctx, next, &second).ok());
+  EXPECT_EQ(second.workers_size(), 44);
+  EXPECT_TRUE(second.next_page_token().empty());
+  std::set<std::string> ids;
+  for (const v1::ClusterStatus* page : {&first, static_cast<const v1::ClusterStatus*>(&second)}) {
+    for (const v1::WorkerStatus& w : page->workers()) ids.insert(w.worker_id());
+  }
+  EXPECT_EQ(ids.size(), 300u);  // every worker once
 }
 
 TEST_F(CoordinatorApiTest, SpilledExpertsGoToAnExpertHostThatMustBeReadyBeforeServing) {

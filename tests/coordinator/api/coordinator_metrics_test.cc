@@ -185,7 +185,7 @@ TEST(CoordinatorMetricsTest, RefreshSetsStateGaugesAndDropsGoneReplicas) {
 
 TEST(CoordinatorMetricsTest, MetricsServerRefreshesBeforeEveryScrape) {
   CoordinatorMetrics m;
-  int scrapes = 0;  // only the server's thread touches it while the server runs
+  int scrapes = 0;  // touched only by scrapes, which the server serializes
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<MetricsServer> server,
                        MetricsServer::Start("127.0.0.1:0", m.registry(), [&] {
                          ++scrapes;
@@ -196,7 +196,7 @@ TEST(CoordinatorMetricsTest, MetricsServerRefreshesBeforeEveryScrape) {
   EXPECT_EQ(server->address(), absl::StrCat("127.0.0.1:", server->port()));
   EXPECT_THAT(HttpGet(server->port(), "/metrics"), HasSubstr("\nshardserve_coordinator_workers_up 1\n"));
   const std::string second = HttpGet(server->port(), "/metrics");
-  EXPECT_THAT(second, HasSubstr("HTTP/1.0 200 OK"));
+  EXPECT_THAT(second, HasSubstr("HTTP/1.1 200 OK"));
   EXPECT_THAT(second, HasSubstr("\nshardserve_coordinator_workers_up 2\n"));
   EXPECT_THAT(HttpGet(server->port(), "/other"), HasSubstr("404"));
   server.reset();

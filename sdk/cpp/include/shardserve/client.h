@@ -196,7 +196,8 @@ struct ClusterInfo {
   bool ready = false;
   std::string reason;
   std::string model_path;
-  std::vector<WorkerInfo> workers;
+  std::vector<WorkerInfo> workers;  // one page: the first 256 workers, live ones first
+  int64_t total_workers = 0;        // every worker the coordinator knows (workers may list fewer)
   std::string plan;
   int64_t running_sequences = 0;
   int64_t waiting_sequences = 0;

@@ -1,0 +1,39 @@
+#include "worker/service/stream_budget.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace shardserve::service {
+
+void StreamBudget::Charge(size_t bytes) {
+  std::lock_guard lock(mu_);
+  used_ += bytes;
+}
+
+void StreamBudget::Release(size_t bytes) {
+  std::vector<std::function<void()>> resume;
+  {
+    std::lock_guard lock(mu_);
+    used_ -= std::min(bytes, used_);
+    if (used_ <= capacity_) resume.swap(waiting_);
+  }
+  for (auto& r : resume) r();
+}
+
+void StreamBudget::WhenRoom(std::function<void()> resume) {
+  {
+    std::lock_guard lock(mu_);
+    if (used_ > capacity_) {
+      waiting_.push_back(std::move(resume));
+      return;
+    }
+  }
+  resume();
+}
+
+size_t StreamBudget::used() const {
+  std::lock_guard lock(mu_);
+  return used_;
+}
+
+}  // namespace shardserve::service
