@@ -82,7 +82,6 @@ class Sampler {
 
  private:
   std::vector<int32_t> order_;
-  std::vector<float> probs_;
   std::vector<float> adjusted_;  // the row with logit_bias, suppress_ids and penalties applied
 };
 

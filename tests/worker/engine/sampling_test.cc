@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+#include <random>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -191,6 +194,76 @@ TEST(SamplingTest, PenaltyValidationNamesTheField) {
               HasSubstr("ascending"));
   EXPECT_THAT((SamplingParams{.history_ids = {2}, .history_counts = {-1}}.Validate().message()),
               HasSubstr("negative"));
+}
+
+// The definition, written plainly: every candidate sorted (descending logit, ties lower id), cut
+// to top_k, softmax at the temperature, the smallest prefix reaching top_p, those at least min_p
+// times the most likely, and the draw walking that order.
+int32_t ReferenceSample(const std::vector<float>& logits, const SamplingParams& p, uint64_t step) {
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  size_t keep = p.top_k > 0 ? std::min<size_t>(order.size(), static_cast<size_t>(p.top_k)) : order.size();
+  std::vector<double> w(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    total += w[i] = std::exp((static_cast<double>(logits[order[i]]) - logits[order[0]]) * (1.0 / p.temperature));
+  }
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    for (size_t i = 0; i < keep; ++i) {
+      cum += w[i];
+      if (cum >= p.top_p * total) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  if (p.min_p > 0.0f) {
+    size_t cut = 1;
+    while (cut < keep && w[cut] >= p.min_p * w[0]) ++cut;
+    keep = cut;
+  }
+  total = 0;
+  for (size_t i = 0; i < keep; ++i) total += w[i];
+  const double u = SamplingUniform(p.seed, step) * total;
+  double cum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += w[i];
+    if (u < cum) return order[i];
+  }
+  return order[keep - 1];
+}
+
+// The sampler sorts only the prefix its walk reaches; it must pick what the plain definition
+// picks, over vocabularies, distributions (peaked to flat, with ties) and options.
+TEST(SamplingTest, PartialSortingPicksWhatTheFullSortPicks) {
+  std::mt19937 rng(5);
+  Sampler s;
+  int checked = 0;
+  for (int vocab : {2, 7, 100, 1000, 5000}) {
+    for (float spread : {0.5f, 3.f, 12.f}) {
+      std::normal_distribution<float> logit(0.f, spread);
+      std::vector<float> row(static_cast<size_t>(vocab));
+      for (float& l : row) l = std::round(logit(rng) * 4.f) / 4.f;  // quarter steps: many ties
+      for (const SamplingParams& base : std::vector<SamplingParams>{
+               {.temperature = 1.0f}, {.temperature = 0.7f, .top_p = 0.9f}, {.temperature = 1.3f, .top_k = 40},
+               {.temperature = 1.0f, .top_k = 300, .top_p = 0.5f}, {.temperature = 0.9f, .min_p = 0.05f},
+               {.temperature = 2.0f, .top_p = 0.99f, .min_p = 0.01f}, {.temperature = 0.2f, .top_p = 0.3f}}) {
+        for (uint64_t step = 0; step < 40; ++step) {
+          SamplingParams p = base;
+          p.seed = 17 + static_cast<uint64_t>(vocab);
+          ASSERT_EQ(s.Sample(row, p, step), ReferenceSample(row, p, step))
+              << "vocab " << vocab << " spread " << spread << " T " << p.temperature << " top_k " << p.top_k
+              << " top_p " << p.top_p << " min_p " << p.min_p << " step " << step;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 5 * 3 * 7 * 40);
 }
 
 }  // namespace
