@@ -388,6 +388,17 @@ void HttpServer::Impl::Generate(const httplib::Request& req, httplib::Response& 
   seq.min_tokens = static_cast<int32_t>(std::min<int64_t>(fields.min_tokens, std::numeric_limits<int32_t>::max()));
   seq.logprobs = fields.logprobs;
   seq.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
+  if (fields.response_format != SamplingFields::ResponseFormat::kText) {
+    if (options.constraints == nullptr) {
+      return Reject(res, InvalidParam("response_format", absl::StrCat("the model ", options.model_path,
+                                                                      " has no tokenizer: structured output needs one")));
+    }
+    const bool object = fields.response_format == SamplingFields::ResponseFormat::kJsonObject;
+    absl::StatusOr<std::shared_ptr<const TokenConstraint>> c = options.constraints->Compile(
+        {object ? structured::ConstraintKind::kJsonObject : structured::ConstraintKind::kJsonSchema, fields.json_schema});
+    if (!c.ok()) return Reject(res, InvalidParam("response_format", c.status().message()));
+    seq.constraint = *std::move(c);
+  }
   const uint64_t n = next_id.fetch_add(1);
   seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", n);
   if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return Reject(res, st);

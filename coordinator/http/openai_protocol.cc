@@ -189,6 +189,45 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
     absl::StatusOr<bool> b = GetBool(v, key);
     if (!b.ok()) return b.status();
     f->ignore_eos = *b;
+  } else if (key == "response_format") {
+    if (v.is_null()) return true;
+    if (!v.is_object()) return WrongType(key, "an object", v);
+    if (!v.contains("type") || !v["type"].is_string()) {
+      return InvalidParam(key, "'response_format.type' is required: \"text\", \"json_object\" or \"json_schema\"");
+    }
+    const std::string type = v["type"].get<std::string>();
+    for (const auto& [k, x] : v.items()) {
+      if (k != "type" && !(k == "json_schema" && type == "json_schema")) {
+        return InvalidParam(key, absl::StrCat("unknown field 'response_format.", k, "'"));
+      }
+    }
+    if (type == "text") {
+      f->response_format = SamplingFields::ResponseFormat::kText;
+    } else if (type == "json_object") {
+      f->response_format = SamplingFields::ResponseFormat::kJsonObject;
+    } else if (type == "json_schema") {
+      if (!v.contains("json_schema") || !v["json_schema"].is_object()) {
+        return InvalidParam(key, "'response_format.json_schema' must be an object with 'name' and 'schema'");
+      }
+      const Json& js = v["json_schema"];
+      for (const auto& [k, x] : js.items()) {
+        if (k == "name" || k == "description") {
+          if (!x.is_string()) return WrongType(absl::StrCat("response_format.json_schema.", k), "a string", x);
+        } else if (k == "strict") {
+          if (!x.is_boolean() && !x.is_null()) return WrongType("response_format.json_schema.strict", "a boolean", x);
+        } else if (k != "schema") {
+          return InvalidParam(key, absl::StrCat("unknown field 'response_format.json_schema.", k, "'"));
+        }
+      }
+      if (!js.contains("schema") || !(js["schema"].is_object() || js["schema"].is_boolean())) {
+        return InvalidParam(key, "'response_format.json_schema.schema' (a JSON Schema object) is required");
+      }
+      f->response_format = SamplingFields::ResponseFormat::kJsonSchema;
+      f->json_schema = js["schema"].dump();
+    } else {
+      return InvalidParam(key, absl::StrCat("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got \"",
+                                            type, "\""));
+    }
   } else if (key == "user") {
     if (!v.is_string() && !v.is_null()) return WrongType(key, "a string", v);
   } else {

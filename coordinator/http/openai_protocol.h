@@ -44,6 +44,12 @@ struct SamplingFields {
   // Completions: "logprobs": N (0..20); chat: "logprobs": true with "top_logprobs": N (0..20).
   bool logprobs = false;
   int64_t top_logprobs = 0;
+  // response_format: {"type": "text"} (the default), {"type": "json_object"}, or {"type":
+  // "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ..., "description": ...}}
+  // (the schema is kept as JSON text; it is enforced whatever "strict" says).
+  enum class ResponseFormat { kText, kJsonObject, kJsonSchema };
+  ResponseFormat response_format = ResponseFormat::kText;
+  std::string json_schema;  // with kJsonSchema
 };
 
 // One generated token's log-probabilities as the API reports them.

@@ -9,6 +9,7 @@
 #define SHARDSERVE_COORDINATOR_SCHEDULER_REPLICA_CLIENT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,10 @@ struct StepSequenceInput {
   std::vector<int32_t> suppress_token_ids;  // with sample: cannot be chosen this step (min_tokens)
   bool logprobs = false;                    // with sample: return the token's logprobs
   int32_t top_logprobs = 0;                 // and this many of the most likely tokens' (<= 20)
+  // With sample, structured output: the tokens allowed this step (packed bits over the vocabulary,
+  // see shardserve.v1.StepSequence.allowed_token_mask); null = no constraint. Shared with the
+  // constraint's cache: never modified.
+  std::shared_ptr<const std::string> allowed_token_mask;
 };
 
 struct StepInput {

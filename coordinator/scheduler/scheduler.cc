@@ -40,6 +40,7 @@ struct Scheduler::Sequence {
   std::optional<uint64_t> match_epoch;
   std::vector<int32_t> context;  // prompt followed by the generated tokens
   int32_t generated = 0;
+  int32_t constraint_state = 0;  // with request.constraint: its state after the generated tokens
   bool cancelled = false;
   FinishReason cancel_reason = FinishReason::kCancelled;  // with cancelled
   bool in_flight = false;
@@ -221,6 +222,7 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   seq->id = next_id_++;
   seq->context = request.prompt;
   seq->request = std::move(request);
+  if (seq->request.constraint != nullptr) seq->constraint_state = seq->request.constraint->StartState();
   seq->sink = std::move(sink);
   seq->replica = r;
   seq->submitted = clock_->Now();
@@ -468,9 +470,10 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
       in.sample_index = static_cast<uint64_t>(s->generated);
       in.logprobs = req.logprobs;
       in.top_logprobs = req.top_logprobs;
+      if (req.constraint != nullptr) in.allowed_token_mask = req.constraint->AllowedMask(s->constraint_state);
       if (s->generated < req.min_tokens) {
         in.suppress_token_ids = req.stop_token_ids;
-        if (!req.ignore_eos) {
+        if (!req.ignore_eos && req.constraint == nullptr) {
           in.suppress_token_ids.insert(in.suppress_token_ids.end(), options_.eos_token_ids.begin(),
                                        options_.eos_token_ids.end());
         }
@@ -554,7 +557,20 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     events.push_back(Event{.sink = s.sink, .tokens = {token}});
     if (in.logprobs) events.back().logprobs.push_back(out->logprobs[sampled]);
     const SequenceRequest& req = s.request;
-    const bool stop = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
+    bool constraint_done = false;
+    if (req.constraint != nullptr) {
+      // The mask allowed only tokens the constraint accepts; anything else is a broken stage.
+      s.constraint_state = req.constraint->Advance(s.constraint_state, token);
+      if (s.constraint_state < 0) {
+        EndLocked(s, SequenceEnd{.status = absl::InternalError(absl::StrCat(
+                                     "replica ", r.id, " sampled token ", token, " that the output constraint does not allow"))},
+                  events);
+        continue;
+      }
+      constraint_done = req.constraint->IsFinished(s.constraint_state);
+    }
+    const bool stop = constraint_done ||
+                      std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
                           req.stop_token_ids.end() ||
                       (!req.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
                                                     token) != options_.eos_token_ids.end());

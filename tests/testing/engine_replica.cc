@@ -104,13 +104,15 @@ absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::S
   for (size_t b = 0; b < input.sequences.size(); ++b) {
     const coordinator::StepSequenceInput& s = input.sequences[b];
     if (!s.sample) continue;
-    const engine::SamplingParams params{.temperature = s.sampling.temperature,
-                                        .top_k = s.sampling.top_k,
-                                        .top_p = s.sampling.top_p,
-                                        .seed = s.sampling.seed,
-                                        .min_p = s.sampling.min_p,
-                                        .logit_bias = s.sampling.logit_bias,
-                                        .suppress_ids = s.suppress_token_ids};
+    const engine::SamplingParams params{
+        .temperature = s.sampling.temperature,
+        .top_k = s.sampling.top_k,
+        .top_p = s.sampling.top_p,
+        .seed = s.sampling.seed,
+        .min_p = s.sampling.min_p,
+        .logit_bias = s.sampling.logit_bias,
+        .suppress_ids = s.suppress_token_ids,
+        .allowed_token_mask = s.allowed_token_mask != nullptr ? *s.allowed_token_mask : std::string()};
     if (absl::Status st = params.Validate(); !st.ok()) return st;
     const int32_t token = sampler_->Sample(result.logits[b], params, s.sample_index);
     out.token_ids.push_back(token);

@@ -17,6 +17,25 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Sets the logits of the tokens `mask` does not allow to -inf, unless it allows none of the row.
+void ApplyMask(const std::string& mask, std::vector<float>& row) {
+  const size_t n = row.size();
+  const size_t bytes = std::min(mask.size(), (n + 7) / 8);
+  bool any = false;
+  for (size_t j = 0; j < bytes && !any; ++j) any = mask[j] != 0;
+  if (!any) return;
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  for (size_t j = 0; j < bytes; ++j) {
+    const auto bits = static_cast<uint8_t>(mask[j]);
+    if (bits == 0xFF) continue;
+    const size_t end = std::min(n, j * 8 + 8);
+    for (size_t i = j * 8; i < end; ++i) {
+      if (!((bits >> (i % 8)) & 1)) row[i] = kMasked;
+    }
+  }
+  for (size_t i = bytes * 8; i < n; ++i) row[i] = kMasked;
+}
+
 }  // namespace
 
 absl::Status SamplingParams::Validate() const {
@@ -73,7 +92,7 @@ TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t chosen, in
 int32_t Sampler::Sample(absl::Span<const float> raw, const SamplingParams& params, uint64_t step) {
   const int32_t n = static_cast<int32_t>(raw.size());
   absl::Span<const float> logits = raw;
-  if (!params.logit_bias.empty() || !params.suppress_ids.empty()) {
+  if (!params.logit_bias.empty() || !params.suppress_ids.empty() || !params.allowed_token_mask.empty()) {
     adjusted_.assign(raw.begin(), raw.end());
     for (const auto& [id, bias] : params.logit_bias) {
       if (id >= 0 && id < n) adjusted_[static_cast<size_t>(id)] += bias;
@@ -81,6 +100,7 @@ int32_t Sampler::Sample(absl::Span<const float> raw, const SamplingParams& param
     for (int32_t id : params.suppress_ids) {
       if (id >= 0 && id < n) adjusted_[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
     }
+    if (!params.allowed_token_mask.empty()) ApplyMask(params.allowed_token_mask, adjusted_);
     logits = adjusted_;
   }
   if (params.temperature == 0.0f || params.top_k == 1) {

@@ -8,6 +8,7 @@
 #define SHARDSERVE_WORKER_ENGINE_SAMPLING_H_
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,10 +31,16 @@ struct SamplingParams {
   // Tokens that cannot be chosen at this step (their logits count as -inf): the EOS and stop ids
   // while a request has fewer than its min_tokens. Ids outside the row are ignored.
   std::vector<int32_t> suppress_ids;
-  // Whether sampling is the argmax of the raw logits (temperature 0 or top_k 1, nothing biased or
-  // suppressed), which the device can do alone.
+  // Structured output: when non-empty, the only tokens that may be chosen, as packed bits (token t
+  // is allowed when (mask[t / 8] >> (t % 8)) & 1; ids past the end are not). The others count as
+  // -inf, after logit_bias and before temperature and filtering. Logprobs stay those of the raw
+  // logits. A mask that allows nothing leaves the row as it was (the coordinator never sends one).
+  std::string allowed_token_mask;
+  // Whether sampling is the argmax of the raw logits (temperature 0 or top_k 1, nothing biased,
+  // suppressed or masked), which the device can do alone.
   bool IsGreedy() const {
-    return (temperature == 0.0f || top_k == 1) && logit_bias.empty() && suppress_ids.empty();
+    return (temperature == 0.0f || top_k == 1) && logit_bias.empty() && suppress_ids.empty() &&
+           allowed_token_mask.empty();
   }
   // InvalidArgument naming the field: temperature < 0 or not finite, top_k < 0, top_p outside
   // (0, 1], min_p outside [0, 1], a logit_bias value not finite or outside [-100, 100], a negative id.
@@ -61,7 +68,7 @@ class Sampler {
  private:
   std::vector<int32_t> order_;
   std::vector<float> probs_;
-  std::vector<float> adjusted_;  // the row with logit_bias and suppress_ids applied
+  std::vector<float> adjusted_;  // the row with logit_bias, suppress_ids and the mask applied
 };
 
 // The uniform number in [0, 1) used for (seed, step). Exposed for tests.

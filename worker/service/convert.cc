@@ -21,6 +21,7 @@ engine::SamplingParams SamplingFromProto(const v1::StepSequence& p) {
   for (const auto& [id, bias] : p.sampling().logit_bias()) s.logit_bias.emplace_back(id, bias);
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
   s.suppress_ids.assign(p.suppress_token_ids().begin(), p.suppress_token_ids().end());
+  s.allowed_token_mask = p.allowed_token_mask();
   return s;
 }
 
@@ -35,6 +36,7 @@ void SamplingToProto(const StageSequence& s, v1::StepSequence* p) {
   p->mutable_suppress_token_ids()->Add(s.sampling.suppress_ids.begin(), s.sampling.suppress_ids.end());
   p->set_logprobs(s.logprobs);
   p->set_top_logprobs(s.top_logprobs);
+  p->set_allowed_token_mask(s.sampling.allowed_token_mask);
 }
 
 }  // namespace
