@@ -297,7 +297,7 @@ class Compiler {
       }
     }
     std::string body = alts.empty() ? std::string() : Group(alts);
-    if (all_optional && !body.empty()) body = absl::StrCat(body, "?");
+    if (all_optional && !body.empty()) body = absl::StrCat("(?:", body, ")?");
     return absl::StrCat("\\{", body, "\\}");
   }
 

@@ -43,6 +43,13 @@ TEST(JsonSchemaTest, ObjectWithRequiredAndOptionalProperties) {
   EXPECT_FALSE(Matches(s, R"({ "b":"q"})"));       // compact: no whitespace
 }
 
+TEST(JsonSchemaTest, OneOptionalPropertyKeepsItsClosingQuote) {
+  const std::string s = R"({"type":"object","properties":{"k":{"type":"string","maxLength":5}}})";
+  EXPECT_TRUE(Matches(s, "{}"));
+  EXPECT_TRUE(Matches(s, R"({"k":"abc"})"));
+  EXPECT_FALSE(Matches(s, R"({"k":"abc})"));
+}
+
 TEST(JsonSchemaTest, AllOptionalPropertiesMayAllBeOmitted) {
   const std::string s = R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}}})";
   for (const char* ok : {"{}", R"({"a":1})", R"({"b":2})", R"({"a":1,"b":2})"}) EXPECT_TRUE(Matches(s, ok)) << ok;
