@@ -82,6 +82,10 @@ struct Scheduler::Event {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;  // empty, or one per token
   std::optional<SequenceEnd> end;
+  // Structured output: the sequence's new constraint state, whose mask Deliver computes (if not
+  // cached yet) outside the lock, so that the next batch finds it ready.
+  std::shared_ptr<const TokenConstraint> constraint;
+  int32_t constraint_state = -1;
 };
 
 
@@ -114,6 +118,8 @@ Scheduler::Scheduler(SchedulerOptions options)
 }
 
 absl::StatusOr<SequenceId> Scheduler::Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink) {
+  // The first mask of a constrained sequence, computed here rather than under the lock.
+  if (request.constraint != nullptr) (void)request.constraint->AllowedMask(request.constraint->StartState());
   absl::StatusOr<SequenceId> id = SubmitImpl(std::move(request), std::move(sink));
   if (!id.ok() && options_.observer != nullptr) options_.observer->OnRejected(id.status());
   return id;
@@ -568,6 +574,10 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
         continue;
       }
       constraint_done = req.constraint->IsFinished(s.constraint_state);
+      if (!constraint_done) {
+        events.back().constraint = req.constraint;
+        events.back().constraint_state = s.constraint_state;
+      }
     }
     const bool stop = constraint_done ||
                       std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
@@ -675,6 +685,7 @@ void Scheduler::Deliver(std::vector<Event>& events) {
   for (Event& e : events) {
     if (!e.tokens.empty()) e.sink->OnTokens(e.tokens, e.logprobs);
     if (e.end.has_value()) e.sink->OnEnd(*e.end);
+    if (e.constraint != nullptr && !e.end.has_value()) (void)e.constraint->AllowedMask(e.constraint_state);
   }
   events.clear();
 }

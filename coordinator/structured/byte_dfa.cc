@@ -586,7 +586,8 @@ absl::StatusOr<ByteDfa> ByteDfa::Compile(absl::string_view pattern, const DfaLim
   if (!root.ok()) return root.status();
   Nfa nfa;
   nfa.max_states = limits.max_nfa_states;
-  auto [nfa_start, nfa_accept] = nfa.Build(*root);
+  const std::pair<int32_t, int32_t> ends = nfa.Build(*root);
+  const int32_t nfa_start = ends.first, nfa_accept = ends.second;
   if (nfa.overflow) {
     return absl::InvalidArgumentError(
         absl::StrCat("constraint too complex: more than ", limits.max_nfa_states, " automaton states (NFA)"));

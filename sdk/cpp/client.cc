@@ -191,6 +191,9 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   req.set_min_tokens(o.min_tokens);
   req.set_logprobs(o.logprobs);
   req.set_top_logprobs(o.top_logprobs);
+  if (!o.json_schema.empty()) req.set_json_schema(o.json_schema);
+  if (o.json_object) req.set_json_object(true);
+  if (!o.regex.empty()) req.set_regex(o.regex);
   return req;
 }
 

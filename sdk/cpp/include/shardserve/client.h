@@ -117,6 +117,11 @@ struct GenerateOptions {
   int32_t min_tokens = 0;  // no EOS or stop id before this many tokens
   bool logprobs = false;   // report each token's logprob (GenerateDelta::logprobs)
   int32_t top_logprobs = 0;  // and this many of the most likely tokens', in [0, 20]
+  // Structured output (GenerateRequest.constraint), at most one: the text must match a JSON
+  // Schema (as JSON text), be any JSON object, or match a regular expression.
+  std::string json_schema;
+  bool json_object = false;
+  std::string regex;
 };
 
 // One generated token's log-probabilities (log-softmax of the model's logits).

@@ -76,10 +76,12 @@ class AsyncClient:
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = (),
                  ignore_eos: bool = False, request_id: str = "", min_p: float = 0.0,
                  logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
-                 top_logprobs: int = 0, timeout: Optional[float] = None) -> AsyncGenerateStream:
+                 top_logprobs: int = 0, json_schema=None, json_object: bool = False, regex: Optional[str] = None,
+                 timeout: Optional[float] = None) -> AsyncGenerateStream:
         """Starts a generation; see Client.generate."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
-                                       ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs)
+                                       ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs,
+                                       json_schema, json_object, regex)
         call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
                                         metadata=self._settings.metadata)
         return AsyncGenerateStream(call)
