@@ -311,10 +311,17 @@ absl::StatusOr<std::shared_ptr<const GrammarConstraint>> ConstraintCompiler::Com
   }
   absl::StatusOr<ByteDfa> dfa = ByteDfa::Compile(regex, options_.dfa);
   if (!dfa.ok()) return dfa.status();
+  const int64_t bytes = int64_t{dfa->num_states() + 1} *
+                        static_cast<int64_t>(256 * sizeof(int32_t) + 2 + (vocab_->bytes.size() + 7) / 8);
   auto compiled = std::make_shared<const GrammarConstraint>(*std::move(dfa), vocab_, trie_);
   absl::MutexLock lock(&mu_);
-  if (cache_.size() >= options_.max_cached) cache_.clear();
-  return cache_.emplace(key, std::move(compiled)).first->second;
+  if (cache_.size() >= options_.max_cached || cached_bytes_ + bytes > options_.max_cached_bytes) {
+    cache_.clear();
+    cached_bytes_ = 0;
+  }
+  auto [it, inserted] = cache_.emplace(key, std::move(compiled));
+  if (inserted) cached_bytes_ += bytes;
+  return it->second;
 }
 
 absl::StatusOr<std::shared_ptr<const coordinator::TokenConstraint>> ConstraintCompiler::Compile(const ConstraintSpec& spec) {

@@ -91,6 +91,9 @@ struct CompilerOptions {
   DfaLimits dfa;
   JsonRegexOptions json;
   size_t max_cached = 256;  // compiled constraints kept (the cache is emptied when full)
+  // Memory the cache may hold, counting each constraint at its worst case (its DFA table plus a
+  // mask for every state); the cache is emptied when a new constraint would exceed it.
+  int64_t max_cached_bytes = int64_t{1} << 30;
 };
 
 // Compiles constraints for one vocabulary, once per (kind, text): later requests with the same
@@ -115,6 +118,7 @@ class ConstraintCompiler {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const GrammarConstraint>> cache_ ABSL_GUARDED_BY(mu_);
+  int64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // worst-case bytes of cache_'s entries
 };
 
 }  // namespace shardserve::structured

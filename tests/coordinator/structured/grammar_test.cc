@@ -200,6 +200,22 @@ TEST_F(GrammarTest, CompiledOncePerSchema) {
   EXPECT_NE(a.get(), c.get());
 }
 
+TEST_F(GrammarTest, CacheIsBoundedByCountAndBytes) {
+  ConstraintCompiler by_count(compiler_->vocabulary(), {.max_cached = 1});
+  const ConstraintSpec a{ConstraintKind::kRegex, "a+"}, b{ConstraintKind::kRegex, "b+"};
+  ASSERT_OK_AND_ASSIGN(auto a1, by_count.Compile(a));
+  ASSERT_OK_AND_ASSIGN(auto b1, by_count.Compile(b));  // evicts a
+  ASSERT_OK_AND_ASSIGN(auto a2, by_count.Compile(a));
+  EXPECT_NE(a1.get(), a2.get());
+  ConstraintCompiler by_bytes(compiler_->vocabulary(), {.max_cached_bytes = 1});
+  ASSERT_OK_AND_ASSIGN(auto c1, by_bytes.Compile(a));
+  ASSERT_OK_AND_ASSIGN(auto c2, by_bytes.Compile(a));
+  EXPECT_EQ(c1.get(), c2.get());  // one entry is always kept
+  ASSERT_OK_AND_ASSIGN(auto d1, by_bytes.Compile(b));
+  ASSERT_OK_AND_ASSIGN(auto c3, by_bytes.Compile(a));
+  EXPECT_NE(c1.get(), c3.get());
+}
+
 TEST_F(GrammarTest, EosOnlyWhereTheTextIsComplete) {
   ASSERT_OK_AND_ASSIGN(auto g, compiler_->CompileGrammar({ConstraintKind::kRegex, "ab|abc"}));
   const int32_t eos = compiler_->vocabulary().eos_ids[0];
