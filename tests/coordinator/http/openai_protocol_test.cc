@@ -91,6 +91,35 @@ TEST(OpenAiProtocolTest, SamplingExtensions) {
   EXPECT_EQ(bias[3], 2.5);
 }
 
+TEST(OpenAiProtocolTest, ResponseFormat) {
+  absl::StatusOr<ChatRequest> schema = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true, "description": "d",
+      "schema": {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}}}})");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  EXPECT_EQ(schema->fields.response_format, SamplingFields::ResponseFormat::kJsonSchema);
+  // The schema's text keeps its property order (the order generated).
+  EXPECT_EQ(schema->fields.json_schema, R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})");
+  absl::StatusOr<CompletionRequest> object =
+      ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(object.ok()) << object.status();
+  EXPECT_EQ(object->fields.response_format, SamplingFields::ResponseFormat::kJsonObject);
+  absl::StatusOr<CompletionRequest> text = ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "text"}})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->fields.response_format, SamplingFields::ResponseFormat::kText);
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "xml"}})").status(),
+                "must be \"text\", \"json_object\" or \"json_schema\"", "response_format");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "json_schema"}})").status(),
+                "'response_format.json_schema' must be an object", "response_format");
+  ExpectInvalid(ParseCompletionRequest(
+                    R"({"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})")
+                    .status(),
+                "'response_format.json_schema.schema'", "response_format");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "json_schema",
+      "json_schema": {"schema": {}, "extra": 1}}})").status(), "response_format.json_schema.extra", "response_format");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "response_format": "json"})").status(), "an object",
+                "response_format");
+}
+
 TEST(OpenAiProtocolTest, CompletionDefaults) {
   absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "stop": "x"})");
   ASSERT_TRUE(r.ok()) << r.status();
