@@ -191,6 +191,38 @@ TEST_F(GrammarTest, VocabularyBytes) {
   EXPECT_TRUE(v.bytes[static_cast<size_t>(*tokenizer_->bos_id())].empty());
 }
 
+// Byte-level BPE (GPT-2, Llama-3, Qwen2) and Metaspace + byte fallback tokenizer.json files: each
+// token's bytes decode to what the tokenizer decodes, so a constraint sees the real text.
+TEST(VocabularyTest, ByteLevelAndMetaspaceTokenizers) {
+  for (const char* dir : {"bytelevel_gpt2", "bytelevel_llama3", "bytelevel_qwen2", "metaspace_bytefallback"}) {
+    SCOPED_TRACE(dir);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> t, LoadTokenizer(absl::StrCat("tests/golden/tokenizers/", dir)));
+    const TokenVocabulary v = VocabularyFromTokenizer(*t, t->vocab_size());
+    const bool byte_level = std::string(dir).rfind("bytelevel", 0) == 0;
+    const std::optional<int32_t> space_t = t->PieceToId(byte_level ? "\xC4\xA0t" : "\xE2\x96\x81t");
+    ASSERT_TRUE(space_t.has_value());
+    EXPECT_EQ(v.bytes[static_cast<size_t>(*space_t)], " t");
+    // Decoding may drop the first token's leading space (SentencePiece style): compare after it.
+    const int32_t first[] = {*space_t};
+    ASSERT_OK_AND_ASSIGN(const std::string prefix, t->Decode(first, true));
+    int64_t usable = 0;
+    for (int32_t id = 0; id < t->vocab_size(); ++id) {
+      const std::string& b = v.bytes[static_cast<size_t>(id)];
+      if (b.empty()) continue;
+      ++usable;
+      // Sequences of whole characters decode to exactly these bytes after a first token.
+      const int32_t ids[] = {*space_t, id};
+      absl::StatusOr<std::string> text = t->Decode(ids, true);
+      ASSERT_TRUE(text.ok());
+      if (text->find("\xEF\xBF\xBD") == std::string::npos) {
+        EXPECT_EQ(*text, prefix + b) << id;
+      }
+    }
+    EXPECT_GT(usable, t->vocab_size() * 9 / 10);
+    for (int32_t id : t->eos_ids()) EXPECT_TRUE(v.bytes[static_cast<size_t>(id)].empty());
+  }
+}
+
 TEST_F(GrammarTest, CompiledOncePerSchema) {
   const ConstraintSpec spec{ConstraintKind::kJsonSchema, R"({"type":"integer"})"};
   ASSERT_OK_AND_ASSIGN(auto a, compiler_->Compile(spec));
