@@ -685,11 +685,13 @@ absl::StatusOr<ByteDfa> ByteDfa::Compile(absl::string_view pattern, const DfaLim
   }
   if (!live[static_cast<size_t>(dfa.start_)]) return absl::InvalidArgumentError("constraint matches no text at all");
   dfa.has_out_.assign(n, 0);
+  dfa.loops_.assign(n, {});
   for (size_t s = 0; s < n; ++s) {
     for (int b = 0; b < 256; ++b) {
       int32_t& t = dfa.next_[s * 256 + static_cast<size_t>(b)];
       if (t >= 0 && !live[static_cast<size_t>(t)]) t = -1;
       if (t >= 0) dfa.has_out_[s] = 1;
+      if (t == static_cast<int32_t>(s)) dfa.loops_[s].set(static_cast<size_t>(b));
     }
   }
   return dfa;

@@ -18,6 +18,7 @@
 #ifndef SHARDSERVE_COORDINATOR_STRUCTURED_BYTE_DFA_H_
 #define SHARDSERVE_COORDINATOR_STRUCTURED_BYTE_DFA_H_
 
+#include <bitset>
 #include <cstdint>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -45,6 +46,8 @@ class ByteDfa {
   bool IsAccepting(int32_t state) const { return accepting_[static_cast<size_t>(state)] != 0; }
   // Whether `state` has any transition.
   bool HasTransitions(int32_t state) const { return has_out_[static_cast<size_t>(state)] != 0; }
+  // The bytes that lead from `state` back to itself (e.g. the ordinary characters inside a string).
+  const std::bitset<256>& SelfLoops(int32_t state) const { return loops_[static_cast<size_t>(state)]; }
   // Runs `text` from `state`: the state reached, or -1.
   int32_t Walk(int32_t state, absl::string_view text) const;
   // Whether the whole of `text` matches.
@@ -56,6 +59,7 @@ class ByteDfa {
   std::vector<int32_t> next_;       // [num_states * 256]
   std::vector<uint8_t> accepting_;  // [num_states]
   std::vector<uint8_t> has_out_;    // [num_states]
+  std::vector<std::bitset<256>> loops_;  // [num_states]: SelfLoops
 };
 
 }  // namespace shardserve::structured

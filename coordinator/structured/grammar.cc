@@ -1,6 +1,7 @@
 #include "coordinator/structured/grammar.h"
 
 #include <algorithm>
+#include <bitset>
 #include <map>
 #include <string_view>
 #include <utility>
@@ -9,13 +10,16 @@
 
 namespace shardserve::structured {
 
-// The tokens' bytes as a trie, children of a node stored contiguously (breadth-first), so the mask
-// walk touches arrays only.
+// The tokens' bytes as a trie in depth-first order: the tokens of a node's subtree are the
+// contiguous range [first_token, subtree_end) of tokens_, and subtree_bytes holds every byte on an
+// edge below the node. A subtree whose bytes all loop on the DFA state reached at its root (the
+// characters inside a JSON string, say) is allowed whole without walking it.
 class TokenTrie {
  public:
   struct Node {
-    int32_t first_edge = 0, num_edges = 0;  // into edge_byte_ / edge_child_
+    int32_t first_edge = 0, num_edges = 0;    // into edge_byte_ / edge_child_
     int32_t first_token = 0, num_tokens = 0;  // into tokens_: the ids spelled by the path to here
+    int32_t subtree_end = 0;                  // tokens_[first_token, subtree_end): the whole subtree's
   };
 
   explicit TokenTrie(const TokenVocabulary& vocab) {
@@ -42,33 +46,14 @@ class TokenTrie {
       }
       b[static_cast<size_t>(n)].tokens.push_back(static_cast<int32_t>(id));
     }
-    // Renumber breadth-first.
-    std::vector<int32_t> order = {0};
-    std::vector<int32_t> new_id(b.size(), 0);
-    for (size_t i = 0; i < order.size(); ++i) {
-      for (const auto& [byte, k] : b[static_cast<size_t>(order[i])].kids) {
-        new_id[static_cast<size_t>(k)] = static_cast<int32_t>(order.size());
-        order.push_back(k);
-      }
-    }
-    nodes_.resize(order.size());
-    for (size_t i = 0; i < order.size(); ++i) {
-      const Build& src = b[static_cast<size_t>(order[i])];
-      Node& n = nodes_[i];
-      n.first_edge = static_cast<int32_t>(edge_byte_.size());
-      n.num_edges = static_cast<int32_t>(src.kids.size());
-      for (const auto& [byte, k] : src.kids) {
-        edge_byte_.push_back(byte);
-        edge_child_.push_back(new_id[static_cast<size_t>(k)]);
-      }
-      n.first_token = static_cast<int32_t>(tokens_.size());
-      n.num_tokens = static_cast<int32_t>(src.tokens.size());
-      tokens_.insert(tokens_.end(), src.tokens.begin(), src.tokens.end());
-    }
+    nodes_.resize(b.size());
+    subtree_bytes_.resize(b.size());
+    Flatten(b, 0);
   }
 
   // Sets in `mask` the bits of every token whose bytes the DFA can read from `state`.
   void Walk(const ByteDfa& dfa, int32_t state, std::string* mask) const {
+    auto set = [mask](int32_t id) { (*mask)[static_cast<size_t>(id) / 8] |= static_cast<char>(1 << (id % 8)); };
     std::vector<std::pair<int32_t, int32_t>> stack = {{0, state}};  // (node, DFA state)
     while (!stack.empty()) {
       const auto [node, s] = stack.back();
@@ -79,17 +64,51 @@ class TokenTrie {
         if (t < 0) continue;
         const int32_t child = edge_child_[static_cast<size_t>(e)];
         const Node& c = nodes_[static_cast<size_t>(child)];
-        for (int32_t k = c.first_token; k < c.first_token + c.num_tokens; ++k) {
-          const int32_t id = tokens_[static_cast<size_t>(k)];
-          (*mask)[static_cast<size_t>(id) / 8] |= static_cast<char>(1 << (id % 8));
+        const std::bitset<256>& loops = dfa.SelfLoops(t);
+        if (loops.any() && (subtree_bytes_[static_cast<size_t>(child)] & ~loops).none()) {
+          // Every path below stays in `t`, which is live: the whole subtree is allowed.
+          for (int32_t k = c.first_token; k < c.subtree_end; ++k) set(tokens_[static_cast<size_t>(k)]);
+          continue;
         }
-        if (c.num_edges > 0) stack.push_back({child, t});
+        for (int32_t k = c.first_token; k < c.first_token + c.num_tokens; ++k) set(tokens_[static_cast<size_t>(k)]);
+        stack.push_back({child, t});
       }
     }
   }
 
  private:
+  // Numbers the subtree of build node `src` depth-first from nodes_ slot `slot`; returns the next
+  // free slot. Recursion depth is the longest token (bytes), which is small.
+  template <typename Build>
+  int32_t Flatten(const std::vector<Build>& b, int32_t slot, int32_t src = 0) {
+    const Build& from = b[static_cast<size_t>(src)];
+    const int32_t me = slot++;
+    nodes_[static_cast<size_t>(me)].first_token = static_cast<int32_t>(tokens_.size());
+    nodes_[static_cast<size_t>(me)].num_tokens = static_cast<int32_t>(from.tokens.size());
+    tokens_.insert(tokens_.end(), from.tokens.begin(), from.tokens.end());
+    std::vector<std::pair<uint8_t, int32_t>> kids;  // (byte, slot of the child)
+    std::bitset<256> below;
+    for (const auto& [byte, k] : from.kids) {
+      kids.push_back({byte, slot});
+      below.set(byte);
+      const int32_t child = slot;
+      slot = Flatten(b, slot, k);
+      below |= subtree_bytes_[static_cast<size_t>(child)];
+    }
+    subtree_bytes_[static_cast<size_t>(me)] = below;
+    Node& n = nodes_[static_cast<size_t>(me)];
+    n.subtree_end = static_cast<int32_t>(tokens_.size());
+    n.first_edge = static_cast<int32_t>(edge_byte_.size());
+    n.num_edges = static_cast<int32_t>(kids.size());
+    for (const auto& [byte, child] : kids) {
+      edge_byte_.push_back(byte);
+      edge_child_.push_back(child);
+    }
+    return slot;
+  }
+
   std::vector<Node> nodes_;
+  std::vector<std::bitset<256>> subtree_bytes_;  // [nodes]: bytes on the edges below each node (cold data)
   std::vector<uint8_t> edge_byte_;
   std::vector<int32_t> edge_child_;
   std::vector<int32_t> tokens_;
