@@ -120,6 +120,32 @@ TEST(OpenAiProtocolTest, ResponseFormat) {
                 "response_format");
 }
 
+TEST(OpenAiProtocolTest, VllmGuidedFields) {
+  absl::StatusOr<CompletionRequest> json = ParseCompletionRequest(R"({"prompt": "a", "guided_json": {"type": "integer"}})");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->fields.response_format, SamplingFields::ResponseFormat::kJsonSchema);
+  EXPECT_EQ(json->fields.json_schema, R"({"type":"integer"})");
+  EXPECT_EQ(json->fields.format_param, "guided_json");
+  absl::StatusOr<CompletionRequest> regex = ParseCompletionRequest(R"({"prompt": "a", "guided_regex": "[0-9]+"})");
+  ASSERT_TRUE(regex.ok()) << regex.status();
+  EXPECT_EQ(regex->fields.response_format, SamplingFields::ResponseFormat::kRegex);
+  EXPECT_EQ(regex->fields.regex, "[0-9]+");
+  absl::StatusOr<ChatRequest> choice = ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}],
+      "guided_choice": ["yes", "no"]})");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->fields.response_format, SamplingFields::ResponseFormat::kChoice);
+  EXPECT_THAT(choice->fields.choices, ElementsAre("yes", "no"));
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "guided_regex": "a", "guided_choice": ["b"]})").status(),
+                "cannot be combined", "guided_choice");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "guided_regex": "a", "response_format": {"type": "json_object"}})")
+                    .status(),
+                "cannot be combined", "response_format");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "guided_choice": []})").status(), "non-empty array",
+                "guided_choice");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "guided_choice": ["x", ""]})").status(), "non-empty string",
+                "guided_choice[1]");
+}
+
 TEST(OpenAiProtocolTest, CompletionDefaults) {
   absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "stop": "x"})");
   ASSERT_TRUE(r.ok()) << r.status();

@@ -157,6 +157,29 @@ TEST_F(StructuredHttpTest, JsonObjectStartsAnObject) {
   EXPECT_EQ(Post("/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}, {"response_format", {{"type", "text"}}}}).first, 200);
 }
 
+// vLLM's guided_choice, guided_regex and guided_json.
+TEST_F(StructuredHttpTest, VllmGuidedFields) {
+  for (int seed = 1; seed <= 3; ++seed) {
+    auto [status, body] = Post("/v1/completions", {{"prompt", "Once upon a time"}, {"seed", seed}, {"max_tokens", 50},
+                                                    {"guided_choice", {"happy", "sad", "a \"big\" dog"}}});
+    ASSERT_EQ(status, 200) << body;
+    EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+    EXPECT_THAT(body["choices"][0]["text"].get<std::string>(), ::testing::AnyOf("happy", "sad", "a \"big\" dog"));
+  }
+  auto [rs, rb] = Post("/v1/completions", {{"prompt", "Once"}, {"seed", 2}, {"max_tokens", 50}, {"guided_regex", "[0-9]{3}-[a-z]{2}"}});
+  ASSERT_EQ(rs, 200) << rb;
+  EXPECT_THAT(rb["choices"][0]["text"].get<std::string>(), ::testing::MatchesRegex("[0-9]{3}-[a-z]{2}"));
+  auto [js, jb] = Post("/v1/completions", {{"prompt", "Once"}, {"seed", 2}, {"max_tokens", 50},
+                                           {"guided_json", {{"type", "array"}, {"items", {{"type", "boolean"}}}, {"maxItems", 3}}}});
+  ASSERT_EQ(js, 200) << jb;
+  const Json v = Json::parse(jb["choices"][0]["text"].get<std::string>(), nullptr, false);
+  ASSERT_TRUE(v.is_array()) << jb;
+  EXPECT_LE(v.size(), 3u);
+  auto [bs, bb] = Post("/v1/completions", {{"prompt", "Once"}, {"guided_regex", "(a"}});
+  EXPECT_EQ(bs, 400);
+  EXPECT_EQ(bb["error"]["param"], "guided_regex");
+}
+
 TEST_F(StructuredHttpTest, UnsupportedSchemasAndFormatsAre400) {
   Json format = SchemaFormat();
   format["json_schema"]["schema"]["properties"]["name"]["pattern"] = "^[A-Z]";
