@@ -94,6 +94,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(options.model_path);
   if (tokenizer.ok()) {
     c->tokenizer_ = *std::move(tokenizer);
+    c->constraints_ = std::make_unique<structured::ConstraintCompiler>(structured::VocabularyFromTokenizer(
+        *c->tokenizer_, static_cast<int32_t>(std::max<int64_t>(model.vocab_size, c->tokenizer_->vocab_size()))));
   } else if (absl::IsNotFound(tokenizer.status())) {
     LOG(INFO) << options.model_path << " has no tokenizer: only token-id prompts are served";
   } else {
@@ -154,7 +156,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
           .model_path = options.model_path,
           .max_seq_len = max_seq_len,
           .observer = c->metrics_.get(),
-          .api_keys = c->api_keys_.get()},
+          .api_keys = c->api_keys_.get(),
+          .constraints = c->constraints_.get()},
       c->spec_.get(), c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
   c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get());
   c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock,
@@ -227,7 +230,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
          .limits = options.http_limits,
          .observer = c->metrics_.get(),
          .api_keys = c->api_keys_.get(),
-         .tls = public_tls ? options.tls : std::nullopt},
+         .tls = public_tls ? options.tls : std::nullopt,
+         .constraints = c->constraints_.get()},
         c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->ReadyStatus(); });
     if (!server.ok()) return server.status();
     c->http_ = *std::move(server);

@@ -38,6 +38,7 @@
 #include "coordinator/client/worker_client.h"
 #include "coordinator/registry/registry.h"
 #include "coordinator/scheduler/scheduler.h"
+#include "coordinator/structured/grammar.h"
 
 namespace grpc {
 class Server;
@@ -154,6 +155,9 @@ class Coordinator {
   std::unique_ptr<CoordinatorMetrics> metrics_;  // outlives the scheduler, which reports to it
   std::unique_ptr<ModelSpec> spec_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the model has none
+  // Structured-output constraints over the tokenizer's vocabulary (null without a tokenizer);
+  // shared by the gRPC and HTTP front ends, so each schema is compiled once.
+  std::unique_ptr<structured::ConstraintCompiler> constraints_;
   std::unique_ptr<security::ApiKeys> api_keys_;  // null without --api_keys_file
   std::unique_ptr<WorkerClient> worker_client_;
   std::unique_ptr<WorkerRegistry> registry_;

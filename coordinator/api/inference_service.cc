@@ -333,6 +333,33 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
   if (request.n() < 0 || request.n() > kMaxChoices) {
     return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", kMaxChoices, "] (0 means 1), got ", request.n()));
   }
+  if (request.constraint_case() != v1::GenerateRequest::CONSTRAINT_NOT_SET) {
+    structured::ConstraintSpec spec;
+    std::string field;
+    switch (request.constraint_case()) {
+      case v1::GenerateRequest::kJsonSchema:
+        spec = {structured::ConstraintKind::kJsonSchema, request.json_schema()};
+        field = "json_schema";
+        break;
+      case v1::GenerateRequest::kJsonObject:
+        if (!request.json_object()) return absl::InvalidArgumentError("json_object: must be true when set");
+        spec = {structured::ConstraintKind::kJsonObject, ""};
+        field = "json_object";
+        break;
+      case v1::GenerateRequest::kRegex:
+        spec = {structured::ConstraintKind::kRegex, request.regex()};
+        field = "regex";
+        break;
+      case v1::GenerateRequest::CONSTRAINT_NOT_SET:
+        break;
+    }
+    if (options_.constraints == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": structured output needs a model with a tokenizer"));
+    }
+    absl::StatusOr<std::shared_ptr<const TokenConstraint>> c = options_.constraints->Compile(spec);
+    if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", c.status().message()));
+    r.constraint = *std::move(c);
+  }
   if (request.stop_size() > 0) {
     if (tokenizer_ == nullptr) return absl::InvalidArgumentError("stop: model has no tokenizer, so text stop strings cannot be matched");
     const std::vector<std::string> stops(request.stop().begin(), request.stop().end());

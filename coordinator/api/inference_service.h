@@ -28,6 +28,7 @@
 #include "coordinator/api/cluster.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/scheduler/scheduler_observer.h"
+#include "coordinator/structured/grammar.h"
 #include "shardserve/v1/inference.grpc.pb.h"
 
 namespace shardserve::coordinator {
@@ -43,6 +44,9 @@ struct InferenceServiceOptions {
   SchedulerObserver* observer = nullptr;
   // API keys (borrowed, may be null = none): every call needs a key with the user role (api_auth.h).
   security::ApiKeys* api_keys = nullptr;
+  // Compiles GenerateRequest.constraint (borrowed, may be null: structured output is then refused
+  // with INVALID_ARGUMENT; must outlive the service).
+  structured::ConstraintCompiler* constraints = nullptr;
 };
 
 // Raw (bytes) methods, parsed by the service: a request that is not a message is INVALID_ARGUMENT

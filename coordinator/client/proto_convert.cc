@@ -97,6 +97,7 @@ void ToProto(const StepInput& input, v1::StepRequest* out) {
       s->mutable_suppress_token_ids()->Add(in.suppress_token_ids.begin(), in.suppress_token_ids.end());
       s->set_logprobs(in.logprobs);
       s->set_top_logprobs(in.top_logprobs);
+      if (in.allowed_token_mask != nullptr) s->set_allowed_token_mask(*in.allowed_token_mask);
     }
     s->set_request_id(in.request_id);
     s->mutable_prompt_logprob_targets()->Add(in.prompt_logprob_targets.begin(), in.prompt_logprob_targets.end());

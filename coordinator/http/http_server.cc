@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/http/capped_body.h"
@@ -25,6 +26,7 @@
 #include "coordinator/api/stop_strings.h"
 #include "coordinator/http/chat_prompt.h"
 #include "coordinator/http/openai_protocol.h"
+#include "coordinator/structured/json_schema.h"
 
 namespace shardserve::coordinator::http {
 namespace {
@@ -522,6 +524,36 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   seq.logprobs = fields.logprobs;
   seq.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
   seq.prompt_logprobs = echo && fields.logprobs;
+  if (fields.response_format != SamplingFields::ResponseFormat::kText) {
+    if (options.constraints == nullptr) {
+      return Reject(res, InvalidParam(fields.format_param, absl::StrCat("the model ", options.model_path,
+                                                                      " has no tokenizer: structured output needs one")));
+    }
+    structured::ConstraintSpec spec;
+    const std::string& param = fields.format_param;
+    switch (fields.response_format) {
+      case SamplingFields::ResponseFormat::kText:
+        break;
+      case SamplingFields::ResponseFormat::kJsonObject:
+        spec = {structured::ConstraintKind::kJsonObject, ""};
+        break;
+      case SamplingFields::ResponseFormat::kJsonSchema:
+        spec = {structured::ConstraintKind::kJsonSchema, fields.json_schema};
+        break;
+      case SamplingFields::ResponseFormat::kRegex:
+        spec = {structured::ConstraintKind::kRegex, fields.regex};
+        break;
+      case SamplingFields::ResponseFormat::kChoice: {
+        std::vector<std::string> alternatives;
+        for (const std::string& c : fields.choices) alternatives.push_back(structured::RegexLiteral(c));
+        spec = {structured::ConstraintKind::kRegex, absl::StrCat("(?:", absl::StrJoin(alternatives, "|"), ")")};
+        break;
+      }
+    }
+    absl::StatusOr<std::shared_ptr<const TokenConstraint>> c = options.constraints->Compile(spec);
+    if (!c.ok()) return Reject(res, InvalidParam(param, c.status().message()));
+    seq.constraint = *std::move(c);
+  }
   const uint64_t serial = next_id.fetch_add(1);
   seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", serial);
   if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return Reject(res, st);

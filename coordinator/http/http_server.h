@@ -44,6 +44,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/scheduler/scheduler_observer.h"
+#include "coordinator/structured/grammar.h"
 
 namespace shardserve::coordinator::http {
 
@@ -69,6 +70,9 @@ struct HttpServerOptions {
   // HTTPS with these files (the certificate and key are read at each handshake, so a rotated
   // certificate is used by new connections without a restart); nullopt = plain HTTP.
   std::optional<security::TlsOptions> tls;
+  // Compiles response_format constraints (borrowed, may be null: response_format json_object /
+  // json_schema is then refused with 400; must outlive the server).
+  structured::ConstraintCompiler* constraints = nullptr;
   // InvalidArgument naming the option when out of range.
   absl::Status Validate() const;
 };

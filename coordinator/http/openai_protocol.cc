@@ -204,6 +204,79 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
     absl::StatusOr<bool> b = GetBool(v, key);
     if (!b.ok()) return b.status();
     f->ignore_eos = *b;
+  } else if (key == "guided_json" || key == "guided_regex" || key == "guided_choice") {
+    if (v.is_null()) return true;
+    if (f->response_format != SamplingFields::ResponseFormat::kText) {
+      return InvalidParam(key, absl::StrCat("'", key, "' cannot be combined with response_format or another guided_* field"));
+    }
+    if (key == "guided_json") {
+      if (v.is_string()) {
+        f->json_schema = v.get<std::string>();
+      } else if (v.is_object() || v.is_boolean()) {
+        f->json_schema = v.dump();
+      } else {
+        return WrongType(key, "a JSON Schema (an object, or its text)", v);
+      }
+      f->response_format = SamplingFields::ResponseFormat::kJsonSchema;
+    } else if (key == "guided_regex") {
+      if (!v.is_string()) return WrongType(key, "a string", v);
+      f->regex = v.get<std::string>();
+      f->response_format = SamplingFields::ResponseFormat::kRegex;
+    } else {
+      if (!v.is_array() || v.empty()) return WrongType(key, "a non-empty array of strings", v);
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (!v[i].is_string() || v[i].get<std::string>().empty()) {
+          return WrongType(absl::StrCat(key, "[", i, "]"), "a non-empty string", v[i]);
+        }
+        f->choices.push_back(v[i].get<std::string>());
+      }
+      f->response_format = SamplingFields::ResponseFormat::kChoice;
+    }
+    f->format_param = key;
+  } else if (key == "response_format") {
+    if (v.is_null()) return true;
+    if (f->response_format != SamplingFields::ResponseFormat::kText) {
+      return InvalidParam(key, "'response_format' cannot be combined with a guided_* field");
+    }
+    if (!v.is_object()) return WrongType(key, "an object", v);
+    if (!v.contains("type") || !v["type"].is_string()) {
+      return InvalidParam(key, "'response_format.type' is required: \"text\", \"json_object\" or \"json_schema\"");
+    }
+    const std::string type = v["type"].get<std::string>();
+    for (const auto& [k, x] : v.items()) {
+      if (k != "type" && !(k == "json_schema" && type == "json_schema")) {
+        return InvalidParam(key, absl::StrCat("unknown field 'response_format.", k, "'"));
+      }
+    }
+    if (type == "text") {
+      f->response_format = SamplingFields::ResponseFormat::kText;
+    } else if (type == "json_object") {
+      f->response_format = SamplingFields::ResponseFormat::kJsonObject;
+      f->format_param = key;
+    } else if (type == "json_schema") {
+      if (!v.contains("json_schema") || !v["json_schema"].is_object()) {
+        return InvalidParam(key, "'response_format.json_schema' must be an object with 'name' and 'schema'");
+      }
+      const Json& js = v["json_schema"];
+      for (const auto& [k, x] : js.items()) {
+        if (k == "name" || k == "description") {
+          if (!x.is_string()) return WrongType(absl::StrCat("response_format.json_schema.", k), "a string", x);
+        } else if (k == "strict") {
+          if (!x.is_boolean() && !x.is_null()) return WrongType("response_format.json_schema.strict", "a boolean", x);
+        } else if (k != "schema") {
+          return InvalidParam(key, absl::StrCat("unknown field 'response_format.json_schema.", k, "'"));
+        }
+      }
+      if (!js.contains("schema") || !(js["schema"].is_object() || js["schema"].is_boolean())) {
+        return InvalidParam(key, "'response_format.json_schema.schema' (a JSON Schema object) is required");
+      }
+      f->response_format = SamplingFields::ResponseFormat::kJsonSchema;
+      f->json_schema = js["schema"].dump();
+      f->format_param = key;
+    } else {
+      return InvalidParam(key, absl::StrCat("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got \"",
+                                            type, "\""));
+    }
   } else if (key == "user") {
     if (!v.is_string() && !v.is_null()) return WrongType(key, "a string", v);
   } else {

@@ -49,6 +49,18 @@ struct SamplingFields {
   int64_t top_logprobs = 0;
   int64_t n = 1;                   // choices, [1, 16]
   std::optional<int64_t> best_of;  // [n, 16]: generate this many, answer the n most likely (not streamed)
+  // response_format: {"type": "text"} (the default), {"type": "json_object"}, or {"type":
+  // "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ..., "description": ...}}
+  // (the schema is kept as JSON text; it is enforced whatever "strict" says).
+  // vLLM's extras set it too (one of them at most, and not with response_format): guided_json (a
+  // schema object or its text) = kJsonSchema, guided_regex = kRegex, guided_choice (non-empty
+  // strings) = kChoice, the output being exactly one of them.
+  enum class ResponseFormat { kText, kJsonObject, kJsonSchema, kRegex, kChoice };
+  ResponseFormat response_format = ResponseFormat::kText;
+  std::string json_schema;                 // with kJsonSchema
+  std::string regex;                       // with kRegex
+  std::vector<std::string> choices;        // with kChoice
+  std::string format_param;                // the request field that set response_format (for errors)
 };
 
 // One generated token's log-probabilities as the API reports them.

@@ -9,6 +9,7 @@
 #define SHARDSERVE_COORDINATOR_SCHEDULER_REPLICA_CLIENT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,6 +66,10 @@ struct StepSequenceInput {
   // Prompt logprobs: empty, or one per token_ids entry: the prompt token after it whose logprob
   // the replica returns in StepOutput::prompt_logprobs (-1: none).
   std::vector<int32_t> prompt_logprob_targets;
+  // With sample, structured output: the tokens allowed this step (packed bits over the vocabulary,
+  // see shardserve.v1.StepSequence.allowed_token_mask); null = no constraint. Shared with the
+  // constraint's cache: never modified.
+  std::shared_ptr<const std::string> allowed_token_mask;
 };
 
 struct StepInput {

@@ -44,6 +44,7 @@ struct Scheduler::Sequence {
   // With prompt_logprobs: the next prompt position whose logprob is still owed (1 = none sent).
   int32_t prompt_logprobs_next = 1;
   int32_t generated = 0;
+  int32_t constraint_state = 0;  // with request.constraint: its state after the generated tokens
   bool cancelled = false;
   FinishReason cancel_reason = FinishReason::kCancelled;  // with cancelled
   bool in_flight = false;
@@ -86,6 +87,10 @@ struct Scheduler::Event {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;  // empty, or one per token
   std::optional<SequenceEnd> end;
+  // Structured output: the sequence's new constraint state, whose mask Deliver computes (if not
+  // cached yet) outside the lock, so that the next batch finds it ready.
+  std::shared_ptr<const TokenConstraint> constraint;
+  int32_t constraint_state = -1;
 };
 
 
@@ -124,6 +129,8 @@ Scheduler::Scheduler(SchedulerOptions options)
 }
 
 absl::StatusOr<SequenceId> Scheduler::Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink) {
+  // The first mask of a constrained sequence, computed here rather than under the lock.
+  if (request.constraint != nullptr) (void)request.constraint->AllowedMask(request.constraint->StartState());
   absl::StatusOr<SequenceId> id = SubmitImpl(std::move(request), std::move(sink));
   if (!id.ok() && options_.observer != nullptr) options_.observer->OnRejected(id.status());
   return id;
@@ -235,6 +242,7 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
     seq->history = TokenHistory(request.prompt, request.sampling.repetition_penalty != 1.0f);
   }
   seq->request = std::move(request);
+  if (seq->request.constraint != nullptr) seq->constraint_state = seq->request.constraint->StartState();
   seq->sink = std::move(sink);
   seq->replica = r;
   seq->submitted = clock_->Now();
@@ -490,9 +498,10 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
         in.penalty_token_ids = s->history.ids();
         in.penalty_token_counts = s->history.counts();
       }
+      if (req.constraint != nullptr) in.allowed_token_mask = req.constraint->AllowedMask(s->constraint_state);
       if (s->generated < req.min_tokens) {
         in.suppress_token_ids = req.stop_token_ids;
-        if (!req.ignore_eos) {
+        if (!req.ignore_eos && req.constraint == nullptr) {
           in.suppress_token_ids.insert(in.suppress_token_ids.end(), options_.eos_token_ids.begin(),
                                        options_.eos_token_ids.end());
         }
@@ -609,7 +618,24 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     events.push_back(Event{.sink = s.sink, .tokens = {token}});
     if (in.logprobs) events.back().logprobs.push_back(out->logprobs[sampled]);
     const SequenceRequest& req = s.request;
-    const bool stop = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
+    bool constraint_done = false;
+    if (req.constraint != nullptr) {
+      // The mask allowed only tokens the constraint accepts; anything else is a broken stage.
+      s.constraint_state = req.constraint->Advance(s.constraint_state, token);
+      if (s.constraint_state < 0) {
+        EndLocked(s, SequenceEnd{.status = absl::InternalError(absl::StrCat(
+                                     "replica ", r.id, " sampled token ", token, " that the output constraint does not allow"))},
+                  events);
+        continue;
+      }
+      constraint_done = req.constraint->IsFinished(s.constraint_state);
+      if (!constraint_done) {
+        events.back().constraint = req.constraint;
+        events.back().constraint_state = s.constraint_state;
+      }
+    }
+    const bool stop = constraint_done ||
+                      std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
                           req.stop_token_ids.end() ||
                       (!req.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
                                                     token) != options_.eos_token_ids.end());
@@ -715,6 +741,7 @@ void Scheduler::Deliver(std::vector<Event>& events) {
     if (!e.prompt_logprobs.empty()) e.sink->OnPromptLogprobs(e.prompt_logprobs);
     if (!e.tokens.empty()) e.sink->OnTokens(e.tokens, e.logprobs);
     if (e.end.has_value()) e.sink->OnEnd(*e.end);
+    if (e.constraint != nullptr && !e.end.has_value()) (void)e.constraint->AllowedMask(e.constraint_state);
   }
   events.clear();
 }

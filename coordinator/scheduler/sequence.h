@@ -5,6 +5,7 @@
 #define SHARDSERVE_COORDINATOR_SCHEDULER_SEQUENCE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "coordinator/scheduler/replica_client.h"
+#include "coordinator/scheduler/token_constraint.h"
 
 namespace shardserve::coordinator {
 
@@ -35,6 +37,11 @@ struct SequenceRequest {
   // (OpenAI's echo with logprobs). Such a sequence does not use the prefix cache for the prompt
   // positions still owed.
   bool prompt_logprobs = false;
+  // Structured output (null = none): every sampled token is one the constraint allows in the
+  // sequence's state (token_constraint.h); the EOS ids are allowed exactly where the output is
+  // complete, and the sequence ends (kStop) when one is sampled, even with ignore_eos. While the
+  // constraint is set, min_tokens does not suppress the EOS ids (the constraint decides).
+  std::shared_ptr<const TokenConstraint> constraint;
 };
 
 // Mirrors shardserve.v1.FinishReason.

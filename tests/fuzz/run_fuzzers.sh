@@ -9,10 +9,10 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSHARDSERVE_CUDA=OFF -DSHARDSERVE_BENCH=OFF -DSHARDSERVE_FUZZ=ON -DSHARDSERVE_SANITIZE=fuzzer >/dev/null
-ninja -C "$build" safetensors_header_fuzzer model_spec_fuzzer
+ninja -C "$build" safetensors_header_fuzzer model_spec_fuzzer structured_schema_fuzzer
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-mkdir -p "$corpus/safetensors" "$corpus/config"
+mkdir -p "$corpus/safetensors" "$corpus/config" "$corpus/schema"
 python3 - "$corpus/safetensors" <<'PY'
 import glob, os, struct, sys
 out = sys.argv[1]
@@ -28,10 +28,21 @@ i=0
 for f in tests/golden/models/*/config.json ../shared/models/stories260K/config.json; do
   [ -f "$f" ] && cp "$f" "$corpus/config/seed$((i++)).json"
 done
+# Schemas (first byte 0: a JSON Schema) and regexes (first byte 1) from the structured-output tests.
+python3 - "$corpus/schema" <<'PY'
+import os, re, sys
+out = sys.argv[1]
+text = open("tests/coordinator/structured/test_schemas.h", encoding="utf-8").read()
+for i, s in enumerate(re.findall(r'R"\((.*?)\)"', text)):
+    open(os.path.join(out, f"schema{i}"), "wb").write(b"\x00" + s.encode())
+for i, s in enumerate([r"\d{4}-\d{2}-\d{2}", r"(yes|no), because [a-z ]{1,30}\.", r"[^\s.]+@[a-z]+\.(com|org)"]):
+    open(os.path.join(out, f"regex{i}"), "wb").write(b"\x01" + s.encode())
+PY
 # Any sanitizer report ends the run with a non-zero status (the libraries are also built with
 # -fno-sanitize-recover=all; these make sure of it at run time).
 export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
 export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1
 "$build/tests/fuzz/safetensors_header_fuzzer" -max_total_time="$seconds" -max_len=65536 "$corpus/safetensors"
 "$build/tests/fuzz/model_spec_fuzzer" -max_total_time="$seconds" -max_len=16384 "$corpus/config"
+"$build/tests/fuzz/structured_schema_fuzzer" -max_total_time="$seconds" -max_len=4096 -timeout=10 "$corpus/schema"
 echo "fuzzers: no crash in ${seconds}s each"

@@ -4,6 +4,7 @@ local cluster (same greedy output as the C++ CLI, sync and asyncio, errors with 
 and against an in-process fake server (retry before the first token, deadline, bearer token, TLS).
     VENV/bin/python tests/sdk/python_sdk_test.py BIN_DIR"""
 import asyncio
+import json
 import os
 import subprocess
 import tempfile
@@ -116,6 +117,20 @@ class AgainstALocalCluster(unittest.TestCase):
         with self.assertRaises(shardserve.ShardserveError) as e:
             self.client.generate([{"role": "user", "content": "Hi"}], max_tokens=4).result()
         self.assertIn("has no chat template", str(e.exception))
+
+    def test_structured_output(self):
+        schema = {"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "n": {"type": "integer"}},
+                  "required": ["color", "n"]}
+        r = self.client.generate(PROMPT, max_tokens=100, temperature=1.0, seed=5, json_schema=schema).result()
+        self.assertEqual(r.finish_reason, "stop")
+        value = json.loads(r.text)
+        self.assertIn(value["color"], ("red", "green"))
+        self.assertIsInstance(value["n"], int)
+        r = self.client.generate(PROMPT, max_tokens=100, temperature=1.0, seed=5, regex="[a-z]{2,5}-[0-9]{3}").result()
+        self.assertRegex(r.text, "^[a-z]{2,5}-[0-9]{3}$")
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            self.client.generate(PROMPT, max_tokens=4, json_schema={"type": "string", "pattern": "a+"}).result()
+        self.assertIn("pattern", str(e.exception))
 
     def test_async_client_gives_the_same_answer(self):
         expected = self.client.generate(PROMPT, max_tokens=20).result()

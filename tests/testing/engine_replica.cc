@@ -129,7 +129,9 @@ absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::S
                                         .frequency_penalty = s.sampling.frequency_penalty,
                                         .presence_penalty = s.sampling.presence_penalty,
                                         .history_ids = s.penalty_token_ids,
-                                        .history_counts = s.penalty_token_counts};
+                                        .history_counts = s.penalty_token_counts,
+                                        .allowed_token_mask = s.allowed_token_mask != nullptr ? *s.allowed_token_mask
+                                                                                              : std::string()};
     if (absl::Status st = params.Validate(); !st.ok()) return st;
     // The last row: the logits of the sequence's last new token.
     const absl::Span<const float> row(result.logits[b].data() + result.logits[b].size() - vocab, vocab);

@@ -17,6 +17,25 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Sets the logits of the tokens `mask` does not allow to -inf, unless it allows none of the row.
+void ApplyMask(const std::string& mask, std::vector<float>& row) {
+  const size_t n = row.size();
+  const size_t bytes = std::min(mask.size(), (n + 7) / 8);
+  bool any = false;
+  for (size_t j = 0; j < bytes && !any; ++j) any = mask[j] != 0;
+  if (!any) return;
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  for (size_t j = 0; j < bytes; ++j) {
+    const auto bits = static_cast<uint8_t>(mask[j]);
+    if (bits == 0xFF) continue;
+    const size_t end = std::min(n, j * 8 + 8);
+    for (size_t i = j * 8; i < end; ++i) {
+      if (!((bits >> (i % 8)) & 1)) row[i] = kMasked;
+    }
+  }
+  for (size_t i = bytes * 8; i < n; ++i) row[i] = kMasked;
+}
+
 }  // namespace
 
 absl::Status SamplingParams::Validate() const {
@@ -69,7 +88,7 @@ namespace {
 
 bool NeedsAdjusting(const SamplingParams& params) {
   return !params.logit_bias.empty() || !params.suppress_ids.empty() ||
-         (params.HasPenalties() && !params.history_ids.empty());
+         (params.HasPenalties() && !params.history_ids.empty()) || !params.allowed_token_mask.empty();
 }
 
 void Adjust(const SamplingParams& params, std::vector<float>& row) {
@@ -80,16 +99,18 @@ void Adjust(const SamplingParams& params, std::vector<float>& row) {
   for (int32_t id : params.suppress_ids) {
     if (id >= 0 && id < n) row[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
   }
-  if (!params.HasPenalties()) return;
-  const float rep = params.repetition_penalty;
-  for (size_t i = 0; i < params.history_ids.size(); ++i) {
-    const int32_t id = params.history_ids[i];
-    if (id < 0 || id >= n) continue;
-    float& l = row[static_cast<size_t>(id)];
-    if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
-    const int32_t count = params.history_counts[i];
-    if (count > 0) l -= params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;
+  if (params.HasPenalties()) {
+    const float rep = params.repetition_penalty;
+    for (size_t i = 0; i < params.history_ids.size(); ++i) {
+      const int32_t id = params.history_ids[i];
+      if (id < 0 || id >= n) continue;
+      float& l = row[static_cast<size_t>(id)];
+      if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
+      const int32_t count = params.history_counts[i];
+      if (count > 0) l -= params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;
+    }
   }
+  if (!params.allowed_token_mask.empty()) ApplyMask(params.allowed_token_mask, row);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #define SHARDSERVE_WORKER_ENGINE_SAMPLING_H_
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -46,10 +47,17 @@ struct SamplingParams {
   bool HasPenalties() const {
     return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
   }
+  // Structured output: when non-empty, the only tokens that may be chosen, as packed bits (token t
+  // is allowed when (mask[t / 8] >> (t % 8)) & 1; ids past the end are not). The others count as
+  // -inf, after logit_bias, suppress_ids and the penalties, before temperature and filtering.
+  // Logprobs stay those of the raw logits. A mask that allows nothing leaves the row as it was
+  // (the coordinator never sends one).
+  std::string allowed_token_mask;
   // Whether sampling is the argmax of the raw logits (temperature 0 or top_k 1, nothing biased,
-  // suppressed or penalized), which the device can do alone.
+  // suppressed, penalized or masked), which the device can do alone.
   bool IsGreedy() const {
-    return (temperature == 0.0f || top_k == 1) && logit_bias.empty() && suppress_ids.empty() && !HasPenalties();
+    return (temperature == 0.0f || top_k == 1) && logit_bias.empty() && suppress_ids.empty() && !HasPenalties() &&
+           allowed_token_mask.empty();
   }
   // InvalidArgument naming the field: temperature < 0 or not finite, top_k < 0, top_p outside
   // (0, 1], min_p outside [0, 1], a logit_bias value not finite or outside [-100, 100], a negative id,
@@ -82,7 +90,7 @@ class Sampler {
 
  private:
   std::vector<int32_t> order_;
-  std::vector<float> adjusted_;  // the row with logit_bias, suppress_ids and penalties applied
+  std::vector<float> adjusted_;  // the row with logit_bias, suppress_ids, penalties and the mask applied
 };
 
 // The uniform number in [0, 1) used for (seed, step). Exposed for tests.

@@ -26,6 +26,7 @@ engine::SamplingParams SamplingFromProto(const v1::StepSequence& p) {
   s.repetition_penalty = p.sampling().repetition_penalty() == 0.0f ? 1.0f : p.sampling().repetition_penalty();
   s.history_ids.assign(p.penalty_token_ids().begin(), p.penalty_token_ids().end());
   s.history_counts.assign(p.penalty_token_counts().begin(), p.penalty_token_counts().end());
+  s.allowed_token_mask = p.allowed_token_mask();
   return s;
 }
 
@@ -45,6 +46,7 @@ void SamplingToProto(const StageSequence& s, v1::StepSequence* p) {
   p->mutable_penalty_token_counts()->Add(s.sampling.history_counts.begin(), s.sampling.history_counts.end());
   p->set_logprobs(s.logprobs);
   p->set_top_logprobs(s.top_logprobs);
+  p->set_allowed_token_mask(s.sampling.allowed_token_mask);
 }
 
 }  // namespace

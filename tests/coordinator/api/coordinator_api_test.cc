@@ -734,6 +734,43 @@ TEST_F(CoordinatorApiTest, ChatNeedsAChatTemplate) {
   EXPECT_THAT(r.status.error_message(), HasSubstr("has no chat template"));
 }
 
+// GenerateRequest's constraint: a JSON Schema and a regex constrain the text (stories260K at
+// temperature 1); an unsupported keyword is INVALID_ARGUMENT naming it.
+TEST_F(CoordinatorApiTest, StructuredOutputJsonSchemaAndRegex) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  BringUpOneWorker();
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.set_max_tokens(300);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(11);
+  req.set_json_schema(
+      R"({"type":"object","properties":{"color":{"enum":["red","green"]},"n":{"type":"integer"}},"required":["color","n"]})");
+  const GenerateResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_THAT(r.text, ::testing::MatchesRegex(R"re(\{"color":"(red|green)","n":-?[0-9]+\})re")) << r.text;
+
+  v1::GenerateRequest re = req;
+  re.set_regex("[a-z]{2,5}-[0-9]{3}");
+  const GenerateResult rr = Generate(re);
+  ASSERT_TRUE(rr.status.ok()) << rr.status.error_message();
+  EXPECT_EQ(rr.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_THAT(rr.text, ::testing::MatchesRegex("[a-z]{2,5}-[0-9]{3}")) << rr.text;
+
+  v1::GenerateRequest bad = req;
+  bad.set_json_schema(R"({"type":"object","properties":{"n":{"type":"integer","multipleOf":2}}})");
+  const GenerateResult b = Generate(bad);
+  EXPECT_EQ(b.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(b.status.error_message(), HasSubstr("json_schema: unsupported JSON Schema keyword \"multipleOf\""));
+  v1::GenerateRequest bad_regex = req;
+  bad_regex.set_regex("(a");
+  EXPECT_EQ(Generate(bad_regex).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::GenerateRequest off = req;
+  off.set_json_object(false);
+  EXPECT_THAT(Generate(off).status.error_message(), HasSubstr("json_object: must be true"));
+}
+
 TEST_F(CoordinatorApiTest, TokenizeAndModelInfo) {
   StartCoordinator(testing::Stories260KDir(), 1);
   ASSERT_OK_AND_ASSIGN(auto tokenizer, LoadTokenizer(testing::Stories260KDir()));

@@ -102,6 +102,61 @@ TEST(OpenAiProtocolTest, SamplingExtensions) {
   EXPECT_EQ(bias[3], 2.5);
 }
 
+TEST(OpenAiProtocolTest, ResponseFormat) {
+  absl::StatusOr<ChatRequest> schema = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true, "description": "d",
+      "schema": {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}}}})");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  EXPECT_EQ(schema->fields.response_format, SamplingFields::ResponseFormat::kJsonSchema);
+  // The schema's text keeps its property order (the order generated).
+  EXPECT_EQ(schema->fields.json_schema, R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}})");
+  absl::StatusOr<CompletionRequest> object =
+      ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(object.ok()) << object.status();
+  EXPECT_EQ(object->fields.response_format, SamplingFields::ResponseFormat::kJsonObject);
+  absl::StatusOr<CompletionRequest> text = ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "text"}})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->fields.response_format, SamplingFields::ResponseFormat::kText);
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "xml"}})").status(),
+                "must be \"text\", \"json_object\" or \"json_schema\"", "response_format");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "json_schema"}})").status(),
+                "'response_format.json_schema' must be an object", "response_format");
+  ExpectInvalid(ParseCompletionRequest(
+                    R"({"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})")
+                    .status(),
+                "'response_format.json_schema.schema'", "response_format");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "response_format": {"type": "json_schema",
+      "json_schema": {"schema": {}, "extra": 1}}})").status(), "response_format.json_schema.extra", "response_format");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "response_format": "json"})").status(), "an object",
+                "response_format");
+}
+
+TEST(OpenAiProtocolTest, VllmGuidedFields) {
+  absl::StatusOr<CompletionRequest> json = ParseCompletionRequest(R"({"prompt": "a", "guided_json": {"type": "integer"}})");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->fields.response_format, SamplingFields::ResponseFormat::kJsonSchema);
+  EXPECT_EQ(json->fields.json_schema, R"({"type":"integer"})");
+  EXPECT_EQ(json->fields.format_param, "guided_json");
+  absl::StatusOr<CompletionRequest> regex = ParseCompletionRequest(R"({"prompt": "a", "guided_regex": "[0-9]+"})");
+  ASSERT_TRUE(regex.ok()) << regex.status();
+  EXPECT_EQ(regex->fields.response_format, SamplingFields::ResponseFormat::kRegex);
+  EXPECT_EQ(regex->fields.regex, "[0-9]+");
+  absl::StatusOr<ChatRequest> choice = ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}],
+      "guided_choice": ["yes", "no"]})");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_EQ(choice->fields.response_format, SamplingFields::ResponseFormat::kChoice);
+  EXPECT_THAT(choice->fields.choices, ElementsAre("yes", "no"));
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "guided_regex": "a", "guided_choice": ["b"]})").status(),
+                "cannot be combined", "guided_choice");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "guided_regex": "a", "response_format": {"type": "json_object"}})")
+                    .status(),
+                "cannot be combined", "response_format");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "guided_choice": []})").status(), "non-empty array",
+                "guided_choice");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "guided_choice": ["x", ""]})").status(), "non-empty string",
+                "guided_choice[1]");
+}
+
 TEST(OpenAiProtocolTest, CompletionDefaults) {
   absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "stop": "x"})");
   ASSERT_TRUE(r.ok()) << r.status();

@@ -116,6 +116,37 @@ TEST(SamplingTest, LogitBiasAndSuppressionChangeTheArgmaxAndAreNotGreedyOnTheDev
   }
 }
 
+// Structured output's mask: packed bits over the vocabulary; masked tokens are never chosen, the
+// request is never a device argmax, and logprobs (computed from the raw row) are unaffected.
+TEST(SamplingTest, AllowedTokenMaskRestrictsTheChoice) {
+  Sampler s;
+  const std::vector<float> logits = {0.f, 3.f, 1.f, 2.f, 0.5f, 0.f, 0.f, 0.f, 4.f, 0.f};  // 10 ids: two mask bytes
+  // Allowed: ids 2, 3 and 9 (bit 1 of the second byte).
+  const std::string mask = {static_cast<char>(0b00001100), static_cast<char>(0b00000010)};
+  const SamplingParams greedy{.allowed_token_mask = mask};
+  EXPECT_FALSE(greedy.IsGreedy());
+  EXPECT_EQ(s.Sample(logits, greedy, 0), 3);
+  std::map<int32_t, int> seen;
+  for (uint64_t step = 0; step < 1000; ++step) {
+    ++seen[s.Sample(logits, {.temperature = 2.0f, .seed = 3, .allowed_token_mask = mask}, step)];
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_GT(seen[2], 0);
+  EXPECT_GT(seen[3], 0);
+  EXPECT_GT(seen[9], 0);
+  // Ids past the end of the mask are not allowed: a one-byte mask allowing nothing below 8 but
+  // id 4 leaves id 8 (the argmax) out.
+  EXPECT_EQ(s.Sample(logits, {.allowed_token_mask = std::string(1, static_cast<char>(0b00010000))}, 0), 4);
+  // The mask composes with suppression and bias (still -inf for the masked ones).
+  EXPECT_EQ(s.Sample(logits, {.logit_bias = {{8, 100.f}}, .suppress_ids = {3}, .allowed_token_mask = mask}, 0), 2);
+  // A mask allowing nothing in the row is ignored rather than leaving nothing to draw.
+  EXPECT_EQ(s.Sample(logits, {.allowed_token_mask = std::string(2, '\0')}, 0), 8);
+  // Logprobs are those of the raw logits, whatever the mask.
+  const TokenLogprobs lp = ComputeLogprobs(logits, 3, 1);
+  ASSERT_EQ(lp.top_ids.size(), 1u);
+  EXPECT_EQ(lp.top_ids[0], 8);
+}
+
 TEST(SamplingTest, MinPDropsTokensBelowAFractionOfTheMostLikely) {
   Sampler s;
   // p ~ {0.643, 0.237, 0.087, 0.032}: min_p 0.3 keeps ids with p >= 0.193: 0 and 1.

@@ -192,7 +192,7 @@ TEST_F(StageStreamTest, GreedyTokensThroughTwoStagesMatchTransformers) {
   }
 }
 
-// Logprobs, logit bias and suppressed ids travel through both stages (the first forwards them) and
+// Logprobs, logit bias, suppressed ids and the allowed-token mask travel through both stages (the first forwards them) and
 // are applied by the last: against the log-softmax of transformers' logits of the prompt.
 TEST_F(StageStreamTest, LogprobsBiasAndSuppressionReachTheLastStage) {
   grpc::ClientContext ctx;
@@ -289,6 +289,18 @@ TEST_F(StageStreamTest, LogprobsBiasAndSuppressionReachTheLastStage) {
   r = run(9, 3, [](v1::StepSequence* s) { s->set_top_logprobs(21); }, /*ok=*/false);
   EXPECT_NE(r.error_code(), 0);
   EXPECT_THAT(r.error_message(), HasSubstr("top_logprobs must be in [0, 20]"));
+  // Structured output's mask: only order[2] allowed; logprobs stay those of the raw logits.
+  std::string mask((ref.size() + 7) / 8, '\0');
+  const auto third = static_cast<size_t>(order[2]);
+  mask[third / 8] = static_cast<char>(1 << (third % 8));
+  r = run(5, 0, [&](v1::StepSequence* s) {
+    s->set_allowed_token_mask(mask);
+    s->set_logprobs(true);
+  });
+  ASSERT_EQ(r.token_ids_size(), 1);
+  EXPECT_EQ(r.token_ids(0), order[2]);
+  ASSERT_EQ(r.logprobs_size(), 1);
+  EXPECT_NEAR(r.logprobs(0).logprob(), ref[third] - log_z, 1e-3);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
 }

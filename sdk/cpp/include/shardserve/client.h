@@ -136,6 +136,11 @@ struct GenerateOptions {
   bool prompt_logprobs = false;
   // Text that ends generation (at most 16 strings; the text stops right before the first match).
   std::vector<std::string> stop;
+  // Structured output (GenerateRequest.constraint), at most one: the text must match a JSON
+  // Schema (as JSON text), be any JSON object, or match a regular expression.
+  std::string json_schema;
+  bool json_object = false;
+  std::string regex;
 };
 
 // One generated token's log-probabilities (log-softmax of the model's logits).

@@ -81,15 +81,17 @@ class Client:
                  logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
                  top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, prompt_logprobs: bool = False, stop: Sequence[str] = (),
+                 json_schema=None, json_object: bool = False, regex: Optional[str] = None,
                  timeout: Optional[float] = None) -> GenerateStream:
         """Starts a generation from text (tokenized by the server), token ids (used as given), or chat
         messages ([{"role": "user", "content": "Hi"}], rendered with the model's chat template by the
-        server). `stop`: text that ends the generation (the text stops right before it)."""
+        server). `stop`: text that ends the generation (the text stops right before it). At most one of
+        json_schema (a dict or its JSON text), json_object and regex constrains the output."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                        ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs,
                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                        repetition_penalty=repetition_penalty, prompt_logprobs=prompt_logprobs,
-                                       stop=stop)
+                                       stop=stop, json_schema=json_schema, json_object=json_object, regex=regex)
         call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
                                         metadata=self._settings.metadata)
         return GenerateStream(call)

@@ -94,10 +94,18 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
                      top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                      repetition_penalty: float = 1.0, prompt_logprobs: bool = False,
-                     stop: Sequence[str] = ()) -> inference_pb2.GenerateRequest:
+                     stop: Sequence[str] = (), json_schema=None, json_object: bool = False,
+                     regex: Optional[str] = None) -> inference_pb2.GenerateRequest:
     req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                                         ignore_eos=ignore_eos, request_id=request_id, min_tokens=min_tokens,
                                         logprobs=logprobs, top_logprobs=top_logprobs)
+    # Structured output (at most one): a JSON Schema (a dict or JSON text), any JSON object, or a regex.
+    if json_schema is not None:
+        req.json_schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+    if json_object:
+        req.json_object = True
+    if regex is not None:
+        req.regex = regex
     req.sampling.min_p = min_p
     req.prompt_logprobs = prompt_logprobs
     req.stop.extend(stop)
