@@ -92,4 +92,37 @@ void ChoiceGroup::CancelAll() {
   for (auto& c : cancellers_) c->Cancel();
 }
 
+void ChoiceCanceller::Bind(std::shared_ptr<ChoiceGroup> group) {
+  bool cancel = false;
+  std::vector<size_t> stops;
+  {
+    absl::MutexLock lock(&mu_);
+    group_ = group;
+    cancel = cancel_all_;
+    stops.swap(stops_);
+  }
+  for (size_t i : stops) group->Cancel(i, FinishReason::kStop);
+  if (cancel) group->CancelAll();
+}
+
+void ChoiceCanceller::CancelAll() {
+  std::shared_ptr<ChoiceGroup> group;
+  {
+    absl::MutexLock lock(&mu_);
+    cancel_all_ = true;
+    group = group_;
+  }
+  if (group != nullptr) group->CancelAll();
+}
+
+void ChoiceCanceller::Stop(size_t choice) {
+  std::shared_ptr<ChoiceGroup> group;
+  {
+    absl::MutexLock lock(&mu_);
+    group = group_;
+    if (group == nullptr) stops_.push_back(choice);
+  }
+  if (group != nullptr) group->Cancel(choice, FinishReason::kStop);
+}
+
 }  // namespace shardserve::coordinator

@@ -55,6 +55,25 @@ class ChoiceGroup : public std::enable_shared_from_this<ChoiceGroup> {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;    // CancelAll was called
 };
 
+// Cancels or stops the choices of one ChoiceGroup from any thread, whether the call comes before
+// the group is known (Submit has not returned yet, while its first tokens already arrive) or after.
+// Thread-safe. Like ChoiceGroup::Cancel, never call it with a lock the sinks take.
+class ChoiceCanceller {
+ public:
+  // The submitted group; applies what was asked before.
+  void Bind(std::shared_ptr<ChoiceGroup> group);
+  // Every choice, as cancelled (the client went away).
+  void CancelAll();
+  // One choice, as stopped (a stop string matched in its text).
+  void Stop(size_t choice);
+
+ private:
+  absl::Mutex mu_;
+  std::shared_ptr<ChoiceGroup> group_ ABSL_GUARDED_BY(mu_);
+  bool cancel_all_ ABSL_GUARDED_BY(mu_) = false;  // asked before Bind
+  std::vector<size_t> stops_ ABSL_GUARDED_BY(mu_);  // asked before Bind
+};
+
 }  // namespace shardserve::coordinator
 
 #endif  // SHARDSERVE_COORDINATOR_API_CHOICES_H_

@@ -51,29 +51,10 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     return sinks;
   }
   // The submitted choices, to cancel them.
-  void Bind(std::shared_ptr<ChoiceGroup> group) {
-    bool cancel = false;
-    std::vector<size_t> stops;
-    {
-      absl::MutexLock lock(&mu_);
-      group_ = group;
-      cancel = cancel_requested_;
-      stops.swap(stops_before_bind_);
-    }
-    for (size_t i : stops) group->Cancel(i, FinishReason::kStop);
-    if (cancel) group->CancelAll();
-  }
+  void Bind(std::shared_ptr<ChoiceGroup> group) { canceller_.Bind(std::move(group)); }
 
   // The client went away (OnCancel, or a failed write): stop generating every choice.
-  void RequestCancel() {
-    std::shared_ptr<ChoiceGroup> group;
-    {
-      absl::MutexLock lock(&mu_);
-      cancel_requested_ = true;
-      group = group_;
-    }
-    if (group != nullptr) group->CancelAll();  // may call OnEnd on this thread
-  }
+  void RequestCancel() { canceller_.CancelAll(); }  // may call OnEnd on this thread
 
   void OnWriteDone(bool ok) {
     Action action;
@@ -152,16 +133,8 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     }
     Run(action);
     // A stop string matched: end the choice as stopped (logged and counted as such); OnEnd then
-    // reports FINISH_REASON_STOP. Tokens may come before Bind: the stop then waits for it.
-    if (stop_now) {
-      std::shared_ptr<ChoiceGroup> group;
-      {
-        absl::MutexLock lock(&mu_);
-        group = group_;
-        if (group == nullptr) stops_before_bind_.push_back(index);
-      }
-      if (group != nullptr) group->Cancel(index, FinishReason::kStop);
-    }
+    // reports FINISH_REASON_STOP.
+    if (stop_now) canceller_.Stop(index);
   }
 
   void OnEnd(size_t index, const SequenceEnd& end) {
@@ -244,9 +217,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;              // the choice whose turn it is to be written
-  std::shared_ptr<ChoiceGroup> group_ ABSL_GUARDED_BY(mu_);
-  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<size_t> stops_before_bind_ ABSL_GUARDED_BY(mu_);  // choices stopped by a stop string before Bind
+  ChoiceCanceller canceller_;
   grpc::ByteBuffer in_flight_;  // a serialized v1::GenerateResponse, filled under mu_ when no write is in flight; then read by gRPC
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;

@@ -54,30 +54,11 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
   }
 
   // The submitted choices; applies what came before (a cancel, a stop string's match).
-  void Bind(std::shared_ptr<ChoiceGroup> group) {
-    bool cancel = false;
-    std::vector<size_t> stops;
-    {
-      absl::MutexLock lock(&mu_);
-      group_ = group;
-      cancel = cancel_requested_;
-      stops.swap(stops_before_bind_);
-    }
-    for (size_t i : stops) group->Cancel(i, FinishReason::kStop);
-    if (cancel) group->CancelAll();
-  }
+  void Bind(std::shared_ptr<ChoiceGroup> group) { canceller_.Bind(std::move(group)); }
 
   // Ends every choice (the client went away). No lock held: the scheduler may call OnEnd on this
   // thread.
-  void Cancel() {
-    std::shared_ptr<ChoiceGroup> group;
-    {
-      absl::MutexLock lock(&mu_);
-      cancel_requested_ = true;
-      group = group_;
-    }
-    if (group != nullptr) group->CancelAll();
-  }
+  void Cancel() { canceller_.CancelAll(); }
 
   // Completions' echo, before Submit: every choice's answer starts with `prompt_text`; with
   // logprobs, its entries start with the prompt's tokens' (the first one without a logprob), and
@@ -164,7 +145,6 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
 
   void OnTokens(size_t index, absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) {
     bool stop_now = false;
-    std::shared_ptr<ChoiceGroup> group;
     {
       absl::MutexLock lock(&mu_);
       Choice& c = choices_[index];
@@ -179,13 +159,9 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
           break;
         }
       }
-      if (stop_now) {
-        group = group_;
-        if (group == nullptr) stops_before_bind_.push_back(index);
-      }
     }
     // A stop string matched: end the choice as stopped (logged and counted as such).
-    if (group != nullptr) group->Cancel(index, FinishReason::kStop);
+    if (stop_now) canceller_.Stop(index);
   }
 
   void OnEnd(size_t index, const SequenceEnd& end) {
@@ -237,9 +213,7 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
   const Tokenizer* const tokenizer_;
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size
-  std::shared_ptr<ChoiceGroup> group_ ABSL_GUARDED_BY(mu_);
-  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<size_t> stops_before_bind_ ABSL_GUARDED_BY(mu_);
+  ChoiceCanceller canceller_;
   // Echo: the prompt, and with logprobs its entries until they have all arrived.
   std::string echo_text_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> echo_prompt_ ABSL_GUARDED_BY(mu_);
