@@ -2,7 +2,7 @@
 // the coordinator side (the real WorkerRegistry behind the real Registry gRPC service on
 // 127.0.0.1, plus a loop doing what the coordinator's Cluster loop does to the registry every
 // poll: SweepDead + List, woken by changes or every 100 ms) and the fleet (N simulated workers, one
-// gRPC channel and TCP connection each, registering at once and then heartbeating at the default
+// gRPC channel and TCP connection each (--connections to share fewer), registering at once and then heartbeating at the default
 // interval, staggered evenly). Forking keeps the coordinator's CPU time apart from the fleet's.
 // Prints:
 //  - registration: wall time until all N are registered (connections included), per-call p50/p99;
@@ -55,6 +55,7 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000, "silence after which a worker is 
 ABSL_FLAG(double, warmup_s, 2.0, "heartbeating before the steady-state window");
 ABSL_FLAG(double, steady_s, 10.0, "steady-state window, seconds");
 ABSL_FLAG(int, dead, 10, "workers that stop heartbeating before the re-plan");
+ABSL_FLAG(int, connections, 0, "gRPC connections the fleet uses, workers spread over them; 0 = one per worker");
 ABSL_FLAG(std::string, model, "tests/sim/models/gpt3-175b", "model directory (config.json) for the re-plan");
 
 namespace shardserve {
@@ -225,7 +226,20 @@ int RunCoordinator(int in, int out) {
       }
       std::printf("registry alone: WorkerRegistry::Heartbeat %.2f us p50, %.2f us p99 (%zu direct calls, %zu workers)\n",
                   Percentile(us, 0.5), Percentile(us, 0.99), us.size(), workers.size());
-      for (const size_t page : {size_t{256}, static_cast<size_t>(n)}) {
+      {  // what the poll loop costs: one SweepDead + List, up to 10 times a second
+        std::vector<double> ms;
+        for (int i = 0; i < 20; ++i) {
+          const Steady::time_point t = Steady::now();
+          registry.SweepDead();
+          (void)registry.List();
+          ms.push_back(Seconds(Steady::now() - t) * 1e3);
+        }
+        std::printf("poll loop: SweepDead + List of %d workers %.3f ms p50 (at most 10 per s: %.2f%% of one core)\n", n,
+                    Percentile(ms, 0.5), Percentile(ms, 0.5));
+      }
+      std::vector<size_t> pages = {std::min<size_t>(256, static_cast<size_t>(n))};
+      if (n > 256) pages.push_back(static_cast<size_t>(n));
+      for (const size_t page : pages) {
         std::vector<double> build_ms;
         size_t bytes = 0;
         for (int i = 0; i < 20; ++i) {
@@ -336,12 +350,14 @@ int RunFleet(int in, int out, pid_t child) {
   Fleet fleet;
   fleet.ids.resize(static_cast<size_t>(n));
   fleet.alive = std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
+  const int connections = absl::GetFlag(FLAGS_connections) > 0 ? std::min(absl::GetFlag(FLAGS_connections), n) : n;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int c = 0; c < connections; ++c) {
     grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection per worker, as real workers have
-    fleet.stubs.push_back(
-        v1::Registry::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args)));
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // its own connection, as a real worker has
+    channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
   }
+  for (int i = 0; i < n; ++i) fleet.stubs.push_back(v1::Registry::NewStub(channels[static_cast<size_t>(i % connections)]));
 
   // Registration: all at once, as a fleet that starts together.
   struct RegisterCall {
@@ -391,9 +407,9 @@ int RunFleet(int in, int out, pid_t child) {
     interval_ms = c.response.heartbeat_interval_ms();
     reg_us.push_back(c.us);
   }
-  std::printf("shardserve-bench-registry: %d workers (%d devices each), one gRPC connection each, to the Registry "
+  std::printf("shardserve-bench-registry: %d workers (%d devices each) over %d gRPC connections to the Registry "
               "service on %s; heartbeat interval %lld ms\n",
-              n, kDevicesPerWorker, target.c_str(), static_cast<long long>(interval_ms));
+              n, kDevicesPerWorker, connections, target.c_str(), static_cast<long long>(interval_ms));
   std::printf("registration: all %d registered in %.3f s (%.0f per s); per call %.2f ms p50, %.2f ms p99 "
               "(connection setup included)\n",
               n, reg_s, n / reg_s, Percentile(reg_us, 0.5) / 1e3, Percentile(reg_us, 0.99) / 1e3);
