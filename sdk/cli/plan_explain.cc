@@ -36,8 +36,9 @@ std::string StageRows(const std::vector<StageEvaluation>& stages, bool chosen, i
       {"replica", "worker", "tp", "layers", "weights/rank", "min KV/rank", "KV tokens", "KV/rank", "free/rank",
        "fits"}};
   int more = 0;
+  const int first_replica = stages.empty() ? 0 : stages.front().replica;
   for (const StageEvaluation& e : stages) {
-    if (e.replica >= max_replicas) {
+    if (chosen && e.replica - first_replica >= max_replicas) {
       more = std::max(more, e.replica + 1 - max_replicas);
       continue;
     }
@@ -48,8 +49,23 @@ std::string StageRows(const std::vector<StageEvaluation>& stages, bool chosen, i
                     FormatBytes(e.kv_bytes_per_rank), FormatBytes(e.room_per_rank), e.fits ? "yes" : "NO"});
   }
   std::string out = Table(rows, indent);
-  if (more > 0) absl::StrAppend(&out, indent, "(", more, " more replicas", chosen ? " alike" : "", "; --json lists all)\n");
+  if (more > 0) absl::StrAppend(&out, indent, "(", more, " more replicas; --json lists all)\n");
   return out;
+}
+
+// Whether `b` failed as `a` did, only on another worker: same verdict, pp and spill, and the same
+// failing stage (tp, layers, bytes). Runs of such layouts (the search stepping down the replica
+// count, one smaller worker at a time) are summarised in the text.
+bool SameFailure(const LayoutEvaluation& a, const LayoutEvaluation& b) {
+  if (a.verdict == LayoutVerdict::kChosen || a.verdict != b.verdict || a.pp != b.pp ||
+      a.expert_spill != b.expert_spill || a.stages.size() != b.stages.size()) {
+    return false;
+  }
+  if (a.stages.empty()) return a.reason == b.reason;
+  const StageEvaluation& x = a.stages.back();
+  const StageEvaluation& y = b.stages.back();
+  return x.tp == y.tp && x.layer_begin == y.layer_begin && x.layer_end == y.layer_end &&
+         x.weight_bytes_per_rank == y.weight_bytes_per_rank && x.room_per_rank == y.room_per_rank;
 }
 
 }  // namespace
@@ -77,13 +93,26 @@ std::string ExplanationToText(const PlanExplanation& ex, int max_replicas) {
                   ex.replicas_auto ? "auto" : "fixed", "\n");
   absl::StrAppend(&out, "  search order: ", ex.search_order, ".\n\nLayouts evaluated, in that order:\n");
   const LayoutEvaluation* chosen = nullptr;
-  for (size_t i = 0; i < ex.layouts.size(); ++i) {
+  auto print = [&](size_t i) {
     const LayoutEvaluation& l = ex.layouts[i];
     const bool is_chosen = l.verdict == LayoutVerdict::kChosen;
     if (is_chosen) chosen = &l;
-    absl::StrAppend(&out, "  ", i + 1, ". ", LayoutName(l), ": ", is_chosen ? "CHOSEN" : absl::StrCat("does not fit (", LayoutVerdictName(l.verdict), ")"),
-                    ": ", l.reason, "\n");
+    absl::StrAppend(&out, "  ", i + 1, ". ", LayoutName(l), ": ",
+                    is_chosen ? "CHOSEN" : absl::StrCat("does not fit (", LayoutVerdictName(l.verdict), ")"), ": ",
+                    l.reason, "\n");
     if (!l.stages.empty()) out += StageRows(l.stages, is_chosen, max_replicas, "       ");
+  };
+  for (size_t i = 0; i < ex.layouts.size();) {
+    size_t j = i + 1;  // [i, j): a run of layouts that failed alike
+    while (j < ex.layouts.size() && SameFailure(ex.layouts[i], ex.layouts[j])) ++j;
+    print(i);
+    if (j - i > 2) {
+      absl::StrAppend(&out, "  ", i + 2, "..", j - 1, ". ", j - i - 2, " more layouts (replicas ",
+                      ex.layouts[i + 1].replicas_hi, "..", ex.layouts[j - 2].replicas,
+                      ") fail the same way, each on its pipeline's smallest worker\n");
+    }
+    if (j - i > 1) print(j - 1);
+    i = j;
   }
   if (ex.layouts.empty()) out += "  (none: no layout was tried)\n";
   if (chosen != nullptr) {
