@@ -726,6 +726,10 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
         e.kv_tokens = st.kv_tokens;
         e.kv_bytes_per_rank = st.kv_bytes_per_rank;
         e.fits = true;
+        for (int64_t kept : d.kept) {
+          e.local_experts += kept;
+          e.remote_experts += spec_.moe.num_experts - kept;
+        }
         ev->stages.push_back(std::move(e));
       }
       plan.replicas[r].stages.push_back(std::move(st));

@@ -165,6 +165,10 @@ struct StageEvaluation {
   // among the stage's devices. Activations and workspaces are not counted except through the reserve.
   int64_t room_per_rank = 0;
   bool fits = false;  // weight_bytes_per_rank + the minimum KV fit in room_per_rank
+  // MoE, chosen layout: (layer, expert) pairs of its layers kept on the stage, and placed on other
+  // workers (expert spill). 0 and 0 otherwise.
+  int64_t local_experts = 0;
+  int64_t remote_experts = 0;
 };
 
 enum class LayoutVerdict {

@@ -34,7 +34,7 @@ std::string StageRows(const std::vector<StageEvaluation>& stages, bool chosen, i
                       const std::string& indent) {
   std::vector<std::vector<std::string>> rows = {
       {"replica", "worker", "tp", "layers", "weights/rank", "min KV/rank", "KV tokens", "KV/rank", "free/rank",
-       "fits"}};
+       "fits", "experts local/remote"}};
   int more = 0;
   const int first_replica = stages.empty() ? 0 : stages.front().replica;
   for (const StageEvaluation& e : stages) {
@@ -46,7 +46,8 @@ std::string StageRows(const std::vector<StageEvaluation>& stages, bool chosen, i
                     absl::StrCat(e.layer_begin, "..", e.layer_end, e.has_embedding ? " +emb" : "",
                                  e.has_lm_head ? " +head" : ""),
                     FormatBytes(e.weight_bytes_per_rank), FormatBytes(e.min_kv_bytes_per_rank), absl::StrCat(e.kv_tokens),
-                    FormatBytes(e.kv_bytes_per_rank), FormatBytes(e.room_per_rank), e.fits ? "yes" : "NO"});
+                    FormatBytes(e.kv_bytes_per_rank), FormatBytes(e.room_per_rank), e.fits ? "yes" : "NO",
+                    e.local_experts + e.remote_experts > 0 ? absl::StrCat(e.local_experts, "/", e.remote_experts) : "-"});
   }
   std::string out = Table(rows, indent);
   if (more > 0) absl::StrAppend(&out, indent, "(", more, " more replicas; --json lists all)\n");
@@ -147,7 +148,9 @@ std::string ExplanationToJson(const PlanExplanation& ex) {
                 {"kv_tokens", e.kv_tokens},
                 {"kv_bytes_per_rank", e.kv_bytes_per_rank},
                 {"free_bytes_per_rank", e.room_per_rank},
-                {"fits", e.fits}};
+                {"fits", e.fits},
+                {"local_experts", e.local_experts},
+                {"remote_experts", e.remote_experts}};
   };
   json layouts = json::array();
   for (const LayoutEvaluation& l : ex.layouts) {

@@ -64,6 +64,14 @@ def main():
     m = json.loads(run("--model", "tests/sim/models/mixtral-8x22b", "--workers", "n*3=cuda:8x80GiB",
                        "--max_seq_len=4096", "--json").stdout)
     assert m["explain"]["layouts"][-1]["verdict"] == "chosen", m["explain"]["layouts"]
+    # Expert spill: the layout without spill is listed first; the chosen one says how many experts left.
+    sp = json.loads(run("--model", "tests/sim/models/mixtral-8x22b", "--workers",
+                        "a=cuda:8x24GiB,b=cuda:8x24GiB,c=cuda:8x24GiB", "--max_seq_len=4096", "--pp=1", "--replicas=1",
+                        "--json").stdout)
+    ls = sp["explain"]["layouts"]
+    assert [(l["expert_spill"], l["verdict"]) for l in ls] == [(False, "too_little_memory"), (True, "chosen")], ls
+    st = ls[-1]["stages"][0]
+    assert st["remote_experts"] > 0 and st["local_experts"] + st["remote_experts"] == 56 * 8, st
     print("ok")
 
 
