@@ -348,9 +348,17 @@ class Planner {
   int64_t min_tokens() const { return min_tokens_; }
 
   // Tries `replicas` pipelines of `pp` stages on the largest of `eligible` (sorted by capacity).
-  std::optional<Plan> TryLayout(const std::vector<Candidate>& eligible, int pp, int replicas, bool spill) const;
+  // When `ev` is set, records the stages of the plan, or why the layout does not fit (ExplainPlan).
+  std::optional<Plan> TryLayout(const std::vector<Candidate>& eligible, int pp, int replicas, bool spill,
+                                LayoutEvaluation* ev) const;
 
  private:
+  // ExplainPlan: a stage's figures, computed by Fits' own terms.
+  StageEvaluation Evaluate(const Candidate& c, const StageRange& r, bool spill) const;
+  // ExplainPlan: why Partition found no split for `stages`: each stage takes as many layers as fit
+  // (the most any partition could give it, since what a stage needs grows with its range), up to
+  // the first stage that cannot hold what is left. Fills ev->stages and ev->reason.
+  void ExplainNoPartition(const std::vector<const Candidate*>& stages, bool spill, LayoutEvaluation* ev) const;
   const TpFigures& Figures(int tp) const { return figures_.at(tp); }
 
   // KV tokens that fit in `free` bytes at `per_token` bytes per token; below min_tokens_ when the
@@ -538,7 +546,83 @@ bool Planner::PlaceRemoteExperts(const std::vector<std::vector<Draft>>& drafts, 
   return true;
 }
 
-std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, int pp, int replicas, bool spill) const {
+StageEvaluation Planner::Evaluate(const Candidate& c, const StageRange& r, bool spill) const {
+  StageEvaluation e;
+  e.worker_id = c.worker->worker_id;
+  e.tp = c.tp;
+  e.layer_begin = r.begin;
+  e.layer_end = r.end;
+  e.has_embedding = r.first;
+  e.has_lm_head = r.last;
+  e.weight_bytes_per_rank = NonExpertWeights(c, r) + (spill ? 0 : AllExpertWeights(c, r));
+  const int64_t per_token = KvPerToken(c, r);
+  const double min_kv = static_cast<double>(min_tokens_) * static_cast<double>(per_token);
+  e.min_kv_tokens = min_tokens_;
+  e.min_kv_bytes_per_rank = static_cast<int64_t>(std::ceil(policy_.kv_tokens > 0 ? min_kv : min_kv / policy_.kv_fraction));
+  e.room_per_rank = c.room_per_rank;
+  e.kv_tokens = KvCapacity(c.room_per_rank - e.weight_bytes_per_rank, per_token);
+  e.kv_bytes_per_rank = e.kv_tokens * per_token;
+  e.fits = Fits(c, r, spill);
+  return e;
+}
+
+namespace {
+
+std::string LayersText(const StageEvaluation& e) {
+  return absl::StrCat("layers ", e.layer_begin, "..", e.layer_end, e.has_embedding ? " + embedding" : "",
+                      e.has_lm_head ? " + lm_head" : "");
+}
+
+// Why a stage does not fit, in words: weights alone, or weights + the minimum KV, over the room.
+std::string NoFitText(const StageEvaluation& e, const PlanPolicy& policy) {
+  std::string out = absl::StrCat("worker \"", e.worker_id, "\" (tp=", e.tp, ", ", LayersText(e), "): ");
+  if (e.weight_bytes_per_rank > e.room_per_rank) {
+    absl::StrAppend(&out, FormatBytes(e.weight_bytes_per_rank), " of weights per rank > ", FormatBytes(e.room_per_rank),
+                    " free per rank");
+  } else {
+    absl::StrAppend(&out, FormatBytes(e.weight_bytes_per_rank), " of weights + ", FormatBytes(e.min_kv_bytes_per_rank),
+                    " of KV (", e.min_kv_tokens, " tokens",
+                    policy.kv_tokens == 0 && policy.kv_fraction < 1.0 ? absl::StrCat(" at kv_fraction ", policy.kv_fraction)
+                                                                     : "",
+                    ") per rank > ", FormatBytes(e.room_per_rank), " free per rank");
+  }
+  return out;
+}
+
+}  // namespace
+
+void Planner::ExplainNoPartition(const std::vector<const Candidate*>& stages, bool spill, LayoutEvaluation* ev) const {
+  const int64_t layers = spec_.num_layers, pp = static_cast<int64_t>(stages.size());
+  int64_t i = 0;
+  for (int64_t s = 0; s < pp; ++s) {
+    const Candidate& c = *stages[static_cast<size_t>(s)];
+    const bool first = s == 0, last = s + 1 == pp;
+    int64_t j = layers;
+    if (!last) {
+      j = i + 1;  // at least one layer: shows the first one that does not fit
+      for (int64_t k = i + 1; k <= layers - (pp - 1 - s); ++k) {
+        if (!Fits(c, {i, k, first, false}, spill)) break;
+        j = k;
+      }
+    }
+    StageEvaluation e = Evaluate(c, {i, j, first, last}, spill);
+    const bool fits = e.fits;
+    ev->stages.push_back(std::move(e));
+    if (!fits) {
+      const StageEvaluation& bad = ev->stages.back();
+      ev->reason = s == 0 ? NoFitText(bad, policy_)
+                          : absl::StrCat("the first ", s, s == 1 ? " stage holds" : " stages hold", " at most layers 0..",
+                                         i, ", so ", NoFitText(bad, policy_));
+      return;
+    }
+    i = j;
+  }
+  // Unreachable when Partition failed (a stage-by-stage fill that fits is a partition); say so.
+  ev->reason = "no partition found";
+}
+
+std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, int pp, int replicas, bool spill,
+                                       LayoutEvaluation* ev) const {
   // Deal the largest replicas x pp workers snake-wise, then order each replica's stages by id.
   std::vector<std::vector<const Candidate*>> groups(static_cast<size_t>(replicas));
   for (int k = 0; k < replicas * pp; ++k) {
@@ -554,7 +638,14 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
     std::sort(groups[g].begin(), groups[g].end(),
               [](const Candidate* a, const Candidate* b) { return a->worker->worker_id < b->worker->worker_id; });
     std::optional<std::vector<int64_t>> bounds = Partition(groups[g], spill);
-    if (!bounds.has_value()) return std::nullopt;
+    if (!bounds.has_value()) {
+      if (ev != nullptr) {
+        ev->verdict = LayoutVerdict::kNoPartitionFits;
+        ExplainNoPartition(groups[g], spill, ev);
+        for (StageEvaluation& e : ev->stages) e.replica = static_cast<int>(g);
+      }
+      return std::nullopt;
+    }
     partitions[g] = *std::move(bounds);
   }
   Plan plan;
@@ -588,7 +679,21 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
       }
     }
   }
-  if (spill && !PlaceRemoteExperts(drafts, &plan)) return std::nullopt;
+  if (spill && !PlaceRemoteExperts(drafts, &plan)) {
+    if (ev != nullptr) {
+      int64_t remote = 0;
+      for (const auto& ds : drafts) {
+        for (const Draft& d : ds) {
+          for (int64_t kept : d.kept) remote += spec_.moe.num_experts - kept;
+        }
+      }
+      ev->verdict = LayoutVerdict::kNoExpertRoom;
+      ev->reason = absl::StrCat(remote, " experts (", FormatBytes(expert_bytes_), " each) do not fit on the stages; the ",
+                                workers_.size() - static_cast<size_t>(replicas * pp),
+                                " workers that host no stage cannot hold them all");
+    }
+    return std::nullopt;
+  }
 
   // Stage specs, with the pipeline's KV capacity: its tightest stage's.
   for (size_t r = 0; r < drafts.size(); ++r) {
@@ -614,6 +719,19 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
       st.kv_tokens = kv_tokens;
       st.kv_bytes_per_rank = kv_tokens * KvPerToken(*d.cand, d.range);
       st.cost_share = total_cost > 0.0 ? d.cost / total_cost : 0.0;
+      if (ev != nullptr) {
+        StageEvaluation e = Evaluate(*d.cand, d.range, spill);
+        e.replica = static_cast<int>(r);
+        e.weight_bytes_per_rank = d.weights;  // with spill: the experts it keeps
+        e.kv_tokens = st.kv_tokens;
+        e.kv_bytes_per_rank = st.kv_bytes_per_rank;
+        e.fits = true;
+        for (int64_t kept : d.kept) {
+          e.local_experts += kept;
+          e.remote_experts += spec_.moe.num_experts - kept;
+        }
+        ev->stages.push_back(std::move(e));
+      }
       plan.replicas[r].stages.push_back(std::move(st));
     }
   }
@@ -711,8 +829,34 @@ int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInvento
   return narrow && AllCuda(workers) ? 2 : 4;
 }
 
-absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
-                              const PlanPolicy& requested) {
+const char* LayoutVerdictName(LayoutVerdict v) {
+  switch (v) {
+    case LayoutVerdict::kChosen:
+      return "chosen";
+    case LayoutVerdict::kTooLittleMemory:
+      return "too_little_memory";
+    case LayoutVerdict::kNoPartitionFits:
+      return "no_partition_fits";
+    case LayoutVerdict::kNoExpertRoom:
+      return "no_expert_room";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr const char* kSearchOrder =
+    "the planner takes the first layout that fits, in this order: all experts on their stage before "
+    "any expert spill (a remote expert costs a gRPC round trip per MoE layer per step); then the fewest "
+    "pipeline stages (pp ascending: a stage boundary costs a hop per step, and fewer stages leave workers "
+    "for replicas); then the most replicas for that pp (replicas descending: throughput). tp is not searched: "
+    "each worker uses the largest tp <= its device count that the model divides (or --tp). Inside a layout, "
+    "the largest workers are dealt to replicas snake-wise, and the layers are split to minimise the largest "
+    "stage cost, then the sum of squared stage costs";
+
+// MakePlan, recording the search in `ex` when it is set.
+absl::StatusOr<Plan> PlanImpl(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
+                              const PlanPolicy& requested, PlanExplanation* ex) {
   RETURN_IF_ERROR(ValidateSpec(spec));
   ASSIGN_OR_RETURN(const int64_t max_seq_len, ValidatePolicy(spec, requested));
   PlanPolicy policy = requested;
@@ -783,6 +927,21 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInv
     for (const Slot& s : UsableDevices(w, policy.reserve_bytes_per_device)) all_room += static_cast<double>(s.room);
   }
 
+  if (ex != nullptr) {
+    ex->bytes_per_param = policy.bytes_per_param;
+    ex->kv_bytes_per_element = policy.kv_bytes_per_element;
+    ex->max_seq_len = max_seq_len;
+    ex->min_kv_tokens = planner.min_tokens();
+    ex->kv_fraction = policy.kv_tokens > 0 ? 0.0 : policy.kv_fraction;
+    ex->reserve_bytes_per_device = policy.reserve_bytes_per_device;
+    ex->int8 = policy.quantize == Quantization::kInt8;
+    ex->tp_auto = policy.tp == 0;
+    ex->pp_auto = policy.pp == 0;
+    ex->replicas_auto = policy.replicas == 0;
+    ex->model_weight_bytes = ModelWeightBytes(spec, policy);
+    ex->eligible_workers = num_eligible;
+    ex->search_order = kSearchOrder;
+  }
   const int pp_lo = policy.pp > 0 ? policy.pp : 1;
   const int pp_hi = policy.pp > 0 ? policy.pp : static_cast<int>(std::min<int64_t>(num_eligible, spec.num_layers));
   const bool can_spill = policy.allow_expert_spill && spec.IsMoe();
@@ -794,13 +953,72 @@ absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInv
       for (int r = r_hi; r >= r_lo; --r) {
         if (r * pp > num_eligible) continue;
         const double room = spill ? all_room : capacity_prefix[static_cast<size_t>(r * pp)];
-        if (room < replica_need * r) continue;
-        if (std::optional<Plan> plan = planner.TryLayout(eligible, pp, r, spill)) return std::move(*plan);
+        LayoutEvaluation* ev = nullptr;
+        if (ex != nullptr) {
+          ev = &ex->layouts.emplace_back();
+          ev->expert_spill = spill;
+          ev->pp = pp;
+          ev->replicas = ev->replicas_hi = r;
+          ev->tp_min = ev->tp_max = eligible.front().tp;
+          const size_t used = spill ? eligible.size() : static_cast<size_t>(r * pp);
+          for (size_t k = 0; k < static_cast<size_t>(r * pp) && k < used; ++k) {
+            ev->tp_min = std::min(ev->tp_min, eligible[k].tp);
+            ev->tp_max = std::max(ev->tp_max, eligible[k].tp);
+          }
+        }
+        if (room < replica_need * r) {
+          if (ev != nullptr) {
+            // Consecutive replica counts skipped for this reason are one entry, replicas_hi..r, whose
+            // figures are those of the last (smallest) count: the closest to fitting.
+            LayoutEvaluation* prev = ex->layouts.size() >= 2 ? &ex->layouts[ex->layouts.size() - 2] : nullptr;
+            if (prev != nullptr && prev->verdict == LayoutVerdict::kTooLittleMemory && prev->pp == pp &&
+                prev->expert_spill == spill && prev->replicas == r + 1) {
+              prev->replicas = r;
+              prev->tp_min = std::min(prev->tp_min, ev->tp_min);
+              prev->tp_max = std::max(prev->tp_max, ev->tp_max);
+              ex->layouts.pop_back();
+              ev = prev;
+            }
+            ev->verdict = LayoutVerdict::kTooLittleMemory;
+            ev->needed_bytes = static_cast<int64_t>(replica_need * r);
+            ev->available_bytes = static_cast<int64_t>(room);
+            ev->reason = absl::StrCat(r, r == 1 ? " replica needs" : " replicas need", " at least ",
+                                      FormatBytes(ev->needed_bytes), " (", r > 1 ? absl::StrCat(r, " x ") : "",
+                                      "the model's weights + the KV of ", planner.min_tokens(),
+                                      " tokens, nothing replicated), the ",
+                                      spill ? "" : absl::StrCat(r * pp, r * pp == 1 ? " largest worker has " : " largest workers have "),
+                                      spill ? "workers have " : "", FormatBytes(ev->available_bytes));
+          }
+          continue;
+        }
+        if (std::optional<Plan> plan = planner.TryLayout(eligible, pp, r, spill, ev)) {
+          if (ev != nullptr) {
+            ev->verdict = LayoutVerdict::kChosen;
+            ev->reason = "the first layout in search order whose every stage holds its weights and the minimum KV";
+          }
+          return std::move(*plan);
+        }
       }
     }
   }
   return absl::ResourceExhaustedError(
       NotEnoughMemory(spec, policy, planner.min_tokens(), sorted, eligible, pp_lo, pp_hi, can_spill));
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
+                              const PlanPolicy& policy) {
+  return PlanImpl(spec, workers, policy, nullptr);
+}
+
+absl::StatusOr<PlanExplanation> ExplainPlan(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
+                                            const PlanPolicy& policy) {
+  PlanExplanation ex;
+  ex.plan = PlanImpl(spec, workers, policy, &ex);
+  // Errors before the search (spec, policy, inventory) are errors of the call, as in MakePlan.
+  if (!ex.plan.ok() && ex.plan.status().code() != absl::StatusCode::kResourceExhausted) return ex.plan.status();
+  return ex;
 }
 
 absl::StatusOr<int64_t> PipelineKvBlocks(const Pipeline& pipeline, int64_t max_seq_len, int64_t block_size) {

@@ -98,6 +98,7 @@
 #ifndef SHARDSERVE_COORDINATOR_PLANNER_PLANNER_H_
 #define SHARDSERVE_COORDINATOR_PLANNER_PLANNER_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -133,6 +134,95 @@ int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInvento
 // Pure and thread-safe.
 absl::StatusOr<Plan> MakePlan(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
                               const PlanPolicy& policy);
+
+// ---- Why this plan: the search as data (`shardserve plan --explain`) ----------------------------
+// ExplainPlan runs the same search as MakePlan, through the same code, and records every layout it
+// evaluated, in the order it evaluated them, with the per-rank figures that decided it. The first
+// layout that fits is the plan, so the explanation cannot disagree with MakePlan.
+
+// One stage of an evaluated layout, as rank 0 (the most loaded rank) would hold it.
+struct StageEvaluation {
+  int replica = 0;
+  std::string worker_id;
+  int tp = 1;
+  int64_t layer_begin = 0;  // [layer_begin, layer_end)
+  int64_t layer_end = 0;
+  bool has_embedding = false;
+  bool has_lm_head = false;
+  // Weight bytes per rank: the layers' weights (their routed experts too unless the layout spills
+  // experts: then the experts the stage keeps, or none for a stage that did not fit), plus the
+  // embedding on the first stage and the final norm + lm_head on the last.
+  int64_t weight_bytes_per_rank = 0;
+  // The KV the planner requires per rank: one sequence of max_seq_len tokens (or policy.kv_tokens),
+  // divided by kv_fraction when kv_tokens is 0 (the planner gives KV only that fraction of the room).
+  int64_t min_kv_bytes_per_rank = 0;
+  int64_t min_kv_tokens = 0;
+  // KV capacity: tokens and bytes per rank. For the chosen layout, the pipeline's (every stage gets
+  // its tightest stage's capacity, as in the plan); for a stage that did not fit, its own.
+  int64_t kv_tokens = 0;
+  int64_t kv_bytes_per_rank = 0;
+  // Device memory the planner counts per rank: the smallest free_bytes - reserve_bytes_per_device
+  // among the stage's devices. Activations and workspaces are not counted except through the reserve.
+  int64_t room_per_rank = 0;
+  bool fits = false;  // weight_bytes_per_rank + the minimum KV fit in room_per_rank
+  // MoE, chosen layout: (layer, expert) pairs of its layers kept on the stage, and placed on other
+  // workers (expert spill). 0 and 0 otherwise.
+  int64_t local_experts = 0;
+  int64_t remote_experts = 0;
+};
+
+enum class LayoutVerdict {
+  kChosen,          // the first layout in search order that fits: the plan
+  kTooLittleMemory, // skipped without partitioning: the workers it would use have less memory in
+                    // total than `replicas` copies of the model (tp = 1, nothing replicated) + min KV
+  kNoPartitionFits, // no split of the layers into pp contiguous stages fits one of its pipelines
+  kNoExpertRoom,    // expert spill: the experts the stages cannot hold do not fit on the other workers
+};
+const char* LayoutVerdictName(LayoutVerdict v);
+
+// One layout (pp stages x replicas, tp per worker) that the search evaluated.
+struct LayoutEvaluation {
+  bool expert_spill = false;
+  int pp = 1;
+  int replicas = 1;
+  // kTooLittleMemory entries of consecutive replica counts are merged: replicas_hi..replicas.
+  int replicas_hi = 1;
+  int tp_min = 1;  // tp of the workers the layout would use (they differ on mixed inventories)
+  int tp_max = 1;
+  LayoutVerdict verdict = LayoutVerdict::kChosen;
+  std::string reason;  // plain words with numbers, e.g. "worker \"a\" (tp=1): 140.2 GB of weights per rank > 80.0 GB"
+  // kTooLittleMemory (for replicas_hi): bytes needed vs what the largest replicas x pp workers have.
+  int64_t needed_bytes = 0;
+  int64_t available_bytes = 0;
+  // kChosen: every stage of every replica. kNoPartitionFits: the pipeline that failed, its stages
+  // each holding as many layers as fit, up to the first stage that cannot (fits = false).
+  std::vector<StageEvaluation> stages;
+};
+
+struct PlanExplanation {
+  // The policy as the search resolved it.
+  int64_t bytes_per_param = 0;
+  int64_t kv_bytes_per_element = 0;
+  int64_t max_seq_len = 0;
+  int64_t min_kv_tokens = 0;  // KV every stage must hold (max_seq_len, or policy.kv_tokens)
+  double kv_fraction = 0.0;   // 0 when policy.kv_tokens is set
+  int64_t reserve_bytes_per_device = 0;
+  bool int8 = false;
+  bool tp_auto = true, pp_auto = true, replicas_auto = true;
+  int64_t model_weight_bytes = 0;  // the whole model on one rank (tp = 1)
+  int eligible_workers = 0;        // workers that can host a stage
+  // The search order, in words: how the planner ranks layouts (it takes the first that fits).
+  std::string search_order;
+  std::vector<LayoutEvaluation> layouts;  // in the order evaluated; the last is kChosen when plan is ok
+  // What MakePlan returns for the same input (ok, or its error).
+  absl::StatusOr<Plan> plan = absl::UnknownError("not planned");
+};
+
+// MakePlan's search, recorded. Returns InvalidArgument / FailedPrecondition as MakePlan does (bad
+// spec, policy or inventory: nothing was searched); when the search ran, an explanation whose
+// `plan` equals MakePlan's result, ResourceExhausted included. Pure and thread-safe.
+absl::StatusOr<PlanExplanation> ExplainPlan(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
+                                            const PlanPolicy& policy);
 
 // The paged KV cache of a pipeline: blocks of `block_size` tokens, the same block ids on every
 // stage, so its capacity is that of its tightest stage: floor(kv_tokens / block_size) blocks

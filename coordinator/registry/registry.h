@@ -117,7 +117,9 @@ class WorkerRegistry {
   absl::StatusOr<std::string> Register(WorkerRegistration registration);
 
   // Records a heartbeat. NotFound (with "register again") when the worker_id is unknown, was
-  // replaced by a newer registration, or was declared dead; InvalidArgument for state kDead.
+  // replaced by a newer registration, or was declared dead (or is silent for longer than
+  // heartbeat_timeout: it is declared dead now); InvalidArgument for state kDead. O(log N): only
+  // this worker's liveness is evaluated; the others' on the next read or sweep.
   absl::Status Heartbeat(const WorkerHeartbeat& heartbeat);
 
   // Marks every worker silent for longer than heartbeat_timeout as kDead, and forgets those dead
@@ -145,6 +147,9 @@ class WorkerRegistry {
   };
   // Marks silent workers dead; returns their ids.
   std::vector<std::string> SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `r` (worker `id`) dead when it has been silent for longer than heartbeat_timeout at
+  // `now`; returns whether it did. The caller bumps version_.
+  bool ExpireLocked(const std::string& id, WorkerRecord& r, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const Options options_;

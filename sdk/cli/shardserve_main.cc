@@ -4,7 +4,7 @@
 //   shardserve generate --server=HOST:PORT --prompt_ids 1,2,3 --print_ids
 //   shardserve status   --server=HOST:PORT
 //   (generate, status, bench: --tls_ca_file, --tls_cert_file/--tls_key_file, --bearer_token_file)
-//   shardserve plan     --model=DIR --workers=a=cpu:2x8GiB,b=cpu:2x8GiB [--tp --pp --replicas]
+//   shardserve plan     --model=DIR --workers=a=cpu:2x8GiB,b=cpu:2x8GiB [--tp --pp --replicas] [--explain] [--json]
 //   shardserve bench    --server=HOST:PORT --concurrency 16 --requests 200 --max_tokens 64 [--json]
 //   shardserve simulate --model=DIR --workers=n*4=cuda:8x80GiB --rate=100 [--fail=n-0@30] [--sweep --slo=...]
 #include <cstring>
@@ -34,6 +34,7 @@
 #include "coordinator/sim/workload.h"
 #include "sdk/cli/bench.h"
 #include "sdk/cli/cli_parse.h"
+#include "sdk/cli/plan_explain.h"
 #include "shardserve/client.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:7000", "coordinator address HOST:PORT");
@@ -63,6 +64,8 @@ ABSL_FLAG(std::string, workers, "", "plan: workers as NAME=KIND:COUNTxSIZE,... (
 ABSL_FLAG(int32_t, tp, 0, "plan: tensor-parallel ranks per stage; 0 = auto");
 ABSL_FLAG(int32_t, pp, 0, "plan: pipeline stages; 0 = auto");
 ABSL_FLAG(int32_t, replicas, 0, "plan: replicas; 0 = auto");
+ABSL_FLAG(bool, explain, false,
+          "plan: also print why: every layout the planner evaluated, its per-rank memory and why it was chosen or not");
 ABSL_FLAG(int64_t, max_seq_len, 0, "plan: longest sequence; 0 = the model's context");
 ABSL_FLAG(int32_t, concurrency, 1, "bench: clients sending back to back, or (with --rate) requests in flight at most");
 ABSL_FLAG(int64_t, requests, 0, "bench: requests to send; 0 = until --duration_s");
@@ -74,7 +77,7 @@ ABSL_FLAG(int32_t, prompt_vocab, 256, "bench: prompt ids are drawn from [1, prom
 ABSL_FLAG(int32_t, shared_prefix_tokens, 0,
           "bench: tokens every prompt starts with (the same for all requests and runs, like a system prompt), "
           "before its own --prompt_tokens");
-ABSL_FLAG(bool, json, false, "bench, simulate: print the summary as one JSON object instead of a table");
+ABSL_FLAG(bool, json, false, "plan (with the explanation), bench, simulate: print the summary as one JSON object instead of a table");
 ABSL_FLAG(std::string, trace, "", "simulate: workload file, one 'ARRIVAL_SECONDS PROMPT_TOKENS OUTPUT_TOKENS' per line");
 ABSL_FLAG(std::string, fail, "", "simulate: worker failures as WORKER@SECONDS,...");
 ABSL_FLAG(bool, sweep, false, "simulate: try layouts and print the cheapest that meets --slo");
@@ -236,6 +239,19 @@ absl::Status PlanCommand() {
   policy.pp = absl::GetFlag(FLAGS_pp);
   policy.replicas = absl::GetFlag(FLAGS_replicas);
   policy.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (absl::GetFlag(FLAGS_explain) || json) {
+    // The explanation carries MakePlan's own result: one search, one answer.
+    auto ex = ExplainPlan(*spec, *workers, policy);
+    if (!ex.ok()) return ex.status();
+    if (json) {
+      std::cout << cli::ExplanationToJson(*ex) << "\n";
+      return ex->plan.status();
+    }
+    if (ex->plan.ok()) std::cout << PlanToString(*ex->plan) << "\n";
+    std::cout << cli::ExplanationToText(*ex);
+    return ex->plan.status();
+  }
   auto plan = MakePlan(*spec, *workers, policy);
   if (!plan.ok()) return plan.status();
   std::cout << PlanToString(*plan) << "\n";
@@ -343,7 +359,7 @@ int main(int argc, char** argv) {
       "  generate --server=HOST:PORT --prompt \"TEXT\" --max_tokens N --temperature 0\n"
       "  status   --server=HOST:PORT\n"
       "  (generate, status, bench: --tls_ca_file=PEM [--tls_cert_file --tls_key_file] --bearer_token_file=FILE)\n"
-      "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas]\n"
+      "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas] [--explain] [--json]\n"
       "  bench    --server=HOST:PORT --concurrency N (--requests N | --duration_s S) [--rate R]\n"
       "           [--prompt_tokens N|MIN:MAX] [--shared_prefix_tokens N] [--max_tokens N | --output_tokens MIN:MAX] [--json]\n"
       "  simulate --model=DIR --workers=n*4=cuda:8x80GiB (--rate R [--requests N | --duration_s S] | --trace FILE |\n"

@@ -187,6 +187,20 @@ TEST_F(RegistryTest, ReadsApplyTheTimeoutToo) {
   EXPECT_EQ(registry_.NumAlive(), 0);
 }
 
+TEST_F(RegistryTest, ALateHeartbeatDeclaresItsOwnWorkerDeadAndLeavesTheOthersToTheSweep) {
+  ASSERT_OK_AND_ASSIGN(std::string a, registry_.Register(Worker("a", "x:1")));
+  ASSERT_OK_AND_ASSIGN(std::string b, registry_.Register(Worker("b", "x:2")));
+  clock_.Advance(absl::Seconds(6));  // both silent beyond the timeout
+  const uint64_t v = registry_.version();
+  // a's late heartbeat: a is declared dead now (a change), and told to register again.
+  EXPECT_THAT(registry_.Heartbeat({.worker_id = a, .state = WorkerState::kIdle}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("declared dead")));
+  EXPECT_GT(registry_.version(), v);
+  // b is not evaluated by a's heartbeat (O(1) per heartbeat, not a sweep of every worker): the
+  // next sweep reports it.
+  EXPECT_THAT(registry_.SweepDead(), ElementsAre(b));
+}
+
 TEST_F(RegistryTest, ReRegistrationReplacesTheOldRecord) {
   ASSERT_OK_AND_ASSIGN(std::string old_id, registry_.Register(Worker("a", "x:1")));
   ASSERT_OK_AND_ASSIGN(std::string other, registry_.Register(Worker("a", "x:2")));  // same node, other address
