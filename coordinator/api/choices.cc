@@ -28,9 +28,10 @@ class ChoiceGroup::FirstChoiceSink final : public SequenceSink {
   const std::shared_ptr<SequenceSink> inner_;
 };
 
-ChoiceGroup::ChoiceGroup(Scheduler& scheduler, SequenceRequest request, std::vector<std::shared_ptr<SequenceSink>> sinks)
-    : scheduler_(scheduler), request_(std::move(request)), rest_(std::move(sinks)) {
-  for (size_t i = 0; i < rest_.size(); ++i) cancellers_.push_back(std::make_unique<SequenceCanceller>(&scheduler));
+ChoiceGroup::ChoiceGroup(Scheduler& scheduler, size_t n, SequenceRequest request,
+                         std::vector<std::shared_ptr<SequenceSink>> rest)
+    : scheduler_(scheduler), request_(std::move(request)), rest_(std::move(rest)), rest_done_(rest_.empty()) {
+  for (size_t i = 0; i < n; ++i) cancellers_.push_back(std::make_unique<SequenceCanceller>(&scheduler));
 }
 
 absl::StatusOr<std::shared_ptr<ChoiceGroup>> ChoiceGroup::Submit(Scheduler& scheduler, SequenceRequest request,
@@ -38,10 +39,13 @@ absl::StatusOr<std::shared_ptr<ChoiceGroup>> ChoiceGroup::Submit(Scheduler& sche
   if (sinks.empty() || sinks.size() > static_cast<size_t>(kMaxChoices)) {
     return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", kMaxChoices, "], got ", sinks.size()));
   }
-  std::shared_ptr<SequenceSink> first = sinks.front();
-  std::shared_ptr<ChoiceGroup> group(new ChoiceGroup(scheduler, request, std::move(sinks)));
-  std::shared_ptr<SequenceSink> sink = first;
-  if (group->size() > 1) sink = std::make_shared<FirstChoiceSink>(group, std::move(first));
+  const size_t n = sinks.size();
+  std::shared_ptr<SequenceSink> sink = std::move(sinks.front());
+  std::vector<std::shared_ptr<SequenceSink>> rest(std::make_move_iterator(sinks.begin() + 1),
+                                                  std::make_move_iterator(sinks.end()));
+  // Only the other choices need the request again.
+  std::shared_ptr<ChoiceGroup> group(new ChoiceGroup(scheduler, n, n > 1 ? request : SequenceRequest(), std::move(rest)));
+  if (n > 1) sink = std::make_shared<FirstChoiceSink>(group, std::move(sink));
   absl::StatusOr<SequenceId> id = SubmitWithLog(scheduler, std::move(request), std::move(sink));
   if (!id.ok()) return id.status();
   group->cancellers_[0]->Bind(*id);
@@ -62,20 +66,22 @@ void ChoiceGroup::SubmitRest() {
   }
   const std::string request_id = request.request_id;
   const uint64_t seed = request.sampling.seed;
-  for (size_t i = 1; i < sinks.size(); ++i) {
+  // sinks[k] is choice k + 1.
+  for (size_t k = 0; k < sinks.size(); ++k) {
+    const size_t i = k + 1;
     if (cancelled) {
-      sinks[i]->OnEnd(SequenceEnd{.reason = FinishReason::kCancelled});
+      sinks[k]->OnEnd(SequenceEnd{.reason = FinishReason::kCancelled});
       continue;
     }
     SequenceRequest r = request;
     r.sampling.seed = seed + i;
     r.prompt_logprobs = false;  // choice 0 reports them
     if (!request_id.empty()) r.request_id = absl::StrCat(request_id, ".", i);
-    absl::StatusOr<SequenceId> id = SubmitWithLog(scheduler_, std::move(r), sinks[i]);
+    absl::StatusOr<SequenceId> id = SubmitWithLog(scheduler_, std::move(r), sinks[k]);
     if (id.ok()) {
       cancellers_[i]->Bind(*id);
     } else {
-      sinks[i]->OnEnd(SequenceEnd{.status = id.status()});
+      sinks[k]->OnEnd(SequenceEnd{.status = id.status()});
     }
   }
 }

@@ -42,7 +42,9 @@ class ChoiceGroup : public std::enable_shared_from_this<ChoiceGroup> {
 
  private:
   class FirstChoiceSink;
-  ChoiceGroup(Scheduler& scheduler, SequenceRequest request, std::vector<std::shared_ptr<SequenceSink>> sinks);
+  // `rest`: the sinks of choices 1..n-1 (the group never holds choice 0's: a front end holds the
+  // group, and the group must not hold the front end's sinks once they are submitted).
+  ChoiceGroup(Scheduler& scheduler, size_t n, SequenceRequest request, std::vector<std::shared_ptr<SequenceSink>> rest);
   // Choice 0's prompt is in the cache: submits the others (once).
   void SubmitRest();
 
@@ -50,7 +52,7 @@ class ChoiceGroup : public std::enable_shared_from_this<ChoiceGroup> {
   std::vector<std::unique_ptr<SequenceCanceller>> cancellers_;  // one per choice
   absl::Mutex mu_;
   SequenceRequest request_ ABSL_GUARDED_BY(mu_);  // the template of choices 1..n-1
-  std::vector<std::shared_ptr<SequenceSink>> rest_ ABSL_GUARDED_BY(mu_);  // their sinks, until submitted
+  std::vector<std::shared_ptr<SequenceSink>> rest_ ABSL_GUARDED_BY(mu_);  // choices 1.., until submitted
   bool rest_done_ ABSL_GUARDED_BY(mu_) = false;    // submitted, or given up
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;    // CancelAll was called
 };
