@@ -12,6 +12,7 @@
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
 #include "coordinator/planner/planner.h"
+#include "tests/coordinator/planner/model_100m.h"
 #include "tests/testing/status_matchers.h"
 
 namespace shardserve {
@@ -24,22 +25,9 @@ using ::testing::HasSubstr;
 constexpr int64_t kMB = 1'000'000;
 constexpr int64_t kGB = 1'000'000'000;
 
-// The 100M Llama of planner_test.cc: f32, 536.4 MB of weights, 73,728 KV bytes per token.
-ModelSpec Model100M() {
-  ModelSpec s;
-  s.arch = Architecture::kLlama;
-  s.vocab_size = 32000;
-  s.hidden_size = 768;
-  s.intermediate_size = 2048;
-  s.num_layers = 12;
-  s.num_heads = 12;
-  s.num_kv_heads = 12;
-  s.head_dim = 64;
-  s.max_position_embeddings = 1024;
-  return s;
-}
-constexpr int64_t k100MWeightBytes = 134'105'856 * 4;
-constexpr int64_t k100MKvBytesPerToken = 2 * 12 * 768 * 4;
+using ::shardserve::testing::k100MKvBytesPerToken;
+using ::shardserve::testing::k100MWeightBytes;
+using ::shardserve::testing::Model100M;
 
 WorkerInventory Worker(const std::string& id, int64_t free_bytes) {
   return WorkerInventory{id, "node-" + id, {{DeviceKind::kCpu, 0, free_bytes + kGB, free_bytes}}};

@@ -13,6 +13,7 @@
 
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
+#include "tests/coordinator/planner/model_100m.h"
 #include "tests/testing/status_matchers.h"
 
 namespace shardserve {
@@ -29,22 +30,9 @@ constexpr int64_t kGB = 1'000'000'000;
 
 // ---- Models ---------------------------------------------------------------------------------
 
-// "The 100M model" of ARCHITECTURE.md: 134M parameters, 536.4 MB of f32 weights.
-ModelSpec Model100M() {
-  ModelSpec s;
-  s.arch = Architecture::kLlama;
-  s.vocab_size = 32000;
-  s.hidden_size = 768;
-  s.intermediate_size = 2048;
-  s.num_layers = 12;
-  s.num_heads = 12;
-  s.num_kv_heads = 12;
-  s.head_dim = 64;
-  s.max_position_embeddings = 1024;
-  return s;
-}
-constexpr int64_t k100MWeightBytes = 134'105'856 * 4;
-constexpr int64_t k100MKvBytesPerToken = 2 * 12 * 768 * 4;  // all 12 layers
+using ::shardserve::testing::k100MKvBytesPerToken;
+using ::shardserve::testing::k100MWeightBytes;
+using ::shardserve::testing::Model100M;
 
 ModelSpec Parse(const std::string& json) {
   absl::StatusOr<ModelSpec> spec = ParseModelSpec(json, "test config");
