@@ -11,8 +11,8 @@
 // why). A worker that restarts (registers again with the same node name and address) is given
 // its old stage again, and the replica serves again once it is READY.
 //
-// Not done (yet): re-planning when workers join or leave for good; expert spill across workers
-// (a plan with remote experts is refused with Unimplemented).
+// Expert hosts (workers that hold spilled experts and run no stage) are assigned like stage workers;
+// every replica needs all of them. Not done (yet): re-planning when workers join or leave for good.
 //
 // Threads: Start() runs the loop on its own thread, which wakes on every registry change and at
 // least every Options::poll_interval. Tick() runs one pass; tests may call it instead of Start().

@@ -74,7 +74,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       reads_done_ = true;
       MaybeFinishLocked();
       return;
@@ -112,7 +112,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
       Deliver(ErrorResponse(0, complete.status()), /*from_job=*/false);
     } else if (*complete) {
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         ++outstanding_jobs_;
       }
       const size_t job_bytes = std::exchange(assembling_bytes_, 0);
@@ -131,7 +131,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   }
 
   void OnWriteDone(bool /*ok*/) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     writing_ = false;
     if (!pending_.empty()) {
       WriteNextLocked();
@@ -154,12 +154,12 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     budget_.Release(std::exchange(assembling_bytes_, 0));
   }
   void Deliver(v1::StepResponse response, bool from_job) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (from_job) --outstanding_jobs_;
     pending_.push_back(std::move(response));
     if (!writing_) WriteNextLocked();
   }
-  void WriteNextLocked() {
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     current_ = std::move(pending_.front());
     if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("tx", "upstream", current_.ByteSizeLong());
     pending_.pop_front();
@@ -167,7 +167,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     StartWrite(&current_);
   }
   // Finish once the peer stopped sending and every job has been answered and written.
-  void MaybeFinishLocked() {
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reads_done_ && outstanding_jobs_ == 0 && !writing_ && pending_.empty() && !finished_) {
       finished_ = true;
       Finish(grpc::Status::OK);
@@ -181,13 +181,13 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   size_t assembling_bytes_ = 0;           // charged for the micro-batch being reassembled
   std::optional<uint64_t> dropping_step_;  // a refused micro-batch whose chunks are still coming
   v1::StepRequest incoming_;
-  std::mutex mu_;
-  std::deque<v1::StepResponse> pending_;  // guarded by mu_
-  v1::StepResponse current_;              // the write in flight; mu_
-  bool writing_ = false;                  // mu_
-  bool reads_done_ = false;               // mu_
-  bool finished_ = false;                 // mu_
-  int outstanding_jobs_ = 0;              // mu_
+  Mutex mu_;
+  std::deque<v1::StepResponse> pending_ ABSL_GUARDED_BY(mu_);
+  v1::StepResponse current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int outstanding_jobs_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A stream refused before any message is read (its caller lacks the role).
@@ -261,7 +261,7 @@ WorkerServer::~WorkerServer() {
   if (stage_thread_.joinable()) stage_thread_.join();
   std::thread loader;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     loader = std::move(loader_);
   }
   if (loader.joinable()) loader.join();
@@ -274,7 +274,7 @@ grpc::Service* WorkerServer::expert_service() { return expert_service_.get(); }
 absl::Status WorkerServer::ComputeExperts(const v1::ExpertRequest& request, v1::ExpertResponse* response) {
   std::shared_ptr<engine::ExpertHost> host;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     host = expert_host_;
   }
   if (host == nullptr) return absl::UnavailableError("this worker hosts no experts");
@@ -313,7 +313,7 @@ int64_t OfferedGpuBytes(int64_t total_bytes, int64_t free_bytes, double utilizat
 }
 
 WorkerStatusSnapshot WorkerServer::Status() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return status_;
 }
 
@@ -421,7 +421,7 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
   if (!host && (a.max_step_tokens() < 1 || a.max_seq_len() < 0)) {
     return absl::InvalidArgumentError("max_step_tokens must be >= 1 and max_seq_len >= 0");
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("worker is shutting down");
   if (status_.state == v1::WORKER_STATE_LOADING) {
     return absl::AbortedError(absl::StrCat("still loading assignment ", status_.assignment_id, "; retry later"));
@@ -519,7 +519,7 @@ void WorkerServer::Load(v1::Assignment a) {
   std::shared_ptr<StageRuntime> old;
   std::shared_ptr<engine::ExpertHost> old_experts;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (st.ok()) {
       old = std::move(runtime_);
       old_experts = std::move(expert_host_);
@@ -545,17 +545,14 @@ void WorkerServer::Load(v1::Assignment a) {
 
 void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!stopping_ && jobs_.size() < options_.max_queued_steps) {
       jobs_.push_back(Job{std::move(request), std::move(done)});
-      jobs_cv_.notify_one();
+      jobs_cv_.Signal();
       return;
     }
   }
-  const bool stopping = [&] {
-    std::lock_guard lock(mu_);
-    return stopping_;
-  }();
+  const bool stopping = Stopping();
   done(ErrorResponse(request.step_id(), stopping ? absl::UnavailableError("worker is shutting down")
                                                  : absl::ResourceExhaustedError(absl::StrCat(
                                                        "stage queue full (", options_.max_queued_steps, " steps)"))));
@@ -566,17 +563,16 @@ void WorkerServer::StageLoop() {
     Job job;
     std::shared_ptr<StageRuntime> runtime;
     {
-      std::unique_lock lock(mu_);
-      jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stopping_ && jobs_.empty()) jobs_cv_.Wait(&mu_);
       if (jobs_.empty()) return;  // stopping, nothing left
       job = std::move(jobs_.front());
       jobs_.pop_front();
-      if (stopping_) {
-        lock.unlock();
-        job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("worker is shutting down")));
-        continue;
-      }
-      runtime = runtime_;
+      if (!stopping_) runtime = runtime_;
+    }
+    if (runtime == nullptr && Stopping()) {
+      job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("worker is shutting down")));
+      continue;
     }
     if (runtime == nullptr) {
       job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("this worker has no stage loaded")));
@@ -586,14 +582,19 @@ void WorkerServer::StageLoop() {
   }
 }
 
+bool WorkerServer::Stopping() const {
+  MutexLock lock(&mu_);
+  return stopping_;
+}
+
 void WorkerServer::Shutdown() {
   std::shared_ptr<StageRuntime> runtime;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     runtime = runtime_;
   }
-  jobs_cv_.notify_all();
+  jobs_cv_.SignalAll();
   if (runtime != nullptr) runtime->Cancel();
 }
 

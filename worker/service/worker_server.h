@@ -12,11 +12,9 @@
 #define SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +23,7 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "common/concurrency/mutex.h"
 #include "common/security/grpc_security.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/expert.grpc.pb.h"
@@ -119,6 +118,7 @@ class WorkerServer {
     std::function<void(v1::StepResponse)> done;
   };
   void StageLoop();
+  bool Stopping() const;
   void Load(v1::Assignment assignment);
   std::vector<v1::Device> QueryDevices() const;
   absl::StatusOr<std::shared_ptr<StageRuntime>> LoadStage(const v1::Assignment& a);
@@ -129,14 +129,14 @@ class WorkerServer {
   std::unique_ptr<grpc::Service> stage_service_;
   std::unique_ptr<grpc::Service> expert_service_;
 
-  mutable std::mutex mu_;
-  std::condition_variable jobs_cv_;
-  std::deque<Job> jobs_;                       // guarded by mu_
-  bool stopping_ = false;                      // mu_
-  WorkerStatusSnapshot status_;                // mu_
-  std::shared_ptr<StageRuntime> runtime_;      // mu_; replaced when a new assignment is loaded
-  std::shared_ptr<engine::ExpertHost> expert_host_;  // mu_; set instead of runtime_ on expert hosts
-  std::thread loader_;                         // joined before starting another; mu_
+  mutable Mutex mu_;
+  CondVar jobs_cv_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  WorkerStatusSnapshot status_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);  // replaced when a new assignment is loaded
+  std::shared_ptr<engine::ExpertHost> expert_host_ ABSL_GUARDED_BY(mu_);  // set instead of runtime_ on expert hosts
+  std::thread loader_ ABSL_GUARDED_BY(mu_);  // joined before starting another
   std::thread stage_thread_;
 };
 
