@@ -30,18 +30,6 @@ std::string RequestIds(const v1::StepRequest& request) {
 
 }  // namespace
 
-namespace {
-
-v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
-  v1::StepResponse failed;
-  failed.set_step_id(step_id);
-  failed.set_error_code(static_cast<int32_t>(st.code()));
-  failed.set_error_message(std::string(st.message()));
-  return failed;
-}
-
-}  // namespace
-
 // One stream to the next stage on gRPC's callback API. Send() queues a micro-batch's messages and
 // registers its answer callback; answers are matched by step_id as they arrive. When the stream
 // ends (either side), every micro-batch still waiting is answered with UNAVAILABLE.

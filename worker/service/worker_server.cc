@@ -32,14 +32,6 @@ Quantization ToQuantization(v1::WeightQuantization q) {
   return q == v1::WEIGHT_QUANTIZATION_INT8 ? Quantization::kInt8 : Quantization::kNone;
 }
 
-v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
-  v1::StepResponse r;
-  r.set_step_id(step_id);
-  r.set_error_code(static_cast<int32_t>(st.code()));
-  r.set_error_message(std::string(st.message()));
-  return r;
-}
-
 // A raw method, parsed here: an assignment that does not parse is INVALID_ARGUMENT (gRPC's typed
 // handler would answer UNIMPLEMENTED).
 using WorkerBase = v1::Worker::WithRawCallbackMethod_Assign<v1::Worker::CallbackService>;
