@@ -206,13 +206,21 @@ class StageServiceImpl final : public v1::Stage::CallbackService {
 };
 
 // Synchronous: a call computes on the caller's gRPC thread (the host's devices serialise it).
-class ExpertServiceImpl final : public v1::Expert::Service {
+// On the callback API: the call is queued for the worker's expert threads and answered from
+// there, so gRPC's threads never compute.
+class ExpertServiceImpl final : public v1::Expert::CallbackService {
  public:
   explicit ExpertServiceImpl(WorkerServer* server) : server_(server) {}
-  grpc::Status Compute(grpc::ServerContext* ctx, const v1::ExpertRequest* request,
-                       v1::ExpertResponse* response) override {
-    if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) return st;
-    return ToGrpcStatus(server_->ComputeExperts(*request, response));
+  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* ctx, const v1::ExpertRequest* request,
+                                    v1::ExpertResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) {
+      reactor->Finish(st);
+      return reactor;
+    }
+    server_->EnqueueExpertCall(request, response,
+                               [reactor](const absl::Status& st) { reactor->Finish(ToGrpcStatus(st)); });
+    return reactor;
   }
 
  private:
@@ -246,11 +254,16 @@ WorkerServer::WorkerServer(WorkerOptions options)
       worker_service_(std::make_unique<WorkerServiceImpl>(this)),
       stage_service_(std::make_unique<StageServiceImpl>(this)),
       expert_service_(std::make_unique<ExpertServiceImpl>(this)),
-      stage_thread_([this] { StageLoop(); }) {}
+      stage_thread_([this] { StageLoop(); }) {
+  for (int i = 0; i < std::max(options_.expert_threads, 1); ++i) {
+    expert_threads_.emplace_back([this] { ExpertLoop(); });
+  }
+}
 
 WorkerServer::~WorkerServer() {
   Shutdown();
   if (stage_thread_.joinable()) stage_thread_.join();
+  for (std::thread& t : expert_threads_) t.join();
   std::thread loader;
   {
     MutexLock lock(&mu_);
@@ -587,7 +600,44 @@ void WorkerServer::Shutdown() {
     runtime = runtime_;
   }
   jobs_cv_.SignalAll();
+  expert_cv_.SignalAll();
   if (runtime != nullptr) runtime->Cancel();
+}
+
+void WorkerServer::EnqueueExpertCall(const v1::ExpertRequest* request, v1::ExpertResponse* response,
+                                     std::function<void(const absl::Status&)> done) {
+  absl::Status refused;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) {
+      refused = absl::UnavailableError("worker is shutting down");
+    } else if (expert_calls_.size() >= options_.max_queued_steps) {
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat("expert call queue full (", options_.max_queued_steps, " calls)"));
+    } else {
+      expert_calls_.push_back(ExpertCall{request, response, std::move(done)});
+      expert_cv_.Signal();
+      return;
+    }
+  }
+  done(refused);
+}
+
+void WorkerServer::ExpertLoop() {
+  while (true) {
+    ExpertCall call;
+    bool stopping = false;
+    {
+      MutexLock lock(&mu_);
+      while (!stopping_ && expert_calls_.empty()) expert_cv_.Wait(&mu_);
+      if (expert_calls_.empty()) return;  // stopping, nothing left
+      call = std::move(expert_calls_.front());
+      expert_calls_.pop_front();
+      stopping = stopping_;
+    }
+    call.done(stopping ? absl::UnavailableError("worker is shutting down")
+                       : ComputeExperts(*call.request, call.response));
+  }
 }
 
 }  // namespace shardserve::service

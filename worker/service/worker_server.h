@@ -41,7 +41,9 @@ struct WorkerOptions {
   int cpu_ranks = 1;
   int cpu_threads = 1;
   std::vector<int> cuda_devices;
-  size_t max_queued_steps = 64;
+  size_t max_queued_steps = 64;  // also the Expert.Compute calls that may wait for an expert thread
+  // Threads that run Expert.Compute calls (off gRPC's threads); calls on different devices overlap.
+  int expert_threads = 2;
   // Bytes of stage-stream messages the worker holds over all its streams before they stop reading
   // (stream_budget.h; --stream_buffer_bytes); a micro-batch that would take them past twice this is
   // refused with RESOURCE_EXHAUSTED. >= 1.
@@ -109,6 +111,12 @@ class WorkerServer {
   // next-stage link's reader thread, or inline when the queue is full or the worker is stopping).
   void Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done);
 
+  // Queues an Expert.Compute call for the expert threads, which run ComputeExperts and then
+  // `done` (inline instead: RESOURCE_EXHAUSTED when max_queued_steps calls wait, UNAVAILABLE when
+  // stopping). `request` and `response` must stay valid until `done` runs.
+  void EnqueueExpertCall(const v1::ExpertRequest* request, v1::ExpertResponse* response,
+                         std::function<void(const absl::Status&)> done);
+
   // Stops the stage and loader threads; queued steps are answered with UNAVAILABLE.
   void Shutdown();
 
@@ -117,7 +125,13 @@ class WorkerServer {
     v1::StepRequest request;
     std::function<void(v1::StepResponse)> done;
   };
+  struct ExpertCall {
+    const v1::ExpertRequest* request = nullptr;
+    v1::ExpertResponse* response = nullptr;
+    std::function<void(const absl::Status&)> done;
+  };
   void StageLoop();
+  void ExpertLoop();
   bool Stopping() const;
   void Load(v1::Assignment assignment);
   std::vector<v1::Device> QueryDevices() const;
@@ -138,6 +152,9 @@ class WorkerServer {
   std::shared_ptr<engine::ExpertHost> expert_host_ ABSL_GUARDED_BY(mu_);  // set instead of runtime_ on expert hosts
   std::thread loader_ ABSL_GUARDED_BY(mu_);  // joined before starting another
   std::thread stage_thread_;
+  CondVar expert_cv_;
+  std::deque<ExpertCall> expert_calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> expert_threads_;  // started by the constructor
 };
 
 // Builds and starts the gRPC server of a worker daemon on `listen` (HOST:PORT, port 0 = a free
