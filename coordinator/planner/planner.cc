@@ -1016,6 +1016,7 @@ absl::StatusOr<PlanExplanation> ExplainPlan(const ModelSpec& spec, const std::ve
                                             const PlanPolicy& policy) {
   PlanExplanation ex;
   ex.plan = PlanImpl(spec, workers, policy, &ex);
+  if (ex.plan.ok()) ex.traffic = EstimateTraffic(spec, *ex.plan);
   // Errors before the search (spec, policy, inventory) are errors of the call, as in MakePlan.
   if (!ex.plan.ok() && ex.plan.status().code() != absl::StatusCode::kResourceExhausted) return ex.plan.status();
   return ex;

@@ -104,6 +104,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
+#include "coordinator/planner/traffic.h"
 
 namespace shardserve {
 
@@ -216,6 +217,8 @@ struct PlanExplanation {
   std::vector<LayoutEvaluation> layouts;  // in the order evaluated; the last is kChosen when plan is ok
   // What MakePlan returns for the same input (ok, or its error).
   absl::StatusOr<Plan> plan = absl::UnknownError("not planned");
+  // When `plan` is ok: its per-token traffic and pipeline bubble, per replica (traffic.h).
+  std::vector<PipelineTraffic> traffic;
 };
 
 // MakePlan's search, recorded. Returns InvalidArgument / FailedPrecondition as MakePlan does (bad
