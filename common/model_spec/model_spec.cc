@@ -151,7 +151,7 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
   } else if (type == "yarn") {
     rope->type = RopeType::kYarn;
     ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
-                     p.Int("original_max_position_embeddings", 1, kMaxPositions));
+                     p.IntOr("original_max_position_embeddings", max_positions, 1, kMaxPositions));
     // transformers: a missing factor is max_position_embeddings / original_max_position_embeddings.
     ASSIGN_OR_RETURN(rope->factor, p.NumberOr("factor", static_cast<double>(max_positions) /
                                                             static_cast<double>(rope->original_max_position_embeddings),
