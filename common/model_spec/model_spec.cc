@@ -334,6 +334,10 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
                                            " expert per group; a group's score is the sum of its two best"));
   }
   ASSIGN_OR_RETURN(moe.topk_group, f.IntOr("topk_group", 4, 1, moe.n_group));
+  if (moe.topk_group > moe.n_group) {  // only the default (4) can be: a stated value is range-checked
+    return f.Error("topk_group", absl::StrCat("is missing, and its default (", moe.topk_group,
+                                              ") exceeds n_group (", moe.n_group, ")"));
+  }
   if (moe.top_k > moe.topk_group * per_group) {
     return f.Error("num_experts_per_tok", absl::StrCat("(", moe.top_k, ") exceeds the ", moe.topk_group * per_group,
                                                        " experts of topk_group (", moe.topk_group, ") groups"));

@@ -459,6 +459,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadDeepseek{"YarnBetaNotNumber",
                     [](json& c) { c["rope_scaling"]["beta_fast"] = "fast"; }, absl::StatusCode::kInvalidArgument,
                     "beta_fast"},
+        BadDeepseek{"DefaultTopkGroupAboveGroups",
+                    [](json& c) {
+                      c.erase("topk_group");
+                      c["n_group"] = 2;
+                    },
+                    absl::StatusCode::kInvalidArgument, "its default (4) exceeds n_group (2)"},
         BadDeepseek{"ExpertCountsDisagree", [](json& c) { c["num_local_experts"] = 16; },
                     absl::StatusCode::kInvalidArgument, "num_local_experts"}),
     [](const auto& test_info) { return test_info.param.name; });
