@@ -87,6 +87,9 @@ struct CoordinatorOptions {
   // The model's name in the HTTP API (/v1/models, replies; requests may name it or model_path).
   // Empty: the model directory's last component.
   std::string served_model_name;
+  // How the model writes tool calls in chat (--tool_call_parser): "hermes" (<tool_call> tags,
+  // Qwen2.5), "llama3_json" (Llama 3.x), or "auto" (detected from the chat template).
+  std::string tool_call_parser = "auto";
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign

@@ -51,6 +51,7 @@ std::string ReasonName(v1::FinishReason r) {
     case v1::FINISH_REASON_LENGTH: return "length";
     case v1::FINISH_REASON_STOP: return "stop";
     case v1::FINISH_REASON_CANCELLED: return "cancelled";
+    case v1::FINISH_REASON_TOOL_CALLS: return "tool_calls";
     default: return "";  // unset, or a value newer than this client
   }
 }

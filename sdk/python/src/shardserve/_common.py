@@ -20,6 +20,7 @@ _FINISH = {
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_CANCELLED: "cancelled",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
 
