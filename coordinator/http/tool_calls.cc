@@ -249,7 +249,7 @@ std::string ToolCallStreamer::Add(absl::string_view text) {
   switch (format_) {
     case ToolCallFormat::kHermes: {
       absl::StrAppend(&held_, text);
-      const size_t at = held_.find(kCallOpen);
+      const size_t at = absl::string_view(held_).find(kCallOpen);
       std::string out;
       if (at != std::string::npos) {
         out = held_.substr(0, at);

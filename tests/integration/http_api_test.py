@@ -518,6 +518,74 @@ print(json.dumps([r.choices[0].message.content, streamed, r.usage.completion_tok
         self.assertEqual(streamed, content)
         self.assertLessEqual(tokens, 16)
 
+    def test_tool_calls_with_openai_package(self):
+        # tool_choice "required" and a named function: the answer is constrained to calls, which the
+        # openai package reads as message.tool_calls (and as streamed deltas) whose arguments
+        # validate against the tool's schema, over several seeds; "none" gives plain content.
+        script = f"""
+import json, openai
+c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
+tools = [{{"type": "function", "function": {{"name": "get_weather", "description": "The weather.",
+          "parameters": {{"type": "object", "properties": {{"city": {{"type": "string", "maxLength": 10}},
+                          "unit": {{"type": "string", "enum": ["celsius", "fahrenheit"]}}, "days": {{"type": "integer"}}}},
+                          "required": ["city", "unit"], "additionalProperties": False}}}}}},
+         {{"type": "function", "function": {{"name": "get_time", "parameters": {{"type": "object",
+          "properties": {{"zone": {{"type": "string", "maxLength": 6}}}}, "required": ["zone"]}}}}}}]
+msgs = [{{"role": "user", "content": "A dog"}}]
+out = {{"calls": [], "streamed": [], "none": None}}
+for seed in range(1, 4):
+    for choice in ("required", {{"type": "function", "function": {{"name": "get_time"}}}}):
+        r = c.chat.completions.create(model="stories-chat", messages=msgs, tools=tools, tool_choice=choice,
+                                      temperature=1.0, seed=seed, max_tokens=200)
+        m = r.choices[0].message
+        out["calls"].append([r.choices[0].finish_reason, m.content,
+                             [[t.id, t.type, t.function.name, t.function.arguments] for t in m.tool_calls or []],
+                             choice if isinstance(choice, str) else "get_time"])
+s = c.chat.completions.create(model="stories-chat", messages=msgs, tools=tools, tool_choice="required",
+                              temperature=1.0, seed=1, max_tokens=200, stream=True)
+calls = {{}}
+for ch in s:
+    for d in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+        e = calls.setdefault(d.index, ["", ""])
+        if d.function.name: e[0] = d.function.name
+        e[1] += d.function.arguments or ""
+out["streamed"] = [calls[k] for k in sorted(calls)]
+r = c.chat.completions.create(model="stories-chat", messages=msgs, tools=tools, tool_choice="none", max_tokens=8,
+                              temperature=0)
+out["none"] = [r.choices[0].finish_reason, r.choices[0].message.content, r.choices[0].message.tool_calls]
+print(json.dumps(out))
+"""
+        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertEqual(len(out["calls"]), 6)
+        for finish, content, calls, want in out["calls"]:
+            self.assertEqual(finish, "tool_calls")
+            self.assertIsNone(content)
+            self.assertGreaterEqual(len(calls), 1)
+            if want != "required":
+                self.assertEqual([c[2] for c in calls], [want])
+            for call_id, kind, name, arguments in calls:
+                self.assertTrue(call_id)
+                self.assertEqual(kind, "function")
+                args = json.loads(arguments)
+                if name == "get_weather":
+                    self.assertLessEqual(set(args), {"city", "unit", "days"})
+                    self.assertIsInstance(args["city"], str)
+                    self.assertLessEqual(len(args["city"]), 10)
+                    self.assertIn(args["unit"], ("celsius", "fahrenheit"))
+                    if "days" in args:
+                        self.assertIsInstance(args["days"], int)
+                else:
+                    self.assertEqual(name, "get_time")
+                    self.assertIsInstance(args["zone"], str)
+                    self.assertLessEqual(len(args["zone"]), 6)
+        first = out["calls"][0]
+        self.assertEqual(out["streamed"], [[c[2], c[3]] for c in first[2]])
+        finish, content, calls = out["none"]
+        self.assertIsNone(calls)
+        self.assertTrue(content)
+
 
 if __name__ == "__main__":
     BIN = sys.argv.pop(1)
