@@ -230,7 +230,7 @@ absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vect
   const std::string call = absl::StrCat(structured::RegexLiteral(absl::StrCat(kCallOpen, "\n")), object,
                                         structured::RegexLiteral(absl::StrCat("\n", kCallClose)));
   if (!parallel || named.has_value()) return call;
-  return absl::StrCat(call, "(?:\\n", call, ")*");
+  return absl::StrCat(call, "(?:\\n", call, "){0,", kMaxParallelCalls - 1, "}");
 }
 
 ParsedOutput ParseToolCalls(ToolCallFormat format, absl::string_view text) {

@@ -60,9 +60,12 @@ enum class ToolChoice {
 // "parameters", "strict"}}); InvalidArgument naming `field` ("tools[2].function.name").
 absl::StatusOr<ToolFunction> ParseToolDefinition(const nlohmann::ordered_json& tool, const std::string& field);
 
+// The most calls a constrained answer holds (tool_choice required with parallel calls).
+inline constexpr int kMaxParallelCalls = 8;
+
 // The regex (ByteDfa syntax) of output that is only tool calls in `format`: a call to `named` (when
-// set, and exactly one call), or else to any of `tools` (one call, or one or more with
-// `parallel`). Arguments are compact JSON valid against each tool's parameters schema, with the
+// set, and exactly one call), or else to any of `tools` (one call, or 1..kMaxParallelCalls with
+// `parallel` in kHermes; kLlama3Json calls one tool at a time). Arguments are compact JSON valid against each tool's parameters schema, with the
 // limits of `options`. InvalidArgument naming the tool whose schema is unsupported.
 absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vector<ToolFunction>& tools,
                                           const std::optional<std::string>& named, bool parallel,

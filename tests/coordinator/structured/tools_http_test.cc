@@ -68,7 +68,7 @@ class ToolsHttpTest : public ::testing::TestWithParam<const char*> {
     // A longer context than the model's 512 tokens, for the prompts that list the tools (the
     // answers are constrained, so what the model makes of far positions does not matter).
     Json model_config = Json::parse(ReadAll(absl::StrCat(kModelDir, "/config.json")));
-    model_config["max_position_embeddings"] = 2048;
+    model_config["max_position_embeddings"] = 4096;
     dir_.Write("config.json", model_config.dump());
     Json config = Json::parse(ReadAll(absl::StrCat(kModelDir, "/tokenizer_config.json")));
     config["chat_template"] = ReadAll(absl::StrCat("tests/coordinator/http/chat_templates/", GetParam()));
@@ -97,13 +97,14 @@ class ToolsHttpTest : public ::testing::TestWithParam<const char*> {
     if (server_ != nullptr) server_->Stop();
   }
 
+  // No max_tokens: the answer may run to the end of the context (several parallel calls fit).
   static Json Request(const Json& tool_choice, int seed) {
     return {{"messages", Json::array({{{"role", "user"}, {"content", "Lily wants to know the weather."}}})},
             {"tools", Json::parse(kTools)},
             {"tool_choice", tool_choice},
+            {"parallel_tool_calls", seed % 2 == 0},
             {"temperature", 1.0},
-            {"seed", seed},
-            {"max_tokens", 400}};
+            {"seed", seed}};
   }
 
   // Every call names a tool (`only` when set) and its arguments validate against its schema.
@@ -113,7 +114,9 @@ class ToolsHttpTest : public ::testing::TestWithParam<const char*> {
     const Json tools = Json::parse(kTools);
     for (const Json& call : calls) {
       const std::string name = call["function"]["name"];
-      if (!only.empty()) EXPECT_EQ(name, only);
+      if (!only.empty()) {
+        EXPECT_EQ(name, only);
+      }
       const Json* schema = nullptr;
       for (const Json& t : tools) {
         if (t["function"]["name"] == name) schema = &t["function"]["parameters"];
@@ -198,8 +201,8 @@ TEST_P(ToolsHttpTest, StreamedRequiredCallEqualsTheWholeAnswer) {
 
 INSTANTIATE_TEST_SUITE_P(ModelTemplates, ToolsHttpTest,
                          ::testing::Values("qwen2.5_instruct.jinja", "llama3.1_instruct.jinja"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.index == 0 ? "Qwen25Hermes" : "Llama31Json");
+                         [](const ::testing::TestParamInfo<const char*>& param) {
+                           return std::string(param.index == 0 ? "Qwen25Hermes" : "Llama31Json");
                          });
 
 }  // namespace
