@@ -734,6 +734,83 @@ TEST_F(CoordinatorApiTest, ChatNeedsAChatTemplate) {
   EXPECT_THAT(r.status.error_message(), HasSubstr("has no chat template"));
 }
 
+// Chat with tools over gRPC: the tools and an earlier call reach the template; TOOL_CHOICE_FUNCTION
+// constrains the answer to a call of that function, parsed into the last message's tool_calls with
+// FINISH_REASON_TOOL_CALLS (the template mentions <tool_call>: hermes); bad tool fields are
+// INVALID_ARGUMENT naming them.
+TEST_F(CoordinatorApiTest, ChatWithToolsReturnsParsedToolCalls) {
+  testing::TempDir dir;
+  for (const char* name : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                           "tokenizer.model", "special_tokens_map.json"}) {
+    dir.Write(name, testing::ReadFileOrEmpty(absl::StrCat(testing::Stories260KDir(), "/", name)));
+  }
+  nlohmann::json config = nlohmann::json::parse(
+      testing::ReadFileOrEmpty(absl::StrCat(testing::Stories260KDir(), "/tokenizer_config.json")));
+  config["chat_template"] =
+      "{% for t in tools %}T:{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}"
+      "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }}({{ c.function.arguments.x }})"
+      "</tool_call>{% endfor %}{% endif %}\n{% endfor %}A:";
+  dir.Write("tokenizer_config.json", config.dump());
+  StartCoordinator(dir.path(), 1);
+  BringUpOneWorker();
+  ASSERT_OK_AND_ASSIGN(auto tokenizer, LoadTokenizer(dir.path()));
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> rendered,
+                       tokenizer->Encode("T:add;T:mul;user: Sum?\nassistant: <tool_call>add(7)</tool_call>\n"
+                                         "tool: 9\nA:", false));
+  v1::GenerateRequest req;
+  v1::ChatMessages* chat = req.mutable_chat();
+  chat->set_tools(R"([{"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+      "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"]}}},
+      {"type": "function", "function": {"name": "mul"}}])");
+  auto add = [&](const char* role, const char* content) {
+    v1::ChatMessage* m = chat->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+    return m;
+  };
+  add("user", "Sum?");
+  v1::ToolCall* earlier = add("assistant", "")->add_tool_calls();
+  earlier->set_id("c1");
+  earlier->set_name("add");
+  earlier->set_arguments(R"({"x": 7, "y": 2})");
+  add("tool", "9")->set_tool_call_id("c1");
+  chat->set_tool_choice(v1::TOOL_CHOICE_FUNCTION);
+  chat->set_tool_name("add");
+  req.set_max_tokens(200);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(3);
+  const GenerateResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.messages.back().usage().prompt_tokens(), static_cast<int32_t>(rendered.size()));
+  EXPECT_EQ(r.messages.back().finish_reason(), v1::FINISH_REASON_TOOL_CALLS) << r.text;
+  ASSERT_EQ(r.messages.back().tool_calls_size(), 1) << r.text;
+  const v1::ToolCall& call = r.messages.back().tool_calls(0);
+  EXPECT_EQ(call.name(), "add");
+  EXPECT_FALSE(call.id().empty());
+  const nlohmann::json args = nlohmann::json::parse(call.arguments());
+  EXPECT_TRUE(args["x"].is_number_integer()) << call.arguments();
+  EXPECT_TRUE(args["y"].is_number_integer()) << call.arguments();
+  EXPECT_THAT(r.text, ::testing::StartsWith("<tool_call>\n{\"name\":\"add\",\"arguments\":"));
+
+  // TOOL_CHOICE_NONE: the same tools, no parsing.
+  v1::GenerateRequest none = req;
+  none.mutable_chat()->set_tool_choice(v1::TOOL_CHOICE_NONE);
+  none.set_max_tokens(4);
+  const GenerateResult n = Generate(none);
+  ASSERT_TRUE(n.status.ok()) << n.status.error_message();
+  EXPECT_EQ(n.messages.back().tool_calls_size(), 0);
+
+  v1::GenerateRequest bad = req;
+  bad.mutable_chat()->set_tool_name("div");
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("no tool is named 'div'"));
+  bad = req;
+  bad.mutable_chat()->set_tools("[{\"type\": \"function\"}]");
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("prompt.chat.tools[0].function"));
+  bad = req;
+  bad.mutable_chat()->clear_tools();
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("prompt.chat.tool_choice: needs prompt.chat.tools"));
+}
+
 // GenerateRequest's constraint: a JSON Schema and a regex constrain the text (stories260K at
 // temperature 1); an unsupported keyword is INVALID_ARGUMENT naming it.
 TEST_F(CoordinatorApiTest, StructuredOutputJsonSchemaAndRegex) {
