@@ -749,7 +749,7 @@ TEST_F(CoordinatorApiTest, ChatWithToolsReturnsParsedToolCalls) {
   config["chat_template"] =
       "{% for t in tools %}T:{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}"
       "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }}({{ c.function.arguments.x }})"
-      "</tool_call>{% endfor %}{% endif %}\n{% endfor %}A:";
+      "</tool_call>{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}A:";
   dir.Write("tokenizer_config.json", config.dump());
   StartCoordinator(dir.path(), 1);
   BringUpOneWorker();
