@@ -304,6 +304,19 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(json.loads(p.stdout), [a["text"] for a in alone])
 
+    def test_cli_n_choices_equal_the_http_choices(self):
+        # `shardserve generate --n 2` (gRPC, the C++ SDK's GenerateChoices) prints each choice on its
+        # line: the same texts as /v1/completions with n = 2 and the same seed.
+        r = self.completion(prompt=PROMPT, max_tokens=12, temperature=1.0, seed=3, n=2)
+        texts = [c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])]
+        self.assertNotEqual(texts[0], texts[1])
+        p = subprocess.run([os.path.join(BIN, "shardserve"), "generate", f"--server={self.cluster.address}",
+                            "--prompt", PROMPT, "--max_tokens", "12", "--temperature", "1", "--seed", "3", "--n", "2"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.split("\n")[:2], texts)
+        self.assertIn("choice 1 finish_reason: length", p.stderr)
+
     def test_logprobs(self):
         # Completions: "logprobs": N; greedy, so each chosen token is the most likely one.
         r = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
