@@ -46,7 +46,7 @@ absl::Status CoordinatorOptions::Validate() const {
   if (pp < 0) return bad("pp", pp, ">= 0");
   if (replicas < 0) return bad("replicas", replicas, ">= 0");
   if (max_seq_len < 0) return bad("max_seq_len", max_seq_len, ">= 0");
-  if (max_slots < 1) return bad("max_slots", max_slots, ">= 1");
+  if (max_slots < 0) return bad("max_slots", max_slots, ">= 1 (0 = sized from the KV budget)");
   if (kv_block_size < 1 || kv_block_size > 65536) return bad("kv_block_size", kv_block_size, "in [1, 65536]");
   if (max_kv_blocks < 0) return bad("kv_blocks", max_kv_blocks, ">= 0 (0 = what the KV budget holds)");
   if (max_step_tokens < 1) return bad("max_step_tokens", max_step_tokens, ">= 1");

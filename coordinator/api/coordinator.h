@@ -74,7 +74,7 @@ struct CoordinatorOptions {
   int expected_workers = 1;            // >= 1
   int tp = 0, pp = 0, replicas = 0;    // >= 0; 0 = let the planner choose
   int64_t max_seq_len = 0;             // 0 = the model's max_position_embeddings
-  int32_t max_slots = 8;               // running sequences per replica, >= 1
+  int32_t max_slots = 0;               // running sequences per replica, >= 1; 0 = from the KV budget (cluster.h)
   int32_t kv_block_size = 16;          // tokens per KV cache block, in [1, 65536]
   int64_t max_kv_blocks = 0;           // KV blocks per replica at most; 0 = what the budget holds
   int32_t max_step_tokens = 256;       // >= 1

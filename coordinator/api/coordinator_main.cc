@@ -50,7 +50,9 @@ ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = planner's choice
 ABSL_FLAG(int32_t, pp, 0, "pipeline stages per replica; 0 = planner's choice");
 ABSL_FLAG(int32_t, replicas, 0, "data-parallel replicas; 0 = as many as fit");
 ABSL_FLAG(int64_t, max_seq_len, 0, "tokens per sequence (prompt + output); 0 = the model's max_position_embeddings");
-ABSL_FLAG(int32_t, max_slots, 8, "running sequences per replica at once (the KV cache may hold fewer)");
+ABSL_FLAG(int32_t, max_slots, 0,
+          "running sequences per replica at once (the KV cache may hold fewer); 0 = as many whole contexts as the "
+          "replica's KV budget holds, at most 256");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block, in [1, 65536]");
 ABSL_FLAG(int64_t, kv_blocks, 0,
           "KV cache blocks per replica at most (0 = what the KV budget holds); when full, the newest sequences "

@@ -58,7 +58,7 @@ ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = auto");
 ABSL_FLAG(int32_t, pp, 0, "pipeline stages; 0 = auto");
 ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
 ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
-ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once");
+ABSL_FLAG(int32_t, max_slots, 0, "sequences per replica at once (0 = sized from the KV budget, at most 256)");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = its number of stages");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");

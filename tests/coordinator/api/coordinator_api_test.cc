@@ -924,11 +924,31 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
   EXPECT_EQ(w.assignment().num_stages(), 1);
   EXPECT_EQ(w.assignment().next_address(), "");
   EXPECT_EQ(w.assignment().max_seq_len(), 512);
-  // The 4 GiB budget would hold far more; 8 sequences (max_slots) of 512 tokens use 8 x 32 blocks.
+  // max_slots is sized from the KV budget by default: the 4 GiB budget holds far more than 256
+  // (kMaxAutoSlots) sequences of 512 tokens, which use 256 x 32 blocks.
   EXPECT_EQ(w.assignment().kv_block_size(), 16);
-  EXPECT_EQ(w.assignment().kv_blocks(), 8 * 32);
+  EXPECT_EQ(w.assignment().kv_blocks(), kMaxAutoSlots * 32);
+  EXPECT_EQ(coordinator_->scheduler().Stats().replicas.at(0).max_slots, kMaxAutoSlots);
   EXPECT_EQ(st.running_sequences(), 0);
   EXPECT_EQ(st.waiting_sequences(), 0);
+}
+
+// With the KV blocks capped (--kv_blocks), the default max_slots is as many whole 512-token
+// contexts (32 blocks) as they hold; an explicit max_slots is kept.
+TEST_F(CoordinatorApiTest, DefaultMaxSlotsIsSizedFromTheKvBlocks) {
+  StartCoordinator(testing::Stories260KDir(), 1, {.max_kv_blocks = 100});
+  BringUpOneWorker();
+  EXPECT_EQ(Status().workers(0).assignment().kv_blocks(), 100);
+  EXPECT_EQ(coordinator_->scheduler().Stats().replicas.at(0).max_slots, 3);  // 100 / 32
+  EXPECT_EQ(SlotsForKvBlocks(31, 32), 1);  // always one sequence
+  EXPECT_EQ(SlotsForKvBlocks(int64_t{1} << 40, 32), kMaxAutoSlots);
+}
+
+TEST_F(CoordinatorApiTest, ExplicitMaxSlotsIsKept) {
+  StartCoordinator(testing::Stories260KDir(), 1, {.max_slots = 5});
+  BringUpOneWorker();
+  EXPECT_EQ(Status().workers(0).assignment().kv_blocks(), 5 * 32);
+  EXPECT_EQ(coordinator_->scheduler().Stats().replicas.at(0).max_slots, 5);
 }
 
 TEST_F(CoordinatorApiTest, ClusterStatusListsOnePageOfWorkersAndCountsThemAll) {
