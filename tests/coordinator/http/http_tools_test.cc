@@ -9,6 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+
+#include <unistd.h>
 
 #include "absl/strings/ascii.h"
 #include "coordinator/http/http_server.h"
@@ -56,7 +59,8 @@ class HttpToolsTest : public ::testing::Test {
 
   // Serves a model whose output is `output` followed by kEnd (repeated).
   void Serve(const std::string& output) {
-    dir_ = std::filesystem::path(::testing::TempDir()) / "http_tools_model";
+    // One directory per process: ctest runs the tests of this file in parallel processes.
+    dir_ = std::filesystem::path(::testing::TempDir()) / ("http_tools_model_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
     std::filesystem::copy_file("tests/golden/models/qwen2/tokenizer.json", dir_ / "tokenizer.json",
                                std::filesystem::copy_options::overwrite_existing);
@@ -85,6 +89,7 @@ class HttpToolsTest : public ::testing::Test {
   void TearDown() override {
     if (scheduler_ != nullptr) scheduler_->Shutdown(absl::UnavailableError("shutting down"));
     if (server_ != nullptr) server_->Stop();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
   static Json Tools() {
