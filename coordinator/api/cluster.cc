@@ -11,12 +11,19 @@
 
 namespace shardserve::coordinator {
 
+int32_t SlotsForKvBlocks(int64_t kv_blocks, int64_t blocks_per_sequence) {
+  if (blocks_per_sequence < 1) return 1;
+  return static_cast<int32_t>(std::clamp<int64_t>(kv_blocks / blocks_per_sequence, 1, kMaxAutoSlots));
+}
+
 absl::Status ClusterOptions::Validate() const {
   if (expected_workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("expected_workers must be >= 1, got ", expected_workers));
   }
   if (policy.max_seq_len < 1) return absl::InvalidArgumentError("max_seq_len must be resolved (> 0)");
-  if (max_slots < 1) return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1, got ", max_slots));
+  if (max_slots < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_slots must be >= 1 (0 = from the KV budget), got ", max_slots));
+  }
   if (kv_block_size < 1 || kv_block_size > 65536) {
     return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be in [1, 65536], got ", kv_block_size));
   }
@@ -132,7 +139,9 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
     // No more than max_slots whole sequences can ever use (and no more than --kv_blocks), but
     // always one whole sequence (PipelineKvBlocks guarantees it too).
     const int64_t one_sequence = (plan->max_seq_len + options_.kv_block_size - 1) / options_.kv_block_size;
-    rs.kv_blocks = std::min(*blocks, one_sequence * options_.max_slots);
+    const int64_t slots = options_.max_slots > 0 ? options_.max_slots : kMaxAutoSlots;
+    rs.kv_blocks = std::min(*blocks, one_sequence * slots);
+    rs.blocks_per_sequence = one_sequence;
     if (options_.max_kv_blocks > 0) rs.kv_blocks = std::min(rs.kv_blocks, options_.max_kv_blocks);
     rs.kv_blocks = std::max(rs.kv_blocks, one_sequence);
     for (size_t s = 0; s < p.stages.size(); ++s) {
@@ -218,7 +227,9 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
     }
     absl::StrAppend(&plan_text_, "replica ", r, ": KV allocated ", replicas_[r].kv_blocks, " blocks x ",
                     options_.kv_block_size, " tokens = ", tokens, " tokens, up to ", FormatBytes(bytes_per_rank),
-                    " per rank (at most max_slots ", options_.max_slots, " x max_seq_len ", plan->max_seq_len,
+                    " per rank (at most ", options_.max_slots > 0 ? options_.max_slots : kMaxAutoSlots,
+                    options_.max_slots > 0 ? " sequences (max_slots)" : " sequences (max_slots auto)",
+                    " x max_seq_len ", plan->max_seq_len,
                     options_.max_kv_blocks > 0 ? absl::StrCat(", --kv_blocks ", options_.max_kv_blocks) : "",
                     ")\n");
   }
@@ -351,6 +362,8 @@ void Cluster::Tick() {
         if (w != nullptr && w->kv_blocks > 0) endpoint.kv_blocks = std::min(endpoint.kv_blocks, w->kv_blocks);
         endpoint.worker_ids.push_back(stage.worker_id);
       }
+      // Sized from the KV cache the replica really has (its smallest stage's).
+      if (options_.max_slots == 0) endpoint.max_slots = SlotsForKvBlocks(endpoint.kv_blocks, rs.blocks_per_sequence);
       for (const Stage& host : hosts_) {
         bool settled = false;
         std::string problem = StageProblem(host, Find(workers, host.worker_id), &settled);

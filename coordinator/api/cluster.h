@@ -52,6 +52,15 @@ struct ReplicaEndpoint {
   int32_t kv_block_size = 0;   // tokens per block
 };
 
+// The most sequences a replica runs at once when ClusterOptions::max_slots is 0 (vLLM's default
+// max_num_seqs).
+inline constexpr int32_t kMaxAutoSlots = 256;
+
+// The running sequences of a replica whose KV cache has `kv_blocks` blocks, when max_slots is
+// sized from the KV budget: as many whole sequences of `blocks_per_sequence` blocks as fit, in
+// [1, kMaxAutoSlots] (so a replica never preempts for want of blocks while all run at full length).
+int32_t SlotsForKvBlocks(int64_t kv_blocks, int64_t blocks_per_sequence);
+
 // Makes the client of a replica that is about to serve. Called on the cluster's thread.
 using ReplicaClientFactory = std::function<absl::StatusOr<std::unique_ptr<ReplicaClient>>(const ReplicaEndpoint&)>;
 
@@ -59,9 +68,11 @@ struct ClusterOptions {
   std::string model_path;    // sent to workers as given
   int expected_workers = 1;  // plan once this many workers are registered and alive, >= 1
   PlanPolicy policy;         // policy.max_seq_len must be resolved (> 0)
-  // Running sequences per replica, >= 1. The KV cache may hold fewer; it never gets more blocks
-  // than max_slots whole sequences (ceil(max_seq_len / kv_block_size) blocks each) could use.
-  int32_t max_slots = 8;
+  // Running sequences per replica, >= 1, or 0: sized from the KV budget (SlotsForKvBlocks: as many
+  // whole contexts as the replica's KV blocks hold, at most kMaxAutoSlots). The KV cache may hold
+  // fewer; it never gets more blocks than max_slots (or kMaxAutoSlots) whole sequences
+  // (ceil(max_seq_len / kv_block_size) blocks each) could use.
+  int32_t max_slots = 0;
   int32_t max_step_tokens = 256;
   int32_t pipeline_depth = 0;  // micro-batches in flight per replica; 0 = its number of stages
   bool prefix_caching = true;  // ReplicaOptions::prefix_caching
@@ -129,6 +140,7 @@ class Cluster {
     std::vector<Stage> stages;
     bool serving = false;
     int64_t kv_blocks = 0;  // assigned to every stage
+    int64_t blocks_per_sequence = 1;  // ceil(max_seq_len / kv_block_size)
   };
 
   void Loop();

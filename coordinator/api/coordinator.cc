@@ -19,6 +19,7 @@
 #include "coordinator/client/grpc_replica_client.h"
 #include "coordinator/client/grpc_worker_client.h"
 #include "coordinator/http/http_server.h"
+#include "coordinator/http/tool_calls.h"
 
 namespace shardserve::coordinator {
 
@@ -36,12 +37,16 @@ absl::Status CoordinatorOptions::Validate() const {
         "--public_plaintext is only for a loopback --http_listen (127.0.0.1, ::1, localhost)");
   }
   if (model_path.empty()) return absl::InvalidArgumentError("--model is required");
+  if (tool_call_parser != "auto" && !http::ParseToolCallFormat(tool_call_parser).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tool_call_parser must be auto, hermes or llama3_json, got \"",
+                                                   tool_call_parser, "\""));
+  }
   if (expected_workers < 1) return bad("expected_workers", expected_workers, ">= 1");
   if (tp < 0) return bad("tp", tp, ">= 0");
   if (pp < 0) return bad("pp", pp, ">= 0");
   if (replicas < 0) return bad("replicas", replicas, ">= 0");
   if (max_seq_len < 0) return bad("max_seq_len", max_seq_len, ">= 0");
-  if (max_slots < 1) return bad("max_slots", max_slots, ">= 1");
+  if (max_slots < 0) return bad("max_slots", max_slots, ">= 1 (0 = sized from the KV budget)");
   if (kv_block_size < 1 || kv_block_size > 65536) return bad("kv_block_size", kv_block_size, "in [1, 65536]");
   if (max_kv_blocks < 0) return bad("kv_blocks", max_kv_blocks, ">= 0 (0 = what the KV budget holds)");
   if (max_step_tokens < 1) return bad("max_step_tokens", max_step_tokens, ">= 1");
@@ -157,7 +162,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
           .max_seq_len = max_seq_len,
           .observer = c->metrics_.get(),
           .api_keys = c->api_keys_.get(),
-          .constraints = c->constraints_.get()},
+          .constraints = c->constraints_.get(),
+          .tool_call_parser = options.tool_call_parser},
       c->spec_.get(), c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
   c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get());
   c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock,
@@ -231,7 +237,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
          .observer = c->metrics_.get(),
          .api_keys = c->api_keys_.get(),
          .tls = public_tls ? options.tls : std::nullopt,
-         .constraints = c->constraints_.get()},
+         .constraints = c->constraints_.get(),
+         .tool_call_parser = options.tool_call_parser},
         c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->ReadyStatus(); });
     if (!server.ok()) return server.status();
     c->http_ = *std::move(server);

@@ -74,7 +74,7 @@ struct CoordinatorOptions {
   int expected_workers = 1;            // >= 1
   int tp = 0, pp = 0, replicas = 0;    // >= 0; 0 = let the planner choose
   int64_t max_seq_len = 0;             // 0 = the model's max_position_embeddings
-  int32_t max_slots = 8;               // running sequences per replica, >= 1
+  int32_t max_slots = 0;               // running sequences per replica, >= 1; 0 = from the KV budget (cluster.h)
   int32_t kv_block_size = 16;          // tokens per KV cache block, in [1, 65536]
   int64_t max_kv_blocks = 0;           // KV blocks per replica at most; 0 = what the budget holds
   int32_t max_step_tokens = 256;       // >= 1
@@ -87,6 +87,9 @@ struct CoordinatorOptions {
   // The model's name in the HTTP API (/v1/models, replies; requests may name it or model_path).
   // Empty: the model directory's last component.
   std::string served_model_name;
+  // How the model writes tool calls in chat (--tool_call_parser): "hermes" (<tool_call> tags,
+  // Qwen2.5), "llama3_json" (Llama 3.x), or "auto" (detected from the chat template).
+  std::string tool_call_parser = "auto";
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign

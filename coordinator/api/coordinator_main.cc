@@ -50,7 +50,9 @@ ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = planner's choice
 ABSL_FLAG(int32_t, pp, 0, "pipeline stages per replica; 0 = planner's choice");
 ABSL_FLAG(int32_t, replicas, 0, "data-parallel replicas; 0 = as many as fit");
 ABSL_FLAG(int64_t, max_seq_len, 0, "tokens per sequence (prompt + output); 0 = the model's max_position_embeddings");
-ABSL_FLAG(int32_t, max_slots, 8, "running sequences per replica at once (the KV cache may hold fewer)");
+ABSL_FLAG(int32_t, max_slots, 0,
+          "running sequences per replica at once (the KV cache may hold fewer); 0 = as many whole contexts as the "
+          "replica's KV budget holds, at most 256");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block, in [1, 65536]");
 ABSL_FLAG(int64_t, kv_blocks, 0,
           "KV cache blocks per replica at most (0 = what the KV budget holds); when full, the newest sequences "
@@ -71,6 +73,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; empty = no metrics)");
 ABSL_FLAG(std::string, served_model_name, "",
           "the model's name in the HTTP API (/v1/models and replies); empty = the model directory's last component");
+ABSL_FLAG(std::string, tool_call_parser, "auto",
+          "how the model writes tool calls in chat: hermes (<tool_call>{...}</tool_call>, Qwen2.5), llama3_json "
+          "({\"name\": ..., \"parameters\": ...}, Llama 3.x), or auto (detected from the chat template)");
 ABSL_FLAG(std::string, quantize, "none",
           "int8: workers store the linear projections and lm_head as block int8 (64 weights per scale) on "
           "backends that take it (CPU); none: the checkpoint's dtype");
@@ -147,6 +152,7 @@ int main(int argc, char** argv) {
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  options.tool_call_parser = absl::GetFlag(FLAGS_tool_call_parser);
   options.http_limits = {.max_threads = absl::GetFlag(FLAGS_http_max_connections),
                          .max_queued = absl::GetFlag(FLAGS_http_max_queued_connections),
                          .idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_http_idle_timeout_ms)),

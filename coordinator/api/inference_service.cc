@@ -18,6 +18,7 @@
 #include "coordinator/api/sequence_output.h"
 #include "coordinator/api/stop_strings.h"
 #include "coordinator/http/chat_prompt.h"
+#include "coordinator/http/tool_calls.h"
 
 namespace shardserve::coordinator {
 namespace {
@@ -38,9 +39,14 @@ v1::FinishReason ToProto(FinishReason reason) {
 // come before Finish).
 class GenerateStream final : public std::enable_shared_from_this<GenerateStream> {
  public:
+  // `tools`: the format in which tool calls are parsed from each choice's text (none: not parsed).
   GenerateStream(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor, std::string request_id, int n,
-                 const std::function<std::unique_ptr<StreamDecoder>()>& new_decoder, const std::vector<std::string>& stops)
-      : reactor_(reactor), request_id_(std::move(request_id)), num_choices_(static_cast<size_t>(n)) {
+                 const std::function<std::unique_ptr<StreamDecoder>()>& new_decoder, const std::vector<std::string>& stops,
+                 std::optional<http::ToolCallFormat> tools)
+      : reactor_(reactor),
+        request_id_(std::move(request_id)),
+        num_choices_(static_cast<size_t>(n)),
+        tools_(tools) {
     for (int i = 0; i < n; ++i) choices_.emplace_back(new_decoder(), stops);
   }
 
@@ -77,6 +83,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     bool has_pending = false;
     bool ended = false;
     grpc::Status status;  // how it ended
+    std::string all_text;  // with tools_: the whole text, parsed for calls at the end
   };
 
   class ChoiceSink final : public SequenceSink {
@@ -120,6 +127,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
       absl::MutexLock lock(&mu_);
       Choice& c = choices_[index];
       if (c.text.stopped()) return;  // a stop string matched; the cancel is on its way
+      const size_t text_before = c.pending.text().size();
       for (size_t i = 0; i < tokens.size(); ++i) {
         c.pending.add_token_ids(tokens[i]);
         if (i < logprobs.size()) AddLogprobs(logprobs[i], c.pending.add_logprobs());
@@ -128,6 +136,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
           break;
         }
       }
+      if (tools_.has_value()) c.all_text.append(c.pending.text(), text_before);
       c.has_pending = true;
       action = NextLocked();
     }
@@ -156,7 +165,22 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
         c.status = grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled");
         c.has_pending = false;  // nobody is listening
       } else if (end.status.ok()) {
-        finish(c.text.Finish(c.pending.mutable_text()) ? FinishReason::kStop : end.reason);
+        const size_t text_before = c.pending.text().size();
+        const bool stopped = c.text.Finish(c.pending.mutable_text());
+        finish(stopped ? FinishReason::kStop : end.reason);
+        if (tools_.has_value()) {
+          c.all_text.append(c.pending.text(), text_before);
+          const http::ParsedOutput parsed = http::ParseToolCalls(*tools_, c.all_text);
+          for (size_t k = 0; k < parsed.calls.size(); ++k) {
+            v1::ToolCall* call = c.pending.add_tool_calls();
+            call->set_id(absl::StrCat("call_", request_id_, "_", index, "_", k));
+            call->set_name(parsed.calls[k].name);
+            call->set_arguments(parsed.calls[k].arguments);
+          }
+          if (!parsed.calls.empty() && c.pending.finish_reason() == v1::FINISH_REASON_STOP) {
+            c.pending.set_finish_reason(v1::FINISH_REASON_TOOL_CALLS);
+          }
+        }
       } else {
         c.status = ToGrpcStatus(end.status);  // tokens already produced are still sent first
       }
@@ -214,6 +238,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
   grpc::ServerWriteReactor<grpc::ByteBuffer>* const reactor_;  // valid until Finish
   const std::string request_id_;
   const size_t num_choices_;  // choices_.size(), fixed at construction
+  const std::optional<http::ToolCallFormat> tools_;
 
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size
@@ -250,7 +275,10 @@ InferenceService::InferenceService(InferenceServiceOptions options, const ModelS
       tokenizer_(tokenizer),
       scheduler_(scheduler),
       cluster_(cluster),
-      chat_prompt_(std::make_unique<http::ChatPrompt>(tokenizer, options_.model_path)) {}
+      chat_prompt_(std::make_unique<http::ChatPrompt>(tokenizer, options_.model_path)) {
+  absl::StatusOr<http::ToolCallFormat> format = http::ParseToolCallFormat(options_.tool_call_parser);
+  tool_format_ = static_cast<int>(format.ok() ? *format : http::DetectToolCallFormat(chat_prompt_->template_source()));
+}
 
 InferenceService::~InferenceService() = default;
 
@@ -271,12 +299,55 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
       r.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
       break;
     case v1::GenerateRequest::kChat: {
+      const v1::ChatMessages& chat = request.chat();
       std::vector<http::ChatTurn> turns;
-      for (const v1::ChatMessage& m : request.chat().messages()) {
+      for (const v1::ChatMessage& m : chat.messages()) {
         turns.push_back({.role = m.role(), .content = m.content()});
         if (!m.name().empty()) turns.back().name = m.name();
+        if (!m.tool_call_id().empty()) turns.back().tool_call_id = m.tool_call_id();
+        for (const v1::ToolCall& call : m.tool_calls()) {
+          nlohmann::ordered_json c;
+          c["id"] = call.id();
+          c["type"] = "function";
+          c["function"] = {{"name", call.name()}, {"arguments", call.arguments()}};
+          turns.back().tool_calls.push_back(std::move(c));
+        }
       }
-      absl::StatusOr<std::vector<int32_t>> ids = chat_prompt_->Render(turns);
+      // Tools: the template's `tools`, and with REQUIRED or FUNCTION the constraint.
+      nlohmann::ordered_json tools;
+      std::vector<http::ToolFunction> functions;
+      if (!chat.tools().empty()) {
+        tools = nlohmann::ordered_json::parse(chat.tools(), nullptr, /*allow_exceptions=*/false);
+        if (!tools.is_array()) return absl::InvalidArgumentError("prompt.chat.tools: must be the JSON text of an array of tools");
+        for (size_t i = 0; i < tools.size(); ++i) {
+          absl::StatusOr<http::ToolFunction> f = http::ParseToolDefinition(tools[i], absl::StrCat("prompt.chat.tools[", i, "]"));
+          if (!f.ok()) return f.status();
+          functions.push_back(*std::move(f));
+        }
+        if (tools.empty()) tools = nullptr;
+      }
+      const v1::ToolChoice choice = chat.tool_choice();
+      if (tools.is_null() && choice != v1::TOOL_CHOICE_UNSPECIFIED && choice != v1::TOOL_CHOICE_NONE) {
+        return absl::InvalidArgumentError("prompt.chat.tool_choice: needs prompt.chat.tools");
+      }
+      if (choice == v1::TOOL_CHOICE_REQUIRED || choice == v1::TOOL_CHOICE_FUNCTION) {
+        if (request.constraint_case() != v1::GenerateRequest::CONSTRAINT_NOT_SET) {
+          return absl::InvalidArgumentError("prompt.chat.tool_choice: REQUIRED or FUNCTION cannot be combined with a constraint");
+        }
+        if (options_.constraints == nullptr) {
+          return absl::InvalidArgumentError("prompt.chat.tool_choice: enforcing tool calls needs a model with a tokenizer");
+        }
+        std::optional<std::string> named;
+        if (choice == v1::TOOL_CHOICE_FUNCTION) named = chat.tool_name();
+        absl::StatusOr<std::string> regex = http::ToolCallRegex(static_cast<http::ToolCallFormat>(tool_format_),
+                                                                functions, named, !chat.single_tool_call());
+        if (!regex.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt.chat.tools: ", regex.status().message()));
+        absl::StatusOr<std::shared_ptr<const TokenConstraint>> c =
+            options_.constraints->Compile({structured::ConstraintKind::kRegex, *regex});
+        if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt.chat.tools: ", c.status().message()));
+        r.constraint = *std::move(c);
+      }
+      absl::StatusOr<std::vector<int32_t>> ids = chat_prompt_->Render(turns, tools);
       if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt.chat: ", ids.status().message()));
       r.prompt = *std::move(ids);
       break;
@@ -377,8 +448,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::Cal
     return tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr;
   };
   const int n = request->n() == 0 ? 1 : request->n();
+  // Chat with tools and a tool choice other than NONE: calls are parsed from each choice's text.
+  std::optional<http::ToolCallFormat> tools;
+  if (request->prompt_case() == v1::GenerateRequest::kChat && !request->chat().tools().empty() &&
+      request->chat().tool_choice() != v1::TOOL_CHOICE_NONE) {
+    tools = static_cast<http::ToolCallFormat>(tool_format_);
+  }
   auto stream = std::make_shared<GenerateStream>(reactor, seq->request_id, n, new_decoder,
-                                                 std::vector<std::string>(request->stop().begin(), request->stop().end()));
+                                                 std::vector<std::string>(request->stop().begin(), request->stop().end()),
+                                                 tools);
   reactor->set_stream(stream);
   absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler_, *std::move(seq), stream->Sinks());
   if (!group.ok()) {

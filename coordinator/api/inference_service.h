@@ -47,6 +47,9 @@ struct InferenceServiceOptions {
   // Compiles GenerateRequest.constraint (borrowed, may be null: structured output is then refused
   // with INVALID_ARGUMENT; must outlive the service).
   structured::ConstraintCompiler* constraints = nullptr;
+  // How the model writes tool calls: "hermes", "llama3_json" or "auto" (from the chat template);
+  // see coordinator/http/tool_calls.h. An unknown name is read as auto.
+  std::string tool_call_parser = "auto";
 };
 
 // Raw (bytes) methods, parsed by the service: a request that is not a message is INVALID_ARGUMENT
@@ -87,6 +90,7 @@ class InferenceService final : public InferenceBase {
   Scheduler* const scheduler_;
   const Cluster* const cluster_;
   const std::unique_ptr<http::ChatPrompt> chat_prompt_;  // for GenerateRequest.chat
+  int tool_format_ = 0;  // an http::ToolCallFormat: how the model writes tool calls
   mutable std::atomic<uint64_t> next_request_ = 1;  // for request ids the server makes
 };
 

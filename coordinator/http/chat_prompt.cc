@@ -39,13 +39,15 @@ ChatPrompt::ChatPrompt(const Tokenizer* tokenizer, const std::string& model_dir)
     return;
   }
   template_ = *std::move(t);
+  template_source_ = *tokenizer->chat_template();
   if (std::optional<int32_t> bos = tokenizer->bos_id(); bos.has_value()) {
     bos_token_ = tokenizer->IdToPiece(*bos).value_or("");
   }
   if (!tokenizer->eos_ids().empty()) eos_token_ = tokenizer->IdToPiece(tokenizer->eos_ids()[0]).value_or("");
 }
 
-absl::StatusOr<std::vector<int32_t>> ChatPrompt::Render(const std::vector<ChatTurn>& messages) const {
+absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& messages,
+                                                   const nlohmann::ordered_json& tools) const {
   if (!template_.has_value()) return error_;
   if (absl::Status st = ValidateChatTurns(messages); !st.ok()) return st;
   nlohmann::ordered_json context;
@@ -55,14 +57,35 @@ absl::StatusOr<std::vector<int32_t>> ChatPrompt::Render(const std::vector<ChatTu
     msg["role"] = m.role;
     msg["content"] = m.content;
     if (m.name.has_value()) msg["name"] = *m.name;
+    if (!m.tool_calls.is_null()) {
+      nlohmann::ordered_json calls = m.tool_calls;
+      for (nlohmann::ordered_json& c : calls) {
+        if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) continue;
+        nlohmann::ordered_json& f = c["function"];
+        if (!f.contains("arguments") || !f["arguments"].is_string()) continue;
+        const std::string text = f["arguments"].get<std::string>();
+        nlohmann::ordered_json args = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+        if (args.is_object()) f["arguments"] = std::move(args);
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
+    if (m.tool_call_id.has_value()) msg["tool_call_id"] = *m.tool_call_id;
     list.push_back(std::move(msg));
   }
   context["messages"] = std::move(list);
+  if (!tools.is_null()) context["tools"] = tools;
   context["bos_token"] = bos_token_;
   context["eos_token"] = eos_token_;
   context["add_generation_prompt"] = true;
   absl::StatusOr<std::string> prompt = template_->Render(context);
   if (!prompt.ok()) return absl::InvalidArgumentError(prompt.status().message());
+  return prompt;
+}
+
+absl::StatusOr<std::vector<int32_t>> ChatPrompt::Render(const std::vector<ChatTurn>& messages,
+                                                        const nlohmann::ordered_json& tools) const {
+  absl::StatusOr<std::string> prompt = RenderText(messages, tools);
+  if (!prompt.ok()) return prompt.status();
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(*prompt, /*add_special_tokens=*/false);
   if (!ids.ok()) return absl::InvalidArgumentError(ids.status().message());
   return ids;

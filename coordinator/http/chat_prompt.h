@@ -24,6 +24,11 @@ struct ChatTurn {
   std::string role;  // system, user, assistant, tool or developer
   std::string content;
   std::optional<std::string> name;
+  // An assistant turn's calls, as OpenAI's message.tool_calls (null: none). The template sees each
+  // function.arguments parsed into an object when it is JSON text of one (as the tool-calling
+  // templates of Llama 3.1 and Qwen2.5 expect), as given otherwise.
+  nlohmann::ordered_json tool_calls;
+  std::optional<std::string> tool_call_id;  // a tool turn's call
 };
 
 // InvalidArgument naming the message ("messages[1].role") for a role outside the five above, or
@@ -39,11 +44,20 @@ class ChatPrompt {
 
   // The prompt's ids; InvalidArgument when chat cannot be served (why), when the messages are
   // invalid (ValidateChatTurns), or when the template refuses them (its raise_exception message).
-  absl::StatusOr<std::vector<int32_t>> Render(const std::vector<ChatTurn>& messages) const;
+  // `tools` (an array of OpenAI tool objects, or null for none) is the template's `tools`.
+  absl::StatusOr<std::vector<int32_t>> Render(const std::vector<ChatTurn>& messages,
+                                              const nlohmann::ordered_json& tools = nullptr) const;
+  // The prompt's text (what Render tokenizes).
+  absl::StatusOr<std::string> RenderText(const std::vector<ChatTurn>& messages,
+                                         const nlohmann::ordered_json& tools = nullptr) const;
+
+  // The template's source ("" when there is none).
+  const std::string& template_source() const { return template_source_; }
 
  private:
   const Tokenizer* tokenizer_;
   std::optional<jinja::JinjaTemplate> template_;
+  std::string template_source_;
   absl::Status error_;  // why chat is not served, when template_ is empty
   std::string bos_token_, eos_token_;
 };

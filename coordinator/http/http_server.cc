@@ -26,6 +26,7 @@
 #include "coordinator/api/stop_strings.h"
 #include "coordinator/http/chat_prompt.h"
 #include "coordinator/http/openai_protocol.h"
+#include "coordinator/http/tool_calls.h"
 #include "coordinator/structured/json_schema.h"
 
 namespace shardserve::coordinator::http {
@@ -232,6 +233,11 @@ const char* FinishReasonText(FinishReason reason) {
   return "";
 }
 
+// A tool call's id, unique within the server's run: the response's id, the choice and the call.
+std::string ToolCallId(const std::string& response_id, size_t choice, size_t call) {
+  return absl::StrCat("call_", response_id.substr(response_id.find('-') + 1), "_", choice, "_", call);
+}
+
 void Reply(httplib::Response& res, const ApiError& error) {
   res.status = error.http_status;
   res.set_content(Dump(error.body), "application/json");
@@ -273,6 +279,11 @@ absl::Status HttpServerOptions::Validate() const {
   }
   if (max_body_bytes < 1024) return absl::InvalidArgumentError("http max_body_bytes must be at least 1024");
   if (keepalive <= absl::ZeroDuration()) return absl::InvalidArgumentError("http keepalive must be > 0");
+  if (tool_call_parser != "auto") {
+    if (absl::Status st = ParseToolCallFormat(tool_call_parser).status(); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tool_call_parser: ", st.message(), ", or auto"));
+    }
+  }
   return limits.Validate("--http_");
 }
 
@@ -284,6 +295,7 @@ struct HttpServer::Impl {
   Scheduler* scheduler = nullptr;
   std::function<absl::Status()> ready;
   std::unique_ptr<ChatPrompt> chat_prompt;  // the model's chat template
+  ToolCallFormat tool_format = ToolCallFormat::kHermes;  // how the model writes tool calls
   std::atomic<uint64_t> next_id{1};
 
   // What the SSL_CTX's certificate callback reads (null without TLS); outlives the server.
@@ -394,8 +406,11 @@ void HttpServer::Impl::Model(const std::string& id, httplib::Response& res) {
 
 absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPromptIds(const ChatRequest& request) const {
   std::vector<ChatTurn> turns;
-  for (const ChatMessage& m : request.messages) turns.push_back({.role = m.role, .content = m.content, .name = m.name});
-  absl::StatusOr<std::vector<int32_t>> ids = chat_prompt->Render(turns);
+  for (const ChatMessage& m : request.messages) {
+    turns.push_back({.role = m.role, .content = m.content, .name = m.name, .tool_calls = m.tool_calls,
+                     .tool_call_id = m.tool_call_id});
+  }
+  absl::StatusOr<std::vector<int32_t>> ids = chat_prompt->Render(turns, request.tools);
   if (!ids.ok()) return WithParam(ids.status(), "messages");
   return ids;
 }
@@ -424,6 +439,10 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   SamplingFields fields;
   bool echo = false;      // completions: the answer starts with the prompt
   std::string echo_text;  // the prompt's text
+  // Chat with tools: the output is parsed for calls (unless tool_choice is none), and constrained
+  // to calls with tool_choice required or a named function.
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::optional<std::string> tool_regex;
   if (chat) {
     absl::StatusOr<ChatRequest> parsed = ParseChatRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
@@ -432,6 +451,15 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
     absl::StatusOr<std::vector<int32_t>> prompt = ChatPromptIds(*parsed);
     if (!prompt.ok()) return Reject(res, prompt.status());
     seq.prompt = *std::move(prompt);
+    tool_choice = parsed->tool_choice;
+    if (tool_choice == ToolChoice::kRequired || tool_choice == ToolChoice::kNamed) {
+      std::optional<std::string> named;
+      if (tool_choice == ToolChoice::kNamed) named = parsed->tool_name;
+      absl::StatusOr<std::string> regex =
+          ToolCallRegex(tool_format, parsed->tool_functions, named, parsed->parallel_tool_calls);
+      if (!regex.ok()) return Reject(res, InvalidParam("tools", regex.status().message()));
+      tool_regex = *std::move(regex);
+    }
   } else {
     absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
@@ -500,6 +528,16 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   seq.logprobs = fields.logprobs;
   seq.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
   seq.prompt_logprobs = echo && fields.logprobs;
+  if (tool_regex.has_value()) {
+    if (options.constraints == nullptr) {
+      return Reject(res, InvalidParam("tool_choice", absl::StrCat("the model ", options.model_path,
+                                                                  " has no tokenizer: tool_choice required needs one")));
+    }
+    absl::StatusOr<std::shared_ptr<const TokenConstraint>> c =
+        options.constraints->Compile({structured::ConstraintKind::kRegex, *tool_regex});
+    if (!c.ok()) return Reject(res, InvalidParam("tools", c.status().message()));
+    seq.constraint = *std::move(c);
+  }
   if (fields.response_format != SamplingFields::ResponseFormat::kText) {
     if (options.constraints == nullptr) {
       return Reject(res, InvalidParam(fields.format_param, absl::StrCat("the model ", options.model_path,
@@ -562,6 +600,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   };
 
   const bool logprobs = fields.logprobs;
+  const bool parse_tools = chat && tool_choice != ToolChoice::kNone;
   if (!fields.stream) {
     struct Answer {
       std::string text;
@@ -599,9 +638,16 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
     }
     std::vector<ChoiceOutput> out;
     for (size_t i : order) {
-      out.push_back(ChoiceOutput{.text = answers[i].text,
-                                 .finish_reason = FinishReasonText(answers[i].end->reason),
-                                 .logprobs = logprobs ? &answers[i].entries : nullptr});
+      ChoiceOutput& o = out.emplace_back(ChoiceOutput{.text = answers[i].text,
+                                                      .finish_reason = FinishReasonText(answers[i].end->reason),
+                                                      .logprobs = logprobs ? &answers[i].entries : nullptr});
+      if (!parse_tools) continue;
+      ParsedOutput parsed = ParseToolCalls(tool_format, o.text);
+      if (parsed.calls.empty()) continue;
+      o.text = std::move(parsed.content);
+      o.tool_calls = std::move(parsed.calls);
+      for (size_t k = 0; k < o.tool_calls.size(); ++k) o.tool_call_ids.push_back(ToolCallId(meta.id, out.size() - 1, k));
+      if (answers[i].end->reason == FinishReason::kStop) o.finish_reason = "tool_calls";
     }
     const Json reply = chat ? ChatResponse(meta, out, usage_of(ends)) : CompletionResponse(meta, out, usage_of(ends));
     res.set_content(Dump(reply), "application/json");
@@ -616,9 +662,11 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
     std::vector<int64_t> text_offset;  // completions' logprobs: where each choice's next token's text starts
     std::vector<SequenceEnd> ends;     // of the choices that have ended
     std::shared_ptr<security::ApiKeys::Lease> lease;  // released with the stream
+    std::vector<ToolCallStreamer> tools;  // chat with tools parsed: one per choice
   };
   auto state = std::make_shared<StreamState>();
   state->text_offset.assign(static_cast<size_t>(n), 0);
+  if (parse_tools) state->tools.assign(static_cast<size_t>(n), ToolCallStreamer(tool_format));
   state->lease = std::move(lease);
   const absl::Duration keepalive = options.keepalive;
   const bool include_usage = fields.include_usage;
@@ -634,9 +682,18 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
             if (!write(SseEvent(Dump(ChatChunk(meta, "assistant", std::string(), "", nullptr, i))))) return false;
           }
         }
-        const std::vector<HttpChoices::Update> updates = choices->Wait(keepalive);
-        for (const HttpChoices::Update& u : updates) {
+        std::vector<HttpChoices::Update> updates = choices->Wait(keepalive);
+        for (HttpChoices::Update& u : updates) {
           const int index = static_cast<int>(u.index);
+          // With tools, what may be a call is held back until the choice ends, then parsed.
+          ParsedOutput parsed;
+          if (!state->tools.empty()) {
+            u.text = state->tools[u.index].Add(u.text);
+            if (u.end.has_value() && u.end->status.ok()) {
+              parsed = state->tools[u.index].Finish();
+              u.text += parsed.content;
+            }
+          }
           if (!u.text.empty() || (logprobs && !u.logprobs.empty())) {
             const std::vector<LogprobEntry>* lp = logprobs ? &u.logprobs : nullptr;
             const Json chunk = chat ? ChatChunk(meta, "", u.text, "", lp, index)
@@ -654,7 +711,18 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
             sink.done();
             return true;
           }
-          const char* reason = FinishReasonText(u.end->reason);
+          // The calls: a delta with each one's id and name, then one with its arguments.
+          for (size_t k = 0; k < parsed.calls.size(); ++k) {
+            const std::string id = ToolCallId(meta.id, u.index, k);
+            const int call = static_cast<int>(k);
+            if (!write(SseEvent(Dump(ToolCallChunk(meta, index, call, &id, &parsed.calls[k].name, ""))))) return false;
+            if (!write(SseEvent(Dump(ToolCallChunk(meta, index, call, nullptr, nullptr, parsed.calls[k].arguments))))) {
+              return false;
+            }
+          }
+          const char* reason = !parsed.calls.empty() && u.end->reason == FinishReason::kStop
+                                   ? "tool_calls"
+                                   : FinishReasonText(u.end->reason);
           const Json last = chat ? ChatChunk(meta, "", std::nullopt, reason, nullptr, index)
                                  : CompletionChunk(meta, "", reason, nullptr, 0, index);
           if (!write(SseEvent(Dump(last)))) return false;
@@ -816,6 +884,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   impl->scheduler = scheduler;
   impl->ready = std::move(ready);
   impl->chat_prompt = std::make_unique<ChatPrompt>(tokenizer, impl->options.model_path);
+  impl->tool_format = impl->options.tool_call_parser == "auto"
+                          ? DetectToolCallFormat(impl->chat_prompt->template_source())
+                          : *ParseToolCallFormat(impl->options.tool_call_parser);  // checked by Validate
 
   Impl& s = *impl;
   ApplyServingLimits(s.options.limits, s.server);

@@ -285,6 +285,39 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
   return true;
 }
 
+// An assistant message's tool_calls: [{"id": str, "type": "function", "function": {"name": str,
+// "arguments": str}}].
+absl::Status ValidateToolCalls(const Json& v, const std::string& field) {
+  if (!v.is_array()) return WrongType(field, "an array of tool calls", v);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = absl::StrCat(field, "[", i, "]");
+    const Json& c = v[i];
+    if (!c.is_object()) return WrongType(at, "an object", c);
+    for (const auto& [k, x] : c.items()) {
+      if (k == "id") {
+        if (!x.is_string()) return WrongType(at + ".id", "a string", x);
+      } else if (k == "type") {
+        if (x != "function") return InvalidParam(at + ".type", absl::StrCat("'", at, ".type' must be \"function\""));
+      } else if (k == "function") {
+        if (!x.is_object() || !x.contains("name") || !x["name"].is_string()) {
+          return InvalidParam(at + ".function", absl::StrCat("'", at, ".function' must be {\"name\": ..., \"arguments\": ...}"));
+        }
+        for (const auto& [fk, fx] : x.items()) {
+          if (fk == "arguments") {
+            if (!fx.is_string()) return WrongType(at + ".function.arguments", "a string (JSON text)", fx);
+          } else if (fk != "name") {
+            return InvalidParam(at + ".function", absl::StrCat("unknown field '", at, ".function.", fk, "'"));
+          }
+        }
+      } else {
+        return InvalidParam(at, absl::StrCat("unknown field '", at, ".", k, "'"));
+      }
+    }
+    if (!c.contains("function")) return InvalidParam(at + ".function", absl::StrCat("'", at, ".function' is required"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status UnknownField(const std::string& key) {
   return InvalidParam(key, absl::StrCat("unknown field '", key, "'"));
 }
@@ -433,6 +466,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   if (!j.ok()) return j.status();
   ChatRequest r;
   bool has_messages = false;
+  bool has_tool_choice = false;
   for (const auto& [key, v] : j->items()) {
     absl::StatusOr<bool> shared = ParseSharedField(key, v, &r.fields);
     if (!shared.ok()) return shared.status();
@@ -479,12 +513,26 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
           } else if (mk == "name") {
             if (!mv.is_string()) return WrongType(field, "a string", mv);
             msg.name = mv.get<std::string>();
+          } else if (mk == "tool_call_id") {
+            if (mv.is_null()) continue;
+            if (!mv.is_string()) return WrongType(field, "a string", mv);
+            msg.tool_call_id = mv.get<std::string>();
+          } else if (mk == "tool_calls") {
+            if (mv.is_null()) continue;
+            if (absl::Status st = ValidateToolCalls(mv, field); !st.ok()) return st;
+            if (!mv.empty()) msg.tool_calls = mv;
           } else {
             return InvalidParam(field, absl::StrCat("unknown field '", field, "'"));
           }
         }
         if (!has_role) return InvalidParam(at + ".role", absl::StrCat("'", at, ".role' is required"));
-        if (!has_content) return InvalidParam(at + ".content", absl::StrCat("'", at, ".content' is required"));
+        // An assistant message that calls tools may leave its content out.
+        if (!has_content && msg.tool_calls.is_null()) {
+          return InvalidParam(at + ".content", absl::StrCat("'", at, ".content' is required"));
+        }
+        if (!msg.tool_calls.is_null() && msg.role != "assistant") {
+          return InvalidParam(at + ".tool_calls", absl::StrCat("'", at, ".tool_calls' is for assistant messages"));
+        }
         r.messages.push_back(std::move(msg));
       }
     } else if (key == "logprobs") {
@@ -492,6 +540,46 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
       absl::StatusOr<bool> b = GetBool(v, key);
       if (!b.ok()) return b.status();
       r.fields.logprobs = *b;
+    } else if (key == "tools") {
+      if (v.is_null()) continue;
+      if (!v.is_array()) return WrongType(key, "an array of tools", v);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const std::string at = absl::StrCat("tools[", i, "]");
+        absl::StatusOr<ToolFunction> f = ParseToolDefinition(v[i], at);
+        if (!f.ok()) return WithParam(f.status(), at);
+        for (const ToolFunction& g : r.tool_functions) {
+          if (g.name == f->name) return InvalidParam(at, absl::StrCat("two tools are named '", f->name, "'"));
+        }
+        r.tool_functions.push_back(*std::move(f));
+      }
+      if (!v.empty()) r.tools = v;
+    } else if (key == "tool_choice") {
+      if (v.is_null()) continue;
+      has_tool_choice = true;
+      if (v.is_string()) {
+        const std::string c = v.get<std::string>();
+        if (c == "none") {
+          r.tool_choice = ToolChoice::kNone;
+        } else if (c == "auto") {
+          r.tool_choice = ToolChoice::kAuto;
+        } else if (c == "required") {
+          r.tool_choice = ToolChoice::kRequired;
+        } else {
+          return InvalidParam(key, absl::StrCat("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}, got \"", c, "\""));
+        }
+      } else if (v.is_object() && v.size() == 2 && v.contains("type") && v["type"] == "function" &&
+                 v.contains("function") && v["function"].is_object() && v["function"].size() == 1 &&
+                 v["function"].contains("name") && v["function"]["name"].is_string()) {
+        r.tool_choice = ToolChoice::kNamed;
+        r.tool_name = v["function"]["name"].get<std::string>();
+      } else {
+        return InvalidParam(key, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+    } else if (key == "parallel_tool_calls") {
+      if (v.is_null()) continue;
+      absl::StatusOr<bool> b = GetBool(v, key);
+      if (!b.ok()) return b.status();
+      r.parallel_tool_calls = *b;
     } else if (key == "top_logprobs") {
       if (v.is_null()) continue;
       absl::StatusOr<int64_t> n = GetInt(v, key);
@@ -506,6 +594,20 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   }
   if (r.fields.top_logprobs > 0 && !r.fields.logprobs) {
     return InvalidParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  if (!has_tool_choice) r.tool_choice = r.tools.is_null() ? ToolChoice::kNone : ToolChoice::kAuto;
+  if (r.tool_choice != ToolChoice::kNone && r.tools.is_null()) {
+    return InvalidParam("tool_choice", "'tool_choice' needs 'tools'");
+  }
+  if (r.tool_choice == ToolChoice::kNamed) {
+    bool found = false;
+    for (const ToolFunction& f : r.tool_functions) found = found || f.name == r.tool_name;
+    if (!found) return InvalidParam("tool_choice", absl::StrCat("'tool_choice' names '", r.tool_name, "', which is not in 'tools'"));
+  }
+  if ((r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kNamed) &&
+      r.fields.response_format != SamplingFields::ResponseFormat::kText) {
+    return InvalidParam("tool_choice", absl::StrCat("'tool_choice' \"required\" or a named function cannot be combined with '",
+                                                    r.fields.format_param, "'"));
   }
   if (!has_messages) return InvalidParam("messages", "'messages' is required");
   if (r.messages.empty()) return InvalidParam("messages", "'messages' is empty");
@@ -656,7 +758,19 @@ Json ChatResponse(const ResponseMeta& meta, const std::vector<ChoiceOutput>& cho
   for (size_t i = 0; i < choices.size(); ++i) {
     Json message;
     message["role"] = "assistant";
-    message["content"] = choices[i].text;
+    const ChoiceOutput& c = choices[i];
+    message["content"] = c.tool_calls.empty() || !c.text.empty() ? Json(c.text) : Json(nullptr);
+    if (!c.tool_calls.empty()) {
+      Json calls = Json::array();
+      for (size_t k = 0; k < c.tool_calls.size(); ++k) {
+        Json call;
+        call["id"] = k < c.tool_call_ids.size() ? c.tool_call_ids[k] : absl::StrCat("call_", k);
+        call["type"] = "function";
+        call["function"] = {{"name", c.tool_calls[k].name}, {"arguments", c.tool_calls[k].arguments}};
+        calls.push_back(std::move(call));
+      }
+      message["tool_calls"] = std::move(calls);
+    }
     Json choice;
     choice["index"] = i;
     choice["message"] = std::move(message);
@@ -687,6 +801,27 @@ Json ChatChunk(const ResponseMeta& meta, absl::string_view role, const std::opti
   choice["delta"] = std::move(delta);
   choice["logprobs"] = ChatLogprobs(logprobs);
   choice["finish_reason"] = FinishReason(finish_reason);
+  j["choices"] = Json::array({std::move(choice)});
+  return j;
+}
+
+Json ToolCallChunk(const ResponseMeta& meta, int choice_index, int call_index, const std::string* id,
+                   const std::string* name, absl::string_view arguments) {
+  Json j = Base(meta, "chat.completion.chunk");
+  Json call;
+  call["index"] = call_index;
+  if (id != nullptr) call["id"] = *id;
+  if (name != nullptr) {
+    call["type"] = "function";
+    call["function"] = {{"name", *name}, {"arguments", std::string(arguments)}};
+  } else {
+    call["function"] = {{"arguments", std::string(arguments)}};
+  }
+  Json choice;
+  choice["index"] = choice_index;
+  choice["delta"] = {{"tool_calls", Json::array({std::move(call)})}};
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = nullptr;
   j["choices"] = Json::array({std::move(choice)});
   return j;
 }

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "coordinator/http/tool_calls.h"
 #include "nlohmann/json.hpp"
 
 namespace shardserve::coordinator::http {
@@ -82,13 +83,26 @@ struct CompletionRequest {
 
 struct ChatMessage {
   std::string role;     // system, user, assistant, tool or developer
-  std::string content;  // a string, or the text parts of a content array joined
+  std::string content;  // a string, or the text parts of a content array joined (null: "")
   std::optional<std::string> name;
+  // An assistant message's calls: [{"id", "type": "function", "function": {"name", "arguments"
+  // (JSON text)}}], validated; null when absent.
+  nlohmann::ordered_json tool_calls;
+  std::optional<std::string> tool_call_id;  // a tool message's answer to this call
 };
 
 struct ChatRequest {
   SamplingFields fields;
   std::vector<ChatMessage> messages;  // non-empty
+  // OpenAI's tools: the entries as given (for the chat template) and their functions (validated
+  // by ParseToolDefinition; names distinct).
+  nlohmann::ordered_json tools;  // null when absent
+  std::vector<ToolFunction> tool_functions;
+  // tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
+  // (kNamed, tool_name); the default is auto with tools, none without.
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_name;
+  bool parallel_tool_calls = true;
 };
 
 // vLLM's /tokenize and /detokenize bodies.
@@ -170,7 +184,17 @@ struct ChoiceOutput {
   std::string text;
   std::string finish_reason;
   const std::vector<LogprobEntry>* logprobs = nullptr;  // null: not asked (JSON null)
+  // Chat: the calls parsed from the text (message.tool_calls, with ids from tool_call_ids); with
+  // calls, an empty text is "content": null.
+  std::vector<ParsedToolCall> tool_calls;
+  std::vector<std::string> tool_call_ids;  // [tool_calls.size()]
 };
+
+// A chat delta carrying one tool call, as OpenAI streams them: the first (with_header) has the
+// call's index, id, type and name with empty arguments; later ones the index and an arguments
+// fragment.
+nlohmann::ordered_json ToolCallChunk(const ResponseMeta& meta, int choice_index, int call_index,
+                                     const std::string* id, const std::string* name, absl::string_view arguments);
 nlohmann::ordered_json CompletionResponse(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,
                                           const Usage& usage);
 nlohmann::ordered_json ChatResponse(const ResponseMeta& meta, const std::vector<ChoiceOutput>& choices,

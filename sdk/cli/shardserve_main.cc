@@ -42,6 +42,9 @@ ABSL_FLAG(std::string, prompt, "", "prompt text");
 ABSL_FLAG(std::string, prompt_ids, "", "prompt token ids, comma-separated, used exactly as given");
 ABSL_FLAG(bool, print_ids, false, "print only the generated ids, comma-separated, on one line");
 ABSL_FLAG(int32_t, max_tokens, 64, "tokens to generate");
+ABSL_FLAG(int32_t, n, 1,
+          "generate: independent choices of the prompt (1..16; choice i samples with --seed + i), printed one "
+          "per line in choice order after they all end");
 ABSL_FLAG(double, temperature, 0.0, "sampling temperature; 0 = greedy");
 ABSL_FLAG(int32_t, top_k, 0, "sample from the k most likely tokens; 0 = all");
 ABSL_FLAG(double, top_p, 1.0, "nucleus sampling threshold in (0, 1]");
@@ -148,10 +151,22 @@ absl::Status GenerateCommand() {
                     .ignore_eos = absl::GetFlag(FLAGS_ignore_eos),
                     .presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty)),
                     .frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty)),
-                    .repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty))};
+                    .repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty)),
+                    .n = absl::GetFlag(FLAGS_n)};
   auto client = Connect();
   if (!client.ok()) return client.status();
   const bool print_ids = absl::GetFlag(FLAGS_print_ids);
+  if (o.n != 1) {
+    // Several choices: each printed whole, one per line (its text or ids), with its finish reason.
+    absl::StatusOr<std::vector<GenerateResult>> choices = (*client)->GenerateChoices(prompt, o);
+    if (!choices.ok()) return choices.status();
+    for (size_t i = 0; i < choices->size(); ++i) {
+      const GenerateResult& c = (*choices)[i];
+      std::cout << (print_ids ? absl::StrJoin(c.token_ids, ",") : c.text) << "\n";
+      std::cerr << "choice " << i << " finish_reason: " << c.finish_reason << "\n";
+    }
+    return absl::OkStatus();
+  }
   std::vector<int32_t> all;
   std::string finish;
   std::unique_ptr<GenerateStream> stream = (*client)->StartGenerate(prompt, o);

@@ -51,6 +51,7 @@ std::string ReasonName(v1::FinishReason r) {
     case v1::FINISH_REASON_LENGTH: return "length";
     case v1::FINISH_REASON_STOP: return "stop";
     case v1::FINISH_REASON_CANCELLED: return "cancelled";
+    case v1::FINISH_REASON_TOOL_CALLS: return "tool_calls";
     default: return "";  // unset, or a value newer than this client
   }
 }
@@ -162,6 +163,7 @@ GenerateDelta ToDelta(const v1::GenerateResponse& resp) {
   d.completion_tokens = resp.usage().completion_tokens();
   d.cached_prompt_tokens = resp.usage().cached_prompt_tokens();
   d.request_id = resp.request_id();
+  d.index = resp.index();
   for (const v1::TokenLogprobs& lp : resp.logprobs()) {
     d.logprobs.push_back(TokenLogprob{.logprob = lp.logprob(),
                                       .top_ids = {lp.top_ids().begin(), lp.top_ids().end()},
@@ -212,6 +214,7 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   if (!o.json_schema.empty()) req.set_json_schema(o.json_schema);
   if (o.json_object) req.set_json_object(true);
   if (!o.regex.empty()) req.set_regex(o.regex);
+  req.set_n(o.n);
   return req;
 }
 
@@ -431,11 +434,22 @@ absl::Status Client::GenerateStreaming(const Prompt& prompt, const GenerateOptio
   return stream->status();
 }
 
-absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const GenerateOptions& options,
-                                                const CallOptions& call) {
-  GenerateResult result;
+absl::StatusOr<std::vector<GenerateResult>> Client::GenerateChoices(const Prompt& prompt,
+                                                                     const GenerateOptions& options,
+                                                                     const CallOptions& call) {
+  if (options.n < 1 || options.n > 16) {
+    return absl::InvalidArgumentError(absl::StrCat("n must be in [1, 16], got ", options.n));
+  }
+  std::vector<GenerateResult> results(static_cast<size_t>(options.n));
   std::unique_ptr<GenerateStream> stream = StartGenerate(prompt, options, call);
   for (const GenerateDelta& d : *stream) {
+    if (d.index < 0 || d.index >= options.n) {
+      stream->Cancel();
+      while (stream->Next()) {
+      }
+      return absl::InternalError(absl::StrCat("the server answered choice ", d.index, " of ", options.n));
+    }
+    GenerateResult& result = results[static_cast<size_t>(d.index)];
     result.token_ids.insert(result.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
     result.text += d.text;
     result.logprobs.insert(result.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
@@ -449,10 +463,23 @@ absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const Gene
     }
   }
   if (!stream->status().ok()) return stream->status();
-  if (result.finish_reason.empty()) {
-    return absl::InternalError("the server ended the generation without a finish reason");
+  for (const GenerateResult& result : results) {
+    if (result.finish_reason.empty()) {
+      return absl::InternalError("the server ended the generation without a finish reason");
+    }
   }
-  return result;
+  return results;
+}
+
+absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const GenerateOptions& options,
+                                                const CallOptions& call) {
+  if (options.n != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("Generate returns one choice (n = 1, got ", options.n,
+                                                   "); use GenerateChoices"));
+  }
+  absl::StatusOr<std::vector<GenerateResult>> results = GenerateChoices(prompt, options, call);
+  if (!results.ok()) return results.status();
+  return std::move((*results)[0]);
 }
 
 }  // namespace shardserve

@@ -58,12 +58,13 @@ ABSL_FLAG(int32_t, tp, 0, "tensor-parallel ranks per stage; 0 = auto");
 ABSL_FLAG(int32_t, pp, 0, "pipeline stages; 0 = auto");
 ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
 ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
-ABSL_FLAG(int32_t, max_slots, 8, "sequences per replica at once");
+ABSL_FLAG(int32_t, max_slots, 0, "sequences per replica at once (0 = sized from the KV budget, at most 256)");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = its number of stages");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");
 ABSL_FLAG(std::string, served_model_name, "", "the coordinator's --served_model_name (the model's name in the HTTP API)");
+ABSL_FLAG(std::string, tool_call_parser, "auto", "the coordinator's --tool_call_parser (hermes, llama3_json or auto)");
 ABSL_FLAG(std::string, quantize, "none",
           "the coordinator's --quantize: int8 stores the workers' linear projections and lm_head as block int8 "
           "(CPU ranks); none: the checkpoint's dtype");
@@ -304,6 +305,9 @@ int main(int argc, char** argv) {
       absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks)),
       absl::StrCat("--prefix_caching=", absl::GetFlag(FLAGS_prefix_caching) ? "true" : "false"),
       "--quantize=" + absl::GetFlag(FLAGS_quantize)};
+  if (absl::GetFlag(FLAGS_tool_call_parser) != "auto") {
+    coordinator_argv.push_back("--tool_call_parser=" + absl::GetFlag(FLAGS_tool_call_parser));
+  }
   if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
     coordinator_argv.push_back("--served_model_name=" + absl::GetFlag(FLAGS_served_model_name));
   }

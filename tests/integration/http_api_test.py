@@ -304,6 +304,19 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(json.loads(p.stdout), [a["text"] for a in alone])
 
+    def test_cli_n_choices_equal_the_http_choices(self):
+        # `shardserve generate --n 2` (gRPC, the C++ SDK's GenerateChoices) prints each choice on its
+        # line: the same texts as /v1/completions with n = 2 and the same seed.
+        r = self.completion(prompt=PROMPT, max_tokens=12, temperature=1.0, seed=3, n=2)
+        texts = [c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])]
+        self.assertNotEqual(texts[0], texts[1])
+        p = subprocess.run([os.path.join(BIN, "shardserve"), "generate", f"--server={self.cluster.address}",
+                            "--prompt", PROMPT, "--max_tokens", "12", "--temperature", "1", "--seed", "3", "--n", "2"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.split("\n")[:2], texts)
+        self.assertIn("choice 1 finish_reason: length", p.stderr)
+
     def test_logprobs(self):
         # Completions: "logprobs": N; greedy, so each chosen token is the most likely one.
         r = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
@@ -517,6 +530,75 @@ print(json.dumps([r.choices[0].message.content, streamed, r.usage.completion_tok
         self.assertTrue(content)
         self.assertEqual(streamed, content)
         self.assertLessEqual(tokens, 16)
+
+    def test_tool_calls_with_openai_package(self):
+        # tool_choice "required" (one call: the model's context is 512 tokens) and a named function:
+        # the answer is constrained to a call, which the
+        # openai package reads as message.tool_calls (and as streamed deltas) whose arguments
+        # validate against the tool's schema, over several seeds; "none" gives plain content.
+        script = f"""
+import json, openai
+c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
+tools = [{{"type": "function", "function": {{"name": "get_weather", "description": "The weather.",
+          "parameters": {{"type": "object", "properties": {{"city": {{"type": "string", "maxLength": 10}},
+                          "unit": {{"type": "string", "enum": ["celsius", "fahrenheit"]}}, "days": {{"type": "integer"}}}},
+                          "required": ["city", "unit"], "additionalProperties": False}}}}}},
+         {{"type": "function", "function": {{"name": "get_time", "parameters": {{"type": "object",
+          "properties": {{"zone": {{"type": "string", "maxLength": 6}}}}, "required": ["zone"]}}}}}}]
+msgs = [{{"role": "user", "content": "A dog"}}]
+out = {{"calls": [], "streamed": [], "none": None}}
+for seed in range(1, 4):
+    for choice in ("required", {{"type": "function", "function": {{"name": "get_time"}}}}):
+        r = c.chat.completions.create(model="stories-chat", messages=msgs, tools=tools, tool_choice=choice,
+                                      parallel_tool_calls=False, temperature=1.0, seed=seed)
+        m = r.choices[0].message
+        out["calls"].append([r.choices[0].finish_reason, m.content,
+                             [[t.id, t.type, t.function.name, t.function.arguments] for t in m.tool_calls or []],
+                             choice if isinstance(choice, str) else "get_time"])
+s = c.chat.completions.create(model="stories-chat", messages=msgs, tools=tools, tool_choice="required",
+                              parallel_tool_calls=False, temperature=1.0, seed=1, stream=True)
+calls = {{}}
+for ch in s:
+    for d in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+        e = calls.setdefault(d.index, ["", ""])
+        if d.function.name: e[0] = d.function.name
+        e[1] += d.function.arguments or ""
+out["streamed"] = [calls[k] for k in sorted(calls)]
+r = c.chat.completions.create(model="stories-chat", messages=msgs, tools=tools, tool_choice="none", max_tokens=8,
+                              temperature=0)
+out["none"] = [r.choices[0].finish_reason, r.choices[0].message.content, r.choices[0].message.tool_calls]
+print(json.dumps(out))
+"""
+        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertEqual(len(out["calls"]), 6)
+        for finish, content, calls, want in out["calls"]:
+            self.assertEqual(finish, "tool_calls")
+            self.assertIsNone(content)
+            self.assertEqual(len(calls), 1)
+            if want != "required":
+                self.assertEqual([c[2] for c in calls], [want])
+            for call_id, kind, name, arguments in calls:
+                self.assertTrue(call_id)
+                self.assertEqual(kind, "function")
+                args = json.loads(arguments)
+                if name == "get_weather":
+                    self.assertLessEqual(set(args), {"city", "unit", "days"})
+                    self.assertIsInstance(args["city"], str)
+                    self.assertLessEqual(len(args["city"]), 10)
+                    self.assertIn(args["unit"], ("celsius", "fahrenheit"))
+                    if "days" in args:
+                        self.assertIsInstance(args["days"], int)
+                else:
+                    self.assertEqual(name, "get_time")
+                    self.assertIsInstance(args["zone"], str)
+                    self.assertLessEqual(len(args["zone"]), 6)
+        first = out["calls"][0]
+        self.assertEqual(out["streamed"], [[c[2], c[3]] for c in first[2]])
+        finish, content, calls = out["none"]
+        self.assertIsNone(calls)
+        self.assertTrue(content)
 
 
 if __name__ == "__main__":

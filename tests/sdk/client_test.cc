@@ -79,6 +79,34 @@ TEST(ClientTest, GenerateReturnsTheWholeAnswer) {
   EXPECT_EQ(r.request_id, "req-7");
 }
 
+// Choices arrive interleaved, each message naming its choice: GenerateChoices gathers each one.
+TEST(ClientTest, GenerateChoicesGathersEachChoice) {
+  auto of = [](v1::GenerateResponse r, int index) {
+    r.set_index(index);
+    return r;
+  };
+  FakeInferenceServer server(FakeScript{.responses = {of(Tokens({10}, "A"), 0), of(Tokens({20, 21}, "Bb"), 1),
+                                                      of(Tokens({11}, "a"), 0), of(Last(v1::FINISH_REASON_STOP, 4, 3), 1),
+                                                      of(Last(v1::FINISH_REASON_LENGTH, 4, 2), 0)}});
+  auto client = MustConnect(server.address());
+  ASSERT_OK_AND_ASSIGN(std::vector<GenerateResult> r, client->GenerateChoices(Prompt::Text("hi"), {.n = 2}));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_THAT(r[0].token_ids, ElementsAre(10, 11));
+  EXPECT_EQ(r[0].text, "Aa");
+  EXPECT_EQ(r[0].finish_reason, "length");
+  EXPECT_EQ(r[0].completion_tokens, 2);
+  EXPECT_THAT(r[1].token_ids, ElementsAre(20, 21));
+  EXPECT_EQ(r[1].text, "Bb");
+  EXPECT_EQ(r[1].finish_reason, "stop");
+  // A choice the request did not ask for, n out of range, and Generate with n > 1 are errors.
+  EXPECT_THAT(client->GenerateChoices(Prompt::Text("hi"), {.n = 1}).status(),
+              StatusIs(absl::StatusCode::kInternal, ::testing::_));
+  EXPECT_THAT(client->GenerateChoices(Prompt::Text("hi"), {.n = 17}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(client->Generate(Prompt::Text("hi"), {.n = 2}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
 TEST(ClientTest, LogprobsArriveWithTheirTokens) {
   FakeScript script = ThreeTokens();
   auto add = [](v1::GenerateResponse& r, float lp, std::vector<int32_t> ids, std::vector<float> lps) {

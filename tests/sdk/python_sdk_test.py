@@ -132,6 +132,30 @@ class AgainstALocalCluster(unittest.TestCase):
             self.client.generate(PROMPT, max_tokens=4, json_schema={"type": "string", "pattern": "a+"}).result()
         self.assertIn("pattern", str(e.exception))
 
+    def test_n_choices_equal_the_cli_and_async(self):
+        # n = 2: each delta names its choice; results() gives both answers, choice i equal to the
+        # CLI's line i (`shardserve generate --n 2`) and to the async client's; result() refuses.
+        stream = self.client.generate(PROMPT, max_tokens=12, temperature=1.0, seed=3, n=2)
+        results = stream.results()
+        self.assertEqual(len(results), 2)
+        self.assertNotEqual(results[0].token_ids, results[1].token_ids)
+        cli = self.cluster.cli("generate", "--prompt", PROMPT, "--max_tokens", "12", "--temperature", "1",
+                               "--seed", "3", "--n", "2", "--print_ids")
+        self.assertEqual([[int(x) for x in line.split(",")] for line in cli.stdout.strip().split("\n")],
+                         [r.token_ids for r in results])
+        indexes = {d.index for d in self.client.generate(PROMPT, max_tokens=12, temperature=1.0, seed=3, n=2)}
+        self.assertEqual(indexes, {0, 1})
+        with self.assertRaises(shardserve.ShardserveError):
+            self.client.generate(PROMPT, max_tokens=4, n=2).result()
+        with self.assertRaises(ValueError):
+            self.client.generate(PROMPT, n=0)
+
+        async def main():
+            async with shardserve.AsyncClient(self.cluster.address, timeout=60) as client:
+                return await client.generate(PROMPT, max_tokens=12, temperature=1.0, seed=3, n=2).results()
+
+        self.assertEqual([r.token_ids for r in asyncio.run(main())], [r.token_ids for r in results])
+
     def test_async_client_gives_the_same_answer(self):
         expected = self.client.generate(PROMPT, max_tokens=20).result()
 

@@ -734,6 +734,83 @@ TEST_F(CoordinatorApiTest, ChatNeedsAChatTemplate) {
   EXPECT_THAT(r.status.error_message(), HasSubstr("has no chat template"));
 }
 
+// Chat with tools over gRPC: the tools and an earlier call reach the template; TOOL_CHOICE_FUNCTION
+// constrains the answer to a call of that function, parsed into the last message's tool_calls with
+// FINISH_REASON_TOOL_CALLS (the template mentions <tool_call>: hermes); bad tool fields are
+// INVALID_ARGUMENT naming them.
+TEST_F(CoordinatorApiTest, ChatWithToolsReturnsParsedToolCalls) {
+  testing::TempDir dir;
+  for (const char* name : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                           "tokenizer.model", "special_tokens_map.json"}) {
+    dir.Write(name, testing::ReadFileOrEmpty(absl::StrCat(testing::Stories260KDir(), "/", name)));
+  }
+  nlohmann::json config = nlohmann::json::parse(
+      testing::ReadFileOrEmpty(absl::StrCat(testing::Stories260KDir(), "/tokenizer_config.json")));
+  config["chat_template"] =
+      "{% for t in tools %}T:{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.role }}: {{ m.content }}"
+      "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }}({{ c.function.arguments.x }})"
+      "</tool_call>{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}A:";
+  dir.Write("tokenizer_config.json", config.dump());
+  StartCoordinator(dir.path(), 1);
+  BringUpOneWorker();
+  ASSERT_OK_AND_ASSIGN(auto tokenizer, LoadTokenizer(dir.path()));
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> rendered,
+                       tokenizer->Encode("T:add;T:mul;user: Sum?\nassistant: <tool_call>add(7)</tool_call>\n"
+                                         "tool: 9\nA:", false));
+  v1::GenerateRequest req;
+  v1::ChatMessages* chat = req.mutable_chat();
+  chat->set_tools(R"([{"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+      "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"]}}},
+      {"type": "function", "function": {"name": "mul"}}])");
+  auto add = [&](const char* role, const char* content) {
+    v1::ChatMessage* m = chat->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+    return m;
+  };
+  add("user", "Sum?");
+  v1::ToolCall* earlier = add("assistant", "")->add_tool_calls();
+  earlier->set_id("c1");
+  earlier->set_name("add");
+  earlier->set_arguments(R"({"x": 7, "y": 2})");
+  add("tool", "9")->set_tool_call_id("c1");
+  chat->set_tool_choice(v1::TOOL_CHOICE_FUNCTION);
+  chat->set_tool_name("add");
+  req.set_max_tokens(200);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(3);
+  const GenerateResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.messages.back().usage().prompt_tokens(), static_cast<int32_t>(rendered.size()));
+  EXPECT_EQ(r.messages.back().finish_reason(), v1::FINISH_REASON_TOOL_CALLS) << r.text;
+  ASSERT_EQ(r.messages.back().tool_calls_size(), 1) << r.text;
+  const v1::ToolCall& call = r.messages.back().tool_calls(0);
+  EXPECT_EQ(call.name(), "add");
+  EXPECT_FALSE(call.id().empty());
+  const nlohmann::json args = nlohmann::json::parse(call.arguments());
+  EXPECT_TRUE(args["x"].is_number_integer()) << call.arguments();
+  EXPECT_TRUE(args["y"].is_number_integer()) << call.arguments();
+  EXPECT_THAT(r.text, ::testing::StartsWith("<tool_call>\n{\"name\":\"add\",\"arguments\":"));
+
+  // TOOL_CHOICE_NONE: the same tools, no parsing.
+  v1::GenerateRequest none = req;
+  none.mutable_chat()->set_tool_choice(v1::TOOL_CHOICE_NONE);
+  none.set_max_tokens(4);
+  const GenerateResult n = Generate(none);
+  ASSERT_TRUE(n.status.ok()) << n.status.error_message();
+  EXPECT_EQ(n.messages.back().tool_calls_size(), 0);
+
+  v1::GenerateRequest bad = req;
+  bad.mutable_chat()->set_tool_name("div");
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("no tool is named 'div'"));
+  bad = req;
+  bad.mutable_chat()->set_tools("[{\"type\": \"function\"}]");
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("prompt.chat.tools[0].function"));
+  bad = req;
+  bad.mutable_chat()->clear_tools();
+  EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("prompt.chat.tool_choice: needs prompt.chat.tools"));
+}
+
 // GenerateRequest's constraint: a JSON Schema and a regex constrain the text (stories260K at
 // temperature 1); an unsupported keyword is INVALID_ARGUMENT naming it.
 TEST_F(CoordinatorApiTest, StructuredOutputJsonSchemaAndRegex) {
@@ -847,15 +924,35 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
   EXPECT_EQ(w.assignment().num_stages(), 1);
   EXPECT_EQ(w.assignment().next_address(), "");
   EXPECT_EQ(w.assignment().max_seq_len(), 512);
-  // The 4 GiB budget would hold far more; 8 sequences (max_slots) of 512 tokens use 8 x 32 blocks.
+  // max_slots is sized from the KV budget by default: the 4 GiB budget holds far more than 256
+  // (kMaxAutoSlots) sequences of 512 tokens, which use 256 x 32 blocks.
   EXPECT_EQ(w.assignment().kv_block_size(), 16);
-  EXPECT_EQ(w.assignment().kv_blocks(), 8 * 32);
-  // The plan says what the worker allocates, not only the capacity: 4096 tokens x 5 layers x K and
-  // V x 4 KV heads x head_dim 8 x 4 bytes (f32 on CPU ranks) = 5,242,880 bytes.
-  EXPECT_THAT(st.plan(), HasSubstr("replica 0: KV allocated 256 blocks x 16 tokens = 4096 tokens, up to 5.2 MB per "
-                                   "rank (at most max_slots 8 x max_seq_len 512)"));
+  EXPECT_EQ(w.assignment().kv_blocks(), kMaxAutoSlots * 32);
+  EXPECT_EQ(coordinator_->scheduler().Stats().replicas.at(0).max_slots, kMaxAutoSlots);
+  // The plan says what the worker allocates, not only the capacity: 131,072 tokens x 5 layers x K
+  // and V x 4 KV heads x head_dim 8 x 4 bytes (f32 on CPU ranks) = 167,772,160 bytes.
+  EXPECT_THAT(st.plan(), HasSubstr("replica 0: KV allocated 8192 blocks x 16 tokens = 131072 tokens, up to 167.8 MB "
+                                   "per rank (at most 256 sequences (max_slots auto) x max_seq_len 512)"));
   EXPECT_EQ(st.running_sequences(), 0);
   EXPECT_EQ(st.waiting_sequences(), 0);
+}
+
+// With the KV blocks capped (--kv_blocks), the default max_slots is as many whole 512-token
+// contexts (32 blocks) as they hold; an explicit max_slots is kept.
+TEST_F(CoordinatorApiTest, DefaultMaxSlotsIsSizedFromTheKvBlocks) {
+  StartCoordinator(testing::Stories260KDir(), 1, {.max_kv_blocks = 100});
+  BringUpOneWorker();
+  EXPECT_EQ(Status().workers(0).assignment().kv_blocks(), 100);
+  EXPECT_EQ(coordinator_->scheduler().Stats().replicas.at(0).max_slots, 3);  // 100 / 32
+  EXPECT_EQ(SlotsForKvBlocks(31, 32), 1);  // always one sequence
+  EXPECT_EQ(SlotsForKvBlocks(int64_t{1} << 40, 32), kMaxAutoSlots);
+}
+
+TEST_F(CoordinatorApiTest, ExplicitMaxSlotsIsKept) {
+  StartCoordinator(testing::Stories260KDir(), 1, {.max_slots = 5});
+  BringUpOneWorker();
+  EXPECT_EQ(Status().workers(0).assignment().kv_blocks(), 5 * 32);
+  EXPECT_EQ(coordinator_->scheduler().Stats().replicas.at(0).max_slots, 5);
 }
 
 TEST_F(CoordinatorApiTest, ClusterStatusListsOnePageOfWorkersAndCountsThemAll) {

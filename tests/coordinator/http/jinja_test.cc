@@ -4,6 +4,8 @@
 
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -46,6 +48,31 @@ TEST(JinjaTest, CoversTheThreeTemplateStyles) {
     styles += name == "llama3_style" || name == "chatml_style" || name == "mistral_style";
   }
   EXPECT_EQ(styles, 3);
+}
+
+// The tool-calling templates of Llama-3.1-Instruct and Qwen2.5-Instruct (committed model data)
+// are recorded as they are on disk, with tools, calls, tool answers and a refusal.
+TEST(JinjaTest, CoversTheModelToolCallingTemplates) {
+  const nlohmann::ordered_json golden = LoadGolden();
+  for (const auto& [prefix, file] : {std::pair<std::string, std::string>{"llama3.1_", "llama3.1_instruct.jinja"},
+                                     std::pair<std::string, std::string>{"qwen2.5_", "qwen2.5_instruct.jinja"}}) {
+    SCOPED_TRACE(file);
+    std::ifstream in("tests/coordinator/http/chat_templates/" + file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ASSERT_FALSE(ss.str().empty());
+    int cases = 0, with_tools = 0, with_calls = 0;
+    for (const auto& c : golden["cases"]) {
+      if (c["name"].get<std::string>().rfind(prefix, 0) != 0) continue;
+      ++cases;
+      EXPECT_EQ(c["template"].get<std::string>(), ss.str());
+      with_tools += c["context"].contains("tools");
+      for (const auto& m : c["context"]["messages"]) with_calls += m.contains("tool_calls") && c.contains("output");
+    }
+    EXPECT_GE(cases, 4);
+    EXPECT_GE(with_tools, 3);
+    EXPECT_GE(with_calls, 1);
+  }
 }
 
 TEST(JinjaTest, UnsupportedTagIsAnErrorWithTheLine) {

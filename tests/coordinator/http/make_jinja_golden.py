@@ -91,6 +91,59 @@ def ctx(messages, add_generation_prompt=True, **extra):
     return c
 
 
+# The tool-calling chat templates of two model families, as their tokenizer_config.json ships them
+# (model data, committed under chat_templates/): Meta's Llama-3.1-8B-Instruct and Qwen's
+# Qwen2.5-7B-Instruct.
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_templates")
+
+
+def read_template(name):
+    with open(os.path.join(TEMPLATE_DIR, name), encoding="utf-8") as f:
+        return f.read()
+
+
+LLAMA31 = read_template("llama3.1_instruct.jinja")
+QWEN25 = read_template("qwen2.5_instruct.jinja")
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city, e.g. \"Paris\""},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a time zone (ünïcødé).",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}, "precise": {"type": "boolean"}}}}}
+TOOLS = [WEATHER_TOOL, TIME_TOOL]
+# A conversation with a call and its answer, as the server gives it to templates: each call's
+# arguments parsed from OpenAI's JSON text into an object.
+CALL = {"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}
+CALL2 = {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": {"zone": "CET"}}}
+TOOL_TURNS = [
+    {"role": "system", "content": " You help travellers. "},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "content": "{\"temperature\": 21, \"sky\": \"clear\"}", "tool_call_id": "call_1"},
+    {"role": "assistant", "content": "It is 21 °C and clear."},
+    {"role": "user", "content": "And the time?"},
+]
+PARALLEL_TURNS = [
+    {"role": "user", "content": "Weather and time in Paris?"},
+    {"role": "assistant", "content": "Let me look.", "tool_calls": [CALL, CALL2]},
+    {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    {"role": "tool", "content": "14:05", "tool_call_id": "call_2"},
+]
+LLAMA_BASE = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+QWEN_BASE = {"bos_token": "", "eos_token": "<|im_end|>"}
+
+
+def model_ctx(base, messages, **extra):
+    c = dict(base, messages=messages, add_generation_prompt=True)
+    c.update(extra)
+    return c
+
+
 CASES = [
     ("llama3_style", LLAMA3, ctx(MESSAGES)),
     ("llama3_style_no_prompt", LLAMA3, ctx(MESSAGES, add_generation_prompt=False)),
@@ -127,6 +180,21 @@ CASES = [
     ("string_escapes", "{{ 'tab\\there' }}|{{ \"dq 'in' \" }}|{{ 'line\\nbreak' }}", {}),
     ("undefined_behaviour", "[{{ missing }}][{{ d.missing }}][{{ d['missing'] }}][{{ missing | length }}][{{ missing is defined }}]", {"d": {}}),
     ("is_test_precedence", "{{ not x is defined }} {{ x is defined and x > 0 }}", {"x": 3}),
+    # The model templates: plain chat, tools offered, a call and its answer, several calls.
+    ("llama3.1_plain", LLAMA31, model_ctx(LLAMA_BASE, MESSAGES)),
+    ("llama3.1_tools", LLAMA31, model_ctx(LLAMA_BASE, [{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS)),
+    ("llama3.1_tools_with_system", LLAMA31, model_ctx(LLAMA_BASE, TOOL_TURNS[:2], tools=TOOLS)),
+    ("llama3.1_tool_call_and_answer", LLAMA31, model_ctx(LLAMA_BASE, TOOL_TURNS, tools=TOOLS)),
+    ("llama3.1_tools_in_system", LLAMA31,
+     model_ctx(LLAMA_BASE, TOOL_TURNS, tools=TOOLS, tools_in_user_message=False, date_string="01 Jan 2025")),
+    ("llama3.1_parallel_calls_refused", LLAMA31, model_ctx(LLAMA_BASE, PARALLEL_TURNS, tools=TOOLS)),
+    ("llama3.1_tools_no_user_message", LLAMA31, model_ctx(LLAMA_BASE, [{"role": "system", "content": "x"}], tools=TOOLS)),
+    ("qwen2.5_plain", QWEN25, model_ctx(QWEN_BASE, MESSAGES)),
+    ("qwen2.5_default_system", QWEN25, model_ctx(QWEN_BASE, NO_SYSTEM)),
+    ("qwen2.5_tools", QWEN25, model_ctx(QWEN_BASE, [{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS)),
+    ("qwen2.5_tool_call_and_answer", QWEN25, model_ctx(QWEN_BASE, TOOL_TURNS, tools=TOOLS)),
+    ("qwen2.5_parallel_calls", QWEN25, model_ctx(QWEN_BASE, PARALLEL_TURNS, tools=TOOLS)),
+    ("qwen2.5_calls_without_tools", QWEN25, model_ctx(QWEN_BASE, PARALLEL_TURNS)),
 ]
 
 

@@ -179,10 +179,50 @@ TEST(OpenAiProtocolTest, MalformedJson) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "temperature": -1e999})").status(), "not valid JSON", "");
 }
 
+TEST(OpenAiProtocolTest, ChatToolsAndToolChoice) {
+  absl::StatusOr<ChatRequest> r = ParseChatRequest(R"({"messages": [
+      {"role": "user", "content": "a"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+      {"role": "tool", "content": "42", "tool_call_id": "c1"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tool_choice, ToolChoice::kAuto);  // the default with tools
+  ASSERT_EQ(r->tool_functions.size(), 1u);
+  EXPECT_EQ(r->tool_functions[0].name, "f");
+  EXPECT_EQ(r->messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r->messages[1].content, "");
+  EXPECT_EQ(r->messages[2].tool_call_id, "c1");
+  EXPECT_TRUE(r->parallel_tool_calls);
+
+  r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "parallel_tool_calls": false,
+    "tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}],
+    "tool_choice": {"type": "function", "function": {"name": "g"}}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(r->tool_name, "g");
+  EXPECT_FALSE(r->parallel_tool_calls);
+
+  r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}]})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tool_choice, ToolChoice::kNone);  // the default without tools
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "tool_calls": []}]})").status(),
+                "messages[0].content", "messages[0].content");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a", "tool_calls": [
+                    {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]})").status(),
+                "assistant", "messages[0].tool_calls");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "assistant", "tool_calls": [
+                    {"id": "1", "type": "function", "function": {"name": "f", "arguments": {}}}]}]})").status(),
+                "arguments", "messages[0].tool_calls[0].function.arguments");
+}
+
 TEST(OpenAiProtocolTest, UnknownFields) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "bogus": 1})").status(), "unknown field 'bogus'", "bogus");
-  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "tools": []})").status(),
-                "unknown field 'tools'", "tools");
+  // OpenAI's deprecated functions/function_call (superseded by tools) are not taken.
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}], "functions": []})").status(),
+                "unknown field 'functions'", "functions");
+  // Tools only with the completions endpoint's chat counterpart.
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "tools": []})").status(), "unknown field 'tools'", "tools");
   ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a", "x": 1}]})").status(),
                 "messages[0].x", "messages[0].x");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stream_options": {"other": 1}})").status(),

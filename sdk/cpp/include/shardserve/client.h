@@ -141,6 +141,10 @@ struct GenerateOptions {
   std::string json_schema;
   bool json_object = false;
   std::string regex;
+  // Independent choices of the same prompt (OpenAI's n), in [1, 16]: choice i samples with seed + i.
+  // Each delta names its choice (GenerateDelta::index); Generate needs n = 1, GenerateChoices
+  // returns every choice.
+  int32_t n = 1;
 };
 
 // One generated token's log-probabilities (log-softmax of the model's logits).
@@ -163,6 +167,7 @@ struct GenerateDelta {
   std::vector<TokenLogprob> logprobs;  // with GenerateOptions::logprobs: one per token_ids entry
   // With GenerateOptions::prompt_logprobs: prompt tokens 1, 2, ... (all before the first token).
   std::vector<TokenLogprob> prompt_logprobs;
+  int32_t index = 0;  // the choice this delta belongs to (GenerateOptions::n)
 };
 
 // The whole answer of a generation.
@@ -273,9 +278,13 @@ class Client {
     return DoStartGenerate(prompt, options, call);
   }
 
-  // Generates and returns the whole answer.
+  // Generates and returns the whole answer. InvalidArgument for options.n > 1 (use GenerateChoices).
   absl::StatusOr<GenerateResult> Generate(const Prompt& prompt, const GenerateOptions& options,
                                           const CallOptions& call = {});
+  // Generates options.n choices and returns each whole answer, in choice order (the n choices of
+  // one request: they share the prompt's KV cache on the server).
+  absl::StatusOr<std::vector<GenerateResult>> GenerateChoices(const Prompt& prompt, const GenerateOptions& options,
+                                                              const CallOptions& call = {});
 
   // Streams the answer to `on_delta`, called on this thread; returning false from it cancels the
   // request and makes the result CANCELLED. Returns OK after the last delta.

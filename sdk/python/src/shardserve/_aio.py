@@ -19,7 +19,7 @@ class AsyncGenerateStream:
     def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
         self._call = call
         self._it = call.__aiter__()
-        self._acc = _common.Accumulator()
+        self._acc = _common.Choices()
         self._done = False
         self._cancelled_by_caller = False
 
@@ -52,6 +52,12 @@ class AsyncGenerateStream:
             pass
         return self._acc.result()
 
+    async def results(self) -> List[GenerateResult]:
+        """Reads what is left and returns each choice's whole answer, in choice order (generate's n)."""
+        async for _ in self:
+            pass
+        return self._acc.results()
+
     def cancel(self) -> None:
         """Ends the request; the next read raises ShardserveError with CANCELLED."""
         self._cancelled_by_caller = True
@@ -78,14 +84,15 @@ class AsyncClient:
                  logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
                  top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, prompt_logprobs: bool = False, stop: Sequence[str] = (),
-                 json_schema=None, json_object: bool = False, regex: Optional[str] = None,
+                 json_schema=None, json_object: bool = False, regex: Optional[str] = None, n: int = 1,
                  timeout: Optional[float] = None) -> AsyncGenerateStream:
         """Starts a generation; see Client.generate."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                        ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs,
                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                        repetition_penalty=repetition_penalty, prompt_logprobs=prompt_logprobs,
-                                       stop=stop, json_schema=json_schema, json_object=json_object, regex=regex)
+                                       stop=stop, json_schema=json_schema, json_object=json_object, regex=regex,
+                                       n=n)
         call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
                                         metadata=self._settings.metadata)
         return AsyncGenerateStream(call)

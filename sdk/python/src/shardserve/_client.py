@@ -18,7 +18,7 @@ class GenerateStream:
 
     def __init__(self, call: grpc.Call) -> None:
         self._call = call
-        self._acc = _common.Accumulator()
+        self._acc = _common.Choices()
         self._done = False
 
     def __iter__(self) -> Iterator[GenerateDelta]:
@@ -43,6 +43,12 @@ class GenerateStream:
         for _ in self:
             pass
         return self._acc.result()
+
+    def results(self) -> List[GenerateResult]:
+        """Reads what is left and returns each choice's whole answer, in choice order (generate's n)."""
+        for _ in self:
+            pass
+        return self._acc.results()
 
     def cancel(self) -> None:
         """Ends the request; the next read raises ShardserveError with CANCELLED."""
@@ -81,17 +87,20 @@ class Client:
                  logit_bias: Optional[Mapping[int, float]] = None, min_tokens: int = 0, logprobs: bool = False,
                  top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, prompt_logprobs: bool = False, stop: Sequence[str] = (),
-                 json_schema=None, json_object: bool = False, regex: Optional[str] = None,
+                 json_schema=None, json_object: bool = False, regex: Optional[str] = None, n: int = 1,
                  timeout: Optional[float] = None) -> GenerateStream:
         """Starts a generation from text (tokenized by the server), token ids (used as given), or chat
         messages ([{"role": "user", "content": "Hi"}], rendered with the model's chat template by the
         server). `stop`: text that ends the generation (the text stops right before it). At most one of
-        json_schema (a dict or its JSON text), json_object and regex constrains the output."""
+        json_schema (a dict or its JSON text), json_object and regex constrains the output. n: that
+        many independent choices (1..16, choice i sampled with seed + i); each delta names its choice
+        (index), and the stream's results() gives every choice's answer (result(): the only one)."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                        ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs,
                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                        repetition_penalty=repetition_penalty, prompt_logprobs=prompt_logprobs,
-                                       stop=stop, json_schema=json_schema, json_object=json_object, regex=regex)
+                                       stop=stop, json_schema=json_schema, json_object=json_object, regex=regex,
+                                       n=n)
         call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
                                         metadata=self._settings.metadata)
         return GenerateStream(call)

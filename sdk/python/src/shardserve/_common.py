@@ -3,7 +3,7 @@ building and the conversions from the protocol's messages."""
 from __future__ import annotations
 
 import json
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -20,6 +20,7 @@ _FINISH = {
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_CANCELLED: "cancelled",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
 
@@ -95,10 +96,12 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                      repetition_penalty: float = 1.0, prompt_logprobs: bool = False,
                      stop: Sequence[str] = (), json_schema=None, json_object: bool = False,
-                     regex: Optional[str] = None) -> inference_pb2.GenerateRequest:
+                     regex: Optional[str] = None, n: int = 1) -> inference_pb2.GenerateRequest:
+    if not 1 <= n <= 16:
+        raise ValueError(f"n must be in [1, 16], got {n}")
     req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                                         ignore_eos=ignore_eos, request_id=request_id, min_tokens=min_tokens,
-                                        logprobs=logprobs, top_logprobs=top_logprobs)
+                                        logprobs=logprobs, top_logprobs=top_logprobs, n=n)
     # Structured output (at most one): a JSON Schema (a dict or JSON text), any JSON object, or a regex.
     if json_schema is not None:
         req.json_schema = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
@@ -141,7 +144,8 @@ def delta(resp: inference_pb2.GenerateResponse) -> GenerateDelta:
         request_id=resp.request_id,
         logprobs=[TokenLogprob(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in resp.logprobs],
         prompt_logprobs=[TokenLogprob(lp.logprob, list(lp.top_ids), list(lp.top_logprobs))
-                         for lp in resp.prompt_logprobs])
+                         for lp in resp.prompt_logprobs],
+        index=resp.index)
 
 
 class Accumulator:
@@ -170,6 +174,28 @@ class Accumulator:
         return GenerateResult(token_ids=self.token_ids, text="".join(self.text), finish_reason=self.last.finish_reason,
                               usage=self.last.usage, request_id=self.request_id, logprobs=self.logprobs,
                               prompt_logprobs=self.prompt_logprobs)
+
+
+class Choices:
+    """The GenerateResult of each choice (generate's n) from the deltas of a stream."""
+
+    def __init__(self) -> None:
+        self.by_index: Dict[int, Accumulator] = {}
+
+    def add(self, d: GenerateDelta) -> None:
+        self.by_index.setdefault(d.index, Accumulator()).add(d)
+
+    def results(self) -> List[GenerateResult]:
+        if sorted(self.by_index) != list(range(len(self.by_index))):
+            raise ShardserveError(grpc.StatusCode.INTERNAL,
+                                  f"the server answered choices {sorted(self.by_index)}, not 0..n-1")
+        return [self.by_index[i].result() for i in range(len(self.by_index))]
+
+    def result(self) -> GenerateResult:
+        if len(self.by_index) > 1:
+            raise ShardserveError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"the generation has {len(self.by_index)} choices: use results()")
+        return self.by_index.get(0, Accumulator()).result()
 
 
 def model_info(m: inference_pb2.ModelInfo) -> ModelInfo:

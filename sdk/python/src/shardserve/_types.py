@@ -68,6 +68,7 @@ class GenerateDelta:
     logprobs: List[TokenLogprob] = field(default_factory=list)  # with logprobs=True: one per token
     # with prompt_logprobs=True: prompt tokens 1, 2, ... (all before the first token)
     prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
+    index: int = 0  # the choice (generate's n) this delta belongs to
 
 
 @dataclass(frozen=True)

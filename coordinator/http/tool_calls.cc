@@ -1,0 +1,288 @@
+#include "coordinator/http/tool_calls.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardserve::coordinator::http {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr absl::string_view kCallOpen = "<tool_call>";
+constexpr absl::string_view kCallClose = "</tool_call>";
+constexpr absl::string_view kPythonTag = "<|python_tag|>";
+
+bool ValidName(absl::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+// The end (one past the closing brace) of the JSON object that starts at text[begin] == '{', or
+// npos when it is not closed. Strings and their escapes are skipped; nothing else is checked (the
+// object is parsed afterwards).
+size_t ObjectEnd(absl::string_view text, size_t begin) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = begin; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+      if (depth < 0) return absl::string_view::npos;
+    }
+  }
+  return absl::string_view::npos;
+}
+
+// {"name": ..., "arguments" | "parameters": {...}} (the arguments may also be the JSON text of an
+// object, as some models write them). nullopt for anything else.
+std::optional<ParsedToolCall> CallFromJson(absl::string_view text) {
+  const Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  const char* key = j.contains("arguments") ? "arguments" : j.contains("parameters") ? "parameters" : nullptr;
+  Json args = Json::object();
+  if (key != nullptr) {
+    args = j[key];
+    if (args.is_string()) {
+      const std::string s = args.get<std::string>();
+      args = Json::parse(s, nullptr, /*allow_exceptions=*/false);
+    }
+    if (!args.is_object()) return std::nullopt;
+  }
+  ParsedToolCall call;
+  call.name = j["name"].get<std::string>();
+  if (call.name.empty()) return std::nullopt;
+  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return call;
+}
+
+ParsedOutput Plain(absl::string_view text) { return ParsedOutput{.content = std::string(text), .calls = {}}; }
+
+ParsedOutput ParseHermes(absl::string_view text) {
+  const size_t first = text.find(kCallOpen);
+  if (first == absl::string_view::npos) return Plain(text);
+  ParsedOutput out;
+  std::string rest_content;
+  size_t pos = first;
+  while (pos != absl::string_view::npos) {
+    const size_t body = pos + kCallOpen.size();
+    size_t close = text.find(kCallClose, body);
+    absl::string_view inner;
+    size_t next;
+    if (close == absl::string_view::npos) {
+      // Unterminated (the model stopped right after the object): the rest must be the object.
+      inner = text.substr(body);
+      next = text.size();
+    } else {
+      inner = text.substr(body, close - body);
+      next = close + kCallClose.size();
+    }
+    std::optional<ParsedToolCall> call = CallFromJson(absl::StripAsciiWhitespace(inner));
+    if (!call.has_value()) return Plain(text);
+    out.calls.push_back(*std::move(call));
+    pos = text.find(kCallOpen, next);
+    absl::StrAppend(&rest_content, text.substr(next, pos == absl::string_view::npos ? absl::string_view::npos : pos - next));
+  }
+  const absl::string_view before = absl::StripAsciiWhitespace(text.substr(0, first));
+  const absl::string_view after = absl::StripAsciiWhitespace(rest_content);
+  out.content = absl::StrCat(before, !before.empty() && !after.empty() ? "\n" : "", after);
+  return out;
+}
+
+ParsedOutput ParseLlama3(absl::string_view text) {
+  absl::string_view t = absl::StripLeadingAsciiWhitespace(text);
+  if (absl::StartsWith(t, kPythonTag)) t = absl::StripLeadingAsciiWhitespace(t.substr(kPythonTag.size()));
+  if (t.empty() || t[0] != '{') return Plain(text);
+  ParsedOutput out;
+  size_t pos = 0;
+  while (true) {
+    const size_t end = ObjectEnd(t, pos);
+    if (end == absl::string_view::npos) return Plain(text);
+    std::optional<ParsedToolCall> call = CallFromJson(t.substr(pos, end - pos));
+    if (!call.has_value()) return Plain(text);
+    out.calls.push_back(*std::move(call));
+    pos = end;
+    while (pos < t.size() && absl::ascii_isspace(static_cast<unsigned char>(t[pos]))) ++pos;
+    if (pos == t.size()) break;
+    if (t[pos] != ';') return Plain(text);
+    ++pos;
+    while (pos < t.size() && absl::ascii_isspace(static_cast<unsigned char>(t[pos]))) ++pos;
+    if (pos == t.size()) break;
+    if (t[pos] != '{') return Plain(text);
+  }
+  return out;
+}
+
+// The longest suffix of `text` that is a proper prefix of `tag`.
+size_t PartialTagSuffix(absl::string_view text, absl::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
+    if (absl::EndsWith(text, tag.substr(0, n))) return n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<ToolCallFormat> ParseToolCallFormat(absl::string_view name) {
+  if (name == "hermes" || name == "qwen") return ToolCallFormat::kHermes;
+  if (name == "llama3_json" || name == "llama") return ToolCallFormat::kLlama3Json;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown tool call format \"", name, "\": use hermes (Qwen2.5, Hermes) or llama3_json (Llama 3.x)"));
+}
+
+absl::string_view ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes: return "hermes";
+    case ToolCallFormat::kLlama3Json: return "llama3_json";
+  }
+  return "";
+}
+
+ToolCallFormat DetectToolCallFormat(absl::string_view chat_template) {
+  if (absl::StrContains(chat_template, kCallOpen)) return ToolCallFormat::kHermes;
+  if (absl::StrContains(chat_template, "\"parameters\"") || absl::StrContains(chat_template, kPythonTag)) {
+    return ToolCallFormat::kLlama3Json;
+  }
+  return ToolCallFormat::kHermes;
+}
+
+absl::StatusOr<ToolFunction> ParseToolDefinition(const Json& tool, const std::string& field) {
+  auto bad = [&](absl::string_view at, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("'", field, at, "' ", what));
+  };
+  if (!tool.is_object()) return bad("", "must be an object {\"type\": \"function\", \"function\": {...}}");
+  for (const auto& [k, v] : tool.items()) {
+    if (k != "type" && k != "function") return bad("", absl::StrCat("has an unknown field '", k, "'"));
+  }
+  if (!tool.contains("type") || tool["type"] != "function") return bad(".type", "must be \"function\"");
+  if (!tool.contains("function") || !tool["function"].is_object()) return bad(".function", "must be an object");
+  const Json& f = tool["function"];
+  ToolFunction out;
+  out.parameters = Json{{"type", "object"}, {"properties", Json::object()}};
+  bool has_name = false;
+  for (const auto& [k, v] : f.items()) {
+    if (k == "name") {
+      if (!v.is_string() || !ValidName(v.get<std::string>())) {
+        return bad(".function.name", "must be 1 to 64 letters, digits, '_' or '-'");
+      }
+      out.name = v.get<std::string>();
+      has_name = true;
+    } else if (k == "description") {
+      if (!v.is_string() && !v.is_null()) return bad(".function.description", "must be a string");
+    } else if (k == "parameters") {
+      if (v.is_null()) continue;
+      if (!v.is_object()) return bad(".function.parameters", "must be a JSON Schema object");
+      if (v.contains("type") && v["type"] != "object") {
+        return bad(".function.parameters", "must describe an object (\"type\": \"object\")");
+      }
+      out.parameters = v;
+    } else if (k == "strict") {
+      if (!v.is_boolean() && !v.is_null()) return bad(".function.strict", "must be a boolean");
+    } else {
+      return bad(".function", absl::StrCat("has an unknown field '", k, "'"));
+    }
+  }
+  if (!has_name) return bad(".function.name", "is required");
+  return out;
+}
+
+absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vector<ToolFunction>& tools,
+                                          const std::optional<std::string>& named, bool parallel,
+                                          const structured::JsonRegexOptions& options) {
+  const char* args_key = format == ToolCallFormat::kHermes ? "arguments" : "parameters";
+  std::vector<std::string> objects;
+  for (const ToolFunction& t : tools) {
+    if (named.has_value() && t.name != *named) continue;
+    absl::StatusOr<std::string> args = structured::JsonSchemaRegex(t.parameters.dump(), options);
+    if (!args.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the parameters of tool '", t.name, "' cannot be enforced: ", args.status().message()));
+    }
+    objects.push_back(absl::StrCat(structured::RegexLiteral(absl::StrCat("{\"name\":\"", t.name, "\",\"", args_key, "\":")),
+                                   *args, "\\}"));
+  }
+  if (objects.empty()) {
+    return absl::InvalidArgumentError(named.has_value() ? absl::StrCat("no tool is named '", *named, "'")
+                                                        : std::string("there are no tools to call"));
+  }
+  const std::string object = objects.size() == 1 ? objects[0] : absl::StrCat("(?:", absl::StrJoin(objects, "|"), ")");
+  if (format == ToolCallFormat::kLlama3Json) return object;  // Llama 3.1 calls one tool at a time
+  const std::string call = absl::StrCat(structured::RegexLiteral(absl::StrCat(kCallOpen, "\n")), object,
+                                        structured::RegexLiteral(absl::StrCat("\n", kCallClose)));
+  if (!parallel || named.has_value()) return call;
+  return absl::StrCat(call, "(?:\\n", call, "){0,", kMaxParallelCalls - 1, "}");
+}
+
+ParsedOutput ParseToolCalls(ToolCallFormat format, absl::string_view text) {
+  switch (format) {
+    case ToolCallFormat::kHermes: return ParseHermes(text);
+    case ToolCallFormat::kLlama3Json: return ParseLlama3(text);
+  }
+  return Plain(text);
+}
+
+std::string ToolCallStreamer::Add(absl::string_view text) {
+  if (in_call_) {
+    absl::StrAppend(&held_, text);
+    return "";
+  }
+  switch (format_) {
+    case ToolCallFormat::kHermes: {
+      absl::StrAppend(&held_, text);
+      const size_t at = absl::string_view(held_).find(kCallOpen);
+      std::string out;
+      if (at != std::string::npos) {
+        out = held_.substr(0, at);
+        held_.erase(0, at);
+        in_call_ = true;
+        return out;
+      }
+      const size_t keep = PartialTagSuffix(held_, kCallOpen);
+      out = held_.substr(0, held_.size() - keep);
+      held_.erase(0, held_.size() - keep);
+      return out;
+    }
+    case ToolCallFormat::kLlama3Json: {
+      if (seen_text_) return std::string(text);
+      absl::StrAppend(&held_, text);
+      const absl::string_view t = absl::StripLeadingAsciiWhitespace(held_);
+      if (t.empty()) return "";
+      if (t[0] == '{' || absl::StartsWith(t, kPythonTag)) {
+        in_call_ = true;
+        return "";
+      }
+      if (absl::StartsWith(kPythonTag, t)) return "";  // may still become the tag
+      seen_text_ = true;
+      return std::exchange(held_, std::string());
+    }
+  }
+  return std::string(text);
+}
+
+ParsedOutput ToolCallStreamer::Finish() {
+  std::string held = std::exchange(held_, std::string());
+  if (!in_call_) return Plain(held);
+  return ParseToolCalls(format_, held);
+}
+
+}  // namespace shardserve::coordinator::http

@@ -1,0 +1,107 @@
+// Tool calling for chat: the tools a request offers, how a model writes a call to one, the
+// constraint that forces such a call (tool_choice "required" or a named function), and the parser
+// that turns generated text back into OpenAI's message.tool_calls.
+//
+// Two output formats are known:
+//   * kHermes (Qwen2.5, Hermes, ...): each call is
+//       <tool_call>
+//       {"name": "get_weather", "arguments": {"city": "Paris"}}
+//       </tool_call>
+//     and several calls follow each other (separated by a newline); text before them is content.
+//   * kLlama3Json (Llama-3.1/3.2 Instruct): the whole answer is one JSON object
+//       {"name": "get_weather", "parameters": {"city": "Paris"}}
+//     optionally after "<|python_tag|>"; several calls are separated by ";".
+// The format comes from --tool_call_parser, or is detected from the chat template's text
+// (DetectToolCallFormat).
+//
+// Parsing never fails: text that is not a well-formed call (broken JSON, a missing name, arguments
+// that are not an object, an unterminated tag) is plain content, with no calls.
+//
+// Pure functions and a per-choice streamer; thread-compatible.
+#ifndef SHARDSERVE_COORDINATOR_HTTP_TOOL_CALLS_H_
+#define SHARDSERVE_COORDINATOR_HTTP_TOOL_CALLS_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "coordinator/structured/json_schema.h"
+#include "nlohmann/json.hpp"
+
+namespace shardserve::coordinator::http {
+
+enum class ToolCallFormat { kHermes, kLlama3Json };
+
+// "hermes" (also "qwen") or "llama3_json" (also "llama"); InvalidArgument naming the choices.
+absl::StatusOr<ToolCallFormat> ParseToolCallFormat(absl::string_view name);
+absl::string_view ToolCallFormatName(ToolCallFormat format);
+
+// The format a chat template teaches its model: kHermes when the template mentions <tool_call>,
+// kLlama3Json when it asks for {"name": ..., "parameters": ...} (Llama 3.x), kHermes otherwise.
+ToolCallFormat DetectToolCallFormat(absl::string_view chat_template);
+
+// One function of a request's `tools`.
+struct ToolFunction {
+  std::string name;                   // [A-Za-z0-9_-]{1,64}, as OpenAI requires
+  nlohmann::ordered_json parameters;  // a JSON Schema of the arguments object (an object schema)
+};
+
+// What the request asks of tool calls (OpenAI's tool_choice).
+enum class ToolChoice {
+  kNone,      // tools are shown to the model, its output is never parsed as calls
+  kAuto,      // the model decides; its output is parsed
+  kRequired,  // the model must call one or more tools (constrained)
+  kNamed,     // the model must call this one function (constrained)
+};
+
+// Validates one entry of `tools` ({"type": "function", "function": {"name", "description",
+// "parameters", "strict"}}); InvalidArgument naming `field` ("tools[2].function.name").
+absl::StatusOr<ToolFunction> ParseToolDefinition(const nlohmann::ordered_json& tool, const std::string& field);
+
+// The most calls a constrained answer holds (tool_choice required with parallel calls).
+inline constexpr int kMaxParallelCalls = 8;
+
+// The regex (ByteDfa syntax) of output that is only tool calls in `format`: a call to `named` (when
+// set, and exactly one call), or else to any of `tools` (one call, or 1..kMaxParallelCalls with
+// `parallel` in kHermes; kLlama3Json calls one tool at a time). Arguments are compact JSON valid against each tool's parameters schema, with the
+// limits of `options`. InvalidArgument naming the tool whose schema is unsupported.
+absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vector<ToolFunction>& tools,
+                                          const std::optional<std::string>& named, bool parallel,
+                                          const structured::JsonRegexOptions& options = {});
+
+struct ParsedToolCall {
+  std::string name;
+  std::string arguments;  // the arguments object as compact JSON text
+};
+
+struct ParsedOutput {
+  std::string content;                // the text that is not a call (trimmed when there are calls)
+  std::vector<ParsedToolCall> calls;  // empty: the text is plain content
+};
+
+// Splits a complete output into content and calls (see the file comment).
+ParsedOutput ParseToolCalls(ToolCallFormat format, absl::string_view text);
+
+// A streamed choice's text with tools on: content passes through as it comes, except what may be
+// the start of a call, which is held back until the output ends and then parsed whole.
+class ToolCallStreamer {
+ public:
+  explicit ToolCallStreamer(ToolCallFormat format) : format_(format) {}
+
+  // Adds final text; returns the content that can be sent now.
+  std::string Add(absl::string_view text);
+  // The output has ended: what was held back, parsed (its content is what is left to send).
+  ParsedOutput Finish();
+
+ private:
+  ToolCallFormat format_;
+  std::string held_;         // text not yet sent: a possible call, or the start of one
+  bool in_call_ = false;     // a call has started: hold everything to the end
+  bool seen_text_ = false;   // non-blank content has been sent (Llama 3 calls start the answer)
+};
+
+}  // namespace shardserve::coordinator::http
+
+#endif  // SHARDSERVE_COORDINATOR_HTTP_TOOL_CALLS_H_

@@ -1,0 +1,287 @@
+// Tool calling through the real HttpServer, with a scripted model: a copy of a byte-level test
+// tokenizer with Qwen2.5-Instruct's chat template (so "hermes" calls are detected), and a replica
+// that samples a given text. Calls are parsed into message.tool_calls (streamed as OpenAI's
+// deltas), tool_choice none leaves them as text, malformed calls stay content, and the prompt with
+// tools, calls and tool answers is the one jinja2 renders (jinja_golden.json).
+#include <httplib.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+#include "absl/strings/ascii.h"
+#include "coordinator/http/http_server.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace shardserve::coordinator::http {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::ordered_json;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Samples script[sample_index % size] for every sequence.
+class ScriptReplica final : public ReplicaClient {
+ public:
+  explicit ScriptReplica(std::vector<int32_t> script) : script_(std::move(script)) {}
+  absl::StatusOr<StepOutput> Step(const StepInput& input) override {
+    StepOutput out;
+    for (const StepSequenceInput& s : input.sequences) {
+      if (s.sample) out.token_ids.push_back(script_[s.sample_index % script_.size()]);
+    }
+    return out;
+  }
+  void Shutdown() override {}
+
+ private:
+  const std::vector<int32_t> script_;
+};
+
+constexpr char kEnd[] = "@@END@@";  // ends each scripted answer (a stop string of every request)
+constexpr char kCall[] =
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>";
+
+class HttpToolsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { std::signal(SIGPIPE, SIG_IGN); }
+
+  // Serves a model whose output is `output` followed by kEnd (repeated).
+  void Serve(const std::string& output) {
+    // One directory per process: ctest runs the tests of this file in parallel processes.
+    dir_ = std::filesystem::path(::testing::TempDir()) / ("http_tools_model_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    std::filesystem::copy_file("tests/golden/models/qwen2/tokenizer.json", dir_ / "tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    Json config;
+    config["chat_template"] = ReadFile("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja");
+    std::ofstream(dir_ / "tokenizer_config.json") << config.dump();
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir_.string());
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = *std::move(tokenizer);
+    absl::StatusOr<std::vector<int32_t>> script = tokenizer_->Encode(output + kEnd, false);
+    ASSERT_TRUE(script.ok()) << script.status();
+    SchedulerOptions so;
+    so.limits = {.vocab_size = tokenizer_->vocab_size(), .max_seq_len = 4096};
+    scheduler_ = std::make_unique<Scheduler>(so);
+    ASSERT_TRUE(scheduler_->AddReplica(0, std::make_unique<ScriptReplica>(*script), {.max_slots = 4, .kv_blocks = 1024})
+                    .ok());
+    absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
+        {.listen = "127.0.0.1:0", .model_id = "qwen", .model_path = dir_.string()}, tokenizer_.get(), scheduler_.get(),
+        [] { return absl::OkStatus(); });
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(30, 0);
+  }
+
+  void TearDown() override {
+    if (scheduler_ != nullptr) scheduler_->Shutdown(absl::UnavailableError("shutting down"));
+    if (server_ != nullptr) server_->Stop();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  static Json Tools() {
+    return Json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather", "description": "The weather.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}])");
+  }
+
+  // A chat request with the tools, `extra` merged in.
+  static Json Request(const Json& extra) {
+    Json r;
+    r["messages"] = Json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}});
+    r["tools"] = Tools();
+    r["stop"] = Json::array({kEnd});
+    r["max_tokens"] = 400;
+    for (const auto& [k, v] : extra.items()) r[k] = v;
+    return r;
+  }
+
+  std::pair<int, Json> Post(const Json& body) {
+    httplib::Result r = client_->Post("/v1/chat/completions", body.dump(), "application/json");
+    if (!r) return {0, Json()};
+    return {r->status, Json::parse(r->body, nullptr, false)};
+  }
+
+  // The data events of a streamed request (without [DONE]).
+  std::vector<Json> Stream(Json body) {
+    body["stream"] = true;
+    httplib::Result r = client_->Post("/v1/chat/completions", body.dump(), "application/json");
+    std::vector<Json> events;
+    if (!r) return events;
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_TRUE(r->body.ends_with("data: [DONE]\n\n")) << r->body;
+    std::stringstream ss(r->body);
+    for (std::string line; std::getline(ss, line);) {
+      if (line.rfind("data: {", 0) == 0) events.push_back(Json::parse(line.substr(6)));
+    }
+    return events;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(HttpToolsTest, AutoParsesTheCallIntoToolCalls) {
+  Serve(kCall);
+  auto [status, body] = Post(Request(Json::object()));
+  ASSERT_EQ(status, 200) << body;
+  const Json& choice = body["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_TRUE(choice["message"]["content"].is_null()) << body;
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << body;
+  const Json& call = choice["message"]["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_FALSE(call["id"].get<std::string>().empty());
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(call["function"]["arguments"].get<std::string>()),
+            Json::parse(R"({"city": "Paris", "unit": "celsius"})"));
+}
+
+TEST_F(HttpToolsTest, StreamedCallComesAsDeltasWithIdNameThenArguments) {
+  Serve(std::string("Checking.\n") + kCall);
+  auto [status, whole] = Post(Request(Json::object()));
+  ASSERT_EQ(status, 200) << whole;
+  EXPECT_EQ(whole["choices"][0]["message"]["content"], "Checking.");
+  const std::vector<Json> events = Stream(Request(Json::object()));
+  ASSERT_FALSE(events.empty());
+  std::string content, arguments, name, id;
+  int headers = 0;
+  std::string finish;
+  for (const Json& e : events) {
+    const Json& c = e["choices"][0];
+    const Json& delta = c["delta"];
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+    if (delta.contains("tool_calls")) {
+      const Json& call = delta["tool_calls"][0];
+      EXPECT_EQ(call["index"], 0);
+      if (call.contains("id")) {
+        ++headers;
+        id = call["id"];
+        name = call["function"]["name"];
+        EXPECT_EQ(call["type"], "function");
+        EXPECT_EQ(call["function"]["arguments"], "");
+      } else {
+        EXPECT_EQ(headers, 1) << "arguments before the call's id and name";
+        arguments += call["function"]["arguments"].get<std::string>();
+      }
+    }
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  EXPECT_EQ(headers, 1);
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_FALSE(id.empty());
+  EXPECT_EQ(arguments, whole["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]);
+  EXPECT_EQ(std::string(absl::StripAsciiWhitespace(content)), "Checking.");
+  EXPECT_EQ(finish, "tool_calls");
+}
+
+TEST_F(HttpToolsTest, ToolChoiceNoneLeavesTheTextAlone) {
+  Serve(kCall);
+  auto [status, body] = Post(Request({{"tool_choice", "none"}}));
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["message"]["content"], kCall);
+  EXPECT_FALSE(body["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  std::string streamed;
+  for (const Json& e : Stream(Request({{"tool_choice", "none"}}))) {
+    EXPECT_FALSE(e["choices"][0]["delta"].contains("tool_calls"));
+    streamed += e["choices"][0]["delta"].value("content", "");
+  }
+  EXPECT_EQ(streamed, kCall);
+}
+
+TEST_F(HttpToolsTest, PlainAndMalformedOutputStaysContent) {
+  const std::string broken = "I will call <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>";
+  Serve(broken);
+  auto [status, body] = Post(Request(Json::object()));
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["message"]["content"], broken);
+  EXPECT_FALSE(body["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  std::string streamed;
+  for (const Json& e : Stream(Request(Json::object()))) streamed += e["choices"][0]["delta"].value("content", "");
+  EXPECT_EQ(streamed, broken);
+}
+
+// The prompt of a conversation with tools, a call (its arguments as OpenAI's JSON text) and the
+// tool's answer is what jinja2 renders for the same conversation (arguments as objects).
+TEST_F(HttpToolsTest, PromptWithToolsCallsAndAnswersIsJinja2s) {
+  Serve("Fine.");
+  std::ifstream in("tests/coordinator/http/jinja_golden.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const Json golden = Json::parse(ss.str());
+  const Json* golden_case = nullptr;
+  for (const Json& c : golden["cases"]) {
+    if (c["name"] == "qwen2.5_tool_call_and_answer") golden_case = &c;
+  }
+  ASSERT_NE(golden_case, nullptr);
+  Json messages = (*golden_case)["context"]["messages"];
+  for (Json& m : messages) {
+    if (!m.contains("tool_calls")) continue;
+    for (Json& call : m["tool_calls"]) call["function"]["arguments"] = call["function"]["arguments"].dump();
+  }
+  Json request = Request({{"messages", messages}, {"max_tokens", 3}});
+  request["tools"] = (*golden_case)["context"]["tools"];
+  auto [status, body] = Post(request);
+  ASSERT_EQ(status, 200) << body;
+  absl::StatusOr<std::vector<int32_t>> expected =
+      tokenizer_->Encode((*golden_case)["output"].get<std::string>(), /*add_special_tokens=*/false);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(body["usage"]["prompt_tokens"], expected->size());
+  // The same conversation without its tools is another prompt.
+  request.erase("tools");
+  auto [status2, body2] = Post(request);
+  ASSERT_EQ(status2, 200) << body2;
+  EXPECT_NE(body2["usage"]["prompt_tokens"], expected->size());
+}
+
+TEST_F(HttpToolsTest, BadToolRequestsAre400NamingTheField) {
+  Serve("x");
+  const struct {
+    Json extra;
+    const char* param;
+  } cases[] = {
+      {{{"tool_choice", "sometimes"}}, "tool_choice"},
+      {{{"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}, "tool_choice"},
+      {{{"tools", "get_weather"}}, "tools"},
+      {{{"tools", Json::array({{{"type", "function"}, {"function", {{"name", "a b"}}}}})}}, "tools[0]"},
+      {{{"tools", Json::array({Tools()[0], Tools()[0]})}}, "tools[1]"},
+      {{{"tool_choice", "required"}, {"response_format", {{"type", "json_object"}}}}, "tool_choice"},
+      {{{"parallel_tool_calls", "yes"}}, "parallel_tool_calls"},
+      {{{"messages", Json::array({{{"role", "assistant"}, {"tool_calls", Json::array({{{"id", "1"}}})}}})}},
+       "messages[0].tool_calls[0].function"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.extra.dump());
+    auto [status, body] = Post(Request(c.extra));
+    EXPECT_EQ(status, 400) << body;
+    EXPECT_EQ(body["error"]["param"], c.param) << body;
+  }
+  Json no_tools = Request({{"tool_choice", "auto"}});
+  no_tools.erase("tools");
+  auto [status, body] = Post(no_tools);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(body["error"]["param"], "tool_choice");
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator::http

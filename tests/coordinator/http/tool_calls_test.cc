@@ -1,0 +1,257 @@
+// Tool calls: parsing both formats (malformed text degrades to content), the streamer against the
+// whole-text parser on every split of the text, the constraint regex (its matches parse back into
+// calls whose arguments validate), and format detection from the committed model templates.
+#include "coordinator/http/tool_calls.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "coordinator/structured/byte_dfa.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardserve::coordinator::http {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using ::testing::HasSubstr;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(ToolCallsTest, HermesCallsAndContent) {
+  const ParsedOutput out = ParseToolCalls(
+      ToolCallFormat::kHermes,
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"n\": [1, 2]}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>");
+  ASSERT_EQ(out.calls.size(), 2u);
+  EXPECT_EQ(out.calls[0].name, "get_weather");
+  EXPECT_EQ(out.calls[0].arguments, R"({"city":"Paris","n":[1,2]})");
+  EXPECT_EQ(out.calls[1].name, "get_time");
+  EXPECT_EQ(out.calls[1].arguments, "{}");
+  EXPECT_EQ(out.content, "Let me check.");
+}
+
+TEST(ToolCallsTest, HermesUnterminatedLastCallAndStringArguments) {
+  // The model stopped right after the object; arguments written as JSON text are read too.
+  const ParsedOutput out = ParseToolCalls(ToolCallFormat::kHermes,
+                                          "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}\n");
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].arguments, R"({"a":1})");
+  EXPECT_EQ(out.content, "");
+}
+
+TEST(ToolCallsTest, Llama3JsonCalls) {
+  ParsedOutput out =
+      ParseToolCalls(ToolCallFormat::kLlama3Json, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"a;}b\"}}");
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].arguments, R"({"city":"a;}b"})");
+  out = ParseToolCalls(ToolCallFormat::kLlama3Json,
+                       "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}; {\"name\": \"g\", \"arguments\": {\"x\": 1}}");
+  ASSERT_EQ(out.calls.size(), 2u);
+  EXPECT_EQ(out.calls[1].name, "g");
+  EXPECT_EQ(out.calls[1].arguments, R"({"x":1})");
+}
+
+TEST(ToolCallsTest, MalformedTextIsPlainContent) {
+  const struct {
+    ToolCallFormat format;
+    const char* text;
+  } cases[] = {
+      {ToolCallFormat::kHermes, "no calls here"},
+      {ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": }\n</tool_call>"},
+      {ToolCallFormat::kHermes, "<tool_call>\n{\"arguments\": {}}\n</tool_call>"},
+      {ToolCallFormat::kHermes, "<tool_call>\n{\"name\": 3, \"arguments\": {}}\n</tool_call>"},
+      {ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": [1]}\n</tool_call>"},
+      {ToolCallFormat::kHermes, "<tool_call>\n[1, 2]\n</tool_call>"},
+      {ToolCallFormat::kHermes, "<tool_call>"},
+      {ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call><tool_call>{"},
+      {ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"\", \"arguments\": {}}\n</tool_call>"},
+      {ToolCallFormat::kLlama3Json, "Hello {\"name\": \"f\", \"parameters\": {}}"},
+      {ToolCallFormat::kLlama3Json, "{\"name\": \"f\", \"parameters\": {}} and more"},
+      {ToolCallFormat::kLlama3Json, "{\"name\": \"f\", \"parameters\": {\"a\": \"unterminated}}"},
+      {ToolCallFormat::kLlama3Json, "{\"name\": \"f\"]]]]"},
+      {ToolCallFormat::kLlama3Json, "{}"},
+      {ToolCallFormat::kLlama3Json, "{\"name\": \"f\", \"parameters\": \"not json\"}"},
+      {ToolCallFormat::kLlama3Json, "{\"name\": \"f\", \"parameters\": {}};;"},
+      {ToolCallFormat::kLlama3Json, ""},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    const ParsedOutput out = ParseToolCalls(c.format, c.text);
+    EXPECT_TRUE(out.calls.empty());
+    EXPECT_EQ(out.content, c.text);
+  }
+}
+
+TEST(ToolCallsTest, ArbitraryBytesNeverCrash) {
+  // Prefixes of well-formed output, and bytes flipped in it: always a result, never a crash.
+  const std::string good = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": \"a\\\"b\", \"n\": [1, {\"x\": null}]}}\n</tool_call>";
+  for (ToolCallFormat format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json}) {
+    for (size_t n = 0; n <= good.size(); ++n) (void)ParseToolCalls(format, good.substr(0, n));
+    for (size_t i = 0; i < good.size(); ++i) {
+      for (char c : {'{', '}', '"', '\\', '[', ']', '\0', '\xff'}) {
+        std::string bad = good;
+        bad[i] = c;
+        (void)ParseToolCalls(format, bad);
+      }
+    }
+  }
+}
+
+// The streamer, fed `text` in pieces split at every pair of points: its content plus its final
+// parse must equal the whole-text parse (content may keep the blanks before the calls).
+void ExpectStreamerAgrees(ToolCallFormat format, const std::string& text) {
+  const ParsedOutput whole = ParseToolCalls(format, text);
+  for (size_t a = 0; a <= text.size(); ++a) {
+    for (size_t b = a; b <= text.size(); b += 3) {
+      ToolCallStreamer s(format);
+      std::string content = s.Add(text.substr(0, a));
+      content += s.Add(text.substr(a, b - a));
+      content += s.Add(text.substr(b));
+      const ParsedOutput end = s.Finish();
+      content += end.content;
+      ASSERT_EQ(end.calls.size(), whole.calls.size()) << "split at " << a << ", " << b;
+      for (size_t k = 0; k < whole.calls.size(); ++k) {
+        EXPECT_EQ(end.calls[k].name, whole.calls[k].name);
+        EXPECT_EQ(end.calls[k].arguments, whole.calls[k].arguments);
+      }
+      if (whole.calls.empty()) {
+        ASSERT_EQ(content, text) << "split at " << a << ", " << b;
+      } else {
+        ASSERT_EQ(std::string(absl::StripAsciiWhitespace(content)), whole.content) << "split at " << a << ", " << b;
+      }
+    }
+  }
+}
+
+TEST(ToolCallsTest, StreamerHoldsBackOnlyWhatMayBeACall) {
+  ExpectStreamerAgrees(ToolCallFormat::kHermes,
+                       "Sure. <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"<tool_call>\"}}\n</tool_call>");
+  ExpectStreamerAgrees(ToolCallFormat::kHermes, "a < b and <tool_ but no call");
+  ExpectStreamerAgrees(ToolCallFormat::kHermes, "<tool_call>\n{\"name\": broken");
+  ExpectStreamerAgrees(ToolCallFormat::kLlama3Json, "  {\"name\": \"f\", \"parameters\": {\"x\": [1]}}");
+  ExpectStreamerAgrees(ToolCallFormat::kLlama3Json, "Plain answer {with braces}");
+  ExpectStreamerAgrees(ToolCallFormat::kLlama3Json, "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}");
+  ExpectStreamerAgrees(ToolCallFormat::kLlama3Json, "<|pyth");
+
+  // Plain text is not held back (beyond a possible tag start).
+  ToolCallStreamer hermes(ToolCallFormat::kHermes);
+  EXPECT_EQ(hermes.Add("Hello wor"), "Hello wor");
+  EXPECT_EQ(hermes.Add("ld <tool"), "ld ");
+  EXPECT_EQ(hermes.Add("box>"), "<toolbox>");
+  ToolCallStreamer llama(ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(llama.Add("  "), "");
+  EXPECT_EQ(llama.Add("Hi"), "  Hi");
+  EXPECT_EQ(llama.Add(" {x}"), " {x}");
+}
+
+std::vector<ToolFunction> WeatherTools() {
+  const Json tools = Json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "description": "d",
+      "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer"}}, "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "get_time"}}])");
+  std::vector<ToolFunction> out;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    absl::StatusOr<ToolFunction> f = ParseToolDefinition(tools[i], "tools");
+    EXPECT_TRUE(f.ok()) << f.status();
+    if (f.ok()) out.push_back(*f);
+  }
+  return out;
+}
+
+TEST(ToolCallsTest, ConstraintRegexMatchesOnlyCallsThatParse) {
+  const std::vector<ToolFunction> tools = WeatherTools();
+  const std::string weather = R"({"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}})";
+  const std::string time = R"({"name":"get_time","arguments":{}})";
+  auto hermes = [](const std::string& object) { return "<tool_call>\n" + object + "\n</tool_call>"; };
+
+  absl::StatusOr<std::string> any = ToolCallRegex(ToolCallFormat::kHermes, tools, std::nullopt, /*parallel=*/true);
+  ASSERT_TRUE(any.ok()) << any.status();
+  absl::StatusOr<structured::ByteDfa> dfa = structured::ByteDfa::Compile(*any);
+  ASSERT_TRUE(dfa.ok()) << dfa.status();
+  for (const std::string& good : {hermes(weather), hermes(time), hermes(weather) + "\n" + hermes(time)}) {
+    EXPECT_TRUE(dfa->FullMatch(good)) << good;
+    EXPECT_FALSE(ParseToolCalls(ToolCallFormat::kHermes, good).calls.empty()) << good;
+  }
+  for (const std::string& bad :
+       {std::string("plain"), hermes(R"({"name":"get_weather","arguments":{"city":"Paris"}})"),  // unit required
+        hermes(R"({"name":"get_weather","arguments":{"city":"Paris","unit":"kelvin"}})"),
+        hermes(R"({"name":"other","arguments":{}})"), weather}) {
+    EXPECT_FALSE(dfa->FullMatch(bad)) << bad;
+  }
+
+  absl::StatusOr<std::string> one = ToolCallRegex(ToolCallFormat::kHermes, tools, std::nullopt, /*parallel=*/false);
+  ASSERT_TRUE(one.ok());
+  EXPECT_FALSE(structured::ByteDfa::Compile(*one)->FullMatch(hermes(weather) + "\n" + hermes(time)));
+
+  absl::StatusOr<std::string> named = ToolCallRegex(ToolCallFormat::kLlama3Json, tools, "get_time", true);
+  ASSERT_TRUE(named.ok());
+  absl::StatusOr<structured::ByteDfa> named_dfa = structured::ByteDfa::Compile(*named);
+  ASSERT_TRUE(named_dfa.ok());
+  EXPECT_TRUE(named_dfa->FullMatch(R"({"name":"get_time","parameters":{}})"));
+  EXPECT_FALSE(named_dfa->FullMatch(R"({"name":"get_weather","parameters":{"city":"a","unit":"celsius"}})"));
+  const ParsedOutput parsed = ParseToolCalls(ToolCallFormat::kLlama3Json, R"({"name":"get_time","parameters":{}})");
+  ASSERT_EQ(parsed.calls.size(), 1u);
+  EXPECT_EQ(parsed.calls[0].name, "get_time");
+
+  EXPECT_FALSE(ToolCallRegex(ToolCallFormat::kHermes, tools, "nope", false).ok());
+  EXPECT_FALSE(ToolCallRegex(ToolCallFormat::kHermes, {}, std::nullopt, false).ok());
+}
+
+TEST(ToolCallsTest, UnsupportedParametersSchemaNamesTheTool) {
+  absl::StatusOr<ToolFunction> f = ParseToolDefinition(
+      Json::parse(R"({"type": "function", "function": {"name": "f", "parameters":
+                      {"type": "object", "properties": {"s": {"type": "string", "pattern": "a+"}}}}})"),
+      "tools[0]");
+  ASSERT_TRUE(f.ok()) << f.status();
+  absl::StatusOr<std::string> r = ToolCallRegex(ToolCallFormat::kHermes, {*f}, std::nullopt, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("tool 'f'"));
+  EXPECT_THAT(r.status().message(), HasSubstr("pattern"));
+}
+
+TEST(ToolCallsTest, BadToolDefinitionsNameTheField) {
+  const struct {
+    const char* tool;
+    const char* field;
+  } cases[] = {
+      {R"([])", "tools[3]'"},
+      {R"({"type": "web", "function": {"name": "f"}})", "tools[3].type"},
+      {R"({"type": "function"})", "tools[3].function"},
+      {R"({"type": "function", "function": {"name": "has space"}})", "tools[3].function.name"},
+      {R"({"type": "function", "function": {"description": "x"}})", "tools[3].function.name"},
+      {R"({"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}})",
+       "tools[3].function.parameters"},
+      {R"({"type": "function", "function": {"name": "f", "extra": 1}})", "tools[3].function"},
+      {R"({"type": "function", "function": {"name": "f"}, "x": 1})", "tools[3]'"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.tool);
+    absl::StatusOr<ToolFunction> f = ParseToolDefinition(Json::parse(c.tool), "tools[3]");
+    ASSERT_FALSE(f.ok());
+    EXPECT_THAT(f.status().message(), HasSubstr(c.field));
+  }
+}
+
+TEST(ToolCallsTest, FormatFromTheModelTemplatesAndByName) {
+  EXPECT_EQ(DetectToolCallFormat(ReadFile("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja")),
+            ToolCallFormat::kHermes);
+  EXPECT_EQ(DetectToolCallFormat(ReadFile("tests/coordinator/http/chat_templates/llama3.1_instruct.jinja")),
+            ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(DetectToolCallFormat("{{ messages }}"), ToolCallFormat::kHermes);
+  EXPECT_EQ(*ParseToolCallFormat("llama3_json"), ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(*ParseToolCallFormat("hermes"), ToolCallFormat::kHermes);
+  EXPECT_FALSE(ParseToolCallFormat("mistral").ok());
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator::http
