@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "common/log/log.h"
+#include "common/status/grpc_status.h"
 
 namespace shardserve::service {
 namespace {
@@ -39,6 +40,23 @@ void Registrar::Stop() {
 std::string Registrar::worker_id() const {
   std::lock_guard lock(mu_);
   return worker_id_;
+}
+
+bool Registrar::connected() const {
+  std::lock_guard lock(mu_);
+  return connected_;
+}
+
+absl::Status Registrar::Drain(std::chrono::milliseconds timeout) {
+  const std::string id = worker_id();
+  if (id.empty()) return absl::FailedPreconditionError("not registered with the coordinator");
+  v1::DrainWorkerRequest request;
+  request.set_worker_id(id);
+  request.set_timeout_ms(timeout.count());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  v1::DrainWorkerResponse response;
+  return FromGrpcStatus(stub_->Drain(&ctx, request, &response));
 }
 
 bool Registrar::Sleep(int64_t ms) {
@@ -95,6 +113,10 @@ void Registrar::Loop() {
       continue;
     }
     if (!st.ok()) LOG(WARNING) << "heartbeat failed: " << st.error_message();
+    {
+      std::lock_guard lock(mu_);
+      connected_ = st.ok();
+    }
     if (!Sleep(interval_ms)) return;
   }
 }

@@ -6,12 +6,14 @@
 #define SHARDSERVE_WORKER_SERVICE_REGISTRAR_H_
 
 #include <condition_variable>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "worker/service/worker_server.h"
 
@@ -30,6 +32,11 @@ class Registrar {
   void Stop();
   // The id the coordinator gave; empty while unregistered. Thread-safe.
   std::string worker_id() const;
+  // Whether the last heartbeat (or registration) reached the coordinator. Thread-safe.
+  bool connected() const;
+  // Asks the coordinator to drain this worker (Registry.Drain, `timeout` for its sequences).
+  // FailedPrecondition while unregistered; the call's status otherwise. Thread-safe.
+  absl::Status Drain(std::chrono::milliseconds timeout);
 
  private:
   void Loop();
@@ -44,6 +51,7 @@ class Registrar {
   std::condition_variable cv_;
   bool stop_ = false;      // guarded by mu_
   std::string worker_id_;  // mu_
+  bool connected_ = false;  // mu_
   std::thread thread_;
 };
 
