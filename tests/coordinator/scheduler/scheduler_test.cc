@@ -683,7 +683,7 @@ TEST(SchedulerRecoveryTest, SequencesOfARemovedOnlyReplicaWaitForTheNextOneAndSt
   // The only replica is removed (its worker died) with sequences running and waiting, some with
   // tokens delivered; a request arrives while nothing serves. All of them park, and finish with
   // exactly the reference tokens once a new replica (the restarted worker, or a spare) serves.
-  const Setup setup{.max_slots = 2, .recovery_timeout = absl::Seconds(60)};
+  const ::shardserve::coordinator::Setup setup{.max_slots = 2, .recovery_timeout = absl::Seconds(60)};
   ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness(setup));
   std::vector<SequenceRequest> requests = MakeRequests(5, h.spec.vocab_size, 73, false);
   for (SequenceRequest& r : requests) r.max_tokens = 12;
@@ -717,7 +717,7 @@ TEST(SchedulerRecoveryTest, SequencesOfARemovedOnlyReplicaWaitForTheNextOneAndSt
 }
 
 TEST(SchedulerRecoveryTest, ParkedSequencesFailAfterTheRecoveryTimeoutAndCancelAtOnce) {
-  const Setup setup{.max_slots = 2, .recovery_timeout = absl::Milliseconds(200)};
+  const ::shardserve::coordinator::Setup setup{.max_slots = 2, .recovery_timeout = absl::Milliseconds(200)};
   ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness(setup));
   h.replicas[0]->HoldStepsForTest();
   std::vector<SequenceRequest> requests = MakeRequests(2, h.spec.vocab_size, 75, false);
