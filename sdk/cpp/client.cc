@@ -348,11 +348,6 @@ absl::StatusOr<ModelInfo> GrpcClient::DoGetModelInfo(const CallOptions& call) {
   return info;
 }
 
-absl::Status Client::DoDrainWorker(const std::string& /*worker_id*/, std::chrono::milliseconds /*timeout*/,
-                                   const CallOptions& /*call*/) {
-  return absl::UnimplementedError("this client does not drain workers");
-}
-
 absl::Status GrpcClient::DoDrainWorker(const std::string& worker_id, std::chrono::milliseconds timeout,
                                        const CallOptions& call) {
   v1::DrainWorkerRequest req;
@@ -470,6 +465,11 @@ absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const Gene
     return absl::InternalError("the server ended the generation without a finish reason");
   }
   return result;
+}
+
+absl::Status Client::DoDrainWorker(const std::string& /*worker_id*/, std::chrono::milliseconds /*timeout*/,
+                                   const CallOptions& /*call*/) {
+  return absl::UnimplementedError("this client does not drain workers");
 }
 
 }  // namespace shardserve
