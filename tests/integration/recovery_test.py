@@ -4,7 +4,9 @@ greedy requests in flight when the worker is killed (SIGKILL).
   - the worker is started again on the same address: the requests wait (--recovery_timeout_ms),
     its stage comes back, and each request finishes with exactly the tokens shardserve-run gives;
   - a spare worker (registered after the plan, idle) is there and the stage's worker never comes
-    back: the spare takes the stage and the requests finish the same way.
+    back: the spare takes the stage and the requests finish the same way;
+  - the stage's worker is drained (`shardserve drain`) with requests running: they finish, the
+    spare takes the stage; the spare, serving, drains itself on SIGTERM and exits.
 
 Each test checks in the coordinator's log that the requests did wait (event=park), so that a run
 where they finished before the kill cannot pass unnoticed.
@@ -179,6 +181,45 @@ class RecoveryTest(unittest.TestCase):
         self.assertIsNone(spare.poll())
         self.assertEqual(self.generate(prompts()[1], 8), expected[1][:8], "the cluster serves on")
         self.assertTrue(re.search(r"replica 0 serving", log))
+
+    def test_drain_from_the_cli_and_on_sigterm(self):
+        # `shardserve drain` of the only replica's worker while requests run: they finish on it
+        # (no other replica), its stage goes to the spare, and the worker is released. Then the
+        # spare, now serving, gets SIGTERM: it drains itself and exits on its own.
+        expected = [run_alone(p) for p in prompts()]
+        self.start_coordinator()
+        worker = self.start_worker("node-a", free_port())
+        self.wait_until_serving()
+        worker_log = [n for n in self.logs if n.startswith("node-a")][0]
+        worker_id = re.search(r"registered with the coordinator at \S+ as (\S+)", self.read_log(worker_log)).group(1)
+        spare = self.start_worker("node-b", free_port())
+        spare_log = [n for n in self.logs if n.startswith("node-b")][0]
+        deadline = time.time() + WAIT_S
+        while time.time() < deadline and "registered with the coordinator" not in self.read_log(spare_log):
+            time.sleep(0.05)
+        threads, results = self.start_clients()
+        p = subprocess.run([os.path.join(BIN, "shardserve"), "drain", worker_id, f"--server={self.api}",
+                            "--drain_timeout_s=60"], capture_output=True, text=True, timeout=WAIT_S)
+        self.assertEqual(p.returncode, 0, p.stderr + self.log_tail())
+        self.assertIn("drained", p.stdout)
+        for t in threads:
+            t.join()
+        for i, want in enumerate(expected):
+            self.assertEqual(results[i], want, f"client {i}\n{self.log_tail()}")
+        log = self.read_log("coordinator.log")
+        self.assertIn(f"event=drained worker={worker_id}", log)
+        self.assertRegex(log, r"worker \S+ \(a spare\) replaces")
+        self.assertEqual(self.generate(prompts()[0], 8), expected[0][:8], "the spare serves")
+        # Unknown workers are refused.
+        p = subprocess.run([os.path.join(BIN, "shardserve"), "drain", "w-nobody", f"--server={self.api}"],
+                           capture_output=True, text=True, timeout=WAIT_S)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("NOT_FOUND", p.stderr)
+        # SIGTERM: the serving spare drains itself (nothing runs: at once) and exits 0.
+        spare.send_signal(signal.SIGTERM)
+        self.assertEqual(spare.wait(timeout=60), 0)
+        self.assertIn("drained and released", self.read_log(spare_log))
+        self.assertIsNone(worker.poll())
 
 
 if __name__ == "__main__":
