@@ -3,28 +3,28 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/concurrency/mutex.h"
 
 namespace shardserve {
 namespace {
 
 // How long a thread with nothing to do waits for work before it leaves.
-constexpr std::chrono::seconds kIdleThreadLifetime(30);
+constexpr absl::Duration kIdleThreadLifetime = absl::Seconds(30);
 
 // cpp-httplib's TaskQueue: threads started when a task finds none idle (up to max_threads), leaving
 // after kIdleThreadLifetime without work; at most max_queued tasks wait for a thread, and enqueue
-// (called on the accepting thread) blocks while that many wait, so accepting pauses. std::mutex
-// rather than absl::Mutex: the waits are plain condition waits with timeouts.
+// (called on the accepting thread) blocks while that many wait, so accepting pauses.
 class OnDemandThreadPool final : public httplib::TaskQueue {
  public:
   OnDemandThreadPool(int max_threads, int max_queued)
@@ -34,9 +34,9 @@ class OnDemandThreadPool final : public httplib::TaskQueue {
   void enqueue(std::function<void()> fn) override {
     std::vector<std::thread> finished;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       // Tasks no idle thread will take, with no room for another thread: wait for one to free up.
-      space_.wait(lock, [this] { return shutdown_ || Unserved() < max_queued_ || live_ < max_threads_; });
+      while (!shutdown_ && Unserved() >= max_queued_ && live_ >= max_threads_) space_.Wait(&mu_);
       jobs_.push_back(std::move(fn));
       if (Unserved() > 0 && live_ < max_threads_) {
         ++live_;
@@ -44,7 +44,7 @@ class OnDemandThreadPool final : public httplib::TaskQueue {
         const std::thread::id id = t.get_id();
         threads_.emplace(id, std::move(t));
       } else {
-        work_.notify_one();
+        work_.Signal();
       }
       finished = TakeFinished();
     }
@@ -54,10 +54,10 @@ class OnDemandThreadPool final : public httplib::TaskQueue {
   void shutdown() override {
     std::map<std::thread::id, std::thread> threads;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       shutdown_ = true;
-      work_.notify_all();
-      space_.notify_all();
+      work_.SignalAll();
+      space_.SignalAll();
       threads = std::move(threads_);
       threads_.clear();
     }
@@ -68,9 +68,9 @@ class OnDemandThreadPool final : public httplib::TaskQueue {
 
  private:
   // Tasks waiting that the idle threads will not cover.
-  size_t Unserved() const { return jobs_.size() > idle_ ? jobs_.size() - idle_ : 0; }
+  size_t Unserved() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return jobs_.size() > idle_ ? jobs_.size() - idle_ : 0; }
 
-  std::vector<std::thread> TakeFinished() {
+  std::vector<std::thread> TakeFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::thread> out;
     for (const std::thread::id id : finished_) {
       auto it = threads_.find(id);
@@ -82,11 +82,14 @@ class OnDemandThreadPool final : public httplib::TaskQueue {
     return out;
   }
 
-  void Work() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Work() ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.Lock();
     while (true) {
       ++idle_;
-      const bool woke = work_.wait_for(lock, kIdleThreadLifetime, [this] { return shutdown_ || !jobs_.empty(); });
+      const absl::Time idle_until = absl::Now() + kIdleThreadLifetime;
+      bool timed_out = false;
+      while (!shutdown_ && jobs_.empty() && !timed_out) timed_out = work_.WaitWithDeadline(&mu_, idle_until);
+      const bool woke = shutdown_ || !jobs_.empty();
       --idle_;
       if (jobs_.empty()) {
         if (shutdown_ || !woke) break;
@@ -94,28 +97,29 @@ class OnDemandThreadPool final : public httplib::TaskQueue {
       }
       std::function<void()> fn = std::move(jobs_.front());
       jobs_.pop_front();
-      space_.notify_one();
-      lock.unlock();
+      space_.Signal();
+      mu_.Unlock();
       fn();
       fn = nullptr;
-      lock.lock();
+      mu_.Lock();
     }
     --live_;
     finished_.push_back(std::this_thread::get_id());
-    space_.notify_one();
+    space_.Signal();
+    mu_.Unlock();
   }
 
   const size_t max_threads_;
   const size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable work_;   // a task arrived, or shutdown
-  std::condition_variable space_;  // a task was taken or a thread left, or shutdown
-  std::deque<std::function<void()>> jobs_;             // guarded by mu_
-  std::map<std::thread::id, std::thread> threads_;     // guarded by mu_: started, not yet joined
-  std::vector<std::thread::id> finished_;              // guarded by mu_: returned from Work, to join
-  size_t live_ = 0;                                    // guarded by mu_: threads in Work
-  size_t idle_ = 0;                                    // guarded by mu_: threads waiting for a task
-  bool shutdown_ = false;                              // guarded by mu_
+  Mutex mu_;
+  CondVar work_;   // a task arrived, or shutdown
+  CondVar space_;  // a task was taken or a thread left, or shutdown
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::thread::id, std::thread> threads_ ABSL_GUARDED_BY(mu_);  // started, not yet joined
+  std::vector<std::thread::id> finished_ ABSL_GUARDED_BY(mu_);           // returned from Work, to join
+  size_t live_ ABSL_GUARDED_BY(mu_) = 0;                                 // threads in Work
+  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;                                 // threads waiting for a task
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

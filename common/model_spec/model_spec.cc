@@ -1,5 +1,6 @@
 #include "common/model_spec/model_spec.h"
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -90,10 +91,12 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Qwen3ForCausalLM") return Architecture::kQwen3;
   if (name == "Qwen3MoeForCausalLM") return Architecture::kQwen3Moe;
   if (name == "Phi3ForCausalLM") return Architecture::kPhi3;
+  if (name == "DeepseekV3ForCausalLM") return Architecture::kDeepseekV3;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-      "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM)"));
+      "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM, "
+      "DeepseekV3ForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -145,13 +148,37 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
     }
     ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
                      p.IntOr("original_max_position_embeddings", max_positions, 1, kMaxPositions));
+  } else if (type == "yarn") {
+    rope->type = RopeType::kYarn;
+    ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
+                     p.IntOr("original_max_position_embeddings", max_positions, 1, kMaxPositions));
+    // transformers: a missing factor is max_position_embeddings / original_max_position_embeddings.
+    ASSIGN_OR_RETURN(rope->factor, p.NumberOr("factor", static_cast<double>(max_positions) /
+                                                            static_cast<double>(rope->original_max_position_embeddings),
+                                              1e-6, 1e6));
+    // `beta_fast or 32`, `beta_slow or 1`: a 0 means the default too.
+    ASSIGN_OR_RETURN(rope->beta_fast, p.NumberOr("beta_fast", 32.0, 0.0, 1e6));
+    ASSIGN_OR_RETURN(rope->beta_slow, p.NumberOr("beta_slow", 1.0, 0.0, 1e6));
+    if (rope->beta_fast == 0.0) rope->beta_fast = 32.0;
+    if (rope->beta_slow == 0.0) rope->beta_slow = 1.0;
+    ASSIGN_OR_RETURN(rope->truncate, p.BoolOr("truncate", true));
+    ASSIGN_OR_RETURN(rope->mscale, p.NumberOr("mscale", 0.0, 0.0, 1e6));
+    ASSIGN_OR_RETURN(rope->mscale_all_dim, p.NumberOr("mscale_all_dim", 0.0, 0.0, 1e6));
+    auto get_mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    if (p.Has("attention_factor")) {
+      ASSIGN_OR_RETURN(rope->attention_factor, p.NumberOr("attention_factor", 1.0, 1e-6, 1e6));
+    } else if (rope->mscale != 0.0 && rope->mscale_all_dim != 0.0) {
+      rope->attention_factor = get_mscale(rope->factor, rope->mscale) / get_mscale(rope->factor, rope->mscale_all_dim);
+    } else {
+      rope->attention_factor = get_mscale(rope->factor, 1.0);
+    }
   } else if (type == "longrope") {
     return absl::UnimplementedError(absl::StrCat(
         sub_label, ": rope type \"longrope\" (Phi-3 long-context short/long factors) is not supported yet "
-        "(supported: default, linear, llama3); the short-context Phi-3 checkpoints have no rope scaling"));
+        "(supported: default, linear, llama3, yarn for DeepSeek-V3); the short-context Phi-3 checkpoints have no rope scaling"));
   } else {
     return absl::UnimplementedError(absl::StrCat(sub_label, ": rope type \"", type,
-                                                 "\" is not supported (supported: default, linear, llama3)"));
+                                                 "\" is not supported (supported: default, linear, llama3, yarn for DeepSeek-V3)"));
   }
   return absl::OkStatus();
 }
@@ -218,6 +245,7 @@ absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
   if (spec->arch == Architecture::kQwen2Moe) {
     ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size,
                      f.IntOr("shared_expert_intermediate_size", 0, 0, kMaxDim));
+    moe.shared_expert_gate = moe.shared_expert_intermediate_size > 0;
   }  // Qwen3-MoE has no shared expert (transformers ignores the field there too).
   ASSIGN_OR_RETURN(int64_t step, f.IntOr("decoder_sparse_step", 1, 1, spec->num_layers));
   std::vector<bool> dense_only(static_cast<size_t>(spec->num_layers), false);
@@ -233,6 +261,102 @@ absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
   for (int64_t l = 0; l < spec->num_layers; ++l) {
     moe.sparse_layers[static_cast<size_t>(l)] = !dense_only[static_cast<size_t>(l)] && (l + 1) % step == 0;
   }
+  return absl::OkStatus();
+}
+
+// A string field that, when present, must be `expected` (a variant we implement).
+absl::Status ExpectString(const Fields& f, const char* key, absl::string_view expected, absl::string_view what) {
+  if (!f.Has(key)) return absl::OkStatus();
+  const json& v = f.obj().at(key);
+  if (!v.is_string()) return f.Error(key, "is not a string");
+  if (v.get<std::string>() != expected) {
+    return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"", key, "\" is \"", v.get<std::string>(),
+                                                 "\"; only \"", expected, "\" (", what, ") is supported"));
+  }
+  return absl::OkStatus();
+}
+
+// DeepSeek-V3: multi-head latent attention and its MoE (see MlaSpec, MoeScoring). Missing
+// optional fields take transformers' DeepseekV3Config defaults; the attention sizes, the expert
+// counts and q_lora_rank (whose default, 1536, no small model has) must be stated.
+absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
+  MlaSpec& mla = s->mla;
+  if (!f.obj().contains("q_lora_rank")) return f.Error("q_lora_rank", "is missing (null for no query compression)");
+  ASSIGN_OR_RETURN(mla.q_lora_rank, f.IntOr("q_lora_rank", 0, 1, kMaxDim));
+  ASSIGN_OR_RETURN(mla.kv_lora_rank, f.Int("kv_lora_rank", 1, kMaxDim));
+  ASSIGN_OR_RETURN(mla.qk_nope_head_dim, f.Int("qk_nope_head_dim", 1, 65536));
+  ASSIGN_OR_RETURN(mla.qk_rope_head_dim, f.Int("qk_rope_head_dim", 2, 65536));
+  if (mla.qk_rope_head_dim % 2 != 0) {
+    return f.Error("qk_rope_head_dim", absl::StrCat("is ", mla.qk_rope_head_dim, "; RoPE needs an even size"));
+  }
+  ASSIGN_OR_RETURN(mla.v_head_dim, f.Int("v_head_dim", 1, 65536));
+  ASSIGN_OR_RETURN(mla.rope_interleave, f.BoolOr("rope_interleave", true));
+  // transformers sets head_dim to the RoPE width whatever config.json says.
+  s->head_dim = mla.qk_rope_head_dim;
+  if (s->num_kv_heads != s->num_heads) {
+    return absl::UnimplementedError(absl::StrCat(
+        f.label(), ": field \"num_key_value_heads\" is ", s->num_kv_heads, "; multi-head latent attention expands its "
+        "latent to every head, so it must equal num_attention_heads (", s->num_heads, ")"));
+  }
+  ASSIGN_OR_RETURN(bool attention_bias, f.BoolOr("attention_bias", false));
+  if (attention_bias) {
+    return absl::UnimplementedError(
+        absl::StrCat(f.label(), ": field \"attention_bias\" is true; DeepSeek-V3 attention without biases only"));
+  }
+  if (s->rope.type != RopeType::kDefault && s->rope.type != RopeType::kYarn) {
+    return absl::UnimplementedError(
+        absl::StrCat(f.label(), ": DeepSeek-V3 supports rope types default and yarn only"));
+  }
+
+  MoeSpec& moe = s->moe;
+  moe.scoring = MoeScoring::kSigmoidGrouped;
+  ASSIGN_OR_RETURN(moe.num_experts, f.Int("n_routed_experts", 1, 4096));
+  if (f.Has("num_local_experts")) {
+    ASSIGN_OR_RETURN(int64_t local, f.Int("num_local_experts", 1, 4096));
+    if (local != moe.num_experts) {
+      return f.Error("num_local_experts", absl::StrCat("(", local, ") disagrees with n_routed_experts (",
+                                                       moe.num_experts, ")"));
+    }
+  }
+  ASSIGN_OR_RETURN(moe.top_k, f.Int("num_experts_per_tok", 1, moe.num_experts));
+  ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.Int("moe_intermediate_size", 1, kMaxDim));
+  ASSIGN_OR_RETURN(int64_t shared, f.IntOr("n_shared_experts", 1, 0, 1024));
+  moe.shared_expert_intermediate_size = shared * moe.expert_intermediate_size;
+  moe.shared_expert_gate = false;
+  ASSIGN_OR_RETURN(moe.n_group, f.IntOr("n_group", 8, 1, moe.num_experts));
+  if (moe.num_experts % moe.n_group != 0) {
+    return f.Error("n_group", absl::StrCat("(", moe.n_group, ") does not divide n_routed_experts (", moe.num_experts,
+                                           ")"));
+  }
+  const int64_t per_group = moe.num_experts / moe.n_group;
+  if (per_group < 2) {
+    return f.Error("n_group", absl::StrCat("(", moe.n_group, ") leaves ", per_group,
+                                           " expert per group; a group's score is the sum of its two best"));
+  }
+  ASSIGN_OR_RETURN(moe.topk_group, f.IntOr("topk_group", 4, 1, moe.n_group));
+  if (moe.topk_group > moe.n_group) {  // only the default (4) can be: a stated value is range-checked
+    return f.Error("topk_group", absl::StrCat("is missing, and its default (", moe.topk_group,
+                                              ") exceeds n_group (", moe.n_group, ")"));
+  }
+  if (moe.top_k > moe.topk_group * per_group) {
+    return f.Error("num_experts_per_tok", absl::StrCat("(", moe.top_k, ") exceeds the ", moe.topk_group * per_group,
+                                                       " experts of topk_group (", moe.topk_group, ") groups"));
+  }
+  ASSIGN_OR_RETURN(moe.norm_topk_prob, f.BoolOr("norm_topk_prob", true));
+  ASSIGN_OR_RETURN(moe.routed_scaling_factor, f.NumberOr("routed_scaling_factor", 2.5, 1e-6, 1e6));
+  // Fields the released configs carry for DeepSeek's own code; transformers implements exactly
+  // these values (and ignores the fields).
+  RETURN_IF_ERROR(ExpectString(f, "scoring_func", "sigmoid", "sigmoid scores"));
+  RETURN_IF_ERROR(ExpectString(f, "topk_method", "noaux_tc",
+                               "grouped top-k on scores plus e_score_correction_bias"));
+  ASSIGN_OR_RETURN(int64_t freq, f.IntOr("moe_layer_freq", 1, 1, 4096));
+  if (freq != 1) {
+    return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"moe_layer_freq\" is ", freq,
+                                                 "; only 1 (every layer from first_k_dense_replace on) is supported"));
+  }
+  ASSIGN_OR_RETURN(int64_t dense, f.IntOr("first_k_dense_replace", 3, 0, s->num_layers));
+  moe.sparse_layers.resize(static_cast<size_t>(s->num_layers));
+  for (int64_t l = 0; l < s->num_layers; ++l) moe.sparse_layers[static_cast<size_t>(l)] = l >= dense;
   return absl::OkStatus();
 }
 
@@ -307,6 +431,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kQwen3: return "Qwen3ForCausalLM";
     case Architecture::kQwen3Moe: return "Qwen3MoeForCausalLM";
     case Architecture::kPhi3: return "Phi3ForCausalLM";
+    case Architecture::kDeepseekV3: return "DeepseekV3ForCausalLM";
   }
   return "?";
 }
@@ -330,22 +455,64 @@ struct SatInt {
 
 }  // namespace
 
-int64_t ModelSpec::NumParameters() const {
+double ModelSpec::AttentionScale() const {
+  if (!IsMla()) return 1.0 / std::sqrt(static_cast<double>(head_dim));
+  double scale = 1.0 / std::sqrt(static_cast<double>(mla.qk_head_dim()));
+  if (rope.type != RopeType::kDefault && rope.mscale_all_dim != 0.0 && rope.factor > 1.0) {
+    const double m = 0.1 * rope.mscale_all_dim * std::log(rope.factor) + 1.0;
+    scale *= m * m;
+  }
+  return scale;
+}
+
+int64_t ModelSpec::KvValuesPerToken(int tp) const {
+  if (IsMla()) return mla.kv_lora_rank + mla.qk_rope_head_dim;
+  const int64_t local = tp > 0 && num_kv_heads % tp == 0 ? num_kv_heads / tp : 1;
+  return 2 * local * head_dim;
+}
+
+int64_t ModelSpec::AttentionParameters() const {
   const SatInt h{hidden_size};
+  const SatInt two{2};
+  if (IsMla()) {
+    const SatInt heads{num_heads};
+    const SatInt q_rows = heads * SatInt{mla.qk_head_dim()};
+    SatInt attn = two * h;  // input and post-attention norms
+    if (mla.q_lora_rank > 0) {
+      const SatInt r{mla.q_lora_rank};
+      attn = attn + h * r + r + r * q_rows;  // q_a_proj, q_a_layernorm, q_b_proj
+    } else {
+      attn = attn + h * q_rows;  // q_proj
+    }
+    const SatInt lat{mla.kv_lora_rank};
+    attn = attn + h * (lat + SatInt{mla.qk_rope_head_dim}) + lat;                  // kv_a_proj_with_mqa, kv_a_layernorm
+    attn = attn + lat * heads * SatInt{mla.qk_nope_head_dim + mla.v_head_dim};      // kv_b_proj
+    attn = attn + heads * SatInt{mla.v_head_dim} * h;                              // o_proj
+    return attn.v;
+  }
   const SatInt q = SatInt{num_heads} * SatInt{head_dim};
   const SatInt kv = SatInt{num_kv_heads} * SatInt{head_dim};
-  const SatInt two{2}, three{3};
   SatInt attn = h * q + two * h * kv + q * h + two * h;  // projections + 2 norms
   if (qkv_bias) attn = attn + q + two * kv;
   if (o_bias) attn = attn + h;
   if (qk_norm) attn = attn + two * SatInt{head_dim};  // per-head q and k RMSNorm weights
+  return attn.v;
+}
+
+int64_t ModelSpec::NumParameters() const {
+  const SatInt h{hidden_size};
+  const SatInt two{2}, three{3};
+  const SatInt attn{AttentionParameters()};
   SatInt total = SatInt{vocab_size} * h * SatInt{tie_word_embeddings ? 1 : 2} + h;
   for (int64_t l = 0; l < num_layers; ++l) {
     total = total + attn;
     if (IsSparseLayer(l)) {
       total = total + SatInt{moe.num_experts} * (h + three * h * SatInt{moe.expert_intermediate_size});
+      // DeepSeek-V3's e_score_correction_bias: one value per expert.
+      if (moe.scoring == MoeScoring::kSigmoidGrouped) total = total + SatInt{moe.num_experts};
       if (moe.shared_expert_intermediate_size > 0) {
-        total = total + three * h * SatInt{moe.shared_expert_intermediate_size} + h;
+        total = total + three * h * SatInt{moe.shared_expert_intermediate_size} +
+                (moe.shared_expert_gate ? h : SatInt{0});
       }
     } else {
       const SatInt inter{intermediate_size};
@@ -373,7 +540,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     return f.Error("num_key_value_heads", absl::StrCat("(", s.num_kv_heads, ") does not divide num_attention_heads (",
                                                        s.num_heads, ")"));
   }
-  if (f.Has("head_dim")) {
+  if (s.arch == Architecture::kDeepseekV3) {
+    s.head_dim = 2;  // qk_rope_head_dim, set by ParseDeepseekV3 (config.json's head_dim is derived)
+  } else if (f.Has("head_dim")) {
     ASSIGN_OR_RETURN(s.head_dim, f.Int("head_dim", 2, 65536));
   } else if (s.arch == Architecture::kQwen3) {
     // transformers' Qwen3 defaults a missing head_dim to 128, not hidden / heads: no guessing.
@@ -449,6 +618,14 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       if (s.sliding_window >= s.max_position_embeddings) s.sliding_window = 0;  // never reached
       break;
     }
+    case Architecture::kDeepseekV3:
+      RETURN_IF_ERROR(ParseDeepseekV3(f, &s));
+      break;
+  }
+  if (s.rope.type == RopeType::kYarn && s.arch != Architecture::kDeepseekV3) {
+    return absl::UnimplementedError(absl::StrCat(
+        label, ": rope type \"yarn\" is supported for DeepseekV3ForCausalLM only (on ", ArchitectureName(s.arch),
+        " its attention factor would scale every head dim: not checked against transformers yet)"));
   }
   if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe || s.arch == Architecture::kQwen3Moe) {
     RETURN_IF_ERROR(ParseMoe(f, &s));

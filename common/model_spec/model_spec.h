@@ -2,9 +2,10 @@
 // `config.json`. Everything downstream (weight loading, the planner, the engine) works from this
 // struct and never from JSON. Supported architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-// Phi3ForCausalLM. Anything else — another architecture (DeepSeek-V3, Llama-4, Gemma-2, ...), an
-// activation other than SiLU, an unsupported RoPE scaling type (longrope among them), a partial
-// rotary factor below 1 — is an error that names the field, never a silently wrong model.
+// Phi3ForCausalLM, DeepseekV3ForCausalLM. Anything else — another architecture (DeepSeek-V2,
+// Llama-4, Gemma-2, ...), an activation other than SiLU, an unsupported RoPE scaling type
+// (longrope among them), a partial rotary factor below 1, a DeepSeek routing variant we do not
+// implement — is an error that names the field, never a silently wrong model.
 #ifndef SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 #define SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 
@@ -19,7 +20,9 @@
 
 namespace shardserve {
 
-enum class Architecture : uint8_t { kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3 };
+enum class Architecture : uint8_t {
+  kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3, kDeepseekV3,
+};
 
 absl::string_view ArchitectureName(Architecture arch);
 
@@ -27,6 +30,7 @@ enum class RopeType : uint8_t {
   kDefault,  // inv_freq_i = theta^(-2i/d)
   kLinear,   // positions divided by `factor`
   kLlama3,   // Llama 3.1 frequency-dependent scaling
+  kYarn,     // YaRN (DeepSeek-V3): per-frequency blend of interpolation and extrapolation
 };
 
 struct RopeSpec {
@@ -35,19 +39,66 @@ struct RopeSpec {
   double factor = 1.0;                        // linear, llama3
   double low_freq_factor = 1.0;               // llama3
   double high_freq_factor = 4.0;              // llama3
-  int64_t original_max_position_embeddings = 0;  // llama3
+  int64_t original_max_position_embeddings = 0;  // llama3, yarn
+  // yarn (transformers' _compute_yarn_parameters): the frequencies between the correction dims of
+  // beta_fast and beta_slow rotations are blended; `truncate` rounds those dims outwards.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  // yarn: `mscale` and `mscale_all_dim` as in config.json (0 = absent). attention_factor scales
+  // the rotated q and k (cos and sin), so their dot product by attention_factor^2: given, or
+  // mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are set, else
+  // mscale(factor, 1), where mscale(s, m) = 0.1 m ln(s) + 1 for s > 1, else 1.
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  double attention_factor = 1.0;
+};
+
+// Multi-head latent attention (DeepSeek-V3). Per token: q = q_b(RmsNorm(q_a(x))) (or q_proj(x)
+// when q_lora_rank is 0), per head [qk_nope_head_dim | qk_rope_head_dim]; the key/value latent
+// c = RmsNorm(kv_a(x)[:kv_lora_rank]) and one RoPE key shared by every head,
+// kv_a(x)[kv_lora_rank:]; per head, k_nope and v are kv_b's rows applied to c. The KV cache holds
+// c and the roped key: kv_lora_rank + qk_rope_head_dim values per token and layer, whatever the
+// number of heads.
+struct MlaSpec {
+  int64_t q_lora_rank = 0;  // 0: no query compression (config null)
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  // The RoPE dims of q and k come in interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's
+  // layout; transformers' rope_interleave, default true) instead of rotate_half's halves.
+  bool rope_interleave = true;
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+};
+
+// How a MoE router turns its logits into expert choices and weights.
+enum class MoeScoring : uint8_t {
+  kSoftmax,  // Mixtral, Qwen: softmax over the experts, the top_k probabilities
+  // DeepSeek-V3 ("noaux_tc"): sigmoid scores; experts are chosen by score + the checkpoint's
+  // e_score_correction_bias within the topk_group best of n_group groups (a group's score: the
+  // sum of its two best biased scores); the weights are the chosen unbiased scores,
+  // renormalised when norm_topk_prob, times routed_scaling_factor.
+  kSigmoidGrouped,
 };
 
 // Mixture-of-experts layout. `num_experts == 0` for dense models.
 struct MoeSpec {
   int64_t num_experts = 0;
   int64_t top_k = 0;
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  int64_t n_group = 1;     // kSigmoidGrouped: expert groups (divides num_experts)
+  int64_t topk_group = 1;  // kSigmoidGrouped: groups an expert is chosen from
+  double routed_scaling_factor = 1.0;
   // Renormalise the top-k routing weights to sum to 1 (Mixtral always does; Qwen2-MoE and
   // Qwen3-MoE per config).
   bool norm_topk_prob = true;
   int64_t expert_intermediate_size = 0;
-  // Qwen2-MoE shared expert (0 = none) and its sigmoid gate [1, hidden]. Qwen3-MoE has none.
+  // Shared expert (0 = none): Qwen2-MoE's, with a sigmoid gate [1, hidden] when
+  // shared_expert_gate; DeepSeek-V3's n_shared_experts x moe_intermediate_size as one ungated MLP.
+  // Qwen3-MoE has none.
   int64_t shared_expert_intermediate_size = 0;
+  bool shared_expert_gate = false;
   // Per layer: true when the layer's MLP is a sparse MoE block (false: dense MLP of width
   // ModelSpec::intermediate_size).
   std::vector<bool> sparse_layers;
@@ -114,8 +165,21 @@ struct ModelSpec {
   // Set for FP8 checkpoints (quantization_config with quant_method "fp8").
   std::optional<Fp8Quantization> fp8;
   MoeSpec moe;
+  // DeepSeek-V3 (kv_lora_rank > 0): multi-head latent attention. head_dim is then
+  // qk_rope_head_dim (the RoPE width, as transformers sets it), num_kv_heads == num_heads.
+  MlaSpec mla;
 
   bool IsMoe() const { return moe.num_experts > 0; }
+  bool IsMla() const { return mla.kv_lora_rank > 0; }
+  // Softmax scale of attention scores: 1/sqrt(head_dim), or for MLA 1/sqrt(qk_head_dim) times
+  // mscale(factor, mscale_all_dim)^2 under yarn RoPE with mscale_all_dim set (DeepSeek-V3).
+  double AttentionScale() const;
+  // KV cache values per token per layer on one of `tp` tensor-parallel ranks: K and V of the
+  // rank's KV heads (KV heads replicated when fewer than ranks), or for MLA the latent and the
+  // RoPE key, kv_lora_rank + qk_rope_head_dim, which every rank holds whole.
+  int64_t KvValuesPerToken(int tp = 1) const;
+  // Parameters of one layer's attention block, its two norms included (unsharded).
+  int64_t AttentionParameters() const;
   bool IsSparseLayer(int64_t layer) const {
     return IsMoe() && moe.sparse_layers[static_cast<size_t>(layer)];
   }
@@ -127,7 +191,9 @@ struct ModelSpec {
 // Parses config.json text. InvalidArgument naming `label` and the offending field for malformed or
 // inconsistent values; Unimplemented for well-formed but unsupported models (architecture,
 // activation, rope type, partial_rotary_factor < 1, Qwen2/Qwen3 sliding windows or layer_types
-// other than "full_attention"). A `quantization_config` is InvalidArgument, naming
+// other than "full_attention", DeepSeek-V3 values outside what is implemented: scoring_func other
+// than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
+// num_key_value_heads != num_attention_heads; yarn RoPE on other architectures). A `quantization_config` is InvalidArgument, naming
 // the field, unless it is fp8 as described at Fp8Quantization: another quant_method (gptq, awq,
 // bitsandbytes, compressed-tensors, fbgemm_fp8, ...), an `fmt` other than "e4m3" (e.g. "e5m2"), an
 // activation_scheme other than "dynamic"/"static", a weight_block_size that is not two positive

@@ -218,6 +218,20 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
     hosts_.push_back(std::move(host));
   }
   plan_text_ = PlanToString(*plan);
+  // What the workers are told to allocate, which the KV capacity above only bounds.
+  for (size_t r = 0; r < plan->replicas.size(); ++r) {
+    const Pipeline& p = plan->replicas[r];
+    const int64_t tokens = replicas_[r].kv_blocks * options_.kv_block_size;
+    int64_t bytes_per_rank = 0;  // the stage holding the most
+    for (const StageSpec& st : p.stages) {
+      if (st.kv_tokens > 0) bytes_per_rank = std::max(bytes_per_rank, st.kv_bytes_per_rank / st.kv_tokens * tokens);
+    }
+    absl::StrAppend(&plan_text_, "replica ", r, ": KV allocated ", replicas_[r].kv_blocks, " blocks x ",
+                    options_.kv_block_size, " tokens = ", tokens, " tokens, up to ", FormatBytes(bytes_per_rank),
+                    " per rank (at most max_slots ", options_.max_slots, " x max_seq_len ", plan->max_seq_len,
+                    options_.max_kv_blocks > 0 ? absl::StrCat(", --kv_blocks ", options_.max_kv_blocks) : "",
+                    ")\n");
+  }
   LOG(INFO) << "plan " << plan_number << " for " << key << ":\n" << plan_text_;
   plan_ = *std::move(plan);
 }

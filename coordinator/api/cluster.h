@@ -30,8 +30,9 @@
 // from the worker (a spare takes it when there is one; the drained worker is never given a stage
 // again) and the worker is released (Worker.Release: it becomes idle, and may exit).
 //
-// Not done (yet): re-planning the layout when workers join or leave for good (a spare takes one
-// stage as planned); expert spill across workers.
+// Expert hosts (workers that hold spilled experts and run no stage) are assigned like stage workers;
+// every replica needs all of them. Not done (yet): re-planning the layout when workers join or
+// leave for good (a spare takes one stage as planned).
 //
 // Threads: Start() runs the loop on its own thread, which wakes on every registry change and at
 // least every Options::poll_interval. Tick() runs one pass; tests may call it instead of Start().

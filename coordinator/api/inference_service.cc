@@ -40,14 +40,14 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
  public:
   GenerateStream(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor, std::string request_id, int n,
                  const std::function<std::unique_ptr<StreamDecoder>()>& new_decoder, const std::vector<std::string>& stops)
-      : reactor_(reactor), request_id_(std::move(request_id)) {
+      : reactor_(reactor), request_id_(std::move(request_id)), num_choices_(static_cast<size_t>(n)) {
     for (int i = 0; i < n; ++i) choices_.emplace_back(new_decoder(), stops);
   }
 
   // One SequenceSink per choice, for ChoiceGroup::Submit.
   std::vector<std::shared_ptr<SequenceSink>> Sinks() {
     std::vector<std::shared_ptr<SequenceSink>> sinks;
-    for (size_t i = 0; i < choices_.size(); ++i) sinks.push_back(std::make_shared<ChoiceSink>(shared_from_this(), i));
+    for (size_t i = 0; i < num_choices_; ++i) sinks.push_back(std::make_shared<ChoiceSink>(shared_from_this(), i));
     return sinks;
   }
   // The submitted choices, to cancel them.
@@ -213,6 +213,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* const reactor_;  // valid until Finish
   const std::string request_id_;
+  const size_t num_choices_;  // choices_.size(), fixed at construction
 
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size

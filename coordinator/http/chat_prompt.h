@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tokenizer/tokenizer.h"
-#include "coordinator/http/jinja.h"
+#include "common/chat_template/jinja.h"
 
 namespace shardserve::coordinator::http {
 

@@ -39,7 +39,8 @@ using Json = nlohmann::ordered_json;
 class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
  public:
   // `tokenizer` (may be null) decodes the text and spells the tokens of logprobs entries.
-  HttpChoices(int n, const Tokenizer* tokenizer, const std::vector<std::string>& stops) : tokenizer_(tokenizer) {
+  HttpChoices(int n, const Tokenizer* tokenizer, const std::vector<std::string>& stops)
+      : tokenizer_(tokenizer), num_choices_(static_cast<size_t>(n)) {
     for (int i = 0; i < n; ++i) {
       choices_.emplace_back(tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr,
                             stops);
@@ -49,7 +50,7 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
   // One SequenceSink per choice, for ChoiceGroup::Submit.
   std::vector<std::shared_ptr<SequenceSink>> Sinks() {
     std::vector<std::shared_ptr<SequenceSink>> sinks;
-    for (size_t i = 0; i < choices_.size(); ++i) sinks.push_back(std::make_shared<ChoiceSink>(shared_from_this(), i));
+    for (size_t i = 0; i < num_choices_; ++i) sinks.push_back(std::make_shared<ChoiceSink>(shared_from_this(), i));
     return sinks;
   }
 
@@ -211,6 +212,7 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
   }
 
   const Tokenizer* const tokenizer_;
+  const size_t num_choices_;  // choices_.size(), fixed at construction
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size
   ChoiceCanceller canceller_;

@@ -41,20 +41,20 @@ struct Params {
 };
 
 Params CountParams(const ModelSpec& s) {
-  const int64_t h = s.hidden_size, q = s.num_heads * s.head_dim, kv = s.num_kv_heads * s.head_dim;
-  int64_t attn = h * q + 2 * h * kv + q * h + 2 * h;
-  if (s.qkv_bias) attn += q + 2 * kv;
-  if (s.o_bias) attn += h;
-  if (s.qk_norm) attn += 2 * s.head_dim;  // Qwen3's per-head q/k norm weights
+  const int64_t h = s.hidden_size;
+  const int64_t attn = s.AttentionParameters();
   const int64_t dense = 3 * h * s.intermediate_size + (s.mlp_bias ? 2 * s.intermediate_size + h : 0);
   const int64_t expert = 3 * h * s.moe.expert_intermediate_size;
-  const int64_t shared =
-      s.moe.shared_expert_intermediate_size > 0 ? 3 * h * s.moe.shared_expert_intermediate_size + h : 0;
+  const int64_t shared = s.moe.shared_expert_intermediate_size > 0
+                             ? 3 * h * s.moe.shared_expert_intermediate_size + (s.moe.shared_expert_gate ? h : 0)
+                             : 0;
+  // The router, and DeepSeek-V3's score-correction bias.
+  const int64_t router = s.moe.num_experts * (h + (s.moe.scoring == MoeScoring::kSigmoidGrouped ? 1 : 0));
   Params p;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     if (s.IsSparseLayer(l)) {
-      p.layer.push_back(attn + s.moe.num_experts * (h + expert) + shared);
-      p.layer_active.push_back(attn + s.moe.num_experts * h + s.moe.top_k * expert + shared);
+      p.layer.push_back(attn + router + s.moe.num_experts * expert + shared);
+      p.layer_active.push_back(attn + router + s.moe.top_k * expert + shared);
     } else {
       p.layer.push_back(attn + dense);
       p.layer_active.push_back(attn + dense);
@@ -97,21 +97,37 @@ TpFigures MakeTpFigures(const ModelSpec& s, int tp, const PlanPolicy& policy) {
   const int64_t bpp = policy.bytes_per_param, kv_bpe = policy.kv_bytes_per_element;
   auto mat = [&](int64_t rows, int64_t cols) { return MatrixBytes(policy, rows, cols); };
   const int64_t h = s.hidden_size, d = s.head_dim;
-  const int64_t q = s.num_heads / tp * d;
-  const int64_t kv = (s.num_kv_heads % tp == 0 ? s.num_kv_heads / tp : 1) * d;
-  int64_t attn = 2 * h * kF32 + mat(q, h) + 2 * mat(kv, h) + mat(h, q);
-  if (s.qkv_bias) attn += (q + 2 * kv) * kF32;
-  if (s.o_bias) attn += h * kF32;  // rank 0 only
-  if (s.qk_norm) attn += 2 * d * kF32;  // replicated per-head q/k norm weights
+  int64_t attn = 2 * h * kF32;  // input and post-attention norms
+  if (s.IsMla()) {
+    // As the loader keeps it: q_a_proj, its norm, kv_a_proj_with_mqa (as its latent and RoPE
+    // rows) and kv_a_layernorm replicated; q_b_proj (as nope and RoPE rows) and kv_b_proj (per
+    // head, at bytes_per_param: never int8) split by heads; o_proj by its head columns.
+    const MlaSpec& m = s.mla;
+    const int64_t heads = s.num_heads / tp;
+    const int64_t in_q = m.q_lora_rank > 0 ? m.q_lora_rank : h;
+    if (m.q_lora_rank > 0) attn += mat(m.q_lora_rank, h) + m.q_lora_rank * kF32;
+    attn += mat(heads * m.qk_nope_head_dim, in_q) + mat(heads * m.qk_rope_head_dim, in_q);
+    attn += mat(m.kv_lora_rank, h) + mat(m.qk_rope_head_dim, h) + m.kv_lora_rank * kF32;
+    attn += heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank * bpp;
+    attn += mat(h, heads * m.v_head_dim);
+  } else {
+    const int64_t q = s.num_heads / tp * d;
+    const int64_t kv = (s.num_kv_heads % tp == 0 ? s.num_kv_heads / tp : 1) * d;
+    attn += mat(q, h) + 2 * mat(kv, h) + mat(h, q);
+    if (s.qkv_bias) attn += (q + 2 * kv) * kF32;
+    if (s.o_bias) attn += h * kF32;  // rank 0 only
+    if (s.qk_norm) attn += 2 * d * kF32;  // replicated per-head q/k norm weights
+  }
   const int64_t ffn = s.intermediate_size / tp;
   const int64_t dense = 2 * mat(ffn, h) + mat(h, ffn) + (s.mlp_bias ? 2 * ffn + h : 0) * kF32;
   TpFigures f;
   int64_t sparse = 0, expert_bytes = 0;
   if (s.IsMoe()) {
     sparse = s.moe.num_experts * h * kF32;  // router
+    if (s.moe.scoring == MoeScoring::kSigmoidGrouped) sparse += s.moe.num_experts * kF32;  // score bias
     if (s.moe.shared_expert_intermediate_size > 0) {
       const int64_t shared = s.moe.shared_expert_intermediate_size / tp;
-      sparse += 2 * mat(shared, h) + mat(h, shared) + h * kF32;
+      sparse += 2 * mat(shared, h) + mat(h, shared) + (s.moe.shared_expert_gate ? h * kF32 : 0);
     }
     const bool ep = ExpertParallel(s, tp);
     const int64_t width = ep ? s.moe.expert_intermediate_size : s.moe.expert_intermediate_size / tp;
@@ -129,7 +145,7 @@ TpFigures MakeTpFigures(const ModelSpec& s, int tp, const PlanPolicy& policy) {
     f.expert_prefix.push_back(f.expert_prefix.back() + (sp ? expert_bytes : 0));
     f.sparse_prefix.push_back(f.sparse_prefix.back() + (sp ? 1 : 0));
   }
-  f.kv_per_token_layer = 2 * kv * kv_bpe;
+  f.kv_per_token_layer = s.KvValuesPerToken(tp) * kv_bpe;
   f.embedding = s.vocab_size * h * bpp;
   f.final_norm = h * kF32;
   f.lm_head = mat(CeilDiv(s.vocab_size, tp), h);
@@ -166,8 +182,18 @@ absl::Status ValidateSpec(const ModelSpec& s) {
   // Guard the int64 arithmetic below with a floating-point estimate.
   double params = static_cast<double>(s.vocab_size) * static_cast<double>(s.hidden_size) * 2.0;
   const double h = static_cast<double>(s.hidden_size);
+  double attn = h * static_cast<double>(s.head_dim) * static_cast<double>(2 * s.num_heads + 2 * s.num_kv_heads);
+  if (s.IsMla()) {
+    const double heads = static_cast<double>(s.num_heads);
+    const double q_in = static_cast<double>(s.mla.q_lora_rank > 0 ? s.mla.q_lora_rank : s.hidden_size);
+    attn = (h + heads * static_cast<double>(s.mla.qk_head_dim())) * q_in +
+           h * static_cast<double>(s.mla.kv_lora_rank + s.mla.qk_rope_head_dim) +
+           static_cast<double>(s.mla.kv_lora_rank) * heads *
+               static_cast<double>(s.mla.qk_nope_head_dim + s.mla.v_head_dim) +
+           heads * static_cast<double>(s.mla.v_head_dim) * h;
+  }
   const double per_layer =
-      h * static_cast<double>(s.head_dim) * static_cast<double>(2 * s.num_heads + 2 * s.num_kv_heads) +
+      attn +
       3.0 * h * static_cast<double>(s.intermediate_size) +
       static_cast<double>(s.moe.num_experts) * 3.0 * h * static_cast<double>(s.moe.expert_intermediate_size + 1) +
       3.0 * h * static_cast<double>(s.moe.shared_expert_intermediate_size);
@@ -751,8 +777,8 @@ std::string NotEnoughMemory(const ModelSpec& spec, const PlanPolicy& policy, int
                             const std::vector<WorkerInventory>& workers, const std::vector<Candidate>& eligible,
                             int pp_lo, int pp_hi, bool tried_spill) {
   const int64_t weights = ModelWeightBytes(spec, policy);
-  const double kv_min = static_cast<double>(min_tokens) * static_cast<double>(spec.num_layers) * 2.0 *
-                        static_cast<double>(spec.num_kv_heads * spec.head_dim * policy.kv_bytes_per_element);
+  const double kv_min = static_cast<double>(min_tokens) * static_cast<double>(spec.num_layers) *
+                        static_cast<double>(spec.KvValuesPerToken() * policy.kv_bytes_per_element);
   const int64_t kv = static_cast<int64_t>(std::ceil(policy.kv_tokens > 0 ? kv_min : kv_min / policy.kv_fraction));
   const int replicas = std::max(policy.replicas, 1);
   int64_t available = 0;
@@ -918,7 +944,7 @@ absl::StatusOr<Plan> PlanImpl(const ModelSpec& spec, const std::vector<WorkerInv
   const double replica_need =
       static_cast<double>(ModelWeightBytes(spec, policy)) +
       static_cast<double>(planner.min_tokens()) *
-          static_cast<double>(spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * policy.kv_bytes_per_element);
+          static_cast<double>(spec.num_layers * spec.KvValuesPerToken() * policy.kv_bytes_per_element);
   std::vector<double> capacity_prefix(1, 0.0);
   for (const Candidate& c : eligible)
     capacity_prefix.push_back(capacity_prefix.back() + static_cast<double>(c.Capacity()));
@@ -1016,6 +1042,7 @@ absl::StatusOr<PlanExplanation> ExplainPlan(const ModelSpec& spec, const std::ve
                                             const PlanPolicy& policy) {
   PlanExplanation ex;
   ex.plan = PlanImpl(spec, workers, policy, &ex);
+  if (ex.plan.ok()) ex.traffic = EstimateTraffic(spec, *ex.plan);
   // Errors before the search (spec, policy, inventory) are errors of the call, as in MakePlan.
   if (!ex.plan.ok() && ex.plan.status().code() != absl::StatusCode::kResourceExhausted) return ex.plan.status();
   return ex;

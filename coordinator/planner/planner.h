@@ -24,7 +24,11 @@
 //  - stage 0: the whole embedding [vocab, hidden] on every rank; the last stage: final norm and
 //    the vocab-parallel lm_head, ceil(vocab / tp) rows per rank (a tied lm_head is the embedding
 //    itself only with tp = 1 and pp = 1);
-//  - KV cache: 2 x its layers x local KV heads x head_dim x kv_bytes_per_element per token.
+//  - KV cache: 2 x its layers x local KV heads x head_dim x kv_bytes_per_element per token; for
+//    multi-head latent attention (DeepSeek-V3) its layers x (kv_lora_rank + qk_rope_head_dim) x
+//    kv_bytes_per_element on every rank (the latent is shared by the heads: ModelSpec::KvValuesPerToken);
+//  - MLA attention: q_a_proj, kv_a_proj_with_mqa and their norms replicated, q_b_proj, kv_b_proj
+//    and o_proj split by heads (kv_b_proj at bytes_per_param even with int8).
 // Predicted bytes are those of rank 0, the most loaded rank. For an f32 checkpoint with tp = 1,
 // pp = 1 the weights are exactly ModelSpec::NumParameters() x 4.
 //
@@ -104,6 +108,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
+#include "coordinator/planner/traffic.h"
 
 namespace shardserve {
 
@@ -216,6 +221,8 @@ struct PlanExplanation {
   std::vector<LayoutEvaluation> layouts;  // in the order evaluated; the last is kChosen when plan is ok
   // What MakePlan returns for the same input (ok, or its error).
   absl::StatusOr<Plan> plan = absl::UnknownError("not planned");
+  // When `plan` is ok: its per-token traffic and pipeline bubble, per replica (traffic.h).
+  std::vector<PipelineTraffic> traffic;
 };
 
 // MakePlan's search, recorded. Returns InvalidArgument / FailedPrecondition as MakePlan does (bad

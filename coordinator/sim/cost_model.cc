@@ -24,6 +24,7 @@ StageCostModel::StageCostModel(const ModelSpec& spec, const StageSpec& stage, De
   // KV heads are replicated when there are fewer than ranks (planner.h).
   local_kv_heads_ = std::max(1.0, static_cast<double>(spec_.num_kv_heads) / tp);
   attn_params_ = 2 * h * local_heads_ * hd + 2 * h * local_kv_heads_ * hd;
+  if (spec_.IsMla()) attn_params_ = static_cast<double>(spec_.AttentionParameters()) / tp;
   dense_params_ = 3 * h * static_cast<double>(spec_.intermediate_size) / tp;
   expert_params_ = 3 * h * static_cast<double>(spec_.moe.expert_intermediate_size);
   shared_params_ = 3 * h * static_cast<double>(spec_.moe.shared_expert_intermediate_size) / tp;
@@ -54,7 +55,12 @@ StageTime StageCostModel::Cost(absl::Span<const SequenceWork> batch) const {
   const double h = static_cast<double>(spec_.hidden_size);
   const double hd = static_cast<double>(spec_.head_dim);
   const double bpp = static_cast<double>(bytes_per_param_);
-  const double kv_row = 2 * local_kv_heads_ * hd * static_cast<double>(kv_bytes_);  // K and V per position
+  // K and V per position (MLA: the latent and the RoPE key).
+  const double kv_row = static_cast<double>(spec_.KvValuesPerToken(stage_.tp)) * static_cast<double>(kv_bytes_);
+  // Multiply-adds per (query, key) pair and head / 2: q.k and the weighted value (MLA, absorbed:
+  // over the latent + RoPE key, then the latent).
+  const double pair_width =
+      spec_.IsMla() ? static_cast<double>(2 * spec_.mla.kv_lora_rank + spec_.mla.qk_rope_head_dim) / 2 : hd;
   const double act = tokens * h * static_cast<double>(device_.activation_bytes);
   double all_reduce = 0;
   if (stage_.tp > 1) {
@@ -64,7 +70,7 @@ StageTime StageCostModel::Cost(absl::Span<const SequenceWork> batch) const {
     // Attention projections.
     t.weights += Roofline(attn_params_ * bpp, 2 * tokens * attn_params_);
     // Attention over the cache.
-    t.attention += Roofline(kv_read_tokens * kv_row + tokens * kv_row, 4 * attn_pairs * local_heads_ * hd);
+    t.attention += Roofline(kv_read_tokens * kv_row + tokens * kv_row, 4 * attn_pairs * local_heads_ * pair_width);
     if (spec_.IsSparseLayer(layer)) {
       const double e = static_cast<double>(spec_.moe.num_experts);
       const double k = static_cast<double>(spec_.moe.top_k);

@@ -4,9 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -18,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/concurrency/mutex.h"
 #include "common/log/progress.h"
 
 namespace shardserve::cli {
@@ -38,18 +37,18 @@ struct Ticket {
 class TicketQueue {
  public:
   void Push(Ticket t) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back(t);
-    cv_.notify_one();
+    cv_.Signal();
   }
   void Close() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     closed_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   std::optional<Ticket> Pop() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+    MutexLock lock(&mu_);
+    while (!closed_ && queue_.empty()) cv_.Wait(&mu_);
     if (queue_.empty()) return std::nullopt;
     Ticket t = queue_.front();
     queue_.pop_front();
@@ -57,10 +56,10 @@ class TicketQueue {
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Ticket> queue_;
-  bool closed_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Ticket> queue_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 int32_t Draw(std::mt19937_64& rng, LengthRange r) {
@@ -249,8 +248,8 @@ absl::StatusOr<BenchSummary> RunBench(Client& client, const BenchOptions& o) {
 
   std::optional<Progress> progress;
   if (o.progress) progress.emplace(Progress::Options{.what = "bench", .unit = "requests", .total = o.requests});
-  std::mutex mu;
-  std::vector<RequestSample> samples;
+  Mutex mu;
+  std::vector<RequestSample> samples;  // guarded by mu while the senders run
   std::atomic<int64_t> next{0};
   TicketQueue queue;
   const bool open_loop = o.rate > 0;
@@ -268,7 +267,7 @@ absl::StatusOr<BenchSummary> RunBench(Client& client, const BenchOptions& o) {
         }
         if (!ticket.has_value()) return;
         RequestSample s = RunOne(client, o, *ticket);
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         samples.push_back(std::move(s));
         if (progress.has_value()) progress->Update(static_cast<int64_t>(samples.size()));
       }

@@ -69,6 +69,25 @@ bool SameFailure(const LayoutEvaluation& a, const LayoutEvaluation& b) {
          x.weight_bytes_per_rank == y.weight_bytes_per_rank && x.room_per_rank == y.room_per_rank;
 }
 
+std::string TrafficText(const PipelineTraffic& t, size_t replicas) {
+  std::string out = absl::StrCat("\nTraffic per token", replicas > 1 ? " (replica 0; the others alike)" : "",
+                                 " (f32 activations; ring collectives):\n");
+  std::vector<std::vector<std::string>> rows = {
+      {"stage", "TP all-reduce/rank", "logits all-gather/rank", "to next stage", "to/from expert hosts"}};
+  for (size_t s = 0; s < t.stages.size(); ++s) {
+    const StageTraffic& x = t.stages[s];
+    auto bytes = [](int64_t b) { return b > 0 ? FormatBytes(b) : std::string("-"); };
+    rows.push_back({absl::StrCat(s), bytes(x.tp_all_reduce_bytes), bytes(x.logits_all_gather_bytes),
+                    bytes(x.next_stage_bytes), bytes(static_cast<int64_t>(x.remote_expert_bytes + 0.5))});
+  }
+  out += Table(rows, "  ");
+  absl::StrAppend(&out, absl::StrFormat("Pipeline bubble: a stage idles %.0f%% of the time with one micro-batch in "
+                                        "flight, %.0f%% with one per stage in flight (the default pipeline depth; "
+                                        "from the stages' cost shares, hop latency not counted).\n",
+                                        100 * t.bubble_one_micro_batch, 100 * t.bubble_pipelined));
+  return out;
+}
+
 }  // namespace
 
 std::string LayoutName(const LayoutEvaluation& l) {
@@ -126,6 +145,7 @@ std::string ExplanationToText(const PlanExplanation& ex, int max_replicas) {
       out += "; it is also the first layout the order tries";
     }
     out += ".\n";
+    if (!ex.traffic.empty()) out += TrafficText(ex.traffic.front(), ex.traffic.size());
   } else if (!ex.plan.ok()) {
     absl::StrAppend(&out, "\nNo layout fits: ", ex.plan.status().message(), "\n");
   }
@@ -177,6 +197,20 @@ std::string ExplanationToJson(const PlanExplanation& ex) {
                {"eligible_workers", ex.eligible_workers},
                {"search_order", ex.search_order},
                {"layouts", std::move(layouts)}};
+  json traffic = json::array();
+  for (const PipelineTraffic& t : ex.traffic) {
+    json stages = json::array();
+    for (const StageTraffic& x : t.stages) {
+      stages.push_back({{"tp_all_reduce_bytes_per_token", x.tp_all_reduce_bytes},
+                        {"logits_all_gather_bytes_per_token", x.logits_all_gather_bytes},
+                        {"next_stage_bytes_per_token", x.next_stage_bytes},
+                        {"remote_expert_bytes_per_token", x.remote_expert_bytes}});
+    }
+    traffic.push_back({{"stages", std::move(stages)},
+                       {"bubble_one_micro_batch", t.bubble_one_micro_batch},
+                       {"bubble_pipelined", t.bubble_pipelined}});
+  }
+  explain["traffic"] = std::move(traffic);
   json out{{"explain", std::move(explain)}, {"plan", nullptr}, {"error", nullptr}};
   if (ex.plan.ok()) {
     json replicas = json::array();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "nlohmann/json.hpp"
@@ -283,8 +284,8 @@ INSTANTIATE_TEST_SUITE_P(
                     c["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.75}};
                   },
                   absl::StatusCode::kUnimplemented, "\"partial_rotary_factor\" is 0.75"},
-        BadConfig{"DeepSeekV3", [](json& c) { c["architectures"] = {"DeepseekV3ForCausalLM"}; },
-                  absl::StatusCode::kUnimplemented, "\"DeepseekV3ForCausalLM\" is not supported"},
+        BadConfig{"DeepSeekV2", [](json& c) { c["architectures"] = {"DeepseekV2ForCausalLM"}; },
+                  absl::StatusCode::kUnimplemented, "\"DeepseekV2ForCausalLM\" is not supported"},
         BadConfig{"Llama4", [](json& c) { c["architectures"] = {"Llama4ForConditionalGeneration"}; },
                   absl::StatusCode::kUnimplemented, "\"Llama4ForConditionalGeneration\" is not supported"},
         BadConfig{"Gemma2", [](json& c) { c["architectures"] = {"Gemma2ForCausalLM"}; },
@@ -333,6 +334,139 @@ INSTANTIATE_TEST_SUITE_P(
               "\"modules_to_not_convert\" is not a list of module names"),
         Quant("Fp8IgnoredLayersNotStrings", R"({"quant_method":"fp8","ignored_layers":[1]})",
               "\"ignored_layers\" is not a list of module names")),
+    [](const auto& test_info) { return test_info.param.name; });
+
+// ---- DeepSeek-V3 ----------------------------------------------------------------------------
+
+json DeepseekConfig() {
+  return json::parse(R"({"architectures":["DeepseekV3ForCausalLM"],"vocab_size":100,"hidden_size":64,
+    "intermediate_size":96,"moe_intermediate_size":16,"num_hidden_layers":4,"num_attention_heads":4,
+    "num_key_value_heads":4,"q_lora_rank":32,"kv_lora_rank":32,"qk_nope_head_dim":16,"qk_rope_head_dim":8,
+    "v_head_dim":16,"n_routed_experts":8,"num_experts_per_tok":2,"n_group":4,"topk_group":2,
+    "n_shared_experts":1,"routed_scaling_factor":2.5,"norm_topk_prob":true,"first_k_dense_replace":1,
+    "max_position_embeddings":256,"rms_norm_eps":1e-6,"hidden_act":"silu","scoring_func":"sigmoid",
+    "topk_method":"noaux_tc","moe_layer_freq":1,
+    "rope_scaling":{"type":"yarn","factor":40,"beta_fast":32,"beta_slow":1,"mscale":1.0,"mscale_all_dim":1.0,
+                    "original_max_position_embeddings":64},"rope_theta":10000})");
+}
+
+TEST(ModelSpecTest, DeepseekV3Semantics) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(DeepseekConfig().dump(), "c.json"));
+  EXPECT_EQ(s.arch, Architecture::kDeepseekV3);
+  ASSERT_TRUE(s.IsMla());
+  EXPECT_EQ(s.mla.q_lora_rank, 32);
+  EXPECT_EQ(s.mla.kv_lora_rank, 32);
+  EXPECT_EQ(s.mla.qk_head_dim(), 24);
+  EXPECT_EQ(s.head_dim, 8);  // the RoPE width
+  EXPECT_TRUE(s.mla.rope_interleave);
+  EXPECT_EQ(s.moe.scoring, MoeScoring::kSigmoidGrouped);
+  EXPECT_EQ(s.moe.n_group, 4);
+  EXPECT_EQ(s.moe.topk_group, 2);
+  EXPECT_EQ(s.moe.routed_scaling_factor, 2.5);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 16);
+  EXPECT_FALSE(s.moe.shared_expert_gate);
+  EXPECT_THAT(s.moe.sparse_layers, ElementsAre(false, true, true, true));
+  EXPECT_EQ(s.rope.type, RopeType::kYarn);
+  EXPECT_EQ(s.rope.attention_factor, 1.0);  // mscale == mscale_all_dim
+  // Latent + RoPE key per token and layer, whatever the heads and the tensor-parallel size.
+  EXPECT_EQ(s.KvValuesPerToken(1), 40);
+  EXPECT_EQ(s.KvValuesPerToken(4), 40);
+  const double m = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(s.AttentionScale(), m * m / std::sqrt(24.0), 1e-12);
+
+  json c = DeepseekConfig();
+  c["q_lora_rank"] = nullptr;
+  c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.5},
+                       {"original_max_position_embeddings", 64}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec n, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(n.mla.q_lora_rank, 0);
+  EXPECT_NEAR(n.rope.attention_factor, (0.1 * std::log(4.0) + 1.0) / (0.05 * std::log(4.0) + 1.0), 1e-12);
+}
+
+TEST(ModelSpecTest, DeepseekGoldenConfigsCountTheirParameters) {
+  // The parameter count of the fixtures written by transformers (their safetensors hold exactly
+  // these tensors, the score-correction bias included).
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/deepseek_v3"));
+  const int64_t h = 64;
+  const int64_t attn = 2 * h + h * 32 + 32 + 32 * 4 * 24 + h * 40 + 32 + 32 * 4 * 32 + 4 * 16 * h;
+  const int64_t dense = 3 * h * 96;
+  const int64_t moe = 8 * (h + 1) + 8 * 3 * h * 16 + 3 * h * 16;
+  EXPECT_EQ(s.NumParameters(), 2 * 256 * h + h + 3 * attn + dense + 2 * moe);
+}
+
+struct BadDeepseek {
+  std::string name;
+  std::function<void(json&)> edit;
+  absl::StatusCode code;
+  std::string message;
+};
+
+void PrintTo(const BadDeepseek& c, std::ostream* os) { *os << c.name; }
+
+class BadDeepseekTest : public ::testing::TestWithParam<BadDeepseek> {};
+
+TEST_P(BadDeepseekTest, IsRejectedNamingTheField) {
+  json c = DeepseekConfig();
+  GetParam().edit(c);
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, BadDeepseekTest,
+    ::testing::Values(
+        BadDeepseek{"SoftmaxScoring", [](json& c) { c["scoring_func"] = "softmax"; },
+                    absl::StatusCode::kUnimplemented, "\"scoring_func\" is \"softmax\""},
+        BadDeepseek{"GreedyTopk", [](json& c) { c["topk_method"] = "group_limited_greedy"; },
+                    absl::StatusCode::kUnimplemented, "\"topk_method\" is \"group_limited_greedy\""},
+        BadDeepseek{"MoeEveryOtherLayer", [](json& c) { c["moe_layer_freq"] = 2; }, absl::StatusCode::kUnimplemented,
+                    "\"moe_layer_freq\" is 2"},
+        BadDeepseek{"AttentionBias", [](json& c) { c["attention_bias"] = true; }, absl::StatusCode::kUnimplemented,
+                    "attention_bias"},
+        BadDeepseek{"FewerKvHeads", [](json& c) { c["num_key_value_heads"] = 2; }, absl::StatusCode::kUnimplemented,
+                    "num_key_value_heads"},
+        BadDeepseek{"QLoraRankMissing", [](json& c) { c.erase("q_lora_rank"); }, absl::StatusCode::kInvalidArgument,
+                    "q_lora_rank"},
+        BadDeepseek{"KvLoraRankZero", [](json& c) { c["kv_lora_rank"] = 0; }, absl::StatusCode::kInvalidArgument,
+                    "kv_lora_rank"},
+        BadDeepseek{"OddRopeDim", [](json& c) { c["qk_rope_head_dim"] = 7; }, absl::StatusCode::kInvalidArgument,
+                    "qk_rope_head_dim"},
+        BadDeepseek{"VHeadDimMissing", [](json& c) { c.erase("v_head_dim"); }, absl::StatusCode::kInvalidArgument,
+                    "v_head_dim"},
+        BadDeepseek{"GroupsDoNotDivide", [](json& c) { c["n_group"] = 3; }, absl::StatusCode::kInvalidArgument,
+                    "\"n_group\" (3) does not divide"},
+        BadDeepseek{"OneExpertPerGroup", [](json& c) { c["n_group"] = 8; }, absl::StatusCode::kInvalidArgument,
+                    "sum of its two best"},
+        BadDeepseek{"TopkGroupAboveGroups", [](json& c) { c["topk_group"] = 5; }, absl::StatusCode::kInvalidArgument,
+                    "topk_group"},
+        BadDeepseek{"TopKAboveKeptExperts",
+                    [](json& c) {
+                      c["topk_group"] = 1;
+                      c["num_experts_per_tok"] = 3;
+                    },
+                    absl::StatusCode::kInvalidArgument, "num_experts_per_tok"},
+        BadDeepseek{"ScalingNotANumber", [](json& c) { c["routed_scaling_factor"] = "big"; },
+                    absl::StatusCode::kInvalidArgument, "routed_scaling_factor"},
+        BadDeepseek{"DenseLayersAboveLayers", [](json& c) { c["first_k_dense_replace"] = 5; },
+                    absl::StatusCode::kInvalidArgument, "first_k_dense_replace"},
+        BadDeepseek{"RopeInterleaveNotBool", [](json& c) { c["rope_interleave"] = "yes"; },
+                    absl::StatusCode::kInvalidArgument, "rope_interleave"},
+        BadDeepseek{"Llama3Rope",
+                    [](json& c) {
+                      c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+                    },
+                    absl::StatusCode::kUnimplemented, "default and yarn"},
+        BadDeepseek{"YarnBetaNotNumber",
+                    [](json& c) { c["rope_scaling"]["beta_fast"] = "fast"; }, absl::StatusCode::kInvalidArgument,
+                    "beta_fast"},
+        BadDeepseek{"DefaultTopkGroupAboveGroups",
+                    [](json& c) {
+                      c.erase("topk_group");
+                      c["n_group"] = 2;
+                    },
+                    absl::StatusCode::kInvalidArgument, "its default (4) exceeds n_group (2)"},
+        BadDeepseek{"ExpertCountsDisagree", [](json& c) { c["num_local_experts"] = 16; },
+                    absl::StatusCode::kInvalidArgument, "num_local_experts"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 TEST(ModelSpecTest, NotJsonAndMissingFile) {

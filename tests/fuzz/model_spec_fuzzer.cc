@@ -21,6 +21,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int64_t id : s.eos_token_ids) {
       if (id < 0 || id >= s.vocab_size) std::abort();
     }
+    if (s.IsMla()) {
+      // Multi-head latent attention: the sizes the engine divides and indexes by.
+      const auto& m = s.mla;
+      if (m.qk_rope_head_dim < 2 || m.qk_rope_head_dim % 2 != 0 || m.qk_nope_head_dim < 1 || m.v_head_dim < 1 ||
+          m.q_lora_rank < 0 || s.head_dim != m.qk_rope_head_dim || s.num_kv_heads != s.num_heads) {
+        std::abort();
+      }
+      const auto& moe = s.moe;
+      if (moe.n_group < 1 || moe.num_experts % moe.n_group != 0 || moe.num_experts / moe.n_group < 2 ||
+          moe.topk_group < 1 || moe.topk_group > moe.n_group ||
+          moe.top_k > moe.topk_group * (moe.num_experts / moe.n_group)) {
+        std::abort();
+      }
+      if (s.KvValuesPerToken(1) != m.kv_lora_rank + m.qk_rope_head_dim) std::abort();
+    }
+    if (!(s.AttentionScale() > 0.0) || s.KvValuesPerToken(1) < 1) std::abort();
     (void)s.NumParameters();
   }
   return 0;

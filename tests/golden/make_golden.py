@@ -51,6 +51,8 @@ import numpy as np
 import torch
 import transformers
 from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -285,6 +287,85 @@ SPECS = [
             tie_word_embeddings=False,
         ),
     ),
+    # DeepSeek-V3: multi-head latent attention (q compressed to q_lora_rank, k/v to one shared
+    # latent of kv_lora_rank plus a decoupled RoPE key), yarn RoPE whose attention_factor (mscale
+    # != mscale_all_dim) scales the rotary part and whose mscale_all_dim scales the softmax, RoPE
+    # interleaved; layer 0 dense, layers 1-2 MoE with sigmoid scoring, a nonzero
+    # e_score_correction_bias, grouped top-k (4 groups, 2 chosen), routed_scaling_factor and one
+    # shared expert.
+    dict(
+        name="deepseek_v3",
+        model_cls=DeepseekV3ForCausalLM,
+        config_cls=DeepseekV3Config,
+        score_bias_std=0.05,
+        config=dict(
+            intermediate_size=96,  # dense MLP of the first_k_dense_replace layers
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            rms_norm_eps=1e-6,
+            rope_interleave=True,
+            num_mtp_layers=0,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 0.7,
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
+    # DeepSeek-V2-Lite-like MLA: no q compression (q_lora_rank null: one q_proj), default RoPE
+    # not interleaved, one expert group, no top-k renormalisation, two shared experts.
+    dict(
+        name="deepseek_v3_noqlora",
+        model_cls=DeepseekV3ForCausalLM,
+        config_cls=DeepseekV3Config,
+        score_bias_std=0.05,
+        config=dict(
+            intermediate_size=96,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=24,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=2,
+            routed_scaling_factor=1.5,
+            norm_topk_prob=False,
+            first_k_dense_replace=2,
+            rms_norm_eps=1e-6,
+            rope_interleave=False,
+            num_mtp_layers=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -296,9 +377,15 @@ STD_ROUTER = 0.25
 STD_SHARED_GATE = 0.5
 
 
-def reinit_(model, seed, std_embed=STD_EMBED):
+def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
+        # DeepSeek-V3's e_score_correction_bias is a buffer (not a parameter): give it values so
+        # that selecting by score + bias differs from selecting by score.
+        if score_bias_std > 0:
+            for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+                if name.endswith("e_score_correction_bias"):
+                    b.copy_(score_bias_std * torch.randn(b.shape, generator=gen, dtype=torch.float32))
         for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             if name.endswith("norm.weight"):
@@ -363,6 +450,8 @@ class RouterProbe:
             if type(mod).__name__.endswith("TopKRouter"):
                 self.top_k = mod.top_k
                 self.handles.append(mod.register_forward_hook(self._hook))
+            elif type(mod).__name__ == "DeepseekV3TopkRouter":
+                self.handles.append(mod.register_forward_hook(self._deepseek_hook))
 
     @property
     def active(self):
@@ -374,6 +463,25 @@ class RouterProbe:
         s = torch.sort(probs, dim=-1, descending=True).values
         gap = (s[:, self.top_k - 1] - s[:, self.top_k]).min().item()
         self.min_gap = min(self.min_gap, gap)
+
+    def _deepseek_hook(self, mod, inputs, output):
+        # Sigmoid scores; selection by score + e_score_correction_bias: groups ranked by the sum of
+        # their two best biased scores (topk_group kept), then the top_k biased scores inside the
+        # kept groups. Both decisions must be clear: the topk_group-th group score beats the next,
+        # and the top_k-th kept biased score beats the next kept one.
+        router_logits = output[0].float()
+        biased = torch.sigmoid(router_logits) + mod.e_score_correction_bias.float()
+        groups = biased.view(-1, mod.num_group, mod.num_experts // mod.num_group)
+        group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)
+        if mod.topk_group < mod.num_group:
+            gs = torch.sort(group_scores, dim=-1, descending=True).values
+            self.min_gap = min(self.min_gap, (gs[:, mod.topk_group - 1] - gs[:, mod.topk_group]).min().item())
+        keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(mod.topk_group, dim=-1)[1], 1.0)
+        mask = keep.unsqueeze(-1).expand_as(groups).reshape(-1, mod.num_experts).bool()
+        kept = torch.sort(biased.masked_fill(~mask, float("-inf")), dim=-1, descending=True).values
+        if mod.top_k < kept.shape[-1]:
+            gap = kept[:, mod.top_k - 1] - kept[:, mod.top_k]
+            self.min_gap = min(self.min_gap, gap.min().item())
 
     def reset(self):
         self.min_gap = float("inf")
@@ -440,7 +548,7 @@ def build_and_save(spec, seed, out_dir):
     torch.manual_seed(seed)
     config = spec["config_cls"](**COMMON, **spec["config"])
     model = spec["model_cls"](config)
-    reinit_(model, seed, spec.get("std_embed", STD_EMBED))
+    reinit_(model, seed, spec.get("std_embed", STD_EMBED), spec.get("score_bias_std", 0.0))
     save_dtype = spec.get("save_dtype", torch.float32)
     model = model.to(save_dtype)
     expected = {k: v.detach().clone().float() for k, v in model.state_dict().items()}

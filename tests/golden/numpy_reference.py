@@ -29,6 +29,19 @@ Semantics (transformers 5.23, eager attention):
     shared expert; config.json may call num_experts num_local_experts.
   * Phi-3: qkv_proj is q, k, v stacked by rows (q first); gate_up_proj is gate
     then up; sliding_window (when set) applies to every layer.
+  * DeepSeek-V3 (multi-head latent attention, written out expanded here: the
+    engine's absorbed form is checked against this): q = q_b(RMS(q_a(x))) (or
+    q_proj(x) when q_lora_rank is null), per head [nope | rope]; kv_a(x) =
+    [latent | k_rope]; c = RMS(latent) (kv_a_layernorm, eps 1e-6, as is
+    q_a_layernorm); per head k = [W_UK c | k_rope], v = W_UV c from kv_b_proj's
+    rows [nope | v] of each head; RoPE on the rope parts only, interleaved pairs
+    (x0, x1), (x2, x3), ... when rope_interleave; yarn inv_freq (see
+    yarn_inv_freq) and cos/sin times attention_factor; scores times
+    qk_head_dim^-0.5 * mscale(factor, mscale_all_dim)^2. MoE layers (from
+    first_k_dense_replace): s = sigmoid(router logits); choose by s + bias within
+    the topk_group best of n_group groups (group score: sum of its two best);
+    weights s (renormalised when norm_topk_prob) * routed_scaling_factor; plus
+    the ungated shared_experts MLP.
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -172,6 +185,37 @@ def llama3_inv_freq(inv_freq, rp):
     return np.array(out)
 
 
+def yarn_inv_freq(theta, dim, rp, max_pos):
+    """transformers' _compute_yarn_parameters: (inv_freq, attention_factor)."""
+    factor = rp.get("factor") or max_pos / rp["original_max_position_embeddings"]
+    orig = rp.get("original_max_position_embeddings", max_pos)
+
+    def mscale(s, m=1.0):
+        return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+    af = rp.get("attention_factor")
+    if af is None:
+        if rp.get("mscale") and rp.get("mscale_all_dim"):
+            af = mscale(factor, rp["mscale"]) / mscale(factor, rp["mscale_all_dim"])
+        else:
+            af = mscale(factor)
+    beta_fast, beta_slow = rp.get("beta_fast") or 32, rp.get("beta_slow") or 1
+
+    def corr(rot):
+        return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = corr(beta_fast), corr(beta_slow)
+    if rp.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extra = 1 - ramp
+    return (1 / (factor * pos_freqs)) * (1 - extra) + (1 / pos_freqs) * extra, af
+
+
 class Model:
     def __init__(self, d=None, cfg=None, w=None):
         """From checkpoint directory d, or from a config.json dict and float64 weights."""
@@ -189,9 +233,15 @@ class Model:
         rp, theta = rope_params(c)
         if rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
             raise ValueError("partial_rotary_factor != 1 not implemented here")
+        self.mla = self.arch == "DeepseekV3ForCausalLM"
+        self.rope_scale = 1.0
+        if self.mla:
+            self.hd = c["qk_rope_head_dim"]  # the RoPE width (transformers' head_dim)
         inv = 1.0 / theta ** (np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
         if rp["rope_type"] == "llama3":
             inv = llama3_inv_freq(inv, rp)
+        elif rp["rope_type"] == "yarn" and self.mla:
+            inv, self.rope_scale = yarn_inv_freq(theta, self.hd, rp, c["max_position_embeddings"])
         elif rp["rope_type"] != "default":
             raise ValueError(f"rope_type {rp['rope_type']} not implemented here")
         self.inv_freq = inv
@@ -227,7 +277,79 @@ class Model:
             return qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
         return self.lin(x, p + ".q_proj"), self.lin(x, p + ".k_proj"), self.lin(x, p + ".v_proj")
 
+    def rope_interleaved(self, x, pos):  # DeepSeek: pairs (x0, x1), (x2, x3), ...; output de-interleaved
+        ang = pos[:, None] * self.inv_freq[None, :]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., 0::2], x[..., 1::2]
+        return np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+
+    def mla_attention(self, x, l):
+        c = self.cfg
+        p = f"model.layers.{l}.self_attn"
+        T = x.shape[0]
+        pos = np.arange(T, dtype=np.float64)
+        nope, rope, vd, lat = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+        if c.get("q_lora_rank"):
+            qa = self.lin(x, p + ".q_a_proj")
+            qa = self.w[p + ".q_a_layernorm.weight"] * qa / np.sqrt(np.mean(qa * qa, -1, keepdims=True) + 1e-6)
+            q = self.lin(qa, p + ".q_b_proj")
+        else:
+            q = self.lin(x, p + ".q_proj")
+        q = q.reshape(T, self.nh, nope + rope)
+        kva = self.lin(x, p + ".kv_a_proj_with_mqa")
+        cl, kr = kva[:, :lat], kva[:, lat:].reshape(T, 1, rope)
+        cl = self.w[p + ".kv_a_layernorm.weight"] * cl / np.sqrt(np.mean(cl * cl, -1, keepdims=True) + 1e-6)
+        rot = self.rope_interleaved if c.get("rope_interleave", True) else self.rope
+        q_rot = rot(q[..., nope:], pos) * self.rope_scale
+        k_rot = rot(kr, pos) * self.rope_scale
+        kv = (cl @ self.w[p + ".kv_b_proj.weight"].T).reshape(T, self.nh, nope + vd)
+        qk = nope + rope
+        scale = qk**-0.5
+        rp, _ = rope_params(c)
+        if rp["rope_type"] != "default" and rp.get("mscale_all_dim"):
+            m = 0.1 * rp["mscale_all_dim"] * math.log(rp["factor"]) + 1.0
+            scale *= m * m
+        visible = np.arange(T)[None, :] <= np.arange(T)[:, None]
+        out = np.zeros((T, self.nh, vd))
+        for h in range(self.nh):
+            qh = np.concatenate([q[:, h, :nope], q_rot[:, h]], -1)
+            kh = np.concatenate([kv[:, h, :nope], k_rot[:, 0]], -1)
+            s_ = np.where(visible, (qh @ kh.T) * scale, -np.inf)
+            s_ = np.exp(s_ - s_.max(-1, keepdims=True))
+            s_ /= s_.sum(-1, keepdims=True)
+            out[:, h, :] = s_ @ kv[:, h, nope:]
+        return self.lin(out.reshape(T, -1), p + ".o_proj")
+
+    def deepseek_moe(self, x, m):
+        c = self.cfg
+        n_exp, k, ng, kg = c["n_routed_experts"], c["num_experts_per_tok"], c["n_group"], c["topk_group"]
+        s_all = 1 / (1 + np.exp(-(x @ self.w[m + ".gate.weight"].T)))
+        biased_all = s_all + self.w[m + ".gate.e_score_correction_bias"]
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            biased = biased_all[t].copy()
+            groups = biased.reshape(ng, -1)
+            gscore = np.sort(groups, -1)[:, -2:].sum(-1)
+            keep = np.argsort(-gscore, kind="stable")[:kg]
+            mask = np.full(ng, False)
+            mask[keep] = True
+            biased[~np.repeat(mask, n_exp // ng)] = -np.inf
+            top = np.argsort(-biased, kind="stable")[:k]
+            wts = s_all[t, top]
+            if c.get("norm_topk_prob", True):
+                wts = wts / (wts.sum() + 1e-20)
+            wts = wts * c.get("routed_scaling_factor", 2.5)
+            for e, wt in zip(top, wts):
+                ep = m + f".experts.{e}"
+                out[t] += wt * self.swiglu(x[t : t + 1], self.w[ep + ".gate_proj.weight"],
+                                           self.w[ep + ".up_proj.weight"], self.w[ep + ".down_proj.weight"])[0]
+        s = m + ".shared_experts"
+        return out + self.swiglu(x, self.w[s + ".gate_proj.weight"], self.w[s + ".up_proj.weight"],
+                                 self.w[s + ".down_proj.weight"])
+
     def attention(self, x, l):
+        if self.mla:
+            return self.mla_attention(x, l)
         p = f"model.layers.{l}.self_attn"
         T = x.shape[0]
         pos = np.arange(T, dtype=np.float64)
@@ -284,6 +406,8 @@ class Model:
             return self.moe(x, m + ".gate.weight", n_exp, c["num_experts_per_tok"], c["norm_topk_prob"],
                             lambda e: (m + f".experts.{e}.gate_proj.weight", m + f".experts.{e}.up_proj.weight",
                                        m + f".experts.{e}.down_proj.weight"))
+        if self.mla and (p + ".mlp.gate.weight") in self.w:
+            return self.deepseek_moe(x, p + ".mlp")
         m = p + ".mlp"
         if self.arch == "Phi3ForCausalLM":
             gu = self.w[m + ".gate_up_proj.weight"]

@@ -110,6 +110,20 @@ class Layouts(unittest.TestCase):
         finally:
             c.stop()
 
+    def test_deepseek_pp2_tp2_experts_spilled(self):
+        # DeepSeek-V3 (multi-head latent attention, grouped sigmoid routing, a shared expert) as two
+        # stages of 2 CPU ranks each; with 250 KB per device stage 0 (layers 0-1) keeps 4 of layer
+        # 1's 8 experts (2 per rank) and the third worker computes the other 4.
+        c = Cluster("tests/golden/models/deepseek_v3", 3, "cpu:2",
+                    ["--pp=2", "--max_seq_len=64", "--memory_per_device=250KB"])
+        try:
+            st = c.status()
+            self.assertEqual(st.returncode, 0, st.stderr)
+            self.assertIn("layers [0, 2), 4 remote experts", st.stdout)
+            self.check_golden(c, "deepseek_v3")
+        finally:
+            self.assertEqual(c.stop(), 0)
+
     def test_moe_experts_spilled_to_a_third_worker(self):
         # With 190 KB per device the two stage workers (2 CPU ranks each) cannot hold every expert:
         # the planner keeps 2 of the 8 experts of layer 2 on stage 1 (one per rank) and places the

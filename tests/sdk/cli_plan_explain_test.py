@@ -51,6 +51,16 @@ def main():
         [(s["worker_id"], s["weight_bytes_per_rank"], s["kv_tokens"]) for s in plan_stages], (chosen, plan_stages)
     for s in chosen["stages"]:
         assert s["fits"] and s["weight_bytes_per_rank"] + s["kv_bytes_per_rank"] <= s["free_bytes_per_rank"], s
+    # GPT-3 (hidden 12288, 96 layers, vocab 50304) at tp 8: 96 x 2 all-reduces x 2 x 7/8 x 49,152
+    # bytes per rank per token; logits: 7 slices of 50304 / 8 floats; one stage, no bubble.
+    assert len(j["explain"]["traffic"]) == 2, j["explain"]["traffic"]
+    t = j["explain"]["traffic"][0]
+    assert t["stages"] == [{"tp_all_reduce_bytes_per_token": 96 * 2 * (2 * 7 * 49152 // 8),
+                            "logits_all_gather_bytes_per_token": 7 * 6288 * 4,
+                            "next_stage_bytes_per_token": 0, "remote_expert_bytes_per_token": 0.0}], t
+    assert t["bubble_one_micro_batch"] == 0 and t["bubble_pipelined"] == 0, t
+    assert "Traffic per token (replica 0; the others alike)" in text and "16.5 MB" in text, text
+    assert "Pipeline bubble: a stage idles 0% of the time" in text, text
     bad = layouts[1]["stages"][0]
     assert bad["worker_id"] == "c" and not bad["fits"] and bad["weight_bytes_per_rank"] > bad["free_bytes_per_rank"], bad
 

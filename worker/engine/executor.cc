@@ -1,10 +1,9 @@
 #include "worker/engine/executor.h"
 
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/concurrency/mutex.h"
 #include "common/status/macros.h"
 #include "worker/comm/comm_registry.h"
 #include "worker/engine/model.h"
@@ -24,18 +23,17 @@ struct TpExecutor::Rank {
   absl::StatusOr<StepResult> result;
 };
 
-// std::mutex rather than absl::Mutex here: Debian's Abseil is not built with TSan annotations, and
-// the TSan build of the rank threads must see this synchronisation.
+// shardserve::Mutex (a std::mutex underneath): the TSan build of the rank threads sees it.
 struct TpExecutor::Sync {
-  std::mutex mu;
-  std::condition_variable to_ranks;     // a job or stop is posted
-  std::condition_variable to_caller;    // a rank finished
-  uint64_t job = 0;                     // incremented per step; guarded by mu
-  int done = 0;                         // ranks finished with the current job (or init); mu
-  bool stop = false;                    // mu
-  const std::vector<StepSequence>* batch = nullptr;  // mu
-  absl::Span<const float> hidden;                    // mu
-  absl::Status broken;                  // first mid-step failure; mu
+  Mutex mu;
+  CondVar to_ranks;   // a job or stop is posted
+  CondVar to_caller;  // a rank finished
+  uint64_t job ABSL_GUARDED_BY(mu) = 0;  // incremented per step
+  int done ABSL_GUARDED_BY(mu) = 0;      // ranks finished with the current job (or init)
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  const std::vector<StepSequence>* batch ABSL_GUARDED_BY(mu) = nullptr;
+  absl::Span<const float> hidden ABSL_GUARDED_BY(mu);
+  absl::Status broken ABSL_GUARDED_BY(mu);  // first mid-step failure
 };
 
 TpExecutor::TpExecutor(const ModelSpec& spec, const ExecutorOptions& options)
@@ -86,8 +84,8 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(const ModelSpec& 
   // Wait for every rank's initialisation.
   {
     Sync& s = *ex->sync_;
-    std::unique_lock lock(s.mu);
-    s.to_caller.wait(lock, [&] { return s.done == n; });
+    MutexLock lock(&s.mu);
+    while (s.done != n) s.to_caller.Wait(&s.mu);
     s.done = 0;
   }
   for (auto& rank : ex->ranks_) {
@@ -102,10 +100,10 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> TpExecutor::Create(const ModelSpec& 
 
 TpExecutor::~TpExecutor() {
   {
-    std::lock_guard lock(sync_->mu);
+    MutexLock lock(&sync_->mu);
     sync_->stop = true;
   }
-  sync_->to_ranks.notify_all();
+  sync_->to_ranks.SignalAll();
   for (auto& rank : ranks_) {
     if (rank->thread.joinable()) rank->thread.join();
   }
@@ -129,18 +127,18 @@ void TpExecutor::RankLoop(Rank* rank, const Checkpoint* ckpt) {
   uint64_t seen = 0;
   Sync& s = *sync_;
   {
-    std::lock_guard lock(s.mu);
+    MutexLock lock(&s.mu);
     rank->init_status = init;
     ++s.done;
   }
-  s.to_caller.notify_one();
+  s.to_caller.Signal();
   if (!init.ok()) return;
   while (true) {
     const std::vector<StepSequence>* batch = nullptr;
     absl::Span<const float> hidden;
     {
-      std::unique_lock lock(s.mu);
-      s.to_ranks.wait(lock, [&] { return s.stop || s.job > seen; });
+      MutexLock lock(&s.mu);
+      while (!s.stop && s.job <= seen) s.to_ranks.Wait(&s.mu);
       if (s.stop) return;
       seen = s.job;
       batch = s.batch;
@@ -151,11 +149,11 @@ void TpExecutor::RankLoop(Rank* rank, const Checkpoint* ckpt) {
       rank->comm->Abort(result.status());  // release peers waiting in a collective
     }
     {
-      std::lock_guard lock(s.mu);
+      MutexLock lock(&s.mu);
       rank->result = std::move(result);
       ++s.done;
     }
-    s.to_caller.notify_one();
+    s.to_caller.Signal();
   }
 }
 
@@ -167,7 +165,7 @@ absl::StatusOr<StepResult> TpExecutor::Step(const std::vector<StepSequence>& bat
   if (n == 1 && options_.kind == kernels::DeviceKind::kCpu) return ranks_[0]->model->Step(batch, hidden_in);
   Sync& s = *sync_;
   {
-    std::unique_lock lock(s.mu);
+    MutexLock lock(&s.mu);
     if (!s.broken.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("tensor-parallel group is broken after an earlier failure: ", s.broken.message()));
@@ -176,8 +174,8 @@ absl::StatusOr<StepResult> TpExecutor::Step(const std::vector<StepSequence>& bat
     s.hidden = hidden_in;
     s.done = 0;
     ++s.job;
-    s.to_ranks.notify_all();
-    s.to_caller.wait(lock, [&] { return s.done == n; });
+    s.to_ranks.SignalAll();
+    while (s.done != n) s.to_caller.Wait(&s.mu);
     s.batch = nullptr;
   }
   // Rank 0's status is the one to report: a validation error is the same on every rank, a remote
@@ -187,7 +185,7 @@ absl::StatusOr<StepResult> TpExecutor::Step(const std::vector<StepSequence>& bat
     if (!rank->result.ok()) {
       absl::Status st = rank->result.status();
       if (!IsGroupIntact(st)) {
-        std::lock_guard lock(s.mu);
+        MutexLock lock(&s.mu);
         s.broken = absl::Status(st.code(), absl::StrCat("rank ", rank->index, ": ", st.message()));
         return s.broken;
       }

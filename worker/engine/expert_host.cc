@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/concurrency/mutex.h"
 #include "common/status/macros.h"
 #include "worker/kernels/registry.h"
 
@@ -11,11 +12,12 @@ namespace shardserve::engine {
 // One device: its backend and the scratch buffers of one call at a time.
 struct ExpertHost::Device {
   std::unique_ptr<kernels::Backend> backend;
-  std::mutex mu;
-  kernels::DeviceBuffer x, gate, up, y;  // guarded by mu; grown on demand
-  int64_t rows_capacity = 0;             // mu
+  Mutex mu;
+  kernels::DeviceBuffer x ABSL_GUARDED_BY(mu), gate ABSL_GUARDED_BY(mu), up ABSL_GUARDED_BY(mu),
+      y ABSL_GUARDED_BY(mu);  // grown on demand
+  int64_t rows_capacity ABSL_GUARDED_BY(mu) = 0;
 
-  absl::Status Reserve(int64_t rows, int64_t hidden, int64_t ffn) {
+  absl::Status Reserve(int64_t rows, int64_t hidden, int64_t ffn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (rows <= rows_capacity) return absl::OkStatus();
     const int64_t n = std::max<int64_t>(rows, 2 * rows_capacity);
     ASSIGN_OR_RETURN(x, backend->Allocate(static_cast<size_t>(n * hidden) * sizeof(float)));
@@ -88,7 +90,7 @@ absl::Status ExpertHost::Compute(int64_t layer, absl::Span<const ExpertRows> gro
     Device& d = *entries[i]->device;
     const MlpWeights& w = entries[i]->weights;
     kernels::Backend& b = *d.backend;
-    std::lock_guard lock(d.mu);
+    MutexLock lock(&d.mu);
     RETURN_IF_ERROR(d.Reserve(n, h, ffn));
     const size_t bytes = static_cast<size_t>(n * h) * sizeof(float);
     RETURN_IF_ERROR(b.CopyToDevice(d.x.as<void>(), x.data() + row * h, bytes));

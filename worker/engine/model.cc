@@ -37,6 +37,9 @@ struct Model::Workspace {
   std::vector<float> h_topw;
   // Remote experts (rank 0 of a stage with expert spill): the rows sent and the answers.
   DeviceBuffer remote_x;  // [max_step_tokens x top_k, hidden]
+  // Multi-head latent attention: the query's compressed form, its nope and RoPE parts, the
+  // absorbed query, the new latent and RoPE-key rows, and the attention's latent output.
+  DeviceBuffer mla_qa, mla_q_nope, mla_q_rope, mla_q_latent, mla_latent, mla_k_rope, mla_out;
   std::vector<float> h_remote_x, h_remote_y;
   std::vector<ExpertRows> h_remote_groups;
 };
@@ -58,6 +61,36 @@ std::vector<float> InvFreq(const ModelSpec& spec, float* position_scale) {
     case RopeType::kLinear:
       *position_scale = static_cast<float>(1.0 / spec.rope.factor);
       break;
+    case RopeType::kYarn: {
+      // transformers' _compute_yarn_parameters: float32 tensors, the correction range in double.
+      const double base = spec.rope.theta;
+      const double orig = static_cast<double>(spec.rope.original_max_position_embeddings);
+      auto correction_dim = [&](double rotations) {
+        return (static_cast<double>(d) * std::log(orig / (rotations * 2.0 * std::numbers::pi))) / (2.0 * std::log(base));
+      };
+      double low = correction_dim(spec.rope.beta_fast);
+      double high = correction_dim(spec.rope.beta_slow);
+      if (spec.rope.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(low, 0.0);
+      high = std::min(high, static_cast<double>(d - 1));
+      if (low == high) high += 0.001;
+      const float factor = static_cast<float>(spec.rope.factor);
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const float exponent = static_cast<float>(2 * i) / static_cast<float>(d);
+        const float pos_freq = std::pow(static_cast<float>(spec.rope.theta), exponent);
+        const float extrapolation = 1.0f / pos_freq;
+        const float interpolation = 1.0f / (factor * pos_freq);
+        const float ramp = std::clamp(
+            (static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f, 1.0f);
+        const float extrapolation_factor = 1.0f - ramp;
+        inv[static_cast<size_t>(i)] =
+            interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+      }
+      break;
+    }
     case RopeType::kLlama3: {
       const double factor = spec.rope.factor;
       const double old_len = static_cast<double>(spec.rope.original_max_position_embeddings);
@@ -98,8 +131,9 @@ bool WantsGreedyId(const StepSequence& s) { return s.greedy && !s.all_logits; }
 DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend) {
   if (!spec.dtype.has_value() || *spec.dtype == DType::kF32) return DType::kF32;
   const DType d = *spec.dtype;
-  return backend.SupportsOp(kernels::Op::kKvWrite, d) && backend.SupportsOp(kernels::Op::kAttention, d) ? d
-                                                                                                       : DType::kF32;
+  const kernels::Op write = spec.IsMla() ? kernels::Op::kMlaKvWrite : kernels::Op::kKvWrite;
+  const kernels::Op read = spec.IsMla() ? kernels::Op::kMlaAttention : kernels::Op::kAttention;
+  return backend.SupportsOp(write, d) && backend.SupportsOp(read, d) ? d : DType::kF32;
 }
 
 Model::Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend)
@@ -159,6 +193,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   if (any_remote && options.remote_experts == nullptr) {
     return absl::InvalidArgumentError("the expert placement has remote experts but no way to call them");
   }
+  if (spec.IsMla() && !(backend->SupportsOp(kernels::Op::kMlaAttention, DType::kF32) &&
+                         backend->SupportsOp(kernels::Op::kMlaKvWrite, DType::kF32) &&
+                         backend->SupportsOp(kernels::Op::kHeadLinear, DType::kF32))) {
+    return absl::UnimplementedError(absl::StrCat(
+        backend->name(), ": multi-head latent attention (", ArchitectureName(spec.arch),
+        ") is not implemented on this backend; run the model's stages on CPU devices"));
+  }
   std::unique_ptr<Model> m(new Model(spec, options, backend));
   ASSIGN_OR_RETURN(m->layout_, ShardLayout::Make(spec, options.shard, options.expert_owner, options.split_experts));
   if (options.shard.size > 1) {
@@ -178,28 +219,34 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   // the checkpoint's 16-bit dtype where the backend keeps one (half the memory; vLLM's "auto"),
   // else f32.
   m->kv_dtype_ = KvCacheDType(spec, *backend);
-  const size_t kv_elems = static_cast<size_t>(options.num_kv_blocks) * static_cast<size_t>(options.kv_block_size) *
-                          static_cast<size_t>(m->layout_.kv_heads * spec.head_dim);
+  // Multi-head latent attention: one cache per layer of [num_kv_blocks, kv_block_size,
+  // kv_lora_rank + qk_rope_head_dim] (k_cache_; v_cache_ stays empty), whole on every rank.
+  const bool mla = spec.IsMla();
+  const size_t kv_row = static_cast<size_t>(mla ? spec.KvValuesPerToken() : m->layout_.kv_heads * spec.head_dim);
+  const size_t kv_elems =
+      static_cast<size_t>(options.num_kv_blocks) * static_cast<size_t>(options.kv_block_size) * kv_row;
   const size_t kv_layer_bytes = kv_elems * DTypeSize(m->kv_dtype_);
+  const size_t buffers = mla ? 1 : 2;
   for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
     DeviceBuffer k, v;
     absl::Status st = Alloc(*backend, &k, kv_layer_bytes);
-    if (st.ok()) st = Alloc(*backend, &v, kv_layer_bytes);
+    if (st.ok() && !mla) st = Alloc(*backend, &v, kv_layer_bytes);
     if (!st.ok()) {
       return absl::Status(st.code(), absl::StrCat("KV cache of ", options.num_kv_blocks, " blocks of ",
-                                                  options.kv_block_size, " tokens (", 2 * kv_layer_bytes,
+                                                  options.kv_block_size, " tokens (", buffers * kv_layer_bytes,
                                                   " bytes per layer, ", options.layer_end - options.layer_begin,
                                                   " layers) does not fit on ", backend->name(), ": ", st.message()));
     }
     m->k_cache_.push_back(std::move(k));
     m->v_cache_.push_back(std::move(v));
-    m->kv_bytes_ += 2 * kv_layer_bytes;
+    m->kv_bytes_ += buffers * kv_layer_bytes;
   }
 
   Workspace& w = *m->ws_;
   const size_t t = static_cast<size_t>(options.max_step_tokens);
   const size_t h = static_cast<size_t>(spec.hidden_size);
-  const size_t qd = static_cast<size_t>(m->layout_.q_heads * spec.head_dim);
+  // MLA: the attention output is heads x v_head_dim (the o projection's input).
+  const size_t qd = static_cast<size_t>(m->layout_.q_heads * (mla ? spec.mla.v_head_dim : spec.head_dim));
   const size_t kvd = static_cast<size_t>(m->layout_.kv_heads * spec.head_dim);
   const size_t ffn = static_cast<size_t>(
       std::max({m->layout_.ffn, m->layout_.expert_ffn, m->layout_.shared_ffn}));
@@ -228,6 +275,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   }
   if (spec.IsMoe()) {
     RETURN_IF_ERROR(Alloc(*backend, &w.router, t * experts * f));
+    w.h_probs.resize(experts + static_cast<size_t>(spec.moe.n_group));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_x, t * h * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_y, t * h * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_rows, t * topk * sizeof(int32_t)));
@@ -235,9 +283,24 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     RETURN_IF_ERROR(Alloc(*backend, &w.shared_gate, t * f));
     if (any_remote && options.shard.rank == 0) RETURN_IF_ERROR(Alloc(*backend, &w.remote_x, t * topk * h * f));
   }
-  // The widest Linear input is the hidden size, the attention output or an MLP's width.
+  size_t linear_in = std::max({h, qd, ffn});
+  if (mla) {
+    const MlaSpec& ml = spec.mla;
+    const size_t heads = static_cast<size_t>(m->layout_.q_heads);
+    const size_t lat = static_cast<size_t>(ml.kv_lora_rank);
+    RETURN_IF_ERROR(Alloc(*backend, &w.mla_qa, t * static_cast<size_t>(std::max<int64_t>(ml.q_lora_rank, 1)) * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.mla_q_nope, t * heads * static_cast<size_t>(ml.qk_nope_head_dim) * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.mla_q_rope, t * heads * static_cast<size_t>(ml.qk_rope_head_dim) * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.mla_q_latent, t * heads * lat * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.mla_latent, t * lat * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.mla_k_rope, t * static_cast<size_t>(ml.qk_rope_head_dim) * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.mla_out, t * heads * lat * f));
+    linear_in = std::max({linear_in, static_cast<size_t>(ml.q_lora_rank), lat});
+  }
+  // The widest Linear input is the hidden size, the attention output or an MLP's width (MLA: or
+  // the query's compressed width, or the latent).
   RETURN_IF_ERROR(backend->Reserve({.max_tokens = options.max_step_tokens,
-                                    .max_linear_in = static_cast<int64_t>(std::max({h, qd, ffn})),
+                                    .max_linear_in = static_cast<int64_t>(linear_in),
                                     .max_q_heads = m->layout_.q_heads,
                                     .max_head_dim = spec.head_dim,
                                     .max_context = options.max_seq_len}));
@@ -551,7 +614,6 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   kernels::Backend& b = *backend_;
   const LayerWeights& lw = weights_.layers[static_cast<size_t>(layer - options_.layer_begin)];
   const int64_t h = spec_.hidden_size;
-  const int64_t d = spec_.head_dim;
   const float eps = static_cast<float>(spec_.rms_norm_eps);
   float* hidden = w.hidden.as<float>();
   float* normed = w.normed.as<float>();
@@ -569,28 +631,11 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
     return b.Linear({.x = x, .w = lin.view(), .bias = lin.bias(), .y = y,
                      .tokens = tokens, .in = lin.in, .out = lin.out, .accumulate = accumulate});
   };
-  // q, k and v in one op (one launch for a decode step on a GPU).
-  RETURN_IF_ERROR(b.LinearGroup({.x = normed,
-                                 .tokens = tokens,
-                                 .in = lw.q.in,
-                                 .parts = {{GroupPart(lw.q, w.q.as<float>()), GroupPart(lw.k, w.k.as<float>()),
-                                            GroupPart(lw.v, w.v.as<float>())}},
-                                 .num_parts = 3}));
-  if (spec_.qk_norm) {
-    // Qwen3: every head of q and k is RMS-normalised on its own before RoPE. The heads are
-    // contiguous rows of head_dim, so this is the RmsNorm op over tokens x heads rows.
-    RETURN_IF_ERROR(b.RmsNorm({.x = w.q.as<float>(), .weight = lw.q_norm.as<float>(), .y = w.q.as<float>(),
-                               .tokens = tokens * layout_.q_heads, .hidden = d, .eps = eps}));
-    RETURN_IF_ERROR(b.RmsNorm({.x = w.k.as<float>(), .weight = lw.k_norm.as<float>(), .y = w.k.as<float>(),
-                               .tokens = tokens * layout_.kv_heads, .hidden = d, .eps = eps}));
+  if (spec_.IsMla()) {
+    RETURN_IF_ERROR(MlaAttention(layer, lw, tokens, paged));
+  } else {
+    RETURN_IF_ERROR(GqaAttention(layer, lw, tokens, paged));
   }
-  RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
-                          .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
-                          .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
-  const kernels::AttentionParams attention = AttentionFor(layer, tokens, paged);
-  RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
-                             .cache = attention.cache}));
-  RETURN_IF_ERROR(b.Attention(attention));
   // One rank: the residual add is fused into the o projection (hidden += attn . o^T). Several
   // ranks: each has a partial product over its heads; sum them, then add.
   if (!tp()) {
@@ -615,6 +660,95 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   // Added by the next layer's AddRmsNorm, or at the end of Forward.
   pending_residual_ = out;
   return absl::OkStatus();
+}
+
+absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens,
+                                 const kernels::PagedSeqs& paged) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  const int64_t d = spec_.head_dim;
+  const float eps = static_cast<float>(spec_.rms_norm_eps);
+  float* normed = w.normed.as<float>();
+  // q, k and v in one op (one launch for a decode step on a GPU).
+  RETURN_IF_ERROR(b.LinearGroup({.x = normed,
+                                 .tokens = tokens,
+                                 .in = lw.q.in,
+                                 .parts = {{GroupPart(lw.q, w.q.as<float>()), GroupPart(lw.k, w.k.as<float>()),
+                                            GroupPart(lw.v, w.v.as<float>())}},
+                                 .num_parts = 3}));
+  if (spec_.qk_norm) {
+    // Qwen3: every head of q and k is RMS-normalised on its own before RoPE. The heads are
+    // contiguous rows of head_dim, so this is the RmsNorm op over tokens x heads rows.
+    RETURN_IF_ERROR(b.RmsNorm({.x = w.q.as<float>(), .weight = lw.q_norm.as<float>(), .y = w.q.as<float>(),
+                               .tokens = tokens * layout_.q_heads, .hidden = d, .eps = eps}));
+    RETURN_IF_ERROR(b.RmsNorm({.x = w.k.as<float>(), .weight = lw.k_norm.as<float>(), .y = w.k.as<float>(),
+                               .tokens = tokens * layout_.kv_heads, .hidden = d, .eps = eps}));
+  }
+  RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
+                          .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
+                          .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
+  const kernels::AttentionParams attention = AttentionFor(layer, tokens, paged);
+  RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
+                             .cache = attention.cache}));
+  RETURN_IF_ERROR(b.Attention(attention));
+  return absl::OkStatus();
+}
+
+absl::Status Model::MlaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens,
+                                 const kernels::PagedSeqs& paged) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  const MlaSpec& m = spec_.mla;
+  const int64_t heads = layout_.q_heads;
+  const int64_t lat = m.kv_lora_rank, rope = m.qk_rope_head_dim, nope = m.qk_nope_head_dim;
+  // transformers builds q_a_layernorm and kv_a_layernorm with the RMSNorm default eps.
+  constexpr float kLatentEps = 1e-6f;
+  float* normed = w.normed.as<float>();
+  // The down-projections of x: the query's (when compressed), the latent and the RoPE key.
+  kernels::LinearGroupParams down{.x = normed, .tokens = tokens, .in = spec_.hidden_size};
+  if (m.q_lora_rank > 0) down.parts[static_cast<size_t>(down.num_parts++)] = GroupPart(lw.q_a, w.mla_qa.as<float>());
+  down.parts[static_cast<size_t>(down.num_parts++)] = GroupPart(lw.kv_latent, w.mla_latent.as<float>());
+  down.parts[static_cast<size_t>(down.num_parts++)] = GroupPart(lw.kv_rope, w.mla_k_rope.as<float>());
+  RETURN_IF_ERROR(b.LinearGroup(down));
+  const float* q_in = normed;
+  if (m.q_lora_rank > 0) {
+    RETURN_IF_ERROR(b.RmsNorm({.x = w.mla_qa.as<float>(), .weight = lw.q_a_norm.as<float>(), .y = w.mla_qa.as<float>(),
+                               .tokens = tokens, .hidden = m.q_lora_rank, .eps = kLatentEps}));
+    q_in = w.mla_qa.as<float>();
+  }
+  RETURN_IF_ERROR(b.LinearGroup({.x = q_in,
+                                 .tokens = tokens,
+                                 .in = lw.q_nope.in,
+                                 .parts = {{GroupPart(lw.q_nope, w.mla_q_nope.as<float>()),
+                                            GroupPart(lw.q_rope, w.mla_q_rope.as<float>())}},
+                                 .num_parts = 2}));
+  RETURN_IF_ERROR(b.RmsNorm({.x = w.mla_latent.as<float>(), .weight = lw.kv_a_norm.as<float>(),
+                             .y = w.mla_latent.as<float>(), .tokens = tokens, .hidden = lat, .eps = kLatentEps}));
+  RETURN_IF_ERROR(b.Rope({.q = w.mla_q_rope.as<float>(), .k = w.mla_k_rope.as<float>(),
+                          .positions = w.positions.as<int32_t>(), .inv_freq = w.inv_freq.as<float>(),
+                          .tokens = tokens, .q_heads = heads, .kv_heads = 1, .head_dim = rope,
+                          .position_scale = w.position_scale}));
+  // Absorb each head's key up-projection into its query: q_latent[h] = W_UK[h]^T q_nope[h].
+  RETURN_IF_ERROR(b.HeadLinear({.x = w.mla_q_nope.as<float>(), .w = lw.w_uk.view(), .y = w.mla_q_latent.as<float>(),
+                                .tokens = tokens, .heads = heads, .in = nope, .out = lat, .x_width = nope,
+                                .x_offset = 0, .y_width = lat, .y_offset = 0}));
+  const kernels::MlaCacheView cache{.data = k_cache_[static_cast<size_t>(layer - options_.layer_begin)].as<void>(),
+                                    .num_blocks = options_.num_kv_blocks,
+                                    .block_size = options_.kv_block_size,
+                                    .latent_dim = lat,
+                                    .rope_dim = rope,
+                                    .dtype = kv_dtype_};
+  RETURN_IF_ERROR(b.MlaKvWrite({.latent = w.mla_latent.as<float>(), .rope = w.mla_k_rope.as<float>(), .paged = paged,
+                                .tokens = tokens, .cache = cache}));
+  const double af = spec_.rope.type == RopeType::kYarn ? spec_.rope.attention_factor : 1.0;
+  RETURN_IF_ERROR(b.MlaAttention({.q_latent = w.mla_q_latent.as<float>(), .q_rope = w.mla_q_rope.as<float>(),
+                                  .out = w.mla_out.as<float>(), .paged = paged, .tokens = tokens, .q_heads = heads,
+                                  .cache = cache, .scale = static_cast<float>(spec_.AttentionScale()),
+                                  .rope_scale = static_cast<float>(af * af)}));
+  // Each head's value up-projection: attn[h] = W_UV[h] out[h], the o projection's input.
+  return b.HeadLinear({.x = w.mla_out.as<float>(), .w = lw.w_uv.view(), .y = w.attn.as<float>(), .tokens = tokens,
+                       .heads = heads, .in = lat, .out = m.v_head_dim, .x_width = lat, .x_offset = 0,
+                       .y_width = m.v_head_dim, .y_offset = 0});
 }
 
 absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t tokens, int64_t width,
@@ -650,13 +784,21 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
                             .in = h, .out = e_count}));
   w.h_router.resize(static_cast<size_t>(tokens * e_count));
   RETURN_IF_ERROR(b.CopyToHost(w.h_router.data(), w.router.as<float>(), w.h_router.size() * sizeof(float)));
-  w.h_probs.resize(static_cast<size_t>(e_count));
+  const MoeSpec& ms = spec_.moe;
+  w.h_probs.resize(static_cast<size_t>(e_count + ms.n_group));
   w.h_topk.resize(static_cast<size_t>(tokens * k));
   w.h_topw.resize(static_cast<size_t>(tokens * k));
   for (int64_t t = 0; t < tokens; ++t) {
-    kernels::RouteTopK(w.h_router.data() + t * e_count, w.h_probs.data(), static_cast<int>(e_count),
-                       static_cast<int>(k), spec_.moe.norm_topk_prob, w.h_topk.data() + t * k,
-                       w.h_topw.data() + t * k);
+    if (ms.scoring == MoeScoring::kSigmoidGrouped) {
+      kernels::RouteSigmoidGrouped(w.h_router.data() + t * e_count, lw.score_bias_host.data(), w.h_probs.data(),
+                                   static_cast<int>(e_count), static_cast<int>(k), static_cast<int>(ms.n_group),
+                                   static_cast<int>(ms.topk_group), ms.norm_topk_prob,
+                                   static_cast<float>(ms.routed_scaling_factor), w.h_topk.data() + t * k,
+                                   w.h_topw.data() + t * k);
+    } else {
+      kernels::RouteTopK(w.h_router.data() + t * e_count, w.h_probs.data(), static_cast<int>(e_count),
+                         static_cast<int>(k), ms.norm_topk_prob, w.h_topk.data() + t * k, w.h_topw.data() + t * k);
+    }
   }
   // Group (token, weight) pairs by expert: rows of expert e are [offset[e], offset[e+1]).
   std::vector<int32_t> offset(static_cast<size_t>(e_count + 1), 0);
@@ -752,6 +894,10 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
   if (layout_.shared_ffn > 0) {
     // out += sigmoid(x . g) * SharedMlp(x); the gate is linear in the (partial) MLP output, so
     // each rank may scale its own slice before the all-reduce.
+    if (!spec_.moe.shared_expert_gate) {
+      // DeepSeek-V3: out += SharedMlp(x), ungated.
+      return Mlp(lw.shared, normed, out, tokens, layout_.shared_ffn, /*accumulate=*/true);
+    }
     float* shared = w.moe_y.as<float>();
     RETURN_IF_ERROR(Mlp(lw.shared, normed, shared, tokens, layout_.shared_ffn, false));
     RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.shared_gate.view(), .y = w.shared_gate.as<float>(),

@@ -75,6 +75,10 @@ class Model final : public StepRunner {
   bool first_stage() const { return options_.layer_begin == 0; }
   bool last_stage() const { return options_.layer_end == spec_.num_layers; }
   absl::Status Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged);
+  // A layer's attention from ws_->normed to ws_->attn (the o projection's input): grouped-query
+  // attention over the K/V cache, or multi-head latent attention over the latent cache.
+  absl::Status GqaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
+  absl::Status MlaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
   // The Attention op of layer `layer` for a step of `tokens` tokens (Layer runs it; graph keys ask
   // the backend how it would launch).
   kernels::AttentionParams AttentionFor(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) const;
@@ -102,7 +106,8 @@ class Model final : public StepRunner {
   // synchronization before them.
   bool comm_on_stream_ = false;
   ModelWeights weights_;
-  std::vector<kernels::DeviceBuffer> k_cache_, v_cache_;  // per layer
+  // Per layer; multi-head latent attention keeps its latent cache in k_cache_ (v_cache_ empty).
+  std::vector<kernels::DeviceBuffer> k_cache_, v_cache_;
   size_t kv_bytes_ = 0;
   std::unique_ptr<Workspace> ws_;
   // A failure the step ran on through (a remote expert call), reported when the step ends.

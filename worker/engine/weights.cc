@@ -146,6 +146,65 @@ class Loader {
     ASSIGN_OR_RETURN(m.down, RowParallel(prefix + "down_proj", width, hidden, begin, end, false, rank == 0));
     return m;
   }
+  // A float tensor that may be stored as F32 whatever config.json's dtype (transformers keeps
+  // DeepSeek-V3's e_score_correction_bias in f32): read widened, uploaded as f32.
+  absl::StatusOr<kernels::DeviceBuffer> FullF32OrConfigDType(const std::string& name, const Shape& shape,
+                                                             std::vector<float>* host) {
+    ASSIGN_OR_RETURN(const SafetensorsEntry* e, ckpt_.Find(name));
+    if (e->dtype != DType::kF32) RETURN_IF_ERROR(CheckDType(name));
+    ASSIGN_OR_RETURN(HostTensor t, ReadWeight(ckpt_, spec_.fp8, name, shape));
+    host->assign(t.data(), t.data() + t.size());
+    return Upload(t);
+  }
+  // The rows `rows` (indices into [0, shape[0])) of a [rows, cols] matrix, in that order, as one
+  // [rows.size(), cols] linear weight of the matrix dtype. Reads the span [min, max] of them.
+  absl::StatusOr<LinearWeight> PickedRows(const std::string& name, const Shape& shape,
+                                          const std::vector<int64_t>& rows) {
+    RETURN_IF_ERROR(CheckDType(name));
+    const int64_t lo = *std::min_element(rows.begin(), rows.end());
+    const int64_t hi = *std::max_element(rows.begin(), rows.end()) + 1;
+    ASSIGN_OR_RETURN(HostTensor t, ReadWeightRows(ckpt_, spec_.fp8, name, shape, lo, hi));
+    const int64_t cols = shape[1];
+    HostTensor picked({static_cast<int64_t>(rows.size()), cols});
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::copy(t.data() + (rows[i] - lo) * cols, t.data() + (rows[i] - lo + 1) * cols, picked.data() + i * cols);
+    }
+    LinearWeight lw;
+    lw.in = cols;
+    lw.out = static_cast<int64_t>(rows.size());
+    lw.dtype = MatrixDType(name);
+    ASSIGN_OR_RETURN(lw.w, UploadAs(picked, lw.dtype));
+    return lw;
+  }
+  // kv_b_proj [heads x (nope + v), latent] of heads [head_begin, head_end), per head for HeadLinear:
+  // the key rows transposed ([heads, latent, nope]) and the value rows ([heads, v, latent]), in the
+  // dtype the backend's HeadLinear takes.
+  absl::Status KvB(const std::string& name, int64_t heads, int64_t nope, int64_t v, int64_t latent,
+                   int64_t head_begin, int64_t head_end, LinearWeight* uk, LinearWeight* uv) {
+    RETURN_IF_ERROR(CheckDType(name));
+    const int64_t per = nope + v;
+    ASSIGN_OR_RETURN(HostTensor t, ReadWeightRows(ckpt_, spec_.fp8, name, {heads * per, latent}, head_begin * per,
+                                                  head_end * per));
+    const int64_t local = head_end - head_begin;
+    HostTensor k({local * latent, nope}), val({local * v, latent});
+    for (int64_t h = 0; h < local; ++h) {
+      const float* src = t.data() + h * per * latent;
+      for (int64_t r = 0; r < nope; ++r) {
+        for (int64_t c = 0; c < latent; ++c) k.data()[(h * latent + c) * nope + r] = src[r * latent + c];
+      }
+      std::copy(src + nope * latent, src + per * latent, val.data() + h * v * latent);
+    }
+    // A dequantized FP8 matrix is kept in bf16 where the backend takes it, as the Linear matrices.
+    const DType dtype = KeptDType(name, kernels::Op::kHeadLinear);
+    uk->dtype = uv->dtype = dtype;
+    uk->in = nope;
+    uk->out = latent;
+    uv->in = latent;
+    uv->out = v;
+    ASSIGN_OR_RETURN(uk->w, UploadAs(k, dtype));
+    ASSIGN_OR_RETURN(uv->w, UploadAs(val, dtype));
+    return absl::OkStatus();
+  }
   // Rows [begin, end) followed by zero rows up to `rows` rows in all.
   absl::StatusOr<kernels::DeviceBuffer> PaddedRows(const std::string& name, const Shape& shape, int64_t begin,
                                                    int64_t end, int64_t rows, DType dtype = DType::kF32) {
@@ -237,6 +296,53 @@ absl::StatusOr<ShardLayout> ShardLayout::Make(const ModelSpec& spec, TpShard sha
 
 namespace {
 
+// The order in which the loader keeps a RoPE slice of `dim` rows: DeepSeek's interleaved pairs
+// (x0, x1), (x2, x3), ... become rotate_half's halves (x0, x2, ..., x1, x3, ...).
+std::vector<int64_t> RopeRowOrder(int64_t dim, bool interleaved) {
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < dim; ++i) order.push_back(interleaved ? (i < dim / 2 ? 2 * i : 2 * (i - dim / 2) + 1) : i);
+  return order;
+}
+
+// Multi-head latent attention weights of one layer (see LayerWeights).
+absl::Status LoadMla(Loader& ld, const ModelSpec& spec, const ShardLayout& layout, TpShard shard, const std::string& p,
+                     LayerWeights* lw) {
+  const MlaSpec& m = spec.mla;
+  const int64_t h = spec.hidden_size, heads = spec.num_heads;
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk = m.qk_head_dim();
+  const int64_t hb = layout.q_head_begin, he = hb + layout.q_heads;
+  const std::vector<int64_t> rope_order = RopeRowOrder(rope, m.rope_interleave);
+  std::string q_name;
+  int64_t q_in = h;
+  if (m.q_lora_rank > 0) {
+    ASSIGN_OR_RETURN(lw->q_a, ld.ColumnParallel(p + "self_attn.q_a_proj", h, m.q_lora_rank, 0, m.q_lora_rank, false));
+    ASSIGN_OR_RETURN(lw->q_a_norm, ld.Full(p + "self_attn.q_a_layernorm.weight", {m.q_lora_rank}));
+    q_name = p + "self_attn.q_b_proj.weight";
+    q_in = m.q_lora_rank;
+  } else {
+    q_name = p + "self_attn.q_proj.weight";
+  }
+  std::vector<int64_t> nope_rows, rope_rows;
+  for (int64_t g = hb; g < he; ++g) {
+    for (int64_t r = 0; r < nope; ++r) nope_rows.push_back(g * qk + r);
+    for (int64_t r : rope_order) rope_rows.push_back(g * qk + nope + r);
+  }
+  ASSIGN_OR_RETURN(lw->q_nope, ld.PickedRows(q_name, {heads * qk, q_in}, nope_rows));
+  ASSIGN_OR_RETURN(lw->q_rope, ld.PickedRows(q_name, {heads * qk, q_in}, rope_rows));
+  const std::string kv_a = p + "self_attn.kv_a_proj_with_mqa";
+  ASSIGN_OR_RETURN(lw->kv_latent, ld.ColumnParallel(kv_a, h, m.kv_lora_rank + rope, 0, m.kv_lora_rank, false));
+  std::vector<int64_t> kv_rope_rows;
+  for (int64_t r : rope_order) kv_rope_rows.push_back(m.kv_lora_rank + r);
+  ASSIGN_OR_RETURN(lw->kv_rope, ld.PickedRows(kv_a + ".weight", {m.kv_lora_rank + rope, h}, kv_rope_rows));
+  ASSIGN_OR_RETURN(lw->kv_a_norm, ld.Full(p + "self_attn.kv_a_layernorm.weight", {m.kv_lora_rank}));
+  RETURN_IF_ERROR(ld.KvB(p + "self_attn.kv_b_proj.weight", heads, nope, m.v_head_dim, m.kv_lora_rank, hb, he,
+                         &lw->w_uk, &lw->w_uv));
+  const int64_t o_in = heads * m.v_head_dim;
+  ASSIGN_OR_RETURN(lw->o, ld.RowParallel(p + "self_attn.o_proj", o_in, h, hb * m.v_head_dim, he * m.v_head_dim, false,
+                                         shard.rank == 0));
+  return absl::OkStatus();
+}
+
 std::string ExpertPrefix(const ModelSpec& spec, int64_t layer, int64_t expert) {
   return absl::StrCat("model.layers.", layer, ".",
                       spec.arch == Architecture::kMixtral ? "block_sparse_moe." : "mlp.", "experts.", expert, ".");
@@ -324,7 +430,9 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     ASSIGN_OR_RETURN(lw.post_norm, ld.Full(p + "post_attention_layernorm.weight", {h}));
     const int64_t qb = layout.q_head_begin * d, qe = qb + layout.q_heads * d;
     const int64_t kb = layout.kv_head_begin * d, ke = kb + layout.kv_heads * d;
-    if (spec.fused_qkv) {
+    if (spec.IsMla()) {
+      RETURN_IF_ERROR(LoadMla(ld, spec, layout, shard, p, &lw));
+    } else if (spec.fused_qkv) {
       // qkv_proj rows: q [0, q_out), k [q_out, q_out + kv_out), v [q_out + kv_out, q_out + 2 kv_out).
       const std::string fused = p + "self_attn.qkv_proj";
       const int64_t rows = q_out + 2 * kv_out;
@@ -340,7 +448,9 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       ASSIGN_OR_RETURN(lw.q_norm, ld.Full(p + "self_attn.q_norm.weight", {d}));
       ASSIGN_OR_RETURN(lw.k_norm, ld.Full(p + "self_attn.k_norm.weight", {d}));
     }
-    ASSIGN_OR_RETURN(lw.o, ld.RowParallel(p + "self_attn.o_proj", q_out, h, qb, qe, spec.o_bias, shard.rank == 0));
+    if (!spec.IsMla()) {
+      ASSIGN_OR_RETURN(lw.o, ld.RowParallel(p + "self_attn.o_proj", q_out, h, qb, qe, spec.o_bias, shard.rank == 0));
+    }
     lw.sparse = spec.IsSparseLayer(i);
     if (!lw.sparse) {
       const int64_t fb = layout.ffn * shard.rank;
@@ -356,6 +466,10 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + "gate.weight", {e_count, h}));
       lw.router.in = h;
       lw.router.out = e_count;
+      if (spec.moe.scoring == MoeScoring::kSigmoidGrouped) {
+        ASSIGN_OR_RETURN(lw.score_bias,
+                         ld.FullF32OrConfigDType(moe + "gate.e_score_correction_bias", {e_count}, &lw.score_bias_host));
+      }
       // Expert parallel: whole local experts (slice [0, expert_ffn) = all of it). Otherwise every
       // expert is split tensor-parallel like a dense MLP.
       const int64_t eb = layout.expert_parallel ? 0 : layout.expert_ffn * shard.rank;
@@ -380,12 +494,16 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       }
       if (layout.shared_ffn > 0) {
         const int64_t sb = layout.shared_ffn * shard.rank;
-        ASSIGN_OR_RETURN(lw.shared, ld.Mlp(moe + "shared_expert.", "gate_proj", "up_proj", "down_proj", h,
+        // Qwen2-MoE: `shared_expert` with a gate; DeepSeek-V3: `shared_experts`, no gate.
+        const char* shared_name = spec.moe.shared_expert_gate ? "shared_expert." : "shared_experts.";
+        ASSIGN_OR_RETURN(lw.shared, ld.Mlp(moe + shared_name, "gate_proj", "up_proj", "down_proj", h,
                                            spec.moe.shared_expert_intermediate_size, sb, sb + layout.shared_ffn,
                                            false, shard.rank));
-        ASSIGN_OR_RETURN(lw.shared_gate.w, ld.Full(moe + "shared_expert_gate.weight", {1, h}));
-        lw.shared_gate.in = h;
-        lw.shared_gate.out = 1;
+        if (spec.moe.shared_expert_gate) {
+          ASSIGN_OR_RETURN(lw.shared_gate.w, ld.Full(moe + "shared_expert_gate.weight", {1, h}));
+          lw.shared_gate.in = h;
+          lw.shared_gate.out = 1;
+        }
       }
     }
     mw.layers.push_back(std::move(lw));

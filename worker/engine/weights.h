@@ -1,7 +1,9 @@
 // The weights one rank holds for its part of a model, loaded from a safetensors checkpoint onto a
 // backend. Tensor-parallel slicing (Megatron): q/k/v and gate/up are split by output rows (whole
 // heads / FFN columns), o and down by input columns; norms, embeddings and the router are
-// replicated, as are Qwen3's per-head q/k norms. Fused checkpoint tensors (Phi-3's qkv_proj and
+// replicated, as are Qwen3's per-head q/k norms. Multi-head latent attention (DeepSeek-V3): the
+// query and key/value down-projections and their norms are replicated, q_b_proj / q_proj and
+// kv_b_proj are split by heads, o_proj by its head columns; the latent KV cache is per rank. Fused checkpoint tensors (Phi-3's qkv_proj and
 // gate_up_proj) are sliced into the same per-rank q/k/v and gate/up matrices as separate ones: a
 // rank reads its q rows, k rows and v rows (its gate rows and up rows) of the fused matrix. Each
 // rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
@@ -93,8 +95,25 @@ struct LayerWeights {
     return owner != kRemoteExpert && (!layout.expert_parallel || owner == layout.rank);
   }
   bool IsRemoteExpert(int64_t e) const { return expert_owner[static_cast<size_t>(e)] == kRemoteExpert; }
-  MlpWeights shared;                 // Qwen2-MoE shared expert (when shared_ffn > 0)
-  LinearWeight shared_gate;          // [1, hidden]
+  MlpWeights shared;                 // shared expert (when shared_ffn > 0)
+  LinearWeight shared_gate;          // [1, hidden] when ModelSpec::moe.shared_expert_gate (Qwen2-MoE)
+  // DeepSeek-V3's e_score_correction_bias [experts], on the device (counted) and on the host,
+  // where routing runs.
+  kernels::DeviceBuffer score_bias;
+  std::vector<float> score_bias_host;
+
+  // Multi-head latent attention (ModelSpec::IsMla; q, k, v above are then empty; o is
+  // [hidden, local heads x v_head_dim]). The RoPE rows of q_rope and kv_rope are reordered from
+  // DeepSeek's interleaved pairs to rotate_half's halves when rope_interleave (the dot product of
+  // q and k is unchanged by one permutation of both), so the Rope op applies.
+  LinearWeight q_a;                  // q_a_proj [q_lora_rank, hidden] (q_lora_rank > 0)
+  kernels::DeviceBuffer q_a_norm;    // [q_lora_rank]
+  LinearWeight q_nope, q_rope;       // q_b_proj's (or q_proj's) rows of the local heads: [heads x nope | rope, in]
+  LinearWeight kv_latent, kv_rope;   // kv_a_proj_with_mqa's rows [0, kv_lora_rank) and the RoPE key's
+  kernels::DeviceBuffer kv_a_norm;   // [kv_lora_rank]
+  // kv_b_proj per local head, for HeadLinear (view() as its WeightView): the key rows transposed,
+  // [heads, kv_lora_rank, nope] (absorbed into the query), and the value rows [heads, v, kv_lora_rank].
+  LinearWeight w_uk, w_uv;
 };
 
 struct ModelWeights {

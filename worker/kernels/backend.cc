@@ -77,6 +77,9 @@ const char* OpName(Op op) {
     case Op::kSigmoidScaleRows: return "SigmoidScaleRows";
     case Op::kArgmaxRows: return "ArgmaxRows";
     case Op::kZero: return "Zero";
+    case Op::kHeadLinear: return "HeadLinear";
+    case Op::kMlaKvWrite: return "MlaKvWrite";
+    case Op::kMlaAttention: return "MlaAttention";
   }
   return "?";
 }
@@ -89,6 +92,72 @@ absl::StatusOr<DeviceBuffer> Backend::QuantizeWeights(DType format, const float*
 absl::Status UnsupportedWeights(absl::string_view backend_name, Op op, DType dtype) {
   return absl::UnimplementedError(
       absl::StrCat(backend_name, ": ", OpName(op), " does not take ", DTypeName(dtype), " weights"));
+}
+
+absl::Status HeadLinearParams::Validate() const {
+  if (x == nullptr || y == nullptr) return Invalid("HeadLinear", "null pointer");
+  if (w.data == nullptr) return Invalid("HeadLinear", "null weights");
+  if (AnyNegative({tokens, heads, in, out, x_width, x_offset, y_width, y_offset})) {
+    return Invalid("HeadLinear", "negative size");
+  }
+  if (x_offset + in > x_width || y_offset + out > y_width) {
+    return Invalid("HeadLinear", absl::StrCat("columns [", x_offset, ", ", x_offset + in, ") of rows of ", x_width,
+                                              " or [", y_offset, ", ", y_offset + out, ") of rows of ", y_width,
+                                              " are out of range"));
+  }
+  if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("HeadLinear", "y aliases x");
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status ValidateMlaCache(absl::string_view op, const MlaCacheView& c) {
+  if (c.data == nullptr) return Invalid(op, "null cache");
+  if (c.num_blocks <= 0 || c.block_size <= 0 || c.latent_dim <= 0 || c.rope_dim < 0) {
+    return Invalid(op, "empty cache shape");
+  }
+  return absl::OkStatus();
+}
+
+// The cache as ValidateSeqs reads it (blocks and their size).
+KvLayerView AsKvView(const MlaCacheView& c) {
+  return {.k = c.data, .v = c.data, .num_blocks = c.num_blocks, .block_size = c.block_size, .kv_heads = 1,
+          .head_dim = c.row(), .dtype = c.dtype};
+}
+
+}  // namespace
+
+absl::Status MlaKvWriteParams::Validate() const {
+  if (latent == nullptr || (rope == nullptr && cache.rope_dim > 0)) return Invalid("MlaKvWrite", "null pointer");
+  if (tokens < 0) return Invalid("MlaKvWrite", "negative size");
+  RETURN_IF_ERROR(ValidateMlaCache("MlaKvWrite", cache));
+  return ValidateSeqs("MlaKvWrite", paged, tokens, AsKvView(cache));
+}
+
+absl::Status MlaAttentionParams::Validate() const {
+  if (q_latent == nullptr || out == nullptr || (q_rope == nullptr && cache.rope_dim > 0)) {
+    return Invalid("MlaAttention", "null pointer");
+  }
+  if (AnyNegative({tokens, q_heads})) return Invalid("MlaAttention", "negative size");
+  if (out == q_latent) return Invalid("MlaAttention", "out aliases q_latent");
+  RETURN_IF_ERROR(ValidateMlaCache("MlaAttention", cache));
+  return ValidateSeqs("MlaAttention", paged, tokens, AsKvView(cache));
+}
+
+absl::Status Backend::HeadLinear(const HeadLinearParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  return absl::UnimplementedError(absl::StrCat(name(), ": HeadLinear (multi-head latent attention) is not implemented"));
+}
+
+absl::Status Backend::MlaKvWrite(const MlaKvWriteParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  return absl::UnimplementedError(absl::StrCat(name(), ": MlaKvWrite (multi-head latent attention) is not implemented"));
+}
+
+absl::Status Backend::MlaAttention(const MlaAttentionParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  return absl::UnimplementedError(
+      absl::StrCat(name(), ": MlaAttention (multi-head latent attention) is not implemented"));
 }
 
 absl::Status EmbeddingParams::Validate() const {

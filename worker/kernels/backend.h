@@ -90,6 +90,8 @@ struct WeightView {
 enum class Op : uint8_t {
   kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kKvWrite, kAttention, kSiluMul, kAdd, kGatherRows,
   kScatterAddRows, kSigmoidScaleRows, kArgmaxRows, kZero,
+  // Multi-head latent attention (DeepSeek-V3): optional; the Backend defaults are Unimplemented.
+  kHeadLinear, kMlaKvWrite, kMlaAttention,
 };
 // "Embedding", "Linear", ... for messages.
 const char* OpName(Op op);
@@ -301,6 +303,61 @@ struct ZeroParams {
   absl::Status Validate() const;
 };
 
+// Per-head products, for each token t and head h:
+//   y[t, h, y_offset .. y_offset + out) (+)= x[t, h, x_offset .. x_offset + in) . w[h]^T
+// where w[h] is the [out, in] matrix at element h * out * in of w. Multi-head latent attention
+// uses it to absorb the key up-projection into the query and to apply the value up-projection to
+// the attention's latent output, one matrix per head.
+struct HeadLinearParams {
+  const float* x = nullptr;  // [tokens, heads, x_width]
+  WeightView w;              // [heads, out, in], of a dtype SupportsOp(kHeadLinear, ...)
+  float* y = nullptr;        // [tokens, heads, y_width]; must not alias x
+  int64_t tokens = 0, heads = 0, in = 0, out = 0;
+  int64_t x_width = 0, x_offset = 0;  // x_offset + in <= x_width
+  int64_t y_width = 0, y_offset = 0;  // y_offset + out <= y_width
+  bool accumulate = false;
+  absl::Status Validate() const;
+};
+
+// The KV cache of one multi-head latent attention layer on one rank: per token, its latent
+// (kv_lora_rank values) followed by its RoPE key (qk_rope_head_dim values), in blocks:
+// [num_blocks, block_size, latent_dim + rope_dim] elements of `dtype`. One row per token whatever
+// the number of heads: every head reads the same row.
+struct MlaCacheView {
+  void* data = nullptr;
+  int64_t num_blocks = 0, block_size = 0, latent_dim = 0, rope_dim = 0;
+  DType dtype = DType::kF32;
+  int64_t row() const { return latent_dim + rope_dim; }
+};
+
+// Writes each sequence's new latent and RoPE-key rows into the cache blocks its table names.
+struct MlaKvWriteParams {
+  const float* latent = nullptr;  // [tokens, latent_dim]
+  const float* rope = nullptr;    // [tokens, rope_dim]
+  PagedSeqs paged;
+  int64_t tokens = 0;
+  MlaCacheView cache;
+  absl::Status Validate() const;
+};
+
+// Causal attention of each sequence's new queries over its cached rows [0, pos + 1), with the
+// key up-projection absorbed into the query: for query head h of token t and cached row j
+// (latent c_j, RoPE key r_j),
+//   score = scale * (q_latent[t, h] . c_j + rope_scale * q_rope[t, h] . r_j),
+//   out[t, h] = sum_j softmax_j(score) * c_j   (the latent; the caller applies the value
+//                                               up-projection).
+struct MlaAttentionParams {
+  const float* q_latent = nullptr;  // [tokens, q_heads, latent_dim]
+  const float* q_rope = nullptr;    // [tokens, q_heads, rope_dim]
+  float* out = nullptr;             // [tokens, q_heads, latent_dim]
+  PagedSeqs paged;
+  int64_t tokens = 0, q_heads = 0;
+  MlaCacheView cache;
+  float scale = 1.0f;
+  float rope_scale = 1.0f;  // yarn's attention_factor^2 (it scales the rotated q and k)
+  absl::Status Validate() const;
+};
+
 // Ops recorded by Backend::Capture (a CUDA graph). Replay() enqueues them again, with the
 // arguments they were recorded with: the same pointers, sizes and launch shapes, so the caller
 // refreshes the contents of the buffers they read (not the buffers themselves) before replaying.
@@ -376,6 +433,11 @@ class Backend {
   virtual absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) = 0;
   virtual absl::Status ArgmaxRows(const ArgmaxRowsParams& p) = 0;
   virtual absl::Status Zero(const ZeroParams& p) = 0;
+  // Multi-head latent attention. The defaults: Validate(), then Unimplemented naming the backend
+  // and the op (SupportsOp answers false for them).
+  virtual absl::Status HeadLinear(const HeadLinearParams& p);
+  virtual absl::Status MlaKvWrite(const MlaKvWriteParams& p);
+  virtual absl::Status MlaAttention(const MlaAttentionParams& p);
 };
 
 }  // namespace shardserve::kernels

@@ -110,6 +110,14 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
   return batch;
 }
 
+v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
+  v1::StepResponse failed;
+  failed.set_step_id(step_id);
+  failed.set_error_code(static_cast<int32_t>(st.code()));
+  failed.set_error_message(std::string(st.message()));
+  return failed;
+}
+
 std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden_size) {
   v1::StepRequest first;
   first.set_step_id(batch.step_id);

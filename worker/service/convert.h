@@ -48,6 +48,9 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
 // hidden states as F32 bytes [tokens, hidden_size], split into chunks of at most kMaxChunkBytes.
 std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden_size);
 
+// The answer that fails micro-batch `step_id` with `st` (the status's code and message).
+v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st);
+
 // Reassembles chunked StepRequests. Feed messages in order; Add() returns true when a request is
 // complete (then take it with Take()). InvalidArgument for out-of-order or inconsistent chunks or a
 // total above `max_bytes`.

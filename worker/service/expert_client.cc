@@ -3,12 +3,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/concurrency/mutex.h"
 #include "common/status/grpc_status.h"
 #include "worker/service/convert.h"
 #include "worker/service/worker_metrics.h"
@@ -32,10 +31,10 @@ class PendingCalls final : public engine::RemoteExpertCall {
 
   ~PendingCalls() override {
     // The engine always waits; this guards against a caller that does not.
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     if (outstanding_ > 0) {
       for (auto& c : calls_) c->context.TryCancel();
-      cv_.wait(lock, [&] { return outstanding_ == 0; });
+      while (outstanding_ != 0) cv_.Wait(&mu_);
     }
   }
 
@@ -43,7 +42,7 @@ class PendingCalls final : public engine::RemoteExpertCall {
 
   void Send(v1::Expert::Stub* stub, One& one) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       ++outstanding_;
     }
     stub->async()->Compute(&one.context, &one.request, &one.response,
@@ -51,8 +50,8 @@ class PendingCalls final : public engine::RemoteExpertCall {
   }
 
   absl::Status Wait() override {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return outstanding_ == 0; });
+    MutexLock lock(&mu_);
+    while (outstanding_ != 0) cv_.Wait(&mu_);
     return status_;
   }
 
@@ -77,20 +76,20 @@ class PendingCalls final : public engine::RemoteExpertCall {
     if (metrics_ != nullptr) {
       metrics_->ObserveStream("rx", "experts", one.response.ByteSizeLong());
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!st.ok() && status_.ok()) {
       status_ = absl::Status(st.code(), absl::StrCat("expert host ", one.address, ": ", st.message()));
     }
-    if (--outstanding_ == 0) cv_.notify_all();
+    if (--outstanding_ == 0) cv_.SignalAll();
   }
 
   const int64_t hidden_;
   WorkerMetrics* const metrics_;
   std::vector<std::unique_ptr<One>> calls_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int outstanding_ = 0;  // mu_
-  absl::Status status_;  // mu_: the first failure
+  Mutex mu_;
+  CondVar cv_;
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);  // the first failure
 };
 
 }  // namespace

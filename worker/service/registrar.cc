@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/log/log.h"
 #include "common/status/grpc_status.h"
 
@@ -30,20 +32,20 @@ void Registrar::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void Registrar::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 std::string Registrar::worker_id() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return worker_id_;
 }
 
 bool Registrar::connected() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return connected_;
 }
 
@@ -60,8 +62,11 @@ absl::Status Registrar::Drain(std::chrono::milliseconds timeout) {
 }
 
 bool Registrar::Sleep(int64_t ms) {
-  std::unique_lock lock(mu_);
-  return !cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stop_; });
+  MutexLock lock(&mu_);
+  const absl::Time until = absl::Now() + absl::Milliseconds(ms);
+  while (!stop_ && !cv_.WaitWithDeadline(&mu_, until)) {
+  }
+  return !stop_;
 }
 
 void Registrar::Loop() {
@@ -70,7 +75,7 @@ void Registrar::Loop() {
   std::string id;
   while (true) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_) return;
     }
     if (id.empty()) {
@@ -89,7 +94,7 @@ void Registrar::Loop() {
       interval_ms = std::clamp<int64_t>(response.heartbeat_interval_ms(), 50, 60000);
       backoff_ms = 200;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         worker_id_ = id;
       }
       LOG(INFO) << "registered with the coordinator at " << coordinator_address_ << " as " << id;
@@ -108,13 +113,13 @@ void Registrar::Loop() {
     if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
       LOG(WARNING) << "the coordinator no longer knows worker " << id << "; registering again";
       id.clear();
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       worker_id_.clear();
       continue;
     }
     if (!st.ok()) LOG(WARNING) << "heartbeat failed: " << st.error_message();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       connected_ = st.ok();
     }
     if (!Sleep(interval_ms)) return;

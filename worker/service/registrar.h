@@ -5,15 +5,14 @@
 #ifndef SHARDSERVE_WORKER_SERVICE_REGISTRAR_H_
 #define SHARDSERVE_WORKER_SERVICE_REGISTRAR_H_
 
-#include <condition_variable>
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "common/concurrency/mutex.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "worker/service/worker_server.h"
 
@@ -47,11 +46,11 @@ class Registrar {
   const v1::RegisterRequest registration_;
   const std::function<WorkerStatusSnapshot()> status_;
   std::unique_ptr<v1::Registry::Stub> stub_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;      // guarded by mu_
-  std::string worker_id_;  // mu_
-  bool connected_ = false;  // mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

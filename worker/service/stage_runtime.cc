@@ -3,9 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,18 +30,6 @@ std::string RequestIds(const v1::StepRequest& request) {
 
 }  // namespace
 
-namespace {
-
-v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
-  v1::StepResponse failed;
-  failed.set_step_id(step_id);
-  failed.set_error_code(static_cast<int32_t>(st.code()));
-  failed.set_error_message(std::string(st.message()));
-  return failed;
-}
-
-}  // namespace
-
 // One stream to the next stage on gRPC's callback API. Send() queues a micro-batch's messages and
 // registers its answer callback; answers are matched by step_id as they arrive. When the stream
 // ends (either side), every micro-batch still waiting is answered with UNAVAILABLE.
@@ -53,7 +39,10 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
   Link(const StageConfig& config) : config_(config) {}
 
   void Start(v1::Stage::Stub* stub, bool cancelled) {
-    self_ = shared_from_this();  // until OnDone: gRPC uses the reactor until then
+    {
+      MutexLock lock(&mu_);
+      self_ = shared_from_this();  // until OnDone: gRPC uses the reactor until then
+    }
     stub->async()->StepStream(&context_, this);
     AddHold();  // released by Stop(), so that OnDone waits for writes started outside reactions
     StartRead(&read_);
@@ -64,36 +53,40 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
   // Queues `messages` (one micro-batch) and registers `done` for its answer. On an error (the
   // stream is closed, or step_id is already in flight) `done` is left to the caller.
   absl::Status Send(uint64_t step_id, std::vector<v1::StepRequest> messages, Done& done) {
-    std::unique_lock lock(mu_);
-    if (closing_) {
-      return absl::UnavailableError(absl::StrCat("stream to the next stage at ", config_.next_address, " ",
-                                                 problem_.empty() ? "is closed" : problem_));
+    {
+      MutexLock lock(&mu_);
+      if (closing_) {
+        return absl::UnavailableError(absl::StrCat("stream to the next stage at ", config_.next_address, " ",
+                                                   problem_.empty() ? "is closed" : problem_));
+      }
+      if (!waiting_.try_emplace(step_id, std::move(done)).second) {  // moves only if inserted
+        // Refused so that a repeated id cannot misroute another batch's answer.
+        return absl::InvalidArgumentError(
+            absl::StrCat("step_id ", step_id, " is already in flight to the next stage"));
+      }
+      for (v1::StepRequest& m : messages) {
+        if (config_.metrics != nullptr) config_.metrics->ObserveStream("tx", "downstream", m.ByteSizeLong());
+        queue_.push_back(std::move(m));
+      }
+      if (writing_) return absl::OkStatus();
+      writing_ = true;
+      writing_msg_ = std::move(queue_.front());
+      queue_.pop_front();
+      ++starting_;
     }
-    if (!waiting_.try_emplace(step_id, std::move(done)).second) {  // moves only if inserted
-      // Refused so that a repeated id cannot misroute another batch's answer.
-      return absl::InvalidArgumentError(absl::StrCat("step_id ", step_id, " is already in flight to the next stage"));
-    }
-    for (v1::StepRequest& m : messages) {
-      if (config_.metrics != nullptr) config_.metrics->ObserveStream("tx", "downstream", m.ByteSizeLong());
-      queue_.push_back(std::move(m));
-    }
-    if (writing_) return absl::OkStatus();
-    writing_ = true;
-    writing_msg_ = std::move(queue_.front());
-    queue_.pop_front();
-    ++starting_;
-    lock.unlock();
     StartWrite(&writing_msg_);
-    lock.lock();
-    --starting_;
-    const bool release = ReleaseHoldLocked();
-    lock.unlock();
+    bool release = false;
+    {
+      MutexLock lock(&mu_);
+      --starting_;
+      release = ReleaseHoldLocked();
+    }
     if (release) RemoveHold();
     return absl::OkStatus();
   }
 
   bool closing() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     return closing_;
   }
 
@@ -101,7 +94,7 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
   void Stop(const std::string& why, bool cancel) {
     bool release = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (!closing_) {
         closing_ = true;
         problem_ = why;
@@ -113,13 +106,13 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
   }
 
   void WaitDone() {
-    std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [&] { return done_; });
+    MutexLock lock(&mu_);
+    while (!done_) done_cv_.Wait(&mu_);
   }
 
   void OnWriteDone(bool ok) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (ok && !queue_.empty()) {
         writing_msg_ = std::move(queue_.front());
         queue_.pop_front();
@@ -143,7 +136,7 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
     if (config_.metrics != nullptr) config_.metrics->ObserveStream("rx", "downstream", read_.ByteSizeLong());
     Done done;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       auto it = waiting_.find(read_.step_id());
       if (it != waiting_.end()) {
         done = std::move(it->second);
@@ -171,7 +164,7 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
     absl::flat_hash_map<uint64_t, Done> waiting;
     std::string problem;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       closing_ = true;
       if (problem_.empty()) problem_ = status.ok() ? "closed the stream" : "ended the stream";
       if (!status.ok()) absl::StrAppend(&problem_, ": ", status.error_message());
@@ -187,9 +180,9 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
     for (auto& [step_id, done] : waiting) done(ErrorResponse(step_id, failed));
     std::shared_ptr<Link> self;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       done_ = true;
-      done_cv_.notify_all();
+      done_cv_.SignalAll();
       self = std::move(self_);
     }
     // `self` may be the last reference: the link is destroyed here, after its mutex is released.
@@ -197,7 +190,7 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
 
  private:
   // Whether the caller must call RemoveHold (once, after unlocking).
-  bool ReleaseHoldLocked() {
+  bool ReleaseHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!closing_ || starting_ > 0 || hold_released_) return false;
     hold_released_ = true;
     return true;
@@ -207,17 +200,17 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
   grpc::ClientContext context_;
   v1::StepResponse read_;        // the read chain's buffer
   v1::StepRequest writing_msg_;  // owned by whoever set writing_ until OnWriteDone
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  absl::flat_hash_map<uint64_t, Done> waiting_;  // mu_: step_id -> the upstream's answer callback
-  std::deque<v1::StepRequest> queue_;            // mu_
-  bool writing_ = false;                         // mu_
-  int starting_ = 0;                             // mu_: StartWrite calls outside reactions
-  bool closing_ = false;                         // mu_: no more sends
-  bool hold_released_ = false;                   // mu_
-  bool done_ = false;                            // mu_: OnDone has run
-  std::string problem_;                          // mu_: why it closed
-  std::shared_ptr<Link> self_;                   // mu_: keeps the reactor alive until OnDone
+  Mutex mu_;
+  CondVar done_cv_;
+  absl::flat_hash_map<uint64_t, Done> waiting_ ABSL_GUARDED_BY(mu_);  // step_id -> the upstream's answer callback
+  std::deque<v1::StepRequest> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  int starting_ ABSL_GUARDED_BY(mu_) = 0;  // StartWrite calls outside reactions
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // no more sends
+  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone has run
+  std::string problem_ ABSL_GUARDED_BY(mu_);  // why it closed
+  std::shared_ptr<Link> self_ ABSL_GUARDED_BY(mu_);  // keeps the reactor alive until OnDone
 };
 
 StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
@@ -227,7 +220,7 @@ StageRuntime::~StageRuntime() {
   Cancel();
   std::shared_ptr<Link> link;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     link = std::move(link_);
   }
   if (link != nullptr) link->WaitDone();
@@ -236,7 +229,7 @@ StageRuntime::~StageRuntime() {
 void StageRuntime::Cancel() {
   std::shared_ptr<Link> link;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     cancelled_ = true;
     link = link_;
   }
@@ -343,7 +336,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
 std::shared_ptr<StageRuntime::Link> StageRuntime::OpenLink() {
   std::shared_ptr<Link> old;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (link_ != nullptr && !link_->closing()) return link_;
     old = std::move(link_);
   }
@@ -364,7 +357,7 @@ std::shared_ptr<StageRuntime::Link> StageRuntime::OpenLink() {
   auto link = std::make_shared<Link>(config_);
   bool cancelled = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     cancelled = cancelled_;
     link_ = link;
   }

@@ -20,13 +20,13 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <grpcpp/security/credentials.h>
 
+#include "common/concurrency/mutex.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "worker/engine/remote_experts.h"
 #include "worker/engine/sampling.h"
@@ -85,10 +85,10 @@ class StageRuntime {
   engine::Sampler sampler_;
   std::shared_ptr<grpc::Channel> channel_;  // stage thread only
   std::unique_ptr<v1::Stage::Stub> stub_;   // stage thread only
-  std::mutex mu_;
-  // mu_; the current link (a closed one stays until the next OpenLink replaces it).
-  std::shared_ptr<Link> link_;
-  bool cancelled_ = false;  // mu_
+  Mutex mu_;
+  // The current link (a closed one stays until the next OpenLink replaces it).
+  std::shared_ptr<Link> link_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace shardserve::service

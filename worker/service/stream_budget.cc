@@ -6,14 +6,14 @@
 namespace shardserve::service {
 
 void StreamBudget::Charge(size_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   used_ += bytes;
 }
 
 void StreamBudget::Release(size_t bytes) {
   std::vector<std::function<void()>> resume;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     used_ -= std::min(bytes, used_);
     if (used_ <= capacity_) resume.swap(waiting_);
   }
@@ -22,7 +22,7 @@ void StreamBudget::Release(size_t bytes) {
 
 void StreamBudget::WhenRoom(std::function<void()> resume) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (used_ > capacity_) {
       waiting_.push_back(std::move(resume));
       return;
@@ -32,7 +32,7 @@ void StreamBudget::WhenRoom(std::function<void()> resume) {
 }
 
 size_t StreamBudget::used() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return used_;
 }
 

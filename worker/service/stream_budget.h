@@ -16,8 +16,9 @@
 
 #include <cstddef>
 #include <functional>
-#include <mutex>
 #include <vector>
+
+#include "common/concurrency/mutex.h"
 
 namespace shardserve::service {
 
@@ -39,9 +40,9 @@ class StreamBudget {
 
  private:
   const size_t capacity_;
-  mutable std::mutex mu_;
-  size_t used_ = 0;                                 // mu_
-  std::vector<std::function<void()>> waiting_;      // mu_
+  mutable Mutex mu_;
+  size_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardserve::service

@@ -32,14 +32,6 @@ Quantization ToQuantization(v1::WeightQuantization q) {
   return q == v1::WEIGHT_QUANTIZATION_INT8 ? Quantization::kInt8 : Quantization::kNone;
 }
 
-v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
-  v1::StepResponse r;
-  r.set_step_id(step_id);
-  r.set_error_code(static_cast<int32_t>(st.code()));
-  r.set_error_message(std::string(st.message()));
-  return r;
-}
-
 // A raw method, parsed here: an assignment that does not parse is INVALID_ARGUMENT (gRPC's typed
 // handler would answer UNIMPLEMENTED).
 using WorkerBase = v1::Worker::WithRawCallbackMethod_Assign<v1::Worker::CallbackService>;
@@ -82,7 +74,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       reads_done_ = true;
       MaybeFinishLocked();
       return;
@@ -120,7 +112,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
       Deliver(ErrorResponse(0, complete.status()), /*from_job=*/false);
     } else if (*complete) {
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         ++outstanding_jobs_;
       }
       const size_t job_bytes = std::exchange(assembling_bytes_, 0);
@@ -139,7 +131,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   }
 
   void OnWriteDone(bool /*ok*/) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     writing_ = false;
     if (!pending_.empty()) {
       WriteNextLocked();
@@ -162,12 +154,12 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     budget_.Release(std::exchange(assembling_bytes_, 0));
   }
   void Deliver(v1::StepResponse response, bool from_job) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (from_job) --outstanding_jobs_;
     pending_.push_back(std::move(response));
     if (!writing_) WriteNextLocked();
   }
-  void WriteNextLocked() {
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     current_ = std::move(pending_.front());
     if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("tx", "upstream", current_.ByteSizeLong());
     pending_.pop_front();
@@ -175,7 +167,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     StartWrite(&current_);
   }
   // Finish once the peer stopped sending and every job has been answered and written.
-  void MaybeFinishLocked() {
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reads_done_ && outstanding_jobs_ == 0 && !writing_ && pending_.empty() && !finished_) {
       finished_ = true;
       Finish(grpc::Status::OK);
@@ -189,13 +181,13 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   size_t assembling_bytes_ = 0;           // charged for the micro-batch being reassembled
   std::optional<uint64_t> dropping_step_;  // a refused micro-batch whose chunks are still coming
   v1::StepRequest incoming_;
-  std::mutex mu_;
-  std::deque<v1::StepResponse> pending_;  // guarded by mu_
-  v1::StepResponse current_;              // the write in flight; mu_
-  bool writing_ = false;                  // mu_
-  bool reads_done_ = false;               // mu_
-  bool finished_ = false;                 // mu_
-  int outstanding_jobs_ = 0;              // mu_
+  Mutex mu_;
+  std::deque<v1::StepResponse> pending_ ABSL_GUARDED_BY(mu_);
+  v1::StepResponse current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int outstanding_jobs_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A stream refused before any message is read (its caller lacks the role).
@@ -222,13 +214,21 @@ class StageServiceImpl final : public v1::Stage::CallbackService {
 };
 
 // Synchronous: a call computes on the caller's gRPC thread (the host's devices serialise it).
-class ExpertServiceImpl final : public v1::Expert::Service {
+// On the callback API: the call is queued for the worker's expert threads and answered from
+// there, so gRPC's threads never compute.
+class ExpertServiceImpl final : public v1::Expert::CallbackService {
  public:
   explicit ExpertServiceImpl(WorkerServer* server) : server_(server) {}
-  grpc::Status Compute(grpc::ServerContext* ctx, const v1::ExpertRequest* request,
-                       v1::ExpertResponse* response) override {
-    if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) return st;
-    return ToGrpcStatus(server_->ComputeExperts(*request, response));
+  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* ctx, const v1::ExpertRequest* request,
+                                    v1::ExpertResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) {
+      reactor->Finish(st);
+      return reactor;
+    }
+    server_->EnqueueExpertCall(request, response,
+                               [reactor](const absl::Status& st) { reactor->Finish(ToGrpcStatus(st)); });
+    return reactor;
   }
 
  private:
@@ -262,14 +262,19 @@ WorkerServer::WorkerServer(WorkerOptions options)
       worker_service_(std::make_unique<WorkerServiceImpl>(this)),
       stage_service_(std::make_unique<StageServiceImpl>(this)),
       expert_service_(std::make_unique<ExpertServiceImpl>(this)),
-      stage_thread_([this] { StageLoop(); }) {}
+      stage_thread_([this] { StageLoop(); }) {
+  for (int i = 0; i < std::max(options_.expert_threads, 1); ++i) {
+    expert_threads_.emplace_back([this] { ExpertLoop(); });
+  }
+}
 
 WorkerServer::~WorkerServer() {
   Shutdown();
   if (stage_thread_.joinable()) stage_thread_.join();
+  for (std::thread& t : expert_threads_) t.join();
   std::thread loader;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     loader = std::move(loader_);
   }
   if (loader.joinable()) loader.join();
@@ -282,7 +287,7 @@ grpc::Service* WorkerServer::expert_service() { return expert_service_.get(); }
 absl::Status WorkerServer::ComputeExperts(const v1::ExpertRequest& request, v1::ExpertResponse* response) {
   std::shared_ptr<engine::ExpertHost> host;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     host = expert_host_;
   }
   if (host == nullptr) return absl::UnavailableError("this worker hosts no experts");
@@ -321,7 +326,7 @@ int64_t OfferedGpuBytes(int64_t total_bytes, int64_t free_bytes, double utilizat
 }
 
 WorkerStatusSnapshot WorkerServer::Status() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return status_;
 }
 
@@ -429,7 +434,7 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
   if (!host && (a.max_step_tokens() < 1 || a.max_seq_len() < 0)) {
     return absl::InvalidArgumentError("max_step_tokens must be >= 1 and max_seq_len >= 0");
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("worker is shutting down");
   if (status_.state == v1::WORKER_STATE_LOADING) {
     return absl::AbortedError(absl::StrCat("still loading assignment ", status_.assignment_id, "; retry later"));
@@ -445,7 +450,7 @@ absl::Status WorkerServer::Release(const std::string& reason) {
   std::shared_ptr<engine::ExpertHost> old_experts;
   std::string had;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("worker is shutting down");
     if (status_.state == v1::WORKER_STATE_LOADING) {
       return absl::AbortedError(absl::StrCat("still loading assignment ", status_.assignment_id, "; retry later"));
@@ -547,7 +552,7 @@ void WorkerServer::Load(v1::Assignment a) {
   std::shared_ptr<StageRuntime> old;
   std::shared_ptr<engine::ExpertHost> old_experts;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (st.ok()) {
       old = std::move(runtime_);
       old_experts = std::move(expert_host_);
@@ -573,17 +578,14 @@ void WorkerServer::Load(v1::Assignment a) {
 
 void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!stopping_ && jobs_.size() < options_.max_queued_steps) {
       jobs_.push_back(Job{std::move(request), std::move(done)});
-      jobs_cv_.notify_one();
+      jobs_cv_.Signal();
       return;
     }
   }
-  const bool stopping = [&] {
-    std::lock_guard lock(mu_);
-    return stopping_;
-  }();
+  const bool stopping = Stopping();
   done(ErrorResponse(request.step_id(), stopping ? absl::UnavailableError("worker is shutting down")
                                                  : absl::ResourceExhaustedError(absl::StrCat(
                                                        "stage queue full (", options_.max_queued_steps, " steps)"))));
@@ -594,17 +596,16 @@ void WorkerServer::StageLoop() {
     Job job;
     std::shared_ptr<StageRuntime> runtime;
     {
-      std::unique_lock lock(mu_);
-      jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stopping_ && jobs_.empty()) jobs_cv_.Wait(&mu_);
       if (jobs_.empty()) return;  // stopping, nothing left
       job = std::move(jobs_.front());
       jobs_.pop_front();
-      if (stopping_) {
-        lock.unlock();
-        job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("worker is shutting down")));
-        continue;
-      }
-      runtime = runtime_;
+      if (!stopping_) runtime = runtime_;
+    }
+    if (runtime == nullptr && Stopping()) {
+      job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("worker is shutting down")));
+      continue;
     }
     if (runtime == nullptr) {
       job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("this worker has no stage loaded")));
@@ -614,15 +615,57 @@ void WorkerServer::StageLoop() {
   }
 }
 
+bool WorkerServer::Stopping() const {
+  MutexLock lock(&mu_);
+  return stopping_;
+}
+
 void WorkerServer::Shutdown() {
   std::shared_ptr<StageRuntime> runtime;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     runtime = runtime_;
   }
-  jobs_cv_.notify_all();
+  jobs_cv_.SignalAll();
+  expert_cv_.SignalAll();
   if (runtime != nullptr) runtime->Cancel();
+}
+
+void WorkerServer::EnqueueExpertCall(const v1::ExpertRequest* request, v1::ExpertResponse* response,
+                                     std::function<void(const absl::Status&)> done) {
+  absl::Status refused;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) {
+      refused = absl::UnavailableError("worker is shutting down");
+    } else if (expert_calls_.size() >= options_.max_queued_steps) {
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat("expert call queue full (", options_.max_queued_steps, " calls)"));
+    } else {
+      expert_calls_.push_back(ExpertCall{request, response, std::move(done)});
+      expert_cv_.Signal();
+      return;
+    }
+  }
+  done(refused);
+}
+
+void WorkerServer::ExpertLoop() {
+  while (true) {
+    ExpertCall call;
+    bool stopping = false;
+    {
+      MutexLock lock(&mu_);
+      while (!stopping_ && expert_calls_.empty()) expert_cv_.Wait(&mu_);
+      if (expert_calls_.empty()) return;  // stopping, nothing left
+      call = std::move(expert_calls_.front());
+      expert_calls_.pop_front();
+      stopping = stopping_;
+    }
+    call.done(stopping ? absl::UnavailableError("worker is shutting down")
+                       : ComputeExperts(*call.request, call.response));
+  }
 }
 
 }  // namespace shardserve::service

@@ -12,11 +12,9 @@
 #define SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +23,7 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "common/concurrency/mutex.h"
 #include "common/security/grpc_security.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/expert.grpc.pb.h"
@@ -42,7 +41,9 @@ struct WorkerOptions {
   int cpu_ranks = 1;
   int cpu_threads = 1;
   std::vector<int> cuda_devices;
-  size_t max_queued_steps = 64;
+  size_t max_queued_steps = 64;  // also the Expert.Compute calls that may wait for an expert thread
+  // Threads that run Expert.Compute calls (off gRPC's threads); calls on different devices overlap.
+  int expert_threads = 2;
   // Bytes of stage-stream messages the worker holds over all its streams before they stop reading
   // (stream_budget.h; --stream_buffer_bytes); a micro-batch that would take them past twice this is
   // refused with RESOURCE_EXHAUSTED. >= 1.
@@ -113,6 +114,12 @@ class WorkerServer {
   // next-stage link's reader thread, or inline when the queue is full or the worker is stopping).
   void Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done);
 
+  // Queues an Expert.Compute call for the expert threads, which run ComputeExperts and then
+  // `done` (inline instead: RESOURCE_EXHAUSTED when max_queued_steps calls wait, UNAVAILABLE when
+  // stopping). `request` and `response` must stay valid until `done` runs.
+  void EnqueueExpertCall(const v1::ExpertRequest* request, v1::ExpertResponse* response,
+                         std::function<void(const absl::Status&)> done);
+
   // Stops the stage and loader threads; queued steps are answered with UNAVAILABLE.
   void Shutdown();
 
@@ -121,7 +128,14 @@ class WorkerServer {
     v1::StepRequest request;
     std::function<void(v1::StepResponse)> done;
   };
+  struct ExpertCall {
+    const v1::ExpertRequest* request = nullptr;
+    v1::ExpertResponse* response = nullptr;
+    std::function<void(const absl::Status&)> done;
+  };
   void StageLoop();
+  void ExpertLoop();
+  bool Stopping() const;
   void Load(v1::Assignment assignment);
   std::vector<v1::Device> QueryDevices() const;
   absl::StatusOr<std::shared_ptr<StageRuntime>> LoadStage(const v1::Assignment& a);
@@ -132,15 +146,18 @@ class WorkerServer {
   std::unique_ptr<grpc::Service> stage_service_;
   std::unique_ptr<grpc::Service> expert_service_;
 
-  mutable std::mutex mu_;
-  std::condition_variable jobs_cv_;
-  std::deque<Job> jobs_;                       // guarded by mu_
-  bool stopping_ = false;                      // mu_
-  WorkerStatusSnapshot status_;                // mu_
-  std::shared_ptr<StageRuntime> runtime_;      // mu_; replaced when a new assignment is loaded
-  std::shared_ptr<engine::ExpertHost> expert_host_;  // mu_; set instead of runtime_ on expert hosts
-  std::thread loader_;                         // joined before starting another; mu_
+  mutable Mutex mu_;
+  CondVar jobs_cv_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  WorkerStatusSnapshot status_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);  // replaced when a new assignment is loaded
+  std::shared_ptr<engine::ExpertHost> expert_host_ ABSL_GUARDED_BY(mu_);  // set instead of runtime_ on expert hosts
+  std::thread loader_ ABSL_GUARDED_BY(mu_);  // joined before starting another
   std::thread stage_thread_;
+  CondVar expert_cv_;
+  std::deque<ExpertCall> expert_calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> expert_threads_;  // started by the constructor
 };
 
 // Builds and starts the gRPC server of a worker daemon on `listen` (HOST:PORT, port 0 = a free

@@ -869,6 +869,10 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
   // The 4 GiB budget would hold far more; 8 sequences (max_slots) of 512 tokens use 8 x 32 blocks.
   EXPECT_EQ(w.assignment().kv_block_size(), 16);
   EXPECT_EQ(w.assignment().kv_blocks(), 8 * 32);
+  // The plan says what the worker allocates, not only the capacity: 4096 tokens x 5 layers x K and
+  // V x 4 KV heads x head_dim 8 x 4 bytes (f32 on CPU ranks) = 5,242,880 bytes.
+  EXPECT_THAT(st.plan(), HasSubstr("replica 0: KV allocated 256 blocks x 16 tokens = 4096 tokens, up to 5.2 MB per "
+                                   "rank (at most max_slots 8 x max_seq_len 512)"));
   EXPECT_EQ(st.running_sequences(), 0);
   EXPECT_EQ(st.waiting_sequences(), 0);
 }

@@ -1,6 +1,6 @@
 // The Jinja subset against Python jinja2: jinja_golden.json holds what jinja2 rendered for each
 // case (recorded by make_jinja_golden.py in transformers' chat-template environment).
-#include "coordinator/http/jinja.h"
+#include "common/chat_template/jinja.h"
 
 #include <fstream>
 #include <sstream>
@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace shardserve::coordinator::jinja {
+namespace shardserve::jinja {
 namespace {
 
 using ::testing::HasSubstr;
@@ -85,4 +85,4 @@ TEST(JinjaTest, OutputIsCapped) {
 }
 
 }  // namespace
-}  // namespace shardserve::coordinator::jinja
+}  // namespace shardserve::jinja

@@ -326,10 +326,15 @@ TEST(SchedulerTest, PipelineAndTensorParallelReplicaMatchesOneProcess) {
   RunAndCompare(*h.scheduler, "qwen2_moe", MakeRequests(6, h.spec.vocab_size, 13, false), {});
 }
 
-// Passes steps through to the engine after a short pause (so that pipelined steps overlap), and
-// records how many were in flight at once and whether two in flight ever shared a KV block.
+// Passes steps through to the engine, and records how many were in flight at once and whether two
+// in flight ever shared a KV block. The first step is held until a second one is in flight (the
+// scheduler should send the other micro-batch without waiting for the first), so the overlap does
+// not depend on timing; a scheduler that never pipelines releases it after kPartnerWait and the
+// test fails on max_in_flight.
 class OverlapProbe final : public ReplicaClient {
  public:
+  static constexpr absl::Duration kPartnerWait = absl::Seconds(20);
+
   explicit OverlapProbe(std::unique_ptr<ReplicaClient> inner) : inner_(std::move(inner)) {}
   absl::StatusOr<StepOutput> Step(const StepInput& input) override {
     {
@@ -339,8 +344,11 @@ class OverlapProbe final : public ReplicaClient {
       for (const StepSequenceInput& s : input.sequences) {
         for (int32_t b : s.block_ids) shared_block_ |= !blocks_.insert(b).second;
       }
+      if (!held_first_) {
+        held_first_ = true;
+        mu_.AwaitWithTimeout(absl::Condition(+[](int* n) { return *n >= 2; }, &in_flight_), kPartnerWait);
+      }
     }
-    absl::SleepFor(absl::Milliseconds(3));
     absl::StatusOr<StepOutput> out = inner_->Step(input);
     absl::MutexLock lock(&mu_);
     --in_flight_;
@@ -366,6 +374,7 @@ class OverlapProbe final : public ReplicaClient {
   int max_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int32_t> blocks_ ABSL_GUARDED_BY(mu_);
   bool shared_block_ ABSL_GUARDED_BY(mu_) = false;
+  bool held_first_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 TEST(SchedulerTest, PipelinedMicroBatchesOverlapAndMatchTheEngineAlone) {

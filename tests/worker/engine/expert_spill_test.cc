@@ -134,7 +134,12 @@ INSTANTIATE_TEST_SUITE_P(
         SpillLayout{"mixtral", 4, false, {{1, {3, R, 0, R}}}, "mixtral_tp4_two_ranks_without_experts"},
         // qwen3_moe: 3 layers, 0 and 2 MoE, 8 experts, top-2, renormalised, no shared expert.
         SpillLayout{"qwen3_moe", 2, false, {{0, {0, R, 1, R, R, 0, R, 1}}, {2, {R, 1, 0, R, R, R, 1, R}}},
-                    "qwen3_moe_tp2_both_layers"}),
+                    "qwen3_moe_tp2_both_layers"},
+        // deepseek_v3: layer 0 dense, 1 and 2 MoE, 8 experts in 4 groups, top-2 of 2 groups,
+        // sigmoid scores with bias correction, routed_scaling_factor, a shared expert.
+        SpillLayout{"deepseek_v3", 2, false, {{1, {R, 0, R, 1, 1, R, 0, R}}, {2, {0, R, R, R, 1, R, R, 0}}},
+                    "deepseek_v3_tp2_both_layers"},
+        SpillLayout{"deepseek_v3_noqlora", 1, false, {{2, {R, 0, R, 0, R, 0, R, 0}}}, "deepseek_v3_noqlora_tp1"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 // An expert host quantizes like the stages (--quantize reaches it in its assignment): int8 experts

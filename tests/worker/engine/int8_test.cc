@@ -163,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(AllGolden, Int8GoldenTest, ::testing::ValuesIn(Cases())
 // equal what the engine allocated, unquantized and int8, at 1 and 2 ranks.
 TEST(Int8PlannerTest, PredictedWeightBytesAreTheBytesTheEngineHolds) {
   for (const std::string name :
-       {"llama", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded", "qwen3", "qwen3_moe", "phi3"}) {
+       {"llama", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded", "qwen3", "qwen3_moe", "phi3", "deepseek_v3",
+        "deepseek_v3_noqlora"}) {
     ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(name));
     ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
     for (int ranks : {1, 2}) {

@@ -184,6 +184,19 @@ TEST(ModelLoadTest, MissingTensorIsNotFoundWithItsName) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.layers.2.input_layernorm.weight")));
 }
 
+TEST(ModelLoadTest, MultiHeadLatentAttentionCachesTheLatentAndTheRopeKeyPerToken) {
+  // deepseek_v3: kv_lora_rank 32 + qk_rope_head_dim 8 values per token and layer, on every rank,
+  // whatever its 4 heads of (16 + 8) key and 16 value dims would take expanded.
+  const std::string dir = "tests/golden/models/deepseek_v3";
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
+  ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(dir));
+  ASSERT_OK_AND_ASSIGN(auto backend, kernels::CreateBackend({}));
+  ASSERT_OK_AND_ASSIGN(auto model, Model::Create(spec, *ckpt, backend.get(),
+                                                 {.num_kv_blocks = 8, .kv_block_size = 4, .max_seq_len = 32}));
+  EXPECT_EQ(model->kv_cache_bytes(), size_t{8} * 4 * (32 + 8) * sizeof(float) * 3);
+  EXPECT_EQ(spec.KvValuesPerToken(2), 40);
+}
+
 TEST(BackendRegistryTest, CudaWithoutADeviceIsAClearError) {
   if (kernels::CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a CUDA device";
   auto backend = kernels::CreateBackend({.kind = kernels::DeviceKind::kCuda});

@@ -46,6 +46,9 @@ std::vector<Layout> Layouts() {
   out.push_back({"qwen2_moe", 2, {0, 0, 0, 0, 0, 0, 0, 1}, false, "qwen2_moe_tp2_experts_7_1"});
   out.push_back({"qwen3_moe", 2, {1, 0, 1, 0, 1, 0, 1, 0}, false, "qwen3_moe_tp2_experts_interleaved"});
   out.push_back({"qwen3_moe", 2, {}, true, "qwen3_moe_tp2_split_experts"});
+  // DeepSeek-V3: heads split, the latent cache whole on every rank; experts spread or split.
+  out.push_back({"deepseek_v3", 2, {1, 1, 0, 1, 0, 0, 1, 0}, false, "deepseek_v3_tp2_experts_mixed"});
+  out.push_back({"deepseek_v3", 2, {}, true, "deepseek_v3_tp2_split_experts"});
   return out;
 }
 
@@ -156,7 +159,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            PipelineLayout{"qwen2_moe", {0, 1, 2, 3}, 1, "qwen2_moe_pp3"},
                                            PipelineLayout{"mixtral", {0, 1, 2}, 2, "mixtral_pp2_tp2"},
                                            PipelineLayout{"qwen3_moe", {0, 2, 3}, 2, "qwen3_moe_pp2_tp2"},
-                                           PipelineLayout{"phi3", {0, 1, 2}, 2, "phi3_pp2_tp2"}),
+                                           PipelineLayout{"phi3", {0, 1, 2}, 2, "phi3_pp2_tp2"},
+                                           PipelineLayout{"deepseek_v3", {0, 2, 3}, 2, "deepseek_v3_pp2_tp2"},
+                                           PipelineLayout{"deepseek_v3_noqlora", {0, 1, 2, 3}, 2,
+                                                          "deepseek_v3_noqlora_pp3_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {

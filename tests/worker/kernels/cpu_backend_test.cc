@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -692,6 +693,140 @@ TEST(LinearGroupTest, RejectsBadGroupsNamingThePart) {
   g.parts[1] = {.w = {DType::kF32, w.data()}, .y = y.data(), .out = 2};
   EXPECT_THAT((*backend)->LinearGroup(g),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("parts 0 and 1 write the same y")));
+}
+
+}  // namespace
+}  // namespace shardserve::kernels
+
+namespace shardserve::kernels {
+namespace {
+
+// ---- Multi-head latent attention ops -------------------------------------------------------------
+
+TEST_F(CpuBackendTest, HeadLinearMultipliesEachHeadByItsMatrixAtOffsets) {
+  const int64_t tokens = 5, heads = 3, in = 4, out = 6, xw = 7, xo = 2, yw = 9, yo = 1;
+  const auto x = Random(static_cast<size_t>(tokens * heads * xw), 31);
+  const auto w = Random(static_cast<size_t>(heads * out * in), 32);
+  std::vector<float> y = Random(static_cast<size_t>(tokens * heads * yw), 33);
+  const std::vector<float> before = y;
+  ASSERT_TRUE(b_->SupportsOp(Op::kHeadLinear, DType::kF32));
+  ASSERT_TRUE(b_->HeadLinear({.x = x.data(), .w = w.data(), .y = y.data(), .tokens = tokens, .heads = heads,
+                              .in = in, .out = out, .x_width = xw, .x_offset = xo, .y_width = yw, .y_offset = yo,
+                              .accumulate = true})
+                  .ok());
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t c = 0; c < yw; ++c) {
+        const size_t at = static_cast<size_t>((t * heads + h) * yw + c);
+        if (c < yo || c >= yo + out) {
+          EXPECT_EQ(y[at], before[at]) << "column " << c << " outside the output is untouched";
+          continue;
+        }
+        double ref = before[at];
+        for (int64_t i = 0; i < in; ++i) {
+          ref += double{x[static_cast<size_t>((t * heads + h) * xw + xo + i)]} *
+                 w[static_cast<size_t>((h * out + (c - yo)) * in + i)];
+        }
+        EXPECT_NEAR(y[at], ref, 1e-5) << t << " " << h << " " << c;
+      }
+    }
+  }
+  // bf16 weights: the f32 result of the widened weights.
+  const auto w16 = ToBf16(w);
+  const auto wide = Widen(w16);
+  std::vector<float> y32(y.size()), y16(y.size());
+  HeadLinearParams p{.x = x.data(), .w = wide.data(), .y = y32.data(), .tokens = tokens, .heads = heads, .in = in,
+                     .out = out, .x_width = xw, .x_offset = xo, .y_width = yw, .y_offset = yo};
+  ASSERT_TRUE(b_->HeadLinear(p).ok());
+  p.w = WeightView::Bf16(w16.data());
+  p.y = y16.data();
+  ASSERT_TRUE(b_->HeadLinear(p).ok());
+  EXPECT_EQ(y16, y32);
+  // Columns past the row and aliasing are refused.
+  p.x_offset = 4;
+  EXPECT_THAT(b_->HeadLinear(p), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of range")));
+  p.x_offset = xo;
+  p.y = const_cast<float*>(x.data());
+  EXPECT_THAT(b_->HeadLinear(p), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("aliases")));
+}
+
+TEST_F(CpuBackendTest, MlaKvWriteThenAttentionMatchesContiguousReference) {
+  // Two sequences (a 5-token prefill and a 3-token chunk after 4 cached positions) over shuffled
+  // blocks of 3 rows; every head reads the one latent + RoPE-key row per position.
+  const int64_t lat = 6, rope = 4, heads = 3, bs = 3, blocks = 8;
+  std::vector<float> cache(static_cast<size_t>(blocks * bs * (lat + rope)), 1e3f);
+  const MlaCacheView view{.data = cache.data(), .num_blocks = blocks, .block_size = bs, .latent_dim = lat,
+                          .rope_dim = rope};
+  const std::vector<int32_t> table = {5, 2, 7, 0, 3};  // seq 0: blocks 5, 2; seq 1: 7, 0, 3
+  const std::vector<AttnSeq> seqs = {{.q_begin = 0, .q_len = 5, .pos_begin = 0, .table_begin = 0, .table_len = 2},
+                                     {.q_begin = 5, .q_len = 3, .pos_begin = 4, .table_begin = 2, .table_len = 3}};
+  const PagedSeqs paged{.seqs = seqs.data(), .host_seqs = seqs.data(), .num_seqs = 2, .block_table = table.data(),
+                        .host_block_table = table.data(), .table_entries = 5};
+  // Sequence 1's first 4 positions, written by an earlier step.
+  const auto early_lat = Random(4 * lat, 41), early_rope = Random(4 * rope, 42);
+  const std::vector<AttnSeq> early = {{.q_begin = 0, .q_len = 4, .pos_begin = 0, .table_begin = 2, .table_len = 2}};
+  ASSERT_TRUE(b_->MlaKvWrite({.latent = early_lat.data(), .rope = early_rope.data(),
+                              .paged = {.seqs = early.data(), .host_seqs = early.data(), .num_seqs = 1,
+                                        .block_table = table.data(), .host_block_table = table.data(),
+                                        .table_entries = 5},
+                              .tokens = 4, .cache = view})
+                  .ok());
+  const int64_t tokens = 8;
+  const auto latent = Random(tokens * lat, 43), rope_k = Random(tokens * rope, 44);
+  ASSERT_TRUE(b_->MlaKvWrite({.latent = latent.data(), .rope = rope_k.data(), .paged = paged, .tokens = tokens,
+                              .cache = view})
+                  .ok());
+  const auto q_lat = Random(static_cast<size_t>(tokens * heads * lat), 45);
+  const auto q_rope = Random(static_cast<size_t>(tokens * heads * rope), 46);
+  std::vector<float> out(static_cast<size_t>(tokens * heads * lat));
+  const float scale = 0.3f, rope_scale = 1.7f;
+  ASSERT_TRUE(b_->MlaAttention({.q_latent = q_lat.data(), .q_rope = q_rope.data(), .out = out.data(),
+                                .paged = paged, .tokens = tokens, .q_heads = heads, .cache = view, .scale = scale,
+                                .rope_scale = rope_scale})
+                  .ok());
+  // The reference: each sequence's rows in position order, no cache.
+  auto row = [&](int s, int64_t pos, bool rope_part) -> const float* {
+    if (s == 1 && pos < 4) {
+      return rope_part ? &early_rope[static_cast<size_t>(pos * rope)] : &early_lat[static_cast<size_t>(pos * lat)];
+    }
+    const int64_t t = s == 0 ? pos : 5 + pos - 4;
+    return rope_part ? &rope_k[static_cast<size_t>(t * rope)] : &latent[static_cast<size_t>(t * lat)];
+  };
+  std::vector<float> ref(out.size());
+  for (int s = 0; s < 2; ++s) {
+    for (int32_t i = 0; i < seqs[s].q_len; ++i) {
+      const int64_t t = seqs[s].q_begin + i, pos = seqs[s].pos_begin + i;
+      for (int64_t h = 0; h < heads; ++h) {
+        std::array<double, 8> sc{};  // positions <= 7
+        for (int64_t j = 0; j <= pos; ++j) {
+          double d = 0, r = 0;
+          const float* ql = &q_lat[static_cast<size_t>((t * heads + h) * lat)];
+          const float* qr = &q_rope[static_cast<size_t>((t * heads + h) * rope)];
+          for (int64_t e = 0; e < lat; ++e) d += double{ql[e]} * row(s, j, false)[e];
+          for (int64_t e = 0; e < rope; ++e) r += double{qr[e]} * row(s, j, true)[e];
+          sc[static_cast<size_t>(j)] = scale * (d + rope_scale * r);
+        }
+        double m = -1e300, sum = 0;
+        for (int64_t j = 0; j <= pos; ++j) m = std::max(m, sc[static_cast<size_t>(j)]);
+        for (int64_t j = 0; j <= pos; ++j) sum += (sc[static_cast<size_t>(j)] = std::exp(sc[static_cast<size_t>(j)] - m));
+        for (int64_t e = 0; e < lat; ++e) {
+          double acc = 0;
+          for (int64_t j = 0; j <= pos; ++j) acc += sc[static_cast<size_t>(j)] / sum * row(s, j, false)[e];
+          ref[static_cast<size_t>((t * heads + h) * lat + e)] = static_cast<float>(acc);
+        }
+      }
+    }
+  }
+  ExpectClose(ref, out, 1e-5f, "MLA attention");
+  // A block id outside the cache is refused before anything is read.
+  const std::vector<int32_t> bad_table = {5, 9, 7, 0, 3};
+  EXPECT_THAT(b_->MlaAttention({.q_latent = q_lat.data(), .q_rope = q_rope.data(), .out = out.data(),
+                                .paged = {.seqs = seqs.data(), .host_seqs = seqs.data(), .num_seqs = 2,
+                                          .block_table = bad_table.data(), .host_block_table = bad_table.data(),
+                                          .table_entries = 5},
+                                .tokens = tokens, .q_heads = heads, .cache = view}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside [0, 8)")));
+  EXPECT_FALSE(b_->SupportsOp(Op::kMlaAttention, DType::kBF16));
 }
 
 }  // namespace

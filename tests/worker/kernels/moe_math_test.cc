@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -52,6 +53,41 @@ TEST(GroupByExpertTest, UngroupingRestoresEveryChoice) {
     EXPECT_EQ(offsets[num_experts], tokens * k);
     for (int s : seen) ASSERT_EQ(s, 1);
   }
+}
+
+}  // namespace
+}  // namespace shardserve::kernels
+
+namespace shardserve::kernels {
+namespace {
+
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// 8 experts in 4 groups of 2, 2 groups kept, top-2. Scores s = sigmoid(logit); the bias moves the
+// choice: group scores (sum of the group's two biased scores) pick groups 3 and 1 although expert 0
+// has the largest unbiased score, and inside them the biased order picks experts 6 and 7 (expert 2
+// has a larger score than 3 but a negative bias); the weights are the unbiased scores.
+TEST(MoeMathTest, RouteSigmoidGroupedUsesTheBiasOnlyToChoose) {
+  const float logits[8] = {3.0f, -3.0f, 1.0f, 0.5f, -1.0f, -1.0f, 0.8f, 0.7f};
+  const float bias[8] = {0.f, 0.f, -0.5f, 0.2f, 0.f, 0.f, 0.3f, 0.3f};
+  float scratch[8 + 4];
+  int experts[2];
+  float weights[2];
+  RouteSigmoidGrouped(logits, bias, scratch, 8, 2, 4, 2, /*renormalize=*/false, /*scaling=*/1.0f, experts, weights);
+  // Biased group scores: g0 = s(3) + s(-3) = 1.0, g1 = s(1) - 0.5 + s(0.5) + 0.2 = 1.054,
+  // g2 = 2 s(-1) = 0.538, g3 = s(0.8) + s(0.7) + 0.6 = 1.958: groups 3 and 1.
+  EXPECT_EQ(experts[0], 6);  // s(0.8) + 0.3 = 0.990
+  EXPECT_EQ(experts[1], 7);  // s(0.7) + 0.3 = 0.968 > s(0.5) + 0.2 = 0.822 > s(1) - 0.5 = 0.231
+  EXPECT_FLOAT_EQ(weights[0], Sigmoid(0.8f));
+  EXPECT_FLOAT_EQ(weights[1], Sigmoid(0.7f));
+  // Renormalised, then scaled.
+  RouteSigmoidGrouped(logits, bias, scratch, 8, 2, 4, 2, /*renormalize=*/true, /*scaling=*/2.5f, experts, weights);
+  EXPECT_NEAR(weights[0] + weights[1], 2.5f, 1e-6);
+  EXPECT_NEAR(weights[0] / weights[1], Sigmoid(0.8f) / Sigmoid(0.7f), 1e-6);
+  // One group: plain top-k on the biased scores; without a bias expert 0 wins.
+  RouteSigmoidGrouped(logits, nullptr, scratch, 8, 2, 1, 1, false, 1.0f, experts, weights);
+  EXPECT_EQ(experts[0], 0);
+  EXPECT_EQ(experts[1], 2);
 }
 
 }  // namespace

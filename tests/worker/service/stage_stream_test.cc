@@ -564,6 +564,22 @@ TEST(ExpertServiceTest, AWorkerWithoutExpertsAndBadRequestsAreRefused) {
   });
   ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(step.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  // Expert.Compute goes through the expert threads: answered from there, and refused (inline,
+  // never dropped) once the worker stops.
+  absl::Notification computed;
+  absl::Status queued_status = absl::UnknownError("not answered");
+  v1::ExpertResponse queued;
+  w.server->EnqueueExpertCall(&req, &queued, [&](const absl::Status& st) {
+    queued_status = st;
+    computed.Notify();
+  });
+  ASSERT_TRUE(computed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_THAT(queued_status, IsOk());
+  EXPECT_EQ(queued.y().data(), resp.y().data());
+  w.server->Shutdown();
+  absl::Status after_stop;
+  w.server->EnqueueExpertCall(&req, &queued, [&](const absl::Status& st) { after_stop = st; });
+  EXPECT_THAT(after_stop, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
 }
 
 TEST(WorkerAssignTest, InvalidExpertAssignmentsNameTheField) {

@@ -4,11 +4,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/concurrency/mutex.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -63,7 +63,7 @@ class Group {
 
   void Abort(const absl::Status& reason) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (abort_reason_.ok()) abort_reason_ = reason.ok() ? absl::InternalError("aborted") : reason;
     }
     aborted_.store(true);
@@ -73,7 +73,7 @@ class Group {
   }
 
   absl::Status AbortedStatus() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     return absl::AbortedError(absl::StrCat("host communicator aborted: ", abort_reason_.message()));
   }
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
@@ -87,8 +87,8 @@ class Group {
   std::atomic<int> arrived_{0};
   std::atomic<uint32_t> generation_{0};
   std::atomic<bool> aborted_{false};
-  std::mutex mu_;  // std::mutex so that the TSan build sees it (Debian's Abseil is uninstrumented)
-  absl::Status abort_reason_;  // guarded by mu_
+  Mutex mu_;  // a std::mutex underneath, so the TSan build sees it
+  absl::Status abort_reason_ ABSL_GUARDED_BY(mu_);
 };
 
 class HostCommunicator final : public Communicator {

@@ -70,7 +70,11 @@ class CpuBackend final : public Backend {
       case Op::kSigmoidScaleRows:
       case Op::kArgmaxRows:
       case Op::kZero:
+      case Op::kMlaKvWrite:
+      case Op::kMlaAttention:
         return dtype == DType::kF32;
+      case Op::kHeadLinear:
+        return dtype == DType::kF32 || dtype == DType::kBF16;
     }
     return false;
   }
@@ -374,6 +378,104 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status HeadLinear(const HeadLinearParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    if (p.w.dtype != DType::kF32 && p.w.dtype != DType::kBF16) {
+      return UnsupportedWeights(name(), Op::kHeadLinear, p.w.dtype);
+    }
+    if (p.tokens == 0 || p.out == 0 || p.heads == 0) return absl::OkStatus();
+    const int64_t mat = p.out * p.in;
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const float* w = nullptr;
+      if (p.w.dtype == DType::kF32) {
+        w = static_cast<const float*>(p.w.data) + h * mat;
+      } else {
+        // Widened one head at a time (a head's matrix is small: out x in of one head).
+        head_widened_.resize(static_cast<size_t>(mat));
+        const uint16_t* src = static_cast<const uint16_t*>(p.w.data) + h * mat;
+        for (int64_t i = 0; i < mat; ++i) head_widened_[static_cast<size_t>(i)] = BFloat16ToFloat(src[i]);
+        w = head_widened_.data();
+      }
+      const float* x = p.x + h * p.x_width + p.x_offset;
+      float* y = p.y + h * p.y_width + p.y_offset;
+      const int64_t ldx = p.heads * p.x_width, ldy = p.heads * p.y_width;
+      if (p.in == 0) {
+        if (!p.accumulate) {
+          for (int64_t t = 0; t < p.tokens; ++t) std::fill(y + t * ldy, y + t * ldy + p.out, 0.f);
+        }
+        continue;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.tokens), static_cast<int>(p.out),
+                  static_cast<int>(p.in), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(p.in),
+                  p.accumulate ? 1.0f : 0.0f, y, static_cast<int>(ldy));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status MlaKvWrite(const MlaKvWriteParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    if (p.cache.dtype != DType::kF32) return UnsupportedWeights(name(), Op::kMlaKvWrite, p.cache.dtype);
+    const MlaCacheView& c = p.cache;
+    auto* cache = static_cast<float*>(c.data);
+    const int64_t row = c.row(), bs = c.block_size;
+    for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
+      const AttnSeq& q = p.paged.seqs[s];
+      const int32_t* table = p.paged.block_table + q.table_begin;
+      for (int64_t i = 0; i < q.q_len; ++i) {
+        const int64_t pos = q.pos_begin + i;
+        float* dst = cache + (int64_t{table[pos / bs]} * bs + pos % bs) * row;
+        const int64_t t = q.q_begin + i;
+        std::memcpy(dst, p.latent + t * c.latent_dim, c.latent_dim * sizeof(float));
+        if (c.rope_dim > 0) std::memcpy(dst + c.latent_dim, p.rope + t * c.rope_dim, c.rope_dim * sizeof(float));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status MlaAttention(const MlaAttentionParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    if (p.cache.dtype != DType::kF32) return UnsupportedWeights(name(), Op::kMlaAttention, p.cache.dtype);
+    const MlaCacheView& c = p.cache;
+    const auto* cache = static_cast<const float*>(c.data);
+    const int64_t lat = c.latent_dim, rd = c.rope_dim, row = c.row(), bs = c.block_size;
+    const int64_t heads = p.q_heads;
+    for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
+      const AttnSeq& q = p.paged.seqs[s];
+      const int32_t* table = p.paged.block_table + q.table_begin;
+      for (int64_t i = 0; i < q.q_len; ++i) {
+        const int64_t t = q.q_begin + i;
+        const int64_t pos = q.pos_begin + i;
+        const int64_t n = pos + 1;
+        scores_.resize(std::max(scores_.size(), static_cast<size_t>(heads * n)));
+        float* sc = scores_.data();  // [heads, n]
+        const float* ql = p.q_latent + t * heads * lat;
+        const float* qr = p.q_rope == nullptr ? nullptr : p.q_rope + t * heads * rd;
+        float* ot = p.out + t * heads * lat;
+        // Every head reads the same cached row: walk the keys once, every head at each (as
+        // Attention does), in ascending key order per head.
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kr = cache + (int64_t{table[j / bs]} * bs + j % bs) * row;
+          for (int64_t h = 0; h < heads; ++h) {
+            float score = Dot(ql + h * lat, kr, lat);
+            if (rd > 0) score += p.rope_scale * Dot(qr + h * rd, kr + lat, rd);
+            sc[h * n + j] = score * p.scale;
+          }
+        }
+        for (int64_t h = 0; h < heads; ++h) SoftmaxRow(sc + h * n, static_cast<int>(n));
+        std::fill(ot, ot + heads * lat, 0.f);
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kr = cache + (int64_t{table[j / bs]} * bs + j % bs) * row;
+          for (int64_t h = 0; h < heads; ++h) {
+            const float w = sc[h * n + j];
+            float* oh = ot + h * lat;
+            for (int64_t e = 0; e < lat; ++e) oh[e] += w * kr[e];
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Zero(const ZeroParams& p) override {
     SHARDSERVE_VALIDATE(p);
     std::fill(p.x, p.x + p.n, 0.f);
@@ -384,6 +486,7 @@ class CpuBackend final : public Backend {
   const int blas_threads_;
   // Per-call scratch, grown on demand (amortised: it reaches its final size on the first step).
   std::vector<float> cos_, sin_, scores_;
+  std::vector<float> head_widened_;  // HeadLinear: one head's bfloat16 matrix widened
   // Rows of bfloat16 weights widened for sgemm: at most kWidenFloats (1 MiB; or 16 rows, if more).
   // 4 MiB measured level or slower at 256 tokens (shardserve-bench-kernels).
   static constexpr int64_t kWidenFloats = int64_t{1} << 18;

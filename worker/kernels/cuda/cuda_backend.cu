@@ -273,6 +273,10 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kArgmaxRows:
     case Op::kZero:
       return dtype == DType::kF32;
+    case Op::kHeadLinear:
+    case Op::kMlaKvWrite:
+    case Op::kMlaAttention:
+      return false;  // multi-head latent attention runs on CPU ranks only (Backend's defaults)
   }
   return false;
 }

@@ -6,6 +6,7 @@
 #ifndef SHARDSERVE_WORKER_KERNELS_SHARED_MOE_MATH_H_
 #define SHARDSERVE_WORKER_KERNELS_SHARED_MOE_MATH_H_
 
+#include <cmath>
 #include <cstdint>
 
 #include "worker/kernels/shared/row_math.h"
@@ -29,6 +30,62 @@ SHARDSERVE_HD void GroupByExpert(const int32_t* experts, const float* weights, i
       scales[at] = weights[t * k + j];
     }
   }
+}
+
+// DeepSeek-V3's routing of one token (transformers' DeepseekV3TopkRouter): scores =
+// sigmoid(logits); experts are chosen by biased = scores + bias: the experts split into n_group
+// groups of num_experts / n_group (>= 2), a group's score is the sum of its two largest biased
+// scores, the topk_group best groups are kept (ties: lower group first), and the k largest biased
+// scores among their experts are chosen (ties: lower expert first). The weights are the chosen
+// experts' unbiased scores, divided by their sum (+ 1e-20) when `renormalize`, times `scaling`.
+// scratch: [num_experts + n_group]; experts, weights: [k].
+SHARDSERVE_HD void RouteSigmoidGrouped(const float* logits, const float* bias, float* scratch, int num_experts,
+                                       int k, int n_group, int topk_group, bool renormalize, float scaling,
+                                       int* experts, float* weights) {
+  float* biased = scratch;                // [num_experts]; -inf once its group is dropped
+  float* group_score = scratch + num_experts;  // [n_group]; -inf once kept
+  const int per_group = num_experts / n_group;
+  for (int e = 0; e < num_experts; ++e) {
+    biased[e] = 1.0f / (1.0f + expf(-logits[e])) + (bias != nullptr ? bias[e] : 0.0f);
+  }
+  for (int g = 0; g < n_group; ++g) {
+    float a = -INFINITY, b = -INFINITY;  // the two largest of the group
+    for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
+      if (biased[e] > a) {
+        b = a;
+        a = biased[e];
+      } else if (biased[e] > b) {
+        b = biased[e];
+      }
+    }
+    group_score[g] = a + b;
+  }
+  // Keep the topk_group best groups: mark them by setting their score to +inf, then drop the rest.
+  for (int j = 0; j < topk_group; ++j) {
+    int best = -1;
+    for (int g = 0; g < n_group; ++g) {
+      if (group_score[g] != INFINITY && (best < 0 || group_score[g] > group_score[best])) best = g;
+    }
+    group_score[best] = INFINITY;
+  }
+  for (int g = 0; g < n_group; ++g) {
+    if (group_score[g] == INFINITY) continue;
+    for (int e = g * per_group; e < (g + 1) * per_group; ++e) biased[e] = -INFINITY;
+  }
+  float total = 0.f;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int e = 0; e < num_experts; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken = taken || experts[i] == e;
+      if (!taken && (best < 0 || biased[e] > biased[best])) best = e;
+    }
+    experts[j] = best;
+    weights[j] = 1.0f / (1.0f + expf(-logits[best]));
+    total += weights[j];
+  }
+  const float denom = renormalize ? total + 1e-20f : 1.0f;
+  for (int j = 0; j < k; ++j) weights[j] = weights[j] / denom * scaling;
 }
 
 }  // namespace shardserve::kernels

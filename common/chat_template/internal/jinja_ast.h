@@ -1,6 +1,6 @@
-// The values and the syntax tree of the Jinja subset (see ../jinja.h). Internal to coordinator/http.
-#ifndef SHARDSERVE_COORDINATOR_HTTP_INTERNAL_JINJA_AST_H_
-#define SHARDSERVE_COORDINATOR_HTTP_INTERNAL_JINJA_AST_H_
+// The values and the syntax tree of the Jinja subset (see ../jinja.h). Internal to common/chat_template.
+#ifndef SHARDSERVE_COMMON_CHAT_TEMPLATE_INTERNAL_JINJA_AST_H_
+#define SHARDSERVE_COMMON_CHAT_TEMPLATE_INTERNAL_JINJA_AST_H_
 
 #include <cstdint>
 #include <memory>
@@ -10,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/http/jinja.h"
+#include "common/chat_template/jinja.h"
 
-namespace shardserve::coordinator::jinja {
+namespace shardserve::jinja {
 
 // A template value, with Python's semantics. Lists and dicts are shared by reference, as in
 // Python (a namespace is a dict whose attributes may be assigned).
@@ -124,6 +124,6 @@ absl::StatusOr<std::shared_ptr<const Program>> ParseProgram(absl::string_view so
 // Renderer (jinja_render.cc).
 absl::StatusOr<std::string> RenderProgram(const Program& program, const nlohmann::ordered_json& context);
 
-}  // namespace shardserve::coordinator::jinja
+}  // namespace shardserve::jinja
 
-#endif  // SHARDSERVE_COORDINATOR_HTTP_INTERNAL_JINJA_AST_H_
+#endif  // SHARDSERVE_COMMON_CHAT_TEMPLATE_INTERNAL_JINJA_AST_H_

@@ -4,9 +4,9 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/http/internal/jinja_ast.h"
+#include "common/chat_template/internal/jinja_ast.h"
 
-namespace shardserve::coordinator::jinja {
+namespace shardserve::jinja {
 namespace {
 
 std::string FloatRepr(double f) {
@@ -272,4 +272,4 @@ bool Equal(const Value& a, const Value& b) {
   return false;
 }
 
-}  // namespace shardserve::coordinator::jinja
+}  // namespace shardserve::jinja

@@ -9,9 +9,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/http/internal/jinja_ast.h"
+#include "common/chat_template/internal/jinja_ast.h"
 
-namespace shardserve::coordinator::jinja {
+namespace shardserve::jinja {
 namespace {
 
 struct Token {
@@ -808,4 +808,4 @@ absl::StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& 
   return RenderProgram(*program_, context);
 }
 
-}  // namespace shardserve::coordinator::jinja
+}  // namespace shardserve::jinja

@@ -28,8 +28,8 @@
 // Jinja's default Undefined: they print as "", are false, and only `is defined` tells them apart.
 //
 // Thread-safety: a parsed JinjaTemplate is immutable; Render may be called from many threads.
-#ifndef SHARDSERVE_COORDINATOR_HTTP_JINJA_H_
-#define SHARDSERVE_COORDINATOR_HTTP_JINJA_H_
+#ifndef SHARDSERVE_COMMON_CHAT_TEMPLATE_JINJA_H_
+#define SHARDSERVE_COMMON_CHAT_TEMPLATE_JINJA_H_
 
 #include <memory>
 #include <string>
@@ -38,7 +38,7 @@
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
-namespace shardserve::coordinator::jinja {
+namespace shardserve::jinja {
 
 struct Program;  // the parsed template (internal)
 
@@ -57,6 +57,6 @@ class JinjaTemplate {
   std::shared_ptr<const Program> program_;
 };
 
-}  // namespace shardserve::coordinator::jinja
+}  // namespace shardserve::jinja
 
-#endif  // SHARDSERVE_COORDINATOR_HTTP_JINJA_H_
+#endif  // SHARDSERVE_COMMON_CHAT_TEMPLATE_JINJA_H_

@@ -12,9 +12,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/http/internal/jinja_ast.h"
+#include "common/chat_template/internal/jinja_ast.h"
 
-namespace shardserve::coordinator::jinja {
+namespace shardserve::jinja {
 namespace {
 
 constexpr size_t kMaxOutputBytes = 4 << 20;
@@ -828,4 +828,4 @@ absl::StatusOr<std::string> RenderProgram(const Program& program, const nlohmann
   return std::move(r.out());
 }
 
-}  // namespace shardserve::coordinator::jinja
+}  // namespace shardserve::jinja

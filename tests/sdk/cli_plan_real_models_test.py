@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""`shardserve plan` on the config.json of two real large MoE models (no weights): the placement on
+two 8-GPU nodes and the KV capacity from each architecture's real per-token KV size.
+
+    python3 tests/sdk/cli_plan_real_models_test.py build/bin
+"""
+import json
+import os
+import subprocess
+import sys
+
+BIN = os.path.join(sys.argv[1], "shardserve")
+DEEPSEEK = "tests/sim/models/deepseek-v3-671b"
+QWEN3 = "tests/sim/models/qwen3-235b-a22b"
+TWO_NODES = "a=cuda:8x80GiB,b=cuda:8x80GiB"
+
+
+def run(*args, ok=True):
+    p = subprocess.run([BIN, "plan", *args], capture_output=True, text=True, timeout=120)
+    if ok and p.returncode != 0:
+        sys.exit(f"shardserve plan {' '.join(args)} failed ({p.returncode}): {p.stderr}")
+    if not ok and p.returncode == 0:
+        sys.exit(f"shardserve plan {' '.join(args)} should have failed:\n{p.stdout}")
+    return p
+
+
+def check_stages(j, per_token_layer_bytes):
+    """Every stage fits, and its KV bytes are its KV tokens x the architecture's bytes per token."""
+    assert j["error"] is None, j["error"]
+    chosen = [l for l in j["explain"]["layouts"] if l["verdict"] == "chosen"]
+    assert len(chosen) == 1, j["explain"]["layouts"]
+    for s in chosen[0]["stages"]:
+        assert s["fits"] and s["weight_bytes_per_rank"] + s["kv_bytes_per_rank"] <= s["free_bytes_per_rank"], s
+        assert s["kv_tokens"] >= j["explain"]["min_kv_tokens"], s
+    for r in j["plan"]["replicas"]:
+        for s in r["stages"]:
+            layers = s["layer_end"] - s["layer_begin"]
+            assert s["kv_tokens"] > 0, s
+            assert s["kv_bytes_per_rank"] == s["kv_tokens"] * layers * per_token_layer_bytes, (s, per_token_layer_bytes)
+    return chosen[0]
+
+
+def main():
+    # Qwen3-235B-A22B (bf16, 94 layers, 4 KV heads of 128): tp=8 replicates the KV heads, one per
+    # rank: 2 x 128 values x 2 bytes per token and layer. Each node holds the whole model: two replicas.
+    text = run("--model", QWEN3, "--workers", TWO_NODES).stdout
+    assert text.startswith("plan: 2 replicas x 1 stage, max_seq_len 40960"), text
+    j = json.loads(run("--model", QWEN3, "--workers", TWO_NODES, "--json").stdout)
+    check_stages(j, 2 * 128 * 2)
+    assert all(s["kv_tokens"] > 400_000 for r in j["plan"]["replicas"] for s in r["stages"]), j["plan"]
+
+    # DeepSeek-V3 (671B, FP8 weights dequantized to bf16 on load: 1.3 TB) does not fit two 8 x 80 GiB
+    # nodes together with one 163840-token sequence of KV: a clear error, not a wrong plan.
+    p = run("--model", DEEPSEEK, "--workers", TWO_NODES, ok=False)
+    assert "RESOURCE_EXHAUSTED" in p.stderr and "1.3 TB weights" in p.stderr, p.stderr
+    # MLA's KV per token and layer is the latent + the RoPE key, (512 + 64) x 2 bytes on every rank
+    # (not 128 heads x (192 + 128)): 12.8 GB for that sequence over 61 layers at kv_fraction 0.9.
+    assert "12.8 GB for the KV of 1 sequence of 163840 tokens" in p.stderr, p.stderr
+    # With 4096-token sequences it fits: one stage on "a" (tp=8) and the experts it has no room for
+    # on "b" as an expert host.
+    mla_token_layer = (512 + 64) * 2
+    j = json.loads(run("--model", DEEPSEEK, "--workers", TWO_NODES, "--max_seq_len=4096", "--json").stdout)
+    chosen = check_stages(j, mla_token_layer)
+    assert chosen["expert_spill"] and chosen["pp"] == 1, chosen
+    (stage,) = j["plan"]["replicas"][0]["stages"]
+    assert (stage["worker_id"], stage["tp"], stage["layer_begin"], stage["layer_end"]) == ("a", 8, 0, 61), stage
+    assert stage["kv_tokens"] >= 4096, stage
+    text = run("--model", DEEPSEEK, "--workers", TWO_NODES, "--max_seq_len=4096").stdout
+    assert "remote experts" in text and "expert hosts:" in text, text
+    # On two 8 x 141 GiB nodes (H200) the full context fits without spill, in a two-stage pipeline.
+    j = json.loads(run("--model", DEEPSEEK, "--workers", "a=cuda:8x141GiB,b=cuda:8x141GiB", "--json").stdout)
+    chosen = check_stages(j, mla_token_layer)
+    assert not chosen["expert_spill"] and chosen["pp"] == 2, chosen
+    assert all(s["kv_tokens"] >= 163840 for s in j["plan"]["replicas"][0]["stages"]), j["plan"]
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
