@@ -93,6 +93,12 @@ absl::Status Cluster::ReadyStatus() const {
   return absl::UnavailableError(absl::StrCat("the cluster is not ready: ", reason_));
 }
 
+absl::Status Cluster::AdmissionStatus() const {
+  absl::MutexLock lock(&mu_);
+  if (ready_ || (options_.admit_while_recovering && was_ready_)) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("the cluster is not ready: ", reason_));
+}
+
 bool Cluster::WaitUntilReady(absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_; };
@@ -152,8 +158,10 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
       stage.worker_id = spec.worker_id;
       stage.node_name = w->registration.node_name;
       stage.address = w->registration.address;
+      stage.devices = w->registration.devices;
+      stage.id_base = absl::StrCat("plan-", plan_number, "/r", r, "/s", s, "/");
       WorkerAssignment& a = stage.assignment;
-      a.assignment_id = absl::StrCat("plan-", plan_number, "/r", r, "/s", s, "/", spec.worker_id);
+      a.assignment_id = absl::StrCat(stage.id_base, spec.worker_id);
       a.model_path = options_.model_path;
       a.replica = static_cast<int32_t>(r);
       a.stage = static_cast<int32_t>(s);
@@ -194,9 +202,11 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
     host.worker_id = eh.worker_id;
     host.node_name = w->registration.node_name;
     host.address = w->registration.address;
+    host.devices = w->registration.devices;
+    host.id_base = absl::StrCat("plan-", plan_number, "/experts/");
     WorkerAssignment& a = host.assignment;
     a.expert_host = true;
-    a.assignment_id = absl::StrCat("plan-", plan_number, "/experts/", eh.worker_id);
+    a.assignment_id = absl::StrCat(host.id_base, eh.worker_id);
     a.model_path = options_.model_path;
     a.device_kind = eh.device_kind;
     a.quantize = options_.policy.quantize;
@@ -237,9 +247,48 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
   plan_ = *std::move(plan);
 }
 
+void Cluster::VacateLocked(const std::string& worker_id) {
+  for (ReplicaState& rs : replicas_) {
+    for (Stage& stage : rs.stages) {
+      if (stage.worker_id != worker_id) continue;
+      // No worker: a spare (or a restart at the same node and address) takes it in step 2.
+      stage.worker_id.clear();
+      stage.assigned = false;
+      stage.assign_error.clear();
+    }
+  }
+}
+
+void Cluster::RetargetLocked(Stage& stage, const WorkerRecord& w) {
+  stage.worker_id = w.worker_id;
+  stage.node_name = w.registration.node_name;
+  stage.address = w.registration.address;
+  // A new id whenever what the stage must hold changes, so that a heartbeat about the old one is
+  // never taken for the new one.
+  stage.assignment.assignment_id = absl::StrCat(stage.id_base, w.worker_id, "#", ++revision_);
+  stage.assigned = false;
+  stage.assign_error.clear();
+  stage.next_attempt = absl::InfinitePast();
+}
+
+bool Cluster::CanTake(const Stage& stage, const WorkerRecord& w) {
+  const DeviceKind kind = stage.assignment.device_kind;
+  for (int index : stage.assignment.devices) {
+    int64_t planned = 0;
+    for (const Device& d : stage.devices) {
+      if (d.kind == kind && d.index == index) planned = d.total_bytes;
+    }
+    bool has = false;
+    for (const Device& d : w.registration.devices) has |= d.kind == kind && d.index == index && d.total_bytes >= planned;
+    if (!has) return false;
+  }
+  return true;
+}
+
 std::string Cluster::StageProblem(const Stage& stage, const WorkerRecord* w, bool* settled) const {
   const std::string& id = stage.worker_id;
   *settled = true;
+  if (id.empty()) return "a stage has no worker (its worker was drained; waiting for a spare)";
   if (w == nullptr) return absl::StrCat("worker ", id, " is gone (it registered again or was forgotten)");
   if (w->state == WorkerState::kDead) return absl::StrCat("worker ", id, " is dead: ", w->error);
   if (!stage.assigned) {
@@ -273,6 +322,16 @@ void Cluster::Tick() {
     WorkerAssignment assignment;
   };
   std::vector<AssignJob> jobs;
+  struct ReleaseJob {
+    std::string worker_id, address, assignment_id;
+  };
+  std::vector<ReleaseJob> releases;
+  struct DrainJob {
+    std::string worker_id;
+    int replica;
+    bool start, expired;
+  };
+  std::vector<DrainJob> drains;
   {
     absl::MutexLock lock(&mu_);
     if (!plan_.has_value()) {
@@ -288,30 +347,97 @@ void Cluster::Tick() {
         return;
       }
     }
-    // 2. A restarted worker (same node and address, new id) takes its stage (or its experts)
-    // back; then send the assignments not yet accepted. Expert hosts count as replica
-    // replicas_.size(), so that they are assigned with (and before serving starts for) every replica.
+    // 1b. Drains: see the loop below the lock.
+    for (auto& [id, d] : draining_) {
+      if (d.done) continue;
+      int replica = -1;
+      for (size_t r = 0; r < replicas_.size() && replica < 0; ++r) {
+        for (const Stage& stage : replicas_[r].stages) replica = stage.worker_id == id ? static_cast<int>(r) : replica;
+      }
+      if (replica >= 0 && replicas_[static_cast<size_t>(replica)].serving) {
+        drains.push_back({id, replica, !d.started, now >= d.deadline});
+        d.started = true;
+        continue;
+      }
+      VacateLocked(id);  // not serving (or in no stage): nothing runs there
+      d.done = true;
+    }
+  }
+  for (const DrainJob& job : drains) {
+    if (job.start) scheduler_->DrainReplica(job.replica);
+    const SchedulerStats stats = scheduler_->Stats();
+    bool others = false;
+    int64_t left = 0;
+    for (const ReplicaStats& rs : stats.replicas) {
+      if (rs.replica == job.replica) left = rs.running + rs.waiting;
+      others |= rs.replica != job.replica && !rs.draining;
+    }
+    if (!others && left > 0 && !job.expired) continue;  // its sequences run on
+    LOG(INFO) << "event=drained worker=" << job.worker_id << " replica=" << job.replica << " sequences_left=" << left
+              << (others ? " (moved to another replica)" : job.expired ? " (timeout: they wait for a replica)" : "");
+    scheduler_->RemoveReplica(job.replica,
+                              absl::UnavailableError(absl::StrCat("replica ", job.replica, " stopped serving: worker ",
+                                                                  job.worker_id, " was drained")));
+    absl::MutexLock lock(&mu_);
+    replicas_[static_cast<size_t>(job.replica)].serving = false;
+    VacateLocked(job.worker_id);
+    draining_[job.worker_id].done = true;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // 2. A stage whose worker is dead or gone goes back to that worker when it has restarted
+    // (same node and address, new id, whatever state it reports), or else to a spare (an idle
+    // worker in no stage that has the stage's devices). Expert hosts count as replica
+    // replicas_.size(), so that they are assigned with (and before serving starts for) every
+    // replica; only their own worker takes them back. Then send the assignments not yet accepted.
+    std::set<std::string> in_plan;
+    for (const ReplicaState& rs : replicas_) {
+      for (const Stage& stage : rs.stages) in_plan.insert(stage.worker_id);
+    }
+    for (const Stage& host : hosts_) in_plan.insert(host.worker_id);
     for (size_t r = 0; r <= replicas_.size(); ++r) {
       std::vector<Stage>& stages = r < replicas_.size() ? replicas_[r].stages : hosts_;
       for (size_t s = 0; s < stages.size(); ++s) {
         Stage& stage = stages[s];
         const WorkerRecord* w = Find(workers, stage.worker_id);
         if (w == nullptr || w->state == WorkerState::kDead) {
+          const WorkerRecord* pick = nullptr;
           for (const WorkerRecord& c : workers) {
-            if (c.state != WorkerState::kIdle || c.registration.node_name != stage.node_name ||
-                c.registration.address != stage.address) {
-              continue;
+            if (c.state != WorkerState::kDead && !in_plan.contains(c.worker_id) && !draining_.contains(c.worker_id) &&
+                c.registration.node_name == stage.node_name && c.registration.address == stage.address) {
+              pick = &c;
+              break;
             }
-            LOG(INFO) << "worker " << c.worker_id << " replaces " << stage.worker_id << " as "
+          }
+          const bool restarted = pick != nullptr;
+          for (size_t i = 0; pick == nullptr && r < replicas_.size() && i < workers.size(); ++i) {
+            const WorkerRecord& c = workers[i];
+            if (c.state == WorkerState::kIdle && !in_plan.contains(c.worker_id) && !draining_.contains(c.worker_id) &&
+                CanTake(stage, c)) {
+              pick = &c;
+            }
+          }
+          if (pick != nullptr) {
+            LOG(INFO) << "worker " << pick->worker_id << (restarted ? " (restarted) replaces " : " (a spare) replaces ")
+                      << stage.worker_id << " as "
                       << (r < replicas_.size() ? absl::StrCat("replica ", r, " stage ", s) : "expert host");
-            stage.worker_id = c.worker_id;
-            stage.assignment.assignment_id = absl::StrCat(
-                stage.assignment.assignment_id.substr(0, stage.assignment.assignment_id.rfind('/') + 1), c.worker_id);
-            stage.assigned = false;
-            stage.assign_error.clear();
-            stage.next_attempt = absl::InfinitePast();
-            w = &c;
-            break;
+            const std::string old_address = stage.address;
+            in_plan.erase(stage.worker_id);
+            in_plan.insert(pick->worker_id);
+            RetargetLocked(stage, *pick);
+            w = pick;
+            if (r < replicas_.size() && s > 0 && stage.address != old_address) {
+              // The previous stage sends to the new address: it is assigned again.
+              Stage& prev = stages[s - 1];
+              prev.assignment.next_address = stage.address;
+              if (const WorkerRecord* pw = Find(workers, prev.worker_id); pw != nullptr) {
+                RetargetLocked(prev, *pw);
+                if (pw->state != WorkerState::kDead) jobs.push_back({r, s - 1, prev.worker_id, prev.address, prev.assignment});
+              } else {
+                prev.assignment.assignment_id = absl::StrCat(prev.id_base, prev.worker_id, "#", ++revision_);
+                prev.assigned = false;
+              }
+            }
           }
         }
         if (w != nullptr && w->state != WorkerState::kDead && !stage.assigned && now >= stage.next_attempt) {
@@ -319,6 +445,29 @@ void Cluster::Tick() {
         }
       }
     }
+    // Reconciliation: live workers in no stage that hold (or load) an assignment drop it.
+    for (const WorkerRecord& w : workers) {
+      if (w.state == WorkerState::kDead || w.state == WorkerState::kIdle || in_plan.contains(w.worker_id)) continue;
+      absl::Time& next = released_[w.worker_id];
+      if (now < next) continue;
+      next = now + options_.assign_retry;
+      releases.push_back({w.worker_id, w.registration.address, w.assignment_id});
+    }
+    std::erase_if(released_, [&](const auto& e) {
+      const WorkerRecord* w = Find(workers, e.first);
+      return w == nullptr || w->state == WorkerState::kDead || w->state == WorkerState::kIdle;
+    });
+    std::erase_if(draining_, [&](const auto& e) {
+      const WorkerRecord* w = Find(workers, e.first);
+      return w == nullptr || w->state == WorkerState::kDead;
+    });
+  }
+  for (const ReleaseJob& job : releases) {
+    LOG(INFO) << "worker " << job.worker_id << " at " << job.address << " holds "
+              << (job.assignment_id.empty() ? "an assignment" : job.assignment_id)
+              << ", which is no stage of the plan: releasing it";
+    const absl::Status st = workers_->Release(job.address, "it holds no stage of the coordinator's plan");
+    if (!st.ok()) LOG(WARNING) << "releasing worker " << job.worker_id << " failed: " << st;
   }
   for (AssignJob& job : jobs) {
     LOG(INFO) << "assigning " << job.assignment.assignment_id << " ("
@@ -453,6 +602,30 @@ void Cluster::Tick() {
   reason_ = new_reason;
 }
 
+absl::Status Cluster::Drain(const std::string& worker_id, absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("the drain timeout must be > 0, got ", absl::FormatDuration(timeout)));
+  }
+  const std::optional<WorkerRecord> w = registry_->Get(worker_id);
+  if (!w.has_value()) return absl::NotFoundError(absl::StrCat("no worker ", worker_id, " is registered"));
+  if (w->state == WorkerState::kDead) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is dead: nothing to drain"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Stage& host : hosts_) {
+      if (host.worker_id == worker_id) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("worker ", worker_id, " is an expert host: expert hosts cannot be drained (yet)"));
+      }
+    }
+    if (draining_.contains(worker_id)) return absl::OkStatus();
+    draining_[worker_id] = DrainState{.deadline = clock_->Now() + timeout};
+  }
+  LOG(INFO) << "event=drain worker=" << worker_id << " timeout=" << absl::FormatDuration(timeout);
+  return absl::OkStatus();
+}
+
 int Cluster::PlansMade() const {
   absl::MutexLock lock(&mu_);
   return plans_made_;
@@ -466,7 +639,7 @@ ClusterView Cluster::View() {
   view.reason = reason_;
   view.plan = plan_text_;
   for (const WorkerRecord& w : workers) {
-    ClusterWorkerView v{.record = w};
+    ClusterWorkerView v{.record = w, .draining = draining_.contains(w.worker_id)};
     auto take = [&](const Stage& stage) {
       if (stage.worker_id != w.worker_id) return;
       v.assignment = stage.assignment;

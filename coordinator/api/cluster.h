@@ -8,11 +8,31 @@
 // assignment, FAILED, or dead) and at least one replica is serving; from then on it stays ready
 // while any replica serves. A replica whose stage worker fails, dies or re-registers stops serving
 // (Scheduler::RemoveReplica fails its running requests with Unavailable, naming the worker and
-// why). A worker that restarts (registers again with the same node name and address) is given
-// its old stage again, and the replica serves again once it is READY.
+// why; with Options::admit_while_recovering the scheduler parks them instead, see
+// scheduler.h "Recovery"). A worker that restarts (registers again with the same node name and
+// address, whatever state it reports) is given its old stage again, and the replica serves again
+// once it is READY.
+//
+// Spares: when a stage's worker is dead or gone and has not come back, an idle registered worker
+// that is in no stage of the plan and has the stage's devices (same kind and indices, at least as
+// much memory as the planned worker's) takes the stage: it is assigned the same layers, and the
+// previous stage is re-assigned to send to it. Expert hosts are only taken back by their worker.
+//
+// Reconciliation: a live worker that holds or loads an assignment (LOADING, READY or FAILED) but
+// is in no stage of the plan (it came back after a spare took its stage, or it serves an earlier
+// plan) is told to drop it (Worker.Release) and becomes idle: a spare.
+//
+// Drain (Drain(), for Admin.DrainWorker, Registry.Drain and the CLI's `shardserve drain`): the
+// worker's replica takes no new work (Scheduler::DrainReplica); when another replica serves, the
+// replica stops serving at once and its sequences fail over there (recomputed, exact); otherwise
+// its sequences run to their end for at most the drain's timeout (new requests park meanwhile,
+// and those still running at the timeout park: scheduler.h "Recovery"). Then the stage is taken
+// from the worker (a spare takes it when there is one; the drained worker is never given a stage
+// again) and the worker is released (Worker.Release: it becomes idle, and may exit).
 //
 // Expert hosts (workers that hold spilled experts and run no stage) are assigned like stage workers;
-// every replica needs all of them. Not done (yet): re-planning when workers join or leave for good.
+// every replica needs all of them. Not done (yet): re-planning the layout when workers join or
+// leave for good (a spare takes one stage as planned).
 //
 // Threads: Start() runs the loop on its own thread, which wakes on every registry change and at
 // least every Options::poll_interval. Tick() runs one pass; tests may call it instead of Start().
@@ -22,6 +42,7 @@
 #define SHARDSERVE_COORDINATOR_API_CLUSTER_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,7 +102,10 @@ struct ClusterOptions {
   // whole sequence (ceil(max_seq_len / kv_block_size) blocks) is always allocated.
   int64_t max_kv_blocks = 0;
   absl::Duration poll_interval = absl::Milliseconds(100);  // loop wake-up bound
-  absl::Duration assign_retry = absl::Seconds(1);          // between failed Assign attempts
+  absl::Duration assign_retry = absl::Seconds(1);          // between failed Assign (and Release) attempts
+  // Admit requests while no replica serves after one has (AdmissionStatus): the scheduler parks
+  // them until a replica recovers (SchedulerOptions::recovery_timeout > 0).
+  bool admit_while_recovering = false;
   absl::Status Validate() const;
 };
 
@@ -90,6 +114,7 @@ struct ClusterWorkerView {
   WorkerRecord record;
   std::optional<WorkerAssignment> assignment;  // when it holds a stage of the plan
   std::string assign_error;                    // the last failed Worker.Assign, if any
+  bool draining = false;                       // Drain() was called for it
 };
 
 struct ClusterView {
@@ -119,11 +144,21 @@ class Cluster {
 
   // OK when ready; Unavailable with the reason otherwise.
   absl::Status ReadyStatus() const;
+  // Whether the front ends take a request now: ReadyStatus(), except that with
+  // admit_while_recovering a cluster that has served takes them while it recovers.
+  absl::Status AdmissionStatus() const;
   ClusterView View();
   // Plans made so far (successful MakePlan calls that replaced the assignments); 0 before the first.
   int PlansMade() const;
   // Waits (bounded) until ready; returns whether it is.
   bool WaitUntilReady(absl::Duration timeout) const;
+  // Drains worker `worker_id` ("Drain" above); returns once the drain is under way (the next Tick
+  // carries it out; View() shows `draining`, and the worker turns idle once released). `timeout`
+  // bounds how long its sequences may run on when no other replica can take them (> 0).
+  // NotFound for an unknown worker; FailedPrecondition for an expert host (not drained yet) or a
+  // dead worker; InvalidArgument for a timeout <= 0. Draining a worker twice is OK (the first
+  // timeout stands).
+  absl::Status Drain(const std::string& worker_id, absl::Duration timeout);
   // Called with the new readiness whenever it changes (from the loop thread, no lock held).
   void SetReadinessCallback(std::function<void(bool)> callback);
 
@@ -132,6 +167,8 @@ class Cluster {
     WorkerAssignment assignment;
     std::string worker_id;
     std::string node_name, address;  // to recognise the worker when it restarts
+    std::string id_base;             // "plan-N/rR/sS/": the assignment id less its worker
+    std::vector<Device> devices;     // the planned worker's (what a spare must have)
     bool assigned = false;           // Worker.Assign succeeded for this worker_id
     std::string assign_error;
     absl::Time next_attempt = absl::InfinitePast();
@@ -147,6 +184,13 @@ class Cluster {
   void PlanLocked(const std::vector<WorkerRecord>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the stage cannot serve (empty when it is READY for its assignment).
   std::string StageProblem(const Stage& stage, const WorkerRecord* record, bool* settled) const;
+  // Points `stage` at worker `w` (a restart of its worker, or a spare): a new assignment id, to
+  // be assigned.
+  void RetargetLocked(Stage& stage, const WorkerRecord& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes every stage from `worker_id` (a drain): the stage has no worker until one takes it.
+  void VacateLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `w` has the devices `stage` was planned on.
+  static bool CanTake(const Stage& stage, const WorkerRecord& w);
 
   // Constant after construction.
   const ClusterOptions options_;
@@ -171,6 +215,16 @@ class Cluster {
   // Workers serving spilled experts (the plan's expert hosts); every replica needs all of them.
   std::vector<Stage> hosts_ ABSL_GUARDED_BY(mu_);
   std::function<void(bool)> on_readiness_ ABSL_GUARDED_BY(mu_);
+  struct DrainState {
+    absl::Time deadline;
+    bool started = false;  // its replica was told to drain (Scheduler::DrainReplica)
+    bool done = false;     // its stage was taken from it
+  };
+  // Workers being drained or drained, by id (forgotten once their record is gone or dead).
+  std::map<std::string, DrainState> draining_ ABSL_GUARDED_BY(mu_);
+  int64_t revision_ ABSL_GUARDED_BY(mu_) = 0;  // retargets so far (part of new assignment ids)
+  // Workers told to drop what they hold (Worker.Release): when they may be told again.
+  std::map<std::string, absl::Time> released_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex tick_mu_;  // one Tick at a time (loop thread or a test)
   std::thread thread_;

@@ -63,6 +63,37 @@ grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerCon
       [&](const v1::GetClusterStatusRequest& req, v1::ClusterStatus* resp) { return DoGetClusterStatus(ctx, req, resp); });
 }
 
+absl::Status DrainFromProto(Cluster& cluster, const v1::DrainWorkerRequest& request) {
+  if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id is empty");
+  if (request.timeout_ms() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("timeout_ms must be >= 0 (0 = 60 s), got ", request.timeout_ms()));
+  }
+  const absl::Duration timeout = request.timeout_ms() == 0 ? absl::Seconds(60) : absl::Milliseconds(request.timeout_ms());
+  return cluster.Drain(request.worker_id(), timeout);
+}
+
+grpc::ServerUnaryReactor* RegistryService::Drain(grpc::CallbackServerContext* ctx, const v1::DrainWorkerRequest* request,
+                                                 v1::DrainWorkerResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker});
+  if (st.ok()) {
+    st = cluster_ == nullptr ? grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this coordinator does not drain workers")
+                             : ToGrpcStatus(DrainFromProto(*cluster_, *request));
+  }
+  reactor->Finish(st);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::DrainWorker(grpc::CallbackServerContext* ctx,
+                                                    const v1::DrainWorkerRequest* request,
+                                                    v1::DrainWorkerResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status st = AdmitCall(api_keys_, *ctx, security::ApiRole::kAdmin).status();
+  if (st.ok()) st = DrainFromProto(*cluster_, *request);
+  reactor->Finish(ToGrpcStatus(st));
+  return reactor;
+}
+
 grpc::Status RegistryService::DoRegister(grpc::CallbackServerContext* ctx, const v1::RegisterRequest* request,
                                          v1::RegisterResponse* response) {
   // Only workers register (on a TLS control port: a certificate with the worker role).
@@ -150,6 +181,7 @@ grpc::Status AdminService::DoGetClusterStatus(grpc::CallbackServerContext* ctx, 
     for (const Device& d : w.record.registration.devices) coordinator::ToProto(d, out->add_devices());
     out->set_last_heartbeat_ms_ago(std::max<int64_t>(0, absl::ToInt64Milliseconds(now - w.record.last_heartbeat)));
     if (w.assignment.has_value()) coordinator::ToProto(*w.assignment, out->mutable_assignment());
+    out->set_draining(w.draining);
   }
   return ToGrpcStatus(absl::OkStatus());
 }

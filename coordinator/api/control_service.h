@@ -1,7 +1,7 @@
 // The coordinator's control-plane services (proto/shardserve/v1/control.proto):
-//   RegistryService  Registry.Register / Heartbeat, called by workers; converts to the
+//   RegistryService  Registry.Register / Heartbeat / Drain, called by workers; converts to the
 //                    WorkerRegistry's structs.
-//   AdminService     Admin.GetClusterStatus, for operators and the CLI.
+//   AdminService     Admin.GetClusterStatus and DrainWorker, for operators and the CLI.
 // Both are thin callback-API services: each call converts, calls a thread-safe object that never
 // blocks for long (a mutex held briefly), and finishes in the reaction.
 #ifndef SHARDSERVE_COORDINATOR_API_CONTROL_SERVICE_H_
@@ -25,8 +25,10 @@ using AdminBase = v1::Admin::WithRawCallbackMethod_GetClusterStatus<v1::Admin::C
 
 class RegistryService final : public RegistryBase {
  public:
-  // `registry` must outlive the service.
-  explicit RegistryService(WorkerRegistry* registry) : registry_(registry) {}
+  // `registry` (and `cluster`, which may be null: Drain is then UNIMPLEMENTED) must outlive the
+  // service.
+  explicit RegistryService(WorkerRegistry* registry, Cluster* cluster = nullptr)
+      : registry_(registry), cluster_(cluster) {}
 
   // INVALID_ARGUMENT naming the field for a bad registration (see WorkerRegistry::Register).
   using RegistryBase::Heartbeat;
@@ -37,13 +39,20 @@ class RegistryService final : public RegistryBase {
   // UNSPECIFIED or DEAD.
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
+  // A worker drains itself (Cluster::Drain); only for workers (the worker role on a TLS port).
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const v1::DrainWorkerRequest* request,
+                                  v1::DrainWorkerResponse* response) override;
 
  private:
   grpc::Status DoRegister(grpc::CallbackServerContext* ctx, const v1::RegisterRequest* request,
                           v1::RegisterResponse* response);
   grpc::Status DoHeartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request);
   WorkerRegistry* const registry_;
+  Cluster* const cluster_;
 };
+
+// DrainWorkerRequest -> Cluster::Drain (timeout_ms 0 = 60 s; negative is INVALID_ARGUMENT).
+absl::Status DrainFromProto(Cluster& cluster, const v1::DrainWorkerRequest& request);
 
 class AdminService final : public AdminBase {
  public:
@@ -61,6 +70,9 @@ class AdminService final : public AdminBase {
   using AdminBase::GetClusterStatus;
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                              grpc::ByteBuffer* response) override;
+  // Cluster::Drain; needs an admin key (or certificate) like GetClusterStatus.
+  grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* ctx, const v1::DrainWorkerRequest* request,
+                                        v1::DrainWorkerResponse* response) override;
 
  private:
   // Counts every worker; lists one page of them (GetClusterStatusRequest.max_workers, default 256).

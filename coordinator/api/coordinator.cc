@@ -60,6 +60,9 @@ absl::Status CoordinatorOptions::Validate() const {
   }
   if (assign_timeout <= absl::ZeroDuration()) return bad("assign_timeout_ms", absl::FormatDuration(assign_timeout), "> 0");
   if (step_timeout <= absl::ZeroDuration()) return bad("step_timeout_ms", absl::FormatDuration(step_timeout), "> 0");
+  if (recovery_timeout < absl::ZeroDuration()) {
+    return bad("recovery_timeout_ms", absl::FormatDuration(recovery_timeout), ">= 0 (0 = no waiting)");
+  }
   if (http_max_body_bytes < 1024) return bad("http_max_body_bytes", http_max_body_bytes, ">= 1024");
   if (absl::Status st = http_limits.Validate("--http_"); !st.ok()) return st;
   return grpc_limits.Validate();
@@ -123,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   so.max_step_tokens = options.max_step_tokens;
   so.max_queued = options.max_queued;
   so.observer = c->metrics_.get();
+  so.recovery_timeout = options.recovery_timeout;
   for (int64_t id : model.eos_token_ids) so.eos_token_ids.push_back(static_cast<int32_t>(id));
   c->scheduler_ = std::make_unique<Scheduler>(so);
   c->worker_client_ = deps.worker_client != nullptr
@@ -153,6 +157,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   co.max_step_tokens = options.max_step_tokens;
   co.pipeline_depth = options.pipeline_depth;
   co.prefix_caching = options.prefix_caching;
+  co.admit_while_recovering = options.recovery_timeout > absl::ZeroDuration();
   c->cluster_ = std::make_unique<Cluster>(co, c->spec_.get(), c->registry_.get(), c->scheduler_.get(),
                                           c->worker_client_.get(), std::move(factory), clock);
 
@@ -165,7 +170,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
           .constraints = c->constraints_.get(),
           .tool_call_parser = options.tool_call_parser},
       c->spec_.get(), c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
-  c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get());
+  c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get(), c->cluster_.get());
   c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock,
                                              c->api_keys_.get());
 
@@ -239,7 +244,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
          .tls = public_tls ? options.tls : std::nullopt,
          .constraints = c->constraints_.get(),
          .tool_call_parser = options.tool_call_parser},
-        c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->ReadyStatus(); });
+        c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->AdmissionStatus(); });
     if (!server.ok()) return server.status();
     c->http_ = *std::move(server);
   }

@@ -94,6 +94,10 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign
   absl::Duration step_timeout = absl::Seconds(60);    // bound on one micro-batch
+  // How long requests whose replica broke wait for it (or a spare worker) to recover when no other
+  // replica can take them (scheduler.h "Recovery"); requests that arrive meanwhile wait too.
+  // 0 = they fail at once with UNAVAILABLE. >= 0.
+  absl::Duration recovery_timeout = absl::Seconds(60);
   std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint (port 0 picks one); empty = none
   // OpenAI-compatible HTTP API (coordinator/http): HOST:PORT (port 0 picks a free port); empty = off.
   // HTTPS with `tls` (unless public_plaintext).

@@ -67,7 +67,11 @@ ABSL_FLAG(bool, prefix_caching, true,
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval workers are told to use");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000, "a worker silent this long is dead");
 ABSL_FLAG(int64_t, assign_timeout_ms, 10000, "deadline of Worker.Assign calls");
-ABSL_FLAG(int64_t, step_timeout_ms, 60000, "bound on one micro-batch round trip to a replica");
+ABSL_FLAG(int64_t, step_timeout_ms, 60000,
+          "bound on one micro-batch round trip to a replica; a step past it breaks the pipeline like a dead worker");
+ABSL_FLAG(int64_t, recovery_timeout_ms, 60000,
+          "requests whose replica broke, with no other replica to take them, wait this long for its worker to "
+          "come back or a spare worker to take its stage, then are recomputed (0 = fail them at once)");
 ABSL_FLAG(int64_t, shutdown_timeout_ms, 5000, "on SIGINT/SIGTERM, cancel calls still running after this");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus metrics at http://HOST:PORT/metrics (port 0 picks one; empty = no metrics)");
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.assign_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_assign_timeout_ms));
   options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
+  options.recovery_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_recovery_timeout_ms));
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);

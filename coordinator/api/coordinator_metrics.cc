@@ -12,7 +12,7 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
-std::string ReplicaLabel(int replica) { return absl::StrCat(replica); }
+std::string ReplicaLabel(int replica) { return replica < 0 ? std::string("none") : absl::StrCat(replica); }
 
 }  // namespace
 

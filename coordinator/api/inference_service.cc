@@ -436,7 +436,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::Cal
   reactor->set_lease(*std::move(lease));
   absl::StatusOr<SequenceRequest> seq = Convert(*request);
   if (seq.ok()) {
-    if (absl::Status ready = cluster_->ReadyStatus(); !ready.ok()) seq = ready;
+    if (absl::Status ready = cluster_->AdmissionStatus(); !ready.ok()) seq = ready;
   }
   if (!seq.ok()) {
     ReportRejected(options_.observer, seq.status());

@@ -1,9 +1,9 @@
 // InferenceService: the public API (proto/shardserve/v1/inference.proto) on the callback API.
 //
 // Generate: the handler validates the request (INVALID_ARGUMENT naming the field), checks that
-// the cluster is ready (UNAVAILABLE with the reason), tokenizes a text prompt, and submits the
-// sequence to the Scheduler (RESOURCE_EXHAUSTED when the queue is full). From then on the
-// scheduler's threads push tokens into the call's own small queue (GenerateStream, with one
+// the cluster takes requests (Cluster::AdmissionStatus: UNAVAILABLE with the reason), tokenizes
+// a text prompt, and submits the sequence to the Scheduler (RESOURCE_EXHAUSTED when the queue is
+// full). From then on the scheduler's threads push tokens into the call's own small queue (GenerateStream, with one
 // SequenceSink per choice of GenerateRequest.n, submitted through ChoiceGroup), which coalesces them
 // into at most one pending message per choice while a write is in flight; OnWriteDone starts the
 // next write, the choices taking turns. Text deltas come from the tokenizer's StreamDecoder, through a

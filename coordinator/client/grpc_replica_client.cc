@@ -80,8 +80,10 @@ class GrpcReplicaClient::Stream final : public grpc::ClientBidiReactor<v1::StepR
     if (result.has_value()) return *std::move(result);
     if (!closed.empty()) return absl::UnavailableError(closed);
     Close(absl::StrCat("step ", step_id, " timed out"));
-    return absl::DeadlineExceededError(absl::StrCat("stage stream to ", address_, ": no answer to step ", step_id,
-                                                    " before the step timeout"));
+    // A stage that does not answer is a broken pipeline like a closed stream: UNAVAILABLE lets the
+    // scheduler fail the sequences over (or park them) instead of failing them.
+    return absl::UnavailableError(absl::StrCat("stage stream to ", address_, ": no answer to step ", step_id,
+                                               " within the step timeout; the stream is closed"));
   }
 
   // No more writes; cancels the call (waking every Await at once). OnDone follows. Idempotent.

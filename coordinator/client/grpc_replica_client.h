@@ -9,8 +9,9 @@
 //
 // Errors from Step: the stages' own error (StepResponse.error_code / error_message);
 // Unavailable when the stream cannot be opened or ends ("stage stream to ADDRESS ended: ...");
-// DeadlineExceeded after step_timeout (the stream is then cancelled and re-opened by the next
-// Step); Unavailable after Shutdown.
+// Unavailable too after step_timeout (a stage that does not answer breaks the pipeline like a
+// closed stream: the stream is cancelled and re-opened by the next Step); Unavailable after
+// Shutdown.
 //
 // Thread-safety: as ReplicaClient (Step from several threads at once; Shutdown from any thread).
 // Destruction waits (bounded) for the stream to finish.

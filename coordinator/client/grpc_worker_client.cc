@@ -35,4 +35,17 @@ absl::Status GrpcWorkerClient::Assign(const std::string& address, const WorkerAs
   return absl::Status(status.code(), absl::StrCat("Worker.Assign to ", address, ": ", status.message()));
 }
 
+absl::Status GrpcWorkerClient::Release(const std::string& address, const std::string& reason) {
+  std::unique_ptr<v1::Worker::Stub> stub = v1::Worker::NewStub(ChannelFor(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  v1::ReleaseRequest request;
+  request.set_reason(reason);
+  v1::ReleaseResponse response;
+  const grpc::Status st = stub->Release(&ctx, request, &response);
+  if (st.ok()) return absl::OkStatus();
+  const absl::Status status = FromGrpcStatus(st);
+  return absl::Status(status.code(), absl::StrCat("Worker.Release to ", address, ": ", status.message()));
+}
+
 }  // namespace shardserve::coordinator

@@ -21,7 +21,7 @@ namespace shardserve::coordinator {
 class GrpcWorkerClient final : public WorkerClient {
  public:
   struct Options {
-    absl::Duration timeout = absl::Seconds(10);  // deadline of each Assign call, > 0
+    absl::Duration timeout = absl::Seconds(10);  // deadline of each Assign and Release call, > 0
     // Credentials of the channels to the workers (mutual TLS expecting the worker role when the
     // cluster runs TLS); null = plaintext.
     std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -31,6 +31,7 @@ class GrpcWorkerClient final : public WorkerClient {
 
   // See WorkerClient. Thread-safe.
   absl::Status Assign(const std::string& address, const WorkerAssignment& assignment) override;
+  absl::Status Release(const std::string& address, const std::string& reason) override;
 
  private:
   std::shared_ptr<grpc::Channel> ChannelFor(const std::string& address);

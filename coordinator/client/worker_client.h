@@ -59,6 +59,10 @@ class WorkerClient {
   // caller for at most the implementation's deadline. Errors: the call's status, e.g.
   // Unavailable (unreachable), DeadlineExceeded, or the worker's own InvalidArgument.
   virtual absl::Status Assign(const std::string& address, const WorkerAssignment& assignment) = 0;
+
+  // Tells the worker at `address` to drop its assignment and become idle (Worker.Release), for
+  // `reason` (logged by the worker). Same deadline and errors as Assign; Aborted while it loads.
+  virtual absl::Status Release(const std::string& address, const std::string& reason) = 0;
 };
 
 }  // namespace shardserve::coordinator

@@ -93,7 +93,7 @@ struct StepOutput {
 //    Shutdown() is called: never indefinitely.
 //  - Errors fail the micro-batch only; the scheduler fails the sequences that were in it with the
 //    status (the stage's own gRPC code and message when a stage reported the failure;
-//    Unavailable when the replica cannot be reached; DeadlineExceeded after the step timeout).
+//    Unavailable when the replica cannot be reached or does not answer within the step timeout).
 //    Nothing is assumed about the KV contents of those sequences' blocks afterwards. A later Step
 //    may succeed (e.g. after the implementation reconnects).
 //  - StepOutput::token_ids must have exactly one entry per sequence with sample = true;

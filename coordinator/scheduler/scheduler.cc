@@ -49,6 +49,13 @@ struct Scheduler::Sequence {
   FinishReason cancel_reason = FinishReason::kCancelled;  // with cancelled
   bool in_flight = false;
   int failovers = 0;       // times moved to another replica after its own failed
+  // Recovery (parked: replica == nullptr, in parked_): when it fails unless a replica takes it
+  // (set when it parks, cleared when it makes progress), when it may be retried on a replica still
+  // listed, the retries so far, and why it parked.
+  std::optional<absl::Time> recovery_deadline;
+  absl::Time retry_at;
+  int retries = 0;
+  absl::Status park_reason;
   uint64_t last_step = 0;  // the replica step that last included it (0 = none)
   uint64_t admitted = 0;   // admission order on its replica
   absl::Time submitted;
@@ -73,6 +80,7 @@ struct Scheduler::Replica {
   std::vector<Sequence*> running;  // admission order
   int32_t depth = 1;  // step loops (micro-batches in flight at once)
   bool stopping = false;
+  bool draining = false;      // DrainReplica: no new work is routed here
   uint64_t steps = 0;         // micro-batches answered
   uint64_t last_step_id = 0;  // of the last micro-batch built
   uint64_t next_admitted = 1;
@@ -120,12 +128,19 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be >= 1, got ", max_step_tokens));
   }
   if (max_queued < 0) return absl::InvalidArgumentError(absl::StrCat("max_queued must be >= 0, got ", max_queued));
+  if (recovery_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recovery_timeout must be >= 0, got ", absl::FormatDuration(recovery_timeout)));
+  }
   return absl::OkStatus();
 }
 
 Scheduler::Scheduler(SchedulerOptions options)
     : options_(std::move(options)), clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()) {
   CHECK(options_.Validate().ok()) << options_.Validate();
+  if (options_.step_driver == StepDriver::kThreads && options_.recovery_timeout > absl::ZeroDuration()) {
+    recovery_thread_ = std::thread([this] { RecoveryLoop(); });
+  }
 }
 
 absl::StatusOr<SequenceId> Scheduler::Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink) {
@@ -169,6 +184,8 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->pool = std::make_unique<BlockPool>(options.kv_blocks, options.kv_block_size, options.prefix_caching);
   Replica* raw = r.get();
   replicas_.emplace(replica, std::move(r));
+  served_tokens_ = std::max(served_tokens_, options.kv_blocks * options.kv_block_size);
+  UnparkLocked(/*all=*/true);  // a replica came (back): parked sequences need not wait for a retry
   if (options_.step_driver == StepDriver::kThreads) {
     for (int32_t t = 0; t < options.pipeline_depth; ++t) raw->threads.emplace_back([this, raw] { ReplicaLoop(raw); });
   }
@@ -188,10 +205,19 @@ std::vector<int> Scheduler::Replicas() const {
   return out;
 }
 
+void Scheduler::DrainReplica(int replica) {
+  absl::MutexLock lock(&mu_);
+  auto it = replicas_.find(replica);
+  if (it == replicas_.end() || it->second->stopping || it->second->draining) return;
+  it->second->draining = true;
+  LOG(INFO) << "scheduler: draining replica " << replica << " (" << it->second->running.size() << " running, "
+            << it->second->waiting.size() << " waiting)";
+}
+
 Scheduler::Replica* Scheduler::PickReplicaLocked(int64_t tokens, const Replica* exclude) {
   Replica* best = nullptr;
   for (auto& [id, r] : replicas_) {
-    if (r.get() == exclude || r->stopping || BlocksFor(tokens, r->block_size) > r->kv_blocks) continue;
+    if (r.get() == exclude || r->stopping || r->draining || BlocksFor(tokens, r->block_size) > r->kv_blocks) continue;
     if (best == nullptr) {
       best = r.get();
       continue;
@@ -211,11 +237,22 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   if (shut_down_) return absl::UnavailableError(shutdown_reason_.message());
   const int64_t tokens = MaxCachedTokens(request);
   Replica* r = PickReplicaLocked(tokens);
-  if (r == nullptr) {
+  bool park = false;
+  if (r == nullptr && options_.recovery_timeout > absl::ZeroDuration() && tokens <= served_tokens_) {
+    // Recovery: no replica serves now, one did and could hold it; wait for one to come back.
+    park = std::none_of(replicas_.begin(), replicas_.end(),
+                        [](const auto& e) { return !e.second->stopping && !e.second->draining; });
+    if (park && num_waiting_ + std::ssize(parked_) >= options_.max_queued) {
+      return absl::ResourceExhaustedError(absl::StrCat("the waiting queue is full: ", num_waiting_ + std::ssize(parked_),
+                                                       " requests are waiting (max_queued = ", options_.max_queued,
+                                                       ") while no replica serves; retry later"));
+    }
+  }
+  if (r == nullptr && !park) {
     // Either nothing serves, or no serving replica's KV cache can hold this sequence.
     const Replica* largest = nullptr;
     for (const auto& [id, rep] : replicas_) {
-      if (!rep->stopping && (largest == nullptr || rep->kv_blocks * rep->block_size >
+      if (!rep->stopping && !rep->draining && (largest == nullptr || rep->kv_blocks * rep->block_size >
                                                        largest->kv_blocks * largest->block_size)) {
         largest = rep.get();
       }
@@ -226,7 +263,7 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
         BlocksFor(tokens, largest->block_size), " KV cache blocks of ", largest->block_size,
         " tokens; the largest replica has ", largest->kv_blocks, " blocks; lower max_tokens or shorten the prompt"));
   }
-  if (num_waiting_ >= options_.max_queued) {
+  if (!park && num_waiting_ >= options_.max_queued) {
     // A request that can be admitted at once does not count as waiting.
     if (!r->waiting.empty() || !FitsNowLocked(*r, request.prompt,
                                               r->pool->Match(request.prompt, std::ssize(request.prompt) - 1))) {
@@ -248,6 +285,10 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   seq->submitted = clock_->Now();
   Sequence* raw = seq.get();
   sequences_.emplace(raw->id, std::move(seq));
+  if (park) {
+    CHECK(ParkLocked(nullptr, *raw, absl::UnavailableError("no replica is serving")));
+    return raw->id;
+  }
   r->waiting.push_back(raw);
   ++num_waiting_;
   // Admit it now when it fits, so that the queue limit counts only sequences that really wait.
@@ -274,12 +315,16 @@ void Scheduler::Cancel(SequenceId id, FinishReason reason) {
 }
 
 void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& events) {
-  Replica& r = *seq.replica;
-  if (seq.running) {
+  const int replica_id = seq.replica != nullptr ? seq.replica->id : -1;
+  if (seq.replica == nullptr) {
+    std::erase(parked_, &seq);  // parked (or in no queue at all)
+  } else if (seq.running) {
+    Replica& r = *seq.replica;
     r.pool->Release(seq.blocks);
     seq.blocks.clear();
     std::erase(r.running, &seq);
   } else {
+    Replica& r = *seq.replica;
     auto it = std::find(r.waiting.begin(), r.waiting.end(), &seq);
     if (it != r.waiting.end()) {
       r.waiting.erase(it);
@@ -291,7 +336,7 @@ void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& ev
   end.cached_prompt_tokens = std::max(0, seq.cached_prompt_tokens);
   if (options_.observer != nullptr) {
     const absl::Time now = clock_->Now();
-    RequestReport report{.replica = r.id,
+    RequestReport report{.replica = replica_id,
                          .end = end,
                          .queue_time = std::max(absl::ZeroDuration(), seq.first_admitted.value_or(now) - seq.submitted),
                          .e2e_time = std::max(absl::ZeroDuration(), now - seq.submitted)};
@@ -378,6 +423,83 @@ bool Scheduler::FailOverLocked(Replica& from, Sequence& seq) {
   LOG(WARNING) << "event=failover request_id=" << (seq.request.request_id.empty() ? "-" : seq.request.request_id)
                << " from_replica=" << from.id << " to_replica=" << to->id << " generated=" << seq.generated;
   return true;
+}
+
+bool Scheduler::ParkLocked(Replica* from, Sequence& seq, const absl::Status& why) {
+  if (options_.recovery_timeout <= absl::ZeroDuration() || shut_down_) return false;
+  if (from != nullptr && seq.running) {
+    from->pool->Release(seq.blocks);
+    seq.blocks.clear();
+    std::erase(from->running, &seq);
+    seq.running = false;
+  }
+  seq.cached_blocks = 0;
+  seq.consumed = 0;  // recomputed from its context when a replica takes it
+  seq.match_epoch.reset();
+  seq.replica = nullptr;
+  const absl::Time now = clock_->Now();
+  if (!seq.recovery_deadline.has_value()) seq.recovery_deadline = now + options_.recovery_timeout;
+  seq.retry_at = now + std::min(kRecoveryRetryMax, kRecoveryRetryMin * (int64_t{1} << std::min(seq.retries, 8)));
+  ++seq.retries;
+  seq.park_reason = why;
+  // Oldest (lowest id) first.
+  auto at = std::find_if(parked_.begin(), parked_.end(), [&](const Sequence* p) { return p->id > seq.id; });
+  parked_.insert(at, &seq);
+  LOG(WARNING) << "event=park request_id=" << (seq.request.request_id.empty() ? "-" : seq.request.request_id)
+               << " from_replica=" << (from != nullptr ? absl::StrCat(from->id) : "-") << " generated=" << seq.generated
+               << " reason=\"" << why.message() << "\"";
+  return true;
+}
+
+void Scheduler::UnparkLocked(bool all) {
+  const absl::Time now = clock_->Now();
+  // Newest first, each to the front of its new queue: the oldest ends up first in line.
+  for (auto it = parked_.rbegin(); it != parked_.rend();) {
+    Sequence& seq = **it;
+    Replica* to = (all || now >= seq.retry_at) ? PickReplicaLocked(MaxCachedTokens(seq.request)) : nullptr;
+    if (to == nullptr) {
+      ++it;
+      continue;
+    }
+    it = std::make_reverse_iterator(parked_.erase(std::next(it).base()));
+    seq.replica = to;
+    to->waiting.push_front(&seq);
+    ++num_waiting_;
+    LOG(INFO) << "event=unpark request_id=" << (seq.request.request_id.empty() ? "-" : seq.request.request_id)
+              << " to_replica=" << to->id << " generated=" << seq.generated;
+  }
+}
+
+void Scheduler::Poll() {
+  std::vector<Event> events;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    std::vector<Sequence*> expired;
+    for (Sequence* s : parked_) {
+      if (s->recovery_deadline.has_value() && now >= *s->recovery_deadline) expired.push_back(s);
+    }
+    for (Sequence* s : expired) {
+      EndLocked(*s,
+                SequenceEnd{.status = absl::UnavailableError(absl::StrCat(
+                                "no replica recovered within the recovery timeout (",
+                                absl::FormatDuration(options_.recovery_timeout), "): ", s->park_reason.message()))},
+                events);
+    }
+    UnparkLocked(/*all=*/false);
+  }
+  Deliver(events);
+}
+
+void Scheduler::RecoveryLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50))) return;
+    }
+    Poll();
+  }
 }
 
 void Scheduler::ReleaseLocked(const Batch& batch) {
@@ -588,11 +710,14 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
       // A broken pipeline (UNAVAILABLE) is this replica's problem, not the request's: another
       // replica recomputes it. Other errors fail it. Either way it stays in flight until
       // ReleaseLocked, so the other replica does not step it before this thread is done with it.
-      const bool moved = absl::IsUnavailable(status) && !s.cancelled && s.failovers < kMaxFailovers &&
-                         FailOverLocked(r, s);
+      // With no replica to take it, it waits for one to recover (ParkLocked).
+      const bool broken = absl::IsUnavailable(status) && !s.cancelled;
+      const bool moved = broken && ((s.failovers < kMaxFailovers && FailOverLocked(r, s)) || ParkLocked(&r, s, status));
       if (!moved) EndLocked(s, SequenceEnd{.status = status}, events);
       continue;
     }
+    s.recovery_deadline.reset();  // progress: a later break gives it a whole recovery_timeout again
+    s.retries = 0;
     s.consumed += static_cast<int32_t>(in.token_ids.size());
     r.pool->Commit(s.blocks, s.context, s.consumed, &s.cached_blocks);
     if (!in.prompt_logprob_targets.empty()) {
@@ -769,7 +894,7 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
       Sequence& s = *r->running.back();
       if (s.cancelled) {
         EndLocked(s, SequenceEnd{.reason = s.cancel_reason}, events);
-      } else if (!FailOverLocked(*r, s)) {
+      } else if (!FailOverLocked(*r, s) && !ParkLocked(r, s, reason)) {
         EndLocked(s, SequenceEnd{.status = reason}, events);
       }
     }
@@ -779,8 +904,8 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
     for (Sequence* s : moved) {
       Replica* to = PickReplicaLocked(MaxCachedTokens(s->request));
       if (to == nullptr) {
-        s->replica = r;  // not queued anywhere: EndLocked finds nothing to unlink
-        EndLocked(*s, SequenceEnd{.status = reason}, events);
+        s->replica = nullptr;  // in no queue: ParkLocked queues it, EndLocked finds nothing to unlink
+        if (!ParkLocked(nullptr, *s, reason)) EndLocked(*s, SequenceEnd{.status = reason}, events);
         continue;
       }
       s->replica = to;
@@ -825,8 +950,10 @@ void Scheduler::Shutdown(const absl::Status& reason) {
       owned.push_back(std::move(replicas_[r->id]));
       replicas_.erase(r->id);
     }
+    while (!parked_.empty()) EndLocked(*parked_.front(), SequenceEnd{.status = reason}, events);
   }
   Deliver(events);
+  if (recovery_thread_.joinable()) recovery_thread_.join();
 }
 
 SchedulerStats Scheduler::Stats() const {
@@ -840,11 +967,13 @@ SchedulerStats Scheduler::Stats() const {
                     .steps = r->steps,
                     .kv_blocks_used = r->pool->held(),
                     .kv_blocks_cached = r->pool->cached(),
-                    .kv_blocks_total = r->kv_blocks};
+                    .kv_blocks_total = r->kv_blocks,
+                    .draining = r->draining};
     stats.running += rs.running;
     stats.waiting += rs.waiting;
     stats.replicas.push_back(rs);
   }
+  stats.recovering = std::ssize(parked_);
   return stats;
 }
 

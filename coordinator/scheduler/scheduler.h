@@ -39,6 +39,22 @@
 //      replica's pipeline broke: a worker died, a stream closed) and another replica can hold
 //      them, they FAIL OVER: each moves to the front of that replica's waiting queue, keeping
 //      the tokens it has delivered, and is recomputed there (at most kMaxFailovers times).
+//      With no other replica (and SchedulerOptions::recovery_timeout > 0) they RECOVER instead
+//      (below).
+//
+// ---- Recovery (one replica, no lost request) --------------------------------------------------
+// With recovery_timeout > 0, a sequence whose pipeline broke (an UNAVAILABLE step, or its replica
+// removed) and that no other replica can take is PARKED: it keeps its context and delivered
+// tokens, holds no KV blocks, and waits, at most recovery_timeout since it last made progress (a
+// token or a prompt chunk), for a replica to take it: one added by AddReplica (the worker came
+// back or a spare took its stage) takes every parked sequence it can hold at once; a replica still
+// listed (its stream broke, it may work again) is retried after a backoff (kRecoveryRetryMin,
+// doubling to kRecoveryRetryMax). It is then recomputed like a failed-over one, so its output
+// does not change. Past its recovery deadline it fails with UNAVAILABLE (naming the timeout and
+// the failure). A request submitted while no replica serves, after one has served, is parked the
+// same way instead of being refused. Cancelling a parked sequence ends it at once. Poll() applies
+// deadlines and retries; with StepDriver::kThreads a scheduler thread calls it every 50 ms (with
+// kCaller the caller does).
 // Pipelining: a replica runs pipeline_depth step loops (threads) over the same state, so up to
 // that many micro-batches are in flight at once, each of different sequences (a sequence stays
 // "in flight" from the build of its micro-batch until its tokens have been delivered, which also
@@ -110,6 +126,9 @@ struct SchedulerOptions {
   SchedulerObserver* observer = nullptr;  // borrowed, may be null; must outlive the scheduler
   const Clock* clock = nullptr;           // borrowed; null = RealClock
   StepDriver step_driver = StepDriver::kThreads;
+  // How long a sequence whose pipeline broke waits for a replica to take it ("Recovery" above);
+  // 0 = it fails at once when no other replica can take it. >= 0.
+  absl::Duration recovery_timeout = absl::ZeroDuration();
   // InvalidArgument naming the field when a value is out of range.
   absl::Status Validate() const;
 };
@@ -137,11 +156,13 @@ struct ReplicaStats {
   int64_t kv_blocks_used = 0;    // KV cache blocks held by its sequences
   int64_t kv_blocks_cached = 0;  // blocks whose contents are kept for prefix reuse (held or not)
   int64_t kv_blocks_total = 0;   // the replica's KV cache blocks (the same on every stage)
+  bool draining = false;         // DrainReplica: takes no new work
 };
 
 struct SchedulerStats {
   int64_t running = 0;
   int64_t waiting = 0;
+  int64_t recovering = 0;  // parked, waiting for a replica to recover ("Recovery" above)
   std::vector<ReplicaStats> replicas;  // by replica id
 };
 
@@ -166,18 +187,25 @@ class Scheduler {
   // (ReplicaClient::Shutdown), waits for its loop to stop, and moves its sequences to the other
   // replicas whose KV cache can hold them: running ones fail over (to the front of a waiting
   // queue, keeping the tokens they have delivered, to be recomputed), waiting ones join the back.
-  // Sequences no other replica can take fail with `reason` (which must not be OK); cancelled ones
-  // end as cancelled. Returns once done; a no-op for an unknown replica or one already being
+  // Sequences no other replica can take park when recovery is on ("Recovery" above) and fail
+  // with `reason` (which must not be OK) otherwise; cancelled ones end as cancelled. Returns once done; a no-op for an unknown replica or one already being
   // removed. Must not be called from a sink.
   void RemoveReplica(int replica, const absl::Status& reason);
 
-  // Ids of the replicas serving now, ascending.
+  // Drain: stops routing work to `replica` (new requests, and sequences failing over or parked,
+  // go to other replicas, or park when none serves), while its own running and waiting sequences
+  // go on to their end. The caller removes it (RemoveReplica) once it is empty, or at a deadline.
+  // A no-op for an unknown replica or one being removed.
+  void DrainReplica(int replica);
+
+  // Ids of the replicas serving now (draining ones included), ascending.
   std::vector<int> Replicas() const;
 
   // Queues a request; `sink` (non-null) then receives its output. Errors (the sink is then never
   // called): InvalidArgument from ValidateSequenceRequest, or when prompt + max_tokens needs more
   // KV blocks than any serving replica has (the message gives both numbers); Unavailable when no
-  // replica is serving or after Shutdown (with its reason); ResourceExhausted when max_queued
+  // replica is serving (unless recovery parks it: "Recovery" above) or after Shutdown (with its
+  // reason); ResourceExhausted when max_queued
   // sequences are already waiting (the message gives the limit). Refusals are reported to the
   // observer.
   absl::StatusOr<SequenceId> Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
@@ -209,6 +237,11 @@ class Scheduler {
   // made on the calling thread. A no-op for an unknown replica or step (e.g. the replica was
   // removed: RemoveReplica and Shutdown close its open micro-batches, whose answers are dropped).
   void EndStep(int replica, uint64_t step_id, const absl::StatusOr<StepOutput>& out, absl::Duration took);
+
+  // Recovery: fails the parked sequences past their deadline and hands those due for a retry to
+  // a serving replica. Called every 50 ms by a scheduler thread with kThreads; with kCaller, by
+  // the caller. Sink calls are made on the calling thread.
+  void Poll();
 
   SchedulerStats Stats() const;
   const SchedulerOptions& options() const { return options_; }
@@ -256,17 +289,28 @@ class Scheduler {
                    std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `seq` (running or waiting) and queues its OnEnd.
   void EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The least-loaded replica other than `exclude` that is not stopping and whose KV cache holds a
-  // sequence of `tokens` positions; nullptr when none.
+  // The least-loaded replica other than `exclude` that is not stopping nor draining and whose KV
+  // cache holds a sequence of `tokens` positions; nullptr when none.
   Replica* PickReplicaLocked(int64_t tokens, const Replica* exclude = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves `seq` (running on `from`, or taken out of its waiting queue) to the front of the waiting
   // queue of another replica that can hold it, as if preempted: it keeps its context and tokens and
   // is recomputed there. False (nothing changed) when no other replica can take it.
   bool FailOverLocked(Replica& from, Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recovery: takes `seq` (running on `from`, or already out of every queue) off its replica and
+  // parks it until a replica takes it or its deadline passes. False (nothing changed) when
+  // recovery is off or the scheduler is shutting down.
+  bool ParkLocked(Replica* from, Sequence& seq, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands parked sequences to serving replicas that can hold them (all of them, or only those
+  // whose retry time has come), oldest first.
+  void UnparkLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecoveryLoop();
   static void Deliver(std::vector<Event>& events);
 
   // Times one sequence may fail over to another replica before a failed step fails it.
   static constexpr int kMaxFailovers = 3;
+  // Backoff of a parked sequence's retries on a replica that is still listed.
+  static constexpr absl::Duration kRecoveryRetryMin = absl::Milliseconds(100);
+  static constexpr absl::Duration kRecoveryRetryMax = absl::Seconds(2);
 
   // Constant after construction.
   const SchedulerOptions options_;
@@ -280,6 +324,11 @@ class Scheduler {
   // Every live sequence (waiting or running). A sequence is erased exactly when its OnEnd is queued.
   absl::flat_hash_map<SequenceId, std::unique_ptr<Sequence>> sequences_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::unique_ptr<Replica>> replicas_ ABSL_GUARDED_BY(mu_);
+  // Recovery: parked sequences, oldest first (they hold no replica and no KV blocks).
+  std::deque<Sequence*> parked_ ABSL_GUARDED_BY(mu_);
+  // The largest KV cache (in tokens) a replica has had: new requests park only when one fits.
+  int64_t served_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread recovery_thread_;  // with kThreads and recovery_timeout > 0
 };
 
 }  // namespace shardserve::coordinator

@@ -19,7 +19,7 @@ namespace shardserve::coordinator {
 
 // One accepted request, when it ends (once per request).
 struct RequestReport {
-  int replica = 0;     // the replica it ended on
+  int replica = 0;     // the replica it ended on; -1 when it ended parked (scheduler.h, Recovery)
   SequenceEnd end;     // status (OK or the error that failed it), finish reason, token counts
   absl::Duration queue_time;  // Submit -> first admission to a replica's batch (its whole wait
                               // when it never got in)

@@ -3,16 +3,19 @@
 //   shardserve generate --server=HOST:PORT --prompt "TEXT" --max_tokens 32 --temperature 0
 //   shardserve generate --server=HOST:PORT --prompt_ids 1,2,3 --print_ids
 //   shardserve status   --server=HOST:PORT
-//   (generate, status, bench: --tls_ca_file, --tls_cert_file/--tls_key_file, --bearer_token_file)
+//   shardserve drain    WORKER --server=HOST:PORT [--drain_timeout_s=60] [--wait=true]
+//   (generate, status, drain, bench: --tls_ca_file, --tls_cert_file/--tls_key_file, --bearer_token_file)
 //   shardserve plan     --model=DIR --workers=a=cpu:2x8GiB,b=cpu:2x8GiB [--tp --pp --replicas] [--explain] [--json]
 //   shardserve bench    --server=HOST:PORT --concurrency 16 --requests 200 --max_tokens 64 [--json]
 //   shardserve simulate --model=DIR --workers=n*4=cuda:8x80GiB --rate=100 [--fail=n-0@30] [--sweep --slo=...]
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/flags/usage.h"
@@ -56,6 +59,9 @@ ABSL_FLAG(double, frequency_penalty, 0.0,
 ABSL_FLAG(double, repetition_penalty, 1.0,
           "divides the positive (multiplies the negative) logits of tokens in the prompt or generated; (0, 2]");
 ABSL_FLAG(int32_t, timeout_s, 600, "deadline of each call, seconds");
+ABSL_FLAG(int32_t, drain_timeout_s, 60,
+          "drain: how long the worker's requests may run on when no other replica can take them");
+ABSL_FLAG(bool, wait, true, "drain: wait until the worker is released (idle), at most --drain_timeout_s + 30 s");
 ABSL_FLAG(bool, tls, false, "connect with TLS (implied by any --tls_* file)");
 ABSL_FLAG(std::string, tls_ca_file, "", "PEM CA certificates to trust; default: the system's roots");
 ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate chain for mutual TLS (with --tls_key_file)");
@@ -215,6 +221,37 @@ absl::Status StatusCommand() {
   return absl::OkStatus();
 }
 
+absl::Status DrainCommand(const std::string& worker_id) {
+  if (worker_id.empty()) return absl::InvalidArgumentError("usage: shardserve drain WORKER_ID --server=HOST:PORT");
+  const int timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  if (timeout_s < 1) return absl::InvalidArgumentError(absl::StrCat("--drain_timeout_s must be >= 1, got ", timeout_s));
+  auto client = Connect();
+  if (!client.ok()) return client.status();
+  if (absl::Status st = (*client)->DrainWorker(worker_id, std::chrono::seconds(timeout_s)); !st.ok()) return st;
+  std::cout << "draining worker " << worker_id << std::endl;
+  if (!absl::GetFlag(FLAGS_wait)) return absl::OkStatus();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s + 30);
+  std::string last;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto info = (*client)->ClusterStatus();
+    if (!info.ok()) return info.status();
+    const WorkerInfo* w = nullptr;
+    for (const WorkerInfo& x : info->workers) w = x.worker_id == worker_id ? &x : w;
+    if (w == nullptr || w->state == "dead") {
+      std::cout << "worker " << worker_id << " is gone" << std::endl;
+      return absl::OkStatus();
+    }
+    if (w->state == "idle" && w->assignment.empty()) {
+      std::cout << "worker " << worker_id << " drained: it holds nothing and may be stopped" << std::endl;
+      return absl::OkStatus();
+    }
+    last = w->state;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("worker ", worker_id, " was not released within ", timeout_s + 30, " s (it is ", last, ")"));
+}
+
 absl::Status BenchCommand() {
   cli::BenchOptions o;
   o.concurrency = absl::GetFlag(FLAGS_concurrency);
@@ -370,10 +407,11 @@ absl::Status SimulateCommand() {
 
 int main(int argc, char** argv) {
   shardserve::SetProgramUsage(
-      "shardserve generate|status|plan|bench|simulate [flags]\n"
+      "shardserve generate|status|drain|plan|bench|simulate [flags]\n"
       "  generate --server=HOST:PORT --prompt \"TEXT\" --max_tokens N --temperature 0\n"
       "  status   --server=HOST:PORT\n"
-      "  (generate, status, bench: --tls_ca_file=PEM [--tls_cert_file --tls_key_file] --bearer_token_file=FILE)\n"
+      "  drain    WORKER --server=HOST:PORT [--drain_timeout_s=60] [--wait=true]\n"
+      "  (generate, status, drain, bench: --tls_ca_file=PEM [--tls_cert_file --tls_key_file] --bearer_token_file=FILE)\n"
       "  plan     --model=DIR --workers=a=cpu:2x8GiB,b=cuda:8x80GiB [--tp --pp --replicas] [--explain] [--json]\n"
       "  bench    --server=HOST:PORT --concurrency N (--requests N | --duration_s S) [--rate R]\n"
       "           [--prompt_tokens N|MIN:MAX] [--shared_prefix_tokens N] [--max_tokens N | --output_tokens MIN:MAX] [--json]\n"
@@ -384,25 +422,27 @@ int main(int argc, char** argv) {
     absl::ParseCommandLine(argc, argv);  // prints the usage and the flags, and exits
   }
   if (argc < 2 || argv[1][0] == '-') {
-    std::cerr << "usage: shardserve generate|status|plan|bench|simulate [flags] (--help for the flags)\n";
+    std::cerr << "usage: shardserve generate|status|drain|plan|bench|simulate [flags] (--help for the flags)\n";
     return 2;
   }
   const std::string command = argv[1];
   std::vector<char*> args = {argv[0]};
   for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
   const std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  if (rest.size() > 1) {
+  const bool positional = command == "drain";  // shardserve drain WORKER
+  if (rest.size() > (positional ? 2u : 1u)) {
     std::cerr << "shardserve: unexpected argument \"" << rest[1] << "\"\n";
     return 2;
   }
   absl::Status st;
   if (command == "generate") st = shardserve::GenerateCommand();
   else if (command == "status") st = shardserve::StatusCommand();
+  else if (command == "drain") st = shardserve::DrainCommand(rest.size() > 1 ? rest[1] : "");
   else if (command == "plan") st = shardserve::PlanCommand();
   else if (command == "bench") st = shardserve::BenchCommand();
   else if (command == "simulate") st = shardserve::SimulateCommand();
   else {
-    std::cerr << "shardserve: unknown command \"" << command << "\" (generate, status, plan, bench, simulate)\n";
+    std::cerr << "shardserve: unknown command \"" << command << "\" (generate, status, drain, plan, bench, simulate)\n";
     return 2;
   }
   if (!st.ok()) {

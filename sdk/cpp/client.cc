@@ -314,6 +314,8 @@ class GrpcClient final : public Client {
                                                   const CallOptions& call) override;
   absl::StatusOr<ModelInfo> DoGetModelInfo(const CallOptions& call) override;
   absl::StatusOr<ClusterInfo> DoClusterStatus(const CallOptions& call) override;
+  absl::Status DoDrainWorker(const std::string& worker_id, std::chrono::milliseconds timeout,
+                             const CallOptions& call) override;
 
  private:
   const std::shared_ptr<const Channel> channel_;
@@ -349,6 +351,15 @@ absl::StatusOr<ModelInfo> GrpcClient::DoGetModelInfo(const CallOptions& call) {
   return info;
 }
 
+absl::Status GrpcClient::DoDrainWorker(const std::string& worker_id, std::chrono::milliseconds timeout,
+                                       const CallOptions& call) {
+  v1::DrainWorkerRequest req;
+  req.set_worker_id(worker_id);
+  req.set_timeout_ms(timeout.count());
+  v1::DrainWorkerResponse resp;
+  return channel_->Unary(call, [&](grpc::ClientContext* ctx) { return channel_->admin->DrainWorker(ctx, req, &resp); });
+}
+
 absl::StatusOr<ClusterInfo> GrpcClient::DoClusterStatus(const CallOptions& call) {
   v1::ClusterStatus resp;
   absl::Status st = channel_->Unary(call, [&](grpc::ClientContext* ctx) {
@@ -367,6 +378,7 @@ absl::StatusOr<ClusterInfo> GrpcClient::DoClusterStatus(const CallOptions& call)
     WorkerInfo wi{.worker_id = w.worker_id(), .node_name = w.node_name(), .address = w.address(),
                   .state = StateName(w.state()), .error = w.error()};
     wi.metrics_address = w.metrics_address();
+    wi.draining = w.draining();
     std::vector<std::string> devs;
     for (const v1::Device& d : w.devices()) {
       devs.push_back(absl::StrCat(d.kind() == v1::DEVICE_KIND_CUDA ? "cuda:" : "cpu:", d.index()));
@@ -480,6 +492,11 @@ absl::StatusOr<GenerateResult> Client::Generate(const Prompt& prompt, const Gene
   absl::StatusOr<std::vector<GenerateResult>> results = GenerateChoices(prompt, options, call);
   if (!results.ok()) return results.status();
   return std::move((*results)[0]);
+}
+
+absl::Status Client::DoDrainWorker(const std::string& /*worker_id*/, std::chrono::milliseconds /*timeout*/,
+                                   const CallOptions& /*call*/) {
+  return absl::UnimplementedError("this client does not drain workers");
 }
 
 }  // namespace shardserve

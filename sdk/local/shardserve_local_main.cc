@@ -330,7 +330,9 @@ int main(int argc, char** argv) {
     std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + control_address,
                                             "--listen=127.0.0.1:0",
                                             "--devices=" + absl::GetFlag(FLAGS_devices_per_worker),
-                                            absl::StrCat("--node_name=local-", i)};
+                                            absl::StrCat("--node_name=local-", i),
+                                            // Stopping stops every process: nothing to drain to.
+                                            "--drain_timeout_s=0"};
     if (absl::GetFlag(FLAGS_metrics)) worker_argv.push_back("--metrics_listen=127.0.0.1:0");
     if (const std::string m = absl::GetFlag(FLAGS_memory_per_device); !m.empty()) {
       worker_argv.push_back("--memory_per_device=" + m);

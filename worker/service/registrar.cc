@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/log/log.h"
+#include "common/status/grpc_status.h"
 
 namespace shardserve::service {
 namespace {
@@ -41,6 +42,23 @@ void Registrar::Stop() {
 std::string Registrar::worker_id() const {
   MutexLock lock(&mu_);
   return worker_id_;
+}
+
+bool Registrar::connected() const {
+  MutexLock lock(&mu_);
+  return connected_;
+}
+
+absl::Status Registrar::Drain(std::chrono::milliseconds timeout) {
+  const std::string id = worker_id();
+  if (id.empty()) return absl::FailedPreconditionError("not registered with the coordinator");
+  v1::DrainWorkerRequest request;
+  request.set_worker_id(id);
+  request.set_timeout_ms(timeout.count());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  v1::DrainWorkerResponse response;
+  return FromGrpcStatus(stub_->Drain(&ctx, request, &response));
 }
 
 bool Registrar::Sleep(int64_t ms) {
@@ -100,6 +118,10 @@ void Registrar::Loop() {
       continue;
     }
     if (!st.ok()) LOG(WARNING) << "heartbeat failed: " << st.error_message();
+    {
+      MutexLock lock(&mu_);
+      connected_ = st.ok();
+    }
     if (!Sleep(interval_ms)) return;
   }
 }

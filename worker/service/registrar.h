@@ -5,11 +5,13 @@
 #ifndef SHARDSERVE_WORKER_SERVICE_REGISTRAR_H_
 #define SHARDSERVE_WORKER_SERVICE_REGISTRAR_H_
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "common/concurrency/mutex.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "worker/service/worker_server.h"
@@ -29,6 +31,11 @@ class Registrar {
   void Stop();
   // The id the coordinator gave; empty while unregistered. Thread-safe.
   std::string worker_id() const;
+  // Whether the last heartbeat (or registration) reached the coordinator. Thread-safe.
+  bool connected() const;
+  // Asks the coordinator to drain this worker (Registry.Drain, `timeout` for its sequences).
+  // FailedPrecondition while unregistered; the call's status otherwise. Thread-safe.
+  absl::Status Drain(std::chrono::milliseconds timeout);
 
  private:
   void Loop();
@@ -43,6 +50,7 @@ class Registrar {
   CondVar cv_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

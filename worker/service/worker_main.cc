@@ -2,7 +2,10 @@
 // pipeline stage), loads its slice of the weights onto its ranks, and serves the stage stream.
 //
 //   shardserve-worker --coordinator=HOST:PORT --listen=HOST:PORT --devices=cpu:2 --node_name=NODE
-//                     [--tls_dir=DIR | --tls_cert=PEM --tls_key=PEM --tls_ca=PEM]
+//                     [--tls_dir=DIR | --tls_cert=PEM --tls_key=PEM --tls_ca=PEM] [--drain_timeout_s=60]
+//
+// SIGTERM drains the worker first (Registry.Drain: its requests move to another replica or finish,
+// its stage goes to a spare) and exits once the coordinator releases it; SIGINT exits at once.
 //
 // --coordinator is the coordinator's control port (its --control_listen), not its public API.
 // With TLS every link is mutual TLS: this worker presents a certificate with the worker role,
@@ -14,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <iostream>
 #include <string>
@@ -58,13 +62,17 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificate(s) of the cluster: every peer must chain to it");
 ABSL_FLAG(std::string, tls_dir, "", "directory with tls.crt, tls.key and ca.crt (a Kubernetes TLS Secret); "
                                     "instead of --tls_cert/--tls_key/--tls_ca");
+ABSL_FLAG(int32_t, drain_timeout_s, 60,
+          "on SIGTERM, ask the coordinator to drain this worker (its sequences move to another replica, or run to "
+          "their end for at most this long) and exit once released, or after this long plus 10 s; 0 = exit at once. "
+          "SIGINT always exits at once");
 ABSL_FLAG(int32_t, tls_refresh_s, 10, "re-read the TLS files this often (seconds): rotated certificates are used "
                                       "by new connections without a restart");
 
 namespace {
 
-volatile std::sig_atomic_t g_stop = 0;
-void OnSignal(int) { g_stop = 1; }
+volatile std::sig_atomic_t g_stop = 0;  // the signal that asked to stop (0 = none yet)
+void OnSignal(int sig) { g_stop = sig; }
 
 }  // namespace
 
@@ -189,6 +197,27 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   while (!g_stop) usleep(100 * 1000);
+  if (const int drain_s = absl::GetFlag(FLAGS_drain_timeout_s); g_stop == SIGTERM && drain_s > 0 &&
+                                                                server.Status().state != v1::WORKER_STATE_IDLE) {
+    // Drain: the coordinator moves (or lets finish) this worker's sequences, takes its stage away
+    // and releases it (Worker.Release: IDLE). A second SIGTERM, or SIGINT, stops waiting; so does
+    // losing the coordinator (it may be stopping too).
+    g_stop = 0;
+    const absl::Status st = registrar.Drain(std::chrono::seconds(drain_s));
+    if (!st.ok()) {
+      LOG(WARNING) << "draining this worker failed (" << st << "); stopping at once";
+    } else {
+      LOG(INFO) << "draining: waiting (at most " << drain_s + 10 << " s) for the coordinator to release this worker";
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(drain_s + 10);
+      int unreachable = 0;
+      while (!g_stop && server.Status().state != v1::WORKER_STATE_IDLE && std::chrono::steady_clock::now() < deadline &&
+             unreachable < 30) {
+        unreachable = registrar.connected() ? 0 : unreachable + 1;
+        usleep(100 * 1000);
+      }
+      LOG(INFO) << (server.Status().state == v1::WORKER_STATE_IDLE ? "drained and released" : "drain not finished");
+    }
+  }
   LOG(INFO) << "shutting down";
   registrar.Stop();
   server.Shutdown();

@@ -48,6 +48,14 @@ class WorkerServiceImpl final : public WorkerBase {
           return ToGrpcStatus(server_->Assign(assignment));
         });
   }
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* /*response*/) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kCoordinator});
+    if (st.ok()) st = ToGrpcStatus(server_->Release(request->reason()));
+    reactor->Finish(st);
+    return reactor;
+  }
 
  private:
   WorkerServer* server_;
@@ -435,6 +443,26 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
   status_ = {.state = v1::WORKER_STATE_LOADING, .assignment_id = a.assignment_id()};
   loader_ = std::thread([this, a] { Load(a); });
   return absl::OkStatus();
+}
+
+absl::Status WorkerServer::Release(const std::string& reason) {
+  std::shared_ptr<StageRuntime> old;
+  std::shared_ptr<engine::ExpertHost> old_experts;
+  std::string had;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("worker is shutting down");
+    if (status_.state == v1::WORKER_STATE_LOADING) {
+      return absl::AbortedError(absl::StrCat("still loading assignment ", status_.assignment_id, "; retry later"));
+    }
+    old = std::move(runtime_);
+    old_experts = std::move(expert_host_);
+    had = status_.assignment_id;
+    status_ = {.state = v1::WORKER_STATE_IDLE};
+  }
+  LOG(INFO) << "released " << (had.empty() ? "no assignment" : absl::StrCat("assignment ", had)) << ": "
+            << (reason.empty() ? "no reason given" : reason);
+  return absl::OkStatus();  // `old` is freed here, or by the last micro-batch still using it
 }
 
 absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::Assignment& a) {

@@ -98,6 +98,9 @@ class WorkerServer {
   // Validates and starts loading `assignment` in the background (replacing the current one once
   // loaded). InvalidArgument naming the bad field.
   absl::Status Assign(const v1::Assignment& assignment);
+  // Drops the current assignment (Worker.Release): the worker becomes IDLE; micro-batches that
+  // arrive later are refused as before any assignment. Aborted while loading.
+  absl::Status Release(const std::string& reason);
 
   WorkerMetrics* metrics() const { return options_.metrics; }
   // The budget every stage stream of this worker charges (stream_budget.h).

@@ -201,6 +201,9 @@ Checks across values that the schema cannot express; fails the install with the 
 {{- fail (printf "the worker group %q gets the name %q of another group once cut to 52 characters: use a shorter release name, fullnameOverride or group name" .groupName .resourceName) }}
 {{- end }}
 {{- $_ := set $names (printf "resource:%s" .resourceName) true }}
+{{- if and (gt (int .drainTimeoutSeconds) 0) (lt (int .terminationGracePeriodSeconds) (add (int .drainTimeoutSeconds) 15)) }}
+{{- fail (printf "worker group %q: terminationGracePeriodSeconds (%d) must be at least drainTimeoutSeconds (%d) + 15, or Kubernetes kills a worker before its drain ends" .groupName (int .terminationGracePeriodSeconds) (int .drainTimeoutSeconds)) }}
+{{- end }}
 {{- $ranks := include "shardserve.groupRanks" . | int }}
 {{- if eq $ranks 0 }}{{ $listed = true }}{{ end }}
 {{- if gt $ranks $maxRanks }}{{ $maxRanks = $ranks }}{{ end }}

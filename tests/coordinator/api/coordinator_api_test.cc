@@ -39,6 +39,7 @@ namespace shardserve::coordinator {
 namespace {
 
 using ::shardserve::testing::EngineReplica;
+using ::shardserve::testing::IsOk;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(60);
@@ -52,6 +53,23 @@ class FakeWorkerClient final : public WorkerClient {
     absl::MutexLock lock(&mu_);
     assigned_[address] = a;
     return absl::OkStatus();
+  }
+  absl::Status Release(const std::string& address, const std::string& /*reason*/) override {
+    absl::MutexLock lock(&mu_);
+    released_.push_back(address);
+    return absl::OkStatus();
+  }
+  // Waits (bounded) until `address` has been released at least once.
+  bool WaitForRelease(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return std::find(released_.begin(), released_.end(), address) != released_.end();
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&has), kWait);
+  }
+  std::vector<std::string> released() {
+    absl::MutexLock lock(&mu_);
+    return released_;
   }
   // The latest assignment sent to `address` whose id differs from `not_id` (bounded wait).
   std::optional<WorkerAssignment> WaitFor(const std::string& address, const std::string& not_id = "") {
@@ -67,6 +85,7 @@ class FakeWorkerClient final : public WorkerClient {
  private:
   absl::Mutex mu_;
   std::map<std::string, WorkerAssignment> assigned_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
 };
 
 // Makes EngineReplicas and remembers the last one (valid while its replica serves).
@@ -1126,7 +1145,8 @@ TEST_F(CoordinatorApiTest, TheOnlyWorkerFailingIsUnavailableWithWhy) {
 }
 
 TEST_F(CoordinatorApiTest, ADeadWorkerStopsItsReplicaAndTakesItBackAfterARestart) {
-  StartCoordinator(testing::Stories260KDir(), 1);
+  // Without recovery, requests fail at once while the only replica is down.
+  StartCoordinator(testing::Stories260KDir(), 1, {.recovery_timeout = absl::ZeroDuration()});
   BringUpOneWorker();
   const std::string first_assignment = workers_->WaitFor("127.0.0.1:1")->assignment_id;
   clock_.Advance(absl::Seconds(6));  // no heartbeat for longer than the 5 s timeout
@@ -1147,6 +1167,189 @@ TEST_F(CoordinatorApiTest, ADeadWorkerStopsItsReplicaAndTakesItBackAfterARestart
   ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
   r = Generate(IdsRequest({1, 2}, 3));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+}
+
+// ---- One replica, no lost request (scheduler.h "Recovery", cluster.h "Spares") -----------------
+
+TEST_F(CoordinatorApiTest, InFlightAndNewRequestsWaitForTheOnlyWorkerToRestartAndGetTheReferenceTokens) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  absl::Notification stepping;
+  HoldStepsAndNotifyOnFirst(&stepping);
+  BringUpOneWorker();
+  const std::string first_assignment = workers_->WaitFor("127.0.0.1:1")->assignment_id;
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const std::vector<int32_t> expected = Reference(prompt, 24);
+  GenerateResult in_flight, later;
+  std::thread client([&] { in_flight = Generate(IdsRequest(prompt, 24)); });
+  ASSERT_TRUE(stepping.WaitForNotificationWithTimeout(kWait));
+  // The worker dies mid-generation: the replica stops serving, the request parks.
+  factory_->OnMake([](EngineReplica*) {});  // the next replica steps freely
+  clock_.Advance(absl::Seconds(6));
+  coordinator_->cluster().Tick();
+  EXPECT_FALSE(coordinator_->cluster().ReadyStatus().ok());
+  EXPECT_THAT(coordinator_->cluster().AdmissionStatus(), IsOk()) << "it takes requests while recovering";
+  EXPECT_EQ(coordinator_->scheduler().Stats().recovering, 1);
+  std::thread client2([&] { later = Generate(IdsRequest(prompt, 24)); });  // arrives while it is down
+  while (coordinator_->scheduler().Stats().recovering < 2) absl::SleepFor(absl::Milliseconds(5));
+  // The worker restarts (same node and address, new id) in whatever state: its stage comes back.
+  const std::string w2 = Register("node-a", "127.0.0.1:1");
+  std::optional<WorkerAssignment> again = workers_->WaitFor("127.0.0.1:1", first_assignment);
+  ASSERT_TRUE(again.has_value());
+  ASSERT_TRUE(Heartbeat(w2, v1::WORKER_STATE_READY, again->assignment_id, "", again->kv_blocks).ok());
+  client.join();
+  client2.join();
+  EXPECT_TRUE(in_flight.status.ok()) << in_flight.status.error_message();
+  EXPECT_EQ(in_flight.ids, expected);
+  EXPECT_TRUE(later.status.ok()) << later.status.error_message();
+  EXPECT_EQ(later.ids, expected);
+}
+
+TEST_F(CoordinatorApiTest, ASpareWorkerTakesTheStageOfADeadOneAndTheComebackIsReleased) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  absl::Notification stepping;
+  HoldStepsAndNotifyOnFirst(&stepping);
+  BringUpOneWorker();
+  const WorkerAssignment planned = *workers_->WaitFor("127.0.0.1:1");
+  // A spare registers after the plan: it stays idle while the stage's worker lives.
+  const std::string spare = Register("node-b", "127.0.0.1:2");
+  ASSERT_TRUE(Heartbeat(spare, v1::WORKER_STATE_IDLE, "").ok());
+  coordinator_->cluster().Tick();
+  const std::vector<int32_t> prompt = {5, 6};
+  const std::vector<int32_t> expected = Reference(prompt, 20);
+  GenerateResult r;
+  std::thread client([&] { r = Generate(IdsRequest(prompt, 20)); });
+  ASSERT_TRUE(stepping.WaitForNotificationWithTimeout(kWait));
+  factory_->OnMake([](EngineReplica*) {});
+  // The stage's worker goes silent for good; the spare keeps heartbeating.
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(absl::Seconds(3));
+    ASSERT_TRUE(Heartbeat(spare, v1::WORKER_STATE_IDLE, "").ok());
+  }
+  coordinator_->cluster().Tick();
+  std::optional<WorkerAssignment> taken = workers_->WaitFor("127.0.0.1:2");
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->layer_begin, planned.layer_begin);
+  EXPECT_EQ(taken->layer_end, planned.layer_end);
+  EXPECT_EQ(taken->replica, planned.replica);
+  EXPECT_THAT(taken->assignment_id, HasSubstr(spare));
+  ASSERT_TRUE(Heartbeat(spare, v1::WORKER_STATE_READY, taken->assignment_id, "", taken->kv_blocks).ok());
+  client.join();
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, expected);
+  // The old worker comes back still holding its old stage (it was only stopped): it is in no
+  // stage of the plan now, so it is told to drop it, and becomes the spare.
+  const std::string back = Register("node-a", "127.0.0.1:1");
+  ASSERT_TRUE(Heartbeat(back, v1::WORKER_STATE_READY, planned.assignment_id, "", planned.kv_blocks).ok());
+  coordinator_->cluster().Tick();
+  EXPECT_TRUE(workers_->WaitForRelease("127.0.0.1:1"));
+  EXPECT_THAT(workers_->released(), ::testing::Not(::testing::Contains("127.0.0.1:2")));
+  const GenerateResult after = Generate(IdsRequest(prompt, 20));
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.ids, expected);
+}
+
+// ---- Drain (cluster.h "Drain") ------------------------------------------------------------------
+
+TEST_F(CoordinatorApiTest, DrainingAWorkerMovesItsSequencesToTheOtherReplicaAndReleasesIt) {
+  StartCoordinator(testing::Stories260KDir(), 2, {.replicas = 2});
+  absl::Mutex mu;
+  std::vector<EngineReplica*> made;
+  EngineReplica* first = nullptr;  // the replica that stepped first: the one running the request
+  absl::Notification stepping;
+  factory_->OnMake([&](EngineReplica* r) {
+    r->HoldStepsForTest();
+    r->SetStepHookForTest([&, r](const StepInput&) {
+      absl::MutexLock lock(&mu);
+      if (first == nullptr) {
+        first = r;
+        stepping.Notify();
+      }
+      return absl::OkStatus();
+    });
+    absl::MutexLock lock(&mu);
+    made.push_back(r);
+  });
+  const std::string w1 = Register("node-a", "127.0.0.1:1");
+  const std::string w2 = Register("node-b", "127.0.0.1:2");
+  for (const auto& [id, address] : {std::pair{w1, "127.0.0.1:1"}, std::pair{w2, "127.0.0.1:2"}}) {
+    std::optional<WorkerAssignment> a = workers_->WaitFor(address);
+    ASSERT_TRUE(a.has_value());
+    ASSERT_TRUE(Heartbeat(id, v1::WORKER_STATE_READY, a->assignment_id, "", a->kv_blocks).ok());
+  }
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
+  const std::vector<int32_t> prompt = {7, 8, 9};
+  const std::vector<int32_t> expected = Reference(prompt, 16);
+  GenerateResult r;
+  std::thread client([&] { r = Generate(IdsRequest(prompt, 16)); });
+  ASSERT_TRUE(stepping.WaitForNotificationWithTimeout(kWait));
+  int busy = -1;
+  for (const ReplicaStats& rs : coordinator_->scheduler().Stats().replicas) busy = rs.running > 0 ? rs.replica : busy;
+  ASSERT_GE(busy, 0);
+  const bool first_is_busy = workers_->WaitFor("127.0.0.1:1")->replica == busy;
+  const std::string drained = first_is_busy ? w1 : w2;
+  const std::string drained_address = first_is_busy ? "127.0.0.1:1" : "127.0.0.1:2";
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  v1::DrainWorkerRequest req;
+  req.set_worker_id(drained);
+  req.set_timeout_ms(60000);
+  v1::DrainWorkerResponse resp;
+  const grpc::Status st = admin_->DrainWorker(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  coordinator_->cluster().Tick();  // the other replica serves: the busy one stops at once
+  EXPECT_THAT(coordinator_->scheduler().Replicas(), ::testing::ElementsAre(1 - busy));
+  {
+    absl::MutexLock lock(&mu);
+    for (EngineReplica* e : made) {
+      if (e != first) e->ReleaseStepsForTest();  // `first` was removed with its replica
+    }
+  }
+  client.join();
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, expected);
+  EXPECT_TRUE(workers_->WaitForRelease(drained_address));
+  bool shown = false;
+  const v1::ClusterStatus status = Status();
+  for (const v1::WorkerStatus& w : status.workers()) shown |= w.worker_id() == drained && w.draining();
+  EXPECT_TRUE(shown) << "the cluster status shows the drain";
+  // Unknown workers and bad timeouts are refused, naming what is wrong.
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(Deadline());
+  req.set_worker_id("w-nobody");
+  EXPECT_EQ(admin_->DrainWorker(&ctx2, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext ctx3;
+  ctx3.set_deadline(Deadline());
+  req.set_worker_id(drained);
+  req.set_timeout_ms(-1);
+  const grpc::Status bad = admin_->DrainWorker(&ctx3, req, &resp);
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.error_message(), HasSubstr("timeout_ms"));
+}
+
+TEST_F(CoordinatorApiTest, DrainingTheOnlyWorkerLetsItsSequencesFinishThenReleasesIt) {
+  StartCoordinator(testing::Stories260KDir(), 1);
+  absl::Notification stepping;
+  HoldStepsAndNotifyOnFirst(&stepping);
+  BringUpOneWorker();
+  EngineReplica* replica = factory_->last();
+  const std::string w1 = Status().workers(0).worker_id();
+  const std::vector<int32_t> prompt = {3, 4};
+  const std::vector<int32_t> expected = Reference(prompt, 16);
+  GenerateResult r;
+  std::thread client([&] { r = Generate(IdsRequest(prompt, 16)); });
+  ASSERT_TRUE(stepping.WaitForNotificationWithTimeout(kWait));
+  ASSERT_THAT(coordinator_->cluster().Drain(w1, absl::Seconds(60)), IsOk());
+  coordinator_->cluster().Tick();
+  // No other replica: it keeps serving its sequence (and takes no new one).
+  EXPECT_THAT(coordinator_->scheduler().Replicas(), ::testing::ElementsAre(0));
+  EXPECT_TRUE(coordinator_->scheduler().Stats().replicas[0].draining);
+  EXPECT_TRUE(workers_->released().empty());
+  replica->ReleaseStepsForTest();
+  client.join();
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, expected);
+  EXPECT_TRUE(workers_->WaitForRelease("127.0.0.1:1"));
+  EXPECT_THAT(coordinator_->scheduler().Replicas(), ::testing::IsEmpty());
 }
 
 TEST_F(CoordinatorApiTest, ShutdownFailsOutstandingRequestsWithUnavailable) {

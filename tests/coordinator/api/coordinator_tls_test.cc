@@ -32,6 +32,7 @@ using security::Role;
 class NoWorkers final : public WorkerClient {
  public:
   absl::Status Assign(const std::string&, const WorkerAssignment&) override { return absl::OkStatus(); }
+  absl::Status Release(const std::string&, const std::string&) override { return absl::OkStatus(); }
 };
 
 class CoordinatorTlsTest : public ::testing::Test {

@@ -35,6 +35,7 @@ using ::shardserve::testing::EngineReplica;
 using ::shardserve::testing::EngineReplicaOptions;
 using ::shardserve::testing::IsOk;
 using ::shardserve::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
@@ -120,6 +121,7 @@ struct Setup {
   SchedulerObserver* observer = nullptr;
   int32_t pipeline_depth = 1;
   bool prefix_caching = true;
+  absl::Duration recovery_timeout = absl::ZeroDuration();  // SchedulerOptions::recovery_timeout
   // Wraps each replica's client (e.g. to observe its steps); identity when null.
   std::function<std::unique_ptr<ReplicaClient>(std::unique_ptr<ReplicaClient>)> wrap;
 };
@@ -129,6 +131,26 @@ struct Harness {
   std::unique_ptr<Scheduler> scheduler;
   std::vector<EngineReplica*> replicas;  // owned by the scheduler
 };
+
+// Starts serving replica `id` of `setup` on `h` (an engine of its own, as a new worker would be).
+absl::Status AddEngineReplica(Harness& h, const Setup& setup, int id) {
+  auto replica = EngineReplica::Create(EngineReplicaOptions{.model_dir = ModelDir(setup.model),
+                                                            .stage_starts = setup.stage_starts,
+                                                            .tp = setup.tp,
+                                                            .kv_blocks = setup.kv_blocks,
+                                                            .kv_block_size = setup.kv_block_size,
+                                                            .max_step_tokens = setup.max_step_tokens});
+  if (!replica.ok()) return replica.status();
+  h.replicas.push_back(replica->get());
+  const ReplicaOptions ro{.max_slots = setup.max_slots,
+                          .pipeline_depth = setup.pipeline_depth,
+                          .kv_blocks = (*replica)->kv_blocks(),
+                          .kv_block_size = setup.kv_block_size,
+                          .prefix_caching = setup.prefix_caching};
+  std::unique_ptr<ReplicaClient> client = *std::move(replica);
+  if (setup.wrap) client = setup.wrap(std::move(client));
+  return h.scheduler->AddReplica(id, std::move(client), ro);
+}
 
 absl::StatusOr<Harness> MakeHarness(const Setup& setup) {
   Harness h;
@@ -141,24 +163,10 @@ absl::StatusOr<Harness> MakeHarness(const Setup& setup) {
   so.max_queued = setup.max_queued;
   so.eos_token_ids = setup.eos;
   so.observer = setup.observer;
+  so.recovery_timeout = setup.recovery_timeout;
   h.scheduler = std::make_unique<Scheduler>(so);
   for (int r = 0; r < setup.replicas; ++r) {
-    auto replica = EngineReplica::Create(EngineReplicaOptions{.model_dir = ModelDir(setup.model),
-                                                              .stage_starts = setup.stage_starts,
-                                                              .tp = setup.tp,
-                                                              .kv_blocks = setup.kv_blocks,
-                                                              .kv_block_size = setup.kv_block_size,
-                                                              .max_step_tokens = setup.max_step_tokens});
-    if (!replica.ok()) return replica.status();
-    h.replicas.push_back(replica->get());
-    const ReplicaOptions ro{.max_slots = setup.max_slots,
-                            .pipeline_depth = setup.pipeline_depth,
-                            .kv_blocks = (*replica)->kv_blocks(),
-                            .kv_block_size = setup.kv_block_size,
-                            .prefix_caching = setup.prefix_caching};
-    std::unique_ptr<ReplicaClient> client = *std::move(replica);
-    if (setup.wrap) client = setup.wrap(std::move(client));
-    if (absl::Status st = h.scheduler->AddReplica(r, std::move(client), ro); !st.ok()) return st;
+    if (absl::Status st = AddEngineReplica(h, setup, r); !st.ok()) return st;
   }
   return h;
 }
@@ -659,6 +667,95 @@ TEST(SchedulerTest, WithNoOtherReplicaABrokenPipelineFailsItsSequences) {
   ASSERT_THAT(h.scheduler->Submit(MakeRequests(1, h.spec.vocab_size, 62, false)[0], sink), IsOk());
   ASSERT_TRUE(sink->Wait());
   EXPECT_THAT(sink->end().status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stage 1 is gone")));
+}
+
+// ---- Recovery: one replica, no lost request ---------------------------------------------------
+
+TEST(SchedulerRecoveryTest, ABrokenPipelineWithNoOtherReplicaRecoversAndItsSequencesStayExact) {
+  // The only replica's pipeline breaks for a while (its steps 4 to 9 are UNAVAILABLE, as when a
+  // stage worker is restarting) while it stays listed: its sequences, some with tokens delivered,
+  // park, are retried on it, and get exactly the tokens they would have had (seeded sampling).
+  std::atomic<int> failed{0};
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 3, .max_step_tokens = 8,
+                                               .recovery_timeout = absl::Seconds(60)}));
+  h.replicas[0]->SetStepHookForTest([&failed](const StepInput& in) {
+    if (in.step_id < 4 || in.step_id > 9) return absl::OkStatus();
+    failed.fetch_add(1);
+    return absl::UnavailableError("stage stream to 10.0.0.2:7100 ended: connection refused");
+  });
+  RunAndCompare(*h.scheduler, "llama", MakeRequests(8, h.spec.vocab_size, 71, true), {}, h.replicas);
+  EXPECT_EQ(failed.load(), 6);
+  EXPECT_EQ(h.scheduler->Stats().recovering, 0);
+}
+
+TEST(SchedulerRecoveryTest, SequencesOfARemovedOnlyReplicaWaitForTheNextOneAndStayExact) {
+  // The only replica is removed (its worker died) with sequences running and waiting, some with
+  // tokens delivered; a request arrives while nothing serves. All of them park, and finish with
+  // exactly the reference tokens once a new replica (the restarted worker, or a spare) serves.
+  const ::shardserve::coordinator::Setup setup{.max_slots = 2, .recovery_timeout = absl::Seconds(60)};
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness(setup));
+  std::vector<SequenceRequest> requests = MakeRequests(5, h.spec.vocab_size, 73, false);
+  for (SequenceRequest& r : requests) r.max_tokens = 12;
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", requests, {}));
+  h.replicas[0]->SetStepHookForTest([&h](const StepInput& in) {
+    if (in.step_id == 6) h.replicas[0]->HoldStepsForTest();
+    return absl::OkStatus();
+  });
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (size_t i = 0; i + 1 < requests.size(); ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_THAT(h.scheduler->Submit(requests[i], sinks.back()), IsOk());
+  }
+  while (h.replicas[0]->StepInputsForTest().size() < 6) absl::SleepFor(absl::Milliseconds(1));
+  h.scheduler->RemoveReplica(0, absl::UnavailableError("replica 0 stopped serving: worker w-1 is dead"));
+  EXPECT_THAT(h.scheduler->Replicas(), ::testing::IsEmpty());
+  EXPECT_EQ(h.scheduler->Stats().recovering, 4);
+  EXPECT_GT(sinks[0]->tokens().size(), 0u) << "the first sequence should have streamed tokens before the break";
+  sinks.push_back(std::make_shared<CollectingSink>());
+  ASSERT_THAT(h.scheduler->Submit(requests.back(), sinks.back()), IsOk()) << "parked, not refused";
+  EXPECT_EQ(h.scheduler->Stats().recovering, 5);
+  for (const auto& sink : sinks) EXPECT_EQ(sink->ends(), 0);
+  ASSERT_THAT(AddEngineReplica(h, setup, 1), IsOk());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(sinks[i]->Wait());
+    EXPECT_THAT(sinks[i]->end().status, IsOk()) << i;
+    EXPECT_THAT(sinks[i]->tokens(), ElementsAreArray(expected[i].tokens)) << i;
+    EXPECT_EQ(sinks[i]->ends(), 1);
+  }
+  EXPECT_EQ(h.scheduler->Stats().recovering, 0);
+}
+
+TEST(SchedulerRecoveryTest, ParkedSequencesFailAfterTheRecoveryTimeoutAndCancelAtOnce) {
+  const ::shardserve::coordinator::Setup setup{.max_slots = 2, .recovery_timeout = absl::Milliseconds(200)};
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness(setup));
+  h.replicas[0]->HoldStepsForTest();
+  std::vector<SequenceRequest> requests = MakeRequests(2, h.spec.vocab_size, 75, false);
+  auto waits = std::make_shared<CollectingSink>();
+  auto cancelled = std::make_shared<CollectingSink>();
+  ASSERT_OK_AND_ASSIGN(SequenceId waits_id, h.scheduler->Submit(requests[0], waits));
+  ASSERT_OK_AND_ASSIGN(SequenceId cancelled_id, h.scheduler->Submit(requests[1], cancelled));
+  h.scheduler->RemoveReplica(0, absl::UnavailableError("replica 0 stopped serving: worker w-1 is dead"));
+  EXPECT_EQ(h.scheduler->Stats().recovering, 2);
+  h.scheduler->Cancel(cancelled_id);
+  EXPECT_EQ(cancelled->ends(), 1) << "a parked sequence ends at once when cancelled";
+  EXPECT_EQ(cancelled->end().reason, FinishReason::kCancelled);
+  ASSERT_TRUE(waits->Wait());
+  EXPECT_THAT(waits->end().status, StatusIs(absl::StatusCode::kUnavailable,
+                                            AllOf(HasSubstr("recovery timeout"), HasSubstr("w-1 is dead"))));
+  EXPECT_EQ(h.scheduler->Stats().recovering, 0);
+  h.scheduler->Cancel(waits_id);  // a no-op once ended
+  EXPECT_EQ(waits->ends(), 1);
+}
+
+TEST(SchedulerRecoveryTest, WithoutRecoveryOrBeforeAnyReplicaServedNothingParks) {
+  SchedulerOptions so;
+  so.limits = {.vocab_size = 256, .max_seq_len = 128};
+  so.recovery_timeout = absl::Seconds(60);
+  Scheduler never_served(so);
+  EXPECT_THAT(never_served.Submit({.prompt = {1, 2}, .max_tokens = 3}, std::make_shared<CollectingSink>()),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("no replica")));
+  so.recovery_timeout = absl::Seconds(-1);
+  EXPECT_THAT(so.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("recovery_timeout")));
 }
 
 TEST(SchedulerTest, SubmitValidatesTheRequest) {

@@ -200,6 +200,7 @@ struct WorkerInfo {
   std::string state;  // "ready", "loading", ... (the proto's WorkerState without its prefix, lower case)
   std::string error, devices, assignment;
   std::string metrics_address;  // HOST:PORT of its /metrics endpoint; empty when it serves none
+  bool draining = false;        // being drained (DrainWorker), or drained
 };
 
 struct ClusterInfo {
@@ -300,6 +301,14 @@ class Client {
   absl::StatusOr<ModelInfo> GetModelInfo(const CallOptions& call = {}) { return DoGetModelInfo(call); }
   // The coordinator's view of the cluster (Admin.GetClusterStatus).
   absl::StatusOr<ClusterInfo> ClusterStatus(const CallOptions& call = {}) { return DoClusterStatus(call); }
+  // Starts draining a worker (Admin.DrainWorker): no new work for its replica, its requests move
+  // to another replica (or run to their end for at most `timeout` when none can take them), its
+  // stage goes to a spare worker if any, and it is released (state "idle": it may be stopped).
+  // Returns once the drain is under way; ClusterStatus shows its progress.
+  absl::Status DrainWorker(const std::string& worker_id, std::chrono::milliseconds timeout,
+                           const CallOptions& call = {}) {
+    return DoDrainWorker(worker_id, timeout, call);
+  }
 
  protected:
   // Thread-safe in every implementation: threads share a Client.
@@ -309,6 +318,9 @@ class Client {
                                                           const CallOptions& call) = 0;
   virtual absl::StatusOr<ModelInfo> DoGetModelInfo(const CallOptions& call) = 0;
   virtual absl::StatusOr<ClusterInfo> DoClusterStatus(const CallOptions& call) = 0;
+  // Unimplemented unless overridden (it came after the others).
+  virtual absl::Status DoDrainWorker(const std::string& worker_id, std::chrono::milliseconds timeout,
+                                     const CallOptions& call);
 };
 
 }  // namespace shardserve
