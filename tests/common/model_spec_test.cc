@@ -511,7 +511,7 @@ TEST(Gemma2SpecTest, GoldenConfigHasTheGemmaSemantics) {
   EXPECT_EQ(s.query_pre_attn_scalar, 24.0);
   EXPECT_DOUBLE_EQ(s.AttentionScale(), 1.0 / std::sqrt(24.0));
   EXPECT_EQ(s.attn_logit_softcapping, 8.0);
-  EXPECT_EQ(s.final_logit_softcapping, 30.0);
+  EXPECT_EQ(s.final_logit_softcapping, 1.5);
   EXPECT_EQ(s.sliding_window, 8);
   EXPECT_THAT(s.sliding_layers, ElementsAre(true, false, true));
   EXPECT_EQ(s.LayerSlidingWindow(0), 8);
