@@ -1,5 +1,6 @@
 #include "common/model_spec/model_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -92,11 +93,12 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Qwen3MoeForCausalLM") return Architecture::kQwen3Moe;
   if (name == "Phi3ForCausalLM") return Architecture::kPhi3;
   if (name == "DeepseekV3ForCausalLM") return Architecture::kDeepseekV3;
+  if (name == "Gemma2ForCausalLM") return Architecture::kGemma2;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
       "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM, "
-      "DeepseekV3ForCausalLM)"));
+      "DeepseekV3ForCausalLM, Gemma2ForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -360,6 +362,78 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
   return absl::OkStatus();
 }
 
+// A soft-capping value: absent -> `def`, null -> 0 (none), else a positive number.
+absl::StatusOr<double> SoftCap(const Fields& f, const char* key, double def) {
+  if (!f.obj().contains(key)) return def;
+  if (f.obj().at(key).is_null()) return 0.0;
+  ASSIGN_OR_RETURN(double cap, f.NumberOr(key, def, 0.0, 1e9));
+  if (cap <= 0.0) return f.Error(key, absl::StrCat("is ", cap, "; a soft-cap must be positive (or null for none)"));
+  return cap;
+}
+
+// Gemma-2 (transformers' Gemma2Config, whose defaults apply to missing fields): see ModelSpec's
+// Gemma fields.
+absl::Status ParseGemma2(const Fields& f, ModelSpec* s) {
+  s->norm_plus_one = true;
+  s->sandwich_norms = true;
+  s->activation = Activation::kGeluTanh;
+  // transformers reads `hidden_activation` (released configs also carry an unused `hidden_act`).
+  if (f.obj().contains("hidden_activation")) {
+    const json& act = f.obj().at("hidden_activation");
+    if (!act.is_string() || act.get<std::string>() != "gelu_pytorch_tanh") {
+      return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"hidden_activation\" is ", act.dump(),
+                                                   "; only \"gelu_pytorch_tanh\" is supported"));
+    }
+  }
+  ASSIGN_OR_RETURN(s->qkv_bias, f.BoolOr("attention_bias", false));
+  s->o_bias = s->qkv_bias;
+  ASSIGN_OR_RETURN(bool bidirectional, f.BoolOr("use_bidirectional_attention", false));
+  if (bidirectional) {
+    return absl::UnimplementedError(absl::StrCat(
+        f.label(), ": field \"use_bidirectional_attention\" is true; only causal attention is supported"));
+  }
+  ASSIGN_OR_RETURN(s->query_pre_attn_scalar, f.NumberOr("query_pre_attn_scalar", 256.0, 0.0, 1e9));
+  if (s->query_pre_attn_scalar <= 0.0) return f.Error("query_pre_attn_scalar", "must be positive");
+  ASSIGN_OR_RETURN(s->attn_logit_softcapping, SoftCap(f, "attn_logit_softcapping", 50.0));
+  ASSIGN_OR_RETURN(s->final_logit_softcapping, SoftCap(f, "final_logit_softcapping", 30.0));
+  // layer_types: given, or "sliding_attention" on even layers (transformers' default).
+  s->sliding_layers.assign(static_cast<size_t>(s->num_layers), false);
+  if (f.Has("layer_types")) {
+    const json& v = f.obj().at("layer_types");
+    if (!v.is_array() || static_cast<int64_t>(v.size()) != s->num_layers) {
+      return f.Error("layer_types", absl::StrCat("is not a list of ", s->num_layers, " layer types"));
+    }
+    for (size_t l = 0; l < v.size(); ++l) {
+      if (!v[l].is_string()) return f.Error("layer_types", "is not a list of strings");
+      const std::string type = v[l].get<std::string>();
+      if (type != "sliding_attention" && type != "full_attention") {
+        return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"layer_types\" has \"", type,
+                                                     "\"; only \"sliding_attention\" and \"full_attention\" are supported"));
+      }
+      s->sliding_layers[l] = type == "sliding_attention";
+    }
+  } else {
+    for (int64_t l = 0; l < s->num_layers; l += 2) s->sliding_layers[static_cast<size_t>(l)] = true;
+  }
+  const bool any_sliding = std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) != s->sliding_layers.end();
+  if (f.obj().contains("sliding_window") && f.obj().at("sliding_window").is_null()) {
+    if (any_sliding) {
+      return absl::UnimplementedError(absl::StrCat(
+          f.label(), ": field \"sliding_window\" is null but layer_types has \"sliding_attention\" layers"));
+    }
+  } else {
+    ASSIGN_OR_RETURN(s->sliding_window, f.IntOr("sliding_window", 4096, 1, kMaxPositions));
+  }
+  if (s->sliding_window >= s->max_position_embeddings) s->sliding_window = 0;  // never reached
+  if (!any_sliding) s->sliding_window = 0;
+  // transformers: torch.tensor(hidden_size ** 0.5) (float32), cast to the weights' dtype.
+  float mult = static_cast<float>(std::sqrt(static_cast<double>(s->hidden_size)));
+  if (s->dtype == DType::kBF16) mult = BFloat16ToFloat(FloatToBFloat16(mult));
+  if (s->dtype == DType::kF16) mult = HalfToFloat(FloatToHalf(mult));
+  s->embedding_multiplier = mult;
+  return absl::OkStatus();
+}
+
 // quantization_config: only fp8 (see Fp8Quantization). Unknown keys are ignored, as transformers
 // does; every key we read is type-checked.
 absl::Status ParseQuantization(const json& doc, absl::string_view label, ModelSpec* spec) {
@@ -432,6 +506,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kQwen3Moe: return "Qwen3MoeForCausalLM";
     case Architecture::kPhi3: return "Phi3ForCausalLM";
     case Architecture::kDeepseekV3: return "DeepseekV3ForCausalLM";
+    case Architecture::kGemma2: return "Gemma2ForCausalLM";
   }
   return "?";
 }
@@ -456,6 +531,7 @@ struct SatInt {
 }  // namespace
 
 double ModelSpec::AttentionScale() const {
+  if (query_pre_attn_scalar > 0.0) return 1.0 / std::sqrt(query_pre_attn_scalar);
   if (!IsMla()) return 1.0 / std::sqrt(static_cast<double>(head_dim));
   double scale = 1.0 / std::sqrt(static_cast<double>(mla.qk_head_dim()));
   if (rope.type != RopeType::kDefault && rope.mscale_all_dim != 0.0 && rope.factor > 1.0) {
@@ -496,6 +572,7 @@ int64_t ModelSpec::AttentionParameters() const {
   if (qkv_bias) attn = attn + q + two * kv;
   if (o_bias) attn = attn + h;
   if (qk_norm) attn = attn + two * SatInt{head_dim};  // per-head q and k RMSNorm weights
+  if (sandwich_norms) attn = attn + two * h;           // post-attention, post-feedforward norms
   return attn.v;
 }
 
@@ -544,6 +621,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     s.head_dim = 2;  // qk_rope_head_dim, set by ParseDeepseekV3 (config.json's head_dim is derived)
   } else if (f.Has("head_dim")) {
     ASSIGN_OR_RETURN(s.head_dim, f.Int("head_dim", 2, 65536));
+  } else if (s.arch == Architecture::kGemma2) {
+    s.head_dim = 256;  // Gemma2Config's default, not hidden / heads
   } else if (s.arch == Architecture::kQwen3) {
     // transformers' Qwen3 defaults a missing head_dim to 128, not hidden / heads: no guessing.
     return f.Error("head_dim", "is missing (Qwen3 configs state it)");
@@ -556,8 +635,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   if (s.head_dim % 2 != 0) return f.Error("head_dim", absl::StrCat("is ", s.head_dim, "; RoPE needs an even size"));
   ASSIGN_OR_RETURN(s.max_position_embeddings, f.Int("max_position_embeddings", 1, kMaxPositions));
   ASSIGN_OR_RETURN(s.rms_norm_eps, f.NumberOr("rms_norm_eps", 1e-6, 0.0, 1.0));
-  ASSIGN_OR_RETURN(s.tie_word_embeddings, f.BoolOr("tie_word_embeddings", false));
-  if (f.Has("hidden_act")) {
+  // Gemma2Config ties them unless told otherwise.
+  ASSIGN_OR_RETURN(s.tie_word_embeddings, f.BoolOr("tie_word_embeddings", s.arch == Architecture::kGemma2));
+  if (f.Has("hidden_act") && s.arch != Architecture::kGemma2) {
     const json& act = doc.at("hidden_act");
     if (!act.is_string() || (act.get<std::string>() != "silu" && act.get<std::string>() != "swish")) {
       return absl::UnimplementedError(absl::StrCat(label, ": field \"hidden_act\" is ", act.dump(),
@@ -621,6 +701,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     case Architecture::kDeepseekV3:
       RETURN_IF_ERROR(ParseDeepseekV3(f, &s));
       break;
+    case Architecture::kGemma2:
+      break;  // after the dtype (the embedding multiplier is rounded to it)
   }
   if (s.rope.type == RopeType::kYarn && s.arch != Architecture::kDeepseekV3) {
     return absl::UnimplementedError(absl::StrCat(
@@ -644,6 +726,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
                                                         "\"; supported: float32, float16, bfloat16"));
     }
   }
+  if (s.arch == Architecture::kGemma2) RETURN_IF_ERROR(ParseGemma2(f, &s));
   RETURN_IF_ERROR(ParseQuantization(doc, label, &s));
   return s;
 }

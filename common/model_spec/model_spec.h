@@ -2,8 +2,8 @@
 // `config.json`. Everything downstream (weight loading, the planner, the engine) works from this
 // struct and never from JSON. Supported architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-// Phi3ForCausalLM, DeepseekV3ForCausalLM. Anything else — another architecture (DeepSeek-V2,
-// Llama-4, Gemma-2, ...), an activation other than SiLU, an unsupported RoPE scaling type
+// Phi3ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM. Anything else — another architecture
+// (DeepSeek-V2, Llama-4, Gemma-3, ...), an activation other than SiLU (GELU-tanh for Gemma-2), an unsupported RoPE scaling type
 // (longrope among them), a partial rotary factor below 1, a DeepSeek routing variant we do not
 // implement — is an error that names the field, never a silently wrong model.
 #ifndef SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
@@ -21,7 +21,13 @@
 namespace shardserve {
 
 enum class Architecture : uint8_t {
-  kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3, kDeepseekV3,
+  kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3, kDeepseekV3, kGemma2,
+};
+
+// The activation of the gated MLP: act(gate) * up.
+enum class Activation : uint8_t {
+  kSilu,      // silu / swish
+  kGeluTanh,  // gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 };
 
 absl::string_view ArchitectureName(Architecture arch);
@@ -157,6 +163,24 @@ struct ModelSpec {
   bool fused_gate_up = false;
   // Keys at distance >= sliding_window from the query are masked (Mistral); 0 = no window.
   int64_t sliding_window = 0;
+  // Per layer: true when the layer attends within sliding_window (Gemma-2's "sliding_attention"
+  // layer_types, by default the even layers). Empty: every layer does (when sliding_window > 0).
+  std::vector<bool> sliding_layers;
+  Activation activation = Activation::kSilu;
+  // Gemma-2: every RMSNorm scales by (1 + weight) (applied to the weights at load), and each
+  // layer has four norms: input -> attention -> post_attention_layernorm -> + residual ->
+  // pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm -> + residual.
+  bool norm_plus_one = false;
+  bool sandwich_norms = false;
+  // The embedding rows are multiplied by this (Gemma-2: sqrt(hidden_size), as a float32 rounded
+  // to the checkpoint's dtype as transformers does); 1 = none.
+  double embedding_multiplier = 1.0;
+  // Gemma-2: the softmax scale is query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 (0 = unset).
+  double query_pre_attn_scalar = 0.0;
+  // Soft-capping (0 = none): attention scores s -> c tanh(s / c) after scaling and before the
+  // mask and softmax; final logits likewise with their own cap.
+  double attn_logit_softcapping = 0.0;
+  double final_logit_softcapping = 0.0;
   int64_t bos_token_id = -1;           // -1 = none
   std::vector<int64_t> eos_token_ids;  // may be empty
   // torch_dtype / dtype from config.json when given: every weight tensor must be stored in it
@@ -170,8 +194,14 @@ struct ModelSpec {
   MlaSpec mla;
 
   bool IsMoe() const { return moe.num_experts > 0; }
+  // The window of layer `layer`'s attention (0 = full attention).
+  int64_t LayerSlidingWindow(int64_t layer) const {
+    if (sliding_layers.empty()) return sliding_window;
+    return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+  }
   bool IsMla() const { return mla.kv_lora_rank > 0; }
-  // Softmax scale of attention scores: 1/sqrt(head_dim), or for MLA 1/sqrt(qk_head_dim) times
+  // Softmax scale of attention scores: 1/sqrt(head_dim) (1/sqrt(query_pre_attn_scalar) when
+  // set), or for MLA 1/sqrt(qk_head_dim) times
   // mscale(factor, mscale_all_dim)^2 under yarn RoPE with mscale_all_dim set (DeepSeek-V3).
   double AttentionScale() const;
   // KV cache values per token per layer on one of `tp` tensor-parallel ranks: K and V of the
@@ -193,7 +223,9 @@ struct ModelSpec {
 // activation, rope type, partial_rotary_factor < 1, Qwen2/Qwen3 sliding windows or layer_types
 // other than "full_attention", DeepSeek-V3 values outside what is implemented: scoring_func other
 // than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
-// num_key_value_heads != num_attention_heads; yarn RoPE on other architectures). A `quantization_config` is InvalidArgument, naming
+// num_key_value_heads != num_attention_heads; yarn RoPE on other architectures; Gemma-2 with a
+// hidden_activation other than gelu_pytorch_tanh, use_bidirectional_attention, layer_types other
+// than "sliding_attention"/"full_attention", a null sliding_window with sliding layers). A `quantization_config` is InvalidArgument, naming
 // the field, unless it is fp8 as described at Fp8Quantization: another quant_method (gptq, awq,
 // bitsandbytes, compressed-tensors, fbgemm_fp8, ...), an `fmt` other than "e4m3" (e.g. "e5m2"), an
 // activation_scheme other than "dynamic"/"static", a weight_block_size that is not two positive

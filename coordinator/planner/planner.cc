@@ -98,6 +98,7 @@ TpFigures MakeTpFigures(const ModelSpec& s, int tp, const PlanPolicy& policy) {
   auto mat = [&](int64_t rows, int64_t cols) { return MatrixBytes(policy, rows, cols); };
   const int64_t h = s.hidden_size, d = s.head_dim;
   int64_t attn = 2 * h * kF32;  // input and post-attention norms
+  if (s.sandwich_norms) attn += 2 * h * kF32;  // Gemma-2's pre- and post-feedforward norms
   if (s.IsMla()) {
     // As the loader keeps it: q_a_proj, its norm, kv_a_proj_with_mqa (as its latent and RoPE
     // rows) and kv_a_layernorm replicated; q_b_proj (as nope and RoPE rows) and kv_b_proj (per

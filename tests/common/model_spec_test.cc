@@ -288,8 +288,8 @@ INSTANTIATE_TEST_SUITE_P(
                   absl::StatusCode::kUnimplemented, "\"DeepseekV2ForCausalLM\" is not supported"},
         BadConfig{"Llama4", [](json& c) { c["architectures"] = {"Llama4ForConditionalGeneration"}; },
                   absl::StatusCode::kUnimplemented, "\"Llama4ForConditionalGeneration\" is not supported"},
-        BadConfig{"Gemma2", [](json& c) { c["architectures"] = {"Gemma2ForCausalLM"}; },
-                  absl::StatusCode::kUnimplemented, "\"Gemma2ForCausalLM\" is not supported"},
+        BadConfig{"Gemma3", [](json& c) { c["architectures"] = {"Gemma3ForCausalLM"}; },
+                  absl::StatusCode::kUnimplemented, "\"Gemma3ForCausalLM\" is not supported"},
         BadConfig{"MixtralWithoutExperts", [](json& c) { c["architectures"] = {"MixtralForCausalLM"}; },
                   absl::StatusCode::kInvalidArgument, "num_local_experts"},
         BadConfig{"TopKAboveExperts",
@@ -490,6 +490,140 @@ TEST(ModelSpecTest, NumParametersSaturatesInsteadOfOverflowing) {
   s.hidden_size = int64_t{1} << 40;
   EXPECT_EQ(s.NumParameters(), INT64_MAX);
 }
+
+}  // namespace
+}  // namespace shardserve
+
+namespace shardserve {
+namespace {
+
+json Gemma2Config() {
+  return json::parse(R"({"architectures":["Gemma2ForCausalLM"],"vocab_size":256,"hidden_size":64,
+    "intermediate_size":96,"num_hidden_layers":4,"num_attention_heads":4,"num_key_value_heads":2,
+    "head_dim":32,"max_position_embeddings":128,"rms_norm_eps":1e-6,"hidden_act":"gelu_pytorch_tanh",
+    "hidden_activation":"gelu_pytorch_tanh","query_pre_attn_scalar":24,"attn_logit_softcapping":8.0,
+    "final_logit_softcapping":30.0,"sliding_window":8,"eos_token_id":1,"bos_token_id":2})");
+}
+
+TEST(Gemma2SpecTest, GoldenConfigHasTheGemmaSemantics) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/gemma2"));
+  EXPECT_EQ(s.arch, Architecture::kGemma2);
+  EXPECT_EQ(s.head_dim, 32);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  EXPECT_TRUE(s.norm_plus_one);
+  EXPECT_TRUE(s.sandwich_norms);
+  EXPECT_EQ(s.activation, Activation::kGeluTanh);
+  EXPECT_EQ(s.embedding_multiplier, 8.0);
+  EXPECT_EQ(s.query_pre_attn_scalar, 24.0);
+  EXPECT_DOUBLE_EQ(s.AttentionScale(), 1.0 / std::sqrt(24.0));
+  EXPECT_EQ(s.attn_logit_softcapping, 8.0);
+  EXPECT_EQ(s.final_logit_softcapping, 1.5);
+  EXPECT_EQ(s.sliding_window, 8);
+  EXPECT_THAT(s.sliding_layers, ElementsAre(true, false, true));
+  EXPECT_EQ(s.LayerSlidingWindow(0), 8);
+  EXPECT_EQ(s.LayerSlidingWindow(1), 0);
+  EXPECT_EQ(s.LayerSlidingWindow(2), 8);
+  // Tied embedding, 3 layers of q/k/v/o (head_dim 32), a 96-wide MLP and four norms; final norm.
+  const int64_t h = 64;
+  const int64_t layer = h * 128 + 2 * h * 64 + 128 * h + 3 * h * 96 + 4 * h;
+  EXPECT_EQ(s.NumParameters(), 256 * h + h + 3 * layer);
+}
+
+TEST(Gemma2SpecTest, DefaultsFollowGemma2Config) {
+  json c = Gemma2Config();
+  for (const char* key : {"head_dim", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                          "sliding_window", "hidden_activation"}) {
+    c.erase(key);
+  }
+  c["max_position_embeddings"] = 8192;
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.head_dim, 256);
+  EXPECT_EQ(s.query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(s.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(s.final_logit_softcapping, 30.0);
+  EXPECT_EQ(s.sliding_window, 4096);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  // layer_types' default: "sliding_attention" on even layers.
+  EXPECT_THAT(s.sliding_layers, ElementsAre(true, false, true, false));
+  EXPECT_EQ(s.activation, Activation::kGeluTanh);
+}
+
+TEST(Gemma2SpecTest, NullSoftCapsAndExplicitLayerTypes) {
+  json c = Gemma2Config();
+  c["attn_logit_softcapping"] = nullptr;
+  c["final_logit_softcapping"] = nullptr;
+  c["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention", "full_attention"};
+  c["tie_word_embeddings"] = false;
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(s.final_logit_softcapping, 0.0);
+  EXPECT_FALSE(s.tie_word_embeddings);
+  EXPECT_THAT(s.sliding_layers, ElementsAre(false, true, true, false));
+  // No sliding layer: the window is never used.
+  c["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention"};
+  c["sliding_window"] = nullptr;
+  ASSERT_OK_AND_ASSIGN(ModelSpec full, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(full.sliding_window, 0);
+  EXPECT_EQ(full.LayerSlidingWindow(1), 0);
+}
+
+TEST(Gemma2SpecTest, EmbeddingMultiplierIsRoundedToTheCheckpointDtype) {
+  json c = Gemma2Config();
+  c["hidden_size"] = 3072;  // sqrt = 55.4256..., 55.5 in bfloat16
+  c["torch_dtype"] = "bfloat16";
+  ASSERT_OK_AND_ASSIGN(ModelSpec bf16, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(bf16.embedding_multiplier, 55.5);
+  c["torch_dtype"] = "float32";
+  ASSERT_OK_AND_ASSIGN(ModelSpec f32, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(f32.embedding_multiplier, static_cast<double>(static_cast<float>(std::sqrt(3072.0))));
+}
+
+struct BadGemma {
+  std::string name;
+  std::function<void(json&)> edit;
+  absl::StatusCode code;
+  std::string message;
+};
+
+void PrintTo(const BadGemma& c, std::ostream* os) { *os << c.name; }
+
+class BadGemmaTest : public ::testing::TestWithParam<BadGemma> {};
+
+TEST_P(BadGemmaTest, IsRejectedNamingTheField) {
+  json c = Gemma2Config();
+  GetParam().edit(c);
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, BadGemmaTest,
+    ::testing::Values(
+        BadGemma{"ExactGelu", [](json& c) { c["hidden_activation"] = "gelu"; }, absl::StatusCode::kUnimplemented,
+                 "\"hidden_activation\" is \"gelu\""},
+        BadGemma{"Bidirectional", [](json& c) { c["use_bidirectional_attention"] = true; },
+                 absl::StatusCode::kUnimplemented, "use_bidirectional_attention"},
+        BadGemma{"ChunkedLayerType",
+                 [](json& c) { c["layer_types"] = {"full_attention", "chunked_attention", "full_attention",
+                                                   "full_attention"}; },
+                 absl::StatusCode::kUnimplemented, "\"layer_types\" has \"chunked_attention\""},
+        BadGemma{"LayerTypesLength", [](json& c) { c["layer_types"] = {"full_attention"}; },
+                 absl::StatusCode::kInvalidArgument, "\"layer_types\" is not a list of 4 layer types"},
+        BadGemma{"NullWindowWithSlidingLayers", [](json& c) { c["sliding_window"] = nullptr; },
+                 absl::StatusCode::kUnimplemented, "\"sliding_window\" is null"},
+        BadGemma{"ZeroWindow", [](json& c) { c["sliding_window"] = 0; }, absl::StatusCode::kInvalidArgument,
+                 "\"sliding_window\" is 0"},
+        BadGemma{"NegativeSoftCap", [](json& c) { c["attn_logit_softcapping"] = -1.0; },
+                 absl::StatusCode::kInvalidArgument, "\"attn_logit_softcapping\""},
+        BadGemma{"ZeroFinalSoftCap", [](json& c) { c["final_logit_softcapping"] = 0; },
+                 absl::StatusCode::kInvalidArgument, "a soft-cap must be positive"},
+        BadGemma{"StringSoftCap", [](json& c) { c["final_logit_softcapping"] = "30"; },
+                 absl::StatusCode::kInvalidArgument, "\"final_logit_softcapping\" is not a number"},
+        BadGemma{"ZeroQueryScalar", [](json& c) { c["query_pre_attn_scalar"] = 0; },
+                 absl::StatusCode::kInvalidArgument, "query_pre_attn_scalar"},
+        BadGemma{"YarnRope", [](json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}}; },
+                 absl::StatusCode::kUnimplemented, "yarn"}),
+    [](const auto& test_info) { return test_info.param.name; });
 
 }  // namespace
 }  // namespace shardserve

@@ -53,6 +53,8 @@ import transformers
 from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -366,6 +368,39 @@ SPECS = [
             tie_word_embeddings=False,
         ),
     ),
+    # Gemma-2: embeddings scaled by sqrt(hidden_size), RMSNorm by (1 + weight) (the norm weights
+    # are drawn around 0, so the factor is around 1), norms before and after both the attention
+    # and the MLP, gelu_pytorch_tanh gated MLP, softmax scale query_pre_attn_scalar^-1/2 (24, not
+    # head_dim 32), attention-score and final-logit soft-capping small enough to bite, layers 0
+    # and 2 "sliding_attention" with a window of 8 (transformers' default layer_types), layer 1
+    # full; embeddings tied (Gemma's default). COMMON's hidden_act ("silu") is ignored by Gemma2,
+    # which reads hidden_activation.
+    dict(
+        name="gemma2",
+        model_cls=Gemma2ForCausalLM,
+        config_cls=Gemma2Config,
+        norm_center=0.0,
+        # Small embeddings: scaled by 8 and tied to lm_head, larger ones dominate the residual stream
+        # and the model only repeats its last token.
+        std_embed=0.05,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=8.0,  # |q.k| * scale reaches ~12 on these weights
+            final_logit_softcapping=1.5,  # uncapped max |logit| ~1.4-1.8
+            sliding_window=8,
+            attention_bias=False,
+            pad_token_id=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=True,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -377,7 +412,7 @@ STD_ROUTER = 0.25
 STD_SHARED_GATE = 0.5
 
 
-def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0):
+def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0, norm_center=1.0):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         # DeepSeek-V3's e_score_correction_bias is a buffer (not a parameter): give it values so
@@ -389,7 +424,7 @@ def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0):
         for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             if name.endswith("norm.weight"):
-                value = 1.0 + STD_NORM_NOISE * noise
+                value = norm_center + STD_NORM_NOISE * noise
             elif name.endswith(".bias"):
                 value = STD_BIAS * noise
             elif "embed_tokens" in name:
@@ -548,7 +583,8 @@ def build_and_save(spec, seed, out_dir):
     torch.manual_seed(seed)
     config = spec["config_cls"](**COMMON, **spec["config"])
     model = spec["model_cls"](config)
-    reinit_(model, seed, spec.get("std_embed", STD_EMBED), spec.get("score_bias_std", 0.0))
+    reinit_(model, seed, spec.get("std_embed", STD_EMBED), spec.get("score_bias_std", 0.0),
+            spec.get("norm_center", 1.0))
     save_dtype = spec.get("save_dtype", torch.float32)
     model = model.to(save_dtype)
     expected = {k: v.detach().clone().float() for k, v in model.state_dict().items()}

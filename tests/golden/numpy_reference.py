@@ -42,6 +42,13 @@ Semantics (transformers 5.23, eager attention):
     the topk_group best of n_group groups (group score: sum of its two best);
     weights s (renormalised when norm_topk_prob) * routed_scaling_factor; plus
     the ungated shared_experts MLP.
+  * Gemma-2: x = embed * float32(sqrt(hidden_size)); every RMSNorm multiplies
+    by (1 + w); per layer x += post_attention_layernorm(attn(input_layernorm(x)))
+    then x += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)));
+    MLP down(gelu_tanh(gate x) * up x); scores scaled by query_pre_attn_scalar^-0.5
+    then soft-capped, c * tanh(s / c) with c = attn_logit_softcapping, before the
+    mask; sliding_window on the layers whose layer_types entry is
+    "sliding_attention"; final logits soft-capped by final_logit_softcapping.
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -234,6 +241,8 @@ class Model:
         if rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
             raise ValueError("partial_rotary_factor != 1 not implemented here")
         self.mla = self.arch == "DeepseekV3ForCausalLM"
+        self.gemma = self.arch == "Gemma2ForCausalLM"
+        self.scale = (c.get("query_pre_attn_scalar", 256) if self.gemma else self.hd) ** -0.5
         self.rope_scale = 1.0
         if self.mla:
             self.hd = c["qk_rope_head_dim"]  # the RoPE width (transformers' head_dim)
@@ -249,6 +258,8 @@ class Model:
         sw = c.get("sliding_window")
         if self.arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
             self.windows = [sw] * self.L
+        elif self.gemma:  # layer_types given (make_golden's configs always have it)
+            self.windows = [sw if t == "sliding_attention" else None for t in c["layer_types"]]
         else:  # Qwen2 / Qwen2-MoE / Qwen3 / Qwen3-MoE: only with use_sliding_window, per layer_types
             types = c.get("layer_types") or ["full_attention"] * self.L
             use = c.get("use_sliding_window", False)
@@ -260,7 +271,8 @@ class Model:
         return y if b is None else y + b
 
     def rms(self, x, name):
-        return self.w[name + ".weight"] * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        w = self.w[name + ".weight"] + (1.0 if self.gemma else 0.0)
+        return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
 
     def rope(self, x, pos):  # x [T, heads, hd]
         ang = pos[:, None] * self.inv_freq[None, :]
@@ -371,7 +383,10 @@ class Model:
         out = np.zeros((T, self.nh, self.hd))
         for h in range(self.nh):
             kv = h // group
-            s = (q[:, h, :] @ k[:, kv, :].T) * self.hd**-0.5
+            s = (q[:, h, :] @ k[:, kv, :].T) * self.scale
+            cap = self.cfg.get("attn_logit_softcapping") if self.gemma else None
+            if cap:
+                s = cap * np.tanh(s / cap)
             s = np.where(visible, s, -np.inf)
             s = np.exp(s - s.max(-1, keepdims=True))
             s /= s.sum(-1, keepdims=True)
@@ -380,7 +395,11 @@ class Model:
 
     def swiglu(self, x, gate, up, down):
         g = x @ gate.T
-        return ((g / (1 + np.exp(-g))) * (x @ up.T)) @ down.T
+        if self.gemma:  # gelu_pytorch_tanh
+            act = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+        else:
+            act = g / (1 + np.exp(-g))
+        return (act * (x @ up.T)) @ down.T
 
     def mlp(self, x, l):
         p = f"model.layers.{l}"
@@ -433,14 +452,24 @@ class Model:
 
     def forward(self, ids):
         x = self.w["model.embed_tokens.weight"][np.array(ids)]
+        if self.gemma:
+            x = x * float(np.float32(self.H**0.5))  # float32 checkpoints: the multiplier in float32
         for l in range(self.L):
-            x = x + self.attention(self.rms(x, f"model.layers.{l}.input_layernorm"), l)
-            x = x + self.mlp(self.rms(x, f"model.layers.{l}.post_attention_layernorm"), l)
+            p = f"model.layers.{l}"
+            if self.gemma:
+                x = x + self.rms(self.attention(self.rms(x, p + ".input_layernorm"), l), p + ".post_attention_layernorm")
+                x = x + self.rms(self.mlp(self.rms(x, p + ".pre_feedforward_layernorm"), l),
+                                 p + ".post_feedforward_layernorm")
+                continue
+            x = x + self.attention(self.rms(x, p + ".input_layernorm"), l)
+            x = x + self.mlp(self.rms(x, p + ".post_attention_layernorm"), l)
         x = self.rms(x, "model.norm")
         head = self.w.get("lm_head.weight")
         if head is None:
             head = self.w["model.embed_tokens.weight"]
-        return x @ head.T
+        logits = x @ head.T
+        cap = self.cfg.get("final_logit_softcapping") if self.gemma else None
+        return cap * np.tanh(logits / cap) if cap else logits
 
 
 def check(d):

@@ -145,5 +145,8 @@ absl::Status RecordingBackend::ArgmaxRows(const kernels::ArgmaxRowsParams& p) {
 absl::Status RecordingBackend::Zero(const kernels::ZeroParams& p) {
   return RunOrRecord([this, p] { return inner_->Zero(p); });
 }
+absl::Status RecordingBackend::Scale(const kernels::ScaleParams& p) {
+  return RunOrRecord([this, p] { return inner_->Scale(p); });
+}
 
 }  // namespace shardserve::testing

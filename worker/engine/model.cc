@@ -457,6 +457,11 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
                             .tokens = rows,
                             .in = h,
                             .out = vpad}));
+  if (spec_.final_logit_softcapping > 0.0) {
+    // Elementwise, so each rank caps its own vocab slice (padding rows stay 0).
+    RETURN_IF_ERROR(b.Scale({.x = w.logits.as<float>(), .n = rows * vpad, .scale = 1.0f,
+                             .softcap = static_cast<float>(spec_.final_logit_softcapping)}));
+  }
   StepResult result;
   result.logits.resize(batch.size());
   result.greedy_ids.assign(batch.size(), -1);
@@ -527,6 +532,10 @@ absl::Status Model::Forward(int64_t tokens, const kernels::PagedSeqs& paged) {
                                          .tokens = tokens,
                                          .vocab = spec_.vocab_size,
                                          .hidden = spec_.hidden_size}));
+    if (spec_.embedding_multiplier != 1.0) {
+      RETURN_IF_ERROR(backend_->Scale({.x = w.hidden.as<float>(), .n = tokens * spec_.hidden_size,
+                                       .scale = static_cast<float>(spec_.embedding_multiplier)}));
+    }
   }
   pending_residual_ = nullptr;
   for (int64_t l = options_.layer_begin; l < options_.layer_end; ++l) RETURN_IF_ERROR(Layer(l, tokens, paged));
@@ -544,8 +553,15 @@ absl::Status Model::ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeq
   auto forward = [&] { return Forward(tokens, paged); };
   if (!eligible) return forward();
   // Every layer's attention launches alike: ask for the first one's.
-  const std::pair<int64_t, int64_t> key{tokens,
-                                        b.AttentionShapeKey(AttentionFor(options_.layer_begin, tokens, paged))};
+  int64_t shape_key = b.AttentionShapeKey(AttentionFor(options_.layer_begin, tokens, paged));
+  // Sliding-window and full layers mixed (Gemma-2): their launches differ; the key holds both.
+  for (int64_t l = options_.layer_begin + 1; l < options_.layer_end; ++l) {
+    if (spec_.LayerSlidingWindow(l) != spec_.LayerSlidingWindow(options_.layer_begin)) {
+      shape_key = shape_key * 65536 + b.AttentionShapeKey(AttentionFor(l, tokens, paged));
+      break;
+    }
+  }
+  const std::pair<int64_t, int64_t> key{tokens, shape_key};
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     // Bounded: a long-running server sees few batch sizes, but contexts keep growing.
@@ -596,8 +612,10 @@ kernels::AttentionParams Model::AttentionFor(int64_t layer, int64_t tokens, cons
                     .kv_heads = layout_.kv_heads,
                     .head_dim = d,
                     .dtype = kv_dtype_},
-          .scale = 1.0f / std::sqrt(static_cast<float>(d)),
-          .sliding_window = spec_.sliding_window};
+          .scale = spec_.query_pre_attn_scalar > 0.0 ? static_cast<float>(spec_.AttentionScale())
+                                                     : 1.0f / std::sqrt(static_cast<float>(d)),
+          .sliding_window = spec_.LayerSlidingWindow(layer),
+          .softcap = static_cast<float>(spec_.attn_logit_softcapping)};
 }
 
 namespace {
@@ -617,6 +635,7 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   const float eps = static_cast<float>(spec_.rms_norm_eps);
   float* hidden = w.hidden.as<float>();
   float* normed = w.normed.as<float>();
+  if (spec_.sandwich_norms) return SandwichLayer(layer, lw, tokens, paged);
 
   if (pending_residual_ != nullptr) {
     // The previous layer's output joins the residual stream in the same pass as this norm.
@@ -660,6 +679,33 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   // Added by the next layer's AddRmsNorm, or at the end of Forward.
   pending_residual_ = out;
   return absl::OkStatus();
+}
+
+absl::Status Model::SandwichLayer(int64_t layer, const LayerWeights& lw, int64_t tokens,
+                                  const kernels::PagedSeqs& paged) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  const int64_t h = spec_.hidden_size;
+  const float eps = static_cast<float>(spec_.rms_norm_eps);
+  float* hidden = w.hidden.as<float>();
+  float* normed = w.normed.as<float>();
+  float* tmp = w.tmp.as<float>();
+  RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.input_norm.as<float>(), .y = normed, .tokens = tokens,
+                             .hidden = h, .eps = eps}));
+  RETURN_IF_ERROR(GqaAttention(layer, lw, tokens, paged));
+  RETURN_IF_ERROR(b.Linear({.x = w.attn.as<float>(), .w = lw.o.view(), .bias = lw.o.bias(), .y = tmp,
+                            .tokens = tokens, .in = lw.o.in, .out = lw.o.out}));
+  RETURN_IF_ERROR(AllReduce(tmp, tokens * h));
+  // hidden += PostAttentionNorm(attn); normed = PreFeedforwardNorm(hidden).
+  RETURN_IF_ERROR(b.RmsNorm({.x = tmp, .weight = lw.post_norm.as<float>(), .y = tmp, .tokens = tokens, .hidden = h,
+                             .eps = eps}));
+  RETURN_IF_ERROR(b.AddRmsNorm({.x = hidden, .y = tmp, .weight = lw.pre_ffn_norm.as<float>(), .out = normed,
+                                .tokens = tokens, .hidden = h, .eps = eps}));
+  RETURN_IF_ERROR(Mlp(lw.mlp, normed, tmp, tokens, layout_.ffn, /*accumulate=*/false));
+  RETURN_IF_ERROR(AllReduce(tmp, tokens * h));
+  RETURN_IF_ERROR(b.RmsNorm({.x = tmp, .weight = lw.post_ffn_norm.as<float>(), .y = tmp, .tokens = tokens,
+                             .hidden = h, .eps = eps}));
+  return b.Add({.x = hidden, .y = tmp, .n = tokens * h});
 }
 
 absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens,
@@ -765,7 +811,9 @@ absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t 
                                  .parts = {{GroupPart(mw.gate, w.gate.as<float>()), GroupPart(mw.up, w.up.as<float>())}},
                                  .num_parts = 2}));
   RETURN_IF_ERROR(b.SiluMul({.gate = w.gate.as<float>(), .up = w.up.as<float>(), .out = w.gate.as<float>(),
-                             .n = tokens * width}));
+                             .n = tokens * width,
+                             .act = spec_.activation == Activation::kGeluTanh ? kernels::GateActivation::kGeluTanh
+                                                                              : kernels::GateActivation::kSilu}));
   return linear(mw.down, w.gate.as<float>(), y, accumulate);
 }
 

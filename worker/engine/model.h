@@ -78,6 +78,8 @@ class Model final : public StepRunner {
   // A layer's attention from ws_->normed to ws_->attn (the o projection's input): grouped-query
   // attention over the K/V cache, or multi-head latent attention over the latent cache.
   absl::Status GqaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
+  // Gemma-2's layer: norms before and after both the attention and the MLP (sandwich_norms).
+  absl::Status SandwichLayer(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
   absl::Status MlaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
   // The Attention op of layer `layer` for a step of `tokens` tokens (Layer runs it; graph keys ask
   // the backend how it would launch).

@@ -88,6 +88,16 @@ class Loader {
     ASSIGN_OR_RETURN(HostTensor t, ReadWeight(ckpt_, spec_.fp8, name, shape));
     return UploadAs(t, dtype);
   }
+  // An RMSNorm weight, f32; as (1 + w) when ModelSpec::norm_plus_one (Gemma), added in f32 as
+  // transformers does.
+  absl::StatusOr<kernels::DeviceBuffer> Norm(const std::string& name, int64_t size) {
+    RETURN_IF_ERROR(CheckDType(name));
+    ASSIGN_OR_RETURN(HostTensor t, ReadWeight(ckpt_, spec_.fp8, name, {size}));
+    if (spec_.norm_plus_one) {
+      for (int64_t i = 0; i < size; ++i) t.data()[i] = 1.0f + t.data()[i];
+    }
+    return Upload(t);
+  }
   absl::StatusOr<kernels::DeviceBuffer> Rows(const std::string& name, const Shape& shape, int64_t begin,
                                              int64_t end, DType dtype = DType::kF32) {
     RETURN_IF_ERROR(CheckDType(name));
@@ -407,7 +417,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     ASSIGN_OR_RETURN(mw.embedding, ld.Full(name, {spec.vocab_size, h}, mw.embedding_dtype));
   }
   if (last) {
-    ASSIGN_OR_RETURN(mw.final_norm, ld.Full("model.norm.weight", {h}));
+    ASSIGN_OR_RETURN(mw.final_norm, ld.Norm("model.norm.weight", h));
     // lm_head: this rank's vocab rows, zero-padded to vocab_padded rows.
     const int64_t vb = std::min(layout.vocab_begin, spec.vocab_size);
     const int64_t ve = std::min(layout.vocab_begin + layout.vocab_padded, spec.vocab_size);
@@ -426,8 +436,12 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     const std::string p = absl::StrCat("model.layers.", i, ".");
     LayerWeights lw;
     lw.layer = i;
-    ASSIGN_OR_RETURN(lw.input_norm, ld.Full(p + "input_layernorm.weight", {h}));
-    ASSIGN_OR_RETURN(lw.post_norm, ld.Full(p + "post_attention_layernorm.weight", {h}));
+    ASSIGN_OR_RETURN(lw.input_norm, ld.Norm(p + "input_layernorm.weight", h));
+    ASSIGN_OR_RETURN(lw.post_norm, ld.Norm(p + "post_attention_layernorm.weight", h));
+    if (spec.sandwich_norms) {
+      ASSIGN_OR_RETURN(lw.pre_ffn_norm, ld.Norm(p + "pre_feedforward_layernorm.weight", h));
+      ASSIGN_OR_RETURN(lw.post_ffn_norm, ld.Norm(p + "post_feedforward_layernorm.weight", h));
+    }
     const int64_t qb = layout.q_head_begin * d, qe = qb + layout.q_heads * d;
     const int64_t kb = layout.kv_head_begin * d, ke = kb + layout.kv_heads * d;
     if (spec.IsMla()) {

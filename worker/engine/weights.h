@@ -78,7 +78,10 @@ struct MlpWeights {
 struct LayerWeights {
   int64_t layer = 0;                 // index in the model
   kernels::DeviceBuffer input_norm;  // [hidden]
-  kernels::DeviceBuffer post_norm;   // [hidden]
+  kernels::DeviceBuffer post_norm;   // [hidden]: post_attention_layernorm
+  // ModelSpec::sandwich_norms (Gemma-2): pre_feedforward_layernorm and post_feedforward_layernorm
+  // ([hidden] each; post_norm then normalises the attention output); else empty.
+  kernels::DeviceBuffer pre_ffn_norm, post_ffn_norm;
   LinearWeight q, k, v, o;
   // ModelSpec::qk_norm: the per-head RMSNorm weights of q and k, [head_dim] each; else empty.
   kernels::DeviceBuffer q_norm, k_norm;

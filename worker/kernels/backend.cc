@@ -77,6 +77,7 @@ const char* OpName(Op op) {
     case Op::kSigmoidScaleRows: return "SigmoidScaleRows";
     case Op::kArgmaxRows: return "ArgmaxRows";
     case Op::kZero: return "Zero";
+    case Op::kScale: return "Scale";
     case Op::kHeadLinear: return "HeadLinear";
     case Op::kMlaKvWrite: return "MlaKvWrite";
     case Op::kMlaAttention: return "MlaAttention";
@@ -237,12 +238,20 @@ absl::Status AttentionParams::Validate() const {
     return Invalid("Attention", "q_heads must be a positive multiple of kv_heads");
   }
   if (sliding_window < 0) return Invalid("Attention", "negative sliding window");
+  if (!(softcap >= 0.0f)) return Invalid("Attention", "negative or NaN softcap");
   return ValidateSeqs("Attention", paged, tokens, cache);
 }
 
 absl::Status SiluMulParams::Validate() const {
   if (gate == nullptr || up == nullptr || out == nullptr) return Invalid("SiluMul", "null pointer");
   if (n < 0) return Invalid("SiluMul", "negative size");
+  return absl::OkStatus();
+}
+
+absl::Status ScaleParams::Validate() const {
+  if (x == nullptr) return Invalid("Scale", "null pointer");
+  if (n < 0) return Invalid("Scale", "negative size");
+  if (!(softcap >= 0.0f)) return Invalid("Scale", "negative or NaN softcap");
   return absl::OkStatus();
 }
 

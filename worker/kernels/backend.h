@@ -89,7 +89,7 @@ struct WeightView {
 // The ops of this interface, for SupportsOp().
 enum class Op : uint8_t {
   kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kKvWrite, kAttention, kSiluMul, kAdd, kGatherRows,
-  kScatterAddRows, kSigmoidScaleRows, kArgmaxRows, kZero,
+  kScatterAddRows, kSigmoidScaleRows, kArgmaxRows, kZero, kScale,
   // Multi-head latent attention (DeepSeek-V3): optional; the Backend defaults are Unimplemented.
   kHeadLinear, kMlaKvWrite, kMlaAttention,
 };
@@ -240,15 +240,34 @@ struct AttentionParams {
   KvLayerView cache;
   float scale = 1.0f;            // usually 1/sqrt(head_dim)
   int64_t sliding_window = 0;    // 0 = none
+  // > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma-2).
+  float softcap = 0.0f;
   absl::Status Validate() const;
 };
 
-// out = silu(gate) * up, elementwise.
+// The activation of a gated MLP (ModelSpec's Activation).
+enum class GateActivation : uint8_t {
+  kSilu,      // x * sigmoid(x)
+  kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's gelu(approximate="tanh")
+};
+
+// out = act(gate) * up, elementwise (SiLU unless `act` says otherwise).
 struct SiluMulParams {
   const float* gate = nullptr;  // [n]
   const float* up = nullptr;    // [n]
   float* out = nullptr;         // [n]; may alias gate or up
   int64_t n = 0;
+  GateActivation act = GateActivation::kSilu;
+  absl::Status Validate() const;
+};
+
+// x = x * scale, then, when softcap > 0, x = softcap * tanh(x / softcap); elementwise (Gemma-2's
+// embedding multiplier and final logit soft-capping).
+struct ScaleParams {
+  float* x = nullptr;  // [n]
+  int64_t n = 0;
+  float scale = 1.0f;
+  float softcap = 0.0f;
   absl::Status Validate() const;
 };
 
@@ -433,6 +452,7 @@ class Backend {
   virtual absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) = 0;
   virtual absl::Status ArgmaxRows(const ArgmaxRowsParams& p) = 0;
   virtual absl::Status Zero(const ZeroParams& p) = 0;
+  virtual absl::Status Scale(const ScaleParams& p) = 0;
   // Multi-head latent attention. The defaults: Validate(), then Unimplemented naming the backend
   // and the op (SupportsOp answers false for them).
   virtual absl::Status HeadLinear(const HeadLinearParams& p);

@@ -162,7 +162,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            PipelineLayout{"phi3", {0, 1, 2}, 2, "phi3_pp2_tp2"},
                                            PipelineLayout{"deepseek_v3", {0, 2, 3}, 2, "deepseek_v3_pp2_tp2"},
                                            PipelineLayout{"deepseek_v3_noqlora", {0, 1, 2, 3}, 2,
-                                                          "deepseek_v3_noqlora_pp3_tp2"}),
+                                                          "deepseek_v3_noqlora_pp3_tp2"},
+                                           // Gemma-2: a sliding-window stage, then a full + sliding one.
+                                           PipelineLayout{"gemma2", {0, 1, 3}, 2, "gemma2_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {

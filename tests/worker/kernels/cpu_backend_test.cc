@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numbers>
 #include <random>
 #include <string>
 #include <tuple>
@@ -452,7 +453,7 @@ struct PagedFixture {
 
 // Naive double-precision attention over sequence s's contiguous K/V.
 std::vector<float> ReferenceAttention(const PagedFixture& f, const std::vector<AttnSeq>& seqs, const std::vector<float>& q,
-                                      int64_t q_heads, float scale, int64_t window) {
+                                      int64_t q_heads, float scale, int64_t window, double softcap = 0.0) {
   const int64_t d = f.d, row = f.row();
   std::vector<float> ref(q.size());
   for (size_t si = 0; si < seqs.size(); ++si) {
@@ -471,8 +472,9 @@ std::vector<float> ReferenceAttention(const PagedFixture& f, const std::vector<A
             dot += double{q[static_cast<size_t>((t * q_heads + h) * d + e)]} *
                    f.k_seq[si][static_cast<size_t>(j * row + g * d + e)];
           }
-          sc.push_back(dot * scale);
-          m = std::max(m, dot * scale);
+          const double score = softcap > 0 ? softcap * std::tanh(dot * scale / softcap) : dot * scale;
+          sc.push_back(score);
+          m = std::max(m, score);
           keys.push_back(j);
         }
         double sum = 0;
@@ -508,6 +510,55 @@ TEST_F(CpuBackendTest, PagedAttentionMatchesContiguousReferenceWithSlidingWindow
                     .ok());
     ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 0.35f, window), out, 1e-5f, absl::StrCat("window ", window));
   }
+}
+
+TEST_F(CpuBackendTest, SoftCappedAttentionMatchesReference) {
+  // Gemma-2: scaled scores are soft-capped before the softmax; scale 1.5 makes them reach well
+  // past the cap 2, so the capped and uncapped results differ.
+  PagedFixture f({8, 10}, 5);
+  const int64_t q_heads = 4;
+  const std::vector<AttnSeq> seqs = {
+      {.q_begin = 0, .q_len = 5, .pos_begin = 3, .table_begin = f.begin(0), .table_len = f.len(0)},
+      {.q_begin = 5, .q_len = 1, .pos_begin = 9, .table_begin = f.begin(1), .table_len = f.len(1)}};
+  const int64_t tokens = 6;
+  const auto q = Random(static_cast<size_t>(tokens * q_heads * f.d), 9);
+  for (int64_t window : {int64_t{0}, int64_t{4}}) {
+    std::vector<float> out(q.size());
+    ASSERT_TRUE(b_->Attention({.q = q.data(), .out = out.data(), .paged = f.paged(seqs), .tokens = tokens,
+                               .q_heads = q_heads, .cache = f.view(), .scale = 1.5f, .sliding_window = window,
+                               .softcap = 2.0f})
+                    .ok());
+    ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 1.5f, window, 2.0), out, 1e-5f, absl::StrCat("window ", window));
+    const std::vector<float> uncapped = ReferenceAttention(f, seqs, q, q_heads, 1.5f, window);
+    float diff = 0.f;
+    for (size_t i = 0; i < out.size(); ++i) diff = std::max(diff, std::fabs(out[i] - uncapped[i]));
+    EXPECT_GT(diff, 1e-2f) << "the cap does not change the result: the test would not see it missing";
+  }
+}
+
+TEST_F(CpuBackendTest, GeluTanhMulAndScaleWithSoftCap) {
+  const std::vector<float> gate = {-3.f, -1.f, -0.25f, 0.f, 0.5f, 1.f, 2.5f};
+  const std::vector<float> up = {1.f, 2.f, -1.f, 3.f, 0.5f, 1.f, -2.f};
+  std::vector<float> out(gate.size());
+  ASSERT_TRUE(b_->SiluMul({.gate = gate.data(), .up = up.data(), .out = out.data(),
+                           .n = static_cast<int64_t>(gate.size()), .act = GateActivation::kGeluTanh})
+                  .ok());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double x = gate[i];
+    const double gelu = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+    EXPECT_NEAR(out[i], gelu * up[i], 1e-6) << i;
+  }
+  // torch.nn.functional.gelu(torch.tensor(1.0), approximate="tanh") = 0.8411920070648193.
+  EXPECT_NEAR(out[5], 0.8411920070648193, 1e-6);
+  std::vector<float> x = {-40.f, -1.f, 0.f, 0.3f, 7.f, 100.f};
+  std::vector<float> y = x;
+  ASSERT_TRUE(b_->Scale({.x = y.data(), .n = static_cast<int64_t>(y.size()), .scale = 0.5f, .softcap = 3.f}).ok());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], 3.0 * std::tanh(0.5 * x[i] / 3.0), 1e-6) << i;
+  std::vector<float> z = x;
+  ASSERT_TRUE(b_->Scale({.x = z.data(), .n = static_cast<int64_t>(z.size()), .scale = 8.f}).ok());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(z[i], 8.f * x[i]) << i;
+  EXPECT_FALSE(b_->Scale({.x = z.data(), .n = 1, .scale = 1.f, .softcap = -1.f}).ok());
+  EXPECT_FALSE(b_->Scale({.x = nullptr, .n = 1}).ok());
 }
 
 TEST_F(CpuBackendTest, PagedKvWriteThenAttentionMatchesContiguousReference) {

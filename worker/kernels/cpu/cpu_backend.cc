@@ -70,6 +70,7 @@ class CpuBackend final : public Backend {
       case Op::kSigmoidScaleRows:
       case Op::kArgmaxRows:
       case Op::kZero:
+      case Op::kScale:
       case Op::kMlaKvWrite:
       case Op::kMlaAttention:
         return dtype == DType::kF32;
@@ -301,7 +302,8 @@ class CpuBackend final : public Backend {
             const float* kr = kb + r * row;
             for (int64_t h = 0; h < heads; ++h) {
               const float* qh = qt + h * d;
-              sc[h * n + (j - lo + r)] = Dot(qh, kr + (h / group) * d, d) * p.scale;
+              const float score = Dot(qh, kr + (h / group) * d, d) * p.scale;
+              sc[h * n + (j - lo + r)] = p.softcap > 0.0f ? SoftCap(score, p.softcap) : score;
             }
           }
           j += run;
@@ -330,7 +332,20 @@ class CpuBackend final : public Backend {
 
   absl::Status SiluMul(const SiluMulParams& p) override {
     SHARDSERVE_VALIDATE(p);
-    for (int64_t i = 0; i < p.n; ++i) p.out[i] = Silu(p.gate[i]) * p.up[i];
+    if (p.act == GateActivation::kGeluTanh) {
+      for (int64_t i = 0; i < p.n; ++i) p.out[i] = GeluTanh(p.gate[i]) * p.up[i];
+    } else {
+      for (int64_t i = 0; i < p.n; ++i) p.out[i] = Silu(p.gate[i]) * p.up[i];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Scale(const ScaleParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t i = 0; i < p.n; ++i) {
+      const float v = p.x[i] * p.scale;
+      p.x[i] = p.softcap > 0.0f ? SoftCap(v, p.softcap) : v;
+    }
     return absl::OkStatus();
   }
 

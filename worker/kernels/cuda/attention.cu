@@ -43,6 +43,7 @@ size_t SharedBytes(int heads, int64_t head_dim) {
 struct Shape {
   int64_t block_size, q_heads, kv_heads, head_dim, sliding_window;
   float scale;
+  float softcap;  // > 0: scores soft-capped (Gemma-2)
   int heads_per_block, head_blocks, splits;
 };
 
@@ -152,7 +153,8 @@ __global__ void __launch_bounds__(kThreads)
             if (hh < nh) {
               float dot = 0.f;
               for (int64_t e = lane; e < d; e += kWarp) dot += q_s[hh * d + e] * Widen(kj[e]);
-              const float score = WarpSum(dot) * sh.scale;
+              const float raw = WarpSum(dot) * sh.scale;
+              const float score = sh.softcap > 0.f ? SoftCap(raw, sh.softcap) : raw;
               float rescale = 0.f, weight = 0.f;
               OnlineSoftmaxStep(score, &m[hh], &l[hh], &rescale, &weight);
               float* acc = my_acc + hh * d;
@@ -184,7 +186,9 @@ __global__ void __launch_bounds__(kThreads)
           for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
             p[hh] = 0.f;
             if (hh < nh) {
-              const float score = valid ? dots[hh] * sh.scale : -INFINITY;
+              const float scaled = dots[hh] * sh.scale;
+              const float score =
+                  valid ? (sh.softcap > 0.f ? SoftCap(scaled, sh.softcap) : scaled) : -INFINITY;
               const float rescale = SoftmaxChunkRescale(WarpMax(score), &m[hh], l[hh]);
               p[hh] = valid ? expf(score - m[hh]) : 0.f;
               l[hh] = l[hh] * rescale + WarpSum(p[hh]);
@@ -394,6 +398,7 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
                  .head_dim = p.cache.head_dim,
                  .sliding_window = p.sliding_window,
                  .scale = p.scale,
+                 .softcap = p.softcap,
                  .heads_per_block = plan.heads_per_block,
                  .head_blocks = head_blocks,
                  .splits = plan.splits};

@@ -102,6 +102,7 @@ class CudaBackend final : public Backend {
   absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const ArgmaxRowsParams& p) override;
   absl::Status Zero(const ZeroParams& p) override;
+  absl::Status Scale(const ScaleParams& p) override;
 
  private:
   // Refuses to run when unhealthy; otherwise makes device_ current on the calling thread (the
@@ -272,6 +273,7 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kSigmoidScaleRows:
     case Op::kArgmaxRows:
     case Op::kZero:
+    case Op::kScale:
       return dtype == DType::kF32;
     case Op::kHeadLinear:
     case Op::kMlaKvWrite:
@@ -546,6 +548,12 @@ absl::Status CudaBackend::Zero(const ZeroParams& p) {
   RETURN_IF_ERROR(Enter());
   if (p.n == 0) return absl::OkStatus();
   return Check(cudaMemsetAsync(p.x, 0, static_cast<size_t>(p.n) * sizeof(float), stream_), "cudaMemsetAsync");
+}
+
+absl::Status CudaBackend::Scale(const ScaleParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchScale(p, stream_), "Scale kernel launch");
 }
 
 }  // namespace

@@ -229,9 +229,21 @@ __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seq
   }
 }
 
+template <GateActivation kAct>
 __global__ void SiluMulKernel(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = Silu(gate[i]) * up[i];
+    if constexpr (kAct == GateActivation::kGeluTanh) {
+      out[i] = GeluTanh(gate[i]) * up[i];
+    } else {
+      out[i] = Silu(gate[i]) * up[i];
+    }
+  }
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float scale, float softcap) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i] * scale;
+    x[i] = softcap > 0.f ? SoftCap(v, softcap) : v;
   }
 }
 
@@ -379,7 +391,17 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  SiluMulKernel<<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.gate, p.up, p.out, p.n);
+  if (p.act == GateActivation::kGeluTanh) {
+    SiluMulKernel<GateActivation::kGeluTanh><<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.gate, p.up, p.out, p.n);
+  } else {
+    SiluMulKernel<GateActivation::kSilu><<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.gate, p.up, p.out, p.n);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScale(const ScaleParams& p, cudaStream_t stream) {
+  if (p.n == 0) return cudaSuccess;
+  ScaleKernel<<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.x, p.n, p.scale, p.softcap);
   return cudaGetLastError();
 }
 

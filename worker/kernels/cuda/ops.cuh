@@ -33,6 +33,7 @@ cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream);
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream);
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
+cudaError_t LaunchScale(const ScaleParams& p, cudaStream_t stream);
 cudaError_t LaunchAdd(const AddParams& p, cudaStream_t stream);
 cudaError_t LaunchGatherRows(const GatherRowsParams& p, cudaStream_t stream);
 cudaError_t LaunchScatterAddRows(const ScatterAddRowsParams& p, cudaStream_t stream);

@@ -61,6 +61,15 @@ SHARDSERVE_HD void SoftmaxRow(float* x, int n) {
 
 SHARDSERVE_HD float Silu(float x) { return x / (1.0f + expf(-x)); }
 
+// PyTorch's gelu(x, approximate="tanh") (Gemma's gelu_pytorch_tanh), in f32.
+SHARDSERVE_HD float GeluTanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+// Soft-capping: cap * tanh(x / cap) (Gemma-2's attention scores and final logits); cap > 0.
+SHARDSERVE_HD float SoftCap(float x, float cap) { return cap * tanhf(x / cap); }
+
 // MoE routing of one token: softmax over `num_experts` router logits, then the `k` largest
 // probabilities (ties: lower expert index first, as torch.topk on CPU), optionally renormalised to
 // sum to 1. probs: scratch [num_experts] (overwritten); experts, weights: [k].

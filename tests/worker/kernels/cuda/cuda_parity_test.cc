@@ -607,6 +607,42 @@ TEST_F(CudaParityTest, SiluMulInPlace) {
   ExpectMirrorsClose(gate);
 }
 
+TEST_F(CudaParityTest, GeluTanhMulAndScaleWithSoftCap) {
+  const int64_t n = 1001;
+  auto gate = Mirror(RandomFloats(n, 62, -6.f, 6.f));
+  auto up = Mirror(RandomFloats(n, 63));
+  RunBoth([&](Backend& b, int s) {
+    return b.SiluMul({.gate = gate.at(s), .up = up.at(s), .out = gate.at(s), .n = n, .act = GateActivation::kGeluTanh});
+  });
+  ExpectMirrorsClose(gate);
+  auto x = Mirror(RandomFloats(n, 64, -50.f, 50.f));
+  RunBoth([&](Backend& b, int s) { return b.Scale({.x = x.at(s), .n = n, .scale = 0.7f, .softcap = 5.f}); });
+  ExpectMirrorsClose(x);
+}
+
+TEST_F(CudaParityTest, SoftCappedAttentionMatchesCpu) {
+  const KvLayerView shape{.num_blocks = kNumBlocks, .block_size = kBlockSize, .kv_heads = 2, .head_dim = 64};
+  const int64_t q_heads = 8;
+  const int64_t cache_elems = shape.num_blocks * shape.block_size * shape.kv_heads * shape.head_dim;
+  auto seqs = Mirror(kSeqs);
+  auto table = Mirror(kTable);
+  auto q = Mirror(RandomFloats(kSeqTokens * q_heads * shape.head_dim, 53, -2.f, 2.f));
+  auto ck = Mirror(RandomFloats(cache_elems, 54, -2.f, 2.f));
+  auto cv = Mirror(RandomFloats(cache_elems, 55));
+  auto out = Mirror(std::vector<float>(kSeqTokens * q_heads * shape.head_dim));
+  for (int64_t window : {int64_t{0}, int64_t{5}}) {
+    RunBoth([&](Backend& b, int s) {
+      KvLayerView cache = shape;
+      cache.k = ck.at(s);
+      cache.v = cv.at(s);
+      return b.Attention({.q = q.at(s), .out = out.at(s), .paged = Paged(seqs.at(s), table.at(s)),
+                          .tokens = kSeqTokens, .q_heads = q_heads, .cache = cache, .scale = 0.25f,
+                          .sliding_window = window, .softcap = 3.f});
+    });
+    ExpectMirrorsClose(out);
+  }
+}
+
 TEST_F(CudaParityTest, Add) {
   const int64_t n = 1001;
   auto x = Mirror(RandomFloats(n, 70));
