@@ -164,6 +164,9 @@ GenerateDelta ToDelta(const v1::GenerateResponse& resp) {
   d.cached_prompt_tokens = resp.usage().cached_prompt_tokens();
   d.request_id = resp.request_id();
   d.index = resp.index();
+  for (const v1::ToolCall& c : resp.tool_calls()) {
+    d.tool_calls.push_back(ToolCall{.id = c.id(), .name = c.name(), .arguments = c.arguments()});
+  }
   for (const v1::TokenLogprobs& lp : resp.logprobs()) {
     d.logprobs.push_back(TokenLogprob{.logprob = lp.logprob(),
                                       .top_ids = {lp.top_ids().begin(), lp.top_ids().end()},
@@ -186,7 +189,24 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
       out->set_role(m.role);
       out->set_content(m.content);
       out->set_name(m.name);
+      for (const ToolCall& c : m.tool_calls) {
+        v1::ToolCall* call = out->add_tool_calls();
+        call->set_id(c.id);
+        call->set_name(c.name);
+        call->set_arguments(c.arguments);
+      }
+      out->set_tool_call_id(m.tool_call_id);
     }
+    chat->set_tools(o.tools);
+    switch (o.tool_choice) {
+      case ToolChoice::kDefault: break;
+      case ToolChoice::kNone: chat->set_tool_choice(v1::TOOL_CHOICE_NONE); break;
+      case ToolChoice::kAuto: chat->set_tool_choice(v1::TOOL_CHOICE_AUTO); break;
+      case ToolChoice::kRequired: chat->set_tool_choice(v1::TOOL_CHOICE_REQUIRED); break;
+      case ToolChoice::kFunction: chat->set_tool_choice(v1::TOOL_CHOICE_FUNCTION); break;
+    }
+    chat->set_tool_name(o.tool_name);
+    chat->set_single_tool_call(o.tool_choice == ToolChoice::kRequired && !o.parallel_tool_calls);
   } else if (prompt.is_ids) {
     // An empty id list still selects the ids prompt, so the server names the empty prompt.
     req.mutable_token_ids()->mutable_ids()->Add(prompt.ids.begin(), prompt.ids.end());
@@ -466,6 +486,7 @@ absl::StatusOr<std::vector<GenerateResult>> Client::GenerateChoices(const Prompt
     result.text += d.text;
     result.logprobs.insert(result.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
     result.prompt_logprobs.insert(result.prompt_logprobs.end(), d.prompt_logprobs.begin(), d.prompt_logprobs.end());
+    result.tool_calls.insert(result.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
     if (!d.request_id.empty()) result.request_id = d.request_id;
     if (d.finished) {
       result.finish_reason = d.finish_reason;

@@ -107,6 +107,53 @@ TEST(ClientTest, GenerateChoicesGathersEachChoice) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
+// Tools go out with the chat (calls of earlier turns and the tool answers included); the calls the
+// server parsed come back on the last message.
+TEST(ClientTest, ToolsGoOutAndToolCallsComeBack) {
+  v1::GenerateResponse last = Last(v1::FINISH_REASON_TOOL_CALLS, 30, 2);
+  v1::ToolCall* call = last.add_tool_calls();
+  call->set_id("call-1");
+  call->set_name("get_weather");
+  call->set_arguments(R"({"city": "Oslo"})");
+  FakeInferenceServer server(FakeScript{.responses = {Tokens({40, 41}, "<tool_call>"), last}});
+  auto client = MustConnect(server.address());
+  const std::string tools =
+      R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
+  std::vector<ChatMessage> chat = {
+      {.role = "user", .content = "Weather in Bergen, then Oslo?"},
+      {.role = "assistant", .tool_calls = {{.id = "call-0", .name = "get_weather", .arguments = R"({"city": "Bergen"})"}}},
+      {.role = "tool", .content = "rain", .tool_call_id = "call-0"}};
+  ASSERT_OK_AND_ASSIGN(GenerateResult r,
+                       client->Generate(Prompt::Chat(chat), {.tools = tools, .tool_choice = ToolChoice::kRequired,
+                                                             .parallel_tool_calls = false}));
+  EXPECT_EQ(r.finish_reason, "tool_calls");
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].id, "call-1");
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.tool_calls[0].arguments, R"({"city": "Oslo"})");
+
+  const v1::GenerateRequest sent = server.last_generate_request();
+  ASSERT_TRUE(sent.has_chat());
+  EXPECT_EQ(sent.chat().tools(), tools);
+  EXPECT_EQ(sent.chat().tool_choice(), v1::TOOL_CHOICE_REQUIRED);
+  EXPECT_TRUE(sent.chat().single_tool_call());
+  ASSERT_EQ(sent.chat().messages_size(), 3);
+  ASSERT_EQ(sent.chat().messages(1).tool_calls_size(), 1);
+  EXPECT_EQ(sent.chat().messages(1).tool_calls(0).id(), "call-0");
+  EXPECT_EQ(sent.chat().messages(1).tool_calls(0).arguments(), R"({"city": "Bergen"})");
+  EXPECT_EQ(sent.chat().messages(2).tool_call_id(), "call-0");
+
+  // A named function; without tools the chat carries none and the choice stays unspecified.
+  ASSERT_TRUE(client->Generate(Prompt::Chat(chat), {.tools = tools, .tool_choice = ToolChoice::kFunction,
+                                                    .tool_name = "get_weather"}).ok());
+  EXPECT_EQ(server.last_generate_request().chat().tool_choice(), v1::TOOL_CHOICE_FUNCTION);
+  EXPECT_EQ(server.last_generate_request().chat().tool_name(), "get_weather");
+  EXPECT_FALSE(server.last_generate_request().chat().single_tool_call());
+  ASSERT_TRUE(client->Generate(Prompt::Chat(chat), {}).ok());
+  EXPECT_EQ(server.last_generate_request().chat().tools(), "");
+  EXPECT_EQ(server.last_generate_request().chat().tool_choice(), v1::TOOL_CHOICE_UNSPECIFIED);
+}
+
 TEST(ClientTest, LogprobsArriveWithTheirTokens) {
   FakeScript script = ThreeTokens();
   auto add = [](v1::GenerateResponse& r, float lp, std::vector<int32_t> ids, std::vector<float> lps) {

@@ -73,6 +73,7 @@ class FakeInference final : public v1::Inference::CallbackService {
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* request) override {
     if (server_->Arrive(ctx)) return new ScriptedWriter(server_, {}, Unavailable(), false);
+    server_->RecordGenerateRequest(*request);
     if (request->max_tokens() < 1) {
       return new ScriptedWriter(server_, 
           {}, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "max_tokens must be >= 1, got 0"), false);
@@ -158,6 +159,16 @@ FakeInferenceServer::~FakeInferenceServer() {
 std::string FakeInferenceServer::last_authorization() const {
   absl::MutexLock lock(&mu_);
   return last_authorization_;
+}
+
+v1::GenerateRequest FakeInferenceServer::last_generate_request() const {
+  absl::MutexLock lock(&mu_);
+  return last_generate_request_;
+}
+
+void FakeInferenceServer::RecordGenerateRequest(const v1::GenerateRequest& request) {
+  absl::MutexLock lock(&mu_);
+  last_generate_request_ = request;
 }
 
 void FakeInferenceServer::CountCancelledGenerate() {

@@ -36,6 +36,8 @@ class FakeInferenceServer final {
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   int calls() const { return calls_.load(); }
   std::string last_authorization() const;
+  v1::GenerateRequest last_generate_request() const;  // what the last Generate call asked
+  void RecordGenerateRequest(const v1::GenerateRequest& request);
   // Waits until `n` Generate calls have seen the client cancel (or go away); false on timeout.
   bool AwaitCancelledGenerates(int n, absl::Duration timeout) const;
   void CountCancelledGenerate();  // for the Generate reactor
@@ -54,6 +56,7 @@ class FakeInferenceServer final {
   mutable absl::Mutex mu_;
   std::string last_authorization_ ABSL_GUARDED_BY(mu_);
   int cancelled_generates_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::GenerateRequest last_generate_request_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardserve::testing

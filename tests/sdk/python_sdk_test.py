@@ -242,12 +242,14 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
         self.hold = hold
         self.calls = 0
         self.authorization = []
+        self.requests = []
         self.lock = threading.Lock()
 
     def Generate(self, request, context):
         with self.lock:
             self.calls += 1
             n = self.calls
+            self.requests.append(request)
             self.authorization.append(dict(context.invocation_metadata()).get("authorization"))
         if n <= self.unavailable_first:
             context.abort(grpc.StatusCode.UNAVAILABLE, "fake server: warming up")
@@ -283,6 +285,46 @@ class AgainstAFakeServer(unittest.TestCase):
         server.start()
         self.addCleanup(server.stop, None)
         return f"127.0.0.1:{port}"
+
+    def test_tools_go_out_and_tool_calls_come_back(self):
+        last = tokens([], "", common_pb2.FINISH_REASON_TOOL_CALLS)
+        last.tool_calls.add(id="call-1", name="get_weather", arguments='{"city": "Oslo"}')
+        fake = FakeInference(responses=[tokens([10, 11], "<tool_call>"), last])
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        chat = [{"role": "user", "content": "Weather in Bergen, then Oslo?"},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "call-0", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": {"city": "Bergen"}}}]},
+                {"role": "tool", "content": "rain", "tool_call_id": "call-0"}]
+        address = self.serve(fake)
+        with shardserve.Client(address, retry=FAST) as c:
+            result = c.generate(chat, tools=tools, tool_choice="required", parallel_tool_calls=False).result()
+            self.assertEqual(result.finish_reason, "tool_calls")
+            self.assertEqual(result.tool_calls, [shardserve.ToolCall("call-1", "get_weather", '{"city": "Oslo"}')])
+            sent = fake.requests[-1].chat
+            self.assertEqual(json.loads(sent.tools), tools)
+            self.assertEqual(sent.tool_choice, inference_pb2.TOOL_CHOICE_REQUIRED)
+            self.assertTrue(sent.single_tool_call)
+            self.assertEqual(sent.messages[1].content, "")
+            self.assertEqual((sent.messages[1].tool_calls[0].id, sent.messages[1].tool_calls[0].name),
+                             ("call-0", "get_weather"))
+            self.assertEqual(json.loads(sent.messages[1].tool_calls[0].arguments), {"city": "Bergen"})
+            self.assertEqual(sent.messages[2].tool_call_id, "call-0")
+            c.generate(chat, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}).result()
+            sent = fake.requests[-1].chat
+            self.assertEqual((sent.tool_choice, sent.tool_name), (inference_pb2.TOOL_CHOICE_FUNCTION, "get_weather"))
+            # Tools need a chat prompt; tool_choice must be one of OpenAI's forms.
+            with self.assertRaises(ValueError):
+                c.generate("hi", tools=tools)
+            with self.assertRaises(ValueError):
+                c.generate(chat, tools=tools, tool_choice="sometimes")
+
+        async def run():
+            async with shardserve.AsyncClient(address, retry=FAST) as c:
+                return await c.generate(chat, tools=tools).result()
+        result = asyncio.run(run())
+        self.assertEqual(result.tool_calls[0].name, "get_weather")
+        self.assertEqual(fake.requests[-1].chat.tool_choice, inference_pb2.TOOL_CHOICE_UNSPECIFIED)
 
     def test_retries_unavailable_before_the_first_token(self):
         fake = FakeInference(unavailable_first=2, responses=ANSWER)

@@ -95,11 +95,29 @@ struct CallOptions {
   const CancellationToken* cancellation = nullptr;
 };
 
+// A call of one of the request's tools, parsed by the server from the model's output.
+struct ToolCall {
+  std::string id;         // a tool message answers the call by this id (ChatMessage::tool_call_id)
+  std::string name;       // the function's name
+  std::string arguments;  // the arguments object as JSON text
+};
+
 // One chat message; the server renders a list of them with the model's chat template.
 struct ChatMessage {
   std::string role;  // system, user, assistant, tool or developer
   std::string content;
   std::string name;  // optional
+  std::vector<ToolCall> tool_calls;  // an assistant message's calls (given back to the model)
+  std::string tool_call_id;          // a tool message: the call it answers (optional)
+};
+
+// Whether and how the model calls the request's tools (GenerateOptions::tools).
+enum class ToolChoice {
+  kDefault,   // kAuto when tools are given
+  kNone,      // the tools are shown to the model; its output is never parsed as calls
+  kAuto,      // the model decides; calls in its output come back as ToolCalls
+  kRequired,  // the output is constrained to calls of the tools
+  kFunction,  // the output is constrained to one call of GenerateOptions::tool_name
 };
 
 struct Prompt {
@@ -141,6 +159,13 @@ struct GenerateOptions {
   std::string json_schema;
   bool json_object = false;
   std::string regex;
+  // Tools for a chat prompt, as the JSON text of OpenAI's "tools" array ([{"type": "function",
+  // "function": {"name", "description", "parameters"}}]); the server gives them to the chat
+  // template and parses calls from the output (finish_reason "tool_calls", GenerateResult::tool_calls).
+  std::string tools;
+  ToolChoice tool_choice = ToolChoice::kDefault;
+  std::string tool_name;             // with ToolChoice::kFunction
+  bool parallel_tool_calls = true;   // with ToolChoice::kRequired: false = exactly one call
   // Independent choices of the same prompt (OpenAI's n), in [1, 16]: choice i samples with seed + i.
   // Each delta names its choice (GenerateDelta::index); Generate needs n = 1, GenerateChoices
   // returns every choice.
@@ -168,6 +193,7 @@ struct GenerateDelta {
   // With GenerateOptions::prompt_logprobs: prompt tokens 1, 2, ... (all before the first token).
   std::vector<TokenLogprob> prompt_logprobs;
   int32_t index = 0;  // the choice this delta belongs to (GenerateOptions::n)
+  std::vector<ToolCall> tool_calls;  // on the choice's last delta: the calls parsed from its text
 };
 
 // The whole answer of a generation.
@@ -182,6 +208,7 @@ struct GenerateResult {
   std::vector<TokenLogprob> logprobs;  // with GenerateOptions::logprobs: one per token_ids entry
   // With GenerateOptions::prompt_logprobs: prompt tokens 1, 2, ... (all before the first token).
   std::vector<TokenLogprob> prompt_logprobs;
+  std::vector<ToolCall> tool_calls;  // with GenerateOptions::tools: the calls the model made
 };
 
 struct ModelInfo {

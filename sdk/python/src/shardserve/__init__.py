@@ -13,9 +13,9 @@ server or the connection raise ShardserveError with the gRPC code and the server
 from shardserve._aio import AsyncClient, AsyncGenerateStream
 from shardserve._client import Client, GenerateStream
 from shardserve._types import (ClusterStatus, GenerateDelta, GenerateResult, ModelInfo, RetryOptions,
-                               ShardserveError, TlsOptions, TokenLogprob, Usage, WorkerStatus)
+                               ShardserveError, TlsOptions, TokenLogprob, ToolCall, Usage, WorkerStatus)
 
 __all__ = [
     "AsyncClient", "AsyncGenerateStream", "Client", "ClusterStatus", "GenerateDelta", "GenerateResult",
-    "GenerateStream", "ModelInfo", "RetryOptions", "ShardserveError", "TlsOptions", "TokenLogprob", "Usage", "WorkerStatus",
+    "GenerateStream", "ModelInfo", "RetryOptions", "ShardserveError", "TlsOptions", "TokenLogprob", "ToolCall", "Usage", "WorkerStatus",
 ]

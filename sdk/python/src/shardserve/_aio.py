@@ -85,6 +85,7 @@ class AsyncClient:
                  top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, prompt_logprobs: bool = False, stop: Sequence[str] = (),
                  json_schema=None, json_object: bool = False, regex: Optional[str] = None, n: int = 1,
+                 tools: Optional[Sequence[Mapping]] = None, tool_choice=None, parallel_tool_calls: bool = True,
                  timeout: Optional[float] = None) -> AsyncGenerateStream:
         """Starts a generation; see Client.generate."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
@@ -92,7 +93,8 @@ class AsyncClient:
                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                        repetition_penalty=repetition_penalty, prompt_logprobs=prompt_logprobs,
                                        stop=stop, json_schema=json_schema, json_object=json_object, regex=regex,
-                                       n=n)
+                                       n=n, tools=tools, tool_choice=tool_choice,
+                                       parallel_tool_calls=parallel_tool_calls)
         call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
                                         metadata=self._settings.metadata)
         return AsyncGenerateStream(call)

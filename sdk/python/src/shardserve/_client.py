@@ -88,19 +88,25 @@ class Client:
                  top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  repetition_penalty: float = 1.0, prompt_logprobs: bool = False, stop: Sequence[str] = (),
                  json_schema=None, json_object: bool = False, regex: Optional[str] = None, n: int = 1,
+                 tools: Optional[Sequence[Mapping]] = None, tool_choice=None, parallel_tool_calls: bool = True,
                  timeout: Optional[float] = None) -> GenerateStream:
         """Starts a generation from text (tokenized by the server), token ids (used as given), or chat
         messages ([{"role": "user", "content": "Hi"}], rendered with the model's chat template by the
         server). `stop`: text that ends the generation (the text stops right before it). At most one of
         json_schema (a dict or its JSON text), json_object and regex constrains the output. n: that
         many independent choices (1..16, choice i sampled with seed + i); each delta names its choice
-        (index), and the stream's results() gives every choice's answer (result(): the only one)."""
+        (index), and the stream's results() gives every choice's answer (result(): the only one).
+        tools, tool_choice ("none", "auto", "required" or {"type": "function", "function": {"name":
+        ...}}) and parallel_tool_calls as OpenAI's chat API has them (chat prompts only; messages may
+        carry "tool_calls" and "tool_call_id"): the calls the model made come back as the result's
+        tool_calls, with finish_reason "tool_calls"."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                        ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs,
                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                        repetition_penalty=repetition_penalty, prompt_logprobs=prompt_logprobs,
                                        stop=stop, json_schema=json_schema, json_object=json_object, regex=regex,
-                                       n=n)
+                                       n=n, tools=tools, tool_choice=tool_choice,
+                                       parallel_tool_calls=parallel_tool_calls)
         call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
                                         metadata=self._settings.metadata)
         return GenerateStream(call)

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import grpc
 
 from shardserve._types import (ClusterStatus, GenerateDelta, GenerateResult, ModelInfo, RetryOptions, TokenLogprob,
-                               ShardserveError, TlsOptions, Usage, WorkerStatus)
+                               ShardserveError, TlsOptions, ToolCall, Usage, WorkerStatus)
 from shardserve.v1 import common_pb2, control_pb2, inference_pb2
 
 # Text (tokenized by the server), token ids (used as given), or chat messages ({"role": ...,
@@ -96,9 +96,13 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      top_logprobs: int = 0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                      repetition_penalty: float = 1.0, prompt_logprobs: bool = False,
                      stop: Sequence[str] = (), json_schema=None, json_object: bool = False,
-                     regex: Optional[str] = None, n: int = 1) -> inference_pb2.GenerateRequest:
+                     regex: Optional[str] = None, n: int = 1, tools: Optional[Sequence[Mapping]] = None,
+                     tool_choice=None, parallel_tool_calls: bool = True) -> inference_pb2.GenerateRequest:
     if not 1 <= n <= 16:
         raise ValueError(f"n must be in [1, 16], got {n}")
+    is_chat = not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
+    if (tools is not None or tool_choice is not None) and not is_chat:
+        raise ValueError("tools and tool_choice need a chat prompt (a list of messages)")
     req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                                         ignore_eos=ignore_eos, request_id=request_id, min_tokens=min_tokens,
                                         logprobs=logprobs, top_logprobs=top_logprobs, n=n)
@@ -121,9 +125,18 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
         req.text = prompt
     elif len(prompt) > 0 and isinstance(prompt[0], Mapping):
         for m in prompt:
-            msg = req.chat.messages.add(role=str(m.get("role", "")), content=str(m.get("content", "")))
+            content = m.get("content")
+            msg = req.chat.messages.add(role=str(m.get("role", "")), content="" if content is None else str(content))
             if m.get("name") is not None:
                 msg.name = str(m["name"])
+            for call in m.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                args = fn.get("arguments", "{}")
+                msg.tool_calls.add(id=str(call.get("id", "")), name=str(fn.get("name", "")),
+                                   arguments=args if isinstance(args, str) else json.dumps(args))
+            if m.get("tool_call_id") is not None:
+                msg.tool_call_id = str(m["tool_call_id"])
+        _set_tools(req.chat, tools, tool_choice, parallel_tool_calls)
     else:
         req.token_ids.ids.extend(prompt)
         req.token_ids.SetInParent()  # an empty id list is still an ids prompt; the server names it
@@ -132,6 +145,27 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
     req.sampling.top_p = top_p
     req.sampling.seed = seed
     return req
+
+
+def _set_tools(chat: inference_pb2.ChatMessages, tools: Optional[Sequence[Mapping]], tool_choice,
+               parallel_tool_calls: bool) -> None:
+    """OpenAI's tools / tool_choice / parallel_tool_calls, as the gRPC API carries them."""
+    if tools is not None:
+        chat.tools = json.dumps(list(tools))
+    if tool_choice is None:
+        return
+    choices = {"none": inference_pb2.TOOL_CHOICE_NONE, "auto": inference_pb2.TOOL_CHOICE_AUTO,
+               "required": inference_pb2.TOOL_CHOICE_REQUIRED}
+    if isinstance(tool_choice, str) and tool_choice in choices:
+        chat.tool_choice = choices[tool_choice]
+        chat.single_tool_call = tool_choice == "required" and not parallel_tool_calls
+    elif (isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function"
+          and isinstance(tool_choice.get("function"), Mapping) and tool_choice["function"].get("name")):
+        chat.tool_choice = inference_pb2.TOOL_CHOICE_FUNCTION
+        chat.tool_name = str(tool_choice["function"]["name"])
+    else:
+        raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                         f'"function": {{"name": ...}}}}, not {tool_choice!r}')
 
 
 def delta(resp: inference_pb2.GenerateResponse) -> GenerateDelta:
@@ -145,7 +179,8 @@ def delta(resp: inference_pb2.GenerateResponse) -> GenerateDelta:
         logprobs=[TokenLogprob(lp.logprob, list(lp.top_ids), list(lp.top_logprobs)) for lp in resp.logprobs],
         prompt_logprobs=[TokenLogprob(lp.logprob, list(lp.top_ids), list(lp.top_logprobs))
                          for lp in resp.prompt_logprobs],
-        index=resp.index)
+        index=resp.index,
+        tool_calls=[ToolCall(c.id, c.name, c.arguments) for c in resp.tool_calls])
 
 
 class Accumulator:
@@ -158,11 +193,13 @@ class Accumulator:
         self.request_id = ""
         self.logprobs: List[TokenLogprob] = []
         self.prompt_logprobs: List[TokenLogprob] = []
+        self.tool_calls: List[ToolCall] = []
 
     def add(self, d: GenerateDelta) -> None:
         self.token_ids.extend(d.token_ids)
         self.logprobs.extend(d.logprobs)
         self.prompt_logprobs.extend(d.prompt_logprobs)
+        self.tool_calls.extend(d.tool_calls)
         self.text.append(d.text)
         self.request_id = d.request_id or self.request_id
         if d.finish_reason is not None:
@@ -173,7 +210,7 @@ class Accumulator:
             raise ShardserveError(grpc.StatusCode.INTERNAL, "the server ended the generation without a finish reason")
         return GenerateResult(token_ids=self.token_ids, text="".join(self.text), finish_reason=self.last.finish_reason,
                               usage=self.last.usage, request_id=self.request_id, logprobs=self.logprobs,
-                              prompt_logprobs=self.prompt_logprobs)
+                              prompt_logprobs=self.prompt_logprobs, tool_calls=self.tool_calls)
 
 
 class Choices:

@@ -56,6 +56,15 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call of one of the request's tools, parsed by the server from the model's output."""
+
+    id: str  # a "tool" message answers the call by this id ("tool_call_id")
+    name: str  # the function's name
+    arguments: str  # the arguments object as JSON text
+
+
+@dataclass(frozen=True)
 class GenerateDelta:
     """A piece of a streamed answer: the new tokens since the previous delta and their text. The
     last delta has finish_reason ("length", "stop" or "cancelled") and usage."""
@@ -69,6 +78,7 @@ class GenerateDelta:
     # with prompt_logprobs=True: prompt tokens 1, 2, ... (all before the first token)
     prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
     index: int = 0  # the choice (generate's n) this delta belongs to
+    tool_calls: List[ToolCall] = field(default_factory=list)  # on the choice's last delta: its calls
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,7 @@ class GenerateResult:
     logprobs: List[TokenLogprob] = field(default_factory=list)  # with logprobs=True: one per token
     # with prompt_logprobs=True: prompt tokens 1, 2, ... (all before the first token)
     prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
+    tool_calls: List[ToolCall] = field(default_factory=list)  # with tools: the calls the model made
 
 
 @dataclass(frozen=True)
