@@ -21,7 +21,11 @@ ANALYSIS = ["-fsyntax-only", "-Wno-everything", "-Wthread-safety", "-Wthread-saf
 
 
 def clang_args(entry, source):
-    args = shlex.split(entry["command"])[1:]
+    args = shlex.split(entry["command"])
+    # Skip a compiler launcher (e.g. ccache) and the compiler itself.
+    while len(args) > 1 and os.path.basename(args[0]) in ("ccache", "sccache"):
+        args = args[1:]
+    args = args[1:]
     out, skip = ["clang++"], False
     for a in args:
         if skip:

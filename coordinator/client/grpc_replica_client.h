@@ -4,8 +4,8 @@
 // One long-lived bidirectional stream, opened on the first Step and re-opened on the next Step
 // after it breaks. Each Step writes one StepRequest (step_id = StepInput::step_id) and waits for
 // the StepResponse with the same step_id, so several Steps (from several threads) can be in flight
-// on the one stream: pipelined micro-batches. The stream uses the gRPC callback client API
-// (ClientBidiReactor); Step waits on a condition variable, bounded by Options::step_timeout.
+// on the one stream: pipelined micro-batches. The stream is the transport every pipeline hop uses
+// (common/rpc/stage_stream_client.h); Step waits for its answer, bounded by Options::step_timeout.
 //
 // Errors from Step: the stages' own error (StepResponse.error_code / error_message);
 // Unavailable when the stream cannot be opened or ends ("stage stream to ADDRESS ended: ...");
@@ -14,7 +14,7 @@
 // Shutdown.
 //
 // Thread-safety: as ReplicaClient (Step from several threads at once; Shutdown from any thread).
-// Destruction waits (bounded) for the stream to finish.
+// Destruction waits (bounded) for the current stream to finish.
 #ifndef SHARDSERVE_COORDINATOR_CLIENT_GRPC_REPLICA_CLIENT_H_
 #define SHARDSERVE_COORDINATOR_CLIENT_GRPC_REPLICA_CLIENT_H_
 
@@ -23,13 +23,17 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/concurrency/mutex.h"
 #include "coordinator/scheduler/replica_client.h"
 
 namespace grpc {
 class Channel;
 }  // namespace grpc
+
+namespace shardserve::rpc {
+class StageStreamClient;
+}  // namespace shardserve::rpc
 
 namespace shardserve::coordinator {
 
@@ -51,17 +55,13 @@ class GrpcReplicaClient final : public ReplicaClient {
   void Shutdown() override;
 
  private:
-  class Stream;  // the ClientBidiReactor; defined in the .cc (keeps gRPC types out of this header)
-
   const std::shared_ptr<grpc::Channel> channel_;
   const Options options_;
 
-  absl::Mutex mu_;
+  Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  // Shared with the Steps using it, so that one Step retiring it cannot free it under another.
-  std::shared_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);
-  // Streams cancelled or broken, kept until gRPC has finished with them (their OnDone).
-  std::vector<std::shared_ptr<Stream>> retired_ ABSL_GUARDED_BY(mu_);
+  // The open stream (replaced by the next Step once it closes); shared with the Steps using it.
+  std::shared_ptr<rpc::StageStreamClient> stream_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardserve::coordinator

@@ -24,8 +24,9 @@ def rules(src, inc):
     if top == "common" and ours(inc) and not inc.startswith("common/") and not inc.startswith("shardserve/v1/"):
         return "common/ may include only common/ (and generated proto code)"
     if top == "common" and (inc.startswith("grpcpp/") or inc.startswith("grpc/")) and not (
-            src.startswith("common/status/grpc_") or src.startswith("common/security/grpc_security.")):
-        return "common/ uses gRPC only in status/grpc_* and security/grpc_security"
+            src.startswith("common/status/grpc_") or src.startswith("common/security/grpc_security.")
+            or src.startswith("common/rpc/")):
+        return "common/ uses gRPC only in status/grpc_*, security/grpc_security and rpc/ (shared client transports)"
     if src.startswith("sdk/cpp/") and ours(inc) and not inc.startswith("shardserve/"):
         return "the C++ client library (sdk/cpp) depends on the generated protocol code only"
     # The CLI's offline commands may also use the simulator (coordinator/sim: the planner and the

@@ -3,12 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/fields.h"
 #include "common/log/log.h"
@@ -30,195 +28,12 @@ std::string RequestIds(const v1::StepRequest& request) {
 
 }  // namespace
 
-// One stream to the next stage on gRPC's callback API. Send() queues a micro-batch's messages and
-// registers its answer callback; answers are matched by step_id as they arrive. When the stream
-// ends (either side), every micro-batch still waiting is answered with UNAVAILABLE.
-class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest, v1::StepResponse>,
-                                 public std::enable_shared_from_this<Link> {
- public:
-  Link(const StageConfig& config) : config_(config) {}
-
-  void Start(v1::Stage::Stub* stub, bool cancelled) {
-    {
-      MutexLock lock(&mu_);
-      self_ = shared_from_this();  // until OnDone: gRPC uses the reactor until then
-    }
-    stub->async()->StepStream(&context_, this);
-    AddHold();  // released by Stop(), so that OnDone waits for writes started outside reactions
-    StartRead(&read_);
-    StartCall();
-    if (cancelled) Stop("was cancelled", /*cancel=*/true);
-  }
-
-  // Queues `messages` (one micro-batch) and registers `done` for its answer. On an error (the
-  // stream is closed, or step_id is already in flight) `done` is left to the caller.
-  absl::Status Send(uint64_t step_id, std::vector<v1::StepRequest> messages, Done& done) {
-    {
-      MutexLock lock(&mu_);
-      if (closing_) {
-        return absl::UnavailableError(absl::StrCat("stream to the next stage at ", config_.next_address, " ",
-                                                   problem_.empty() ? "is closed" : problem_));
-      }
-      if (!waiting_.try_emplace(step_id, std::move(done)).second) {  // moves only if inserted
-        // Refused so that a repeated id cannot misroute another batch's answer.
-        return absl::InvalidArgumentError(
-            absl::StrCat("step_id ", step_id, " is already in flight to the next stage"));
-      }
-      for (v1::StepRequest& m : messages) {
-        if (config_.metrics != nullptr) config_.metrics->ObserveStream("tx", "downstream", m.ByteSizeLong());
-        queue_.push_back(std::move(m));
-      }
-      if (writing_) return absl::OkStatus();
-      writing_ = true;
-      writing_msg_ = std::move(queue_.front());
-      queue_.pop_front();
-      ++starting_;
-    }
-    StartWrite(&writing_msg_);
-    bool release = false;
-    {
-      MutexLock lock(&mu_);
-      --starting_;
-      release = ReleaseHoldLocked();
-    }
-    if (release) RemoveHold();
-    return absl::OkStatus();
-  }
-
-  bool closing() {
-    MutexLock lock(&mu_);
-    return closing_;
-  }
-
-  // No more sends; with `cancel` the call is cancelled too (OnDone then fails what is waiting).
-  void Stop(const std::string& why, bool cancel) {
-    bool release = false;
-    {
-      MutexLock lock(&mu_);
-      if (!closing_) {
-        closing_ = true;
-        problem_ = why;
-        release = ReleaseHoldLocked();
-      }
-    }
-    if (cancel) context_.TryCancel();
-    if (release) RemoveHold();
-  }
-
-  void WaitDone() {
-    MutexLock lock(&mu_);
-    while (!done_) done_cv_.Wait(&mu_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    {
-      MutexLock lock(&mu_);
-      if (ok && !queue_.empty()) {
-        writing_msg_ = std::move(queue_.front());
-        queue_.pop_front();
-      } else {
-        writing_ = false;
-        if (ok) return;
-      }
-    }
-    if (!ok) {
-      Stop("failed a write", /*cancel=*/true);
-      return;
-    }
-    StartWrite(&writing_msg_);  // from a reaction: the call cannot end meanwhile
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      Stop("ended the stream", /*cancel=*/false);
-      return;
-    }
-    if (config_.metrics != nullptr) config_.metrics->ObserveStream("rx", "downstream", read_.ByteSizeLong());
-    Done done;
-    {
-      MutexLock lock(&mu_);
-      auto it = waiting_.find(read_.step_id());
-      if (it != waiting_.end()) {
-        done = std::move(it->second);
-        waiting_.erase(it);
-      }
-    }
-    if (done == nullptr) {
-      // An answer to nothing we sent (e.g. the next stage could not reassemble a batch): the
-      // stream's state is unknown, so end it and fail what is waiting.
-      Stop(absl::StrCat("answered step ", read_.step_id(), " that was not in flight",
-                        read_.error_message().empty() ? "" : ": ", read_.error_message()),
-           /*cancel=*/true);
-      return;
-    }
-    v1::StepResponse response = std::move(read_);
-    read_.Clear();
-    // Answer before reading on: the next answer's reaction may run on another thread as soon as the
-    // read is started, and upstream must see the answers in the order the next stage gave them.
-    // (Inside this reaction the call cannot end, so `done` runs with the link alive.)
-    done(std::move(response));
-    StartRead(&read_);
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    absl::flat_hash_map<uint64_t, Done> waiting;
-    std::string problem;
-    {
-      MutexLock lock(&mu_);
-      closing_ = true;
-      if (problem_.empty()) problem_ = status.ok() ? "closed the stream" : "ended the stream";
-      if (!status.ok()) absl::StrAppend(&problem_, ": ", status.error_message());
-      problem = problem_;
-      waiting = std::move(waiting_);
-      waiting_.clear();
-    }
-    if (!waiting.empty() || !status.ok()) {
-      LOG(WARNING) << "stage " << config_.stage << ": next stage at " << config_.next_address << " " << problem << "; "
-                   << waiting.size() << " micro-batch(es) in flight fail";
-    }
-    const absl::Status failed = absl::UnavailableError(absl::StrCat("next stage at ", config_.next_address, " ", problem));
-    for (auto& [step_id, done] : waiting) done(ErrorResponse(step_id, failed));
-    std::shared_ptr<Link> self;
-    {
-      MutexLock lock(&mu_);
-      done_ = true;
-      done_cv_.SignalAll();
-      self = std::move(self_);
-    }
-    // `self` may be the last reference: the link is destroyed here, after its mutex is released.
-  }
-
- private:
-  // Whether the caller must call RemoveHold (once, after unlocking).
-  bool ReleaseHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!closing_ || starting_ > 0 || hold_released_) return false;
-    hold_released_ = true;
-    return true;
-  }
-
-  const StageConfig& config_;
-  grpc::ClientContext context_;
-  v1::StepResponse read_;        // the read chain's buffer
-  v1::StepRequest writing_msg_;  // owned by whoever set writing_ until OnWriteDone
-  Mutex mu_;
-  CondVar done_cv_;
-  absl::flat_hash_map<uint64_t, Done> waiting_ ABSL_GUARDED_BY(mu_);  // step_id -> the upstream's answer callback
-  std::deque<v1::StepRequest> queue_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  int starting_ ABSL_GUARDED_BY(mu_) = 0;  // StartWrite calls outside reactions
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // no more sends
-  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone has run
-  std::string problem_ ABSL_GUARDED_BY(mu_);  // why it closed
-  std::shared_ptr<Link> self_ ABSL_GUARDED_BY(mu_);  // keeps the reactor alive until OnDone
-};
-
 StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
     : remote_experts_(config.remote_experts), runner_(std::move(runner)), config_(std::move(config)) {}
 
 StageRuntime::~StageRuntime() {
   Cancel();
-  std::shared_ptr<Link> link;
+  std::shared_ptr<rpc::StageStreamClient> link;
   {
     MutexLock lock(&mu_);
     link = std::move(link_);
@@ -227,13 +42,13 @@ StageRuntime::~StageRuntime() {
 }
 
 void StageRuntime::Cancel() {
-  std::shared_ptr<Link> link;
+  std::shared_ptr<rpc::StageStreamClient> link;
   {
     MutexLock lock(&mu_);
     cancelled_ = true;
     link = link_;
   }
-  if (link != nullptr) link->Stop("was cancelled", /*cancel=*/true);
+  if (link != nullptr) link->Close("was cancelled");
 }
 
 void StageRuntime::Run(const v1::StepRequest& request, Done done) {
@@ -333,16 +148,16 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   return response;
 }
 
-std::shared_ptr<StageRuntime::Link> StageRuntime::OpenLink() {
-  std::shared_ptr<Link> old;
+std::shared_ptr<rpc::StageStreamClient> StageRuntime::OpenLink() {
+  std::shared_ptr<rpc::StageStreamClient> old;
   {
     MutexLock lock(&mu_);
     if (link_ != nullptr && !link_->closing()) return link_;
     old = std::move(link_);
   }
-  // The old stream is closing: its OnDone answers (or has answered) what was waiting on it.
+  // The old stream is closing: its end answers (or has answered) what was waiting on it.
   if (old != nullptr) {
-    old->Stop("was replaced", /*cancel=*/true);
+    old->Close("was replaced");
     old->WaitDone();
   }
   if (channel_ == nullptr) {
@@ -354,20 +169,28 @@ std::shared_ptr<StageRuntime::Link> StageRuntime::OpenLink() {
         config_.peer_credentials != nullptr ? config_.peer_credentials : grpc::InsecureChannelCredentials(), args);
     stub_ = v1::Stage::NewStub(channel_);
   }
-  auto link = std::make_shared<Link>(config_);
+  rpc::StageStreamClient::Options options{.peer = absl::StrCat("next stage at ", config_.next_address)};
+  if (WorkerMetrics* metrics = config_.metrics; metrics != nullptr) {
+    options.on_sent = [metrics](size_t bytes) { metrics->ObserveStream("tx", "downstream", bytes); };
+    options.on_received = [metrics](size_t bytes) { metrics->ObserveStream("rx", "downstream", bytes); };
+  }
+  std::shared_ptr<rpc::StageStreamClient> link = rpc::StageStreamClient::Open(stub_.get(), std::move(options));
   bool cancelled = false;
   {
     MutexLock lock(&mu_);
     cancelled = cancelled_;
     link_ = link;
   }
-  link->Start(stub_.get(), cancelled);
+  if (cancelled) link->Close("was cancelled");
   return link;
 }
 
 void StageRuntime::Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done) {
-  std::shared_ptr<Link> link = OpenLink();
-  if (absl::Status st = link->Send(step_id, std::move(messages), done); !st.ok()) {
+  std::shared_ptr<rpc::StageStreamClient> link = OpenLink();
+  rpc::StageStreamClient::Answer answer = [step_id, done](absl::StatusOr<v1::StepResponse> response) {
+    done(response.ok() ? *std::move(response) : ErrorResponse(step_id, response.status()));
+  };
+  if (absl::Status st = link->Send(step_id, std::move(messages), answer); !st.ok()) {
     done(ErrorResponse(step_id, st));
   }
 }

@@ -5,7 +5,8 @@
 // at once (the last stage: the sampled tokens; or an error) or forwards the activations over the
 // long-lived stream to the next stage and returns WITHOUT waiting for its answer: the answer is
 // relayed to `done` (on a gRPC thread) when it arrives. Writes downstream never block the stage
-// thread: the link is a callback-API stream with its own write queue. So while the next stage works on
+// thread: the link is the shared stage-stream transport (common/rpc/stage_stream_client.h), a
+// callback-API stream with its own write queue. So while the next stage works on
 // micro-batch k, this stage already runs k+1 — the pipelining that lets P stages work on P
 // micro-batches at once. Answers are matched to requests by step_id.
 //
@@ -27,6 +28,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "common/concurrency/mutex.h"
+#include "common/rpc/stage_stream_client.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "worker/engine/remote_experts.h"
 #include "worker/engine/sampling.h"
@@ -69,15 +71,13 @@ class StageRuntime {
   bool is_last() const { return config_.next_address.empty(); }
 
  private:
-  class Link;  // one stream to the next stage
-
   // The sampled tokens (last stage), or nullopt when the batch was forwarded (its answer will come
   // through the link); errors as status.
   absl::StatusOr<std::optional<v1::StepResponse>> RunOrForward(const v1::StepRequest& request, Done& done);
   // Sends `messages` (one micro-batch) downstream; `done` gets the answer later.
   void Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done);
   // The open link, opening one when there is none or the last one broke.
-  std::shared_ptr<Link> OpenLink();
+  std::shared_ptr<rpc::StageStreamClient> OpenLink();
 
   std::shared_ptr<engine::RemoteExperts> remote_experts_;  // outlives runner_
   std::unique_ptr<engine::StepRunner> runner_;
@@ -87,7 +87,7 @@ class StageRuntime {
   std::unique_ptr<v1::Stage::Stub> stub_;   // stage thread only
   Mutex mu_;
   // The current link (a closed one stays until the next OpenLink replaces it).
-  std::shared_ptr<Link> link_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<rpc::StageStreamClient> link_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -1,0 +1,199 @@
+#include "common/rpc/stage_stream_client.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+
+namespace shardserve::rpc {
+
+StageStreamClient::StageStreamClient(Options options) : options_(std::move(options)) {}
+
+std::shared_ptr<StageStreamClient> StageStreamClient::Open(v1::Stage::Stub* stub, Options options) {
+  std::shared_ptr<StageStreamClient> client(new StageStreamClient(std::move(options)));
+  client->Start(stub);
+  return client;
+}
+
+void StageStreamClient::Start(v1::Stage::Stub* stub) {
+  {
+    MutexLock lock(&mu_);
+    self_ = shared_from_this();  // gRPC uses the reactor until OnDone
+  }
+  stub->async()->StepStream(&context_, this);
+  AddHold();  // released by Stop, so that OnDone waits for writes started outside reactions
+  StartRead(&read_);
+  StartCall();
+}
+
+absl::Status StageStreamClient::Send(uint64_t step_id, std::vector<v1::StepRequest> messages, Answer& answer) {
+  if (messages.empty()) return absl::InvalidArgumentError(absl::StrCat("step ", step_id, " has no messages"));
+  std::vector<size_t> sizes;
+  if (options_.on_sent) {
+    sizes.reserve(messages.size());
+    for (const v1::StepRequest& m : messages) sizes.push_back(m.ByteSizeLong());
+  }
+  bool start = false;
+  {
+    MutexLock lock(&mu_);
+    if (closing_) {
+      return absl::UnavailableError(absl::StrCat(options_.peer, " ", problem_.empty() ? "is closed" : problem_));
+    }
+    if (!waiting_.try_emplace(step_id, std::move(answer)).second) {  // moves only if inserted
+      return absl::InvalidArgumentError(absl::StrCat("step_id ", step_id, " is already in flight on the ",
+                                                     options_.peer));
+    }
+    for (v1::StepRequest& m : messages) queue_.push_back(std::move(m));
+    if (!writing_) {
+      writing_ = true;
+      writing_msg_ = std::move(queue_.front());
+      queue_.pop_front();
+      ++starting_;
+      start = true;
+    }
+  }
+  for (size_t bytes : sizes) options_.on_sent(bytes);
+  if (!start) return absl::OkStatus();
+  StartWrite(&writing_msg_);
+  bool release = false;
+  {
+    MutexLock lock(&mu_);
+    --starting_;
+    release = ReleaseHoldLocked();
+  }
+  if (release) RemoveHold();
+  return absl::OkStatus();
+}
+
+void StageStreamClient::Close(const std::string& why) { Stop(why, /*cancel=*/true); }
+
+bool StageStreamClient::closing() {
+  MutexLock lock(&mu_);
+  return closing_;
+}
+
+bool StageStreamClient::WaitDone(absl::Duration timeout) {
+  const bool forever = timeout == absl::InfiniteDuration();
+  const absl::Time deadline = forever ? absl::InfiniteFuture() : absl::Now() + timeout;
+  MutexLock lock(&mu_);
+  while (!done_) {
+    if (forever) {
+      done_cv_.Wait(&mu_);
+    } else if (done_cv_.WaitWithDeadline(&mu_, deadline) && !done_) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void StageStreamClient::Stop(const std::string& why, bool cancel) {
+  bool release = false;
+  {
+    MutexLock lock(&mu_);
+    if (!closing_) {
+      closing_ = true;
+      problem_ = why;
+      release = ReleaseHoldLocked();
+    }
+    if (cancel && !cancelled_ && !done_) {
+      cancelled_ = true;
+      problem_ = absl::StrCat("closed: ", why);
+    } else {
+      cancel = false;
+    }
+  }
+  if (cancel) context_.TryCancel();
+  if (release) RemoveHold();
+}
+
+bool StageStreamClient::ReleaseHoldLocked() {
+  if (!closing_ || starting_ > 0 || hold_released_) return false;
+  hold_released_ = true;
+  return true;
+}
+
+void StageStreamClient::OnWriteDone(bool ok) {
+  {
+    MutexLock lock(&mu_);
+    if (ok && !closing_ && !queue_.empty()) {
+      writing_msg_ = std::move(queue_.front());
+      queue_.pop_front();
+    } else {
+      writing_ = false;
+      if (ok) return;
+    }
+  }
+  if (!ok) {
+    Stop("failed a write", /*cancel=*/false);  // the read fails too; OnDone brings the status
+    return;
+  }
+  StartWrite(&writing_msg_);  // from a reaction: the call cannot end meanwhile
+}
+
+void StageStreamClient::OnReadDone(bool ok) {
+  if (!ok) {
+    Stop("ended the stream", /*cancel=*/false);
+    return;
+  }
+  if (options_.on_received) options_.on_received(read_.ByteSizeLong());
+  Answer answer;
+  {
+    MutexLock lock(&mu_);
+    auto it = waiting_.find(read_.step_id());
+    if (it != waiting_.end()) {
+      answer = std::move(it->second);
+      waiting_.erase(it);
+    }
+  }
+  if (answer == nullptr) {
+    // An answer to nothing in flight (e.g. the peer could not reassemble a batch): the stream's
+    // state is unknown, so it ends and what is waiting fails.
+    Stop(absl::StrCat("answered step ", read_.step_id(), ", which was not in flight",
+                      read_.error_message().empty() ? "" : ": ", read_.error_message()),
+         /*cancel=*/true);
+    return;
+  }
+  v1::StepResponse response = std::move(read_);
+  read_.Clear();
+  // Answer before reading on: the next answer's reaction may run on another thread as soon as the
+  // read is started, and the caller must see answers in the order the peer gave them. (Inside
+  // this reaction the call cannot end, so the client is alive while `answer` runs.)
+  answer(std::move(response));
+  StartRead(&read_);
+}
+
+void StageStreamClient::OnDone(const grpc::Status& status) {
+  absl::flat_hash_map<uint64_t, Answer> waiting;
+  std::string problem;
+  bool cancelled = false;
+  {
+    MutexLock lock(&mu_);
+    closing_ = true;
+    cancelled = cancelled_;
+    if (!cancelled_) {  // when we cancelled, our reason says more than CANCELLED
+      if (problem_.empty()) problem_ = status.ok() ? "closed the stream" : "ended the stream";
+      if (!status.ok()) {
+        absl::StrAppend(&problem_, ": ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                        ": ", status.error_message());
+      }
+    }
+    problem = problem_;
+    waiting = std::move(waiting_);
+    waiting_.clear();
+  }
+  if (!waiting.empty() || (!status.ok() && !cancelled)) {
+    LOG(WARNING) << options_.peer << " " << problem << "; " << waiting.size() << " micro-batch(es) in flight fail";
+  }
+  const absl::Status failed = absl::UnavailableError(absl::StrCat(options_.peer, " ", problem));
+  for (auto& [step_id, answer] : waiting) answer(failed);
+  std::shared_ptr<StageStreamClient> self;
+  {
+    MutexLock lock(&mu_);
+    done_ = true;
+    done_cv_.SignalAll();
+    self = std::move(self_);
+  }
+  // `self` may be the last reference: the client is destroyed here, after its mutex is released.
+}
+
+}  // namespace shardserve::rpc

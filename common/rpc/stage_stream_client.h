@@ -1,0 +1,119 @@
+// StageStreamClient: the client side of one Stage.StepStream call (proto/shardserve/v1/stage.proto),
+// the one transport of micro-batches between pipeline hops. The coordinator uses it to reach a
+// replica's first stage (coordinator/client/grpc_replica_client.h) and every stage but the last to
+// reach the next (worker/service/stage_runtime.h).
+//
+// A long-lived bidirectional stream on gRPC's callback API: Send() queues a micro-batch (one or
+// more StepRequest messages sharing a step_id) and registers a callback for its answer, and returns
+// without waiting; answers are matched to callbacks by step_id as they arrive, so several
+// micro-batches can be in flight at once (pipelining). Writes go out one at a time in Send order.
+//
+// Every registered callback runs exactly once: with the StepResponse of its step_id, or with
+// UNAVAILABLE ("<peer> ...") when the stream ends first — closed by Close(), ended by the peer, a
+// failed write, or an answer to a step that is not in flight (the stream's state is then unknown,
+// so it is ended). Callbacks run on gRPC threads without any lock held, in the order the peer
+// answered; a callback may call Send() on another client but must not block on this one.
+//
+// Lifetime: Open() returns a shared reference; the client keeps itself alive until gRPC has
+// finished with the call (its OnDone), so dropping every reference is always safe. WaitDone()
+// waits for that end (e.g. before freeing what a callback uses).
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef SHARDSERVE_COMMON_RPC_STAGE_STREAM_CLIENT_H_
+#define SHARDSERVE_COMMON_RPC_STAGE_STREAM_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/concurrency/mutex.h"
+#include "shardserve/v1/stage.grpc.pb.h"
+
+namespace shardserve::rpc {
+
+class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, v1::StepResponse>,
+                                public std::enable_shared_from_this<StageStreamClient> {
+ public:
+  using Answer = std::function<void(absl::StatusOr<v1::StepResponse>)>;
+
+  struct Options {
+    // Names the peer at the start of every error message, e.g. "stage stream to 10.0.0.2:7100"
+    // or "next stage at 10.0.0.2:7100".
+    std::string peer;
+    // Optional byte counters (metrics): each message written, each answer read.
+    std::function<void(size_t bytes)> on_sent;
+    std::function<void(size_t bytes)> on_received;
+  };
+
+  // Starts the call on `stub` (used only here; the channel stays alive with the call).
+  static std::shared_ptr<StageStreamClient> Open(v1::Stage::Stub* stub, Options options);
+
+  ~StageStreamClient() override = default;
+  StageStreamClient(const StageStreamClient&) = delete;
+  StageStreamClient& operator=(const StageStreamClient&) = delete;
+
+  // Queues `messages` (one micro-batch, all with `step_id`) and registers `answer` for the answer
+  // to `step_id`. On an error `answer` is not registered (nor called) and stays with the caller:
+  // UNAVAILABLE when the stream is closing or closed, INVALID_ARGUMENT when `step_id` is already in
+  // flight (a repeated id could otherwise take another batch's answer) or `messages` is empty.
+  absl::Status Send(uint64_t step_id, std::vector<v1::StepRequest> messages, Answer& answer);
+
+  // No more sends; cancels the call, so that every answer still awaited gets UNAVAILABLE
+  // "<peer> closed: <why>" (OnDone follows promptly). Idempotent; the first reason is kept.
+  void Close(const std::string& why);
+
+  // Whether Send() would be refused: the stream is closing or has ended.
+  bool closing();
+  // Waits until gRPC has finished with the call; false when `timeout` passed first.
+  bool WaitDone(absl::Duration timeout = absl::InfiniteDuration());
+
+  // The reactions (gRPC's).
+  void OnWriteDone(bool ok) override;
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  explicit StageStreamClient(Options options);
+  void Start(v1::Stage::Stub* stub);
+  // No more sends. With `cancel` the call is cancelled and awaited answers fail with `why`;
+  // without (the peer ended the stream), they fail with the status OnDone brings.
+  void Stop(const std::string& why, bool cancel);
+  // Whether the caller must call RemoveHold (once, after unlocking).
+  bool ReleaseHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  grpc::ClientContext context_;
+  v1::StepResponse read_;        // the read chain's buffer (StartRead -> OnReadDone -> StartRead)
+  v1::StepRequest writing_msg_;  // owned by whoever set writing_, read by gRPC until OnWriteDone
+
+  // gRPC rules followed: one write at a time (the rest wait in queue_); a write started outside a
+  // reaction (Send) needs the hold taken in Start, which is released only once closing and when
+  // no thread is between its check and its StartWrite (`starting_`); Start* is never called with
+  // mu_ held (a reaction could run inline and take it).
+  Mutex mu_;
+  CondVar done_cv_;
+  absl::flat_hash_map<uint64_t, Answer> waiting_ ABSL_GUARDED_BY(mu_);  // step_id -> its answer
+  std::deque<v1::StepRequest> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  int starting_ ABSL_GUARDED_BY(mu_) = 0;      // StartWrite calls outside reactions
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;  // no more sends
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // closed by us: our reason says more than CANCELLED
+  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone has run
+  std::string problem_ ABSL_GUARDED_BY(mu_);  // why it closed, after the peer's name
+  std::shared_ptr<StageStreamClient> self_ ABSL_GUARDED_BY(mu_);  // alive until OnDone
+};
+
+}  // namespace shardserve::rpc
+
+#endif  // SHARDSERVE_COMMON_RPC_STAGE_STREAM_CLIENT_H_
