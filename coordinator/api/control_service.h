@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/security/api_keys.h"
-#include "coordinator/api/cluster.h"
+#include "coordinator/cluster/cluster.h"
 #include "coordinator/registry/registry.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "shardserve/v1/control.grpc.pb.h"

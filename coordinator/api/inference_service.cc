@@ -12,13 +12,13 @@
 #include "common/log/log.h"
 #include "common/status/grpc_raw.h"
 #include "coordinator/api/api_auth.h"
-#include "coordinator/api/choices.h"
+#include "coordinator/frontend/choices.h"
 #include "common/status/grpc_status.h"
-#include "coordinator/api/request_log.h"
-#include "coordinator/api/sequence_output.h"
-#include "coordinator/api/stop_strings.h"
-#include "coordinator/http/chat_prompt.h"
-#include "coordinator/http/tool_calls.h"
+#include "coordinator/frontend/request_log.h"
+#include "coordinator/frontend/sequence_output.h"
+#include "coordinator/frontend/stop_strings.h"
+#include "coordinator/frontend/chat_prompt.h"
+#include "coordinator/frontend/tool_calls.h"
 
 namespace shardserve::coordinator {
 namespace {

@@ -25,7 +25,7 @@
 #include "common/model_spec/model_spec.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/security/api_keys.h"
-#include "coordinator/api/cluster.h"
+#include "coordinator/cluster/cluster.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/scheduler/scheduler_observer.h"
 #include "coordinator/structured/grammar.h"
@@ -48,7 +48,7 @@ struct InferenceServiceOptions {
   // with INVALID_ARGUMENT; must outlive the service).
   structured::ConstraintCompiler* constraints = nullptr;
   // How the model writes tool calls: "hermes", "llama3_json" or "auto" (from the chat template);
-  // see coordinator/http/tool_calls.h. An unknown name is read as auto.
+  // see coordinator/frontend/tool_calls.h. An unknown name is read as auto.
   std::string tool_call_parser = "auto";
 };
 

@@ -20,13 +20,13 @@
 #include "absl/time/clock.h"
 #include "common/http/capped_body.h"
 #include "common/log/log.h"
-#include "coordinator/api/choices.h"
-#include "coordinator/api/request_log.h"
-#include "coordinator/api/sequence_output.h"
-#include "coordinator/api/stop_strings.h"
-#include "coordinator/http/chat_prompt.h"
+#include "coordinator/frontend/choices.h"
+#include "coordinator/frontend/request_log.h"
+#include "coordinator/frontend/sequence_output.h"
+#include "coordinator/frontend/stop_strings.h"
+#include "coordinator/frontend/chat_prompt.h"
 #include "coordinator/http/openai_protocol.h"
-#include "coordinator/http/tool_calls.h"
+#include "coordinator/frontend/tool_calls.h"
 #include "coordinator/structured/json_schema.h"
 
 namespace shardserve::coordinator::http {
@@ -587,7 +587,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   const ResponseMeta meta{.id = seq.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
   auto choices = std::make_shared<HttpChoices>(generate, tokenizer, fields.stop);
   if (echo) choices->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
-  // Logged and counted like the gRPC front end's requests (coordinator/api/request_log.h).
+  // Logged and counted like the gRPC front end's requests (coordinator/frontend/request_log.h).
   absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler, std::move(seq), choices->Sinks());
   if (!group.ok()) return ReplyStatus(res, group.status());
   choices->Bind(*std::move(group));

@@ -73,7 +73,7 @@ struct HttpServerOptions {
   // Compiles response_format constraints (borrowed, may be null: response_format json_object /
   // json_schema is then refused with 400; must outlive the server).
   structured::ConstraintCompiler* constraints = nullptr;
-  // How the model writes tool calls (coordinator/http/tool_calls.h): "hermes", "llama3_json", or
+  // How the model writes tool calls (coordinator/frontend/tool_calls.h): "hermes", "llama3_json", or
   // "auto" (detected from the chat template).
   std::string tool_call_parser = "auto";
   // InvalidArgument naming the option when out of range.

@@ -7,7 +7,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/api/choices.h"
+#include "coordinator/frontend/choices.h"
 #include "coordinator/scheduler/sequence.h"
 
 namespace shardserve::coordinator::http {

@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/http/tool_calls.h"
+#include "coordinator/frontend/tool_calls.h"
 #include "nlohmann/json.hpp"
 
 namespace shardserve::coordinator::http {

@@ -1,5 +1,5 @@
 // SchedulerObserver: what the scheduler reports about requests and micro-batches, for the
-// coordinator's metrics (coordinator/api/coordinator_metrics.h). Every front end (gRPC, HTTP)
+// coordinator's metrics (coordinator/server/coordinator_metrics.h). Every front end (gRPC, HTTP)
 // submits through the scheduler, so requests are counted once, whatever protocol they came by.
 //
 // Calls are made from the thread calling Submit / Cancel / RemoveReplica / Shutdown or from a

@@ -250,7 +250,7 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
     sp.decode_time.assign(p.stages.size(), 0.0);
     sp.decode_steps.assign(p.stages.size(), 0);
     sp.first_hop_s = HopSeconds(0, spec.hidden_size, 4, options.network, options.hop_overhead_s);
-    // As the coordinator does (coordinator/api/cluster.cc).
+    // As the coordinator does (coordinator/cluster/cluster.cc).
     absl::StatusOr<int64_t> blocks = PipelineKvBlocks(p, plan->max_seq_len, options.kv_block_size);
     if (!blocks.ok()) return blocks.status();
     const int64_t one_sequence = (plan->max_seq_len + options.kv_block_size - 1) / options.kv_block_size;

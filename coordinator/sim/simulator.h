@@ -6,7 +6,7 @@
 // time the cost model (cost_model.h) gives it, and a stage runs one micro-batch at a time, so up
 // to pipeline_depth micro-batches overlap on different stages as in the real cluster.
 //
-// Replicas get what the coordinator gives them (coordinator/api/cluster.cc): KV blocks from
+// Replicas get what the coordinator gives them (coordinator/cluster/cluster.cc): KV blocks from
 // PipelineKvBlocks, capped at max_slots whole sequences of max_seq_len and raised to one; a
 // pipeline depth of its stage count unless set. Requests never stop early (ignore_eos): each
 // generates exactly its output_tokens.

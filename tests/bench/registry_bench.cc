@@ -190,7 +190,7 @@ int RunCoordinator(int in, int out) {
   if (server == nullptr || port == 0) return 2;
   Send(out, &port, sizeof(port));
 
-  // What the Cluster loop does to the registry (coordinator/api/cluster.cc, Loop and Tick).
+  // What the Cluster loop does to the registry (coordinator/cluster/cluster.cc, Loop and Tick).
   std::atomic<bool> stop{false};
   std::thread loop([&] {
     while (!stop.load()) {

@@ -24,7 +24,7 @@
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/tokenizer/tokenizer.h"
-#include "coordinator/api/coordinator.h"
+#include "coordinator/server/coordinator.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/inference.grpc.pb.h"
 #include "tests/testing/engine_replica.h"

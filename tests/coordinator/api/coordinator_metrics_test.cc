@@ -1,8 +1,8 @@
-// The coordinator's metrics (coordinator/api/coordinator_metrics.h) and request logs
-// (coordinator/api/request_log.h): fake scheduler reports and a real Scheduler over a fake
+// The coordinator's metrics (coordinator/server/coordinator_metrics.h) and request logs
+// (coordinator/frontend/request_log.h): fake scheduler reports and a real Scheduler over a fake
 // replica, checked in the Prometheus text a scrape returns; and the Coordinator's endpoint over
 // HTTP.
-#include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/server/coordinator_metrics.h"
 
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
@@ -23,8 +23,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics_server.h"
-#include "coordinator/api/coordinator.h"
-#include "coordinator/api/request_log.h"
+#include "coordinator/server/coordinator.h"
+#include "coordinator/frontend/request_log.h"
 #include "prometheus/text_serializer.h"
 #include "shardserve/v1/inference.grpc.pb.h"
 #include "tests/testing/status_matchers.h"

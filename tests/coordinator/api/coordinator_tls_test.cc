@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/security/grpc_security.h"
-#include "coordinator/api/coordinator.h"
+#include "coordinator/server/coordinator.h"
 #include "gtest/gtest.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/inference.grpc.pb.h"

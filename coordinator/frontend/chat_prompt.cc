@@ -1,4 +1,4 @@
-#include "coordinator/http/chat_prompt.h"
+#include "coordinator/frontend/chat_prompt.h"
 
 #include <utility>
 

@@ -5,8 +5,8 @@
 // (GenerateRequest.chat).
 //
 // Thread-safety: immutable after construction; Render may be called from many threads.
-#ifndef SHARDSERVE_COORDINATOR_HTTP_CHAT_PROMPT_H_
-#define SHARDSERVE_COORDINATOR_HTTP_CHAT_PROMPT_H_
+#ifndef SHARDSERVE_COORDINATOR_FRONTEND_CHAT_PROMPT_H_
+#define SHARDSERVE_COORDINATOR_FRONTEND_CHAT_PROMPT_H_
 
 #include <cstdint>
 #include <optional>
@@ -64,4 +64,4 @@ class ChatPrompt {
 
 }  // namespace shardserve::coordinator::http
 
-#endif  // SHARDSERVE_COORDINATOR_HTTP_CHAT_PROMPT_H_
+#endif  // SHARDSERVE_COORDINATOR_FRONTEND_CHAT_PROMPT_H_

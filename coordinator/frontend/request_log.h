@@ -10,8 +10,8 @@
 //   event=request_rejected request_id=req-43 status=RESOURCE_EXHAUSTED error="..."
 // Every front end (gRPC, HTTP) submits through SubmitWithLog instead of Scheduler::Submit, and
 // reports the requests it refuses itself (malformed, cluster not ready) with ReportRejected.
-#ifndef SHARDSERVE_COORDINATOR_API_REQUEST_LOG_H_
-#define SHARDSERVE_COORDINATOR_API_REQUEST_LOG_H_
+#ifndef SHARDSERVE_COORDINATOR_FRONTEND_REQUEST_LOG_H_
+#define SHARDSERVE_COORDINATOR_FRONTEND_REQUEST_LOG_H_
 
 #include <memory>
 
@@ -37,4 +37,4 @@ void ReportRejected(SchedulerObserver* observer, const absl::Status& status);
 
 }  // namespace shardserve::coordinator
 
-#endif  // SHARDSERVE_COORDINATOR_API_REQUEST_LOG_H_
+#endif  // SHARDSERVE_COORDINATOR_FRONTEND_REQUEST_LOG_H_

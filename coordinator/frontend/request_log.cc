@@ -1,4 +1,4 @@
-#include "coordinator/api/request_log.h"
+#include "coordinator/frontend/request_log.h"
 
 #include <optional>
 #include <string>

@@ -1,4 +1,4 @@
-#include "coordinator/http/tool_calls.h"
+#include "coordinator/frontend/tool_calls.h"
 
 #include <algorithm>
 #include <optional>

@@ -1,4 +1,4 @@
-#include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/server/coordinator_metrics.h"
 
 #include <string>
 

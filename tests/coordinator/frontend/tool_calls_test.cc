@@ -1,7 +1,7 @@
 // Tool calls: parsing both formats (malformed text degrades to content), the streamer against the
 // whole-text parser on every split of the text, the constraint regex (its matches parse back into
 // calls whose arguments validate), and format detection from the committed model templates.
-#include "coordinator/http/tool_calls.h"
+#include "coordinator/frontend/tool_calls.h"
 
 #include <fstream>
 #include <sstream>

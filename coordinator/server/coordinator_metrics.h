@@ -42,8 +42,8 @@
 // Thread-safety: every method is thread-safe. The SchedulerObserver methods only update
 // prometheus-cpp metrics (atomics, and a family's own lock the first time a label set is seen), so
 // they are quick and never call back into the scheduler, as SchedulerObserver requires.
-#ifndef SHARDSERVE_COORDINATOR_API_COORDINATOR_METRICS_H_
-#define SHARDSERVE_COORDINATOR_API_COORDINATOR_METRICS_H_
+#ifndef SHARDSERVE_COORDINATOR_SERVER_COORDINATOR_METRICS_H_
+#define SHARDSERVE_COORDINATOR_SERVER_COORDINATOR_METRICS_H_
 
 #include <map>
 #include <memory>
@@ -139,4 +139,4 @@ class CoordinatorMetrics final : public SchedulerObserver {
 
 }  // namespace shardserve::coordinator
 
-#endif  // SHARDSERVE_COORDINATOR_API_COORDINATOR_METRICS_H_
+#endif  // SHARDSERVE_COORDINATOR_SERVER_COORDINATOR_METRICS_H_

@@ -6,8 +6,8 @@
 // only its last, partial block and their own tokens, instead of n prefills of the whole prompt.
 // They start one step later than choice 0. Choice i samples with seed + i (so choice 0 is the
 // request alone, and every choice is reproducible); only choice 0 reports prompt logprobs.
-#ifndef SHARDSERVE_COORDINATOR_API_CHOICES_H_
-#define SHARDSERVE_COORDINATOR_API_CHOICES_H_
+#ifndef SHARDSERVE_COORDINATOR_FRONTEND_CHOICES_H_
+#define SHARDSERVE_COORDINATOR_FRONTEND_CHOICES_H_
 
 #include <cstddef>
 #include <memory>
@@ -16,7 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "coordinator/api/sequence_output.h"
+#include "coordinator/frontend/sequence_output.h"
 #include "coordinator/scheduler/scheduler.h"
 
 namespace shardserve::coordinator {
@@ -78,4 +78,4 @@ class ChoiceCanceller {
 
 }  // namespace shardserve::coordinator
 
-#endif  // SHARDSERVE_COORDINATOR_API_CHOICES_H_
+#endif  // SHARDSERVE_COORDINATOR_FRONTEND_CHOICES_H_

@@ -1,6 +1,6 @@
 // SequenceText (decoder + stop strings, token by token) and SequenceCanceller (a cancel before or
 // after the id is known).
-#include "coordinator/api/sequence_output.h"
+#include "coordinator/frontend/sequence_output.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

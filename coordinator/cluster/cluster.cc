@@ -1,4 +1,4 @@
-#include "coordinator/api/cluster.h"
+#include "coordinator/cluster/cluster.h"
 
 #include <algorithm>
 #include <set>

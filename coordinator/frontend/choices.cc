@@ -1,9 +1,9 @@
-#include "coordinator/api/choices.h"
+#include "coordinator/frontend/choices.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/api/request_log.h"
+#include "coordinator/frontend/request_log.h"
 
 namespace shardserve::coordinator {
 

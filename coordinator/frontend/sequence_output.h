@@ -2,8 +2,8 @@
 // sequence: turning its tokens into the text a client may see (SequenceText), and cancelling it
 // from any thread, whether the cancel comes before or after Submit returned its id
 // (SequenceCanceller).
-#ifndef SHARDSERVE_COORDINATOR_API_SEQUENCE_OUTPUT_H_
-#define SHARDSERVE_COORDINATOR_API_SEQUENCE_OUTPUT_H_
+#ifndef SHARDSERVE_COORDINATOR_FRONTEND_SEQUENCE_OUTPUT_H_
+#define SHARDSERVE_COORDINATOR_FRONTEND_SEQUENCE_OUTPUT_H_
 
 #include <cstdint>
 #include <memory>
@@ -14,7 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/tokenizer/tokenizer.h"
-#include "coordinator/api/stop_strings.h"
+#include "coordinator/frontend/stop_strings.h"
 #include "coordinator/scheduler/scheduler.h"
 
 namespace shardserve::coordinator {
@@ -67,4 +67,4 @@ class SequenceCanceller {
 
 }  // namespace shardserve::coordinator
 
-#endif  // SHARDSERVE_COORDINATOR_API_SEQUENCE_OUTPUT_H_
+#endif  // SHARDSERVE_COORDINATOR_FRONTEND_SEQUENCE_OUTPUT_H_

@@ -1,4 +1,4 @@
-#include "coordinator/api/sequence_output.h"
+#include "coordinator/frontend/sequence_output.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "coordinator/api/coordinator.h"
+#include "coordinator/server/coordinator.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -14,12 +14,12 @@
 #include "common/security/grpc_security.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/api/control_service.h"
-#include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/server/coordinator_metrics.h"
 #include "coordinator/api/inference_service.h"
 #include "coordinator/client/grpc_replica_client.h"
 #include "coordinator/client/grpc_worker_client.h"
 #include "coordinator/http/http_server.h"
-#include "coordinator/http/tool_calls.h"
+#include "coordinator/frontend/tool_calls.h"
 
 namespace shardserve::coordinator {
 

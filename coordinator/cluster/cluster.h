@@ -38,8 +38,8 @@
 // least every Options::poll_interval. Tick() runs one pass; tests may call it instead of Start().
 // Worker.Assign calls and replica changes happen on that thread with no lock held. All public
 // methods are thread-safe.
-#ifndef SHARDSERVE_COORDINATOR_API_CLUSTER_H_
-#define SHARDSERVE_COORDINATOR_API_CLUSTER_H_
+#ifndef SHARDSERVE_COORDINATOR_CLUSTER_CLUSTER_H_
+#define SHARDSERVE_COORDINATOR_CLUSTER_CLUSTER_H_
 
 #include <functional>
 #include <map>
@@ -232,4 +232,4 @@ class Cluster {
 
 }  // namespace shardserve::coordinator
 
-#endif  // SHARDSERVE_COORDINATOR_API_CLUSTER_H_
+#endif  // SHARDSERVE_COORDINATOR_CLUSTER_CLUSTER_H_

@@ -23,7 +23,7 @@
 #include "absl/time/time.h"
 #include "common/log/log.h"
 #include "common/security/tls_files.h"
-#include "coordinator/api/coordinator.h"
+#include "coordinator/server/coordinator.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7000",
           "public API address (Inference, Admin), HOST:PORT (port 0 picks a free port)");

@@ -11,8 +11,8 @@
 // is whole characters too: a held-back tail always starts where a stop string starts.
 //
 // Not thread-safe: one matcher per sequence.
-#ifndef SHARDSERVE_COORDINATOR_API_STOP_STRINGS_H_
-#define SHARDSERVE_COORDINATOR_API_STOP_STRINGS_H_
+#ifndef SHARDSERVE_COORDINATOR_FRONTEND_STOP_STRINGS_H_
+#define SHARDSERVE_COORDINATOR_FRONTEND_STOP_STRINGS_H_
 
 #include <cstddef>
 #include <string>
@@ -61,4 +61,4 @@ class StopStringMatcher {
 
 }  // namespace shardserve::coordinator
 
-#endif  // SHARDSERVE_COORDINATOR_API_STOP_STRINGS_H_
+#endif  // SHARDSERVE_COORDINATOR_FRONTEND_STOP_STRINGS_H_

@@ -19,8 +19,8 @@
 //
 // Thread-safety: Shutdown() may be called from any thread, once or more; the accessors return
 // objects that are themselves thread-safe.
-#ifndef SHARDSERVE_COORDINATOR_API_COORDINATOR_H_
-#define SHARDSERVE_COORDINATOR_API_COORDINATOR_H_
+#ifndef SHARDSERVE_COORDINATOR_SERVER_COORDINATOR_H_
+#define SHARDSERVE_COORDINATOR_SERVER_COORDINATOR_H_
 
 #include <memory>
 #include <optional>
@@ -34,7 +34,7 @@
 #include "common/security/api_keys.h"
 #include "common/security/grpc_security.h"
 #include "common/security/tls_files.h"
-#include "coordinator/api/cluster.h"
+#include "coordinator/cluster/cluster.h"
 #include "coordinator/client/worker_client.h"
 #include "coordinator/registry/registry.h"
 #include "coordinator/scheduler/scheduler.h"
@@ -185,4 +185,4 @@ class Coordinator {
 
 }  // namespace shardserve::coordinator
 
-#endif  // SHARDSERVE_COORDINATOR_API_COORDINATOR_H_
+#endif  // SHARDSERVE_COORDINATOR_SERVER_COORDINATOR_H_

@@ -1,4 +1,4 @@
-#include "coordinator/api/stop_strings.h"
+#include "coordinator/frontend/stop_strings.h"
 
 #include <string>
 #include <vector>

@@ -18,8 +18,8 @@
 // that are not an object, an unterminated tag) is plain content, with no calls.
 //
 // Pure functions and a per-choice streamer; thread-compatible.
-#ifndef SHARDSERVE_COORDINATOR_HTTP_TOOL_CALLS_H_
-#define SHARDSERVE_COORDINATOR_HTTP_TOOL_CALLS_H_
+#ifndef SHARDSERVE_COORDINATOR_FRONTEND_TOOL_CALLS_H_
+#define SHARDSERVE_COORDINATOR_FRONTEND_TOOL_CALLS_H_
 
 #include <optional>
 #include <string>
@@ -104,4 +104,4 @@ class ToolCallStreamer {
 
 }  // namespace shardserve::coordinator::http
 
-#endif  // SHARDSERVE_COORDINATOR_HTTP_TOOL_CALLS_H_
+#endif  // SHARDSERVE_COORDINATOR_FRONTEND_TOOL_CALLS_H_
