@@ -59,6 +59,9 @@ ABSL_FLAG(double, frequency_penalty, 0.0,
 ABSL_FLAG(double, repetition_penalty, 1.0,
           "divides the positive (multiplies the negative) logits of tokens in the prompt or generated; (0, 2]");
 ABSL_FLAG(int32_t, timeout_s, 600, "deadline of each call, seconds");
+ABSL_FLAG(int32_t, max_resumes, 10,
+          "generate: resumes in a row without a new token when the stream breaks with UNAVAILABLE after tokens "
+          "arrived (a coordinator restart, a replica failure), 0..100; 0 = never resume");
 ABSL_FLAG(int32_t, drain_timeout_s, 60,
           "drain: how long the worker's requests may run on when no other replica can take them");
 ABSL_FLAG(bool, wait, true, "drain: wait until the worker is released (idle), at most --drain_timeout_s + 30 s");
@@ -136,6 +139,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect() {
   o.tls.enabled = absl::GetFlag(FLAGS_tls) || !o.tls.root_certs.empty() || !o.tls.client_cert.empty() ||
                   !o.tls.client_key.empty() || !o.tls.server_name.empty();
   o.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
+  o.retry.max_resumes = absl::GetFlag(FLAGS_max_resumes);
   return Client::Connect(absl::GetFlag(FLAGS_server), std::move(o));
 }
 
