@@ -181,13 +181,21 @@ absl::Status GenerateCommand() {
   std::string finish;
   std::unique_ptr<GenerateStream> stream = (*client)->StartGenerate(prompt, o);
   for (const GenerateDelta& d : *stream) {
-    all.insert(all.end(), d.token_ids.begin(), d.token_ids.end());
-    if (!print_ids) std::cout << d.text << std::flush;
+    // Streamed as they come, ids too (the line is the same as printed at once).
+    for (int32_t id : d.token_ids) {
+      if (print_ids) std::cout << (all.empty() ? "" : ",") << id;
+      all.push_back(id);
+    }
+    if (!print_ids) std::cout << d.text;
+    std::cout << std::flush;
     if (d.finished) finish = d.finish_reason;
   }
-  if (!stream->status().ok()) return stream->status();
+  if (!stream->status().ok()) {
+    if (!all.empty()) std::cout << "\n";  // end the partial line
+    return stream->status();
+  }
   if (print_ids) {
-    std::cout << absl::StrJoin(all, ",") << "\n";
+    std::cout << "\n";
   } else {
     std::cout << "\n";
     std::cerr << "finish_reason: " << finish << "\n";
