@@ -372,7 +372,7 @@ class GrpcGenerateStream final : public GenerateStream {
     auto registration = std::make_unique<CallRegistration>(call_.cancellation, ctx.get());
     if (registration->cancelled_before_start()) return false;
     if (!received_.empty()) {
-      request_.set_request_id(request_id_);
+      if (!request_id_.empty()) request_.set_request_id(request_id_);
       request_.mutable_resume()->mutable_token_ids()->Assign(received_.begin(), received_.end());
     }
     grpc::ClientContext* raw = ctx.get();

@@ -115,7 +115,7 @@ class Resume:
         """The next attempt's request: the same, resumed after the tokens received so far."""
         req = inference_pb2.GenerateRequest()
         req.CopyFrom(self._request)
-        req.request_id = self._request_id
+        req.request_id = self._request_id or req.request_id
         req.resume.token_ids.extend(self._received)
         return req
 
