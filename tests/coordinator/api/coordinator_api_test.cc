@@ -1416,6 +1416,19 @@ TEST_F(CoordinatorApiTest, ServerReflectionListsTheServices) {
 
 class ResumeTest : public CoordinatorApiTest {
  protected:
+  // The coordinator with one worker whose steps take 3 ms each, so that the stream writes keep up
+  // and most messages carry one token (each message boundary is a place to cut the stream).
+  void StartWithSlowSteps(CoordinatorOptions options = {}) {
+    StartCoordinator(testing::Stories260KDir(), 1, options);
+    factory_->OnMake([](EngineReplica* r) {
+      r->SetStepHookForTest([](const StepInput&) {
+        absl::SleepFor(absl::Milliseconds(3));
+        return absl::OkStatus();
+      });
+    });
+    BringUpOneWorker();
+  }
+
   static std::vector<v1::TokenLogprobs> Logprobs(const GenerateResult& r) {
     std::vector<v1::TokenLogprobs> out;
     for (const auto& m : r.messages) out.insert(out.end(), m.logprobs().begin(), m.logprobs().end());
@@ -1433,16 +1446,18 @@ class ResumeTest : public CoordinatorApiTest {
   GenerateResult ExpectResumesMatchUninterrupted(const v1::GenerateRequest& req) {
     const GenerateResult full = Generate(req);
     EXPECT_TRUE(full.status.ok()) << full.status.error_message();
-    if (!full.status.ok() || full.messages.size() < 2) return full;
+    if (!full.status.ok()) return full;
     const std::vector<v1::TokenLogprobs> full_lps = Logprobs(full);
     const v1::GenerateResponse& last = full.messages.back();
     const size_t stride = std::max<size_t>(1, (full.messages.size() - 1) / 12);
     std::vector<int32_t> have;
     std::string text;
+    int cuts = 0;
     for (size_t m = 0; m + 1 < full.messages.size(); ++m) {
       have.insert(have.end(), full.messages[m].token_ids().begin(), full.messages[m].token_ids().end());
       text += full.messages[m].text();
       if (have.empty() || m % stride != 0) continue;
+      ++cuts;
       SCOPED_TRACE(absl::StrCat("resumed after ", have.size(), " tokens"));
       v1::GenerateRequest again = Resumed(req, have);
       again.set_request_id(full.messages[0].request_id());
@@ -1469,13 +1484,13 @@ class ResumeTest : public CoordinatorApiTest {
         EXPECT_EQ(msg.prompt_logprobs_size(), 0);
       }
     }
+    EXPECT_GE(cuts, 3) << "too few messages to cut: " << full.messages.size();
     return full;
   }
 };
 
 TEST_F(ResumeTest, GreedyTextResumesWithTheRestOfTheTokensAndText) {
-  StartCoordinator(testing::Stories260KDir(), 1, {.max_step_tokens = 4});
-  BringUpOneWorker();
+  StartWithSlowSteps({.max_step_tokens = 4});
   v1::GenerateRequest req;
   req.set_text("Once upon a time, there was a");
   req.set_max_tokens(40);
@@ -1484,8 +1499,7 @@ TEST_F(ResumeTest, GreedyTextResumesWithTheRestOfTheTokensAndText) {
 }
 
 TEST_F(ResumeTest, SeededSamplingWithLogprobsResumesExactly) {
-  StartCoordinator(testing::Stories260KDir(), 1);
-  BringUpOneWorker();
+  StartWithSlowSteps();
   v1::GenerateRequest req;
   req.set_text("Lily and Tom went to the park");
   req.set_max_tokens(48);
@@ -1501,8 +1515,7 @@ TEST_F(ResumeTest, SeededSamplingWithLogprobsResumesExactly) {
 }
 
 TEST_F(ResumeTest, PenaltiesAndMinTokensCountTheResumedTokens) {
-  StartCoordinator(testing::Stories260KDir(), 1);
-  BringUpOneWorker();
+  StartWithSlowSteps();
   v1::GenerateRequest req;
   req.set_text("Once upon a time");
   req.set_max_tokens(40);
@@ -1517,8 +1530,7 @@ TEST_F(ResumeTest, PenaltiesAndMinTokensCountTheResumedTokens) {
 }
 
 TEST_F(ResumeTest, StopStringsAndAnAlreadyEndedResume) {
-  StartCoordinator(testing::Stories260KDir(), 1);
-  BringUpOneWorker();
+  StartWithSlowSteps();
   v1::GenerateRequest req;
   req.set_text("Once upon a time");
   req.set_max_tokens(40);
@@ -1554,8 +1566,7 @@ TEST_F(ResumeTest, StopStringsAndAnAlreadyEndedResume) {
 }
 
 TEST_F(ResumeTest, JsonConstraintResumesInTheConstraintsState) {
-  StartCoordinator(testing::Stories260KDir(), 1);
-  BringUpOneWorker();
+  StartWithSlowSteps();
   v1::GenerateRequest req;
   req.set_text("Once upon a time");
   req.set_max_tokens(300);
