@@ -76,7 +76,7 @@ class ThreeDigits final : public TokenConstraint {
   bool IsFinished(int32_t state) const override { return state == 4; }
 };
 
-TEST(ResumeTest, PrefillsTheResumedTokensAndSamplesWithTheNextIndex) {
+TEST(SchedulerResumeTest, PrefillsTheResumedTokensAndSamplesWithTheNextIndex) {
   testing::FakeClock clock;
   Scheduler scheduler(Options(&clock));
   ASSERT_TRUE(scheduler.AddReplica(0, nullptr, {.max_slots = 4, .pipeline_depth = 1, .kv_blocks = 16}).ok());
@@ -117,7 +117,7 @@ TEST(ResumeTest, PrefillsTheResumedTokensAndSamplesWithTheNextIndex) {
   EXPECT_EQ(sink->end->prompt_tokens, 3);
 }
 
-TEST(ResumeTest, TheConstraintGoesOnFromTheResumedState) {
+TEST(SchedulerResumeTest, TheConstraintGoesOnFromTheResumedState) {
   testing::FakeClock clock;
   Scheduler scheduler(Options(&clock));
   ASSERT_TRUE(scheduler.AddReplica(0, nullptr, {.max_slots = 4, .pipeline_depth = 1, .kv_blocks = 16}).ok());
@@ -139,7 +139,7 @@ TEST(ResumeTest, TheConstraintGoesOnFromTheResumedState) {
   EXPECT_EQ(sink->end->reason, FinishReason::kStop);
 }
 
-TEST(ResumeTest, ReplayResumedSaysWhereTheTokensLeaveTheRequest) {
+TEST(SchedulerResumeTest, ReplayResumedSaysWhereTheTokensLeaveTheRequest) {
   const RequestLimits limits{.vocab_size = 100, .max_seq_len = 64};
   const std::vector<int32_t> eos = {kEos};
   SequenceRequest r{.prompt = {1}, .max_tokens = 3, .stop_token_ids = {50}};
@@ -180,7 +180,7 @@ TEST(ResumeTest, ReplayResumedSaysWhereTheTokensLeaveTheRequest) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("resume.token_ids[1] = 40 is not allowed there")));
 }
 
-TEST(ResumeTest, SubmitRefusesResumedTokensThatAlreadyEndTheRequest) {
+TEST(SchedulerResumeTest, SubmitRefusesResumedTokensThatAlreadyEndTheRequest) {
   testing::FakeClock clock;
   Scheduler scheduler(Options(&clock));
   ASSERT_TRUE(scheduler.AddReplica(0, nullptr, {.max_slots = 4, .pipeline_depth = 1, .kv_blocks = 16}).ok());
