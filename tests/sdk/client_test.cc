@@ -339,6 +339,28 @@ TEST(ClientTest, NeverResumesWithoutResumesOrWithSeveralChoices) {
   EXPECT_EQ(server.calls(), 2);
 }
 
+TEST(ClientTest, CancelEndsTheWaitBeforeAResume) {
+  FakeInferenceServer server(FourTokensCut({1}));
+  ClientOptions options = FastRetries(1);
+  options.retry.initial_backoff = std::chrono::milliseconds(20000);  // a wait only Cancel can end
+  options.retry.max_backoff = std::chrono::milliseconds(20000);
+  auto client = MustConnect(server.address(), options);
+  std::unique_ptr<GenerateStream> stream = client->StartGenerate(Prompt::Text("hi"), {});
+  std::optional<GenerateDelta> first = stream->Next();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_THAT(first->token_ids, ElementsAre(10));
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    stream->Cancel();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(stream->Next().has_value());  // the stream broke; Next waits to resume, then is cancelled
+  canceller.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_THAT(stream->status(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled by the caller")));
+  EXPECT_EQ(server.calls(), 1);
+}
+
 TEST(ClientTest, MaxResumesIsChecked) {
   ClientOptions o;
   o.retry.max_resumes = 101;

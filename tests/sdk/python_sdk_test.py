@@ -406,6 +406,20 @@ class AgainstAFakeServer(unittest.TestCase):
         self.assertEqual(e.exception.message, "fake server: the coordinator restarted")
         self.assertEqual(fake.calls, 1 + 3)
 
+    def test_cancel_ends_the_wait_before_a_resume(self):
+        fake = self.resumable([1])
+        slow = shardserve.RetryOptions(max_attempts=1, initial_backoff=20, max_backoff=20)  # only cancel ends it
+        with shardserve.Client(self.serve(fake), retry=slow) as c:
+            stream = c.generate("hi")
+            self.assertEqual(next(stream).token_ids, [10])
+            threading.Timer(0.1, stream.cancel).start()
+            started = time.time()
+            with self.assertRaises(shardserve.ShardserveError) as e:
+                next(stream)
+        self.assertEqual(e.exception.code, grpc.StatusCode.CANCELLED)
+        self.assertLess(time.time() - started, 10)
+        self.assertEqual(fake.calls, 1)
+
     def test_never_resumes_without_resumes_or_with_several_choices(self):
         fake = self.resumable([1, 1])
         address = self.serve(fake)
