@@ -126,6 +126,8 @@ class ResumeAcrossACoordinatorRestartTest(unittest.TestCase):
         got = [int(x) for x in (seen + rest).decode().strip().split(",") if x]
         self.assertEqual(got, want, f"cut after about {before} tokens")
         self.assertIsNone(worker.poll(), f"the worker exited\n{self._log_tail()}")
+        with open(os.path.join(self.tmp, "coordinator-1.log")) as f:  # the new coordinator took the resume
+            self.assertIn("resumed_tokens=", f.read())
         print(f"resumed after {before} of {MAX_TOKENS} tokens; {time.time() - started:.1f} s in all", file=sys.stderr)
 
 
