@@ -1591,6 +1591,24 @@ TEST_F(ResumeTest, JsonConstraintResumesInTheConstraintsState) {
   EXPECT_THAT(bad.status.error_message(), HasSubstr("not allowed there by the output constraint"));
 }
 
+// Characters of two bytes, written with byte tokens (the regex forces them): a cut between the
+// two bytes of one character must neither repeat nor lose it.
+TEST_F(ResumeTest, AUtf8CharacterSplitAcrossTokensComesOutOnce) {
+  StartWithSlowSteps();
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.set_max_tokens(40);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(5);
+  req.set_regex("(é|ü|ß){6}");
+  const GenerateResult full = ExpectResumesMatchUninterrupted(req);
+  ASSERT_EQ(full.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_THAT(full.text, ::testing::MatchesRegex("(é|ü|ß)+")) << full.text;
+  // Some message carried the first byte of a character and no text: a cut there splits it.
+  EXPECT_TRUE(std::any_of(full.messages.begin(), full.messages.end(),
+                          [](const v1::GenerateResponse& m) { return m.token_ids_size() > 0 && m.text().empty(); }));
+}
+
 TEST_F(ResumeTest, InvalidResumesNameTheField) {
   StartCoordinator(testing::Stories260KDir(), 1);  // vocab 512
   BringUpOneWorker();
