@@ -59,6 +59,25 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
   // The submitted choices, to cancel them.
   void Bind(std::shared_ptr<ChoiceGroup> group) { canceller_.Bind(std::move(group)); }
 
+  // Resume (n = 1): feeds the tokens the client already has through choice 0's text, so that the
+  // text sent from now on is what the unbroken stream would have sent after them. Before Sinks.
+  void Replay(absl::Span<const int32_t> tokens) {
+    absl::MutexLock lock(&mu_);
+    Choice& c = choices_[0];
+    std::string text;  // the client has it already
+    for (int32_t token : tokens) {
+      if (c.text.Add(token, &text)) break;
+    }
+    if (tools_.has_value()) c.all_text += text;
+  }
+  // Whether a stop string matched in the replayed tokens' text.
+  bool ReplayStopped() {
+    absl::MutexLock lock(&mu_);
+    return choices_[0].text.stopped();
+  }
+  // Ends choice 0 without submitting it (its resumed tokens already end it): the final message.
+  void EndWithoutSubmitting(const SequenceEnd& end) { OnEnd(0, end); }
+
   // The client went away (OnCancel, or a failed write): stop generating every choice.
   void RequestCancel() { canceller_.CancelAll(); }  // may call OnEnd on this thread
 
@@ -403,6 +422,13 @@ absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequ
     if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", c.status().message()));
     r.constraint = *std::move(c);
   }
+  if (request.resume().token_ids_size() > 0) {
+    if (request.n() > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume.token_ids: only a request with n = 1 can be resumed, got n = ", request.n()));
+    }
+    r.resumed.assign(request.resume().token_ids().begin(), request.resume().token_ids().end());
+  }
   if (request.stop_size() > 0) {
     if (tokenizer_ == nullptr) return absl::InvalidArgumentError("stop: model has no tokenizer, so text stop strings cannot be matched");
     const std::vector<std::string> stops(request.stop().begin(), request.stop().end());
@@ -458,6 +484,24 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::Cal
                                                  std::vector<std::string>(request->stop().begin(), request->stop().end()),
                                                  tools);
   reactor->set_stream(stream);
+  if (!seq->resumed.empty()) {
+    // Resume: the client has these tokens and their text. When they already end the request, the
+    // answer is the final message at once, as the unbroken stream would have ended.
+    absl::StatusOr<ResumedState> resumed =
+        ReplayResumed(*seq, scheduler_->options().eos_token_ids, scheduler_->options().limits);
+    if (!resumed.ok()) {
+      ReportRejected(options_.observer, resumed.status());
+      reactor->Finish(ToGrpcStatus(resumed.status()));
+      return reactor;
+    }
+    stream->Replay(seq->resumed);
+    if (resumed->ended.has_value() || stream->ReplayStopped()) {
+      stream->EndWithoutSubmitting(SequenceEnd{.reason = resumed->ended.value_or(FinishReason::kStop),
+                                               .prompt_tokens = static_cast<int32_t>(seq->prompt.size()),
+                                               .completion_tokens = static_cast<int32_t>(seq->resumed.size())});
+      return reactor;
+    }
+  }
   absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler_, *std::move(seq), stream->Sinks());
   if (!group.ok()) {
     reactor->Finish(ToGrpcStatus(group.status()));

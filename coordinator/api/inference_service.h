@@ -12,6 +12,11 @@
 // message carries finish_reason and usage. A client that cancels, disconnects or passes its
 // deadline (OnCancel, or a failed write) cancels its sequence, which frees its slot; the call
 // finishes once the scheduler has ended the sequence. No reaction blocks.
+// A resume (GenerateRequest.resume, n = 1) keeps no state here: its tokens go through the
+// choice's text (decoder and stop strings) unsent, so that the text that follows is the unbroken
+// stream's, and to the scheduler as SequenceRequest::resumed; when they already end the request
+// (ReplayResumed, or a stop string in their text) the final message goes out at once and nothing
+// is submitted.
 //
 // Tokenize and GetModelInfo answer from constant data.
 #ifndef SHARDSERVE_COORDINATOR_API_INFERENCE_SERVICE_H_

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log/fields.h"
@@ -76,7 +77,8 @@ absl::StatusOr<SequenceId> SubmitWithLog(Scheduler& scheduler, SequenceRequest r
   const std::string request_id = request.request_id;
   // Logged before Submit, so that it comes before anything the workers or the end line log.
   LOG(INFO) << "event=request_start request_id=" << LogValue(request_id) << " prompt_tokens=" << request.prompt.size()
-            << " max_tokens=" << request.max_tokens;
+            << " max_tokens=" << request.max_tokens
+            << (request.resumed.empty() ? "" : absl::StrCat(" resumed_tokens=", request.resumed.size()));
   absl::StatusOr<SequenceId> id =
       scheduler.Submit(std::move(request), std::make_shared<LoggingSink>(request_id, std::move(sink), clock));
   if (!id.ok()) {

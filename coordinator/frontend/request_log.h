@@ -5,6 +5,7 @@
 //   grep -w req-42 coordinator.log worker-*.log
 // follows one request through the coordinator and every stage:
 //   event=request_start request_id=req-42 prompt_tokens=12 max_tokens=64
+//       [resumed_tokens=17: a resume (GenerateRequest.resume) with that many tokens received]
 //   event=request_end request_id=req-42 status=OK finish_reason=stop prompt_tokens=12
 //       cached_prompt_tokens=0 completion_tokens=40 ttft_ms=35.2 e2e_ms=812.0
 //   event=request_rejected request_id=req-43 status=RESOURCE_EXHAUSTED error="..."

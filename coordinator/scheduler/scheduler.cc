@@ -233,6 +233,14 @@ Scheduler::Replica* Scheduler::PickReplicaLocked(int64_t tokens, const Replica* 
 absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::shared_ptr<SequenceSink> sink) {
   if (sink == nullptr) return absl::InvalidArgumentError("sink is null");
   if (absl::Status st = ValidateSequenceRequest(request, options_.limits); !st.ok()) return st;
+  absl::StatusOr<ResumedState> resumed = ReplayResumed(request, options_.eos_token_ids, options_.limits);
+  if (!resumed.ok()) return resumed.status();
+  if (resumed->ended.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("resume.token_ids already end the request (",
+                                                   FinishReasonName(*resumed->ended), "); nothing is left to generate"));
+  }
+  // The prompt's logprobs went out before the first token, in the attempt that delivered it.
+  if (!request.resumed.empty()) request.prompt_logprobs = false;
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError(shutdown_reason_.message());
   const int64_t tokens = MaxCachedTokens(request);
@@ -278,8 +286,14 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   if (request.sampling.HasPenalties()) {
     seq->history = TokenHistory(request.prompt, request.sampling.repetition_penalty != 1.0f);
   }
+  // Resumed tokens: as if this sequence had generated them (and been preempted since).
+  for (int32_t token : request.resumed) {
+    seq->context.push_back(token);
+    if (request.sampling.HasPenalties()) seq->history.AddGenerated(token);
+  }
+  seq->generated = static_cast<int32_t>(request.resumed.size());
+  seq->constraint_state = resumed->constraint_state;
   seq->request = std::move(request);
-  if (seq->request.constraint != nullptr) seq->constraint_state = seq->request.constraint->StartState();
   seq->sink = std::move(sink);
   seq->replica = r;
   seq->submitted = clock_->Now();

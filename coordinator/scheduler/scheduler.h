@@ -202,12 +202,17 @@ class Scheduler {
   std::vector<int> Replicas() const;
 
   // Queues a request; `sink` (non-null) then receives its output. Errors (the sink is then never
-  // called): InvalidArgument from ValidateSequenceRequest, or when prompt + max_tokens needs more
-  // KV blocks than any serving replica has (the message gives both numbers); Unavailable when no
+  // called): InvalidArgument from ValidateSequenceRequest or ReplayResumed, or when the resumed
+  // tokens already end the request (the front end answers those itself), or when prompt +
+  // max_tokens needs more KV blocks than any serving replica has (the message gives both
+  // numbers); Unavailable when no
   // replica is serving (unless recovery parks it: "Recovery" above) or after Shutdown (with its
   // reason); ResourceExhausted when max_queued
   // sequences are already waiting (the message gives the limit). Refusals are reported to the
   // observer.
+  // A request with resumed tokens (SequenceRequest::resumed) starts the way a preempted sequence
+  // that had generated them is recomputed, so its output goes on exactly as the uninterrupted
+  // run's would; it reports no prompt logprobs (they went out with the first attempt's tokens).
   absl::StatusOr<SequenceId> Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
 
   // Ends a sequence with `reason` (kCancelled: the client went away; kStop: the front end matched

@@ -1,5 +1,6 @@
 #include "coordinator/scheduler/sequence.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,45 @@ absl::Status ValidateSequenceRequest(const SequenceRequest& r, const RequestLimi
         absl::StrCat("top_logprobs must be in [0, ", kMaxTopLogprobs, "], got ", r.top_logprobs));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ResumedState> ReplayResumed(const SequenceRequest& r, absl::Span<const int32_t> eos_token_ids,
+                                           const RequestLimits& limits) {
+  const std::vector<int32_t>& tokens = r.resumed;
+  if (std::ssize(tokens) > r.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("resume.token_ids has ", tokens.size(),
+                                                   " tokens, more than max_tokens = ", r.max_tokens));
+  }
+  ResumedState state;
+  if (r.constraint != nullptr) state.constraint_state = r.constraint->StartState();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t token = tokens[i];
+    if (token < 0 || token >= limits.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("resume.token_ids[", i, "] = ", token,
+                                                     " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+    bool stop = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) != r.stop_token_ids.end() ||
+                (!r.ignore_eos && std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end());
+    if (r.constraint != nullptr) {
+      state.constraint_state = r.constraint->Advance(state.constraint_state, token);
+      if (state.constraint_state < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("resume.token_ids[", i, "] = ", token,
+                                                       " is not allowed there by the output constraint"));
+      }
+      stop = stop || r.constraint->IsFinished(state.constraint_state);
+    }
+    if (stop && i + 1 < tokens.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("resume.token_ids[", i, "] = ", token,
+                                                     " ends the request, yet more tokens follow it"));
+    }
+    if (stop) state.ended = FinishReason::kStop;
+  }
+  if (!state.ended.has_value() && !tokens.empty() &&
+      (std::ssize(tokens) >= r.max_tokens ||
+       static_cast<int64_t>(r.prompt.size() + tokens.size()) >= limits.max_seq_len)) {
+    state.ended = FinishReason::kLength;
+  }
+  return state;
 }
 
 }  // namespace shardserve::coordinator

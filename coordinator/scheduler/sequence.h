@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "coordinator/scheduler/replica_client.h"
@@ -42,6 +44,13 @@ struct SequenceRequest {
   // complete, and the sequence ends (kStop) when one is sampled, even with ignore_eos. While the
   // constraint is set, min_tokens does not suppress the EOS ids (the constraint decides).
   std::shared_ptr<const TokenConstraint> constraint;
+  // Resume (shardserve.v1.GenerateRequest.resume): tokens this request generated in an earlier
+  // attempt, already delivered to the client then. The sequence starts as if it had generated them
+  // (context = prompt + resumed; they count against max_tokens and min_tokens, feed the penalty
+  // history and advance the constraint; the next token is sampled with sample_index =
+  // resumed.size()), and they are never delivered again. At most max_tokens of them; see
+  // ReplayResumed.
+  std::vector<int32_t> resumed;
 };
 
 // Mirrors shardserve.v1.FinishReason.
@@ -100,6 +109,23 @@ struct RequestLimits {
 // entry is outside the vocabulary; min_tokens is outside [0, max_tokens]; top_logprobs is outside
 // [0, 20]. Pure.
 absl::Status ValidateSequenceRequest(const SequenceRequest& request, const RequestLimits& limits);
+
+// Where a request's resumed tokens (SequenceRequest::resumed) leave it.
+struct ResumedState {
+  int32_t constraint_state = 0;  // with a constraint: its state after the resumed tokens
+  // Set when the resumed tokens already end the request, as the uninterrupted run would have
+  // ended it: kStop (the last one is a stop id, an EOS id without ignore_eos, or completes the
+  // constraint), else kLength (max_tokens of them, or the context is full).
+  std::optional<FinishReason> ended;
+};
+
+// Replays `request.resumed` as the scheduler would have generated them. InvalidArgument naming
+// resume.token_ids[i] when token i is outside [0, vocab_size), when there are more than
+// max_tokens, when a token before the last would have ended the request (a stop id, an EOS id of
+// `eos_token_ids` without ignore_eos, or a token completing the constraint), or when the
+// constraint does not allow a token where it comes. Pure (the constraint's caches aside).
+absl::StatusOr<ResumedState> ReplayResumed(const SequenceRequest& request, absl::Span<const int32_t> eos_token_ids,
+                                           const RequestLimits& limits);
 
 }  // namespace shardserve::coordinator
 

@@ -59,6 +59,9 @@ ABSL_FLAG(double, frequency_penalty, 0.0,
 ABSL_FLAG(double, repetition_penalty, 1.0,
           "divides the positive (multiplies the negative) logits of tokens in the prompt or generated; (0, 2]");
 ABSL_FLAG(int32_t, timeout_s, 600, "deadline of each call, seconds");
+ABSL_FLAG(int32_t, max_resumes, 10,
+          "generate: resumes in a row without a new token when the stream breaks with UNAVAILABLE after tokens "
+          "arrived (a coordinator restart, a replica failure), 0..100; 0 = never resume");
 ABSL_FLAG(int32_t, drain_timeout_s, 60,
           "drain: how long the worker's requests may run on when no other replica can take them");
 ABSL_FLAG(bool, wait, true, "drain: wait until the worker is released (idle), at most --drain_timeout_s + 30 s");
@@ -136,6 +139,7 @@ absl::StatusOr<std::unique_ptr<Client>> Connect() {
   o.tls.enabled = absl::GetFlag(FLAGS_tls) || !o.tls.root_certs.empty() || !o.tls.client_cert.empty() ||
                   !o.tls.client_key.empty() || !o.tls.server_name.empty();
   o.bearer_token = std::string(absl::StripAsciiWhitespace(*token));
+  o.retry.max_resumes = absl::GetFlag(FLAGS_max_resumes);
   return Client::Connect(absl::GetFlag(FLAGS_server), std::move(o));
 }
 
@@ -177,13 +181,21 @@ absl::Status GenerateCommand() {
   std::string finish;
   std::unique_ptr<GenerateStream> stream = (*client)->StartGenerate(prompt, o);
   for (const GenerateDelta& d : *stream) {
-    all.insert(all.end(), d.token_ids.begin(), d.token_ids.end());
-    if (!print_ids) std::cout << d.text << std::flush;
+    // Streamed as they come, ids too (the line is the same as printed at once).
+    for (int32_t id : d.token_ids) {
+      if (print_ids) std::cout << (all.empty() ? "" : ",") << id;
+      all.push_back(id);
+    }
+    if (!print_ids) std::cout << d.text;
+    std::cout << std::flush;
     if (d.finished) finish = d.finish_reason;
   }
-  if (!stream->status().ok()) return stream->status();
+  if (!stream->status().ok()) {
+    if (!all.empty()) std::cout << "\n";  // end the partial line
+    return stream->status();
+  }
   if (print_ids) {
-    std::cout << absl::StrJoin(all, ",") << "\n";
+    std::cout << "\n";
   } else {
     std::cout << "\n";
     std::cerr << "finish_reason: " << finish << "\n";

@@ -2,7 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <set>
@@ -129,6 +129,10 @@ absl::Status ValidateOptions(const ClientOptions& o) {
   if (r.max_attempts < 1 || r.max_attempts > 5) {
     return absl::InvalidArgumentError(
         absl::StrCat("ClientOptions.retry.max_attempts must be in 1..5, not ", r.max_attempts));
+  }
+  if (r.max_resumes < 0 || r.max_resumes > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.retry.max_resumes must be in 0..100, not ", r.max_resumes));
   }
   if (r.initial_backoff.count() <= 0 || r.max_backoff < r.initial_backoff) {
     return absl::InvalidArgumentError(absl::StrCat("ClientOptions.retry needs 0 < initial_backoff <= max_backoff, not ",
@@ -264,25 +268,30 @@ struct Channel {
   const std::unique_ptr<v1::Admin::Stub> admin;
 };
 
-// A Generate call read with the synchronous gRPC API on the caller's thread.
+// A Generate call read with the synchronous gRPC API on the caller's thread. When the stream
+// breaks with UNAVAILABLE after tokens arrived (n = 1), it resumes: the same request again, with
+// the server's request id and the tokens received so far (GenerateRequest.resume), after a backoff,
+// at most RetryOptions::max_resumes times in a row without a new token, within the first call's
+// deadline. The caller sees each token once.
 class GrpcGenerateStream final : public GenerateStream {
  public:
-  GrpcGenerateStream(std::shared_ptr<const Channel> impl, const v1::GenerateRequest& request,
-                     const CallOptions& call)
-      : impl_(std::move(impl)) {
-    impl_->Prepare(&ctx_, call);
-    registration_.emplace(call.cancellation, &ctx_);
-    if (registration_->cancelled_before_start()) {
+  GrpcGenerateStream(std::shared_ptr<const Channel> impl, v1::GenerateRequest request, const CallOptions& call)
+      : impl_(std::move(impl)),
+        request_(std::move(request)),
+        call_{.deadline = call.deadline.value_or(std::chrono::system_clock::now() + impl_->options.timeout),
+              .cancellation = call.cancellation} {
+    if (!StartCall()) {
       done_ = true;
       status_ = CancelledBeforeStart();
-      return;
     }
-    reader_ = impl_->inference->Generate(&ctx_, request);
   }
 
   ~GrpcGenerateStream() override {
     if (done_) return;
-    ctx_.TryCancel();
+    {
+      absl::MutexLock lock(&mu_);
+      ctx_->TryCancel();
+    }
     v1::GenerateResponse ignored;
     while (reader_->Read(&ignored)) {
     }
@@ -290,15 +299,31 @@ class GrpcGenerateStream final : public GenerateStream {
   }
 
   std::optional<GenerateDelta> Next() override {
-    if (done_) return std::nullopt;
-    v1::GenerateResponse resp;
-    if (reader_->Read(&resp)) return ToDelta(resp);
-    done_ = true;
-    const grpc::Status st = reader_->Finish();
-    if (cancelled_by_caller_.load() && st.error_code() == grpc::StatusCode::CANCELLED) {
-      status_ = absl::CancelledError("the generation was cancelled by the caller");
-    } else {
-      status_ = FromGrpc(st);
+    while (!done_) {
+      v1::GenerateResponse resp;
+      if (reader_->Read(&resp)) {
+        if (!resp.request_id().empty()) request_id_ = resp.request_id();
+        if (resp.token_ids_size() > 0) failed_resumes_ = 0;  // progress
+        received_.insert(received_.end(), resp.token_ids().begin(), resp.token_ids().end());
+        if (resp.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finished_ = true;
+        return ToDelta(resp);
+      }
+      const grpc::Status st = reader_->Finish();
+      done_ = true;
+      if (ShouldResume(st)) {
+        if (BackOff()) {
+          ++failed_resumes_;
+          if (StartCall()) {
+            done_ = false;
+            continue;
+          }
+        }
+        status_ = absl::CancelledError("the generation was cancelled by the caller while it waited to resume");
+      } else if (CancelledByCaller() && st.error_code() == grpc::StatusCode::CANCELLED) {
+        status_ = absl::CancelledError("the generation was cancelled by the caller");
+      } else {
+        status_ = FromGrpc(st);
+      }
     }
     return std::nullopt;
   }
@@ -306,18 +331,77 @@ class GrpcGenerateStream final : public GenerateStream {
   absl::Status status() const override { return status_; }
 
   void Cancel() override {
-    cancelled_by_caller_.store(true);
-    ctx_.TryCancel();  // thread-safe in gRPC
+    absl::MutexLock lock(&mu_);
+    cancelled_by_caller_ = true;
+    if (ctx_ != nullptr) ctx_->TryCancel();  // thread-safe in gRPC
   }
 
  private:
+  // A broken stream worth resuming: UNAVAILABLE after tokens, one choice, not finished, within
+  // the limits.
+  bool ShouldResume(const grpc::Status& st) const {
+    return st.error_code() == grpc::StatusCode::UNAVAILABLE && !received_.empty() && !finished_ &&
+           request_.n() <= 1 && failed_resumes_ < impl_->options.retry.max_resumes &&
+           std::chrono::system_clock::now() < *call_.deadline;
+  }
+
+  bool CancelledByCaller() {
+    absl::MutexLock lock(&mu_);
+    return cancelled_by_caller_;
+  }
+
+  // Waits before resume number failed_resumes_ + 1 (exponential, as RetryOptions says, and never
+  // past the deadline); false when Cancel came meanwhile.
+  bool BackOff() {
+    const RetryOptions& r = impl_->options.retry;
+    double ms = static_cast<double>(r.initial_backoff.count());
+    for (int i = 0; i < failed_resumes_; ++i) ms *= r.backoff_multiplier;
+    ms = std::min(ms, static_cast<double>(r.max_backoff.count()));
+    const auto until = std::min(*call_.deadline, std::chrono::system_clock::now() +
+                                                     std::chrono::milliseconds(static_cast<int64_t>(ms)));
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(&cancelled_by_caller_), absl::FromChrono(until));
+    return !cancelled_by_caller_;
+  }
+
+  // Starts an attempt: the request, with the tokens received so far when resuming. False when the
+  // call's CancellationToken is cancelled.
+  bool StartCall() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    impl_->Prepare(ctx.get(), call_);
+    auto registration = std::make_unique<CallRegistration>(call_.cancellation, ctx.get());
+    if (registration->cancelled_before_start()) return false;
+    if (!received_.empty()) {
+      if (!request_id_.empty()) request_.set_request_id(request_id_);
+      request_.mutable_resume()->mutable_token_ids()->Assign(received_.begin(), received_.end());
+    }
+    grpc::ClientContext* raw = ctx.get();
+    reader_.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      registration_ = std::move(registration);  // unregisters the old context before it goes
+      ctx_ = std::move(ctx);
+      if (cancelled_by_caller_) ctx_->TryCancel();
+    }
+    reader_ = impl_->inference->Generate(raw, request_);
+    return true;
+  }
+
   const std::shared_ptr<const Channel> impl_;  // keeps the stub alive
-  grpc::ClientContext ctx_;
-  std::optional<CallRegistration> registration_;  // after ctx_: unregisters before ctx_ goes
-  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
-  std::atomic<bool> cancelled_by_caller_{false};
+  v1::GenerateRequest request_;  // the next attempt's
+  const CallOptions call_;       // with the deadline of the first attempt, kept by the others
+  std::vector<int32_t> received_;  // every token delivered to the caller
+  std::string request_id_;         // the server's
+  int failed_resumes_ = 0;         // resumes in a row without a new token
+  bool finished_ = false;          // a finish_reason arrived
   bool done_ = false;
   absl::Status status_;
+  absl::Mutex mu_;  // ctx_ and registration_ change on the reading thread; Cancel reads them
+  // Declared before reader_ (destroyed after it): gRPC needs the context while the reader lives.
+  std::unique_ptr<grpc::ClientContext> ctx_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<CallRegistration> registration_ ABSL_GUARDED_BY(mu_);  // unregisters ctx_
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
+  bool cancelled_by_caller_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The Client of Connect: one gRPC channel, calls on the caller's thread.
@@ -436,6 +520,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, options.retry.max_attempts > 1 ? 1 : 0);
   if (options.retry.max_attempts > 1) args.SetServiceConfigJSON(RetryServiceConfig(options.retry));
+  // Reconnect soon after a server comes back (gRPC's default backoff grows to two minutes), so
+  // that retries and resumes find it.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(options.retry.initial_backoff.count()));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(options.retry.max_backoff.count()));
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options.tls.enabled) {
     grpc::SslCredentialsOptions ssl;

@@ -1,5 +1,5 @@
 // The C++ client against an in-process fake server: the three Generate styles, conversions,
-// retry of UNAVAILABLE only before the first response, deadlines, cancellation, the bearer token,
+// retry of UNAVAILABLE before the first response and resume after tokens, deadlines, cancellation, the bearer token,
 // TLS, and option checks in Connect.
 #include "shardserve/client.h"
 
@@ -254,19 +254,118 @@ TEST(ClientTest, RetriesAreBounded) {
   EXPECT_EQ(server.calls(), 3);
 }
 
-TEST(ClientTest, NeverRetriesAfterATokenArrived) {
-  FakeScript script{.responses = {Tokens({10}, "Once")},
-                    .end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker w-2 went away")};
-  FakeInferenceServer server(script);
-  auto client = MustConnect(server.address(), FastRetries(4));
+// The stream of a five-message answer, for resume tests: one token per message, with logprobs.
+FakeScript FourTokensCut(std::vector<int> cuts) {
+  FakeScript script{.responses = {Tokens({10}, "Once"), Tokens({11}, " up"), Tokens({12}, "on a"),
+                                  Tokens({13}, " time"), Last(v1::FINISH_REASON_LENGTH, 4, 4)},
+                    .cuts = std::move(cuts)};
+  for (int i = 0; i < 4; ++i) script.responses[i].add_logprobs()->set_logprob(-0.5f * static_cast<float>(i + 1));
+  return script;
+}
+
+TEST(ClientTest, ResumesAStreamBrokenAfterTokensAndShowsEachTokenOnce) {
+  // Broken after two messages, then after one more: two resumes.
+  FakeInferenceServer server(FourTokensCut({2, 1}));
+  auto client = MustConnect(server.address(), FastRetries(1));
+  std::vector<int32_t> got;
+  std::string text;
+  std::vector<float> logprobs;
+  std::string finish;
+  absl::Status st = client->GenerateStreaming(
+      Prompt::Text("hi"), {.max_tokens = 4, .temperature = 0.8f, .seed = 42, .logprobs = true},
+      [&](const GenerateDelta& d) {
+        got.insert(got.end(), d.token_ids.begin(), d.token_ids.end());
+        text += d.text;
+        for (const TokenLogprob& l : d.logprobs) logprobs.push_back(l.logprob);
+        if (d.finished) finish = d.finish_reason;
+        return true;
+      });
+  ASSERT_THAT(st, IsOk());
+  EXPECT_THAT(got, ElementsAre(10, 11, 12, 13));
+  EXPECT_EQ(text, "Once upon a time");
+  EXPECT_THAT(logprobs, ElementsAre(-0.5f, -1.0f, -1.5f, -2.0f));
+  EXPECT_EQ(finish, "length");
+  const std::vector<v1::GenerateRequest> sent = server.generate_requests();
+  ASSERT_EQ(sent.size(), 3u);
+  EXPECT_EQ(sent[0].resume().token_ids_size(), 0);
+  EXPECT_THAT(sent[1].resume().token_ids(), ElementsAre(10, 11));
+  EXPECT_THAT(sent[2].resume().token_ids(), ElementsAre(10, 11, 12));
+  for (const v1::GenerateRequest& r : sent) {
+    EXPECT_EQ(r.text(), "hi");
+    EXPECT_EQ(r.sampling().seed(), 42u);  // the same seed every time
+    EXPECT_EQ(r.max_tokens(), 4);
+  }
+  EXPECT_EQ(sent[1].request_id(), "req-7");  // the id the server answered with
+  EXPECT_EQ(sent[2].request_id(), "req-7");
+}
+
+TEST(ClientTest, GenerateReturnsTheWholeAnswerAcrossResumes) {
+  FakeInferenceServer server(FourTokensCut({1, 0, 0, 2}));  // two resumes get nothing at all
+  auto client = MustConnect(server.address(), FastRetries(1));
+  absl::StatusOr<GenerateResult> r = client->Generate(Prompt::Text("hi"), {});
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_THAT(r->token_ids, ElementsAre(10, 11, 12, 13));
+  EXPECT_EQ(r->text, "Once upon a time");
+  EXPECT_EQ(r->logprobs.size(), 4u);
+  EXPECT_EQ(r->completion_tokens, 4);
+  EXPECT_EQ(server.generate_requests().size(), 5u);
+}
+
+TEST(ClientTest, ResumesInARowWithoutATokenAreBounded) {
+  FakeInferenceServer server(FourTokensCut({1, 0, 0, 0, 0, 0, 0, 0}));
+  ClientOptions options = FastRetries(1);
+  options.retry.max_resumes = 3;
+  auto client = MustConnect(server.address(), options);
   std::vector<int32_t> got;
   absl::Status st = client->GenerateStreaming(Prompt::Text("hi"), {}, [&](const GenerateDelta& d) {
     got.insert(got.end(), d.token_ids.begin(), d.token_ids.end());
     return true;
   });
-  EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnavailable, "worker w-2 went away"));
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnavailable, "fake server: the coordinator restarted"));
   EXPECT_THAT(got, ElementsAre(10));
+  EXPECT_EQ(server.calls(), 1 + 3);
+}
+
+TEST(ClientTest, NeverResumesWithoutResumesOrWithSeveralChoices) {
+  FakeInferenceServer server(FourTokensCut({1, 1}));
+  ClientOptions off = FastRetries(4);
+  off.retry.max_resumes = 0;
+  EXPECT_THAT(MustConnect(server.address(), off)->Generate(Prompt::Text("hi"), {}).status(),
+              StatusIs(absl::StatusCode::kUnavailable, "fake server: the coordinator restarted"));
   EXPECT_EQ(server.calls(), 1);
+  // n = 2: each choice would need its own resume; the error comes back as it is.
+  EXPECT_THAT(MustConnect(server.address())->GenerateChoices(Prompt::Text("hi"), {.n = 2}).status(),
+              StatusIs(absl::StatusCode::kUnavailable, "fake server: the coordinator restarted"));
+  EXPECT_EQ(server.calls(), 2);
+}
+
+TEST(ClientTest, CancelEndsTheWaitBeforeAResume) {
+  FakeInferenceServer server(FourTokensCut({1}));
+  ClientOptions options = FastRetries(1);
+  options.retry.initial_backoff = std::chrono::milliseconds(20000);  // a wait only Cancel can end
+  options.retry.max_backoff = std::chrono::milliseconds(20000);
+  auto client = MustConnect(server.address(), options);
+  std::unique_ptr<GenerateStream> stream = client->StartGenerate(Prompt::Text("hi"), {});
+  std::optional<GenerateDelta> first = stream->Next();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_THAT(first->token_ids, ElementsAre(10));
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    stream->Cancel();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(stream->Next().has_value());  // the stream broke; Next waits to resume, then is cancelled
+  canceller.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_THAT(stream->status(), StatusIs(absl::StatusCode::kCancelled, HasSubstr("cancelled by the caller")));
+  EXPECT_EQ(server.calls(), 1);
+}
+
+TEST(ClientTest, MaxResumesIsChecked) {
+  ClientOptions o;
+  o.retry.max_resumes = 101;
+  EXPECT_THAT(Client::Connect("127.0.0.1:1", o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_resumes must be in 0..100")));
 }
 
 TEST(ClientTest, NoRetryWithOneAttempt) {

@@ -1,5 +1,8 @@
 #include "tests/sdk/fake_inference_server.h"
 
+#include <algorithm>
+#include <cstddef>
+
 #include "common/log/log.h"
 
 namespace shardserve::testing {
@@ -73,13 +76,40 @@ class FakeInference final : public v1::Inference::CallbackService {
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                            const v1::GenerateRequest* request) override {
     if (server_->Arrive(ctx)) return new ScriptedWriter(server_, {}, Unavailable(), false);
-    server_->RecordGenerateRequest(*request);
+    const size_t call = static_cast<size_t>(server_->RecordGenerateRequest(*request));
     if (request->max_tokens() < 1) {
       return new ScriptedWriter(server_, 
           {}, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "max_tokens must be >= 1, got 0"), false);
     }
     const FakeScript& s = server_->script();
-    return new ScriptedWriter(server_, s.responses, s.end, s.hold);
+    // Skip the responses whose tokens the resume holds.
+    const auto& resumed = request->resume().token_ids();
+    size_t first = 0;
+    int matched = 0;
+    while (matched < resumed.size() && first < s.responses.size()) {
+      for (int32_t id : s.responses[first].token_ids()) {
+        if (matched >= resumed.size() || resumed[matched] != id) {
+          return new ScriptedWriter(server_, {}, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                                              "fake server: resume.token_ids do not match the answer"),
+                                    false);
+        }
+        ++matched;
+      }
+      ++first;
+    }
+    if (matched != resumed.size()) {
+      return new ScriptedWriter(server_, {}, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                                          "fake server: resume.token_ids run past the answer"),
+                                false);
+    }
+    std::vector<v1::GenerateResponse> rest(s.responses.begin() + static_cast<std::ptrdiff_t>(first), s.responses.end());
+    if (call < s.cuts.size()) {
+      rest.resize(std::min(rest.size(), static_cast<size_t>(s.cuts[call])));
+      return new ScriptedWriter(server_, std::move(rest),
+                                grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake server: the coordinator restarted"),
+                                false);
+    }
+    return new ScriptedWriter(server_, std::move(rest), s.end, s.hold);
   }
 
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* request,
@@ -163,12 +193,18 @@ std::string FakeInferenceServer::last_authorization() const {
 
 v1::GenerateRequest FakeInferenceServer::last_generate_request() const {
   absl::MutexLock lock(&mu_);
-  return last_generate_request_;
+  return generate_requests_.empty() ? v1::GenerateRequest() : generate_requests_.back();
 }
 
-void FakeInferenceServer::RecordGenerateRequest(const v1::GenerateRequest& request) {
+std::vector<v1::GenerateRequest> FakeInferenceServer::generate_requests() const {
   absl::MutexLock lock(&mu_);
-  last_generate_request_ = request;
+  return generate_requests_;
+}
+
+int FakeInferenceServer::RecordGenerateRequest(const v1::GenerateRequest& request) {
+  absl::MutexLock lock(&mu_);
+  generate_requests_.push_back(request);
+  return static_cast<int>(generate_requests_.size()) - 1;
 }
 
 void FakeInferenceServer::CountCancelledGenerate() {

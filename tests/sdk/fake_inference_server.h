@@ -25,6 +25,11 @@ struct FakeScript {
   std::vector<v1::GenerateResponse> responses;  // what Generate streams
   grpc::Status end = grpc::Status::OK;          // how Generate ends after the responses
   bool hold = false;                            // after the responses, wait for the client to cancel
+  // Broken streams, for resume: Generate call i (counting only calls that get past
+  // unavailable_first) with i < cuts.size() ends with UNAVAILABLE after cuts[i] responses. Every
+  // call starts after the responses whose tokens its resume.token_ids hold (they must be a prefix
+  // of the scripted tokens ending at a response boundary: INVALID_ARGUMENT otherwise).
+  std::vector<int> cuts;
 };
 
 class FakeInferenceServer final {
@@ -37,7 +42,9 @@ class FakeInferenceServer final {
   int calls() const { return calls_.load(); }
   std::string last_authorization() const;
   v1::GenerateRequest last_generate_request() const;  // what the last Generate call asked
-  void RecordGenerateRequest(const v1::GenerateRequest& request);
+  // Records a Generate request; returns its index among the recorded ones.
+  int RecordGenerateRequest(const v1::GenerateRequest& request);
+  std::vector<v1::GenerateRequest> generate_requests() const;  // every recorded one, in order
   // Waits until `n` Generate calls have seen the client cancel (or go away); false on timeout.
   bool AwaitCancelledGenerates(int n, absl::Duration timeout) const;
   void CountCancelledGenerate();  // for the Generate reactor
@@ -56,7 +63,7 @@ class FakeInferenceServer final {
   mutable absl::Mutex mu_;
   std::string last_authorization_ ABSL_GUARDED_BY(mu_);
   int cancelled_generates_ ABSL_GUARDED_BY(mu_) = 0;
-  v1::GenerateRequest last_generate_request_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::GenerateRequest> generate_requests_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardserve::testing

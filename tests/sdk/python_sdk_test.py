@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The Python SDK (sdk/python), installed into a venv by tests/sdk/python_sdk_setup.sh: against a
 local cluster (same greedy output as the C++ CLI, sync and asyncio, errors with their gRPC code)
-and against an in-process fake server (retry before the first token, deadline, bearer token, TLS).
+and against an in-process fake server (retry before the first token, resume after tokens, deadline, bearer
+token, TLS).
     VENV/bin/python tests/sdk/python_sdk_test.py BIN_DIR"""
 import asyncio
 import json
@@ -233,13 +234,16 @@ class AgainstALocalCluster(unittest.TestCase):
 
 class FakeInference(inference_pb2_grpc.InferenceServicer):
     """Fails the first `unavailable_first` calls with UNAVAILABLE, then streams `responses` and ends
-    with `end` (a (code, message) pair or None), or holds the stream until the deadline."""
+    with `end` (a (code, message) pair or None), or holds the stream until the deadline. Resume:
+    call i (from 0, counting every call) with i < len(cuts) breaks with UNAVAILABLE after cuts[i]
+    responses, and every call starts after the responses whose tokens its resume.token_ids hold."""
 
-    def __init__(self, unavailable_first=0, responses=(), end=None, hold=False):
+    def __init__(self, unavailable_first=0, responses=(), end=None, hold=False, cuts=()):
         self.unavailable_first = unavailable_first
         self.responses = list(responses)
         self.end = end
         self.hold = hold
+        self.cuts = list(cuts)
         self.calls = 0
         self.authorization = []
         self.requests = []
@@ -253,7 +257,18 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
             self.authorization.append(dict(context.invocation_metadata()).get("authorization"))
         if n <= self.unavailable_first:
             context.abort(grpc.StatusCode.UNAVAILABLE, "fake server: warming up")
-        yield from self.responses
+        rest, have = list(self.responses), list(request.resume.token_ids)
+        while have and rest:
+            ids = list(rest.pop(0).token_ids)
+            if have[:len(ids)] != ids:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fake server: resume.token_ids do not match")
+            have = have[len(ids):]
+        if have:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fake server: resume.token_ids run past the answer")
+        if n - 1 < len(self.cuts):
+            yield from rest[:self.cuts[n - 1]]
+            context.abort(grpc.StatusCode.UNAVAILABLE, "fake server: the coordinator restarted")
+        yield from rest
         if self.hold:
             while context.is_active():
                 time.sleep(0.01)
@@ -345,16 +360,78 @@ class AgainstAFakeServer(unittest.TestCase):
         self.assertEqual(e.exception.message, "fake server: warming up")
         self.assertEqual(fake.calls, 3)
 
-    def test_never_retries_after_a_token(self):
-        fake = FakeInference(responses=ANSWER[:1], end=(grpc.StatusCode.UNAVAILABLE, "worker w-2 went away"))
+    def resumable(self, cuts):
+        """A fake whose four-token answer (one token per message, "Once up" + "on a" splits a word
+        across messages, with logprobs) breaks after the numbers of messages in `cuts`."""
+        answer = [tokens([10], "Once"), tokens([11], " up"), tokens([12], "on a"), tokens([13], " time"),
+                  tokens([], "", common_pb2.FINISH_REASON_LENGTH)]
+        for i in range(4):
+            answer[i].logprobs.add(logprob=-0.5 * (i + 1))
+        return FakeInference(responses=answer, cuts=cuts)
+
+    def check_resumed(self, fake, deltas):
+        self.assertEqual([t for d in deltas for t in d.token_ids], [10, 11, 12, 13])
+        self.assertEqual("".join(d.text for d in deltas), "Once upon a time")
+        self.assertEqual([lp.logprob for d in deltas for lp in d.logprobs], [-0.5, -1.0, -1.5, -2.0])
+        self.assertEqual(deltas[-1].finish_reason, "length")
+        self.assertEqual([list(r.resume.token_ids) for r in fake.requests], [[], [10, 11], [10, 11, 12]])
+        self.assertEqual([r.sampling.seed for r in fake.requests], [42, 42, 42])  # the same seed every time
+        self.assertEqual([r.request_id for r in fake.requests], ["", "req-1", "req-1"])  # the server's id
+        self.assertTrue(all(r.text == "hi" and r.max_tokens == 4 for r in fake.requests))
+
+    def test_resumes_a_stream_broken_after_tokens(self):
+        fake = self.resumable([2, 1])
         with shardserve.Client(self.serve(fake), retry=FAST) as c:
+            deltas = list(c.generate("hi", max_tokens=4, temperature=0.8, seed=42, logprobs=True))
+        self.check_resumed(fake, deltas)
+
+    def test_asyncio_resumes_too(self):
+        fake = self.resumable([2, 1])
+        address = self.serve(fake)
+
+        async def run():
+            async with shardserve.AsyncClient(address, retry=FAST) as c:
+                return [d async for d in c.generate("hi", max_tokens=4, temperature=0.8, seed=42, logprobs=True)]
+        self.check_resumed(fake, asyncio.run(run()))
+
+    def test_resumes_in_a_row_without_a_token_are_bounded(self):
+        fake = self.resumable([1] + [0] * 10)
+        retry = shardserve.RetryOptions(max_attempts=1, initial_backoff=0.01, max_backoff=0.05, max_resumes=3)
+        with shardserve.Client(self.serve(fake), retry=retry) as c:
             stream = c.generate("hi")
             self.assertEqual(next(stream).token_ids, [10])
             with self.assertRaises(shardserve.ShardserveError) as e:
                 next(stream)
         self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
-        self.assertEqual(e.exception.message, "worker w-2 went away")
+        self.assertEqual(e.exception.message, "fake server: the coordinator restarted")
+        self.assertEqual(fake.calls, 1 + 3)
+
+    def test_cancel_ends_the_wait_before_a_resume(self):
+        fake = self.resumable([1])
+        slow = shardserve.RetryOptions(max_attempts=1, initial_backoff=20, max_backoff=20)  # only cancel ends it
+        with shardserve.Client(self.serve(fake), retry=slow) as c:
+            stream = c.generate("hi")
+            self.assertEqual(next(stream).token_ids, [10])
+            threading.Timer(0.1, stream.cancel).start()
+            started = time.time()
+            with self.assertRaises(shardserve.ShardserveError) as e:
+                next(stream)
+        self.assertEqual(e.exception.code, grpc.StatusCode.CANCELLED)
+        self.assertLess(time.time() - started, 10)
         self.assertEqual(fake.calls, 1)
+
+    def test_never_resumes_without_resumes_or_with_several_choices(self):
+        fake = self.resumable([1, 1])
+        address = self.serve(fake)
+        off = shardserve.RetryOptions(max_attempts=4, initial_backoff=0.01, max_backoff=0.05, max_resumes=0)
+        for retry, n in ((off, 1), (FAST, 2)):
+            with shardserve.Client(address, retry=retry) as c:
+                stream = c.generate("hi", n=n)
+                self.assertEqual(next(stream).token_ids, [10])
+                with self.assertRaises(shardserve.ShardserveError) as e:
+                    next(stream)
+            self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(fake.calls, 2)
 
     def test_timeout_is_deadline_exceeded(self):
         fake = FakeInference(responses=ANSWER[:1], hold=True)
@@ -417,6 +494,7 @@ class AgainstAFakeServer(unittest.TestCase):
         for args, kwargs, word in (
                 (("localhost",), {}, "HOST:PORT"), (("h:0",), {}, "HOST:PORT"), (("h:1",), {"timeout": 0}, "timeout"),
                 (("h:1",), {"retry": shardserve.RetryOptions(max_attempts=9)}, "max_attempts"),
+                (("h:1",), {"retry": shardserve.RetryOptions(max_resumes=-1)}, "max_resumes"),
                 (("h:1",), {"bearer_token": "a\nb"}, "bearer_token"),
                 (("h:1",), {"tls": shardserve.TlsOptions(client_cert=b"x")}, "client_key")):
             with self.assertRaises(ValueError) as e:

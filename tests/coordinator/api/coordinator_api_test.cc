@@ -15,6 +15,7 @@
 #include <string>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -1409,6 +1410,236 @@ TEST_F(CoordinatorApiTest, ServerReflectionListsTheServices) {
   bool ok = false;
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+// ---- Resume (GenerateRequest.resume) ----------------------------------------------------------
+
+class ResumeTest : public CoordinatorApiTest {
+ protected:
+  // The coordinator with one worker whose steps take 3 ms each, so that the stream writes keep up
+  // and most messages carry one token (each message boundary is a place to cut the stream).
+  void StartWithSlowSteps(CoordinatorOptions options = {}) {
+    StartCoordinator(testing::Stories260KDir(), 1, options);
+    factory_->OnMake([](EngineReplica* r) {
+      r->SetStepHookForTest([](const StepInput&) {
+        absl::SleepFor(absl::Milliseconds(3));
+        return absl::OkStatus();
+      });
+    });
+    BringUpOneWorker();
+  }
+
+  static std::vector<v1::TokenLogprobs> Logprobs(const GenerateResult& r) {
+    std::vector<v1::TokenLogprobs> out;
+    for (const auto& m : r.messages) out.insert(out.end(), m.logprobs().begin(), m.logprobs().end());
+    return out;
+  }
+
+  static v1::GenerateRequest Resumed(v1::GenerateRequest req, const std::vector<int32_t>& have) {
+    req.mutable_resume()->mutable_token_ids()->Add(have.begin(), have.end());
+    return req;
+  }
+
+  // The uninterrupted answer of `req`. Then, as if the stream broke after one of its messages (at
+  // most 12 cuts, spread over them), `req` resumed with the tokens received by then must send
+  // exactly the rest: the same tokens, text, logprobs, finish_reason and usage.
+  GenerateResult ExpectResumesMatchUninterrupted(const v1::GenerateRequest& req) {
+    const GenerateResult full = Generate(req);
+    EXPECT_TRUE(full.status.ok()) << full.status.error_message();
+    if (!full.status.ok()) return full;
+    const std::vector<v1::TokenLogprobs> full_lps = Logprobs(full);
+    const v1::GenerateResponse& last = full.messages.back();
+    const size_t stride = std::max<size_t>(1, (full.messages.size() - 1) / 12);
+    std::vector<int32_t> have;
+    std::string text;
+    int cuts = 0;
+    for (size_t m = 0; m + 1 < full.messages.size(); ++m) {
+      have.insert(have.end(), full.messages[m].token_ids().begin(), full.messages[m].token_ids().end());
+      text += full.messages[m].text();
+      if (have.empty() || m % stride != 0) continue;
+      ++cuts;
+      SCOPED_TRACE(absl::StrCat("resumed after ", have.size(), " tokens"));
+      v1::GenerateRequest again = Resumed(req, have);
+      again.set_request_id(full.messages[0].request_id());
+      const GenerateResult r = Generate(again);
+      EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+      if (!r.status.ok() || r.messages.empty()) continue;
+      std::vector<int32_t> joined = have;
+      joined.insert(joined.end(), r.ids.begin(), r.ids.end());
+      EXPECT_EQ(joined, full.ids);
+      EXPECT_EQ(text + r.text, full.text);
+      const std::vector<v1::TokenLogprobs> lps = Logprobs(r);
+      EXPECT_EQ(lps.size(), req.logprobs() ? r.ids.size() : 0u);
+      for (size_t i = 0; i < lps.size() && have.size() + i < full_lps.size(); ++i) {
+        EXPECT_NEAR(lps[i].logprob(), full_lps[have.size() + i].logprob(), 1e-5f) << "token " << have.size() + i;
+        EXPECT_EQ(std::vector<int32_t>(lps[i].top_ids().begin(), lps[i].top_ids().end()),
+                  std::vector<int32_t>(full_lps[have.size() + i].top_ids().begin(),
+                                       full_lps[have.size() + i].top_ids().end()));
+      }
+      EXPECT_EQ(r.messages.back().finish_reason(), last.finish_reason());
+      EXPECT_EQ(r.messages.back().usage().prompt_tokens(), last.usage().prompt_tokens());
+      EXPECT_EQ(r.messages.back().usage().completion_tokens(), last.usage().completion_tokens());
+      for (const auto& msg : r.messages) {
+        EXPECT_EQ(msg.request_id(), full.messages[0].request_id());
+        EXPECT_EQ(msg.prompt_logprobs_size(), 0);
+      }
+    }
+    EXPECT_GE(cuts, 3) << "too few messages to cut: " << full.messages.size();
+    return full;
+  }
+};
+
+TEST_F(ResumeTest, GreedyTextResumesWithTheRestOfTheTokensAndText) {
+  StartWithSlowSteps({.max_step_tokens = 4});
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time, there was a");
+  req.set_max_tokens(40);
+  const GenerateResult full = ExpectResumesMatchUninterrupted(req);
+  ASSERT_GT(full.ids.size(), 10u);
+}
+
+TEST_F(ResumeTest, SeededSamplingWithLogprobsResumesExactly) {
+  StartWithSlowSteps();
+  v1::GenerateRequest req;
+  req.set_text("Lily and Tom went to the park");
+  req.set_max_tokens(48);
+  req.mutable_sampling()->set_temperature(0.9f);
+  req.mutable_sampling()->set_top_k(40);
+  req.mutable_sampling()->set_seed(7);
+  req.set_logprobs(true);
+  req.set_top_logprobs(3);
+  ExpectResumesMatchUninterrupted(req);
+  // Seed 0 (unset) is a seed like any other: the resumed stream is the same.
+  req.mutable_sampling()->set_seed(0);
+  ExpectResumesMatchUninterrupted(req);
+}
+
+TEST_F(ResumeTest, PenaltiesAndMinTokensCountTheResumedTokens) {
+  StartWithSlowSteps();
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.set_max_tokens(40);
+  req.set_min_tokens(30);
+  req.mutable_sampling()->set_temperature(0.8f);
+  req.mutable_sampling()->set_seed(3);
+  req.mutable_sampling()->set_presence_penalty(0.5f);
+  req.mutable_sampling()->set_frequency_penalty(0.5f);
+  req.mutable_sampling()->set_repetition_penalty(1.3f);
+  const GenerateResult full = ExpectResumesMatchUninterrupted(req);
+  EXPECT_GE(full.ids.size(), 30u);
+}
+
+TEST_F(ResumeTest, StopStringsAndAnAlreadyEndedResume) {
+  StartWithSlowSteps();
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.set_max_tokens(40);
+  req.set_ignore_eos(true);
+  const GenerateResult plain = Generate(req);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_GT(plain.text.size(), 30u);
+  // A stop string spanning tokens, late in the text: the text held back around it must come out
+  // once, on the right side of the cut.
+  v1::GenerateRequest stopped = req;
+  stopped.add_stop(plain.text.substr(plain.text.size() * 2 / 3, 4));
+  const GenerateResult full = ExpectResumesMatchUninterrupted(stopped);
+  ASSERT_EQ(full.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+  ASSERT_EQ(plain.messages.back().finish_reason(), v1::FINISH_REASON_LENGTH);
+
+  // Every token of an ended answer (by length, by a stop string): the final message at once, the
+  // same twice (idempotent).
+  for (const auto& [request, done] : {std::pair(req, &plain), std::pair(stopped, &full)}) {
+    v1::GenerateRequest again = Resumed(request, done->ids);
+    again.set_request_id("resumed-twice");
+    const GenerateResult first = Generate(again);
+    const GenerateResult second = Generate(again);
+    ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+    ASSERT_EQ(first.messages.size(), 1u);
+    EXPECT_TRUE(first.ids.empty());
+    EXPECT_EQ(first.messages[0].finish_reason(), done->messages.back().finish_reason());
+    EXPECT_EQ(first.messages[0].usage().completion_tokens(), static_cast<int32_t>(done->ids.size()));
+    EXPECT_EQ(first.messages[0].usage().prompt_tokens(), done->messages.back().usage().prompt_tokens());
+    ASSERT_TRUE(second.status.ok());
+    ASSERT_EQ(second.messages.size(), 1u);
+    EXPECT_EQ(second.messages[0].SerializeAsString(), first.messages[0].SerializeAsString());
+  }
+}
+
+TEST_F(ResumeTest, JsonConstraintResumesInTheConstraintsState) {
+  StartWithSlowSteps();
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.set_max_tokens(300);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(11);
+  req.set_json_schema(
+      R"({"type":"object","properties":{"color":{"enum":["red","green"]},"n":{"type":"integer"}},"required":["color","n"]})");
+  const GenerateResult full = ExpectResumesMatchUninterrupted(req);
+  ASSERT_EQ(full.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_THAT(full.text, ::testing::MatchesRegex(R"re(\{"color":"(red|green)","n":-?[0-9]+\})re")) << full.text;
+  // The whole answer (its last token completes the constraint): STOP at once.
+  const GenerateResult done = Generate(Resumed(req, full.ids));
+  ASSERT_TRUE(done.status.ok()) << done.status.error_message();
+  ASSERT_EQ(done.messages.size(), 1u);
+  EXPECT_EQ(done.messages[0].finish_reason(), v1::FINISH_REASON_STOP);
+  // A token the constraint does not allow where it comes.
+  ASSERT_OK_AND_ASSIGN(auto tokenizer, LoadTokenizer(testing::Stories260KDir()));
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> word, tokenizer->Encode("Once", false));
+  const GenerateResult bad = Generate(Resumed(req, {word[0]}));
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), HasSubstr("resume.token_ids[0] = "));
+  EXPECT_THAT(bad.status.error_message(), HasSubstr("not allowed there by the output constraint"));
+}
+
+// Characters of two bytes, written with byte tokens (the regex forces them): a cut between the
+// two bytes of one character must neither repeat nor lose it.
+TEST_F(ResumeTest, AUtf8CharacterSplitAcrossTokensComesOutOnce) {
+  StartWithSlowSteps();
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.set_max_tokens(40);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(5);
+  req.set_regex("(é|ü|ß){6}");
+  const GenerateResult full = ExpectResumesMatchUninterrupted(req);
+  ASSERT_EQ(full.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_THAT(full.text, ::testing::MatchesRegex("(é|ü|ß)+")) << full.text;
+  // Some message carried the first byte of a character and no text: a cut there splits it.
+  EXPECT_TRUE(std::any_of(full.messages.begin(), full.messages.end(),
+                          [](const v1::GenerateResponse& m) { return m.token_ids_size() > 0 && m.text().empty(); }));
+}
+
+TEST_F(ResumeTest, InvalidResumesNameTheField) {
+  StartCoordinator(testing::Stories260KDir(), 1);  // vocab 512
+  BringUpOneWorker();
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(testing::Stories260KDir()));
+  ASSERT_FALSE(spec.eos_token_ids.empty());
+  const int32_t eos = static_cast<int32_t>(spec.eos_token_ids[0]);
+  auto expect_invalid = [&](const v1::GenerateRequest& req, const std::string& what) {
+    const GenerateResult r = Generate(req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
+    EXPECT_THAT(r.status.error_message(), HasSubstr(what));
+    EXPECT_TRUE(r.messages.empty());
+  };
+  expect_invalid(Resumed(IdsRequest({1, 2}, 5), {3, 512}), "resume.token_ids[1] = 512 is outside the vocabulary");
+  expect_invalid(Resumed(IdsRequest({1, 2}, 2), {3, 4, 5}), "resume.token_ids has 3 tokens, more than max_tokens = 2");
+  expect_invalid(Resumed(IdsRequest({1, 2}, 5), {3, eos, 4}), "ends the request, yet more tokens follow it");
+  v1::GenerateRequest stop_id = Resumed(IdsRequest({1, 2}, 5), {3, 9, 4});
+  stop_id.add_stop_token_ids(9);
+  expect_invalid(stop_id, "resume.token_ids[1] = 9 ends the request");
+  v1::GenerateRequest two = Resumed(IdsRequest({1, 2}, 5), {3});
+  two.set_n(2);
+  expect_invalid(two, "only a request with n = 1 can be resumed");
+  // With ignore_eos an EOS id is an ordinary token, and an empty resume is a plain request.
+  v1::GenerateRequest ignore = Resumed(IdsRequest({1, 2}, 5), {3, eos, 4});
+  ignore.set_ignore_eos(true);
+  const GenerateResult ok = Generate(ignore);
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.ids.size(), 2u);
+  EXPECT_EQ(ok.messages.back().usage().completion_tokens(), 5);
+  v1::GenerateRequest empty = IdsRequest({1, 2}, 3);
+  empty.mutable_resume();
+  EXPECT_EQ(Generate(empty).ids, Generate(IdsRequest({1, 2}, 3)).ids);
 }
 
 }  // namespace

@@ -19,8 +19,14 @@
 // Every call has a deadline: ClientOptions::timeout from its start, or CallOptions::deadline.
 // A call that fails with UNAVAILABLE before the server sent anything (no connection, the cluster
 // not ready yet) is tried again, up to ClientOptions::retry.max_attempts attempts in all with
-// exponential backoff, within the same deadline. A generation that has produced a token is never
-// retried: the error is returned as it is.
+// exponential backoff, within the same deadline. A generation (n = 1) whose stream breaks with
+// UNAVAILABLE after tokens arrived (the coordinator restarted, a replica failed) is RESUMED: the
+// same request (same seed) goes again with the server's request id and the tokens received so far
+// (GenerateRequest.resume), and the server continues exactly where the stream broke, so the
+// caller sees every token, text character and logprob once, as the unbroken stream would have
+// sent them. At most retry.max_resumes resumes in a row without a new token, with the backoff of
+// RetryOptions, within the first attempt's deadline; then the UNAVAILABLE error is returned. With
+// n > 1 the error is returned as it is. The channel reconnects at least every retry.max_backoff.
 //
 // No protobuf or gRPC type appears in this header: the package installs no generated code.
 // Thread-safety: a Client may be shared by threads and every call is independent. A
@@ -54,12 +60,17 @@ struct TlsOptions {
   std::string server_name;  // the name to check the server's certificate against; empty = the address's host
 };
 
-// Retry of UNAVAILABLE before the first response (gRPC's own retry policy does the work).
+// Retry of UNAVAILABLE before the first response (gRPC's own retry policy does the work), and
+// resume of a generation whose stream broke after tokens arrived (see the top of this file).
 struct RetryOptions {
   int max_attempts = 4;  // attempts in all, 1..5 (gRPC's limit); 1 = never retry
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{2000};
   double backoff_multiplier = 2.0;  // >= 1
+  // Resumes of one generation in a row without a new token, 0..100; 0 = never resume. Each waits
+  // initial_backoff x backoff_multiplier^k (k = resumes in a row so far), at most max_backoff.
+  // The defaults ride out a coordinator restart of 15 s or so.
+  int max_resumes = 10;
 };
 
 struct ClientOptions {

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, List, Mapping, Optional, Sequence, Union
+from typing import AsyncIterator, Callable, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import grpc.aio
@@ -14,11 +14,15 @@ from shardserve.v1 import control_pb2, control_pb2_grpc, inference_pb2, inferenc
 
 class AsyncGenerateStream:
     """A generation being streamed: `async for delta in stream`, or `await stream.result()` for the
-    whole answer. Errors raise ShardserveError; cancel() ends the request."""
+    whole answer. Errors raise ShardserveError; cancel() ends the request. A stream that breaks
+    with UNAVAILABLE after tokens arrived is resumed (RetryOptions), as Client's is."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
-        self._call = call
-        self._it = call.__aiter__()
+    def __init__(self, start: Callable[[inference_pb2.GenerateRequest, float], grpc.aio.UnaryStreamCall],
+                 resume: _common.Resume) -> None:
+        self._start = start
+        self._resume = resume
+        self._call = start(resume.request(), resume.timeout_left())
+        self._it = self._call.__aiter__()
         self._acc = _common.Choices()
         self._done = False
         self._cancelled_by_caller = False
@@ -27,25 +31,36 @@ class AsyncGenerateStream:
         return self
 
     async def __anext__(self) -> GenerateDelta:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            resp = await self._it.__anext__()
-        except StopAsyncIteration:
-            self._done = True
-            raise
-        except grpc.RpcError as e:
-            self._done = True
-            raise _common.error(e) from None
-        except asyncio.CancelledError:
-            # cancel() ends the call's iterator with CancelledError; a cancelled task must stay one.
-            if not self._cancelled_by_caller:
+        while not self._done:
+            try:
+                resp = await self._it.__anext__()
+            except StopAsyncIteration:
+                self._done = True
                 raise
+            except grpc.RpcError as e:
+                wait = self._resume.backoff(e)
+                if wait is None or self._cancelled_by_caller:
+                    self._done = True
+                    raise _common.error(e) from None
+                await asyncio.sleep(wait)
+                if self._cancelled_by_caller:
+                    break
+                self._call = self._start(self._resume.request(), self._resume.timeout_left())
+                self._it = self._call.__aiter__()
+                continue
+            except asyncio.CancelledError:
+                # cancel() ends the call's iterator with CancelledError; a cancelled task must stay one.
+                if not self._cancelled_by_caller:
+                    raise
+                break
+            self._resume.seen(resp)
+            d = _common.delta(resp)
+            self._acc.add(d)
+            return d
+        if self._cancelled_by_caller:
             self._done = True
             raise _common.ShardserveError(grpc.StatusCode.CANCELLED, "the generation was cancelled") from None
-        d = _common.delta(resp)
-        self._acc.add(d)
-        return d
+        raise StopAsyncIteration
 
     async def result(self) -> GenerateResult:
         async for _ in self:
@@ -95,9 +110,9 @@ class AsyncClient:
                                        stop=stop, json_schema=json_schema, json_object=json_object, regex=regex,
                                        n=n, tools=tools, tool_choice=tool_choice,
                                        parallel_tool_calls=parallel_tool_calls)
-        call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
-                                        metadata=self._settings.metadata)
-        return AsyncGenerateStream(call)
+        resume = _common.Resume(req, self._settings.retry, self._settings.call_timeout(timeout))
+        return AsyncGenerateStream(
+            lambda r, left: self._inference.Generate(r, timeout=left, metadata=self._settings.metadata), resume)
 
     async def tokenize(self, text: str, *, add_special_tokens: bool = False,
                        timeout: Optional[float] = None) -> List[int]:

@@ -1,7 +1,8 @@
 """The synchronous client."""
 from __future__ import annotations
 
-from typing import Iterator, List, Mapping, Optional, Sequence, Union
+import threading
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Union
 
 import grpc
 
@@ -14,10 +15,16 @@ from shardserve.v1 import control_pb2, control_pb2_grpc, inference_pb2, inferenc
 class GenerateStream:
     """A generation being streamed. Iterate over it for the deltas; result() reads what is left and
     returns the whole answer (with the finish reason and usage). Errors raise ShardserveError.
-    cancel() may be called from any thread."""
+    A stream that breaks with UNAVAILABLE after tokens arrived is resumed (RetryOptions): the deltas
+    go on as if it had not broken. cancel() may be called from any thread."""
 
-    def __init__(self, call: grpc.Call) -> None:
-        self._call = call
+    def __init__(self, start: Callable[[inference_pb2.GenerateRequest, float], Any],
+                 resume: _common.Resume) -> None:
+        self._start = start
+        self._resume = resume
+        self._lock = threading.Lock()
+        self._cancelled = threading.Event()
+        self._call = start(resume.request(), resume.timeout_left())
         self._acc = _common.Choices()
         self._done = False
 
@@ -25,19 +32,30 @@ class GenerateStream:
         return self
 
     def __next__(self) -> GenerateDelta:
-        if self._done:
-            raise StopIteration
-        try:
-            resp = next(self._call)  # type: ignore[call-overload]
-        except StopIteration:
-            self._done = True
-            raise
-        except grpc.RpcError as e:
-            self._done = True
-            raise _common.error(e) from None
-        d = _common.delta(resp)
-        self._acc.add(d)
-        return d
+        while not self._done:
+            try:
+                resp = next(self._call)  # type: ignore[call-overload]
+            except StopIteration:
+                self._done = True
+                raise
+            except grpc.RpcError as e:
+                wait = self._resume.backoff(e)
+                if wait is None or self._cancelled.is_set():
+                    self._done = True
+                    raise _common.error(e) from None
+                if self._cancelled.wait(wait):
+                    self._done = True
+                    raise ShardserveError(grpc.StatusCode.CANCELLED, "the generation was cancelled") from None
+                with self._lock:
+                    self._call = self._start(self._resume.request(), self._resume.timeout_left())
+                    if self._cancelled.is_set():  # cancel() came while the call started
+                        self._call.cancel()
+                continue
+            self._resume.seen(resp)
+            d = _common.delta(resp)
+            self._acc.add(d)
+            return d
+        raise StopIteration
 
     def result(self) -> GenerateResult:
         for _ in self:
@@ -52,7 +70,9 @@ class GenerateStream:
 
     def cancel(self) -> None:
         """Ends the request; the next read raises ShardserveError with CANCELLED."""
-        self._call.cancel()
+        self._cancelled.set()
+        with self._lock:
+            self._call.cancel()
 
     def __enter__(self) -> "GenerateStream":
         return self
@@ -67,7 +87,8 @@ class Client:
 
     timeout: the deadline of each call in seconds (a generation's whole stream included); each call
     may give its own. tls: True for TLS with the system's roots, or TlsOptions. bearer_token: sent as
-    "authorization: Bearer <token>". retry: retries of UNAVAILABLE before anything was received.
+    "authorization: Bearer <token>". retry: retries of UNAVAILABLE before anything was received,
+    and resumes of a generation whose stream broke after tokens arrived (RetryOptions).
     Raises ValueError for bad options; calls raise ShardserveError. Thread-safe; close() (or a with
     block) releases the channel."""
 
@@ -107,9 +128,9 @@ class Client:
                                        stop=stop, json_schema=json_schema, json_object=json_object, regex=regex,
                                        n=n, tools=tools, tool_choice=tool_choice,
                                        parallel_tool_calls=parallel_tool_calls)
-        call = self._inference.Generate(req, timeout=self._settings.call_timeout(timeout),
-                                        metadata=self._settings.metadata)
-        return GenerateStream(call)
+        resume = _common.Resume(req, self._settings.retry, self._settings.call_timeout(timeout))
+        return GenerateStream(
+            lambda r, left: self._inference.Generate(r, timeout=left, metadata=self._settings.metadata), resume)
 
     def tokenize(self, text: str, *, add_special_tokens: bool = False, timeout: Optional[float] = None) -> List[int]:
         req = inference_pb2.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)

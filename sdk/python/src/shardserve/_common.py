@@ -3,6 +3,7 @@ building and the conversions from the protocol's messages."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -41,6 +42,8 @@ class Settings:
                              f"{retry.initial_backoff} and {retry.max_backoff}")
         if not 1 <= retry.backoff_multiplier <= 100:
             raise ValueError(f"retry.backoff_multiplier must be in [1, 100], not {retry.backoff_multiplier}")
+        if not 0 <= retry.max_resumes <= 100:
+            raise ValueError(f"retry.max_resumes must be in 0..100, not {retry.max_resumes}")
         if bearer_token is not None and not all(0x20 <= ord(c) <= 0x7E for c in bearer_token):
             raise ValueError("bearer_token has a character that is not printable ASCII")
         if tls is True:
@@ -54,6 +57,11 @@ class Settings:
         options: List[Tuple[str, Any]] = [("grpc.enable_retries", 1 if retry.max_attempts > 1 else 0)]
         if retry.max_attempts > 1:
             options.append(("grpc.service_config", _retry_config(retry)))
+        # Reconnect soon after a server comes back (gRPC's default backoff grows to two minutes),
+        # so that retries and resumes find it.
+        options.append(("grpc.initial_reconnect_backoff_ms", max(1, int(retry.initial_backoff * 1000))))
+        options.append(("grpc.max_reconnect_backoff_ms", max(1, int(retry.max_backoff * 1000))))
+        self.retry = retry
         if self.tls is not None and self.tls.server_name:
             options.append(("grpc.ssl_target_name_override", self.tls.server_name))
         self.channel_options = options
@@ -69,6 +77,50 @@ class Settings:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, not {timeout}")
         return self.timeout if timeout is None else timeout
+
+
+class Resume:
+    """What a generation's stream needs to resume after it broke (RetryOptions): the tokens and the
+    request id received so far, and how many resumes in a row brought nothing."""
+
+    def __init__(self, request: inference_pb2.GenerateRequest, retry: RetryOptions, timeout: float) -> None:
+        self._request = request
+        self._retry = retry
+        self._deadline = time.monotonic() + timeout
+        self._received: List[int] = []
+        self._request_id = ""
+        self._finished = False
+        self._failures = 0  # resumes in a row without a new token
+
+    def seen(self, resp: inference_pb2.GenerateResponse) -> None:
+        self._received.extend(resp.token_ids)
+        self._request_id = resp.request_id or self._request_id
+        if resp.token_ids:
+            self._failures = 0
+        if resp.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+            self._finished = True
+
+    def backoff(self, e: grpc.RpcError) -> Optional[float]:
+        """Seconds to wait before resuming after `e`, or None when the error stands."""
+        code = e.code() if hasattr(e, "code") else None
+        left = self._deadline - time.monotonic()
+        if (code != grpc.StatusCode.UNAVAILABLE or not self._received or self._finished or self._request.n > 1
+                or self._failures >= self._retry.max_resumes or left <= 0):
+            return None
+        wait = self._retry.initial_backoff * self._retry.backoff_multiplier ** self._failures
+        self._failures += 1
+        return min(wait, self._retry.max_backoff, left)
+
+    def request(self) -> inference_pb2.GenerateRequest:
+        """The next attempt's request: the same, resumed after the tokens received so far."""
+        req = inference_pb2.GenerateRequest()
+        req.CopyFrom(self._request)
+        req.request_id = self._request_id or req.request_id
+        req.resume.token_ids.extend(self._received)
+        return req
+
+    def timeout_left(self) -> float:
+        return max(self._deadline - time.monotonic(), 0.001)
 
 
 def _retry_config(r: RetryOptions) -> str:

@@ -30,13 +30,19 @@ class TlsOptions:
 
 @dataclass(frozen=True)
 class RetryOptions:
-    """Retry of UNAVAILABLE before the server has sent anything (gRPC's retry policy). A
-    generation that has produced a token is never retried."""
+    """Retry of UNAVAILABLE before the server has sent anything (gRPC's retry policy), and resume
+    of a generation (n = 1) whose stream broke with UNAVAILABLE after tokens arrived (a coordinator
+    restart, a replica failure): the same request (same seed) goes again with the server's request
+    id and the tokens received so far, and the server goes on exactly where the stream broke, so
+    each token, text character and logprob is seen once. At most max_resumes resumes in a row
+    without a new token, each after initial_backoff * backoff_multiplier**k seconds (at most
+    max_backoff), within the call's timeout."""
 
     max_attempts: int = 4  # attempts in all, 1..5 (gRPC's limit); 1 = never retry
     initial_backoff: float = 0.1  # seconds
     max_backoff: float = 2.0
     backoff_multiplier: float = 2.0
+    max_resumes: int = 10  # 0..100; 0 = never resume; the defaults ride out a 15 s coordinator restart
 
 
 @dataclass(frozen=True)
