@@ -213,7 +213,7 @@ class StageRuntime::Link final : public grpc::ClientBidiReactor<v1::StepRequest,
   std::shared_ptr<Link> self_ ABSL_GUARDED_BY(mu_);  // keeps the reactor alive until OnDone
 };
 
-StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
+StageRuntime::StageRuntime(std::shared_ptr<engine::StepRunner> runner, StageConfig config)
     : remote_experts_(config.remote_experts), runner_(std::move(runner)), config_(std::move(config)) {}
 
 StageRuntime::~StageRuntime() {
