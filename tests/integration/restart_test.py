@@ -135,6 +135,8 @@ class CoordinatorRestartTest(unittest.TestCase):
             self.assertEqual(self.worker_ids(), ids, f"restart {run}: the workers' ids changed")
         print(f"serving resumed {resumed} s after each coordinator start (downtimes {DOWNTIMES} s; "
               f"max {max(resumed)} s)", file=sys.stderr)
+        # The issue's bound, on the median so that one slow start on a loaded CI machine does not fail it.
+        self.assertLess(sorted(resumed)[len(resumed) // 2], 5.0, f"resume times {resumed}")
         # Adopted, never reloaded: each worker loaded its stage once, for the first coordinator.
         for i in range(2):
             with open(os.path.join(self.tmp, f"worker-{i}.log")) as f:
