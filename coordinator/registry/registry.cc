@@ -172,17 +172,21 @@ absl::StatusOr<std::string> WorkerRegistry::Register(WorkerRegistration registra
       return id;
     }
   } else {
-    // No identity: a restart at the same (node_name, address) replaces the old record, unless
-    // that record is a live worker with an identity (which nobody may evict).
+    // No identity: nobody may claim the address of a live worker that has one (from any node
+    // name); a restart at the same (node_name, address) replaces an old record without one.
+    bool held_by_identity = false;
+    for (auto& [other_id, e] : workers_) {
+      WorkerRecord& r = e.record;
+      if (r.registration.address != registration.address || r.registration.instance_id.empty()) continue;
+      if (ExpireLocked(other_id, r, now)) ++version_;
+      held_by_identity |= r.state != WorkerState::kDead;
+    }
+    if (held_by_identity) RETURN_IF_ERROR(CheckClaimLocked("", registration, now));
     for (auto it = workers_.begin(); it != workers_.end();) {
-      WorkerRecord& old = it->second.record;
+      const WorkerRecord& old = it->second.record;
       if (old.registration.node_name != registration.node_name || old.registration.address != registration.address) {
         ++it;
         continue;
-      }
-      if (ExpireLocked(it->first, old, now)) ++version_;
-      if (old.state != WorkerState::kDead && !old.registration.instance_id.empty()) {
-        RETURN_IF_ERROR(CheckClaimLocked("", registration, now));
       }
       LOG(INFO) << "worker " << it->first << " (" << old.registration.address
                 << ") registered again; dropping the old record";

@@ -245,8 +245,10 @@ TEST_F(RegistryTest, AnImpostorOfALiveWorkerIsRefusedAndTheWorkerKeepsServing) {
                 StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("held by live worker w-aaaaaaaa00000001")));
     EXPECT_THAT(registry_.Register(Worker("node-a", "10.0.0.1:7000")),
                 StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("10.0.0.1:7000")));
-    // Or only the address, from another node name.
+    // Or only the address, from another node name, with or without an instance id.
     EXPECT_THAT(registry_.Register(Instance("node-x", "10.0.0.1:7000", "cccccccc00000003")),
+                StatusIs(absl::StatusCode::kAlreadyExists, ::testing::_));
+    EXPECT_THAT(registry_.Register(Worker("node-x", "10.0.0.1:7000")),
                 StatusIs(absl::StatusCode::kAlreadyExists, ::testing::_));
     clock_.Advance(absl::Seconds(1));
     ASSERT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kReady,
