@@ -282,6 +282,14 @@ std::string AdoptionMismatch(const WorkerAssignment& a, const ClusterOptions& op
 
 bool Cluster::AdoptLocked(const std::vector<WorkerRecord>& workers) {
   // What the live workers serve, by the replica number they were told.
+  // Tried once per set of live workers and what they hold (the planner may fail too, and the loop
+  // comes back every poll interval).
+  std::string key;
+  for (const WorkerRecord& w : workers) {
+    if (w.state != WorkerState::kDead) absl::StrAppend(&key, w.worker_id, "=", w.assignment_id, ";");
+  }
+  if (key == adoption_tried_for_) return false;
+  adoption_tried_for_ = key;
   std::map<int32_t, std::vector<const WorkerRecord*>> by_replica;
   std::map<std::string, const WorkerRecord*> hosts_by_address;
   int holding = 0;

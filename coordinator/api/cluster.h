@@ -229,6 +229,7 @@ class Cluster {
   std::string plan_text_ ABSL_GUARDED_BY(mu_);
   std::string plan_error_ ABSL_GUARDED_BY(mu_);
   std::string planned_for_ ABSL_GUARDED_BY(mu_);  // the alive worker set of the last failed plan
+  std::string adoption_tried_for_ ABSL_GUARDED_BY(mu_);  // the live workers (and what they hold) last tried
   std::vector<ReplicaState> replicas_ ABSL_GUARDED_BY(mu_);
   // Workers serving spilled experts (the plan's expert hosts); every replica needs all of them.
   std::vector<Stage> hosts_ ABSL_GUARDED_BY(mu_);
