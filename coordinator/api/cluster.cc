@@ -296,7 +296,10 @@ bool Cluster::AdoptLocked(const std::vector<WorkerRecord>& workers) {
   for (const WorkerRecord& w : workers) {
     if (w.state == WorkerState::kDead || !w.registration.held.has_value()) continue;
     const WorkerAssignment& a = *w.registration.held;
-    if (w.state != WorkerState::kReady || w.assignment_id != a.assignment_id) continue;
+    // READY, or still LOADING it (the coordinator went away while it loaded): the stage serves once
+    // READY, as a freshly assigned one would, without the load starting over.
+    const bool holds = w.state == WorkerState::kReady || w.state == WorkerState::kLoading;
+    if (!holds || w.assignment_id != a.assignment_id) continue;
     ++holding;
     if (std::string why = AdoptionMismatch(a, options_); !why.empty()) {
       LOG(INFO) << "not adopting " << a.assignment_id << " of worker " << w.worker_id << ": " << why;

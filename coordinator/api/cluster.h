@@ -31,8 +31,8 @@
 // again) and the worker is released (Worker.Release: it becomes idle, and may exit).
 //
 // Adoption (a coordinator restart without reloading): before planning, the cluster looks at what
-// the live workers reported when they registered (WorkerRegistration::held, with state READY for
-// it). When they hold complete replicas — stages 0..n-1 of one replica number, contiguous layers
+// the live workers reported when they registered (WorkerRegistration::held, with state READY or
+// LOADING for it). When they hold complete replicas — stages 0..n-1 of one replica number, contiguous layers
 // covering the model, each stage sending to the next one's registered address, the same KV cache
 // size on every stage, remote experts on READY expert hosts — of this coordinator's model with its
 // settings (model path, quantization, kv_block_size, max_seq_len, max_step_tokens, a KV size

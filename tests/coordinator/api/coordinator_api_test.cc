@@ -165,13 +165,14 @@ class CoordinatorApiTest : public ::testing::Test {
 
   std::string Register(const std::string& node, const std::string& address, int devices = 1,
                        int64_t bytes_per_device = int64_t{4} << 30, const std::string& instance = "",
-                       const std::optional<WorkerAssignment>& held = std::nullopt) {
+                       const std::optional<WorkerAssignment>& held = std::nullopt,
+                       v1::WorkerState state = v1::WORKER_STATE_READY) {
     v1::RegisterRequest req;
     req.set_instance_id(instance);
     if (held.has_value()) {
       ToProto(*held, req.mutable_held());
-      req.set_state(v1::WORKER_STATE_READY);
-      req.set_kv_blocks(held->kv_blocks);
+      req.set_state(state);
+      if (state == v1::WORKER_STATE_READY) req.set_kv_blocks(held->kv_blocks);
     }
     req.set_node_name(node);
     req.set_address(address);
@@ -1238,8 +1239,9 @@ TEST_F(CoordinatorRestartTest, ANewCoordinatorAdoptsTheStagesTheWorkersHoldWitho
 TEST_F(CoordinatorRestartTest, AnIncompatibleCoordinatorPlansAfreshWithNewAssignmentIds) {
   ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
   RestartCoordinator({.pp = 2, .kv_block_size = 32});
-  Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]);
+  // In the other order than the first time.
   Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB, held_[1]);
+  Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]);
   for (int i = 0; i < 2; ++i) {
     std::optional<WorkerAssignment> a = workers_->WaitFor(absl::StrCat("127.0.0.1:", i + 1));
     ASSERT_TRUE(a.has_value());
@@ -1250,6 +1252,22 @@ TEST_F(CoordinatorRestartTest, AnIncompatibleCoordinatorPlansAfreshWithNewAssign
     ASSERT_TRUE(Heartbeat(ids_[i], v1::WORKER_STATE_READY, a->assignment_id, "", a->kv_blocks).ok());
   }
   ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
+  EXPECT_TRUE(Generate(IdsRequest({1, 2, 3}, 4)).status.ok());
+}
+
+// The coordinator went away while a stage loaded: the stage is adopted too, and the replica serves
+// once that worker reports READY (its load is not started over).
+TEST_F(CoordinatorRestartTest, AStageStillLoadingIsAdoptedAndServesOnceReady) {
+  ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
+  RestartCoordinator({.pp = 2});
+  Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]);
+  Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB, held_[1], v1::WORKER_STATE_LOADING);
+  coordinator_->cluster().Tick();
+  EXPECT_THAT(Status().plan(), HasSubstr("adopted"));
+  EXPECT_FALSE(coordinator_->cluster().ReadyStatus().ok());
+  ASSERT_TRUE(Heartbeat(ids_[1], v1::WORKER_STATE_READY, held_[1].assignment_id, "", held_[1].kv_blocks).ok());
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
+  EXPECT_EQ(workers_->assign_calls(), 0);
   EXPECT_TRUE(Generate(IdsRequest({1, 2, 3}, 4)).status.ok());
 }
 
