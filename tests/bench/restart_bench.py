@@ -8,7 +8,7 @@ and times how long after its start the first request is answered. Without --mode
 generated 100M model (ARCHITECTURE.md "Benchmarks"), written by shardserve-bench-pipeline
 --write_model_only into /tmp/shardserve-100m when it is not there. Prints each time, their median,
 and how many times each worker loaded weights (its log's "loaded in" lines). Run it with the binaries
-of two builds to compare them (the figures of README "Recovery" came from it).
+of two builds to compare them (the figures of README "Coordinator restarts" came from it).
 """
 import argparse
 import os
