@@ -1255,6 +1255,30 @@ TEST_F(CoordinatorRestartTest, AnIncompatibleCoordinatorPlansAfreshWithNewAssign
   EXPECT_TRUE(Generate(IdsRequest({1, 2, 3}, 4)).status.ok());
 }
 
+// The finding behind the identity rules: a process registering with a live worker's node name and
+// address kept the cluster unavailable. Now it gets ALREADY_EXISTS and the cluster keeps serving.
+TEST_F(CoordinatorRestartTest, AnImpostorOfALiveWorkerIsRefusedAndTheClusterKeepsServing) {
+  ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
+  for (const std::string& instance : {std::string("eeeeeeee00000005"), std::string()}) {
+    for (int i = 0; i < 3; ++i) {
+      v1::RegisterRequest req;
+      req.set_node_name("node-a");
+      req.set_address("127.0.0.1:1");
+      req.set_instance_id(instance);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline());
+      v1::RegisterResponse resp;
+      const grpc::Status st = registry_->Register(&ctx, req, &resp);
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st.error_message();
+      EXPECT_THAT(st.error_message(), HasSubstr(ids_[0]));
+    }
+  }
+  coordinator_->cluster().Tick();
+  EXPECT_THAT(coordinator_->cluster().ReadyStatus(), IsOk());
+  EXPECT_EQ(Status().workers_size(), 2);
+  EXPECT_TRUE(Generate(IdsRequest({1, 2, 3}, 4)).status.ok());
+}
+
 // The coordinator went away while a stage loaded: the stage is adopted too, and the replica serves
 // once that worker reports READY (its load is not started over).
 TEST_F(CoordinatorRestartTest, AStageStillLoadingIsAdoptedAndServesOnceReady) {
