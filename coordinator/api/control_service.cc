@@ -98,15 +98,29 @@ grpc::Status RegistryService::DoRegister(grpc::CallbackServerContext* ctx, const
                                          v1::RegisterResponse* response) {
   // Only workers register (on a TLS control port: a certificate with the worker role).
   if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) return st;
+  absl::StatusOr<WorkerState> state = request->state() == v1::WORKER_STATE_UNSPECIFIED
+                                          ? absl::StatusOr<WorkerState>(WorkerState::kIdle)
+                                          : FromProto(request->state());
+  if (!state.ok()) return ToGrpcStatus(state.status());
   WorkerRegistration reg{.node_name = request->node_name(),
                          .address = request->address(),
-                         .metrics_address = request->metrics_address()};
+                         .metrics_address = request->metrics_address(),
+                         .instance_id = request->instance_id(),
+                         .state = *state,
+                         .error = request->error(),
+                         .kv_blocks = request->kv_blocks(),
+                         .peer = ctx->peer()};
   for (int i = 0; i < request->devices_size(); ++i) {
     absl::StatusOr<Device> d = coordinator::FromProto(request->devices(i));
     if (!d.ok()) {
       return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("devices[", i, "].", d.status().message())));
     }
     reg.devices.push_back(*d);
+  }
+  if (request->has_held()) {
+    absl::StatusOr<WorkerAssignment> held = coordinator::FromProto(request->held());
+    if (!held.ok()) return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("held.", held.status().message())));
+    reg.held = *std::move(held);
   }
   absl::StatusOr<std::string> id = registry_->Register(std::move(reg));
   if (!id.ok()) return ToGrpcStatus(id.status());

@@ -69,6 +69,51 @@ void ToProto(const WorkerAssignment& a, v1::Assignment* out) {
   }
 }
 
+absl::StatusOr<WorkerAssignment> FromProto(const v1::Assignment& in) {
+  WorkerAssignment a;
+  switch (in.role()) {
+    case v1::ASSIGNMENT_ROLE_UNSPECIFIED:
+    case v1::ASSIGNMENT_ROLE_STAGE: break;
+    case v1::ASSIGNMENT_ROLE_EXPERT_HOST: a.expert_host = true; break;
+    default: return absl::InvalidArgumentError(absl::StrCat("role: unknown assignment role ", in.role()));
+  }
+  switch (in.quantize()) {
+    case v1::WEIGHT_QUANTIZATION_NONE: a.quantize = Quantization::kNone; break;
+    case v1::WEIGHT_QUANTIZATION_INT8: a.quantize = Quantization::kInt8; break;
+    default: return absl::InvalidArgumentError(absl::StrCat("quantize: unknown weight quantization ", in.quantize()));
+  }
+  absl::StatusOr<DeviceKind> kind = FromProto(in.device_kind());
+  if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("device_", kind.status().message()));
+  a.device_kind = *kind;
+  a.assignment_id = in.assignment_id();
+  a.model_path = in.model_path();
+  a.replica = in.replica();
+  a.stage = in.stage();
+  a.num_stages = in.num_stages();
+  a.layer_begin = in.layer_begin();
+  a.layer_end = in.layer_end();
+  a.devices.assign(in.devices().begin(), in.devices().end());
+  a.kv_blocks = in.kv_blocks();
+  a.kv_block_size = in.kv_block_size();
+  a.max_seq_len = in.max_seq_len();
+  a.max_step_tokens = in.max_step_tokens();
+  a.next_address = in.next_address();
+  for (const v1::LayerExperts& le : in.experts()) {
+    if (le.ranks_size() != le.addresses_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("experts of layer ", le.layer(), ": ", le.ranks_size(),
+                                                     " ranks but ", le.addresses_size(), " addresses"));
+    }
+    LayerExpertPlacement& p = a.experts.emplace_back();
+    p.layer = le.layer();
+    p.ranks.assign(le.ranks().begin(), le.ranks().end());
+    p.addresses.assign(le.addresses().begin(), le.addresses().end());
+  }
+  for (const v1::HostedExpert& e : in.hosted_experts()) {
+    a.hosted_experts.push_back({.layer = e.layer(), .expert = e.expert(), .device = e.device()});
+  }
+  return a;
+}
+
 void ToProto(const StepInput& input, v1::StepRequest* out) {
   out->Clear();
   out->set_step_id(input.step_id);

@@ -23,6 +23,9 @@ void ToProto(const Device& device, v1::Device* out);
 absl::StatusOr<Device> FromProto(const v1::Device& device);
 
 void ToProto(const WorkerAssignment& assignment, v1::Assignment* out);
+// InvalidArgument naming the field: an unknown role, device kind or quantization, or expert
+// placements whose ranks and addresses differ in length. The rest is checked where it is used.
+absl::StatusOr<WorkerAssignment> FromProto(const v1::Assignment& assignment);
 
 // A StepRequest for the first stage: token ids, no hidden states.
 void ToProto(const StepInput& input, v1::StepRequest* out);

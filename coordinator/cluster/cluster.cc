@@ -1,6 +1,7 @@
 #include "coordinator/cluster/cluster.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -159,7 +160,7 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
       stage.node_name = w->registration.node_name;
       stage.address = w->registration.address;
       stage.devices = w->registration.devices;
-      stage.id_base = absl::StrCat("plan-", plan_number, "/r", r, "/s", s, "/");
+      stage.id_base = absl::StrCat("plan-", registry_->incarnation(), "-", plan_number, "/r", r, "/s", s, "/");
       WorkerAssignment& a = stage.assignment;
       a.assignment_id = absl::StrCat(stage.id_base, spec.worker_id);
       a.model_path = options_.model_path;
@@ -203,7 +204,7 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
     host.node_name = w->registration.node_name;
     host.address = w->registration.address;
     host.devices = w->registration.devices;
-    host.id_base = absl::StrCat("plan-", plan_number, "/experts/");
+    host.id_base = absl::StrCat("plan-", registry_->incarnation(), "-", plan_number, "/experts/");
     WorkerAssignment& a = host.assignment;
     a.expert_host = true;
     a.assignment_id = absl::StrCat(host.id_base, eh.worker_id);
@@ -245,6 +246,159 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
   }
   LOG(INFO) << "plan " << plan_number << " for " << key << ":\n" << plan_text_;
   plan_ = *std::move(plan);
+}
+
+namespace {
+
+// Why a worker's held assignment cannot be adopted by a coordinator with `options` (empty: it can).
+std::string AdoptionMismatch(const WorkerAssignment& a, const ClusterOptions& options) {
+  if (a.model_path != options.model_path) return absl::StrCat("model ", a.model_path, " is not ", options.model_path);
+  if (a.quantize != options.policy.quantize) return "its weight quantization differs";
+  if (a.expert_host) return "";
+  if (a.kv_block_size != options.kv_block_size) {
+    return absl::StrCat("kv_block_size ", a.kv_block_size, " is not ", options.kv_block_size);
+  }
+  if (a.max_seq_len != options.policy.max_seq_len) {
+    return absl::StrCat("max_seq_len ", a.max_seq_len, " is not ", options.policy.max_seq_len);
+  }
+  if (a.max_step_tokens != options.max_step_tokens) {
+    return absl::StrCat("max_step_tokens ", a.max_step_tokens, " is not ", options.max_step_tokens);
+  }
+  const int64_t one_sequence = (a.max_seq_len + a.kv_block_size - 1) / std::max(a.kv_block_size, 1);
+  if (a.kv_blocks < one_sequence || (options.max_kv_blocks > 0 && a.kv_blocks > options.max_kv_blocks)) {
+    return absl::StrCat("kv_blocks ", a.kv_blocks, " is not in [", one_sequence, ", ",
+                        options.max_kv_blocks > 0 ? absl::StrCat(options.max_kv_blocks) : "inf", "]");
+  }
+  if (options.policy.tp > 0 && static_cast<int>(a.devices.size()) != options.policy.tp) {
+    return absl::StrCat("tp ", a.devices.size(), " is not ", options.policy.tp);
+  }
+  if (options.policy.pp > 0 && a.num_stages != options.policy.pp) {
+    return absl::StrCat("pp ", a.num_stages, " is not ", options.policy.pp);
+  }
+  return "";
+}
+
+}  // namespace
+
+bool Cluster::AdoptLocked(const std::vector<WorkerRecord>& workers) {
+  // What the live workers serve, by the replica number they were told.
+  // Tried once per set of live workers and what they hold (the planner may fail too, and the loop
+  // comes back every poll interval).
+  std::string key;
+  for (const WorkerRecord& w : workers) {
+    if (w.state != WorkerState::kDead) absl::StrAppend(&key, w.worker_id, "=", w.assignment_id, ";");
+  }
+  if (key == adoption_tried_for_) return false;
+  adoption_tried_for_ = key;
+  std::map<int32_t, std::vector<const WorkerRecord*>> by_replica;
+  std::map<std::string, const WorkerRecord*> hosts_by_address;
+  int holding = 0;
+  for (const WorkerRecord& w : workers) {
+    if (w.state == WorkerState::kDead || !w.registration.held.has_value()) continue;
+    const WorkerAssignment& a = *w.registration.held;
+    // READY, or still LOADING it (the coordinator went away while it loaded): the stage serves once
+    // READY, as a freshly assigned one would, without the load starting over.
+    const bool holds = w.state == WorkerState::kReady || w.state == WorkerState::kLoading;
+    if (!holds || w.assignment_id != a.assignment_id) continue;
+    ++holding;
+    if (std::string why = AdoptionMismatch(a, options_); !why.empty()) {
+      LOG(INFO) << "not adopting " << a.assignment_id << " of worker " << w.worker_id << ": " << why;
+      continue;
+    }
+    if (a.expert_host) {
+      hosts_by_address[w.registration.address] = &w;
+    } else {
+      by_replica[a.replica].push_back(&w);
+    }
+  }
+  if (holding == 0) return false;
+  // Complete replicas only: stages 0..n-1 once each, contiguous layers covering the model, each
+  // sending to the next one's address, remote experts on adopted hosts.
+  std::vector<std::vector<const WorkerRecord*>> complete;
+  std::set<std::string> used_hosts;
+  for (auto& [replica, stages] : by_replica) {
+    std::sort(stages.begin(), stages.end(), [](const WorkerRecord* a, const WorkerRecord* b) {
+      return a->registration.held->stage < b->registration.held->stage;
+    });
+    std::string why;
+    std::set<std::string> hosts;
+    for (size_t s = 0; s < stages.size() && why.empty(); ++s) {
+      const WorkerAssignment& a = *stages[s]->registration.held;
+      const bool last = s + 1 == stages.size();
+      if (a.stage != static_cast<int32_t>(s) || a.num_stages != static_cast<int32_t>(stages.size())) {
+        why = absl::StrCat("stage ", s, " of ", stages.size(), " is missing or held twice");
+      } else if (a.layer_begin != (s == 0 ? 0 : stages[s - 1]->registration.held->layer_end) ||
+                 (last && a.layer_end != spec_->num_layers)) {
+        why = absl::StrCat("its layer ranges do not cover the model's ", spec_->num_layers, " layers");
+      } else if (a.next_address != (last ? "" : stages[s + 1]->registration.address)) {
+        why = absl::StrCat("stage ", s, " sends to ", a.next_address, ", not to stage ", s + 1);
+      } else if (a.kv_blocks != stages[0]->registration.held->kv_blocks) {
+        why = "its stages hold different KV cache sizes";
+      }
+      for (const LayerExpertPlacement& le : a.experts) {
+        for (const std::string& address : le.addresses) {
+          if (address.empty()) continue;
+          if (!hosts_by_address.contains(address)) why = absl::StrCat("expert host ", address, " is not adoptable");
+          hosts.insert(address);
+        }
+      }
+    }
+    if (!why.empty()) {
+      LOG(INFO) << "not adopting replica " << replica << ": " << why;
+      continue;
+    }
+    used_hosts.insert(hosts.begin(), hosts.end());
+    complete.push_back(stages);
+  }
+  if (complete.empty() ||
+      (options_.policy.replicas > 0 && static_cast<int>(complete.size()) != options_.policy.replicas)) {
+    LOG(INFO) << "the workers hold " << complete.size() << " complete replica(s) this coordinator can adopt"
+              << (options_.policy.replicas > 0 ? absl::StrCat(" (--replicas ", options_.policy.replicas, ")") : "")
+              << ": planning afresh";
+    return false;
+  }
+  const int plan_number = ++plans_made_;
+  replicas_.clear();
+  hosts_.clear();
+  plan_text_ = absl::StrCat("adopted from the workers' reports (plan ", plan_number, "; nothing reloaded)\n");
+  auto make_stage = [&](const WorkerRecord& w, std::string id_base) {
+    Stage stage;
+    stage.worker_id = w.worker_id;
+    stage.node_name = w.registration.node_name;
+    stage.address = w.registration.address;
+    stage.devices = w.registration.devices;
+    stage.id_base = std::move(id_base);
+    stage.assignment = *w.registration.held;  // its id too: the worker is READY for it already
+    stage.assigned = true;
+    return stage;
+  };
+  for (size_t r = 0; r < complete.size(); ++r) {
+    ReplicaState rs;
+    rs.kv_blocks = complete[r].front()->registration.held->kv_blocks;
+    rs.blocks_per_sequence = (options_.policy.max_seq_len + options_.kv_block_size - 1) / options_.kv_block_size;
+    for (size_t s = 0; s < complete[r].size(); ++s) {
+      const WorkerRecord& w = *complete[r][s];
+      Stage stage =
+          make_stage(w, absl::StrCat("plan-", registry_->incarnation(), "-", plan_number, "/r", r, "/s", s, "/"));
+      stage.assignment.replica = static_cast<int32_t>(r);  // the worker may know it by another number
+      absl::StrAppend(&plan_text_, "replica ", r, " stage ", s, ": worker ", w.worker_id, " at ",
+                      w.registration.address, ", layers [", stage.assignment.layer_begin, ", ",
+                      stage.assignment.layer_end, "), ", stage.assignment.devices.size(), " ",
+                      DeviceKindName(stage.assignment.device_kind), " device(s), ", rs.kv_blocks, " KV blocks\n");
+      rs.stages.push_back(std::move(stage));
+    }
+    replicas_.push_back(std::move(rs));
+  }
+  for (const std::string& address : used_hosts) {
+    const WorkerRecord& w = *hosts_by_address.at(address);
+    hosts_.push_back(make_stage(w, absl::StrCat("plan-", registry_->incarnation(), "-", plan_number, "/experts/")));
+    absl::StrAppend(&plan_text_, "expert host: worker ", w.worker_id, " at ", address, ", ",
+                    w.registration.held->hosted_experts.size(), " experts\n");
+  }
+  LOG(INFO) << "event=adopted plan=" << plan_number << " replicas=" << replicas_.size() << "\n" << plan_text_;
+  plan_error_.clear();
+  plan_ = Plan{};
+  return true;
 }
 
 void Cluster::VacateLocked(const std::string& worker_id) {
@@ -341,7 +495,7 @@ void Cluster::Tick() {
         reason_ = absl::StrCat("waiting for workers: ", alive, " of ", options_.expected_workers, " registered");
         return;
       }
-      PlanLocked(workers);
+      if (!AdoptLocked(workers)) PlanLocked(workers);
       if (!plan_.has_value()) {
         reason_ = plan_error_;
         return;

@@ -30,6 +30,21 @@
 // from the worker (a spare takes it when there is one; the drained worker is never given a stage
 // again) and the worker is released (Worker.Release: it becomes idle, and may exit).
 //
+// Adoption (a coordinator restart without reloading): before planning, the cluster looks at what
+// the live workers reported when they registered (WorkerRegistration::held, with state READY or
+// LOADING for it). When they hold complete replicas — stages 0..n-1 of one replica number, contiguous layers
+// covering the model, each stage sending to the next one's registered address, the same KV cache
+// size on every stage, remote experts on READY expert hosts — of this coordinator's model with its
+// settings (model path, quantization, kv_block_size, max_seq_len, max_step_tokens, a KV size
+// within --kv_blocks, and --tp / --pp / --replicas where fixed), those replicas ARE the plan: no
+// Worker.Assign is sent, the stages keep their assignment ids, and a replica serves as soon as its
+// workers are registered. Otherwise (nothing held, or nothing complete and compatible) the planner
+// plans as usual; workers whose held stage is then no stage of the plan are released, and one that
+// is assigned the same weights again keeps them (worker_server.h). Adopted replicas are numbered
+// 0..R-1 in the order of the numbers the workers report. Assignment ids carry the registry's
+// incarnation ("plan-<incarnation>-N/..."), so that an id a new coordinator makes never equals one
+// a worker holds from an earlier run.
+//
 // Expert hosts (workers that hold spilled experts and run no stage) are assigned like stage workers;
 // every replica needs all of them. Not done (yet): re-planning the layout when workers join or
 // leave for good (a spare takes one stage as planned).
@@ -182,6 +197,9 @@ class Cluster {
 
   void Loop();
   void PlanLocked(const std::vector<WorkerRecord>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "Adoption" above: makes the plan from what the live workers hold when they hold complete
+  // replicas this coordinator can serve; returns whether it did (else the planner plans).
+  bool AdoptLocked(const std::vector<WorkerRecord>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the stage cannot serve (empty when it is READY for its assignment).
   std::string StageProblem(const Stage& stage, const WorkerRecord* record, bool* settled) const;
   // Points `stage` at worker `w` (a restart of its worker, or a spare): a new assignment id, to
@@ -211,6 +229,7 @@ class Cluster {
   std::string plan_text_ ABSL_GUARDED_BY(mu_);
   std::string plan_error_ ABSL_GUARDED_BY(mu_);
   std::string planned_for_ ABSL_GUARDED_BY(mu_);  // the alive worker set of the last failed plan
+  std::string adoption_tried_for_ ABSL_GUARDED_BY(mu_);  // the live workers (and what they hold) last tried
   std::vector<ReplicaState> replicas_ ABSL_GUARDED_BY(mu_);
   // Workers serving spilled experts (the plan's expert hosts); every replica needs all of them.
   std::vector<Stage> hosts_ ABSL_GUARDED_BY(mu_);

@@ -6,9 +6,11 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log/log.h"
+#include "common/status/macros.h"
 
 namespace shardserve::coordinator {
 
@@ -67,6 +69,21 @@ namespace {
 absl::Status ValidateRegistration(const WorkerRegistration& r) {
   if (r.node_name.empty()) return absl::InvalidArgumentError("node_name is empty");
   if (r.address.empty()) return absl::InvalidArgumentError("address is empty");
+  if (!r.instance_id.empty() &&
+      (r.instance_id.size() < 8 || r.instance_id.size() > 64 ||
+       !std::all_of(r.instance_id.begin(), r.instance_id.end(),
+                    [](char c) { return absl::ascii_isalnum(c) || c == '-' || c == '_'; }))) {
+    return absl::InvalidArgumentError(absl::StrCat("instance_id \"", absl::CHexEscape(r.instance_id),
+                                                   "\" must be 8 to 64 letters, digits, '-' or '_'"));
+  }
+  if (r.state == WorkerState::kDead) return absl::InvalidArgumentError("state: a worker cannot register dead");
+  if (r.held.has_value() != (r.state != WorkerState::kIdle)) {
+    return absl::InvalidArgumentError(absl::StrCat("held: a worker in state ", WorkerStateName(r.state),
+                                                   r.held.has_value() ? " holds no assignment" : " must say what it holds"));
+  }
+  if (r.held.has_value() && r.held->assignment_id.empty()) {
+    return absl::InvalidArgumentError("held.assignment_id is empty");
+  }
   std::set<std::pair<DeviceKind, int>> seen;
   for (size_t i = 0; i < r.devices.size(); ++i) {
     const Device& d = r.devices[i];
@@ -86,31 +103,111 @@ absl::Status ValidateRegistration(const WorkerRegistration& r) {
 
 }  // namespace
 
-absl::StatusOr<std::string> WorkerRegistry::Register(WorkerRegistration registration) {
-  if (absl::Status st = ValidateRegistration(registration); !st.ok()) return st;
-  absl::MutexLock lock(&mu_);
-  // A restarted worker: same node and address. Its old record (and id) go away.
+absl::Status WorkerRegistry::CheckClaimLocked(const std::string& id, const WorkerRegistration& reg, absl::Time now) {
+  for (auto& [other_id, e] : workers_) {
+    WorkerRecord& r = e.record;
+    const bool same_worker = other_id == id;
+    if (same_worker ? r.registration.address == reg.address : r.registration.address != reg.address) continue;
+    if (ExpireLocked(other_id, r, now)) ++version_;
+    if (r.state == WorkerState::kDead) continue;
+    const std::string claimant =
+        absl::StrCat("node ", reg.node_name, ", address ", reg.address, ", instance \"", reg.instance_id, "\"",
+                     reg.peer.empty() ? "" : absl::StrCat(", from ", reg.peer));
+    const std::string holder = absl::StrCat(
+        "worker ", other_id, " (node ", r.registration.node_name, ", address ", r.registration.address,
+        ", instance \"", r.registration.instance_id, "\", last heard ",
+        absl::FormatDuration(absl::Trunc(now - r.last_heartbeat, absl::Milliseconds(1))), " ago)");
+    LOG(WARNING) << "refused a registration (" << claimant << "): it claims the "
+                 << (same_worker ? "instance" : "address") << " of live " << holder;
+    return absl::AlreadyExistsError(absl::StrCat(
+        same_worker ? "instance \"" : "address ", same_worker ? reg.instance_id : reg.address,
+        same_worker ? "\" is" : " is", " held by live ", holder,
+        "; a restarted worker is accepted once the old one has been silent for ",
+        absl::FormatDuration(options_.heartbeat_timeout)));
+  }
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::DropDeadAtLocked(const std::string& id, const std::string& address) {
   for (auto it = workers_.begin(); it != workers_.end();) {
-    const WorkerRegistration& old = it->second.record.registration;
-    if (old.node_name == registration.node_name && old.address == registration.address) {
-      LOG(INFO) << "worker " << it->first << " (" << old.address << ") registered again; dropping the old record";
+    const WorkerRecord& r = it->second.record;
+    if (it->first != id && r.registration.address == address && r.state == WorkerState::kDead) {
+      LOG(INFO) << "worker " << it->first << " (" << address << ") is back as another instance; dropping the old record";
       it = workers_.erase(it);
+      ++version_;
     } else {
       ++it;
     }
   }
-  const uint64_t order = next_id_++;
-  const std::string id = absl::StrCat("w-", incarnation_, "-", order);
+}
+
+absl::StatusOr<std::string> WorkerRegistry::Register(WorkerRegistration registration) {
+  if (absl::Status st = ValidateRegistration(registration); !st.ok()) return st;
+  const WorkerState state = registration.state;
+  const std::string assignment_id = registration.held.has_value() ? registration.held->assignment_id : "";
+  const std::string error = state == WorkerState::kFailed ? registration.error : "";
+  const int64_t kv_blocks = state == WorkerState::kReady ? registration.kv_blocks : 0;
+  absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
+  std::string id;
+  if (!registration.instance_id.empty()) {
+    id = absl::StrCat("w-", registration.instance_id);
+    RETURN_IF_ERROR(CheckClaimLocked(id, registration, now));
+    DropDeadAtLocked(id, registration.address);
+    if (auto it = workers_.find(id); it != workers_.end()) {
+      // The same process again: same id, same record. A live record keeps its state (heartbeats
+      // own it); a dead one comes back in the state the worker reports.
+      WorkerRecord& r = it->second.record;
+      LOG(INFO) << "worker " << id << " (" << registration.address << ") registered again"
+                << (r.state == WorkerState::kDead ? " after it was declared dead" : "");
+      if (r.state == WorkerState::kDead) {
+        r.state = state;
+        r.assignment_id = assignment_id;
+        r.error = error;
+        r.kv_blocks = kv_blocks;
+      }
+      r.registration = std::move(registration);
+      r.last_heartbeat = now;
+      ++version_;
+      return id;
+    }
+  } else {
+    // No identity: nobody may claim the address of a live worker that has one (from any node
+    // name); a restart at the same (node_name, address) replaces an old record without one.
+    bool held_by_identity = false;
+    for (auto& [other_id, e] : workers_) {
+      WorkerRecord& r = e.record;
+      if (r.registration.address != registration.address || r.registration.instance_id.empty()) continue;
+      if (ExpireLocked(other_id, r, now)) ++version_;
+      held_by_identity |= r.state != WorkerState::kDead;
+    }
+    if (held_by_identity) RETURN_IF_ERROR(CheckClaimLocked("", registration, now));
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      const WorkerRecord& old = it->second.record;
+      if (old.registration.node_name != registration.node_name || old.registration.address != registration.address) {
+        ++it;
+        continue;
+      }
+      LOG(INFO) << "worker " << it->first << " (" << old.registration.address
+                << ") registered again; dropping the old record";
+      it = workers_.erase(it);
+    }
+  }
+  const uint64_t order = next_id_++;
+  if (id.empty()) id = absl::StrCat("w-", incarnation_, "-", order);
   Entry e;
   e.order = order;
   e.record.worker_id = id;
   e.record.registration = std::move(registration);
-  e.record.state = WorkerState::kIdle;
+  e.record.state = state;
+  e.record.assignment_id = assignment_id;
+  e.record.error = error;
+  e.record.kv_blocks = kv_blocks;
   e.record.registered_at = now;
   e.record.last_heartbeat = now;
   LOG(INFO) << "worker " << id << " registered: node " << e.record.registration.node_name << ", address "
-            << e.record.registration.address << ", " << e.record.registration.devices.size() << " device(s)";
+            << e.record.registration.address << ", " << e.record.registration.devices.size() << " device(s), "
+            << WorkerStateName(state) << (assignment_id.empty() ? "" : absl::StrCat(" holding ", assignment_id));
   workers_.emplace(id, std::move(e));
   ++version_;
   return id;

@@ -2,9 +2,24 @@
 // which state (as their heartbeats report it), and whether they are still alive.
 //
 // Life of a worker, as the Registry service (proto/shardserve/v1/control.proto) describes it:
-//   Register      -> a new worker_id, state kIdle. Registering again with the same
-//                    (node_name, address) — a restarted worker — drops the old record and gives a
-//                    new worker_id.
+//   Register      -> a worker_id, in the state the worker reports (kIdle unless it says it holds
+//                    an assignment). Identity, for a registration with an instance_id (what this
+//                    project's workers send: random, made once per worker process):
+//                     - its worker_id is "w-" + instance_id, so it is the same in every
+//                       coordinator run and the planner (which orders workers by id) sees the
+//                       same inventory order whatever order the workers register in;
+//                     - the same instance registering again (it lost its id: a coordinator
+//                       restart, or it was declared dead) keeps its id and record;
+//                     - a different instance (or one without an instance_id) that claims the
+//                       address of a live worker (heartbeating within heartbeat_timeout) is
+//                       refused with AlreadyExists, and both claimants are logged: nobody can
+//                       evict a healthy worker by registering in its name. A worker restarted for
+//                       real (a new instance) is accepted once the old one is dead; until then it
+//                       retries (its Registrar does, forever);
+//                     - a dead record at the same address (the previous instance) is dropped.
+//                    Without an instance_id (older workers) a new worker_id "w-<incarnation>-N" is
+//                    made, and a record with the same (node_name, address) is dropped unless it is
+//                    a live worker with an instance_id.
 //   Heartbeat     -> records the state the worker reports (kIdle / kLoading / kReady / kFailed with
 //                    its error), the assignment_id that state refers to and, when ready, kv_blocks.
 //   no heartbeat  -> after Options::heartbeat_timeout without a Register or Heartbeat, the worker
@@ -32,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/concurrency/clock.h"
+#include "common/plan/assignment.h"
 #include "common/plan/plan.h"
 
 namespace shardserve::coordinator {
@@ -54,6 +70,20 @@ struct WorkerRegistration {
   std::string address;          // required: host:port of its Stage and Worker services
   std::string metrics_address;  // optional
   std::vector<Device> devices;  // may be empty (the planner then cannot use it)
+  // The worker process's identity (8 to 64 letters, digits, '-' or '_'); empty: none (see above).
+  std::string instance_id;
+  // What it holds when it registers, so that a new coordinator can adopt it (cluster.h
+  // "Adoption"): its state (not kDead), the assignment that state refers to (required with
+  // kLoading, kReady and kFailed; absent with kIdle), the error with kFailed and, with kReady, the
+  // KV cache blocks it allocated. `held` stays as registered; later heartbeats update the record's
+  // state and assignment_id, so `held` describes what the worker holds only while
+  // WorkerRecord::assignment_id equals held->assignment_id.
+  WorkerState state = WorkerState::kIdle;
+  std::optional<WorkerAssignment> held;
+  std::string error;
+  int64_t kv_blocks = 0;
+  // Where the call came from (the gRPC peer), for the log of a refused claim; informational.
+  std::string peer;
 };
 
 // One heartbeat. `state` must not be kDead (only the coordinator decides that).
@@ -109,11 +139,14 @@ class WorkerRegistry {
   // options().incarnation, or the one chosen when it was empty.
   const std::string& incarnation() const { return incarnation_; }
 
-  // Adds a worker and returns its new id ("w-<incarnation>-1", "w-<incarnation>-2", ... in
-  // registration order; never reused, and never one an earlier registry handed out).
-  // A previous record with the same (node_name, address) is dropped. InvalidArgument naming the
-  // field: empty node_name or address, two devices with the same (kind, index), negative bytes or
-  // free_bytes above total_bytes.
+  // Adds (or, for the same instance, refreshes) a worker and returns its id: "w-<instance_id>", or
+  // without an instance_id "w-<incarnation>-1", "w-<incarnation>-2", ... in registration order
+  // (never reused, and never one an earlier registry handed out). The identity rules are at the
+  // top of this file. AlreadyExists (logged with both claimants) when the registration claims the
+  // address of a live worker of another instance, or the instance of a live worker at another
+  // address. InvalidArgument naming the field: empty node_name or address, a malformed
+  // instance_id, two devices with the same (kind, index), negative bytes or free_bytes above
+  // total_bytes, state kDead, a held assignment missing (or present with kIdle) or without an id.
   absl::StatusOr<std::string> Register(WorkerRegistration registration);
 
   // Records a heartbeat. NotFound (with "register again") when the worker_id is unknown, was
@@ -150,6 +183,12 @@ class WorkerRegistry {
   // Marks `r` (worker `id`) dead when it has been silent for longer than heartbeat_timeout at
   // `now`; returns whether it did. The caller bumps version_.
   bool ExpireLocked(const std::string& id, WorkerRecord& r, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AlreadyExists when a live record other than `id` has `reg`'s address, or when record `id` is
+  // live at another address; logs the refusal with both claimants. Expires silent records first.
+  absl::Status CheckClaimLocked(const std::string& id, const WorkerRegistration& reg, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the dead records other than `id` at `address` (earlier instances of a restarted worker).
+  void DropDeadAtLocked(const std::string& id, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const Options options_;

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/log/log.h"
@@ -14,17 +17,71 @@ namespace shardserve::service {
 namespace {
 
 constexpr auto kCallDeadline = std::chrono::seconds(5);
+// Between failed registrations: from 100 ms, growing to at most 2 s (RegistrationBackoff).
+constexpr auto kBackoffBase = std::chrono::milliseconds(100);
+constexpr auto kBackoffCap = std::chrono::milliseconds(2000);
+// gRPC's reconnect backoff on the channel to the coordinator (its defaults, 1 s growing to 120 s,
+// would keep a worker away for up to two minutes after a long coordinator outage).
+constexpr int kReconnectInitialMs = 200;
+constexpr int kReconnectMaxMs = 1000;
+
+v1::RegisterRequest WithInstanceId(v1::RegisterRequest r) {
+  if (r.instance_id().empty()) r.set_instance_id(NewInstanceId());
+  return r;
+}
+
+std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address,
+                                                  std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectInitialMs);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectInitialMs);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kReconnectMaxMs);
+  return grpc::CreateCustomChannel(address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),
+                                   args);
+}
 
 }  // namespace
+
+RegistrationBackoff::RegistrationBackoff(std::chrono::milliseconds base, std::chrono::milliseconds cap, Uniform uniform)
+    : base_ms_(base.count()), cap_ms_(cap.count()), uniform_(std::move(uniform)), previous_ms_(base_ms_) {
+  CHECK(base_ms_ > 0 && base_ms_ <= cap_ms_) << "backoff base " << base_ms_ << " ms, cap " << cap_ms_ << " ms";
+  if (uniform_ == nullptr) {
+    uniform_ = [gen = std::make_shared<absl::BitGen>()](int64_t lo, int64_t hi) {
+      return absl::Uniform<int64_t>(absl::IntervalClosedClosed, *gen, lo, hi);
+    };
+  }
+}
+
+std::chrono::milliseconds RegistrationBackoff::Next() {
+  const int64_t hi = std::min(cap_ms_, previous_ms_ * 3);
+  previous_ms_ = std::clamp<int64_t>(uniform_(base_ms_, std::max(hi, base_ms_)), base_ms_, cap_ms_);
+  return std::chrono::milliseconds(previous_ms_);
+}
+
+void RegistrationBackoff::Reset() { previous_ms_ = base_ms_; }
+
+std::string NewInstanceId() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen));
+}
 
 Registrar::Registrar(const std::string& coordinator_address, v1::RegisterRequest registration,
                      std::function<WorkerStatusSnapshot()> status,
                      std::shared_ptr<grpc::ChannelCredentials> credentials)
     : coordinator_address_(coordinator_address),
-      registration_(std::move(registration)),
+      registration_(WithInstanceId(std::move(registration))),
       status_(std::move(status)),
-      stub_(v1::Registry::NewStub(grpc::CreateChannel(
-          coordinator_address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials()))) {}
+      stub_(v1::Registry::NewStub(CoordinatorChannel(coordinator_address, std::move(credentials)))) {}
+
+v1::RegisterRequest Registrar::Registration() const {
+  v1::RegisterRequest r = registration_;
+  const WorkerStatusSnapshot s = status_();
+  r.set_state(s.state);
+  r.set_error(s.error);
+  r.set_kv_blocks(s.kv_blocks);
+  if (s.assignment.has_value()) *r.mutable_held() = *s.assignment;
+  return r;
+}
 
 Registrar::~Registrar() { Stop(); }
 
@@ -70,7 +127,7 @@ bool Registrar::Sleep(int64_t ms) {
 }
 
 void Registrar::Loop() {
-  int64_t backoff_ms = 200;
+  RegistrationBackoff backoff(kBackoffBase, kBackoffCap);
   int64_t interval_ms = 1000;
   std::string id;
   while (true) {
@@ -82,22 +139,25 @@ void Registrar::Loop() {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
       v1::RegisterResponse response;
-      grpc::Status st = stub_->Register(&ctx, registration_, &response);
+      const v1::RegisterRequest request = Registration();
+      grpc::Status st = stub_->Register(&ctx, request, &response);
       if (!st.ok()) {
+        const std::chrono::milliseconds delay = backoff.Next();
         LOG(WARNING) << "registering with the coordinator at " << coordinator_address_ << " failed: "
-                     << st.error_message() << "; retrying in " << backoff_ms << " ms";
-        if (!Sleep(backoff_ms)) return;
-        backoff_ms = std::min<int64_t>(backoff_ms * 2, 5000);
+                     << st.error_message() << "; retrying in " << delay.count() << " ms";
+        if (!Sleep(delay.count())) return;
         continue;
       }
       id = response.worker_id();
       interval_ms = std::clamp<int64_t>(response.heartbeat_interval_ms(), 50, 60000);
-      backoff_ms = 200;
+      backoff.Reset();
       {
         MutexLock lock(&mu_);
         worker_id_ = id;
       }
-      LOG(INFO) << "registered with the coordinator at " << coordinator_address_ << " as " << id;
+      LOG(INFO) << "registered with the coordinator at " << coordinator_address_ << " as " << id << " (instance "
+                << request.instance_id() << ", " << v1::WorkerState_Name(request.state())
+                << (request.has_held() ? absl::StrCat(" holding ", request.held().assignment_id()) : "") << ")";
     }
     const WorkerStatusSnapshot s = status_();
     v1::HeartbeatRequest hb;

@@ -28,7 +28,7 @@ std::string RequestIds(const v1::StepRequest& request) {
 
 }  // namespace
 
-StageRuntime::StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config)
+StageRuntime::StageRuntime(std::shared_ptr<engine::StepRunner> runner, StageConfig config)
     : remote_experts_(config.remote_experts), runner_(std::move(runner)), config_(std::move(config)) {}
 
 StageRuntime::~StageRuntime() {

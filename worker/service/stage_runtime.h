@@ -53,8 +53,11 @@ struct StageConfig {
 class StageRuntime {
  public:
   // `runner` covers this stage's layers; the last stage is the one whose runner holds the last
-  // layer (it must then have an empty next_address, and the others a non-empty one).
-  StageRuntime(std::unique_ptr<engine::StepRunner> runner, StageConfig config);
+  // layer (it must then have an empty next_address, and the others a non-empty one). The runner
+  // (weights and KV cache) may be shared with the runtime this one replaces (WorkerServer keeps a
+  // loaded stage when only its id or next hop changes); both must then be driven from the same
+  // stage thread, and config.remote_experts must be the one the runner calls.
+  StageRuntime(std::shared_ptr<engine::StepRunner> runner, StageConfig config);
   ~StageRuntime();
 
   using Done = std::function<void(v1::StepResponse)>;
@@ -68,6 +71,8 @@ class StageRuntime {
 
   const StageConfig& config() const { return config_; }
   const engine::StepRunner& runner() const { return *runner_; }
+  // The runner, to build a runtime for a new id or next hop on the same weights.
+  std::shared_ptr<engine::StepRunner> shared_runner() const { return runner_; }
   bool is_last() const { return config_.next_address.empty(); }
 
  private:
@@ -80,7 +85,7 @@ class StageRuntime {
   std::shared_ptr<rpc::StageStreamClient> OpenLink();
 
   std::shared_ptr<engine::RemoteExperts> remote_experts_;  // outlives runner_
-  std::unique_ptr<engine::StepRunner> runner_;
+  std::shared_ptr<engine::StepRunner> runner_;
   const StageConfig config_;
   engine::Sampler sampler_;
   std::shared_ptr<grpc::Channel> channel_;  // stage thread only

@@ -10,6 +10,8 @@
 #include <optional>
 #include <utility>
 
+#include <google/protobuf/util/message_differencer.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/log/progress.h"
@@ -434,15 +436,60 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
   if (!host && (a.max_step_tokens() < 1 || a.max_seq_len() < 0)) {
     return absl::InvalidArgumentError("max_step_tokens must be >= 1 and max_seq_len >= 0");
   }
+  std::shared_ptr<StageRuntime> old;  // freed after the lock is released
   MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("worker is shutting down");
   if (status_.state == v1::WORKER_STATE_LOADING) {
     return absl::AbortedError(absl::StrCat("still loading assignment ", status_.assignment_id, "; retry later"));
   }
+  if (status_.state == v1::WORKER_STATE_READY && status_.assignment.has_value() &&
+      SameWeightsAndCache(*status_.assignment, a)) {
+    return KeepLoadedLocked(a, &old);
+  }
   if (loader_.joinable()) loader_.join();  // finished: it set the state before exiting
-  status_ = {.state = v1::WORKER_STATE_LOADING, .assignment_id = a.assignment_id()};
+  status_ = {.state = v1::WORKER_STATE_LOADING, .assignment_id = a.assignment_id(), .assignment = a};
   loader_ = std::thread([this, a] { Load(a); });
   return absl::OkStatus();
+}
+
+bool SameWeightsAndCache(const v1::Assignment& a, const v1::Assignment& b) {
+  auto identity = [](v1::Assignment x) {
+    x.clear_assignment_id();
+    x.clear_replica();
+    x.clear_stage();
+    x.clear_num_stages();
+    x.clear_next_address();
+    return x;
+  };
+  return google::protobuf::util::MessageDifferencer::Equals(identity(a), identity(b));
+}
+
+absl::Status WorkerServer::KeepLoadedLocked(const v1::Assignment& a, std::shared_ptr<StageRuntime>* old) {
+  const std::string was = status_.assignment_id;
+  if (runtime_ != nullptr && (a.next_address() != runtime_->config().next_address || a.stage() != runtime_->config().stage)) {
+    const bool last = a.layer_end() == runtime_->runner().spec().num_layers;
+    if (last != a.next_address().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("layers [", a.layer_begin(), ", ", a.layer_end(), ") ",
+                                                     last ? "end the model but" : "do not end the model but",
+                                                     " next_address is \"", a.next_address(), "\""));
+    }
+    StageConfig config = runtime_->config();
+    config.assignment_id = a.assignment_id();
+    config.stage = a.stage();
+    config.next_address = a.next_address();
+    *old = std::exchange(runtime_, std::make_shared<StageRuntime>(runtime_->shared_runner(), std::move(config)));
+  }
+  status_.assignment_id = a.assignment_id();
+  status_.assignment = a;
+  LOG(INFO) << "assignment " << a.assignment_id() << " asks for the weights and KV cache of " << was
+            << ", which are loaded: kept (not reloaded)"
+            << (*old != nullptr ? absl::StrCat("; next hop now \"", a.next_address(), "\"") : "");
+  return absl::OkStatus();
+}
+
+int64_t WorkerServer::weight_loads() const {
+  MutexLock lock(&mu_);
+  return weight_loads_;
 }
 
 absl::Status WorkerServer::Release(const std::string& reason) {
@@ -558,11 +605,13 @@ void WorkerServer::Load(v1::Assignment a) {
       old_experts = std::move(expert_host_);
       runtime_ = runtime;
       expert_host_ = experts;
+      ++weight_loads_;
       status_ = {.state = v1::WORKER_STATE_READY, .assignment_id = a.assignment_id(),
-                 .kv_blocks = runtime != nullptr ? runtime->runner().options().num_kv_blocks : 0};
+                 .kv_blocks = runtime != nullptr ? runtime->runner().options().num_kv_blocks : 0,
+                 .assignment = a};
     } else {
       status_ = {.state = v1::WORKER_STATE_FAILED, .assignment_id = a.assignment_id(),
-                 .error = std::string(st.message())};
+                 .error = std::string(st.message()), .assignment = a};
     }
   }
   if (!st.ok()) {

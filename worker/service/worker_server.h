@@ -15,6 +15,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,13 +67,21 @@ struct WorkerOptions {
 // `utilization` of it: free_bytes less the (1 - utilization) x total_bytes it keeps back, at least 0.
 int64_t OfferedGpuBytes(int64_t total_bytes, int64_t free_bytes, double utilization);
 
-// What heartbeats report.
+// What heartbeats (and registrations) report.
 struct WorkerStatusSnapshot {
   v1::WorkerState state = v1::WORKER_STATE_IDLE;
   std::string assignment_id;
   std::string error;
   int64_t kv_blocks = 0;  // with READY: the KV cache blocks allocated
+  // The assignment `state` refers to (LOADING, READY, FAILED); absent when IDLE. A registration
+  // reports it so that a restarted coordinator can adopt it.
+  std::optional<v1::Assignment> assignment;
 };
+
+// Whether `a` and `b` ask for the same loaded weights and KV cache: equal in everything but
+// assignment_id, replica, stage, num_stages and next_address (what a worker can change without
+// reloading).
+bool SameWeightsAndCache(const v1::Assignment& a, const v1::Assignment& b);
 
 class WorkerServer {
  public:
@@ -96,8 +105,15 @@ class WorkerServer {
   std::vector<v1::Device> Devices() const;
 
   // Validates and starts loading `assignment` in the background (replacing the current one once
-  // loaded). InvalidArgument naming the bad field.
+  // loaded). When the worker is READY for an assignment with the same weights and KV cache
+  // (SameWeightsAndCache), nothing is loaded: the loaded stage is kept under the new id (with a new
+  // link when the next hop changed) and the worker is READY for it on return; the KV cache keeps
+  // its contents, which the coordinator never reads before writing (it allocates block ids, and a
+  // step attends only to positions its sequence wrote). InvalidArgument naming the bad field;
+  // Aborted while an assignment loads.
   absl::Status Assign(const v1::Assignment& assignment);
+  // How many assignments were loaded from the checkpoint (kept ones are not counted). Thread-safe.
+  int64_t weight_loads() const;
   // Drops the current assignment (Worker.Release): the worker becomes IDLE; micro-batches that
   // arrive later are refused as before any assignment. Aborted while loading.
   absl::Status Release(const std::string& reason);
@@ -139,6 +155,11 @@ class WorkerServer {
   void Load(v1::Assignment assignment);
   std::vector<v1::Device> QueryDevices() const;
   absl::StatusOr<std::shared_ptr<StageRuntime>> LoadStage(const v1::Assignment& a);
+  // Assign's path for an assignment with the weights and KV cache already loaded: re-labels (and,
+  // for a new next hop, re-links) the loaded stage; the replaced runtime goes to `*old`, to be
+  // freed by the caller outside the lock. InvalidArgument when the next hop does not fit the stage.
+  absl::Status KeepLoadedLocked(const v1::Assignment& a, std::shared_ptr<StageRuntime>* old)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerOptions options_;
   StreamBudget stream_budget_{options_.stream_buffer_bytes};
@@ -154,6 +175,7 @@ class WorkerServer {
   std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);  // replaced when a new assignment is loaded
   std::shared_ptr<engine::ExpertHost> expert_host_ ABSL_GUARDED_BY(mu_);  // set instead of runtime_ on expert hosts
   std::thread loader_ ABSL_GUARDED_BY(mu_);  // joined before starting another
+  int64_t weight_loads_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread stage_thread_;
   CondVar expert_cv_;
   std::deque<ExpertCall> expert_calls_ ABSL_GUARDED_BY(mu_);

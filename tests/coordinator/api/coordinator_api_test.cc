@@ -25,6 +25,7 @@
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/tokenizer/tokenizer.h"
+#include "coordinator/client/proto_convert.h"
 #include "coordinator/server/coordinator.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/inference.grpc.pb.h"
@@ -53,7 +54,12 @@ class FakeWorkerClient final : public WorkerClient {
   absl::Status Assign(const std::string& address, const WorkerAssignment& a) override {
     absl::MutexLock lock(&mu_);
     assigned_[address] = a;
+    ++assign_calls_;
     return absl::OkStatus();
+  }
+  int assign_calls() {
+    absl::MutexLock lock(&mu_);
+    return assign_calls_;
   }
   absl::Status Release(const std::string& address, const std::string& /*reason*/) override {
     absl::MutexLock lock(&mu_);
@@ -87,6 +93,7 @@ class FakeWorkerClient final : public WorkerClient {
   absl::Mutex mu_;
   std::map<std::string, WorkerAssignment> assigned_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
+  int assign_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Makes EngineReplicas and remembers the last one (valid while its replica serves).
@@ -158,8 +165,16 @@ class CoordinatorApiTest : public ::testing::Test {
   }
 
   std::string Register(const std::string& node, const std::string& address, int devices = 1,
-                       int64_t bytes_per_device = int64_t{4} << 30) {
+                       int64_t bytes_per_device = int64_t{4} << 30, const std::string& instance = "",
+                       const std::optional<WorkerAssignment>& held = std::nullopt,
+                       v1::WorkerState state = v1::WORKER_STATE_READY) {
     v1::RegisterRequest req;
+    req.set_instance_id(instance);
+    if (held.has_value()) {
+      ToProto(*held, req.mutable_held());
+      req.set_state(state);
+      if (state == v1::WORKER_STATE_READY) req.set_kv_blocks(held->kv_blocks);
+    }
     req.set_node_name(node);
     req.set_address(address);
     for (int i = 0; i < devices; ++i) {
@@ -1168,6 +1183,129 @@ TEST_F(CoordinatorApiTest, ADeadWorkerStopsItsReplicaAndTakesItBackAfterARestart
   ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait));
   r = Generate(IdsRequest({1, 2}, 3));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+}
+
+// ---- Coordinator restarts: identity and adoption (cluster.h "Adoption") --------------------------
+
+// Worker processes with instance ids: two stages, brought up by a first coordinator.
+class CoordinatorRestartTest : public CoordinatorApiTest {
+ protected:
+  static constexpr const char* kA = "aaaaaaaa00000001";
+  static constexpr const char* kB = "bbbbbbbb00000002";
+  void BringUpTwoStages(const CoordinatorOptions& options) {
+    StartCoordinator(testing::Stories260KDir(), 2, options);
+    ids_[0] = Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA);
+    ids_[1] = Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB);
+    for (int i = 0; i < 2; ++i) {
+      std::optional<WorkerAssignment> a = workers_->WaitFor(absl::StrCat("127.0.0.1:", i + 1));
+      ASSERT_TRUE(a.has_value());
+      held_[i] = *a;
+      ASSERT_TRUE(Heartbeat(ids_[i], v1::WORKER_STATE_READY, a->assignment_id, "", a->kv_blocks).ok());
+    }
+    ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
+  }
+  void RestartCoordinator(const CoordinatorOptions& options) {
+    coordinator_->Shutdown(absl::Seconds(5));
+    coordinator_.reset();
+    StartCoordinator(testing::Stories260KDir(), 2, options);
+  }
+  std::string ids_[2];
+  WorkerAssignment held_[2];
+};
+
+TEST_F(CoordinatorRestartTest, ANewCoordinatorAdoptsTheStagesTheWorkersHoldWithoutAssigningAnything) {
+  ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
+  EXPECT_EQ(ids_[0], absl::StrCat("w-", kA));
+  EXPECT_NE(held_[0].layer_begin, held_[1].layer_begin);
+  const std::vector<int32_t> expected = Reference({1, 2, 3}, 8);
+  RestartCoordinator({.pp = 2});
+  // They come back in the other order, each with the id it had and what it holds.
+  EXPECT_EQ(Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB, held_[1]), ids_[1]);
+  EXPECT_EQ(Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]), ids_[0]);
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
+  EXPECT_EQ(workers_->assign_calls(), 0) << "nothing is reloaded";
+  EXPECT_THAT(Status().plan(), HasSubstr("adopted"));
+  const v1::ClusterStatus status = Status();
+  for (const v1::WorkerStatus& w : status.workers()) {
+    const WorkerAssignment& h = w.worker_id() == ids_[0] ? held_[0] : held_[1];
+    EXPECT_EQ(w.assignment().assignment_id(), h.assignment_id) << "the stage keeps its assignment id";
+  }
+  GenerateResult r = Generate(IdsRequest({1, 2, 3}, 8));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.ids, expected);
+}
+
+// A coordinator started with another setting (here the KV block size) cannot serve what the
+// workers hold: it plans afresh and assigns, under ids no earlier coordinator made.
+TEST_F(CoordinatorRestartTest, AnIncompatibleCoordinatorPlansAfreshWithNewAssignmentIds) {
+  ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
+  RestartCoordinator({.pp = 2, .kv_block_size = 32});
+  // In the other order than the first time.
+  Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB, held_[1]);
+  Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]);
+  for (int i = 0; i < 2; ++i) {
+    std::optional<WorkerAssignment> a = workers_->WaitFor(absl::StrCat("127.0.0.1:", i + 1));
+    ASSERT_TRUE(a.has_value());
+    EXPECT_NE(a->assignment_id, held_[i].assignment_id);
+    EXPECT_EQ(a->kv_block_size, 32);
+    // The same layers go to the same worker: the ids, and so the planner's order, are the same.
+    EXPECT_EQ(a->layer_begin, held_[i].layer_begin);
+    ASSERT_TRUE(Heartbeat(ids_[i], v1::WORKER_STATE_READY, a->assignment_id, "", a->kv_blocks).ok());
+  }
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
+  EXPECT_TRUE(Generate(IdsRequest({1, 2, 3}, 4)).status.ok());
+}
+
+// The finding behind the identity rules: a process registering with a live worker's node name and
+// address kept the cluster unavailable. Now it gets ALREADY_EXISTS and the cluster keeps serving.
+TEST_F(CoordinatorRestartTest, AnImpostorOfALiveWorkerIsRefusedAndTheClusterKeepsServing) {
+  ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
+  for (const std::string& instance : {std::string("eeeeeeee00000005"), std::string()}) {
+    for (int i = 0; i < 3; ++i) {
+      v1::RegisterRequest req;
+      req.set_node_name("node-a");
+      req.set_address("127.0.0.1:1");
+      req.set_instance_id(instance);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline());
+      v1::RegisterResponse resp;
+      const grpc::Status st = registry_->Register(&ctx, req, &resp);
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st.error_message();
+      EXPECT_THAT(st.error_message(), HasSubstr(ids_[0]));
+    }
+  }
+  coordinator_->cluster().Tick();
+  EXPECT_THAT(coordinator_->cluster().ReadyStatus(), IsOk());
+  EXPECT_EQ(Status().workers_size(), 2);
+  EXPECT_TRUE(Generate(IdsRequest({1, 2, 3}, 4)).status.ok());
+}
+
+// The coordinator went away while a stage loaded: the stage is adopted too, and the replica serves
+// once that worker reports READY (its load is not started over).
+TEST_F(CoordinatorRestartTest, AStageStillLoadingIsAdoptedAndServesOnceReady) {
+  ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
+  RestartCoordinator({.pp = 2});
+  Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]);
+  Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB, held_[1], v1::WORKER_STATE_LOADING);
+  coordinator_->cluster().Tick();
+  EXPECT_THAT(Status().plan(), HasSubstr("adopted"));
+  EXPECT_FALSE(coordinator_->cluster().ReadyStatus().ok());
+  ASSERT_TRUE(Heartbeat(ids_[1], v1::WORKER_STATE_READY, held_[1].assignment_id, "", held_[1].kv_blocks).ok());
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
+  EXPECT_EQ(workers_->assign_calls(), 0);
+  EXPECT_TRUE(Generate(IdsRequest({1, 2, 3}, 4)).status.ok());
+}
+
+// Half a replica is not adopted: one worker reports its stage, the other comes back idle.
+TEST_F(CoordinatorRestartTest, AnIncompleteReplicaIsNotAdopted) {
+  ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
+  RestartCoordinator({.pp = 2});
+  Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]);
+  Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB);
+  std::optional<WorkerAssignment> b = workers_->WaitFor("127.0.0.1:2");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->layer_begin, held_[1].layer_begin);
+  EXPECT_THAT(Status().plan(), ::testing::Not(HasSubstr("adopted")));
 }
 
 // ---- One replica, no lost request (scheduler.h "Recovery", cluster.h "Spares") -----------------

@@ -218,6 +218,148 @@ TEST_F(RegistryTest, ReRegistrationReplacesTheOldRecord) {
   EXPECT_EQ(all[1].state, WorkerState::kIdle);
 }
 
+// ---- Identity: instance ids (registry.h) ---------------------------------------------------------
+
+WorkerRegistration Instance(const std::string& node, const std::string& address, const std::string& instance) {
+  WorkerRegistration r = Worker(node, address);
+  r.instance_id = instance;
+  return r;
+}
+
+WorkerAssignment Held(const std::string& id) {
+  return WorkerAssignment{.assignment_id = id, .model_path = "/m", .layer_begin = 0, .layer_end = 2, .kv_blocks = 8};
+}
+
+// The finding: a process registering with a live worker's node name and address once a second
+// kept the cluster unavailable. Now it is refused, and the live worker is never disturbed.
+TEST_F(RegistryTest, AnImpostorOfALiveWorkerIsRefusedAndTheWorkerKeepsServing) {
+  WorkerRegistration real = Instance("node-a", "10.0.0.1:7000", "aaaaaaaa00000001");
+  real.state = WorkerState::kReady;
+  real.held = Held("plan-1/r0/s0/w-aaaaaaaa00000001");
+  real.kv_blocks = 8;
+  ASSERT_OK_AND_ASSIGN(const std::string id, registry_.Register(real));
+  EXPECT_EQ(id, "w-aaaaaaaa00000001");
+  for (int second = 0; second < 20; ++second) {
+    // Another instance, and one without any instance id, claim the same node and address.
+    EXPECT_THAT(registry_.Register(Instance("node-a", "10.0.0.1:7000", "bbbbbbbb00000002")),
+                StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("held by live worker w-aaaaaaaa00000001")));
+    EXPECT_THAT(registry_.Register(Worker("node-a", "10.0.0.1:7000")),
+                StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("10.0.0.1:7000")));
+    // Or only the address, from another node name, with or without an instance id.
+    EXPECT_THAT(registry_.Register(Instance("node-x", "10.0.0.1:7000", "cccccccc00000003")),
+                StatusIs(absl::StatusCode::kAlreadyExists, ::testing::_));
+    EXPECT_THAT(registry_.Register(Worker("node-x", "10.0.0.1:7000")),
+                StatusIs(absl::StatusCode::kAlreadyExists, ::testing::_));
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kReady,
+                                     .assignment_id = "plan-1/r0/s0/w-aaaaaaaa00000001", .kv_blocks = 8}),
+                IsOk());
+  }
+  const std::vector<WorkerRecord> all = registry_.List();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].worker_id, id);
+  EXPECT_EQ(all[0].state, WorkerState::kReady);
+  EXPECT_EQ(all[0].kv_blocks, 8);
+}
+
+TEST_F(RegistryTest, AnInstanceClaimedAtAnotherAddressWhileLiveIsRefused) {
+  ASSERT_THAT(registry_.Register(Instance("node-a", "10.0.0.1:7000", "aaaaaaaa00000001")), IsOk());
+  EXPECT_THAT(registry_.Register(Instance("node-a", "10.0.0.9:7000", "aaaaaaaa00000001")),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("instance \"aaaaaaaa00000001\" is held")));
+  EXPECT_EQ(registry_.Get("w-aaaaaaaa00000001")->registration.address, "10.0.0.1:7000");
+}
+
+// The same process registering again (its response was lost, or it was told "register again")
+// keeps its id, its record and, while live, the state its heartbeats reported.
+TEST_F(RegistryTest, TheSameInstanceRegisteringAgainKeepsItsIdAndRecord) {
+  ASSERT_OK_AND_ASSIGN(const std::string id, registry_.Register(Instance("node-a", "10.0.0.1:7000", "aaaaaaaa00000001")));
+  const absl::Time registered = clock_.Now();
+  ASSERT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kReady, .assignment_id = "x", .kv_blocks = 4}),
+              IsOk());
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_OK_AND_ASSIGN(const std::string again, registry_.Register(Instance("node-a", "10.0.0.1:7000", "aaaaaaaa00000001")));
+  EXPECT_EQ(again, id);
+  const WorkerRecord r = *registry_.Get(id);
+  EXPECT_EQ(r.state, WorkerState::kReady);
+  EXPECT_EQ(r.assignment_id, "x");
+  EXPECT_EQ(r.registered_at, registered);
+  EXPECT_EQ(r.last_heartbeat, clock_.Now());
+  EXPECT_EQ(registry_.List().size(), 1u);
+  // Declared dead, it comes back under the same id, in the state it reports.
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_EQ(registry_.Get(id)->state, WorkerState::kDead);
+  WorkerRegistration back = Instance("node-a", "10.0.0.1:7000", "aaaaaaaa00000001");
+  back.state = WorkerState::kReady;
+  back.held = Held("y");
+  back.kv_blocks = 8;
+  ASSERT_THAT(registry_.Register(back), IsOk());
+  EXPECT_EQ(registry_.Get(id)->state, WorkerState::kReady);
+  EXPECT_EQ(registry_.Get(id)->assignment_id, "y");
+  EXPECT_EQ(registry_.Get(id)->kv_blocks, 8);
+  EXPECT_THAT(registry_.Get(id)->error, IsEmpty());
+}
+
+// A worker restarted for real (a new process, a new instance id) at the same address is refused
+// while its previous instance still counts as live, and accepted, under its own id, once that one
+// has been silent for the heartbeat timeout; the old record goes.
+TEST_F(RegistryTest, ARealRestartIsAcceptedOnceTheOldInstanceIsDead) {
+  ASSERT_OK_AND_ASSIGN(const std::string old_id, registry_.Register(Instance("node-a", "10.0.0.1:7000", "aaaaaaaa00000001")));
+  clock_.Advance(absl::Seconds(3));  // it crashed; the new process starts
+  EXPECT_THAT(registry_.Register(Instance("node-a", "10.0.0.1:7000", "dddddddd00000004")),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("once the old one has been silent for 5s")));
+  clock_.Advance(absl::Seconds(2) + absl::Milliseconds(1));
+  ASSERT_OK_AND_ASSIGN(const std::string new_id, registry_.Register(Instance("node-a", "10.0.0.1:7000", "dddddddd00000004")));
+  EXPECT_EQ(new_id, "w-dddddddd00000004");
+  EXPECT_FALSE(registry_.Get(old_id).has_value());
+  EXPECT_THAT(registry_.Heartbeat({.worker_id = old_id, .state = WorkerState::kIdle}),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_EQ(registry_.NumAlive(), 1);
+}
+
+// The id comes from the instance, not from the registry or the order of registration: a restarted
+// coordinator (a new registry) gives every worker the id it had, whatever order they come back in,
+// and takes the assignment and state they report.
+TEST_F(RegistryTest, IdentitySurvivesACoordinatorRestartWhateverTheOrder) {
+  ASSERT_OK_AND_ASSIGN(const std::string a, registry_.Register(Instance("node-a", "10.0.0.1:7000", "aaaaaaaa00000001")));
+  ASSERT_OK_AND_ASSIGN(const std::string b, registry_.Register(Instance("node-b", "10.0.0.2:7000", "bbbbbbbb00000002")));
+  WorkerRegistry restarted({.heartbeat_interval = absl::Seconds(1), .heartbeat_timeout = absl::Seconds(5)}, &clock_);
+  WorkerRegistration rb = Instance("node-b", "10.0.0.2:7000", "bbbbbbbb00000002");
+  rb.state = WorkerState::kReady;
+  rb.held = Held("plan-t-1/r0/s1/w-bbbbbbbb00000002");
+  rb.kv_blocks = 8;
+  ASSERT_OK_AND_ASSIGN(const std::string b2, restarted.Register(rb));
+  ASSERT_OK_AND_ASSIGN(const std::string a2, restarted.Register(Instance("node-a", "10.0.0.1:7000", "aaaaaaaa00000001")));
+  EXPECT_EQ(a2, a);
+  EXPECT_EQ(b2, b);
+  const WorkerRecord rec = *restarted.Get(b2);
+  EXPECT_EQ(rec.state, WorkerState::kReady);
+  EXPECT_EQ(rec.assignment_id, "plan-t-1/r0/s1/w-bbbbbbbb00000002");
+  EXPECT_EQ(rec.kv_blocks, 8);
+  ASSERT_TRUE(rec.registration.held.has_value());
+  EXPECT_EQ(rec.registration.held->layer_end, 2);
+}
+
+TEST_F(RegistryTest, RegisterRejectsBadIdentitiesAndHoldings) {
+  EXPECT_THAT(registry_.Register(Instance("n", "x:1", "short")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("instance_id")));
+  EXPECT_THAT(registry_.Register(Instance("n", "x:1", "bad id with spaces")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("instance_id")));
+  WorkerRegistration ready = Instance("n", "x:1", "aaaaaaaa00000001");
+  ready.state = WorkerState::kReady;
+  EXPECT_THAT(registry_.Register(ready), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("held")));
+  WorkerRegistration idle = Instance("n", "x:1", "aaaaaaaa00000001");
+  idle.held = Held("z");
+  EXPECT_THAT(registry_.Register(idle), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds no assignment")));
+  WorkerRegistration dead = Instance("n", "x:1", "aaaaaaaa00000001");
+  dead.state = WorkerState::kDead;
+  EXPECT_THAT(registry_.Register(dead), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dead")));
+  WorkerRegistration no_id = Instance("n", "x:1", "aaaaaaaa00000001");
+  no_id.state = WorkerState::kLoading;
+  no_id.held = Held("");
+  EXPECT_THAT(registry_.Register(no_id), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("assignment_id")));
+  EXPECT_THAT(registry_.List(), IsEmpty());
+}
+
 TEST_F(RegistryTest, WaitForChangeWakesOnRegistration) {
   const uint64_t v = registry_.version();
   EXPECT_FALSE(registry_.WaitForChange(v, absl::ZeroDuration()));

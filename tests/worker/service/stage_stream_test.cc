@@ -192,6 +192,106 @@ TEST_F(StageStreamTest, GreedyTokensThroughTwoStagesMatchTransformers) {
   }
 }
 
+// Generates golden case `gc` greedily through the stage at `stub` on a new stream, in the KV
+// blocks of sequence `seq`; step ids continue from *step.
+std::vector<int32_t> GenerateThrough(v1::Stage::Stub& stub, const testing::GoldenCase& gc, int seq, uint64_t* step) {
+  grpc::ClientContext ctx;
+  auto stream = stub.StepStream(&ctx);
+  std::vector<int32_t> out;
+  std::vector<int32_t> next = gc.prompt_ids;
+  int pos = 0;
+  for (size_t i = 0; i < gc.greedy_ids.size(); ++i) {
+    if (!stream->Write(Step(*step, seq, pos, next, i))) break;
+    v1::StepResponse r;
+    if (!stream->Read(&r) || r.error_code() != 0 || r.token_ids_size() != 1) {
+      ADD_FAILURE() << "step " << *step << ": " << r.error_message();
+      break;
+    }
+    pos += static_cast<int>(next.size());
+    out.push_back(r.token_ids(0));
+    next = {r.token_ids(0)};
+    ++*step;
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  return out;
+}
+
+// A restarted coordinator that assigns what a worker already serves (same weights and KV cache,
+// a new id): the worker keeps its loaded stage, is READY for the new id at once, and answers as
+// before — also in KV blocks that still hold an earlier sequence's entries.
+TEST_F(StageStreamTest, TheSameAssignmentAgainIsTakenWithoutReloadingAndAnswersTheSame) {
+  uint64_t step = 1;
+  // Sequence slot 0 is filled by case 0 first.
+  EXPECT_EQ(GenerateThrough(*stub_, golden_.cases[0], 0, &step), golden_.cases[0].greedy_ids);
+  const int64_t loads0 = w0_.server->weight_loads(), loads1 = w1_.server->weight_loads();
+  EXPECT_EQ(loads0, 1);
+  v1::Assignment again1 = StageAssignment(golden_.dir, 1, 1, 2, 1, "");
+  again1.set_assignment_id("plan-new-1/r0/s1/w-1");
+  v1::Assignment again0 = StageAssignment(golden_.dir, 0, 0, 1, 2, w1_.address);
+  again0.set_assignment_id("plan-new-1/r0/s0/w-0");
+  ASSERT_THAT(w1_.server->Assign(again1), IsOk());
+  ASSERT_THAT(w0_.server->Assign(again0), IsOk());
+  for (const auto& [w, id] : {std::pair{&w0_, "plan-new-1/r0/s0/w-0"}, std::pair{&w1_, "plan-new-1/r0/s1/w-1"}}) {
+    const WorkerStatusSnapshot s = w->server->Status();
+    EXPECT_EQ(s.state, v1::WORKER_STATE_READY) << "no LOADING: nothing to load";
+    EXPECT_EQ(s.assignment_id, id);
+    EXPECT_EQ(s.kv_blocks, 32);
+    ASSERT_TRUE(s.assignment.has_value());
+    EXPECT_EQ(s.assignment->assignment_id(), id);
+  }
+  EXPECT_EQ(w0_.server->weight_loads(), loads0);
+  EXPECT_EQ(w1_.server->weight_loads(), loads1);
+  // The same KV blocks (slot 0), now for other prompts: the stale entries are never read.
+  for (size_t c = 1; c < golden_.cases.size(); ++c) {
+    EXPECT_EQ(GenerateThrough(*stub_, golden_.cases[c], 0, &step), golden_.cases[c].greedy_ids) << "case " << c;
+  }
+}
+
+// Only the next hop changes (the next stage's worker was replaced): still no reload, and the
+// stage now sends to the new address.
+TEST_F(StageStreamTest, ANewNextHopIsTakenWithoutReloading) {
+  RunningWorker w2 = StartWorker(1);
+  ASSERT_THAT(w2.server->Assign(StageAssignment(golden_.dir, 1, 1, 2, 1, "")), IsOk());
+  ASSERT_EQ(AwaitLoaded(*w2.server).state, v1::WORKER_STATE_READY);
+  w1_.server->Shutdown();
+  w1_.rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  v1::Assignment moved = StageAssignment(golden_.dir, 0, 0, 1, 2, w2.address);
+  moved.set_assignment_id("test-0#2");
+  ASSERT_THAT(w0_.server->Assign(moved), IsOk());
+  EXPECT_EQ(w0_.server->Status().state, v1::WORKER_STATE_READY);
+  EXPECT_EQ(w0_.server->weight_loads(), 1);
+  uint64_t step = 1;
+  EXPECT_EQ(GenerateThrough(*stub_, golden_.cases[1], 2, &step), golden_.cases[1].greedy_ids);
+  // A next hop on the last layer's stage does not fit: refused, the stage is kept as it was.
+  v1::Assignment bad = StageAssignment(golden_.dir, 1, 1, 2, 1, "127.0.0.1:1");
+  bad.set_assignment_id("bad");
+  EXPECT_THAT(w2.server->Assign(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("next_address")));
+  EXPECT_EQ(w2.server->Status().assignment_id, "test-1");
+  w2.server->Shutdown();
+  w2.rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+// Anything else that shapes the weights or the KV cache is loaded anew.
+TEST_F(StageStreamTest, ADifferentKvCacheOrLayerRangeReloads) {
+  v1::Assignment bigger = StageAssignment(golden_.dir, 1, 1, 2, 1, "");
+  bigger.set_assignment_id("test-1#kv");
+  bigger.set_kv_blocks(40);
+  ASSERT_THAT(w1_.server->Assign(bigger), IsOk());
+  const WorkerStatusSnapshot s = AwaitLoaded(*w1_.server);
+  EXPECT_EQ(s.state, v1::WORKER_STATE_READY) << s.error;
+  EXPECT_EQ(s.kv_blocks, 40);
+  EXPECT_EQ(w1_.server->weight_loads(), 2);
+  v1::Assignment whole = StageAssignment(golden_.dir, 0, 0, 2, 1, "");
+  whole.set_assignment_id("test-1#whole");
+  ASSERT_THAT(w1_.server->Assign(whole), IsOk());
+  EXPECT_EQ(AwaitLoaded(*w1_.server).state, v1::WORKER_STATE_READY);
+  EXPECT_EQ(w1_.server->weight_loads(), 3);
+  uint64_t step = 1;
+  auto stub = v1::Stage::NewStub(grpc::CreateChannel(w1_.address, grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(GenerateThrough(*stub, golden_.cases[2], 1, &step), golden_.cases[2].greedy_ids);
+}
+
 // Logprobs, logit bias, suppressed ids and the allowed-token mask travel through both stages (the first forwards them) and
 // are applied by the last: against the log-softmax of transformers' logits of the prompt.
 TEST_F(StageStreamTest, LogprobsBiasAndSuppressionReachTheLastStage) {
