@@ -71,6 +71,7 @@ class CpuBackend final : public Backend {
       case Op::kArgmaxRows:
       case Op::kZero:
       case Op::kScale:
+      case Op::kScaleRows:
       case Op::kMlaKvWrite:
       case Op::kMlaAttention:
         return dtype == DType::kF32;
@@ -284,7 +285,8 @@ class CpuBackend final : public Backend {
       for (int64_t i = 0; i < q.q_len; ++i) {
         const int64_t t = q.q_begin + i;
         const int64_t pos = q.pos_begin + i;
-        const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+        int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+        if (p.chunk_size > 0) lo = std::max(lo, pos - pos % p.chunk_size);
         const int64_t n = pos + 1 - lo;
         scores_.resize(std::max(scores_.size(), static_cast<size_t>(heads * n)));
         float* sc = scores_.data();  // [heads, n]
@@ -370,6 +372,15 @@ class CpuBackend final : public Backend {
       const float* src = p.src + i * p.width;
       const float s = p.scales[i];
       for (int64_t e = 0; e < p.width; ++e) dst[e] += s * src[e];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ScaleRows(const ScaleRowsParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      float* x = p.x + t * p.width;
+      for (int64_t e = 0; e < p.width; ++e) x[e] *= p.scales[t];
     }
     return absl::OkStatus();
   }

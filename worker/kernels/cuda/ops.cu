@@ -264,6 +264,14 @@ __global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, cons
   }
 }
 
+__global__ void ScaleRowsKernel(float* x, const float* scales, int64_t tokens, int64_t width) {
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const float s = scales[t];
+    float* xr = x + t * width;
+    for (int64_t e = threadIdx.x; e < width; e += blockDim.x) xr[e] *= s;
+  }
+}
+
 __global__ void SigmoidScaleRowsKernel(float* x, const float* gate, int64_t tokens, int64_t width) {
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const float g = 1.0f / (1.0f + expf(-gate[t]));
@@ -427,6 +435,12 @@ cudaError_t LaunchScatterAddRows(const ScatterAddRowsParams& p, cudaStream_t str
 cudaError_t LaunchArgmaxRows(const ArgmaxRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   ArgmaxRowsKernel<<<GridFor(p.rows), kRowThreads, 0, stream>>>(p.x, p.out, p.rows, p.width, p.stride);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaleRows(const ScaleRowsParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.width == 0) return cudaSuccess;
+  ScaleRowsKernel<<<GridFor(p.tokens), RowThreads(p.width), 0, stream>>>(p.x, p.scales, p.tokens, p.width);
   return cudaGetLastError();
 }
 
