@@ -643,6 +643,40 @@ TEST_F(CudaParityTest, SoftCappedAttentionMatchesCpu) {
   }
 }
 
+TEST_F(CudaParityTest, ChunkedAttentionMatchesCpu) {
+  // Llama-4's chunked layers, alone and with a window.
+  const KvLayerView shape{.num_blocks = kNumBlocks, .block_size = kBlockSize, .kv_heads = 2, .head_dim = 64};
+  const int64_t q_heads = 8;
+  const int64_t cache_elems = shape.num_blocks * shape.block_size * shape.kv_heads * shape.head_dim;
+  auto seqs = Mirror(kSeqs);
+  auto table = Mirror(kTable);
+  auto q = Mirror(RandomFloats(kSeqTokens * q_heads * shape.head_dim, 56, -2.f, 2.f));
+  auto ck = Mirror(RandomFloats(cache_elems, 57, -2.f, 2.f));
+  auto cv = Mirror(RandomFloats(cache_elems, 58));
+  auto out = Mirror(std::vector<float>(kSeqTokens * q_heads * shape.head_dim));
+  for (int64_t window : {int64_t{0}, int64_t{5}}) {
+    RunBoth([&](Backend& b, int s) {
+      KvLayerView cache = shape;
+      cache.k = ck.at(s);
+      cache.v = cv.at(s);
+      return b.Attention({.q = q.at(s), .out = out.at(s), .paged = Paged(seqs.at(s), table.at(s)),
+                          .tokens = kSeqTokens, .q_heads = q_heads, .cache = cache, .scale = 0.125f,
+                          .sliding_window = window, .chunk_size = 4});
+    });
+    ExpectMirrorsClose(out);
+  }
+}
+
+TEST_F(CudaParityTest, ScaleRows) {
+  const int64_t tokens = 6, width = 513;
+  auto x = Mirror(RandomFloats(tokens * width, 102));
+  auto scales = Mirror(RandomFloats(tokens, 103, -3.f, 3.f));
+  RunBoth([&](Backend& b, int s) {
+    return b.ScaleRows({.x = x.at(s), .scales = scales.at(s), .tokens = tokens, .width = width});
+  });
+  ExpectMirrorsClose(x);
+}
+
 TEST_F(CudaParityTest, Add) {
   const int64_t n = 1001;
   auto x = Mirror(RandomFloats(n, 70));
