@@ -49,6 +49,20 @@ Semantics (transformers 5.23, eager attention):
     then soft-capped, c * tanh(s / c) with c = attn_logit_softcapping, before the
     mask; sliding_window on the layers whose layer_types entry is
     "sliding_attention"; final logits soft-capped by final_logit_softcapping.
+  * Llama-4 (Llama4ForCausalLM; Llama4ForConditionalGeneration: the config's
+    text_config and the weights under "language_model."): RoPE on interleaved
+    pairs (x0, x1), (x2, x3), ... on the layers whose no_rope_layers entry is 1
+    (default: all but every no_rope_layer_interval-th); on those layers q and k
+    are then divided per head by sqrt(mean(x^2) + rms_norm_eps) when use_qk_norm,
+    and, on "chunked_attention" layers (default: the RoPE layers), key j is
+    visible from query i iff j // attention_chunk_size == i // attention_chunk_size.
+    On NoPE layers with attn_temperature_tuning, q at position p is multiplied by
+    log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1. MoE layers (moe_layers,
+    default every interleave_moe_layer_step-th): the top num_experts_per_tok
+    router logits; expert e gets sigmoid(logit_e) * x and the outputs are summed;
+    experts stored as gate_up_proj [E, hidden, 2 I] (x @ gate_up = [gate | up])
+    and down_proj [E, I, hidden]; plus the shared_expert MLP. Dense layers'
+    feed_forward is intermediate_size_mlp wide.
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -228,6 +242,11 @@ class Model:
         """From checkpoint directory d, or from a config.json dict and float64 weights."""
         if d is not None:
             cfg, w = load_checkpoint(d)
+        if cfg["architectures"][0] == "Llama4ForConditionalGeneration":
+            # The text model: its config nested, its weights prefixed (the vision tower is unused).
+            cfg = dict(cfg["text_config"], architectures=["Llama4ForCausalLM"])
+            pre = "language_model."
+            w = {n[len(pre):]: t for n, t in w.items() if n.startswith(pre)}
         self.cfg, self.w = cfg, w
         c = self.cfg
         self.arch = c["architectures"][0]
@@ -242,6 +261,16 @@ class Model:
             raise ValueError("partial_rotary_factor != 1 not implemented here")
         self.mla = self.arch == "DeepseekV3ForCausalLM"
         self.gemma = self.arch == "Gemma2ForCausalLM"
+        self.llama4 = self.arch == "Llama4ForCausalLM"
+        if self.llama4:
+            interval = c.get("no_rope_layer_interval", 4)
+            self.rope_layers = c.get("no_rope_layers") or [int((l + 1) % interval != 0) for l in range(self.L)]
+            types = c.get("layer_types") or ["chunked_attention" if r else "full_attention" for r in self.rope_layers]
+            self.chunk = [c.get("attention_chunk_size", 8192) if t == "chunked_attention" else None for t in types]
+            self.moe_layers = c.get("moe_layers")
+            if self.moe_layers is None:
+                step = c.get("interleave_moe_layer_step", 1)
+                self.moe_layers = list(range(step - 1, self.L, step))
         self.scale = (c.get("query_pre_attn_scalar", 256) if self.gemma else self.hd) ** -0.5
         self.rope_scale = 1.0
         if self.mla:
@@ -288,6 +317,15 @@ class Model:
             nq, nk = self.nh * self.hd, self.nkv * self.hd
             return qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
         return self.lin(x, p + ".q_proj"), self.lin(x, p + ".k_proj"), self.lin(x, p + ".v_proj")
+
+    def rope_pairs(self, x, pos):  # Llama-4: pairs (x0, x1), (x2, x3), ... rotated in place
+        ang = pos[:, None] * self.inv_freq[None, :]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = b * cos + a * sin
+        return out
 
     def rope_interleaved(self, x, pos):  # DeepSeek: pairs (x0, x1), (x2, x3), ...; output de-interleaved
         ang = pos[:, None] * self.inv_freq[None, :]
@@ -372,11 +410,24 @@ class Model:
         if self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
             q = self.rms(q, p + ".q_norm")  # per head: the mean runs over head_dim
             k = self.rms(k, p + ".k_norm")
-        q = self.rope(q, pos)
-        k = self.rope(k, pos)
         i = np.arange(T)[:, None]
         j = np.arange(T)[None, :]
         visible = j <= i
+        if self.llama4:
+            c = self.cfg
+            if self.rope_layers[l]:
+                q, k = self.rope_pairs(q, pos), self.rope_pairs(k, pos)
+                if c.get("use_qk_norm", True):
+                    q = q / np.sqrt(np.mean(q * q, -1, keepdims=True) + self.eps)
+                    k = k / np.sqrt(np.mean(k * k, -1, keepdims=True) + self.eps)
+            elif c.get("attn_temperature_tuning", True):
+                temp = np.log1p(np.floor((pos + 1) / c.get("floor_scale", 8192))) * c.get("attn_scale", 0.1) + 1
+                q = q * temp[:, None, None]
+            if self.chunk[l] is not None:
+                visible &= (j // self.chunk[l]) == (i // self.chunk[l])
+        else:
+            q = self.rope(q, pos)
+            k = self.rope(k, pos)
         if self.windows[l] is not None:
             visible &= (i - j) < self.windows[l]
         group = self.nh // self.nkv
@@ -427,6 +478,8 @@ class Model:
                                        m + f".experts.{e}.down_proj.weight"))
         if self.mla and (p + ".mlp.gate.weight") in self.w:
             return self.deepseek_moe(x, p + ".mlp")
+        if self.llama4:
+            return self.llama4_ffn(x, l)
         m = p + ".mlp"
         if self.arch == "Phi3ForCausalLM":
             gu = self.w[m + ".gate_up_proj.weight"]
@@ -434,6 +487,23 @@ class Model:
             return self.swiglu(x, gu[:n], gu[n:], self.w[m + ".down_proj.weight"])
         return self.swiglu(x, self.w[m + ".gate_proj.weight"], self.w[m + ".up_proj.weight"],
                            self.w[m + ".down_proj.weight"])
+
+    def llama4_ffn(self, x, l):
+        f = f"model.layers.{l}.feed_forward"
+        if l not in self.moe_layers:
+            return self.swiglu(x, self.w[f + ".gate_proj.weight"], self.w[f + ".up_proj.weight"],
+                               self.w[f + ".down_proj.weight"])
+        k = self.cfg.get("num_experts_per_tok", 1)
+        logits = x @ self.w[f + ".router.weight"].T
+        gate_up, down = self.w[f + ".experts.gate_up_proj"], self.w[f + ".experts.down_proj"]
+        n = gate_up.shape[2] // 2
+        out = self.swiglu(x, self.w[f + ".shared_expert.gate_proj.weight"], self.w[f + ".shared_expert.up_proj.weight"],
+                          self.w[f + ".shared_expert.down_proj.weight"])
+        for t in range(x.shape[0]):
+            for e in np.argsort(-logits[t], kind="stable")[:k]:
+                xe = x[t : t + 1] / (1 + np.exp(-logits[t, e]))
+                out[t] += self.swiglu(xe, gate_up[e][:, :n].T, gate_up[e][:, n:].T, down[e].T)[0]
+        return out
 
     def moe(self, x, gate_name, n_exp, k, renorm, names):
         logits = x @ self.w[gate_name].T
