@@ -364,6 +364,26 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
   return absl::OkStatus();
 }
 
+// `layer_types` of `num_layers` entries, each `local` (a windowed or chunked layer: true) or
+// "full_attention" (false); any other type is Unimplemented, naming it.
+absl::StatusOr<std::vector<bool>> LayerTypes(const Fields& f, int64_t num_layers, absl::string_view local) {
+  const json& v = f.obj().at("layer_types");
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != num_layers) {
+    return f.Error("layer_types", absl::StrCat("is not a list of ", num_layers, " layer types"));
+  }
+  std::vector<bool> flags;
+  for (const auto& e : v) {
+    if (!e.is_string()) return f.Error("layer_types", "is not a list of strings");
+    const std::string type = e.get<std::string>();
+    if (type != local && type != "full_attention") {
+      return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"layer_types\" has \"", type, "\"; only \"",
+                                                   local, "\" and \"full_attention\" are supported"));
+    }
+    flags.push_back(type == local);
+  }
+  return flags;
+}
+
 // A soft-capping value: absent -> `def`, null -> 0 (none), else a positive number.
 absl::StatusOr<double> SoftCap(const Fields& f, const char* key, double def) {
   if (!f.obj().contains(key)) return def;
@@ -399,22 +419,10 @@ absl::Status ParseGemma2(const Fields& f, ModelSpec* s) {
   ASSIGN_OR_RETURN(s->attn_logit_softcapping, SoftCap(f, "attn_logit_softcapping", 50.0));
   ASSIGN_OR_RETURN(s->final_logit_softcapping, SoftCap(f, "final_logit_softcapping", 30.0));
   // layer_types: given, or "sliding_attention" on even layers (transformers' default).
-  s->sliding_layers.assign(static_cast<size_t>(s->num_layers), false);
   if (f.Has("layer_types")) {
-    const json& v = f.obj().at("layer_types");
-    if (!v.is_array() || static_cast<int64_t>(v.size()) != s->num_layers) {
-      return f.Error("layer_types", absl::StrCat("is not a list of ", s->num_layers, " layer types"));
-    }
-    for (size_t l = 0; l < v.size(); ++l) {
-      if (!v[l].is_string()) return f.Error("layer_types", "is not a list of strings");
-      const std::string type = v[l].get<std::string>();
-      if (type != "sliding_attention" && type != "full_attention") {
-        return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"layer_types\" has \"", type,
-                                                     "\"; only \"sliding_attention\" and \"full_attention\" are supported"));
-      }
-      s->sliding_layers[l] = type == "sliding_attention";
-    }
+    ASSIGN_OR_RETURN(s->sliding_layers, LayerTypes(f, s->num_layers, "sliding_attention"));
   } else {
+    s->sliding_layers.assign(static_cast<size_t>(s->num_layers), false);
     for (int64_t l = 0; l < s->num_layers; l += 2) s->sliding_layers[static_cast<size_t>(l)] = true;
   }
   const bool any_sliding = std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) != s->sliding_layers.end();
@@ -492,23 +500,10 @@ absl::Status ParseLlama4(const Fields& f, ModelSpec* s) {
     ASSIGN_OR_RETURN(s->attn_temperature_scale, f.NumberOr("attn_scale", 0.1, -1e6, 1e6));
   }
   // Chunked local attention: layer_types, or "chunked_attention" on the RoPE layers.
-  s->chunked_layers.assign(static_cast<size_t>(n), false);
   if (f.Has("layer_types")) {
-    const json& v = f.obj().at("layer_types");
-    if (!v.is_array() || static_cast<int64_t>(v.size()) != n) {
-      return f.Error("layer_types", absl::StrCat("is not a list of ", n, " layer types"));
-    }
-    for (size_t l = 0; l < v.size(); ++l) {
-      if (!v[l].is_string()) return f.Error("layer_types", "is not a list of strings");
-      const std::string type = v[l].get<std::string>();
-      if (type != "chunked_attention" && type != "full_attention") {
-        return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"layer_types\" has \"", type,
-                                                     "\"; only \"chunked_attention\" and \"full_attention\" are supported"));
-      }
-      s->chunked_layers[l] = type == "chunked_attention";
-    }
+    ASSIGN_OR_RETURN(s->chunked_layers, LayerTypes(f, n, "chunked_attention"));
   } else {
-    for (int64_t l = 0; l < n; ++l) s->chunked_layers[static_cast<size_t>(l)] = s->LayerUsesRope(l);
+    for (int64_t l = 0; l < n; ++l) s->chunked_layers.push_back(s->LayerUsesRope(l));
   }
   const bool any_chunked = std::find(s->chunked_layers.begin(), s->chunked_layers.end(), true) != s->chunked_layers.end();
   if (f.obj().contains("attention_chunk_size") && f.obj().at("attention_chunk_size").is_null()) {

@@ -751,25 +751,22 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
                                  .parts = {{GroupPart(lw.q, w.q.as<float>()), GroupPart(lw.k, w.k.as<float>()),
                                             GroupPart(lw.v, w.v.as<float>())}},
                                  .num_parts = 3}));
-  if (spec_.qk_norm) {
-    // Qwen3: every head of q and k is RMS-normalised on its own before RoPE. The heads are
-    // contiguous rows of head_dim, so this is the RmsNorm op over tokens x heads rows.
-    RETURN_IF_ERROR(b.RmsNorm({.x = w.q.as<float>(), .weight = lw.q_norm.as<float>(), .y = w.q.as<float>(),
+  // Every head of q and k RMS-normalised on its own: the heads are contiguous rows of head_dim, so
+  // this is the RmsNorm op over tokens x heads rows.
+  auto norm_heads = [&](const float* q_weight, const float* k_weight) -> absl::Status {
+    RETURN_IF_ERROR(b.RmsNorm({.x = w.q.as<float>(), .weight = q_weight, .y = w.q.as<float>(),
                                .tokens = tokens * layout_.q_heads, .hidden = d, .eps = eps}));
-    RETURN_IF_ERROR(b.RmsNorm({.x = w.k.as<float>(), .weight = lw.k_norm.as<float>(), .y = w.k.as<float>(),
-                               .tokens = tokens * layout_.kv_heads, .hidden = d, .eps = eps}));
-  }
+    return b.RmsNorm({.x = w.k.as<float>(), .weight = k_weight, .y = w.k.as<float>(),
+                      .tokens = tokens * layout_.kv_heads, .hidden = d, .eps = eps});
+  };
+  // Qwen3: with weights, before RoPE.
+  if (spec_.qk_norm) RETURN_IF_ERROR(norm_heads(lw.q_norm.as<float>(), lw.k_norm.as<float>()));
   if (spec_.LayerUsesRope(layer)) {
     RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
                             .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
                             .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
-    if (spec_.qk_l2_norm) {
-      // Llama-4: every head of q and k divided by its root mean square (no weight), after RoPE.
-      RETURN_IF_ERROR(b.RmsNorm({.x = w.q.as<float>(), .weight = w.ones.as<float>(), .y = w.q.as<float>(),
-                                 .tokens = tokens * layout_.q_heads, .hidden = d, .eps = eps}));
-      RETURN_IF_ERROR(b.RmsNorm({.x = w.k.as<float>(), .weight = w.ones.as<float>(), .y = w.k.as<float>(),
-                                 .tokens = tokens * layout_.kv_heads, .hidden = d, .eps = eps}));
-    }
+    // Llama-4: without weights, after RoPE.
+    if (spec_.qk_l2_norm) RETURN_IF_ERROR(norm_heads(w.ones.as<float>(), w.ones.as<float>()));
   }
   if (spec_.LayerTemperatureTuned(layer)) {
     RETURN_IF_ERROR(b.ScaleRows({.x = w.q.as<float>(), .scales = w.query_temp.as<float>(), .tokens = tokens,
