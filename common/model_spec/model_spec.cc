@@ -104,9 +104,26 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
 // configs have top-level `rope_theta` and an optional `rope_scaling` {type|rope_type, ...}.
+// A list of positive numbers (longrope's short_factor / long_factor), as float32.
+absl::StatusOr<std::vector<float>> PositiveNumbers(const Fields& f, const char* key) {
+  if (!f.Has(key)) return f.Error(key, "is missing");
+  const json& v = f.obj().at(key);
+  if (!v.is_array() || v.empty()) return f.Error(key, "is not a list of numbers");
+  std::vector<float> out;
+  for (const auto& e : v) {
+    if (!e.is_number() || !(e.get<double>() > 0.0) || !(e.get<double>() < 1e30)) {
+      return f.Error(key, absl::StrCat("has ", e.dump(), "; every factor must be a positive number"));
+    }
+    out.push_back(static_cast<float>(e.get<double>()));
+  }
+  return out;
+}
+
 absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_positions, RopeSpec* rope) {
   Fields top(doc, label);
   ASSIGN_OR_RETURN(rope->theta, top.NumberOr("rope_theta", 10000.0, 1e-3, 1e12));
+  // Top level in older configs; transformers >= 5 moves it into the rope parameters (which win).
+  ASSIGN_OR_RETURN(rope->partial_rotary_factor, top.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
   const json* params = nullptr;
   std::string field = "rope_scaling";
   if (top.Has("rope_parameters")) {
@@ -120,12 +137,8 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
   const std::string sub_label = absl::StrCat(label, " ", field);
   Fields p(*params, sub_label);
   ASSIGN_OR_RETURN(rope->theta, p.NumberOr("rope_theta", rope->theta, 1e-3, 1e12));
-  // transformers >= 5 moves `partial_rotary_factor` (Phi-3 writes 1.0) into the rope parameters.
-  ASSIGN_OR_RETURN(double partial, p.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
-  if (partial != 1.0) {
-    return absl::UnimplementedError(absl::StrCat(sub_label, ": field \"partial_rotary_factor\" is ", partial,
-                                                 "; only 1 (RoPE over the whole head) is supported"));
-  }
+  ASSIGN_OR_RETURN(rope->partial_rotary_factor,
+                   p.NumberOr("partial_rotary_factor", rope->partial_rotary_factor, 0.0, 1.0));
   std::string type = "default";
   for (const char* key : {"rope_type", "type"}) {
     if (p.Has(key)) {
@@ -176,13 +189,32 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
     } else {
       rope->attention_factor = get_mscale(rope->factor, 1.0);
     }
-  } else if (type == "longrope") {
-    return absl::UnimplementedError(absl::StrCat(
-        sub_label, ": rope type \"longrope\" (Phi-3 long-context short/long factors) is not supported yet "
-        "(supported: default, linear, llama3, yarn for DeepSeek-V3); the short-context Phi-3 checkpoints have no rope scaling"));
+  } else if (type == "longrope" || type == "su") {  // "su": the Phi-3 configs' first name for it
+    rope->type = RopeType::kLongrope;
+    ASSIGN_OR_RETURN(rope->short_factor, PositiveNumbers(p, "short_factor"));
+    ASSIGN_OR_RETURN(rope->long_factor, PositiveNumbers(p, "long_factor"));
+    // Phi-3 states it at the top level (its config copies it into the rope parameters).
+    ASSIGN_OR_RETURN(int64_t orig, top.IntOr("original_max_position_embeddings", max_positions, 1, kMaxPositions));
+    ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
+                     p.IntOr("original_max_position_embeddings", orig, 1, kMaxPositions));
+    // A missing factor is max_position_embeddings / original_max_position_embeddings; the
+    // attention factor, unless given, sqrt(1 + ln(factor) / ln(original)) (1 without scaling).
+    ASSIGN_OR_RETURN(rope->factor, p.NumberOr("factor", static_cast<double>(max_positions) /
+                                                            static_cast<double>(rope->original_max_position_embeddings),
+                                              1e-6, 1e6));
+    if (p.Has("attention_factor")) {
+      ASSIGN_OR_RETURN(rope->attention_factor, p.NumberOr("attention_factor", 1.0, 1e-6, 1e6));
+    } else if (rope->factor <= 1.0) {
+      rope->attention_factor = 1.0;
+    } else if (rope->original_max_position_embeddings < 2) {
+      return p.Error("original_max_position_embeddings", "must be at least 2 (its logarithm divides)");
+    } else {
+      rope->attention_factor = std::sqrt(
+          1.0 + std::log(rope->factor) / std::log(static_cast<double>(rope->original_max_position_embeddings)));
+    }
   } else {
     return absl::UnimplementedError(absl::StrCat(sub_label, ": rope type \"", type,
-                                                 "\" is not supported (supported: default, linear, llama3, yarn for DeepSeek-V3)"));
+                                                 "\" is not supported (supported: default, linear, llama3, yarn for DeepSeek-V3, longrope for Phi-3)"));
   }
   return absl::OkStatus();
 }
@@ -799,9 +831,31 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     }
   }
   RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope));
-  if (f.Has("partial_rotary_factor")) {
-    ASSIGN_OR_RETURN(double prf, f.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
-    if (prf != 1.0) return absl::UnimplementedError(absl::StrCat(label, ": partial_rotary_factor != 1 is not supported"));
+  if (s.arch != Architecture::kPhi3) {
+    if (s.rope.partial_rotary_factor != 1.0) {
+      return absl::UnimplementedError(absl::StrCat(label, ": field \"partial_rotary_factor\" is ",
+                                                   s.rope.partial_rotary_factor, "; below 1 it is supported for ",
+                                                   "Phi3ForCausalLM only (RoPE over the whole head elsewhere)"));
+    }
+    if (s.rope.type == RopeType::kLongrope) {
+      return absl::UnimplementedError(
+          absl::StrCat(label, ": rope type \"longrope\" is supported for Phi3ForCausalLM only"));
+    }
+  } else {
+    const int64_t rot = s.RotaryDim();
+    if (rot < 2 || rot % 2 != 0) {
+      return f.Error("partial_rotary_factor", absl::StrCat("(", s.rope.partial_rotary_factor, ") rotates ", rot,
+                                                           " of head_dim ", s.head_dim,
+                                                           " elements; RoPE needs an even number, at least 2"));
+    }
+    if (s.rope.type == RopeType::kLongrope) {
+      for (const auto* factors : {&s.rope.short_factor, &s.rope.long_factor}) {
+        if (static_cast<int64_t>(factors->size()) != rot / 2) {
+          return f.Error(factors == &s.rope.short_factor ? "short_factor" : "long_factor",
+                         absl::StrCat("has ", factors->size(), " entries; rotary_dim / 2 = ", rot / 2, " expected"));
+        }
+      }
+    }
   }
   switch (s.arch) {
     case Architecture::kLlama: {

@@ -3,9 +3,10 @@
 // struct and never from JSON. Supported architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
 // Phi3ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Llama4ForCausalLM (and the text model of
-// Llama4ForConditionalGeneration). Anything else — another architecture (DeepSeek-V2, Gemma-3, ...), an activation other than SiLU (GELU-tanh for Gemma-2), an unsupported RoPE scaling type
-// (longrope among them), a partial rotary factor below 1, a DeepSeek routing variant we do not
-// implement — is an error that names the field, never a silently wrong model.
+// Llama4ForConditionalGeneration). Anything else — another architecture (DeepSeek-V2, Gemma-3, ...),
+// an activation other than SiLU (GELU-tanh for Gemma-2), an unsupported RoPE scaling type
+// (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, a DeepSeek routing
+// variant we do not implement — is an error that names the field, never a silently wrong model.
 #ifndef SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 #define SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 
@@ -38,6 +39,10 @@ enum class RopeType : uint8_t {
   kLinear,   // positions divided by `factor`
   kLlama3,   // Llama 3.1 frequency-dependent scaling
   kYarn,     // YaRN (DeepSeek-V3): per-frequency blend of interpolation and extrapolation
+  // LongRoPE (Phi-3.5, Phi-4-mini; "su" in older configs): inv_freq_i = 1 / (f_i theta^(2i/d)) with
+  // f = short_factor while a sequence is at most original_max_position_embeddings long, else
+  // long_factor; cos and sin times attention_factor.
+  kLongrope,
 };
 
 struct RopeSpec {
@@ -58,7 +63,15 @@ struct RopeSpec {
   // mscale(factor, 1), where mscale(s, m) = 0.1 m ln(s) + 1 for s > 1, else 1.
   double mscale = 0.0;
   double mscale_all_dim = 0.0;
-  double attention_factor = 1.0;
+  double attention_factor = 1.0;  // yarn, longrope
+  // longrope: the per-frequency divisors, rotary_dim / 2 each (float32, as transformers holds them).
+  // Which set rotates a step's new tokens follows transformers' KV-cache generation: the long one
+  // when the sequence's length at the end of the step exceeds original_max_position_embeddings;
+  // cached keys keep the rotation they were written with.
+  std::vector<float> short_factor, long_factor;
+  // Phi-3: only the first int(head_dim x partial_rotary_factor) elements of each q and k head
+  // rotate; the rest pass through.
+  double partial_rotary_factor = 1.0;
 };
 
 // Multi-head latent attention (DeepSeek-V3). Per token: q = q_b(RmsNorm(q_a(x))) (or q_proj(x)
@@ -233,6 +246,10 @@ struct ModelSpec {
     return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
   }
   bool IsMla() const { return mla.kv_lora_rank > 0; }
+  // The rotated elements of each q and k head (head_dim unless partial_rotary_factor < 1).
+  int64_t RotaryDim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  }
   bool LayerUsesRope(int64_t layer) const {
     return rope_layers.empty() || rope_layers[static_cast<size_t>(layer)];
   }
@@ -262,7 +279,9 @@ struct ModelSpec {
 
 // Parses config.json text. InvalidArgument naming `label` and the offending field for malformed or
 // inconsistent values; Unimplemented for well-formed but unsupported models (architecture,
-// activation, rope type, partial_rotary_factor < 1, Qwen2/Qwen3 sliding windows or layer_types
+// activation, rope type, partial_rotary_factor < 1 or longrope outside Phi-3 (and, on Phi-3, a
+// rotary dimension that is odd or below 2, or longrope factors that are not rotary_dim / 2 positive
+// numbers), Qwen2/Qwen3 sliding windows or layer_types
 // other than "full_attention", DeepSeek-V3 values outside what is implemented: scoring_func other
 // than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
 // num_key_value_heads != num_attention_heads; yarn RoPE on other architectures; Gemma-2 with a

@@ -272,17 +272,19 @@ INSTANTIATE_TEST_SUITE_P(
                     c["num_experts_per_tok"] = 2;
                   },
                   absl::StatusCode::kInvalidArgument, "\"moe_intermediate_size\" is missing"},
-        BadConfig{"Phi3LongRope",
+        BadConfig{"Phi3LongRopeFactorCount",
                   [](json& c) {
                     c["architectures"] = {"Phi3ForCausalLM"};
                     c["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
                   },
-                  absl::StatusCode::kUnimplemented, "rope type \"longrope\""},
-        BadConfig{"PartialRotaryInRopeParameters",
+                  absl::StatusCode::kInvalidArgument, "\"short_factor\" has 1 entries; rotary_dim / 2 = 8"},
+        BadConfig{"LongRopeOnLlama",
                   [](json& c) {
-                    c["architectures"] = {"Phi3ForCausalLM"};
-                    c["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.75}};
+                    c["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
                   },
+                  absl::StatusCode::kUnimplemented, "\"longrope\" is supported for Phi3ForCausalLM only"},
+        BadConfig{"PartialRotaryOnLlama",
+                  [](json& c) { c["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.75}}; },
                   absl::StatusCode::kUnimplemented, "\"partial_rotary_factor\" is 0.75"},
         BadConfig{"DeepSeekV2", [](json& c) { c["architectures"] = {"DeepseekV2ForCausalLM"}; },
                   absl::StatusCode::kUnimplemented, "\"DeepseekV2ForCausalLM\" is not supported"},
@@ -821,6 +823,98 @@ INSTANTIATE_TEST_SUITE_P(
                   absl::StatusCode::kUnimplemented, "\"quantization_config\""},
         BadLlama4{"GeluActivation", [](json& c) { c["hidden_act"] = "gelu"; }, absl::StatusCode::kUnimplemented,
                   "\"hidden_act\""}),
+    [](const auto& test_info) { return test_info.param.name; });
+
+}  // namespace
+}  // namespace shardserve
+
+namespace shardserve {
+namespace {
+
+json Phi3Config() {
+  return json::parse(R"({"architectures":["Phi3ForCausalLM"],"vocab_size":256,"hidden_size":64,
+    "intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+    "max_position_embeddings":128,"original_max_position_embeddings":16,"rms_norm_eps":1e-5,
+    "rope_theta":10000.0,"partial_rotary_factor":0.75,
+    "rope_scaling":{"type":"longrope","short_factor":[1.0,1.5,2.0,2.5,3.0,3.5],
+                    "long_factor":[2.0,3.0,4.0,5.0,6.0,7.0]}})");
+}
+
+TEST(Phi3RopeSpecTest, GoldenConfigs) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec partial, LoadModelSpec("tests/golden/models/phi3_partial_rotary"));
+  EXPECT_EQ(partial.rope.partial_rotary_factor, 0.5);
+  EXPECT_EQ(partial.RotaryDim(), 8);
+  EXPECT_EQ(partial.rope.type, RopeType::kDefault);
+  EXPECT_TRUE(partial.tie_word_embeddings);
+  ASSERT_OK_AND_ASSIGN(ModelSpec lr, LoadModelSpec("tests/golden/models/phi3_longrope"));
+  EXPECT_EQ(lr.rope.type, RopeType::kLongrope);
+  EXPECT_EQ(lr.RotaryDim(), 12);
+  EXPECT_EQ(lr.rope.original_max_position_embeddings, 12);
+  EXPECT_THAT(lr.rope.short_factor, ElementsAre(1.0f, 1.1f, 1.3f, 1.6f, 2.0f, 2.5f));
+  EXPECT_THAT(lr.rope.long_factor, ElementsAre(1.0f, 1.5f, 3.0f, 6.0f, 10.0f, 16.0f));
+  EXPECT_DOUBLE_EQ(lr.rope.factor, 128.0 / 12.0);
+  EXPECT_DOUBLE_EQ(lr.rope.attention_factor, std::sqrt(1.0 + std::log(128.0 / 12.0) / std::log(12.0)));
+}
+
+TEST(Phi3RopeSpecTest, LegacySuTypeTopLevelFieldsAndGivenFactors) {
+  // Older Phi-3 configs: "su", partial_rotary_factor and original_max_position_embeddings at the
+  // top level.
+  json c = Phi3Config();
+  c["rope_scaling"]["type"] = "su";
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.rope.type, RopeType::kLongrope);
+  EXPECT_EQ(s.RotaryDim(), 12);
+  EXPECT_EQ(s.rope.original_max_position_embeddings, 16);
+  EXPECT_DOUBLE_EQ(s.rope.attention_factor, std::sqrt(1.0 + std::log(8.0) / std::log(16.0)));
+  // A stated attention factor wins; no scaling (factor 1) means none.
+  c["rope_scaling"]["attention_factor"] = 1.25;
+  ASSERT_OK_AND_ASSIGN(ModelSpec given, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(given.rope.attention_factor, 1.25);
+  c["rope_scaling"].erase("attention_factor");
+  c["rope_scaling"]["factor"] = 1.0;
+  ASSERT_OK_AND_ASSIGN(ModelSpec unscaled, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(unscaled.rope.attention_factor, 1.0);
+}
+
+struct BadPhi3 {
+  std::string name;
+  std::function<void(json&)> edit;
+  absl::StatusCode code;
+  std::string message;
+};
+
+void PrintTo(const BadPhi3& c, std::ostream* os) { *os << c.name; }
+
+class BadPhi3Test : public ::testing::TestWithParam<BadPhi3> {};
+
+TEST_P(BadPhi3Test, IsRejectedNamingTheField) {
+  json c = Phi3Config();
+  GetParam().edit(c);
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, BadPhi3Test,
+    ::testing::Values(
+        BadPhi3{"OddRotaryDim", [](json& c) { c["partial_rotary_factor"] = 0.5625; }, absl::StatusCode::kInvalidArgument,
+                "rotates 9 of head_dim 16 elements"},
+        BadPhi3{"NoRotaryDim", [](json& c) { c["partial_rotary_factor"] = 0.0; }, absl::StatusCode::kInvalidArgument,
+                "rotates 0 of head_dim 16"},
+        BadPhi3{"LongFactorCount", [](json& c) { c["rope_scaling"]["long_factor"] = {1.0, 2.0}; },
+                absl::StatusCode::kInvalidArgument, "\"long_factor\" has 2 entries; rotary_dim / 2 = 6"},
+        BadPhi3{"MissingShortFactor", [](json& c) { c["rope_scaling"].erase("short_factor"); },
+                absl::StatusCode::kInvalidArgument, "\"short_factor\" is missing"},
+        BadPhi3{"NegativeFactor", [](json& c) { c["rope_scaling"]["short_factor"][2] = -1.0; },
+                absl::StatusCode::kInvalidArgument, "\"short_factor\" has -1.0; every factor must be a positive"},
+        BadPhi3{"FactorString", [](json& c) { c["rope_scaling"]["long_factor"][0] = "2"; },
+                absl::StatusCode::kInvalidArgument, "\"long_factor\" has \"2\""},
+        BadPhi3{"FactorsNotAList", [](json& c) { c["rope_scaling"]["long_factor"] = 2.0; },
+                absl::StatusCode::kInvalidArgument, "\"long_factor\" is not a list of numbers"},
+        BadPhi3{"OriginalOne", [](json& c) { c["original_max_position_embeddings"] = 1; },
+                absl::StatusCode::kInvalidArgument, "\"original_max_position_embeddings\" must be at least 2"},
+        BadPhi3{"Yarn", [](json& c) { c["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}}; },
+                absl::StatusCode::kUnimplemented, "yarn"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 }  // namespace

@@ -488,6 +488,59 @@ SPECS = [
             tie_word_embeddings=False,
         ),
     ),
+    # Phi-3 with partial RoPE (Phi-4-mini-like): only the first half of each 16-wide q and k head
+    # rotates (partial_rotary_factor 0.5: 8 dims, 4 frequencies), the rest passes through; tied
+    # embeddings as Phi-4-mini; no sliding window.
+    dict(
+        name="phi3_partial_rotary",
+        model_cls=Phi3ForCausalLM,
+        config_cls=Phi3Config,
+        std_embed=0.3,  # tied: see llama_tied_llama3rope_bias
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            sliding_window=None,
+            original_max_position_embeddings=MAX_POS,
+            pad_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            tie_word_embeddings=True,
+        ),
+    ),
+    # Phi-3 LongRoPE (Phi-3.5-mini / Phi-4-mini-like) with partial RoPE 0.75 (12 of 16 dims, 6
+    # frequencies): original_max_position_embeddings 12 of max_position_embeddings 128, so the
+    # attention factor is sqrt(1 + ln(128 / 12) / ln 12) = 1.40 and every prompt (at most 11
+    # tokens) rotates with the short factors while the decode steps from position 12 on rotate
+    # with the long ones (transformers' KV-cache generation: cached keys keep their rotation).
+    # transformers' cache-free recompute of a sequence past 12 tokens rotates every position with
+    # the long factors, so that check is skipped here: the reference is the KV-cache generation.
+    dict(
+        name="phi3_longrope",
+        model_cls=Phi3ForCausalLM,
+        config_cls=Phi3Config,
+        cache_free_check=False,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            sliding_window=None,
+            original_max_position_embeddings=12,
+            pad_token_id=None,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                "long_factor": [1.0, 1.5, 3.0, 6.0, 10.0, 16.0],
+                "original_max_position_embeddings": 12,
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -631,9 +684,10 @@ def greedy_margin(row):
 
 
 @torch.no_grad()
-def run_case(model, prompt_ids):
+def run_case(model, prompt_ids, cache_free_check=True):
     """Returns (prompt_logits [L,V], greedy ids, min abs margin, min rel margin) or
-    raises ValueError if the two generation paths disagree."""
+    raises ValueError if the two generation paths disagree (unless cache_free_check is off:
+    LongRoPE, whose cache-free recompute rotates differently by design)."""
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     # 1) cache-free forward over the prompt: the recorded logits.
     prompt_logits = model(ids, use_cache=False).logits[0].float()
@@ -658,6 +712,8 @@ def run_case(model, prompt_ids):
         past = out.past_key_values
         row = out.logits[0, -1].float()
 
+    if not cache_free_check:
+        return prompt_logits, gen, min(abs_m), min(rel_m)
     # 3) cache-free recompute over prompt + generated: same argmax everywhere.
     full = torch.tensor([list(prompt_ids) + gen[:-1]], dtype=torch.long)
     logits = model(full, use_cache=False).logits[0].float()
@@ -728,7 +784,7 @@ def generate_model(model_idx, spec):
                 prompt = make_prompt(model_idx, ci, attempt)
                 probe.reset()
                 try:
-                    logits, gen, abs_m, rel_m = run_case(model, prompt)
+                    logits, gen, abs_m, rel_m = run_case(model, prompt, spec.get("cache_free_check", True))
                 except ValueError as e:
                     print(f"  {name} seed {seed} case {ci} try {attempt}: {e}", file=sys.stderr)
                     continue

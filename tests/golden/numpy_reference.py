@@ -28,7 +28,15 @@ Semantics (transformers 5.23, eager attention):
     Qwen2-MoE (norm_topk_prob, decoder_sparse_step, mlp_only_layers) with no
     shared expert; config.json may call num_experts num_local_experts.
   * Phi-3: qkv_proj is q, k, v stacked by rows (q first); gate_up_proj is gate
-    then up; sliding_window (when set) applies to every layer.
+    then up; sliding_window (when set) applies to every layer. partial_rotary_factor
+    (in rope_parameters, or at the top level): only the first
+    r = int(head_dim * factor) elements of each q and k head rotate (element i with
+    i + r/2; inv_freq over r), the rest pass through. longrope: inv_freq_i =
+    1 / (f_i * theta^(2i/r)) with f = short_factor or long_factor, cos and sin times
+    attention_factor (given, else sqrt(1 + ln(max_pos / orig) / ln(orig)), orig =
+    original_max_position_embeddings); which factors a position uses follows
+    transformers' KV-cache generation: the prompt's positions the long ones iff
+    the prompt is longer than orig, a generated token's position p iff p + 1 > orig.
   * DeepSeek-V3 (multi-head latent attention, written out expanded here: the
     engine's absorbed form is checked against this): q = q_b(RMS(q_a(x))) (or
     q_proj(x) when q_lora_rank is null), per head [nope | rope]; kv_a(x) =
@@ -257,8 +265,7 @@ class Model:
         self.eps = c["rms_norm_eps"]
         self.L = c["num_hidden_layers"]
         rp, theta = rope_params(c)
-        if rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError("partial_rotary_factor != 1 not implemented here")
+        self.rot = int(self.hd * rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)))
         self.mla = self.arch == "DeepseekV3ForCausalLM"
         self.gemma = self.arch == "Gemma2ForCausalLM"
         self.llama4 = self.arch == "Llama4ForCausalLM"
@@ -275,14 +282,27 @@ class Model:
         self.rope_scale = 1.0
         if self.mla:
             self.hd = c["qk_rope_head_dim"]  # the RoPE width (transformers' head_dim)
-        inv = 1.0 / theta ** (np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
-        if rp["rope_type"] == "llama3":
+        if self.mla:
+            self.rot = self.hd
+        inv = 1.0 / theta ** (np.arange(0, self.rot, 2, dtype=np.float64) / self.rot)
+        self.inv_long, self.cos_scale = None, 1.0
+        if rp["rope_type"] == "longrope":
+            self.orig = rp.get("original_max_position_embeddings", c.get("original_max_position_embeddings"))
+            factor = rp.get("factor") or c["max_position_embeddings"] / self.orig
+            af = rp.get("attention_factor")
+            if af is None:
+                af = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(self.orig))
+            self.cos_scale = af
+            self.inv_long = inv / np.array(rp["long_factor"], dtype=np.float64)
+            inv = inv / np.array(rp["short_factor"], dtype=np.float64)
+        elif rp["rope_type"] == "llama3":
             inv = llama3_inv_freq(inv, rp)
         elif rp["rope_type"] == "yarn" and self.mla:
             inv, self.rope_scale = yarn_inv_freq(theta, self.hd, rp, c["max_position_embeddings"])
         elif rp["rope_type"] != "default":
             raise ValueError(f"rope_type {rp['rope_type']} not implemented here")
         self.inv_freq = inv
+        self.prompt_len = None  # longrope: set by forward
         # sliding window per layer
         sw = c.get("sliding_window")
         if self.arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
@@ -303,13 +323,19 @@ class Model:
         w = self.w[name + ".weight"] + (1.0 if self.gemma else 0.0)
         return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
 
-    def rope(self, x, pos):  # x [T, heads, hd]
-        ang = pos[:, None] * self.inv_freq[None, :]
-        cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
-        sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
-        h = self.hd // 2
-        rot = np.concatenate([-x[..., h:], x[..., :h]], -1)
-        return x * cos + rot * sin
+    def rope(self, x, pos):  # x [T, heads, hd]; the first self.rot elements of each head rotate
+        inv = np.repeat(self.inv_freq[None, :], len(pos), 0)
+        if self.inv_long is not None:  # longrope: per position, as the KV-cache generation rotates it
+            n = self.prompt_len
+            long_pos = np.where(pos < n, n > self.orig, pos + 1 > self.orig)
+            inv[long_pos] = self.inv_long
+        ang = pos[:, None] * inv
+        cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :] * self.cos_scale
+        sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :] * self.cos_scale
+        r, h = self.rot, self.rot // 2
+        xr = x[..., :r]
+        rot = np.concatenate([-xr[..., h:], xr[..., :h]], -1)
+        return np.concatenate([xr * cos + rot * sin, x[..., r:]], -1)
 
     def qkv(self, x, p):
         if self.arch == "Phi3ForCausalLM":
@@ -520,7 +546,10 @@ class Model:
                 out[t] += wt * self.swiglu(x[t : t + 1], self.w[g], self.w[u], self.w[d])[0]
         return out
 
-    def forward(self, ids):
+    def forward(self, ids, prompt_len=None):
+        """Logits at every position of ids; prompt_len (default: all of ids) is the part of ids
+        that the KV-cache generation would have processed in its first forward (longrope)."""
+        self.prompt_len = len(ids) if prompt_len is None else prompt_len
         x = self.w["model.embed_tokens.weight"][np.array(ids)]
         if self.gemma:
             x = x * float(np.float32(self.H**0.5))  # float32 checkpoints: the multiplier in float32
@@ -555,7 +584,7 @@ def check(d):
         worst = max(worst, float(np.abs(logits - ref_logits).max()))
         n = len(case["greedy_ids"])
         for _ in range(n):
-            ids.append(int(np.argmax(m.forward(ids)[-1])))
+            ids.append(int(np.argmax(m.forward(ids, len(case["prompt_ids"]))[-1])))
         got = ids[len(case["prompt_ids"]) :]
         if got != case["greedy_ids"]:
             ok = False

@@ -23,6 +23,7 @@ using kernels::DeviceBuffer;
 struct Model::Workspace {
   DeviceBuffer hidden, normed, q, k, v, attn, tmp, gate, up;  // activations
   DeviceBuffer ids, positions, seqs, inv_freq;                  // inputs
+  DeviceBuffer inv_freq_long;  // longrope: the long factors' frequencies (inv_freq: the short ones)
   DeviceBuffer tables;        // the step's block tables, concatenated; grown on demand
   size_t tables_capacity = 0;  // int32 entries that `tables` holds
   DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, shared_gate;
@@ -49,9 +50,10 @@ struct Model::Workspace {
 
 namespace {
 
-// RoPE inverse frequencies (f32, as transformers computes them), with llama3 scaling applied.
-std::vector<float> InvFreq(const ModelSpec& spec, float* position_scale) {
-  const int64_t d = spec.head_dim;
+// RoPE inverse frequencies (f32, as transformers computes them) over the rotated dims, with llama3,
+// yarn or longrope (its long factors when `long_factors`, else the short ones) scaling applied.
+std::vector<float> InvFreq(const ModelSpec& spec, float* position_scale, bool long_factors = false) {
+  const int64_t d = spec.RotaryDim();
   std::vector<float> inv(static_cast<size_t>(d / 2));
   for (int64_t i = 0; i < d / 2; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(d);
@@ -64,6 +66,15 @@ std::vector<float> InvFreq(const ModelSpec& spec, float* position_scale) {
     case RopeType::kLinear:
       *position_scale = static_cast<float>(1.0 / spec.rope.factor);
       break;
+    case RopeType::kLongrope: {
+      const std::vector<float>& ext = long_factors ? spec.rope.long_factor : spec.rope.short_factor;
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const float exponent = static_cast<float>(2 * i) / static_cast<float>(d);
+        inv[static_cast<size_t>(i)] =
+            1.0f / (ext[static_cast<size_t>(i)] * std::pow(static_cast<float>(spec.rope.theta), exponent));
+      }
+      break;
+    }
     case RopeType::kYarn: {
       // transformers' _compute_yarn_parameters: float32 tensors, the correction range in double.
       const double base = spec.rope.theta;
@@ -322,6 +333,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   const std::vector<float> inv = InvFreq(spec, &w.position_scale);
   RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq, inv.size() * f));
   RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq.as<void>(), inv.data(), inv.size() * f));
+  if (spec.rope.type == RopeType::kLongrope) {
+    float unused = 1.0f;
+    const std::vector<float> inv_long = InvFreq(spec, &unused, /*long_factors=*/true);
+    RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq_long, inv_long.size() * f));
+    RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq_long.as<void>(), inv_long.data(), inv_long.size() * f));
+  }
   return m;
 }
 
@@ -574,8 +591,9 @@ absl::Status Model::ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeq
   kernels::Backend& b = *backend_;
   // Decode steps only (their shapes repeat); one rank (no collectives inside) and no MoE layer
   // (routing reads the router's logits on the host mid-step).
+  // LongRoPE picks its frequencies by each sequence's length: not a fixed launch.
   const bool eligible = options_.op_graphs && !graphs_off_ && decode_only && !tp() && !spec_.IsMoe() &&
-                        b.SupportsCapture();
+                        spec_.rope.type != RopeType::kLongrope && b.SupportsCapture();
   auto forward = [&] { return Forward(tokens, paged); };
   if (!eligible) return forward();
   // Every layer's attention launches alike: ask for the first one's.
@@ -762,9 +780,7 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
   // Qwen3: with weights, before RoPE.
   if (spec_.qk_norm) RETURN_IF_ERROR(norm_heads(lw.q_norm.as<float>(), lw.k_norm.as<float>()));
   if (spec_.LayerUsesRope(layer)) {
-    RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
-                            .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
-                            .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
+    RETURN_IF_ERROR(RopeQk(tokens, paged));
     // Llama-4: without weights, after RoPE.
     if (spec_.qk_l2_norm) RETURN_IF_ERROR(norm_heads(w.ones.as<float>(), w.ones.as<float>()));
   }
@@ -776,6 +792,39 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
   RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
                              .cache = attention.cache}));
   RETURN_IF_ERROR(b.Attention(attention));
+  return absl::OkStatus();
+}
+
+absl::Status Model::RopeQk(int64_t tokens, const kernels::PagedSeqs& paged) {
+  Workspace& w = *ws_;
+  const int64_t d = spec_.head_dim;
+  const bool longrope = spec_.rope.type == RopeType::kLongrope;
+  kernels::RopeParams p{.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
+                        .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
+                        .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale,
+                        .rotary_dim = spec_.RotaryDim(),
+                        .scale = longrope ? static_cast<float>(spec_.rope.attention_factor) : 1.0f};
+  if (!longrope) return backend_->Rope(p);
+  // LongRoPE, as transformers' KV-cache generation: a step's new tokens of a sequence rotate with
+  // the long factors when the sequence is longer than original_max_position_embeddings at the end
+  // of the step, else with the short ones. Runs of sequences that agree share one call.
+  const int64_t original = spec_.rope.original_max_position_embeddings;
+  auto is_long = [&](const AttnSeq& a) { return int64_t{a.pos_begin} + a.q_len > original; };
+  for (int64_t s = 0; s < paged.num_seqs;) {
+    const bool long_run = is_long(paged.host_seqs[s]);
+    const int64_t begin = paged.host_seqs[s].q_begin;
+    int64_t end = begin;
+    for (; s < paged.num_seqs && is_long(paged.host_seqs[s]) == long_run; ++s) {
+      end = paged.host_seqs[s].q_begin + paged.host_seqs[s].q_len;
+    }
+    kernels::RopeParams run = p;
+    run.q = p.q + begin * layout_.q_heads * d;
+    run.k = p.k + begin * layout_.kv_heads * d;
+    run.positions = p.positions + begin;
+    run.tokens = end - begin;
+    run.inv_freq = long_run ? w.inv_freq_long.as<float>() : w.inv_freq.as<float>();
+    RETURN_IF_ERROR(backend_->Rope(run));
+  }
   return absl::OkStatus();
 }
 

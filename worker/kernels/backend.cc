@@ -223,6 +223,9 @@ absl::Status RopeParams::Validate() const {
   if (AnyNegative({tokens, q_heads, kv_heads}) || head_dim <= 0 || head_dim % 2 != 0) {
     return Invalid("Rope", "bad size (head_dim must be even)");
   }
+  if (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2 != 0 || rotary_dim == 1) {
+    return Invalid("Rope", "rotary_dim must be 0 (all of head_dim) or even and at most head_dim");
+  }
   return absl::OkStatus();
 }
 

@@ -172,14 +172,19 @@ struct AddRmsNormParams {
   absl::Status Validate() const;
 };
 
-// In-place rotary embedding (rotate_half layout) of q and k at each token's position.
+// In-place rotary embedding (rotate_half layout) of q and k at each token's position: the first
+// rotary_dim elements of each head rotate (element i with element i + rotary_dim / 2), the others
+// pass through (Phi-3's partial_rotary_factor); cos and sin are multiplied by `scale` (longrope's
+// attention factor) before they are applied, as transformers does.
 struct RopeParams {
   float* q = nullptr;                // [tokens, q_heads, head_dim]
   float* k = nullptr;                // [tokens, kv_heads, head_dim]
   const int32_t* positions = nullptr;  // [tokens]
-  const float* inv_freq = nullptr;   // [head_dim / 2]; angle = position * position_scale * inv_freq
+  const float* inv_freq = nullptr;   // [rotary_dim / 2]; angle = position * position_scale * inv_freq
   int64_t tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   float position_scale = 1.0f;
+  int64_t rotary_dim = 0;  // 0 = head_dim; else even, in [2, head_dim]
+  float scale = 1.0f;
   absl::Status Validate() const;
 };
 

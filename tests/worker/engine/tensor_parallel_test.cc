@@ -173,7 +173,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            // layer with its temperature and a MoE layer.
                                            PipelineLayout{"llama4", {0, 2, 4}, 2, "llama4_pp2_tp2"},
                                            PipelineLayout{"llama4_multimodal", {0, 1, 2, 3}, 2,
-                                                          "llama4_multimodal_pp3_tp2"}),
+                                                          "llama4_multimodal_pp3_tp2"},
+                                           // LongRoPE: each stage picks short or long frequencies alike.
+                                           PipelineLayout{"phi3_longrope", {0, 1, 2}, 2, "phi3_longrope_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {

@@ -672,6 +672,30 @@ TEST_F(CpuBackendTest, RopeUsesFloatAnglesOfPositionTimesInvFreq) {
   EXPECT_NEAR(k[3], std::sin(0.75f), 1e-6);
 }
 
+TEST_F(CpuBackendTest, PartialRopeRotatesTheFirstRotaryDimsScaled) {
+  // head_dim 6, rotary_dim 4: pairs (0, 2) and (1, 3) rotate with cos and sin times 1.5; elements
+  // 4 and 5 pass through.
+  std::vector<float> q = {1, 0, 0, 0, 7, 8}, k = {0, 1, 0, 0, -7, -8};
+  const std::vector<int32_t> pos = {3};
+  const std::vector<float> inv = {0.5f, 0.25f};
+  ASSERT_TRUE(b_->Rope({.q = q.data(), .k = k.data(), .positions = pos.data(), .inv_freq = inv.data(), .tokens = 1,
+                        .q_heads = 1, .kv_heads = 1, .head_dim = 6, .rotary_dim = 4, .scale = 1.5f})
+                  .ok());
+  EXPECT_NEAR(q[0], 1.5f * std::cos(1.5f), 1e-6);
+  EXPECT_NEAR(q[2], 1.5f * std::sin(1.5f), 1e-6);
+  EXPECT_NEAR(k[1], 1.5f * std::cos(0.75f), 1e-6);
+  EXPECT_NEAR(k[3], 1.5f * std::sin(0.75f), 1e-6);
+  EXPECT_EQ(q[4], 7.f);
+  EXPECT_EQ(q[5], 8.f);
+  EXPECT_EQ(k[4], -7.f);
+  EXPECT_EQ(k[5], -8.f);
+  for (int64_t bad : {int64_t{3}, int64_t{8}, int64_t{-2}}) {
+    EXPECT_THAT(b_->Rope({.q = q.data(), .k = k.data(), .positions = pos.data(), .inv_freq = inv.data(),
+                          .tokens = 1, .q_heads = 1, .kv_heads = 1, .head_dim = 6, .rotary_dim = bad}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rotary_dim"))) << bad;
+  }
+}
+
 TEST_F(CpuBackendTest, GatherScatterAndSigmoidScale) {
   const std::vector<float> src = {1, 2, 3, 4, 5, 6};  // 3 rows x 2
   const std::vector<int32_t> rows = {2, 0};

@@ -221,7 +221,8 @@ class CpuBackend final : public Backend {
 
   absl::Status Rope(const RopeParams& p) override {
     SHARDSERVE_VALIDATE(p);
-    const int64_t half = p.head_dim / 2;
+    const int64_t rot = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
+    const int64_t half = rot / 2;
     cos_.resize(static_cast<size_t>(half));
     sin_.resize(static_cast<size_t>(half));
     for (int64_t t = 0; t < p.tokens; ++t) {
@@ -229,14 +230,14 @@ class CpuBackend final : public Backend {
       const float pos = static_cast<float>(p.positions[t]) * p.position_scale;
       for (int64_t i = 0; i < half; ++i) {
         const float angle = pos * p.inv_freq[i];
-        cos_[static_cast<size_t>(i)] = std::cos(angle);
-        sin_[static_cast<size_t>(i)] = std::sin(angle);
+        cos_[static_cast<size_t>(i)] = std::cos(angle) * p.scale;
+        sin_[static_cast<size_t>(i)] = std::sin(angle) * p.scale;
       }
       for (int64_t h = 0; h < p.q_heads; ++h) {
-        RopeHead(p.q + (t * p.q_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(p.head_dim));
+        RopeHead(p.q + (t * p.q_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(rot));
       }
       for (int64_t h = 0; h < p.kv_heads; ++h) {
-        RopeHead(p.k + (t * p.kv_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(p.head_dim));
+        RopeHead(p.k + (t * p.kv_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(rot));
       }
     }
     return absl::OkStatus();

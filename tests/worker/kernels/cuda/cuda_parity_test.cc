@@ -412,6 +412,26 @@ TEST_F(CudaParityTest, Rope) {
   }
 }
 
+// Phi-3's partial RoPE with longrope's attention factor: 48 of 64 dims rotate, cos and sin scaled.
+TEST_F(CudaParityTest, PartialScaledRope) {
+  const int64_t tokens = 9, q_heads = 4, kv_heads = 2, head_dim = 64, rotary_dim = 48;
+  std::vector<float> inv_freq(rotary_dim / 2);
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+  }
+  auto freq = Mirror(inv_freq);
+  auto positions = Mirror(RandomInts(tokens, 33, 0, 5000));
+  auto q = Mirror(RandomFloats(tokens * q_heads * head_dim, 34));
+  auto k = Mirror(RandomFloats(tokens * kv_heads * head_dim, 35));
+  RunBoth([&](Backend& b, int s) {
+    return b.Rope({.q = q.at(s), .k = k.at(s), .positions = positions.at(s), .inv_freq = freq.at(s),
+                   .tokens = tokens, .q_heads = q_heads, .kv_heads = kv_heads, .head_dim = head_dim,
+                   .rotary_dim = rotary_dim, .scale = 1.19f});
+  });
+  ExpectMirrorsClose(q);
+  ExpectMirrorsClose(k);
+}
+
 // Three sequences of different lengths in one batch: a prefill from position 0, a decode step deep
 // in its context, and a prefill chunk that continues a cached prefix. The paged cache has blocks of
 // 8 tokens; each sequence's table names shuffled, non-contiguous blocks.
