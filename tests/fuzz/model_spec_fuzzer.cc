@@ -45,6 +45,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     }
     if (s.moe.scoring == shardserve::MoeScoring::kSigmoidInput && (!s.IsMoe() || !s.moe.fused_experts)) std::abort();
+    // RoPE: an even rotated width within the head; longrope's factor lists cover it.
+    const int64_t rot = s.RotaryDim();
+    if (rot < 2 || rot % 2 != 0 || rot > s.head_dim) std::abort();
+    if (s.rope.type == shardserve::RopeType::kLongrope &&
+        (s.rope.short_factor.size() != static_cast<size_t>(rot / 2) ||
+         s.rope.long_factor.size() != static_cast<size_t>(rot / 2) || !(s.rope.attention_factor > 0.0))) {
+      std::abort();
+    }
     if (!(s.AttentionScale() > 0.0) || s.KvValuesPerToken(1) < 1) std::abort();
     (void)s.NumParameters();
   }
