@@ -640,7 +640,8 @@ TEST_F(CudaParityTest, GeluTanhMulAndScaleWithSoftCap) {
   ExpectMirrorsClose(x);
 }
 
-TEST_F(CudaParityTest, SoftCappedAttentionMatchesCpu) {
+// Gemma-2's soft-capped scores and Llama-4's chunked layers, each alone and with a window.
+TEST_F(CudaParityTest, SoftCappedAndChunkedAttentionMatchesCpu) {
   const KvLayerView shape{.num_blocks = kNumBlocks, .block_size = kBlockSize, .kv_heads = 2, .head_dim = 64};
   const int64_t q_heads = 8;
   const int64_t cache_elems = shape.num_blocks * shape.block_size * shape.kv_heads * shape.head_dim;
@@ -650,40 +651,23 @@ TEST_F(CudaParityTest, SoftCappedAttentionMatchesCpu) {
   auto ck = Mirror(RandomFloats(cache_elems, 54, -2.f, 2.f));
   auto cv = Mirror(RandomFloats(cache_elems, 55));
   auto out = Mirror(std::vector<float>(kSeqTokens * q_heads * shape.head_dim));
-  for (int64_t window : {int64_t{0}, int64_t{5}}) {
-    RunBoth([&](Backend& b, int s) {
-      KvLayerView cache = shape;
-      cache.k = ck.at(s);
-      cache.v = cv.at(s);
-      return b.Attention({.q = q.at(s), .out = out.at(s), .paged = Paged(seqs.at(s), table.at(s)),
-                          .tokens = kSeqTokens, .q_heads = q_heads, .cache = cache, .scale = 0.25f,
-                          .sliding_window = window, .softcap = 3.f});
-    });
-    ExpectMirrorsClose(out);
-  }
-}
-
-TEST_F(CudaParityTest, ChunkedAttentionMatchesCpu) {
-  // Llama-4's chunked layers, alone and with a window.
-  const KvLayerView shape{.num_blocks = kNumBlocks, .block_size = kBlockSize, .kv_heads = 2, .head_dim = 64};
-  const int64_t q_heads = 8;
-  const int64_t cache_elems = shape.num_blocks * shape.block_size * shape.kv_heads * shape.head_dim;
-  auto seqs = Mirror(kSeqs);
-  auto table = Mirror(kTable);
-  auto q = Mirror(RandomFloats(kSeqTokens * q_heads * shape.head_dim, 56, -2.f, 2.f));
-  auto ck = Mirror(RandomFloats(cache_elems, 57, -2.f, 2.f));
-  auto cv = Mirror(RandomFloats(cache_elems, 58));
-  auto out = Mirror(std::vector<float>(kSeqTokens * q_heads * shape.head_dim));
-  for (int64_t window : {int64_t{0}, int64_t{5}}) {
-    RunBoth([&](Backend& b, int s) {
-      KvLayerView cache = shape;
-      cache.k = ck.at(s);
-      cache.v = cv.at(s);
-      return b.Attention({.q = q.at(s), .out = out.at(s), .paged = Paged(seqs.at(s), table.at(s)),
-                          .tokens = kSeqTokens, .q_heads = q_heads, .cache = cache, .scale = 0.125f,
-                          .sliding_window = window, .chunk_size = 4});
-    });
-    ExpectMirrorsClose(out);
+  struct Variant {
+    float scale, softcap;
+    int64_t chunk;
+  };
+  for (const Variant& v : {Variant{0.25f, 3.f, 0}, Variant{0.125f, 0.f, 4}}) {
+    for (int64_t window : {int64_t{0}, int64_t{5}}) {
+      SCOPED_TRACE(::testing::Message() << "softcap " << v.softcap << " chunk " << v.chunk << " window " << window);
+      RunBoth([&](Backend& b, int s) {
+        KvLayerView cache = shape;
+        cache.k = ck.at(s);
+        cache.v = cv.at(s);
+        return b.Attention({.q = q.at(s), .out = out.at(s), .paged = Paged(seqs.at(s), table.at(s)),
+                            .tokens = kSeqTokens, .q_heads = q_heads, .cache = cache, .scale = v.scale,
+                            .sliding_window = window, .chunk_size = v.chunk, .softcap = v.softcap});
+      });
+      ExpectMirrorsClose(out);
+    }
   }
 }
 
