@@ -719,6 +719,43 @@ TEST(Llama4SpecTest, ConditionalGenerationReadsTheTextConfigAndPrefixesTheWeight
                        ::testing::AllOf(HasSubstr("c.json text_config"), HasSubstr("\"num_hidden_layers\""))));
 }
 
+TEST(Llama4SpecTest, RealScoutAndMaverickConfigs) {
+  // Scout: every layer MoE (16 experts, top-1), every fourth layer NoPE, the RoPE layers chunked
+  // (8192) with q/k norms, llama3 RoPE (factor 8), temperature tuning written as the integer 4.
+  ASSERT_OK_AND_ASSIGN(ModelSpec scout, LoadModelSpec("tests/sim/models/llama4-scout-109b"));
+  EXPECT_EQ(scout.weight_prefix, "language_model.");
+  EXPECT_EQ(scout.num_layers, 48);
+  EXPECT_EQ(scout.moe.num_experts, 16);
+  EXPECT_EQ(scout.moe.top_k, 1);
+  EXPECT_THAT(scout.moe.sparse_layers, ::testing::Each(true));
+  for (int64_t l = 0; l < 48; ++l) {
+    EXPECT_EQ(scout.LayerUsesRope(l), (l + 1) % 4 != 0) << l;
+    EXPECT_EQ(scout.LayerChunkSize(l), (l + 1) % 4 != 0 ? 8192 : 0) << l;
+    EXPECT_EQ(scout.LayerTemperatureTuned(l), (l + 1) % 4 == 0) << l;
+  }
+  EXPECT_TRUE(scout.qk_l2_norm);
+  EXPECT_EQ(scout.rope.type, RopeType::kLlama3);
+  EXPECT_EQ(scout.rope.factor, 8.0);
+  EXPECT_EQ(scout.attn_floor_scale, 8192.0);
+  EXPECT_EQ(scout.dtype, DType::kBF16);
+  // 17B active of 108B: per layer attention (q/k/v/o, two norms), router, the shared expert and
+  // 16 experts of 3 x 5120 x 8192; embedding and lm_head of 202048 x 5120.
+  const int64_t h = 5120, expert = 3 * h * 8192;
+  const int64_t attn = 2 * h * 5120 + 2 * h * 1024 + 2 * h;
+  EXPECT_EQ(scout.NumParameters(), 2 * 202048 * h + h + 48 * (attn + 16 * (h + expert) + expert));
+  // Maverick: MoE on odd layers (128 experts), dense layers of 16384, no q/k norm, default RoPE;
+  // no_rope_layers is absent, so every fourth layer is NoPE.
+  ASSERT_OK_AND_ASSIGN(ModelSpec maverick, LoadModelSpec("tests/sim/models/llama4-maverick-400b"));
+  EXPECT_EQ(maverick.moe.num_experts, 128);
+  EXPECT_FALSE(maverick.IsSparseLayer(0));
+  EXPECT_TRUE(maverick.IsSparseLayer(1));
+  EXPECT_EQ(maverick.intermediate_size, 16384);
+  EXPECT_FALSE(maverick.qk_l2_norm);
+  EXPECT_EQ(maverick.rope.type, RopeType::kDefault);
+  EXPECT_FALSE(maverick.LayerUsesRope(3));
+  EXPECT_EQ(maverick.KvValuesPerToken(8), 2 * 128);
+}
+
 TEST(Llama4SpecTest, DefaultsFollowLlama4TextConfig) {
   json c = Llama4Config();
   for (const char* key : {"head_dim", "intermediate_size_mlp", "num_local_experts", "num_experts_per_tok",

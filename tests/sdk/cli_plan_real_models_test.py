@@ -14,6 +14,7 @@ BIN = os.path.join(sys.argv[1], "shardserve")
 DEEPSEEK = "tests/sim/models/deepseek-v3-671b"
 QWEN3 = "tests/sim/models/qwen3-235b-a22b"
 MAVERICK = "tests/sim/models/llama4-maverick-400b"
+SCOUT = "tests/sim/models/llama4-scout-109b"
 TWO_NODES = "a=cuda:8x80GiB,b=cuda:8x80GiB"
 
 
@@ -89,6 +90,13 @@ def main():
     assert [(s["worker_id"], s["tp"], s["layer_begin"], s["layer_end"]) for s in stages] == [
         ("a", 8, 0, 24), ("b", 8, 24, 48)], stages
     assert all(s["kv_tokens"] >= 1048576 for s in stages), stages
+    # Llama-4-Scout (109B, every layer MoE with 16 experts): one node holds it at tp=8, so two
+    # replicas, each with KV for its 262144-token context.
+    text = run("--model", SCOUT, "--workers", TWO_NODES).stdout
+    assert text.startswith("plan: 2 replicas x 1 stage, max_seq_len 262144"), text
+    j = json.loads(run("--model", SCOUT, "--workers", TWO_NODES, "--json").stdout)
+    check_stages(j, 2 * 128 * 2)
+    assert all(s["kv_tokens"] >= 262144 and s["tp"] == 8 for r in j["plan"]["replicas"] for s in r["stages"]), j
     # A Llama-4 field value the engine does not implement is refused at plan time, naming it.
     with open(os.path.join(MAVERICK, "config.json")) as f:
         config = json.load(f)
