@@ -390,46 +390,32 @@ TEST_F(CudaParityTest, ArgmaxRows) {
   for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(Read(out, kRef)[r], 100 + r);
 }
 
+// Whole-head RoPE at two position scales, and Phi-3's partial RoPE (48 of 64 dims) with
+// longrope's attention factor on cos and sin.
 TEST_F(CudaParityTest, Rope) {
   const int64_t tokens = 9, q_heads = 4, kv_heads = 2, head_dim = 64;
-  std::vector<float> inv_freq(head_dim / 2);
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-  }
-  auto freq = Mirror(inv_freq);
   auto positions = Mirror(RandomInts(tokens, 30, 0, 5000));
-  for (float scale : {1.0f, 0.25f}) {
-    SCOPED_TRACE(scale);
+  struct Variant {
+    int64_t rotary_dim;
+    float position_scale, scale;
+  };
+  for (const Variant& v : {Variant{head_dim, 1.0f, 1.0f}, Variant{head_dim, 0.25f, 1.0f}, Variant{48, 1.0f, 1.19f}}) {
+    SCOPED_TRACE(::testing::Message() << "rotary_dim " << v.rotary_dim << " position_scale " << v.position_scale);
+    std::vector<float> inv_freq(static_cast<size_t>(v.rotary_dim / 2));
+    for (size_t i = 0; i < inv_freq.size(); ++i) {
+      inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(v.rotary_dim));
+    }
+    auto freq = Mirror(inv_freq);
     auto q = Mirror(RandomFloats(tokens * q_heads * head_dim, 31));
     auto k = Mirror(RandomFloats(tokens * kv_heads * head_dim, 32));
     RunBoth([&](Backend& b, int s) {
       return b.Rope({.q = q.at(s), .k = k.at(s), .positions = positions.at(s), .inv_freq = freq.at(s),
                      .tokens = tokens, .q_heads = q_heads, .kv_heads = kv_heads, .head_dim = head_dim,
-                     .position_scale = scale});
+                     .position_scale = v.position_scale, .rotary_dim = v.rotary_dim, .scale = v.scale});
     });
     ExpectMirrorsClose(q);
     ExpectMirrorsClose(k);
   }
-}
-
-// Phi-3's partial RoPE with longrope's attention factor: 48 of 64 dims rotate, cos and sin scaled.
-TEST_F(CudaParityTest, PartialScaledRope) {
-  const int64_t tokens = 9, q_heads = 4, kv_heads = 2, head_dim = 64, rotary_dim = 48;
-  std::vector<float> inv_freq(rotary_dim / 2);
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
-  }
-  auto freq = Mirror(inv_freq);
-  auto positions = Mirror(RandomInts(tokens, 33, 0, 5000));
-  auto q = Mirror(RandomFloats(tokens * q_heads * head_dim, 34));
-  auto k = Mirror(RandomFloats(tokens * kv_heads * head_dim, 35));
-  RunBoth([&](Backend& b, int s) {
-    return b.Rope({.q = q.at(s), .k = k.at(s), .positions = positions.at(s), .inv_freq = freq.at(s),
-                   .tokens = tokens, .q_heads = q_heads, .kv_heads = kv_heads, .head_dim = head_dim,
-                   .rotary_dim = rotary_dim, .scale = 1.19f});
-  });
-  ExpectMirrorsClose(q);
-  ExpectMirrorsClose(k);
 }
 
 // Three sequences of different lengths in one batch: a prefill from position 0, a decode step deep
