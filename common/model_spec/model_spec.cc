@@ -94,18 +94,36 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Phi3ForCausalLM") return Architecture::kPhi3;
   if (name == "DeepseekV3ForCausalLM") return Architecture::kDeepseekV3;
   if (name == "Gemma2ForCausalLM") return Architecture::kGemma2;
+  if (name == "Llama4ForCausalLM") return Architecture::kLlama4;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
       "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM, "
-      "DeepseekV3ForCausalLM, Gemma2ForCausalLM)"));
+      "DeepseekV3ForCausalLM, Gemma2ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
 // configs have top-level `rope_theta` and an optional `rope_scaling` {type|rope_type, ...}.
+// A list of positive numbers (longrope's short_factor / long_factor), as float32.
+absl::StatusOr<std::vector<float>> PositiveNumbers(const Fields& f, const char* key) {
+  if (!f.Has(key)) return f.Error(key, "is missing");
+  const json& v = f.obj().at(key);
+  if (!v.is_array() || v.empty()) return f.Error(key, "is not a list of numbers");
+  std::vector<float> out;
+  for (const auto& e : v) {
+    if (!e.is_number() || !(e.get<double>() > 0.0) || !(e.get<double>() < 1e30)) {
+      return f.Error(key, absl::StrCat("has ", e.dump(), "; every factor must be a positive number"));
+    }
+    out.push_back(static_cast<float>(e.get<double>()));
+  }
+  return out;
+}
+
 absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_positions, RopeSpec* rope) {
   Fields top(doc, label);
   ASSIGN_OR_RETURN(rope->theta, top.NumberOr("rope_theta", 10000.0, 1e-3, 1e12));
+  // Top level in older configs; transformers >= 5 moves it into the rope parameters (which win).
+  ASSIGN_OR_RETURN(rope->partial_rotary_factor, top.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
   const json* params = nullptr;
   std::string field = "rope_scaling";
   if (top.Has("rope_parameters")) {
@@ -119,12 +137,8 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
   const std::string sub_label = absl::StrCat(label, " ", field);
   Fields p(*params, sub_label);
   ASSIGN_OR_RETURN(rope->theta, p.NumberOr("rope_theta", rope->theta, 1e-3, 1e12));
-  // transformers >= 5 moves `partial_rotary_factor` (Phi-3 writes 1.0) into the rope parameters.
-  ASSIGN_OR_RETURN(double partial, p.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
-  if (partial != 1.0) {
-    return absl::UnimplementedError(absl::StrCat(sub_label, ": field \"partial_rotary_factor\" is ", partial,
-                                                 "; only 1 (RoPE over the whole head) is supported"));
-  }
+  ASSIGN_OR_RETURN(rope->partial_rotary_factor,
+                   p.NumberOr("partial_rotary_factor", rope->partial_rotary_factor, 0.0, 1.0));
   std::string type = "default";
   for (const char* key : {"rope_type", "type"}) {
     if (p.Has(key)) {
@@ -145,8 +159,9 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
     if (rope->factor < 0) return p.Error("factor", "is missing");
     ASSIGN_OR_RETURN(rope->low_freq_factor, p.NumberOr("low_freq_factor", 1.0, 1e-6, 1e6));
     ASSIGN_OR_RETURN(rope->high_freq_factor, p.NumberOr("high_freq_factor", 4.0, 1e-6, 1e6));
-    if (rope->high_freq_factor <= rope->low_freq_factor) {
-      return p.Error("high_freq_factor", "must be greater than low_freq_factor");
+    // Equal factors (Llama-4 Scout) leave no smoothed band: every frequency is kept or divided.
+    if (rope->high_freq_factor < rope->low_freq_factor) {
+      return p.Error("high_freq_factor", "must not be less than low_freq_factor");
     }
     ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
                      p.IntOr("original_max_position_embeddings", max_positions, 1, kMaxPositions));
@@ -174,13 +189,32 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
     } else {
       rope->attention_factor = get_mscale(rope->factor, 1.0);
     }
-  } else if (type == "longrope") {
-    return absl::UnimplementedError(absl::StrCat(
-        sub_label, ": rope type \"longrope\" (Phi-3 long-context short/long factors) is not supported yet "
-        "(supported: default, linear, llama3, yarn for DeepSeek-V3); the short-context Phi-3 checkpoints have no rope scaling"));
+  } else if (type == "longrope" || type == "su") {  // "su": the Phi-3 configs' first name for it
+    rope->type = RopeType::kLongrope;
+    ASSIGN_OR_RETURN(rope->short_factor, PositiveNumbers(p, "short_factor"));
+    ASSIGN_OR_RETURN(rope->long_factor, PositiveNumbers(p, "long_factor"));
+    // Phi-3 states it at the top level (its config copies it into the rope parameters).
+    ASSIGN_OR_RETURN(int64_t orig, top.IntOr("original_max_position_embeddings", max_positions, 1, kMaxPositions));
+    ASSIGN_OR_RETURN(rope->original_max_position_embeddings,
+                     p.IntOr("original_max_position_embeddings", orig, 1, kMaxPositions));
+    // A missing factor is max_position_embeddings / original_max_position_embeddings; the
+    // attention factor, unless given, sqrt(1 + ln(factor) / ln(original)) (1 without scaling).
+    ASSIGN_OR_RETURN(rope->factor, p.NumberOr("factor", static_cast<double>(max_positions) /
+                                                            static_cast<double>(rope->original_max_position_embeddings),
+                                              1e-6, 1e6));
+    if (p.Has("attention_factor")) {
+      ASSIGN_OR_RETURN(rope->attention_factor, p.NumberOr("attention_factor", 1.0, 1e-6, 1e6));
+    } else if (rope->factor <= 1.0) {
+      rope->attention_factor = 1.0;
+    } else if (rope->original_max_position_embeddings < 2) {
+      return p.Error("original_max_position_embeddings", "must be at least 2 (its logarithm divides)");
+    } else {
+      rope->attention_factor = std::sqrt(
+          1.0 + std::log(rope->factor) / std::log(static_cast<double>(rope->original_max_position_embeddings)));
+    }
   } else {
     return absl::UnimplementedError(absl::StrCat(sub_label, ": rope type \"", type,
-                                                 "\" is not supported (supported: default, linear, llama3, yarn for DeepSeek-V3)"));
+                                                 "\" is not supported (supported: default, linear, llama3, yarn for DeepSeek-V3, longrope for Phi-3)"));
   }
   return absl::OkStatus();
 }
@@ -362,6 +396,26 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
   return absl::OkStatus();
 }
 
+// `layer_types` of `num_layers` entries, each `local` (a windowed or chunked layer: true) or
+// "full_attention" (false); any other type is Unimplemented, naming it.
+absl::StatusOr<std::vector<bool>> LayerTypes(const Fields& f, int64_t num_layers, absl::string_view local) {
+  const json& v = f.obj().at("layer_types");
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != num_layers) {
+    return f.Error("layer_types", absl::StrCat("is not a list of ", num_layers, " layer types"));
+  }
+  std::vector<bool> flags;
+  for (const auto& e : v) {
+    if (!e.is_string()) return f.Error("layer_types", "is not a list of strings");
+    const std::string type = e.get<std::string>();
+    if (type != local && type != "full_attention") {
+      return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"layer_types\" has \"", type, "\"; only \"",
+                                                   local, "\" and \"full_attention\" are supported"));
+    }
+    flags.push_back(type == local);
+  }
+  return flags;
+}
+
 // A soft-capping value: absent -> `def`, null -> 0 (none), else a positive number.
 absl::StatusOr<double> SoftCap(const Fields& f, const char* key, double def) {
   if (!f.obj().contains(key)) return def;
@@ -397,22 +451,10 @@ absl::Status ParseGemma2(const Fields& f, ModelSpec* s) {
   ASSIGN_OR_RETURN(s->attn_logit_softcapping, SoftCap(f, "attn_logit_softcapping", 50.0));
   ASSIGN_OR_RETURN(s->final_logit_softcapping, SoftCap(f, "final_logit_softcapping", 30.0));
   // layer_types: given, or "sliding_attention" on even layers (transformers' default).
-  s->sliding_layers.assign(static_cast<size_t>(s->num_layers), false);
   if (f.Has("layer_types")) {
-    const json& v = f.obj().at("layer_types");
-    if (!v.is_array() || static_cast<int64_t>(v.size()) != s->num_layers) {
-      return f.Error("layer_types", absl::StrCat("is not a list of ", s->num_layers, " layer types"));
-    }
-    for (size_t l = 0; l < v.size(); ++l) {
-      if (!v[l].is_string()) return f.Error("layer_types", "is not a list of strings");
-      const std::string type = v[l].get<std::string>();
-      if (type != "sliding_attention" && type != "full_attention") {
-        return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"layer_types\" has \"", type,
-                                                     "\"; only \"sliding_attention\" and \"full_attention\" are supported"));
-      }
-      s->sliding_layers[l] = type == "sliding_attention";
-    }
+    ASSIGN_OR_RETURN(s->sliding_layers, LayerTypes(f, s->num_layers, "sliding_attention"));
   } else {
+    s->sliding_layers.assign(static_cast<size_t>(s->num_layers), false);
     for (int64_t l = 0; l < s->num_layers; l += 2) s->sliding_layers[static_cast<size_t>(l)] = true;
   }
   const bool any_sliding = std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) != s->sliding_layers.end();
@@ -432,6 +474,136 @@ absl::Status ParseGemma2(const Fields& f, ModelSpec* s) {
   if (s->dtype == DType::kF16) mult = HalfToFloat(FloatToHalf(mult));
   s->embedding_multiplier = mult;
   return absl::OkStatus();
+}
+
+// A per-layer list of 0/1 integers (Llama-4's no_rope_layers: 1 = the layer uses RoPE).
+absl::StatusOr<std::vector<bool>> LayerFlags(const Fields& f, const char* key, int64_t num_layers) {
+  const json& v = f.obj().at(key);
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != num_layers) {
+    return f.Error(key, absl::StrCat("is not a list of ", num_layers, " entries (one per layer)"));
+  }
+  std::vector<bool> flags;
+  for (const auto& e : v) {
+    ASSIGN_OR_RETURN(int64_t flag, f.IntValue(key, e, 0, 1));
+    flags.push_back(flag == 1);
+  }
+  return flags;
+}
+
+// Llama-4's text model (transformers' Llama4TextConfig, whose defaults apply to missing fields):
+// see ModelSpec's Llama-4 fields and MoeScoring::kSigmoidInput.
+absl::Status ParseLlama4(const Fields& f, ModelSpec* s) {
+  ASSIGN_OR_RETURN(bool attention_bias, f.BoolOr("attention_bias", false));
+  if (attention_bias) {
+    return absl::UnimplementedError(
+        absl::StrCat(f.label(), ": field \"attention_bias\" is true; Llama-4 attention without biases only"));
+  }
+  if (s->rope.type == RopeType::kYarn) {
+    return absl::UnimplementedError(absl::StrCat(
+        f.label(), ": rope type \"yarn\" is not supported for Llama-4 (supported: default, linear, llama3)"));
+  }
+  s->rope_interleaved = true;
+  // RoPE and NoPE layers: no_rope_layers (1 = RoPE), or, when missing or empty, every
+  // no_rope_layer_interval-th layer is NoPE.
+  const int64_t n = s->num_layers;
+  const bool listed = f.Has("no_rope_layers") && !(f.obj().at("no_rope_layers").is_array() &&
+                                                   f.obj().at("no_rope_layers").empty());
+  if (listed) {
+    ASSIGN_OR_RETURN(s->rope_layers, LayerFlags(f, "no_rope_layers", n));
+  } else {
+    ASSIGN_OR_RETURN(int64_t interval, f.IntOr("no_rope_layer_interval", 4, 1, 4096));
+    for (int64_t l = 0; l < n; ++l) s->rope_layers.push_back((l + 1) % interval != 0);
+  }
+  ASSIGN_OR_RETURN(s->qk_l2_norm, f.BoolOr("use_qk_norm", true));
+  // transformers tests the field for truth; released configs write true or an integer.
+  bool tuning = true;
+  if (f.Has("attn_temperature_tuning")) {
+    const json& t = f.obj().at("attn_temperature_tuning");
+    if (t.is_boolean()) {
+      tuning = t.get<bool>();
+    } else if (t.is_number_integer()) {
+      tuning = t.get<int64_t>() != 0;
+    } else {
+      return f.Error("attn_temperature_tuning", "is not true, false or an integer");
+    }
+  }
+  if (tuning) {
+    ASSIGN_OR_RETURN(s->attn_floor_scale, f.NumberOr("floor_scale", 8192.0, 1e-6, 1e12));
+    ASSIGN_OR_RETURN(s->attn_temperature_scale, f.NumberOr("attn_scale", 0.1, -1e6, 1e6));
+  }
+  // Chunked local attention: layer_types, or "chunked_attention" on the RoPE layers.
+  if (f.Has("layer_types")) {
+    ASSIGN_OR_RETURN(s->chunked_layers, LayerTypes(f, n, "chunked_attention"));
+  } else {
+    for (int64_t l = 0; l < n; ++l) s->chunked_layers.push_back(s->LayerUsesRope(l));
+  }
+  const bool any_chunked = std::find(s->chunked_layers.begin(), s->chunked_layers.end(), true) != s->chunked_layers.end();
+  if (f.obj().contains("attention_chunk_size") && f.obj().at("attention_chunk_size").is_null()) {
+    if (any_chunked) {
+      return f.Error("attention_chunk_size", "is null but layer_types has \"chunked_attention\" layers");
+    }
+  } else {
+    ASSIGN_OR_RETURN(s->attention_chunk_size, f.IntOr("attention_chunk_size", 8192, 1, kMaxPositions));
+  }
+  // A chunk no context reaches the end of is full attention.
+  if (!any_chunked || s->attention_chunk_size >= s->max_position_embeddings) {
+    s->attention_chunk_size = 0;
+    s->chunked_layers.clear();
+  }
+
+  // MoE: `intermediate_size` is the width of every expert and of the shared expert; dense layers
+  // are `intermediate_size_mlp` wide.
+  MoeSpec& moe = s->moe;
+  moe.scoring = MoeScoring::kSigmoidInput;
+  moe.fused_experts = true;
+  moe.norm_topk_prob = false;
+  moe.expert_intermediate_size = s->intermediate_size;
+  moe.shared_expert_intermediate_size = s->intermediate_size;
+  moe.shared_expert_gate = false;
+  ASSIGN_OR_RETURN(s->intermediate_size, f.IntOr("intermediate_size_mlp", 16384, 1, kMaxDim));
+  ASSIGN_OR_RETURN(moe.num_experts, f.IntOr("num_local_experts", 16, 1, 4096));
+  ASSIGN_OR_RETURN(moe.top_k, f.IntOr("num_experts_per_tok", 1, 1, moe.num_experts));
+  moe.sparse_layers.assign(static_cast<size_t>(n), false);
+  if (f.Has("moe_layers")) {
+    const json& v = f.obj().at("moe_layers");
+    if (!v.is_array()) return f.Error("moe_layers", "is not a list of layer indices");
+    for (const auto& e : v) {
+      ASSIGN_OR_RETURN(int64_t layer, f.IntValue("moe_layers", e, 0, n - 1));
+      moe.sparse_layers[static_cast<size_t>(layer)] = true;
+    }
+  } else {
+    ASSIGN_OR_RETURN(int64_t step, f.IntOr("interleave_moe_layer_step", 1, 1, 4096));
+    for (int64_t l = step - 1; l < n; l += step) moe.sparse_layers[static_cast<size_t>(l)] = true;
+  }
+  if (std::find(moe.sparse_layers.begin(), moe.sparse_layers.end(), true) == moe.sparse_layers.end()) {
+    moe = MoeSpec{};  // no MoE layer: a dense model
+  }
+  return absl::OkStatus();
+}
+
+// Llama4ForConditionalGeneration: the text model's config is `text_config`; its weights are those
+// of the checkpoint under "language_model." (the vision tower and projector are not loaded).
+// Returns the text config with the outer dtype filled in when it has none.
+absl::StatusOr<json> Llama4TextConfig(const json& doc, absl::string_view label) {
+  Fields top(doc, label);
+  if (!top.Has("text_config") || !doc.at("text_config").is_object()) {
+    return top.Error("text_config", "is missing or not an object (Llama4ForConditionalGeneration nests its text model there)");
+  }
+  ASSIGN_OR_RETURN(bool tied, top.BoolOr("tie_word_embeddings", false));
+  if (tied) {
+    return absl::UnimplementedError(absl::StrCat(
+        label, ": field \"tie_word_embeddings\" is true; Llama4ForConditionalGeneration with a tied lm_head is not supported"));
+  }
+  if (top.Has("quantization_config")) {
+    return absl::UnimplementedError(absl::StrCat(
+        label, ": field \"quantization_config\": quantized Llama-4 checkpoints are not supported"));
+  }
+  json text = doc.at("text_config");
+  text["architectures"] = json::array({"Llama4ForCausalLM"});
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (!text.contains(key) && doc.contains(key)) text[key] = doc.at(key);
+  }
+  return text;
 }
 
 // quantization_config: only fp8 (see Fp8Quantization). Unknown keys are ignored, as transformers
@@ -507,6 +679,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kPhi3: return "Phi3ForCausalLM";
     case Architecture::kDeepseekV3: return "DeepseekV3ForCausalLM";
     case Architecture::kGemma2: return "Gemma2ForCausalLM";
+    case Architecture::kLlama4: return "Llama4ForCausalLM";
   }
   return "?";
 }
@@ -604,8 +777,19 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   json doc = json::parse(config_json.begin(), config_json.end(), nullptr, false);
   if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(label, ": not valid JSON"));
   if (!doc.is_object()) return absl::InvalidArgumentError(absl::StrCat(label, ": not a JSON object"));
+  std::string text_label;
+  std::string weight_prefix;
+  if (doc.contains("architectures") && doc.at("architectures").is_array() && !doc.at("architectures").empty() &&
+      doc.at("architectures").at(0) == "Llama4ForConditionalGeneration") {
+    ASSIGN_OR_RETURN(json text, Llama4TextConfig(doc, label));
+    doc = std::move(text);
+    text_label = absl::StrCat(label, " text_config");
+    label = text_label;
+    weight_prefix = "language_model.";
+  }
   Fields f(doc, label);
   ModelSpec s;
+  s.weight_prefix = weight_prefix;
   ASSIGN_OR_RETURN(s.arch, ParseArchitecture(doc, label));
   ASSIGN_OR_RETURN(s.vocab_size, f.Int("vocab_size", 1, kMaxDim));
   ASSIGN_OR_RETURN(s.hidden_size, f.Int("hidden_size", 1, kMaxDim));
@@ -623,6 +807,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     ASSIGN_OR_RETURN(s.head_dim, f.Int("head_dim", 2, 65536));
   } else if (s.arch == Architecture::kGemma2) {
     s.head_dim = 256;  // Gemma2Config's default, not hidden / heads
+  } else if (s.arch == Architecture::kLlama4) {
+    s.head_dim = 128;  // Llama4TextConfig's default, not hidden / heads
   } else if (s.arch == Architecture::kQwen3) {
     // transformers' Qwen3 defaults a missing head_dim to 128, not hidden / heads: no guessing.
     return f.Error("head_dim", "is missing (Qwen3 configs state it)");
@@ -645,9 +831,31 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     }
   }
   RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope));
-  if (f.Has("partial_rotary_factor")) {
-    ASSIGN_OR_RETURN(double prf, f.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
-    if (prf != 1.0) return absl::UnimplementedError(absl::StrCat(label, ": partial_rotary_factor != 1 is not supported"));
+  if (s.arch != Architecture::kPhi3) {
+    if (s.rope.partial_rotary_factor != 1.0) {
+      return absl::UnimplementedError(absl::StrCat(label, ": field \"partial_rotary_factor\" is ",
+                                                   s.rope.partial_rotary_factor, "; below 1 it is supported for ",
+                                                   "Phi3ForCausalLM only (RoPE over the whole head elsewhere)"));
+    }
+    if (s.rope.type == RopeType::kLongrope) {
+      return absl::UnimplementedError(
+          absl::StrCat(label, ": rope type \"longrope\" is supported for Phi3ForCausalLM only"));
+    }
+  } else {
+    const int64_t rot = s.RotaryDim();
+    if (rot < 2 || rot % 2 != 0) {
+      return f.Error("partial_rotary_factor", absl::StrCat("(", s.rope.partial_rotary_factor, ") rotates ", rot,
+                                                           " of head_dim ", s.head_dim,
+                                                           " elements; RoPE needs an even number, at least 2"));
+    }
+    if (s.rope.type == RopeType::kLongrope) {
+      for (const auto* factors : {&s.rope.short_factor, &s.rope.long_factor}) {
+        if (static_cast<int64_t>(factors->size()) != rot / 2) {
+          return f.Error(factors == &s.rope.short_factor ? "short_factor" : "long_factor",
+                         absl::StrCat("has ", factors->size(), " entries; rotary_dim / 2 = ", rot / 2, " expected"));
+        }
+      }
+    }
   }
   switch (s.arch) {
     case Architecture::kLlama: {
@@ -700,6 +908,13 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     }
     case Architecture::kDeepseekV3:
       RETURN_IF_ERROR(ParseDeepseekV3(f, &s));
+      break;
+    case Architecture::kLlama4:
+      if (f.Has("quantization_config")) {
+        return absl::UnimplementedError(absl::StrCat(
+            label, ": field \"quantization_config\": quantized Llama-4 checkpoints are not supported"));
+      }
+      RETURN_IF_ERROR(ParseLlama4(f, &s));
       break;
     case Architecture::kGemma2:
       break;  // after the dtype (the embedding multiplier is rounded to it)

@@ -2,10 +2,11 @@
 // `config.json`. Everything downstream (weight loading, the planner, the engine) works from this
 // struct and never from JSON. Supported architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-// Phi3ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM. Anything else — another architecture
-// (DeepSeek-V2, Llama-4, Gemma-3, ...), an activation other than SiLU (GELU-tanh for Gemma-2), an unsupported RoPE scaling type
-// (longrope among them), a partial rotary factor below 1, a DeepSeek routing variant we do not
-// implement — is an error that names the field, never a silently wrong model.
+// Phi3ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Llama4ForCausalLM (and the text model of
+// Llama4ForConditionalGeneration). Anything else — another architecture (DeepSeek-V2, Gemma-3, ...),
+// an activation other than SiLU (GELU-tanh for Gemma-2), an unsupported RoPE scaling type
+// (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, a DeepSeek routing
+// variant we do not implement — is an error that names the field, never a silently wrong model.
 #ifndef SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 #define SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 
@@ -22,6 +23,7 @@ namespace shardserve {
 
 enum class Architecture : uint8_t {
   kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3, kDeepseekV3, kGemma2,
+  kLlama4,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -37,6 +39,10 @@ enum class RopeType : uint8_t {
   kLinear,   // positions divided by `factor`
   kLlama3,   // Llama 3.1 frequency-dependent scaling
   kYarn,     // YaRN (DeepSeek-V3): per-frequency blend of interpolation and extrapolation
+  // LongRoPE (Phi-3.5, Phi-4-mini; "su" in older configs): inv_freq_i = 1 / (f_i theta^(2i/d)) with
+  // f = short_factor while a sequence is at most original_max_position_embeddings long, else
+  // long_factor; cos and sin times attention_factor.
+  kLongrope,
 };
 
 struct RopeSpec {
@@ -57,7 +63,15 @@ struct RopeSpec {
   // mscale(factor, 1), where mscale(s, m) = 0.1 m ln(s) + 1 for s > 1, else 1.
   double mscale = 0.0;
   double mscale_all_dim = 0.0;
-  double attention_factor = 1.0;
+  double attention_factor = 1.0;  // yarn, longrope
+  // longrope: the per-frequency divisors, rotary_dim / 2 each (float32, as transformers holds them).
+  // Which set rotates a step's new tokens follows transformers' KV-cache generation: the long one
+  // when the sequence's length at the end of the step exceeds original_max_position_embeddings;
+  // cached keys keep the rotation they were written with.
+  std::vector<float> short_factor, long_factor;
+  // Phi-3: only the first int(head_dim x partial_rotary_factor) elements of each q and k head
+  // rotate; the rest pass through.
+  double partial_rotary_factor = 1.0;
 };
 
 // Multi-head latent attention (DeepSeek-V3). Per token: q = q_b(RmsNorm(q_a(x))) (or q_proj(x)
@@ -86,6 +100,10 @@ enum class MoeScoring : uint8_t {
   // sum of its two best biased scores); the weights are the chosen unbiased scores,
   // renormalised when norm_topk_prob, times routed_scaling_factor.
   kSigmoidGrouped,
+  // Llama-4: the top_k router logits are chosen and each chosen expert's weight is the sigmoid
+  // of its logit, which scales the expert's *input*; the experts' outputs are summed unscaled
+  // (no renormalisation, no routed_scaling_factor).
+  kSigmoidInput,
 };
 
 // Mixture-of-experts layout. `num_experts == 0` for dense models.
@@ -108,6 +126,11 @@ struct MoeSpec {
   // Per layer: true when the layer's MLP is a sparse MoE block (false: dense MLP of width
   // ModelSpec::intermediate_size).
   std::vector<bool> sparse_layers;
+  // Llama-4's checkpoint layout: per layer `experts.gate_up_proj` [experts, hidden, 2 x
+  // expert_intermediate_size] (gate columns first) and `experts.down_proj` [experts,
+  // expert_intermediate_size, hidden], i.e. transposed against nn.Linear; the loader transposes
+  // and slices them per rank.
+  bool fused_experts = false;
 };
 
 // An FP8 checkpoint: config.json's `quantization_config` with `quant_method: "fp8"`, as written by
@@ -192,6 +215,29 @@ struct ModelSpec {
   // DeepSeek-V3 (kv_lora_rank > 0): multi-head latent attention. head_dim is then
   // qk_rope_head_dim (the RoPE width, as transformers sets it), num_kv_heads == num_heads.
   MlaSpec mla;
+  // Prepended to every checkpoint tensor name: "language_model." for the text model of
+  // Llama4ForConditionalGeneration (whose config nests it in `text_config`), else empty.
+  std::string weight_prefix;
+  // Llama-4. Per layer: false for a NoPE layer (no rotary embedding; `no_rope_layers` entry 0).
+  // Empty: every layer uses RoPE.
+  std::vector<bool> rope_layers;
+  // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each q and k head (Llama-4's
+  // complex form) instead of rotate_half's halves: the loader reorders the q and k rows of every
+  // head into halves, which leaves q . k unchanged, so the Rope op applies.
+  bool rope_interleaved = false;
+  // Llama-4 use_qk_norm: on RoPE layers, every q and k head is divided by its root mean square
+  // (eps rms_norm_eps, no weight) after RoPE.
+  bool qk_l2_norm = false;
+  // Per layer: true when the layer attends only to keys in the query's chunk of
+  // attention_chunk_size positions (floor(key / chunk) == floor(pos / chunk)), Llama-4's
+  // "chunked_attention" layers. Empty: none.
+  std::vector<bool> chunked_layers;
+  int64_t attention_chunk_size = 0;
+  // Llama-4 attn_temperature_tuning (0 = off): on NoPE layers each query row at position p is
+  // multiplied by log1p(floor((p + 1) / attn_floor_scale)) x attn_temperature_scale + 1 (float32,
+  // as transformers computes it).
+  double attn_floor_scale = 0.0;
+  double attn_temperature_scale = 0.0;
 
   bool IsMoe() const { return moe.num_experts > 0; }
   // The window of layer `layer`'s attention (0 = full attention).
@@ -200,6 +246,19 @@ struct ModelSpec {
     return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
   }
   bool IsMla() const { return mla.kv_lora_rank > 0; }
+  // The rotated elements of each q and k head (head_dim unless partial_rotary_factor < 1).
+  int64_t RotaryDim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  }
+  bool LayerUsesRope(int64_t layer) const {
+    return rope_layers.empty() || rope_layers[static_cast<size_t>(layer)];
+  }
+  // The attention chunk of layer `layer` (0 = not chunked).
+  int64_t LayerChunkSize(int64_t layer) const {
+    return !chunked_layers.empty() && chunked_layers[static_cast<size_t>(layer)] ? attention_chunk_size : 0;
+  }
+  // Whether layer `layer`'s queries are scaled by position (attn_temperature_tuning on NoPE layers).
+  bool LayerTemperatureTuned(int64_t layer) const { return attn_floor_scale > 0.0 && !LayerUsesRope(layer); }
   // Softmax scale of attention scores: 1/sqrt(head_dim) (1/sqrt(query_pre_attn_scalar) when
   // set), or for MLA 1/sqrt(qk_head_dim) times
   // mscale(factor, mscale_all_dim)^2 under yarn RoPE with mscale_all_dim set (DeepSeek-V3).
@@ -220,12 +279,18 @@ struct ModelSpec {
 
 // Parses config.json text. InvalidArgument naming `label` and the offending field for malformed or
 // inconsistent values; Unimplemented for well-formed but unsupported models (architecture,
-// activation, rope type, partial_rotary_factor < 1, Qwen2/Qwen3 sliding windows or layer_types
+// activation, rope type, partial_rotary_factor < 1 or longrope outside Phi-3 (and, on Phi-3, a
+// rotary dimension that is odd or below 2, or longrope factors that are not rotary_dim / 2 positive
+// numbers), Qwen2/Qwen3 sliding windows or layer_types
 // other than "full_attention", DeepSeek-V3 values outside what is implemented: scoring_func other
 // than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
 // num_key_value_heads != num_attention_heads; yarn RoPE on other architectures; Gemma-2 with a
 // hidden_activation other than gelu_pytorch_tanh, use_bidirectional_attention, layer_types other
-// than "sliding_attention"/"full_attention", a null sliding_window with sliding layers). A `quantization_config` is InvalidArgument, naming
+// than "sliding_attention"/"full_attention", a null sliding_window with sliding layers; Llama-4 with
+// attention_bias, a quantization_config, layer_types other than "chunked_attention"/"full_attention",
+// chunked layers without an attention_chunk_size, a top-level
+// tie_word_embeddings true on Llama4ForConditionalGeneration, a rope type other than default,
+// linear and llama3). A `quantization_config` is InvalidArgument, naming
 // the field, unless it is fp8 as described at Fp8Quantization: another quant_method (gptq, awq,
 // bitsandbytes, compressed-tensors, fbgemm_fp8, ...), an `fmt` other than "e4m3" (e.g. "e5m2"), an
 // activation_scheme other than "dynamic"/"static", a weight_block_size that is not two positive

@@ -272,22 +272,24 @@ INSTANTIATE_TEST_SUITE_P(
                     c["num_experts_per_tok"] = 2;
                   },
                   absl::StatusCode::kInvalidArgument, "\"moe_intermediate_size\" is missing"},
-        BadConfig{"Phi3LongRope",
+        BadConfig{"Phi3LongRopeFactorCount",
                   [](json& c) {
                     c["architectures"] = {"Phi3ForCausalLM"};
                     c["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
                   },
-                  absl::StatusCode::kUnimplemented, "rope type \"longrope\""},
-        BadConfig{"PartialRotaryInRopeParameters",
+                  absl::StatusCode::kInvalidArgument, "\"short_factor\" has 1 entries; rotary_dim / 2 = 8"},
+        BadConfig{"LongRopeOnLlama",
                   [](json& c) {
-                    c["architectures"] = {"Phi3ForCausalLM"};
-                    c["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.75}};
+                    c["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
                   },
+                  absl::StatusCode::kUnimplemented, "\"longrope\" is supported for Phi3ForCausalLM only"},
+        BadConfig{"PartialRotaryOnLlama",
+                  [](json& c) { c["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.75}}; },
                   absl::StatusCode::kUnimplemented, "\"partial_rotary_factor\" is 0.75"},
         BadConfig{"DeepSeekV2", [](json& c) { c["architectures"] = {"DeepseekV2ForCausalLM"}; },
                   absl::StatusCode::kUnimplemented, "\"DeepseekV2ForCausalLM\" is not supported"},
-        BadConfig{"Llama4", [](json& c) { c["architectures"] = {"Llama4ForConditionalGeneration"}; },
-                  absl::StatusCode::kUnimplemented, "\"Llama4ForConditionalGeneration\" is not supported"},
+        BadConfig{"Llama4WithoutTextConfig", [](json& c) { c["architectures"] = {"Llama4ForConditionalGeneration"}; },
+                  absl::StatusCode::kInvalidArgument, "\"text_config\" is missing"},
         BadConfig{"Gemma3", [](json& c) { c["architectures"] = {"Gemma3ForCausalLM"}; },
                   absl::StatusCode::kUnimplemented, "\"Gemma3ForCausalLM\" is not supported"},
         BadConfig{"MixtralWithoutExperts", [](json& c) { c["architectures"] = {"MixtralForCausalLM"}; },
@@ -623,6 +625,333 @@ INSTANTIATE_TEST_SUITE_P(
                  absl::StatusCode::kInvalidArgument, "query_pre_attn_scalar"},
         BadGemma{"YarnRope", [](json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}}; },
                  absl::StatusCode::kUnimplemented, "yarn"}),
+    [](const auto& test_info) { return test_info.param.name; });
+
+}  // namespace
+}  // namespace shardserve
+
+namespace shardserve {
+namespace {
+
+// A Llama4TextConfig as released configs write it (Scout-like, shrunk).
+json Llama4Config() {
+  return json::parse(R"({"architectures":["Llama4ForCausalLM"],"vocab_size":256,"hidden_size":64,
+    "intermediate_size":16,"intermediate_size_mlp":96,"num_hidden_layers":4,"num_attention_heads":4,
+    "num_key_value_heads":2,"head_dim":16,"max_position_embeddings":128,"rms_norm_eps":1e-5,
+    "hidden_act":"silu","num_local_experts":8,"num_experts_per_tok":1,"interleave_moe_layer_step":1,
+    "attention_chunk_size":8,"use_qk_norm":true,"attn_temperature_tuning":4,"floor_scale":8192,
+    "attn_scale":0.1,"rope_theta":500000.0,"rope_scaling":{"factor":16.0,"high_freq_factor":1.0,
+    "low_freq_factor":1.0,"original_max_position_embeddings":32,"rope_type":"llama3"},
+    "bos_token_id":1,"eos_token_id":[2,3]})");
+}
+
+TEST(Llama4SpecTest, GoldenConfigHasTheLlama4Semantics) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/llama4"));
+  EXPECT_EQ(s.arch, Architecture::kLlama4);
+  EXPECT_EQ(s.weight_prefix, "");
+  EXPECT_EQ(s.head_dim, 16);
+  EXPECT_TRUE(s.rope_interleaved);
+  EXPECT_TRUE(s.qk_l2_norm);
+  EXPECT_FALSE(s.qk_norm);
+  EXPECT_THAT(s.rope_layers, ElementsAre(true, true, false, true));
+  EXPECT_THAT(s.chunked_layers, ElementsAre(true, true, false, true));
+  EXPECT_EQ(s.attention_chunk_size, 8);
+  EXPECT_EQ(s.LayerChunkSize(1), 8);
+  EXPECT_EQ(s.LayerChunkSize(2), 0);
+  EXPECT_FALSE(s.LayerTemperatureTuned(1));
+  EXPECT_TRUE(s.LayerTemperatureTuned(2));
+  EXPECT_EQ(s.attn_floor_scale, 4.0);
+  EXPECT_EQ(s.attn_temperature_scale, 0.5);
+  EXPECT_EQ(s.rope.type, RopeType::kLlama3);
+  EXPECT_EQ(s.rope.low_freq_factor, s.rope.high_freq_factor);
+  EXPECT_EQ(s.intermediate_size, 96);
+  EXPECT_EQ(s.moe.scoring, MoeScoring::kSigmoidInput);
+  EXPECT_TRUE(s.moe.fused_experts);
+  EXPECT_EQ(s.moe.num_experts, 8);
+  EXPECT_EQ(s.moe.top_k, 2);
+  EXPECT_EQ(s.moe.expert_intermediate_size, 16);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 16);
+  EXPECT_FALSE(s.moe.shared_expert_gate);
+  EXPECT_THAT(s.moe.sparse_layers, ElementsAre(false, true, false, true));
+  // KV per token: every layer keeps its whole K and V (chunked layers included).
+  EXPECT_EQ(s.KvValuesPerToken(), 2 * 2 * 16);
+  // Embedding + lm_head, final norm; per layer q/k/v/o and two norms; dense layers 3 x 64 x 96;
+  // MoE layers 8 experts (router row + 3 x 64 x 16 each) and a shared expert of 16.
+  const int64_t h = 64;
+  const int64_t attn = h * 64 + 2 * h * 32 + 64 * h + 2 * h;
+  const int64_t dense = 3 * h * 96;
+  const int64_t moe = 8 * (h + 3 * h * 16) + 3 * h * 16;
+  EXPECT_EQ(s.NumParameters(), 2 * 256 * h + h + 4 * attn + 2 * dense + 2 * moe);
+}
+
+TEST(Llama4SpecTest, ConditionalGenerationReadsTheTextConfigAndPrefixesTheWeights) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/llama4_multimodal"));
+  EXPECT_EQ(s.arch, Architecture::kLlama4);
+  EXPECT_EQ(s.weight_prefix, "language_model.");
+  EXPECT_EQ(s.vocab_size, 256);
+  EXPECT_EQ(s.num_layers, 3);
+  EXPECT_FALSE(s.qk_l2_norm);
+  // no_rope_layer_interval 3: layer 2 is NoPE; the RoPE layers are chunked.
+  EXPECT_THAT(s.rope_layers, ElementsAre(true, true, false));
+  EXPECT_THAT(s.chunked_layers, ElementsAre(true, true, false));
+  EXPECT_EQ(s.attention_chunk_size, 16);
+  EXPECT_THAT(s.moe.sparse_layers, ElementsAre(true, true, true));
+  EXPECT_EQ(s.moe.top_k, 1);
+
+  json outer = json::parse(R"({"architectures":["Llama4ForConditionalGeneration"],"torch_dtype":"bfloat16",
+    "vision_config":{"hidden_size":16}})");
+  outer["text_config"] = Llama4Config();
+  outer["text_config"].erase("architectures");
+  ASSERT_OK_AND_ASSIGN(ModelSpec m, ParseModelSpec(outer.dump(), "c.json"));
+  EXPECT_EQ(m.weight_prefix, "language_model.");
+  EXPECT_EQ(m.dtype, DType::kBF16);  // the outer dtype, the text config having none
+  outer["tie_word_embeddings"] = true;
+  EXPECT_THAT(ParseModelSpec(outer.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("\"tie_word_embeddings\" is true")));
+  outer["tie_word_embeddings"] = false;
+  outer["quantization_config"] = {{"quant_method", "fbgemm_fp8"}};
+  EXPECT_THAT(ParseModelSpec(outer.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("\"quantization_config\"")));
+  outer.erase("quantization_config");
+  outer["text_config"]["num_hidden_layers"] = "4";
+  EXPECT_THAT(ParseModelSpec(outer.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("c.json text_config"), HasSubstr("\"num_hidden_layers\""))));
+}
+
+TEST(Llama4SpecTest, RealScoutAndMaverickConfigs) {
+  // Scout: every layer MoE (16 experts, top-1), every fourth layer NoPE, the RoPE layers chunked
+  // (8192) with q/k norms, llama3 RoPE (factor 8), temperature tuning written as the integer 4.
+  ASSERT_OK_AND_ASSIGN(ModelSpec scout, LoadModelSpec("tests/sim/models/llama4-scout-109b"));
+  EXPECT_EQ(scout.weight_prefix, "language_model.");
+  EXPECT_EQ(scout.num_layers, 48);
+  EXPECT_EQ(scout.moe.num_experts, 16);
+  EXPECT_EQ(scout.moe.top_k, 1);
+  EXPECT_THAT(scout.moe.sparse_layers, ::testing::Each(true));
+  for (int64_t l = 0; l < 48; ++l) {
+    EXPECT_EQ(scout.LayerUsesRope(l), (l + 1) % 4 != 0) << l;
+    EXPECT_EQ(scout.LayerChunkSize(l), (l + 1) % 4 != 0 ? 8192 : 0) << l;
+    EXPECT_EQ(scout.LayerTemperatureTuned(l), (l + 1) % 4 == 0) << l;
+  }
+  EXPECT_TRUE(scout.qk_l2_norm);
+  EXPECT_EQ(scout.rope.type, RopeType::kLlama3);
+  EXPECT_EQ(scout.rope.factor, 8.0);
+  EXPECT_EQ(scout.attn_floor_scale, 8192.0);
+  EXPECT_EQ(scout.dtype, DType::kBF16);
+  // 17B active of 108B: per layer attention (q/k/v/o, two norms), router, the shared expert and
+  // 16 experts of 3 x 5120 x 8192; embedding and lm_head of 202048 x 5120.
+  const int64_t h = 5120, expert = 3 * h * 8192;
+  const int64_t attn = 2 * h * 5120 + 2 * h * 1024 + 2 * h;
+  EXPECT_EQ(scout.NumParameters(), 2 * 202048 * h + h + 48 * (attn + 16 * (h + expert) + expert));
+  // Maverick: MoE on odd layers (128 experts), dense layers of 16384, no q/k norm, default RoPE;
+  // no_rope_layers is absent, so every fourth layer is NoPE.
+  ASSERT_OK_AND_ASSIGN(ModelSpec maverick, LoadModelSpec("tests/sim/models/llama4-maverick-400b"));
+  EXPECT_EQ(maverick.moe.num_experts, 128);
+  EXPECT_FALSE(maverick.IsSparseLayer(0));
+  EXPECT_TRUE(maverick.IsSparseLayer(1));
+  EXPECT_EQ(maverick.intermediate_size, 16384);
+  EXPECT_FALSE(maverick.qk_l2_norm);
+  EXPECT_EQ(maverick.rope.type, RopeType::kDefault);
+  EXPECT_FALSE(maverick.LayerUsesRope(3));
+  EXPECT_EQ(maverick.KvValuesPerToken(8), 2 * 128);
+}
+
+TEST(Llama4SpecTest, DefaultsFollowLlama4TextConfig) {
+  json c = Llama4Config();
+  for (const char* key : {"head_dim", "intermediate_size_mlp", "num_local_experts", "num_experts_per_tok",
+                          "interleave_moe_layer_step", "attention_chunk_size", "use_qk_norm",
+                          "attn_temperature_tuning", "floor_scale", "attn_scale"}) {
+    c.erase(key);
+  }
+  c["max_position_embeddings"] = 1 << 20;
+  c["num_hidden_layers"] = 8;
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.head_dim, 128);
+  EXPECT_EQ(s.intermediate_size, 16384);
+  EXPECT_EQ(s.moe.num_experts, 16);
+  EXPECT_EQ(s.moe.top_k, 1);
+  EXPECT_THAT(s.moe.sparse_layers, ::testing::Each(true));
+  // Every fourth layer NoPE; the RoPE layers chunked (8192), q/k norms and temperature tuning on.
+  EXPECT_THAT(s.rope_layers, ElementsAre(true, true, true, false, true, true, true, false));
+  EXPECT_THAT(s.chunked_layers, ElementsAre(true, true, true, false, true, true, true, false));
+  EXPECT_EQ(s.attention_chunk_size, 8192);
+  EXPECT_TRUE(s.qk_l2_norm);
+  EXPECT_EQ(s.attn_floor_scale, 8192.0);
+  EXPECT_EQ(s.attn_temperature_scale, 0.1);
+}
+
+TEST(Llama4SpecTest, ExplicitLayersAndSwitches) {
+  json c = Llama4Config();
+  c["no_rope_layers"] = {0, 1, 1, 0};
+  c["moe_layers"] = {1, 3};
+  c["layer_types"] = {"full_attention", "chunked_attention", "full_attention", "full_attention"};
+  c["attn_temperature_tuning"] = false;
+  c["use_qk_norm"] = false;
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_THAT(s.rope_layers, ElementsAre(false, true, true, false));
+  EXPECT_THAT(s.chunked_layers, ElementsAre(false, true, false, false));
+  EXPECT_THAT(s.moe.sparse_layers, ElementsAre(false, true, false, true));
+  EXPECT_EQ(s.attn_floor_scale, 0.0);
+  EXPECT_FALSE(s.LayerTemperatureTuned(0));
+  EXPECT_FALSE(s.qk_l2_norm);
+  // A chunk no context reaches, and a model without MoE layers.
+  c["attention_chunk_size"] = 128;
+  c["moe_layers"] = json::array();
+  ASSERT_OK_AND_ASSIGN(ModelSpec full, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(full.LayerChunkSize(1), 0);
+  EXPECT_FALSE(full.IsMoe());
+  EXPECT_EQ(full.intermediate_size, 96);
+  // Null chunk size with no chunked layer.
+  c["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention"};
+  c["attention_chunk_size"] = nullptr;
+  EXPECT_TRUE(ParseModelSpec(c.dump(), "c.json").ok());
+}
+
+struct BadLlama4 {
+  std::string name;
+  std::function<void(json&)> edit;
+  absl::StatusCode code;
+  std::string message;
+};
+
+void PrintTo(const BadLlama4& c, std::ostream* os) { *os << c.name; }
+
+class BadLlama4Test : public ::testing::TestWithParam<BadLlama4> {};
+
+TEST_P(BadLlama4Test, IsRejectedNamingTheField) {
+  json c = Llama4Config();
+  GetParam().edit(c);
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, BadLlama4Test,
+    ::testing::Values(
+        BadLlama4{"AttentionBias", [](json& c) { c["attention_bias"] = true; }, absl::StatusCode::kUnimplemented,
+                  "\"attention_bias\" is true"},
+        BadLlama4{"SlidingLayerType",
+                  [](json& c) { c["layer_types"] = {"sliding_attention", "full_attention", "full_attention",
+                                                    "full_attention"}; },
+                  absl::StatusCode::kUnimplemented, "\"layer_types\" has \"sliding_attention\""},
+        BadLlama4{"LayerTypesLength", [](json& c) { c["layer_types"] = {"full_attention"}; },
+                  absl::StatusCode::kInvalidArgument, "\"layer_types\" is not a list of 4"},
+        BadLlama4{"NullChunkWithChunkedLayers", [](json& c) { c["attention_chunk_size"] = nullptr; },
+                  absl::StatusCode::kInvalidArgument, "\"attention_chunk_size\" is null"},
+        BadLlama4{"ZeroChunk", [](json& c) { c["attention_chunk_size"] = 0; }, absl::StatusCode::kInvalidArgument,
+                  "\"attention_chunk_size\" is 0"},
+        BadLlama4{"NoRopeLayersLength", [](json& c) { c["no_rope_layers"] = {1, 0}; },
+                  absl::StatusCode::kInvalidArgument, "\"no_rope_layers\" is not a list of 4 entries"},
+        BadLlama4{"NoRopeLayersValue", [](json& c) { c["no_rope_layers"] = {1, 2, 1, 1}; },
+                  absl::StatusCode::kInvalidArgument, "\"no_rope_layers\" is 2"},
+        BadLlama4{"MoeLayerOutOfRange", [](json& c) { c["moe_layers"] = {4}; }, absl::StatusCode::kInvalidArgument,
+                  "\"moe_layers\" is 4"},
+        BadLlama4{"MoeLayersNotAList", [](json& c) { c["moe_layers"] = 1; }, absl::StatusCode::kInvalidArgument,
+                  "\"moe_layers\" is not a list"},
+        BadLlama4{"TopKAboveExperts", [](json& c) { c["num_experts_per_tok"] = 9; },
+                  absl::StatusCode::kInvalidArgument, "\"num_experts_per_tok\" is 9"},
+        BadLlama4{"TemperatureTuningString", [](json& c) { c["attn_temperature_tuning"] = "yes"; },
+                  absl::StatusCode::kInvalidArgument, "\"attn_temperature_tuning\" is not true"},
+        BadLlama4{"ZeroFloorScale", [](json& c) { c["floor_scale"] = 0; }, absl::StatusCode::kInvalidArgument,
+                  "\"floor_scale\" is 0"},
+        BadLlama4{"YarnRope", [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}}; },
+                  absl::StatusCode::kUnimplemented, "yarn"},
+        BadLlama4{"Fp8", [](json& c) { c["quantization_config"] = {{"quant_method", "fp8"}}; },
+                  absl::StatusCode::kUnimplemented, "\"quantization_config\""},
+        BadLlama4{"GeluActivation", [](json& c) { c["hidden_act"] = "gelu"; }, absl::StatusCode::kUnimplemented,
+                  "\"hidden_act\""}),
+    [](const auto& test_info) { return test_info.param.name; });
+
+}  // namespace
+}  // namespace shardserve
+
+namespace shardserve {
+namespace {
+
+json Phi3Config() {
+  return json::parse(R"({"architectures":["Phi3ForCausalLM"],"vocab_size":256,"hidden_size":64,
+    "intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+    "max_position_embeddings":128,"original_max_position_embeddings":16,"rms_norm_eps":1e-5,
+    "rope_theta":10000.0,"partial_rotary_factor":0.75,
+    "rope_scaling":{"type":"longrope","short_factor":[1.0,1.5,2.0,2.5,3.0,3.5],
+                    "long_factor":[2.0,3.0,4.0,5.0,6.0,7.0]}})");
+}
+
+TEST(Phi3RopeSpecTest, GoldenConfigs) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec partial, LoadModelSpec("tests/golden/models/phi3_partial_rotary"));
+  EXPECT_EQ(partial.rope.partial_rotary_factor, 0.5);
+  EXPECT_EQ(partial.RotaryDim(), 8);
+  EXPECT_EQ(partial.rope.type, RopeType::kDefault);
+  EXPECT_TRUE(partial.tie_word_embeddings);
+  ASSERT_OK_AND_ASSIGN(ModelSpec lr, LoadModelSpec("tests/golden/models/phi3_longrope"));
+  EXPECT_EQ(lr.rope.type, RopeType::kLongrope);
+  EXPECT_EQ(lr.RotaryDim(), 12);
+  EXPECT_EQ(lr.rope.original_max_position_embeddings, 12);
+  EXPECT_THAT(lr.rope.short_factor, ElementsAre(1.0f, 1.1f, 1.3f, 1.6f, 2.0f, 2.5f));
+  EXPECT_THAT(lr.rope.long_factor, ElementsAre(1.0f, 1.5f, 3.0f, 6.0f, 10.0f, 16.0f));
+  EXPECT_DOUBLE_EQ(lr.rope.factor, 128.0 / 12.0);
+  EXPECT_DOUBLE_EQ(lr.rope.attention_factor, std::sqrt(1.0 + std::log(128.0 / 12.0) / std::log(12.0)));
+}
+
+TEST(Phi3RopeSpecTest, LegacySuTypeTopLevelFieldsAndGivenFactors) {
+  // Older Phi-3 configs: "su", partial_rotary_factor and original_max_position_embeddings at the
+  // top level.
+  json c = Phi3Config();
+  c["rope_scaling"]["type"] = "su";
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.rope.type, RopeType::kLongrope);
+  EXPECT_EQ(s.RotaryDim(), 12);
+  EXPECT_EQ(s.rope.original_max_position_embeddings, 16);
+  EXPECT_DOUBLE_EQ(s.rope.attention_factor, std::sqrt(1.0 + std::log(8.0) / std::log(16.0)));
+  // A stated attention factor wins; no scaling (factor 1) means none.
+  c["rope_scaling"]["attention_factor"] = 1.25;
+  ASSERT_OK_AND_ASSIGN(ModelSpec given, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(given.rope.attention_factor, 1.25);
+  c["rope_scaling"].erase("attention_factor");
+  c["rope_scaling"]["factor"] = 1.0;
+  ASSERT_OK_AND_ASSIGN(ModelSpec unscaled, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(unscaled.rope.attention_factor, 1.0);
+}
+
+struct BadPhi3 {
+  std::string name;
+  std::function<void(json&)> edit;
+  absl::StatusCode code;
+  std::string message;
+};
+
+void PrintTo(const BadPhi3& c, std::ostream* os) { *os << c.name; }
+
+class BadPhi3Test : public ::testing::TestWithParam<BadPhi3> {};
+
+TEST_P(BadPhi3Test, IsRejectedNamingTheField) {
+  json c = Phi3Config();
+  GetParam().edit(c);
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, BadPhi3Test,
+    ::testing::Values(
+        BadPhi3{"OddRotaryDim", [](json& c) { c["partial_rotary_factor"] = 0.5625; }, absl::StatusCode::kInvalidArgument,
+                "rotates 9 of head_dim 16 elements"},
+        BadPhi3{"NoRotaryDim", [](json& c) { c["partial_rotary_factor"] = 0.0; }, absl::StatusCode::kInvalidArgument,
+                "rotates 0 of head_dim 16"},
+        BadPhi3{"LongFactorCount", [](json& c) { c["rope_scaling"]["long_factor"] = {1.0, 2.0}; },
+                absl::StatusCode::kInvalidArgument, "\"long_factor\" has 2 entries; rotary_dim / 2 = 6"},
+        BadPhi3{"MissingShortFactor", [](json& c) { c["rope_scaling"].erase("short_factor"); },
+                absl::StatusCode::kInvalidArgument, "\"short_factor\" is missing"},
+        BadPhi3{"NegativeFactor", [](json& c) { c["rope_scaling"]["short_factor"][2] = -1.0; },
+                absl::StatusCode::kInvalidArgument, "\"short_factor\" has -1.0; every factor must be a positive"},
+        BadPhi3{"FactorString", [](json& c) { c["rope_scaling"]["long_factor"][0] = "2"; },
+                absl::StatusCode::kInvalidArgument, "\"long_factor\" has \"2\""},
+        BadPhi3{"FactorsNotAList", [](json& c) { c["rope_scaling"]["long_factor"] = 2.0; },
+                absl::StatusCode::kInvalidArgument, "\"long_factor\" is not a list of numbers"},
+        BadPhi3{"OriginalOne", [](json& c) { c["original_max_position_embeddings"] = 1; },
+                absl::StatusCode::kInvalidArgument, "\"original_max_position_embeddings\" must be at least 2"},
+        BadPhi3{"Yarn", [](json& c) { c["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}}; },
+                absl::StatusCode::kUnimplemented, "yarn"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 }  // namespace

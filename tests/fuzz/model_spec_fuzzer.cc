@@ -36,6 +36,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       if (s.KvValuesPerToken(1) != m.kv_lora_rank + m.qk_rope_head_dim) std::abort();
     }
+    // Llama-4: per-layer lists the engine indexes by layer, a chunk size wherever a layer is
+    // chunked, and a positive temperature floor (it divides positions).
+    const size_t layers = static_cast<size_t>(s.num_layers);
+    if ((!s.rope_layers.empty() && s.rope_layers.size() != layers) ||
+        (!s.chunked_layers.empty() && (s.chunked_layers.size() != layers || s.attention_chunk_size < 1)) ||
+        s.attn_floor_scale < 0.0 || (!s.weight_prefix.empty() && s.weight_prefix != "language_model.")) {
+      std::abort();
+    }
+    if (s.moe.scoring == shardserve::MoeScoring::kSigmoidInput && (!s.IsMoe() || !s.moe.fused_experts)) std::abort();
+    // RoPE: an even rotated width within the head; longrope's factor lists cover it.
+    const int64_t rot = s.RotaryDim();
+    if (rot < 2 || rot % 2 != 0 || rot > s.head_dim) std::abort();
+    if (s.rope.type == shardserve::RopeType::kLongrope &&
+        (s.rope.short_factor.size() != static_cast<size_t>(rot / 2) ||
+         s.rope.long_factor.size() != static_cast<size_t>(rot / 2) || !(s.rope.attention_factor > 0.0))) {
+      std::abort();
+    }
     if (!(s.AttentionScale() > 0.0) || s.KvValuesPerToken(1) < 1) std::abort();
     (void)s.NumParameters();
   }

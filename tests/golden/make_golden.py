@@ -28,7 +28,8 @@ float32 comparisons need, to leave room for TF32-like GPU math):
     (which must pick the same tokens);
   * MoE models: for every token (prompt and generated) and every sparse layer,
     p[k-1] - p[k] > ROUTER_MARGIN (1e-3) for the sorted router softmax
-    probabilities (k = num_experts_per_tok);
+    probabilities (k = num_experts_per_tok); Llama-4, which chooses by router logit, for the
+    sorted logits;
   * no generated token equals eos_token_id (2), so an engine that stops on EOS
     still produces all 32 tokens, and at least MIN_DISTINCT (12) distinct
     generated tokens per case (no degenerate repetition).
@@ -55,6 +56,10 @@ from transformers import (
     DeepseekV3ForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
+    Llama4Config,
+    Llama4ForCausalLM,
+    Llama4ForConditionalGeneration,
+    Llama4TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -401,6 +406,141 @@ SPECS = [
             tie_word_embeddings=True,
         ),
     ),
+    # Llama-4 (Scout-like): layers 1 and 3 MoE (interleave_moe_layer_step 2) with 8 experts x 16,
+    # top-2 by router logit, sigmoid weights applied to the experts' inputs, and a shared expert
+    # of intermediate_size (16); layers 0 and 2 dense of intermediate_size_mlp (96). Layer 2 is a
+    # NoPE layer (no_rope_layers 0) whose queries are scaled by the attention temperature
+    # (floor_scale 4 and attn_scale 0.5, so that it changes every 4 positions within the fixture's
+    # 43); the RoPE layers 0, 1, 3 attend within chunks of 8 positions (transformers' default
+    # layer_types) and L2-normalise q and k after RoPE (use_qk_norm). RoPE on interleaved pairs,
+    # llama3 scaling with low_freq_factor == high_freq_factor as Scout's (no smoothed band).
+    dict(
+        name="llama4",
+        model_cls=Llama4ForCausalLM,
+        config_cls=Llama4TextConfig,
+        config=dict(
+            intermediate_size=16,  # each expert and the shared expert
+            intermediate_size_mlp=96,  # dense layers
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rms_norm_eps=1e-5,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            interleave_moe_layer_step=2,
+            no_rope_layers=[1, 1, 0, 1],
+            attention_chunk_size=8,
+            use_qk_norm=True,
+            attn_temperature_tuning=True,
+            floor_scale=4,
+            attn_scale=0.5,
+            attention_bias=False,
+            pad_token_id=None,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 1.0,
+                "original_max_position_embeddings": 32,
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Llama4ForConditionalGeneration (Maverick-like text model): the text config nested in
+    # `text_config` and the text weights under `language_model.` (a tiny vision tower beside them,
+    # which the engine does not load); every layer MoE with top-1 routing, no q/k norm, default
+    # RoPE, NoPE every third layer (no_rope_layer_interval 3: layer 2), chunks of 16.
+    dict(
+        name="llama4_multimodal",
+        model_cls=Llama4ForConditionalGeneration,
+        config_cls=Llama4Config,
+        nested_text_config=True,
+        outer_config=dict(
+            vision_config=dict(
+                hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                vision_output_dim=16, image_size=28, patch_size=14, projector_input_dim=16,
+                projector_output_dim=16,
+            ),
+            tie_word_embeddings=False,
+        ),
+        config=dict(
+            intermediate_size=32,
+            intermediate_size_mlp=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rms_norm_eps=1e-5,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=1,
+            no_rope_layer_interval=3,
+            attention_chunk_size=16,
+            use_qk_norm=False,
+            attn_temperature_tuning=True,
+            floor_scale=8,
+            attn_scale=0.3,
+            attention_bias=False,
+            pad_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Phi-3 with partial RoPE (Phi-4-mini-like): only the first half of each 16-wide q and k head
+    # rotates (partial_rotary_factor 0.5: 8 dims, 4 frequencies), the rest passes through; tied
+    # embeddings as Phi-4-mini; no sliding window.
+    dict(
+        name="phi3_partial_rotary",
+        model_cls=Phi3ForCausalLM,
+        config_cls=Phi3Config,
+        std_embed=0.3,  # tied: see llama_tied_llama3rope_bias
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            sliding_window=None,
+            original_max_position_embeddings=MAX_POS,
+            pad_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            tie_word_embeddings=True,
+        ),
+    ),
+    # Phi-3 LongRoPE (Phi-3.5-mini / Phi-4-mini-like) with partial RoPE 0.75 (12 of 16 dims, 6
+    # frequencies): original_max_position_embeddings 12 of max_position_embeddings 128, so the
+    # attention factor is sqrt(1 + ln(128 / 12) / ln 12) = 1.40 and every prompt (at most 11
+    # tokens) rotates with the short factors while the decode steps from position 12 on rotate
+    # with the long ones (transformers' KV-cache generation: cached keys keep their rotation).
+    # transformers' cache-free recompute of a sequence past 12 tokens rotates every position with
+    # the long factors, so that check is skipped here: the reference is the KV-cache generation.
+    dict(
+        name="phi3_longrope",
+        model_cls=Phi3ForCausalLM,
+        config_cls=Phi3Config,
+        cache_free_check=False,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            sliding_window=None,
+            original_max_position_embeddings=12,
+            pad_token_id=None,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                "long_factor": [1.0, 1.5, 3.0, 6.0, 10.0, 16.0],
+                "original_max_position_embeddings": 12,
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -429,7 +569,8 @@ def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0, norm_center=1.
                 value = STD_BIAS * noise
             elif "embed_tokens" in name:
                 value = std_embed * noise
-            elif name.endswith("mlp.gate.weight"):  # MoE router (Mixtral, Qwen2-MoE, Qwen3-MoE)
+            elif name.endswith("mlp.gate.weight") or name.endswith("feed_forward.router.weight"):
+                # MoE router (Mixtral, Qwen2-MoE, Qwen3-MoE; Llama-4)
                 value = STD_ROUTER * noise
             elif name.endswith("shared_expert_gate.weight"):
                 value = STD_SHARED_GATE * noise
@@ -487,6 +628,9 @@ class RouterProbe:
                 self.handles.append(mod.register_forward_hook(self._hook))
             elif type(mod).__name__ == "DeepseekV3TopkRouter":
                 self.handles.append(mod.register_forward_hook(self._deepseek_hook))
+            elif type(mod).__name__ == "Llama4Router":
+                self.top_k = mod.top_k
+                self.handles.append(mod.register_forward_hook(self._llama4_hook))
 
     @property
     def active(self):
@@ -518,6 +662,13 @@ class RouterProbe:
             gap = kept[:, mod.top_k - 1] - kept[:, mod.top_k]
             self.min_gap = min(self.min_gap, gap.min().item())
 
+    def _llama4_hook(self, mod, inputs, output):
+        # Llama-4 chooses the top_k router logits (their sigmoids are the weights): the k-th
+        # largest logit must beat the next.
+        s = torch.sort(output[1].float(), dim=-1, descending=True).values
+        gap = (s[:, self.top_k - 1] - s[:, self.top_k]).min().item()
+        self.min_gap = min(self.min_gap, gap)
+
     def reset(self):
         self.min_gap = float("inf")
 
@@ -533,9 +684,10 @@ def greedy_margin(row):
 
 
 @torch.no_grad()
-def run_case(model, prompt_ids):
+def run_case(model, prompt_ids, cache_free_check=True):
     """Returns (prompt_logits [L,V], greedy ids, min abs margin, min rel margin) or
-    raises ValueError if the two generation paths disagree."""
+    raises ValueError if the two generation paths disagree (unless cache_free_check is off:
+    LongRoPE, whose cache-free recompute rotates differently by design)."""
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     # 1) cache-free forward over the prompt: the recorded logits.
     prompt_logits = model(ids, use_cache=False).logits[0].float()
@@ -560,6 +712,8 @@ def run_case(model, prompt_ids):
         past = out.past_key_values
         row = out.logits[0, -1].float()
 
+    if not cache_free_check:
+        return prompt_logits, gen, min(abs_m), min(rel_m)
     # 3) cache-free recompute over prompt + generated: same argmax everywhere.
     full = torch.tensor([list(prompt_ids) + gen[:-1]], dtype=torch.long)
     logits = model(full, use_cache=False).logits[0].float()
@@ -581,7 +735,10 @@ def make_prompt(model_idx, case_idx, attempt):
 
 def build_and_save(spec, seed, out_dir):
     torch.manual_seed(seed)
-    config = spec["config_cls"](**COMMON, **spec["config"])
+    if spec.get("nested_text_config"):
+        config = spec["config_cls"](text_config=dict(**COMMON, **spec["config"]), **spec["outer_config"])
+    else:
+        config = spec["config_cls"](**COMMON, **spec["config"])
     model = spec["model_cls"](config)
     reinit_(model, seed, spec.get("std_embed", STD_EMBED), spec.get("score_bias_std", 0.0),
             spec.get("norm_center", 1.0))
@@ -627,7 +784,7 @@ def generate_model(model_idx, spec):
                 prompt = make_prompt(model_idx, ci, attempt)
                 probe.reset()
                 try:
-                    logits, gen, abs_m, rel_m = run_case(model, prompt)
+                    logits, gen, abs_m, rel_m = run_case(model, prompt, spec.get("cache_free_check", True))
                 except ValueError as e:
                     print(f"  {name} seed {seed} case {ci} try {attempt}: {e}", file=sys.stderr)
                     continue

@@ -28,7 +28,15 @@ Semantics (transformers 5.23, eager attention):
     Qwen2-MoE (norm_topk_prob, decoder_sparse_step, mlp_only_layers) with no
     shared expert; config.json may call num_experts num_local_experts.
   * Phi-3: qkv_proj is q, k, v stacked by rows (q first); gate_up_proj is gate
-    then up; sliding_window (when set) applies to every layer.
+    then up; sliding_window (when set) applies to every layer. partial_rotary_factor
+    (in rope_parameters, or at the top level): only the first
+    r = int(head_dim * factor) elements of each q and k head rotate (element i with
+    i + r/2; inv_freq over r), the rest pass through. longrope: inv_freq_i =
+    1 / (f_i * theta^(2i/r)) with f = short_factor or long_factor, cos and sin times
+    attention_factor (given, else sqrt(1 + ln(max_pos / orig) / ln(orig)), orig =
+    original_max_position_embeddings); which factors a position uses follows
+    transformers' KV-cache generation: the prompt's positions the long ones iff
+    the prompt is longer than orig, a generated token's position p iff p + 1 > orig.
   * DeepSeek-V3 (multi-head latent attention, written out expanded here: the
     engine's absorbed form is checked against this): q = q_b(RMS(q_a(x))) (or
     q_proj(x) when q_lora_rank is null), per head [nope | rope]; kv_a(x) =
@@ -49,6 +57,20 @@ Semantics (transformers 5.23, eager attention):
     then soft-capped, c * tanh(s / c) with c = attn_logit_softcapping, before the
     mask; sliding_window on the layers whose layer_types entry is
     "sliding_attention"; final logits soft-capped by final_logit_softcapping.
+  * Llama-4 (Llama4ForCausalLM; Llama4ForConditionalGeneration: the config's
+    text_config and the weights under "language_model."): RoPE on interleaved
+    pairs (x0, x1), (x2, x3), ... on the layers whose no_rope_layers entry is 1
+    (default: all but every no_rope_layer_interval-th); on those layers q and k
+    are then divided per head by sqrt(mean(x^2) + rms_norm_eps) when use_qk_norm,
+    and, on "chunked_attention" layers (default: the RoPE layers), key j is
+    visible from query i iff j // attention_chunk_size == i // attention_chunk_size.
+    On NoPE layers with attn_temperature_tuning, q at position p is multiplied by
+    log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1. MoE layers (moe_layers,
+    default every interleave_moe_layer_step-th): the top num_experts_per_tok
+    router logits; expert e gets sigmoid(logit_e) * x and the outputs are summed;
+    experts stored as gate_up_proj [E, hidden, 2 I] (x @ gate_up = [gate | up])
+    and down_proj [E, I, hidden]; plus the shared_expert MLP. Dense layers'
+    feed_forward is intermediate_size_mlp wide.
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -228,6 +250,11 @@ class Model:
         """From checkpoint directory d, or from a config.json dict and float64 weights."""
         if d is not None:
             cfg, w = load_checkpoint(d)
+        if cfg["architectures"][0] == "Llama4ForConditionalGeneration":
+            # The text model: its config nested, its weights prefixed (the vision tower is unused).
+            cfg = dict(cfg["text_config"], architectures=["Llama4ForCausalLM"])
+            pre = "language_model."
+            w = {n[len(pre):]: t for n, t in w.items() if n.startswith(pre)}
         self.cfg, self.w = cfg, w
         c = self.cfg
         self.arch = c["architectures"][0]
@@ -238,22 +265,44 @@ class Model:
         self.eps = c["rms_norm_eps"]
         self.L = c["num_hidden_layers"]
         rp, theta = rope_params(c)
-        if rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError("partial_rotary_factor != 1 not implemented here")
+        self.rot = int(self.hd * rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)))
         self.mla = self.arch == "DeepseekV3ForCausalLM"
         self.gemma = self.arch == "Gemma2ForCausalLM"
+        self.llama4 = self.arch == "Llama4ForCausalLM"
+        if self.llama4:
+            interval = c.get("no_rope_layer_interval", 4)
+            self.rope_layers = c.get("no_rope_layers") or [int((l + 1) % interval != 0) for l in range(self.L)]
+            types = c.get("layer_types") or ["chunked_attention" if r else "full_attention" for r in self.rope_layers]
+            self.chunk = [c.get("attention_chunk_size", 8192) if t == "chunked_attention" else None for t in types]
+            self.moe_layers = c.get("moe_layers")
+            if self.moe_layers is None:
+                step = c.get("interleave_moe_layer_step", 1)
+                self.moe_layers = list(range(step - 1, self.L, step))
         self.scale = (c.get("query_pre_attn_scalar", 256) if self.gemma else self.hd) ** -0.5
         self.rope_scale = 1.0
         if self.mla:
             self.hd = c["qk_rope_head_dim"]  # the RoPE width (transformers' head_dim)
-        inv = 1.0 / theta ** (np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
-        if rp["rope_type"] == "llama3":
+        if self.mla:
+            self.rot = self.hd
+        inv = 1.0 / theta ** (np.arange(0, self.rot, 2, dtype=np.float64) / self.rot)
+        self.inv_long, self.cos_scale = None, 1.0
+        if rp["rope_type"] == "longrope":
+            self.orig = rp.get("original_max_position_embeddings", c.get("original_max_position_embeddings"))
+            factor = rp.get("factor") or c["max_position_embeddings"] / self.orig
+            af = rp.get("attention_factor")
+            if af is None:
+                af = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(self.orig))
+            self.cos_scale = af
+            self.inv_long = inv / np.array(rp["long_factor"], dtype=np.float64)
+            inv = inv / np.array(rp["short_factor"], dtype=np.float64)
+        elif rp["rope_type"] == "llama3":
             inv = llama3_inv_freq(inv, rp)
         elif rp["rope_type"] == "yarn" and self.mla:
             inv, self.rope_scale = yarn_inv_freq(theta, self.hd, rp, c["max_position_embeddings"])
         elif rp["rope_type"] != "default":
             raise ValueError(f"rope_type {rp['rope_type']} not implemented here")
         self.inv_freq = inv
+        self.prompt_len = None  # longrope: set by forward
         # sliding window per layer
         sw = c.get("sliding_window")
         if self.arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
@@ -274,13 +323,19 @@ class Model:
         w = self.w[name + ".weight"] + (1.0 if self.gemma else 0.0)
         return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
 
-    def rope(self, x, pos):  # x [T, heads, hd]
-        ang = pos[:, None] * self.inv_freq[None, :]
-        cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
-        sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
-        h = self.hd // 2
-        rot = np.concatenate([-x[..., h:], x[..., :h]], -1)
-        return x * cos + rot * sin
+    def rope(self, x, pos):  # x [T, heads, hd]; the first self.rot elements of each head rotate
+        inv = np.repeat(self.inv_freq[None, :], len(pos), 0)
+        if self.inv_long is not None:  # longrope: per position, as the KV-cache generation rotates it
+            n = self.prompt_len
+            long_pos = np.where(pos < n, n > self.orig, pos + 1 > self.orig)
+            inv[long_pos] = self.inv_long
+        ang = pos[:, None] * inv
+        cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :] * self.cos_scale
+        sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :] * self.cos_scale
+        r, h = self.rot, self.rot // 2
+        xr = x[..., :r]
+        rot = np.concatenate([-xr[..., h:], xr[..., :h]], -1)
+        return np.concatenate([xr * cos + rot * sin, x[..., r:]], -1)
 
     def qkv(self, x, p):
         if self.arch == "Phi3ForCausalLM":
@@ -288,6 +343,15 @@ class Model:
             nq, nk = self.nh * self.hd, self.nkv * self.hd
             return qkv[:, :nq], qkv[:, nq : nq + nk], qkv[:, nq + nk :]
         return self.lin(x, p + ".q_proj"), self.lin(x, p + ".k_proj"), self.lin(x, p + ".v_proj")
+
+    def rope_pairs(self, x, pos):  # Llama-4: pairs (x0, x1), (x2, x3), ... rotated in place
+        ang = pos[:, None] * self.inv_freq[None, :]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = b * cos + a * sin
+        return out
 
     def rope_interleaved(self, x, pos):  # DeepSeek: pairs (x0, x1), (x2, x3), ...; output de-interleaved
         ang = pos[:, None] * self.inv_freq[None, :]
@@ -372,11 +436,24 @@ class Model:
         if self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
             q = self.rms(q, p + ".q_norm")  # per head: the mean runs over head_dim
             k = self.rms(k, p + ".k_norm")
-        q = self.rope(q, pos)
-        k = self.rope(k, pos)
         i = np.arange(T)[:, None]
         j = np.arange(T)[None, :]
         visible = j <= i
+        if self.llama4:
+            c = self.cfg
+            if self.rope_layers[l]:
+                q, k = self.rope_pairs(q, pos), self.rope_pairs(k, pos)
+                if c.get("use_qk_norm", True):
+                    q = q / np.sqrt(np.mean(q * q, -1, keepdims=True) + self.eps)
+                    k = k / np.sqrt(np.mean(k * k, -1, keepdims=True) + self.eps)
+            elif c.get("attn_temperature_tuning", True):
+                temp = np.log1p(np.floor((pos + 1) / c.get("floor_scale", 8192))) * c.get("attn_scale", 0.1) + 1
+                q = q * temp[:, None, None]
+            if self.chunk[l] is not None:
+                visible &= (j // self.chunk[l]) == (i // self.chunk[l])
+        else:
+            q = self.rope(q, pos)
+            k = self.rope(k, pos)
         if self.windows[l] is not None:
             visible &= (i - j) < self.windows[l]
         group = self.nh // self.nkv
@@ -427,6 +504,8 @@ class Model:
                                        m + f".experts.{e}.down_proj.weight"))
         if self.mla and (p + ".mlp.gate.weight") in self.w:
             return self.deepseek_moe(x, p + ".mlp")
+        if self.llama4:
+            return self.llama4_ffn(x, l)
         m = p + ".mlp"
         if self.arch == "Phi3ForCausalLM":
             gu = self.w[m + ".gate_up_proj.weight"]
@@ -434,6 +513,23 @@ class Model:
             return self.swiglu(x, gu[:n], gu[n:], self.w[m + ".down_proj.weight"])
         return self.swiglu(x, self.w[m + ".gate_proj.weight"], self.w[m + ".up_proj.weight"],
                            self.w[m + ".down_proj.weight"])
+
+    def llama4_ffn(self, x, l):
+        f = f"model.layers.{l}.feed_forward"
+        if l not in self.moe_layers:
+            return self.swiglu(x, self.w[f + ".gate_proj.weight"], self.w[f + ".up_proj.weight"],
+                               self.w[f + ".down_proj.weight"])
+        k = self.cfg.get("num_experts_per_tok", 1)
+        logits = x @ self.w[f + ".router.weight"].T
+        gate_up, down = self.w[f + ".experts.gate_up_proj"], self.w[f + ".experts.down_proj"]
+        n = gate_up.shape[2] // 2
+        out = self.swiglu(x, self.w[f + ".shared_expert.gate_proj.weight"], self.w[f + ".shared_expert.up_proj.weight"],
+                          self.w[f + ".shared_expert.down_proj.weight"])
+        for t in range(x.shape[0]):
+            for e in np.argsort(-logits[t], kind="stable")[:k]:
+                xe = x[t : t + 1] / (1 + np.exp(-logits[t, e]))
+                out[t] += self.swiglu(xe, gate_up[e][:, :n].T, gate_up[e][:, n:].T, down[e].T)[0]
+        return out
 
     def moe(self, x, gate_name, n_exp, k, renorm, names):
         logits = x @ self.w[gate_name].T
@@ -450,7 +546,10 @@ class Model:
                 out[t] += wt * self.swiglu(x[t : t + 1], self.w[g], self.w[u], self.w[d])[0]
         return out
 
-    def forward(self, ids):
+    def forward(self, ids, prompt_len=None):
+        """Logits at every position of ids; prompt_len (default: all of ids) is the part of ids
+        that the KV-cache generation would have processed in its first forward (longrope)."""
+        self.prompt_len = len(ids) if prompt_len is None else prompt_len
         x = self.w["model.embed_tokens.weight"][np.array(ids)]
         if self.gemma:
             x = x * float(np.float32(self.H**0.5))  # float32 checkpoints: the multiplier in float32
@@ -485,7 +584,7 @@ def check(d):
         worst = max(worst, float(np.abs(logits - ref_logits).max()))
         n = len(case["greedy_ids"])
         for _ in range(n):
-            ids.append(int(np.argmax(m.forward(ids)[-1])))
+            ids.append(int(np.argmax(m.forward(ids, len(case["prompt_ids"]))[-1])))
         got = ids[len(case["prompt_ids"]) :]
         if got != case["greedy_ids"]:
             ok = False

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`shardserve plan` on the config.json of two real large MoE models (no weights): the placement on
+"""`shardserve plan` on the config.json of real large MoE models (no weights): the placement on
 two 8-GPU nodes and the KV capacity from each architecture's real per-token KV size.
 
     python3 tests/sdk/cli_plan_real_models_test.py build/bin
@@ -8,10 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 BIN = os.path.join(sys.argv[1], "shardserve")
 DEEPSEEK = "tests/sim/models/deepseek-v3-671b"
 QWEN3 = "tests/sim/models/qwen3-235b-a22b"
+MAVERICK = "tests/sim/models/llama4-maverick-400b"
+SCOUT = "tests/sim/models/llama4-scout-109b"
 TWO_NODES = "a=cuda:8x80GiB,b=cuda:8x80GiB"
 
 
@@ -72,6 +75,37 @@ def main():
     chosen = check_stages(j, mla_token_layer)
     assert not chosen["expert_spill"] and chosen["pp"] == 2, chosen
     assert all(s["kv_tokens"] >= 163840 for s in j["plan"]["replicas"][0]["stages"]), j["plan"]
+
+    # Llama-4-Maverick (Llama4ForConditionalGeneration, bf16, 48 layers, every other one MoE with
+    # 128 experts and a shared expert): about 800 GB, so two tp=8 stages, one per node, with every
+    # expert local. 8 KV heads of 128 over 8 ranks: one per rank, 2 x 128 values x 2 bytes per token
+    # and layer, on chunked layers too (the engine keeps their whole context); the full 1M-token
+    # context fits.
+    text = run("--model", MAVERICK, "--workers", TWO_NODES).stdout
+    assert text.startswith("plan: 1 replica x 2 stages, max_seq_len 1048576"), text
+    j = json.loads(run("--model", MAVERICK, "--workers", TWO_NODES, "--json").stdout)
+    chosen = check_stages(j, 2 * 128 * 2)
+    assert not chosen["expert_spill"] and chosen["pp"] == 2, chosen
+    stages = j["plan"]["replicas"][0]["stages"]
+    assert [(s["worker_id"], s["tp"], s["layer_begin"], s["layer_end"]) for s in stages] == [
+        ("a", 8, 0, 24), ("b", 8, 24, 48)], stages
+    assert all(s["kv_tokens"] >= 1048576 for s in stages), stages
+    # Llama-4-Scout (109B, every layer MoE with 16 experts): one node holds it at tp=8, so two
+    # replicas, each with KV for its 262144-token context.
+    text = run("--model", SCOUT, "--workers", TWO_NODES).stdout
+    assert text.startswith("plan: 2 replicas x 1 stage, max_seq_len 262144"), text
+    j = json.loads(run("--model", SCOUT, "--workers", TWO_NODES, "--json").stdout)
+    check_stages(j, 2 * 128 * 2)
+    assert all(s["kv_tokens"] >= 262144 and s["tp"] == 8 for r in j["plan"]["replicas"] for s in r["stages"]), j
+    # A Llama-4 field value the engine does not implement is refused at plan time, naming it.
+    with open(os.path.join(MAVERICK, "config.json")) as f:
+        config = json.load(f)
+    config["text_config"]["layer_types"] = ["sliding_attention"] * 48
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f)
+        p = run("--model", d, "--workers", TWO_NODES, ok=False)
+        assert "text_config: field \"layer_types\" has \"sliding_attention\"" in p.stderr, p.stderr
     print("ok")
 
 

@@ -136,6 +136,10 @@ absl::Status RecordingBackend::GatherRows(const kernels::GatherRowsParams& p) {
 absl::Status RecordingBackend::ScatterAddRows(const kernels::ScatterAddRowsParams& p) {
   return RunOrRecord([this, p] { return inner_->ScatterAddRows(p); });
 }
+absl::Status RecordingBackend::ScaleRows(const kernels::ScaleRowsParams& p) {
+  return RunOrRecord([this, p] { return inner_->ScaleRows(p); });
+}
+
 absl::Status RecordingBackend::SigmoidScaleRows(const kernels::SigmoidScaleRowsParams& p) {
   return RunOrRecord([this, p] { return inner_->SigmoidScaleRows(p); });
 }

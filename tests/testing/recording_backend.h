@@ -62,6 +62,7 @@ class RecordingBackend final : public kernels::Backend {
   absl::Status GatherRows(const kernels::GatherRowsParams& p) override;
   absl::Status ScatterAddRows(const kernels::ScatterAddRowsParams& p) override;
   absl::Status SigmoidScaleRows(const kernels::SigmoidScaleRowsParams& p) override;
+  absl::Status ScaleRows(const kernels::ScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const kernels::ArgmaxRowsParams& p) override;
   absl::Status Zero(const kernels::ZeroParams& p) override;
   absl::Status Scale(const kernels::ScaleParams& p) override;

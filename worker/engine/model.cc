@@ -23,16 +23,20 @@ using kernels::DeviceBuffer;
 struct Model::Workspace {
   DeviceBuffer hidden, normed, q, k, v, attn, tmp, gate, up;  // activations
   DeviceBuffer ids, positions, seqs, inv_freq;                  // inputs
+  DeviceBuffer inv_freq_long;  // longrope: the long factors' frequencies (inv_freq: the short ones)
   DeviceBuffer tables;        // the step's block tables, concatenated; grown on demand
   size_t tables_capacity = 0;  // int32 entries that `tables` holds
   DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, shared_gate;
   DeviceBuffer logit_rows, selected, logits, gathered, argmax;
+  // Llama-4: 1.0f values (the weight of the weightless q/k norm, and the unit scales of experts
+  // whose routing weight scaled their input), and the query scale of each token on NoPE layers.
+  DeviceBuffer ones, query_temp;
   float position_scale = 1.0f;
   // Host staging.
   std::vector<int32_t> h_ids, h_pos, h_rows;
   std::vector<AttnSeq> h_seqs;
   std::vector<int32_t> h_tables;
-  std::vector<float> h_router, h_scales, h_probs;
+  std::vector<float> h_router, h_scales, h_probs, h_query_temp;
   std::vector<int32_t> h_moe_rows, h_topk, h_fill, h_argmax;
   std::vector<float> h_topw;
   // Remote experts (rank 0 of a stage with expert spill): the rows sent and the answers.
@@ -46,9 +50,10 @@ struct Model::Workspace {
 
 namespace {
 
-// RoPE inverse frequencies (f32, as transformers computes them), with llama3 scaling applied.
-std::vector<float> InvFreq(const ModelSpec& spec, float* position_scale) {
-  const int64_t d = spec.head_dim;
+// RoPE inverse frequencies (f32, as transformers computes them) over the rotated dims, with llama3,
+// yarn or longrope (its long factors when `long_factors`, else the short ones) scaling applied.
+std::vector<float> InvFreq(const ModelSpec& spec, float* position_scale, bool long_factors = false) {
+  const int64_t d = spec.RotaryDim();
   std::vector<float> inv(static_cast<size_t>(d / 2));
   for (int64_t i = 0; i < d / 2; ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(d);
@@ -61,6 +66,15 @@ std::vector<float> InvFreq(const ModelSpec& spec, float* position_scale) {
     case RopeType::kLinear:
       *position_scale = static_cast<float>(1.0 / spec.rope.factor);
       break;
+    case RopeType::kLongrope: {
+      const std::vector<float>& ext = long_factors ? spec.rope.long_factor : spec.rope.short_factor;
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const float exponent = static_cast<float>(2 * i) / static_cast<float>(d);
+        inv[static_cast<size_t>(i)] =
+            1.0f / (ext[static_cast<size_t>(i)] * std::pow(static_cast<float>(spec.rope.theta), exponent));
+      }
+      break;
+    }
     case RopeType::kYarn: {
       // transformers' _compute_yarn_parameters: float32 tensors, the correction range in double.
       const double base = spec.rope.theta;
@@ -100,7 +114,7 @@ std::vector<float> InvFreq(const ModelSpec& spec, float* position_scale) {
         const double wavelen = 2.0 * std::numbers::pi / f;
         if (wavelen > low_wavelen) {
           f = static_cast<float>(f / factor);
-        } else if (wavelen >= high_wavelen) {
+        } else if (wavelen >= high_wavelen && spec.rope.high_freq_factor > spec.rope.low_freq_factor) {
           const double smooth = (old_len / wavelen - spec.rope.low_freq_factor) /
                                 (spec.rope.high_freq_factor - spec.rope.low_freq_factor);
           f = static_cast<float>((1.0 - smooth) * f / factor + smooth * f);
@@ -200,6 +214,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
         backend->name(), ": multi-head latent attention (", ArchitectureName(spec.arch),
         ") is not implemented on this backend; run the model's stages on CPU devices"));
   }
+  const bool scales_rows = spec.attn_floor_scale > 0.0 || spec.moe.scoring == MoeScoring::kSigmoidInput;
+  if (scales_rows && !backend->SupportsOp(kernels::Op::kScaleRows, DType::kF32)) {
+    return absl::UnimplementedError(absl::StrCat(backend->name(), ": ", ArchitectureName(spec.arch),
+                                                 " needs the ScaleRows op, which this backend lacks"));
+  }
   std::unique_ptr<Model> m(new Model(spec, options, backend));
   ASSIGN_OR_RETURN(m->layout_, ShardLayout::Make(spec, options.shard, options.expert_owner, options.split_experts));
   if (options.shard.size > 1) {
@@ -283,6 +302,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     RETURN_IF_ERROR(Alloc(*backend, &w.shared_gate, t * f));
     if (any_remote && options.shard.rank == 0) RETURN_IF_ERROR(Alloc(*backend, &w.remote_x, t * topk * h * f));
   }
+  if (scales_rows || spec.qk_l2_norm) {
+    const size_t n = std::max(t * topk, static_cast<size_t>(spec.head_dim));
+    const std::vector<float> ones(n, 1.0f);
+    RETURN_IF_ERROR(Alloc(*backend, &w.ones, n * f));
+    RETURN_IF_ERROR(backend->CopyToDevice(w.ones.as<void>(), ones.data(), n * f));
+    RETURN_IF_ERROR(Alloc(*backend, &w.query_temp, t * f));
+  }
   size_t linear_in = std::max({h, qd, ffn});
   if (mla) {
     const MlaSpec& ml = spec.mla;
@@ -307,6 +333,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   const std::vector<float> inv = InvFreq(spec, &w.position_scale);
   RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq, inv.size() * f));
   RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq.as<void>(), inv.data(), inv.size() * f));
+  if (spec.rope.type == RopeType::kLongrope) {
+    float unused = 1.0f;
+    const std::vector<float> inv_long = InvFreq(spec, &unused, /*long_factors=*/true);
+    RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq_long, inv_long.size() * f));
+    RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq_long.as<void>(), inv_long.data(), inv_long.size() * f));
+  }
   return m;
 }
 
@@ -416,6 +448,17 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
   }
   RETURN_IF_ERROR(b.CopyToDevice(w.tables.as<void>(), w.h_tables.data(), w.h_tables.size() * sizeof(int32_t)));
   RETURN_IF_ERROR(b.CopyToDevice(w.logit_rows.as<void>(), w.h_rows.data(), rows * sizeof(int32_t)));
+  if (spec_.attn_floor_scale > 0.0) {
+    // Llama-4's attention temperature, in float32 as transformers computes it.
+    const float floor_scale = static_cast<float>(spec_.attn_floor_scale);
+    const float attn_scale = static_cast<float>(spec_.attn_temperature_scale);
+    w.h_query_temp.resize(static_cast<size_t>(tokens));
+    for (int64_t i = 0; i < tokens; ++i) {
+      const float p1 = static_cast<float>(w.h_pos[static_cast<size_t>(i)]) + 1.0f;
+      w.h_query_temp[static_cast<size_t>(i)] = std::log1p(std::floor(p1 / floor_scale)) * attn_scale + 1.0f;
+    }
+    RETURN_IF_ERROR(b.CopyToDevice(w.query_temp.as<void>(), w.h_query_temp.data(), tokens * sizeof(float)));
+  }
 
   if (!first_stage()) {
     RETURN_IF_ERROR(b.CopyToDevice(w.hidden.as<void>(), hidden_in.data(), hidden_in.size() * sizeof(float)));
@@ -548,15 +591,18 @@ absl::Status Model::ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeq
   kernels::Backend& b = *backend_;
   // Decode steps only (their shapes repeat); one rank (no collectives inside) and no MoE layer
   // (routing reads the router's logits on the host mid-step).
+  // LongRoPE picks its frequencies by each sequence's length: not a fixed launch.
   const bool eligible = options_.op_graphs && !graphs_off_ && decode_only && !tp() && !spec_.IsMoe() &&
-                        b.SupportsCapture();
+                        spec_.rope.type != RopeType::kLongrope && b.SupportsCapture();
   auto forward = [&] { return Forward(tokens, paged); };
   if (!eligible) return forward();
   // Every layer's attention launches alike: ask for the first one's.
   int64_t shape_key = b.AttentionShapeKey(AttentionFor(options_.layer_begin, tokens, paged));
-  // Sliding-window and full layers mixed (Gemma-2): their launches differ; the key holds both.
+  // Sliding-window (or chunked) and full layers mixed (Gemma-2, Llama-4): their launches differ;
+  // the key holds both.
   for (int64_t l = options_.layer_begin + 1; l < options_.layer_end; ++l) {
-    if (spec_.LayerSlidingWindow(l) != spec_.LayerSlidingWindow(options_.layer_begin)) {
+    if (spec_.LayerSlidingWindow(l) != spec_.LayerSlidingWindow(options_.layer_begin) ||
+        spec_.LayerChunkSize(l) != spec_.LayerChunkSize(options_.layer_begin)) {
       shape_key = shape_key * 65536 + b.AttentionShapeKey(AttentionFor(l, tokens, paged));
       break;
     }
@@ -615,6 +661,7 @@ kernels::AttentionParams Model::AttentionFor(int64_t layer, int64_t tokens, cons
           .scale = spec_.query_pre_attn_scalar > 0.0 ? static_cast<float>(spec_.AttentionScale())
                                                      : 1.0f / std::sqrt(static_cast<float>(d)),
           .sliding_window = spec_.LayerSlidingWindow(layer),
+          .chunk_size = spec_.LayerChunkSize(layer),
           .softcap = static_cast<float>(spec_.attn_logit_softcapping)};
 }
 
@@ -722,21 +769,62 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
                                  .parts = {{GroupPart(lw.q, w.q.as<float>()), GroupPart(lw.k, w.k.as<float>()),
                                             GroupPart(lw.v, w.v.as<float>())}},
                                  .num_parts = 3}));
-  if (spec_.qk_norm) {
-    // Qwen3: every head of q and k is RMS-normalised on its own before RoPE. The heads are
-    // contiguous rows of head_dim, so this is the RmsNorm op over tokens x heads rows.
-    RETURN_IF_ERROR(b.RmsNorm({.x = w.q.as<float>(), .weight = lw.q_norm.as<float>(), .y = w.q.as<float>(),
+  // Every head of q and k RMS-normalised on its own: the heads are contiguous rows of head_dim, so
+  // this is the RmsNorm op over tokens x heads rows.
+  auto norm_heads = [&](const float* q_weight, const float* k_weight) -> absl::Status {
+    RETURN_IF_ERROR(b.RmsNorm({.x = w.q.as<float>(), .weight = q_weight, .y = w.q.as<float>(),
                                .tokens = tokens * layout_.q_heads, .hidden = d, .eps = eps}));
-    RETURN_IF_ERROR(b.RmsNorm({.x = w.k.as<float>(), .weight = lw.k_norm.as<float>(), .y = w.k.as<float>(),
-                               .tokens = tokens * layout_.kv_heads, .hidden = d, .eps = eps}));
+    return b.RmsNorm({.x = w.k.as<float>(), .weight = k_weight, .y = w.k.as<float>(),
+                      .tokens = tokens * layout_.kv_heads, .hidden = d, .eps = eps});
+  };
+  // Qwen3: with weights, before RoPE.
+  if (spec_.qk_norm) RETURN_IF_ERROR(norm_heads(lw.q_norm.as<float>(), lw.k_norm.as<float>()));
+  if (spec_.LayerUsesRope(layer)) {
+    RETURN_IF_ERROR(RopeQk(tokens, paged));
+    // Llama-4: without weights, after RoPE.
+    if (spec_.qk_l2_norm) RETURN_IF_ERROR(norm_heads(w.ones.as<float>(), w.ones.as<float>()));
   }
-  RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
-                          .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
-                          .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
+  if (spec_.LayerTemperatureTuned(layer)) {
+    RETURN_IF_ERROR(b.ScaleRows({.x = w.q.as<float>(), .scales = w.query_temp.as<float>(), .tokens = tokens,
+                                 .width = layout_.q_heads * d}));
+  }
   const kernels::AttentionParams attention = AttentionFor(layer, tokens, paged);
   RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
                              .cache = attention.cache}));
   RETURN_IF_ERROR(b.Attention(attention));
+  return absl::OkStatus();
+}
+
+absl::Status Model::RopeQk(int64_t tokens, const kernels::PagedSeqs& paged) {
+  Workspace& w = *ws_;
+  const int64_t d = spec_.head_dim;
+  const bool longrope = spec_.rope.type == RopeType::kLongrope;
+  kernels::RopeParams p{.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
+                        .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
+                        .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale,
+                        .rotary_dim = spec_.RotaryDim(),
+                        .scale = longrope ? static_cast<float>(spec_.rope.attention_factor) : 1.0f};
+  if (!longrope) return backend_->Rope(p);
+  // LongRoPE, as transformers' KV-cache generation: a step's new tokens of a sequence rotate with
+  // the long factors when the sequence is longer than original_max_position_embeddings at the end
+  // of the step, else with the short ones. Runs of sequences that agree share one call.
+  const int64_t original = spec_.rope.original_max_position_embeddings;
+  auto is_long = [&](const AttnSeq& a) { return int64_t{a.pos_begin} + a.q_len > original; };
+  for (int64_t s = 0; s < paged.num_seqs;) {
+    const bool long_run = is_long(paged.host_seqs[s]);
+    const int64_t begin = paged.host_seqs[s].q_begin;
+    int64_t end = begin;
+    for (; s < paged.num_seqs && is_long(paged.host_seqs[s]) == long_run; ++s) {
+      end = paged.host_seqs[s].q_begin + paged.host_seqs[s].q_len;
+    }
+    kernels::RopeParams run = p;
+    run.q = p.q + begin * layout_.q_heads * d;
+    run.k = p.k + begin * layout_.kv_heads * d;
+    run.positions = p.positions + begin;
+    run.tokens = end - begin;
+    run.inv_freq = long_run ? w.inv_freq_long.as<float>() : w.inv_freq.as<float>();
+    RETURN_IF_ERROR(backend_->Rope(run));
+  }
   return absl::OkStatus();
 }
 
@@ -843,6 +931,9 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
                                    static_cast<int>(ms.topk_group), ms.norm_topk_prob,
                                    static_cast<float>(ms.routed_scaling_factor), w.h_topk.data() + t * k,
                                    w.h_topw.data() + t * k);
+    } else if (ms.scoring == MoeScoring::kSigmoidInput) {
+      kernels::RouteSigmoidTopK(w.h_router.data() + t * e_count, static_cast<int>(e_count), static_cast<int>(k),
+                                w.h_topk.data() + t * k, w.h_topw.data() + t * k);
     } else {
       kernels::RouteTopK(w.h_router.data() + t * e_count, w.h_probs.data(), static_cast<int>(e_count),
                          static_cast<int>(k), ms.norm_topk_prob, w.h_topk.data() + t * k, w.h_topw.data() + t * k);
@@ -865,6 +956,8 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
   RETURN_IF_ERROR(b.CopyToDevice(w.moe_rows.as<void>(), w.h_moe_rows.data(), w.h_moe_rows.size() * sizeof(int32_t)));
   RETURN_IF_ERROR(b.CopyToDevice(w.moe_scales.as<void>(), w.h_scales.data(), w.h_scales.size() * sizeof(float)));
 
+  // Llama-4: the routing weight scales each expert's input, and the outputs add up unscaled.
+  const bool input_weighted = ms.scoring == MoeScoring::kSigmoidInput;
   // Experts on other workers (rank 0 only): send their rows first, compute the local experts
   // meanwhile, then add the answers.
   std::unique_ptr<RemoteExpertCall> remote;
@@ -878,6 +971,10 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
       RETURN_IF_ERROR(b.GatherRows({.src = normed, .rows = w.moe_rows.as<int32_t>() + begin,
                                     .dst = w.remote_x.as<float>() + rows * h, .count = count, .src_rows = tokens,
                                     .width = h}));
+      if (input_weighted) {
+        RETURN_IF_ERROR(b.ScaleRows({.x = w.remote_x.as<float>() + rows * h,
+                                     .scales = w.moe_scales.as<float>() + begin, .tokens = count, .width = h}));
+      }
       w.h_remote_groups.push_back({.expert = static_cast<int32_t>(e), .rows = static_cast<int32_t>(count)});
       rows += count;
     }
@@ -911,7 +1008,8 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
       const int64_t begin = offset[static_cast<size_t>(g.expert)];
       RETURN_IF_ERROR(b.ScatterAddRows({.src = w.remote_x.as<float>() + rows * h,
                                         .rows = w.moe_rows.as<int32_t>() + begin,
-                                        .scales = w.moe_scales.as<float>() + begin, .dst = out, .count = g.rows,
+                                        .scales = input_weighted ? w.ones.as<float>() : w.moe_scales.as<float>() + begin,
+                                        .dst = out, .count = g.rows,
                                         .dst_rows = tokens, .width = h}));
       rows += g.rows;
     }
@@ -925,6 +1023,7 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
   kernels::Backend& b = *backend_;
   const int64_t h = spec_.hidden_size;
   const int64_t e_count = spec_.moe.num_experts;
+  const bool input_weighted = spec_.moe.scoring == MoeScoring::kSigmoidInput;
   float* normed = w.normed.as<float>();
   for (int64_t e = 0; e < e_count; ++e) {
     const int64_t begin = offset[static_cast<size_t>(e)];
@@ -933,11 +1032,15 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
     const int32_t* rows = w.moe_rows.as<int32_t>() + begin;
     RETURN_IF_ERROR(b.GatherRows({.src = normed, .rows = rows, .dst = w.moe_x.as<float>(), .count = count,
                                   .src_rows = tokens, .width = h}));
+    if (input_weighted) {
+      RETURN_IF_ERROR(b.ScaleRows({.x = w.moe_x.as<float>(), .scales = w.moe_scales.as<float>() + begin,
+                                   .tokens = count, .width = h}));
+    }
     RETURN_IF_ERROR(Mlp(lw.experts[static_cast<size_t>(e)], w.moe_x.as<float>(), w.moe_y.as<float>(), count,
                         layout_.expert_ffn, false));
     RETURN_IF_ERROR(b.ScatterAddRows({.src = w.moe_y.as<float>(), .rows = rows,
-                                      .scales = w.moe_scales.as<float>() + begin, .dst = out, .count = count,
-                                      .dst_rows = tokens, .width = h}));
+                                      .scales = input_weighted ? w.ones.as<float>() : w.moe_scales.as<float>() + begin,
+                                      .dst = out, .count = count, .dst_rows = tokens, .width = h}));
   }
   if (layout_.shared_ffn > 0) {
     // out += sigmoid(x . g) * SharedMlp(x); the gate is linear in the (partial) MLP output, so

@@ -215,6 +215,42 @@ class Loader {
     ASSIGN_OR_RETURN(uv->w, UploadAs(val, dtype));
     return absl::OkStatus();
   }
+  // Expert `e` of a fused expert tensor pair (ModelSpec::moe.fused_experts, Llama-4):
+  // `<prefix>experts.gate_up_proj` [experts, hidden, 2 x width] and `<prefix>experts.down_proj`
+  // [experts, width, hidden], stored transposed against nn.Linear. This rank's gate and up rows
+  // [begin, end) (gate columns [begin, end) and up columns width + [begin, end), transposed) and
+  // down columns [begin, end) (rows [begin, end) of down_proj[e], transposed).
+  absl::StatusOr<MlpWeights> FusedExpert(const std::string& prefix, int64_t experts, int64_t e, int64_t hidden,
+                                         int64_t width, int64_t begin, int64_t end) {
+    const std::string gate_up = prefix + "experts.gate_up_proj";
+    const std::string down = prefix + "experts.down_proj";
+    RETURN_IF_ERROR(CheckDType(gate_up));
+    RETURN_IF_ERROR(CheckDType(down));
+    ASSIGN_OR_RETURN(HostTensor gu, ReadWeightRows(ckpt_, spec_.fp8, gate_up, {experts, hidden, 2 * width}, e, e + 1));
+    ASSIGN_OR_RETURN(HostTensor dn, ReadWeightRows(ckpt_, spec_.fp8, down, {experts, width, hidden}, e, e + 1));
+    const int64_t local = end - begin;
+    HostTensor g({local, hidden}), u({local, hidden}), d({hidden, local});
+    for (int64_t r = 0; r < local; ++r) {
+      for (int64_t c = 0; c < hidden; ++c) {
+        g.data()[r * hidden + c] = gu.data()[c * 2 * width + begin + r];
+        u.data()[r * hidden + c] = gu.data()[c * 2 * width + width + begin + r];
+        d.data()[c * local + r] = dn.data()[(begin + r) * hidden + c];
+      }
+    }
+    MlpWeights m;
+    auto upload = [&](const HostTensor& t, const std::string& name, int64_t in, int64_t out,
+                      LinearWeight* lw) -> absl::Status {
+      lw->in = in;
+      lw->out = out;
+      lw->dtype = MatrixDType(name);
+      ASSIGN_OR_RETURN(lw->w, UploadAs(t, lw->dtype));
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(upload(g, gate_up, hidden, local, &m.gate));
+    RETURN_IF_ERROR(upload(u, gate_up, hidden, local, &m.up));
+    RETURN_IF_ERROR(upload(d, down, local, hidden, &m.down));
+    return m;
+  }
   // Rows [begin, end) followed by zero rows up to `rows` rows in all.
   absl::StatusOr<kernels::DeviceBuffer> PaddedRows(const std::string& name, const Shape& shape, int64_t begin,
                                                    int64_t end, int64_t rows, DType dtype = DType::kF32) {
@@ -353,15 +389,27 @@ absl::Status LoadMla(Loader& ld, const ModelSpec& spec, const ShardLayout& layou
   return absl::OkStatus();
 }
 
+// The prefix of layer `layer`'s MLP or MoE block: "<weight_prefix>model.layers.<layer>.mlp."
+// (Mixtral's MoE: block_sparse_moe., Llama-4: feed_forward.).
+std::string FfnPrefix(const ModelSpec& spec, int64_t layer) {
+  const char* block = "mlp.";
+  if (spec.arch == Architecture::kLlama4) block = "feed_forward.";
+  if (spec.arch == Architecture::kMixtral && spec.IsSparseLayer(layer)) block = "block_sparse_moe.";
+  return absl::StrCat(spec.weight_prefix, "model.layers.", layer, ".", block);
+}
+
 std::string ExpertPrefix(const ModelSpec& spec, int64_t layer, int64_t expert) {
-  return absl::StrCat("model.layers.", layer, ".",
-                      spec.arch == Architecture::kMixtral ? "block_sparse_moe." : "mlp.", "experts.", expert, ".");
+  return absl::StrCat(FfnPrefix(spec, layer), "experts.", expert, ".");
 }
 
 // Expert `e` of a layer: its columns [begin, end) of the expert MLP (all of them when whole); the
 // down projection's bias (none in supported MoE models) on `bias_rank`.
 absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, int64_t layer, int64_t e, int64_t begin,
                                            int64_t end, int bias_rank) {
+  if (spec.moe.fused_experts) {
+    return ld.FusedExpert(FfnPrefix(spec, layer), spec.moe.num_experts, e, spec.hidden_size,
+                          spec.moe.expert_intermediate_size, begin, end);
+  }
   const std::string ep = ExpertPrefix(spec, layer, e);
   if (spec.arch == Architecture::kMixtral) {
     return ld.Mlp(ep, "w1", "w3", "w2", spec.hidden_size, spec.moe.expert_intermediate_size, begin, end, false,
@@ -411,13 +459,13 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
   const bool last = layer_end == spec.num_layers;
   const bool lm_head_is_embedding = spec.tie_word_embeddings && shard.size == 1;
   if (first || (last && lm_head_is_embedding)) {
-    const std::string name = "model.embed_tokens.weight";
+    const std::string name = spec.weight_prefix + "model.embed_tokens.weight";
     // A tied lm_head multiplies with the table too: keep a dtype both ops take.
     mw.embedding_dtype = KeptEmbeddingDType(ld, name, last && lm_head_is_embedding);
     ASSIGN_OR_RETURN(mw.embedding, ld.Full(name, {spec.vocab_size, h}, mw.embedding_dtype));
   }
   if (last) {
-    ASSIGN_OR_RETURN(mw.final_norm, ld.Norm("model.norm.weight", h));
+    ASSIGN_OR_RETURN(mw.final_norm, ld.Norm(spec.weight_prefix + "model.norm.weight", h));
     // lm_head: this rank's vocab rows, zero-padded to vocab_padded rows.
     const int64_t vb = std::min(layout.vocab_begin, spec.vocab_size);
     const int64_t ve = std::min(layout.vocab_begin + layout.vocab_padded, spec.vocab_size);
@@ -425,15 +473,15 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     mw.lm_head.out = layout.vocab_padded;
     mw.lm_head_is_embedding = lm_head_is_embedding;
     if (!lm_head_is_embedding) {
-      const std::string name = spec.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+      const std::string name =
+          spec.weight_prefix + (spec.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
       mw.lm_head.dtype = ld.MatrixDType(name);
       ASSIGN_OR_RETURN(mw.lm_head.w,
                        ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded, mw.lm_head.dtype));
     }
   }
-  const bool moe_mixtral = spec.arch == Architecture::kMixtral;
   for (int64_t i = layer_begin; i < layer_end; ++i) {
-    const std::string p = absl::StrCat("model.layers.", i, ".");
+    const std::string p = absl::StrCat(spec.weight_prefix, "model.layers.", i, ".");
     LayerWeights lw;
     lw.layer = i;
     ASSIGN_OR_RETURN(lw.input_norm, ld.Norm(p + "input_layernorm.weight", h));
@@ -453,6 +501,19 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       ASSIGN_OR_RETURN(lw.q, ld.ColumnParallel(fused, h, rows, qb, qe, spec.qkv_bias));
       ASSIGN_OR_RETURN(lw.k, ld.ColumnParallel(fused, h, rows, q_out + kb, q_out + ke, spec.qkv_bias));
       ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(fused, h, rows, q_out + kv_out + kb, q_out + kv_out + ke, spec.qkv_bias));
+    } else if (spec.rope_interleaved) {
+      // Every head's rows reordered from interleaved pairs to rotate_half's halves (no biases).
+      const std::vector<int64_t> order = RopeRowOrder(d, true);
+      std::vector<int64_t> q_rows, k_rows;
+      for (int64_t g = layout.q_head_begin; g < layout.q_head_begin + layout.q_heads; ++g) {
+        for (int64_t r : order) q_rows.push_back(g * d + r);
+      }
+      for (int64_t g = layout.kv_head_begin; g < layout.kv_head_begin + layout.kv_heads; ++g) {
+        for (int64_t r : order) k_rows.push_back(g * d + r);
+      }
+      ASSIGN_OR_RETURN(lw.q, ld.PickedRows(p + "self_attn.q_proj.weight", {q_out, h}, q_rows));
+      ASSIGN_OR_RETURN(lw.k, ld.PickedRows(p + "self_attn.k_proj.weight", {kv_out, h}, k_rows));
+      ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(p + "self_attn.v_proj", h, kv_out, kb, ke, false));
     } else {
       ASSIGN_OR_RETURN(lw.q, ld.ColumnParallel(p + "self_attn.q_proj", h, q_out, qb, qe, spec.qkv_bias));
       ASSIGN_OR_RETURN(lw.k, ld.ColumnParallel(p + "self_attn.k_proj", h, kv_out, kb, ke, spec.qkv_bias));
@@ -469,15 +530,17 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     if (!lw.sparse) {
       const int64_t fb = layout.ffn * shard.rank;
       if (spec.fused_gate_up) {
-        ASSIGN_OR_RETURN(lw.mlp, ld.FusedMlp(p + "mlp.", h, spec.intermediate_size, fb, fb + layout.ffn, shard.rank));
+        ASSIGN_OR_RETURN(lw.mlp, ld.FusedMlp(FfnPrefix(spec, i), h, spec.intermediate_size, fb, fb + layout.ffn, shard.rank));
       } else {
-        ASSIGN_OR_RETURN(lw.mlp, ld.Mlp(p + "mlp.", "gate_proj", "up_proj", "down_proj", h, spec.intermediate_size, fb,
+        ASSIGN_OR_RETURN(lw.mlp, ld.Mlp(FfnPrefix(spec, i), "gate_proj", "up_proj", "down_proj", h, spec.intermediate_size, fb,
                                         fb + layout.ffn, spec.mlp_bias, shard.rank));
       }
     } else {
-      const std::string moe = p + (moe_mixtral ? "block_sparse_moe." : "mlp.");
+      const std::string moe = FfnPrefix(spec, i);
       const int64_t e_count = spec.moe.num_experts;
-      ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + "gate.weight", {e_count, h}));
+      // Llama-4 names its router `router`, the others `gate`.
+      const char* router = spec.arch == Architecture::kLlama4 ? "router.weight" : "gate.weight";
+      ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + router, {e_count, h}));
       lw.router.in = h;
       lw.router.out = e_count;
       if (spec.moe.scoring == MoeScoring::kSigmoidGrouped) {
@@ -508,8 +571,10 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       }
       if (layout.shared_ffn > 0) {
         const int64_t sb = layout.shared_ffn * shard.rank;
-        // Qwen2-MoE: `shared_expert` with a gate; DeepSeek-V3: `shared_experts`, no gate.
-        const char* shared_name = spec.moe.shared_expert_gate ? "shared_expert." : "shared_experts.";
+        // Qwen2-MoE: `shared_expert` with a gate; DeepSeek-V3: `shared_experts`, no gate; Llama-4:
+        // `shared_expert`, no gate.
+        const char* shared_name =
+            spec.moe.shared_expert_gate || spec.arch == Architecture::kLlama4 ? "shared_expert." : "shared_experts.";
         ASSIGN_OR_RETURN(lw.shared, ld.Mlp(moe + shared_name, "gate_proj", "up_proj", "down_proj", h,
                                            spec.moe.shared_expert_intermediate_size, sb, sb + layout.shared_ffn,
                                            false, shard.rank));

@@ -5,7 +5,12 @@
 // query and key/value down-projections and their norms are replicated, q_b_proj / q_proj and
 // kv_b_proj are split by heads, o_proj by its head columns; the latent KV cache is per rank. Fused checkpoint tensors (Phi-3's qkv_proj and
 // gate_up_proj) are sliced into the same per-rank q/k/v and gate/up matrices as separate ones: a
-// rank reads its q rows, k rows and v rows (its gate rows and up rows) of the fused matrix. Each
+// rank reads its q rows, k rows and v rows (its gate rows and up rows) of the fused matrix.
+// Llama-4's fused experts (`experts.gate_up_proj` [experts, hidden, 2 x width], `experts.down_proj`
+// [experts, width, hidden], transposed against nn.Linear) become per-expert gate/up/down matrices
+// like the others (each rank transposes its slice of one expert at a time), and its interleaved
+// RoPE pairs are reordered into rotate_half's halves in every head's q and k rows. Tensor names are
+// ModelSpec::weight_prefix + the usual names ("language_model." for Llama4ForConditionalGeneration). Each
 // rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
 // Matrices (and the embedding table) stored as bf16 or f16 keep their dtype on backends that
 // SupportsOp(kLinear / kEmbedding, dtype) (the round trip through f32 is exact); everything else,

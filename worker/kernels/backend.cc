@@ -78,6 +78,7 @@ const char* OpName(Op op) {
     case Op::kArgmaxRows: return "ArgmaxRows";
     case Op::kZero: return "Zero";
     case Op::kScale: return "Scale";
+    case Op::kScaleRows: return "ScaleRows";
     case Op::kHeadLinear: return "HeadLinear";
     case Op::kMlaKvWrite: return "MlaKvWrite";
     case Op::kMlaAttention: return "MlaAttention";
@@ -222,6 +223,9 @@ absl::Status RopeParams::Validate() const {
   if (AnyNegative({tokens, q_heads, kv_heads}) || head_dim <= 0 || head_dim % 2 != 0) {
     return Invalid("Rope", "bad size (head_dim must be even)");
   }
+  if (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2 != 0 || rotary_dim == 1) {
+    return Invalid("Rope", "rotary_dim must be 0 (all of head_dim) or even and at most head_dim");
+  }
   return absl::OkStatus();
 }
 
@@ -238,6 +242,7 @@ absl::Status AttentionParams::Validate() const {
     return Invalid("Attention", "q_heads must be a positive multiple of kv_heads");
   }
   if (sliding_window < 0) return Invalid("Attention", "negative sliding window");
+  if (chunk_size < 0) return Invalid("Attention", "negative chunk size");
   if (!(softcap >= 0.0f)) return Invalid("Attention", "negative or NaN softcap");
   return ValidateSeqs("Attention", paged, tokens, cache);
 }
@@ -272,6 +277,12 @@ absl::Status ScatterAddRowsParams::Validate() const {
     return Invalid("ScatterAddRows", "null pointer");
   }
   if (AnyNegative({count, dst_rows, width})) return Invalid("ScatterAddRows", "negative size");
+  return absl::OkStatus();
+}
+
+absl::Status ScaleRowsParams::Validate() const {
+  if (x == nullptr || scales == nullptr) return Invalid("ScaleRows", "null pointer");
+  if (AnyNegative({tokens, width})) return Invalid("ScaleRows", "negative size");
   return absl::OkStatus();
 }
 

@@ -89,7 +89,7 @@ struct WeightView {
 // The ops of this interface, for SupportsOp().
 enum class Op : uint8_t {
   kEmbedding, kLinear, kRmsNorm, kAddRmsNorm, kRope, kKvWrite, kAttention, kSiluMul, kAdd, kGatherRows,
-  kScatterAddRows, kSigmoidScaleRows, kArgmaxRows, kZero, kScale,
+  kScatterAddRows, kSigmoidScaleRows, kArgmaxRows, kZero, kScale, kScaleRows,
   // Multi-head latent attention (DeepSeek-V3): optional; the Backend defaults are Unimplemented.
   kHeadLinear, kMlaKvWrite, kMlaAttention,
 };
@@ -172,14 +172,19 @@ struct AddRmsNormParams {
   absl::Status Validate() const;
 };
 
-// In-place rotary embedding (rotate_half layout) of q and k at each token's position.
+// In-place rotary embedding (rotate_half layout) of q and k at each token's position: the first
+// rotary_dim elements of each head rotate (element i with element i + rotary_dim / 2), the others
+// pass through (Phi-3's partial_rotary_factor); cos and sin are multiplied by `scale` (longrope's
+// attention factor) before they are applied, as transformers does.
 struct RopeParams {
   float* q = nullptr;                // [tokens, q_heads, head_dim]
   float* k = nullptr;                // [tokens, kv_heads, head_dim]
   const int32_t* positions = nullptr;  // [tokens]
-  const float* inv_freq = nullptr;   // [head_dim / 2]; angle = position * position_scale * inv_freq
+  const float* inv_freq = nullptr;   // [rotary_dim / 2]; angle = position * position_scale * inv_freq
   int64_t tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   float position_scale = 1.0f;
+  int64_t rotary_dim = 0;  // 0 = head_dim; else even, in [2, head_dim]
+  float scale = 1.0f;
   absl::Status Validate() const;
 };
 
@@ -230,7 +235,9 @@ struct KvWriteParams {
 };
 
 // Causal grouped-query attention of each sequence's new queries over its cached keys
-// [0, pos + 1), restricted to keys with pos - key < sliding_window when sliding_window > 0.
+// [0, pos + 1), restricted to keys with pos - key < sliding_window when sliding_window > 0, and
+// to keys of the query's chunk (key / chunk_size == pos / chunk_size, i.e. keys from
+// pos - pos % chunk_size) when chunk_size > 0 (Llama-4's chunked local attention).
 // Query head h reads kv head h / (q_heads / kv_heads).
 struct AttentionParams {
   const float* q = nullptr;      // [tokens, q_heads, head_dim]
@@ -240,6 +247,7 @@ struct AttentionParams {
   KvLayerView cache;
   float scale = 1.0f;            // usually 1/sqrt(head_dim)
   int64_t sliding_window = 0;    // 0 = none
+  int64_t chunk_size = 0;        // 0 = none
   // > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma-2).
   float softcap = 0.0f;
   absl::Status Validate() const;
@@ -295,6 +303,15 @@ struct ScatterAddRowsParams {
   const float* scales = nullptr;  // [count]
   float* dst = nullptr;           // [dst_rows, width]
   int64_t count = 0, dst_rows = 0, width = 0;
+  absl::Status Validate() const;
+};
+
+// x[t, :] *= scales[t]  (Llama-4: routing weights applied to the experts' inputs, and the
+// position-dependent temperature of the queries of NoPE layers).
+struct ScaleRowsParams {
+  float* x = nullptr;             // [tokens, width]
+  const float* scales = nullptr;  // [tokens]
+  int64_t tokens = 0, width = 0;
   absl::Status Validate() const;
 };
 
@@ -453,6 +470,7 @@ class Backend {
   virtual absl::Status ArgmaxRows(const ArgmaxRowsParams& p) = 0;
   virtual absl::Status Zero(const ZeroParams& p) = 0;
   virtual absl::Status Scale(const ScaleParams& p) = 0;
+  virtual absl::Status ScaleRows(const ScaleRowsParams& p) = 0;
   // Multi-head latent attention. The defaults: Validate(), then Unimplemented naming the backend
   // and the op (SupportsOp answers false for them).
   virtual absl::Status HeadLinear(const HeadLinearParams& p);

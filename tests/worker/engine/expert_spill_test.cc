@@ -139,7 +139,12 @@ INSTANTIATE_TEST_SUITE_P(
         // sigmoid scores with bias correction, routed_scaling_factor, a shared expert.
         SpillLayout{"deepseek_v3", 2, false, {{1, {R, 0, R, 1, 1, R, 0, R}}, {2, {0, R, R, R, 1, R, R, 0}}},
                     "deepseek_v3_tp2_both_layers"},
-        SpillLayout{"deepseek_v3_noqlora", 1, false, {{2, {R, 0, R, 0, R, 0, R, 0}}}, "deepseek_v3_noqlora_tp1"}),
+        SpillLayout{"deepseek_v3_noqlora", 1, false, {{2, {R, 0, R, 0, R, 0, R, 0}}}, "deepseek_v3_noqlora_tp1"},
+        // llama4: layers 1 and 3 MoE, 8 experts, top-2, routing weights on the experts' input (the
+        // spilled rows are sent already weighted), a shared expert.
+        SpillLayout{"llama4", 2, false, {{1, {R, 0, R, 1, 1, R, 0, R}}, {3, {0, R, R, R, 1, R, R, 0}}},
+                    "llama4_tp2_both_layers"},
+        SpillLayout{"llama4_multimodal", 2, true, {{1, {0, R, R, 0}}}, "llama4_multimodal_tp2_split_experts"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 // An expert host quantizes like the stages (--quantize reaches it in its assignment): int8 experts

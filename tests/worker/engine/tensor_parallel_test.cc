@@ -49,6 +49,10 @@ std::vector<Layout> Layouts() {
   // DeepSeek-V3: heads split, the latent cache whole on every rank; experts spread or split.
   out.push_back({"deepseek_v3", 2, {1, 1, 0, 1, 0, 0, 1, 0}, false, "deepseek_v3_tp2_experts_mixed"});
   out.push_back({"deepseek_v3", 2, {}, true, "deepseek_v3_tp2_split_experts"});
+  // Llama-4: experts weighted on their input, spread unevenly or split; the shared expert split.
+  out.push_back({"llama4", 2, {0, 1, 1, 1, 0, 1, 1, 0}, false, "llama4_tp2_experts_mixed"});
+  out.push_back({"llama4", 2, {}, true, "llama4_tp2_split_experts"});
+  out.push_back({"llama4_multimodal", 4, {}, true, "llama4_multimodal_tp4_split_experts"});
   return out;
 }
 
@@ -164,7 +168,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            PipelineLayout{"deepseek_v3_noqlora", {0, 1, 2, 3}, 2,
                                                           "deepseek_v3_noqlora_pp3_tp2"},
                                            // Gemma-2: a sliding-window stage, then a full + sliding one.
-                                           PipelineLayout{"gemma2", {0, 1, 3}, 2, "gemma2_pp2_tp2"}),
+                                           PipelineLayout{"gemma2", {0, 1, 3}, 2, "gemma2_pp2_tp2"},
+                                           // Llama-4: chunked RoPE layers (dense, MoE), then the NoPE
+                                           // layer with its temperature and a MoE layer.
+                                           PipelineLayout{"llama4", {0, 2, 4}, 2, "llama4_pp2_tp2"},
+                                           PipelineLayout{"llama4_multimodal", {0, 1, 2, 3}, 2,
+                                                          "llama4_multimodal_pp3_tp2"},
+                                           // LongRoPE: each stage picks short or long frequencies alike.
+                                           PipelineLayout{"phi3_longrope", {0, 1, 2}, 2, "phi3_longrope_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {

@@ -453,7 +453,8 @@ struct PagedFixture {
 
 // Naive double-precision attention over sequence s's contiguous K/V.
 std::vector<float> ReferenceAttention(const PagedFixture& f, const std::vector<AttnSeq>& seqs, const std::vector<float>& q,
-                                      int64_t q_heads, float scale, int64_t window, double softcap = 0.0) {
+                                      int64_t q_heads, float scale, int64_t window, double softcap = 0.0,
+                                      int64_t chunk = 0) {
   const int64_t d = f.d, row = f.row();
   std::vector<float> ref(q.size());
   for (size_t si = 0; si < seqs.size(); ++si) {
@@ -467,6 +468,7 @@ std::vector<float> ReferenceAttention(const PagedFixture& f, const std::vector<A
         std::vector<int64_t> keys;
         for (int64_t j = 0; j <= pos; ++j) {
           if (window > 0 && pos - j >= window) continue;
+          if (chunk > 0 && j / chunk != pos / chunk) continue;
           double dot = 0;
           for (int64_t e = 0; e < d; ++e) {
             dot += double{q[static_cast<size_t>((t * q_heads + h) * d + e)]} *
@@ -534,6 +536,34 @@ TEST_F(CpuBackendTest, SoftCappedAttentionMatchesReference) {
     for (size_t i = 0; i < out.size(); ++i) diff = std::max(diff, std::fabs(out[i] - uncapped[i]));
     EXPECT_GT(diff, 1e-2f) << "the cap does not change the result: the test would not see it missing";
   }
+}
+
+TEST_F(CpuBackendTest, ChunkedAttentionMatchesReference) {
+  // Llama-4: keys only from the query's chunk. Chunks of 4: the prefill from position 3 crosses
+  // from chunk 0 into chunk 1 (position 4 sees itself only), the decode at 9 sees 8 and 9.
+  PagedFixture f({8, 10}, 5);
+  const int64_t q_heads = 4;
+  const std::vector<AttnSeq> seqs = {
+      {.q_begin = 0, .q_len = 5, .pos_begin = 3, .table_begin = f.begin(0), .table_len = f.len(0)},
+      {.q_begin = 5, .q_len = 1, .pos_begin = 9, .table_begin = f.begin(1), .table_len = f.len(1)}};
+  const int64_t tokens = 6;
+  const auto q = Random(static_cast<size_t>(tokens * q_heads * f.d), 11);
+  for (int64_t window : {int64_t{0}, int64_t{3}}) {
+    std::vector<float> out(q.size());
+    ASSERT_TRUE(b_->Attention({.q = q.data(), .out = out.data(), .paged = f.paged(seqs), .tokens = tokens,
+                               .q_heads = q_heads, .cache = f.view(), .scale = 0.35f, .sliding_window = window,
+                               .chunk_size = 4})
+                    .ok());
+    ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 0.35f, window, 0.0, 4), out, 1e-5f,
+                absl::StrCat("window ", window));
+    const std::vector<float> unchunked = ReferenceAttention(f, seqs, q, q_heads, 0.35f, window);
+    float diff = 0.f;
+    for (size_t i = 0; i < out.size(); ++i) diff = std::max(diff, std::fabs(out[i] - unchunked[i]));
+    EXPECT_GT(diff, 1e-2f) << "chunks change nothing: the test would not see them missing";
+  }
+  EXPECT_THAT(b_->Attention({.q = q.data(), .out = std::vector<float>(q.size()).data(), .paged = f.paged(seqs),
+                             .tokens = tokens, .q_heads = q_heads, .cache = f.view(), .chunk_size = -1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative chunk size")));
 }
 
 TEST_F(CpuBackendTest, GeluTanhMulAndScaleWithSoftCap) {
@@ -642,6 +672,30 @@ TEST_F(CpuBackendTest, RopeUsesFloatAnglesOfPositionTimesInvFreq) {
   EXPECT_NEAR(k[3], std::sin(0.75f), 1e-6);
 }
 
+TEST_F(CpuBackendTest, PartialRopeRotatesTheFirstRotaryDimsScaled) {
+  // head_dim 6, rotary_dim 4: pairs (0, 2) and (1, 3) rotate with cos and sin times 1.5; elements
+  // 4 and 5 pass through.
+  std::vector<float> q = {1, 0, 0, 0, 7, 8}, k = {0, 1, 0, 0, -7, -8};
+  const std::vector<int32_t> pos = {3};
+  const std::vector<float> inv = {0.5f, 0.25f};
+  ASSERT_TRUE(b_->Rope({.q = q.data(), .k = k.data(), .positions = pos.data(), .inv_freq = inv.data(), .tokens = 1,
+                        .q_heads = 1, .kv_heads = 1, .head_dim = 6, .rotary_dim = 4, .scale = 1.5f})
+                  .ok());
+  EXPECT_NEAR(q[0], 1.5f * std::cos(1.5f), 1e-6);
+  EXPECT_NEAR(q[2], 1.5f * std::sin(1.5f), 1e-6);
+  EXPECT_NEAR(k[1], 1.5f * std::cos(0.75f), 1e-6);
+  EXPECT_NEAR(k[3], 1.5f * std::sin(0.75f), 1e-6);
+  EXPECT_EQ(q[4], 7.f);
+  EXPECT_EQ(q[5], 8.f);
+  EXPECT_EQ(k[4], -7.f);
+  EXPECT_EQ(k[5], -8.f);
+  for (int64_t bad : {int64_t{3}, int64_t{8}, int64_t{-2}}) {
+    EXPECT_THAT(b_->Rope({.q = q.data(), .k = k.data(), .positions = pos.data(), .inv_freq = inv.data(),
+                          .tokens = 1, .q_heads = 1, .kv_heads = 1, .head_dim = 6, .rotary_dim = bad}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rotary_dim"))) << bad;
+  }
+}
+
 TEST_F(CpuBackendTest, GatherScatterAndSigmoidScale) {
   const std::vector<float> src = {1, 2, 3, 4, 5, 6};  // 3 rows x 2
   const std::vector<int32_t> rows = {2, 0};
@@ -660,6 +714,12 @@ TEST_F(CpuBackendTest, GatherScatterAndSigmoidScale) {
   const std::vector<float> gate = {0.f};
   ASSERT_TRUE(b_->SigmoidScaleRows({.x = x.data(), .gate = gate.data(), .tokens = 1, .width = 2}).ok());
   EXPECT_EQ(x, (std::vector<float>{1, 2}));
+  std::vector<float> rows3 = {1, 2, 3, 4, 5, 6};
+  const std::vector<float> row_scales = {2.f, 0.f, -0.5f};
+  ASSERT_TRUE(b_->ScaleRows({.x = rows3.data(), .scales = row_scales.data(), .tokens = 3, .width = 2}).ok());
+  EXPECT_EQ(rows3, (std::vector<float>{2, 4, 0, 0, -2.5f, -3}));
+  EXPECT_THAT(b_->ScaleRows({.x = rows3.data(), .tokens = 1, .width = 2}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ScaleRows: null pointer")));
 }
 
 TEST_F(CpuBackendTest, OpsRejectInvalidParamsWithoutTouchingMemory) {

@@ -71,6 +71,7 @@ class CpuBackend final : public Backend {
       case Op::kArgmaxRows:
       case Op::kZero:
       case Op::kScale:
+      case Op::kScaleRows:
       case Op::kMlaKvWrite:
       case Op::kMlaAttention:
         return dtype == DType::kF32;
@@ -220,7 +221,8 @@ class CpuBackend final : public Backend {
 
   absl::Status Rope(const RopeParams& p) override {
     SHARDSERVE_VALIDATE(p);
-    const int64_t half = p.head_dim / 2;
+    const int64_t rot = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim;
+    const int64_t half = rot / 2;
     cos_.resize(static_cast<size_t>(half));
     sin_.resize(static_cast<size_t>(half));
     for (int64_t t = 0; t < p.tokens; ++t) {
@@ -228,14 +230,14 @@ class CpuBackend final : public Backend {
       const float pos = static_cast<float>(p.positions[t]) * p.position_scale;
       for (int64_t i = 0; i < half; ++i) {
         const float angle = pos * p.inv_freq[i];
-        cos_[static_cast<size_t>(i)] = std::cos(angle);
-        sin_[static_cast<size_t>(i)] = std::sin(angle);
+        cos_[static_cast<size_t>(i)] = std::cos(angle) * p.scale;
+        sin_[static_cast<size_t>(i)] = std::sin(angle) * p.scale;
       }
       for (int64_t h = 0; h < p.q_heads; ++h) {
-        RopeHead(p.q + (t * p.q_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(p.head_dim));
+        RopeHead(p.q + (t * p.q_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(rot));
       }
       for (int64_t h = 0; h < p.kv_heads; ++h) {
-        RopeHead(p.k + (t * p.kv_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(p.head_dim));
+        RopeHead(p.k + (t * p.kv_heads + h) * p.head_dim, cos_.data(), sin_.data(), static_cast<int>(rot));
       }
     }
     return absl::OkStatus();
@@ -284,7 +286,8 @@ class CpuBackend final : public Backend {
       for (int64_t i = 0; i < q.q_len; ++i) {
         const int64_t t = q.q_begin + i;
         const int64_t pos = q.pos_begin + i;
-        const int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+        int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+        if (p.chunk_size > 0) lo = std::max(lo, pos - pos % p.chunk_size);
         const int64_t n = pos + 1 - lo;
         scores_.resize(std::max(scores_.size(), static_cast<size_t>(heads * n)));
         float* sc = scores_.data();  // [heads, n]
@@ -370,6 +373,15 @@ class CpuBackend final : public Backend {
       const float* src = p.src + i * p.width;
       const float s = p.scales[i];
       for (int64_t e = 0; e < p.width; ++e) dst[e] += s * src[e];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ScaleRows(const ScaleRowsParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      float* x = p.x + t * p.width;
+      for (int64_t e = 0; e < p.width; ++e) x[e] *= p.scales[t];
     }
     return absl::OkStatus();
   }

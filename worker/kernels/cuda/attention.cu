@@ -42,6 +42,7 @@ size_t SharedBytes(int heads, int64_t head_dim) {
 
 struct Shape {
   int64_t block_size, q_heads, kv_heads, head_dim, sliding_window;
+  int64_t chunk_size;  // > 0: keys from pos - pos % chunk_size only (Llama-4)
   float scale;
   float softcap;  // > 0: scores soft-capped (Gemma-2)
   int heads_per_block, head_blocks, splits;
@@ -126,7 +127,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = blockIdx.y; i < seq.q_len; i += gridDim.y) {
       const int64_t t = seq.q_begin + i;
       const int64_t pos = seq.pos_begin + i;
-      const int64_t lo = sh.sliding_window > 0 && pos - sh.sliding_window + 1 > 0 ? pos - sh.sliding_window + 1 : 0;
+      int64_t lo = sh.sliding_window > 0 && pos - sh.sliding_window + 1 > 0 ? pos - sh.sliding_window + 1 : 0;
+      if (sh.chunk_size > 0 && pos - pos % sh.chunk_size > lo) lo = pos - pos % sh.chunk_size;
       long long kb = 0, ke = 0;
       SplitKeys(lo, pos, sh.splits, split, &kb, &ke);
       __syncthreads();  // the previous row is done with the shared arrays
@@ -359,6 +361,7 @@ AttentionPlan PlanAttention(const AttentionParams& p, int multiprocessors) {
     longest = end > longest ? end : longest;
   }
   if (p.sliding_window > 0 && longest > p.sliding_window) longest = p.sliding_window;
+  if (p.chunk_size > 0 && longest > p.chunk_size) longest = p.chunk_size;
   const int64_t target = 2 * static_cast<int64_t>(multiprocessors > 0 ? multiprocessors : 1);
   // A block walks its heads one after another: with too few blocks for the multiprocessors, fewer
   // heads per block (more blocks, each key row then read by several blocks, from L2).
@@ -397,6 +400,7 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
                  .kv_heads = p.cache.kv_heads,
                  .head_dim = p.cache.head_dim,
                  .sliding_window = p.sliding_window,
+                 .chunk_size = p.chunk_size,
                  .scale = p.scale,
                  .softcap = p.softcap,
                  .heads_per_block = plan.heads_per_block,

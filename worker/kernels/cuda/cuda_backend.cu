@@ -100,6 +100,7 @@ class CudaBackend final : public Backend {
   absl::Status GatherRows(const GatherRowsParams& p) override;
   absl::Status ScatterAddRows(const ScatterAddRowsParams& p) override;
   absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) override;
+  absl::Status ScaleRows(const ScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const ArgmaxRowsParams& p) override;
   absl::Status Zero(const ZeroParams& p) override;
   absl::Status Scale(const ScaleParams& p) override;
@@ -274,6 +275,7 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kArgmaxRows:
     case Op::kZero:
     case Op::kScale:
+    case Op::kScaleRows:
       return dtype == DType::kF32;
     case Op::kHeadLinear:
     case Op::kMlaKvWrite:
@@ -535,6 +537,12 @@ absl::Status CudaBackend::SigmoidScaleRows(const SigmoidScaleRowsParams& p) {
   RETURN_IF_ERROR(p.Validate());
   RETURN_IF_ERROR(Enter());
   return Check(cuda::LaunchSigmoidScaleRows(p, stream_), "SigmoidScaleRows kernel launch");
+}
+
+absl::Status CudaBackend::ScaleRows(const ScaleRowsParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  return Check(cuda::LaunchScaleRows(p, stream_), "ScaleRows kernel launch");
 }
 
 absl::Status CudaBackend::ArgmaxRows(const ArgmaxRowsParams& p) {

@@ -172,9 +172,10 @@ __global__ void AddRmsNormKernel(float* x, const float* y, const float* weight, 
 // One block per token: cos/sin of the token's angles in shared memory, then one thread per pair
 // of elements of every head (consecutive threads, consecutive elements).
 __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t tokens,
-                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float position_scale) {
+                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float position_scale,
+                           int64_t rotary_dim, float scale) {
   extern __shared__ float rope_smem[];
-  const int64_t half = head_dim / 2;
+  const int64_t half = rotary_dim / 2;
   float* cos_s = rope_smem;        // [half]
   float* sin_s = rope_smem + half;  // [half]
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
@@ -183,14 +184,14 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
     const float pos = static_cast<float>(positions[t]) * position_scale;
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
       const float angle = pos * inv_freq[i];
-      cos_s[i] = cosf(angle);
-      sin_s[i] = sinf(angle);
+      cos_s[i] = cosf(angle) * scale;
+      sin_s[i] = sinf(angle) * scale;
     }
     __syncthreads();
     for (int64_t idx = threadIdx.x; idx < (q_heads + kv_heads) * half; idx += blockDim.x) {
       const int64_t h = idx / half;
       float* head = h < q_heads ? q + (t * q_heads + h) * head_dim : k + (t * kv_heads + (h - q_heads)) * head_dim;
-      RopePair(head, cos_s, sin_s, static_cast<int>(head_dim), static_cast<int>(idx % half));
+      RopePair(head, cos_s, sin_s, static_cast<int>(rotary_dim), static_cast<int>(idx % half));
     }
   }
 }
@@ -261,6 +262,14 @@ __global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, cons
     const float* s = src + i * width;
     const float sc = scales[i];
     for (int64_t e = threadIdx.x; e < width; e += blockDim.x) d[e] += sc * s[e];
+  }
+}
+
+__global__ void ScaleRowsKernel(float* x, const float* scales, int64_t tokens, int64_t width) {
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const float s = scales[t];
+    float* xr = x + t * width;
+    for (int64_t e = threadIdx.x; e < width; e += blockDim.x) xr[e] *= s;
   }
 }
 
@@ -357,7 +366,8 @@ cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.q_heads + p.kv_heads == 0) return cudaSuccess;
   RopeKernel<<<GridFor(p.tokens), kRopeThreads, RopeSharedBytes(p.head_dim), stream>>>(
-      p.q, p.k, p.positions, p.inv_freq, p.tokens, p.q_heads, p.kv_heads, p.head_dim, p.position_scale);
+      p.q, p.k, p.positions, p.inv_freq, p.tokens, p.q_heads, p.kv_heads, p.head_dim, p.position_scale,
+      p.rotary_dim > 0 ? p.rotary_dim : p.head_dim, p.scale);
   return cudaGetLastError();
 }
 
@@ -427,6 +437,12 @@ cudaError_t LaunchScatterAddRows(const ScatterAddRowsParams& p, cudaStream_t str
 cudaError_t LaunchArgmaxRows(const ArgmaxRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   ArgmaxRowsKernel<<<GridFor(p.rows), kRowThreads, 0, stream>>>(p.x, p.out, p.rows, p.width, p.stride);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaleRows(const ScaleRowsParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.width == 0) return cudaSuccess;
+  ScaleRowsKernel<<<GridFor(p.tokens), RowThreads(p.width), 0, stream>>>(p.x, p.scales, p.tokens, p.width);
   return cudaGetLastError();
 }
 

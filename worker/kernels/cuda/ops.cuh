@@ -38,6 +38,7 @@ cudaError_t LaunchAdd(const AddParams& p, cudaStream_t stream);
 cudaError_t LaunchGatherRows(const GatherRowsParams& p, cudaStream_t stream);
 cudaError_t LaunchScatterAddRows(const ScatterAddRowsParams& p, cudaStream_t stream);
 cudaError_t LaunchSigmoidScaleRows(const SigmoidScaleRowsParams& p, cudaStream_t stream);
+cudaError_t LaunchScaleRows(const ScaleRowsParams& p, cudaStream_t stream);
 cudaError_t LaunchArgmaxRows(const ArgmaxRowsParams& p, cudaStream_t stream);
 
 }  // namespace shardserve::kernels::cuda

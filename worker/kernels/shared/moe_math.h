@@ -32,6 +32,14 @@ SHARDSERVE_HD void GroupByExpert(const int32_t* experts, const float* weights, i
   }
 }
 
+// Llama-4's routing of one token (transformers' Llama4Router): the k largest router logits (ties:
+// lower expert first), each weighted by sigmoid(logit). The engine multiplies each chosen
+// expert's input by its weight and sums the outputs unweighted. experts, weights: [k].
+SHARDSERVE_HD void RouteSigmoidTopK(const float* logits, int num_experts, int k, int* experts, float* weights) {
+  TopKIndices(logits, num_experts, k, experts);
+  for (int j = 0; j < k; ++j) weights[j] = 1.0f / (1.0f + expf(-logits[experts[j]]));
+}
+
 // DeepSeek-V3's routing of one token (transformers' DeepseekV3TopkRouter): scores =
 // sigmoid(logits); experts are chosen by biased = scores + bias: the experts split into n_group
 // groups of num_experts / n_group (>= 2), a group's score is the sum of its two largest biased
@@ -72,16 +80,10 @@ SHARDSERVE_HD void RouteSigmoidGrouped(const float* logits, const float* bias, f
     if (group_score[g] == INFINITY) continue;
     for (int e = g * per_group; e < (g + 1) * per_group; ++e) biased[e] = -INFINITY;
   }
+  TopKIndices(biased, num_experts, k, experts);
   float total = 0.f;
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    for (int e = 0; e < num_experts; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken = taken || experts[i] == e;
-      if (!taken && (best < 0 || biased[e] > biased[best])) best = e;
-    }
-    experts[j] = best;
-    weights[j] = 1.0f / (1.0f + expf(-logits[best]));
+    weights[j] = 1.0f / (1.0f + expf(-logits[experts[j]]));
     total += weights[j];
   }
   const float denom = renormalize ? total + 1e-20f : 1.0f;

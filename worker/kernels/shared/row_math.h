@@ -70,6 +70,20 @@ SHARDSERVE_HD float GeluTanh(float x) {
 // Soft-capping: cap * tanh(x / cap) (Gemma-2's attention scores and final logits); cap > 0.
 SHARDSERVE_HD float SoftCap(float x, float cap) { return cap * tanhf(x / cap); }
 
+// The indices of the k largest of values[0 .. n), largest first (ties: lower index first, as
+// torch.topk on CPU); k <= n.
+SHARDSERVE_HD void TopKIndices(const float* values, int n, int k, int* out) {
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int e = 0; e < n; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken = taken || out[i] == e;
+      if (!taken && (best < 0 || values[e] > values[best])) best = e;
+    }
+    out[j] = best;
+  }
+}
+
 // MoE routing of one token: softmax over `num_experts` router logits, then the `k` largest
 // probabilities (ties: lower expert index first, as torch.topk on CPU), optionally renormalised to
 // sum to 1. probs: scratch [num_experts] (overwritten); experts, weights: [k].
@@ -77,17 +91,11 @@ SHARDSERVE_HD void RouteTopK(const float* logits, float* probs, int num_experts,
                              int* experts, float* weights) {
   for (int e = 0; e < num_experts; ++e) probs[e] = logits[e];
   SoftmaxRow(probs, num_experts);
+  TopKIndices(probs, num_experts, k, experts);
   float total = 0.f;
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    for (int e = 0; e < num_experts; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken = taken || experts[i] == e;
-      if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
-    }
-    experts[j] = best;
-    weights[j] = probs[best];
-    total += probs[best];
+    weights[j] = probs[experts[j]];
+    total += weights[j];
   }
   if (renormalize) {
     for (int j = 0; j < k; ++j) weights[j] /= total;

@@ -390,22 +390,28 @@ TEST_F(CudaParityTest, ArgmaxRows) {
   for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(Read(out, kRef)[r], 100 + r);
 }
 
+// Whole-head RoPE at two position scales, and Phi-3's partial RoPE (48 of 64 dims) with
+// longrope's attention factor on cos and sin.
 TEST_F(CudaParityTest, Rope) {
   const int64_t tokens = 9, q_heads = 4, kv_heads = 2, head_dim = 64;
-  std::vector<float> inv_freq(head_dim / 2);
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-  }
-  auto freq = Mirror(inv_freq);
   auto positions = Mirror(RandomInts(tokens, 30, 0, 5000));
-  for (float scale : {1.0f, 0.25f}) {
-    SCOPED_TRACE(scale);
+  struct Variant {
+    int64_t rotary_dim;
+    float position_scale, scale;
+  };
+  for (const Variant& v : {Variant{head_dim, 1.0f, 1.0f}, Variant{head_dim, 0.25f, 1.0f}, Variant{48, 1.0f, 1.19f}}) {
+    SCOPED_TRACE(::testing::Message() << "rotary_dim " << v.rotary_dim << " position_scale " << v.position_scale);
+    std::vector<float> inv_freq(static_cast<size_t>(v.rotary_dim / 2));
+    for (size_t i = 0; i < inv_freq.size(); ++i) {
+      inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(v.rotary_dim));
+    }
+    auto freq = Mirror(inv_freq);
     auto q = Mirror(RandomFloats(tokens * q_heads * head_dim, 31));
     auto k = Mirror(RandomFloats(tokens * kv_heads * head_dim, 32));
     RunBoth([&](Backend& b, int s) {
       return b.Rope({.q = q.at(s), .k = k.at(s), .positions = positions.at(s), .inv_freq = freq.at(s),
                      .tokens = tokens, .q_heads = q_heads, .kv_heads = kv_heads, .head_dim = head_dim,
-                     .position_scale = scale});
+                     .position_scale = v.position_scale, .rotary_dim = v.rotary_dim, .scale = v.scale});
     });
     ExpectMirrorsClose(q);
     ExpectMirrorsClose(k);
@@ -620,7 +626,8 @@ TEST_F(CudaParityTest, GeluTanhMulAndScaleWithSoftCap) {
   ExpectMirrorsClose(x);
 }
 
-TEST_F(CudaParityTest, SoftCappedAttentionMatchesCpu) {
+// Gemma-2's soft-capped scores and Llama-4's chunked layers, each alone and with a window.
+TEST_F(CudaParityTest, SoftCappedAndChunkedAttentionMatchesCpu) {
   const KvLayerView shape{.num_blocks = kNumBlocks, .block_size = kBlockSize, .kv_heads = 2, .head_dim = 64};
   const int64_t q_heads = 8;
   const int64_t cache_elems = shape.num_blocks * shape.block_size * shape.kv_heads * shape.head_dim;
@@ -630,17 +637,34 @@ TEST_F(CudaParityTest, SoftCappedAttentionMatchesCpu) {
   auto ck = Mirror(RandomFloats(cache_elems, 54, -2.f, 2.f));
   auto cv = Mirror(RandomFloats(cache_elems, 55));
   auto out = Mirror(std::vector<float>(kSeqTokens * q_heads * shape.head_dim));
-  for (int64_t window : {int64_t{0}, int64_t{5}}) {
-    RunBoth([&](Backend& b, int s) {
-      KvLayerView cache = shape;
-      cache.k = ck.at(s);
-      cache.v = cv.at(s);
-      return b.Attention({.q = q.at(s), .out = out.at(s), .paged = Paged(seqs.at(s), table.at(s)),
-                          .tokens = kSeqTokens, .q_heads = q_heads, .cache = cache, .scale = 0.25f,
-                          .sliding_window = window, .softcap = 3.f});
-    });
-    ExpectMirrorsClose(out);
+  struct Variant {
+    float scale, softcap;
+    int64_t chunk;
+  };
+  for (const Variant& v : {Variant{0.25f, 3.f, 0}, Variant{0.125f, 0.f, 4}}) {
+    for (int64_t window : {int64_t{0}, int64_t{5}}) {
+      SCOPED_TRACE(::testing::Message() << "softcap " << v.softcap << " chunk " << v.chunk << " window " << window);
+      RunBoth([&](Backend& b, int s) {
+        KvLayerView cache = shape;
+        cache.k = ck.at(s);
+        cache.v = cv.at(s);
+        return b.Attention({.q = q.at(s), .out = out.at(s), .paged = Paged(seqs.at(s), table.at(s)),
+                            .tokens = kSeqTokens, .q_heads = q_heads, .cache = cache, .scale = v.scale,
+                            .sliding_window = window, .chunk_size = v.chunk, .softcap = v.softcap});
+      });
+      ExpectMirrorsClose(out);
+    }
   }
+}
+
+TEST_F(CudaParityTest, ScaleRows) {
+  const int64_t tokens = 6, width = 513;
+  auto x = Mirror(RandomFloats(tokens * width, 102));
+  auto scales = Mirror(RandomFloats(tokens, 103, -3.f, 3.f));
+  RunBoth([&](Backend& b, int s) {
+    return b.ScaleRows({.x = x.at(s), .scales = scales.at(s), .tokens = tokens, .width = width});
+  });
+  ExpectMirrorsClose(x);
 }
 
 TEST_F(CudaParityTest, Add) {
