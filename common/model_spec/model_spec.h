@@ -2,8 +2,9 @@
 // `config.json`. Everything downstream (weight loading, the planner, the engine) works from this
 // struct and never from JSON. Supported architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-// Phi3ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM. Anything else — another architecture
-// (DeepSeek-V2, Llama-4, Gemma-3, ...), an activation other than SiLU (GELU-tanh for Gemma-2), an unsupported RoPE scaling type
+// Phi3ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and the text part of
+// Gemma3ForConditionalGeneration). Anything else — another architecture (DeepSeek-V2, Llama-4, ...),
+// an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope among them), a partial rotary factor below 1, a DeepSeek routing variant we do not
 // implement — is an error that names the field, never a silently wrong model.
 #ifndef SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
@@ -22,6 +23,7 @@ namespace shardserve {
 
 enum class Architecture : uint8_t {
   kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3, kDeepseekV3, kGemma2,
+  kGemma3,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -181,6 +183,14 @@ struct ModelSpec {
   // mask and softmax; final logits likewise with their own cap.
   double attn_logit_softcapping = 0.0;
   double final_logit_softcapping = 0.0;
+  // Gemma-3 (besides the Gemma-2 fields above and qk_norm with the (1 + w) convention): the RoPE of
+  // the "sliding_attention" layers (rope_local_base_freq, default RoPE); `rope` is then the
+  // "full_attention" layers' (rope_theta and rope_scaling, e.g. linear x8). Unset: one RoPE.
+  std::optional<RopeSpec> sliding_rope;
+  // Gemma-3: the config is Gemma3ForConditionalGeneration's and `text_config` describes this
+  // model, whose decoder weights are stored under "model.language_model." (transformers >= 5) or
+  // "language_model.model." (the released checkpoints); the vision tower is not loaded.
+  bool multimodal_text = false;
   int64_t bos_token_id = -1;           // -1 = none
   std::vector<int64_t> eos_token_ids;  // may be empty
   // torch_dtype / dtype from config.json when given: every weight tensor must be stored in it
@@ -199,6 +209,12 @@ struct ModelSpec {
     if (sliding_layers.empty()) return sliding_window;
     return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
   }
+  // Whether layer `layer` rotates with sliding_rope (a Gemma-3 sliding layer, even when its window
+  // exceeds the context), and the RoPE it rotates with.
+  bool UsesSlidingRope(int64_t layer) const {
+    return sliding_rope.has_value() && !sliding_layers.empty() && sliding_layers[static_cast<size_t>(layer)];
+  }
+  const RopeSpec& LayerRope(int64_t layer) const { return UsesSlidingRope(layer) ? *sliding_rope : rope; }
   bool IsMla() const { return mla.kv_lora_rank > 0; }
   // Softmax scale of attention scores: 1/sqrt(head_dim) (1/sqrt(query_pre_attn_scalar) when
   // set), or for MLA 1/sqrt(qk_head_dim) times
@@ -225,7 +241,9 @@ struct ModelSpec {
 // than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
 // num_key_value_heads != num_attention_heads; yarn RoPE on other architectures; Gemma-2 with a
 // hidden_activation other than gelu_pytorch_tanh, use_bidirectional_attention, layer_types other
-// than "sliding_attention"/"full_attention", a null sliding_window with sliding layers). A `quantization_config` is InvalidArgument, naming
+// than "sliding_attention"/"full_attention", a null sliding_window with sliding layers; Gemma-3
+// likewise, and with rope_parameters not keyed by layer type, or a Gemma3ForConditionalGeneration
+// config without a text_config object). A `quantization_config` is InvalidArgument, naming
 // the field, unless it is fp8 as described at Fp8Quantization: another quant_method (gptq, awq,
 // bitsandbytes, compressed-tensors, fbgemm_fp8, ...), an `fmt` other than "e4m3" (e.g. "e5m2"), an
 // activation_scheme other than "dynamic"/"static", a weight_block_size that is not two positive

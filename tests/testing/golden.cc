@@ -49,7 +49,8 @@ std::vector<std::string> GoldenModelNames() {
   return {"llama",           "llama_tied_llama3rope_bias", "mistral",          "qwen2",
           "mixtral",         "qwen2_moe",                  "llama_bf16_sharded", "llama_fp8_block",
           "llama_fp8_tensor", "qwen3",                     "qwen3_moe",        "phi3",
-          "deepseek_v3",     "deepseek_v3_noqlora",        "gemma2"};
+          "deepseek_v3",     "deepseek_v3_noqlora",        "gemma2",
+          "gemma3"};
 }
 
 absl::StatusOr<GoldenModel> LoadGoldenModel(const std::string& name) {

@@ -28,6 +28,9 @@ struct Model::Workspace {
   DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, shared_gate;
   DeviceBuffer logit_rows, selected, logits, gathered, argmax;
   float position_scale = 1.0f;
+  // ModelSpec::sliding_rope (Gemma-3): the sliding layers' RoPE table and position scale.
+  DeviceBuffer inv_freq_sliding;
+  float position_scale_sliding = 1.0f;
   // Host staging.
   std::vector<int32_t> h_ids, h_pos, h_rows;
   std::vector<AttnSeq> h_seqs;
@@ -307,6 +310,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   const std::vector<float> inv = InvFreq(spec, &w.position_scale);
   RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq, inv.size() * f));
   RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq.as<void>(), inv.data(), inv.size() * f));
+  if (spec.sliding_rope.has_value()) {
+    ModelSpec sliding = spec;  // InvFreq reads spec.rope
+    sliding.rope = *spec.sliding_rope;
+    const std::vector<float> local = InvFreq(sliding, &w.position_scale_sliding);
+    RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq_sliding, local.size() * f));
+    RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq_sliding.as<void>(), local.data(), local.size() * f));
+  }
   return m;
 }
 
@@ -730,9 +740,12 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
     RETURN_IF_ERROR(b.RmsNorm({.x = w.k.as<float>(), .weight = lw.k_norm.as<float>(), .y = w.k.as<float>(),
                                .tokens = tokens * layout_.kv_heads, .hidden = d, .eps = eps}));
   }
+  const bool sliding_rope = spec_.UsesSlidingRope(layer);
   RETURN_IF_ERROR(b.Rope({.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
-                          .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
-                          .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale}));
+                          .inv_freq = (sliding_rope ? w.inv_freq_sliding : w.inv_freq).as<float>(),
+                          .tokens = tokens, .q_heads = layout_.q_heads, .kv_heads = layout_.kv_heads,
+                          .head_dim = d,
+                          .position_scale = sliding_rope ? w.position_scale_sliding : w.position_scale}));
   const kernels::AttentionParams attention = AttentionFor(layer, tokens, paged);
   RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
                              .cache = attention.cache}));

@@ -67,7 +67,8 @@ TEST_P(OpGraphGoldenTest, ReplayedDecodeStepsGiveTransformersTokens) {
 // The dense golden models (MoE layers are never recorded: routing reads the host mid-step).
 INSTANTIATE_TEST_SUITE_P(DenseArchitectures, OpGraphGoldenTest,
                          ::testing::Values("llama", "llama_tied_llama3rope_bias", "mistral", "qwen2",
-                                           "llama_bf16_sharded", "llama_fp8_block", "llama_fp8_tensor", "gemma2"),
+                                           "llama_bf16_sharded", "llama_fp8_block", "llama_fp8_tensor", "gemma2",
+                                           "gemma3"),
                          [](const auto& test_info) { return test_info.param; });
 
 TEST(OpGraphTest, ReplayedLogitsAreBitIdenticalToOpByOp) {

@@ -164,7 +164,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            PipelineLayout{"deepseek_v3_noqlora", {0, 1, 2, 3}, 2,
                                                           "deepseek_v3_noqlora_pp3_tp2"},
                                            // Gemma-2: a sliding-window stage, then a full + sliding one.
-                                           PipelineLayout{"gemma2", {0, 1, 3}, 2, "gemma2_pp2_tp2"}),
+                                           PipelineLayout{"gemma2", {0, 1, 3}, 2, "gemma2_pp2_tp2"},
+                                           // Gemma-3: a sliding stage (local RoPE), then the full
+                                           // layer (scaled global RoPE) and a sliding one.
+                                           PipelineLayout{"gemma3", {0, 1, 3}, 2, "gemma3_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
