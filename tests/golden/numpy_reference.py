@@ -49,6 +49,12 @@ Semantics (transformers 5.23, eager attention):
     then soft-capped, c * tanh(s / c) with c = attn_logit_softcapping, before the
     mask; sliding_window on the layers whose layer_types entry is
     "sliding_attention"; final logits soft-capped by final_logit_softcapping.
+  * Gemma-3: Gemma-2's layer, plus per-head q_norm / k_norm ((1 + w), before
+    RoPE) as Qwen3's; the attention scores are never soft-capped (transformers'
+    Gemma-3 attention ignores attn_logit_softcapping); two RoPEs, by layer type:
+    rope_parameters["sliding_attention"] / ["full_attention"] (or the legacy
+    rope_local_base_freq, and rope_theta + rope_scaling), linear scaling
+    dividing inv_freq by its factor.
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -241,7 +247,8 @@ class Model:
         if rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
             raise ValueError("partial_rotary_factor != 1 not implemented here")
         self.mla = self.arch == "DeepseekV3ForCausalLM"
-        self.gemma = self.arch == "Gemma2ForCausalLM"
+        self.gemma = self.arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+        self.gemma3 = self.arch == "Gemma3ForCausalLM"
         self.scale = (c.get("query_pre_attn_scalar", 256) if self.gemma else self.hd) ** -0.5
         self.rope_scale = 1.0
         if self.mla:
@@ -254,6 +261,9 @@ class Model:
         elif rp["rope_type"] != "default":
             raise ValueError(f"rope_type {rp['rope_type']} not implemented here")
         self.inv_freq = inv
+        self.layer_inv_freq = [inv] * self.L
+        if self.gemma3:
+            self.layer_inv_freq = [self.gemma3_inv_freq(t) for t in c["layer_types"]]
         # sliding window per layer
         sw = c.get("sliding_window")
         if self.arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
@@ -265,6 +275,22 @@ class Model:
             use = c.get("use_sliding_window", False)
             self.windows = [sw if (use and t == "sliding_attention") else None for t in types]
 
+    def gemma3_inv_freq(self, layer_type):
+        c = self.cfg
+        rp = dict((c.get("rope_parameters") or {}).get(layer_type) or {})
+        if layer_type == "full_attention":
+            rp.update(c.get("rope_scaling") or {})
+            rp.setdefault("rope_theta", c.get("rope_theta", 1e6))
+        else:
+            rp.setdefault("rope_theta", c.get("rope_local_base_freq", 1e4))
+        inv = 1.0 / rp["rope_theta"] ** (np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
+        kind = rp.get("rope_type", rp.get("type", "default"))
+        if kind == "linear":
+            return inv / rp["factor"]
+        if kind != "default":
+            raise ValueError(f"Gemma-3 rope_type {kind} not implemented here")
+        return inv
+
     def lin(self, x, name):
         y = x @ self.w[name + ".weight"].T
         b = self.w.get(name + ".bias")
@@ -274,8 +300,9 @@ class Model:
         w = self.w[name + ".weight"] + (1.0 if self.gemma else 0.0)
         return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
 
-    def rope(self, x, pos):  # x [T, heads, hd]
-        ang = pos[:, None] * self.inv_freq[None, :]
+    def rope(self, x, pos, inv_freq=None):  # x [T, heads, hd]
+        inv_freq = self.inv_freq if inv_freq is None else inv_freq
+        ang = pos[:, None] * inv_freq[None, :]
         cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
         sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
         h = self.hd // 2
@@ -369,11 +396,11 @@ class Model:
         q = q.reshape(T, self.nh, self.hd)
         k = k.reshape(T, self.nkv, self.hd)
         v = v.reshape(T, self.nkv, self.hd)
-        if self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+        if self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"):
             q = self.rms(q, p + ".q_norm")  # per head: the mean runs over head_dim
             k = self.rms(k, p + ".k_norm")
-        q = self.rope(q, pos)
-        k = self.rope(k, pos)
+        q = self.rope(q, pos, self.layer_inv_freq[l])
+        k = self.rope(k, pos, self.layer_inv_freq[l])
         i = np.arange(T)[:, None]
         j = np.arange(T)[None, :]
         visible = j <= i
@@ -384,7 +411,7 @@ class Model:
         for h in range(self.nh):
             kv = h // group
             s = (q[:, h, :] @ k[:, kv, :].T) * self.scale
-            cap = self.cfg.get("attn_logit_softcapping") if self.gemma else None
+            cap = self.cfg.get("attn_logit_softcapping") if self.gemma and not self.gemma3 else None
             if cap:
                 s = cap * np.tanh(s / cap)
             s = np.where(visible, s, -np.inf)
