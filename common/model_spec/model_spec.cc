@@ -382,7 +382,9 @@ absl::Status ParseGemma3Rope(const Fields& f, int64_t max_positions, ModelSpec* 
     }
     for (int i = 0; i < 2; ++i) {
       if (!rp.contains(kTypes[i]) || rp.at(kTypes[i]).is_null()) continue;
-      if (!rp.at(kTypes[i]).is_object()) return f.Error("rope_parameters", absl::StrCat("[\"", kTypes[i], "\"] is not an object"));
+      if (!rp.at(kTypes[i]).is_object()) {
+        return f.Error("rope_parameters", absl::StrCat("[\"", kTypes[i], "\"] is not an object"));
+      }
       per_type[i] = rp.at(kTypes[i]);
     }
   }

@@ -578,11 +578,20 @@ TEST(Gemma2SpecTest, EmbeddingMultiplierIsRoundedToTheCheckpointDtype) {
   EXPECT_EQ(f32.embedding_multiplier, static_cast<double>(static_cast<float>(std::sqrt(3072.0))));
 }
 
+json Gemma3TextConfig() {
+  return json::parse(R"({"architectures":["Gemma3ForCausalLM"],"model_type":"gemma3_text","vocab_size":256,
+    "hidden_size":64,"intermediate_size":96,"num_hidden_layers":6,"num_attention_heads":4,"num_key_value_heads":2,
+    "head_dim":32,"max_position_embeddings":128,"rms_norm_eps":1e-6,"hidden_activation":"gelu_pytorch_tanh",
+    "query_pre_attn_scalar":24,"sliding_window":8,"eos_token_id":1,"bos_token_id":2,"rope_theta":1000000.0,
+    "rope_local_base_freq":10000.0,"rope_scaling":{"rope_type":"linear","factor":8.0}})");
+}
+
 struct BadGemma {
   std::string name;
   std::function<void(json&)> edit;
   absl::StatusCode code;
   std::string message;
+  bool gemma3 = false;  // edits Gemma3TextConfig() rather than Gemma2Config()
 };
 
 void PrintTo(const BadGemma& c, std::ostream* os) { *os << c.name; }
@@ -590,7 +599,7 @@ void PrintTo(const BadGemma& c, std::ostream* os) { *os << c.name; }
 class BadGemmaTest : public ::testing::TestWithParam<BadGemma> {};
 
 TEST_P(BadGemmaTest, IsRejectedNamingTheField) {
-  json c = Gemma2Config();
+  json c = GetParam().gemma3 ? Gemma3TextConfig() : Gemma2Config();
   GetParam().edit(c);
   EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
               StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
@@ -624,14 +633,6 @@ INSTANTIATE_TEST_SUITE_P(
         BadGemma{"YarnRope", [](json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}}; },
                  absl::StatusCode::kUnimplemented, "yarn"}),
     [](const auto& test_info) { return test_info.param.name; });
-
-json Gemma3TextConfig() {
-  return json::parse(R"({"architectures":["Gemma3ForCausalLM"],"model_type":"gemma3_text","vocab_size":256,
-    "hidden_size":64,"intermediate_size":96,"num_hidden_layers":6,"num_attention_heads":4,"num_key_value_heads":2,
-    "head_dim":32,"max_position_embeddings":128,"rms_norm_eps":1e-6,"hidden_activation":"gelu_pytorch_tanh",
-    "query_pre_attn_scalar":24,"sliding_window":8,"eos_token_id":1,"bos_token_id":2,"rope_theta":1000000.0,
-    "rope_local_base_freq":10000.0,"rope_scaling":{"rope_type":"linear","factor":8.0}})");
-}
 
 TEST(Gemma3SpecTest, GoldenConfigHasTheGemma3Semantics) {
   ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/gemma3"));
@@ -743,52 +744,52 @@ TEST(Gemma3SpecTest, MultimodalConfigDescribesItsLanguageModel) {
   EXPECT_LT(s.NumParameters(), 27'500'000'000);
 }
 
-class BadGemma3Test : public ::testing::TestWithParam<BadGemma> {};
-
-TEST_P(BadGemma3Test, IsRejectedNamingTheField) {
-  json c = Gemma3TextConfig();
-  GetParam().edit(c);
-  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
-              StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
+// A case of BadGemmaTest that edits Gemma3TextConfig().
+BadGemma Gemma3Case(BadGemma c) {
+  c.gemma3 = true;
+  return c;
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Configs, BadGemma3Test,
+    Gemma3Configs, BadGemmaTest,
     ::testing::Values(
-        BadGemma{"ExactGelu", [](json& c) { c["hidden_activation"] = "gelu"; }, absl::StatusCode::kUnimplemented,
-                 "\"hidden_activation\" is \"gelu\""},
-        BadGemma{"Bidirectional", [](json& c) { c["use_bidirectional_attention"] = true; },
-                 absl::StatusCode::kUnimplemented, "use_bidirectional_attention"},
-        BadGemma{"ZeroPattern", [](json& c) { c["sliding_window_pattern"] = 0; }, absl::StatusCode::kInvalidArgument,
-                 "\"sliding_window_pattern\" is 0"},
-        BadGemma{"LayerTypesLength", [](json& c) { c["layer_types"] = {"full_attention"}; },
-                 absl::StatusCode::kInvalidArgument, "\"layer_types\" is not a list of 6 layer types"},
-        BadGemma{"Llama3GlobalRope",
-                 [](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; },
-                 absl::StatusCode::kUnimplemented, "(full_attention layers): Gemma-3 supports rope types default and linear"},
-        BadGemma{"YarnLocalRope",
-                 [](json& c) {
-                   c["rope_parameters"] = {{"sliding_attention", {{"rope_type", "yarn"}, {"factor", 2.0}}}};
-                 },
-                 absl::StatusCode::kUnimplemented, "(sliding_attention layers)"},
-        BadGemma{"UnkeyedRopeParameters",
-                 [](json& c) { c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}}; },
-                 absl::StatusCode::kInvalidArgument, "keys its RoPE parameters by layer type"},
-        BadGemma{"StringLocalBase", [](json& c) { c["rope_local_base_freq"] = "1e4"; },
-                 absl::StatusCode::kInvalidArgument, "\"rope_local_base_freq\" is not a number"},
-        BadGemma{"LinearWithoutFactor", [](json& c) { c["rope_scaling"] = {{"rope_type", "linear"}}; },
-                 absl::StatusCode::kInvalidArgument, "\"factor\" is missing"},
-        BadGemma{"MultimodalWithoutTextConfig",
-                 [](json& c) { c = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"vision_config", json::object()}}; },
-                 absl::StatusCode::kInvalidArgument, "\"text_config\" is missing"},
-        BadGemma{"MultimodalTextFieldNamesTheTextConfig",
-                 [](json& c) {
-                   json text = c;
-                   text.erase("architectures");
-                   text["num_key_value_heads"] = 3;
-                   c = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"text_config", text}};
-                 },
-                 absl::StatusCode::kInvalidArgument, "dir/config.json text_config: field \"num_key_value_heads\""}),
+        Gemma3Case({"ExactGelu", [](json& c) { c["hidden_activation"] = "gelu"; }, absl::StatusCode::kUnimplemented,
+                   "\"hidden_activation\" is \"gelu\""}),
+        Gemma3Case({"Bidirectional", [](json& c) { c["use_bidirectional_attention"] = true; },
+                   absl::StatusCode::kUnimplemented, "use_bidirectional_attention"}),
+        Gemma3Case({"ZeroPattern", [](json& c) { c["sliding_window_pattern"] = 0; }, absl::StatusCode::kInvalidArgument,
+                   "\"sliding_window_pattern\" is 0"}),
+        Gemma3Case({"LayerTypesLength", [](json& c) { c["layer_types"] = {"full_attention"}; },
+                   absl::StatusCode::kInvalidArgument, "\"layer_types\" is not a list of 6 layer types"}),
+        Gemma3Case({"Llama3GlobalRope",
+                   [](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; },
+                   absl::StatusCode::kUnimplemented,
+                   "(full_attention layers): Gemma-3 supports rope types default and linear"}),
+        Gemma3Case({"YarnLocalRope",
+                   [](json& c) {
+                     c["rope_parameters"] = {{"sliding_attention", {{"rope_type", "yarn"}, {"factor", 2.0}}}};
+                   },
+                   absl::StatusCode::kUnimplemented, "(sliding_attention layers)"}),
+        Gemma3Case({"UnkeyedRopeParameters",
+                   [](json& c) { c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}}; },
+                   absl::StatusCode::kInvalidArgument, "keys its RoPE parameters by layer type"}),
+        Gemma3Case({"StringLocalBase", [](json& c) { c["rope_local_base_freq"] = "1e4"; },
+                   absl::StatusCode::kInvalidArgument, "\"rope_local_base_freq\" is not a number"}),
+        Gemma3Case({"LinearWithoutFactor", [](json& c) { c["rope_scaling"] = {{"rope_type", "linear"}}; },
+                   absl::StatusCode::kInvalidArgument, "\"factor\" is missing"}),
+        Gemma3Case({"MultimodalWithoutTextConfig",
+                   [](json& c) {
+                     c = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"vision_config", json::object()}};
+                   },
+                   absl::StatusCode::kInvalidArgument, "\"text_config\" is missing"}),
+        Gemma3Case({"MultimodalTextFieldNamesTheTextConfig",
+                   [](json& c) {
+                     json text = c;
+                     text.erase("architectures");
+                     text["num_key_value_heads"] = 3;
+                     c = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"text_config", text}};
+                   },
+                   absl::StatusCode::kInvalidArgument, "dir/config.json text_config: field \"num_key_value_heads\""})),
     [](const auto& test_info) { return test_info.param.name; });
 
 }  // namespace
