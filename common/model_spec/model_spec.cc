@@ -415,7 +415,8 @@ absl::Status ParseGemma3Rope(const Fields& f, int64_t max_positions, ModelSpec* 
 }
 
 // Gemma3ForConditionalGeneration: the text model's config is `text_config`, completed with the
-// top-level dtype, token ids and quantization that the released configs state only there.
+// top-level dtype, token ids and quantization that the released configs state only there. Whether
+// lm_head is tied is the top-level model's tie_word_embeddings (Gemma3Config's, default true).
 absl::StatusOr<json> Gemma3TextConfigOf(const json& doc, absl::string_view label) {
   if (!doc.contains("text_config") || !doc.at("text_config").is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -426,6 +427,7 @@ absl::StatusOr<json> Gemma3TextConfigOf(const json& doc, absl::string_view label
   for (const char* key : {"torch_dtype", "dtype", "bos_token_id", "eos_token_id", "quantization_config"}) {
     if (doc.contains(key) && !text.contains(key)) text[key] = doc.at(key);
   }
+  text["tie_word_embeddings"] = doc.contains("tie_word_embeddings") ? doc.at("tie_word_embeddings") : json(true);
   text["architectures"] = doc.at("architectures");
   return text;
 }
@@ -482,6 +484,8 @@ absl::Status ParseGemma(const Fields& f, ModelSpec* s) {
   // transformers' Gemma-3 attention never soft-caps its scores, whatever attn_logit_softcapping says
   // (the released configs say null).
   if (gemma3) s->attn_logit_softcapping = 0.0;
+  // Nor does Gemma3ForConditionalGeneration cap its logits (Gemma3ForCausalLM does, when set).
+  if (s->multimodal_text) s->final_logit_softcapping = 0.0;
   // Gemma-3: the layers whose index + 1 is not a multiple of sliding_window_pattern slide (5 local
   // : 1 global by default) unless layer_types says otherwise.
   int64_t pattern = 6;

@@ -189,7 +189,9 @@ struct ModelSpec {
   std::optional<RopeSpec> sliding_rope;
   // Gemma-3: the config is Gemma3ForConditionalGeneration's and `text_config` describes this
   // model, whose decoder weights are stored under "model.language_model." (transformers >= 5) or
-  // "language_model.model." (the released checkpoints); the vision tower is not loaded.
+  // "language_model.model." (the released checkpoints); the vision tower is not loaded. As in
+  // transformers, such a model never soft-caps its logits, and the top-level tie_word_embeddings
+  // (default true) decides whether lm_head is the embedding.
   bool multimodal_text = false;
   int64_t bos_token_id = -1;           // -1 = none
   std::vector<int64_t> eos_token_ids;  // may be empty

@@ -596,6 +596,25 @@ struct BadGemma {
 
 void PrintTo(const BadGemma& c, std::ostream* os) { *os << c.name; }
 
+TEST(Gemma3SpecTest, MultimodalModelTiesAndCapsAsTransformersDoes) {
+  json text = Gemma3TextConfig();
+  text.erase("architectures");
+  text["final_logit_softcapping"] = 30.0;  // Gemma3ForConditionalGeneration never applies it
+  text["tie_word_embeddings"] = false;     // the top-level field decides
+  json c = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"text_config", text}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec tied, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(tied.final_logit_softcapping, 0.0);
+  EXPECT_TRUE(tied.tie_word_embeddings);
+  c["tie_word_embeddings"] = false;
+  ASSERT_OK_AND_ASSIGN(ModelSpec untied, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_FALSE(untied.tie_word_embeddings);
+  // The text-only model caps when told to.
+  text["architectures"] = {"Gemma3ForCausalLM"};
+  ASSERT_OK_AND_ASSIGN(ModelSpec causal, ParseModelSpec(text.dump(), "c.json"));
+  EXPECT_EQ(causal.final_logit_softcapping, 30.0);
+  EXPECT_FALSE(causal.tie_word_embeddings);
+}
+
 class BadGemmaTest : public ::testing::TestWithParam<BadGemma> {};
 
 TEST_P(BadGemmaTest, IsRejectedNamingTheField) {
