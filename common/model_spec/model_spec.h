@@ -180,7 +180,8 @@ struct ModelSpec {
   // Gemma-2: the softmax scale is query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 (0 = unset).
   double query_pre_attn_scalar = 0.0;
   // Soft-capping (0 = none): attention scores s -> c tanh(s / c) after scaling and before the
-  // mask and softmax; final logits likewise with their own cap.
+  // mask and softmax; final logits likewise with their own cap. Gemma-3 never caps attention
+  // scores (transformers ignores its attn_logit_softcapping).
   double attn_logit_softcapping = 0.0;
   double final_logit_softcapping = 0.0;
   // Gemma-3 (besides the Gemma-2 fields above and qk_norm with the (1 + w) convention): the RoPE of
