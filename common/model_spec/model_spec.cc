@@ -95,11 +95,13 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "DeepseekV3ForCausalLM") return Architecture::kDeepseekV3;
   if (name == "Gemma2ForCausalLM") return Architecture::kGemma2;
   if (name == "Llama4ForCausalLM") return Architecture::kLlama4;
+  if (name == "Gemma3ForCausalLM" || name == "Gemma3ForConditionalGeneration") return Architecture::kGemma3;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
       "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM, "
-      "DeepseekV3ForCausalLM, Gemma2ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration)"));
+      "DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration's text part, "
+      "Llama4ForCausalLM, Llama4ForConditionalGeneration)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -416,6 +418,89 @@ absl::StatusOr<std::vector<bool>> LayerTypes(const Fields& f, int64_t num_layers
   return flags;
 }
 
+// Gemma-3's two RoPEs (transformers' Gemma3TextConfig.convert_rope_params_to_dict): the
+// "full_attention" and "sliding_attention" entries of `rope_parameters` (transformers >= 5), or the
+// legacy fields — rope_theta (default 1e6) with rope_scaling for the full layers, and
+// rope_local_base_freq (default 1e4) for the sliding ones. Default and linear RoPE only.
+absl::Status ParseGemma3Rope(const Fields& f, int64_t max_positions, ModelSpec* s) {
+  json per_type[2] = {json::object(), json::object()};  // full_attention, sliding_attention
+  const char* const kTypes[2] = {"full_attention", "sliding_attention"};
+  if (f.Has("rope_parameters")) {
+    const json& rp = f.obj().at("rope_parameters");
+    if (!rp.is_object()) return f.Error("rope_parameters", "is not an object");
+    for (auto it = rp.begin(); it != rp.end(); ++it) {
+      if (it.key() != kTypes[0] && it.key() != kTypes[1]) {
+        return f.Error("rope_parameters", absl::StrCat("has the key \"", it.key(),
+                                                       "\"; Gemma-3 keys its RoPE parameters by layer type "
+                                                       "(\"full_attention\", \"sliding_attention\")"));
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (!rp.contains(kTypes[i]) || rp.at(kTypes[i]).is_null()) continue;
+      if (!rp.at(kTypes[i]).is_object()) {
+        return f.Error("rope_parameters", absl::StrCat("[\"", kTypes[i], "\"] is not an object"));
+      }
+      per_type[i] = rp.at(kTypes[i]);
+    }
+  }
+  if (f.Has("rope_scaling")) {
+    const json& scaling = f.obj().at("rope_scaling");
+    if (!scaling.is_object()) return f.Error("rope_scaling", "is not an object");
+    per_type[0].update(scaling);
+  }
+  const char* const kThetaKeys[2] = {"rope_theta", "rope_local_base_freq"};
+  const double kThetaDefaults[2] = {1e6, 1e4};
+  RopeSpec ropes[2];
+  for (int i = 0; i < 2; ++i) {
+    if (!per_type[i].contains("rope_theta")) {
+      ASSIGN_OR_RETURN(double theta, f.NumberOr(kThetaKeys[i], kThetaDefaults[i], 1e-3, 1e12));
+      per_type[i]["rope_theta"] = theta;
+    }
+    const json wrapped = {{"rope_parameters", per_type[i]}};
+    const std::string label = absl::StrCat(f.label(), " (", kTypes[i], " layers)");
+    RETURN_IF_ERROR(ParseRope(wrapped, label, max_positions, &ropes[i]));
+    if (ropes[i].type != RopeType::kDefault && ropes[i].type != RopeType::kLinear) {
+      return absl::UnimplementedError(
+          absl::StrCat(label, ": Gemma-3 supports rope types default and linear only"));
+    }
+  }
+  s->rope = ropes[0];
+  s->sliding_rope = ropes[1];
+  return absl::OkStatus();
+}
+
+// Gemma3ForConditionalGeneration: the text model's config is `text_config`, completed with the
+// top-level dtype, token ids and quantization that the released configs state only there. Whether
+// lm_head is tied is the top-level model's tie_word_embeddings (Gemma3Config's, default true).
+absl::StatusOr<json> Gemma3TextConfigOf(const json& doc, absl::string_view label) {
+  if (!doc.contains("text_config") || !doc.at("text_config").is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": field \"text_config\" is missing or not an object (Gemma3ForConditionalGeneration describes "
+        "its language model there)"));
+  }
+  json text = doc.at("text_config");
+  for (const char* key : {"torch_dtype", "dtype", "bos_token_id", "eos_token_id", "quantization_config"}) {
+    if (doc.contains(key) && !text.contains(key)) text[key] = doc.at(key);
+  }
+  text["tie_word_embeddings"] = doc.contains("tie_word_embeddings") ? doc.at("tie_word_embeddings") : json(true);
+  text["architectures"] = doc.at("architectures");
+  return text;
+}
+
+// Gemma3TextConfig's defaults for the fields that the common parser requires or defaults
+// differently (the released multimodal configs state only what differs from them).
+void FillGemma3Defaults(json* c) {
+  const std::pair<const char*, json> defaults[] = {
+      {"vocab_size", 262208},          {"hidden_size", 2304},          {"intermediate_size", 9216},
+      {"num_hidden_layers", 26},       {"num_attention_heads", 8},     {"num_key_value_heads", 4},
+      {"head_dim", 256},               {"max_position_embeddings", 131072}, {"bos_token_id", 2},
+      {"eos_token_id", 1},             {"tie_word_embeddings", true},
+  };
+  for (const auto& [key, value] : defaults) {
+    if (!c->contains(key)) (*c)[key] = value;
+  }
+}
+
 // A soft-capping value: absent -> `def`, null -> 0 (none), else a positive number.
 absl::StatusOr<double> SoftCap(const Fields& f, const char* key, double def) {
   if (!f.obj().contains(key)) return def;
@@ -425,9 +510,10 @@ absl::StatusOr<double> SoftCap(const Fields& f, const char* key, double def) {
   return cap;
 }
 
-// Gemma-2 (transformers' Gemma2Config, whose defaults apply to missing fields): see ModelSpec's
-// Gemma fields.
-absl::Status ParseGemma2(const Fields& f, ModelSpec* s) {
+// Gemma-2 and Gemma-3 (transformers' Gemma2Config / Gemma3TextConfig, whose defaults apply to
+// missing fields): see ModelSpec's Gemma fields.
+absl::Status ParseGemma(const Fields& f, ModelSpec* s) {
+  const bool gemma3 = s->arch == Architecture::kGemma3;
   s->norm_plus_one = true;
   s->sandwich_norms = true;
   s->activation = Activation::kGeluTanh;
@@ -448,11 +534,25 @@ absl::Status ParseGemma2(const Fields& f, ModelSpec* s) {
   }
   ASSIGN_OR_RETURN(s->query_pre_attn_scalar, f.NumberOr("query_pre_attn_scalar", 256.0, 0.0, 1e9));
   if (s->query_pre_attn_scalar <= 0.0) return f.Error("query_pre_attn_scalar", "must be positive");
-  ASSIGN_OR_RETURN(s->attn_logit_softcapping, SoftCap(f, "attn_logit_softcapping", 50.0));
-  ASSIGN_OR_RETURN(s->final_logit_softcapping, SoftCap(f, "final_logit_softcapping", 30.0));
-  // layer_types: given, or "sliding_attention" on even layers (transformers' default).
+  ASSIGN_OR_RETURN(s->attn_logit_softcapping, SoftCap(f, "attn_logit_softcapping", gemma3 ? 0.0 : 50.0));
+  ASSIGN_OR_RETURN(s->final_logit_softcapping, SoftCap(f, "final_logit_softcapping", gemma3 ? 0.0 : 30.0));
+  // transformers' Gemma-3 attention never soft-caps its scores, whatever attn_logit_softcapping says
+  // (the released configs say null).
+  if (gemma3) s->attn_logit_softcapping = 0.0;
+  // Nor does Gemma3ForConditionalGeneration cap its logits (Gemma3ForCausalLM does, when set).
+  if (s->multimodal_text) s->final_logit_softcapping = 0.0;
+  // Gemma-3: the layers whose index + 1 is not a multiple of sliding_window_pattern slide (5 local
+  // : 1 global by default) unless layer_types says otherwise.
+  int64_t pattern = 6;
+  if (gemma3) {
+    ASSIGN_OR_RETURN(pattern, f.IntOr("sliding_window_pattern", 6, 1, 4096));
+  }
+  // layer_types: given, or "sliding_attention" on even layers (Gemma-2) / by the pattern (Gemma-3).
   if (f.Has("layer_types")) {
     ASSIGN_OR_RETURN(s->sliding_layers, LayerTypes(f, s->num_layers, "sliding_attention"));
+  } else if (gemma3) {
+    s->sliding_layers.assign(static_cast<size_t>(s->num_layers), false);
+    for (int64_t l = 0; l < s->num_layers; ++l) s->sliding_layers[static_cast<size_t>(l)] = (l + 1) % pattern != 0;
   } else {
     s->sliding_layers.assign(static_cast<size_t>(s->num_layers), false);
     for (int64_t l = 0; l < s->num_layers; l += 2) s->sliding_layers[static_cast<size_t>(l)] = true;
@@ -680,6 +780,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kDeepseekV3: return "DeepseekV3ForCausalLM";
     case Architecture::kGemma2: return "Gemma2ForCausalLM";
     case Architecture::kLlama4: return "Llama4ForCausalLM";
+    case Architecture::kGemma3: return "Gemma3ForCausalLM";
   }
   return "?";
 }
@@ -787,10 +888,20 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     label = text_label;
     weight_prefix = "language_model.";
   }
-  Fields f(doc, label);
   ModelSpec s;
   s.weight_prefix = weight_prefix;
   ASSIGN_OR_RETURN(s.arch, ParseArchitecture(doc, label));
+  // Gemma3ForConditionalGeneration: errors name its text_config (as Llama-4's above).
+  if (s.arch == Architecture::kGemma3) {
+    if (doc.at("architectures").at(0).get<std::string>() == "Gemma3ForConditionalGeneration") {
+      ASSIGN_OR_RETURN(doc, Gemma3TextConfigOf(doc, label));
+      s.multimodal_text = true;
+      text_label = absl::StrCat(label, " text_config");
+      label = text_label;
+    }
+    FillGemma3Defaults(&doc);
+  }
+  Fields f(doc, label);
   ASSIGN_OR_RETURN(s.vocab_size, f.Int("vocab_size", 1, kMaxDim));
   ASSIGN_OR_RETURN(s.hidden_size, f.Int("hidden_size", 1, kMaxDim));
   ASSIGN_OR_RETURN(s.intermediate_size, f.Int("intermediate_size", 1, kMaxDim));
@@ -805,7 +916,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     s.head_dim = 2;  // qk_rope_head_dim, set by ParseDeepseekV3 (config.json's head_dim is derived)
   } else if (f.Has("head_dim")) {
     ASSIGN_OR_RETURN(s.head_dim, f.Int("head_dim", 2, 65536));
-  } else if (s.arch == Architecture::kGemma2) {
+  } else if (s.arch == Architecture::kGemma2 || s.arch == Architecture::kGemma3) {
     s.head_dim = 256;  // Gemma2Config's default, not hidden / heads
   } else if (s.arch == Architecture::kLlama4) {
     s.head_dim = 128;  // Llama4TextConfig's default, not hidden / heads
@@ -823,14 +934,24 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   ASSIGN_OR_RETURN(s.rms_norm_eps, f.NumberOr("rms_norm_eps", 1e-6, 0.0, 1.0));
   // Gemma2Config ties them unless told otherwise.
   ASSIGN_OR_RETURN(s.tie_word_embeddings, f.BoolOr("tie_word_embeddings", s.arch == Architecture::kGemma2));
-  if (f.Has("hidden_act") && s.arch != Architecture::kGemma2) {
+  const bool gemma = s.arch == Architecture::kGemma2 || s.arch == Architecture::kGemma3;
+  if (f.Has("hidden_act") && !gemma) {
     const json& act = doc.at("hidden_act");
     if (!act.is_string() || (act.get<std::string>() != "silu" && act.get<std::string>() != "swish")) {
       return absl::UnimplementedError(absl::StrCat(label, ": field \"hidden_act\" is ", act.dump(),
                                                    "; only \"silu\" is supported"));
     }
   }
-  RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope));
+  if (s.arch == Architecture::kGemma3) {
+    RETURN_IF_ERROR(ParseGemma3Rope(f, s.max_position_embeddings, &s));
+    // Gemma-3 rotates whole heads on both layer types (the rope checks below cover s.rope).
+    ASSIGN_OR_RETURN(double prf, f.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
+    if (prf != 1.0 || (s.sliding_rope.has_value() && s.sliding_rope->partial_rotary_factor != 1.0)) {
+      return absl::UnimplementedError(absl::StrCat(label, ": partial_rotary_factor != 1 is not supported for Gemma-3"));
+    }
+  } else {
+    RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope));
+  }
   if (s.arch != Architecture::kPhi3) {
     if (s.rope.partial_rotary_factor != 1.0) {
       return absl::UnimplementedError(absl::StrCat(label, ": field \"partial_rotary_factor\" is ",
@@ -917,6 +1038,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       RETURN_IF_ERROR(ParseLlama4(f, &s));
       break;
     case Architecture::kGemma2:
+    case Architecture::kGemma3:
       break;  // after the dtype (the embedding multiplier is rounded to it)
   }
   if (s.rope.type == RopeType::kYarn && s.arch != Architecture::kDeepseekV3) {
@@ -941,7 +1063,10 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
                                                         "\"; supported: float32, float16, bfloat16"));
     }
   }
-  if (s.arch == Architecture::kGemma2) RETURN_IF_ERROR(ParseGemma2(f, &s));
+  if (gemma) {
+    RETURN_IF_ERROR(ParseGemma(f, &s));
+    if (s.arch == Architecture::kGemma3) s.qk_norm = true;  // per-head q and k RMSNorm, (1 + w)
+  }
   RETURN_IF_ERROR(ParseQuantization(doc, label, &s));
   return s;
 }

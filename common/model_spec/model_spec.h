@@ -2,9 +2,10 @@
 // `config.json`. Everything downstream (weight loading, the planner, the engine) works from this
 // struct and never from JSON. Supported architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-// Phi3ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Llama4ForCausalLM (and the text model of
-// Llama4ForConditionalGeneration). Anything else — another architecture (DeepSeek-V2, Gemma-3, ...),
-// an activation other than SiLU (GELU-tanh for Gemma-2), an unsupported RoPE scaling type
+// Phi3ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and the text part of
+// Gemma3ForConditionalGeneration), Llama4ForCausalLM (and the text model of
+// Llama4ForConditionalGeneration). Anything else — another architecture (DeepSeek-V2, Gemma-3n, ...),
+// an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, a DeepSeek routing
 // variant we do not implement — is an error that names the field, never a silently wrong model.
 #ifndef SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
@@ -24,6 +25,7 @@ namespace shardserve {
 enum class Architecture : uint8_t {
   kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3, kDeepseekV3, kGemma2,
   kLlama4,
+  kGemma3,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -201,9 +203,20 @@ struct ModelSpec {
   // Gemma-2: the softmax scale is query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 (0 = unset).
   double query_pre_attn_scalar = 0.0;
   // Soft-capping (0 = none): attention scores s -> c tanh(s / c) after scaling and before the
-  // mask and softmax; final logits likewise with their own cap.
+  // mask and softmax; final logits likewise with their own cap. Gemma-3 never caps attention
+  // scores (transformers ignores its attn_logit_softcapping).
   double attn_logit_softcapping = 0.0;
   double final_logit_softcapping = 0.0;
+  // Gemma-3 (besides the Gemma-2 fields above and qk_norm with the (1 + w) convention): the RoPE of
+  // the "sliding_attention" layers (rope_local_base_freq, default RoPE); `rope` is then the
+  // "full_attention" layers' (rope_theta and rope_scaling, e.g. linear x8). Unset: one RoPE.
+  std::optional<RopeSpec> sliding_rope;
+  // Gemma-3: the config is Gemma3ForConditionalGeneration's and `text_config` describes this
+  // model, whose decoder weights are stored under "model.language_model." (transformers >= 5) or
+  // "language_model.model." (the released checkpoints); the vision tower is not loaded. As in
+  // transformers, such a model never soft-caps its logits, and the top-level tie_word_embeddings
+  // (default true) decides whether lm_head is the embedding.
+  bool multimodal_text = false;
   int64_t bos_token_id = -1;           // -1 = none
   std::vector<int64_t> eos_token_ids;  // may be empty
   // torch_dtype / dtype from config.json when given: every weight tensor must be stored in it
@@ -245,6 +258,12 @@ struct ModelSpec {
     if (sliding_layers.empty()) return sliding_window;
     return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
   }
+  // Whether layer `layer` rotates with sliding_rope (a Gemma-3 sliding layer, even when its window
+  // exceeds the context), and the RoPE it rotates with.
+  bool UsesSlidingRope(int64_t layer) const {
+    return sliding_rope.has_value() && !sliding_layers.empty() && sliding_layers[static_cast<size_t>(layer)];
+  }
+  const RopeSpec& LayerRope(int64_t layer) const { return UsesSlidingRope(layer) ? *sliding_rope : rope; }
   bool IsMla() const { return mla.kv_lora_rank > 0; }
   // The rotated elements of each q and k head (head_dim unless partial_rotary_factor < 1).
   int64_t RotaryDim() const {
@@ -286,7 +305,9 @@ struct ModelSpec {
 // than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
 // num_key_value_heads != num_attention_heads; yarn RoPE on other architectures; Gemma-2 with a
 // hidden_activation other than gelu_pytorch_tanh, use_bidirectional_attention, layer_types other
-// than "sliding_attention"/"full_attention", a null sliding_window with sliding layers; Llama-4 with
+// than "sliding_attention"/"full_attention", a null sliding_window with sliding layers; Gemma-3
+// likewise, and with rope_parameters not keyed by layer type, or a Gemma3ForConditionalGeneration
+// config without a text_config object; Llama-4 with
 // attention_bias, a quantization_config, layer_types other than "chunked_attention"/"full_attention",
 // chunked layers without an attention_chunk_size, a top-level
 // tie_word_embeddings true on Llama4ForConditionalGeneration, a rope type other than default,

@@ -290,8 +290,8 @@ INSTANTIATE_TEST_SUITE_P(
                   absl::StatusCode::kUnimplemented, "\"DeepseekV2ForCausalLM\" is not supported"},
         BadConfig{"Llama4WithoutTextConfig", [](json& c) { c["architectures"] = {"Llama4ForConditionalGeneration"}; },
                   absl::StatusCode::kInvalidArgument, "\"text_config\" is missing"},
-        BadConfig{"Gemma3", [](json& c) { c["architectures"] = {"Gemma3ForCausalLM"}; },
-                  absl::StatusCode::kUnimplemented, "\"Gemma3ForCausalLM\" is not supported"},
+        BadConfig{"Gemma3n", [](json& c) { c["architectures"] = {"Gemma3nForCausalLM"}; },
+                  absl::StatusCode::kUnimplemented, "\"Gemma3nForCausalLM\" is not supported"},
         BadConfig{"MixtralWithoutExperts", [](json& c) { c["architectures"] = {"MixtralForCausalLM"}; },
                   absl::StatusCode::kInvalidArgument, "num_local_experts"},
         BadConfig{"TopKAboveExperts",
@@ -580,19 +580,47 @@ TEST(Gemma2SpecTest, EmbeddingMultiplierIsRoundedToTheCheckpointDtype) {
   EXPECT_EQ(f32.embedding_multiplier, static_cast<double>(static_cast<float>(std::sqrt(3072.0))));
 }
 
+json Gemma3TextConfig() {
+  return json::parse(R"({"architectures":["Gemma3ForCausalLM"],"model_type":"gemma3_text","vocab_size":256,
+    "hidden_size":64,"intermediate_size":96,"num_hidden_layers":6,"num_attention_heads":4,"num_key_value_heads":2,
+    "head_dim":32,"max_position_embeddings":128,"rms_norm_eps":1e-6,"hidden_activation":"gelu_pytorch_tanh",
+    "query_pre_attn_scalar":24,"sliding_window":8,"eos_token_id":1,"bos_token_id":2,"rope_theta":1000000.0,
+    "rope_local_base_freq":10000.0,"rope_scaling":{"rope_type":"linear","factor":8.0}})");
+}
+
 struct BadGemma {
   std::string name;
   std::function<void(json&)> edit;
   absl::StatusCode code;
   std::string message;
+  bool gemma3 = false;  // edits Gemma3TextConfig() rather than Gemma2Config()
 };
 
 void PrintTo(const BadGemma& c, std::ostream* os) { *os << c.name; }
 
+TEST(Gemma3SpecTest, MultimodalModelTiesAndCapsAsTransformersDoes) {
+  json text = Gemma3TextConfig();
+  text.erase("architectures");
+  text["final_logit_softcapping"] = 30.0;  // Gemma3ForConditionalGeneration never applies it
+  text["tie_word_embeddings"] = false;     // the top-level field decides
+  json c = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"text_config", text}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec tied, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(tied.final_logit_softcapping, 0.0);
+  EXPECT_TRUE(tied.tie_word_embeddings);
+  c["tie_word_embeddings"] = false;
+  ASSERT_OK_AND_ASSIGN(ModelSpec untied, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_FALSE(untied.tie_word_embeddings);
+  // The text-only model caps when told to.
+  text["architectures"] = {"Gemma3ForCausalLM"};
+  ASSERT_OK_AND_ASSIGN(ModelSpec causal, ParseModelSpec(text.dump(), "c.json"));
+  EXPECT_EQ(causal.final_logit_softcapping, 30.0);
+  EXPECT_FALSE(causal.tie_word_embeddings);
+}
+
 class BadGemmaTest : public ::testing::TestWithParam<BadGemma> {};
 
 TEST_P(BadGemmaTest, IsRejectedNamingTheField) {
-  json c = Gemma2Config();
+  json c = GetParam().gemma3 ? Gemma3TextConfig() : Gemma2Config();
   GetParam().edit(c);
   EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
               StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
@@ -625,6 +653,164 @@ INSTANTIATE_TEST_SUITE_P(
                  absl::StatusCode::kInvalidArgument, "query_pre_attn_scalar"},
         BadGemma{"YarnRope", [](json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}}; },
                  absl::StatusCode::kUnimplemented, "yarn"}),
+    [](const auto& test_info) { return test_info.param.name; });
+
+TEST(Gemma3SpecTest, GoldenConfigHasTheGemma3Semantics) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/gemma3"));
+  EXPECT_EQ(s.arch, Architecture::kGemma3);
+  EXPECT_EQ(ArchitectureName(s.arch), "Gemma3ForCausalLM");
+  EXPECT_FALSE(s.multimodal_text);
+  EXPECT_EQ(s.head_dim, 32);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  EXPECT_TRUE(s.norm_plus_one);
+  EXPECT_TRUE(s.sandwich_norms);
+  EXPECT_TRUE(s.qk_norm);
+  EXPECT_EQ(s.activation, Activation::kGeluTanh);
+  EXPECT_EQ(s.embedding_multiplier, 8.0);
+  EXPECT_DOUBLE_EQ(s.AttentionScale(), 1.0 / std::sqrt(24.0));
+  EXPECT_EQ(s.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(s.final_logit_softcapping, 0.0);
+  EXPECT_EQ(s.sliding_window, 6);
+  EXPECT_THAT(s.sliding_layers, ElementsAre(true, false, true));
+  // Full layer 1: theta 1e6, linear x8; sliding layers 0 and 2: theta 1e4, unscaled.
+  EXPECT_EQ(s.rope.type, RopeType::kLinear);
+  EXPECT_EQ(s.rope.theta, 1e6);
+  EXPECT_EQ(s.rope.factor, 8.0);
+  ASSERT_TRUE(s.sliding_rope.has_value());
+  EXPECT_EQ(s.sliding_rope->type, RopeType::kDefault);
+  EXPECT_EQ(s.sliding_rope->theta, 1e4);
+  EXPECT_FALSE(s.UsesSlidingRope(1));
+  EXPECT_TRUE(s.UsesSlidingRope(2));
+  EXPECT_EQ(s.LayerRope(0).theta, 1e4);
+  EXPECT_EQ(s.LayerRope(1).theta, 1e6);
+  EXPECT_THAT(s.eos_token_ids, ElementsAre(2));
+  // Gemma-2's layer plus the per-head q and k norms (2 x head_dim).
+  const int64_t h = 64;
+  const int64_t layer = h * 128 + 2 * h * 64 + 128 * h + 3 * h * 96 + 4 * h + 2 * 32;
+  EXPECT_EQ(s.NumParameters(), 256 * h + h + 3 * layer);
+}
+
+TEST(Gemma3SpecTest, LegacyRopeFieldsAndTheSlidingWindowPattern) {
+  json c = Gemma3TextConfig();
+  c["sliding_window_pattern"] = 3;
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_THAT(s.sliding_layers, ElementsAre(true, true, false, true, true, false));
+  EXPECT_EQ(s.rope.type, RopeType::kLinear);
+  EXPECT_EQ(s.rope.theta, 1e6);
+  EXPECT_EQ(s.rope.factor, 8.0);
+  ASSERT_TRUE(s.sliding_rope.has_value());
+  EXPECT_EQ(s.sliding_rope->type, RopeType::kDefault);
+  EXPECT_EQ(s.sliding_rope->theta, 1e4);
+  // A window beyond the context is never reached, but the sliding layers keep their own RoPE.
+  c["sliding_window"] = 4096;
+  ASSERT_OK_AND_ASSIGN(ModelSpec wide, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(wide.LayerSlidingWindow(0), 0);
+  EXPECT_TRUE(wide.UsesSlidingRope(0));
+  EXPECT_FALSE(wide.UsesSlidingRope(2));
+}
+
+TEST(Gemma3SpecTest, DefaultsFollowGemma3TextConfig) {
+  json c = Gemma3TextConfig();
+  for (const char* key : {"head_dim", "query_pre_attn_scalar", "sliding_window", "hidden_activation", "rope_theta",
+                          "rope_local_base_freq", "rope_scaling", "eos_token_id", "bos_token_id"}) {
+    c.erase(key);
+  }
+  c["max_position_embeddings"] = 8192;
+  c["attn_logit_softcapping"] = 50.0;  // read, but transformers' Gemma-3 attention never applies it
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.head_dim, 256);
+  EXPECT_EQ(s.query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(s.attn_logit_softcapping, 0.0);
+  EXPECT_EQ(s.final_logit_softcapping, 0.0);
+  EXPECT_EQ(s.sliding_window, 4096);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  // 5 local : 1 global.
+  EXPECT_THAT(s.sliding_layers, ElementsAre(true, true, true, true, true, false));
+  EXPECT_EQ(s.rope.type, RopeType::kDefault);
+  EXPECT_EQ(s.rope.theta, 1e6);
+  EXPECT_EQ(s.sliding_rope->theta, 1e4);
+  EXPECT_EQ(s.bos_token_id, 2);
+  EXPECT_THAT(s.eos_token_ids, ElementsAre(1));
+}
+
+// gemma-3-27b-it's config.json (committed for the planner tests): a Gemma3ForConditionalGeneration
+// whose text_config states only what differs from Gemma3TextConfig's defaults.
+TEST(Gemma3SpecTest, MultimodalConfigDescribesItsLanguageModel) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/sim/models/gemma-3-27b-it"));
+  EXPECT_EQ(s.arch, Architecture::kGemma3);
+  EXPECT_TRUE(s.multimodal_text);
+  EXPECT_EQ(s.vocab_size, 262208);
+  EXPECT_EQ(s.hidden_size, 5376);
+  EXPECT_EQ(s.num_layers, 62);
+  EXPECT_EQ(s.num_heads, 32);
+  EXPECT_EQ(s.num_kv_heads, 16);
+  EXPECT_EQ(s.head_dim, 128);
+  EXPECT_EQ(s.max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(s.AttentionScale(), 1.0 / std::sqrt(168.0));
+  EXPECT_EQ(s.dtype, DType::kBF16);
+  EXPECT_EQ(s.embedding_multiplier, 73.5);  // sqrt(5376) = 73.32..., rounded to bfloat16
+  EXPECT_THAT(s.eos_token_ids, ElementsAre(1, 106));
+  EXPECT_EQ(s.sliding_window, 1024);
+  int64_t full = 0;
+  for (int64_t l = 0; l < s.num_layers; ++l) full += s.sliding_layers[static_cast<size_t>(l)] ? 0 : 1;
+  EXPECT_EQ(full, 10);  // layers 5, 11, ..., 59
+  EXPECT_FALSE(s.sliding_layers[5]);
+  EXPECT_TRUE(s.sliding_layers[61]);
+  EXPECT_EQ(s.rope.type, RopeType::kLinear);
+  EXPECT_EQ(s.rope.factor, 8.0);
+  EXPECT_EQ(s.rope.theta, 1e6);
+  EXPECT_EQ(s.sliding_rope->theta, 1e4);
+  // 27B parameters in the language model (tied embedding).
+  EXPECT_GT(s.NumParameters(), 27'000'000'000);
+  EXPECT_LT(s.NumParameters(), 27'500'000'000);
+}
+
+// A case of BadGemmaTest that edits Gemma3TextConfig().
+BadGemma Gemma3Case(BadGemma c) {
+  c.gemma3 = true;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gemma3Configs, BadGemmaTest,
+    ::testing::Values(
+        Gemma3Case({"ExactGelu", [](json& c) { c["hidden_activation"] = "gelu"; }, absl::StatusCode::kUnimplemented,
+                   "\"hidden_activation\" is \"gelu\""}),
+        Gemma3Case({"Bidirectional", [](json& c) { c["use_bidirectional_attention"] = true; },
+                   absl::StatusCode::kUnimplemented, "use_bidirectional_attention"}),
+        Gemma3Case({"ZeroPattern", [](json& c) { c["sliding_window_pattern"] = 0; }, absl::StatusCode::kInvalidArgument,
+                   "\"sliding_window_pattern\" is 0"}),
+        Gemma3Case({"LayerTypesLength", [](json& c) { c["layer_types"] = {"full_attention"}; },
+                   absl::StatusCode::kInvalidArgument, "\"layer_types\" is not a list of 6 layer types"}),
+        Gemma3Case({"Llama3GlobalRope",
+                   [](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; },
+                   absl::StatusCode::kUnimplemented,
+                   "(full_attention layers): Gemma-3 supports rope types default and linear"}),
+        Gemma3Case({"YarnLocalRope",
+                   [](json& c) {
+                     c["rope_parameters"] = {{"sliding_attention", {{"rope_type", "yarn"}, {"factor", 2.0}}}};
+                   },
+                   absl::StatusCode::kUnimplemented, "(sliding_attention layers)"}),
+        Gemma3Case({"UnkeyedRopeParameters",
+                   [](json& c) { c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}}; },
+                   absl::StatusCode::kInvalidArgument, "keys its RoPE parameters by layer type"}),
+        Gemma3Case({"StringLocalBase", [](json& c) { c["rope_local_base_freq"] = "1e4"; },
+                   absl::StatusCode::kInvalidArgument, "\"rope_local_base_freq\" is not a number"}),
+        Gemma3Case({"LinearWithoutFactor", [](json& c) { c["rope_scaling"] = {{"rope_type", "linear"}}; },
+                   absl::StatusCode::kInvalidArgument, "\"factor\" is missing"}),
+        Gemma3Case({"MultimodalWithoutTextConfig",
+                   [](json& c) {
+                     c = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"vision_config", json::object()}};
+                   },
+                   absl::StatusCode::kInvalidArgument, "\"text_config\" is missing"}),
+        Gemma3Case({"MultimodalTextFieldNamesTheTextConfig",
+                   [](json& c) {
+                     json text = c;
+                     text.erase("architectures");
+                     text["num_key_value_heads"] = 3;
+                     c = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"text_config", text}};
+                   },
+                   absl::StatusCode::kInvalidArgument, "dir/config.json text_config: field \"num_key_value_heads\""})),
     [](const auto& test_info) { return test_info.param.name; });
 
 }  // namespace

@@ -56,6 +56,8 @@ from transformers import (
     DeepseekV3ForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     Llama4Config,
     Llama4ForCausalLM,
     Llama4ForConditionalGeneration,
@@ -539,6 +541,40 @@ SPECS = [
                 "original_max_position_embeddings": 12,
             },
             tie_word_embeddings=False,
+        ),
+    ),
+    # Gemma-3 (text): Gemma-2's layer (sqrt(hidden) embedding scale, (1 + w) RMSNorms, sandwich
+    # norms, gelu_pytorch_tanh, query_pre_attn_scalar 24 != head_dim 32) plus per-head q and k
+    # RMSNorms with (1 + w) weights drawn around 0 (their names end in "norm.weight"), and two
+    # RoPEs: the sliding layers 0 and 2 (a pattern of 2, window 6 < the prompts + generated
+    # tokens) rotate with theta 1e4, the full layer 1 with theta 1e6 and linear scaling x8 (as
+    # the 4B+ models). No soft-capping (null, as the released Gemma-3 configs).
+    dict(
+        name="gemma3",
+        model_cls=Gemma3ForCausalLM,
+        config_cls=Gemma3TextConfig,
+        norm_center=0.0,
+        std_embed=0.05,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            sliding_window=6,
+            sliding_window_pattern=2,
+            attention_bias=False,
+            pad_token_id=0,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            tie_word_embeddings=True,
         ),
     ),
 ]

@@ -71,6 +71,12 @@ Semantics (transformers 5.23, eager attention):
     experts stored as gate_up_proj [E, hidden, 2 I] (x @ gate_up = [gate | up])
     and down_proj [E, I, hidden]; plus the shared_expert MLP. Dense layers'
     feed_forward is intermediate_size_mlp wide.
+  * Gemma-3: Gemma-2's layer, plus per-head q_norm / k_norm ((1 + w), before
+    RoPE) as Qwen3's; the attention scores are never soft-capped (transformers'
+    Gemma-3 attention ignores attn_logit_softcapping); two RoPEs, by layer type:
+    rope_parameters["sliding_attention"] / ["full_attention"] (or the legacy
+    rope_local_base_freq, and rope_theta + rope_scaling), linear scaling
+    dividing inv_freq by its factor.
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -267,7 +273,8 @@ class Model:
         rp, theta = rope_params(c)
         self.rot = int(self.hd * rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)))
         self.mla = self.arch == "DeepseekV3ForCausalLM"
-        self.gemma = self.arch == "Gemma2ForCausalLM"
+        self.gemma = self.arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+        self.gemma3 = self.arch == "Gemma3ForCausalLM"
         self.llama4 = self.arch == "Llama4ForCausalLM"
         if self.llama4:
             interval = c.get("no_rope_layer_interval", 4)
@@ -303,6 +310,9 @@ class Model:
             raise ValueError(f"rope_type {rp['rope_type']} not implemented here")
         self.inv_freq = inv
         self.prompt_len = None  # longrope: set by forward
+        self.layer_inv_freq = [inv] * self.L
+        if self.gemma3:
+            self.layer_inv_freq = [self.gemma3_inv_freq(t) for t in c["layer_types"]]
         # sliding window per layer
         sw = c.get("sliding_window")
         if self.arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
@@ -314,6 +324,22 @@ class Model:
             use = c.get("use_sliding_window", False)
             self.windows = [sw if (use and t == "sliding_attention") else None for t in types]
 
+    def gemma3_inv_freq(self, layer_type):
+        c = self.cfg
+        rp = dict((c.get("rope_parameters") or {}).get(layer_type) or {})
+        if layer_type == "full_attention":
+            rp.update(c.get("rope_scaling") or {})
+            rp.setdefault("rope_theta", c.get("rope_theta", 1e6))
+        else:
+            rp.setdefault("rope_theta", c.get("rope_local_base_freq", 1e4))
+        inv = 1.0 / rp["rope_theta"] ** (np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
+        kind = rp.get("rope_type", rp.get("type", "default"))
+        if kind == "linear":
+            return inv / rp["factor"]
+        if kind != "default":
+            raise ValueError(f"Gemma-3 rope_type {kind} not implemented here")
+        return inv
+
     def lin(self, x, name):
         y = x @ self.w[name + ".weight"].T
         b = self.w.get(name + ".bias")
@@ -323,8 +349,8 @@ class Model:
         w = self.w[name + ".weight"] + (1.0 if self.gemma else 0.0)
         return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
 
-    def rope(self, x, pos):  # x [T, heads, hd]; the first self.rot elements of each head rotate
-        inv = np.repeat(self.inv_freq[None, :], len(pos), 0)
+    def rope(self, x, pos, inv_freq=None):  # x [T, heads, hd]; the first self.rot elements of each head rotate
+        inv = np.repeat((self.inv_freq if inv_freq is None else inv_freq)[None, :], len(pos), 0)
         if self.inv_long is not None:  # longrope: per position, as the KV-cache generation rotates it
             n = self.prompt_len
             long_pos = np.where(pos < n, n > self.orig, pos + 1 > self.orig)
@@ -433,7 +459,7 @@ class Model:
         q = q.reshape(T, self.nh, self.hd)
         k = k.reshape(T, self.nkv, self.hd)
         v = v.reshape(T, self.nkv, self.hd)
-        if self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+        if self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"):
             q = self.rms(q, p + ".q_norm")  # per head: the mean runs over head_dim
             k = self.rms(k, p + ".k_norm")
         i = np.arange(T)[:, None]
@@ -452,8 +478,8 @@ class Model:
             if self.chunk[l] is not None:
                 visible &= (j // self.chunk[l]) == (i // self.chunk[l])
         else:
-            q = self.rope(q, pos)
-            k = self.rope(k, pos)
+            q = self.rope(q, pos, self.layer_inv_freq[l])
+            k = self.rope(k, pos, self.layer_inv_freq[l])
         if self.windows[l] is not None:
             visible &= (i - j) < self.windows[l]
         group = self.nh // self.nkv
@@ -461,7 +487,7 @@ class Model:
         for h in range(self.nh):
             kv = h // group
             s = (q[:, h, :] @ k[:, kv, :].T) * self.scale
-            cap = self.cfg.get("attn_logit_softcapping") if self.gemma else None
+            cap = self.cfg.get("attn_logit_softcapping") if self.gemma and not self.gemma3 else None
             if cap:
                 s = cap * np.tanh(s / cap)
             s = np.where(visible, s, -np.inf)

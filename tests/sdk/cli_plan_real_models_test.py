@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""`shardserve plan` on the config.json of real large MoE models (no weights): the placement on
-two 8-GPU nodes and the KV capacity from each architecture's real per-token KV size.
+"""`shardserve plan` on the config.json of real large models (no weights): the MoE models and
+Gemma-3 27B (a multimodal config served as its language model). The placement on two 8-GPU nodes
+and the KV capacity from each architecture's real per-token KV size.
 
     python3 tests/sdk/cli_plan_real_models_test.py build/bin
 """
@@ -15,6 +16,7 @@ DEEPSEEK = "tests/sim/models/deepseek-v3-671b"
 QWEN3 = "tests/sim/models/qwen3-235b-a22b"
 MAVERICK = "tests/sim/models/llama4-maverick-400b"
 SCOUT = "tests/sim/models/llama4-scout-109b"
+GEMMA3 = "tests/sim/models/gemma-3-27b-it"
 TWO_NODES = "a=cuda:8x80GiB,b=cuda:8x80GiB"
 
 
@@ -106,7 +108,39 @@ def main():
             json.dump(config, f)
         p = run("--model", d, "--workers", TWO_NODES, ok=False)
         assert "text_config: field \"layer_types\" has \"sliding_attention\"" in p.stderr, p.stderr
+    check_gemma3()
     print("ok")
+
+
+def check_gemma3():
+    # gemma-3-27b-it (Gemma3ForConditionalGeneration; its text_config: bf16, 62 layers, 32 heads and
+    # 16 KV heads of 128, MLP 21504, vocab 262208 and context 131072 from Gemma3TextConfig's
+    # defaults). 54 GB of weights: each node holds a replica at tp=8.
+    text = run("--model", GEMMA3, "--workers", TWO_NODES).stdout
+    assert text.startswith("plan: 2 replicas x 1 stage, max_seq_len 131072"), text
+    j = json.loads(run("--model", GEMMA3, "--workers", TWO_NODES, "--json").stdout)
+    # 2 KV heads per rank: 2 x 128 values of K and V, bf16, per token and layer.
+    chosen = check_stages(j, 2 * 2 * 128 * 2)
+    assert chosen["pp"] == 1, chosen
+    h, q, kv, ff, vocab, tp = 5376, 32 * 128, 16 * 128, 21504, 262208, 8
+    # Per rank: its eighth of every bf16 matrix, the f32 norms (four per layer, q/k norms, final)
+    # whole, the whole embedding and an eighth of the (tied) lm_head's rows.
+    layer = (h * q + 2 * h * kv + q * h + 3 * h * ff) * 2 // tp + (4 * h + 2 * 128) * 4
+    weights = 62 * layer + vocab * h * 2 + -(-vocab // tp) * h * 2 + h * 4
+    for r in j["plan"]["replicas"]:
+        (stage,) = r["stages"]
+        assert (stage["tp"], stage["layer_begin"], stage["layer_end"]) == (8, 0, 62), stage
+        assert stage["weight_bytes_per_rank"] == weights, (stage, weights)
+        assert stage["kv_tokens"] >= 131072, stage
+    # A field value the engine does not implement is refused by the plan, naming it.
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(GEMMA3, "config.json")) as f:
+            config = json.load(f)
+        config["text_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 8.0}
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f)
+        p = run("--model", d, "--workers", TWO_NODES, ok=False)
+        assert "UNIMPLEMENTED" in p.stderr and "text_config (full_attention layers)" in p.stderr, p.stderr
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ struct Model::Workspace {
   // whose routing weight scaled their input), and the query scale of each token on NoPE layers.
   DeviceBuffer ones, query_temp;
   float position_scale = 1.0f;
+  // ModelSpec::sliding_rope (Gemma-3): the sliding layers' RoPE table and position scale.
+  DeviceBuffer inv_freq_sliding;
+  float position_scale_sliding = 1.0f;
   // Host staging.
   std::vector<int32_t> h_ids, h_pos, h_rows;
   std::vector<AttnSeq> h_seqs;
@@ -338,6 +341,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     const std::vector<float> inv_long = InvFreq(spec, &unused, /*long_factors=*/true);
     RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq_long, inv_long.size() * f));
     RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq_long.as<void>(), inv_long.data(), inv_long.size() * f));
+  }
+  if (spec.sliding_rope.has_value()) {
+    ModelSpec sliding = spec;  // InvFreq reads spec.rope
+    sliding.rope = *spec.sliding_rope;
+    const std::vector<float> local = InvFreq(sliding, &w.position_scale_sliding);
+    RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq_sliding, local.size() * f));
+    RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq_sliding.as<void>(), local.data(), local.size() * f));
   }
   return m;
 }
@@ -780,7 +790,7 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
   // Qwen3: with weights, before RoPE.
   if (spec_.qk_norm) RETURN_IF_ERROR(norm_heads(lw.q_norm.as<float>(), lw.k_norm.as<float>()));
   if (spec_.LayerUsesRope(layer)) {
-    RETURN_IF_ERROR(RopeQk(tokens, paged));
+    RETURN_IF_ERROR(RopeQk(layer, tokens, paged));
     // Llama-4: without weights, after RoPE.
     if (spec_.qk_l2_norm) RETURN_IF_ERROR(norm_heads(w.ones.as<float>(), w.ones.as<float>()));
   }
@@ -795,13 +805,16 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
   return absl::OkStatus();
 }
 
-absl::Status Model::RopeQk(int64_t tokens, const kernels::PagedSeqs& paged) {
+absl::Status Model::RopeQk(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) {
   Workspace& w = *ws_;
   const int64_t d = spec_.head_dim;
   const bool longrope = spec_.rope.type == RopeType::kLongrope;
+  // Gemma-3: the sliding layers have their own table (ModelSpec::sliding_rope).
+  const bool sliding = spec_.UsesSlidingRope(layer);
   kernels::RopeParams p{.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
-                        .inv_freq = w.inv_freq.as<float>(), .tokens = tokens, .q_heads = layout_.q_heads,
-                        .kv_heads = layout_.kv_heads, .head_dim = d, .position_scale = w.position_scale,
+                        .inv_freq = (sliding ? w.inv_freq_sliding : w.inv_freq).as<float>(), .tokens = tokens,
+                        .q_heads = layout_.q_heads, .kv_heads = layout_.kv_heads, .head_dim = d,
+                        .position_scale = sliding ? w.position_scale_sliding : w.position_scale,
                         .rotary_dim = spec_.RotaryDim(),
                         .scale = longrope ? static_cast<float>(spec_.rope.attention_factor) : 1.0f};
   if (!longrope) return backend_->Rope(p);

@@ -82,7 +82,7 @@ class Model final : public StepRunner {
   absl::Status SandwichLayer(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
   // RoPE on ws_->q and ws_->k (longrope: each sequence's new tokens with the short or the long
   // frequencies, by its length at the end of the step).
-  absl::Status RopeQk(int64_t tokens, const kernels::PagedSeqs& paged);
+  absl::Status RopeQk(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged);
   absl::Status MlaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
   // The Attention op of layer `layer` for a step of `tokens` tokens (Layer runs it; graph keys ask
   // the backend how it would launch).

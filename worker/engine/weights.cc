@@ -443,6 +443,29 @@ absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int6
   return m;
 }
 
+namespace {
+
+// Where the decoder's tensors ("<root>embed_tokens.weight", "<root>layers.N....", "<root>norm.weight")
+// and an untied lm_head live: "<weight_prefix>model." and "<weight_prefix>lm_head.weight", except
+// in a Gemma-3 multimodal checkpoint (ModelSpec::multimodal_text), which transformers >= 5 saves
+// under "model.language_model." (lm_head as usual) and the released checkpoints under
+// "language_model.model." (lm_head "language_model.lm_head.weight").
+struct DecoderNames {
+  std::string root = "model.";
+  std::string lm_head = "lm_head.weight";
+};
+
+DecoderNames DecoderNamesOf(const ModelSpec& spec, const Checkpoint& ckpt) {
+  if (!spec.multimodal_text) {
+    // ModelSpec::weight_prefix: "language_model." for Llama-4's multimodal checkpoints, else "".
+    return {spec.weight_prefix + "model.", spec.weight_prefix + "lm_head.weight"};
+  }
+  if (ckpt.Has("model.language_model.embed_tokens.weight")) return {"model.language_model.", "lm_head.weight"};
+  return {"language_model.model.", "language_model.lm_head.weight"};
+}
+
+}  // namespace
+
 absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
                                          int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
                                          kernels::Backend& backend,
@@ -458,14 +481,16 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
   const bool first = layer_begin == 0;
   const bool last = layer_end == spec.num_layers;
   const bool lm_head_is_embedding = spec.tie_word_embeddings && shard.size == 1;
+  const DecoderNames names = DecoderNamesOf(spec, ckpt);
+  const std::string embed_name = names.root + "embed_tokens.weight";
   if (first || (last && lm_head_is_embedding)) {
-    const std::string name = spec.weight_prefix + "model.embed_tokens.weight";
+    const std::string& name = embed_name;
     // A tied lm_head multiplies with the table too: keep a dtype both ops take.
     mw.embedding_dtype = KeptEmbeddingDType(ld, name, last && lm_head_is_embedding);
     ASSIGN_OR_RETURN(mw.embedding, ld.Full(name, {spec.vocab_size, h}, mw.embedding_dtype));
   }
   if (last) {
-    ASSIGN_OR_RETURN(mw.final_norm, ld.Norm(spec.weight_prefix + "model.norm.weight", h));
+    ASSIGN_OR_RETURN(mw.final_norm, ld.Norm(names.root + "norm.weight", h));
     // lm_head: this rank's vocab rows, zero-padded to vocab_padded rows.
     const int64_t vb = std::min(layout.vocab_begin, spec.vocab_size);
     const int64_t ve = std::min(layout.vocab_begin + layout.vocab_padded, spec.vocab_size);
@@ -473,15 +498,14 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     mw.lm_head.out = layout.vocab_padded;
     mw.lm_head_is_embedding = lm_head_is_embedding;
     if (!lm_head_is_embedding) {
-      const std::string name =
-          spec.weight_prefix + (spec.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+      const std::string name = spec.tie_word_embeddings ? embed_name : names.lm_head;
       mw.lm_head.dtype = ld.MatrixDType(name);
       ASSIGN_OR_RETURN(mw.lm_head.w,
                        ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded, mw.lm_head.dtype));
     }
   }
   for (int64_t i = layer_begin; i < layer_end; ++i) {
-    const std::string p = absl::StrCat(spec.weight_prefix, "model.layers.", i, ".");
+    const std::string p = absl::StrCat(names.root, "layers.", i, ".");
     LayerWeights lw;
     lw.layer = i;
     ASSIGN_OR_RETURN(lw.input_norm, ld.Norm(p + "input_layernorm.weight", h));
@@ -520,8 +544,9 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(p + "self_attn.v_proj", h, kv_out, kb, ke, spec.qkv_bias));
     }
     if (spec.qk_norm) {
-      ASSIGN_OR_RETURN(lw.q_norm, ld.Full(p + "self_attn.q_norm.weight", {d}));
-      ASSIGN_OR_RETURN(lw.k_norm, ld.Full(p + "self_attn.k_norm.weight", {d}));
+      // As (1 + w) for Gemma-3 (ModelSpec::norm_plus_one).
+      ASSIGN_OR_RETURN(lw.q_norm, ld.Norm(p + "self_attn.q_norm.weight", d));
+      ASSIGN_OR_RETURN(lw.k_norm, ld.Norm(p + "self_attn.k_norm.weight", d));
     }
     if (!spec.IsMla()) {
       ASSIGN_OR_RETURN(lw.o, ld.RowParallel(p + "self_attn.o_proj", q_out, h, qb, qe, spec.o_bias, shard.rank == 0));

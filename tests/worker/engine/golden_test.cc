@@ -14,9 +14,12 @@
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/macros.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
 #include "tests/testing/engine_fixtures.h"
+#include "tests/testing/safetensors_file.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 #include "worker/engine/generator.h"
 #include "worker/engine/model.h"
 #include "worker/kernels/registry.h"
@@ -84,6 +87,57 @@ TEST_P(GoldenTest, GreedyTokensMatchWhenBatchedWithChunkedPrefill) {
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, GoldenTest, ::testing::ValuesIn(testing::GoldenModelNames()),
                          [](const auto& test_info) { return test_info.param; });
+
+// A Gemma3ForConditionalGeneration checkpoint is served as its language model: the gemma3 fixture's
+// tensors renamed as transformers 5 saves a multimodal model ("model.language_model.") and as the
+// released checkpoints are ("language_model.model."), beside a vision tower that is not loaded, with
+// the fixture's config as the text_config of a multimodal config, give the fixture's logits and
+// greedy tokens.
+class Gemma3MultimodalTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Gemma3MultimodalTest, TextPartMatchesTheTextOnlyFixture) {
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel("gemma3"));
+  ASSERT_OK_AND_ASSIGN(std::vector<testing::StoredTensor> tensors,
+                       testing::ReadSafetensorsFile(golden.dir + "/model.safetensors"));
+  for (testing::StoredTensor& t : tensors) {
+    ASSERT_TRUE(t.name.starts_with("model.")) << t.name;
+    t.name = GetParam() + t.name.substr(6);
+  }
+  // Not a tensor the language model has: never read (a wrong shape would fail the load).
+  tensors.push_back({.name = GetParam() == "model.language_model." ? "model.vision_tower.patch.weight"
+                                                                   : "vision_tower.patch.weight",
+                     .dtype = "F32", .shape = {3}, .bytes = testing::F32Bytes({1, 2, 3})});
+  nlohmann::json text = nlohmann::json::parse(testing::ReadFileOrEmpty(golden.dir + "/config.json"));
+  text.erase("architectures");
+  const nlohmann::json config = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                                 {"model_type", "gemma3"},
+                                 {"text_config", text},
+                                 {"vision_config", {{"model_type", "siglip_vision_model"}}}};
+  testing::TempDir dir;
+  dir.Write("config.json", config.dump());
+  dir.Write("model.safetensors", testing::SafetensorsFile(tensors));
+  ASSERT_OK_AND_ASSIGN(Loaded l, Load(dir.path(), {}));
+  EXPECT_TRUE(l.spec.multimodal_text);
+  for (size_t i = 0; i < golden.cases.size(); ++i) {
+    const auto& c = golden.cases[i];
+    StepSequence s{.block_ids = WholeContextBlocks(l.model->options(), static_cast<int32_t>(i)), .pos_begin = 0,
+                   .tokens = c.prompt_ids, .all_logits = true};
+    ASSERT_OK_AND_ASSIGN(StepResult r, l.model->Step({s}));
+    const size_t v = static_cast<size_t>(l.spec.vocab_size);
+    for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
+      ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(GetParam(), " position ", p));
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(Loaded fresh, Load(dir.path(), {}));
+  ASSERT_OK_AND_ASSIGN(auto res, Generate(*fresh.model, GreedyRequests(golden)));
+  for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].tokens, golden.cases[i].greedy_ids) << "case " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Gemma3MultimodalTest,
+                         ::testing::Values("model.language_model.", "language_model.model."),
+                         [](const auto& test_info) {
+                           return test_info.param == "model.language_model." ? "Transformers5" : "Released";
+                         });
 
 class Stories260KTest : public ::testing::Test {
  protected:

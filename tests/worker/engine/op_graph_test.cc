@@ -68,7 +68,7 @@ TEST_P(OpGraphGoldenTest, ReplayedDecodeStepsGiveTransformersTokens) {
 INSTANTIATE_TEST_SUITE_P(DenseArchitectures, OpGraphGoldenTest,
                          ::testing::Values("llama", "llama_tied_llama3rope_bias", "mistral", "qwen2",
                                            "llama_bf16_sharded", "llama_fp8_block", "llama_fp8_tensor", "gemma2",
-                                           "phi3_partial_rotary"),
+                                           "phi3_partial_rotary", "gemma3"),
                          [](const auto& test_info) { return test_info.param; });
 
 TEST(OpGraphTest, ReplayedLogitsAreBitIdenticalToOpByOp) {

@@ -175,7 +175,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            PipelineLayout{"llama4_multimodal", {0, 1, 2, 3}, 2,
                                                           "llama4_multimodal_pp3_tp2"},
                                            // LongRoPE: each stage picks short or long frequencies alike.
-                                           PipelineLayout{"phi3_longrope", {0, 1, 2}, 2, "phi3_longrope_pp2_tp2"}),
+                                           PipelineLayout{"phi3_longrope", {0, 1, 2}, 2, "phi3_longrope_pp2_tp2"},
+                                           // Gemma-3: a sliding stage (local RoPE), then the full
+                                           // layer (scaled global RoPE) and a sliding one.
+                                           PipelineLayout{"gemma3", {0, 1, 3}, 2, "gemma3_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
