@@ -1,26 +1,70 @@
 #include "common/rpc/stage_stream_client.h"
 
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 
 namespace shardserve::rpc {
+namespace {
 
-StageStreamClient::StageStreamClient(Options options) : options_(std::move(options)) {}
+// Destroys finished clients off gRPC's threads. A client's ClientContext holds a reference to its
+// channel, and dropping the last reference to a channel on one of gRPC's callback threads (as
+// destroying the client inside OnDone could) releases the callback completion queue from its own
+// thread, which gRPC's C++ library does not survive. So OnDone hands the client's self-reference
+// here, and one long-lived thread drops it.
+class Reaper {
+ public:
+  static Reaper& Get() {
+    static Reaper* const reaper = new Reaper();  // never destroyed: its thread may outlive main()
+    return *reaper;
+  }
+  void Dispose(std::shared_ptr<StageStreamClient> client) {
+    MutexLock lock(&mu_);
+    queue_.push_back(std::move(client));
+    cv_.Signal();
+  }
 
-std::shared_ptr<StageStreamClient> StageStreamClient::Open(v1::Stage::Stub* stub, Options options) {
-  std::shared_ptr<StageStreamClient> client(new StageStreamClient(std::move(options)));
-  client->Start(stub);
+ private:
+  Reaper() {
+    std::thread([this] { Run(); }).detach();
+  }
+  void Run() {
+    for (;;) {
+      std::vector<std::shared_ptr<StageStreamClient>> batch;
+      {
+        MutexLock lock(&mu_);
+        while (queue_.empty()) cv_.Wait(&mu_);
+        batch.swap(queue_);
+      }
+      batch.clear();  // destroyed here, without the lock
+    }
+  }
+
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::shared_ptr<StageStreamClient>> queue_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+StageStreamClient::StageStreamClient(std::shared_ptr<grpc::Channel> channel, Options options)
+    : options_(std::move(options)), channel_(std::move(channel)), stub_(v1::Stage::NewStub(channel_)) {}
+
+std::shared_ptr<StageStreamClient> StageStreamClient::Open(std::shared_ptr<grpc::Channel> channel, Options options) {
+  std::shared_ptr<StageStreamClient> client(new StageStreamClient(std::move(channel), std::move(options)));
+  client->Start();
   return client;
 }
 
-void StageStreamClient::Start(v1::Stage::Stub* stub) {
+void StageStreamClient::Start() {
   {
     MutexLock lock(&mu_);
     self_ = shared_from_this();  // gRPC uses the reactor until OnDone
   }
-  stub->async()->StepStream(&context_, this);
+  stub_->async()->StepStream(&context_, this);
   AddHold();  // released by Stop, so that OnDone waits for writes started outside reactions
   StartRead(&read_);
   StartCall();
@@ -193,7 +237,8 @@ void StageStreamClient::OnDone(const grpc::Status& status) {
     done_cv_.SignalAll();
     self = std::move(self_);
   }
-  // `self` may be the last reference: the client is destroyed here, after its mutex is released.
+  // `self` may be the last reference: the client is destroyed on the reaper's thread.
+  Reaper::Get().Dispose(std::move(self));
 }
 
 }  // namespace shardserve::rpc

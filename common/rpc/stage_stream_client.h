@@ -14,9 +14,11 @@
 // so it is ended). Callbacks run on gRPC threads without any lock held, in the order the peer
 // answered; a callback may call Send() on another client but must not block on this one.
 //
-// Lifetime: Open() returns a shared reference; the client keeps itself alive until gRPC has
-// finished with the call (its OnDone), so dropping every reference is always safe. WaitDone()
-// waits for that end (e.g. before freeing what a callback uses).
+// Lifetime: Open() returns a shared reference; the client keeps itself (and the channel) alive
+// until gRPC has finished with the call (its OnDone), so dropping every reference is always safe;
+// a client whose last reference goes with its call's end is destroyed on a thread of its own, never
+// on one of gRPC's (where dropping the channel's last reference would break gRPC). WaitDone() waits
+// for that end (e.g. before freeing what a callback uses).
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef SHARDSERVE_COMMON_RPC_STAGE_STREAM_CLIENT_H_
@@ -55,8 +57,8 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
     std::function<void(size_t bytes)> on_received;
   };
 
-  // Starts the call on `stub` (used only here; the channel stays alive with the call).
-  static std::shared_ptr<StageStreamClient> Open(v1::Stage::Stub* stub, Options options);
+  // Starts the call on `channel`, which the client holds until the call has ended.
+  static std::shared_ptr<StageStreamClient> Open(std::shared_ptr<grpc::Channel> channel, Options options);
 
   ~StageStreamClient() override = default;
   StageStreamClient(const StageStreamClient&) = delete;
@@ -83,8 +85,8 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   void OnDone(const grpc::Status& status) override;
 
  private:
-  explicit StageStreamClient(Options options);
-  void Start(v1::Stage::Stub* stub);
+  StageStreamClient(std::shared_ptr<grpc::Channel> channel, Options options);
+  void Start();
   // No more sends. With `cancel` the call is cancelled and awaited answers fail with `why`;
   // without (the peer ended the stream), they fail with the status OnDone brings.
   void Stop(const std::string& why, bool cancel);
@@ -92,6 +94,9 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   bool ReleaseHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  // Declared before context_ (destroyed after it): the call refers to the channel until it ends.
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Stage::Stub> stub_;
   grpc::ClientContext context_;
   v1::StepResponse read_;        // the read chain's buffer (StartRead -> OnReadDone -> StartRead)
   v1::StepRequest writing_msg_;  // owned by whoever set writing_, read by gRPC until OnWriteDone

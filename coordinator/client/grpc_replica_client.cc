@@ -61,8 +61,7 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::Step(const StepInput& input) {
     if (shutdown_) return absl::UnavailableError(absl::StrCat("replica client for ", options_.address, " is shut down"));
     if (stream_ == nullptr || stream_->closing()) {
       // A closed stream finishes on its own (its OnDone fails what still waited on it).
-      const std::unique_ptr<v1::Stage::Stub> stub = v1::Stage::NewStub(channel_);  // only starts the call
-      stream_ = rpc::StageStreamClient::Open(stub.get(), {.peer = absl::StrCat("stage stream to ", options_.address)});
+      stream_ = rpc::StageStreamClient::Open(channel_, {.peer = absl::StrCat("stage stream to ", options_.address)});
     }
     stream = stream_;
   }

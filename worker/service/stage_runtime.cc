@@ -167,14 +167,13 @@ std::shared_ptr<rpc::StageStreamClient> StageRuntime::OpenLink() {
     channel_ = grpc::CreateCustomChannel(
         config_.next_address,
         config_.peer_credentials != nullptr ? config_.peer_credentials : grpc::InsecureChannelCredentials(), args);
-    stub_ = v1::Stage::NewStub(channel_);
   }
   rpc::StageStreamClient::Options options{.peer = absl::StrCat("next stage at ", config_.next_address)};
   if (WorkerMetrics* metrics = config_.metrics; metrics != nullptr) {
     options.on_sent = [metrics](size_t bytes) { metrics->ObserveStream("tx", "downstream", bytes); };
     options.on_received = [metrics](size_t bytes) { metrics->ObserveStream("rx", "downstream", bytes); };
   }
-  std::shared_ptr<rpc::StageStreamClient> link = rpc::StageStreamClient::Open(stub_.get(), std::move(options));
+  std::shared_ptr<rpc::StageStreamClient> link = rpc::StageStreamClient::Open(channel_, std::move(options));
   bool cancelled = false;
   {
     MutexLock lock(&mu_);

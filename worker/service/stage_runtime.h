@@ -89,7 +89,6 @@ class StageRuntime {
   const StageConfig config_;
   engine::Sampler sampler_;
   std::shared_ptr<grpc::Channel> channel_;  // stage thread only
-  std::unique_ptr<v1::Stage::Stub> stub_;   // stage thread only
   Mutex mu_;
   // The current link (a closed one stays until the next OpenLink replaces it).
   std::shared_ptr<rpc::StageStreamClient> link_ ABSL_GUARDED_BY(mu_);

@@ -99,11 +99,10 @@ class StageStreamClientTest : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
     address_ = "127.0.0.1:" + std::to_string(port);
     channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
-    stub_ = v1::Stage::NewStub(channel_);
   }
   std::shared_ptr<StageStreamClient> Open(StageStreamClient::Options options = {}) {
     if (options.peer.empty()) options.peer = "stage stream to " + address_;
-    return StageStreamClient::Open(stub_.get(), std::move(options));
+    return StageStreamClient::Open(channel_, std::move(options));
   }
   void TearDown() override {
     if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -113,7 +112,6 @@ class StageStreamClientTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Stage::Stub> stub_;
 };
 
 TEST_F(StageStreamClientTest, AnswersAreMatchedByStepIdInTheOrderThePeerGivesThem) {
