@@ -468,18 +468,29 @@ void Cluster::Tick() {
   registry_->SweepDead();
   const std::vector<WorkerRecord> workers = registry_->List();
   const absl::Time now = clock_->Now();
+  if (!EnsurePlan(workers)) return;
+  AdvanceDrains(now);
+  ReconcileStages(workers, now);
+  UpdateServingReplicas(workers);
+  UpdateReadiness(workers);
+}
 
-  // 1. Plan once enough workers are alive.
-  struct AssignJob {
-    size_t replica, stage;
-    std::string worker_id, address;
-    WorkerAssignment assignment;
-  };
-  std::vector<AssignJob> jobs;
-  struct ReleaseJob {
-    std::string worker_id, address, assignment_id;
-  };
-  std::vector<ReleaseJob> releases;
+bool Cluster::EnsurePlan(const std::vector<WorkerRecord>& workers) {
+  absl::MutexLock lock(&mu_);
+  if (plan_.has_value()) return true;
+  int alive = 0;
+  for (const WorkerRecord& w : workers) alive += w.state != WorkerState::kDead ? 1 : 0;
+  if (alive < options_.expected_workers) {
+    reason_ = absl::StrCat("waiting for workers: ", alive, " of ", options_.expected_workers, " registered");
+    return false;
+  }
+  if (!AdoptLocked(workers)) PlanLocked(workers);
+  if (plan_.has_value()) return true;
+  reason_ = plan_error_;
+  return false;
+}
+
+void Cluster::AdvanceDrains(absl::Time now) {
   struct DrainJob {
     std::string worker_id;
     int replica;
@@ -488,20 +499,7 @@ void Cluster::Tick() {
   std::vector<DrainJob> drains;
   {
     absl::MutexLock lock(&mu_);
-    if (!plan_.has_value()) {
-      int alive = 0;
-      for (const WorkerRecord& w : workers) alive += w.state != WorkerState::kDead ? 1 : 0;
-      if (alive < options_.expected_workers) {
-        reason_ = absl::StrCat("waiting for workers: ", alive, " of ", options_.expected_workers, " registered");
-        return;
-      }
-      if (!AdoptLocked(workers)) PlanLocked(workers);
-      if (!plan_.has_value()) {
-        reason_ = plan_error_;
-        return;
-      }
-    }
-    // 1b. Drains: see the loop below the lock.
+    // Which drains can start or end (their scheduler calls happen below, without the lock).
     for (auto& [id, d] : draining_) {
       if (d.done) continue;
       int replica = -1;
@@ -537,9 +535,22 @@ void Cluster::Tick() {
     VacateLocked(job.worker_id);
     draining_[job.worker_id].done = true;
   }
+}
+
+void Cluster::ReconcileStages(const std::vector<WorkerRecord>& workers, absl::Time now) {
+  struct AssignJob {
+    size_t replica, stage;
+    std::string worker_id, address;
+    WorkerAssignment assignment;
+  };
+  std::vector<AssignJob> jobs;
+  struct ReleaseJob {
+    std::string worker_id, address, assignment_id;
+  };
+  std::vector<ReleaseJob> releases;
   {
     absl::MutexLock lock(&mu_);
-    // 2. A stage whose worker is dead or gone goes back to that worker when it has restarted
+    // A stage whose worker is dead or gone goes back to that worker when it has restarted
     // (same node and address, new id, whatever state it reports), or else to a spare (an idle
     // worker in no stage that has the stage's devices). Expert hosts count as replica
     // replicas_.size(), so that they are assigned with (and before serving starts for) every
@@ -638,8 +649,10 @@ void Cluster::Tick() {
     stage.assign_error = st.ok() ? "" : st.ToString();
     stage.next_attempt = clock_->Now() + options_.assign_retry;
   }
+}
 
-  // 3. Replicas whose stages are all READY serve; the others do not.
+void Cluster::UpdateServingReplicas(const std::vector<WorkerRecord>& workers) {
+  // Replicas whose stages are all READY serve; the others do not.
   struct Change {
     int replica;
     bool add;
@@ -705,8 +718,9 @@ void Cluster::Tick() {
     absl::MutexLock lock(&mu_);
     replicas_[static_cast<size_t>(c.replica)].serving = c.add;
   }
+}
 
-  // 4. Readiness.
+void Cluster::UpdateReadiness(const std::vector<WorkerRecord>& workers) {
   std::function<void(bool)> notify;
   bool ready_now = false;
   bool changed = false;

@@ -154,7 +154,8 @@ class Cluster {
   // Stops and joins the loop thread (returns within about poll_interval plus a pending Assign's
   // deadline). Replicas keep serving: stop the Scheduler to stop them. Idempotent.
   void Stop();
-  // One pass of the loop: sweep dead workers, plan, assign, add/remove replicas, update readiness.
+  // One pass of the loop: sweep dead workers, then EnsurePlan, AdvanceDrains, ReconcileStages,
+  // UpdateServingReplicas and UpdateReadiness (below).
   void Tick();
 
   // OK when ready; Unavailable with the reason otherwise.
@@ -196,6 +197,24 @@ class Cluster {
   };
 
   void Loop();
+  // Tick's steps, in order. Each takes mu_ for its bookkeeping and calls workers and the scheduler
+  // without it.
+  // Plans (or adopts what the workers hold) once enough workers are alive; false while there is no
+  // plan (reason_ says why).
+  bool EnsurePlan(const std::vector<WorkerRecord>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts requested drains and ends those whose sequences have moved (or timed out).
+  void AdvanceDrains(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives stages whose worker died to its restart or a spare, sends the assignments not yet
+  // accepted, and releases live workers that hold no stage of the plan.
+  void ReconcileStages(const std::vector<WorkerRecord>& workers, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds to the scheduler the replicas whose stages are all READY and removes the others.
+  void UpdateServingReplicas(const std::vector<WorkerRecord>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Readiness and its reason; tells the readiness callback of a change.
+  void UpdateReadiness(const std::vector<WorkerRecord>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void PlanLocked(const std::vector<WorkerRecord>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "Adoption" above: makes the plan from what the live workers hold when they hold complete
   // replicas this coordinator can serve; returns whether it did (else the planner plans).

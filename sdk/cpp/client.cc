@@ -272,7 +272,8 @@ struct Channel {
 // breaks with UNAVAILABLE after tokens arrived (n = 1), it resumes: the same request again, with
 // the server's request id and the tokens received so far (GenerateRequest.resume), after a backoff,
 // at most RetryOptions::max_resumes times in a row without a new token, within the first call's
-// deadline. The caller sees each token once.
+// deadline. The caller sees each token once. Before any response arrived (gRPC's own retries
+// ran out), the request is sent again as it was, under the same limits.
 class GrpcGenerateStream final : public GenerateStream {
  public:
   GrpcGenerateStream(std::shared_ptr<const Channel> impl, v1::GenerateRequest request, const CallOptions& call)
@@ -302,6 +303,7 @@ class GrpcGenerateStream final : public GenerateStream {
     while (!done_) {
       v1::GenerateResponse resp;
       if (reader_->Read(&resp)) {
+        delivered_ = true;
         if (!resp.request_id().empty()) request_id_ = resp.request_id();
         if (resp.token_ids_size() > 0) failed_resumes_ = 0;  // progress
         received_.insert(received_.end(), resp.token_ids().begin(), resp.token_ids().end());
@@ -337,12 +339,16 @@ class GrpcGenerateStream final : public GenerateStream {
   }
 
  private:
-  // A broken stream worth resuming: UNAVAILABLE after tokens, one choice, not finished, within
-  // the limits.
+  // A broken stream worth resuming: UNAVAILABLE, not finished, within the limits; after tokens,
+  // one choice only. Before anything reached the caller (gRPC's own retries ran out, e.g. while the
+  // coordinator restarts) the request is sent again as it was; a response without tokens (prompt
+  // logprobs) would come again, so it is not.
   bool ShouldResume(const grpc::Status& st) const {
-    return st.error_code() == grpc::StatusCode::UNAVAILABLE && !received_.empty() && !finished_ &&
-           request_.n() <= 1 && failed_resumes_ < impl_->options.retry.max_resumes &&
-           std::chrono::system_clock::now() < *call_.deadline;
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE || finished_ ||
+        failed_resumes_ >= impl_->options.retry.max_resumes || std::chrono::system_clock::now() >= *call_.deadline) {
+      return false;
+    }
+    return !delivered_ || (!received_.empty() && request_.n() <= 1);
   }
 
   bool CancelledByCaller() {
@@ -392,7 +398,8 @@ class GrpcGenerateStream final : public GenerateStream {
   const CallOptions call_;       // with the deadline of the first attempt, kept by the others
   std::vector<int32_t> received_;  // every token delivered to the caller
   std::string request_id_;         // the server's
-  int failed_resumes_ = 0;         // resumes in a row without a new token
+  int failed_resumes_ = 0;         // resumes (or re-sends) in a row without a new token
+  bool delivered_ = false;         // a response reached the caller
   bool finished_ = false;          // a finish_reason arrived
   bool done_ = false;
   absl::Status status_;

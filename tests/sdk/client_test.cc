@@ -248,10 +248,30 @@ TEST(ClientTest, RetriesAreBounded) {
   FakeScript script = ThreeTokens();
   script.unavailable_first = 100;
   FakeInferenceServer server(script);
-  auto client = MustConnect(server.address(), FastRetries(3));
+  ClientOptions options = FastRetries(3);
+  options.retry.max_resumes = 2;
+  auto client = MustConnect(server.address(), options);
   EXPECT_THAT(client->Generate(Prompt::Text("hi"), {}),
               StatusIs(absl::StatusCode::kUnavailable, "fake server: warming up"));
-  EXPECT_EQ(server.calls(), 3);
+  // gRPC's 3 attempts, then sent again twice (3 attempts each) before giving up.
+  EXPECT_EQ(server.calls(), 9);
+}
+
+TEST(ClientTest, AGenerateIsSentAgainWhenGrpcRetriesRunOutBeforeAnyResponse) {
+  // A coordinator restart longer than gRPC's own retries: the stream is sent again as it was.
+  FakeScript script = ThreeTokens();
+  script.unavailable_first = 7;
+  FakeInferenceServer server(script);
+  auto client = MustConnect(server.address(), FastRetries(3));
+  ASSERT_OK_AND_ASSIGN(GenerateResult r, client->Generate(Prompt::Text("hi"), {}));
+  EXPECT_THAT(r.token_ids, ElementsAre(10, 11, 12));
+  EXPECT_EQ(server.calls(), 8);
+  ClientOptions never = FastRetries(3);
+  never.retry.max_resumes = 0;
+  FakeInferenceServer again(script);
+  auto strict = MustConnect(again.address(), never);
+  EXPECT_THAT(strict->Generate(Prompt::Text("hi"), {}), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_EQ(again.calls(), 3);
 }
 
 // The stream of a five-message answer, for resume tests: one token per message, with logprobs.

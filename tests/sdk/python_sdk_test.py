@@ -353,11 +353,27 @@ class AgainstAFakeServer(unittest.TestCase):
     def test_retries_are_bounded(self):
         fake = FakeInference(unavailable_first=100)
         with shardserve.Client(self.serve(fake), retry=shardserve.RetryOptions(max_attempts=3, initial_backoff=0.01,
-                                                                               max_backoff=0.01)) as c:
+                                                                               max_backoff=0.01, max_resumes=2)) as c:
             with self.assertRaises(shardserve.ShardserveError) as e:
                 c.generate("hi").result()
         self.assertEqual(e.exception.code, grpc.StatusCode.UNAVAILABLE)
         self.assertEqual(e.exception.message, "fake server: warming up")
+        # gRPC's 3 attempts, then sent again twice (3 attempts each) before giving up.
+        self.assertEqual(fake.calls, 9)
+
+    def test_a_generate_is_sent_again_when_grpc_retries_run_out_before_any_response(self):
+        # A coordinator restart longer than gRPC's own retries: the stream is sent again as it was.
+        retry = shardserve.RetryOptions(max_attempts=3, initial_backoff=0.01, max_backoff=0.01)
+        fake = FakeInference(unavailable_first=7, responses=ANSWER)
+        with shardserve.Client(self.serve(fake), retry=retry) as c:
+            result = c.generate("hi").result()
+        self.assertEqual(result.token_ids, [10, 11])
+        self.assertEqual(fake.calls, 8)
+        fake = FakeInference(unavailable_first=7, responses=ANSWER)
+        never = shardserve.RetryOptions(max_attempts=3, initial_backoff=0.01, max_backoff=0.01, max_resumes=0)
+        with shardserve.Client(self.serve(fake), retry=never) as c:
+            with self.assertRaises(shardserve.ShardserveError):
+                c.generate("hi").result()
         self.assertEqual(fake.calls, 3)
 
     def resumable(self, cuts):

@@ -69,7 +69,9 @@ struct RetryOptions {
   double backoff_multiplier = 2.0;  // >= 1
   // Resumes of one generation in a row without a new token, 0..100; 0 = never resume. Each waits
   // initial_backoff x backoff_multiplier^k (k = resumes in a row so far), at most max_backoff.
-  // The defaults ride out a coordinator restart of 15 s or so.
+  // A Generate whose gRPC retries ran out before any response is sent again the same way (each
+  // time with max_attempts of its own). The defaults ride out a coordinator restart of 15 s or so,
+  // whether it comes before the first token or after.
   int max_resumes = 10;
 };
 

@@ -81,7 +81,8 @@ class Settings:
 
 class Resume:
     """What a generation's stream needs to resume after it broke (RetryOptions): the tokens and the
-    request id received so far, and how many resumes in a row brought nothing."""
+    request id received so far, and how many resumes in a row brought nothing. A stream that broke
+    before anything reached the caller is sent again as it was, under the same limits."""
 
     def __init__(self, request: inference_pb2.GenerateRequest, retry: RetryOptions, timeout: float) -> None:
         self._request = request
@@ -90,9 +91,11 @@ class Resume:
         self._received: List[int] = []
         self._request_id = ""
         self._finished = False
-        self._failures = 0  # resumes in a row without a new token
+        self._delivered = False  # any response reached the caller
+        self._failures = 0  # resumes (or re-sends) in a row without a new token
 
     def seen(self, resp: inference_pb2.GenerateResponse) -> None:
+        self._delivered = True
         self._received.extend(resp.token_ids)
         self._request_id = resp.request_id or self._request_id
         if resp.token_ids:
@@ -104,17 +107,24 @@ class Resume:
         """Seconds to wait before resuming after `e`, or None when the error stands."""
         code = e.code() if hasattr(e, "code") else None
         left = self._deadline - time.monotonic()
-        if (code != grpc.StatusCode.UNAVAILABLE or not self._received or self._finished or self._request.n > 1
-                or self._failures >= self._retry.max_resumes or left <= 0):
+        if (code != grpc.StatusCode.UNAVAILABLE or self._finished or self._failures >= self._retry.max_resumes
+                or left <= 0):
+            return None
+        # Nothing delivered yet (gRPC's own retries ran out, e.g. while the coordinator restarts):
+        # the request is sent again as it was. After tokens, only one choice can be resumed; a
+        # response without tokens (prompt logprobs) would come again.
+        if self._delivered and (not self._received or self._request.n > 1):
             return None
         wait = self._retry.initial_backoff * self._retry.backoff_multiplier ** self._failures
         self._failures += 1
         return min(wait, self._retry.max_backoff, left)
 
     def request(self) -> inference_pb2.GenerateRequest:
-        """The next attempt's request: the same, resumed after the tokens received so far."""
+        """The next attempt's request: the same, resumed after the tokens received so far (if any)."""
         req = inference_pb2.GenerateRequest()
         req.CopyFrom(self._request)
+        if not self._received:
+            return req
         req.request_id = self._request_id or req.request_id
         req.resume.token_ids.extend(self._received)
         return req

@@ -36,7 +36,9 @@ class RetryOptions:
     id and the tokens received so far, and the server goes on exactly where the stream broke, so
     each token, text character and logprob is seen once. At most max_resumes resumes in a row
     without a new token, each after initial_backoff * backoff_multiplier**k seconds (at most
-    max_backoff), within the call's timeout."""
+    max_backoff), within the call's timeout. A generation whose gRPC retries ran out before any
+    response (a coordinator restart longer than they last) is sent again as it was, under the same
+    limits."""
 
     max_attempts: int = 4  # attempts in all, 1..5 (gRPC's limit); 1 = never retry
     initial_backoff: float = 0.1  # seconds
