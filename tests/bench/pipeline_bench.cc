@@ -27,6 +27,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/concurrency/abseil_mutex.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/security/cert_authority.h"
@@ -449,6 +450,7 @@ int Run() {
 }  // namespace shardserve
 
 int main(int argc, char** argv) {
+  shardserve::UseReleaseAbseilMutexes();  // gRPC locks absl::Mutexes on every message
   absl::ParseCommandLine(argc, argv);
   return shardserve::Run();
 }

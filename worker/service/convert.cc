@@ -1,6 +1,7 @@
 #include "worker/service/convert.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -104,8 +105,14 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
       return absl::InvalidArgumentError(
           absl::StrCat("hidden states carry ", t.data().size(), " bytes; ", bytes, " expected"));
     }
-    batch.hidden.resize(static_cast<size_t>(total * hidden_size));
-    std::memcpy(batch.hidden.data(), t.data().data(), bytes);
+    const char* data = t.data().data();
+    if (bytes > 0 && reinterpret_cast<uintptr_t>(data) % alignof(float) == 0) {
+      // Read in place: no copy of the activations beyond gRPC's into the parsed message.
+      batch.hidden_in = absl::MakeConstSpan(reinterpret_cast<const float*>(data), static_cast<size_t>(total * hidden_size));
+    } else {
+      batch.hidden.resize(static_cast<size_t>(total * hidden_size));
+      std::memcpy(batch.hidden.data(), data, bytes);
+    }
   }
   return batch;
 }
