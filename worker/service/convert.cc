@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
@@ -149,8 +150,9 @@ std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden
   const size_t size = batch.hidden.size() * sizeof(float);
   const uint32_t chunks = static_cast<uint32_t>(std::max<size_t>(1, (size + kMaxChunkBytes - 1) / kMaxChunkBytes));
   std::vector<v1::StepRequest> out;
+  out.reserve(chunks);
   for (uint32_t c = 0; c < chunks; ++c) {
-    v1::StepRequest msg = c == 0 ? first : v1::StepRequest();
+    v1::StepRequest msg = c == 0 ? std::move(first) : v1::StepRequest();  // `first` is used once
     msg.set_step_id(batch.step_id);
     msg.set_chunk_index(c);
     msg.set_chunk_count(chunks);
