@@ -13,7 +13,12 @@ and TTFT / inter-token p50/p99 beside each, and for the 16-client loads how busy
 compute time, from the workers' shardserve_worker_step_seconds, over the wall time);
   3. with --prefix: 16 clients whose prompts share a 192-token prefix (a system prompt) before 32
      tokens of their own, with prefix caching on and off: TTFT and throughput, and the prompt
-     tokens served from the cache.
+     tokens served from the cache;
+  4. with --one_stage (default model: stories260K): one client through a 1-stage cluster (one
+     1-rank worker) against the engine alone, both from the same run: the worker's own decode step
+     time (its shardserve_worker_step_seconds, phase "decode") over the client's time per output
+     token (1 / its tok/s; target: >= 0.6); the rest is the serving path's own cost. (The client's
+     ITL percentiles are not used: streamed tokens can arrive coalesced.)
 Figures are only meaningful on an otherwise idle machine.
 """
 import argparse
@@ -25,7 +30,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
-from local_cluster import LocalCluster  # noqa: E402
+from local_cluster import STORIES, LocalCluster  # noqa: E402
 
 
 def start_cluster(bin_dir, model, max_step_tokens, extra):
@@ -35,13 +40,13 @@ def start_cluster(bin_dir, model, max_step_tokens, extra):
                          *extra], timeout=300)
 
 
-def bench(bin_dir, address, concurrency, requests, max_tokens, shared_prefix=0, seed=1):
+def bench(bin_dir, address, concurrency, requests, max_tokens, shared_prefix=0, seed=1, vocab=32000):
     """One `shardserve bench` run; each seed draws other prompts (so that a run does not find the
     prompts of an earlier one in the prefix cache)."""
     p = subprocess.run(
         [os.path.join(bin_dir, "shardserve"), "bench", f"--server={address}", "--json",
          f"--concurrency={concurrency}", f"--requests={requests}", f"--max_tokens={max_tokens}",
-         "--prompt_tokens=32", "--prompt_vocab=32000", f"--shared_prefix_tokens={shared_prefix}", f"--seed={seed}"],
+         "--prompt_tokens=32", f"--prompt_vocab={vocab}", f"--shared_prefix_tokens={shared_prefix}", f"--seed={seed}"],
         capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         sys.exit(f"shardserve bench failed: {p.stderr}")
@@ -58,6 +63,19 @@ def step_seconds(url):
         if line.startswith("shardserve_worker_step_seconds_sum"):
             total += float(line.split()[-1])
     return total
+
+
+def decode_steps(url):
+    """(seconds, steps) of a worker's decode micro-batches (shardserve_worker_step_seconds)."""
+    seconds = steps = 0.0
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        if 'phase="decode"' not in line:
+            continue
+        if line.startswith("shardserve_worker_step_seconds_sum"):
+            seconds += float(line.split()[-1])
+        elif line.startswith("shardserve_worker_step_seconds_count"):
+            steps += float(line.split()[-1])
+    return seconds, steps
 
 
 def row(name, s):
@@ -81,7 +99,12 @@ def main():
                     help="runs of each load; the run with the median throughput is reported")
     ap.add_argument("--prefix", action="store_true",
                     help="only the shared-prefix comparison (prefix caching on vs off)")
+    ap.add_argument("--one_stage", action="store_true",
+                    help="only one client through a 1-stage cluster vs the engine alone (default model stories260K)")
     args = ap.parse_args()
+    if args.one_stage:
+        one_stage(args, args.model or STORIES)
+        return
     model = args.model
     if not model:
         model = "/tmp/shardserve-100m-bf16" if args.bf16 else "/tmp/shardserve-100m"
@@ -129,6 +152,34 @@ def main():
     print(f"16 clients / 1 client:              {many / one:.2f}x (target >= 5)")
     print(f"pipelined / one micro-batch (16):   {many / flat:.2f}x (target >= 1.6)")
 
+
+def one_stage(args, model):
+    with open(os.path.join(model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    cluster = LocalCluster(args.bin_dir, model, 1, "cpu:1", ["--max_seq_len=256"], timeout=300)
+    try:
+        bench(args.bin_dir, cluster.address, 1, 2, 8, seed=next_seed(), vocab=vocab)  # warm-up
+        runs = []
+        for _ in range(args.repeats):
+            s0, n0 = decode_steps(cluster.worker_metrics[0])
+            s = bench(args.bin_dir, cluster.address, 1, max(4, args.requests // 8), args.max_tokens, seed=next_seed(),
+                      vocab=vocab)
+            s1, n1 = decode_steps(cluster.worker_metrics[0])
+            s["engine_step_s"] = (s1 - s0) / max(1.0, n1 - n0)
+            runs.append(s)
+        runs.sort(key=lambda s: s["output_tokens_per_s"])
+        s = runs[len(runs) // 2]
+    finally:
+        cluster.stop()
+    engine = s["engine_step_s"]
+    print(f"1 client, 1 stage x 1 CPU rank, prompt 32 tokens, {args.max_tokens} output tokens, median of "
+          f"{args.repeats} runs, model {model}")
+    print(f"{'':<34} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>10} {'ITL p99':>10}   (ms)")
+    row("1 client, 1 stage", s)
+    served = 1 / s["output_tokens_per_s"]
+    print(f"engine alone (the worker's decode step): {engine * 1e3:.3f} ms = {1 / engine:.0f} tok/s; served: "
+          f"{served * 1e3:.3f} ms per output token (TTFT included)")
+    print(f"served / engine alone (tok/s): {engine / served:.2f} (target >= 0.6)")
 
 SEEDS = iter(range(1, 1 << 30))
 
