@@ -17,8 +17,10 @@ compute time, from the workers' shardserve_worker_step_seconds, over the wall ti
   4. with --one_stage (default model: stories260K): one client through a 1-stage cluster (one
      1-rank worker) against the engine alone, both from the same run: the worker's own decode step
      time (its shardserve_worker_step_seconds, phase "decode") over the client's time per output
-     token (1 / its tok/s; target: >= 0.6); the rest is the serving path's own cost. (The client's
-     ITL percentiles are not used: streamed tokens can arrive coalesced.)
+     token (1 / its tok/s; target: >= 0.6); the rest is the serving path's own cost, split with the
+     exported metrics into the coordinator's round trip of a micro-batch beyond the worker's compute
+     and the coordinator's inter-token gap beyond the round trip. (The client's ITL percentiles are
+     not used for the ratio: streamed tokens can arrive coalesced.)
 Figures are only meaningful on an otherwise idle machine.
 """
 import argparse
@@ -76,6 +78,21 @@ def decode_steps(url):
         elif line.startswith("shardserve_worker_step_seconds_count"):
             steps += float(line.split()[-1])
     return seconds, steps
+
+
+def sums(url, names):
+    """{name: (sum, count)} of the histograms `names` on a metrics page, over all their labels."""
+    out = {n: [0.0, 0.0] for n in names}
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        for n in names:
+            for suffix, i in (("_sum", 0), ("_count", 1)):
+                if line.startswith(n + suffix):
+                    out[n][i] += float(line.split()[-1])
+    return out
+
+
+COORD = ("shardserve_coordinator_step_seconds", "shardserve_coordinator_inter_token_latency_seconds")
+WORKER = ("shardserve_worker_step_seconds",)
 
 
 def row(name, s):
@@ -162,10 +179,18 @@ def one_stage(args, model):
         runs = []
         for _ in range(args.repeats):
             s0, n0 = decode_steps(cluster.worker_metrics[0])
+            c0, w0 = sums(cluster.coordinator_metrics, COORD), sums(cluster.worker_metrics[0], WORKER)
             s = bench(args.bin_dir, cluster.address, 1, max(4, args.requests // 8), args.max_tokens, seed=next_seed(),
                       vocab=vocab)
             s1, n1 = decode_steps(cluster.worker_metrics[0])
+            c1, w1 = sums(cluster.coordinator_metrics, COORD), sums(cluster.worker_metrics[0], WORKER)
             s["engine_step_s"] = (s1 - s0) / max(1.0, n1 - n0)
+            # Per micro-batch (all phases): the worker's compute, the coordinator's round trip of it,
+            # and per token the coordinator's inter-token gap.
+            d = {n: ((c1 | w1)[n][0] - (c0 | w0)[n][0], (c1 | w1)[n][1] - (c0 | w0)[n][1]) for n in COORD + WORKER}
+            s["worker_step_s"] = d[WORKER[0]][0] / max(1.0, d[WORKER[0]][1])
+            s["coord_step_s"] = d[COORD[0]][0] / max(1.0, d[COORD[0]][1])
+            s["coord_itl_s"] = d[COORD[1]][0] / max(1.0, d[COORD[1]][1])
             runs.append(s)
         runs.sort(key=lambda s: s["output_tokens_per_s"])
         s = runs[len(runs) // 2]
@@ -180,6 +205,12 @@ def one_stage(args, model):
     print(f"engine alone (the worker's decode step): {engine * 1e3:.3f} ms = {1 / engine:.0f} tok/s; served: "
           f"{served * 1e3:.3f} ms per output token (TTFT included)")
     print(f"served / engine alone (tok/s): {engine / served:.2f} (target >= 0.6)")
+    # Where a token's time goes, from the metrics the processes export (means over the run).
+    w, c, g = s["worker_step_s"], s["coord_step_s"], s["coord_itl_s"]
+    print(f"per micro-batch: worker compute {w * 1e3:.3f} ms, coordinator <-> worker round trip beyond it "
+          f"{(c - w) * 1e3:.3f} ms; per token: coordinator's inter-token gap {g * 1e3:.3f} ms, of which outside "
+          f"the step {(g - c) * 1e3:.3f} ms (scheduling, delivery); the client's mean gap "
+          f"{s['itl_s']['mean'] * 1e3:.3f} ms")
 
 SEEDS = iter(range(1, 1 << 30))
 
