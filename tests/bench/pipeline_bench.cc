@@ -326,7 +326,8 @@ int Run() {
         d[t].push_back(EchoRoundTrip(*echo_stub[t], decode_bytes, 400));
         f[t].push_back(EchoRoundTrip(*echo_stub[t], prefill_bytes, 40));
         h[t].push_back(EchoRoundTrip(*handoff_stub[t], decode_bytes, 400));
-        g[t].push_back(EchoRoundTrip(*handoff_stub[t], decode_bytes, std::max(4, static_cast<int>(0.05 / (gap.count() + 1e-4))), gap));
+        const int idle_iters = std::max(4, static_cast<int>(0.05 / (gap.count() + 1e-4)));  // ~50 ms of gaps
+        g[t].push_back(EchoRoundTrip(*handoff_stub[t], decode_bytes, idle_iters, gap));
       }
     }
     for (int t = 0; t < 2; ++t) {

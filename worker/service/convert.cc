@@ -109,7 +109,8 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
     const char* data = t.data().data();
     if (bytes > 0 && reinterpret_cast<uintptr_t>(data) % alignof(float) == 0) {
       // Read in place: no copy of the activations beyond gRPC's into the parsed message.
-      batch.hidden_in = absl::MakeConstSpan(reinterpret_cast<const float*>(data), static_cast<size_t>(total * hidden_size));
+      batch.hidden_in =
+          absl::MakeConstSpan(reinterpret_cast<const float*>(data), static_cast<size_t>(total * hidden_size));
     } else {
       batch.hidden.resize(static_cast<size_t>(total * hidden_size));
       std::memcpy(batch.hidden.data(), data, bytes);

@@ -44,7 +44,9 @@ struct StageBatch {
   std::vector<float> hidden;
   absl::Span<const float> hidden_in;
   // The stage's input: `hidden_in` when set, else `hidden`.
-  absl::Span<const float> input() const { return hidden_in.data() != nullptr ? hidden_in : absl::MakeConstSpan(hidden); }
+  absl::Span<const float> input() const {
+    return hidden_in.data() != nullptr ? hidden_in : absl::MakeConstSpan(hidden);
+  }
 };
 
 // Converts a complete (reassembled) request; the batch may view the request's hidden-state bytes

@@ -91,7 +91,9 @@ void WorkerMetrics::OnCollective(int rank, absl::string_view op, double seconds)
   {
     MutexLock lock(&children_mu_);
     auto [it, added] = collective_children_.try_emplace({std::string(op), rank});
-    if (added) it->second = &collective_seconds_.Add({{"op", std::string(op)}, {"rank", absl::StrCat(rank)}}, StepBuckets());
+    if (added) {
+      it->second = &collective_seconds_.Add({{"op", std::string(op)}, {"rank", absl::StrCat(rank)}}, StepBuckets());
+    }
     child = it->second;
   }
   child->Observe(seconds);
