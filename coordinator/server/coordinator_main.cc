@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "common/concurrency/abseil_mutex.h"
 #include "common/log/log.h"
 #include "common/security/tls_files.h"
 #include "coordinator/server/coordinator.h"
@@ -111,6 +112,7 @@ ABSL_FLAG(int64_t, grpc_max_connection_age_grace_ms, 0,
           "gRPC servers: cancel calls still running this long after max_connection_age; 0 = never");
 
 int main(int argc, char** argv) {
+  shardserve::UseReleaseAbseilMutexes();  // gRPC locks absl::Mutexes on every message
   shardserve::SetProgramUsage(
       "shardserve coordinator: --listen=HOST:PORT --model=DIR --expected_workers=N [--tp --pp --replicas ...]");
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);

@@ -27,6 +27,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "common/concurrency/abseil_mutex.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/security/cert_authority.h"
@@ -169,8 +170,10 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* a, grpc::Service* b, int* por
   return builder.BuildAndStart();
 }
 
-// Mean round trip (s) of `payload` bytes of hidden states on a bidi stream.
-double EchoRoundTrip(v1::Stage::Stub& stub, size_t payload, int iters) {
+// Mean round trip (s) of `payload` bytes of hidden states on a bidi stream; with `gap`, each round
+// trip starts that long after the last (the gap itself is not timed).
+double EchoRoundTrip(v1::Stage::Stub& stub, size_t payload, int iters,
+                     std::chrono::duration<double> gap = std::chrono::duration<double>(0)) {
   grpc::ClientContext ctx;
   auto stream = stub.StepStream(&ctx);
   v1::StepRequest req;
@@ -180,13 +183,16 @@ double EchoRoundTrip(v1::Stage::Stub& stub, size_t payload, int iters) {
     stream->Write(req);
     stream->Read(&resp);
   }
-  const double t0 = Now();
+  double busy = 0;
   for (int i = 0; i < iters; ++i) {
+    if (gap.count() > 0) std::this_thread::sleep_for(gap);
+    const double t0 = Now();
     req.set_step_id(static_cast<uint64_t>(i));
     stream->Write(req);
     stream->Read(&resp);
+    busy += Now() - t0;
   }
-  const double dt = (Now() - t0) / iters;
+  const double dt = busy / iters;
   stream->WritesDone();
   (void)stream->Finish();
   return dt;
@@ -273,40 +279,7 @@ int Run() {
   };
   const Transport transports[] = {{"plaintext", &plaintext, &plaintext}, {"mTLS", &*worker_tls, &*coordinator_tls}};
 
-  // 1. Bare round trips, both transports served at once and timed in interleaved rounds (medians).
-  double rtt_decode[2], rtt_prefill[2], rtt_handoff[2];
-  {
-    EchoStage echo[2];
-    HandOffEchoStage handoff[2];
-    std::unique_ptr<grpc::Server> servers[4];
-    std::unique_ptr<v1::Stage::Stub> echo_stub[2], handoff_stub[2];
-    for (int t = 0; t < 2; ++t) {
-      const Transport& tr = transports[t];
-      int port = 0;
-      servers[2 * t] = Serve(&echo[t], nullptr, &port, *tr.worker);
-      echo_stub[t] = v1::Stage::NewStub(grpc::CreateChannel(
-          absl::StrCat("127.0.0.1:", port), tr.client->InternalChannelCredentials(security::Role::kWorker)));
-      servers[2 * t + 1] = Serve(&handoff[t], nullptr, &port, *tr.worker);
-      handoff_stub[t] = v1::Stage::NewStub(grpc::CreateChannel(
-          absl::StrCat("127.0.0.1:", port), tr.client->InternalChannelCredentials(security::Role::kWorker)));
-    }
-    std::vector<double> d[2], f[2], h[2];
-    for (int r = 0; r < 5; ++r) {
-      for (int t = 0; t < 2; ++t) {
-        d[t].push_back(EchoRoundTrip(*echo_stub[t], decode_bytes, 400));
-        f[t].push_back(EchoRoundTrip(*echo_stub[t], prefill_bytes, 40));
-        h[t].push_back(EchoRoundTrip(*handoff_stub[t], decode_bytes, 400));
-      }
-    }
-    for (int t = 0; t < 2; ++t) {
-      rtt_decode[t] = Median(d[t]);
-      rtt_prefill[t] = Median(f[t]);
-      rtt_handoff[t] = Median(h[t]);
-    }
-    for (auto& server : servers) server->Shutdown();
-  }
-
-  // 2. One process.
+  // 1. One process (first: its step time sets the idle gap of the bare round trips below).
   auto ckpt = Checkpoint::Open(dir);
   engine::ExecutorOptions eo;
   eo.model.num_kv_blocks = (spec->max_position_embeddings + 15) / 16;  // one sequence of the whole context
@@ -326,6 +299,46 @@ int Run() {
   }
   const double step_one = (Now() - t0) / tokens;
   one->reset();
+
+  // 2. Bare round trips, both transports served at once and timed in interleaved rounds (medians).
+  // Back to back, and after an idle gap as long as half a one-process step (what a stage computes
+  // between its messages): the peer's threads have gone to sleep, as a stage's peers have.
+  const auto gap = std::chrono::duration<double>(step_one / 2);
+  double rtt_decode[2], rtt_prefill[2], rtt_handoff[2], rtt_idle[2];
+  {
+    EchoStage echo[2];
+    HandOffEchoStage handoff[2];
+    std::unique_ptr<grpc::Server> servers[4];
+    std::unique_ptr<v1::Stage::Stub> echo_stub[2], handoff_stub[2];
+    for (int t = 0; t < 2; ++t) {
+      const Transport& tr = transports[t];
+      int port = 0;
+      servers[2 * t] = Serve(&echo[t], nullptr, &port, *tr.worker);
+      echo_stub[t] = v1::Stage::NewStub(grpc::CreateChannel(
+          absl::StrCat("127.0.0.1:", port), tr.client->InternalChannelCredentials(security::Role::kWorker)));
+      servers[2 * t + 1] = Serve(&handoff[t], nullptr, &port, *tr.worker);
+      handoff_stub[t] = v1::Stage::NewStub(grpc::CreateChannel(
+          absl::StrCat("127.0.0.1:", port), tr.client->InternalChannelCredentials(security::Role::kWorker)));
+    }
+    std::vector<double> d[2], f[2], h[2], g[2];
+    for (int r = 0; r < 5; ++r) {
+      for (int t = 0; t < 2; ++t) {
+        d[t].push_back(EchoRoundTrip(*echo_stub[t], decode_bytes, 400));
+        f[t].push_back(EchoRoundTrip(*echo_stub[t], prefill_bytes, 40));
+        h[t].push_back(EchoRoundTrip(*handoff_stub[t], decode_bytes, 400));
+        const int idle_iters = std::max(4, static_cast<int>(0.05 / (gap.count() + 1e-4)));  // ~50 ms of gaps
+        g[t].push_back(EchoRoundTrip(*handoff_stub[t], decode_bytes, idle_iters, gap));
+      }
+    }
+    for (int t = 0; t < 2; ++t) {
+      rtt_decode[t] = Median(d[t]);
+      rtt_prefill[t] = Median(f[t]);
+      rtt_handoff[t] = Median(h[t]);
+      rtt_idle[t] = Median(g[t]);
+    }
+    for (auto& server : servers) server->Shutdown();
+  }
+
 
   // 3. Two stages over gRPC, one pipeline per transport, both loaded at once and timed in
   // interleaved rounds (plaintext, mTLS, plaintext, ...), so that the load of a shared machine
@@ -426,12 +439,13 @@ int Run() {
     std::printf("[%s] bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n", transports[t].name,
                 rtt_decode[t] * 1e6, decode_bytes, rtt_prefill[t] * 1e6, prefill_bytes,
                 prefill_bytes / rtt_prefill[t] / 1e9);
-    std::printf("[%s] bare round trip answered from another thread: %.1f us (%zu B)\n", transports[t].name,
-                rtt_handoff[t] * 1e6, decode_bytes);
+    std::printf("[%s] bare round trip answered from another thread: %.1f us (%zu B); after %.2f ms idle: %.1f us\n",
+                transports[t].name, rtt_handoff[t] * 1e6, decode_bytes, gap.count() * 1e3, rtt_idle[t] * 1e6);
     std::printf("[%s] decode step: one process %.2f ms, 2 stages %.2f ms (their compute %.2f ms); per hop %.1f us = "
-                "%.2fx the bare round trip; stage compute %.2f ms (median of %d rounds of %d steps)\n",
+                "%.2fx the bare round trip, %.2fx the one after idling; stage compute %.2f ms (median of %d rounds of %d "
+                "steps)\n",
                 transports[t].name, step_one * 1e3, step_pp[t] * 1e3, compute_pp[t] * 1e3, hop[t] * 1e6,
-                hop[t] / rtt_decode[t], compute_pp[t] * 1e3 / 2, kRounds, tokens);
+                hop[t] / rtt_decode[t], hop[t] / rtt_idle[t], compute_pp[t] * 1e3 / 2, kRounds, tokens);
     std::printf("[%s] decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", transports[t].name,
                 1 / step_one, 1 / step_pp[t], step_one / step_pp[t]);
   }
@@ -449,6 +463,7 @@ int Run() {
 }  // namespace shardserve
 
 int main(int argc, char** argv) {
+  shardserve::UseReleaseAbseilMutexes();  // gRPC locks absl::Mutexes on every message
   absl::ParseCommandLine(argc, argv);
   return shardserve::Run();
 }

@@ -13,7 +13,14 @@ and TTFT / inter-token p50/p99 beside each, and for the 16-client loads how busy
 compute time, from the workers' shardserve_worker_step_seconds, over the wall time);
   3. with --prefix: 16 clients whose prompts share a 192-token prefix (a system prompt) before 32
      tokens of their own, with prefix caching on and off: TTFT and throughput, and the prompt
-     tokens served from the cache.
+     tokens served from the cache;
+  4. with --one_stage (default model: stories260K): one client through a 1-stage cluster (one
+     1-rank worker) against the engine alone, both from the same run: the worker's own decode step
+     time (its shardserve_worker_step_seconds, phase "decode") over the client's time per output
+     token (1 / its tok/s; target: >= 0.6); the rest is the serving path's own cost, split with the
+     exported metrics into the coordinator's round trip of a micro-batch beyond the worker's compute
+     and the coordinator's inter-token gap beyond the round trip. (The client's ITL percentiles are
+     not used for the ratio: streamed tokens can arrive coalesced.)
 Figures are only meaningful on an otherwise idle machine.
 """
 import argparse
@@ -25,7 +32,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
-from local_cluster import LocalCluster  # noqa: E402
+from local_cluster import STORIES, LocalCluster  # noqa: E402
 
 
 def start_cluster(bin_dir, model, max_step_tokens, extra):
@@ -35,13 +42,13 @@ def start_cluster(bin_dir, model, max_step_tokens, extra):
                          *extra], timeout=300)
 
 
-def bench(bin_dir, address, concurrency, requests, max_tokens, shared_prefix=0, seed=1):
+def bench(bin_dir, address, concurrency, requests, max_tokens, shared_prefix=0, seed=1, vocab=32000):
     """One `shardserve bench` run; each seed draws other prompts (so that a run does not find the
     prompts of an earlier one in the prefix cache)."""
     p = subprocess.run(
         [os.path.join(bin_dir, "shardserve"), "bench", f"--server={address}", "--json",
          f"--concurrency={concurrency}", f"--requests={requests}", f"--max_tokens={max_tokens}",
-         "--prompt_tokens=32", "--prompt_vocab=32000", f"--shared_prefix_tokens={shared_prefix}", f"--seed={seed}"],
+         "--prompt_tokens=32", f"--prompt_vocab={vocab}", f"--shared_prefix_tokens={shared_prefix}", f"--seed={seed}"],
         capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         sys.exit(f"shardserve bench failed: {p.stderr}")
@@ -58,6 +65,34 @@ def step_seconds(url):
         if line.startswith("shardserve_worker_step_seconds_sum"):
             total += float(line.split()[-1])
     return total
+
+
+def decode_steps(url):
+    """(seconds, steps) of a worker's decode micro-batches (shardserve_worker_step_seconds)."""
+    seconds = steps = 0.0
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        if 'phase="decode"' not in line:
+            continue
+        if line.startswith("shardserve_worker_step_seconds_sum"):
+            seconds += float(line.split()[-1])
+        elif line.startswith("shardserve_worker_step_seconds_count"):
+            steps += float(line.split()[-1])
+    return seconds, steps
+
+
+def sums(url, names):
+    """{name: (sum, count)} of the histograms `names` on a metrics page, over all their labels."""
+    out = {n: [0.0, 0.0] for n in names}
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        for n in names:
+            for suffix, i in (("_sum", 0), ("_count", 1)):
+                if line.startswith(n + suffix):
+                    out[n][i] += float(line.split()[-1])
+    return out
+
+
+COORD = ("shardserve_coordinator_step_seconds", "shardserve_coordinator_inter_token_latency_seconds")
+WORKER = ("shardserve_worker_step_seconds",)
 
 
 def row(name, s):
@@ -81,7 +116,12 @@ def main():
                     help="runs of each load; the run with the median throughput is reported")
     ap.add_argument("--prefix", action="store_true",
                     help="only the shared-prefix comparison (prefix caching on vs off)")
+    ap.add_argument("--one_stage", action="store_true",
+                    help="only one client through a 1-stage cluster vs the engine alone (default model stories260K)")
     args = ap.parse_args()
+    if args.one_stage:
+        one_stage(args, args.model or STORIES)
+        return
     model = args.model
     if not model:
         model = "/tmp/shardserve-100m-bf16" if args.bf16 else "/tmp/shardserve-100m"
@@ -129,6 +169,48 @@ def main():
     print(f"16 clients / 1 client:              {many / one:.2f}x (target >= 5)")
     print(f"pipelined / one micro-batch (16):   {many / flat:.2f}x (target >= 1.6)")
 
+
+def one_stage(args, model):
+    with open(os.path.join(model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    cluster = LocalCluster(args.bin_dir, model, 1, "cpu:1", ["--max_seq_len=256"], timeout=300)
+    try:
+        bench(args.bin_dir, cluster.address, 1, 2, 8, seed=next_seed(), vocab=vocab)  # warm-up
+        runs = []
+        for _ in range(args.repeats):
+            s0, n0 = decode_steps(cluster.worker_metrics[0])
+            c0, w0 = sums(cluster.coordinator_metrics, COORD), sums(cluster.worker_metrics[0], WORKER)
+            s = bench(args.bin_dir, cluster.address, 1, max(4, args.requests // 8), args.max_tokens, seed=next_seed(),
+                      vocab=vocab)
+            s1, n1 = decode_steps(cluster.worker_metrics[0])
+            c1, w1 = sums(cluster.coordinator_metrics, COORD), sums(cluster.worker_metrics[0], WORKER)
+            s["engine_step_s"] = (s1 - s0) / max(1.0, n1 - n0)
+            # Per micro-batch (all phases): the worker's compute, the coordinator's round trip of it,
+            # and per token the coordinator's inter-token gap.
+            d = {n: ((c1 | w1)[n][0] - (c0 | w0)[n][0], (c1 | w1)[n][1] - (c0 | w0)[n][1]) for n in COORD + WORKER}
+            s["worker_step_s"] = d[WORKER[0]][0] / max(1.0, d[WORKER[0]][1])
+            s["coord_step_s"] = d[COORD[0]][0] / max(1.0, d[COORD[0]][1])
+            s["coord_itl_s"] = d[COORD[1]][0] / max(1.0, d[COORD[1]][1])
+            runs.append(s)
+        runs.sort(key=lambda s: s["output_tokens_per_s"])
+        s = runs[len(runs) // 2]
+    finally:
+        cluster.stop()
+    engine = s["engine_step_s"]
+    print(f"1 client, 1 stage x 1 CPU rank, prompt 32 tokens, {args.max_tokens} output tokens, median of "
+          f"{args.repeats} runs, model {model}")
+    print(f"{'':<34} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>10} {'ITL p99':>10}   (ms)")
+    row("1 client, 1 stage", s)
+    served = 1 / s["output_tokens_per_s"]
+    print(f"engine alone (the worker's decode step): {engine * 1e3:.3f} ms = {1 / engine:.0f} tok/s; served: "
+          f"{served * 1e3:.3f} ms per output token (TTFT included)")
+    print(f"served / engine alone (tok/s): {engine / served:.2f} (target >= 0.6)")
+    # Where a token's time goes, from the metrics the processes export (means over the run).
+    w, c, g = s["worker_step_s"], s["coord_step_s"], s["coord_itl_s"]
+    print(f"per micro-batch: worker compute {w * 1e3:.3f} ms, coordinator <-> worker round trip beyond it "
+          f"{(c - w) * 1e3:.3f} ms; per token: coordinator's inter-token gap {g * 1e3:.3f} ms, of which outside "
+          f"the step {(g - c) * 1e3:.3f} ms (scheduling, delivery); the client's mean gap "
+          f"{s['itl_s']['mean'] * 1e3:.3f} ms")
 
 SEEDS = iter(range(1, 1 << 30))
 

@@ -1,7 +1,9 @@
 #include "worker/service/convert.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
@@ -104,8 +106,15 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
       return absl::InvalidArgumentError(
           absl::StrCat("hidden states carry ", t.data().size(), " bytes; ", bytes, " expected"));
     }
-    batch.hidden.resize(static_cast<size_t>(total * hidden_size));
-    std::memcpy(batch.hidden.data(), t.data().data(), bytes);
+    const char* data = t.data().data();
+    if (bytes > 0 && reinterpret_cast<uintptr_t>(data) % alignof(float) == 0) {
+      // Read in place: no copy of the activations beyond gRPC's into the parsed message.
+      batch.hidden_in =
+          absl::MakeConstSpan(reinterpret_cast<const float*>(data), static_cast<size_t>(total * hidden_size));
+    } else {
+      batch.hidden.resize(static_cast<size_t>(total * hidden_size));
+      std::memcpy(batch.hidden.data(), data, bytes);
+    }
   }
   return batch;
 }
@@ -142,8 +151,9 @@ std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden
   const size_t size = batch.hidden.size() * sizeof(float);
   const uint32_t chunks = static_cast<uint32_t>(std::max<size_t>(1, (size + kMaxChunkBytes - 1) / kMaxChunkBytes));
   std::vector<v1::StepRequest> out;
+  out.reserve(chunks);
   for (uint32_t c = 0; c < chunks; ++c) {
-    v1::StepRequest msg = c == 0 ? first : v1::StepRequest();
+    v1::StepRequest msg = c == 0 ? std::move(first) : v1::StepRequest();  // `first` is used once
     msg.set_step_id(batch.step_id);
     msg.set_chunk_index(c);
     msg.set_chunk_count(chunks);

@@ -37,11 +37,22 @@ struct StageSequence {
 struct StageBatch {
   uint64_t step_id = 0;
   std::vector<StageSequence> sequences;
-  std::vector<float> hidden;  // [total tokens, hidden] (empty for the first stage)
+  // Hidden states [total tokens, hidden] (empty for the first stage's input). FromProto reads the
+  // request's in place when it can (`hidden_in`, a view of the request's bytes: valid while the
+  // request lives, and not carried by copies of the batch) and copies them into `hidden` only when
+  // the bytes are not float-aligned; ToNextStage sends `hidden`.
+  std::vector<float> hidden;
+  absl::Span<const float> hidden_in;
+  // The stage's input: `hidden_in` when set, else `hidden`.
+  absl::Span<const float> input() const {
+    return hidden_in.data() != nullptr ? hidden_in : absl::MakeConstSpan(hidden);
+  }
 };
 
-// Converts a complete (reassembled) request. InvalidArgument naming the problem for a bad dtype,
-// a shape that disagrees with the sequences' token counts or `hidden_size`, or bad sampling params.
+// Converts a complete (reassembled) request; the batch may view the request's hidden-state bytes
+// (StageBatch::hidden_in), so `request` must outlive its use. InvalidArgument naming the problem
+// for a bad dtype, a shape that disagrees with the sequences' token counts or `hidden_size`, or bad
+// sampling params.
 absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size);
 
 // Builds the messages that carry `batch` to the next stage: sequences without token ids,

@@ -80,7 +80,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
     steps.back().all_logits = is_last() && !s.prompt_logprob_targets.empty();
   }
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.hidden));
+  ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.input()));
   VLOG(1) << "event=step stage=" << config_.stage << " step_id=" << request.step_id()
           << " sequences=" << request.sequences_size() << " request_ids=" << RequestIds(request) << " ms="
           << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -95,6 +95,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
                                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), tokens);
   }
   if (!is_last()) {
+    batch.hidden_in = {};
     batch.hidden = std::move(result.hidden);
     Forward(batch.step_id, ToNextStage(batch, hidden), std::move(done));
     return std::nullopt;

@@ -29,6 +29,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/concurrency/abseil_mutex.h"
 #include "common/flags/parse.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics_server.h"
@@ -77,6 +78,7 @@ void OnSignal(int sig) { g_stop = sig; }
 }  // namespace
 
 int main(int argc, char** argv) {
+  shardserve::UseReleaseAbseilMutexes();  // gRPC locks absl::Mutexes on every message
   shardserve::SetProgramUsage("shardserve worker daemon: --coordinator=HOST:PORT --listen=HOST:PORT --devices=cpu:N");
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);

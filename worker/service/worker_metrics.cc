@@ -46,15 +46,33 @@ WorkerMetrics::WorkerMetrics()
                         .Add({})) {}
 
 void WorkerMetrics::ObserveStep(int stage, bool prefill, double seconds, int64_t tokens) {
-  const prometheus::Labels labels = {{"stage", absl::StrCat(stage)}, {"phase", prefill ? "prefill" : "decode"}};
-  step_seconds_.Add(labels, StepBuckets()).Observe(seconds);
-  step_tokens_.Add(labels).Increment(static_cast<double>(tokens));
+  std::pair<prometheus::Histogram*, prometheus::Counter*> children;
+  {
+    MutexLock lock(&children_mu_);
+    auto [it, added] = step_children_.try_emplace({stage, prefill});
+    if (added) {
+      const prometheus::Labels labels = {{"stage", absl::StrCat(stage)}, {"phase", prefill ? "prefill" : "decode"}};
+      it->second = {&step_seconds_.Add(labels, StepBuckets()), &step_tokens_.Add(labels)};
+    }
+    children = it->second;
+  }
+  children.first->Observe(seconds);
+  children.second->Increment(static_cast<double>(tokens));
 }
 
 void WorkerMetrics::ObserveStream(const char* direction, const char* peer, size_t bytes) {
-  const prometheus::Labels labels = {{"direction", direction}, {"peer", peer}};
-  stream_bytes_.Add(labels).Increment(static_cast<double>(bytes));
-  stream_messages_.Add(labels).Increment();
+  std::pair<prometheus::Counter*, prometheus::Counter*> children;
+  {
+    MutexLock lock(&children_mu_);
+    auto [it, added] = stream_children_.try_emplace({direction, peer});
+    if (added) {
+      const prometheus::Labels labels = {{"direction", direction}, {"peer", peer}};
+      it->second = {&stream_bytes_.Add(labels), &stream_messages_.Add(labels)};
+    }
+    children = it->second;
+  }
+  children.first->Increment(static_cast<double>(bytes));
+  children.second->Increment();
 }
 
 void WorkerMetrics::SetLoaded(double load_seconds, const std::vector<size_t>& weight_bytes,
@@ -69,12 +87,27 @@ void WorkerMetrics::SetLoaded(double load_seconds, const std::vector<size_t>& we
 }
 
 void WorkerMetrics::OnCollective(int rank, absl::string_view op, double seconds) {
-  collective_seconds_.Add({{"op", std::string(op)}, {"rank", absl::StrCat(rank)}}, StepBuckets()).Observe(seconds);
+  prometheus::Histogram* child = nullptr;
+  {
+    MutexLock lock(&children_mu_);
+    auto [it, added] = collective_children_.try_emplace({std::string(op), rank});
+    if (added) {
+      it->second = &collective_seconds_.Add({{"op", std::string(op)}, {"rank", absl::StrCat(rank)}}, StepBuckets());
+    }
+    child = it->second;
+  }
+  child->Observe(seconds);
 }
 
 void WorkerMetrics::OnExpertTokens(int64_t layer, int64_t expert, int64_t tokens) {
-  expert_tokens_.Add({{"layer", absl::StrCat(layer)}, {"expert", absl::StrCat(expert)}})
-      .Increment(static_cast<double>(tokens));
+  prometheus::Counter* child = nullptr;
+  {
+    MutexLock lock(&children_mu_);
+    auto [it, added] = expert_children_.try_emplace({layer, expert});
+    if (added) it->second = &expert_tokens_.Add({{"layer", absl::StrCat(layer)}, {"expert", absl::StrCat(expert)}});
+    child = it->second;
+  }
+  child->Increment(static_cast<double>(tokens));
 }
 
 }  // namespace shardserve::service

@@ -1,15 +1,20 @@
 // Every metric family a worker exports, declared in one place. Names follow
 // shardserve_worker_<what>_<unit>; labels: stage, phase, rank, op, direction, layer, expert.
 // Thread-safe: prometheus-cpp metrics are atomic; label children are created under the family's
-// own lock.
+// own lock. The per-step recorders (ObserveStep, ObserveStream, OnCollective, OnExpertTokens) look
+// each label set up once and then reuse its child (a short lock, no label map built, nothing
+// allocated), as they run on every micro-batch, message and collective.
 #ifndef SHARDSERVE_WORKER_SERVICE_WORKER_METRICS_H_
 #define SHARDSERVE_WORKER_SERVICE_WORKER_METRICS_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "common/concurrency/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -47,6 +52,17 @@ class WorkerMetrics final : public engine::StepObserver {
   prometheus::Family<prometheus::Gauge>& weight_bytes_;
   prometheus::Family<prometheus::Gauge>& kv_cache_bytes_;
   prometheus::Gauge& load_seconds_;
+
+  // The children already looked up, by label values (children live as long as their family).
+  Mutex children_mu_;
+  absl::flat_hash_map<std::pair<int, bool>, std::pair<prometheus::Histogram*, prometheus::Counter*>> step_children_
+      ABSL_GUARDED_BY(children_mu_);
+  absl::flat_hash_map<std::pair<std::string, std::string>, std::pair<prometheus::Counter*, prometheus::Counter*>>
+      stream_children_ ABSL_GUARDED_BY(children_mu_);
+  absl::flat_hash_map<std::pair<std::string, int>, prometheus::Histogram*> collective_children_
+      ABSL_GUARDED_BY(children_mu_);
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, prometheus::Counter*> expert_children_
+      ABSL_GUARDED_BY(children_mu_);
 };
 
 }  // namespace shardserve::service

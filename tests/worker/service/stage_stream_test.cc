@@ -724,11 +724,16 @@ TEST(ConvertTest, LargeHiddenStatesAreChunkedAndReassembled) {
     ASSERT_OK_AND_ASSIGN(bool done, assembler.Add(std::move(msgs[i])));
     EXPECT_EQ(done, i + 1 == 3);
   }
-  ASSERT_OK_AND_ASSIGN(StageBatch back, FromProto(assembler.Take(), hidden));
+  // The reassembled message stays alive: the batch reads its hidden states in place.
+  const v1::StepRequest whole = assembler.Take();
+  ASSERT_OK_AND_ASSIGN(StageBatch back, FromProto(whole, hidden));
   EXPECT_EQ(back.step_id, 42u);
   EXPECT_EQ(back.sequences[0].step.NumTokens(), 1024);
   EXPECT_EQ(back.sequences[0].step.block_ids, (std::vector<int32_t>{7, 3, 5}));
-  EXPECT_EQ(back.hidden, batch.hidden);
+  EXPECT_EQ(back.hidden_in.data(), reinterpret_cast<const float*>(whole.hidden().data().data()));
+  EXPECT_TRUE(back.hidden.empty());  // not copied
+  const absl::Span<const float> got = back.input();
+  EXPECT_EQ(std::vector<float>(got.begin(), got.end()), batch.hidden);
 }
 
 TEST(ConvertTest, InconsistentChunksAndTensorsAreRejected) {
