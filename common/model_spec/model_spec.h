@@ -26,6 +26,7 @@ enum class Architecture : uint8_t {
   kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3, kDeepseekV3, kGemma2,
   kLlama4,
   kGemma3,
+  kDeepseekV2,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -102,6 +103,11 @@ enum class MoeScoring : uint8_t {
   // sum of its two best biased scores); the weights are the chosen unbiased scores,
   // renormalised when norm_topk_prob, times routed_scaling_factor.
   kSigmoidGrouped,
+  // DeepSeek-V2: softmax scores; with n_group > 1 ("group_limited_greedy") only the experts of
+  // the topk_group groups with the largest best score compete, else ("greedy") all; the top_k
+  // scores, never renormalised (transformers ignores norm_topk_prob here), times
+  // routed_scaling_factor. No score-correction bias.
+  kSoftmaxGroupLimited,
   // Llama-4: the top_k router logits are chosen and each chosen expert's weight is the sigmoid
   // of its logit, which scales the expert's *input*; the experts' outputs are summed unscaled
   // (no renormalisation, no routed_scaling_factor).
@@ -113,8 +119,8 @@ struct MoeSpec {
   int64_t num_experts = 0;
   int64_t top_k = 0;
   MoeScoring scoring = MoeScoring::kSoftmax;
-  int64_t n_group = 1;     // kSigmoidGrouped: expert groups (divides num_experts)
-  int64_t topk_group = 1;  // kSigmoidGrouped: groups an expert is chosen from
+  int64_t n_group = 1;     // kSigmoidGrouped, kSoftmaxGroupLimited: expert groups (divides num_experts)
+  int64_t topk_group = 1;  // kSigmoidGrouped, kSoftmaxGroupLimited: groups an expert is chosen from
   double routed_scaling_factor = 1.0;
   // Renormalise the top-k routing weights to sum to 1 (Mixtral always does; Qwen2-MoE and
   // Qwen3-MoE per config).

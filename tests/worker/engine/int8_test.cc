@@ -45,7 +45,11 @@ constexpr double kStoriesMeanRelError = 0.01;
 // qwen2_moe's fixture keeps router margins only above 1e-3 (make_golden.py), below the int8 error
 // of the router's input: some tokens take another expert, and their logits move far (measured:
 // 52% max, 2.8% mean). Its bounds are those measured figures rounded up; the dense ones hold for
-// the other MoE model (mixtral, whose routing did not flip).
+// the other MoE models (mixtral, whose routing did not flip), except deepseek_v2_lite at one rank
+// (17.3% max, 1.24% mean): its softmax router margins at the prompt positions (down to 4.4e-3)
+// are within reach of the int8 error too — numpy_reference.py's forward pass with the projections
+// block-int8 rounded takes another expert at one to three (token, layer) pairs and moves the logits
+// by 8-21% of max|logit|.
 constexpr double kRoutingFlipMaxRelError = 0.6;
 constexpr double kRoutingFlipMeanRelError = 0.04;
 
@@ -127,7 +131,7 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
               "agreement %zu/%zu leading tokens; weights %zu -> %zu bytes per rank\n",
               name.c_str(), ranks, err.max_rel, err.mean_rel(), static_cast<long>(err.positions), agree, total,
               f32_bytes, int8_bytes);
-  const bool flips = name == "qwen2_moe";
+  const bool flips = name == "qwen2_moe" || name == "deepseek_v2_lite";
   EXPECT_LE(err.max_rel, flips ? kRoutingFlipMaxRelError : kMaxRelError) << name;
   EXPECT_LE(err.mean_rel(), flips ? kRoutingFlipMeanRelError : kMeanRelError) << name;
   // A first token whose margin exceeds twice the int8 error at that position cannot differ (36 of
@@ -164,7 +168,7 @@ INSTANTIATE_TEST_SUITE_P(AllGolden, Int8GoldenTest, ::testing::ValuesIn(Cases())
 TEST(Int8PlannerTest, PredictedWeightBytesAreTheBytesTheEngineHolds) {
   for (const std::string name :
        {"llama", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded", "qwen3", "qwen3_moe", "phi3", "deepseek_v3",
-        "deepseek_v3_noqlora", "gemma2", "llama4", "llama4_multimodal", "gemma3"}) {
+        "deepseek_v3_noqlora", "gemma2", "llama4", "llama4_multimodal", "gemma3", "deepseek_v2_lite", "deepseek_v2"}) {
     ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(name));
     ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
     for (int ranks : {1, 2}) {

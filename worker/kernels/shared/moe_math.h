@@ -90,6 +90,44 @@ SHARDSERVE_HD void RouteSigmoidGrouped(const float* logits, const float* bias, f
   for (int j = 0; j < k; ++j) weights[j] = weights[j] / denom * scaling;
 }
 
+// DeepSeek-V2's routing of one token (transformers' DeepseekV2TopkRouter): scores =
+// softmax(logits); with n_group > 1 ("group_limited_greedy") the experts split into n_group groups
+// of num_experts / n_group, a group's score is its largest score, and only the topk_group best
+// groups (ties: lower group first) keep their experts; the k largest remaining scores are chosen
+// (ties: lower expert first). n_group 1 is "greedy": the k largest of all. The weights are the
+// chosen scores times `scaling`, never renormalised. scratch: [num_experts + n_group]; experts,
+// weights: [k]; k <= topk_group * num_experts / n_group.
+SHARDSERVE_HD void RouteSoftmaxGroupLimited(const float* logits, float* scratch, int num_experts, int k, int n_group,
+                                            int topk_group, float scaling, int* experts, float* weights) {
+  float* probs = scratch;                      // [num_experts]
+  float* group_score = scratch + num_experts;  // [n_group]; +inf once kept
+  for (int e = 0; e < num_experts; ++e) probs[e] = logits[e];
+  SoftmaxRow(probs, num_experts);
+  const int per_group = num_experts / n_group;
+  if (n_group > 1) {
+    for (int g = 0; g < n_group; ++g) {
+      float best = -INFINITY;
+      for (int e = g * per_group; e < (g + 1) * per_group; ++e) best = probs[e] > best ? probs[e] : best;
+      group_score[g] = best;
+    }
+    for (int j = 0; j < topk_group; ++j) {
+      int best = -1;
+      for (int g = 0; g < n_group; ++g) {
+        if (group_score[g] != INFINITY && (best < 0 || group_score[g] > group_score[best])) best = g;
+      }
+      group_score[best] = INFINITY;
+    }
+    // Drop the other groups' experts (transformers zeroes them: every kept score is above 0 and
+    // at least k experts are kept, so the choice is the same).
+    for (int g = 0; g < n_group; ++g) {
+      if (group_score[g] == INFINITY) continue;
+      for (int e = g * per_group; e < (g + 1) * per_group; ++e) probs[e] = -INFINITY;
+    }
+  }
+  TopKIndices(probs, num_experts, k, experts);
+  for (int j = 0; j < k; ++j) weights[j] = probs[experts[j]] * scaling;
+}
+
 }  // namespace shardserve::kernels
 
 #endif  // SHARDSERVE_WORKER_KERNELS_SHARED_MOE_MATH_H_
