@@ -624,7 +624,9 @@ SPECS = [
         ),
     ),
     # DeepSeek-V2-like: query compression (q_lora_rank 32), topk_method "group_limited_greedy"
-    # (8 experts in 4 groups ranked by their best softmax score, top-2 from the 2 best groups),
+    # (8 experts in 2 groups of 4 ranked by their best softmax score, top-2 from the best group: it
+    # differs from "greedy" whenever the runner-up expert is in the other group; with top_k <=
+    # topk_group the group limit could never change a choice),
     # routed_scaling_factor 2, one shared expert, yarn with mscale != mscale_all_dim
     # (attention_factor != 1); rms_norm_eps 1e-5 while the latent norms (q_a_layernorm,
     # kv_a_layernorm) keep transformers' default 1e-6.
@@ -645,8 +647,8 @@ SPECS = [
             v_head_dim=16,
             n_routed_experts=8,
             num_experts_per_tok=2,
-            n_group=4,
-            topk_group=2,
+            n_group=2,
+            topk_group=1,
             topk_method="group_limited_greedy",
             n_shared_experts=1,
             routed_scaling_factor=2.0,
