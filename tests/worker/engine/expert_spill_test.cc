@@ -140,7 +140,7 @@ INSTANTIATE_TEST_SUITE_P(
         SpillLayout{"deepseek_v3", 2, false, {{1, {R, 0, R, 1, 1, R, 0, R}}, {2, {0, R, R, R, 1, R, R, 0}}},
                     "deepseek_v3_tp2_both_layers"},
         SpillLayout{"deepseek_v3_noqlora", 1, false, {{2, {R, 0, R, 0, R, 0, R, 0}}}, "deepseek_v3_noqlora_tp1"},
-        // deepseek_v2: softmax routing within the 2 best of 4 groups, top-2, routed_scaling_factor 2;
+        // deepseek_v2: softmax routing within the best of 2 groups of 4, top-2, routed_scaling_factor 2;
         // deepseek_v2_lite: greedy softmax top-2, two shared experts.
         SpillLayout{"deepseek_v2", 2, false, {{1, {R, 0, R, 1, 1, R, 0, R}}, {2, {R, R, 0, 1, R, R, R, 0}}},
                     "deepseek_v2_tp2_both_layers"},

@@ -45,11 +45,12 @@ constexpr double kStoriesMeanRelError = 0.01;
 // qwen2_moe's fixture keeps router margins only above 1e-3 (make_golden.py), below the int8 error
 // of the router's input: some tokens take another expert, and their logits move far (measured:
 // 52% max, 2.8% mean). Its bounds are those measured figures rounded up; the dense ones hold for
-// the other MoE models (mixtral, whose routing did not flip), except deepseek_v2_lite at one rank
-// (17.3% max, 1.24% mean): its softmax router margins at the prompt positions (down to 4.4e-3)
-// are within reach of the int8 error too — numpy_reference.py's forward pass with the projections
-// block-int8 rounded takes another expert at one to three (token, layer) pairs and moves the logits
-// by 8-21% of max|logit|.
+// the other MoE models (mixtral, whose routing did not flip), except the DeepSeek-V2 fixtures,
+// whose softmax router margins are within reach of the int8 error too: numpy_reference.py's
+// forward pass with the projections block-int8 rounded (+ noise of that size) takes another expert
+// at one to three (token, layer) pairs of deepseek_v2_lite's prompts (logits move by 8-21% of
+// max|logit|; the engine: 17.3% max, 1.24% mean at one rank) and another group at one pair of
+// deepseek_v2's (31-34%, 14% without the flip; the engine: 32.8% max, 1.61% mean at two ranks).
 constexpr double kRoutingFlipMaxRelError = 0.6;
 constexpr double kRoutingFlipMeanRelError = 0.04;
 
@@ -131,7 +132,7 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
               "agreement %zu/%zu leading tokens; weights %zu -> %zu bytes per rank\n",
               name.c_str(), ranks, err.max_rel, err.mean_rel(), static_cast<long>(err.positions), agree, total,
               f32_bytes, int8_bytes);
-  const bool flips = name == "qwen2_moe" || name == "deepseek_v2_lite";
+  const bool flips = name == "qwen2_moe" || name == "deepseek_v2_lite" || name == "deepseek_v2";
   EXPECT_LE(err.max_rel, flips ? kRoutingFlipMaxRelError : kMaxRelError) << name;
   EXPECT_LE(err.mean_rel(), flips ? kRoutingFlipMeanRelError : kMeanRelError) << name;
   // A first token whose margin exceeds twice the int8 error at that position cannot differ (36 of

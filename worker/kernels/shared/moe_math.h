@@ -40,6 +40,23 @@ SHARDSERVE_HD void RouteSigmoidTopK(const float* logits, int num_experts, int k,
   for (int j = 0; j < k; ++j) weights[j] = 1.0f / (1.0f + expf(-logits[experts[j]]));
 }
 
+// Expert groups (DeepSeek): keeps the topk_group groups with the largest group_score (ties: lower
+// group first) and sets `values` of every expert of the other groups to -inf. group_score:
+// [n_group] (overwritten: +inf for the kept groups); values: [n_group * per_group].
+SHARDSERVE_HD void KeepBestGroups(float* group_score, int n_group, int topk_group, int per_group, float* values) {
+  for (int j = 0; j < topk_group; ++j) {
+    int best = -1;
+    for (int g = 0; g < n_group; ++g) {
+      if (group_score[g] != INFINITY && (best < 0 || group_score[g] > group_score[best])) best = g;
+    }
+    group_score[best] = INFINITY;
+  }
+  for (int g = 0; g < n_group; ++g) {
+    if (group_score[g] == INFINITY) continue;
+    for (int e = g * per_group; e < (g + 1) * per_group; ++e) values[e] = -INFINITY;
+  }
+}
+
 // DeepSeek-V3's routing of one token (transformers' DeepseekV3TopkRouter): scores =
 // sigmoid(logits); experts are chosen by biased = scores + bias: the experts split into n_group
 // groups of num_experts / n_group (>= 2), a group's score is the sum of its two largest biased
@@ -68,18 +85,7 @@ SHARDSERVE_HD void RouteSigmoidGrouped(const float* logits, const float* bias, f
     }
     group_score[g] = a + b;
   }
-  // Keep the topk_group best groups: mark them by setting their score to +inf, then drop the rest.
-  for (int j = 0; j < topk_group; ++j) {
-    int best = -1;
-    for (int g = 0; g < n_group; ++g) {
-      if (group_score[g] != INFINITY && (best < 0 || group_score[g] > group_score[best])) best = g;
-    }
-    group_score[best] = INFINITY;
-  }
-  for (int g = 0; g < n_group; ++g) {
-    if (group_score[g] == INFINITY) continue;
-    for (int e = g * per_group; e < (g + 1) * per_group; ++e) biased[e] = -INFINITY;
-  }
+  KeepBestGroups(group_score, n_group, topk_group, per_group, biased);
   TopKIndices(biased, num_experts, k, experts);
   float total = 0.f;
   for (int j = 0; j < k; ++j) {
@@ -110,19 +116,9 @@ SHARDSERVE_HD void RouteSoftmaxGroupLimited(const float* logits, float* scratch,
       for (int e = g * per_group; e < (g + 1) * per_group; ++e) best = probs[e] > best ? probs[e] : best;
       group_score[g] = best;
     }
-    for (int j = 0; j < topk_group; ++j) {
-      int best = -1;
-      for (int g = 0; g < n_group; ++g) {
-        if (group_score[g] != INFINITY && (best < 0 || group_score[g] > group_score[best])) best = g;
-      }
-      group_score[best] = INFINITY;
-    }
-    // Drop the other groups' experts (transformers zeroes them: every kept score is above 0 and
-    // at least k experts are kept, so the choice is the same).
-    for (int g = 0; g < n_group; ++g) {
-      if (group_score[g] == INFINITY) continue;
-      for (int e = g * per_group; e < (g + 1) * per_group; ++e) probs[e] = -INFINITY;
-    }
+    // transformers zeroes the dropped experts' scores instead: every kept score is above 0 and at
+    // least k experts are kept, so the choice is the same.
+    KeepBestGroups(group_score, n_group, topk_group, per_group, probs);
   }
   TopKIndices(probs, num_experts, k, experts);
   for (int j = 0; j < k; ++j) weights[j] = probs[experts[j]] * scaling;
