@@ -401,7 +401,10 @@ absl::Status ParseDeepseekV2(const Fields& f, ModelSpec* s) {
     method = f.obj().at("topk_method").get<std::string>();
   }
   if (method == "greedy") {
-    moe.n_group = 1;  // transformers ignores n_group and topk_group here
+    // transformers ignores n_group and topk_group here; when stated they are still group counts.
+    RETURN_IF_ERROR(f.IntOr("n_group", 1, 1, moe.num_experts).status());
+    RETURN_IF_ERROR(f.IntOr("topk_group", 1, 1, moe.num_experts).status());
+    moe.n_group = 1;
     moe.topk_group = 1;
   } else if (method == "group_limited_greedy") {
     ASSIGN_OR_RETURN(moe.n_group, f.Int("n_group", 1, moe.num_experts));

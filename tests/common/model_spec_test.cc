@@ -593,6 +593,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadDeepseek{"MlpBias", [](json& c) { c["mlp_bias"] = true; }, absl::StatusCode::kUnimplemented, "mlp_bias"},
         BadDeepseek{"FewerKvHeads", [](json& c) { c["num_key_value_heads"] = 2; }, absl::StatusCode::kUnimplemented,
                     "num_key_value_heads"},
+        BadDeepseek{"GreedyWithZeroGroups", [](json& c) { c["n_group"] = 0; }, absl::StatusCode::kInvalidArgument,
+                    "\"n_group\" is 0"},
+        BadDeepseek{"GreedyWithTopkGroupNotANumber", [](json& c) { c["topk_group"] = "one"; },
+                    absl::StatusCode::kInvalidArgument, "\"topk_group\" is not an integer"},
         BadDeepseek{"GroupLimitedWithoutGroups",
                     [](json& c) {
                       c["topk_method"] = "group_limited_greedy";
