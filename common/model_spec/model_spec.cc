@@ -92,6 +92,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Qwen3ForCausalLM") return Architecture::kQwen3;
   if (name == "Qwen3MoeForCausalLM") return Architecture::kQwen3Moe;
   if (name == "Phi3ForCausalLM") return Architecture::kPhi3;
+  if (name == "DeepseekV2ForCausalLM") return Architecture::kDeepseekV2;
   if (name == "DeepseekV3ForCausalLM") return Architecture::kDeepseekV3;
   if (name == "Gemma2ForCausalLM") return Architecture::kGemma2;
   if (name == "Llama4ForCausalLM") return Architecture::kLlama4;
@@ -100,7 +101,8 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
       "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM, "
-      "DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration's text part, "
+      "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+      "Gemma3ForConditionalGeneration's text part, "
       "Llama4ForCausalLM, Llama4ForConditionalGeneration)"));
 }
 
@@ -216,7 +218,7 @@ absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_pos
     }
   } else {
     return absl::UnimplementedError(absl::StrCat(sub_label, ": rope type \"", type,
-                                                 "\" is not supported (supported: default, linear, llama3, yarn for DeepSeek-V3, longrope for Phi-3)"));
+                                                 "\" is not supported (supported: default, linear, llama3, yarn for DeepSeek-V2/V3, longrope for Phi-3)"));
   }
   return absl::OkStatus();
 }
@@ -314,10 +316,10 @@ absl::Status ExpectString(const Fields& f, const char* key, absl::string_view ex
   return absl::OkStatus();
 }
 
-// DeepSeek-V3: multi-head latent attention and its MoE (see MlaSpec, MoeScoring). Missing
-// optional fields take transformers' DeepseekV3Config defaults; the attention sizes, the expert
-// counts and q_lora_rank (whose default, 1536, no small model has) must be stated.
-absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
+// DeepSeek-V2 and V3: multi-head latent attention (see MlaSpec). `arch` names the model in
+// errors; V2 always rotates interleaved pairs (its config has no rope_interleave switch).
+absl::Status ParseMla(const Fields& f, Architecture arch, ModelSpec* s) {
+  const absl::string_view name = arch == Architecture::kDeepseekV2 ? "DeepSeek-V2" : "DeepSeek-V3";
   MlaSpec& mla = s->mla;
   if (!f.obj().contains("q_lora_rank")) return f.Error("q_lora_rank", "is missing (null for no query compression)");
   ASSIGN_OR_RETURN(mla.q_lora_rank, f.IntOr("q_lora_rank", 0, 1, kMaxDim));
@@ -328,7 +330,10 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
     return f.Error("qk_rope_head_dim", absl::StrCat("is ", mla.qk_rope_head_dim, "; RoPE needs an even size"));
   }
   ASSIGN_OR_RETURN(mla.v_head_dim, f.Int("v_head_dim", 1, 65536));
-  ASSIGN_OR_RETURN(mla.rope_interleave, f.BoolOr("rope_interleave", true));
+  mla.rope_interleave = true;
+  if (arch == Architecture::kDeepseekV3) {
+    ASSIGN_OR_RETURN(mla.rope_interleave, f.BoolOr("rope_interleave", true));
+  }
   // transformers sets head_dim to the RoPE width whatever config.json says.
   s->head_dim = mla.qk_rope_head_dim;
   if (s->num_kv_heads != s->num_heads) {
@@ -339,28 +344,108 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
   ASSIGN_OR_RETURN(bool attention_bias, f.BoolOr("attention_bias", false));
   if (attention_bias) {
     return absl::UnimplementedError(
-        absl::StrCat(f.label(), ": field \"attention_bias\" is true; DeepSeek-V3 attention without biases only"));
+        absl::StrCat(f.label(), ": field \"attention_bias\" is true; ", name, " attention without biases only"));
   }
   if (s->rope.type != RopeType::kDefault && s->rope.type != RopeType::kYarn) {
-    return absl::UnimplementedError(
-        absl::StrCat(f.label(), ": DeepSeek-V3 supports rope types default and yarn only"));
+    return absl::UnimplementedError(absl::StrCat(f.label(), ": ", name, " supports rope types default and yarn only"));
   }
+  return absl::OkStatus();
+}
 
-  MoeSpec& moe = s->moe;
-  moe.scoring = MoeScoring::kSigmoidGrouped;
-  ASSIGN_OR_RETURN(moe.num_experts, f.Int("n_routed_experts", 1, 4096));
+// The MoE layer layout of DeepSeek-V2 and V3: sparse from first_k_dense_replace on, with
+// moe_layer_freq 1 (transformers ignores the field; DeepSeek's own code would skip layers).
+absl::Status ParseDeepseekSparseLayers(const Fields& f, int64_t default_dense, ModelSpec* s) {
+  ASSIGN_OR_RETURN(int64_t freq, f.IntOr("moe_layer_freq", 1, 1, 4096));
+  if (freq != 1) {
+    return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"moe_layer_freq\" is ", freq,
+                                                 "; only 1 (every layer from first_k_dense_replace on) is supported"));
+  }
+  ASSIGN_OR_RETURN(int64_t dense, f.IntOr("first_k_dense_replace", default_dense, 0, s->num_layers));
+  s->moe.sparse_layers.resize(static_cast<size_t>(s->num_layers));
+  for (int64_t l = 0; l < s->num_layers; ++l) s->moe.sparse_layers[static_cast<size_t>(l)] = l >= dense;
+  return absl::OkStatus();
+}
+
+// The routed and shared experts' sizes, common to DeepSeek-V2 and V3 (n_shared_experts' default
+// differs: 2 in DeepseekV2Config, 1 in DeepseekV3Config).
+absl::Status ParseDeepseekExperts(const Fields& f, int64_t default_shared, MoeSpec* moe) {
+  ASSIGN_OR_RETURN(moe->num_experts, f.Int("n_routed_experts", 1, 4096));
   if (f.Has("num_local_experts")) {
     ASSIGN_OR_RETURN(int64_t local, f.Int("num_local_experts", 1, 4096));
-    if (local != moe.num_experts) {
+    if (local != moe->num_experts) {
       return f.Error("num_local_experts", absl::StrCat("(", local, ") disagrees with n_routed_experts (",
-                                                       moe.num_experts, ")"));
+                                                       moe->num_experts, ")"));
     }
   }
-  ASSIGN_OR_RETURN(moe.top_k, f.Int("num_experts_per_tok", 1, moe.num_experts));
-  ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.Int("moe_intermediate_size", 1, kMaxDim));
-  ASSIGN_OR_RETURN(int64_t shared, f.IntOr("n_shared_experts", 1, 0, 1024));
-  moe.shared_expert_intermediate_size = shared * moe.expert_intermediate_size;
-  moe.shared_expert_gate = false;
+  ASSIGN_OR_RETURN(moe->top_k, f.Int("num_experts_per_tok", 1, moe->num_experts));
+  ASSIGN_OR_RETURN(moe->expert_intermediate_size, f.Int("moe_intermediate_size", 1, kMaxDim));
+  ASSIGN_OR_RETURN(int64_t shared, f.IntOr("n_shared_experts", default_shared, 0, 1024));
+  moe->shared_expert_intermediate_size = shared * moe->expert_intermediate_size;
+  moe->shared_expert_gate = false;
+  return absl::OkStatus();
+}
+
+// DeepSeek-V2: multi-head latent attention and V2's softmax gate (MoeScoring::kSoftmaxGroupLimited).
+// Missing optional fields take transformers' DeepseekV2Config defaults; the attention sizes, the
+// expert counts and q_lora_rank must be stated, and n_group / topk_group with
+// "group_limited_greedy" (transformers has no default for them).
+absl::Status ParseDeepseekV2(const Fields& f, ModelSpec* s) {
+  RETURN_IF_ERROR(ParseMla(f, Architecture::kDeepseekV2, s));
+  MoeSpec& moe = s->moe;
+  moe.scoring = MoeScoring::kSoftmaxGroupLimited;
+  RETURN_IF_ERROR(ParseDeepseekExperts(f, 2, &moe));
+  RETURN_IF_ERROR(ExpectString(f, "scoring_func", "softmax", "softmax scores"));
+  std::string method = "greedy";
+  if (f.Has("topk_method")) {
+    if (!f.obj().at("topk_method").is_string()) return f.Error("topk_method", "is not a string");
+    method = f.obj().at("topk_method").get<std::string>();
+  }
+  if (method == "greedy") {
+    // transformers ignores n_group and topk_group here; when stated they are still group counts.
+    RETURN_IF_ERROR(f.IntOr("n_group", 1, 1, moe.num_experts).status());
+    RETURN_IF_ERROR(f.IntOr("topk_group", 1, 1, moe.num_experts).status());
+    moe.n_group = 1;
+    moe.topk_group = 1;
+  } else if (method == "group_limited_greedy") {
+    ASSIGN_OR_RETURN(moe.n_group, f.Int("n_group", 1, moe.num_experts));
+    if (moe.num_experts % moe.n_group != 0) {
+      return f.Error("n_group", absl::StrCat("(", moe.n_group, ") does not divide n_routed_experts (",
+                                             moe.num_experts, ")"));
+    }
+    ASSIGN_OR_RETURN(moe.topk_group, f.Int("topk_group", 1, moe.n_group));
+    const int64_t per_group = moe.num_experts / moe.n_group;
+    if (moe.top_k > moe.topk_group * per_group) {
+      return f.Error("num_experts_per_tok", absl::StrCat("(", moe.top_k, ") exceeds the ", moe.topk_group * per_group,
+                                                         " experts of topk_group (", moe.topk_group, ") groups"));
+    }
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        f.label(), ": field \"topk_method\" is \"", method,
+        "\"; DeepSeek-V2 supports \"greedy\" and \"group_limited_greedy\" (\"noaux_tc\" is DeepSeek-V3's)"));
+  }
+  ASSIGN_OR_RETURN(moe.norm_topk_prob, f.BoolOr("norm_topk_prob", false));
+  if (moe.norm_topk_prob) {
+    return absl::UnimplementedError(absl::StrCat(
+        f.label(), ": field \"norm_topk_prob\" is true; transformers' DeepSeek-V2 ignores it while DeepSeek's own "
+        "code renormalises the top-k weights, so only false (as every released V2 config) is supported"));
+  }
+  ASSIGN_OR_RETURN(moe.routed_scaling_factor, f.NumberOr("routed_scaling_factor", 1.0, 1e-6, 1e6));
+  ASSIGN_OR_RETURN(bool mlp_bias, f.BoolOr("mlp_bias", false));
+  if (mlp_bias) {
+    return absl::UnimplementedError(
+        absl::StrCat(f.label(), ": field \"mlp_bias\" is true; DeepSeek-V2 MLPs without biases only"));
+  }
+  return ParseDeepseekSparseLayers(f, 0, s);
+}
+
+// DeepSeek-V3: multi-head latent attention and its MoE (see MlaSpec, MoeScoring). Missing
+// optional fields take transformers' DeepseekV3Config defaults; the attention sizes, the expert
+// counts and q_lora_rank (whose default, 1536, no small model has) must be stated.
+absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
+  RETURN_IF_ERROR(ParseMla(f, Architecture::kDeepseekV3, s));
+  MoeSpec& moe = s->moe;
+  moe.scoring = MoeScoring::kSigmoidGrouped;
+  RETURN_IF_ERROR(ParseDeepseekExperts(f, 1, &moe));
   ASSIGN_OR_RETURN(moe.n_group, f.IntOr("n_group", 8, 1, moe.num_experts));
   if (moe.num_experts % moe.n_group != 0) {
     return f.Error("n_group", absl::StrCat("(", moe.n_group, ") does not divide n_routed_experts (", moe.num_experts,
@@ -387,15 +472,7 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
   RETURN_IF_ERROR(ExpectString(f, "scoring_func", "sigmoid", "sigmoid scores"));
   RETURN_IF_ERROR(ExpectString(f, "topk_method", "noaux_tc",
                                "grouped top-k on scores plus e_score_correction_bias"));
-  ASSIGN_OR_RETURN(int64_t freq, f.IntOr("moe_layer_freq", 1, 1, 4096));
-  if (freq != 1) {
-    return absl::UnimplementedError(absl::StrCat(f.label(), ": field \"moe_layer_freq\" is ", freq,
-                                                 "; only 1 (every layer from first_k_dense_replace on) is supported"));
-  }
-  ASSIGN_OR_RETURN(int64_t dense, f.IntOr("first_k_dense_replace", 3, 0, s->num_layers));
-  moe.sparse_layers.resize(static_cast<size_t>(s->num_layers));
-  for (int64_t l = 0; l < s->num_layers; ++l) moe.sparse_layers[static_cast<size_t>(l)] = l >= dense;
-  return absl::OkStatus();
+  return ParseDeepseekSparseLayers(f, 3, s);
 }
 
 // `layer_types` of `num_layers` entries, each `local` (a windowed or chunked layer: true) or
@@ -777,6 +854,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kQwen3: return "Qwen3ForCausalLM";
     case Architecture::kQwen3Moe: return "Qwen3MoeForCausalLM";
     case Architecture::kPhi3: return "Phi3ForCausalLM";
+    case Architecture::kDeepseekV2: return "DeepseekV2ForCausalLM";
     case Architecture::kDeepseekV3: return "DeepseekV3ForCausalLM";
     case Architecture::kGemma2: return "Gemma2ForCausalLM";
     case Architecture::kLlama4: return "Llama4ForCausalLM";
@@ -912,8 +990,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     return f.Error("num_key_value_heads", absl::StrCat("(", s.num_kv_heads, ") does not divide num_attention_heads (",
                                                        s.num_heads, ")"));
   }
-  if (s.arch == Architecture::kDeepseekV3) {
-    s.head_dim = 2;  // qk_rope_head_dim, set by ParseDeepseekV3 (config.json's head_dim is derived)
+  if (s.arch == Architecture::kDeepseekV2 || s.arch == Architecture::kDeepseekV3) {
+    s.head_dim = 2;  // qk_rope_head_dim, set by ParseMla (config.json's head_dim is derived)
   } else if (f.Has("head_dim")) {
     ASSIGN_OR_RETURN(s.head_dim, f.Int("head_dim", 2, 65536));
   } else if (s.arch == Architecture::kGemma2 || s.arch == Architecture::kGemma3) {
@@ -1027,6 +1105,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       if (s.sliding_window >= s.max_position_embeddings) s.sliding_window = 0;  // never reached
       break;
     }
+    case Architecture::kDeepseekV2:
+      RETURN_IF_ERROR(ParseDeepseekV2(f, &s));
+      break;
     case Architecture::kDeepseekV3:
       RETURN_IF_ERROR(ParseDeepseekV3(f, &s));
       break;
@@ -1041,9 +1122,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     case Architecture::kGemma3:
       break;  // after the dtype (the embedding multiplier is rounded to it)
   }
-  if (s.rope.type == RopeType::kYarn && s.arch != Architecture::kDeepseekV3) {
+  if (s.rope.type == RopeType::kYarn && s.arch != Architecture::kDeepseekV3 && s.arch != Architecture::kDeepseekV2) {
     return absl::UnimplementedError(absl::StrCat(
-        label, ": rope type \"yarn\" is supported for DeepseekV3ForCausalLM only (on ", ArchitectureName(s.arch),
+        label, ": rope type \"yarn\" is supported for DeepseekV2ForCausalLM and DeepseekV3ForCausalLM only (on ", ArchitectureName(s.arch),
         " its attention factor would scale every head dim: not checked against transformers yet)"));
   }
   if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe || s.arch == Architecture::kQwen3Moe) {

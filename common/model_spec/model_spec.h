@@ -2,9 +2,9 @@
 // `config.json`. Everything downstream (weight loading, the planner, the engine) works from this
 // struct and never from JSON. Supported architectures: LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-// Phi3ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and the text part of
-// Gemma3ForConditionalGeneration), Llama4ForCausalLM (and the text model of
-// Llama4ForConditionalGeneration). Anything else — another architecture (DeepSeek-V2, Gemma-3n, ...),
+// Phi3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM
+// (and the text part of Gemma3ForConditionalGeneration), Llama4ForCausalLM (and the text model of
+// Llama4ForConditionalGeneration). Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, a DeepSeek routing
 // variant we do not implement — is an error that names the field, never a silently wrong model.
@@ -26,6 +26,7 @@ enum class Architecture : uint8_t {
   kLlama, kMistral, kQwen2, kMixtral, kQwen2Moe, kQwen3, kQwen3Moe, kPhi3, kDeepseekV3, kGemma2,
   kLlama4,
   kGemma3,
+  kDeepseekV2,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -40,7 +41,7 @@ enum class RopeType : uint8_t {
   kDefault,  // inv_freq_i = theta^(-2i/d)
   kLinear,   // positions divided by `factor`
   kLlama3,   // Llama 3.1 frequency-dependent scaling
-  kYarn,     // YaRN (DeepSeek-V3): per-frequency blend of interpolation and extrapolation
+  kYarn,     // YaRN (DeepSeek-V2, V3): per-frequency blend of interpolation and extrapolation
   // LongRoPE (Phi-3.5, Phi-4-mini; "su" in older configs): inv_freq_i = 1 / (f_i theta^(2i/d)) with
   // f = short_factor while a sequence is at most original_max_position_embeddings long, else
   // long_factor; cos and sin times attention_factor.
@@ -76,7 +77,7 @@ struct RopeSpec {
   double partial_rotary_factor = 1.0;
 };
 
-// Multi-head latent attention (DeepSeek-V3). Per token: q = q_b(RmsNorm(q_a(x))) (or q_proj(x)
+// Multi-head latent attention (DeepSeek-V2 and V3). Per token: q = q_b(RmsNorm(q_a(x))) (or q_proj(x)
 // when q_lora_rank is 0), per head [qk_nope_head_dim | qk_rope_head_dim]; the key/value latent
 // c = RmsNorm(kv_a(x)[:kv_lora_rank]) and one RoPE key shared by every head,
 // kv_a(x)[kv_lora_rank:]; per head, k_nope and v are kv_b's rows applied to c. The KV cache holds
@@ -89,7 +90,7 @@ struct MlaSpec {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
   // The RoPE dims of q and k come in interleaved pairs (x0, x1), (x2, x3), ... (DeepSeek's
-  // layout; transformers' rope_interleave, default true) instead of rotate_half's halves.
+  // layout; V3's rope_interleave, default true; always for V2) instead of rotate_half's halves.
   bool rope_interleave = true;
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };
@@ -102,6 +103,11 @@ enum class MoeScoring : uint8_t {
   // sum of its two best biased scores); the weights are the chosen unbiased scores,
   // renormalised when norm_topk_prob, times routed_scaling_factor.
   kSigmoidGrouped,
+  // DeepSeek-V2: softmax scores; with n_group > 1 ("group_limited_greedy") only the experts of
+  // the topk_group groups with the largest best score compete, else ("greedy") all; the top_k
+  // scores, never renormalised (transformers ignores norm_topk_prob here), times
+  // routed_scaling_factor. No score-correction bias.
+  kSoftmaxGroupLimited,
   // Llama-4: the top_k router logits are chosen and each chosen expert's weight is the sigmoid
   // of its logit, which scales the expert's *input*; the experts' outputs are summed unscaled
   // (no renormalisation, no routed_scaling_factor).
@@ -113,8 +119,8 @@ struct MoeSpec {
   int64_t num_experts = 0;
   int64_t top_k = 0;
   MoeScoring scoring = MoeScoring::kSoftmax;
-  int64_t n_group = 1;     // kSigmoidGrouped: expert groups (divides num_experts)
-  int64_t topk_group = 1;  // kSigmoidGrouped: groups an expert is chosen from
+  int64_t n_group = 1;     // kSigmoidGrouped, kSoftmaxGroupLimited: expert groups (divides num_experts)
+  int64_t topk_group = 1;  // kSigmoidGrouped, kSoftmaxGroupLimited: groups an expert is chosen from
   double routed_scaling_factor = 1.0;
   // Renormalise the top-k routing weights to sum to 1 (Mixtral always does; Qwen2-MoE and
   // Qwen3-MoE per config).
@@ -225,7 +231,7 @@ struct ModelSpec {
   // Set for FP8 checkpoints (quantization_config with quant_method "fp8").
   std::optional<Fp8Quantization> fp8;
   MoeSpec moe;
-  // DeepSeek-V3 (kv_lora_rank > 0): multi-head latent attention. head_dim is then
+  // DeepSeek-V2 / V3 (kv_lora_rank > 0): multi-head latent attention. head_dim is then
   // qk_rope_head_dim (the RoPE width, as transformers sets it), num_kv_heads == num_heads.
   MlaSpec mla;
   // Prepended to every checkpoint tensor name: "language_model." for the text model of
@@ -280,7 +286,7 @@ struct ModelSpec {
   bool LayerTemperatureTuned(int64_t layer) const { return attn_floor_scale > 0.0 && !LayerUsesRope(layer); }
   // Softmax scale of attention scores: 1/sqrt(head_dim) (1/sqrt(query_pre_attn_scalar) when
   // set), or for MLA 1/sqrt(qk_head_dim) times
-  // mscale(factor, mscale_all_dim)^2 under yarn RoPE with mscale_all_dim set (DeepSeek-V3).
+  // mscale(factor, mscale_all_dim)^2 under yarn RoPE with mscale_all_dim set (DeepSeek-V2, V3).
   double AttentionScale() const;
   // KV cache values per token per layer on one of `tp` tensor-parallel ranks: K and V of the
   // rank's KV heads (KV heads replicated when fewer than ranks), or for MLA the latent and the
@@ -303,7 +309,10 @@ struct ModelSpec {
 // numbers), Qwen2/Qwen3 sliding windows or layer_types
 // other than "full_attention", DeepSeek-V3 values outside what is implemented: scoring_func other
 // than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
-// num_key_value_heads != num_attention_heads; yarn RoPE on other architectures; Gemma-2 with a
+// num_key_value_heads != num_attention_heads; DeepSeek-V2 likewise, with scoring_func other than
+// "softmax", topk_method other than "greedy" / "group_limited_greedy", norm_topk_prob true
+// (transformers ignores it, DeepSeek's code renormalises), mlp_bias; yarn RoPE on other
+// architectures; Gemma-2 with a
 // hidden_activation other than gelu_pytorch_tanh, use_bidirectional_attention, layer_types other
 // than "sliding_attention"/"full_attention", a null sliding_window with sliding layers; Gemma-3
 // likewise, and with rope_parameters not keyed by layer type, or a Gemma3ForConditionalGeneration

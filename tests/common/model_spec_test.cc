@@ -286,8 +286,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"PartialRotaryOnLlama",
                   [](json& c) { c["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.75}}; },
                   absl::StatusCode::kUnimplemented, "\"partial_rotary_factor\" is 0.75"},
-        BadConfig{"DeepSeekV2", [](json& c) { c["architectures"] = {"DeepseekV2ForCausalLM"}; },
-                  absl::StatusCode::kUnimplemented, "\"DeepseekV2ForCausalLM\" is not supported"},
+        BadConfig{"DeepSeekV2WithoutLatentAttention", [](json& c) { c["architectures"] = {"DeepseekV2ForCausalLM"}; },
+                  absl::StatusCode::kInvalidArgument, "\"q_lora_rank\" is missing"},
         BadConfig{"Llama4WithoutTextConfig", [](json& c) { c["architectures"] = {"Llama4ForConditionalGeneration"}; },
                   absl::StatusCode::kInvalidArgument, "\"text_config\" is missing"},
         BadConfig{"Gemma3n", [](json& c) { c["architectures"] = {"Gemma3nForCausalLM"}; },
@@ -407,12 +407,15 @@ void PrintTo(const BadDeepseek& c, std::ostream* os) { *os << c.name; }
 
 class BadDeepseekTest : public ::testing::TestWithParam<BadDeepseek> {};
 
-TEST_P(BadDeepseekTest, IsRejectedNamingTheField) {
-  json c = DeepseekConfig();
-  GetParam().edit(c);
+// Applies `bad`'s edit to config `c`: parsing fails with its code and a message naming the file and
+// the field.
+void ExpectRejected(json c, const BadDeepseek& bad) {
+  bad.edit(c);
   EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
-              StatusIs(GetParam().code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(GetParam().message))));
+              StatusIs(bad.code, ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(bad.message))));
 }
+
+TEST_P(BadDeepseekTest, IsRejectedNamingTheField) { ExpectRejected(DeepseekConfig(), GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, BadDeepseekTest,
@@ -469,6 +472,178 @@ INSTANTIATE_TEST_SUITE_P(
                     absl::StatusCode::kInvalidArgument, "its default (4) exceeds n_group (2)"},
         BadDeepseek{"ExpertCountsDisagree", [](json& c) { c["num_local_experts"] = 16; },
                     absl::StatusCode::kInvalidArgument, "num_local_experts"}),
+    [](const auto& test_info) { return test_info.param.name; });
+
+// ---- DeepSeek-V2 ----------------------------------------------------------------------------
+
+// DeepSeek-V2-Lite's fields (its released config.json, smaller sizes): greedy softmax routing.
+json DeepseekV2LiteConfig() {
+  return json::parse(R"({"architectures":["DeepseekV2ForCausalLM"],"vocab_size":100,"hidden_size":64,
+    "intermediate_size":96,"moe_intermediate_size":16,"num_hidden_layers":4,"num_attention_heads":4,
+    "num_key_value_heads":4,"q_lora_rank":null,"kv_lora_rank":24,"qk_nope_head_dim":16,"qk_rope_head_dim":8,
+    "v_head_dim":16,"n_routed_experts":8,"num_experts_per_tok":3,"n_group":1,"topk_group":1,
+    "n_shared_experts":2,"routed_scaling_factor":1.0,"norm_topk_prob":false,"first_k_dense_replace":1,
+    "max_position_embeddings":256,"rms_norm_eps":1e-6,"hidden_act":"silu","scoring_func":"softmax",
+    "topk_method":"greedy","moe_layer_freq":1,"aux_loss_alpha":0.001,"seq_aux":true,"ep_size":1,
+    "rope_scaling":{"type":"yarn","factor":40,"beta_fast":32,"beta_slow":1,"mscale":0.707,"mscale_all_dim":0.707,
+                    "original_max_position_embeddings":64},"rope_theta":10000})");
+}
+
+TEST(ModelSpecTest, DeepseekV2LiteSemantics) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(DeepseekV2LiteConfig().dump(), "c.json"));
+  EXPECT_EQ(s.arch, Architecture::kDeepseekV2);
+  EXPECT_EQ(ArchitectureName(s.arch), "DeepseekV2ForCausalLM");
+  ASSERT_TRUE(s.IsMla());
+  EXPECT_EQ(s.mla.q_lora_rank, 0);
+  EXPECT_EQ(s.mla.kv_lora_rank, 24);
+  EXPECT_EQ(s.head_dim, 8);
+  EXPECT_TRUE(s.mla.rope_interleave);  // always, whatever the config says
+  EXPECT_EQ(s.moe.scoring, MoeScoring::kSoftmaxGroupLimited);
+  EXPECT_EQ(s.moe.n_group, 1);
+  EXPECT_EQ(s.moe.topk_group, 1);
+  EXPECT_EQ(s.moe.top_k, 3);
+  EXPECT_FALSE(s.moe.norm_topk_prob);
+  EXPECT_EQ(s.moe.routed_scaling_factor, 1.0);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 32);
+  EXPECT_FALSE(s.moe.shared_expert_gate);
+  EXPECT_THAT(s.moe.sparse_layers, ElementsAre(false, true, true, true));
+  EXPECT_EQ(s.rope.type, RopeType::kYarn);
+  EXPECT_EQ(s.rope.attention_factor, 1.0);  // mscale == mscale_all_dim
+  EXPECT_EQ(s.KvValuesPerToken(2), 32);
+  const double m = 0.0707 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(s.AttentionScale(), m * m / std::sqrt(24.0), 1e-12);
+  // No score-correction bias: the router is experts x hidden.
+  const int64_t attn = 2 * 64 + 64 * 4 * 24 + 64 * 32 + 24 + 24 * 4 * 32 + 4 * 16 * 64;
+  const int64_t moe = 8 * 64 + 8 * 3 * 64 * 16 + 3 * 64 * 32;
+  EXPECT_EQ(s.NumParameters(), 2 * 100 * 64 + 64 + 4 * attn + 3 * 64 * 96 + 3 * moe);
+
+  // DeepseekV2Config's defaults: greedy, no dense layers, two shared experts, scaling 1; V2 has
+  // no rope_interleave switch (transformers ignores the field).
+  json c = DeepseekV2LiteConfig();
+  for (const char* key : {"topk_method", "first_k_dense_replace", "n_shared_experts", "routed_scaling_factor",
+                          "norm_topk_prob", "n_group", "topk_group", "scoring_func"}) {
+    c.erase(key);
+  }
+  c["rope_interleave"] = false;
+  ASSERT_OK_AND_ASSIGN(ModelSpec d, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(d.moe.scoring, MoeScoring::kSoftmaxGroupLimited);
+  EXPECT_EQ(d.moe.n_group, 1);
+  EXPECT_THAT(d.moe.sparse_layers, ElementsAre(true, true, true, true));
+  EXPECT_EQ(d.moe.shared_expert_intermediate_size, 32);
+  EXPECT_EQ(d.moe.routed_scaling_factor, 1.0);
+  EXPECT_TRUE(d.mla.rope_interleave);
+}
+
+TEST(ModelSpecTest, DeepseekV2GroupLimitedSemantics) {
+  json c = DeepseekV2LiteConfig();
+  c["q_lora_rank"] = 32;
+  c["topk_method"] = "group_limited_greedy";
+  c["n_group"] = 4;
+  c["topk_group"] = 2;
+  c["routed_scaling_factor"] = 16.0;
+  c["n_shared_experts"] = 0;
+  c["rope_scaling"]["mscale"] = 1.0;
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.mla.q_lora_rank, 32);
+  EXPECT_EQ(s.moe.scoring, MoeScoring::kSoftmaxGroupLimited);
+  EXPECT_EQ(s.moe.n_group, 4);
+  EXPECT_EQ(s.moe.topk_group, 2);
+  EXPECT_EQ(s.moe.routed_scaling_factor, 16.0);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 0);
+  EXPECT_NEAR(s.rope.attention_factor, (0.1 * std::log(40.0) + 1.0) / (0.0707 * std::log(40.0) + 1.0), 1e-12);
+  // One expert per group is fine here: a group's score is its best expert's.
+  c["n_group"] = 8;
+  c["topk_group"] = 3;
+  ASSERT_OK_AND_ASSIGN(ModelSpec one, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(one.moe.n_group, 8);
+}
+
+TEST(ModelSpecTest, DeepseekV2GoldenConfigs) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec lite, LoadModelSpec("tests/golden/models/deepseek_v2_lite"));
+  EXPECT_EQ(lite.moe.scoring, MoeScoring::kSoftmaxGroupLimited);
+  EXPECT_EQ(lite.moe.n_group, 1);
+  EXPECT_EQ(lite.mla.q_lora_rank, 0);
+  ASSERT_OK_AND_ASSIGN(ModelSpec v2, LoadModelSpec("tests/golden/models/deepseek_v2"));
+  EXPECT_EQ(v2.moe.n_group, 2);
+  EXPECT_EQ(v2.moe.topk_group, 1);
+  EXPECT_EQ(v2.moe.top_k, 2);
+  EXPECT_EQ(v2.moe.routed_scaling_factor, 2.0);
+  EXPECT_EQ(v2.mla.q_lora_rank, 32);
+}
+
+class BadDeepseekV2Test : public ::testing::TestWithParam<BadDeepseek> {};
+
+TEST_P(BadDeepseekV2Test, IsRejectedNamingTheField) { ExpectRejected(DeepseekV2LiteConfig(), GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, BadDeepseekV2Test,
+    ::testing::Values(
+        BadDeepseek{"SigmoidScoring", [](json& c) { c["scoring_func"] = "sigmoid"; },
+                    absl::StatusCode::kUnimplemented, "\"scoring_func\" is \"sigmoid\""},
+        BadDeepseek{"NoauxTopk", [](json& c) { c["topk_method"] = "noaux_tc"; }, absl::StatusCode::kUnimplemented,
+                    "\"topk_method\" is \"noaux_tc\""},
+        BadDeepseek{"TopkMethodNotString", [](json& c) { c["topk_method"] = 3; }, absl::StatusCode::kInvalidArgument,
+                    "\"topk_method\" is not a string"},
+        BadDeepseek{"RenormalisedTopk", [](json& c) { c["norm_topk_prob"] = true; },
+                    absl::StatusCode::kUnimplemented, "\"norm_topk_prob\" is true"},
+        BadDeepseek{"MoeEveryOtherLayer", [](json& c) { c["moe_layer_freq"] = 2; }, absl::StatusCode::kUnimplemented,
+                    "\"moe_layer_freq\" is 2"},
+        BadDeepseek{"AttentionBias", [](json& c) { c["attention_bias"] = true; }, absl::StatusCode::kUnimplemented,
+                    "DeepSeek-V2 attention without biases"},
+        BadDeepseek{"MlpBias", [](json& c) { c["mlp_bias"] = true; }, absl::StatusCode::kUnimplemented, "mlp_bias"},
+        BadDeepseek{"FewerKvHeads", [](json& c) { c["num_key_value_heads"] = 2; }, absl::StatusCode::kUnimplemented,
+                    "num_key_value_heads"},
+        BadDeepseek{"GreedyWithZeroGroups", [](json& c) { c["n_group"] = 0; }, absl::StatusCode::kInvalidArgument,
+                    "\"n_group\" is 0"},
+        BadDeepseek{"GreedyWithTopkGroupNotANumber", [](json& c) { c["topk_group"] = "one"; },
+                    absl::StatusCode::kInvalidArgument, "\"topk_group\" is not an integer"},
+        BadDeepseek{"GroupLimitedWithoutGroups",
+                    [](json& c) {
+                      c["topk_method"] = "group_limited_greedy";
+                      c.erase("n_group");
+                    },
+                    absl::StatusCode::kInvalidArgument, "\"n_group\" is missing"},
+        BadDeepseek{"GroupLimitedWithoutTopkGroup",
+                    [](json& c) {
+                      c["topk_method"] = "group_limited_greedy";
+                      c["n_group"] = 4;
+                      c.erase("topk_group");
+                    },
+                    absl::StatusCode::kInvalidArgument, "\"topk_group\" is missing"},
+        BadDeepseek{"GroupsDoNotDivide",
+                    [](json& c) {
+                      c["topk_method"] = "group_limited_greedy";
+                      c["n_group"] = 3;
+                    },
+                    absl::StatusCode::kInvalidArgument, "\"n_group\" (3) does not divide"},
+        BadDeepseek{"TopkGroupAboveGroups",
+                    [](json& c) {
+                      c["topk_method"] = "group_limited_greedy";
+                      c["n_group"] = 2;
+                      c["topk_group"] = 3;
+                    },
+                    absl::StatusCode::kInvalidArgument, "topk_group"},
+        BadDeepseek{"TopKAboveKeptExperts",
+                    [](json& c) {
+                      c["topk_method"] = "group_limited_greedy";
+                      c["n_group"] = 4;
+                      c["topk_group"] = 1;
+                    },
+                    absl::StatusCode::kInvalidArgument, "\"num_experts_per_tok\" (3) exceeds the 2 experts"},
+        BadDeepseek{"ScalingZero", [](json& c) { c["routed_scaling_factor"] = 0; }, absl::StatusCode::kInvalidArgument,
+                    "routed_scaling_factor"},
+        BadDeepseek{"SharedExpertsNegative", [](json& c) { c["n_shared_experts"] = -1; },
+                    absl::StatusCode::kInvalidArgument, "n_shared_experts"},
+        BadDeepseek{"ExpertsMissing", [](json& c) { c.erase("n_routed_experts"); }, absl::StatusCode::kInvalidArgument,
+                    "n_routed_experts"},
+        BadDeepseek{"QLoraRankMissing", [](json& c) { c.erase("q_lora_rank"); }, absl::StatusCode::kInvalidArgument,
+                    "q_lora_rank"},
+        BadDeepseek{"LinearRope", [](json& c) { c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
+                    absl::StatusCode::kUnimplemented, "DeepSeek-V2 supports rope types default and yarn"},
+        BadDeepseek{"DenseLayersAboveLayers", [](json& c) { c["first_k_dense_replace"] = 5; },
+                    absl::StatusCode::kInvalidArgument, "first_k_dense_replace"},
+        BadDeepseek{"GeluActivation", [](json& c) { c["hidden_act"] = "gelu"; }, absl::StatusCode::kUnimplemented,
+                    "hidden_act"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 TEST(ModelSpecTest, NotJsonAndMissingFile) {

@@ -28,8 +28,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           m.q_lora_rank < 0 || s.head_dim != m.qk_rope_head_dim || s.num_kv_heads != s.num_heads) {
         std::abort();
       }
+      // DeepSeek-V3 scores a group by its two best experts; V2 by its best, and never renormalises.
       const auto& moe = s.moe;
-      if (moe.n_group < 1 || moe.num_experts % moe.n_group != 0 || moe.num_experts / moe.n_group < 2 ||
+      const bool v2 = moe.scoring == shardserve::MoeScoring::kSoftmaxGroupLimited;
+      if (!v2 && moe.scoring != shardserve::MoeScoring::kSigmoidGrouped) std::abort();
+      if (v2 && moe.norm_topk_prob) std::abort();
+      if (moe.n_group < 1 || moe.num_experts % moe.n_group != 0 || moe.num_experts / moe.n_group < (v2 ? 1 : 2) ||
           moe.topk_group < 1 || moe.topk_group > moe.n_group ||
           moe.top_k > moe.topk_group * (moe.num_experts / moe.n_group)) {
         std::abort();

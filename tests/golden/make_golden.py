@@ -52,6 +52,8 @@ import numpy as np
 import torch
 import transformers
 from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
     Gemma2Config,
@@ -577,6 +579,95 @@ SPECS = [
             tie_word_embeddings=True,
         ),
     ),
+    # DeepSeek-V2-Lite-like: V3's multi-head latent attention without query compression
+    # (q_lora_rank null), RoPE always on interleaved pairs (V2 has no rope_interleave switch), yarn
+    # with mscale == mscale_all_dim (attention_factor 1, the softmax scale times
+    # mscale(factor, mscale_all_dim)^2) as V2-Lite's config; V2's gate: softmax over the experts,
+    # topk_method "greedy" (the top_k probabilities, not renormalised, times
+    # routed_scaling_factor), no score-correction bias; layer 0 dense, two shared experts.
+    dict(
+        name="deepseek_v2_lite",
+        model_cls=DeepseekV2ForCausalLM,
+        config_cls=DeepseekV2Config,
+        config=dict(
+            intermediate_size=96,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=24,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            topk_method="greedy",
+            n_shared_experts=2,
+            routed_scaling_factor=1.0,
+            norm_topk_prob=False,
+            first_k_dense_replace=1,
+            rms_norm_eps=1e-6,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
+    # DeepSeek-V2-like: query compression (q_lora_rank 32), topk_method "group_limited_greedy"
+    # (8 experts in 2 groups of 4 ranked by their best softmax score, top-2 from the best group: it
+    # differs from "greedy" whenever the runner-up expert is in the other group; with top_k <=
+    # topk_group the group limit could never change a choice),
+    # routed_scaling_factor 2, one shared expert, yarn with mscale != mscale_all_dim
+    # (attention_factor != 1); rms_norm_eps 1e-5 while the latent norms (q_a_layernorm,
+    # kv_a_layernorm) keep transformers' default 1e-6.
+    dict(
+        name="deepseek_v2",
+        model_cls=DeepseekV2ForCausalLM,
+        config_cls=DeepseekV2Config,
+        config=dict(
+            intermediate_size=96,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            topk_method="group_limited_greedy",
+            n_shared_experts=1,
+            routed_scaling_factor=2.0,
+            norm_topk_prob=False,
+            first_k_dense_replace=1,
+            rms_norm_eps=1e-5,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 0.8,
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -664,6 +755,8 @@ class RouterProbe:
                 self.handles.append(mod.register_forward_hook(self._hook))
             elif type(mod).__name__ == "DeepseekV3TopkRouter":
                 self.handles.append(mod.register_forward_hook(self._deepseek_hook))
+            elif type(mod).__name__ == "DeepseekV2TopkRouter":
+                self.handles.append(mod.register_forward_hook(self._deepseek_v2_hook))
             elif type(mod).__name__ == "Llama4Router":
                 self.top_k = mod.top_k
                 self.handles.append(mod.register_forward_hook(self._llama4_hook))
@@ -697,6 +790,24 @@ class RouterProbe:
         if mod.top_k < kept.shape[-1]:
             gap = kept[:, mod.top_k - 1] - kept[:, mod.top_k]
             self.min_gap = min(self.min_gap, gap.min().item())
+
+    def _deepseek_v2_hook(self, mod, inputs, output):
+        # Softmax scores. "greedy": the top_k scores, so the k-th must beat the next.
+        # "group_limited_greedy": groups ranked by their best score (topk_group kept), then the
+        # top_k scores inside the kept groups: both decisions must be clear.
+        scores = torch.softmax(output[0].float(), dim=-1)
+        if mod.topk_method == "group_limited_greedy":
+            groups = scores.view(-1, mod.num_group, mod.num_experts // mod.num_group)
+            group_scores = groups.max(dim=-1).values
+            if mod.topk_group < mod.num_group:
+                gs = torch.sort(group_scores, dim=-1, descending=True).values
+                self.min_gap = min(self.min_gap, (gs[:, mod.topk_group - 1] - gs[:, mod.topk_group]).min().item())
+            keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(mod.topk_group, dim=-1)[1], 1.0)
+            mask = keep.unsqueeze(-1).expand_as(groups).reshape(-1, mod.num_experts).bool()
+            scores = scores.masked_fill(~mask, float("-inf"))
+        kept = torch.sort(scores, dim=-1, descending=True).values
+        gap = kept[:, mod.top_k - 1] - kept[:, mod.top_k]
+        self.min_gap = min(self.min_gap, gap.min().item())
 
     def _llama4_hook(self, mod, inputs, output):
         # Llama-4 chooses the top_k router logits (their sigmoids are the weights): the k-th

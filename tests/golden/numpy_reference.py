@@ -50,6 +50,11 @@ Semantics (transformers 5.23, eager attention):
     the topk_group best of n_group groups (group score: sum of its two best);
     weights s (renormalised when norm_topk_prob) * routed_scaling_factor; plus
     the ungated shared_experts MLP.
+  * DeepSeek-V2: V3's attention with RoPE always on interleaved pairs; MoE
+    p = softmax(router logits); "group_limited_greedy": only the topk_group
+    groups with the largest max p keep their experts ("greedy": all); the
+    top_k p, not renormalised, times routed_scaling_factor; plus
+    shared_experts. No score-correction bias.
   * Gemma-2: x = embed * float32(sqrt(hidden_size)); every RMSNorm multiplies
     by (1 + w); per layer x += post_attention_layernorm(attn(input_layernorm(x)))
     then x += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)));
@@ -272,7 +277,8 @@ class Model:
         self.L = c["num_hidden_layers"]
         rp, theta = rope_params(c)
         self.rot = int(self.hd * rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)))
-        self.mla = self.arch == "DeepseekV3ForCausalLM"
+        self.mla = self.arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+        self.deepseek_v2 = self.arch == "DeepseekV2ForCausalLM"
         self.gemma = self.arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
         self.gemma3 = self.arch == "Gemma3ForCausalLM"
         self.llama4 = self.arch == "Llama4ForCausalLM"
@@ -401,7 +407,8 @@ class Model:
         kva = self.lin(x, p + ".kv_a_proj_with_mqa")
         cl, kr = kva[:, :lat], kva[:, lat:].reshape(T, 1, rope)
         cl = self.w[p + ".kv_a_layernorm.weight"] * cl / np.sqrt(np.mean(cl * cl, -1, keepdims=True) + 1e-6)
-        rot = self.rope_interleaved if c.get("rope_interleave", True) else self.rope
+        # V2 always rotates interleaved pairs (its config has no rope_interleave switch).
+        rot = self.rope_interleaved if self.deepseek_v2 or c.get("rope_interleave", True) else self.rope
         q_rot = rot(q[..., nope:], pos) * self.rope_scale
         k_rot = rot(kr, pos) * self.rope_scale
         kv = (cl @ self.w[p + ".kv_b_proj.weight"].T).reshape(T, self.nh, nope + vd)
@@ -424,6 +431,8 @@ class Model:
 
     def deepseek_moe(self, x, m):
         c = self.cfg
+        if self.deepseek_v2:
+            return self.deepseek_v2_moe(x, m)
         n_exp, k, ng, kg = c["n_routed_experts"], c["num_experts_per_tok"], c["n_group"], c["topk_group"]
         s_all = 1 / (1 + np.exp(-(x @ self.w[m + ".gate.weight"].T)))
         biased_all = s_all + self.w[m + ".gate.e_score_correction_bias"]
@@ -445,6 +454,31 @@ class Model:
                 ep = m + f".experts.{e}"
                 out[t] += wt * self.swiglu(x[t : t + 1], self.w[ep + ".gate_proj.weight"],
                                            self.w[ep + ".up_proj.weight"], self.w[ep + ".down_proj.weight"])[0]
+        s = m + ".shared_experts"
+        return out + self.swiglu(x, self.w[s + ".gate_proj.weight"], self.w[s + ".up_proj.weight"],
+                                 self.w[s + ".down_proj.weight"])
+
+    def deepseek_v2_moe(self, x, m):
+        c = self.cfg
+        n_exp, k = c["n_routed_experts"], c["num_experts_per_tok"]
+        logits = x @ self.w[m + ".gate.weight"].T
+        p_all = np.exp(logits - logits.max(-1, keepdims=True))
+        p_all /= p_all.sum(-1, keepdims=True)
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            p = p_all[t].copy()
+            if c.get("topk_method", "greedy") == "group_limited_greedy":
+                ng, kg = c["n_group"], c["topk_group"]
+                keep = np.argsort(-p.reshape(ng, -1).max(-1), kind="stable")[:kg]
+                mask = np.full(ng, False)
+                mask[keep] = True
+                p[~np.repeat(mask, n_exp // ng)] = 0.0
+            top = np.argsort(-p, kind="stable")[:k]
+            for e in top:
+                ep = m + f".experts.{e}"
+                out[t] += p[e] * c.get("routed_scaling_factor", 1.0) * self.swiglu(
+                    x[t : t + 1], self.w[ep + ".gate_proj.weight"], self.w[ep + ".up_proj.weight"],
+                    self.w[ep + ".down_proj.weight"])[0]
         s = m + ".shared_experts"
         return out + self.swiglu(x, self.w[s + ".gate_proj.weight"], self.w[s + ".up_proj.weight"],
                                  self.w[s + ".down_proj.weight"])

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""`shardserve plan` on the config.json of real large models (no weights): the MoE models and
-Gemma-3 27B (a multimodal config served as its language model). The placement on two 8-GPU nodes
-and the KV capacity from each architecture's real per-token KV size.
+"""`shardserve plan` on the config.json of real large models (no weights): the MoE models
+(DeepSeek-V3 and V2-Lite, Qwen3, Llama-4) and Gemma-3 27B (a multimodal config served as its
+language model). The placement on 8-GPU nodes and the KV capacity from each architecture's real
+per-token KV size.
 
     python3 tests/sdk/cli_plan_real_models_test.py build/bin
 """
@@ -17,6 +18,7 @@ QWEN3 = "tests/sim/models/qwen3-235b-a22b"
 MAVERICK = "tests/sim/models/llama4-maverick-400b"
 SCOUT = "tests/sim/models/llama4-scout-109b"
 GEMMA3 = "tests/sim/models/gemma-3-27b-it"
+DEEPSEEK_V2_LITE = "tests/sim/models/deepseek-v2-lite"
 TWO_NODES = "a=cuda:8x80GiB,b=cuda:8x80GiB"
 
 
@@ -109,6 +111,7 @@ def main():
         p = run("--model", d, "--workers", TWO_NODES, ok=False)
         assert "text_config: field \"layer_types\" has \"sliding_attention\"" in p.stderr, p.stderr
     check_gemma3()
+    check_deepseek_v2_lite()
     print("ok")
 
 
@@ -141,6 +144,41 @@ def check_gemma3():
             json.dump(config, f)
         p = run("--model", d, "--workers", TWO_NODES, ok=False)
         assert "UNIMPLEMENTED" in p.stderr and "text_config (full_attention layers)" in p.stderr, p.stderr
+
+
+def check_deepseek_v2_lite():
+    # DeepSeek-V2-Lite (DeepseekV2ForCausalLM, bf16, 27 layers: layer 0 dense (10944), 26 MoE with
+    # 64 experts of 1408 and 2 shared; 16 heads of MLA without query compression, kv_lora_rank 512,
+    # RoPE 64): 31 GB, on one 8 x 80 GiB node at tp=8 with the experts spread, 8 per rank.
+    one_node = "a=cuda:8x80GiB"
+    text = run("--model", DEEPSEEK_V2_LITE, "--workers", one_node).stdout
+    assert text.startswith("plan: 1 replica x 1 stage, max_seq_len 163840"), text
+    j = json.loads(run("--model", DEEPSEEK_V2_LITE, "--workers", one_node, "--json").stdout)
+    # MLA's KV: the latent and the RoPE key, (512 + 64) x 2 bytes per token and layer on every rank.
+    chosen = check_stages(j, (512 + 64) * 2)
+    assert chosen["pp"] == 1 and not chosen["expert_spill"], chosen
+    h, tp, vocab, heads = 2048, 8, 102400, 16 // 8
+    # Per rank: the norms (f32) and kv_a_proj_with_mqa whole; q_proj (192 rows per head), kv_b_proj
+    # ((128 + 128) x 512 per head) and o_proj's columns of its 2 heads; an eighth of the dense MLP
+    # and of the shared experts; the f32 router whole; 8 of the 64 experts; the whole embedding and
+    # an eighth of lm_head's rows.
+    attn = 2 * h * 4 + heads * 192 * h * 2 + (512 + 64) * h * 2 + 512 * 4 + heads * 256 * 512 * 2 + h * heads * 128 * 2
+    dense = 3 * h * (10944 // tp) * 2
+    sparse = 64 * h * 4 + 3 * (2 * 1408 // tp) * h * 2 + (64 // tp) * 3 * 1408 * h * 2
+    weights = 27 * attn + dense + 26 * sparse + vocab * h * 2 + vocab // tp * h * 2 + h * 4
+    (stage,) = j["plan"]["replicas"][0]["stages"]
+    assert (stage["tp"], stage["layer_begin"], stage["layer_end"]) == (8, 0, 27), stage
+    assert stage["weight_bytes_per_rank"] == weights, (stage, weights)
+    assert stage["kv_tokens"] >= 163840, stage
+    # V3's routing fields on a V2 config are refused at plan time, naming the field.
+    with open(os.path.join(DEEPSEEK_V2_LITE, "config.json")) as f:
+        config = json.load(f)
+    for field, value in [("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"), ("norm_topk_prob", True)]:
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(dict(config, **{field: value}), f)
+            p = run("--model", d, "--workers", one_node, ok=False)
+            assert "UNIMPLEMENTED" in p.stderr and f"field \"{field}\" is" in p.stderr, p.stderr
 
 
 if __name__ == "__main__":

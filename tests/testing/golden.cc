@@ -50,7 +50,8 @@ std::vector<std::string> GoldenModelNames() {
           "mixtral",         "qwen2_moe",                  "llama_bf16_sharded", "llama_fp8_block",
           "llama_fp8_tensor", "qwen3",                     "qwen3_moe",        "phi3",
           "deepseek_v3",     "deepseek_v3_noqlora",        "gemma2",           "llama4",
-          "llama4_multimodal", "phi3_partial_rotary", "phi3_longrope", "gemma3"};
+          "llama4_multimodal", "phi3_partial_rotary", "phi3_longrope", "gemma3",
+          "deepseek_v2_lite", "deepseek_v2"};
 }
 
 absl::StatusOr<GoldenModel> LoadGoldenModel(const std::string& name) {

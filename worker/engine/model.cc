@@ -944,6 +944,11 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
                                    static_cast<int>(ms.topk_group), ms.norm_topk_prob,
                                    static_cast<float>(ms.routed_scaling_factor), w.h_topk.data() + t * k,
                                    w.h_topw.data() + t * k);
+    } else if (ms.scoring == MoeScoring::kSoftmaxGroupLimited) {
+      kernels::RouteSoftmaxGroupLimited(w.h_router.data() + t * e_count, w.h_probs.data(), static_cast<int>(e_count),
+                                        static_cast<int>(k), static_cast<int>(ms.n_group),
+                                        static_cast<int>(ms.topk_group), static_cast<float>(ms.routed_scaling_factor),
+                                        w.h_topk.data() + t * k, w.h_topw.data() + t * k);
     } else if (ms.scoring == MoeScoring::kSigmoidInput) {
       kernels::RouteSigmoidTopK(w.h_router.data() + t * e_count, static_cast<int>(e_count), static_cast<int>(k),
                                 w.h_topk.data() + t * k, w.h_topw.data() + t * k);

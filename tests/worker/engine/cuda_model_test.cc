@@ -99,7 +99,7 @@ TEST_P(CudaGoldenTest, GreedyTokensMatchTransformersAloneAndBatched) {
   }
 }
 
-// The golden models CUDA ranks run: all but multi-head latent attention (DeepSeek-V3), which the
+// The golden models CUDA ranks run: all but multi-head latent attention (DeepSeek-V2, V3), which the
 // CUDA backend refuses (CudaMlaTest).
 std::vector<std::string> CudaGoldenModelNames() {
   std::vector<std::string> names;
@@ -115,11 +115,14 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaGoldenTest, ::testing::ValuesIn(C
 
 TEST(CudaMlaTest, MultiHeadLatentAttentionIsRefusedWithAClearError) {
   if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  absl::StatusOr<Loaded> l = LoadOnCuda("tests/golden/models/deepseek_v3", {});
-  ASSERT_FALSE(l.ok());
-  EXPECT_EQ(l.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(l.status().message()),
-              ::testing::HasSubstr("multi-head latent attention (DeepseekV3ForCausalLM) is not implemented"));
+  for (const auto& [model, arch] : {std::pair<std::string, std::string>{"deepseek_v3", "DeepseekV3ForCausalLM"},
+                                    {"deepseek_v2", "DeepseekV2ForCausalLM"}}) {
+    absl::StatusOr<Loaded> l = LoadOnCuda("tests/golden/models/" + model, {});
+    ASSERT_FALSE(l.ok()) << model;
+    EXPECT_EQ(l.status().code(), absl::StatusCode::kUnimplemented) << model;
+    EXPECT_THAT(std::string(l.status().message()),
+                ::testing::HasSubstr("multi-head latent attention (" + arch + ") is not implemented"));
+  }
 }
 
 TEST(CudaWeightsTest, Bf16CheckpointOccupiesBf16BytesOnTheDevice) {

@@ -140,6 +140,11 @@ INSTANTIATE_TEST_SUITE_P(
         SpillLayout{"deepseek_v3", 2, false, {{1, {R, 0, R, 1, 1, R, 0, R}}, {2, {0, R, R, R, 1, R, R, 0}}},
                     "deepseek_v3_tp2_both_layers"},
         SpillLayout{"deepseek_v3_noqlora", 1, false, {{2, {R, 0, R, 0, R, 0, R, 0}}}, "deepseek_v3_noqlora_tp1"},
+        // deepseek_v2: softmax routing within the best of 2 groups of 4, top-2, routed_scaling_factor 2;
+        // deepseek_v2_lite: greedy softmax top-2, two shared experts.
+        SpillLayout{"deepseek_v2", 2, false, {{1, {R, 0, R, 1, 1, R, 0, R}}, {2, {R, R, 0, 1, R, R, R, 0}}},
+                    "deepseek_v2_tp2_both_layers"},
+        SpillLayout{"deepseek_v2_lite", 2, true, {{2, {0, R, R, 0, R, 0, R, R}}}, "deepseek_v2_lite_tp2_split_experts"},
         // llama4: layers 1 and 3 MoE, 8 experts, top-2, routing weights on the experts' input (the
         // spilled rows are sent already weighted), a shared expert.
         SpillLayout{"llama4", 2, false, {{1, {R, 0, R, 1, 1, R, 0, R}}, {3, {0, R, R, R, 1, R, R, 0}}},

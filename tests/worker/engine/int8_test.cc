@@ -45,7 +45,12 @@ constexpr double kStoriesMeanRelError = 0.01;
 // qwen2_moe's fixture keeps router margins only above 1e-3 (make_golden.py), below the int8 error
 // of the router's input: some tokens take another expert, and their logits move far (measured:
 // 52% max, 2.8% mean). Its bounds are those measured figures rounded up; the dense ones hold for
-// the other MoE model (mixtral, whose routing did not flip).
+// the other MoE models (mixtral, whose routing did not flip), except the DeepSeek-V2 fixtures,
+// whose softmax router margins are within reach of the int8 error too: numpy_reference.py's
+// forward pass with the projections block-int8 rounded (+ noise of that size) takes another expert
+// at one to three (token, layer) pairs of deepseek_v2_lite's prompts (logits move by 8-21% of
+// max|logit|; the engine: 17.3% max, 1.24% mean at one rank) and another group at one pair of
+// deepseek_v2's (31-34%, 14% without the flip; the engine: 32.8% max, 1.61% mean at two ranks).
 constexpr double kRoutingFlipMaxRelError = 0.6;
 constexpr double kRoutingFlipMeanRelError = 0.04;
 
@@ -127,7 +132,7 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
               "agreement %zu/%zu leading tokens; weights %zu -> %zu bytes per rank\n",
               name.c_str(), ranks, err.max_rel, err.mean_rel(), static_cast<long>(err.positions), agree, total,
               f32_bytes, int8_bytes);
-  const bool flips = name == "qwen2_moe";
+  const bool flips = name == "qwen2_moe" || name == "deepseek_v2_lite" || name == "deepseek_v2";
   EXPECT_LE(err.max_rel, flips ? kRoutingFlipMaxRelError : kMaxRelError) << name;
   EXPECT_LE(err.mean_rel(), flips ? kRoutingFlipMeanRelError : kMeanRelError) << name;
   // A first token whose margin exceeds twice the int8 error at that position cannot differ (36 of
@@ -164,7 +169,7 @@ INSTANTIATE_TEST_SUITE_P(AllGolden, Int8GoldenTest, ::testing::ValuesIn(Cases())
 TEST(Int8PlannerTest, PredictedWeightBytesAreTheBytesTheEngineHolds) {
   for (const std::string name :
        {"llama", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded", "qwen3", "qwen3_moe", "phi3", "deepseek_v3",
-        "deepseek_v3_noqlora", "gemma2", "llama4", "llama4_multimodal", "gemma3"}) {
+        "deepseek_v3_noqlora", "gemma2", "llama4", "llama4_multimodal", "gemma3", "deepseek_v2_lite", "deepseek_v2"}) {
     ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(name));
     ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
     for (int ranks : {1, 2}) {

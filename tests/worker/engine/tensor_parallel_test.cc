@@ -49,6 +49,11 @@ std::vector<Layout> Layouts() {
   // DeepSeek-V3: heads split, the latent cache whole on every rank; experts spread or split.
   out.push_back({"deepseek_v3", 2, {1, 1, 0, 1, 0, 0, 1, 0}, false, "deepseek_v3_tp2_experts_mixed"});
   out.push_back({"deepseek_v3", 2, {}, true, "deepseek_v3_tp2_split_experts"});
+  // DeepSeek-V2: softmax routing, greedy (Lite) or within the best groups; experts spread or split.
+  out.push_back({"deepseek_v2_lite", 4, {3, 1, 0, 2, 2, 0, 1, 3}, false, "deepseek_v2_lite_tp4_experts_spread"});
+  out.push_back({"deepseek_v2_lite", 2, {}, true, "deepseek_v2_lite_tp2_split_experts"});
+  out.push_back({"deepseek_v2", 2, {0, 0, 1, 1, 0, 1, 1, 0}, false, "deepseek_v2_tp2_experts_mixed"});
+  out.push_back({"deepseek_v2", 4, {}, true, "deepseek_v2_tp4_split_experts"});
   // Llama-4: experts weighted on their input, spread unevenly or split; the shared expert split.
   out.push_back({"llama4", 2, {0, 1, 1, 1, 0, 1, 1, 0}, false, "llama4_tp2_experts_mixed"});
   out.push_back({"llama4", 2, {}, true, "llama4_tp2_split_experts"});
@@ -167,6 +172,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            PipelineLayout{"deepseek_v3", {0, 2, 3}, 2, "deepseek_v3_pp2_tp2"},
                                            PipelineLayout{"deepseek_v3_noqlora", {0, 1, 2, 3}, 2,
                                                           "deepseek_v3_noqlora_pp3_tp2"},
+                                           // DeepSeek-V2: the dense layer and a MoE one, then a MoE one.
+                                           PipelineLayout{"deepseek_v2", {0, 2, 3}, 2, "deepseek_v2_pp2_tp2"},
+                                           PipelineLayout{"deepseek_v2_lite", {0, 1, 3}, 2, "deepseek_v2_lite_pp2_tp2"},
                                            // Gemma-2: a sliding-window stage, then a full + sliding one.
                                            PipelineLayout{"gemma2", {0, 1, 3}, 2, "gemma2_pp2_tp2"},
                                            // Llama-4: chunked RoPE layers (dense, MoE), then the NoPE

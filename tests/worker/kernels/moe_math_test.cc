@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -88,6 +89,53 @@ TEST(MoeMathTest, RouteSigmoidGroupedUsesTheBiasOnlyToChoose) {
   RouteSigmoidGrouped(logits, nullptr, scratch, 8, 2, 1, 1, false, 1.0f, experts, weights);
   EXPECT_EQ(experts[0], 0);
   EXPECT_EQ(experts[1], 2);
+}
+
+}  // namespace
+}  // namespace shardserve::kernels
+
+namespace shardserve::kernels {
+namespace {
+
+// Softmax of `logits` computed in double, for the expected weights.
+std::vector<double> Softmax(const float* logits, int n) {
+  double m = logits[0], sum = 0;
+  for (int i = 1; i < n; ++i) m = std::max(m, static_cast<double>(logits[i]));
+  std::vector<double> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) sum += p[static_cast<size_t>(i)] = std::exp(logits[i] - m);
+  for (double& v : p) v /= sum;
+  return p;
+}
+
+// DeepSeek-V2's group_limited_greedy: 8 experts in 4 groups of 2, the 2 groups with the largest best
+// score kept, top-3 inside them. Group bests: g0 = expert 0 (logit 2.0), g1 = expert 2 (1.9),
+// g2 = expert 5 (2.1), g3 = expert 6 (0.5): groups 2 and 0 are kept, so expert 2 (the third largest
+// score overall) is out and expert 4 (logit 1.5, in group 2) is chosen instead. Weights: the
+// softmax over all 8 experts, not renormalised, times the scaling factor.
+TEST(MoeMathTest, RouteSoftmaxGroupLimitedChoosesWithinTheBestGroups) {
+  const float logits[8] = {2.0f, -1.0f, 1.9f, 1.8f, 1.5f, 2.1f, 0.5f, 0.4f};
+  const std::vector<double> p = Softmax(logits, 8);
+  float scratch[8 + 8];  // num_experts + n_group, for up to 8 groups
+  int experts[3];
+  float weights[3];
+  RouteSoftmaxGroupLimited(logits, scratch, 8, 3, 4, 2, /*scaling=*/16.0f, experts, weights);
+  EXPECT_EQ(experts[0], 5);
+  EXPECT_EQ(experts[1], 0);
+  EXPECT_EQ(experts[2], 4);
+  EXPECT_NEAR(weights[0], 16.0 * p[5], 1e-5);
+  EXPECT_NEAR(weights[1], 16.0 * p[0], 1e-5);
+  EXPECT_NEAR(weights[2], 16.0 * p[4], 1e-5);
+  // "greedy" (one group): the 3 largest of all, expert 2 included, scaled by 1.
+  RouteSoftmaxGroupLimited(logits, scratch, 8, 3, 1, 1, 1.0f, experts, weights);
+  EXPECT_EQ(experts[0], 5);
+  EXPECT_EQ(experts[1], 0);
+  EXPECT_EQ(experts[2], 2);
+  EXPECT_NEAR(weights[2], p[2], 1e-6);
+  EXPECT_LT(weights[0] + weights[1] + weights[2], 1.0f);  // never renormalised
+  // One expert per group (8 groups), 3 kept: the top-3 groups are the top-3 experts.
+  RouteSoftmaxGroupLimited(logits, scratch, 8, 2, 8, 3, 1.0f, experts, weights);
+  EXPECT_EQ(experts[0], 5);
+  EXPECT_EQ(experts[1], 0);
 }
 
 }  // namespace

@@ -40,6 +40,23 @@ SHARDSERVE_HD void RouteSigmoidTopK(const float* logits, int num_experts, int k,
   for (int j = 0; j < k; ++j) weights[j] = 1.0f / (1.0f + expf(-logits[experts[j]]));
 }
 
+// Expert groups (DeepSeek): keeps the topk_group groups with the largest group_score (ties: lower
+// group first) and sets `values` of every expert of the other groups to -inf. group_score:
+// [n_group] (overwritten: +inf for the kept groups); values: [n_group * per_group].
+SHARDSERVE_HD void KeepBestGroups(float* group_score, int n_group, int topk_group, int per_group, float* values) {
+  for (int j = 0; j < topk_group; ++j) {
+    int best = -1;
+    for (int g = 0; g < n_group; ++g) {
+      if (group_score[g] != INFINITY && (best < 0 || group_score[g] > group_score[best])) best = g;
+    }
+    group_score[best] = INFINITY;
+  }
+  for (int g = 0; g < n_group; ++g) {
+    if (group_score[g] == INFINITY) continue;
+    for (int e = g * per_group; e < (g + 1) * per_group; ++e) values[e] = -INFINITY;
+  }
+}
+
 // DeepSeek-V3's routing of one token (transformers' DeepseekV3TopkRouter): scores =
 // sigmoid(logits); experts are chosen by biased = scores + bias: the experts split into n_group
 // groups of num_experts / n_group (>= 2), a group's score is the sum of its two largest biased
@@ -68,18 +85,7 @@ SHARDSERVE_HD void RouteSigmoidGrouped(const float* logits, const float* bias, f
     }
     group_score[g] = a + b;
   }
-  // Keep the topk_group best groups: mark them by setting their score to +inf, then drop the rest.
-  for (int j = 0; j < topk_group; ++j) {
-    int best = -1;
-    for (int g = 0; g < n_group; ++g) {
-      if (group_score[g] != INFINITY && (best < 0 || group_score[g] > group_score[best])) best = g;
-    }
-    group_score[best] = INFINITY;
-  }
-  for (int g = 0; g < n_group; ++g) {
-    if (group_score[g] == INFINITY) continue;
-    for (int e = g * per_group; e < (g + 1) * per_group; ++e) biased[e] = -INFINITY;
-  }
+  KeepBestGroups(group_score, n_group, topk_group, per_group, biased);
   TopKIndices(biased, num_experts, k, experts);
   float total = 0.f;
   for (int j = 0; j < k; ++j) {
@@ -88,6 +94,34 @@ SHARDSERVE_HD void RouteSigmoidGrouped(const float* logits, const float* bias, f
   }
   const float denom = renormalize ? total + 1e-20f : 1.0f;
   for (int j = 0; j < k; ++j) weights[j] = weights[j] / denom * scaling;
+}
+
+// DeepSeek-V2's routing of one token (transformers' DeepseekV2TopkRouter): scores =
+// softmax(logits); with n_group > 1 ("group_limited_greedy") the experts split into n_group groups
+// of num_experts / n_group, a group's score is its largest score, and only the topk_group best
+// groups (ties: lower group first) keep their experts; the k largest remaining scores are chosen
+// (ties: lower expert first). n_group 1 is "greedy": the k largest of all. The weights are the
+// chosen scores times `scaling`, never renormalised. scratch: [num_experts + n_group]; experts,
+// weights: [k]; k <= topk_group * num_experts / n_group.
+SHARDSERVE_HD void RouteSoftmaxGroupLimited(const float* logits, float* scratch, int num_experts, int k, int n_group,
+                                            int topk_group, float scaling, int* experts, float* weights) {
+  float* probs = scratch;                      // [num_experts]
+  float* group_score = scratch + num_experts;  // [n_group]; +inf once kept
+  for (int e = 0; e < num_experts; ++e) probs[e] = logits[e];
+  SoftmaxRow(probs, num_experts);
+  const int per_group = num_experts / n_group;
+  if (n_group > 1) {
+    for (int g = 0; g < n_group; ++g) {
+      float best = -INFINITY;
+      for (int e = g * per_group; e < (g + 1) * per_group; ++e) best = probs[e] > best ? probs[e] : best;
+      group_score[g] = best;
+    }
+    // transformers zeroes the dropped experts' scores instead: every kept score is above 0 and at
+    // least k experts are kept, so the choice is the same.
+    KeepBestGroups(group_score, n_group, topk_group, per_group, probs);
+  }
+  TopKIndices(probs, num_experts, k, experts);
+  for (int j = 0; j < k; ++j) weights[j] = probs[experts[j]] * scaling;
 }
 
 }  // namespace shardserve::kernels
