@@ -389,28 +389,49 @@ absl::Status LoadMla(Loader& ld, const ModelSpec& spec, const ShardLayout& layou
   return absl::OkStatus();
 }
 
-// The prefix of layer `layer`'s MLP or MoE block: "<weight_prefix>model.layers.<layer>.mlp."
-// (Mixtral's MoE: block_sparse_moe., Llama-4: feed_forward.).
-std::string FfnPrefix(const ModelSpec& spec, int64_t layer) {
+// Where the decoder's tensors ("<root>embed_tokens.weight", "<root>layers.N....", "<root>norm.weight")
+// and an untied lm_head live: "<weight_prefix>model." and "<weight_prefix>lm_head.weight", except
+// in a Gemma-3 multimodal checkpoint (ModelSpec::multimodal_text), which transformers >= 5 saves
+// under "model.language_model." (lm_head as usual) and the released checkpoints under
+// "language_model.model." (lm_head "language_model.lm_head.weight").
+struct DecoderNames {
+  std::string root = "model.";
+  std::string lm_head = "lm_head.weight";
+};
+
+DecoderNames DecoderNamesOf(const ModelSpec& spec, const Checkpoint& ckpt) {
+  if (!spec.multimodal_text) {
+    // ModelSpec::weight_prefix: "language_model." for Llama-4's multimodal checkpoints, else "".
+    return {spec.weight_prefix + "model.", spec.weight_prefix + "lm_head.weight"};
+  }
+  if (ckpt.Has("model.language_model.embed_tokens.weight")) return {"model.language_model.", "lm_head.weight"};
+  return {"language_model.model.", "language_model.lm_head.weight"};
+}
+
+
+// The prefix of layer `layer`'s MLP or MoE block: "<root>layers.<layer>.mlp." (Mixtral's MoE:
+// block_sparse_moe., Llama-4: feed_forward.), under the decoder's root (DecoderNames).
+std::string FfnPrefix(const ModelSpec& spec, const std::string& root, int64_t layer) {
   const char* block = "mlp.";
   if (spec.arch == Architecture::kLlama4) block = "feed_forward.";
   if (spec.arch == Architecture::kMixtral && spec.IsSparseLayer(layer)) block = "block_sparse_moe.";
-  return absl::StrCat(spec.weight_prefix, "model.layers.", layer, ".", block);
+  return absl::StrCat(root, "layers.", layer, ".", block);
 }
 
-std::string ExpertPrefix(const ModelSpec& spec, int64_t layer, int64_t expert) {
-  return absl::StrCat(FfnPrefix(spec, layer), "experts.", expert, ".");
+std::string ExpertPrefix(const ModelSpec& spec, const std::string& root, int64_t layer, int64_t expert) {
+  return absl::StrCat(FfnPrefix(spec, root, layer), "experts.", expert, ".");
 }
 
 // Expert `e` of a layer: its columns [begin, end) of the expert MLP (all of them when whole); the
 // down projection's bias (none in supported MoE models) on `bias_rank`.
-absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, int64_t layer, int64_t e, int64_t begin,
+absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, const std::string& root, int64_t layer,
+                                           int64_t e, int64_t begin,
                                            int64_t end, int bias_rank) {
   if (spec.moe.fused_experts) {
-    return ld.FusedExpert(FfnPrefix(spec, layer), spec.moe.num_experts, e, spec.hidden_size,
+    return ld.FusedExpert(FfnPrefix(spec, root, layer), spec.moe.num_experts, e, spec.hidden_size,
                           spec.moe.expert_intermediate_size, begin, end);
   }
-  const std::string ep = ExpertPrefix(spec, layer, e);
+  const std::string ep = ExpertPrefix(spec, root, layer, e);
   if (spec.arch == Architecture::kMixtral) {
     return ld.Mlp(ep, "w1", "w3", "w2", spec.hidden_size, spec.moe.expert_intermediate_size, begin, end, false,
                   bias_rank);
@@ -438,33 +459,12 @@ absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int6
         absl::StrCat("expert ", expert, " is outside [0, ", spec.moe.num_experts, ") (layer ", layer, ")"));
   }
   Loader ld(ckpt, spec, backend, quantize);
-  ASSIGN_OR_RETURN(MlpWeights m, LoadExpertSlice(ld, spec, layer, expert, 0, spec.moe.expert_intermediate_size, 0));
+  ASSIGN_OR_RETURN(MlpWeights m, LoadExpertSlice(ld, spec, DecoderNamesOf(spec, ckpt).root, layer, expert, 0,
+                                                 spec.moe.expert_intermediate_size, 0));
   if (bytes != nullptr) *bytes += ld.bytes();
   return m;
 }
 
-namespace {
-
-// Where the decoder's tensors ("<root>embed_tokens.weight", "<root>layers.N....", "<root>norm.weight")
-// and an untied lm_head live: "<weight_prefix>model." and "<weight_prefix>lm_head.weight", except
-// in a Gemma-3 multimodal checkpoint (ModelSpec::multimodal_text), which transformers >= 5 saves
-// under "model.language_model." (lm_head as usual) and the released checkpoints under
-// "language_model.model." (lm_head "language_model.lm_head.weight").
-struct DecoderNames {
-  std::string root = "model.";
-  std::string lm_head = "lm_head.weight";
-};
-
-DecoderNames DecoderNamesOf(const ModelSpec& spec, const Checkpoint& ckpt) {
-  if (!spec.multimodal_text) {
-    // ModelSpec::weight_prefix: "language_model." for Llama-4's multimodal checkpoints, else "".
-    return {spec.weight_prefix + "model.", spec.weight_prefix + "lm_head.weight"};
-  }
-  if (ckpt.Has("model.language_model.embed_tokens.weight")) return {"model.language_model.", "lm_head.weight"};
-  return {"language_model.model.", "language_model.lm_head.weight"};
-}
-
-}  // namespace
 
 absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayout& layout, TpShard shard,
                                          int64_t layer_begin, int64_t layer_end, const Checkpoint& ckpt,
@@ -555,13 +555,13 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     if (!lw.sparse) {
       const int64_t fb = layout.ffn * shard.rank;
       if (spec.fused_gate_up) {
-        ASSIGN_OR_RETURN(lw.mlp, ld.FusedMlp(FfnPrefix(spec, i), h, spec.intermediate_size, fb, fb + layout.ffn, shard.rank));
+        ASSIGN_OR_RETURN(lw.mlp, ld.FusedMlp(FfnPrefix(spec, names.root, i), h, spec.intermediate_size, fb, fb + layout.ffn, shard.rank));
       } else {
-        ASSIGN_OR_RETURN(lw.mlp, ld.Mlp(FfnPrefix(spec, i), "gate_proj", "up_proj", "down_proj", h, spec.intermediate_size, fb,
+        ASSIGN_OR_RETURN(lw.mlp, ld.Mlp(FfnPrefix(spec, names.root, i), "gate_proj", "up_proj", "down_proj", h, spec.intermediate_size, fb,
                                         fb + layout.ffn, spec.mlp_bias, shard.rank));
       }
     } else {
-      const std::string moe = FfnPrefix(spec, i);
+      const std::string moe = FfnPrefix(spec, names.root, i);
       const int64_t e_count = spec.moe.num_experts;
       // Llama-4 names its router `router`, the others `gate`.
       const char* router = spec.arch == Architecture::kLlama4 ? "router.weight" : "gate.weight";
@@ -590,7 +590,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
         lw.has_remote_experts |= lw.IsRemoteExpert(e);
         MlpWeights m;
         if (lw.IsLocalExpert(e, layout)) {
-          ASSIGN_OR_RETURN(m, LoadExpertSlice(ld, spec, i, e, eb, eb + layout.expert_ffn, down_bias_rank));
+          ASSIGN_OR_RETURN(m, LoadExpertSlice(ld, spec, names.root, i, e, eb, eb + layout.expert_ffn, down_bias_rank));
         }
         lw.experts.push_back(std::move(m));
       }
