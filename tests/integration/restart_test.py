@@ -25,6 +25,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 from local_cluster import STORIES  # noqa: E402
+from process_logs import ProcessLogs  # noqa: E402
 
 BIN = None
 PROMPT = [1, 45, 371, 33]
@@ -40,7 +41,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-class CoordinatorRestartTest(unittest.TestCase):
+class CoordinatorRestartTest(ProcessLogs, unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="shardserve-restart-")
         self.api = f"127.0.0.1:{free_port()}"
@@ -56,19 +57,6 @@ class CoordinatorRestartTest(unittest.TestCase):
                 p.wait()
         for f in self.logs:
             f.close()
-
-    def _log(self, name):
-        f = open(os.path.join(self.tmp, name), "w")
-        self.logs.append(f)
-        return f
-
-    def _log_tail(self):
-        out = []
-        for f in self.logs:
-            f.flush()
-            with open(f.name) as r:
-                out.append(f"--- {os.path.basename(f.name)}\n" + "".join(r.readlines()[-15:]))
-        return "\n".join(out)
 
     def start_coordinator(self, run):
         self.coordinator = subprocess.Popen(

@@ -19,6 +19,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 from local_cluster import STORIES  # noqa: E402
+from process_logs import ProcessLogs  # noqa: E402
 
 BIN = None
 PROMPT = [1, 45, 371, 33]
@@ -33,7 +34,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-class ResumeAcrossACoordinatorRestartTest(unittest.TestCase):
+class ResumeAcrossACoordinatorRestartTest(ProcessLogs, unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="shardserve-resume-")
         self.api = f"127.0.0.1:{free_port()}"
@@ -49,19 +50,6 @@ class ResumeAcrossACoordinatorRestartTest(unittest.TestCase):
                 p.wait()
         for f in self.logs:
             f.close()
-
-    def _log(self, name):
-        f = open(os.path.join(self.tmp, name), "w")
-        self.logs.append(f)
-        return f
-
-    def _log_tail(self):
-        out = []
-        for f in self.logs:
-            f.flush()
-            with open(f.name) as r:
-                out.append(f"--- {os.path.basename(f.name)}\n" + "".join(r.readlines()[-15:]))
-        return "\n".join(out)
 
     def start(self, args, log):
         p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log(log))
