@@ -773,11 +773,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
         events.back().constraint_state = s.constraint_state;
       }
     }
-    const bool stop = constraint_done ||
-                      std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
-                          req.stop_token_ids.end() ||
-                      (!req.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
-                                                    token) != options_.eos_token_ids.end());
+    const bool stop = constraint_done || IsStopToken(req, options_.eos_token_ids, token);
     if (stop) {
       EndLocked(s, SequenceEnd{.reason = FinishReason::kStop}, events);
     } else if (s.generated >= req.max_tokens ||

@@ -95,6 +95,11 @@ absl::Status ValidateSequenceRequest(const SequenceRequest& r, const RequestLimi
   return absl::OkStatus();
 }
 
+bool IsStopToken(const SequenceRequest& r, absl::Span<const int32_t> eos_token_ids, int32_t token) {
+  return std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) != r.stop_token_ids.end() ||
+         (!r.ignore_eos && std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end());
+}
+
 absl::StatusOr<ResumedState> ReplayResumed(const SequenceRequest& r, absl::Span<const int32_t> eos_token_ids,
                                            const RequestLimits& limits) {
   const std::vector<int32_t>& tokens = r.resumed;
@@ -110,8 +115,7 @@ absl::StatusOr<ResumedState> ReplayResumed(const SequenceRequest& r, absl::Span<
       return absl::InvalidArgumentError(absl::StrCat("resume.token_ids[", i, "] = ", token,
                                                      " is outside the vocabulary [0, ", limits.vocab_size, ")"));
     }
-    bool stop = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) != r.stop_token_ids.end() ||
-                (!r.ignore_eos && std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end());
+    bool stop = IsStopToken(r, eos_token_ids, token);
     if (r.constraint != nullptr) {
       state.constraint_state = r.constraint->Advance(state.constraint_state, token);
       if (state.constraint_state < 0) {

@@ -110,6 +110,11 @@ struct RequestLimits {
 // [0, 20]. Pure.
 absl::Status ValidateSequenceRequest(const SequenceRequest& request, const RequestLimits& limits);
 
+// Whether sampling `token` ends `request` by itself: one of its stop_token_ids, or one of the
+// model's `eos_token_ids` unless ignore_eos. (A completed constraint ends it too; the caller knows
+// the constraint's state.)
+bool IsStopToken(const SequenceRequest& request, absl::Span<const int32_t> eos_token_ids, int32_t token);
+
 // Where a request's resumed tokens (SequenceRequest::resumed) leave it.
 struct ResumedState {
   int32_t constraint_state = 0;  // with a constraint: its state after the resumed tokens
