@@ -72,6 +72,14 @@ int64_t EngineReplica::NumStepsForTest() const {
   return static_cast<int64_t>(inputs_.size());
 }
 
+bool EngineReplica::WaitForStepsForTest(int64_t n, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto recorded = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int64_t>(inputs_.size()) >= n;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&recorded), timeout);
+}
+
 int64_t EngineReplica::kv_blocks() const { return runner_->options().num_kv_blocks; }
 
 absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::StepInput& input) {

@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "coordinator/scheduler/replica_client.h"
 
 namespace shardserve::engine {
@@ -64,6 +65,9 @@ class EngineReplica final : public coordinator::ReplicaClient {
   // Every step input seen so far, in order.
   std::vector<coordinator::StepInput> StepInputsForTest() const;
   int64_t NumStepsForTest() const;
+  // Waits until at least `n` steps have been recorded (StepInputsForTest().size() >= n); false
+  // when `timeout` passed first.
+  bool WaitForStepsForTest(int64_t n, absl::Duration timeout = absl::Seconds(60)) const;
   // The KV cache blocks every stage holds (kv_blocks resolved).
   int64_t kv_blocks() const;
 

@@ -25,10 +25,20 @@ void StreamBudget::WhenRoom(std::function<void()> resume) {
     MutexLock lock(&mu_);
     if (used_ > capacity_) {
       waiting_.push_back(std::move(resume));
+      waiting_cv_.SignalAll();
       return;
     }
   }
   resume();
+}
+
+bool StreamBudget::WaitForPausedStreamForTest(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  MutexLock lock(&mu_);
+  while (waiting_.empty()) {
+    if (waiting_cv_.WaitWithDeadline(&mu_, deadline)) return !waiting_.empty();
+  }
+  return true;
 }
 
 size_t StreamBudget::used() const {

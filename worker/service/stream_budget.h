@@ -18,6 +18,7 @@
 #include <functional>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/concurrency/mutex.h"
 
 namespace shardserve::service {
@@ -37,12 +38,16 @@ class StreamBudget {
 
   size_t used() const;
   size_t capacity() const { return capacity_; }
+  // Waits until some stream is paused for room (a WhenRoom call is waiting); false when `timeout`
+  // passed first. For tests: while nothing is released, a paused stream stays paused.
+  bool WaitForPausedStreamForTest(absl::Duration timeout) const;
 
  private:
   const size_t capacity_;
   mutable Mutex mu_;
   size_t used_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);
+  mutable CondVar waiting_cv_;  // signalled when a resumption starts waiting
 };
 
 }  // namespace shardserve::service

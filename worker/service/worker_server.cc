@@ -332,6 +332,15 @@ WorkerStatusSnapshot WorkerServer::Status() const {
   return status_;
 }
 
+WorkerStatusSnapshot WorkerServer::WaitLoaded(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  MutexLock lock(&mu_);
+  while (status_.state == v1::WORKER_STATE_LOADING) {
+    if (loaded_cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  return status_;
+}
+
 std::vector<v1::Device> WorkerServer::Devices() const {
   std::vector<v1::Device> devices = QueryDevices();
   for (v1::Device& d : devices) {
@@ -613,6 +622,7 @@ void WorkerServer::Load(v1::Assignment a) {
       status_ = {.state = v1::WORKER_STATE_FAILED, .assignment_id = a.assignment_id(),
                  .error = std::string(st.message()), .assignment = a};
     }
+    loaded_cv_.SignalAll();
   }
   if (!st.ok()) {
     LOG(ERROR) << "assignment " << a.assignment_id() << " failed: " << st;

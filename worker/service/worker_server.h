@@ -24,6 +24,7 @@
 #include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/concurrency/mutex.h"
 #include "common/security/grpc_security.h"
 #include "shardserve/v1/control.grpc.pb.h"
@@ -100,6 +101,9 @@ class WorkerServer {
 
   // Thread-safe.
   WorkerStatusSnapshot Status() const;
+  // Waits while an assignment loads (state LOADING), at most `timeout`, and returns the status then
+  // (READY or FAILED once a load ended; still LOADING after the timeout). Thread-safe.
+  WorkerStatusSnapshot WaitLoaded(absl::Duration timeout) const;
   // The devices this worker offers (for registration): CUDA devices' free memory less what
   // gpu_memory_utilization keeps back, and every device's capped at memory_per_device.
   std::vector<v1::Device> Devices() const;
@@ -172,6 +176,7 @@ class WorkerServer {
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   WorkerStatusSnapshot status_ ABSL_GUARDED_BY(mu_);
+  mutable CondVar loaded_cv_;  // signalled when a load ends (status_ leaves LOADING)
   std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);  // replaced when a new assignment is loaded
   std::shared_ptr<engine::ExpertHost> expert_host_ ABSL_GUARDED_BY(mu_);  // set instead of runtime_ on expert hosts
   std::thread loader_ ABSL_GUARDED_BY(mu_);  // joined before starting another

@@ -1329,7 +1329,12 @@ TEST_F(CoordinatorApiTest, InFlightAndNewRequestsWaitForTheOnlyWorkerToRestartAn
   EXPECT_THAT(coordinator_->cluster().AdmissionStatus(), IsOk()) << "it takes requests while recovering";
   EXPECT_EQ(coordinator_->scheduler().Stats().recovering, 1);
   std::thread client2([&] { later = Generate(IdsRequest(prompt, 24)); });  // arrives while it is down
-  while (coordinator_->scheduler().Stats().recovering < 2) absl::SleepFor(absl::Milliseconds(5));
+  // The scheduler reports no event for a parked request, so this waits on its counters (bounded).
+  for (const absl::Time deadline = absl::Now() + kWait;
+       coordinator_->scheduler().Stats().recovering < 2 && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(coordinator_->scheduler().Stats().recovering, 2);
   // The worker restarts (same node and address, new id) in whatever state: its stage comes back.
   const std::string w2 = Register("node-a", "127.0.0.1:1");
   std::optional<WorkerAssignment> again = workers_->WaitFor("127.0.0.1:1", first_assignment);

@@ -27,6 +27,7 @@ class ScriptReplica final : public ReplicaClient {
 
   absl::StatusOr<StepOutput> Step(const StepInput& input) override {
     absl::MutexLock lock(&mu_);
+    ++arrived_;
     mu_.Await(absl::Condition(+[](ScriptReplica* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
                                 return !r->held_ || r->shut_down_;
                               },
@@ -56,6 +57,12 @@ class ScriptReplica final : public ReplicaClient {
     absl::MutexLock lock(&mu_);
     return steps_;
   }
+  // Waits until a step has reached the replica (held or not); false after `timeout`.
+  bool WaitForStep(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto arrived = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return arrived_ > 0; };
+    return mu_.AwaitWithTimeout(absl::Condition(&arrived), timeout);
+  }
 
  private:
   const std::vector<int32_t> script_;
@@ -64,11 +71,13 @@ class ScriptReplica final : public ReplicaClient {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration delay_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   int steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 constexpr char kModel[] = "tests/golden/models/llama";
 
-// Counts the refusals the front end reports.
+// Counts the refusals the front end reports, and (as the scheduler's observer) the requests that
+// ended, so that a test can wait for an end without polling.
 class RejectionCounter final : public SchedulerObserver {
  public:
   void OnRejected(const absl::Status& status) override {
@@ -76,7 +85,16 @@ class RejectionCounter final : public SchedulerObserver {
     ++by_code_[status.code()];
   }
   void OnInterTokenLatency(absl::Duration) override {}
-  void OnRequestEnd(const RequestReport&) override {}
+  void OnRequestEnd(const RequestReport&) override {
+    absl::MutexLock lock(&mu_);
+    ++ended_;
+  }
+  // Waits until `n` requests have ended in the scheduler; false after `timeout`.
+  bool WaitEnded(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto ended = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
+  }
   void OnStep(const StepReport&) override {}
   void OnPreempted(int) override {}
   void OnFailover(int) override {}
@@ -89,6 +107,7 @@ class RejectionCounter final : public SchedulerObserver {
  private:
   absl::Mutex mu_;
   std::map<absl::StatusCode, int> by_code_ ABSL_GUARDED_BY(mu_);
+  int ended_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class HttpServerTest : public ::testing::Test {
@@ -104,6 +123,7 @@ class HttpServerTest : public ::testing::Test {
     SchedulerOptions so;
     so.limits = {.vocab_size = tokenizer_->vocab_size(), .max_seq_len = 256};
     so.max_queued = 0;  // a request that finds the only slot taken is refused (429)
+    so.observer = &rejections_;
     scheduler_ = std::make_unique<Scheduler>(so);
     auto replica = std::make_unique<ScriptReplica>(*script);
     replica_ = replica.get();
@@ -133,14 +153,11 @@ class HttpServerTest : public ::testing::Test {
     return {r->status, Json::parse(r->body, nullptr, false)};
   }
 
-  bool WaitIdle(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      SchedulerStats s = scheduler_->Stats();
-      if (s.running == 0 && s.waiting == 0) return true;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return false;
+  // Waits until the scheduler has ended `requests` requests in all and holds none.
+  bool WaitIdle(int requests, absl::Duration timeout) {
+    if (!rejections_.WaitEnded(requests, timeout)) return false;
+    SchedulerStats s = scheduler_->Stats();
+    return s.running == 0 && s.waiting == 0;
   }
 
   RejectionCounter rejections_;
@@ -173,7 +190,7 @@ TEST_F(HttpServerTest, StopStringTruncatesAndEndsWithStop) {
   EXPECT_EQ(text.find("end"), std::string::npos);
   EXPECT_THAT(text, HasSubstr("world, the"));
   EXPECT_LT(body["usage"]["completion_tokens"].get<int>(), 100);
-  EXPECT_TRUE(WaitIdle(absl::Seconds(10)));
+  EXPECT_TRUE(WaitIdle(1, absl::Seconds(10)));
 }
 
 TEST_F(HttpServerTest, StreamEndsWithDone) {
@@ -213,7 +230,7 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsTheSequence) {
   req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };  // then hang up
   (void)client_->send(req);
   EXPECT_EQ(chunks, 3);
-  ASSERT_TRUE(WaitIdle(absl::Seconds(10)));
+  ASSERT_TRUE(WaitIdle(1, absl::Seconds(10)));
   EXPECT_LT(replica_->steps(), 200) << "the sequence ran on after the client left";
   // The slot is free again.
   auto [status, body] = Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})");
@@ -223,8 +240,7 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsTheSequence) {
 TEST_F(HttpServerTest, QueueFullIs429AndNotReadyIs503) {
   replica_->Hold(true);
   std::thread first([this] { (void)Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})"); });
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (scheduler_->Stats().running == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_TRUE(replica_->WaitForStep(absl::Seconds(10)));  // the first request holds the only slot
   httplib::Client other("127.0.0.1", server_->port());
   httplib::Result r = other.Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})", "application/json");
   ASSERT_TRUE(r);

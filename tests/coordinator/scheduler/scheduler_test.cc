@@ -594,7 +594,7 @@ TEST(SchedulerTest, RemovingAReplicaMovesItsSequencesToAnotherAndTheyStayExact) 
     sinks.push_back(std::make_shared<CollectingSink>());
     ASSERT_THAT(h.scheduler->Submit(r, sinks.back()), IsOk());
   }
-  while (h.replicas[0]->StepInputsForTest().size() < 8) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(h.replicas[0]->WaitForStepsForTest(8));
   // Interrupts the held step; its running sequence (with tokens delivered) and its waiting one
   // move to replica 1.
   h.scheduler->RemoveReplica(0, absl::UnavailableError("replica 0 lost: worker w-1 is dead"));
@@ -706,7 +706,7 @@ TEST(SchedulerRecoveryTest, SequencesOfARemovedOnlyReplicaWaitForTheNextOneAndSt
     sinks.push_back(std::make_shared<CollectingSink>());
     ASSERT_THAT(h.scheduler->Submit(requests[i], sinks.back()), IsOk());
   }
-  while (h.replicas[0]->StepInputsForTest().size() < 6) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(h.replicas[0]->WaitForStepsForTest(6));
   h.scheduler->RemoveReplica(0, absl::UnavailableError("replica 0 stopped serving: worker w-1 is dead"));
   EXPECT_THAT(h.scheduler->Replicas(), ::testing::IsEmpty());
   EXPECT_EQ(h.scheduler->Stats().recovering, 4);

@@ -76,14 +76,7 @@ v1::Assignment StageAssignment(const std::string& model, int stage, int layer_be
 }
 
 // Waits (bounded) until the worker reports READY or FAILED for its assignment.
-WorkerStatusSnapshot AwaitLoaded(const WorkerServer& w) {
-  for (int i = 0; i < 600; ++i) {
-    WorkerStatusSnapshot s = w.Status();
-    if (s.state == v1::WORKER_STATE_READY || s.state == v1::WORKER_STATE_FAILED) return s;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return w.Status();
-}
+WorkerStatusSnapshot AwaitLoaded(const WorkerServer& w) { return w.WaitLoaded(absl::Seconds(30)); }
 
 // A minimal HTTP/1.0 GET on 127.0.0.1 (no client library needed for one request).
 std::string HttpGet(int port, const std::string& path) {

@@ -133,11 +133,8 @@ TEST(WorkerStreamBudgetTest, OverTheBudgetTheStreamStopsReadingBetweenMicroBatch
   a.set_max_step_tokens(64);
   a.set_next_address(absl::StrCat("127.0.0.1:", next_port));
   ASSERT_TRUE(worker.Assign(a).ok());
-  for (int i = 0; i < 600 && worker.Status().state != v1::WORKER_STATE_READY; ++i) {
-    ASSERT_NE(worker.Status().state, v1::WORKER_STATE_FAILED) << worker.Status().error;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_EQ(worker.Status().state, v1::WORKER_STATE_READY);
+  const WorkerStatusSnapshot loaded = worker.WaitLoaded(absl::Seconds(30));
+  ASSERT_EQ(loaded.state, v1::WORKER_STATE_READY) << loaded.error;
 
   auto stub = v1::Stage::NewStub(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
@@ -155,8 +152,9 @@ TEST(WorkerStreamBudgetTest, OverTheBudgetTheStreamStopsReadingBetweenMicroBatch
     step_bytes = std::max(step_bytes, r.ByteSizeLong());
     ASSERT_TRUE(stream->Write(r));  // small: gRPC's windows take them all
   }
-  // Let the worker read what it will.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The worker reads until the budget is spent, then pauses the stream; with nothing answered it
+  // stays paused.
+  ASSERT_TRUE(worker.stream_budget().WaitForPausedStreamForTest(absl::Seconds(30)));
   // Nothing is answered, so without back-pressure all 30 would be charged.
   EXPECT_LE(worker.stream_budget().used(), kBudget + step_bytes);
   EXPECT_GT(worker.stream_budget().used(), 0u);
