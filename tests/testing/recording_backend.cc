@@ -146,6 +146,9 @@ absl::Status RecordingBackend::SigmoidScaleRows(const kernels::SigmoidScaleRowsP
 absl::Status RecordingBackend::ArgmaxRows(const kernels::ArgmaxRowsParams& p) {
   return RunOrRecord([this, p] { return inner_->ArgmaxRows(p); });
 }
+absl::Status RecordingBackend::SampleRows(const kernels::SampleRowsParams& p) {
+  return RunOrRecord([this, p] { return inner_->SampleRows(p); });
+}
 absl::Status RecordingBackend::Zero(const kernels::ZeroParams& p) {
   return RunOrRecord([this, p] { return inner_->Zero(p); });
 }

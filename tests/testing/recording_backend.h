@@ -64,6 +64,7 @@ class RecordingBackend final : public kernels::Backend {
   absl::Status SigmoidScaleRows(const kernels::SigmoidScaleRowsParams& p) override;
   absl::Status ScaleRows(const kernels::ScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const kernels::ArgmaxRowsParams& p) override;
+  absl::Status SampleRows(const kernels::SampleRowsParams& p) override;
   absl::Status Zero(const kernels::ZeroParams& p) override;
   absl::Status Scale(const kernels::ScaleParams& p) override;
 

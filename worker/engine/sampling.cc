@@ -4,18 +4,14 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/kernels/shared/sampling_math.h"
 
 namespace shardserve::engine {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Sets the logits of the tokens `mask` does not allow to -inf, unless it allows none of the row.
 void ApplyMask(const std::string& mask, std::vector<float>& row) {
@@ -121,10 +117,7 @@ std::vector<float> AdjustedLogits(absl::Span<const float> logits, const Sampling
   return row;
 }
 
-double SamplingUniform(uint64_t seed, uint64_t step) {
-  const uint64_t r = SplitMix64(SplitMix64(seed) ^ (step * 0xd1b54a32d192ed03ull));
-  return static_cast<double>(r >> 11) * 0x1.0p-53;
-}
+double SamplingUniform(uint64_t seed, uint64_t step) { return kernels::SamplingUniformOf(seed, step); }
 
 TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t chosen, int32_t top_n) {
   const size_t n = logits.size();
@@ -150,101 +143,14 @@ TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t chosen, in
 }
 
 int32_t Sampler::Sample(absl::Span<const float> raw, const SamplingParams& params, uint64_t step) {
-  const int32_t n = static_cast<int32_t>(raw.size());
   absl::Span<const float> logits = raw;
   if (NeedsAdjusting(params)) {
     adjusted_.assign(raw.begin(), raw.end());
     Adjust(params, adjusted_);
     logits = adjusted_;
   }
-  if (params.temperature == 0.0f || params.top_k == 1) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
-  // The candidates are the tokens in descending logit order (ties: lower id first), cut to top_k;
-  // top_p, min_p and the draw then walk that order from the top. Only the prefix the walk reaches
-  // is sorted (a partition, then a sort, of a window that doubles as needed): in an LLM's
-  // distribution that is tens to hundreds of tokens, not the vocabulary.
-  order_.resize(static_cast<size_t>(n));
-  std::iota(order_.begin(), order_.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  const int32_t keep_all = (params.top_k > 0 && params.top_k < n) ? params.top_k : n;
-  int32_t sorted = 0;  // order_[0, sorted) are the `sorted` first candidates, in order
-  auto sort_prefix = [&](int32_t want) {
-    want = std::min(want, keep_all);
-    if (want <= sorted) return;
-    // Within the candidates: with top_k they are order_[0, keep_all) already.
-    if (want < keep_all) {
-      std::nth_element(order_.begin() + sorted, order_.begin() + want, order_.begin() + keep_all, by_logit);
-    }
-    std::sort(order_.begin() + sorted, order_.begin() + want, by_logit);
-    sorted = want;
-  };
-  if (keep_all < n) {
-    // The top_k candidates first (in any order), so that the sums below cover them only.
-    std::nth_element(order_.begin(), order_.begin() + keep_all, order_.end(), by_logit);
-  }
-  sort_prefix(1);
-  const double max_logit = logits[order_[0]];
-  if (std::isinf(max_logit)) return order_[0];  // every token suppressed: nothing to weigh
-  const double inv_t = 1.0 / params.temperature;
-  auto weight = [&](int32_t i) {  // unnormalized probability of the i-th candidate
-    return std::exp((static_cast<double>(logits[order_[static_cast<size_t>(i)]]) - max_logit) * inv_t);
-  };
-  // Softmax of logits / temperature over the candidates.
-  double total = 0.0;
-  for (int32_t i = 0; i < keep_all; ++i) total += weight(i);
-  int32_t keep = keep_all;
-  // Walks the candidates from the top while `go(i, weight, cumulative before i)` holds, sorting
-  // more of them as needed; returns how many it passed.
-  auto walk = [&](int32_t limit, auto&& go) {
-    double cum = 0.0;
-    int32_t i = 0;
-    for (int32_t window = 64; i < limit; window *= 2) {
-      sort_prefix(std::min(limit, std::max(window, i + 1)));
-      for (; i < sorted && i < limit; ++i) {
-        const double w = weight(i);
-        if (!go(i, w, cum)) return i;
-        cum += w;
-      }
-    }
-    return i;
-  };
-  // Top-p: the smallest prefix whose probability reaches top_p (at least one token).
-  if (params.top_p < 1.0f) {
-    const double target = static_cast<double>(params.top_p) * total;
-    double kept = 0.0;
-    const int32_t passed = walk(keep, [&](int32_t, double w, double cum) {
-      kept = cum + w;
-      return cum + w < target;  // stop once this token reaches the target: it is kept
-    });
-    keep = std::min(keep, passed + 1);
-    total = kept;
-  }
-  // Min-p: candidates less likely than min_p times the most likely one (a prefix) are dropped.
-  if (params.min_p > 0.0f) {
-    const double floor = static_cast<double>(params.min_p) * weight(0);
-    double kept = 0.0;
-    keep = std::max<int32_t>(1, walk(keep, [&](int32_t i, double w, double cum) {
-                                   if (i > 0 && w < floor) return false;
-                                   kept = cum + w;
-                                   return true;
-                                 }));
-    total = kept;
-  }
-  const double u = SamplingUniform(params.seed, step) * total;
-  int32_t chosen = -1;
-  walk(keep, [&](int32_t i, double w, double cum) {
-    if (u < cum + w) {
-      chosen = i;
-      return false;
-    }
-    return true;
-  });
-  if (chosen < 0) {
-    sort_prefix(keep);
-    chosen = keep - 1;  // rounding left u past the last one
-  }
-  return order_[static_cast<size_t>(chosen)];
+  return row_sampler_.Sample(logits.data(), static_cast<int64_t>(logits.size()), params.temperature, params.top_k,
+                             params.top_p, params.min_p, SamplingUniform(params.seed, step));
 }
 
 }  // namespace shardserve::engine

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "worker/kernels/shared/sampling_host.h"
 
 namespace shardserve::engine {
 
@@ -53,12 +54,15 @@ struct SamplingParams {
   // Logprobs stay those of the raw logits. A mask that allows nothing leaves the row as it was
   // (the coordinator never sends one).
   std::string allowed_token_mask;
-  // Whether sampling is the argmax of the raw logits (temperature 0 or top_k 1, nothing biased,
-  // suppressed, penalized or masked), which the device can do alone.
-  bool IsGreedy() const {
-    return (temperature == 0.0f || top_k == 1) && logit_bias.empty() && suppress_ids.empty() && !HasPenalties() &&
-           allowed_token_mask.empty();
+  // Whether sampling reads only the raw logits and temperature, top_k, top_p, min_p and the seed:
+  // nothing biased, suppressed, penalized or masked. A device that samples rows (the backend op
+  // SampleRows) can then draw the id alone.
+  bool IsPlain() const {
+    return logit_bias.empty() && suppress_ids.empty() && !HasPenalties() && allowed_token_mask.empty();
   }
+  // Whether sampling is the argmax of the raw logits (temperature 0 or top_k 1, and IsPlain()),
+  // which the device can do alone.
+  bool IsGreedy() const { return (temperature == 0.0f || top_k == 1) && IsPlain(); }
   // InvalidArgument naming the field: temperature < 0 or not finite, top_k < 0, top_p outside
   // (0, 1], min_p outside [0, 1], a logit_bias value not finite or outside [-100, 100], a negative id,
   // a penalty outside its range, history_ids not ascending or not as many as history_counts, a
@@ -81,7 +85,11 @@ TokenLogprobs ComputeLogprobs(absl::Span<const float> logits, int32_t chosen, in
 // them. Exposed for tests.
 std::vector<float> AdjustedLogits(absl::Span<const float> logits, const SamplingParams& params);
 
-// Thread-compatible: one Sampler per thread (it keeps scratch space).
+// Thread-compatible: one Sampler per thread (it keeps scratch space). The arithmetic after the
+// adjustments (temperature, top-k, top-p, min-p, the draw) is kernels/shared/sampling_math.h's,
+// which the backends' SampleRows op runs too, so a plain row (SamplingParams::IsPlain) gets the
+// same id from Sample as from SampleRows on the CPU backend (and from the CUDA one but for rows
+// whose candidates' weights tie within rounding).
 class Sampler {
  public:
   // `logits` must be non-empty. `step` is the index of the token being sampled in its sequence's
@@ -89,7 +97,7 @@ class Sampler {
   int32_t Sample(absl::Span<const float> logits, const SamplingParams& params, uint64_t step);
 
  private:
-  std::vector<int32_t> order_;
+  kernels::HostRowSampler row_sampler_;
   std::vector<float> adjusted_;  // the row with logit_bias, suppress_ids, penalties and the mask applied
 };
 

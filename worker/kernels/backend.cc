@@ -1,5 +1,7 @@
 #include "worker/kernels/backend.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
 
@@ -82,6 +84,7 @@ const char* OpName(Op op) {
     case Op::kHeadLinear: return "HeadLinear";
     case Op::kMlaKvWrite: return "MlaKvWrite";
     case Op::kMlaAttention: return "MlaAttention";
+    case Op::kSampleRows: return "SampleRows";
   }
   return "?";
 }
@@ -160,6 +163,11 @@ absl::Status Backend::MlaAttention(const MlaAttentionParams& p) {
   RETURN_IF_ERROR(p.Validate());
   return absl::UnimplementedError(
       absl::StrCat(name(), ": MlaAttention (multi-head latent attention) is not implemented"));
+}
+
+absl::Status Backend::SampleRows(const SampleRowsParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  return absl::UnimplementedError(absl::StrCat(name(), ": SampleRows (sampling on the device) is not implemented"));
 }
 
 absl::Status EmbeddingParams::Validate() const {
@@ -297,6 +305,30 @@ absl::Status ArgmaxRowsParams::Validate() const {
   if (AnyNegative({rows})) return Invalid("ArgmaxRows", "negative size");
   if (rows > 0 && (width < 1 || width > stride)) {
     return Invalid("ArgmaxRows", absl::StrCat("width ", width, " must be in [1, stride = ", stride, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SampleRowsParams::Validate() const {
+  if (x == nullptr || params == nullptr || host_params == nullptr || out == nullptr) {
+    return Invalid("SampleRows", "null pointer");
+  }
+  if (AnyNegative({rows})) return Invalid("SampleRows", "negative size");
+  if (rows > 0 && (width < 1 || width > stride)) {
+    return Invalid("SampleRows", absl::StrCat("width ", width, " must be in [1, stride = ", stride, "]"));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const RowSamplingParams& q = host_params[r];
+    if (!std::isfinite(q.temperature) || q.temperature < 0.0f) {
+      return Invalid("SampleRows", absl::StrCat("row ", r, ": temperature must be finite and >= 0, got ", q.temperature));
+    }
+    if (q.top_k < 0) return Invalid("SampleRows", absl::StrCat("row ", r, ": top_k must be >= 0, got ", q.top_k));
+    if (!(q.top_p > 0.0f && q.top_p <= 1.0f)) {
+      return Invalid("SampleRows", absl::StrCat("row ", r, ": top_p must be in (0, 1], got ", q.top_p));
+    }
+    if (!(q.min_p >= 0.0f && q.min_p <= 1.0f)) {
+      return Invalid("SampleRows", absl::StrCat("row ", r, ": min_p must be in [0, 1], got ", q.min_p));
+    }
   }
   return absl::OkStatus();
 }

@@ -92,6 +92,8 @@ enum class Op : uint8_t {
   kScatterAddRows, kSigmoidScaleRows, kArgmaxRows, kZero, kScale, kScaleRows,
   // Multi-head latent attention (DeepSeek-V3): optional; the Backend defaults are Unimplemented.
   kHeadLinear, kMlaKvWrite, kMlaAttention,
+  // Token sampling on the device: optional; the Backend default is Unimplemented.
+  kSampleRows,
 };
 // "Embedding", "Linear", ... for messages.
 const char* OpName(Op op);
@@ -332,6 +334,35 @@ struct ArgmaxRowsParams {
   absl::Status Validate() const;
 };
 
+// How one row of SampleRows is sampled: the plain part of a request's sampling (the engine's
+// SamplingParams without logit_bias, suppressed ids, penalties or a mask, which stay on the host).
+struct RowSamplingParams {
+  float temperature = 0.0f;  // >= 0 and finite; 0 = argmax
+  int32_t top_k = 0;         // >= 0; 0 = no limit, 1 = argmax
+  float top_p = 1.0f;        // in (0, 1]
+  float min_p = 0.0f;        // in [0, 1]; 0 = off
+  uint64_t seed = 0;
+  uint64_t step = 0;         // the index of the token being sampled in its sequence's output
+};
+
+// out[r] = the token drawn from row r of x with params[r], as kernels/shared/sampling_math.h
+// defines it (the engine's Sampler::Sample of a plain row): the argmax for temperature 0 or
+// top_k 1, otherwise softmax at the temperature over the top_k largest, cut by top_p and min_p, and
+// the draw of SamplingUniformOf(seed, step). Only ids reach the host. Backends whose candidates'
+// weights are summed in another order (CUDA: a block reduction) may pick a neighbouring candidate
+// where the draw falls within rounding of a boundary; rows whose weights are apart beyond float
+// rounding get the same ids on every backend.
+struct SampleRowsParams {
+  const float* x = nullptr;                         // [rows, stride] logits
+  const RowSamplingParams* params = nullptr;        // [rows] (device memory)
+  const RowSamplingParams* host_params = nullptr;   // [rows] host copy of `params`, for validation and launch sizing
+  int32_t* out = nullptr;                           // [rows]
+  int64_t rows = 0, width = 0, stride = 0;          // 1 <= width <= stride (when rows > 0)
+  // InvalidArgument for null pointers, bad sizes, or a row's parameters out of their ranges
+  // (naming the row and the field).
+  absl::Status Validate() const;
+};
+
 // x = 0, elementwise.
 struct ZeroParams {
   float* x = nullptr;  // [n]
@@ -476,6 +507,9 @@ class Backend {
   virtual absl::Status HeadLinear(const HeadLinearParams& p);
   virtual absl::Status MlaKvWrite(const MlaKvWriteParams& p);
   virtual absl::Status MlaAttention(const MlaAttentionParams& p);
+  // Sampling on the device. The default: Validate(), then Unimplemented naming the backend and the
+  // op (SupportsOp answers false).
+  virtual absl::Status SampleRows(const SampleRowsParams& p);
 };
 
 }  // namespace shardserve::kernels

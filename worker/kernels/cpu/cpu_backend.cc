@@ -15,6 +15,8 @@
 #include "worker/kernels/cpu/gemv.h"
 #include "worker/kernels/cpu/q8.h"
 #include "worker/kernels/shared/row_math.h"
+#include "worker/kernels/shared/sampling_host.h"
+#include "worker/kernels/shared/sampling_math.h"
 
 namespace shardserve::kernels {
 namespace {
@@ -74,6 +76,7 @@ class CpuBackend final : public Backend {
       case Op::kScaleRows:
       case Op::kMlaKvWrite:
       case Op::kMlaAttention:
+      case Op::kSampleRows:
         return dtype == DType::kF32;
       case Op::kHeadLinear:
         return dtype == DType::kF32 || dtype == DType::kBF16;
@@ -405,6 +408,16 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status SampleRows(const SampleRowsParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const RowSamplingParams& q = p.params[r];
+      p.out[r] = row_sampler_.Sample(p.x + r * p.stride, p.width, q.temperature, q.top_k, q.top_p, q.min_p,
+                                     SamplingUniformOf(q.seed, q.step));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status HeadLinear(const HeadLinearParams& p) override {
     SHARDSERVE_VALIDATE(p);
     if (p.w.dtype != DType::kF32 && p.w.dtype != DType::kBF16) {
@@ -514,6 +527,7 @@ class CpuBackend final : public Backend {
   // Per-call scratch, grown on demand (amortised: it reaches its final size on the first step).
   std::vector<float> cos_, sin_, scores_;
   std::vector<float> head_widened_;  // HeadLinear: one head's bfloat16 matrix widened
+  HostRowSampler row_sampler_;       // SampleRows: the engine Sampler's arithmetic and scratch
   // Rows of bfloat16 weights widened for sgemm: at most kWidenFloats (1 MiB; or 16 rows, if more).
   // 4 MiB measured level or slower at 256 tokens (shardserve-bench-kernels).
   static constexpr int64_t kWidenFloats = int64_t{1} << 18;
