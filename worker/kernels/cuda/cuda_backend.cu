@@ -23,6 +23,7 @@
 #include "worker/kernels/cuda/attention.cuh"
 #include "worker/kernels/cuda/linear16.cuh"
 #include "worker/kernels/cuda/ops.cuh"
+#include "worker/kernels/cuda/sampling.cuh"
 
 namespace shardserve::kernels {
 namespace {
@@ -102,6 +103,7 @@ class CudaBackend final : public Backend {
   absl::Status SigmoidScaleRows(const SigmoidScaleRowsParams& p) override;
   absl::Status ScaleRows(const ScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const ArgmaxRowsParams& p) override;
+  absl::Status SampleRows(const SampleRowsParams& p) override;
   absl::Status Zero(const ZeroParams& p) override;
   absl::Status Scale(const ScaleParams& p) override;
 
@@ -116,6 +118,8 @@ class CudaBackend final : public Backend {
   absl::Status Fail(std::string message);
   // Makes scratch_ at least `bytes` long (cudaMalloc after draining the stream, when it grows).
   absl::Status EnsureScratch(size_t bytes);
+  // Makes `buffer` at least `bytes` long, draining the stream first when it grows.
+  absl::Status Grow(DeviceBuffer& buffer, size_t bytes);
   // Linear with bf16/f16 weights: Group16 of one part.
   absl::Status Linear16(const LinearParams& p);
   // Products of one x with 16-bit weights of one type (see linear16.cuh for the two paths): one
@@ -139,6 +143,9 @@ class CudaBackend final : public Backend {
   // replay).
   DeviceBuffer scratch_;
   uint64_t scratch_generation_ = 0;
+  // SampleRows' workspace (sorted rows and CUB's storage), grown on demand. Apart from scratch_ so
+  // that growing it never invalidates a recorded graph (sampling runs after the recorded layers).
+  DeviceBuffer sample_workspace_;
 
   // While Capture() records: errors are the capture's (capture_error_), not the device's, so a
   // failed recording leaves the backend healthy.
@@ -273,6 +280,7 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kScatterAddRows:
     case Op::kSigmoidScaleRows:
     case Op::kArgmaxRows:
+    case Op::kSampleRows:
     case Op::kZero:
     case Op::kScale:
     case Op::kScaleRows:
@@ -303,11 +311,16 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
 
 absl::Status CudaBackend::EnsureScratch(size_t bytes) {
   if (bytes <= scratch_.bytes()) return absl::OkStatus();
-  // Queued ops may still read the old scratch: let them finish before it is freed.
-  RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
-  scratch_ = DeviceBuffer();
   ++scratch_generation_;
-  ASSIGN_OR_RETURN(scratch_, Allocate(bytes));
+  return Grow(scratch_, bytes);
+}
+
+absl::Status CudaBackend::Grow(DeviceBuffer& buffer, size_t bytes) {
+  if (bytes <= buffer.bytes()) return absl::OkStatus();
+  // Queued ops may still read the old buffer: let them finish before it is freed.
+  RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  buffer = DeviceBuffer();
+  ASSIGN_OR_RETURN(buffer, Allocate(bytes));
   return absl::OkStatus();
 }
 
@@ -549,6 +562,19 @@ absl::Status CudaBackend::ArgmaxRows(const ArgmaxRowsParams& p) {
   RETURN_IF_ERROR(p.Validate());
   RETURN_IF_ERROR(Enter());
   return Check(cuda::LaunchArgmaxRows(p, stream_), "ArgmaxRows kernel launch");
+}
+
+absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  if (!FitsInt({p.rows * p.stride})) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": SampleRows of ", p.rows, " x ", p.stride, " logits exceeds the sort's int item count"));
+  }
+  size_t bytes = 0;
+  RETURN_IF_ERROR(Check(cuda::SampleRowsWorkspaceBytes(p, &bytes), "SampleRows workspace query"));
+  RETURN_IF_ERROR(Grow(sample_workspace_, bytes));
+  return Check(cuda::LaunchSampleRows(p, sample_workspace_.as<void>(), bytes, stream_), "SampleRows launch");
 }
 
 absl::Status CudaBackend::Zero(const ZeroParams& p) {
