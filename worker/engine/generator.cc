@@ -105,8 +105,13 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
         const bool decoding = pending == 1;
         if ((pass == 0) != decoding) continue;
         const int64_t n = std::min(pending, left);
-        StepSequence seq{.block_ids = s.blocks, .pos_begin = s.consumed,
-                         .greedy = requests[s.index].sampling.IsGreedy()};
+        const SamplingParams& sp = requests[s.index].sampling;
+        StepSequence seq{.block_ids = s.blocks, .pos_begin = s.consumed, .greedy = sp.IsGreedy()};
+        if (!seq.greedy && sp.IsPlain() && n == pending) {  // this step reaches the end: it samples
+          seq.sampling = kernels::RowSamplingParams{.temperature = sp.temperature, .top_k = sp.top_k,
+                                                    .top_p = sp.top_p, .min_p = sp.min_p, .seed = sp.seed,
+                                                    .step = results[s.index].tokens.size()};
+        }
         seq.tokens.assign(s.context.begin() + s.consumed, s.context.begin() + s.consumed + n);
         batch.push_back(std::move(seq));
         members.push_back(a);
@@ -121,8 +126,8 @@ absl::StatusOr<std::vector<GenerationResult>> Generate(StepRunner& model, const 
       const GenerationRequest& req = requests[s.index];
       GenerationResult& res = results[s.index];
       int32_t token;
-      if (step.greedy_ids.size() > b && step.greedy_ids[b] >= 0) {
-        token = step.greedy_ids[b];
+      if (step.sampled_ids.size() > b && step.sampled_ids[b] >= 0) {
+        token = step.sampled_ids[b];
       } else if (req.sampling.HasPenalties()) {
         SamplingParams params = req.sampling;
         params.history_ids = s.history.ids();

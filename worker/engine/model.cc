@@ -28,6 +28,8 @@ struct Model::Workspace {
   size_t tables_capacity = 0;  // int32 entries that `tables` holds
   DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, shared_gate;
   DeviceBuffer logit_rows, selected, logits, gathered, argmax;
+  DeviceBuffer sampling;  // [max_step_tokens] RowSamplingParams of the rows SampleRows draws
+  std::vector<kernels::RowSamplingParams> h_sampling;
   // Llama-4: 1.0f values (the weight of the weightless q/k norm, and the unit scales of experts
   // whose routing weight scaled their input), and the query scale of each token on NoPE layers.
   DeviceBuffer ones, query_temp;
@@ -142,6 +144,8 @@ int64_t BlocksFor(int64_t tokens, int64_t block_size) { return (tokens + block_s
 
 // The last stage answers this sequence with the argmax of its last logits row, not the row.
 bool WantsGreedyId(const StepSequence& s) { return s.greedy && !s.all_logits; }
+// ... or with the draw of its sampling parameters, where the backend samples rows.
+bool WantsSampledId(const StepSequence& s) { return s.sampling.has_value() && !s.greedy && !s.all_logits; }
 
 }  // namespace
 
@@ -292,6 +296,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   const size_t vpad = static_cast<size_t>(m->layout_.vocab_padded);
   RETURN_IF_ERROR(Alloc(*backend, &w.logits, t * vpad * f));
   RETURN_IF_ERROR(Alloc(*backend, &w.argmax, t * sizeof(int32_t)));
+  RETURN_IF_ERROR(Alloc(*backend, &w.sampling, t * sizeof(kernels::RowSamplingParams)));
   if (options.shard.size > 1) {
     RETURN_IF_ERROR(Alloc(*backend, &w.gathered, static_cast<size_t>(options.shard.size) * t * vpad * f));
   }
@@ -517,21 +522,47 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
   }
   StepResult result;
   result.logits.resize(batch.size());
-  result.greedy_ids.assign(batch.size(), -1);
+  result.sampled_ids.assign(batch.size(), -1);
   const int64_t v = spec_.vocab_size;
   if (!tp()) {
-    // Greedy sequences: the argmax on the device, and only the ids cross to the host.
-    if (std::any_of(batch.begin(), batch.end(), WantsGreedyId)) {
+    // Greedy sequences: the argmax on the device; sequences with plain sampling parameters: the
+    // draw too, where the logits live on a device that samples (on CPU ranks the Sampler reads
+    // the row where it is, as fast). Only the ids cross to the host.
+    const bool sample_rows = (b.kind() != kernels::DeviceKind::kCpu || options_.sample_rows_on_cpu_for_test) &&
+                             b.SupportsOp(kernels::Op::kSampleRows, DType::kF32);
+    auto wants_draw = [&](const StepSequence& s) { return sample_rows && WantsSampledId(s); };
+    if (std::any_of(batch.begin(), batch.end(), wants_draw)) {
+      // Rows of other sequences are argmax rows (temperature 0), cheap and ignored.
+      w.h_sampling.assign(static_cast<size_t>(rows), kernels::RowSamplingParams{});
+      int64_t row = 0;
+      for (const StepSequence& s : batch) {
+        const int64_t n = s.all_logits ? s.NumTokens() : 1;
+        if (wants_draw(s)) w.h_sampling[static_cast<size_t>(row)] = *s.sampling;
+        row += n;
+      }
+      RETURN_IF_ERROR(b.CopyToDevice(w.sampling.as<void>(), w.h_sampling.data(),
+                                     static_cast<size_t>(rows) * sizeof(kernels::RowSamplingParams)));
+      RETURN_IF_ERROR(b.SampleRows({.x = w.logits.as<float>(),
+                                    .params = w.sampling.as<kernels::RowSamplingParams>(),
+                                    .host_params = w.h_sampling.data(),
+                                    .out = w.argmax.as<int32_t>(),
+                                    .rows = rows,
+                                    .width = v,
+                                    .stride = vpad}));
+    } else if (std::any_of(batch.begin(), batch.end(), WantsGreedyId)) {
       RETURN_IF_ERROR(b.ArgmaxRows(
           {.x = w.logits.as<float>(), .out = w.argmax.as<int32_t>(), .rows = rows, .width = v, .stride = vpad}));
+    }
+    auto on_device = [&](const StepSequence& s) { return WantsGreedyId(s) || wants_draw(s); };
+    if (std::any_of(batch.begin(), batch.end(), on_device)) {
       w.h_argmax.resize(static_cast<size_t>(rows));
       RETURN_IF_ERROR(b.CopyToHost(w.h_argmax.data(), w.argmax.as<void>(), static_cast<size_t>(rows) * sizeof(int32_t)));
     }
     int64_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
       const int64_t n = batch[i].all_logits ? batch[i].NumTokens() : 1;
-      if (WantsGreedyId(batch[i])) {
-        result.greedy_ids[i] = w.h_argmax[static_cast<size_t>(row)];
+      if (on_device(batch[i])) {
+        result.sampled_ids[i] = w.h_argmax[static_cast<size_t>(row)];
       } else {
         result.logits[i].resize(static_cast<size_t>(n * v));
         RETURN_IF_ERROR(
@@ -569,7 +600,7 @@ absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, ab
     if (WantsGreedyId(batch[i])) {
       // Vocab-parallel: the row is assembled on the host anyway; take its argmax here.
       const std::vector<float>& l = result.logits[i];
-      result.greedy_ids[i] = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      result.sampled_ids[i] = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
       result.logits[i].clear();
     }
   }

@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/model_spec/model_spec.h"
+#include "worker/kernels/backend.h"
 
 namespace shardserve::comm {
 class Communicator;
@@ -36,18 +38,26 @@ struct StepSequence {
   int32_t num_tokens = 0;        // new tokens when `tokens` is empty (stages after the first)
   bool all_logits = false;       // logits for every new token, not only the last
   // The caller samples this sequence greedily: the last stage returns the argmax of its last new
-  // token's logits (StepResult::greedy_ids; lowest id on ties) instead of the logits, so that only
+  // token's logits (StepResult::sampled_ids; lowest id on ties) instead of the logits, so that only
   // an id leaves the device. Ignored with all_logits.
   bool greedy = false;
+  // The caller samples this sequence with these parameters alone (SamplingParams::IsPlain: nothing
+  // biased, suppressed, penalized or masked; `step` is the index of the token being sampled). A
+  // last stage whose logits stay on a device (a single rank of a non-CPU backend that
+  // SupportsOp(kSampleRows)) draws the id there, as the Sampler would, and returns it in
+  // StepResult::sampled_ids instead of the logits; elsewhere the logits come back as usual and the
+  // caller samples them. Ignored with all_logits or greedy.
+  std::optional<kernels::RowSamplingParams> sampling;
   int32_t NumTokens() const { return tokens.empty() ? num_tokens : static_cast<int32_t>(tokens.size()); }
 };
 
 struct StepResult {
   // Last stage: per sequence, in request order, [rows, vocab] row-major, rows = NumTokens() or 1;
-  // empty for a greedy sequence.
+  // empty for a sequence with an id in sampled_ids.
   std::vector<std::vector<float>> logits;
-  // Last stage: per sequence, the argmax of a greedy sequence's last logits row, else -1.
-  std::vector<int32_t> greedy_ids;
+  // Last stage: per sequence, the id chosen for it (the argmax of a greedy sequence's last logits
+  // row, or the draw of a sequence with `sampling` where the device sampled), else -1.
+  std::vector<int32_t> sampled_ids;
   // Other stages: the hidden states leaving the stage, [total new tokens, hidden].
   std::vector<float> hidden;
 };
@@ -104,6 +114,10 @@ struct ModelOptions {
   // shape (sequences, attention launch) and replayed (CUDA graphs), where the backend
   // SupportsCapture(); elsewhere, and when recording fails, steps run op by op.
   bool op_graphs = true;
+  // Tests only: sample StepSequence::sampling rows with the backend's SampleRows on CPU ranks too
+  // (normally only device ranks do, where it saves copying logits rows to the host), so that CPU
+  // tests cover the engine's side of device sampling.
+  bool sample_rows_on_cpu_for_test = false;
   // kInt8: the linear projections and the lm_head (not embeddings, norms or routers) are quantized
   // at load into the backend's int8 format (DType::kQ8), where it SupportsOp(kLinear, kQ8); on
   // other backends the matrices keep their usual dtype.

@@ -77,6 +77,15 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
     steps.push_back(s.step);
     // Greedy sequences get their id from the last stage's device, not a logits row.
     steps.back().greedy = is_last() && s.sample && s.sampling.IsGreedy() && !s.logprobs;
+    // Plain sampling too, where the last stage's device can draw (the engine decides).
+    if (is_last() && s.sample && !s.logprobs && !steps.back().greedy && s.sampling.IsPlain()) {
+      steps.back().sampling = kernels::RowSamplingParams{.temperature = s.sampling.temperature,
+                                                         .top_k = s.sampling.top_k,
+                                                         .top_p = s.sampling.top_p,
+                                                         .min_p = s.sampling.min_p,
+                                                         .seed = s.sampling.seed,
+                                                         .step = s.sample_index};
+    }
     steps.back().all_logits = is_last() && !s.prompt_logprob_targets.empty();
   }
   const auto start = std::chrono::steady_clock::now();
@@ -126,8 +135,8 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const StageSequence& s = batch.sequences[i];
     if (!s.sample) continue;
-    if (i < result.greedy_ids.size() && result.greedy_ids[i] >= 0) {
-      response.add_token_ids(result.greedy_ids[i]);
+    if (i < result.sampled_ids.size() && result.sampled_ids[i] >= 0) {
+      response.add_token_ids(result.sampled_ids[i]);
       if (any_logprobs) response.add_logprobs();  // this one did not ask (it would have had its row)
       continue;
     }

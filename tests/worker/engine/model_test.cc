@@ -9,6 +9,7 @@
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/generator.h"
 #include "worker/engine/model.h"
+#include "worker/engine/sampling.h"
 #include "worker/kernels/registry.h"
 
 namespace shardserve::engine {
@@ -213,10 +214,64 @@ TEST_F(ModelTest, GreedySequencesGetTheArgmaxInsteadOfTheLogits) {
                        model_->Step({StepSequence{.block_ids = {2}, .tokens = prompt, .greedy = true},
                                      StepSequence{.block_ids = {3}, .tokens = {9}}}));
   const std::vector<float>& l = full.logits[0];
-  EXPECT_EQ(greedy.greedy_ids[0], std::max_element(l.begin(), l.end()) - l.begin());
+  EXPECT_EQ(greedy.sampled_ids[0], std::max_element(l.begin(), l.end()) - l.begin());
   EXPECT_TRUE(greedy.logits[0].empty());
-  EXPECT_EQ(greedy.greedy_ids[1], -1);  // not greedy: its logits as before
+  EXPECT_EQ(greedy.sampled_ids[1], -1);  // not greedy: its logits as before
   EXPECT_EQ(greedy.logits[1], full.logits[1]);
+}
+
+TEST_F(ModelTest, SampledSequencesGetTheDrawWhereTheBackendSamplesRows) {
+  const std::vector<int32_t> prompt = {5, 17, 3};
+  const kernels::RowSamplingParams sampling{.temperature = 1.3f, .top_k = 40, .top_p = 0.95f, .min_p = 0.02f,
+                                            .seed = 77, .step = 4};
+  // CPU ranks leave sampling to the caller, as before: the logits come back.
+  ASSERT_OK_AND_ASSIGN(StepResult host,
+                       model_->Step({StepSequence{.block_ids = {0}, .tokens = prompt, .sampling = sampling}}));
+  EXPECT_EQ(host.sampled_ids[0], -1);
+  ASSERT_EQ(host.logits[0].size(), static_cast<size_t>(spec_.vocab_size));
+  // With SampleRows (forced on the CPU backend): the id the Sampler draws from those logits.
+  Make({.num_kv_blocks = 8, .kv_block_size = 4, .max_seq_len = 16, .max_step_tokens = 8,
+        .sample_rows_on_cpu_for_test = true});
+  const SamplingParams params{.temperature = 1.3f, .top_k = 40, .top_p = 0.95f, .seed = 77, .min_p = 0.02f};
+  Sampler sampler;
+  for (uint64_t step = 0; step < 20; ++step) {
+    kernels::RowSamplingParams at_step = sampling;
+    at_step.step = step;
+    ASSERT_OK_AND_ASSIGN(StepResult device,
+                         model_->Step({StepSequence{.block_ids = {1}, .tokens = {9}},
+                                       StepSequence{.block_ids = {0}, .tokens = prompt, .sampling = at_step},
+                                       StepSequence{.block_ids = {2}, .tokens = {4}, .greedy = true}}));
+    EXPECT_EQ(device.sampled_ids[0], -1);  // neither greedy nor sampled: its logits
+    EXPECT_FALSE(device.logits[0].empty());
+    EXPECT_EQ(device.sampled_ids[1], sampler.Sample(host.logits[0], params, step)) << "step " << step;
+    EXPECT_TRUE(device.logits[1].empty());
+    EXPECT_GE(device.sampled_ids[2], 0);  // greedy rows still get their argmax
+  }
+}
+
+TEST_F(ModelTest, GenerationDrawsTheSameTokensWhenTheBackendSamples) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r{.prompt = {3, static_cast<int32_t>(4 + i), 5}, .max_tokens = 10};
+    r.sampling = {.temperature = 0.7f + 0.3f * static_cast<float>(i), .top_k = i == 0 ? 0 : 20 * i,
+                  .top_p = i == 3 ? 1.0f : 0.9f, .seed = static_cast<uint64_t>(100 + i), .min_p = i == 2 ? 0.05f : 0.0f};
+    reqs.push_back(r);
+  }
+  reqs.push_back({.prompt = {7, 8}, .max_tokens = 10});  // greedy, in the same batches
+  ASSERT_OK_AND_ASSIGN(auto on_host, Generate(*model_, reqs));
+  Make({.num_kv_blocks = 8, .kv_block_size = 4, .max_seq_len = 16, .max_step_tokens = 8,
+        .sample_rows_on_cpu_for_test = true});
+  ASSERT_OK_AND_ASSIGN(auto on_backend, Generate(*model_, reqs));
+  ASSERT_EQ(on_host.size(), on_backend.size());
+  bool any_not_greedy = false;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(on_backend[i].tokens, on_host[i].tokens) << "request " << i;
+    if (i < 4) {
+      ASSERT_OK_AND_ASSIGN(auto greedy, Generate(*model_, {{.prompt = reqs[i].prompt, .max_tokens = 10}}));
+      any_not_greedy = any_not_greedy || greedy[0].tokens != on_host[i].tokens;
+    }
+  }
+  EXPECT_TRUE(any_not_greedy);  // the draws mattered
 }
 
 }  // namespace
