@@ -25,6 +25,7 @@
 #include "worker/engine/executor.h"
 #include "worker/engine/generator.h"
 #include "worker/engine/model.h"
+#include "worker/engine/sampling.h"
 #include "worker/kernels/registry.h"
 
 namespace shardserve::engine {
@@ -122,6 +123,32 @@ TEST(CudaMlaTest, MultiHeadLatentAttentionIsRefusedWithAClearError) {
     EXPECT_EQ(l.status().code(), absl::StatusCode::kUnimplemented) << model;
     EXPECT_THAT(std::string(l.status().message()),
                 ::testing::HasSubstr("multi-head latent attention (" + arch + ") is not implemented"));
+  }
+}
+
+// A CUDA rank draws plain sampled sequences on the device (SampleRows): the same ids as the host
+// Sampler on the logits the same step returns without `sampling`.
+TEST(CudaSamplingTest, DeviceDrawsWhatTheHostSamplerDrawsFromTheSameLogits) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ASSERT_OK_AND_ASSIGN(Loaded l, LoadOnCuda("tests/golden/models/llama", {}));
+  const std::vector<int32_t> prompt = {5, 17, 3, 44};
+  ASSERT_OK_AND_ASSIGN(StepResult host,
+                       l.model->Step({StepSequence{.block_ids = WholeContextBlocks(l.model->options(), 0),
+                                                   .tokens = prompt}}));
+  ASSERT_EQ(host.sampled_ids[0], -1);
+  const SamplingParams kinds[] = {{.temperature = 1.0f, .seed = 3},
+                                  {.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 4},
+                                  {.temperature = 1.5f, .seed = 5, .min_p = 0.1f}};
+  Sampler sampler;
+  for (const SamplingParams& p : kinds) {
+    for (uint64_t step = 0; step < 10; ++step) {
+      StepSequence s{.block_ids = WholeContextBlocks(l.model->options(), 1), .tokens = prompt};
+      s.sampling = kernels::RowSamplingParams{.temperature = p.temperature, .top_k = p.top_k, .top_p = p.top_p,
+                                              .min_p = p.min_p, .seed = p.seed, .step = step};
+      ASSERT_OK_AND_ASSIGN(StepResult device, l.model->Step({s}));
+      EXPECT_TRUE(device.logits[0].empty());
+      EXPECT_EQ(device.sampled_ids[0], sampler.Sample(host.logits[0], p, step)) << "seed " << p.seed << " step " << step;
+    }
   }
 }
 

@@ -390,6 +390,79 @@ TEST_F(CudaParityTest, ArgmaxRows) {
   for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(Read(out, kRef)[r], 100 + r);
 }
 
+// Sampling on the device draws the CPU's ids: argmax rows, top-k, top-p, min-p, ties at the top,
+// rows of -inf but a few, a tiny temperature, over a 32k and a 152k vocabulary with padding. The
+// logits are random (their weights' sums differ between backends only in the order of the sum, so
+// a draw would have to land within ~1e-15 of a boundary to differ).
+TEST_F(CudaParityTest, SampleRowsDrawsTheCpuIds) {
+  EXPECT_TRUE(backend(kGpu).SupportsOp(Op::kSampleRows, DType::kF32));
+  const RowSamplingParams kinds[] = {
+      {.temperature = 0.0f},                                    // argmax
+      {.temperature = 1.0f},                                    // the full softmax
+      {.temperature = 0.8f, .top_k = 50},
+      {.temperature = 1.2f, .top_p = 0.9f},
+      {.temperature = 1.0f, .top_k = 1},                        // argmax
+      {.temperature = 0.7f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f},
+      {.temperature = 2.0f, .min_p = 0.2f},
+      {.temperature = 1e-30f},                                  // only the largest weigh
+      {.temperature = 1.0f, .top_k = 200000},                   // top_k beyond the row
+      {.temperature = 1.5f, .top_p = 0.3f},
+  };
+  constexpr int kKinds = static_cast<int>(std::size(kinds));
+  for (const int64_t width : {int64_t{32000}, int64_t{151936}}) {
+    const int64_t rows = 2 * kKinds, stride = width + 8;
+    std::vector<float> x = RandomFloats(rows * stride, static_cast<uint32_t>(width), -4.0f, 4.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = x.data() + r * stride;
+      if (r % 3 == 0) {  // a tie at the top
+        row[r + 10] = 9.0f;
+        row[width - 1 - r] = 9.0f;
+      }
+      if (r % 4 == 1) {  // all -inf but a few
+        for (int64_t j = 0; j < width; ++j) row[j] = -INFINITY;
+        row[r] = 1.0f;
+        row[width / 2] = 1.5f;
+        row[width - 2] = 0.5f;
+      }
+      for (int64_t j = width; j < stride; ++j) row[j] = 100.0f;  // padding: never read
+    }
+    auto dx = Mirror(x);
+    auto out = Mirror(std::vector<int32_t>(rows, -1));
+    for (uint64_t step = 0; step < 8; ++step) {
+      std::vector<RowSamplingParams> params(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        params[r] = kinds[r % kKinds];
+        params[r].seed = static_cast<uint64_t>(1000 + r);
+        params[r].step = step;
+      }
+      auto dparams = Mirror(params);
+      RunBoth([&](Backend& b, int s) {
+        return b.SampleRows({.x = dx.at(s), .params = dparams.at(s), .host_params = params.data(), .out = out.at(s),
+                             .rows = rows, .width = width, .stride = stride});
+      });
+      const std::vector<int32_t> want = Read(out, kRef);
+      EXPECT_EQ(Read(out, kGpu), want) << "width " << width << " step " << step;
+      for (int32_t id : want) {
+        EXPECT_GE(id, 0);
+        EXPECT_LT(id, width);
+      }
+    }
+  }
+}
+
+TEST_F(CudaParityTest, SampleRowsRejectsBadParameters) {
+  std::vector<RowSamplingParams> params(2);
+  params[1].min_p = 2.0f;
+  auto dparams = Mirror(params);
+  auto dx = Mirror(std::vector<float>(8, 0.0f));
+  auto out = Mirror(std::vector<int32_t>(2, -1));
+  const absl::Status st = backend(kGpu).SampleRows({.x = dx.at(kGpu), .params = dparams.at(kGpu),
+                                                    .host_params = params.data(), .out = out.at(kGpu), .rows = 2,
+                                                    .width = 4, .stride = 4});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(backend(kGpu).Synchronize().ok());  // still healthy
+}
+
 // Whole-head RoPE at two position scales, and Phi-3's partial RoPE (48 of 64 dims) with
 // longrope's attention factor on cos and sin.
 TEST_F(CudaParityTest, Rope) {
