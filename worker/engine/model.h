@@ -5,7 +5,9 @@
 // the position of its first new token and the new tokens (a prefill chunk or one decode token); sequences of different lengths share one
 // batch. Matrix products run over all the batch's tokens at once; attention runs per sequence.
 // The step returns f32 logits on the host for the last new token of each sequence, or for all of
-// its new tokens when asked.
+// its new tokens when asked; or only the token id for a greedy sequence (the backend's ArgmaxRows)
+// and, on a single rank of a device backend, for a sequence with plain sampling parameters (the
+// backend's SampleRows; StepSequence::sampling).
 //
 // Tensor parallelism (Megatron): each rank's Model holds its ShardLayout's slice; the ranks meet in
 // an all-reduce after attention and after the MLP/MoE, and gather the vocab-parallel logits.
