@@ -206,6 +206,16 @@ TEST(SamplingReferenceTest, CpuBackendSampleRowsDrawsWhatTheSamplerDraws) {
   }
 }
 
+TEST(SamplingReferenceTest, PlainParametersAreThoseTheDeviceCanSampleAlone) {
+  EXPECT_TRUE((SamplingParams{.temperature = 0.9f, .top_k = 5, .top_p = 0.8f, .seed = 3, .min_p = 0.1f}).IsPlain());
+  EXPECT_FALSE((SamplingParams{.temperature = 0.9f, .logit_bias = {{1, 2.0f}}}).IsPlain());
+  EXPECT_FALSE((SamplingParams{.temperature = 0.9f, .suppress_ids = {2}}).IsPlain());
+  EXPECT_FALSE((SamplingParams{.temperature = 0.9f, .presence_penalty = 0.5f}).IsPlain());
+  EXPECT_FALSE((SamplingParams{.temperature = 0.9f, .allowed_token_mask = "\x01"}).IsPlain());
+  EXPECT_TRUE(SamplingParams{}.IsGreedy());
+  EXPECT_FALSE((SamplingParams{.suppress_ids = {2}}).IsGreedy());  // greedy only when plain too
+}
+
 TEST(SamplingReferenceTest, SampleRowsRejectsBadParametersNamingTheRow) {
   absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend({});
   ASSERT_TRUE(backend.ok()) << backend.status();
