@@ -1,6 +1,7 @@
 // What the scheduler is asked to generate (SequenceRequest), how it reports back (SequenceSink),
 // and the request checks shared by the public API and the scheduler (ValidateSequenceRequest).
-// Plain structs: the Inference service converts shardserve.v1.GenerateRequest into these.
+// Plain structs: the front ends' admission step (coordinator/frontend/admission.h) builds these
+// from a request of either API.
 #ifndef SHARDSERVE_COORDINATOR_SCHEDULER_SEQUENCE_H_
 #define SHARDSERVE_COORDINATOR_SCHEDULER_SEQUENCE_H_
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/rejection_counter.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -21,6 +22,7 @@ namespace shardserve::coordinator::frontend {
 namespace {
 
 using ::shardserve::testing::IsOk;
+using ::shardserve::testing::RejectionCounter;
 using ::shardserve::testing::StatusIs;
 using ::testing::HasSubstr;
 using Json = nlohmann::ordered_json;
@@ -36,19 +38,6 @@ std::optional<ConstraintInput> Constraint(structured::ConstraintKind kind, std::
   c->field = std::move(field);
   return c;
 }
-
-// Counts OnRejected; the rest is ignored.
-class CountingObserver final : public SchedulerObserver {
- public:
-  void OnRejected(const absl::Status& /*status*/) override { ++rejected; }
-  void OnInterTokenLatency(absl::Duration) override {}
-  void OnRequestEnd(const RequestReport&) override {}
-  void OnStep(const StepReport&) override {}
-  void OnPreempted(int) override {}
-  void OnFailover(int) override {}
-  void OnPrefixCacheLookup(int, int64_t, int64_t) override {}
-  int rejected = 0;
-};
 
 class AdmissionTest : public ::testing::Test {
  protected:
@@ -110,7 +99,7 @@ class AdmissionTest : public ::testing::Test {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<structured::ConstraintCompiler> compiler_;
   std::unique_ptr<Admission> admission_;
-  CountingObserver observer_;
+  RejectionCounter observer_;
   absl::Status ready_ = absl::OkStatus();
   int32_t eos_ = 0;
 };
@@ -148,7 +137,7 @@ TEST_F(AdmissionTest, TextRequestBecomesTheSequenceRequest) {
   EXPECT_EQ(a.n, 3);
   EXPECT_FALSE(a.tool_calls.has_value());
   EXPECT_FALSE(a.resumed_end.has_value());
-  EXPECT_EQ(observer_.rejected, 0);
+  EXPECT_EQ(observer_.total(), 0);
 }
 
 TEST_F(AdmissionTest, TokenIdsAreUsedAsGivenAndMaxTokensDefaultsToTheRestOfTheContext) {
@@ -264,14 +253,14 @@ TEST_F(AdmissionTest, InvalidRequestsNameTheFieldAsEachApiSpellsIt) {
       c.spoil(r);
       const FieldNames& names = grpc ? GrpcFieldNames() : OpenAiFieldNames(c.chat);
       const std::string field = grpc ? c.grpc_field : c.openai_field;
-      const int before = observer_.rejected;
+      const int before = observer_.total();
       absl::StatusOr<AdmittedRequest> a = admission_->Admit(r, names);
       ASSERT_THAT(a.status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
       // The message starts with the field; the field is attached (without an index, as HTTP's param).
       EXPECT_TRUE(absl::StartsWith(a.status().message(), field)) << a.status();
       const std::string attached = RequestFieldOf(a.status());
       EXPECT_TRUE(absl::StartsWith(field, attached) && !attached.empty()) << attached;
-      EXPECT_EQ(observer_.rejected, before + 1);  // reported
+      EXPECT_EQ(observer_.total(), before + 1);  // reported
     }
   }
 }
@@ -303,7 +292,7 @@ TEST_F(AdmissionTest, ReadinessIsAskedLastOnlyForValidRequests) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("n must be in")));
   EXPECT_THAT(admission_->Admit(Text(), GrpcFieldNames()).status(),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("waiting for 1 worker")));
-  EXPECT_EQ(observer_.rejected, 2);
+  EXPECT_EQ(observer_.total(), 2);
 }
 
 TEST_F(AdmissionTest, ResumedTokensThatEndTheRequestAreReported) {

@@ -5,7 +5,6 @@
 #include <httplib.h>
 
 #include <csignal>
-#include <map>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -13,10 +12,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/rejection_counter.h"
 
 namespace shardserve::coordinator::http {
 namespace {
 
+using ::shardserve::testing::RejectionCounter;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 
@@ -67,29 +68,6 @@ class ScriptReplica final : public ReplicaClient {
 };
 
 constexpr char kModel[] = "tests/golden/models/llama";
-
-// Counts the refusals the front end reports.
-class RejectionCounter final : public SchedulerObserver {
- public:
-  void OnRejected(const absl::Status& status) override {
-    absl::MutexLock lock(&mu_);
-    ++by_code_[status.code()];
-  }
-  void OnInterTokenLatency(absl::Duration) override {}
-  void OnRequestEnd(const RequestReport&) override {}
-  void OnStep(const StepReport&) override {}
-  void OnPreempted(int) override {}
-  void OnFailover(int) override {}
-  void OnPrefixCacheLookup(int, int64_t, int64_t) override {}
-  int count(absl::StatusCode code) {
-    absl::MutexLock lock(&mu_);
-    return by_code_[code];
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<absl::StatusCode, int> by_code_ ABSL_GUARDED_BY(mu_);
-};
 
 class HttpServerTest : public ::testing::Test {
  protected:
