@@ -220,6 +220,28 @@ TEST_F(HttpServerTest, QueueFullIs429AndNotReadyIs503) {
   EXPECT_EQ(rejections_.count(absl::StatusCode::kUnavailable), 1);  // counted like the gRPC API's
 }
 
+// The checks both APIs share (frontend/admission.h) name the field as OpenAI spells it, in the
+// message and as the error's "param".
+TEST_F(HttpServerTest, SharedChecksNameTheOpenAiField) {
+  const struct {
+    const char* body;
+    const char* param;
+    const char* message;
+  } cases[] = {
+      {R"({"prompt": [1], "logit_bias": {"100000": 1}})", "logit_bias", "logit_bias token 100000 is outside"},
+      {R"({"prompt": [1], "max_tokens": 2, "min_tokens": 3})", "min_tokens",
+       "min_tokens must be in [0, max_tokens = 2], got 3"},
+      {R"({"prompt": [1], "stop_token_ids": [5, 100000]})", "stop_token_ids", "stop_token_ids[1] = 100000 is outside"},
+      {R"({"prompt": "Hi", "stop": ["a", ""]})", "stop", "stop[1] is empty"},
+  };
+  for (const auto& c : cases) {
+    auto [status, body] = Post("/v1/completions", c.body);
+    EXPECT_EQ(status, 400) << c.body;
+    EXPECT_EQ(body["error"]["param"], c.param) << body;
+    EXPECT_THAT(body["error"]["message"].get<std::string>(), ::testing::StartsWith(c.message)) << body;
+  }
+}
+
 TEST_F(HttpServerTest, BadRequestsAnd413And404And405) {
   EXPECT_EQ(Post("/v1/completions", "{").first, 400);
   EXPECT_EQ(Post("/v1/completions", R"({"prompt": [1], "foo": 1})").second["error"]["param"], "foo");
