@@ -5,8 +5,9 @@
 // (INVALID_ARGUMENT naming the field as this API spells it), tokenizes or renders the prompt,
 // checks that the cluster takes requests (Cluster::AdmissionStatus: UNAVAILABLE with the reason)
 // and replays a resume; the handler then submits the sequences to the Scheduler
-// (RESOURCE_EXHAUSTED when the queue is full). From then on the scheduler's threads push tokens into the call's own small queue (GenerateStream, with one
-// SequenceSink per choice of GenerateRequest.n, submitted through ChoiceGroup), which coalesces them
+// (RESOURCE_EXHAUSTED when the queue is full). From then on the scheduler's threads push tokens
+// into the call's own small queue (GenerateStream, with one SequenceSink per choice of
+// GenerateRequest.n, submitted through ChoiceGroup), which coalesces them
 // into at most one pending message per choice while a write is in flight; OnWriteDone starts the
 // next write, the choices taking turns. Text deltas come from the tokenizer's StreamDecoder, through a
 // StopStringMatcher for the request's text stop strings: a match truncates the text, cancels the
@@ -96,7 +97,7 @@ class InferenceService final : public InferenceBase {
   // GenerateRequest -> the scheduler's request, once parsed (frontend/admission.h); asks `cluster`
   // whether it takes requests.
   const std::unique_ptr<frontend::Admission> admission_;
-  mutable std::atomic<uint64_t> next_request_ = 1;  // for request ids the server makes
+  std::atomic<uint64_t> next_request_ = 1;  // for request ids the server makes
 };
 
 }  // namespace shardserve::coordinator
