@@ -12,16 +12,20 @@
 #include "common/log/log.h"
 #include "common/status/grpc_raw.h"
 #include "coordinator/api/api_auth.h"
-#include "coordinator/frontend/choices.h"
 #include "common/status/grpc_status.h"
+#include "coordinator/frontend/admission.h"
+#include "coordinator/frontend/choices.h"
 #include "coordinator/frontend/request_log.h"
 #include "coordinator/frontend/sequence_output.h"
-#include "coordinator/frontend/stop_strings.h"
-#include "coordinator/frontend/chat_prompt.h"
 #include "coordinator/frontend/tool_calls.h"
 
 namespace shardserve::coordinator {
 namespace {
+
+using frontend::ChoiceCanceller;
+using frontend::ChoiceGroup;
+using frontend::ReportRejected;
+using frontend::SequenceText;
 
 v1::FinishReason ToProto(FinishReason reason) {
   switch (reason) {
@@ -42,7 +46,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
   // `tools`: the format in which tool calls are parsed from each choice's text (none: not parsed).
   GenerateStream(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor, std::string request_id, int n,
                  const std::function<std::unique_ptr<StreamDecoder>()>& new_decoder, const std::vector<std::string>& stops,
-                 std::optional<http::ToolCallFormat> tools)
+                 std::optional<frontend::ToolCallFormat> tools)
       : reactor_(reactor),
         request_id_(std::move(request_id)),
         num_choices_(static_cast<size_t>(n)),
@@ -189,7 +193,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
         finish(stopped ? FinishReason::kStop : end.reason);
         if (tools_.has_value()) {
           c.all_text.append(c.pending.text(), text_before);
-          const http::ParsedOutput parsed = http::ParseToolCalls(*tools_, c.all_text);
+          const frontend::ParsedOutput parsed = frontend::ParseToolCalls(*tools_, c.all_text);
           for (size_t k = 0; k < parsed.calls.size(); ++k) {
             v1::ToolCall* call = c.pending.add_tool_calls();
             call->set_id(absl::StrCat("call_", request_id_, "_", index, "_", k));
@@ -257,7 +261,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
   grpc::ServerWriteReactor<grpc::ByteBuffer>* const reactor_;  // valid until Finish
   const std::string request_id_;
   const size_t num_choices_;  // choices_.size(), fixed at construction
-  const std::optional<http::ToolCallFormat> tools_;
+  const std::optional<frontend::ToolCallFormat> tools_;
 
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size
@@ -285,6 +289,118 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   std::shared_ptr<security::ApiKeys::Lease> lease_;  // the caller's API-key admission, until OnDone
 };
 
+// GenerateRequest.chat as admission takes it (the tools arrive as JSON text).
+absl::StatusOr<frontend::ChatInput> ChatFromProto(const v1::ChatMessages& chat) {
+  frontend::ChatInput in;
+  for (const v1::ChatMessage& m : chat.messages()) {
+    frontend::ChatTurn& turn = in.turns.emplace_back(frontend::ChatTurn{.role = m.role(), .content = m.content()});
+    if (!m.name().empty()) turn.name = m.name();
+    if (!m.tool_call_id().empty()) turn.tool_call_id = m.tool_call_id();
+    for (const v1::ToolCall& call : m.tool_calls()) {
+      nlohmann::ordered_json c;
+      c["id"] = call.id();
+      c["type"] = "function";
+      c["function"] = {{"name", call.name()}, {"arguments", call.arguments()}};
+      turn.tool_calls.push_back(std::move(c));
+    }
+  }
+  if (!chat.tools().empty()) {
+    in.tools = nlohmann::ordered_json::parse(chat.tools(), nullptr, /*allow_exceptions=*/false);
+    if (!in.tools.is_array()) {
+      return absl::InvalidArgumentError("prompt.chat.tools: must be the JSON text of an array of tools");
+    }
+    for (size_t i = 0; i < in.tools.size(); ++i) {
+      absl::StatusOr<frontend::ToolFunction> f =
+          frontend::ParseToolDefinition(in.tools[i], absl::StrCat("prompt.chat.tools[", i, "]"));
+      if (!f.ok()) return f.status();
+      in.functions.push_back(*std::move(f));
+    }
+    if (in.tools.empty()) in.tools = nullptr;
+  }
+  const v1::ToolChoice choice = chat.tool_choice();
+  if (choice == v1::TOOL_CHOICE_UNSPECIFIED) {
+    in.tool_choice = in.tools.is_null() ? frontend::ToolChoice::kNone : frontend::ToolChoice::kAuto;
+  } else if (choice == v1::TOOL_CHOICE_NONE) {
+    in.tool_choice = frontend::ToolChoice::kNone;
+  } else if (choice == v1::TOOL_CHOICE_AUTO) {
+    in.tool_choice = frontend::ToolChoice::kAuto;
+  } else if (choice == v1::TOOL_CHOICE_REQUIRED) {
+    in.tool_choice = frontend::ToolChoice::kRequired;
+  } else if (choice == v1::TOOL_CHOICE_FUNCTION) {
+    in.tool_choice = frontend::ToolChoice::kNamed;
+    in.tool_name = chat.tool_name();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("prompt.chat.tool_choice: unknown value ", static_cast<int>(choice)));
+  }
+  in.parallel_tool_calls = !chat.single_tool_call();
+  return in;
+}
+
+// `request` as admission takes it: GenerateRequest's own rules (a prompt is set, 0 means unset,
+// json_object is true when set) are applied here, the rest by frontend::Admission.
+absl::StatusOr<frontend::AdmissionRequest> FromProto(const v1::GenerateRequest& request, std::string request_id) {
+  frontend::AdmissionRequest a;
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kText:
+      a.prompt = request.text();
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      a.prompt = std::vector<int32_t>(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      break;
+    case v1::GenerateRequest::kChat: {
+      absl::StatusOr<frontend::ChatInput> chat = ChatFromProto(request.chat());
+      if (!chat.ok()) return chat.status();
+      a.prompt = *std::move(chat);
+      break;
+    }
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      return absl::InvalidArgumentError("prompt is empty: set prompt.text, prompt.token_ids or prompt.chat");
+  }
+  a.max_tokens = request.max_tokens();
+  SequenceRequest& r = a.sequence;
+  r.request_id = std::move(request_id);
+  const v1::SamplingParams& s = request.sampling();
+  r.sampling = {.temperature = s.temperature(),
+                .top_k = s.top_k(),
+                .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
+                .seed = s.seed(),
+                .min_p = s.min_p(),
+                .presence_penalty = s.presence_penalty(),
+                .frequency_penalty = s.frequency_penalty(),
+                .repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty()};
+  for (const auto& [id, bias] : s.logit_bias()) r.sampling.logit_bias.emplace_back(id, bias);
+  r.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  r.ignore_eos = request.ignore_eos();
+  r.min_tokens = request.min_tokens();
+  r.logprobs = request.logprobs();
+  r.top_logprobs = request.top_logprobs();
+  r.prompt_logprobs = request.prompt_logprobs();
+  r.resumed.assign(request.resume().token_ids().begin(), request.resume().token_ids().end());
+  a.stop.assign(request.stop().begin(), request.stop().end());
+  a.n = request.n() == 0 ? 1 : request.n();
+  auto constrain = [&a](structured::ConstraintKind kind, const std::string& text, const char* field) {
+    a.constraint.emplace();
+    a.constraint->spec.kind = kind;
+    a.constraint->spec.text = text;
+    a.constraint->field = field;
+  };
+  switch (request.constraint_case()) {
+    case v1::GenerateRequest::kJsonSchema:
+      constrain(structured::ConstraintKind::kJsonSchema, request.json_schema(), "json_schema");
+      break;
+    case v1::GenerateRequest::kJsonObject:
+      if (!request.json_object()) return absl::InvalidArgumentError("json_object: must be true when set");
+      constrain(structured::ConstraintKind::kJsonObject, "", "json_object");
+      break;
+    case v1::GenerateRequest::kRegex:
+      constrain(structured::ConstraintKind::kRegex, request.regex(), "regex");
+      break;
+    case v1::GenerateRequest::CONSTRAINT_NOT_SET:
+      break;
+  }
+  return a;
+}
+
 }  // namespace
 
 InferenceService::InferenceService(InferenceServiceOptions options, const ModelSpec* spec, const Tokenizer* tokenizer,
@@ -293,216 +409,65 @@ InferenceService::InferenceService(InferenceServiceOptions options, const ModelS
       spec_(spec),
       tokenizer_(tokenizer),
       scheduler_(scheduler),
-      cluster_(cluster),
-      chat_prompt_(std::make_unique<http::ChatPrompt>(tokenizer, options_.model_path)) {
-  absl::StatusOr<http::ToolCallFormat> format = http::ParseToolCallFormat(options_.tool_call_parser);
-  tool_format_ = static_cast<int>(format.ok() ? *format : http::DetectToolCallFormat(chat_prompt_->template_source()));
-}
+      admission_(std::make_unique<frontend::Admission>(frontend::AdmissionOptions{
+          .tokenizer = tokenizer,
+          .model_path = options_.model_path,
+          .constraints = options_.constraints,
+          .tool_call_parser = options_.tool_call_parser,
+          .limits = {.vocab_size = spec->vocab_size, .max_seq_len = options_.max_seq_len},
+          .eos_token_ids = scheduler->options().eos_token_ids,
+          .ready = [cluster] { return cluster->AdmissionStatus(); },
+          .observer = options_.observer})) {}
 
 InferenceService::~InferenceService() = default;
-
-absl::StatusOr<SequenceRequest> InferenceService::Convert(const v1::GenerateRequest& request) const {
-  SequenceRequest r;
-  switch (request.prompt_case()) {
-    case v1::GenerateRequest::kText: {
-      if (tokenizer_ == nullptr) {
-        return absl::InvalidArgumentError("prompt.text: model has no tokenizer; send prompt.token_ids instead");
-      }
-      if (request.text().empty()) return absl::InvalidArgumentError("prompt is empty (prompt.text)");
-      absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(request.text(), /*add_special_tokens=*/true);
-      if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt.text: ", ids.status().message()));
-      r.prompt = *std::move(ids);
-      break;
-    }
-    case v1::GenerateRequest::kTokenIds:
-      r.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
-      break;
-    case v1::GenerateRequest::kChat: {
-      const v1::ChatMessages& chat = request.chat();
-      std::vector<http::ChatTurn> turns;
-      for (const v1::ChatMessage& m : chat.messages()) {
-        turns.push_back({.role = m.role(), .content = m.content()});
-        if (!m.name().empty()) turns.back().name = m.name();
-        if (!m.tool_call_id().empty()) turns.back().tool_call_id = m.tool_call_id();
-        for (const v1::ToolCall& call : m.tool_calls()) {
-          nlohmann::ordered_json c;
-          c["id"] = call.id();
-          c["type"] = "function";
-          c["function"] = {{"name", call.name()}, {"arguments", call.arguments()}};
-          turns.back().tool_calls.push_back(std::move(c));
-        }
-      }
-      // Tools: the template's `tools`, and with REQUIRED or FUNCTION the constraint.
-      nlohmann::ordered_json tools;
-      std::vector<http::ToolFunction> functions;
-      if (!chat.tools().empty()) {
-        tools = nlohmann::ordered_json::parse(chat.tools(), nullptr, /*allow_exceptions=*/false);
-        if (!tools.is_array()) return absl::InvalidArgumentError("prompt.chat.tools: must be the JSON text of an array of tools");
-        for (size_t i = 0; i < tools.size(); ++i) {
-          absl::StatusOr<http::ToolFunction> f = http::ParseToolDefinition(tools[i], absl::StrCat("prompt.chat.tools[", i, "]"));
-          if (!f.ok()) return f.status();
-          functions.push_back(*std::move(f));
-        }
-        if (tools.empty()) tools = nullptr;
-      }
-      const v1::ToolChoice choice = chat.tool_choice();
-      if (tools.is_null() && choice != v1::TOOL_CHOICE_UNSPECIFIED && choice != v1::TOOL_CHOICE_NONE) {
-        return absl::InvalidArgumentError("prompt.chat.tool_choice: needs prompt.chat.tools");
-      }
-      if (choice == v1::TOOL_CHOICE_REQUIRED || choice == v1::TOOL_CHOICE_FUNCTION) {
-        if (request.constraint_case() != v1::GenerateRequest::CONSTRAINT_NOT_SET) {
-          return absl::InvalidArgumentError("prompt.chat.tool_choice: REQUIRED or FUNCTION cannot be combined with a constraint");
-        }
-        if (options_.constraints == nullptr) {
-          return absl::InvalidArgumentError("prompt.chat.tool_choice: enforcing tool calls needs a model with a tokenizer");
-        }
-        std::optional<std::string> named;
-        if (choice == v1::TOOL_CHOICE_FUNCTION) named = chat.tool_name();
-        absl::StatusOr<std::string> regex = http::ToolCallRegex(static_cast<http::ToolCallFormat>(tool_format_),
-                                                                functions, named, !chat.single_tool_call());
-        if (!regex.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt.chat.tools: ", regex.status().message()));
-        absl::StatusOr<std::shared_ptr<const TokenConstraint>> c =
-            options_.constraints->Compile({structured::ConstraintKind::kRegex, *regex});
-        if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt.chat.tools: ", c.status().message()));
-        r.constraint = *std::move(c);
-      }
-      absl::StatusOr<std::vector<int32_t>> ids = chat_prompt_->Render(turns, tools);
-      if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt.chat: ", ids.status().message()));
-      r.prompt = *std::move(ids);
-      break;
-    }
-    case v1::GenerateRequest::PROMPT_NOT_SET:
-      return absl::InvalidArgumentError("prompt is empty: set prompt.text, prompt.token_ids or prompt.chat");
-  }
-  r.max_tokens = request.max_tokens();
-  r.sampling = {.temperature = request.sampling().temperature(),
-                .top_k = request.sampling().top_k(),
-                .top_p = request.sampling().top_p() == 0.0f ? 1.0f : request.sampling().top_p(),
-                .seed = request.sampling().seed(),
-                .min_p = request.sampling().min_p(),
-                .presence_penalty = request.sampling().presence_penalty(),
-                .frequency_penalty = request.sampling().frequency_penalty(),
-                .repetition_penalty =
-                    request.sampling().repetition_penalty() == 0.0f ? 1.0f : request.sampling().repetition_penalty()};
-  for (const auto& [id, bias] : request.sampling().logit_bias()) r.sampling.logit_bias.emplace_back(id, bias);
-  std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
-  r.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
-  r.ignore_eos = request.ignore_eos();
-  r.min_tokens = request.min_tokens();
-  r.logprobs = request.logprobs();
-  r.top_logprobs = request.top_logprobs();
-  r.prompt_logprobs = request.prompt_logprobs();
-  if (request.n() < 0 || request.n() > kMaxChoices) {
-    return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", kMaxChoices, "] (0 means 1), got ", request.n()));
-  }
-  if (request.constraint_case() != v1::GenerateRequest::CONSTRAINT_NOT_SET) {
-    structured::ConstraintSpec spec;
-    std::string field;
-    switch (request.constraint_case()) {
-      case v1::GenerateRequest::kJsonSchema:
-        spec = {structured::ConstraintKind::kJsonSchema, request.json_schema()};
-        field = "json_schema";
-        break;
-      case v1::GenerateRequest::kJsonObject:
-        if (!request.json_object()) return absl::InvalidArgumentError("json_object: must be true when set");
-        spec = {structured::ConstraintKind::kJsonObject, ""};
-        field = "json_object";
-        break;
-      case v1::GenerateRequest::kRegex:
-        spec = {structured::ConstraintKind::kRegex, request.regex()};
-        field = "regex";
-        break;
-      case v1::GenerateRequest::CONSTRAINT_NOT_SET:
-        break;
-    }
-    if (options_.constraints == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": structured output needs a model with a tokenizer"));
-    }
-    absl::StatusOr<std::shared_ptr<const TokenConstraint>> c = options_.constraints->Compile(spec);
-    if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", c.status().message()));
-    r.constraint = *std::move(c);
-  }
-  if (request.resume().token_ids_size() > 0) {
-    if (request.n() > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("resume.token_ids: only a request with n = 1 can be resumed, got n = ", request.n()));
-    }
-    r.resumed.assign(request.resume().token_ids().begin(), request.resume().token_ids().end());
-  }
-  if (request.stop_size() > 0) {
-    if (tokenizer_ == nullptr) return absl::InvalidArgumentError("stop: model has no tokenizer, so text stop strings cannot be matched");
-    const std::vector<std::string> stops(request.stop().begin(), request.stop().end());
-    if (absl::Status st = ValidateStopStrings(stops, "stop"); !st.ok()) return st;
-  }
-  r.request_id = request.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1))
-                                              : request.request_id();
-  const absl::Status valid =
-      ValidateSequenceRequest(r, {.vocab_size = spec_->vocab_size, .max_seq_len = options_.max_seq_len});
-  if (!valid.ok()) return valid;
-  return r;
-}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::CallbackServerContext* ctx,
                                                                        const grpc::ByteBuffer* raw_request) {
   auto* reactor = new GenerateReactor();
-  v1::GenerateRequest parsed;
-  if (grpc::Status st = ParseRawRequest(*raw_request, &parsed); !st.ok()) {
+  auto refuse = [&](const absl::Status& status) {
+    ReportRejected(options_.observer, status);
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  };
+  v1::GenerateRequest request;
+  if (grpc::Status st = ParseRawRequest(*raw_request, &request); !st.ok()) {
     ReportRejected(options_.observer, FromGrpcStatus(st));
     reactor->Finish(st);
     return reactor;
   }
-  const v1::GenerateRequest* request = &parsed;
   absl::StatusOr<std::shared_ptr<security::ApiKeys::Lease>> lease =
       AdmitCall(options_.api_keys, *ctx, security::ApiRole::kUser);
-  if (!lease.ok()) {
-    ReportRejected(options_.observer, lease.status());
-    reactor->Finish(ToGrpcStatus(lease.status()));
-    return reactor;
-  }
+  if (!lease.ok()) return refuse(lease.status());
   reactor->set_lease(*std::move(lease));
-  absl::StatusOr<SequenceRequest> seq = Convert(*request);
-  if (seq.ok()) {
-    if (absl::Status ready = cluster_->AdmissionStatus(); !ready.ok()) seq = ready;
-  }
-  if (!seq.ok()) {
-    ReportRejected(options_.observer, seq.status());
-    reactor->Finish(ToGrpcStatus(seq.status()));
+  std::string id = request.request_id().empty() ? absl::StrCat("req-", next_request_.fetch_add(1)) : request.request_id();
+  absl::StatusOr<frontend::AdmissionRequest> parsed = FromProto(request, std::move(id));
+  if (!parsed.ok()) return refuse(parsed.status());
+  // Admit reports its own refusals.
+  absl::StatusOr<frontend::AdmittedRequest> admitted = admission_->Admit(*std::move(parsed), frontend::GrpcFieldNames());
+  if (!admitted.ok()) {
+    reactor->Finish(ToGrpcStatus(admitted.status()));
     return reactor;
   }
+  SequenceRequest& seq = admitted->sequence;
   const Tokenizer* tokenizer = tokenizer_;
   auto new_decoder = [tokenizer]() -> std::unique_ptr<StreamDecoder> {
     return tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr;
   };
-  const int n = request->n() == 0 ? 1 : request->n();
-  // Chat with tools and a tool choice other than NONE: calls are parsed from each choice's text.
-  std::optional<http::ToolCallFormat> tools;
-  if (request->prompt_case() == v1::GenerateRequest::kChat && !request->chat().tools().empty() &&
-      request->chat().tool_choice() != v1::TOOL_CHOICE_NONE) {
-    tools = static_cast<http::ToolCallFormat>(tool_format_);
-  }
-  auto stream = std::make_shared<GenerateStream>(reactor, seq->request_id, n, new_decoder,
-                                                 std::vector<std::string>(request->stop().begin(), request->stop().end()),
-                                                 tools);
+  auto stream = std::make_shared<GenerateStream>(reactor, seq.request_id, admitted->n, new_decoder, admitted->stop,
+                                                 admitted->tool_calls);
   reactor->set_stream(stream);
-  if (!seq->resumed.empty()) {
+  if (!seq.resumed.empty()) {
     // Resume: the client has these tokens and their text. When they already end the request, the
     // answer is the final message at once, as the unbroken stream would have ended.
-    absl::StatusOr<ResumedState> resumed =
-        ReplayResumed(*seq, scheduler_->options().eos_token_ids, scheduler_->options().limits);
-    if (!resumed.ok()) {
-      ReportRejected(options_.observer, resumed.status());
-      reactor->Finish(ToGrpcStatus(resumed.status()));
-      return reactor;
-    }
-    stream->Replay(seq->resumed);
-    if (resumed->ended.has_value() || stream->ReplayStopped()) {
-      stream->EndWithoutSubmitting(SequenceEnd{.reason = resumed->ended.value_or(FinishReason::kStop),
-                                               .prompt_tokens = static_cast<int32_t>(seq->prompt.size()),
-                                               .completion_tokens = static_cast<int32_t>(seq->resumed.size())});
+    stream->Replay(seq.resumed);
+    if (admitted->resumed_end.has_value() || stream->ReplayStopped()) {
+      stream->EndWithoutSubmitting(SequenceEnd{.reason = admitted->resumed_end.value_or(FinishReason::kStop),
+                                               .prompt_tokens = static_cast<int32_t>(seq.prompt.size()),
+                                               .completion_tokens = static_cast<int32_t>(seq.resumed.size())});
       return reactor;
     }
   }
-  absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler_, *std::move(seq), stream->Sinks());
+  absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler_, std::move(seq), stream->Sinks());
   if (!group.ok()) {
     reactor->Finish(ToGrpcStatus(group.status()));
     return reactor;

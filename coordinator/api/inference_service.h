@@ -1,10 +1,13 @@
 // InferenceService: the public API (proto/shardserve/v1/inference.proto) on the callback API.
 //
-// Generate: the handler validates the request (INVALID_ARGUMENT naming the field), checks that
-// the cluster takes requests (Cluster::AdmissionStatus: UNAVAILABLE with the reason), tokenizes
-// a text prompt, and submits the sequence to the Scheduler (RESOURCE_EXHAUSTED when the queue is
-// full). From then on the scheduler's threads push tokens into the call's own small queue (GenerateStream, with one
-// SequenceSink per choice of GenerateRequest.n, submitted through ChoiceGroup), which coalesces them
+// Generate: the handler parses the request into a frontend::AdmissionRequest (GenerateRequest's
+// own rules: a prompt is set, 0 means unset), and frontend::Admission validates it
+// (INVALID_ARGUMENT naming the field as this API spells it), tokenizes or renders the prompt,
+// checks that the cluster takes requests (Cluster::AdmissionStatus: UNAVAILABLE with the reason)
+// and replays a resume; the handler then submits the sequences to the Scheduler
+// (RESOURCE_EXHAUSTED when the queue is full). From then on the scheduler's threads push tokens
+// into the call's own small queue (GenerateStream, with one SequenceSink per choice of
+// GenerateRequest.n, submitted through ChoiceGroup), which coalesces them
 // into at most one pending message per choice while a write is in flight; OnWriteDone starts the
 // next write, the choices taking turns. Text deltas come from the tokenizer's StreamDecoder, through a
 // StopStringMatcher for the request's text stop strings: a match truncates the text, cancels the
@@ -37,9 +40,9 @@
 #include "shardserve/v1/inference.grpc.pb.h"
 
 namespace shardserve::coordinator {
-namespace http {
-class ChatPrompt;
-}  // namespace http
+namespace frontend {
+class Admission;
+}  // namespace frontend
 
 struct InferenceServiceOptions {
   std::string model_path;
@@ -86,17 +89,15 @@ class InferenceService final : public InferenceBase {
   grpc::Status DoTokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest& request,
                           v1::TokenizeResponse* response);
   grpc::Status DoGetModelInfo(grpc::CallbackServerContext* ctx, v1::ModelInfo* response);
-  // The scheduler's request for `request`, or INVALID_ARGUMENT naming the field.
-  absl::StatusOr<SequenceRequest> Convert(const v1::GenerateRequest& request) const;
 
   const InferenceServiceOptions options_;
   const ModelSpec* const spec_;
   const Tokenizer* const tokenizer_;
   Scheduler* const scheduler_;
-  const Cluster* const cluster_;
-  const std::unique_ptr<http::ChatPrompt> chat_prompt_;  // for GenerateRequest.chat
-  int tool_format_ = 0;  // an http::ToolCallFormat: how the model writes tool calls
-  mutable std::atomic<uint64_t> next_request_ = 1;  // for request ids the server makes
+  // GenerateRequest -> the scheduler's request, once parsed (frontend/admission.h); asks `cluster`
+  // whether it takes requests.
+  const std::unique_ptr<frontend::Admission> admission_;
+  std::atomic<uint64_t> next_request_ = 1;  // for request ids the server makes
 };
 
 }  // namespace shardserve::coordinator

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 
-namespace shardserve::coordinator::http {
+namespace shardserve::coordinator::frontend {
 
 absl::Status ValidateChatTurns(const std::vector<ChatTurn>& messages) {
   if (messages.empty()) return absl::InvalidArgumentError("messages is empty");
@@ -91,4 +91,4 @@ absl::StatusOr<std::vector<int32_t>> ChatPrompt::Render(const std::vector<ChatTu
   return ids;
 }
 
-}  // namespace shardserve::coordinator::http
+}  // namespace shardserve::coordinator::frontend

@@ -18,7 +18,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "common/chat_template/jinja.h"
 
-namespace shardserve::coordinator::http {
+namespace shardserve::coordinator::frontend {
 
 struct ChatTurn {
   std::string role;  // system, user, assistant, tool or developer
@@ -62,6 +62,6 @@ class ChatPrompt {
   std::string bos_token_, eos_token_;
 };
 
-}  // namespace shardserve::coordinator::http
+}  // namespace shardserve::coordinator::frontend
 
 #endif  // SHARDSERVE_COORDINATOR_FRONTEND_CHAT_PROMPT_H_

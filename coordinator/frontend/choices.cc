@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/frontend/request_log.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 
 // Choice 0's sink: passes every call on, and submits the other choices at its first token (or end).
 class ChoiceGroup::FirstChoiceSink final : public SequenceSink {
@@ -131,4 +131,4 @@ void ChoiceCanceller::Stop(size_t choice) {
   if (group != nullptr) group->Cancel(choice, FinishReason::kStop);
 }
 
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend

@@ -19,7 +19,7 @@
 #include "coordinator/frontend/sequence_output.h"
 #include "coordinator/scheduler/scheduler.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 
 inline constexpr int kMaxChoices = 16;
 
@@ -76,6 +76,6 @@ class ChoiceCanceller {
   std::vector<size_t> stops_ ABSL_GUARDED_BY(mu_);  // asked before Bind
 };
 
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend
 
 #endif  // SHARDSERVE_COORDINATOR_FRONTEND_CHOICES_H_

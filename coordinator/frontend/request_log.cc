@@ -11,7 +11,7 @@
 #include "common/log/fields.h"
 #include "common/log/log.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 namespace {
 
 std::string Millis(absl::Duration d) { return absl::StrFormat("%.1f", absl::ToDoubleMilliseconds(d)); }
@@ -89,4 +89,4 @@ absl::StatusOr<SequenceId> SubmitWithLog(Scheduler& scheduler, SequenceRequest r
   return id;
 }
 
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend

@@ -22,7 +22,7 @@
 #include "coordinator/scheduler/scheduler_observer.h"
 #include "coordinator/scheduler/sequence.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 
 // Scheduler::Submit(request, sink) with the log lines above: `sink` is wrapped so that its OnEnd
 // is logged (with the time to the first token and the whole time, measured on `clock` from this
@@ -36,6 +36,6 @@ absl::StatusOr<SequenceId> SubmitWithLog(Scheduler& scheduler, SequenceRequest r
 // the metrics count it with the scheduler's own refusals. Thread-safe.
 void ReportRejected(SchedulerObserver* observer, const absl::Status& status);
 
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend
 
 #endif  // SHARDSERVE_COORDINATOR_FRONTEND_REQUEST_LOG_H_

@@ -4,7 +4,7 @@
 
 #include "common/log/log.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 
 SequenceText::SequenceText(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
     : decoder_(std::move(decoder)), matcher_(std::move(stops)) {}
@@ -56,4 +56,4 @@ void SequenceCanceller::Cancel(FinishReason reason) {
   if (id.has_value()) scheduler_->Cancel(*id, reason);
 }
 
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend

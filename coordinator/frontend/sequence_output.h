@@ -17,7 +17,7 @@
 #include "coordinator/frontend/stop_strings.h"
 #include "coordinator/scheduler/scheduler.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 
 // One sequence's text: token ids through the model's StreamDecoder (whole UTF-8 characters), then
 // through the request's StopStringMatcher (nothing from a stop string on is ever returned).
@@ -65,6 +65,6 @@ class SequenceCanceller {
   FinishReason reason_ ABSL_GUARDED_BY(mu_) = FinishReason::kCancelled;
 };
 
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend
 
 #endif  // SHARDSERVE_COORDINATOR_FRONTEND_SEQUENCE_OUTPUT_H_

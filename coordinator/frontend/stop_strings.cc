@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 
 absl::Status ValidateStopStrings(const std::vector<std::string>& stops, absl::string_view field) {
   if (stops.size() > kMaxStopStrings) {
@@ -74,4 +74,4 @@ std::string StopStringMatcher::Finish() {
   return out;
 }
 
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 
 // Limits on a request's stop strings (the same for the gRPC and the HTTP API).
 inline constexpr size_t kMaxStopStrings = 16;
@@ -59,6 +59,6 @@ class StopStringMatcher {
   bool stopped_ = false;
 };
 
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend
 
 #endif  // SHARDSERVE_COORDINATOR_FRONTEND_STOP_STRINGS_H_

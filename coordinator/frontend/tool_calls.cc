@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace shardserve::coordinator::http {
+namespace shardserve::coordinator::frontend {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -285,4 +285,4 @@ ParsedOutput ToolCallStreamer::Finish() {
   return ParseToolCalls(format_, held);
 }
 
-}  // namespace shardserve::coordinator::http
+}  // namespace shardserve::coordinator::frontend

@@ -30,7 +30,7 @@
 #include "coordinator/structured/json_schema.h"
 #include "nlohmann/json.hpp"
 
-namespace shardserve::coordinator::http {
+namespace shardserve::coordinator::frontend {
 
 enum class ToolCallFormat { kHermes, kLlama3Json };
 
@@ -102,6 +102,6 @@ class ToolCallStreamer {
   bool seen_text_ = false;   // non-blank content has been sent (Llama 3 calls start the answer)
 };
 
-}  // namespace shardserve::coordinator::http
+}  // namespace shardserve::coordinator::frontend
 
 #endif  // SHARDSERVE_COORDINATOR_FRONTEND_TOOL_CALLS_H_

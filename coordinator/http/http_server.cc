@@ -20,17 +20,26 @@
 #include "absl/time/clock.h"
 #include "common/http/capped_body.h"
 #include "common/log/log.h"
+#include "coordinator/frontend/admission.h"
 #include "coordinator/frontend/choices.h"
 #include "coordinator/frontend/request_log.h"
 #include "coordinator/frontend/sequence_output.h"
-#include "coordinator/frontend/stop_strings.h"
-#include "coordinator/frontend/chat_prompt.h"
-#include "coordinator/http/openai_protocol.h"
 #include "coordinator/frontend/tool_calls.h"
+#include "coordinator/http/openai_protocol.h"
 #include "coordinator/structured/json_schema.h"
 
 namespace shardserve::coordinator::http {
 namespace {
+
+using frontend::ChoiceCanceller;
+using frontend::ChoiceGroup;
+using frontend::ParsedOutput;
+using frontend::ParseToolCallFormat;
+using frontend::ParseToolCalls;
+using frontend::ReportRejected;
+using frontend::SequenceText;
+using frontend::ToolCallFormat;
+using frontend::ToolCallStreamer;
 
 using Json = nlohmann::ordered_json;
 
@@ -266,6 +275,38 @@ int LoadCertificateAtHandshake(SSL* ssl, void* arg) {
 }
 
 
+// A token id of the JSON (int64) as the scheduler's int32: ids beyond int32 become ids outside
+// the vocabulary, which admission refuses naming the field.
+int32_t ClampId(int64_t id) {
+  return static_cast<int32_t>(std::clamp<int64_t>(id, -1, std::numeric_limits<int32_t>::max()));
+}
+
+// The constraint that response_format or a guided_* field asks for (none for text).
+std::optional<frontend::ConstraintInput> ConstraintOf(const SamplingFields& fields) {
+  structured::ConstraintSpec spec;
+  switch (fields.response_format) {
+    case SamplingFields::ResponseFormat::kText:
+      return std::nullopt;
+    case SamplingFields::ResponseFormat::kJsonObject:
+      spec = {structured::ConstraintKind::kJsonObject, ""};
+      break;
+    case SamplingFields::ResponseFormat::kJsonSchema:
+      spec = {structured::ConstraintKind::kJsonSchema, fields.json_schema};
+      break;
+    case SamplingFields::ResponseFormat::kRegex:
+      spec = {structured::ConstraintKind::kRegex, fields.regex};
+      break;
+    case SamplingFields::ResponseFormat::kChoice: {
+      // Exactly one of the strings.
+      std::vector<std::string> alternatives;
+      for (const std::string& c : fields.choices) alternatives.push_back(structured::RegexLiteral(c));
+      spec = {structured::ConstraintKind::kRegex, absl::StrCat("(?:", absl::StrJoin(alternatives, "|"), ")")};
+      break;
+    }
+  }
+  return frontend::ConstraintInput{std::move(spec), fields.format_param};
+}
+
 }  // namespace
 
 absl::Status HttpServerOptions::Validate() const {
@@ -294,8 +335,7 @@ struct HttpServer::Impl {
   const Tokenizer* tokenizer = nullptr;
   Scheduler* scheduler = nullptr;
   std::function<absl::Status()> ready;
-  std::unique_ptr<ChatPrompt> chat_prompt;  // the model's chat template
-  ToolCallFormat tool_format = ToolCallFormat::kHermes;  // how the model writes tool calls
+  std::unique_ptr<frontend::Admission> admission;  // request -> the scheduler's request
   std::atomic<uint64_t> next_id{1};
 
   // What the SSL_CTX's certificate callback reads (null without TLS); outlives the server.
@@ -326,7 +366,6 @@ struct HttpServer::Impl {
     ReportRejected(options.observer, status);
     ReplyStatus(res, status);
   }
-  absl::StatusOr<std::vector<int32_t>> ChatPromptIds(const ChatRequest& request) const;
   absl::Status CheckModel(const std::string& model) const;
 };
 
@@ -404,17 +443,6 @@ void HttpServer::Impl::Model(const std::string& id, httplib::Response& res) {
   res.set_content(Dump(ModelJson()), "application/json");
 }
 
-absl::StatusOr<std::vector<int32_t>> HttpServer::Impl::ChatPromptIds(const ChatRequest& request) const {
-  std::vector<ChatTurn> turns;
-  for (const ChatMessage& m : request.messages) {
-    turns.push_back({.role = m.role, .content = m.content, .name = m.name, .tool_calls = m.tool_calls,
-                     .tool_call_id = m.tool_call_id});
-  }
-  absl::StatusOr<std::vector<int32_t>> ids = chat_prompt->Render(turns, request.tools);
-  if (!ids.ok()) return WithParam(ids.status(), "messages");
-  return ids;
-}
-
 bool HttpServer::Impl::ReadBody(const httplib::ContentReader& reader, httplib::Response& res,
                                 std::string* body) const {
   switch (ReadCappedBody(reader, options.max_body_bytes, res, body)) {
@@ -434,32 +462,26 @@ bool HttpServer::Impl::ReadBody(const httplib::ContentReader& reader, httplib::R
 
 void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res, bool chat,
                                 std::shared_ptr<security::ApiKeys::Lease> lease) {
-  const RequestLimits& limits = scheduler->options().limits;
-  SequenceRequest seq;
+  frontend::AdmissionRequest request;
   SamplingFields fields;
   bool echo = false;      // completions: the answer starts with the prompt
-  std::string echo_text;  // the prompt's text
-  // Chat with tools: the output is parsed for calls (unless tool_choice is none), and constrained
-  // to calls with tool_choice required or a named function.
-  ToolChoice tool_choice = ToolChoice::kNone;
-  std::optional<std::string> tool_regex;
+  std::string echo_text;  // the prompt's text (of token ids: decoded once admitted)
+  bool ids_prompt = false;
   if (chat) {
     absl::StatusOr<ChatRequest> parsed = ParseChatRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
     fields = parsed->fields;
     if (absl::Status st = CheckModel(fields.model); !st.ok()) return Reject(res, st);
-    absl::StatusOr<std::vector<int32_t>> prompt = ChatPromptIds(*parsed);
-    if (!prompt.ok()) return Reject(res, prompt.status());
-    seq.prompt = *std::move(prompt);
-    tool_choice = parsed->tool_choice;
-    if (tool_choice == ToolChoice::kRequired || tool_choice == ToolChoice::kNamed) {
-      std::optional<std::string> named;
-      if (tool_choice == ToolChoice::kNamed) named = parsed->tool_name;
-      absl::StatusOr<std::string> regex =
-          ToolCallRegex(tool_format, parsed->tool_functions, named, parsed->parallel_tool_calls);
-      if (!regex.ok()) return Reject(res, InvalidParam("tools", regex.status().message()));
-      tool_regex = *std::move(regex);
+    frontend::ChatInput in{.tools = std::move(parsed->tools),
+                           .functions = std::move(parsed->tool_functions),
+                           .tool_choice = parsed->tool_choice,
+                           .tool_name = std::move(parsed->tool_name),
+                           .parallel_tool_calls = parsed->parallel_tool_calls};
+    for (ChatMessage& m : parsed->messages) {
+      in.turns.push_back({.role = std::move(m.role), .content = std::move(m.content), .name = std::move(m.name),
+                          .tool_calls = std::move(m.tool_calls), .tool_call_id = std::move(m.tool_call_id)});
     }
+    request.prompt = std::move(in);
   } else {
     absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
@@ -468,111 +490,14 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
     echo = parsed->echo;
     if (parsed->prompt_text.has_value()) {
       if (echo) echo_text = *parsed->prompt_text;
-      if (tokenizer == nullptr) {
-        return Reject(res, InvalidParam("prompt", absl::StrCat("the model ", options.model_path,
-                                                                    " has no tokenizer: send the prompt as token ids")));
-      }
-      absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(*parsed->prompt_text, /*add_special_tokens=*/true);
-      if (!ids.ok()) return Reject(res, InvalidParam("prompt", ids.status().message()));
-      seq.prompt = *std::move(ids);
+      request.prompt = *std::move(parsed->prompt_text);
     } else {
-      for (size_t i = 0; i < parsed->prompt_ids.size(); ++i) {
-        const int64_t id = parsed->prompt_ids[i];
-        if (id < 0 || id >= limits.vocab_size) {
-          return Reject(res, InvalidParam("prompt", absl::StrCat("prompt[", i, "] = ", id, " is outside the vocabulary [0, ",
-                                                                      limits.vocab_size, ")")));
-        }
-        seq.prompt.push_back(static_cast<int32_t>(id));
-      }
-      if (echo && tokenizer != nullptr) {
-        absl::StatusOr<std::string> text = tokenizer->Decode(seq.prompt, /*skip_special_tokens=*/true);
-        if (text.ok()) echo_text = *std::move(text);
-      }
+      ids_prompt = true;
+      std::vector<int32_t> ids;
+      for (int64_t id : parsed->prompt_ids) ids.push_back(ClampId(id));
+      request.prompt = std::move(ids);
     }
   }
-  const int64_t prompt_len = static_cast<int64_t>(seq.prompt.size());
-  if (prompt_len >= limits.max_seq_len) {
-    return Reject(res, InvalidParam(chat ? "messages" : "prompt",
-                                         absl::StrCat("the prompt has ", prompt_len, " tokens; the context holds ",
-                                                      limits.max_seq_len, " (prompt + max_tokens)")));
-  }
-  // OpenAI's defaults: 16 tokens for completions; chat runs to the end of the context.
-  const int64_t max_tokens = fields.max_tokens.value_or(chat ? limits.max_seq_len - prompt_len : 16);
-  if (prompt_len + max_tokens > limits.max_seq_len) {
-    return Reject(res, InvalidParam("max_tokens", absl::StrCat("prompt (", prompt_len, " tokens) + max_tokens (", max_tokens,
-                                                      ") exceeds the context of ", limits.max_seq_len, " tokens")));
-  }
-  if (absl::Status st = ValidateStopStrings(fields.stop, "stop"); !st.ok()) {
-    return Reject(res, InvalidParam("stop", st.message()));
-  }
-  seq.max_tokens = static_cast<int32_t>(max_tokens);
-  seq.sampling = {.temperature = static_cast<float>(fields.temperature),
-                  .top_k = static_cast<int32_t>(fields.top_k),
-                  .top_p = static_cast<float>(fields.top_p),
-                  .seed = static_cast<uint64_t>(fields.seed.value_or(0)),
-                  .min_p = static_cast<float>(fields.min_p),
-                  .presence_penalty = static_cast<float>(fields.presence_penalty),
-                  .frequency_penalty = static_cast<float>(fields.frequency_penalty),
-                  .repetition_penalty = static_cast<float>(fields.repetition_penalty)};
-  // Ids beyond the vocabulary (int32 included) are refused by ValidateSequenceRequest below.
-  auto clamp_id = [](int64_t id) {
-    return static_cast<int32_t>(std::clamp<int64_t>(id, -1, std::numeric_limits<int32_t>::max()));
-  };
-  for (const auto& [id, bias] : fields.logit_bias) {
-    seq.sampling.logit_bias.emplace_back(clamp_id(id), static_cast<float>(bias));
-  }
-  std::sort(seq.sampling.logit_bias.begin(), seq.sampling.logit_bias.end());
-  for (int64_t id : fields.stop_token_ids) seq.stop_token_ids.push_back(clamp_id(id));
-  seq.ignore_eos = fields.ignore_eos;
-  seq.min_tokens = static_cast<int32_t>(std::min<int64_t>(fields.min_tokens, std::numeric_limits<int32_t>::max()));
-  seq.logprobs = fields.logprobs;
-  seq.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
-  seq.prompt_logprobs = echo && fields.logprobs;
-  if (tool_regex.has_value()) {
-    if (options.constraints == nullptr) {
-      return Reject(res, InvalidParam("tool_choice", absl::StrCat("the model ", options.model_path,
-                                                                  " has no tokenizer: tool_choice required needs one")));
-    }
-    absl::StatusOr<std::shared_ptr<const TokenConstraint>> c =
-        options.constraints->Compile({structured::ConstraintKind::kRegex, *tool_regex});
-    if (!c.ok()) return Reject(res, InvalidParam("tools", c.status().message()));
-    seq.constraint = *std::move(c);
-  }
-  if (fields.response_format != SamplingFields::ResponseFormat::kText) {
-    if (options.constraints == nullptr) {
-      return Reject(res, InvalidParam(fields.format_param, absl::StrCat("the model ", options.model_path,
-                                                                      " has no tokenizer: structured output needs one")));
-    }
-    structured::ConstraintSpec spec;
-    const std::string& param = fields.format_param;
-    switch (fields.response_format) {
-      case SamplingFields::ResponseFormat::kText:
-        break;
-      case SamplingFields::ResponseFormat::kJsonObject:
-        spec = {structured::ConstraintKind::kJsonObject, ""};
-        break;
-      case SamplingFields::ResponseFormat::kJsonSchema:
-        spec = {structured::ConstraintKind::kJsonSchema, fields.json_schema};
-        break;
-      case SamplingFields::ResponseFormat::kRegex:
-        spec = {structured::ConstraintKind::kRegex, fields.regex};
-        break;
-      case SamplingFields::ResponseFormat::kChoice: {
-        std::vector<std::string> alternatives;
-        for (const std::string& c : fields.choices) alternatives.push_back(structured::RegexLiteral(c));
-        spec = {structured::ConstraintKind::kRegex, absl::StrCat("(?:", absl::StrJoin(alternatives, "|"), ")")};
-        break;
-      }
-    }
-    absl::StatusOr<std::shared_ptr<const TokenConstraint>> c = options.constraints->Compile(spec);
-    if (!c.ok()) return Reject(res, InvalidParam(param, c.status().message()));
-    seq.constraint = *std::move(c);
-  }
-  const uint64_t serial = next_id.fetch_add(1);
-  seq.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", serial);
-  if (absl::Status st = ValidateSequenceRequest(seq, limits); !st.ok()) return Reject(res, st);
-  if (absl::Status st = ready(); !st.ok()) return Reject(res, st);
-
   // n choices; with best_of, that many are generated and the n most likely answered (their
   // logprobs are needed to rank them, whether or not the client asked for them).
   const int n = static_cast<int>(fields.n);
@@ -582,10 +507,39 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   }
   const bool rank = generate > n;
   if (rank && fields.stream) return Reject(res, InvalidParam("best_of", "'best_of' > 'n' cannot be streamed"));
-  if (rank) seq.logprobs = true;
-
+  // OpenAI's defaults: 16 tokens for completions; chat runs to the end of the context.
+  request.max_tokens = chat ? fields.max_tokens : fields.max_tokens.value_or(16);
+  SequenceRequest& r = request.sequence;
+  r.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", next_id.fetch_add(1));
+  r.sampling = {.temperature = static_cast<float>(fields.temperature),
+                .top_k = static_cast<int32_t>(fields.top_k),
+                .top_p = static_cast<float>(fields.top_p),
+                .seed = static_cast<uint64_t>(fields.seed.value_or(0)),
+                .min_p = static_cast<float>(fields.min_p),
+                .presence_penalty = static_cast<float>(fields.presence_penalty),
+                .frequency_penalty = static_cast<float>(fields.frequency_penalty),
+                .repetition_penalty = static_cast<float>(fields.repetition_penalty)};
+  for (const auto& [id, bias] : fields.logit_bias) r.sampling.logit_bias.emplace_back(ClampId(id), static_cast<float>(bias));
+  for (int64_t id : fields.stop_token_ids) r.stop_token_ids.push_back(ClampId(id));
+  r.ignore_eos = fields.ignore_eos;
+  r.min_tokens = static_cast<int32_t>(std::min<int64_t>(fields.min_tokens, std::numeric_limits<int32_t>::max()));
+  r.logprobs = fields.logprobs || rank;
+  r.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
+  r.prompt_logprobs = echo && fields.logprobs;
+  request.stop = fields.stop;
+  request.n = generate;
+  request.constraint = ConstraintOf(fields);
+  // Admit reports its own refusals.
+  absl::StatusOr<frontend::AdmittedRequest> admitted = admission->Admit(std::move(request), frontend::OpenAiFieldNames(chat));
+  if (!admitted.ok()) return ReplyStatus(res, admitted.status());
+  SequenceRequest& seq = admitted->sequence;
+  if (echo && ids_prompt && tokenizer != nullptr) {
+    absl::StatusOr<std::string> text = tokenizer->Decode(seq.prompt, /*skip_special_tokens=*/true);
+    if (text.ok()) echo_text = *std::move(text);
+  }
+  const int64_t prompt_len = static_cast<int64_t>(seq.prompt.size());
   const ResponseMeta meta{.id = seq.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
-  auto choices = std::make_shared<HttpChoices>(generate, tokenizer, fields.stop);
+  auto choices = std::make_shared<HttpChoices>(generate, tokenizer, admitted->stop);
   if (echo) choices->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
   // Logged and counted like the gRPC front end's requests (coordinator/frontend/request_log.h).
   absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler, std::move(seq), choices->Sinks());
@@ -600,7 +554,8 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   };
 
   const bool logprobs = fields.logprobs;
-  const bool parse_tools = chat && tool_choice != ToolChoice::kNone;
+  const std::optional<ToolCallFormat> tool_format = admitted->tool_calls;  // set: answers are parsed for calls
+  const bool parse_tools = tool_format.has_value();
   if (!fields.stream) {
     struct Answer {
       std::string text;
@@ -642,7 +597,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                                                       .finish_reason = FinishReasonText(answers[i].end->reason),
                                                       .logprobs = logprobs ? &answers[i].entries : nullptr});
       if (!parse_tools) continue;
-      ParsedOutput parsed = ParseToolCalls(tool_format, o.text);
+      ParsedOutput parsed = ParseToolCalls(*tool_format, o.text);
       if (parsed.calls.empty()) continue;
       o.text = std::move(parsed.content);
       o.tool_calls = std::move(parsed.calls);
@@ -666,7 +621,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   };
   auto state = std::make_shared<StreamState>();
   state->text_offset.assign(static_cast<size_t>(n), 0);
-  if (parse_tools) state->tools.assign(static_cast<size_t>(n), ToolCallStreamer(tool_format));
+  if (parse_tools) state->tools.assign(static_cast<size_t>(n), ToolCallStreamer(*tool_format));
   state->lease = std::move(lease);
   const absl::Duration keepalive = options.keepalive;
   const bool include_usage = fields.include_usage;
@@ -883,10 +838,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   impl->tokenizer = tokenizer;
   impl->scheduler = scheduler;
   impl->ready = std::move(ready);
-  impl->chat_prompt = std::make_unique<ChatPrompt>(tokenizer, impl->options.model_path);
-  impl->tool_format = impl->options.tool_call_parser == "auto"
-                          ? DetectToolCallFormat(impl->chat_prompt->template_source())
-                          : *ParseToolCallFormat(impl->options.tool_call_parser);  // checked by Validate
+  impl->admission = std::make_unique<frontend::Admission>(
+      frontend::AdmissionOptions{.tokenizer = tokenizer,
+                                 .model_path = impl->options.model_path,
+                                 .constraints = impl->options.constraints,
+                                 .tool_call_parser = impl->options.tool_call_parser,
+                                 .limits = scheduler->options().limits,
+                                 .eos_token_ids = scheduler->options().eos_token_ids,
+                                 .ready = impl->ready,
+                                 .observer = impl->options.observer});
 
   Impl& s = *impl;
   ApplyServingLimits(s.options.limits, s.server);

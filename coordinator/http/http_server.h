@@ -5,11 +5,12 @@
 //   POST /v1/completions       prompt (text or token ids) -> text; stream = server-sent events
 //   POST /v1/chat/completions  messages -> the model's chat template -> prompt -> text
 //
-// A request is parsed strictly (openai_protocol.h), converted to a SequenceRequest (text prompts
-// are tokenized as the gRPC API does; chat prompts are rendered with the tokenizer's chat
+// A request is parsed strictly (openai_protocol.h) into a frontend::AdmissionRequest, which
+// frontend::Admission (coordinator/frontend/admission.h) turns into the scheduler's request as it
+// does the gRPC API's (text prompts tokenized; chat prompts rendered with the tokenizer's chat
 // template and tokenized without adding special tokens, as transformers' apply_chat_template
-// does), checked with ValidateSequenceRequest and ValidateStopStrings, and submitted to the
-// Scheduler. Generated ids become text through the tokenizer's StreamDecoder and a
+// does; every check, with errors naming the field as this API spells it; the cluster's readiness
+// last), and submitted to the Scheduler. Generated ids become text through the tokenizer's StreamDecoder and a
 // StopStringMatcher: a stop string ends the request with finish_reason "stop" (and cancels the
 // sequence in the scheduler); EOS or a stop id gives "stop"; max_tokens or the context gives
 // "length".

@@ -4,7 +4,6 @@
 #include <limits>
 #include <utility>
 
-#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/frontend/choices.h"
@@ -13,8 +12,12 @@
 namespace shardserve::coordinator::http {
 namespace {
 
+using frontend::kMaxChoices;
+using frontend::ParseToolDefinition;
+using frontend::ToolChoice;
+using frontend::ToolFunction;
+
 using Json = nlohmann::ordered_json;
-constexpr absl::string_view kParamPayload = "type.shardserve/openai.param";
 
 const char* TypeName(const Json& j) {
   switch (j.type()) {
@@ -345,18 +348,14 @@ Json UsageJson(const Usage& u) {
 }  // namespace
 
 absl::Status WithParam(absl::Status status, absl::string_view param) {
-  if (!param.empty()) status.SetPayload(kParamPayload, absl::Cord(param));
-  return status;
+  return WithRequestField(std::move(status), param);
 }
 
 absl::Status InvalidParam(absl::string_view param, absl::string_view message) {
-  return WithParam(absl::InvalidArgumentError(message), param);
+  return InvalidRequestField(param, message);
 }
 
-std::string ParamOf(const absl::Status& status) {
-  absl::optional<absl::Cord> p = status.GetPayload(kParamPayload);
-  return p.has_value() ? std::string(*p) : "";
-}
+std::string ParamOf(const absl::Status& status) { return RequestFieldOf(status); }
 
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body) {
   absl::StatusOr<Json> j = ParseObject(body);
@@ -547,9 +546,6 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
         const std::string at = absl::StrCat("tools[", i, "]");
         absl::StatusOr<ToolFunction> f = ParseToolDefinition(v[i], at);
         if (!f.ok()) return WithParam(f.status(), at);
-        for (const ToolFunction& g : r.tool_functions) {
-          if (g.name == f->name) return InvalidParam(at, absl::StrCat("two tools are named '", f->name, "'"));
-        }
         r.tool_functions.push_back(*std::move(f));
       }
       if (!v.empty()) r.tools = v;
@@ -595,20 +591,8 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   if (r.fields.top_logprobs > 0 && !r.fields.logprobs) {
     return InvalidParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   }
+  // The tool choice against the tools and the constraint: frontend::Admission.
   if (!has_tool_choice) r.tool_choice = r.tools.is_null() ? ToolChoice::kNone : ToolChoice::kAuto;
-  if (r.tool_choice != ToolChoice::kNone && r.tools.is_null()) {
-    return InvalidParam("tool_choice", "'tool_choice' needs 'tools'");
-  }
-  if (r.tool_choice == ToolChoice::kNamed) {
-    bool found = false;
-    for (const ToolFunction& f : r.tool_functions) found = found || f.name == r.tool_name;
-    if (!found) return InvalidParam("tool_choice", absl::StrCat("'tool_choice' names '", r.tool_name, "', which is not in 'tools'"));
-  }
-  if ((r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kNamed) &&
-      r.fields.response_format != SamplingFields::ResponseFormat::kText) {
-    return InvalidParam("tool_choice", absl::StrCat("'tool_choice' \"required\" or a named function cannot be combined with '",
-                                                    r.fields.format_param, "'"));
-  }
   if (!has_messages) return InvalidParam("messages", "'messages' is required");
   if (r.messages.empty()) return InvalidParam("messages", "'messages' is empty");
   return r;

@@ -94,13 +94,14 @@ struct ChatMessage {
 struct ChatRequest {
   SamplingFields fields;
   std::vector<ChatMessage> messages;  // non-empty
-  // OpenAI's tools: the entries as given (for the chat template) and their functions (validated
-  // by ParseToolDefinition; names distinct).
+  // OpenAI's tools: the entries as given (for the chat template) and their functions (each
+  // validated by ParseToolDefinition; distinct names, and the tool choice against them, are
+  // frontend::Admission's to check).
   nlohmann::ordered_json tools;  // null when absent
-  std::vector<ToolFunction> tool_functions;
+  std::vector<frontend::ToolFunction> tool_functions;
   // tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
   // (kNamed, tool_name); the default is auto with tools, none without.
-  ToolChoice tool_choice = ToolChoice::kNone;
+  frontend::ToolChoice tool_choice = frontend::ToolChoice::kNone;
   std::string tool_name;
   bool parallel_tool_calls = true;
 };
@@ -122,11 +123,13 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
 absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
 
-// An InvalidArgument status that carries the request field `param` (for the error body).
+// An InvalidArgument status that carries the request field `param` (for the error body). The
+// field is the one the scheduler's and admission's errors carry (InvalidRequestField in
+// coordinator/scheduler/sequence.h), so ParamOf finds theirs too.
 absl::Status InvalidParam(absl::string_view param, absl::string_view message);
 // `status` with the request field `param` attached.
 absl::Status WithParam(absl::Status status, absl::string_view param);
-// The field attached by InvalidParam or WithParam, or "".
+// The field attached by InvalidParam, WithParam or InvalidRequestField, or "".
 std::string ParamOf(const absl::Status& status);
 
 // An error reply: its HTTP status and OpenAI body.
@@ -186,7 +189,7 @@ struct ChoiceOutput {
   const std::vector<LogprobEntry>* logprobs = nullptr;  // null: not asked (JSON null)
   // Chat: the calls parsed from the text (message.tool_calls, with ids from tool_call_ids); with
   // calls, an empty text is "content": null.
-  std::vector<ParsedToolCall> tool_calls;
+  std::vector<frontend::ParsedToolCall> tool_calls;
   std::vector<std::string> tool_call_ids;  // [tool_calls.size()]
 };
 

@@ -1,6 +1,7 @@
 // What the scheduler is asked to generate (SequenceRequest), how it reports back (SequenceSink),
 // and the request checks shared by the public API and the scheduler (ValidateSequenceRequest).
-// Plain structs: the Inference service converts shardserve.v1.GenerateRequest into these.
+// Plain structs: the front ends' admission step (coordinator/frontend/admission.h) builds these
+// from a request of either API.
 #ifndef SHARDSERVE_COORDINATOR_SCHEDULER_SEQUENCE_H_
 #define SHARDSERVE_COORDINATOR_SCHEDULER_SEQUENCE_H_
 
@@ -99,16 +100,46 @@ struct RequestLimits {
   int64_t max_seq_len = 0;  // prompt + generated tokens of one sequence
 };
 
-// InvalidArgument naming the request field (as in shardserve.v1.GenerateRequest) when: the prompt
-// is empty; a prompt id is outside [0, vocab_size) ("prompt.token_ids[3] = 999 is outside ...");
-// the prompt has max_seq_len tokens or more; max_tokens < 1; prompt + max_tokens exceeds
-// max_seq_len; sampling.temperature is negative or not finite; sampling.top_k < 0;
-// sampling.top_p is outside (0, 1]; sampling.min_p is outside [0, 1]; repetition_penalty outside
-// (0, 2] or frequency_penalty / presence_penalty outside [-2, 2]; a logit_bias id is outside
-// the vocabulary or its bias outside [-100, 100] (or more than 1024 entries); a stop_token_ids
-// entry is outside the vocabulary; min_tokens is outside [0, max_tokens]; top_logprobs is outside
-// [0, 20]. Pure.
-absl::Status ValidateSequenceRequest(const SequenceRequest& request, const RequestLimits& limits);
+// How an API spells the request fields ValidateSequenceRequest names. The defaults are
+// shardserve.v1.GenerateRequest's; the OpenAI-compatible HTTP API has its own
+// (coordinator/frontend/admission.h), so that each client is told of a field by its own name.
+struct RequestFieldNames {
+  absl::string_view prompt = "prompt";
+  absl::string_view prompt_ids = "prompt.token_ids";  // an index follows: "prompt.token_ids[3]"
+  absl::string_view max_tokens = "max_tokens";
+  absl::string_view temperature = "sampling.temperature";
+  absl::string_view top_k = "sampling.top_k";
+  absl::string_view top_p = "sampling.top_p";
+  absl::string_view min_p = "sampling.min_p";
+  absl::string_view logit_bias = "sampling.logit_bias";
+  absl::string_view repetition_penalty = "sampling.repetition_penalty";
+  absl::string_view frequency_penalty = "sampling.frequency_penalty";
+  absl::string_view presence_penalty = "sampling.presence_penalty";
+  absl::string_view stop_token_ids = "stop_token_ids";  // an index follows
+  absl::string_view min_tokens = "min_tokens";
+  absl::string_view top_logprobs = "top_logprobs";
+};
+
+// An InvalidArgument error about request field `field` (as the caller's API spells it): `message`,
+// with `field` attached to the status, where RequestFieldOf finds it (the HTTP API reports it as
+// the error's "param"). An empty `field` attaches nothing.
+absl::Status InvalidRequestField(absl::string_view field, absl::string_view message);
+// `status` with `field` attached (nothing when `field` is empty).
+absl::Status WithRequestField(absl::Status status, absl::string_view field);
+// The field attached by InvalidRequestField or WithRequestField, or "".
+std::string RequestFieldOf(const absl::Status& status);
+
+// InvalidArgument naming the request field (spelled as `names` says, the field attached as
+// RequestFieldOf finds it) when: the prompt is empty; a prompt id is outside [0, vocab_size)
+// ("prompt.token_ids[3] = 999 is outside ..."); the prompt has max_seq_len tokens or more;
+// max_tokens < 1; prompt + max_tokens exceeds max_seq_len; sampling.temperature is negative or
+// not finite; sampling.top_k < 0; sampling.top_p is outside (0, 1]; sampling.min_p is outside
+// [0, 1]; repetition_penalty outside (0, 2] or frequency_penalty / presence_penalty outside
+// [-2, 2]; a logit_bias id is outside the vocabulary or its bias outside [-100, 100] (or more than
+// 1024 entries); a stop_token_ids entry is outside the vocabulary; min_tokens is outside [0,
+// max_tokens]; top_logprobs is outside [0, 20]. Pure.
+absl::Status ValidateSequenceRequest(const SequenceRequest& request, const RequestLimits& limits,
+                                     const RequestFieldNames& names = RequestFieldNames());
 
 // Whether sampling `token` ends `request` by itself: one of its stop_token_ids, or one of the
 // model's `eos_token_ids` unless ignore_eos. (A completed constraint ends it too; the caller knows

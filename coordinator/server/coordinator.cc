@@ -37,7 +37,7 @@ absl::Status CoordinatorOptions::Validate() const {
         "--public_plaintext is only for a loopback --http_listen (127.0.0.1, ::1, localhost)");
   }
   if (model_path.empty()) return absl::InvalidArgumentError("--model is required");
-  if (tool_call_parser != "auto" && !http::ParseToolCallFormat(tool_call_parser).ok()) {
+  if (tool_call_parser != "auto" && !frontend::ParseToolCallFormat(tool_call_parser).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--tool_call_parser must be auto, hermes or llama3_json, got \"",
                                                    tool_call_parser, "\""));
   }

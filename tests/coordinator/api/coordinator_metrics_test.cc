@@ -278,11 +278,11 @@ TEST(RequestLogTest, ASchedulerReportsEveryRequestToTheMetricsAndTheLog) {
   for (int i = 0; i < 3; ++i) {
     sinks.push_back(std::make_shared<EndSink>());
     SequenceRequest r{.request_id = absl::StrCat("r-", i), .prompt = {1, 2, 3}, .max_tokens = 4};
-    ASSERT_THAT(SubmitWithLog(scheduler, std::move(r), sinks.back()), IsOk());
+    ASSERT_THAT(frontend::SubmitWithLog(scheduler, std::move(r), sinks.back()), IsOk());
   }
   // A refused request (a prompt id outside the vocabulary) is logged and counted too.
   SequenceRequest bad{.request_id = "has space\n", .prompt = {99}, .max_tokens = 4};
-  EXPECT_THAT(SubmitWithLog(scheduler, std::move(bad), std::make_shared<EndSink>()).status(),
+  EXPECT_THAT(frontend::SubmitWithLog(scheduler, std::move(bad), std::make_shared<EndSink>()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prompt")));
   for (auto& s : sinks) {
     const SequenceEnd end = s->Wait();

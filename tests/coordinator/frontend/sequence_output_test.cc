@@ -13,7 +13,7 @@
 
 #include "tests/testing/status_matchers.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 namespace {
 
 // Token i decodes to kPieces[i]; ids outside the table have no text. Token 9 holds its text back
@@ -80,4 +80,4 @@ TEST(SequenceTextTest, WithoutADecoderThereIsNoText) {
 }
 
 }  // namespace
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend

@@ -6,7 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace shardserve::coordinator {
+namespace shardserve::coordinator::frontend {
 namespace {
 
 using ::testing::HasSubstr;
@@ -104,4 +104,4 @@ TEST(StopStringsTest, Validation) {
 }
 
 }  // namespace
-}  // namespace shardserve::coordinator
+}  // namespace shardserve::coordinator::frontend

@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace shardserve::coordinator::http {
+namespace shardserve::coordinator::frontend {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -254,4 +254,4 @@ TEST(ToolCallsTest, FormatFromTheModelTemplatesAndByName) {
 }
 
 }  // namespace
-}  // namespace shardserve::coordinator::http
+}  // namespace shardserve::coordinator::frontend

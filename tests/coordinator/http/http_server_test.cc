@@ -5,7 +5,6 @@
 #include <httplib.h>
 
 #include <csignal>
-#include <map>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -13,10 +12,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/rejection_counter.h"
 
 namespace shardserve::coordinator::http {
 namespace {
 
+using ::shardserve::testing::RejectionCounter;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 
@@ -76,40 +77,6 @@ class ScriptReplica final : public ReplicaClient {
 
 constexpr char kModel[] = "tests/golden/models/llama";
 
-// Counts the refusals the front end reports, and (as the scheduler's observer) the requests that
-// ended, so that a test can wait for an end without polling.
-class RejectionCounter final : public SchedulerObserver {
- public:
-  void OnRejected(const absl::Status& status) override {
-    absl::MutexLock lock(&mu_);
-    ++by_code_[status.code()];
-  }
-  void OnInterTokenLatency(absl::Duration) override {}
-  void OnRequestEnd(const RequestReport&) override {
-    absl::MutexLock lock(&mu_);
-    ++ended_;
-  }
-  // Waits until `n` requests have ended in the scheduler; false after `timeout`.
-  bool WaitEnded(int n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    auto ended = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_ >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&ended), timeout);
-  }
-  void OnStep(const StepReport&) override {}
-  void OnPreempted(int) override {}
-  void OnFailover(int) override {}
-  void OnPrefixCacheLookup(int, int64_t, int64_t) override {}
-  int count(absl::StatusCode code) {
-    absl::MutexLock lock(&mu_);
-    return by_code_[code];
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<absl::StatusCode, int> by_code_ ABSL_GUARDED_BY(mu_);
-  int ended_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 class HttpServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -123,7 +90,7 @@ class HttpServerTest : public ::testing::Test {
     SchedulerOptions so;
     so.limits = {.vocab_size = tokenizer_->vocab_size(), .max_seq_len = 256};
     so.max_queued = 0;  // a request that finds the only slot taken is refused (429)
-    so.observer = &rejections_;
+    so.observer = &ends_;  // the scheduler's reports (request ends), apart from the front end's refusals
     scheduler_ = std::make_unique<Scheduler>(so);
     auto replica = std::make_unique<ScriptReplica>(*script);
     replica_ = replica.get();
@@ -155,12 +122,13 @@ class HttpServerTest : public ::testing::Test {
 
   // Waits until the scheduler has ended `requests` requests in all and holds none.
   bool WaitIdle(int requests, absl::Duration timeout) {
-    if (!rejections_.WaitEnded(requests, timeout)) return false;
+    if (!ends_.WaitEnded(requests, timeout)) return false;
     SchedulerStats s = scheduler_->Stats();
     return s.running == 0 && s.waiting == 0;
   }
 
   RejectionCounter rejections_;
+  RejectionCounter ends_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::string script_text_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -256,6 +224,28 @@ TEST_F(HttpServerTest, QueueFullIs429AndNotReadyIs503) {
   EXPECT_EQ(status, 503);
   EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("waiting for 1 worker"));
   EXPECT_EQ(rejections_.count(absl::StatusCode::kUnavailable), 1);  // counted like the gRPC API's
+}
+
+// The checks both APIs share (frontend/admission.h) name the field as OpenAI spells it, in the
+// message and as the error's "param".
+TEST_F(HttpServerTest, SharedChecksNameTheOpenAiField) {
+  const struct {
+    const char* body;
+    const char* param;
+    const char* message;
+  } cases[] = {
+      {R"({"prompt": [1], "logit_bias": {"100000": 1}})", "logit_bias", "logit_bias token 100000 is outside"},
+      {R"({"prompt": [1], "max_tokens": 2, "min_tokens": 3})", "min_tokens",
+       "min_tokens must be in [0, max_tokens = 2], got 3"},
+      {R"({"prompt": [1], "stop_token_ids": [5, 100000]})", "stop_token_ids", "stop_token_ids[1] = 100000 is outside"},
+      {R"({"prompt": "Hi", "stop": ["a", ""]})", "stop", "stop[1] is empty"},
+  };
+  for (const auto& c : cases) {
+    auto [status, body] = Post("/v1/completions", c.body);
+    EXPECT_EQ(status, 400) << c.body;
+    EXPECT_EQ(body["error"]["param"], c.param) << body;
+    EXPECT_THAT(body["error"]["message"].get<std::string>(), ::testing::StartsWith(c.message)) << body;
+  }
 }
 
 TEST_F(HttpServerTest, BadRequestsAnd413And404And405) {

@@ -187,7 +187,7 @@ TEST(OpenAiProtocolTest, ChatToolsAndToolChoice) {
       {"role": "tool", "content": "42", "tool_call_id": "c1"}],
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]})");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->tool_choice, ToolChoice::kAuto);  // the default with tools
+  EXPECT_EQ(r->tool_choice, frontend::ToolChoice::kAuto);  // the default with tools
   ASSERT_EQ(r->tool_functions.size(), 1u);
   EXPECT_EQ(r->tool_functions[0].name, "f");
   EXPECT_EQ(r->messages[1].tool_calls.size(), 1u);
@@ -199,13 +199,13 @@ TEST(OpenAiProtocolTest, ChatToolsAndToolChoice) {
     "tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}],
     "tool_choice": {"type": "function", "function": {"name": "g"}}})");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(r->tool_choice, frontend::ToolChoice::kNamed);
   EXPECT_EQ(r->tool_name, "g");
   EXPECT_FALSE(r->parallel_tool_calls);
 
   r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "a"}]})");
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->tool_choice, ToolChoice::kNone);  // the default without tools
+  EXPECT_EQ(r->tool_choice, frontend::ToolChoice::kNone);  // the default without tools
   ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "tool_calls": []}]})").status(),
                 "messages[0].content", "messages[0].content");
   ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "a", "tool_calls": [

@@ -1,0 +1,187 @@
+#include "coordinator/frontend/admission.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/frontend/choices.h"
+#include "coordinator/frontend/request_log.h"
+#include "coordinator/frontend/stop_strings.h"
+
+namespace shardserve::coordinator::frontend {
+namespace {
+
+// An InvalidArgument about `field`: "<field><message...>", the field attached.
+template <typename... Parts>
+absl::Status Invalid(absl::string_view field, const Parts&... message) {
+  return InvalidRequestField(field, absl::StrCat(field, message...));
+}
+
+// `status` (from a helper that does not know the field) as an error about `field`.
+absl::Status InvalidBecause(absl::string_view field, const absl::Status& status) {
+  return Invalid(field, ": ", status.message());
+}
+
+}  // namespace
+
+const FieldNames& GrpcFieldNames() {
+  static const FieldNames names{.prompt_text = "prompt.text",
+                                .chat = "prompt.chat",
+                                .tools = "prompt.chat.tools",
+                                .tool_choice = "prompt.chat.tool_choice",
+                                .stop = "stop",
+                                .n = "n",
+                                .resume = "resume.token_ids",
+                                .sequence = {}};
+  return names;
+}
+
+const FieldNames& OpenAiFieldNames(bool chat) {
+  auto make = [](bool for_chat) {
+    return FieldNames{.prompt_text = "prompt",
+                      .chat = "messages",
+                      .tools = "tools",
+                      .tool_choice = "tool_choice",
+                      .stop = "stop",
+                      .n = "n",
+                      .resume = "resume",
+                      .sequence = {.prompt = for_chat ? "messages" : "prompt",
+                                   .prompt_ids = "prompt",
+                                   .max_tokens = "max_tokens",
+                                   .temperature = "temperature",
+                                   .top_k = "top_k",
+                                   .top_p = "top_p",
+                                   .min_p = "min_p",
+                                   .logit_bias = "logit_bias",
+                                   .repetition_penalty = "repetition_penalty",
+                                   .frequency_penalty = "frequency_penalty",
+                                   .presence_penalty = "presence_penalty",
+                                   .stop_token_ids = "stop_token_ids",
+                                   .min_tokens = "min_tokens",
+                                   .top_logprobs = for_chat ? "top_logprobs" : "logprobs"}};
+  };
+  static const FieldNames completions = make(false);
+  static const FieldNames chat_names = make(true);
+  return chat ? chat_names : completions;
+}
+
+Admission::Admission(AdmissionOptions options)
+    : options_(std::move(options)),
+      chat_prompt_(std::make_unique<ChatPrompt>(options_.tokenizer, options_.model_path)) {
+  absl::StatusOr<ToolCallFormat> format = ParseToolCallFormat(options_.tool_call_parser);
+  tool_format_ = format.ok() ? *format : DetectToolCallFormat(chat_prompt_->template_source());
+}
+
+Admission::~Admission() = default;
+
+absl::StatusOr<AdmittedRequest> Admission::Admit(AdmissionRequest request, const FieldNames& names) const {
+  absl::StatusOr<AdmittedRequest> admitted = Check(std::move(request), names);
+  if (!admitted.ok()) ReportRejected(options_.observer, admitted.status());
+  return admitted;
+}
+
+absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<ConstraintInput>& constraint,
+                                  const FieldNames& names,
+                                  SequenceRequest* sequence) const {
+  if (chat.tool_choice != ToolChoice::kNone && chat.tools.is_null()) {
+    return Invalid(names.tool_choice, ": needs ", names.tools);
+  }
+  for (size_t i = 0; i < chat.functions.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (chat.functions[j].name == chat.functions[i].name) {
+        return Invalid(absl::StrCat(names.tools, "[", i, "]"), ": two tools are named '", chat.functions[i].name, "'");
+      }
+    }
+  }
+  const bool forced = chat.tool_choice == ToolChoice::kRequired || chat.tool_choice == ToolChoice::kNamed;
+  std::optional<std::string> named;
+  if (chat.tool_choice == ToolChoice::kNamed) {
+    named = chat.tool_name;
+    if (std::none_of(chat.functions.begin(), chat.functions.end(),
+                     [&](const ToolFunction& f) { return f.name == chat.tool_name; })) {
+      return Invalid(names.tool_choice, ": no tool is named '", chat.tool_name, "' in ", names.tools);
+    }
+  }
+  if (forced && constraint.has_value()) {
+    return Invalid(names.tool_choice, ": a required or named tool call cannot be combined with ", constraint->field);
+  }
+  absl::StatusOr<std::vector<int32_t>> ids = chat_prompt_->Render(chat.turns, chat.tools);
+  if (!ids.ok()) return InvalidBecause(names.chat, ids.status());
+  sequence->prompt = *std::move(ids);
+  if (!forced) return absl::OkStatus();
+  // A required or named call: the answer is constrained to calls.
+  if (options_.constraints == nullptr) {
+    return Invalid(names.tool_choice, ": enforcing tool calls needs a model with a tokenizer");
+  }
+  absl::StatusOr<std::string> regex = ToolCallRegex(tool_format_, chat.functions, named, chat.parallel_tool_calls);
+  if (!regex.ok()) return InvalidBecause(names.tools, regex.status());
+  absl::StatusOr<std::shared_ptr<const TokenConstraint>> c =
+      options_.constraints->Compile({structured::ConstraintKind::kRegex, *regex});
+  if (!c.ok()) return InvalidBecause(names.tools, c.status());
+  sequence->constraint = *std::move(c);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const FieldNames& names) const {
+  AdmittedRequest out;
+  SequenceRequest& r = out.sequence;
+  r = std::move(request.sequence);
+  if (const auto* text = std::get_if<std::string>(&request.prompt)) {
+    if (options_.tokenizer == nullptr) {
+      return Invalid(names.prompt_text, ": the model has no tokenizer; send the prompt as token ids");
+    }
+    if (text->empty()) return Invalid(names.prompt_text, ": the prompt is empty");
+    absl::StatusOr<std::vector<int32_t>> ids = options_.tokenizer->Encode(*text, /*add_special_tokens=*/true);
+    if (!ids.ok()) return InvalidBecause(names.prompt_text, ids.status());
+    r.prompt = *std::move(ids);
+  } else if (auto* ids = std::get_if<std::vector<int32_t>>(&request.prompt)) {
+    r.prompt = std::move(*ids);  // checked against the vocabulary by ValidateSequenceRequest
+  } else {
+    const ChatInput& chat = std::get<ChatInput>(request.prompt);
+    if (absl::Status st = AdmitChat(chat, request.constraint, names, &r); !st.ok()) return st;
+    if (!chat.tools.is_null() && chat.tool_choice != ToolChoice::kNone) out.tool_calls = tool_format_;
+  }
+  if (request.constraint.has_value()) {
+    const ConstraintInput& c = *request.constraint;
+    if (options_.constraints == nullptr) {
+      return Invalid(c.field, ": structured output needs a model with a tokenizer");
+    }
+    absl::StatusOr<std::shared_ptr<const TokenConstraint>> compiled = options_.constraints->Compile(c.spec);
+    if (!compiled.ok()) return InvalidBecause(c.field, compiled.status());
+    r.constraint = *std::move(compiled);
+  }
+  if (!request.stop.empty()) {
+    if (options_.tokenizer == nullptr) {
+      return Invalid(names.stop, ": the model has no tokenizer, so text stop strings cannot be matched");
+    }
+    if (absl::Status st = ValidateStopStrings(request.stop, names.stop); !st.ok()) {
+      return WithRequestField(st, names.stop);
+    }
+  }
+  out.stop = std::move(request.stop);
+  if (request.n < 1 || request.n > kMaxChoices) {
+    return Invalid(names.n, " must be in [1, ", kMaxChoices, "], got ", request.n);
+  }
+  out.n = request.n;
+  if (!r.resumed.empty() && request.n > 1) {
+    return Invalid(names.resume, ": only a request with n = 1 can be resumed, got ", names.n, " = ", request.n);
+  }
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt.size());
+  const int64_t max_tokens = request.max_tokens.value_or(options_.limits.max_seq_len - prompt_len);
+  r.max_tokens = static_cast<int32_t>(
+      std::clamp<int64_t>(max_tokens, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+  std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
+  if (absl::Status st = ValidateSequenceRequest(r, options_.limits, names.sequence); !st.ok()) return st;
+  if (options_.ready) {
+    if (absl::Status st = options_.ready(); !st.ok()) return st;
+  }
+  if (!r.resumed.empty()) {
+    absl::StatusOr<ResumedState> resumed = ReplayResumed(r, options_.eos_token_ids, options_.limits);
+    if (!resumed.ok()) return WithRequestField(resumed.status(), names.resume);  // it names resume.token_ids[i]
+    out.resumed_end = resumed->ended;
+  }
+  return out;
+}
+
+}  // namespace shardserve::coordinator::frontend

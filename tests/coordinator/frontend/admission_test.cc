@@ -1,0 +1,315 @@
+// frontend::Admission, the step both front ends share: a valid request becomes the expected
+// SequenceRequest (the prompt as the tokenizer / chat template make it, the default max_tokens,
+// the tool-call constraint), and every invalid one is refused naming its field as each API spells
+// it (the gRPC API's and the OpenAI API's tables), the field attached for the HTTP "param". The
+// model: the qwen2 test tokenizer with Qwen2.5-Instruct's chat template (hermes tool calls).
+#include "coordinator/frontend/admission.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/rejection_counter.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace shardserve::coordinator::frontend {
+namespace {
+
+using ::shardserve::testing::IsOk;
+using ::shardserve::testing::RejectionCounter;
+using ::shardserve::testing::StatusIs;
+using ::testing::HasSubstr;
+using Json = nlohmann::ordered_json;
+
+constexpr int64_t kContext = 2048;  // the chat prompt with two tools is ~800 tokens
+
+// A request's constraint (built member by member: GCC 12 warns of a braced temporary's string).
+std::optional<ConstraintInput> Constraint(structured::ConstraintKind kind, std::string text, std::string field) {
+  std::optional<ConstraintInput> c;
+  c.emplace();
+  c->spec.kind = kind;
+  c->spec.text = std::move(text);
+  c->field = std::move(field);
+  return c;
+}
+
+class AdmissionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_.Write("tokenizer.json", testing::ReadFileOrEmpty("tests/golden/models/qwen2/tokenizer.json"));
+    Json config;
+    config["chat_template"] = testing::ReadFileOrEmpty("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja");
+    dir_.Write("tokenizer_config.json", config.dump());
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir_.path());
+    ASSERT_THAT(tokenizer.status(), IsOk());
+    tokenizer_ = *std::move(tokenizer);
+    compiler_ = std::make_unique<structured::ConstraintCompiler>(
+        structured::VocabularyFromTokenizer(*tokenizer_, tokenizer_->vocab_size()));
+    admission_ = Make(tokenizer_.get(), compiler_.get());
+  }
+
+  std::unique_ptr<Admission> Make(const Tokenizer* tokenizer, structured::ConstraintCompiler* compiler) {
+    return std::make_unique<Admission>(AdmissionOptions{
+        .tokenizer = tokenizer,
+        .model_path = dir_.path(),
+        .constraints = compiler,
+        .limits = {.vocab_size = tokenizer_->vocab_size(), .max_seq_len = kContext},
+        .eos_token_ids = {eos_},
+        .ready = [this] { return ready_; },
+        .observer = &observer_});
+  }
+
+  // A valid text request.
+  static AdmissionRequest Text(std::string text = "Hello world") {
+    AdmissionRequest r;
+    r.prompt = std::move(text);
+    r.max_tokens = 8;
+    return r;
+  }
+
+  static Json Tools() {
+    return Json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}])");
+  }
+
+  // A valid chat request with the two tools (tool choice auto).
+  static AdmissionRequest Chat() {
+    ChatInput chat;
+    chat.turns.push_back({.role = "user", .content = "Weather in Paris?"});
+    chat.tools = Tools();
+    for (const Json& t : chat.tools) {
+      chat.functions.push_back(*ParseToolDefinition(t, "tools"));
+    }
+    chat.tool_choice = ToolChoice::kAuto;
+    AdmissionRequest r;
+    r.prompt = std::move(chat);
+    r.max_tokens = 8;
+    return r;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<structured::ConstraintCompiler> compiler_;
+  std::unique_ptr<Admission> admission_;
+  RejectionCounter observer_;
+  absl::Status ready_ = absl::OkStatus();
+  int32_t eos_ = 0;
+};
+
+TEST_F(AdmissionTest, TextRequestBecomesTheSequenceRequest) {
+  AdmissionRequest r = Text("Once upon a time");
+  r.sequence.request_id = "req-7";
+  r.sequence.sampling = {.temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .seed = 5, .min_p = 0.1f,
+                         .logit_bias = {{9, 1.0f}, {3, -2.0f}}, .presence_penalty = 0.5f,
+                         .frequency_penalty = 0.25f, .repetition_penalty = 1.1f};
+  r.sequence.stop_token_ids = {4};
+  r.sequence.min_tokens = 2;
+  r.sequence.logprobs = true;
+  r.sequence.top_logprobs = 3;
+  r.stop = {"The end"};
+  r.n = 3;
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission_->Admit(r, GrpcFieldNames()));
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> want, tokenizer_->Encode("Once upon a time", /*add_special_tokens=*/true));
+  EXPECT_EQ(a.sequence.prompt, want);
+  EXPECT_EQ(a.sequence.request_id, "req-7");
+  EXPECT_EQ(a.sequence.max_tokens, 8);
+  EXPECT_EQ(a.sequence.sampling.temperature, 0.7f);
+  EXPECT_EQ(a.sequence.sampling.top_k, 40);
+  EXPECT_EQ(a.sequence.sampling.top_p, 0.9f);
+  EXPECT_EQ(a.sequence.sampling.seed, 5u);
+  EXPECT_EQ(a.sequence.sampling.repetition_penalty, 1.1f);
+  // logit_bias sorted by token id.
+  EXPECT_EQ(a.sequence.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{3, -2.0f}, {9, 1.0f}}));
+  EXPECT_EQ(a.sequence.stop_token_ids, std::vector<int32_t>{4});
+  EXPECT_EQ(a.sequence.min_tokens, 2);
+  EXPECT_TRUE(a.sequence.logprobs);
+  EXPECT_EQ(a.sequence.top_logprobs, 3);
+  EXPECT_EQ(a.sequence.constraint, nullptr);
+  EXPECT_EQ(a.stop, std::vector<std::string>{"The end"});
+  EXPECT_EQ(a.n, 3);
+  EXPECT_FALSE(a.tool_calls.has_value());
+  EXPECT_FALSE(a.resumed_end.has_value());
+  EXPECT_EQ(observer_.total(), 0);
+}
+
+TEST_F(AdmissionTest, TokenIdsAreUsedAsGivenAndMaxTokensDefaultsToTheRestOfTheContext) {
+  AdmissionRequest r;
+  r.prompt = std::vector<int32_t>{5, 6, 7};
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission_->Admit(r, OpenAiFieldNames(/*chat=*/true)));
+  EXPECT_EQ(a.sequence.prompt, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(a.sequence.max_tokens, kContext - 3);
+}
+
+TEST_F(AdmissionTest, ChatIsRenderedWithItsToolsAndRequiredCallsAreConstrained) {
+  AdmissionRequest r = Chat();
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission_->Admit(r, OpenAiFieldNames(/*chat=*/true)));
+  const ChatInput& chat = std::get<ChatInput>(r.prompt);
+  ASSERT_OK_AND_ASSIGN(std::string text, ChatPrompt(tokenizer_.get(), dir_.path()).RenderText(chat.turns, chat.tools));
+  EXPECT_THAT(text, HasSubstr("get_weather"));  // the template lists the tools
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> want, tokenizer_->Encode(text, /*add_special_tokens=*/false));
+  EXPECT_EQ(a.sequence.prompt, want);
+  EXPECT_EQ(a.tool_calls, ToolCallFormat::kHermes);  // detected from Qwen2.5's template
+  EXPECT_EQ(a.sequence.constraint, nullptr);        // auto: the model decides
+
+  std::get<ChatInput>(r.prompt).tool_choice = ToolChoice::kRequired;
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest required, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_NE(required.sequence.constraint, nullptr);
+  EXPECT_EQ(required.sequence.prompt, want);
+
+  // Tool choice none: the tools are shown, the answer is not parsed.
+  std::get<ChatInput>(r.prompt).tool_choice = ToolChoice::kNone;
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest none, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_FALSE(none.tool_calls.has_value());
+  EXPECT_EQ(none.sequence.prompt, want);
+}
+
+TEST_F(AdmissionTest, ConstraintIsCompiled) {
+  AdmissionRequest r = Text();
+  r.constraint = Constraint(structured::ConstraintKind::kRegex, "[a-z]{3}", "regex");
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_NE(a.sequence.constraint, nullptr);
+}
+
+// One invalid request: how it is made, and the field each API names.
+struct InvalidCase {
+  const char* what;
+  std::function<void(AdmissionRequest&)> spoil;
+  bool chat;
+  const char* grpc_field;    // GrpcFieldNames()
+  const char* openai_field;  // OpenAiFieldNames(chat)
+  const char* message;       // in both messages
+};
+
+TEST_F(AdmissionTest, InvalidRequestsNameTheFieldAsEachApiSpellsIt) {
+  auto chat_of = [](AdmissionRequest& r) -> ChatInput& { return std::get<ChatInput>(r.prompt); };
+  const InvalidCase cases[] = {
+      {"top_p", [](AdmissionRequest& r) { r.sequence.sampling.top_p = 1.5f; }, false, "sampling.top_p", "top_p",
+       "must be in (0, 1]"},
+      {"temperature", [](AdmissionRequest& r) { r.sequence.sampling.temperature = -1.0f; }, false,
+       "sampling.temperature", "temperature", "must be a finite number >= 0"},
+      {"top_k", [](AdmissionRequest& r) { r.sequence.sampling.top_k = -1; }, false, "sampling.top_k", "top_k",
+       "must be >= 0"},
+      {"min_p", [](AdmissionRequest& r) { r.sequence.sampling.min_p = 2.0f; }, false, "sampling.min_p", "min_p",
+       "must be in [0, 1]"},
+      {"logit_bias id", [](AdmissionRequest& r) { r.sequence.sampling.logit_bias = {{1 << 30, 1.0f}}; }, false,
+       "sampling.logit_bias", "logit_bias", "is outside the vocabulary"},
+      {"presence_penalty", [](AdmissionRequest& r) { r.sequence.sampling.presence_penalty = 3.0f; }, false,
+       "sampling.presence_penalty", "presence_penalty", "must be in [-2, 2]"},
+      {"stop_token_ids", [](AdmissionRequest& r) { r.sequence.stop_token_ids = {-1}; }, false, "stop_token_ids",
+       "stop_token_ids", "[0] = -1 is outside the vocabulary"},
+      {"min_tokens", [](AdmissionRequest& r) { r.sequence.min_tokens = 9; }, false, "min_tokens", "min_tokens",
+       "= 8], got 9"},
+      {"top_logprobs (completions)", [](AdmissionRequest& r) { r.sequence.top_logprobs = 21; }, false,
+       "top_logprobs", "logprobs", "must be in [0, 20]"},
+      {"top_logprobs (chat)", [](AdmissionRequest& r) { r.sequence.top_logprobs = 21; }, true, "top_logprobs",
+       "top_logprobs", "must be in [0, 20]"},
+      {"prompt id", [](AdmissionRequest& r) { r.prompt = std::vector<int32_t>{1, 1 << 30}; }, false,
+       "prompt.token_ids", "prompt", "[1] = 1073741824 is outside the vocabulary"},
+      {"empty ids", [](AdmissionRequest& r) { r.prompt = std::vector<int32_t>{}; }, false, "prompt", "prompt",
+       "is empty"},
+      {"long prompt", [](AdmissionRequest& r) { r.prompt = std::vector<int32_t>(kContext, 5); }, false, "prompt",
+       "prompt", "is too long"},
+      {"max_tokens (chat)", [](AdmissionRequest& r) { r.max_tokens = kContext; }, true,
+       "max_tokens", "max_tokens", "exceeds the context"},
+      {"max_tokens 0", [](AdmissionRequest& r) { r.max_tokens = 0; }, false, "max_tokens", "max_tokens",
+       "must be >= 1, got 0"},
+      {"max_tokens", [](AdmissionRequest& r) { r.max_tokens = int64_t{1} << 40; }, false, "max_tokens",
+       "max_tokens", "exceeds the context"},
+      {"n", [](AdmissionRequest& r) { r.n = 17; }, false, "n", "n", "must be in [1, 16], got 17"},
+      {"stop", [](AdmissionRequest& r) { r.stop = {"x", ""}; }, false, "stop", "stop", "stop[1] is empty"},
+      {"resume with n", [](AdmissionRequest& r) { r.sequence.resumed = {5}; r.n = 2; }, false, "resume.token_ids",
+       "resume", "only a request with n = 1 can be resumed"},
+      {"resume token", [](AdmissionRequest& r) { r.sequence.resumed = {-3}; }, false, "resume.token_ids[0]",
+       "resume.token_ids[0]", "outside"},
+      {"constraint", [](AdmissionRequest& r) { r.constraint = Constraint(structured::ConstraintKind::kRegex, "(a", "guided_regex"); },
+       false, "guided_regex", "guided_regex", ""},
+      {"role", [&](AdmissionRequest& r) { chat_of(r).turns[0].role = "robot"; }, true, "prompt.chat", "messages",
+       "messages[0].role must be"},
+      {"no tools", [&](AdmissionRequest& r) { chat_of(r).tools = nullptr; chat_of(r).functions.clear(); }, true,
+       "prompt.chat.tool_choice", "tool_choice", ": needs "},
+      {"unknown tool", [&](AdmissionRequest& r) { chat_of(r).tool_choice = ToolChoice::kNamed; chat_of(r).tool_name = "div"; },
+       true, "prompt.chat.tool_choice", "tool_choice", "no tool is named 'div'"},
+      {"two tools of one name", [&](AdmissionRequest& r) { chat_of(r).functions[1].name = "get_weather"; }, true,
+       "prompt.chat.tools[1]", "tools[1]", "two tools are named 'get_weather'"},
+      {"required with a constraint",
+       [&](AdmissionRequest& r) {
+         chat_of(r).tool_choice = ToolChoice::kRequired;
+         r.constraint = Constraint(structured::ConstraintKind::kJsonObject, "", "response_format");
+       },
+       true, "prompt.chat.tool_choice", "tool_choice", "cannot be combined with response_format"},
+  };
+  for (const InvalidCase& c : cases) {
+    for (const bool grpc : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(c.what, grpc ? " (gRPC)" : " (OpenAI)"));
+      AdmissionRequest r = c.chat ? Chat() : Text();
+      c.spoil(r);
+      const FieldNames& names = grpc ? GrpcFieldNames() : OpenAiFieldNames(c.chat);
+      const std::string field = grpc ? c.grpc_field : c.openai_field;
+      const int before = observer_.total();
+      absl::StatusOr<AdmittedRequest> a = admission_->Admit(r, names);
+      ASSERT_THAT(a.status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
+      // The message starts with the field; the field is attached (without an index, as HTTP's param).
+      EXPECT_TRUE(absl::StartsWith(a.status().message(), field)) << a.status();
+      const std::string attached = RequestFieldOf(a.status());
+      EXPECT_TRUE(absl::StartsWith(field, attached) && !attached.empty()) << attached;
+      EXPECT_EQ(observer_.total(), before + 1);  // reported
+    }
+  }
+}
+
+TEST_F(AdmissionTest, WithoutTokenizerOrCompilerTextStopStringsAndConstraintsAreRefused) {
+  std::unique_ptr<Admission> bare = Make(nullptr, nullptr);
+  EXPECT_THAT(bare->Admit(Text(), GrpcFieldNames()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prompt.text: the model has no tokenizer")));
+  AdmissionRequest ids;
+  ids.prompt = std::vector<int32_t>{1, 2};
+  ids.max_tokens = 4;
+  EXPECT_THAT(bare->Admit(ids, GrpcFieldNames()).status(), IsOk());
+  AdmissionRequest stop = ids;
+  stop.stop = {"x"};
+  absl::Status st = bare->Admit(stop, OpenAiFieldNames(false)).status();
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stop: the model has no tokenizer")));
+  EXPECT_EQ(RequestFieldOf(st), "stop");
+  AdmissionRequest constrained = ids;
+  constrained.constraint = Constraint(structured::ConstraintKind::kJsonObject, "", "json_object");
+  EXPECT_THAT(bare->Admit(constrained, GrpcFieldNames()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("json_object: structured output needs")));
+}
+
+TEST_F(AdmissionTest, ReadinessIsAskedLastOnlyForValidRequests) {
+  ready_ = absl::UnavailableError("waiting for 1 worker");
+  AdmissionRequest bad = Text();
+  bad.n = 0;
+  EXPECT_THAT(admission_->Admit(bad, GrpcFieldNames()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("n must be in")));
+  EXPECT_THAT(admission_->Admit(Text(), GrpcFieldNames()).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("waiting for 1 worker")));
+  EXPECT_EQ(observer_.total(), 2);
+}
+
+TEST_F(AdmissionTest, ResumedTokensThatEndTheRequestAreReported) {
+  AdmissionRequest r;
+  r.prompt = std::vector<int32_t>{5, 6};
+  r.max_tokens = 2;
+  r.sequence.resumed = {7, 8};  // max_tokens of them
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_EQ(a.resumed_end, FinishReason::kLength);
+  r.sequence.resumed = {7, eos_};  // the EOS id last
+  ASSERT_OK_AND_ASSIGN(a, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_EQ(a.resumed_end, FinishReason::kStop);
+  r.sequence.resumed = {7};
+  ASSERT_OK_AND_ASSIGN(a, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_FALSE(a.resumed_end.has_value());
+  EXPECT_EQ(a.sequence.resumed, std::vector<int32_t>{7});
+}
+
+}  // namespace
+}  // namespace shardserve::coordinator::frontend
