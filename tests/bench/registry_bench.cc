@@ -457,9 +457,9 @@ int RunFleet(int in, int out, pid_t child) {
     for (int i = 0; i < n; ++i) {
       fleet.streams.push_back(std::make_unique<service::HeartbeatStreamCall>(
           fleet.stubs[static_cast<size_t>(i)].get(), [&fleet](absl::Duration round_trip) {
-            const Steady::time_point done = Steady::now();
+            const Steady::time_point answered = Steady::now();
             absl::MutexLock lock(&fleet.mu);
-            fleet.heartbeat_us.push_back({done, absl::ToDoubleMicroseconds(round_trip)});
+            fleet.heartbeat_us.push_back({answered, absl::ToDoubleMicroseconds(round_trip)});
           }));
     }
   }
@@ -525,8 +525,8 @@ int RunFleet(int in, int out, pid_t child) {
   const int hung = absl::GetFlag(FLAGS_hung);
   cmd = 'K';
   Send(out, &cmd, 1);
-  int ack = 0;
-  Receive(in, &ack, sizeof(ack));  // the coordinator's clock runs from here
+  int kill_ack = 0;
+  Receive(in, &kill_ack, sizeof(kill_ack));  // the coordinator's clock runs from here
   for (int k = 0; k < dead + hung; ++k) {
     const size_t i = static_cast<size_t>(k * n / (dead + hung));
     fleet.alive[i] = false;
