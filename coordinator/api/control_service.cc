@@ -74,6 +74,8 @@ grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerCon
       [&](const v1::GetClusterStatusRequest& req, v1::ClusterStatus* resp) { return DoGetClusterStatus(ctx, req, resp); });
 }
 
+void ConfigureControlPort(grpc::ServerBuilder& builder) { builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0); }
+
 absl::Status DrainFromProto(Cluster& cluster, const v1::DrainWorkerRequest& request) {
   if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id is empty");
   if (request.timeout_ms() < 0) {

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include <grpcpp/server_builder.h>
+
 #include "common/security/api_keys.h"
 #include "coordinator/api/heartbeat_stream.h"
 #include "coordinator/cluster/cluster.h"
@@ -63,6 +65,13 @@ class RegistryService final : public RegistryBase {
   Cluster* const cluster_;
   std::atomic<uint64_t> next_stream_{1};
 };
+
+// The gRPC arguments of the server that carries RegistryService (the coordinator's control port):
+// HTTP/2 BDP probing off. Its messages are a few dozen bytes, so there is no window to size, and
+// with it on every heartbeat that arrives on an otherwise quiet connection set off a PING and its
+// ack: at 1,000 workers that was a third of the coordinator's heartbeat CPU
+// (shardserve-bench-registry). Workers turn it off on their side too (Registrar).
+void ConfigureControlPort(grpc::ServerBuilder& builder);
 
 // DrainWorkerRequest -> Cluster::Drain (timeout_ms 0 = 60 s; negative is INVALID_ARGUMENT).
 absl::Status DrainFromProto(Cluster& cluster, const v1::DrainWorkerRequest& request);

@@ -48,6 +48,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/concurrency/abseil_mutex.h"
 #include "common/concurrency/clock.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
@@ -57,6 +58,7 @@
 #include "coordinator/registry/registry.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "worker/service/heartbeat_stream_call.h"
+#include "worker/service/registrar.h"
 
 ABSL_FLAG(int, workers, 1000, "simulated workers");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval (the coordinator's default)");
@@ -196,6 +198,7 @@ int RunCoordinator(int in, int out) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  coordinator::ConfigureControlPort(builder);  // as the coordinator's control port
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return 2;
@@ -394,7 +397,7 @@ int RunFleet(int in, int out, pid_t child) {
   const int connections = absl::GetFlag(FLAGS_connections) > 0 ? std::min(absl::GetFlag(FLAGS_connections), n) : n;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int c = 0; c < connections; ++c) {
-    grpc::ChannelArguments args;
+    grpc::ChannelArguments args = service::CoordinatorChannelArguments();  // as a worker's
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // its own connection, as a real worker has
     channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
   }
@@ -555,6 +558,7 @@ int RunFleet(int in, int out, pid_t child) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  shardserve::UseReleaseAbseilMutexes();  // as the coordinator does: gRPC locks absl::Mutexes on every message
   if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_dead) < 0 || absl::GetFlag(FLAGS_hung) < 0 ||
       absl::GetFlag(FLAGS_dead) + absl::GetFlag(FLAGS_hung) >= absl::GetFlag(FLAGS_workers)) {
     std::fprintf(stderr, "--workers must be >= 1, --dead and --hung >= 0 and dead + hung < workers\n");

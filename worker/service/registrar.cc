@@ -20,8 +20,7 @@ constexpr auto kCallDeadline = std::chrono::seconds(5);
 // Between failed registrations: from 100 ms, growing to at most 2 s (RegistrationBackoff).
 constexpr auto kBackoffBase = std::chrono::milliseconds(100);
 constexpr auto kBackoffCap = std::chrono::milliseconds(2000);
-// gRPC's reconnect backoff on the channel to the coordinator (its defaults, 1 s growing to 120 s,
-// would keep a worker away for up to two minutes after a long coordinator outage).
+// gRPC's reconnect backoff on the channel to the coordinator (CoordinatorChannelArguments).
 constexpr int kReconnectInitialMs = 200;
 constexpr int kReconnectMaxMs = 1000;
 
@@ -32,15 +31,20 @@ v1::RegisterRequest WithInstanceId(v1::RegisterRequest r) {
 
 std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address,
                                                   std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  return grpc::CreateCustomChannel(address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),
+                                   CoordinatorChannelArguments());
+}
+
+}  // namespace
+
+grpc::ChannelArguments CoordinatorChannelArguments() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectInitialMs);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectInitialMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kReconnectMaxMs);
-  return grpc::CreateCustomChannel(address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),
-                                   args);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  return args;
 }
-
-}  // namespace
 
 RegistrationBackoff::RegistrationBackoff(std::chrono::milliseconds base, std::chrono::milliseconds cap, Uniform uniform)
     : base_ms_(base.count()), cap_ms_(cap.count()), uniform_(std::move(uniform)), previous_ms_(base_ms_) {

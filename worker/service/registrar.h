@@ -26,6 +26,8 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/support/channel_arguments.h>
+
 #include "absl/status/status.h"
 #include "common/concurrency/mutex.h"
 #include "shardserve/v1/control.grpc.pb.h"
@@ -54,6 +56,12 @@ class RegistrationBackoff {
   Uniform uniform_;
   int64_t previous_ms_;
 };
+
+// The arguments of a worker's channel to the coordinator's control port: reconnect backoff capped
+// at about a second (gRPC's own, 1 s growing to 120 s, would keep a worker away for up to two
+// minutes after a long coordinator outage), HTTP/2 BDP probing off (tiny messages; with it on,
+// each heartbeat answer set off a PING: coordinator/api/control_service.h ConfigureControlPort).
+grpc::ChannelArguments CoordinatorChannelArguments();
 
 // A random worker instance id: 16 hex digits.
 std::string NewInstanceId();
