@@ -25,15 +25,27 @@ HeartbeatStreamCall::HeartbeatStreamCall(v1::Registry::Stub* stub, OnAnswer on_a
 }
 
 HeartbeatStreamCall::~HeartbeatStreamCall() {
-  MutexLock lock(&mu_);
-  CHECK(done_) << "a HeartbeatStreamCall destroyed before Close() returned";
+  bool open = false;
+  {
+    MutexLock lock(&mu_);
+    open = held_;
+  }
+  if (open) (void)Close();
 }
 
 bool HeartbeatStreamCall::Send(const v1::HeartbeatRequest& heartbeat) {
   const v1::HeartbeatRequest* msg = nullptr;
   {
     MutexLock lock(&mu_);
-    if (ended_ || !held_ || writing_ || unanswered_.size() >= kMaxUnanswered) return false;
+    if (ended_ || !held_ || unanswered_.size() >= kMaxUnanswered) return false;
+    if (writing_) {
+      if (!next_.has_value()) {  // a new heartbeat; a replaced one keeps its place (and send time)
+        ++sent_;
+        unanswered_.push_back(absl::Now());
+      }
+      next_ = heartbeat;
+      return true;
+    }
     writing_msg_ = heartbeat;
     writing_ = true;
     ++sent_;
@@ -82,10 +94,19 @@ HeartbeatStreamCall::Progress HeartbeatStreamCall::progress() const {
           .ended = ended_};
 }
 
-void HeartbeatStreamCall::OnWriteDone(bool /*ok*/) {
+void HeartbeatStreamCall::OnWriteDone(bool ok) {
   // A failed write means the stream is gone; the read side reports it (OnReadDone(false)).
-  MutexLock lock(&mu_);
-  writing_ = false;
+  const v1::HeartbeatRequest* msg = nullptr;
+  {
+    MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok || !next_.has_value() || !held_ || ended_) return;
+    writing_msg_ = *std::move(next_);
+    next_.reset();
+    writing_ = true;
+    msg = &writing_msg_;
+  }
+  StartWrite(msg);
 }
 
 void HeartbeatStreamCall::OnReadDone(bool ok) {

@@ -10,8 +10,8 @@
 //     if (call.WaitEnded(next_beat)) break;  // the coordinator ended it, or it broke
 //   }
 //   grpc::Status st = call.Close();        // cancels it if still open; waits for the end
-// Cancel() may be called from any thread (to stop the owner's wait). The destructor requires
-// Close() to have returned.
+// Cancel() may be called from any thread (to stop the owner's wait). The destructor closes the
+// call when Close() was not called (and so may wait for it to complete).
 //
 // Thread-safety: Send, WaitEnded and Close from the owner only; Cancel and progress() from any
 // thread.
@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 
 #include "absl/time/time.h"
 #include "common/concurrency/mutex.h"
@@ -40,14 +41,15 @@ class HeartbeatStreamCall final : public grpc::ClientBidiReactor<v1::HeartbeatRe
 
   // Starts the call on `stub` (borrowed; must outlive Close()). `on_answer` may be null.
   explicit HeartbeatStreamCall(v1::Registry::Stub* stub, OnAnswer on_answer = nullptr);
-  ~HeartbeatStreamCall() override;
+  ~HeartbeatStreamCall() override;  // Close() unless called
 
   HeartbeatStreamCall(const HeartbeatStreamCall&) = delete;
   HeartbeatStreamCall& operator=(const HeartbeatStreamCall&) = delete;
 
-  // Writes `heartbeat`. Returns false without writing when the previous heartbeat is still being
-  // written (a slow connection: skip a beat rather than queue), when more than 64 are unanswered,
-  // or once the stream has ended.
+  // Writes `heartbeat`, or, while the previous one is still being written, keeps it to write next
+  // (replacing one kept before: only the newest state matters, and it counts once). Returns false
+  // without sending when 64 heartbeats are unanswered, or once the stream has ended or Close()
+  // began.
   bool Send(const v1::HeartbeatRequest& heartbeat);
   // Waits until the stream has ended (the coordinator finished it, it broke, or it was cancelled)
   // or `deadline` passes; returns whether it has ended.
@@ -56,7 +58,7 @@ class HeartbeatStreamCall final : public grpc::ClientBidiReactor<v1::HeartbeatRe
   void Cancel();
   // Cancels the call if it has not ended, waits for its completion and returns its status:
   // the coordinator's (e.g. NOT_FOUND: register again), or CANCELLED / UNAVAILABLE when it was
-  // cancelled or broke. Call once.
+  // cancelled or broke. Call at most once.
   grpc::Status Close();
 
   struct Progress {
@@ -80,6 +82,7 @@ class HeartbeatStreamCall final : public grpc::ClientBidiReactor<v1::HeartbeatRe
   CondVar cv_;
   v1::HeartbeatRequest writing_msg_ ABSL_GUARDED_BY(mu_);  // the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<v1::HeartbeatRequest> next_ ABSL_GUARDED_BY(mu_);  // to write when writing_ ends
   std::deque<absl::Time> unanswered_ ABSL_GUARDED_BY(mu_);  // send times, oldest first
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t answered_ ABSL_GUARDED_BY(mu_) = 0;
