@@ -53,7 +53,18 @@ grpc::ServerUnaryReactor* RegistryService::Heartbeat(grpc::CallbackServerContext
                                                      grpc::ByteBuffer* response) {
   return RawUnary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
       ctx, request, response,
-      [&](const v1::HeartbeatRequest& req, v1::HeartbeatResponse* /*resp*/) { return DoHeartbeat(ctx, &req); });
+      [&](const v1::HeartbeatRequest& req, v1::HeartbeatResponse* /*resp*/) {
+        if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) return st;
+        return DoHeartbeat(req, /*stream=*/0);
+      });
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RegistryService::HeartbeatStream(
+    grpc::CallbackServerContext* ctx) {
+  return new HeartbeatStreamReactor(
+      registry_, [this](const v1::HeartbeatRequest& request, uint64_t stream) { return DoHeartbeat(request, stream); },
+      next_stream_.fetch_add(1), {.interval = registry_->options().heartbeat_interval},
+      security::CheckPeerRole(*ctx, {security::Role::kWorker}));
 }
 
 grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerContext* ctx,
@@ -62,6 +73,8 @@ grpc::ServerUnaryReactor* AdminService::GetClusterStatus(grpc::CallbackServerCon
       ctx, request, response,
       [&](const v1::GetClusterStatusRequest& req, v1::ClusterStatus* resp) { return DoGetClusterStatus(ctx, req, resp); });
 }
+
+void ConfigureControlPort(grpc::ServerBuilder& builder) { builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0); }
 
 absl::Status DrainFromProto(Cluster& cluster, const v1::DrainWorkerRequest& request) {
   if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id is empty");
@@ -129,15 +142,15 @@ grpc::Status RegistryService::DoRegister(grpc::CallbackServerContext* ctx, const
   return ToGrpcStatus(absl::OkStatus());
 }
 
-grpc::Status RegistryService::DoHeartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* request) {
-  if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kWorker}); !st.ok()) return st;
-  absl::StatusOr<WorkerState> state = FromProto(request->state());
+grpc::Status RegistryService::DoHeartbeat(const v1::HeartbeatRequest& request, uint64_t stream) {
+  absl::StatusOr<WorkerState> state = FromProto(request.state());
   if (!state.ok()) return ToGrpcStatus(state.status());
-  return ToGrpcStatus(registry_->Heartbeat({.worker_id = request->worker_id(),
+  return ToGrpcStatus(registry_->Heartbeat({.worker_id = request.worker_id(),
                                          .state = *state,
-                                         .assignment_id = request->assignment_id(),
-                                         .error = request->error(),
-                                         .kv_blocks = request->kv_blocks()}));
+                                         .assignment_id = request.assignment_id(),
+                                         .error = request.error(),
+                                         .kv_blocks = request.kv_blocks(),
+                                         .stream = stream}));
 }
 
 grpc::Status AdminService::DoGetClusterStatus(grpc::CallbackServerContext* ctx, const v1::GetClusterStatusRequest& request,

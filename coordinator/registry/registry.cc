@@ -168,6 +168,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(WorkerRegistration registra
       }
       r.registration = std::move(registration);
       r.last_heartbeat = now;
+      it->second.stream = 0;  // its old stream, if still open, no longer speaks for it
       ++version_;
       return id;
     }
@@ -233,6 +234,7 @@ absl::Status WorkerRegistry::Heartbeat(const WorkerHeartbeat& hb) {
                                             "); register again"));
   }
   r.last_heartbeat = clock_->Now();
+  if (hb.stream != 0) it->second.stream = hb.stream;
   const std::string error = hb.state == WorkerState::kFailed ? hb.error : std::string();
   const int64_t kv_blocks = hb.state == WorkerState::kReady ? hb.kv_blocks : 0;
   if (r.state != hb.state || r.assignment_id != hb.assignment_id || r.error != error || r.kv_blocks != kv_blocks) {
@@ -284,6 +286,21 @@ bool WorkerRegistry::ExpireLocked(const std::string& id, WorkerRecord& r, absl::
   LOG(WARNING) << "worker " << id << " (" << r.registration.address << ") is dead: " << r.error;
   r.state = WorkerState::kDead;
   r.kv_blocks = 0;
+  return true;
+}
+
+bool WorkerRegistry::Disconnected(const std::string& worker_id, uint64_t stream, absl::string_view reason) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || stream == 0 || it->second.stream != stream) return false;
+  WorkerRecord& r = it->second.record;
+  if (r.state == WorkerState::kDead) return false;
+  r.error = absl::StrCat(reason, ", last state ", WorkerStateName(r.state));
+  LOG(WARNING) << "worker " << worker_id << " (" << r.registration.address << ") is dead: " << r.error;
+  r.state = WorkerState::kDead;
+  r.kv_blocks = 0;
+  it->second.stream = 0;
+  ++version_;
   return true;
 }
 

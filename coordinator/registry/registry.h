@@ -22,6 +22,9 @@
 //                    a live worker with an instance_id.
 //   Heartbeat     -> records the state the worker reports (kIdle / kLoading / kReady / kFailed with
 //                    its error), the assignment_id that state refers to and, when ready, kv_blocks.
+//   stream closed -> a worker heartbeating on a stream (WorkerHeartbeat::stream) whose stream
+//                    closes (it stopped or died: Disconnected) is kDead at once, unless it has
+//                    heartbeated on a newer stream or registered again since.
 //   no heartbeat  -> after Options::heartbeat_timeout without a Register or Heartbeat, the worker
 //                    is kDead. A dead worker stays listed (operators see it in the cluster status)
 //                    until it registers again; its heartbeats get NotFound ("register again").
@@ -93,6 +96,10 @@ struct WorkerHeartbeat {
   std::string assignment_id;  // the assignment the state refers to ("" = none)
   std::string error;          // with kFailed
   int64_t kv_blocks = 0;      // with kReady: KV cache blocks the stage holds
+  // The heartbeat stream it came on: a number the Registry service gives each stream (> 0), so
+  // that Disconnected can tell the worker's current stream from an older one; 0 for a unary call
+  // (which leaves the worker's stream as it was).
+  uint64_t stream = 0;
 };
 
 // A snapshot of one worker.
@@ -155,6 +162,12 @@ class WorkerRegistry {
   // this worker's liveness is evaluated; the others' on the next read or sweep.
   absl::Status Heartbeat(const WorkerHeartbeat& heartbeat);
 
+  // Worker `worker_id`'s heartbeat stream `stream` closed (its process stopped, or its connection
+  // broke): marks it kDead now, with `reason` as its error, and returns true — unless it is
+  // unknown or already dead, or its latest heartbeat came on another stream (or a unary call after
+  // a registration: a newer stream may be on its way), which this leaves alone (false).
+  bool Disconnected(const std::string& worker_id, uint64_t stream, absl::string_view reason);
+
   // Marks every worker silent for longer than heartbeat_timeout as kDead, and forgets those dead
   // for longer than dead_retention. Returns the ids that became dead in this call. Reading
   // methods below apply the same rules first.
@@ -177,6 +190,8 @@ class WorkerRegistry {
   struct Entry {
     WorkerRecord record;
     uint64_t order = 0;  // registration order
+    // The stream of its latest streamed heartbeat since it registered (0: none).
+    uint64_t stream = 0;
   };
   // Marks silent workers dead; returns their ids.
   std::vector<std::string> SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -193,7 +193,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   int control_port = 0;
   control_builder.AddListeningPort(options.control_listen, sec.InternalServerCredentials({security::Role::kWorker}),
                                    &control_port);
-  security::ApplyServerLimits(options.grpc_limits, control_builder);
+  // Without max_connection_age's grace: cancelling the calls left on an old connection would cut
+  // the workers' heartbeat streams, and a cut stream declares its worker dead.
+  security::GrpcServerLimits control_limits = options.grpc_limits;
+  control_limits.max_connection_age_grace = absl::ZeroDuration();
+  security::ApplyServerLimits(control_limits, control_builder);
+  ConfigureControlPort(control_builder);
   control_builder.RegisterService(c->registry_service_.get());
   c->control_server_ = control_builder.BuildAndStart();
   if (c->control_server_ == nullptr || control_port == 0) {

@@ -2,8 +2,11 @@
 // the coordinator side (the real WorkerRegistry behind the real Registry gRPC service on
 // 127.0.0.1, plus a loop doing what the coordinator's Cluster loop does to the registry every
 // poll: SweepDead + List, woken by changes or every 100 ms) and the fleet (N simulated workers, one
-// gRPC channel and TCP connection each (--connections to share fewer), registering at once and then heartbeating at the default
-// interval, staggered evenly). Forking keeps the coordinator's CPU time apart from the fleet's.
+// gRPC channel and TCP connection each (--connections to share fewer), registering at once and
+// then heartbeating at the default interval, staggered evenly: by default as the Registrar does,
+// each on its own Registry.HeartbeatStream (the worker's HeartbeatStreamCall), or with
+// --heartbeat=unary one Registry.Heartbeat call per beat, as before the stream existed). Forking
+// keeps the coordinator's CPU time apart from the fleet's.
 // Prints:
 //  - registration: wall time until all N are registered (connections included), per-call p50/p99;
 //  - steady state: heartbeats handled per second, the coordinator process's CPU time / wall time
@@ -13,13 +16,18 @@
 //  - status: the ClusterStatus a GetClusterStatus reply carries for this registry (every worker
 //    counted, one default page of 256 listed, and all N listed), its bytes and the time to build it
 //    from the registry and encode it (no Cluster or Scheduler here: no assignments, no plan text);
-//  - re-plan: after --dead workers stop heartbeating, the time until the registry declares them
-//    dead (bounded by --heartbeat_timeout_ms) and the time to re-plan: List + inventory + MakePlan
-//    of --model on the survivors (each an 8 x 80 GiB node).
+//  - re-plan: --dead workers die (their heartbeat streams are cancelled, as when a worker process
+//    dies and its connection closes; with --heartbeat=unary they just go silent) while --hung
+//    others stay connected but silent. Printed: the time until the registry declares the dead
+//    ones dead (a closed stream: at once; silence: the heartbeat timeout), the time to re-plan
+//    (List + inventory + MakePlan of --model on the survivors, each an 8 x 80 GiB node) and their
+//    sum, the time from the death to a new plan; then the time until the hung ones are dead
+//    (the heartbeat timeout, whatever the transport).
 // Figures only; no assertion on time (this machine is shared). Exits non-zero when something
 // fails (an RPC error, a worker not declared dead, a plan error).
 //
-//   ./build/bin/shardserve-bench-registry [--workers=1000] [--steady_s=10] [--model=tests/sim/models/gpt3-175b]
+//   ./build/bin/shardserve-bench-registry [--workers=1000] [--steady_s=10] [--heartbeat=stream|unary] [--dead=1]
+//       [--hung=0] [--model=tests/sim/models/gpt3-175b]
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +48,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/concurrency/abseil_mutex.h"
 #include "common/concurrency/clock.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
@@ -48,13 +57,17 @@
 #include "coordinator/planner/planner.h"
 #include "coordinator/registry/registry.h"
 #include "shardserve/v1/control.grpc.pb.h"
+#include "worker/service/heartbeat_stream_call.h"
+#include "worker/service/registrar.h"
 
 ABSL_FLAG(int, workers, 1000, "simulated workers");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "heartbeat interval (the coordinator's default)");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000, "silence after which a worker is dead (the coordinator's default)");
 ABSL_FLAG(double, warmup_s, 2.0, "heartbeating before the steady-state window");
 ABSL_FLAG(double, steady_s, 10.0, "steady-state window, seconds");
-ABSL_FLAG(int, dead, 10, "workers that stop heartbeating before the re-plan");
+ABSL_FLAG(int, dead, 1, "workers that die (their heartbeat streams close) before the re-plan");
+ABSL_FLAG(int, hung, 0, "workers that stay connected but stop heartbeating (dead after the timeout)");
+ABSL_FLAG(std::string, heartbeat, "stream", "stream (Registry.HeartbeatStream, as workers do) or unary (Registry.Heartbeat)");
 ABSL_FLAG(int, connections, 0, "gRPC connections the fleet uses, workers spread over them; 0 = one per worker");
 ABSL_FLAG(std::string, model, "tests/sim/models/gpt3-175b", "model directory (config.json) for the re-plan");
 
@@ -185,6 +198,7 @@ int RunCoordinator(int in, int out) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  coordinator::ConfigureControlPort(builder);  // as the coordinator's control port
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return 2;
@@ -254,14 +268,21 @@ int RunCoordinator(int in, int out) {
       }
       std::fflush(stdout);
       Send(out, &rc, sizeof(rc));
-    } else if (c == 'K') {  // the fleet has stopped --dead workers: detect, then re-plan
+    } else if (c == 'K') {  // the fleet is about to kill --dead workers and silence --hung: detect, re-plan
       const int dead = absl::GetFlag(FLAGS_dead);
+      const int hung = absl::GetFlag(FLAGS_hung);
+      const absl::Duration limit = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms) * 3);
+      // Waits (woken by the registry's changes, swept every 10 ms) until at most `alive` are alive.
+      auto wait_alive = [&](int alive, Steady::time_point t0) {
+        while (registry.NumAlive() > alive && Steady::now() - t0 < absl::ToChronoNanoseconds(limit)) {
+          registry.WaitForChange(registry.version(), absl::Milliseconds(10));
+        }
+        return Seconds(Steady::now() - t0);
+      };
       const Steady::time_point t0 = Steady::now();
-      while (registry.NumAlive() > n - dead) {
-        if (Steady::now() - t0 > std::chrono::milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms) * 3)) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      const double detect_s = Seconds(Steady::now() - t0);
+      const int ack = 0;
+      Send(out, &ack, sizeof(ack));
+      const double detect_s = wait_alive(n - dead, t0);
       const int alive = registry.NumAlive();
       absl::StatusOr<ModelSpec> spec = LoadModelSpec(absl::GetFlag(FLAGS_model));
       if (!spec.ok()) {
@@ -278,15 +299,25 @@ int RunCoordinator(int in, int out) {
           std::fprintf(stderr, "re-plan: %s\n", std::string(plan.status().message()).c_str());
           rc = 1;
         } else {
-          std::printf("after %d workers stopped: declared dead after %.2f s (heartbeat timeout %.1f s); re-plan of %s "
-                      "on the %d survivors (List + inventory + MakePlan): %.1f ms -> %zu replicas x %zu stages\n",
-                      n - alive, detect_s, static_cast<double>(absl::GetFlag(FLAGS_heartbeat_timeout_ms)) / 1e3,
+          std::printf("after %d worker(s) died (%s): declared dead after %.3f s (heartbeat timeout %.1f s); re-plan of "
+                      "%s on the %d survivors (List + inventory + MakePlan): %.1f ms -> %zu replicas x %zu stages; "
+                      "death to new plan: %.3f s\n",
+                      n - alive, absl::GetFlag(FLAGS_heartbeat) == "stream" ? "heartbeat streams closed" : "silent",
+                      detect_s, static_cast<double>(absl::GetFlag(FLAGS_heartbeat_timeout_ms)) / 1e3,
                       absl::GetFlag(FLAGS_model).c_str(), alive, replan_ms, plan->replicas.size(),
-                      plan->replicas.empty() ? size_t{0} : plan->replicas[0].stages.size());
+                      plan->replicas.empty() ? size_t{0} : plan->replicas[0].stages.size(), detect_s + replan_ms / 1e3);
         }
       }
-      if (alive != n - dead) {
+      if (alive != n - dead && hung == 0) {
         std::fprintf(stderr, "%d workers alive, expected %d\n", alive, n - dead);
+        rc = 1;
+      }
+      if (hung > 0) {
+        const double hung_s = wait_alive(n - dead - hung, t0);
+        std::printf("%d hung worker(s) (connected, silent) declared dead after %.2f s\n", hung, hung_s);
+      }
+      if (const int left = registry.NumAlive(); left != n - dead - hung) {
+        std::fprintf(stderr, "%d workers alive, expected %d\n", left, n - dead - hung);
         rc = 1;
       }
       std::fflush(stdout);
@@ -305,10 +336,13 @@ struct Fleet {
   std::vector<std::unique_ptr<v1::Registry::Stub>> stubs;  // one channel (connection) per worker
   std::vector<std::string> ids;
   std::unique_ptr<std::atomic<bool>[]> alive;
+  // --heartbeat=stream: each worker's heartbeat stream.
+  std::vector<std::unique_ptr<service::HeartbeatStreamCall>> streams;
   absl::Mutex mu;
   std::vector<std::pair<Steady::time_point, double>> heartbeat_us ABSL_GUARDED_BY(mu);  // (done at, round trip)
   int errors ABSL_GUARDED_BY(mu) = 0;
   int in_flight ABSL_GUARDED_BY(mu) = 0;
+  int skipped ABSL_GUARDED_BY(mu) = 0;  // stream beats not sent: the previous one still being written
 };
 
 // An async call's state, freed by its callback.
@@ -320,6 +354,16 @@ struct HeartbeatCall {
 };
 
 void SendHeartbeat(Fleet& fleet, size_t i) {
+  if (!fleet.streams.empty()) {
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(fleet.ids[i]);
+    hb.set_state(v1::WORKER_STATE_IDLE);
+    if (!fleet.streams[i]->Send(hb)) {
+      absl::MutexLock lock(&fleet.mu);
+      ++fleet.skipped;
+    }
+    return;
+  }
   auto* call = new HeartbeatCall;
   call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   call->request.set_worker_id(fleet.ids[i]);
@@ -353,7 +397,7 @@ int RunFleet(int in, int out, pid_t child) {
   const int connections = absl::GetFlag(FLAGS_connections) > 0 ? std::min(absl::GetFlag(FLAGS_connections), n) : n;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int c = 0; c < connections; ++c) {
-    grpc::ChannelArguments args;
+    grpc::ChannelArguments args = service::CoordinatorChannelArguments();  // as a worker's
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // its own connection, as a real worker has
     channels.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
   }
@@ -407,9 +451,21 @@ int RunFleet(int in, int out, pid_t child) {
     interval_ms = c.response.heartbeat_interval_ms();
     reg_us.push_back(c.us);
   }
+  const bool streams = absl::GetFlag(FLAGS_heartbeat) == "stream";
   std::printf("shardserve-bench-registry: %d workers (%d devices each) over %d gRPC connections to the Registry "
-              "service on %s; heartbeat interval %lld ms\n",
-              n, kDevicesPerWorker, connections, target.c_str(), static_cast<long long>(interval_ms));
+              "service on %s; heartbeat interval %lld ms, %s\n",
+              n, kDevicesPerWorker, connections, target.c_str(), static_cast<long long>(interval_ms),
+              streams ? "one Registry.HeartbeatStream per worker" : "one unary Registry.Heartbeat per beat");
+  if (streams) {
+    for (int i = 0; i < n; ++i) {
+      fleet.streams.push_back(std::make_unique<service::HeartbeatStreamCall>(
+          fleet.stubs[static_cast<size_t>(i)].get(), [&fleet](absl::Duration round_trip) {
+            const Steady::time_point answered = Steady::now();
+            absl::MutexLock lock(&fleet.mu);
+            fleet.heartbeat_us.push_back({answered, absl::ToDoubleMicroseconds(round_trip)});
+          }));
+    }
+  }
   std::printf("registration: all %d registered in %.3f s (%.0f per s); per call %.2f ms p50, %.2f ms p99 "
               "(connection setup included)\n",
               n, reg_s, n / reg_s, Percentile(reg_us, 0.5) / 1e3, Percentile(reg_us, 0.99) / 1e3);
@@ -443,8 +499,10 @@ int RunFleet(int in, int out, pid_t child) {
   const Steady::time_point w1 = Steady::now();
   std::vector<double> rtt;
   int errors = 0;
+  int skipped = 0;
   {
     absl::MutexLock lock(&fleet.mu);
+    skipped = fleet.skipped;
     for (const auto& [at, us] : fleet.heartbeat_us) {
       if (at >= w0 && at <= w1) rtt.push_back(us);
     }
@@ -453,9 +511,9 @@ int RunFleet(int in, int out, pid_t child) {
   const double handled = static_cast<double>(rtt.size());
   std::printf("steady state (%.1f s window): %.0f heartbeats/s handled; coordinator process CPU %.3f s over %.3f s "
               "wall = %.2f%% of one core; %.1f us of coordinator CPU per heartbeat (gRPC + registry + poll loop); "
-              "round trip seen by workers %.0f us p50, %.0f us p99; %d errors\n",
+              "round trip seen by workers %.0f us p50, %.0f us p99; %d errors, %d beats skipped\n",
               cpu_wall[1], handled / Seconds(w1 - w0), cpu_wall[0], cpu_wall[1], 100.0 * cpu_wall[0] / cpu_wall[1],
-              handled > 0 ? cpu_wall[0] * 1e6 / handled : 0.0, Percentile(rtt, 0.5), Percentile(rtt, 0.99), errors);
+              handled > 0 ? cpu_wall[0] * 1e6 / handled : 0.0, Percentile(rtt, 0.5), Percentile(rtt, 0.99), errors, skipped);
   std::fflush(stdout);
 
   int rc = errors > 0 ? 1 : 0;
@@ -465,10 +523,18 @@ int RunFleet(int in, int out, pid_t child) {
   Receive(in, &child_rc, sizeof(child_rc));
   rc = std::max(rc, child_rc);
 
-  const int dead = std::min(absl::GetFlag(FLAGS_dead), n);
-  for (int i = 0; i < dead; ++i) fleet.alive[static_cast<size_t>(i * n / std::max(dead, 1))] = false;
+  // Workers spread over the fleet: the first --dead die, the next --hung go silent.
+  const int dead = absl::GetFlag(FLAGS_dead);
+  const int hung = absl::GetFlag(FLAGS_hung);
   cmd = 'K';
   Send(out, &cmd, 1);
+  int kill_ack = 0;
+  Receive(in, &kill_ack, sizeof(kill_ack));  // the coordinator's clock runs from here
+  for (int k = 0; k < dead + hung; ++k) {
+    const size_t i = static_cast<size_t>(k * n / (dead + hung));
+    fleet.alive[i] = false;
+    if (k < dead && streams) fleet.streams[i]->Cancel();
+  }
   Receive(in, &child_rc, sizeof(child_rc));
   rc = std::max(rc, child_rc);
 
@@ -476,6 +542,7 @@ int RunFleet(int in, int out, pid_t child) {
   Send(out, &cmd, 1);
   stop = true;
   beats.join();
+  for (const std::unique_ptr<service::HeartbeatStreamCall>& call : fleet.streams) (void)call->Close();
   {  // let the last heartbeats finish before the stubs go
     absl::MutexLock lock(&fleet.mu);
     fleet.mu.AwaitWithTimeout(absl::Condition(+[](int* f) { return *f == 0; }, &fleet.in_flight), absl::Seconds(15));
@@ -491,9 +558,14 @@ int RunFleet(int in, int out, pid_t child) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_dead) < 0 ||
-      absl::GetFlag(FLAGS_dead) >= absl::GetFlag(FLAGS_workers)) {
-    std::fprintf(stderr, "--workers must be >= 1 and --dead in [0, workers)\n");
+  shardserve::UseReleaseAbseilMutexes();  // as the coordinator does: gRPC locks absl::Mutexes on every message
+  if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_dead) < 0 || absl::GetFlag(FLAGS_hung) < 0 ||
+      absl::GetFlag(FLAGS_dead) + absl::GetFlag(FLAGS_hung) >= absl::GetFlag(FLAGS_workers)) {
+    std::fprintf(stderr, "--workers must be >= 1, --dead and --hung >= 0 and dead + hung < workers\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_heartbeat) != "stream" && absl::GetFlag(FLAGS_heartbeat) != "unary") {
+    std::fprintf(stderr, "--heartbeat must be stream or unary, got \"%s\"\n", absl::GetFlag(FLAGS_heartbeat).c_str());
     return 2;
   }
   // Two connections per worker (one per process) must fit under the descriptor limit.

@@ -20,8 +20,7 @@ constexpr auto kCallDeadline = std::chrono::seconds(5);
 // Between failed registrations: from 100 ms, growing to at most 2 s (RegistrationBackoff).
 constexpr auto kBackoffBase = std::chrono::milliseconds(100);
 constexpr auto kBackoffCap = std::chrono::milliseconds(2000);
-// gRPC's reconnect backoff on the channel to the coordinator (its defaults, 1 s growing to 120 s,
-// would keep a worker away for up to two minutes after a long coordinator outage).
+// gRPC's reconnect backoff on the channel to the coordinator (CoordinatorChannelArguments).
 constexpr int kReconnectInitialMs = 200;
 constexpr int kReconnectMaxMs = 1000;
 
@@ -32,15 +31,20 @@ v1::RegisterRequest WithInstanceId(v1::RegisterRequest r) {
 
 std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address,
                                                   std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  return grpc::CreateCustomChannel(address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),
+                                   CoordinatorChannelArguments());
+}
+
+}  // namespace
+
+grpc::ChannelArguments CoordinatorChannelArguments() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectInitialMs);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectInitialMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kReconnectMaxMs);
-  return grpc::CreateCustomChannel(address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(),
-                                   args);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  return args;
 }
-
-}  // namespace
 
 RegistrationBackoff::RegistrationBackoff(std::chrono::milliseconds base, std::chrono::milliseconds cap, Uniform uniform)
     : base_ms_(base.count()), cap_ms_(cap.count()), uniform_(std::move(uniform)), previous_ms_(base_ms_) {
@@ -91,6 +95,7 @@ void Registrar::Stop() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
+    if (stream_ != nullptr) stream_->Cancel();
   }
   cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
@@ -126,10 +131,75 @@ bool Registrar::Sleep(int64_t ms) {
   return !stop_;
 }
 
+v1::HeartbeatRequest Registrar::HeartbeatNow(const std::string& id) const {
+  const WorkerStatusSnapshot s = status_();
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(id);
+  hb.set_state(s.state);
+  hb.set_assignment_id(s.assignment_id);
+  hb.set_error(s.error);
+  hb.set_kv_blocks(s.kv_blocks);
+  return hb;
+}
+
+grpc::Status Registrar::UnaryHeartbeat(const std::string& id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  v1::HeartbeatResponse response;
+  return stub_->Heartbeat(&ctx, HeartbeatNow(id), &response);
+}
+
+grpc::Status Registrar::StreamHeartbeats(const std::string& id, int64_t interval_ms, bool* answered) {
+  HeartbeatStreamCall call(stub_.get(), [this](absl::Duration /*round_trip*/) {
+    MutexLock lock(&mu_);
+    connected_ = true;
+  });
+  {
+    MutexLock lock(&mu_);
+    if (stop_) call.Cancel();
+    stream_ = &call;
+  }
+  const absl::Duration interval = absl::Milliseconds(interval_ms);
+  const absl::Duration unanswered_limit = absl::FromChrono(kCallDeadline);
+  bool hung = false;
+  for (absl::Time next = absl::Now();;) {
+    const absl::Time now = absl::Now();
+    if (now >= next) {
+      const HeartbeatStreamCall::Progress p = call.progress();
+      if (now - p.oldest_unanswered > unanswered_limit) {
+        hung = true;  // the connection may look open while the coordinator is stuck
+        break;
+      }
+      if (p.answered < p.sent) {
+        MutexLock lock(&mu_);
+        connected_ = false;  // the previous heartbeat is still unanswered
+      }
+      call.Send(HeartbeatNow(id));
+      next = std::max(next + interval, now);  // after a stall, no burst to catch up
+    }
+    if (call.WaitEnded(next)) break;
+  }
+  bool stopped = false;
+  {
+    MutexLock lock(&mu_);
+    stream_ = nullptr;  // Stop() no longer reaches it: it is closed below
+    stopped = stop_;
+  }
+  grpc::Status st = call.Close();
+  *answered = call.progress().answered > 0;
+  if (stopped) return grpc::Status::OK;
+  if (hung) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrCat("no answer to a heartbeat for ", absl::FormatDuration(unanswered_limit)));
+  }
+  return st;
+}
+
 void Registrar::Loop() {
   RegistrationBackoff backoff(kBackoffBase, kBackoffCap);
   int64_t interval_ms = 1000;
   std::string id;
+  bool use_stream = true;  // until a coordinator answers HeartbeatStream with UNIMPLEMENTED
   while (true) {
     {
       MutexLock lock(&mu_);
@@ -150,6 +220,7 @@ void Registrar::Loop() {
       }
       id = response.worker_id();
       interval_ms = std::clamp<int64_t>(response.heartbeat_interval_ms(), 50, 60000);
+      use_stream = true;  // this coordinator may be newer than the last
       backoff.Reset();
       {
         MutexLock lock(&mu_);
@@ -159,22 +230,41 @@ void Registrar::Loop() {
                 << request.instance_id() << ", " << v1::WorkerState_Name(request.state())
                 << (request.has_held() ? absl::StrCat(" holding ", request.held().assignment_id()) : "") << ")";
     }
-    const WorkerStatusSnapshot s = status_();
-    v1::HeartbeatRequest hb;
-    hb.set_worker_id(id);
-    hb.set_state(s.state);
-    hb.set_assignment_id(s.assignment_id);
-    hb.set_error(s.error);
-    hb.set_kv_blocks(s.kv_blocks);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
-    v1::HeartbeatResponse response;
-    grpc::Status st = stub_->Heartbeat(&ctx, hb, &response);
+    grpc::Status st;
+    if (use_stream) {
+      bool answered = false;
+      st = StreamHeartbeats(id, interval_ms, &answered);
+      if (answered) backoff.Reset();
+      if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+        LOG(INFO) << "the coordinator at " << coordinator_address_
+                  << " has no heartbeat stream; sending unary heartbeats";
+        use_stream = false;
+        continue;
+      }
+    } else {
+      st = UnaryHeartbeat(id);
+    }
     if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
-      LOG(WARNING) << "the coordinator no longer knows worker " << id << "; registering again";
+      LOG(WARNING) << "the coordinator no longer knows worker " << id << " (" << st.error_message()
+                   << "); registering again";
       id.clear();
       MutexLock lock(&mu_);
       worker_id_.clear();
+      continue;
+    }
+    if (use_stream) {
+      {
+        MutexLock lock(&mu_);
+        if (stop_) return;
+        connected_ = false;
+      }
+      // The stream broke, or the coordinator went away, hung or refused a heartbeat: reopen it
+      // after a backoff delay (a coordinator that is back answers NOT_FOUND if it lost this id).
+      const std::chrono::milliseconds delay = backoff.Next();
+      LOG(WARNING) << "the heartbeat stream to the coordinator at " << coordinator_address_
+                   << " ended: " << st.error_message() << " (" << st.error_code() << "); reopening in "
+                   << delay.count() << " ms";
+      if (!Sleep(delay.count())) return;
       continue;
     }
     if (!st.ok()) LOG(WARNING) << "heartbeat failed: " << st.error_message();

@@ -1,6 +1,11 @@
 // Registrar: keeps a worker registered with the coordinator. It registers, then sends a heartbeat
-// with the worker's state every interval the coordinator asked for; a NOT_FOUND heartbeat (the
-// coordinator restarted or declared the worker dead) makes it register again. It never gives up:
+// with the worker's state every interval the coordinator asked for, as messages on one long-lived
+// Registry.HeartbeatStream (HeartbeatStreamCall; a coordinator without it, UNIMPLEMENTED, gets
+// unary Heartbeat calls instead). A NOT_FOUND heartbeat (the coordinator restarted or declared the
+// worker dead) makes it register again and open a new stream. A stream that breaks (or whose
+// heartbeats go unanswered for the call deadline, 5 s: a hung coordinator) is cancelled and
+// reopened after a RegistrationBackoff delay; closing it makes the coordinator declare this
+// worker dead at once, so Stop() is also how a stopping worker leaves. It never gives up:
 // failed registrations are retried forever, after RegistrationBackoff delays (capped, with
 // jitter, so that the workers of a cluster do not all call a coordinator that has just come back
 // at the same instant). Every call has a deadline, and the channel reconnects at least every
@@ -21,9 +26,12 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/support/channel_arguments.h>
+
 #include "absl/status/status.h"
 #include "common/concurrency/mutex.h"
 #include "shardserve/v1/control.grpc.pb.h"
+#include "worker/service/heartbeat_stream_call.h"
 #include "worker/service/worker_server.h"
 
 namespace shardserve::service {
@@ -48,6 +56,12 @@ class RegistrationBackoff {
   Uniform uniform_;
   int64_t previous_ms_;
 };
+
+// The arguments of a worker's channel to the coordinator's control port: reconnect backoff capped
+// at about a second (gRPC's own, 1 s growing to 120 s, would keep a worker away for up to two
+// minutes after a long coordinator outage), HTTP/2 BDP probing off (tiny messages; with it on,
+// each heartbeat answer set off a PING: coordinator/api/control_service.h ConfigureControlPort).
+grpc::ChannelArguments CoordinatorChannelArguments();
 
 // A random worker instance id: 16 hex digits.
 std::string NewInstanceId();
@@ -76,6 +90,13 @@ class Registrar {
 
  private:
   void Loop();
+  // Heartbeats as `id` on one stream until it ends or Stop(); returns the stream's status (OK on
+  // Stop) and sets `answered` when the coordinator answered at least one heartbeat.
+  grpc::Status StreamHeartbeats(const std::string& id, int64_t interval_ms, bool* answered);
+  // One unary Heartbeat as `id`.
+  grpc::Status UnaryHeartbeat(const std::string& id);
+  // A heartbeat as `id` with the worker's state now.
+  v1::HeartbeatRequest HeartbeatNow(const std::string& id) const;
   // registration_ with what the worker holds now.
   v1::RegisterRequest Registration() const;
   // Waits up to `ms`, returning false when stopping.
@@ -90,6 +111,7 @@ class Registrar {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  HeartbeatStreamCall* stream_ ABSL_GUARDED_BY(mu_) = nullptr;  // the open stream, cancelled by Stop()
   std::thread thread_;
 };
 

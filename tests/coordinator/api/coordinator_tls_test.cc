@@ -81,6 +81,36 @@ TEST_F(CoordinatorTlsTest, OnlyWorkerCertificatesRegisterOnTheControlPort) {
   EXPECT_EQ(coordinator_->registry().List().size(), 1u);
 }
 
+// The heartbeat stream has the control port's rules: a worker certificate heartbeats on it; a
+// client certificate is refused before any heartbeat is read.
+TEST_F(CoordinatorTlsTest, OnlyWorkerCertificatesHeartbeatOnTheStream) {
+  auto stream_beat = [&](std::shared_ptr<grpc::ChannelCredentials> creds, const std::string& worker_id) {
+    auto stub = v1::Registry::NewStub(grpc::CreateChannel(coordinator_->control_address(), std::move(creds)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub->HeartbeatStream(&ctx);
+    v1::HeartbeatRequest hb;
+    hb.set_worker_id(worker_id);
+    hb.set_state(v1::WORKER_STATE_IDLE);
+    v1::HeartbeatResponse answer;
+    bool answered = stream->Write(hb) && stream->Read(&answer);
+    stream->WritesDone();
+    while (stream->Read(&answer)) {
+    }
+    grpc::Status st = stream->Finish();
+    return std::make_pair(answered, st);
+  };
+  ASSERT_TRUE(Register(coordinator_->control_address(), As("worker", Role::kWorker)).ok());
+  const std::vector<WorkerRecord> workers = coordinator_->registry().List();
+  ASSERT_EQ(workers.size(), 1u);
+  const auto [worker_answered, worker_status] = stream_beat(As("worker", Role::kWorker), workers[0].worker_id);
+  EXPECT_TRUE(worker_answered);
+  EXPECT_TRUE(worker_status.ok()) << worker_status.error_message();
+  const auto [client_answered, client_status] = stream_beat(As("client", Role::kClient), workers[0].worker_id);
+  EXPECT_FALSE(client_answered);
+  EXPECT_EQ(client_status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
 TEST_F(CoordinatorTlsTest, ThePublicPortHasNoRegistryAndServesTlsToClientsWithoutCertificates) {
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = ca_.cert_pem();
@@ -276,9 +306,12 @@ TEST(CoordinatorRawRequestsTest, RequestsThatAreNotMessagesAreInvalidArgument) {
     grpc::Status st = RawStreamCall(public_port, method);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << st.error_message();
   }
-  for (const char* method : {"/shardserve.v1.Registry/Register", "/shardserve.v1.Registry/Heartbeat"}) {
+  for (const char* method : {"/shardserve.v1.Registry/Register", "/shardserve.v1.Registry/Heartbeat",
+                             "/shardserve.v1.Registry/HeartbeatStream"}) {
     EXPECT_EQ(RawStreamCall(control_port, method).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
   }
+  grpc::Status stream = RawStreamCall(control_port, "/shardserve.v1.Registry/HeartbeatStream");
+  EXPECT_THAT(stream.error_message(), ::testing::HasSubstr("HeartbeatRequest"));
   grpc::Status generate = RawStreamCall(public_port, "/shardserve.v1.Inference/Generate");
   EXPECT_EQ(generate.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << generate.error_message();
   EXPECT_THAT(generate.error_message(), ::testing::HasSubstr("GenerateRequest"));

@@ -180,6 +180,42 @@ TEST_F(RegistryTest, SilentWorkerBecomesDeadAfterTheTimeout) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("declared dead")));
 }
 
+// A closed heartbeat stream is a death signal, but only the worker's current stream speaks for
+// it: not an older stream it has left, nor one from before it registered again.
+TEST_F(RegistryTest, AClosedStreamMarksItsWorkerDeadAtOnceOnlyWhileItIsTheWorkersCurrentStream) {
+  WorkerRegistration reg = Worker("a", "x:1");
+  reg.instance_id = "inst-a-0001";
+  ASSERT_OK_AND_ASSIGN(const std::string id, registry_.Register(reg));
+  EXPECT_FALSE(registry_.Disconnected(id, 7, "closed")) << "no heartbeat on stream 7 yet";
+  ASSERT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kLoading, .assignment_id = "p/1", .stream = 7}),
+              IsOk());
+  ASSERT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kLoading, .assignment_id = "p/1", .stream = 8}),
+              IsOk());
+  EXPECT_FALSE(registry_.Disconnected(id, 7, "closed")) << "it moved to stream 8";
+  // A unary heartbeat leaves its stream as it was.
+  ASSERT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kLoading, .assignment_id = "p/1"}), IsOk());
+  EXPECT_FALSE(registry_.Disconnected(id, 0, "closed"));
+  EXPECT_FALSE(registry_.Disconnected("w-unknown", 8, "closed"));
+  EXPECT_EQ(registry_.Get(id)->state, WorkerState::kLoading);
+  const uint64_t v = registry_.version();
+  EXPECT_TRUE(registry_.Disconnected(id, 8, "its heartbeat stream closed"));  // no time has passed
+  EXPECT_GT(registry_.version(), v);
+  std::optional<WorkerRecord> r = registry_.Get(id);
+  EXPECT_EQ(r->state, WorkerState::kDead);
+  EXPECT_EQ(r->error, "its heartbeat stream closed, last state loading");
+  EXPECT_EQ(registry_.NumAlive(), 0);
+  EXPECT_FALSE(registry_.Disconnected(id, 8, "closed")) << "already dead";
+  EXPECT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kIdle, .stream = 8}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  // It registers again (same instance, same id): the stream it had before no longer counts.
+  ASSERT_OK_AND_ASSIGN(const std::string again, registry_.Register(reg));
+  ASSERT_EQ(again, id);
+  EXPECT_FALSE(registry_.Disconnected(id, 8, "closed"));
+  EXPECT_EQ(registry_.Get(id)->state, WorkerState::kIdle);
+  ASSERT_THAT(registry_.Heartbeat({.worker_id = id, .state = WorkerState::kIdle, .stream = 9}), IsOk());
+  EXPECT_TRUE(registry_.Disconnected(id, 9, "closed"));
+}
+
 TEST_F(RegistryTest, ReadsApplyTheTimeoutToo) {
   ASSERT_OK_AND_ASSIGN(std::string a, registry_.Register(Worker("a", "x:1")));
   clock_.Advance(absl::Seconds(6));

@@ -70,7 +70,8 @@ TEST(NewInstanceIdTest, SixteenHexDigitsThatDiffer) {
 
 // A Registry that refuses the first registration (ALREADY_EXISTS, as for a restarted worker whose
 // old instance still counts as live), forgets the worker at its first heartbeat (NOT_FOUND, as a
-// restarted coordinator does) and records every registration.
+// restarted coordinator does) and records every registration. It has no HeartbeatStream
+// (UNIMPLEMENTED), as a coordinator older than the stream: the Registrar sends unary heartbeats.
 class FakeRegistry final : public v1::Registry::CallbackService {
  public:
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx, const v1::RegisterRequest* request,
