@@ -278,14 +278,19 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   // the checkpoint's 16-bit dtype where the backend keeps one (half the memory; vLLM's "auto"),
   // else f32. Multi-head latent attention: one cache per layer of [num_kv_blocks, kv_block_size,
   // kv_lora_rank + qk_rope_head_dim] (k_cache_; v_cache_ stays empty), whole on every rank. The
-  // memory model gives the bytes of a layer's block (K and V together).
+  // buffers are sized by the memory model (a layer's block, K and V together), which must be the
+  // shape the attention kernels index.
   m->kv_dtype_ = KvCacheDType(spec, *backend);
   const bool mla = spec.IsMla();
   const size_t buffers = mla ? 1 : 2;
-  const size_t kv_layer_bytes = static_cast<size_t>(options.num_kv_blocks) *
-                                static_cast<size_t>(KvBytesPerBlock(spec, 1, options.shard.size, options.kv_block_size,
-                                                                    formats)) /
-                                buffers;
+  const size_t kv_row = static_cast<size_t>(mla ? spec.KvValuesPerToken() : m->layout_.kv_heads * spec.head_dim);
+  const size_t kv_block_bytes =
+      static_cast<size_t>(KvBytesPerBlock(spec, 1, options.shard.size, options.kv_block_size, formats));
+  if (kv_block_bytes != buffers * static_cast<size_t>(options.kv_block_size) * kv_row * DTypeSize(m->kv_dtype_)) {
+    return absl::InternalError(absl::StrCat("the memory model's KV block (", kv_block_bytes,
+                                            " bytes per layer) is not the cache's shape"));
+  }
+  const size_t kv_layer_bytes = static_cast<size_t>(options.num_kv_blocks) * kv_block_bytes / buffers;
   for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
     DeviceBuffer k, v;
     absl::Status st = Alloc(*backend, &k, kv_layer_bytes);
@@ -296,9 +301,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                                   " bytes per layer, ", options.layer_end - options.layer_begin,
                                                   " layers) does not fit on ", backend->name(), ": ", st.message()));
     }
+    m->kv_bytes_ += k.bytes() + v.bytes();  // as allocated
     m->k_cache_.push_back(std::move(k));
     m->v_cache_.push_back(std::move(v));
-    m->kv_bytes_ += buffers * kv_layer_bytes;
   }
 
   Workspace& w = *m->ws_;

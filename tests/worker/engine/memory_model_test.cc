@@ -30,6 +30,7 @@
 #include "worker/engine/executor.h"
 #include "worker/engine/model.h"
 #include "worker/engine/remote_experts.h"
+#include "worker/engine/weights.h"
 #include "worker/kernels/registry.h"
 
 namespace shardserve::engine {
@@ -169,6 +170,14 @@ void CheckModel(const std::string& dir, const std::string& label) {
   for (Quantization q : {Quantization::kNone, Quantization::kInt8}) {
     // The planner's formats for CPU ranks are the engine's.
     EXPECT_EQ(WorkerWeightFormats(spec, false, q), EngineWeightFormats(spec, *backend, q)) << label;
+    // An expert host keeps whole experts (the planner's spilled-expert bytes).
+    for (int64_t layer = 0; layer < layers && spec.IsMoe(); ++layer) {
+      if (!spec.IsSparseLayer(layer)) continue;
+      size_t bytes = 0;
+      ASSERT_OK_AND_ASSIGN(MlpWeights expert, LoadExpert(spec, layer, 0, *ckpt, *backend, &bytes, q));
+      EXPECT_EQ(static_cast<int64_t>(bytes), WholeExpertBytes(spec, WorkerWeightFormats(spec, false, q))) << label;
+      break;
+    }
     for (int tp : {1, 2}) {
       if (!ValidateTensorParallelSize(spec, tp).ok()) continue;
       std::vector<std::pair<int64_t, int64_t>> ranges = {{0, layers}};
