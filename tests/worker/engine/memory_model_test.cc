@@ -251,5 +251,39 @@ TEST(PlacementMemoryTest, ExplicitAndRemoteExperts) {
   }
 }
 
+// On a CUDA device (skipped without one): the formats the planner assumes for CUDA workers are
+// the engine's there, and one rank's allocation is the memory model's, for f32, bf16, f16 and FP8
+// checkpoints (MLA does not run on CUDA).
+TEST(CudaMemoryTest, PredictedBytesAreAllocatedBytesOnTheDevice) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  testing::TempDir f16_dir;
+  ASSERT_THAT(testing::WriteRandomLlama(f16_dir.path(),
+                                        {.vocab = 96, .hidden = 32, .intermediate = 48, .layers = 2, .heads = 4,
+                                         .kv_heads = 2, .max_positions = 64, .f16 = true, .experts = 4},
+                                        7),
+              testing::IsOk());
+  for (const std::string& dir : {std::string("tests/golden/models/llama"), std::string("tests/golden/models/mixtral"),
+                                std::string("tests/golden/models/llama_bf16_sharded"),
+                                std::string("tests/golden/models/llama_fp8_block"), f16_dir.path()}) {
+    SCOPED_TRACE(dir);
+    ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
+    ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(dir));
+    ASSERT_OK_AND_ASSIGN(auto backend, kernels::CreateBackend({.kind = kernels::DeviceKind::kCuda}));
+    const WeightFormats planned = WorkerWeightFormats(spec, /*cuda=*/true, Quantization::kNone);
+    EXPECT_EQ(planned, EngineWeightFormats(spec, *backend, Quantization::kNone));
+    EXPECT_EQ(WorkerWeightFormats(spec, true, Quantization::kInt8), EngineWeightFormats(spec, *backend, Quantization::kInt8));
+    ExecutorOptions eo{.kind = kernels::DeviceKind::kCuda, .cuda_devices = {0}};
+    eo.model.max_seq_len = std::min<int64_t>(32, spec.max_position_embeddings);
+    eo.model.num_kv_blocks = kBlocks;
+    eo.model.kv_block_size = kBlockSize;
+    eo.model.max_step_tokens = 16;
+    ASSERT_OK_AND_ASSIGN(auto ex, TpExecutor::Create(spec, *ckpt, eo));
+    const RankShard shard{.layer_begin = 0, .layer_end = spec.num_layers, .has_embedding = true, .has_lm_head = true};
+    const RankMemory m = RankMemoryOf(spec, shard, planned);
+    EXPECT_EQ(m.Weights(), static_cast<int64_t>(ex->WeightBytesPerRank()[0]));
+    EXPECT_EQ(m.KvBytes(kBlocks, kBlockSize), static_cast<int64_t>(ex->KvCacheBytesPerRank()[0]));
+  }
+}
+
 }  // namespace
 }  // namespace shardserve::engine
