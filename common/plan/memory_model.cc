@@ -54,12 +54,12 @@ WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization
   const int64_t narrow = stored == DType::kBF16 || stored == DType::kF16 ? 2 : 4;
   WeightFormats f;
   if (cuda) {
-    // Linear, Embedding, KvWrite and Attention take f32, bf16 and f16; HeadLinear and the MLA
-    // cache ops are CPU-only (f32 here, never run).
+    // Linear, Embedding, KvWrite and Attention take f32, bf16 and f16. Multi-head latent
+    // attention does not run on CUDA yet: it is counted as if its ops took them too.
     f.matrix_bytes = spec.fp8.has_value() ? 2 : narrow;
     f.embedding_bytes = f.tied_embedding_bytes = narrow;
-    f.head_linear_bytes = 4;
-    f.kv_bytes = spec.IsMla() ? 4 : narrow;
+    f.head_linear_bytes = f.matrix_bytes;
+    f.kv_bytes = narrow;
     return f;
   }
   // CPU: Linear and HeadLinear take f32 and bf16 (and kQ8), Embedding any float dtype, the KV

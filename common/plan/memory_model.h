@@ -71,8 +71,8 @@ struct WeightFormats {
 // absent) where the backend's op takes it, else f32. CPU: bf16 matrices and HeadLinear stay bf16,
 // f16 ones are widened to f32; the embedding keeps bf16 or f16 (rows are widened on lookup) except
 // as a tied f16 lm_head (f32); the KV cache is f32. CUDA: bf16 and f16 stay as they are, for the KV
-// cache too (not MLA, which CUDA does not run). FP8 matrices (ModelSpec::fp8) are dequantized to
-// bf16 on both. `quantize` = kInt8 gives int8 matrices on CPU ranks only (CUDA does not take kQ8).
+// cache too (multi-head latent attention, which does not run on CUDA yet, is counted the same
+// way). FP8 matrices (ModelSpec::fp8) are dequantized to bf16 on both. `quantize` = kInt8 gives int8 matrices on CPU ranks only (CUDA does not take kQ8).
 // The engine's own choice (worker/engine's EngineWeightFormats) is tested equal for CPU ranks.
 WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization quantize);
 
