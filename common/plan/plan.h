@@ -55,12 +55,11 @@ struct PlanPolicy {
   // Longest sequence (prompt + generation); 0 = the model's max_position_embeddings. Every stage
   // must hold the KV of at least one sequence of this length.
   int64_t max_seq_len = 0;
-  // Bytes per element of the weight matrices and the embedding as the workers hold them; 0 = from
-  // the checkpoint (coordinator/planner/planner.h says how). Norms, biases and routers are always
-  // f32 (4 bytes).
+  // Bytes per element of the weight matrices and the embedding as the workers hold them; 0 = the
+  // formats the workers keep the checkpoint in (WorkerWeightFormats, common/plan/memory_model.h).
+  // Norms, biases and routers are always f32 (4 bytes).
   int64_t bytes_per_param = 0;
-  // Bytes per KV cache element as the workers keep it; 0 = from the checkpoint (see
-  // coordinator/planner/planner.h).
+  // Bytes per KV cache element as the workers keep it; 0 = the workers' (WorkerWeightFormats).
   int64_t kv_bytes_per_element = 0;
   // Subtracted from every device's free_bytes before planning (workspace, allocator slack).
   int64_t reserve_bytes_per_device = 0;
@@ -91,7 +90,8 @@ struct StageSpec {
   DeviceKind device_kind = DeviceKind::kCpu;
   std::vector<int> devices;  // rank r runs on device index devices[r] (ascending)
   // Predicted bytes on the most loaded rank (rank 0: it also holds the row-parallel biases and
-  // the most local experts): weights, and the KV cache for `kv_tokens` tokens.
+  // the most local experts), by the memory model (common/plan/memory_model.h): weights, and the KV
+  // cache for `kv_tokens` tokens.
   int64_t predicted_weight_bytes_per_rank = 0;
   int64_t kv_bytes_per_rank = 0;
   // KV capacity in tokens over all sequences; the same for every stage of a pipeline (the

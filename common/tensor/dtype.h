@@ -52,7 +52,7 @@ absl::StatusOr<Quantization> ParseQuantization(absl::string_view name);
 // Bytes of a [rows, cols] matrix stored as kQ8: rows padded to panels of 16, each row to blocks of
 // 64 int8 weights, plus one f32 scale per block of every padded row (the scales start 64-byte
 // aligned). The CPU kernels' packed layout (worker/kernels/cpu/q8.h) has exactly this size; the
-// planner counts with it.
+// memory model (common/plan/memory_model.h) counts with it.
 int64_t Q8MatrixBytes(int64_t rows, int64_t cols);
 
 // Converts `count` little-endian elements of `dtype` (not kQ8) at `src` to float. `src` need not

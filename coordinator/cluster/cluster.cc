@@ -8,9 +8,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log/log.h"
+#include "common/plan/memory_model.h"
 #include "coordinator/planner/planner.h"
 
 namespace shardserve::coordinator {
+namespace {
+
+// The KV cache bytes each rank of the stage `a` assigns allocates: its kv_blocks blocks of its
+// layers, by the memory model with the formats its engine keeps on its device kind.
+int64_t KvBytesPerRank(const ModelSpec& spec, const WorkerAssignment& a) {
+  const WeightFormats formats = WorkerWeightFormats(spec, a.device_kind == DeviceKind::kCuda, a.quantize);
+  const int tp = std::max<int>(1, static_cast<int>(a.devices.size()));
+  return a.kv_blocks * KvBytesPerBlock(spec, a.layer_end - a.layer_begin, tp, a.kv_block_size, formats);
+}
+
+}  // namespace
 
 int32_t SlotsForKvBlocks(int64_t kv_blocks, int64_t blocks_per_sequence) {
   if (blocks_per_sequence < 1) return 1;
@@ -230,11 +242,10 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
   plan_text_ = PlanToString(*plan);
   // What the workers are told to allocate, which the KV capacity above only bounds.
   for (size_t r = 0; r < plan->replicas.size(); ++r) {
-    const Pipeline& p = plan->replicas[r];
     const int64_t tokens = replicas_[r].kv_blocks * options_.kv_block_size;
     int64_t bytes_per_rank = 0;  // the stage holding the most
-    for (const StageSpec& st : p.stages) {
-      if (st.kv_tokens > 0) bytes_per_rank = std::max(bytes_per_rank, st.kv_bytes_per_rank / st.kv_tokens * tokens);
+    for (const Stage& st : replicas_[r].stages) {
+      bytes_per_rank = std::max(bytes_per_rank, KvBytesPerRank(*spec_, st.assignment));
     }
     absl::StrAppend(&plan_text_, "replica ", r, ": KV allocated ", replicas_[r].kv_blocks, " blocks x ",
                     options_.kv_block_size, " tokens = ", tokens, " tokens, up to ", FormatBytes(bytes_per_rank),
@@ -384,7 +395,8 @@ bool Cluster::AdoptLocked(const std::vector<WorkerRecord>& workers) {
       absl::StrAppend(&plan_text_, "replica ", r, " stage ", s, ": worker ", w.worker_id, " at ",
                       w.registration.address, ", layers [", stage.assignment.layer_begin, ", ",
                       stage.assignment.layer_end, "), ", stage.assignment.devices.size(), " ",
-                      DeviceKindName(stage.assignment.device_kind), " device(s), ", rs.kv_blocks, " KV blocks\n");
+                      DeviceKindName(stage.assignment.device_kind), " device(s), ", rs.kv_blocks, " KV blocks (",
+                      FormatBytes(KvBytesPerRank(*spec_, stage.assignment)), " per rank)\n");
       rs.stages.push_back(std::move(stage));
     }
     replicas_.push_back(std::move(rs));

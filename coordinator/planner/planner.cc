@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/plan/memory_model.h"
 #include "common/status/macros.h"
 
 namespace shardserve {
@@ -24,11 +25,6 @@ constexpr double kCostEps = 1e-9;
 // Models above this many bytes are refused before any int64 arithmetic could overflow.
 constexpr double kMaxModelBytes = 1e18;
 constexpr int64_t kMaxKvTokens = int64_t{1} << 40;
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// As the engine's ShardLayout: whole experts on ranks when there are at least as many as ranks.
-bool ExpertParallel(const ModelSpec& s, int tp) { return s.IsMoe() && s.moe.num_experts >= tp && tp > 1; }
 
 // ---- Model accounting --------------------------------------------------------------------------
 
@@ -65,91 +61,41 @@ Params CountParams(const ModelSpec& s) {
   return p;
 }
 
-// Bytes on rank 0 of a stage with `tp` ranks (see planner.h for the layout).
+// Bytes on rank 0 of a stage with `tp` ranks, from the memory model (common/plan/memory_model.h),
+// summed over layers so that a stage's figures cost O(1).
 struct TpFigures {
   std::vector<int64_t> dense_prefix;   // [layers + 1]: non-expert bytes of layers [0, l)
   std::vector<int64_t> expert_prefix;  // [layers + 1]: bytes of all local experts of [0, l)
   std::vector<int64_t> sparse_prefix;  // [layers + 1]: MoE layers among [0, l)
   int64_t kv_per_token_layer = 0;      // K and V of one layer for one token
-  int64_t embedding = 0;               // replicated
-  int64_t final_norm = 0;
-  int64_t lm_head = 0;  // vocab-parallel: ceil(vocab / tp) rows
   // Routed experts in units of "slots": a slot is what one more expert costs on rank 0 (a whole
   // expert when expert parallel, else a 1/tp slice of one), and it keeps `experts_per_slot` more
   // experts local (tp when expert parallel, else 1). A layer keeping all its experts takes
-  // ceil(num_experts / experts_per_slot) slots.
+  // ceil(num_experts / experts_per_slot) slots, DefaultLocalExperts of rank 0.
   int64_t slot_bytes = 0;
   int64_t experts_per_slot = 1;
   int64_t slots_per_layer = 0;
 };
 
-// Bytes of one [rows, cols] weight matrix as the loader stores it: Q8MatrixBytes when the policy
-// quantizes to int8, else policy.bytes_per_param per element.
-int64_t MatrixBytes(const PlanPolicy& policy, int64_t rows, int64_t cols) {
-  return policy.quantize == Quantization::kInt8 ? Q8MatrixBytes(rows, cols) : rows * cols * policy.bytes_per_param;
-}
-
-// policy.bytes_per_param (resolved): bytes per element of the embedding and, unquantized, of the
-// matrices; policy.kv_bytes_per_element (resolved): per KV cache element. Norms, biases and
-// routers are f32, as the engine's loader keeps them.
-TpFigures MakeTpFigures(const ModelSpec& s, int tp, const PlanPolicy& policy) {
-  constexpr int64_t kF32 = 4;
-  const int64_t bpp = policy.bytes_per_param, kv_bpe = policy.kv_bytes_per_element;
-  auto mat = [&](int64_t rows, int64_t cols) { return MatrixBytes(policy, rows, cols); };
-  const int64_t h = s.hidden_size, d = s.head_dim;
-  int64_t attn = 2 * h * kF32;  // input and post-attention norms
-  if (s.sandwich_norms) attn += 2 * h * kF32;  // Gemma-2's pre- and post-feedforward norms
-  if (s.IsMla()) {
-    // As the loader keeps it: q_a_proj, its norm, kv_a_proj_with_mqa (as its latent and RoPE
-    // rows) and kv_a_layernorm replicated; q_b_proj (as nope and RoPE rows) and kv_b_proj (per
-    // head, at bytes_per_param: never int8) split by heads; o_proj by its head columns.
-    const MlaSpec& m = s.mla;
-    const int64_t heads = s.num_heads / tp;
-    const int64_t in_q = m.q_lora_rank > 0 ? m.q_lora_rank : h;
-    if (m.q_lora_rank > 0) attn += mat(m.q_lora_rank, h) + m.q_lora_rank * kF32;
-    attn += mat(heads * m.qk_nope_head_dim, in_q) + mat(heads * m.qk_rope_head_dim, in_q);
-    attn += mat(m.kv_lora_rank, h) + mat(m.qk_rope_head_dim, h) + m.kv_lora_rank * kF32;
-    attn += heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank * bpp;
-    attn += mat(h, heads * m.v_head_dim);
-  } else {
-    const int64_t q = s.num_heads / tp * d;
-    const int64_t kv = (s.num_kv_heads % tp == 0 ? s.num_kv_heads / tp : 1) * d;
-    attn += mat(q, h) + 2 * mat(kv, h) + mat(h, q);
-    if (s.qkv_bias) attn += (q + 2 * kv) * kF32;
-    if (s.o_bias) attn += h * kF32;  // rank 0 only
-    if (s.qk_norm) attn += 2 * d * kF32;  // replicated per-head q/k norm weights
-  }
-  const int64_t ffn = s.intermediate_size / tp;
-  const int64_t dense = 2 * mat(ffn, h) + mat(h, ffn) + (s.mlp_bias ? 2 * ffn + h : 0) * kF32;
+TpFigures MakeTpFigures(const ModelSpec& s, int tp, const WeightFormats& formats) {
+  const bool ep = IsExpertParallel(s, tp);
   TpFigures f;
-  int64_t sparse = 0, expert_bytes = 0;
   if (s.IsMoe()) {
-    sparse = s.moe.num_experts * h * kF32;  // router
-    if (s.moe.scoring == MoeScoring::kSigmoidGrouped) sparse += s.moe.num_experts * kF32;  // score bias
-    if (s.moe.shared_expert_intermediate_size > 0) {
-      const int64_t shared = s.moe.shared_expert_intermediate_size / tp;
-      sparse += 2 * mat(shared, h) + mat(h, shared) + (s.moe.shared_expert_gate ? h * kF32 : 0);
-    }
-    const bool ep = ExpertParallel(s, tp);
-    const int64_t width = ep ? s.moe.expert_intermediate_size : s.moe.expert_intermediate_size / tp;
-    f.slot_bytes = 2 * mat(width, h) + mat(h, width);
     f.experts_per_slot = ep ? tp : 1;
-    f.slots_per_layer = CeilDiv(s.moe.num_experts, f.experts_per_slot);
-    expert_bytes = f.slots_per_layer * f.slot_bytes;
+    f.slots_per_layer = DefaultLocalExperts(s, tp, 0, ep);
   }
   f.dense_prefix.assign(1, 0);
   f.expert_prefix.assign(1, 0);
   f.sparse_prefix.assign(1, 0);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const bool sp = s.IsSparseLayer(l);
-    f.dense_prefix.push_back(f.dense_prefix.back() + attn + (sp ? sparse : dense));
-    f.expert_prefix.push_back(f.expert_prefix.back() + (sp ? expert_bytes : 0));
+    const LayerRankBytes b = LayerBytes(s, l, tp, 0, ep, formats);
+    if (sp) f.slot_bytes = b.expert;
+    f.dense_prefix.push_back(f.dense_prefix.back() + b.matrices + b.f32);
+    f.expert_prefix.push_back(f.expert_prefix.back() + (sp ? f.slots_per_layer * b.expert : 0));
     f.sparse_prefix.push_back(f.sparse_prefix.back() + (sp ? 1 : 0));
   }
-  f.kv_per_token_layer = s.KvValuesPerToken(tp) * kv_bpe;
-  f.embedding = s.vocab_size * h * bpp;
-  f.final_norm = h * kF32;
-  f.lm_head = mat(CeilDiv(s.vocab_size, tp), h);
+  f.kv_per_token_layer = KvBytesPerTokenLayer(s, tp, formats);
   return f;
 }
 
@@ -345,8 +291,8 @@ struct Draft {
 class Planner {
  public:
   Planner(const ModelSpec& spec, const PlanPolicy& policy, int64_t max_seq_len,
-          const std::vector<WorkerInventory>& workers)
-      : spec_(spec), policy_(policy), max_seq_len_(max_seq_len), workers_(workers) {
+          const std::vector<WorkerInventory>& workers, const WeightFormats& formats)
+      : spec_(spec), policy_(policy), max_seq_len_(max_seq_len), workers_(workers), formats_(formats) {
     min_tokens_ = policy.kv_tokens > 0 ? policy.kv_tokens : max_seq_len;
     const Params p = CountParams(spec);
     // The embedding is a lookup: it is held (the memory constraint counts it) but a step reads
@@ -363,13 +309,12 @@ class Planner {
                              0.5 * static_cast<double>(p.layer_active[l]) / flops);
     }
     head_cost_ = 0.5 * static_cast<double>(p.head) / bytes;
-    expert_bytes_ = 2 * MatrixBytes(policy, spec.moe.expert_intermediate_size, spec.hidden_size) +
-                    MatrixBytes(policy, spec.hidden_size, spec.moe.expert_intermediate_size);
+    expert_bytes_ = WholeExpertBytes(spec, formats);
   }
 
   void AddTp(int tp) {
     if (figures_.count(tp) == 0) {
-      figures_.emplace(tp, MakeTpFigures(spec_, tp, policy_));
+      figures_.emplace(tp, MakeTpFigures(spec_, tp, formats_));
     }
   }
   int64_t min_tokens() const { return min_tokens_; }
@@ -408,10 +353,8 @@ class Planner {
   int64_t NonExpertWeights(const Candidate& c, const StageRange& r) const {
     const TpFigures& f = Figures(c.tp);
     int64_t w = f.dense_prefix[static_cast<size_t>(r.end)] - f.dense_prefix[static_cast<size_t>(r.begin)];
-    if (r.first) w += f.embedding;
-    // A tied lm_head is the embedding itself only on a single rank that holds both.
-    if (r.last) w += f.final_norm + (r.first && spec_.tie_word_embeddings && c.tp == 1 ? 0 : f.lm_head);
-    return w;
+    const EndBytes e = StageEndBytes(spec_, r.first, r.last, c.tp, formats_);
+    return w + e.embedding + e.final_norm + e.lm_head;
   }
   int64_t AllExpertWeights(const Candidate& c, const StageRange& r) const {
     const TpFigures& f = Figures(c.tp);
@@ -438,6 +381,7 @@ class Planner {
   const PlanPolicy& policy_;
   const int64_t max_seq_len_;
   const std::vector<WorkerInventory>& workers_;  // sorted by worker_id
+  const WeightFormats formats_;                  // the policy's, resolved
   int64_t min_tokens_ = 0;
   std::map<int, TpFigures> figures_;
   std::vector<double> cost_prefix_;  // [layers + 1]
@@ -689,7 +633,7 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
       // Local experts: the engine's default placement, contiguous blocks (expert e of the k kept on
       // rank e x tp / k) when expert parallel, else split over all ranks (rank 0 listed). The rest
       // are filled in by PlaceRemoteExperts.
-      const bool ep = ExpertParallel(spec_, d.cand->tp);
+      const bool ep = IsExpertParallel(spec_, d.cand->tp);
       size_t k = 0;
       for (int64_t l = r.begin; l < r.end; ++l) {
         if (!spec_.IsSparseLayer(l)) continue;
@@ -739,7 +683,7 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
       st.has_embedding = d.range.first;
       st.has_lm_head = d.range.last;
       st.tp = d.cand->tp;
-      st.expert_parallel = ExpertParallel(spec_, d.cand->tp);
+      st.expert_parallel = IsExpertParallel(spec_, d.cand->tp);
       st.device_kind = d.cand->kind;
       st.devices = d.cand->devices;
       st.predicted_weight_bytes_per_rank = d.weights;
@@ -766,20 +710,25 @@ std::optional<Plan> Planner::TryLayout(const std::vector<Candidate>& eligible, i
 }
 
 // Weight bytes of the whole model on one rank (tp = 1): its layers with every expert, the
-// embedding, the final norm and the lm_head, as the figures count them.
-int64_t ModelWeightBytes(const ModelSpec& spec, const PlanPolicy& policy) {
-  const TpFigures f = MakeTpFigures(spec, 1, policy);
-  return f.dense_prefix.back() + f.expert_prefix.back() + f.embedding + f.final_norm + f.lm_head;
+// embedding, the final norm and the lm_head.
+int64_t ModelWeightBytes(const ModelSpec& spec, const WeightFormats& formats) {
+  const RankShard all{.layer_begin = 0, .layer_end = spec.num_layers, .has_embedding = true, .has_lm_head = true};
+  return RankMemoryOf(spec, all, formats).Weights();
+}
+
+// KV bytes of one token in every layer on one rank (tp = 1).
+int64_t ModelKvBytesPerToken(const ModelSpec& spec, const WeightFormats& formats) {
+  return spec.num_layers * KvBytesPerTokenLayer(spec, 1, formats);
 }
 
 // What the ResourceExhausted error says: bytes needed vs available, and why no layout fits
 // when the total would be enough.
-std::string NotEnoughMemory(const ModelSpec& spec, const PlanPolicy& policy, int64_t min_tokens,
+std::string NotEnoughMemory(const ModelSpec& spec, const PlanPolicy& policy, const WeightFormats& formats,
+                            int64_t min_tokens,
                             const std::vector<WorkerInventory>& workers, const std::vector<Candidate>& eligible,
                             int pp_lo, int pp_hi, bool tried_spill) {
-  const int64_t weights = ModelWeightBytes(spec, policy);
-  const double kv_min = static_cast<double>(min_tokens) * static_cast<double>(spec.num_layers) *
-                        static_cast<double>(spec.KvValuesPerToken() * policy.kv_bytes_per_element);
+  const int64_t weights = ModelWeightBytes(spec, formats);
+  const double kv_min = static_cast<double>(min_tokens) * static_cast<double>(ModelKvBytesPerToken(spec, formats));
   const int64_t kv = static_cast<int64_t>(std::ceil(policy.kv_tokens > 0 ? kv_min : kv_min / policy.kv_fraction));
   const int replicas = std::max(policy.replicas, 1);
   int64_t available = 0;
@@ -834,26 +783,11 @@ bool AnyCuda(const std::vector<WorkerInventory>& workers) {
 }  // namespace
 
 int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInventory>& workers) {
-  if (!spec.dtype.has_value()) return 4;
-  switch (*spec.dtype) {
-    case DType::kF32:
-      return 4;
-    case DType::kBF16:
-      return 2;
-    case DType::kF16:
-      return AllCuda(workers) ? 2 : 4;  // CUDA devices multiply f16 matrices; CPU ranks widen them
-    case DType::kF8E4M3:
-      return 2;  // dequantized to bf16 on load
-    case DType::kQ8:
-      return 1;  // never a checkpoint's dtype
-  }
-  return 4;
+  return WorkerWeightFormats(spec, AllCuda(workers), Quantization::kNone).matrix_bytes;
 }
 
 int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInventory>& workers) {
-  // The engine's KvCacheDType: a bf16/f16 checkpoint's dtype on CUDA devices, else f32.
-  const bool narrow = spec.dtype.has_value() && (*spec.dtype == DType::kBF16 || *spec.dtype == DType::kF16);
-  return narrow && AllCuda(workers) ? 2 : 4;
+  return WorkerWeightFormats(spec, AllCuda(workers), Quantization::kNone).kv_bytes;
 }
 
 const char* LayoutVerdictName(LayoutVerdict v) {
@@ -887,11 +821,18 @@ absl::StatusOr<Plan> PlanImpl(const ModelSpec& spec, const std::vector<WorkerInv
   RETURN_IF_ERROR(ValidateSpec(spec));
   ASSIGN_OR_RETURN(const int64_t max_seq_len, ValidatePolicy(spec, requested));
   PlanPolicy policy = requested;
-  if (policy.bytes_per_param == 0) policy.bytes_per_param = WeightBytesPerParam(spec, workers);
-  if (policy.kv_bytes_per_element == 0) policy.kv_bytes_per_element = KvBytesPerElement(spec, workers);
   // CUDA backends do not take int8 weights (their workers keep the checkpoint's dtype): count int8
   // only when no worker runs on CUDA, so that no stage is under-counted.
   if (policy.quantize == Quantization::kInt8 && AnyCuda(workers)) policy.quantize = Quantization::kNone;
+  // The formats the workers keep (memory_model.h), unless the policy fixes the element sizes.
+  WeightFormats formats = WorkerWeightFormats(spec, AllCuda(workers), policy.quantize);
+  if (policy.bytes_per_param > 0) {
+    formats.matrix_bytes = formats.embedding_bytes = formats.tied_embedding_bytes = formats.head_linear_bytes =
+        policy.bytes_per_param;
+  }
+  if (policy.kv_bytes_per_element > 0) formats.kv_bytes = policy.kv_bytes_per_element;
+  policy.bytes_per_param = formats.matrix_bytes;
+  policy.kv_bytes_per_element = formats.kv_bytes;
   std::vector<WorkerInventory> sorted = workers;
   std::sort(sorted.begin(), sorted.end(),
             [](const WorkerInventory& a, const WorkerInventory& b) { return a.worker_id < b.worker_id; });
@@ -939,13 +880,12 @@ absl::StatusOr<Plan> PlanImpl(const ModelSpec& spec, const std::vector<WorkerInv
                                     " workers (replicas x pp), but only ", num_eligible, " can host a stage"));
   }
 
-  Planner planner(spec, policy, max_seq_len, sorted);
+  Planner planner(spec, policy, max_seq_len, sorted, formats);
   for (const Candidate& c : eligible) planner.AddTp(c.tp);
   // Lower bound on what one replica needs (tp = 1: nothing replicated) to skip hopeless counts.
   const double replica_need =
-      static_cast<double>(ModelWeightBytes(spec, policy)) +
-      static_cast<double>(planner.min_tokens()) *
-          static_cast<double>(spec.num_layers * spec.KvValuesPerToken() * policy.kv_bytes_per_element);
+      static_cast<double>(ModelWeightBytes(spec, formats)) +
+      static_cast<double>(planner.min_tokens()) * static_cast<double>(ModelKvBytesPerToken(spec, formats));
   std::vector<double> capacity_prefix(1, 0.0);
   for (const Candidate& c : eligible)
     capacity_prefix.push_back(capacity_prefix.back() + static_cast<double>(c.Capacity()));
@@ -965,7 +905,7 @@ absl::StatusOr<Plan> PlanImpl(const ModelSpec& spec, const std::vector<WorkerInv
     ex->tp_auto = policy.tp == 0;
     ex->pp_auto = policy.pp == 0;
     ex->replicas_auto = policy.replicas == 0;
-    ex->model_weight_bytes = ModelWeightBytes(spec, policy);
+    ex->model_weight_bytes = ModelWeightBytes(spec, formats);
     ex->eligible_workers = num_eligible;
     ex->search_order = kSearchOrder;
   }
@@ -1029,7 +969,7 @@ absl::StatusOr<Plan> PlanImpl(const ModelSpec& spec, const std::vector<WorkerInv
     }
   }
   return absl::ResourceExhaustedError(
-      NotEnoughMemory(spec, policy, planner.min_tokens(), sorted, eligible, pp_lo, pp_hi, can_spill));
+      NotEnoughMemory(spec, policy, formats, planner.min_tokens(), sorted, eligible, pp_lo, pp_hi, can_spill));
 }
 
 }  // namespace

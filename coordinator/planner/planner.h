@@ -4,33 +4,20 @@
 // leave, and by `shardserve plan` to print a plan without starting anything.
 //
 // ---- What a stage holds ------------------------------------------------------------------------
-// Bytes are those the engine's loader allocates: the weight matrices and the embedding at
-// policy.bytes_per_param each (0 = from the checkpoint: config.json's dtype, bf16 -> 2, f16 -> 2
-// when every worker runs on CUDA devices and 4 otherwise, since CPU ranks widen f16 matrices, f32
-// or no dtype -> 4), norms, biases and MoE routers at 4 (the loader keeps them f32), and the KV
-// cache at policy.kv_bytes_per_element (0 = from the checkpoint: 2 for bf16/f16 on CUDA-only
-// inventories, where the engine keeps the cache in that dtype, else 4). With policy.quantize =
-// kInt8 every projection matrix and the lm_head count at Q8MatrixBytes (int8 plus one f32 scale
-// per 64 weights, rows padded to 16); the embedding stays at bytes_per_param.
-// Parallelism follows ARCHITECTURE.md: tensor parallel (TP) inside a worker, pipeline parallel
-// (PP) across workers, data-parallel replicas of whole pipelines. Per TP rank of a stage, as the
-// engine's ShardLayout / LoadWeights (worker/engine/weights.h) lay it out:
-//  - attention: q/k/v/o split by heads (KV heads replicated when tp > num_key_value_heads),
-//    norms replicated, the o_proj bias on rank 0;
-//  - dense MLP: split by columns (intermediate_size / tp), the down_proj bias on rank 0;
-//  - MoE layer: router replicated, shared expert split by columns (its gate replicated); routed
-//    experts whole, in contiguous blocks over the ranks, when num_experts >= tp > 1 (expert
-//    parallel: of k local experts, expert e on rank e x tp / k), else each split by columns;
-//  - stage 0: the whole embedding [vocab, hidden] on every rank; the last stage: final norm and
-//    the vocab-parallel lm_head, ceil(vocab / tp) rows per rank (a tied lm_head is the embedding
-//    itself only with tp = 1 and pp = 1);
-//  - KV cache: 2 x its layers x local KV heads x head_dim x kv_bytes_per_element per token; for
-//    multi-head latent attention (DeepSeek-V3) its layers x (kv_lora_rank + qk_rope_head_dim) x
-//    kv_bytes_per_element on every rank (the latent is shared by the heads: ModelSpec::KvValuesPerToken);
-//  - MLA attention: q_a_proj, kv_a_proj_with_mqa and their norms replicated, q_b_proj, kv_b_proj
-//    and o_proj split by heads (kv_b_proj at bytes_per_param even with int8).
-// Predicted bytes are those of rank 0, the most loaded rank. For an f32 checkpoint with tp = 1,
-// pp = 1 the weights are exactly ModelSpec::NumParameters() x 4.
+// The memory model (common/plan/memory_model.h) says, for one rank of a stage: the bytes of its
+// layers' weights (split or replicated as the engine lays them out), its local experts, the
+// embedding on the first stage, the final norm and lm_head on the last, and its KV cache per
+// token. The planner counts with it and nothing else; the engine sizes its KV cache with it, and
+// tests/worker/engine/memory_model_test.cc holds the plans' figures equal to what the engine
+// allocates. The formats are the workers' (WorkerWeightFormats: CUDA formats when every worker
+// runs on CUDA devices, else CPU formats, so that a mixed inventory is not under-counted), with
+// policy.bytes_per_param (every weight matrix and embedding element) and
+// policy.kv_bytes_per_element overriding them when set; policy.quantize = kInt8 counts int8
+// matrices only when no worker runs on CUDA (CUDA backends do not take them). Parallelism follows
+// ARCHITECTURE.md: tensor parallel (TP) inside a worker, pipeline parallel (PP) across workers,
+// data-parallel replicas of whole pipelines. Predicted bytes are those of rank 0, the most loaded
+// rank (it holds the row-parallel biases and, expert parallel, the most experts). For an f32
+// checkpoint with tp = 1, pp = 1 the weights are exactly ModelSpec::NumParameters() x 4.
 //
 // ---- Devices --------------------------------------------------------------------------------
 // A worker runs on its CUDA devices when it has any, else on its CPU devices, and hosts at most
@@ -112,12 +99,14 @@
 
 namespace shardserve {
 
-// Bytes per element of the weight matrices and the embedding that the workers hold for `spec`'s
-// checkpoint: what policy.bytes_per_param = 0 resolves to (see "What a stage holds" above). Pure.
+// Bytes per element of the weight matrices (unquantized) that the workers hold for `spec`'s
+// checkpoint: WorkerWeightFormats(...).matrix_bytes (see "What a stage holds" above), what
+// policy.bytes_per_param = 0 resolves to in PlanExplanation. Pure.
 int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInventory>& workers);
 // Bytes per KV cache element the workers keep for `spec`'s checkpoint (what
-// policy.kv_bytes_per_element = 0 resolves to): 2 for a bf16/f16 checkpoint when every worker runs
-// on CUDA devices (the engine keeps the cache in that dtype there), else 4. Pure.
+// policy.kv_bytes_per_element = 0 resolves to): WorkerWeightFormats(...).kv_bytes, 2 for a
+// bf16/f16 checkpoint when every worker runs on CUDA devices (the engine keeps the cache in that
+// dtype there), else 4. Pure.
 int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInventory>& workers);
 
 // Computes a placement of `spec` on `workers` under `policy`, as described above.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/tensor/dtype.h"
 #include "nlohmann/json.hpp"
 
 namespace shardserve::testing {
@@ -35,6 +36,9 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
     return absl::InvalidArgumentError(
         absl::StrCat("experts_per_tok must be in [1, ", m.experts, "], got ", m.experts_per_tok));
   }
+  if (m.bf16 && m.f16) return absl::InvalidArgumentError("a random model is bf16 or f16, not both");
+  const bool half = m.bf16 || m.f16;
+  const char* dtype = m.bf16 ? "BF16" : m.f16 ? "F16" : "F32";
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": ", ec.message()));
@@ -66,12 +70,12 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
   if (!m.tied) specs.push_back({"lm_head.weight", {m.vocab, m.hidden}, false});
 
   nlohmann::json header = nlohmann::json::object();
-  const uint64_t elem = m.bf16 ? 2 : 4;
+  const uint64_t elem = half ? 2 : 4;
   uint64_t offset = 0;
   for (const Spec& s : specs) {
     uint64_t n = 1;
     for (int64_t x : s.shape) n *= static_cast<uint64_t>(x);
-    header[s.name] = {{"dtype", m.bf16 ? "BF16" : "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + elem * n}}};
+    header[s.name] = {{"dtype", dtype}, {"shape", s.shape}, {"data_offsets", {offset, offset + elem * n}}};
     offset += elem * n;
   }
   std::string h = header.dump();
@@ -90,12 +94,13 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
     for (float& v : buf) {
       v = s.norm ? 1.0f : scale * (static_cast<float>(Next(state) >> 40) * 0x1.0p-23f - 1.0f);
     }
-    if (m.bf16) {
+    if (half) {
       std::vector<uint16_t> bits(n);
       for (uint64_t i = 0; i < n; ++i) {
         uint32_t u;
         std::memcpy(&u, &buf[i], sizeof(u));
-        bits[i] = static_cast<uint16_t>(u >> 16);  // truncation: the values are random anyway
+        // bf16 by truncation: the values are random anyway.
+        bits[i] = m.f16 ? FloatToHalf(buf[i]) : static_cast<uint16_t>(u >> 16);
       }
       out.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(n * 2));
     } else {
@@ -118,7 +123,7 @@ absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& m,
                            {"tie_word_embeddings", m.tied},
                            {"bos_token_id", 1},
                            {"eos_token_id", 2},
-                           {"torch_dtype", m.bf16 ? "bfloat16" : "float32"}};
+                           {"torch_dtype", m.bf16 ? "bfloat16" : m.f16 ? "float16" : "float32"}};
   if (moe) {
     config["num_local_experts"] = m.experts;
     config["num_experts_per_tok"] = m.experts_per_tok;

@@ -22,6 +22,7 @@ struct RandomLlamaShape {
   int64_t max_positions = 1024;
   bool tied = false;
   bool bf16 = false;  // store every tensor as BF16 (as Hugging Face checkpoints usually are), else F32
+  bool f16 = false;   // store every tensor as F16 (not with bf16)
   // Mixture of experts: 0 = a dense LlamaForCausalLM. Otherwise a MixtralForCausalLM whose every
   // layer has `experts` expert MLPs of width `intermediate` (block_sparse_moe.experts.N.w1/w3
   // [intermediate, hidden], w2 [hidden, intermediate]) and a router block_sparse_moe.gate
@@ -40,7 +41,7 @@ inline RandomLlamaShape HundredMModel(bool bf16 = false) {
 // Writes `dir`/config.json and `dir`/model.safetensors (creating `dir`). Weights are uniform in
 // +-0.5/sqrt(fan_in) (norms are 1), so activations stay O(1) through the layers. The file is
 // written tensor by tensor (memory stays at one tensor). InvalidArgument when experts_per_tok is
-// not in [1, experts] for an MoE shape; Internal when a file cannot be written.
+// not in [1, experts] for an MoE shape or both bf16 and f16 are set; Internal when a file cannot be written.
 absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& shape, uint64_t seed);
 
 }  // namespace shardserve::testing

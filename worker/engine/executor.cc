@@ -201,6 +201,12 @@ std::vector<size_t> TpExecutor::WeightBytesPerRank() const {
   return bytes;
 }
 
+std::vector<RankMemory> TpExecutor::MemoryPerRank() const {
+  std::vector<RankMemory> out;
+  for (const auto& rank : ranks_) out.push_back(rank->model->memory());
+  return out;
+}
+
 int64_t TpExecutor::GraphReplays() const {
   int64_t replays = 0;
   for (const auto& rank : ranks_) replays += rank->model->graph_replays();

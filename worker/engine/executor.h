@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_spec/model_spec.h"
+#include "common/plan/memory_model.h"
 #include "common/safetensors/safetensors.h"
 #include "worker/engine/step_runner.h"
 #include "worker/kernels/backend.h"
@@ -49,10 +50,12 @@ class TpExecutor final : public StepRunner {
   const ModelOptions& options() const override { return model_options_; }
 
   int ranks() const { return static_cast<int>(ranks_.size()); }
-  // Device bytes of weights held by each rank.
+  // Device bytes of weights held by each rank, as allocated (measured).
   std::vector<size_t> WeightBytesPerRank() const;
-  // Device bytes of KV cache held by each rank.
+  // Device bytes of KV cache held by each rank, as allocated (measured).
   std::vector<size_t> KvCacheBytesPerRank() const;
+  // What the memory model (common/plan/memory_model.h) says each rank holds (Model::memory).
+  std::vector<RankMemory> MemoryPerRank() const;
   // Steps that ran as a replayed op graph, summed over ranks (read between steps).
   int64_t GraphReplays() const;
 

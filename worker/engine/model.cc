@@ -147,6 +147,28 @@ bool WantsGreedyId(const StepSequence& s) { return s.greedy && !s.all_logits; }
 // ... or with the draw of its sampling parameters, where the backend samples rows.
 bool WantsSampledId(const StepSequence& s) { return s.sampling.has_value() && !s.greedy && !s.all_logits; }
 
+// The memory model's figures for a rank of `layout` with `options` (resolved): its local experts
+// per MoE layer as LoadWeights places them.
+RankMemory PredictedMemory(const ModelSpec& spec, const ShardLayout& layout, const ModelOptions& options,
+                           const WeightFormats& formats) {
+  RankShard shard{.layer_begin = options.layer_begin,
+                  .layer_end = options.layer_end,
+                  .has_embedding = options.layer_begin == 0,
+                  .has_lm_head = options.layer_end == spec.num_layers,
+                  .tp = options.shard.size,
+                  .rank = options.shard.rank,
+                  .expert_parallel = layout.expert_parallel};
+  for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
+    if (!spec.IsSparseLayer(l)) continue;
+    int64_t local = 0;
+    for (int32_t owner : LayerExpertOwners(layout, spec.moe.num_experts, options.layer_experts, l)) {
+      local += layout.OwnsExpert(owner) ? 1 : 0;
+    }
+    shard.local_experts[l] = local;
+  }
+  return RankMemoryOf(spec, shard, formats);
+}
+
 }  // namespace
 
 DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend) {
@@ -155,6 +177,19 @@ DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend) {
   const kernels::Op write = spec.IsMla() ? kernels::Op::kMlaKvWrite : kernels::Op::kKvWrite;
   const kernels::Op read = spec.IsMla() ? kernels::Op::kMlaAttention : kernels::Op::kAttention;
   return backend.SupportsOp(write, d) && backend.SupportsOp(read, d) ? d : DType::kF32;
+}
+
+WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend& backend, Quantization quantize) {
+  const DType stored = spec.dtype.value_or(DType::kF32);
+  const DType matrices = spec.fp8.has_value() ? DType::kF8E4M3 : stored;
+  WeightFormats f;
+  f.int8 = quantize == Quantization::kInt8 && backend.SupportsOp(kernels::Op::kLinear, DType::kQ8);
+  f.matrix_bytes = static_cast<int64_t>(DTypeSize(KeptWeightDType(backend, matrices, kernels::Op::kLinear)));
+  f.head_linear_bytes = static_cast<int64_t>(DTypeSize(KeptWeightDType(backend, matrices, kernels::Op::kHeadLinear)));
+  f.embedding_bytes = static_cast<int64_t>(DTypeSize(KeptEmbeddingDType(backend, stored, false)));
+  f.tied_embedding_bytes = static_cast<int64_t>(DTypeSize(KeptEmbeddingDType(backend, stored, true)));
+  f.kv_bytes = static_cast<int64_t>(DTypeSize(KvCacheDType(spec, backend)));
+  return f;
 }
 
 Model::Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend)
@@ -237,22 +272,29 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   }
   // NCCL on the backend's stream: collectives need no host synchronization around them.
   m->comm_on_stream_ = options.comm != nullptr && options.comm->OrderOnStream(backend->stream_handle());
+  const WeightFormats formats = EngineWeightFormats(spec, *backend, options.quantize);
+  m->memory_ = PredictedMemory(spec, m->layout_, options, formats);
   ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, options.layer_begin, options.layer_end,
                                             ckpt, *backend, options.layer_experts, options.quantize,
                                             options.on_load_progress));
 
   // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V, in
   // the checkpoint's 16-bit dtype where the backend keeps one (half the memory; vLLM's "auto"),
-  // else f32.
+  // else f32. Multi-head latent attention: one cache per layer of [num_kv_blocks, kv_block_size,
+  // kv_lora_rank + qk_rope_head_dim] (k_cache_; v_cache_ stays empty), whole on every rank. The
+  // buffers are sized by the memory model (a layer's block, K and V together), which must be the
+  // shape the attention kernels index.
   m->kv_dtype_ = KvCacheDType(spec, *backend);
-  // Multi-head latent attention: one cache per layer of [num_kv_blocks, kv_block_size,
-  // kv_lora_rank + qk_rope_head_dim] (k_cache_; v_cache_ stays empty), whole on every rank.
   const bool mla = spec.IsMla();
-  const size_t kv_row = static_cast<size_t>(mla ? spec.KvValuesPerToken() : m->layout_.kv_heads * spec.head_dim);
-  const size_t kv_elems =
-      static_cast<size_t>(options.num_kv_blocks) * static_cast<size_t>(options.kv_block_size) * kv_row;
-  const size_t kv_layer_bytes = kv_elems * DTypeSize(m->kv_dtype_);
   const size_t buffers = mla ? 1 : 2;
+  const size_t kv_row = static_cast<size_t>(mla ? spec.KvValuesPerToken() : m->layout_.kv_heads * spec.head_dim);
+  const size_t kv_block_bytes =
+      static_cast<size_t>(KvBytesPerBlock(spec, 1, options.shard.size, options.kv_block_size, formats));
+  if (kv_block_bytes != buffers * static_cast<size_t>(options.kv_block_size) * kv_row * DTypeSize(m->kv_dtype_)) {
+    return absl::InternalError(absl::StrCat("the memory model's KV block (", kv_block_bytes,
+                                            " bytes per layer) is not the cache's shape"));
+  }
+  const size_t kv_layer_bytes = static_cast<size_t>(options.num_kv_blocks) * kv_block_bytes / buffers;
   for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
     DeviceBuffer k, v;
     absl::Status st = Alloc(*backend, &k, kv_layer_bytes);
@@ -263,9 +305,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                                   " bytes per layer, ", options.layer_end - options.layer_begin,
                                                   " layers) does not fit on ", backend->name(), ": ", st.message()));
     }
+    m->kv_bytes_ += k.bytes() + v.bytes();  // as allocated
     m->k_cache_.push_back(std::move(k));
     m->v_cache_.push_back(std::move(v));
-    m->kv_bytes_ += buffers * kv_layer_bytes;
   }
 
   Workspace& w = *m->ws_;

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_spec/model_spec.h"
+#include "common/plan/memory_model.h"
 #include "common/safetensors/safetensors.h"
 #include "worker/engine/step_runner.h"
 #include "worker/engine/weights.h"
@@ -35,6 +36,12 @@ namespace shardserve::engine {
 // f16 (config.json's dtype) where the backend's KvWrite and Attention take it (half the memory of
 // f32, as vLLM's kv_cache_dtype "auto"), else f32. Thread-safe.
 DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend);
+
+// The formats (common/plan/memory_model.h) a Model keeps `spec`'s weights and KV cache in on
+// `backend` with `quantize`: the loader's KeptWeightDType / KeptEmbeddingDType for the checkpoint's
+// dtype (config.json's; f32 when absent; F8_E4M3 for the matrices of an FP8 checkpoint), kQ8
+// matrices where quantizing and the backend takes them, and KvCacheDType. Thread-safe.
+WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend& backend, Quantization quantize);
 
 class Model final : public StepRunner {
  public:
@@ -62,9 +69,13 @@ class Model final : public StepRunner {
   const ModelSpec& spec() const override { return spec_; }
   const ModelOptions& options() const override { return options_; }
   const ShardLayout& layout() const { return layout_; }
-  // Device bytes of weights and of KV cache held by this rank.
+  // Device bytes of weights and of KV cache held by this rank, as allocated (measured).
   size_t weight_bytes() const { return weights_.bytes; }
   size_t kv_cache_bytes() const { return kv_bytes_; }
+  // What the memory model (common/plan/memory_model.h) says this rank holds, with its formats
+  // (EngineWeightFormats); the KV cache is sized from it: memory().KvBytes(num_kv_blocks,
+  // kv_block_size) bytes. Equal to the measured bytes above (memory_model_test).
+  const RankMemory& memory() const { return memory_; }
   // Steps that ran as a replayed graph so far (tests and benchmarks).
   int64_t graph_replays() const { return graph_replays_; }
 
@@ -113,6 +124,7 @@ class Model final : public StepRunner {
   // synchronization before them.
   bool comm_on_stream_ = false;
   ModelWeights weights_;
+  RankMemory memory_;
   // Per layer; multi-head latent attention keeps its latent cache in k_cache_ (v_cache_ empty).
   std::vector<kernels::DeviceBuffer> k_cache_, v_cache_;
   size_t kv_bytes_ = 0;

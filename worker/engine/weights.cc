@@ -46,9 +46,7 @@ class Loader {
   // dequantized F8_E4M3 matrix) where the backend takes it, else f32.
   DType KeptDType(const std::string& name, kernels::Op op) {
     absl::StatusOr<const SafetensorsEntry*> e = ckpt_.Find(name);
-    if (e.ok() && (*e)->dtype == DType::kF8E4M3) return backend_.SupportsOp(op, DType::kBF16) ? DType::kBF16 : DType::kF32;
-    if (!e.ok() || (*e)->dtype == DType::kF32 || !backend_.SupportsOp(op, (*e)->dtype)) return DType::kF32;
-    return (*e)->dtype;
+    return e.ok() ? KeptWeightDType(backend_, (*e)->dtype, op) : DType::kF32;
   }
   // Uploads `t` as 16-bit patterns of `dtype` (exact for values read from a tensor of that dtype;
   // dequantized FP8 values are rounded to nearest even).
@@ -440,14 +438,35 @@ absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, co
                 end, false, bias_rank);
 }
 
-// The embedding table's dtype: kept narrow when Embedding (and, when `also_lm_head`, Linear) take it.
-DType KeptEmbeddingDType(Loader& ld, const std::string& name, bool also_lm_head) {
-  const DType dtype = ld.KeptDType(name, kernels::Op::kEmbedding);
-  if (also_lm_head && ld.KeptDType(name, kernels::Op::kLinear) != dtype) return DType::kF32;
+}  // namespace
+
+DType KeptWeightDType(const kernels::Backend& backend, DType stored, kernels::Op op) {
+  if (stored == DType::kF8E4M3) return backend.SupportsOp(op, DType::kBF16) ? DType::kBF16 : DType::kF32;
+  if (stored == DType::kF32 || !backend.SupportsOp(op, stored)) return DType::kF32;
+  return stored;
+}
+
+DType KeptEmbeddingDType(const kernels::Backend& backend, DType stored, bool also_lm_head) {
+  const DType dtype = KeptWeightDType(backend, stored, kernels::Op::kEmbedding);
+  if (also_lm_head && KeptWeightDType(backend, stored, kernels::Op::kLinear) != dtype) return DType::kF32;
   return dtype;
 }
 
-}  // namespace
+std::vector<int32_t> LayerExpertOwners(const ShardLayout& layout, int64_t num_experts,
+                                       const std::map<int64_t, std::vector<int32_t>>& layer_experts, int64_t layer) {
+  std::vector<int32_t> owners;
+  if (auto it = layer_experts.find(layer); it != layer_experts.end()) {
+    owners = it->second;
+    if (!layout.expert_parallel) {
+      for (int32_t& o : owners) o = o == kRemoteExpert ? kRemoteExpert : 0;
+    }
+  } else if (layout.expert_parallel) {
+    owners = layout.expert_owner;
+  } else {
+    owners.assign(static_cast<size_t>(num_experts), 0);
+  }
+  return owners;
+}
 
 absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int64_t expert, const Checkpoint& ckpt,
                                       kernels::Backend& backend, size_t* bytes, Quantization quantize) {
@@ -486,7 +505,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
   if (first || (last && lm_head_is_embedding)) {
     const std::string& name = embed_name;
     // A tied lm_head multiplies with the table too: keep a dtype both ops take.
-    mw.embedding_dtype = KeptEmbeddingDType(ld, name, last && lm_head_is_embedding);
+    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, ckpt.Find(name));
+    mw.embedding_dtype = KeptEmbeddingDType(backend, entry->dtype, last && lm_head_is_embedding);
     ASSIGN_OR_RETURN(mw.embedding, ld.Full(name, {spec.vocab_size, h}, mw.embedding_dtype));
   }
   if (last) {
@@ -576,16 +596,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       // expert is split tensor-parallel like a dense MLP.
       const int64_t eb = layout.expert_parallel ? 0 : layout.expert_ffn * shard.rank;
       const int down_bias_rank = layout.expert_parallel ? shard.rank : 0;
-      if (auto it = layer_experts.find(i); it != layer_experts.end()) {
-        lw.expert_owner = it->second;
-        if (!layout.expert_parallel) {
-          for (int32_t& o : lw.expert_owner) o = o == kRemoteExpert ? kRemoteExpert : 0;
-        }
-      } else if (layout.expert_parallel) {
-        lw.expert_owner = layout.expert_owner;
-      } else {
-        lw.expert_owner.assign(static_cast<size_t>(e_count), 0);
-      }
+      lw.expert_owner = LayerExpertOwners(layout, e_count, layer_experts, i);
       for (int64_t e = 0; e < e_count; ++e) {
         lw.has_remote_experts |= lw.IsRemoteExpert(e);
         MlpWeights m;

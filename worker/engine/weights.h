@@ -60,6 +60,8 @@ struct ShardLayout {
     return !expert_parallel || expert_owner[static_cast<size_t>(e)] == rank;
   }
   int rank = 0;
+  // Whether an expert owned by `owner` (a rank, or kRemoteExpert) is computed on this rank.
+  bool OwnsExpert(int32_t owner) const { return owner != kRemoteExpert && (!expert_parallel || owner == rank); }
   // InvalidArgument naming what the tensor-parallel size does not divide, or a bad placement.
   static absl::StatusOr<ShardLayout> Make(const ModelSpec& spec, TpShard shard,
                                           const std::vector<int32_t>& expert_owner = {},
@@ -99,8 +101,7 @@ struct LayerWeights {
   std::vector<int32_t> expert_owner;
   bool has_remote_experts = false;
   bool IsLocalExpert(int64_t e, const ShardLayout& layout) const {
-    const int32_t owner = expert_owner[static_cast<size_t>(e)];
-    return owner != kRemoteExpert && (!layout.expert_parallel || owner == layout.rank);
+    return layout.OwnsExpert(expert_owner[static_cast<size_t>(e)]);
   }
   bool IsRemoteExpert(int64_t e) const { return expert_owner[static_cast<size_t>(e)] == kRemoteExpert; }
   MlpWeights shared;                 // shared expert (when shared_ffn > 0)
@@ -137,6 +138,20 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   size_t bytes = 0;                 // device bytes held
 };
+
+// The dtype a weight stored as `stored` is kept in on `backend` for `op`: a dequantized F8_E4M3
+// weight as bf16, a bf16 or f16 one as stored, where the backend SupportsOp(op, that dtype); else
+// f32. The loader keeps every tensor by this rule (the memory model's formats follow from it).
+DType KeptWeightDType(const kernels::Backend& backend, DType stored, kernels::Op op);
+// The embedding table's dtype: KeptWeightDType for kEmbedding, and f32 when the table is also the
+// lm_head (`also_lm_head`, tied on one rank) but kLinear would keep another dtype.
+DType KeptEmbeddingDType(const kernels::Backend& backend, DType stored, bool also_lm_head);
+
+// Where each expert of MoE layer `layer` is computed on this rank's stage (LayerWeights::expert_owner):
+// the placement `layer_experts` gives for the layer (with experts split over all ranks, any local
+// expert is owned by 0), else the layout's (expert parallel) or rank 0 for all (split).
+std::vector<int32_t> LayerExpertOwners(const ShardLayout& layout, int64_t num_experts,
+                                       const std::map<int64_t, std::vector<int32_t>>& layer_experts, int64_t layer);
 
 // Loads the weights of `shard` for layers [layer_begin, layer_end) from `ckpt` onto `backend`
 // (which must outlive the result): the embedding when the range starts at layer 0 (or when the

@@ -16,6 +16,7 @@
 #include "common/log/log.h"
 #include "common/log/progress.h"
 #include "common/model_spec/model_spec.h"
+#include "common/plan/memory_model.h"
 #include "common/safetensors/safetensors.h"
 #include "common/security/grpc_security.h"
 #include "common/status/grpc_raw.h"
@@ -570,9 +571,19 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
     eo.model.remote_experts = remote.get();
   }
   ASSIGN_OR_RETURN(auto executor, engine::TpExecutor::Create(spec, *ckpt, eo));
+  // The coordinator planned with the memory model: say so when a rank holds other weight bytes
+  // than it predicts (a checkpoint whose tensors do not all share config.json's dtype, say).
+  const std::vector<size_t> weight_bytes = executor->WeightBytesPerRank();
+  const std::vector<RankMemory> predicted = executor->MemoryPerRank();
+  for (size_t r = 0; r < weight_bytes.size(); ++r) {
+    if (static_cast<int64_t>(weight_bytes[r]) != predicted[r].Weights()) {
+      LOG(WARNING) << "assignment " << a.assignment_id() << " rank " << r << " holds " << weight_bytes[r]
+                   << " bytes of weights; the memory model predicted " << predicted[r].Weights();
+    }
+  }
   if (options_.metrics != nullptr) {
     options_.metrics->SetLoaded(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
-                                executor->WeightBytesPerRank(), executor->KvCacheBytesPerRank());
+                                weight_bytes, executor->KvCacheBytesPerRank());
   }
   return std::make_shared<StageRuntime>(std::move(executor), StageConfig{.assignment_id = a.assignment_id(),
                                                                          .stage = a.stage(),

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/model_spec/model_spec.h"
+#include "common/plan/plan.h"
 #include "common/safetensors/safetensors.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/client/proto_convert.h"
@@ -1225,6 +1226,12 @@ TEST_F(CoordinatorRestartTest, ANewCoordinatorAdoptsTheStagesTheWorkersHoldWitho
   ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
   EXPECT_EQ(workers_->assign_calls(), 0) << "nothing is reloaded";
   EXPECT_THAT(Status().plan(), HasSubstr("adopted"));
+  // Each stage's line states the KV its ranks allocate: blocks x tokens x its layers x K and V x 4
+  // KV heads x head_dim 8 x 4 bytes (f32 on CPU ranks).
+  for (const WorkerAssignment& h : held_) {
+    const int64_t bytes = h.kv_blocks * h.kv_block_size * (h.layer_end - h.layer_begin) * 2 * 4 * 8 * 4;
+    EXPECT_THAT(Status().plan(), HasSubstr(absl::StrCat(h.kv_blocks, " KV blocks (", FormatBytes(bytes), " per rank)")));
+  }
   const v1::ClusterStatus status = Status();
   for (const v1::WorkerStatus& w : status.workers()) {
     const WorkerAssignment& h = w.worker_id() == ids_[0] ? held_[0] : held_[1];

@@ -1,0 +1,166 @@
+#include "common/plan/memory_model.h"
+
+#include <algorithm>
+
+namespace shardserve {
+namespace {
+
+constexpr int64_t kF32 = 4;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Local KV heads of a rank (replicated when there are fewer than ranks), as ShardLayout.
+int64_t LocalKvHeads(const ModelSpec& s, int tp) { return s.num_kv_heads % tp == 0 ? s.num_kv_heads / tp : 1; }
+
+// Bytes of a gate/up/down MLP of local width `width`, without biases.
+int64_t MlpBytes(const WeightFormats& f, int64_t hidden, int64_t width) {
+  return 2 * ProjectionBytes(f, width, hidden) + ProjectionBytes(f, hidden, width);
+}
+
+// Attention of one layer on one rank: projections into `b->matrices`, norms and biases into `b->f32`.
+void AttentionBytes(const ModelSpec& s, int tp, int rank, const WeightFormats& f, LayerRankBytes* b) {
+  const int64_t h = s.hidden_size, d = s.head_dim;
+  b->f32 += 2 * h * kF32;                       // input and post-attention norms
+  if (s.sandwich_norms) b->f32 += 2 * h * kF32;  // Gemma-2's pre- and post-feedforward norms
+  if (s.qk_norm) b->f32 += 2 * d * kF32;         // per-head q/k norm weights
+  const int64_t heads = s.num_heads / tp;
+  if (s.IsMla()) {
+    const MlaSpec& m = s.mla;
+    const int64_t in_q = m.q_lora_rank > 0 ? m.q_lora_rank : h;
+    if (m.q_lora_rank > 0) {
+      b->matrices += ProjectionBytes(f, m.q_lora_rank, h);
+      b->f32 += m.q_lora_rank * kF32;  // q_a_layernorm
+    }
+    b->matrices += ProjectionBytes(f, heads * m.qk_nope_head_dim, in_q) +
+                   ProjectionBytes(f, heads * m.qk_rope_head_dim, in_q);
+    b->matrices += ProjectionBytes(f, m.kv_lora_rank, h) + ProjectionBytes(f, m.qk_rope_head_dim, h);
+    b->f32 += m.kv_lora_rank * kF32;  // kv_a_layernorm
+    b->matrices += heads * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank * f.head_linear_bytes;
+    b->matrices += ProjectionBytes(f, h, heads * m.v_head_dim);
+    return;
+  }
+  const int64_t q = heads * d, kv = LocalKvHeads(s, tp) * d;
+  b->matrices += ProjectionBytes(f, q, h) + 2 * ProjectionBytes(f, kv, h) + ProjectionBytes(f, h, q);
+  if (s.qkv_bias) b->f32 += (q + 2 * kv) * kF32;
+  if (s.o_bias && rank == 0) b->f32 += h * kF32;
+}
+
+}  // namespace
+
+WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization quantize) {
+  // An F8_E4M3 config dtype is read as what its tensors become: bf16.
+  DType stored = spec.dtype.value_or(DType::kF32);
+  if (stored == DType::kF8E4M3) stored = DType::kBF16;
+  const int64_t narrow = stored == DType::kBF16 || stored == DType::kF16 ? 2 : 4;
+  WeightFormats f;
+  if (cuda) {
+    // Linear, Embedding, KvWrite and Attention take f32, bf16 and f16. Multi-head latent
+    // attention does not run on CUDA yet: it is counted as if its ops took them too.
+    f.matrix_bytes = spec.fp8.has_value() ? 2 : narrow;
+    f.embedding_bytes = f.tied_embedding_bytes = narrow;
+    f.head_linear_bytes = f.matrix_bytes;
+    f.kv_bytes = narrow;
+    return f;
+  }
+  // CPU: Linear and HeadLinear take f32 and bf16 (and kQ8), Embedding any float dtype, the KV
+  // cache f32 only.
+  const int64_t bf16_only = stored == DType::kBF16 ? 2 : 4;
+  f.matrix_bytes = spec.fp8.has_value() ? 2 : bf16_only;
+  f.head_linear_bytes = f.matrix_bytes;
+  f.int8 = quantize == Quantization::kInt8;
+  f.embedding_bytes = narrow;
+  f.tied_embedding_bytes = bf16_only;  // the table must also be a Linear matrix
+  f.kv_bytes = 4;
+  return f;
+}
+
+int64_t ProjectionBytes(const WeightFormats& formats, int64_t rows, int64_t cols) {
+  return formats.int8 ? Q8MatrixBytes(rows, cols) : rows * cols * formats.matrix_bytes;
+}
+
+bool IsExpertParallel(const ModelSpec& spec, int tp, bool split_experts) {
+  return spec.IsMoe() && spec.moe.num_experts >= tp && tp > 1 && !split_experts;
+}
+
+int64_t DefaultLocalExperts(const ModelSpec& spec, int tp, int rank, bool expert_parallel) {
+  const int64_t n = spec.moe.num_experts;
+  if (!expert_parallel) return n;
+  // Expert e is on rank floor(e x tp / n): those with rank x n <= e x tp < (rank + 1) x n.
+  return CeilDiv((rank + 1) * n, tp) - CeilDiv(rank * n, tp);
+}
+
+LayerRankBytes LayerBytes(const ModelSpec& spec, int64_t layer, int tp, int rank, bool expert_parallel,
+                          const WeightFormats& formats) {
+  LayerRankBytes b;
+  AttentionBytes(spec, tp, rank, formats, &b);
+  const int64_t h = spec.hidden_size;
+  if (!spec.IsSparseLayer(layer)) {
+    const int64_t ffn = spec.intermediate_size / tp;
+    b.matrices += MlpBytes(formats, h, ffn);
+    // Phi-3's fused gate_up_proj has no biases.
+    if (spec.mlp_bias && !spec.fused_gate_up) b.f32 += (2 * ffn + (rank == 0 ? h : 0)) * kF32;
+    return b;
+  }
+  const MoeSpec& moe = spec.moe;
+  b.f32 += moe.num_experts * h * kF32;  // router
+  if (moe.scoring == MoeScoring::kSigmoidGrouped) b.f32 += moe.num_experts * kF32;  // score-correction bias
+  const int64_t shared = moe.shared_expert_intermediate_size / tp;
+  if (shared > 0) {
+    b.matrices += MlpBytes(formats, h, shared);
+    if (moe.shared_expert_gate) b.f32 += h * kF32;
+  }
+  b.expert = MlpBytes(formats, h, expert_parallel ? moe.expert_intermediate_size : moe.expert_intermediate_size / tp);
+  return b;
+}
+
+int64_t WholeExpertBytes(const ModelSpec& spec, const WeightFormats& formats) {
+  return spec.IsMoe() ? MlpBytes(formats, spec.hidden_size, spec.moe.expert_intermediate_size) : 0;
+}
+
+EndBytes StageEndBytes(const ModelSpec& spec, bool has_embedding, bool has_lm_head, int tp,
+                       const WeightFormats& formats) {
+  EndBytes e;
+  const int64_t table = spec.vocab_size * spec.hidden_size;
+  const bool tied_here = has_lm_head && spec.tie_word_embeddings && tp == 1;
+  if (tied_here) {
+    e.embedding = table * formats.tied_embedding_bytes;
+  } else if (has_embedding) {
+    e.embedding = table * formats.embedding_bytes;
+  }
+  if (has_lm_head) {
+    e.final_norm = spec.hidden_size * kF32;
+    if (!tied_here) e.lm_head = ProjectionBytes(formats, CeilDiv(spec.vocab_size, tp), spec.hidden_size);
+  }
+  return e;
+}
+
+int64_t KvBytesPerTokenLayer(const ModelSpec& spec, int tp, const WeightFormats& formats) {
+  return spec.KvValuesPerToken(tp) * formats.kv_bytes;
+}
+
+int64_t KvBytesPerBlock(const ModelSpec& spec, int64_t layers, int tp, int64_t block_size,
+                        const WeightFormats& formats) {
+  return layers * block_size * KvBytesPerTokenLayer(spec, tp, formats);
+}
+
+RankMemory RankMemoryOf(const ModelSpec& spec, const RankShard& shard, const WeightFormats& formats) {
+  RankMemory m;
+  const int64_t default_experts = spec.IsMoe() ? DefaultLocalExperts(spec, shard.tp, shard.rank, shard.expert_parallel) : 0;
+  for (int64_t l = shard.layer_begin; l < shard.layer_end; ++l) {
+    const LayerRankBytes b = LayerBytes(spec, l, shard.tp, shard.rank, shard.expert_parallel, formats);
+    m.matrices += b.matrices;
+    m.norms_biases += b.f32;
+    if (spec.IsSparseLayer(l)) {
+      const auto it = shard.local_experts.find(l);
+      m.experts += (it != shard.local_experts.end() ? it->second : default_experts) * b.expert;
+    }
+  }
+  const EndBytes e = StageEndBytes(spec, shard.has_embedding, shard.has_lm_head, shard.tp, formats);
+  m.embedding = e.embedding;
+  m.norms_biases += e.final_norm;
+  m.lm_head = e.lm_head;
+  m.kv_bytes_per_token = (shard.layer_end - shard.layer_begin) * KvBytesPerTokenLayer(spec, shard.tp, formats);
+  return m;
+}
+
+}  // namespace shardserve
