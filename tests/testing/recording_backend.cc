@@ -149,6 +149,10 @@ absl::Status RecordingBackend::ArgmaxRows(const kernels::ArgmaxRowsParams& p) {
 absl::Status RecordingBackend::SampleRows(const kernels::SampleRowsParams& p) {
   return RunOrRecord([this, p] { return inner_->SampleRows(p); });
 }
+absl::Status RecordingBackend::MoeRoute(const kernels::MoeRouteParams& p) {
+  if (recording_) return Refuse("MoeRoute");
+  return inner_->MoeRoute(p);
+}
 absl::Status RecordingBackend::Zero(const kernels::ZeroParams& p) {
   return RunOrRecord([this, p] { return inner_->Zero(p); });
 }

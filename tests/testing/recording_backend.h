@@ -65,6 +65,8 @@ class RecordingBackend final : public kernels::Backend {
   absl::Status ScaleRows(const kernels::ScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const kernels::ArgmaxRowsParams& p) override;
   absl::Status SampleRows(const kernels::SampleRowsParams& p) override;
+  // Refused while recording: its host copy of the offsets is a copy to the host.
+  absl::Status MoeRoute(const kernels::MoeRouteParams& p) override;
   absl::Status Zero(const kernels::ZeroParams& p) override;
   absl::Status Scale(const kernels::ScaleParams& p) override;
 
