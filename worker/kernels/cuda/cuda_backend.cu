@@ -22,6 +22,7 @@
 #include "common/status/macros.h"
 #include "worker/kernels/cuda/attention.cuh"
 #include "worker/kernels/cuda/linear16.cuh"
+#include "worker/kernels/cuda/moe_route.cuh"
 #include "worker/kernels/cuda/ops.cuh"
 #include "worker/kernels/cuda/sampling.cuh"
 
@@ -104,6 +105,7 @@ class CudaBackend final : public Backend {
   absl::Status ScaleRows(const ScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const ArgmaxRowsParams& p) override;
   absl::Status SampleRows(const SampleRowsParams& p) override;
+  absl::Status MoeRoute(const MoeRouteParams& p) override;
   absl::Status Zero(const ZeroParams& p) override;
   absl::Status Scale(const ScaleParams& p) override;
 
@@ -146,6 +148,10 @@ class CudaBackend final : public Backend {
   // SampleRows' workspace (sorted rows and CUB's storage), grown on demand. Apart from scratch_ so
   // that growing it never invalidates a recorded graph (sampling runs after the recorded layers).
   DeviceBuffer sample_workspace_;
+  // MoeRoute's workspace (the choices, their sort and the tokens' routing scratch), grown on demand.
+  // Apart from scratch_ for the same reason: MoE steps are never recorded (MoeRoute waits for its
+  // host copy), and growing it must not invalidate the graphs of dense steps.
+  DeviceBuffer moe_route_workspace_;
 
   // While Capture() records: errors are the capture's (capture_error_), not the device's, so a
   // failed recording leaves the backend healthy.
@@ -281,6 +287,7 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kSigmoidScaleRows:
     case Op::kArgmaxRows:
     case Op::kSampleRows:
+    case Op::kMoeRoute:
     case Op::kZero:
     case Op::kScale:
     case Op::kScaleRows:
@@ -575,6 +582,26 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
   RETURN_IF_ERROR(Check(cuda::SampleRowsWorkspaceBytes(p, &bytes), "SampleRows workspace query"));
   RETURN_IF_ERROR(Grow(sample_workspace_, bytes));
   return Check(cuda::LaunchSampleRows(p, sample_workspace_.as<void>(), bytes, stream_), "SampleRows launch");
+}
+
+absl::Status CudaBackend::MoeRoute(const MoeRouteParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  // The sort counts its items in int, and the routing scratch of every token must be addressable.
+  if (!FitsInt({p.tokens * p.routing.top_k, p.tokens * (p.routing.num_experts + p.routing.n_group)})) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": MoeRoute of ", p.tokens, " tokens x ",
+                                                   p.routing.num_experts, " experts exceeds the sort's int range"));
+  }
+  size_t bytes = 0;
+  RETURN_IF_ERROR(Check(cuda::MoeRouteWorkspaceBytes(p, &bytes), "MoeRoute workspace query"));
+  RETURN_IF_ERROR(Grow(moe_route_workspace_, bytes));
+  RETURN_IF_ERROR(
+      Check(cuda::LaunchMoeRoute(p, moe_route_workspace_.as<void>(), bytes, stream_), "MoeRoute kernel launch"));
+  // The one wait: the caller sizes each expert's GEMMs from the offsets.
+  const size_t offset_bytes = static_cast<size_t>(p.routing.num_experts + 1) * sizeof(int32_t);
+  RETURN_IF_ERROR(Check(cudaMemcpyAsync(p.host_offsets, p.offsets, offset_bytes, cudaMemcpyDeviceToHost, stream_),
+                        "cudaMemcpyAsync (MoeRoute offsets)"));
+  return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
 absl::Status CudaBackend::Zero(const ZeroParams& p) {
