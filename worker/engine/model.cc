@@ -27,6 +27,10 @@ struct Model::Workspace {
   DeviceBuffer tables;        // the step's block tables, concatenated; grown on demand
   size_t tables_capacity = 0;  // int32 entries that `tables` holds
   DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, moe_offsets, shared_gate;
+  // Model::GroupedExperts: every routed row [max_step_tokens x top_k] of the input (then the down
+  // projection's output), and of the gate and up projections.
+  DeviceBuffer grouped_x, grouped_gate, grouped_up;
+  std::vector<kernels::GroupedLinearParams::Group> h_gate_groups, h_up_groups, h_down_groups;
   DeviceBuffer logit_rows, selected, logits, gathered, argmax;
   DeviceBuffer sampling;  // [max_step_tokens] RowSamplingParams of the rows SampleRows draws
   std::vector<kernels::RowSamplingParams> h_sampling;
@@ -54,6 +58,25 @@ struct Model::Workspace {
 };
 
 namespace {
+
+// Whether the local experts of every MoE layer can run as grouped products on `backend`: their
+// matrices share one dtype the backend SupportsOp(kGroupedLinear, ...), and none has a bias
+// (GroupedLinear adds none).
+bool GroupsExperts(const ModelWeights& weights, const ShardLayout& layout, const kernels::Backend& backend) {
+  bool any = false;
+  DType dtype = DType::kF32;
+  for (const LayerWeights& lw : weights.layers) {
+    for (size_t e = 0; e < lw.experts.size(); ++e) {
+      if (!lw.IsLocalExpert(static_cast<int64_t>(e), layout)) continue;
+      for (const LinearWeight* lin : {&lw.experts[e].gate, &lw.experts[e].up, &lw.experts[e].down}) {
+        if (lin->bias() != nullptr || (any && lin->dtype != dtype)) return false;
+        dtype = lin->dtype;
+        any = true;
+      }
+    }
+  }
+  return any && backend.SupportsOp(kernels::Op::kGroupedLinear, dtype);
+}
 
 // RoPE inverse frequencies (f32, as transformers computes them) over the rotated dims, with llama3,
 // yarn or longrope (its long factors when `long_factors`, else the short ones) scaling applied.
@@ -241,6 +264,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                             ckpt, *backend, options.layer_experts, options.quantize,
                                             options.on_load_progress));
 
+  m->grouped_experts_ = spec.IsMoe() && GroupsExperts(m->weights_, m->layout_, *backend);
+
   // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V, in
   // the checkpoint's 16-bit dtype where the backend keeps one (half the memory; vLLM's "auto"),
   // else f32.
@@ -309,6 +334,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_scales, t * topk * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.shared_gate, t * f));
     if (any_remote && options.shard.rank == 0) RETURN_IF_ERROR(Alloc(*backend, &w.remote_x, t * topk * h * f));
+    if (m->grouped_experts_) {
+      const size_t expert_ffn = static_cast<size_t>(m->layout_.expert_ffn);
+      RETURN_IF_ERROR(Alloc(*backend, &w.grouped_x, t * topk * h * f));
+      RETURN_IF_ERROR(Alloc(*backend, &w.grouped_gate, t * topk * expert_ffn * f));
+      RETURN_IF_ERROR(Alloc(*backend, &w.grouped_up, t * topk * expert_ffn * f));
+    }
   }
   if (scales_rows || spec.qk_l2_norm) {
     const size_t n = std::max(t * topk, static_cast<size_t>(spec.head_dim));
@@ -713,6 +744,11 @@ kernels::LinearGroupParams::Part GroupPart(const LinearWeight& lin, float* y) {
   return {.w = lin.view(), .bias = lin.bias(), .y = y, .out = lin.out};
 }
 
+// The activation of the spec's gated MLPs, as SiluMul takes it.
+kernels::GateActivation GateActivationOf(const ModelSpec& spec) {
+  return spec.activation == Activation::kGeluTanh ? kernels::GateActivation::kGeluTanh : kernels::GateActivation::kSilu;
+}
+
 // The routing rule of a MoE spec, as the MoeRoute op takes it (the spec was validated at load).
 kernels::MoeRouting MoeRoutingOf(const MoeSpec& ms) {
   kernels::MoeRouteScoring scoring = kernels::MoeRouteScoring::kSoftmaxTopK;
@@ -962,8 +998,7 @@ absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t 
                                  .num_parts = 2}));
   RETURN_IF_ERROR(b.SiluMul({.gate = w.gate.as<float>(), .up = w.up.as<float>(), .out = w.gate.as<float>(),
                              .n = tokens * width,
-                             .act = spec_.activation == Activation::kGeluTanh ? kernels::GateActivation::kGeluTanh
-                                                                              : kernels::GateActivation::kSilu}));
+                             .act = GateActivationOf(spec_)}));
   return linear(mw.down, w.gate.as<float>(), y, accumulate);
 }
 
@@ -1067,7 +1102,8 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
   const int64_t e_count = spec_.moe.num_experts;
   const bool input_weighted = spec_.moe.scoring == MoeScoring::kSigmoidInput;
   float* normed = w.normed.as<float>();
-  for (int64_t e = 0; e < e_count; ++e) {
+  if (grouped_experts_) RETURN_IF_ERROR(GroupedExperts(lw, tokens, offset, out));
+  for (int64_t e = 0; e < e_count && !grouped_experts_; ++e) {
     const int64_t begin = offset[static_cast<size_t>(e)];
     const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
     if (count == 0 || !lw.IsLocalExpert(e, layout_)) continue;
@@ -1097,6 +1133,55 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
                               .tokens = tokens, .in = h, .out = 1}));
     RETURN_IF_ERROR(b.SigmoidScaleRows({.x = shared, .gate = w.shared_gate.as<float>(), .tokens = tokens, .width = h}));
     RETURN_IF_ERROR(b.Add({.x = out, .y = shared, .n = tokens * h}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::GroupedExperts(const LayerWeights& lw, int64_t tokens, const std::vector<int32_t>& offset,
+                                   float* out) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  const int64_t h = spec_.hidden_size;
+  const int64_t ffn = layout_.expert_ffn;
+  const int64_t e_count = spec_.moe.num_experts;
+  const bool input_weighted = spec_.moe.scoring == MoeScoring::kSigmoidInput;
+  w.h_gate_groups.clear();
+  w.h_up_groups.clear();
+  w.h_down_groups.clear();
+  for (int64_t e = 0; e < e_count; ++e) {
+    const int64_t begin = offset[static_cast<size_t>(e)];
+    const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
+    if (count == 0 || !lw.IsLocalExpert(e, layout_)) continue;
+    const MlpWeights& mw = lw.experts[static_cast<size_t>(e)];
+    w.h_gate_groups.push_back({.w = mw.gate.view(), .begin = begin, .count = count});
+    w.h_up_groups.push_back({.w = mw.up.view(), .begin = begin, .count = count});
+    w.h_down_groups.push_back({.w = mw.down.view(), .begin = begin, .count = count});
+  }
+  if (w.h_gate_groups.empty()) return absl::OkStatus();
+  // Every routed row, the remote and other ranks' experts' too (no group reads those): one gather.
+  const int64_t rows = offset[static_cast<size_t>(e_count)];
+  float* x = w.grouped_x.as<float>();
+  RETURN_IF_ERROR(b.GatherRows({.src = w.normed.as<float>(), .rows = w.moe_rows.as<int32_t>(), .dst = x, .count = rows,
+                                .src_rows = tokens, .width = h}));
+  if (input_weighted) {
+    RETURN_IF_ERROR(b.ScaleRows({.x = x, .scales = w.moe_scales.as<float>(), .tokens = rows, .width = h}));
+  }
+  const int64_t num_groups = static_cast<int64_t>(w.h_gate_groups.size());
+  RETURN_IF_ERROR(b.GroupedLinear({.x = x, .y = w.grouped_gate.as<float>(), .groups = w.h_gate_groups.data(),
+                                   .num_groups = num_groups, .rows = rows, .in = h, .out = ffn}));
+  RETURN_IF_ERROR(b.GroupedLinear({.x = x, .y = w.grouped_up.as<float>(), .groups = w.h_up_groups.data(),
+                                   .num_groups = num_groups, .rows = rows, .in = h, .out = ffn}));
+  RETURN_IF_ERROR(b.SiluMul({.gate = w.grouped_gate.as<float>(), .up = w.grouped_up.as<float>(),
+                             .out = w.grouped_gate.as<float>(), .n = rows * ffn,
+                             .act = GateActivationOf(spec_)}));
+  // The down projection overwrites the gathered input, which nothing reads any more.
+  RETURN_IF_ERROR(b.GroupedLinear({.x = w.grouped_gate.as<float>(), .y = x, .groups = w.h_down_groups.data(),
+                                   .num_groups = num_groups, .rows = rows, .in = ffn, .out = h}));
+  for (const kernels::GroupedLinearParams::Group& g : w.h_down_groups) {
+    RETURN_IF_ERROR(b.ScatterAddRows(
+        {.src = x + g.begin * h, .rows = w.moe_rows.as<int32_t>() + g.begin,
+         .scales = input_weighted ? w.ones.as<float>() : w.moe_scales.as<float>() + g.begin, .dst = out,
+         .count = g.count, .dst_rows = tokens, .width = h}));
   }
   return absl::OkStatus();
 }

@@ -87,6 +87,7 @@ const char* OpName(Op op) {
     case Op::kMlaAttention: return "MlaAttention";
     case Op::kSampleRows: return "SampleRows";
     case Op::kMoeRoute: return "MoeRoute";
+    case Op::kGroupedLinear: return "GroupedLinear";
   }
   return "?";
 }
@@ -175,6 +176,37 @@ absl::Status Backend::SampleRows(const SampleRowsParams& p) {
 absl::Status Backend::MoeRoute(const MoeRouteParams& p) {
   RETURN_IF_ERROR(p.Validate());
   return absl::UnimplementedError(absl::StrCat(name(), ": MoeRoute (MoE routing on the device) is not implemented"));
+}
+
+absl::Status Backend::GroupedLinear(const GroupedLinearParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  return absl::UnimplementedError(absl::StrCat(name(), ": GroupedLinear (grouped expert GEMMs) is not implemented"));
+}
+
+absl::Status GroupedLinearParams::Validate() const {
+  if (x == nullptr || y == nullptr || (num_groups > 0 && groups == nullptr)) {
+    return Invalid("GroupedLinear", "null pointer");
+  }
+  if (AnyNegative({num_groups, rows, in, out})) return Invalid("GroupedLinear", "negative size");
+  if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("GroupedLinear", "y aliases x");
+  int64_t end = 0;  // groups ascend by begin in practice; overlap is checked against the furthest end so far
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const Group& group = groups[g];
+    if (group.w.data == nullptr) return Invalid("GroupedLinear", absl::StrCat("group ", g, " has null weights"));
+    if (group.w.dtype != groups[0].w.dtype) {
+      return Invalid("GroupedLinear", absl::StrCat("group ", g, " has ", DTypeName(group.w.dtype), " weights, group 0 ",
+                                                   DTypeName(groups[0].w.dtype)));
+    }
+    if (group.begin < 0 || group.count < 0 || group.begin + group.count > rows) {
+      return Invalid("GroupedLinear", absl::StrCat("group ", g, " rows [", group.begin, ", ", group.begin + group.count,
+                                                   ") outside [0, ", rows, ")"));
+    }
+    if (group.count > 0 && group.begin < end) {
+      return Invalid("GroupedLinear", absl::StrCat("group ", g, " overlaps an earlier group's rows (groups must ascend)"));
+    }
+    if (group.count > 0) end = group.begin + group.count;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EmbeddingParams::Validate() const {

@@ -97,6 +97,9 @@ enum class Op : uint8_t {
   kSampleRows,
   // MoE routing and grouping by expert on the device: optional; the Backend default is Unimplemented.
   kMoeRoute,
+  // Products of row groups with one matrix each (the experts of a MoE layer in one grouped GEMM):
+  // optional; the Backend default is Unimplemented, and engines then run a Linear per expert.
+  kGroupedLinear,
 };
 // "Embedding", "Linear", ... for messages.
 const char* OpName(Op op);
@@ -152,6 +155,26 @@ struct LinearGroupParams {
   int num_parts = 0;
   // Part i as a Linear.
   LinearParams PartParams(int i) const;
+  absl::Status Validate() const;
+};
+
+// Rows in groups, one weight matrix per group: for each group g and i < groups[g].count,
+//   y[begin + i] = x[begin + i] . groups[g].w^T, or += when accumulate (begin = groups[g].begin).
+// Rows of no group are left alone. A MoE layer's experts over the rows MoeRoute grouped: one
+// launch (CUDA: one grouped GEMM) instead of one per expert; the same sums as a Linear per group.
+struct GroupedLinearParams {
+  struct Group {
+    WeightView w;        // [out, in]; every group's of one dtype SupportsOp(kGroupedLinear, ...)
+    int64_t begin = 0;   // the group's first row
+    int64_t count = 0;   // its rows; begin + count <= rows
+  };
+  const float* x = nullptr;       // [rows, in]
+  float* y = nullptr;             // [rows, out]; must not alias x
+  const Group* groups = nullptr;  // [num_groups] host, ascending by begin, their rows disjoint
+  int64_t num_groups = 0, rows = 0, in = 0, out = 0;
+  bool accumulate = false;
+  // InvalidArgument for null pointers, negative sizes, a group out of [0, rows), overlapping
+  // groups, null weights or weights of two dtypes (naming the group).
   absl::Status Validate() const;
 };
 
@@ -538,6 +561,9 @@ class Backend {
   // MoE routing on the device. The default: Validate(), then Unimplemented naming the backend and
   // the op (SupportsOp answers false).
   virtual absl::Status MoeRoute(const MoeRouteParams& p);
+  // Grouped products. The default: Validate(), then Unimplemented naming the backend and the op
+  // (SupportsOp answers false; the engine then runs its per-expert Linear loop).
+  virtual absl::Status GroupedLinear(const GroupedLinearParams& p);
 };
 
 }  // namespace shardserve::kernels

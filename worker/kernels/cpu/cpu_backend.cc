@@ -82,6 +82,8 @@ class CpuBackend final : public Backend {
         return dtype == DType::kF32;
       case Op::kHeadLinear:
         return dtype == DType::kF32 || dtype == DType::kBF16;
+      case Op::kGroupedLinear:
+        return false;  // the engine's Linear per expert is the CPU path (sgemm gains nothing from grouping)
     }
     return false;
   }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -106,6 +107,7 @@ class CudaBackend final : public Backend {
   absl::Status ArgmaxRows(const ArgmaxRowsParams& p) override;
   absl::Status SampleRows(const SampleRowsParams& p) override;
   absl::Status MoeRoute(const MoeRouteParams& p) override;
+  absl::Status GroupedLinear(const GroupedLinearParams& p) override;
   absl::Status Zero(const ZeroParams& p) override;
   absl::Status Scale(const ScaleParams& p) override;
 
@@ -152,6 +154,23 @@ class CudaBackend final : public Backend {
   // Apart from scratch_ for the same reason: MoE steps are never recorded (MoeRoute waits for its
   // host copy), and growing it must not invalidate the graphs of dense steps.
   DeviceBuffer moe_route_workspace_;
+  // GroupedLinear: the groups' A, B and C pointers on the device (cuBLAS reads them there), and the
+  // host arrays of their shapes (read by cuBLAS on the host), kept between calls to reuse their memory.
+  DeviceBuffer grouped_pointers_;
+  struct GroupedGemm {
+    std::vector<cublasOperation_t> trans_a, trans_b;
+    std::vector<int> m, n, k, lda, ldb, ldc, size;
+    std::vector<float> alpha, beta;
+    std::vector<const void*> pointers;  // [3 * groups]: every A, then every B, then every C
+    void Clear() {
+      trans_a.clear();
+      trans_b.clear();
+      for (std::vector<int>* v : {&m, &n, &k, &lda, &ldb, &ldc, &size}) v->clear();
+      alpha.clear();
+      beta.clear();
+      pointers.clear();
+    }
+  } grouped_;
 
   // While Capture() records: errors are the capture's (capture_error_), not the device's, so a
   // failed recording leaves the backend healthy.
@@ -292,6 +311,8 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kScale:
     case Op::kScaleRows:
       return dtype == DType::kF32;
+    case Op::kGroupedLinear:
+      return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
     case Op::kHeadLinear:
     case Op::kMlaKvWrite:
     case Op::kMlaAttention:
@@ -602,6 +623,80 @@ absl::Status CudaBackend::MoeRoute(const MoeRouteParams& p) {
   RETURN_IF_ERROR(Check(cudaMemcpyAsync(p.host_offsets, p.offsets, offset_bytes, cudaMemcpyDeviceToHost, stream_),
                         "cudaMemcpyAsync (MoeRoute offsets)"));
   return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+absl::Status CudaBackend::GroupedLinear(const GroupedLinearParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  if (p.num_groups == 0) return Enter();
+  const DType dtype = p.groups[0].w.dtype;
+  if (!SupportsOp(Op::kGroupedLinear, dtype)) return UnsupportedWeights(name_, Op::kGroupedLinear, dtype);
+  if (!FitsInt({p.rows, p.in, p.out, p.num_groups})) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": GroupedLinear dimensions exceed cuBLAS's int range: ",
+                                                 p.rows, "x", p.in, "x", p.out));
+  }
+  RETURN_IF_ERROR(Enter());
+  if (p.out == 0) return absl::OkStatus();
+  if (p.in == 0) {
+    // Empty products (cuBLAS rejects k = 0 with lda = 0): y = 0 on the groups' rows, or unchanged.
+    for (int64_t g = 0; g < p.num_groups && !p.accumulate; ++g) {
+      const GroupedLinearParams::Group& group = p.groups[g];
+      RETURN_IF_ERROR(Check(cudaMemsetAsync(p.y + group.begin * p.out, 0,
+                                            static_cast<size_t>(group.count * p.out) * sizeof(float), stream_),
+                            "cudaMemsetAsync"));
+    }
+    return absl::OkStatus();
+  }
+  // 16-bit weights multiply 16-bit activations (rounded once, as Group16's GEMM path does), f32 out.
+  const bool narrow = dtype != DType::kF32;
+  const void* x = p.x;
+  if (narrow) {
+    const int64_t n = p.rows * p.in;
+    RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
+    RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
+    x = scratch_.as<void>();
+  }
+  const size_t x_elem = narrow ? 2 : sizeof(float);
+  const cudaDataType type = dtype == DType::kF32 ? CUDA_R_32F : dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+  // Each group is one problem of its own shape: row-major y[count, out] = x[count, in] . w[out, in]^T
+  // is, column-major, y^T[out, count] = op_T(w^T[in, out]) . x^T[in, count] (Linear's layout).
+  GroupedGemm& gg = grouped_;
+  gg.Clear();
+  std::vector<const void*> a, b, c;
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    const GroupedLinearParams::Group& group = p.groups[g];
+    if (group.count == 0) continue;
+    gg.trans_a.push_back(CUBLAS_OP_T);
+    gg.trans_b.push_back(CUBLAS_OP_N);
+    gg.m.push_back(static_cast<int>(p.out));
+    gg.n.push_back(static_cast<int>(group.count));
+    gg.k.push_back(static_cast<int>(p.in));
+    gg.lda.push_back(static_cast<int>(p.in));
+    gg.ldb.push_back(static_cast<int>(p.in));
+    gg.ldc.push_back(static_cast<int>(p.out));
+    gg.size.push_back(1);
+    gg.alpha.push_back(1.0f);
+    gg.beta.push_back(p.accumulate ? 1.0f : 0.0f);
+    a.push_back(group.w.data);
+    b.push_back(static_cast<const char*>(x) + static_cast<size_t>(group.begin * p.in) * x_elem);
+    c.push_back(p.y + group.begin * p.out);
+  }
+  const int problems = static_cast<int>(a.size());
+  if (problems == 0) return absl::OkStatus();
+  gg.pointers.insert(gg.pointers.end(), a.begin(), a.end());
+  gg.pointers.insert(gg.pointers.end(), b.begin(), b.end());
+  gg.pointers.insert(gg.pointers.end(), c.begin(), c.end());
+  const size_t pointer_bytes = gg.pointers.size() * sizeof(void*);
+  RETURN_IF_ERROR(Grow(grouped_pointers_, pointer_bytes));
+  // From pageable memory: staged before the call returns, so gg.pointers may change afterwards.
+  RETURN_IF_ERROR(Check(cudaMemcpyAsync(grouped_pointers_.as<void>(), gg.pointers.data(), pointer_bytes,
+                                        cudaMemcpyHostToDevice, stream_),
+                        "cudaMemcpyAsync (GroupedLinear pointers)"));
+  void** dev = grouped_pointers_.as<void*>();
+  return CheckBlas(cublasGemmGroupedBatchedEx(blas_, gg.trans_a.data(), gg.trans_b.data(), gg.m.data(), gg.n.data(),
+                                              gg.k.data(), gg.alpha.data(), dev, type, gg.lda.data(), dev + problems,
+                                              type, gg.ldb.data(), gg.beta.data(), dev + 2 * problems, CUDA_R_32F,
+                                              gg.ldc.data(), problems, gg.size.data(), CUBLAS_COMPUTE_32F),
+                   "cublasGemmGroupedBatchedEx");
 }
 
 absl::Status CudaBackend::Zero(const ZeroParams& p) {
