@@ -161,7 +161,8 @@ struct LinearGroupParams {
 // Rows in groups, one weight matrix per group: for each group g and i < groups[g].count,
 //   y[begin + i] = x[begin + i] . groups[g].w^T, or += when accumulate (begin = groups[g].begin).
 // Rows of no group are left alone. A MoE layer's experts over the rows MoeRoute grouped: one
-// launch (CUDA: one grouped GEMM) instead of one per expert; the same sums as a Linear per group.
+// launch (CUDA: one grouped GEMM, f32 weights only) instead of one per expert; the same sums as a
+// Linear per group.
 struct GroupedLinearParams {
   struct Group {
     WeightView w;        // [out, in]; every group's of one dtype SupportsOp(kGroupedLinear, ...)

@@ -240,5 +240,29 @@ TEST(MoeRouteValidateTest, NamesWhatIsWrong) {
               StatusIs(absl::StatusCode::kInvalidArgument, _));
 }
 
+TEST(GroupedLinearValidateTest, NamesTheBadGroup) {
+  float x[8] = {}, y[8] = {}, w[4] = {};
+  const uint16_t w16[4] = {};
+  using Group = GroupedLinearParams::Group;
+  auto params = [&](const std::vector<Group>& groups) {
+    return GroupedLinearParams{.x = x, .y = y, .groups = groups.data(), .num_groups = static_cast<int64_t>(groups.size()),
+                               .rows = 4, .in = 2, .out = 2};
+  };
+  const std::vector<Group> good = {{.w = w, .begin = 0, .count = 1}, {.w = w, .begin = 1, .count = 0},
+                                   {.w = w, .begin = 2, .count = 2}};
+  EXPECT_THAT(params(good).Validate(), IsOk());
+  EXPECT_THAT(params({{.w = w, .begin = 3, .count = 2}}).Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("group 0 rows [3, 5) outside [0, 4)")));
+  EXPECT_THAT(params({{.w = w, .begin = 0, .count = 2}, {.w = w, .begin = 1, .count = 1}}).Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("group 1 overlaps")));
+  EXPECT_THAT(params({{.w = w, .begin = 0, .count = 1}, {.w = WeightView::Bf16(w16), .begin = 1, .count = 1}}).Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("group 1 has BF16 weights")));
+  EXPECT_THAT(params({{.w = WeightView(), .begin = 0, .count = 1}}).Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("group 0 has null weights")));
+  GroupedLinearParams alias = params(good);
+  alias.y = x;
+  EXPECT_THAT(alias.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("aliases")));
+}
+
 }  // namespace
 }  // namespace shardserve::kernels

@@ -312,7 +312,10 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kScaleRows:
       return dtype == DType::kF32;
     case Op::kGroupedLinear:
-      return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+      // cublasGemmGroupedBatchedEx takes 16-bit A and B only with a C of the same type (its type
+      // table), and the engine's activations are f32: 16-bit experts keep the per-expert loop
+      // (Group16's GEMV or GEMM), which writes f32.
+      return dtype == DType::kF32;
     case Op::kHeadLinear:
     case Op::kMlaKvWrite:
     case Op::kMlaAttention:
@@ -646,22 +649,16 @@ absl::Status CudaBackend::GroupedLinear(const GroupedLinearParams& p) {
     }
     return absl::OkStatus();
   }
-  // 16-bit weights multiply 16-bit activations (rounded once, as Group16's GEMM path does), f32 out.
-  const bool narrow = dtype != DType::kF32;
-  const void* x = p.x;
-  if (narrow) {
-    const int64_t n = p.rows * p.in;
-    RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
-    RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
-    x = scratch_.as<void>();
-  }
-  const size_t x_elem = narrow ? 2 : sizeof(float);
-  const cudaDataType type = dtype == DType::kF32 ? CUDA_R_32F : dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
   // Each group is one problem of its own shape: row-major y[count, out] = x[count, in] . w[out, in]^T
   // is, column-major, y^T[out, count] = op_T(w^T[in, out]) . x^T[in, count] (Linear's layout).
   GroupedGemm& gg = grouped_;
   gg.Clear();
-  std::vector<const void*> a, b, c;
+  int problems = 0;
+  for (int64_t g = 0; g < p.num_groups; ++g) problems += p.groups[g].count > 0 ? 1 : 0;
+  if (problems == 0) return absl::OkStatus();
+  const size_t n = static_cast<size_t>(problems);
+  gg.pointers.resize(3 * n);
+  size_t at = 0;
   for (int64_t g = 0; g < p.num_groups; ++g) {
     const GroupedLinearParams::Group& group = p.groups[g];
     if (group.count == 0) continue;
@@ -676,26 +673,24 @@ absl::Status CudaBackend::GroupedLinear(const GroupedLinearParams& p) {
     gg.size.push_back(1);
     gg.alpha.push_back(1.0f);
     gg.beta.push_back(p.accumulate ? 1.0f : 0.0f);
-    a.push_back(group.w.data);
-    b.push_back(static_cast<const char*>(x) + static_cast<size_t>(group.begin * p.in) * x_elem);
-    c.push_back(p.y + group.begin * p.out);
+    gg.pointers[at] = group.w.data;
+    gg.pointers[n + at] = p.x + group.begin * p.in;
+    gg.pointers[2 * n + at] = p.y + group.begin * p.out;
+    ++at;
   }
-  const int problems = static_cast<int>(a.size());
-  if (problems == 0) return absl::OkStatus();
-  gg.pointers.insert(gg.pointers.end(), a.begin(), a.end());
-  gg.pointers.insert(gg.pointers.end(), b.begin(), b.end());
-  gg.pointers.insert(gg.pointers.end(), c.begin(), c.end());
   const size_t pointer_bytes = gg.pointers.size() * sizeof(void*);
   RETURN_IF_ERROR(Grow(grouped_pointers_, pointer_bytes));
   // From pageable memory: staged before the call returns, so gg.pointers may change afterwards.
+  // (A copy, so GroupedLinear cannot be recorded into a graph; MoE steps never are.)
   RETURN_IF_ERROR(Check(cudaMemcpyAsync(grouped_pointers_.as<void>(), gg.pointers.data(), pointer_bytes,
                                         cudaMemcpyHostToDevice, stream_),
                         "cudaMemcpyAsync (GroupedLinear pointers)"));
   void** dev = grouped_pointers_.as<void*>();
   return CheckBlas(cublasGemmGroupedBatchedEx(blas_, gg.trans_a.data(), gg.trans_b.data(), gg.m.data(), gg.n.data(),
-                                              gg.k.data(), gg.alpha.data(), dev, type, gg.lda.data(), dev + problems,
-                                              type, gg.ldb.data(), gg.beta.data(), dev + 2 * problems, CUDA_R_32F,
-                                              gg.ldc.data(), problems, gg.size.data(), CUBLAS_COMPUTE_32F),
+                                              gg.k.data(), gg.alpha.data(), dev, CUDA_R_32F, gg.lda.data(),
+                                              dev + problems, CUDA_R_32F, gg.ldb.data(), gg.beta.data(),
+                                              dev + 2 * problems, CUDA_R_32F, gg.ldc.data(), problems,
+                                              gg.size.data(), CUBLAS_COMPUTE_32F),
                    "cublasGemmGroupedBatchedEx");
 }
 

@@ -1,8 +1,10 @@
 // CUDA vs CPU parity of the MoE ops: MoeRoute's experts, grouped rows and offsets (exactly) and
-// weights (to expf's rounding) over every scoring rule. Skips without a device (label gpu).
+// weights (to expf's rounding) over every scoring rule, and GroupedLinear against a Linear per
+// group. Skips without a device (label gpu).
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -79,6 +81,48 @@ TEST_F(CudaParityTest, MoeRouteGroupsTheCpuChoices) {
         EXPECT_EQ(Read(rows, kGpu), Read(rows, kRef));
         if (n > 0) ExpectMirrorsClose(scales, 1e-5f, 1e-10);
       }
+    }
+  }
+}
+
+// GroupedLinear (one cublasGemmGroupedBatchedEx) against a Linear per group on the CPU: experts of
+// uneven row counts, an empty one, rows in no group (left alone), with and without accumulate, at a
+// decode-like and a prefill-like row count.
+TEST_F(CudaParityTest, GroupedLinearMatchesALinearPerGroup) {
+  EXPECT_TRUE(backend(kGpu).SupportsOp(Op::kGroupedLinear, DType::kF32));
+  EXPECT_FALSE(backend(kGpu).SupportsOp(Op::kGroupedLinear, DType::kBF16));  // see SupportsOp
+  const int64_t in = 96, out = 80, experts = 5;
+  auto weights = Mirror(RandomFloats(static_cast<size_t>(experts * out * in), 40));
+  for (const int64_t scale : {int64_t{1}, int64_t{23}}) {
+    // Rows [0, 2s) expert 0, [2s, 2s) expert 1 (empty), [2s, 5s) expert 3, [5s, 6s) no group,
+    // [6s, 9s) expert 4.
+    const int64_t rows = 9 * scale;
+    const std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> layout = {
+        {0, {0, 2 * scale}}, {1, {2 * scale, 0}}, {3, {2 * scale, 3 * scale}}, {4, {6 * scale, 3 * scale}}};
+    for (const bool accumulate : {false, true}) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + (accumulate ? " accumulate" : ""));
+      auto x = Mirror(RandomFloats(static_cast<size_t>(rows * in), 41));
+      auto y = Mirror(RandomFloats(static_cast<size_t>(rows * out), 42));  // nonzero: accumulate and untouched rows
+      std::vector<GroupedLinearParams::Group> groups;
+      for (const auto& [expert, range] : layout) {
+        groups.push_back({.w = weights.at(kGpu) + expert * out * in, .begin = range.first, .count = range.second});
+      }
+      RunBoth([&](Backend& b, int s) {
+        if (s == kGpu) {
+          return b.GroupedLinear({.x = x.at(s), .y = y.at(s), .groups = groups.data(),
+                                  .num_groups = static_cast<int64_t>(groups.size()), .rows = rows, .in = in,
+                                  .out = out, .accumulate = accumulate});
+        }
+        for (const auto& [expert, range] : layout) {
+          if (range.second == 0) continue;
+          absl::Status st = b.Linear({.x = x.at(s) + range.first * in, .w = weights.at(s) + expert * out * in,
+                                      .y = y.at(s) + range.first * out, .tokens = range.second, .in = in, .out = out,
+                                      .accumulate = accumulate});
+          if (!st.ok()) return st;
+        }
+        return absl::OkStatus();
+      });
+      ExpectMirrorsClose(y);
     }
   }
 }
