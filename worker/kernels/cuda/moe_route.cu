@@ -5,15 +5,13 @@
 
 #include <cstdint>
 
+#include "worker/kernels/cuda/workspace.cuh"
 #include "worker/kernels/shared/moe_math.h"
 
 namespace shardserve::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr size_t kAlign = 256;
-
-size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 unsigned BlocksFor(int64_t threads) { return static_cast<unsigned>((threads + kThreads - 1) / kThreads); }
 
@@ -24,7 +22,7 @@ int ExpertBits(int num_experts) {
   return bits;
 }
 
-// The workspace, carved in this order (each part aligned to kAlign bytes).
+// The workspace, carved in this order (WorkspaceCarver: each part aligned).
 struct Workspace {
   unsigned* experts = nullptr;         // [n] each choice's expert (the sort's keys; ids are >= 0)
   unsigned* experts_sorted = nullptr;  // [n]
@@ -41,22 +39,16 @@ struct Workspace {
 Workspace Carve(const MoeRouteParams& p, char* base, size_t temp_bytes) {
   const size_t n = static_cast<size_t>(p.tokens * p.routing.top_k);
   Workspace w;
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    char* ptr = base == nullptr ? nullptr : base + at;
-    at += AlignUp(bytes);
-    return ptr;
-  };
-  w.experts = reinterpret_cast<unsigned*>(take(n * sizeof(unsigned)));
-  w.experts_sorted = reinterpret_cast<unsigned*>(take(n * sizeof(unsigned)));
-  w.choice = reinterpret_cast<int32_t*>(take(n * sizeof(int32_t)));
-  w.choice_sorted = reinterpret_cast<int32_t*>(take(n * sizeof(int32_t)));
-  w.weights = reinterpret_cast<float*>(take(n * sizeof(float)));
-  w.scratch = reinterpret_cast<float*>(
-      take(static_cast<size_t>(p.tokens) * static_cast<size_t>(RouteTokenScratch(p.routing)) * sizeof(float)));
-  w.temp = take(temp_bytes);
+  WorkspaceCarver carve(base);
+  w.experts = carve.Take<unsigned>(n);
+  w.experts_sorted = carve.Take<unsigned>(n);
+  w.choice = carve.Take<int32_t>(n);
+  w.choice_sorted = carve.Take<int32_t>(n);
+  w.weights = carve.Take<float>(n);
+  w.scratch = carve.Take<float>(static_cast<size_t>(p.tokens) * static_cast<size_t>(RouteTokenScratch(p.routing)));
+  w.temp = carve.Take<char>(temp_bytes);
   w.temp_bytes = temp_bytes;
-  w.total = at;
+  w.total = carve.total();
   return w;
 }
 

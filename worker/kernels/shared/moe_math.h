@@ -135,8 +135,8 @@ SHARDSERVE_HD int RouteTokenScratch(const MoeRouting& r) {
 // One token's routing by `r` (validated by the caller): its top_k experts (each in
 // [0, num_experts), distinct) and their weights, by the rule r.scoring names. logits:
 // [num_experts]; bias: [num_experts] or null (kSigmoidGrouped only); scratch:
-// [RouteTokenScratch(r)]; experts, weights: [top_k]. The one dispatch the engine's host routing,
-// the CPU backend and the CUDA kernel share.
+// [RouteTokenScratch(r)]; experts, weights: [top_k]. The one dispatch the CPU backend's MoeRoute
+// and the CUDA kernel share.
 SHARDSERVE_HD void RouteToken(const MoeRouting& r, const float* logits, const float* bias, float* scratch,
                               int* experts, float* weights) {
   switch (r.scoring) {
