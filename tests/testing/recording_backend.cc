@@ -149,6 +149,38 @@ absl::Status RecordingBackend::ArgmaxRows(const kernels::ArgmaxRowsParams& p) {
 absl::Status RecordingBackend::SampleRows(const kernels::SampleRowsParams& p) {
   return RunOrRecord([this, p] { return inner_->SampleRows(p); });
 }
+absl::Status RecordingBackend::MoeRoute(const kernels::MoeRouteParams& p) {
+  if (recording_) return Refuse("MoeRoute");
+  return inner_->MoeRoute(p);
+}
+absl::Status RecordingBackend::GroupedLinear(const kernels::GroupedLinearParams& p) {
+  if (!emulate_grouped_) return inner_->GroupedLinear(p);
+  if (absl::Status st = p.Validate(); !st.ok()) return st;
+  ++grouped_linears_;
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    const kernels::GroupedLinearParams::Group& group = p.groups[g];
+    if (group.count == 0) continue;
+    absl::Status st = Linear({.x = p.x + group.begin * p.in, .w = group.w, .y = p.y + group.begin * p.out,
+                              .tokens = group.count, .in = p.in, .out = p.out, .accumulate = p.accumulate});
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+absl::Status RecordingBackend::HeadLinear(const kernels::HeadLinearParams& p) {
+  return RunOrRecord([this, p] { return inner_->HeadLinear(p); });
+}
+absl::Status RecordingBackend::MlaKvWrite(const kernels::MlaKvWriteParams& p) {
+  if (!recording_) return inner_->MlaKvWrite(p);
+  kernels::MlaKvWriteParams r = p;
+  r.paged = ForReplay(p.paged);
+  return RunOrRecord([this, r] { return inner_->MlaKvWrite(r); });
+}
+absl::Status RecordingBackend::MlaAttention(const kernels::MlaAttentionParams& p) {
+  if (!recording_) return inner_->MlaAttention(p);
+  kernels::MlaAttentionParams r = p;
+  r.paged = ForReplay(p.paged);
+  return RunOrRecord([this, r] { return inner_->MlaAttention(r); });
+}
 absl::Status RecordingBackend::Zero(const kernels::ZeroParams& p) {
   return RunOrRecord([this, p] { return inner_->Zero(p); });
 }

@@ -31,12 +31,20 @@ class RecordingBackend final : public kernels::Backend {
   // they recorded); the number of graphs recorded and replays run so far.
   void FailRecordingsForTest(bool fail) { fail_recordings_ = fail; }
   void InvalidateRecordingsForTest() { ++*generation_; }
+  // GroupedLinear as a Linear per group of the inner backend, and SupportsOp(kGroupedLinear) where
+  // the inner one takes the dtype for Linear: the engine's grouped-expert path (the CUDA one) on
+  // the CPU, with the per-expert loop's sums.
+  void EmulateGroupedLinearForTest(bool on) { emulate_grouped_ = on; }
+  int grouped_linears() const { return grouped_linears_; }  // GroupedLinear calls run so far
   int recordings() const { return recordings_; }
   int replays() const { return *replays_; }
 
   kernels::DeviceKind kind() const override { return inner_->kind(); }
   std::string name() const override { return "recording-" + inner_->name(); }
-  bool SupportsOp(kernels::Op op, DType dtype) const override { return inner_->SupportsOp(op, dtype); }
+  bool SupportsOp(kernels::Op op, DType dtype) const override {
+    if (op == kernels::Op::kGroupedLinear && emulate_grouped_) return inner_->SupportsOp(kernels::Op::kLinear, dtype);
+    return inner_->SupportsOp(op, dtype);
+  }
   void* stream_handle() const override { return inner_->stream_handle(); }
   bool SupportsCapture() const override { return true; }
   absl::StatusOr<std::unique_ptr<kernels::OpGraph>> Capture(absl::FunctionRef<absl::Status()> record) override;
@@ -65,6 +73,12 @@ class RecordingBackend final : public kernels::Backend {
   absl::Status ScaleRows(const kernels::ScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const kernels::ArgmaxRowsParams& p) override;
   absl::Status SampleRows(const kernels::SampleRowsParams& p) override;
+  // Refused while recording: its host copy of the offsets is a copy to the host.
+  absl::Status MoeRoute(const kernels::MoeRouteParams& p) override;
+  absl::Status GroupedLinear(const kernels::GroupedLinearParams& p) override;
+  absl::Status HeadLinear(const kernels::HeadLinearParams& p) override;
+  absl::Status MlaKvWrite(const kernels::MlaKvWriteParams& p) override;
+  absl::Status MlaAttention(const kernels::MlaAttentionParams& p) override;
   absl::Status Zero(const kernels::ZeroParams& p) override;
   absl::Status Scale(const kernels::ScaleParams& p) override;
 
@@ -76,6 +90,8 @@ class RecordingBackend final : public kernels::Backend {
   std::unique_ptr<kernels::Backend> inner_;
   bool recording_ = false;
   bool fail_recordings_ = false;
+  bool emulate_grouped_ = false;
+  int grouped_linears_ = 0;
   absl::Status recording_error_;
   std::vector<std::function<absl::Status()>> tape_;
   int recordings_ = 0;

@@ -11,7 +11,7 @@
 #include "common/status/macros.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/remote_experts.h"
-#include "worker/kernels/shared/moe_math.h"
+#include "worker/kernels/shared/moe_routing.h"
 #include "worker/kernels/shared/row_math.h"
 
 namespace shardserve::engine {
@@ -26,7 +26,11 @@ struct Model::Workspace {
   DeviceBuffer inv_freq_long;  // longrope: the long factors' frequencies (inv_freq: the short ones)
   DeviceBuffer tables;        // the step's block tables, concatenated; grown on demand
   size_t tables_capacity = 0;  // int32 entries that `tables` holds
-  DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, shared_gate;
+  DeviceBuffer router, moe_x, moe_y, moe_rows, moe_scales, moe_offsets, shared_gate;
+  // Model::GroupedExperts: every routed row [max_step_tokens x top_k] of the input (then the down
+  // projection's output), and of the gate and up projections.
+  DeviceBuffer grouped_x, grouped_gate, grouped_up;
+  std::vector<kernels::GroupedLinearParams::Group> h_gate_groups, h_up_groups, h_down_groups;
   DeviceBuffer logit_rows, selected, logits, gathered, argmax;
   DeviceBuffer sampling;  // [max_step_tokens] RowSamplingParams of the rows SampleRows draws
   std::vector<kernels::RowSamplingParams> h_sampling;
@@ -41,9 +45,9 @@ struct Model::Workspace {
   std::vector<int32_t> h_ids, h_pos, h_rows;
   std::vector<AttnSeq> h_seqs;
   std::vector<int32_t> h_tables;
-  std::vector<float> h_router, h_scales, h_probs, h_query_temp;
-  std::vector<int32_t> h_moe_rows, h_topk, h_fill, h_argmax;
-  std::vector<float> h_topw;
+  std::vector<float> h_query_temp;
+  std::vector<int32_t> h_argmax;
+  std::vector<int32_t> h_moe_offsets;  // MoeRoute's host copy of the expert offsets [experts + 1]
   // Remote experts (rank 0 of a stage with expert spill): the rows sent and the answers.
   DeviceBuffer remote_x;  // [max_step_tokens x top_k, hidden]
   // Multi-head latent attention: the query's compressed form, its nope and RoPE parts, the
@@ -54,6 +58,25 @@ struct Model::Workspace {
 };
 
 namespace {
+
+// Whether the local experts of every MoE layer can run as grouped products on `backend`: their
+// matrices share one dtype the backend SupportsOp(kGroupedLinear, ...), and none has a bias
+// (GroupedLinear adds none).
+bool GroupsExperts(const ModelWeights& weights, const ShardLayout& layout, const kernels::Backend& backend) {
+  bool any = false;
+  DType dtype = DType::kF32;
+  for (const LayerWeights& lw : weights.layers) {
+    for (size_t e = 0; e < lw.experts.size(); ++e) {
+      if (!lw.IsLocalExpert(static_cast<int64_t>(e), layout)) continue;
+      for (const LinearWeight* lin : {&lw.experts[e].gate, &lw.experts[e].up, &lw.experts[e].down}) {
+        if (lin->bias() != nullptr || (any && lin->dtype != dtype)) return false;
+        dtype = lin->dtype;
+        any = true;
+      }
+    }
+  }
+  return any && backend.SupportsOp(kernels::Op::kGroupedLinear, dtype);
+}
 
 // RoPE inverse frequencies (f32, as transformers computes them) over the rotated dims, with llama3,
 // yarn or longrope (its long factors when `long_factors`, else the short ones) scaling applied.
@@ -278,6 +301,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                             ckpt, *backend, options.layer_experts, options.quantize,
                                             options.on_load_progress));
 
+  m->grouped_experts_ = spec.IsMoe() && GroupsExperts(m->weights_, m->layout_, *backend);
+
   // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V, in
   // the checkpoint's 16-bit dtype where the backend keeps one (half the memory; vLLM's "auto"),
   // else f32. Multi-head latent attention: one cache per layer of [num_kv_blocks, kv_block_size,
@@ -344,13 +369,19 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   }
   if (spec.IsMoe()) {
     RETURN_IF_ERROR(Alloc(*backend, &w.router, t * experts * f));
-    w.h_probs.resize(experts + static_cast<size_t>(spec.moe.n_group));
+    RETURN_IF_ERROR(Alloc(*backend, &w.moe_offsets, (experts + 1) * sizeof(int32_t)));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_x, t * h * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_y, t * h * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_rows, t * topk * sizeof(int32_t)));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_scales, t * topk * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.shared_gate, t * f));
     if (any_remote && options.shard.rank == 0) RETURN_IF_ERROR(Alloc(*backend, &w.remote_x, t * topk * h * f));
+    if (m->grouped_experts_) {
+      const size_t expert_ffn = static_cast<size_t>(m->layout_.expert_ffn);
+      RETURN_IF_ERROR(Alloc(*backend, &w.grouped_x, t * topk * h * f));
+      RETURN_IF_ERROR(Alloc(*backend, &w.grouped_gate, t * topk * expert_ffn * f));
+      RETURN_IF_ERROR(Alloc(*backend, &w.grouped_up, t * topk * expert_ffn * f));
+    }
   }
   if (scales_rows || spec.qk_l2_norm) {
     const size_t n = std::max(t * topk, static_cast<size_t>(spec.head_dim));
@@ -673,7 +704,7 @@ absl::Status Model::Forward(int64_t tokens, const kernels::PagedSeqs& paged) {
 absl::Status Model::ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeqs& paged, bool decode_only) {
   kernels::Backend& b = *backend_;
   // Decode steps only (their shapes repeat); one rank (no collectives inside) and no MoE layer
-  // (routing reads the router's logits on the host mid-step).
+  // (MoeRoute copies the experts' row offsets to the host mid-step).
   // LongRoPE picks its frequencies by each sequence's length: not a fixed launch.
   const bool eligible = options_.op_graphs && !graphs_off_ && decode_only && !tp() && !spec_.IsMoe() &&
                         spec_.rope.type != RopeType::kLongrope && b.SupportsCapture();
@@ -753,6 +784,29 @@ namespace {
 // One product of a LinearGroup: y = x . lin^T (+ bias).
 kernels::LinearGroupParams::Part GroupPart(const LinearWeight& lin, float* y) {
   return {.w = lin.view(), .bias = lin.bias(), .y = y, .out = lin.out};
+}
+
+// The activation of the spec's gated MLPs, as SiluMul takes it.
+kernels::GateActivation GateActivationOf(const ModelSpec& spec) {
+  return spec.activation == Activation::kGeluTanh ? kernels::GateActivation::kGeluTanh : kernels::GateActivation::kSilu;
+}
+
+// The routing rule of a MoE spec, as the MoeRoute op takes it (the spec was validated at load).
+kernels::MoeRouting MoeRoutingOf(const MoeSpec& ms) {
+  kernels::MoeRouteScoring scoring = kernels::MoeRouteScoring::kSoftmaxTopK;
+  switch (ms.scoring) {
+    case MoeScoring::kSoftmax: scoring = kernels::MoeRouteScoring::kSoftmaxTopK; break;
+    case MoeScoring::kSigmoidGrouped: scoring = kernels::MoeRouteScoring::kSigmoidGrouped; break;
+    case MoeScoring::kSoftmaxGroupLimited: scoring = kernels::MoeRouteScoring::kSoftmaxGroupLimited; break;
+    case MoeScoring::kSigmoidInput: scoring = kernels::MoeRouteScoring::kSigmoidTopK; break;
+  }
+  return {.scoring = scoring,
+          .num_experts = static_cast<int32_t>(ms.num_experts),
+          .top_k = static_cast<int32_t>(ms.top_k),
+          .n_group = static_cast<int32_t>(ms.n_group),
+          .topk_group = static_cast<int32_t>(ms.topk_group),
+          .renormalize = ms.norm_topk_prob,
+          .scaling = static_cast<float>(ms.routed_scaling_factor)};
 }
 
 }  // namespace
@@ -986,8 +1040,7 @@ absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t 
                                  .num_parts = 2}));
   RETURN_IF_ERROR(b.SiluMul({.gate = w.gate.as<float>(), .up = w.up.as<float>(), .out = w.gate.as<float>(),
                              .n = tokens * width,
-                             .act = spec_.activation == Activation::kGeluTanh ? kernels::GateActivation::kGeluTanh
-                                                                              : kernels::GateActivation::kSilu}));
+                             .act = GateActivationOf(spec_)}));
   return linear(mw.down, w.gate.as<float>(), y, accumulate);
 }
 
@@ -998,54 +1051,29 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
   kernels::Backend& b = *backend_;
   const int64_t h = spec_.hidden_size;
   const int64_t e_count = spec_.moe.num_experts;
-  const int64_t k = spec_.moe.top_k;
   float* normed = w.normed.as<float>();
 
-  // Route on the host: router logits [tokens, experts] -> top-k experts and weights per token.
+  // Route on the device: router logits [tokens, experts] -> each token's top-k experts and weights,
+  // grouped by expert (rows of expert e are [offset[e], offset[e+1])); only the offsets come back.
   RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.router.view(), .y = w.router.as<float>(), .tokens = tokens,
                             .in = h, .out = e_count}));
-  w.h_router.resize(static_cast<size_t>(tokens * e_count));
-  RETURN_IF_ERROR(b.CopyToHost(w.h_router.data(), w.router.as<float>(), w.h_router.size() * sizeof(float)));
   const MoeSpec& ms = spec_.moe;
-  w.h_probs.resize(static_cast<size_t>(e_count + ms.n_group));
-  w.h_topk.resize(static_cast<size_t>(tokens * k));
-  w.h_topw.resize(static_cast<size_t>(tokens * k));
-  for (int64_t t = 0; t < tokens; ++t) {
-    if (ms.scoring == MoeScoring::kSigmoidGrouped) {
-      kernels::RouteSigmoidGrouped(w.h_router.data() + t * e_count, lw.score_bias_host.data(), w.h_probs.data(),
-                                   static_cast<int>(e_count), static_cast<int>(k), static_cast<int>(ms.n_group),
-                                   static_cast<int>(ms.topk_group), ms.norm_topk_prob,
-                                   static_cast<float>(ms.routed_scaling_factor), w.h_topk.data() + t * k,
-                                   w.h_topw.data() + t * k);
-    } else if (ms.scoring == MoeScoring::kSoftmaxGroupLimited) {
-      kernels::RouteSoftmaxGroupLimited(w.h_router.data() + t * e_count, w.h_probs.data(), static_cast<int>(e_count),
-                                        static_cast<int>(k), static_cast<int>(ms.n_group),
-                                        static_cast<int>(ms.topk_group), static_cast<float>(ms.routed_scaling_factor),
-                                        w.h_topk.data() + t * k, w.h_topw.data() + t * k);
-    } else if (ms.scoring == MoeScoring::kSigmoidInput) {
-      kernels::RouteSigmoidTopK(w.h_router.data() + t * e_count, static_cast<int>(e_count), static_cast<int>(k),
-                                w.h_topk.data() + t * k, w.h_topw.data() + t * k);
-    } else {
-      kernels::RouteTopK(w.h_router.data() + t * e_count, w.h_probs.data(), static_cast<int>(e_count),
-                         static_cast<int>(k), ms.norm_topk_prob, w.h_topk.data() + t * k, w.h_topw.data() + t * k);
-    }
-  }
-  // Group (token, weight) pairs by expert: rows of expert e are [offset[e], offset[e+1]).
-  std::vector<int32_t> offset(static_cast<size_t>(e_count + 1), 0);
-  w.h_moe_rows.resize(static_cast<size_t>(tokens * k));
-  w.h_scales.resize(static_cast<size_t>(tokens * k));
-  w.h_fill.resize(static_cast<size_t>(e_count));
-  kernels::GroupByExpert(w.h_topk.data(), w.h_topw.data(), static_cast<int>(tokens), static_cast<int>(k),
-                         static_cast<int>(e_count), offset.data(), w.h_moe_rows.data(), w.h_scales.data(),
-                         w.h_fill.data());
+  std::vector<int32_t>& offset = w.h_moe_offsets;
+  offset.resize(static_cast<size_t>(e_count + 1));
+  RETURN_IF_ERROR(b.MoeRoute({.logits = w.router.as<float>(),
+                              .score_bias = lw.score_bias.empty() ? nullptr : lw.score_bias.as<float>(),
+                              .offsets = w.moe_offsets.as<int32_t>(),
+                              .rows = w.moe_rows.as<int32_t>(),
+                              .scales = w.moe_scales.as<float>(),
+                              .host_offsets = offset.data(),
+                              .tokens = tokens,
+                              .routing = MoeRoutingOf(ms)}));
   if (options_.observer != nullptr && options_.shard.rank == 0) {
     for (int64_t e = 0; e < e_count; ++e) {
       const int64_t n = offset[static_cast<size_t>(e + 1)] - offset[static_cast<size_t>(e)];
       if (n > 0) options_.observer->OnExpertTokens(lw.layer, e, n);
     }
   }
-  RETURN_IF_ERROR(b.CopyToDevice(w.moe_rows.as<void>(), w.h_moe_rows.data(), w.h_moe_rows.size() * sizeof(int32_t)));
-  RETURN_IF_ERROR(b.CopyToDevice(w.moe_scales.as<void>(), w.h_scales.data(), w.h_scales.size() * sizeof(float)));
 
   // Llama-4: the routing weight scales each expert's input, and the outputs add up unscaled.
   const bool input_weighted = ms.scoring == MoeScoring::kSigmoidInput;
@@ -1116,7 +1144,8 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
   const int64_t e_count = spec_.moe.num_experts;
   const bool input_weighted = spec_.moe.scoring == MoeScoring::kSigmoidInput;
   float* normed = w.normed.as<float>();
-  for (int64_t e = 0; e < e_count; ++e) {
+  if (grouped_experts_) RETURN_IF_ERROR(GroupedExperts(lw, tokens, offset, out));
+  for (int64_t e = 0; e < e_count && !grouped_experts_; ++e) {
     const int64_t begin = offset[static_cast<size_t>(e)];
     const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
     if (count == 0 || !lw.IsLocalExpert(e, layout_)) continue;
@@ -1146,6 +1175,55 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
                               .tokens = tokens, .in = h, .out = 1}));
     RETURN_IF_ERROR(b.SigmoidScaleRows({.x = shared, .gate = w.shared_gate.as<float>(), .tokens = tokens, .width = h}));
     RETURN_IF_ERROR(b.Add({.x = out, .y = shared, .n = tokens * h}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::GroupedExperts(const LayerWeights& lw, int64_t tokens, const std::vector<int32_t>& offset,
+                                   float* out) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  const int64_t h = spec_.hidden_size;
+  const int64_t ffn = layout_.expert_ffn;
+  const int64_t e_count = spec_.moe.num_experts;
+  const bool input_weighted = spec_.moe.scoring == MoeScoring::kSigmoidInput;
+  w.h_gate_groups.clear();
+  w.h_up_groups.clear();
+  w.h_down_groups.clear();
+  for (int64_t e = 0; e < e_count; ++e) {
+    const int64_t begin = offset[static_cast<size_t>(e)];
+    const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
+    if (count == 0 || !lw.IsLocalExpert(e, layout_)) continue;
+    const MlpWeights& mw = lw.experts[static_cast<size_t>(e)];
+    w.h_gate_groups.push_back({.w = mw.gate.view(), .begin = begin, .count = count});
+    w.h_up_groups.push_back({.w = mw.up.view(), .begin = begin, .count = count});
+    w.h_down_groups.push_back({.w = mw.down.view(), .begin = begin, .count = count});
+  }
+  if (w.h_gate_groups.empty()) return absl::OkStatus();
+  // Every routed row, the remote and other ranks' experts' too (no group reads those): one gather.
+  const int64_t rows = offset[static_cast<size_t>(e_count)];
+  float* x = w.grouped_x.as<float>();
+  RETURN_IF_ERROR(b.GatherRows({.src = w.normed.as<float>(), .rows = w.moe_rows.as<int32_t>(), .dst = x, .count = rows,
+                                .src_rows = tokens, .width = h}));
+  if (input_weighted) {
+    RETURN_IF_ERROR(b.ScaleRows({.x = x, .scales = w.moe_scales.as<float>(), .tokens = rows, .width = h}));
+  }
+  const int64_t num_groups = static_cast<int64_t>(w.h_gate_groups.size());
+  RETURN_IF_ERROR(b.GroupedLinear({.x = x, .y = w.grouped_gate.as<float>(), .groups = w.h_gate_groups.data(),
+                                   .num_groups = num_groups, .rows = rows, .in = h, .out = ffn}));
+  RETURN_IF_ERROR(b.GroupedLinear({.x = x, .y = w.grouped_up.as<float>(), .groups = w.h_up_groups.data(),
+                                   .num_groups = num_groups, .rows = rows, .in = h, .out = ffn}));
+  RETURN_IF_ERROR(b.SiluMul({.gate = w.grouped_gate.as<float>(), .up = w.grouped_up.as<float>(),
+                             .out = w.grouped_gate.as<float>(), .n = rows * ffn,
+                             .act = GateActivationOf(spec_)}));
+  // The down projection overwrites the gathered input, which nothing reads any more.
+  RETURN_IF_ERROR(b.GroupedLinear({.x = w.grouped_gate.as<float>(), .y = x, .groups = w.h_down_groups.data(),
+                                   .num_groups = num_groups, .rows = rows, .in = ffn, .out = h}));
+  for (const kernels::GroupedLinearParams::Group& g : w.h_down_groups) {
+    RETURN_IF_ERROR(b.ScatterAddRows(
+        {.src = x + g.begin * h, .rows = w.moe_rows.as<int32_t>() + g.begin,
+         .scales = input_weighted ? w.ones.as<float>() : w.moe_scales.as<float>() + g.begin, .dst = out,
+         .count = g.count, .dst_rows = tokens, .width = h}));
   }
   return absl::OkStatus();
 }

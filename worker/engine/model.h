@@ -108,6 +108,10 @@ class Model final : public StepRunner {
   absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);
   // The local experts' share and the shared expert; rows of expert e are [offset[e], offset[e+1]).
   absl::Status LocalExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>& offset, float* out);
+  // The local experts' share as grouped products (grouped_experts_): every routed row gathered
+  // once, the gate, up and down projections of all local experts one GroupedLinear each, then each
+  // expert's rows added back (ScatterAddRows, whose rows must be distinct, once per expert).
+  absl::Status GroupedExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>& offset, float* out);
   // Sums `data` over the tensor-parallel group (no-op for one rank).
   absl::Status AllReduce(float* data, int64_t count);
   bool tp() const { return options_.shard.size > 1; }
@@ -123,6 +127,9 @@ class Model final : public StepRunner {
   // The communicator orders its collectives on the backend's stream (NCCL): no host
   // synchronization before them.
   bool comm_on_stream_ = false;
+  // The backend SupportsOp(kGroupedLinear) for the local experts' weights (one dtype, no biases):
+  // GroupedExperts instead of LocalExperts' Linear per expert (CUDA; the CPU keeps the loop).
+  bool grouped_experts_ = false;
   ModelWeights weights_;
   RankMemory memory_;
   // Per layer; multi-head latent attention keeps its latent cache in k_cache_ (v_cache_ empty).

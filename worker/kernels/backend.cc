@@ -1,6 +1,7 @@
 #include "worker/kernels/backend.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
@@ -85,6 +86,8 @@ const char* OpName(Op op) {
     case Op::kMlaKvWrite: return "MlaKvWrite";
     case Op::kMlaAttention: return "MlaAttention";
     case Op::kSampleRows: return "SampleRows";
+    case Op::kMoeRoute: return "MoeRoute";
+    case Op::kGroupedLinear: return "GroupedLinear";
   }
   return "?";
 }
@@ -168,6 +171,42 @@ absl::Status Backend::MlaAttention(const MlaAttentionParams& p) {
 absl::Status Backend::SampleRows(const SampleRowsParams& p) {
   RETURN_IF_ERROR(p.Validate());
   return absl::UnimplementedError(absl::StrCat(name(), ": SampleRows (sampling on the device) is not implemented"));
+}
+
+absl::Status Backend::MoeRoute(const MoeRouteParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  return absl::UnimplementedError(absl::StrCat(name(), ": MoeRoute (MoE routing on the device) is not implemented"));
+}
+
+absl::Status Backend::GroupedLinear(const GroupedLinearParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  return absl::UnimplementedError(absl::StrCat(name(), ": GroupedLinear (grouped expert GEMMs) is not implemented"));
+}
+
+absl::Status GroupedLinearParams::Validate() const {
+  if (x == nullptr || y == nullptr || (num_groups > 0 && groups == nullptr)) {
+    return Invalid("GroupedLinear", "null pointer");
+  }
+  if (AnyNegative({num_groups, rows, in, out})) return Invalid("GroupedLinear", "negative size");
+  if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("GroupedLinear", "y aliases x");
+  int64_t end = 0;  // groups ascend by begin in practice; overlap is checked against the furthest end so far
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const Group& group = groups[g];
+    if (group.w.data == nullptr) return Invalid("GroupedLinear", absl::StrCat("group ", g, " has null weights"));
+    if (group.w.dtype != groups[0].w.dtype) {
+      return Invalid("GroupedLinear", absl::StrCat("group ", g, " has ", DTypeName(group.w.dtype), " weights, group 0 ",
+                                                   DTypeName(groups[0].w.dtype)));
+    }
+    if (group.begin < 0 || group.count < 0 || group.begin + group.count > rows) {
+      return Invalid("GroupedLinear", absl::StrCat("group ", g, " rows [", group.begin, ", ", group.begin + group.count,
+                                                   ") outside [0, ", rows, ")"));
+    }
+    if (group.count > 0 && group.begin < end) {
+      return Invalid("GroupedLinear", absl::StrCat("group ", g, " overlaps an earlier group's rows (groups must ascend)"));
+    }
+    if (group.count > 0) end = group.begin + group.count;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EmbeddingParams::Validate() const {
@@ -329,6 +368,40 @@ absl::Status SampleRowsParams::Validate() const {
     if (!(q.min_p >= 0.0f && q.min_p <= 1.0f)) {
       return Invalid("SampleRows", absl::StrCat("row ", r, ": min_p must be in [0, 1], got ", q.min_p));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeRouteParams::Validate() const {
+  if (logits == nullptr || offsets == nullptr || rows == nullptr || scales == nullptr || host_offsets == nullptr) {
+    return Invalid("MoeRoute", "null pointer");
+  }
+  const MoeRouting& r = routing;
+  if (tokens < 0) return Invalid("MoeRoute", "negative token count");
+  if (r.num_experts < 1) return Invalid("MoeRoute", absl::StrCat("num_experts must be >= 1, got ", r.num_experts));
+  if (r.top_k < 1 || r.top_k > r.num_experts) {
+    return Invalid("MoeRoute", absl::StrCat("top_k must be in [1, num_experts = ", r.num_experts, "], got ", r.top_k));
+  }
+  if (tokens * r.top_k > INT32_MAX) {
+    return Invalid("MoeRoute", absl::StrCat(tokens, " tokens x top_k ", r.top_k, " exceed int32 rows"));
+  }
+  if (!std::isfinite(r.scaling)) return Invalid("MoeRoute", "routed scaling factor must be finite");
+  const bool grouped = r.scoring == MoeRouteScoring::kSigmoidGrouped ||
+                       r.scoring == MoeRouteScoring::kSoftmaxGroupLimited;
+  if (!grouped) return absl::OkStatus();
+  if (r.n_group < 1 || r.num_experts % r.n_group != 0) {
+    return Invalid("MoeRoute", absl::StrCat("n_group ", r.n_group, " must divide num_experts ", r.num_experts));
+  }
+  if (r.topk_group < 1 || r.topk_group > r.n_group) {
+    return Invalid("MoeRoute", absl::StrCat("topk_group must be in [1, n_group = ", r.n_group, "], got ", r.topk_group));
+  }
+  const int64_t per_group = r.num_experts / r.n_group;
+  if (r.scoring == MoeRouteScoring::kSigmoidGrouped && per_group < 2) {
+    return Invalid("MoeRoute", absl::StrCat("grouped sigmoid routing needs >= 2 experts per group, got ", per_group));
+  }
+  if (int64_t{r.top_k} > int64_t{r.topk_group} * per_group) {
+    return Invalid("MoeRoute", absl::StrCat("top_k ", r.top_k, " exceeds the experts of the kept groups (",
+                                            r.topk_group, " x ", per_group, ")"));
   }
   return absl::OkStatus();
 }

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tensor/dtype.h"
+#include "worker/kernels/shared/moe_routing.h"
 
 namespace shardserve::kernels {
 
@@ -94,6 +95,11 @@ enum class Op : uint8_t {
   kHeadLinear, kMlaKvWrite, kMlaAttention,
   // Token sampling on the device: optional; the Backend default is Unimplemented.
   kSampleRows,
+  // MoE routing and grouping by expert on the device: optional; the Backend default is Unimplemented.
+  kMoeRoute,
+  // Products of row groups with one matrix each (the experts of a MoE layer in one grouped GEMM):
+  // optional; the Backend default is Unimplemented, and engines then run a Linear per expert.
+  kGroupedLinear,
 };
 // "Embedding", "Linear", ... for messages.
 const char* OpName(Op op);
@@ -149,6 +155,27 @@ struct LinearGroupParams {
   int num_parts = 0;
   // Part i as a Linear.
   LinearParams PartParams(int i) const;
+  absl::Status Validate() const;
+};
+
+// Rows in groups, one weight matrix per group: for each group g and i < groups[g].count,
+//   y[begin + i] = x[begin + i] . groups[g].w^T, or += when accumulate (begin = groups[g].begin).
+// Rows of no group are left alone. A MoE layer's experts over the rows MoeRoute grouped: one
+// launch (CUDA: one grouped GEMM, f32 weights only) instead of one per expert; the same sums as a
+// Linear per group.
+struct GroupedLinearParams {
+  struct Group {
+    WeightView w;        // [out, in]; every group's of one dtype SupportsOp(kGroupedLinear, ...)
+    int64_t begin = 0;   // the group's first row
+    int64_t count = 0;   // its rows; begin + count <= rows
+  };
+  const float* x = nullptr;       // [rows, in]
+  float* y = nullptr;             // [rows, out]; must not alias x
+  const Group* groups = nullptr;  // [num_groups] host, ascending by begin, their rows disjoint
+  int64_t num_groups = 0, rows = 0, in = 0, out = 0;
+  bool accumulate = false;
+  // InvalidArgument for null pointers, negative sizes, a group out of [0, rows), overlapping
+  // groups, null weights or weights of two dtypes (naming the group).
   absl::Status Validate() const;
 };
 
@@ -363,6 +390,28 @@ struct SampleRowsParams {
   absl::Status Validate() const;
 };
 
+// MoE routing of a batch, then its permutation: token t's top_k experts and weights are
+// RouteToken(routing, logits[t], score_bias) (kernels/shared/moe_math.h), and the tokens x top_k
+// choices are grouped by expert exactly as GroupByExpert lays them out (expert e's rows are
+// [offsets[e], offsets[e + 1]), in ascending token order). The engine gathers, multiplies and
+// scatter-adds each expert's run of rows from these, and reads the run lengths from host_offsets:
+// the op's one host copy (a device backend waits for it; everything else stays on the device).
+// Every backend gives the same experts, rows and offsets from the same logits (the same routing
+// code runs on each); the weights agree to float rounding of expf.
+struct MoeRouteParams {
+  const float* logits = nullptr;      // [tokens, routing.num_experts] router logits
+  const float* score_bias = nullptr;  // [routing.num_experts] or null; read by kSigmoidGrouped only
+  int32_t* offsets = nullptr;         // [num_experts + 1]; offsets[num_experts] = tokens * top_k
+  int32_t* rows = nullptr;            // [tokens * top_k] the token of each grouped row
+  float* scales = nullptr;            // [tokens * top_k] its routing weight
+  int32_t* host_offsets = nullptr;    // [num_experts + 1] host: a copy of `offsets` when the op returns
+  int64_t tokens = 0;
+  MoeRouting routing;
+  // InvalidArgument for null pointers, a negative token count, tokens * top_k beyond int32, or
+  // routing parameters outside MoeRouting's valid ranges (naming the parameter).
+  absl::Status Validate() const;
+};
+
 // x = 0, elementwise.
 struct ZeroParams {
   float* x = nullptr;  // [n]
@@ -510,6 +559,12 @@ class Backend {
   // Sampling on the device. The default: Validate(), then Unimplemented naming the backend and the
   // op (SupportsOp answers false).
   virtual absl::Status SampleRows(const SampleRowsParams& p);
+  // MoE routing on the device. The default: Validate(), then Unimplemented naming the backend and
+  // the op (SupportsOp answers false).
+  virtual absl::Status MoeRoute(const MoeRouteParams& p);
+  // Grouped products. The default: Validate(), then Unimplemented naming the backend and the op
+  // (SupportsOp answers false; the engine then runs its per-expert Linear loop).
+  virtual absl::Status GroupedLinear(const GroupedLinearParams& p);
 };
 
 }  // namespace shardserve::kernels

@@ -14,6 +14,7 @@
 #include "common/status/macros.h"
 #include "worker/kernels/cpu/gemv.h"
 #include "worker/kernels/cpu/q8.h"
+#include "worker/kernels/shared/moe_math.h"
 #include "worker/kernels/shared/row_math.h"
 #include "worker/kernels/shared/sampling_host.h"
 #include "worker/kernels/shared/sampling_math.h"
@@ -77,9 +78,12 @@ class CpuBackend final : public Backend {
       case Op::kMlaKvWrite:
       case Op::kMlaAttention:
       case Op::kSampleRows:
+      case Op::kMoeRoute:
         return dtype == DType::kF32;
       case Op::kHeadLinear:
         return dtype == DType::kF32 || dtype == DType::kBF16;
+      case Op::kGroupedLinear:
+        return false;  // the engine's Linear per expert is the CPU path (sgemm gains nothing from grouping)
     }
     return false;
   }
@@ -418,6 +422,28 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // Each token routed in turn, then GroupByExpert over the batch: the host routing the engine ran
+  // before MoeRoute existed, with the same functions.
+  absl::Status MoeRoute(const MoeRouteParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    const MoeRouting& r = p.routing;
+    const int64_t k = r.top_k;
+    route_scratch_.resize(static_cast<size_t>(RouteTokenScratch(r)));
+    route_experts_.resize(static_cast<size_t>(p.tokens * k));
+    route_weights_.resize(static_cast<size_t>(p.tokens * k));
+    route_fill_.resize(static_cast<size_t>(r.num_experts));
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      RouteToken(r, p.logits + t * r.num_experts, p.score_bias, route_scratch_.data(), route_experts_.data() + t * k,
+                 route_weights_.data() + t * k);
+    }
+    GroupByExpert(route_experts_.data(), route_weights_.data(), static_cast<int>(p.tokens), r.top_k, r.num_experts,
+                  p.offsets, p.rows, p.scales, route_fill_.data());
+    if (p.host_offsets != p.offsets) {
+      std::memcpy(p.host_offsets, p.offsets, static_cast<size_t>(r.num_experts + 1) * sizeof(int32_t));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status HeadLinear(const HeadLinearParams& p) override {
     SHARDSERVE_VALIDATE(p);
     if (p.w.dtype != DType::kF32 && p.w.dtype != DType::kBF16) {
@@ -528,6 +554,9 @@ class CpuBackend final : public Backend {
   std::vector<float> cos_, sin_, scores_;
   std::vector<float> head_widened_;  // HeadLinear: one head's bfloat16 matrix widened
   HostRowSampler row_sampler_;       // SampleRows: the engine Sampler's arithmetic and scratch
+  // MoeRoute: one token's routing scratch, the batch's choices and GroupByExpert's fill counters.
+  std::vector<float> route_scratch_, route_weights_;
+  std::vector<int32_t> route_experts_, route_fill_;
   // Rows of bfloat16 weights widened for sgemm: at most kWidenFloats (1 MiB; or 16 rows, if more).
   // 4 MiB measured level or slower at 256 tokens (shardserve-bench-kernels).
   static constexpr int64_t kWidenFloats = int64_t{1} << 18;

@@ -16,12 +16,14 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status/macros.h"
 #include "worker/kernels/cuda/attention.cuh"
 #include "worker/kernels/cuda/linear16.cuh"
+#include "worker/kernels/cuda/moe_route.cuh"
 #include "worker/kernels/cuda/ops.cuh"
 #include "worker/kernels/cuda/sampling.cuh"
 
@@ -104,6 +106,8 @@ class CudaBackend final : public Backend {
   absl::Status ScaleRows(const ScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const ArgmaxRowsParams& p) override;
   absl::Status SampleRows(const SampleRowsParams& p) override;
+  absl::Status MoeRoute(const MoeRouteParams& p) override;
+  absl::Status GroupedLinear(const GroupedLinearParams& p) override;
   absl::Status Zero(const ZeroParams& p) override;
   absl::Status Scale(const ScaleParams& p) override;
 
@@ -146,6 +150,27 @@ class CudaBackend final : public Backend {
   // SampleRows' workspace (sorted rows and CUB's storage), grown on demand. Apart from scratch_ so
   // that growing it never invalidates a recorded graph (sampling runs after the recorded layers).
   DeviceBuffer sample_workspace_;
+  // MoeRoute's workspace (the choices, their sort and the tokens' routing scratch), grown on demand.
+  // Apart from scratch_ for the same reason: MoE steps are never recorded (MoeRoute waits for its
+  // host copy), and growing it must not invalidate the graphs of dense steps.
+  DeviceBuffer moe_route_workspace_;
+  // GroupedLinear: the groups' A, B and C pointers on the device (cuBLAS reads them there), and the
+  // host arrays of their shapes (read by cuBLAS on the host), kept between calls to reuse their memory.
+  DeviceBuffer grouped_pointers_;
+  struct GroupedGemm {
+    std::vector<cublasOperation_t> trans_a, trans_b;
+    std::vector<int> m, n, k, lda, ldb, ldc, size;
+    std::vector<float> alpha, beta;
+    std::vector<const void*> pointers;  // [3 * groups]: every A, then every B, then every C
+    void Clear() {
+      trans_a.clear();
+      trans_b.clear();
+      for (std::vector<int>* v : {&m, &n, &k, &lda, &ldb, &ldc, &size}) v->clear();
+      alpha.clear();
+      beta.clear();
+      pointers.clear();
+    }
+  } grouped_;
 
   // While Capture() records: errors are the capture's (capture_error_), not the device's, so a
   // failed recording leaves the backend healthy.
@@ -281,9 +306,15 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kSigmoidScaleRows:
     case Op::kArgmaxRows:
     case Op::kSampleRows:
+    case Op::kMoeRoute:
     case Op::kZero:
     case Op::kScale:
     case Op::kScaleRows:
+      return dtype == DType::kF32;
+    case Op::kGroupedLinear:
+      // cublasGemmGroupedBatchedEx takes 16-bit A and B only with a C of the same type (its type
+      // table), and the engine's activations are f32: 16-bit experts keep the per-expert loop
+      // (Group16's GEMV or GEMM), which writes f32.
       return dtype == DType::kF32;
     case Op::kHeadLinear:
     case Op::kMlaKvWrite:
@@ -575,6 +606,92 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
   RETURN_IF_ERROR(Check(cuda::SampleRowsWorkspaceBytes(p, &bytes), "SampleRows workspace query"));
   RETURN_IF_ERROR(Grow(sample_workspace_, bytes));
   return Check(cuda::LaunchSampleRows(p, sample_workspace_.as<void>(), bytes, stream_), "SampleRows launch");
+}
+
+absl::Status CudaBackend::MoeRoute(const MoeRouteParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  // The sort counts its items in int, and the routing scratch of every token must be addressable.
+  if (!FitsInt({p.tokens * p.routing.top_k, p.tokens * (p.routing.num_experts + p.routing.n_group)})) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": MoeRoute of ", p.tokens, " tokens x ",
+                                                   p.routing.num_experts, " experts exceeds the sort's int range"));
+  }
+  size_t bytes = 0;
+  RETURN_IF_ERROR(Check(cuda::MoeRouteWorkspaceBytes(p, &bytes), "MoeRoute workspace query"));
+  RETURN_IF_ERROR(Grow(moe_route_workspace_, bytes));
+  RETURN_IF_ERROR(
+      Check(cuda::LaunchMoeRoute(p, moe_route_workspace_.as<void>(), bytes, stream_), "MoeRoute kernel launch"));
+  // The one wait: the caller sizes each expert's GEMMs from the offsets.
+  const size_t offset_bytes = static_cast<size_t>(p.routing.num_experts + 1) * sizeof(int32_t);
+  RETURN_IF_ERROR(Check(cudaMemcpyAsync(p.host_offsets, p.offsets, offset_bytes, cudaMemcpyDeviceToHost, stream_),
+                        "cudaMemcpyAsync (MoeRoute offsets)"));
+  return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+absl::Status CudaBackend::GroupedLinear(const GroupedLinearParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  if (p.num_groups == 0) return Enter();
+  const DType dtype = p.groups[0].w.dtype;
+  if (!SupportsOp(Op::kGroupedLinear, dtype)) return UnsupportedWeights(name_, Op::kGroupedLinear, dtype);
+  if (!FitsInt({p.rows, p.in, p.out, p.num_groups})) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": GroupedLinear dimensions exceed cuBLAS's int range: ",
+                                                 p.rows, "x", p.in, "x", p.out));
+  }
+  RETURN_IF_ERROR(Enter());
+  if (p.out == 0) return absl::OkStatus();
+  if (p.in == 0) {
+    // Empty products (cuBLAS rejects k = 0 with lda = 0): y = 0 on the groups' rows, or unchanged.
+    for (int64_t g = 0; g < p.num_groups && !p.accumulate; ++g) {
+      const GroupedLinearParams::Group& group = p.groups[g];
+      RETURN_IF_ERROR(Check(cudaMemsetAsync(p.y + group.begin * p.out, 0,
+                                            static_cast<size_t>(group.count * p.out) * sizeof(float), stream_),
+                            "cudaMemsetAsync"));
+    }
+    return absl::OkStatus();
+  }
+  // Each group is one problem of its own shape: row-major y[count, out] = x[count, in] . w[out, in]^T
+  // is, column-major, y^T[out, count] = op_T(w^T[in, out]) . x^T[in, count] (Linear's layout).
+  GroupedGemm& gg = grouped_;
+  gg.Clear();
+  int problems = 0;
+  for (int64_t g = 0; g < p.num_groups; ++g) problems += p.groups[g].count > 0 ? 1 : 0;
+  if (problems == 0) return absl::OkStatus();
+  const size_t n = static_cast<size_t>(problems);
+  gg.pointers.resize(3 * n);
+  size_t at = 0;
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    const GroupedLinearParams::Group& group = p.groups[g];
+    if (group.count == 0) continue;
+    gg.trans_a.push_back(CUBLAS_OP_T);
+    gg.trans_b.push_back(CUBLAS_OP_N);
+    gg.m.push_back(static_cast<int>(p.out));
+    gg.n.push_back(static_cast<int>(group.count));
+    gg.k.push_back(static_cast<int>(p.in));
+    gg.lda.push_back(static_cast<int>(p.in));
+    gg.ldb.push_back(static_cast<int>(p.in));
+    gg.ldc.push_back(static_cast<int>(p.out));
+    gg.size.push_back(1);
+    gg.alpha.push_back(1.0f);
+    gg.beta.push_back(p.accumulate ? 1.0f : 0.0f);
+    gg.pointers[at] = group.w.data;
+    gg.pointers[n + at] = p.x + group.begin * p.in;
+    gg.pointers[2 * n + at] = p.y + group.begin * p.out;
+    ++at;
+  }
+  const size_t pointer_bytes = gg.pointers.size() * sizeof(void*);
+  RETURN_IF_ERROR(Grow(grouped_pointers_, pointer_bytes));
+  // From pageable memory: staged before the call returns, so gg.pointers may change afterwards.
+  // (A copy, so GroupedLinear cannot be recorded into a graph; MoE steps never are.)
+  RETURN_IF_ERROR(Check(cudaMemcpyAsync(grouped_pointers_.as<void>(), gg.pointers.data(), pointer_bytes,
+                                        cudaMemcpyHostToDevice, stream_),
+                        "cudaMemcpyAsync (GroupedLinear pointers)"));
+  void** dev = grouped_pointers_.as<void*>();
+  return CheckBlas(cublasGemmGroupedBatchedEx(blas_, gg.trans_a.data(), gg.trans_b.data(), gg.m.data(), gg.n.data(),
+                                              gg.k.data(), gg.alpha.data(), dev, CUDA_R_32F, gg.lda.data(),
+                                              dev + problems, CUDA_R_32F, gg.ldb.data(), gg.beta.data(),
+                                              dev + 2 * problems, CUDA_R_32F, gg.ldc.data(), problems,
+                                              gg.size.data(), CUBLAS_COMPUTE_32F),
+                   "cublasGemmGroupedBatchedEx");
 }
 
 absl::Status CudaBackend::Zero(const ZeroParams& p) {

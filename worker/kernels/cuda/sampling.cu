@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "worker/kernels/cuda/ops.cuh"
+#include "worker/kernels/cuda/workspace.cuh"
 #include "worker/kernels/shared/sampling_math.h"
 
 namespace shardserve::kernels::cuda {
@@ -14,13 +15,10 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kPickThreads = 256;
 constexpr int64_t kMaxGrid = 65535;
-constexpr size_t kAlign = 256;
 
 unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
 
-size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// The workspace, carved in this order (each part aligned to kAlign bytes).
+// The workspace, carved in this order (WorkspaceCarver: each part aligned).
 struct Workspace {
   float* keys = nullptr;      // [rows, stride] the sorted logits (a row's first `width`)
   int32_t* ids_in = nullptr;  // [rows, stride] 0 .. width - 1 per sorted row
@@ -36,20 +34,15 @@ struct Workspace {
 Workspace Carve(const SampleRowsParams& p, char* base, size_t temp_bytes) {
   const size_t items = static_cast<size_t>(p.rows * p.stride);
   Workspace w;
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    char* ptr = base == nullptr ? nullptr : base + at;
-    at += AlignUp(bytes);
-    return ptr;
-  };
-  w.keys = reinterpret_cast<float*>(take(items * sizeof(float)));
-  w.ids_in = reinterpret_cast<int32_t*>(take(items * sizeof(int32_t)));
-  w.ids = reinterpret_cast<int32_t*>(take(items * sizeof(int32_t)));
-  w.begin = reinterpret_cast<int*>(take(static_cast<size_t>(p.rows) * sizeof(int)));
-  w.end = reinterpret_cast<int*>(take(static_cast<size_t>(p.rows) * sizeof(int)));
-  w.temp = take(temp_bytes);
+  WorkspaceCarver carve(base);
+  w.keys = carve.Take<float>(items);
+  w.ids_in = carve.Take<int32_t>(items);
+  w.ids = carve.Take<int32_t>(items);
+  w.begin = carve.Take<int>(static_cast<size_t>(p.rows));
+  w.end = carve.Take<int>(static_cast<size_t>(p.rows));
+  w.temp = carve.Take<char>(temp_bytes);
   w.temp_bytes = temp_bytes;
-  w.total = at;
+  w.total = carve.total();
   return w;
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "worker/kernels/shared/moe_routing.h"
 #include "worker/kernels/shared/row_math.h"
 
 namespace shardserve::kernels {
@@ -122,6 +123,38 @@ SHARDSERVE_HD void RouteSoftmaxGroupLimited(const float* logits, float* scratch,
   }
   TopKIndices(probs, num_experts, k, experts);
   for (int j = 0; j < k; ++j) weights[j] = probs[experts[j]] * scaling;
+}
+
+// The floats of scratch RouteToken needs for `r`.
+SHARDSERVE_HD int RouteTokenScratch(const MoeRouting& r) {
+  const bool grouped =
+      r.scoring == MoeRouteScoring::kSigmoidGrouped || r.scoring == MoeRouteScoring::kSoftmaxGroupLimited;
+  return r.num_experts + (grouped ? r.n_group : 0);
+}
+
+// One token's routing by `r` (validated by the caller): its top_k experts (each in
+// [0, num_experts), distinct) and their weights, by the rule r.scoring names. logits:
+// [num_experts]; bias: [num_experts] or null (kSigmoidGrouped only); scratch:
+// [RouteTokenScratch(r)]; experts, weights: [top_k]. The one dispatch the CPU backend's MoeRoute
+// and the CUDA kernel share.
+SHARDSERVE_HD void RouteToken(const MoeRouting& r, const float* logits, const float* bias, float* scratch,
+                              int* experts, float* weights) {
+  switch (r.scoring) {
+    case MoeRouteScoring::kSoftmaxTopK:
+      RouteTopK(logits, scratch, r.num_experts, r.top_k, r.renormalize, experts, weights);
+      return;
+    case MoeRouteScoring::kSigmoidTopK:
+      RouteSigmoidTopK(logits, r.num_experts, r.top_k, experts, weights);
+      return;
+    case MoeRouteScoring::kSigmoidGrouped:
+      RouteSigmoidGrouped(logits, bias, scratch, r.num_experts, r.top_k, r.n_group, r.topk_group, r.renormalize,
+                          r.scaling, experts, weights);
+      return;
+    case MoeRouteScoring::kSoftmaxGroupLimited:
+      RouteSoftmaxGroupLimited(logits, scratch, r.num_experts, r.top_k, r.n_group, r.topk_group, r.scaling, experts,
+                               weights);
+      return;
+  }
 }
 
 }  // namespace shardserve::kernels

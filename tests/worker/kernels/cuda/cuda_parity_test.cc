@@ -1,7 +1,8 @@
 // CUDA vs CPU parity for every op of backend.h, in the manner of llama.cpp's test-backend-ops:
 // the same random inputs (fixed seeds) go through both backends, created through the registry, and
 // the CUDA result must match the CPU oracle within a tolerance relative to the largest reference
-// magnitude. Tests that need a device skip without one (label gpu).
+// magnitude. Tests that need a device skip without one (label gpu). The fixture is in
+// cuda_parity_fixture.h; MoE ops are in cuda_moe_parity_test.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,32 +16,12 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "common/tensor/dtype.h"
+#include "tests/worker/kernels/cuda/cuda_parity_fixture.h"
 #include "worker/kernels/backend.h"
 #include "worker/kernels/registry.h"
 
 namespace shardserve::kernels {
 namespace {
-
-// Index of each backend in the arrays below; the CPU one is the reference.
-constexpr int kRef = 0;
-constexpr int kGpu = 1;
-constexpr int kSides = 2;
-
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<int32_t> RandomInts(size_t n, uint32_t seed, int32_t lo, int32_t hi) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(lo, hi);
-  std::vector<int32_t> v(n);
-  for (int32_t& x : v) x = dist(rng);
-  return v;
-}
 
 // `count` distinct values from [0, n), in random order.
 std::vector<int32_t> DistinctRows(int32_t n, size_t count, uint32_t seed) {
@@ -67,95 +48,6 @@ std::vector<float> Widen(DType dtype, const std::vector<uint16_t>& bits) {
   }
   return values;
 }
-
-// Every element within rtol * max|want| (plus a tiny atol for all-zero references), and a normalised
-// mean squared error (test-backend-ops' nmse) far below that.
-void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rtol = 1e-4f,
-                 double max_nmse = 1e-8) {
-  ASSERT_EQ(got.size(), want.size());
-  float max_ref = 0.f;
-  for (float w : want) max_ref = std::max(max_ref, std::fabs(w));
-  const float tol = rtol * max_ref + 1e-6f;
-  double err2 = 0, ref2 = 0;
-  size_t worst = 0;
-  float worst_diff = 0.f;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << "element " << i << " is " << got[i];
-    const float diff = std::fabs(got[i] - want[i]);
-    if (diff > worst_diff) {
-      worst_diff = diff;
-      worst = i;
-    }
-    err2 += static_cast<double>(diff) * diff;
-    ref2 += static_cast<double>(want[i]) * want[i];
-  }
-  EXPECT_LE(worst_diff, tol) << "worst element " << worst << ": got " << got[worst] << ", want " << want[worst]
-                             << " (max |ref| " << max_ref << ")";
-  if (ref2 > 0) {
-    EXPECT_LE(err2 / ref2, max_nmse) << "nmse";
-  }
-}
-
-class CudaParityTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-    auto cpu = CreateBackend({.kind = DeviceKind::kCpu});
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    auto gpu = CreateBackend({.kind = DeviceKind::kCuda, .device_index = 0});
-    ASSERT_TRUE(gpu.ok()) << gpu.status();
-    owned_[kRef] = std::move(cpu).value();
-    owned_[kGpu] = std::move(gpu).value();
-  }
-
-  Backend& backend(int side) { return *owned_[side]; }
-
-  // The same host data in each backend's memory.
-  template <typename T>
-  struct Mirrored {
-    DeviceBuffer buf[kSides];
-    size_t n = 0;
-    T* at(int side) const { return buf[side].as<T>(); }
-  };
-
-  template <typename T>
-  Mirrored<T> Mirror(const std::vector<T>& host) {
-    Mirrored<T> m;
-    m.n = host.size();
-    for (int side = 0; side < kSides; ++side) {
-      // At least one element, so that zero-sized ops still get non-null pointers.
-      auto buf = backend(side).Allocate(std::max<size_t>(1, host.size()) * sizeof(T));
-      EXPECT_TRUE(buf.ok()) << buf.status();
-      if (!buf.ok()) return m;
-      m.buf[side] = std::move(buf).value();
-      EXPECT_TRUE(backend(side).CopyToDevice(m.buf[side].template as<T>(), host.data(), host.size() * sizeof(T)).ok());
-    }
-    return m;
-  }
-
-  template <typename T>
-  std::vector<T> Read(const Mirrored<T>& m, int side) {
-    std::vector<T> host(m.n);
-    EXPECT_TRUE(backend(side).CopyToHost(host.data(), m.at(side), m.n * sizeof(T)).ok());
-    return host;
-  }
-
-  // Runs `op(backend, side)` on both backends; each must succeed.
-  template <typename Op>
-  void RunBoth(Op op) {
-    for (int side = 0; side < kSides; ++side) {
-      const absl::Status st = op(backend(side), side);
-      ASSERT_TRUE(st.ok()) << backend(side).name() << ": " << st;
-    }
-    ASSERT_TRUE(backend(kGpu).Synchronize().ok());
-  }
-
-  void ExpectMirrorsClose(const Mirrored<float>& m, float rtol = 1e-4f, double max_nmse = 1e-8) {
-    ExpectClose(Read(m, kGpu), Read(m, kRef), rtol, max_nmse);
-  }
-
-  std::unique_ptr<Backend> owned_[kSides];
-};
 
 TEST_F(CudaParityTest, Embedding) {
   const int64_t vocab = 50, hidden = 72, tokens = 13;
