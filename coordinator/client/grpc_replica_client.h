@@ -42,6 +42,9 @@ class GrpcReplicaClient final : public ReplicaClient {
   struct Options {
     std::string address;                             // stage 0's host:port, for messages
     absl::Duration step_timeout = absl::Seconds(60);  // bound on one Step, > 0
+    // How long Step polls for its answer before it sleeps (common/concurrency/spin.h): an answer
+    // within it is taken without a thread wake-up. 0 = sleep at once.
+    absl::Duration answer_spin = absl::Microseconds(200);
   };
 
   // `channel` to the stage-0 worker (shared: channels are cheap to share and reuse).

@@ -11,6 +11,7 @@
 #ifndef SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 #define SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -50,6 +51,10 @@ struct WorkerOptions {
   // refused with RESOURCE_EXHAUSTED. >= 1.
   size_t stream_buffer_bytes = size_t{1} << 30;
   std::chrono::milliseconds expert_call_timeout{30000};  // deadline of a stage's calls to expert hosts
+  // How long the idle stage thread polls for the next micro-batch before it sleeps
+  // (common/concurrency/spin.h): a micro-batch arriving within it starts without a thread wake-up.
+  // 0 = sleep at once.
+  std::chrono::microseconds stage_spin{200};
   WorkerMetrics* metrics = nullptr;  // optional, not owned; must outlive the server
   // Bytes each device offers the planner at most (0 = what it has free).
   int64_t memory_per_device = 0;
@@ -170,6 +175,8 @@ class WorkerServer {
   mutable Mutex mu_;
   CondVar jobs_cv_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // jobs_.size(), readable without mu_: what the idle stage thread polls before it sleeps.
+  std::atomic<size_t> queued_jobs_{0};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   WorkerStatusSnapshot status_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);  // replaced when a new assignment is loaded
