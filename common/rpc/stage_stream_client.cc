@@ -1,54 +1,13 @@
 #include "common/rpc/stage_stream_client.h"
 
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "common/rpc/internal/reaper.h"
 
 namespace shardserve::rpc {
-namespace {
-
-// Destroys finished clients off gRPC's threads. A client's ClientContext holds a reference to its
-// channel, and dropping the last reference to a channel on one of gRPC's callback threads (as
-// destroying the client inside OnDone could) releases the callback completion queue from its own
-// thread, which gRPC's C++ library does not survive. So OnDone hands the client's self-reference
-// here, and one long-lived thread drops it.
-class Reaper {
- public:
-  static Reaper& Get() {
-    static Reaper* const reaper = new Reaper();  // never destroyed: its thread may outlive main()
-    return *reaper;
-  }
-  void Dispose(std::shared_ptr<StageStreamClient> client) {
-    MutexLock lock(&mu_);
-    queue_.push_back(std::move(client));
-    cv_.Signal();
-  }
-
- private:
-  Reaper() {
-    std::thread([this] { Run(); }).detach();
-  }
-  void Run() {
-    for (;;) {
-      std::vector<std::shared_ptr<StageStreamClient>> batch;
-      {
-        MutexLock lock(&mu_);
-        while (queue_.empty()) cv_.Wait(&mu_);
-        batch.swap(queue_);
-      }
-      batch.clear();  // destroyed here, without the lock
-    }
-  }
-
-  Mutex mu_;
-  CondVar cv_;
-  std::vector<std::shared_ptr<StageStreamClient>> queue_ ABSL_GUARDED_BY(mu_);
-};
-
-}  // namespace
 
 StageStreamClient::StageStreamClient(std::shared_ptr<grpc::Channel> channel, Options options)
     : options_(std::move(options)), channel_(std::move(channel)), stub_(v1::Stage::NewStub(channel_)) {}
@@ -238,7 +197,7 @@ void StageStreamClient::OnDone(const grpc::Status& status) {
     self = std::move(self_);
   }
   // `self` may be the last reference: the client is destroyed on the reaper's thread.
-  Reaper::Get().Dispose(std::move(self));
+  internal::DisposeOffGrpcThreads(std::move(self));
 }
 
 }  // namespace shardserve::rpc

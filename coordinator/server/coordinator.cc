@@ -138,9 +138,14 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   if (factory == nullptr) {
     factory = [timeout = options.step_timeout, creds = sec.InternalChannelCredentials(security::Role::kWorker)](
                   const ReplicaEndpoint& e) -> absl::StatusOr<std::unique_ptr<ReplicaClient>> {
+      // With several stages the last one answers on a return stream of its own (stage.proto).
+      std::shared_ptr<grpc::Channel> last;
+      if (!e.last_address.empty() && e.last_address != e.stage0_address) {
+        last = grpc::CreateChannel(e.last_address, creds);
+      }
       return std::make_unique<GrpcReplicaClient>(
-          grpc::CreateChannel(e.stage0_address, creds),
-          GrpcReplicaClient::Options{.address = e.stage0_address, .step_timeout = timeout});
+          grpc::CreateChannel(e.stage0_address, creds), std::move(last),
+          GrpcReplicaClient::Options{.address = e.stage0_address, .last_address = e.last_address, .step_timeout = timeout});
     };
   }
   ClusterOptions co;

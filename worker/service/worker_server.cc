@@ -193,10 +193,85 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   int outstanding_jobs_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// The coordinator's return stream from this worker (Stage.AnswerStream): registered in the worker's
+// AnswerRoutes under its route while open; answers pushed by the last stage are written one at a
+// time, in the order pushed. Ends when the coordinator cancels it, a write fails, or the server
+// shuts down; an answer pushed after that is refused (and goes up the StepStreams instead).
+class AnswerStreamReactor final : public grpc::ServerWriteReactor<v1::StepResponse>, public AnswerRoutes::Sink {
+ public:
+  AnswerStreamReactor(WorkerServer* server, std::string route) : server_(server), route_(std::move(route)) {
+    if (absl::Status st = server_->answer_routes().Add(route_, this); !st.ok()) {
+      MutexLock lock(&mu_);
+      FinishLocked(ToGrpcStatus(st));
+      return;
+    }
+    registered_ = true;
+  }
+
+  bool Push(v1::StepResponse& response) override {
+    MutexLock lock(&mu_);
+    if (finished_) return false;
+    pending_.push_back(std::move(response));
+    if (!writing_) WriteNextLocked();
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "a write to the return stream failed"));
+    } else if (!pending_.empty() && !finished_) {
+      WriteNextLocked();
+    }
+  }
+
+  void OnCancel() override {
+    MutexLock lock(&mu_);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    // After Remove no Push runs (AnswerRoutes' contract), so the reactor can go.
+    if (registered_) server_->answer_routes().Remove(route_, this);
+    delete this;
+  }
+
+ private:
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    current_ = std::move(pending_.front());
+    pending_.pop_front();
+    if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("tx", "coordinator", current_.ByteSizeLong());
+    writing_ = true;
+    StartWrite(&current_);
+  }
+  void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    pending_.clear();  // their steps fail at the coordinator when this stream ends
+    Finish(std::move(status));
+  }
+
+  WorkerServer* const server_;
+  const std::string route_;
+  bool registered_ = false;  // set by the constructor only
+  Mutex mu_;
+  std::deque<v1::StepResponse> pending_ ABSL_GUARDED_BY(mu_);
+  v1::StepResponse current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // A stream refused before any message is read (its caller lacks the role).
 class RejectedStepStream final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
  public:
   explicit RejectedStepStream(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+class RejectedAnswerStream final : public grpc::ServerWriteReactor<v1::StepResponse> {
+ public:
+  explicit RejectedAnswerStream(grpc::Status status) { Finish(std::move(status)); }
   void OnDone() override { delete this; }
 };
 
@@ -210,6 +285,14 @@ class StageServiceImpl final : public v1::Stage::CallbackService {
       return new RejectedStepStream(std::move(st));
     }
     return new StepStreamReactor(server_);
+  }
+  grpc::ServerWriteReactor<v1::StepResponse>* AnswerStream(grpc::CallbackServerContext* ctx,
+                                                           const v1::AnswerStreamRequest* request) override {
+    // Only the coordinator takes answers.
+    if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kCoordinator}); !st.ok()) {
+      return new RejectedAnswerStream(std::move(st));
+    }
+    return new AnswerStreamReactor(server_, request->route());
   }
 
  private:
@@ -571,7 +654,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
                                                                          .next_address = a.next_address(),
                                                                          .metrics = options_.metrics,
                                                                          .remote_experts = std::move(remote),
-                                                                         .peer_credentials = options_.peer_credentials});
+                                                                         .peer_credentials = options_.peer_credentials,
+                                                                         .answer_routes = &answer_routes_});
 }
 
 void WorkerServer::Load(v1::Assignment a) {

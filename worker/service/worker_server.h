@@ -3,6 +3,9 @@
 // service (experts it hosts for other workers' stages) — and the state its heartbeats report.
 // An assignment makes the worker either a pipeline stage or an expert host.
 //
+// Stage.AnswerStream: the coordinator's return stream, where the last stage writes direct answers
+// (stage.proto; answer_routes.h).
+//
 // Threads: gRPC reactions only validate and enqueue. One stage thread runs micro-batches in
 // arrival order on the loaded StageRuntime (which owns the rank threads); it does not wait for
 // the next stage's answer, which the runtime's link reader relays (pipelining); one loader thread at a
@@ -30,6 +33,7 @@
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/expert.grpc.pb.h"
 #include "shardserve/v1/stage.grpc.pb.h"
+#include "worker/service/answer_routes.h"
 #include "worker/service/stream_budget.h"
 #include "worker/engine/expert_host.h"
 #include "worker/kernels/backend.h"
@@ -98,7 +102,7 @@ class WorkerServer {
   // The services to register on the worker's grpc::Server; owned by this object. On a TLS port
   // each call checks its caller's role (security::CheckPeerRole): Worker.Assign only from the
   // coordinator, Stage.StepStream from the coordinator (stage 0) or a worker (the previous stage),
-  // Expert.Compute only from workers.
+  // Stage.AnswerStream only from the coordinator, Expert.Compute only from workers.
   grpc::Service* worker_service();
   grpc::Service* stage_service();
   grpc::Service* expert_service();
@@ -126,6 +130,9 @@ class WorkerServer {
   WorkerMetrics* metrics() const { return options_.metrics; }
   // The budget every stage stream of this worker charges (stream_budget.h).
   StreamBudget& stream_budget() { return stream_budget_; }
+  // The coordinator's return streams open on this worker (Stage.AnswerStream), where its last
+  // stage writes direct answers (answer_routes.h).
+  AnswerRoutes& answer_routes() { return answer_routes_; }
 
   // Expert.Compute: UNAVAILABLE when this worker hosts no experts, NOT_FOUND for an expert it does
   // not host, INVALID_ARGUMENT for a malformed request.
@@ -168,6 +175,7 @@ class WorkerServer {
 
   const WorkerOptions options_;
   StreamBudget stream_budget_{options_.stream_buffer_bytes};
+  AnswerRoutes answer_routes_;  // before the services and runtimes that use it
   std::unique_ptr<grpc::Service> worker_service_;
   std::unique_ptr<grpc::Service> stage_service_;
   std::unique_ptr<grpc::Service> expert_service_;

@@ -1,0 +1,146 @@
+#include "common/rpc/answer_stream_client.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+#include "common/rpc/internal/reaper.h"
+
+namespace shardserve::rpc {
+
+AnswerStreamClient::AnswerStreamClient(std::shared_ptr<grpc::Channel> channel, std::string route, Options options)
+    : options_(std::move(options)),
+      route_(std::move(route)),
+      channel_(std::move(channel)),
+      stub_(v1::Stage::NewStub(channel_)) {
+  request_.set_route(route_);
+}
+
+std::shared_ptr<AnswerStreamClient> AnswerStreamClient::Open(std::shared_ptr<grpc::Channel> channel,
+                                                             std::string route, Options options) {
+  std::shared_ptr<AnswerStreamClient> client(
+      new AnswerStreamClient(std::move(channel), std::move(route), std::move(options)));
+  client->Start();
+  return client;
+}
+
+void AnswerStreamClient::Start() {
+  {
+    MutexLock lock(&mu_);
+    self_ = shared_from_this();  // gRPC uses the reactor until OnDone
+  }
+  stub_->async()->AnswerStream(&context_, &request_, this);
+  // Every later operation starts inside a reaction (the read chain), so no hold is needed.
+  StartRead(&read_);
+  StartCall();
+}
+
+absl::Status AnswerStreamClient::Expect(uint64_t step_id, Answer& answer) {
+  MutexLock lock(&mu_);
+  if (closing_) {
+    return absl::UnavailableError(absl::StrCat(options_.peer, " ", problem_.empty() ? "is closed" : problem_));
+  }
+  if (!waiting_.try_emplace(step_id, std::move(answer)).second) {  // moves only if inserted
+    return absl::InvalidArgumentError(
+        absl::StrCat("step_id ", step_id, " is already awaited on the ", options_.peer));
+  }
+  return absl::OkStatus();
+}
+
+bool AnswerStreamClient::Forget(uint64_t step_id) {
+  MutexLock lock(&mu_);
+  return waiting_.erase(step_id) > 0;
+}
+
+void AnswerStreamClient::Close(const std::string& why) {
+  {
+    MutexLock lock(&mu_);
+    closing_ = true;
+    if (cancelled_ || done_) return;
+    cancelled_ = true;
+    problem_ = absl::StrCat("closed: ", why);
+  }
+  context_.TryCancel();
+}
+
+bool AnswerStreamClient::closing() {
+  MutexLock lock(&mu_);
+  return closing_;
+}
+
+bool AnswerStreamClient::WaitDone(absl::Duration timeout) {
+  const bool forever = timeout == absl::InfiniteDuration();
+  const absl::Time deadline = forever ? absl::InfiniteFuture() : absl::Now() + timeout;
+  MutexLock lock(&mu_);
+  while (!done_) {
+    if (forever) {
+      done_cv_.Wait(&mu_);
+    } else if (done_cv_.WaitWithDeadline(&mu_, deadline) && !done_) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void AnswerStreamClient::OnReadDone(bool ok) {
+  if (!ok) {
+    // The call is ending: OnDone follows with its status and fails what is still awaited.
+    MutexLock lock(&mu_);
+    closing_ = true;
+    return;
+  }
+  if (options_.on_received) options_.on_received(read_.ByteSizeLong());
+  Answer answer;
+  {
+    MutexLock lock(&mu_);
+    auto it = waiting_.find(read_.step_id());
+    if (it != waiting_.end()) {
+      answer = std::move(it->second);
+      waiting_.erase(it);
+    }
+  }
+  if (answer != nullptr) {
+    v1::StepResponse response = std::move(read_);
+    read_.Clear();
+    // Inside this reaction the call cannot end, so the client is alive while `answer` runs.
+    answer(std::move(response));
+  } else {
+    read_.Clear();  // its step was settled another way
+  }
+  StartRead(&read_);
+}
+
+void AnswerStreamClient::OnDone(const grpc::Status& status) {
+  absl::flat_hash_map<uint64_t, Answer> waiting;
+  std::string problem;
+  {
+    MutexLock lock(&mu_);
+    closing_ = true;
+    if (!cancelled_) {
+      problem_ = status.ok() ? "closed the stream" : "ended the stream";
+      if (!status.ok()) {
+        absl::StrAppend(&problem_, ": ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                        ": ", status.error_message());
+      }
+    }
+    problem = problem_;
+    waiting = std::move(waiting_);
+    waiting_.clear();
+  }
+  if (!waiting.empty()) {
+    LOG(WARNING) << options_.peer << " " << problem << "; " << waiting.size() << " micro-batch(es) awaited fail";
+  }
+  const absl::Status failed = absl::UnavailableError(absl::StrCat(options_.peer, " ", problem));
+  for (auto& [step_id, answer] : waiting) answer(failed);
+  std::shared_ptr<AnswerStreamClient> self;
+  {
+    MutexLock lock(&mu_);
+    done_ = true;
+    done_cv_.SignalAll();
+    self = std::move(self_);
+  }
+  // `self` may be the last reference: the client is destroyed on the reaper's thread.
+  internal::DisposeOffGrpcThreads(std::move(self));
+}
+
+}  // namespace shardserve::rpc
