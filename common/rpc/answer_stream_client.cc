@@ -82,6 +82,19 @@ bool AnswerStreamClient::WaitDone(absl::Duration timeout) {
   return true;
 }
 
+bool AnswerStreamClient::unimplemented() {
+  MutexLock lock(&mu_);
+  return unimplemented_;
+}
+
+void AnswerStreamClient::OnReadInitialMetadataDone(bool ok) {
+  // (A refused stream's trailers-only answer also completes this read, without the key.)
+  const auto& metadata = context_.GetServerInitialMetadata();
+  const bool open = ok && metadata.find(kAnswerRouteOpenKey) != metadata.end();
+  MutexLock lock(&mu_);
+  registered_ = open;
+}
+
 void AnswerStreamClient::OnReadDone(bool ok) {
   if (!ok) {
     // The call is ending: OnDone follows with its status and fails what is still awaited.
@@ -113,9 +126,12 @@ void AnswerStreamClient::OnReadDone(bool ok) {
 void AnswerStreamClient::OnDone(const grpc::Status& status) {
   absl::flat_hash_map<uint64_t, Answer> waiting;
   std::string problem;
+  bool registered = false;
+  bool cancelled = false;
   {
     MutexLock lock(&mu_);
     closing_ = true;
+    cancelled = cancelled_;
     if (!cancelled_) {
       problem_ = status.ok() ? "closed the stream" : "ended the stream";
       if (!status.ok()) {
@@ -124,10 +140,16 @@ void AnswerStreamClient::OnDone(const grpc::Status& status) {
       }
     }
     problem = problem_;
+    unimplemented_ = status.error_code() == grpc::StatusCode::UNIMPLEMENTED;
     waiting = std::move(waiting_);
     waiting_.clear();
+    registered = registered_;
   }
-  if (!waiting.empty()) {
+  if (!registered) {
+    // The peer never took answers here: they come up the StepStreams. Dropped unrun.
+    if (!status.ok() && !cancelled) LOG(WARNING) << options_.peer << " was refused: " << problem;
+    waiting.clear();
+  } else if (!waiting.empty()) {
     LOG(WARNING) << options_.peer << " " << problem << "; " << waiting.size() << " micro-batch(es) awaited fail";
   }
   const absl::Status failed = absl::UnavailableError(absl::StrCat(options_.peer, " ", problem));

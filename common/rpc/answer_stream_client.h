@@ -11,7 +11,11 @@
 //
 // Every registered callback runs at most once: with the StepResponse of its step_id, or with
 // UNAVAILABLE ("<peer> ...") when the stream ends first (closed by Close(), ended by the peer or
-// the connection); Forget() removes one without running it. Callbacks run on gRPC threads without
+// the connection) after the peer had registered it (kAnswerRouteOpenKey in its initial metadata); Forget() removes one
+// without running it. A stream that ends before the peer registered it (refused: an unknown method
+// on an older worker, a route in use, a missing role; or the peer gone) runs none: the peer never
+// wrote answers there, so they come up the StepStreams (or those fail), and the caller's own bound
+// (the step timeout) covers the rest. Callbacks run on gRPC threads without
 // any lock held, and must not block.
 //
 // Lifetime: as StageStreamClient's (Open() returns a shared reference; the client keeps itself
@@ -37,6 +41,10 @@
 #include "shardserve/v1/stage.grpc.pb.h"
 
 namespace shardserve::rpc {
+
+// The initial-metadata key (value "1") with which a worker says that it registered a return stream
+// and will write answers there.
+inline constexpr char kAnswerRouteOpenKey[] = "shardserve-answer-route-open";
 
 class AnswerStreamClient final : public grpc::ClientReadReactor<v1::StepResponse>,
                                  public std::enable_shared_from_this<AnswerStreamClient> {
@@ -76,8 +84,11 @@ class AnswerStreamClient final : public grpc::ClientReadReactor<v1::StepResponse
   bool closing();
   // Waits until gRPC has finished with the call; false when `timeout` passed first.
   bool WaitDone(absl::Duration timeout = absl::InfiniteDuration());
+  // Whether the stream ended with UNIMPLEMENTED (a peer without Stage.AnswerStream).
+  bool unimplemented();
 
   // The reactions (gRPC's).
+  void OnReadInitialMetadataDone(bool ok) override;
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
@@ -100,6 +111,8 @@ class AnswerStreamClient final : public grpc::ClientReadReactor<v1::StepResponse
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // closed by us: our reason says more than CANCELLED
   bool done_ ABSL_GUARDED_BY(mu_) = false;       // OnDone has run
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;  // the peer's initial metadata said so
+  bool unimplemented_ ABSL_GUARDED_BY(mu_) = false;
   std::string problem_ ABSL_GUARDED_BY(mu_);     // why it closed, after the peer's name
   std::shared_ptr<AnswerStreamClient> self_ ABSL_GUARDED_BY(mu_);  // alive until OnDone
 };

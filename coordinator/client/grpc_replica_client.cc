@@ -97,7 +97,13 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::Step(const StepInput& input) {
       // A closed stream finishes on its own (its OnDone fails what still waited on it).
       stream_ = rpc::StageStreamClient::Open(channel_, {.peer = absl::StrCat("stage stream to ", options_.address)});
     }
-    if (last_channel_ != nullptr && (answers_ == nullptr || answers_->closing())) {
+    if (answers_ != nullptr && answers_->closing() && answers_->unimplemented()) {
+      // A last stage without Stage.AnswerStream (an older worker): its answers relay.
+      LOG(WARNING) << "the last stage at " << options_.last_address
+                   << " has no return stream (UNIMPLEMENTED): its answers come through stage 0";
+      direct_off_ = true;
+    }
+    if (last_channel_ != nullptr && !direct_off_ && (answers_ == nullptr || answers_->closing())) {
       answers_ = rpc::AnswerStreamClient::Open(
           last_channel_, NewRoute(), {.peer = absl::StrCat("return stream from the last stage at ", options_.last_address)});
     }

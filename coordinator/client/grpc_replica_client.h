@@ -15,7 +15,9 @@
 // then brings only an acknowledgement, which is dropped, or a failure of an earlier stage) and
 // ignores whatever comes later, so each Step returns exactly one result. When the return stream
 // ends, the Steps awaiting it fail with UNAVAILABLE (the last stage may have gone with their
-// answers), and the next Step opens another.
+// answers), and the next Step opens another. A return stream the last stage refused (never
+// registered) fails nothing: those answers come through stage 0; a last stage without
+// Stage.AnswerStream (UNIMPLEMENTED) gets no more return streams from this client.
 //
 // Errors from Step: the stages' own error (StepResponse.error_code / error_message);
 // Unavailable when a stream cannot be opened or ends ("stage stream to ADDRESS ended: ...",
@@ -86,6 +88,7 @@ class GrpcReplicaClient final : public ReplicaClient {
   std::shared_ptr<rpc::StageStreamClient> stream_ ABSL_GUARDED_BY(mu_);
   // The open return stream from the last stage (with last_channel_; replaced likewise).
   std::shared_ptr<rpc::AnswerStreamClient> answers_ ABSL_GUARDED_BY(mu_);
+  bool direct_off_ ABSL_GUARDED_BY(mu_) = false;  // the last stage has no AnswerStream
 };
 
 }  // namespace shardserve::coordinator

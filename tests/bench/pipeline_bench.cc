@@ -4,7 +4,9 @@
 //   * the same model decoded in one process and as 2 pipeline stages (two worker servers on
 //     127.0.0.1, stage 0 forwarding hidden states to stage 1 over its stream);
 // and prints the per-hop overhead beside the bare round trip and the stage compute time, and PP=2
-// decode tokens/s as a fraction of one process. The per-hop overhead is the pipeline's step time
+// decode tokens/s as a fraction of one process; then the same 2 stages driven by the coordinator's
+// replica client, with the answers relayed through stage 0 and with the last stage answering on its
+// return stream (direct answers, stage.proto). The per-hop overhead is the pipeline's step time
 // minus what the two stages report as their own compute (their step-time metrics) over the same
 // steps, so that run-to-run changes in compute speed do not count as hop cost; the median of
 // several rounds is printed. Everything over gRPC runs twice in the same run: plaintext, and with
@@ -28,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/concurrency/abseil_mutex.h"
+#include "coordinator/client/grpc_replica_client.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/security/cert_authority.h"
@@ -354,6 +357,10 @@ int Run() {
     std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
     std::vector<double> step, hop, compute;
     uint64_t step_id = 0;
+    // The coordinator's client (callback API): answers relayed through stage 0, and straight from
+    // stage 1 on its return stream (stage.proto).
+    std::unique_ptr<coordinator::GrpcReplicaClient> relayed, direct;
+    std::vector<double> step_relayed, hop_relayed, step_direct, hop_direct;
   };
   std::unique_ptr<Pipeline> pipes[2];
   for (int t = 0; t < 2; ++t) {
@@ -378,6 +385,13 @@ int Run() {
     p->stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", p0),
                                                      tr.client->InternalChannelCredentials(security::Role::kWorker)));
     p->stream = p->stub->StepStream(&p->ctx);
+    const std::string a0 = absl::StrCat("127.0.0.1:", p0), a1 = absl::StrCat("127.0.0.1:", p1);
+    auto creds = tr.client->InternalChannelCredentials(security::Role::kWorker);
+    p->relayed = std::make_unique<coordinator::GrpcReplicaClient>(grpc::CreateChannel(a0, creds),
+                                                                  coordinator::GrpcReplicaClient::Options{.address = a0});
+    p->direct = std::make_unique<coordinator::GrpcReplicaClient>(
+        grpc::CreateChannel(a0, creds), grpc::CreateChannel(a1, creds),
+        coordinator::GrpcReplicaClient::Options{.address = a0, .last_address = a1});
   }
   // One round: `tokens` decode steps over the same positions (the sequence restarts at 0).
   auto round = [&](Pipeline& p) {
@@ -404,10 +418,45 @@ int Run() {
     p.hop.push_back((step - compute) / 2.0);
     return true;
   };
+  // The same through the coordinator's client; `direct`: stage 1 answers on the return stream, so a
+  // step makes three one-way trips (1.5 round trips) instead of four.
+  auto client_round = [&](Pipeline& p, bool direct) {
+    coordinator::GrpcReplicaClient& client = direct ? *p.direct : *p.relayed;
+    int32_t t = 1;
+    double start = 0, c0 = 0;
+    for (int i = 0; i < tokens + 4; ++i) {
+      if (i == 4) {
+        start = Now();
+        c0 = StepSeconds(p.m0) + StepSeconds(p.m1);
+      }
+      coordinator::StepInput in{.step_id = p.step_id++};
+      coordinator::StepSequenceInput& s = in.sequences.emplace_back();
+      for (int b = 0; b <= i / 16; ++b) s.block_ids.push_back(b);
+      s.pos_begin = i;
+      s.token_ids = {t};
+      s.sample = true;
+      s.sample_index = static_cast<uint64_t>(i);
+      absl::StatusOr<coordinator::StepOutput> out = client.Step(in);
+      if (!out.ok() || out->token_ids.size() != 1) {
+        std::fprintf(stderr, "pipeline step failed: %s\n", out.status().ToString().c_str());
+        return false;
+      }
+      t = out->token_ids[0];
+    }
+    const double step = (Now() - start) / tokens;
+    const double compute = (StepSeconds(p.m0) + StepSeconds(p.m1) - c0) / tokens;
+    (direct ? p.step_direct : p.step_relayed).push_back(step);
+    (direct ? p.hop_direct : p.hop_relayed).push_back((step - compute) / (direct ? 1.5 : 2.0));
+    return true;
+  };
   for (auto& p : pipes) {
-    if (!round(*p)) return 1;  // warm-up: the links are up after it
+    // Warm-up: the links are up after it.
+    if (!round(*p) || !client_round(*p, false) || !client_round(*p, true)) return 1;
   }
-  for (auto& p : pipes) p->step.clear(), p->hop.clear(), p->compute.clear();
+  for (auto& p : pipes) {
+    p->step.clear(), p->hop.clear(), p->compute.clear();
+    p->step_relayed.clear(), p->hop_relayed.clear(), p->step_direct.clear(), p->hop_direct.clear();
+  }
   const int64_t handshakes_before = security::InternalClientHandshakes();
   std::vector<double> hop_diff;
   for (int r = 0; r < kRounds; ++r) {
@@ -415,14 +464,19 @@ int Run() {
       if (!round(*p)) return 1;
     }
     hop_diff.push_back(pipes[1]->hop.back() - pipes[0]->hop.back());
+    for (auto& p : pipes) {
+      if (!client_round(*p, false) || !client_round(*p, true)) return 1;
+    }
   }
   const double handshakes_per_step =
-      static_cast<double>(security::InternalClientHandshakes() - handshakes_before) / (2.0 * kRounds * tokens);
+      static_cast<double>(security::InternalClientHandshakes() - handshakes_before) / (6.0 * kRounds * tokens);
   double step_pp[2], hop[2], compute_pp[2];
   for (int t = 0; t < 2; ++t) {
     step_pp[t] = Median(pipes[t]->step);
     hop[t] = Median(pipes[t]->hop);
     compute_pp[t] = Median(pipes[t]->compute);
+    pipes[t]->relayed.reset();
+    pipes[t]->direct.reset();
     pipes[t]->stream->WritesDone();
     (void)pipes[t]->stream->Finish();
     pipes[t]->w0->Shutdown();
@@ -448,6 +502,12 @@ int Run() {
                 hop[t] / rtt_decode[t], hop[t] / rtt_idle[t], compute_pp[t] * 1e3 / 2, kRounds, tokens);
     std::printf("[%s] decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", transports[t].name,
                 1 / step_one, 1 / step_pp[t], step_one / step_pp[t]);
+    const double hr = Median(pipes[t]->hop_relayed), hd = Median(pipes[t]->hop_direct);
+    std::printf("[%s] through the coordinator's replica client: decode step %.3f ms with answers relayed through "
+                "stage 0 (per hop %.1f us = %.2fx the bare round trip), %.3f ms with the last stage answering directly "
+                "(per round trip of its 3 one-way trips %.1f us = %.2fx the bare round trip)\n",
+                transports[t].name, Median(pipes[t]->step_relayed) * 1e3, hr * 1e6, hr / rtt_decode[t],
+                Median(pipes[t]->step_direct) * 1e3, hd * 1e6, hd / rtt_decode[t]);
   }
   std::printf("TLS handshakes per decode step once the links are up (both pipelines): %.3f\n", handshakes_per_step);
   // The hop includes the stage's own transport work; TLS adds record encryption both ways.

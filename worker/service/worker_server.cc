@@ -16,6 +16,7 @@
 #include "common/concurrency/spin.h"
 #include "common/log/log.h"
 #include "common/log/progress.h"
+#include "common/rpc/answer_stream_client.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/security/grpc_security.h"
@@ -194,18 +195,23 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
 };
 
 // The coordinator's return stream from this worker (Stage.AnswerStream): registered in the worker's
-// AnswerRoutes under its route while open; answers pushed by the last stage are written one at a
+// AnswerRoutes under its route while open (the initial metadata, sent once registered, tells the
+// coordinator so; a refused stream ends without it); answers pushed by the last stage are written one at a
 // time, in the order pushed. Ends when the coordinator cancels it, a write fails, or the server
 // shuts down; an answer pushed after that is refused (and goes up the StepStreams instead).
 class AnswerStreamReactor final : public grpc::ServerWriteReactor<v1::StepResponse>, public AnswerRoutes::Sink {
  public:
-  AnswerStreamReactor(WorkerServer* server, std::string route) : server_(server), route_(std::move(route)) {
+  AnswerStreamReactor(grpc::CallbackServerContext* ctx, WorkerServer* server, std::string route)
+      : server_(server), route_(std::move(route)) {
     if (absl::Status st = server_->answer_routes().Add(route_, this); !st.ok()) {
       MutexLock lock(&mu_);
       FinishLocked(ToGrpcStatus(st));
       return;
     }
     registered_ = true;
+    // Tells the coordinator that answers may come here from now on (until the stream ends).
+    ctx->AddInitialMetadata(rpc::kAnswerRouteOpenKey, "1");
+    StartSendInitialMetadata();
   }
 
   bool Push(v1::StepResponse& response) override {
@@ -292,7 +298,7 @@ class StageServiceImpl final : public v1::Stage::CallbackService {
     if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kCoordinator}); !st.ok()) {
       return new RejectedAnswerStream(std::move(st));
     }
-    return new AnswerStreamReactor(server_, request->route());
+    return new AnswerStreamReactor(ctx, server_, request->route());
   }
 
  private:

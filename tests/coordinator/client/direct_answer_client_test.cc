@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/rpc/answer_stream_client.h"
 #include "coordinator/client/grpc_replica_client.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "tests/testing/status_matchers.h"
@@ -42,6 +43,9 @@ class FakeLastStage final : public v1::Stage::Service {
       open_ = request->route();
       crashed_ = false;
     }
+    // Registered: as a worker says it.
+    ctx->AddInitialMetadata(rpc::kAnswerRouteOpenKey, "1");
+    writer->SendInitialMetadata();
     while (!ctx->IsCancelled()) {
       std::vector<v1::StepResponse> out;
       bool crashed = false;
@@ -276,6 +280,26 @@ TEST_F(DirectAnswerClientTest, AFailureBeforeTheLastStageFailsTheStepAndItsLateA
     EXPECT_THAT(out.token_ids, ElementsAre(6000 + i + 1));
   }
   EXPECT_EQ(last_.routes().size(), 1u);  // a late answer does not end the return stream
+}
+
+// A last stage that refuses return streams (here: an older worker without Stage.AnswerStream) fails
+// no step: the answers come up stage 0's stream.
+TEST_F(DirectAnswerClientTest, ALastStageWithoutReturnStreamsAnswersThroughStageZero) {
+  v1::Stage::Service bare;  // every method UNIMPLEMENTED
+  std::string bare_address;
+  std::unique_ptr<grpc::Server> bare_rpc = Serve(&bare, &bare_address);
+  ASSERT_NE(bare_rpc, nullptr);
+  auto client = std::make_unique<GrpcReplicaClient>(
+      grpc::CreateChannel(first_address_, grpc::InsecureChannelCredentials()),
+      grpc::CreateChannel(bare_address, grpc::InsecureChannelCredentials()),
+      GrpcReplicaClient::Options{.address = first_address_, .last_address = bare_address, .step_timeout = kWait});
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_OK_AND_ASSIGN(StepOutput out, client->Step(Input(static_cast<uint64_t>(i + 1), 2, i)));
+    EXPECT_THAT(out.token_ids, ElementsAre(2000 + i + 1));
+  }
+  EXPECT_EQ(last_.delivered(), 0);
+  client.reset();
+  bare_rpc->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
 }
 
 }  // namespace
