@@ -68,6 +68,11 @@ absl::Status StageStreamClient::Send(uint64_t step_id, std::vector<v1::StepReque
   return absl::OkStatus();
 }
 
+bool StageStreamClient::Forget(uint64_t step_id) {
+  MutexLock lock(&mu_);
+  return waiting_.erase(step_id) > 0;
+}
+
 void StageStreamClient::Close(const std::string& why) { Stop(why, /*cancel=*/true); }
 
 bool StageStreamClient::closing() {

@@ -121,10 +121,13 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::Step(const StepInput& input) {
     };
     // Refused when the return stream has just ended: this step's answer then comes up stage 0's.
     direct = answers->Expect(input.step_id, direct_answer).ok();
-    if (direct) messages[0].set_answer_route(answers->route());
+    if (direct) {
+      messages[0].set_answer_route(answers->route());
+      messages[0].set_omit_ack(true);  // an acknowledgement would only cost stage 0 and us a message
+    }
   }
   rpc::StageStreamClient::Answer answer = [slot](absl::StatusOr<v1::StepResponse> response) {
-    // An acknowledgement says the answer went to the return stream: that one settles the step.
+    // (Not sent with omit_ack; from a worker that ignores it, the return stream settles the step.)
     if (response.ok() && response->answered_direct()) return;
     slot->Fill(std::move(response));
   };
@@ -142,9 +145,12 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::Step(const StepInput& input) {
     while (!slot->answer.has_value() && absl::Now() < deadline) slot->cv.WaitWithDeadline(&slot->mu, deadline);
     response = std::move(slot->answer);
   }
-  // Settled by stage 0's stream (an earlier stage failed, or the last had no return stream) or not
-  // at all: a later direct answer is dropped.
-  if (direct) answers->Forget(input.step_id);
+  // Settled by one stream (or not at all): the other's answer is not awaited any more. A step
+  // answered directly gets nothing more on stage 0's stream (omit_ack), unless the pipeline breaks.
+  if (direct) {
+    answers->Forget(input.step_id);
+    stream->Forget(input.step_id);
+  }
   if (!response.has_value()) {
     const std::string why = absl::StrCat("step ", input.step_id, " timed out");
     stream->Close(why);

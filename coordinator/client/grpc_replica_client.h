@@ -12,8 +12,9 @@
 // fresh random route per stream, opened and re-opened like the other) and sends each step with
 // that route, so that the last stage answers here directly instead of through the other stages.
 // A Step takes the first full answer or error of its step_id from either stream (stage 0's stream
-// then brings only an acknowledgement, which is dropped, or a failure of an earlier stage) and
-// ignores whatever comes later, so each Step returns exactly one result. When the return stream
+// then brings nothing, as the step asks it to omit the acknowledgement, or a failure of an earlier
+// stage) and ignores whatever comes later, so each Step returns exactly one result (a failure from
+// stage 0 after the direct answer comes only from a breaking pipeline, and ends that stream). When the return stream
 // ends, the Steps awaiting it fail with UNAVAILABLE (the last stage may have gone with their
 // answers), and the next Step opens another. A return stream the last stage refused (never
 // registered) fails nothing: those answers come through stage 0; a last stage without

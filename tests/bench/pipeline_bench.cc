@@ -46,6 +46,8 @@ ABSL_FLAG(std::string, model, "", "model directory; empty = the generated 100M m
 ABSL_FLAG(std::string, scratch, "/tmp/shardserve-100m", "where the 100M model is generated");
 ABSL_FLAG(bool, bf16, false, "generate the 100M model with BF16 weights (use another --scratch)");
 ABSL_FLAG(int32_t, tokens, 64, "decode tokens to time");
+ABSL_FLAG(int32_t, stage_spin_us, 200, "how long an idle stage thread polls for the next micro-batch (WorkerOptions::stage_spin)");
+ABSL_FLAG(int32_t, answer_spin_us, 200, "how long the replica client polls for an answer (GrpcReplicaClient answer_spin)");
 ABSL_FLAG(bool, write_model_only, false, "write the 100M model into --scratch and exit (for serving_bench.py)");
 
 namespace shardserve {
@@ -367,11 +369,14 @@ int Run() {
     const Transport& tr = transports[t];
     auto& p = pipes[t];
     p = std::make_unique<Pipeline>();
-    p->w1 = std::make_unique<service::WorkerServer>(service::WorkerOptions{.cpu_ranks = 1, .metrics = &p->m1});
+    const std::chrono::microseconds stage_spin(absl::GetFlag(FLAGS_stage_spin_us));
+    p->w1 = std::make_unique<service::WorkerServer>(
+        service::WorkerOptions{.cpu_ranks = 1, .metrics = &p->m1, .stage_spin = stage_spin});
     p->w0 = std::make_unique<service::WorkerServer>(service::WorkerOptions{
         .cpu_ranks = 1,
         .metrics = &p->m0,
-        .peer_credentials = tr.worker->InternalChannelCredentials(security::Role::kWorker)});
+        .peer_credentials = tr.worker->InternalChannelCredentials(security::Role::kWorker),
+        .stage_spin = stage_spin});
     int p1 = 0, p0 = 0;
     p->s1 = Serve(p->w1->worker_service(), p->w1->stage_service(), &p1, *tr.worker);
     p->s0 = Serve(p->w0->worker_service(), p->w0->stage_service(), &p0, *tr.worker);
@@ -387,11 +392,12 @@ int Run() {
     p->stream = p->stub->StepStream(&p->ctx);
     const std::string a0 = absl::StrCat("127.0.0.1:", p0), a1 = absl::StrCat("127.0.0.1:", p1);
     auto creds = tr.client->InternalChannelCredentials(security::Role::kWorker);
-    p->relayed = std::make_unique<coordinator::GrpcReplicaClient>(grpc::CreateChannel(a0, creds),
-                                                                  coordinator::GrpcReplicaClient::Options{.address = a0});
+    const absl::Duration answer_spin = absl::Microseconds(absl::GetFlag(FLAGS_answer_spin_us));
+    p->relayed = std::make_unique<coordinator::GrpcReplicaClient>(
+        grpc::CreateChannel(a0, creds), coordinator::GrpcReplicaClient::Options{.address = a0, .answer_spin = answer_spin});
     p->direct = std::make_unique<coordinator::GrpcReplicaClient>(
         grpc::CreateChannel(a0, creds), grpc::CreateChannel(a1, creds),
-        coordinator::GrpcReplicaClient::Options{.address = a0, .last_address = a1});
+        coordinator::GrpcReplicaClient::Options{.address = a0, .last_address = a1, .answer_spin = answer_spin});
   }
   // One round: `tokens` decode steps over the same positions (the sequence restarts at 0).
   auto round = [&](Pipeline& p) {

@@ -120,10 +120,16 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
         ++outstanding_jobs_;
       }
       const size_t job_bytes = std::exchange(assembling_bytes_, 0);
+      v1::StepRequest request = assembler_.Take();
+      const bool omit_ack = request.omit_ack() && !request.answer_route().empty();
       // Released before the answer is delivered: once delivered, the stream may end and go.
-      server_->Enqueue(assembler_.Take(), [this, budget = &budget_, job_bytes](v1::StepResponse r) {
+      server_->Enqueue(std::move(request), [this, budget = &budget_, job_bytes, omit_ack](v1::StepResponse r) {
         budget->Release(job_bytes);
-        Deliver(std::move(r), /*from_job=*/true);
+        if (omit_ack && r.answered_direct()) {
+          Complete();  // the sender has the answer from the return stream
+        } else {
+          Deliver(std::move(r), /*from_job=*/true);
+        }
       });
     }
     if (assembling_bytes_ == 0) {
@@ -156,6 +162,12 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   void DropAssembly() {
     assembler_ = ChunkAssembler(kMaxAssembledBytes);
     budget_.Release(std::exchange(assembling_bytes_, 0));
+  }
+  // A job answered without a message on this stream.
+  void Complete() {
+    MutexLock lock(&mu_);
+    --outstanding_jobs_;
+    MaybeFinishLocked();
   }
   void Deliver(v1::StepResponse response, bool from_job) {
     MutexLock lock(&mu_);

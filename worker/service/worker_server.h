@@ -55,10 +55,6 @@ struct WorkerOptions {
   // refused with RESOURCE_EXHAUSTED. >= 1.
   size_t stream_buffer_bytes = size_t{1} << 30;
   std::chrono::milliseconds expert_call_timeout{30000};  // deadline of a stage's calls to expert hosts
-  // How long the idle stage thread polls for the next micro-batch before it sleeps
-  // (common/concurrency/spin.h): a micro-batch arriving within it starts without a thread wake-up.
-  // 0 = sleep at once.
-  std::chrono::microseconds stage_spin{200};
   WorkerMetrics* metrics = nullptr;  // optional, not owned; must outlive the server
   // Bytes each device offers the planner at most (0 = what it has free).
   int64_t memory_per_device = 0;
@@ -70,6 +66,10 @@ struct WorkerOptions {
   // Credentials of this worker's channels to other workers (the next stage, expert hosts): mutual
   // TLS expecting the `worker` role when the cluster runs TLS. Null = plaintext.
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
+  // How long the idle stage thread polls for the next micro-batch before it sleeps
+  // (common/concurrency/spin.h): a micro-batch arriving within it starts without a thread wake-up.
+  // 0 = sleep at once.
+  std::chrono::microseconds stage_spin{200};
 };
 
 // The free bytes a CUDA device with `total_bytes` and `free_bytes` offers when this worker may fill

@@ -143,20 +143,22 @@ class FakeFirstStage final : public v1::Stage::Service {
       v1::StepResponse ack;
       ack.set_step_id(req.step_id());
       ack.set_answered_direct(true);
-      v1::StepResponse up = answer;
+      // What goes up this stream: the answer, an error, an acknowledgement (unless omitted), or nothing.
+      std::optional<v1::StepResponse> up = answer;
       if (req.step_id() == lose) {
         up = ack;  // the last stage took the step and died with its answer
         last_->Crash();
       } else if (req.step_id() == fail) {
-        up.Clear();
-        up.set_step_id(req.step_id());
-        up.set_error_code(static_cast<int>(grpc::StatusCode::UNAVAILABLE));
-        up.set_error_message("next stage at 10.0.0.9:7100 ended the stream");
+        up->Clear();
+        up->set_step_id(req.step_id());
+        up->set_error_code(static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+        up->set_error_message("next stage at 10.0.0.9:7100 ended the stream");
         late.emplace(req.answer_route(), answer);
       } else if (last_->Deliver(req.answer_route(), answer)) {
         up = ack;
       }
-      if (!stream->Write(up)) break;
+      if (up.has_value() && up->answered_direct() && req.omit_ack()) up.reset();
+      if (up.has_value() && !stream->Write(*up)) break;
     }
     return grpc::Status::OK;
   }
@@ -244,7 +246,10 @@ TEST_F(DirectAnswerClientTest, TheAnswerComesFromTheLastStagesReturnStream) {
   }
   EXPECT_EQ(last_.delivered() - before, 5);
   const std::vector<v1::StepRequest> sent = first_.requests();
-  for (size_t i = sent.size() - 5; i < sent.size(); ++i) EXPECT_EQ(sent[i].answer_route(), route);
+  for (size_t i = sent.size() - 5; i < sent.size(); ++i) {
+    EXPECT_EQ(sent[i].answer_route(), route);
+    EXPECT_TRUE(sent[i].omit_ack());  // stage 0 need not acknowledge what we have
+  }
   EXPECT_EQ(last_.routes().size(), 1u);  // one long-lived return stream
 }
 

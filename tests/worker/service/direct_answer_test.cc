@@ -115,6 +115,35 @@ TEST_F(DirectAnswerTest, GreedyTokensComeFromTheLastStagesReturnStream) {
   }
 }
 
+// With omit_ack (as the coordinator sends), stage 0's stream carries nothing for a step answered
+// directly, and the stream still ends cleanly once every step is answered.
+TEST_F(DirectAnswerTest, AnOmittedAcknowledgementIsNotWritten) {
+  auto rs = OpenReturnStream("route-o");
+  const testing::GoldenCase& gc = golden_.cases[0];
+  std::vector<int32_t> out;
+  std::vector<int32_t> next = gc.prompt_ids;
+  int pos = 0;
+  for (size_t i = 0; i < gc.greedy_ids.size(); ++i) {
+    v1::StepRequest request = Step(i + 1, 0, pos, next, i);
+    request.set_answer_route("route-o");
+    request.set_omit_ack(true);
+    ASSERT_TRUE(forward_->Write(request));
+    v1::StepResponse answer;
+    ASSERT_TRUE(rs->reader->Read(&answer));
+    ASSERT_EQ(answer.step_id(), i + 1);
+    ASSERT_EQ(answer.token_ids_size(), 1) << answer.error_message();
+    pos += static_cast<int>(next.size());
+    out.push_back(answer.token_ids(0));
+    next = {answer.token_ids(0)};
+  }
+  EXPECT_EQ(out, gc.greedy_ids);
+  forward_->WritesDone();
+  v1::StepResponse extra;
+  EXPECT_FALSE(forward_->Read(&extra)) << "step " << extra.step_id();
+  EXPECT_TRUE(forward_->Finish().ok());
+  forward_.reset();
+}
+
 TEST_F(DirectAnswerTest, ALastStagesErrorGoesToTheReturnStream) {
   auto rs = OpenReturnStream("route-e");
   // Only the last stage reads prompt_logprob_targets: one outside the vocabulary fails there.
