@@ -312,6 +312,60 @@ class Faults(unittest.TestCase):
         self.assertIn("event=failover", log)
         self.assertIn("the coordinator serves on with the workers left", log)
 
+    def kill_a_stage_while_generating(self, stage):
+        """Two replicas of two stages: the last stage answers the coordinator on its return stream
+        (direct answers). The worker of `stage` of one replica is killed (SIGKILL) while 8 clients
+        generate: the steps in flight through it fail with UNAVAILABLE, its sequences fail over to
+        the other replica, and every client still gets exactly the single-process tokens."""
+        prompts = [[1] + [250 + (17 * i + j) % 120 for j in range(2 + i % 5)] for i in range(8)]
+        n = 200
+        expected = [run_alone(STORIES, p, n) for p in prompts]
+        c = Cluster(STORIES, 4, "cpu:1", ["--replicas=2", "--pp=2", "--max_seq_len=320", "--max_slots=8"])
+        try:
+            results = [None] * 8
+
+            def client(i):
+                results[i] = c.ids(prompts[i], n)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            # Once both replicas run sequences, the worker whose metrics show it computing `stage`.
+            victim = None
+            deadline = time.time() + 60
+            while victim is None and time.time() < deadline:
+                text = urllib.request.urlopen(c.coordinator_metrics, timeout=10).read().decode()
+                running = [float(l.split()[-1]) for l in text.splitlines()
+                           if l.startswith("shardserve_coordinator_running_sequences{")]
+                if len(running) == 2 and min(running) > 0:
+                    for url in c.metrics:
+                        page = urllib.request.urlopen(url, timeout=10).read().decode()
+                        if f'shardserve_worker_step_seconds_count{{phase="decode",stage="{stage}"}}' in page:
+                            victim = url
+                            break
+                time.sleep(0.01)
+            self.assertIsNotNone(victim, f"no worker ran stage {stage}")
+            port = victim.split(":")[-1].split("/")[0]
+            ss = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
+            pid = re.search(r"pid=(\d+)", ss)
+            self.assertIsNotNone(pid, ss)
+            os.kill(int(pid.group(1)), signal.SIGKILL)
+            for t in threads:
+                t.join()
+            for i in range(8):
+                self.assertEqual(results[i], expected[i], f"client {i}")
+            self.assertEqual(c.ids(prompts[0], 8), expected[0][:8], "the cluster serves on")
+        finally:
+            c.stop()
+        log = "".join(c.stderr)
+        self.assertIn("event=failover", log)
+
+    def test_a_killed_last_stage_loses_no_request(self):
+        self.kill_a_stage_while_generating("1")
+
+    def test_a_killed_first_stage_loses_no_request(self):
+        self.kill_a_stage_while_generating("0")
+
     def test_bad_requests_are_invalid_argument(self):
         c = Cluster("tests/golden/models/llama", 1)
         try:
