@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
-#include "common/rpc/internal/reaper.h"
+#include "common/rpc/internal/call_end.h"
 
 namespace shardserve::rpc {
 
@@ -69,17 +69,8 @@ bool AnswerStreamClient::closing() {
 }
 
 bool AnswerStreamClient::WaitDone(absl::Duration timeout) {
-  const bool forever = timeout == absl::InfiniteDuration();
-  const absl::Time deadline = forever ? absl::InfiniteFuture() : absl::Now() + timeout;
   MutexLock lock(&mu_);
-  while (!done_) {
-    if (forever) {
-      done_cv_.Wait(&mu_);
-    } else if (done_cv_.WaitWithDeadline(&mu_, deadline) && !done_) {
-      return false;
-    }
-  }
-  return true;
+  return internal::WaitUntilDone(&mu_, &done_cv_, &done_, timeout);
 }
 
 bool AnswerStreamClient::unimplemented() {
@@ -132,13 +123,7 @@ void AnswerStreamClient::OnDone(const grpc::Status& status) {
     MutexLock lock(&mu_);
     closing_ = true;
     cancelled = cancelled_;
-    if (!cancelled_) {
-      problem_ = status.ok() ? "closed the stream" : "ended the stream";
-      if (!status.ok()) {
-        absl::StrAppend(&problem_, ": ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
-                        ": ", status.error_message());
-      }
-    }
+    if (!cancelled_) internal::DescribeEnd(status, &problem_);  // when we cancelled, our reason says more
     problem = problem_;
     unimplemented_ = status.error_code() == grpc::StatusCode::UNIMPLEMENTED;
     waiting = std::move(waiting_);
@@ -154,15 +139,8 @@ void AnswerStreamClient::OnDone(const grpc::Status& status) {
   }
   const absl::Status failed = absl::UnavailableError(absl::StrCat(options_.peer, " ", problem));
   for (auto& [step_id, answer] : waiting) answer(failed);
-  std::shared_ptr<AnswerStreamClient> self;
-  {
-    MutexLock lock(&mu_);
-    done_ = true;
-    done_cv_.SignalAll();
-    self = std::move(self_);
-  }
-  // `self` may be the last reference: the client is destroyed on the reaper's thread.
-  internal::DisposeOffGrpcThreads(std::move(self));
+  // Its own reference may be the last: the client is then destroyed on the reaper's thread.
+  internal::MarkDoneAndDispose(&mu_, &done_cv_, &done_, &self_);
 }
 
 }  // namespace shardserve::rpc

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
-#include "common/rpc/internal/reaper.h"
+#include "common/rpc/internal/call_end.h"
 
 namespace shardserve::rpc {
 
@@ -81,17 +81,8 @@ bool StageStreamClient::closing() {
 }
 
 bool StageStreamClient::WaitDone(absl::Duration timeout) {
-  const bool forever = timeout == absl::InfiniteDuration();
-  const absl::Time deadline = forever ? absl::InfiniteFuture() : absl::Now() + timeout;
   MutexLock lock(&mu_);
-  while (!done_) {
-    if (forever) {
-      done_cv_.Wait(&mu_);
-    } else if (done_cv_.WaitWithDeadline(&mu_, deadline) && !done_) {
-      return false;
-    }
-  }
-  return true;
+  return internal::WaitUntilDone(&mu_, &done_cv_, &done_, timeout);
 }
 
 void StageStreamClient::Stop(const std::string& why, bool cancel) {
@@ -178,13 +169,7 @@ void StageStreamClient::OnDone(const grpc::Status& status) {
     MutexLock lock(&mu_);
     closing_ = true;
     cancelled = cancelled_;
-    if (!cancelled_) {  // when we cancelled, our reason says more than CANCELLED
-      if (problem_.empty()) problem_ = status.ok() ? "closed the stream" : "ended the stream";
-      if (!status.ok()) {
-        absl::StrAppend(&problem_, ": ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
-                        ": ", status.error_message());
-      }
-    }
+    if (!cancelled_) internal::DescribeEnd(status, &problem_);  // when we cancelled, our reason says more
     problem = problem_;
     waiting = std::move(waiting_);
     waiting_.clear();
@@ -194,15 +179,8 @@ void StageStreamClient::OnDone(const grpc::Status& status) {
   }
   const absl::Status failed = absl::UnavailableError(absl::StrCat(options_.peer, " ", problem));
   for (auto& [step_id, answer] : waiting) answer(failed);
-  std::shared_ptr<StageStreamClient> self;
-  {
-    MutexLock lock(&mu_);
-    done_ = true;
-    done_cv_.SignalAll();
-    self = std::move(self_);
-  }
-  // `self` may be the last reference: the client is destroyed on the reaper's thread.
-  internal::DisposeOffGrpcThreads(std::move(self));
+  // Its own reference may be the last: the client is then destroyed on the reaper's thread.
+  internal::MarkDoneAndDispose(&mu_, &done_cv_, &done_, &self_);
 }
 
 }  // namespace shardserve::rpc

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <unistd.h>
@@ -400,8 +401,11 @@ int Run() {
         coordinator::GrpcReplicaClient::Options{.address = a0, .last_address = a1, .answer_spin = answer_spin});
   }
   // One round: `tokens` decode steps over the same positions (the sequence restarts at 0).
-  auto round = [&](Pipeline& p) {
-    v1::StepResponse resp;
+  // Times `tokens` decode steps of one sequence (after 4 untimed ones; the sequence restarts at
+  // position 0): `step(i, token)` runs the step at position i and returns the sampled token, or -1.
+  // Gives {step time, the stages' compute per step} (seconds), or nullopt when a step failed.
+  auto timed = [&](Pipeline& p, const std::function<int32_t(int, int32_t)>& step)
+      -> std::optional<std::pair<double, double>> {
     int32_t t = 1;
     double start = 0, c0 = 0;
     for (int i = 0; i < tokens + 4; ++i) {
@@ -409,32 +413,33 @@ int Run() {
         start = Now();
         c0 = StepSeconds(p.m0) + StepSeconds(p.m1);
       }
+      if ((t = step(i, t)) < 0) return std::nullopt;
+    }
+    return std::pair{(Now() - start) / tokens, (StepSeconds(p.m0) + StepSeconds(p.m1) - c0) / tokens};
+  };
+  // One round on the bench's own synchronous stream to stage 0.
+  auto round = [&](Pipeline& p) {
+    auto r = timed(p, [&p](int i, int32_t t) -> int32_t {
+      v1::StepResponse resp;
       p.stream->Write(DecodeStep(p.step_id++, i, t));
       if (!p.stream->Read(&resp) || resp.error_code() != 0 || resp.token_ids_size() != 1) {
         std::fprintf(stderr, "pipeline step failed: %s\n", resp.error_message().c_str());
-        return false;
+        return -1;
       }
-      t = resp.token_ids(0);
-    }
-    const double step = (Now() - start) / tokens;
-    const double compute = (StepSeconds(p.m0) + StepSeconds(p.m1) - c0) / tokens;
-    p.step.push_back(step);
-    p.compute.push_back(compute);
+      return resp.token_ids(0);
+    });
+    if (!r.has_value()) return false;
+    p.step.push_back(r->first);
+    p.compute.push_back(r->second);
     // Two round trips per step (client -> stage 0 -> stage 1 and the answers back).
-    p.hop.push_back((step - compute) / 2.0);
+    p.hop.push_back((r->first - r->second) / 2.0);
     return true;
   };
   // The same through the coordinator's client; `direct`: stage 1 answers on the return stream, so a
   // step makes three one-way trips (1.5 round trips) instead of four.
   auto client_round = [&](Pipeline& p, bool direct) {
     coordinator::GrpcReplicaClient& client = direct ? *p.direct : *p.relayed;
-    int32_t t = 1;
-    double start = 0, c0 = 0;
-    for (int i = 0; i < tokens + 4; ++i) {
-      if (i == 4) {
-        start = Now();
-        c0 = StepSeconds(p.m0) + StepSeconds(p.m1);
-      }
+    auto r = timed(p, [&p, &client](int i, int32_t t) -> int32_t {
       coordinator::StepInput in{.step_id = p.step_id++};
       coordinator::StepSequenceInput& s = in.sequences.emplace_back();
       for (int b = 0; b <= i / 16; ++b) s.block_ids.push_back(b);
@@ -445,14 +450,13 @@ int Run() {
       absl::StatusOr<coordinator::StepOutput> out = client.Step(in);
       if (!out.ok() || out->token_ids.size() != 1) {
         std::fprintf(stderr, "pipeline step failed: %s\n", out.status().ToString().c_str());
-        return false;
+        return -1;
       }
-      t = out->token_ids[0];
-    }
-    const double step = (Now() - start) / tokens;
-    const double compute = (StepSeconds(p.m0) + StepSeconds(p.m1) - c0) / tokens;
-    (direct ? p.step_direct : p.step_relayed).push_back(step);
-    (direct ? p.hop_direct : p.hop_relayed).push_back((step - compute) / (direct ? 1.5 : 2.0));
+      return out->token_ids[0];
+    });
+    if (!r.has_value()) return false;
+    (direct ? p.step_direct : p.step_relayed).push_back(r->first);
+    (direct ? p.hop_direct : p.hop_relayed).push_back((r->first - r->second) / (direct ? 1.5 : 2.0));
     return true;
   };
   for (auto& p : pipes) {
