@@ -59,8 +59,9 @@ class GrpcReplicaClient final : public ReplicaClient {
     std::string last_address;                        // the last stage's, for messages (direct answers)
     absl::Duration step_timeout = absl::Seconds(60);  // bound on one Step, > 0
     // How long Step polls for its answer before it sleeps (common/concurrency/spin.h): an answer
-    // within it is taken without a thread wake-up. 0 = sleep at once.
-    absl::Duration answer_spin = absl::Microseconds(200);
+    // within it is taken without a thread wake-up. 0 (the default) = sleep at once (see
+    // WorkerOptions::stage_spin for why).
+    absl::Duration answer_spin = absl::ZeroDuration();
   };
 
   // `channel` to the stage-0 worker (shared: channels are cheap to share and reuse); answers come

@@ -47,8 +47,8 @@ ABSL_FLAG(std::string, model, "", "model directory; empty = the generated 100M m
 ABSL_FLAG(std::string, scratch, "/tmp/shardserve-100m", "where the 100M model is generated");
 ABSL_FLAG(bool, bf16, false, "generate the 100M model with BF16 weights (use another --scratch)");
 ABSL_FLAG(int32_t, tokens, 64, "decode tokens to time");
-ABSL_FLAG(int32_t, stage_spin_us, 200, "how long an idle stage thread polls for the next micro-batch (WorkerOptions::stage_spin)");
-ABSL_FLAG(int32_t, answer_spin_us, 200, "how long the replica client polls for an answer (GrpcReplicaClient answer_spin)");
+ABSL_FLAG(int32_t, stage_spin_us, 0, "how long an idle stage thread polls for the next micro-batch (WorkerOptions::stage_spin)");
+ABSL_FLAG(int32_t, answer_spin_us, 0, "how long the replica client polls for an answer (GrpcReplicaClient answer_spin)");
 ABSL_FLAG(bool, write_model_only, false, "write the 100M model into --scratch and exit (for serving_bench.py)");
 
 namespace shardserve {
