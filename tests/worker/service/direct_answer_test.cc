@@ -23,10 +23,18 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A return stream on a worker, as the coordinator holds one.
+// A return stream on a worker, as the coordinator holds one. A synchronous call must be finished
+// before its reader goes (its completion queue dies with it): the destructor cancels and finishes.
 struct ReturnStream {
+  ~ReturnStream() {
+    if (reader != nullptr && !finished) {
+      ctx.TryCancel();
+      reader->Finish();
+    }
+  }
   grpc::ClientContext ctx;
   std::unique_ptr<grpc::ClientReader<v1::StepResponse>> reader;
+  bool finished = false;  // Finish() was called by the test
 };
 
 class DirectAnswerTest : public ::testing::Test {
@@ -168,6 +176,7 @@ TEST_F(DirectAnswerTest, WithoutAReturnStreamOfItsRouteTheAnswerComesUpThePipeli
   auto rs = OpenReturnStream("route-c");
   ASSERT_TRUE(w1_.server->answer_routes().HasRouteForTest("route-c"));
   rs->ctx.TryCancel();
+  rs->finished = true;
   EXPECT_EQ(rs->reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   for (int i = 0; i < 1000 && w1_.server->answer_routes().HasRouteForTest("route-c"); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -185,9 +194,11 @@ TEST_F(DirectAnswerTest, AnOpenRouteAndABadRouteAreRefused) {
   auto second = OpenReturnStream("route-d", /*await=*/false);
   v1::StepResponse unused;
   EXPECT_FALSE(second->reader->Read(&unused));
+  second->finished = true;
   EXPECT_EQ(second->reader->Finish().error_code(), grpc::StatusCode::ALREADY_EXISTS);
   auto empty = OpenReturnStream("", /*await=*/false);
   EXPECT_FALSE(empty->reader->Read(&unused));
+  empty->finished = true;
   EXPECT_EQ(empty->reader->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   // The first still takes answers.
   EXPECT_TRUE(Send(Step(1, 0, 0, {5}, 0), "route-d").answered_direct());
