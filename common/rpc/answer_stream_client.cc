@@ -97,11 +97,7 @@ void AnswerStreamClient::OnReadDone(bool ok) {
   Answer answer;
   {
     MutexLock lock(&mu_);
-    auto it = waiting_.find(read_.step_id());
-    if (it != waiting_.end()) {
-      answer = std::move(it->second);
-      waiting_.erase(it);
-    }
+    answer = internal::TakeWaiting(waiting_, read_.step_id());
   }
   if (answer != nullptr) {
     v1::StepResponse response = std::move(read_);

@@ -138,11 +138,7 @@ void StageStreamClient::OnReadDone(bool ok) {
   Answer answer;
   {
     MutexLock lock(&mu_);
-    auto it = waiting_.find(read_.step_id());
-    if (it != waiting_.end()) {
-      answer = std::move(it->second);
-      waiting_.erase(it);
-    }
+    answer = internal::TakeWaiting(waiting_, read_.step_id());
   }
   if (answer == nullptr) {
     // An answer to nothing in flight (e.g. the peer could not reassemble a batch): the stream's

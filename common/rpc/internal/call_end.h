@@ -4,6 +4,7 @@
 #ifndef SHARDSERVE_COMMON_RPC_INTERNAL_CALL_END_H_
 #define SHARDSERVE_COMMON_RPC_INTERNAL_CALL_END_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,6 +26,19 @@ void DescribeEnd(const grpc::Status& status, std::string* problem);
 // passed first (InfiniteDuration: no bound).
 bool WaitUntilDone(Mutex* mu, CondVar* cv, const bool* done, absl::Duration timeout)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+// Removes and returns the callback that `waiting` (step_id -> callback) holds for `step_id`; an
+// empty one when there is none. The caller holds the lock that guards `waiting`.
+template <typename Map>
+typename Map::mapped_type TakeWaiting(Map& waiting, uint64_t step_id) {
+  typename Map::mapped_type taken;
+  auto it = waiting.find(step_id);
+  if (it != waiting.end()) {
+    taken = std::move(it->second);
+    waiting.erase(it);
+  }
+  return taken;
+}
 
 // The last thing a client's OnDone does: marks the call done (`*done`, guarded by `mu`; waking
 // WaitUntilDone on `cv`) and hands `*self`, the client's reference to itself, to
