@@ -1,54 +1,13 @@
 #include "common/rpc/stage_stream_client.h"
 
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "common/rpc/internal/call_end.h"
 
 namespace shardserve::rpc {
-namespace {
-
-// Destroys finished clients off gRPC's threads. A client's ClientContext holds a reference to its
-// channel, and dropping the last reference to a channel on one of gRPC's callback threads (as
-// destroying the client inside OnDone could) releases the callback completion queue from its own
-// thread, which gRPC's C++ library does not survive. So OnDone hands the client's self-reference
-// here, and one long-lived thread drops it.
-class Reaper {
- public:
-  static Reaper& Get() {
-    static Reaper* const reaper = new Reaper();  // never destroyed: its thread may outlive main()
-    return *reaper;
-  }
-  void Dispose(std::shared_ptr<StageStreamClient> client) {
-    MutexLock lock(&mu_);
-    queue_.push_back(std::move(client));
-    cv_.Signal();
-  }
-
- private:
-  Reaper() {
-    std::thread([this] { Run(); }).detach();
-  }
-  void Run() {
-    for (;;) {
-      std::vector<std::shared_ptr<StageStreamClient>> batch;
-      {
-        MutexLock lock(&mu_);
-        while (queue_.empty()) cv_.Wait(&mu_);
-        batch.swap(queue_);
-      }
-      batch.clear();  // destroyed here, without the lock
-    }
-  }
-
-  Mutex mu_;
-  CondVar cv_;
-  std::vector<std::shared_ptr<StageStreamClient>> queue_ ABSL_GUARDED_BY(mu_);
-};
-
-}  // namespace
 
 StageStreamClient::StageStreamClient(std::shared_ptr<grpc::Channel> channel, Options options)
     : options_(std::move(options)), channel_(std::move(channel)), stub_(v1::Stage::NewStub(channel_)) {}
@@ -109,6 +68,11 @@ absl::Status StageStreamClient::Send(uint64_t step_id, std::vector<v1::StepReque
   return absl::OkStatus();
 }
 
+bool StageStreamClient::Forget(uint64_t step_id) {
+  MutexLock lock(&mu_);
+  return waiting_.erase(step_id) > 0;
+}
+
 void StageStreamClient::Close(const std::string& why) { Stop(why, /*cancel=*/true); }
 
 bool StageStreamClient::closing() {
@@ -117,17 +81,8 @@ bool StageStreamClient::closing() {
 }
 
 bool StageStreamClient::WaitDone(absl::Duration timeout) {
-  const bool forever = timeout == absl::InfiniteDuration();
-  const absl::Time deadline = forever ? absl::InfiniteFuture() : absl::Now() + timeout;
   MutexLock lock(&mu_);
-  while (!done_) {
-    if (forever) {
-      done_cv_.Wait(&mu_);
-    } else if (done_cv_.WaitWithDeadline(&mu_, deadline) && !done_) {
-      return false;
-    }
-  }
-  return true;
+  return internal::WaitUntilDone(&mu_, &done_cv_, &done_, timeout);
 }
 
 void StageStreamClient::Stop(const std::string& why, bool cancel) {
@@ -183,11 +138,7 @@ void StageStreamClient::OnReadDone(bool ok) {
   Answer answer;
   {
     MutexLock lock(&mu_);
-    auto it = waiting_.find(read_.step_id());
-    if (it != waiting_.end()) {
-      answer = std::move(it->second);
-      waiting_.erase(it);
-    }
+    answer = internal::TakeWaiting(waiting_, read_.step_id());
   }
   if (answer == nullptr) {
     // An answer to nothing in flight (e.g. the peer could not reassemble a batch): the stream's
@@ -214,13 +165,7 @@ void StageStreamClient::OnDone(const grpc::Status& status) {
     MutexLock lock(&mu_);
     closing_ = true;
     cancelled = cancelled_;
-    if (!cancelled_) {  // when we cancelled, our reason says more than CANCELLED
-      if (problem_.empty()) problem_ = status.ok() ? "closed the stream" : "ended the stream";
-      if (!status.ok()) {
-        absl::StrAppend(&problem_, ": ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
-                        ": ", status.error_message());
-      }
-    }
+    if (!cancelled_) internal::DescribeEnd(status, &problem_);  // when we cancelled, our reason says more
     problem = problem_;
     waiting = std::move(waiting_);
     waiting_.clear();
@@ -230,15 +175,8 @@ void StageStreamClient::OnDone(const grpc::Status& status) {
   }
   const absl::Status failed = absl::UnavailableError(absl::StrCat(options_.peer, " ", problem));
   for (auto& [step_id, answer] : waiting) answer(failed);
-  std::shared_ptr<StageStreamClient> self;
-  {
-    MutexLock lock(&mu_);
-    done_ = true;
-    done_cv_.SignalAll();
-    self = std::move(self_);
-  }
-  // `self` may be the last reference: the client is destroyed on the reaper's thread.
-  Reaper::Get().Dispose(std::move(self));
+  // Its own reference may be the last: the client is then destroyed on the reaper's thread.
+  internal::MarkDoneAndDispose(&mu_, &done_cv_, &done_, &self_);
 }
 
 }  // namespace shardserve::rpc

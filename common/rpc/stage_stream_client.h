@@ -70,6 +70,11 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   // flight (a repeated id could otherwise take another batch's answer) or `messages` is empty.
   absl::Status Send(uint64_t step_id, std::vector<v1::StepRequest> messages, Answer& answer);
 
+  // Removes the callback of `step_id` without running it (its answer came another way, e.g. on a
+  // return stream); an answer to it that still comes is one to a step not in flight (see above).
+  // Returns whether it was registered.
+  bool Forget(uint64_t step_id);
+
   // No more sends; cancels the call, so that every answer still awaited gets UNAVAILABLE
   // "<peer> closed: <why>" (OnDone follows promptly). Idempotent; the first reason is kept.
   void Close(const std::string& why);

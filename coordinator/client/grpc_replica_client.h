@@ -7,8 +7,22 @@
 // on the one stream: pipelined micro-batches. The stream is the transport every pipeline hop uses
 // (common/rpc/stage_stream_client.h); Step waits for its answer, bounded by Options::step_timeout.
 //
+// Direct answers (stage.proto): given a channel to the replica's last stage (a replica of several
+// stages), the client also holds a return stream from it (common/rpc/answer_stream_client.h, a
+// fresh random route per stream, opened and re-opened like the other) and sends each step with
+// that route, so that the last stage answers here directly instead of through the other stages.
+// A Step takes the first full answer or error of its step_id from either stream (stage 0's stream
+// then brings nothing, as the step asks it to omit the acknowledgement, or a failure of an earlier
+// stage) and ignores whatever comes later, so each Step returns exactly one result (a failure from
+// stage 0 after the direct answer comes only from a breaking pipeline, and ends that stream). When the return stream
+// ends, the Steps awaiting it fail with UNAVAILABLE (the last stage may have gone with their
+// answers), and the next Step opens another. A return stream the last stage refused (never
+// registered) fails nothing: those answers come through stage 0; a last stage without
+// Stage.AnswerStream (UNIMPLEMENTED) gets no more return streams from this client.
+//
 // Errors from Step: the stages' own error (StepResponse.error_code / error_message);
-// Unavailable when the stream cannot be opened or ends ("stage stream to ADDRESS ended: ...");
+// Unavailable when a stream cannot be opened or ends ("stage stream to ADDRESS ended: ...",
+// "return stream from the last stage at ADDRESS ended: ...");
 // Unavailable too after step_timeout (a stage that does not answer breaks the pipeline like a
 // closed stream: the stream is cancelled and re-opened by the next Step); Unavailable after
 // Shutdown.
@@ -32,6 +46,7 @@ class Channel;
 }  // namespace grpc
 
 namespace shardserve::rpc {
+class AnswerStreamClient;
 class StageStreamClient;
 }  // namespace shardserve::rpc
 
@@ -41,11 +56,21 @@ class GrpcReplicaClient final : public ReplicaClient {
  public:
   struct Options {
     std::string address;                             // stage 0's host:port, for messages
+    std::string last_address;                        // the last stage's, for messages (direct answers)
     absl::Duration step_timeout = absl::Seconds(60);  // bound on one Step, > 0
+    // How long Step polls for its answer before it sleeps (common/concurrency/spin.h): an answer
+    // within it is taken without a thread wake-up. 0 (the default) = sleep at once (see
+    // WorkerOptions::stage_spin for why).
+    absl::Duration answer_spin = absl::ZeroDuration();
   };
 
-  // `channel` to the stage-0 worker (shared: channels are cheap to share and reuse).
+  // `channel` to the stage-0 worker (shared: channels are cheap to share and reuse); answers come
+  // back on its stream.
   GrpcReplicaClient(std::shared_ptr<grpc::Channel> channel, Options options);
+  // Also `last_channel` to the last stage's worker, whose answers come straight from it (null:
+  // as above, e.g. a replica of one stage).
+  GrpcReplicaClient(std::shared_ptr<grpc::Channel> channel, std::shared_ptr<grpc::Channel> last_channel,
+                    Options options);
   ~GrpcReplicaClient() override;
 
   GrpcReplicaClient(const GrpcReplicaClient&) = delete;
@@ -56,12 +81,16 @@ class GrpcReplicaClient final : public ReplicaClient {
 
  private:
   const std::shared_ptr<grpc::Channel> channel_;
+  const std::shared_ptr<grpc::Channel> last_channel_;  // null: no direct answers
   const Options options_;
 
   Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // The open stream (replaced by the next Step once it closes); shared with the Steps using it.
   std::shared_ptr<rpc::StageStreamClient> stream_ ABSL_GUARDED_BY(mu_);
+  // The open return stream from the last stage (with last_channel_; replaced likewise).
+  std::shared_ptr<rpc::AnswerStreamClient> answers_ ABSL_GUARDED_BY(mu_);
+  bool direct_off_ ABSL_GUARDED_BY(mu_) = false;  // the last stage has no AnswerStream
 };
 
 }  // namespace shardserve::coordinator

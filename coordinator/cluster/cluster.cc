@@ -698,6 +698,7 @@ void Cluster::UpdateServingReplicas(const std::vector<WorkerRecord>& workers) {
         if (!problem.empty()) problems.push_back(absl::StrCat("expert host: ", problem));
       }
       endpoint.stage0_address = rs.stages.front().address;
+      endpoint.last_address = rs.stages.back().address;
       if (problems.empty() && !rs.serving) changes.push_back({endpoint.replica, true, endpoint, ""});
       if (!problems.empty() && rs.serving) {
         changes.push_back({endpoint.replica, false, endpoint,

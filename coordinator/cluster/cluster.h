@@ -82,6 +82,7 @@ namespace shardserve::coordinator {
 struct ReplicaEndpoint {
   int replica = 0;
   std::string stage0_address;  // the first stage's worker (Stage.StepStream)
+  std::string last_address;    // the last stage's worker (Stage.AnswerStream); = stage0_address with one stage
   std::vector<std::string> worker_ids;  // per stage
   int32_t max_slots = 0;       // running sequences at once (a scheduling limit)
   int64_t kv_blocks = 0;       // KV cache blocks, the same ids on every stage (their minimum)

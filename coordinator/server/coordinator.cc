@@ -60,6 +60,9 @@ absl::Status CoordinatorOptions::Validate() const {
   }
   if (assign_timeout <= absl::ZeroDuration()) return bad("assign_timeout_ms", absl::FormatDuration(assign_timeout), "> 0");
   if (step_timeout <= absl::ZeroDuration()) return bad("step_timeout_ms", absl::FormatDuration(step_timeout), "> 0");
+  if (answer_spin < absl::ZeroDuration() || answer_spin > absl::Milliseconds(100)) {
+    return bad("answer_spin_us", absl::FormatDuration(answer_spin), "in [0, 100000]");
+  }
   if (recovery_timeout < absl::ZeroDuration()) {
     return bad("recovery_timeout_ms", absl::FormatDuration(recovery_timeout), ">= 0 (0 = no waiting)");
   }
@@ -136,11 +139,18 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
                                 .credentials = sec.InternalChannelCredentials(security::Role::kWorker)});
   ReplicaClientFactory factory = deps.replica_factory;
   if (factory == nullptr) {
-    factory = [timeout = options.step_timeout, creds = sec.InternalChannelCredentials(security::Role::kWorker)](
+    factory = [timeout = options.step_timeout, spin = options.answer_spin,
+               creds = sec.InternalChannelCredentials(security::Role::kWorker)](
                   const ReplicaEndpoint& e) -> absl::StatusOr<std::unique_ptr<ReplicaClient>> {
+      // With several stages the last one answers on a return stream of its own (stage.proto).
+      std::shared_ptr<grpc::Channel> last;
+      if (!e.last_address.empty() && e.last_address != e.stage0_address) {
+        last = grpc::CreateChannel(e.last_address, creds);
+      }
       return std::make_unique<GrpcReplicaClient>(
-          grpc::CreateChannel(e.stage0_address, creds),
-          GrpcReplicaClient::Options{.address = e.stage0_address, .step_timeout = timeout});
+          grpc::CreateChannel(e.stage0_address, creds), std::move(last),
+          GrpcReplicaClient::Options{
+              .address = e.stage0_address, .last_address = e.last_address, .step_timeout = timeout, .answer_spin = spin});
     };
   }
   ClusterOptions co;

@@ -94,6 +94,9 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign
   absl::Duration step_timeout = absl::Seconds(60);    // bound on one micro-batch
+  // How long a replica's step thread polls for its answer before it sleeps
+  // (GrpcReplicaClient::Options::answer_spin); in [0, 100 ms].
+  absl::Duration answer_spin = absl::ZeroDuration();
   // How long requests whose replica broke wait for it (or a spare worker) to recover when no other
   // replica can take them (scheduler.h "Recovery"); requests that arrive meanwhile wait too.
   // 0 = they fail at once with UNAVAILABLE. >= 0.

@@ -4,7 +4,9 @@
 //   * the same model decoded in one process and as 2 pipeline stages (two worker servers on
 //     127.0.0.1, stage 0 forwarding hidden states to stage 1 over its stream);
 // and prints the per-hop overhead beside the bare round trip and the stage compute time, and PP=2
-// decode tokens/s as a fraction of one process. The per-hop overhead is the pipeline's step time
+// decode tokens/s as a fraction of one process; then the same 2 stages driven by the coordinator's
+// replica client, with the answers relayed through stage 0 and with the last stage answering on its
+// return stream (direct answers, stage.proto). The per-hop overhead is the pipeline's step time
 // minus what the two stages report as their own compute (their step-time metrics) over the same
 // steps, so that run-to-run changes in compute speed do not count as hop cost; the median of
 // several rounds is printed. Everything over gRPC runs twice in the same run: plaintext, and with
@@ -20,6 +22,7 @@
 #include <mutex>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <unistd.h>
@@ -28,6 +31,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/concurrency/abseil_mutex.h"
+#include "coordinator/client/grpc_replica_client.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "common/security/cert_authority.h"
@@ -43,6 +47,8 @@ ABSL_FLAG(std::string, model, "", "model directory; empty = the generated 100M m
 ABSL_FLAG(std::string, scratch, "/tmp/shardserve-100m", "where the 100M model is generated");
 ABSL_FLAG(bool, bf16, false, "generate the 100M model with BF16 weights (use another --scratch)");
 ABSL_FLAG(int32_t, tokens, 64, "decode tokens to time");
+ABSL_FLAG(int32_t, stage_spin_us, 0, "how long an idle stage thread polls for the next micro-batch (WorkerOptions::stage_spin)");
+ABSL_FLAG(int32_t, answer_spin_us, 0, "how long the replica client polls for an answer (GrpcReplicaClient answer_spin)");
 ABSL_FLAG(bool, write_model_only, false, "write the 100M model into --scratch and exit (for serving_bench.py)");
 
 namespace shardserve {
@@ -354,17 +360,24 @@ int Run() {
     std::unique_ptr<grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>> stream;
     std::vector<double> step, hop, compute;
     uint64_t step_id = 0;
+    // The coordinator's client (callback API): answers relayed through stage 0, and straight from
+    // stage 1 on its return stream (stage.proto).
+    std::unique_ptr<coordinator::GrpcReplicaClient> relayed, direct;
+    std::vector<double> step_relayed, hop_relayed, step_direct, hop_direct;
   };
   std::unique_ptr<Pipeline> pipes[2];
   for (int t = 0; t < 2; ++t) {
     const Transport& tr = transports[t];
     auto& p = pipes[t];
     p = std::make_unique<Pipeline>();
-    p->w1 = std::make_unique<service::WorkerServer>(service::WorkerOptions{.cpu_ranks = 1, .metrics = &p->m1});
+    const std::chrono::microseconds stage_spin(absl::GetFlag(FLAGS_stage_spin_us));
+    p->w1 = std::make_unique<service::WorkerServer>(
+        service::WorkerOptions{.cpu_ranks = 1, .metrics = &p->m1, .stage_spin = stage_spin});
     p->w0 = std::make_unique<service::WorkerServer>(service::WorkerOptions{
         .cpu_ranks = 1,
         .metrics = &p->m0,
-        .peer_credentials = tr.worker->InternalChannelCredentials(security::Role::kWorker)});
+        .peer_credentials = tr.worker->InternalChannelCredentials(security::Role::kWorker),
+        .stage_spin = stage_spin});
     int p1 = 0, p0 = 0;
     p->s1 = Serve(p->w1->worker_service(), p->w1->stage_service(), &p1, *tr.worker);
     p->s0 = Serve(p->w0->worker_service(), p->w0->stage_service(), &p0, *tr.worker);
@@ -378,10 +391,21 @@ int Run() {
     p->stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", p0),
                                                      tr.client->InternalChannelCredentials(security::Role::kWorker)));
     p->stream = p->stub->StepStream(&p->ctx);
+    const std::string a0 = absl::StrCat("127.0.0.1:", p0), a1 = absl::StrCat("127.0.0.1:", p1);
+    auto creds = tr.client->InternalChannelCredentials(security::Role::kWorker);
+    const absl::Duration answer_spin = absl::Microseconds(absl::GetFlag(FLAGS_answer_spin_us));
+    p->relayed = std::make_unique<coordinator::GrpcReplicaClient>(
+        grpc::CreateChannel(a0, creds), coordinator::GrpcReplicaClient::Options{.address = a0, .answer_spin = answer_spin});
+    p->direct = std::make_unique<coordinator::GrpcReplicaClient>(
+        grpc::CreateChannel(a0, creds), grpc::CreateChannel(a1, creds),
+        coordinator::GrpcReplicaClient::Options{.address = a0, .last_address = a1, .answer_spin = answer_spin});
   }
   // One round: `tokens` decode steps over the same positions (the sequence restarts at 0).
-  auto round = [&](Pipeline& p) {
-    v1::StepResponse resp;
+  // Times `tokens` decode steps of one sequence (after 4 untimed ones; the sequence restarts at
+  // position 0): `step(i, token)` runs the step at position i and returns the sampled token, or -1.
+  // Gives {step time, the stages' compute per step} (seconds), or nullopt when a step failed.
+  auto timed = [&](Pipeline& p, const std::function<int32_t(int, int32_t)>& step)
+      -> std::optional<std::pair<double, double>> {
     int32_t t = 1;
     double start = 0, c0 = 0;
     for (int i = 0; i < tokens + 4; ++i) {
@@ -389,25 +413,60 @@ int Run() {
         start = Now();
         c0 = StepSeconds(p.m0) + StepSeconds(p.m1);
       }
+      if ((t = step(i, t)) < 0) return std::nullopt;
+    }
+    return std::pair{(Now() - start) / tokens, (StepSeconds(p.m0) + StepSeconds(p.m1) - c0) / tokens};
+  };
+  // One round on the bench's own synchronous stream to stage 0.
+  auto round = [&](Pipeline& p) {
+    auto r = timed(p, [&p](int i, int32_t t) -> int32_t {
+      v1::StepResponse resp;
       p.stream->Write(DecodeStep(p.step_id++, i, t));
       if (!p.stream->Read(&resp) || resp.error_code() != 0 || resp.token_ids_size() != 1) {
         std::fprintf(stderr, "pipeline step failed: %s\n", resp.error_message().c_str());
-        return false;
+        return -1;
       }
-      t = resp.token_ids(0);
-    }
-    const double step = (Now() - start) / tokens;
-    const double compute = (StepSeconds(p.m0) + StepSeconds(p.m1) - c0) / tokens;
-    p.step.push_back(step);
-    p.compute.push_back(compute);
+      return resp.token_ids(0);
+    });
+    if (!r.has_value()) return false;
+    p.step.push_back(r->first);
+    p.compute.push_back(r->second);
     // Two round trips per step (client -> stage 0 -> stage 1 and the answers back).
-    p.hop.push_back((step - compute) / 2.0);
+    p.hop.push_back((r->first - r->second) / 2.0);
+    return true;
+  };
+  // The same through the coordinator's client; `direct`: stage 1 answers on the return stream, so a
+  // step makes three one-way trips (1.5 round trips) instead of four.
+  auto client_round = [&](Pipeline& p, bool direct) {
+    coordinator::GrpcReplicaClient& client = direct ? *p.direct : *p.relayed;
+    auto r = timed(p, [&p, &client](int i, int32_t t) -> int32_t {
+      coordinator::StepInput in{.step_id = p.step_id++};
+      coordinator::StepSequenceInput& s = in.sequences.emplace_back();
+      for (int b = 0; b <= i / 16; ++b) s.block_ids.push_back(b);
+      s.pos_begin = i;
+      s.token_ids = {t};
+      s.sample = true;
+      s.sample_index = static_cast<uint64_t>(i);
+      absl::StatusOr<coordinator::StepOutput> out = client.Step(in);
+      if (!out.ok() || out->token_ids.size() != 1) {
+        std::fprintf(stderr, "pipeline step failed: %s\n", out.status().ToString().c_str());
+        return -1;
+      }
+      return out->token_ids[0];
+    });
+    if (!r.has_value()) return false;
+    (direct ? p.step_direct : p.step_relayed).push_back(r->first);
+    (direct ? p.hop_direct : p.hop_relayed).push_back((r->first - r->second) / (direct ? 1.5 : 2.0));
     return true;
   };
   for (auto& p : pipes) {
-    if (!round(*p)) return 1;  // warm-up: the links are up after it
+    // Warm-up: the links are up after it.
+    if (!round(*p) || !client_round(*p, false) || !client_round(*p, true)) return 1;
   }
-  for (auto& p : pipes) p->step.clear(), p->hop.clear(), p->compute.clear();
+  for (auto& p : pipes) {
+    p->step.clear(), p->hop.clear(), p->compute.clear();
+    p->step_relayed.clear(), p->hop_relayed.clear(), p->step_direct.clear(), p->hop_direct.clear();
+  }
   const int64_t handshakes_before = security::InternalClientHandshakes();
   std::vector<double> hop_diff;
   for (int r = 0; r < kRounds; ++r) {
@@ -415,14 +474,19 @@ int Run() {
       if (!round(*p)) return 1;
     }
     hop_diff.push_back(pipes[1]->hop.back() - pipes[0]->hop.back());
+    for (auto& p : pipes) {
+      if (!client_round(*p, false) || !client_round(*p, true)) return 1;
+    }
   }
   const double handshakes_per_step =
-      static_cast<double>(security::InternalClientHandshakes() - handshakes_before) / (2.0 * kRounds * tokens);
+      static_cast<double>(security::InternalClientHandshakes() - handshakes_before) / (6.0 * kRounds * tokens);
   double step_pp[2], hop[2], compute_pp[2];
   for (int t = 0; t < 2; ++t) {
     step_pp[t] = Median(pipes[t]->step);
     hop[t] = Median(pipes[t]->hop);
     compute_pp[t] = Median(pipes[t]->compute);
+    pipes[t]->relayed.reset();
+    pipes[t]->direct.reset();
     pipes[t]->stream->WritesDone();
     (void)pipes[t]->stream->Finish();
     pipes[t]->w0->Shutdown();
@@ -448,6 +512,12 @@ int Run() {
                 hop[t] / rtt_decode[t], hop[t] / rtt_idle[t], compute_pp[t] * 1e3 / 2, kRounds, tokens);
     std::printf("[%s] decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", transports[t].name,
                 1 / step_one, 1 / step_pp[t], step_one / step_pp[t]);
+    const double hr = Median(pipes[t]->hop_relayed), hd = Median(pipes[t]->hop_direct);
+    std::printf("[%s] through the coordinator's replica client: decode step %.3f ms with answers relayed through "
+                "stage 0 (per hop %.1f us = %.2fx the bare round trip), %.3f ms with the last stage answering directly "
+                "(per round trip of its 3 one-way trips %.1f us = %.2fx the bare round trip)\n",
+                transports[t].name, Median(pipes[t]->step_relayed) * 1e3, hr * 1e6, hr / rtt_decode[t],
+                Median(pipes[t]->step_direct) * 1e3, hd * 1e6, hd / rtt_decode[t]);
   }
   std::printf("TLS handshakes per decode step once the links are up (both pipelines): %.3f\n", handshakes_per_step);
   // The hop includes the stage's own transport work; TLS adds record encryption both ways.

@@ -53,6 +53,18 @@ def run_alone(model, prompt_ids, max_tokens, *extra):
     return [int(x) for x in p.stdout.strip().split(",") if x]
 
 
+def both_replicas_running(cluster, timeout=60):
+    """Waits (bounded) until both replicas of `cluster` run sequences."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = urllib.request.urlopen(cluster.coordinator_metrics, timeout=10).read().decode()
+        running = [float(l.split()[-1]) for l in text.splitlines()
+                   if l.startswith("shardserve_coordinator_running_sequences{")]
+        if len(running) == 2 and min(running) > 0:
+            return
+        time.sleep(0.01)
+
+
 class Layouts(unittest.TestCase):
     def check_golden(self, cluster, name):
         for case in golden(name)["cases"]:
@@ -271,46 +283,73 @@ class Load(unittest.TestCase):
 
 
 class Faults(unittest.TestCase):
-    def test_a_killed_worker_loses_no_request(self):
-        # Two replicas of one worker each. One worker is killed (SIGKILL) while 12 clients generate:
-        # the sequences it ran fail over to the other replica, and every client still gets exactly
-        # the tokens of the single-process engine; the cluster keeps serving.
-        prompts = [[1] + [250 + (17 * i + j) % 120 for j in range(2 + i % 5)] for i in range(12)]
-        n = 300
+    def kill_while_generating(self, workers, pp, clients, n, victim):
+        """Two replicas of `pp` stages on `workers` 1-rank workers; once both run sequences of the
+        `clients` clients generating `n` tokens each, the worker whose pid victim(cluster) gives is
+        killed (SIGKILL). The sequences it ran fail over to the other replica, every client still
+        gets exactly the tokens of the single-process engine, and the cluster serves on. Returns
+        the cluster's log."""
+        prompts = [[1] + [250 + (17 * i + j) % 120 for j in range(2 + i % 5)] for i in range(clients)]
         expected = [run_alone(STORIES, p, n) for p in prompts]
-        c = Cluster(STORIES, 2, "cpu:1", ["--replicas=2", "--pp=1", "--max_seq_len=320", "--max_slots=8"])
+        c = Cluster(STORIES, workers, "cpu:1", ["--replicas=2", f"--pp={pp}", "--max_seq_len=320", "--max_slots=8"])
         try:
-            results = [None] * 12
+            results = [None] * clients
 
             def client(i):
                 results[i] = c.ids(prompts[i], n)
 
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
             for t in threads:
                 t.start()
-            # Kill a worker once both replicas run sequences.
-            deadline = time.time() + 60
-            while time.time() < deadline:
-                text = urllib.request.urlopen(c.coordinator_metrics, timeout=10).read().decode()
-                running = [float(l.split()[-1]) for l in text.splitlines()
-                           if l.startswith("shardserve_coordinator_running_sequences{")]
-                if len(running) == 2 and min(running) > 0:
-                    break
-                time.sleep(0.01)
-            workers = subprocess.run(["pgrep", "-P", str(c.proc.pid), "-f", "shardserve-worker"],
-                                     capture_output=True, text=True).stdout.split()
-            self.assertEqual(len(workers), 2)
-            os.kill(int(workers[0]), signal.SIGKILL)
+            both_replicas_running(c)
+            os.kill(victim(c), signal.SIGKILL)
             for t in threads:
                 t.join()
-            for i in range(12):
+            for i in range(clients):
                 self.assertEqual(results[i], expected[i], f"client {i}")
             self.assertEqual(c.ids(prompts[0], 8), expected[0][:8], "the cluster serves on")
         finally:
             c.stop()
         log = "".join(c.stderr)
         self.assertIn("event=failover", log)
+        return log
+
+    def test_a_killed_worker_loses_no_request(self):
+        # Two replicas of one worker each, 12 clients.
+        def first_worker(c):
+            workers = subprocess.run(["pgrep", "-P", str(c.proc.pid), "-f", "shardserve-worker"],
+                                     capture_output=True, text=True).stdout.split()
+            self.assertEqual(len(workers), 2)
+            return int(workers[0])
+
+        log = self.kill_while_generating(2, 1, 12, 300, first_worker)
         self.assertIn("the coordinator serves on with the workers left", log)
+
+    def kill_a_stage_while_generating(self, stage):
+        """Two replicas of two stages, whose last stage answers the coordinator on its return
+        stream (direct answers): the worker computing `stage` of one replica is killed; the steps in
+        flight through it fail with UNAVAILABLE and fail over."""
+        def stage_worker(c):
+            victim = None
+            deadline = time.time() + 60
+            while victim is None and time.time() < deadline:  # until a decode step of `stage` shows
+                victim = next((url for url in c.metrics
+                               if f'shardserve_worker_step_seconds_count{{phase="decode",stage="{stage}"}}'
+                               in urllib.request.urlopen(url, timeout=10).read().decode()), None)
+            self.assertIsNotNone(victim, f"no worker ran stage {stage}")
+            port = victim.split(":")[-1].split("/")[0]
+            ss = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
+            pid = re.search(r"pid=(\d+)", ss)
+            self.assertIsNotNone(pid, ss)
+            return int(pid.group(1))
+
+        self.kill_while_generating(4, 2, 8, 200, stage_worker)
+
+    def test_a_killed_last_stage_loses_no_request(self):
+        self.kill_a_stage_while_generating("1")
+
+    def test_a_killed_first_stage_loses_no_request(self):
+        self.kill_a_stage_while_generating("0")
 
     def test_bad_requests_are_invalid_argument(self):
         c = Cluster("tests/golden/models/llama", 1)

@@ -56,6 +56,7 @@ void SamplingToProto(const StageSequence& s, v1::StepSequence* p) {
 absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size) {
   StageBatch batch;
   batch.step_id = request.step_id();
+  batch.answer_route = request.answer_route();
   int64_t total = 0;
   for (int i = 0; i < request.sequences_size(); ++i) {
     const v1::StepSequence& p = request.sequences(i);
@@ -130,6 +131,7 @@ v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
 std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden_size) {
   v1::StepRequest first;
   first.set_step_id(batch.step_id);
+  first.set_answer_route(batch.answer_route);
   int64_t total = 0;
   for (const StageSequence& s : batch.sequences) {
     v1::StepSequence* p = first.add_sequences();

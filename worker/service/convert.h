@@ -4,6 +4,7 @@
 #define SHARDSERVE_WORKER_SERVICE_CONVERT_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -36,6 +37,8 @@ struct StageSequence {
 // A micro-batch, reassembled.
 struct StageBatch {
   uint64_t step_id = 0;
+  // StepRequest.answer_route: the coordinator's return stream on the last stage (empty: none).
+  std::string answer_route;
   std::vector<StageSequence> sequences;
   // Hidden states [total tokens, hidden] (empty for the first stage's input). FromProto reads the
   // request's in place when it can (`hidden_in`, a view of the request's bytes: valid while the

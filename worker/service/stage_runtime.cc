@@ -61,10 +61,22 @@ void StageRuntime::Run(const v1::StepRequest& request, Done done) {
                  << " step_id=" << request.step_id() << " request_ids=" << RequestIds(request)
                  << " status=" << absl::StatusCodeToString(r.status().code())
                  << " error=" << LogValue(r.status().message());
-    done(ErrorResponse(request.step_id(), r.status()));
+    Answer(request, ErrorResponse(request.step_id(), r.status()), done);
   } else if (r->has_value()) {
-    done(**std::move(r));
+    Answer(request, **std::move(r), done);
   }
+}
+
+void StageRuntime::Answer(const v1::StepRequest& request, v1::StepResponse response, Done& done) {
+  if (is_last() && !request.answer_route().empty() && config_.answer_routes != nullptr &&
+      config_.answer_routes->Send(request.answer_route(), response)) {
+    v1::StepResponse ack;
+    ack.set_step_id(request.step_id());
+    ack.set_answered_direct(true);
+    done(std::move(ack));
+    return;
+  }
+  done(std::move(response));
 }
 
 absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const v1::StepRequest& request,

@@ -10,6 +10,11 @@
 // micro-batch k, this stage already runs k+1 — the pipelining that lets P stages work on P
 // micro-batches at once. Answers are matched to requests by step_id.
 //
+// Direct answers (stage.proto): the last stage writes the answer of a request with an
+// answer_route to the coordinator's return stream of that route (StageConfig::answer_routes) and
+// gives `done` only an acknowledgement (answered_direct); with no such stream open it gives `done`
+// the answer itself, which then relays up the pipeline.
+//
 // When the downstream stream breaks (the next stage went away or answered something unexpected),
 // every micro-batch still waiting on it is answered with UNAVAILABLE naming the next stage, and the
 // next Run opens a new stream.
@@ -29,6 +34,7 @@
 
 #include "common/concurrency/mutex.h"
 #include "common/rpc/stage_stream_client.h"
+#include "worker/service/answer_routes.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "worker/engine/remote_experts.h"
 #include "worker/engine/sampling.h"
@@ -48,6 +54,9 @@ struct StageConfig {
   std::shared_ptr<engine::RemoteExperts> remote_experts;
   // Credentials of the channel to the next stage (null = plaintext).
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
+  // The worker's open return streams (last stage: where direct answers go); optional, not owned,
+  // must outlive the runtime. Null = every answer goes up the StepStreams.
+  AnswerRoutes* answer_routes = nullptr;
 };
 
 class StageRuntime {
@@ -79,6 +88,10 @@ class StageRuntime {
   // The sampled tokens (last stage), or nullopt when the batch was forwarded (its answer will come
   // through the link); errors as status.
   absl::StatusOr<std::optional<v1::StepResponse>> RunOrForward(const v1::StepRequest& request, Done& done);
+  // Gives `response` (this stage's answer to `request`) to the coordinator's return stream when
+  // the request names one and this is the last stage, and an acknowledgement to `done`; else gives
+  // `response` to `done`.
+  void Answer(const v1::StepRequest& request, v1::StepResponse response, Done& done);
   // Sends `messages` (one micro-batch) downstream; `done` gets the answer later.
   void Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done);
   // The open link, opening one when there is none or the last one broke.

@@ -32,7 +32,8 @@ class WorkerMetrics final : public engine::StepObserver {
   // A micro-batch of stage `stage` ran for `seconds`; phase "prefill" when any sequence had more
   // than one new token, else "decode".
   void ObserveStep(int stage, bool prefill, double seconds, int64_t tokens);
-  // Stage-stream traffic. direction: "rx" or "tx"; peer: "upstream" or "downstream".
+  // Stage-stream traffic. direction: "rx" or "tx"; peer: "upstream", "downstream", "coordinator" (the
+  // last stage's direct answers on its return stream) or "expert-callers".
   void ObserveStream(const char* direction, const char* peer, size_t bytes);
   // After an assignment loaded.
   void SetLoaded(double load_seconds, const std::vector<size_t>& weight_bytes, const std::vector<size_t>& kv_bytes);

@@ -13,8 +13,10 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/concurrency/spin.h"
 #include "common/log/log.h"
 #include "common/log/progress.h"
+#include "common/rpc/answer_stream_client.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/memory_model.h"
 #include "common/safetensors/safetensors.h"
@@ -119,10 +121,16 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
         ++outstanding_jobs_;
       }
       const size_t job_bytes = std::exchange(assembling_bytes_, 0);
+      v1::StepRequest request = assembler_.Take();
+      const bool omit_ack = request.omit_ack() && !request.answer_route().empty();
       // Released before the answer is delivered: once delivered, the stream may end and go.
-      server_->Enqueue(assembler_.Take(), [this, budget = &budget_, job_bytes](v1::StepResponse r) {
+      server_->Enqueue(std::move(request), [this, budget = &budget_, job_bytes, omit_ack](v1::StepResponse r) {
         budget->Release(job_bytes);
-        Deliver(std::move(r), /*from_job=*/true);
+        if (omit_ack && r.answered_direct()) {
+          Complete();  // the sender has the answer from the return stream
+        } else {
+          Deliver(std::move(r), /*from_job=*/true);
+        }
       });
     }
     if (assembling_bytes_ == 0) {
@@ -155,6 +163,12 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   void DropAssembly() {
     assembler_ = ChunkAssembler(kMaxAssembledBytes);
     budget_.Release(std::exchange(assembling_bytes_, 0));
+  }
+  // A job answered without a message on this stream.
+  void Complete() {
+    MutexLock lock(&mu_);
+    --outstanding_jobs_;
+    MaybeFinishLocked();
   }
   void Deliver(v1::StepResponse response, bool from_job) {
     MutexLock lock(&mu_);
@@ -193,10 +207,90 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   int outstanding_jobs_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// The coordinator's return stream from this worker (Stage.AnswerStream): registered in the worker's
+// AnswerRoutes under its route while open (the initial metadata, sent once registered, tells the
+// coordinator so; a refused stream ends without it); answers pushed by the last stage are written one at a
+// time, in the order pushed. Ends when the coordinator cancels it, a write fails, or the server
+// shuts down; an answer pushed after that is refused (and goes up the StepStreams instead).
+class AnswerStreamReactor final : public grpc::ServerWriteReactor<v1::StepResponse>, public AnswerRoutes::Sink {
+ public:
+  AnswerStreamReactor(grpc::CallbackServerContext* ctx, WorkerServer* server, std::string route)
+      : server_(server), route_(std::move(route)) {
+    if (absl::Status st = server_->answer_routes().Add(route_, this); !st.ok()) {
+      MutexLock lock(&mu_);
+      FinishLocked(ToGrpcStatus(st));
+      return;
+    }
+    registered_ = true;
+    // Tells the coordinator that answers may come here from now on (until the stream ends).
+    ctx->AddInitialMetadata(rpc::kAnswerRouteOpenKey, "1");
+    StartSendInitialMetadata();
+  }
+
+  bool Push(v1::StepResponse& response) override {
+    MutexLock lock(&mu_);
+    if (finished_) return false;
+    pending_.push_back(std::move(response));
+    if (!writing_) WriteNextLocked();
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "a write to the return stream failed"));
+    } else if (!pending_.empty() && !finished_) {
+      WriteNextLocked();
+    }
+  }
+
+  void OnCancel() override {
+    MutexLock lock(&mu_);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    // After Remove no Push runs (AnswerRoutes' contract), so the reactor can go.
+    if (registered_) server_->answer_routes().Remove(route_, this);
+    delete this;
+  }
+
+ private:
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    current_ = std::move(pending_.front());
+    pending_.pop_front();
+    if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("tx", "coordinator", current_.ByteSizeLong());
+    writing_ = true;
+    StartWrite(&current_);
+  }
+  void FinishLocked(grpc::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    pending_.clear();  // their steps fail at the coordinator when this stream ends
+    Finish(std::move(status));
+  }
+
+  WorkerServer* const server_;
+  const std::string route_;
+  bool registered_ = false;  // set by the constructor only
+  Mutex mu_;
+  std::deque<v1::StepResponse> pending_ ABSL_GUARDED_BY(mu_);
+  v1::StepResponse current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // A stream refused before any message is read (its caller lacks the role).
 class RejectedStepStream final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
  public:
   explicit RejectedStepStream(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+class RejectedAnswerStream final : public grpc::ServerWriteReactor<v1::StepResponse> {
+ public:
+  explicit RejectedAnswerStream(grpc::Status status) { Finish(std::move(status)); }
   void OnDone() override { delete this; }
 };
 
@@ -210,6 +304,14 @@ class StageServiceImpl final : public v1::Stage::CallbackService {
       return new RejectedStepStream(std::move(st));
     }
     return new StepStreamReactor(server_);
+  }
+  grpc::ServerWriteReactor<v1::StepResponse>* AnswerStream(grpc::CallbackServerContext* ctx,
+                                                           const v1::AnswerStreamRequest* request) override {
+    // Only the coordinator takes answers.
+    if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kCoordinator}); !st.ok()) {
+      return new RejectedAnswerStream(std::move(st));
+    }
+    return new AnswerStreamReactor(ctx, server_, request->route());
   }
 
  private:
@@ -590,7 +692,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
                                                                          .next_address = a.next_address(),
                                                                          .metrics = options_.metrics,
                                                                          .remote_experts = std::move(remote),
-                                                                         .peer_credentials = options_.peer_credentials});
+                                                                         .peer_credentials = options_.peer_credentials,
+                                                                         .answer_routes = &answer_routes_});
 }
 
 void WorkerServer::Load(v1::Assignment a) {
@@ -651,6 +754,7 @@ void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepR
     MutexLock lock(&mu_);
     if (!stopping_ && jobs_.size() < options_.max_queued_steps) {
       jobs_.push_back(Job{std::move(request), std::move(done)});
+      queued_jobs_.store(jobs_.size(), std::memory_order_release);
       jobs_cv_.Signal();
       return;
     }
@@ -665,12 +769,17 @@ void WorkerServer::StageLoop() {
   while (true) {
     Job job;
     std::shared_ptr<StageRuntime> runtime;
+    // In steady decoding the next micro-batch comes a round trip after the last answer: polling
+    // for it a little saves the wake-up of a sleeping thread on every hop.
+    SpinFor(absl::FromChrono(options_.stage_spin),
+            [this] { return queued_jobs_.load(std::memory_order_acquire) > 0; });
     {
       MutexLock lock(&mu_);
       while (!stopping_ && jobs_.empty()) jobs_cv_.Wait(&mu_);
       if (jobs_.empty()) return;  // stopping, nothing left
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      queued_jobs_.store(jobs_.size(), std::memory_order_release);
       if (!stopping_) runtime = runtime_;
     }
     if (runtime == nullptr && Stopping()) {

@@ -3,6 +3,9 @@
 // service (experts it hosts for other workers' stages) — and the state its heartbeats report.
 // An assignment makes the worker either a pipeline stage or an expert host.
 //
+// Stage.AnswerStream: the coordinator's return stream, where the last stage writes direct answers
+// (stage.proto; answer_routes.h).
+//
 // Threads: gRPC reactions only validate and enqueue. One stage thread runs micro-batches in
 // arrival order on the loaded StageRuntime (which owns the rank threads); it does not wait for
 // the next stage's answer, which the runtime's link reader relays (pipelining); one loader thread at a
@@ -11,6 +14,7 @@
 #ifndef SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 #define SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -30,6 +34,7 @@
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/expert.grpc.pb.h"
 #include "shardserve/v1/stage.grpc.pb.h"
+#include "worker/service/answer_routes.h"
 #include "worker/service/stream_budget.h"
 #include "worker/engine/expert_host.h"
 #include "worker/kernels/backend.h"
@@ -62,6 +67,12 @@ struct WorkerOptions {
   // Credentials of this worker's channels to other workers (the next stage, expert hosts): mutual
   // TLS expecting the `worker` role when the cluster runs TLS. Null = plaintext.
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
+  // How long the idle stage thread polls for the next micro-batch before it sleeps
+  // (common/concurrency/spin.h; --stage_spin_us): a micro-batch arriving within it starts without
+  // a thread wake-up. 0 (the default) = sleep at once: where every core is busy (a 2-core machine
+  // running a stage and its peers), the poll takes the CPU the awaited threads need, and steps got
+  // slower in the pipeline benchmark.
+  std::chrono::microseconds stage_spin{0};
 };
 
 // The free bytes a CUDA device with `total_bytes` and `free_bytes` offers when this worker may fill
@@ -94,7 +105,7 @@ class WorkerServer {
   // The services to register on the worker's grpc::Server; owned by this object. On a TLS port
   // each call checks its caller's role (security::CheckPeerRole): Worker.Assign only from the
   // coordinator, Stage.StepStream from the coordinator (stage 0) or a worker (the previous stage),
-  // Expert.Compute only from workers.
+  // Stage.AnswerStream only from the coordinator, Expert.Compute only from workers.
   grpc::Service* worker_service();
   grpc::Service* stage_service();
   grpc::Service* expert_service();
@@ -125,6 +136,9 @@ class WorkerServer {
   WorkerMetrics* metrics() const { return options_.metrics; }
   // The budget every stage stream of this worker charges (stream_budget.h).
   StreamBudget& stream_budget() { return stream_budget_; }
+  // The coordinator's return streams open on this worker (Stage.AnswerStream), where its last
+  // stage writes direct answers (answer_routes.h).
+  AnswerRoutes& answer_routes() { return answer_routes_; }
 
   // Expert.Compute: UNAVAILABLE when this worker hosts no experts, NOT_FOUND for an expert it does
   // not host, INVALID_ARGUMENT for a malformed request.
@@ -167,6 +181,7 @@ class WorkerServer {
 
   const WorkerOptions options_;
   StreamBudget stream_budget_{options_.stream_buffer_bytes};
+  AnswerRoutes answer_routes_;  // before the services and runtimes that use it
   std::unique_ptr<grpc::Service> worker_service_;
   std::unique_ptr<grpc::Service> stage_service_;
   std::unique_ptr<grpc::Service> expert_service_;
@@ -174,6 +189,8 @@ class WorkerServer {
   mutable Mutex mu_;
   CondVar jobs_cv_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // jobs_.size(), readable without mu_: what the idle stage thread polls before it sleeps.
+  std::atomic<size_t> queued_jobs_{0};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   WorkerStatusSnapshot status_ ABSL_GUARDED_BY(mu_);
   mutable CondVar loaded_cv_;  // signalled when a load ends (status_ leaves LOADING)

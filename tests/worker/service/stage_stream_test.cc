@@ -28,6 +28,7 @@
 #include "worker/engine/expert_host.h"
 #include "worker/service/convert.h"
 #include "worker/service/expert_client.h"
+#include "tests/worker/service/stage_rig.h"
 #include "worker/service/worker_server.h"
 
 namespace shardserve::service {
@@ -36,47 +37,6 @@ namespace {
 using ::shardserve::testing::IsOk;
 using ::shardserve::testing::StatusIs;
 using ::testing::HasSubstr;
-
-struct RunningWorker {
-  std::unique_ptr<WorkerServer> server;
-  std::unique_ptr<grpc::Server> rpc;
-  std::string address;
-};
-
-RunningWorker StartWorker(int cpu_ranks, WorkerMetrics* metrics = nullptr) {
-  RunningWorker w;
-  w.server = std::make_unique<WorkerServer>(WorkerOptions{.cpu_ranks = cpu_ranks, .metrics = metrics});
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  b.RegisterService(w.server->worker_service());
-  b.RegisterService(w.server->stage_service());
-  b.RegisterService(w.server->expert_service());
-  w.rpc = b.BuildAndStart();
-  w.address = absl::StrCat("127.0.0.1:", port);
-  return w;
-}
-
-v1::Assignment StageAssignment(const std::string& model, int stage, int layer_begin, int layer_end, int ranks,
-                               const std::string& next) {
-  v1::Assignment a;
-  a.set_assignment_id(absl::StrCat("test-", stage));
-  a.set_model_path(model);
-  a.set_stage(stage);
-  a.set_layer_begin(layer_begin);
-  a.set_layer_end(layer_end);
-  a.set_device_kind(v1::DEVICE_KIND_CPU);
-  for (int r = 0; r < ranks; ++r) a.add_devices(r);
-  a.set_kv_blocks(4 * 8);  // blocks of 16 tokens: 4 sequences of the whole context (128 tokens)
-  a.set_kv_block_size(16);
-  a.set_max_step_tokens(64);
-  a.set_next_address(next);
-  return a;
-}
-
-// Waits (bounded) until the worker reports READY or FAILED for its assignment.
-WorkerStatusSnapshot AwaitLoaded(const WorkerServer& w) { return w.WaitLoaded(absl::Seconds(30)); }
 
 // A minimal HTTP/1.0 GET on 127.0.0.1 (no client library needed for one request).
 std::string HttpGet(int port, const std::string& path) {
@@ -128,19 +88,6 @@ class StageStreamTest : public ::testing::Test {
   std::unique_ptr<v1::Stage::Stub> stub_;
 };
 
-// Sequence `seq` holds blocks [8 * seq, 8 * seq + 8): a whole context of 128 tokens.
-v1::StepRequest Step(uint64_t id, int seq, int pos, const std::vector<int32_t>& tokens, uint64_t sample_index) {
-  v1::StepRequest r;
-  r.set_step_id(id);
-  v1::StepSequence* s = r.add_sequences();
-  for (int b = 0; b < 8; ++b) s->add_block_ids(8 * seq + b);
-  s->set_pos_begin(pos);
-  s->set_num_tokens(static_cast<int32_t>(tokens.size()));
-  for (int32_t t : tokens) s->add_token_ids(t);
-  s->set_sample(true);
-  s->set_sample_index(sample_index);
-  return r;
-}
 
 TEST_F(StageStreamTest, GreedyTokensThroughTwoStagesMatchTransformers) {
   grpc::ClientContext ctx;

@@ -8,6 +8,9 @@
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include <chrono>
+#include <memory>
+#include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/security/grpc_security.h"
@@ -133,6 +136,36 @@ TEST_F(WorkerTlsTest, StageStreamsOpenOnlyForTheCoordinatorAndWorkers) {
   auto [foreign_ids, foreign_status] = Stream(foreign.InternalChannelCredentials(Role::kWorker));
   EXPECT_FALSE(foreign_status.ok());
   EXPECT_TRUE(foreign_ids.empty());
+}
+
+// The return stream of direct answers (Stage.AnswerStream) opens only for the coordinator: a
+// worker or a client is refused before the stream is registered.
+TEST_F(WorkerTlsTest, ReturnStreamsOpenOnlyForTheCoordinator) {
+  auto open = [&](Role role, const std::string& route) {
+    auto stub = v1::Stage::NewStub(
+        grpc::CreateChannel(address_, As(absl::StrCat("peer-", security::RoleName(role)), role)));
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::AnswerStreamRequest request;
+    request.set_route(route);
+    auto reader = stub->AnswerStream(ctx.get(), request);
+    return std::tuple{std::move(stub), std::move(ctx), std::move(reader)};
+  };
+  for (Role role : {Role::kWorker, Role::kClient}) {
+    auto [stub, ctx, reader] = open(role, "r");
+    v1::StepResponse response;
+    EXPECT_FALSE(reader->Read(&response));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED) << security::RoleName(role);
+  }
+  EXPECT_FALSE(server_->answer_routes().HasRouteForTest("r"));
+  // The coordinator's is registered (and stays open until it cancels).
+  auto [stub, ctx, reader] = open(Role::kCoordinator, "r");
+  for (int i = 0; i < 500 && !server_->answer_routes().HasRouteForTest("r"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(server_->answer_routes().HasRouteForTest("r"));
+  ctx->TryCancel();
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
 }  // namespace
