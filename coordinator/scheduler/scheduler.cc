@@ -78,7 +78,11 @@ struct Scheduler::Replica {
   std::unique_ptr<BlockPool> pool;        // the KV cache blocks
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;  // admission order
-  int32_t depth = 1;  // step loops (micro-batches in flight at once)
+  int32_t depth = 1;  // step loops (micro-batches in flight at once, at most)
+  std::shared_ptr<const PipelineCostModel> cost;  // null: the split is always `depth`
+  PipeliningChoice choice;                        // with `cost`: the last one
+  int32_t micro_batches = 1;     // the split now (`depth` without a cost model)
+  int32_t batches_in_flight = 0;  // built and not yet finished (or closed)
   bool stopping = false;
   bool draining = false;      // DrainReplica: no new work is routed here
   uint64_t steps = 0;         // micro-batches answered
@@ -181,6 +185,9 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->block_size = options.kv_block_size;
   r->client = std::move(client);
   r->depth = options.pipeline_depth;
+  r->cost = options.pipeline_cost;
+  r->micro_batches = r->cost != nullptr ? 1 : r->depth;
+  r->choice.max_micro_batches = r->depth;
   r->pool = std::make_unique<BlockPool>(options.kv_blocks, options.kv_block_size, options.prefix_caching);
   Replica* raw = r.get();
   replicas_.emplace(replica, std::move(r));
@@ -364,6 +371,7 @@ void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& ev
 }
 
 bool Scheduler::HasWorkLocked(const Replica& r) const {
+  if (r.batches_in_flight >= r.micro_batches) return false;
   for (const Sequence* s : r.running) {
     if (!s->in_flight) return true;  // to step, or (cancelled) to end
   }
@@ -783,11 +791,32 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
   }
 }
 
+void Scheduler::ChoosePipeliningLocked(Replica& r) {
+  // The running set's next step, decodes first, as BuildBatchLocked orders it.
+  std::vector<StepWork> work;
+  work.reserve(r.running.size());
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Sequence* s : r.running) {
+      if (s->cancelled) continue;
+      const int64_t pending = std::ssize(s->context) - s->consumed;
+      if ((pending == 1) != (pass == 0)) continue;
+      work.push_back(StepWork{.pos_begin = s->consumed, .tokens = std::max<int64_t>(pending, 1), .sample = true});
+    }
+  }
+  r.choice = ChooseMicroBatches(*r.cost, work, r.depth, options_.max_step_tokens);
+  r.micro_batches = r.choice.micro_batches;
+}
+
 Scheduler::Batch Scheduler::NextBatchLocked(Replica& r, std::vector<Event>& events) {
   EndCancelledLocked(r, events);
   AdmitLocked(r);
-  const size_t share = (r.running.size() + static_cast<size_t>(r.depth) - 1) / static_cast<size_t>(r.depth);
-  return BuildBatchLocked(r, std::max<size_t>(share, 1));
+  if (r.cost != nullptr) ChoosePipeliningLocked(r);
+  if (r.batches_in_flight >= r.micro_batches) return Batch{};  // the split dropped: wait for a batch
+  const size_t k = static_cast<size_t>(r.micro_batches);
+  const size_t share = (r.running.size() + k - 1) / k;
+  Batch batch = BuildBatchLocked(r, std::max<size_t>(share, 1));
+  if (!batch.input.sequences.empty()) ++r.batches_in_flight;
+  return batch;
 }
 
 void Scheduler::FinishBatch(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out,
@@ -801,6 +830,7 @@ void Scheduler::FinishBatch(Replica& r, const Batch& batch, const absl::StatusOr
   {
     absl::MutexLock lock(&mu_);
     ReleaseLocked(batch);
+    --r.batches_in_flight;
     EndCancelledLocked(r, events);
   }
   Deliver(events);
@@ -868,6 +898,7 @@ void Scheduler::EndStep(int replica, uint64_t step_id, const absl::StatusOr<Step
 
 void Scheduler::CloseOpenBatchesLocked(Replica& r) {
   for (const auto& [step_id, batch] : r.open) ReleaseLocked(batch);
+  r.batches_in_flight -= static_cast<int32_t>(r.open.size());
   r.open.clear();
 }
 
@@ -978,7 +1009,12 @@ SchedulerStats Scheduler::Stats() const {
                     .kv_blocks_used = r->pool->held(),
                     .kv_blocks_cached = r->pool->cached(),
                     .kv_blocks_total = r->kv_blocks,
-                    .draining = r->draining};
+                    .draining = r->draining,
+                    .micro_batches = r->micro_batches};
+    rs.pipelining = r->cost != nullptr
+                        ? DescribePipelining(r->choice, r->cost->Describe())
+                        : absl::StrCat(r->depth, r->depth == 1 ? " micro-batch" : " micro-batches",
+                                       " in flight at most (fixed pipeline depth)");
     stats.running += rs.running;
     stats.waiting += rs.waiting;
     stats.replicas.push_back(rs);

@@ -58,9 +58,14 @@
 // Pipelining: a replica runs pipeline_depth step loops (threads) over the same state, so up to
 // that many micro-batches are in flight at once, each of different sequences (a sequence stays
 // "in flight" from the build of its micro-batch until its tokens have been delivered, which also
-// keeps each sequence's sink calls in order). A micro-batch takes at most
-// ceil(running / pipeline_depth) sequences, so the running set splits into groups that take turns
-// through the stages.
+// keeps each sequence's sink calls in order). The replica splits its running set into k
+// micro-batches: k = pipeline_depth, or, with ReplicaOptions::pipeline_cost, the k in
+// [1, pipeline_depth] its cost model predicts the most throughput for (ChooseMicroBatches,
+// pipelining.h), chosen again at every build from the running set after admission. A micro-batch
+// is built only while fewer than k are in flight, and takes at most ceil(running / k) sequences,
+// so the running set splits into k groups that take turns through the stages (k = 1: one
+// micro-batch of every running sequence at a time; when k drops, the groups merge as their
+// micro-batches come back).
 // The batch builder skips sequences already in flight and never preempts them. The oldest running
 // sequence is only ever preempted by itself, when every block not held by in-flight sequences is
 // too few; every request fits the cache alone (checked at Submit), so the oldest sequence always
@@ -106,6 +111,7 @@
 #include "absl/types/span.h"
 #include "common/concurrency/clock.h"
 #include "coordinator/scheduler/block_pool.h"
+#include "coordinator/scheduler/pipelining.h"
 #include "coordinator/scheduler/replica_client.h"
 #include "coordinator/scheduler/scheduler_observer.h"
 #include "coordinator/scheduler/sequence.h"
@@ -136,8 +142,11 @@ struct SchedulerOptions {
 struct ReplicaOptions {
   int32_t max_slots = 8;      // sequences running at once (a scheduling limit), >= 1
   // Micro-batches in flight at once, >= 1: with P pipeline stages, P lets every stage work on a
-  // different micro-batch; 1 = one at a time.
+  // different micro-batch; 1 = one at a time. With pipeline_cost, the most micro-batches in flight.
   int32_t pipeline_depth = 1;
+  // When set, each build chooses how many micro-batches (in [1, pipeline_depth]) the running set
+  // splits into ("Pipelining" above); null = always pipeline_depth. Shared, immutable.
+  std::shared_ptr<const PipelineCostModel> pipeline_cost;
   int64_t kv_blocks = 0;      // KV cache blocks of every stage (the replica's capacity), in [1, 2^31 - 1]
   int32_t kv_block_size = 16;  // tokens per block, >= 1
   // Keep full blocks after their sequences end and reuse them for later sequences with the same
@@ -157,6 +166,8 @@ struct ReplicaStats {
   int64_t kv_blocks_cached = 0;  // blocks whose contents are kept for prefix reuse (held or not)
   int64_t kv_blocks_total = 0;   // the replica's KV cache blocks (the same on every stage)
   bool draining = false;         // DrainReplica: takes no new work
+  int32_t micro_batches = 1;     // the running set's current split ("Pipelining" above)
+  std::string pipelining;        // how it is chosen, and why the current split (one line)
 };
 
 struct SchedulerStats {
@@ -266,7 +277,11 @@ class Scheduler {
       ABSL_LOCKS_EXCLUDED(mu_);
   // With kCaller: releases the replica's open micro-batches (RemoveReplica, Shutdown).
   void CloseOpenBatchesLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a build may make a micro-batch now: fewer than its split in flight, and a running
+  // sequence not in flight or one to admit.
   bool HasWorkLocked(const Replica& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With a cost model: chooses the split for the running set now (Replica::choice).
+  void ChoosePipeliningLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the batch's sequences that are still running as no longer in flight.
   void ReleaseLocked(const Batch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCancelledLocked(Replica& r, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

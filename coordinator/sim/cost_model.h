@@ -35,16 +35,13 @@
 #include "absl/types/span.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
+#include "coordinator/scheduler/pipelining.h"
 #include "coordinator/sim/device_profile.h"
 
 namespace shardserve::sim {
 
-// One sequence's part of a micro-batch.
-struct SequenceWork {
-  int64_t pos_begin = 0;  // tokens already in its KV cache
-  int64_t tokens = 0;     // new tokens (a prefill chunk, or 1 to decode), >= 1
-  bool sample = false;    // the last stage samples a token for it
-};
+// One sequence's part of a micro-batch (the scheduler's pipelining policy prices the same).
+using SequenceWork = coordinator::StepWork;
 
 // Where a stage's time goes (seconds, on its slowest rank).
 struct StageTime {
@@ -52,6 +49,8 @@ struct StageTime {
   double attention = 0;    // KV cache reads and attention FLOPs
   double collectives = 0;  // tensor-parallel all-reduces
   double overhead = 0;     // per-layer and per-step fixed costs
+  // Of weights + attention, the ops whose roofline is their memory traffic (not their FLOPs).
+  double memory_bound = 0;
   double Total() const { return weights + attention + collectives + overhead; }
 };
 
@@ -68,8 +67,8 @@ class StageCostModel {
   const DeviceProfile& device() const { return device_; }
 
  private:
-  // One op's roofline time on one rank.
-  double Roofline(double bytes, double flops) const;
+  // One op's roofline time on one rank; adds it to `*memory_bound` when memory sets it.
+  double Roofline(double bytes, double flops, double* memory_bound) const;
 
   ModelSpec spec_;
   StageSpec stage_;

@@ -210,7 +210,9 @@ absl::Status StatusCommand() {
   if (!info.ok()) return info.status();
   std::cout << "cluster: " << (info->ready ? "ready" : "not ready") << (info->reason.empty() ? "" : " (" + info->reason + ")")
             << "\nmodel: " << info->model_path << "\nsequences: " << info->running_sequences << " running, "
-            << info->waiting_sequences << " waiting\n\n";
+            << info->waiting_sequences << " waiting\n";
+  for (const std::string& line : info->pipelining) std::cout << "pipelining: " << line << "\n";
+  std::cout << "\n";
   std::vector<std::vector<std::string>> rows = {{"WORKER", "NODE", "ADDRESS", "STATE", "DEVICES", "ASSIGNMENT", "ERROR"}};
   for (const WorkerInfo& w : info->workers) {
     rows.push_back({w.worker_id, w.node_name, w.address, w.state, w.devices, w.assignment, w.error});
