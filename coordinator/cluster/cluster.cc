@@ -111,6 +111,39 @@ bool Cluster::WaitUntilReady(absl::Duration timeout) const {
 
 namespace {
 
+// The host of a "host:port" address ("[::1]:5000" -> "::1"); empty when there is none.
+std::string AddressHost(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon == std::string::npos ? address.size() : colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+// Gives the stages that run on one machine one node_name (the first such stage's): those with the
+// same node_name, or whose workers listen on the same host (shardserve-local names its workers
+// local-0, local-1, ... on one machine). `hosts[s]` is stage s's address host.
+void NameMachines(std::vector<StageSpec>& stages, const std::vector<std::string>& hosts) {
+  const size_t n = stages.size();
+  // Each stage takes the lowest index it is (transitively) on one machine with.
+  std::vector<size_t> machine(n);
+  for (size_t s = 0; s < n; ++s) machine[s] = s;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t s = 0; s < n; ++s) {
+      for (size_t t = 0; t < n; ++t) {
+        const bool same = stages[s].node_name == stages[t].node_name || (!hosts[s].empty() && hosts[s] == hosts[t]);
+        if (same && machine[t] < machine[s]) {
+          machine[s] = machine[t];
+          changed = true;
+        }
+      }
+    }
+  }
+  std::vector<std::string> names(n);
+  for (size_t s = 0; s < n; ++s) names[s] = stages[machine[s]].node_name;
+  for (size_t s = 0; s < n; ++s) stages[s].node_name = names[s];
+}
+
 const WorkerRecord* Find(const std::vector<WorkerRecord>& workers, const std::string& id) {
   for (const WorkerRecord& w : workers) {
     if (w.worker_id == id) return &w;
@@ -719,6 +752,9 @@ void Cluster::UpdateServingReplicas(const std::vector<WorkerRecord>& workers) {
         if (!problem.empty()) problems.push_back(absl::StrCat("expert host: ", problem));
       }
       endpoint.stage0_address = rs.stages.front().address;
+      std::vector<std::string> hosts;
+      for (const Stage& stage : rs.stages) hosts.push_back(AddressHost(stage.address));
+      NameMachines(endpoint.stages, hosts);
       if (problems.empty() && !rs.serving) changes.push_back({endpoint.replica, true, endpoint, ""});
       if (!problems.empty() && rs.serving) {
         changes.push_back({endpoint.replica, false, endpoint,

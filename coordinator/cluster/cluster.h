@@ -87,7 +87,9 @@ struct ReplicaEndpoint {
   int32_t max_slots = 0;       // running sequences at once (a scheduling limit)
   int64_t kv_blocks = 0;       // KV cache blocks, the same ids on every stage (their minimum)
   int32_t kv_block_size = 0;   // tokens per block
-  std::vector<StageSpec> stages;  // per stage: its layers, devices and machine (for the pipelining policy)
+  // Per stage: its layers, devices and machine, for the pipelining policy. Stages on one machine
+  // (the same node_name, or workers listening on the same host) carry one node_name.
+  std::vector<StageSpec> stages;
 };
 
 // The most sequences a replica runs at once when ClusterOptions::max_slots is 0 (vLLM's default

@@ -135,8 +135,8 @@ std::string DescribePipelining(const PipeliningChoice& c, const std::string& whe
     } else {
       why = "a split would not keep the stages busier";
     }
-    return absl::StrFormat("1 micro-batch for %d running sequences (%s, %s; split: %.2fx the throughput at best)",
-                           c.sequences, where, why, c.best_split_gain);
+    return absl::StrFormat("1 micro-batch for %d running %s (%s, %s; split: %.2fx the throughput at best)",
+                           c.sequences, c.sequences == 1 ? "sequence" : "sequences", where, why, c.best_split_gain);
   }
   return absl::StrFormat("%d micro-batches for %d running sequences (%s; the stages work at once: %.2fx the "
                          "throughput of one micro-batch)",
