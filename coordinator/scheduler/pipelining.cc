@@ -44,7 +44,7 @@ RoundPrediction PredictRound(const PipelineCostModel& model, absl::Span<const St
   for (int s = 0; s < stages; ++s) {
     if (const int g = model.SharedGroup(s); g >= 0) ++group_stages[g];
   }
-  double latency = 0;
+  double latency = 0;  // summed over the micro-batches, then their mean
   for (const std::vector<StepWork>& part : parts) {
     int64_t tokens = 0;
     for (const StepWork& w : part) tokens += w.tokens;
@@ -60,8 +60,9 @@ RoundPrediction PredictRound(const PipelineCostModel& model, absl::Span<const St
         if (s + 1 < stages && model.SharedGroup(s + 1) == g) shared[g].second += model.Hop(s, tokens);
       }
     }
-    latency = std::max(latency, path);
+    latency += path;
   }
+  if (!parts.empty()) latency /= static_cast<double>(parts.size());
   round.seconds = std::max(latency, *std::max_element(busy.begin(), busy.end()));
   for (const auto& [g, seconds] : shared) {
     const HostParallelism p = model.Parallelism(g);
@@ -75,13 +76,17 @@ RoundPrediction PredictRound(const PipelineCostModel& model, absl::Span<const St
 }
 
 PipeliningChoice ChooseMicroBatches(const PipelineCostModel& model, absl::Span<const StepWork> running,
-                                    int32_t max_micro_batches, int64_t max_step_tokens) {
-  PipeliningChoice choice{.max_micro_batches = std::max(1, max_micro_batches),
+                                    int32_t max_micro_batches, int64_t max_step_tokens, int32_t current) {
+  PipeliningChoice choice{.micro_batches = std::clamp(current, 1, std::max(1, max_micro_batches)),
+                          .max_micro_batches = std::max(1, max_micro_batches),
                           .sequences = static_cast<int64_t>(running.size())};
   for (int s = 0; s < model.num_stages(); ++s) {
     choice.shared_host = choice.shared_host || model.SharedGroup(s) >= 0;
   }
-  if (running.empty()) return choice;
+  if (running.empty()) {
+    choice.micro_batches = 1;  // nothing to split; the next load starts from one micro-batch
+    return choice;
+  }
   const RoundPrediction one = PredictRound(model, running, 1, max_step_tokens);
   double memory = 0, total = 0;
   {
@@ -101,19 +106,24 @@ PipeliningChoice ChooseMicroBatches(const PipelineCostModel& model, absl::Span<c
     }
   }
   choice.weight_bound = total > 0 && memory > 0.5 * total;
-  double best = one.TokensPerSecond();
+  // The current split stays unless another one beats it by kMinPipeliningGain.
+  std::vector<double> tps(static_cast<size_t>(choice.max_micro_batches) + 1, 0.0);
+  tps[1] = one.TokensPerSecond();
   double best_split = 0;
   for (int32_t k = 2; k <= choice.max_micro_batches; ++k) {
-    const double tps = PredictRound(model, running, k, max_step_tokens).TokensPerSecond();
-    best_split = std::max(best_split, tps);
-    if (tps >= best * kMinPipeliningGain) {
-      best = tps;
+    tps[static_cast<size_t>(k)] = PredictRound(model, running, k, max_step_tokens).TokensPerSecond();
+    best_split = std::max(best_split, tps[static_cast<size_t>(k)]);
+  }
+  double best = tps[static_cast<size_t>(choice.micro_batches)];
+  for (int32_t k = 1; k <= choice.max_micro_batches; ++k) {
+    if (tps[static_cast<size_t>(k)] >= best * kMinPipeliningGain) {
+      best = tps[static_cast<size_t>(k)];
       choice.micro_batches = k;
     }
   }
-  if (one.TokensPerSecond() > 0) {
-    choice.gain = best / one.TokensPerSecond();
-    if (choice.max_micro_batches > 1) choice.best_split_gain = best_split / one.TokensPerSecond();
+  if (tps[1] > 0) {
+    choice.gain = best / tps[1];
+    if (choice.max_micro_batches > 1) choice.best_split_gain = best_split / tps[1];
   }
   return choice;
 }

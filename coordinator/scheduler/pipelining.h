@@ -15,8 +15,9 @@
 // scheduler fills them: ceil(n / k) sequences each, decodes first, at most max_step_tokens tokens
 // each. One round (every micro-batch through every stage once) then takes at least
 //   - the busiest stage's work: sum over the micro-batches of its time for each;
-//   - one micro-batch's latency: its time on every stage plus every hop (a micro-batch cannot
-//     overtake itself);
+//   - a micro-batch's latency: its time on every stage plus every hop (a micro-batch cannot
+//     overtake itself), the mean over the micro-batches (a quick one goes round again while a
+//     slow one, say with a long prefill chunk, is still in flight);
 //   - per machine whose resources several stages share (CPU stages on one machine: its memory
 //     bus, and its cores, which also run the hops, the coordinator and whatever else runs there):
 //     the seconds its stages' ops wait on memory reads over the memory parallelism (how much more
@@ -24,8 +25,10 @@
 //     the compute parallelism, summed over its stages and the micro-batches (the hops between
 //     two of its stages count as its cores' work too).
 // With k = 1 that is simply the latency (the sum of the stages). The choice is the k in
-// [1, max_micro_batches] with the most tokens per second, where more micro-batches must win by
-// kMinPipeliningGain (they cost latency and scheduling work, and the model is approximate).
+// [1, max_micro_batches] with the most tokens per second, where a split other than the current
+// one must win by kMinPipeliningGain: the model is approximate, and a change costs a pipeline
+// flush (fewer micro-batches wait for those in flight) or fill, so a load near the break-even
+// point must not make the split flap.
 //
 // Thread-safety: the functions are pure; a PipelineCostModel is immutable and its methods are
 // const and thread-safe (the scheduler calls it under its lock from several threads).
@@ -81,7 +84,7 @@ class PipelineCostModel {
   virtual std::string Describe() const = 0;
 };
 
-// More micro-batches must predict at least this much more throughput than fewer to be chosen.
+// Another split must predict at least this much more throughput than the current one to replace it.
 inline constexpr double kMinPipeliningGain = 1.10;
 
 // The predicted round of one split (see the file comment).
@@ -102,16 +105,17 @@ struct PipeliningChoice {
   int32_t micro_batches = 1;    // chosen, in [1, max_micro_batches]
   int32_t max_micro_batches = 1;
   int64_t sequences = 0;         // running sequences it was chosen for
-  double gain = 1.0;            // the chosen split's throughput over one micro-batch's (predicted)
+  double gain = 1.0;             // the chosen split's throughput over one micro-batch's (predicted)
   double best_split_gain = 1.0;  // with one chosen: the best split's throughput over one's
   bool weight_bound = false;     // one micro-batch is mostly memory-bound time on its stages
   bool shared_host = false;      // some stages share a machine (SharedGroup)
 };
 
-// Chooses the split for `running` (as PredictRound takes it). With no sequence, or
-// max_micro_batches == 1, the answer is 1 micro-batch.
+// Chooses the split for `running` (as PredictRound takes it), given the `current` one (clamped to
+// [1, max_micro_batches]). With no sequence, or max_micro_batches == 1, the answer is 1
+// micro-batch.
 PipeliningChoice ChooseMicroBatches(const PipelineCostModel& model, absl::Span<const StepWork> running,
-                                    int32_t max_micro_batches, int64_t max_step_tokens);
+                                    int32_t max_micro_batches, int64_t max_step_tokens, int32_t current = 1);
 
 // One line for `shardserve status`, e.g. "1 micro-batch for 16 running sequences (2 CPU stages
 // on one machine, stages sharing one machine's memory bus and cores: a split would read the

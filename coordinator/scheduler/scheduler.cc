@@ -822,7 +822,7 @@ void Scheduler::ChoosePipeliningLocked(Replica& r) {
       work.push_back(StepWork{.pos_begin = s->consumed, .tokens = std::max<int64_t>(pending, 1), .sample = true});
     }
   }
-  r.choice = ChooseMicroBatches(*r.cost, work, r.depth, options_.max_step_tokens);
+  r.choice = ChooseMicroBatches(*r.cost, work, r.depth, options_.max_step_tokens, r.micro_batches);
   r.micro_batches = r.choice.micro_batches;
 }
 

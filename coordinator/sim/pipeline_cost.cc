@@ -15,14 +15,16 @@ absl::Status Positive(const std::string& field, double value) {
   return absl::InvalidArgumentError(absl::StrCat(field, " must be > 0, got ", value));
 }
 
+// The figures the cost model divides by.
+absl::Status ValidateDevice(const std::string& name, const DeviceProfile& d) {
+  if (absl::Status st = Positive(name + ".memory_bytes_per_s", d.memory_bytes_per_s); !st.ok()) return st;
+  if (absl::Status st = Positive(name + ".flops_per_s", d.flops_per_s); !st.ok()) return st;
+  return Positive(name + ".intra_node.bytes_per_s", d.intra_node.bytes_per_s);
+}
+
 }  // namespace
 
 absl::Status PipelineProfiles::Validate() const {
-  for (const auto& [name, d] : {std::pair<std::string, const DeviceProfile*>{"cpu", &cpu}, {"gpu", &gpu}}) {
-    if (absl::Status st = Positive(name + ".memory_bytes_per_s", d->memory_bytes_per_s); !st.ok()) return st;
-    if (absl::Status st = Positive(name + ".flops_per_s", d->flops_per_s); !st.ok()) return st;
-    if (absl::Status st = Positive(name + ".intra_node.bytes_per_s", d->intra_node.bytes_per_s); !st.ok()) return st;
-  }
   if (absl::Status st = Positive("network.bytes_per_s", network.bytes_per_s); !st.ok()) return st;
   if (absl::Status st = Positive("same_node.bytes_per_s", same_node.bytes_per_s); !st.ok()) return st;
   if (hop_overhead_s < 0) return absl::InvalidArgumentError(absl::StrCat("hop_overhead_s must be >= 0, got ", hop_overhead_s));
@@ -67,6 +69,7 @@ absl::StatusOr<std::unique_ptr<PipelineCost>> PipelineCost::Make(const ModelSpec
     const bool cuda = st.device_kind == DeviceKind::kCuda;
     (cuda ? gpu : cpu) += 1;
     const DeviceProfile& device = cuda ? profiles.gpu : profiles.cpu;
+    if (absl::Status v = ValidateDevice(cuda ? "gpu" : "cpu", device); !v.ok()) return v;
     cost->activation_bytes_ = device.activation_bytes;
     cost->stages_.emplace_back(spec, st, device, bytes_per_param, kv_bytes_per_element);
     const bool next_here = s + 1 < stages.size() && stages[s + 1].node_name == st.node_name;

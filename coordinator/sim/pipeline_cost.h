@@ -41,7 +41,8 @@ struct PipelineProfiles {
   // stages of the 100M model computing at once gained nothing (serving_bench.py: pipelined 0.88x
   // the throughput of one micro-batch at a time), so none is assumed.
   coordinator::HostParallelism cpu_parallelism{.memory = 1.3, .compute = 1.0};
-  // InvalidArgument naming the field when a figure is not positive (or the parallelism < 1).
+  // InvalidArgument naming the field when a link figure is not positive or a parallelism < 1
+  // (the device profiles are checked by PipelineCost::Make, for the kinds its stages use).
   absl::Status Validate() const;
 };
 
@@ -54,7 +55,8 @@ class PipelineCost final : public coordinator::PipelineCostModel {
  public:
   // `stages`: one replica's pipeline, in order (layer ranges inside `spec`, tp >= 1, node_name
   // and device_kind set). bytes_per_param / kv_bytes_per_element as the planner resolved them.
-  // InvalidArgument for no stage, a bad layer range or tp, or invalid profiles.
+  // InvalidArgument for no stage, a bad layer range or tp, invalid profiles, or a device profile
+  // of a kind some stage uses without positive bandwidth and FLOP rate.
   static absl::StatusOr<std::unique_ptr<PipelineCost>> Make(const ModelSpec& spec, std::vector<StageSpec> stages,
                                                             int64_t bytes_per_param, int64_t kv_bytes_per_element,
                                                             const PipelineProfiles& profiles);

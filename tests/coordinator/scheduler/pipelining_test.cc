@@ -127,6 +127,19 @@ TEST(PipeliningTest, OneSequenceOrDepthOneNeverSplits) {
   EXPECT_THAT(DescribePipelining(idle, cost.Describe()), HasSubstr("idle now"));
 }
 
+TEST(PipeliningTest, NearTheBreakEvenPointTheCurrentSplitStays) {
+  // A split predicts 1.07x: less than kMinPipeliningGain either way.
+  const FakeCost cost(2, 0.010, 0.0001, /*shared=*/false);
+  const double one = 2 * (0.010 + 0.0016) + 2 * FakeCost::kHop;
+  const double two = 2 * (0.010 + 0.0008) + 2 * FakeCost::kHop;
+  ASSERT_GT(one / two, 1.0);
+  ASSERT_LT(one / two, kMinPipeliningGain);
+  EXPECT_EQ(ChooseMicroBatches(cost, Decodes(16), 2, 256, /*current=*/1).micro_batches, 1);
+  const PipeliningChoice stay = ChooseMicroBatches(cost, Decodes(16), 2, 256, /*current=*/2);
+  EXPECT_EQ(stay.micro_batches, 2);
+  EXPECT_NEAR(stay.gain, one / two, 1e-9);
+}
+
 TEST(PipeliningTest, DeeperPipelinesSplitFurtherOnlyForEnoughGain) {
   // Four compute-bound stages on four machines: each step of the split pays.
   const FakeCost cost(4, 0.001, 0.001, /*shared=*/false);
