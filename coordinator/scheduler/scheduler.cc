@@ -823,6 +823,9 @@ void Scheduler::ChoosePipeliningLocked(Replica& r) {
     }
   }
   r.choice = ChooseMicroBatches(*r.cost, work, r.depth, options_.max_step_tokens, r.micro_batches);
+  if (r.choice.micro_batches != r.micro_batches && !work.empty()) {
+    LOG(INFO) << "scheduler: replica " << r.id << " pipelining: " << DescribePipelining(r.choice, r.cost->Describe());
+  }
   r.micro_batches = r.choice.micro_batches;
 }
 

@@ -139,21 +139,29 @@ class SwitchableCost final : public PipelineCostModel {
   const bool* shared_;
 };
 
+// Replica 0 of depth 2 priced by SwitchableCost(weights, shared), running 4 requests of
+// `max_tokens`; returns their sinks.
+std::vector<std::shared_ptr<RecordingSink>> StartFourOnACostedReplica(Scheduler& scheduler, const double* weights,
+                                                                    const bool* shared, int32_t max_tokens) {
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  const absl::Status added = scheduler.AddReplica(
+      0, nullptr,
+      {.max_slots = 4, .pipeline_depth = 2, .pipeline_cost = std::make_shared<SwitchableCost>(weights, shared),
+       .kv_blocks = 16});
+  EXPECT_TRUE(added.ok()) << added;
+  for (int i = 0; i < 4; ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    EXPECT_TRUE(scheduler.Submit(Request(max_tokens), sinks.back()).ok());
+  }
+  return sinks;
+}
+
 TEST(SchedulerCallerTest, ACostModelFavouringOneMicroBatchKeepsTheRunningSetTogether) {
   testing::FakeClock clock;
   Scheduler scheduler(CallerOptions(&clock));
   const double weights = 0.010;  // weight-bound
   const bool shared = true;
-  ASSERT_TRUE(scheduler
-                  .AddReplica(0, nullptr,
-                              {.max_slots = 4, .pipeline_depth = 2,
-                               .pipeline_cost = std::make_shared<SwitchableCost>(&weights, &shared), .kv_blocks = 16})
-                  .ok());
-  std::vector<std::shared_ptr<RecordingSink>> sinks;
-  for (int i = 0; i < 4; ++i) {
-    sinks.push_back(std::make_shared<RecordingSink>());
-    ASSERT_TRUE(scheduler.Submit(Request(3), sinks.back()).ok());
-  }
+  StartFourOnACostedReplica(scheduler, &weights, &shared, 3);
   std::optional<StepInput> a = scheduler.BeginStep(0);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->sequences.size(), 4u);
@@ -172,16 +180,7 @@ TEST(SchedulerCallerTest, ACostModelFavouringASplitSplitsAndTheGroupsMergeWhenIt
   Scheduler scheduler(CallerOptions(&clock));
   double weights = 0.001;  // compute-bound
   bool shared = false;     // on separate machines
-  ASSERT_TRUE(scheduler
-                  .AddReplica(0, nullptr,
-                              {.max_slots = 4, .pipeline_depth = 2,
-                               .pipeline_cost = std::make_shared<SwitchableCost>(&weights, &shared), .kv_blocks = 16})
-                  .ok());
-  std::vector<std::shared_ptr<RecordingSink>> sinks;
-  for (int i = 0; i < 4; ++i) {
-    sinks.push_back(std::make_shared<RecordingSink>());
-    ASSERT_TRUE(scheduler.Submit(Request(4), sinks.back()).ok());
-  }
+  const std::vector<std::shared_ptr<RecordingSink>> sinks = StartFourOnACostedReplica(scheduler, &weights, &shared, 4);
   std::optional<StepInput> a = scheduler.BeginStep(0);
   std::optional<StepInput> b = scheduler.BeginStep(0);
   ASSERT_TRUE(a.has_value() && b.has_value());

@@ -15,6 +15,7 @@
 #include "common/log/log.h"
 #include "coordinator/scheduler/pipelining.h"
 #include "tests/coordinator/planner/model_100m.h"
+#include "tests/coordinator/sim/llama_70b.h"
 #include "tests/testing/status_matchers.h"
 
 namespace shardserve::sim {
@@ -26,16 +27,6 @@ using ::shardserve::coordinator::PipeliningChoice;
 using ::shardserve::coordinator::StepWork;
 using ::shardserve::testing::StatusIs;
 using ::testing::HasSubstr;
-
-ModelSpec Llama70B() {
-  absl::StatusOr<ModelSpec> spec = ParseModelSpec(R"({
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "intermediate_size": 28672,
-    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
-    "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "hidden_act": "silu"})",
-                                                  "70b");
-  CHECK(spec.ok()) << spec.status();
-  return *spec;
-}
 
 // `n` stages splitting the model's layers evenly, stage s on machine nodes[s].
 std::vector<StageSpec> Stages(const ModelSpec& spec, const std::vector<std::string>& nodes, DeviceKind kind, int tp) {
@@ -85,7 +76,7 @@ TEST(PipelineCostTest, TwoCpuStagesOnTwoMachinesSplitSixteenDecodes) {
 }
 
 TEST(PipelineCostTest, GpuStagesAcrossNodesPipelineLargeBatchesOfLongContexts) {
-  const ModelSpec spec = Llama70B();
+  const ModelSpec spec = testing::Llama70B();
   absl::StatusOr<std::unique_ptr<PipelineCost>> cost =
       PipelineCost::Make(spec, Stages(spec, {"node-0", "node-1"}, DeviceKind::kCuda, 8), 2, 2, DefaultPipelineProfiles());
   ASSERT_TRUE(cost.ok()) << cost.status();
@@ -102,7 +93,7 @@ TEST(PipelineCostTest, GpuStagesAcrossNodesPipelineLargeBatchesOfLongContexts) {
 }
 
 TEST(PipelineCostTest, GpuStagesAcrossNodesKeepOneMicroBatchOfFewShortDecodes) {
-  const ModelSpec spec = Llama70B();
+  const ModelSpec spec = testing::Llama70B();
   absl::StatusOr<std::unique_ptr<PipelineCost>> cost =
       PipelineCost::Make(spec, Stages(spec, {"node-0", "node-1"}, DeviceKind::kCuda, 8), 2, 2, DefaultPipelineProfiles());
   ASSERT_TRUE(cost.ok()) << cost.status();

@@ -16,6 +16,7 @@
 #include "coordinator/sim/simulator.h"
 #include "coordinator/sim/sweep.h"
 #include "coordinator/sim/workload.h"
+#include "tests/coordinator/sim/llama_70b.h"
 #include "tests/testing/status_matchers.h"
 
 namespace shardserve::sim {
@@ -180,12 +181,7 @@ TEST(SimulatorTest, PipelineStagesOverlapMicroBatches) {
 // two 8 x H100 nodes, simulated: with many long sequences it splits, and serves about as much as
 // the better fixed depth; with a few short ones, a step is its weight reads and it does not.
 TEST(SimulatorTest, AutoPipeliningServesAsMuchAsTheBetterFixedDepthAcrossGpuNodes) {
-  absl::StatusOr<ModelSpec> spec = ParseModelSpec(R"({
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "intermediate_size": 28672,
-    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
-    "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "hidden_act": "silu"})",
-                                                  "70b");
-  ASSERT_TRUE(spec.ok()) << spec.status();
+  const ModelSpec spec = testing::Llama70B();
   SimOptions o = H100Options();
   o.policy.tp = 8;
   o.policy.pp = 2;
@@ -197,7 +193,7 @@ TEST(SimulatorTest, AutoPipeliningServesAsMuchAsTheBetterFixedDepthAcrossGpuNode
     d.pipeline_depth = depth;
     d.closed_loop_clients = clients;
     absl::StatusOr<SimResult> r =
-        Simulate(*spec, {GpuWorker("n0", 8), GpuWorker("n1", 8)}, Poisson(1000, 2 * clients, prompt, output), d);
+        Simulate(spec, {GpuWorker("n0", 8), GpuWorker("n1", 8)}, Poisson(1000, 2 * clients, prompt, output), d);
     CHECK(r.ok()) << r.status();
     return r->output_tokens_per_s;
   };
