@@ -39,7 +39,7 @@ RoundPrediction PredictRound(const PipelineCostModel& model, absl::Span<const St
   }
   const int stages = model.num_stages();
   std::vector<double> busy(static_cast<size_t>(stages), 0.0);
-  std::map<int, std::pair<double, double>> shared;  // group -> (memory seconds, other seconds)
+  std::map<int, std::pair<double, double>> shared;  // group -> (memory seconds, compute seconds)
   std::map<int, int> group_stages;
   for (int s = 0; s < stages; ++s) {
     if (const int g = model.SharedGroup(s); g >= 0) ++group_stages[g];
@@ -55,7 +55,7 @@ RoundPrediction PredictRound(const PipelineCostModel& model, absl::Span<const St
       path += t.total + model.Hop(s, s + 1 < stages ? tokens : 0);
       if (const int g = model.SharedGroup(s); g >= 0 && group_stages[g] > 1) {
         shared[g].first += t.memory;
-        shared[g].second += t.total - t.memory;
+        shared[g].second += t.compute;
         // A hop between two stages of the machine is its cores' work too (serialization, gRPC).
         if (s + 1 < stages && model.SharedGroup(s + 1) == g) shared[g].second += model.Hop(s, tokens);
       }
@@ -66,7 +66,7 @@ RoundPrediction PredictRound(const PipelineCostModel& model, absl::Span<const St
   round.seconds = std::max(latency, *std::max_element(busy.begin(), busy.end()));
   for (const auto& [g, seconds] : shared) {
     const HostParallelism p = model.Parallelism(g);
-    const double bound = seconds.first / std::max(1.0, p.memory) + seconds.second / std::max(1.0, p.compute);
+    const double bound = std::max(seconds.first / std::max(1.0, p.memory), seconds.second / std::max(1.0, p.compute));
     if (bound > round.seconds) {
       round.seconds = bound;
       round.host_bound = true;
@@ -88,7 +88,7 @@ PipeliningChoice ChooseMicroBatches(const PipelineCostModel& model, absl::Span<c
     return choice;
   }
   const RoundPrediction one = PredictRound(model, running, 1, max_step_tokens);
-  double memory = 0, total = 0;
+  double memory = 0, compute = 0;
   {
     // How much of one micro-batch's time its stages spend waiting on memory.
     std::vector<StepWork> batch;
@@ -102,10 +102,10 @@ PipeliningChoice ChooseMicroBatches(const PipelineCostModel& model, absl::Span<c
     for (int s = 0; s < model.num_stages(); ++s) {
       const StageSeconds t = model.Stage(s, batch);
       memory += t.memory;
-      total += t.total;
+      compute += t.compute;
     }
   }
-  choice.weight_bound = total > 0 && memory > 0.5 * total;
+  choice.weight_bound = memory > compute;
   // The current split stays unless another one beats it by kMinPipeliningGain.
   std::vector<double> tps(static_cast<size_t>(choice.max_micro_batches) + 1, 0.0);
   tps[1] = one.TokensPerSecond();

@@ -19,11 +19,12 @@
 //     overtake itself), the mean over the micro-batches (a quick one goes round again while a
 //     slow one, say with a long prefill chunk, is still in flight);
 //   - per machine whose resources several stages share (CPU stages on one machine: its memory
-//     bus, and its cores, which also run the hops, the coordinator and whatever else runs there):
-//     the seconds its stages' ops wait on memory reads over the memory parallelism (how much more
-//     the bus reads with all those stages reading than with one), plus their other seconds over
-//     the compute parallelism, summed over its stages and the micro-batches (the hops between
-//     two of its stages count as its cores' work too).
+//     bus, and its cores, which also run the hops, the coordinator and whatever else runs there),
+//     summed over its stages and the micro-batches: their reads over the memory parallelism (how
+//     much more the bus reads with all those stages reading than with one), and their arithmetic
+//     over the compute parallelism (the hops between two of its stages count as its cores' work
+//     too), the larger of the two. Each op asks for both, whichever bounds it alone: an op that
+//     a split turns from compute-bound to memory-bound still computes on the shared cores.
 // With k = 1 that is simply the latency (the sum of the stages). The choice is the k in
 // [1, max_micro_batches] with the most tokens per second, where a split other than the current
 // one must win by kMinPipeliningGain: the model is approximate, and a change costs a pipeline
@@ -50,10 +51,13 @@ struct StepWork {
   bool sample = false;    // the last stage samples a token for it
 };
 
-// A stage's time for one micro-batch, in seconds.
+// A stage's time for one micro-batch, in seconds, and what it asks of its machine: its reads
+// (weights, KV cache) at the machine's bandwidth, and its arithmetic and fixed costs at its cores'
+// rate, whichever of the two bounds each op. Both are <= total.
 struct StageSeconds {
   double total = 0;
-  double memory = 0;  // of `total`, the ops bound by memory reads (weights, KV cache), <= total
+  double memory = 0;
+  double compute = 0;
 };
 
 // How much faster the stages of one shared machine run all at once than one after the other, >= 1
@@ -107,7 +111,7 @@ struct PipeliningChoice {
   int64_t sequences = 0;         // running sequences it was chosen for
   double gain = 1.0;             // the chosen split's throughput over one micro-batch's (predicted)
   double best_split_gain = 1.0;  // with one chosen: the best split's throughput over one's
-  bool weight_bound = false;     // one micro-batch is mostly memory-bound time on its stages
+  bool weight_bound = false;     // one micro-batch's reads take longer than its arithmetic
   bool shared_host = false;      // some stages share a machine (SharedGroup)
 };
 

@@ -49,8 +49,11 @@ struct StageTime {
   double attention = 0;    // KV cache reads and attention FLOPs
   double collectives = 0;  // tensor-parallel all-reduces
   double overhead = 0;     // per-layer and per-step fixed costs
-  // Of weights + attention, the ops whose roofline is their memory traffic (not their FLOPs).
-  double memory_bound = 0;
+  // What the ops of weights + attention ask of each resource, whichever bounds them: their memory
+  // traffic at the achievable bandwidth, and their FLOPs at the achievable rate (for a pipelining
+  // policy that asks what two stages sharing one machine's bus and cores take together).
+  double memory_demand = 0;
+  double compute_demand = 0;
   double Total() const { return weights + attention + collectives + overhead; }
 };
 
@@ -67,8 +70,8 @@ class StageCostModel {
   const DeviceProfile& device() const { return device_; }
 
  private:
-  // One op's roofline time on one rank; adds it to `*memory_bound` when memory sets it.
-  double Roofline(double bytes, double flops, double* memory_bound) const;
+  // One op's roofline time on one rank; adds its demands to `t`.
+  double Roofline(double bytes, double flops, StageTime& t) const;
 
   ModelSpec spec_;
   StageSpec stage_;

@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<PipelineCost>> PipelineCost::Make(const ModelSpec
 
 coordinator::StageSeconds PipelineCost::Stage(int stage, absl::Span<const coordinator::StepWork> work) const {
   const StageTime t = stages_[static_cast<size_t>(stage)].Cost(work);
-  return {.total = t.Total(), .memory = t.memory_bound};
+  return {.total = t.Total(), .memory = t.memory_demand, .compute = t.compute_demand + t.collectives + t.overhead};
 }
 
 double PipelineCost::Hop(int stage, int64_t tokens) const {

@@ -25,7 +25,7 @@ class FakeCost final : public PipelineCostModel {
   StageSeconds Stage(int, absl::Span<const StepWork> work) const override {
     double tokens = 0;
     for (const StepWork& w : work) tokens += static_cast<double>(w.tokens);
-    return {.total = weights_ + per_token_ * tokens, .memory = weights_};
+    return {.total = weights_ + per_token_ * tokens, .memory = weights_, .compute = per_token_ * tokens};
   }
   double Hop(int, int64_t) const override { return kHop; }
   int SharedGroup(int) const override { return shared_ ? 0 : -1; }
@@ -63,12 +63,15 @@ TEST(PipeliningTest, ASplitOnSeparateMachinesIsPacedByTheBusiestStage) {
 }
 
 TEST(PipeliningTest, ASplitOnASharedMachineIsPacedByItsBusAndCores) {
-  const FakeCost cost(2, 0.010, 0.001, /*shared=*/true, {.memory = 1.25, .compute = 2.0});
+  const FakeCost cost(2, 0.010, 0.001, /*shared=*/true, {.memory = 1.0, .compute = 1.0});
   const RoundPrediction r = PredictRound(cost, Decodes(16), 2, 256);
-  // Weight reads: 2 stages x 2 micro-batches x 10 ms over 1.25; compute: 16 ms per stage and the
-  // two hops between the stages over 2.
-  EXPECT_DOUBLE_EQ(r.seconds, 4 * 0.010 / 1.25 + (2 * 0.016 + 2 * FakeCost::kHop) / 2.0);
+  // Reads: 2 stages x 2 micro-batches x 10 ms; arithmetic: 16 ms per stage, and the hop between
+  // the stages of each micro-batch. The bus is the tighter.
+  EXPECT_DOUBLE_EQ(r.seconds, std::max(4 * 0.010, 2 * 0.016 + 2 * FakeCost::kHop));
   EXPECT_TRUE(r.host_bound);
+  // Compute-bound stages on cores that do not run two at once.
+  const FakeCost cores(2, 0.002, 0.001, /*shared=*/true, {.memory = 2.0, .compute = 1.0});
+  EXPECT_DOUBLE_EQ(PredictRound(cores, Decodes(16), 2, 256).seconds, 2 * 0.016 + 2 * FakeCost::kHop);
 }
 
 TEST(PipeliningTest, TheBudgetCutsAPrefillChunk) {
@@ -111,7 +114,7 @@ TEST(PipeliningTest, WeightBoundStagesOnSeparateMachinesGainTooLittleToSplit) {
 }
 
 TEST(PipeliningTest, ComputeBoundStagesSharingOneMachineWithoutParallelismKeepOne) {
-  const FakeCost cost(2, 0.002, 0.001, /*shared=*/true, {.memory = 1.3, .compute = 1.0});
+  const FakeCost cost(2, 0.0001, 0.001, /*shared=*/true, {.memory = 1.3, .compute = 1.0});
   const PipeliningChoice c = ChooseMicroBatches(cost, Decodes(16), 2, 256);
   EXPECT_EQ(c.micro_batches, 1);
   EXPECT_FALSE(c.weight_bound);

@@ -127,7 +127,7 @@ class SwitchableCost final : public PipelineCostModel {
   StageSeconds Stage(int, absl::Span<const StepWork> work) const override {
     double tokens = 0;
     for (const StepWork& w : work) tokens += static_cast<double>(w.tokens);
-    return {.total = *weights_ + 0.001 * tokens, .memory = *weights_};
+    return {.total = *weights_ + 0.001 * tokens, .memory = *weights_, .compute = 0.001 * tokens};
   }
   double Hop(int, int64_t) const override { return 1e-4; }
   int SharedGroup(int) const override { return *shared_ ? 0 : -1; }
@@ -159,7 +159,7 @@ std::vector<std::shared_ptr<RecordingSink>> StartFourOnACostedReplica(Scheduler&
 TEST(SchedulerCallerTest, ACostModelFavouringOneMicroBatchKeepsTheRunningSetTogether) {
   testing::FakeClock clock;
   Scheduler scheduler(CallerOptions(&clock));
-  const double weights = 0.010;  // weight-bound
+  const double weights = 0.050;  // weight-bound
   const bool shared = true;
   StartFourOnACostedReplica(scheduler, &weights, &shared, 3);
   std::optional<StepInput> a = scheduler.BeginStep(0);
@@ -190,7 +190,7 @@ TEST(SchedulerCallerTest, ACostModelFavouringASplitSplitsAndTheGroupsMergeWhenIt
   EXPECT_THAT(scheduler.Stats().replicas[0].pipelining, ::testing::HasSubstr("2 micro-batches"));
   // The stages turn weight-bound on one machine: the next build keeps one micro-batch in flight,
   // so `a`'s sequences wait for `b`'s and the two groups step together from then on.
-  weights = 0.010;
+  weights = 0.050;
   shared = true;
   scheduler.EndStep(0, a->step_id, Answer(*a, 5), absl::ZeroDuration());
   EXPECT_FALSE(scheduler.BeginStep(0).has_value());

@@ -55,7 +55,8 @@ TEST(PipelineCostTest, TwoCpuStagesOfOneMachineKeepOneMicroBatchForSixteenDecode
   EXPECT_GE((*cost)->SharedGroup(0), 0);
   const PipeliningChoice c = ChooseMicroBatches(**cost, Decodes(16, 64), 2, 64);
   EXPECT_EQ(c.micro_batches, 1);
-  EXPECT_LT(c.best_split_gain, 1.0);
+  // The reads of a split pass the bus twice; its arithmetic needs the same cores: no real gain.
+  EXPECT_LT(c.best_split_gain, coordinator::kMinPipeliningGain);
   EXPECT_THAT(DescribePipelining(c, (*cost)->Describe()),
               HasSubstr("1 micro-batch for 16 running sequences (2 CPU stages on one machine"));
   // One client: nothing to split.
