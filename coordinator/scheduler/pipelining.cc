@@ -141,7 +141,7 @@ std::string DescribePipelining(const PipeliningChoice& c, const std::string& whe
     } else if (c.weight_bound) {
       why = "stages bound by weight reads: a split would read the weights again per micro-batch";
     } else if (c.shared_host) {
-      why = "stages sharing one machine's cores and memory bus do not run at once";
+      why = "stages sharing one machine's cores and memory bus gain too little from a split";
     } else {
       why = "a split would not keep the stages busier";
     }

@@ -118,7 +118,7 @@ TEST(PipeliningTest, ComputeBoundStagesSharingOneMachineWithoutParallelismKeepOn
   const PipeliningChoice c = ChooseMicroBatches(cost, Decodes(16), 2, 256);
   EXPECT_EQ(c.micro_batches, 1);
   EXPECT_FALSE(c.weight_bound);
-  EXPECT_THAT(DescribePipelining(c, cost.Describe()), HasSubstr("do not run at once"));
+  EXPECT_THAT(DescribePipelining(c, cost.Describe()), HasSubstr("sharing one machine's cores and memory bus gain too little"));
 }
 
 TEST(PipeliningTest, OneSequenceOrDepthOneNeverSplits) {
