@@ -858,6 +858,10 @@ void Scheduler::ReplicaLoop(Replica* r) {
   absl::StatusOr<StepOutput> out;
   absl::Duration took;
   bool answered = false;  // `batch` ran and `out` is its answer, to apply
+  // The outbox marks (queued_events_) after this loop's last two answers: the next build waits
+  // until the older one's events are delivered, so that the sinks' reactions to them (a stop string
+  // cancelling its sequence) take effect at most one step late.
+  uint64_t mark = 0, previous_mark = 0;
   while (true) {
     std::vector<Event> events;
     if (answered) {
@@ -870,12 +874,15 @@ void Scheduler::ReplicaLoop(Replica* r) {
           if (e.constraint != nullptr && !e.end.has_value()) masks.emplace_back(e.constraint, e.constraint_state);
         }
         QueueLocked(events);  // delivered by the delivery thread while the next step runs
+        previous_mark = mark;
+        mark = queued_events_;
       }
       // Structured output: the masks the next step needs, computed outside the lock.
       for (const auto& [constraint, state] : masks) (void)constraint->AllowedMask(state);
     }
     {
       MutexLock lock(&mu_);
+      while (!r->stopping && delivered_events_ < previous_mark) delivery_cv_.Wait(&mu_);
       while (!r->stopping && !HasWorkLocked(*r)) r->work.Wait(&mu_);
       if (r->stopping) return;
       batch = NextBatchLocked(*r, events);

@@ -51,7 +51,10 @@
 // are computed in between, outside the lock). A delivery thread (kThreads) makes the queued calls
 // in order while the next step runs; every other method that decides sink calls (Cancel of a
 // waiting sequence, RemoveReplica, Shutdown, Poll, BeginStep / EndStep) makes them before it
-// returns, itself or by waiting for the thread delivering them. One thread at a time delivers, in
+// returns, itself or by waiting for the thread delivering them. A step loop builds its next
+// micro-batch only once the calls of its answer before last are made, so that what a sink does
+// about them (the front end cancels a sequence whose text hit a stop string) takes effect at most
+// one step late (one token more is computed, not streamed). One thread at a time delivers, in
 // queue order, so one sequence's calls never overlap and keep their order (OnEnd last), even
 // when it moved to another replica. The next step cannot be built before the answer: its input
 // holds the tokens the answer samples.
