@@ -167,6 +167,12 @@ grpc::Status AdminService::DoGetClusterStatus(grpc::CallbackServerContext* ctx, 
   response->set_plan(view.plan);
   response->set_running_sequences(stats.running);
   response->set_waiting_sequences(stats.waiting);
+  for (const ReplicaStats& r : stats.replicas) {
+    v1::ReplicaPipelining* p = response->add_pipelining();
+    p->set_replica(r.replica);
+    p->set_micro_batches(r.micro_batches);
+    p->set_explanation(r.pipelining);
+  }
   // Every worker counted; at most one page of them listed, live ones before dead ones (a registry
   // may hold thousands of dead or bogus entries: the reply must stay small).
   constexpr int kDefaultPage = 256;

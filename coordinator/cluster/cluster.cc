@@ -49,6 +49,9 @@ absl::Status ClusterOptions::Validate() const {
   if (pipeline_depth < 0) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline_depth must be >= 0, got ", pipeline_depth));
   }
+  if (absl::Status st = pipelining.Validate(); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("pipelining: ", st.message()));
+  }
   if (poll_interval <= absl::ZeroDuration()) return absl::InvalidArgumentError("poll_interval must be > 0");
   return absl::OkStatus();
 }
@@ -119,6 +122,39 @@ bool Cluster::WaitUntilReady(absl::Duration timeout) const {
 }
 
 namespace {
+
+// The host of a "host:port" address ("[::1]:5000" -> "::1"); empty when there is none.
+std::string AddressHost(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon == std::string::npos ? address.size() : colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+// Gives the stages that run on one machine one node_name (the first such stage's): those with the
+// same node_name, or whose workers listen on the same host (shardserve-local names its workers
+// local-0, local-1, ... on one machine). `hosts[s]` is stage s's address host.
+void NameMachines(std::vector<StageSpec>& stages, const std::vector<std::string>& hosts) {
+  const size_t n = stages.size();
+  // Each stage takes the lowest index it is (transitively) on one machine with.
+  std::vector<size_t> machine(n);
+  for (size_t s = 0; s < n; ++s) machine[s] = s;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t s = 0; s < n; ++s) {
+      for (size_t t = 0; t < n; ++t) {
+        const bool same = stages[s].node_name == stages[t].node_name || (!hosts[s].empty() && hosts[s] == hosts[t]);
+        if (same && machine[t] < machine[s]) {
+          machine[s] = machine[t];
+          changed = true;
+        }
+      }
+    }
+  }
+  std::vector<std::string> names(n);
+  for (size_t s = 0; s < n; ++s) names[s] = stages[machine[s]].node_name;
+  for (size_t s = 0; s < n; ++s) stages[s].node_name = names[s];
+}
 
 const WorkerRecord* Find(const std::vector<WorkerRecord>& workers, const std::string& id) {
   for (const WorkerRecord& w : workers) {
@@ -663,6 +699,26 @@ void Cluster::ReconcileStages(const std::vector<WorkerRecord>& workers, absl::Ti
   }
 }
 
+absl::StatusOr<std::shared_ptr<const PipelineCostModel>> Cluster::PipelineCostFor(const ReplicaEndpoint& e) const {
+  // The bytes the workers hold per weight and KV element, as the planner resolves them for these
+  // workers' devices.
+  std::vector<WorkerInventory> inventory;
+  for (const StageSpec& s : e.stages) {
+    WorkerInventory w{.worker_id = s.worker_id, .node_name = s.node_name};
+    for (int d : s.devices) w.devices.push_back(Device{.kind = s.device_kind, .index = d});
+    inventory.push_back(std::move(w));
+  }
+  const PlanPolicy& policy = options_.policy;
+  const int64_t bpp = policy.quantize == Quantization::kInt8 ? 1
+                      : policy.bytes_per_param > 0           ? policy.bytes_per_param
+                                                             : WeightBytesPerParam(*spec_, inventory);
+  const int64_t kvb = policy.kv_bytes_per_element > 0 ? policy.kv_bytes_per_element : KvBytesPerElement(*spec_, inventory);
+  absl::StatusOr<std::unique_ptr<sim::PipelineCost>> cost =
+      sim::PipelineCost::Make(*spec_, e.stages, bpp, kvb, options_.pipelining);
+  if (!cost.ok()) return cost.status();
+  return std::shared_ptr<const PipelineCostModel>(*std::move(cost));
+}
+
 void Cluster::UpdateServingReplicas(const std::vector<WorkerRecord>& workers) {
   // Replicas whose stages are all READY serve; the others do not.
   struct Change {
@@ -689,6 +745,16 @@ void Cluster::UpdateServingReplicas(const std::vector<WorkerRecord>& workers) {
         // The block ids are shared by every stage: the replica has what its smallest stage reports.
         if (w != nullptr && w->kv_blocks > 0) endpoint.kv_blocks = std::min(endpoint.kv_blocks, w->kv_blocks);
         endpoint.worker_ids.push_back(stage.worker_id);
+        const WorkerAssignment& a = stage.assignment;
+        endpoint.stages.push_back(StageSpec{.worker_id = stage.worker_id,
+                                            .node_name = w != nullptr ? w->registration.node_name : stage.node_name,
+                                            .layer_begin = a.layer_begin,
+                                            .layer_end = a.layer_end,
+                                            .has_embedding = endpoint.stages.empty(),
+                                            .has_lm_head = endpoint.stages.size() + 1 == rs.stages.size(),
+                                            .tp = std::max(1, static_cast<int>(a.devices.size())),
+                                            .device_kind = a.device_kind,
+                                            .devices = a.devices});
       }
       // Sized from the KV cache the replica really has (its smallest stage's).
       if (options_.max_slots == 0) endpoint.max_slots = SlotsForKvBlocks(endpoint.kv_blocks, rs.blocks_per_sequence);
@@ -699,6 +765,9 @@ void Cluster::UpdateServingReplicas(const std::vector<WorkerRecord>& workers) {
       }
       endpoint.stage0_address = rs.stages.front().address;
       endpoint.last_address = rs.stages.back().address;
+      std::vector<std::string> hosts;
+      for (const Stage& stage : rs.stages) hosts.push_back(AddressHost(stage.address));
+      NameMachines(endpoint.stages, hosts);
       if (problems.empty() && !rs.serving) changes.push_back({endpoint.replica, true, endpoint, ""});
       if (!problems.empty() && rs.serving) {
         changes.push_back({endpoint.replica, false, endpoint,
@@ -713,9 +782,21 @@ void Cluster::UpdateServingReplicas(const std::vector<WorkerRecord>& workers) {
       absl::StatusOr<std::unique_ptr<ReplicaClient>> client = replica_factory_(c.endpoint);
       const int32_t depth = options_.pipeline_depth > 0 ? options_.pipeline_depth
                                                         : static_cast<int32_t>(c.endpoint.worker_ids.size());
+      std::shared_ptr<const PipelineCostModel> cost;
+      if (options_.pipeline_depth == 0) {
+        absl::StatusOr<std::shared_ptr<const PipelineCostModel>> made = PipelineCostFor(c.endpoint);
+        if (made.ok()) {
+          cost = *std::move(made);
+        } else {
+          // Not fatal: the replica pipelines to its stage count, as without a policy.
+          LOG(WARNING) << "replica " << c.replica << ": no pipelining cost model (" << made.status()
+                       << "); up to " << depth << " micro-batches in flight";
+        }
+      }
       absl::Status st = client.ok() ? scheduler_->AddReplica(c.replica, *std::move(client),
                                                              {.max_slots = c.endpoint.max_slots,
                                                               .pipeline_depth = depth,
+                                                              .pipeline_cost = std::move(cost),
                                                               .kv_blocks = c.endpoint.kv_blocks,
                                                               .kv_block_size = c.endpoint.kv_block_size,
                                                               .prefix_caching = options_.prefix_caching})

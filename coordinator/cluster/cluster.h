@@ -75,6 +75,7 @@
 #include "coordinator/registry/registry.h"
 #include "coordinator/scheduler/replica_client.h"
 #include "coordinator/scheduler/scheduler.h"
+#include "coordinator/sim/pipeline_cost.h"
 
 namespace shardserve::coordinator {
 
@@ -87,6 +88,9 @@ struct ReplicaEndpoint {
   int32_t max_slots = 0;       // running sequences at once (a scheduling limit)
   int64_t kv_blocks = 0;       // KV cache blocks, the same ids on every stage (their minimum)
   int32_t kv_block_size = 0;   // tokens per block
+  // Per stage: its layers, devices and machine, for the pipelining policy. Stages on one machine
+  // (the same node_name, or workers listening on the same host) carry one node_name.
+  std::vector<StageSpec> stages;
 };
 
 // The most sequences a replica runs at once when ClusterOptions::max_slots is 0 (vLLM's default
@@ -111,7 +115,11 @@ struct ClusterOptions {
   // (ceil(max_seq_len / kv_block_size) blocks each) could use.
   int32_t max_slots = 0;
   int32_t max_step_tokens = 256;
-  int32_t pipeline_depth = 0;  // micro-batches in flight per replica; 0 = its number of stages
+  // Micro-batches in flight per replica, >= 0. 0 = auto: up to its number of stages, split per
+  // step by the scheduler's pipelining policy priced with `pipelining` (sim::PipelineCost over
+  // the replica's stages, their device kinds and machines; scheduler/pipelining.h).
+  int32_t pipeline_depth = 0;
+  sim::PipelineProfiles pipelining = sim::DefaultPipelineProfiles();  // with pipeline_depth 0; valid
   bool prefix_caching = true;  // ReplicaOptions::prefix_caching
   int32_t kv_block_size = 16;  // tokens per KV cache block, in [1, 65536]
   // At most this many KV blocks per replica (0 = what the plan's KV budget holds); at least one
@@ -210,6 +218,8 @@ class Cluster {
   // accepted, and releases live workers that hold no stage of the plan.
   void ReconcileStages(const std::vector<WorkerRecord>& workers, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // The pipelining policy's cost model of a replica about to serve (pipeline_depth 0).
+  absl::StatusOr<std::shared_ptr<const PipelineCostModel>> PipelineCostFor(const ReplicaEndpoint& endpoint) const;
   // Adds to the scheduler the replicas whose stages are all READY and removes the others.
   void UpdateServingReplicas(const std::vector<WorkerRecord>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -22,9 +22,12 @@ namespace shardserve::coordinator {
 //  - a sequence in flight is never preempted or ended by another step;
 //  - only the replica's own threads end a running sequence, except RemoveReplica / Shutdown, which
 //    do so after those threads have been joined; a sequence is in_flight from the build of its
-//    micro-batch until the thread that ran it has delivered its events, and only a sequence that is
-//    not in flight is put in a micro-batch or ended by EndCancelledLocked. So the token and end
-//    events of one sequence are delivered in order, never from two threads at once.
+//    micro-batch until its answer has been applied, and only a sequence that is not in flight is
+//    put in a micro-batch or ended by EndCancelledLocked;
+//  - every sink call is queued in outbox_ under mu_ when it is decided, and the outbox is
+//    delivered by one thread at a time (delivering_), in order. So the token and end events of
+//    one sequence are delivered in order, never from two threads at once;
+//  - batches_in_flight of a replica counts its micro-batches built and not yet finished (or closed).
 struct Scheduler::Sequence {
   SequenceId id = 0;
   SequenceRequest request;
@@ -78,13 +81,21 @@ struct Scheduler::Replica {
   std::unique_ptr<BlockPool> pool;        // the KV cache blocks
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;  // admission order
-  int32_t depth = 1;  // step loops (micro-batches in flight at once)
+  int32_t depth = 1;  // step loops (micro-batches in flight at once, at most)
+  std::shared_ptr<const PipelineCostModel> cost;  // null: the split is always `depth`
+  PipeliningChoice choice;                        // with `cost`: the last one
+  int32_t micro_batches = 1;     // the split now (`depth` without a cost model)
+  int32_t batches_in_flight = 0;  // built and not yet finished (or closed)
   bool stopping = false;
   bool draining = false;      // DrainReplica: no new work is routed here
   uint64_t steps = 0;         // micro-batches answered
   uint64_t last_step_id = 0;  // of the last micro-batch built
   uint64_t next_admitted = 1;
   std::vector<std::thread> threads;
+  // Its step loops wait here for work (HasWorkLocked) or `stopping`: signalled (under mu_) when a
+  // sequence joins `waiting`, when `stopping` is set, and, with several loops, when a micro-batch
+  // finishes or the split grows.
+  CondVar work;
   // StepDriver::kCaller: the micro-batches begun and not yet ended, by step id.
   std::map<uint64_t, Batch> open;
 };
@@ -103,6 +114,9 @@ struct Scheduler::Event {
 
 
 namespace {
+
+// The scheduler whose events this thread is delivering (a sink call is running), if any.
+thread_local const Scheduler* t_delivering = nullptr;
 
 int64_t BlocksFor(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
 
@@ -138,6 +152,7 @@ absl::Status SchedulerOptions::Validate() const {
 Scheduler::Scheduler(SchedulerOptions options)
     : options_(std::move(options)), clock_(options_.clock != nullptr ? options_.clock : RealClock::Get()) {
   CHECK(options_.Validate().ok()) << options_.Validate();
+  if (options_.step_driver == StepDriver::kThreads) delivery_thread_ = std::thread([this] { DeliveryLoop(); });
   if (options_.step_driver == StepDriver::kThreads && options_.recovery_timeout > absl::ZeroDuration()) {
     recovery_thread_ = std::thread([this] { RecoveryLoop(); });
   }
@@ -169,7 +184,7 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   if (options.kv_block_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be >= 1, got ", options.kv_block_size));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (shut_down_) return absl::FailedPreconditionError("the scheduler is shut down");
   if (replicas_.contains(replica)) {
     return absl::AlreadyExistsError(absl::StrCat("replica ", replica, " is already serving"));
@@ -181,6 +196,9 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->block_size = options.kv_block_size;
   r->client = std::move(client);
   r->depth = options.pipeline_depth;
+  r->cost = options.pipeline_cost;
+  r->micro_batches = r->cost != nullptr ? 1 : r->depth;
+  r->choice.max_micro_batches = r->depth;
   r->pool = std::make_unique<BlockPool>(options.kv_blocks, options.kv_block_size, options.prefix_caching);
   Replica* raw = r.get();
   replicas_.emplace(replica, std::move(r));
@@ -197,7 +215,7 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
 }
 
 std::vector<int> Scheduler::Replicas() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<int> out;
   for (const auto& [id, r] : replicas_) {
     if (!r->stopping) out.push_back(id);
@@ -206,7 +224,7 @@ std::vector<int> Scheduler::Replicas() const {
 }
 
 void Scheduler::DrainReplica(int replica) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = replicas_.find(replica);
   if (it == replicas_.end() || it->second->stopping || it->second->draining) return;
   it->second->draining = true;
@@ -241,7 +259,7 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   }
   // The prompt's logprobs went out before the first token, in the attempt that delivered it.
   if (!request.resumed.empty()) request.prompt_logprobs = false;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError(shutdown_reason_.message());
   const int64_t tokens = MaxCachedTokens(request);
   Replica* r = PickReplicaLocked(tokens);
@@ -307,13 +325,14 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
   ++num_waiting_;
   // Admit it now when it fits, so that the queue limit counts only sequences that really wait.
   AdmitLocked(*r);
+  r->work.SignalAll();
   return raw->id;
 }
 
 void Scheduler::Cancel(SequenceId id, FinishReason reason) {
   std::vector<Event> events;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = sequences_.find(id);
     if (it == sequences_.end()) return;
     Sequence& seq = *it->second;
@@ -324,8 +343,10 @@ void Scheduler::Cancel(SequenceId id, FinishReason reason) {
       seq.cancelled = true;  // its replica's loop ends it before the next step
       seq.cancel_reason = reason;
     }
+    if (events.empty()) return;
+    QueueLocked(events);
   }
-  Deliver(events);
+  Flush();
 }
 
 void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& events) {
@@ -364,6 +385,7 @@ void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& ev
 }
 
 bool Scheduler::HasWorkLocked(const Replica& r) const {
+  if (r.batches_in_flight >= r.micro_batches) return false;
   for (const Sequence* s : r.running) {
     if (!s->in_flight) return true;  // to step, or (cancelled) to end
   }
@@ -420,6 +442,7 @@ void Scheduler::RequeueLocked(Replica& from, Sequence& seq, Replica& to) {
   seq.replica = &to;
   to.waiting.push_front(&seq);
   ++num_waiting_;
+  to.work.SignalAll();
 }
 
 void Scheduler::PreemptLocked(Replica& r, Sequence& seq) {
@@ -479,6 +502,7 @@ void Scheduler::UnparkLocked(bool all) {
     seq.replica = to;
     to->waiting.push_front(&seq);
     ++num_waiting_;
+    to->work.SignalAll();
     LOG(INFO) << "event=unpark request_id=" << (seq.request.request_id.empty() ? "-" : seq.request.request_id)
               << " to_replica=" << to->id << " generated=" << seq.generated;
   }
@@ -487,7 +511,7 @@ void Scheduler::UnparkLocked(bool all) {
 void Scheduler::Poll() {
   std::vector<Event> events;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     const absl::Time now = clock_->Now();
     std::vector<Sequence*> expired;
     for (Sequence* s : parked_) {
@@ -501,16 +525,19 @@ void Scheduler::Poll() {
                 events);
     }
     UnparkLocked(/*all=*/false);
+    QueueLocked(events);
   }
-  Deliver(events);
+  Flush();
 }
 
 void Scheduler::RecoveryLoop() {
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
-      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; };
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50))) return;
+      MutexLock lock(&mu_);
+      const absl::Time deadline = absl::Now() + absl::Milliseconds(50);
+      while (!shut_down_ && !shutdown_cv_.WaitWithDeadline(&mu_, deadline)) {
+      }
+      if (shut_down_) return;
     }
     Poll();
   }
@@ -783,46 +810,89 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
   }
 }
 
+void Scheduler::ChoosePipeliningLocked(Replica& r) {
+  // The running set's next step, decodes first, as BuildBatchLocked orders it.
+  std::vector<StepWork> work;
+  work.reserve(r.running.size());
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Sequence* s : r.running) {
+      if (s->cancelled) continue;
+      const int64_t pending = std::ssize(s->context) - s->consumed;
+      if ((pending == 1) != (pass == 0)) continue;
+      work.push_back(StepWork{.pos_begin = s->consumed, .tokens = std::max<int64_t>(pending, 1), .sample = true});
+    }
+  }
+  r.choice = ChooseMicroBatches(*r.cost, work, r.depth, options_.max_step_tokens, r.micro_batches);
+  if (r.choice.micro_batches != r.micro_batches && !work.empty()) {
+    LOG(INFO) << "scheduler: replica " << r.id << " pipelining: " << DescribePipelining(r.choice, r.cost->Describe());
+  }
+  r.micro_batches = r.choice.micro_batches;
+}
+
 Scheduler::Batch Scheduler::NextBatchLocked(Replica& r, std::vector<Event>& events) {
   EndCancelledLocked(r, events);
   AdmitLocked(r);
-  const size_t share = (r.running.size() + static_cast<size_t>(r.depth) - 1) / static_cast<size_t>(r.depth);
-  return BuildBatchLocked(r, std::max<size_t>(share, 1));
+  if (r.cost != nullptr) ChoosePipeliningLocked(r);
+  if (r.batches_in_flight >= r.micro_batches) return Batch{};  // the split dropped: wait for a batch
+  const size_t k = static_cast<size_t>(r.micro_batches);
+  const size_t share = (r.running.size() + k - 1) / k;
+  Batch batch = BuildBatchLocked(r, std::max<size_t>(share, 1));
+  if (!batch.input.sequences.empty()) ++r.batches_in_flight;
+  // The split may have grown: another step loop may build the next micro-batch at once.
+  if (r.batches_in_flight < r.micro_batches) r.work.SignalAll();
+  return batch;
 }
 
-void Scheduler::FinishBatch(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out,
-                            absl::Duration took) {
-  std::vector<Event> events;
-  {
-    absl::MutexLock lock(&mu_);
-    ApplyLocked(r, batch, out, took, events);
-  }
-  Deliver(events);
-  {
-    absl::MutexLock lock(&mu_);
-    ReleaseLocked(batch);
-    EndCancelledLocked(r, events);
-  }
-  Deliver(events);
+void Scheduler::FinishLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out,
+                             absl::Duration took, std::vector<Event>& events) {
+  ApplyLocked(r, batch, out, took, events);
+  ReleaseLocked(batch);
+  --r.batches_in_flight;
+  EndCancelledLocked(r, events);
+  // Another step loop of the replica may build now (the one finishing goes on by itself).
+  if (r.depth > 1) r.work.SignalAll();
 }
 
 void Scheduler::ReplicaLoop(Replica* r) {
+  Batch batch;
+  absl::StatusOr<StepOutput> out;
+  absl::Duration took;
+  bool answered = false;  // `batch` ran and `out` is its answer, to apply
+  // The outbox marks (queued_events_) after this loop's last two answers: the next build waits
+  // until the older one's events are delivered, so that the sinks' reactions to them (a stop string
+  // cancelling its sequence) take effect at most one step late.
+  uint64_t mark = 0, previous_mark = 0;
   while (true) {
     std::vector<Event> events;
-    Batch batch;
+    if (answered) {
+      answered = false;
+      std::vector<std::pair<std::shared_ptr<const TokenConstraint>, int32_t>> masks;
+      {
+        MutexLock lock(&mu_);
+        FinishLocked(*r, batch, out, took, events);
+        for (const Event& e : events) {
+          if (e.constraint != nullptr && !e.end.has_value()) masks.emplace_back(e.constraint, e.constraint_state);
+        }
+        QueueLocked(events);  // delivered by the delivery thread while the next step runs
+        previous_mark = mark;
+        mark = queued_events_;
+      }
+      // Structured output: the masks the next step needs, computed outside the lock.
+      for (const auto& [constraint, state] : masks) (void)constraint->AllowedMask(state);
+    }
     {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return r->stopping || HasWorkLocked(*r); };
-      mu_.Await(absl::Condition(&ready));
+      MutexLock lock(&mu_);
+      while (!r->stopping && delivered_events_ < previous_mark) delivery_cv_.Wait(&mu_);
+      while (!r->stopping && !HasWorkLocked(*r)) r->work.Wait(&mu_);
       if (r->stopping) return;
       batch = NextBatchLocked(*r, events);
+      QueueLocked(events);
     }
-    Deliver(events);
     if (batch.input.sequences.empty()) continue;
     const absl::Time step_start = clock_->Now();
-    absl::StatusOr<StepOutput> out = r->client->Step(batch.input);
-    const absl::Duration took = std::max(absl::ZeroDuration(), clock_->Now() - step_start);
-    FinishBatch(*r, batch, out, took);
+    out = r->client->Step(batch.input);
+    took = std::max(absl::ZeroDuration(), clock_->Now() - step_start);
+    answered = true;
   }
 }
 
@@ -830,7 +900,7 @@ std::optional<StepInput> Scheduler::BeginStep(int replica) {
   std::vector<Event> events;
   std::optional<StepInput> result;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (options_.step_driver != StepDriver::kCaller) return std::nullopt;
     auto it = replicas_.find(replica);
     if (it == replicas_.end() || it->second->stopping) return std::nullopt;
@@ -844,31 +914,84 @@ std::optional<StepInput> Scheduler::BeginStep(int replica) {
       r.open.emplace(batch.input.step_id, std::move(batch));
       break;
     }
+    QueueLocked(events);
   }
-  Deliver(events);
+  Flush();
   return result;
 }
 
 void Scheduler::EndStep(int replica, uint64_t step_id, const absl::StatusOr<StepOutput>& out, absl::Duration took) {
-  Replica* r = nullptr;
-  Batch batch;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (options_.step_driver != StepDriver::kCaller) return;
     auto it = replicas_.find(replica);
     if (it == replicas_.end() || it->second->stopping) return;
     auto b = it->second->open.find(step_id);
     if (b == it->second->open.end()) return;
-    r = it->second.get();
-    batch = std::move(b->second);
+    const Batch batch = std::move(b->second);
     it->second->open.erase(b);
+    std::vector<Event> events;
+    FinishLocked(*it->second, batch, out, took, events);
+    QueueLocked(events);
   }
-  FinishBatch(*r, batch, out, took);
+  Flush();
 }
 
 void Scheduler::CloseOpenBatchesLocked(Replica& r) {
   for (const auto& [step_id, batch] : r.open) ReleaseLocked(batch);
+  r.batches_in_flight -= static_cast<int32_t>(r.open.size());
   r.open.clear();
+}
+
+void Scheduler::QueueLocked(std::vector<Event>& events) {
+  if (events.empty()) return;
+  queued_events_ += events.size();
+  for (Event& e : events) outbox_.push_back(std::move(e));
+  events.clear();
+  delivery_cv_.SignalAll();
+}
+
+void Scheduler::DeliverOutboxLocked() {
+  delivering_ = true;
+  std::vector<Event> batch;
+  batch.swap(outbox_);
+  const uint64_t n = batch.size();
+  mu_.Unlock();
+  const Scheduler* const outer = t_delivering;
+  t_delivering = this;
+  Deliver(batch);
+  t_delivering = outer;
+  mu_.Lock();
+  delivered_events_ += n;
+  delivering_ = false;
+  delivery_cv_.SignalAll();
+}
+
+void Scheduler::Flush() {
+  MutexLock lock(&mu_);
+  if (t_delivering == this) return;  // from a sink call: the delivering loop goes on with the rest
+  const uint64_t mine = queued_events_;
+  while (true) {
+    if (delivering_) {
+      if (delivered_events_ >= mine) return;  // the delivering thread goes on with the rest
+      while (delivering_ && delivered_events_ < mine) delivery_cv_.Wait(&mu_);
+      continue;
+    }
+    if (outbox_.empty()) return;
+    DeliverOutboxLocked();
+  }
+}
+
+void Scheduler::DeliveryLoop() {
+  MutexLock lock(&mu_);
+  while (true) {
+    while ((outbox_.empty() || delivering_) && !stop_delivery_) delivery_cv_.Wait(&mu_);
+    if (!outbox_.empty() && !delivering_) {
+      DeliverOutboxLocked();
+    } else if (stop_delivery_) {
+      return;
+    }
+  }
 }
 
 void Scheduler::Deliver(std::vector<Event>& events) {
@@ -885,11 +1008,12 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
   CHECK(!reason.ok());
   Replica* r = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = replicas_.find(replica);
     if (it == replicas_.end() || it->second->stopping) return;
     r = it->second.get();
     r->stopping = true;
+    r->work.SignalAll();
   }
   LOG(WARNING) << "scheduler: removing replica " << replica << ": " << reason;
   if (r->client != nullptr) r->client->Shutdown();
@@ -897,7 +1021,7 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
   std::vector<Event> events;
   std::unique_ptr<Replica> owned;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     CloseOpenBatchesLocked(*r);
     // Newest first, each to the front of a waiting queue: the oldest ends up first in line.
     while (!r->running.empty()) {
@@ -921,11 +1045,13 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
       s->replica = to;
       to->waiting.push_back(s);
       ++num_waiting_;
+      to->work.SignalAll();
     }
     owned = std::move(replicas_[replica]);
     replicas_.erase(replica);
+    QueueLocked(events);
   }
-  Deliver(events);
+  Flush();
   // `owned` (and its client) are destroyed here, outside the lock.
 }
 
@@ -933,13 +1059,15 @@ void Scheduler::Shutdown(const absl::Status& reason) {
   CHECK(!reason.ok());
   std::vector<Replica*> stopping;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (shut_down_) return;
     shut_down_ = true;
     shutdown_reason_ = reason;
+    shutdown_cv_.SignalAll();
     for (auto& [id, r] : replicas_) {
       if (r->stopping) continue;  // being removed by RemoveReplica, which joins it
       r->stopping = true;
+      r->work.SignalAll();
       stopping.push_back(r.get());
     }
   }
@@ -952,7 +1080,7 @@ void Scheduler::Shutdown(const absl::Status& reason) {
   std::vector<Event> events;
   std::vector<std::unique_ptr<Replica>> owned;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (Replica* r : stopping) {
       CloseOpenBatchesLocked(*r);
       while (!r->running.empty()) EndLocked(*r->running.front(), SequenceEnd{.status = reason}, events);
@@ -961,13 +1089,20 @@ void Scheduler::Shutdown(const absl::Status& reason) {
       replicas_.erase(r->id);
     }
     while (!parked_.empty()) EndLocked(*parked_.front(), SequenceEnd{.status = reason}, events);
+    QueueLocked(events);
   }
-  Deliver(events);
   if (recovery_thread_.joinable()) recovery_thread_.join();
+  Flush();
+  {
+    MutexLock lock(&mu_);
+    stop_delivery_ = true;
+    delivery_cv_.SignalAll();
+  }
+  if (delivery_thread_.joinable()) delivery_thread_.join();
 }
 
 SchedulerStats Scheduler::Stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   SchedulerStats stats;
   for (const auto& [id, r] : replicas_) {
     ReplicaStats rs{.replica = id,
@@ -978,7 +1113,12 @@ SchedulerStats Scheduler::Stats() const {
                     .kv_blocks_used = r->pool->held(),
                     .kv_blocks_cached = r->pool->cached(),
                     .kv_blocks_total = r->kv_blocks,
-                    .draining = r->draining};
+                    .draining = r->draining,
+                    .micro_batches = r->micro_batches};
+    rs.pipelining = r->cost != nullptr
+                        ? DescribePipelining(r->choice, r->cost->Describe())
+                        : absl::StrCat(r->depth, r->depth == 1 ? " micro-batch" : " micro-batches",
+                                       " in flight at most (fixed pipeline depth)");
     stats.running += rs.running;
     stats.waiting += rs.waiting;
     stats.replicas.push_back(rs);

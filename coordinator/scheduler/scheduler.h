@@ -31,7 +31,8 @@
 //      prefix is still cached) when admitted again. Sampling is seeded by (seed, sample_index =
 //      tokens generated so far), so a preempted sequence's output does not change;
 //   4. run it (ReplicaClient::Step, outside the lock);
-//   5. cache the blocks the step filled; append the sampled tokens, stream them to the sinks, and
+//   5. cache the blocks the step filled; append the sampled tokens, stream them to the sinks
+//      (queued: "Delivery" below), and
 //      end the sequences that hit a stop condition, freeing their blocks: a stop id (the
 //      request's stop_token_ids, plus the model's EOS ids unless ignore_eos) -> kStop; max_tokens
 //      generated or the context (max_seq_len) full -> kLength. A failed step fails the sequences
@@ -41,6 +42,22 @@
 //      the tokens it has delivered, and is recomputed there (at most kMaxFailovers times).
 //      With no other replica (and SchedulerOptions::recovery_timeout > 0) they RECOVER instead
 //      (below).
+//
+// ---- Delivery (asynchronous scheduling) ------------------------------------------------------
+// The step loop does not make sink calls: step 5 queues them (tokens, logprobs, ends) in one
+// scheduler-wide outbox, in the order it decides them, and goes straight on to steps 1-3 and the
+// next ReplicaClient::Step, so that the time between a step's answer and the next step's send is
+// only the scheduler's own bookkeeping under its lock (the constraint masks of structured output
+// are computed in between, outside the lock). A delivery thread (kThreads) makes the queued calls
+// in order while the next step runs; every other method that decides sink calls (Cancel of a
+// waiting sequence, RemoveReplica, Shutdown, Poll, BeginStep / EndStep) makes them before it
+// returns, itself or by waiting for the thread delivering them. A step loop builds its next
+// micro-batch only once the calls of its answer before last are made, so that what a sink does
+// about them (the front end cancels a sequence whose text hit a stop string) takes effect at most
+// one step late (one token more is computed, not streamed). One thread at a time delivers, in
+// queue order, so one sequence's calls never overlap and keep their order (OnEnd last), even
+// when it moved to another replica. The next step cannot be built before the answer: its input
+// holds the tokens the answer samples.
 //
 // ---- Recovery (one replica, no lost request) --------------------------------------------------
 // With recovery_timeout > 0, a sequence whose pipeline broke (an UNAVAILABLE step, or its replica
@@ -57,10 +74,14 @@
 // kCaller the caller does).
 // Pipelining: a replica runs pipeline_depth step loops (threads) over the same state, so up to
 // that many micro-batches are in flight at once, each of different sequences (a sequence stays
-// "in flight" from the build of its micro-batch until its tokens have been delivered, which also
-// keeps each sequence's sink calls in order). A micro-batch takes at most
-// ceil(running / pipeline_depth) sequences, so the running set splits into groups that take turns
-// through the stages.
+// "in flight" from the build of its micro-batch until its answer has been applied). The replica splits its running set into k
+// micro-batches: k = pipeline_depth, or, with ReplicaOptions::pipeline_cost, the k in
+// [1, pipeline_depth] its cost model predicts the most throughput for (ChooseMicroBatches,
+// pipelining.h), chosen again at every build from the running set after admission. A micro-batch
+// is built only while fewer than k are in flight, and takes at most ceil(running / k) sequences,
+// so the running set splits into k groups that take turns through the stages (k = 1: one
+// micro-batch of every running sequence at a time; when k drops, the groups merge as their
+// micro-batches come back).
 // The batch builder skips sequences already in flight and never preempts them. The oldest running
 // sequence is only ever preempted by itself, when every block not held by in-flight sequences is
 // too few; every request fits the cache alone (checked at Submit), so the oldest sequence always
@@ -73,9 +94,10 @@
 // preempted sequence waits again, but is never refused); beyond that Submit fails.
 //
 // ---- Ownership and threads ----------------------------------------------------------------------
-// The scheduler owns its ReplicaClients and pipeline_depth threads per replica. Sinks are shared with the
-// caller (the public API's stream reactors) and released after their OnEnd. Sink calls are made
-// with no scheduler lock held (see SequenceSink).
+// The scheduler owns its ReplicaClients, pipeline_depth threads per replica and, with kThreads,
+// its delivery thread. Sinks are shared with the caller (the public API's stream reactors) and
+// released after their OnEnd. Sink calls are made with no scheduler lock held (see SequenceSink),
+// on the delivery thread or the thread of a call that decided them ("Delivery" above).
 //
 // ---- Who runs the step loops ------------------------------------------------------------------
 // With StepDriver::kThreads (production) the loop above runs on pipeline_depth threads per replica
@@ -102,10 +124,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/concurrency/clock.h"
+#include "common/concurrency/mutex.h"
 #include "coordinator/scheduler/block_pool.h"
+#include "coordinator/scheduler/pipelining.h"
 #include "coordinator/scheduler/replica_client.h"
 #include "coordinator/scheduler/scheduler_observer.h"
 #include "coordinator/scheduler/sequence.h"
@@ -136,8 +159,11 @@ struct SchedulerOptions {
 struct ReplicaOptions {
   int32_t max_slots = 8;      // sequences running at once (a scheduling limit), >= 1
   // Micro-batches in flight at once, >= 1: with P pipeline stages, P lets every stage work on a
-  // different micro-batch; 1 = one at a time.
+  // different micro-batch; 1 = one at a time. With pipeline_cost, the most micro-batches in flight.
   int32_t pipeline_depth = 1;
+  // When set, each build chooses how many micro-batches (in [1, pipeline_depth]) the running set
+  // splits into ("Pipelining" above); null = always pipeline_depth. Shared, immutable.
+  std::shared_ptr<const PipelineCostModel> pipeline_cost;
   int64_t kv_blocks = 0;      // KV cache blocks of every stage (the replica's capacity), in [1, 2^31 - 1]
   int32_t kv_block_size = 16;  // tokens per block, >= 1
   // Keep full blocks after their sequences end and reuse them for later sequences with the same
@@ -157,6 +183,8 @@ struct ReplicaStats {
   int64_t kv_blocks_cached = 0;  // blocks whose contents are kept for prefix reuse (held or not)
   int64_t kv_blocks_total = 0;   // the replica's KV cache blocks (the same on every stage)
   bool draining = false;         // DrainReplica: takes no new work
+  int32_t micro_batches = 1;     // the running set's current split ("Pipelining" above)
+  std::string pipelining;        // how it is chosen, and why the current split (one line)
 };
 
 struct SchedulerStats {
@@ -216,8 +244,8 @@ class Scheduler {
   absl::StatusOr<SequenceId> Submit(SequenceRequest request, std::shared_ptr<SequenceSink> sink);
 
   // Ends a sequence with `reason` (kCancelled: the client went away; kStop: the front end matched
-  // one of the request's stop strings): at once when it is waiting (the sink's OnEnd runs on the
-  // calling thread), otherwise at the end of its step in flight or before the next one (on its
+  // one of the request's stop strings): at once when it is waiting (its OnEnd is made before
+  // Cancel returns, unless Cancel is called from a sink call, which it then follows), otherwise at the end of its step in flight or before the next one (on its
   // replica's thread), freeing its KV blocks; no tokens are delivered after the cancel is seen. A
   // preempted sequence waits, so it ends at once. A no-op for a finished or unknown id. Must not
   // be called with a lock the sink takes.
@@ -261,12 +289,17 @@ class Scheduler {
   void ReplicaLoop(Replica* replica);
   // Steps 1-3 of the loop: ends cancelled sequences, admits, builds the next micro-batch.
   Batch NextBatchLocked(Replica& r, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Step 5: applies the answer, delivers its sink calls, releases the batch, ends the cancelled.
-  void FinishBatch(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out, absl::Duration took)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Step 5: applies the answer (its sink calls into `events`), releases the batch, ends the
+  // cancelled.
+  void FinishLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out, absl::Duration took,
+                    std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With kCaller: releases the replica's open micro-batches (RemoveReplica, Shutdown).
   void CloseOpenBatchesLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a build may make a micro-batch now: fewer than its split in flight, and a running
+  // sequence not in flight or one to admit.
   bool HasWorkLocked(const Replica& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With a cost model: chooses the split for the running set now (Replica::choice).
+  void ChoosePipeliningLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the batch's sequences that are still running as no longer in flight.
   void ReleaseLocked(const Batch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCancelledLocked(Replica& r, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -309,6 +342,14 @@ class Scheduler {
   // whose retry time has come), oldest first.
   void UnparkLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecoveryLoop();
+  // "Delivery" above. Appends `events` to the outbox (and empties `events`).
+  void QueueLocked(std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the sink calls of the outbox, in order, with mu_ released meanwhile.
+  void DeliverOutboxLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns once the events queued so far are delivered (delivering them itself when no other
+  // thread is); at once when called from a sink call of this scheduler.
+  void Flush() ABSL_LOCKS_EXCLUDED(mu_);
+  void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
   static void Deliver(std::vector<Event>& events);
 
   // Times one sequence may fail over to another replica before a failed step fails it.
@@ -321,7 +362,7 @@ class Scheduler {
   const SchedulerOptions options_;
   const Clock* const clock_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status shutdown_reason_ ABSL_GUARDED_BY(mu_);
   SequenceId next_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -333,7 +374,16 @@ class Scheduler {
   std::deque<Sequence*> parked_ ABSL_GUARDED_BY(mu_);
   // The largest KV cache (in tokens) a replica has had: new requests park only when one fits.
   int64_t served_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sink calls decided and not yet made, in the order they were decided ("Delivery" above).
+  std::vector<Event> outbox_ ABSL_GUARDED_BY(mu_);
+  bool delivering_ ABSL_GUARDED_BY(mu_) = false;        // a thread is making the outbox's calls
+  uint64_t queued_events_ ABSL_GUARDED_BY(mu_) = 0;     // events ever queued
+  uint64_t delivered_events_ ABSL_GUARDED_BY(mu_) = 0;  // of those, delivered
+  bool stop_delivery_ ABSL_GUARDED_BY(mu_) = false;
+  CondVar delivery_cv_;  // the outbox, delivering_ or stop_delivery_ changed
+  CondVar shutdown_cv_;  // shut_down_ was set (the recovery thread waits for it)
   std::thread recovery_thread_;  // with kThreads and recovery_timeout > 0
+  std::thread delivery_thread_;  // with kThreads
 };
 
 }  // namespace shardserve::coordinator

@@ -79,7 +79,7 @@ struct CoordinatorOptions {
   int64_t max_kv_blocks = 0;           // KV blocks per replica at most; 0 = what the budget holds
   int32_t max_step_tokens = 256;       // >= 1
   int64_t max_queued = 1024;           // >= 0
-  int32_t pipeline_depth = 0;          // micro-batches in flight per replica, >= 0; 0 = its stages
+  int32_t pipeline_depth = 0;          // micro-batches in flight per replica, >= 0; 0 = auto (ClusterOptions)
   bool prefix_caching = true;          // reuse cached KV blocks of identical prompt prefixes
   // How workers store the weight matrices (--quantize): sent in every assignment and counted by
   // the planner.

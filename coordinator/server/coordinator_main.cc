@@ -61,7 +61,9 @@ ABSL_FLAG(int64_t, kv_blocks, 0,
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per micro-batch (prefill chunk budget)");
 ABSL_FLAG(int64_t, max_queued, 1024, "requests waiting for a slot; beyond it Generate fails with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, pipeline_depth, 0,
-          "micro-batches in flight per replica (pipelining); 0 = its number of stages, 1 = one at a time");
+          "micro-batches in flight per replica (pipelining); 0 = auto: up to its number of stages, split per step "
+          "where a cost model of its stages (device kinds, machines) predicts a gain (`shardserve status` says "
+          "why), 1 = one at a time");
 ABSL_FLAG(bool, prefix_caching, true,
           "keep full KV cache blocks after their sequences end and reuse them for later requests that start "
           "with the same tokens (their prefill skips those blocks)");

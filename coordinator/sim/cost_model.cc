@@ -31,9 +31,11 @@ StageCostModel::StageCostModel(const ModelSpec& spec, const StageSpec& stage, De
   router_params_ = h * static_cast<double>(spec_.moe.num_experts);
 }
 
-double StageCostModel::Roofline(double bytes, double flops) const {
+double StageCostModel::Roofline(double bytes, double flops, StageTime& t) const {
   const double memory = bytes / (device_.memory_bytes_per_s * device_.memory_efficiency);
   const double compute = flops / (device_.flops_per_s * device_.compute_efficiency);
+  t.memory_demand += memory;
+  t.compute_demand += compute;
   return std::max(memory, compute);
 }
 
@@ -68,26 +70,26 @@ StageTime StageCostModel::Cost(absl::Span<const SequenceWork> batch) const {
   }
   for (int64_t layer = stage_.layer_begin; layer < stage_.layer_end; ++layer) {
     // Attention projections.
-    t.weights += Roofline(attn_params_ * bpp, 2 * tokens * attn_params_);
+    t.weights += Roofline(attn_params_ * bpp, 2 * tokens * attn_params_, t);
     // Attention over the cache.
-    t.attention += Roofline(kv_read_tokens * kv_row + tokens * kv_row, 4 * attn_pairs * local_heads_ * pair_width);
+    t.attention += Roofline(kv_read_tokens * kv_row + tokens * kv_row, 4 * attn_pairs * local_heads_ * pair_width, t);
     if (spec_.IsSparseLayer(layer)) {
       const double e = static_cast<double>(spec_.moe.num_experts);
       const double k = static_cast<double>(spec_.moe.top_k);
       const double touched = e * (1 - std::pow(1 - k / e, tokens));
       // Expert parallel: experts spread over the ranks; split experts: each rank a 1/tp column slice.
       t.weights += Roofline(touched * expert_params_ * bpp / tp + router_params_ * 4,
-                            2 * tokens * (k * expert_params_ / tp + router_params_));
-      if (shared_params_ > 0) t.weights += Roofline(shared_params_ * bpp, 2 * tokens * shared_params_);
+                            2 * tokens * (k * expert_params_ / tp + router_params_), t);
+      if (shared_params_ > 0) t.weights += Roofline(shared_params_ * bpp, 2 * tokens * shared_params_, t);
     } else {
-      t.weights += Roofline(dense_params_ * bpp, 2 * tokens * dense_params_);
+      t.weights += Roofline(dense_params_ * bpp, 2 * tokens * dense_params_, t);
     }
     t.collectives += 2 * all_reduce;
     t.overhead += device_.layer_overhead_s;
   }
   if (stage_.has_lm_head && sampled > 0) {
     const double lm = std::ceil(static_cast<double>(spec_.vocab_size) / tp) * h;
-    t.weights += Roofline(lm * bpp, 2 * sampled * lm);
+    t.weights += Roofline(lm * bpp, 2 * sampled * lm, t);
   }
   t.overhead += device_.step_overhead_s;
   return t;

@@ -35,16 +35,13 @@
 #include "absl/types/span.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
+#include "coordinator/scheduler/pipelining.h"
 #include "coordinator/sim/device_profile.h"
 
 namespace shardserve::sim {
 
-// One sequence's part of a micro-batch.
-struct SequenceWork {
-  int64_t pos_begin = 0;  // tokens already in its KV cache
-  int64_t tokens = 0;     // new tokens (a prefill chunk, or 1 to decode), >= 1
-  bool sample = false;    // the last stage samples a token for it
-};
+// One sequence's part of a micro-batch (the scheduler's pipelining policy prices the same).
+using SequenceWork = coordinator::StepWork;
 
 // Where a stage's time goes (seconds, on its slowest rank).
 struct StageTime {
@@ -52,6 +49,11 @@ struct StageTime {
   double attention = 0;    // KV cache reads and attention FLOPs
   double collectives = 0;  // tensor-parallel all-reduces
   double overhead = 0;     // per-layer and per-step fixed costs
+  // What the ops of weights + attention ask of each resource, whichever bounds them: their memory
+  // traffic at the achievable bandwidth, and their FLOPs at the achievable rate (for a pipelining
+  // policy that asks what two stages sharing one machine's bus and cores take together).
+  double memory_demand = 0;
+  double compute_demand = 0;
   double Total() const { return weights + attention + collectives + overhead; }
 };
 
@@ -68,8 +70,8 @@ class StageCostModel {
   const DeviceProfile& device() const { return device_; }
 
  private:
-  // One op's roofline time on one rank.
-  double Roofline(double bytes, double flops) const;
+  // One op's roofline time on one rank; adds its demands to `t`.
+  double Roofline(double bytes, double flops, StageTime& t) const;
 
   ModelSpec spec_;
   StageSpec stage_;

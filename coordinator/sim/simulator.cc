@@ -17,6 +17,7 @@
 #include "coordinator/planner/planner.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/sim/cost_model.h"
+#include "coordinator/sim/pipeline_cost.h"
 
 namespace shardserve::sim {
 namespace {
@@ -258,9 +259,22 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
     result.kv_blocks.push_back(kv_blocks);
     const int32_t depth =
         options.pipeline_depth > 0 ? options.pipeline_depth : static_cast<int32_t>(p.stages.size());
+    // Auto: the coordinator's pipelining policy over the same profiles (cluster.cc does the same).
+    std::shared_ptr<const coordinator::PipelineCostModel> cost;
+    if (options.pipeline_depth == 0) {
+      const PipelineProfiles profiles{.cpu = options.cpu,
+                                      .gpu = options.gpu,
+                                      .network = options.network,
+                                      .same_node = options.network,
+                                      .hop_overhead_s = options.hop_overhead_s};
+      absl::StatusOr<std::unique_ptr<PipelineCost>> made = PipelineCost::Make(spec, p.stages, bpp, kvb, profiles);
+      if (!made.ok()) return made.status();
+      cost = *std::move(made);
+    }
     absl::Status st = scheduler.AddReplica(static_cast<int>(r), nullptr,
                                            ReplicaOptions{.max_slots = options.max_slots,
                                                           .pipeline_depth = depth,
+                                                          .pipeline_cost = std::move(cost),
                                                           .kv_blocks = kv_blocks,
                                                           .kv_block_size = options.kv_block_size,
                                                           .prefix_caching = options.prefix_caching});

@@ -7,9 +7,11 @@
 // to pipeline_depth micro-batches overlap on different stages as in the real cluster.
 //
 // Replicas get what the coordinator gives them (coordinator/cluster/cluster.cc): KV blocks from
-// PipelineKvBlocks, capped at max_slots whole sequences of max_seq_len and raised to one; a
-// pipeline depth of its stage count unless set. Requests never stop early (ignore_eos): each
-// generates exactly its output_tokens.
+// PipelineKvBlocks, capped at max_slots whole sequences of max_seq_len and raised to one; up to
+// one micro-batch per stage, split per step by the pipelining policy, unless a depth is set. (The
+// policy prices CPU stages of one machine as sharing it; the simulation gives every stage its own
+// device, so there it may leave a gain on the table that the real machine would not give.)
+// Requests never stop early (ignore_eos): each generates exactly its output_tokens.
 //
 // Faults: at a fault's time, every replica with a stage on the failed worker (matched by
 // worker_id or node_name) is removed from the scheduler (RemoveReplica with Unavailable): its
@@ -48,7 +50,9 @@ struct SimOptions {
   int32_t max_slots = 8;
   int32_t kv_block_size = 16;
   int64_t max_step_tokens = 256;
-  int32_t pipeline_depth = 0;  // 0 = the replica's stage count
+  // Micro-batches in flight per replica; 0 = auto, as the coordinator: up to its stage count, split
+  // per step by the pipelining policy (scheduler/pipelining.h) priced with these profiles.
+  int32_t pipeline_depth = 0;
   int64_t max_queued = 1024;
   bool prefix_caching = false;  // simulated prompts share nothing, so the cache only costs time
   // Device profiles: `gpu` for workers with CUDA devices, `cpu` for the others.

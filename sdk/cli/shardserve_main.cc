@@ -107,7 +107,7 @@ ABSL_FLAG(double, gpu_memory_utilization, 0.9,
 ABSL_FLAG(int32_t, max_slots, 256, "simulate: running sequences per replica (shardserve-coordinator --max_slots)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "simulate: tokens per KV cache block");
 ABSL_FLAG(int32_t, max_step_tokens, 2048, "simulate: tokens per micro-batch (prefill chunk budget)");
-ABSL_FLAG(int32_t, pipeline_depth, 0, "simulate: micro-batches in flight per replica; 0 = its stage count");
+ABSL_FLAG(int32_t, pipeline_depth, 0, "simulate: micro-batches in flight per replica; 0 = auto, as the coordinator (up to its stage count, split per step by the pipelining policy)");
 ABSL_FLAG(int64_t, max_queued, 100000, "simulate: waiting requests over all replicas before refusing more");
 
 namespace shardserve {
@@ -210,7 +210,9 @@ absl::Status StatusCommand() {
   if (!info.ok()) return info.status();
   std::cout << "cluster: " << (info->ready ? "ready" : "not ready") << (info->reason.empty() ? "" : " (" + info->reason + ")")
             << "\nmodel: " << info->model_path << "\nsequences: " << info->running_sequences << " running, "
-            << info->waiting_sequences << " waiting\n\n";
+            << info->waiting_sequences << " waiting\n";
+  for (const std::string& line : info->pipelining) std::cout << "pipelining: " << line << "\n";
+  std::cout << "\n";
   std::vector<std::vector<std::string>> rows = {{"WORKER", "NODE", "ADDRESS", "STATE", "DEVICES", "ASSIGNMENT", "ERROR"}};
   for (const WorkerInfo& w : info->workers) {
     rows.push_back({w.worker_id, w.node_name, w.address, w.state, w.devices, w.assignment, w.error});

@@ -485,6 +485,9 @@ absl::StatusOr<ClusterInfo> GrpcClient::DoClusterStatus(const CallOptions& call)
   info.running_sequences = resp.running_sequences();
   info.waiting_sequences = resp.waiting_sequences();
   info.total_workers = resp.total_workers();
+  for (const v1::ReplicaPipelining& p : resp.pipelining()) {
+    info.pipelining.push_back(absl::StrCat("replica ", p.replica(), ": ", p.explanation()));
+  }
   for (const v1::WorkerStatus& w : resp.workers()) {
     WorkerInfo wi{.worker_id = w.worker_id(), .node_name = w.node_name(), .address = w.address(),
                   .state = StateName(w.state()), .error = w.error()};

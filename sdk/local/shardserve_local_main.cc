@@ -60,7 +60,7 @@ ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
 ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
 ABSL_FLAG(int32_t, max_slots, 0, "sequences per replica at once (0 = sized from the KV budget, at most 256)");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
-ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = its number of stages");
+ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = auto (the coordinator's pipelining policy)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");
 ABSL_FLAG(std::string, served_model_name, "", "the coordinator's --served_model_name (the model's name in the HTTP API)");

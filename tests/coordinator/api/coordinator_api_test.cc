@@ -971,6 +971,11 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
                                    "per rank (at most 256 sequences (max_slots auto) x max_seq_len 512)"));
   EXPECT_EQ(st.running_sequences(), 0);
   EXPECT_EQ(st.waiting_sequences(), 0);
+  // One stage: nothing to pipeline.
+  ASSERT_EQ(st.pipelining_size(), 1);
+  EXPECT_EQ(st.pipelining(0).replica(), 0);
+  EXPECT_EQ(st.pipelining(0).micro_batches(), 1);
+  EXPECT_EQ(st.pipelining(0).explanation(), "1 micro-batch (pipeline depth 1; 1 CPU stage)");
 }
 
 // With the KV blocks capped (--kv_blocks), the default max_slots is as many whole 512-token
@@ -1240,6 +1245,27 @@ TEST_F(CoordinatorRestartTest, ANewCoordinatorAdoptsTheStagesTheWorkersHoldWitho
   GenerateResult r = Generate(IdsRequest({1, 2, 3}, 8));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.ids, expected);
+}
+
+// --pipeline_depth 0 (auto): the replica's two stages (workers listening on one host) are priced
+// as sharing a machine, and the status says how the split is chosen; a fixed depth says so.
+TEST_F(CoordinatorRestartTest, TheStatusExplainsHowTheReplicaPipelines) {
+  ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
+  v1::ClusterStatus status = Status();
+  ASSERT_EQ(status.pipelining_size(), 1);
+  EXPECT_EQ(status.pipelining(0).explanation(),
+            "up to 2 micro-batches, chosen per step from the load (2 CPU stages on one machine; idle now)");
+  GenerateResult r = Generate(IdsRequest({1, 2, 3}, 4));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  status = Status();
+  EXPECT_EQ(status.pipelining(0).micro_batches(), 1);
+  EXPECT_THAT(status.pipelining(0).explanation(),
+              HasSubstr("1 micro-batch for 1 running sequence (2 CPU stages on one machine, "));
+  RestartCoordinator({.pp = 2, .pipeline_depth = 2});
+  Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB, held_[1]);
+  Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]);
+  ASSERT_TRUE(coordinator_->cluster().WaitUntilReady(kWait)) << coordinator_->cluster().ReadyStatus();
+  EXPECT_EQ(Status().pipelining(0).explanation(), "2 micro-batches in flight at most (fixed pipeline depth)");
 }
 
 // A coordinator started with another setting (here the KV block size) cannot serve what the

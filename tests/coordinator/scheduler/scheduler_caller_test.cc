@@ -117,5 +117,99 @@ TEST(SchedulerCallerTest, ThreadDrivenSchedulersRefuseBeginStep) {
   EXPECT_FALSE(scheduler.BeginStep(0).has_value());
 }
 
+// Two stages, each taking `*weights` seconds of weight reads per micro-batch plus `per_token`
+// seconds per token; on one machine without parallelism when `*shared`. The test owns the
+// pointed-to values and changes them between steps (kCaller: one thread).
+class SwitchableCost final : public PipelineCostModel {
+ public:
+  SwitchableCost(const double* weights, const bool* shared) : weights_(weights), shared_(shared) {}
+  int num_stages() const override { return 2; }
+  StageSeconds Stage(int, absl::Span<const StepWork> work) const override {
+    double tokens = 0;
+    for (const StepWork& w : work) tokens += static_cast<double>(w.tokens);
+    return {.total = *weights_ + 0.001 * tokens, .memory = *weights_, .compute = 0.001 * tokens};
+  }
+  double Hop(int, int64_t) const override { return 1e-4; }
+  int SharedGroup(int) const override { return *shared_ ? 0 : -1; }
+  HostParallelism Parallelism(int) const override { return {.memory = 1.3, .compute = 1.0}; }
+  std::string Describe() const override { return "2 test stages"; }
+
+ private:
+  const double* weights_;
+  const bool* shared_;
+};
+
+// Replica 0 of depth 2 priced by SwitchableCost(weights, shared), running 4 requests of
+// `max_tokens`; returns their sinks.
+std::vector<std::shared_ptr<RecordingSink>> StartFourOnACostedReplica(Scheduler& scheduler, const double* weights,
+                                                                    const bool* shared, int32_t max_tokens) {
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  const absl::Status added = scheduler.AddReplica(
+      0, nullptr,
+      {.max_slots = 4, .pipeline_depth = 2, .pipeline_cost = std::make_shared<SwitchableCost>(weights, shared),
+       .kv_blocks = 16});
+  EXPECT_TRUE(added.ok()) << added;
+  for (int i = 0; i < 4; ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    EXPECT_TRUE(scheduler.Submit(Request(max_tokens), sinks.back()).ok());
+  }
+  return sinks;
+}
+
+TEST(SchedulerCallerTest, ACostModelFavouringOneMicroBatchKeepsTheRunningSetTogether) {
+  testing::FakeClock clock;
+  Scheduler scheduler(CallerOptions(&clock));
+  const double weights = 0.050;  // weight-bound
+  const bool shared = true;
+  StartFourOnACostedReplica(scheduler, &weights, &shared, 3);
+  std::optional<StepInput> a = scheduler.BeginStep(0);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->sequences.size(), 4u);
+  EXPECT_FALSE(scheduler.BeginStep(0).has_value());  // one micro-batch in flight at most
+  const ReplicaStats stats = scheduler.Stats().replicas[0];
+  EXPECT_EQ(stats.micro_batches, 1);
+  EXPECT_THAT(stats.pipelining, ::testing::HasSubstr("1 micro-batch for 4 running sequences (2 test stages"));
+  scheduler.EndStep(0, a->step_id, Answer(*a, 5), absl::ZeroDuration());
+  std::optional<StepInput> next = scheduler.BeginStep(0);
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->sequences.size(), 4u);
+}
+
+TEST(SchedulerCallerTest, ACostModelFavouringASplitSplitsAndTheGroupsMergeWhenItNoLongerPays) {
+  testing::FakeClock clock;
+  Scheduler scheduler(CallerOptions(&clock));
+  double weights = 0.001;  // compute-bound
+  bool shared = false;     // on separate machines
+  const std::vector<std::shared_ptr<RecordingSink>> sinks = StartFourOnACostedReplica(scheduler, &weights, &shared, 4);
+  std::optional<StepInput> a = scheduler.BeginStep(0);
+  std::optional<StepInput> b = scheduler.BeginStep(0);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(a->sequences.size(), 2u);
+  EXPECT_EQ(b->sequences.size(), 2u);
+  EXPECT_EQ(scheduler.Stats().replicas[0].micro_batches, 2);
+  EXPECT_THAT(scheduler.Stats().replicas[0].pipelining, ::testing::HasSubstr("2 micro-batches"));
+  // The stages turn weight-bound on one machine: the next build keeps one micro-batch in flight,
+  // so `a`'s sequences wait for `b`'s and the two groups step together from then on.
+  weights = 0.050;
+  shared = true;
+  scheduler.EndStep(0, a->step_id, Answer(*a, 5), absl::ZeroDuration());
+  EXPECT_FALSE(scheduler.BeginStep(0).has_value());
+  EXPECT_EQ(scheduler.Stats().replicas[0].micro_batches, 1);
+  scheduler.EndStep(0, b->step_id, Answer(*b, 5), absl::ZeroDuration());
+  std::optional<StepInput> merged = scheduler.BeginStep(0);
+  ASSERT_TRUE(merged.has_value());
+  EXPECT_EQ(merged->sequences.size(), 4u);
+  for (const auto& sink : sinks) EXPECT_EQ(sink->tokens, (std::vector<int32_t>{5}));
+}
+
+TEST(SchedulerCallerTest, WithoutACostModelTheSplitIsThePipelineDepth) {
+  testing::FakeClock clock;
+  Scheduler scheduler(CallerOptions(&clock));
+  ASSERT_TRUE(scheduler.AddReplica(0, nullptr, {.max_slots = 4, .pipeline_depth = 3, .kv_blocks = 16}).ok());
+  const ReplicaStats stats = scheduler.Stats().replicas[0];
+  EXPECT_EQ(stats.micro_batches, 3);
+  EXPECT_THAT(stats.pipelining, ::testing::HasSubstr("3 micro-batches in flight at most (fixed pipeline depth)"));
+}
+
 }  // namespace
 }  // namespace shardserve::coordinator

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "coordinator/sim/simulator.h"
 #include "coordinator/sim/sweep.h"
 #include "coordinator/sim/workload.h"
+#include "tests/coordinator/sim/llama_70b.h"
 #include "tests/testing/status_matchers.h"
 
 namespace shardserve::sim {
@@ -172,6 +175,34 @@ TEST(SimulatorTest, PipelineStagesOverlapMicroBatches) {
   ASSERT_EQ(piped.stages.size(), 2u);
   EXPECT_GT(piped.stages[0].busy_fraction, 0.6);
   EXPECT_GT(piped.stages[1].busy_fraction, 0.6);
+}
+
+// The default pipelining (depth 0: the coordinator's policy, chosen per step) on a 70B model over
+// two 8 x H100 nodes, simulated: with many long sequences it splits, and serves about as much as
+// the better fixed depth; with a few short ones, a step is its weight reads and it does not.
+TEST(SimulatorTest, AutoPipeliningServesAsMuchAsTheBetterFixedDepthAcrossGpuNodes) {
+  const ModelSpec spec = testing::Llama70B();
+  SimOptions o = H100Options();
+  o.policy.tp = 8;
+  o.policy.pp = 2;
+  o.policy.max_seq_len = 4096;
+  o.max_slots = 256;
+  o.max_step_tokens = 2048;
+  auto run = [&](int32_t depth, int32_t clients, int32_t prompt, int32_t output) {
+    SimOptions d = o;
+    d.pipeline_depth = depth;
+    d.closed_loop_clients = clients;
+    absl::StatusOr<SimResult> r =
+        Simulate(spec, {GpuWorker("n0", 8), GpuWorker("n1", 8)}, Poisson(1000, 2 * clients, prompt, output), d);
+    CHECK(r.ok()) << r.status();
+    return r->output_tokens_per_s;
+  };
+  const double many_auto = run(0, 256, 2048, 128), many_one = run(1, 256, 2048, 128), many_two = run(2, 256, 2048, 128);
+  EXPECT_GT(many_two, 1.2 * many_one);
+  EXPECT_GE(many_auto, 0.95 * std::max(many_one, many_two));
+  const double few_auto = run(0, 4, 64, 128), few_one = run(1, 4, 64, 128), few_two = run(2, 4, 64, 128);
+  EXPECT_GE(few_auto, 0.95 * std::max(few_one, few_two));
+  EXPECT_NEAR(few_auto, few_one, 0.02 * few_one);  // one micro-batch, as depth 1
 }
 
 TEST(SimulatorTest, ASmallKvCachePreempts) {

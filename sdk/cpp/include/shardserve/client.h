@@ -252,6 +252,8 @@ struct ClusterInfo {
   std::string plan;
   int64_t running_sequences = 0;
   int64_t waiting_sequences = 0;
+  // Per serving replica: "replica R: <how it splits its running sequences into micro-batches>".
+  std::vector<std::string> pipelining;
 };
 
 // A generation being streamed, read in pull style:
