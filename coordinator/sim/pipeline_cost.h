@@ -14,6 +14,7 @@
 #define SHARDSERVE_COORDINATOR_SIM_PIPELINE_COST_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,12 +36,14 @@ struct PipelineProfiles {
   LinkProfile same_node;  // between stages on one machine
   double hop_overhead_s = 100e-6;  // software cost of one stage hop (ARCHITECTURE.md: ~100 us)
   // How much faster the CPU stages of one machine run all at once than one after the other, >= 1
-  // each. Memory: ARCHITECTURE.md measures 38-43 GB/s of reads with two threads against 28-34
-  // with one. Compute: the coordinator knows nothing of a machine's cores, which also run the
-  // stage hops (gRPC), the coordinator and other processes; on the 2-core development machines two
-  // stages of the 100M model computing at once gained nothing (serving_bench.py: pipelined 0.88x
-  // the throughput of one micro-batch at a time), so none is assumed.
-  coordinator::HostParallelism cpu_parallelism{.memory = 1.3, .compute = 1.0};
+  // each (capped at the number of those stages). Memory: ARCHITECTURE.md measures 38-43 GB/s of
+  // reads with two threads against 28-34 with one. Compute: each stage's ranks are assumed to have
+  // cores of their own (a worker is sized one core per CPU rank), so the stages' arithmetic runs
+  // side by side: on an otherwise idle 2-core development machine, two stages of the 100M model
+  // pipelined gave 1.30x the throughput of one micro-batch at a time (serving_bench.py, 16
+  // clients). A machine busy with other work gains less (0.6-0.9x was measured under a load
+  // average of 6); such a deployment should lower this or fix --pipeline_depth.
+  coordinator::HostParallelism cpu_parallelism{.memory = 1.3, .compute = std::numeric_limits<double>::infinity()};
   // InvalidArgument naming the field when a link figure is not positive or a parallelism < 1
   // (the device profiles are checked by PipelineCost::Make, for the kinds its stages use).
   absl::Status Validate() const;
