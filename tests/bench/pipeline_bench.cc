@@ -383,10 +383,12 @@ int Run() {
     p->s0 = Serve(p->w0->worker_service(), p->w0->stage_service(), &p0, *tr.worker);
     (void)p->w1->Assign(Stage(dir, 1, half, static_cast<int>(spec->num_layers), ""));
     (void)p->w0->Assign(Stage(dir, 0, 0, half, absl::StrCat("127.0.0.1:", p1)));
-    for (int i = 0; i < 1200 && (p->w0->Status().state != v1::WORKER_STATE_READY ||
-                                 p->w1->Status().state != v1::WORKER_STATE_READY);
-         ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (service::WorkerServer* w : {p->w0.get(), p->w1.get()}) {
+      const service::WorkerStatusSnapshot loaded = w->WaitLoaded(absl::Seconds(60));
+      if (loaded.state != v1::WORKER_STATE_READY) {
+        std::cerr << "a bench stage did not load: " << loaded.error << "\n";
+        return 1;
+      }
     }
     p->stub = v1::Stage::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", p0),
                                                      tr.client->InternalChannelCredentials(security::Role::kWorker)));
