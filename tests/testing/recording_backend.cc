@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/kernels/shared/moe_math.h"
 
 namespace shardserve::testing {
 namespace {
@@ -165,6 +166,26 @@ absl::Status RecordingBackend::GroupedLinear(const kernels::GroupedLinearParams&
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
+}
+absl::Status RecordingBackend::MoeCombine(const kernels::MoeCombineParams& p) {
+  if (!emulate_combine_) return inner_->MoeCombine(p);
+  if (absl::Status st = p.Validate(); !st.ok()) return st;
+  ++moe_combines_;
+  // The groups as the CUDA kernel's table holds them (copied: a recording outlives the caller's).
+  std::vector<kernels::GroupRange> ranges;
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    ranges.push_back({static_cast<int32_t>(p.groups[g].begin), static_cast<int32_t>(p.groups[g].count)});
+  }
+  return RunOrRecord([p, ranges = std::move(ranges)] {
+    std::vector<int32_t> found(ranges.size());
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      const int n = kernels::TokenGroupedRows(p.rows, ranges.data(), static_cast<int>(ranges.size()),
+                                              static_cast<int32_t>(t), found.data());
+      float* d = p.dst + t * p.width;
+      for (int64_t e = 0; e < p.width; ++e) d[e] = kernels::CombineElement(d[e], p.src, p.scales, found.data(), n, p.width, e);
+    }
+    return absl::OkStatus();
+  });
 }
 absl::Status RecordingBackend::HeadLinear(const kernels::HeadLinearParams& p) {
   return RunOrRecord([this, p] { return inner_->HeadLinear(p); });

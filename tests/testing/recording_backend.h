@@ -36,6 +36,11 @@ class RecordingBackend final : public kernels::Backend {
   // the CPU, with the per-expert loop's sums.
   void EmulateGroupedLinearForTest(bool on) { emulate_grouped_ = on; }
   int grouped_linears() const { return grouped_linears_; }  // GroupedLinear calls run so far
+  // MoeCombine on the host (the inner backend's memory must be host memory, as the CPU's is)
+  // through kernels/shared/moe_math.h's TokenGroupedRows and CombineElement, the functions the
+  // CUDA kernel runs, and SupportsOp(kMoeCombine, kF32).
+  void EmulateMoeCombineForTest(bool on) { emulate_combine_ = on; }
+  int moe_combines() const { return moe_combines_; }  // MoeCombine calls run so far
   int recordings() const { return recordings_; }
   int replays() const { return *replays_; }
 
@@ -43,6 +48,7 @@ class RecordingBackend final : public kernels::Backend {
   std::string name() const override { return "recording-" + inner_->name(); }
   bool SupportsOp(kernels::Op op, DType dtype) const override {
     if (op == kernels::Op::kGroupedLinear && emulate_grouped_) return inner_->SupportsOp(kernels::Op::kLinear, dtype);
+    if (op == kernels::Op::kMoeCombine && emulate_combine_) return dtype == DType::kF32;
     return inner_->SupportsOp(op, dtype);
   }
   void* stream_handle() const override { return inner_->stream_handle(); }
@@ -76,6 +82,7 @@ class RecordingBackend final : public kernels::Backend {
   // Refused while recording: its host copy of the offsets is a copy to the host.
   absl::Status MoeRoute(const kernels::MoeRouteParams& p) override;
   absl::Status GroupedLinear(const kernels::GroupedLinearParams& p) override;
+  absl::Status MoeCombine(const kernels::MoeCombineParams& p) override;
   absl::Status HeadLinear(const kernels::HeadLinearParams& p) override;
   absl::Status MlaKvWrite(const kernels::MlaKvWriteParams& p) override;
   absl::Status MlaAttention(const kernels::MlaAttentionParams& p) override;
@@ -92,6 +99,8 @@ class RecordingBackend final : public kernels::Backend {
   bool fail_recordings_ = false;
   bool emulate_grouped_ = false;
   int grouped_linears_ = 0;
+  bool emulate_combine_ = false;
+  int moe_combines_ = 0;
   absl::Status recording_error_;
   std::vector<std::function<absl::Status()>> tape_;
   int recordings_ = 0;

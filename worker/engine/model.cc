@@ -1219,6 +1219,14 @@ absl::Status Model::GroupedExperts(const LayerWeights& lw, int64_t tokens, const
   // The down projection overwrites the gathered input, which nothing reads any more.
   RETURN_IF_ERROR(b.GroupedLinear({.x = w.grouped_gate.as<float>(), .y = x, .groups = w.h_down_groups.data(),
                                    .num_groups = num_groups, .rows = rows, .in = ffn, .out = h}));
+  // Each token's expert outputs added to it in one pass where the backend can (the same sums in the
+  // same order as the scatters below).
+  if (b.SupportsOp(kernels::Op::kMoeCombine, DType::kF32)) {
+    return b.MoeCombine({.src = x, .rows = w.moe_rows.as<int32_t>(),
+                         .scales = input_weighted ? nullptr : w.moe_scales.as<float>(), .dst = out,
+                         .groups = w.h_down_groups.data(), .num_groups = num_groups, .count = rows,
+                         .tokens = tokens, .width = h});
+  }
   for (const kernels::GroupedLinearParams::Group& g : w.h_down_groups) {
     RETURN_IF_ERROR(b.ScatterAddRows(
         {.src = x + g.begin * h, .rows = w.moe_rows.as<int32_t>() + g.begin,

@@ -109,8 +109,9 @@ class Model final : public StepRunner {
   // The local experts' share and the shared expert; rows of expert e are [offset[e], offset[e+1]).
   absl::Status LocalExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>& offset, float* out);
   // The local experts' share as grouped products (grouped_experts_): every routed row gathered
-  // once, the gate, up and down projections of all local experts one GroupedLinear each, then each
-  // expert's rows added back (ScatterAddRows, whose rows must be distinct, once per expert).
+  // once, the gate, up and down projections of all local experts one GroupedLinear each, then the
+  // rows added back to their tokens: one MoeCombine where the backend SupportsOp it, else a
+  // ScatterAddRows per expert (whose rows must be distinct); the same sums either way.
   absl::Status GroupedExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>& offset, float* out);
   // Sums `data` over the tensor-parallel group (no-op for one rank).
   absl::Status AllReduce(float* data, int64_t count);

@@ -88,6 +88,7 @@ const char* OpName(Op op) {
     case Op::kSampleRows: return "SampleRows";
     case Op::kMoeRoute: return "MoeRoute";
     case Op::kGroupedLinear: return "GroupedLinear";
+    case Op::kMoeCombine: return "MoeCombine";
   }
   return "?";
 }
@@ -181,6 +182,33 @@ absl::Status Backend::MoeRoute(const MoeRouteParams& p) {
 absl::Status Backend::GroupedLinear(const GroupedLinearParams& p) {
   RETURN_IF_ERROR(p.Validate());
   return absl::UnimplementedError(absl::StrCat(name(), ": GroupedLinear (grouped expert GEMMs) is not implemented"));
+}
+
+absl::Status Backend::MoeCombine(const MoeCombineParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  return absl::UnimplementedError(absl::StrCat(name(), ": MoeCombine (the grouped experts' combine) is not implemented"));
+}
+
+absl::Status MoeCombineParams::Validate() const {
+  if (src == nullptr || rows == nullptr || dst == nullptr || (num_groups > 0 && groups == nullptr)) {
+    return Invalid("MoeCombine", "null pointer");
+  }
+  if (AnyNegative({num_groups, count, tokens, width})) return Invalid("MoeCombine", "negative size");
+  if (static_cast<const void*>(src) == static_cast<const void*>(dst)) return Invalid("MoeCombine", "dst aliases src");
+  if (count > INT32_MAX) return Invalid("MoeCombine", absl::StrCat(count, " grouped rows exceed int32"));
+  int64_t end = 0;
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const GroupedLinearParams::Group& group = groups[g];
+    if (group.begin < 0 || group.count < 0 || group.begin + group.count > count) {
+      return Invalid("MoeCombine", absl::StrCat("group ", g, " rows [", group.begin, ", ", group.begin + group.count,
+                                                ") outside [0, ", count, ")"));
+    }
+    if (group.count > 0 && group.begin < end) {
+      return Invalid("MoeCombine", absl::StrCat("group ", g, " overlaps an earlier group's rows (groups must ascend)"));
+    }
+    if (group.count > 0) end = group.begin + group.count;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GroupedLinearParams::Validate() const {

@@ -100,6 +100,9 @@ enum class Op : uint8_t {
   // Products of row groups with one matrix each (the experts of a MoE layer in one grouped GEMM):
   // optional; the Backend default is Unimplemented, and engines then run a Linear per expert.
   kGroupedLinear,
+  // A MoE layer's grouped expert outputs added to their tokens in one pass: optional; the Backend
+  // default is Unimplemented, and engines then run a ScatterAddRows per expert.
+  kMoeCombine,
 };
 // "Embedding", "Linear", ... for messages.
 const char* OpName(Op op);
@@ -176,6 +179,27 @@ struct GroupedLinearParams {
   bool accumulate = false;
   // InvalidArgument for null pointers, negative sizes, a group out of [0, rows), overlapping
   // groups, null weights or weights of two dtypes (naming the group).
+  absl::Status Validate() const;
+};
+
+// The un-permutation of a MoE layer's grouped rows in one pass. For each token t and each group g
+// in order that holds a row i of t (rows[i] == t; a group's rows ascend, as MoeRoute lays them out):
+//   dst[t] += scales[i] * src[i]   (+= src[i] when scales is null)
+// each term added with one fused multiply-add, one group after the other: the same sums in the same
+// order as a ScatterAddRows per group (kernels/shared/moe_math.h, CombineElement), in one launch
+// instead of one per expert.
+struct MoeCombineParams {
+  const float* src = nullptr;     // [count, width]: the grouped rows (the down projection's output)
+  const int32_t* rows = nullptr;  // [count]: the token of each grouped row (MoeRouteParams::rows)
+  const float* scales = nullptr;  // [count] or null (unit weights)
+  float* dst = nullptr;           // [tokens, width]; must not alias src
+  // [num_groups] host: the row ranges that are added (their `w` is not read), ascending and
+  // disjoint; rows of no group (other ranks' or remote experts') are left out.
+  const GroupedLinearParams::Group* groups = nullptr;
+  int64_t num_groups = 0, count = 0, tokens = 0, width = 0;
+  // InvalidArgument for null pointers, negative sizes, dst aliasing src, or a group out of
+  // [0, count), overlapping an earlier one or beyond int32 (naming the group). A row's token
+  // outside [0, tokens) is the caller's to prevent (MoeRoute's rows are).
   absl::Status Validate() const;
 };
 
@@ -565,6 +589,9 @@ class Backend {
   // Grouped products. The default: Validate(), then Unimplemented naming the backend and the op
   // (SupportsOp answers false; the engine then runs its per-expert Linear loop).
   virtual absl::Status GroupedLinear(const GroupedLinearParams& p);
+  // The grouped rows' combine. The default: Validate(), then Unimplemented naming the backend and
+  // the op (SupportsOp answers false; the engine then runs a ScatterAddRows per expert).
+  virtual absl::Status MoeCombine(const MoeCombineParams& p);
 };
 
 }  // namespace shardserve::kernels

@@ -1,8 +1,9 @@
 // The engine's grouped-expert path (Model::GroupedExperts: one gather of every routed row, one
-// GroupedLinear per projection, one scatter per expert), which CUDA ranks take, run on the CPU
-// through RecordingBackend's GroupedLinear emulation (a Linear per group). The per-expert loop and
-// the grouped path do the same sums in the same order, so the logits must be bit-identical, and
-// the tokens those of transformers.
+// GroupedLinear per projection, then one MoeCombine or a scatter per expert), which CUDA ranks
+// take, run on the CPU through RecordingBackend's emulations: GroupedLinear as a Linear per group,
+// MoeCombine through the shared functions the CUDA kernel runs (kernels/shared/moe_math.h). The
+// per-expert loop and the grouped path do the same sums in the same order, so the logits must be
+// bit-identical, and the tokens those of transformers.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -28,12 +29,14 @@ using ::shardserve::testing::RecordingBackend;
 
 using Loaded = testing::LoadedModel;
 
-// The model on the CPU backend; through a RecordingBackend that claims GroupedLinear when `grouped`.
-absl::StatusOr<Loaded> Load(const std::string& dir, ModelOptions options, bool grouped) {
+// The model on the CPU backend; through a RecordingBackend that claims GroupedLinear when `grouped`,
+// and MoeCombine too when `combine`.
+absl::StatusOr<Loaded> Load(const std::string& dir, ModelOptions options, bool grouped, bool combine = false) {
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> cpu, kernels::CreateBackend({}));
   if (grouped) {
     auto rec = std::make_unique<RecordingBackend>(std::move(cpu));
     rec->EmulateGroupedLinearForTest(true);
+    rec->EmulateMoeCombineForTest(combine);
     cpu = std::move(rec);
   }
   return testing::LoadModel(dir, options, std::move(cpu));
@@ -63,11 +66,37 @@ TEST_P(GroupedExpertsTest, LogitsBitIdenticalToThePerExpertLoop) {
   }
   const auto& rec = static_cast<const RecordingBackend&>(*grouped.backend);
   EXPECT_GT(rec.grouped_linears(), 0) << "the grouped path did not run";
+  EXPECT_EQ(rec.moe_combines(), 0) << "the scatters' path ran the combine";
   // And greedy generation gives transformers' tokens, batched.
   ASSERT_OK_AND_ASSIGN(auto res, Generate(*grouped.model, GreedyRequests(golden)));
   for (size_t i = 0; i < res.size(); ++i) {
     EXPECT_EQ(res[i].tokens, golden.cases[i].greedy_ids) << golden.name << " case " << i;
   }
+}
+
+// The same with the combine: each token's expert outputs added in one pass, through the shared
+// functions, leave the hidden state bit for bit as the per-expert scatters do.
+TEST_P(GroupedExpertsTest, CombineLogitsBitIdenticalToThePerExpertScatters) {
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(GetParam()));
+  ASSERT_OK_AND_ASSIGN(Loaded combined, Load(golden.dir, {}, true, true));
+  ASSERT_OK_AND_ASSIGN(Loaded loop, Load(golden.dir, {}, false));
+  std::vector<StepSequence> batch;
+  for (size_t i = 0; i < golden.cases.size(); ++i) {
+    batch.push_back({.block_ids = WholeContextBlocks(combined.model->options(), static_cast<int32_t>(i)),
+                     .pos_begin = 0,
+                     .tokens = golden.cases[i].prompt_ids});
+  }
+  for (int step = 0; step < 5; ++step) {
+    ASSERT_OK_AND_ASSIGN(StepResult a, combined.model->Step(batch));
+    ASSERT_OK_AND_ASSIGN(StepResult b, loop.model->Step(batch));
+    ASSERT_EQ(a.logits, b.logits) << golden.name << " step " << step;
+    for (size_t s = 0; s < batch.size(); ++s) {
+      batch[s].pos_begin += static_cast<int32_t>(batch[s].tokens.size());
+      batch[s].tokens = {static_cast<int32_t>((step * 11 + static_cast<int>(s) * 5) % 50 + 3)};
+    }
+  }
+  const auto& rec = static_cast<const RecordingBackend&>(*combined.backend);
+  EXPECT_GT(rec.moe_combines(), 0) << "the combine did not run";
 }
 
 // One golden model per routing rule and expert layout: softmax top-k (Mixtral; Qwen2-MoE with its

@@ -83,7 +83,8 @@ class CpuBackend final : public Backend {
       case Op::kHeadLinear:
         return dtype == DType::kF32 || dtype == DType::kBF16;
       case Op::kGroupedLinear:
-        return false;  // the engine's Linear per expert is the CPU path (sgemm gains nothing from grouping)
+      case Op::kMoeCombine:
+        return false;  // the engine's Linear and ScatterAddRows per expert are the CPU path (nothing to gain)
     }
     return false;
   }

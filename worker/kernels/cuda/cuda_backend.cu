@@ -23,6 +23,7 @@
 #include "common/status/macros.h"
 #include "worker/kernels/cuda/attention.cuh"
 #include "worker/kernels/cuda/linear16.cuh"
+#include "worker/kernels/cuda/moe_grouped.cuh"
 #include "worker/kernels/cuda/moe_route.cuh"
 #include "worker/kernels/cuda/ops.cuh"
 #include "worker/kernels/cuda/sampling.cuh"
@@ -60,6 +61,28 @@ bool FitsInt(std::initializer_list<int64_t> sizes) {
     if (s > INT_MAX) return false;
   }
   return true;
+}
+
+// Calls launch(table, first) for the non-empty groups of `groups` ([num_groups], validated, rows
+// within int32), kMaxLaunchGroups at a time, in order; `first` counts the non-empty groups before
+// the table's. Stops at the first error.
+template <typename Launch>
+absl::Status ForEachGroupTable(const GroupedLinearParams::Group* groups, int64_t num_groups, Launch&& launch) {
+  cuda::GroupTable table;
+  int first = 0;
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const GroupedLinearParams::Group& group = groups[g];
+    if (group.count == 0) continue;
+    table.w[table.n] = group.w.data;
+    table.range[table.n] = {static_cast<int32_t>(group.begin), static_cast<int32_t>(group.count)};
+    if (++table.n == cuda::kMaxLaunchGroups) {
+      RETURN_IF_ERROR(launch(table, first));
+      first += table.n;
+      table.n = 0;
+    }
+  }
+  if (table.n > 0) return launch(table, first);
+  return absl::OkStatus();
 }
 
 class CudaBackend final : public Backend {
@@ -108,6 +131,7 @@ class CudaBackend final : public Backend {
   absl::Status SampleRows(const SampleRowsParams& p) override;
   absl::Status MoeRoute(const MoeRouteParams& p) override;
   absl::Status GroupedLinear(const GroupedLinearParams& p) override;
+  absl::Status MoeCombine(const MoeCombineParams& p) override;
   absl::Status Zero(const ZeroParams& p) override;
   absl::Status Scale(const ScaleParams& p) override;
 
@@ -132,6 +156,8 @@ class CudaBackend final : public Backend {
   // The tensor-core product of Group16 on activations already rounded to the weights' type
   // (x16: [tokens, in]), then the bias.
   absl::Status Gemm16(const LinearParams& p, const void* x16);
+  // GroupedLinear with bf16/f16 experts (validated; in > 0, out > 0): see its definition.
+  absl::Status GroupedLinear16(const GroupedLinearParams& p);
 
   // Constant after construction / Init().
   const int device_;
@@ -154,21 +180,20 @@ class CudaBackend final : public Backend {
   // Apart from scratch_ for the same reason: MoE steps are never recorded (MoeRoute waits for its
   // host copy), and growing it must not invalidate the graphs of dense steps.
   DeviceBuffer moe_route_workspace_;
-  // GroupedLinear: the groups' A, B and C pointers on the device (cuBLAS reads them there), and the
-  // host arrays of their shapes (read by cuBLAS on the host), kept between calls to reuse their memory.
+  // GroupedLinear (f32): the groups' A, B and C pointers on the device (cuBLAS reads them there;
+  // written by a kernel in stream order, never copied from the host), and the host arrays of their
+  // shapes (read by cuBLAS on the host), kept between calls to reuse their memory.
   DeviceBuffer grouped_pointers_;
   struct GroupedGemm {
     std::vector<cublasOperation_t> trans_a, trans_b;
     std::vector<int> m, n, k, lda, ldb, ldc, size;
     std::vector<float> alpha, beta;
-    std::vector<const void*> pointers;  // [3 * groups]: every A, then every B, then every C
     void Clear() {
       trans_a.clear();
       trans_b.clear();
       for (std::vector<int>* v : {&m, &n, &k, &lda, &ldb, &ldc, &size}) v->clear();
       alpha.clear();
       beta.clear();
-      pointers.clear();
     }
   } grouped_;
 
@@ -312,9 +337,10 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
     case Op::kScaleRows:
       return dtype == DType::kF32;
     case Op::kGroupedLinear:
-      // cublasGemmGroupedBatchedEx takes 16-bit A and B only with a C of the same type (its type
-      // table), and the engine's activations are f32: 16-bit experts keep the per-expert loop
-      // (Group16's GEMV or GEMM), which writes f32.
+      // f32: one cublasGemmGroupedBatchedEx; bf16/f16: GroupedLinear16 (a grouped GEMV, or rounded
+      // activations and a GEMM per group).
+      return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+    case Op::kMoeCombine:
       return dtype == DType::kF32;
     case Op::kHeadLinear:
     case Op::kMlaKvWrite:
@@ -649,19 +675,16 @@ absl::Status CudaBackend::GroupedLinear(const GroupedLinearParams& p) {
     }
     return absl::OkStatus();
   }
+  if (dtype != DType::kF32) return GroupedLinear16(p);
   // Each group is one problem of its own shape: row-major y[count, out] = x[count, in] . w[out, in]^T
   // is, column-major, y^T[out, count] = op_T(w^T[in, out]) . x^T[in, count] (Linear's layout).
   GroupedGemm& gg = grouped_;
   gg.Clear();
   int problems = 0;
-  for (int64_t g = 0; g < p.num_groups; ++g) problems += p.groups[g].count > 0 ? 1 : 0;
-  if (problems == 0) return absl::OkStatus();
-  const size_t n = static_cast<size_t>(problems);
-  gg.pointers.resize(3 * n);
-  size_t at = 0;
   for (int64_t g = 0; g < p.num_groups; ++g) {
     const GroupedLinearParams::Group& group = p.groups[g];
     if (group.count == 0) continue;
+    ++problems;
     gg.trans_a.push_back(CUBLAS_OP_T);
     gg.trans_b.push_back(CUBLAS_OP_N);
     gg.m.push_back(static_cast<int>(p.out));
@@ -673,25 +696,69 @@ absl::Status CudaBackend::GroupedLinear(const GroupedLinearParams& p) {
     gg.size.push_back(1);
     gg.alpha.push_back(1.0f);
     gg.beta.push_back(p.accumulate ? 1.0f : 0.0f);
-    gg.pointers[at] = group.w.data;
-    gg.pointers[n + at] = p.x + group.begin * p.in;
-    gg.pointers[2 * n + at] = p.y + group.begin * p.out;
-    ++at;
   }
-  const size_t pointer_bytes = gg.pointers.size() * sizeof(void*);
-  RETURN_IF_ERROR(Grow(grouped_pointers_, pointer_bytes));
-  // From pageable memory: staged before the call returns, so gg.pointers may change afterwards.
-  // (A copy, so GroupedLinear cannot be recorded into a graph; MoE steps never are.)
-  RETURN_IF_ERROR(Check(cudaMemcpyAsync(grouped_pointers_.as<void>(), gg.pointers.data(), pointer_bytes,
-                                        cudaMemcpyHostToDevice, stream_),
-                        "cudaMemcpyAsync (GroupedLinear pointers)"));
-  void** dev = grouped_pointers_.as<void*>();
+  if (problems == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(Grow(grouped_pointers_, 3 * static_cast<size_t>(problems) * sizeof(void*)));
+  const void** dev = grouped_pointers_.as<const void*>();
+  // The pointer arrays are written on the device, in stream order: no host copy, no wait.
+  RETURN_IF_ERROR(ForEachGroupTable(p.groups, p.num_groups, [&](const cuda::GroupTable& table, int first) {
+    return Check(cuda::LaunchBuildGroupedPointers(table, p.x, p.y, p.in, p.out, dev, problems, first, stream_),
+                 "GroupedLinear pointers kernel launch");
+  }));
+  void** a = const_cast<void**>(dev);
   return CheckBlas(cublasGemmGroupedBatchedEx(blas_, gg.trans_a.data(), gg.trans_b.data(), gg.m.data(), gg.n.data(),
-                                              gg.k.data(), gg.alpha.data(), dev, CUDA_R_32F, gg.lda.data(),
-                                              dev + problems, CUDA_R_32F, gg.ldb.data(), gg.beta.data(),
-                                              dev + 2 * problems, CUDA_R_32F, gg.ldc.data(), problems,
+                                              gg.k.data(), gg.alpha.data(), a, CUDA_R_32F, gg.lda.data(),
+                                              a + problems, CUDA_R_32F, gg.ldb.data(), gg.beta.data(),
+                                              a + 2 * problems, CUDA_R_32F, gg.ldc.data(), problems,
                                               gg.size.data(), CUBLAS_COMPUTE_32F),
                    "cublasGemmGroupedBatchedEx");
+}
+
+// 16-bit experts. cublasGemmGroupedBatchedEx takes 16-bit A and B only with a 16-bit C (its type
+// table), and the engine's activations are f32, so:
+//   * Groups of at most kGroupedGemvMaxRows rows (decode, and prefill chunks spread over many
+//     experts): one grouped GEMV launch per kMaxLaunchGroups experts, f32 activations and sums.
+//     Memory-bound: each expert's weights are read once per kGroupedGemvTile rows, which is all a
+//     tensor core could save at these sizes.
+//   * Larger groups: the activations are rounded to the weights' type once for every group, and
+//     each group is one cublasGemmEx with f32 output and accumulation (Linear's large-batch
+//     numerics). A grouped GEMM with a 16-bit C would round every output to 16 bits before the
+//     SiLU and the down projection (a second rounding the per-expert Linear never makes) and need
+//     a widening pass; a group this size is real GEMM work (>= 32 rows x out x in), so a launch per
+//     expert costs the host a few microseconds against a GEMM of similar length.
+absl::Status CudaBackend::GroupedLinear16(const GroupedLinearParams& p) {
+  const DType dtype = p.groups[0].w.dtype;
+  int64_t largest = 0;
+  for (int64_t g = 0; g < p.num_groups; ++g) largest = std::max(largest, p.groups[g].count);
+  if (largest <= cuda::kGroupedGemvMaxRows) {
+    return ForEachGroupTable(p.groups, p.num_groups, [&](const cuda::GroupTable& table, int /*first*/) {
+      return Check(cuda::LaunchGroupedGemv16(dtype, p.x, p.y, table, p.in, p.out, p.accumulate, stream_),
+                   "GroupedGemv16 kernel launch");
+    });
+  }
+  const int64_t n = p.rows * p.in;
+  RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
+  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
+  const auto* x16 = scratch_.as<uint16_t>();
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    const GroupedLinearParams::Group& group = p.groups[g];
+    if (group.count == 0) continue;
+    RETURN_IF_ERROR(Gemm16({.x = p.x + group.begin * p.in, .w = group.w, .y = p.y + group.begin * p.out,
+                            .tokens = group.count, .in = p.in, .out = p.out, .accumulate = p.accumulate},
+                           x16 + group.begin * p.in));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MoeCombine(const MoeCombineParams& p) {
+  RETURN_IF_ERROR(p.Validate());
+  RETURN_IF_ERROR(Enter());
+  if (p.tokens == 0 || p.width == 0) return absl::OkStatus();
+  // One launch per kMaxLaunchGroups groups, in order: each token's sum keeps the groups' order.
+  return ForEachGroupTable(p.groups, p.num_groups, [&](const cuda::GroupTable& table, int /*first*/) {
+    return Check(cuda::LaunchMoeCombine(p.src, p.rows, p.scales, table, p.dst, p.tokens, p.width, stream_),
+                 "MoeCombine kernel launch");
+  });
 }
 
 absl::Status CudaBackend::Zero(const ZeroParams& p) {

@@ -33,6 +33,76 @@ SHARDSERVE_HD void GroupByExpert(const int32_t* experts, const float* weights, i
   }
 }
 
+// One row range of the grouped rows (an expert's [begin, begin + count)), as the combine reads it.
+struct GroupRange {
+  int32_t begin = 0;
+  int32_t count = 0;
+};
+
+// The grouped row of `token` among rows[begin, begin + count), or -1 when the token is not routed
+// to that group. rows ascend within a group (GroupByExpert keeps token order, and a token picks an
+// expert at most once), so this is a binary search.
+SHARDSERVE_HD int32_t FindGroupedRow(const int32_t* rows, GroupRange group, int32_t token) {
+  int32_t lo = group.begin, hi = group.begin + group.count;  // the answer is in [lo, hi)
+  while (lo < hi) {
+    const int32_t mid = lo + (hi - lo) / 2;
+    if (rows[mid] < token) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < group.begin + group.count && rows[lo] == token ? lo : -1;
+}
+
+// The grouped rows of `token` in group order (ascending experts: the order of the per-expert
+// scatters the combine replaces): writes found[0 .. n) and returns n (<= num_groups). groups:
+// [num_groups]. The CUDA combine finds the same rows, one group per thread, and compacts them in
+// this order.
+SHARDSERVE_HD int TokenGroupedRows(const int32_t* rows, const GroupRange* groups, int num_groups, int32_t token,
+                                   int32_t* found) {
+  int n = 0;
+  for (int g = 0; g < num_groups; ++g) {
+    const int32_t at = FindGroupedRow(rows, groups[g], token);
+    if (at >= 0) found[n++] = at;
+  }
+  return n;
+}
+
+// acc + s * x rounded once (a fused multiply-add), as the CPU backend's ScatterAddRows loop computes
+// it: that loop is built for x86-64-v3 (FMA) and g++ contracts `dst += s * src` into one fma in C++
+// modes (its default -ffp-contract=fast), and nvcc contracts the CUDA scatter likewise. Spelled out
+// here so that the combine does not depend on what a compiler chooses to contract.
+SHARDSERVE_HD float FusedMulAdd(float acc, float s, float x) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(s, x, acc);
+#else
+  return std::fma(s, x, acc);
+#endif
+}
+
+// Element e of one token's combined MoE output: acc (the hidden state's element) plus each of its
+// grouped rows found[0 .. n) times its routing weight (scales null: weight 1, Llama-4's weighted
+// inputs), added one after the other in the order given, which is the sum a ScatterAddRows per
+// expert computes. src: [grouped rows, width]; scales: [grouped rows] or null.
+SHARDSERVE_HD float CombineElement(float acc, const float* src, const float* scales, const int32_t* found, int n,
+                                   int64_t width, int64_t e) {
+  for (int j = 0; j < n; ++j) {
+    const float s = scales != nullptr ? scales[found[j]] : 1.0f;
+    acc = FusedMulAdd(acc, s, src[int64_t{found[j]} * width + e]);
+  }
+  return acc;
+}
+
+// The token tiles of a grouped GEMV: a group of `count` rows is multiplied `tile` rows at a time
+// (the rows one pass over a weight row serves); tile t covers rows [begin + t * tile, begin +
+// t * tile + GemvTileRows(count, tile, t)).
+SHARDSERVE_HD int32_t GemvTiles(int32_t count, int32_t tile) { return (count + tile - 1) / tile; }
+SHARDSERVE_HD int32_t GemvTileRows(int32_t count, int32_t tile, int32_t t) {
+  const int32_t left = count - t * tile;
+  return left < tile ? left : tile;
+}
+
 // Llama-4's routing of one token (transformers' Llama4Router): the k largest router logits (ties:
 // lower expert first), each weighted by sigmoid(logit). The engine multiplies each chosen
 // expert's input by its weight and sums the outputs unweighted. experts, weights: [k].

@@ -1,0 +1,208 @@
+// Kernels of moe_grouped.cuh. 16-bit weights are widened with the CPU backend's bit operations
+// (bf16: the upper half of an f32), so both backends multiply the same f32 values.
+#include "worker/kernels/cuda/moe_grouped.cuh"
+
+#include <cuda_fp16.h>
+
+namespace shardserve::kernels::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kGemvWarps = 4;  // output rows per block (one warp per row)
+constexpr int kVec = 8;        // 16-bit weights per 16-byte load
+constexpr int kLoads = 4;      // 16-byte loads a lane keeps in flight
+constexpr int kCombineThreads = 256;
+constexpr int64_t kMaxGrid = 65535;
+
+static_assert(kCombineThreads >= kMaxLaunchGroups, "the combine searches one group per thread");
+
+unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <DType kType>
+__device__ __forceinline__ float Widen(uint16_t bits) {
+  if constexpr (kType == DType::kBF16) {
+    return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+  } else {
+    return __half2float(__ushort_as_half(bits));
+  }
+}
+
+// One warp's dot products of weight row `wr` ([in]) with `rows` (<= kGroupedGemvTile) activation
+// rows x ([rows, in]): acc[r] gets lane's partial sums (reduced by the caller).
+template <DType kType, bool kVectorized>
+__device__ __forceinline__ void TileDots(const uint16_t* __restrict__ wr, const float* __restrict__ x, int rows,
+                                         int64_t in, int lane, float (&acc)[kGroupedGemvTile]) {
+  if constexpr (kVectorized) {
+    constexpr int64_t kStride = int64_t{kWarp} * kVec;
+    for (int64_t base = int64_t{lane} * kVec; base < in; base += kLoads * kStride) {
+      uint4 raw[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int64_t e = base + u * kStride;
+        raw[u] = e < in ? __ldg(reinterpret_cast<const uint4*>(wr + e)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int64_t e = base + u * kStride;
+        if (e >= in) break;
+        const uint32_t words[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+        float wf[kVec];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          wf[2 * i] = Widen<kType>(static_cast<uint16_t>(words[i] & 0xffffu));
+          wf[2 * i + 1] = Widen<kType>(static_cast<uint16_t>(words[i] >> 16));
+        }
+#pragma unroll
+        for (int r = 0; r < kGroupedGemvTile; ++r) {
+          if (r < rows) {
+            const float4 a = *reinterpret_cast<const float4*>(x + r * in + e);
+            const float4 b = *reinterpret_cast<const float4*>(x + r * in + e + 4);
+            acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                      wf[6] * b.z + wf[7] * b.w;
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t e = lane; e < in; e += kWarp) {
+      const float wv = Widen<kType>(wr[e]);
+#pragma unroll
+      for (int r = 0; r < kGroupedGemvTile; ++r) {
+        if (r < rows) acc[r] += wv * x[r * in + e];
+      }
+    }
+  }
+}
+
+// blockIdx.y: the group; warps stride over its output rows; each warp multiplies its weight row
+// with the group's rows a tile at a time (GemvTiles / GemvTileRows).
+template <DType kType, bool kVectorized>
+__global__ void __launch_bounds__(kGemvWarps * kWarp)
+    GroupedGemv16Kernel(const float* __restrict__ x, float* __restrict__ y, const GroupTable table, int64_t in,
+                        int64_t out, bool accumulate) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const GroupRange range = table.range[blockIdx.y];
+  const auto* w = static_cast<const uint16_t*>(table.w[blockIdx.y]);
+  const int32_t tiles = GemvTiles(range.count, kGroupedGemvTile);
+  for (int64_t o = int64_t{blockIdx.x} * kGemvWarps + warp; o < out; o += int64_t{gridDim.x} * kGemvWarps) {
+    const uint16_t* wr = w + o * in;
+    for (int32_t t = 0; t < tiles; ++t) {
+      const int64_t first = int64_t{range.begin} + int64_t{t} * kGroupedGemvTile;
+      const int rows = GemvTileRows(range.count, kGroupedGemvTile, t);
+      float acc[kGroupedGemvTile];
+#pragma unroll
+      for (int r = 0; r < kGroupedGemvTile; ++r) acc[r] = 0.f;
+      TileDots<kType, kVectorized>(wr, x + first * in, rows, in, lane, acc);
+#pragma unroll
+      for (int r = 0; r < kGroupedGemvTile; ++r) {
+        if (r < rows) {
+          const float sum = WarpSum(acc[r]);
+          if (lane == 0) {
+            float* dst = y + (first + r) * out + o;
+            *dst = (accumulate ? *dst : 0.f) + sum;
+          }
+        }
+      }
+    }
+  }
+}
+
+__global__ void BuildPointersKernel(const GroupTable table, const float* x, float* y, int64_t in, int64_t out,
+                                    const void** pointers, int total, int first) {
+  const int g = static_cast<int>(threadIdx.x);
+  if (g >= table.n) return;
+  pointers[first + g] = table.w[g];
+  pointers[total + first + g] = x + int64_t{table.range[g].begin} * in;
+  pointers[2 * total + first + g] = y + int64_t{table.range[g].begin} * out;
+}
+
+// One block per token (grid-stride). Thread g searches group g; a block-wide ordered compaction
+// (warp ballots, then the warps' counts) lists the found rows in group order; then the threads
+// stride over the token's columns.
+__global__ void __launch_bounds__(kCombineThreads)
+    MoeCombineKernel(const float* __restrict__ src, const int32_t* __restrict__ rows, const float* __restrict__ scales,
+                     const GroupTable table, float* __restrict__ dst, int64_t tokens, int64_t width) {
+  __shared__ int32_t found[kMaxLaunchGroups];
+  __shared__ int warp_counts[kCombineThreads / kWarp];
+  const int g = static_cast<int>(threadIdx.x);
+  const int lane = g % kWarp;
+  const int warp = g / kWarp;
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const int32_t at = g < table.n ? FindGroupedRow(rows, table.range[g], static_cast<int32_t>(t)) : -1;
+    const unsigned hits = __ballot_sync(0xffffffffu, at >= 0);
+    if (lane == 0) warp_counts[warp] = __popc(hits);
+    __syncthreads();
+    int before = 0, n = 0;
+    for (int i = 0; i < kCombineThreads / kWarp; ++i) {
+      before += i < warp ? warp_counts[i] : 0;
+      n += warp_counts[i];
+    }
+    if (at >= 0) found[before + __popc(hits & ((1u << lane) - 1u))] = at;
+    __syncthreads();
+    float* d = dst + t * width;
+    for (int64_t e = g; e < width; e += kCombineThreads) d[e] = CombineElement(d[e], src, scales, found, n, width, e);
+    __syncthreads();  // found and warp_counts are rewritten for the next token
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <DType kType>
+cudaError_t GroupedGemv16(const float* x, float* y, const GroupTable& table, int64_t in, int64_t out,
+                          bool accumulate, cudaStream_t stream) {
+  // Vectorized loads need every activation row and weight row 16-byte aligned: in % 8 == 0 and
+  // aligned bases.
+  bool aligned = in % kVec == 0 && Aligned16(x);
+  for (int g = 0; g < table.n; ++g) aligned = aligned && Aligned16(table.w[g]);
+  const dim3 grid(GridFor((out + kGemvWarps - 1) / kGemvWarps), static_cast<unsigned>(table.n));
+  constexpr unsigned kThreads = kGemvWarps * kWarp;
+  if (aligned) {
+    GroupedGemv16Kernel<kType, true><<<grid, kThreads, 0, stream>>>(x, y, table, in, out, accumulate);
+  } else {
+    GroupedGemv16Kernel<kType, false><<<grid, kThreads, 0, stream>>>(x, y, table, in, out, accumulate);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchGroupedGemv16(DType dtype, const float* x, float* y, const GroupTable& table, int64_t in,
+                                int64_t out, bool accumulate, cudaStream_t stream) {
+  if (table.n == 0 || out == 0) return cudaSuccess;
+  if (table.n < 0 || table.n > kMaxLaunchGroups || in <= 0) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case DType::kBF16:
+      return GroupedGemv16<DType::kBF16>(x, y, table, in, out, accumulate, stream);
+    case DType::kF16:
+      return GroupedGemv16<DType::kF16>(x, y, table, in, out, accumulate, stream);
+    case DType::kF32:
+    case DType::kF8E4M3:
+    case DType::kQ8:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchBuildGroupedPointers(const GroupTable& table, const float* x, float* y, int64_t in, int64_t out,
+                                       const void** pointers, int total, int first, cudaStream_t stream) {
+  if (table.n == 0) return cudaSuccess;
+  if (table.n < 0 || table.n > kMaxLaunchGroups || first + table.n > total) return cudaErrorInvalidValue;
+  BuildPointersKernel<<<1, kMaxLaunchGroups, 0, stream>>>(table, x, y, in, out, pointers, total, first);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMoeCombine(const float* src, const int32_t* rows, const float* scales, const GroupTable& table,
+                             float* dst, int64_t tokens, int64_t width, cudaStream_t stream) {
+  if (table.n == 0 || tokens == 0 || width == 0) return cudaSuccess;
+  if (table.n < 0 || table.n > kMaxLaunchGroups) return cudaErrorInvalidValue;
+  MoeCombineKernel<<<GridFor(tokens), kCombineThreads, 0, stream>>>(src, rows, scales, table, dst, tokens, width);
+  return cudaGetLastError();
+}
+
+}  // namespace shardserve::kernels::cuda

@@ -1,0 +1,67 @@
+// The grouped expert products and the combine of a MoE layer on the device. Internal to
+// worker/kernels/cuda: only cuda_backend.cu includes this header.
+//
+// Group tables travel by value, as kernel parameters (at most kMaxLaunchGroups per launch, 2 KiB
+// under the classic 4 KiB parameter limit): a launch carries its experts' weight pointers and row
+// ranges itself, so nothing is copied from the host and nothing waits. A layer with more active
+// experts than kMaxLaunchGroups takes several launches; the sums stay the same (below).
+//
+//   * LaunchGroupedGemv16: every group's rows times its 16-bit weight matrix in one launch. The
+//     grid is (output-row tiles, groups); each warp owns one output row of one group, reads that
+//     weight row with 16-byte loads, widens it to f32 and multiplies it with the group's f32
+//     activations kGroupedGemvTile rows at a time (f32 products and sums), like LaunchGemv16 does
+//     for one matrix. Memory-bound at decode sizes: each expert's weights are read once per tile.
+//   * LaunchBuildGroupedPointers: writes the A, B and C pointer arrays cublasGemmGroupedBatchedEx
+//     reads from device memory, on the device, in stream order (the previous call's GEMM has
+//     read them before they are overwritten), so no host copy precedes a grouped GEMM.
+//   * LaunchMoeCombine: one block per token: each thread binary-searches one group for the
+//     token's row (FindGroupedRow), the found rows are compacted in group order, and the threads
+//     add them to the token's columns with CombineElement, the arithmetic of a ScatterAddRows per
+//     expert: the hidden state bit for bit as the per-expert scatters leave it. Several launches
+//     (more than kMaxLaunchGroups groups) add their groups one launch after the other: the same
+//     order.
+#ifndef SHARDSERVE_WORKER_KERNELS_CUDA_MOE_GROUPED_CUH_
+#define SHARDSERVE_WORKER_KERNELS_CUDA_MOE_GROUPED_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/tensor/dtype.h"
+#include "worker/kernels/shared/moe_math.h"
+
+namespace shardserve::kernels::cuda {
+
+inline constexpr int kMaxLaunchGroups = 128;
+// Rows of a group one pass over a weight row serves (registers per lane: one sum per row).
+inline constexpr int32_t kGroupedGemvTile = 8;
+// The largest group the backend gives the GEMV: up to 4 passes over an expert's weights (the
+// later ones mostly from L2). Larger groups have GEMM-sized work (see cuda_backend.cu).
+inline constexpr int64_t kGroupedGemvMaxRows = 32;
+
+// One launch's groups: weight matrix g ([out, in]) multiplies rows [range[g].begin,
+// range[g].begin + range[g].count) of x into the same rows of y. w is unused by the combine.
+struct GroupTable {
+  int n = 0;  // <= kMaxLaunchGroups
+  const void* w[kMaxLaunchGroups] = {};
+  GroupRange range[kMaxLaunchGroups] = {};
+};
+
+// y[r, o] (+)= sum_i x[r, i] * w_g[o, i] for every group g of `table` and row r of its range. x:
+// [rows, in] f32; y: [rows, out] f32; weights of `dtype` (kBF16 or kF16). in > 0.
+cudaError_t LaunchGroupedGemv16(DType dtype, const float* x, float* y, const GroupTable& table, int64_t in,
+                                int64_t out, bool accumulate, cudaStream_t stream);
+
+// For each group g < table.n: pointers[first + g] = w_g, pointers[total + first + g] = x + begin_g
+// * in, pointers[2 * total + first + g] = y + begin_g * out. pointers: [3 * total] device.
+cudaError_t LaunchBuildGroupedPointers(const GroupTable& table, const float* x, float* y, int64_t in, int64_t out,
+                                       const void** pointers, int total, int first, cudaStream_t stream);
+
+// dst[t] += the rows of token t in table's groups, in group order, times scales (null: 1). src:
+// [count, width]; rows, scales: [count]; dst: [tokens, width].
+cudaError_t LaunchMoeCombine(const float* src, const int32_t* rows, const float* scales, const GroupTable& table,
+                             float* dst, int64_t tokens, int64_t width, cudaStream_t stream);
+
+}  // namespace shardserve::kernels::cuda
+
+#endif  // SHARDSERVE_WORKER_KERNELS_CUDA_MOE_GROUPED_CUH_
