@@ -1,8 +1,13 @@
 // CUDA vs CPU parity of the MoE ops: MoeRoute's experts, grouped rows and offsets (exactly) and
-// weights (to expf's rounding) over every scoring rule, and GroupedLinear against a Linear per
-// group. Skips without a device (label gpu).
+// weights (to expf's rounding) over every scoring rule, GroupedLinear (f32, bf16, f16) against a
+// Linear per group, and MoeCombine against a ScatterAddRows per expert (exactly). Skips without a
+// device (label gpu).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
+#include <ostream>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/worker/kernels/cuda/cuda_parity_fixture.h"
 #include "worker/kernels/backend.h"
+#include "worker/kernels/shared/moe_math.h"
 
 namespace shardserve::kernels {
 namespace {
@@ -90,7 +96,8 @@ TEST_F(CudaParityTest, MoeRouteGroupsTheCpuChoices) {
 // decode-like and a prefill-like row count.
 TEST_F(CudaParityTest, GroupedLinearMatchesALinearPerGroup) {
   EXPECT_TRUE(backend(kGpu).SupportsOp(Op::kGroupedLinear, DType::kF32));
-  EXPECT_FALSE(backend(kGpu).SupportsOp(Op::kGroupedLinear, DType::kBF16));  // see SupportsOp
+  EXPECT_TRUE(backend(kGpu).SupportsOp(Op::kGroupedLinear, DType::kBF16));
+  EXPECT_TRUE(backend(kGpu).SupportsOp(Op::kGroupedLinear, DType::kF16));
   const int64_t in = 96, out = 80, experts = 5;
   auto weights = Mirror(RandomFloats(static_cast<size_t>(experts * out * in), 40));
   for (const int64_t scale : {int64_t{1}, int64_t{23}}) {
@@ -124,6 +131,198 @@ TEST_F(CudaParityTest, GroupedLinearMatchesALinearPerGroup) {
       });
       ExpectMirrorsClose(y);
     }
+  }
+}
+
+// A routing of `tokens` x `k` distinct experts of `num_experts` (random, seeded), grouped as
+// MoeRoute lays it out: offsets [num_experts + 1], rows and scales [tokens * k]. `skewed`: most
+// tokens pick among a few experts, so that some groups are large and some empty.
+struct GroupedRouting {
+  std::vector<int32_t> offsets, rows;
+  std::vector<float> scales;
+};
+GroupedRouting RandomGroupedRouting(int64_t tokens, int k, int num_experts, uint32_t seed, bool skewed = true) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> experts(static_cast<size_t>(tokens * k)), all(static_cast<size_t>(num_experts)), fill(all.size());
+  std::vector<float> weights(experts.size());
+  std::iota(all.begin(), all.end(), 0);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::shuffle(all.begin(), all.begin() + std::min(num_experts, 2 * k + 1), rng);
+    if (!skewed || t % 5 == 4) std::shuffle(all.begin(), all.end(), rng);
+    for (int j = 0; j < k; ++j) {
+      experts[static_cast<size_t>(t * k + j)] = all[static_cast<size_t>(j)];
+      weights[static_cast<size_t>(t * k + j)] = weight(rng);
+    }
+  }
+  GroupedRouting r{.offsets = std::vector<int32_t>(static_cast<size_t>(num_experts + 1)),
+                   .rows = std::vector<int32_t>(experts.size()),
+                   .scales = std::vector<float>(experts.size())};
+  GroupByExpert(experts.data(), weights.data(), static_cast<int>(tokens), k, num_experts, r.offsets.data(),
+                r.rows.data(), r.scales.data(), fill.data());
+  return r;
+}
+
+// This rank's groups of a routing: every expert but those = 2 mod 5 (another rank's or a remote
+// worker's: their rows must be left alone).
+std::vector<GroupedLinearParams::Group> LocalGroups(const GroupedRouting& r, const void* w, DType dtype,
+                                                    int64_t matrix_elements, int64_t element_bytes) {
+  std::vector<GroupedLinearParams::Group> groups;
+  for (size_t e = 0; e + 1 < r.offsets.size(); ++e) {
+    if (e % 5 == 2) continue;
+    const void* we = static_cast<const char*>(w) + static_cast<int64_t>(e) * matrix_elements * element_bytes;
+    groups.push_back({.w = WeightView(dtype, we), .begin = r.offsets[e], .count = r.offsets[e + 1] - r.offsets[e]});
+  }
+  return groups;
+}
+
+struct Grouped16Case {
+  DType dtype;
+  int64_t tokens;
+  int k, experts;
+  int64_t in, out;
+  bool skewed = true;
+};
+
+void PrintTo(const Grouped16Case& c, std::ostream* os) {
+  *os << DTypeName(c.dtype) << "_t" << c.tokens << "_k" << c.k << "_e" << c.experts << "_in" << c.in << "_out"
+      << c.out << (c.skewed ? "_skewed" : "");
+}
+
+class CudaGrouped16ParityTest : public CudaParityTest, public ::testing::WithParamInterface<Grouped16Case> {};
+
+// GroupedLinear with 16-bit experts (the grouped GEMV for groups of <= 32 rows, else rounded
+// activations and a GEMM per group) against a Linear per group on the CPU with the widened
+// weights, with and without accumulate; rows of no group keep their values.
+TEST_P(CudaGrouped16ParityTest, MatchesALinearPerGroup) {
+  const Grouped16Case c = GetParam();
+  ASSERT_TRUE(backend(kGpu).SupportsOp(Op::kGroupedLinear, c.dtype));
+  const GroupedRouting r = RandomGroupedRouting(c.tokens, c.k, c.experts, static_cast<uint32_t>(c.tokens + 3), c.skewed);
+  const int64_t rows = c.tokens * c.k, matrix = c.out * c.in;
+  const std::vector<uint16_t> w16 = Narrow(c.dtype, RandomFloats(static_cast<size_t>(c.experts * matrix), 50));
+  auto w_wide = Mirror(Widen(c.dtype, w16));
+  auto w_narrow = Mirror(w16);
+  const std::vector<GroupedLinearParams::Group> groups = LocalGroups(r, w_narrow.at(kGpu), c.dtype, matrix, 2);
+  int64_t largest = 0;
+  for (const auto& g : groups) largest = std::max(largest, g.count);
+  if (!c.skewed) {
+    EXPECT_LE(largest, 32) << "the case meant for the grouped GEMV has a GEMM-sized group";
+  }
+  for (const bool accumulate : {false, true}) {
+    SCOPED_TRACE(std::string("largest group ") + std::to_string(largest) + (accumulate ? " accumulate" : ""));
+    auto x = Mirror(RandomFloats(static_cast<size_t>(rows * c.in), 51));
+    auto y = Mirror(RandomFloats(static_cast<size_t>(rows * c.out), 52));
+    RunBoth([&](Backend& b, int s) {
+      if (s == kGpu) {
+        return b.GroupedLinear({.x = x.at(s), .y = y.at(s), .groups = groups.data(),
+                                .num_groups = static_cast<int64_t>(groups.size()), .rows = rows, .in = c.in,
+                                .out = c.out, .accumulate = accumulate});
+      }
+      for (size_t e = 0, g = 0; e + 1 < r.offsets.size(); ++e) {
+        if (e % 5 == 2) continue;
+        const GroupedLinearParams::Group& group = groups[g++];
+        if (group.count == 0) continue;
+        absl::Status st = b.Linear({.x = x.at(s) + group.begin * c.in, .w = w_wide.at(s) + e * matrix,
+                                    .y = y.at(s) + group.begin * c.out, .tokens = group.count, .in = c.in,
+                                    .out = c.out, .accumulate = accumulate});
+        if (!st.ok()) return st;
+      }
+      return absl::OkStatus();
+    });
+    if (largest <= 32) {
+      ExpectMirrorsClose(y);  // f32 activations and sums: rounding only
+    } else {
+      ExpectMirrorsClose(y, 2e-2f, 1e-5);  // activations rounded to 16 bits for the tensor cores
+    }
+  }
+}
+
+// Decode (1, 7 tokens), a prefill chunk spread thin (64 tokens over 160 experts: two launches of
+// the grouped GEMV's 128-group tables), prefill groups of 33+ rows (512, 2048 tokens); in = 256
+// takes the GEMV's 16-byte loads, in = 100 its scalar path; no tokens at all.
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaGrouped16ParityTest,
+                         ::testing::Values(Grouped16Case{DType::kBF16, 0, 2, 8, 256, 96},
+                                           Grouped16Case{DType::kBF16, 1, 2, 8, 256, 96},
+                                           Grouped16Case{DType::kF16, 7, 4, 16, 100, 40},
+                                           Grouped16Case{DType::kBF16, 64, 6, 160, 256, 64, false},
+                                           Grouped16Case{DType::kF16, 64, 6, 160, 256, 64, false},
+                                           Grouped16Case{DType::kBF16, 512, 2, 8, 256, 96},
+                                           Grouped16Case{DType::kF16, 2048, 2, 8, 100, 48},
+                                           Grouped16Case{DType::kBF16, 2048, 8, 64, 256, 96}),
+                         ::testing::PrintToStringParamName());
+
+// GroupedLinear with f32 experts over more groups than one pointer-table launch holds (160
+// experts): the device-built pointer arrays of the grouped GEMM cover every group.
+TEST_F(CudaParityTest, GroupedLinearF32BuildsEveryGroupsPointers) {
+  const int64_t tokens = 300, in = 64, out = 48, matrix = in * out;
+  const int k = 6, experts = 160;
+  const GroupedRouting r = RandomGroupedRouting(tokens, k, experts, 60);
+  const int64_t rows = tokens * k;
+  auto w = Mirror(RandomFloats(static_cast<size_t>(experts * matrix), 61));
+  auto x = Mirror(RandomFloats(static_cast<size_t>(rows * in), 62));
+  auto y = Mirror(RandomFloats(static_cast<size_t>(rows * out), 63));
+  const std::vector<GroupedLinearParams::Group> groups = LocalGroups(r, w.at(kGpu), DType::kF32, matrix, 4);
+  RunBoth([&](Backend& b, int s) {
+    if (s == kGpu) {
+      return b.GroupedLinear({.x = x.at(s), .y = y.at(s), .groups = groups.data(),
+                              .num_groups = static_cast<int64_t>(groups.size()), .rows = rows, .in = in, .out = out});
+    }
+    for (size_t e = 0, g = 0; e + 1 < r.offsets.size(); ++e) {
+      if (e % 5 == 2) continue;
+      const GroupedLinearParams::Group& group = groups[g++];
+      if (group.count == 0) continue;
+      absl::Status st = b.Linear({.x = x.at(s) + group.begin * in, .w = w.at(s) + e * matrix,
+                                  .y = y.at(s) + group.begin * out, .tokens = group.count, .in = in, .out = out});
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  });
+  ExpectMirrorsClose(y);
+}
+
+// MoeCombine (one pass, each token's rows found by binary search and added in group order) against
+// the host combine: the CPU backend's ScatterAddRows per expert. Bit for bit: both add each term
+// with one fused multiply-add, in the same order. Weighted and unit scales; 8 to 160 experts (two
+// launches); 1 to 2048 tokens.
+TEST_F(CudaParityTest, MoeCombineEqualsAScatterPerExpert) {
+  EXPECT_TRUE(backend(kGpu).SupportsOp(Op::kMoeCombine, DType::kF32));
+  struct Case {
+    int64_t tokens;
+    int k, experts;
+    int64_t width;
+    bool unit_scales;
+  };
+  for (const Case c : {Case{1, 2, 8, 4096, false}, Case{37, 4, 16, 300, true}, Case{64, 6, 160, 512, false},
+                       Case{2048, 8, 64, 1024, false}, Case{2048, 1, 16, 64, true}}) {
+    SCOPED_TRACE("tokens " + std::to_string(c.tokens) + " k " + std::to_string(c.k) + " experts " +
+                 std::to_string(c.experts));
+    const GroupedRouting r = RandomGroupedRouting(c.tokens, c.k, c.experts, static_cast<uint32_t>(c.tokens * 7));
+    const int64_t count = c.tokens * c.k;
+    auto src = Mirror(RandomFloats(static_cast<size_t>(count * c.width), 70, -3.0f, 3.0f));
+    auto dst = Mirror(RandomFloats(static_cast<size_t>(c.tokens * c.width), 71, -3.0f, 3.0f));
+    auto rows = Mirror(r.rows);
+    auto scales = Mirror(r.scales);
+    auto ones = Mirror(std::vector<float>(static_cast<size_t>(count), 1.0f));
+    float unused = 0;
+    const std::vector<GroupedLinearParams::Group> groups = LocalGroups(r, &unused, DType::kF32, 0, 4);
+    RunBoth([&](Backend& b, int s) {
+      if (s == kGpu) {
+        return b.MoeCombine({.src = src.at(s), .rows = rows.at(s), .scales = c.unit_scales ? nullptr : scales.at(s),
+                             .dst = dst.at(s), .groups = groups.data(),
+                             .num_groups = static_cast<int64_t>(groups.size()), .count = count,
+                             .tokens = c.tokens, .width = c.width});
+      }
+      for (const GroupedLinearParams::Group& g : groups) {
+        if (g.count == 0) continue;
+        absl::Status st = b.ScatterAddRows({.src = src.at(s) + g.begin * c.width, .rows = rows.at(s) + g.begin,
+                                            .scales = (c.unit_scales ? ones.at(s) : scales.at(s)) + g.begin,
+                                            .dst = dst.at(s), .count = g.count, .dst_rows = c.tokens,
+                                            .width = c.width});
+        if (!st.ok()) return st;
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_EQ(Read(dst, kGpu), Read(dst, kRef));
   }
 }
 

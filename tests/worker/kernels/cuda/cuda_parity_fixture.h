@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "common/tensor/dtype.h"
 #include "worker/kernels/backend.h"
 #include "worker/kernels/registry.h"
 
@@ -65,6 +66,23 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<float>&
   if (ref2 > 0) {
     EXPECT_LE(err2 / ref2, max_nmse) << "nmse";
   }
+}
+
+// `values` rounded to `dtype` (kBF16 or kF16, nearest even): their 16-bit patterns, and the same
+// values widened back to f32 (exactly what a backend computes with).
+inline std::vector<uint16_t> Narrow(DType dtype, const std::vector<float>& values) {
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    bits[i] = dtype == DType::kBF16 ? FloatToBFloat16(values[i]) : FloatToHalf(values[i]);
+  }
+  return bits;
+}
+inline std::vector<float> Widen(DType dtype, const std::vector<uint16_t>& bits) {
+  std::vector<float> values(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    values[i] = dtype == DType::kBF16 ? BFloat16ToFloat(bits[i]) : HalfToFloat(bits[i]);
+  }
+  return values;
 }
 
 class CudaParityTest : public ::testing::Test {

@@ -32,23 +32,6 @@ std::vector<int32_t> DistinctRows(int32_t n, size_t count, uint32_t seed) {
   return all;
 }
 
-// `values` rounded to `dtype` (kBF16 or kF16, nearest even): their 16-bit patterns, and the same
-// values widened back to f32 (exactly what a backend computes with).
-std::vector<uint16_t> Narrow(DType dtype, const std::vector<float>& values) {
-  std::vector<uint16_t> bits(values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    bits[i] = dtype == DType::kBF16 ? FloatToBFloat16(values[i]) : FloatToHalf(values[i]);
-  }
-  return bits;
-}
-std::vector<float> Widen(DType dtype, const std::vector<uint16_t>& bits) {
-  std::vector<float> values(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) {
-    values[i] = dtype == DType::kBF16 ? BFloat16ToFloat(bits[i]) : HalfToFloat(bits[i]);
-  }
-  return values;
-}
-
 TEST_F(CudaParityTest, Embedding) {
   const int64_t vocab = 50, hidden = 72, tokens = 13;
   auto table = Mirror(RandomFloats(vocab * hidden, 1));
