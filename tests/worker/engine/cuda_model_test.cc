@@ -21,6 +21,8 @@
 #include "common/safetensors/safetensors.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/engine_fixtures.h"
+#include "tests/testing/random_model.h"
+#include "tests/testing/temp_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/executor.h"
 #include "worker/engine/generator.h"
@@ -166,6 +168,56 @@ TEST(CudaWeightsTest, Bf16CheckpointOccupiesBf16BytesOnTheDevice) {
                                                    {.kind = kernels::DeviceKind::kCuda, .cuda_devices = {0}}));
   ASSERT_EQ(ex->WeightBytesPerRank().size(), 1u);
   EXPECT_EQ(static_cast<int64_t>(ex->WeightBytesPerRank()[0]), norm_params * 4 + other_params * 2);
+}
+
+// A Mixtral-shaped checkpoint stored in bf16 or f16 (the real MoE checkpoints' dtypes): its experts
+// stay 16-bit on the device and run grouped (GroupedLinear's grouped GEMV for decode-sized groups,
+// a GEMM per expert for a long prefill's) with one MoeCombine per layer; the logits must follow
+// the CPU backend's (the same 16-bit weights, per-expert Linear and ScatterAddRows) within the
+// 16-bit activation tolerance of the bf16 golden checks above.
+TEST(CudaMoeTest, SixteenBitExpertsRunGroupedAndFollowTheCpu) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const bool f16 : {false, true}) {
+    SCOPED_TRACE(f16 ? "f16" : "bf16");
+    testing::TempDir tmp;
+    testing::RandomLlamaShape shape;
+    shape.vocab = 128;
+    shape.hidden = 256;
+    shape.intermediate = 128;
+    shape.layers = 2;
+    shape.heads = 4;
+    shape.kv_heads = 2;
+    shape.max_positions = 512;
+    shape.bf16 = !f16;
+    shape.f16 = f16;
+    shape.experts = 8;
+    shape.experts_per_tok = 2;
+    ASSERT_THAT(testing::WriteRandomLlama(tmp.path(), shape, 16), ::shardserve::testing::IsOk());
+    ASSERT_OK_AND_ASSIGN(Loaded gpu, LoadOnCuda(tmp.path(), {}));
+    ASSERT_TRUE(gpu.backend->SupportsOp(kernels::Op::kGroupedLinear, f16 ? DType::kF16 : DType::kBF16));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<kernels::Backend> cpu_backend, kernels::CreateBackend({}));
+    ASSERT_OK_AND_ASSIGN(Loaded cpu, testing::LoadModel(tmp.path(), {}, std::move(cpu_backend)));
+    // A 240-token prefill (about 60 rows per expert: the GEMM regime) beside a 5-token one, then
+    // decode steps of both (a few rows per expert: the grouped GEMV).
+    std::vector<int32_t> long_prompt(240);
+    for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = static_cast<int32_t>((i * 37 + 11) % 128);
+    std::vector<StepSequence> batch = {
+        {.block_ids = WholeContextBlocks(gpu.model->options(), 0), .pos_begin = 0, .tokens = long_prompt},
+        {.block_ids = WholeContextBlocks(gpu.model->options(), 1), .pos_begin = 0, .tokens = {3, 9, 27, 81, 115}}};
+    for (int step = 0; step < 4; ++step) {
+      ASSERT_OK_AND_ASSIGN(StepResult want, cpu.model->Step(batch));
+      ASSERT_OK_AND_ASSIGN(StepResult got, gpu.model->Step(batch));
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      for (size_t q = 0; q < want.logits.size(); ++q) {
+        ExpectLogitsWithin(want.logits[q], got.logits[q].data(), 2e-2f,
+                           absl::StrCat("step ", step, " sequence ", q));
+      }
+      for (size_t q = 0; q < batch.size(); ++q) {
+        batch[q].pos_begin += static_cast<int32_t>(batch[q].tokens.size());
+        batch[q].tokens = {static_cast<int32_t>((step * 13 + static_cast<int>(q) * 29) % 128)};
+      }
+    }
+  }
 }
 
 }  // namespace
