@@ -19,8 +19,11 @@
 //   * Numerics. Activations are f32. Weights are f32, bf16 or f16 (SupportsOp): f32 GEMMs run in
 //     cuBLAS's default math mode, which never uses TF32 for cublasSgemm; 16-bit weights are widened
 //     to f32 in a GEMV for up to 8 tokens, and above that the activations are rounded to the
-//     weights' type for a tensor-core GEMM with f32 accumulation (linear16.cuh). Reductions are
-//     ordered differently from the CPU backend, so results agree within rounding, not bit for bit.
+//     weights' type for a tensor-core GEMM with f32 accumulation (linear16.cuh). GroupedLinear
+//     takes the same three dtypes (moe_grouped.cuh: a grouped GEMV while no group has more than 32
+//     rows, else rounded activations and a GEMM per group). Reductions are ordered differently
+//     from the CPU backend, so results agree within rounding, not bit for bit; MoeCombine is the
+//     exception: it adds exactly what a ScatterAddRows per expert adds.
 //   * Scratch. The backend owns one scratch buffer (16-bit GEMM activations, split-K attention
 //     partials), sized by Reserve(); an op called beyond the reserved limits first drains the
 //     stream and grows it, after which graphs recorded earlier answer Aborted to Replay().

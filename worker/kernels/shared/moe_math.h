@@ -1,8 +1,10 @@
 // MoE permutation: the routed (token, choice) pairs of a batch grouped by expert, so that each
 // expert multiplies one contiguous run of rows (one GEMM per expert, or one grouped GEMM per
 // layer), and the un-permutation that adds each row back to its token with its routing weight
-// (the ScatterAddRows op). SHARDSERVE_HD, allocation-free, no failure mode: callers check that
-// every expert id is in [0, num_experts).
+// (a ScatterAddRows per expert, or one MoeCombine: FindGroupedRow, TokenGroupedRows and
+// CombineElement, which the CUDA kernel runs and the CPU tests check against the scatters bit for
+// bit), plus the token tiles of the grouped GEMV. SHARDSERVE_HD, allocation-free, no failure mode:
+// callers check that every expert id is in [0, num_experts).
 #ifndef SHARDSERVE_WORKER_KERNELS_SHARED_MOE_MATH_H_
 #define SHARDSERVE_WORKER_KERNELS_SHARED_MOE_MATH_H_
 
