@@ -182,7 +182,9 @@ absl::Status RecordingBackend::MoeCombine(const kernels::MoeCombineParams& p) {
       const int n = kernels::TokenGroupedRows(p.rows, ranges.data(), static_cast<int>(ranges.size()),
                                               static_cast<int32_t>(t), found.data());
       float* d = p.dst + t * p.width;
-      for (int64_t e = 0; e < p.width; ++e) d[e] = kernels::CombineElement(d[e], p.src, p.scales, found.data(), n, p.width, e);
+      for (int64_t e = 0; e < p.width; ++e) {
+        d[e] = kernels::CombineElement(d[e], p.src, p.scales, found.data(), n, p.width, e);
+      }
     }
     return absl::OkStatus();
   });

@@ -186,7 +186,8 @@ absl::Status Backend::GroupedLinear(const GroupedLinearParams& p) {
 
 absl::Status Backend::MoeCombine(const MoeCombineParams& p) {
   RETURN_IF_ERROR(p.Validate());
-  return absl::UnimplementedError(absl::StrCat(name(), ": MoeCombine (the grouped experts' combine) is not implemented"));
+  return absl::UnimplementedError(
+      absl::StrCat(name(), ": MoeCombine (the grouped experts' combine) is not implemented"));
 }
 
 absl::Status MoeCombineParams::Validate() const {

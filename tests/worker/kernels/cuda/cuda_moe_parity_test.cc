@@ -143,7 +143,8 @@ struct GroupedRouting {
 };
 GroupedRouting RandomGroupedRouting(int64_t tokens, int k, int num_experts, uint32_t seed, bool skewed = true) {
   std::mt19937 rng(seed);
-  std::vector<int32_t> experts(static_cast<size_t>(tokens * k)), all(static_cast<size_t>(num_experts)), fill(all.size());
+  std::vector<int32_t> experts(static_cast<size_t>(tokens * k)), all(static_cast<size_t>(num_experts));
+  std::vector<int32_t> fill(all.size());
   std::vector<float> weights(experts.size());
   std::iota(all.begin(), all.end(), 0);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
@@ -197,7 +198,8 @@ class CudaGrouped16ParityTest : public CudaParityTest, public ::testing::WithPar
 TEST_P(CudaGrouped16ParityTest, MatchesALinearPerGroup) {
   const Grouped16Case c = GetParam();
   ASSERT_TRUE(backend(kGpu).SupportsOp(Op::kGroupedLinear, c.dtype));
-  const GroupedRouting r = RandomGroupedRouting(c.tokens, c.k, c.experts, static_cast<uint32_t>(c.tokens + 3), c.skewed);
+  const GroupedRouting r =
+      RandomGroupedRouting(c.tokens, c.k, c.experts, static_cast<uint32_t>(c.tokens + 3), c.skewed);
   const int64_t rows = c.tokens * c.k, matrix = c.out * c.in;
   const std::vector<uint16_t> w16 = Narrow(c.dtype, RandomFloats(static_cast<size_t>(c.experts * matrix), 50));
   auto w_wide = Mirror(Widen(c.dtype, w16));
