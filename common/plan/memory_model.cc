@@ -21,7 +21,7 @@ int64_t MlpBytes(const WeightFormats& f, int64_t hidden, int64_t width, int64_t 
 
 // Bytes of a matrix whose rows the loader picks one by one (dequantized when FP8).
 int64_t PickedBytes(const WeightFormats& f, int64_t rows, int64_t cols) {
-  return f.fp8 ? rows * cols * f.matrix_bytes : ProjectionBytes(f, rows, cols);
+  return f.fp8 ? rows * cols * f.dequantized_bytes : ProjectionBytes(f, rows, cols);
 }
 
 // The first global KV head of rank `rank` (ShardLayout::kv_head_begin).
@@ -92,14 +92,16 @@ WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization
   if (cuda) {
     // Linear, Embedding, KvWrite and Attention take f32, bf16 and f16; Linear F8_E4M3 too. Multi-head
     // latent attention does not run on CUDA yet: it is counted as if its ops took them too.
-    f.matrix_bytes = spec.fp8.has_value() ? 2 : narrow;
+    f.matrix_bytes = narrow;
     if (spec.fp8.has_value()) {
+      f.matrix_bytes = 1;
+      f.dequantized_bytes = 2;
       f.fp8 = true;
       f.fp8_block_rows = spec.fp8->block_rows;
       f.fp8_block_cols = spec.fp8->block_cols;
     }
     f.embedding_bytes = f.tied_embedding_bytes = narrow;
-    f.head_linear_bytes = f.matrix_bytes;
+    f.head_linear_bytes = spec.fp8.has_value() ? 2 : narrow;
     f.kv_bytes = narrow;
     return f;
   }
@@ -117,17 +119,17 @@ WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization
 
 int64_t ProjectionBytes(const WeightFormats& formats, int64_t rows, int64_t cols, int64_t row0, int64_t col0) {
   if (formats.int8) return Q8MatrixBytes(rows, cols);
-  if (formats.fp8) return Fp8MatrixBytes(rows, cols, row0, col0, formats.fp8_block_rows, formats.fp8_block_cols);
-  return rows * cols * formats.matrix_bytes;
+  const int64_t scales =
+      formats.fp8 ? Fp8ScaleBytes(rows, cols, row0, col0, formats.fp8_block_rows, formats.fp8_block_cols) : 0;
+  return rows * cols * formats.matrix_bytes + scales;
 }
 
-int64_t Fp8MatrixBytes(int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t block_rows,
-                       int64_t block_cols) {
+int64_t Fp8ScaleBytes(int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t block_rows, int64_t block_cols) {
   if (rows <= 0 || cols <= 0) return 0;
-  if (block_rows <= 0 || block_cols <= 0) return rows * cols + kF32;
+  if (block_rows <= 0 || block_cols <= 0) return kF32;
   const int64_t grid_rows = CeilDiv(row0 % block_rows + rows, block_rows);
   const int64_t grid_cols = CeilDiv(col0 % block_cols + cols, block_cols);
-  return rows * cols + grid_rows * grid_cols * kF32;
+  return grid_rows * grid_cols * kF32;
 }
 
 bool IsExpertParallel(const ModelSpec& spec, int tp, bool split_experts) {
@@ -193,9 +195,11 @@ EndBytes StageEndBytes(const ModelSpec& spec, bool has_embedding, bool has_lm_he
       // ceil(vocab / tp) rows from row min(rank x that, vocab), zero-padded (a padded FP8 slice's
       // scale grid covers its padding too).
       const int64_t rows = CeilDiv(spec.vocab_size, tp);
-      WeightFormats f = formats;
-      f.fp8 = formats.fp8 && LmHeadIsFp8(spec);
-      e.lm_head = ProjectionBytes(f, rows, spec.hidden_size, std::min(rank * rows, spec.vocab_size), 0);
+      if (formats.fp8 && !LmHeadIsFp8(spec)) {
+        e.lm_head = rows * spec.hidden_size * formats.dequantized_bytes;
+      } else {
+        e.lm_head = ProjectionBytes(formats, rows, spec.hidden_size, std::min(rank * rows, spec.vocab_size), 0);
+      }
     }
   }
   return e;

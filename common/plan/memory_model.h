@@ -32,7 +32,7 @@
 //    KV heads, or the MLA latent + RoPE key, shared by all heads and held whole by every rank) at
 //    WeightFormats::kv_bytes; a paged block holds block_size tokens of every layer of the stage.
 // A projection matrix [rows, cols] takes rows x cols x matrix_bytes, or Q8MatrixBytes(rows, cols)
-// (common/tensor/dtype.h) when int8, or Fp8MatrixBytes when fp8 (on CUDA).
+// (common/tensor/dtype.h) when int8, plus Fp8ScaleBytes when fp8 (on CUDA, at matrix_bytes = 1).
 //
 // Pure functions on plain values; thread-safe. Inputs are trusted: callers validate the spec and
 // tp first (ValidateTensorParallelSize, common/plan/plan.h); a tp that does not divide the model
@@ -64,12 +64,14 @@ struct WeightFormats {
   // One KV cache element.
   int64_t kv_bytes = 4;
   // An FP8 checkpoint (ModelSpec::fp8) on a backend that keeps F8_E4M3 matrices (CUDA): each
-  // projection (and the lm_head, unless modules_to_not_convert names it) as 1-byte codes plus the
-  // f32 scale blocks its slice overlaps (Fp8MatrixBytes); block sizes 0 for one per-tensor scale.
-  // Matrices whose rows the loader picks one by one (the q/k rows of interleaved-RoPE heads, MLA's
-  // query and RoPE-key rows) are dequantized instead, at matrix_bytes.
+  // projection (and the lm_head, unless modules_to_not_convert names it) at matrix_bytes (1: the
+  // codes) per weight plus the f32 scale blocks its slice overlaps (Fp8ScaleBytes); block sizes 0
+  // for one per-tensor scale. Matrices whose rows the loader picks one by one (the q/k rows of
+  // interleaved-RoPE heads, MLA's query and RoPE-key rows) are dequantized instead, and an lm_head
+  // left unconverted is in the checkpoint's 16-bit dtype: both at dequantized_bytes.
   bool fp8 = false;
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
+  int64_t dequantized_bytes = 2;
   bool operator==(const WeightFormats&) const = default;
 };
 
@@ -89,11 +91,10 @@ WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization
 // whose first element is (row0, col0) there (only FP8 scale grids depend on where a slice starts).
 int64_t ProjectionBytes(const WeightFormats& formats, int64_t rows, int64_t cols, int64_t row0 = 0, int64_t col0 = 0);
 
-// Bytes of an F8_E4M3 slice [rows, cols] starting at (row0, col0) of its matrix, as a backend keeps
-// it: rows x cols codes, plus 4 bytes per scale block the slice overlaps (block sizes 0: one
-// per-tensor scale). Zero rows or columns: 0.
-int64_t Fp8MatrixBytes(int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t block_rows,
-                       int64_t block_cols);
+// Bytes of the scales of an F8_E4M3 slice [rows, cols] starting at (row0, col0) of its matrix, as a
+// backend keeps them beside its rows x cols codes: 4 per scale block the slice overlaps (block
+// sizes 0: one per-tensor scale). Zero rows or columns: 0.
+int64_t Fp8ScaleBytes(int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t block_rows, int64_t block_cols);
 
 // Whether `tp` ranks hold each routed expert whole on one rank (as ShardLayout::expert_parallel):
 // a MoE model with num_experts >= tp > 1, unless the experts are split on purpose.
