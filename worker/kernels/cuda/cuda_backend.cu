@@ -42,6 +42,8 @@ constexpr int kGemvLoads = 8;
 // Weights of an FP8 GEMM dequantized to bf16 at a time (16 MiB of scratch): the GEMM runs chunk of
 // rows after chunk of rows, so a large matrix (an lm_head) never needs a bf16 copy of itself.
 constexpr int64_t kFp8ChunkElements = int64_t{8} << 20;
+// The fewest rows a chunk may have when it uses the scratch as it is (fewer: the scratch grows).
+constexpr int64_t kFp8MinChunkRows = 64;
 
 // DeviceBuffer's deallocator. The buffer may be destroyed on any thread with any device current,
 // so free on the device that owns the pointer. Errors here have no one to report to; clearing the
@@ -518,8 +520,18 @@ absl::Status CudaBackend::LinearFp8(const LinearParams& p) {
   // The scratch: x as bf16 [tokens, in], then one chunk of dequantized rows [chunk_rows, in].
   constexpr size_t kAlign = 256;
   const size_t x_bytes = (static_cast<size_t>(p.tokens * p.in) * 2 + kAlign - 1) / kAlign * kAlign;
-  const int64_t chunk_rows = std::clamp<int64_t>(kFp8ChunkElements / p.in, 1, p.out);
-  RETURN_IF_ERROR(EnsureScratch(x_bytes + static_cast<size_t>(chunk_rows * p.in) * 2));
+  // Chunks up to kFp8ChunkElements. What the scratch already holds beyond x is used as it is when
+  // it takes at least kFp8MinChunkRows rows (or the whole matrix): a decode step of more than 8
+  // tokens then allocates nothing and can be recorded into a graph, Reserve having sized the
+  // scratch for the step's largest x. Otherwise the scratch grows (a prefill, never recorded).
+  const int64_t row_bytes = p.in * 2;
+  const int64_t fitting = scratch_.bytes() > x_bytes ? static_cast<int64_t>(scratch_.bytes() - x_bytes) / row_bytes : 0;
+  int64_t chunk_rows = std::clamp<int64_t>(kFp8ChunkElements / p.in, 1, p.out);
+  if (fitting >= std::min(kFp8MinChunkRows, p.out)) {
+    chunk_rows = std::min(chunk_rows, fitting);
+  } else {
+    RETURN_IF_ERROR(EnsureScratch(x_bytes + static_cast<size_t>(chunk_rows * row_bytes)));
+  }
   char* base = scratch_.as<char>();
   auto* w16 = reinterpret_cast<uint16_t*>(base + x_bytes);
   RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(DType::kBF16, p.x, base, p.tokens * p.in, stream_),

@@ -10,7 +10,8 @@
 //   * Larger batches: LaunchDequantizeFp8Rows writes a chunk of rows as bf16 (the f32 value rounded
 //     to nearest even) into the backend's scratch, and the existing 16-bit cuBLAS GEMM (activations
 //     rounded to bf16, f32 accumulation) multiplies it; chunk after chunk, so the scratch holds a
-//     bounded slice of the matrix, not all of it.
+//     bounded slice of the matrix, not all of it (the backend uses the scratch Reserve sized when
+//     it holds enough rows beside x, so such a step allocates nothing and can be recorded).
 // Not done: cuBLASLt FP8 x FP8 GEMMs (compute capability >= 8.9) for per-tensor scales, which
 // would also quantize the activations to e4m3.
 #ifndef SHARDSERVE_WORKER_KERNELS_CUDA_LINEAR_FP8_CUH_

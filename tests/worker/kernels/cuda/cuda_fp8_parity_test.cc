@@ -121,6 +121,33 @@ INSTANTIATE_TEST_SUITE_P(
                       Fp8Case{9, 4096, 2100, 128, 128, 0, 0, true, false}),
     CaseName);
 
+// After Reserve sized the scratch for 256 tokens, a 9-token FP8 GEMM dequantizes its chunks into
+// what is left beside x (247 of 257 rows, then 10) and allocates nothing: it records into a graph,
+// whose replay gives the CPU's products.
+TEST_F(CudaParityTest, Fp8GemmInTheReservedScratchIsRecordable) {
+  ASSERT_TRUE(backend(kGpu).Reserve({.max_tokens = 256, .max_linear_in = 1024}).ok());
+  const Fp8Case c{9, 1024, 257, 128, 128, 0, 0, false, true};
+  const Fp8Matrix m = RandomFp8(c, 41);
+  auto x = Mirror(RandomFloats(c.tokens * c.in, 42));
+  auto w = Mirror(Dequantized(m, c.out, c.in));
+  auto codes = Mirror(m.codes);
+  auto scales = Mirror(m.scales);
+  auto bias = Mirror(RandomFloats(c.out, 43));
+  auto y = Mirror(std::vector<float>(c.tokens * c.out));
+  auto params = [&](int s) {
+    Fp8ScaleGrid g = m.grid;
+    g.scales = scales.at(s);
+    return LinearParams{.x = x.at(s), .w = s == kRef ? WeightView(w.at(s)) : WeightView::F8E4M3(codes.at(s), g),
+                        .bias = bias.at(s), .y = y.at(s), .tokens = c.tokens, .in = c.in, .out = c.out};
+  };
+  ASSERT_TRUE(backend(kRef).Linear(params(kRef)).ok());
+  auto graph = backend(kGpu).Capture([&] { return backend(kGpu).Linear(params(kGpu)); });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE((*graph)->Replay().ok());
+  ASSERT_TRUE(backend(kGpu).Synchronize().ok());
+  ExpectMirrorsClose(y, 2e-2f, 1e-5);
+}
+
 TEST_F(CudaParityTest, Fp8WeightsAreCudaLinearOnly) {
   EXPECT_TRUE(backend(kGpu).SupportsOp(Op::kLinear, DType::kF8E4M3));
   EXPECT_FALSE(backend(kRef).SupportsOp(Op::kLinear, DType::kF8E4M3));  // CPU ranks dequantize on load
