@@ -165,11 +165,6 @@ uint8_t EncodeExactE4M3(float v) {
 
 }  // namespace
 
-absl::StatusOr<bool> IsFp8Weight(const Checkpoint& ckpt, absl::string_view name) {
-  ASSIGN_OR_RETURN(const SafetensorsEntry* e, ckpt.Find(name));
-  return e->dtype == DType::kF8E4M3;
-}
-
 absl::StatusOr<Fp8Slice> ReadFp8Slice(const Checkpoint& ckpt, const std::optional<Fp8Quantization>& fp8,
                                       absl::string_view name, const Shape& expected_shape, int64_t row_begin,
                                       int64_t row_end, int64_t col_begin, int64_t col_end) {

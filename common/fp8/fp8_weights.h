@@ -68,9 +68,6 @@ struct Fp8Slice {
   int64_t row_offset = 0, col_offset = 0;
 };
 
-// Whether weight `name` is stored as F8_E4M3 (NotFound when it is not in the checkpoint).
-absl::StatusOr<bool> IsFp8Weight(const Checkpoint& ckpt, absl::string_view name);
-
 // Rows [row_begin, row_end) x columns [col_begin, col_end) of the F8_E4M3 weight `name` (whose
 // stored shape must be `expected_shape`), codes and scales, validated exactly as ReadWeight* (the
 // same errors, NaN codes included). InvalidArgument when `name` is not stored as F8_E4M3.

@@ -4,6 +4,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 namespace shardserve::kernels::cuda {
 namespace {
 
@@ -32,6 +34,11 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) GemvFp8Kernel(const GemvFp
   const int64_t in = p.in;
   for (int64_t row = int64_t{blockIdx.x} * kGemvWarps + warp; row < p.out; row += int64_t{gridDim.x} * kGemvWarps) {
     const uint8_t* wr = p.codes + row * in;
+    // Fp8ScaleAt's index, its row part once per row and its column part in 32 bits (in fits an
+    // int: the backend checks), off the loads' critical path.
+    const float* scale_row = p.scales.scales + ((row + p.scales.row_offset) / p.scales.block_rows) * p.scales.grid_cols;
+    const auto col_offset = static_cast<uint32_t>(p.scales.col_offset);
+    const auto block_cols = static_cast<uint32_t>(p.scales.block_cols);
     float acc[kGemvFp8MaxTokens];
 #pragma unroll
     for (int t = 0; t < kGemvFp8MaxTokens; ++t) acc[t] = 0.f;
@@ -48,7 +55,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) GemvFp8Kernel(const GemvFp
         for (int u = 0; u < kLoads; ++u) {
           const int64_t e = base + u * kStride;
           if (e >= in) break;
-          const float scale = Fp8ScaleAt(p.scales, row, e);
+          const float scale = scale_row[(static_cast<uint32_t>(e) + col_offset) / block_cols];
           const uint32_t words[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
           float wf[kVec];
 #pragma unroll
@@ -75,7 +82,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) GemvFp8Kernel(const GemvFp
       }
     } else {
       for (int64_t e = lane; e < in; e += kWarp) {
-        const float wv = Fp8Dequantize(wr[e], Fp8ScaleAt(p.scales, row, e));
+        const float wv = Fp8Dequantize(wr[e], scale_row[(static_cast<uint32_t>(e) + col_offset) / block_cols]);
 #pragma unroll
         for (int t = 0; t < kGemvFp8MaxTokens; ++t) {
           if (t < tokens) acc[t] += wv * p.x[t * in + e];
@@ -111,7 +118,10 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 cudaError_t LaunchGemvFp8(const GemvFp8Params& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.out == 0) return cudaSuccess;
-  if (p.tokens < 0 || p.tokens > kGemvFp8MaxTokens || p.in <= 0 || !p.scales.Valid(p.in)) return cudaErrorInvalidValue;
+  if (p.tokens < 0 || p.tokens > kGemvFp8MaxTokens || p.in <= 0 || !p.scales.Valid(p.in) ||
+      p.in + p.scales.col_offset > int64_t{UINT32_MAX} || p.scales.block_cols > int64_t{UINT32_MAX}) {
+    return cudaErrorInvalidValue;  // the kernel's column index is 32-bit
+  }
   const bool vectorized = p.in % kVec == 0 && Aligned16(p.codes) && Aligned16(p.x) && p.scales.block_cols % kVec == 0 &&
                           p.scales.col_offset % kVec == 0;
   const unsigned grid = GridFor((p.out + kGemvWarps - 1) / kGemvWarps);
