@@ -103,12 +103,21 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) GemvFp8Kernel(const GemvFp
   }
 }
 
+// One block per row (grid-stride), its threads over the columns: the scale row once per row, the
+// column's block in 32 bits (in fits an int), the value Fp8Dequantize's.
 __global__ void DequantizeRowsKernel(const uint8_t* __restrict__ codes, const Fp8ScaleGrid g, int64_t in,
-                                     int64_t row_begin, int64_t n, uint16_t* __restrict__ dst) {
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = row_begin + i / in, c = i % in;
-    const float w = Fp8Dequantize(codes[r * in + c], Fp8ScaleAt(g, r, c));
-    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(w));
+                                     int64_t row_begin, int64_t rows, uint16_t* __restrict__ dst) {
+  const auto col_offset = static_cast<uint32_t>(g.col_offset);
+  const auto block_cols = static_cast<uint32_t>(g.block_cols);
+  for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    const int64_t r = row_begin + i;
+    const float* scale_row = g.scales + ((r + g.row_offset) / g.block_rows) * g.grid_cols;
+    const uint8_t* src = codes + r * in;
+    uint16_t* out = dst + i * in;
+    for (uint32_t c = threadIdx.x; c < in; c += blockDim.x) {
+      const float w = Fp8Dequantize(src[c], scale_row[(c + col_offset) / block_cols]);
+      out[c] = __bfloat16_as_ushort(__float2bfloat16_rn(w));
+    }
   }
 }
 
@@ -136,11 +145,13 @@ cudaError_t LaunchGemvFp8(const GemvFp8Params& p, cudaStream_t stream) {
 
 cudaError_t LaunchDequantizeFp8Rows(const uint8_t* codes, const Fp8ScaleGrid& scales, int64_t in, int64_t row_begin,
                                     int64_t row_end, uint16_t* dst, cudaStream_t stream) {
-  const int64_t n = (row_end - row_begin) * in;
-  if (n == 0) return cudaSuccess;
-  if (n < 0 || in <= 0 || !scales.Valid(in)) return cudaErrorInvalidValue;
-  const unsigned grid = GridFor((n + kElementThreads - 1) / kElementThreads);
-  DequantizeRowsKernel<<<grid, kElementThreads, 0, stream>>>(codes, scales, in, row_begin, n, dst);
+  const int64_t rows = row_end - row_begin;
+  if (rows == 0) return cudaSuccess;
+  if (rows < 0 || in <= 0 || !scales.Valid(in) || in + scales.col_offset > int64_t{UINT32_MAX} ||
+      scales.block_cols > int64_t{UINT32_MAX}) {
+    return cudaErrorInvalidValue;
+  }
+  DequantizeRowsKernel<<<GridFor(rows), kElementThreads, 0, stream>>>(codes, scales, in, row_begin, rows, dst);
   return cudaGetLastError();
 }
 
