@@ -1,6 +1,8 @@
 #include "common/fp8/fp8_weights.h"
 
 #include <algorithm>
+#include <bit>
+#include <vector>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -139,7 +141,94 @@ absl::StatusOr<const SafetensorsEntry*> Fp8Entry(const Checkpoint& ckpt, const s
   return e;
 }
 
+// The e4m3 code of `v`, a value E4M3ToFloat gives for some code other than NaN (so exact): the
+// codes sorted by their values' bits, searched.
+uint8_t EncodeExactE4M3(float v) {
+  struct Entry {
+    uint32_t bits;
+    uint8_t code;
+  };
+  static const std::vector<Entry>* const table = [] {
+    auto* t = new std::vector<Entry>();
+    for (int c = 0; c < 256; ++c) {
+      const float f = E4M3ToFloat(static_cast<uint8_t>(c));
+      if (!std::isnan(f)) t->push_back({std::bit_cast<uint32_t>(f), static_cast<uint8_t>(c)});
+    }
+    std::sort(t->begin(), t->end(), [](const Entry& a, const Entry& b) { return a.bits < b.bits; });
+    return t;
+  }();
+  const uint32_t bits = std::bit_cast<uint32_t>(v);
+  const auto it = std::lower_bound(table->begin(), table->end(), bits,
+                                   [](const Entry& e, uint32_t b) { return e.bits < b; });
+  return it != table->end() && it->bits == bits ? it->code : 0;
+}
+
 }  // namespace
+
+absl::StatusOr<Fp8Slice> ReadFp8Slice(const Checkpoint& ckpt, const std::optional<Fp8Quantization>& fp8,
+                                      absl::string_view name, const Shape& expected_shape, int64_t row_begin,
+                                      int64_t row_end, int64_t col_begin, int64_t col_end) {
+  ASSIGN_OR_RETURN(const SafetensorsEntry* e, Fp8Entry(ckpt, fp8, name));
+  if (e == nullptr) return WeightError(ckpt, name, "is not stored as F8_E4M3");
+  if (expected_shape.size() != 2 || col_begin < 0 || col_begin > col_end || col_end > expected_shape[1]) {
+    return WeightError(ckpt, name, absl::StrCat("columns [", col_begin, ", ", col_end, ") are not a range of ",
+                                                ShapeToString(expected_shape)));
+  }
+  // The codes widen exactly to f32 (Checkpoint's reads check shape and ranges); they are encoded
+  // back below. A whole-row read when the columns are all of them, else a column read, cropped.
+  const bool all_cols = col_begin == 0 && col_end == expected_shape[1];
+  HostTensor t;
+  int64_t t_row0 = row_begin, t_col0 = 0;
+  if (all_cols) {
+    ASSIGN_OR_RETURN(t, ckpt.ReadRows(name, expected_shape, row_begin, row_end));
+  } else {
+    ASSIGN_OR_RETURN(t, ckpt.ReadCols(name, expected_shape, col_begin, col_end));
+    t_row0 = 0;
+    t_col0 = col_begin;
+    if (row_begin < 0 || row_begin > row_end || row_end > expected_shape[0]) {
+      return WeightError(ckpt, name, absl::StrCat("rows [", row_begin, ", ", row_end, ") are not a range of ",
+                                                  ShapeToString(expected_shape)));
+    }
+  }
+  ASSIGN_OR_RETURN(ScaleGrid grid, ReadScales(ckpt, *fp8, name, e->shape));
+  Fp8Slice s;
+  s.rows = row_end - row_begin;
+  s.cols = col_end - col_begin;
+  s.codes.resize(static_cast<size_t>(s.rows * s.cols));
+  const int64_t t_cols = t.dim(1);
+  for (int64_t r = 0; r < s.rows; ++r) {
+    const float* src = t.data() + (row_begin - t_row0 + r) * t_cols + (col_begin - t_col0);
+    for (int64_t c = 0; c < s.cols; ++c) {
+      if (std::isnan(src[c])) {
+        return WeightError(ckpt, name, absl::StrCat("holds a NaN code (0x7f or 0xff) at [", row_begin + r, ", ",
+                                                    col_begin + c, "]"));
+      }
+      s.codes[static_cast<size_t>(r * s.cols + c)] = EncodeExactE4M3(src[c]);
+    }
+  }
+  if (!fp8->IsBlockWise()) {
+    s.scales = {grid.values.data()[0]};
+    s.block_rows = std::max<int64_t>(s.rows, 1);
+    s.block_cols = std::max<int64_t>(s.cols, 1);
+    s.grid_cols = 1;
+    return s;
+  }
+  s.block_rows = grid.block_rows;
+  s.block_cols = grid.block_cols;
+  s.row_offset = row_begin % grid.block_rows;
+  s.col_offset = col_begin % grid.block_cols;
+  s.grid_cols = CeilDiv(s.col_offset + s.cols, grid.block_cols);
+  const int64_t grid_rows = CeilDiv(s.row_offset + s.rows, grid.block_rows);
+  const int64_t first_row = row_begin / grid.block_rows, first_col = col_begin / grid.block_cols;
+  s.scales.resize(static_cast<size_t>(grid_rows * s.grid_cols));
+  for (int64_t gr = 0; gr < grid_rows; ++gr) {
+    for (int64_t gc = 0; gc < s.grid_cols; ++gc) {
+      s.scales[static_cast<size_t>(gr * s.grid_cols + gc)] =
+          grid.values.data()[(first_row + gr) * grid.grid_cols + first_col + gc];
+    }
+  }
+  return s;
+}
 
 absl::StatusOr<HostTensor> ReadWeight(const Checkpoint& ckpt, const std::optional<Fp8Quantization>& fp8,
                                       absl::string_view name, const Shape& expected_shape) {

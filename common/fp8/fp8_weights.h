@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -51,6 +52,28 @@ absl::StatusOr<HostTensor> ReadWeightRows(const Checkpoint& ckpt, const std::opt
 absl::StatusOr<HostTensor> ReadWeightCols(const Checkpoint& ckpt, const std::optional<Fp8Quantization>& fp8,
                                           absl::string_view name, const Shape& expected_shape, int64_t col_begin,
                                           int64_t col_end);
+
+// A slice of an F8_E4M3 matrix as stored, for backends that keep FP8 weights (worker/engine's
+// loader on CUDA): its codes and the scale blocks it overlaps. Element (r, c) of the slice is
+// E4M3ToFloat(codes[r * cols + c]) * scales[((r + row_offset) / block_rows) * grid_cols +
+// (c + col_offset) / block_cols], the value ReadWeightRows / ReadWeightCols give for it. A
+// per-tensor scale is one block covering the slice (block_rows = max(rows, 1), block_cols =
+// max(cols, 1), offsets 0); block-wise, the grid holds ceil((row_offset + rows) / block_rows)
+// rows of grid_cols = ceil((col_offset + cols) / block_cols) scales.
+struct Fp8Slice {
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> codes;  // [rows, cols]
+  std::vector<float> scales;   // [grid rows, grid_cols]
+  int64_t block_rows = 1, block_cols = 1, grid_cols = 1;
+  int64_t row_offset = 0, col_offset = 0;
+};
+
+// Rows [row_begin, row_end) x columns [col_begin, col_end) of the F8_E4M3 weight `name` (whose
+// stored shape must be `expected_shape`), codes and scales, validated exactly as ReadWeight* (the
+// same errors, NaN codes included). InvalidArgument when `name` is not stored as F8_E4M3.
+absl::StatusOr<Fp8Slice> ReadFp8Slice(const Checkpoint& ckpt, const std::optional<Fp8Quantization>& fp8,
+                                      absl::string_view name, const Shape& expected_shape, int64_t row_begin,
+                                      int64_t row_end, int64_t col_begin, int64_t col_end);
 
 }  // namespace shardserve
 

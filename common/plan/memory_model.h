@@ -32,7 +32,7 @@
 //    KV heads, or the MLA latent + RoPE key, shared by all heads and held whole by every rank) at
 //    WeightFormats::kv_bytes; a paged block holds block_size tokens of every layer of the stage.
 // A projection matrix [rows, cols] takes rows x cols x matrix_bytes, or Q8MatrixBytes(rows, cols)
-// (common/tensor/dtype.h) when int8.
+// (common/tensor/dtype.h) when int8, plus Fp8ScaleBytes when fp8 (on CUDA, at matrix_bytes = 1).
 //
 // Pure functions on plain values; thread-safe. Inputs are trusted: callers validate the spec and
 // tp first (ValidateTensorParallelSize, common/plan/plan.h); a tp that does not divide the model
@@ -63,6 +63,15 @@ struct WeightFormats {
   int64_t head_linear_bytes = 4;
   // One KV cache element.
   int64_t kv_bytes = 4;
+  // An FP8 checkpoint (ModelSpec::fp8) on a backend that keeps F8_E4M3 matrices (CUDA): each
+  // projection (and the lm_head, unless modules_to_not_convert names it) at matrix_bytes (1: the
+  // codes) per weight plus the f32 scale blocks its slice overlaps (Fp8ScaleBytes); block sizes 0
+  // for one per-tensor scale. Matrices whose rows the loader picks one by one (the q/k rows of
+  // interleaved-RoPE heads, MLA's query and RoPE-key rows) are dequantized instead, and an lm_head
+  // left unconverted is in the checkpoint's 16-bit dtype: both at dequantized_bytes.
+  bool fp8 = false;
+  int64_t fp8_block_rows = 0, fp8_block_cols = 0;
+  int64_t dequantized_bytes = 2;
   bool operator==(const WeightFormats&) const = default;
 };
 
@@ -72,12 +81,20 @@ struct WeightFormats {
 // f16 ones are widened to f32; the embedding keeps bf16 or f16 (rows are widened on lookup) except
 // as a tied f16 lm_head (f32); the KV cache is f32. CUDA: bf16 and f16 stay as they are, for the KV
 // cache too (multi-head latent attention, which does not run on CUDA yet, is counted the same
-// way). FP8 matrices (ModelSpec::fp8) are dequantized to bf16 on both. `quantize` = kInt8 gives int8 matrices on CPU ranks only (CUDA does not take kQ8).
+// way). FP8 matrices (ModelSpec::fp8) stay F8_E4M3 with their scales on CUDA (WeightFormats::fp8)
+// and are dequantized to bf16 on CPU ranks (and for CUDA's picked-row matrices). `quantize` =
+// kInt8 gives int8 matrices on CPU ranks only (CUDA does not take kQ8).
 // The engine's own choice (worker/engine's EngineWeightFormats) is tested equal for CPU ranks.
 WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization quantize);
 
-// Bytes of one [rows, cols] projection matrix in `formats`.
-int64_t ProjectionBytes(const WeightFormats& formats, int64_t rows, int64_t cols);
+// Bytes of one [rows, cols] projection matrix in `formats`: the slice of the checkpoint's matrix
+// whose first element is (row0, col0) there (only FP8 scale grids depend on where a slice starts).
+int64_t ProjectionBytes(const WeightFormats& formats, int64_t rows, int64_t cols, int64_t row0 = 0, int64_t col0 = 0);
+
+// Bytes of the scales of an F8_E4M3 slice [rows, cols] starting at (row0, col0) of its matrix, as a
+// backend keeps them beside its rows x cols codes: 4 per scale block the slice overlaps (block
+// sizes 0: one per-tensor scale). Zero rows or columns: 0.
+int64_t Fp8ScaleBytes(int64_t rows, int64_t cols, int64_t row0, int64_t col0, int64_t block_rows, int64_t block_cols);
 
 // Whether `tp` ranks hold each routed expert whole on one rank (as ShardLayout::expert_parallel):
 // a MoE model with num_experts >= tp > 1, unless the experts are split on purpose.
@@ -122,8 +139,9 @@ struct EndBytes {
   int64_t final_norm = 0;
   int64_t lm_head = 0;
 };
+// `rank`: the rank of `tp` (where its lm_head slice starts matters to FP8 scale grids only).
 EndBytes StageEndBytes(const ModelSpec& spec, bool has_embedding, bool has_lm_head, int tp,
-                       const WeightFormats& formats);
+                       const WeightFormats& formats, int rank = 0);
 
 // KV cache bytes of one token in one layer on a rank of `tp`, and of one paged block of
 // `block_size` tokens in `layers` layers.

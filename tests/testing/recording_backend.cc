@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "worker/kernels/shared/moe_math.h"
@@ -102,7 +103,20 @@ absl::Status RecordingBackend::Embedding(const kernels::EmbeddingParams& p) {
   return RunOrRecord([this, p] { return inner_->Embedding(p); });
 }
 absl::Status RecordingBackend::Linear(const kernels::LinearParams& p) {
-  return RunOrRecord([this, p] { return inner_->Linear(p); });
+  if (!emulate_fp8_ || p.w.dtype != DType::kF8E4M3) return RunOrRecord([this, p] { return inner_->Linear(p); });
+  if (absl::Status st = p.Validate(); !st.ok()) return st;
+  // Dequantized when run (a replay reads the codes then), from host memory: the inner backend is
+  // the CPU one.
+  return RunOrRecord([this, p] {
+    std::vector<float> w(static_cast<size_t>(p.out * p.in));
+    for (int64_t r = 0; r < p.out; ++r) {
+      kernels::Fp8DequantizeRow(static_cast<const uint8_t*>(p.w.data), p.w.fp8, r, p.in, w.data() + r * p.in);
+    }
+    kernels::LinearParams f = p;
+    f.w = kernels::WeightView(w.data());
+    ++*fp8_linears_;
+    return inner_->Linear(f);
+  });
 }
 absl::Status RecordingBackend::RmsNorm(const kernels::RmsNormParams& p) {
   return RunOrRecord([this, p] { return inner_->RmsNorm(p); });

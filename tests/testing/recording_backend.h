@@ -41,6 +41,11 @@ class RecordingBackend final : public kernels::Backend {
   // CUDA kernel runs, and SupportsOp(kMoeCombine, kF32).
   void EmulateMoeCombineForTest(bool on) { emulate_combine_ = on; }
   int moe_combines() const { return moe_combines_; }  // MoeCombine calls run so far
+  // SupportsOp(kLinear, kF8E4M3), and Linear with F8_E4M3 weights run as the inner backend's f32
+  // Linear of the weights dequantized by kernels/shared/fp8_math.h (the functions CUDA's FP8
+  // kernels use): the loader's and engine's FP8 path of CUDA ranks (codes + scales kept) on the CPU.
+  void EmulateFp8LinearForTest(bool on) { emulate_fp8_ = on; }
+  int fp8_linears() const { return *fp8_linears_; }  // F8_E4M3 Linear calls run so far
   int recordings() const { return recordings_; }
   int replays() const { return *replays_; }
 
@@ -49,6 +54,7 @@ class RecordingBackend final : public kernels::Backend {
   bool SupportsOp(kernels::Op op, DType dtype) const override {
     if (op == kernels::Op::kGroupedLinear && emulate_grouped_) return inner_->SupportsOp(kernels::Op::kLinear, dtype);
     if (op == kernels::Op::kMoeCombine && emulate_combine_) return dtype == DType::kF32;
+    if (op == kernels::Op::kLinear && dtype == DType::kF8E4M3 && emulate_fp8_) return true;
     return inner_->SupportsOp(op, dtype);
   }
   void* stream_handle() const override { return inner_->stream_handle(); }
@@ -98,6 +104,8 @@ class RecordingBackend final : public kernels::Backend {
   bool recording_ = false;
   bool fail_recordings_ = false;
   bool emulate_grouped_ = false;
+  bool emulate_fp8_ = false;
+  std::shared_ptr<int> fp8_linears_ = std::make_shared<int>(0);
   int grouped_linears_ = 0;
   bool emulate_combine_ = false;
   int moe_combines_ = 0;

@@ -208,6 +208,15 @@ WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend&
   WeightFormats f;
   f.int8 = quantize == Quantization::kInt8 && backend.SupportsOp(kernels::Op::kLinear, DType::kQ8);
   f.matrix_bytes = static_cast<int64_t>(DTypeSize(KeptWeightDType(backend, matrices, kernels::Op::kLinear)));
+  if (!f.int8 && KeptWeightDType(backend, matrices, kernels::Op::kLinear) == DType::kF8E4M3) {
+    // FP8 kept as codes (matrix_bytes 1) + scales; dequantized (picked-row) matrices and an
+    // unconverted lm_head in the checkpoint's 16-bit dtype.
+    f.fp8 = true;
+    f.fp8_block_rows = spec.fp8->block_rows;
+    f.fp8_block_cols = spec.fp8->block_cols;
+    f.dequantized_bytes =
+        static_cast<int64_t>(DTypeSize(KeptWeightDType(backend, DType::kBF16, kernels::Op::kLinear)));
+  }
   f.head_linear_bytes = static_cast<int64_t>(DTypeSize(KeptWeightDType(backend, matrices, kernels::Op::kHeadLinear)));
   f.embedding_bytes = static_cast<int64_t>(DTypeSize(KeptEmbeddingDType(backend, stored, false)));
   f.tied_embedding_bytes = static_cast<int64_t>(DTypeSize(KeptEmbeddingDType(backend, stored, true)));

@@ -38,9 +38,46 @@ class Loader {
   }
 
   // The dtype of the projection matrix `name`: kQ8 when quantizing to int8 (an FP8 matrix is
-  // dequantized first, then quantized), else KeptDType.
+  // dequantized first, then quantized), else KeptDType (kF8E4M3 for an FP8 matrix on a backend
+  // that takes it).
   DType MatrixDType(const std::string& name) {
     return int8_ ? DType::kQ8 : KeptDType(name, kernels::Op::kLinear);
+  }
+  // MatrixDType for a matrix the loader rearranges (picked or transposed rows): an FP8 one is
+  // dequantized, as where the backend does not take F8_E4M3.
+  DType DequantizedMatrixDType(const std::string& name) {
+    const DType dtype = MatrixDType(name);
+    if (dtype != DType::kF8E4M3) return dtype;
+    return backend_.SupportsOp(kernels::Op::kLinear, DType::kBF16) ? DType::kBF16 : DType::kF32;
+  }
+  // Rows [row_begin, row_end) x columns [col_begin, col_end) of the F8_E4M3 matrix `name` as codes
+  // and scales (lw->w, lw->scales, lw->fp8), followed by zero rows up to `rows` rows (the grid then
+  // covers the padding too, with scales 1). lw->in / out / dtype are the caller's.
+  absl::Status UploadFp8(const std::string& name, const Shape& shape, int64_t row_begin, int64_t row_end,
+                         int64_t col_begin, int64_t col_end, int64_t rows, LinearWeight* lw) {
+    RETURN_IF_ERROR(CheckDType(name));
+    ASSIGN_OR_RETURN(Fp8Slice s,
+                     ReadFp8Slice(ckpt_, spec_.fp8, name, shape, row_begin, row_end, col_begin, col_end));
+    const int64_t cols = s.cols;
+    if (rows * cols == 0) return absl::OkStatus();
+    s.codes.resize(static_cast<size_t>(rows * cols), 0);  // code 0 is +0
+    if (spec_.fp8->IsBlockWise()) {
+      const int64_t grid_rows = (s.row_offset + rows + s.block_rows - 1) / s.block_rows;
+      s.scales.resize(static_cast<size_t>(grid_rows * s.grid_cols), 1.0f);
+    } else {
+      s.block_rows = std::max(s.block_rows, rows);  // one block covering the padding too
+    }
+    lw->fp8 = {.scales = nullptr, .block_rows = s.block_rows, .block_cols = s.block_cols, .grid_cols = s.grid_cols,
+               .row_offset = s.row_offset, .col_offset = s.col_offset};
+    ASSIGN_OR_RETURN(lw->w, UploadBytes(s.codes.data(), s.codes.size()));
+    ASSIGN_OR_RETURN(lw->scales, UploadBytes(s.scales.data(), s.scales.size() * sizeof(float)));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<kernels::DeviceBuffer> UploadBytes(const void* host, size_t bytes) {
+    ASSIGN_OR_RETURN(kernels::DeviceBuffer buf, backend_.Allocate(bytes));
+    RETURN_IF_ERROR(backend_.CopyToDevice(buf.as<void>(), host, bytes));
+    bytes_ += bytes;
+    return buf;
   }
   // The dtype matrix `name` is kept in on this backend for `op`: its stored bf16/f16 (bf16 for a
   // dequantized F8_E4M3 matrix) where the backend takes it, else f32.
@@ -116,7 +153,11 @@ class Loader {
     lw.in = in;
     lw.out = end - begin;
     lw.dtype = MatrixDType(prefix + ".weight");
-    ASSIGN_OR_RETURN(lw.w, Rows(prefix + ".weight", {out, in}, begin, end, lw.dtype));
+    if (lw.dtype == DType::kF8E4M3) {
+      RETURN_IF_ERROR(UploadFp8(prefix + ".weight", {out, in}, begin, end, 0, in, end - begin, &lw));
+    } else {
+      ASSIGN_OR_RETURN(lw.w, Rows(prefix + ".weight", {out, in}, begin, end, lw.dtype));
+    }
     if (bias) {
       ASSIGN_OR_RETURN(lw.b, Rows(prefix + ".bias", {out}, begin, end));
     }
@@ -129,7 +170,11 @@ class Loader {
     lw.in = end - begin;
     lw.out = out;
     lw.dtype = MatrixDType(prefix + ".weight");
-    ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end, lw.dtype));
+    if (lw.dtype == DType::kF8E4M3) {
+      RETURN_IF_ERROR(UploadFp8(prefix + ".weight", {out, in}, 0, out, begin, end, out, &lw));
+    } else {
+      ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end, lw.dtype));
+    }
     if (bias && bias_here) {
       ASSIGN_OR_RETURN(lw.b, Full(prefix + ".bias", {out}));
     }
@@ -180,7 +225,7 @@ class Loader {
     LinearWeight lw;
     lw.in = cols;
     lw.out = static_cast<int64_t>(rows.size());
-    lw.dtype = MatrixDType(name);
+    lw.dtype = DequantizedMatrixDType(name);
     ASSIGN_OR_RETURN(lw.w, UploadAs(picked, lw.dtype));
     return lw;
   }
@@ -203,7 +248,11 @@ class Loader {
       std::copy(src + nope * latent, src + per * latent, val.data() + h * v * latent);
     }
     // A dequantized FP8 matrix is kept in bf16 where the backend takes it, as the Linear matrices.
-    const DType dtype = KeptDType(name, kernels::Op::kHeadLinear);
+    DType dtype = KeptDType(name, kernels::Op::kHeadLinear);
+    if (dtype == DType::kF8E4M3) {
+      // Transposed per head: no scale grid describes it; dequantized.
+      dtype = backend_.SupportsOp(kernels::Op::kHeadLinear, DType::kBF16) ? DType::kBF16 : DType::kF32;
+    }
     uk->dtype = uv->dtype = dtype;
     uk->in = nope;
     uk->out = latent;
@@ -240,7 +289,7 @@ class Loader {
                       LinearWeight* lw) -> absl::Status {
       lw->in = in;
       lw->out = out;
-      lw->dtype = MatrixDType(name);
+      lw->dtype = DequantizedMatrixDType(name);
       ASSIGN_OR_RETURN(lw->w, UploadAs(t, lw->dtype));
       return absl::OkStatus();
     };
@@ -441,7 +490,10 @@ absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, co
 }  // namespace
 
 DType KeptWeightDType(const kernels::Backend& backend, DType stored, kernels::Op op) {
-  if (stored == DType::kF8E4M3) return backend.SupportsOp(op, DType::kBF16) ? DType::kBF16 : DType::kF32;
+  if (stored == DType::kF8E4M3) {
+    if (backend.SupportsOp(op, DType::kF8E4M3)) return DType::kF8E4M3;
+    return backend.SupportsOp(op, DType::kBF16) ? DType::kBF16 : DType::kF32;
+  }
   if (stored == DType::kF32 || !backend.SupportsOp(op, stored)) return DType::kF32;
   return stored;
 }
@@ -520,8 +572,12 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     if (!lm_head_is_embedding) {
       const std::string name = spec.tie_word_embeddings ? embed_name : names.lm_head;
       mw.lm_head.dtype = ld.MatrixDType(name);
-      ASSIGN_OR_RETURN(mw.lm_head.w,
-                       ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded, mw.lm_head.dtype));
+      if (mw.lm_head.dtype == DType::kF8E4M3) {
+        RETURN_IF_ERROR(ld.UploadFp8(name, {spec.vocab_size, h}, vb, ve, 0, h, layout.vocab_padded, &mw.lm_head));
+      } else {
+        ASSIGN_OR_RETURN(mw.lm_head.w,
+                         ld.PaddedRows(name, {spec.vocab_size, h}, vb, ve, layout.vocab_padded, mw.lm_head.dtype));
+      }
     }
   }
   for (int64_t i = layer_begin; i < layer_end; ++i) {

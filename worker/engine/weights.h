@@ -15,8 +15,12 @@
 // Matrices (and the embedding table) stored as bf16 or f16 keep their dtype on backends that
 // SupportsOp(kLinear / kEmbedding, dtype) (the round trip through f32 is exact); everything else,
 // and every other backend, holds f32. Matrices of an FP8 checkpoint (F8_E4M3 with scales, see
-// ModelSpec::fp8) are dequantized on load (common/fp8) and held as bf16 where the backend
-// SupportsOp(kLinear, kBF16), rounded to nearest even, else f32. With Quantization::kInt8 the
+// ModelSpec::fp8) stay F8_E4M3 where the backend SupportsOp(kLinear, kF8E4M3) (CUDA): each rank's
+// slice as its codes plus the scale blocks it overlaps (LinearWeight::scales, common/fp8's
+// ReadFp8Slice), 1 byte per weight; except matrices whose rows are picked one by one (interleaved
+// RoPE heads, MLA's query and RoPE-key rows), which are dequantized. Elsewhere they are
+// dequantized on load (common/fp8) and held as bf16 where the backend SupportsOp(kLinear, kBF16),
+// rounded to nearest even, else f32. With Quantization::kInt8 the
 // matrices of LinearWeight (the projections, experts and lm_head; not the router or the
 // shared-expert gate) are quantized per rank slice into kQ8 where the backend SupportsOp(kLinear,
 // kQ8), FP8 ones after dequantization.
@@ -73,8 +77,16 @@ struct LinearWeight {
   kernels::DeviceBuffer b;  // [out] f32, or empty
   int64_t in = 0, out = 0;
   DType dtype = DType::kF32;
+  // kF8E4M3 only: the scale blocks (f32) and their layout; fp8.scales is set by view().
+  kernels::DeviceBuffer scales;
+  kernels::Fp8ScaleGrid fp8;
   // For kernels::LinearParams::w.
-  kernels::WeightView view() const { return {dtype, w.as<void>()}; }
+  kernels::WeightView view() const {
+    if (dtype != DType::kF8E4M3) return {dtype, w.as<void>()};
+    kernels::Fp8ScaleGrid grid = fp8;
+    grid.scales = scales.as<float>();
+    return kernels::WeightView::F8E4M3(w.as<uint8_t>(), grid);
+  }
   const float* bias() const { return b.empty() ? nullptr : b.as<float>(); }
 };
 
@@ -139,9 +151,9 @@ struct ModelWeights {
   size_t bytes = 0;                 // device bytes held
 };
 
-// The dtype a weight stored as `stored` is kept in on `backend` for `op`: a dequantized F8_E4M3
-// weight as bf16, a bf16 or f16 one as stored, where the backend SupportsOp(op, that dtype); else
-// f32. The loader keeps every tensor by this rule (the memory model's formats follow from it).
+// The dtype a weight stored as `stored` is kept in on `backend` for `op`: an F8_E4M3 weight as
+// stored where the backend SupportsOp(op, kF8E4M3), else dequantized as bf16; a bf16 or f16 one as
+// stored; each where the backend SupportsOp(op, that dtype); else f32. The loader keeps every tensor by this rule (the memory model's formats follow from it).
 DType KeptWeightDType(const kernels::Backend& backend, DType stored, kernels::Op op);
 // The embedding table's dtype: KeptWeightDType for kEmbedding, and f32 when the table is also the
 // lm_head (`also_lm_head`, tied on one rank) but kLinear would keep another dtype.

@@ -248,6 +248,10 @@ absl::Status LinearParams::Validate() const {
   if (x == nullptr || y == nullptr) return Invalid("Linear", "null pointer");
   if (w.data == nullptr) return Invalid("Linear", "null weights");
   if (AnyNegative({tokens, in, out})) return Invalid("Linear", "negative size");
+  if (w.dtype == DType::kF8E4M3 && !w.fp8.Valid(in)) {
+    return Invalid("Linear", "F8_E4M3 weights without a valid scale grid (null scales, a block size <= 0, an offset "
+                             "outside the first block or too few grid columns)");
+  }
   if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("Linear", "y aliases x");
   return absl::OkStatus();
 }

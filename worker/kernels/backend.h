@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tensor/dtype.h"
+#include "worker/kernels/shared/fp8_math.h"
 #include "worker/kernels/shared/moe_routing.h"
 
 namespace shardserve::kernels {
@@ -74,17 +75,24 @@ class DeviceBuffer {
   FreeFn free_fn_ = nullptr;
 };
 
-// A weight matrix as the backend holds it: its element type and its device memory. Activations
-// are f32 for every op; weights may be narrower where the backend SupportsOp() the pair. The
-// implicit conversion from `const float*` keeps f32 call sites short.
+// A weight matrix as the backend holds it: its element type, its device memory and, for F8_E4M3,
+// its scales. Activations are f32 for every op; weights may be narrower where the backend
+// SupportsOp() the pair. The implicit conversion from `const float*` keeps f32 call sites short.
 struct WeightView {
   DType dtype = DType::kF32;
-  const void* data = nullptr;  // elements of `dtype` (bf16/f16: their 16-bit patterns)
+  const void* data = nullptr;  // elements of `dtype` (bf16/f16: their 16-bit patterns; F8_E4M3: codes)
+  // kF8E4M3 only: element (r, c) is E4M3Decode(code) x Fp8ScaleAt(fp8, r, c) (shared/fp8_math.h).
+  Fp8ScaleGrid fp8;
   WeightView() = default;
   WeightView(const float* f32) : data(f32) {}  // NOLINT(google-explicit-constructor)
   WeightView(DType type, const void* p) : dtype(type), data(p) {}
   static WeightView Bf16(const uint16_t* p) { return {DType::kBF16, p}; }
   static WeightView F16(const uint16_t* p) { return {DType::kF16, p}; }
+  static WeightView F8E4M3(const uint8_t* codes, const Fp8ScaleGrid& scales) {
+    WeightView v(DType::kF8E4M3, codes);
+    v.fp8 = scales;
+    return v;
+  }
 };
 
 // The ops of this interface, for SupportsOp().
@@ -519,7 +527,9 @@ class Backend {
   // Attention: KvLayerView::dtype) of `weight_dtype`; the other ops answer for kF32 only. Every backend takes f32. Loaders keep a checkpoint's
   // bf16/f16 matrices in their dtype where this is true (half the memory and the bytes a decode
   // step reads) and widen them to f32 elsewhere. An op called with a dtype it does not take
-  // returns Unimplemented naming the op and the dtype. Thread-safe.
+  // returns Unimplemented naming the op and the dtype. kF8E4M3 (with WeightView::fp8's scales):
+  // the loader keeps an FP8 checkpoint's matrices as codes + scales where SupportsOp(kLinear,
+  // kF8E4M3) (CUDA), else dequantizes them. Thread-safe.
   virtual bool SupportsOp(Op op, DType weight_dtype) const = 0;
 
   // Whether Capture() records ops (CUDA graphs): replaying a recorded decode step costs the host

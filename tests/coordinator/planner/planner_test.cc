@@ -228,21 +228,29 @@ TEST(PlannerTest, BytesPerParamFollowTheCheckpointDtypeAndNormsStayF32) {
   EXPECT_EQ(g.kv_bytes_per_rank, g.kv_tokens * k100MKvBytesPerToken / 2);
 }
 
-TEST(PlannerTest, Fp8CheckpointsArePlannedAtTheBf16TheyAreHeldIn) {
-  // FP8 checkpoints declare torch_dtype bfloat16 and the loader holds their F8_E4M3 matrices as
-  // bf16 (not 1 byte): 2 bytes per parameter on CPU and GPU workers, norms at 4. This is the byte
-  // count tensor_parallel_test.cc's Fp8MatricesAreHeldAsBf16OnTheCpuBackend measures on a rank.
+TEST(PlannerTest, Fp8CheckpointsArePlannedAtTheBytesTheyAreHeldIn) {
+  // FP8 checkpoints declare torch_dtype bfloat16. CPU ranks hold their F8_E4M3 matrices as bf16: 2
+  // bytes per parameter, norms at 4 (what tensor_parallel_test.cc's
+  // Fp8MatricesAreHeldAsBf16OnTheCpuBackend measures on a rank). CUDA ranks keep them as 1-byte
+  // codes plus their f32 scale blocks; the embedding and the unconverted lm_head stay bf16.
   ASSERT_OK_AND_ASSIGN(const ModelSpec fp8, LoadModelSpec("tests/golden/models/llama_fp8_block"));
   ASSERT_TRUE(fp8.fp8.has_value());
   WorkerInventory gpu = Worker("g0", 4 * kGB);
   for (Device& d : gpu.devices) d.kind = DeviceKind::kCuda;
   EXPECT_EQ(WeightBytesPerParam(fp8, {Worker("w0", 4 * kGB)}), 2);
-  EXPECT_EQ(WeightBytesPerParam(fp8, {gpu}), 2);
+  EXPECT_EQ(WeightBytesPerParam(fp8, {gpu}), 1);
   EXPECT_EQ(KvBytesPerElement(fp8, {gpu}), 2);
   const int64_t norms = fp8.hidden_size * (1 + 2 * fp8.num_layers);
   ASSERT_OK_AND_ASSIGN(const Plan plan, PlanAndCheck(fp8, {Worker("w0", 4 * kGB)}));
   EXPECT_EQ(plan.replicas[0].stages[0].predicted_weight_bytes_per_rank,
             (fp8.NumParameters() - norms) * 2 + norms * 4);
+  // 32 x 32 scale blocks per layer, counted by hand: q [64, 64] 2 x 2, k and v [32, 64] 1 x 2 each,
+  // o [64, 64] 2 x 2, gate and up [80, 64] 3 x 2 each, down [64, 80] 2 x 3: 30 blocks.
+  const int64_t tables = 2 * fp8.vocab_size * fp8.hidden_size;  // embedding + lm_head, bf16
+  const int64_t projections = fp8.NumParameters() - norms - tables;
+  ASSERT_OK_AND_ASSIGN(const Plan on_gpu, PlanAndCheck(fp8, {gpu}));
+  EXPECT_EQ(on_gpu.replicas[0].stages[0].predicted_weight_bytes_per_rank,
+            projections * 1 + fp8.num_layers * 30 * 4 + tables * 2 + norms * 4);
 }
 
 TEST(PlannerTest, TiedEmbeddingIsSharedOnlyOnASingleRankThatHoldsBoth) {

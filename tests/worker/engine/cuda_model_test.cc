@@ -4,9 +4,11 @@
 // checkpoints hold the golden tolerance and give identical tokens; the bf16 checkpoint runs its
 // prefill GEMMs with bf16 activations (see worker/kernels/cuda/linear16.cuh), so its logits get a
 // bf16 tolerance, and it must occupy bf16 bytes on the device. The FP8 checkpoints declare
-// bfloat16 too and their matrices are held as bf16, so they get the same treatment (a float64
-// NumPy model of bf16 weights and bf16 GEMM inputs puts their 11-token prefill 6.6e-3 of max
-// |logit| off, the bf16 checkpoint 1.0e-2, both within the 2e-2 used here).
+// bfloat16 too; CUDA keeps their matrices as e4m3 codes + scales (1 byte per weight, counted
+// below), which its prefill GEMMs dequantize to bf16 and multiply with bf16 activations, so they
+// get the same treatment (a float64 NumPy model of bf16 weights and bf16 GEMM inputs puts their
+// 11-token prefill 6.6e-3 of max |logit| off, the bf16 checkpoint 1.0e-2, both within the 2e-2
+// used here; decode steps multiply the exact f32 weights).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -217,6 +219,29 @@ TEST(CudaMoeTest, SixteenBitExpertsRunGroupedAndFollowTheCpu) {
         batch[q].tokens = {static_cast<int32_t>((step * 13 + static_cast<int>(q) * 29) % 128)};
       }
     }
+  }
+}
+
+TEST(CudaWeightsTest, Fp8CheckpointsOccupyOneBytePerWeightPlusScalesOnTheDevice) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  // Projections as e4m3 codes (1 byte) plus one f32 per scale block; the embedding and the lm_head
+  // (modules_to_not_convert / ignored_layers) in bf16; norms in f32. Scale blocks counted by hand:
+  // llama_fp8_block (32 x 32 blocks) per layer q [64, 64] 2 x 2, k and v [32, 64] 1 x 2, o 2 x 2,
+  // gate and up [80, 64] 3 x 2, down [64, 80] 2 x 3: 30; llama_fp8_tensor one per matrix: 7.
+  for (const auto& [dir, blocks_per_layer] : {std::pair<std::string, int64_t>{"tests/golden/models/llama_fp8_block", 30},
+                                              {"tests/golden/models/llama_fp8_tensor", 7}}) {
+    SCOPED_TRACE(dir);
+    ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
+    ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(dir));
+    const int64_t h = spec.hidden_size;
+    const int64_t norm_params = h + spec.num_layers * 2 * h;
+    const int64_t table_params = 2 * spec.vocab_size * h;
+    const int64_t projection_params = spec.NumParameters() - norm_params - table_params;
+    ASSERT_OK_AND_ASSIGN(auto ex, TpExecutor::Create(spec, *ckpt,
+                                                     {.kind = kernels::DeviceKind::kCuda, .cuda_devices = {0}}));
+    ASSERT_EQ(ex->WeightBytesPerRank().size(), 1u);
+    EXPECT_EQ(static_cast<int64_t>(ex->WeightBytesPerRank()[0]),
+              norm_params * 4 + table_params * 2 + projection_params + spec.num_layers * blocks_per_layer * 4);
   }
 }
 

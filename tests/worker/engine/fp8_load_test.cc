@@ -19,9 +19,14 @@
 #include "common/safetensors/safetensors.h"
 #include "common/tensor/dtype.h"
 #include "nlohmann/json.hpp"
+#include "common/plan/memory_model.h"
+#include "tests/testing/engine_fixtures.h"
+#include "tests/testing/golden.h"
+#include "tests/testing/recording_backend.h"
 #include "tests/testing/safetensors_file.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "worker/comm/host/host_communicator.h"
 #include "worker/engine/executor.h"
 #include "worker/engine/generator.h"
 #include "worker/engine/model.h"
@@ -158,28 +163,32 @@ uint8_t NearestE4M3(float x) {
 }
 
 bool IsQuantized(const std::string& name) {
-  return absl::EndsWith(name, "_proj.weight") || (absl::StrContains(name, ".experts.") && absl::EndsWith(name, ".weight"));
+  return absl::EndsWith(name, "_proj.weight") || name == "lm_head.weight" ||
+         (absl::StrContains(name, ".experts.") && absl::EndsWith(name, ".weight"));
 }
 
-// Writes into `fp8_dir` the golden mixtral with every projection and expert matrix block-quantized
-// to F8_E4M3 (scales amax / 448), and into `bf16_dir` the same checkpoint with those matrices
-// replaced by BF16 of their dequantized values, rounded as the loader rounds them (f32 product,
-// then bf16 to nearest even). Everything else stays F32 in both; neither config declares a dtype.
-void WriteFp8AndBf16Twin(const TempDir& fp8_dir, const TempDir& bf16_dir) {
+// Writes into `fp8_dir` the golden mixtral with every projection, expert matrix and the lm_head
+// block-quantized to F8_E4M3 (scales amax / 448), and into `bf16_dir` the same checkpoint with those
+// matrices replaced by BF16 of their dequantized values, rounded as the loader rounds them (f32
+// product, then bf16 to nearest even); into `f32_dir` (when given) F32 of the dequantized values.
+// Everything else stays F32 in all; no config declares a dtype.
+void WriteFp8AndBf16Twin(const TempDir& fp8_dir, const TempDir& bf16_dir, const TempDir* f32_dir = nullptr) {
   const std::string src = "tests/golden/models/mixtral";
   auto config = nlohmann::json::parse(ReadFileOrEmpty(src + "/config.json"));
   config.erase("dtype");
   bf16_dir.Write("config.json", config.dump(2));
+  if (f32_dir != nullptr) f32_dir->Write("config.json", config.dump(2));
   config["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {kBlockRows, kBlockCols}}};
   fp8_dir.Write("config.json", config.dump(2));
   auto tensors = testing::ReadSafetensorsFile(src + "/model.safetensors");
   ASSERT_TRUE(tensors.ok()) << tensors.status();
-  std::vector<StoredTensor> fp8, bf16;
+  std::vector<StoredTensor> fp8, bf16, f32;
   int quantized = 0;
   for (const StoredTensor& t : *tensors) {
     if (!IsQuantized(t.name)) {
       fp8.push_back(t);
       bf16.push_back(t);
+      f32.push_back(t);
       continue;
     }
     ++quantized;
@@ -197,34 +206,38 @@ void WriteFp8AndBf16Twin(const TempDir& fp8_dir, const TempDir& bf16_dir) {
     }
     std::string codes(static_cast<size_t>(rows * cols), '\0');
     std::vector<uint16_t> held(static_cast<size_t>(rows * cols));
+    std::vector<float> exact(static_cast<size_t>(rows * cols));
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < cols; ++c) {
         const size_t i = static_cast<size_t>(r * cols + c);
         const float s = scales[static_cast<size_t>((r / kBlockRows) * grid_cols + c / kBlockCols)];
         const uint8_t code = NearestE4M3(std::min(w[i] / s, 448.f));
         codes[i] = static_cast<char>(code);
-        held[i] = FloatToBFloat16(E4M3ToFloat(code) * s);
+        exact[i] = E4M3ToFloat(code) * s;
+        held[i] = FloatToBFloat16(exact[i]);
       }
     }
     fp8.push_back({t.name, "F8_E4M3", t.shape, codes});
     fp8.push_back({t.name + "_scale_inv", "F32", {grid_rows, grid_cols}, testing::F32Bytes(scales)});
     bf16.push_back({t.name, "BF16", t.shape, std::string(reinterpret_cast<const char*>(held.data()), held.size() * 2)});
+    f32.push_back({t.name, "F32", t.shape, testing::F32Bytes(exact)});
   }
-  ASSERT_EQ(quantized, 2 * (4 + 4 * 3));  // per layer: q, k, v, o and 4 experts x (w1, w2, w3)
+  ASSERT_EQ(quantized, 2 * (4 + 4 * 3) + 1);  // per layer: q, k, v, o and 4 experts x (w1, w2, w3); the lm_head
   fp8_dir.Write("model.safetensors", testing::SafetensorsFile(fp8));
   bf16_dir.Write("model.safetensors", testing::SafetensorsFile(bf16));
+  if (f32_dir != nullptr) f32_dir->Write("model.safetensors", testing::SafetensorsFile(f32));
 }
 
 class Fp8MixtralTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    WriteFp8AndBf16Twin(fp8_dir_, bf16_dir_);
+    WriteFp8AndBf16Twin(fp8_dir_, bf16_dir_, &f32_dir_);
     if (HasFatalFailure()) return;
     ASSERT_OK_AND_ASSIGN(fp8_spec_, LoadModelSpec(fp8_dir_.path()));
     ASSERT_OK_AND_ASSIGN(bf16_spec_, LoadModelSpec(bf16_dir_.path()));
     ASSERT_TRUE(fp8_spec_.fp8.has_value());
   }
-  TempDir fp8_dir_, bf16_dir_;
+  TempDir fp8_dir_, bf16_dir_, f32_dir_;
   ModelSpec fp8_spec_, bf16_spec_;
 };
 
@@ -267,6 +280,102 @@ TEST_F(Fp8MixtralTest, LoadExpertHoldsTheDequantizedWeightsAsBf16) {
     ASSERT_TRUE(backend->CopyToHost(got.data(), x->w.as<void>(), got.size() * 2).ok());
     ASSERT_TRUE(backend->CopyToHost(want.data(), y->w.as<void>(), want.size() * 2).ok());
     EXPECT_EQ(got, want);
+  }
+}
+
+// ---------------------------------------------------------------- F8_E4M3 kept as codes + scales
+
+// What CUDA ranks do (SupportsOp(kLinear, kF8E4M3)), on the CPU: a RecordingBackend that claims
+// F8_E4M3 Linear and runs it as the CPU's f32 Linear of the weights dequantized by
+// kernels/shared/fp8_math.h. Without `fp8`, the same wrapper (the same op path) on f32 weights.
+std::unique_ptr<kernels::Backend> Fp8KeepingBackend(bool fp8) {
+  auto cpu = kernels::CreateBackend({});
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  auto rec = std::make_unique<testing::RecordingBackend>(std::move(*cpu));
+  rec->EmulateFp8LinearForTest(fp8);
+  return rec;
+}
+
+TEST_F(Fp8MixtralTest, KeptFp8MatricesGiveTheLogitsAndTokensOfTheF32TwinBitForBit) {
+  ASSERT_OK_AND_ASSIGN(testing::LoadedModel kept, testing::LoadModel(fp8_dir_.path(), {}, Fp8KeepingBackend(true)));
+  ASSERT_OK_AND_ASSIGN(testing::LoadedModel f32, testing::LoadModel(f32_dir_.path(), {}, Fp8KeepingBackend(false)));
+  // Every projection, expert and the lm_head at 1 byte plus its scales: about a quarter of f32.
+  const WeightFormats formats = EngineWeightFormats(fp8_spec_, *kept.backend, Quantization::kNone);
+  EXPECT_TRUE(formats.fp8);
+  EXPECT_EQ(kept.model->weight_bytes(), static_cast<size_t>(kept.model->memory().Weights()));
+  EXPECT_LT(kept.model->weight_bytes(), f32.model->weight_bytes() / 2);
+  const std::vector<int32_t> prompt = {1, 77, 12, 200, 31, 9, 140};
+  const StepSequence s{.block_ids = WholeContextBlocks(kept.model->options(), 0), .tokens = prompt, .all_logits = true};
+  ASSERT_OK_AND_ASSIGN(StepResult a, kept.model->Step({s}));
+  ASSERT_OK_AND_ASSIGN(StepResult b, f32.model->Step({s}));
+  ASSERT_EQ(a.logits[0].size(), prompt.size() * 256);
+  EXPECT_EQ(a.logits[0], b.logits[0]);  // the same f32 weights, the same arithmetic
+  const auto& rec = static_cast<const testing::RecordingBackend&>(*kept.backend);
+  EXPECT_GT(rec.fp8_linears(), 0) << "no F8_E4M3 Linear ran";
+  ASSERT_OK_AND_ASSIGN(auto ga, Generate(*kept.model, {{.prompt = prompt, .max_tokens = 12}}));
+  ASSERT_OK_AND_ASSIGN(auto gb, Generate(*f32.model, {{.prompt = prompt, .max_tokens = 12}}));
+  EXPECT_EQ(ga[0].tokens, gb[0].tokens);
+}
+
+// Every rank of every tensor-parallel layout holds, byte for byte, what the memory model predicts
+// for CUDA workers (WorkerWeightFormats(cuda)): 1 byte per weight plus the scale blocks its slice
+// overlaps, with slices that start inside blocks (24 x 20 blocks in the Mixtral, 32 x 32 in the
+// golden llama whose down_proj columns split at 40), per-tensor scales, and an lm_head left in bf16
+// by modules_to_not_convert / ignored_layers.
+void ExpectKeptBytesPredicted(const std::string& dir, int tp) {
+  SCOPED_TRACE(::testing::Message() << dir << " tp " << tp);
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
+  ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(dir));
+  ASSERT_OK_AND_ASSIGN(auto comms, comm::CreateHostGroup(tp));
+  const WeightFormats cuda = WorkerWeightFormats(spec, /*cuda=*/true, Quantization::kNone);
+  ASSERT_TRUE(cuda.fp8);
+  for (int r = 0; r < tp; ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    std::unique_ptr<kernels::Backend> backend = Fp8KeepingBackend(true);
+    ModelOptions o;
+    o.shard = {.rank = r, .size = tp};
+    o.comm = comms[static_cast<size_t>(r)].get();
+    ASSERT_OK_AND_ASSIGN(auto model, Model::Create(spec, *ckpt, backend.get(), o));
+    const int64_t got = static_cast<int64_t>(model->weight_bytes());
+    EXPECT_EQ(model->memory().Weights(), got);
+    const RankShard shard{.layer_begin = 0, .layer_end = spec.num_layers, .has_embedding = true, .has_lm_head = true,
+                          .tp = tp, .rank = r, .expert_parallel = IsExpertParallel(spec, tp)};
+    const RankMemory m = RankMemoryOf(spec, shard, cuda);
+    EXPECT_EQ(m.Weights(), got) << "matrices " << m.matrices << ", experts " << m.experts << ", lm_head " << m.lm_head;
+  }
+}
+
+TEST_F(Fp8MixtralTest, KeptFp8BytesAreTheMemoryModelsOnEveryRank) {
+  for (int tp : {1, 2, 4}) ExpectKeptBytesPredicted(fp8_dir_.path(), tp);
+}
+
+TEST(Fp8KeptGoldenTest, KeptFp8BytesAreTheMemoryModelsOnEveryRank) {
+  for (const char* dir : {"tests/golden/models/llama_fp8_block", "tests/golden/models/llama_fp8_tensor"}) {
+    for (int tp : {1, 2}) ExpectKeptBytesPredicted(dir, tp);
+  }
+}
+
+// The golden FP8 models with their weights kept as codes + scales (exactly dequantized, no bf16
+// rounding): greedy tokens of the float64 NumPy reference, logits within the FP8 tolerance.
+TEST(Fp8KeptGoldenTest, GreedyTokensAndLogitsMatchTheReference) {
+  for (const char* name : {"llama_fp8_block", "llama_fp8_tensor"}) {
+    SCOPED_TRACE(name);
+    ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel(name));
+    ASSERT_OK_AND_ASSIGN(testing::LoadedModel l, testing::LoadModel(golden.dir, {}, Fp8KeepingBackend(true)));
+    for (size_t i = 0; i < golden.cases.size(); ++i) {
+      const testing::GoldenCase& c = golden.cases[i];
+      const StepSequence s{.block_ids = WholeContextBlocks(l.model->options(), static_cast<int32_t>(i)),
+                           .tokens = c.prompt_ids, .all_logits = true};
+      ASSERT_OK_AND_ASSIGN(StepResult r, l.model->Step({s}));
+      const size_t v = static_cast<size_t>(l.spec.vocab_size);
+      for (size_t p = 0; p < c.prompt_ids.size(); ++p) {
+        testing::ExpectLogitsClose(c.logits[p], r.logits[0].data() + p * v, absl::StrCat(name, " position ", p),
+                                   golden.logits_rtol);
+      }
+    }
+    ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, testing::GreedyRequests(golden)));
+    for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].tokens, golden.cases[i].greedy_ids) << "case " << i;
+    EXPECT_GT(static_cast<const testing::RecordingBackend&>(*l.backend).fp8_linears(), 0);
   }
 }
 

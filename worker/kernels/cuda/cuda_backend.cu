@@ -24,6 +24,7 @@
 #include "worker/kernels/cuda/attention.cuh"
 #include "worker/kernels/cuda/linear16.cuh"
 #include "worker/kernels/cuda/moe_grouped.cuh"
+#include "worker/kernels/cuda/linear_fp8.cuh"
 #include "worker/kernels/cuda/moe_route.cuh"
 #include "worker/kernels/cuda/ops.cuh"
 #include "worker/kernels/cuda/sampling.cuh"
@@ -38,6 +39,12 @@ size_t BlasWorkspaceBytes(int compute_major) { return (compute_major >= 9 ? 32u 
 // 16-byte weight loads each lane of the decode GEMV keeps in flight. Measured on an H100
 // (tests/gpu/README.md): 4, 8 and cuBLAS on rounded activations decode alike.
 constexpr int kGemvLoads = 8;
+
+// Weights of an FP8 GEMM dequantized to bf16 at a time (16 MiB of scratch): the GEMM runs chunk of
+// rows after chunk of rows, so a large matrix (an lm_head) never needs a bf16 copy of itself.
+constexpr int64_t kFp8ChunkElements = int64_t{8} << 20;
+// The fewest rows a chunk may have when it uses the scratch as it is (fewer: the scratch grows).
+constexpr int64_t kFp8MinChunkRows = 64;
 
 // DeviceBuffer's deallocator. The buffer may be destroyed on any thread with any device current,
 // so free on the device that owns the pointer. Errors here have no one to report to; clearing the
@@ -158,6 +165,10 @@ class CudaBackend final : public Backend {
   absl::Status Gemm16(const LinearParams& p, const void* x16);
   // GroupedLinear with bf16/f16 experts (validated; in > 0, out > 0): see its definition.
   absl::Status GroupedLinear16(const GroupedLinearParams& p);
+  // Linear with F8_E4M3 weights (linear_fp8.cuh): the dequantizing GEMV for decode-sized batches,
+  // else chunks of rows dequantized to bf16 into the scratch (after x rounded to bf16) and
+  // multiplied on the tensor cores. tokens > 0, in > 0, out > 0.
+  absl::Status LinearFp8(const LinearParams& p);
 
   // Constant after construction / Init().
   const int device_;
@@ -316,8 +327,10 @@ absl::Status CudaBackend::Synchronize() {
 
 bool CudaBackend::SupportsOp(Op op, DType dtype) const {
   switch (op) {
-    case Op::kEmbedding:
     case Op::kLinear:
+      if (dtype == DType::kF8E4M3) return true;  // LinearFp8
+      [[fallthrough]];
+    case Op::kEmbedding:
     case Op::kKvWrite:
     case Op::kAttention:
       return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
@@ -453,6 +466,7 @@ absl::Status CudaBackend::Linear(const LinearParams& p) {
   }
   RETURN_IF_ERROR(Enter());
   if (p.tokens == 0 || p.out == 0) return absl::OkStatus();
+  if (p.w.dtype == DType::kF8E4M3 && p.in > 0) return LinearFp8(p);
   if (p.w.dtype != DType::kF32 && p.in > 0) return Linear16(p);
   if (p.in == 0) {
     // An empty product (cuBLAS rejects lda = 0): y = bias, or y += bias.
@@ -518,6 +532,49 @@ absl::Status CudaBackend::Gemm16(const LinearParams& p, const void* x16) {
                                          x16, type, in, &beta, p.y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
                                          CUBLAS_GEMM_DEFAULT),
                             "cublasGemmEx"));
+  if (p.bias == nullptr) return absl::OkStatus();
+  return Check(cuda::LaunchBiasAdd(p.bias, p.y, p.tokens, p.out, stream_), "Linear bias kernel launch");
+}
+
+absl::Status CudaBackend::LinearFp8(const LinearParams& p) {
+  const auto* codes = static_cast<const uint8_t*>(p.w.data);
+  if (p.tokens <= cuda::kGemvFp8MaxTokens) {
+    const cuda::GemvFp8Params g{.x = p.x, .codes = codes, .scales = p.w.fp8, .bias = p.bias, .y = p.y,
+                                .tokens = p.tokens, .in = p.in, .out = p.out, .accumulate = p.accumulate};
+    return Check(cuda::LaunchGemvFp8(g, stream_), "GemvFp8 kernel launch");
+  }
+  // The scratch: x as bf16 [tokens, in], then one chunk of dequantized rows [chunk_rows, in].
+  constexpr size_t kAlign = 256;
+  const size_t x_bytes = (static_cast<size_t>(p.tokens * p.in) * 2 + kAlign - 1) / kAlign * kAlign;
+  // Chunks up to kFp8ChunkElements. What the scratch already holds beyond x is used as it is when
+  // it takes at least kFp8MinChunkRows rows (or the whole matrix): a decode step of more than 8
+  // tokens then allocates nothing and can be recorded into a graph, Reserve having sized the
+  // scratch for the step's largest x. Otherwise the scratch grows (a prefill, never recorded).
+  const int64_t row_bytes = p.in * 2;
+  const int64_t fitting = scratch_.bytes() > x_bytes ? static_cast<int64_t>(scratch_.bytes() - x_bytes) / row_bytes : 0;
+  int64_t chunk_rows = std::clamp<int64_t>(kFp8ChunkElements / p.in, 1, p.out);
+  if (fitting >= std::min(kFp8MinChunkRows, p.out)) {
+    chunk_rows = std::min(chunk_rows, fitting);
+  } else {
+    RETURN_IF_ERROR(EnsureScratch(x_bytes + static_cast<size_t>(chunk_rows * row_bytes)));
+  }
+  char* base = scratch_.as<char>();
+  auto* w16 = reinterpret_cast<uint16_t*>(base + x_bytes);
+  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(DType::kBF16, p.x, base, p.tokens * p.in, stream_),
+                        "CastTo16 kernel launch"));
+  const float alpha = 1.0f;
+  const float beta = p.accumulate ? 1.0f : 0.0f;
+  const int tokens = static_cast<int>(p.tokens), in = static_cast<int>(p.in), out = static_cast<int>(p.out);
+  for (int64_t r0 = 0; r0 < p.out; r0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, p.out - r0);
+    RETURN_IF_ERROR(Check(cuda::LaunchDequantizeFp8Rows(codes, p.w.fp8, p.in, r0, r0 + rows, w16, stream_),
+                          "DequantizeFp8Rows kernel launch"));
+    // Linear's layout for rows [r0, r0 + rows) of w: y^T[r0 .., tokens] with y's leading dimension.
+    RETURN_IF_ERROR(CheckBlas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), tokens, in, &alpha,
+                                           w16, CUDA_R_16BF, in, base, CUDA_R_16BF, in, &beta, p.y + r0, CUDA_R_32F,
+                                           out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                              "cublasGemmEx (FP8 dequantized)"));
+  }
   if (p.bias == nullptr) return absl::OkStatus();
   return Check(cuda::LaunchBiasAdd(p.bias, p.y, p.tokens, p.out, stream_), "Linear bias kernel launch");
 }
