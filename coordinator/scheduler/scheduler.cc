@@ -84,6 +84,7 @@ struct Scheduler::Replica {
   int32_t depth = 1;  // step loops (micro-batches in flight at once, at most)
   std::shared_ptr<const PipelineCostModel> cost;  // null: the split is always `depth`
   PipeliningChoice choice;                        // with `cost`: the last one
+  std::unique_ptr<PipeliningCache> pipelining_cache;  // with `cost`: its choices by the running set's shape
   int32_t micro_batches = 1;     // the split now (`depth` without a cost model)
   int32_t batches_in_flight = 0;  // built and not yet finished (or closed)
   bool stopping = false;
@@ -197,6 +198,7 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->client = std::move(client);
   r->depth = options.pipeline_depth;
   r->cost = options.pipeline_cost;
+  if (r->cost != nullptr) r->pipelining_cache = std::make_unique<PipeliningCache>(r->cost.get());
   r->micro_batches = r->cost != nullptr ? 1 : r->depth;
   r->choice.max_micro_batches = r->depth;
   r->pool = std::make_unique<BlockPool>(options.kv_blocks, options.kv_block_size, options.prefix_caching);
@@ -822,7 +824,7 @@ void Scheduler::ChoosePipeliningLocked(Replica& r) {
       work.push_back(StepWork{.pos_begin = s->consumed, .tokens = std::max<int64_t>(pending, 1), .sample = true});
     }
   }
-  r.choice = ChooseMicroBatches(*r.cost, work, r.depth, options_.max_step_tokens, r.micro_batches);
+  r.choice = r.pipelining_cache->Choose(work, r.depth, options_.max_step_tokens, r.micro_batches);
   if (r.choice.micro_batches != r.micro_batches && !work.empty()) {
     LOG(INFO) << "scheduler: replica " << r.id << " pipelining: " << DescribePipelining(r.choice, r.cost->Describe());
   }

@@ -79,7 +79,8 @@
 // "in flight" from the build of its micro-batch until its answer has been applied). The replica splits its running set into k
 // micro-batches: k = pipeline_depth, or, with ReplicaOptions::pipeline_cost, the k in
 // [1, pipeline_depth] its cost model predicts the most throughput for (ChooseMicroBatches,
-// pipelining.h), chosen again at every build from the running set after admission. A micro-batch
+// pipelining.h), chosen again at every build from the running set after admission (priced once
+// per shape of the running set: PipeliningCache). A micro-batch
 // is built only while fewer than k are in flight, and takes at most ceil(running / k) sequences,
 // so the running set splits into k groups that take turns through the stages (k = 1: one
 // micro-batch of every running sequence at a time; when k drops, the groups merge as their
