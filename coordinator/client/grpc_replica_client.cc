@@ -88,6 +88,26 @@ void GrpcReplicaClient::Shutdown() {
 }
 
 absl::StatusOr<StepOutput> GrpcReplicaClient::Step(const StepInput& input) {
+  return StepOverlapping(input, [] {});
+}
+
+absl::StatusOr<StepOutput> GrpcReplicaClient::StepOverlapping(const StepInput& input,
+                                                              absl::FunctionRef<void()> while_waiting) {
+  // Runs `while_waiting` exactly once, whichever way this returns.
+  bool ran = false;
+  auto overlap = [&] {
+    if (!ran) {
+      ran = true;
+      while_waiting();
+    }
+  };
+  absl::StatusOr<StepOutput> out = SendAndWait(input, overlap);
+  overlap();
+  return out;
+}
+
+absl::StatusOr<StepOutput> GrpcReplicaClient::SendAndWait(const StepInput& input,
+                                                          absl::FunctionRef<void()> while_waiting) {
   std::shared_ptr<rpc::StageStreamClient> stream;
   std::shared_ptr<rpc::AnswerStreamClient> answers;
   {
@@ -136,6 +156,7 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::Step(const StepInput& input) {
     return st;
   }
   const absl::Time deadline = absl::Now() + options_.step_timeout;
+  while_waiting();  // the caller's work, while the step runs
   std::optional<absl::StatusOr<v1::StepResponse>> response;
   // A small batch's answer comes within a round trip or two: polling for it first keeps the
   // wake-up of a sleeping thread off the step's critical path.

@@ -77,9 +77,15 @@ class GrpcReplicaClient final : public ReplicaClient {
   GrpcReplicaClient& operator=(const GrpcReplicaClient&) = delete;
 
   absl::StatusOr<StepOutput> Step(const StepInput& input) override;
+  // Runs `while_waiting` once the micro-batch is written to the stream (or has failed to be), then
+  // waits for the answer.
+  absl::StatusOr<StepOutput> StepOverlapping(const StepInput& input, absl::FunctionRef<void()> while_waiting) override;
   void Shutdown() override;
 
  private:
+  // Sends the step, runs `while_waiting` (not when the send fails), waits for the answer.
+  absl::StatusOr<StepOutput> SendAndWait(const StepInput& input, absl::FunctionRef<void()> while_waiting);
+
   const std::shared_ptr<grpc::Channel> channel_;
   const std::shared_ptr<grpc::Channel> last_channel_;  // null: no direct answers
   const Options options_;

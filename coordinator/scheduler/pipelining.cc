@@ -128,6 +128,66 @@ PipeliningChoice ChooseMicroBatches(const PipelineCostModel& model, absl::Span<c
   return choice;
 }
 
+PipeliningCache::PipeliningCache(const PipelineCostModel* model, size_t capacity)
+    : model_(model), capacity_(std::max<size_t>(capacity, 1)) {
+  CHECK(model_ != nullptr);
+}
+
+namespace {
+
+// Rounds a context length up to its bucket: 2^(floor(log2(pos)) - 3) tokens, at least 16 (within
+// 1/8 of it).
+int64_t Bucket(int64_t pos) {
+  int64_t bucket = 16;
+  while (bucket * 16 <= pos) bucket *= 2;
+  return (pos + bucket - 1) / bucket * bucket;
+}
+
+}  // namespace
+
+std::vector<StepWork> PipeliningCache::Shape(absl::Span<const StepWork> running) {
+  size_t decodes = 0;
+  int64_t positions = 0;
+  while (decodes < running.size() && running[decodes].tokens == 1 && running[decodes].sample) {
+    positions += running[decodes++].pos_begin;
+  }
+  std::vector<StepWork> shape;
+  shape.reserve(running.size());
+  if (decodes > 0) {
+    const int64_t n = static_cast<int64_t>(decodes);
+    shape.assign(decodes, StepWork{.pos_begin = Bucket((positions + n / 2) / n), .tokens = 1, .sample = true});
+  }
+  for (size_t i = decodes; i < running.size(); ++i) {
+    shape.push_back(running[i]);
+    shape.back().pos_begin = Bucket(running[i].pos_begin);
+  }
+  return shape;
+}
+
+PipeliningChoice PipeliningCache::Choose(absl::Span<const StepWork> running, int32_t max_micro_batches,
+                                         int64_t max_step_tokens, int32_t current) {
+  const std::vector<StepWork> shape = Shape(running);
+  std::vector<int64_t> key;
+  key.reserve(5 + 3 * shape.size());
+  key.insert(key.end(), {max_micro_batches, max_step_tokens, current});
+  // The decodes are alike: their number and context say it all.
+  size_t decodes = 0;
+  while (decodes < shape.size() && shape[decodes].tokens == 1 && shape[decodes].sample) ++decodes;
+  key.insert(key.end(), {static_cast<int64_t>(decodes), decodes > 0 ? shape[0].pos_begin : 0});
+  for (size_t i = decodes; i < shape.size(); ++i) {
+    key.insert(key.end(), {shape[i].pos_begin, shape[i].tokens, shape[i].sample ? 1 : 0});
+  }
+  if (auto it = choices_.find(key); it != choices_.end()) {
+    ++hits_;
+    return it->second;
+  }
+  ++misses_;
+  if (choices_.size() >= capacity_) choices_.clear();
+  const PipeliningChoice choice = ChooseMicroBatches(*model_, shape, max_micro_batches, max_step_tokens, current);
+  choices_.emplace(std::move(key), choice);
+  return choice;
+}
+
 std::string DescribePipelining(const PipeliningChoice& c, const std::string& where) {
   if (c.max_micro_batches <= 1) return absl::StrCat("1 micro-batch (pipeline depth 1; ", where, ")");
   if (c.sequences == 0) {

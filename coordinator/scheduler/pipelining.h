@@ -32,7 +32,8 @@
 // point must not make the split flap.
 //
 // Thread-safety: the functions are pure; a PipelineCostModel is immutable and its methods are
-// const and thread-safe (the scheduler calls it under its lock from several threads).
+// const and thread-safe (the scheduler calls it under its lock from several threads). A
+// PipeliningCache is not thread-safe.
 #ifndef SHARDSERVE_COORDINATOR_SCHEDULER_PIPELINING_H_
 #define SHARDSERVE_COORDINATOR_SCHEDULER_PIPELINING_H_
 
@@ -40,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 
 namespace shardserve::coordinator {
@@ -120,6 +122,43 @@ struct PipeliningChoice {
 // micro-batch.
 PipeliningChoice ChooseMicroBatches(const PipelineCostModel& model, absl::Span<const StepWork> running,
                                     int32_t max_micro_batches, int64_t max_step_tokens, int32_t current = 1);
+
+// Memo of ChooseMicroBatches for one cost model (a replica's), so that a build does not price every
+// split again while the running set keeps its shape. The shape (Shape below) has the running
+// set's decodes all at their mean context and every context rounded up to a bucket (within 1/8 of
+// it, and at least 16 tokens): the price of a decode batch hardly moves as its contexts grow by a
+// token per step, and how its sequences are dealt into micro-batches is the scheduler's order, not
+// a property of the load (a cost linear in the contexts sees the same total either way). The
+// choice is ChooseMicroBatches of that shape, taken from the memo when the shape, the limits and
+// the current split were priced before.
+//
+// Thread-safety: not thread-safe (the scheduler keeps one per replica, under its lock).
+class PipeliningCache {
+ public:
+  // `model` must outlive the cache. Keeps at most `capacity` (>= 1) choices; when full, it
+  // forgets them all (running sets come back to recent shapes, rarely to old ones).
+  explicit PipeliningCache(const PipelineCostModel* model, size_t capacity = 1024);
+
+  // == ChooseMicroBatches(model, Shape(running), max_micro_batches, max_step_tokens, current).
+  PipeliningChoice Choose(absl::Span<const StepWork> running, int32_t max_micro_batches, int64_t max_step_tokens,
+                          int32_t current);
+
+  // `running` (decodes, tokens == 1 with sample, first; then prefills, in order) with every decode
+  // at the decodes' mean pos_begin, and each pos_begin rounded up to its bucket.
+  static std::vector<StepWork> Shape(absl::Span<const StepWork> running);
+
+  int64_t hits() const { return hits_; }
+  int64_t misses() const { return misses_; }
+
+ private:
+  const PipelineCostModel* const model_;
+  const size_t capacity_;
+  // Key: max_micro_batches, max_step_tokens, current, the decodes and their context, then
+  // (pos_begin, tokens, sample) per prefill.
+  absl::flat_hash_map<std::vector<int64_t>, PipeliningChoice> choices_;
+  int64_t hits_ = 0;
+  int64_t misses_ = 0;
+};
 
 // One line for `shardserve status`, e.g. "1 micro-batch for 16 running sequences (2 CPU stages
 // on one machine, stages sharing one machine's memory bus and cores: a split would read the

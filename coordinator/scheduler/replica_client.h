@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 
 namespace shardserve::coordinator {
@@ -98,6 +99,11 @@ struct StepOutput {
 //    may succeed (e.g. after the implementation reconnects).
 //  - StepOutput::token_ids must have exactly one entry per sequence with sample = true;
 //    the scheduler fails the batch with Internal otherwise.
+//  - StepOverlapping() is Step() that also runs the caller's `while_waiting` on the calling thread
+//    exactly once (also when the step fails), without any lock of the client held: an
+//    implementation that sends the micro-batch and then waits for its answer runs it in between,
+//    so that the caller's work (the scheduler delivers the previous step's tokens) overlaps the
+//    step instead of waking another thread for it. The default runs it first, then Step().
 //  - Thread-safety: Step() may be called by several threads at once (pipelined micro-batches of
 //    different sequences; at most ReplicaOptions::pipeline_depth), and must then run them in the
 //    order they are called on each stage; Shutdown() may be called from any thread, at any time,
@@ -107,6 +113,11 @@ class ReplicaClient {
   virtual ~ReplicaClient() = default;
 
   virtual absl::StatusOr<StepOutput> Step(const StepInput& input) = 0;
+
+  virtual absl::StatusOr<StepOutput> StepOverlapping(const StepInput& input, absl::FunctionRef<void()> while_waiting) {
+    while_waiting();
+    return Step(input);
+  }
 
   // Makes a Step in progress return promptly (Unavailable) and every later Step fail at once.
   virtual void Shutdown() = 0;

@@ -84,6 +84,7 @@ struct Scheduler::Replica {
   int32_t depth = 1;  // step loops (micro-batches in flight at once, at most)
   std::shared_ptr<const PipelineCostModel> cost;  // null: the split is always `depth`
   PipeliningChoice choice;                        // with `cost`: the last one
+  std::unique_ptr<PipeliningCache> pipelining_cache;  // with `cost`: its choices by the running set's shape
   int32_t micro_batches = 1;     // the split now (`depth` without a cost model)
   int32_t batches_in_flight = 0;  // built and not yet finished (or closed)
   bool stopping = false;
@@ -197,6 +198,7 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->client = std::move(client);
   r->depth = options.pipeline_depth;
   r->cost = options.pipeline_cost;
+  if (r->cost != nullptr) r->pipelining_cache = std::make_unique<PipeliningCache>(r->cost.get());
   r->micro_batches = r->cost != nullptr ? 1 : r->depth;
   r->choice.max_micro_batches = r->depth;
   r->pool = std::make_unique<BlockPool>(options.kv_blocks, options.kv_block_size, options.prefix_caching);
@@ -822,7 +824,7 @@ void Scheduler::ChoosePipeliningLocked(Replica& r) {
       work.push_back(StepWork{.pos_begin = s->consumed, .tokens = std::max<int64_t>(pending, 1), .sample = true});
     }
   }
-  r.choice = ChooseMicroBatches(*r.cost, work, r.depth, options_.max_step_tokens, r.micro_batches);
+  r.choice = r.pipelining_cache->Choose(work, r.depth, options_.max_step_tokens, r.micro_batches);
   if (r.choice.micro_batches != r.micro_batches && !work.empty()) {
     LOG(INFO) << "scheduler: replica " << r.id << " pipelining: " << DescribePipelining(r.choice, r.cost->Describe());
   }
@@ -873,7 +875,9 @@ void Scheduler::ReplicaLoop(Replica* r) {
         for (const Event& e : events) {
           if (e.constraint != nullptr && !e.end.has_value()) masks.emplace_back(e.constraint, e.constraint_state);
         }
-        QueueLocked(events);  // delivered by the delivery thread while the next step runs
+        // Delivered by this thread while the next step runs (DeliverHere), or, when another thread
+        // is delivering, after it.
+        QueueLocked(events, /*wake=*/false);
         previous_mark = mark;
         mark = queued_events_;
       }
@@ -883,14 +887,28 @@ void Scheduler::ReplicaLoop(Replica* r) {
     {
       MutexLock lock(&mu_);
       while (!r->stopping && delivered_events_ < previous_mark) delivery_cv_.Wait(&mu_);
-      while (!r->stopping && !HasWorkLocked(*r)) r->work.Wait(&mu_);
-      if (r->stopping) return;
+      while (!r->stopping && !HasWorkLocked(*r)) {
+        // Nothing to overlap with: what this loop queued goes out now, before it sleeps.
+        if (!outbox_.empty() && !delivering_) {
+          DeliverOutboxLocked();  // unlocks meanwhile: look again
+          continue;
+        }
+        r->work.Wait(&mu_);
+      }
+      if (r->stopping) {
+        if (!outbox_.empty()) deliverer_cv_.Signal();
+        return;
+      }
       batch = NextBatchLocked(*r, events);
-      QueueLocked(events);
+      QueueLocked(events, /*wake=*/false);
     }
-    if (batch.input.sequences.empty()) continue;
+    if (batch.input.sequences.empty()) {
+      DeliverHere();
+      continue;
+    }
     const absl::Time step_start = clock_->Now();
-    out = r->client->Step(batch.input);
+    // The previous answer's sink calls are made here while this step runs: no other thread wakes.
+    out = r->client->StepOverlapping(batch.input, [this] { DeliverHere(); });
     took = std::max(absl::ZeroDuration(), clock_->Now() - step_start);
     answered = true;
   }
@@ -943,12 +961,18 @@ void Scheduler::CloseOpenBatchesLocked(Replica& r) {
   r.open.clear();
 }
 
-void Scheduler::QueueLocked(std::vector<Event>& events) {
+void Scheduler::QueueLocked(std::vector<Event>& events, bool wake) {
   if (events.empty()) return;
   queued_events_ += events.size();
   for (Event& e : events) outbox_.push_back(std::move(e));
   events.clear();
-  delivery_cv_.SignalAll();
+  if (wake) deliverer_cv_.Signal();
+}
+
+void Scheduler::DeliverHere() {
+  MutexLock lock(&mu_);
+  // When another thread is delivering, it hands what is left to the delivery thread as it ends.
+  if (!outbox_.empty() && !delivering_) DeliverOutboxLocked();
 }
 
 void Scheduler::DeliverOutboxLocked() {
@@ -965,6 +989,8 @@ void Scheduler::DeliverOutboxLocked() {
   delivered_events_ += n;
   delivering_ = false;
   delivery_cv_.SignalAll();
+  // Queued meanwhile, by a thread that left them to whoever was delivering.
+  if (!outbox_.empty()) deliverer_cv_.Signal();
 }
 
 void Scheduler::Flush() {
@@ -985,7 +1011,7 @@ void Scheduler::Flush() {
 void Scheduler::DeliveryLoop() {
   MutexLock lock(&mu_);
   while (true) {
-    while ((outbox_.empty() || delivering_) && !stop_delivery_) delivery_cv_.Wait(&mu_);
+    while ((outbox_.empty() || delivering_) && !stop_delivery_) deliverer_cv_.Wait(&mu_);
     if (!outbox_.empty() && !delivering_) {
       DeliverOutboxLocked();
     } else if (stop_delivery_) {
@@ -1096,7 +1122,7 @@ void Scheduler::Shutdown(const absl::Status& reason) {
   {
     MutexLock lock(&mu_);
     stop_delivery_ = true;
-    delivery_cv_.SignalAll();
+    deliverer_cv_.Signal();
   }
   if (delivery_thread_.joinable()) delivery_thread_.join();
 }

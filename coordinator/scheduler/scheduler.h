@@ -48,8 +48,10 @@
 // scheduler-wide outbox, in the order it decides them, and goes straight on to steps 1-3 and the
 // next ReplicaClient::Step, so that the time between a step's answer and the next step's send is
 // only the scheduler's own bookkeeping under its lock (the constraint masks of structured output
-// are computed in between, outside the lock). A delivery thread (kThreads) makes the queued calls
-// in order while the next step runs; every other method that decides sink calls (Cancel of a
+// are computed in between, outside the lock). The step loop then makes the queued calls itself, in
+// order, once the next step is sent and while it runs (ReplicaClient::StepOverlapping), so that no
+// other thread wakes for them; when another thread is making calls at that moment, the loop leaves
+// them to it, and it hands what is left to the delivery thread (kThreads). Every other method that decides sink calls (Cancel of a
 // waiting sequence, RemoveReplica, Shutdown, Poll, BeginStep / EndStep) makes them before it
 // returns, itself or by waiting for the thread delivering them. A step loop builds its next
 // micro-batch only once the calls of its answer before last are made, so that what a sink does
@@ -77,7 +79,8 @@
 // "in flight" from the build of its micro-batch until its answer has been applied). The replica splits its running set into k
 // micro-batches: k = pipeline_depth, or, with ReplicaOptions::pipeline_cost, the k in
 // [1, pipeline_depth] its cost model predicts the most throughput for (ChooseMicroBatches,
-// pipelining.h), chosen again at every build from the running set after admission. A micro-batch
+// pipelining.h), chosen again at every build from the running set after admission (priced once
+// per shape of the running set: PipeliningCache). A micro-batch
 // is built only while fewer than k are in flight, and takes at most ceil(running / k) sequences,
 // so the running set splits into k groups that take turns through the stages (k = 1: one
 // micro-batch of every running sequence at a time; when k drops, the groups merge as their
@@ -342,8 +345,12 @@ class Scheduler {
   // whose retry time has come), oldest first.
   void UnparkLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecoveryLoop();
-  // "Delivery" above. Appends `events` to the outbox (and empties `events`).
-  void QueueLocked(std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "Delivery" above. Appends `events` to the outbox (and empties `events`); with `wake`, wakes the
+  // delivery thread to make their calls (without: the caller makes them, with DeliverHere).
+  void QueueLocked(std::vector<Event>& events, bool wake = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step loop, while its step runs: makes the outbox's calls on this thread, unless another
+  // thread is making calls (which then leaves the rest to the delivery thread).
+  void DeliverHere() ABSL_LOCKS_EXCLUDED(mu_);
   // Makes the sink calls of the outbox, in order, with mu_ released meanwhile.
   void DeliverOutboxLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns once the events queued so far are delivered (delivering them itself when no other
@@ -380,7 +387,9 @@ class Scheduler {
   uint64_t queued_events_ ABSL_GUARDED_BY(mu_) = 0;     // events ever queued
   uint64_t delivered_events_ ABSL_GUARDED_BY(mu_) = 0;  // of those, delivered
   bool stop_delivery_ ABSL_GUARDED_BY(mu_) = false;
-  CondVar delivery_cv_;  // the outbox, delivering_ or stop_delivery_ changed
+  CondVar delivery_cv_;  // delivering_ or delivered_events_ changed
+  // The delivery thread's: the outbox has calls no other thread will make, or stop_delivery_.
+  CondVar deliverer_cv_;
   CondVar shutdown_cv_;  // shut_down_ was set (the recovery thread waits for it)
   std::thread recovery_thread_;  // with kThreads and recovery_timeout > 0
   std::thread delivery_thread_;  // with kThreads

@@ -87,7 +87,9 @@ class FakeStage final : public v1::Stage::Service {
     fail_step_ = step;
   }
   bool WaitHeld() { return held_.WaitForNotificationWithTimeout(kWait); }
-  void Release() { release_.Notify(); }
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+  }
   std::vector<v1::StepRequest> requests() {
     absl::MutexLock lock(&mu_);
     return requests_;
@@ -232,6 +234,30 @@ TEST_F(GrpcClientsTest, ShutdownInterruptsABlockedStep) {
   stepper.join();
   EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shut down")));
   EXPECT_THAT(client->Step(Input(2)), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shut down")));
+}
+
+TEST_F(GrpcClientsTest, StepOverlappingRunsTheCallersWorkOnceWhileTheStepIsOut) {
+  // The stage holds step 1 until the caller's work releases it: that work runs after the step
+  // reached the stage and before its answer came.
+  stage_.HoldStep(1);
+  auto client = Client();
+  int runs = 0;
+  bool held = false;
+  absl::StatusOr<StepOutput> out = client->StepOverlapping(Input(1), [&] {
+    ++runs;
+    held = stage_.WaitHeld();
+    stage_.Release();
+  });
+  EXPECT_EQ(runs, 1);
+  EXPECT_TRUE(held);
+  ASSERT_THAT(out, IsOk());
+  EXPECT_THAT(out->token_ids, ElementsAre(1000 + 9 + 1));
+  // A failed step runs it once too: here the client is shut down, so nothing is sent.
+  client->Shutdown();
+  runs = 0;
+  EXPECT_THAT(client->StepOverlapping(Input(2), [&] { ++runs; }),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shut down")));
+  EXPECT_EQ(runs, 1);
 }
 
 TEST_F(GrpcClientsTest, UnreachableStageIsUnavailable) {

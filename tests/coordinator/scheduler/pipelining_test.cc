@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,144 @@ TEST(PipeliningTest, DeeperPipelinesSplitFurtherOnlyForEnoughGain) {
   // Weight reads dominate: no split gains 10%.
   const FakeCost weights(4, 0.010, 0.00001, /*shared=*/false);
   EXPECT_EQ(ChooseMicroBatches(weights, Decodes(32), 4, 256).micro_batches, 1);
+}
+
+// A cost that grows with the contexts too (KV reads): `kv` seconds per cached position read, on
+// top of FakeCost's, so that bucketing the contexts matters to the price.
+class ContextCost final : public PipelineCostModel {
+ public:
+  int num_stages() const override { return 2; }
+  StageSeconds Stage(int stage, absl::Span<const StepWork> work) const override {
+    double tokens = 0, positions = 0;
+    for (const StepWork& w : work) {
+      tokens += static_cast<double>(w.tokens);
+      positions += static_cast<double>(w.pos_begin + w.tokens);
+    }
+    const double memory = 0.004 + 2e-6 * positions;
+    const double compute = (stage == 0 ? 2e-4 : 3e-4) * tokens;
+    return {.total = std::max(memory, compute) + 1e-4, .memory = memory, .compute = compute};
+  }
+  double Hop(int, int64_t tokens) const override { return 1e-4 + 1e-6 * static_cast<double>(tokens); }
+  int SharedGroup(int) const override { return -1; }
+  HostParallelism Parallelism(int) const override { return {}; }
+  std::string Describe() const override { return "2 stages on 2 machines"; }
+};
+
+void ExpectSameChoice(const PipeliningChoice& a, const PipeliningChoice& b) {
+  EXPECT_EQ(a.micro_batches, b.micro_batches);
+  EXPECT_EQ(a.max_micro_batches, b.max_micro_batches);
+  EXPECT_EQ(a.sequences, b.sequences);
+  EXPECT_DOUBLE_EQ(a.gain, b.gain);
+  EXPECT_DOUBLE_EQ(a.best_split_gain, b.best_split_gain);
+  EXPECT_EQ(a.weight_bound, b.weight_bound);
+  EXPECT_EQ(a.shared_host, b.shared_host);
+}
+
+TEST(PipeliningCacheTest, ShapePutsTheDecodesAtTheirMeanContextAndRoundsContextsUpWithinAnEighth) {
+  const std::vector<StepWork> running = {{.pos_begin = 300, .tokens = 1, .sample = true},
+                                         {.pos_begin = 17, .tokens = 1, .sample = true},
+                                         {.pos_begin = 1, .tokens = 1, .sample = true},
+                                         {.pos_begin = 5002, .tokens = 1, .sample = true},
+                                         {.pos_begin = 100, .tokens = 30, .sample = true},
+                                         {.pos_begin = 3, .tokens = 7, .sample = false}};
+  const std::vector<StepWork> shape = PipeliningCache::Shape(running);
+  ASSERT_EQ(shape.size(), running.size());
+  // The decodes' mean context is 1330, in the buckets of 128 from 1024: 1408. The prefills keep
+  // their order, tokens and sample flags, with contexts 100 -> 112 and 3 -> 16 (buckets of 16).
+  std::vector<int64_t> pos;
+  for (const StepWork& w : shape) pos.push_back(w.pos_begin);
+  EXPECT_EQ(pos, (std::vector<int64_t>{1408, 1408, 1408, 1408, 112, 16}));
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(shape[i].tokens, 1);
+    EXPECT_TRUE(shape[i].sample);
+  }
+  EXPECT_EQ(shape[4].tokens, 30);
+  EXPECT_TRUE(shape[4].sample);
+  EXPECT_EQ(shape[5].tokens, 7);
+  EXPECT_FALSE(shape[5].sample);
+  // Every bucket is within an eighth of the context (or 15 tokens), above it.
+  for (int64_t p : {0, 1, 15, 16, 17, 255, 256, 257, 1000, 4095, 4096, 100000}) {
+    const int64_t rounded = PipeliningCache::Shape(std::vector<StepWork>{{.pos_begin = p, .tokens = 2}})[0].pos_begin;
+    EXPECT_GE(rounded, p);
+    EXPECT_LE(rounded - p, std::max<int64_t>(15, p / 8)) << p;
+  }
+}
+
+// A replica's running set over many builds: decodes advance a token a step, prompts arrive and
+// are prefilled in chunks, sequences finish. Every build, the cache's choice must be the one
+// ChooseMicroBatches gives the shape, whether it came from the memo or not (also across the
+// memo's forgetting, with a tiny capacity), and most builds must hit.
+void RunCacheAgainstUncached(size_t capacity) {
+  const ContextCost cost;
+  PipeliningCache cache(&cost, capacity);
+  std::mt19937 rng(7);
+  struct Seq {
+    int64_t pos = 0;
+    int64_t prompt = 0;
+    int64_t left = 0;  // tokens to generate
+  };
+  std::vector<Seq> seqs;
+  int32_t current = 1;
+  for (int step = 0; step < 3000; ++step) {
+    if (seqs.size() < 24 && rng() % 8 == 0) {
+      seqs.push_back({.pos = 0, .prompt = 8 + static_cast<int64_t>(rng() % 200), .left = 1 + static_cast<int64_t>(rng() % 300)});
+    }
+    std::vector<StepWork> work;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (const Seq& s : seqs) {
+        const bool decode = s.pos >= s.prompt;
+        if (decode != (pass == 0)) continue;
+        work.push_back({.pos_begin = s.pos, .tokens = decode ? 1 : s.prompt - s.pos, .sample = true});
+      }
+    }
+    const int32_t depth = step % 500 < 250 ? 2 : 4;
+    const PipeliningChoice cached = cache.Choose(work, depth, 64, current);
+    const PipeliningChoice uncached = ChooseMicroBatches(cost, PipeliningCache::Shape(work), depth, 64, current);
+    ExpectSameChoice(cached, uncached);
+    if (::testing::Test::HasFailure()) FAIL() << "at step " << step;
+    current = cached.micro_batches;
+    // Run the step: decodes advance by one, prefills by a chunk of the budget left.
+    int64_t budget = 64;
+    for (Seq& s : seqs) {
+      if (s.pos >= s.prompt) {
+        ++s.pos;
+        --s.left;
+        --budget;
+      }
+    }
+    for (Seq& s : seqs) {
+      if (s.pos < s.prompt && budget > 0) {
+        const int64_t n = std::min(budget, s.prompt - s.pos);
+        s.pos += n;
+        budget -= n;
+      }
+    }
+    std::erase_if(seqs, [](const Seq& s) { return s.left <= 0; });
+  }
+  EXPECT_EQ(cache.hits() + cache.misses(), 3000);
+  if (capacity >= 1024) {
+    EXPECT_GT(cache.hits(), cache.misses()) << "the cache hardly ever serves";
+  }
+}
+
+TEST(PipeliningCacheTest, CachedChoiceEqualsTheUncachedOne) { RunCacheAgainstUncached(1024); }
+
+TEST(PipeliningCacheTest, CachedChoiceEqualsTheUncachedOneWhenTheMemoForgets) { RunCacheAgainstUncached(2); }
+
+TEST(PipeliningCacheTest, OneShapeIsPricedOnce) {
+  const ContextCost cost;
+  PipeliningCache cache(&cost);
+  // Contexts 40 and 41 share a bucket (33..48), so the second build is the first one's shape.
+  const PipeliningChoice a = cache.Choose(Decodes(16), 2, 256, 1);
+  std::vector<StepWork> next = Decodes(16);
+  for (StepWork& w : next) ++w.pos_begin;
+  const PipeliningChoice b = cache.Choose(next, 2, 256, 1);
+  EXPECT_EQ(cache.misses(), 1);
+  EXPECT_EQ(cache.hits(), 1);
+  ExpectSameChoice(a, b);
+  // Another current split is another question.
+  (void)cache.Choose(next, 2, 256, 2);
+  EXPECT_EQ(cache.misses(), 2);
 }
 
 }  // namespace

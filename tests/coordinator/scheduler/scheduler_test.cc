@@ -15,6 +15,7 @@
 #include <set>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -393,6 +394,113 @@ TEST(SchedulerTest, PipelinedMicroBatchesOverlapAndMatchTheEngineAlone) {
   EXPECT_FALSE(probe->shared_block()) << "a KV block was in two micro-batches in flight";
   // Each micro-batch took at most half of the running sequences (6 slots, depth 2 -> <= 3).
   for (const StepInput& in : h.replicas[0]->StepInputsForTest()) EXPECT_LE(in.sequences.size(), 3u);
+}
+
+// Records the thread of every sink call.
+class ThreadRecordingSink final : public SequenceSink {
+ public:
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> /*logprobs*/) override {
+    absl::MutexLock lock(&mu_);
+    threads_.insert(std::this_thread::get_id());
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  }
+  void OnEnd(const SequenceEnd& end) override {
+    {
+      absl::MutexLock lock(&mu_);
+      threads_.insert(std::this_thread::get_id());
+      end_ = end;
+    }
+    done_.Notify();
+  }
+  bool Wait() { return done_.WaitForNotificationWithTimeout(kWait); }
+  size_t token_count() const {
+    absl::MutexLock lock(&mu_);
+    return tokens_.size();
+  }
+  std::vector<int32_t> tokens() const {
+    absl::MutexLock lock(&mu_);
+    return tokens_;
+  }
+  std::set<std::thread::id> threads() const {
+    absl::MutexLock lock(&mu_);
+    return threads_;
+  }
+  SequenceEnd end() const {
+    absl::MutexLock lock(&mu_);
+    return end_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  std::set<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
+  SequenceEnd end_ ABSL_GUARDED_BY(mu_);
+  absl::Notification done_;
+};
+
+// Overrides StepOverlapping as a network client does (the step is under way while the caller's
+// work runs), and checks that, by the time the caller's work is done, the sink has every token
+// the earlier steps sampled.
+class OverlapChecker final : public ReplicaClient {
+ public:
+  OverlapChecker(std::unique_ptr<ReplicaClient> inner, const ThreadRecordingSink* sink)
+      : inner_(std::move(inner)), sink_(sink) {}
+  absl::StatusOr<StepOutput> Step(const StepInput& input) override { return inner_->Step(input); }
+  absl::StatusOr<StepOutput> StepOverlapping(const StepInput& input, absl::FunctionRef<void()> while_waiting) override {
+    absl::StatusOr<StepOutput> out = inner_->Step(input);  // "sent": the answer is on its way
+    while_waiting();
+    absl::MutexLock lock(&mu_);
+    step_threads_.insert(std::this_thread::get_id());
+    if (sink_->token_count() != sampled_) behind_.push_back(input.step_id);
+    if (out.ok()) sampled_ += out->token_ids.size();
+    ++steps_;
+    return out;
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+  std::set<std::thread::id> step_threads() const {
+    absl::MutexLock lock(&mu_);
+    return step_threads_;
+  }
+  std::vector<uint64_t> behind() const {
+    absl::MutexLock lock(&mu_);
+    return behind_;
+  }
+  int steps() const {
+    absl::MutexLock lock(&mu_);
+    return steps_;
+  }
+
+ private:
+  const std::unique_ptr<ReplicaClient> inner_;
+  const ThreadRecordingSink* const sink_;
+  mutable absl::Mutex mu_;
+  size_t sampled_ ABSL_GUARDED_BY(mu_) = 0;
+  int steps_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::thread::id> step_threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> behind_ ABSL_GUARDED_BY(mu_);  // steps whose overlap left tokens undelivered
+};
+
+TEST(SchedulerTest, TheStepLoopDeliversThePreviousAnswerWhileItsNextStepRuns) {
+  auto sink = std::make_shared<ThreadRecordingSink>();
+  OverlapChecker* checker = nullptr;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 1, .wrap = [&](std::unique_ptr<ReplicaClient> inner) {
+                                                 auto c = std::make_unique<OverlapChecker>(std::move(inner), sink.get());
+                                                 checker = c.get();
+                                                 return c;
+                                               }}));
+  std::vector<SequenceRequest> requests = MakeRequests(1, h.spec.vocab_size, 29, false);
+  requests[0].max_tokens = 12;
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", requests, {}));
+  ASSERT_THAT(h.scheduler->Submit(requests[0], sink), IsOk());
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_THAT(sink->end().status, IsOk());
+  EXPECT_THAT(sink->tokens(), ElementsAreArray(expected[0].tokens));
+  ASSERT_GE(checker->steps(), 12);
+  // Each step's overlap delivered every token sampled before it, on the step loop's own thread:
+  // every sink call (the last token and the end too) was made there, none on another thread.
+  EXPECT_THAT(checker->behind(), ::testing::IsEmpty());
+  EXPECT_EQ(checker->step_threads().size(), 1u);
+  EXPECT_EQ(sink->threads(), checker->step_threads());
 }
 
 TEST(SchedulerTest, PipelineDepthMustBePositive) {
