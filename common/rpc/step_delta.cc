@@ -1,10 +1,8 @@
 #include "common/rpc/step_delta.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
-
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -12,7 +10,6 @@
 namespace shardserve::rpc {
 namespace {
 
-using ::google::protobuf::FieldDescriptor;
 using ::google::protobuf::RepeatedField;
 
 constexpr uint32_t kKeepProfile = v1::STEP_SEQUENCE_KEEP_PROFILE;
@@ -20,41 +17,22 @@ constexpr uint32_t kKeepPenalties = v1::STEP_SEQUENCE_KEEP_PENALTIES;
 constexpr uint32_t kKeepMask = v1::STEP_SEQUENCE_KEEP_MASK;
 constexpr uint32_t kKnownKeepBits = kKeepProfile | kKeepPenalties | kKeepMask;
 
-// The StepSequence fields outside the profile: coded one by one, or sent every step. Every other
-// field (including any added later) is the profile, kept or sent as a whole, so a new field is
-// never lost, at worst sent more often than needed.
-const std::vector<const FieldDescriptor*>& NonProfileFields() {
-  static const std::vector<const FieldDescriptor*>* fields = [] {
-    const auto* d = v1::StepSequence::descriptor();
-    auto* f = new std::vector<const FieldDescriptor*>;
-    for (int number : {v1::StepSequence::kBlockIdsFieldNumber, v1::StepSequence::kPosBeginFieldNumber,
-                       v1::StepSequence::kNumTokensFieldNumber, v1::StepSequence::kTokenIdsFieldNumber,
-                       v1::StepSequence::kSampleFieldNumber, v1::StepSequence::kSampleIndexFieldNumber,
-                       v1::StepSequence::kPromptLogprobTargetsFieldNumber,
-                       v1::StepSequence::kPenaltyTokenIdsFieldNumber, v1::StepSequence::kPenaltyTokenCountsFieldNumber,
-                       v1::StepSequence::kAllowedTokenMaskFieldNumber, v1::StepSequence::kKeyFieldNumber,
-                       v1::StepSequence::kKeepFieldNumber, v1::StepSequence::kBlocksKeptFieldNumber}) {
-      f->push_back(d->FindFieldByNumber(number));
-    }
-    return f;
-  }();
-  return *fields;
-}
+bool SameFloat(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }  // bit for bit
 
-// Moves the non-profile fields of `s` into the empty `scratch` (and back, called again).
-void SwapNonProfile(v1::StepSequence* s, v1::StepSequence* scratch) {
-  s->GetReflection()->SwapFields(s, scratch, NonProfileFields());
-}
-
-std::string DeterministicBytes(const v1::StepSequence& m) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);  // the map in SamplingParams: a fixed order
-    m.SerializeToCodedStream(&coded);
+// Equal in every field (kProfileSamplingFields of them), bit for bit.
+bool SameSampling(const v1::SamplingParams& a, const v1::SamplingParams& b) {
+  if (!SameFloat(a.temperature(), b.temperature()) || a.top_k() != b.top_k() || !SameFloat(a.top_p(), b.top_p()) ||
+      a.seed() != b.seed() || !SameFloat(a.min_p(), b.min_p()) ||
+      !SameFloat(a.presence_penalty(), b.presence_penalty()) ||
+      !SameFloat(a.frequency_penalty(), b.frequency_penalty()) ||
+      !SameFloat(a.repetition_penalty(), b.repetition_penalty()) || a.logit_bias_size() != b.logit_bias_size()) {
+    return false;
   }
-  return out;
+  for (const auto& [id, bias] : a.logit_bias()) {
+    auto it = b.logit_bias().find(id);
+    if (it == b.logit_bias().end() || !SameFloat(it->second, bias)) return false;
+  }
+  return true;
 }
 
 template <typename C>
@@ -77,6 +55,27 @@ bool StrictlyAscending(const RepeatedField<int32_t>& ids) {
 
 }  // namespace
 
+void StepSequenceProfile::Take(const v1::StepSequence& s) {
+  has_sampling = s.has_sampling();
+  if (has_sampling) {
+    sampling = s.sampling();
+  } else {
+    sampling.Clear();
+  }
+  request_id = s.request_id();
+  suppress_ids.assign(s.suppress_token_ids().begin(), s.suppress_token_ids().end());
+  logprobs = s.logprobs();
+  top_logprobs = s.top_logprobs();
+}
+
+void StepSequenceProfile::Give(v1::StepSequence* s) const {
+  if (has_sampling) *s->mutable_sampling() = sampling;
+  s->set_request_id(request_id);
+  s->mutable_suppress_token_ids()->Assign(suppress_ids.begin(), suppress_ids.end());
+  s->set_logprobs(logprobs);
+  s->set_top_logprobs(top_logprobs);
+}
+
 StepDeltaEncoder::StepDeltaEncoder(Options options) : options_(options) {}
 
 void StepDeltaEncoder::Encode(v1::StepRequest* request) {
@@ -84,10 +83,9 @@ void StepDeltaEncoder::Encode(v1::StepRequest* request) {
   ++step_;
   request->set_deltas(true);
   request->clear_forget_keys();
-  // Keys this message remembers, in order; a repeated key (a caller's mistake) goes unremembered.
-  std::vector<uint64_t> keys;
-  keys.reserve(static_cast<size_t>(request->sequences_size()));
-  absl::flat_hash_set<uint64_t> seen;
+  // Keys this message remembers; a repeated key (a caller's mistake) goes unremembered.
+  absl::flat_hash_set<uint64_t>& seen = seen_;
+  seen.clear();
   size_t adding = 0;
   for (v1::StepSequence& s : *request->mutable_sequences()) {
     s.set_keep(0);
@@ -97,10 +95,9 @@ void StepDeltaEncoder::Encode(v1::StepRequest* request) {
       s.set_key(0);
       continue;
     }
-    keys.push_back(s.key());
     if (!table_.contains(s.key())) ++adding;
   }
-  Evict(keys, adding, request);
+  Evict(seen, adding, request);
   for (v1::StepSequence& s : *request->mutable_sequences()) {
     if (s.key() == 0) continue;
     auto it = table_.find(s.key());
@@ -172,26 +169,29 @@ void StepDeltaEncoder::EncodeSequence(v1::StepSequence* s, Entry& entry, bool kn
   } else {
     entry.mask = s->allowed_token_mask();
   }
-  // Profile: kept when its bytes are equal.
-  scratch_.Clear();
-  SwapNonProfile(s, &scratch_);
-  std::string profile = DeterministicBytes(*s);
-  if (known && !profile.empty() && profile == entry.profile) {
-    s->Clear();
+  // Profile: kept when equal.
+  StepSequenceProfile& p = entry.profile;
+  if (known && s->has_sampling() == p.has_sampling && (!p.has_sampling || SameSampling(s->sampling(), p.sampling)) &&
+      s->request_id() == p.request_id && SameInts(s->suppress_token_ids(), p.suppress_ids) &&
+      s->logprobs() == p.logprobs && s->top_logprobs() == p.top_logprobs) {
+    s->clear_sampling();
+    s->clear_request_id();
+    s->clear_suppress_token_ids();
+    s->clear_logprobs();
+    s->clear_top_logprobs();
     keep |= kKeepProfile;
   } else {
-    entry.profile = std::move(profile);
+    p.Take(*s);
   }
-  SwapNonProfile(s, &scratch_);
   s->set_keep(keep);
 }
 
-void StepDeltaEncoder::Evict(const std::vector<uint64_t>& in_message, size_t adding, v1::StepRequest* request) {
-  absl::flat_hash_set<uint64_t> keep(in_message.begin(), in_message.end());
+void StepDeltaEncoder::Evict(const absl::flat_hash_set<uint64_t>& in_message, size_t adding,
+                             v1::StepRequest* request) {
   std::vector<std::pair<int64_t, uint64_t>> candidates;  // (last_sent, key), oldest first once sorted
   for (auto it = table_.begin(); it != table_.end();) {
     auto current = it++;
-    if (keep.contains(current->first)) continue;
+    if (in_message.contains(current->first)) continue;
     if (step_ - current->second.last_sent > options_.forget_after_steps) {
       request->add_forget_keys(current->first);
       table_.erase(current);
@@ -211,7 +211,8 @@ void StepDeltaEncoder::Evict(const std::vector<uint64_t>& in_message, size_t add
 absl::Status StepDeltaDecoder::Decode(v1::StepRequest* request) {
   if (!request->deltas()) return absl::OkStatus();
   // Check everything first: a refused message changes nothing.
-  absl::flat_hash_set<uint64_t> forgotten;
+  absl::flat_hash_set<uint64_t>& forgotten = forgotten_;
+  forgotten.clear();
   for (uint64_t key : request->forget_keys()) {
     if (!table_.contains(key)) {
       return absl::InvalidArgumentError(absl::StrCat("step ", request->step_id(), ": forget_keys names key ", key,
@@ -223,7 +224,8 @@ absl::Status StepDeltaDecoder::Decode(v1::StepRequest* request) {
     }
   }
   size_t size = table_.size() - forgotten.size();
-  absl::flat_hash_set<uint64_t> seen;
+  absl::flat_hash_set<uint64_t>& seen = seen_;
+  seen.clear();
   for (int i = 0; i < request->sequences_size(); ++i) {
     const v1::StepSequence& s = request->sequences(i);
     const bool delta = s.keep() != 0 || s.blocks_kept() != 0;
@@ -318,12 +320,9 @@ absl::Status StepDeltaDecoder::Decode(v1::StepRequest* request) {
       e.mask = s.allowed_token_mask();
     }
     if ((s.keep() & kKeepProfile) != 0) {
-      s.MergeFrom(e.profile);  // the profile fields were sent empty
+      e.profile.Give(&s);
     } else {
-      scratch_.Clear();
-      SwapNonProfile(&s, &scratch_);
-      e.profile = s;
-      SwapNonProfile(&s, &scratch_);
+      e.profile.Take(s);
     }
     s.set_keep(0);
     s.set_blocks_kept(0);

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "shardserve/v1/stage.pb.h"
 
@@ -43,6 +44,22 @@ inline constexpr char kStepDeltasKey[] = "shardserve-step-deltas";
 // Most sequences one stream's table may hold (stage.proto); a receiver refuses a message that
 // would exceed it, and a sender forgets the least recently sent sequences to stay within it.
 inline constexpr size_t kMaxStreamSequences = 4096;
+
+// The fields of a StepSequence that STEP_SEQUENCE_KEEP_PROFILE keeps (stage.proto): sampling,
+// request_id, suppress_token_ids, logprobs, top_logprobs.
+struct StepSequenceProfile {
+  bool has_sampling = false;
+  v1::SamplingParams sampling;
+  std::string request_id;
+  std::vector<int32_t> suppress_ids;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+
+  // Copies the profile fields of `s`.
+  void Take(const v1::StepSequence& s);
+  // Sets the profile fields of `s` (sent empty) to these.
+  void Give(v1::StepSequence* s) const;
+};
 
 class StepDeltaEncoder {
  public:
@@ -73,7 +90,7 @@ class StepDeltaEncoder {
     std::vector<int32_t> penalty_ids;
     std::vector<int32_t> penalty_counts;
     std::string mask;
-    std::string profile;  // the profile's deterministic bytes
+    StepSequenceProfile profile;
     int64_t last_sent = 0;
   };
   // Codes one sequence against `entry` (known: it is in the receiver's table) and stores its full
@@ -81,12 +98,12 @@ class StepDeltaEncoder {
   void EncodeSequence(v1::StepSequence* s, Entry& entry, bool known);
   // Forgets idle entries and, when `adding` new keys would exceed the bound, the least recently
   // sent ones (never one of `in_message`); their keys go in `request`'s forget_keys.
-  void Evict(const std::vector<uint64_t>& in_message, size_t adding, v1::StepRequest* request);
+  void Evict(const absl::flat_hash_set<uint64_t>& in_message, size_t adding, v1::StepRequest* request);
 
   const Options options_;
   int64_t step_ = 0;  // messages coded
   absl::flat_hash_map<uint64_t, Entry> table_;
-  v1::StepSequence scratch_;
+  absl::flat_hash_set<uint64_t> seen_;  // Encode's, kept to reuse its memory
 };
 
 class StepDeltaDecoder {
@@ -111,12 +128,12 @@ class StepDeltaDecoder {
     std::vector<int32_t> penalty_ids;
     std::vector<int32_t> penalty_counts;
     std::string mask;
-    v1::StepSequence profile;  // the profile fields only
+    StepSequenceProfile profile;
   };
 
   const size_t max_sequences_;
   absl::flat_hash_map<uint64_t, Entry> table_;
-  v1::StepSequence scratch_;
+  absl::flat_hash_set<uint64_t> forgotten_, seen_;  // Decode's, kept to reuse their memory
 };
 
 }  // namespace shardserve::rpc
