@@ -19,7 +19,7 @@ constexpr uint32_t kKnownKeepBits = kKeepProfile | kKeepPenalties | kKeepMask;
 
 bool SameFloat(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }  // bit for bit
 
-// Equal in every field (kProfileSamplingFields of them), bit for bit.
+// Equal in every field of SamplingParams (step_delta_test holds the list to the proto), bit for bit.
 bool SameSampling(const v1::SamplingParams& a, const v1::SamplingParams& b) {
   if (!SameFloat(a.temperature(), b.temperature()) || a.top_k() != b.top_k() || !SameFloat(a.top_p(), b.top_p()) ||
       a.seed() != b.seed() || !SameFloat(a.min_p(), b.min_p()) ||
@@ -123,9 +123,10 @@ void StepDeltaEncoder::EncodeSequence(v1::StepSequence* s, Entry& entry, bool kn
                                                          .first -
                                                      s->block_ids().begin());
   entry.blocks.assign(s->block_ids().begin(), s->block_ids().end());
-  if (prefix > 0) {
-    RepeatedField<int32_t> tail(s->block_ids().begin() + static_cast<int>(prefix), s->block_ids().end());
-    s->mutable_block_ids()->Swap(&tail);
+  if (prefix > 0) {  // drop the prefix in place (no allocation)
+    RepeatedField<int32_t>* blocks = s->mutable_block_ids();
+    std::copy(blocks->begin() + static_cast<int>(prefix), blocks->end(), blocks->begin());
+    blocks->Truncate(blocks->size() - static_cast<int>(prefix));
     s->set_blocks_kept(static_cast<int32_t>(prefix));
   }
   // Penalties: the counts that changed, when the new history holds every id of the old one.
@@ -188,18 +189,18 @@ void StepDeltaEncoder::EncodeSequence(v1::StepSequence* s, Entry& entry, bool kn
 
 void StepDeltaEncoder::Evict(const absl::flat_hash_set<uint64_t>& in_message, size_t adding,
                              v1::StepRequest* request) {
-  std::vector<std::pair<int64_t, uint64_t>> candidates;  // (last_sent, key), oldest first once sorted
   for (auto it = table_.begin(); it != table_.end();) {
     auto current = it++;
-    if (in_message.contains(current->first)) continue;
-    if (step_ - current->second.last_sent > options_.forget_after_steps) {
+    if (!in_message.contains(current->first) && step_ - current->second.last_sent > options_.forget_after_steps) {
       request->add_forget_keys(current->first);
       table_.erase(current);
-    } else {
-      candidates.emplace_back(current->second.last_sent, current->first);
     }
   }
   if (table_.size() + adding <= options_.max_sequences) return;
+  std::vector<std::pair<int64_t, uint64_t>> candidates;  // (last_sent, key): the oldest first, once sorted
+  for (const auto& [key, entry] : table_) {
+    if (!in_message.contains(key)) candidates.emplace_back(entry.last_sent, key);
+  }
   std::sort(candidates.begin(), candidates.end());
   for (const auto& [last_sent, key] : candidates) {
     if (table_.size() + adding <= options_.max_sequences) break;
