@@ -71,6 +71,9 @@ class WorkerServiceImpl final : public WorkerBase {
 // to the stage thread; responses are written back one at a time, in completion order. Every
 // message read is charged to the worker's StreamBudget until its micro-batch is answered (or
 // refused); over the budget, the stream stops reading between micro-batches (stream_budget.h).
+// With step deltas (announced in the initial metadata), each reassembled micro-batch is decoded
+// against the stream's table (common/rpc/step_delta.h) as it is read; one that does not decode is
+// refused and the stream ends with that error once the jobs before it are answered.
 class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
  public:
   StepStreamReactor(grpc::CallbackServerContext* ctx, WorkerServer* server, bool step_deltas)
