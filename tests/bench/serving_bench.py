@@ -235,7 +235,7 @@ def step_deltas(args, model):
         for clients in (16, 64):
             runs = {True: [], False: []}
             for r in range(args.repeats):
-                for on in (True, False):
+                for on in ((True, False) if r % 2 == 0 else (False, True)):  # either goes first as often
                     c = clusters[on]
                     before = [stream_counters(u) for u in c.worker_metrics]
                     s = bench(args.bin_dir, c.address, clients, max(args.requests, 2 * clients), args.max_tokens,
@@ -246,7 +246,8 @@ def step_deltas(args, model):
             for on in (True, False):
                 tps = sorted(t for t, _ in runs[on])[len(runs[on]) // 2]
                 per = runs[on][-1][1]  # the smaller figure is stage 0's (no hidden states)
-                print(f"{clients:>7} {'on' if on else 'off':>6} {tps:>10.1f} {per[0]:>18.0f} {per[-1]:>18.0f}")
+                print(f"{clients:>7} {'on' if on else 'off':>6} {tps:>10.1f} {per[0]:>18.0f} {per[-1]:>18.0f}   runs: "
+                      + " ".join(f"{t:.0f}" for t, _ in runs[on]))
     finally:
         for c in clusters.values():
             c.stop()
