@@ -71,9 +71,10 @@ class WorkerServiceImpl final : public WorkerBase {
 // to the stage thread; responses are written back one at a time, in completion order. Every
 // message read is charged to the worker's StreamBudget until its micro-batch is answered (or
 // refused); over the budget, the stream stops reading between micro-batches (stream_budget.h).
-// With step deltas (announced in the initial metadata), each reassembled micro-batch is decoded
-// against the stream's table (common/rpc/step_delta.h) as it is read; one that does not decode is
-// refused and the stream ends with that error once the jobs before it are answered.
+// With step deltas (announced in the initial metadata), each micro-batch's first chunk is decoded
+// against the stream's table (common/rpc/step_delta.h) as it is read, before anything may refuse
+// it; one that does not decode is refused and the stream ends with that error once the jobs before
+// it are answered.
 class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
  public:
   StepStreamReactor(grpc::CallbackServerContext* ctx, WorkerServer* server, bool step_deltas)
@@ -102,6 +103,18 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
       return;
     }
     dropping_step_.reset();
+    if (incoming_.chunk_index() == 0) {
+      // Chunk 0 carries the sequences: decoded as soon as read, so that the table stays in step
+      // with the sender's even when the micro-batch is refused below. (The budget is charged the
+      // bytes read, not the decoded size.)
+      if (absl::Status st = deltas_.Decode(&incoming_); !st.ok()) {
+        // The two tables may disagree from here on: refuse the step and end the stream (the
+        // sender's next step opens a fresh one, with empty tables).
+        DropAssembly();
+        EndAfterRefusal(ErrorResponse(incoming_.step_id(), st));
+        return;
+      }
+    }
     budget_.Charge(bytes);
     assembling_bytes_ += bytes;
     const uint64_t step_id = incoming_.step_id();
@@ -125,19 +138,12 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
       DropAssembly();
       Deliver(ErrorResponse(0, complete.status()), /*from_job=*/false);
     } else if (*complete) {
-      const size_t job_bytes = std::exchange(assembling_bytes_, 0);
-      v1::StepRequest request = assembler_.Take();
-      if (absl::Status st = deltas_.Decode(&request); !st.ok()) {
-        // The two tables may disagree from here on: refuse the step and end the stream (the
-        // sender's next step opens a fresh one, with empty tables).
-        budget_.Release(job_bytes);
-        EndAfterRefusal(ErrorResponse(request.step_id(), st));
-        return;
-      }
       {
         MutexLock lock(&mu_);
         ++outstanding_jobs_;
       }
+      const size_t job_bytes = std::exchange(assembling_bytes_, 0);
+      v1::StepRequest request = assembler_.Take();
       const bool omit_ack = request.omit_ack() && !request.answer_route().empty();
       // Released before the answer is delivered: once delivered, the stream may end and go.
       server_->Enqueue(std::move(request), [this, budget = &budget_, job_bytes, omit_ack](v1::StepResponse r) {
