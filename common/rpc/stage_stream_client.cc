@@ -32,10 +32,6 @@ void StageStreamClient::Start() {
 absl::Status StageStreamClient::Send(uint64_t step_id, std::vector<v1::StepRequest> messages, Answer& answer) {
   if (messages.empty()) return absl::InvalidArgumentError(absl::StrCat("step ", step_id, " has no messages"));
   std::vector<size_t> sizes;
-  if (options_.on_sent) {
-    sizes.reserve(messages.size());
-    for (const v1::StepRequest& m : messages) sizes.push_back(m.ByteSizeLong());
-  }
   bool start = false;
   {
     MutexLock lock(&mu_);
@@ -45,6 +41,12 @@ absl::Status StageStreamClient::Send(uint64_t step_id, std::vector<v1::StepReque
     if (!waiting_.try_emplace(step_id, std::move(answer)).second) {  // moves only if inserted
       return absl::InvalidArgumentError(absl::StrCat("step_id ", step_id, " is already in flight on the ",
                                                      options_.peer));
+    }
+    // Coded here, past every refusal and in queue order: the peer decodes in the order written.
+    if (deltas_ != nullptr) deltas_->Encode(&messages[0]);
+    if (options_.on_sent) {
+      sizes.reserve(messages.size());
+      for (const v1::StepRequest& m : messages) sizes.push_back(m.ByteSizeLong());
     }
     for (v1::StepRequest& m : messages) queue_.push_back(std::move(m));
     if (!writing_) {
@@ -155,6 +157,15 @@ void StageStreamClient::OnReadDone(bool ok) {
   // this reaction the call cannot end, so the client is alive while `answer` runs.)
   answer(std::move(response));
   StartRead(&read_);
+}
+
+void StageStreamClient::OnReadInitialMetadataDone(bool ok) {
+  if (!ok || !options_.step_deltas) return;
+  const auto& metadata = context_.GetServerInitialMetadata();
+  auto it = metadata.find(kStepDeltasKey);
+  if (it == metadata.end() || it->second != "1") return;
+  MutexLock lock(&mu_);
+  deltas_ = std::make_unique<StepDeltaEncoder>();
 }
 
 void StageStreamClient::OnDone(const grpc::Status& status) {

@@ -20,6 +20,12 @@
 // on one of gRPC's (where dropping the channel's last reference would break gRPC). WaitDone() waits
 // for that end (e.g. before freeing what a callback uses).
 //
+// Step deltas (common/rpc/step_delta.h): with Options::step_deltas, once the server's initial
+// metadata announces kStepDeltasKey, Send codes each micro-batch's first message against the
+// stream's sequence table (under the client's lock, so in the order the messages are written);
+// until then, and with a server that never announces it, messages go as given. The table lives
+// and dies with the call.
+//
 // Thread-safety: every method may be called from any thread.
 #ifndef SHARDSERVE_COMMON_RPC_STAGE_STREAM_CLIENT_H_
 #define SHARDSERVE_COMMON_RPC_STAGE_STREAM_CLIENT_H_
@@ -39,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/concurrency/mutex.h"
+#include "common/rpc/step_delta.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 
 namespace shardserve::rpc {
@@ -55,6 +62,8 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
     // Optional byte counters (metrics): each message written, each answer read.
     std::function<void(size_t bytes)> on_sent;
     std::function<void(size_t bytes)> on_received;
+    // Code micro-batches as step deltas when the server accepts them (see above).
+    bool step_deltas = false;
   };
 
   // Starts the call on `channel`, which the client holds until the call has ended.
@@ -87,6 +96,7 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   // The reactions (gRPC's).
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;
+  void OnReadInitialMetadataDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
  private:
@@ -122,6 +132,8 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone has run
   std::string problem_ ABSL_GUARDED_BY(mu_);  // why it closed, after the peer's name
   std::shared_ptr<StageStreamClient> self_ ABSL_GUARDED_BY(mu_);  // alive until OnDone
+  // The stream's step-delta coder: set once the server announced it decodes deltas.
+  std::unique_ptr<StepDeltaEncoder> deltas_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardserve::rpc

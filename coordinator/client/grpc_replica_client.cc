@@ -115,7 +115,8 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::SendAndWait(const StepInput& input
     if (shutdown_) return absl::UnavailableError(absl::StrCat("replica client for ", options_.address, " is shut down"));
     if (stream_ == nullptr || stream_->closing()) {
       // A closed stream finishes on its own (its OnDone fails what still waited on it).
-      stream_ = rpc::StageStreamClient::Open(channel_, {.peer = absl::StrCat("stage stream to ", options_.address)});
+      stream_ = rpc::StageStreamClient::Open(channel_, {.peer = absl::StrCat("stage stream to ", options_.address),
+                                                        .step_deltas = options_.step_deltas});
     }
     if (answers_ != nullptr && answers_->closing() && answers_->unimplemented()) {
       // A last stage without Stage.AnswerStream (an older worker): its answers relay.

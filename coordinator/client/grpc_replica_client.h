@@ -62,6 +62,9 @@ class GrpcReplicaClient final : public ReplicaClient {
     // within it is taken without a thread wake-up. 0 (the default) = sleep at once (see
     // WorkerOptions::stage_spin for why).
     absl::Duration answer_spin = absl::ZeroDuration();
+    // Send steps as deltas (common/rpc/step_delta.h) once stage 0 announces it accepts them; each
+    // sequence's key is its StepSequenceInput::sequence_id.
+    bool step_deltas = true;
   };
 
   // `channel` to the stage-0 worker (shared: channels are cheap to share and reuse); answers come

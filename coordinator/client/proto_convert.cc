@@ -145,6 +145,7 @@ void ToProto(const StepInput& input, v1::StepRequest* out) {
       if (in.allowed_token_mask != nullptr) s->set_allowed_token_mask(*in.allowed_token_mask);
     }
     s->set_request_id(in.request_id);
+    s->set_key(in.sequence_id);
     s->mutable_prompt_logprob_targets()->Add(in.prompt_logprob_targets.begin(), in.prompt_logprob_targets.end());
   }
 }

@@ -27,7 +27,8 @@ void ToProto(const WorkerAssignment& assignment, v1::Assignment* out);
 // placements whose ranks and addresses differ in length. The rest is checked where it is used.
 absl::StatusOr<WorkerAssignment> FromProto(const v1::Assignment& assignment);
 
-// A StepRequest for the first stage: token ids, no hidden states.
+// A StepRequest for the first stage: token ids, no hidden states; each sequence's key is its
+// sequence_id (the stream codes it as deltas, common/rpc/stage_stream_client.h).
 void ToProto(const StepInput& input, v1::StepRequest* out);
 
 // The sampled tokens, or the failure the stages reported (error_code / error_message as an

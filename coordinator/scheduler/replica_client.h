@@ -57,6 +57,9 @@ struct StepSequenceInput {
   SamplingOptions sampling;        // with sample
   uint64_t sample_index = 0;       // with sample: index of the token in the sequence's output
   std::string request_id;          // for logs only
+  // The scheduler's id of the sequence, stable for its life (0 = none): its key in step deltas
+  // (common/rpc/step_delta.h), so that a step sends only what changed since its last one.
+  uint64_t sequence_id = 0;
   std::vector<int32_t> suppress_token_ids;  // with sample: cannot be chosen this step (min_tokens)
   bool logprobs = false;                    // with sample: return the token's logprobs
   int32_t top_logprobs = 0;                 // and this many of the most likely tokens' (<= 20)

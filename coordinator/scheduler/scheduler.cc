@@ -686,6 +686,7 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
       in.top_logprobs = s->request.top_logprobs;
     }
     in.request_id = s->request.request_id;
+    in.sequence_id = s->id;
     batch.input.sequences.push_back(std::move(in));
     batch.members.push_back(s->id);
     s->in_flight = true;

@@ -139,7 +139,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
                                 .credentials = sec.InternalChannelCredentials(security::Role::kWorker)});
   ReplicaClientFactory factory = deps.replica_factory;
   if (factory == nullptr) {
-    factory = [timeout = options.step_timeout, spin = options.answer_spin,
+    factory = [timeout = options.step_timeout, spin = options.answer_spin, deltas = options.step_deltas,
                creds = sec.InternalChannelCredentials(security::Role::kWorker)](
                   const ReplicaEndpoint& e) -> absl::StatusOr<std::unique_ptr<ReplicaClient>> {
       // With several stages the last one answers on a return stream of its own (stage.proto).
@@ -150,7 +150,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
       return std::make_unique<GrpcReplicaClient>(
           grpc::CreateChannel(e.stage0_address, creds), std::move(last),
           GrpcReplicaClient::Options{
-              .address = e.stage0_address, .last_address = e.last_address, .step_timeout = timeout, .answer_spin = spin});
+              .address = e.stage0_address, .last_address = e.last_address, .step_timeout = timeout, .answer_spin = spin,
+              .step_deltas = deltas});
     };
   }
   ClusterOptions co;

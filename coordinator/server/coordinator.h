@@ -97,6 +97,8 @@ struct CoordinatorOptions {
   // How long a replica's step thread polls for its answer before it sleeps
   // (GrpcReplicaClient::Options::answer_spin); in [0, 100 ms].
   absl::Duration answer_spin = absl::ZeroDuration();
+  // Step deltas on the streams to stage 0 (GrpcReplicaClient::Options::step_deltas).
+  bool step_deltas = true;
   // How long requests whose replica broke wait for it (or a spare worker) to recover when no other
   // replica can take them (scheduler.h "Recovery"); requests that arrive meanwhile wait too.
   // 0 = they fail at once with UNAVAILABLE. >= 0.

@@ -68,6 +68,7 @@ ABSL_FLAG(std::string, tool_call_parser, "auto", "the coordinator's --tool_call_
 ABSL_FLAG(std::string, quantize, "none",
           "the coordinator's --quantize: int8 stores the workers' linear projections and lm_head as block int8 "
           "(CPU ranks); none: the checkpoint's dtype");
+ABSL_FLAG(bool, step_deltas, true, "the coordinator's and workers' --step_deltas (steps sent as deltas on the stage streams)");
 ABSL_FLAG(int64_t, kv_blocks, 0, "KV cache blocks per replica at most; 0 = what the KV budget holds");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
 ABSL_FLAG(std::string, http_listen, "",
@@ -304,7 +305,8 @@ int main(int argc, char** argv) {
       absl::StrCat("--kv_block_size=", absl::GetFlag(FLAGS_kv_block_size)),
       absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks)),
       absl::StrCat("--prefix_caching=", absl::GetFlag(FLAGS_prefix_caching) ? "true" : "false"),
-      "--quantize=" + absl::GetFlag(FLAGS_quantize)};
+      "--quantize=" + absl::GetFlag(FLAGS_quantize),
+      absl::StrCat("--step_deltas=", absl::GetFlag(FLAGS_step_deltas) ? "true" : "false")};
   if (absl::GetFlag(FLAGS_tool_call_parser) != "auto") {
     coordinator_argv.push_back("--tool_call_parser=" + absl::GetFlag(FLAGS_tool_call_parser));
   }
@@ -332,7 +334,8 @@ int main(int argc, char** argv) {
                                             "--devices=" + absl::GetFlag(FLAGS_devices_per_worker),
                                             absl::StrCat("--node_name=local-", i),
                                             // Stopping stops every process: nothing to drain to.
-                                            "--drain_timeout_s=0"};
+                                            "--drain_timeout_s=0",
+                                            absl::StrCat("--step_deltas=", absl::GetFlag(FLAGS_step_deltas) ? "true" : "false")};
     if (absl::GetFlag(FLAGS_metrics)) worker_argv.push_back("--metrics_listen=127.0.0.1:0");
     if (const std::string m = absl::GetFlag(FLAGS_memory_per_device); !m.empty()) {
       worker_argv.push_back("--memory_per_device=" + m);

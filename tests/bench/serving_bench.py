@@ -24,6 +24,11 @@ compute time, from the workers' shardserve_worker_step_seconds, over the wall ti
      exported metrics into the coordinator's round trip of a micro-batch beyond the worker's compute
      and the coordinator's inter-token gap beyond the round trip. (The client's ITL percentiles are
      not used for the ratio: streamed tokens can arrive coalesced.)
+  5. with --step_deltas (default model: stories260K, whose compute is small beside the serving
+     path): 16 and 64 clients through a PP=2 cluster with step deltas on and off (--step_deltas of
+     shardserve-local), taking turns: tokens/s, and the bytes per micro-batch on the coordinator's
+     stream to stage 0 and on the hop to stage 1 (the workers' shardserve_worker_stream_bytes_total
+     over their messages, upstream rx).
 Figures are only meaningful on an otherwise idle machine.
 """
 import argparse
@@ -122,7 +127,12 @@ def main():
                     help="only the shared-prefix comparison (prefix caching on vs off)")
     ap.add_argument("--one_stage", action="store_true",
                     help="only one client through a 1-stage cluster vs the engine alone (default model stories260K)")
+    ap.add_argument("--step_deltas", action="store_true",
+                    help="only 16 and 64 clients at PP=2 with step deltas on and off (default model stories260K)")
     args = ap.parse_args()
+    if args.step_deltas:
+        step_deltas(args, args.model or STORIES)
+        return
     if args.one_stage:
         one_stage(args, args.model or STORIES)
         return
@@ -200,6 +210,47 @@ def pipelining_status(bin_dir, address):
                        capture_output=True, text=True, timeout=60)
     lines = [line for line in p.stdout.splitlines() if line.startswith("pipelining:")]
     return "\n  ".join(lines) if lines else f"(no pipelining line; status said: {p.stdout} {p.stderr})"
+
+
+def stream_counters(url):
+    """(bytes, messages) a worker read from its upstream hop (shardserve_worker_stream_*_total)."""
+    got = {}
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        if 'direction="rx"' in line and 'peer="upstream"' in line:
+            got[line.split("{")[0]] = float(line.split()[-1])
+    return (got.get("shardserve_worker_stream_bytes_total", 0.0),
+            got.get("shardserve_worker_stream_messages_total", 0.0))
+
+
+def step_deltas(args, model):
+    """Step deltas on and off, side by side, 16 and 64 clients (see the module's doc)."""
+    clusters = {}
+    try:
+        for on in (True, False):
+            clusters[on] = LocalCluster(args.bin_dir, model, 2, "cpu:1",
+                                        ["--pp=2", "--max_slots=64", "--max_seq_len=256",
+                                         f"--max_step_tokens={args.max_step_tokens}",
+                                         f"--step_deltas={'true' if on else 'false'}"], timeout=300)
+        print(f"{'clients':>7} {'deltas':>6} {'tok/s':>10} {'B/step to stage 0':>18} {'B/step to stage 1':>18}")
+        for clients in (16, 64):
+            runs = {True: [], False: []}
+            for r in range(args.repeats):
+                for on in ((True, False) if r % 2 == 0 else (False, True)):  # either goes first as often
+                    c = clusters[on]
+                    before = [stream_counters(u) for u in c.worker_metrics]
+                    s = bench(args.bin_dir, c.address, clients, max(args.requests, 2 * clients), args.max_tokens,
+                              seed=100 * clients + r, vocab=512)
+                    after = [stream_counters(u) for u in c.worker_metrics]
+                    per = sorted(((a[0] - b[0]) / max(a[1] - b[1], 1) for a, b in zip(after, before)))
+                    runs[on].append((s["output_tokens_per_s"], per))
+            for on in (True, False):
+                tps = sorted(t for t, _ in runs[on])[len(runs[on]) // 2]
+                per = runs[on][-1][1]  # the smaller figure is stage 0's (no hidden states)
+                print(f"{clients:>7} {'on' if on else 'off':>6} {tps:>10.1f} {per[0]:>18.0f} {per[-1]:>18.0f}   runs: "
+                      + " ".join(f"{t:.0f}" for t, _ in runs[on]))
+    finally:
+        for c in clusters.values():
+            c.stop()
 
 
 def one_stage(args, model):

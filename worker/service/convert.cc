@@ -81,6 +81,7 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
     }
     s.sample_index = p.sample_index();
     s.request_id = p.request_id();
+    s.key = p.key();
     s.prompt_logprob_targets.assign(p.prompt_logprob_targets().begin(), p.prompt_logprob_targets().end());
     if (!s.prompt_logprob_targets.empty() &&
         static_cast<int32_t>(s.prompt_logprob_targets.size()) != s.step.NumTokens()) {
@@ -142,6 +143,7 @@ std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden
     SamplingToProto(s, p);
     p->set_sample_index(s.sample_index);
     p->set_request_id(s.request_id);
+    p->set_key(s.key);
     p->mutable_prompt_logprob_targets()->Add(s.prompt_logprob_targets.begin(), s.prompt_logprob_targets.end());
     total += s.step.NumTokens();
   }

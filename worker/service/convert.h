@@ -32,6 +32,9 @@ struct StageSequence {
   int32_t top_logprobs = 0;    // and this many of the most likely tokens', in [0, 20]
   // Empty, or one per new token: the prompt token whose logprob its logits give (-1: none).
   std::vector<int32_t> prompt_logprob_targets;
+  // StepSequence.key: the sequence's identity on the upstream stream (step deltas), which the stage
+  // passes on as its key downstream; 0 = none.
+  uint64_t key = 0;
 };
 
 // A micro-batch, reassembled.

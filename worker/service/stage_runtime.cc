@@ -190,7 +190,8 @@ std::shared_ptr<rpc::StageStreamClient> StageRuntime::OpenLink() {
         config_.next_address,
         config_.peer_credentials != nullptr ? config_.peer_credentials : grpc::InsecureChannelCredentials(), args);
   }
-  rpc::StageStreamClient::Options options{.peer = absl::StrCat("next stage at ", config_.next_address)};
+  rpc::StageStreamClient::Options options{.peer = absl::StrCat("next stage at ", config_.next_address),
+                                          .step_deltas = config_.step_deltas};
   if (WorkerMetrics* metrics = config_.metrics; metrics != nullptr) {
     options.on_sent = [metrics](size_t bytes) { metrics->ObserveStream("tx", "downstream", bytes); };
     options.on_received = [metrics](size_t bytes) { metrics->ObserveStream("rx", "downstream", bytes); };

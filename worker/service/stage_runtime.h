@@ -57,6 +57,9 @@ struct StageConfig {
   // The worker's open return streams (last stage: where direct answers go); optional, not owned,
   // must outlive the runtime. Null = every answer goes up the StepStreams.
   AnswerRoutes* answer_routes = nullptr;
+  // Code what this stage forwards as step deltas when the next stage accepts them
+  // (common/rpc/step_delta.h); the sequences keep the keys their upstream stream gave them.
+  bool step_deltas = false;
 };
 
 class StageRuntime {

@@ -56,6 +56,9 @@ ABSL_FLAG(std::string, stream_buffer_bytes, "1GiB",
 ABSL_FLAG(int64_t, stage_spin_us, 0,
           "microseconds the idle stage thread polls for the next micro-batch before it sleeps (saves a thread "
           "wake-up per hop where cores are free; 0 = sleep at once), in [0, 100000]");
+ABSL_FLAG(bool, step_deltas, true,
+          "stage streams carry step deltas (each step sends only what changed of a running sequence, against a "
+          "table per stream) where both ends support them; false = every micro-batch in full, both ways");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "fraction of each CUDA device's memory this worker may fill (weights, workspace and the KV cache the "
           "planner sizes from what is left), in (0, 1]");
@@ -173,7 +176,8 @@ int main(int argc, char** argv) {
                                 .memory_per_device = memory_per_device,
                                 .gpu_memory_utilization = gpu_memory_utilization,
                                 .peer_credentials = grpc_security->InternalChannelCredentials(security::Role::kWorker),
-                                .stage_spin = std::chrono::microseconds(stage_spin_us)});
+                                .stage_spin = std::chrono::microseconds(stage_spin_us),
+                                .step_deltas = absl::GetFlag(FLAGS_step_deltas)});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   int port = 0;

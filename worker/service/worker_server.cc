@@ -17,6 +17,7 @@
 #include "common/log/log.h"
 #include "common/log/progress.h"
 #include "common/rpc/answer_stream_client.h"
+#include "common/rpc/step_delta.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/memory_model.h"
 #include "common/safetensors/safetensors.h"
@@ -70,10 +71,19 @@ class WorkerServiceImpl final : public WorkerBase {
 // to the stage thread; responses are written back one at a time, in completion order. Every
 // message read is charged to the worker's StreamBudget until its micro-batch is answered (or
 // refused); over the budget, the stream stops reading between micro-batches (stream_budget.h).
+// With step deltas (announced in the initial metadata), each micro-batch's first chunk is decoded
+// against the stream's table (common/rpc/step_delta.h) as it is read, before anything may refuse
+// it; one that does not decode is refused and the stream ends with that error once the jobs before
+// it are answered.
 class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
  public:
-  explicit StepStreamReactor(WorkerServer* server)
+  StepStreamReactor(grpc::CallbackServerContext* ctx, WorkerServer* server, bool step_deltas)
       : server_(server), budget_(server->stream_budget()), assembler_(kMaxAssembledBytes) {
+    if (step_deltas) {
+      // The sender may code its micro-batches against this stream's table (common/rpc/step_delta.h).
+      ctx->AddInitialMetadata(rpc::kStepDeltasKey, "1");
+      StartSendInitialMetadata();
+    }
     StartRead(&incoming_);
   }
 
@@ -93,6 +103,18 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
       return;
     }
     dropping_step_.reset();
+    if (incoming_.chunk_index() == 0) {
+      // Chunk 0 carries the sequences: decoded as soon as read, so that the table stays in step
+      // with the sender's even when the micro-batch is refused below. (The budget is charged the
+      // bytes read, not the decoded size.)
+      if (absl::Status st = deltas_.Decode(&incoming_); !st.ok()) {
+        // The two tables may disagree from here on: refuse the step and end the stream (the
+        // sender's next step opens a fresh one, with empty tables).
+        DropAssembly();
+        EndAfterRefusal(ErrorResponse(incoming_.step_id(), st));
+        return;
+      }
+    }
     budget_.Charge(bytes);
     assembling_bytes_ += bytes;
     const uint64_t step_id = incoming_.step_id();
@@ -164,6 +186,15 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     assembler_ = ChunkAssembler(kMaxAssembledBytes);
     budget_.Release(std::exchange(assembling_bytes_, 0));
   }
+  // Answers with `refusal`, reads no more and ends the stream with its error once every job is
+  // answered.
+  void EndAfterRefusal(v1::StepResponse refusal) {
+    MutexLock lock(&mu_);
+    reads_done_ = true;
+    end_status_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, refusal.error_message());
+    pending_.push_back(std::move(refusal));
+    if (!writing_) WriteNextLocked();
+  }
   // A job answered without a message on this stream.
   void Complete() {
     MutexLock lock(&mu_);
@@ -187,7 +218,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reads_done_ && outstanding_jobs_ == 0 && !writing_ && pending_.empty() && !finished_) {
       finished_ = true;
-      Finish(grpc::Status::OK);
+      Finish(end_status_);
     }
   }
 
@@ -198,6 +229,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   size_t assembling_bytes_ = 0;           // charged for the micro-batch being reassembled
   std::optional<uint64_t> dropping_step_;  // a refused micro-batch whose chunks are still coming
   v1::StepRequest incoming_;
+  rpc::StepDeltaDecoder deltas_;  // the stream's sequence table
   Mutex mu_;
   std::deque<v1::StepResponse> pending_ ABSL_GUARDED_BY(mu_);
   v1::StepResponse current_ ABSL_GUARDED_BY(mu_);  // the write in flight
@@ -205,6 +237,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   int outstanding_jobs_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::Status end_status_ ABSL_GUARDED_BY(mu_);  // OK, or why the stream was ended early
 };
 
 // The coordinator's return stream from this worker (Stage.AnswerStream): registered in the worker's
@@ -303,7 +336,7 @@ class StageServiceImpl final : public v1::Stage::CallbackService {
         !st.ok()) {
       return new RejectedStepStream(std::move(st));
     }
-    return new StepStreamReactor(server_);
+    return new StepStreamReactor(ctx, server_, server_->step_deltas());
   }
   grpc::ServerWriteReactor<v1::StepResponse>* AnswerStream(grpc::CallbackServerContext* ctx,
                                                            const v1::AnswerStreamRequest* request) override {
@@ -693,7 +726,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
                                                                          .metrics = options_.metrics,
                                                                          .remote_experts = std::move(remote),
                                                                          .peer_credentials = options_.peer_credentials,
-                                                                         .answer_routes = &answer_routes_});
+                                                                         .answer_routes = &answer_routes_,
+                                                                         .step_deltas = options_.step_deltas});
 }
 
 void WorkerServer::Load(v1::Assignment a) {

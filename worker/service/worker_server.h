@@ -73,6 +73,10 @@ struct WorkerOptions {
   // running a stage and its peers), the poll takes the CPU the awaited threads need, and steps got
   // slower in the pipeline benchmark.
   std::chrono::microseconds stage_spin{0};
+  // Step deltas on the stage streams (common/rpc/step_delta.h, --step_deltas): announce to the
+  // upstream hop that this worker decodes them, and code what the stage forwards downstream when
+  // the next stage announces it. Off: every micro-batch travels in full, both ways.
+  bool step_deltas = true;
 };
 
 // The free bytes a CUDA device with `total_bytes` and `free_bytes` offers when this worker may fill
@@ -134,6 +138,8 @@ class WorkerServer {
   absl::Status Release(const std::string& reason);
 
   WorkerMetrics* metrics() const { return options_.metrics; }
+  // WorkerOptions::step_deltas.
+  bool step_deltas() const { return options_.step_deltas; }
   // The budget every stage stream of this worker charges (stream_budget.h).
   StreamBudget& stream_budget() { return stream_budget_; }
   // The coordinator's return streams open on this worker (Stage.AnswerStream), where its last

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,9 +27,9 @@ struct RunningWorker {
   std::string address;
 };
 
-inline RunningWorker StartWorker(int cpu_ranks, WorkerMetrics* metrics = nullptr) {
+inline RunningWorker StartWorker(WorkerOptions options) {
   RunningWorker w;
-  w.server = std::make_unique<WorkerServer>(WorkerOptions{.cpu_ranks = cpu_ranks, .metrics = metrics});
+  w.server = std::make_unique<WorkerServer>(std::move(options));
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -39,6 +40,10 @@ inline RunningWorker StartWorker(int cpu_ranks, WorkerMetrics* metrics = nullptr
   w.rpc = b.BuildAndStart();
   w.address = absl::StrCat("127.0.0.1:", port);
   return w;
+}
+
+inline RunningWorker StartWorker(int cpu_ranks, WorkerMetrics* metrics = nullptr) {
+  return StartWorker(WorkerOptions{.cpu_ranks = cpu_ranks, .metrics = metrics});
 }
 
 inline v1::Assignment StageAssignment(const std::string& model, int stage, int layer_begin, int layer_end,

@@ -1,6 +1,6 @@
 // The worker's stage-stream byte budget (issue 20, item 4): StreamBudget's accounting and
 // resumption, and a worker refusing a micro-batch too large for its budget while its stream stays
-// usable and every byte is given back.
+// usable and every byte is given back; a refused micro-batch still keeps the step-delta table in step.
 #include "worker/service/stream_budget.h"
 
 #include <grpcpp/grpcpp.h>
@@ -79,6 +79,52 @@ TEST(WorkerStreamBudgetTest, MicroBatchOverTwiceTheBudgetIsRefusedAndTheStreamSt
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(worker.stream_budget().used(), 0u);  // every byte given back
+  worker.Shutdown();
+  rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+// A refused micro-batch still counts for the stream's step-delta table (common/rpc/step_delta.h):
+// a delta of what it carried decodes afterwards (and the stream is not ended as out of step).
+TEST(WorkerStreamBudgetTest, ARefusedMicroBatchStillUpdatesTheStepDeltaTable) {
+  WorkerServer worker(WorkerOptions{.stream_buffer_bytes = size_t{1} << 20});
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  b.RegisterService(worker.stage_service());
+  std::unique_ptr<grpc::Server> rpc = b.BuildAndStart();
+  ASSERT_NE(rpc, nullptr);
+  auto stub = v1::Stage::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->StepStream(&ctx);
+  std::vector<v1::StepRequest> big = Chunks(1, 16, size_t{512} << 10);  // refused, as above
+  big[0].set_deltas(true);
+  v1::StepSequence* s = big[0].add_sequences();
+  s->set_key(9);
+  s->add_block_ids(1);
+  s->add_block_ids(2);
+  s->set_num_tokens(1);
+  for (v1::StepRequest& m : big) ASSERT_TRUE(stream->Write(m));
+  v1::StepResponse r;
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_EQ(r.error_code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED)) << r.error_message();
+  v1::StepRequest next;  // key 9 keeps its two blocks and grows a third
+  next.set_step_id(2);
+  next.set_deltas(true);
+  s = next.add_sequences();
+  s->set_key(9);
+  s->set_blocks_kept(2);
+  s->add_block_ids(3);
+  s->set_num_tokens(1);
+  ASSERT_TRUE(stream->Write(next));
+  ASSERT_TRUE(stream->Read(&r));
+  EXPECT_EQ(r.step_id(), 2u);
+  // Decoded, then refused only because this worker has no stage.
+  EXPECT_EQ(r.error_code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE)) << r.error_message();
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
   worker.Shutdown();
   rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
