@@ -68,9 +68,10 @@ class WorkerServiceImpl final : public WorkerBase {
 // One data-plane stream from the previous hop, served on gRPC's synchronous API: the call's own
 // thread reads the stream, reassembles micro-batches from chunks and runs each one on the stage
 // itself (WorkerServer::RunStep), so a micro-batch starts on the thread the socket woke, with no
-// hand-off to another thread. Answers are written by whichever thread has one (this thread for the
-// last stage's answers and for errors, the next-stage link's thread for relayed answers), one write
-// at a time. Every message read is charged to the worker's StreamBudget until its micro-batch is
+// hand-off to another thread. Answers made on this thread (the last stage's, errors) are written
+// by it; answers that come on the next-stage link's gRPC thread are written by a relay thread of
+// the stream's (a gRPC thread must not block on a synchronous write: gRPC may need it to finish
+// that write), one write at a time. Every message read is charged to the worker's StreamBudget until its micro-batch is
 // answered (or refused); over the budget, the stream stops reading between micro-batches
 // (stream_budget.h). Serve() returns once the peer stopped sending (or the call ended) and every
 // micro-batch read has been answered, so that no answer outlives the call.
@@ -87,8 +88,13 @@ class StepStreamSession {
       if (!OnMessage(incoming) || !WaitForRoom()) break;
     }
     budget_.Release(std::exchange(assembling_bytes_, 0));  // a micro-batch cut off by the stream's end
-    MutexLock lock(&mu_);
-    while (outstanding_jobs_ > 0) answered_cv_.Wait(&mu_);
+    {
+      MutexLock lock(&mu_);
+      while (outstanding_jobs_ > 0) answered_cv_.Wait(&mu_);
+      stopping_ = true;
+      relay_cv_.Signal();
+    }
+    relay_thread_.join();
   }
 
  private:
@@ -135,9 +141,17 @@ class StepStreamSession {
       // The budget is released before the answer is written: once written, the stream may end.
       server_->RunStep(request, [this, job_bytes, omit_ack](v1::StepResponse r) {
         budget_.Release(job_bytes);
-        if (!omit_ack || !r.answered_direct()) Write(r);  // else the sender has it from the return stream
-        MutexLock lock(&mu_);
-        if (--outstanding_jobs_ == 0) answered_cv_.SignalAll();
+        if (omit_ack && r.answered_direct()) {
+          Answered();  // the sender has the answer from the return stream
+        } else if (std::this_thread::get_id() == reader_) {
+          Write(r);
+          Answered();
+        } else {
+          // From the link's gRPC thread, which must not block on this call's write.
+          MutexLock lock(&mu_);
+          relays_.push_back(std::move(r));
+          relay_cv_.Signal();
+        }
       });
     }
     return true;
@@ -166,6 +180,28 @@ class StepStreamSession {
     return true;
   }
 
+  // One micro-batch answered (and its answer written, if any).
+  void Answered() {
+    MutexLock lock(&mu_);
+    if (--outstanding_jobs_ == 0) answered_cv_.SignalAll();
+  }
+
+  // The relay thread: writes the answers that came on other threads, in the order they came.
+  void RelayLoop() {
+    while (true) {
+      v1::StepResponse r;
+      {
+        MutexLock lock(&mu_);
+        while (relays_.empty() && !stopping_) relay_cv_.Wait(&mu_);
+        if (relays_.empty()) return;
+        r = std::move(relays_.front());
+        relays_.pop_front();
+      }
+      Write(r);
+      Answered();
+    }
+  }
+
   // Forgets the micro-batch being reassembled and gives its bytes back.
   void DropAssembly() {
     assembler_ = ChunkAssembler(kMaxAssembledBytes);
@@ -186,10 +222,15 @@ class StepStreamSession {
   ChunkAssembler assembler_;
   size_t assembling_bytes_ = 0;            // charged for the micro-batch being reassembled
   std::optional<uint64_t> dropping_step_;  // a refused micro-batch whose chunks are still coming
-  Mutex write_mu_;                         // one write at a time
+  const std::thread::id reader_ = std::this_thread::get_id();  // the call's thread
+  Mutex write_mu_;                                              // one write at a time
   Mutex mu_;
   CondVar answered_cv_;  // signalled when the last outstanding micro-batch is answered
   int outstanding_jobs_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar relay_cv_;  // signalled when relays_ gets an answer or stopping_ is set
+  std::deque<v1::StepResponse> relays_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread relay_thread_{[this] { RelayLoop(); }};  // last: starts once the rest is built
 };
 
 // The coordinator's return stream from this worker (Stage.AnswerStream): registered in the worker's
