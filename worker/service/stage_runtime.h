@@ -4,7 +4,7 @@
 // Run() takes a reassembled micro-batch, runs this stage's layers on it, and then either answers
 // at once (the last stage: the sampled tokens; or an error) or forwards the activations over the
 // long-lived stream to the next stage and returns WITHOUT waiting for its answer: the answer is
-// relayed to `done` (on a gRPC thread) when it arrives. Writes downstream never block the calling
+// relayed to `done` (on a gRPC thread) when it arrives. Writes downstream never block the stage
 // thread: the link is the shared stage-stream transport (common/rpc/stage_stream_client.h), a
 // callback-API stream with its own write queue. So while the next stage works on
 // micro-batch k, this stage already runs k+1 — the pipelining that lets P stages work on P
@@ -19,9 +19,8 @@
 // every micro-batch still waiting on it is answered with UNAVAILABLE naming the next stage, and the
 // next Run opens a new stream.
 //
-// Thread-safety: Run() is called by one thread at a time (the worker runs micro-batches one at a
-// time, each on the thread that read it from its stream); `done` runs on the calling thread or on
-// a gRPC thread of the link, once per request; Cancel() from any thread.
+// Thread-safety: Run() is called from one thread (the worker's stage thread); `done` runs on that
+// thread or on a gRPC thread of the link, once per request; Cancel() from any thread.
 #ifndef SHARDSERVE_WORKER_SERVICE_STAGE_RUNTIME_H_
 #define SHARDSERVE_WORKER_SERVICE_STAGE_RUNTIME_H_
 
@@ -65,8 +64,8 @@ class StageRuntime {
   // `runner` covers this stage's layers; the last stage is the one whose runner holds the last
   // layer (it must then have an empty next_address, and the others a non-empty one). The runner
   // (weights and KV cache) may be shared with the runtime this one replaces (WorkerServer keeps a
-  // loaded stage when only its id or next hop changes); their Run calls must then never overlap,
-  // and config.remote_experts must be the one the runner calls.
+  // loaded stage when only its id or next hop changes); both must then be driven from the same
+  // stage thread, and config.remote_experts must be the one the runner calls.
   StageRuntime(std::shared_ptr<engine::StepRunner> runner, StageConfig config);
   ~StageRuntime();
 
@@ -102,7 +101,7 @@ class StageRuntime {
   std::shared_ptr<engine::StepRunner> runner_;
   const StageConfig config_;
   engine::Sampler sampler_;
-  std::shared_ptr<grpc::Channel> channel_;  // used by Run only (never concurrently)
+  std::shared_ptr<grpc::Channel> channel_;  // stage thread only
   Mutex mu_;
   // The current link (a closed one stays until the next OpenLink replaces it).
   std::shared_ptr<rpc::StageStreamClient> link_ ABSL_GUARDED_BY(mu_);

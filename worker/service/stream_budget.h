@@ -1,6 +1,6 @@
 // StreamBudget: the bytes of stage-stream messages one worker holds over all its streams — chunks
-// being reassembled and micro-batches run by, or forwarded from, its stage until they are
-// answered — against a capacity, so that what peers send cannot grow the worker without
+// being reassembled and micro-batches queued for, run by, or forwarded from its stage thread until
+// they are answered — against a capacity, so that what peers send cannot grow the worker without
 // bound (each stream alone is also capped per micro-batch).
 //
 // How the streams use it (worker_server.cc): every message read is charged; a stream reads on while

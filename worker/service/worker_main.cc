@@ -54,8 +54,8 @@ ABSL_FLAG(std::string, stream_buffer_bytes, "1GiB",
           "stage-stream bytes this worker holds over all its streams before they stop reading (back-pressure); a "
           "micro-batch that would take them past twice this is refused (RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, stage_spin_us, 0,
-          "no effect (micro-batches now run on the thread that reads them, which has no queue to poll); "
-          "accepted in [0, 100000] so that existing command lines still start");
+          "microseconds the idle stage thread polls for the next micro-batch before it sleeps (saves a thread "
+          "wake-up per hop where cores are free; 0 = sleep at once), in [0, 100000]");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "fraction of each CUDA device's memory this worker may fill (weights, workspace and the KV cache the "
           "planner sizes from what is left), in (0, 1]");

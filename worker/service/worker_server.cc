@@ -13,6 +13,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/concurrency/spin.h"
 #include "common/log/log.h"
 #include "common/log/progress.h"
 #include "common/rpc/answer_stream_client.h"
@@ -65,172 +66,145 @@ class WorkerServiceImpl final : public WorkerBase {
   WorkerServer* server_;
 };
 
-// One data-plane stream from the previous hop, served on gRPC's synchronous API: the call's own
-// thread reads the stream, reassembles micro-batches from chunks and runs each one on the stage
-// itself (WorkerServer::RunStep), so a micro-batch starts on the thread the socket woke, with no
-// hand-off to another thread. Answers made on this thread (the last stage's, errors) are written
-// by it; answers that come on the next-stage link's gRPC thread are written by a relay thread of
-// the stream's (a gRPC thread must not block on a synchronous write: gRPC may need it to finish
-// that write), one write at a time. Every message read is charged to the worker's StreamBudget until its micro-batch is
-// answered (or refused); over the budget, the stream stops reading between micro-batches
-// (stream_budget.h). Serve() returns once the peer stopped sending (or the call ended) and every
-// micro-batch read has been answered, so that no answer outlives the call.
-class StepStreamSession {
+// One data-plane stream from the previous hop. Requests are reassembled from chunks and handed
+// to the stage thread; responses are written back one at a time, in completion order. Every
+// message read is charged to the worker's StreamBudget until its micro-batch is answered (or
+// refused); over the budget, the stream stops reading between micro-batches (stream_budget.h).
+class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
  public:
-  using Stream = grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>;
-
-  StepStreamSession(WorkerServer* server, grpc::ServerContext* ctx, Stream* stream)
-      : server_(server), ctx_(ctx), stream_(stream), budget_(server->stream_budget()), assembler_(kMaxAssembledBytes) {}
-
-  void Serve() {
-    v1::StepRequest incoming;
-    while (stream_->Read(&incoming)) {
-      if (!OnMessage(incoming) || !WaitForRoom()) break;
-    }
-    budget_.Release(std::exchange(assembling_bytes_, 0));  // a micro-batch cut off by the stream's end
-    {
-      MutexLock lock(&mu_);
-      while (outstanding_jobs_ > 0) answered_cv_.Wait(&mu_);
-      stopping_ = true;
-      relay_cv_.Signal();
-    }
-    relay_thread_.join();
+  explicit StepStreamReactor(WorkerServer* server)
+      : server_(server), budget_(server->stream_budget()), assembler_(kMaxAssembledBytes) {
+    StartRead(&incoming_);
   }
 
- private:
-  static constexpr size_t kMaxAssembledBytes = size_t{1} << 30;
-
-  // Takes one message read; runs the micro-batch it completes. Always true (the stream reads on).
-  bool OnMessage(v1::StepRequest& incoming) {
-    const size_t bytes = incoming.ByteSizeLong();
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      MutexLock lock(&mu_);
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    const size_t bytes = incoming_.ByteSizeLong();
     if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("rx", "upstream", bytes);
-    if (dropping_step_.has_value() && incoming.step_id() == *dropping_step_ && incoming.chunk_index() != 0) {
-      incoming.Clear();  // the rest of a refused micro-batch: not kept
-      return true;
+    if (dropping_step_.has_value() && incoming_.step_id() == *dropping_step_ && incoming_.chunk_index() != 0) {
+      // The rest of a refused micro-batch: not kept.
+      incoming_.Clear();
+      StartRead(&incoming_);
+      return;
     }
     dropping_step_.reset();
     budget_.Charge(bytes);
     assembling_bytes_ += bytes;
-    const uint64_t step_id = incoming.step_id();
-    const uint32_t chunk_index = incoming.chunk_index();
-    const uint32_t chunk_count = std::max<uint32_t>(incoming.chunk_count(), 1);
+    const uint64_t step_id = incoming_.step_id();
+    const uint32_t chunk_index = incoming_.chunk_index();
+    const uint32_t chunk_count = std::max<uint32_t>(incoming_.chunk_count(), 1);
     if (chunk_index + 1 < chunk_count && budget_.used() > 2 * budget_.capacity()) {
       // A micro-batch this large does not fit beside what the worker holds: refuse it.
       const size_t used = budget_.used();
       DropAssembly();
       dropping_step_ = step_id;
-      incoming.Clear();
-      Write(ErrorResponse(step_id, absl::ResourceExhaustedError(absl::StrCat(
-                                       "the worker's stage streams hold ", used, " bytes, over twice their budget of ",
-                                       budget_.capacity(), " bytes (--stream_buffer_bytes); micro-batch refused"))));
-      return true;
+      Deliver(ErrorResponse(step_id, absl::ResourceExhaustedError(absl::StrCat(
+                                         "the worker's stage streams hold ", used, " bytes, over twice their budget of ",
+                                         budget_.capacity(), " bytes (--stream_buffer_bytes); micro-batch refused"))),
+              /*from_job=*/false);
+      StartRead(&incoming_);
+      return;
     }
-    absl::StatusOr<bool> complete = assembler_.Add(std::move(incoming));
-    incoming.Clear();
+    absl::StatusOr<bool> complete = assembler_.Add(std::move(incoming_));
+    incoming_.Clear();
     if (!complete.ok()) {
       DropAssembly();
-      Write(ErrorResponse(0, complete.status()));
+      Deliver(ErrorResponse(0, complete.status()), /*from_job=*/false);
     } else if (*complete) {
       {
         MutexLock lock(&mu_);
         ++outstanding_jobs_;
       }
       const size_t job_bytes = std::exchange(assembling_bytes_, 0);
-      const v1::StepRequest request = assembler_.Take();
+      v1::StepRequest request = assembler_.Take();
       const bool omit_ack = request.omit_ack() && !request.answer_route().empty();
-      // The budget is released before the answer is written: once written, the stream may end.
-      server_->RunStep(request, [this, job_bytes, omit_ack](v1::StepResponse r) {
-        budget_.Release(job_bytes);
+      // Released before the answer is delivered: once delivered, the stream may end and go.
+      server_->Enqueue(std::move(request), [this, budget = &budget_, job_bytes, omit_ack](v1::StepResponse r) {
+        budget->Release(job_bytes);
         if (omit_ack && r.answered_direct()) {
-          Answered();  // the sender has the answer from the return stream
-        } else if (std::this_thread::get_id() == reader_) {
-          Write(r);
-          Answered();
+          Complete();  // the sender has the answer from the return stream
         } else {
-          // From the link's gRPC thread, which must not block on this call's write.
-          MutexLock lock(&mu_);
-          relays_.push_back(std::move(r));
-          relay_cv_.Signal();
+          Deliver(std::move(r), /*from_job=*/true);
         }
       });
     }
-    return true;
-  }
-
-  // Between micro-batches: waits until the worker's streams are within their budget. False when
-  // the call was cancelled meanwhile.
-  bool WaitForRoom() {
-    if (assembling_bytes_ != 0 || budget_.used() <= budget_.capacity()) return true;
-    struct Room {
-      Mutex mu;
-      CondVar cv;
-      bool ready ABSL_GUARDED_BY(mu) = false;
-    };
-    // Shared with the resumption, which may run after this stream has gone.
-    auto room = std::make_shared<Room>();
-    budget_.WhenRoom([room] {
-      MutexLock lock(&room->mu);
-      room->ready = true;
-      room->cv.SignalAll();
-    });
-    MutexLock lock(&room->mu);
-    while (!room->ready) {
-      if (room->cv.WaitWithTimeout(&room->mu, absl::Milliseconds(100)) && ctx_->IsCancelled()) return false;
+    if (assembling_bytes_ == 0) {
+      // Between micro-batches: read on once the worker's streams are within their budget.
+      budget_.WhenRoom([this] { StartRead(&incoming_); });
+    } else {
+      StartRead(&incoming_);
     }
-    return true;
   }
 
-  // One micro-batch answered (and its answer written, if any).
-  void Answered() {
+  void OnWriteDone(bool /*ok*/) override {
     MutexLock lock(&mu_);
-    if (--outstanding_jobs_ == 0) answered_cv_.SignalAll();
-  }
-
-  // The relay thread: writes the answers that came on other threads, in the order they came.
-  void RelayLoop() {
-    while (true) {
-      v1::StepResponse r;
-      {
-        MutexLock lock(&mu_);
-        while (relays_.empty() && !stopping_) relay_cv_.Wait(&mu_);
-        if (relays_.empty()) return;
-        r = std::move(relays_.front());
-        relays_.pop_front();
-      }
-      Write(r);
-      Answered();
+    writing_ = false;
+    if (!pending_.empty()) {
+      WriteNextLocked();
+    } else {
+      MaybeFinishLocked();
     }
   }
+
+  void OnDone() override {
+    budget_.Release(assembling_bytes_);  // a micro-batch cut off by the stream's end
+    delete this;
+  }
+
+ private:
+  static constexpr size_t kMaxAssembledBytes = size_t{1} << 30;
 
   // Forgets the micro-batch being reassembled and gives its bytes back.
   void DropAssembly() {
     assembler_ = ChunkAssembler(kMaxAssembledBytes);
     budget_.Release(std::exchange(assembling_bytes_, 0));
   }
-
-  void Write(const v1::StepResponse& response) {
-    MutexLock lock(&write_mu_);
-    if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("tx", "upstream", response.ByteSizeLong());
-    stream_->Write(response);  // fails only when the call is over, when its Reads fail too
+  // A job answered without a message on this stream.
+  void Complete() {
+    MutexLock lock(&mu_);
+    --outstanding_jobs_;
+    MaybeFinishLocked();
+  }
+  void Deliver(v1::StepResponse response, bool from_job) {
+    MutexLock lock(&mu_);
+    if (from_job) --outstanding_jobs_;
+    pending_.push_back(std::move(response));
+    if (!writing_) WriteNextLocked();
+  }
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    current_ = std::move(pending_.front());
+    if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("tx", "upstream", current_.ByteSizeLong());
+    pending_.pop_front();
+    writing_ = true;
+    StartWrite(&current_);
+  }
+  // Finish once the peer stopped sending and every job has been answered and written.
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reads_done_ && outstanding_jobs_ == 0 && !writing_ && pending_.empty() && !finished_) {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+    }
   }
 
   WorkerServer* const server_;
-  grpc::ServerContext* const ctx_;
-  Stream* const stream_;
-  StreamBudget& budget_;  // the worker's; outlives the stream
-  // Used by the reading thread only.
+  StreamBudget& budget_;      // the worker's; outlives the stream
+  // Used by read reactions only (reads are serialised, and the next starts after these are set).
   ChunkAssembler assembler_;
-  size_t assembling_bytes_ = 0;            // charged for the micro-batch being reassembled
+  size_t assembling_bytes_ = 0;           // charged for the micro-batch being reassembled
   std::optional<uint64_t> dropping_step_;  // a refused micro-batch whose chunks are still coming
-  const std::thread::id reader_ = std::this_thread::get_id();  // the call's thread
-  Mutex write_mu_;                                              // one write at a time
+  v1::StepRequest incoming_;
   Mutex mu_;
-  CondVar answered_cv_;  // signalled when the last outstanding micro-batch is answered
+  std::deque<v1::StepResponse> pending_ ABSL_GUARDED_BY(mu_);
+  v1::StepResponse current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
   int outstanding_jobs_ ABSL_GUARDED_BY(mu_) = 0;
-  CondVar relay_cv_;  // signalled when relays_ gets an answer or stopping_ is set
-  std::deque<v1::StepResponse> relays_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread relay_thread_{[this] { RelayLoop(); }};  // last: starts once the rest is built
 };
 
 // The coordinator's return stream from this worker (Stage.AnswerStream): registered in the worker's
@@ -307,29 +281,29 @@ class AnswerStreamReactor final : public grpc::ServerWriteReactor<v1::StepRespon
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// A return stream refused before it is registered (its caller lacks the role).
+// A stream refused before any message is read (its caller lacks the role).
+class RejectedStepStream final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
+ public:
+  explicit RejectedStepStream(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
 class RejectedAnswerStream final : public grpc::ServerWriteReactor<v1::StepResponse> {
  public:
   explicit RejectedAnswerStream(grpc::Status status) { Finish(std::move(status)); }
   void OnDone() override { delete this; }
 };
 
-// StepStream on the synchronous API (a thread per stream, which computes: StepStreamSession);
-// AnswerStream on the callback API (it only writes what the last stage pushes).
-using StageBase = v1::Stage::WithCallbackMethod_AnswerStream<v1::Stage::Service>;
-
-class StageServiceImpl final : public StageBase {
+class StageServiceImpl final : public v1::Stage::CallbackService {
  public:
   explicit StageServiceImpl(WorkerServer* server) : server_(server) {}
-  grpc::Status StepStream(grpc::ServerContext* ctx,
-                          grpc::ServerReaderWriter<v1::StepResponse, v1::StepRequest>* stream) override {
+  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(grpc::CallbackServerContext* ctx) override {
     // Stage 0's stream comes from the coordinator, the others' from the previous stage's worker.
     if (grpc::Status st = security::CheckPeerRole(*ctx, {security::Role::kCoordinator, security::Role::kWorker});
         !st.ok()) {
-      return st;
+      return new RejectedStepStream(std::move(st));
     }
-    StepStreamSession(server_, ctx, stream).Serve();
-    return grpc::Status::OK;
+    return new StepStreamReactor(server_);
   }
   grpc::ServerWriteReactor<v1::StepResponse>* AnswerStream(grpc::CallbackServerContext* ctx,
                                                            const v1::AnswerStreamRequest* request) override {
@@ -392,7 +366,8 @@ WorkerServer::WorkerServer(WorkerOptions options)
     : options_(std::move(options)),
       worker_service_(std::make_unique<WorkerServiceImpl>(this)),
       stage_service_(std::make_unique<StageServiceImpl>(this)),
-      expert_service_(std::make_unique<ExpertServiceImpl>(this)) {
+      expert_service_(std::make_unique<ExpertServiceImpl>(this)),
+      stage_thread_([this] { StageLoop(); }) {
   for (int i = 0; i < std::max(options_.expert_threads, 1); ++i) {
     expert_threads_.emplace_back([this] { ExpertLoop(); });
   }
@@ -400,6 +375,7 @@ WorkerServer::WorkerServer(WorkerOptions options)
 
 WorkerServer::~WorkerServer() {
   Shutdown();
+  if (stage_thread_.joinable()) stage_thread_.join();
   for (std::thread& t : expert_threads_) t.join();
   std::thread loader;
   {
@@ -773,21 +749,49 @@ void WorkerServer::Load(v1::Assignment a) {
   }
 }
 
-void WorkerServer::RunStep(const v1::StepRequest& request, std::function<void(v1::StepResponse)> done) {
-  std::shared_ptr<StageRuntime> runtime;
-  bool stopping = false;
+void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done) {
   {
     MutexLock lock(&mu_);
-    stopping = stopping_;
-    if (!stopping_) runtime = runtime_;
+    if (!stopping_ && jobs_.size() < options_.max_queued_steps) {
+      jobs_.push_back(Job{std::move(request), std::move(done)});
+      queued_jobs_.store(jobs_.size(), std::memory_order_release);
+      jobs_cv_.Signal();
+      return;
+    }
   }
-  if (runtime == nullptr) {
-    done(ErrorResponse(request.step_id(), absl::UnavailableError(stopping ? "worker is shutting down"
-                                                                          : "this worker has no stage loaded")));
-    return;
+  const bool stopping = Stopping();
+  done(ErrorResponse(request.step_id(), stopping ? absl::UnavailableError("worker is shutting down")
+                                                 : absl::ResourceExhaustedError(absl::StrCat(
+                                                       "stage queue full (", options_.max_queued_steps, " steps)"))));
+}
+
+void WorkerServer::StageLoop() {
+  while (true) {
+    Job job;
+    std::shared_ptr<StageRuntime> runtime;
+    // In steady decoding the next micro-batch comes a round trip after the last answer: polling
+    // for it a little saves the wake-up of a sleeping thread on every hop.
+    SpinFor(absl::FromChrono(options_.stage_spin),
+            [this] { return queued_jobs_.load(std::memory_order_acquire) > 0; });
+    {
+      MutexLock lock(&mu_);
+      while (!stopping_ && jobs_.empty()) jobs_cv_.Wait(&mu_);
+      if (jobs_.empty()) return;  // stopping, nothing left
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+      queued_jobs_.store(jobs_.size(), std::memory_order_release);
+      if (!stopping_) runtime = runtime_;
+    }
+    if (runtime == nullptr && Stopping()) {
+      job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("worker is shutting down")));
+      continue;
+    }
+    if (runtime == nullptr) {
+      job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("this worker has no stage loaded")));
+      continue;
+    }
+    runtime->Run(job.request, std::move(job.done));
   }
-  MutexLock lock(&stage_mu_);
-  runtime->Run(request, std::move(done));
 }
 
 bool WorkerServer::Stopping() const {
@@ -802,6 +806,7 @@ void WorkerServer::Shutdown() {
     stopping_ = true;
     runtime = runtime_;
   }
+  jobs_cv_.SignalAll();
   expert_cv_.SignalAll();
   if (runtime != nullptr) runtime->Cancel();
 }

@@ -6,17 +6,15 @@
 // Stage.AnswerStream: the coordinator's return stream, where the last stage writes direct answers
 // (stage.proto; answer_routes.h).
 //
-// Threads: each Stage.StepStream is served on gRPC's synchronous API by a thread of its own, which
-// reads the stream and runs every micro-batch it completes on the loaded StageRuntime (which owns
-// the rank threads) before reading on: the thread the socket wakes computes, with no hand-off
-// (streams per worker are few: the coordinator's or the previous stage's). Streams take turns on
-// the stage (one micro-batch at a time, in the order they get it). A stage does not wait for the
-// next stage's answer, which the runtime's link relays from its gRPC thread (pipelining). The
-// other services are on the callback API and never compute on gRPC's threads: Expert.Compute
-// calls run on the expert threads; one loader thread at a time loads an assignment.
+// Threads: gRPC reactions only validate and enqueue. One stage thread runs micro-batches in
+// arrival order on the loaded StageRuntime (which owns the rank threads); it does not wait for
+// the next stage's answer, which the runtime's link reader relays (pipelining); one loader thread at a
+// time loads an assignment. The stage's job queue is bounded: a full queue answers the step with
+// RESOURCE_EXHAUSTED.
 #ifndef SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 #define SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -50,7 +48,7 @@ struct WorkerOptions {
   int cpu_ranks = 1;
   int cpu_threads = 1;
   std::vector<int> cuda_devices;
-  size_t max_queued_steps = 64;  // the Expert.Compute calls that may wait for an expert thread
+  size_t max_queued_steps = 64;  // also the Expert.Compute calls that may wait for an expert thread
   // Threads that run Expert.Compute calls (off gRPC's threads); calls on different devices overlap.
   int expert_threads = 2;
   // Bytes of stage-stream messages the worker holds over all its streams before they stop reading
@@ -69,8 +67,11 @@ struct WorkerOptions {
   // Credentials of this worker's channels to other workers (the next stage, expert hosts): mutual
   // TLS expecting the `worker` role when the cluster runs TLS. Null = plaintext.
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
-  // No effect (kept so that --stage_spin_us still parses): it was how long an idle stage thread
-  // polled for the next micro-batch, and micro-batches now run on the thread that reads them.
+  // How long the idle stage thread polls for the next micro-batch before it sleeps
+  // (common/concurrency/spin.h; --stage_spin_us): a micro-batch arriving within it starts without
+  // a thread wake-up. 0 (the default) = sleep at once: where every core is busy (a 2-core machine
+  // running a stage and its peers), the poll takes the CPU the awaited threads need, and steps got
+  // slower in the pipeline benchmark.
   std::chrono::microseconds stage_spin{0};
 };
 
@@ -143,12 +144,9 @@ class WorkerServer {
   // not host, INVALID_ARGUMENT for a malformed request.
   absl::Status ComputeExperts(const v1::ExpertRequest& request, v1::ExpertResponse* response);
 
-  // Runs one reassembled micro-batch on the loaded stage, on the calling thread (after any other
-  // stream's micro-batch in progress), and returns once it is computed; `done` receives the
-  // response exactly once: before returning (the last stage's answer, an error, UNAVAILABLE when no
-  // stage is loaded or the worker is stopping), or later on the next-stage link's thread (the
-  // forwarded micro-batch's answer). Thread-safe.
-  void RunStep(const v1::StepRequest& request, std::function<void(v1::StepResponse)> done);
+  // A micro-batch for the stage thread; `done` receives the response (on the stage thread, on the
+  // next-stage link's reader thread, or inline when the queue is full or the worker is stopping).
+  void Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done);
 
   // Queues an Expert.Compute call for the expert threads, which run ComputeExperts and then
   // `done` (inline instead: RESOURCE_EXHAUSTED when max_queued_steps calls wait, UNAVAILABLE when
@@ -156,16 +154,20 @@ class WorkerServer {
   void EnqueueExpertCall(const v1::ExpertRequest* request, v1::ExpertResponse* response,
                          std::function<void(const absl::Status&)> done);
 
-  // Stops the expert threads and the stage's link (micro-batches waiting on the next stage are
-  // answered with UNAVAILABLE); micro-batches that come later are refused with UNAVAILABLE.
+  // Stops the stage and loader threads; queued steps are answered with UNAVAILABLE.
   void Shutdown();
 
  private:
+  struct Job {
+    v1::StepRequest request;
+    std::function<void(v1::StepResponse)> done;
+  };
   struct ExpertCall {
     const v1::ExpertRequest* request = nullptr;
     v1::ExpertResponse* response = nullptr;
     std::function<void(const absl::Status&)> done;
   };
+  void StageLoop();
   void ExpertLoop();
   bool Stopping() const;
   void Load(v1::Assignment assignment);
@@ -184,10 +186,11 @@ class WorkerServer {
   std::unique_ptr<grpc::Service> stage_service_;
   std::unique_ptr<grpc::Service> expert_service_;
 
-  // Held while a micro-batch runs (RunStep): the stage's runner (shared by the runtimes that
-  // replace one another when only the id or next hop changes) runs one micro-batch at a time.
-  Mutex stage_mu_;
   mutable Mutex mu_;
+  CondVar jobs_cv_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // jobs_.size(), readable without mu_: what the idle stage thread polls before it sleeps.
+  std::atomic<size_t> queued_jobs_{0};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   WorkerStatusSnapshot status_ ABSL_GUARDED_BY(mu_);
   mutable CondVar loaded_cv_;  // signalled when a load ends (status_ leaves LOADING)
@@ -195,6 +198,7 @@ class WorkerServer {
   std::shared_ptr<engine::ExpertHost> expert_host_ ABSL_GUARDED_BY(mu_);  // set instead of runtime_ on expert hosts
   std::thread loader_ ABSL_GUARDED_BY(mu_);  // joined before starting another
   int64_t weight_loads_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread stage_thread_;
   CondVar expert_cv_;
   std::deque<ExpertCall> expert_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> expert_threads_;  // started by the constructor

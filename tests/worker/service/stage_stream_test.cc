@@ -598,7 +598,7 @@ TEST(ExpertServiceTest, AWorkerWithoutExpertsAndBadRequestsAreRefused) {
   // A stage step sent to an expert host is refused, not lost.
   absl::Notification answered;
   v1::StepResponse step;
-  w.server->RunStep(v1::StepRequest(), [&](v1::StepResponse r) {
+  w.server->Enqueue(v1::StepRequest(), [&](v1::StepResponse r) {
     step = std::move(r);
     answered.Notify();
   });
