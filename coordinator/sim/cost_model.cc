@@ -45,7 +45,8 @@ double StageCostModel::Roofline(double bytes, double flops, const HostShare& sha
   const double compute = flops / (device_.flops_per_s * device_.compute_efficiency);
   t.memory_demand += memory;
   t.compute_demand += compute;
-  return std::max(memory / share.memory, compute / share.compute);
+  return device_.overlap_memory_and_compute ? std::max(memory / share.memory, compute / share.compute)
+                                             : memory / share.memory + compute / share.compute;
 }
 
 StageTime StageCostModel::Cost(absl::Span<const SequenceWork> batch, const HostShare& share) const {

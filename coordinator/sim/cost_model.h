@@ -1,6 +1,8 @@
 // The simulator's cost model: how long one micro-batch takes on one pipeline stage, and one hop
 // between stages. A per-op roofline: each op's time is the larger of (bytes it reads or writes /
-// achievable memory bandwidth) and (FLOPs / achievable compute rate), from a DeviceProfile.
+// achievable memory bandwidth) and (FLOPs / achievable compute rate), from a DeviceProfile; on a
+// device that does not overlap the two (DeviceProfile::overlap_memory_and_compute false: CPUs),
+// their sum.
 //
 // Per layer of a stage, on its most loaded rank (tp ranks work in parallel):
 //  - projections (q, k, v, o; gate, up, down; a MoE layer's router, shared expert and the experts

@@ -5,11 +5,13 @@
 //   shardserve-bench-cpu-profile [--in=768 --out=2048] [--decode_tokens=1] [--prefill_tokens=64]
 //       [--pool_mb=128] [--seconds=1]
 //
-// Prints one JSON object:
+// Prints one JSON object, in the terms of the simulator's CPU roofline (an op takes its reads
+// plus its arithmetic, device_profile.h):
+//   flops_per_s          FLOP/s of a --prefill_tokens product (a prefill chunk's) whose weights
+//                        are already in cache: arithmetic alone;
 //   memory_bytes_per_s   weight bytes read per second by a --decode_tokens product (a decode step's
 //                        access pattern: every call reads another copy of the matrix from a pool
-//                        larger than the last-level cache);
-//   flops_per_s          FLOP/s of a --prefill_tokens product (a prefill chunk);
+//                        larger than the last-level cache), less its arithmetic at flops_per_s;
 //   memory_parallelism   the two-stage probe: the same products on two threads at once, each with a
 //   compute_parallelism  pool of its own, as two stage workers of one machine run; the two threads'
 //                        rates together over one thread's alone, clamped to [1, 2] (what
@@ -120,25 +122,35 @@ int main(int argc, char** argv) {
   }
   const size_t pool = static_cast<size_t>(absl::GetFlag(FLAGS_pool_mb)) << 20;
   const double mat_bytes = static_cast<double>(in * out) * sizeof(float);
-  auto runners = [&](int64_t tokens) {
+  // Two runners (one per thread) with cold weights (a pool each) or hot ones (one copy each).
+  auto runners = [&](int64_t tokens, size_t bytes) {
     std::vector<std::unique_ptr<Runner>> r;
-    for (int i = 0; i < 2; ++i) r.push_back(std::make_unique<Runner>(tokens, in, out, pool));
+    for (int i = 0; i < 2; ++i) r.push_back(std::make_unique<Runner>(tokens, in, out, bytes));
     return r;
   };
-  std::vector<std::unique_ptr<Runner>> decoders = runners(decode);
-  const double decode_one = Measure(decoders, 1, seconds), decode_two = Measure(decoders, 2, seconds);
-  decoders.clear();
-  std::vector<std::unique_ptr<Runner>> prefillers = runners(prefill);
+  std::vector<std::unique_ptr<Runner>> prefillers = runners(prefill, 0);
   const double prefill_one = Measure(prefillers, 1, seconds), prefill_two = Measure(prefillers, 2, seconds);
-  const double flops_per_call = 2.0 * static_cast<double>(prefill * in * out);
+  prefillers.clear();
+  std::vector<std::unique_ptr<Runner>> decoders = runners(decode, pool);
+  const double decode_one = Measure(decoders, 1, seconds), decode_two = Measure(decoders, 2, seconds);
+  const double flops = prefill_one * 2.0 * static_cast<double>(prefill * in * out);
+  const double flops_two = prefill_two * 2.0 * static_cast<double>(prefill * in * out);
+  // Seconds of a decode product that are its reads: all of it less its arithmetic (at least a
+  // tenth of it, should the arithmetic estimate exceed the measurement).
+  const double decode_flops = 2.0 * static_cast<double>(decode * in * out);
+  auto read_seconds = [&](double calls_per_s, double flop_rate) {
+    return std::max(0.1 / calls_per_s, 1 / calls_per_s - decode_flops / flop_rate);
+  };
+  const double bandwidth = mat_bytes / read_seconds(decode_one, flops);
+  const double bandwidth_two = mat_bytes / read_seconds(decode_two, flops_two);
   auto parallelism = [](double one, double two) { return std::clamp(2 * two / one, 1.0, 2.0); };
   std::printf(
       "{\"memory_bytes_per_s\": %.6g, \"flops_per_s\": %.6g, \"memory_parallelism\": %.4f, "
       "\"compute_parallelism\": %.4f, \"memory_bytes_per_s_per_thread_of_two\": %.6g, "
       "\"flops_per_s_per_thread_of_two\": %.6g, \"shape\": [%ld, %ld], \"decode_tokens\": %ld, "
       "\"prefill_tokens\": %ld}\n",
-      decode_one * mat_bytes, prefill_one * flops_per_call, parallelism(decode_one, decode_two),
-      parallelism(prefill_one, prefill_two), decode_two * mat_bytes, prefill_two * flops_per_call,
-      static_cast<long>(in), static_cast<long>(out), static_cast<long>(decode), static_cast<long>(prefill));
+      bandwidth, flops, parallelism(bandwidth, bandwidth_two), parallelism(flops, flops_two), bandwidth_two,
+      flops_two, static_cast<long>(in), static_cast<long>(out), static_cast<long>(decode),
+      static_cast<long>(prefill));
   return 0;
 }

@@ -144,10 +144,10 @@ TEST(SimulatorTest, WithoutAnotherReplicaAFaultFailsTheRequests) {
   EXPECT_THAT(r.faults[0].replan, HasSubstr("no worker has a device"));
 }
 
-// The 100M-parameter f32 Llama of the benchmarks on CPU ranks, where a decode micro-batch of
-// several sequences is compute-bound: two stages working on two micro-batches at once serve
-// nearly twice the tokens of one micro-batch at a time (tests/bench/serving_bench.py measures the
-// same on the real cluster).
+// The 100M-parameter f32 Llama of the benchmarks on CPU ranks of two machines, where most of a
+// decode micro-batch of several sequences is arithmetic: two stages working on two micro-batches
+// at once serve well over the tokens of one micro-batch at a time (each micro-batch reads the
+// weights again, so not twice).
 TEST(SimulatorTest, PipelineStagesOverlapMicroBatches) {
   absl::StatusOr<ModelSpec> spec = ParseModelSpec(R"({
     "architectures": ["LlamaForCausalLM"], "hidden_size": 768, "intermediate_size": 2048,
@@ -171,7 +171,7 @@ TEST(SimulatorTest, PipelineStagesOverlapMicroBatches) {
   o.pipeline_depth = 1;
   ASSERT_OK_AND_ASSIGN(SimResult serial, Simulate(*spec, workers, Poisson(1000, 200, 32, 64), o));
   EXPECT_EQ(piped.layout, "tp=1 pp=2 replicas=1");
-  EXPECT_GT(piped.output_tokens_per_s, 1.4 * serial.output_tokens_per_s);
+  EXPECT_GT(piped.output_tokens_per_s, 1.3 * serial.output_tokens_per_s);
   ASSERT_EQ(piped.stages.size(), 2u);
   EXPECT_GT(piped.stages[0].busy_fraction, 0.6);
   EXPECT_GT(piped.stages[1].busy_fraction, 0.6);
