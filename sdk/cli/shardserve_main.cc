@@ -99,8 +99,11 @@ ABSL_FLAG(int32_t, max_pp, 8, "simulate --sweep: largest pipeline depth to try")
 ABSL_FLAG(std::string, gpu, "h100", "simulate: device profile of CUDA workers (h100, h200, a100, l40s)");
 ABSL_FLAG(std::string, network, "ib", "simulate: link between workers (ib, eth, loopback)");
 ABSL_FLAG(double, hop_overhead_us, 100, "simulate: software cost of one stage hop, microseconds");
-ABSL_FLAG(double, cpu_bandwidth_gbs, 30, "simulate: CPU workers' read bandwidth per rank, GB/s (measure it: shardserve-bench-sim)");
-ABSL_FLAG(double, cpu_gflops, 110, "simulate: CPU workers' GEMM rate per rank, GFLOP/s");
+ABSL_FLAG(double, cpu_bandwidth_gbs, 30,
+          "simulate: CPU workers' read bandwidth per rank, GB/s (measure it: shardserve-bench-cpu-profile)");
+ABSL_FLAG(double, cpu_gflops, 110,
+          "simulate: CPU workers' GEMM rate per rank on weights in cache, GFLOP/s (a CPU op takes its reads plus its "
+          "arithmetic; measure it: shardserve-bench-cpu-profile)");
 ABSL_FLAG(double, cpu_memory_parallelism, 1.3,
           "simulate: how much more CPU stages of one machine read together than one alone (>= 1; measure it: "
           "tests/bench/sim_calibration.py)");
