@@ -66,7 +66,8 @@ RoundPrediction PredictRound(const PipelineCostModel& model, absl::Span<const St
   round.seconds = std::max(latency, *std::max_element(busy.begin(), busy.end()));
   for (const auto& [g, seconds] : shared) {
     const HostParallelism p = model.Parallelism(g);
-    const double bound = std::max(seconds.first / std::max(1.0, p.memory), seconds.second / std::max(1.0, p.compute));
+    const double memory = seconds.first / std::max(1.0, p.memory), compute = seconds.second / std::max(1.0, p.compute);
+    const double bound = p.overlap ? std::max(memory, compute) : memory + compute;
     if (bound > round.seconds) {
       round.seconds = bound;
       round.host_bound = true;

@@ -23,7 +23,8 @@
 //     summed over its stages and the micro-batches: their reads over the memory parallelism (how
 //     much more the bus reads with all those stages reading than with one), and their arithmetic
 //     over the compute parallelism (the hops between two of its stages count as its cores' work
-//     too), the larger of the two. Each op asks for both, whichever bounds it alone: an op that
+//     too), the larger of the two (their sum on cores that do not overlap reads and arithmetic:
+//     HostParallelism::overlap). Each op asks for both, whichever bounds it alone: an op that
 //     a split turns from compute-bound to memory-bound still computes on the shared cores.
 // With k = 1 that is simply the latency (the sum of the stages). The choice is the k in
 // [1, max_micro_batches] with the most tokens per second, where a split other than the current
@@ -67,6 +68,10 @@ struct StageSeconds {
 struct HostParallelism {
   double memory = 1.0;   // memory-bound ops (weight and KV reads)
   double compute = 1.0;  // the others
+  // Whether an op's reads overlap its arithmetic (the machine's bound is the larger of the two
+  // sums) or add to it, as on CPU cores (their sum; StageSeconds::total is then reads plus
+  // arithmetic too).
+  bool overlap = true;
 };
 
 // The cost of one replica's pipeline. Implemented over the simulator's roofline by

@@ -31,15 +31,26 @@ StageCostModel::StageCostModel(const ModelSpec& spec, const StageSpec& stage, De
   router_params_ = h * static_cast<double>(spec_.moe.num_experts);
 }
 
-double StageCostModel::Roofline(double bytes, double flops, StageTime& t) const {
+HostShare ShareOfHost(double concurrent, const coordinator::HostParallelism& parallelism) {
+  CHECK_GE(concurrent, 1.0);
+  CHECK_GE(parallelism.memory, 1.0);
+  CHECK_GE(parallelism.compute, 1.0);
+  return {.memory = std::min(parallelism.memory, concurrent) / concurrent,
+          .compute = std::min(parallelism.compute, concurrent) / concurrent};
+}
+
+double StageCostModel::Roofline(double bytes, double flops, const HostShare& share, StageTime& t) const {
+  // The demands are the op's alone (the pipelining policy divides them by a parallelism itself).
   const double memory = bytes / (device_.memory_bytes_per_s * device_.memory_efficiency);
   const double compute = flops / (device_.flops_per_s * device_.compute_efficiency);
   t.memory_demand += memory;
   t.compute_demand += compute;
-  return std::max(memory, compute);
+  return device_.overlap_memory_and_compute ? std::max(memory / share.memory, compute / share.compute)
+                                             : memory / share.memory + compute / share.compute;
 }
 
-StageTime StageCostModel::Cost(absl::Span<const SequenceWork> batch) const {
+StageTime StageCostModel::Cost(absl::Span<const SequenceWork> batch, const HostShare& share) const {
+  CHECK(share.memory > 0 && share.memory <= 1 && share.compute > 0 && share.compute <= 1);
   StageTime t;
   double tokens = 0, sampled = 0;
   double kv_read_tokens = 0;   // cached positions read by attention, over the batch
@@ -70,28 +81,28 @@ StageTime StageCostModel::Cost(absl::Span<const SequenceWork> batch) const {
   }
   for (int64_t layer = stage_.layer_begin; layer < stage_.layer_end; ++layer) {
     // Attention projections.
-    t.weights += Roofline(attn_params_ * bpp, 2 * tokens * attn_params_, t);
+    t.weights += Roofline(attn_params_ * bpp, 2 * tokens * attn_params_, share, t);
     // Attention over the cache.
-    t.attention += Roofline(kv_read_tokens * kv_row + tokens * kv_row, 4 * attn_pairs * local_heads_ * pair_width, t);
+    t.attention += Roofline(kv_read_tokens * kv_row + tokens * kv_row, 4 * attn_pairs * local_heads_ * pair_width, share, t);
     if (spec_.IsSparseLayer(layer)) {
       const double e = static_cast<double>(spec_.moe.num_experts);
       const double k = static_cast<double>(spec_.moe.top_k);
       const double touched = e * (1 - std::pow(1 - k / e, tokens));
       // Expert parallel: experts spread over the ranks; split experts: each rank a 1/tp column slice.
       t.weights += Roofline(touched * expert_params_ * bpp / tp + router_params_ * 4,
-                            2 * tokens * (k * expert_params_ / tp + router_params_), t);
-      if (shared_params_ > 0) t.weights += Roofline(shared_params_ * bpp, 2 * tokens * shared_params_, t);
+                            2 * tokens * (k * expert_params_ / tp + router_params_), share, t);
+      if (shared_params_ > 0) t.weights += Roofline(shared_params_ * bpp, 2 * tokens * shared_params_, share, t);
     } else {
-      t.weights += Roofline(dense_params_ * bpp, 2 * tokens * dense_params_, t);
+      t.weights += Roofline(dense_params_ * bpp, 2 * tokens * dense_params_, share, t);
     }
     t.collectives += 2 * all_reduce;
-    t.overhead += device_.layer_overhead_s;
+    t.overhead += device_.layer_overhead_s / share.compute;
   }
   if (stage_.has_lm_head && sampled > 0) {
     const double lm = std::ceil(static_cast<double>(spec_.vocab_size) / tp) * h;
-    t.weights += Roofline(lm * bpp, 2 * sampled * lm, t);
+    t.weights += Roofline(lm * bpp, 2 * sampled * lm, share, t);
   }
-  t.overhead += device_.step_overhead_s;
+  t.overhead += device_.step_overhead_s / share.compute;
   return t;
 }
 

@@ -1,6 +1,8 @@
 // The simulator's cost model: how long one micro-batch takes on one pipeline stage, and one hop
 // between stages. A per-op roofline: each op's time is the larger of (bytes it reads or writes /
-// achievable memory bandwidth) and (FLOPs / achievable compute rate), from a DeviceProfile.
+// achievable memory bandwidth) and (FLOPs / achievable compute rate), from a DeviceProfile; on a
+// device that does not overlap the two (DeviceProfile::overlap_memory_and_compute false: CPUs),
+// their sum.
 //
 // Per layer of a stage, on its most loaded rank (tp ranks work in parallel):
 //  - projections (q, k, v, o; gate, up, down; a MoE layer's router, shared expert and the experts
@@ -21,6 +23,11 @@
 //
 // A hop carries tokens x hidden activations over a link (latency + bytes / bandwidth) plus a fixed
 // software cost per hop (gRPC stream, serialization: ~100 us on loopback here, ARCHITECTURE.md).
+//
+// A machine's memory bus and cores shared with other stages running at the same time (CPU stages
+// of one machine): Cost with a HostShare prices every op at that fraction of the device's
+// bandwidth and of its compute rate (the fixed per-layer and per-step costs are host work: they
+// take 1 / compute share as long); the simulator decides the share (simulator.h).
 //
 // Not modelled: expert calls to spilled experts (a stage that spills is charged as if its experts
 // were local), load imbalance between experts, compute/communication overlap, sliding windows,
@@ -57,6 +64,20 @@ struct StageTime {
   double Total() const { return weights + attention + collectives + overhead; }
 };
 
+// The fraction of its device's memory bandwidth and compute rate a stage gets while other stages
+// use the same machine, each in (0, 1]; {1, 1} = the machine to itself.
+struct HostShare {
+  double memory = 1.0;
+  double compute = 1.0;
+};
+
+// What each of `concurrent` stages (>= 1, may be fractional: an expected number) running at once
+// on one machine gets, when the machine runs them `parallelism` times faster together than one
+// after the other (per resource, >= 1): the aggregate speed-up min(parallelism, concurrent) split
+// evenly, so each gets min(parallelism, concurrent) / concurrent of its alone rate. E.g. two
+// stages on a bus of parallelism 1.3 each read at 0.65 of the rate one alone gets.
+HostShare ShareOfHost(double concurrent, const coordinator::HostParallelism& parallelism);
+
 class StageCostModel {
  public:
   // `spec` is copied. bytes_per_param / kv_bytes_per_element: what the planner resolved
@@ -65,13 +86,16 @@ class StageCostModel {
   StageCostModel(const ModelSpec& spec, const StageSpec& stage, DeviceProfile device, int64_t bytes_per_param,
                  int64_t kv_bytes_per_element);
 
-  StageTime Cost(absl::Span<const SequenceWork> batch) const;
+  StageTime Cost(absl::Span<const SequenceWork> batch) const { return Cost(batch, HostShare{}); }
+  // The same on a machine shared with other running stages (both shares in (0, 1]; a programmer
+  // error otherwise).
+  StageTime Cost(absl::Span<const SequenceWork> batch, const HostShare& share) const;
 
   const DeviceProfile& device() const { return device_; }
 
  private:
   // One op's roofline time on one rank; adds its demands to `t`.
-  double Roofline(double bytes, double flops, StageTime& t) const;
+  double Roofline(double bytes, double flops, const HostShare& share, StageTime& t) const;
 
   ModelSpec spec_;
   StageSpec stage_;

@@ -89,6 +89,7 @@ DeviceProfile CpuProfile(double memory_bytes_per_s, double flops_per_s, double l
           .compute_efficiency = 1.0,
           .layer_overhead_s = layer_overhead_s,
           .step_overhead_s = step_overhead_s,
+          .overlap_memory_and_compute = false,
           .intra_node = {.name = "shm", .bytes_per_s = memory_bytes_per_s / 2, .latency_s = 1e-6},
           .activation_bytes = 4};
 }

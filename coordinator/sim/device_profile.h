@@ -40,6 +40,11 @@ struct DeviceProfile {
   // work: batch assembly, sampling, scheduling).
   double layer_overhead_s = 0;
   double step_overhead_s = 0;
+  // Whether an op's memory traffic hides under its arithmetic (a GPU's many warps in flight: the
+  // op takes the larger of the two) or adds to it (a CPU core's small-batch products: one core
+  // streams the weights and then computes on them, so the op takes the sum; measured on the 100M
+  // model's stage with 1, 8 and 16 decoding sequences, tests/bench/sim_calibration.py).
+  bool overlap_memory_and_compute = true;
   LinkProfile intra_node;  // between the ranks of one worker (NVLink, PCIe, shared memory)
   // Bytes of one activation element between layers and on the wire (the engine keeps f32).
   int64_t activation_bytes = 4;
@@ -54,8 +59,9 @@ std::vector<std::string> GpuProfileNames();
 // Ethernet), "loopback" (TCP on one machine; the figures of ARCHITECTURE.md). NotFound otherwise.
 absl::StatusOr<LinkProfile> NetworkProfile(absl::string_view name);
 
-// A CPU profile from measured figures: read bandwidth (bytes/s), GEMM rate (FLOP/s), and the
-// fixed costs; ranks joined by the host shared-memory communicator.
+// A CPU profile from measured figures: read bandwidth (bytes/s), GEMM rate (FLOP/s) of products
+// whose weights are already in cache, and the fixed costs; an op takes its reads plus its
+// arithmetic (no overlap); ranks joined by the host shared-memory communicator.
 DeviceProfile CpuProfile(double memory_bytes_per_s, double flops_per_s, double layer_overhead_s,
                          double step_overhead_s);
 

@@ -83,7 +83,8 @@ absl::StatusOr<std::unique_ptr<PipelineCost>> PipelineCost::Make(const ModelSpec
     const int group = static_cast<int>(cost->parallelism_.size());
     const double n = static_cast<double>(members.size());
     cost->parallelism_.push_back({.memory = std::min(profiles.cpu_parallelism.memory, n),
-                                  .compute = std::min(profiles.cpu_parallelism.compute, n)});
+                                  .compute = std::min(profiles.cpu_parallelism.compute, n),
+                                  .overlap = profiles.cpu.overlap_memory_and_compute});
     for (size_t s : members) cost->shared_group_[s] = group;
   }
   const std::string kinds = cpu > 0 && gpu > 0 ? absl::StrCat(cpu, " CPU and ", gpu, " CUDA stages")

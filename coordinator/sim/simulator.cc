@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -106,10 +107,25 @@ class Observer final : public SchedulerObserver {
   int64_t steps = 0, preemptions = 0, failovers = 0;
 };
 
+// A stage's micro-batch, from start to end (virtual seconds).
+struct BusySpan {
+  double begin = 0, end = 0;
+};
+
+// Seconds of [begin, end) that `spans` cover.
+double Overlap(const std::deque<BusySpan>& spans, double begin, double end) {
+  double covered = 0;
+  for (const BusySpan& s : spans) covered += std::max(0.0, std::min(s.end, end) - std::max(s.begin, begin));
+  return covered;
+}
+
 // One replica's pipeline: the stages' cost models and when each stage is next free.
 struct SimPipeline {
   std::vector<StageCostModel> stages;
   std::vector<double> free_at;
+  std::vector<int> host_group;             // per stage: its shared machine (index), or -1
+  std::vector<std::deque<BusySpan>> spans;  // per stage in a host group: its micro-batches not yet over
+  std::vector<std::deque<uint64_t>> waiting;  // per stage: micro-batches that arrived while it was busy
   std::vector<double> busy;
   std::vector<double> decode_time;
   std::vector<int64_t> decode_steps;
@@ -118,16 +134,26 @@ struct SimPipeline {
   bool removed = false;
 };
 
-enum class EventKind : uint8_t { kArrival, kStepDone, kFault };
+// A micro-batch between BeginStep and EndStep.
+struct Flight {
+  uint64_t step_id = 0;
+  double started = 0;  // BeginStep's time
+  std::vector<SequenceWork> work;
+  int64_t tokens = 0, sampled = 0;
+  bool decode_only = true;
+};
+
+// kStageArrive: a micro-batch reaches a stage (it starts there once the stage is free);
+// kStageDone: it leaves a stage (for the next one, or back to the coordinator: kStepDone).
+enum class EventKind : uint8_t { kArrival, kStageArrive, kStageDone, kStepDone, kFault };
 
 struct Event {
   double t = 0;
   uint64_t order = 0;
   EventKind kind = EventKind::kArrival;
-  int64_t index = 0;  // request (arrival), replica (step done), fault
-  uint64_t step_id = 0;
-  double started = 0;
-  int64_t sampled = 0;
+  int64_t index = 0;  // request (arrival), replica (stage and step events), fault
+  size_t stage = 0;     // kStageArrive, kStageDone
+  uint64_t flight = 0;  // kStageArrive, kStageDone, kStepDone: the micro-batch (key of `flights`)
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : order > o.order; }
 };
 
@@ -186,6 +212,13 @@ absl::Status ValidateOptions(const SimOptions& o) {
   if (!(o.network.bytes_per_s > 0)) return absl::InvalidArgumentError("network.bytes_per_s must be > 0");
   if (!(o.hop_overhead_s >= 0)) return absl::InvalidArgumentError("hop_overhead_s must be >= 0");
   if (!(o.max_time_s >= 0)) return absl::InvalidArgumentError("max_time_s must be >= 0");
+  for (const auto& [name, p] : {std::pair{"cpu_parallelism", o.cpu_parallelism},
+                                std::pair{"policy_cpu_parallelism", o.policy_cpu_parallelism}}) {
+    if (!(p.memory >= 1) || !(p.compute >= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be >= 1, got memory ", p.memory, " and compute ", p.compute));
+    }
+  }
   for (const SimFault& f : o.faults) {
     if (!(f.at_s >= 0)) return absl::InvalidArgumentError(absl::StrCat("fault of ", f.worker, ": time must be >= 0"));
   }
@@ -266,7 +299,8 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
                                       .gpu = options.gpu,
                                       .network = options.network,
                                       .same_node = options.network,
-                                      .hop_overhead_s = options.hop_overhead_s};
+                                      .hop_overhead_s = options.hop_overhead_s,
+                                      .cpu_parallelism = options.policy_cpu_parallelism};
       absl::StatusOr<std::unique_ptr<PipelineCost>> made = PipelineCost::Make(spec, p.stages, bpp, kvb, profiles);
       if (!made.ok()) return made.status();
       cost = *std::move(made);
@@ -281,6 +315,45 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
     if (!st.ok()) return st;
     pipelines.push_back(std::move(sp));
   }
+  // Shared machines: the CPU stages of each node_name, when it has at least two.
+  std::vector<std::vector<std::pair<size_t, size_t>>> host_groups;  // (replica, stage) per group
+  {
+    std::map<std::string, std::vector<std::pair<size_t, size_t>>> by_node;
+    for (size_t r = 0; r < plan->replicas.size(); ++r) {
+      const Pipeline& p = plan->replicas[r];
+      pipelines[r].host_group.assign(p.stages.size(), -1);
+      pipelines[r].spans.resize(p.stages.size());
+      pipelines[r].waiting.resize(p.stages.size());
+      for (size_t k = 0; k < p.stages.size(); ++k) {
+        if (!UsesCuda(p.stages[k])) by_node[p.stages[k].node_name].emplace_back(r, k);
+      }
+    }
+    for (auto& [node, members] : by_node) {
+      if (members.size() < 2) continue;
+      for (const auto& [r, k] : members) pipelines[r].host_group[k] = static_cast<int>(host_groups.size());
+      host_groups.push_back(std::move(members));
+    }
+  }
+  // A micro-batch of `work` starting at `start` on stage k of pipeline r: its duration, given what
+  // the other stages of its machine have under way then (see the header).
+  auto stage_seconds = [&](size_t r, size_t k, absl::Span<const SequenceWork> work, double start) {
+    SimPipeline& sp = pipelines[r];
+    const StageCostModel& model = sp.stages[k];
+    const double alone = model.Cost(work).Total();
+    const int g = sp.host_group[k];
+    if (g < 0 || alone <= 0) return alone;
+    double concurrent = 1;
+    for (const auto& [r2, k2] : host_groups[static_cast<size_t>(g)]) {
+      if (r2 == r && k2 == k) continue;
+      std::deque<BusySpan>& spans = pipelines[r2].spans[k2];
+      while (!spans.empty() && spans.front().end <= start) spans.pop_front();
+      concurrent += Overlap(spans, start, start + alone) / alone;
+    }
+    const double seconds =
+        concurrent > 1 ? model.Cost(work, ShareOfHost(concurrent, options.cpu_parallelism)).Total() : alone;
+    sp.spans[k].push_back({start, start + seconds});
+    return seconds;
+  };
 
   std::vector<RequestRecord> records(workload.size());
   std::vector<double> token_times;  // every generated token, in time order
@@ -317,40 +390,43 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
   int64_t kv_use_samples = 0;
   std::vector<FaultReport> fault_reports;
 
+  // Micro-batches in flight; a stage starts one when it is free (its time is priced then, so that
+  // the stages of a shared machine see each other's work under way).
+  std::map<uint64_t, Flight> flights;
+  uint64_t next_flight = 0;
+  auto start_on_stage = [&](size_t r, size_t k, uint64_t id) {
+    SimPipeline& sp = pipelines[r];
+    const Flight& f = flights.at(id);
+    const double now = clock.seconds();
+    const double cost = stage_seconds(r, k, f.work, now);
+    sp.free_at[k] = now + cost;
+    sp.busy[k] += cost;
+    if (f.decode_only) {
+      sp.decode_time[k] += cost;
+      ++sp.decode_steps[k];
+    }
+    events.push(Event{.t = now + cost, .order = order++, .kind = EventKind::kStageDone,
+                      .index = static_cast<int64_t>(r), .stage = k, .flight = id});
+  };
   // Starts every micro-batch the scheduler has ready, on every replica.
   auto pump = [&] {
     const double now = clock.seconds();
     for (int r : scheduler.Replicas()) {
       SimPipeline& sp = pipelines[static_cast<size_t>(r)];
       while (std::optional<StepInput> in = scheduler.BeginStep(r)) {
-        std::vector<SequenceWork> work;
-        work.reserve(in->sequences.size());
-        int64_t tokens = 0, sampled = 0;
-        bool decode_only = true;
+        Flight f{.step_id = in->step_id, .started = now};
+        f.work.reserve(in->sequences.size());
         for (const auto& s : in->sequences) {
           const int64_t n = std::ssize(s.token_ids);
-          work.push_back({.pos_begin = s.pos_begin, .tokens = n, .sample = s.sample});
-          tokens += n;
-          sampled += s.sample ? 1 : 0;
-          decode_only = decode_only && n == 1 && s.sample && s.sample_index > 0;
+          f.work.push_back({.pos_begin = s.pos_begin, .tokens = n, .sample = s.sample});
+          f.tokens += n;
+          f.sampled += s.sample ? 1 : 0;
+          f.decode_only = f.decode_only && n == 1 && s.sample && s.sample_index > 0;
         }
-        double t = now + sp.first_hop_s;
-        for (size_t k = 0; k < sp.stages.size(); ++k) {
-          const double cost = sp.stages[k].Cost(work).Total();
-          const double start = std::max(t, sp.free_at[k]);
-          sp.free_at[k] = start + cost;
-          sp.busy[k] += cost;
-          if (decode_only) {
-            sp.decode_time[k] += cost;
-            ++sp.decode_steps[k];
-          }
-          // The next stage gets the hidden states; the last one returns the sampled ids.
-          t = sp.free_at[k] + HopSeconds(k + 1 < sp.stages.size() ? tokens : 0, spec.hidden_size,
-                                         sp.stages[k].device().activation_bytes, options.network,
-                                         options.hop_overhead_s);
-        }
-        events.push(Event{.t = t, .order = order++, .kind = EventKind::kStepDone, .index = r,
-                          .step_id = in->step_id, .started = now, .sampled = sampled});
+        const uint64_t id = next_flight++;
+        flights.emplace(id, std::move(f));
+        events.push(Event{.t = now + sp.first_hop_s, .order = order++, .kind = EventKind::kStageArrive,
+                          .index = r, .stage = 0, .flight = id});
       }
     }
   };
@@ -384,12 +460,42 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
         }
         break;
       }
+      case EventKind::kStageArrive: {
+        SimPipeline& sp = pipelines[static_cast<size_t>(e.index)];
+        if (sp.free_at[e.stage] <= e.t && sp.waiting[e.stage].empty()) {
+          start_on_stage(static_cast<size_t>(e.index), e.stage, e.flight);
+        } else {
+          sp.waiting[e.stage].push_back(e.flight);
+        }
+        break;
+      }
+      case EventKind::kStageDone: {
+        const size_t r = static_cast<size_t>(e.index);
+        SimPipeline& sp = pipelines[r];
+        if (!sp.waiting[e.stage].empty()) {
+          const uint64_t next = sp.waiting[e.stage].front();
+          sp.waiting[e.stage].pop_front();
+          start_on_stage(r, e.stage, next);
+        }
+        // The next stage gets the hidden states; the last one returns the sampled ids.
+        const bool last = e.stage + 1 == sp.stages.size();
+        const double hop = HopSeconds(last ? 0 : flights.at(e.flight).tokens, spec.hidden_size,
+                                      sp.stages[e.stage].device().activation_bytes, options.network,
+                                      options.hop_overhead_s);
+        events.push(Event{.t = e.t + hop, .order = order++,
+                          .kind = last ? EventKind::kStepDone : EventKind::kStageArrive, .index = e.index,
+                          .stage = last ? 0 : e.stage + 1, .flight = e.flight});
+        break;
+      }
       case EventKind::kStepDone: {
         SimPipeline& sp = pipelines[static_cast<size_t>(e.index)];
+        const auto f = flights.find(e.flight);
+        const Flight flight = std::move(f->second);
+        flights.erase(f);
         if (sp.removed) break;
         StepOutput out;
-        out.token_ids.assign(static_cast<size_t>(e.sampled), 0);
-        scheduler.EndStep(static_cast<int>(e.index), e.step_id, out, absl::Seconds(e.t - e.started));
+        out.token_ids.assign(static_cast<size_t>(flight.sampled), 0);
+        scheduler.EndStep(static_cast<int>(e.index), flight.step_id, out, absl::Seconds(e.t - flight.started));
         break;
       }
       case EventKind::kFault: {

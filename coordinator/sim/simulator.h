@@ -10,7 +10,16 @@
 // PipelineKvBlocks, capped at max_slots whole sequences of max_seq_len and raised to one; up to
 // one micro-batch per stage, split per step by the pipelining policy, unless a depth is set. (The
 // policy prices CPU stages of one machine as sharing it; the simulation gives every stage its own
-// device, so there it may leave a gain on the table that the real machine would not give.)
+// device: CPU stages of one machine are the exception, below.)
+//
+// Shared machines: CPU stages whose workers have the same node_name (of any replicas) share that
+// machine's memory bus and cores. A micro-batch that starts on such a stage is priced at the
+// expected number of the machine's stages computing at once during it: 1 + for each other stage,
+// the part of its (alone) duration that stage's micro-batches already under way or committed
+// overlap; StageCostModel gives every op the ShareOfHost of that concurrency under
+// cpu_parallelism. A micro-batch's time is fixed when it starts, so one that started alone is
+// not slowed afterwards by one that starts beside it (in a steady pipeline each sees the other
+// busy, so both are slowed alike).
 // Requests never stop early (ignore_eos): each generates exactly its output_tokens.
 //
 // Faults: at a fault's time, every replica with a stage on the failed worker (matched by
@@ -34,7 +43,9 @@
 #include "absl/status/statusor.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
+#include "coordinator/scheduler/pipelining.h"
 #include "coordinator/sim/device_profile.h"
+#include "coordinator/sim/pipeline_cost.h"
 #include "coordinator/sim/workload.h"
 
 namespace shardserve::sim {
@@ -60,6 +71,13 @@ struct SimOptions {
   DeviceProfile cpu;
   LinkProfile network;             // between workers and to the coordinator
   double hop_overhead_s = 100e-6;  // software cost of one stage hop (gRPC stream message)
+  // How much faster the CPU stages of one machine run together than one after the other (each
+  // >= 1): the simulated machines. tests/bench/sim_calibration.py measures this machine's with
+  // two processes running the probe's kernels at once.
+  coordinator::HostParallelism cpu_parallelism = PipelineProfiles{}.cpu_parallelism;
+  // What the simulated coordinator's pipelining policy assumes about them (the real coordinator's
+  // default, which it has no flag to change).
+  coordinator::HostParallelism policy_cpu_parallelism = PipelineProfiles{}.cpu_parallelism;
   std::vector<SimFault> faults;
   // Closed loop (as `shardserve bench --concurrency=N` without --rate): when > 0, the workload's
   // arrival times are ignored; this many clients start at time 0 and each sends the next request

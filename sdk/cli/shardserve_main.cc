@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -98,8 +99,20 @@ ABSL_FLAG(int32_t, max_pp, 8, "simulate --sweep: largest pipeline depth to try")
 ABSL_FLAG(std::string, gpu, "h100", "simulate: device profile of CUDA workers (h100, h200, a100, l40s)");
 ABSL_FLAG(std::string, network, "ib", "simulate: link between workers (ib, eth, loopback)");
 ABSL_FLAG(double, hop_overhead_us, 100, "simulate: software cost of one stage hop, microseconds");
-ABSL_FLAG(double, cpu_bandwidth_gbs, 30, "simulate: CPU workers' read bandwidth per rank, GB/s (measure it: shardserve-bench-sim)");
-ABSL_FLAG(double, cpu_gflops, 110, "simulate: CPU workers' GEMM rate per rank, GFLOP/s");
+ABSL_FLAG(double, cpu_bandwidth_gbs, 30,
+          "simulate: CPU workers' read bandwidth per rank, GB/s (measure it: shardserve-bench-cpu-profile)");
+ABSL_FLAG(double, cpu_gflops, 110,
+          "simulate: CPU workers' GEMM rate per rank on weights in cache, GFLOP/s (a CPU op takes its reads plus its "
+          "arithmetic; measure it: shardserve-bench-cpu-profile)");
+ABSL_FLAG(double, cpu_memory_parallelism, 1.3,
+          "simulate: how much more CPU stages of one machine read together than one alone (>= 1; measure it: "
+          "tests/bench/sim_calibration.py)");
+ABSL_FLAG(double, cpu_compute_parallelism, std::numeric_limits<double>::infinity(),
+          "simulate: how much more CPU stages of one machine compute together than one alone (>= 1; inf: each "
+          "its own cores)");
+ABSL_FLAG(bool, one_machine, false,
+          "simulate: every worker of --workers runs on one machine (as shardserve-local runs them), so that their "
+          "CPU stages share its memory bus and cores");
 ABSL_FLAG(double, cpu_layer_overhead_us, 20, "simulate: CPU fixed cost per layer, microseconds");
 ABSL_FLAG(double, cpu_step_overhead_us, 300, "simulate: CPU fixed cost per step and stage, microseconds");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
@@ -398,6 +411,11 @@ absl::Status SimulateCommand() {
   o.cpu = sim::CpuProfile(absl::GetFlag(FLAGS_cpu_bandwidth_gbs) * 1e9, absl::GetFlag(FLAGS_cpu_gflops) * 1e9,
                           absl::GetFlag(FLAGS_cpu_layer_overhead_us) * 1e-6,
                           absl::GetFlag(FLAGS_cpu_step_overhead_us) * 1e-6);
+  o.cpu_parallelism = {.memory = absl::GetFlag(FLAGS_cpu_memory_parallelism),
+                       .compute = absl::GetFlag(FLAGS_cpu_compute_parallelism)};
+  if (absl::GetFlag(FLAGS_one_machine)) {
+    for (WorkerInventory& w : *workers) w.node_name = "one-machine";
+  }
   auto faults = cli::ParseFaults(absl::GetFlag(FLAGS_fail));
   if (!faults.ok()) return faults.status();
   for (const cli::FaultSpec& f : *faults) o.faults.push_back({.worker = f.worker, .at_s = f.at_s});

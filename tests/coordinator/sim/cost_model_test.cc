@@ -2,6 +2,8 @@
 // FLOPs, tensor parallelism divides both and adds all-reduces.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "common/log/log.h"
 #include "common/model_spec/model_spec.h"
 #include "coordinator/sim/cost_model.h"
@@ -89,6 +91,71 @@ TEST(CostModelTest, AMoeStepReadsOnlyTheRoutedExperts) {
   const double ratio = model.Cost(many).weights / model.Cost({&one, 1}).weights;
   EXPECT_GT(ratio, 2.5);
   EXPECT_LT(ratio, 4.5);
+}
+
+TEST(CostModelTest, ShareOfHostSplitsWhatTheMachineGivesTogether) {
+  // Two stages on a bus that reads 1.3x what one stage alone reads: 0.65 each; cores of their own.
+  const HostShare two = ShareOfHost(2, {.memory = 1.3, .compute = std::numeric_limits<double>::infinity()});
+  EXPECT_DOUBLE_EQ(two.memory, 0.65);
+  EXPECT_DOUBLE_EQ(two.compute, 1.0);
+  // The other stage busy half the time (1.5 expected at once), one core between them: 1 / 1.5.
+  const HostShare half = ShareOfHost(1.5, {.memory = 1.3, .compute = 1.0});
+  EXPECT_DOUBLE_EQ(half.memory, 1.3 / 1.5);
+  EXPECT_DOUBLE_EQ(half.compute, 1 / 1.5);
+  // Less concurrency than the parallelism: no slowdown.
+  const HostShare little = ShareOfHost(1.2, {.memory = 1.3, .compute = 2.0});
+  EXPECT_DOUBLE_EQ(little.memory, 1.0);
+  EXPECT_DOUBLE_EQ(little.compute, 1.0);
+  EXPECT_DOUBLE_EQ(ShareOfHost(1, {.memory = 1, .compute = 1}).memory, 1.0);
+}
+
+// The first 6 layers of the 100M f32 Llama on a CPU of 30 GB/s and 110 GFLOP/s, 20 us per layer
+// and 300 us per step, figures worked by hand. Per layer: attention projections 4 x 768^2 =
+// 2,359,296 parameters, MLP 3 x 768 x 2048 = 4,718,592, f32: 28,311,552 bytes, 943.7 us at 30 GB/s.
+// A CPU op takes its reads plus its arithmetic; each part stretches by the inverse of its share.
+TEST(CostModelTest, ACpuOpTakesItsReadsPlusItsArithmeticEachAtItsShare) {
+  absl::StatusOr<ModelSpec> spec = ParseModelSpec(R"({
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 768, "intermediate_size": 2048,
+    "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 12, "vocab_size": 32000,
+    "max_position_embeddings": 1024, "torch_dtype": "float32", "hidden_act": "silu"})",
+                                                  "100m");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const StageCostModel model(*spec,
+                             StageSpec{.layer_begin = 0, .layer_end = 6, .has_embedding = true, .tp = 1,
+                                       .device_kind = DeviceKind::kCpu},
+                             CpuProfile(30e9, 110e9, 20e-6, 300e-6), 4, 4);
+  const double reads = 6 * 28311552.0 / 30e9;        // 5.662 ms
+  const double flop = 6 * 2 * 7077888.0 / 110e9;     // per token: 0.772 ms
+  const SequenceWork decode{.pos_begin = 0, .tokens = 1, .sample = false};
+  const StageTime alone = model.Cost({&decode, 1});
+  EXPECT_NEAR(alone.weights, reads + flop, 1e-9);
+  EXPECT_NEAR(alone.overhead, 6 * 20e-6 + 300e-6, 1e-12);
+  // Half the bus and half the cores: every part twice as long (the fixed costs are host work).
+  const StageTime halved = model.Cost({&decode, 1}, {.memory = 0.5, .compute = 0.5});
+  EXPECT_NEAR(halved.weights, 2 * (reads + flop), 1e-9);
+  EXPECT_NEAR(halved.overhead, 2 * (6 * 20e-6 + 300e-6), 1e-12);
+  // The demands stay the op's alone (the pipelining policy divides them itself).
+  EXPECT_DOUBLE_EQ(halved.memory_demand, alone.memory_demand);
+  // A 64-token chunk: the same reads, 64 times the arithmetic; each share stretches its own part.
+  const SequenceWork chunk{.pos_begin = 0, .tokens = 64, .sample = false};
+  EXPECT_NEAR(model.Cost({&chunk, 1}).weights, reads + 64 * flop, 1e-9);
+  EXPECT_NEAR(model.Cost({&chunk, 1}, {.memory = 0.5, .compute = 1}).weights, 2 * reads + 64 * flop, 1e-9);
+  EXPECT_NEAR(model.Cost({&chunk, 1}, {.memory = 1, .compute = 0.5}).weights, reads + 2 * 64 * flop, 1e-9);
+}
+
+// A GPU overlaps reads and arithmetic: an op takes the larger, so a compute-bound prefill does not
+// notice half the bandwidth, and a read-bound decode does not notice half the compute.
+TEST(CostModelTest, AGpuOpTakesTheLargerOfItsReadsAndArithmetic) {
+  const ModelSpec spec = Llama8B();
+  const StageCostModel model(spec, WholeModel(spec, 1), *GpuProfile("h100"), 2, 2);
+  const SequenceWork prefill{.pos_begin = 0, .tokens = 4096, .sample = true};
+  // (Its one sampled token's lm_head is read-bound: within 1%.)
+  const double prefill_alone = model.Cost({&prefill, 1}).weights;
+  EXPECT_NEAR(model.Cost({&prefill, 1}, {.memory = 0.5, .compute = 1}).weights, prefill_alone, 0.01 * prefill_alone);
+  EXPECT_NEAR(model.Cost({&prefill, 1}, {.memory = 1, .compute = 0.5}).weights, 2 * prefill_alone,
+              0.01 * prefill_alone);
+  const SequenceWork decode{.pos_begin = 10, .tokens = 1, .sample = true};
+  EXPECT_DOUBLE_EQ(model.Cost({&decode, 1}, {.memory = 1, .compute = 0.5}).weights, model.Cost({&decode, 1}).weights);
 }
 
 TEST(DeviceProfileTest, KnowsTheBuiltInProfiles) {

@@ -86,10 +86,13 @@ TEST(PipelineCostTest, TwoCpuStagesOnTwoMachinesSplitSixteenDecodes) {
       PipelineCost::Make(spec, Stages(spec, {"a", "b"}, DeviceKind::kCpu, 1), 4, 4, DefaultPipelineProfiles());
   ASSERT_TRUE(cost.ok()) << cost.status();
   EXPECT_EQ((*cost)->SharedGroup(0), -1);
-  // At 110 GFLOP/s, 16 tokens of a stage's 6 layers take longer to compute than its weights to read.
+  // At 110 GFLOP/s, 16 tokens of a stage's 6 layers take longer to compute than its weights to read
+  // (12.4 ms against 5.7), so two machines working at once gain, though each micro-batch reads the
+  // weights (and the last stage its lm_head) again and a CPU op takes its reads plus its arithmetic.
   const PipeliningChoice c = ChooseMicroBatches(**cost, Decodes(16, 64), 2, 64);
   EXPECT_EQ(c.micro_batches, 2);
-  EXPECT_GT(c.gain, 1.5);
+  EXPECT_GT(c.gain, 1.2);
+  EXPECT_LT(c.gain, 1.6);
   EXPECT_THAT(DescribePipelining(c, (*cost)->Describe()), HasSubstr("2 micro-batches for 16 running sequences (2 CPU stages on 2 machines"));
 }
 
