@@ -6,30 +6,20 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "worker/kernels/cuda/gemv16_dots.cuh"
+
 namespace shardserve::kernels::cuda {
 namespace {
 
-constexpr int kWarp = 32;
+using gemv16::kVec;
+using gemv16::kWarp;
+using gemv16::WarpSum;
+using gemv16::Widen;
 constexpr int kGemvWarps = 4;        // rows per block (one warp per row)
-constexpr int kVec = 8;              // 16-bit weights per 16-byte load
 constexpr int kElementThreads = 256;
 constexpr int64_t kMaxGrid = 65535;
 
 unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-template <DType kType>
-__device__ __forceinline__ float Widen(uint16_t bits) {
-  if constexpr (kType == DType::kBF16) {
-    return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-  } else {
-    return __half2float(__ushort_as_half(bits));
-  }
-}
 
 // One warp per output row of the group's rows (grid-stride; part after part). `kVectorized`:
 // in % 8 == 0 and every row and activation row 16-byte aligned, so each lane loads 8 weights and
@@ -51,48 +41,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp)
     float acc[kGemv16MaxTokens];
 #pragma unroll
     for (int t = 0; t < kGemv16MaxTokens; ++t) acc[t] = 0.f;
-    if constexpr (kVectorized) {
-      // kLoads 16-byte weight loads per lane are issued before any is used: a row is a few KiB, so
-      // the loads in flight, not the arithmetic, bound the rate.
-      constexpr int64_t kStride = int64_t{kWarp} * kVec;
-      for (int64_t base = int64_t{lane} * kVec; base < in; base += kLoads * kStride) {
-        uint4 raw[kLoads];
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
-          const int64_t e = base + u * kStride;
-          raw[u] = e < in ? __ldg(reinterpret_cast<const uint4*>(wr + e)) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kLoads; ++u) {
-          const int64_t e = base + u * kStride;
-          if (e >= in) break;
-          const uint32_t words[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-          float wf[kVec];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            wf[2 * i] = Widen<kType>(static_cast<uint16_t>(words[i] & 0xffffu));
-            wf[2 * i + 1] = Widen<kType>(static_cast<uint16_t>(words[i] >> 16));
-          }
-#pragma unroll
-          for (int t = 0; t < kGemv16MaxTokens; ++t) {
-            if (t < tokens) {
-              const float4 a = *reinterpret_cast<const float4*>(x + t * in + e);
-              const float4 b = *reinterpret_cast<const float4*>(x + t * in + e + 4);
-              acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
-                        wf[6] * b.z + wf[7] * b.w;
-            }
-          }
-        }
-      }
-    } else {
-      for (int64_t e = lane; e < in; e += kWarp) {
-        const float wv = Widen<kType>(wr[e]);
-#pragma unroll
-        for (int t = 0; t < kGemv16MaxTokens; ++t) {
-          if (t < tokens) acc[t] += wv * x[t * in + e];
-        }
-      }
-    }
+    gemv16::RowDots<kType, kVectorized, kLoads>(wr, x, tokens, in, lane, acc);
 #pragma unroll
     for (int t = 0; t < kGemv16MaxTokens; ++t) {
       if (t < tokens) {

@@ -4,12 +4,15 @@
 
 #include <cuda_fp16.h>
 
+#include "worker/kernels/cuda/gemv16_dots.cuh"
+
 namespace shardserve::kernels::cuda {
 namespace {
 
-constexpr int kWarp = 32;
+using gemv16::kVec;
+using gemv16::kWarp;
+using gemv16::WarpSum;
 constexpr int kGemvWarps = 4;  // output rows per block (one warp per row)
-constexpr int kVec = 8;        // 16-bit weights per 16-byte load
 constexpr int kLoads = 4;      // 16-byte loads a lane keeps in flight
 constexpr int kCombineThreads = 256;
 constexpr int64_t kMaxGrid = 65535;
@@ -17,67 +20,6 @@ constexpr int64_t kMaxGrid = 65535;
 static_assert(kCombineThreads >= kMaxLaunchGroups, "the combine searches one group per thread");
 
 unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-template <DType kType>
-__device__ __forceinline__ float Widen(uint16_t bits) {
-  if constexpr (kType == DType::kBF16) {
-    return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-  } else {
-    return __half2float(__ushort_as_half(bits));
-  }
-}
-
-// One warp's dot products of weight row `wr` ([in]) with `rows` (<= kGroupedGemvTile) activation
-// rows x ([rows, in]): acc[r] gets lane's partial sums (reduced by the caller).
-template <DType kType, bool kVectorized>
-__device__ __forceinline__ void TileDots(const uint16_t* __restrict__ wr, const float* __restrict__ x, int rows,
-                                         int64_t in, int lane, float (&acc)[kGroupedGemvTile]) {
-  if constexpr (kVectorized) {
-    constexpr int64_t kStride = int64_t{kWarp} * kVec;
-    for (int64_t base = int64_t{lane} * kVec; base < in; base += kLoads * kStride) {
-      uint4 raw[kLoads];
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u) {
-        const int64_t e = base + u * kStride;
-        raw[u] = e < in ? __ldg(reinterpret_cast<const uint4*>(wr + e)) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u) {
-        const int64_t e = base + u * kStride;
-        if (e >= in) break;
-        const uint32_t words[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-        float wf[kVec];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          wf[2 * i] = Widen<kType>(static_cast<uint16_t>(words[i] & 0xffffu));
-          wf[2 * i + 1] = Widen<kType>(static_cast<uint16_t>(words[i] >> 16));
-        }
-#pragma unroll
-        for (int r = 0; r < kGroupedGemvTile; ++r) {
-          if (r < rows) {
-            const float4 a = *reinterpret_cast<const float4*>(x + r * in + e);
-            const float4 b = *reinterpret_cast<const float4*>(x + r * in + e + 4);
-            acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
-                      wf[6] * b.z + wf[7] * b.w;
-          }
-        }
-      }
-    }
-  } else {
-    for (int64_t e = lane; e < in; e += kWarp) {
-      const float wv = Widen<kType>(wr[e]);
-#pragma unroll
-      for (int r = 0; r < kGroupedGemvTile; ++r) {
-        if (r < rows) acc[r] += wv * x[r * in + e];
-      }
-    }
-  }
-}
 
 // blockIdx.y: the group; warps stride over its output rows; each warp multiplies its weight row
 // with the group's rows a tile at a time (GemvTiles / GemvTileRows).
@@ -98,7 +40,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp)
       float acc[kGroupedGemvTile];
 #pragma unroll
       for (int r = 0; r < kGroupedGemvTile; ++r) acc[r] = 0.f;
-      TileDots<kType, kVectorized>(wr, x + first * in, rows, in, lane, acc);
+      gemv16::RowDots<kType, kVectorized, kLoads>(wr, x + first * in, rows, in, lane, acc);
 #pragma unroll
       for (int r = 0; r < kGroupedGemvTile; ++r) {
         if (r < rows) {
