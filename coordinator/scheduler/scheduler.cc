@@ -822,13 +822,13 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
         ++s.consumed;
         r.pool->Commit(s.blocks, s.context, s.consumed, &s.cached_blocks);
       }
-      if (ApplyTokenLocked(r, s, in, *out, sampled + static_cast<size_t>(j), events)) break;
+      if (ApplyTokenLocked(r, s, in, *out, sampled + static_cast<size_t>(j), /*coalesce=*/j > 0, events)) break;
     }
   }
 }
 
 bool Scheduler::ApplyTokenLocked(Replica& r, Sequence& s, const StepSequenceInput& in, const StepOutput& out,
-                                 size_t index, std::vector<Event>& events) {
+                                 size_t index, bool coalesce, std::vector<Event>& events) {
   const int32_t token = out.token_ids[index];
   s.context.push_back(token);
   ++s.generated;
@@ -840,7 +840,12 @@ bool Scheduler::ApplyTokenLocked(Replica& r, Sequence& s, const StepSequenceInpu
     options_.observer->OnInterTokenLatency(std::max(absl::ZeroDuration(), now - s.last_token));
   }
   s.last_token = now;
-  events.push_back(Event{.sink = s.sink, .tokens = {token}});
+  if (coalesce) {
+    // The next token of one decode call joins its predecessor's event: one sink call for them.
+    events.back().tokens.push_back(token);
+  } else {
+    events.push_back(Event{.sink = s.sink, .tokens = {token}});
+  }
   if (in.logprobs) events.back().logprobs.push_back(out.logprobs[index]);
   const SequenceRequest& req = s.request;
   bool constraint_done = false;

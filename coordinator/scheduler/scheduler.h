@@ -73,9 +73,9 @@
 // anything (when they are too few, the batch runs one step); a sequence that ends early frees them
 // with the rest of its blocks. The answer's k tokens of a sequence are applied in
 // order exactly as k answers would be (stop ids, max_tokens, the context; usage), and those after
-// the one that ended it are dropped as if never made. A stop string the front end matches ends the
-// sequence as with single steps, which may be up to k tokens later; the front end returns no text
-// past the stop string.
+// the one that ended it are dropped as if never made; the sink gets a call's tokens in one
+// OnTokens. A stop string the front end matches ends the sequence as with single steps, which may
+// be up to k tokens later; the front end returns no text past the stop string.
 //
 // ---- Recovery (one replica, no lost request) --------------------------------------------------
 // With recovery_timeout > 0, a sequence whose pipeline broke (an UNAVAILABLE step, or its replica
@@ -343,9 +343,10 @@ class Scheduler {
   const std::vector<int32_t>& MatchLocked(const Replica& r, Sequence& seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies token out.token_ids[index] of the running sequence `s` (from `in`'s answer): appends
   // and queues it, then ends `s` on a stop or length. True when it ended `s` (which is then
-  // destroyed).
+  // destroyed). With `coalesce` (a later token of a multi-step answer, whose predecessor is the last
+  // of `events` and carries no constraint or logprobs) it joins that event instead of a new one.
   bool ApplyTokenLocked(Replica& r, Sequence& s, const StepSequenceInput& in, const StepOutput& out, size_t index,
-                        std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                        bool coalesce, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The decode steps to ask of the micro-batch of `members` (their one-step blocks already taken):
   // decode_steps_per_call capped as "Multi-step decoding" above says, having given the members the
   // blocks for them; 1 when multi-step decoding does not apply or the blocks are not available.
