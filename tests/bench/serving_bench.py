@@ -300,6 +300,9 @@ def one_stage(args, model):
           f"{(c - w) * 1e3:.3f} ms; per token: coordinator's inter-token gap {g * 1e3:.3f} ms, of which outside "
           f"the step {(g - c) * 1e3:.3f} ms (scheduling, delivery); the client's mean gap "
           f"{s['itl_s']['mean'] * 1e3:.3f} ms")
+    if args.decode_steps_per_call > 1:
+        print("  (with --decode_steps_per_call > 1 a micro-batch runs several decode steps while the worker's metric "
+              "records each step: the round trip above then also holds the call's other steps)")
 
 SEEDS = iter(range(1, 1 << 30))
 
