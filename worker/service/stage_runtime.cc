@@ -173,9 +173,9 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
 
 absl::StatusOr<v1::StepResponse> StageRuntime::RunDecodeSteps(const StageBatch& batch,
                                                               std::vector<engine::StepSequence> steps) {
-  if (!is_last()) {
+  if (!is_last() || runner_->options().layer_begin != 0) {
     return absl::InvalidArgumentError(absl::StrCat("decode_steps = ", batch.decode_steps, " but stage ", config_.stage,
-                                                   " is not the last of its pipeline (several decode steps per "
+                                                   " is not the only one of its pipeline (several decode steps per "
                                                    "request need a 1-stage pipeline)"));
   }
   const size_t vocab = static_cast<size_t>(runner_->spec().vocab_size);

@@ -231,10 +231,21 @@ TEST(MultiStepWorkerTest, AStageOfALongerPipelineRefusesDecodeSteps) {
   ASSERT_TRUE(w0.server->Assign(StageAssignment(golden.dir, 0, 0, 1, 1, w1.address)).ok());
   ASSERT_EQ(AwaitLoaded(*w1.server).state, v1::WORKER_STATE_READY) << w1.server->Status().error;
   ASSERT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
-  const v1::StepResponse r = Ask(w0.address, Decode(1, 3, 5, 4));
-  EXPECT_EQ(r.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(r.error_message(), HasSubstr("decode_steps"));
-  EXPECT_THAT(r.error_message(), HasSubstr("1-stage"));
+  // Stage 0 (not the last), and the last stage itself (which does not embed).
+  for (const std::string& address : {w0.address, w1.address}) {
+    v1::StepRequest request = Decode(1, 3, 5, 4);
+    if (address == w1.address) {  // what stage 0 would forward: hidden states, no token ids
+      request.mutable_sequences(0)->clear_token_ids();
+      v1::Tensor* hidden = request.mutable_hidden();
+      hidden->set_dtype(v1::DTYPE_F32);
+      hidden->add_shape(1);
+      hidden->add_shape(64);
+      hidden->set_data(std::string(64 * sizeof(float), '\0'));
+    }
+    const v1::StepResponse r = Ask(address, request);
+    EXPECT_EQ(r.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << address;
+    EXPECT_THAT(r.error_message(), HasSubstr("decode_steps")) << address;
+  }
   StopWorker(w0);
   StopWorker(w1);
 }
