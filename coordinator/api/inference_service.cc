@@ -107,6 +107,9 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     bool ended = false;
     grpc::Status status;  // how it ended
     std::string all_text;  // with tools_: the whole text, parsed for calls at the end
+    // Tokens delivered after the one that completed a stop string (several decode steps per call
+    // deliver them together): not returned, and not counted in the usage.
+    int32_t past_stop = 0;
   };
 
   class ChoiceSink final : public SequenceSink {
@@ -149,13 +152,17 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     {
       absl::MutexLock lock(&mu_);
       Choice& c = choices_[index];
-      if (c.text.stopped()) return;  // a stop string matched; the cancel is on its way
+      if (c.text.stopped()) {  // a stop string matched; the cancel is on its way
+        c.past_stop += static_cast<int32_t>(tokens.size());
+        return;
+      }
       const size_t text_before = c.pending.text().size();
       for (size_t i = 0; i < tokens.size(); ++i) {
         c.pending.add_token_ids(tokens[i]);
         if (i < logprobs.size()) AddLogprobs(logprobs[i], c.pending.add_logprobs());
         if (c.text.Add(tokens[i], c.pending.mutable_text())) {
           stop_now = true;
+          c.past_stop += static_cast<int32_t>(tokens.size() - i - 1);
           break;
         }
       }
@@ -178,7 +185,8 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
       auto finish = [&](FinishReason reason) {
         c.pending.set_finish_reason(ToProto(reason));
         c.pending.mutable_usage()->set_prompt_tokens(end.prompt_tokens);
-        c.pending.mutable_usage()->set_completion_tokens(end.completion_tokens);
+        c.pending.mutable_usage()->set_completion_tokens(end.completion_tokens -
+                                                         (c.text.stopped() ? std::min(c.past_stop, end.completion_tokens) : 0));
         c.pending.mutable_usage()->set_cached_prompt_tokens(end.cached_prompt_tokens);
         c.has_pending = true;
       };

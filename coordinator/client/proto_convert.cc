@@ -117,6 +117,7 @@ absl::StatusOr<WorkerAssignment> FromProto(const v1::Assignment& in) {
 void ToProto(const StepInput& input, v1::StepRequest* out) {
   out->Clear();
   out->set_step_id(input.step_id);
+  if (input.decode_steps > 1) out->set_decode_steps(static_cast<uint32_t>(input.decode_steps));
   out->mutable_sequences()->Reserve(static_cast<int>(input.sequences.size()));
   for (const StepSequenceInput& in : input.sequences) {
     v1::StepSequence* s = out->add_sequences();

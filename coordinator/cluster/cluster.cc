@@ -799,7 +799,8 @@ void Cluster::UpdateServingReplicas(const std::vector<WorkerRecord>& workers) {
                                                               .pipeline_cost = std::move(cost),
                                                               .kv_blocks = c.endpoint.kv_blocks,
                                                               .kv_block_size = c.endpoint.kv_block_size,
-                                                              .prefix_caching = options_.prefix_caching})
+                                                              .prefix_caching = options_.prefix_caching,
+                                                              .stages = static_cast<int32_t>(c.endpoint.worker_ids.size())})
                                     : client.status();
       if (!st.ok()) {
         LOG(WARNING) << "replica " << c.replica << " cannot serve: " << st;

@@ -129,6 +129,9 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
     std::optional<SequenceEnd> end;
     bool end_taken = false;  // Wait has reported the end
     double cumulative_logprob = 0;
+    // Tokens delivered after the one that completed a stop string (several decode steps per call
+    // deliver them together): not returned, and not counted in the usage.
+    int32_t past_stop = 0;
   };
 
   class ChoiceSink final : public SequenceSink {
@@ -159,7 +162,10 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
     {
       absl::MutexLock lock(&mu_);
       Choice& c = choices_[index];
-      if (c.sequence_text.stopped()) return;
+      if (c.sequence_text.stopped()) {
+        c.past_stop += static_cast<int32_t>(tokens.size());
+        return;
+      }
       for (size_t i = 0; i < tokens.size(); ++i) {
         if (i < logprobs.size()) {
           c.logprobs.push_back(Entry(tokens[i], logprobs[i]));
@@ -167,6 +173,7 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
         }
         if (c.sequence_text.has_text() && c.sequence_text.Add(tokens[i], &c.text)) {
           stop_now = true;
+          c.past_stop += static_cast<int32_t>(tokens.size() - i - 1);
           break;
         }
       }
@@ -182,6 +189,7 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
     if (c.sequence_text.stopped()) {
       c.end->status = absl::OkStatus();
       c.end->reason = FinishReason::kStop;
+      c.end->completion_tokens -= std::min(c.past_stop, c.end->completion_tokens);
     } else if (end.status.ok() && end.reason != FinishReason::kCancelled && c.sequence_text.Finish(&c.text)) {
       c.end->reason = FinishReason::kStop;
     }

@@ -79,10 +79,15 @@ struct StepSequenceInput {
 struct StepInput {
   uint64_t step_id = 0;  // unique per replica; increasing
   std::vector<StepSequenceInput> sequences;
+  // Multi-step decoding (shardserve.v1.StepRequest.decode_steps): k > 1 decode steps in one call,
+  // for a batch of one-token decodes that all sample plainly, on a 1-stage replica (the scheduler
+  // only asks when that holds); block_ids then cover pos_begin + k positions.
+  int32_t decode_steps = 1;
 };
 
 struct StepOutput {
-  // One token per sequence with sample = true, in input order.
+  // One token per sequence with sample = true, in input order; with decode_steps = k > 1, k per
+  // sequence (sequence by sequence, in the order sampled).
   std::vector<int32_t> token_ids;
   // Empty when no sequence asked for logprobs; else one entry per token_ids entry (empty entries
   // for the sequences that did not ask).
@@ -100,8 +105,8 @@ struct StepOutput {
 //    Unavailable when the replica cannot be reached or does not answer within the step timeout).
 //    Nothing is assumed about the KV contents of those sequences' blocks afterwards. A later Step
 //    may succeed (e.g. after the implementation reconnects).
-//  - StepOutput::token_ids must have exactly one entry per sequence with sample = true;
-//    the scheduler fails the batch with Internal otherwise.
+//  - StepOutput::token_ids must have exactly one entry (decode_steps entries) per sequence with
+//    sample = true; the scheduler fails the batch with Internal otherwise.
 //  - StepOverlapping() is Step() that also runs the caller's `while_waiting` on the calling thread
 //    exactly once (also when the step fails), without any lock of the client held: an
 //    implementation that sends the micro-batch and then waits for its answer runs it in between,

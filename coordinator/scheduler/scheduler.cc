@@ -82,6 +82,7 @@ struct Scheduler::Replica {
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;  // admission order
   int32_t depth = 1;  // step loops (micro-batches in flight at once, at most)
+  int32_t stages = 0;  // ReplicaOptions::stages
   std::shared_ptr<const PipelineCostModel> cost;  // null: the split is always `depth`
   PipeliningChoice choice;                        // with `cost`: the last one
   std::unique_ptr<PipeliningCache> pipelining_cache;  // with `cost`: its choices by the running set's shape
@@ -143,6 +144,10 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be >= 1, got ", max_step_tokens));
   }
   if (max_queued < 0) return absl::InvalidArgumentError(absl::StrCat("max_queued must be >= 0, got ", max_queued));
+  if (decode_steps_per_call < 1 || decode_steps_per_call > kMaxDecodeStepsPerCall) {
+    return absl::InvalidArgumentError(absl::StrCat("decode_steps_per_call must be in [1, ", kMaxDecodeStepsPerCall,
+                                                   "], got ", decode_steps_per_call));
+  }
   if (recovery_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("recovery_timeout must be >= 0, got ", absl::FormatDuration(recovery_timeout)));
@@ -197,6 +202,7 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->block_size = options.kv_block_size;
   r->client = std::move(client);
   r->depth = options.pipeline_depth;
+  r->stages = options.stages;
   r->cost = options.pipeline_cost;
   if (r->cost != nullptr) r->pipelining_cache = std::make_unique<PipeliningCache>(r->cost.get());
   r->micro_batches = r->cost != nullptr ? 1 : r->depth;
@@ -644,6 +650,14 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
       if (victim == &s) break;
     }
   }
+  // 2b. Multi-step decoding, when every member allows it and blocks are free for it.
+  if (options_.decode_steps_per_call > 1) {
+    std::vector<Sequence*> kept;
+    for (const Member& m : members) {
+      if (!m.dropped) kept.push_back(m.seq);
+    }
+    batch.input.decode_steps = DecodeStepsLocked(r, kept);
+  }
   // 3. The micro-batch.
   for (const Member& m : members) {
     if (m.dropped) continue;
@@ -695,13 +709,39 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
   return batch;
 }
 
+int32_t Scheduler::DecodeStepsLocked(Replica& r, absl::Span<Sequence* const> members) {
+  if (r.stages != 1 || members.empty()) return 1;
+  int64_t k = options_.decode_steps_per_call;
+  for (const Sequence* s : members) {
+    const SequenceRequest& req = s->request;
+    const bool plain = static_cast<int64_t>(s->context.size()) - s->consumed == 1 && !req.sampling.HasPenalties() &&
+                       req.sampling.logit_bias.empty() && req.constraint == nullptr && !req.logprobs &&
+                       !OwesPromptLogprobs(req, s->prompt_logprobs_next) && s->generated >= req.min_tokens;
+    if (!plain) return 1;
+    // The tokens it may still generate: the step ends it at max_tokens or a full context.
+    k = std::min<int64_t>(k, std::min<int64_t>(req.max_tokens - s->generated,
+                                               options_.limits.max_seq_len - std::ssize(s->context)));
+  }
+  if (k <= 1) return 1;
+  // Blocks for positions [consumed, consumed + k), without preempting anything.
+  int64_t need = 0;
+  for (const Sequence* s : members) {
+    need += std::max<int64_t>(0, BlocksFor(s->consumed + k, r.block_size) - std::ssize(s->blocks));
+  }
+  if (need > r.pool->available()) return 1;
+  for (Sequence* s : members) CHECK(GrowLocked(r, *s, s->consumed + k));
+  return static_cast<int32_t>(k);
+}
+
 void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out,
                             absl::Duration took, std::vector<Event>& events) {
   ++r.steps;
+  const int32_t steps = std::max(batch.input.decode_steps, 1);
   absl::Status status = out.status();
   if (status.ok()) {
     size_t want = 0;
     for (const StepSequenceInput& in : batch.input.sequences) want += in.sample ? 1 : 0;
+    want *= static_cast<size_t>(steps);
     bool logprobs = false;
     for (const StepSequenceInput& in : batch.input.sequences) logprobs = logprobs || (in.sample && in.logprobs);
     if (out->token_ids.size() != want) {
@@ -728,7 +768,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
                       .status = status};
     for (const StepSequenceInput& in : batch.input.sequences) {
       const bool decode = in.sample && in.token_ids.size() == 1 && in.sample_index > 0;
-      (decode ? report.decode_tokens : report.prefill_tokens) += static_cast<int64_t>(in.token_ids.size());
+      (decode ? report.decode_tokens : report.prefill_tokens) += static_cast<int64_t>(in.token_ids.size()) * steps;
     }
     options_.observer->OnStep(report);
   }
@@ -745,8 +785,8 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
   size_t prompt_k = 0;  // next entry of out->prompt_logprobs
   for (size_t b = 0; b < batch.members.size(); ++b) {
     const StepSequenceInput& in = batch.input.sequences[b];
-    const size_t sampled = k;
-    const int32_t token = (status.ok() && in.sample) ? out->token_ids[k++] : -1;
+    const size_t sampled = k;  // its first entry of out->token_ids (and out->logprobs)
+    if (status.ok() && in.sample) k += static_cast<size_t>(steps);
     auto it = sequences_.find(batch.members[b]);
     CHECK(it != sequences_.end()) << "a sequence in flight was ended by another thread";
     Sequence& s = *it->second;  // stays in flight until its events are delivered (ReleaseLocked)
@@ -774,43 +814,66 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
       if (!s.cancelled) events.push_back(std::move(e));
     }
     if (!in.sample || s.cancelled) continue;  // a cancelled sequence is ended before the next step
-    s.context.push_back(token);
-    ++s.generated;
-    if (s.request.sampling.HasPenalties()) s.history.AddGenerated(token);
-    const absl::Time now = clock_->Now();
-    if (!s.first_token.has_value()) {
-      s.first_token = now;
-    } else if (options_.observer != nullptr) {
-      options_.observer->OnInterTokenLatency(std::max(absl::ZeroDuration(), now - s.last_token));
-    }
-    s.last_token = now;
-    events.push_back(Event{.sink = s.sink, .tokens = {token}});
-    if (in.logprobs) events.back().logprobs.push_back(out->logprobs[sampled]);
-    const SequenceRequest& req = s.request;
-    bool constraint_done = false;
-    if (req.constraint != nullptr) {
-      // The mask allowed only tokens the constraint accepts; anything else is a broken stage.
-      s.constraint_state = req.constraint->Advance(s.constraint_state, token);
-      if (s.constraint_state < 0) {
-        EndLocked(s, SequenceEnd{.status = absl::InternalError(absl::StrCat(
-                                     "replica ", r.id, " sampled token ", token, " that the output constraint does not allow"))},
-                  events);
-        continue;
+    // With several decode steps, their tokens one after the other, as that many answers; those
+    // after the one that ends the sequence are dropped (`s` is gone then).
+    for (int32_t j = 0; j < steps; ++j) {
+      if (j > 0) {
+        // Step j wrote the previous token at the next position.
+        ++s.consumed;
+        r.pool->Commit(s.blocks, s.context, s.consumed, &s.cached_blocks);
       }
-      constraint_done = req.constraint->IsFinished(s.constraint_state);
-      if (!constraint_done) {
-        events.back().constraint = req.constraint;
-        events.back().constraint_state = s.constraint_state;
-      }
-    }
-    const bool stop = constraint_done || IsStopToken(req, options_.eos_token_ids, token);
-    if (stop) {
-      EndLocked(s, SequenceEnd{.reason = FinishReason::kStop}, events);
-    } else if (s.generated >= req.max_tokens ||
-               static_cast<int64_t>(s.context.size()) >= options_.limits.max_seq_len) {
-      EndLocked(s, SequenceEnd{.reason = FinishReason::kLength}, events);
+      if (ApplyTokenLocked(r, s, in, *out, sampled + static_cast<size_t>(j), /*coalesce=*/j > 0, events)) break;
     }
   }
+}
+
+bool Scheduler::ApplyTokenLocked(Replica& r, Sequence& s, const StepSequenceInput& in, const StepOutput& out,
+                                 size_t index, bool coalesce, std::vector<Event>& events) {
+  const int32_t token = out.token_ids[index];
+  s.context.push_back(token);
+  ++s.generated;
+  if (s.request.sampling.HasPenalties()) s.history.AddGenerated(token);
+  const absl::Time now = clock_->Now();
+  if (!s.first_token.has_value()) {
+    s.first_token = now;
+  } else if (options_.observer != nullptr) {
+    options_.observer->OnInterTokenLatency(std::max(absl::ZeroDuration(), now - s.last_token));
+  }
+  s.last_token = now;
+  if (coalesce) {
+    // The next token of one decode call joins its predecessor's event: one sink call for them.
+    events.back().tokens.push_back(token);
+  } else {
+    events.push_back(Event{.sink = s.sink, .tokens = {token}});
+  }
+  if (in.logprobs) events.back().logprobs.push_back(out.logprobs[index]);
+  const SequenceRequest& req = s.request;
+  bool constraint_done = false;
+  if (req.constraint != nullptr) {
+    // The mask allowed only tokens the constraint accepts; anything else is a broken stage.
+    s.constraint_state = req.constraint->Advance(s.constraint_state, token);
+    if (s.constraint_state < 0) {
+      EndLocked(s, SequenceEnd{.status = absl::InternalError(absl::StrCat(
+                                   "replica ", r.id, " sampled token ", token, " that the output constraint does not allow"))},
+                events);
+      return true;
+    }
+    constraint_done = req.constraint->IsFinished(s.constraint_state);
+    if (!constraint_done) {
+      events.back().constraint = req.constraint;
+      events.back().constraint_state = s.constraint_state;
+    }
+  }
+  const bool stop = constraint_done || IsStopToken(req, options_.eos_token_ids, token);
+  if (stop) {
+    EndLocked(s, SequenceEnd{.reason = FinishReason::kStop}, events);  // destroys `s`
+    return true;
+  }
+  if (s.generated >= req.max_tokens || static_cast<int64_t>(s.context.size()) >= options_.limits.max_seq_len) {
+    EndLocked(s, SequenceEnd{.reason = FinishReason::kLength}, events);
+    return true;
+  }
+  return false;
 }
 
 void Scheduler::ChoosePipeliningLocked(Replica& r) {

@@ -61,6 +61,22 @@
 // when it moved to another replica. The next step cannot be built before the answer: its input
 // holds the tokens the answer samples.
 //
+// ---- Multi-step decoding ----------------------------------------------------------------------
+// With SchedulerOptions::decode_steps_per_call = K > 1, a micro-batch asks its replica for k decode
+// steps in one call (StepInput::decode_steps; the worker feeds each sampled id into the next step
+// itself), which saves k - 1 round trips. Only when that gives exactly the tokens of k single
+// steps: the replica has one stage (ReplicaOptions::stages), the micro-batch has no prefill chunk,
+// and no member needs anything computed per token: no penalties, logit_bias, structured output,
+// logprobs, prompt logprobs owed, or min_tokens still suppressing stop ids. k is K capped by every
+// member's remaining max_tokens and context (max_seq_len); the members' KV blocks for the k
+// positions are taken after the usual one-step blocks, from blocks available without preempting
+// anything (when they are too few, the batch runs one step); a sequence that ends early frees them
+// with the rest of its blocks. The answer's k tokens of a sequence are applied in
+// order exactly as k answers would be (stop ids, max_tokens, the context; usage), and those after
+// the one that ended it are dropped as if never made; the sink gets a call's tokens in one
+// OnTokens. A stop string the front end matches ends the sequence as with single steps, which may
+// be up to k tokens later; the front end returns no text past the stop string.
+//
 // ---- Recovery (one replica, no lost request) --------------------------------------------------
 // With recovery_timeout > 0, a sequence whose pipeline broke (an UNAVAILABLE step, or its replica
 // removed) and that no other replica can take is PARKED: it keeps its context and delivered
@@ -144,6 +160,9 @@ enum class StepDriver : uint8_t {
   kCaller,   // no threads; the caller calls BeginStep / EndStep
 };
 
+// Largest SchedulerOptions::decode_steps_per_call (a worker takes at most as many, stage.proto).
+inline constexpr int32_t kMaxDecodeStepsPerCall = 64;
+
 struct SchedulerOptions {
   RequestLimits limits;               // vocab_size >= 1, max_seq_len >= 2
   int64_t max_step_tokens = 256;      // tokens per micro-batch over all sequences, >= 1
@@ -155,6 +174,9 @@ struct SchedulerOptions {
   // How long a sequence whose pipeline broke waits for a replica to take it ("Recovery" above);
   // 0 = it fails at once when no other replica can take it. >= 0.
   absl::Duration recovery_timeout = absl::ZeroDuration();
+  // Multi-step decoding ("Multi-step decoding" above): the most decode steps one micro-batch may
+  // ask a replica for, in [1, kMaxDecodeStepsPerCall]; 1 = one step per call (off).
+  int32_t decode_steps_per_call = 1;
   // InvalidArgument naming the field when a value is out of range.
   absl::Status Validate() const;
 };
@@ -172,6 +194,9 @@ struct ReplicaOptions {
   // Keep full blocks after their sequences end and reuse them for later sequences with the same
   // prefix (block_pool.h).
   bool prefix_caching = true;
+  // Pipeline stages of the replica (0 = not known). Multi-step decoding is only asked of a replica
+  // with exactly one stage.
+  int32_t stages = 0;
 };
 
 using SequenceId = uint64_t;
@@ -316,6 +341,16 @@ class Scheduler {
   // The cached blocks holding a prefix of `seq`'s context (a waiting sequence), refreshed when the
   // replica's cache changed since the last look.
   const std::vector<int32_t>& MatchLocked(const Replica& r, Sequence& seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies token out.token_ids[index] of the running sequence `s` (from `in`'s answer): appends
+  // and queues it, then ends `s` on a stop or length. True when it ended `s` (which is then
+  // destroyed). With `coalesce` (a later token of a multi-step answer, whose predecessor is the last
+  // of `events` and carries no constraint or logprobs) it joins that event instead of a new one.
+  bool ApplyTokenLocked(Replica& r, Sequence& s, const StepSequenceInput& in, const StepOutput& out, size_t index,
+                        bool coalesce, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The decode steps to ask of the micro-batch of `members` (their one-step blocks already taken):
+  // decode_steps_per_call capped as "Multi-step decoding" above says, having given the members the
+  // blocks for them; 1 when multi-step decoding does not apply or the blocks are not available.
+  int32_t DecodeStepsLocked(Replica& r, absl::Span<Sequence* const> members) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `seq` blocks until they cover `tokens` positions; false (nothing taken) when too few are free.
   bool GrowLocked(Replica& r, Sequence& seq, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a running sequence's blocks and puts it back at the front of the waiting queue.

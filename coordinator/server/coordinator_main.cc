@@ -59,6 +59,11 @@ ABSL_FLAG(int64_t, kv_blocks, 0,
           "KV cache blocks per replica at most (0 = what the KV budget holds); when full, the newest sequences "
           "are preempted and recomputed later");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per micro-batch (prefill chunk budget)");
+ABSL_FLAG(int32_t, decode_steps_per_call, 1,
+          "multi-step decoding, in [1, 64]: decode steps a 1-stage replica runs per call for a batch of "
+          "plain decodes (no penalties, logit_bias, structured output, logprobs or active min_tokens), "
+          "feeding each sampled token into the next step itself; tokens past a stop are dropped. "
+          "1 = one step per call");
 ABSL_FLAG(int64_t, max_queued, 1024, "requests waiting for a slot; beyond it Generate fails with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, pipeline_depth, 0,
           "micro-batches in flight per replica (pipelining); 0 = auto: up to its number of stages, split per step "
@@ -156,6 +161,7 @@ int main(int argc, char** argv) {
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.max_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   options.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
+  options.decode_steps_per_call = absl::GetFlag(FLAGS_decode_steps_per_call);
   options.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
   options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);

@@ -60,6 +60,9 @@ ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
 ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
 ABSL_FLAG(int32_t, max_slots, 0, "sequences per replica at once (0 = sized from the KV budget, at most 256)");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
+ABSL_FLAG(int32_t, decode_steps_per_call, 1,
+          "the coordinator's --decode_steps_per_call: decode steps a 1-stage replica runs per call for plain "
+          "decodes (multi-step decoding), in [1, 64]; 1 = one step per call");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = auto (the coordinator's pipelining policy)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");
@@ -301,6 +304,7 @@ int main(int argc, char** argv) {
       absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
       absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
       absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens)),
+      absl::StrCat("--decode_steps_per_call=", absl::GetFlag(FLAGS_decode_steps_per_call)),
       absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth)),
       absl::StrCat("--kv_block_size=", absl::GetFlag(FLAGS_kv_block_size)),
       absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks)),

@@ -23,7 +23,9 @@ compute time, from the workers' shardserve_worker_step_seconds, over the wall ti
      token (1 / its tok/s; target: >= 0.6); the rest is the serving path's own cost, split with the
      exported metrics into the coordinator's round trip of a micro-batch beyond the worker's compute
      and the coordinator's inter-token gap beyond the round trip. (The client's ITL percentiles are
-     not used for the ratio: streamed tokens can arrive coalesced.)
+     not used for the ratio: streamed tokens can arrive coalesced.) --decode_steps_per_call=K passes
+     K to the cluster (multi-step decoding: the worker runs up to K decode steps per call);
+     compare K = 1, 4, 8 in interleaved runs.
   5. with --step_deltas (default model: stories260K, whose compute is small beside the serving
      path): 16 and 64 clients through a PP=2 cluster with step deltas on and off (--step_deltas of
      shardserve-local), taking turns: tokens/s, and the bytes per micro-batch on the coordinator's
@@ -125,6 +127,9 @@ def main():
                     help="runs of each load; the run with the median throughput is reported")
     ap.add_argument("--prefix", action="store_true",
                     help="only the shared-prefix comparison (prefix caching on vs off)")
+    ap.add_argument("--decode_steps_per_call", type=int, default=1,
+                    help="with --one_stage: shardserve-local's --decode_steps_per_call (multi-step decoding: "
+                         "decode steps the worker runs per call)")
     ap.add_argument("--one_stage", action="store_true",
                     help="only one client through a 1-stage cluster vs the engine alone (default model stories260K)")
     ap.add_argument("--step_deltas", action="store_true",
@@ -256,7 +261,8 @@ def step_deltas(args, model):
 def one_stage(args, model):
     with open(os.path.join(model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
-    cluster = LocalCluster(args.bin_dir, model, 1, "cpu:1", ["--max_seq_len=256"], timeout=300)
+    cluster = LocalCluster(args.bin_dir, model, 1, "cpu:1",
+                           ["--max_seq_len=256", f"--decode_steps_per_call={args.decode_steps_per_call}"], timeout=300)
     try:
         bench(args.bin_dir, cluster.address, 1, 2, 8, seed=next_seed(), vocab=vocab)  # warm-up
         runs = []
@@ -281,7 +287,7 @@ def one_stage(args, model):
         cluster.stop()
     engine = s["engine_step_s"]
     print(f"1 client, 1 stage x 1 CPU rank, prompt 32 tokens, {args.max_tokens} output tokens, median of "
-          f"{args.repeats} runs, model {model}")
+          f"{args.repeats} runs, model {model}, --decode_steps_per_call={args.decode_steps_per_call}")
     print(f"{'':<34} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>10} {'ITL p99':>10}   (ms)")
     row("1 client, 1 stage", s)
     served = 1 / s["output_tokens_per_s"]
@@ -294,6 +300,9 @@ def one_stage(args, model):
           f"{(c - w) * 1e3:.3f} ms; per token: coordinator's inter-token gap {g * 1e3:.3f} ms, of which outside "
           f"the step {(g - c) * 1e3:.3f} ms (scheduling, delivery); the client's mean gap "
           f"{s['itl_s']['mean'] * 1e3:.3f} ms")
+    if args.decode_steps_per_call > 1:
+        print("  (with --decode_steps_per_call > 1 a micro-batch runs several decode steps while the worker's metric "
+              "records each step: the round trip above then also holds the call's other steps)")
 
 SEEDS = iter(range(1, 1 << 30))
 

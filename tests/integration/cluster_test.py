@@ -282,6 +282,42 @@ class Load(unittest.TestCase):
             c.stop()
 
 
+    def test_multi_step_decoding_answers_as_the_engine_alone(self):
+        # --decode_steps_per_call=8 on a 1-stage cluster: the worker runs up to 8 decode steps per
+        # call, and greedy and seeded answers stay exactly the single-process engine's, also with
+        # clients at once (batches of several sequences) and max_tokens ending inside a call.
+        args = ["--temperature", "0.8", "--top_p", "0.9", "--seed", "7"]
+        prompts = [[1, 400], [1, 250, 251], [1, 7, 8, 9, 10]]
+        with open("tests/golden/stories260K_reference.json") as f:
+            ref = json.load(f)
+        c = Cluster(STORIES, 1, "cpu:1", ["--decode_steps_per_call=8"])
+        try:
+            for case in ref["cases"]:
+                self.assertEqual(c.ids(case["prompt_ids"], len(case["greedy_ids"])), case["greedy_ids"])
+            self.assertEqual(c.ids([1, 400], 40, *args), run_alone(STORIES, [1, 400], 40, *args))
+            expected = [run_alone(STORIES, p, 13 + 5 * i) for i, p in enumerate(prompts)]
+            results = [None] * len(prompts)
+
+            def client(i):
+                results[i] = c.ids(prompts[i], 13 + 5 * i)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(results, expected)
+            # The worker ran more decode steps than the coordinator sent micro-batches.
+            page = urllib.request.urlopen(c.metrics[0], timeout=10).read().decode()
+            steps = sum(float(l.split()[-1]) for l in page.splitlines()
+                        if l.startswith('shardserve_worker_step_seconds_count{phase="decode"'))
+            calls = sum(float(l.split()[-1]) for l in page.splitlines()
+                        if l.startswith('shardserve_worker_stream_messages_total{direction="rx",peer="upstream"'))
+            self.assertGreater(steps, 2 * calls, page)
+        finally:
+            c.stop()
+
+
 class Faults(unittest.TestCase):
     def kill_while_generating(self, workers, pp, clients, n, victim):
         """Two replicas of `pp` stages on `workers` 1-rank workers; once both run sequences of the

@@ -108,6 +108,23 @@ absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::S
                                          .tokens = s.token_ids,
                                          .all_logits = !s.prompt_logprob_targets.empty()});
   }
+  if (input.decode_steps > 1) {
+    // Multi-step decoding as a 1-stage worker runs it (engine::RunDecodeSteps), sampling plainly.
+    const size_t vocab = static_cast<size_t>(runner_->spec().vocab_size);
+    const engine::PickToken pick = [&](size_t i, int32_t j, const engine::StepResult& result) {
+      const coordinator::StepSequenceInput& s = input.sequences[i];
+      const engine::SamplingParams params{.temperature = s.sampling.temperature,
+                                          .top_k = s.sampling.top_k,
+                                          .top_p = s.sampling.top_p,
+                                          .seed = s.sampling.seed,
+                                          .min_p = s.sampling.min_p};
+      return sampler_->Sample(absl::MakeConstSpan(result.logits[i].data() + result.logits[i].size() - vocab, vocab),
+                              params, s.sample_index + static_cast<uint64_t>(j));
+    };
+    coordinator::StepOutput out;
+    ASSIGN_OR_RETURN(out.token_ids, engine::RunDecodeSteps(*runner_, std::move(batch), input.decode_steps, pick));
+    return out;
+  }
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(batch));
   coordinator::StepOutput out;
   bool any_logprobs = false;

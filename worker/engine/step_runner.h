@@ -157,6 +157,19 @@ class StepRunner {
   virtual const ModelOptions& options() const = 0;
 };
 
+// Multi-step decoding: runs `steps` (>= 1) decode steps of `batch` on `runner`, which must hold
+// both the embedding and the last layer. Every sequence decodes one given token (tokens.size() ==
+// 1, not all_logits) and its block_ids must cover pos_begin + steps positions. After step j,
+// `pick(i, j, result)` gives the id of sequence i at that step from the step's result (its
+// sampled_ids entry, or its logits row, which the caller samples with sample index base + j); step
+// j + 1 then decodes that id at the next position. A sequence's `sampling` (device draws) moves on
+// with the steps: its `step` is the original plus j at step j. Returns the ids sequence by
+// sequence: ids[i * steps + j]. InvalidArgument for a batch that breaks these rules; otherwise the
+// runner's errors (the cache then holds whatever the steps before wrote).
+using PickToken = std::function<int32_t(size_t sequence, int32_t step, const StepResult& result)>;
+absl::StatusOr<std::vector<int32_t>> RunDecodeSteps(StepRunner& runner, std::vector<StepSequence> batch,
+                                                    int32_t steps, const PickToken& pick);
+
 }  // namespace shardserve::engine
 
 #endif  // SHARDSERVE_WORKER_ENGINE_STEP_RUNNER_H_

@@ -51,6 +51,30 @@ void SamplingToProto(const StageSequence& s, v1::StepSequence* p) {
   p->set_allowed_token_mask(s.sampling.allowed_token_mask);
 }
 
+// Whether every sequence of `batch` (decode_steps > 1) can take its next tokens from its own
+// samples: one given token, sampled plainly, nothing returned but the ids.
+absl::Status CheckMultiStep(const StageBatch& batch) {
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const StageSequence& s = batch.sequences[i];
+    const char* why = nullptr;
+    if (s.step.tokens.size() != 1) {
+      why = "does not decode exactly one given token (token_ids)";
+    } else if (!s.sample) {
+      why = "does not sample";
+    } else if (!s.sampling.IsPlain()) {
+      why = "has logit_bias, suppress_token_ids, penalties or an allowed_token_mask";
+    } else if (s.logprobs || !s.prompt_logprob_targets.empty()) {
+      why = "asks for logprobs";
+    }
+    if (why != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("decode_steps = ", batch.decode_steps, " but sequence ", i, " ", why,
+                       "; several decode steps per request need plain decode-only sequences"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size) {
@@ -94,6 +118,12 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
     total += s.step.NumTokens();
     batch.sequences.push_back(std::move(s));
   }
+  batch.decode_steps = std::max<uint32_t>(request.decode_steps(), 1);
+  if (batch.decode_steps > kMaxDecodeSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode_steps must be in [0, ", kMaxDecodeSteps, "], got ", batch.decode_steps));
+  }
+  if (batch.decode_steps > 1) RETURN_IF_ERROR(CheckMultiStep(batch));
   if (request.has_hidden()) {
     const v1::Tensor& t = request.hidden();
     if (t.dtype() != v1::DTYPE_F32) {

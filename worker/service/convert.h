@@ -37,9 +37,16 @@ struct StageSequence {
   uint64_t key = 0;
 };
 
+// Most decode steps one StepRequest may ask for (StepRequest.decode_steps).
+inline constexpr uint32_t kMaxDecodeSteps = 64;
+
 // A micro-batch, reassembled.
 struct StageBatch {
   uint64_t step_id = 0;
+  // StepRequest.decode_steps, >= 1 (0 is read as 1). FromProto checks that a batch with more than
+  // one is eligible as far as its sequences go (each decodes one given token and samples plainly,
+  // without logprobs); the stage checks that it both embeds and samples.
+  uint32_t decode_steps = 1;
   // StepRequest.answer_route: the coordinator's return stream on the last stage (empty: none).
   std::string answer_route;
   std::vector<StageSequence> sequences;
@@ -57,8 +64,9 @@ struct StageBatch {
 
 // Converts a complete (reassembled) request; the batch may view the request's hidden-state bytes
 // (StageBatch::hidden_in), so `request` must outlive its use. InvalidArgument naming the problem
-// for a bad dtype, a shape that disagrees with the sequences' token counts or `hidden_size`, or bad
-// sampling params.
+// for a bad dtype, a shape that disagrees with the sequences' token counts or `hidden_size`, bad
+// sampling params, or decode_steps above kMaxDecodeSteps or > 1 for a batch that is not eligible
+// (stage.proto).
 absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size);
 
 // Builds the messages that carry `batch` to the next stage: sequences without token ids,

@@ -35,6 +35,7 @@
 #include "common/concurrency/mutex.h"
 #include "common/rpc/stage_stream_client.h"
 #include "worker/service/answer_routes.h"
+#include "worker/service/convert.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "worker/engine/remote_experts.h"
 #include "worker/engine/sampling.h"
@@ -91,6 +92,10 @@ class StageRuntime {
   // The sampled tokens (last stage), or nullopt when the batch was forwarded (its answer will come
   // through the link); errors as status.
   absl::StatusOr<std::optional<v1::StepResponse>> RunOrForward(const v1::StepRequest& request, Done& done);
+  // The answer of a batch with decode_steps > 1 (stage.proto): the steps run by
+  // engine::RunDecodeSteps, sampled as single steps would be. InvalidArgument unless this stage
+  // embeds and samples.
+  absl::StatusOr<v1::StepResponse> RunDecodeSteps(const StageBatch& batch, std::vector<engine::StepSequence> steps);
   // Gives `response` (this stage's answer to `request`) to the coordinator's return stream when
   // the request names one and this is the last stage, and an acknowledgement to `done`; else gives
   // `response` to `done`.

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -388,12 +389,48 @@ TEST_F(CoordinatorApiTest, TextStopStringEndsGenerationWithStop) {
   ASSERT_FALSE(r.messages.empty());
   EXPECT_EQ(r.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
   EXPECT_LT(r.messages.back().usage().completion_tokens(), 40);
+  // The ids returned end with the token that completed the stop string; usage counts those.
+  EXPECT_EQ(r.messages.back().usage().completion_tokens(), static_cast<int32_t>(r.ids.size()));
   EXPECT_EQ(coordinator_->scheduler().Stats().running, 0);  // cancelled, slot freed
 
   req.add_stop("");
   const GenerateResult bad = Generate(req);
   EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(bad.status.error_message(), HasSubstr("stop[2] is empty"));
+}
+
+// Several decode steps per call (the worker feeds its samples back itself): the same greedy tokens
+// as the engine alone, and a stop string inside a call ends the text there, with no token past it
+// returned or counted in the usage.
+TEST_F(CoordinatorApiTest, MultiStepDecodingKeepsTokensStopStringsAndUsageExact) {
+  StartCoordinator(testing::Stories260KDir(), 1, {.decode_steps_per_call = 8});
+  std::atomic<EngineReplica*> made{nullptr};
+  factory_->OnMake([&made](EngineReplica* r) { made = r; });
+  BringUpOneWorker();
+  v1::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.set_max_tokens(40);
+  req.set_ignore_eos(true);
+  const GenerateResult full = Generate(req);
+  ASSERT_TRUE(full.status.ok()) << full.status.error_message();
+  ASSERT_EQ(full.ids.size(), 40u);
+  EXPECT_EQ(full.messages.back().usage().completion_tokens(), 40);
+  ASSERT_GT(full.text.size(), 20u);
+  const std::string stop = full.text.substr(full.text.size() / 2, 5);
+  req.add_stop(stop);
+  const GenerateResult r = Generate(req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(r.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+  ASSERT_LT(r.ids.size(), full.ids.size());
+  EXPECT_EQ(r.ids, std::vector<int32_t>(full.ids.begin(), full.ids.begin() + static_cast<std::ptrdiff_t>(r.ids.size())));
+  EXPECT_EQ(r.messages.back().usage().completion_tokens(), static_cast<int32_t>(r.ids.size()));
+  EXPECT_EQ(coordinator_->scheduler().Stats().running, 0);
+  EXPECT_EQ(coordinator_->scheduler().Stats().replicas.at(0).kv_blocks_used, 0);
+  ASSERT_NE(made.load(), nullptr);
+  int32_t most = 0;
+  for (const StepInput& in : made.load()->StepInputsForTest()) most = std::max(most, in.decode_steps);
+  EXPECT_EQ(most, 8) << "the 1-stage replica never ran 8 decode steps in one call";
 }
 
 TEST_F(CoordinatorApiTest, ConcurrentSeededRequestsMatchTheEngine) {

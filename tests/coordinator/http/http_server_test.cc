@@ -37,7 +37,10 @@ class ScriptReplica final : public ReplicaClient {
     ++steps_;
     StepOutput out;
     for (const StepSequenceInput& s : input.sequences) {
-      if (s.sample) out.token_ids.push_back(script_[s.sample_index % script_.size()]);
+      // Several decode steps per call: the script's next tokens, as that many calls would give.
+      for (int32_t j = 0; s.sample && j < input.decode_steps; ++j) {
+        out.token_ids.push_back(script_[(s.sample_index + static_cast<uint64_t>(j)) % script_.size()]);
+      }
     }
     mu_.AwaitWithTimeout(absl::Condition(&shut_down_), delay_);  // a slow model
     return out;
@@ -91,10 +94,11 @@ class HttpServerTest : public ::testing::Test {
     so.limits = {.vocab_size = tokenizer_->vocab_size(), .max_seq_len = 256};
     so.max_queued = 0;  // a request that finds the only slot taken is refused (429)
     so.observer = &ends_;  // the scheduler's reports (request ends), apart from the front end's refusals
+    so.decode_steps_per_call = decode_steps_per_call_;
     scheduler_ = std::make_unique<Scheduler>(so);
     auto replica = std::make_unique<ScriptReplica>(*script);
     replica_ = replica.get();
-    ASSERT_TRUE(scheduler_->AddReplica(0, std::move(replica), {.max_slots = 1, .kv_blocks = 64}).ok());
+    ASSERT_TRUE(scheduler_->AddReplica(0, std::move(replica), {.max_slots = 1, .kv_blocks = 64, .stages = 1}).ok());
     absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
         {.listen = "127.0.0.1:0", .model_id = "llama", .model_path = kModel, .max_body_bytes = 4096,
          .observer = &rejections_},
@@ -127,6 +131,18 @@ class HttpServerTest : public ::testing::Test {
     return s.running == 0 && s.waiting == 0;
   }
 
+  // The tokens of the script up to the one that completes `stop` in its text.
+  int TokensThrough(const std::string& stop) {
+    absl::StatusOr<std::vector<int32_t>> script = tokenizer_->Encode(script_text_, false);
+    EXPECT_TRUE(script.ok());
+    for (size_t n = 1; script.ok() && n <= script->size(); ++n) {
+      absl::StatusOr<std::string> text = tokenizer_->Decode(absl::MakeConstSpan(script->data(), n), true);
+      if (text.ok() && text->find(stop) != std::string::npos) return static_cast<int>(n);
+    }
+    return -1;
+  }
+
+  int32_t decode_steps_per_call_ = 1;  // SchedulerOptions::decode_steps_per_call (set before SetUp)
   RejectionCounter rejections_;
   RejectionCounter ends_;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -158,7 +174,30 @@ TEST_F(HttpServerTest, StopStringTruncatesAndEndsWithStop) {
   EXPECT_EQ(text.find("end"), std::string::npos);
   EXPECT_THAT(text, HasSubstr("world, the"));
   EXPECT_LT(body["usage"]["completion_tokens"].get<int>(), 100);
+  EXPECT_EQ(body["usage"]["completion_tokens"].get<int>(), TokensThrough("end is"));
   EXPECT_TRUE(WaitIdle(1, absl::Seconds(10)));
+}
+
+// With several decode steps per call, the tokens after the one that completes a stop string come
+// in the same delivery: they are neither returned nor counted.
+class HttpServerMultiStepTest : public HttpServerTest {
+ protected:
+  HttpServerMultiStepTest() { decode_steps_per_call_ = 8; }
+};
+
+TEST_F(HttpServerMultiStepTest, AStopStringInsideACallCountsNoTokenPastIt) {
+  auto [status, body] = Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 100, "stop": ["end is"]})");
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  const std::string text = body["choices"][0]["text"];
+  EXPECT_EQ(text.find("end"), std::string::npos);
+  EXPECT_THAT(text, HasSubstr("world, the"));
+  const int through = TokensThrough("end is");
+  ASSERT_GT(through, 1);
+  EXPECT_NE(through % 8, 1) << "the stop should fall inside a call";
+  EXPECT_EQ(body["usage"]["completion_tokens"].get<int>(), through);
+  EXPECT_TRUE(WaitIdle(1, absl::Seconds(10)));
+  EXPECT_LT(replica_->steps(), through) << "several tokens per call";
 }
 
 TEST_F(HttpServerTest, StreamEndsWithDone) {

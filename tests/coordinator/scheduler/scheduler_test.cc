@@ -123,6 +123,8 @@ struct Setup {
   int32_t pipeline_depth = 1;
   bool prefix_caching = true;
   absl::Duration recovery_timeout = absl::ZeroDuration();  // SchedulerOptions::recovery_timeout
+  int32_t decode_steps_per_call = 1;  // SchedulerOptions::decode_steps_per_call
+  int32_t stages = 0;                 // ReplicaOptions::stages
   // Wraps each replica's client (e.g. to observe its steps); identity when null.
   std::function<std::unique_ptr<ReplicaClient>(std::unique_ptr<ReplicaClient>)> wrap;
 };
@@ -147,7 +149,8 @@ absl::Status AddEngineReplica(Harness& h, const Setup& setup, int id) {
                           .pipeline_depth = setup.pipeline_depth,
                           .kv_blocks = (*replica)->kv_blocks(),
                           .kv_block_size = setup.kv_block_size,
-                          .prefix_caching = setup.prefix_caching};
+                          .prefix_caching = setup.prefix_caching,
+                          .stages = setup.stages};
   std::unique_ptr<ReplicaClient> client = *std::move(replica);
   if (setup.wrap) client = setup.wrap(std::move(client));
   return h.scheduler->AddReplica(id, std::move(client), ro);
@@ -165,6 +168,7 @@ absl::StatusOr<Harness> MakeHarness(const Setup& setup) {
   so.eos_token_ids = setup.eos;
   so.observer = setup.observer;
   so.recovery_timeout = setup.recovery_timeout;
+  so.decode_steps_per_call = setup.decode_steps_per_call;
   h.scheduler = std::make_unique<Scheduler>(so);
   for (int r = 0; r < setup.replicas; ++r) {
     if (absl::Status st = AddEngineReplica(h, setup, r); !st.ok()) return st;
@@ -264,7 +268,8 @@ void ExpectSoundBlockTables(const EngineReplica& replica, int64_t block_size, in
     EXPECT_LE(static_cast<int64_t>(in.sequences.size()), max_slots) << "step " << in.step_id;
     for (const StepSequenceInput& s : in.sequences) {
       EXPECT_TRUE(ids.insert(s.request_id).second) << s.request_id << " twice in step " << in.step_id;
-      const int64_t end = s.pos_begin + static_cast<int64_t>(s.token_ids.size());
+      // Several decode steps write positions [pos_begin, pos_begin + decode_steps).
+      const int64_t end = s.pos_begin + static_cast<int64_t>(s.token_ids.size()) + (in.decode_steps - 1);
       EXPECT_GE(static_cast<int64_t>(s.block_ids.size()) * block_size, end) << "step " << in.step_id;
       std::set<int32_t> own;
       for (size_t j = 0; j < s.block_ids.size(); ++j) {
@@ -1221,6 +1226,158 @@ TEST(SchedulerPrefixTest, SharedPrefixesUnderATinyKvBudgetWithPipelining) {
   EXPECT_GT(counter.preempted(), 0) << "the budget should have forced preemption";
   ExpectSoundBlockTables(*h.replicas[0], 3, 5);
 }
+
+
+namespace multi_step {
+
+// The most decode steps any step of `replica` asked for.
+int32_t MaxDecodeSteps(const EngineReplica& replica) {
+  int32_t most = 0;
+  for (const StepInput& in : replica.StepInputsForTest()) most = std::max(most, in.decode_steps);
+  return most;
+}
+
+class SchedulerMultiStepTest : public ::testing::TestWithParam<int32_t> {};
+
+// k decode steps per call give the tokens of k single steps (and of the engine alone), greedy and
+// seeded, with max_tokens ending sequences anywhere inside a call; blocks come back.
+TEST_P(SchedulerMultiStepTest, TokensMatchTheEngineAlone) {
+  for (const bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "seeded sampling" : "greedy");
+    ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 3,
+                                                 .max_step_tokens = 8,
+                                                 .decode_steps_per_call = GetParam(),
+                                                 .stages = 1}));
+    std::vector<SequenceRequest> requests = MakeRequests(8, h.spec.vocab_size, sampled ? 31 : 29, sampled);
+    for (size_t i = 0; i < requests.size(); i += 2) requests[i].max_tokens += 20;  // some run several calls
+    RunAndCompare(*h.scheduler, "llama", requests, {}, h.replicas);
+    EXPECT_EQ(MaxDecodeSteps(*h.replicas[0]), GetParam()) << "no call ran the full decode_steps_per_call";
+    ExpectSoundBlockTables(*h.replicas[0], 16, 3);
+    for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
+      if (in.decode_steps == 1) continue;
+      for (const StepSequenceInput& seq : in.sequences) {
+        EXPECT_EQ(seq.token_ids.size(), 1u) << "a prefill chunk in a multi-step call " << in.step_id;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, SchedulerMultiStepTest, ::testing::Values(4, 8));
+
+// A stop id, the EOS, and max_tokens inside a call end the sequence exactly there: no later token
+// reaches the sink, usage counts what was delivered, and the blocks come back.
+TEST(SchedulerMultiStepTest, StopsInsideACallAreExact) {
+  const std::string model = "llama";
+  ASSERT_OK_AND_ASSIGN(Harness probe, MakeHarness({}));
+  std::vector<SequenceRequest> base = MakeRequests(1, probe.spec.vocab_size, 21, false);
+  base[0].max_tokens = 24;
+  ASSERT_OK_AND_ASSIGN(auto free_run, Reference(model, base, {}));
+  // A token first generated inside the first multi-step call (tokens 1..8: token 0 comes with the
+  // prefill), not at its end.
+  const std::vector<int32_t>& t = free_run[0].tokens;
+  size_t at = 2;
+  while (at < 7 && at < t.size() && std::find(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(at), t[at]) != t.begin() + static_cast<std::ptrdiff_t>(at)) ++at;
+  ASSERT_LT(at, std::min<size_t>(7, t.size())) << "no fresh token inside the first call";
+  const int32_t stop = t[at];
+  std::vector<SequenceRequest> requests(4, base[0]);
+  requests[0].stop_token_ids = {stop};
+  requests[2].ignore_eos = true;
+  requests[3].max_tokens = 7;  // ends in the middle of the first call
+  requests[3].ignore_eos = true;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 4, .max_step_tokens = 64, .eos = {stop},
+                                               .decode_steps_per_call = 8, .stages = 1}));
+  RunAndCompare(*h.scheduler, model, requests, {stop}, h.replicas);
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference(model, requests, {stop}));
+  EXPECT_EQ(expected[0].finish, engine::FinishReason::kStop);
+  EXPECT_EQ(expected[0].tokens.size(), at + 1);
+  EXPECT_EQ(expected[3].tokens.size(), 7u);
+  EXPECT_EQ(MaxDecodeSteps(*h.replicas[0]), 8);
+}
+
+// Batches that need the coordinator per token run one step per call: penalties, logit_bias,
+// logprobs, min_tokens still suppressing, and a replica not known to have one stage.
+TEST(SchedulerMultiStepTest, IneligibleBatchesRunOneStepPerCall) {
+  ASSERT_OK_AND_ASSIGN(Harness probe, MakeHarness({}));
+  std::vector<SequenceRequest> base = MakeRequests(1, probe.spec.vocab_size, 5, false);
+  base[0].max_tokens = 12;
+  std::vector<std::vector<SequenceRequest>> cases(4, base);
+  cases[0][0].sampling.repetition_penalty = 1.3f;
+  cases[1][0].sampling.logit_bias = {{3, 2.0f}};
+  cases[2][0].logprobs = true;
+  cases[3][0].min_tokens = 12;
+  cases[3][0].stop_token_ids = {0};
+  for (size_t c = 0; c < cases.size(); ++c) {
+    ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.decode_steps_per_call = 8, .stages = 1}));
+    auto sink = std::make_shared<CollectingSink>();
+    ASSERT_THAT(h.scheduler->Submit(cases[c][0], sink), IsOk());
+    ASSERT_TRUE(sink->Wait());
+    EXPECT_THAT(sink->end().status, IsOk());
+    EXPECT_EQ(sink->tokens().size(), 12u) << "case " << c;
+    EXPECT_EQ(MaxDecodeSteps(*h.replicas[0]), 1) << "case " << c;
+  }
+  // Eligible requests on a replica whose stage count is not known (or above one).
+  for (const int32_t stages : {0, 2}) {
+    ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.decode_steps_per_call = 8, .stages = stages}));
+    auto sink = std::make_shared<CollectingSink>();
+    ASSERT_THAT(h.scheduler->Submit(base[0], sink), IsOk());
+    ASSERT_TRUE(sink->Wait());
+    EXPECT_EQ(MaxDecodeSteps(*h.replicas[0]), 1) << stages << " stages";
+  }
+  // Control: the same request does run several steps per call on a 1-stage replica.
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.decode_steps_per_call = 8, .stages = 1}));
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_THAT(h.scheduler->Submit(base[0], sink), IsOk());
+  ASSERT_TRUE(sink->Wait());
+  EXPECT_GT(MaxDecodeSteps(*h.replicas[0]), 1);
+}
+
+// With too few free blocks for the lookahead, a call runs one step and preempts nobody for it:
+// two sequences that each end up needing 3 of the 5 blocks. The outputs stay exact, and there are
+// no more preemptions than with one step per call.
+TEST(SchedulerMultiStepTest, ATinyKvBudgetFallsBackWithoutPreemptingForLookahead) {
+  int preempted_single = -1;
+  for (const int32_t steps : {1, 8}) {
+    SCOPED_TRACE(absl::StrCat(steps, " decode steps per call"));
+    PreemptionCounter counter;
+    ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2, .max_step_tokens = 8, .kv_blocks = 5,
+                                                 .kv_block_size = 4, .observer = &counter,
+                                                 .decode_steps_per_call = steps, .stages = 1}));
+    std::vector<SequenceRequest> requests = MakeRequests(2, h.spec.vocab_size, 17, false);
+    for (SequenceRequest& r : requests) {
+      r.prompt.resize(3, 1);
+      r.max_tokens = 9;
+      r.ignore_eos = true;
+    }
+    RunAndCompare(*h.scheduler, "llama", requests, {}, h.replicas);
+    ExpectSoundBlockTables(*h.replicas[0], 4, 2);
+    if (steps == 1) {
+      preempted_single = counter.preempted();
+      continue;
+    }
+    EXPECT_LE(counter.preempted(), preempted_single);
+    bool fell_back = false;  // a decode-only call of both sequences that ran one step
+    for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
+      bool decodes = in.sequences.size() == 2;
+      for (const StepSequenceInput& seq : in.sequences) decodes = decodes && seq.token_ids.size() == 1;
+      fell_back = fell_back || (decodes && in.decode_steps == 1);
+    }
+    EXPECT_TRUE(fell_back);
+    EXPECT_GT(MaxDecodeSteps(*h.replicas[0]), 1);
+  }
+}
+
+TEST(SchedulerMultiStepTest, DecodeStepsPerCallIsValidated) {
+  SchedulerOptions so;
+  so.limits = {.vocab_size = 10, .max_seq_len = 10};
+  so.decode_steps_per_call = 0;
+  EXPECT_THAT(so.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("decode_steps_per_call")));
+  so.decode_steps_per_call = kMaxDecodeStepsPerCall + 1;
+  EXPECT_THAT(so.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("decode_steps_per_call")));
+  so.decode_steps_per_call = kMaxDecodeStepsPerCall;
+  EXPECT_THAT(so.Validate(), IsOk());
+}
+
+}  // namespace multi_step
 
 }  // namespace
 }  // namespace shardserve::coordinator

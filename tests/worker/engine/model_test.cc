@@ -274,5 +274,71 @@ TEST_F(ModelTest, GenerationDrawsTheSameTokensWhenTheBackendSamples) {
   EXPECT_TRUE(any_not_greedy);  // the draws mattered
 }
 
+// RunDecodeSteps: after a prefill, 8 decode steps in one call give the tokens of single steps
+// (Generate), for a sampled row drawn on the host and by the backend (whose `step` must move on
+// with the steps), beside a greedy row.
+TEST_F(ModelTest, DecodeStepsGiveTheTokensOfSingleSteps) {
+  const std::vector<GenerationRequest> reqs = {
+      {.prompt = {3, 4, 5}, .max_tokens = 9, .sampling = {.temperature = 0.9f, .top_k = 20, .seed = 5}},
+      {.prompt = {7, 8}, .max_tokens = 9}};
+  ASSERT_OK_AND_ASSIGN(auto expected, Generate(*model_, reqs));
+  const SamplingParams sampled = reqs[0].sampling;
+  ASSERT_OK_AND_ASSIGN(auto greedy_draws, Generate(*model_, {{.prompt = reqs[0].prompt, .max_tokens = 9}}));
+  EXPECT_NE(expected[0].tokens, greedy_draws[0].tokens) << "the draws should matter";
+  for (const bool backend_samples : {false, true}) {
+    SCOPED_TRACE(backend_samples ? "the backend samples" : "the host samples");
+    Make({.num_kv_blocks = 8, .kv_block_size = 4, .max_seq_len = 16, .max_step_tokens = 8,
+          .sample_rows_on_cpu_for_test = backend_samples});
+    Sampler sampler;
+    // Sequence 0's j-th token of a call is token `base + j` of its output.
+    auto pick_at = [&sampler, &sampled](uint64_t base) {
+      return [&sampler, &sampled, base](size_t i, int32_t j, const StepResult& r) -> int32_t {
+        if (r.sampled_ids[i] >= 0) return r.sampled_ids[i];
+        return sampler.Sample(r.logits[i], i == 0 ? sampled : SamplingParams{}, base + static_cast<uint64_t>(j));
+      };
+    };
+    std::vector<StepSequence> batch = {
+        StepSequence{.block_ids = WholeContextBlocks(model_->options(), 0),
+                     .tokens = reqs[0].prompt,
+                     .sampling = kernels::RowSamplingParams{.temperature = sampled.temperature,
+                                                            .top_k = sampled.top_k,
+                                                            .top_p = sampled.top_p,
+                                                            .seed = sampled.seed}},
+        StepSequence{.block_ids = WholeContextBlocks(model_->options(), 1), .tokens = reqs[1].prompt, .greedy = true}};
+    ASSERT_OK_AND_ASSIGN(StepResult prefill, model_->Step(batch));
+    std::vector<std::vector<int32_t>> got(2);
+    for (size_t i = 0; i < 2; ++i) {
+      got[i].push_back(pick_at(0)(i, 0, prefill));
+      batch[i].pos_begin = static_cast<int32_t>(batch[i].tokens.size());
+      batch[i].tokens = {got[i][0]};
+    }
+    batch[0].sampling->step = 1;
+    ASSERT_OK_AND_ASSIGN(std::vector<int32_t> ids, RunDecodeSteps(*model_, batch, 8, pick_at(1)));
+    ASSERT_EQ(ids.size(), 16u);
+    for (size_t i = 0; i < 2; ++i) {
+      got[i].insert(got[i].end(), ids.begin() + static_cast<std::ptrdiff_t>(8 * i),
+                    ids.begin() + static_cast<std::ptrdiff_t>(8 * i + 8));
+      EXPECT_EQ(got[i], expected[i].tokens) << "sequence " << i;
+    }
+  }
+}
+
+TEST_F(ModelTest, DecodeStepsRefuseWhatTheyCannotRun) {
+  auto pick = [](size_t, int32_t, const StepResult& r) { return r.sampled_ids[0]; };
+  // 14 positions from position 3 need 5 blocks of 4 tokens (max_seq_len 16: blocks 0-3 are one).
+  EXPECT_THAT(RunDecodeSteps(*model_, {StepSequence{.block_ids = {0, 1, 2, 3}, .pos_begin = 3, .tokens = {5},
+                                                    .greedy = true}},
+                             14, pick),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KV blocks")));
+  EXPECT_THAT(RunDecodeSteps(*model_, {StepSequence{.block_ids = {0, 1}, .tokens = {5, 6}, .greedy = true}}, 2, pick),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exactly one given token")));
+  EXPECT_THAT(RunDecodeSteps(*model_, {StepSequence{.block_ids = {0}, .tokens = {5}, .greedy = true}}, 0, pick),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(">= 1")));
+  // A stage without the embedding.
+  Make({.num_kv_blocks = 8, .kv_block_size = 4, .max_seq_len = 16, .max_step_tokens = 8, .layer_begin = 1});
+  EXPECT_THAT(RunDecodeSteps(*model_, {StepSequence{.block_ids = {0, 1}, .tokens = {5}, .greedy = true}}, 2, pick),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("every layer")));
+}
+
 }  // namespace
 }  // namespace shardserve::engine

@@ -1,0 +1,254 @@
+// Multi-step decoding (StepRequest.decode_steps) through a real 1-stage worker on 127.0.0.1 (port
+// 0): the coordinator's Scheduler driving it through GrpcReplicaClient (step deltas on) gives the
+// same tokens with 1, 4 and 8 decode steps per call — greedy ones equal to Hugging Face's, seeded
+// ones equal to one step per call — and a worker refuses decode_steps for a batch that cannot take
+// them, with INVALID_ARGUMENT naming the field.
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "coordinator/client/grpc_replica_client.h"
+#include "common/model_spec/model_spec.h"
+#include "coordinator/scheduler/scheduler.h"
+#include "tests/testing/golden.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/worker/service/stage_rig.h"
+#include "worker/service/worker_metrics.h"
+
+namespace shardserve::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+class Collect final : public coordinator::SequenceSink {
+ public:
+  void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const coordinator::TokenLogprobs>) override {
+    absl::MutexLock lock(&mu_);
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  }
+  void OnEnd(const coordinator::SequenceEnd& end) override {
+    {
+      absl::MutexLock lock(&mu_);
+      end_ = end;
+    }
+    done_.Notify();
+  }
+  bool Wait() { return done_.WaitForNotificationWithTimeout(absl::Seconds(60)); }
+  std::vector<int32_t> tokens() const {
+    absl::MutexLock lock(&mu_);
+    return tokens_;
+  }
+  coordinator::SequenceEnd end() const {
+    absl::MutexLock lock(&mu_);
+    return end_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
+  coordinator::SequenceEnd end_ ABSL_GUARDED_BY(mu_);
+  absl::Notification done_;
+};
+
+// Passes steps on to `inner`, recording the most decode steps asked for.
+class StepsProbe final : public coordinator::ReplicaClient {
+ public:
+  StepsProbe(std::unique_ptr<coordinator::ReplicaClient> inner, std::atomic<int32_t>* most)
+      : inner_(std::move(inner)), most_(most) {}
+  absl::StatusOr<coordinator::StepOutput> Step(const coordinator::StepInput& input) override {
+    for (int32_t m = most_->load(); input.decode_steps > m && !most_->compare_exchange_weak(m, input.decode_steps);) {
+    }
+    return inner_->Step(input);
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+
+ private:
+  std::unique_ptr<coordinator::ReplicaClient> inner_;
+  std::atomic<int32_t>* most_;
+};
+
+void StopWorker(RunningWorker& w) {
+  w.server->Shutdown();
+  w.rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+// Every golden case greedily and seeded (temperature 0.8), all at once, through a Scheduler with
+// `steps` decode steps per call and a 1-stage worker; the tokens per request, in that order.
+// `most` gets the most decode steps a call asked for.
+std::vector<std::vector<int32_t>> Serve(const testing::GoldenModel& golden, int32_t steps, int32_t* most) {
+  std::atomic<int32_t> most_steps{0};
+  RunningWorker w = StartWorker(WorkerOptions{.cpu_ranks = 1, .step_deltas = true});
+  EXPECT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
+  EXPECT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
+  std::vector<std::vector<int32_t>> out;
+  {
+    coordinator::SchedulerOptions so;
+    absl::StatusOr<ModelSpec> spec = LoadModelSpec(golden.dir);
+    EXPECT_THAT(spec.status(), testing::IsOk());
+    so.limits = {.vocab_size = spec.ok() ? spec->vocab_size : 1, .max_seq_len = 128};
+    so.max_step_tokens = 64;
+    so.decode_steps_per_call = steps;
+    coordinator::Scheduler scheduler(so);
+    auto client = std::make_unique<coordinator::GrpcReplicaClient>(
+        grpc::CreateChannel(w.address, grpc::InsecureChannelCredentials()),
+        coordinator::GrpcReplicaClient::Options{.address = w.address, .step_deltas = true});
+    EXPECT_THAT(scheduler.AddReplica(0, std::make_unique<StepsProbe>(std::move(client), &most_steps),
+                                     {.max_slots = 8, .kv_blocks = 32, .kv_block_size = 16, .stages = 1}),
+                testing::IsOk());
+    std::vector<std::shared_ptr<Collect>> sinks;
+    for (const bool sampled : {false, true}) {
+      for (size_t c = 0; c < golden.cases.size(); ++c) {
+        coordinator::SequenceRequest r;
+        r.request_id = "req-" + std::to_string(sinks.size());
+        r.prompt = golden.cases[c].prompt_ids;
+        r.max_tokens = static_cast<int32_t>(golden.cases[c].greedy_ids.size());
+        r.ignore_eos = true;
+        if (sampled) r.sampling = {.temperature = 0.8f, .top_k = 40, .seed = 100 + c};
+        sinks.push_back(std::make_shared<Collect>());
+        EXPECT_THAT(scheduler.Submit(r, sinks.back()), testing::IsOk());
+      }
+    }
+    for (const auto& s : sinks) {
+      EXPECT_TRUE(s->Wait());
+      EXPECT_THAT(s->end().status, testing::IsOk());
+      out.push_back(s->tokens());
+    }
+    const coordinator::SchedulerStats stats = scheduler.Stats();
+    EXPECT_EQ(stats.replicas.at(0).kv_blocks_used, 0);
+    scheduler.Shutdown(absl::UnavailableError("test over"));
+  }
+  StopWorker(w);
+  *most = most_steps.load();
+  return out;
+}
+
+TEST(MultiStepWorkerTest, TheSchedulerGetsTheSameTokensWithSeveralDecodeStepsPerCall) {
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
+  const size_t n = golden.cases.size();
+  int32_t most = 0;
+  const std::vector<std::vector<int32_t>> one = Serve(golden, 1, &most);
+  ASSERT_EQ(one.size(), 2 * n);
+  EXPECT_EQ(most, 1);
+  for (size_t c = 0; c < n; ++c) EXPECT_EQ(one[c], golden.cases[c].greedy_ids) << "case " << c;
+  for (const int32_t steps : {4, 8}) {
+    const std::vector<std::vector<int32_t>> many = Serve(golden, steps, &most);
+    ASSERT_EQ(many.size(), 2 * n);
+    EXPECT_EQ(most, steps) << "no call ran " << steps << " decode steps";
+    for (size_t c = 0; c < n; ++c) {
+      EXPECT_EQ(many[c], golden.cases[c].greedy_ids) << steps << " steps, greedy case " << c;
+      EXPECT_EQ(many[n + c], one[n + c]) << steps << " steps, sampled case " << c;
+    }
+    EXPECT_NE(many[2 * n - 1], golden.cases[n - 1].greedy_ids) << "the seeded case should not be greedy";
+  }
+}
+
+// A decode of one sequence (blocks [0, 8): 128 positions) at position `pos` with `steps` steps.
+v1::StepRequest Decode(uint64_t id, int pos, int32_t token, uint32_t steps) {
+  v1::StepRequest r = Step(id, 0, pos, {token}, 0);
+  r.set_decode_steps(steps);
+  return r;
+}
+
+// The answer to `request` on a new stream to `address`.
+v1::StepResponse Ask(const std::string& address, const v1::StepRequest& request) {
+  auto stub = v1::Stage::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->StepStream(&ctx);
+  v1::StepResponse r;
+  EXPECT_TRUE(stream->Write(request));
+  EXPECT_TRUE(stream->Read(&r));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  return r;
+}
+
+TEST(MultiStepWorkerTest, DecodeStepsMatchSingleStepsOnTheRawStream) {
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
+  RunningWorker w = StartWorker(1);
+  ASSERT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
+  ASSERT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
+  const testing::GoldenCase& gc = golden.cases.back();
+  ASSERT_GE(gc.greedy_ids.size(), 6u);
+  // The prompt, then 5 steps in one request: the golden tokens 1..5.
+  const v1::StepResponse first = Ask(w.address, Step(1, 0, 0, gc.prompt_ids, 0));
+  ASSERT_EQ(first.error_code(), 0) << first.error_message();
+  ASSERT_EQ(first.token_ids_size(), 1);
+  EXPECT_EQ(first.token_ids(0), gc.greedy_ids[0]);
+  const v1::StepResponse rest = Ask(w.address, Decode(2, static_cast<int>(gc.prompt_ids.size()), first.token_ids(0), 5));
+  ASSERT_EQ(rest.error_code(), 0) << rest.error_message();
+  EXPECT_THAT(std::vector<int32_t>(rest.token_ids().begin(), rest.token_ids().end()),
+              ::testing::ElementsAreArray(gc.greedy_ids.begin() + 1, gc.greedy_ids.begin() + 6));
+  StopWorker(w);
+}
+
+TEST(MultiStepWorkerTest, IneligibleBatchesAreRefusedNamingDecodeSteps) {
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
+  RunningWorker w = StartWorker(1);
+  ASSERT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
+  ASSERT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
+  std::vector<std::pair<std::string, v1::StepRequest>> bad;
+  bad.emplace_back("a prefill chunk", Step(1, 0, 0, {1, 2, 3}, 0));
+  bad.back().second.set_decode_steps(4);
+  bad.emplace_back("penalties", Decode(1, 3, 5, 4));
+  bad.back().second.mutable_sequences(0)->mutable_sampling()->set_repetition_penalty(1.2f);
+  bad.emplace_back("a mask", Decode(1, 3, 5, 4));
+  bad.back().second.mutable_sequences(0)->set_allowed_token_mask(std::string(64, '\xff'));
+  bad.emplace_back("suppressed ids", Decode(1, 3, 5, 4));
+  bad.back().second.mutable_sequences(0)->add_suppress_token_ids(2);
+  bad.emplace_back("logprobs", Decode(1, 3, 5, 4));
+  bad.back().second.mutable_sequences(0)->set_logprobs(true);
+  bad.emplace_back("no sampling", Decode(1, 3, 5, 4));
+  bad.back().second.mutable_sequences(0)->set_sample(false);
+  bad.emplace_back("too many steps", Decode(1, 3, 5, kMaxDecodeSteps + 1));
+  for (const auto& [what, request] : bad) {
+    const v1::StepResponse r = Ask(w.address, request);
+    EXPECT_EQ(r.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
+    EXPECT_THAT(r.error_message(), HasSubstr("decode_steps")) << what;
+    EXPECT_EQ(r.token_ids_size(), 0) << what;
+  }
+  // Too few blocks for the steps: 1 block (16 positions) for 4 steps from position 14.
+  v1::StepRequest short_blocks = Decode(1, 14, 5, 4);
+  short_blocks.mutable_sequences(0)->mutable_block_ids()->Truncate(1);
+  const v1::StepResponse r = Ask(w.address, short_blocks);
+  EXPECT_EQ(r.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.error_message(), HasSubstr("KV blocks"));
+  StopWorker(w);
+}
+
+TEST(MultiStepWorkerTest, AStageOfALongerPipelineRefusesDecodeSteps) {
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
+  RunningWorker w1 = StartWorker(1);
+  RunningWorker w0 = StartWorker(1);
+  ASSERT_TRUE(w1.server->Assign(StageAssignment(golden.dir, 1, 1, 2, 1, "")).ok());
+  ASSERT_TRUE(w0.server->Assign(StageAssignment(golden.dir, 0, 0, 1, 1, w1.address)).ok());
+  ASSERT_EQ(AwaitLoaded(*w1.server).state, v1::WORKER_STATE_READY) << w1.server->Status().error;
+  ASSERT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
+  // Stage 0 (not the last), and the last stage itself (which does not embed).
+  for (const std::string& address : {w0.address, w1.address}) {
+    v1::StepRequest request = Decode(1, 3, 5, 4);
+    if (address == w1.address) {  // what stage 0 would forward: hidden states, no token ids
+      request.mutable_sequences(0)->clear_token_ids();
+      v1::Tensor* hidden = request.mutable_hidden();
+      hidden->set_dtype(v1::DTYPE_F32);
+      hidden->add_shape(1);
+      hidden->add_shape(64);
+      hidden->set_data(std::string(64 * sizeof(float), '\0'));
+    }
+    const v1::StepResponse r = Ask(address, request);
+    EXPECT_EQ(r.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << address;
+    EXPECT_THAT(r.error_message(), HasSubstr("decode_steps")) << address;
+  }
+  StopWorker(w0);
+  StopWorker(w1);
+}
+
+}  // namespace
+}  // namespace shardserve::service
