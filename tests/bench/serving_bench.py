@@ -277,8 +277,12 @@ def one_stage(args, model):
             # Per micro-batch (all phases): the worker's compute, the coordinator's round trip of it,
             # and per token the coordinator's inter-token gap.
             d = {n: ((c1 | w1)[n][0] - (c0 | w0)[n][0], (c1 | w1)[n][1] - (c0 | w0)[n][1]) for n in COORD + WORKER}
-            s["worker_step_s"] = d[WORKER[0]][0] / max(1.0, d[WORKER[0]][1])
-            s["coord_step_s"] = d[COORD[0]][0] / max(1.0, d[COORD[0]][1])
+            # Per coordinator call: with --decode_steps_per_call > 1 one call runs several of the
+            # worker's decode steps (its metric records each step), so the worker's time is summed per call.
+            calls = max(1.0, d[COORD[0]][1])
+            s["worker_step_s"] = d[WORKER[0]][0] / calls
+            s["steps_per_call"] = d[WORKER[0]][1] / calls
+            s["coord_step_s"] = d[COORD[0]][0] / calls
             s["coord_itl_s"] = d[COORD[1]][0] / max(1.0, d[COORD[1]][1])
             runs.append(s)
         runs.sort(key=lambda s: s["output_tokens_per_s"])
@@ -295,14 +299,12 @@ def one_stage(args, model):
           f"{served * 1e3:.3f} ms per output token (TTFT included)")
     print(f"served / engine alone (tok/s): {engine / served:.2f} (target >= 0.6)")
     # Where a token's time goes, from the metrics the processes export (means over the run).
-    w, c, g = s["worker_step_s"], s["coord_step_s"], s["coord_itl_s"]
-    print(f"per micro-batch: worker compute {w * 1e3:.3f} ms, coordinator <-> worker round trip beyond it "
-          f"{(c - w) * 1e3:.3f} ms; per token: coordinator's inter-token gap {g * 1e3:.3f} ms, of which outside "
-          f"the step {(g - c) * 1e3:.3f} ms (scheduling, delivery); the client's mean gap "
-          f"{s['itl_s']['mean'] * 1e3:.3f} ms")
-    if args.decode_steps_per_call > 1:
-        print("  (with --decode_steps_per_call > 1 a micro-batch runs several decode steps while the worker's metric "
-              "records each step: the round trip above then also holds the call's other steps)")
+    w, c, g, k = s["worker_step_s"], s["coord_step_s"], s["coord_itl_s"], s["steps_per_call"]
+    print(f"per micro-batch (a call of {k:.2f} decode steps on average): worker compute {w * 1e3:.3f} ms, "
+          f"coordinator <-> worker round trip beyond it {(c - w) * 1e3:.3f} ms; per token: coordinator's inter-token "
+          f"gap {g * 1e3:.3f} ms, of which outside the call's share {(g - c / max(1.0, k)) * 1e3:.3f} ms "
+          f"(scheduling, delivery); the client's mean gap {s['itl_s']['mean'] * 1e3:.3f} ms")
+
 
 SEEDS = iter(range(1, 1 << 30))
 
