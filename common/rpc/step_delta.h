@@ -61,6 +61,16 @@ struct StepSequenceProfile {
   void Give(v1::StepSequence* s) const;
 };
 
+// What one end of a stream knows of one sequence: the state its last full or delta message left
+// (the encoder's and the decoder's tables hold the same, so they stay in step).
+struct StepDeltaSequenceState {
+  std::vector<int32_t> blocks;
+  std::vector<int32_t> penalty_ids;  // ascending
+  std::vector<int32_t> penalty_counts;
+  std::string mask;
+  StepSequenceProfile profile;
+};
+
 class StepDeltaEncoder {
  public:
   struct Options {
@@ -85,13 +95,8 @@ class StepDeltaEncoder {
   size_t size() const { return table_.size(); }
 
  private:
-  struct Entry {
-    std::vector<int32_t> blocks;
-    std::vector<int32_t> penalty_ids;
-    std::vector<int32_t> penalty_counts;
-    std::string mask;
-    StepSequenceProfile profile;
-    int64_t last_sent = 0;
+  struct Entry : StepDeltaSequenceState {
+    int64_t last_sent = 0;  // step_ when it was last coded
   };
   // Codes one sequence against `entry` (known: it is in the receiver's table) and stores its full
   // state there.
@@ -123,13 +128,7 @@ class StepDeltaDecoder {
   size_t size() const { return table_.size(); }
 
  private:
-  struct Entry {
-    std::vector<int32_t> blocks;
-    std::vector<int32_t> penalty_ids;
-    std::vector<int32_t> penalty_counts;
-    std::string mask;
-    StepSequenceProfile profile;
-  };
+  using Entry = StepDeltaSequenceState;
 
   const size_t max_sequences_;
   absl::flat_hash_map<uint64_t, Entry> table_;

@@ -50,14 +50,19 @@ std::vector<v1::StepRequest> Chunks(uint64_t step_id, uint32_t chunks, size_t ch
   return out;
 }
 
+// `service` on a loopback port (set in *port), taking messages up to kMaxMessageBytes.
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  b.RegisterService(service);
+  return b.BuildAndStart();
+}
+
 TEST(WorkerStreamBudgetTest, MicroBatchOverTwiceTheBudgetIsRefusedAndTheStreamStaysUsable) {
   WorkerServer worker(WorkerOptions{.stream_buffer_bytes = size_t{1} << 20});
-  grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  b.RegisterService(worker.stage_service());
-  std::unique_ptr<grpc::Server> rpc = b.BuildAndStart();
+  std::unique_ptr<grpc::Server> rpc = Serve(worker.stage_service(), &port);
   ASSERT_NE(rpc, nullptr);
   auto stub = v1::Stage::NewStub(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
@@ -87,12 +92,8 @@ TEST(WorkerStreamBudgetTest, MicroBatchOverTwiceTheBudgetIsRefusedAndTheStreamSt
 // a delta of what it carried decodes afterwards (and the stream is not ended as out of step).
 TEST(WorkerStreamBudgetTest, ARefusedMicroBatchStillUpdatesTheStepDeltaTable) {
   WorkerServer worker(WorkerOptions{.stream_buffer_bytes = size_t{1} << 20});
-  grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  b.RegisterService(worker.stage_service());
-  std::unique_ptr<grpc::Server> rpc = b.BuildAndStart();
+  std::unique_ptr<grpc::Server> rpc = Serve(worker.stage_service(), &port);
   ASSERT_NE(rpc, nullptr);
   auto stub = v1::Stage::NewStub(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
@@ -149,22 +150,14 @@ TEST(WorkerStreamBudgetTest, OverTheBudgetTheStreamStopsReadingBetweenMicroBatch
   absl::StatusOr<testing::GoldenModel> golden = testing::LoadGoldenModel("llama");
   ASSERT_TRUE(golden.ok()) << golden.status();
   SilentStage next;
-  grpc::ServerBuilder nb;
   int next_port = 0;
-  nb.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &next_port);
-  nb.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  nb.RegisterService(&next);
-  std::unique_ptr<grpc::Server> next_rpc = nb.BuildAndStart();
+  std::unique_ptr<grpc::Server> next_rpc = Serve(&next, &next_port);
   ASSERT_NE(next_rpc, nullptr);
 
   constexpr size_t kBudget = 400;  // a few of the micro-batches below
   WorkerServer worker(WorkerOptions{.stream_buffer_bytes = kBudget});
-  grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  b.RegisterService(worker.stage_service());
-  std::unique_ptr<grpc::Server> rpc = b.BuildAndStart();
+  std::unique_ptr<grpc::Server> rpc = Serve(worker.stage_service(), &port);
   ASSERT_NE(rpc, nullptr);
   v1::Assignment a;
   a.set_assignment_id("budget");
