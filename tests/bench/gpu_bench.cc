@@ -49,6 +49,9 @@ ABSL_FLAG(int32_t, tokens, 64, "decode steps to time at batch 1 (half as many at
 ABSL_FLAG(int32_t, batch, 32, "sequences per step of the batched decode");
 ABSL_FLAG(int32_t, prefill, 512, "prefill prompt length (tokens)");
 ABSL_FLAG(int32_t, context, 32, "prompt length of each sequence before the timed decode steps");
+ABSL_FLAG(bool, pdl, false,
+          "launch the decode kernels with programmatic dependent launch (compute capability >= 9.0; "
+          "worker/kernels/cuda/pdl.cuh)");
 ABSL_FLAG(bool, blocking_sync, false,
           "the host blocks in its waits for the device instead of spinning (cudaDeviceScheduleBlockingSync): "
           "host_cpu_ms_per_step then counts the host's work rather than its waiting");
@@ -175,7 +178,8 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
   if (batch < 1 || steps1 < 1 || context < 1 || prefill < 1) {
     return absl::InvalidArgumentError("--batch, --tokens, --context and --prefill must be >= 1");
   }
-  engine::ExecutorOptions options{.kind = kernels::DeviceKind::kCuda, .cuda_devices = {0}};
+  engine::ExecutorOptions options{
+      .kind = kernels::DeviceKind::kCuda, .cuda_devices = {0}, .cuda_pdl = absl::GetFlag(FLAGS_pdl)};
   const int64_t max_seq = std::max<int64_t>(prefill, context + steps1 + 8);
   if (max_seq > spec.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("--prefill/--context/--tokens need ", max_seq,

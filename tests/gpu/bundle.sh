@@ -14,7 +14,7 @@
 #   root/      stands in for the source root the tests run in: tests/golden/..., tests/testing/local_cluster.py
 #   shared/models/stories260K   what root/../shared/models/stories260K finds
 # Fails when the folder is over 60 MiB (what can be carried to a GPU machine is 64 MiB).
-# Environment: BUILD_DIR (default build-gpu), JOBS (default 2).
+# Environment: BUILD_DIR (default build-gpu), JOBS (default 2), SHARDSERVE_BUNDLE_LINK_GOLDEN (below).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:-$ROOT/gpu-bundle}"
@@ -84,8 +84,14 @@ for f in "$OUT"/bin/* "$OUT"/tests/* "$LIBS"/*.so*; do objdump -T "$f" 2>/dev/nu
 echo "   $(find "$LIBS" -name '*.so*' | wc -l) libraries, $(du -sm "$LIBS" | cut -f1) MiB unpacked; packing"
 XZ_OPT="-6 -T$JOBS" nice -n 10 tar -cJf "$OUT/lib.tar.xz" -C "$LIBS" .
 
-# The test data, at the paths the tests open relative to the source root.
-cp -r "$ROOT/tests/golden/models" "$OUT/root/tests/golden/"
+# The test data, at the paths the tests open relative to the source root. With
+# SHARDSERVE_BUNDLE_LINK_GOLDEN=1 the golden models (12 MiB) are a relative link to the source
+# tree's instead of a copy: for a bundle at the repository root that travels with the tree.
+if [[ "${SHARDSERVE_BUNDLE_LINK_GOLDEN:-0}" == 1 && "$OUT" == "$ROOT/gpu-bundle" ]]; then
+  ln -s ../../../../tests/golden/models "$OUT/root/tests/golden/models"
+else
+  cp -r "$ROOT/tests/golden/models" "$OUT/root/tests/golden/"
+fi
 cp "$ROOT"/tests/golden/*.json "$OUT/root/tests/golden/"
 cp "$ROOT/tests/testing/local_cluster.py" "$OUT/root/tests/testing/"
 if [[ -d "$ROOT/../shared/models/stories260K" ]]; then

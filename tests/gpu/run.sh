@@ -104,9 +104,15 @@ for tool in memcheck racecheck; do
     "${SUITE[@]}" part --name "$tool" --status skipped --reason "$NO_GPU_REASON" --out "$PARTS/$tool.json"
   else
     # Less the two tests that provoke a failing CUDA call on purpose (out of memory; an invalid
-    # copy): the sanitizer reports every failing API call as an error.
-    run_gtest "$tool" 150 "$SANITIZER" --tool "$tool" --error-exitcode 3 --print-limit 50 "$BUNDLE/tests/cuda_parity_test" \
-      --gtest_filter=-CudaParityTest.AllocateZeroFillsAndReportsOutOfMemory:CudaParityTest.DeviceErrorMakesBackendUnhealthy
+    # copy): the sanitizer reports every failing API call as an error. racecheck (shared-memory
+    # hazards) also leaves out SampleRows* (CUB's radix sorts of a 32k vocabulary: minutes under
+    # racecheck) and the FP8 parity cases (a 9-token FP8 GEMM runs cuBLAS's split-K kernel, for which
+    # racecheck reports a hazard inside cuBLAS; our FP8 kernels use no shared memory). Its
+    # --kernel-name filter is no way out: with it the sanitizer fails on a hardware exception.
+    skip="CudaParityTest.AllocateZeroFillsAndReportsOutOfMemory:CudaParityTest.DeviceErrorMakesBackendUnhealthy"
+    [[ "$tool" == racecheck ]] && skip+=":CudaParityTest.SampleRows*:Shapes/CudaFp8ParityTest.*"
+    run_gtest "$tool" "${SHARDSERVE_GPU_SANITIZER_S:-150}" "$SANITIZER" --tool "$tool" --error-exitcode 3 \
+      --print-limit 50 "$BUNDLE/tests/cuda_parity_test" --gtest_filter="-$skip"
   fi
 done
 

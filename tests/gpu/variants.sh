@@ -3,9 +3,12 @@
 #   bash variants.sh [OUT_DIR] [VARIANT...]
 # Variants: "spin" (the host spins in its waits for the device, as the daemons do: the decode
 # figures) and "blocking" (--blocking_sync: the host sleeps in its waits, so host_cpu_ms_per_step
-# is the host's own work per step). Default: spin blocking. Each run's JSON goes to
+# is the host's own work per step), "pdl" (spin with --pdl: the decode kernels launched with
+# programmatic dependent launch, off by default; see worker/kernels/cuda/pdl.cuh).
+# Default: spin blocking. Each run's JSON goes to
 # OUT_DIR/bench_VARIANT.json (default OUT_DIR: ${OUT:-.}). Bench flags come from
-# SHARDSERVE_BENCH_FLAGS (default: --models=llama).
+# SHARDSERVE_BENCH_FLAGS (default: --models=llama); SHARDSERVE_BENCH_BIN names another benchmark
+# binary (e.g. one built from an earlier commit, for a before/after in one run).
 set -u
 BUNDLE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DEST="${1:-${OUT:-.}}"
@@ -23,10 +26,11 @@ for v in "${VARIANTS[@]}"; do
   case "$v" in
     spin) extra=() ;;
     blocking) extra=(--blocking_sync) ;;
-    *) echo "variants.sh: unknown variant '$v' (spin, blocking)" >&2; exit 2 ;;
+    pdl) extra=(--pdl) ;;
+    *) echo "variants.sh: unknown variant '$v' (spin, blocking, pdl)" >&2; exit 2 ;;
   esac
   (cd "$BUNDLE/root" && timeout -k 10 "${SHARDSERVE_VARIANT_TIMEOUT_S:-150}" \
-    "$BUNDLE/bin/shardserve-bench-gpu" --json --scratch="$WORK/models" "${FLAGS[@]}" ${extra[@]+"${extra[@]}"} \
+    "${SHARDSERVE_BENCH_BIN:-$BUNDLE/bin/shardserve-bench-gpu}" --json --scratch="$WORK/models" "${FLAGS[@]}" ${extra[@]+"${extra[@]}"} \
     >"$DEST/bench_$v.json" 2>"$WORK/err_$v.txt") || { echo "$v: failed: $(tail -3 "$WORK/err_$v.txt")"; continue; }
   python3 - "$v" "$DEST/bench_$v.json" <<'PY'
 import json, sys

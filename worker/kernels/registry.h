@@ -16,6 +16,7 @@ struct BackendOptions {
   DeviceKind kind = DeviceKind::kCpu;
   int device_index = 0;  // CUDA device ordinal
   int cpu_threads = 1;   // BLAS threads for a CPU backend
+  bool cuda_pdl = false;  // CUDA: programmatic dependent launch (worker/kernels/cuda/pdl.cuh)
 };
 
 // True when this binary was built with the CUDA backend.

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "worker/kernels/cuda/pdl.cuh"
 #include "worker/kernels/shared/attention_math.h"
 
 namespace shardserve::kernels::cuda {
@@ -103,14 +104,16 @@ __global__ void __launch_bounds__(kThreads)
     SplitAttentionKernel(const float* __restrict__ q, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
                          int64_t num_seqs, const int32_t* __restrict__ block_table, const T* __restrict__ cache_k,
                          const T* __restrict__ cache_v, Shape sh, float* __restrict__ partials) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   extern __shared__ float smem[];
   const int hpb = sh.heads_per_block;
   const int64_t d = sh.head_dim;
-  float* q_s = smem;                                   // [hpb, d]
-  float* acc_s = q_s + hpb * d;                        // [warps, hpb, d]
-  float* state_s = acc_s + kAttnWarps * hpb * d;       // [warps, hpb, 2]
-  float* scale_s = state_s + kAttnWarps * hpb * 2;     // [hpb, warps]
-  float* l_s = scale_s + hpb * kAttnWarps;             // [hpb]
+  float* q_s = smem;                                // [hpb, d]
+  float* acc_s = q_s + hpb * d;                     // [warps, hpb, d]
+  float* state_s = acc_s + kAttnWarps * hpb * d;    // [warps, hpb, 2]
+  float* scale_s = state_s + kAttnWarps * hpb * 2;  // [hpb, warps]
+  float* l_s = scale_s + hpb * kAttnWarps;          // [hpb]
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int split = static_cast<int>(blockIdx.x % sh.splits);
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__(kThreads)
           for (int k = 0; k < kDpl; ++k) acc[hh][k] = 0.f;
         }
         // Value rows loaded per group, all before the group's sums.
-        constexpr int kGroup = 16 / kDpl < 8 ? 16 / kDpl : 8;
+        constexpr int kGroup = 32 / kDpl < 16 ? 32 / kDpl : 16;
         for (long long c = kb + int64_t{warp} * kWarp; c < ke; c += int64_t{kAttnWarps} * kWarp) {
           const long long j = c + lane;
           const bool valid = j < ke;
@@ -189,8 +192,7 @@ __global__ void __launch_bounds__(kThreads)
             p[hh] = 0.f;
             if (hh < nh) {
               const float scaled = dots[hh] * sh.scale;
-              const float score =
-                  valid ? (sh.softcap > 0.f ? SoftCap(scaled, sh.softcap) : scaled) : -INFINITY;
+              const float score = valid ? (sh.softcap > 0.f ? SoftCap(scaled, sh.softcap) : scaled) : -INFINITY;
               const float rescale = SoftmaxChunkRescale(WarpMax(score), &m[hh], l[hh]);
               p[hh] = valid ? expf(score - m[hh]) : 0.f;
               l[hh] = l[hh] * rescale + WarpSum(p[hh]);
@@ -281,6 +283,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     MergeSplitsKernel(const float* __restrict__ partials, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
                       int64_t num_seqs, int64_t q_heads, int64_t head_dim, int splits) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   __shared__ float scales[kMaxAttnSplits];
   __shared__ float total;
   const int64_t h = blockIdx.x;
@@ -308,11 +312,11 @@ void LaunchChunked(bool aligned, const AttentionParams& p, const Shape& sh, dim3
   const auto* k = static_cast<const T*>(p.cache.k);
   const auto* v = static_cast<const T*>(p.cache.v);
   if (aligned) {
-    SplitAttentionKernel<T, KeyWalk::kChunkedVector, kDpl><<<grid, kThreads, shared, stream>>>(
-        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+    pdl::Launch(SplitAttentionKernel<T, KeyWalk::kChunkedVector, kDpl>, grid, kThreads, shared, stream, p.q, p.out,
+                p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
   } else {
-    SplitAttentionKernel<T, KeyWalk::kChunked, kDpl><<<grid, kThreads, shared, stream>>>(
-        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+    pdl::Launch(SplitAttentionKernel<T, KeyWalk::kChunked, kDpl>, grid, kThreads, shared, stream, p.q, p.out,
+                p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
   }
 }
 
@@ -323,12 +327,12 @@ void LaunchSplit(const AttentionParams& p, const Shape& sh, dim3 grid, size_t sh
                  cudaStream_t stream) {
   const auto* k = static_cast<const T*>(p.cache.k);
   const auto* v = static_cast<const T*>(p.cache.v);
-  const bool aligned = (p.cache.head_dim * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
-                       (reinterpret_cast<uintptr_t>(k) & 15u) == 0;
+  const bool aligned =
+      (p.cache.head_dim * static_cast<int64_t>(sizeof(T))) % 16 == 0 && (reinterpret_cast<uintptr_t>(k) & 15u) == 0;
   const int64_t d = p.cache.head_dim;
   if (d > kMaxChunkedHeadDim) {
-    SplitAttentionKernel<T, KeyWalk::kPerKey, 1><<<grid, kThreads, shared, stream>>>(
-        p.q, p.out, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+    pdl::Launch(SplitAttentionKernel<T, KeyWalk::kPerKey, 1>, grid, kThreads, shared, stream, p.q, p.out, p.paged.seqs,
+                p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
   } else if (d <= 2 * kWarp) {
     LaunchChunked<T, 2>(aligned, p, sh, grid, shared, partials, stream);
   } else if (d <= 4 * kWarp) {
@@ -389,8 +393,7 @@ size_t MaxAttentionPartialFloats(int64_t max_head_dim) {
   return static_cast<size_t>(kMaxAttnPartials) * static_cast<size_t>(max_head_dim + 2);
 }
 
-cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials,
-                            cudaStream_t stream) {
+cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials, cudaStream_t stream) {
   const int64_t max_q_len = MaxQueryLen(p.paged);
   if (max_q_len == 0 || p.q_heads == 0) return cudaSuccess;
   const int64_t group = p.q_heads / p.cache.kv_heads;
@@ -427,8 +430,8 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
   }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || plan.splits == 1) return err;
   const dim3 merge_grid(static_cast<unsigned>(p.q_heads), GridFor(max_q_len), GridFor(p.paged.num_seqs));
-  MergeSplitsKernel<<<merge_grid, kThreads, 0, stream>>>(partials, p.out, p.paged.seqs, p.paged.num_seqs, p.q_heads,
-                                                          p.cache.head_dim, plan.splits);
+  pdl::Launch(MergeSplitsKernel, merge_grid, kThreads, 0, stream, partials, p.out, p.paged.seqs, p.paged.num_seqs,
+              p.q_heads, p.cache.head_dim, plan.splits);
   return cudaGetLastError();
 }
 

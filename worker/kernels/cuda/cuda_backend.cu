@@ -27,6 +27,7 @@
 #include "worker/kernels/cuda/linear_fp8.cuh"
 #include "worker/kernels/cuda/moe_route.cuh"
 #include "worker/kernels/cuda/ops.cuh"
+#include "worker/kernels/cuda/pdl.cuh"
 #include "worker/kernels/cuda/sampling.cuh"
 
 namespace shardserve::kernels {
@@ -100,7 +101,7 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   // Creates the stream, the cuBLAS handle and its workspace. Called once, by CreateCudaBackend.
-  absl::Status Init();
+  absl::Status Init(bool pdl);
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
@@ -228,7 +229,7 @@ CudaBackend::~CudaBackend() {
   (void)cudaGetLastError();
 }
 
-absl::Status CudaBackend::Init() {
+absl::Status CudaBackend::Init(bool pdl) {
   RETURN_IF_ERROR(Check(cudaSetDevice(device_), "cudaSetDevice"));
   // Non-blocking: the legacy default stream (used by libraries that pass stream 0) does not
   // serialise with ours.
@@ -243,6 +244,7 @@ absl::Status CudaBackend::Init() {
                         "cudaDeviceGetAttribute"));
   RETURN_IF_ERROR(Check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device_),
                         "cudaDeviceGetAttribute"));
+  cuda::pdl::NoteDevice(major, pdl);
   const size_t workspace_bytes = BlasWorkspaceBytes(major);
   RETURN_IF_ERROR(Check(cudaMalloc(&blas_workspace_, workspace_bytes), "cudaMalloc (cuBLAS workspace)"));
   // After cublasSetStream, which resets the workspace to cuBLAS's own pool.
@@ -509,7 +511,7 @@ absl::Status CudaBackend::Group16(const LinearGroupParams& p) {
       group.out[i] = part.out;
       group.accumulate[i] = part.accumulate;
     }
-    return Check(cuda::LaunchGemv16(dtype, p.x, group, p.tokens, p.in, kGemvLoads, stream_), "Gemv16 kernel launch");
+    return Check(cuda::LaunchGemv16(dtype, p.x, group, p.tokens, p.in, kGemvLoads, multiprocessors_, stream_), "Gemv16 kernel launch");
   }
   // x rounded to the weights' type once, for every part's GEMM.
   const int64_t n = p.tokens * p.in;
@@ -857,14 +859,14 @@ int CudaBackendDeviceCount() {
   return count;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index, bool pdl) {
   const int count = CudaBackendDeviceCount();
   if (device_index < 0 || device_index >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA device ", device_index, " requested but this machine has ", count, " CUDA device(s)"));
   }
   auto backend = std::make_unique<CudaBackend>(device_index);
-  RETURN_IF_ERROR(backend->Init());
+  RETURN_IF_ERROR(backend->Init(pdl));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

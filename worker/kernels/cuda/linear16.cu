@@ -1,12 +1,12 @@
 // Kernels of linear16.cuh. The weights are read as raw 16-bit patterns and widened with the same
 // bit operations the CPU backend uses (bf16: the upper half of an f32), so both backends multiply
 // the same f32 values.
-#include "worker/kernels/cuda/linear16.cuh"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "worker/kernels/cuda/gemv16_dots.cuh"
+#include "worker/kernels/cuda/linear16.cuh"
+#include "worker/kernels/cuda/pdl.cuh"
 
 namespace shardserve::kernels::cuda {
 namespace {
@@ -16,34 +16,64 @@ using gemv16::kWarp;
 using gemv16::WarpSum;
 using gemv16::Widen;
 constexpr int kGemvWarps = 4;        // rows per block (one warp per row)
+constexpr int kPrefetchRows = 2;     // weight rows each GEMV warp has on their way into L2
+constexpr int kGemvBlocksPerSm = 8;  // GEMV blocks a multiprocessor holds at once (1-token steps)
 constexpr int kElementThreads = 256;
 constexpr int64_t kMaxGrid = 65535;
 
 unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
 
-// One warp per output row of the group's rows (grid-stride; part after part). `kVectorized`:
-// in % 8 == 0 and every row and activation row 16-byte aligned, so each lane loads 8 weights and
-// 2 x float4 per token at once.
-template <DType kType, bool kVectorized, int kLoads>
-__global__ void __launch_bounds__(kGemvWarps * kWarp)
+// The part and the row within it of row r of the group's joint row index space.
+__device__ __forceinline__ void LocateRow(const Gemv16Group& g, int64_t r, int* part, int64_t* row) {
+  int p = 0;
+  while (p + 1 < g.parts && r >= g.out[p]) r -= g.out[p++];
+  *part = p;
+  *row = r;
+}
+
+// Pulls weight row r of the group into L2 (nothing past the last row).
+__device__ __forceinline__ void PrefetchRow(const Gemv16Group& g, int64_t r, int64_t total_rows, int64_t in, int lane) {
+  if (r >= total_rows) return;
+  int part = 0;
+  int64_t row = 0;
+  LocateRow(g, r, &part, &row);
+  pdl::PrefetchL2(static_cast<const uint16_t*>(g.w[part]) + row * in, in * 2, lane);
+}
+
+// One warp per output row of the group's rows (grid-stride; part after part), for batches of at
+// most kRows tokens (kRows sizes the accumulators: a 1-token step keeps its registers, and so more
+// warps per multiprocessor). `kVectorized`: in % 8 == 0 and every row and activation row 16-byte
+// aligned, so each lane loads 8 weights and 2 x float4 per token at once.
+// The loads in flight bound the rate, so each warp keeps kPrefetchRows rows ahead of the one it
+// multiplies on their way into L2 (prefetches take no registers); the first ones are asked for
+// before pdl::Wait(), while the previous kernel still runs.
+template <DType kType, bool kVectorized, int kLoads, int kRows>
+__global__ void __launch_bounds__(kGemvWarps* kWarp)
     Gemv16Kernel(const float* __restrict__ x, const Gemv16Group g, int tokens, int64_t in, int64_t total_rows) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
-  for (int64_t r = int64_t{blockIdx.x} * kGemvWarps + warp; r < total_rows; r += int64_t{gridDim.x} * kGemvWarps) {
+  const int64_t first = int64_t{blockIdx.x} * kGemvWarps + warp;
+  const int64_t stride = int64_t{gridDim.x} * kGemvWarps;
+#pragma unroll
+  for (int k = 0; k < kPrefetchRows; ++k) PrefetchRow(g, first + k * stride, total_rows, in, lane);
+  pdl::LaunchDependents();
+  pdl::Wait();
+  for (int64_t r = first; r < total_rows; r += stride) {
+    PrefetchRow(g, r + kPrefetchRows * stride, total_rows, in, lane);
     int part = 0;
-    int64_t row = r;
-    while (part + 1 < g.parts && row >= g.out[part]) row -= g.out[part++];
+    int64_t row = 0;
+    LocateRow(g, r, &part, &row);
     const uint16_t* wr = static_cast<const uint16_t*>(g.w[part]) + row * in;
     const int64_t out = g.out[part];
     const float* bias = g.bias[part];
     float* y = g.y[part];
     const bool accumulate = g.accumulate[part];
-    float acc[kGemv16MaxTokens];
+    float acc[kRows];
 #pragma unroll
-    for (int t = 0; t < kGemv16MaxTokens; ++t) acc[t] = 0.f;
+    for (int t = 0; t < kRows; ++t) acc[t] = 0.f;
     gemv16::RowDots<kType, kVectorized, kLoads>(wr, x, tokens, in, lane, acc);
 #pragma unroll
-    for (int t = 0; t < kGemv16MaxTokens; ++t) {
+    for (int t = 0; t < kRows; ++t) {
       if (t < tokens) {
         const float sum = WarpSum(acc[t]);
         if (lane == 0) {
@@ -58,6 +88,8 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp)
 
 template <DType kType>
 __global__ void CastKernel(const float* __restrict__ x, uint16_t* __restrict__ dst, int64_t n) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     if constexpr (kType == DType::kBF16) {
       dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
@@ -69,6 +101,8 @@ __global__ void CastKernel(const float* __restrict__ x, uint16_t* __restrict__ d
 
 template <DType kType>
 __global__ void EmbeddingKernel(const void* table, const int32_t* ids, float* out, int64_t tokens, int64_t hidden) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int64_t row = int64_t{ids[t]} * hidden;
     float* d = out + t * hidden;
@@ -84,8 +118,20 @@ __global__ void EmbeddingKernel(const void* table, const int32_t* ids, float* ou
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+template <DType kType, int kRows>
+cudaError_t LaunchGemv16Rows(const float* x, const Gemv16Group& g, int tokens, int64_t in, int64_t rows, bool aligned,
+                             int loads, unsigned grid, cudaStream_t stream) {
+  constexpr unsigned kThreads = kGemvWarps * kWarp;
+  if (!aligned)
+    return pdl::Launch(Gemv16Kernel<kType, false, 1, kRows>, grid, kThreads, 0, stream, x, g, tokens, in, rows);
+  if (loads == 8)
+    return pdl::Launch(Gemv16Kernel<kType, true, 8, kRows>, grid, kThreads, 0, stream, x, g, tokens, in, rows);
+  return pdl::Launch(Gemv16Kernel<kType, true, 4, kRows>, grid, kThreads, 0, stream, x, g, tokens, in, rows);
+}
+
 template <DType kType>
-cudaError_t Gemv16(const float* x, const Gemv16Group& g, int64_t tokens, int64_t in, int loads, cudaStream_t stream) {
+cudaError_t Gemv16(const float* x, const Gemv16Group& g, int64_t tokens, int64_t in, int loads, int multiprocessors,
+                   cudaStream_t stream) {
   int64_t rows = 0;
   bool aligned = in % kVec == 0 && Aligned16(x);
   for (int p = 0; p < g.parts; ++p) {
@@ -93,25 +139,21 @@ cudaError_t Gemv16(const float* x, const Gemv16Group& g, int64_t tokens, int64_t
     aligned = aligned && Aligned16(g.w[p]);
   }
   if (rows == 0) return cudaSuccess;
-  const unsigned grid = GridFor((rows + kGemvWarps - 1) / kGemvWarps);
+  // At most one wave of blocks: each warp then walks several rows and prefetches the next ones.
+  const int64_t wave = int64_t{multiprocessors > 0 ? multiprocessors : 1} * kGemvBlocksPerSm;
+  const int64_t blocks = (rows + kGemvWarps - 1) / kGemvWarps;
+  const unsigned grid = GridFor(blocks < wave ? blocks : wave);
   const int t = static_cast<int>(tokens);
-  constexpr unsigned kThreads = kGemvWarps * kWarp;
-  if (aligned) {
-    if (loads == 8) {
-      Gemv16Kernel<kType, true, 8><<<grid, kThreads, 0, stream>>>(x, g, t, in, rows);
-    } else {
-      Gemv16Kernel<kType, true, 4><<<grid, kThreads, 0, stream>>>(x, g, t, in, rows);
-    }
-  } else {
-    Gemv16Kernel<kType, false, 1><<<grid, kThreads, 0, stream>>>(x, g, t, in, rows);
-  }
-  return cudaGetLastError();
+  if (t <= 1) return LaunchGemv16Rows<kType, 1>(x, g, t, in, rows, aligned, loads, grid, stream);
+  if (t <= 2) return LaunchGemv16Rows<kType, 2>(x, g, t, in, rows, aligned, loads, grid, stream);
+  if (t <= 4) return LaunchGemv16Rows<kType, 4>(x, g, t, in, rows, aligned, loads, grid, stream);
+  return LaunchGemv16Rows<kType, kGemv16MaxTokens>(x, g, t, in, rows, aligned, loads, grid, stream);
 }
 
 }  // namespace
 
 cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, int64_t tokens, int64_t in, int loads,
-                         cudaStream_t stream) {
+                         int multiprocessors, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (tokens > kGemv16MaxTokens || (loads != 4 && loads != 8) || group.parts < 1 ||
       group.parts > Gemv16Group::kMaxParts) {
@@ -119,9 +161,9 @@ cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, 
   }
   switch (dtype) {
     case DType::kBF16:
-      return Gemv16<DType::kBF16>(x, group, tokens, in, loads, stream);
+      return Gemv16<DType::kBF16>(x, group, tokens, in, loads, multiprocessors, stream);
     case DType::kF16:
-      return Gemv16<DType::kF16>(x, group, tokens, in, loads, stream);
+      return Gemv16<DType::kF16>(x, group, tokens, in, loads, multiprocessors, stream);
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:
@@ -136,10 +178,10 @@ cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cu
   auto* d = static_cast<uint16_t*>(dst);
   switch (dtype) {
     case DType::kBF16:
-      CastKernel<DType::kBF16><<<grid, kElementThreads, 0, stream>>>(x, d, n);
+      pdl::Launch(CastKernel<DType::kBF16>, grid, kElementThreads, 0, stream, x, d, n);
       return cudaGetLastError();
     case DType::kF16:
-      CastKernel<DType::kF16><<<grid, kElementThreads, 0, stream>>>(x, d, n);
+      pdl::Launch(CastKernel<DType::kF16>, grid, kElementThreads, 0, stream, x, d, n);
       return cudaGetLastError();
     case DType::kF32:
     case DType::kF8E4M3:
@@ -155,13 +197,13 @@ cudaError_t LaunchEmbeddingTyped(DType dtype, const void* table, const int32_t* 
   const unsigned threads = hidden >= kElementThreads ? kElementThreads : kWarp;
   switch (dtype) {
     case DType::kF32:
-      EmbeddingKernel<DType::kF32><<<GridFor(tokens), threads, 0, stream>>>(table, ids, out, tokens, hidden);
+      pdl::Launch(EmbeddingKernel<DType::kF32>, GridFor(tokens), threads, 0, stream, table, ids, out, tokens, hidden);
       break;
     case DType::kBF16:
-      EmbeddingKernel<DType::kBF16><<<GridFor(tokens), threads, 0, stream>>>(table, ids, out, tokens, hidden);
+      pdl::Launch(EmbeddingKernel<DType::kBF16>, GridFor(tokens), threads, 0, stream, table, ids, out, tokens, hidden);
       break;
     case DType::kF16:
-      EmbeddingKernel<DType::kF16><<<GridFor(tokens), threads, 0, stream>>>(table, ids, out, tokens, hidden);
+      pdl::Launch(EmbeddingKernel<DType::kF16>, GridFor(tokens), threads, 0, stream, table, ids, out, tokens, hidden);
       break;
     case DType::kF8E4M3:
     case DType::kQ8:

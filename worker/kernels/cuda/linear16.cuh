@@ -39,8 +39,10 @@ struct Gemv16Group {
 // y[p][t, o] (+)= sum_i x[t, i] * w[p][o, i] (+ bias[p][o]) for every part p and t < tokens <=
 // kGemv16MaxTokens. x: [tokens, in] f32; the weights of `dtype` (kBF16 or kF16). `loads`: 16-byte
 // weight loads each lane issues before using them (4 or 8; the same sums either way).
+// `multiprocessors`: the device's, to size one wave of blocks (any value gives the same sums).
+// Launched under PDL (pdl.cuh): the first weight rows stream into L2 while the previous kernel runs.
 cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, int64_t tokens, int64_t in, int loads,
-                         cudaStream_t stream);
+                         int multiprocessors, cudaStream_t stream);
 
 // dst[i] = x[i] rounded to `dtype` (kBF16 or kF16), as 16-bit patterns. x: [n]; dst: [n].
 cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cudaStream_t stream);

@@ -9,16 +9,17 @@
 
 #include <cmath>
 
+#include "worker/kernels/cuda/pdl.cuh"
 #include "worker/kernels/shared/row_math.h"
 
 namespace shardserve::kernels::cuda {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kRowThreads = 256;       // row kernels: one block per row
-constexpr int kElementThreads = 256;   // elementwise kernels
-constexpr int kRopeThreads = 256;      // threads per token, one per rotated pair
-constexpr int64_t kMaxGrid = 65535;    // grid-stride beyond this (also the y/z grid limit)
+constexpr int kRowThreads = 256;      // row kernels: one block per row
+constexpr int kElementThreads = 256;  // elementwise kernels
+constexpr int kRopeThreads = 256;     // threads per token, one per rotated pair
+constexpr int64_t kMaxGrid = 65535;   // grid-stride beyond this (also the y/z grid limit)
 
 unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
 
@@ -58,6 +59,8 @@ __device__ float BlockSum(float v, float* scratch) {
 
 // dst[i, :] = src[idx[i], :]  (GatherRows; Embedding is in linear16.cu, over every weight dtype).
 __global__ void GatherRowsKernel(const float* src, const int32_t* idx, float* dst, int64_t count, int64_t width) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
     const float* s = src + int64_t{idx[i]} * width;
     float* d = dst + i * width;
@@ -66,6 +69,8 @@ __global__ void GatherRowsKernel(const float* src, const int32_t* idx, float* ds
 }
 
 __global__ void BiasAddKernel(const float* bias, float* y, int64_t tokens, int64_t out) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   const int64_t n = tokens * out;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     y[i] += bias[i % out];
@@ -75,6 +80,8 @@ __global__ void BiasAddKernel(const float* bias, float* y, int64_t tokens, int64
 // One block per row. The sum of squares is a block reduction; the rest is RmsNormRow's formula.
 __global__ void RmsNormKernel(const float* x, const float* weight, float* y, int64_t tokens, int64_t hidden,
                               float eps) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   __shared__ float scratch[kRowThreads / kWarp];
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const float* xr = x + t * hidden;
@@ -97,6 +104,8 @@ template <int kPer, bool kAdd>
 __global__ void __launch_bounds__(kRowThreads)
     RegisterNormKernel(const float* x, float* x_sum, const float* y, const float* weight, float* out, int64_t tokens,
                        int64_t hidden, float eps) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   __shared__ float scratch[kRowThreads / kWarp];
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const float* xr = x + t * hidden;
@@ -129,19 +138,19 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // Launches RegisterNormKernel when the row fits in registers; false when it does not.
 template <bool kAdd>
-bool LaunchRegisterNorm(const float* x, float* x_sum, const float* y, const float* weight, float* out,
-                        int64_t tokens, int64_t hidden, float eps, cudaStream_t stream) {
+bool LaunchRegisterNorm(const float* x, float* x_sum, const float* y, const float* weight, float* out, int64_t tokens,
+                        int64_t hidden, float eps, cudaStream_t stream) {
   const unsigned threads = RowThreads(hidden);
   const int64_t per = (hidden + threads - 1) / threads;
   const unsigned grid = GridFor(tokens);
   if (per <= 4) {
-    RegisterNormKernel<4, kAdd><<<grid, threads, 0, stream>>>(x, x_sum, y, weight, out, tokens, hidden, eps);
+    pdl::Launch(RegisterNormKernel<4, kAdd>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden, eps);
   } else if (per <= 8) {
-    RegisterNormKernel<8, kAdd><<<grid, threads, 0, stream>>>(x, x_sum, y, weight, out, tokens, hidden, eps);
+    pdl::Launch(RegisterNormKernel<8, kAdd>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden, eps);
   } else if (per <= 16) {
-    RegisterNormKernel<16, kAdd><<<grid, threads, 0, stream>>>(x, x_sum, y, weight, out, tokens, hidden, eps);
+    pdl::Launch(RegisterNormKernel<16, kAdd>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden, eps);
   } else if (per <= 32) {
-    RegisterNormKernel<32, kAdd><<<grid, threads, 0, stream>>>(x, x_sum, y, weight, out, tokens, hidden, eps);
+    pdl::Launch(RegisterNormKernel<32, kAdd>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden, eps);
   } else {
     return false;
   }
@@ -151,6 +160,8 @@ bool LaunchRegisterNorm(const float* x, float* x_sum, const float* y, const floa
 // One block per row: add y into x (each thread its own elements), then RmsNormKernel's formula.
 __global__ void AddRmsNormKernel(float* x, const float* y, const float* weight, float* out, int64_t tokens,
                                  int64_t hidden, float eps) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   __shared__ float scratch[kRowThreads / kWarp];
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     float* xr = x + t * hidden;
@@ -174,9 +185,11 @@ __global__ void AddRmsNormKernel(float* x, const float* y, const float* weight, 
 __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t tokens,
                            int64_t q_heads, int64_t kv_heads, int64_t head_dim, float position_scale,
                            int64_t rotary_dim, float scale) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   extern __shared__ float rope_smem[];
   const int64_t half = rotary_dim / 2;
-  float* cos_s = rope_smem;        // [half]
+  float* cos_s = rope_smem;         // [half]
   float* sin_s = rope_smem + half;  // [half]
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     __syncthreads();  // the previous token's heads are done with cos_s/sin_s
@@ -206,16 +219,23 @@ __device__ __forceinline__ int64_t CacheRow(const int32_t* table, int64_t pos, i
 template <typename T>
 __device__ __forceinline__ T ToCache(float x);
 template <>
-__device__ __forceinline__ float ToCache<float>(float x) { return x; }
+__device__ __forceinline__ float ToCache<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 ToCache<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 ToCache<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ __forceinline__ __half ToCache<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half ToCache<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 template <typename T>
 __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seqs, int64_t num_seqs,
-                              const int32_t* block_table, T* cache_k, T* cache_v, int64_t block_size,
-                              int64_t row) {
+                              const int32_t* block_table, T* cache_k, T* cache_v, int64_t block_size, int64_t row) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t s = blockIdx.y; s < num_seqs; s += gridDim.y) {
     const AttnSeq seq = seqs[s];
     const int32_t* table = block_table + seq.table_begin;
@@ -232,6 +252,8 @@ __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seq
 
 template <GateActivation kAct>
 __global__ void SiluMulKernel(const float* gate, const float* up, float* out, int64_t n) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     if constexpr (kAct == GateActivation::kGeluTanh) {
       out[i] = GeluTanh(gate[i]) * up[i];
@@ -242,6 +264,8 @@ __global__ void SiluMulKernel(const float* gate, const float* up, float* out, in
 }
 
 __global__ void ScaleKernel(float* x, int64_t n, float scale, float softcap) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const float v = x[i] * scale;
     x[i] = softcap > 0.f ? SoftCap(v, softcap) : v;
@@ -249,6 +273,8 @@ __global__ void ScaleKernel(float* x, int64_t n, float scale, float softcap) {
 }
 
 __global__ void AddKernel(float* x, const float* y, int64_t n) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     x[i] += y[i];
   }
@@ -257,6 +283,8 @@ __global__ void AddKernel(float* x, const float* y, int64_t n) {
 // dst[rows[i], :] += scales[i] * src[i, :]. rows has no duplicates, so blocks never share a row.
 __global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, const float* scales, float* dst,
                                      int64_t count, int64_t width) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
     float* d = dst + int64_t{rows[i]} * width;
     const float* s = src + i * width;
@@ -266,6 +294,8 @@ __global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, cons
 }
 
 __global__ void ScaleRowsKernel(float* x, const float* scales, int64_t tokens, int64_t width) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const float s = scales[t];
     float* xr = x + t * width;
@@ -274,6 +304,8 @@ __global__ void ScaleRowsKernel(float* x, const float* scales, int64_t tokens, i
 }
 
 __global__ void SigmoidScaleRowsKernel(float* x, const float* gate, int64_t tokens, int64_t width) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const float g = 1.0f / (1.0f + expf(-gate[t]));
     float* xr = x + t * width;
@@ -290,6 +322,8 @@ __device__ __forceinline__ bool Beats(float va, int32_t ia, float vb, int32_t ib
 // One block per row. Each thread starts from its first column (so rows of -inf still answer 0,
 // as std::max_element does) and keeps the first maximum of its columns; the block then reduces.
 __global__ void ArgmaxRowsKernel(const float* x, int32_t* out, int64_t rows, int64_t width, int64_t stride) {
+  pdl::LaunchDependents();
+  pdl::Wait();
   __shared__ float vals[kRowThreads / kWarp];
   __shared__ int32_t idxs[kRowThreads / kWarp];
   const int lane = threadIdx.x % kWarp;
@@ -340,7 +374,7 @@ size_t RopeSharedBytes(int64_t head_dim) { return static_cast<size_t>(head_dim) 
 
 cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t out, cudaStream_t stream) {
   if (tokens == 0 || out == 0) return cudaSuccess;
-  BiasAddKernel<<<ElementGrid(tokens * out), kElementThreads, 0, stream>>>(bias, y, tokens, out);
+  pdl::Launch(BiasAddKernel, ElementGrid(tokens * out), kElementThreads, 0, stream, bias, y, tokens, out);
   return cudaGetLastError();
 }
 
@@ -349,7 +383,8 @@ cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
   if (LaunchRegisterNorm<false>(p.x, nullptr, nullptr, p.weight, p.y, p.tokens, p.hidden, p.eps, stream)) {
     return cudaGetLastError();
   }
-  RmsNormKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.x, p.weight, p.y, p.tokens, p.hidden, p.eps);
+  pdl::Launch(RmsNormKernel, GridFor(p.tokens), RowThreads(p.hidden), 0, stream, p.x, p.weight, p.y, p.tokens, p.hidden,
+              p.eps);
   return cudaGetLastError();
 }
 
@@ -358,16 +393,16 @@ cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
   if (LaunchRegisterNorm<true>(p.x, p.x, p.y, p.weight, p.out, p.tokens, p.hidden, p.eps, stream)) {
     return cudaGetLastError();
   }
-  AddRmsNormKernel<<<GridFor(p.tokens), RowThreads(p.hidden), 0, stream>>>(p.x, p.y, p.weight, p.out, p.tokens,
-                                                                           p.hidden, p.eps);
+  pdl::Launch(AddRmsNormKernel, GridFor(p.tokens), RowThreads(p.hidden), 0, stream, p.x, p.y, p.weight, p.out, p.tokens,
+              p.hidden, p.eps);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.q_heads + p.kv_heads == 0) return cudaSuccess;
-  RopeKernel<<<GridFor(p.tokens), kRopeThreads, RopeSharedBytes(p.head_dim), stream>>>(
-      p.q, p.k, p.positions, p.inv_freq, p.tokens, p.q_heads, p.kv_heads, p.head_dim, p.position_scale,
-      p.rotary_dim > 0 ? p.rotary_dim : p.head_dim, p.scale);
+  pdl::Launch(RopeKernel, GridFor(p.tokens), kRopeThreads, RopeSharedBytes(p.head_dim), stream, p.q, p.k, p.positions,
+              p.inv_freq, p.tokens, p.q_heads, p.kv_heads, p.head_dim, p.position_scale,
+              p.rotary_dim > 0 ? p.rotary_dim : p.head_dim, p.scale);
   return cudaGetLastError();
 }
 
@@ -378,19 +413,19 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
   const dim3 grid(GridFor(max_q_len), GridFor(p.paged.num_seqs));
   switch (p.cache.dtype) {
     case DType::kF32:
-      KvWriteKernel<float><<<grid, RowThreads(row), 0, stream>>>(
-          p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<float*>(p.cache.k),
-          static_cast<float*>(p.cache.v), p.cache.block_size, row);
+      pdl::Launch(KvWriteKernel<float>, grid, RowThreads(row), 0, stream, p.k, p.v, p.paged.seqs, p.paged.num_seqs,
+                  p.paged.block_table, static_cast<float*>(p.cache.k), static_cast<float*>(p.cache.v),
+                  p.cache.block_size, row);
       break;
     case DType::kBF16:
-      KvWriteKernel<__nv_bfloat16><<<grid, RowThreads(row), 0, stream>>>(
-          p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<__nv_bfloat16*>(p.cache.k),
-          static_cast<__nv_bfloat16*>(p.cache.v), p.cache.block_size, row);
+      pdl::Launch(KvWriteKernel<__nv_bfloat16>, grid, RowThreads(row), 0, stream, p.k, p.v, p.paged.seqs,
+                  p.paged.num_seqs, p.paged.block_table, static_cast<__nv_bfloat16*>(p.cache.k),
+                  static_cast<__nv_bfloat16*>(p.cache.v), p.cache.block_size, row);
       break;
     case DType::kF16:
-      KvWriteKernel<__half><<<grid, RowThreads(row), 0, stream>>>(
-          p.k, p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table, static_cast<__half*>(p.cache.k),
-          static_cast<__half*>(p.cache.v), p.cache.block_size, row);
+      pdl::Launch(KvWriteKernel<__half>, grid, RowThreads(row), 0, stream, p.k, p.v, p.paged.seqs, p.paged.num_seqs,
+                  p.paged.block_table, static_cast<__half*>(p.cache.k), static_cast<__half*>(p.cache.v),
+                  p.cache.block_size, row);
       break;
     case DType::kF8E4M3:
     case DType::kQ8:
@@ -402,53 +437,57 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   if (p.act == GateActivation::kGeluTanh) {
-    SiluMulKernel<GateActivation::kGeluTanh><<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.gate, p.up, p.out, p.n);
+    pdl::Launch(SiluMulKernel<GateActivation::kGeluTanh>, ElementGrid(p.n), kElementThreads, 0, stream, p.gate, p.up,
+                p.out, p.n);
   } else {
-    SiluMulKernel<GateActivation::kSilu><<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.gate, p.up, p.out, p.n);
+    pdl::Launch(SiluMulKernel<GateActivation::kSilu>, ElementGrid(p.n), kElementThreads, 0, stream, p.gate, p.up, p.out,
+                p.n);
   }
   return cudaGetLastError();
 }
 
 cudaError_t LaunchScale(const ScaleParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  ScaleKernel<<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.x, p.n, p.scale, p.softcap);
+  pdl::Launch(ScaleKernel, ElementGrid(p.n), kElementThreads, 0, stream, p.x, p.n, p.scale, p.softcap);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAdd(const AddParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
-  AddKernel<<<ElementGrid(p.n), kElementThreads, 0, stream>>>(p.x, p.y, p.n);
+  pdl::Launch(AddKernel, ElementGrid(p.n), kElementThreads, 0, stream, p.x, p.y, p.n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchGatherRows(const GatherRowsParams& p, cudaStream_t stream) {
   if (p.count == 0 || p.width == 0) return cudaSuccess;
-  GatherRowsKernel<<<GridFor(p.count), RowThreads(p.width), 0, stream>>>(p.src, p.rows, p.dst, p.count, p.width);
+  pdl::Launch(GatherRowsKernel, GridFor(p.count), RowThreads(p.width), 0, stream, p.src, p.rows, p.dst, p.count,
+              p.width);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchScatterAddRows(const ScatterAddRowsParams& p, cudaStream_t stream) {
   if (p.count == 0 || p.width == 0) return cudaSuccess;
-  ScatterAddRowsKernel<<<GridFor(p.count), RowThreads(p.width), 0, stream>>>(p.src, p.rows, p.scales, p.dst,
-                                                                             p.count, p.width);
+  pdl::Launch(ScatterAddRowsKernel, GridFor(p.count), RowThreads(p.width), 0, stream, p.src, p.rows, p.scales, p.dst,
+              p.count, p.width);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchArgmaxRows(const ArgmaxRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
-  ArgmaxRowsKernel<<<GridFor(p.rows), kRowThreads, 0, stream>>>(p.x, p.out, p.rows, p.width, p.stride);
+  pdl::Launch(ArgmaxRowsKernel, GridFor(p.rows), kRowThreads, 0, stream, p.x, p.out, p.rows, p.width, p.stride);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchScaleRows(const ScaleRowsParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.width == 0) return cudaSuccess;
-  ScaleRowsKernel<<<GridFor(p.tokens), RowThreads(p.width), 0, stream>>>(p.x, p.scales, p.tokens, p.width);
+  pdl::Launch(ScaleRowsKernel, GridFor(p.tokens), RowThreads(p.width), 0, stream, p.x, p.scales, p.tokens, p.width);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSigmoidScaleRows(const SigmoidScaleRowsParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.width == 0) return cudaSuccess;
-  SigmoidScaleRowsKernel<<<GridFor(p.tokens), RowThreads(p.width), 0, stream>>>(p.x, p.gate, p.tokens, p.width);
+  pdl::Launch(SigmoidScaleRowsKernel, GridFor(p.tokens), RowThreads(p.width), 0, stream, p.x, p.gate, p.tokens,
+              p.width);
   return cudaGetLastError();
 }
 
