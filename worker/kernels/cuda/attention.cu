@@ -61,26 +61,42 @@ enum class KeyWalk {
   kChunkedVector,  // kChunked with 16-byte loads of each key row (head_dim a multiple of 16 bytes)
 };
 
-// dots[hh] = q_s[hh] . kj for the block's heads, kj being one key row of the cache.
-template <typename T, KeyWalk kWalk>
+// dots[hh] = q_s[hh] . kj for the block's heads, kj being one key row of the cache (head_dim
+// d <= kMaxD). The vector walk issues the row's 16-byte loads kBatch at a time, all of a batch before
+// its first product (a run-time loop over d would wait for each load in turn: head_dim 64 in bf16 is
+// one batch); the sums are in the same order either way.
+template <typename T, KeyWalk kWalk, int kMaxD>
 __device__ __forceinline__ void DotHeads(const T* __restrict__ kj, const float* q_s, int64_t d, int nh,
                                          float (&dots)[kMaxHeadsPerBlock]) {
 #pragma unroll
   for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) dots[hh] = 0.f;
   if constexpr (kWalk == KeyWalk::kChunkedVector) {
     constexpr int kN = 16 / sizeof(T);
-    for (int64_t e = 0; e < d; e += kN) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(kj + e);
-      const T* kv = reinterpret_cast<const T*>(&raw);
-      float kf[kN];
+    constexpr int kLoads = (kMaxD + kN - 1) / kN;
+    constexpr int kMaxBatch = sizeof(T) == 4 ? 4 : 8;  // f32 rows: fewer at once, or the registers spill
+    constexpr int kBatch = kLoads < kMaxBatch ? kLoads : kMaxBatch;
+    for (int base = 0; base < kLoads; base += kBatch) {
+      uint4 raw[kBatch];
 #pragma unroll
-      for (int i = 0; i < kN; ++i) kf[i] = Widen(kv[i]);
+      for (int v = 0; v < kBatch; ++v) {
+        const int64_t e = int64_t{base + v} * kN;
+        raw[v] = e < d ? *reinterpret_cast<const uint4*>(kj + e) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-      for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
-        if (hh < nh) {
-          const float* qh = q_s + hh * d + e;  // every lane reads the same address: a broadcast
+      for (int v = 0; v < kBatch; ++v) {
+        const int64_t e = int64_t{base + v} * kN;
+        if (e >= d) break;
+        const T* kv = reinterpret_cast<const T*>(&raw[v]);
+        float kf[kN];
 #pragma unroll
-          for (int i = 0; i < kN; ++i) dots[hh] += qh[i] * kf[i];
+        for (int i = 0; i < kN; ++i) kf[i] = Widen(kv[i]);
+#pragma unroll
+        for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
+          if (hh < nh) {
+            const float* qh = q_s + hh * d + e;  // every lane reads the same address: a broadcast
+#pragma unroll
+            for (int i = 0; i < kN; ++i) dots[hh] += qh[i] * kf[i];
+          }
         }
       }
     }
@@ -179,13 +195,13 @@ __global__ void __launch_bounds__(kThreads)
           for (int k = 0; k < kDpl; ++k) acc[hh][k] = 0.f;
         }
         // Value rows loaded per group, all before the group's sums.
-        constexpr int kGroup = 32 / kDpl < 16 ? 32 / kDpl : 16;
+        constexpr int kGroup = kDpl == 2 ? 16 : 16 / kDpl;
         for (long long c = kb + int64_t{warp} * kWarp; c < ke; c += int64_t{kAttnWarps} * kWarp) {
           const long long j = c + lane;
           const bool valid = j < ke;
           const int64_t cache_row = valid ? CacheRow(table, j, sh.block_size) : 0;
           float dots[kMaxHeadsPerBlock];
-          DotHeads<T, kWalk>(cache_k + cache_row * row + g * d, q_s, d, valid ? nh : 0, dots);
+          DotHeads<T, kWalk, kDpl * kWarp>(cache_k + cache_row * row + g * d, q_s, d, valid ? nh : 0, dots);
           float p[kMaxHeadsPerBlock];
 #pragma unroll
           for (int hh = 0; hh < kMaxHeadsPerBlock; ++hh) {
