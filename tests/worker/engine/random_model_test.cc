@@ -95,17 +95,11 @@ using testing::StoredTensor;
 // Ragged against 128 x 128 blocks everywhere: q/o [160, 160] and gate/up [136, 160] have 2 x 2
 // scale blocks, k/v [32, 160] 1 x 2, down [160, 136] 2 x 2, and the last block of each
 // dimension is short.
+// 10 heads of 16: tp 2 cuts q at row 80 and k/v at 16, inside the first scale block. Everything
+// but the projections is F32.
 testing::RandomLlamaShape TinyFp8Shape(bool fp8) {
-  testing::RandomLlamaShape s;
-  s.vocab = 96;
-  s.hidden = 160;
-  s.intermediate = 136;
-  s.layers = 2;
-  s.heads = 10;  // head_dim 16; tp 2 cuts q at row 80 and k/v at 16, inside the first scale block
-  s.kv_heads = 2;
-  s.max_positions = 64;
-  s.fp8 = fp8;  // everything else F32
-  return s;
+  return {.vocab = 96, .hidden = 160, .intermediate = 136, .layers = 2, .heads = 10, .kv_heads = 2,
+          .max_positions = 64, .fp8 = fp8};
 }
 
 constexpr uint64_t kFp8Seed = 11;
