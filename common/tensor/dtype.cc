@@ -95,6 +95,27 @@ float E4M3ToFloat(uint8_t v) {
   return sign * std::ldexp(static_cast<float>(8 + mant), exp - 10);
 }
 
+uint8_t FloatToE4M3(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7fu;  // NaN
+  if (abs < 0x3c800000u) {                     // below the smallest normal e4m3 (2^-6): subnormal
+    // The code is the number of 2^-9 steps, rounded to nearest even; 8 steps is the code of 2^-6.
+    const float steps = std::bit_cast<float>(abs) * 512.0f;  // < 8, exact
+    uint32_t q = static_cast<uint32_t>(steps);
+    const float rest = steps - static_cast<float>(q);
+    if (rest > 0.5f || (rest == 0.5f && (q & 1u) != 0)) ++q;
+    return sign | static_cast<uint8_t>(q);
+  }
+  if (abs >= 0x43e00000u) return sign | 0x7eu;  // >= 448 (and inf): saturate
+  // Normal: keep 3 of the 23 mantissa bits, rounding to nearest even on the whole exponent and
+  // mantissa (a carry moves to the next binade), then move the exponent bias from 127 to 7.
+  // Below 448 the result is at most 0x7e (448 itself).
+  const uint32_t rounded = (abs + 0x7ffffu + ((abs >> 20) & 1u)) >> 20;
+  return sign | static_cast<uint8_t>(rounded - (120u << 3));
+}
+
 float BFloat16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
 uint16_t FloatToBFloat16(float f) {

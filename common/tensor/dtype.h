@@ -40,6 +40,11 @@ uint16_t FloatToHalf(float f);
 uint16_t FloatToBFloat16(float f);
 // float8 e4m3fn to float, exact (0x7f and 0xff are NaN).
 float E4M3ToFloat(uint8_t v);
+// float to float8 e4m3fn with round-to-nearest-even, saturating: magnitudes above the largest
+// finite value 448 (infinities included) become +-448 (0x7e / 0xfe), as FP8 quantizers clamp;
+// NaN becomes 0x7f (0xff when its sign bit is set); the sign of zero is kept. Every non-NaN code c
+// satisfies FloatToE4M3(E4M3ToFloat(c)) == c.
+uint8_t FloatToE4M3(float f);
 
 // How the loader stores weight matrices (the linear projections and the lm_head; embeddings, norms
 // and routers are never quantized). kInt8: DType::kQ8 on backends that take it, 64-weight blocks.

@@ -4,19 +4,30 @@
 //   prefill tok/s                        vs  the bf16 tensor-core GEMM rate on a prefill-shaped product
 //   all-reduce of one hidden state (8192 floats) over every GPU (NCCL), when there are >= 2
 //   host CPU time per decode step (CLOCK_PROCESS_CPUTIME_ID over the timed steps)
-// The models are generated (tests/testing/random_model.h) into --scratch once: a 1.1B-parameter
-// bf16 Llama (TinyLlama's shape) and a 1.08B-parameter bf16 Mixtral-style MoE (12 layers, 8
-// experts of width 1408, top 2: 0.33B parameters used per token).
+// The models are generated (tests/testing/random_model.h) into --scratch once: `llama`, a
+// 1.1B-parameter bf16 Llama (TinyLlama's shape); `moe`, a 1.08B-parameter bf16 Mixtral-style MoE
+// (12 layers, 8 experts of width 1408, top 2: 0.33B parameters used per token); and `llama_fp8`:
+// the llama's shape and random weights with every projection (q/k/v/o, gate/up/down) stored as
+// F8_E4M3 with 128 x 128 block scales (`weight_scale_inv`, the DeepSeek-V3 / Qwen3-FP8 layout;
+// embedding, norms and lm_head bf16): 1.23 GB on disk against the llama's 2.2 GB, written in
+// 7.6-8.8 s on a shared 2-core machine (the bf16 llama: 7.1 s; `write_s` in the report). CUDA
+// ranks keep such matrices as 1-byte codes plus f32 scales (worker/kernels/cuda/linear_fp8.cuh):
+// steps of up to 8 tokens read the codes in a GEMV (decode batch 1), larger ones (decode at
+// --batch 32, prefill) dequantize chunks of rows to bf16 for the bf16 GEMM.
 //
 // The roofline counts the bytes the engine holds (TpExecutor::WeightBytesPerRank), not the
 // checkpoint's: a backend without bf16 weights widens them to f32 on load and then reads twice as
-// many bytes per step (InferLayout says which happened). The embedding table is not read by a
-// decode step (one row per token);
+// many bytes per step (InferLayout says which happened); an FP8 model's projections count their
+// codes and scales (Fp8Layout: 1.0002 bytes per weight with 128 x 128 blocks, unless the engine
+// dequantized them). The embedding table is not read by a decode step (one row per token);
 // an MoE step reads only the experts its tokens are routed to (expected distinct experts for B
 // random tokens: E * (1 - (1 - k/E)^B)); the KV cache adds its bytes per token times the context.
 //
-// Usage: shardserve-bench-gpu [--json] [--scratch=DIR] [--models=llama,moe] [--tokens=64]
-// Without a CUDA device it says so and exits 0 ({"skipped": "no CUDA device"} with --json).
+// Usage: shardserve-bench-gpu [--json] [--scratch=DIR] [--models=llama,moe,llama_fp8] [--tokens=64]
+//        (all three models by default)
+//        shardserve-bench-gpu --write_only [--scratch=DIR] [--models=...]   (no device needed)
+// Without a CUDA device it says so and exits 0 ({"skipped": "no CUDA device"} with --json), after
+// checking the --models names; --write_only writes the generated models (timing each) and exits.
 #include <time.h>
 
 #include <algorithm>
@@ -32,8 +43,10 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/model_spec/model_spec.h"
+#include "common/plan/memory_model.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/macros.h"
+#include "common/tensor/dtype.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/random_model.h"
 #include "worker/comm/comm_registry.h"
@@ -43,8 +56,12 @@
 
 ABSL_FLAG(bool, json, false, "print one JSON object instead of text");
 ABSL_FLAG(std::string, scratch, "/tmp/shardserve-gpu-bench", "where the generated models are written (once)");
-ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"llama", "moe"}),
-          "generated models to benchmark: llama (1.1B dense), moe (1.1B Mixtral-style, 8 experts top 2)");
+ABSL_FLAG(std::vector<std::string>, models, std::vector<std::string>({"llama", "moe", "llama_fp8"}),
+          "generated models to benchmark: llama (1.1B dense bf16), moe (1.1B Mixtral-style bf16, 8 experts top 2), "
+          "llama_fp8 (the llama with FP8 e4m3 projections, 128x128 block scales)");
+ABSL_FLAG(bool, write_only, false,
+          "write the generated --models to --scratch (those not there yet), print the seconds each took, and exit; "
+          "needs no device");
 ABSL_FLAG(int32_t, tokens, 64, "decode steps to time at batch 1 (half as many at --batch)");
 ABSL_FLAG(int32_t, batch, 32, "sequences per step of the batched decode");
 ABSL_FLAG(int32_t, prefill, 512, "prefill prompt length (tokens)");
@@ -72,7 +89,10 @@ double ProcessCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// The two generated shapes, bf16: 1.10B (llama) and 1.08B (moe) parameters.
+bool KnownModel(const std::string& name) { return name == "llama" || name == "moe" || name == "llama_fp8"; }
+
+// The generated shapes: 1.10B (llama, llama_fp8) and 1.08B (moe) parameters; bf16, with FP8
+// projections in llama_fp8.
 testing::RandomLlamaShape ModelShape(const std::string& name) {
   testing::RandomLlamaShape s;
   s.vocab = 32000;
@@ -89,6 +109,7 @@ testing::RandomLlamaShape ModelShape(const std::string& name) {
   } else {  // TinyLlama-1.1B's shape
     s.layers = 22;
     s.intermediate = 5632;
+    s.fp8 = name == "llama_fp8";  // 128 x 128 blocks
   }
   return s;
 }
@@ -98,6 +119,8 @@ struct ParamCounts {
   double embedding = 0;      // read one row per token: not counted as read
   double norms = 0;          // f32 on every backend
   double matrices = 0;       // every linear layer incl. lm_head, router and all experts
+  double lm_head = 0;
+  double routers = 0;        // f32 on every backend (part of `matrices`)
   double inactive_expert = 0;  // one expert of one layer (w1, w2, w3); 0 for dense models
   double active_matrices_per_token = 0;  // the matrices one token multiplies with
 };
@@ -112,8 +135,10 @@ ParamCounts CountParams(const ModelSpec& s) {
   c.norms = layers * 2 * h + h;
   const double attn = h * q + 2 * h * kv + q * h;
   const double lm_head = static_cast<double>(s.vocab_size) * h;
+  c.lm_head = lm_head;
   if (s.IsMoe()) {
     const double e = static_cast<double>(s.moe.num_experts);
+    c.routers = layers * e * h;
     c.inactive_expert = 3 * h * static_cast<double>(s.moe.expert_intermediate_size);
     c.matrices = layers * (attn + e * h + e * c.inactive_expert) + lm_head;
     c.active_matrices_per_token =
@@ -132,14 +157,36 @@ ParamCounts CountParams(const ModelSpec& s) {
 struct HeldLayout {
   double matrix_elem = 4;
   double embedding_elem = 4;
+  std::string matrix_dtype = "f32";
+  // FP8 checkpoints: what the memory model (common/plan/memory_model.h) predicts a CUDA rank holds.
+  double predicted_bytes = 0;
 };
 
 HeldLayout InferLayout(const ParamCounts& c, double held) {
   const double f32_embedding = (held - 4 * (c.embedding + c.norms)) / c.matrices;
   const double same_as_matrices = (held - 4 * c.norms) / (c.matrices + c.embedding);
   auto off = [](double e) { return std::min(std::abs(e - 2), std::abs(e - 4)); };
-  if (off(same_as_matrices) < off(f32_embedding)) return {same_as_matrices, same_as_matrices};
-  return {f32_embedding, 4};
+  HeldLayout h = off(same_as_matrices) < off(f32_embedding) ? HeldLayout{same_as_matrices, same_as_matrices}
+                                                             : HeldLayout{f32_embedding, 4};
+  h.matrix_dtype = h.matrix_elem < 3 ? "bf16" : "f32";
+  return h;
+}
+
+// An FP8 checkpoint on one CUDA rank: the embedding, norms, routers and lm_head (left unconverted)
+// take the bytes the memory model gives them; the rest of what the engine holds is the projections,
+// 1 byte per weight plus the f32 scales of its blocks when kept as F8_E4M3 (about 2 when the engine
+// dequantized them to bf16 instead, as it does on backends without FP8 Linear).
+HeldLayout Fp8Layout(const ModelSpec& s, const ParamCounts& c, double held) {
+  const WeightFormats f = WorkerWeightFormats(s, /*cuda=*/true, Quantization::kNone);
+  const RankMemory m =
+      RankMemoryOf(s, RankShard{.layer_end = s.num_layers, .has_embedding = true, .has_lm_head = true}, f);
+  HeldLayout h;
+  h.embedding_elem = static_cast<double>(m.embedding) / c.embedding;
+  h.matrix_elem = (held - static_cast<double>(m.embedding + m.norms_biases + m.lm_head)) /
+                  (c.matrices - c.lm_head - c.routers);
+  h.matrix_dtype = h.matrix_elem < 1.5 ? "f8e4m3" : h.matrix_elem < 3 ? "bf16" : "f32";
+  h.predicted_bytes = static_cast<double>(m.Weights());
+  return h;
 }
 
 // Bytes of weights one decode step of `batch` tokens reads, from the bytes the engine holds.
@@ -195,8 +242,7 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
 
   const ParamCounts pc = CountParams(spec);
   const double held = static_cast<double>(model->WeightBytesPerRank()[0]);
-  const HeldLayout layout = InferLayout(pc, held);
-  const char* held_dtype = layout.matrix_elem < 3 ? "bf16" : "f32";
+  const HeldLayout layout = spec.fp8.has_value() ? Fp8Layout(spec, pc, held) : InferLayout(pc, held);
   const double kv_bytes_per_token =
       static_cast<double>(model->KvCacheBytesPerRank()[0]) /
       static_cast<double>(model->options().num_kv_blocks * model->options().kv_block_size);
@@ -268,24 +314,30 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
                 {"roofline_tok_s", f.roofline_tok_s},
                 {"fraction_of_roofline", f.tok_s / f.roofline_tok_s}};
   };
-  return json{{"model", name},
-              {"dir", dir},
-              {"architecture", std::string(ArchitectureName(spec.arch))},
-              {"parameters", static_cast<double>(spec.NumParameters())},
-              {"load_s", load_s},
-              {"weight_bytes_held", held},
-              {"weight_bytes_source", "TpExecutor::WeightBytesPerRank"},
-              {"matrix_dtype_held", held_dtype},
-              {"matrix_bytes_per_element", layout.matrix_elem},
-              {"embedding_bytes_per_element", layout.embedding_elem},
-              {"kv_bytes_per_token", kv_bytes_per_token},
-              {"decode_batch_1", decode_json(d1, 1)},
-              {"decode_batch_n", decode_json(db, batch)},
-              {"prefill",
-               {{"prompt_tokens", prefill},
-                {"tok_s", prefill_tok_s},
-                {"linear_tflops", prefill_tflops},
-                {"fraction_of_bf16_gemm", prefill_tflops / gemm_tflops}}}};
+  json r{{"model", name},
+         {"dir", dir},
+         {"architecture", std::string(ArchitectureName(spec.arch))},
+         {"parameters", static_cast<double>(spec.NumParameters())},
+         {"checkpoint_matrix_dtype", spec.fp8.has_value() ? "F8_E4M3" : "BF16"},
+         {"load_s", load_s},
+         {"weight_bytes_held", held},
+         {"weight_bytes_source", "TpExecutor::WeightBytesPerRank"},
+         {"matrix_dtype_held", layout.matrix_dtype},
+         {"matrix_bytes_per_element", layout.matrix_elem},
+         {"embedding_bytes_per_element", layout.embedding_elem},
+         {"kv_bytes_per_token", kv_bytes_per_token},
+         {"decode_batch_1", decode_json(d1, 1)},
+         {"decode_batch_n", decode_json(db, batch)},
+         {"prefill",
+          {{"prompt_tokens", prefill},
+           {"tok_s", prefill_tok_s},
+           {"linear_tflops", prefill_tflops},
+           {"fraction_of_bf16_gemm", prefill_tflops / gemm_tflops}}}};
+  if (spec.fp8.has_value()) {
+    r["fp8_weight_block_size"] = {spec.fp8->block_rows, spec.fp8->block_cols};
+    r["memory_model_weight_bytes"] = layout.predicted_bytes;  // equal to weight_bytes_held when FP8 is kept
+  }
+  return r;
 }
 
 // Mean microseconds of one in-place all-reduce of `count` floats over `devices` (the slowest
@@ -317,20 +369,57 @@ absl::StatusOr<double> AllReduceMicros(const std::vector<int>& devices, size_t c
   return *std::max_element(micros.begin(), micros.end());
 }
 
-// Writes the generated model `name` under `scratch` unless it is there; returns its directory.
-absl::StatusOr<std::string> EnsureModel(const std::string& scratch, const std::string& name, bool quiet) {
-  const std::string dir = absl::StrCat(scratch, "/", name, "-bf16");
+// A generated model's directory, and the seconds it took to write in this run (0: it was there).
+struct GeneratedModel {
+  std::string dir;
+  double write_s = 0;
+};
+
+// Writes the generated model `name` under `scratch` unless it is there (config.json is written
+// last, so a directory with it is complete).
+absl::StatusOr<GeneratedModel> EnsureModel(const std::string& scratch, const std::string& name, bool quiet) {
+  const std::string dir = absl::StrCat(scratch, "/", name == "llama_fp8" ? "llama-f8e4m3" : name + "-bf16");
   if (std::filesystem::exists(dir + "/config.json") && std::filesystem::exists(dir + "/model.safetensors")) {
-    return dir;
+    return GeneratedModel{dir, 0};
   }
   if (!quiet) std::printf("writing the generated %s model to %s ...\n", name.c_str(), dir.c_str());
   std::filesystem::remove(dir + "/config.json");  // a partial earlier write is redone
+  const double t0 = Now();
   RETURN_IF_ERROR(testing::WriteRandomLlama(dir, ModelShape(name), 1234));
-  return dir;
+  return GeneratedModel{dir, Now() - t0};
+}
+
+// --write_only: every model of --models written (unless there), with its seconds.
+int WriteOnly(bool as_json) {
+  json written = json::array();
+  for (const std::string& name : absl::GetFlag(FLAGS_models)) {
+    auto m = EnsureModel(absl::GetFlag(FLAGS_scratch), name, as_json);
+    if (!m.ok()) {
+      std::fprintf(stderr, "shardserve-bench-gpu: %s: %s\n", name.c_str(), m.status().ToString().c_str());
+      return 1;
+    }
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(m->dir + "/model.safetensors", ec);
+    written.push_back({{"model", name}, {"dir", m->dir}, {"write_s", m->write_s}, {"bytes", ec ? 0 : bytes}});
+    if (!as_json) {
+      std::printf("%s: %s, %.2f GB, %s\n", name.c_str(), m->dir.c_str(), static_cast<double>(bytes) / 1e9,
+                  m->write_s > 0 ? absl::StrCat("written in ", m->write_s, " s").c_str() : "already there");
+    }
+  }
+  if (as_json) std::printf("%s\n", json{{"written", written}}.dump(2).c_str());
+  return 0;
 }
 
 int Run() {
   const bool as_json = absl::GetFlag(FLAGS_json);
+  for (const std::string& name : absl::GetFlag(FLAGS_models)) {
+    if (!KnownModel(name)) {
+      std::fprintf(stderr, "shardserve-bench-gpu: --models: unknown model \"%s\" (llama, moe, llama_fp8)\n",
+                   name.c_str());
+      return 1;
+    }
+  }
+  if (absl::GetFlag(FLAGS_write_only)) return WriteOnly(as_json);
   if (!kernels::CudaCompiledIn() || kernels::CudaDeviceCount() < 1) {
     if (as_json) {
       std::printf("%s\n", json{{"skipped", "no CUDA device"}}.dump().c_str());
@@ -394,13 +483,11 @@ int Run() {
   report["host_waits"] = absl::GetFlag(FLAGS_blocking_sync) ? "blocking" : "spinning";
   report["models"] = json::array();
   for (const std::string& name : absl::GetFlag(FLAGS_models)) {
-    if (name != "llama" && name != "moe") {
-      return fail("--models", absl::InvalidArgumentError(absl::StrCat("unknown model \"", name, "\" (llama, moe)")));
-    }
-    auto dir = EnsureModel(absl::GetFlag(FLAGS_scratch), name, as_json);
-    if (!dir.ok()) return fail(name, dir.status());
-    auto m = BenchModel(name, *dir, *bw, *gemm);
+    auto gen = EnsureModel(absl::GetFlag(FLAGS_scratch), name, as_json);
+    if (!gen.ok()) return fail(name, gen.status());
+    auto m = BenchModel(name, gen->dir, *bw, *gemm);
     if (!m.ok()) return fail(name, m.status());
+    (*m)["write_s"] = gen->write_s;  // 0 when the model was already in --scratch
     report["models"].push_back(*m);
     if (!as_json) {
       const json& r = *m;

@@ -98,5 +98,78 @@ TEST(DTypeTest, E4M3KnownValues) {
   EXPECT_EQ(out[1], -2.0f);
 }
 
+// The finite e4m3 code nearest to x, by search over all 254 of them (ties: the even code, i.e. the
+// one whose mantissa ends in 0); the reference FloatToE4M3 is checked against.
+uint8_t NearestFiniteE4M3(float x) {
+  int best = -1;
+  double best_d = 0;
+  for (int c = 0; c < 256; ++c) {
+    const float v = E4M3ToFloat(static_cast<uint8_t>(c));
+    if (std::isnan(v) || std::signbit(v) != std::signbit(x)) continue;
+    const double d = std::fabs(static_cast<double>(v) - static_cast<double>(x));
+    if (best < 0 || d < best_d || (d == best_d && (c & 1) == 0)) {
+      best = c;
+      best_d = d;
+    }
+  }
+  return static_cast<uint8_t>(best);
+}
+
+TEST(DTypeTest, E4M3EncoderRoundTripsEveryCode) {
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t code = static_cast<uint8_t>(c);
+    const float f = E4M3ToFloat(code);
+    if (std::isnan(f)) {
+      EXPECT_EQ(FloatToE4M3(std::copysign(f, (c & 0x80) != 0 ? -1.0f : 1.0f)), code) << c;
+    } else {
+      EXPECT_EQ(FloatToE4M3(f), code) << c << " = " << f;
+    }
+  }
+}
+
+TEST(DTypeTest, E4M3EncoderRoundsHalfwayToEvenAndNearestOtherwise) {
+  // Between every two neighbouring positive codes (subnormal, normal, across binades): the midpoint
+  // goes to the even code, anything off the midpoint to the nearer one; and the same negated.
+  for (int c = 0; c < 0x7e; ++c) {
+    const float lo = E4M3ToFloat(static_cast<uint8_t>(c)), hi = E4M3ToFloat(static_cast<uint8_t>(c + 1));
+    const float mid = (lo + hi) / 2;  // exact: a power-of-two step
+    const uint8_t even = static_cast<uint8_t>((c & 1) == 0 ? c : c + 1);
+    EXPECT_EQ(FloatToE4M3(mid), even) << c;
+    EXPECT_EQ(FloatToE4M3(-mid), even | 0x80) << c;
+    EXPECT_EQ(FloatToE4M3(std::nextafter(mid, 0.0f)), c) << c;
+    EXPECT_EQ(FloatToE4M3(std::nextafter(mid, 1e9f)), c + 1) << c;
+    EXPECT_EQ(FloatToE4M3(-std::nextafter(mid, 1e9f)), (c + 1) | 0x80) << c;
+  }
+}
+
+TEST(DTypeTest, E4M3EncoderSaturatesAndKeepsNanAndSignedZero) {
+  for (float big : {448.0f, 449.0f, 463.9f, 464.0f, 480.0f, 1e6f, std::numeric_limits<float>::max(),
+                    std::numeric_limits<float>::infinity()}) {
+    EXPECT_EQ(FloatToE4M3(big), 0x7e) << big;
+    EXPECT_EQ(FloatToE4M3(-big), 0xfe) << big;
+  }
+  EXPECT_EQ(FloatToE4M3(std::numeric_limits<float>::quiet_NaN()), 0x7f);
+  EXPECT_EQ(FloatToE4M3(-std::numeric_limits<float>::quiet_NaN()), 0xff);
+  EXPECT_EQ(FloatToE4M3(0.0f), 0x00);
+  EXPECT_EQ(FloatToE4M3(-0.0f), 0x80);
+  EXPECT_EQ(FloatToE4M3(std::numeric_limits<float>::denorm_min()), 0x00);  // far below 2^-10
+  EXPECT_EQ(FloatToE4M3(0.0009765625f), 0x00);                             // 2^-10: halfway to 0x01, even
+  EXPECT_EQ(FloatToE4M3(0.0009766f), 0x01);
+}
+
+TEST(DTypeTest, E4M3EncoderPicksTheNearestCodeOfRandomValues) {
+  // Log-uniform magnitudes over the whole range (2^-12 .. 2^9) and both signs, against the search.
+  uint64_t s = 0x2545f4914f6cdd1dull;
+  for (int i = 0; i < 20000; ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const float mag = std::ldexp(1.0f + static_cast<float>(s >> 41) * 0x1.0p-23f, static_cast<int>(s % 21) - 12);
+    const float x = (s >> 40 & 1) != 0 ? -mag : mag;
+    const uint8_t want = std::fabs(x) >= 448.0f ? static_cast<uint8_t>((x < 0 ? 0x80 : 0) | 0x7e) : NearestFiniteE4M3(x);
+    ASSERT_EQ(FloatToE4M3(x), want) << x;
+  }
+}
+
 }  // namespace
 }  // namespace shardserve

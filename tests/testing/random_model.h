@@ -29,6 +29,16 @@ struct RandomLlamaShape {
   // [experts, hidden]; each token uses `experts_per_tok` of them.
   int64_t experts = 0;
   int64_t experts_per_tok = 2;
+  // FP8, the layout of DeepSeek-V3 and Qwen3-*-FP8 (Hugging Face's fine-grained FP8): every linear
+  // projection (q/k/v/o, gate/up/down, expert w1/w2/w3) stored as F8_E4M3 codes with an F32
+  // `<name>_scale_inv` [ceil(out / fp8_block), ceil(in / fp8_block)], and config.json's
+  // quantization_config {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+  // "weight_block_size": [fp8_block, fp8_block], "modules_to_not_convert": ["lm_head"]}. The
+  // embedding, norms, router and lm_head keep the dtype above. The weights are those of the same
+  // shape and seed without fp8, quantized per block: scale = max|w| / 448 (1 for an all-zero
+  // block), code = FloatToE4M3(w / scale) (common/tensor/dtype.h: nearest, ties to even).
+  bool fp8 = false;
+  int64_t fp8_block = 128;
 };
 
 // The benchmark model of ARCHITECTURE.md: 134M parameters, f32 (or bf16), untied.
@@ -41,7 +51,8 @@ inline RandomLlamaShape HundredMModel(bool bf16 = false) {
 // Writes `dir`/config.json and `dir`/model.safetensors (creating `dir`). Weights are uniform in
 // +-0.5/sqrt(fan_in) (norms are 1), so activations stay O(1) through the layers. The file is
 // written tensor by tensor (memory stays at one tensor). InvalidArgument when experts_per_tok is
-// not in [1, experts] for an MoE shape or both bf16 and f16 are set; Internal when a file cannot be written.
+// not in [1, experts] for an MoE shape, both bf16 and f16 are set, or fp8 is set with fp8_block < 1;
+// Internal when a file cannot be written.
 absl::Status WriteRandomLlama(const std::string& dir, const RandomLlamaShape& shape, uint64_t seed);
 
 }  // namespace shardserve::testing
