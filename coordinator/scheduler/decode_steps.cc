@@ -9,17 +9,28 @@
 
 namespace shardserve::coordinator {
 
+namespace {
+
+// The smallest k >= 1 with overhead <= share * k * compute (compute > 0), uncapped, as a double
+// (it may be huge); the epsilon keeps an exact boundary (0.2 ms against 0.1 ms: k = 8) from
+// rounding up to the next k.
+double StepsForOverhead(absl::Duration overhead, absl::Duration compute_per_step) {
+  const double ratio = absl::FDivDuration(std::max(overhead, absl::ZeroDuration()), compute_per_step) / kOverheadShare;
+  return std::max(1.0, std::ceil(ratio - 1e-9));
+}
+
+// The most steps whose compute fits in kMaxCallCompute (compute > 0), at least 1.
+int64_t StepsForCallCompute(absl::Duration compute_per_step) {
+  absl::Duration rest;
+  return std::max<int64_t>(1, absl::IDivDuration(kMaxCallCompute, compute_per_step, &rest));
+}
+
+}  // namespace
+
 int32_t AutoDecodeSteps(absl::Duration overhead, absl::Duration compute_per_step) {
   if (compute_per_step <= absl::ZeroDuration()) return 1;
-  // Smallest k with overhead <= share * k * compute; the epsilon keeps an exact boundary (0.2 ms
-  // against 0.1 ms: k = 8) from rounding up to the next k.
-  const double ratio = absl::FDivDuration(std::max(overhead, absl::ZeroDuration()), compute_per_step) / kOverheadShare;
-  const double wanted = std::ceil(ratio - 1e-9);
-  int64_t k = wanted >= kMaxAutoDecodeSteps ? kMaxAutoDecodeSteps : std::max<int64_t>(1, static_cast<int64_t>(wanted));
-  // At most kMaxCallCompute of compute per call.
-  absl::Duration rest;
-  k = std::min<int64_t>(k, absl::IDivDuration(kMaxCallCompute, compute_per_step, &rest));
-  return static_cast<int32_t>(std::max<int64_t>(k, 1));
+  const double wanted = std::min<double>(StepsForOverhead(overhead, compute_per_step), kMaxAutoDecodeSteps);
+  return static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(wanted), StepsForCallCompute(compute_per_step)));
 }
 
 DecodeStepsTuner::DecodeStepsTuner(int32_t fixed) : fixed_(fixed), steps_(fixed >= 1 ? fixed : 1) {
@@ -63,9 +74,15 @@ std::string DecodeStepsTuner::Describe() const {
                         " decode calls timed so far)");
   }
   std::string why = absl::StrCat(steps_, " (auto: ", measured);
-  if (steps_ > 1 && static_cast<double>(steps_ + 1) * compute_us_ > absl::ToDoubleMicroseconds(kMaxCallCompute)) {
+  const absl::Duration overhead = overhead_per_call(), compute = compute_per_step();
+  const int32_t now = AutoDecodeSteps(overhead, compute);
+  const double wanted = compute > absl::ZeroDuration() ? StepsForOverhead(overhead, compute) : 1;
+  if (now != steps_) {
+    absl::StrAppend(&why, "; they ask for ", now, " now, within ", static_cast<int>(kHysteresis * 100),
+                    "% of what chose ", steps_);
+  } else if (compute > absl::ZeroDuration() && steps_ == StepsForCallCompute(compute) && wanted > steps_) {
     absl::StrAppend(&why, "; at most ", absl::FormatDuration(kMaxCallCompute), " of compute per call");
-  } else if (steps_ == kMaxAutoDecodeSteps) {
+  } else if (steps_ == kMaxAutoDecodeSteps && wanted > steps_) {
     absl::StrAppend(&why, "; at most ", kMaxAutoDecodeSteps, " steps per call");
   }
   return absl::StrCat(why, ")");
