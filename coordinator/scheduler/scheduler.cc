@@ -779,8 +779,9 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
   }
   if (status.ok()) {
     // Multi-step decoding: time the calls of decode-only batches, those it can apply to.
-    const bool decode_only = std::all_of(batch.input.sequences.begin(), batch.input.sequences.end(),
-                                         [](const StepSequenceInput& in) { return in.sample && in.token_ids.size() == 1; });
+    const bool decode_only =
+        std::all_of(batch.input.sequences.begin(), batch.input.sequences.end(),
+                    [](const StepSequenceInput& in) { return in.sample && in.token_ids.size() == 1; });
     if (decode_only) r.decode_steps->Observe(batch.lead + took, out->compute_time, steps);
   }
   if (!status.ok() && r.stopping) {
@@ -1227,10 +1228,10 @@ SchedulerStats Scheduler::Stats() const {
                         : absl::StrCat(r->depth, r->depth == 1 ? " micro-batch" : " micro-batches",
                                        " in flight at most (fixed pipeline depth)");
     rs.decode_steps = r->stages == 1 ? r->decode_steps->steps() : 1;
-    rs.decode_steps_why = r->stages == 1 ? r->decode_steps->Describe()
-                                         : absl::StrCat("1 (several decode steps per call need a 1-stage replica; this "
-                                                        "one has ", r->stages == 0 ? "unknown" : absl::StrCat(r->stages),
-                                                        " stages)");
+    rs.decode_steps_why =
+        r->stages == 1 ? r->decode_steps->Describe()
+                       : absl::StrCat("1 (several decode steps per call need a 1-stage replica; this one has ",
+                                      r->stages == 0 ? "unknown" : absl::StrCat(r->stages), " stages)");
     stats.running += rs.running;
     stats.waiting += rs.waiting;
     stats.replicas.push_back(rs);

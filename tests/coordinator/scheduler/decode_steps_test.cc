@@ -133,8 +133,8 @@ TEST(DecodeStepsTunerTest, AFixedNumberNeverMoves) {
   EXPECT_EQ(t.steps(), 4);
   Feed(t, 200, 1, 0.01, 4);  // would be 16 in auto
   EXPECT_EQ(t.steps(), 4);
-  EXPECT_EQ(t.Describe(),
-            "4 (fixed by --decode_steps_per_call; serving overhead 1.00 ms per call against 0.01 ms of compute per step)");
+  EXPECT_EQ(t.Describe(), "4 (fixed by --decode_steps_per_call; serving overhead 1.00 ms per call against 0.01 ms of "
+                          "compute per step)");
   EXPECT_EQ(DecodeStepsTuner(1).Describe(), "1 (fixed by --decode_steps_per_call)");
 }
 
@@ -246,7 +246,8 @@ TEST_F(SchedulerAutoStepsTest, IneligibleBatchesStillGetOneStep) {
 TEST_F(SchedulerAutoStepsTest, TheRemainingTokensStillCapTheSteps) {
   Start(kAutoDecodeStepsPerCall);
   auto sink = std::make_shared<NullSink>();
-  ASSERT_TRUE(scheduler_->Submit(SequenceRequest{.prompt = {1, 2, 3}, .max_tokens = 13, .ignore_eos = true}, sink).ok());
+  ASSERT_TRUE(
+      scheduler_->Submit(SequenceRequest{.prompt = {1, 2, 3}, .max_tokens = 13, .ignore_eos = true}, sink).ok());
   // Prefill (token 1), 8 one-step decodes (tokens 2-9), then the 4 tokens left in one call.
   const std::vector<int32_t> steps = Run(20, 0.2, 0.1);
   EXPECT_EQ(steps, (std::vector<int32_t>{1, 1, 1, 1, 1, 1, 1, 1, 1, 4}));
@@ -272,7 +273,8 @@ TEST_F(SchedulerAutoStepsTest, ReplicasOfSeveralStagesTakeOneStep) {
   Submit();
   for (int32_t k : Run(30, 0.2, 0.1)) EXPECT_EQ(k, 1);
   EXPECT_EQ(Stats().decode_steps, 1);
-  EXPECT_EQ(Stats().decode_steps_why, "1 (several decode steps per call need a 1-stage replica; this one has 2 stages)");
+  EXPECT_EQ(Stats().decode_steps_why,
+            "1 (several decode steps per call need a 1-stage replica; this one has 2 stages)");
 }
 
 TEST(SchedulerOptionsTest, DecodeStepsPerCallZeroIsAutoAndNegativeIsRefused) {
