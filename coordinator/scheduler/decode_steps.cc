@@ -78,8 +78,8 @@ std::string DecodeStepsTuner::Describe() const {
   const int32_t now = AutoDecodeSteps(overhead, compute);
   const double wanted = compute > absl::ZeroDuration() ? StepsForOverhead(overhead, compute) : 1;
   if (now != steps_) {
-    absl::StrAppend(&why, "; they ask for ", now, " now, within ", static_cast<int>(kHysteresis * 100),
-                    "% of what chose ", steps_);
+    absl::StrAppend(&why, "; the rule gives ", now, " now, within the ", static_cast<int>(kHysteresis * 100),
+                    "% margin kept before a change");
   } else if (compute > absl::ZeroDuration() && steps_ == StepsForCallCompute(compute) && wanted > steps_) {
     absl::StrAppend(&why, "; at most ", absl::FormatDuration(kMaxCallCompute), " of compute per call");
   } else if (steps_ == kMaxAutoDecodeSteps && wanted > steps_) {
