@@ -172,6 +172,10 @@ grpc::Status AdminService::DoGetClusterStatus(grpc::CallbackServerContext* ctx, 
     p->set_replica(r.replica);
     p->set_micro_batches(r.micro_batches);
     p->set_explanation(r.pipelining);
+    v1::ReplicaDecodeSteps* d = response->add_decode_steps();
+    d->set_replica(r.replica);
+    d->set_decode_steps(r.decode_steps);
+    d->set_explanation(r.decode_steps_why);
   }
   // Every worker counted; at most one page of them listed, live ones before dead ones (a registry
   // may hold thousands of dead or bogus entries: the reply must stay small).

@@ -1,6 +1,10 @@
 #include "coordinator/client/proto_convert.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace shardserve::coordinator {
 
@@ -160,6 +164,9 @@ absl::StatusOr<StepOutput> FromProto(const v1::StepResponse& response) {
   }
   StepOutput out;
   out.token_ids.assign(response.token_ids().begin(), response.token_ids().end());
+  // (Bounded, so that a peer's nonsense cannot overflow the conversion: 2^40 us is 12 days.)
+  out.compute_time =
+      absl::Microseconds(static_cast<int64_t>(std::min<uint64_t>(response.compute_us(), uint64_t{1} << 40)));
   for (const v1::TokenLogprobs& lp : response.logprobs()) {
     out.logprobs.push_back(TokenLogprobs{.logprob = lp.logprob(),
                                          .top_ids = {lp.top_ids().begin(), lp.top_ids().end()},

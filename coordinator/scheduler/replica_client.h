@@ -16,6 +16,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace shardserve::coordinator {
 
@@ -94,6 +95,10 @@ struct StepOutput {
   std::vector<TokenLogprobs> logprobs;
   // One entry per prompt_logprob_targets entry >= 0, over the sequences in input order.
   std::vector<TokenLogprobs> prompt_logprobs;
+  // The replica's compute for the call (shardserve.v1.StepResponse.compute_us: its last stage's,
+  // over all decode_steps), without transit and conversions; zero = not reported. The scheduler
+  // tells the serving overhead from it (decode_steps.h).
+  absl::Duration compute_time = absl::ZeroDuration();
 };
 
 // Contract for implementations:

@@ -70,6 +70,9 @@ struct Scheduler::Sequence {
 struct Scheduler::Batch {
   StepInput input;
   std::vector<SequenceId> members;  // per input sequence
+  // The step loop's own time between the answer before and this batch's call (applying it,
+  // building this one), when it did not sleep for work meanwhile; zero otherwise and with kCaller.
+  absl::Duration lead = absl::ZeroDuration();
 };
 
 struct Scheduler::Replica {
@@ -79,6 +82,7 @@ struct Scheduler::Replica {
   int64_t block_size = 0;
   std::unique_ptr<ReplicaClient> client;  // set at creation; used without the lock
   std::unique_ptr<BlockPool> pool;        // the KV cache blocks
+  std::unique_ptr<DecodeStepsTuner> decode_steps;  // its decode steps per call ("Multi-step decoding")
   std::deque<Sequence*> waiting;
   std::vector<Sequence*> running;  // admission order
   int32_t depth = 1;  // step loops (micro-batches in flight at once, at most)
@@ -144,9 +148,9 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be >= 1, got ", max_step_tokens));
   }
   if (max_queued < 0) return absl::InvalidArgumentError(absl::StrCat("max_queued must be >= 0, got ", max_queued));
-  if (decode_steps_per_call < 1 || decode_steps_per_call > kMaxDecodeStepsPerCall) {
-    return absl::InvalidArgumentError(absl::StrCat("decode_steps_per_call must be in [1, ", kMaxDecodeStepsPerCall,
-                                                   "], got ", decode_steps_per_call));
+  if (decode_steps_per_call < 0 || decode_steps_per_call > kMaxDecodeStepsPerCall) {
+    return absl::InvalidArgumentError(absl::StrCat("decode_steps_per_call must be in [0, ", kMaxDecodeStepsPerCall,
+                                                   "] (0 = auto), got ", decode_steps_per_call));
   }
   if (recovery_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -208,6 +212,7 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   r->micro_batches = r->cost != nullptr ? 1 : r->depth;
   r->choice.max_micro_batches = r->depth;
   r->pool = std::make_unique<BlockPool>(options.kv_blocks, options.kv_block_size, options.prefix_caching);
+  r->decode_steps = std::make_unique<DecodeStepsTuner>(options_.decode_steps_per_call);
   Replica* raw = r.get();
   replicas_.emplace(replica, std::move(r));
   served_tokens_ = std::max(served_tokens_, options.kv_blocks * options.kv_block_size);
@@ -651,7 +656,7 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
     }
   }
   // 2b. Multi-step decoding, when every member allows it and blocks are free for it.
-  if (options_.decode_steps_per_call > 1) {
+  if (r.decode_steps->steps() > 1) {
     std::vector<Sequence*> kept;
     for (const Member& m : members) {
       if (!m.dropped) kept.push_back(m.seq);
@@ -711,7 +716,7 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
 
 int32_t Scheduler::DecodeStepsLocked(Replica& r, absl::Span<Sequence* const> members) {
   if (r.stages != 1 || members.empty()) return 1;
-  int64_t k = options_.decode_steps_per_call;
+  int64_t k = r.decode_steps->steps();
   for (const Sequence* s : members) {
     const SequenceRequest& req = s->request;
     const bool plain = static_cast<int64_t>(s->context.size()) - s->consumed == 1 && !req.sampling.HasPenalties() &&
@@ -771,6 +776,13 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
       (decode ? report.decode_tokens : report.prefill_tokens) += static_cast<int64_t>(in.token_ids.size()) * steps;
     }
     options_.observer->OnStep(report);
+  }
+  if (status.ok()) {
+    // Multi-step decoding: time the calls of decode-only batches, those it can apply to.
+    const bool decode_only =
+        std::all_of(batch.input.sequences.begin(), batch.input.sequences.end(),
+                    [](const StepSequenceInput& in) { return in.sample && in.token_ids.size() == 1; });
+    if (decode_only) r.decode_steps->Observe(batch.lead + took, out->compute_time, steps);
   }
   if (!status.ok() && r.stopping) {
     // Interrupted by RemoveReplica / Shutdown, which end these sequences with their own reason.
@@ -928,6 +940,8 @@ void Scheduler::ReplicaLoop(Replica* r) {
   // until the older one's events are delivered, so that the sinks' reactions to them (a stop string
   // cancelling its sequence) take effect at most one step late.
   uint64_t mark = 0, previous_mark = 0;
+  absl::Time answered_at;  // when the last answer came back
+  bool slept = false;      // waited for work since then
   while (true) {
     std::vector<Event> events;
     if (answered) {
@@ -958,6 +972,7 @@ void Scheduler::ReplicaLoop(Replica* r) {
           continue;
         }
         r->work.Wait(&mu_);
+        slept = true;
       }
       if (r->stopping) {
         if (!outbox_.empty()) deliverer_cv_.Signal();
@@ -971,9 +986,12 @@ void Scheduler::ReplicaLoop(Replica* r) {
       continue;
     }
     const absl::Time step_start = clock_->Now();
+    if (answered_at != absl::Time() && !slept) batch.lead = std::max(absl::ZeroDuration(), step_start - answered_at);
+    slept = false;
     // The previous answer's sink calls are made here while this step runs: no other thread wakes.
     out = r->client->StepOverlapping(batch.input, [this] { DeliverHere(); });
-    took = std::max(absl::ZeroDuration(), clock_->Now() - step_start);
+    answered_at = clock_->Now();
+    took = std::max(absl::ZeroDuration(), answered_at - step_start);
     answered = true;
   }
 }
@@ -1209,6 +1227,11 @@ SchedulerStats Scheduler::Stats() const {
                         ? DescribePipelining(r->choice, r->cost->Describe())
                         : absl::StrCat(r->depth, r->depth == 1 ? " micro-batch" : " micro-batches",
                                        " in flight at most (fixed pipeline depth)");
+    rs.decode_steps = r->stages == 1 ? r->decode_steps->steps() : 1;
+    rs.decode_steps_why =
+        r->stages == 1 ? r->decode_steps->Describe()
+                       : absl::StrCat("1 (several decode steps per call need a 1-stage replica; this one has ",
+                                      r->stages == 0 ? "unknown" : absl::StrCat(r->stages), " stages)");
     stats.running += rs.running;
     stats.waiting += rs.waiting;
     stats.replicas.push_back(rs);

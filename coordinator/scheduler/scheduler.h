@@ -62,9 +62,15 @@
 // holds the tokens the answer samples.
 //
 // ---- Multi-step decoding ----------------------------------------------------------------------
-// With SchedulerOptions::decode_steps_per_call = K > 1, a micro-batch asks its replica for k decode
-// steps in one call (StepInput::decode_steps; the worker feeds each sampled id into the next step
-// itself), which saves k - 1 round trips. Only when that gives exactly the tokens of k single
+// With SchedulerOptions::decode_steps_per_call = K > 1, or with 0 (auto) and K the replica's
+// current choice (decode_steps.h: from the serving overhead per call and the compute per decode
+// step its calls measure; 1 until some are timed, and whenever a step's compute dwarfs the
+// overhead), a micro-batch asks its replica for k decode steps in one call
+// (StepInput::decode_steps; the worker feeds each sampled id into the next step itself), which
+// saves k - 1 round trips. A replica times the calls of its decode-only micro-batches (every
+// member decoding one token): the call, plus the step loop's own work since the answer before
+// when it did not sleep for work meanwhile, less StepOutput::compute_time (calls whose replica
+// reports none are not counted). Only when that gives exactly the tokens of k single
 // steps: the replica has one stage (ReplicaOptions::stages), the micro-batch has no prefill chunk,
 // and no member needs anything computed per token: no penalties, logit_bias, structured output,
 // logprobs, prompt logprobs owed, or min_tokens still suppressing stop ids. k is K capped by every
@@ -147,6 +153,7 @@
 #include "common/concurrency/clock.h"
 #include "common/concurrency/mutex.h"
 #include "coordinator/scheduler/block_pool.h"
+#include "coordinator/scheduler/decode_steps.h"
 #include "coordinator/scheduler/pipelining.h"
 #include "coordinator/scheduler/replica_client.h"
 #include "coordinator/scheduler/scheduler_observer.h"
@@ -162,6 +169,8 @@ enum class StepDriver : uint8_t {
 
 // Largest SchedulerOptions::decode_steps_per_call (a worker takes at most as many, stage.proto).
 inline constexpr int32_t kMaxDecodeStepsPerCall = 64;
+// SchedulerOptions::decode_steps_per_call that lets each replica choose (decode_steps.h).
+inline constexpr int32_t kAutoDecodeStepsPerCall = 0;
 
 struct SchedulerOptions {
   RequestLimits limits;               // vocab_size >= 1, max_seq_len >= 2
@@ -175,8 +184,10 @@ struct SchedulerOptions {
   // 0 = it fails at once when no other replica can take it. >= 0.
   absl::Duration recovery_timeout = absl::ZeroDuration();
   // Multi-step decoding ("Multi-step decoding" above): the most decode steps one micro-batch may
-  // ask a replica for, in [1, kMaxDecodeStepsPerCall]; 1 = one step per call (off).
-  int32_t decode_steps_per_call = 1;
+  // ask a replica for, in [1, kMaxDecodeStepsPerCall]; 1 = one step per call (off); 0 =
+  // kAutoDecodeStepsPerCall: each replica chooses, in [1, kMaxAutoDecodeSteps], from what its
+  // calls measure (decode_steps.h).
+  int32_t decode_steps_per_call = kAutoDecodeStepsPerCall;
   // InvalidArgument naming the field when a value is out of range.
   absl::Status Validate() const;
 };
@@ -213,6 +224,8 @@ struct ReplicaStats {
   bool draining = false;         // DrainReplica: takes no new work
   int32_t micro_batches = 1;     // the running set's current split ("Pipelining" above)
   std::string pipelining;        // how it is chosen, and why the current split (one line)
+  int32_t decode_steps = 1;      // the most decode steps an eligible micro-batch asks for now
+  std::string decode_steps_why;  // how they are chosen, and why this many (one line)
 };
 
 struct SchedulerStats {
@@ -348,8 +361,9 @@ class Scheduler {
   bool ApplyTokenLocked(Replica& r, Sequence& s, const StepSequenceInput& in, const StepOutput& out, size_t index,
                         bool coalesce, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The decode steps to ask of the micro-batch of `members` (their one-step blocks already taken):
-  // decode_steps_per_call capped as "Multi-step decoding" above says, having given the members the
-  // blocks for them; 1 when multi-step decoding does not apply or the blocks are not available.
+  // the replica's steps per call (fixed or auto) capped as "Multi-step decoding" above says,
+  // having given the members the blocks for them; 1 when multi-step decoding does not apply or
+  // the blocks are not available.
   int32_t DecodeStepsLocked(Replica& r, absl::Span<Sequence* const> members) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `seq` blocks until they cover `tokens` positions; false (nothing taken) when too few are free.
   bool GrowLocked(Replica& r, Sequence& seq, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

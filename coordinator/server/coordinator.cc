@@ -50,8 +50,9 @@ absl::Status CoordinatorOptions::Validate() const {
   if (kv_block_size < 1 || kv_block_size > 65536) return bad("kv_block_size", kv_block_size, "in [1, 65536]");
   if (max_kv_blocks < 0) return bad("kv_blocks", max_kv_blocks, ">= 0 (0 = what the KV budget holds)");
   if (max_step_tokens < 1) return bad("max_step_tokens", max_step_tokens, ">= 1");
-  if (decode_steps_per_call < 1 || decode_steps_per_call > kMaxDecodeStepsPerCall) {
-    return bad("decode_steps_per_call", decode_steps_per_call, absl::StrCat("in [1, ", kMaxDecodeStepsPerCall, "]"));
+  if (decode_steps_per_call < 0 || decode_steps_per_call > kMaxDecodeStepsPerCall) {
+    return bad("decode_steps_per_call", decode_steps_per_call,
+               absl::StrCat("in [0, ", kMaxDecodeStepsPerCall, "] (0 = auto)"));
   }
   if (max_queued < 0) return bad("max_queued", max_queued, ">= 0");
   if (pipeline_depth < 0) return bad("pipeline_depth", pipeline_depth, ">= 0");

@@ -79,8 +79,9 @@ struct CoordinatorOptions {
   int64_t max_kv_blocks = 0;           // KV blocks per replica at most; 0 = what the budget holds
   int32_t max_step_tokens = 256;       // >= 1
   // Decode steps a 1-stage replica may run per call (SchedulerOptions::decode_steps_per_call), in
-  // [1, 64]; 1 = one step per call.
-  int32_t decode_steps_per_call = 1;
+  // [0, 64]; 1 = one step per call; 0 = auto: each replica chooses from the serving overhead and
+  // the compute per step it measures (coordinator/scheduler/decode_steps.h).
+  int32_t decode_steps_per_call = 0;
   int64_t max_queued = 1024;           // >= 0
   int32_t pipeline_depth = 0;          // micro-batches in flight per replica, >= 0; 0 = auto (ClusterOptions)
   bool prefix_caching = true;          // reuse cached KV blocks of identical prompt prefixes

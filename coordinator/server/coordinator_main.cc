@@ -59,11 +59,13 @@ ABSL_FLAG(int64_t, kv_blocks, 0,
           "KV cache blocks per replica at most (0 = what the KV budget holds); when full, the newest sequences "
           "are preempted and recomputed later");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per micro-batch (prefill chunk budget)");
-ABSL_FLAG(int32_t, decode_steps_per_call, 1,
-          "multi-step decoding, in [1, 64]: decode steps a 1-stage replica runs per call for a batch of "
+ABSL_FLAG(int32_t, decode_steps_per_call, 0,
+          "multi-step decoding, in [0, 64]: decode steps a 1-stage replica runs per call for a batch of "
           "plain decodes (no penalties, logit_bias, structured output, logprobs or active min_tokens), "
           "feeding each sampled token into the next step itself; tokens past a stop are dropped. "
-          "1 = one step per call");
+          "1 = one step per call; 0 = auto: each replica chooses up to 16 from the serving overhead per call "
+          "and the compute per step it measures, so that the overhead is at most a quarter of a call's compute "
+          "and a call computes at most 20 ms (`shardserve status` says what it chose and why)");
 ABSL_FLAG(int64_t, max_queued, 1024, "requests waiting for a slot; beyond it Generate fails with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, pipeline_depth, 0,
           "micro-batches in flight per replica (pipelining); 0 = auto: up to its number of stages, split per step "

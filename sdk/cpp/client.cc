@@ -488,6 +488,9 @@ absl::StatusOr<ClusterInfo> GrpcClient::DoClusterStatus(const CallOptions& call)
   for (const v1::ReplicaPipelining& p : resp.pipelining()) {
     info.pipelining.push_back(absl::StrCat("replica ", p.replica(), ": ", p.explanation()));
   }
+  for (const v1::ReplicaDecodeSteps& d : resp.decode_steps()) {
+    info.decode_steps.push_back(absl::StrCat("replica ", d.replica(), ": ", d.explanation()));
+  }
   for (const v1::WorkerStatus& w : resp.workers()) {
     WorkerInfo wi{.worker_id = w.worker_id(), .node_name = w.node_name(), .address = w.address(),
                   .state = StateName(w.state()), .error = w.error()};

@@ -60,9 +60,10 @@ ABSL_FLAG(int32_t, replicas, 0, "replicas; 0 = auto");
 ABSL_FLAG(int32_t, max_seq_len, 0, "longest sequence; 0 = the model's context");
 ABSL_FLAG(int32_t, max_slots, 0, "sequences per replica at once (0 = sized from the KV budget, at most 256)");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per step");
-ABSL_FLAG(int32_t, decode_steps_per_call, 1,
+ABSL_FLAG(int32_t, decode_steps_per_call, 0,
           "the coordinator's --decode_steps_per_call: decode steps a 1-stage replica runs per call for plain "
-          "decodes (multi-step decoding), in [1, 64]; 1 = one step per call");
+          "decodes (multi-step decoding), in [0, 64]; 1 = one step per call; 0 = auto (chosen per replica from the "
+          "serving overhead and the compute per step it measures)");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = auto (the coordinator's pipelining policy)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");

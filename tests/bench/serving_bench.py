@@ -24,8 +24,9 @@ compute time, from the workers' shardserve_worker_step_seconds, over the wall ti
      exported metrics into the coordinator's round trip of a micro-batch beyond the worker's compute
      and the coordinator's inter-token gap beyond the round trip. (The client's ITL percentiles are
      not used for the ratio: streamed tokens can arrive coalesced.) --decode_steps_per_call=K passes
-     K to the cluster (multi-step decoding: the worker runs up to K decode steps per call);
-     compare K = 1, 4, 8 in interleaved runs.
+     K to the cluster (multi-step decoding: the worker runs up to K decode steps per call; 0, the
+     default, lets the coordinator choose, and the line `shardserve status` gives for its choice
+     is printed); compare 0 (auto), 1 and 8 in interleaved runs.
   5. with --step_deltas (default model: stories260K, whose compute is small beside the serving
      path): 16 and 64 clients through a PP=2 cluster with step deltas on and off (--step_deltas of
      shardserve-local), taking turns: tokens/s, and the bytes per micro-batch on the coordinator's
@@ -127,9 +128,9 @@ def main():
                     help="runs of each load; the run with the median throughput is reported")
     ap.add_argument("--prefix", action="store_true",
                     help="only the shared-prefix comparison (prefix caching on vs off)")
-    ap.add_argument("--decode_steps_per_call", type=int, default=1,
+    ap.add_argument("--decode_steps_per_call", type=int, default=0,
                     help="with --one_stage: shardserve-local's --decode_steps_per_call (multi-step decoding: "
-                         "decode steps the worker runs per call)")
+                         "decode steps the worker runs per call; 0 = auto, the cluster's default)")
     ap.add_argument("--one_stage", action="store_true",
                     help="only one client through a 1-stage cluster vs the engine alone (default model stories260K)")
     ap.add_argument("--step_deltas", action="store_true",
@@ -209,12 +210,12 @@ def main():
     print(f"pipelined / one micro-batch (16):         {piped / flat:.2f}x")
 
 
-def pipelining_status(bin_dir, address):
-    """The `pipelining:` lines of `shardserve status`."""
+def pipelining_status(bin_dir, address, prefix="pipelining:"):
+    """The lines of `shardserve status` that start with `prefix`."""
     p = subprocess.run([os.path.join(bin_dir, "shardserve"), "status", f"--server={address}"],
                        capture_output=True, text=True, timeout=60)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("pipelining:")]
-    return "\n  ".join(lines) if lines else f"(no pipelining line; status said: {p.stdout} {p.stderr})"
+    lines = [line for line in p.stdout.splitlines() if line.startswith(prefix)]
+    return "\n  ".join(lines) if lines else f"(no {prefix} line; status said: {p.stdout} {p.stderr})"
 
 
 def stream_counters(url):
@@ -287,6 +288,8 @@ def one_stage(args, model):
             runs.append(s)
         runs.sort(key=lambda s: s["output_tokens_per_s"])
         s = runs[len(runs) // 2]
+        # The replica's choice as `shardserve status` explains it, after the runs.
+        choice = pipelining_status(args.bin_dir, cluster.address, "decode steps per call:")
     finally:
         cluster.stop()
     engine = s["engine_step_s"]
@@ -298,6 +301,7 @@ def one_stage(args, model):
     print(f"engine alone (the worker's decode step): {engine * 1e3:.3f} ms = {1 / engine:.0f} tok/s; served: "
           f"{served * 1e3:.3f} ms per output token (TTFT included)")
     print(f"served / engine alone (tok/s): {engine / served:.2f} (target >= 0.6)")
+    print(f"`shardserve status` after the runs: {choice}")
     # Where a token's time goes, from the metrics the processes export (means over the run).
     w, c, g, k = s["worker_step_s"], s["coord_step_s"], s["coord_itl_s"], s["steps_per_call"]
     print(f"per micro-batch (a call of {k:.2f} decode steps on average): worker compute {w * 1e3:.3f} ms, "

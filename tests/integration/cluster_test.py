@@ -53,6 +53,16 @@ def run_alone(model, prompt_ids, max_tokens, *extra):
     return [int(x) for x in p.stdout.strip().split(",") if x]
 
 
+def decode_steps_and_calls(metrics_url):
+    """(decode steps a worker ran, micro-batches it received from the coordinator, its metrics page)."""
+    page = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    steps = sum(float(l.split()[-1]) for l in page.splitlines()
+                if l.startswith('shardserve_worker_step_seconds_count{phase="decode"'))
+    calls = sum(float(l.split()[-1]) for l in page.splitlines()
+                if l.startswith('shardserve_worker_stream_messages_total{direction="rx",peer="upstream"'))
+    return steps, calls, page
+
+
 def both_replicas_running(cluster, timeout=60):
     """Waits (bounded) until both replicas of `cluster` run sequences."""
     deadline = time.time() + timeout
@@ -308,11 +318,29 @@ class Load(unittest.TestCase):
                 t.join()
             self.assertEqual(results, expected)
             # The worker ran more decode steps than the coordinator sent micro-batches.
-            page = urllib.request.urlopen(c.metrics[0], timeout=10).read().decode()
-            steps = sum(float(l.split()[-1]) for l in page.splitlines()
-                        if l.startswith('shardserve_worker_step_seconds_count{phase="decode"'))
-            calls = sum(float(l.split()[-1]) for l in page.splitlines()
-                        if l.startswith('shardserve_worker_stream_messages_total{direction="rx",peer="upstream"'))
+            steps, calls, page = decode_steps_and_calls(c.metrics[0])
+            self.assertGreater(steps, 2 * calls, page)
+        finally:
+            c.stop()
+
+    def test_the_default_takes_several_decode_steps_per_call_for_a_small_model(self):
+        # --decode_steps_per_call=0, the default: the coordinator times its calls and, for a model
+        # whose decode step (~0.1 ms on a CPU) is small beside a call's serving overhead, asks for
+        # several decode steps per call; `shardserve status` says how many and why, and the answers
+        # stay exactly the engine's.
+        with open("tests/golden/stories260K_reference.json") as f:
+            ref = json.load(f)
+        c = Cluster(STORIES, 1, "cpu:1")
+        try:
+            for case in ref["cases"]:
+                self.assertEqual(c.ids(case["prompt_ids"], len(case["greedy_ids"])), case["greedy_ids"])
+            self.assertEqual(c.ids([1, 400], 60), run_alone(STORIES, [1, 400], 60))
+            out = c.status()
+            chosen = re.search(r"^decode steps per call: replica 0: (\d+) \(auto: serving overhead [0-9.]+ ms per call "
+                               r"against [0-9.]+ ms of compute per step", out.stdout, re.M)
+            self.assertIsNotNone(chosen, out.stdout + out.stderr)
+            self.assertGreater(int(chosen.group(1)), 1, out.stdout)
+            steps, calls, page = decode_steps_and_calls(c.metrics[0])
             self.assertGreater(steps, 2 * calls, page)
         finally:
             c.stop()

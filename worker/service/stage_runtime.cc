@@ -2,7 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +26,13 @@ std::string RequestIds(const v1::StepRequest& request) {
     absl::StrAppend(&ids, ids.empty() ? "" : ",", s.request_id().empty() ? "-" : LogValue(s.request_id()));
   }
   return ids;
+}
+
+// Whole microseconds since `start` (StepResponse.compute_us), at least 1 so that a reported time
+// is never read as "not reported".
+uint64_t MicrosSince(std::chrono::steady_clock::time_point start) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
+  return std::max<uint64_t>(1, static_cast<uint64_t>(us.count()));
 }
 
 }  // namespace
@@ -168,6 +177,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
       }
     }
   }
+  response.set_compute_us(MicrosSince(start));
   return response;
 }
 
@@ -200,6 +210,7 @@ absl::StatusOr<v1::StepResponse> StageRuntime::RunDecodeSteps(const StageBatch& 
   v1::StepResponse response;
   response.set_step_id(batch.step_id);
   response.mutable_token_ids()->Add(ids.begin(), ids.end());
+  response.set_compute_us(MicrosSince(start));
   return response;
 }
 

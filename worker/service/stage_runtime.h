@@ -89,8 +89,9 @@ class StageRuntime {
   bool is_last() const { return config_.next_address.empty(); }
 
  private:
-  // The sampled tokens (last stage), or nullopt when the batch was forwarded (its answer will come
-  // through the link); errors as status.
+  // The sampled tokens (last stage, with compute_us: its time from the start of its layers to the
+  // answer), or nullopt when the batch was forwarded (its answer will come through the link);
+  // errors as status.
   absl::StatusOr<std::optional<v1::StepResponse>> RunOrForward(const v1::StepRequest& request, Done& done);
   // The answer of a batch with decode_steps > 1 (stage.proto): the steps run by
   // engine::RunDecodeSteps, sampled as single steps would be. InvalidArgument unless this stage

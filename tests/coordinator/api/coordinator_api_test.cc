@@ -1013,6 +1013,12 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
   EXPECT_EQ(st.pipelining(0).replica(), 0);
   EXPECT_EQ(st.pipelining(0).micro_batches(), 1);
   EXPECT_EQ(st.pipelining(0).explanation(), "1 micro-batch (pipeline depth 1; 1 CPU stage)");
+  // Decode steps per call: auto by default, one step until decode calls are timed (this test's
+  // in-process replica reports no compute time, so it stays there).
+  ASSERT_EQ(st.decode_steps_size(), 1);
+  EXPECT_EQ(st.decode_steps(0).replica(), 0);
+  EXPECT_EQ(st.decode_steps(0).decode_steps(), 1);
+  EXPECT_EQ(st.decode_steps(0).explanation(), "1 (auto: measuring, 0 of 8 decode calls timed so far)");
 }
 
 // With the KV blocks capped (--kv_blocks), the default max_slots is as many whole 512-token
@@ -1298,6 +1304,9 @@ TEST_F(CoordinatorRestartTest, TheStatusExplainsHowTheReplicaPipelines) {
   EXPECT_EQ(status.pipelining(0).micro_batches(), 1);
   EXPECT_THAT(status.pipelining(0).explanation(),
               HasSubstr("1 micro-batch for 1 running sequence (2 CPU stages on one machine, "));
+  ASSERT_EQ(status.decode_steps_size(), 1);
+  EXPECT_EQ(status.decode_steps(0).explanation(),
+            "1 (several decode steps per call need a 1-stage replica; this one has 2 stages)");
   RestartCoordinator({.pp = 2, .pipeline_depth = 2});
   Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB, held_[1]);
   Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]);

@@ -1369,8 +1369,10 @@ TEST(SchedulerMultiStepTest, ATinyKvBudgetFallsBackWithoutPreemptingForLookahead
 TEST(SchedulerMultiStepTest, DecodeStepsPerCallIsValidated) {
   SchedulerOptions so;
   so.limits = {.vocab_size = 10, .max_seq_len = 10};
-  so.decode_steps_per_call = 0;
+  so.decode_steps_per_call = -1;
   EXPECT_THAT(so.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("decode_steps_per_call")));
+  so.decode_steps_per_call = kAutoDecodeStepsPerCall;  // 0: each replica chooses
+  EXPECT_THAT(so.Validate(), IsOk());
   so.decode_steps_per_call = kMaxDecodeStepsPerCall + 1;
   EXPECT_THAT(so.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("decode_steps_per_call")));
   so.decode_steps_per_call = kMaxDecodeStepsPerCall;

@@ -15,6 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "coordinator/client/grpc_replica_client.h"
 #include "common/model_spec/model_spec.h"
 #include "coordinator/scheduler/scheduler.h"
@@ -58,21 +59,28 @@ class Collect final : public coordinator::SequenceSink {
   absl::Notification done_;
 };
 
-// Passes steps on to `inner`, recording the most decode steps asked for.
+// Passes steps on to `inner`, recording the most decode steps asked for, and counting the answers
+// whose compute time (StepResponse.compute_us) is missing or longer than the call.
 class StepsProbe final : public coordinator::ReplicaClient {
  public:
-  StepsProbe(std::unique_ptr<coordinator::ReplicaClient> inner, std::atomic<int32_t>* most)
-      : inner_(std::move(inner)), most_(most) {}
+  StepsProbe(std::unique_ptr<coordinator::ReplicaClient> inner, std::atomic<int32_t>* most,
+             std::atomic<int32_t>* untimed)
+      : inner_(std::move(inner)), most_(most), untimed_(untimed) {}
   absl::StatusOr<coordinator::StepOutput> Step(const coordinator::StepInput& input) override {
     for (int32_t m = most_->load(); input.decode_steps > m && !most_->compare_exchange_weak(m, input.decode_steps);) {
     }
-    return inner_->Step(input);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<coordinator::StepOutput> out = inner_->Step(input);
+    const absl::Duration call = absl::Now() - start;
+    if (out.ok() && (out->compute_time <= absl::ZeroDuration() || out->compute_time > call)) ++*untimed_;
+    return out;
   }
   void Shutdown() override { inner_->Shutdown(); }
 
  private:
   std::unique_ptr<coordinator::ReplicaClient> inner_;
   std::atomic<int32_t>* most_;
+  std::atomic<int32_t>* untimed_;
 };
 
 void StopWorker(RunningWorker& w) {
@@ -81,10 +89,12 @@ void StopWorker(RunningWorker& w) {
 }
 
 // Every golden case greedily and seeded (temperature 0.8), all at once, through a Scheduler with
-// `steps` decode steps per call and a 1-stage worker; the tokens per request, in that order.
-// `most` gets the most decode steps a call asked for.
+// `steps` decode steps per call (0 = auto) and a 1-stage worker; the tokens per request, in that
+// order. `most` gets the most decode steps a call asked for. Every answer must report the worker's
+// compute time, within the call's.
 std::vector<std::vector<int32_t>> Serve(const testing::GoldenModel& golden, int32_t steps, int32_t* most) {
   std::atomic<int32_t> most_steps{0};
+  std::atomic<int32_t> untimed{0};
   RunningWorker w = StartWorker(WorkerOptions{.cpu_ranks = 1, .step_deltas = true});
   EXPECT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
   EXPECT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
@@ -100,7 +110,7 @@ std::vector<std::vector<int32_t>> Serve(const testing::GoldenModel& golden, int3
     auto client = std::make_unique<coordinator::GrpcReplicaClient>(
         grpc::CreateChannel(w.address, grpc::InsecureChannelCredentials()),
         coordinator::GrpcReplicaClient::Options{.address = w.address, .step_deltas = true});
-    EXPECT_THAT(scheduler.AddReplica(0, std::make_unique<StepsProbe>(std::move(client), &most_steps),
+    EXPECT_THAT(scheduler.AddReplica(0, std::make_unique<StepsProbe>(std::move(client), &most_steps, &untimed),
                                      {.max_slots = 8, .kv_blocks = 32, .kv_block_size = 16, .stages = 1}),
                 testing::IsOk());
     std::vector<std::shared_ptr<Collect>> sinks;
@@ -127,6 +137,7 @@ std::vector<std::vector<int32_t>> Serve(const testing::GoldenModel& golden, int3
   }
   StopWorker(w);
   *most = most_steps.load();
+  EXPECT_EQ(untimed.load(), 0) << "answers without the worker's compute time, or with one longer than the call";
   return out;
 }
 
@@ -147,6 +158,13 @@ TEST(MultiStepWorkerTest, TheSchedulerGetsTheSameTokensWithSeveralDecodeStepsPer
       EXPECT_EQ(many[n + c], one[n + c]) << steps << " steps, sampled case " << c;
     }
     EXPECT_NE(many[2 * n - 1], golden.cases[n - 1].greedy_ids) << "the seeded case should not be greedy";
+  }
+  // Auto (the default): whatever it chooses, the same tokens.
+  const std::vector<std::vector<int32_t>> chosen = Serve(golden, coordinator::kAutoDecodeStepsPerCall, &most);
+  ASSERT_EQ(chosen.size(), 2 * n);
+  for (size_t c = 0; c < n; ++c) {
+    EXPECT_EQ(chosen[c], golden.cases[c].greedy_ids) << "auto, greedy case " << c;
+    EXPECT_EQ(chosen[n + c], one[n + c]) << "auto, sampled case " << c;
   }
 }
 
@@ -182,8 +200,14 @@ TEST(MultiStepWorkerTest, DecodeStepsMatchSingleStepsOnTheRawStream) {
   ASSERT_EQ(first.error_code(), 0) << first.error_message();
   ASSERT_EQ(first.token_ids_size(), 1);
   EXPECT_EQ(first.token_ids(0), gc.greedy_ids[0]);
+  const absl::Time start = absl::Now();
   const v1::StepResponse rest = Ask(w.address, Decode(2, static_cast<int>(gc.prompt_ids.size()), first.token_ids(0), 5));
+  const absl::Duration call = absl::Now() - start;
   ASSERT_EQ(rest.error_code(), 0) << rest.error_message();
+  // The worker's compute for the 5 steps: reported, and within the call's time.
+  EXPECT_GT(first.compute_us(), 0u);
+  EXPECT_GT(rest.compute_us(), 0u);
+  EXPECT_LE(absl::Microseconds(static_cast<int64_t>(rest.compute_us())), call);
   EXPECT_THAT(std::vector<int32_t>(rest.token_ids().begin(), rest.token_ids().end()),
               ::testing::ElementsAreArray(gc.greedy_ids.begin() + 1, gc.greedy_ids.begin() + 6));
   StopWorker(w);

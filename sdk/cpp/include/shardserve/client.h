@@ -254,6 +254,9 @@ struct ClusterInfo {
   int64_t waiting_sequences = 0;
   // Per serving replica: "replica R: <how it splits its running sequences into micro-batches>".
   std::vector<std::string> pipelining;
+  // Per serving replica: "replica R: <decode steps per worker call, and why>" (multi-step
+  // decoding; empty from a coordinator that does not say).
+  std::vector<std::string> decode_steps;
 };
 
 // A generation being streamed, read in pull style:
