@@ -157,19 +157,21 @@ ParamCounts CountParams(const ModelSpec& s) {
 struct HeldLayout {
   double matrix_elem = 4;
   double embedding_elem = 4;
-  std::string matrix_dtype = "f32";
   // FP8 checkpoints: what the memory model (common/plan/memory_model.h) predicts a CUDA rank holds.
   double predicted_bytes = 0;
 };
+
+// The matrix dtype a backend holds, from its bytes per element (codes plus scales for FP8).
+const char* DtypeHeld(double bytes_per_element) {
+  return bytes_per_element < 1.5 ? "f8e4m3" : bytes_per_element < 3 ? "bf16" : "f32";
+}
 
 HeldLayout InferLayout(const ParamCounts& c, double held) {
   const double f32_embedding = (held - 4 * (c.embedding + c.norms)) / c.matrices;
   const double same_as_matrices = (held - 4 * c.norms) / (c.matrices + c.embedding);
   auto off = [](double e) { return std::min(std::abs(e - 2), std::abs(e - 4)); };
-  HeldLayout h = off(same_as_matrices) < off(f32_embedding) ? HeldLayout{same_as_matrices, same_as_matrices}
-                                                             : HeldLayout{f32_embedding, 4};
-  h.matrix_dtype = h.matrix_elem < 3 ? "bf16" : "f32";
-  return h;
+  if (off(same_as_matrices) < off(f32_embedding)) return {same_as_matrices, same_as_matrices};
+  return {f32_embedding, 4};
 }
 
 // An FP8 checkpoint on one CUDA rank: the embedding, norms, routers and lm_head (left unconverted)
@@ -184,7 +186,6 @@ HeldLayout Fp8Layout(const ModelSpec& s, const ParamCounts& c, double held) {
   h.embedding_elem = static_cast<double>(m.embedding) / c.embedding;
   h.matrix_elem = (held - static_cast<double>(m.embedding + m.norms_biases + m.lm_head)) /
                   (c.matrices - c.lm_head - c.routers);
-  h.matrix_dtype = h.matrix_elem < 1.5 ? "f8e4m3" : h.matrix_elem < 3 ? "bf16" : "f32";
   h.predicted_bytes = static_cast<double>(m.Weights());
   return h;
 }
@@ -322,7 +323,7 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
          {"load_s", load_s},
          {"weight_bytes_held", held},
          {"weight_bytes_source", "TpExecutor::WeightBytesPerRank"},
-         {"matrix_dtype_held", layout.matrix_dtype},
+         {"matrix_dtype_held", DtypeHeld(layout.matrix_elem)},
          {"matrix_bytes_per_element", layout.matrix_elem},
          {"embedding_bytes_per_element", layout.embedding_elem},
          {"kv_bytes_per_token", kv_bytes_per_token},
