@@ -200,6 +200,16 @@ class AgainstALocalCluster(unittest.TestCase):
         self.assertEqual(len(status.workers), 1)
         self.assertEqual(status.workers[0].state, "ready")
         self.assertEqual(status.workers[0].devices, ["cpu:0"])
+        # The replica's pipelining and decode-steps lines, as `shardserve status` prints them (no
+        # request runs in between, so the coordinator's choice cannot move).
+        self.assertEqual(len(status.pipelining), 1)
+        self.assertEqual(len(status.decode_steps), 1)
+        self.assertRegex(status.decode_steps[0], r"^replica 0: \d+ \((auto|fixed)")
+        cli = self.cluster.cli("status").stdout.splitlines()
+        self.assertEqual([line for line in cli if line.startswith("pipelining: ")],
+                         ["pipelining: " + line for line in status.pipelining])
+        self.assertEqual([line for line in cli if line.startswith("decode steps per call: ")],
+                         ["decode steps per call: " + line for line in status.decode_steps])
 
     def test_cancel_mid_stream(self):
         stream = self.client.generate(PROMPT, max_tokens=400, ignore_eos=True)

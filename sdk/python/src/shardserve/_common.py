@@ -316,4 +316,6 @@ def cluster_status(s: control_pb2.ClusterStatus) -> ClusterStatus:
                             error=w.error, devices=[device(d) for d in w.devices], metrics_address=w.metrics_address)
                for w in s.workers]
     return ClusterStatus(ready=s.ready, reason=s.reason, model_path=s.model_path, plan=s.plan,
-                         running_sequences=s.running_sequences, waiting_sequences=s.waiting_sequences, workers=workers)
+                         running_sequences=s.running_sequences, waiting_sequences=s.waiting_sequences, workers=workers,
+                         pipelining=[f"replica {p.replica}: {p.explanation}" for p in s.pipelining],
+                         decode_steps=[f"replica {d.replica}: {d.explanation}" for d in s.decode_steps])

@@ -136,3 +136,8 @@ class ClusterStatus:
     running_sequences: int
     waiting_sequences: int
     workers: List[WorkerStatus] = field(default_factory=list)
+    # Per serving replica: "replica R: <how it splits its running sequences into micro-batches>".
+    pipelining: List[str] = field(default_factory=list)
+    # Per serving replica: "replica R: <decode steps per worker call, and why>" (multi-step decoding;
+    # empty from a coordinator that does not say).
+    decode_steps: List[str] = field(default_factory=list)
