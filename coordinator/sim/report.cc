@@ -57,6 +57,7 @@ json ToJsonObject(const SimResult& r) {
           {"failovers", r.failovers},
           {"steps", r.steps},
           {"stages", stages},
+          {"decode_steps", r.decode_steps},
           {"faults", faults}};
 }
 
@@ -96,6 +97,7 @@ std::string ResultToTable(const SimResult& r) {
     absl::StrAppendFormat(&out, "  replica %d stage %d: %.2f busy, %s\n", s.replica, s.stage, s.busy_fraction,
                           Ms(s.mean_decode_step_s));
   }
+  for (const std::string& line : r.decode_steps) absl::StrAppend(&out, "decode steps per call: ", line, "\n");
   for (const FaultReport& f : r.faults) {
     absl::StrAppendFormat(&out, "fault: %s at %.1f s: ", f.fault.worker, f.fault.at_s);
     if (f.replicas_removed.empty()) {

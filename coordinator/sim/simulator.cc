@@ -141,6 +141,8 @@ struct Flight {
   std::vector<SequenceWork> work;
   int64_t tokens = 0, sampled = 0;
   bool decode_only = true;
+  int32_t decode_steps = 1;  // decode steps the call runs (multi-step decoding)
+  double compute_s = 0;      // the last stage's compute for the call so far
 };
 
 // kStageArrive: a micro-batch reaches a stage (it starts there once the stage is free);
@@ -208,6 +210,11 @@ absl::Status ValidateOptions(const SimOptions& o) {
   if (o.pipeline_depth < 0) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline_depth must be >= 0, got ", o.pipeline_depth));
   }
+  if (o.decode_steps_per_call < 0 || o.decode_steps_per_call > coordinator::kMaxDecodeStepsPerCall) {
+    return absl::InvalidArgumentError(absl::StrCat("decode_steps_per_call must be in [0, ",
+                                                   coordinator::kMaxDecodeStepsPerCall, "] (0 = auto), got ",
+                                                   o.decode_steps_per_call));
+  }
   if (o.max_queued < 0) return absl::InvalidArgumentError(absl::StrCat("max_queued must be >= 0, got ", o.max_queued));
   if (!(o.network.bytes_per_s > 0)) return absl::InvalidArgumentError("network.bytes_per_s must be > 0");
   if (!(o.hop_overhead_s >= 0)) return absl::InvalidArgumentError("hop_overhead_s must be >= 0");
@@ -267,6 +274,7 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
   so.observer = &observer;
   so.clock = &clock;
   so.step_driver = coordinator::StepDriver::kCaller;
+  so.decode_steps_per_call = options.decode_steps_per_call;
   if (absl::Status st = so.Validate(); !st.ok()) return st;
   Scheduler scheduler(so);
 
@@ -311,7 +319,8 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
                                                           .pipeline_cost = std::move(cost),
                                                           .kv_blocks = kv_blocks,
                                                           .kv_block_size = options.kv_block_size,
-                                                          .prefix_caching = options.prefix_caching});
+                                                          .prefix_caching = options.prefix_caching,
+                                                          .stages = static_cast<int32_t>(p.stages.size())});
     if (!st.ok()) return st;
     pipelines.push_back(std::move(sp));
   }
@@ -394,17 +403,25 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
   // the stages of a shared machine see each other's work under way).
   std::map<uint64_t, Flight> flights;
   uint64_t next_flight = 0;
+  // A call of several decode steps (multi-step decoding) runs them one after the other, each
+  // sequence one position further each time.
   auto start_on_stage = [&](size_t r, size_t k, uint64_t id) {
     SimPipeline& sp = pipelines[r];
-    const Flight& f = flights.at(id);
+    Flight& f = flights.at(id);
     const double now = clock.seconds();
-    const double cost = stage_seconds(r, k, f.work, now);
+    double cost = stage_seconds(r, k, f.work, now);
+    std::vector<SequenceWork> later = f.work;
+    for (int32_t step = 1; step < f.decode_steps; ++step) {
+      for (SequenceWork& w : later) ++w.pos_begin;
+      cost += stage_seconds(r, k, later, now + cost);
+    }
     sp.free_at[k] = now + cost;
     sp.busy[k] += cost;
     if (f.decode_only) {
       sp.decode_time[k] += cost;
-      ++sp.decode_steps[k];
+      sp.decode_steps[k] += f.decode_steps;
     }
+    if (k + 1 == sp.stages.size()) f.compute_s = cost;
     events.push(Event{.t = now + cost, .order = order++, .kind = EventKind::kStageDone,
                       .index = static_cast<int64_t>(r), .stage = k, .flight = id});
   };
@@ -414,7 +431,7 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
     for (int r : scheduler.Replicas()) {
       SimPipeline& sp = pipelines[static_cast<size_t>(r)];
       while (std::optional<StepInput> in = scheduler.BeginStep(r)) {
-        Flight f{.step_id = in->step_id, .started = now};
+        Flight f{.step_id = in->step_id, .started = now, .decode_steps = std::max<int32_t>(1, in->decode_steps)};
         f.work.reserve(in->sequences.size());
         for (const auto& s : in->sequences) {
           const int64_t n = std::ssize(s.token_ids);
@@ -494,7 +511,9 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
         flights.erase(f);
         if (sp.removed) break;
         StepOutput out;
-        out.token_ids.assign(static_cast<size_t>(flight.sampled), 0);
+        out.token_ids.assign(static_cast<size_t>(flight.sampled * flight.decode_steps), 0);
+        // As a worker reports it (StepResponse.compute_us), for the automatic decode steps.
+        out.compute_time = absl::Seconds(flight.compute_s);
         scheduler.EndStep(static_cast<int>(e.index), flight.step_id, out, absl::Seconds(e.t - flight.started));
         break;
       }
@@ -542,6 +561,9 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
   }
   const double end_time = clock.seconds();
   stopped = true;
+  for (const coordinator::ReplicaStats& r : scheduler.Stats().replicas) {
+    result.decode_steps.push_back(absl::StrCat("replica ", r.replica, ": ", r.decode_steps_why));
+  }
   for (const RequestRecord& r : records) last_arrival = std::max(last_arrival, r.arrival);
   scheduler.Shutdown(absl::CancelledError("the simulation stopped"));
 

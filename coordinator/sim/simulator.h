@@ -64,6 +64,10 @@ struct SimOptions {
   // Micro-batches in flight per replica; 0 = auto, as the coordinator: up to its stage count, split
   // per step by the pipelining policy (scheduler/pipelining.h) priced with these profiles.
   int32_t pipeline_depth = 0;
+  // Decode steps a 1-stage replica runs per call for eligible decode batches (the coordinator's
+  // --decode_steps_per_call): 0 = auto, as the coordinator (scheduler/decode_steps.h, fed with the
+  // simulated calls' times and the stages' simulated compute); 1 = one step per call.
+  int32_t decode_steps_per_call = 0;
   int64_t max_queued = 1024;
   bool prefix_caching = false;  // simulated prompts share nothing, so the cache only costs time
   // Device profiles: `gpu` for workers with CUDA devices, `cpu` for the others.
@@ -140,6 +144,9 @@ struct SimResult {
   int64_t failovers = 0;
   int64_t steps = 0;
   std::vector<StageUse> stages;
+  // Per replica, at the end of the run: "replica R: <decode steps per call, and why>", as
+  // `shardserve status` prints it.
+  std::vector<std::string> decode_steps;
   std::vector<FaultReport> faults;
 };
 

@@ -120,6 +120,9 @@ ABSL_FLAG(double, gpu_memory_utilization, 0.9,
 ABSL_FLAG(int32_t, max_slots, 256, "simulate: running sequences per replica (shardserve-coordinator --max_slots)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "simulate: tokens per KV cache block");
 ABSL_FLAG(int32_t, max_step_tokens, 2048, "simulate: tokens per micro-batch (prefill chunk budget)");
+ABSL_FLAG(int32_t, decode_steps_per_call, 0,
+          "simulate: decode steps a 1-stage replica runs per call for eligible decode batches; 0 = auto, as the "
+          "coordinator (from the simulated serving overhead and compute per step); 1 = one step per call");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "simulate: micro-batches in flight per replica; 0 = auto, as the coordinator (up to its stage count, split per step by the pipelining policy)");
 ABSL_FLAG(int64_t, max_queued, 100000, "simulate: waiting requests over all replicas before refusing more");
 
@@ -398,6 +401,7 @@ absl::Status SimulateCommand() {
   o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   o.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
   o.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
+  o.decode_steps_per_call = absl::GetFlag(FLAGS_decode_steps_per_call);
   o.max_queued = absl::GetFlag(FLAGS_max_queued);
   if (absl::GetFlag(FLAGS_trace).empty() && absl::GetFlag(FLAGS_rate) <= 0) {
     o.closed_loop_clients = std::max(1, absl::GetFlag(FLAGS_concurrency));

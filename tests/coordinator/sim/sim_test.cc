@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "common/log/log.h"
 #include "common/model_spec/model_spec.h"
 #include "common/plan/plan.h"
+#include "coordinator/scheduler/decode_steps.h"
+#include "coordinator/scheduler/scheduler.h"
 #include "coordinator/sim/cost_model.h"
 #include "coordinator/sim/report.h"
 #include "coordinator/sim/simulator.h"
@@ -301,6 +304,50 @@ TEST(SimulatorTest, ClosedLoopClientsSendBackToBack) {
   EXPECT_EQ(eight.completed, 80);
   // Eight sequences share each memory-bound decode step: far more than 2x the tokens per second.
   EXPECT_GT(eight.output_tokens_per_s, 4 * one.output_tokens_per_s);
+}
+
+// Multi-step decoding as the coordinator chooses it: from the simulated serving overhead per call
+// (here a slow serving path, 1 ms a hop) and the stage's simulated compute per decode step.
+TEST(SimulatorTest, AutoDecodeStepsPerCallHideASlowServingPath) {
+  const ModelSpec spec = SmallModel();
+  SimOptions o = H100Options();
+  o.closed_loop_clients = 1;
+  o.hop_overhead_s = 1e-3;
+  o.decode_steps_per_call = 1;
+  ASSERT_OK_AND_ASSIGN(SimResult one, Simulate(spec, {GpuWorker("a", 1)}, Poisson(1000, 4, 16, 256), o));
+  o.decode_steps_per_call = 0;
+  ASSERT_OK_AND_ASSIGN(SimResult automatic, Simulate(spec, {GpuWorker("a", 1)}, Poisson(1000, 4, 16, 256), o));
+  ASSERT_EQ(one.completed, 4);
+  ASSERT_EQ(automatic.completed, 4);
+  ASSERT_THAT(one.decode_steps, ElementsAre(::testing::StartsWith("replica 0: 1 (fixed by --decode_steps_per_call")));
+  ASSERT_EQ(automatic.decode_steps.size(), 1u);
+  int k = 0;
+  ASSERT_EQ(std::sscanf(automatic.decode_steps[0].c_str(), "replica 0: %d (auto: serving overhead", &k), 1)
+      << automatic.decode_steps[0];
+  // The compute per step is the same either way; the rule's choice for the simulated overhead (the
+  // two hops of a call) against it.
+  ASSERT_GT(one.stages[0].mean_decode_step_s, 0);
+  EXPECT_NEAR(automatic.stages[0].mean_decode_step_s, one.stages[0].mean_decode_step_s,
+              one.stages[0].mean_decode_step_s * 0.02);
+  const double hops = 2 * HopSeconds(0, spec.hidden_size, 4, o.network, o.hop_overhead_s);
+  EXPECT_EQ(k, coordinator::AutoDecodeSteps(absl::Seconds(hops), absl::Seconds(one.stages[0].mean_decode_step_s)));
+  EXPECT_GT(k, 1);
+  // k steps per call pay the two hops once: the client's tokens per second rise accordingly.
+  const double per_token_one = hops + one.stages[0].mean_decode_step_s;
+  const double per_token_auto = hops / k + one.stages[0].mean_decode_step_s;
+  EXPECT_GT(automatic.output_tokens_per_s, one.output_tokens_per_s * (per_token_one / per_token_auto) * 0.9);
+  // And the report says so.
+  EXPECT_THAT(ResultToTable(automatic), HasSubstr("decode steps per call: replica 0: "));
+}
+
+TEST(SimulatorTest, DecodeStepsPerCallIsValidated) {
+  SimOptions o = H100Options();
+  o.decode_steps_per_call = -1;
+  EXPECT_THAT(Simulate(SmallModel(), {GpuWorker("a", 1)}, Poisson(1, 1, 16, 16), o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("decode_steps_per_call must be in [0, ")));
+  o.decode_steps_per_call = coordinator::kMaxDecodeStepsPerCall + 1;
+  EXPECT_THAT(Simulate(SmallModel(), {GpuWorker("a", 1)}, Poisson(1, 1, 16, 16), o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("decode_steps_per_call")));
 }
 
 TEST(SimulatorTest, PlannerErrorsComeThrough) {
