@@ -73,6 +73,11 @@ struct Scheduler::Batch {
   // The step loop's own time between the answer before and this batch's call (applying it,
   // building this one), when it did not sleep for work meanwhile; zero otherwise and with kCaller.
   absl::Duration lead = absl::ZeroDuration();
+  // Replica::calls_started when it was built, and whether another of the replica's calls was in
+  // flight then: a call that overlapped another (pipeline_depth > 1) waited for the other's compute,
+  // which is not serving overhead, so multi-step decoding does not time it.
+  uint64_t call = 0;
+  bool overlapped = false;
 };
 
 struct Scheduler::Replica {
@@ -92,6 +97,7 @@ struct Scheduler::Replica {
   std::unique_ptr<PipeliningCache> pipelining_cache;  // with `cost`: its choices by the running set's shape
   int32_t micro_batches = 1;     // the split now (`depth` without a cost model)
   int32_t batches_in_flight = 0;  // built and not yet finished (or closed)
+  uint64_t calls_started = 0;     // micro-batches built so far (Batch::call)
   bool stopping = false;
   bool draining = false;      // DrainReplica: no new work is routed here
   uint64_t steps = 0;         // micro-batches answered
@@ -782,7 +788,10 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     const bool decode_only =
         std::all_of(batch.input.sequences.begin(), batch.input.sequences.end(),
                     [](const StepSequenceInput& in) { return in.sample && in.token_ids.size() == 1; });
-    if (decode_only) r.decode_steps->Observe(batch.lead + took, out->compute_time, steps);
+    // Only calls that ran alone from build to answer (none in flight when it was built, none built
+    // since).
+    const bool alone = !batch.overlapped && r.calls_started == batch.call;
+    if (decode_only && alone) r.decode_steps->Observe(batch.lead + took, out->compute_time, steps);
   }
   if (!status.ok() && r.stopping) {
     // Interrupted by RemoveReplica / Shutdown, which end these sequences with their own reason.
@@ -915,7 +924,11 @@ Scheduler::Batch Scheduler::NextBatchLocked(Replica& r, std::vector<Event>& even
   const size_t k = static_cast<size_t>(r.micro_batches);
   const size_t share = (r.running.size() + k - 1) / k;
   Batch batch = BuildBatchLocked(r, std::max<size_t>(share, 1));
-  if (!batch.input.sequences.empty()) ++r.batches_in_flight;
+  if (!batch.input.sequences.empty()) {
+    batch.overlapped = r.batches_in_flight > 0;
+    batch.call = ++r.calls_started;
+    ++r.batches_in_flight;
+  }
   // The split may have grown: another step loop may build the next micro-batch at once.
   if (r.batches_in_flight < r.micro_batches) r.work.SignalAll();
   return batch;

@@ -70,7 +70,8 @@
 // saves k - 1 round trips. A replica times the calls of its decode-only micro-batches (every
 // member decoding one token): the call, plus the step loop's own work since the answer before
 // when it did not sleep for work meanwhile, less StepOutput::compute_time (calls whose replica
-// reports none are not counted). Only when that gives exactly the tokens of k single
+// reports none are not counted, nor calls that overlapped another call of the replica: with
+// pipeline_depth > 1 a call also waits for the other's compute). Only when that gives exactly the tokens of k single
 // steps: the replica has one stage (ReplicaOptions::stages), the micro-batch has no prefill chunk,
 // and no member needs anything computed per token: no penalties, logit_bias, structured output,
 // logprobs, prompt logprobs owed, or min_tokens still suppressing stop ids. k is K capped by every

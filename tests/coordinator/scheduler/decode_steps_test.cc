@@ -155,14 +155,14 @@ class NullSink final : public SequenceSink {
 // `overhead_ms` of serving overhead per call and `per_step_ms` of compute per decode step.
 class SchedulerAutoStepsTest : public ::testing::Test {
  protected:
-  void Start(int32_t decode_steps_per_call, int32_t stages = 1) {
+  void Start(int32_t decode_steps_per_call, int32_t stages = 1, int32_t pipeline_depth = 1) {
     SchedulerOptions o;
     o.limits = {.vocab_size = 100, .max_seq_len = 1024};
     o.clock = &clock_;
     o.step_driver = StepDriver::kCaller;
     o.decode_steps_per_call = decode_steps_per_call;
     scheduler_ = std::make_unique<Scheduler>(o);
-    ASSERT_TRUE(scheduler_->AddReplica(0, nullptr, {.max_slots = 8, .kv_blocks = 512, .stages = stages}).ok());
+    ASSERT_TRUE(scheduler_->AddReplica(0, nullptr, {.max_slots = 8, .pipeline_depth = pipeline_depth, .kv_blocks = 512, .stages = stages}).ok());
   }
 
   std::shared_ptr<NullSink> Submit(SamplingOptions sampling = {}, bool logprobs = false) {
@@ -276,6 +276,43 @@ TEST_F(SchedulerAutoStepsTest, ReplicasOfSeveralStagesTakeOneStep) {
   EXPECT_EQ(Stats().decode_steps, 1);
   EXPECT_EQ(Stats().decode_steps_why,
             "1 (several decode steps per call need a 1-stage replica; this one has 2 stages)");
+}
+
+// With two micro-batches in flight on one stage, each call also waits for the other's compute:
+// that is not serving overhead, and such calls are not timed. Calls that run alone are.
+TEST_F(SchedulerAutoStepsTest, CallsThatOverlapAnotherAreNotTimed) {
+  Start(kAutoDecodeStepsPerCall, /*stages=*/1, /*pipeline_depth=*/2);
+  Submit();
+  Submit();
+  auto answer = [&](const StepInput& in, double took_ms) {
+    StepOutput out;
+    for (const StepSequenceInput& s : in.sequences) {
+      for (int32_t j = 0; s.sample && j < in.decode_steps; ++j) out.token_ids.push_back(5);
+    }
+    out.compute_time = Ms(0.1 * in.decode_steps);
+    scheduler_->EndStep(0, in.step_id, out, Ms(took_ms));
+  };
+  // Both prefills, then 20 rounds of two overlapping decode calls of one sequence each, every call
+  // taking 5 ms (the other's compute and its own): none is timed.
+  for (int round = 0; round < 21; ++round) {
+    std::optional<StepInput> a = scheduler_->BeginStep(0);
+    std::optional<StepInput> b = scheduler_->BeginStep(0);
+    ASSERT_TRUE(a.has_value() && b.has_value()) << round;
+    ASSERT_EQ(a->sequences.size(), 1u);
+    answer(*a, 5);
+    answer(*b, 5);
+  }
+  EXPECT_EQ(Stats().decode_steps, 1);
+  EXPECT_EQ(Stats().decode_steps_why, "1 (auto: measuring, 0 of 8 decode calls timed so far)");
+  // One call in flight at a time (the other sequence's batch is built after the answer): timed.
+  for (int i = 0; i < 8; ++i) {
+    std::optional<StepInput> in = scheduler_->BeginStep(0);
+    ASSERT_TRUE(in.has_value());
+    answer(*in, 0.1 * in->decode_steps + 0.2);
+  }
+  EXPECT_EQ(Stats().decode_steps, 8);
+  EXPECT_EQ(Stats().decode_steps_why,
+            "8 (auto: serving overhead 0.20 ms per call against 0.10 ms of compute per step)");
 }
 
 TEST(SchedulerOptionsTest, DecodeStepsPerCallZeroIsAutoAndNegativeIsRefused) {
