@@ -174,6 +174,26 @@ TEST(SplitKeysTest, SplitsCoverTheRowOnceInOrder) {
   }
 }
 
+// The first key of a row, against the definition spelled out key by key (AttentionParams: keys
+// with pos - key < window, and keys of the query's chunk), and never decreasing with pos.
+TEST(AttentionFirstKeyTest, IsTheFirstKeyTheRowMaySee) {
+  for (long long window : {0LL, 1LL, 5LL, 64LL}) {
+    for (long long chunk : {0LL, 1LL, 4LL, 48LL}) {
+      long long previous = 0;
+      for (long long pos = 0; pos < 200; ++pos) {
+        long long want = 0;
+        while (want <= pos && ((window > 0 && pos - want >= window) || (chunk > 0 && want / chunk != pos / chunk))) {
+          ++want;
+        }
+        const long long got = AttentionFirstKey(pos, window, chunk);
+        EXPECT_EQ(got, want) << "pos " << pos << " window " << window << " chunk " << chunk;
+        EXPECT_GE(got, previous);
+        previous = got;
+      }
+    }
+  }
+}
+
 TEST(MergeSoftmaxStatesTest, EmptyStatesGetNoWeight) {
   const float states[6] = {-INFINITY, 0.f, 2.f, 3.f, -INFINITY, 0.f};  // (m, l) x 3; only the middle has keys
   float scales[3] = {9.f, 9.f, 9.f};

@@ -146,8 +146,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = blockIdx.y; i < seq.q_len; i += gridDim.y) {
       const int64_t t = seq.q_begin + i;
       const int64_t pos = seq.pos_begin + i;
-      int64_t lo = sh.sliding_window > 0 && pos - sh.sliding_window + 1 > 0 ? pos - sh.sliding_window + 1 : 0;
-      if (sh.chunk_size > 0 && pos - pos % sh.chunk_size > lo) lo = pos - pos % sh.chunk_size;
+      const int64_t lo = AttentionFirstKey(pos, sh.sliding_window, sh.chunk_size);
       long long kb = 0, ke = 0;
       SplitKeys(lo, pos, sh.splits, split, &kb, &ke);
       __syncthreads();  // the previous row is done with the shared arrays

@@ -54,6 +54,26 @@ size_t MaxAttentionPartialFloats(int64_t max_head_dim);
 cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials,
                             cudaStream_t stream);
 
+// ---- Prefill on tensor cores (attention_mma.cu) ----
+// The kernel above scores keys on the CUDA cores one query row at a time, which suits decode rows
+// (memory-bound) but makes long prefills compute-bound on scalar FMAs. For batches with a row run
+// of at least kMinMmaAttentionRows, a bf16 cache and head_dim 64 or 128 on compute capability >= 8.0,
+// a block takes 64 query rows of one query head (16 per warp) and walks their keys 32 at a time in
+// flash-attention style: scores = q . k^T and out += p . v on tensor cores (16x16x16 bf16 MMAs, f32
+// accumulation), the online softmax per row in between (kernels/shared/attention_math.h). The f32
+// operands q and p enter as the sum of two bf16 (the value rounded, then its rounding error), each
+// multiplied by the exact bf16 keys and values: about 16 bits of each instead of bf16's 8, so the
+// result stays within f32-level tolerance of the CPU backend's. Nothing the size of the context is
+// materialised; the block's shared memory holds one 32-key tile and its rows' partial output.
+inline constexpr int64_t kMinMmaAttentionRows = 16;
+
+// Whether LaunchMmaAttention takes the op on a device of compute capability `compute_major`.
+bool MmaAttentionApplies(const AttentionParams& p, int compute_major);
+// Dynamic shared memory of its blocks for head_dim (64 or 128): 56 KiB and 96 KiB.
+size_t MmaAttentionSharedBytes(int64_t head_dim);
+// Enqueues it (MmaAttentionApplies must hold).
+cudaError_t LaunchMmaAttention(const AttentionParams& p, cudaStream_t stream);
+
 }  // namespace shardserve::kernels::cuda
 
 #endif  // SHARDSERVE_WORKER_KERNELS_CUDA_ATTENTION_CUH_

@@ -178,6 +178,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t blas_ = nullptr;
   void* blas_workspace_ = nullptr;
   int multiprocessors_ = 1;
+  int compute_major_ = 0;  // the device's compute capability (major)
 
   // Backend-owned scratch for ops that need device memory beyond their Params (the activations
   // of a 16-bit GEMM, rounded; attention's split partials). Sized by Reserve(); grown by an op
@@ -244,6 +245,7 @@ absl::Status CudaBackend::Init(bool pdl) {
                         "cudaDeviceGetAttribute"));
   RETURN_IF_ERROR(Check(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device_),
                         "cudaDeviceGetAttribute"));
+  compute_major_ = major;
   cuda::pdl::NoteDevice(major, pdl);
   const size_t workspace_bytes = BlasWorkspaceBytes(major);
   RETURN_IF_ERROR(Check(cudaMalloc(&blas_workspace_, workspace_bytes), "cudaMalloc (cuBLAS workspace)"));
@@ -626,6 +628,11 @@ absl::Status CudaBackend::KvWrite(const KvWriteParams& p) {
 
 absl::Status CudaBackend::Attention(const AttentionParams& p) {
   RETURN_IF_ERROR(p.Validate());
+  // Prefill rows on tensor cores where they apply (attention.cuh).
+  if (cuda::MmaAttentionApplies(p, compute_major_)) {
+    RETURN_IF_ERROR(Enter());
+    return Check(cuda::LaunchMmaAttention(p, stream_), "MmaAttention kernel launch");
+  }
   const cuda::AttentionPlan plan = cuda::PlanAttention(p, multiprocessors_);
   if (plan.heads_per_block == 0 || !FitsInt({p.q_heads})) {
     return absl::UnimplementedError(absl::StrCat(name_, ": Attention with head_dim ", p.cache.head_dim, " and ",

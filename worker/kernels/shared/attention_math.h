@@ -72,6 +72,16 @@ SHARDSERVE_HD void SplitKeys(long long lo, long long pos, int splits, int split,
   *end = e;
 }
 
+// The first key a query at position `pos` attends to: 0, or within a sliding window of `window`
+// keys (pos - window + 1, when window > 0), or within its chunk of `chunk` positions (pos - pos %
+// chunk, when chunk > 0), whichever is latest. Never decreases as pos grows, so the first row of a
+// run of consecutive positions has the run's smallest.
+SHARDSERVE_HD long long AttentionFirstKey(long long pos, long long window, long long chunk) {
+  long long lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+  if (chunk > 0 && pos - pos % chunk > lo) lo = pos - pos % chunk;
+  return lo;
+}
+
 }  // namespace shardserve::kernels
 
 #endif  // SHARDSERVE_WORKER_KERNELS_SHARED_ATTENTION_MATH_H_

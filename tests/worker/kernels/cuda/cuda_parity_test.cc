@@ -553,6 +553,72 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaLongAttentionParityTest,
                                            LongAttentionCase{4, 1, 96, 0}),
                          CaseName<LongAttentionCase>);
 
+// Prefill rows on tensor cores (attention.cuh, "Prefill on tensor cores": a bf16 cache, head_dim 64
+// or 128, a sequence of at least 16 new rows): a 100-token prompt (two tiles of 64 rows, the second
+// partial), a 37-token chunk continuing a cached prefix of 50, and a 1-token prompt in the same
+// batch, over shuffled blocks of 16 positions. The oracle is the CPU backend's f32 cache holding the
+// same bf16 values: the kernel's split operands keep it within f32 tolerance. With a window, a chunk
+// size and soft-capping too (each changes which keys a row sees, or its scores).
+struct PrefillAttentionCase {
+  int64_t q_heads, kv_heads, head_dim, sliding_window, chunk_size;
+  float softcap;
+};
+
+void PrintTo(const PrefillAttentionCase& c, std::ostream* os) {
+  *os << "q" << c.q_heads << "_kv" << c.kv_heads << "_d" << c.head_dim << "_window" << c.sliding_window << "_chunk"
+      << c.chunk_size << "_softcap" << static_cast<int>(c.softcap);
+}
+
+class CudaPrefillAttentionParityTest : public CudaParityTest,
+                                       public ::testing::WithParamInterface<PrefillAttentionCase> {};
+
+TEST_P(CudaPrefillAttentionParityTest, MatchesCpu) {
+  const PrefillAttentionCase c = GetParam();
+  constexpr int64_t kBlock = 16, kBlocks = 16;
+  const std::vector<int32_t> ids = DistinctRows(kBlocks, kBlocks, 91);
+  // Tables: 7 blocks (112 positions), 6 (96) and 1.
+  const std::vector<int32_t> table(ids.begin(), ids.begin() + 14);
+  const std::vector<AttnSeq> seqs = {
+      {.q_begin = 0, .q_len = 100, .pos_begin = 0, .table_begin = 0, .table_len = 7},
+      {.q_begin = 100, .q_len = 37, .pos_begin = 50, .table_begin = 7, .table_len = 6},
+      {.q_begin = 137, .q_len = 1, .pos_begin = 0, .table_begin = 13, .table_len = 1},
+  };
+  const int64_t tokens = 138;
+  const KvLayerView shape{.num_blocks = kBlocks, .block_size = kBlock, .kv_heads = c.kv_heads, .head_dim = c.head_dim};
+  const size_t cache_elems = static_cast<size_t>(kBlocks * kBlock * c.kv_heads * c.head_dim);
+  const std::vector<uint16_t> k16 = Narrow(DType::kBF16, RandomFloats(cache_elems, 92, -2.f, 2.f));
+  const std::vector<uint16_t> v16 = Narrow(DType::kBF16, RandomFloats(cache_elems, 93));
+  auto ck16 = Mirror(k16);
+  auto cv16 = Mirror(v16);
+  auto ck = Mirror(Widen(DType::kBF16, k16));
+  auto cv = Mirror(Widen(DType::kBF16, v16));
+  auto dseqs = Mirror(seqs);
+  auto dtable = Mirror(table);
+  auto q = Mirror(RandomFloats(static_cast<size_t>(tokens * c.q_heads * c.head_dim), 94, -2.f, 2.f));
+  auto out = Mirror(std::vector<float>(static_cast<size_t>(tokens * c.q_heads * c.head_dim)));
+  RunBoth([&](Backend& b, int s) {
+    KvLayerView cache = shape;
+    cache.k = s == kRef ? static_cast<void*>(ck.at(s)) : static_cast<void*>(ck16.at(s));
+    cache.v = s == kRef ? static_cast<void*>(cv.at(s)) : static_cast<void*>(cv16.at(s));
+    cache.dtype = s == kRef ? DType::kF32 : DType::kBF16;
+    const PagedSeqs paged{.seqs = dseqs.at(s), .host_seqs = seqs.data(), .num_seqs = static_cast<int64_t>(seqs.size()),
+                          .block_table = dtable.at(s), .host_block_table = table.data(),
+                          .table_entries = static_cast<int64_t>(table.size())};
+    return b.Attention({.q = q.at(s), .out = out.at(s), .paged = paged, .tokens = tokens, .q_heads = c.q_heads,
+                        .cache = cache, .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                        .sliding_window = c.sliding_window, .chunk_size = c.chunk_size, .softcap = c.softcap});
+  });
+  ExpectMirrorsClose(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillAttentionParityTest,
+                         ::testing::Values(PrefillAttentionCase{8, 2, 64, 0, 0, 0.f},
+                                           PrefillAttentionCase{16, 2, 128, 0, 0, 0.f},
+                                           PrefillAttentionCase{4, 4, 64, 20, 0, 0.f},
+                                           PrefillAttentionCase{8, 1, 128, 0, 32, 0.f},
+                                           PrefillAttentionCase{8, 2, 64, 24, 0, 5.f}),
+                         CaseName<PrefillAttentionCase>);
+
 TEST_F(CudaParityTest, SiluMulInPlace) {
   const int64_t n = 1001;
   auto gate = Mirror(RandomFloats(n, 60, -6.f, 6.f));
