@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/tensor/dtype.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/kernels/random_values.h"
 #include "worker/kernels/registry.h"
 
 namespace shardserve::kernels {
@@ -27,14 +28,6 @@ namespace {
 
 using ::shardserve::testing::StatusIs;
 using ::testing::HasSubstr;
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 // Bit patterns, so that -0 and NaN payloads count: "equal" means the same bits.
 std::vector<uint32_t> Bits(const std::vector<float>& v) {
