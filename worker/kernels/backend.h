@@ -594,11 +594,13 @@ class Backend {
 
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status Linear(const LinearParams& p) = 0;
-  // The default: Validate(), then Linear for each part in order.
+  // The default: Validate(), then Linear for each part in order, then, for the gated form,
+  // SiluMul(p.GateParams()).
   virtual absl::Status LinearGroup(const LinearGroupParams& p);
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
   virtual absl::Status AddRmsNorm(const AddRmsNormParams& p) = 0;
   virtual absl::Status Rope(const RopeParams& p) = 0;
+  // With p.rope set, Rope(*p.rope) and then the write (KvWriteParams); every backend honours it.
   virtual absl::Status KvWrite(const KvWriteParams& p) = 0;
   virtual absl::Status Attention(const AttentionParams& p) = 0;
   virtual absl::Status SiluMul(const SiluMulParams& p) = 0;
