@@ -124,10 +124,16 @@ absl::Status RecordingBackend::RmsNorm(const kernels::RmsNormParams& p) {
 absl::Status RecordingBackend::AddRmsNorm(const kernels::AddRmsNormParams& p) {
   return RunOrRecord([this, p] { return inner_->AddRmsNorm(p); });
 }
+absl::Status RecordingBackend::LinearGroup(const kernels::LinearGroupParams& p) {
+  if (p.gated.has_value()) ++gated_linear_groups_;
+  return Backend::LinearGroup(p);
+}
 absl::Status RecordingBackend::Rope(const kernels::RopeParams& p) {
+  ++ropes_;
   return RunOrRecord([this, p] { return inner_->Rope(p); });
 }
 absl::Status RecordingBackend::KvWrite(const kernels::KvWriteParams& p) {
+  if (p.rope.has_value()) ++kv_writes_with_rope_;
   if (!recording_) return inner_->KvWrite(p);
   kernels::KvWriteParams r = p;
   r.paged = ForReplay(p.paged);

@@ -46,6 +46,11 @@ class RecordingBackend final : public kernels::Backend {
   // kernels use): the loader's and engine's FP8 path of CUDA ranks (codes + scales kept) on the CPU.
   void EmulateFp8LinearForTest(bool on) { emulate_fp8_ = on; }
   int fp8_linears() const { return *fp8_linears_; }  // F8_E4M3 Linear calls run so far
+  // Calls seen so far (run or recorded) of the fused forms the engine may use: a LinearGroup with
+  // `gated` set, a KvWrite carrying `rope`; and of the separate Rope op.
+  int gated_linear_groups() const { return gated_linear_groups_; }
+  int kv_writes_with_rope() const { return kv_writes_with_rope_; }
+  int ropes() const { return ropes_; }
   int recordings() const { return recordings_; }
   int replays() const { return *replays_; }
 
@@ -72,6 +77,9 @@ class RecordingBackend final : public kernels::Backend {
 
   absl::Status Embedding(const kernels::EmbeddingParams& p) override;
   absl::Status Linear(const kernels::LinearParams& p) override;
+  // Counted, then Backend's default (a Linear per part, and SiluMul for the gated form), whose
+  // calls are run or recorded one by one.
+  absl::Status LinearGroup(const kernels::LinearGroupParams& p) override;
   absl::Status RmsNorm(const kernels::RmsNormParams& p) override;
   absl::Status AddRmsNorm(const kernels::AddRmsNormParams& p) override;
   absl::Status Rope(const kernels::RopeParams& p) override;
@@ -109,6 +117,9 @@ class RecordingBackend final : public kernels::Backend {
   int grouped_linears_ = 0;
   bool emulate_combine_ = false;
   int moe_combines_ = 0;
+  int gated_linear_groups_ = 0;
+  int kv_writes_with_rope_ = 0;
+  int ropes_ = 0;
   absl::Status recording_error_;
   std::vector<std::function<absl::Status()>> tape_;
   int recordings_ = 0;

@@ -865,7 +865,7 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
     if (tp()) RETURN_IF_ERROR(b.Zero({.x = out, .n = tokens * h}));
     RETURN_IF_ERROR(Moe(lw, tokens, out));
   } else {
-    RETURN_IF_ERROR(Mlp(lw.mlp, normed, out, tokens, layout_.ffn, /*accumulate=*/!tp()));
+    RETURN_IF_ERROR(Mlp(lw.mlp, normed, out, tokens, /*accumulate=*/!tp()));
   }
   if (!tp()) return absl::OkStatus();
   RETURN_IF_ERROR(AllReduce(out, tokens * h));
@@ -894,7 +894,7 @@ absl::Status Model::SandwichLayer(int64_t layer, const LayerWeights& lw, int64_t
                              .eps = eps}));
   RETURN_IF_ERROR(b.AddRmsNorm({.x = hidden, .y = tmp, .weight = lw.pre_ffn_norm.as<float>(), .out = normed,
                                 .tokens = tokens, .hidden = h, .eps = eps}));
-  RETURN_IF_ERROR(Mlp(lw.mlp, normed, tmp, tokens, layout_.ffn, /*accumulate=*/false));
+  RETURN_IF_ERROR(Mlp(lw.mlp, normed, tmp, tokens, /*accumulate=*/false));
   RETURN_IF_ERROR(AllReduce(tmp, tokens * h));
   RETURN_IF_ERROR(b.RmsNorm({.x = tmp, .weight = lw.post_ffn_norm.as<float>(), .y = tmp, .tokens = tokens,
                              .hidden = h, .eps = eps}));
@@ -925,7 +925,14 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
   };
   // Qwen3: with weights, before RoPE.
   if (spec_.qk_norm) RETURN_IF_ERROR(norm_heads(lw.q_norm.as<float>(), lw.k_norm.as<float>()));
-  if (spec_.LayerUsesRope(layer)) {
+  const bool rope = spec_.LayerUsesRope(layer);
+  // RoPE rides on the cache write (one launch instead of two on a GPU) when nothing runs between
+  // them. Not with Llama-4's weightless q/k norm (after RoPE) or its NoPE layers' query temperature
+  // (they change q or k in between; the rotation would then come after them), nor with LongRoPE
+  // (its sequences rotate in runs, each with its own frequencies).
+  const bool rope_in_write = rope && !spec_.qk_l2_norm && !spec_.LayerTemperatureTuned(layer) &&
+                             spec_.rope.type != RopeType::kLongrope;
+  if (rope && !rope_in_write) {
     RETURN_IF_ERROR(RopeQk(layer, tokens, paged));
     // Llama-4: without weights, after RoPE.
     if (spec_.qk_l2_norm) RETURN_IF_ERROR(norm_heads(w.ones.as<float>(), w.ones.as<float>()));
@@ -935,25 +942,32 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
                                  .width = layout_.q_heads * d}));
   }
   const kernels::AttentionParams attention = AttentionFor(layer, tokens, paged);
-  RETURN_IF_ERROR(b.KvWrite({.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
-                             .cache = attention.cache}));
+  kernels::KvWriteParams write{.k = w.k.as<float>(), .v = w.v.as<float>(), .paged = paged, .tokens = tokens,
+                               .cache = attention.cache};
+  if (rope_in_write) write.rope = RopeFor(layer, tokens);
+  RETURN_IF_ERROR(b.KvWrite(write));
   RETURN_IF_ERROR(b.Attention(attention));
   return absl::OkStatus();
+}
+
+kernels::RopeParams Model::RopeFor(int64_t layer, int64_t tokens) const {
+  const Workspace& w = *ws_;
+  const bool longrope = spec_.rope.type == RopeType::kLongrope;
+  // Gemma-3: the sliding layers have their own table (ModelSpec::sliding_rope).
+  const bool sliding = spec_.UsesSlidingRope(layer);
+  return {.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
+          .inv_freq = (sliding ? w.inv_freq_sliding : w.inv_freq).as<float>(), .tokens = tokens,
+          .q_heads = layout_.q_heads, .kv_heads = layout_.kv_heads, .head_dim = spec_.head_dim,
+          .position_scale = sliding ? w.position_scale_sliding : w.position_scale,
+          .rotary_dim = spec_.RotaryDim(),
+          .scale = longrope ? static_cast<float>(spec_.rope.attention_factor) : 1.0f};
 }
 
 absl::Status Model::RopeQk(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) {
   Workspace& w = *ws_;
   const int64_t d = spec_.head_dim;
-  const bool longrope = spec_.rope.type == RopeType::kLongrope;
-  // Gemma-3: the sliding layers have their own table (ModelSpec::sliding_rope).
-  const bool sliding = spec_.UsesSlidingRope(layer);
-  kernels::RopeParams p{.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
-                        .inv_freq = (sliding ? w.inv_freq_sliding : w.inv_freq).as<float>(), .tokens = tokens,
-                        .q_heads = layout_.q_heads, .kv_heads = layout_.kv_heads, .head_dim = d,
-                        .position_scale = sliding ? w.position_scale_sliding : w.position_scale,
-                        .rotary_dim = spec_.RotaryDim(),
-                        .scale = longrope ? static_cast<float>(spec_.rope.attention_factor) : 1.0f};
-  if (!longrope) return backend_->Rope(p);
+  const kernels::RopeParams p = RopeFor(layer, tokens);
+  if (spec_.rope.type != RopeType::kLongrope) return backend_->Rope(p);
   // LongRoPE, as transformers' KV-cache generation: a step's new tokens of a sequence rotate with
   // the long factors when the sequence is longer than original_max_position_embeddings at the end
   // of the step, else with the short ones. Runs of sequences that agree share one call.
@@ -1034,23 +1048,19 @@ absl::Status Model::MlaAttention(int64_t layer, const LayerWeights& lw, int64_t 
                        .y_width = m.v_head_dim, .y_offset = 0});
 }
 
-absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t tokens, int64_t width,
-                        bool accumulate) {
+absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t tokens, bool accumulate) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
-  auto linear = [&](const LinearWeight& lin, const float* in, float* out, bool acc) {
-    return b.Linear({.x = in, .w = lin.view(), .bias = lin.bias(),
-                     .y = out, .tokens = tokens, .in = lin.in, .out = lin.out, .accumulate = acc});
-  };
+  // gate = act(x . gate^T) * (x . up^T) in one op (on a GPU's decode step, one launch for the two
+  // products and the activation); w.up is its scratch.
   RETURN_IF_ERROR(b.LinearGroup({.x = x,
                                  .tokens = tokens,
                                  .in = mw.gate.in,
                                  .parts = {{GroupPart(mw.gate, w.gate.as<float>()), GroupPart(mw.up, w.up.as<float>())}},
-                                 .num_parts = 2}));
-  RETURN_IF_ERROR(b.SiluMul({.gate = w.gate.as<float>(), .up = w.up.as<float>(), .out = w.gate.as<float>(),
-                             .n = tokens * width,
-                             .act = GateActivationOf(spec_)}));
-  return linear(mw.down, w.gate.as<float>(), y, accumulate);
+                                 .num_parts = 2,
+                                 .gated = GateActivationOf(spec_)}));
+  return b.Linear({.x = w.gate.as<float>(), .w = mw.down.view(), .bias = mw.down.bias(), .y = y, .tokens = tokens,
+                   .in = mw.down.in, .out = mw.down.out, .accumulate = accumulate});
 }
 
 // Adds this rank's share of the MoE block's output to `out`: its local experts' contributions (or
@@ -1166,7 +1176,7 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
                                    .tokens = count, .width = h}));
     }
     RETURN_IF_ERROR(Mlp(lw.experts[static_cast<size_t>(e)], w.moe_x.as<float>(), w.moe_y.as<float>(), count,
-                        layout_.expert_ffn, false));
+                        /*accumulate=*/false));
     RETURN_IF_ERROR(b.ScatterAddRows({.src = w.moe_y.as<float>(), .rows = rows,
                                       .scales = input_weighted ? w.ones.as<float>() : w.moe_scales.as<float>() + begin,
                                       .dst = out, .count = count, .dst_rows = tokens, .width = h}));
@@ -1176,10 +1186,10 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
     // each rank may scale its own slice before the all-reduce.
     if (!spec_.moe.shared_expert_gate) {
       // DeepSeek-V3: out += SharedMlp(x), ungated.
-      return Mlp(lw.shared, normed, out, tokens, layout_.shared_ffn, /*accumulate=*/true);
+      return Mlp(lw.shared, normed, out, tokens, /*accumulate=*/true);
     }
     float* shared = w.moe_y.as<float>();
-    RETURN_IF_ERROR(Mlp(lw.shared, normed, shared, tokens, layout_.shared_ffn, false));
+    RETURN_IF_ERROR(Mlp(lw.shared, normed, shared, tokens, /*accumulate=*/false));
     RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.shared_gate.view(), .y = w.shared_gate.as<float>(),
                               .tokens = tokens, .in = h, .out = 1}));
     RETURN_IF_ERROR(b.SigmoidScaleRows({.x = shared, .gate = w.shared_gate.as<float>(), .tokens = tokens, .width = h}));

@@ -96,6 +96,10 @@ class Model final : public StepRunner {
   // RoPE on ws_->q and ws_->k (longrope: each sequence's new tokens with the short or the long
   // frequencies, by its length at the end of the step).
   absl::Status RopeQk(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged);
+  // The Rope op of a layer on ws_->q and ws_->k with the step's positions (LongRoPE: the short
+  // frequencies; RopeQk swaps in the long ones per run). GqaAttention hands it to KvWrite when RoPE
+  // and the cache write can run as one op.
+  kernels::RopeParams RopeFor(int64_t layer, int64_t tokens) const;
   absl::Status MlaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
   // The Attention op of layer `layer` for a step of `tokens` tokens (Layer runs it; graph keys ask
   // the backend how it would launch).
@@ -104,7 +108,9 @@ class Model final : public StepRunner {
   absl::Status Forward(int64_t tokens, const kernels::PagedSeqs& paged);
   // Forward through a recorded graph when the step qualifies (ModelOptions::op_graphs), else op by op.
   absl::Status ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeqs& paged, bool decode_only);
-  absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, int64_t width, bool accumulate);
+  // y (+)= the gated MLP of x: down(act(x . gate^T) * (x . up^T)), the gate and up products and the
+  // activation as one gated LinearGroup (ws_->gate holds the product, ws_->up is its scratch).
+  absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, bool accumulate);
   absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);
   // The local experts' share and the shared expert; rows of expert e are [offset[e], offset[e+1]).
   absl::Status LocalExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>& offset, float* out);

@@ -262,9 +262,26 @@ LinearParams LinearGroupParams::PartParams(int i) const {
           .accumulate = part.accumulate};
 }
 
+SiluMulParams LinearGroupParams::GateParams() const {
+  return {.gate = parts[0].y, .up = parts[1].y, .out = parts[0].y, .n = tokens * parts[0].out,
+          .act = gated.value_or(GateActivation::kSilu)};
+}
+
 absl::Status LinearGroupParams::Validate() const {
   if (num_parts < 1 || num_parts > kMaxParts) {
     return Invalid("LinearGroup", absl::StrCat(num_parts, " parts (1 to ", kMaxParts, ")"));
+  }
+  if (gated.has_value()) {
+    if (num_parts != 2) {
+      return Invalid("LinearGroup", absl::StrCat("the gated form takes 2 parts (gate, up), got ", num_parts));
+    }
+    if (parts[0].out != parts[1].out) {
+      return Invalid("LinearGroup", absl::StrCat("the gated form needs gate and up of equal out, got ", parts[0].out,
+                                                 " and ", parts[1].out));
+    }
+    if (parts[0].accumulate || parts[1].accumulate) {
+      return Invalid("LinearGroup", "the gated form does not accumulate (gate and up overwrite their y)");
+    }
   }
   for (int i = 0; i < num_parts; ++i) {
     if (absl::Status st = PartParams(i).Validate(); !st.ok()) {
@@ -282,6 +299,7 @@ absl::Status LinearGroupParams::Validate() const {
 absl::Status Backend::LinearGroup(const LinearGroupParams& p) {
   RETURN_IF_ERROR(p.Validate());
   for (int i = 0; i < p.num_parts; ++i) RETURN_IF_ERROR(Linear(p.PartParams(i)));
+  if (p.gated.has_value()) return SiluMul(p.GateParams());
   return absl::OkStatus();
 }
 
@@ -312,7 +330,32 @@ absl::Status RopeParams::Validate() const {
 absl::Status KvWriteParams::Validate() const {
   if (k == nullptr || v == nullptr) return Invalid("KvWrite", "null pointer");
   if (auto st = ValidateCache("KvWrite", cache); !st.ok()) return st;
-  return ValidateSeqs("KvWrite", paged, tokens, cache);
+  RETURN_IF_ERROR(ValidateSeqs("KvWrite", paged, tokens, cache));
+  if (!rope.has_value()) return absl::OkStatus();
+  if (absl::Status st = rope->Validate(); !st.ok()) return Invalid("KvWrite", absl::StrCat("rope: ", st.message()));
+  if (rope->k != k) return Invalid("KvWrite", "rope.k must be the k the op writes");
+  if (rope->tokens != tokens || rope->kv_heads != cache.kv_heads || rope->head_dim != cache.head_dim) {
+    return Invalid("KvWrite", absl::StrCat("rope shape (", rope->tokens, " tokens, ", rope->kv_heads, " kv heads of ",
+                                           rope->head_dim, ") differs from the write's (", tokens, " tokens, ",
+                                           cache.kv_heads, " kv heads of ", cache.head_dim, ")"));
+  }
+  if (static_cast<const float*>(rope->q) == k || static_cast<const float*>(rope->q) == v) {
+    return Invalid("KvWrite", "rope.q aliases k or v");
+  }
+  // Every row rotated exactly once: the sequences' rows tile [0, tokens) in order.
+  int64_t end = 0;
+  for (int64_t i = 0; i < paged.num_seqs; ++i) {
+    if (paged.host_seqs[i].q_begin != end) {
+      return Invalid("KvWrite", absl::StrCat("with rope, the sequences' rows must tile [0, tokens) in order: sequence ",
+                                             i, " starts at row ", paged.host_seqs[i].q_begin, ", expected ", end));
+    }
+    end += paged.host_seqs[i].q_len;
+  }
+  if (end != tokens) {
+    return Invalid("KvWrite", absl::StrCat("with rope, the sequences' rows must tile [0, tokens): they cover ", end,
+                                           " of ", tokens, " rows"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AttentionParams::Validate() const {

@@ -22,6 +22,7 @@
 #include <string>
 
 #include <memory>
+#include <optional>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -29,6 +30,7 @@
 #include "common/tensor/dtype.h"
 #include "worker/kernels/shared/fp8_math.h"
 #include "worker/kernels/shared/moe_routing.h"
+#include "worker/kernels/shared/row_math.h"  // GateActivation (plain data, shared with the kernels)
 
 namespace shardserve::kernels {
 
@@ -147,10 +149,30 @@ struct LinearParams {
   absl::Status Validate() const;
 };
 
+// out = act(gate) * up, elementwise (SiLU unless `act` says otherwise): GatedProduct of
+// kernels/shared/row_math.h, which also names the activations (GateActivation).
+struct SiluMulParams {
+  const float* gate = nullptr;  // [n]
+  const float* up = nullptr;    // [n]
+  float* out = nullptr;         // [n]; may alias gate or up
+  int64_t n = 0;
+  GateActivation act = GateActivation::kSilu;
+  absl::Status Validate() const;
+};
+
 // Several products of one x: parts[i].y = x . parts[i].w^T (+ bias), or += when accumulate, for
 // i < num_parts. One pass over x (on a GPU, one launch for a decode step, or one rounding of x for
 // the tensor cores) instead of one per product: a layer's q, k and v projections, an MLP's gate and
 // up. The same sums as a Linear per part.
+//
+// Gated (`gated` set): a gated MLP's gate and up projections and its activation in one op. It takes
+// exactly 2 parts of equal `out`, neither accumulating, and computes
+//   parts[0].y = GatedProduct(*gated, x . W0^T (+ b0), x . W1^T (+ b1))   (act(gate) * up)
+// exactly as the two Linears followed by SiluMul{gate = parts[0].y, up = parts[1].y, out =
+// parts[0].y} do (the default implementation is that sequence): the same f32 values on every
+// backend's fused path. parts[1].y is scratch: the op may leave the up projection there or leave it
+// untouched (CUDA's decode GEMV never writes it), so its contents afterwards are unspecified. On a
+// GPU a decode step then costs one launch instead of two.
 struct LinearGroupParams {
   static constexpr int kMaxParts = 4;
   struct Part {
@@ -164,8 +186,15 @@ struct LinearGroupParams {
   int64_t tokens = 0, in = 0;
   std::array<Part, kMaxParts> parts{};
   int num_parts = 0;
+  // Unset: plain products. Set: the gated form above, with this activation.
+  std::optional<GateActivation> gated;
   // Part i as a Linear.
   LinearParams PartParams(int i) const;
+  // The SiluMul that finishes the gated form: gate = out = parts[0].y, up = parts[1].y, n = tokens x out.
+  SiluMulParams GateParams() const;
+  // InvalidArgument for a part count outside [1, kMaxParts], a part Linear would refuse (naming
+  // the part), two parts writing one y, or a gated form that is not 2 parts of equal out with no
+  // accumulate.
   absl::Status Validate() const;
 };
 
@@ -286,12 +315,24 @@ struct PagedSeqs {
 
 // Writes each sequence's new k/v rows into the cache blocks its table names for its positions.
 // The blocks written by different sequences of one call must be distinct (checked by the engine).
+//
+// With `rope`: Rope(*rope) first, then the write, as one op: q and k are rotated in place exactly
+// as the Rope op rotates them (the same f32 values on every backend), and the cache receives the
+// rotated keys. On a GPU a step's RoPE and cache write are then one launch instead of two. It asks
+// rope->k == k, rope->tokens == tokens, rope->kv_heads and rope->head_dim equal to the cache's, and
+// sequences whose rows tile [0, tokens) in order (sequence i starts where sequence i - 1 ends, as
+// the engine lays out a step), so that every row is rotated exactly once.
 struct KvWriteParams {
   const float* k = nullptr;      // [tokens, kv_heads, head_dim]
   const float* v = nullptr;      // [tokens, kv_heads, head_dim]
   PagedSeqs paged;
   int64_t tokens = 0;
   KvLayerView cache;
+  // Unset: a plain write. Set: RoPE fused with the write (above). Held by value, so recorded
+  // Params (op graphs) stay valid after the caller's locals are gone.
+  std::optional<RopeParams> rope;
+  // InvalidArgument for null pointers, a bad cache shape, sequences outside the rows or their
+  // block tables, and, with rope, an invalid RopeParams or one that disagrees with the write.
   absl::Status Validate() const;
 };
 
@@ -311,22 +352,6 @@ struct AttentionParams {
   int64_t chunk_size = 0;        // 0 = none
   // > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma-2).
   float softcap = 0.0f;
-  absl::Status Validate() const;
-};
-
-// The activation of a gated MLP (ModelSpec's Activation).
-enum class GateActivation : uint8_t {
-  kSilu,      // x * sigmoid(x)
-  kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's gelu(approximate="tanh")
-};
-
-// out = act(gate) * up, elementwise (SiLU unless `act` says otherwise).
-struct SiluMulParams {
-  const float* gate = nullptr;  // [n]
-  const float* up = nullptr;    // [n]
-  float* out = nullptr;         // [n]; may alias gate or up
-  int64_t n = 0;
-  GateActivation act = GateActivation::kSilu;
   absl::Status Validate() const;
 };
 
@@ -569,11 +594,13 @@ class Backend {
 
   virtual absl::Status Embedding(const EmbeddingParams& p) = 0;
   virtual absl::Status Linear(const LinearParams& p) = 0;
-  // The default: Validate(), then Linear for each part in order.
+  // The default: Validate(), then Linear for each part in order, then, for the gated form,
+  // SiluMul(p.GateParams()).
   virtual absl::Status LinearGroup(const LinearGroupParams& p);
   virtual absl::Status RmsNorm(const RmsNormParams& p) = 0;
   virtual absl::Status AddRmsNorm(const AddRmsNormParams& p) = 0;
   virtual absl::Status Rope(const RopeParams& p) = 0;
+  // With p.rope set, Rope(*p.rope) and then the write (KvWriteParams); every backend honours it.
   virtual absl::Status KvWrite(const KvWriteParams& p) = 0;
   virtual absl::Status Attention(const AttentionParams& p) = 0;
   virtual absl::Status SiluMul(const SiluMulParams& p) = 0;

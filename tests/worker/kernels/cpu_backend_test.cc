@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/tensor/dtype.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/kernels/random_values.h"
 #include "worker/kernels/cpu/gemv.h"
 #include "worker/kernels/registry.h"
 
@@ -25,14 +26,6 @@ namespace {
 
 using ::shardserve::testing::StatusIs;
 using ::testing::HasSubstr;
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 // Round-to-nearest-even bfloat16 bits of each value (finite inputs), as checkpoints store them.
 std::vector<uint16_t> ToBf16(const std::vector<float>& v) {

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/kernels/random_values.h"
 #include "worker/kernels/cpu/q8.h"
 #include "worker/kernels/registry.h"
 
@@ -22,14 +23,6 @@ namespace {
 using ::shardserve::testing::IsOk;
 using ::shardserve::testing::StatusIs;
 using ::testing::HasSubstr;
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 std::vector<uint8_t> Pack(const std::vector<float>& w, int64_t out, int64_t in) {
   std::vector<uint8_t> packed(cpu::Q8Layout::For(out, in).bytes);

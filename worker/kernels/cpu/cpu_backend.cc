@@ -254,6 +254,9 @@ class CpuBackend final : public Backend {
   absl::Status KvWrite(const KvWriteParams& p) override {
     SHARDSERVE_VALIDATE(p);
     if (p.cache.dtype != DType::kF32) return UnsupportedWeights(name(), Op::kKvWrite, p.cache.dtype);
+    // RoPE fused with the write: on the CPU nothing is saved by one pass, so it is the Rope op
+    // itself, then the write (the CUDA kernel's results are these).
+    if (p.rope.has_value()) RETURN_IF_ERROR(Rope(*p.rope));
     const KvLayerView& c = p.cache;
     auto* ck = static_cast<float*>(c.k);
     auto* cv = static_cast<float*>(c.v);
@@ -343,10 +346,11 @@ class CpuBackend final : public Backend {
 
   absl::Status SiluMul(const SiluMulParams& p) override {
     SHARDSERVE_VALIDATE(p);
+    // The activation chosen once, outside the loop.
     if (p.act == GateActivation::kGeluTanh) {
-      for (int64_t i = 0; i < p.n; ++i) p.out[i] = GeluTanh(p.gate[i]) * p.up[i];
+      for (int64_t i = 0; i < p.n; ++i) p.out[i] = GatedProduct(GateActivation::kGeluTanh, p.gate[i], p.up[i]);
     } else {
-      for (int64_t i = 0; i < p.n; ++i) p.out[i] = Silu(p.gate[i]) * p.up[i];
+      for (int64_t i = 0; i < p.n; ++i) p.out[i] = GatedProduct(GateActivation::kSilu, p.gate[i], p.up[i]);
     }
     return absl::OkStatus();
   }

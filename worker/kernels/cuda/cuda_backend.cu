@@ -159,7 +159,8 @@ class CudaBackend final : public Backend {
   // Linear with bf16/f16 weights: Group16 of one part.
   absl::Status Linear16(const LinearParams& p);
   // Products of one x with 16-bit weights of one type (see linear16.cuh for the two paths): one
-  // GEMV launch for every part, or x rounded once for every part's GEMM. tokens > 0, in > 0.
+  // GEMV launch for every part (gated: LaunchGatedGemv16), or x rounded once for every part's GEMM
+  // (gated: then the SiluMul kernel). tokens > 0, in > 0.
   absl::Status Group16(const LinearGroupParams& p);
   // The tensor-core product of Group16 on activations already rounded to the weights' type
   // (x16: [tokens, in]), then the bias.
@@ -501,6 +502,15 @@ absl::Status CudaBackend::Linear16(const LinearParams& p) {
 
 absl::Status CudaBackend::Group16(const LinearGroupParams& p) {
   const DType dtype = p.parts[0].w.dtype;
+  if (p.gated.has_value() && p.tokens <= cuda::kGemv16MaxTokens) {
+    // Gate, up and the activation in one launch; parts[1].y (the op's scratch) is not written.
+    const LinearGroupParams::Part& gate = p.parts[0];
+    const LinearGroupParams::Part& up = p.parts[1];
+    const cuda::GatedGemv16Params g{.w_gate = gate.w.data, .w_up = up.w.data, .bias_gate = gate.bias,
+                                    .bias_up = up.bias, .y = gate.y, .out = gate.out, .act = *p.gated};
+    return Check(cuda::LaunchGatedGemv16(dtype, p.x, g, p.tokens, p.in, kGemvLoads, multiprocessors_, stream_),
+                 "GatedGemv16 kernel launch");
+  }
   if (p.tokens <= cuda::kGemv16MaxTokens) {
     // One launch for every part; bias and accumulation are fused into the GEMV.
     cuda::Gemv16Group group;
@@ -523,6 +533,8 @@ absl::Status CudaBackend::Group16(const LinearGroupParams& p) {
     const LinearParams part = p.PartParams(i);
     if (part.out > 0) RETURN_IF_ERROR(Gemm16(part, scratch_.as<void>()));
   }
+  // The gated form past the GEMV: the GEMMs above, then the activation as its own kernel.
+  if (p.gated.has_value()) return Check(cuda::LaunchSiluMul(p.GateParams(), stream_), "SiluMul kernel launch");
   return absl::OkStatus();
 }
 
@@ -585,8 +597,9 @@ absl::Status CudaBackend::LinearFp8(const LinearParams& p) {
 
 absl::Status CudaBackend::LinearGroup(const LinearGroupParams& p) {
   RETURN_IF_ERROR(p.Validate());
-  // One 16-bit type across the parts, all within cuBLAS's int range: one GEMV launch, or one
-  // rounding of x shared by the parts' GEMMs. Anything else: a Linear per part.
+  // One 16-bit type across the parts, all within cuBLAS's int range: one GEMV launch (the gated
+  // form: one launch for both products and the activation), or one rounding of x shared by the
+  // parts' GEMMs. Anything else (f32, FP8): a Linear per part, and SiluMul for the gated form.
   const DType dtype = p.parts[0].w.dtype;
   bool fused = (dtype == DType::kBF16 || dtype == DType::kF16) && p.in > 0 && FitsInt({p.tokens, p.in});
   for (int i = 0; i < p.num_parts; ++i) {
@@ -622,6 +635,12 @@ absl::Status CudaBackend::Rope(const RopeParams& p) {
 
 absl::Status CudaBackend::KvWrite(const KvWriteParams& p) {
   RETURN_IF_ERROR(p.Validate());
+  if (!SupportsOp(Op::kKvWrite, p.cache.dtype)) return UnsupportedWeights(name_, Op::kKvWrite, p.cache.dtype);
+  // With rope: one kernel that rotates and writes (ops.cu), with Rope's shared cos/sin table.
+  if (p.rope.has_value() && cuda::RopeSharedBytes(p.rope->head_dim) > cuda::kMaxDynamicSharedBytes) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": KvWrite with rope: head_dim ", p.rope->head_dim,
+                                                 " is too large"));
+  }
   RETURN_IF_ERROR(Enter());
   return Check(cuda::LaunchKvWrite(p, stream_), "KvWrite kernel launch");
 }

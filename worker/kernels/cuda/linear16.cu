@@ -86,6 +86,59 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   }
 }
 
+// GEMV of the gated form (LinearGroupParams::gated): one warp per output row r (grid-stride), which
+// multiplies the gate's row r and then the up's row r with the same activations and writes
+// GatedProduct(act, gate, up) once. Each dot is Gemv16Kernel's (the same RowDots instantiation,
+// WarpSum and bias add, lane 0's value), and the product is the SiluMul kernels' formula, so y is
+// what Gemv16Kernel of the two parts followed by SiluMul writes, bit for bit. The two dots run one
+// after the other, so the registers are those of one (a 1-token step keeps Gemv16Kernel's
+// occupancy), and the prefetches keep both rows kPrefetchRows rows ahead.
+template <DType kType, bool kVectorized, int kLoads, int kRows>
+__global__ void __launch_bounds__(kGemvWarps* kWarp)
+    GatedGemv16Kernel(const float* __restrict__ x, const GatedGemv16Params g, int tokens, int64_t in) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int64_t first = int64_t{blockIdx.x} * kGemvWarps + warp;
+  const int64_t stride = int64_t{gridDim.x} * kGemvWarps;
+  const auto* w_gate = static_cast<const uint16_t*>(g.w_gate);
+  const auto* w_up = static_cast<const uint16_t*>(g.w_up);
+  auto prefetch = [&](int64_t r) {
+    if (r >= g.out) return;
+    pdl::PrefetchL2(w_gate + r * in, in * 2, lane);
+    pdl::PrefetchL2(w_up + r * in, in * 2, lane);
+  };
+#pragma unroll
+  for (int k = 0; k < kPrefetchRows; ++k) prefetch(first + k * stride);
+  pdl::LaunchDependents();
+  pdl::Wait();
+  for (int64_t r = first; r < g.out; r += stride) {
+    prefetch(r + kPrefetchRows * stride);
+    float acc[kRows];
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) acc[t] = 0.f;
+    gemv16::RowDots<kType, kVectorized, kLoads>(w_gate + r * in, x, tokens, in, lane, acc);
+    float gate[kRows];
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) {
+      gate[t] = t < tokens ? WarpSum(acc[t]) : 0.f;
+      acc[t] = 0.f;
+    }
+    gemv16::RowDots<kType, kVectorized, kLoads>(w_up + r * in, x, tokens, in, lane, acc);
+#pragma unroll
+    for (int t = 0; t < kRows; ++t) {
+      if (t < tokens) {
+        const float up = WarpSum(acc[t]);
+        if (lane == 0) {
+          // Gemv16Kernel's sums without accumulation: (0 + dot) + bias.
+          const float bg = g.bias_gate != nullptr ? g.bias_gate[r] : 0.f;
+          const float bu = g.bias_up != nullptr ? g.bias_up[r] : 0.f;
+          g.y[t * g.out + r] = GatedProduct(g.act, 0.f + gate[t] + bg, 0.f + up + bu);
+        }
+      }
+    }
+  }
+}
+
 template <DType kType>
 __global__ void CastKernel(const float* __restrict__ x, uint16_t* __restrict__ dst, int64_t n) {
   pdl::LaunchDependents();
@@ -129,6 +182,42 @@ cudaError_t LaunchGemv16Rows(const float* x, const Gemv16Group& g, int tokens, i
   return pdl::Launch(Gemv16Kernel<kType, true, 4, kRows>, grid, kThreads, 0, stream, x, g, tokens, in, rows);
 }
 
+template <DType kType, int kRows>
+cudaError_t LaunchGatedGemv16Rows(const float* x, const GatedGemv16Params& g, int tokens, int64_t in, bool aligned,
+                                  int loads, unsigned grid, cudaStream_t stream) {
+  constexpr unsigned kThreads = kGemvWarps * kWarp;
+  if (!aligned) {
+    return pdl::Launch(GatedGemv16Kernel<kType, false, 1, kRows>, grid, kThreads, 0, stream, x, g, tokens, in);
+  }
+  if (loads == 8) {
+    return pdl::Launch(GatedGemv16Kernel<kType, true, 8, kRows>, grid, kThreads, 0, stream, x, g, tokens, in);
+  }
+  return pdl::Launch(GatedGemv16Kernel<kType, true, 4, kRows>, grid, kThreads, 0, stream, x, g, tokens, in);
+}
+
+// At most one wave of blocks over `rows` output rows (one warp each): each warp then walks several
+// rows and prefetches the next ones.
+unsigned GemvGrid(int64_t rows, int multiprocessors) {
+  const int64_t wave = int64_t{multiprocessors > 0 ? multiprocessors : 1} * kGemvBlocksPerSm;
+  const int64_t blocks = (rows + kGemvWarps - 1) / kGemvWarps;
+  return GridFor(blocks < wave ? blocks : wave);
+}
+
+// The gated GEMV over the Gemv16 paths: the same kRows buckets and alignment test as Gemv16 gives
+// the gate and up parts, so each dot is summed as the plain GEMV sums it.
+template <DType kType>
+cudaError_t GatedGemv16(const float* x, const GatedGemv16Params& g, int64_t tokens, int64_t in, int loads,
+                        int multiprocessors, cudaStream_t stream) {
+  if (g.out == 0) return cudaSuccess;
+  const bool aligned = in % kVec == 0 && Aligned16(x) && Aligned16(g.w_gate) && Aligned16(g.w_up);
+  const unsigned grid = GemvGrid(g.out, multiprocessors);
+  const int t = static_cast<int>(tokens);
+  if (t <= 1) return LaunchGatedGemv16Rows<kType, 1>(x, g, t, in, aligned, loads, grid, stream);
+  if (t <= 2) return LaunchGatedGemv16Rows<kType, 2>(x, g, t, in, aligned, loads, grid, stream);
+  if (t <= 4) return LaunchGatedGemv16Rows<kType, 4>(x, g, t, in, aligned, loads, grid, stream);
+  return LaunchGatedGemv16Rows<kType, kGemv16MaxTokens>(x, g, t, in, aligned, loads, grid, stream);
+}
+
 template <DType kType>
 cudaError_t Gemv16(const float* x, const Gemv16Group& g, int64_t tokens, int64_t in, int loads, int multiprocessors,
                    cudaStream_t stream) {
@@ -139,10 +228,7 @@ cudaError_t Gemv16(const float* x, const Gemv16Group& g, int64_t tokens, int64_t
     aligned = aligned && Aligned16(g.w[p]);
   }
   if (rows == 0) return cudaSuccess;
-  // At most one wave of blocks: each warp then walks several rows and prefetches the next ones.
-  const int64_t wave = int64_t{multiprocessors > 0 ? multiprocessors : 1} * kGemvBlocksPerSm;
-  const int64_t blocks = (rows + kGemvWarps - 1) / kGemvWarps;
-  const unsigned grid = GridFor(blocks < wave ? blocks : wave);
+  const unsigned grid = GemvGrid(rows, multiprocessors);
   const int t = static_cast<int>(tokens);
   if (t <= 1) return LaunchGemv16Rows<kType, 1>(x, g, t, in, rows, aligned, loads, grid, stream);
   if (t <= 2) return LaunchGemv16Rows<kType, 2>(x, g, t, in, rows, aligned, loads, grid, stream);
@@ -164,6 +250,23 @@ cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, 
       return Gemv16<DType::kBF16>(x, group, tokens, in, loads, multiprocessors, stream);
     case DType::kF16:
       return Gemv16<DType::kF16>(x, group, tokens, in, loads, multiprocessors, stream);
+    case DType::kF32:
+    case DType::kF8E4M3:
+    case DType::kQ8:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchGatedGemv16(DType dtype, const float* x, const GatedGemv16Params& gemv, int64_t tokens,
+                              int64_t in, int loads, int multiprocessors, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (tokens > kGemv16MaxTokens || (loads != 4 && loads != 8)) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case DType::kBF16:
+      return GatedGemv16<DType::kBF16>(x, gemv, tokens, in, loads, multiprocessors, stream);
+    case DType::kF16:
+      return GatedGemv16<DType::kF16>(x, gemv, tokens, in, loads, multiprocessors, stream);
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:

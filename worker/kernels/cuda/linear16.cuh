@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "common/tensor/dtype.h"
+#include "worker/kernels/shared/row_math.h"
 
 namespace shardserve::kernels::cuda {
 
@@ -43,6 +44,25 @@ struct Gemv16Group {
 // Launched under PDL (pdl.cuh): the first weight rows stream into L2 while the previous kernel runs.
 cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, int64_t tokens, int64_t in, int loads,
                          int multiprocessors, cudaStream_t stream);
+
+// The gated form of LinearGroup (backend.h) on the GEMV path: gate and up matrices [out, in] of one
+// 16-bit type, their biases (or null), and y ([tokens, out] f32, written, never read).
+struct GatedGemv16Params {
+  const void* w_gate = nullptr;
+  const void* w_up = nullptr;
+  const float* bias_gate = nullptr;
+  const float* bias_up = nullptr;
+  float* y = nullptr;
+  int64_t out = 0;
+  GateActivation act = GateActivation::kSilu;
+};
+
+// y[t, o] = GatedProduct(act, x[t] . w_gate[o] (+ bias_gate[o]), x[t] . w_up[o] (+ bias_up[o])) for
+// t < tokens <= kGemv16MaxTokens, in one launch: one warp per output row computes both dots and
+// writes the product once. Bit for bit what LaunchGemv16 of the two parts (no accumulation) and
+// then the SiluMul kernel write (the same dots, sums and row math). Arguments as LaunchGemv16's.
+cudaError_t LaunchGatedGemv16(DType dtype, const float* x, const GatedGemv16Params& gemv, int64_t tokens,
+                              int64_t in, int loads, int multiprocessors, cudaStream_t stream);
 
 // dst[i] = x[i] rounded to `dtype` (kBF16 or kF16), as 16-bit patterns. x: [n]; dst: [n].
 cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cudaStream_t stream);

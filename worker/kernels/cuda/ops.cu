@@ -180,31 +180,56 @@ __global__ void AddRmsNormKernel(float* x, const float* y, const float* weight, 
   }
 }
 
+// The rotation of one token, as RopeParams describe it (rotary_dim resolved: never 0).
+struct RopeArgs {
+  float* q;
+  float* k;
+  const int32_t* positions;
+  const float* inv_freq;
+  int64_t q_heads, kv_heads, head_dim;
+  float position_scale;
+  int64_t rotary_dim;
+  float scale;
+};
+
+RopeArgs RopeArgsOf(const RopeParams& p) {
+  return {.q = p.q, .k = p.k, .positions = p.positions, .inv_freq = p.inv_freq, .q_heads = p.q_heads,
+          .kv_heads = p.kv_heads, .head_dim = p.head_dim, .position_scale = p.position_scale,
+          .rotary_dim = p.rotary_dim > 0 ? p.rotary_dim : p.head_dim, .scale = p.scale};
+}
+
+// cos and sin of token t's angles into the block's shared table ([rotary_dim / 2] each; dynamic
+// shared memory of RopeSharedBytes), between barriers: the previous token's users are done with it
+// before, and every thread sees it after.
+__device__ __forceinline__ void FillRopeTable(const RopeArgs& r, int64_t t, float* cos_s, float* sin_s) {
+  const int64_t half = r.rotary_dim / 2;
+  __syncthreads();
+  // float32 angles in the CPU backend's order: (position * position_scale) * inv_freq[i].
+  const float pos = static_cast<float>(r.positions[t]) * r.position_scale;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = pos * r.inv_freq[i];
+    cos_s[i] = cosf(angle) * r.scale;
+    sin_s[i] = sinf(angle) * r.scale;
+  }
+  __syncthreads();
+}
+
 // One block per token: cos/sin of the token's angles in shared memory, then one thread per pair
 // of elements of every head (consecutive threads, consecutive elements).
-__global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t tokens,
-                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float position_scale,
-                           int64_t rotary_dim, float scale) {
+__global__ void RopeKernel(const RopeArgs r, int64_t tokens) {
   pdl::LaunchDependents();
   pdl::Wait();
   extern __shared__ float rope_smem[];
-  const int64_t half = rotary_dim / 2;
+  const int64_t half = r.rotary_dim / 2;
   float* cos_s = rope_smem;         // [half]
   float* sin_s = rope_smem + half;  // [half]
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    __syncthreads();  // the previous token's heads are done with cos_s/sin_s
-    // float32 angles in the CPU backend's order: (position * position_scale) * inv_freq[i].
-    const float pos = static_cast<float>(positions[t]) * position_scale;
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const float angle = pos * inv_freq[i];
-      cos_s[i] = cosf(angle) * scale;
-      sin_s[i] = sinf(angle) * scale;
-    }
-    __syncthreads();
-    for (int64_t idx = threadIdx.x; idx < (q_heads + kv_heads) * half; idx += blockDim.x) {
+    FillRopeTable(r, t, cos_s, sin_s);
+    for (int64_t idx = threadIdx.x; idx < (r.q_heads + r.kv_heads) * half; idx += blockDim.x) {
       const int64_t h = idx / half;
-      float* head = h < q_heads ? q + (t * q_heads + h) * head_dim : k + (t * kv_heads + (h - q_heads)) * head_dim;
-      RopePair(head, cos_s, sin_s, static_cast<int>(rotary_dim), static_cast<int>(idx % half));
+      float* head = h < r.q_heads ? r.q + (t * r.q_heads + h) * r.head_dim
+                                  : r.k + (t * r.kv_heads + (h - r.q_heads)) * r.head_dim;
+      RopePair(head, cos_s, sin_s, static_cast<int>(r.rotary_dim), static_cast<int>(idx % half));
     }
   }
 }
@@ -250,16 +275,64 @@ __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seq
   }
 }
 
+// GatedProduct per element (linear16.cu's gated GEMV writes the same formula).
+// Rope then KvWrite in one kernel (KvWriteParams::rope). KvWriteKernel's grid (grid.y over
+// sequences, grid.x over each sequence's rows; the rows tile [0, tokens), so every token is one
+// block's), RopeKernel's block: the token's cos/sin table, then one thread per rotated pair of every
+// q and k head (RopePair, as RopeKernel), the thread that rotates a k pair also storing it in the
+// cache; then k's unrotated tail (rotary_dim < head_dim) and v are stored. The values are Rope's and
+// the cache addressing and rounding KvWriteKernel's.
+template <typename T>
+__global__ void RopeKvWriteKernel(const RopeArgs r, const float* v, const AttnSeq* seqs, int64_t num_seqs,
+                                  const int32_t* block_table, T* cache_k, T* cache_v, int64_t block_size) {
+  pdl::LaunchDependents();
+  pdl::Wait();
+  extern __shared__ float rope_smem[];
+  const int64_t half = r.rotary_dim / 2;
+  const int64_t row = r.kv_heads * r.head_dim;
+  float* cos_s = rope_smem;         // [half]
+  float* sin_s = rope_smem + half;  // [half]
+  for (int64_t s = blockIdx.y; s < num_seqs; s += gridDim.y) {
+    const AttnSeq seq = seqs[s];
+    const int32_t* table = block_table + seq.table_begin;
+    for (int64_t i = blockIdx.x; i < seq.q_len; i += gridDim.x) {
+      const int64_t t = int64_t{seq.q_begin} + i;
+      FillRopeTable(r, t, cos_s, sin_s);
+      const int64_t dst = CacheRow(table, seq.pos_begin + i, block_size) * row;
+      for (int64_t idx = threadIdx.x; idx < (r.q_heads + r.kv_heads) * half; idx += blockDim.x) {
+        const int64_t h = idx / half;
+        const int pair = static_cast<int>(idx % half);
+        if (h < r.q_heads) {
+          RopePair(r.q + (t * r.q_heads + h) * r.head_dim, cos_s, sin_s, static_cast<int>(r.rotary_dim), pair);
+        } else {
+          const int64_t e = (h - r.q_heads) * r.head_dim;  // the head's first element in a row
+          float* head = r.k + t * row + e;
+          RopePair(head, cos_s, sin_s, static_cast<int>(r.rotary_dim), pair);
+          cache_k[dst + e + pair] = ToCache<T>(head[pair]);
+          cache_k[dst + e + pair + half] = ToCache<T>(head[pair + half]);
+        }
+      }
+      for (int64_t e = threadIdx.x; e < row; e += blockDim.x) {
+        if (e % r.head_dim >= r.rotary_dim) cache_k[dst + e] = ToCache<T>(r.k[t * row + e]);
+        cache_v[dst + e] = ToCache<T>(v[t * row + e]);
+      }
+    }
+  }
+}
+
+template <typename T>
+void LaunchRopeKvWriteTyped(const KvWriteParams& p, dim3 grid, cudaStream_t stream) {
+  pdl::Launch(RopeKvWriteKernel<T>, grid, kRopeThreads, RopeSharedBytes(p.cache.head_dim), stream,
+              RopeArgsOf(*p.rope), p.v, p.paged.seqs, p.paged.num_seqs, p.paged.block_table,
+              static_cast<T*>(p.cache.k), static_cast<T*>(p.cache.v), p.cache.block_size);
+}
+
 template <GateActivation kAct>
 __global__ void SiluMulKernel(const float* gate, const float* up, float* out, int64_t n) {
   pdl::LaunchDependents();
   pdl::Wait();
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    if constexpr (kAct == GateActivation::kGeluTanh) {
-      out[i] = GeluTanh(gate[i]) * up[i];
-    } else {
-      out[i] = Silu(gate[i]) * up[i];
-    }
+    out[i] = GatedProduct(kAct, gate[i], up[i]);
   }
 }
 
@@ -400,9 +473,8 @@ cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.q_heads + p.kv_heads == 0) return cudaSuccess;
-  pdl::Launch(RopeKernel, GridFor(p.tokens), kRopeThreads, RopeSharedBytes(p.head_dim), stream, p.q, p.k, p.positions,
-              p.inv_freq, p.tokens, p.q_heads, p.kv_heads, p.head_dim, p.position_scale,
-              p.rotary_dim > 0 ? p.rotary_dim : p.head_dim, p.scale);
+  pdl::Launch(RopeKernel, GridFor(p.tokens), kRopeThreads, RopeSharedBytes(p.head_dim), stream, RopeArgsOf(p),
+              p.tokens);
   return cudaGetLastError();
 }
 
@@ -411,6 +483,23 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
   if (max_q_len == 0) return cudaSuccess;
   const int64_t row = p.cache.kv_heads * p.cache.head_dim;
   const dim3 grid(GridFor(max_q_len), GridFor(p.paged.num_seqs));
+  if (p.rope.has_value()) {
+    switch (p.cache.dtype) {
+      case DType::kF32:
+        LaunchRopeKvWriteTyped<float>(p, grid, stream);
+        break;
+      case DType::kBF16:
+        LaunchRopeKvWriteTyped<__nv_bfloat16>(p, grid, stream);
+        break;
+      case DType::kF16:
+        LaunchRopeKvWriteTyped<__half>(p, grid, stream);
+        break;
+      case DType::kF8E4M3:
+      case DType::kQ8:
+        return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+  }
   switch (p.cache.dtype) {
     case DType::kF32:
       pdl::Launch(KvWriteKernel<float>, grid, RowThreads(row), 0, stream, p.k, p.v, p.paged.seqs, p.paged.num_seqs,

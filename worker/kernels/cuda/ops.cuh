@@ -31,6 +31,7 @@ cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t o
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
 cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream);
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
+// KvWrite; with p.rope, Rope and the write in one kernel (needs RopeSharedBytes(head_dim)).
 cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream);
 cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream);
 cudaError_t LaunchScale(const ScaleParams& p, cudaStream_t stream);

@@ -6,6 +6,7 @@
 #define SHARDSERVE_WORKER_KERNELS_SHARED_ROW_MATH_H_
 
 #include <cmath>
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #define SHARDSERVE_HD __host__ __device__ __forceinline__
@@ -65,6 +66,19 @@ SHARDSERVE_HD float Silu(float x) { return x / (1.0f + expf(-x)); }
 SHARDSERVE_HD float GeluTanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
   return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+// The activation of a gated MLP (ModelSpec's Activation), as SiluMul and a gated LinearGroup take
+// it (backend.h). Plain data here so that the kernels can name it.
+enum class GateActivation : uint8_t {
+  kSilu,      // x * sigmoid(x)
+  kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's gelu(approximate="tanh")
+};
+
+// act(gate) * up: one element of a gated MLP's product. The one formula of the SiluMul kernels and
+// of CUDA's gated GEMV, so that the fused and the separate ops give the same f32 values.
+SHARDSERVE_HD float GatedProduct(GateActivation act, float gate, float up) {
+  return (act == GateActivation::kGeluTanh ? GeluTanh(gate) : Silu(gate)) * up;
 }
 
 // Soft-capping: cap * tanh(x / cap) (Gemma-2's attention scores and final logits); cap > 0.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -38,6 +39,15 @@ inline std::vector<int32_t> RandomInts(size_t n, uint32_t seed, int32_t lo, int3
   std::vector<int32_t> v(n);
   for (int32_t& x : v) x = dist(rng);
   return v;
+}
+
+// `count` distinct values from [0, n), in random order (rows to gather, cache block ids).
+inline std::vector<int32_t> DistinctRows(int32_t n, size_t count, uint32_t seed) {
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), std::mt19937(seed));
+  all.resize(count);
+  return all;
 }
 
 // Every element within rtol * max|want| (plus a tiny atol for all-zero references), and a normalised

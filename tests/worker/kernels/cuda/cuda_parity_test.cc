@@ -2,7 +2,8 @@
 // the same random inputs (fixed seeds) go through both backends, created through the registry, and
 // the CUDA result must match the CPU oracle within a tolerance relative to the largest reference
 // magnitude. Tests that need a device skip without one (label gpu). The fixture is in
-// cuda_parity_fixture.h; MoE ops are in cuda_moe_parity_test.cc.
+// cuda_parity_fixture.h; MoE ops are in cuda_moe_parity_test.cc, the fused forms (gated LinearGroup,
+// KvWrite with rope) in cuda_fused_parity_test.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -22,15 +23,6 @@
 
 namespace shardserve::kernels {
 namespace {
-
-// `count` distinct values from [0, n), in random order.
-std::vector<int32_t> DistinctRows(int32_t n, size_t count, uint32_t seed) {
-  std::vector<int32_t> all(static_cast<size_t>(n));
-  std::iota(all.begin(), all.end(), 0);
-  std::shuffle(all.begin(), all.end(), std::mt19937(seed));
-  all.resize(count);
-  return all;
-}
 
 TEST_F(CudaParityTest, Embedding) {
   const int64_t vocab = 50, hidden = 72, tokens = 13;
