@@ -71,8 +71,7 @@ namespace {
 
 // Whether the local experts of every MoE layer can run as grouped products on `backend`: their
 // matrices share one dtype the backend SupportsOp(kGroupedLinear, ...), and none has a bias
-// (GroupedLinear adds none).
-// *dtype: that dtype.
+// (GroupedLinear adds none). Sets *experts_dtype to that dtype.
 bool GroupsExperts(const ModelWeights& weights, const ShardLayout& layout, const kernels::Backend& backend,
                    DType* experts_dtype) {
   bool any = false;
@@ -893,7 +892,6 @@ kernels::LinearGroupParams::Part GroupPart(const LinearWeight& lin, float* y) {
 kernels::GateActivation GateActivationOf(const ModelSpec& spec) {
   return spec.activation == Activation::kGeluTanh ? kernels::GateActivation::kGeluTanh : kernels::GateActivation::kSilu;
 }
-
 
 }  // namespace
 

@@ -390,15 +390,13 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
                            cuda::MaxAttentionPartialFloats(limits.max_head_dim));
   }
   RETURN_IF_ERROR(EnsureScratch(std::max(cast_bytes, attn_floats * sizeof(float))));
-  if (limits.moe_routing.num_experts > 0 && limits.max_tokens > 0) {
-    // A step's MoeRoute then fits without growing (a recorded MoE decode step cannot grow it).
-    MoeRouteParams p;
-    p.tokens = limits.max_tokens;
-    p.routing = limits.moe_routing;
-    if (!FitsInt({p.tokens * p.routing.top_k, p.tokens * (p.routing.num_experts + p.routing.n_group)})) {
-      return absl::InvalidArgumentError(absl::StrCat(name_, ": MoeRoute of ", p.tokens, " tokens x ",
-                                                     p.routing.num_experts, " experts exceeds the sort's int range"));
-    }
+  MoeRouteParams p;
+  p.tokens = limits.max_tokens;
+  p.routing = limits.moe_routing;
+  // A step's MoeRoute then fits without growing (a recorded MoE decode step cannot grow it). Sizes
+  // beyond the sort's int range are left to MoeRoute, which refuses them.
+  if (p.routing.num_experts > 0 && p.tokens > 0 &&
+      FitsInt({p.tokens * p.routing.top_k, p.tokens * (p.routing.num_experts + p.routing.n_group)})) {
     size_t bytes = 0;
     RETURN_IF_ERROR(Check(cuda::MoeRouteWorkspaceBytes(p, &bytes), "MoeRoute workspace query"));
     RETURN_IF_ERROR(Grow(moe_route_workspace_, bytes));
