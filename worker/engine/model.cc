@@ -558,7 +558,8 @@ absl::Status Model::ReportDeviceExpertTokens() {
                                        w.h_step_offsets.size() * sizeof(int32_t)));
   for (const LayerWeights& lw : weights_.layers) {
     if (!lw.sparse) continue;
-    const int32_t* offset = w.h_step_offsets.data() + static_cast<size_t>(lw.layer - options_.layer_begin) * stride;
+    const int32_t* offset =
+        w.h_step_offsets.data() + static_cast<size_t>(lw.layer - options_.layer_begin) * stride;
     for (size_t e = 0; e + 1 < stride; ++e) {
       const int64_t n = offset[e + 1] - offset[e];
       if (n > 0) options_.observer->OnExpertTokens(lw.layer, static_cast<int64_t>(e), n);
@@ -587,9 +588,11 @@ absl::Status Model::BuildHeldExperts() {
       for (const kernels::WeightView& v : *views) table.push_back(v.data);
     }
     RETURN_IF_ERROR(Alloc(*backend_, &held.d_ids, held.ids.size() * sizeof(int32_t)));
-    RETURN_IF_ERROR(backend_->CopyToDevice(held.d_ids.as<void>(), held.ids.data(), held.ids.size() * sizeof(int32_t)));
+    RETURN_IF_ERROR(
+        backend_->CopyToDevice(held.d_ids.as<void>(), held.ids.data(), held.ids.size() * sizeof(int32_t)));
     RETURN_IF_ERROR(Alloc(*backend_, &held.d_weights, table.size() * sizeof(const void*)));
-    RETURN_IF_ERROR(backend_->CopyToDevice(held.d_weights.as<void>(), table.data(), table.size() * sizeof(const void*)));
+    RETURN_IF_ERROR(
+        backend_->CopyToDevice(held.d_weights.as<void>(), table.data(), table.size() * sizeof(const void*)));
   }
   return absl::OkStatus();
 }

@@ -854,7 +854,7 @@ absl::Status CudaBackend::GroupedLinearOnDevice(const GroupedLinearParams& p) {
                                                  DTypeName(dtype), " groups of at most ", MaxDeviceGroupRows(dtype),
                                                  " rows, asked for ", p.device.max_rows_per_group));
   }
-  if (!FitsInt({p.rows, p.in, p.out}) || p.device.num_held > 65535) {
+  if (!FitsInt({p.rows, p.in, p.out}) || std::min(p.device.num_held, p.rows) > 65535) {
     return absl::UnimplementedError(absl::StrCat(name_, ": GroupedLinear over device offsets of ", p.device.num_held,
                                                  " experts, ", p.rows, "x", p.in, "x", p.out,
                                                  " exceeds the launch's range"));
@@ -870,8 +870,9 @@ absl::Status CudaBackend::GroupedLinearOnDevice(const GroupedLinearParams& p) {
   }
   const cuda::DeviceGroups groups{.offsets = p.device.offsets, .ids = p.device.ids, .weights = p.weights,
                                   .num_held = static_cast<int>(p.device.num_held)};
-  return Check(cuda::LaunchGroupedGemv16(dtype, p.x, p.y, groups, aligned, p.in, p.out, p.accumulate, stream_),
-               "GroupedGemv16 (device offsets) kernel launch");
+  return Check(
+      cuda::LaunchGroupedGemv16(dtype, p.x, p.y, groups, aligned, p.rows, p.in, p.out, p.accumulate, stream_),
+      "GroupedGemv16 (device offsets) kernel launch");
 }
 
 absl::Status CudaBackend::MoeCombine(const MoeCombineParams& p) {

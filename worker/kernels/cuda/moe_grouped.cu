@@ -27,7 +27,12 @@ struct TableGroups {
   GroupTable table;
   __device__ int Count() const { return table.n; }
   __device__ GroupRange Range(int g) const { return table.range[g]; }
-  __device__ const void* Weights(int g) const { return table.w[g]; }
+  // The GEMV's group for block row `slot`: group `slot` (empty ones were left out on the host).
+  __device__ bool Slot(int slot, int /*lane*/, GroupRange& range, const void*& w) const {
+    range = table.range[slot];
+    w = table.w[slot];
+    return true;
+  }
 };
 struct OffsetGroups {
   DeviceGroups groups;
@@ -37,21 +42,46 @@ struct OffsetGroups {
     const int32_t begin = groups.offsets[e];
     return {begin, groups.offsets[e + 1] - begin};
   }
-  __device__ const void* Weights(int g) const { return groups.weights[g]; }
+  // The GEMV's group for block row `slot`: the slot-th held expert with rows, found by the whole
+  // warp (every lane calls it; 32 experts a pass, a ballot of the non-empty ones), so that the
+  // grid needs only as many block rows as there can be non-empty experts (at most the rows), not
+  // one per held expert. false: fewer non-empty experts than slot + 1.
+  __device__ bool Slot(int slot, int lane, GroupRange& range, const void*& w) const {
+    int seen = 0;
+    for (int base = 0; base < groups.num_held; base += kWarp) {
+      const int g = base + lane;
+      const GroupRange mine = g < groups.num_held ? Range(g) : GroupRange{};
+      const unsigned busy = __ballot_sync(0xffffffffu, mine.count > 0);
+      const int n = __popc(busy);
+      if (slot < seen + n) {
+        const int rank = __popc(busy & ((1u << lane) - 1u));
+        const unsigned hit = __ballot_sync(0xffffffffu, mine.count > 0 && seen + rank == slot);
+        const int src = __ffs(static_cast<int>(hit)) - 1;
+        range.begin = __shfl_sync(0xffffffffu, mine.begin, src);
+        range.count = __shfl_sync(0xffffffffu, mine.count, src);
+        w = groups.weights[base + src];
+        return true;
+      }
+      seen += n;
+    }
+    return false;
+  }
 };
 
-// blockIdx.y: the group (a block of an empty group exits at once); warps stride over its output
-// rows; each warp multiplies its weight row with the group's rows a tile at a time (GemvTiles /
-// GemvTileRows).
+// blockIdx.y: the group slot (Groups::Slot; a block without a group exits at once); warps stride
+// over its output rows; each warp multiplies its weight row with the group's rows a tile at a time
+// (GemvTiles / GemvTileRows).
 template <DType kType, bool kVectorized, typename Groups>
 __global__ void __launch_bounds__(kGemvWarps * kWarp)
     GroupedGemv16Kernel(const float* __restrict__ x, float* __restrict__ y, const Groups groups, int64_t in,
                         int64_t out, bool accumulate) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
-  const GroupRange range = groups.Range(static_cast<int>(blockIdx.y));
-  if (range.count <= 0) return;
-  const auto* w = static_cast<const uint16_t*>(groups.Weights(static_cast<int>(blockIdx.y)));
+  GroupRange range;
+  const void* group_w = nullptr;
+  // Every warp finds the block's group itself (no shared memory, no barrier).
+  if (!groups.Slot(static_cast<int>(blockIdx.y), lane, range, group_w) || range.count <= 0) return;
+  const auto* w = static_cast<const uint16_t*>(group_w);
   const int32_t tiles = GemvTiles(range.count, kGroupedGemvTile);
   for (int64_t o = int64_t{blockIdx.x} * kGemvWarps + warp; o < out; o += int64_t{gridDim.x} * kGemvWarps) {
     const uint16_t* wr = w + o * in;
@@ -124,7 +154,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// groups.Count() = num_groups blocks in y. `aligned`: every weight matrix 16-byte aligned.
+// num_groups group slots (block rows). `aligned`: every weight matrix 16-byte aligned.
 template <DType kType, typename Groups>
 cudaError_t GroupedGemv16(const float* x, float* y, const Groups& groups, int num_groups, bool aligned, int64_t in,
                           int64_t out, bool accumulate, cudaStream_t stream) {
@@ -169,11 +199,15 @@ cudaError_t LaunchGroupedGemv16(DType dtype, const float* x, float* y, const Gro
 }
 
 cudaError_t LaunchGroupedGemv16(DType dtype, const float* x, float* y, const DeviceGroups& groups,
-                                bool weights_aligned, int64_t in, int64_t out, bool accumulate, cudaStream_t stream) {
-  if (groups.num_held == 0 || out == 0) return cudaSuccess;
-  if (groups.num_held < 0 || groups.num_held > kMaxGrid || in <= 0) return cudaErrorInvalidValue;
-  return GroupedGemv16Typed(dtype, x, y, OffsetGroups{groups}, groups.num_held, weights_aligned, in, out, accumulate,
-                            stream);
+                                bool weights_aligned, int64_t rows, int64_t in, int64_t out, bool accumulate,
+                                cudaStream_t stream) {
+  if (groups.num_held == 0 || out == 0 || rows == 0) return cudaSuccess;
+  if (groups.num_held < 0 || rows < 0 || in <= 0) return cudaErrorInvalidValue;
+  // At most one non-empty expert per row: no more slots than that.
+  const int64_t slots = rows < groups.num_held ? rows : groups.num_held;
+  if (slots > kMaxGrid) return cudaErrorInvalidValue;
+  return GroupedGemv16Typed(dtype, x, y, OffsetGroups{groups}, static_cast<int>(slots), weights_aligned, in, out,
+                            accumulate, stream);
 }
 
 cudaError_t LaunchBuildGroupedPointers(const GroupTable& table, const float* x, float* y, int64_t in, int64_t out,

@@ -64,12 +64,15 @@ struct DeviceGroups {
 // [rows, in] f32; y: [rows, out] f32; weights of `dtype` (kBF16 or kF16). in > 0.
 cudaError_t LaunchGroupedGemv16(DType dtype, const float* x, float* y, const GroupTable& table, int64_t in,
                                 int64_t out, bool accumulate, cudaStream_t stream);
-// The same over `groups` in one launch: a block per (output-row tile, held expert); the blocks of
-// an expert with no rows exit at once. `weights_aligned`: every weights[i] is 16-byte aligned (the
-// caller checks its host copy). Any group size works; each is read once per kGroupedGemvTile rows,
-// so the caller keeps groups small (kGroupedGemvMaxRows).
+// The same over `groups` in one launch. The grid has min(num_held, rows) block rows (a non-empty
+// expert has at least one of the `rows` rows): block row j finds the j-th held expert with rows
+// on the device (a warp ballot over the offsets), and block rows past the last such expert exit at
+// once, so a decode step with few active experts launches few idle blocks. `weights_aligned`: every
+// weights[i] is 16-byte aligned (the caller checks its host copy). Any group size works; each is
+// read once per kGroupedGemvTile rows, so the caller keeps groups small (kGroupedGemvMaxRows).
 cudaError_t LaunchGroupedGemv16(DType dtype, const float* x, float* y, const DeviceGroups& groups,
-                                bool weights_aligned, int64_t in, int64_t out, bool accumulate, cudaStream_t stream);
+                                bool weights_aligned, int64_t rows, int64_t in, int64_t out, bool accumulate,
+                                cudaStream_t stream);
 
 // For each group g < table.n: pointers[first + g] = w_g, pointers[total + first + g] = x + begin_g
 // * in, pointers[2 * total + first + g] = y + begin_g * out. pointers: [3 * total] device.

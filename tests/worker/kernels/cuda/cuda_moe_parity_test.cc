@@ -248,7 +248,9 @@ TEST_P(CudaGrouped16ParityTest, DeviceOffsetsMatchALinearPerGroup) {
   const GroupedRouting r =
       RandomGroupedRouting(c.tokens, c.k, c.experts, static_cast<uint32_t>(c.tokens + 3), c.skewed);
   int64_t largest = 0;
-  for (size_t e = 0; e + 1 < r.offsets.size(); ++e) largest = std::max<int64_t>(largest, r.offsets[e + 1] - r.offsets[e]);
+  for (size_t e = 0; e + 1 < r.offsets.size(); ++e) {
+    largest = std::max<int64_t>(largest, r.offsets[e + 1] - r.offsets[e]);
+  }
   if (largest > backend(kGpu).MaxDeviceGroupRows(c.dtype)) GTEST_SKIP() << "groups beyond the grouped GEMV";
   const int64_t rows = c.tokens * c.k, matrix = c.out * c.in;
   const std::vector<uint16_t> w16 = Narrow(c.dtype, RandomFloats(static_cast<size_t>(c.experts * matrix), 50));
@@ -294,13 +296,16 @@ TEST_P(CudaGrouped16ParityTest, DeviceOffsetsMatchALinearPerGroup) {
   }
 }
 
-// Decode (1, 7 tokens), a prefill chunk spread thin (64 tokens over 160 experts: two launches of
-// the grouped GEMV's 128-group tables), prefill groups of 33+ rows (512, 2048 tokens); in = 256
-// takes the GEMV's 16-byte loads, in = 100 its scalar path; no tokens at all.
+// Decode (1, 3, 7 tokens; 3 tokens over 64 experts: fewer rows than held experts, so the device
+// form's block rows find their experts among 52 held ones), a prefill chunk spread thin (64 tokens
+// over 160 experts: two launches of the grouped GEMV's 128-group tables), prefill groups of 33+
+// rows (512, 2048 tokens); in = 256 takes the GEMV's 16-byte loads, in = 100 its scalar path; no
+// tokens at all.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaGrouped16ParityTest,
                          ::testing::Values(Grouped16Case{DType::kBF16, 0, 2, 8, 256, 96},
                                            Grouped16Case{DType::kBF16, 1, 2, 8, 256, 96},
                                            Grouped16Case{DType::kF16, 7, 4, 16, 100, 40},
+                                           Grouped16Case{DType::kF16, 3, 4, 64, 256, 64, false},
                                            Grouped16Case{DType::kBF16, 64, 6, 160, 256, 64, false},
                                            Grouped16Case{DType::kF16, 64, 6, 160, 256, 64, false},
                                            Grouped16Case{DType::kBF16, 512, 2, 8, 256, 96},
