@@ -171,13 +171,15 @@ absl::Status RecordingBackend::SampleRows(const kernels::SampleRowsParams& p) {
   return RunOrRecord([this, p] { return inner_->SampleRows(p); });
 }
 absl::Status RecordingBackend::MoeRoute(const kernels::MoeRouteParams& p) {
-  if (recording_) return Refuse("MoeRoute");
-  return inner_->MoeRoute(p);
+  if (recording_ && p.host_offsets != nullptr) return Refuse("MoeRoute with a host copy of the offsets");
+  return RunOrRecord([this, p] { return inner_->MoeRoute(p); });
 }
 absl::Status RecordingBackend::GroupedLinear(const kernels::GroupedLinearParams& p) {
   if (!emulate_grouped_) return inner_->GroupedLinear(p);
   if (absl::Status st = p.Validate(); !st.ok()) return st;
   ++grouped_linears_;
+  // The device-offsets form: the inner (CPU) backend's, which reads the offsets when it runs.
+  if (p.device_offsets()) return RunOrRecord([this, p] { return inner_->GroupedLinear(p); });
   for (int64_t g = 0; g < p.num_groups; ++g) {
     const kernels::GroupedLinearParams::Group& group = p.groups[g];
     if (group.count == 0) continue;
@@ -191,6 +193,9 @@ absl::Status RecordingBackend::MoeCombine(const kernels::MoeCombineParams& p) {
   if (!emulate_combine_) return inner_->MoeCombine(p);
   if (absl::Status st = p.Validate(); !st.ok()) return st;
   ++moe_combines_;
+  // The device-offsets form: the inner (CPU) backend's, the same functions over the offsets it
+  // reads when it runs.
+  if (p.device_offsets()) return RunOrRecord([this, p] { return inner_->MoeCombine(p); });
   // The groups as the CUDA kernel's table holds them (copied: a recording outlives the caller's).
   std::vector<kernels::GroupRange> ranges;
   for (int64_t g = 0; g < p.num_groups; ++g) {

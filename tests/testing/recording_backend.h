@@ -33,7 +33,7 @@ class RecordingBackend final : public kernels::Backend {
   void InvalidateRecordingsForTest() { ++*generation_; }
   // GroupedLinear as a Linear per group of the inner backend, and SupportsOp(kGroupedLinear) where
   // the inner one takes the dtype for Linear: the engine's grouped-expert path (the CUDA one) on
-  // the CPU, with the per-expert loop's sums.
+  // the CPU, with the per-expert loop's sums. Its device-offsets form runs on the inner backend.
   void EmulateGroupedLinearForTest(bool on) { emulate_grouped_ = on; }
   int grouped_linears() const { return grouped_linears_; }  // GroupedLinear calls run so far
   // MoeCombine on the host (the inner backend's memory must be host memory, as the CPU's is)
@@ -69,6 +69,11 @@ class RecordingBackend final : public kernels::Backend {
   // positions of the longest sequence.
   int64_t AttentionShapeKey(const kernels::AttentionParams& p) const override;
   absl::Status Reserve(const kernels::StepLimits& limits) override { return inner_->Reserve(limits); }
+  // The inner backend's where GroupedLinear is emulated (the CPU's: the device-offsets form of
+  // GroupedLinear and MoeCombine run on it, recorded like any op); else 0.
+  int64_t MaxDeviceGroupRows(DType dtype) const override {
+    return emulate_grouped_ && emulate_combine_ ? inner_->MaxDeviceGroupRows(dtype) : 0;
+  }
 
   absl::StatusOr<kernels::DeviceBuffer> Allocate(size_t bytes) override;
   absl::Status CopyToDevice(void* dst, const void* host_src, size_t bytes) override;
@@ -93,7 +98,7 @@ class RecordingBackend final : public kernels::Backend {
   absl::Status ScaleRows(const kernels::ScaleRowsParams& p) override;
   absl::Status ArgmaxRows(const kernels::ArgmaxRowsParams& p) override;
   absl::Status SampleRows(const kernels::SampleRowsParams& p) override;
-  // Refused while recording: its host copy of the offsets is a copy to the host.
+  // Refused while recording when it copies the offsets to the host (host_offsets given).
   absl::Status MoeRoute(const kernels::MoeRouteParams& p) override;
   absl::Status GroupedLinear(const kernels::GroupedLinearParams& p) override;
   absl::Status MoeCombine(const kernels::MoeCombineParams& p) override;

@@ -48,6 +48,16 @@ struct Model::Workspace {
   std::vector<float> h_query_temp;
   std::vector<int32_t> h_argmax;
   std::vector<int32_t> h_moe_offsets;  // MoeRoute's host copy of the expert offsets [experts + 1]
+  // The device path of MoE layers (Model::moe_device_rows_): per local layer, the experts held
+  // (ascending) and their gate, up and down matrices, with the device copies of both lists (ids
+  // [held]; weights [3, held]: gate, up, down), built once at load. Empty for dense layers.
+  struct HeldExperts {
+    std::vector<int32_t> ids;
+    std::vector<kernels::WeightView> gate, up, down;
+    DeviceBuffer d_ids, d_weights;
+  };
+  std::vector<HeldExperts> held;
+  std::vector<int32_t> h_step_offsets;  // every local layer's offsets, read after a device-path step
   // Remote experts (rank 0 of a stage with expert spill): the rows sent and the answers.
   DeviceBuffer remote_x;  // [max_step_tokens x top_k, hidden]
   // Multi-head latent attention: the query's compressed form, its nope and RoPE parts, the
@@ -61,10 +71,12 @@ namespace {
 
 // Whether the local experts of every MoE layer can run as grouped products on `backend`: their
 // matrices share one dtype the backend SupportsOp(kGroupedLinear, ...), and none has a bias
-// (GroupedLinear adds none).
-bool GroupsExperts(const ModelWeights& weights, const ShardLayout& layout, const kernels::Backend& backend) {
+// (GroupedLinear adds none). Sets *experts_dtype to that dtype.
+bool GroupsExperts(const ModelWeights& weights, const ShardLayout& layout, const kernels::Backend& backend,
+                   DType* experts_dtype) {
   bool any = false;
-  DType dtype = DType::kF32;
+  DType& dtype = *experts_dtype;
+  dtype = DType::kF32;
   for (const LayerWeights& lw : weights.layers) {
     for (size_t e = 0; e < lw.experts.size(); ++e) {
       if (!lw.IsLocalExpert(static_cast<int64_t>(e), layout)) continue;
@@ -76,6 +88,24 @@ bool GroupsExperts(const ModelWeights& weights, const ShardLayout& layout, const
     }
   }
   return any && backend.SupportsOp(kernels::Op::kGroupedLinear, dtype);
+}
+
+// The routing rule of a MoE spec, as the MoeRoute op takes it (the spec was validated at load).
+kernels::MoeRouting MoeRoutingOf(const MoeSpec& ms) {
+  kernels::MoeRouteScoring scoring = kernels::MoeRouteScoring::kSoftmaxTopK;
+  switch (ms.scoring) {
+    case MoeScoring::kSoftmax: scoring = kernels::MoeRouteScoring::kSoftmaxTopK; break;
+    case MoeScoring::kSigmoidGrouped: scoring = kernels::MoeRouteScoring::kSigmoidGrouped; break;
+    case MoeScoring::kSoftmaxGroupLimited: scoring = kernels::MoeRouteScoring::kSoftmaxGroupLimited; break;
+    case MoeScoring::kSigmoidInput: scoring = kernels::MoeRouteScoring::kSigmoidTopK; break;
+  }
+  return {.scoring = scoring,
+          .num_experts = static_cast<int32_t>(ms.num_experts),
+          .top_k = static_cast<int32_t>(ms.top_k),
+          .n_group = static_cast<int32_t>(ms.n_group),
+          .topk_group = static_cast<int32_t>(ms.topk_group),
+          .renormalize = ms.norm_topk_prob,
+          .scaling = static_cast<float>(ms.routed_scaling_factor)};
 }
 
 // RoPE inverse frequencies (f32, as transformers computes them) over the rotated dims, with llama3,
@@ -310,7 +340,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                             ckpt, *backend, options.layer_experts, options.quantize,
                                             options.on_load_progress));
 
-  m->grouped_experts_ = spec.IsMoe() && GroupsExperts(m->weights_, m->layout_, *backend);
+  DType experts_dtype = DType::kF32;
+  m->grouped_experts_ = spec.IsMoe() && GroupsExperts(m->weights_, m->layout_, *backend, &experts_dtype);
+  // The device path of MoE layers: grouped experts read their row offsets on the device, so a step
+  // neither copies them to the host nor waits (and can be recorded). One rank (no collectives
+  // inside a layer), no remote experts (their rows go to the host), and the combine in one op.
+  if (m->grouped_experts_ && options.moe_device_offsets && options.shard.size == 1 && !any_remote &&
+      backend->SupportsOp(kernels::Op::kMoeCombine, DType::kF32)) {
+    m->moe_device_rows_ = backend->MaxDeviceGroupRows(experts_dtype);
+  }
 
   // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V, in
   // the checkpoint's 16-bit dtype where the backend keeps one (half the memory; vLLM's "auto"),
@@ -378,7 +416,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   }
   if (spec.IsMoe()) {
     RETURN_IF_ERROR(Alloc(*backend, &w.router, t * experts * f));
-    RETURN_IF_ERROR(Alloc(*backend, &w.moe_offsets, (experts + 1) * sizeof(int32_t)));
+    // One slot of offsets per local layer: a device-path step reads them all after it ran.
+    const size_t local_layers = static_cast<size_t>(options.layer_end - options.layer_begin);
+    RETURN_IF_ERROR(Alloc(*backend, &w.moe_offsets, local_layers * (experts + 1) * sizeof(int32_t)));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_x, t * h * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_y, t * h * f));
     RETURN_IF_ERROR(Alloc(*backend, &w.moe_rows, t * topk * sizeof(int32_t)));
@@ -391,6 +431,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
       RETURN_IF_ERROR(Alloc(*backend, &w.grouped_gate, t * topk * expert_ffn * f));
       RETURN_IF_ERROR(Alloc(*backend, &w.grouped_up, t * topk * expert_ffn * f));
     }
+    if (m->moe_device_rows_ > 0) RETURN_IF_ERROR(m->BuildHeldExperts());
   }
   if (scales_rows || spec.qk_l2_norm) {
     const size_t n = std::max(t * topk, static_cast<size_t>(spec.head_dim));
@@ -419,7 +460,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
                                     .max_linear_in = static_cast<int64_t>(linear_in),
                                     .max_q_heads = m->layout_.q_heads,
                                     .max_head_dim = spec.head_dim,
-                                    .max_context = options.max_seq_len}));
+                                    .max_context = options.max_seq_len,
+                                    .moe_routing = spec.IsMoe() ? MoeRoutingOf(spec.moe) : kernels::MoeRouting{}}));
   const std::vector<float> inv = InvFreq(spec, &w.position_scale);
   RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq, inv.size() * f));
   RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq.as<void>(), inv.data(), inv.size() * f));
@@ -499,7 +541,60 @@ absl::StatusOr<StepResult> Model::Step(const std::vector<StepSequence>& batch, a
   deferred_ = absl::OkStatus();
   absl::StatusOr<StepResult> result = Run(batch, hidden_in);
   if (result.ok() && !deferred_.ok()) return MarkGroupIntact(std::exchange(deferred_, absl::OkStatus()));
+  if (result.ok() && spec_.IsMoe() && options_.observer != nullptr && options_.shard.rank == 0) {
+    int64_t tokens = 0;
+    for (const StepSequence& s : batch) tokens += s.NumTokens();
+    if (MoeOnDevice(tokens)) RETURN_IF_ERROR(ReportDeviceExpertTokens());
+  }
   return result;
+}
+
+absl::Status Model::ReportDeviceExpertTokens() {
+  Workspace& w = *ws_;
+  const size_t stride = static_cast<size_t>(spec_.moe.num_experts + 1);
+  w.h_step_offsets.resize(w.held.size() * stride);
+  // After the step's own copies to the host: nothing is left on the stream to wait for.
+  RETURN_IF_ERROR(backend_->CopyToHost(w.h_step_offsets.data(), w.moe_offsets.as<void>(),
+                                       w.h_step_offsets.size() * sizeof(int32_t)));
+  for (const LayerWeights& lw : weights_.layers) {
+    if (!lw.sparse) continue;
+    const int32_t* offset =
+        w.h_step_offsets.data() + static_cast<size_t>(lw.layer - options_.layer_begin) * stride;
+    for (size_t e = 0; e + 1 < stride; ++e) {
+      const int64_t n = offset[e + 1] - offset[e];
+      if (n > 0) options_.observer->OnExpertTokens(lw.layer, static_cast<int64_t>(e), n);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::BuildHeldExperts() {
+  Workspace& w = *ws_;
+  w.held.clear();
+  w.held.resize(static_cast<size_t>(options_.layer_end - options_.layer_begin));
+  for (const LayerWeights& lw : weights_.layers) {
+    if (!lw.sparse) continue;
+    Workspace::HeldExperts& held = w.held[static_cast<size_t>(lw.layer - options_.layer_begin)];
+    for (size_t e = 0; e < lw.experts.size(); ++e) {
+      if (!lw.IsLocalExpert(static_cast<int64_t>(e), layout_)) continue;
+      held.ids.push_back(static_cast<int32_t>(e));
+      held.gate.push_back(lw.experts[e].gate.view());
+      held.up.push_back(lw.experts[e].up.view());
+      held.down.push_back(lw.experts[e].down.view());
+    }
+    if (held.ids.empty()) continue;
+    std::vector<const void*> table;
+    for (const std::vector<kernels::WeightView>* views : {&held.gate, &held.up, &held.down}) {
+      for (const kernels::WeightView& v : *views) table.push_back(v.data);
+    }
+    RETURN_IF_ERROR(Alloc(*backend_, &held.d_ids, held.ids.size() * sizeof(int32_t)));
+    RETURN_IF_ERROR(
+        backend_->CopyToDevice(held.d_ids.as<void>(), held.ids.data(), held.ids.size() * sizeof(int32_t)));
+    RETURN_IF_ERROR(Alloc(*backend_, &held.d_weights, table.size() * sizeof(const void*)));
+    RETURN_IF_ERROR(
+        backend_->CopyToDevice(held.d_weights.as<void>(), table.data(), table.size() * sizeof(const void*)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> Model::Run(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) {
@@ -712,10 +807,11 @@ absl::Status Model::Forward(int64_t tokens, const kernels::PagedSeqs& paged) {
 
 absl::Status Model::ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeqs& paged, bool decode_only) {
   kernels::Backend& b = *backend_;
-  // Decode steps only (their shapes repeat); one rank (no collectives inside) and no MoE layer
-  // (MoeRoute copies the experts' row offsets to the host mid-step).
+  // Decode steps only (their shapes repeat); one rank (no collectives inside); MoE layers only on
+  // their device path (otherwise MoeRoute copies the experts' row offsets to the host mid-step).
   // LongRoPE picks its frequencies by each sequence's length: not a fixed launch.
-  const bool eligible = options_.op_graphs && !graphs_off_ && decode_only && !tp() && !spec_.IsMoe() &&
+  const bool eligible = options_.op_graphs && !graphs_off_ && decode_only && !tp() &&
+                        (!spec_.IsMoe() || MoeOnDevice(tokens)) &&
                         spec_.rope.type != RopeType::kLongrope && b.SupportsCapture();
   auto forward = [&] { return Forward(tokens, paged); };
   if (!eligible) return forward();
@@ -798,24 +894,6 @@ kernels::LinearGroupParams::Part GroupPart(const LinearWeight& lin, float* y) {
 // The activation of the spec's gated MLPs, as SiluMul takes it.
 kernels::GateActivation GateActivationOf(const ModelSpec& spec) {
   return spec.activation == Activation::kGeluTanh ? kernels::GateActivation::kGeluTanh : kernels::GateActivation::kSilu;
-}
-
-// The routing rule of a MoE spec, as the MoeRoute op takes it (the spec was validated at load).
-kernels::MoeRouting MoeRoutingOf(const MoeSpec& ms) {
-  kernels::MoeRouteScoring scoring = kernels::MoeRouteScoring::kSoftmaxTopK;
-  switch (ms.scoring) {
-    case MoeScoring::kSoftmax: scoring = kernels::MoeRouteScoring::kSoftmaxTopK; break;
-    case MoeScoring::kSigmoidGrouped: scoring = kernels::MoeRouteScoring::kSigmoidGrouped; break;
-    case MoeScoring::kSoftmaxGroupLimited: scoring = kernels::MoeRouteScoring::kSoftmaxGroupLimited; break;
-    case MoeScoring::kSigmoidInput: scoring = kernels::MoeRouteScoring::kSigmoidTopK; break;
-  }
-  return {.scoring = scoring,
-          .num_experts = static_cast<int32_t>(ms.num_experts),
-          .top_k = static_cast<int32_t>(ms.top_k),
-          .n_group = static_cast<int32_t>(ms.n_group),
-          .topk_group = static_cast<int32_t>(ms.topk_group),
-          .renormalize = ms.norm_topk_prob,
-          .scaling = static_cast<float>(ms.routed_scaling_factor)};
 }
 
 }  // namespace
@@ -1079,14 +1157,22 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
   const MoeSpec& ms = spec_.moe;
   std::vector<int32_t>& offset = w.h_moe_offsets;
   offset.resize(static_cast<size_t>(e_count + 1));
+  // The device path leaves the offsets on the device (this layer's slot, read back after the step
+  // for the expert-token counts: ReportDeviceExpertTokens).
+  const bool on_device = MoeOnDevice(tokens);
+  int32_t* device_offsets = w.moe_offsets.as<int32_t>() + (lw.layer - options_.layer_begin) * (e_count + 1);
   RETURN_IF_ERROR(b.MoeRoute({.logits = w.router.as<float>(),
                               .score_bias = lw.score_bias.empty() ? nullptr : lw.score_bias.as<float>(),
-                              .offsets = w.moe_offsets.as<int32_t>(),
+                              .offsets = device_offsets,
                               .rows = w.moe_rows.as<int32_t>(),
                               .scales = w.moe_scales.as<float>(),
-                              .host_offsets = offset.data(),
+                              .host_offsets = on_device ? nullptr : offset.data(),
                               .tokens = tokens,
                               .routing = MoeRoutingOf(ms)}));
+  if (on_device) {
+    RETURN_IF_ERROR(GroupedExperts(lw, tokens, nullptr, device_offsets, out));
+    return SharedExpert(lw, tokens, out);
+  }
   if (options_.observer != nullptr && options_.shard.rank == 0) {
     for (int64_t e = 0; e < e_count; ++e) {
       const int64_t n = offset[static_cast<size_t>(e + 1)] - offset[static_cast<size_t>(e)];
@@ -1163,7 +1249,7 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
   const int64_t e_count = spec_.moe.num_experts;
   const bool input_weighted = spec_.moe.scoring == MoeScoring::kSigmoidInput;
   float* normed = w.normed.as<float>();
-  if (grouped_experts_) RETURN_IF_ERROR(GroupedExperts(lw, tokens, offset, out));
+  if (grouped_experts_) RETURN_IF_ERROR(GroupedExperts(lw, tokens, &offset, nullptr, out));
   for (int64_t e = 0; e < e_count && !grouped_experts_; ++e) {
     const int64_t begin = offset[static_cast<size_t>(e)];
     const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
@@ -1181,6 +1267,14 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
                                       .scales = input_weighted ? w.ones.as<float>() : w.moe_scales.as<float>() + begin,
                                       .dst = out, .count = count, .dst_rows = tokens, .width = h}));
   }
+  return SharedExpert(lw, tokens, out);
+}
+
+absl::Status Model::SharedExpert(const LayerWeights& lw, int64_t tokens, float* out) {
+  Workspace& w = *ws_;
+  kernels::Backend& b = *backend_;
+  const int64_t h = spec_.hidden_size;
+  float* normed = w.normed.as<float>();
   if (layout_.shared_ffn > 0) {
     // out += sigmoid(x . g) * SharedMlp(x); the gate is linear in the (partial) MLP output, so
     // each rank may scale its own slice before the all-reduce.
@@ -1198,29 +1292,43 @@ absl::Status Model::LocalExperts(const LayerWeights& lw, int64_t tokens, const s
   return absl::OkStatus();
 }
 
-absl::Status Model::GroupedExperts(const LayerWeights& lw, int64_t tokens, const std::vector<int32_t>& offset,
-                                   float* out) {
+absl::Status Model::GroupedExperts(const LayerWeights& lw, int64_t tokens, const std::vector<int32_t>* offset,
+                                   const int32_t* device_offsets, float* out) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
   const int64_t h = spec_.hidden_size;
   const int64_t ffn = layout_.expert_ffn;
   const int64_t e_count = spec_.moe.num_experts;
   const bool input_weighted = spec_.moe.scoring == MoeScoring::kSigmoidInput;
+  // The groups: from the host offsets (the groups with rows), or the held experts over the device
+  // offsets.
+  const Workspace::HeldExperts* held = nullptr;
+  kernels::DeviceExpertGroups device;
   w.h_gate_groups.clear();
   w.h_up_groups.clear();
   w.h_down_groups.clear();
-  for (int64_t e = 0; e < e_count; ++e) {
-    const int64_t begin = offset[static_cast<size_t>(e)];
-    const int64_t count = offset[static_cast<size_t>(e + 1)] - begin;
-    if (count == 0 || !lw.IsLocalExpert(e, layout_)) continue;
-    const MlpWeights& mw = lw.experts[static_cast<size_t>(e)];
-    w.h_gate_groups.push_back({.w = mw.gate.view(), .begin = begin, .count = count});
-    w.h_up_groups.push_back({.w = mw.up.view(), .begin = begin, .count = count});
-    w.h_down_groups.push_back({.w = mw.down.view(), .begin = begin, .count = count});
+  if (device_offsets != nullptr) {
+    held = &w.held[static_cast<size_t>(lw.layer - options_.layer_begin)];
+    if (held->ids.empty()) return absl::OkStatus();
+    // A token picks an expert at most once: no group has more rows than the step has tokens.
+    device = {.offsets = device_offsets, .host_ids = held->ids.data(), .ids = held->d_ids.as<int32_t>(),
+              .num_experts = e_count, .num_held = static_cast<int64_t>(held->ids.size()),
+              .max_rows_per_group = tokens};
+  } else {
+    for (int64_t e = 0; e < e_count; ++e) {
+      const int64_t begin = (*offset)[static_cast<size_t>(e)];
+      const int64_t count = (*offset)[static_cast<size_t>(e + 1)] - begin;
+      if (count == 0 || !lw.IsLocalExpert(e, layout_)) continue;
+      const MlpWeights& mw = lw.experts[static_cast<size_t>(e)];
+      w.h_gate_groups.push_back({.w = mw.gate.view(), .begin = begin, .count = count});
+      w.h_up_groups.push_back({.w = mw.up.view(), .begin = begin, .count = count});
+      w.h_down_groups.push_back({.w = mw.down.view(), .begin = begin, .count = count});
+    }
+    if (w.h_gate_groups.empty()) return absl::OkStatus();
   }
-  if (w.h_gate_groups.empty()) return absl::OkStatus();
   // Every routed row, the remote and other ranks' experts' too (no group reads those): one gather.
-  const int64_t rows = offset[static_cast<size_t>(e_count)];
+  // MoeRoute's offsets end at tokens x top_k.
+  const int64_t rows = tokens * spec_.moe.top_k;
   float* x = w.grouped_x.as<float>();
   RETURN_IF_ERROR(b.GatherRows({.src = w.normed.as<float>(), .rows = w.moe_rows.as<int32_t>(), .dst = x, .count = rows,
                                 .src_rows = tokens, .width = h}));
@@ -1228,23 +1336,37 @@ absl::Status Model::GroupedExperts(const LayerWeights& lw, int64_t tokens, const
     RETURN_IF_ERROR(b.ScaleRows({.x = x, .scales = w.moe_scales.as<float>(), .tokens = rows, .width = h}));
   }
   const int64_t num_groups = static_cast<int64_t>(w.h_gate_groups.size());
-  RETURN_IF_ERROR(b.GroupedLinear({.x = x, .y = w.grouped_gate.as<float>(), .groups = w.h_gate_groups.data(),
-                                   .num_groups = num_groups, .rows = rows, .in = h, .out = ffn}));
-  RETURN_IF_ERROR(b.GroupedLinear({.x = x, .y = w.grouped_up.as<float>(), .groups = w.h_up_groups.data(),
-                                   .num_groups = num_groups, .rows = rows, .in = h, .out = ffn}));
+  // Projection `which` (0 gate, 1 up, 2 down) of the groups, in the form at hand.
+  auto project = [&](int which, const float* in_rows, float* out_rows, int64_t in, int64_t out_width) {
+    kernels::GroupedLinearParams p{.x = in_rows, .y = out_rows, .rows = rows, .in = in, .out = out_width};
+    if (held != nullptr) {
+      const std::vector<kernels::WeightView>* views[] = {&held->gate, &held->up, &held->down};
+      p.device = device;
+      p.host_weights = views[which]->data();
+      p.weights = held->d_weights.as<const void*>() + which * device.num_held;
+    } else {
+      const std::vector<kernels::GroupedLinearParams::Group>* groups[] = {&w.h_gate_groups, &w.h_up_groups,
+                                                                          &w.h_down_groups};
+      p.groups = groups[which]->data();
+      p.num_groups = num_groups;
+    }
+    return b.GroupedLinear(p);
+  };
+  RETURN_IF_ERROR(project(0, x, w.grouped_gate.as<float>(), h, ffn));
+  RETURN_IF_ERROR(project(1, x, w.grouped_up.as<float>(), h, ffn));
   RETURN_IF_ERROR(b.SiluMul({.gate = w.grouped_gate.as<float>(), .up = w.grouped_up.as<float>(),
                              .out = w.grouped_gate.as<float>(), .n = rows * ffn,
                              .act = GateActivationOf(spec_)}));
   // The down projection overwrites the gathered input, which nothing reads any more.
-  RETURN_IF_ERROR(b.GroupedLinear({.x = w.grouped_gate.as<float>(), .y = x, .groups = w.h_down_groups.data(),
-                                   .num_groups = num_groups, .rows = rows, .in = ffn, .out = h}));
+  RETURN_IF_ERROR(project(2, w.grouped_gate.as<float>(), x, ffn, h));
   // Each token's expert outputs added to it in one pass where the backend can (the same sums in the
-  // same order as the scatters below).
-  if (b.SupportsOp(kernels::Op::kMoeCombine, DType::kF32)) {
+  // same order as the scatters below; the device path requires it).
+  if (held != nullptr || b.SupportsOp(kernels::Op::kMoeCombine, DType::kF32)) {
     return b.MoeCombine({.src = x, .rows = w.moe_rows.as<int32_t>(),
                          .scales = input_weighted ? nullptr : w.moe_scales.as<float>(), .dst = out,
-                         .groups = w.h_down_groups.data(), .num_groups = num_groups, .count = rows,
-                         .tokens = tokens, .width = h});
+                         .groups = held != nullptr ? nullptr : w.h_down_groups.data(),
+                         .num_groups = held != nullptr ? 0 : num_groups, .count = rows,
+                         .tokens = tokens, .width = h, .device = device});
   }
   for (const kernels::GroupedLinearParams::Group& g : w.h_down_groups) {
     RETURN_IF_ERROR(b.ScatterAddRows(

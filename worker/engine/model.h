@@ -114,11 +114,23 @@ class Model final : public StepRunner {
   absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);
   // The local experts' share and the shared expert; rows of expert e are [offset[e], offset[e+1]).
   absl::Status LocalExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>& offset, float* out);
+  // The shared expert's share (none without one).
+  absl::Status SharedExpert(const LayerWeights& w, int64_t tokens, float* out);
   // The local experts' share as grouped products (grouped_experts_): every routed row gathered
   // once, the gate, up and down projections of all local experts one GroupedLinear each, then the
   // rows added back to their tokens: one MoeCombine where the backend SupportsOp it, else a
-  // ScatterAddRows per expert (whose rows must be distinct); the same sums either way.
-  absl::Status GroupedExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>& offset, float* out);
+  // ScatterAddRows per expert (whose rows must be distinct); the same sums either way. The groups
+  // come from the host copy of the offsets (`offset`), or, on the device path, from the offsets
+  // left on the device (`device_offsets`, with `offset` null): the device-offsets form of the ops.
+  absl::Status GroupedExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>* offset,
+                              const int32_t* device_offsets, float* out);
+  // Whether a step of `tokens` tokens takes the device path of MoE layers (moe_device_rows_).
+  bool MoeOnDevice(int64_t tokens) const { return tokens > 0 && tokens <= moe_device_rows_; }
+  // Builds the device path's held-expert tables (Workspace::held), once at load.
+  absl::Status BuildHeldExperts();
+  // After a device-path step: the layers' offsets copied to the host once, and each layer's
+  // expert-token counts told to the observer (as the host path tells them during the step).
+  absl::Status ReportDeviceExpertTokens();
   // Sums `data` over the tensor-parallel group (no-op for one rank).
   absl::Status AllReduce(float* data, int64_t count);
   bool tp() const { return options_.shard.size > 1; }
@@ -137,6 +149,11 @@ class Model final : public StepRunner {
   // The backend SupportsOp(kGroupedLinear) for the local experts' weights (one dtype, no biases):
   // GroupedExperts instead of LocalExperts' Linear per expert (CUDA; the CPU keeps the loop).
   bool grouped_experts_ = false;
+  // The device path of MoE layers (ModelOptions::moe_device_offsets): steps of at most this many
+  // tokens route without copying the offsets to the host (MoeRoute's host_offsets null) and run the
+  // grouped experts' device-offsets form; 0 = never (several ranks, remote experts, no grouped
+  // experts or combine, or a backend without the form for the experts' dtype).
+  int64_t moe_device_rows_ = 0;
   ModelWeights weights_;
   RankMemory memory_;
   // Per layer; multi-head latent attention keeps its latent cache in k_cache_ (v_cache_ empty).

@@ -110,10 +110,18 @@ struct ModelOptions {
   RemoteExperts* remote_experts = nullptr;
   // Optional metrics sink (not owned).
   StepObserver* observer = nullptr;
-  // Decode steps (one new token per sequence) of a single-rank dense model are recorded once per
-  // shape (sequences, attention launch) and replayed (CUDA graphs), where the backend
-  // SupportsCapture(); elsewhere, and when recording fails, steps run op by op.
+  // Decode steps (one new token per sequence) of a single-rank model are recorded once per shape
+  // (sequences, attention launch) and replayed (CUDA graphs), where the backend SupportsCapture()
+  // and, for MoE models, the step takes the device path below; elsewhere, and when recording
+  // fails, steps run op by op.
   bool op_graphs = true;
+  // MoE layers whose experts run grouped (the backend SupportsOp(kGroupedLinear) and kMoeCombine)
+  // on one rank with no remote experts read the experts' row offsets where MoeRoute leaves them,
+  // on the device, in steps of at most Backend::MaxDeviceGroupRows(expert dtype) tokens: no host
+  // copy and no wait mid-step, so such decode steps can be recorded. The per-expert token counts
+  // (StepObserver::OnExpertTokens) are then read with one copy after the step. false: the host
+  // copy of the offsets in every step (tests compare the two paths).
+  bool moe_device_offsets = true;
   // Tests only: sample StepSequence::sampling rows with the backend's SampleRows on CPU ranks too
   // (normally only device ranks do, where it saves copying logits rows to the host), so that CPU
   // tests cover the engine's side of device sampling.

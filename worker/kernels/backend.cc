@@ -190,6 +190,28 @@ absl::Status Backend::MoeCombine(const MoeCombineParams& p) {
       absl::StrCat(name(), ": MoeCombine (the grouped experts' combine) is not implemented"));
 }
 
+int64_t Backend::MaxDeviceGroupRows(DType /*dtype*/) const { return 0; }
+
+absl::Status DeviceExpertGroups::Validate(absl::string_view op, int64_t rows) const {
+  if (offsets == nullptr || (num_held > 0 && (host_ids == nullptr || ids == nullptr))) {
+    return Invalid(op, "null expert offsets or ids");
+  }
+  if (num_experts < 1) return Invalid(op, absl::StrCat("num_experts must be >= 1, got ", num_experts));
+  if (num_held < 0 || num_held > num_experts) {
+    return Invalid(op, absl::StrCat("num_held ", num_held, " outside [0, num_experts = ", num_experts, "]"));
+  }
+  if (max_rows_per_group < 0 || max_rows_per_group > rows) {
+    return Invalid(op, absl::StrCat("max_rows_per_group ", max_rows_per_group, " outside [0, rows = ", rows, "]"));
+  }
+  for (int64_t i = 0; i < num_held; ++i) {
+    const int32_t e = host_ids[i];
+    if (e < 0 || e >= num_experts || (i > 0 && e <= host_ids[i - 1])) {
+      return Invalid(op, absl::StrCat("held expert ", i, " is ", e, ": ids must ascend within [0, ", num_experts, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MoeCombineParams::Validate() const {
   if (src == nullptr || rows == nullptr || dst == nullptr || (num_groups > 0 && groups == nullptr)) {
     return Invalid("MoeCombine", "null pointer");
@@ -197,6 +219,10 @@ absl::Status MoeCombineParams::Validate() const {
   if (AnyNegative({num_groups, count, tokens, width})) return Invalid("MoeCombine", "negative size");
   if (static_cast<const void*>(src) == static_cast<const void*>(dst)) return Invalid("MoeCombine", "dst aliases src");
   if (count > INT32_MAX) return Invalid("MoeCombine", absl::StrCat(count, " grouped rows exceed int32"));
+  if (device_offsets()) {
+    if (groups != nullptr || num_groups != 0) return Invalid("MoeCombine", "host groups given with device offsets");
+    return device.Validate("MoeCombine", count);
+  }
   int64_t end = 0;
   for (int64_t g = 0; g < num_groups; ++g) {
     const GroupedLinearParams::Group& group = groups[g];
@@ -212,12 +238,35 @@ absl::Status MoeCombineParams::Validate() const {
   return absl::OkStatus();
 }
 
+DType GroupedLinearParams::dtype() const {
+  if (device_offsets()) return device.num_held > 0 && host_weights != nullptr ? host_weights[0].dtype : DType::kF32;
+  return num_groups > 0 && groups != nullptr ? groups[0].w.dtype : DType::kF32;
+}
+
 absl::Status GroupedLinearParams::Validate() const {
   if (x == nullptr || y == nullptr || (num_groups > 0 && groups == nullptr)) {
     return Invalid("GroupedLinear", "null pointer");
   }
   if (AnyNegative({num_groups, rows, in, out})) return Invalid("GroupedLinear", "negative size");
   if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("GroupedLinear", "y aliases x");
+  if (device_offsets()) {
+    if (groups != nullptr || num_groups != 0) return Invalid("GroupedLinear", "host groups given with device offsets");
+    RETURN_IF_ERROR(device.Validate("GroupedLinear", rows));
+    if (device.num_held > 0 && (host_weights == nullptr || weights == nullptr)) {
+      return Invalid("GroupedLinear", "null expert weights");
+    }
+    for (int64_t i = 0; i < device.num_held; ++i) {
+      if (host_weights[i].data == nullptr) {
+        return Invalid("GroupedLinear", absl::StrCat("expert ", device.host_ids[i], " has null weights"));
+      }
+      if (host_weights[i].dtype != host_weights[0].dtype) {
+        return Invalid("GroupedLinear", absl::StrCat("expert ", device.host_ids[i], " has ",
+                                                     DTypeName(host_weights[i].dtype), " weights, expert ",
+                                                     device.host_ids[0], " ", DTypeName(host_weights[0].dtype)));
+      }
+    }
+    return absl::OkStatus();
+  }
   int64_t end = 0;  // groups ascend by begin in practice; overlap is checked against the furthest end so far
   for (int64_t g = 0; g < num_groups; ++g) {
     const Group& group = groups[g];
@@ -449,7 +498,7 @@ absl::Status SampleRowsParams::Validate() const {
 }
 
 absl::Status MoeRouteParams::Validate() const {
-  if (logits == nullptr || offsets == nullptr || rows == nullptr || scales == nullptr || host_offsets == nullptr) {
+  if (logits == nullptr || offsets == nullptr || rows == nullptr || scales == nullptr) {
     return Invalid("MoeRoute", "null pointer");
   }
   const MoeRouting& r = routing;

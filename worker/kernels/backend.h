@@ -27,6 +27,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/tensor/dtype.h"
 #include "worker/kernels/shared/fp8_math.h"
 #include "worker/kernels/shared/moe_routing.h"
@@ -127,6 +128,10 @@ struct StepLimits {
   int64_t max_q_heads = 0;      // query heads of Attention
   int64_t max_head_dim = 0;
   int64_t max_context = 0;      // the longest sequence Attention reads (positions)
+  // The MoE layers' routing (num_experts 0: no MoE layer): MoeRoute of up to max_tokens tokens
+  // then needs no memory beyond the reservation (CUDA: its workspace; growing it during a
+  // recording would wait on the stream and break the recording).
+  MoeRouting moe_routing;
 };
 
 // out[t, :] = table[ids[t], :], widened to f32.
@@ -198,11 +203,41 @@ struct LinearGroupParams {
   absl::Status Validate() const;
 };
 
+// A MoE layer's experts over the rows MoeRoute grouped, their row ranges left on the device (the
+// device-offsets form of GroupedLinear and MoeCombine): expert e's group is rows
+// [offsets[e], offsets[e + 1]), read by the op on the device, so no host copy and no wait precede
+// the op (a decode step can then be recorded as a graph). Only the experts the rank holds are
+// computed (`host_ids`), in ascending order.
+//
+// The caller guarantees, as MoeRoute's offsets do, that offsets[0] >= 0, the offsets do not
+// decrease, offsets[num_experts] <= the op's rows, and every held expert's group has at most
+// max_rows_per_group rows (in a step of T tokens, each expert gets at most one row per token, so
+// T is a bound). Backends that read the offsets on the host (CPU) check this and return
+// InvalidArgument; device backends cannot, and then compute the rows they find.
+struct DeviceExpertGroups {
+  const int32_t* offsets = nullptr;   // [num_experts + 1] device (MoeRouteParams::offsets)
+  const int32_t* host_ids = nullptr;  // [num_held] host: the experts computed, ascending, in [0, num_experts)
+  const int32_t* ids = nullptr;       // [num_held] device: the same ids (device kernels read these)
+  int64_t num_experts = 0, num_held = 0;
+  int64_t max_rows_per_group = 0;
+  // InvalidArgument (prefixed with `op`) for a null pointer, num_experts < 1, num_held outside
+  // [0, num_experts], ids not ascending or outside [0, num_experts), or max_rows_per_group outside
+  // [0, rows].
+  absl::Status Validate(absl::string_view op, int64_t rows) const;
+};
+
 // Rows in groups, one weight matrix per group: for each group g and i < groups[g].count,
 //   y[begin + i] = x[begin + i] . groups[g].w^T, or += when accumulate (begin = groups[g].begin).
 // Rows of no group are left alone. A MoE layer's experts over the rows MoeRoute grouped: one
 // launch (CUDA: one grouped GEMM, f32 weights only) instead of one per expert; the same sums as a
 // Linear per group.
+//
+// Two forms of the groups:
+//   * host groups (`groups`, `num_groups`): each group's weights and row range from the host;
+//   * device offsets (`device.offsets` non-null; `groups` null and num_groups 0): the groups of
+//     DeviceExpertGroups, expert device.host_ids[i] multiplying its rows by host_weights[i]. The
+//     same sums as the host groups of the same ranges. Backends take this form for weights of a
+//     dtype with MaxDeviceGroupRows(dtype) >= device.max_rows_per_group, else Unimplemented.
 struct GroupedLinearParams {
   struct Group {
     WeightView w;        // [out, in]; every group's of one dtype SupportsOp(kGroupedLinear, ...)
@@ -214,8 +249,18 @@ struct GroupedLinearParams {
   const Group* groups = nullptr;  // [num_groups] host, ascending by begin, their rows disjoint
   int64_t num_groups = 0, rows = 0, in = 0, out = 0;
   bool accumulate = false;
+  // The device-offsets form.
+  DeviceExpertGroups device;
+  const WeightView* host_weights = nullptr;  // [device.num_held] host: [out, in] each, of one dtype
+  // [device.num_held] device: host_weights[i].data, in a table the caller builds once (at load),
+  // not per step.
+  const void* const* weights = nullptr;
+  bool device_offsets() const { return device.offsets != nullptr; }
+  // The weights' dtype (group 0's or expert 0's); kF32 when there are none.
+  DType dtype() const;
   // InvalidArgument for null pointers, negative sizes, a group out of [0, rows), overlapping
-  // groups, null weights or weights of two dtypes (naming the group).
+  // groups, null weights or weights of two dtypes (naming the group or expert), host groups given
+  // with the device-offsets form, or the DeviceExpertGroups errors.
   absl::Status Validate() const;
 };
 
@@ -224,7 +269,9 @@ struct GroupedLinearParams {
 //   dst[t] += scales[i] * src[i]   (+= src[i] when scales is null)
 // each term added with one fused multiply-add, one group after the other: the same sums in the same
 // order as a ScatterAddRows per group (kernels/shared/moe_math.h, CombineElement), in one launch
-// instead of one per expert.
+// instead of one per expert. The groups come from the host (`groups`) or, in the device-offsets
+// form (`device.offsets` non-null, `groups` null), are the held experts' ranges of
+// DeviceExpertGroups (rows = count); both forms give the same sums for the same ranges.
 struct MoeCombineParams {
   const float* src = nullptr;     // [count, width]: the grouped rows (the down projection's output)
   const int32_t* rows = nullptr;  // [count]: the token of each grouped row (MoeRouteParams::rows)
@@ -234,9 +281,13 @@ struct MoeCombineParams {
   // disjoint; rows of no group (other ranks' or remote experts') are left out.
   const GroupedLinearParams::Group* groups = nullptr;
   int64_t num_groups = 0, count = 0, tokens = 0, width = 0;
+  // The device-offsets form (its max_rows_per_group is not used by the combine).
+  DeviceExpertGroups device;
+  bool device_offsets() const { return device.offsets != nullptr; }
   // InvalidArgument for null pointers, negative sizes, dst aliasing src, or a group out of
-  // [0, count), overlapping an earlier one or beyond int32 (naming the group). A row's token
-  // outside [0, tokens) is the caller's to prevent (MoeRoute's rows are).
+  // [0, count), overlapping an earlier one or beyond int32 (naming the group), host groups given
+  // with the device-offsets form, or the DeviceExpertGroups errors. A row's token outside
+  // [0, tokens) is the caller's to prevent (MoeRoute's rows are).
   absl::Status Validate() const;
 };
 
@@ -453,6 +504,9 @@ struct SampleRowsParams {
 // [offsets[e], offsets[e + 1]), in ascending token order). The engine gathers, multiplies and
 // scatter-adds each expert's run of rows from these, and reads the run lengths from host_offsets:
 // the op's one host copy (a device backend waits for it; everything else stays on the device).
+// With host_offsets null the offsets stay on the device and the op does not wait for anything
+// (CUDA: no copy, no stream synchronization): the grouped experts then read them there
+// (DeviceExpertGroups), and a step with MoE layers can be recorded as a graph.
 // Every backend gives the same experts, rows and offsets from the same logits (the same routing
 // code runs on each); the weights agree to float rounding of expf.
 struct MoeRouteParams {
@@ -461,11 +515,13 @@ struct MoeRouteParams {
   int32_t* offsets = nullptr;         // [num_experts + 1]; offsets[num_experts] = tokens * top_k
   int32_t* rows = nullptr;            // [tokens * top_k] the token of each grouped row
   float* scales = nullptr;            // [tokens * top_k] its routing weight
-  int32_t* host_offsets = nullptr;    // [num_experts + 1] host: a copy of `offsets` when the op returns
+  // [num_experts + 1] host: a copy of `offsets` when the op returns; or null (no copy, no wait).
+  int32_t* host_offsets = nullptr;
   int64_t tokens = 0;
   MoeRouting routing;
-  // InvalidArgument for null pointers, a negative token count, tokens * top_k beyond int32, or
-  // routing parameters outside MoeRouting's valid ranges (naming the parameter).
+  // InvalidArgument for null pointers (other than host_offsets), a negative token count, tokens *
+  // top_k beyond int32, or routing parameters outside MoeRouting's valid ranges (naming the
+  // parameter).
   absl::Status Validate() const;
 };
 
@@ -626,6 +682,10 @@ class Backend {
   // Grouped products. The default: Validate(), then Unimplemented naming the backend and the op
   // (SupportsOp answers false; the engine then runs its per-expert Linear loop).
   virtual absl::Status GroupedLinear(const GroupedLinearParams& p);
+  // The largest DeviceExpertGroups::max_rows_per_group the device-offsets form of GroupedLinear
+  // takes for weights of `dtype` (that form's MoeCombine then runs too); 0 where this backend
+  // lacks the form for that dtype (the default). Thread-safe.
+  virtual int64_t MaxDeviceGroupRows(DType dtype) const;
   // The grouped rows' combine. The default: Validate(), then Unimplemented naming the backend and
   // the op (SupportsOp answers false; the engine then runs a ScatterAddRows per expert).
   virtual absl::Status MoeCombine(const MoeCombineParams& p);

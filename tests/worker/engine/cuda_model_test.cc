@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -220,6 +221,60 @@ TEST(CudaMoeTest, SixteenBitExpertsRunGroupedAndFollowTheCpu) {
       }
     }
   }
+}
+
+// Counts what the engine reports per (layer, expert), in order. One rank: the test's thread only.
+class ExpertTokens final : public StepObserver {
+ public:
+  void OnCollective(int /*rank*/, absl::string_view /*op*/, double /*seconds*/) override {}
+  void OnExpertTokens(int64_t layer, int64_t expert, int64_t tokens) override {
+    calls.push_back({layer, expert, tokens});
+  }
+  std::vector<std::array<int64_t, 3>> calls;
+};
+
+// The device path of MoE layers (ModelOptions::moe_device_offsets): with 16-bit experts a decode
+// step routes without copying the offsets to the host, runs the grouped GEMV and the combine over
+// the device offsets, and is recorded as a CUDA graph and replayed. The logits must equal those of
+// the same model run op by op with the host copy of the offsets (the same kernels on the same
+// groups: bit for bit), and the expert-token counts must be those the host path reports.
+TEST(CudaMoeTest, SixteenBitMoeDecodeStepsReplayAsGraphs) {
+  if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  testing::TempDir tmp;
+  testing::RandomLlamaShape shape;
+  shape.vocab = 128;
+  shape.hidden = 256;
+  shape.intermediate = 128;
+  shape.layers = 2;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.max_positions = 512;
+  shape.bf16 = true;
+  shape.experts = 8;
+  shape.experts_per_tok = 2;
+  ASSERT_THAT(testing::WriteRandomLlama(tmp.path(), shape, 17), ::shardserve::testing::IsOk());
+  ExpertTokens graph_counts, host_counts;
+  ASSERT_OK_AND_ASSIGN(Loaded graphs, LoadOnCuda(tmp.path(), {.observer = &graph_counts}));
+  ASSERT_OK_AND_ASSIGN(Loaded host, LoadOnCuda(tmp.path(), {.observer = &host_counts, .op_graphs = false,
+                                                            .moe_device_offsets = false}));
+  std::vector<StepSequence> batch = {
+      {.block_ids = WholeContextBlocks(graphs.model->options(), 0), .pos_begin = 0, .tokens = {3, 9, 27, 81, 115}},
+      {.block_ids = WholeContextBlocks(graphs.model->options(), 1), .pos_begin = 0, .tokens = {7, 21}}};
+  for (int step = 0; step < 8; ++step) {
+    ASSERT_OK_AND_ASSIGN(StepResult got, graphs.model->Step(batch));
+    ASSERT_OK_AND_ASSIGN(StepResult want, host.model->Step(batch));
+    ASSERT_EQ(got.logits, want.logits) << "step " << step;
+    for (size_t q = 0; q < batch.size(); ++q) {
+      // Greedy: each sequence decodes its own argmax, so both models follow the same tokens.
+      const std::vector<float>& l = want.logits[q];
+      batch[q].pos_begin += static_cast<int32_t>(batch[q].tokens.size());
+      batch[q].tokens = {static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin())};
+    }
+  }
+  EXPECT_GT(graphs.model->graph_replays(), 0) << "no MoE decode step was replayed";
+  EXPECT_EQ(host.model->graph_replays(), 0);
+  EXPECT_FALSE(host_counts.calls.empty());
+  EXPECT_EQ(graph_counts.calls, host_counts.calls);
 }
 
 TEST(CudaWeightsTest, Fp8CheckpointsOccupyOneBytePerWeightPlusScalesOnTheDevice) {

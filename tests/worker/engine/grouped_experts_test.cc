@@ -6,6 +6,7 @@
 // bit-identical, and the tokens those of transformers.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,7 +79,8 @@ TEST_P(GroupedExpertsTest, LogitsBitIdenticalToThePerExpertLoop) {
 // functions, leave the hidden state bit for bit as the per-expert scatters do.
 TEST_P(GroupedExpertsTest, CombineLogitsBitIdenticalToThePerExpertScatters) {
   ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(GetParam()));
-  ASSERT_OK_AND_ASSIGN(Loaded combined, Load(golden.dir, {}, true, true));
+  // The host copy of the offsets (the device path has its own test below).
+  ASSERT_OK_AND_ASSIGN(Loaded combined, Load(golden.dir, {.moe_device_offsets = false}, true, true));
   ASSERT_OK_AND_ASSIGN(Loaded loop, Load(golden.dir, {}, false));
   std::vector<StepSequence> batch;
   for (size_t i = 0; i < golden.cases.size(); ++i) {
@@ -99,6 +101,59 @@ TEST_P(GroupedExpertsTest, CombineLogitsBitIdenticalToThePerExpertScatters) {
   EXPECT_GT(rec.moe_combines(), 0) << "the combine did not run";
 }
 
+// Counts what the engine reports per (layer, expert), in the order reported. One rank: called from
+// the test's thread only.
+class ExpertTokens final : public StepObserver {
+ public:
+  void OnCollective(int /*rank*/, absl::string_view /*op*/, double /*seconds*/) override {}
+  void OnExpertTokens(int64_t layer, int64_t expert, int64_t tokens) override {
+    calls.push_back({layer, expert, tokens});
+  }
+  std::vector<std::array<int64_t, 3>> calls;
+};
+
+// The device path (ModelOptions::moe_device_offsets): MoeRoute leaves the offsets on the device and
+// the grouped experts read them there (the CPU backend's device-offsets forms), so decode steps are
+// recorded and replayed. The same logits, bit for bit, as the host copy's path and the per-expert
+// loop, and the same expert-token counts, read back after each step.
+TEST_P(GroupedExpertsTest, DevicePathRecordsDecodeStepsWithTheSameLogitsAndCounts) {
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(GetParam()));
+  ExpertTokens device_counts, host_counts, loop_counts;
+  ASSERT_OK_AND_ASSIGN(Loaded device, Load(golden.dir, {.observer = &device_counts}, true, true));
+  ASSERT_OK_AND_ASSIGN(Loaded host,
+                       Load(golden.dir, {.observer = &host_counts, .moe_device_offsets = false}, true, true));
+  ASSERT_OK_AND_ASSIGN(Loaded loop, Load(golden.dir, {.observer = &loop_counts}, false));
+  std::vector<StepSequence> batch;
+  for (size_t i = 0; i < golden.cases.size(); ++i) {
+    batch.push_back({.block_ids = WholeContextBlocks(device.model->options(), static_cast<int32_t>(i)),
+                     .pos_begin = 0,
+                     .tokens = golden.cases[i].prompt_ids});
+  }
+  for (int step = 0; step < 6; ++step) {
+    ASSERT_OK_AND_ASSIGN(StepResult a, device.model->Step(batch));
+    ASSERT_OK_AND_ASSIGN(StepResult b, host.model->Step(batch));
+    ASSERT_OK_AND_ASSIGN(StepResult c, loop.model->Step(batch));
+    ASSERT_EQ(a.logits, c.logits) << golden.name << " step " << step;
+    ASSERT_EQ(b.logits, c.logits) << golden.name << " step " << step;
+    for (size_t s = 0; s < batch.size(); ++s) {
+      batch[s].pos_begin += static_cast<int32_t>(batch[s].tokens.size());
+      batch[s].tokens = {static_cast<int32_t>((step * 5 + static_cast<int>(s) * 3) % 50 + 3)};
+    }
+  }
+  EXPECT_GT(device.model->graph_replays(), 0) << "no MoE decode step was replayed";
+  EXPECT_EQ(host.model->graph_replays(), 0) << "a step that copies the offsets to the host was recorded";
+  EXPECT_FALSE(loop_counts.calls.empty());
+  EXPECT_EQ(device_counts.calls, loop_counts.calls);
+  EXPECT_EQ(host_counts.calls, loop_counts.calls);
+  // And greedy generation, one request at a time (decode steps of one sequence, recorded and
+  // replayed), gives transformers' tokens.
+  const auto reqs = GreedyRequests(golden);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(auto res, Generate(*device.model, {reqs[i]}));
+    EXPECT_EQ(res[0].tokens, golden.cases[i].greedy_ids) << golden.name << " case " << i;
+  }
+}
+
 // One golden model per routing rule and expert layout: softmax top-k (Mixtral; Qwen2-MoE with its
 // gated shared expert), sigmoid input-weighted (Llama-4), grouped sigmoid with a bias and an
 // ungated shared expert (DeepSeek-V3), group-limited softmax (DeepSeek-V2).
@@ -108,12 +163,13 @@ INSTANTIATE_TEST_SUITE_P(MoeArchitectures, GroupedExpertsTest,
 
 TEST(GroupedExpertsCpuTest, TheCpuBackendKeepsThePerExpertLoop) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<kernels::Backend> cpu, kernels::CreateBackend({}));
+  // Not offered to the engine (nothing to gain on the CPU), though the op runs for tests.
   EXPECT_FALSE(cpu->SupportsOp(kernels::Op::kGroupedLinear, DType::kF32));
-  float x = 0, y = 0;
-  const kernels::GroupedLinearParams::Group group{.w = &x, .begin = 0, .count = 1};
-  const absl::Status st =
-      cpu->GroupedLinear({.x = &x, .y = &y, .groups = &group, .num_groups = 1, .rows = 1, .in = 1, .out = 1});
-  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  float x = 2, w = 3, y = 0;
+  const kernels::GroupedLinearParams::Group group{.w = &w, .begin = 0, .count = 1};
+  ASSERT_THAT(cpu->GroupedLinear({.x = &x, .y = &y, .groups = &group, .num_groups = 1, .rows = 1, .in = 1, .out = 1}),
+              ::shardserve::testing::IsOk());
+  EXPECT_EQ(y, 6.0f);
 }
 
 }  // namespace

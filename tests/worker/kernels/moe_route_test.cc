@@ -177,6 +177,48 @@ TEST_P(MoeRouteTest, EqualsTheHostRouting) {
     }
   }
   for (const auto& chosen : experts_of) EXPECT_EQ(chosen.size(), static_cast<size_t>(r.top_k));
+
+}
+
+// Without a host copy (the device path): the same offsets, rows and weights, bit for bit.
+TEST_P(MoeRouteTest, WithoutAHostCopyGroupsAlike) {
+  const RouteCase& c = GetParam();
+  const MoeRouting& r = c.routing;
+  std::mt19937 rng(static_cast<uint32_t>(c.tokens * 7 + r.num_experts));
+  std::normal_distribution<float> normal(0.f, 2.f);
+  std::vector<float> logits(static_cast<size_t>(c.tokens * r.num_experts) + 1);
+  for (float& x : logits) x = normal(rng);
+  std::vector<float> bias(static_cast<size_t>(r.num_experts));
+  for (float& x : bias) x = 0.1f * normal(rng);
+  const size_t n = static_cast<size_t>(c.tokens * r.top_k) + 1;
+  struct Out {
+    std::vector<int32_t> offsets, rows;
+    std::vector<float> scales;
+  };
+  auto route = [&](bool host_copy, Out& out) {
+    out.offsets.assign(static_cast<size_t>(r.num_experts + 1), -7);
+    out.rows.assign(n, -7);
+    out.scales.assign(n, -7.f);
+    std::vector<int32_t> host(out.offsets.size(), -7);
+    ASSERT_THAT(b_->MoeRoute({.logits = logits.data(),
+                              .score_bias = c.bias ? bias.data() : nullptr,
+                              .offsets = out.offsets.data(),
+                              .rows = out.rows.data(),
+                              .scales = out.scales.data(),
+                              .host_offsets = host_copy ? host.data() : nullptr,
+                              .tokens = c.tokens,
+                              .routing = r}),
+                IsOk());
+    if (host_copy) {
+      EXPECT_EQ(host, out.offsets);
+    }
+  };
+  Out with_copy, without;
+  route(true, with_copy);
+  route(false, without);
+  EXPECT_EQ(without.offsets, with_copy.offsets);
+  EXPECT_EQ(without.rows, with_copy.rows);
+  EXPECT_EQ(without.scales, with_copy.scales);  // exact
 }
 
 INSTANTIATE_TEST_SUITE_P(Scorings, MoeRouteTest, ::testing::ValuesIn(Cases()),
@@ -216,7 +258,12 @@ TEST(MoeRouteValidateTest, NamesWhatIsWrong) {
   using S = MoeRouteScoring;
   EXPECT_THAT(params({.scoring = S::kSoftmaxTopK, .num_experts = 8, .top_k = 4}).Validate(), IsOk());
   MoeRouteParams p = params({.scoring = S::kSoftmaxTopK, .num_experts = 8, .top_k = 4});
-  p.host_offsets = nullptr;
+  p.host_offsets = nullptr;  // the device path: no host copy
+  EXPECT_THAT(p.Validate(), IsOk());
+  p.rows = nullptr;
+  EXPECT_THAT(p.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("null pointer")));
+  p.rows = rows;
+  p.offsets = nullptr;
   EXPECT_THAT(p.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("null pointer")));
   EXPECT_THAT(params({.scoring = S::kSoftmaxTopK, .num_experts = 8, .top_k = 9}).Validate(),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("top_k")));

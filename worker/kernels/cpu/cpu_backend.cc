@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -84,9 +85,16 @@ class CpuBackend final : public Backend {
         return dtype == DType::kF32 || dtype == DType::kBF16;
       case Op::kGroupedLinear:
       case Op::kMoeCombine:
-        return false;  // the engine's Linear and ScatterAddRows per expert are the CPU path (nothing to gain)
+        // The engine's Linear and ScatterAddRows per expert are the CPU path (nothing to gain). The
+        // ops run all the same (a Linear per group; the combine's shared math), in both forms, so
+        // that tests check the device-offsets form and the engine's device path against them.
+        return false;
     }
     return false;
+  }
+  // The device-offsets form reads the offsets where they are (host memory), for any group size.
+  int64_t MaxDeviceGroupRows(DType dtype) const override {
+    return SupportsOp(Op::kLinear, dtype) ? std::numeric_limits<int64_t>::max() : 0;
   }
   void* stream_handle() const override { return nullptr; }
   // Ops run as they are called: there is nothing to record.
@@ -443,7 +451,7 @@ class CpuBackend final : public Backend {
     }
     GroupByExpert(route_experts_.data(), route_weights_.data(), static_cast<int>(p.tokens), r.top_k, r.num_experts,
                   p.offsets, p.rows, p.scales, route_fill_.data());
-    if (p.host_offsets != p.offsets) {
+    if (p.host_offsets != nullptr && p.host_offsets != p.offsets) {
       std::memcpy(p.host_offsets, p.offsets, static_cast<size_t>(r.num_experts + 1) * sizeof(int32_t));
     }
     return absl::OkStatus();
@@ -547,6 +555,54 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // A Linear per non-empty group (the engine's per-expert sums), the groups given or read from
+  // the offsets.
+  absl::Status GroupedLinear(const GroupedLinearParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    if (!SupportsOp(Op::kLinear, p.dtype())) return UnsupportedWeights(name(), Op::kGroupedLinear, p.dtype());
+    const GroupedLinearParams::Group* groups = p.groups;
+    int64_t num_groups = p.num_groups;
+    if (p.device_offsets()) {
+      RETURN_IF_ERROR(ReadDeviceGroups("GroupedLinear", p.device, p.rows, p.host_weights, p.weights));
+      groups = held_groups_.data();
+      num_groups = static_cast<int64_t>(held_groups_.size());
+    }
+    for (int64_t g = 0; g < num_groups; ++g) {
+      const GroupedLinearParams::Group& group = groups[g];
+      if (group.count == 0) continue;
+      RETURN_IF_ERROR(Linear({.x = p.x + group.begin * p.in, .w = group.w, .y = p.y + group.begin * p.out,
+                              .tokens = group.count, .in = p.in, .out = p.out, .accumulate = p.accumulate}));
+    }
+    return absl::OkStatus();
+  }
+
+  // Each token's rows found group by group (TokenGroupedRows) and added with CombineElement: the
+  // functions the CUDA kernel runs, and the sums of a ScatterAddRows per group.
+  absl::Status MoeCombine(const MoeCombineParams& p) override {
+    SHARDSERVE_VALIDATE(p);
+    combine_ranges_.clear();
+    if (p.device_offsets()) {
+      RETURN_IF_ERROR(ReadDeviceGroups("MoeCombine", p.device, p.count, nullptr, nullptr));
+      for (const GroupedLinearParams::Group& g : held_groups_) {
+        combine_ranges_.push_back({static_cast<int32_t>(g.begin), static_cast<int32_t>(g.count)});
+      }
+    } else {
+      for (int64_t g = 0; g < p.num_groups; ++g) {
+        combine_ranges_.push_back({static_cast<int32_t>(p.groups[g].begin), static_cast<int32_t>(p.groups[g].count)});
+      }
+    }
+    combine_found_.resize(combine_ranges_.size());
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      const int n = TokenGroupedRows(p.rows, combine_ranges_.data(), static_cast<int>(combine_ranges_.size()),
+                                     static_cast<int32_t>(t), combine_found_.data());
+      float* d = p.dst + t * p.width;
+      for (int64_t e = 0; e < p.width && n > 0; ++e) {
+        d[e] = CombineElement(d[e], p.src, p.scales, combine_found_.data(), n, p.width, e);
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Zero(const ZeroParams& p) override {
     SHARDSERVE_VALIDATE(p);
     std::fill(p.x, p.x + p.n, 0.f);
@@ -554,7 +610,49 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // The held experts' groups of the device-offsets form into held_groups_ (with their weights when
+  // host_weights is given), after the checks a device backend cannot make: offsets that start at
+  // 0 or later, never decrease and end within `rows`; a group within max_rows_per_group; device
+  // ids and weight tables equal to the host lists (this "device" memory is host memory).
+  absl::Status ReadDeviceGroups(absl::string_view op, const DeviceExpertGroups& d, int64_t rows,
+                                const WeightView* host_weights, const void* const* weights) {
+    held_groups_.clear();
+    const int32_t* off = d.offsets;
+    if (off[0] < 0 || off[d.num_experts] > rows) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": expert offsets [", off[0], ", ", off[d.num_experts],
+                                                     "] outside [0, ", rows, "]"));
+    }
+    for (int64_t e = 0; e < d.num_experts; ++e) {
+      if (off[e + 1] < off[e]) {
+        return absl::InvalidArgumentError(absl::StrCat(op, ": expert offsets decrease after expert ", e));
+      }
+    }
+    for (int64_t i = 0; i < d.num_held; ++i) {
+      const int32_t e = d.host_ids[i];
+      if (d.ids[i] != e) {
+        return absl::InvalidArgumentError(absl::StrCat(op, ": device expert id ", i, " is ", d.ids[i], ", not ", e));
+      }
+      if (weights != nullptr && weights[i] != host_weights[i].data) {
+        return absl::InvalidArgumentError(absl::StrCat(op, ": the device weight table of expert ", e,
+                                                       " is not its host weights"));
+      }
+      const int64_t count = off[e + 1] - off[e];
+      if (count > d.max_rows_per_group) {
+        return absl::InvalidArgumentError(absl::StrCat(op, ": expert ", e, " has ", count,
+                                                       " rows, above max_rows_per_group ", d.max_rows_per_group));
+      }
+      held_groups_.push_back(
+          {.w = host_weights != nullptr ? host_weights[i] : WeightView(), .begin = off[e], .count = count});
+    }
+    return absl::OkStatus();
+  }
+
   const int blas_threads_;
+  // GroupedLinear and MoeCombine: the device-offsets form's groups, and the combine's ranges and
+  // one token's found rows.
+  std::vector<GroupedLinearParams::Group> held_groups_;
+  std::vector<GroupRange> combine_ranges_;
+  std::vector<int32_t> combine_found_;
   // Per-call scratch, grown on demand (amortised: it reaches its final size on the first step).
   std::vector<float> cos_, sin_, scores_;
   std::vector<float> head_widened_;  // HeadLinear: one head's bfloat16 matrix widened

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -106,6 +107,11 @@ class CudaBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
   bool SupportsOp(Op op, DType dtype) const override;
+  // 16-bit experts: the grouped GEMV over the device offsets, for groups of up to
+  // kGroupedGemvMaxRows rows (larger groups need the GEMM path, which sizes each group on the host).
+  int64_t MaxDeviceGroupRows(DType dtype) const override {
+    return dtype == DType::kBF16 || dtype == DType::kF16 ? cuda::kGroupedGemvMaxRows : 0;
+  }
   void* stream_handle() const override { return stream_; }
   bool SupportsCapture() const override { return true; }
   absl::StatusOr<std::unique_ptr<OpGraph>> Capture(absl::FunctionRef<absl::Status()> record) override;
@@ -167,6 +173,11 @@ class CudaBackend final : public Backend {
   absl::Status Gemm16(const LinearParams& p, const void* x16);
   // GroupedLinear with bf16/f16 experts (validated; in > 0, out > 0): see its definition.
   absl::Status GroupedLinear16(const GroupedLinearParams& p);
+  // GroupedLinear's device-offsets form (validated): one grouped GEMV launch.
+  absl::Status GroupedLinearOnDevice(const GroupedLinearParams& p);
+  // Makes moe_route_workspace_ large enough for p (validated): grown outside a recording, refused
+  // inside one (growing waits on the stream, which a recording cannot hold).
+  absl::Status EnsureMoeRouteWorkspace(const MoeRouteParams& p, size_t* bytes);
   // Linear with F8_E4M3 weights (linear_fp8.cuh): the dequantizing GEMV for decode-sized batches,
   // else chunks of rows dequantized to bf16 into the scratch (after x rounded to bf16) and
   // multiplied on the tensor cores. tokens > 0, in > 0, out > 0.
@@ -190,9 +201,9 @@ class CudaBackend final : public Backend {
   // SampleRows' workspace (sorted rows and CUB's storage), grown on demand. Apart from scratch_ so
   // that growing it never invalidates a recorded graph (sampling runs after the recorded layers).
   DeviceBuffer sample_workspace_;
-  // MoeRoute's workspace (the choices, their sort and the tokens' routing scratch), grown on demand.
-  // Apart from scratch_ for the same reason: MoE steps are never recorded (MoeRoute waits for its
-  // host copy), and growing it must not invalidate the graphs of dense steps.
+  // MoeRoute's workspace (the choices, their sort and the tokens' routing scratch): sized by
+  // Reserve() for StepLimits::moe_routing, grown on demand outside recordings. Apart from scratch_
+  // so that growing it (for a larger prefill) never invalidates recorded graphs.
   DeviceBuffer moe_route_workspace_;
   // GroupedLinear (f32): the groups' A, B and C pointers on the device (cuBLAS reads them there;
   // written by a kernel in stream order, never copied from the host), and the host arrays of their
@@ -381,7 +392,19 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
                                static_cast<size_t>(cuda::kMaxAttnSplits) * static_cast<size_t>(limits.max_head_dim + 2),
                            cuda::MaxAttentionPartialFloats(limits.max_head_dim));
   }
-  return EnsureScratch(std::max(cast_bytes, attn_floats * sizeof(float)));
+  RETURN_IF_ERROR(EnsureScratch(std::max(cast_bytes, attn_floats * sizeof(float))));
+  MoeRouteParams p;
+  p.tokens = limits.max_tokens;
+  p.routing = limits.moe_routing;
+  // A step's MoeRoute then fits without growing (a recorded MoE decode step cannot grow it). Sizes
+  // beyond the sort's int range are left to MoeRoute, which refuses them.
+  if (p.routing.num_experts > 0 && p.tokens > 0 &&
+      FitsInt({p.tokens * p.routing.top_k, p.tokens * (p.routing.num_experts + p.routing.n_group)})) {
+    size_t bytes = 0;
+    RETURN_IF_ERROR(Check(cuda::MoeRouteWorkspaceBytes(p, &bytes), "MoeRoute workspace query"));
+    RETURN_IF_ERROR(Grow(moe_route_workspace_, bytes));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::EnsureScratch(size_t bytes) {
@@ -728,10 +751,11 @@ absl::Status CudaBackend::MoeRoute(const MoeRouteParams& p) {
                                                    p.routing.num_experts, " experts exceeds the sort's int range"));
   }
   size_t bytes = 0;
-  RETURN_IF_ERROR(Check(cuda::MoeRouteWorkspaceBytes(p, &bytes), "MoeRoute workspace query"));
-  RETURN_IF_ERROR(Grow(moe_route_workspace_, bytes));
+  RETURN_IF_ERROR(EnsureMoeRouteWorkspace(p, &bytes));
   RETURN_IF_ERROR(
       Check(cuda::LaunchMoeRoute(p, moe_route_workspace_.as<void>(), bytes, stream_), "MoeRoute kernel launch"));
+  // Device offsets only: the grouped experts read them on the device; nothing waits.
+  if (p.host_offsets == nullptr) return absl::OkStatus();
   // The one wait: the caller sizes each expert's GEMMs from the offsets.
   const size_t offset_bytes = static_cast<size_t>(p.routing.num_experts + 1) * sizeof(int32_t);
   RETURN_IF_ERROR(Check(cudaMemcpyAsync(p.host_offsets, p.offsets, offset_bytes, cudaMemcpyDeviceToHost, stream_),
@@ -739,8 +763,18 @@ absl::Status CudaBackend::MoeRoute(const MoeRouteParams& p) {
   return Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
+absl::Status CudaBackend::EnsureMoeRouteWorkspace(const MoeRouteParams& p, size_t* bytes) {
+  RETURN_IF_ERROR(Check(cuda::MoeRouteWorkspaceBytes(p, bytes), "MoeRoute workspace query"));
+  if (capturing_ && *bytes > moe_route_workspace_.bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(name_, ": MoeRoute of ", p.tokens,
+                                                      " tokens needs more workspace than Reserve() made"));
+  }
+  return Grow(moe_route_workspace_, *bytes);
+}
+
 absl::Status CudaBackend::GroupedLinear(const GroupedLinearParams& p) {
   RETURN_IF_ERROR(p.Validate());
+  if (p.device_offsets()) return GroupedLinearOnDevice(p);
   if (p.num_groups == 0) return Enter();
   const DType dtype = p.groups[0].w.dtype;
   if (!SupportsOp(Op::kGroupedLinear, dtype)) return UnsupportedWeights(name_, Op::kGroupedLinear, dtype);
@@ -835,10 +869,49 @@ absl::Status CudaBackend::GroupedLinear16(const GroupedLinearParams& p) {
   return absl::OkStatus();
 }
 
+// The device-offsets form of 16-bit experts: every held expert's block reads its row range from
+// the offsets and its matrix from the caller's device table; blocks of experts without rows exit
+// at once. One launch, no host copy, no wait: recordable. The GEMV only (groups are bounded by
+// MaxDeviceGroupRows); f32 and FP8 experts, and larger groups, take the host-groups form.
+absl::Status CudaBackend::GroupedLinearOnDevice(const GroupedLinearParams& p) {
+  const DType dtype = p.dtype();
+  if (p.device.num_held > 0 && p.device.max_rows_per_group > MaxDeviceGroupRows(dtype)) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": GroupedLinear over device offsets takes ",
+                                                 DTypeName(dtype), " groups of at most ", MaxDeviceGroupRows(dtype),
+                                                 " rows, asked for ", p.device.max_rows_per_group));
+  }
+  if (!FitsInt({p.rows, p.in, p.out}) || std::min(p.device.num_held, p.rows) > 65535) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": GroupedLinear over device offsets of ", p.device.num_held,
+                                                 " experts, ", p.rows, "x", p.in, "x", p.out,
+                                                 " exceeds the launch's range"));
+  }
+  RETURN_IF_ERROR(Enter());
+  if (p.device.num_held == 0 || p.out == 0) return absl::OkStatus();
+  if (p.in == 0) {
+    return absl::UnimplementedError(absl::StrCat(name_, ": GroupedLinear over device offsets needs in > 0"));
+  }
+  bool aligned = true;
+  for (int64_t i = 0; i < p.device.num_held; ++i) {
+    aligned = aligned && (reinterpret_cast<uintptr_t>(p.host_weights[i].data) & 15u) == 0;
+  }
+  const cuda::DeviceGroups groups{.offsets = p.device.offsets, .ids = p.device.ids, .weights = p.weights,
+                                  .num_held = static_cast<int>(p.device.num_held)};
+  return Check(
+      cuda::LaunchGroupedGemv16(dtype, p.x, p.y, groups, aligned, p.rows, p.in, p.out, p.accumulate, stream_),
+      "GroupedGemv16 (device offsets) kernel launch");
+}
+
 absl::Status CudaBackend::MoeCombine(const MoeCombineParams& p) {
   RETURN_IF_ERROR(p.Validate());
   RETURN_IF_ERROR(Enter());
   if (p.tokens == 0 || p.width == 0) return absl::OkStatus();
+  if (p.device_offsets()) {
+    // Every held expert searched on the device, kCombineThreads at a time, in order: one launch.
+    const cuda::DeviceGroups groups{.offsets = p.device.offsets, .ids = p.device.ids,
+                                    .num_held = static_cast<int>(p.device.num_held)};
+    return Check(cuda::LaunchMoeCombine(p.src, p.rows, p.scales, groups, p.dst, p.tokens, p.width, stream_),
+                 "MoeCombine (device offsets) kernel launch");
+  }
   // One launch per kMaxLaunchGroups groups, in order: each token's sum keeps the groups' order.
   return ForEachGroupTable(p.groups, p.num_groups, [&](const cuda::GroupTable& table, int /*first*/) {
     return Check(cuda::LaunchMoeCombine(p.src, p.rows, p.scales, table, p.dst, p.tokens, p.width, stream_),

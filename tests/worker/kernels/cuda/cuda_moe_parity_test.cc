@@ -1,6 +1,7 @@
 // CUDA vs CPU parity of the MoE ops: MoeRoute's experts, grouped rows and offsets (exactly) and
 // weights (to expf's rounding) over every scoring rule, GroupedLinear (f32, bf16, f16) against a
-// Linear per group, and MoeCombine against a ScatterAddRows per expert (exactly). Skips without a
+// Linear per group, and MoeCombine against a ScatterAddRows per expert (exactly); their
+// device-offsets forms likewise, and MoeRoute without a host copy. Skips without a
 // device (label gpu).
 #include <algorithm>
 #include <cmath>
@@ -239,13 +240,72 @@ TEST_P(CudaGrouped16ParityTest, MatchesALinearPerGroup) {
   }
 }
 
-// Decode (1, 7 tokens), a prefill chunk spread thin (64 tokens over 160 experts: two launches of
-// the grouped GEMV's 128-group tables), prefill groups of 33+ rows (512, 2048 tokens); in = 256
-// takes the GEMV's 16-byte loads, in = 100 its scalar path; no tokens at all.
+// The device-offsets form (the groups read from the offsets on the device, the weights from a
+// device table; experts = 2 mod 5 not held) of the same products, for the cases whose groups fit
+// the grouped GEMV, against the same Linear per group on the CPU.
+TEST_P(CudaGrouped16ParityTest, DeviceOffsetsMatchALinearPerGroup) {
+  const Grouped16Case c = GetParam();
+  const GroupedRouting r =
+      RandomGroupedRouting(c.tokens, c.k, c.experts, static_cast<uint32_t>(c.tokens + 3), c.skewed);
+  int64_t largest = 0;
+  for (size_t e = 0; e + 1 < r.offsets.size(); ++e) {
+    largest = std::max<int64_t>(largest, r.offsets[e + 1] - r.offsets[e]);
+  }
+  if (largest > backend(kGpu).MaxDeviceGroupRows(c.dtype)) GTEST_SKIP() << "groups beyond the grouped GEMV";
+  const int64_t rows = c.tokens * c.k, matrix = c.out * c.in;
+  const std::vector<uint16_t> w16 = Narrow(c.dtype, RandomFloats(static_cast<size_t>(c.experts * matrix), 50));
+  auto w_wide = Mirror(Widen(c.dtype, w16));
+  auto w_narrow = Mirror(w16);
+  std::vector<int32_t> held;
+  std::vector<WeightView> host_weights;
+  std::vector<const void*> table;
+  for (int e = 0; e < c.experts; ++e) {
+    if (e % 5 == 2) continue;
+    held.push_back(e);
+    host_weights.push_back(WeightView(c.dtype, w_narrow.at(kGpu) + e * matrix));
+    table.push_back(host_weights.back().data);
+  }
+  auto offsets = Mirror(r.offsets);
+  auto ids = Mirror(held);
+  auto weights = Mirror(table);
+  for (const bool accumulate : {false, true}) {
+    SCOPED_TRACE(std::string("largest group ") + std::to_string(largest) + (accumulate ? " accumulate" : ""));
+    auto x = Mirror(RandomFloats(static_cast<size_t>(rows * c.in), 53));
+    auto y = Mirror(RandomFloats(static_cast<size_t>(rows * c.out), 54));
+    RunBoth([&](Backend& b, int s) {
+      if (s == kGpu) {
+        return b.GroupedLinear({.x = x.at(s), .y = y.at(s), .rows = rows, .in = c.in, .out = c.out,
+                                .accumulate = accumulate,
+                                .device = {.offsets = offsets.at(s), .host_ids = held.data(), .ids = ids.at(s),
+                                           .num_experts = c.experts, .num_held = static_cast<int64_t>(held.size()),
+                                           .max_rows_per_group = largest},
+                                .host_weights = host_weights.data(), .weights = weights.at(s)});
+      }
+      for (const int32_t e : held) {
+        const int64_t begin = r.offsets[static_cast<size_t>(e)];
+        const int64_t count = r.offsets[static_cast<size_t>(e + 1)] - begin;
+        if (count == 0) continue;
+        absl::Status st = b.Linear({.x = x.at(s) + begin * c.in, .w = w_wide.at(s) + e * matrix,
+                                    .y = y.at(s) + begin * c.out, .tokens = count, .in = c.in, .out = c.out,
+                                    .accumulate = accumulate});
+        if (!st.ok()) return st;
+      }
+      return absl::OkStatus();
+    });
+    ExpectMirrorsClose(y);  // f32 activations and sums: rounding only
+  }
+}
+
+// Decode (1, 3, 7 tokens; 3 tokens over 64 experts: fewer rows than held experts, so the device
+// form's block rows find their experts among 52 held ones), a prefill chunk spread thin (64 tokens
+// over 160 experts: two launches of the grouped GEMV's 128-group tables), prefill groups of 33+
+// rows (512, 2048 tokens); in = 256 takes the GEMV's 16-byte loads, in = 100 its scalar path; no
+// tokens at all.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaGrouped16ParityTest,
                          ::testing::Values(Grouped16Case{DType::kBF16, 0, 2, 8, 256, 96},
                                            Grouped16Case{DType::kBF16, 1, 2, 8, 256, 96},
                                            Grouped16Case{DType::kF16, 7, 4, 16, 100, 40},
+                                           Grouped16Case{DType::kF16, 3, 4, 64, 256, 64, false},
                                            Grouped16Case{DType::kBF16, 64, 6, 160, 256, 64, false},
                                            Grouped16Case{DType::kF16, 64, 6, 160, 256, 64, false},
                                            Grouped16Case{DType::kBF16, 512, 2, 8, 256, 96},
@@ -326,6 +386,73 @@ TEST_F(CudaParityTest, MoeCombineEqualsAScatterPerExpert) {
     });
     EXPECT_EQ(Read(dst, kGpu), Read(dst, kRef));
   }
+}
+
+// MoeCombine over the device offsets (the held experts searched on the device, 256 at a time)
+// against a ScatterAddRows per held expert on the CPU, bit for bit; up to 400 experts (320 held:
+// two passes of the search).
+TEST_F(CudaParityTest, MoeCombineOverDeviceOffsetsEqualsAScatterPerExpert) {
+  struct Case {
+    int64_t tokens;
+    int k, experts;
+    int64_t width;
+    bool unit_scales;
+  };
+  for (const Case c : {Case{1, 2, 8, 4096, false}, Case{7, 4, 16, 300, true}, Case{32, 8, 400, 512, false},
+                       Case{256, 8, 64, 1024, false}}) {
+    SCOPED_TRACE("tokens " + std::to_string(c.tokens) + " k " + std::to_string(c.k) + " experts " +
+                 std::to_string(c.experts));
+    const GroupedRouting r = RandomGroupedRouting(c.tokens, c.k, c.experts, static_cast<uint32_t>(c.tokens * 11));
+    const int64_t count = c.tokens * c.k;
+    auto src = Mirror(RandomFloats(static_cast<size_t>(count * c.width), 72, -3.0f, 3.0f));
+    auto dst = Mirror(RandomFloats(static_cast<size_t>(c.tokens * c.width), 73, -3.0f, 3.0f));
+    auto rows = Mirror(r.rows);
+    auto scales = Mirror(r.scales);
+    auto ones = Mirror(std::vector<float>(static_cast<size_t>(count), 1.0f));
+    std::vector<int32_t> held;
+    for (int e = 0; e < c.experts; ++e) {
+      if (e % 5 != 2) held.push_back(e);
+    }
+    auto offsets = Mirror(r.offsets);
+    auto ids = Mirror(held);
+    RunBoth([&](Backend& b, int s) {
+      if (s == kGpu) {
+        return b.MoeCombine({.src = src.at(s), .rows = rows.at(s), .scales = c.unit_scales ? nullptr : scales.at(s),
+                             .dst = dst.at(s), .count = count, .tokens = c.tokens, .width = c.width,
+                             .device = {.offsets = offsets.at(s), .host_ids = held.data(), .ids = ids.at(s),
+                                        .num_experts = c.experts, .num_held = static_cast<int64_t>(held.size()),
+                                        .max_rows_per_group = c.tokens}});
+      }
+      for (const int32_t e : held) {
+        const int64_t begin = r.offsets[static_cast<size_t>(e)];
+        const int64_t n = r.offsets[static_cast<size_t>(e + 1)] - begin;
+        if (n == 0) continue;
+        absl::Status st = b.ScatterAddRows({.src = src.at(s) + begin * c.width, .rows = rows.at(s) + begin,
+                                            .scales = (c.unit_scales ? ones.at(s) : scales.at(s)) + begin,
+                                            .dst = dst.at(s), .count = n, .dst_rows = c.tokens, .width = c.width});
+        if (!st.ok()) return st;
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_EQ(Read(dst, kGpu), Read(dst, kRef));
+  }
+}
+
+// MoeRoute without a host copy leaves the same offsets on the device as with one.
+TEST_F(CudaParityTest, MoeRouteWithoutAHostCopyLeavesTheOffsetsOnTheDevice) {
+  const MoeRouting routing{.scoring = MoeRouteScoring::kSoftmaxTopK, .num_experts = 16, .top_k = 4};
+  const int64_t tokens = 9;
+  auto logits = Mirror(RandomFloats(static_cast<size_t>(tokens * routing.num_experts), 80));
+  auto offsets = Mirror(std::vector<int32_t>(static_cast<size_t>(routing.num_experts + 1), -7));
+  auto rows = Mirror(std::vector<int32_t>(static_cast<size_t>(tokens * routing.top_k), -7));
+  auto scales = Mirror(std::vector<float>(static_cast<size_t>(tokens * routing.top_k), -7.f));
+  std::vector<int32_t> host(static_cast<size_t>(routing.num_experts + 1), -7);
+  RunBoth([&](Backend& b, int s) {
+    return b.MoeRoute({.logits = logits.at(s), .offsets = offsets.at(s), .rows = rows.at(s), .scales = scales.at(s),
+                       .host_offsets = s == kRef ? host.data() : nullptr, .tokens = tokens, .routing = routing});
+  });
+  EXPECT_EQ(Read(offsets, kGpu), host);
+  EXPECT_EQ(Read(rows, kGpu), Read(rows, kRef));
 }
 
 TEST_F(CudaParityTest, MoeRouteRejectsBadParameters) {
