@@ -6,8 +6,11 @@
 // backend gets from common/fp8 for the same checkpoint. Two paths, chosen by the backend:
 //   * Decode-sized batches (tokens <= kGemvFp8MaxTokens): LaunchGemvFp8 reads each weight row once
 //     (16 codes per 16-byte load), dequantizes in registers and multiplies with every token's f32
-//     activations, f32 products and sums. Memory-bound: half the bytes of the bf16 GEMV. One launch
-//     serves a group of products of the same activations (q/k/v, gate/up), as the 16-bit GEMV does.
+//     activations, f32 products and sums. Memory-bound: half the bytes of the bf16 GEMV. Shaped
+//     like the 16-bit GEMV (linear16.cuh): one launch serves a group of products of the same
+//     activations (q/k/v, gate/up); kernels for 1, 2, 4 and 8 tokens (a 1-token step's keeps 64
+//     registers, so 8 blocks fit a multiprocessor); one wave of blocks whose warps walk several
+//     rows, each keeping its next rows on their way into L2; launched under PDL.
 //   * Larger batches: LaunchDequantizeFp8Rows writes a chunk of rows as bf16 (the f32 value rounded
 //     to nearest even) into the backend's scratch, and the existing 16-bit cuBLAS GEMM (activations
 //     rounded to bf16, f32 accumulation) multiplies it; chunk after chunk, so the scratch holds a
