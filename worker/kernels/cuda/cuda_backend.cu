@@ -605,12 +605,25 @@ absl::Status CudaBackend::LinearFp8(const LinearParams& p) {
 
 absl::Status CudaBackend::LinearGroup(const LinearGroupParams& p) {
   RETURN_IF_ERROR(p.Validate());
+  // F8_E4M3 parts of a decode-sized batch: one FP8 GEMV launch for every part (bias and
+  // accumulation fused). Larger batches: a Linear per part below (each dequantizes its rows).
+  if (p.tokens <= cuda::kGemvFp8MaxTokens && p.in > 0 && FitsInt({p.tokens, p.in})) {
+    bool fp8 = true;
+    for (int i = 0; i < p.num_parts; ++i) {
+      const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
+      fp8 = fp8 && part.w.dtype == DType::kF8E4M3 && FitsInt({part.out});
+    }
+    if (fp8) {
+      RETURN_IF_ERROR(Enter());
+      if (p.tokens == 0) return absl::OkStatus();
+      return Check(cuda::LaunchGemvFp8(p.x, GemvFp8GroupOf(p), p.tokens, p.in, multiprocessors_, stream_),
+                   "GemvFp8 kernel launch");
+    }
+  }
   // One 16-bit type across the parts, all within cuBLAS's int range: one GEMV launch, or one
-  // rounding of x shared by the parts' GEMMs. F8_E4M3 parts of a decode-sized batch: one FP8 GEMV
-  // launch (larger batches dequantize part by part in Linear). Anything else: a Linear per part.
+  // rounding of x shared by the parts' GEMMs. Anything else: a Linear per part.
   const DType dtype = p.parts[0].w.dtype;
-  const bool fp8 = dtype == DType::kF8E4M3 && p.tokens <= cuda::kGemvFp8MaxTokens;
-  bool fused = (dtype == DType::kBF16 || dtype == DType::kF16 || fp8) && p.in > 0 && FitsInt({p.tokens, p.in});
+  bool fused = (dtype == DType::kBF16 || dtype == DType::kF16) && p.in > 0 && FitsInt({p.tokens, p.in});
   for (int i = 0; i < p.num_parts; ++i) {
     const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
     fused = fused && part.w.dtype == dtype && FitsInt({part.out});
@@ -618,9 +631,7 @@ absl::Status CudaBackend::LinearGroup(const LinearGroupParams& p) {
   if (!fused) return Backend::LinearGroup(p);
   RETURN_IF_ERROR(Enter());
   if (p.tokens == 0) return absl::OkStatus();
-  if (!fp8) return Group16(p);
-  return Check(cuda::LaunchGemvFp8(p.x, GemvFp8GroupOf(p), p.tokens, p.in, multiprocessors_, stream_),
-               "GemvFp8 kernel launch");
+  return Group16(p);
 }
 
 absl::Status CudaBackend::RmsNorm(const RmsNormParams& p) {
