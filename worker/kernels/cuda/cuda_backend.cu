@@ -48,6 +48,24 @@ constexpr int64_t kFp8ChunkElements = int64_t{8} << 20;
 // The fewest rows a chunk may have when it uses the scratch as it is (fewer: the scratch grows).
 constexpr int64_t kFp8MinChunkRows = 64;
 
+// The FP8 GEMV's view of the F8_E4M3 parts of `p`: codes, scale grid, bias, y, out and accumulate
+// of each part, in order.
+cuda::GemvFp8Group GemvFp8GroupOf(const LinearGroupParams& p) {
+  static_assert(cuda::GemvFp8Group::kMaxParts >= LinearGroupParams::kMaxParts);
+  cuda::GemvFp8Group group;
+  group.parts = p.num_parts;
+  for (int i = 0; i < p.num_parts; ++i) {
+    const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
+    group.codes[i] = static_cast<const uint8_t*>(part.w.data);
+    group.scales[i] = part.w.fp8;
+    group.bias[i] = part.bias;
+    group.y[i] = part.y;
+    group.out[i] = part.out;
+    group.accumulate[i] = part.accumulate;
+  }
+  return group;
+}
+
 // DeviceBuffer's deallocator. The buffer may be destroyed on any thread with any device current,
 // so free on the device that owns the pointer. Errors here have no one to report to; clearing the
 // runtime's last error keeps them from being blamed on the caller's next launch.
@@ -578,9 +596,11 @@ absl::Status CudaBackend::Gemm16(const LinearParams& p, const void* x16) {
 absl::Status CudaBackend::LinearFp8(const LinearParams& p) {
   const auto* codes = static_cast<const uint8_t*>(p.w.data);
   if (p.tokens <= cuda::kGemvFp8MaxTokens) {
-    const cuda::GemvFp8Params g{.x = p.x, .codes = codes, .scales = p.w.fp8, .bias = p.bias, .y = p.y,
-                                .tokens = p.tokens, .in = p.in, .out = p.out, .accumulate = p.accumulate};
-    return Check(cuda::LaunchGemvFp8(g, stream_), "GemvFp8 kernel launch");
+    // The group GEMV with one part (bias and accumulation fused).
+    LinearGroupParams one{.x = p.x, .tokens = p.tokens, .in = p.in, .num_parts = 1};
+    one.parts[0] = {.w = p.w, .bias = p.bias, .y = p.y, .out = p.out, .accumulate = p.accumulate};
+    return Check(cuda::LaunchGemvFp8(p.x, GemvFp8GroupOf(one), p.tokens, p.in, multiprocessors_, stream_),
+                 "GemvFp8 kernel launch");
   }
   // The scratch: x as bf16 [tokens, in], then one chunk of dequantized rows [chunk_rows, in].
   constexpr size_t kAlign = 256;
@@ -620,9 +640,28 @@ absl::Status CudaBackend::LinearFp8(const LinearParams& p) {
 
 absl::Status CudaBackend::LinearGroup(const LinearGroupParams& p) {
   RETURN_IF_ERROR(p.Validate());
+  // F8_E4M3 parts of a decode-sized batch: one FP8 GEMV launch for every part (bias and
+  // accumulation fused; the gated form then applies SiluMul). Larger batches: a Linear per part
+  // below (each dequantizes its rows).
+  if (p.tokens <= cuda::kGemvFp8MaxTokens && p.in > 0 && FitsInt({p.tokens, p.in})) {
+    bool fp8 = true;
+    for (int i = 0; i < p.num_parts; ++i) {
+      const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
+      fp8 = fp8 && part.w.dtype == DType::kF8E4M3 && FitsInt({part.out});
+    }
+    if (fp8) {
+      RETURN_IF_ERROR(Enter());
+      if (p.tokens == 0) return absl::OkStatus();
+      RETURN_IF_ERROR(Check(cuda::LaunchGemvFp8(p.x, GemvFp8GroupOf(p), p.tokens, p.in, multiprocessors_, stream_),
+                            "GemvFp8 kernel launch"));
+      if (p.gated.has_value()) return Check(cuda::LaunchSiluMul(p.GateParams(), stream_), "SiluMul kernel launch");
+      return absl::OkStatus();
+    }
+  }
   // One 16-bit type across the parts, all within cuBLAS's int range: one GEMV launch (the gated
   // form: one launch for both products and the activation), or one rounding of x shared by the
-  // parts' GEMMs. Anything else (f32, FP8): a Linear per part, and SiluMul for the gated form.
+  // parts' GEMMs. Anything else (f32, larger FP8 batches): a Linear per part, and SiluMul for the
+  // gated form.
   const DType dtype = p.parts[0].w.dtype;
   bool fused = (dtype == DType::kBF16 || dtype == DType::kF16) && p.in > 0 && FitsInt({p.tokens, p.in});
   for (int i = 0; i < p.num_parts; ++i) {

@@ -6,7 +6,11 @@
 // backend gets from common/fp8 for the same checkpoint. Two paths, chosen by the backend:
 //   * Decode-sized batches (tokens <= kGemvFp8MaxTokens): LaunchGemvFp8 reads each weight row once
 //     (16 codes per 16-byte load), dequantizes in registers and multiplies with every token's f32
-//     activations, f32 products and sums. Memory-bound: half the bytes of the bf16 GEMV.
+//     activations, f32 products and sums. Memory-bound: half the bytes of the bf16 GEMV. Shaped
+//     like the 16-bit GEMV (linear16.cuh): one launch serves a group of products of the same
+//     activations (q/k/v, gate/up); kernels for 1, 2, 4 and 8 tokens (a 1-token step's keeps 64
+//     registers, so 8 blocks fit a multiprocessor); one wave of blocks whose warps walk several
+//     rows, each keeping its next rows on their way into L2; launched under PDL.
 //   * Larger batches: LaunchDequantizeFp8Rows writes a chunk of rows as bf16 (the f32 value rounded
 //     to nearest even) into the backend's scratch, and the existing 16-bit cuBLAS GEMM (activations
 //     rounded to bf16, f32 accumulation) multiplies it; chunk after chunk, so the scratch holds a
@@ -27,19 +31,32 @@ namespace shardserve::kernels::cuda {
 
 inline constexpr int64_t kGemvFp8MaxTokens = 8;
 
-// y[t, o] (+)= sum_i x[t, i] * dequantized w[o, i] (+ bias[o]) for t < tokens <= kGemvFp8MaxTokens.
-// x: [tokens, in] f32; codes: [out, in] e4m3; scales: as Fp8ScaleGrid describes (valid for `in`);
-// bias: [out] or null; y: [tokens, out].
-struct GemvFp8Params {
-  const float* x = nullptr;
-  const uint8_t* codes = nullptr;
-  Fp8ScaleGrid scales;
-  const float* bias = nullptr;
-  float* y = nullptr;
-  int64_t tokens = 0, in = 0, out = 0;
-  bool accumulate = false;
+// The products of one FP8 GEMV launch: up to kMaxParts e4m3 matrices codes[p] ([out[p], in], row
+// r scaled as scales[p] describes: valid for `in`) that multiply the same activations, each with
+// its own bias (or null), output y[p] ([tokens, out[p]] f32) and accumulate flag. Their rows are
+// one index space (kernels/shared/linear_group_math.h), so one grid covers them all.
+struct GemvFp8Group {
+  static constexpr int kMaxParts = 4;
+  int parts = 0;
+  const uint8_t* codes[kMaxParts] = {};
+  Fp8ScaleGrid scales[kMaxParts] = {};
+  const float* bias[kMaxParts] = {};
+  float* y[kMaxParts] = {};
+  int64_t out[kMaxParts] = {};
+  bool accumulate[kMaxParts] = {};
 };
-cudaError_t LaunchGemvFp8(const GemvFp8Params& p, cudaStream_t stream);
+
+// y[p][t, o] (+)= sum_i x[t, i] * dequantized codes[p][o, i] (+ bias[p][o]) for every part p and
+// t < tokens <= kGemvFp8MaxTokens. x: [tokens, in] f32, in > 0. Each weight is Fp8Dequantize's
+// f32, each lane's products and sums are f32 in a fixed order, so a part's sums do not depend on
+// the other parts of its group nor on `multiprocessors` (the device's, sizing one wave of blocks).
+// A part whose codes or scale blocks do not allow 16-byte loads (codes not 16-byte aligned,
+// block_cols or col_offset not multiples of 16) runs in a second launch with the scalar loads,
+// the same sums as alone. Launched under PDL (pdl.cuh): the first weight rows stream into L2
+// while the previous kernel runs. cudaErrorInvalidValue for a bad token count or part count, in
+// <= 0, an invalid scale grid, or columns beyond the kernel's 32-bit column index.
+cudaError_t LaunchGemvFp8(const float* x, const GemvFp8Group& group, int64_t tokens, int64_t in, int multiprocessors,
+                          cudaStream_t stream);
 
 // dst[r - row_begin, c] = bf16 of the dequantized w[r, c], for rows [row_begin, row_end) of the
 // [*, in] matrix `codes` with `scales`. dst: [row_end - row_begin, in] bf16 patterns.

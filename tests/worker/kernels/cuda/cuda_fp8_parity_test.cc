@@ -7,6 +7,11 @@
 // output, nmse 1e-8). Above, the weights are dequantized to bf16 and the activations rounded to
 // bf16 for the tensor cores (about 2^-9 relative per product each): 2e-2 of the largest output and
 // nmse 1e-5, as for the 16-bit GEMM (cuda_parity_test.cc).
+//
+// LinearGroup of F8_E4M3 parts (q/k/v-like, gate/up-like) up to 8 tokens is one launch of the FP8
+// GEMV over every part's rows: each part matches the CPU's Linear of its dequantized weights, and
+// equals bit for bit what the GPU's Linear of that part alone gives (the same kernel, a group of
+// one), whatever the group's size or its parts' load paths.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -14,6 +19,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/tensor/dtype.h"
@@ -156,7 +162,7 @@ TEST_F(CudaParityTest, Fp8WeightsAreCudaLinearOnly) {
   }
 }
 
-// LinearGroup with F8_E4M3 parts: a Linear per part (the default), each the GEMV at 2 tokens.
+// LinearGroup with F8_E4M3 parts at 2 tokens: one GEMV launch for both.
 TEST_F(CudaParityTest, LinearGroupOfFp8PartsMatchesCpu) {
   const int64_t tokens = 2, in = 256;
   const int64_t outs[2] = {96, 40};
@@ -183,6 +189,146 @@ TEST_F(CudaParityTest, LinearGroupOfFp8PartsMatchesCpu) {
     return b.LinearGroup(g);
   });
   for (const auto& part : y) ExpectMirrorsClose(part);
+}
+
+// One part of an FP8 LinearGroup: its rows, its scale blocks as Fp8Case describes them (0 x 0:
+// per-tensor) and what it adds.
+struct Fp8GroupPart {
+  int64_t out, block_rows, block_cols, row_offset, col_offset;
+  bool bias, accumulate;
+};
+
+struct Fp8GroupLayout {
+  std::string name;
+  int64_t in;
+  std::vector<Fp8GroupPart> parts;
+};
+
+void PrintTo(const Fp8GroupLayout& l, std::ostream* os) {
+  *os << l.name << " (in " << l.in << ", outs";
+  for (const Fp8GroupPart& part : l.parts) *os << " " << part.out;
+  *os << ")";
+}
+
+// The host data of a group in both backends, y already holding nonzero values (so that
+// accumulate matters); `alone` holds the same initial y, for the parts' Linear one by one.
+class CudaFp8GroupTest : public CudaParityTest {
+ protected:
+  struct Data {
+    int64_t tokens = 0, in = 0;
+    std::vector<Fp8GroupPart> parts;
+    std::vector<Fp8Matrix> mats;
+    Mirrored<float> x;
+    std::vector<Mirrored<float>> w, scales, bias, y, alone;
+    std::vector<Mirrored<uint8_t>> codes;
+  };
+
+  Data Make(int64_t tokens, const Fp8GroupLayout& layout, uint32_t seed) {
+    Data d;
+    d.tokens = tokens;
+    d.in = layout.in;
+    d.parts = layout.parts;
+    d.x = Mirror(RandomFloats(static_cast<size_t>(tokens * layout.in), seed));
+    for (size_t i = 0; i < layout.parts.size(); ++i) {
+      const Fp8GroupPart& part = layout.parts[i];
+      const Fp8Case c{tokens, layout.in, part.out, part.block_rows, part.block_cols, part.row_offset, part.col_offset,
+                      part.accumulate, part.bias};
+      const auto part_seed = static_cast<uint32_t>(seed + 10 * (i + 1));
+      d.mats.push_back(RandomFp8(c, part_seed));
+      d.w.push_back(Mirror(Dequantized(d.mats.back(), part.out, layout.in)));
+      d.codes.push_back(Mirror(d.mats.back().codes));
+      d.scales.push_back(Mirror(d.mats.back().scales));
+      d.bias.push_back(Mirror(RandomFloats(static_cast<size_t>(part.out), part_seed + 1)));
+      const std::vector<float> y0 = RandomFloats(static_cast<size_t>(tokens * part.out), part_seed + 2);
+      d.y.push_back(Mirror(y0));
+      d.alone.push_back(Mirror(y0));
+    }
+    return d;
+  }
+
+  // Part i as a Linear on `side` (the CPU's with the dequantized f32 weights) writing into y.
+  static LinearParams PartLinear(const Data& d, size_t i, int side, float* y) {
+    const Fp8GroupPart& part = d.parts[i];
+    Fp8ScaleGrid grid = d.mats[i].grid;
+    grid.scales = d.scales[i].at(side);
+    const WeightView w = side == kRef ? WeightView(d.w[i].at(side)) : WeightView::F8E4M3(d.codes[i].at(side), grid);
+    return {.x = d.x.at(side), .w = w, .bias = part.bias ? d.bias[i].at(side) : nullptr, .y = y, .tokens = d.tokens,
+            .in = d.in, .out = part.out, .accumulate = part.accumulate};
+  }
+
+  static LinearGroupParams Group(const Data& d, int side) {
+    LinearGroupParams g{
+        .x = d.x.at(side), .tokens = d.tokens, .in = d.in, .num_parts = static_cast<int>(d.parts.size())};
+    for (size_t i = 0; i < d.parts.size(); ++i) {
+      const LinearParams p = PartLinear(d, i, side, d.y[i].at(side));
+      g.parts[i] = {.w = p.w, .bias = p.bias, .y = p.y, .out = p.out, .accumulate = p.accumulate};
+    }
+    return g;
+  }
+};
+
+// q/k/v-like (three parts of different heights, one with bias, one accumulating, starting inside
+// their scale blocks), gate/up-like (two parts of 2300 rows: more rows than one wave of blocks has
+// warps, so each warp walks several), mixed (a part whose 20-column blocks rule out the 16-byte
+// loads beside two that take them: two launches) and scalar (in = 100: no 16-byte loads at all).
+// in = 1008 is a multiple of 16 but not of 128: the last scale block of each row is ragged.
+const Fp8GroupLayout kFp8GroupLayouts[] = {
+    {"qkv",
+     1008,
+     {{257, 128, 128, 0, 0, true, false}, {72, 128, 128, 64, 48, false, true}, {72, 128, 128, 100, 0, false, false}}},
+    {"gate_up", 1008, {{2300, 128, 128, 37, 16, false, false}, {2300, 128, 128, 37, 16, true, true}}},
+    {"mixed",
+     1008,
+     {{300, 128, 128, 0, 0, true, false}, {200, 24, 20, 5, 7, false, true}, {45, 0, 0, 0, 0, true, true}}},
+    {"scalar", 100, {{65, 24, 20, 5, 7, true, false}, {33, 128, 128, 0, 0, false, true}}},
+};
+
+// (tokens, layout)
+using Fp8GroupCase = std::tuple<int64_t, Fp8GroupLayout>;
+
+std::string GroupCaseName(const ::testing::TestParamInfo<Fp8GroupCase>& info) {
+  std::ostringstream os;
+  os << "t" << std::get<0>(info.param) << "_" << std::get<1>(info.param).name;
+  return os.str();
+}
+
+class CudaFp8GroupParityTest : public CudaFp8GroupTest, public ::testing::WithParamInterface<Fp8GroupCase> {};
+
+TEST_P(CudaFp8GroupParityTest, MatchesCpuAndEachPartAlone) {
+  const auto& [tokens, layout] = GetParam();
+  ASSERT_TRUE(backend(kGpu).SupportsOp(Op::kLinear, DType::kF8E4M3));
+  const Data d = Make(tokens, layout, 51);
+  RunBoth([&](Backend& b, int s) { return b.LinearGroup(Group(d, s)); });
+  for (size_t i = 0; i < d.parts.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "part " << i);
+    ExpectMirrorsClose(d.y[i]);
+  }
+  for (size_t i = 0; i < d.parts.size(); ++i) {
+    ASSERT_TRUE(backend(kGpu).Linear(PartLinear(d, i, kGpu, d.alone[i].at(kGpu))).ok());
+  }
+  ASSERT_TRUE(backend(kGpu).Synchronize().ok());
+  for (size_t i = 0; i < d.parts.size(); ++i) {
+    EXPECT_EQ(Read(d.y[i], kGpu), Read(d.alone[i], kGpu)) << "part " << i << ": the group's sums differ from alone";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TokensAndLayouts, CudaFp8GroupParityTest,
+                         ::testing::Combine(::testing::Values<int64_t>(1, 2, 3, 5, 8),
+                                            ::testing::ValuesIn(kFp8GroupLayouts)),
+                         GroupCaseName);
+
+// A 1-token q/k/v group recorded into a graph: its replay gives the CPU's products.
+TEST_F(CudaFp8GroupTest, RecordsIntoAGraph) {
+  const Data d = Make(1, kFp8GroupLayouts[0], 81);
+  ASSERT_TRUE(backend(kRef).LinearGroup(Group(d, kRef)).ok());
+  auto graph = backend(kGpu).Capture([&] { return backend(kGpu).LinearGroup(Group(d, kGpu)); });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE((*graph)->Replay().ok());
+  ASSERT_TRUE(backend(kGpu).Synchronize().ok());
+  for (size_t i = 0; i < d.parts.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "part " << i);
+    ExpectMirrorsClose(d.y[i]);
+  }
 }
 
 }  // namespace
