@@ -317,6 +317,24 @@ INSTANTIATE_TEST_SUITE_P(TokensAndLayouts, CudaFp8GroupParityTest,
                                             ::testing::ValuesIn(kFp8GroupLayouts)),
                          GroupCaseName);
 
+// The gated form with F8_E4M3 gate and up parts (an FP8 MLP's decode step): the group GEMV, then
+// the activation, as the CPU's two Linears and SiluMul.
+TEST_F(CudaFp8GroupTest, GatedGroupMatchesCpu) {
+  const Fp8GroupLayout layout{"gated", 1008, {{700, 128, 128, 0, 0, false, false}, {700, 128, 128, 0, 0, false, false}}};
+  for (int64_t tokens : {1, 3, 8}) {
+    for (GateActivation act : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+      SCOPED_TRACE(::testing::Message() << tokens << " tokens, activation " << static_cast<int>(act));
+      const Data d = Make(tokens, layout, 61);
+      RunBoth([&](Backend& b, int s) {
+        LinearGroupParams g = Group(d, s);
+        g.gated = act;
+        return b.LinearGroup(g);
+      });
+      ExpectMirrorsClose(d.y[0]);
+    }
+  }
+}
+
 // A 1-token q/k/v group recorded into a graph: its replay gives the CPU's products.
 TEST_F(CudaFp8GroupTest, RecordsIntoAGraph) {
   const Data d = Make(1, kFp8GroupLayouts[0], 81);
