@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/kernels/random_routing.h"
 #include "worker/kernels/backend.h"
 #include "worker/kernels/registry.h"
 #include "worker/kernels/shared/moe_math.h"
@@ -40,33 +41,6 @@ TEST(FindGroupedRowTest, FindsTheTokensRowOrNone) {
   EXPECT_EQ(found[0], 1);  // expert 0 first: the scatters' order
   EXPECT_EQ(found[1], 4);
   EXPECT_EQ(TokenGroupedRows(rows.data(), groups, 3, 5, found), 0);
-}
-
-// A random routing of `tokens` x `k` distinct experts of `num_experts`, grouped by GroupByExpert.
-struct Routing {
-  std::vector<int32_t> offsets, rows;
-  std::vector<float> scales;
-};
-Routing RandomRouting(std::mt19937& rng, int tokens, int k, int num_experts) {
-  std::vector<int32_t> experts(static_cast<size_t>(tokens * k));
-  std::vector<float> weights(experts.size());
-  std::uniform_real_distribution<float> weight(0.01f, 1.0f);
-  std::vector<int32_t> all(static_cast<size_t>(num_experts));
-  std::iota(all.begin(), all.end(), 0);
-  for (int t = 0; t < tokens; ++t) {
-    std::shuffle(all.begin(), all.end(), rng);
-    for (int j = 0; j < k; ++j) {
-      experts[static_cast<size_t>(t * k + j)] = all[static_cast<size_t>(j)];
-      weights[static_cast<size_t>(t * k + j)] = weight(rng);
-    }
-  }
-  Routing r{.offsets = std::vector<int32_t>(static_cast<size_t>(num_experts + 1)),
-            .rows = std::vector<int32_t>(experts.size()),
-            .scales = std::vector<float>(experts.size())};
-  std::vector<int32_t> fill(static_cast<size_t>(num_experts));
-  GroupByExpert(experts.data(), weights.data(), tokens, k, num_experts, r.offsets.data(), r.rows.data(),
-                r.scales.data(), fill.data());
-  return r;
 }
 
 TEST(MoeCombineMathTest, EqualsAScatterAddRowsPerExpertBitForBit) {

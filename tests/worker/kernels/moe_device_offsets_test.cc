@@ -15,6 +15,7 @@
 
 #include "common/tensor/dtype.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/kernels/random_routing.h"
 #include "worker/kernels/backend.h"
 #include "worker/kernels/registry.h"
 #include "worker/kernels/shared/moe_math.h"
@@ -24,34 +25,6 @@ namespace {
 
 using ::shardserve::testing::IsOk;
 using ::shardserve::testing::StatusIs;
-
-// A routing of `tokens` x `k` distinct experts of `num_experts`, grouped by GroupByExpert; experts
-// >= `used` are never chosen (empty groups).
-struct Routing {
-  std::vector<int32_t> offsets, rows;
-  std::vector<float> scales;
-};
-Routing RandomRouting(std::mt19937& rng, int tokens, int k, int num_experts, int used) {
-  std::vector<int32_t> experts(static_cast<size_t>(tokens * k));
-  std::vector<float> weights(experts.size());
-  std::uniform_real_distribution<float> weight(0.01f, 1.0f);
-  std::vector<int32_t> all(static_cast<size_t>(used));
-  std::iota(all.begin(), all.end(), 0);
-  for (int t = 0; t < tokens; ++t) {
-    std::shuffle(all.begin(), all.end(), rng);
-    for (int j = 0; j < k; ++j) {
-      experts[static_cast<size_t>(t * k + j)] = all[static_cast<size_t>(j)];
-      weights[static_cast<size_t>(t * k + j)] = weight(rng);
-    }
-  }
-  Routing r{.offsets = std::vector<int32_t>(static_cast<size_t>(num_experts + 1)),
-            .rows = std::vector<int32_t>(experts.size()),
-            .scales = std::vector<float>(experts.size())};
-  std::vector<int32_t> fill(static_cast<size_t>(num_experts));
-  GroupByExpert(experts.data(), weights.data(), tokens, k, num_experts, r.offsets.data(), r.rows.data(),
-                r.scales.data(), fill.data());
-  return r;
-}
 
 // One trial's shapes and data: x [rows, in], the experts' [out, in] matrices (f32 or bf16), the
 // held experts (every one but those = 1 mod 3, and a random few more left out).
