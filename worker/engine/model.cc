@@ -441,6 +441,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     RETURN_IF_ERROR(Alloc(*backend, &w.query_temp, t * f));
   }
   size_t linear_in = std::max({h, qd, ffn});
+  // Grouped experts: the down projection's input is an expert's width.
+  if (spec.IsMoe() && m->grouped_experts_) linear_in = std::max(linear_in, static_cast<size_t>(m->layout_.expert_ffn));
   if (mla) {
     const MlaSpec& ml = spec.mla;
     const size_t heads = static_cast<size_t>(m->layout_.q_heads);
@@ -455,7 +457,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     linear_in = std::max({linear_in, static_cast<size_t>(ml.q_lora_rank), lat});
   }
   // The widest Linear input is the hidden size, the attention output or an MLP's width (MLA: or
-  // the query's compressed width, or the latent).
+  // the query's compressed width, or the latent; MoE: or an expert's).
   RETURN_IF_ERROR(backend->Reserve({.max_tokens = options.max_step_tokens,
                                     .max_linear_in = static_cast<int64_t>(linear_in),
                                     .max_q_heads = m->layout_.q_heads,

@@ -401,9 +401,13 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
   if (limits.max_tokens < 0 || limits.max_linear_in < 0) {
     return absl::InvalidArgumentError(absl::StrCat(name_, ": negative step limits"));
   }
-  // 16-bit GEMMs round their activations into the scratch: [tokens, in] of 2 bytes. Split-K
-  // attention keeps its partial states there: [rows, q_heads, splits, head_dim + 2] floats, capped.
-  const size_t cast_bytes = static_cast<size_t>(limits.max_tokens) * static_cast<size_t>(limits.max_linear_in) * 2;
+  // 16-bit GEMMs round their activations into the scratch: [tokens, in] of 2 bytes; MoE layers'
+  // grouped experts every token's top_k rows: [tokens x top_k, in]. Split-K attention keeps its
+  // partial states there: [rows, q_heads, splits, head_dim + 2] floats, capped.
+  const int64_t gemm_rows =
+      limits.moe_routing.num_experts > 0 && limits.moe_routing.top_k > 1 ? limits.max_tokens * limits.moe_routing.top_k
+                                                                          : limits.max_tokens;
+  const size_t cast_bytes = static_cast<size_t>(gemm_rows) * static_cast<size_t>(limits.max_linear_in) * 2;
   size_t attn_floats = 0;
   if (limits.max_tokens > 0 && limits.max_q_heads > 0 && limits.max_head_dim > 0) {
     attn_floats = std::min(static_cast<size_t>(limits.max_tokens) * static_cast<size_t>(limits.max_q_heads) *

@@ -315,6 +315,50 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaGrouped16ParityTest,
 
 // GroupedLinear with f32 experts over more groups than one pointer-table launch holds (160
 // experts): the device-built pointer arrays of the grouped GEMM cover every group.
+// Reserve sizes the scratch for a MoE layer's grouped rows (every token's top_k choices), so a
+// grouped GEMM of that many rows (groups above the GEMV's 32 rows: the activations rounded into
+// the scratch) allocates nothing: it records into a graph, whose replay gives a Linear per group.
+TEST_F(CudaParityTest, GroupedGemmOfReservedRowsIsRecordable) {
+  const int64_t tokens = 96, in = 256, out = 64;
+  const int k = 2, experts = 4;
+  kernels::MoeRouting routing;
+  routing.num_experts = experts;
+  routing.top_k = k;
+  ASSERT_TRUE(backend(kGpu).Reserve({.max_tokens = tokens, .max_linear_in = in, .moe_routing = routing}).ok());
+  const GroupedRouting r = RandomGroupedRouting(tokens, k, experts, 7, /*skewed=*/false);
+  const int64_t rows = tokens * k, matrix = out * in;
+  const std::vector<uint16_t> w16 = Narrow(DType::kBF16, RandomFloats(static_cast<size_t>(experts * matrix), 8));
+  auto w_wide = Mirror(Widen(DType::kBF16, w16));
+  auto w_narrow = Mirror(w16);
+  std::vector<GroupedLinearParams::Group> groups;
+  for (int e = 0; e < experts; ++e) {
+    groups.push_back({.w = WeightView(DType::kBF16, w_narrow.at(kGpu) + e * matrix), .begin = r.offsets[e],
+                      .count = r.offsets[e + 1] - r.offsets[e]});
+  }
+  int64_t largest = 0;
+  for (const auto& g : groups) largest = std::max(largest, g.count);
+  ASSERT_GT(largest, 32) << "the case is meant for the GEMM path";
+  auto x = Mirror(RandomFloats(static_cast<size_t>(rows * in), 9));
+  auto y = Mirror(std::vector<float>(static_cast<size_t>(rows * out)));
+  for (int e = 0; e < experts; ++e) {
+    const GroupedLinearParams::Group& g = groups[static_cast<size_t>(e)];
+    if (g.count == 0) continue;
+    ASSERT_TRUE(backend(kRef)
+                    .Linear({.x = x.at(kRef) + g.begin * in, .w = w_wide.at(kRef) + e * matrix,
+                             .y = y.at(kRef) + g.begin * out, .tokens = g.count, .in = in, .out = out})
+                    .ok());
+  }
+  auto graph = backend(kGpu).Capture([&] {
+    return backend(kGpu).GroupedLinear({.x = x.at(kGpu), .y = y.at(kGpu), .groups = groups.data(),
+                                        .num_groups = static_cast<int64_t>(groups.size()), .rows = rows, .in = in,
+                                        .out = out});
+  });
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE((*graph)->Replay().ok());
+  ASSERT_TRUE(backend(kGpu).Synchronize().ok());
+  ExpectMirrorsClose(y, 2e-2f, 1e-5);  // activations rounded to 16 bits for the tensor cores
+}
+
 TEST_F(CudaParityTest, GroupedLinearF32BuildsEveryGroupsPointers) {
   const int64_t tokens = 300, in = 64, out = 48, matrix = in * out;
   const int k = 6, experts = 160;
