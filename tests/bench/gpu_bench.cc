@@ -69,6 +69,11 @@ ABSL_FLAG(int32_t, context, 32, "prompt length of each sequence before the timed
 ABSL_FLAG(bool, pdl, false,
           "launch the decode kernels with programmatic dependent launch (compute capability >= 9.0; "
           "worker/kernels/cuda/pdl.cuh)");
+ABSL_FLAG(bool, mma_attention, true,
+          "prefill attention on tensor cores where it applies (false: the CUDA-core kernel, for comparisons)");
+ABSL_FLAG(bool, moe_device_offsets, true,
+          "MoE decode steps keep the experts' row offsets on the device and replay as CUDA graphs (false: the "
+          "host copy of the offsets, op by op)");
 ABSL_FLAG(bool, blocking_sync, false,
           "the host blocks in its waits for the device instead of spinning (cudaDeviceScheduleBlockingSync): "
           "host_cpu_ms_per_step then counts the host's work rather than its waiting");
@@ -226,8 +231,11 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
   if (batch < 1 || steps1 < 1 || context < 1 || prefill < 1) {
     return absl::InvalidArgumentError("--batch, --tokens, --context and --prefill must be >= 1");
   }
-  engine::ExecutorOptions options{
-      .kind = kernels::DeviceKind::kCuda, .cuda_devices = {0}, .cuda_pdl = absl::GetFlag(FLAGS_pdl)};
+  engine::ExecutorOptions options{.kind = kernels::DeviceKind::kCuda,
+                                  .cuda_devices = {0},
+                                  .cuda_pdl = absl::GetFlag(FLAGS_pdl),
+                                  .cuda_mma_attention = absl::GetFlag(FLAGS_mma_attention)};
+  options.model.moe_device_offsets = absl::GetFlag(FLAGS_moe_device_offsets);
   const int64_t max_seq = std::max<int64_t>(prefill, context + steps1 + 8);
   if (max_seq > spec.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("--prefill/--context/--tokens need ", max_seq,

@@ -4,7 +4,9 @@
 # Variants: "spin" (the host spins in its waits for the device, as the daemons do: the decode
 # figures) and "blocking" (--blocking_sync: the host sleeps in its waits, so host_cpu_ms_per_step
 # is the host's own work per step), "pdl" (spin with --pdl: the decode kernels launched with
-# programmatic dependent launch, off by default; see worker/kernels/cuda/pdl.cuh).
+# programmatic dependent launch, off by default; see worker/kernels/cuda/pdl.cuh), "no_mma" (spin
+# with prefill attention on the CUDA cores instead of the tensor cores) and "moe_host" (spin with
+# MoE decode steps copying the experts' offsets to the host, op by op, as before the device path).
 # Default: spin blocking. Each run's JSON goes to
 # OUT_DIR/bench_VARIANT.json (default OUT_DIR: ${OUT:-.}). Bench flags come from
 # SHARDSERVE_BENCH_FLAGS (default: --models=llama); SHARDSERVE_BENCH_BIN names another benchmark
@@ -27,7 +29,9 @@ for v in "${VARIANTS[@]}"; do
     spin) extra=() ;;
     blocking) extra=(--blocking_sync) ;;
     pdl) extra=(--pdl) ;;
-    *) echo "variants.sh: unknown variant '$v' (spin, blocking, pdl)" >&2; exit 2 ;;
+    no_mma) extra=(--nomma_attention) ;;
+    moe_host) extra=(--nomoe_device_offsets) ;;
+    *) echo "variants.sh: unknown variant '$v' (spin, blocking, pdl, no_mma, moe_host)" >&2; exit 2 ;;
   esac
   (cd "$BUNDLE/root" && timeout -k 10 "${SHARDSERVE_VARIANT_TIMEOUT_S:-150}" \
     "${SHARDSERVE_BENCH_BIN:-$BUNDLE/bin/shardserve-bench-gpu}" --json --scratch="$WORK/models" "${FLAGS[@]}" ${extra[@]+"${extra[@]}"} \

@@ -33,6 +33,7 @@ struct ExecutorOptions {
   int cpu_threads = 1;            // kCpu with one rank: BLAS threads (ranks > 1 use 1 each)
   std::vector<int> cuda_devices;  // kCuda: one rank per device ordinal
   bool cuda_pdl = false;          // kCuda: programmatic dependent launch (kernels::BackendOptions)
+  bool cuda_mma_attention = true;  // kCuda: prefill attention on tensor cores (kernels::BackendOptions)
   ModelOptions model;             // shard and comm are set per rank by the executor
 };
 

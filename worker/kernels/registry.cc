@@ -62,7 +62,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
                                                           " requested but this machine has ", count,
                                                           " CUDA device(s)"));
       }
-      return CreateCudaBackend(options.device_index, options.cuda_pdl);
+      return CreateCudaBackend(options.device_index,
+                               {.pdl = options.cuda_pdl, .mma_attention = options.cuda_mma_attention});
 #else
       return absl::UnimplementedError("CUDA devices requested but this binary was built without CUDA "
                                       "(SHARDSERVE_CUDA=OFF or no nvcc at build time)");

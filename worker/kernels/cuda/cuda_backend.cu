@@ -114,7 +114,8 @@ absl::Status ForEachGroupTable(const GroupedLinearParams::Group* groups, int64_t
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device), name_(absl::StrCat("cuda:", device)) {}
+  CudaBackend(int device, bool mma_attention)
+      : device_(device), name_(absl::StrCat("cuda:", device)), mma_attention_(mma_attention) {}
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -209,6 +210,7 @@ class CudaBackend final : public Backend {
   void* blas_workspace_ = nullptr;
   int multiprocessors_ = 1;
   int compute_major_ = 0;  // the device's compute capability (major)
+  const bool mma_attention_;  // CudaBackendOptions::mma_attention
 
   // Backend-owned scratch for ops that need device memory beyond their Params (the activations
   // of a 16-bit GEMM, rounded; attention's split partials). Sized by Reserve(); grown by an op
@@ -714,7 +716,7 @@ absl::Status CudaBackend::KvWrite(const KvWriteParams& p) {
 absl::Status CudaBackend::Attention(const AttentionParams& p) {
   RETURN_IF_ERROR(p.Validate());
   // Prefill rows on tensor cores where they apply (attention.cuh).
-  if (cuda::MmaAttentionApplies(p, compute_major_)) {
+  if (mma_attention_ && cuda::MmaAttentionApplies(p, compute_major_)) {
     RETURN_IF_ERROR(Enter());
     return Check(cuda::LaunchMmaAttention(p, stream_), "MmaAttention kernel launch");
   }
@@ -1001,14 +1003,14 @@ int CudaBackendDeviceCount() {
   return count;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index, bool pdl) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index, const CudaBackendOptions& options) {
   const int count = CudaBackendDeviceCount();
   if (device_index < 0 || device_index >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA device ", device_index, " requested but this machine has ", count, " CUDA device(s)"));
   }
-  auto backend = std::make_unique<CudaBackend>(device_index);
-  RETURN_IF_ERROR(backend->Init(pdl));
+  auto backend = std::make_unique<CudaBackend>(device_index, options.mma_attention);
+  RETURN_IF_ERROR(backend->Init(options.pdl));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

@@ -57,10 +57,16 @@ absl::Status CudaBackendDeviceMemory(int device_index, int64_t* total_bytes, int
 // Creates a backend for device `device_index` (0-based, as CUDA numbers devices): creates its
 // stream, cuBLAS handle and cuBLAS workspace. FailedPrecondition when the device does not exist
 // (the message says how many there are); Internal when the driver or cuBLAS refuses (the message
-// names the call). Thread-safe; the backend it returns is not (see above). `pdl`: ask for
-// programmatic dependent launch of the decode kernels (pdl.cuh: a process-wide setting, used only
-// when every device of the process has compute capability >= 9.0).
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index, bool pdl = false);
+// names the call). Thread-safe; the backend it returns is not (see above).
+struct CudaBackendOptions {
+  // Programmatic dependent launch of the decode kernels (pdl.cuh: a process-wide setting, used only
+  // when every device of the process has compute capability >= 9.0).
+  bool pdl = false;
+  // Prefill attention on tensor cores where it applies (attention.cuh, "Prefill on tensor cores");
+  // false: every attention row on the CUDA-core kernel (for comparisons).
+  bool mma_attention = true;
+};
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index, const CudaBackendOptions& options = {});
 
 }  // namespace shardserve::kernels
 
