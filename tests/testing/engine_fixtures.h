@@ -3,6 +3,8 @@
 #ifndef SHARDSERVE_TESTS_TESTING_ENGINE_FIXTURES_H_
 #define SHARDSERVE_TESTS_TESTING_ENGINE_FIXTURES_H_
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -10,10 +12,12 @@
 
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
+#include "absl/strings/string_view.h"
 #include "common/status/macros.h"
 #include "tests/testing/golden.h"
 #include "worker/engine/generator.h"
 #include "worker/engine/model.h"
+#include "worker/engine/step_runner.h"
 #include "worker/kernels/backend.h"
 
 namespace shardserve::testing {
@@ -36,6 +40,17 @@ inline absl::StatusOr<LoadedModel> LoadModel(const std::string& dir, const engin
   ASSIGN_OR_RETURN(l.model, engine::Model::Create(l.spec, *l.ckpt, l.backend.get(), options));
   return l;
 }
+
+// Records what a one-rank model reports per (layer, expert), in the order reported (called from
+// the model's thread only).
+class ExpertTokens final : public engine::StepObserver {
+ public:
+  void OnCollective(int /*rank*/, absl::string_view /*op*/, double /*seconds*/) override {}
+  void OnExpertTokens(int64_t layer, int64_t expert, int64_t tokens) override {
+    calls.push_back({layer, expert, tokens});
+  }
+  std::vector<std::array<int64_t, 3>> calls;
+};
 
 inline std::vector<engine::GenerationRequest> GreedyRequests(const GoldenModel& g) {
   std::vector<engine::GenerationRequest> reqs;

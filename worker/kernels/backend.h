@@ -362,6 +362,12 @@ struct PagedSeqs {
   const int32_t* block_table = nullptr;       // [table_entries] block ids; same memory as `seqs`
   const int32_t* host_block_table = nullptr;  // host copy of `block_table`, for validation
   int64_t table_entries = 0;
+  // The most new rows of one sequence (from host_seqs): launches size their grids by it.
+  int64_t MaxQueryLen() const {
+    int64_t m = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) m = host_seqs[s].q_len > m ? host_seqs[s].q_len : m;
+    return m;
+  }
 };
 
 // Writes each sequence's new k/v rows into the cache blocks its table names for its positions.

@@ -37,6 +37,7 @@ namespace shardserve::engine {
 namespace {
 
 using ::shardserve::testing::ExpectLogitsClose;
+using ::shardserve::testing::ExpertTokens;
 using ::shardserve::testing::GoldenModel;
 using ::shardserve::testing::GreedyRequests;
 
@@ -173,6 +174,21 @@ TEST(CudaWeightsTest, Bf16CheckpointOccupiesBf16BytesOnTheDevice) {
   EXPECT_EQ(static_cast<int64_t>(ex->WeightBytesPerRank()[0]), norm_params * 4 + other_params * 2);
 }
 
+// A Mixtral-shaped model small enough to generate per test: 8 experts, 2 per token, 2 layers.
+testing::RandomLlamaShape SmallMoeShape() {
+  testing::RandomLlamaShape shape;
+  shape.vocab = 128;
+  shape.hidden = 256;
+  shape.intermediate = 128;
+  shape.layers = 2;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.max_positions = 512;
+  shape.experts = 8;
+  shape.experts_per_tok = 2;
+  return shape;
+}
+
 // A Mixtral-shaped checkpoint stored in bf16 or f16 (the real MoE checkpoints' dtypes): its experts
 // stay 16-bit on the device and run grouped (GroupedLinear's grouped GEMV for decode-sized groups,
 // a GEMM per expert for a long prefill's) with one MoeCombine per layer; the logits must follow
@@ -183,18 +199,9 @@ TEST(CudaMoeTest, SixteenBitExpertsRunGroupedAndFollowTheCpu) {
   for (const bool f16 : {false, true}) {
     SCOPED_TRACE(f16 ? "f16" : "bf16");
     testing::TempDir tmp;
-    testing::RandomLlamaShape shape;
-    shape.vocab = 128;
-    shape.hidden = 256;
-    shape.intermediate = 128;
-    shape.layers = 2;
-    shape.heads = 4;
-    shape.kv_heads = 2;
-    shape.max_positions = 512;
+    testing::RandomLlamaShape shape = SmallMoeShape();
     shape.bf16 = !f16;
     shape.f16 = f16;
-    shape.experts = 8;
-    shape.experts_per_tok = 2;
     ASSERT_THAT(testing::WriteRandomLlama(tmp.path(), shape, 16), ::shardserve::testing::IsOk());
     ASSERT_OK_AND_ASSIGN(Loaded gpu, LoadOnCuda(tmp.path(), {}));
     ASSERT_TRUE(gpu.backend->SupportsOp(kernels::Op::kGroupedLinear, f16 ? DType::kF16 : DType::kBF16));
@@ -223,16 +230,6 @@ TEST(CudaMoeTest, SixteenBitExpertsRunGroupedAndFollowTheCpu) {
   }
 }
 
-// Counts what the engine reports per (layer, expert), in order. One rank: the test's thread only.
-class ExpertTokens final : public StepObserver {
- public:
-  void OnCollective(int /*rank*/, absl::string_view /*op*/, double /*seconds*/) override {}
-  void OnExpertTokens(int64_t layer, int64_t expert, int64_t tokens) override {
-    calls.push_back({layer, expert, tokens});
-  }
-  std::vector<std::array<int64_t, 3>> calls;
-};
-
 // The device path of MoE layers (ModelOptions::moe_device_offsets): with 16-bit experts a decode
 // step routes without copying the offsets to the host, runs the grouped GEMV and the combine over
 // the device offsets, and is recorded as a CUDA graph and replayed. The logits must equal those of
@@ -241,17 +238,8 @@ class ExpertTokens final : public StepObserver {
 TEST(CudaMoeTest, SixteenBitMoeDecodeStepsReplayAsGraphs) {
   if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   testing::TempDir tmp;
-  testing::RandomLlamaShape shape;
-  shape.vocab = 128;
-  shape.hidden = 256;
-  shape.intermediate = 128;
-  shape.layers = 2;
-  shape.heads = 4;
-  shape.kv_heads = 2;
-  shape.max_positions = 512;
+  testing::RandomLlamaShape shape = SmallMoeShape();
   shape.bf16 = true;
-  shape.experts = 8;
-  shape.experts_per_tok = 2;
   ASSERT_THAT(testing::WriteRandomLlama(tmp.path(), shape, 17), ::shardserve::testing::IsOk());
   ExpertTokens graph_counts, host_counts;
   ASSERT_OK_AND_ASSIGN(Loaded graphs, LoadOnCuda(tmp.path(), {.observer = &graph_counts}));

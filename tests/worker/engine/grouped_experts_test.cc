@@ -24,6 +24,7 @@
 namespace shardserve::engine {
 namespace {
 
+using ::shardserve::testing::ExpertTokens;
 using ::shardserve::testing::GoldenModel;
 using ::shardserve::testing::GreedyRequests;
 using ::shardserve::testing::RecordingBackend;
@@ -100,17 +101,6 @@ TEST_P(GroupedExpertsTest, CombineLogitsBitIdenticalToThePerExpertScatters) {
   const auto& rec = static_cast<const RecordingBackend&>(*combined.backend);
   EXPECT_GT(rec.moe_combines(), 0) << "the combine did not run";
 }
-
-// Counts what the engine reports per (layer, expert), in the order reported. One rank: called from
-// the test's thread only.
-class ExpertTokens final : public StepObserver {
- public:
-  void OnCollective(int /*rank*/, absl::string_view /*op*/, double /*seconds*/) override {}
-  void OnExpertTokens(int64_t layer, int64_t expert, int64_t tokens) override {
-    calls.push_back({layer, expert, tokens});
-  }
-  std::vector<std::array<int64_t, 3>> calls;
-};
 
 // The device path (ModelOptions::moe_device_offsets): MoeRoute leaves the offsets on the device and
 // the grouped experts read them there (the CPU backend's device-offsets forms), so decode steps are

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "worker/kernels/backend.h"
 #include "worker/kernels/registry.h"
 
 namespace shardserve::kernels {
@@ -172,6 +173,22 @@ TEST(SplitKeysTest, SplitsCoverTheRowOnceInOrder) {
       }
     }
   }
+}
+
+// Position pos of a sequence lives in block table[pos / block_size], at offset pos % block_size.
+TEST(PagedCacheRowTest, FollowsTheBlockTable) {
+  const int table[] = {5, 0, 3};
+  const long long block_size = 4;
+  // Positions 0-3 in block 5 (rows 20-23), 4-7 in block 0 (rows 0-3), 8-11 in block 3 (rows 12-15).
+  const long long want[] = {20, 21, 22, 23, 0, 1, 2, 3, 12, 13, 14, 15};
+  for (long long pos = 0; pos < 12; ++pos) EXPECT_EQ(PagedCacheRow(table, pos, block_size), want[pos]) << pos;
+}
+
+TEST(PagedSeqsTest, MaxQueryLenIsTheLongestSequencesNewRows) {
+  const AttnSeq seqs[] = {{.q_begin = 0, .q_len = 3}, {.q_begin = 3, .q_len = 17}, {.q_begin = 20, .q_len = 1}};
+  EXPECT_EQ((PagedSeqs{.host_seqs = seqs, .num_seqs = 3}).MaxQueryLen(), 17);
+  EXPECT_EQ((PagedSeqs{.host_seqs = seqs, .num_seqs = 1}).MaxQueryLen(), 3);
+  EXPECT_EQ(PagedSeqs{}.MaxQueryLen(), 0);
 }
 
 // The first key of a row, against the definition spelled out key by key (AttentionParams: keys

@@ -26,9 +26,6 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-__device__ __forceinline__ int64_t CacheRow(const int32_t* table, int64_t pos, int64_t block_size) {
-  return int64_t{table[pos / block_size]} * block_size + pos % block_size;
-}
 
 __device__ __forceinline__ float Widen(float x) { return x; }
 __device__ __forceinline__ float Widen(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -165,7 +162,7 @@ __global__ void __launch_bounds__(kThreads)
       if constexpr (kWalk == KeyWalk::kPerKey) {
         // Warp-uniform loop: every lane of a warp sees the same key j.
         for (long long j = kb + warp; j < ke; j += kAttnWarps) {
-          const int64_t cache_row = CacheRow(table, j, sh.block_size);
+          const int64_t cache_row = PagedCacheRow(table, j, sh.block_size);
           const T* kj = cache_k + cache_row * row + g * d;
           const T* vj = cache_v + cache_row * row + g * d;
 #pragma unroll
@@ -198,7 +195,7 @@ __global__ void __launch_bounds__(kThreads)
         for (long long c = kb + int64_t{warp} * kWarp; c < ke; c += int64_t{kAttnWarps} * kWarp) {
           const long long j = c + lane;
           const bool valid = j < ke;
-          const int64_t cache_row = valid ? CacheRow(table, j, sh.block_size) : 0;
+          const int64_t cache_row = valid ? PagedCacheRow(table, j, sh.block_size) : 0;
           float dots[kMaxHeadsPerBlock];
           DotHeads<T, kWalk, kDpl * kWarp>(cache_k + cache_row * row + g * d, q_s, d, valid ? nh : 0, dots);
           float p[kMaxHeadsPerBlock];
@@ -357,11 +354,6 @@ void LaunchSplit(const AttentionParams& p, const Shape& sh, dim3 grid, size_t sh
   }
 }
 
-int64_t MaxQueryLen(const PagedSeqs& p) {
-  int64_t m = 0;
-  for (int64_t s = 0; s < p.num_seqs; ++s) m = p.host_seqs[s].q_len > m ? p.host_seqs[s].q_len : m;
-  return m;
-}
 
 }  // namespace
 
@@ -409,7 +401,7 @@ size_t MaxAttentionPartialFloats(int64_t max_head_dim) {
 }
 
 cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials, cudaStream_t stream) {
-  const int64_t max_q_len = MaxQueryLen(p.paged);
+  const int64_t max_q_len = p.paged.MaxQueryLen();
   if (max_q_len == 0 || p.q_heads == 0) return cudaSuccess;
   const int64_t group = p.q_heads / p.cache.kv_heads;
   const int head_blocks = static_cast<int>((group + plan.heads_per_block - 1) / plan.heads_per_block);

@@ -25,9 +25,6 @@ constexpr int64_t kMaxGrid = 65535;
 
 unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
 
-__device__ __forceinline__ int64_t CacheRow(const int32_t* table, int64_t pos, int64_t block_size) {
-  return int64_t{table[pos / block_size]} * block_size + pos % block_size;
-}
 
 struct MmaShape {
   int64_t block_size, q_heads, kv_heads, sliding_window, chunk_size;
@@ -113,7 +110,7 @@ __global__ void __launch_bounds__(kThreads)
           const int c = (e % (kD / kVec)) * kVec;
           uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
           if (kb + j < key_end) {
-            const int64_t off = CacheRow(table, kb + j, sh.block_size) * kv_row + g * kD + c;
+            const int64_t off = PagedCacheRow(table, kb + j, sh.block_size) * kv_row + g * kD + c;
             kv = *reinterpret_cast<const uint4*>(cache_k + off);
             vv = *reinterpret_cast<const uint4*>(cache_v + off);
           }
@@ -235,20 +232,13 @@ bool MmaAttentionApplies(const AttentionParams& p, int compute_major) {
   if (compute_major < 8 || p.cache.dtype != DType::kBF16 || p.q_heads > kMaxGrid) return false;
   if (p.cache.head_dim != 64 && p.cache.head_dim != 128) return false;
   if (!Aligned16(p.cache.k) || !Aligned16(p.cache.v)) return false;
-  int64_t longest = 0;
-  for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
-    longest = p.paged.host_seqs[s].q_len > longest ? p.paged.host_seqs[s].q_len : longest;
-  }
-  return longest >= kMinMmaAttentionRows;
+  return p.paged.MaxQueryLen() >= kMinMmaAttentionRows;
 }
 
 size_t MmaAttentionSharedBytes(int64_t head_dim) { return MmaSharedBytes(static_cast<int>(head_dim)); }
 
 cudaError_t LaunchMmaAttention(const AttentionParams& p, cudaStream_t stream) {
-  int64_t max_q_len = 0;
-  for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
-    max_q_len = p.paged.host_seqs[s].q_len > max_q_len ? p.paged.host_seqs[s].q_len : max_q_len;
-  }
+  const int64_t max_q_len = p.paged.MaxQueryLen();
   if (max_q_len == 0 || p.q_heads == 0) return cudaSuccess;
   switch (p.cache.head_dim) {
     case 64:

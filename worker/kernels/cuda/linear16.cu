@@ -7,6 +7,7 @@
 #include "worker/kernels/cuda/gemv16_dots.cuh"
 #include "worker/kernels/cuda/linear16.cuh"
 #include "worker/kernels/cuda/pdl.cuh"
+#include "worker/kernels/shared/linear_group_math.h"
 
 namespace shardserve::kernels::cuda {
 namespace {
@@ -23,21 +24,11 @@ constexpr int64_t kMaxGrid = 65535;
 
 unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
 
-// The part and the row within it of row r of the group's joint row index space.
-__device__ __forceinline__ void LocateRow(const Gemv16Group& g, int64_t r, int* part, int64_t* row) {
-  int p = 0;
-  while (p + 1 < g.parts && r >= g.out[p]) r -= g.out[p++];
-  *part = p;
-  *row = r;
-}
-
 // Pulls weight row r of the group into L2 (nothing past the last row).
 __device__ __forceinline__ void PrefetchRow(const Gemv16Group& g, int64_t r, int64_t total_rows, int64_t in, int lane) {
   if (r >= total_rows) return;
-  int part = 0;
-  int64_t row = 0;
-  LocateRow(g, r, &part, &row);
-  pdl::PrefetchL2(static_cast<const uint16_t*>(g.w[part]) + row * in, in * 2, lane);
+  const GroupRow at = LocateGroupRow(g.out, g.parts, r);
+  pdl::PrefetchL2(static_cast<const uint16_t*>(g.w[at.part]) + at.row * in, in * 2, lane);
 }
 
 // One warp per output row of the group's rows (grid-stride; part after part), for batches of at
@@ -60,9 +51,9 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   pdl::Wait();
   for (int64_t r = first; r < total_rows; r += stride) {
     PrefetchRow(g, r + kPrefetchRows * stride, total_rows, in, lane);
-    int part = 0;
-    int64_t row = 0;
-    LocateRow(g, r, &part, &row);
+    const GroupRow at = LocateGroupRow(g.out, g.parts, r);
+    const int part = at.part;
+    const int64_t row = at.row;
     const uint16_t* wr = static_cast<const uint16_t*>(g.w[part]) + row * in;
     const int64_t out = g.out[part];
     const float* bias = g.bias[part];

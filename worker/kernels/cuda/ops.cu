@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "worker/kernels/cuda/pdl.cuh"
+#include "worker/kernels/shared/attention_math.h"
 #include "worker/kernels/shared/row_math.h"
 
 namespace shardserve::kernels::cuda {
@@ -32,11 +33,6 @@ unsigned RowThreads(int64_t width) {
   return static_cast<unsigned>(threads < kRowThreads ? threads : kRowThreads);
 }
 
-int64_t MaxQueryLen(const AttnSeq* host_seqs, int64_t num_seqs) {
-  int64_t m = 0;
-  for (int64_t s = 0; s < num_seqs; ++s) m = host_seqs[s].q_len > m ? host_seqs[s].q_len : m;
-  return m;
-}
 
 __device__ __forceinline__ float WarpSum(float v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -234,10 +230,6 @@ __global__ void RopeKernel(const RopeArgs r, int64_t tokens) {
   }
 }
 
-// Offset (in rows) of position `pos` in the paged cache, through the sequence's block table.
-__device__ __forceinline__ int64_t CacheRow(const int32_t* table, int64_t pos, int64_t block_size) {
-  return int64_t{table[pos / block_size]} * block_size + pos % block_size;
-}
 
 // grid.y strides over sequences, grid.x over each sequence's rows; threads over a row's elements.
 // A cache element from f32: the value itself, or rounded to nearest even for 16-bit caches.
@@ -266,7 +258,7 @@ __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seq
     const int32_t* table = block_table + seq.table_begin;
     for (int64_t i = blockIdx.x; i < seq.q_len; i += gridDim.x) {
       const int64_t src = (int64_t{seq.q_begin} + i) * row;
-      const int64_t dst = CacheRow(table, seq.pos_begin + i, block_size) * row;
+      const int64_t dst = PagedCacheRow(table, seq.pos_begin + i, block_size) * row;
       for (int64_t e = threadIdx.x; e < row; e += blockDim.x) {
         cache_k[dst + e] = ToCache<T>(k[src + e]);
         cache_v[dst + e] = ToCache<T>(v[src + e]);
@@ -298,7 +290,7 @@ __global__ void RopeKvWriteKernel(const RopeArgs r, const float* v, const AttnSe
     for (int64_t i = blockIdx.x; i < seq.q_len; i += gridDim.x) {
       const int64_t t = int64_t{seq.q_begin} + i;
       FillRopeTable(r, t, cos_s, sin_s);
-      const int64_t dst = CacheRow(table, seq.pos_begin + i, block_size) * row;
+      const int64_t dst = PagedCacheRow(table, seq.pos_begin + i, block_size) * row;
       for (int64_t idx = threadIdx.x; idx < (r.q_heads + r.kv_heads) * half; idx += blockDim.x) {
         const int64_t h = idx / half;
         const int pair = static_cast<int>(idx % half);
@@ -479,7 +471,7 @@ cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
 }
 
 cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
-  const int64_t max_q_len = MaxQueryLen(p.paged.host_seqs, p.paged.num_seqs);
+  const int64_t max_q_len = p.paged.MaxQueryLen();
   if (max_q_len == 0) return cudaSuccess;
   const int64_t row = p.cache.kv_heads * p.cache.head_dim;
   const dim3 grid(GridFor(max_q_len), GridFor(p.paged.num_seqs));

@@ -72,6 +72,12 @@ SHARDSERVE_HD void SplitKeys(long long lo, long long pos, int splits, int split,
   *end = e;
 }
 
+// The row of the paged cache that holds position `pos` of a sequence whose block table is `table`
+// (blocks of block_size positions).
+SHARDSERVE_HD long long PagedCacheRow(const int* table, long long pos, long long block_size) {
+  return static_cast<long long>(table[pos / block_size]) * block_size + pos % block_size;
+}
+
 // The first key a query at position `pos` attends to: 0, or within a sliding window of `window`
 // keys (pos - window + 1, when window > 0), or within its chunk of `chunk` positions (pos - pos %
 // chunk, when chunk > 0), whichever is latest. Never decreases as pos grows, so the first row of a
