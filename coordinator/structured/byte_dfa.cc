@@ -684,17 +684,32 @@ absl::StatusOr<ByteDfa> ByteDfa::Compile(absl::string_view pattern, const DfaLim
     }
   }
   if (!live[static_cast<size_t>(dfa.start_)]) return absl::InvalidArgumentError("constraint matches no text at all");
-  dfa.has_out_.assign(n, 0);
-  dfa.loops_.assign(n, {});
+  // Renumber the live states densely and drop the rest (a dead state, e.g. after an empty class
+  // such as [^\d\D], must not stay in the table: every state the DFA reports can still accept).
+  std::vector<int32_t> renumber(n, -1);
+  int32_t kept = 0;
   for (size_t s = 0; s < n; ++s) {
+    if (live[s]) renumber[s] = kept++;
+  }
+  ByteDfa out;
+  out.start_ = renumber[static_cast<size_t>(dfa.start_)];
+  out.next_.assign(static_cast<size_t>(kept) * 256, -1);
+  out.accepting_.assign(static_cast<size_t>(kept), 0);
+  out.has_out_.assign(static_cast<size_t>(kept), 0);
+  out.loops_.assign(static_cast<size_t>(kept), {});
+  for (size_t s = 0; s < n; ++s) {
+    const int32_t ns = renumber[s];
+    if (ns < 0) continue;
+    out.accepting_[static_cast<size_t>(ns)] = dfa.accepting_[s];
     for (int b = 0; b < 256; ++b) {
-      int32_t& t = dfa.next_[s * 256 + static_cast<size_t>(b)];
-      if (t >= 0 && !live[static_cast<size_t>(t)]) t = -1;
-      if (t >= 0) dfa.has_out_[s] = 1;
-      if (t == static_cast<int32_t>(s)) dfa.loops_[s].set(static_cast<size_t>(b));
+      const int32_t t = dfa.next_[s * 256 + static_cast<size_t>(b)];
+      const int32_t nt = t >= 0 ? renumber[static_cast<size_t>(t)] : -1;
+      out.next_[static_cast<size_t>(ns) * 256 + static_cast<size_t>(b)] = nt;
+      if (nt >= 0) out.has_out_[static_cast<size_t>(ns)] = 1;
+      if (nt == ns) out.loops_[static_cast<size_t>(ns)].set(static_cast<size_t>(b));
     }
   }
-  return dfa;
+  return out;
 }
 
 int32_t ByteDfa::Walk(int32_t state, absl::string_view text) const {

@@ -38,6 +38,8 @@ for i, s in enumerate(re.findall(r'R"\((.*?)\)"', text)):
 for i, s in enumerate([r"\d{4}-\d{2}-\d{2}", r"(yes|no), because [a-z ]{1,30}\.", r"[^\s.]+@[a-z]+\.(com|org)"]):
     open(os.path.join(out, f"regex{i}"), "wb").write(b"\x01" + s.encode())
 PY
+# Inputs that once crashed a fuzzer run first, as part of the corpus.
+cp tests/fuzz/regressions/structured_schema/* "$corpus/schema/"
 # Any sanitizer report ends the run with a non-zero status (the libraries are also built with
 # -fno-sanitize-recover=all; these make sure of it at run time).
 export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1

@@ -81,6 +81,25 @@ TEST(ByteDfaTest, DeadEndsArePruned) {
   for (int32_t st = 0; st < d.num_states(); ++st) EXPECT_TRUE(d.IsAccepting(st) || d.HasTransitions(st));
 }
 
+TEST(ByteDfaTest, StatesThatCannotAcceptAreDropped) {
+  // [^\d\D] matches nothing, so "a" leads nowhere: the DFA keeps only the states of "c" (found by
+  // the fuzzer: the state after "a" stayed in the table with no transitions and no match).
+  // The second is the fuzzer's input (tests/fuzz/regressions/structured_schema), NUL byte included.
+  const std::string fuzzed("\x01[^\\do\0ne{.\x1e+@[a\\DDDD3]om|(g)", 29);
+  for (const std::string& pattern : {std::string("a[^\\d\\D]b|c"), fuzzed}) {
+    SCOPED_TRACE(pattern);
+    const ByteDfa d = MustCompile(pattern);
+    EXPECT_EQ(d.num_states(), 2);
+    for (int32_t st = 0; st < d.num_states(); ++st) EXPECT_TRUE(d.IsAccepting(st) || d.HasTransitions(st));
+    EXPECT_EQ(d.Next(d.start(), static_cast<uint8_t>(pattern[0])), -1);
+  }
+  const ByteDfa d = MustCompile("a[^\\d\\D]b|c");
+  EXPECT_TRUE(d.FullMatch("c"));
+  EXPECT_FALSE(d.FullMatch("a"));
+  EXPECT_THAT(ByteDfa::Compile("[^\\d\\D]").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("matches no text")));
+}
+
 TEST(ByteDfaTest, RejectsUnsupportedSyntaxNamingIt) {
   EXPECT_THAT(ByteDfa::Compile(R"((a)\1)"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("backreference")));
   EXPECT_THAT(ByteDfa::Compile("(?=a)"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lookaround")));
