@@ -71,6 +71,9 @@ ABSL_FLAG(bool, pdl, false,
           "worker/kernels/cuda/pdl.cuh)");
 ABSL_FLAG(bool, mma_attention, true,
           "prefill attention on tensor cores where it applies (false: the CUDA-core kernel, for comparisons)");
+ABSL_FLAG(bool, fused_norm, true,
+          "the norms before a layer's q/k/v and MLP products inside the decode GEMV (false: an RmsNorm kernel "
+          "before each, for comparisons)");
 ABSL_FLAG(bool, moe_device_offsets, true,
           "MoE decode steps keep the experts' row offsets on the device and replay as CUDA graphs (false: the "
           "host copy of the offsets, op by op)");
@@ -234,7 +237,8 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
   engine::ExecutorOptions options{.kind = kernels::DeviceKind::kCuda,
                                   .cuda_devices = {0},
                                   .cuda_pdl = absl::GetFlag(FLAGS_pdl),
-                                  .cuda_mma_attention = absl::GetFlag(FLAGS_mma_attention)};
+                                  .cuda_mma_attention = absl::GetFlag(FLAGS_mma_attention),
+                                  .cuda_fused_norm = absl::GetFlag(FLAGS_fused_norm)};
   options.model.moe_device_offsets = absl::GetFlag(FLAGS_moe_device_offsets);
   const int64_t max_seq = std::max<int64_t>(prefill, context + steps1 + 8);
   if (max_seq > spec.max_position_embeddings) {

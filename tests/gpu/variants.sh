@@ -31,7 +31,8 @@ for v in "${VARIANTS[@]}"; do
     pdl) extra=(--pdl) ;;
     no_mma) extra=(--nomma_attention) ;;
     moe_host) extra=(--nomoe_device_offsets) ;;
-    *) echo "variants.sh: unknown variant '$v' (spin, blocking, pdl, no_mma, moe_host)" >&2; exit 2 ;;
+    no_fused_norm) extra=(--nofused_norm) ;;
+    *) echo "variants.sh: unknown variant '$v' (spin, blocking, pdl, no_mma, moe_host, no_fused_norm)" >&2; exit 2 ;;
   esac
   (cd "$BUNDLE/root" && timeout -k 10 "${SHARDSERVE_VARIANT_TIMEOUT_S:-150}" \
     "${SHARDSERVE_BENCH_BIN:-$BUNDLE/bin/shardserve-bench-gpu}" --json --scratch="$WORK/models" "${FLAGS[@]}" ${extra[@]+"${extra[@]}"} \

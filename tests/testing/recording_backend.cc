@@ -119,13 +119,19 @@ absl::Status RecordingBackend::Linear(const kernels::LinearParams& p) {
   });
 }
 absl::Status RecordingBackend::RmsNorm(const kernels::RmsNormParams& p) {
+  ++rms_norms_;
   return RunOrRecord([this, p] { return inner_->RmsNorm(p); });
 }
 absl::Status RecordingBackend::AddRmsNorm(const kernels::AddRmsNormParams& p) {
   return RunOrRecord([this, p] { return inner_->AddRmsNorm(p); });
 }
 absl::Status RecordingBackend::LinearGroup(const kernels::LinearGroupParams& p) {
-  if (p.gated.has_value()) ++gated_linear_groups_;
+  // A normed form comes back here without its norm (Backend's default): count its gated form then.
+  if (p.norm.has_value()) {
+    ++normed_linear_groups_;
+  } else if (p.gated.has_value()) {
+    ++gated_linear_groups_;
+  }
   return Backend::LinearGroup(p);
 }
 absl::Status RecordingBackend::Rope(const kernels::RopeParams& p) {

@@ -47,8 +47,12 @@ class RecordingBackend final : public kernels::Backend {
   void EmulateFp8LinearForTest(bool on) { emulate_fp8_ = on; }
   int fp8_linears() const { return *fp8_linears_; }  // F8_E4M3 Linear calls run so far
   // Calls seen so far (run or recorded) of the fused forms the engine may use: a LinearGroup with
-  // `gated` set, a KvWrite carrying `rope`; and of the separate Rope op.
+  // `gated` set, a KvWrite carrying `rope`; and of the separate Rope op. The default LinearGroup's
+  // RmsNorm for a normed form counts as an RmsNorm too.
   int gated_linear_groups() const { return gated_linear_groups_; }
+  // LinearGroup calls with `norm` set (the norm fused into the products), and RmsNorm ops run.
+  int normed_linear_groups() const { return normed_linear_groups_; }
+  int rms_norms() const { return rms_norms_; }
   int kv_writes_with_rope() const { return kv_writes_with_rope_; }
   int ropes() const { return ropes_; }
   int recordings() const { return recordings_; }
@@ -123,6 +127,8 @@ class RecordingBackend final : public kernels::Backend {
   bool emulate_combine_ = false;
   int moe_combines_ = 0;
   int gated_linear_groups_ = 0;
+  int normed_linear_groups_ = 0;
+  int rms_norms_ = 0;
   int kv_writes_with_rope_ = 0;
   int ropes_ = 0;
   absl::Status recording_error_;

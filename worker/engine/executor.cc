@@ -116,6 +116,7 @@ void TpExecutor::RankLoop(Rank* rank, const Checkpoint* ckpt) {
   bo.cpu_threads = n > 1 ? 1 : options_.cpu_threads;
   bo.cuda_pdl = options_.cuda_pdl;
   bo.cuda_mma_attention = options_.cuda_mma_attention;
+  bo.cuda_fused_norm = options_.cuda_fused_norm;
   if (options_.kind == kernels::DeviceKind::kCuda) bo.device_index = options_.cuda_devices[static_cast<size_t>(rank->index)];
   absl::Status init = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(rank->backend, kernels::CreateBackend(bo));

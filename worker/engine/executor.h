@@ -34,6 +34,7 @@ struct ExecutorOptions {
   std::vector<int> cuda_devices;  // kCuda: one rank per device ordinal
   bool cuda_pdl = false;          // kCuda: programmatic dependent launch (kernels::BackendOptions)
   bool cuda_mma_attention = true;  // kCuda: prefill attention on tensor cores (kernels::BackendOptions)
+  bool cuda_fused_norm = true;     // kCuda: norms inside the decode GEMV (kernels::BackendOptions)
   ModelOptions model;             // shard and comm are set per rank by the executor
 };
 

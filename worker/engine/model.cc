@@ -910,11 +910,17 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   float* normed = w.normed.as<float>();
   if (spec_.sandwich_norms) return SandwichLayer(layer, lw, tokens, paged);
 
+  // The input norm: with the previous layer's output still to add (several ranks), in the same pass
+  // as that add; else fused into the q/k/v products (multi-head latent attention normalises on its
+  // own first).
+  std::optional<kernels::LinearGroupParams::Norm> input_norm;
   if (pending_residual_ != nullptr) {
     // The previous layer's output joins the residual stream in the same pass as this norm.
     RETURN_IF_ERROR(b.AddRmsNorm({.x = hidden, .y = std::exchange(pending_residual_, nullptr),
                                   .weight = lw.input_norm.as<float>(), .out = normed, .tokens = tokens, .hidden = h,
                                   .eps = eps}));
+  } else if (!spec_.IsMla()) {
+    input_norm = kernels::LinearGroupParams::Norm{.weight = lw.input_norm.as<float>(), .eps = eps, .scratch = normed};
   } else {
     RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.input_norm.as<float>(), .y = normed, .tokens = tokens,
                                .hidden = h, .eps = eps}));
@@ -926,14 +932,17 @@ absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeq
   if (spec_.IsMla()) {
     RETURN_IF_ERROR(MlaAttention(layer, lw, tokens, paged));
   } else {
-    RETURN_IF_ERROR(GqaAttention(layer, lw, tokens, paged));
+    RETURN_IF_ERROR(GqaAttention(layer, lw, tokens, paged, input_norm));
   }
-  // One rank: the residual add is fused into the o projection (hidden += attn . o^T). Several
-  // ranks: each has a partial product over its heads; sum them, then add.
+  const kernels::LinearGroupParams::Norm post_norm{.weight = lw.post_norm.as<float>(), .eps = eps, .scratch = normed};
+  // One rank: the residual add is fused into the o projection (hidden += attn . o^T), and a dense
+  // MLP takes the post-attention norm in its gate and up products. Several ranks: each has a
+  // partial product over its heads; sum them, then add.
   if (!tp()) {
     RETURN_IF_ERROR(linear(lw.o, w.attn.as<float>(), hidden, true));
-    RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = lw.post_norm.as<float>(), .y = normed, .tokens = tokens,
-                               .hidden = h, .eps = eps}));
+    if (!lw.sparse) return Mlp(lw.mlp, hidden, hidden, tokens, /*accumulate=*/true, post_norm);
+    RETURN_IF_ERROR(b.RmsNorm({.x = hidden, .weight = post_norm.weight, .y = normed, .tokens = tokens, .hidden = h,
+                               .eps = eps}));
   } else {
     RETURN_IF_ERROR(linear(lw.o, w.attn.as<float>(), w.tmp.as<float>(), false));
     RETURN_IF_ERROR(AllReduce(w.tmp.as<float>(), tokens * h));
@@ -982,19 +991,20 @@ absl::Status Model::SandwichLayer(int64_t layer, const LayerWeights& lw, int64_t
 }
 
 absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens,
-                                 const kernels::PagedSeqs& paged) {
+                                 const kernels::PagedSeqs& paged,
+                                 std::optional<kernels::LinearGroupParams::Norm> input_norm) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
   const int64_t d = spec_.head_dim;
   const float eps = static_cast<float>(spec_.rms_norm_eps);
-  float* normed = w.normed.as<float>();
-  // q, k and v in one op (one launch for a decode step on a GPU).
-  RETURN_IF_ERROR(b.LinearGroup({.x = normed,
+  // q, k and v in one op (one launch for a decode step on a GPU), the input norm fused when given.
+  RETURN_IF_ERROR(b.LinearGroup({.x = input_norm.has_value() ? w.hidden.as<float>() : w.normed.as<float>(),
                                  .tokens = tokens,
                                  .in = lw.q.in,
                                  .parts = {{GroupPart(lw.q, w.q.as<float>()), GroupPart(lw.k, w.k.as<float>()),
                                             GroupPart(lw.v, w.v.as<float>())}},
-                                 .num_parts = 3}));
+                                 .num_parts = 3,
+                                 .norm = input_norm}));
   // Every head of q and k RMS-normalised on its own: the heads are contiguous rows of head_dim, so
   // this is the RmsNorm op over tokens x heads rows.
   auto norm_heads = [&](const float* q_weight, const float* k_weight) -> absl::Status {
@@ -1128,7 +1138,8 @@ absl::Status Model::MlaAttention(int64_t layer, const LayerWeights& lw, int64_t 
                        .y_width = m.v_head_dim, .y_offset = 0});
 }
 
-absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t tokens, bool accumulate) {
+absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t tokens, bool accumulate,
+                        std::optional<kernels::LinearGroupParams::Norm> norm) {
   Workspace& w = *ws_;
   kernels::Backend& b = *backend_;
   // gate = act(x . gate^T) * (x . up^T) in one op (on a GPU's decode step, one launch for the two
@@ -1138,7 +1149,8 @@ absl::Status Model::Mlp(const MlpWeights& mw, const float* x, float* y, int64_t 
                                  .in = mw.gate.in,
                                  .parts = {{GroupPart(mw.gate, w.gate.as<float>()), GroupPart(mw.up, w.up.as<float>())}},
                                  .num_parts = 2,
-                                 .gated = GateActivationOf(spec_)}));
+                                 .gated = GateActivationOf(spec_),
+                                 .norm = norm}));
   return b.Linear({.x = w.gate.as<float>(), .w = mw.down.view(), .bias = mw.down.bias(), .y = y, .tokens = tokens,
                    .in = mw.down.in, .out = mw.down.out, .accumulate = accumulate});
 }

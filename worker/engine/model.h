@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -90,7 +91,10 @@ class Model final : public StepRunner {
   absl::Status Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged);
   // A layer's attention from ws_->normed to ws_->attn (the o projection's input): grouped-query
   // attention over the K/V cache, or multi-head latent attention over the latent cache.
-  absl::Status GqaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
+  // `input_norm` set: from ws_->hidden instead, the layer's input norm fused into the q/k/v products
+  // (LinearGroupParams::norm; ws_->normed is its scratch, left unspecified).
+  absl::Status GqaAttention(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged,
+                            std::optional<kernels::LinearGroupParams::Norm> input_norm = std::nullopt);
   // Gemma-2's layer: norms before and after both the attention and the MLP (sandwich_norms).
   absl::Status SandwichLayer(int64_t layer, const LayerWeights& lw, int64_t tokens, const kernels::PagedSeqs& paged);
   // RoPE on ws_->q and ws_->k (longrope: each sequence's new tokens with the short or the long
@@ -110,7 +114,9 @@ class Model final : public StepRunner {
   absl::Status ForwardMaybeRecorded(int64_t tokens, const kernels::PagedSeqs& paged, bool decode_only);
   // y (+)= the gated MLP of x: down(act(x . gate^T) * (x . up^T)), the gate and up products and the
   // activation as one gated LinearGroup (ws_->gate holds the product, ws_->up is its scratch).
-  absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, bool accumulate);
+  // `norm` set: of RmsNorm(x) instead, the norm fused into the gate and up products.
+  absl::Status Mlp(const MlpWeights& w, const float* x, float* y, int64_t tokens, bool accumulate,
+                   std::optional<kernels::LinearGroupParams::Norm> norm = std::nullopt);
   absl::Status Moe(const LayerWeights& w, int64_t tokens, float* out);
   // The local experts' share and the shared expert; rows of expert e are [offset[e], offset[e+1]).
   absl::Status LocalExperts(const LayerWeights& w, int64_t tokens, const std::vector<int32_t>& offset, float* out);

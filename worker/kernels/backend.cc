@@ -316,9 +316,29 @@ SiluMulParams LinearGroupParams::GateParams() const {
           .act = gated.value_or(GateActivation::kSilu)};
 }
 
+RmsNormParams LinearGroupParams::NormParams() const {
+  return {.x = x, .weight = norm->weight, .y = norm->scratch, .tokens = tokens, .hidden = in, .eps = norm->eps};
+}
+
 absl::Status LinearGroupParams::Validate() const {
   if (num_parts < 1 || num_parts > kMaxParts) {
     return Invalid("LinearGroup", absl::StrCat(num_parts, " parts (1 to ", kMaxParts, ")"));
+  }
+  if (norm.has_value()) {
+    if (norm->weight == nullptr || norm->scratch == nullptr) {
+      return Invalid("LinearGroup", "the normed form needs a norm weight and a scratch");
+    }
+    if (!(norm->eps >= 0.f) || !std::isfinite(norm->eps)) {
+      return Invalid("LinearGroup", absl::StrCat("the normed form's eps must be finite and >= 0, got ", norm->eps));
+    }
+    if (static_cast<const void*>(norm->scratch) == static_cast<const void*>(x)) {
+      return Invalid("LinearGroup", "the normed form's scratch aliases x");
+    }
+    for (int i = 0; i < num_parts; ++i) {
+      if (parts[static_cast<size_t>(i)].y == norm->scratch) {
+        return Invalid("LinearGroup", absl::StrCat("the normed form's scratch aliases part ", i, "'s y"));
+      }
+    }
   }
   if (gated.has_value()) {
     if (num_parts != 2) {
@@ -347,6 +367,14 @@ absl::Status LinearGroupParams::Validate() const {
 
 absl::Status Backend::LinearGroup(const LinearGroupParams& p) {
   RETURN_IF_ERROR(p.Validate());
+  if (p.norm.has_value()) {
+    // The norm into the scratch, then the group over the normalised rows.
+    RETURN_IF_ERROR(RmsNorm(p.NormParams()));
+    LinearGroupParams over = p;
+    over.x = p.norm->scratch;
+    over.norm.reset();
+    return LinearGroup(over);
+  }
   for (int i = 0; i < p.num_parts; ++i) RETURN_IF_ERROR(Linear(p.PartParams(i)));
   if (p.gated.has_value()) return SiluMul(p.GateParams());
   return absl::OkStatus();

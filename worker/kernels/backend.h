@@ -165,6 +165,8 @@ struct SiluMulParams {
   absl::Status Validate() const;
 };
 
+struct RmsNormParams;
+
 // Several products of one x: parts[i].y = x . parts[i].w^T (+ bias), or += when accumulate, for
 // i < num_parts. One pass over x (on a GPU, one launch for a decode step, or one rounding of x for
 // the tensor cores) instead of one per product: a layer's q, k and v projections, an MLP's gate and
@@ -178,6 +180,14 @@ struct SiluMulParams {
 // backend's fused path. parts[1].y is scratch: the op may leave the up projection there or leave it
 // untouched (CUDA's decode GEMV never writes it), so its contents afterwards are unspecified. On a
 // GPU a decode step then costs one launch instead of two.
+//
+// Normed (`norm` set): x is the raw residual stream and the products take its RMS-normalised rows,
+// RmsNormRow(x[t], norm.weight, norm.eps) over `in` elements, instead: the norm before a layer's
+// first products fused into them. The default implementation is RmsNorm{x, norm.weight, y =
+// norm.scratch} followed by the group over norm.scratch; a backend that fuses the norm computes
+// each normalised element with RmsNormRow's formula from the same sum of squares as its RmsNorm op
+// (the same f32 values), and may leave norm.scratch untouched, so its contents afterwards are
+// unspecified. On a GPU a decode step then has no norm launch of its own. Combines with `gated`.
 struct LinearGroupParams {
   static constexpr int kMaxParts = 4;
   struct Part {
@@ -193,13 +203,23 @@ struct LinearGroupParams {
   int num_parts = 0;
   // Unset: plain products. Set: the gated form above, with this activation.
   std::optional<GateActivation> gated;
+  struct Norm {
+    const float* weight = nullptr;  // [in]
+    float eps = 1e-6f;
+    float* scratch = nullptr;  // [tokens, in]; must not alias x or any part's y
+  };
+  // Unset: x as it is. Set: the normed form above.
+  std::optional<Norm> norm;
   // Part i as a Linear.
   LinearParams PartParams(int i) const;
+  // The RmsNorm of the normed form's default implementation (x into norm->scratch).
+  RmsNormParams NormParams() const;
   // The SiluMul that finishes the gated form: gate = out = parts[0].y, up = parts[1].y, n = tokens x out.
   SiluMulParams GateParams() const;
   // InvalidArgument for a part count outside [1, kMaxParts], a part Linear would refuse (naming
-  // the part), two parts writing one y, or a gated form that is not 2 parts of equal out with no
-  // accumulate.
+  // the part), two parts writing one y, a gated form that is not 2 parts of equal out with no
+  // accumulate, or a normed form with a null weight or scratch, a negative or non-finite eps, or a
+  // scratch that aliases x or a part's y.
   absl::Status Validate() const;
 };
 

@@ -62,8 +62,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
                                                           " requested but this machine has ", count,
                                                           " CUDA device(s)"));
       }
-      return CreateCudaBackend(options.device_index,
-                               {.pdl = options.cuda_pdl, .mma_attention = options.cuda_mma_attention});
+      return CreateCudaBackend(options.device_index, {.pdl = options.cuda_pdl,
+                                                      .mma_attention = options.cuda_mma_attention,
+                                                      .fused_norm = options.cuda_fused_norm});
 #else
       return absl::UnimplementedError("CUDA devices requested but this binary was built without CUDA "
                                       "(SHARDSERVE_CUDA=OFF or no nvcc at build time)");

@@ -18,6 +18,7 @@ struct BackendOptions {
   int cpu_threads = 1;   // BLAS threads for a CPU backend
   bool cuda_pdl = false;  // CUDA: programmatic dependent launch (worker/kernels/cuda/pdl.cuh)
   bool cuda_mma_attention = true;  // CUDA: prefill attention on tensor cores (cuda_backend.h)
+  bool cuda_fused_norm = true;     // CUDA: norms inside the decode GEMV (cuda_backend.h)
 };
 
 // True when this binary was built with the CUDA backend.

@@ -1,5 +1,6 @@
-// The fused forms of two ops on the CPU backend against the separate ops they replace:
+// The fused forms of ops on the CPU backend against the separate ops they replace:
 //   * a gated LinearGroup (LinearGroupParams::gated) against two Linears and SiluMul;
+//   * a normed LinearGroup (LinearGroupParams::norm) against RmsNorm and then the group;
 //   * KvWrite with rope (KvWriteParams::rope) against Rope and then KvWrite.
 // Both must be bit for bit the separate sequence (the engine's logits may not change by a bit), and
 // both must refuse the combinations their contracts exclude with a message naming the problem.
@@ -141,6 +142,114 @@ TEST_F(FusedOpsTest, GatedLinearGroupRejectsWhatItCannotFuse) {
   LinearGroupParams same_y = g;
   same_y.parts[1].y = y0.data();
   EXPECT_THAT(b_->LinearGroup(same_y), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("write the same y")));
+}
+
+// ---- Normed LinearGroup --------------------------------------------------------------------------
+
+TEST_F(FusedOpsTest, NormedLinearGroupIsRmsNormThenTheGroupBitForBit) {
+  struct NormedCase {
+    int64_t tokens, in, out;
+    DType dtype;
+    bool gated;
+  };
+  const NormedCase cases[] = {{1, 64, 24, DType::kBF16, false}, {1, 96, 33, DType::kF32, true},
+                              {3, 131, 40, DType::kBF16, true}, {9, 75, 18, DType::kF32, false},
+                              {40, 129, 70, DType::kBF16, false}};
+  uint32_t seed = 700;
+  for (const NormedCase& c : cases) {
+    SCOPED_TRACE(absl::StrCat("tokens ", c.tokens, " in ", c.in, " out ", c.out, " ", DTypeName(c.dtype),
+                              c.gated ? " gated" : " plain"));
+    const int parts = c.gated ? 2 : 3;
+    const size_t w_elems = static_cast<size_t>(c.out * c.in);
+    const size_t y_elems = static_cast<size_t>(c.tokens * c.out);
+    const std::vector<float> x = Random(static_cast<size_t>(c.tokens * c.in), ++seed, 3.0f);
+    std::vector<float> nw = Random(static_cast<size_t>(c.in), ++seed);
+    for (float& v : nw) v += 1.0f;
+    std::vector<std::vector<float>> w32;
+    std::vector<std::vector<uint16_t>> w16;
+    for (int i = 0; i < parts; ++i) {
+      w32.push_back(Random(w_elems, ++seed));
+      std::vector<uint16_t> narrow(w_elems);
+      for (size_t e = 0; e < w_elems; ++e) narrow[e] = FloatToBFloat16(w32.back()[e]);
+      // The f32 weights (and the double-precision check) are exactly the bf16 ones' values.
+      for (size_t e = 0; e < w_elems; ++e) w32.back()[e] = BFloat16ToFloat(narrow[e]);
+      w16.push_back(std::move(narrow));
+    }
+    auto group = [&](const float* xin, std::vector<std::vector<float>>& ys) {
+      LinearGroupParams g{.x = xin, .tokens = c.tokens, .in = c.in, .num_parts = parts};
+      for (int i = 0; i < parts; ++i) {
+        const size_t k = static_cast<size_t>(i);
+        g.parts[k] = {.w = c.dtype == DType::kBF16 ? WeightView::Bf16(w16[k].data()) : WeightView(w32[k].data()),
+                      .y = ys[k].data(), .out = c.out, .accumulate = !c.gated && i == 0};
+      }
+      if (c.gated) g.gated = GateActivation::kSilu;
+      return g;
+    };
+    // The separate ops: RmsNorm into a buffer, then the group over it.
+    std::vector<std::vector<float>> y_ref(static_cast<size_t>(parts), std::vector<float>(y_elems, 0.5f));
+    std::vector<float> normed(x.size());
+    ASSERT_TRUE(b_->RmsNorm({.x = x.data(), .weight = nw.data(), .y = normed.data(), .tokens = c.tokens,
+                             .hidden = c.in, .eps = 1e-5f})
+                    .ok());
+    ASSERT_TRUE(b_->LinearGroup(group(normed.data(), y_ref)).ok());
+    // The normed form over the raw rows.
+    std::vector<std::vector<float>> y(static_cast<size_t>(parts), std::vector<float>(y_elems, 0.5f));
+    std::vector<float> scratch(x.size(), -7.f);
+    LinearGroupParams g = group(x.data(), y);
+    g.norm = LinearGroupParams::Norm{.weight = nw.data(), .eps = 1e-5f, .scratch = scratch.data()};
+    ASSERT_TRUE(b_->LinearGroup(g).ok());
+    const int checked = c.gated ? 1 : parts;  // the gated form's parts[1].y is scratch
+    for (int i = 0; i < checked; ++i) EXPECT_EQ(Bits(y[static_cast<size_t>(i)]), Bits(y_ref[static_cast<size_t>(i)]));
+
+    // And it is the product with the normalised rows, not merely what the separate ops happen to
+    // do: a plain part against a double-precision evaluation.
+    if (!c.gated) {
+      for (int64_t t = 0; t < c.tokens; ++t) {
+        double ss = 0;
+        for (int64_t i = 0; i < c.in; ++i) ss += double{x[static_cast<size_t>(t * c.in + i)]} * x[static_cast<size_t>(t * c.in + i)];
+        const double inv = 1.0 / std::sqrt(ss / static_cast<double>(c.in) + 1e-5);
+        for (int64_t o = 0; o < c.out; ++o) {
+          double dot = 0, mag = 0;
+          for (int64_t i = 0; i < c.in; ++i) {
+            const double term = double{w32[1][static_cast<size_t>(o * c.in + i)]} * nw[static_cast<size_t>(i)] * inv *
+                                x[static_cast<size_t>(t * c.in + i)];
+            dot += term;
+            mag += std::fabs(term);
+          }
+          ASSERT_NEAR(y[1][static_cast<size_t>(t * c.out + o)], dot, 1e-5 * (1.0 + mag)) << t << " " << o;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(FusedOpsTest, NormedLinearGroupRejectsABadNormNamingIt) {
+  std::vector<float> x(8), w(16), nw(4, 1.f), y0(8), y1(8), scratch(8);
+  LinearGroupParams g{.x = x.data(), .tokens = 2, .in = 4, .num_parts = 2};
+  g.parts[0] = {.w = w.data(), .y = y0.data(), .out = 4};
+  g.parts[1] = {.w = w.data(), .y = y1.data(), .out = 4};
+  g.norm = LinearGroupParams::Norm{.weight = nw.data(), .eps = 1e-6f, .scratch = scratch.data()};
+  ASSERT_TRUE(b_->LinearGroup(g).ok());  // the valid form, for contrast
+
+  LinearGroupParams no_weight = g;
+  no_weight.norm->weight = nullptr;
+  EXPECT_THAT(b_->LinearGroup(no_weight), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("norm weight")));
+  LinearGroupParams no_scratch = g;
+  no_scratch.norm->scratch = nullptr;
+  EXPECT_THAT(b_->LinearGroup(no_scratch), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scratch")));
+  for (float eps : {-1e-6f, std::nanf(""), INFINITY}) {
+    LinearGroupParams bad_eps = g;
+    bad_eps.norm->eps = eps;
+    EXPECT_THAT(b_->LinearGroup(bad_eps), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eps must be finite")))
+        << eps;
+  }
+  LinearGroupParams onto_x = g;
+  onto_x.norm->scratch = x.data();
+  EXPECT_THAT(b_->LinearGroup(onto_x), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scratch aliases x")));
+  LinearGroupParams onto_y = g;
+  onto_y.norm->scratch = y1.data();
+  EXPECT_THAT(b_->LinearGroup(onto_y),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scratch aliases part 1's y")));
 }
 
 // ---- KvWrite with rope ---------------------------------------------------------------------------

@@ -114,8 +114,11 @@ absl::Status ForEachGroupTable(const GroupedLinearParams::Group* groups, int64_t
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, bool mma_attention)
-      : device_(device), name_(absl::StrCat("cuda:", device)), mma_attention_(mma_attention) {}
+  CudaBackend(int device, const CudaBackendOptions& options)
+      : device_(device),
+        name_(absl::StrCat("cuda:", device)),
+        mma_attention_(options.mma_attention),
+        fused_norm_(options.fused_norm) {}
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -185,7 +188,8 @@ class CudaBackend final : public Backend {
   absl::Status Linear16(const LinearParams& p);
   // Products of one x with 16-bit weights of one type (see linear16.cuh for the two paths): one
   // GEMV launch for every part (gated: LaunchGatedGemv16), or x rounded once for every part's GEMM
-  // (gated: then the SiluMul kernel). tokens > 0, in > 0.
+  // (gated: then the SiluMul kernel). tokens > 0, in > 0. The normed form only on the GEMV path
+  // (tokens <= kGemv16MaxTokens), its norm inside the GEMV.
   absl::Status Group16(const LinearGroupParams& p);
   // The tensor-core product of Group16 on activations already rounded to the weights' type
   // (x16: [tokens, in]), then the bias.
@@ -211,6 +215,7 @@ class CudaBackend final : public Backend {
   int multiprocessors_ = 1;
   int compute_major_ = 0;  // the device's compute capability (major)
   const bool mma_attention_;  // CudaBackendOptions::mma_attention
+  const bool fused_norm_;     // CudaBackendOptions::fused_norm
 
   // Backend-owned scratch for ops that need device memory beyond their Params (the activations
   // of a 16-bit GEMM, rounded; attention's split partials). Sized by Reserve(); grown by an op
@@ -549,13 +554,20 @@ absl::Status CudaBackend::Linear16(const LinearParams& p) {
 
 absl::Status CudaBackend::Group16(const LinearGroupParams& p) {
   const DType dtype = p.parts[0].w.dtype;
+  // The normed form on the GEMV path (LinearGroup sends it nowhere else).
+  cuda::Gemv16Norm norm_args;
+  const cuda::Gemv16Norm* norm = nullptr;
+  if (p.norm.has_value()) {
+    norm_args = {.weight = p.norm->weight, .eps = p.norm->eps};
+    norm = &norm_args;
+  }
   if (p.gated.has_value() && p.tokens <= cuda::kGemv16MaxTokens) {
     // Gate, up and the activation in one launch; parts[1].y (the op's scratch) is not written.
     const LinearGroupParams::Part& gate = p.parts[0];
     const LinearGroupParams::Part& up = p.parts[1];
     const cuda::GatedGemv16Params g{.w_gate = gate.w.data, .w_up = up.w.data, .bias_gate = gate.bias,
                                     .bias_up = up.bias, .y = gate.y, .out = gate.out, .act = *p.gated};
-    return Check(cuda::LaunchGatedGemv16(dtype, p.x, g, p.tokens, p.in, kGemvLoads, multiprocessors_, stream_),
+    return Check(cuda::LaunchGatedGemv16(dtype, p.x, g, p.tokens, p.in, kGemvLoads, multiprocessors_, stream_, norm),
                  "GatedGemv16 kernel launch");
   }
   if (p.tokens <= cuda::kGemv16MaxTokens) {
@@ -570,8 +582,10 @@ absl::Status CudaBackend::Group16(const LinearGroupParams& p) {
       group.out[i] = part.out;
       group.accumulate[i] = part.accumulate;
     }
-    return Check(cuda::LaunchGemv16(dtype, p.x, group, p.tokens, p.in, kGemvLoads, multiprocessors_, stream_), "Gemv16 kernel launch");
+    return Check(cuda::LaunchGemv16(dtype, p.x, group, p.tokens, p.in, kGemvLoads, multiprocessors_, stream_, norm),
+                 "Gemv16 kernel launch");
   }
+  if (norm != nullptr) return absl::InternalError(absl::StrCat(name_, ": a normed LinearGroup past the GEMV path"));
   // x rounded to the weights' type once, for every part's GEMM.
   const int64_t n = p.tokens * p.in;
   RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
@@ -648,8 +662,8 @@ absl::Status CudaBackend::LinearGroup(const LinearGroupParams& p) {
   RETURN_IF_ERROR(p.Validate());
   // F8_E4M3 parts of a decode-sized batch: one FP8 GEMV launch for every part (bias and
   // accumulation fused; the gated form then applies SiluMul). Larger batches: a Linear per part
-  // below (each dequantizes its rows).
-  if (p.tokens <= cuda::kGemvFp8MaxTokens && p.in > 0 && FitsInt({p.tokens, p.in})) {
+  // below (each dequantizes its rows). A normed form reaches it through the default's RmsNorm.
+  if (p.tokens <= cuda::kGemvFp8MaxTokens && p.in > 0 && FitsInt({p.tokens, p.in}) && !p.norm.has_value()) {
     bool fp8 = true;
     for (int i = 0; i < p.num_parts; ++i) {
       const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
@@ -674,7 +688,11 @@ absl::Status CudaBackend::LinearGroup(const LinearGroupParams& p) {
     const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
     fused = fused && part.w.dtype == dtype && FitsInt({part.out});
   }
-  if (!fused) return Backend::LinearGroup(p);
+  // The normed form: fused into the GEMV (Gemv16Norm); elsewhere the default, an RmsNorm kernel into
+  // the scratch and then the group over it.
+  if (!fused || (p.norm.has_value() && (!fused_norm_ || p.tokens > cuda::kGemv16MaxTokens))) {
+    return Backend::LinearGroup(p);
+  }
   RETURN_IF_ERROR(Enter());
   if (p.tokens == 0) return absl::OkStatus();
   return Group16(p);
@@ -1009,7 +1027,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index, con
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA device ", device_index, " requested but this machine has ", count, " CUDA device(s)"));
   }
-  auto backend = std::make_unique<CudaBackend>(device_index, options.mma_attention);
+  auto backend = std::make_unique<CudaBackend>(device_index, options);
   RETURN_IF_ERROR(backend->Init(options.pdl));
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -39,9 +39,14 @@ __device__ __forceinline__ float Widen(uint16_t bits) {
 // weights and 2 x float4 per row at once, with kLoads 16-byte weight loads issued before any is
 // used (a row is a few KiB: the loads in flight, not the arithmetic, bound the rate). Otherwise one
 // weight per lane per pass. The sums are the same either way up to f32 reassociation.
-template <DType kType, bool kVectorized, int kLoads, int kMaxRows>
+// `kNorm` (the normed form of LinearGroupParams): each activation x[r][i] is replaced, as it is
+// loaded, by nw[i] * (x[r][i] * inv[r]), RmsNormRow's formula with the row's inverse RMS inv[r]
+// (row_norm.cuh's RowInvRms): the values an RmsNorm kernel would have written, so the sums are
+// those over its output. nw: [in] f32 (16-byte aligned when kVectorized); inv: [rows].
+template <DType kType, bool kVectorized, int kLoads, int kMaxRows, bool kNorm = false>
 __device__ __forceinline__ void RowDots(const uint16_t* __restrict__ wr, const float* __restrict__ x, int rows,
-                                        int64_t in, int lane, float (&acc)[kMaxRows]) {
+                                        int64_t in, int lane, float (&acc)[kMaxRows],
+                                        const float* __restrict__ nw = nullptr, const float* inv = nullptr) {
   if constexpr (kVectorized) {
     constexpr int64_t kStride = int64_t{kWarp} * kVec;
     for (int64_t base = int64_t{lane} * kVec; base < in; base += kLoads * kStride) {
@@ -65,8 +70,15 @@ __device__ __forceinline__ void RowDots(const uint16_t* __restrict__ wr, const f
 #pragma unroll
         for (int r = 0; r < kMaxRows; ++r) {
           if (r < rows) {
-            const float4 a = *reinterpret_cast<const float4*>(x + r * in + e);
-            const float4 b = *reinterpret_cast<const float4*>(x + r * in + e + 4);
+            float4 a = *reinterpret_cast<const float4*>(x + r * in + e);
+            float4 b = *reinterpret_cast<const float4*>(x + r * in + e + 4);
+            if constexpr (kNorm) {
+              const float4 ga = *reinterpret_cast<const float4*>(nw + e);
+              const float4 gb = *reinterpret_cast<const float4*>(nw + e + 4);
+              const float s = inv[r];
+              a = make_float4(ga.x * (a.x * s), ga.y * (a.y * s), ga.z * (a.z * s), ga.w * (a.w * s));
+              b = make_float4(gb.x * (b.x * s), gb.y * (b.y * s), gb.z * (b.z * s), gb.w * (b.w * s));
+            }
             acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
                       wf[6] * b.z + wf[7] * b.w;
           }
@@ -78,7 +90,13 @@ __device__ __forceinline__ void RowDots(const uint16_t* __restrict__ wr, const f
       const float wv = Widen<kType>(wr[e]);
 #pragma unroll
       for (int r = 0; r < kMaxRows; ++r) {
-        if (r < rows) acc[r] += wv * x[r * in + e];
+        if (r < rows) {
+          if constexpr (kNorm) {
+            acc[r] += wv * (nw[e] * (x[r * in + e] * inv[r]));
+          } else {
+            acc[r] += wv * x[r * in + e];
+          }
+        }
       }
     }
   }

@@ -7,6 +7,7 @@
 #include "worker/kernels/cuda/gemv16_dots.cuh"
 #include "worker/kernels/cuda/linear16.cuh"
 #include "worker/kernels/cuda/pdl.cuh"
+#include "worker/kernels/cuda/row_norm.cuh"
 #include "worker/kernels/shared/linear_group_math.h"
 
 namespace shardserve::kernels::cuda {
@@ -19,6 +20,9 @@ using gemv16::Widen;
 constexpr int kGemvWarps = 4;        // rows per block (one warp per row)
 constexpr int kPrefetchRows = 2;     // weight rows each GEMV warp has on their way into L2
 constexpr int kGemvBlocksPerSm = 8;  // GEMV blocks a multiprocessor holds at once (1-token steps)
+// 16-byte weight loads in flight per lane in the normed form: 4, so that its registers (the
+// normalisation takes some) stay within the 1-token plain kernel's 64 and kGemvBlocksPerSm holds.
+constexpr int kNormLoads = 4;
 constexpr int kElementThreads = 256;
 constexpr int64_t kMaxGrid = 65535;
 
@@ -37,10 +41,13 @@ __device__ __forceinline__ void PrefetchRow(const Gemv16Group& g, int64_t r, int
 // aligned, so each lane loads 8 weights and 2 x float4 per token at once.
 // The loads in flight bound the rate, so each warp keeps kPrefetchRows rows ahead of the one it
 // multiplies on their way into L2 (prefetches take no registers); the first ones are asked for
-// before pdl::Wait(), while the previous kernel still runs.
-template <DType kType, bool kVectorized, int kLoads, int kRows>
+// before pdl::Wait(), while the previous kernel still runs. `kNorm`: the normed form (Gemv16Norm):
+// the block's threads first compute the tokens' inverse RMS together (row_norm.cuh), then every
+// warp normalises the activations as it reads them.
+template <DType kType, bool kVectorized, int kLoads, int kRows, bool kNorm>
 __global__ void __launch_bounds__(kGemvWarps* kWarp)
-    Gemv16Kernel(const float* __restrict__ x, const Gemv16Group g, int tokens, int64_t in, int64_t total_rows) {
+    Gemv16Kernel(const float* __restrict__ x, const Gemv16Group g, int tokens, int64_t in, int64_t total_rows,
+                 const Gemv16Norm norm) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int64_t first = int64_t{blockIdx.x} * kGemvWarps + warp;
@@ -49,6 +56,12 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   for (int k = 0; k < kPrefetchRows; ++k) PrefetchRow(g, first + k * stride, total_rows, in, lane);
   pdl::LaunchDependents();
   pdl::Wait();
+  const float* inv = nullptr;  // the normed form: each token's inverse RMS, in shared memory
+  if constexpr (kNorm) {
+    __shared__ float partial[kRows * kRowWarps], inv_rms[kRows];
+    RowInvRms<kRows>(x, tokens, in, norm.eps, partial, inv_rms);
+    inv = inv_rms;
+  }
   for (int64_t r = first; r < total_rows; r += stride) {
     PrefetchRow(g, r + kPrefetchRows * stride, total_rows, in, lane);
     const GroupRow at = LocateGroupRow(g.out, g.parts, r);
@@ -62,7 +75,7 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
     float acc[kRows];
 #pragma unroll
     for (int t = 0; t < kRows; ++t) acc[t] = 0.f;
-    gemv16::RowDots<kType, kVectorized, kLoads>(wr, x, tokens, in, lane, acc);
+    gemv16::RowDots<kType, kVectorized, kLoads, kRows, kNorm>(wr, x, tokens, in, lane, acc, norm.weight, inv);
 #pragma unroll
     for (int t = 0; t < kRows; ++t) {
       if (t < tokens) {
@@ -84,9 +97,10 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
 // what Gemv16Kernel of the two parts followed by SiluMul writes, bit for bit. The two dots run one
 // after the other, so the registers are those of one (a 1-token step keeps Gemv16Kernel's
 // occupancy), and the prefetches keep both rows kPrefetchRows rows ahead.
-template <DType kType, bool kVectorized, int kLoads, int kRows>
+template <DType kType, bool kVectorized, int kLoads, int kRows, bool kNorm>
 __global__ void __launch_bounds__(kGemvWarps* kWarp)
-    GatedGemv16Kernel(const float* __restrict__ x, const GatedGemv16Params g, int tokens, int64_t in) {
+    GatedGemv16Kernel(const float* __restrict__ x, const GatedGemv16Params g, int tokens, int64_t in,
+                      const Gemv16Norm norm) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int64_t first = int64_t{blockIdx.x} * kGemvWarps + warp;
@@ -102,19 +116,27 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   for (int k = 0; k < kPrefetchRows; ++k) prefetch(first + k * stride);
   pdl::LaunchDependents();
   pdl::Wait();
+  const float* inv = nullptr;  // the normed form: each token's inverse RMS, in shared memory
+  if constexpr (kNorm) {
+    __shared__ float partial[kRows * kRowWarps], inv_rms[kRows];
+    RowInvRms<kRows>(x, tokens, in, norm.eps, partial, inv_rms);
+    inv = inv_rms;
+  }
   for (int64_t r = first; r < g.out; r += stride) {
     prefetch(r + kPrefetchRows * stride);
     float acc[kRows];
 #pragma unroll
     for (int t = 0; t < kRows; ++t) acc[t] = 0.f;
-    gemv16::RowDots<kType, kVectorized, kLoads>(w_gate + r * in, x, tokens, in, lane, acc);
+    gemv16::RowDots<kType, kVectorized, kLoads, kRows, kNorm>(w_gate + r * in, x, tokens, in, lane, acc, norm.weight,
+                                                              inv);
     float gate[kRows];
 #pragma unroll
     for (int t = 0; t < kRows; ++t) {
       gate[t] = t < tokens ? WarpSum(acc[t]) : 0.f;
       acc[t] = 0.f;
     }
-    gemv16::RowDots<kType, kVectorized, kLoads>(w_up + r * in, x, tokens, in, lane, acc);
+    gemv16::RowDots<kType, kVectorized, kLoads, kRows, kNorm>(w_up + r * in, x, tokens, in, lane, acc, norm.weight,
+                                                              inv);
 #pragma unroll
     for (int t = 0; t < kRows; ++t) {
       if (t < tokens) {
@@ -162,28 +184,61 @@ __global__ void EmbeddingKernel(const void* table, const int32_t* ids, float* ou
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// A norm takes a weight, a finite eps >= 0 and rows of at least one element.
+bool NormAccepted(const Gemv16Norm* norm, int64_t in) {
+  return norm == nullptr || (norm->weight != nullptr && norm->eps >= 0.f && isfinite(norm->eps) && in > 0);
+}
+
+// The normed instances issue kNormLoads weight loads at a time whatever `loads` asks (the same sums
+// either way), and exist for that and the scalar walk only.
 template <DType kType, int kRows>
 cudaError_t LaunchGemv16Rows(const float* x, const Gemv16Group& g, int tokens, int64_t in, int64_t rows, bool aligned,
-                             int loads, unsigned grid, cudaStream_t stream) {
+                             int loads, const Gemv16Norm* norm, unsigned grid, cudaStream_t stream) {
   constexpr unsigned kThreads = kGemvWarps * kWarp;
-  if (!aligned)
-    return pdl::Launch(Gemv16Kernel<kType, false, 1, kRows>, grid, kThreads, 0, stream, x, g, tokens, in, rows);
-  if (loads == 8)
-    return pdl::Launch(Gemv16Kernel<kType, true, 8, kRows>, grid, kThreads, 0, stream, x, g, tokens, in, rows);
-  return pdl::Launch(Gemv16Kernel<kType, true, 4, kRows>, grid, kThreads, 0, stream, x, g, tokens, in, rows);
+  if (norm != nullptr) {
+    if (!aligned) {
+      return pdl::Launch(Gemv16Kernel<kType, false, 1, kRows, true>, grid, kThreads, 0, stream, x, g, tokens, in, rows,
+                         *norm);
+    }
+    return pdl::Launch(Gemv16Kernel<kType, true, kNormLoads, kRows, true>, grid, kThreads, 0, stream, x, g, tokens, in, rows,
+                       *norm);
+  }
+  const Gemv16Norm none;
+  if (!aligned) {
+    return pdl::Launch(Gemv16Kernel<kType, false, 1, kRows, false>, grid, kThreads, 0, stream, x, g, tokens, in, rows,
+                       none);
+  }
+  if (loads == 8) {
+    return pdl::Launch(Gemv16Kernel<kType, true, 8, kRows, false>, grid, kThreads, 0, stream, x, g, tokens, in, rows,
+                       none);
+  }
+  return pdl::Launch(Gemv16Kernel<kType, true, 4, kRows, false>, grid, kThreads, 0, stream, x, g, tokens, in, rows,
+                     none);
 }
 
 template <DType kType, int kRows>
 cudaError_t LaunchGatedGemv16Rows(const float* x, const GatedGemv16Params& g, int tokens, int64_t in, bool aligned,
-                                  int loads, unsigned grid, cudaStream_t stream) {
+                                  int loads, const Gemv16Norm* norm, unsigned grid, cudaStream_t stream) {
   constexpr unsigned kThreads = kGemvWarps * kWarp;
+  if (norm != nullptr) {
+    if (!aligned) {
+      return pdl::Launch(GatedGemv16Kernel<kType, false, 1, kRows, true>, grid, kThreads, 0, stream, x, g, tokens, in,
+                         *norm);
+    }
+    return pdl::Launch(GatedGemv16Kernel<kType, true, kNormLoads, kRows, true>, grid, kThreads, 0, stream, x, g, tokens, in,
+                       *norm);
+  }
+  const Gemv16Norm none;
   if (!aligned) {
-    return pdl::Launch(GatedGemv16Kernel<kType, false, 1, kRows>, grid, kThreads, 0, stream, x, g, tokens, in);
+    return pdl::Launch(GatedGemv16Kernel<kType, false, 1, kRows, false>, grid, kThreads, 0, stream, x, g, tokens, in,
+                       none);
   }
   if (loads == 8) {
-    return pdl::Launch(GatedGemv16Kernel<kType, true, 8, kRows>, grid, kThreads, 0, stream, x, g, tokens, in);
+    return pdl::Launch(GatedGemv16Kernel<kType, true, 8, kRows, false>, grid, kThreads, 0, stream, x, g, tokens, in,
+                       none);
   }
-  return pdl::Launch(GatedGemv16Kernel<kType, true, 4, kRows>, grid, kThreads, 0, stream, x, g, tokens, in);
+  return pdl::Launch(GatedGemv16Kernel<kType, true, 4, kRows, false>, grid, kThreads, 0, stream, x, g, tokens, in,
+                     none);
 }
 
 // At most one wave of blocks over `rows` output rows (one warp each): each warp then walks several
@@ -198,22 +253,23 @@ unsigned GemvGrid(int64_t rows, int multiprocessors) {
 // the gate and up parts, so each dot is summed as the plain GEMV sums it.
 template <DType kType>
 cudaError_t GatedGemv16(const float* x, const GatedGemv16Params& g, int64_t tokens, int64_t in, int loads,
-                        int multiprocessors, cudaStream_t stream) {
+                        const Gemv16Norm* norm, int multiprocessors, cudaStream_t stream) {
   if (g.out == 0) return cudaSuccess;
-  const bool aligned = in % kVec == 0 && Aligned16(x) && Aligned16(g.w_gate) && Aligned16(g.w_up);
+  const bool aligned = in % kVec == 0 && Aligned16(x) && Aligned16(g.w_gate) && Aligned16(g.w_up) &&
+                       (norm == nullptr || Aligned16(norm->weight));
   const unsigned grid = GemvGrid(g.out, multiprocessors);
   const int t = static_cast<int>(tokens);
-  if (t <= 1) return LaunchGatedGemv16Rows<kType, 1>(x, g, t, in, aligned, loads, grid, stream);
-  if (t <= 2) return LaunchGatedGemv16Rows<kType, 2>(x, g, t, in, aligned, loads, grid, stream);
-  if (t <= 4) return LaunchGatedGemv16Rows<kType, 4>(x, g, t, in, aligned, loads, grid, stream);
-  return LaunchGatedGemv16Rows<kType, kGemv16MaxTokens>(x, g, t, in, aligned, loads, grid, stream);
+  if (t <= 1) return LaunchGatedGemv16Rows<kType, 1>(x, g, t, in, aligned, loads, norm, grid, stream);
+  if (t <= 2) return LaunchGatedGemv16Rows<kType, 2>(x, g, t, in, aligned, loads, norm, grid, stream);
+  if (t <= 4) return LaunchGatedGemv16Rows<kType, 4>(x, g, t, in, aligned, loads, norm, grid, stream);
+  return LaunchGatedGemv16Rows<kType, kGemv16MaxTokens>(x, g, t, in, aligned, loads, norm, grid, stream);
 }
 
 template <DType kType>
-cudaError_t Gemv16(const float* x, const Gemv16Group& g, int64_t tokens, int64_t in, int loads, int multiprocessors,
-                   cudaStream_t stream) {
+cudaError_t Gemv16(const float* x, const Gemv16Group& g, int64_t tokens, int64_t in, int loads, const Gemv16Norm* norm,
+                   int multiprocessors, cudaStream_t stream) {
   int64_t rows = 0;
-  bool aligned = in % kVec == 0 && Aligned16(x);
+  bool aligned = in % kVec == 0 && Aligned16(x) && (norm == nullptr || Aligned16(norm->weight));
   for (int p = 0; p < g.parts; ++p) {
     rows += g.out[p];
     aligned = aligned && Aligned16(g.w[p]);
@@ -221,26 +277,26 @@ cudaError_t Gemv16(const float* x, const Gemv16Group& g, int64_t tokens, int64_t
   if (rows == 0) return cudaSuccess;
   const unsigned grid = GemvGrid(rows, multiprocessors);
   const int t = static_cast<int>(tokens);
-  if (t <= 1) return LaunchGemv16Rows<kType, 1>(x, g, t, in, rows, aligned, loads, grid, stream);
-  if (t <= 2) return LaunchGemv16Rows<kType, 2>(x, g, t, in, rows, aligned, loads, grid, stream);
-  if (t <= 4) return LaunchGemv16Rows<kType, 4>(x, g, t, in, rows, aligned, loads, grid, stream);
-  return LaunchGemv16Rows<kType, kGemv16MaxTokens>(x, g, t, in, rows, aligned, loads, grid, stream);
+  if (t <= 1) return LaunchGemv16Rows<kType, 1>(x, g, t, in, rows, aligned, loads, norm, grid, stream);
+  if (t <= 2) return LaunchGemv16Rows<kType, 2>(x, g, t, in, rows, aligned, loads, norm, grid, stream);
+  if (t <= 4) return LaunchGemv16Rows<kType, 4>(x, g, t, in, rows, aligned, loads, norm, grid, stream);
+  return LaunchGemv16Rows<kType, kGemv16MaxTokens>(x, g, t, in, rows, aligned, loads, norm, grid, stream);
 }
 
 }  // namespace
 
 cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, int64_t tokens, int64_t in, int loads,
-                         int multiprocessors, cudaStream_t stream) {
+                         int multiprocessors, cudaStream_t stream, const Gemv16Norm* norm) {
   if (tokens == 0) return cudaSuccess;
   if (tokens > kGemv16MaxTokens || (loads != 4 && loads != 8) || group.parts < 1 ||
-      group.parts > Gemv16Group::kMaxParts) {
+      group.parts > Gemv16Group::kMaxParts || !NormAccepted(norm, in)) {
     return cudaErrorInvalidValue;
   }
   switch (dtype) {
     case DType::kBF16:
-      return Gemv16<DType::kBF16>(x, group, tokens, in, loads, multiprocessors, stream);
+      return Gemv16<DType::kBF16>(x, group, tokens, in, loads, norm, multiprocessors, stream);
     case DType::kF16:
-      return Gemv16<DType::kF16>(x, group, tokens, in, loads, multiprocessors, stream);
+      return Gemv16<DType::kF16>(x, group, tokens, in, loads, norm, multiprocessors, stream);
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:
@@ -250,14 +306,16 @@ cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, 
 }
 
 cudaError_t LaunchGatedGemv16(DType dtype, const float* x, const GatedGemv16Params& gemv, int64_t tokens,
-                              int64_t in, int loads, int multiprocessors, cudaStream_t stream) {
+                              int64_t in, int loads, int multiprocessors, cudaStream_t stream, const Gemv16Norm* norm) {
   if (tokens == 0) return cudaSuccess;
-  if (tokens > kGemv16MaxTokens || (loads != 4 && loads != 8)) return cudaErrorInvalidValue;
+  if (tokens > kGemv16MaxTokens || (loads != 4 && loads != 8) || !NormAccepted(norm, in)) {
+    return cudaErrorInvalidValue;
+  }
   switch (dtype) {
     case DType::kBF16:
-      return GatedGemv16<DType::kBF16>(x, gemv, tokens, in, loads, multiprocessors, stream);
+      return GatedGemv16<DType::kBF16>(x, gemv, tokens, in, loads, norm, multiprocessors, stream);
     case DType::kF16:
-      return GatedGemv16<DType::kF16>(x, gemv, tokens, in, loads, multiprocessors, stream);
+      return GatedGemv16<DType::kF16>(x, gemv, tokens, in, loads, norm, multiprocessors, stream);
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:

@@ -37,13 +37,24 @@ struct Gemv16Group {
   bool accumulate[kMaxParts] = {};
 };
 
+// The normed form of LinearGroup (backend.h, LinearGroupParams::norm) on the GEMV path: every
+// block first computes each token's inverse RMS with the norm kernels' reduction (row_norm.cuh),
+// then multiplies weight[i] * (x[t, i] * inv[t]) (RmsNormRow's formula) where the plain GEMV
+// multiplies x[t, i]: bit for bit the RmsNorm kernel followed by the plain GEMV, without the norm's
+// launch and its pass over memory. weight: [in] f32.
+struct Gemv16Norm {
+  const float* weight = nullptr;
+  float eps = 0.f;
+};
+
 // y[p][t, o] (+)= sum_i x[t, i] * w[p][o, i] (+ bias[p][o]) for every part p and t < tokens <=
 // kGemv16MaxTokens. x: [tokens, in] f32; the weights of `dtype` (kBF16 or kF16). `loads`: 16-byte
-// weight loads each lane issues before using them (4 or 8; the same sums either way).
-// `multiprocessors`: the device's, to size one wave of blocks (any value gives the same sums).
-// Launched under PDL (pdl.cuh): the first weight rows stream into L2 while the previous kernel runs.
+// weight loads each lane issues before using them (4 or 8; the same sums either way; the normed
+// form always issues 4, for its registers). `multiprocessors`: the device's, to size one wave of blocks (any value gives the same
+// sums). `norm` non-null: of the normalised rows of x (Gemv16Norm). Launched under PDL (pdl.cuh):
+// the first weight rows stream into L2 while the previous kernel runs.
 cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, int64_t tokens, int64_t in, int loads,
-                         int multiprocessors, cudaStream_t stream);
+                         int multiprocessors, cudaStream_t stream, const Gemv16Norm* norm = nullptr);
 
 // The gated form of LinearGroup (backend.h) on the GEMV path: gate and up matrices [out, in] of one
 // 16-bit type, their biases (or null), and y ([tokens, out] f32, written, never read).
@@ -62,7 +73,8 @@ struct GatedGemv16Params {
 // writes the product once. Bit for bit what LaunchGemv16 of the two parts (no accumulation) and
 // then the SiluMul kernel write (the same dots, sums and row math). Arguments as LaunchGemv16's.
 cudaError_t LaunchGatedGemv16(DType dtype, const float* x, const GatedGemv16Params& gemv, int64_t tokens,
-                              int64_t in, int loads, int multiprocessors, cudaStream_t stream);
+                              int64_t in, int loads, int multiprocessors, cudaStream_t stream,
+                              const Gemv16Norm* norm = nullptr);
 
 // dst[i] = x[i] rounded to `dtype` (kBF16 or kF16), as 16-bit patterns. x: [n]; dst: [n].
 cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cudaStream_t stream);

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "worker/kernels/cuda/pdl.cuh"
+#include "worker/kernels/cuda/row_norm.cuh"
 #include "worker/kernels/shared/attention_math.h"
 #include "worker/kernels/shared/row_math.h"
 
@@ -17,7 +18,7 @@ namespace shardserve::kernels::cuda {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kRowThreads = 256;      // row kernels: one block per row
+constexpr int kRowThreads = kRowBlockThreads;  // row kernels: one block per row (row_norm.cuh)
 constexpr int kElementThreads = 256;  // elementwise kernels
 constexpr int kRopeThreads = 256;     // threads per token, one per rotated pair
 constexpr int64_t kMaxGrid = 65535;   // grid-stride beyond this (also the y/z grid limit)
@@ -27,11 +28,8 @@ unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGri
 unsigned ElementGrid(int64_t n) { return GridFor((n + kElementThreads - 1) / kElementThreads); }
 
 // Threads per block for a row of `width` elements: enough warps to cover it, at most kRowThreads.
-unsigned RowThreads(int64_t width) {
-  const int64_t warps = (width + kWarp - 1) / kWarp;
-  const int64_t threads = (warps < 1 ? 1 : warps) * kWarp;
-  return static_cast<unsigned>(threads < kRowThreads ? threads : kRowThreads);
-}
+// The norm kernels' reduction is row_norm.cuh's, which the 16-bit GEMV's normed form repeats.
+unsigned RowThreads(int64_t width) { return RowBlockThreads(width); }
 
 
 __device__ __forceinline__ float WarpSum(float v) {

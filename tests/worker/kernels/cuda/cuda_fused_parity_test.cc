@@ -1,7 +1,8 @@
 // CUDA parity of the fused ops (part of cuda_parity_test; fixture in cuda_parity_fixture.h):
 //   * the gated LinearGroup (LinearGroupParams::gated): one GEMV launch for gate, up and the
 //     activation up to kGemv16MaxTokens (8) tokens, GEMMs and the SiluMul kernel above;
-//   * KvWrite with rope (KvWriteParams::rope): Rope and the cache write in one kernel.
+//   * KvWrite with rope (KvWriteParams::rope): Rope and the cache write in one kernel;
+//   * the normed LinearGroup (LinearGroupParams::norm): the norm inside the decode GEMV.
 // Each is checked twice: against the CPU oracle within the tolerances of its neighbours in
 // cuda_parity_test.cc, and against the separate CUDA ops it replaces, bit for bit (the fused kernels
 // run the same dots, sums and row math, so a decode step's results must not move by a bit).
@@ -108,6 +109,111 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaGatedLinearParityTest,
                                            GatedCase{DType::kBF16, 9, 264, 80, true, kGelu},
                                            GatedCase{DType::kF16, 9, 131, 33, false, kSilu}),
                          GatedName);
+
+// ---- Normed LinearGroup --------------------------------------------------------------------------
+
+struct NormedCase {
+  DType dtype;
+  int64_t tokens, in, out;
+  bool gated;
+};
+
+void PrintTo(const NormedCase& c, std::ostream* os) {
+  *os << DTypeName(c.dtype) << "_t" << c.tokens << "_in" << c.in << "_out" << c.out << (c.gated ? "_gated" : "_qkv");
+}
+
+std::string NormedName(const ::testing::TestParamInfo<NormedCase>& info) {
+  return ::testing::PrintToString(info.param);
+}
+
+class CudaNormedLinearParityTest : public CudaParityTest, public ::testing::WithParamInterface<NormedCase> {};
+
+// The normed form (LinearGroupParams::norm): against the CPU (the default: RmsNorm, then the group),
+// and against the CUDA RmsNorm kernel followed by the plain group, bit for bit (the GEMV computes
+// the norm kernels' inverse RMS with their reduction and multiplies their normalised values).
+TEST_P(CudaNormedLinearParityTest, MatchesCpuAndRmsNormThenTheGroupBitForBit) {
+  const NormedCase c = GetParam();
+  const int parts = c.gated ? 2 : 3;
+  std::vector<std::vector<uint16_t>> w16;
+  for (int i = 0; i < parts; ++i) w16.push_back(Narrow(c.dtype, RandomFloats(c.out * c.in, 301 + i)));
+  // A residual stream of uneven scale per token, and a norm weight around 1.
+  std::vector<float> xs = RandomFloats(c.tokens * c.in, 300, -2.f, 2.f);
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    for (int64_t i = 0; i < c.in; ++i) xs[static_cast<size_t>(t * c.in + i)] *= static_cast<float>(1 + 3 * t);
+  }
+  auto x = Mirror(xs);
+  auto nw = Mirror(RandomFloats(c.in, 310, 0.5f, 1.5f));
+  std::vector<Mirrored<float>> w, bias;
+  std::vector<Mirrored<uint16_t>> w_narrow;
+  for (int i = 0; i < parts; ++i) {
+    w.push_back(Mirror(Widen(c.dtype, w16[static_cast<size_t>(i)])));
+    w_narrow.push_back(Mirror(w16[static_cast<size_t>(i)]));
+    bias.push_back(Mirror(RandomFloats(c.out, 320 + i)));
+  }
+  const std::vector<float> garbage = RandomFloats(c.tokens * c.out, 330);
+  std::vector<Mirrored<float>> y, y_ref;
+  for (int i = 0; i < parts; ++i) {
+    y.push_back(Mirror(garbage));
+    y_ref.push_back(Mirror(garbage));
+  }
+  auto scratch = Mirror(RandomFloats(c.tokens * c.in, 340));
+  auto group = [&](int s, const float* xin, std::vector<Mirrored<float>>& ys) {
+    LinearGroupParams g{.x = xin, .tokens = c.tokens, .in = c.in, .num_parts = parts};
+    for (int i = 0; i < parts; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      g.parts[k] = {.w = s == kGpu ? WeightView(c.dtype, w_narrow[k].at(s)) : WeightView(w[k].at(s)),
+                    .bias = bias[k].at(s), .y = ys[k].at(s), .out = c.out,
+                    // q accumulates into its y (as the residual-adding products do), k and v do not.
+                    .accumulate = !c.gated && i == 0};
+    }
+    if (c.gated) g.gated = GateActivation::kSilu;
+    return g;
+  };
+  RunBoth([&](Backend& b, int s) {
+    LinearGroupParams g = group(s, x.at(s), y);
+    g.norm = LinearGroupParams::Norm{.weight = nw.at(s), .eps = 1e-5f, .scratch = scratch.at(s)};
+    return b.LinearGroup(g);
+  });
+  const int checked = c.gated ? 1 : parts;  // the gated form's parts[1].y is scratch
+  for (int i = 0; i < checked; ++i) {
+    SCOPED_TRACE(i);
+    if (c.tokens <= 8) {
+      ExpectMirrorsClose(y[static_cast<size_t>(i)]);
+    } else {
+      ExpectMirrorsClose(y[static_cast<size_t>(i)], 2e-2f, 1e-5);  // the GEMM rounds x to 16 bits
+    }
+  }
+
+  // The separate CUDA ops: the RmsNorm kernel into a buffer, then the plain group over it.
+  Backend& gpu = backend(kGpu);
+  auto normed = Mirror(RandomFloats(c.tokens * c.in, 350));
+  ASSERT_TRUE(gpu.RmsNorm({.x = x.at(kGpu), .weight = nw.at(kGpu), .y = normed.at(kGpu), .tokens = c.tokens,
+                           .hidden = c.in, .eps = 1e-5f})
+                  .ok());
+  ASSERT_TRUE(gpu.LinearGroup(group(kGpu, normed.at(kGpu), y_ref)).ok());
+  ASSERT_TRUE(gpu.Synchronize().ok());
+  const size_t bytes = static_cast<size_t>(c.tokens * c.out) * sizeof(float);
+  for (int i = 0; i < checked; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    EXPECT_EQ(DeviceBytes(gpu, y[k].at(kGpu), bytes), DeviceBytes(gpu, y_ref[k].at(kGpu), bytes)) << "part " << i;
+  }
+}
+
+// tokens 1, 2, 3 and 8: the normed GEMV's 1-, 2-, 4- and 8-row instances (16-byte loads for in a
+// multiple of 8, the scalar walk for in = 131); 9: the default (RmsNorm kernel, then the GEMMs).
+// in = 64: two row warps of the norm's reduction; 2048 and 4104: its full 8 (4104: more than 16
+// elements per row thread); 9000: past the register norm kernel (RmsNormKernel's loop).
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaNormedLinearParityTest,
+                         ::testing::Values(NormedCase{DType::kBF16, 1, 2048, 96, false},
+                                           NormedCase{DType::kBF16, 1, 2048, 80, true},
+                                           NormedCase{DType::kF16, 1, 64, 40, false},
+                                           NormedCase{DType::kBF16, 1, 131, 33, true},
+                                           NormedCase{DType::kF16, 2, 4104, 24, true},
+                                           NormedCase{DType::kBF16, 3, 264, 129, false},
+                                           NormedCase{DType::kF16, 8, 131, 17, false},
+                                           NormedCase{DType::kBF16, 8, 9000, 8, true},
+                                           NormedCase{DType::kBF16, 9, 264, 40, true}),
+                         NormedName);
 
 // ---- KvWrite with rope ---------------------------------------------------------------------------
 
