@@ -188,8 +188,8 @@ class CudaBackend final : public Backend {
   absl::Status Linear16(const LinearParams& p);
   // Products of one x with 16-bit weights of one type (see linear16.cuh for the two paths): one
   // GEMV launch for every part (gated: LaunchGatedGemv16), or x rounded once for every part's GEMM
-  // (gated: then the SiluMul kernel). tokens > 0, in > 0. The normed form only on the GEMV path
-  // (tokens <= kGemv16MaxTokens), its norm inside the GEMV.
+  // (gated: then the SiluMul kernel). tokens > 0, in > 0. The normed form: the norm inside the
+  // GEMV, or in the kernel that rounds x for the GEMMs.
   absl::Status Group16(const LinearGroupParams& p);
   // The tensor-core product of Group16 on activations already rounded to the weights' type
   // (x16: [tokens, in]), then the bias.
@@ -554,7 +554,7 @@ absl::Status CudaBackend::Linear16(const LinearParams& p) {
 
 absl::Status CudaBackend::Group16(const LinearGroupParams& p) {
   const DType dtype = p.parts[0].w.dtype;
-  // The normed form on the GEMV path (LinearGroup sends it nowhere else).
+  // The normed form (LinearGroupParams::norm).
   cuda::Gemv16Norm norm_args;
   const cuda::Gemv16Norm* norm = nullptr;
   if (p.norm.has_value()) {
@@ -585,11 +585,16 @@ absl::Status CudaBackend::Group16(const LinearGroupParams& p) {
     return Check(cuda::LaunchGemv16(dtype, p.x, group, p.tokens, p.in, kGemvLoads, multiprocessors_, stream_, norm),
                  "Gemv16 kernel launch");
   }
-  if (norm != nullptr) return absl::InternalError(absl::StrCat(name_, ": a normed LinearGroup past the GEMV path"));
-  // x rounded to the weights' type once, for every part's GEMM.
+  // x rounded to the weights' type once, for every part's GEMM (the normed form: normalised and
+  // rounded in one kernel).
   const int64_t n = p.tokens * p.in;
   RETURN_IF_ERROR(EnsureScratch(static_cast<size_t>(n) * 2));
-  RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
+  if (norm != nullptr) {
+    RETURN_IF_ERROR(Check(cuda::LaunchRmsNormTo16(dtype, p.NormParams(), scratch_.as<void>(), stream_),
+                          "RmsNormTo16 kernel launch"));
+  } else {
+    RETURN_IF_ERROR(Check(cuda::LaunchCastTo16(dtype, p.x, scratch_.as<void>(), n, stream_), "CastTo16 kernel launch"));
+  }
   for (int i = 0; i < p.num_parts; ++i) {
     const LinearParams part = p.PartParams(i);
     if (part.out > 0) RETURN_IF_ERROR(Gemm16(part, scratch_.as<void>()));
@@ -688,11 +693,9 @@ absl::Status CudaBackend::LinearGroup(const LinearGroupParams& p) {
     const LinearGroupParams::Part& part = p.parts[static_cast<size_t>(i)];
     fused = fused && part.w.dtype == dtype && FitsInt({part.out});
   }
-  // The normed form: fused into the GEMV (Gemv16Norm); elsewhere the default, an RmsNorm kernel into
-  // the scratch and then the group over it.
-  if (!fused || (p.norm.has_value() && (!fused_norm_ || p.tokens > cuda::kGemv16MaxTokens))) {
-    return Backend::LinearGroup(p);
-  }
+  // The normed form: fused into the GEMV (Gemv16Norm) or into the rounding of x for the GEMMs
+  // (RmsNormTo16); elsewhere the default, an RmsNorm kernel into the scratch and then the group.
+  if (!fused || (p.norm.has_value() && !fused_norm_)) return Backend::LinearGroup(p);
   RETURN_IF_ERROR(Enter());
   if (p.tokens == 0) return absl::OkStatus();
   return Group16(p);

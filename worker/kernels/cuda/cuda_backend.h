@@ -65,8 +65,9 @@ struct CudaBackendOptions {
   // Prefill attention on tensor cores where it applies (attention.cuh, "Prefill on tensor cores");
   // false: every attention row on the CUDA-core kernel (for comparisons).
   bool mma_attention = true;
-  // The norm of a normed LinearGroup (backend.h) inside the decode GEMV (linear16.cuh, Gemv16Norm);
-  // false: an RmsNorm kernel before the plain GEMV (for comparisons).
+  // The norm of a normed LinearGroup (backend.h) with 16-bit weights inside the decode GEMV
+  // (linear16.cuh, Gemv16Norm), or inside the kernel that rounds x for the GEMMs (ops.cuh,
+  // LaunchRmsNormTo16); false: an RmsNorm kernel of its own first (for comparisons).
   bool fused_norm = true;
 };
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_index, const CudaBackendOptions& options = {});

@@ -71,21 +71,28 @@ __global__ void BiasAddKernel(const float* bias, float* y, int64_t tokens, int64
   }
 }
 
+// The normalised value as the norm kernels store it: f32, or rounded to nearest even into a 16-bit
+// type as linear16.cu's cast does (the normed GEMM path's activations).
+__device__ __forceinline__ float StoreAs(float v, float*) { return v; }
+__device__ __forceinline__ __nv_bfloat16 StoreAs(float v, __nv_bfloat16*) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __half StoreAs(float v, __half*) { return __float2half_rn(v); }
+
 // One block per row. The sum of squares is a block reduction; the rest is RmsNormRow's formula.
-__global__ void RmsNormKernel(const float* x, const float* weight, float* y, int64_t tokens, int64_t hidden,
+template <typename TOut>
+__global__ void RmsNormKernel(const float* x, const float* weight, TOut* y, int64_t tokens, int64_t hidden,
                               float eps) {
   pdl::LaunchDependents();
   pdl::Wait();
   __shared__ float scratch[kRowThreads / kWarp];
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const float* xr = x + t * hidden;
-    float* yr = y + t * hidden;
+    TOut* yr = y + t * hidden;
     float ss = 0.f;
     for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) ss += xr[i] * xr[i];
     ss = BlockSum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(hidden) + eps);
     // y may alias x: each thread rewrites only the elements it alone read above.
-    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = weight[i] * (xr[i] * inv);
+    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) yr[i] = StoreAs(weight[i] * (xr[i] * inv), yr);
   }
 }
 
@@ -93,10 +100,10 @@ __global__ void RmsNormKernel(const float* x, const float* weight, float* y, int
 // loads its kPer elements (and weights) at once into registers, so a row is read once and its
 // loads are all in flight together (a decode step's norms are one row: latency, not bandwidth).
 // kAdd: x + y is normalised and written to x_sum (which is x for AddRmsNorm; unused without
-// kAdd). out may alias x.
-template <int kPer, bool kAdd>
+// kAdd). out may alias x. TOut: float, or a 16-bit type the values are rounded to (StoreAs).
+template <int kPer, bool kAdd, typename TOut = float>
 __global__ void __launch_bounds__(kRowThreads)
-    RegisterNormKernel(const float* x, float* x_sum, const float* y, const float* weight, float* out, int64_t tokens,
+    RegisterNormKernel(const float* x, float* x_sum, const float* y, const float* weight, TOut* out, int64_t tokens,
                        int64_t hidden, float eps) {
   pdl::LaunchDependents();
   pdl::Wait();
@@ -125,30 +132,46 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
-      if (i < hidden) out[t * hidden + i] = wv[k] * (v[k] * inv);
+      if (i < hidden) out[t * hidden + i] = StoreAs(wv[k] * (v[k] * inv), out);
     }
   }
 }
 
 // Launches RegisterNormKernel when the row fits in registers; false when it does not.
-template <bool kAdd>
-bool LaunchRegisterNorm(const float* x, float* x_sum, const float* y, const float* weight, float* out, int64_t tokens,
+template <bool kAdd, typename TOut = float>
+bool LaunchRegisterNorm(const float* x, float* x_sum, const float* y, const float* weight, TOut* out, int64_t tokens,
                         int64_t hidden, float eps, cudaStream_t stream) {
   const unsigned threads = RowThreads(hidden);
   const int64_t per = (hidden + threads - 1) / threads;
   const unsigned grid = GridFor(tokens);
   if (per <= 4) {
-    pdl::Launch(RegisterNormKernel<4, kAdd>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden, eps);
+    pdl::Launch(RegisterNormKernel<4, kAdd, TOut>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden,
+                eps);
   } else if (per <= 8) {
-    pdl::Launch(RegisterNormKernel<8, kAdd>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden, eps);
+    pdl::Launch(RegisterNormKernel<8, kAdd, TOut>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden,
+                eps);
   } else if (per <= 16) {
-    pdl::Launch(RegisterNormKernel<16, kAdd>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden, eps);
+    pdl::Launch(RegisterNormKernel<16, kAdd, TOut>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden,
+                eps);
   } else if (per <= 32) {
-    pdl::Launch(RegisterNormKernel<32, kAdd>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden, eps);
+    pdl::Launch(RegisterNormKernel<32, kAdd, TOut>, grid, threads, 0, stream, x, x_sum, y, weight, out, tokens, hidden,
+                eps);
   } else {
     return false;
   }
   return true;
+}
+
+// RmsNorm into `out` of type TOut (float, __nv_bfloat16 or __half).
+template <typename TOut>
+cudaError_t LaunchRmsNormAs(const RmsNormParams& p, TOut* out, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  if (LaunchRegisterNorm<false, TOut>(p.x, nullptr, nullptr, p.weight, out, p.tokens, p.hidden, p.eps, stream)) {
+    return cudaGetLastError();
+  }
+  pdl::Launch(RmsNormKernel<TOut>, GridFor(p.tokens), RowThreads(p.hidden), 0, stream, p.x, p.weight, out, p.tokens,
+              p.hidden, p.eps);
+  return cudaGetLastError();
 }
 
 // One block per row: add y into x (each thread its own elements), then RmsNormKernel's formula.
@@ -441,14 +464,20 @@ cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t o
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) {
-  if (p.tokens == 0) return cudaSuccess;
-  if (LaunchRegisterNorm<false>(p.x, nullptr, nullptr, p.weight, p.y, p.tokens, p.hidden, p.eps, stream)) {
-    return cudaGetLastError();
+cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream) { return LaunchRmsNormAs(p, p.y, stream); }
+
+cudaError_t LaunchRmsNormTo16(DType dtype, const RmsNormParams& p, void* dst, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kBF16:
+      return LaunchRmsNormAs(p, static_cast<__nv_bfloat16*>(dst), stream);
+    case DType::kF16:
+      return LaunchRmsNormAs(p, static_cast<__half*>(dst), stream);
+    case DType::kF32:
+    case DType::kF8E4M3:
+    case DType::kQ8:
+      break;
   }
-  pdl::Launch(RmsNormKernel, GridFor(p.tokens), RowThreads(p.hidden), 0, stream, p.x, p.weight, p.y, p.tokens, p.hidden,
-              p.eps);
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {

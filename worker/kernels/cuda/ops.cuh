@@ -29,6 +29,10 @@ size_t RopeSharedBytes(int64_t head_dim);
 // y[t, o] += bias[o]. y: [tokens, out]; bias: [out]. The bias half of Linear (cuBLAS does the rest).
 cudaError_t LaunchBiasAdd(const float* bias, float* y, int64_t tokens, int64_t out, cudaStream_t stream);
 cudaError_t LaunchRmsNorm(const RmsNormParams& p, cudaStream_t stream);
+// RmsNorm with its output rounded to `dtype` (kBF16 or kF16, round to nearest even) into dst
+// ([tokens, hidden] 16-bit; p.y is not written): bit for bit LaunchRmsNorm and then
+// linear16.cuh's LaunchCastTo16, in one pass (the normed form's GEMM path).
+cudaError_t LaunchRmsNormTo16(DType dtype, const RmsNormParams& p, void* dst, cudaStream_t stream);
 cudaError_t LaunchAddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream);
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 // KvWrite; with p.rope, Rope and the write in one kernel (needs RopeSharedBytes(head_dim)).

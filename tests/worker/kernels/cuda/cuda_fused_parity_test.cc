@@ -200,7 +200,8 @@ TEST_P(CudaNormedLinearParityTest, MatchesCpuAndRmsNormThenTheGroupBitForBit) {
 }
 
 // tokens 1, 2, 3 and 8: the normed GEMV's 1-, 2-, 4- and 8-row instances (16-byte loads for in a
-// multiple of 8, the scalar walk for in = 131); 9: the default (RmsNorm kernel, then the GEMMs).
+// multiple of 8, the scalar walk for in = 131); 9 and 40: the GEMMs over x normalised and rounded in
+// one kernel (RmsNormTo16), bit for bit the RmsNorm kernel and then the cast.
 // in = 64: two row warps of the norm's reduction; 2048 and 4104: its full 8 (4104: more than 16
 // elements per row thread); 9000: past the register norm kernel (RmsNormKernel's loop).
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaNormedLinearParityTest,
@@ -212,7 +213,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaNormedLinearParityTest,
                                            NormedCase{DType::kBF16, 3, 264, 129, false},
                                            NormedCase{DType::kF16, 8, 131, 17, false},
                                            NormedCase{DType::kBF16, 8, 9000, 8, true},
-                                           NormedCase{DType::kBF16, 9, 264, 40, true}),
+                                           NormedCase{DType::kBF16, 9, 264, 40, true},
+                                           NormedCase{DType::kF16, 40, 2048, 64, false},
+                                           NormedCase{DType::kBF16, 40, 9000, 16, false}),
                          NormedName);
 
 // ---- KvWrite with rope ---------------------------------------------------------------------------
