@@ -117,10 +117,12 @@ __device__ __forceinline__ void DotHeads(const T* __restrict__ kj, const float* 
 // first query head h0: the last split block of it to store its states merges all the splits into
 // the output (attention.cuh).
 // kDpl: head_dim elements per lane in the chunked walks (head_dim <= kDpl * kWarp).
-// The scalar chunked walk asks for three blocks per multiprocessor (at most 168 registers): left to
-// itself ptxas squeezed it into 128 and spilled in the key loop.
+// Blocks per multiprocessor asked of ptxas, which otherwise picks a register budget by its own
+// occupancy heuristics: the scalar chunked walk three (at most 168 registers; left to itself, ptxas
+// squeezed it into 128 and spilled in the key loop), the per-key walk four (128, as it had before
+// the split merge moved into this kernel). Check `-Xptxas -v` for spills after changing the kernel.
 template <KeyWalk kWalk>
-constexpr int kMinBlocksPerSm = kWalk == KeyWalk::kChunked ? 3 : 1;
+constexpr int kMinBlocksPerSm = kWalk == KeyWalk::kChunked ? 3 : kWalk == KeyWalk::kPerKey ? 4 : 1;
 
 template <typename T, KeyWalk kWalk, int kDpl>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kWalk>)
