@@ -305,8 +305,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kWalk>)
         for (int idx = threadIdx.x; idx < nh * di; idx += blockDim.x) {
           const int hh = idx / di;
           const int e = idx - hh * di;
-          float o = 0.f;
-          for (int i = 0; i < n; ++i) o += accs[hh * acc_head + i * acc_src + e] * scale_s[hh * kMaxAttnSplits + i];
+          const float o = MergeAccElement(accs + hh * acc_head + e, n, acc_src, scale_s + hh * kMaxAttnSplits);
           if (to_out) {
             // The row has key `pos` (in some split), so l > 0.
             out[(t * sh.q_heads + h0 + hh) * d + e] = o / l_s[hh];
