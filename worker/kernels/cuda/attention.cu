@@ -314,18 +314,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kWalk>)
           }
         }
         if (to_out) break;
-        // Release: each thread's stores of its partial state are visible device-wide before
-        // thread 0 counts the block in (the barrier orders them before its atomic).
+        // Release: every thread fences its stores of the partial state, the barrier orders them
+        // before thread 0's fence (cumulative) and its atomic, which counts the block in.
         __threadfence();
         __syncthreads();
         // atomicInc wraps to 0 when it finds splits - 1: the last arrival both learns that it is
         // last and leaves the counter at zero for the next launch or graph replay.
         unsigned int arrived = 0;
-        if (threadIdx.x == 0) arrived = atomicInc(counters + t * sh.q_heads + h0, sh.splits - 1u);
+        if (threadIdx.x == 0) {
+          __threadfence();
+          arrived = atomicInc(counters + t * sh.q_heads + h0, sh.splits - 1u);
+          __threadfence();  // acquire: the other splits' states, fenced before they counted in
+        }
         if (!__syncthreads_or(threadIdx.x == 0 && arrived == sh.splits - 1u)) break;
-        // Acquire: the other splits fenced their states before counting in. The loads below are
-        // ordinary ones after this fence, which the memory model makes see those stores (the
-        // fence also keeps the compiler from reusing earlier loads).
+        // Acquire for every thread (the barrier carries thread 0's observation). The loads of
+        // pass 1 are ordinary ones after this fence, which the memory model makes see the other
+        // blocks' stores (fence.sc at gpu scope: no stale L1 line); the fence also keeps the
+        // compiler from reusing values loaded earlier.
         __threadfence();
         ml = partials + part_row + d;
         accs = partials + part_row;
