@@ -83,7 +83,9 @@ std::vector<float> SplitAttention(const float* q, const float* k, const float* v
   std::vector<float> scales(static_cast<size_t>(splits));
   const float total = MergeSoftmaxStates(split_states.data() + d, splits, d + 2, scales.data(), nullptr);
   std::vector<float> result(static_cast<size_t>(d));
-  for (int e = 0; e < d; ++e) result[e] = MergeAccElement(split_states.data() + e, splits, d + 2, scales.data()) / total;
+  for (int e = 0; e < d; ++e) {
+    result[e] = MergeAccElement(split_states.data() + e, splits, d + 2, scales.data()) / total;
+  }
   return result;
 }
 
