@@ -76,11 +76,7 @@ std::vector<float> SplitAttention(const float* q, const float* k, const float* v
     float m_all = 0.f;
     const float l_all = MergeSoftmaxStates(warp_state, kWarps, 2, scales, &m_all);
     float* out = split_states.data() + static_cast<size_t>(sp) * (d + 2);
-    for (int e = 0; e < d; ++e) {
-      float o = 0.f;
-      for (int w = 0; w < kWarps; ++w) o += warp_acc[w * d + e] * scales[w];
-      out[e] = o;
-    }
+    for (int e = 0; e < d; ++e) out[e] = MergeAccElement(warp_acc.data() + e, kWarps, d, scales);
     out[d] = m_all;
     out[d + 1] = l_all;
   }
@@ -88,9 +84,7 @@ std::vector<float> SplitAttention(const float* q, const float* k, const float* v
   const float total = MergeSoftmaxStates(split_states.data() + d, splits, d + 2, scales.data(), nullptr);
   std::vector<float> result(static_cast<size_t>(d));
   for (int e = 0; e < d; ++e) {
-    float o = 0.f;
-    for (int sp = 0; sp < splits; ++sp) o += split_states[static_cast<size_t>(sp) * (d + 2) + e] * scales[sp];
-    result[e] = o / total;
+    result[e] = MergeAccElement(split_states.data() + e, splits, d + 2, scales.data()) / total;
   }
   return result;
 }
@@ -234,6 +228,15 @@ TEST(MergeSoftmaxStatesTest, RescalesToTheLargestMaximum) {
   EXPECT_NEAR(scales[0], std::exp(-2.f), 1e-7);
   EXPECT_EQ(scales[1], 1.f);
   EXPECT_NEAR(l, (1.f + std::exp(1.f)) * std::exp(-3.f) + 1.f, 1e-6);
+}
+
+TEST(MergeAccElementTest, SumsTheScaledStatesAlongTheStride) {
+  // Three states of a 2-element acc, stored [state, element]: element 1 of each is 10, 20, 30.
+  const float acc[6] = {1.f, 10.f, 2.f, 20.f, 3.f, 30.f};
+  const float scales[3] = {0.5f, 0.f, 2.f};
+  EXPECT_EQ(MergeAccElement(acc + 1, 3, 2, scales), 10.f * 0.5f + 30.f * 2.f);
+  EXPECT_EQ(MergeAccElement(acc, 3, 2, scales), 1.f * 0.5f + 3.f * 2.f);
+  EXPECT_EQ(MergeAccElement(acc, 0, 2, scales), 0.f);  // no states
 }
 
 }  // namespace

@@ -32,10 +32,12 @@ __device__ __forceinline__ float Widen(__nv_bfloat16 x) { return __bfloat162floa
 __device__ __forceinline__ float Widen(__half x) { return __half2float(x); }
 
 size_t SharedBytes(int heads, int64_t head_dim) {
-  // q [heads, d], acc [warps, heads, d], states [warps, heads, 2], scales [heads, warps], l [heads].
+  // q [heads, d], acc [warps, heads, d], states [warps, heads, 2], scales [heads, kMaxAttnSplits]
+  // (a head's warps, or its splits), l [heads].
+  static_assert(kAttnWarps <= kMaxAttnSplits, "the scales hold a head's warps or its splits");
   const size_t d = static_cast<size_t>(head_dim);
   const size_t h = static_cast<size_t>(heads);
-  return ((kAttnWarps + 1) * h * d + 3 * kAttnWarps * h + h) * sizeof(float);
+  return ((kAttnWarps + 1) * h * d + 2 * kAttnWarps * h + kMaxAttnSplits * h + h) * sizeof(float);
 }
 
 struct Shape {
@@ -110,13 +112,24 @@ __device__ __forceinline__ void DotHeads(const T* __restrict__ kj, const float* 
 
 // grid.x = kv head x head block x split, grid.y strides over a sequence's rows, grid.z over
 // sequences. partials: [tokens, q_heads, splits, head_dim + 2] (acc, then m and l), or null when
-// splits == 1 (then the output is written directly).
+// splits == 1 (then the output is written directly). counters: [tokens, q_heads] arrival counts,
+// zero on entry and on exit (null with partials), the one of a (row, kv head, head block) at its
+// first query head h0: the last split block of it to store its states merges all the splits into
+// the output (attention.cuh).
 // kDpl: head_dim elements per lane in the chunked walks (head_dim <= kDpl * kWarp).
+// Blocks per multiprocessor asked of ptxas, which otherwise picks a register budget by its own
+// occupancy heuristics: the scalar chunked walk three (at most 168 registers; left to itself, ptxas
+// squeezed it into 128 and spilled in the key loop), the per-key walk four (128, as it had before
+// the split merge moved into this kernel). Check `-Xptxas -v` for spills after changing the kernel.
+template <KeyWalk kWalk>
+constexpr int kMinBlocksPerSm = kWalk == KeyWalk::kChunked ? 3 : kWalk == KeyWalk::kPerKey ? 4 : 1;
+
 template <typename T, KeyWalk kWalk, int kDpl>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kWalk>)
     SplitAttentionKernel(const float* __restrict__ q, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
                          int64_t num_seqs, const int32_t* __restrict__ block_table, const T* __restrict__ cache_k,
-                         const T* __restrict__ cache_v, Shape sh, float* __restrict__ partials) {
+                         const T* __restrict__ cache_v, Shape sh, float* __restrict__ partials,
+                         unsigned int* __restrict__ counters) {
   pdl::LaunchDependents();
   pdl::Wait();
   extern __shared__ float smem[];
@@ -125,8 +138,8 @@ __global__ void __launch_bounds__(kThreads)
   float* q_s = smem;                                // [hpb, d]
   float* acc_s = q_s + hpb * d;                     // [warps, hpb, d]
   float* state_s = acc_s + kAttnWarps * hpb * d;    // [warps, hpb, 2]
-  float* scale_s = state_s + kAttnWarps * hpb * 2;  // [hpb, warps]
-  float* l_s = scale_s + hpb * kAttnWarps;          // [hpb]
+  float* scale_s = state_s + kAttnWarps * hpb * 2;  // [hpb, kMaxAttnSplits]
+  float* l_s = scale_s + hpb * kMaxAttnSplits;      // [hpb]
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int split = static_cast<int>(blockIdx.x % sh.splits);
@@ -262,57 +275,68 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       __syncthreads();
-      // Merge the warps: one thread per head computes the scales, then every thread its elements.
-      if (threadIdx.x < nh) {
-        const int hh = static_cast<int>(threadIdx.x);
-        float m_all = 0.f;
-        l_s[hh] = MergeSoftmaxStates(state_s + hh * 2, kAttnWarps, hpb * 2, scale_s + hh * kAttnWarps, &m_all);
-        if (partials != nullptr) {
-          float* part = partials + ((t * sh.q_heads + h0 + hh) * sh.splits + split) * (d + 2);
-          part[d] = m_all;
-          part[d + 1] = l_s[hh];
+      // Merge states, one thread per head computing the scales (MergeSoftmaxStates), then every
+      // thread its elements. Pass 0 merges the block's warps (state_s, acc_s) into the output (one
+      // split) or into this split's partial state. Pass 1 runs only in the split block that arrives
+      // last for its (row, kv head, head block): it merges every split's partial state of its
+      // heads into the output. One code for both keeps the kernel's registers where they were
+      // (a separate merge loop made ptxas spill in the key loops). State i of head hh: m at
+      // ml[hh * ml_head + i * ml_src], l after it; its acc at acc[hh * acc_head + i * acc_src + e].
+      const int64_t part_row = (t * sh.q_heads + h0) * sh.splits * (d + 2);  // partials of head h0
+      const float* ml = state_s;
+      const float* accs = acc_s;
+      // 32-bit offsets (head_dim <= ~2400, splits <= 32): 64-bit ones cost registers here.
+      const int di = static_cast<int>(d);
+      int ml_head = 2, ml_src = hpb * 2, acc_head = di, acc_src = hpb * di;
+      int n = kAttnWarps;
+      for (int pass = 0;; ++pass) {
+        const bool to_out = pass == 1 || partials == nullptr;
+        if (threadIdx.x < nh) {
+          const int hh = static_cast<int>(threadIdx.x);
+          float m_all = 0.f;
+          l_s[hh] = MergeSoftmaxStates(ml + hh * ml_head, n, ml_src, scale_s + hh * kMaxAttnSplits, &m_all);
+          if (!to_out) {
+            float* part = partials + part_row + (int64_t{hh} * sh.splits + split) * (d + 2);
+            part[d] = m_all;
+            part[d + 1] = l_s[hh];
+          }
         }
-      }
-      __syncthreads();
-      for (int64_t idx = threadIdx.x; idx < nh * d; idx += blockDim.x) {
-        const int64_t hh = idx / d;
-        const int64_t e = idx % d;
-        float o = 0.f;
-        for (int w = 0; w < kAttnWarps; ++w) o += acc_s[(w * hpb + hh) * d + e] * scale_s[hh * kAttnWarps + w];
-        if (partials == nullptr) {
-          // One split: the row has at least key `pos`, so l > 0.
-          out[(t * sh.q_heads + h0 + hh) * d + e] = o / l_s[hh];
-        } else {
-          partials[((t * sh.q_heads + h0 + hh) * sh.splits + split) * (d + 2) + e] = o;
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < nh * di; idx += blockDim.x) {
+          const int hh = idx / di;
+          const int e = idx - hh * di;
+          const float o = MergeAccElement(accs + hh * acc_head + e, n, acc_src, scale_s + hh * kMaxAttnSplits);
+          if (to_out) {
+            // The row has key `pos` (in some split), so l > 0.
+            out[(t * sh.q_heads + h0 + hh) * d + e] = o / l_s[hh];
+          } else {
+            partials[part_row + (hh * sh.splits + split) * (di + 2) + e] = o;
+          }
         }
-      }
-    }
-  }
-}
-
-// grid.x = query head, grid.y strides over a sequence's rows, grid.z over sequences: merges the
-// splits' states of one (row, head) into the output.
-__global__ void __launch_bounds__(kThreads)
-    MergeSplitsKernel(const float* __restrict__ partials, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
-                      int64_t num_seqs, int64_t q_heads, int64_t head_dim, int splits) {
-  pdl::LaunchDependents();
-  pdl::Wait();
-  __shared__ float scales[kMaxAttnSplits];
-  __shared__ float total;
-  const int64_t h = blockIdx.x;
-  const int64_t d = head_dim;
-  for (int64_t s = blockIdx.z; s < num_seqs; s += gridDim.z) {
-    const AttnSeq seq = seqs[s];
-    for (int64_t i = blockIdx.y; i < seq.q_len; i += gridDim.y) {
-      const int64_t t = seq.q_begin + i;
-      const float* part = partials + (t * q_heads + h) * splits * (d + 2);
-      __syncthreads();  // the previous row is done with scales and total
-      if (threadIdx.x == 0) total = MergeSoftmaxStates(part + d, splits, static_cast<int>(d + 2), scales, nullptr);
-      __syncthreads();
-      for (int64_t e = threadIdx.x; e < d; e += blockDim.x) {
-        float o = 0.f;
-        for (int sp = 0; sp < splits; ++sp) o += part[sp * (d + 2) + e] * scales[sp];
-        out[(t * q_heads + h) * d + e] = o / total;
+        if (to_out) break;
+        // Release: every thread fences its stores of the partial state, the barrier orders them
+        // before thread 0's fence (cumulative) and its atomic, which counts the block in.
+        __threadfence();
+        __syncthreads();
+        // atomicInc wraps to 0 when it finds splits - 1: the last arrival both learns that it is
+        // last and leaves the counter at zero for the next launch or graph replay.
+        unsigned int arrived = 0;
+        if (threadIdx.x == 0) {
+          __threadfence();
+          arrived = atomicInc(counters + t * sh.q_heads + h0, sh.splits - 1u);
+          __threadfence();  // acquire: the other splits' states, fenced before they counted in
+        }
+        if (!__syncthreads_or(threadIdx.x == 0 && arrived == sh.splits - 1u)) break;
+        // Acquire for every thread (the barrier carries thread 0's observation). The loads of
+        // pass 1 are ordinary ones after this fence, which the memory model makes see the other
+        // blocks' stores (fence.sc at gpu scope: no stale L1 line); the fence also keeps the
+        // compiler from reusing values loaded earlier.
+        __threadfence();
+        ml = partials + part_row + d;
+        accs = partials + part_row;
+        ml_head = acc_head = sh.splits * (di + 2);
+        ml_src = acc_src = di + 2;
+        n = sh.splits;
       }
     }
   }
@@ -320,15 +344,15 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, int kDpl>
 void LaunchChunked(bool aligned, const AttentionParams& p, const Shape& sh, dim3 grid, size_t shared, float* partials,
-                   cudaStream_t stream) {
+                   unsigned int* counters, cudaStream_t stream) {
   const auto* k = static_cast<const T*>(p.cache.k);
   const auto* v = static_cast<const T*>(p.cache.v);
   if (aligned) {
     pdl::Launch(SplitAttentionKernel<T, KeyWalk::kChunkedVector, kDpl>, grid, kThreads, shared, stream, p.q, p.out,
-                p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+                p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials, counters);
   } else {
     pdl::Launch(SplitAttentionKernel<T, KeyWalk::kChunked, kDpl>, grid, kThreads, shared, stream, p.q, p.out,
-                p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+                p.paged.seqs, p.paged.num_seqs, p.paged.block_table, k, v, sh, partials, counters);
   }
 }
 
@@ -336,7 +360,7 @@ void LaunchChunked(bool aligned, const AttentionParams& p, const Shape& sh, dim3
 // 16-byte key loads when every key row is 16-byte aligned), else one key at a time.
 template <typename T>
 void LaunchSplit(const AttentionParams& p, const Shape& sh, dim3 grid, size_t shared, float* partials,
-                 cudaStream_t stream) {
+                 unsigned int* counters, cudaStream_t stream) {
   const auto* k = static_cast<const T*>(p.cache.k);
   const auto* v = static_cast<const T*>(p.cache.v);
   const bool aligned =
@@ -344,13 +368,13 @@ void LaunchSplit(const AttentionParams& p, const Shape& sh, dim3 grid, size_t sh
   const int64_t d = p.cache.head_dim;
   if (d > kMaxChunkedHeadDim) {
     pdl::Launch(SplitAttentionKernel<T, KeyWalk::kPerKey, 1>, grid, kThreads, shared, stream, p.q, p.out, p.paged.seqs,
-                p.paged.num_seqs, p.paged.block_table, k, v, sh, partials);
+                p.paged.num_seqs, p.paged.block_table, k, v, sh, partials, counters);
   } else if (d <= 2 * kWarp) {
-    LaunchChunked<T, 2>(aligned, p, sh, grid, shared, partials, stream);
+    LaunchChunked<T, 2>(aligned, p, sh, grid, shared, partials, counters, stream);
   } else if (d <= 4 * kWarp) {
-    LaunchChunked<T, 4>(aligned, p, sh, grid, shared, partials, stream);
+    LaunchChunked<T, 4>(aligned, p, sh, grid, shared, partials, counters, stream);
   } else {
-    LaunchChunked<T, 8>(aligned, p, sh, grid, shared, partials, stream);
+    LaunchChunked<T, 8>(aligned, p, sh, grid, shared, partials, counters, stream);
   }
 }
 
@@ -400,9 +424,16 @@ size_t MaxAttentionPartialFloats(int64_t max_head_dim) {
   return static_cast<size_t>(kMaxAttnPartials) * static_cast<size_t>(max_head_dim + 2);
 }
 
-cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials, cudaStream_t stream) {
+size_t AttentionCounterCount(const AttentionParams& p, const AttentionPlan& plan) {
+  if (plan.splits <= 1) return 0;
+  return static_cast<size_t>(p.tokens) * static_cast<size_t>(p.q_heads);
+}
+
+cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials,
+                            unsigned int* counters, cudaStream_t stream) {
   const int64_t max_q_len = p.paged.MaxQueryLen();
   if (max_q_len == 0 || p.q_heads == 0) return cudaSuccess;
+  if (plan.splits > 1 && (partials == nullptr || counters == nullptr)) return cudaErrorInvalidValue;
   const int64_t group = p.q_heads / p.cache.kv_heads;
   const int head_blocks = static_cast<int>((group + plan.heads_per_block - 1) / plan.heads_per_block);
   const Shape sh{.block_size = p.cache.block_size,
@@ -421,24 +452,21 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
                   GridFor(p.paged.num_seqs));
   const size_t shared = SharedBytes(plan.heads_per_block, p.cache.head_dim);
   float* part = plan.splits > 1 ? partials : nullptr;
+  unsigned int* count = plan.splits > 1 ? counters : nullptr;
   switch (p.cache.dtype) {
     case DType::kF32:
-      LaunchSplit<float>(p, sh, grid, shared, part, stream);
+      LaunchSplit<float>(p, sh, grid, shared, part, count, stream);
       break;
     case DType::kBF16:
-      LaunchSplit<__nv_bfloat16>(p, sh, grid, shared, part, stream);
+      LaunchSplit<__nv_bfloat16>(p, sh, grid, shared, part, count, stream);
       break;
     case DType::kF16:
-      LaunchSplit<__half>(p, sh, grid, shared, part, stream);
+      LaunchSplit<__half>(p, sh, grid, shared, part, count, stream);
       break;
     case DType::kF8E4M3:
     case DType::kQ8:
       return cudaErrorInvalidValue;
   }
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || plan.splits == 1) return err;
-  const dim3 merge_grid(static_cast<unsigned>(p.q_heads), GridFor(max_q_len), GridFor(p.paged.num_seqs));
-  pdl::Launch(MergeSplitsKernel, merge_grid, kThreads, 0, stream, partials, p.out, p.paged.seqs, p.paged.num_seqs,
-              p.q_heads, p.cache.head_dim, plan.splits);
   return cudaGetLastError();
 }
 

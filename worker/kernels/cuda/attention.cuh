@@ -8,9 +8,14 @@
 // chunk's value rows over head_dim; head_dim above kMaxChunkedHeadDim: every kAttnWarps-th key,
 // lanes over head_dim) with an online softmax each, and the warps' states are merged in shared
 // memory (kernels/shared/attention_math.h). With one split the block writes the output; with several,
-// each block writes its state (m, l, acc) to the partials workspace and a second kernel merges the
-// splits of each (row, head). Splitting keeps all multiprocessors busy when a decode batch has few
-// rows and long contexts; nothing the size of the context is ever materialised.
+// each block writes its state (m, l, acc) to the partials workspace, fences, and counts itself in
+// on an arrival counter of its (row, kv head, head block); the block that arrives last merges the
+// splits of its heads into the output, in the same launch (one kernel per layer: a second launch
+// would add its fixed latency, ~2.5 us, to every decode step's layer). The counters live in a small
+// device workspace the caller zeroes once (AttentionCounterCount); each launch leaves them at zero
+// again (the last arrival's atomicInc wraps the count), so back-to-back launches and CUDA-graph
+// replays need no reset. Splitting keeps all multiprocessors busy when a decode batch has few rows
+// and long contexts; nothing the size of the context is ever materialised.
 #ifndef SHARDSERVE_WORKER_KERNELS_CUDA_ATTENTION_CUH_
 #define SHARDSERVE_WORKER_KERNELS_CUDA_ATTENTION_CUH_
 
@@ -50,9 +55,22 @@ size_t AttentionPartialFloats(const AttentionParams& p, const AttentionPlan& pla
 // The most partial floats any Attention within (max_q_heads, max_head_dim) can need.
 size_t MaxAttentionPartialFloats(int64_t max_head_dim);
 
-// Enqueues the attention. `partials`: at least AttentionPartialFloats() floats (null when 0).
+// Arrival counters (unsigned int) a plan needs: 0 for one split, else tokens x q_heads (the
+// counter of a (row, kv head, head block) is the one of its first query head; the others stay
+// unused, so that the kernel indexes them as it does the partials). A plan splits only when
+// rows x q_heads x splits <= kMaxAttnPartials, so when the batch's rows are its tokens
+// kMaxAttnCounters (128 KiB) always suffice.
+size_t AttentionCounterCount(const AttentionParams& p, const AttentionPlan& plan);
+inline constexpr int64_t kMaxAttnCounters = kMaxAttnPartials / 2;
+
+// Enqueues the attention (one kernel). `partials`: at least AttentionPartialFloats() floats;
+// `counters`: at least AttentionCounterCount() counters, all zero (zero them once when allocated:
+// every launch leaves them zero). Both may be null when the plan has one split; otherwise null is
+// cudaErrorInvalidValue. A launch owns them until it completes: launches sharing them must be
+// ordered (one stream), which holds for PDL launches too, since the kernel touches them only after
+// pdl::Wait(). A launch that faults may leave counters non-zero (the context is lost anyway).
 cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials,
-                            cudaStream_t stream);
+                            unsigned int* counters, cudaStream_t stream);
 
 // ---- Prefill on tensor cores (attention_mma.cu) ----
 // The kernel above scores keys on the CUDA cores one query row at a time, which suits decode rows

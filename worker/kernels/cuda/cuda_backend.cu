@@ -182,6 +182,8 @@ class CudaBackend final : public Backend {
   absl::Status Fail(std::string message);
   // Makes scratch_ at least `bytes` long (cudaMalloc after draining the stream, when it grows).
   absl::Status EnsureScratch(size_t bytes);
+  // Makes attn_counters_ hold at least `count` counters, zeroed in stream order when it grows.
+  absl::Status EnsureAttnCounters(size_t count);
   // Makes `buffer` at least `bytes` long, draining the stream first when it grows.
   absl::Status Grow(DeviceBuffer& buffer, size_t bytes);
   // Linear with bf16/f16 weights: Group16 of one part.
@@ -223,6 +225,11 @@ class CudaBackend final : public Backend {
   // replay).
   DeviceBuffer scratch_;
   uint64_t scratch_generation_ = 0;
+  // Split-K attention's arrival counters (attention.cuh, AttentionCounterCount): zeroed once when
+  // allocated, left at zero by every launch. Apart from scratch_, whose contents other ops
+  // overwrite. Sized by Reserve() (at most kMaxAttnCounters, 128 KiB); grown like scratch_ (which
+  // bumps scratch_generation_ too, as recorded graphs hold its address).
+  DeviceBuffer attn_counters_;
   // SampleRows' workspace (sorted rows and CUB's storage), grown on demand. Apart from scratch_ so
   // that growing it never invalidates a recorded graph (sampling runs after the recorded layers).
   DeviceBuffer sample_workspace_;
@@ -422,6 +429,11 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
                            cuda::MaxAttentionPartialFloats(limits.max_head_dim));
   }
   RETURN_IF_ERROR(EnsureScratch(std::max(cast_bytes, attn_floats * sizeof(float))));
+  if (limits.max_tokens > 0 && limits.max_q_heads > 0) {
+    RETURN_IF_ERROR(EnsureAttnCounters(std::min(static_cast<size_t>(limits.max_tokens) *
+                                                    static_cast<size_t>(limits.max_q_heads),
+                                                static_cast<size_t>(cuda::kMaxAttnCounters))));
+  }
   MoeRouteParams p;
   p.tokens = limits.max_tokens;
   p.routing = limits.moe_routing;
@@ -440,6 +452,16 @@ absl::Status CudaBackend::EnsureScratch(size_t bytes) {
   if (bytes <= scratch_.bytes()) return absl::OkStatus();
   ++scratch_generation_;
   return Grow(scratch_, bytes);
+}
+
+absl::Status CudaBackend::EnsureAttnCounters(size_t count) {
+  const size_t bytes = count * sizeof(unsigned int);
+  if (bytes <= attn_counters_.bytes()) return absl::OkStatus();
+  ++scratch_generation_;
+  RETURN_IF_ERROR(Grow(attn_counters_, bytes));
+  // On our (non-blocking) stream, so that it precedes every launch that reads them.
+  return Check(cudaMemsetAsync(attn_counters_.as<void>(), 0, attn_counters_.bytes(), stream_),
+               "cudaMemsetAsync (attention counters)");
 }
 
 absl::Status CudaBackend::Grow(DeviceBuffer& buffer, size_t bytes) {
@@ -749,7 +771,10 @@ absl::Status CudaBackend::Attention(const AttentionParams& p) {
   RETURN_IF_ERROR(Enter());
   const size_t partial_floats = cuda::AttentionPartialFloats(p, plan);
   RETURN_IF_ERROR(EnsureScratch(partial_floats * sizeof(float)));
-  return Check(cuda::LaunchAttention(p, plan, partial_floats > 0 ? scratch_.as<float>() : nullptr, stream_),
+  const size_t counters = cuda::AttentionCounterCount(p, plan);
+  RETURN_IF_ERROR(EnsureAttnCounters(counters));
+  return Check(cuda::LaunchAttention(p, plan, partial_floats > 0 ? scratch_.as<float>() : nullptr,
+                                     counters > 0 ? attn_counters_.as<unsigned int>() : nullptr, stream_),
                "Attention kernel launch");
 }
 

@@ -58,6 +58,16 @@ SHARDSERVE_HD float MergeSoftmaxStates(const float* ml, int n, int stride, float
   return l;
 }
 
+// One element of the merged acc of `n` states, state i's element being acc[i * stride]: the sum of
+// acc[i * stride] * scales[i] in order of i, with the scales MergeSoftmaxStates wrote. The merged
+// output element is it over the merged l. The CUDA kernel merges its warps and then, in the block
+// that arrives last, its splits with it.
+SHARDSERVE_HD float MergeAccElement(const float* acc, int n, int stride, const float* scales) {
+  float o = 0.f;
+  for (int i = 0; i < n; ++i) o += acc[i * stride] * scales[i];
+  return o;
+}
+
 // How the keys [lo, pos] of one query row are split: split `split` of `splits` covers
 // [*begin, *end) (possibly empty). Splits are contiguous and in order, of equal length but the
 // last.
