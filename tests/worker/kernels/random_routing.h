@@ -1,6 +1,6 @@
-// A random MoE routing for the CPU kernel tests (cpu_kernels_test): each of `tokens` tokens picks
-// `k` distinct experts among the first `used` of `num_experts` with random weights, grouped by
-// expert with GroupByExpert as MoeRoute lays them out.
+// A random MoE routing for the kernel tests: each of `tokens` tokens picks `k` distinct experts
+// among the first `used` of `num_experts` with random weights, grouped by expert with GroupByExpert
+// as MoeRoute lays them out (GroupRouting, also for tests that pick their experts otherwise).
 #ifndef SHARDSERVE_TESTS_WORKER_KERNELS_RANDOM_ROUTING_H_
 #define SHARDSERVE_TESTS_WORKER_KERNELS_RANDOM_ROUTING_H_
 
@@ -20,6 +20,18 @@ struct Routing {
   std::vector<float> scales;           // [tokens * k]
 };
 
+// Each token's k experts and weights ([tokens * k] each) grouped by expert with GroupByExpert.
+inline Routing GroupRouting(const std::vector<int32_t>& experts, const std::vector<float>& weights, int tokens, int k,
+                            int num_experts) {
+  Routing r{.offsets = std::vector<int32_t>(static_cast<size_t>(num_experts + 1)),
+            .rows = std::vector<int32_t>(experts.size()),
+            .scales = std::vector<float>(experts.size())};
+  std::vector<int32_t> fill(static_cast<size_t>(num_experts));
+  GroupByExpert(experts.data(), weights.data(), tokens, k, num_experts, r.offsets.data(), r.rows.data(),
+                r.scales.data(), fill.data());
+  return r;
+}
+
 // used <= 0: every expert may be picked.
 inline Routing RandomRouting(std::mt19937& rng, int tokens, int k, int num_experts, int used = 0) {
   if (used <= 0) used = num_experts;
@@ -35,13 +47,7 @@ inline Routing RandomRouting(std::mt19937& rng, int tokens, int k, int num_exper
       weights[static_cast<size_t>(t * k + j)] = weight(rng);
     }
   }
-  Routing r{.offsets = std::vector<int32_t>(static_cast<size_t>(num_experts + 1)),
-            .rows = std::vector<int32_t>(experts.size()),
-            .scales = std::vector<float>(experts.size())};
-  std::vector<int32_t> fill(static_cast<size_t>(num_experts));
-  GroupByExpert(experts.data(), weights.data(), tokens, k, num_experts, r.offsets.data(), r.rows.data(),
-                r.scales.data(), fill.data());
-  return r;
+  return GroupRouting(experts, weights, tokens, k, num_experts);
 }
 
 }  // namespace shardserve::kernels

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "tests/worker/kernels/cuda/cuda_parity_fixture.h"
+#include "tests/worker/kernels/random_routing.h"
 #include "worker/kernels/backend.h"
 #include "worker/kernels/shared/moe_math.h"
 
@@ -136,16 +137,12 @@ TEST_F(CudaParityTest, GroupedLinearMatchesALinearPerGroup) {
 }
 
 // A routing of `tokens` x `k` distinct experts of `num_experts` (random, seeded), grouped as
-// MoeRoute lays it out: offsets [num_experts + 1], rows and scales [tokens * k]. `skewed`: most
-// tokens pick among a few experts, so that some groups are large and some empty.
-struct GroupedRouting {
-  std::vector<int32_t> offsets, rows;
-  std::vector<float> scales;
-};
+// MoeRoute lays it out (GroupRouting): offsets [num_experts + 1], rows and scales [tokens * k].
+// `skewed`: most tokens pick among a few experts, so that some groups are large and some empty.
+using GroupedRouting = Routing;
 GroupedRouting RandomGroupedRouting(int64_t tokens, int k, int num_experts, uint32_t seed, bool skewed = true) {
   std::mt19937 rng(seed);
   std::vector<int32_t> experts(static_cast<size_t>(tokens * k)), all(static_cast<size_t>(num_experts));
-  std::vector<int32_t> fill(all.size());
   std::vector<float> weights(experts.size());
   std::iota(all.begin(), all.end(), 0);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
@@ -157,12 +154,7 @@ GroupedRouting RandomGroupedRouting(int64_t tokens, int k, int num_experts, uint
       weights[static_cast<size_t>(t * k + j)] = weight(rng);
     }
   }
-  GroupedRouting r{.offsets = std::vector<int32_t>(static_cast<size_t>(num_experts + 1)),
-                   .rows = std::vector<int32_t>(experts.size()),
-                   .scales = std::vector<float>(experts.size())};
-  GroupByExpert(experts.data(), weights.data(), static_cast<int>(tokens), k, num_experts, r.offsets.data(),
-                r.rows.data(), r.scales.data(), fill.data());
-  return r;
+  return GroupRouting(experts, weights, static_cast<int>(tokens), k, num_experts);
 }
 
 // This rank's groups of a routing: every expert but those = 2 mod 5 (another rank's or a remote
