@@ -13,6 +13,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/concurrency/arrival_forecast.h"
 #include "common/concurrency/spin.h"
 #include "common/log/log.h"
 #include "common/log/progress.h"
@@ -787,7 +788,7 @@ void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepR
   {
     MutexLock lock(&mu_);
     if (!stopping_ && jobs_.size() < options_.max_queued_steps) {
-      jobs_.push_back(Job{std::move(request), std::move(done)});
+      jobs_.push_back(Job{std::move(request), std::move(done), std::chrono::steady_clock::now()});
       queued_jobs_.store(jobs_.size(), std::memory_order_release);
       jobs_cv_.Signal();
       return;
@@ -800,13 +801,30 @@ void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepR
 }
 
 void WorkerServer::StageLoop() {
+  ArrivalForecast forecast({.max_poll = absl::FromChrono(options_.stage_poll)});
+  const auto queued = [this] { return queued_jobs_.load(std::memory_order_acquire) > 0; };
   while (true) {
     Job job;
     std::shared_ptr<StageRuntime> runtime;
-    // In steady decoding the next micro-batch comes a round trip after the last answer: polling
-    // for it a little saves the wake-up of a sleeping thread on every hop.
-    SpinFor(absl::FromChrono(options_.stage_spin),
-            [this] { return queued_jobs_.load(std::memory_order_acquire) > 0; });
+    const auto wait_start = std::chrono::steady_clock::now();
+    const bool idle = !queued();
+    if (idle) {
+      // In steady decoding the next micro-batch comes after about as long as the last ones did:
+      // sleep until shortly before it is due, then poll, so that it finds this core awake.
+      const ArrivalForecast::Plan plan = forecast.Next();
+      if (plan.poll > absl::ZeroDuration()) {
+        const absl::Time poll_from = absl::Now() + plan.sleep;
+        {
+          MutexLock lock(&mu_);
+          while (!stopping_ && jobs_.empty() && absl::Now() < poll_from) jobs_cv_.WaitWithDeadline(&mu_, poll_from);
+        }
+        const auto poll_until = wait_start + absl::ToChronoNanoseconds(plan.sleep + plan.poll);
+        SpinFor(absl::FromChrono(poll_until - std::chrono::steady_clock::now()), queued);
+      }
+    }
+    // A fixed poll (--stage_spin_us): the next micro-batch of a short cycle comes a round trip
+    // after the last answer.
+    SpinFor(absl::FromChrono(options_.stage_spin), queued);
     {
       MutexLock lock(&mu_);
       while (!stopping_ && jobs_.empty()) jobs_cv_.Wait(&mu_);
@@ -816,6 +834,7 @@ void WorkerServer::StageLoop() {
       queued_jobs_.store(jobs_.size(), std::memory_order_release);
       if (!stopping_) runtime = runtime_;
     }
+    if (idle) forecast.Record(absl::FromChrono(job.enqueued - wait_start));
     if (runtime == nullptr && Stopping()) {
       job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("worker is shutting down")));
       continue;

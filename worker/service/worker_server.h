@@ -73,6 +73,12 @@ struct WorkerOptions {
   // running a stage and its peers), the poll takes the CPU the awaited threads need, and steps got
   // slower in the pipeline benchmark.
   std::chrono::microseconds stage_spin{0};
+  // The longest the idle stage thread polls per wait for a micro-batch that its recent waits say
+  // is due (common/concurrency/arrival_forecast.h; --stage_poll_us): it sleeps until shortly
+  // before the next micro-batch is likely to come and polls from there, so that the micro-batch
+  // finds the core awake, for a bounded share of the wait (at most a quarter; nothing for waits
+  // under 300 us, where the core stays awake anyway). 0 = sleep at once.
+  std::chrono::microseconds stage_poll{1000};
   // Step deltas on the stage streams (common/rpc/step_delta.h, --step_deltas): announce to the
   // upstream hop that this worker decodes them, and code what the stage forwards downstream when
   // the next stage announces it. Off: every micro-batch travels in full, both ways.
@@ -167,6 +173,7 @@ class WorkerServer {
   struct Job {
     v1::StepRequest request;
     std::function<void(v1::StepResponse)> done;
+    std::chrono::steady_clock::time_point enqueued;  // when it was queued (the stage thread's wait ended)
   };
   struct ExpertCall {
     const v1::ExpertRequest* request = nullptr;
