@@ -29,6 +29,7 @@ struct AnswerSlot {
     MutexLock lock(&mu);
     if (answer.has_value()) return;  // settled already: each Step has one result
     answer = std::move(response);
+    filled_at = absl::Now();
     filled.store(true, std::memory_order_release);
     cv.SignalAll();
   }
@@ -36,6 +37,7 @@ struct AnswerSlot {
   Mutex mu;
   CondVar cv;
   std::optional<absl::StatusOr<v1::StepResponse>> answer ABSL_GUARDED_BY(mu);
+  absl::Time filled_at ABSL_GUARDED_BY(mu);  // when `answer` came
   std::atomic<bool> filled{false};  // answer has a value: what Step polls before it sleeps
 };
 
@@ -53,7 +55,10 @@ GrpcReplicaClient::GrpcReplicaClient(std::shared_ptr<grpc::Channel> channel, Opt
 
 GrpcReplicaClient::GrpcReplicaClient(std::shared_ptr<grpc::Channel> channel, std::shared_ptr<grpc::Channel> last_channel,
                                      Options options)
-    : channel_(std::move(channel)), last_channel_(std::move(last_channel)), options_(std::move(options)) {}
+    : channel_(std::move(channel)),
+      last_channel_(std::move(last_channel)),
+      options_(std::move(options)),
+      answer_forecast_({.max_poll = options_.answer_poll}) {}
 
 GrpcReplicaClient::~GrpcReplicaClient() {
   Shutdown();
@@ -156,16 +161,39 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::SendAndWait(const StepInput& input
     if (direct) answers->Forget(input.step_id);
     return st;
   }
-  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  const absl::Time sent = absl::Now();
+  const absl::Time deadline = sent + options_.step_timeout;
   while_waiting();  // the caller's work, while the step runs
   std::optional<absl::StatusOr<v1::StepResponse>> response;
+  const auto filled = [&slot] { return slot->filled.load(std::memory_order_acquire); };
+  // In steady decoding an answer takes about as long as the last ones did: sleep until shortly
+  // before it is due, then poll, so that it finds this core awake.
+  ArrivalForecast::Plan plan;
+  {
+    MutexLock lock(&mu_);
+    plan = answer_forecast_.Next();
+  }
+  if (plan.poll > absl::ZeroDuration()) {
+    const absl::Time poll_from = std::min(sent + plan.sleep, deadline);
+    {
+      MutexLock lock(&slot->mu);
+      while (!slot->answer.has_value() && absl::Now() < poll_from) slot->cv.WaitWithDeadline(&slot->mu, poll_from);
+    }
+    SpinFor(std::min(sent + plan.sleep + plan.poll, deadline) - absl::Now(), filled);
+  }
   // A small batch's answer comes within a round trip or two: polling for it first keeps the
   // wake-up of a sleeping thread off the step's critical path.
-  SpinFor(options_.answer_spin, [&slot] { return slot->filled.load(std::memory_order_acquire); });
+  SpinFor(options_.answer_spin, filled);
+  absl::Time answered;
   {
     MutexLock lock(&slot->mu);
     while (!slot->answer.has_value() && absl::Now() < deadline) slot->cv.WaitWithDeadline(&slot->mu, deadline);
     response = std::move(slot->answer);
+    answered = slot->filled_at;
+  }
+  if (response.has_value() && response->ok()) {
+    MutexLock lock(&mu_);
+    answer_forecast_.Record(answered - sent);
   }
   // Settled by one stream (or not at all): the other's answer is not awaited any more. A step
   // answered directly gets nothing more on stage 0's stream (omit_ack), unless the pipeline breaks.

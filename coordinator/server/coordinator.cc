@@ -67,6 +67,9 @@ absl::Status CoordinatorOptions::Validate() const {
   if (answer_spin < absl::ZeroDuration() || answer_spin > absl::Milliseconds(100)) {
     return bad("answer_spin_us", absl::FormatDuration(answer_spin), "in [0, 100000]");
   }
+  if (answer_poll < absl::ZeroDuration() || answer_poll > absl::Milliseconds(100)) {
+    return bad("answer_poll_us", absl::FormatDuration(answer_poll), "in [0, 100000]");
+  }
   if (recovery_timeout < absl::ZeroDuration()) {
     return bad("recovery_timeout_ms", absl::FormatDuration(recovery_timeout), ">= 0 (0 = no waiting)");
   }
@@ -144,7 +147,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
                                 .credentials = sec.InternalChannelCredentials(security::Role::kWorker)});
   ReplicaClientFactory factory = deps.replica_factory;
   if (factory == nullptr) {
-    factory = [timeout = options.step_timeout, spin = options.answer_spin, deltas = options.step_deltas,
+    factory = [timeout = options.step_timeout, spin = options.answer_spin, poll = options.answer_poll, deltas = options.step_deltas,
                creds = sec.InternalChannelCredentials(security::Role::kWorker)](
                   const ReplicaEndpoint& e) -> absl::StatusOr<std::unique_ptr<ReplicaClient>> {
       // With several stages the last one answers on a return stream of its own (stage.proto).
@@ -156,6 +159,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
           grpc::CreateChannel(e.stage0_address, creds), std::move(last),
           GrpcReplicaClient::Options{
               .address = e.stage0_address, .last_address = e.last_address, .step_timeout = timeout, .answer_spin = spin,
+              .answer_poll = poll,
               .step_deltas = deltas});
     };
   }

@@ -101,6 +101,9 @@ struct CoordinatorOptions {
   // How long a replica's step thread polls for its answer before it sleeps
   // (GrpcReplicaClient::Options::answer_spin); in [0, 100 ms].
   absl::Duration answer_spin = absl::ZeroDuration();
+  // The longest a replica's step thread polls per wait for an answer that is due
+  // (GrpcReplicaClient::Options::answer_poll); in [0, 100 ms].
+  absl::Duration answer_poll = absl::Milliseconds(1);
   // Step deltas on the streams to stage 0 (GrpcReplicaClient::Options::step_deltas).
   bool step_deltas = true;
   // How long requests whose replica broke wait for it (or a spare worker) to recover when no other

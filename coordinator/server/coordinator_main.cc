@@ -82,6 +82,10 @@ ABSL_FLAG(int64_t, step_timeout_ms, 60000,
 ABSL_FLAG(int64_t, answer_spin_us, 0,
           "microseconds a replica's step thread polls for its answer before it sleeps (saves a thread wake-up per "
           "step where cores are free; 0 = sleep at once), in [0, 100000]");
+ABSL_FLAG(int64_t, answer_poll_us, 1000,
+          "the longest a replica's step thread polls per wait for an answer the last round trips say is due: it "
+          "sleeps until shortly before, then polls, so that the answer finds its core awake (at most a quarter of a "
+          "typical round trip; none for round trips under 300 us; 0 = sleep at once), in [0, 100000]");
 ABSL_FLAG(bool, step_deltas, true,
           "send each step to stage 0 as deltas (only what changed of a running sequence, against a table per "
           "stream) when the worker supports them; false = every micro-batch in full");
@@ -172,6 +176,7 @@ int main(int argc, char** argv) {
   options.assign_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_assign_timeout_ms));
   options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   options.answer_spin = absl::Microseconds(absl::GetFlag(FLAGS_answer_spin_us));
+  options.answer_poll = absl::Microseconds(absl::GetFlag(FLAGS_answer_poll_us));
   options.step_deltas = absl::GetFlag(FLAGS_step_deltas);
   options.recovery_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_recovery_timeout_ms));
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

@@ -49,6 +49,7 @@ ABSL_FLAG(bool, bf16, false, "generate the 100M model with BF16 weights (use ano
 ABSL_FLAG(int32_t, tokens, 64, "decode tokens to time");
 ABSL_FLAG(int32_t, stage_spin_us, 0, "how long an idle stage thread polls for the next micro-batch (WorkerOptions::stage_spin)");
 ABSL_FLAG(int32_t, stage_poll_us, 1000, "the longest an idle stage thread polls per wait for a micro-batch that is due (WorkerOptions::stage_poll)");
+ABSL_FLAG(int32_t, answer_poll_us, 1000, "the longest the replica client polls per wait for an answer that is due (GrpcReplicaClient answer_poll)");
 ABSL_FLAG(int32_t, answer_spin_us, 0, "how long the replica client polls for an answer (GrpcReplicaClient answer_spin)");
 ABSL_FLAG(bool, write_model_only, false, "write the 100M model into --scratch and exit (for serving_bench.py)");
 
@@ -399,11 +400,12 @@ int Run() {
     const std::string a0 = absl::StrCat("127.0.0.1:", p0), a1 = absl::StrCat("127.0.0.1:", p1);
     auto creds = tr.client->InternalChannelCredentials(security::Role::kWorker);
     const absl::Duration answer_spin = absl::Microseconds(absl::GetFlag(FLAGS_answer_spin_us));
+    const absl::Duration answer_poll = absl::Microseconds(absl::GetFlag(FLAGS_answer_poll_us));
     p->relayed = std::make_unique<coordinator::GrpcReplicaClient>(
-        grpc::CreateChannel(a0, creds), coordinator::GrpcReplicaClient::Options{.address = a0, .answer_spin = answer_spin});
+        grpc::CreateChannel(a0, creds), coordinator::GrpcReplicaClient::Options{.address = a0, .answer_spin = answer_spin, .answer_poll = answer_poll});
     p->direct = std::make_unique<coordinator::GrpcReplicaClient>(
         grpc::CreateChannel(a0, creds), grpc::CreateChannel(a1, creds),
-        coordinator::GrpcReplicaClient::Options{.address = a0, .last_address = a1, .answer_spin = answer_spin});
+        coordinator::GrpcReplicaClient::Options{.address = a0, .last_address = a1, .answer_spin = answer_spin, .answer_poll = answer_poll});
   }
   // One round: `tokens` decode steps over the same positions (the sequence restarts at 0).
   // Times `tokens` decode steps of one sequence (after 4 untimed ones; the sequence restarts at
