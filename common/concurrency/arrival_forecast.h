@@ -19,10 +19,13 @@
 #ifndef SHARDSERVE_COMMON_CONCURRENCY_ARRIVAL_FORECAST_H_
 #define SHARDSERVE_COMMON_CONCURRENCY_ARRIVAL_FORECAST_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/concurrency/spin.h"
 
 namespace shardserve {
 
@@ -69,6 +72,20 @@ class ArrivalForecast {
   std::array<int64_t, kHistory> waits_ns_{};
   int64_t count_ = 0;  // waits recorded in all
 };
+
+// Follows `plan` for a wait that started at `start`: sleeps until the poll is due, then polls
+// ready() until the plan's poll ends, and returns (at once when the plan polls nothing). Neither
+// phase goes past `limit` (a deadline of the whole wait). sleep_until(t) must sleep until t or
+// until the awaited event, whichever comes first (a condition-variable wait with that deadline);
+// ready() must be cheap and safe without the caller's lock (an atomic load). The caller then
+// waits for the event as it would without a plan.
+template <typename SleepUntil, typename Ready>
+void SleepThenPoll(const ArrivalForecast::Plan& plan, absl::Time start, absl::Time limit, SleepUntil&& sleep_until,
+                   Ready&& ready) {
+  if (plan.poll <= absl::ZeroDuration()) return;
+  sleep_until(std::min(start + plan.sleep, limit));
+  SpinFor(std::min(start + plan.sleep + plan.poll, limit) - absl::Now(), ready);
+}
 
 }  // namespace shardserve
 

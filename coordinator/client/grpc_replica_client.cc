@@ -173,14 +173,11 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::SendAndWait(const StepInput& input
     MutexLock lock(&mu_);
     plan = answer_forecast_.Next();
   }
-  if (plan.poll > absl::ZeroDuration()) {
-    const absl::Time poll_from = std::min(sent + plan.sleep, deadline);
-    {
-      MutexLock lock(&slot->mu);
-      while (!slot->answer.has_value() && absl::Now() < poll_from) slot->cv.WaitWithDeadline(&slot->mu, poll_from);
-    }
-    SpinFor(std::min(sent + plan.sleep + plan.poll, deadline) - absl::Now(), filled);
-  }
+  const auto sleep_until = [&slot](absl::Time t) {
+    MutexLock lock(&slot->mu);
+    while (!slot->answer.has_value() && absl::Now() < t) slot->cv.WaitWithDeadline(&slot->mu, t);
+  };
+  SleepThenPoll(plan, sent, deadline, sleep_until, filled);
   // A small batch's answer comes within a round trip or two: polling for it first keeps the
   // wake-up of a sleeping thread off the step's critical path.
   SpinFor(options_.answer_spin, filled);

@@ -788,7 +788,7 @@ void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepR
   {
     MutexLock lock(&mu_);
     if (!stopping_ && jobs_.size() < options_.max_queued_steps) {
-      jobs_.push_back(Job{std::move(request), std::move(done), std::chrono::steady_clock::now()});
+      jobs_.push_back(Job{std::move(request), std::move(done), absl::Now()});
       queued_jobs_.store(jobs_.size(), std::memory_order_release);
       jobs_cv_.Signal();
       return;
@@ -806,21 +806,16 @@ void WorkerServer::StageLoop() {
   while (true) {
     Job job;
     std::shared_ptr<StageRuntime> runtime;
-    const auto wait_start = std::chrono::steady_clock::now();
+    const absl::Time wait_start = absl::Now();
     const bool idle = !queued();
     if (idle) {
       // In steady decoding the next micro-batch comes after about as long as the last ones did:
       // sleep until shortly before it is due, then poll, so that it finds this core awake.
-      const ArrivalForecast::Plan plan = forecast.Next();
-      if (plan.poll > absl::ZeroDuration()) {
-        const absl::Time poll_from = absl::Now() + plan.sleep;
-        {
-          MutexLock lock(&mu_);
-          while (!stopping_ && jobs_.empty() && absl::Now() < poll_from) jobs_cv_.WaitWithDeadline(&mu_, poll_from);
-        }
-        const auto poll_until = wait_start + absl::ToChronoNanoseconds(plan.sleep + plan.poll);
-        SpinFor(absl::FromChrono(poll_until - std::chrono::steady_clock::now()), queued);
-      }
+      const auto sleep_until = [this](absl::Time t) {
+        MutexLock lock(&mu_);
+        while (!stopping_ && jobs_.empty() && absl::Now() < t) jobs_cv_.WaitWithDeadline(&mu_, t);
+      };
+      SleepThenPoll(forecast.Next(), wait_start, absl::InfiniteFuture(), sleep_until, queued);
     }
     // A fixed poll (--stage_spin_us): the next micro-batch of a short cycle comes a round trip
     // after the last answer.
@@ -834,7 +829,7 @@ void WorkerServer::StageLoop() {
       queued_jobs_.store(jobs_.size(), std::memory_order_release);
       if (!stopping_) runtime = runtime_;
     }
-    if (idle) forecast.Record(absl::FromChrono(job.enqueued - wait_start));
+    if (idle) forecast.Record(job.enqueued - wait_start);
     if (runtime == nullptr && Stopping()) {
       job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("worker is shutting down")));
       continue;

@@ -173,7 +173,7 @@ class WorkerServer {
   struct Job {
     v1::StepRequest request;
     std::function<void(v1::StepResponse)> done;
-    std::chrono::steady_clock::time_point enqueued;  // when it was queued (the stage thread's wait ended)
+    absl::Time enqueued;  // when it was queued (the stage thread's wait ended)
   };
   struct ExpertCall {
     const v1::ExpertRequest* request = nullptr;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace shardserve {
 namespace {
 
@@ -85,6 +87,37 @@ TEST(ArrivalForecastTest, NegativeWaitsCountAsZero) {
   EXPECT_EQ(f.Next().sleep, Microseconds(4900));
   f.Record(-Milliseconds(3));
   EXPECT_EQ(f.Next().poll, absl::ZeroDuration());  // two zeros: the low end is below min_wait
+}
+
+TEST(SleepThenPollTest, APlanWithoutAPollNeitherSleepsNorPolls) {
+  int sleeps = 0, polls = 0;
+  SleepThenPoll(ArrivalForecast::Plan{}, absl::Now(), absl::InfiniteFuture(), [&](absl::Time) { ++sleeps; },
+                [&] { return ++polls > 0; });
+  EXPECT_EQ(sleeps, 0);
+  EXPECT_EQ(polls, 0);
+}
+
+TEST(SleepThenPollTest, SleepsUntilThePollIsDueThenPollsUntilReady) {
+  const absl::Time start = absl::Now();
+  std::vector<absl::Time> slept_until;
+  int polls = 0;
+  SleepThenPoll({.sleep = Milliseconds(5), .poll = absl::Seconds(60)}, start, absl::InfiniteFuture(),
+                [&](absl::Time t) { slept_until.push_back(t); }, [&] { return ++polls == 3; });
+  ASSERT_EQ(slept_until.size(), 1u);
+  EXPECT_EQ(slept_until[0], start + Milliseconds(5));
+  EXPECT_EQ(polls, 3);  // returned as soon as ready() said so, not after the minute's poll
+}
+
+TEST(SleepThenPollTest, NeitherPhaseGoesPastTheLimit) {
+  const absl::Time start = absl::Now() - Milliseconds(10);
+  std::vector<absl::Time> slept_until;
+  int polls = 0;
+  // The whole wait's deadline came before the poll was due: sleep to the deadline, poll once.
+  SleepThenPoll({.sleep = absl::Seconds(60), .poll = absl::Seconds(60)}, start, start + Milliseconds(1),
+                [&](absl::Time t) { slept_until.push_back(t); }, [&] { return ++polls < 0; });
+  ASSERT_EQ(slept_until.size(), 1u);
+  EXPECT_EQ(slept_until[0], start + Milliseconds(1));
+  EXPECT_EQ(polls, 1);
 }
 
 }  // namespace
