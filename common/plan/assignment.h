@@ -49,6 +49,7 @@ struct WorkerAssignment {
   std::vector<LayerExpertPlacement> experts;  // stage: its MoE layers' expert placement
   std::vector<HostedExpert> hosted_experts;   // expert host: what it loads and serves
   Quantization quantize = Quantization::kNone;  // how to store the weight matrices
+  KvCacheFormat kv_cache = KvCacheFormat::kAuto;  // how to keep the KV cache (stages)
 };
 
 }  // namespace shardserve

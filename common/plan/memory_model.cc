@@ -83,6 +83,13 @@ void AttentionBytes(const ModelSpec& s, int tp, int rank, const WeightFormats& f
 
 }  // namespace
 
+WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization quantize, KvCacheFormat kv_cache) {
+  WeightFormats f = WorkerWeightFormats(spec, cuda, quantize);
+  // An FP8 KV cache: 1 byte per element on both backends (MLA is refused before it is planned).
+  if (kv_cache == KvCacheFormat::kFp8E4M3 && !spec.IsMla()) f.kv_bytes = 1;
+  return f;
+}
+
 WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization quantize) {
   // An F8_E4M3 config dtype is read as what its tensors become: bf16.
   DType stored = spec.dtype.value_or(DType::kF32);

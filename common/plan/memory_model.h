@@ -86,6 +86,9 @@ struct WeightFormats {
 // kInt8 gives int8 matrices on CPU ranks only (CUDA does not take kQ8).
 // The engine's own choice (worker/engine's EngineWeightFormats) is tested equal for CPU ranks.
 WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization quantize);
+// The same with the KV cache `kv_cache` asks for: kFp8E4M3 gives kv_bytes = 1 (but for multi-head
+// latent attention, which the engine refuses it for). Tested equal to EngineWeightFormats too.
+WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization quantize, KvCacheFormat kv_cache);
 
 // Bytes of one [rows, cols] projection matrix in `formats`: the slice of the checkpoint's matrix
 // whose first element is (row0, col0) there (only FP8 scale grids depend on where a slice starts).

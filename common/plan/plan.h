@@ -66,6 +66,9 @@ struct PlanPolicy {
   // How the workers store weight matrices: with kInt8 the projections and the lm_head count at
   // Q8MatrixBytes (common/tensor/dtype.h) instead of bytes_per_param per element.
   Quantization quantize = Quantization::kNone;
+  // How the workers keep the KV cache (the coordinator's --kv_cache_dtype): kFp8E4M3 counts 1 byte
+  // per element (unless kv_bytes_per_element is set) and is refused for multi-head latent attention.
+  KvCacheFormat kv_cache = KvCacheFormat::kAuto;
   // Allow experts of MoE layers that do not fit on their stage's worker to live on other workers
   // (called over gRPC). When false, a stage must hold all experts of its layers.
   bool allow_expert_spill = true;

@@ -54,6 +54,15 @@ absl::StatusOr<Quantization> ParseQuantization(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown quantization \"", name, "\" (choices: none, int8)"));
 }
 
+absl::string_view KvCacheFormatName(KvCacheFormat f) { return f == KvCacheFormat::kFp8E4M3 ? "fp8_e4m3" : "auto"; }
+
+absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(absl::string_view name) {
+  if (name == "auto" || name.empty()) return KvCacheFormat::kAuto;
+  if (name == "fp8" || name == "fp8_e4m3") return KvCacheFormat::kFp8E4M3;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KV cache dtype \"", name, "\" (choices: auto, fp8, fp8_e4m3)"));
+}
+
 int64_t Q8MatrixBytes(int64_t rows, int64_t cols) {
   const int64_t padded_rows = (rows + 15) / 16 * 16;
   const int64_t blocks = (cols + 63) / 64;

@@ -54,6 +54,16 @@ absl::string_view QuantizationName(Quantization q);
 // Parses "none" / "int8" (as flags and the Helm chart spell them); anything else is
 // InvalidArgument naming the value and the choices.
 absl::StatusOr<Quantization> ParseQuantization(absl::string_view name);
+// How workers keep the paged KV cache. kAuto: the checkpoint's bf16/f16 where the backend takes it,
+// else f32 (worker/engine's KvCacheDType). kFp8E4M3: float8 e4m3fn codes, 1 byte per element (half
+// of bf16), without a scale: a value is stored rounded to nearest even and saturated to +-448
+// (FloatToE4M3), as vLLM's kv_cache_dtype "fp8" with its default scale of 1.
+enum class KvCacheFormat : uint8_t { kAuto = 0, kFp8E4M3 = 1 };
+// "auto", "fp8_e4m3".
+absl::string_view KvCacheFormatName(KvCacheFormat f);
+// Parses "auto" (or empty), "fp8" and "fp8_e4m3"; anything else is InvalidArgument naming the
+// value and the choices.
+absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(absl::string_view name);
 // Bytes of a [rows, cols] matrix stored as kQ8: rows padded to panels of 16, each row to blocks of
 // 64 int8 weights, plus one f32 scale per block of every padded row (the scales start 64-byte
 // aligned). The CPU kernels' packed layout (worker/kernels/cpu/q8.h) has exactly this size; the

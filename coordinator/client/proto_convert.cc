@@ -57,6 +57,8 @@ void ToProto(const WorkerAssignment& a, v1::Assignment* out) {
   out->set_next_address(a.next_address);
   out->set_role(a.expert_host ? v1::ASSIGNMENT_ROLE_EXPERT_HOST : v1::ASSIGNMENT_ROLE_STAGE);
   out->set_quantize(a.quantize == Quantization::kInt8 ? v1::WEIGHT_QUANTIZATION_INT8 : v1::WEIGHT_QUANTIZATION_NONE);
+  out->set_kv_cache_dtype(a.kv_cache == KvCacheFormat::kFp8E4M3 ? v1::KV_CACHE_DTYPE_FP8_E4M3
+                                                                 : v1::KV_CACHE_DTYPE_AUTO);
   out->clear_experts();
   for (const LayerExpertPlacement& le : a.experts) {
     v1::LayerExperts* l = out->add_experts();
@@ -85,6 +87,12 @@ absl::StatusOr<WorkerAssignment> FromProto(const v1::Assignment& in) {
     case v1::WEIGHT_QUANTIZATION_NONE: a.quantize = Quantization::kNone; break;
     case v1::WEIGHT_QUANTIZATION_INT8: a.quantize = Quantization::kInt8; break;
     default: return absl::InvalidArgumentError(absl::StrCat("quantize: unknown weight quantization ", in.quantize()));
+  }
+  switch (in.kv_cache_dtype()) {
+    case v1::KV_CACHE_DTYPE_AUTO: a.kv_cache = KvCacheFormat::kAuto; break;
+    case v1::KV_CACHE_DTYPE_FP8_E4M3: a.kv_cache = KvCacheFormat::kFp8E4M3; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype: unknown KV cache dtype ", in.kv_cache_dtype()));
   }
   absl::StatusOr<DeviceKind> kind = FromProto(in.device_kind());
   if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("device_", kind.status().message()));

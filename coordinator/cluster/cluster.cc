@@ -17,7 +17,7 @@ namespace {
 // The KV cache bytes each rank of the stage `a` assigns allocates: its kv_blocks blocks of its
 // layers, by the memory model with the formats its engine keeps on its device kind.
 int64_t KvBytesPerRank(const ModelSpec& spec, const WorkerAssignment& a) {
-  const WeightFormats formats = WorkerWeightFormats(spec, a.device_kind == DeviceKind::kCuda, a.quantize);
+  const WeightFormats formats = WorkerWeightFormats(spec, a.device_kind == DeviceKind::kCuda, a.quantize, a.kv_cache);
   const int tp = std::max<int>(1, static_cast<int>(a.devices.size()));
   return a.kv_blocks * KvBytesPerBlock(spec, a.layer_end - a.layer_begin, tp, a.kv_block_size, formats);
 }
@@ -224,6 +224,8 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
       a.max_seq_len = static_cast<int32_t>(plan->max_seq_len);
       a.max_step_tokens = options_.max_step_tokens;
       a.quantize = options_.policy.quantize;
+    a.kv_cache = options_.policy.kv_cache;
+      a.kv_cache = options_.policy.kv_cache;
       // The planner's expert placement of the stage's MoE layers; remote experts name their host.
       for (const LayerExperts& le : p.experts) {
         if (le.layer < spec.layer_begin || le.layer >= spec.layer_end) continue;
@@ -259,6 +261,7 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
     a.model_path = options_.model_path;
     a.device_kind = eh.device_kind;
     a.quantize = options_.policy.quantize;
+    a.kv_cache = options_.policy.kv_cache;
     std::set<std::pair<int64_t, int32_t>> seen;
     std::set<int> devices;
     for (const Pipeline& p : plan->replicas) {
@@ -302,6 +305,10 @@ std::string AdoptionMismatch(const WorkerAssignment& a, const ClusterOptions& op
   if (a.model_path != options.model_path) return absl::StrCat("model ", a.model_path, " is not ", options.model_path);
   if (a.quantize != options.policy.quantize) return "its weight quantization differs";
   if (a.expert_host) return "";
+  if (a.kv_cache != options.policy.kv_cache) {
+    return absl::StrCat("its KV cache dtype ", KvCacheFormatName(a.kv_cache), " is not ",
+                        KvCacheFormatName(options.policy.kv_cache));
+  }
   if (a.kv_block_size != options.kv_block_size) {
     return absl::StrCat("kv_block_size ", a.kv_block_size, " is not ", options.kv_block_size);
   }
@@ -712,7 +719,8 @@ absl::StatusOr<std::shared_ptr<const PipelineCostModel>> Cluster::PipelineCostFo
   const int64_t bpp = policy.quantize == Quantization::kInt8 ? 1
                       : policy.bytes_per_param > 0           ? policy.bytes_per_param
                                                              : WeightBytesPerParam(*spec_, inventory);
-  const int64_t kvb = policy.kv_bytes_per_element > 0 ? policy.kv_bytes_per_element : KvBytesPerElement(*spec_, inventory);
+  const int64_t kvb = policy.kv_bytes_per_element > 0 ? policy.kv_bytes_per_element
+                                                       : KvBytesPerElement(*spec_, inventory, policy.kv_cache);
   absl::StatusOr<std::unique_ptr<sim::PipelineCost>> cost =
       sim::PipelineCost::Make(*spec_, e.stages, bpp, kvb, options_.pipelining);
   if (!cost.ok()) return cost.status();

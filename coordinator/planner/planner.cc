@@ -166,6 +166,10 @@ absl::StatusOr<int64_t> ValidatePolicy(const ModelSpec& spec, const PlanPolicy& 
     return PolicyError("kv_bytes_per_element",
                        absl::StrCat("must be in [1, 8] (0 = from the checkpoint), got ", p.kv_bytes_per_element));
   }
+  if (p.kv_cache == KvCacheFormat::kFp8E4M3 && spec.IsMla()) {
+    return PolicyError("kv_cache", "fp8_e4m3 is not supported for multi-head latent attention (kv_lora_rank > 0): "
+                                   "its latent cache stays in the checkpoint's dtype; use auto");
+  }
   if (p.reserve_bytes_per_device < 0) {
     return PolicyError("reserve_bytes_per_device", absl::StrCat("must be >= 0, got ", p.reserve_bytes_per_device));
   }
@@ -786,8 +790,8 @@ int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInven
   return WorkerWeightFormats(spec, AllCuda(workers), Quantization::kNone).matrix_bytes;
 }
 
-int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInventory>& workers) {
-  return WorkerWeightFormats(spec, AllCuda(workers), Quantization::kNone).kv_bytes;
+int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInventory>& workers, KvCacheFormat kv_cache) {
+  return WorkerWeightFormats(spec, AllCuda(workers), Quantization::kNone, kv_cache).kv_bytes;
 }
 
 const char* LayoutVerdictName(LayoutVerdict v) {
@@ -825,7 +829,7 @@ absl::StatusOr<Plan> PlanImpl(const ModelSpec& spec, const std::vector<WorkerInv
   // only when no worker runs on CUDA, so that no stage is under-counted.
   if (policy.quantize == Quantization::kInt8 && AnyCuda(workers)) policy.quantize = Quantization::kNone;
   // The formats the workers keep (memory_model.h), unless the policy fixes the element sizes.
-  WeightFormats formats = WorkerWeightFormats(spec, AllCuda(workers), policy.quantize);
+  WeightFormats formats = WorkerWeightFormats(spec, AllCuda(workers), policy.quantize, policy.kv_cache);
   if (policy.bytes_per_param > 0) {
     formats.matrix_bytes = formats.embedding_bytes = formats.tied_embedding_bytes = formats.head_linear_bytes =
         policy.bytes_per_param;

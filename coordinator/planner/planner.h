@@ -106,8 +106,9 @@ int64_t WeightBytesPerParam(const ModelSpec& spec, const std::vector<WorkerInven
 // Bytes per KV cache element the workers keep for `spec`'s checkpoint (what
 // policy.kv_bytes_per_element = 0 resolves to): WorkerWeightFormats(...).kv_bytes, 2 for a
 // bf16/f16 checkpoint when every worker runs on CUDA devices (the engine keeps the cache in that
-// dtype there), else 4. Pure.
-int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInventory>& workers);
+// dtype there), else 4; 1 for kv_cache kFp8E4M3. Pure.
+int64_t KvBytesPerElement(const ModelSpec& spec, const std::vector<WorkerInventory>& workers,
+                          KvCacheFormat kv_cache = KvCacheFormat::kAuto);
 
 // Computes a placement of `spec` on `workers` under `policy`, as described above.
 //

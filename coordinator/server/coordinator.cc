@@ -124,6 +124,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
     return absl::InvalidArgumentError(absl::StrCat("--max_seq_len must be in [2, ", model.max_position_embeddings,
                                                    "] (max_position_embeddings), got ", max_seq_len));
   }
+  // Known before any worker registers: refused at start rather than at every planning attempt.
+  if (options.kv_cache == KvCacheFormat::kFp8E4M3 && model.IsMla()) {
+    return absl::InvalidArgumentError(
+        "--kv_cache_dtype=fp8_e4m3 is not supported for multi-head latent attention (kv_lora_rank > 0, "
+        "DeepSeek-V2/V3): its latent cache stays in the checkpoint's dtype; use auto");
+  }
   const Clock* clock = deps.clock != nullptr ? deps.clock : RealClock::Get();
   c->metrics_ = std::make_unique<CoordinatorMetrics>();
 
@@ -171,6 +177,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   co.policy.replicas = options.replicas;
   co.policy.max_seq_len = max_seq_len;
   co.policy.quantize = options.quantize;
+  co.policy.kv_cache = options.kv_cache;
   co.max_slots = options.max_slots;
   co.kv_block_size = options.kv_block_size;
   co.max_kv_blocks = options.max_kv_blocks;

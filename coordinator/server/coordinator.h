@@ -88,6 +88,9 @@ struct CoordinatorOptions {
   // How workers store the weight matrices (--quantize): sent in every assignment and counted by
   // the planner.
   Quantization quantize = Quantization::kNone;
+  // How workers keep the KV cache (--kv_cache_dtype): sent in every stage's assignment and counted
+  // by the planner (kFp8E4M3: 1 byte per element).
+  KvCacheFormat kv_cache = KvCacheFormat::kAuto;
   // The model's name in the HTTP API (/v1/models, replies; requests may name it or model_path).
   // Empty: the model directory's last component.
   std::string served_model_name;

@@ -103,6 +103,10 @@ ABSL_FLAG(std::string, tool_call_parser, "auto",
 ABSL_FLAG(std::string, quantize, "none",
           "int8: workers store the linear projections and lm_head as block int8 (64 weights per scale) on "
           "backends that take it (CPU); none: the checkpoint's dtype");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "how workers keep the KV cache: auto (the checkpoint's bf16/f16 on GPUs, f32 on CPU ranks) or fp8 / "
+          "fp8_e4m3 (1 byte per element, no scale: values saturate at +-448; twice auto's tokens on GPUs, "
+          "four times on CPU ranks); not for multi-head latent attention (DeepSeek)");
 ABSL_FLAG(std::string, http_listen, "",
           "OpenAI-compatible HTTP API address HOST:PORT (port 0 picks a free port); empty = off");
 
@@ -202,6 +206,14 @@ int main(int argc, char** argv) {
     options.quantize = *q;
   } else {
     std::cerr << "shardserve-coordinator: --quantize: " << q.status().message() << "\n";
+    return 2;
+  }
+  if (absl::StatusOr<shardserve::KvCacheFormat> kv =
+          shardserve::ParseKvCacheFormat(absl::GetFlag(FLAGS_kv_cache_dtype));
+      kv.ok()) {
+    options.kv_cache = *kv;
+  } else {
+    std::cerr << "shardserve-coordinator: --kv_cache_dtype: " << kv.status().message() << "\n";
     return 2;
   }
   const absl::Duration shutdown_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms));

@@ -257,8 +257,9 @@ absl::StatusOr<SimResult> Simulate(const ModelSpec& spec, const std::vector<Work
   if (!plan.ok()) return plan.status();
   const int64_t bpp = options.policy.bytes_per_param > 0 ? options.policy.bytes_per_param
                                                          : WeightBytesPerParam(spec, workers);
-  const int64_t kvb = options.policy.kv_bytes_per_element > 0 ? options.policy.kv_bytes_per_element
-                                                              : KvBytesPerElement(spec, workers);
+  const int64_t kvb = options.policy.kv_bytes_per_element > 0
+                          ? options.policy.kv_bytes_per_element
+                          : KvBytesPerElement(spec, workers, options.policy.kv_cache);
 
   SimResult result;
   result.plan = *plan;

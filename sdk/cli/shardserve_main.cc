@@ -119,6 +119,8 @@ ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "simulate: fraction of each GPU's memory the worker offers the planner (as shardserve-worker)");
 ABSL_FLAG(int32_t, max_slots, 256, "simulate: running sequences per replica (shardserve-coordinator --max_slots)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "simulate: tokens per KV cache block");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "plan, simulate: how the workers keep the KV cache (the coordinator's --kv_cache_dtype): auto or fp8");
 ABSL_FLAG(int32_t, max_step_tokens, 2048, "simulate: tokens per micro-batch (prefill chunk budget)");
 ABSL_FLAG(int32_t, decode_steps_per_call, 0,
           "simulate: decode steps a 1-stage replica runs per call for eligible decode batches; 0 = auto, as the "
@@ -311,6 +313,13 @@ absl::Status BenchCommand() {
   return absl::OkStatus();
 }
 
+// --kv_cache_dtype, parsed; InvalidArgument naming the flag.
+absl::StatusOr<KvCacheFormat> KvCacheFormatFlag() {
+  absl::StatusOr<KvCacheFormat> f = ParseKvCacheFormat(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!f.ok()) return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype: ", f.status().message()));
+  return f;
+}
+
 absl::Status PlanCommand() {
   if (absl::GetFlag(FLAGS_model).empty()) return absl::InvalidArgumentError("plan needs --model");
   auto spec = LoadModelSpec(absl::GetFlag(FLAGS_model));
@@ -322,6 +331,9 @@ absl::Status PlanCommand() {
   policy.pp = absl::GetFlag(FLAGS_pp);
   policy.replicas = absl::GetFlag(FLAGS_replicas);
   policy.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  auto kv_cache = KvCacheFormatFlag();
+  if (!kv_cache.ok()) return kv_cache.status();
+  policy.kv_cache = *kv_cache;
   const bool json = absl::GetFlag(FLAGS_json);
   if (absl::GetFlag(FLAGS_explain) || json) {
     // The explanation carries MakePlan's own result: one search, one answer.
@@ -397,6 +409,9 @@ absl::Status SimulateCommand() {
   o.policy.pp = absl::GetFlag(FLAGS_pp);
   o.policy.replicas = absl::GetFlag(FLAGS_replicas);
   o.policy.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  auto kv_cache = KvCacheFormatFlag();
+  if (!kv_cache.ok()) return kv_cache.status();
+  o.policy.kv_cache = *kv_cache;
   o.max_slots = absl::GetFlag(FLAGS_max_slots);
   o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   o.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);

@@ -72,6 +72,8 @@ ABSL_FLAG(std::string, tool_call_parser, "auto", "the coordinator's --tool_call_
 ABSL_FLAG(std::string, quantize, "none",
           "the coordinator's --quantize: int8 stores the workers' linear projections and lm_head as block int8 "
           "(CPU ranks); none: the checkpoint's dtype");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "the coordinator's --kv_cache_dtype: auto, or fp8 / fp8_e4m3 (the workers keep the KV cache as float8 e4m3)");
 ABSL_FLAG(bool, step_deltas, true, "the coordinator's and workers' --step_deltas (steps sent as deltas on the stage streams)");
 ABSL_FLAG(int64_t, kv_blocks, 0, "KV cache blocks per replica at most; 0 = what the KV budget holds");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
@@ -311,6 +313,7 @@ int main(int argc, char** argv) {
       absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks)),
       absl::StrCat("--prefix_caching=", absl::GetFlag(FLAGS_prefix_caching) ? "true" : "false"),
       "--quantize=" + absl::GetFlag(FLAGS_quantize),
+      "--kv_cache_dtype=" + absl::GetFlag(FLAGS_kv_cache_dtype),
       absl::StrCat("--step_deltas=", absl::GetFlag(FLAGS_step_deltas) ? "true" : "false")};
   if (absl::GetFlag(FLAGS_tool_call_parser) != "auto") {
     coordinator_argv.push_back("--tool_call_parser=" + absl::GetFlag(FLAGS_tool_call_parser));

@@ -77,6 +77,8 @@ ABSL_FLAG(bool, fused_norm, true,
 ABSL_FLAG(bool, moe_device_offsets, true,
           "MoE decode steps keep the experts' row offsets on the device and replay as CUDA graphs (false: the "
           "host copy of the offsets, op by op)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "the KV cache: auto (the checkpoint's bf16) or fp8 (float8 e4m3: half of bf16's kv_bytes_per_token)");
 ABSL_FLAG(bool, blocking_sync, false,
           "the host blocks in its waits for the device instead of spinning (cudaDeviceScheduleBlockingSync): "
           "host_cpu_ms_per_step then counts the host's work rather than its waiting");
@@ -239,7 +241,6 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
                                   .cuda_pdl = absl::GetFlag(FLAGS_pdl),
                                   .cuda_mma_attention = absl::GetFlag(FLAGS_mma_attention),
                                   .cuda_fused_norm = absl::GetFlag(FLAGS_fused_norm)};
-  options.model.moe_device_offsets = absl::GetFlag(FLAGS_moe_device_offsets);
   const int64_t max_seq = std::max<int64_t>(prefill, context + steps1 + 8);
   if (max_seq > spec.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("--prefill/--context/--tokens need ", max_seq,
@@ -249,6 +250,9 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
                    .kv_block_size = 16,
                    .max_seq_len = max_seq,
                    .max_step_tokens = std::max(prefill, batch * context)};
+  // After the aggregate above, which resets every other ModelOptions field.
+  options.model.moe_device_offsets = absl::GetFlag(FLAGS_moe_device_offsets);
+  ASSIGN_OR_RETURN(options.model.kv_cache, ParseKvCacheFormat(absl::GetFlag(FLAGS_kv_cache_dtype)));
   const double load0 = Now();
   ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, options));
   const double load_s = Now() - load0;

@@ -1,6 +1,7 @@
 // Perplexity of a model on a fixed text with its weights as stored (f32), rounded to bfloat16, and
-// quantized to int8 (--quantize=int8): what each storage costs in accuracy, on a trained model.
-// Also prints how often the int8 and bf16 models' most likely next token is the f32 model's.
+// quantized to int8 (--quantize=int8), and with an FP8 KV cache (--kv_cache_dtype=fp8_e4m3): what
+// each storage costs in accuracy, on a trained model. Also prints how often each variant's most
+// likely next token is the f32 model's.
 // Usage: shardserve-bench-perplexity [--model=../shared/models/stories260K]
 //        [--scratch=/tmp/shardserve-ppl-bf16]  (where the bfloat16 copy is written)
 #include <algorithm>
@@ -75,12 +76,14 @@ struct Scores {
   std::vector<int32_t> top1;  // most likely next token at every position
 };
 
-absl::StatusOr<Scores> Score(const std::string& dir, Quantization q, const std::vector<int32_t>& ids) {
+absl::StatusOr<Scores> Score(const std::string& dir, Quantization q, const std::vector<int32_t>& ids,
+                             KvCacheFormat kv = KvCacheFormat::kAuto) {
   ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
   ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
   engine::ExecutorOptions eo;
   eo.model.max_step_tokens = static_cast<int64_t>(ids.size());
   eo.model.quantize = q;
+  eo.model.kv_cache = kv;
   ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, eo));
   ASSIGN_OR_RETURN(engine::StepResult r,
                    model->Step({engine::StepSequence{.block_ids = engine::WholeContextBlocks(model->options(), 0),
@@ -115,6 +118,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(Scores bf16, Score(bf16_dir, Quantization::kNone, ids));
   ASSIGN_OR_RETURN(Scores int8, Score(dir, Quantization::kInt8, ids));
   ASSIGN_OR_RETURN(Scores bf16_int8, Score(bf16_dir, Quantization::kInt8, ids));
+  ASSIGN_OR_RETURN(Scores fp8_kv, Score(dir, Quantization::kNone, ids, KvCacheFormat::kFp8E4M3));
   auto agree = [&](const Scores& s) {
     size_t n = 0;
     for (size_t i = 0; i < s.top1.size(); ++i) n += s.top1[i] == f32.top1[i] ? 1 : 0;
@@ -129,6 +133,8 @@ absl::Status Run() {
   std::printf("  %-22s perplexity %8.4f (%+.2f%%), next-token top-1 equal to f32 at %.1f%% of positions\n",
               "int8 (from bf16)", bf16_int8.perplexity, 100.0 * (bf16_int8.perplexity / f32.perplexity - 1),
               agree(bf16_int8));
+  std::printf("  %-22s perplexity %8.4f (%+.2f%%), next-token top-1 equal to f32 at %.1f%% of positions\n",
+              "f32, fp8 KV cache", fp8_kv.perplexity, 100.0 * (fp8_kv.perplexity / f32.perplexity - 1), agree(fp8_kv));
   return absl::OkStatus();
 }
 

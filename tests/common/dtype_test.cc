@@ -13,6 +13,7 @@ namespace shardserve {
 namespace {
 
 using ::shardserve::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(DTypeTest, HalfRoundTripsEveryFiniteValue) {
@@ -67,6 +68,16 @@ TEST(DTypeTest, QuantizationNamesRoundTrip) {
   for (Quantization q : {Quantization::kNone, Quantization::kInt8}) EXPECT_EQ(*ParseQuantization(QuantizationName(q)), q);
   EXPECT_EQ(*ParseQuantization(""), Quantization::kNone);
   EXPECT_THAT(ParseQuantization("int4"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int4")));
+}
+
+TEST(DTypeTest, KvCacheFormatNamesRoundTrip) {
+  for (KvCacheFormat f : {KvCacheFormat::kAuto, KvCacheFormat::kFp8E4M3}) {
+    EXPECT_EQ(*ParseKvCacheFormat(KvCacheFormatName(f)), f);
+  }
+  EXPECT_EQ(*ParseKvCacheFormat(""), KvCacheFormat::kAuto);
+  EXPECT_EQ(*ParseKvCacheFormat("fp8"), KvCacheFormat::kFp8E4M3);
+  EXPECT_THAT(ParseKvCacheFormat("fp8_e5m2"),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("fp8_e5m2"), HasSubstr("fp8_e4m3"))));
 }
 
 // e4m3fn values from the OCP FP8 specification's table: bias 7, no infinities, S.1111.111 NaN.

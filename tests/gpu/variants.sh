@@ -6,7 +6,9 @@
 # is the host's own work per step), "pdl" (spin with --pdl: the decode kernels launched with
 # programmatic dependent launch, off by default; see worker/kernels/cuda/pdl.cuh), "no_mma" (spin
 # with prefill attention on the CUDA cores instead of the tensor cores) and "moe_host" (spin with
-# MoE decode steps copying the experts' offsets to the host, op by op, as before the device path).
+# MoE decode steps copying the experts' offsets to the host, op by op, as before the device path),
+# "no_fused_norm" (spin with the norms as kernels of their own) and "fp8_kv" (spin with the KV
+# cache in float8 e4m3: --kv_cache_dtype=fp8).
 # Default: spin blocking. Each run's JSON goes to
 # OUT_DIR/bench_VARIANT.json (default OUT_DIR: ${OUT:-.}). Bench flags come from
 # SHARDSERVE_BENCH_FLAGS (default: --models=llama); SHARDSERVE_BENCH_BIN names another benchmark
@@ -32,7 +34,9 @@ for v in "${VARIANTS[@]}"; do
     no_mma) extra=(--nomma_attention) ;;
     moe_host) extra=(--nomoe_device_offsets) ;;
     no_fused_norm) extra=(--nofused_norm) ;;
-    *) echo "variants.sh: unknown variant '$v' (spin, blocking, pdl, no_mma, moe_host, no_fused_norm)" >&2; exit 2 ;;
+    fp8_kv) extra=(--kv_cache_dtype=fp8) ;;
+    *) echo "variants.sh: unknown variant '$v' (spin, blocking, pdl, no_mma, moe_host, no_fused_norm, fp8_kv)" >&2
+      exit 2 ;;
   esac
   (cd "$BUNDLE/root" && timeout -k 10 "${SHARDSERVE_VARIANT_TIMEOUT_S:-150}" \
     "${SHARDSERVE_BENCH_BIN:-$BUNDLE/bin/shardserve-bench-gpu}" --json --scratch="$WORK/models" "${FLAGS[@]}" ${extra[@]+"${extra[@]}"} \

@@ -181,6 +181,21 @@ class Layouts(unittest.TestCase):
         finally:
             self.assertEqual(c.stop(), 0)
 
+    def test_fp8_kv_cache_pipeline_answers_as_one_fp8_kv_process(self):
+        # --kv_cache_dtype=fp8 reaches both stages through their assignments (the coordinator plans
+        # 1-byte elements, the workers allocate and fill FP8 caches): a 2-stage cluster gives
+        # exactly the tokens of one process with an FP8 cache, and the reference's first tokens.
+        c = Cluster(STORIES, 2, "cpu:1", ["--pp=2", "--kv_cache_dtype=fp8"])
+        try:
+            ref = json.load(open("tests/golden/stories260K_reference.json"))
+            for case in ref["cases"][:2]:
+                n = len(case["greedy_ids"])
+                alone = run_alone(STORIES, case["prompt_ids"], n, "--kv_cache_dtype=fp8", "--stop_at_eos=false")
+                self.assertEqual(c.ids(case["prompt_ids"], n, "--ignore_eos"), alone)
+                self.assertEqual(alone[:4], case["greedy_ids"][:4])
+        finally:
+            self.assertEqual(c.stop(), 0)
+
     def test_two_replicas_and_stories(self):
         c = Cluster(STORIES, 2, "cpu:1", ["--replicas=2", "--pp=1"])
         try:

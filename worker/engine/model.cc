@@ -224,15 +224,28 @@ RankMemory PredictedMemory(const ModelSpec& spec, const ShardLayout& layout, con
 
 }  // namespace
 
-DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend) {
-  if (!spec.dtype.has_value() || *spec.dtype == DType::kF32) return DType::kF32;
-  const DType d = *spec.dtype;
+absl::StatusOr<DType> KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend, KvCacheFormat format) {
   const kernels::Op write = spec.IsMla() ? kernels::Op::kMlaKvWrite : kernels::Op::kKvWrite;
   const kernels::Op read = spec.IsMla() ? kernels::Op::kMlaAttention : kernels::Op::kAttention;
+  if (format == KvCacheFormat::kFp8E4M3) {
+    if (spec.IsMla()) {
+      return absl::InvalidArgumentError(
+          "kv_cache_dtype fp8_e4m3: multi-head latent attention (kv_lora_rank > 0) keeps its latent cache in the "
+          "checkpoint's dtype; use kv_cache_dtype auto for this model");
+    }
+    if (!backend.SupportsOp(write, DType::kF8E4M3) || !backend.SupportsOp(read, DType::kF8E4M3)) {
+      return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype fp8_e4m3: the ", backend.name(),
+                                                     " backend's KvWrite and Attention do not take an FP8 cache"));
+    }
+    return DType::kF8E4M3;
+  }
+  if (!spec.dtype.has_value() || *spec.dtype == DType::kF32) return DType::kF32;
+  const DType d = *spec.dtype;
   return backend.SupportsOp(write, d) && backend.SupportsOp(read, d) ? d : DType::kF32;
 }
 
-WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend& backend, Quantization quantize) {
+WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend& backend, Quantization quantize,
+                                  KvCacheFormat kv_cache) {
   const DType stored = spec.dtype.value_or(DType::kF32);
   const DType matrices = spec.fp8.has_value() ? DType::kF8E4M3 : stored;
   WeightFormats f;
@@ -250,7 +263,8 @@ WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend&
   f.head_linear_bytes = static_cast<int64_t>(DTypeSize(KeptWeightDType(backend, matrices, kernels::Op::kHeadLinear)));
   f.embedding_bytes = static_cast<int64_t>(DTypeSize(KeptEmbeddingDType(backend, stored, false)));
   f.tied_embedding_bytes = static_cast<int64_t>(DTypeSize(KeptEmbeddingDType(backend, stored, true)));
-  f.kv_bytes = static_cast<int64_t>(DTypeSize(KvCacheDType(spec, backend)));
+  const absl::StatusOr<DType> kv = KvCacheDType(spec, backend, kv_cache);
+  f.kv_bytes = static_cast<int64_t>(DTypeSize(kv.ok() ? *kv : DType::kF32));
   return f;
 }
 
@@ -334,7 +348,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   }
   // NCCL on the backend's stream: collectives need no host synchronization around them.
   m->comm_on_stream_ = options.comm != nullptr && options.comm->OrderOnStream(backend->stream_handle());
-  const WeightFormats formats = EngineWeightFormats(spec, *backend, options.quantize);
+  // Before the weights load: a refused KV cache format is the caller's error, not a late surprise.
+  ASSIGN_OR_RETURN(m->kv_dtype_, KvCacheDType(spec, *backend, options.kv_cache));
+  const WeightFormats formats = EngineWeightFormats(spec, *backend, options.quantize, options.kv_cache);
   m->memory_ = PredictedMemory(spec, m->layout_, options, formats);
   ASSIGN_OR_RETURN(m->weights_, LoadWeights(spec, m->layout_, options.shard, options.layer_begin, options.layer_end,
                                             ckpt, *backend, options.layer_experts, options.quantize,
@@ -352,11 +368,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
 
   // KV cache: [num_kv_blocks, kv_block_size, local kv heads, head_dim] per layer for K and V, in
   // the checkpoint's 16-bit dtype where the backend keeps one (half the memory; vLLM's "auto"),
-  // else f32. Multi-head latent attention: one cache per layer of [num_kv_blocks, kv_block_size,
-  // kv_lora_rank + qk_rope_head_dim] (k_cache_; v_cache_ stays empty), whole on every rank. The
-  // buffers are sized by the memory model (a layer's block, K and V together), which must be the
-  // shape the attention kernels index.
-  m->kv_dtype_ = KvCacheDType(spec, *backend);
+  // else f32, or FP8 codes when asked (kv_dtype_, set above). Multi-head latent attention: one
+  // cache per layer of [num_kv_blocks, kv_block_size, kv_lora_rank + qk_rope_head_dim] (k_cache_;
+  // v_cache_ stays empty), whole on every rank. The buffers are sized by the memory model (a
+  // layer's block, K and V together), which must be the shape the attention kernels index.
   const bool mla = spec.IsMla();
   const size_t buffers = mla ? 1 : 2;
   const size_t kv_row = static_cast<size_t>(mla ? spec.KvValuesPerToken() : m->layout_.kv_heads * spec.head_dim);

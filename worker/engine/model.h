@@ -33,16 +33,21 @@
 
 namespace shardserve::engine {
 
-// The element type of the KV cache a Model keeps for `spec` on `backend`: the checkpoint's bf16 or
-// f16 (config.json's dtype) where the backend's KvWrite and Attention take it (half the memory of
-// f32, as vLLM's kv_cache_dtype "auto"), else f32. Thread-safe.
-DType KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend);
+// The element type of the KV cache a Model keeps for `spec` on `backend`. kAuto: the checkpoint's
+// bf16 or f16 (config.json's dtype) where the backend's KvWrite and Attention take it (half the
+// memory of f32, as vLLM's kv_cache_dtype "auto"), else f32. kFp8E4M3: kF8E4M3 (a quarter of f32);
+// InvalidArgument for multi-head latent attention (its latent cache is not FP8 yet) and where the
+// backend's KvWrite or Attention does not take it. Thread-safe.
+absl::StatusOr<DType> KvCacheDType(const ModelSpec& spec, const kernels::Backend& backend,
+                                   KvCacheFormat format = KvCacheFormat::kAuto);
 
 // The formats (common/plan/memory_model.h) a Model keeps `spec`'s weights and KV cache in on
 // `backend` with `quantize`: the loader's KeptWeightDType / KeptEmbeddingDType for the checkpoint's
 // dtype (config.json's; f32 when absent; F8_E4M3 for the matrices of an FP8 checkpoint), kQ8
-// matrices where quantizing and the backend takes them, and KvCacheDType. Thread-safe.
-WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend& backend, Quantization quantize);
+// matrices where quantizing and the backend takes them, and KvCacheDType for `kv_cache` (f32's
+// 4 bytes where KvCacheDType refuses it: Create reports that error). Thread-safe.
+WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend& backend, Quantization quantize,
+                                  KvCacheFormat kv_cache = KvCacheFormat::kAuto);
 
 class Model final : public StepRunner {
  public:

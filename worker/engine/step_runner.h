@@ -130,6 +130,10 @@ struct ModelOptions {
   // at load into the backend's int8 format (DType::kQ8), where it SupportsOp(kLinear, kQ8); on
   // other backends the matrices keep their usual dtype.
   Quantization quantize = Quantization::kNone;
+  // kFp8E4M3: the KV cache holds float8 e4m3 codes (KvCacheDType); Create refuses it with
+  // InvalidArgument for multi-head latent attention and on a backend whose KvWrite and Attention
+  // do not take it.
+  KvCacheFormat kv_cache = KvCacheFormat::kAuto;
   // Told after each layer's weights are loaded (layers done of the range, bytes held so far), for
   // a progress line; called on the loading thread. Optional.
   std::function<void(int64_t layers_done, int64_t layers_total, size_t bytes)> on_load_progress;

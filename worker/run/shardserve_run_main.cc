@@ -41,6 +41,9 @@ ABSL_FLAG(int32_t, threads, 1, "BLAS threads for a single CPU rank");
 ABSL_FLAG(std::string, quantize, "none",
           "int8: workers store the linear projections and lm_head as block int8 (64 weights per scale) on "
           "backends that take it (CPU); none: the checkpoint's dtype");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "auto (the checkpoint's bf16/f16 on GPUs, f32 on CPU ranks) or fp8 / fp8_e4m3 (1 byte per element, "
+          "no scale: values saturate at +-448)");
 ABSL_FLAG(bool, stop_at_eos, true, "stop when the model emits an EOS id from its config");
 
 namespace shardserve {
@@ -86,6 +89,7 @@ absl::Status Run() {
                                   .cpu_threads = dev.cpu_threads,
                                   .cuda_devices = dev.cuda_devices};
   ASSIGN_OR_RETURN(options.model.quantize, ParseQuantization(absl::GetFlag(FLAGS_quantize)));
+  ASSIGN_OR_RETURN(options.model.kv_cache, ParseKvCacheFormat(absl::GetFlag(FLAGS_kv_cache_dtype)));
   // One sequence: KV blocks for the whole context.
   options.model.num_kv_blocks =
       (spec.max_position_embeddings + options.model.kv_block_size - 1) / options.model.kv_block_size;

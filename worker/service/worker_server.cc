@@ -39,6 +39,10 @@ Quantization ToQuantization(v1::WeightQuantization q) {
   return q == v1::WEIGHT_QUANTIZATION_INT8 ? Quantization::kInt8 : Quantization::kNone;
 }
 
+KvCacheFormat ToKvCacheFormat(v1::KvCacheDtype d) {
+  return d == v1::KV_CACHE_DTYPE_FP8_E4M3 ? KvCacheFormat::kFp8E4M3 : KvCacheFormat::kAuto;
+}
+
 // A raw method, parsed here: an assignment that does not parse is INVALID_ARGUMENT (gRPC's typed
 // handler would answer UNIMPLEMENTED).
 using WorkerBase = v1::Worker::WithRawCallbackMethod_Assign<v1::Worker::CallbackService>;
@@ -576,6 +580,10 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
   if (!v1::WeightQuantization_IsValid(a.quantize())) {
     return absl::InvalidArgumentError(absl::StrCat("quantize ", a.quantize(), " is not a known WeightQuantization"));
   }
+  if (!v1::KvCacheDtype_IsValid(a.kv_cache_dtype())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_dtype ", a.kv_cache_dtype(), " is not a known KvCacheDtype"));
+  }
   if (!host && a.kv_block_size() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be >= 1, got ", a.kv_block_size()));
   }
@@ -684,6 +692,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
   eo.model.layer_end = a.layer_end();
   eo.model.observer = options_.metrics;
   eo.model.quantize = ToQuantization(a.quantize());
+  eo.model.kv_cache = ToKvCacheFormat(a.kv_cache_dtype());
   // A progress line on the worker's stderr (a plain line every few seconds when it is not a
   // terminal, as in a pod's log).
   auto progress = std::make_shared<Progress>(Progress::Options{

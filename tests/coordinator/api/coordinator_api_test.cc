@@ -1864,5 +1864,21 @@ TEST_F(ResumeTest, InvalidResumesNameTheField) {
   EXPECT_EQ(Generate(empty).ids, Generate(IdsRequest({1, 2}, 3)).ids);
 }
 
+// A policy the model cannot take is refused when the coordinator starts, before any worker
+// registers (it would otherwise fail every planning attempt).
+TEST(CoordinatorStartTest, AnFp8KvCacheIsRefusedAtStartForMultiHeadLatentAttention) {
+  CoordinatorOptions options;
+  options.listen = "127.0.0.1:0";
+  options.model_path = "tests/golden/models/deepseek_v2_lite";
+  options.kv_cache = KvCacheFormat::kFp8E4M3;
+  EXPECT_THAT(Coordinator::Start(options, {}),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--kv_cache_dtype=fp8_e4m3")));
+  // The same model with the default cache starts.
+  options.kv_cache = KvCacheFormat::kAuto;
+  absl::StatusOr<std::unique_ptr<Coordinator>> c = Coordinator::Start(options, {});
+  ASSERT_THAT(c.status(), IsOk());
+  (*c)->Shutdown(absl::Seconds(5));
+}
+
 }  // namespace
 }  // namespace shardserve::coordinator

@@ -226,6 +226,25 @@ TEST(PlannerTest, BytesPerParamFollowTheCheckpointDtypeAndNormsStayF32) {
   ASSERT_OK_AND_ASSIGN(const Plan on_gpu, PlanAndCheck(bf16, {gpu}));
   const StageSpec& g = on_gpu.replicas[0].stages[0];
   EXPECT_EQ(g.kv_bytes_per_rank, g.kv_tokens * k100MKvBytesPerToken / 2);
+  // An FP8 cache (--kv_cache_dtype=fp8_e4m3): 1 byte per element on either kind of worker, so the
+  // same memory holds twice the GPU's bf16 tokens.
+  EXPECT_EQ(KvBytesPerElement(bf16, {gpu}, KvCacheFormat::kFp8E4M3), 1);
+  EXPECT_EQ(KvBytesPerElement(Model100M(), {Worker("w0", 4 * kGB)}, KvCacheFormat::kFp8E4M3), 1);
+  PlanPolicy fp8_kv;
+  fp8_kv.kv_cache = KvCacheFormat::kFp8E4M3;
+  ASSERT_OK_AND_ASSIGN(const Plan fp8_plan, PlanAndCheck(bf16, {gpu}, fp8_kv));
+  const StageSpec& q = fp8_plan.replicas[0].stages[0];
+  EXPECT_EQ(q.kv_bytes_per_rank, q.kv_tokens * k100MKvBytesPerToken / 4);
+  EXPECT_GE(q.kv_tokens, 2 * g.kv_tokens - 1) << "twice the tokens in the same memory";
+}
+
+TEST(PlannerTest, AnFp8KvCacheIsRefusedForMultiHeadLatentAttention) {
+  ASSERT_OK_AND_ASSIGN(const ModelSpec mla, LoadModelSpec("tests/golden/models/deepseek_v2_lite"));
+  ASSERT_TRUE(mla.IsMla());
+  PlanPolicy policy;
+  policy.kv_cache = KvCacheFormat::kFp8E4M3;
+  EXPECT_THAT(MakePlan(mla, {Worker("w0", 4 * kGB)}, policy),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("kv_cache"), HasSubstr("latent"))));
 }
 
 TEST(PlannerTest, Fp8CheckpointsArePlannedAtTheBytesTheyAreHeldIn) {

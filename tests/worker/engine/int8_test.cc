@@ -22,6 +22,7 @@
 #include "common/safetensors/safetensors.h"
 #include "tests/testing/engine_fixtures.h"
 #include "tests/testing/golden.h"
+#include "tests/testing/logit_errors.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/executor.h"
 #include "worker/engine/generator.h"
@@ -31,6 +32,8 @@ namespace {
 
 using ::shardserve::testing::GoldenModel;
 using ::shardserve::testing::GreedyRequests;
+using ::shardserve::testing::LeadingAgreement;
+using ::shardserve::testing::LogitErrors;
 
 // Logits of int8 weights differ from float ones by the quantization of every weight (half a step
 // of its 64-weight block) and of every activation entering a projection: about 0.5% of a dot
@@ -65,31 +68,6 @@ absl::StatusOr<std::unique_ptr<TpExecutor>> MakeExecutor(const std::string& dir,
   return TpExecutor::Create(spec, **ckpt, eo);
 }
 
-struct Errors {
-  double max_rel = 0, sum_rel = 0;
-  int64_t positions = 0;
-  void Add(const std::vector<float>& ref, const float* got) {
-    double ref_max = 0, err_max = 0, err_sum = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      ref_max = std::max(ref_max, std::fabs(static_cast<double>(ref[i])));
-      const double e = std::fabs(static_cast<double>(got[i]) - ref[i]);
-      err_max = std::max(err_max, e);
-      err_sum += e;
-    }
-    max_rel = std::max(max_rel, err_max / ref_max);
-    sum_rel += err_sum / static_cast<double>(ref.size()) / ref_max;
-    ++positions;
-  }
-  double mean_rel() const { return positions > 0 ? sum_rel / static_cast<double>(positions) : 0; }
-};
-
-// Leading tokens of `got` equal to `want`.
-size_t Agreement(const std::vector<int32_t>& got, const std::vector<int32_t>& want) {
-  size_t n = 0;
-  while (n < got.size() && n < want.size() && got[n] == want[n]) ++n;
-  return n;
-}
-
 class Int8GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
@@ -103,7 +81,7 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
   const size_t f32_bytes = f32->WeightBytesPerRank()[0], int8_bytes = int8->WeightBytesPerRank()[0];
   EXPECT_LT(int8_bytes, f32_bytes) << name;
   const size_t v = static_cast<size_t>(golden.cases[0].logits[0].size());
-  Errors err;
+  LogitErrors err;
   int32_t seq = 0;
   // Per case: whether the first generated token cannot flip, because the reference's top-1 leads
   // its runner-up by more than twice the largest int8 error at the last prompt position.
@@ -125,7 +103,7 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
   ASSERT_OK_AND_ASSIGN(auto res, Generate(*int8, GreedyRequests(golden)));
   size_t agree = 0, total = 0;
   for (size_t i = 0; i < res.size(); ++i) {
-    agree += Agreement(res[i].tokens, golden.cases[i].greedy_ids);
+    agree += LeadingAgreement(res[i].tokens, golden.cases[i].greedy_ids);
     total += golden.cases[i].greedy_ids.size();
   }
   std::printf("int8 %s tp%d: logits max err %.4f, mean err %.5f of max|logit| over %ld positions; greedy "
@@ -200,7 +178,7 @@ TEST(Int8Stories260KTest, GreedyTextAgreesWithTransformers) {
   ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadStories260K());
   std::unique_ptr<Checkpoint> ckpt;
   ASSERT_OK_AND_ASSIGN(auto int8, MakeExecutor(golden.dir, 1, Quantization::kInt8, &ckpt));
-  Errors err;
+  LogitErrors err;
   for (const auto& c : golden.cases) {
     ASSERT_OK_AND_ASSIGN(StepResult r, int8->Step({StepSequence{.block_ids = WholeContextBlocks(int8->options(), 0),
                                                                 .pos_begin = 0,
@@ -210,7 +188,7 @@ TEST(Int8Stories260KTest, GreedyTextAgreesWithTransformers) {
   ASSERT_OK_AND_ASSIGN(auto res, Generate(*int8, GreedyRequests(golden)));
   size_t agree = 0, total = 0;
   for (size_t i = 0; i < res.size(); ++i) {
-    agree += Agreement(res[i].tokens, golden.cases[i].greedy_ids);
+    agree += LeadingAgreement(res[i].tokens, golden.cases[i].greedy_ids);
     total += golden.cases[i].greedy_ids.size();
   }
   std::printf("int8 stories260K: last-prompt logits max err %.4f, mean err %.5f of max|logit|; greedy agreement "

@@ -361,8 +361,12 @@ TEST_F(CpuBackendTest, ArgmaxRowsTakesTheFirstMaximumOfEachRowsColumns) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("width 6")));
 }
 
-TEST_F(CpuBackendTest, KvCacheIsF32Only) {
-  // CPU ranks keep an f32 cache (Model's KvCacheDType asks SupportsOp); a 16-bit view is refused.
+TEST_F(CpuBackendTest, KvCacheIsF32OrFp8) {
+  // CPU ranks keep an f32 cache, or FP8 codes when asked (Model's KvCacheDType asks SupportsOp); a
+  // 16-bit view is refused.
+  EXPECT_TRUE(b_->SupportsOp(Op::kKvWrite, DType::kF8E4M3));
+  EXPECT_TRUE(b_->SupportsOp(Op::kAttention, DType::kF8E4M3));
+  EXPECT_FALSE(b_->SupportsOp(Op::kMlaKvWrite, DType::kF8E4M3));
   EXPECT_FALSE(b_->SupportsOp(Op::kKvWrite, DType::kBF16));
   EXPECT_FALSE(b_->SupportsOp(Op::kAttention, DType::kF16));
   float buf[8] = {};
@@ -618,6 +622,113 @@ TEST_F(CpuBackendTest, PagedKvWriteThenAttentionMatchesContiguousReference) {
                              .q_heads = q_heads, .cache = f.view(), .scale = 0.2f})
                   .ok());
   ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 0.2f, 0), out, 1e-5f, "after KvWrite");
+}
+
+// An FP8 KV cache: KvWrite stores each value as common/tensor's FloatToE4M3 code (written
+// independently of the kernels' encoder) and touches no other byte; Attention over those codes
+// equals the f32 reference over the e4m3-rounded keys and values, with GQA, a sliding window and
+// a fused RoPE write; and the rounding is real (the f32 reference over the exact values differs).
+TEST_F(CpuBackendTest, Fp8KvWriteThenAttentionIsAttentionOverTheRoundedValues) {
+  PagedFixture f({9, 5}, 23);
+  const int64_t row = f.row(), q_heads = 4;
+  // Values up to ~3 sigma of 2 (codes up to 8), and a few beyond 448 that must saturate.
+  for (auto* seq : {&f.k_seq, &f.v_seq}) {
+    for (auto& values : *seq) {
+      for (float& x : values) x *= 2.0f;
+    }
+  }
+  f.k_seq[0][3] = 1000.0f;
+  f.v_seq[1][5] = -600.0f;
+  std::vector<float> k, v;
+  for (size_t s = 0; s < 2; ++s) {
+    k.insert(k.end(), f.k_seq[s].begin(), f.k_seq[s].end());
+    v.insert(v.end(), f.v_seq[s].begin(), f.v_seq[s].end());
+  }
+  const std::vector<AttnSeq> seqs = {
+      {.q_begin = 0, .q_len = 9, .pos_begin = 0, .table_begin = f.begin(0), .table_len = f.len(0)},
+      {.q_begin = 9, .q_len = 5, .pos_begin = 0, .table_begin = f.begin(1), .table_len = f.len(1)}};
+  const int64_t tokens = 14;
+  const size_t cache_bytes = static_cast<size_t>(f.num_blocks * f.block_size * row);
+  std::vector<uint8_t> k_codes(cache_bytes, 0xab), v_codes(cache_bytes, 0xab);
+  const KvLayerView fp8{.k = k_codes.data(), .v = v_codes.data(), .num_blocks = f.num_blocks,
+                        .block_size = f.block_size, .kv_heads = f.kv_heads, .head_dim = f.d,
+                        .dtype = DType::kF8E4M3};
+  ASSERT_TRUE(b_->KvWrite({.k = k.data(), .v = v.data(), .paged = f.paged(seqs), .tokens = tokens, .cache = fp8}).ok());
+  std::vector<bool> written(cache_bytes, false);
+  for (size_t s = 0; s < 2; ++s) {
+    for (int64_t j = 0; j < static_cast<int64_t>(f.k_seq[s].size()) / row; ++j) {
+      const int64_t at = (f.tables[s][static_cast<size_t>(j / f.block_size)] * f.block_size + j % f.block_size) * row;
+      for (int64_t e = 0; e < row; ++e) {
+        const size_t i = static_cast<size_t>(at + e), src = static_cast<size_t>(j * row + e);
+        ASSERT_EQ(k_codes[i], FloatToE4M3(f.k_seq[s][src])) << "k of sequence " << s << " position " << j;
+        ASSERT_EQ(v_codes[i], FloatToE4M3(f.v_seq[s][src])) << "v of sequence " << s << " position " << j;
+        written[i] = true;
+      }
+    }
+  }
+  for (size_t i = 0; i < cache_bytes; ++i) {
+    if (!written[i]) {
+      ASSERT_TRUE(k_codes[i] == 0xab && v_codes[i] == 0xab) << "byte " << i << " of no position";
+    }
+  }
+  // k_seq[0][3] (1000: position 0, element 3) saturated.
+  EXPECT_EQ(E4M3ToFloat(k_codes[static_cast<size_t>(f.tables[0][0] * f.block_size * row + 3)]), 448.0f);
+
+  // The reference reads the rounded values (as f32); the same fixture with them in place.
+  PagedFixture rounded = f;
+  PagedFixture exact = f;
+  for (auto* seq : {&rounded.k_seq, &rounded.v_seq}) {
+    for (auto& values : *seq) {
+      for (float& x : values) x = E4M3ToFloat(FloatToE4M3(x));
+    }
+  }
+  const auto q = Random(static_cast<size_t>(tokens * q_heads * f.d), 24);
+  for (int64_t window : {int64_t{0}, int64_t{4}}) {
+    std::vector<float> out(q.size());
+    ASSERT_TRUE(b_->Attention({.q = q.data(), .out = out.data(), .paged = f.paged(seqs), .tokens = tokens,
+                               .q_heads = q_heads, .cache = fp8, .scale = 0.3f, .sliding_window = window})
+                    .ok());
+    ExpectClose(ReferenceAttention(rounded, seqs, q, q_heads, 0.3f, window), out, 1e-5f,
+                absl::StrCat("fp8 cache, window ", window));
+    const std::vector<float> unrounded = ReferenceAttention(exact, seqs, q, q_heads, 0.3f, window);
+    float worst = 0.0f;
+    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - unrounded[i]));
+    EXPECT_GT(worst, 1e-3f) << "the cache must hold rounded values, window " << window;
+  }
+
+  // RoPE fused with the write stores the codes of the rotated keys: those of Rope, then KvWrite.
+  std::vector<uint8_t> k_fused(cache_bytes, 0xab), v_fused(cache_bytes, 0xab);
+  KvLayerView fused_view = fp8;
+  fused_view.k = k_fused.data();
+  fused_view.v = v_fused.data();
+  std::vector<int32_t> positions;
+  for (const AttnSeq& sq : seqs) {
+    for (int64_t i = 0; i < sq.q_len; ++i) positions.push_back(static_cast<int32_t>(sq.pos_begin + i));
+  }
+  std::vector<float> q_rope = q, k_rope = k;
+  std::vector<float> inv_freq(static_cast<size_t>(f.d / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / f.d);
+  const RopeParams rope{.q = q_rope.data(), .k = k_rope.data(), .positions = positions.data(),
+                        .inv_freq = inv_freq.data(), .tokens = tokens, .q_heads = q_heads, .kv_heads = f.kv_heads,
+                        .head_dim = f.d};
+  ASSERT_TRUE(b_->KvWrite({.k = k_rope.data(), .v = v.data(), .paged = f.paged(seqs), .tokens = tokens,
+                           .cache = fused_view, .rope = rope})
+                  .ok());
+  std::vector<float> q_sep = q, k_sep = k;
+  RopeParams separate = rope;
+  separate.q = q_sep.data();
+  separate.k = k_sep.data();
+  ASSERT_TRUE(b_->Rope(separate).ok());
+  std::vector<uint8_t> k_ref(cache_bytes, 0xab), v_ref(cache_bytes, 0xab);
+  KvLayerView ref_view = fp8;
+  ref_view.k = k_ref.data();
+  ref_view.v = v_ref.data();
+  ASSERT_TRUE(b_->KvWrite({.k = k_sep.data(), .v = v.data(), .paged = f.paged(seqs), .tokens = tokens,
+                           .cache = ref_view})
+                  .ok());
+  EXPECT_EQ(k_fused, k_ref);
+  EXPECT_EQ(v_fused, v_ref);
+  EXPECT_NE(k_fused, k_codes);  // the rotation changed the keys
 }
 
 TEST_F(CpuBackendTest, PagedAttentionWithOneBlockPerSequenceEqualsSlotLayout) {

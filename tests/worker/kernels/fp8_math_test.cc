@@ -8,8 +8,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +35,49 @@ uint32_t Bits(float f) {
   uint32_t b;
   std::memcpy(&b, &f, sizeof(b));
   return b;
+}
+
+float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+// The device's encoder (an FP8 KV cache's writes) against common/tensor's FloatToE4M3, itself
+// checked against the e4m3 table in tests/common/dtype_test.cc: every code's value, the midpoints
+// between neighbouring codes and a float either side of each (ties to even), the saturation edge,
+// zero, infinities and NaN of both signs, every f32 exponent, and random bit patterns.
+TEST(Fp8MathTest, EncodeIsCommonTensorsFloatToE4M3) {
+  std::vector<float> inputs = {0.0f, -0.0f, 448.0f, -448.0f, 464.0f, 480.0f, 1e30f, -1e30f,
+                               std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                               std::numeric_limits<float>::denorm_min(), 0.0009765625f /* 2^-10: a tie to 0 */,
+                               0.0029296875f /* 1.5 x 2^-9: a tie to even (2) */};
+  for (int c = 0; c < 256; ++c) {
+    const float v = E4M3Decode(static_cast<uint8_t>(c));
+    if (std::isnan(v)) continue;
+    inputs.push_back(v);
+    const float next = E4M3Decode(static_cast<uint8_t>((c & 0x80) | std::min((c & 0x7f) + 1, 0x7e)));
+    const float mid = 0.5f * (v + next);
+    inputs.insert(inputs.end(),
+                  {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f), std::nextafter(mid, -1e9f)});
+  }
+  for (uint32_t e = 0; e < 256; ++e) {
+    for (uint32_t m : {0u, 1u, 0x7ffffu, 0x80000u, 0x80001u, 0x400000u, 0x7fffffu}) {
+      inputs.push_back(FromBits((e << 23) | m));
+      inputs.push_back(FromBits(0x80000000u | (e << 23) | m));
+    }
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) inputs.push_back(FromBits(static_cast<uint32_t>(rng())));
+  for (int i = 0; i < 200000; ++i) inputs.push_back(std::uniform_real_distribution<float>(-500.0f, 500.0f)(rng));
+  for (const float f : inputs) {
+    ASSERT_EQ(E4M3Encode(f), FloatToE4M3(f)) << "input bits 0x" << std::hex << Bits(f) << " = " << f;
+  }
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(E4M3Encode(E4M3Decode(static_cast<uint8_t>(c))), c) << c;
+  }
 }
 
 TEST(Fp8MathTest, EveryCodeDecodesAsCommonTensorBitForBit) {

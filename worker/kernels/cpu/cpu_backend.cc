@@ -15,6 +15,7 @@
 #include "common/status/macros.h"
 #include "worker/kernels/cpu/gemv.h"
 #include "worker/kernels/cpu/q8.h"
+#include "worker/kernels/shared/fp8_math.h"
 #include "worker/kernels/shared/moe_math.h"
 #include "worker/kernels/shared/row_math.h"
 #include "worker/kernels/shared/sampling_host.h"
@@ -62,11 +63,13 @@ class CpuBackend final : public Backend {
         return dtype != DType::kQ8;  // rows are widened on the fly
       case Op::kLinear:
         return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kQ8;
+      case Op::kKvWrite:
+      case Op::kAttention:
+        // f32, or float8 e4m3 codes (an FP8 KV cache, KvCacheFormat::kFp8E4M3).
+        return dtype == DType::kF32 || dtype == DType::kF8E4M3;
       case Op::kRmsNorm:
       case Op::kAddRmsNorm:
       case Op::kRope:
-      case Op::kKvWrite:
-      case Op::kAttention:
       case Op::kSiluMul:
       case Op::kAdd:
       case Op::kGatherRows:
@@ -261,14 +264,23 @@ class CpuBackend final : public Backend {
 
   absl::Status KvWrite(const KvWriteParams& p) override {
     SHARDSERVE_VALIDATE(p);
-    if (p.cache.dtype != DType::kF32) return UnsupportedWeights(name(), Op::kKvWrite, p.cache.dtype);
+    if (!SupportsOp(Op::kKvWrite, p.cache.dtype)) return UnsupportedWeights(name(), Op::kKvWrite, p.cache.dtype);
     // RoPE fused with the write: on the CPU nothing is saved by one pass, so it is the Rope op
     // itself, then the write (the CUDA kernel's results are these).
     if (p.rope.has_value()) RETURN_IF_ERROR(Rope(*p.rope));
     const KvLayerView& c = p.cache;
-    auto* ck = static_cast<float*>(c.k);
-    auto* cv = static_cast<float*>(c.v);
+    const bool fp8 = c.dtype == DType::kF8E4M3;
     const int64_t row = c.kv_heads * c.head_dim;
+    // Stores `n` values at element `dst` of a cache: copied, or encoded as e4m3 codes (the device's
+    // encoder, so a CUDA rank writes the same bytes).
+    auto store = [&](void* cache, int64_t dst, const float* src, int64_t n) {
+      if (!fp8) {
+        std::memcpy(static_cast<float*>(cache) + dst, src, n * sizeof(float));
+        return;
+      }
+      uint8_t* out = static_cast<uint8_t*>(cache) + dst;
+      for (int64_t i = 0; i < n; ++i) out[i] = E4M3Encode(src[i]);
+    };
     const int64_t bs = c.block_size;
     for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
       const AttnSeq& q = p.paged.seqs[s];
@@ -280,8 +292,8 @@ class CpuBackend final : public Backend {
         const int64_t run = std::min(bs - off, q.q_len - i);
         const int64_t dst = (int64_t{table[pos / bs]} * bs + off) * row;
         const int64_t src = (q.q_begin + i) * row;
-        std::memcpy(ck + dst, p.k + src, run * row * sizeof(float));
-        std::memcpy(cv + dst, p.v + src, run * row * sizeof(float));
+        store(c.k, dst, p.k + src, run * row);
+        store(c.v, dst, p.v + src, run * row);
         i += run;
       }
     }
@@ -290,13 +302,21 @@ class CpuBackend final : public Backend {
 
   absl::Status Attention(const AttentionParams& p) override {
     SHARDSERVE_VALIDATE(p);
-    if (p.cache.dtype != DType::kF32) return UnsupportedWeights(name(), Op::kAttention, p.cache.dtype);
+    if (!SupportsOp(Op::kAttention, p.cache.dtype)) return UnsupportedWeights(name(), Op::kAttention, p.cache.dtype);
     const KvLayerView& c = p.cache;
-    const auto* ck = static_cast<const float*>(c.k);
-    const auto* cv = static_cast<const float*>(c.v);
     const int64_t d = c.head_dim;
     const int64_t row = c.kv_heads * d;
     const int64_t bs = c.block_size;
+    // `run` cache rows from element `at` as f32: in place, or an FP8 cache's codes decoded into a
+    // scratch (the products are then those of an f32 cache holding the decoded values).
+    const bool fp8 = c.dtype == DType::kF8E4M3;
+    auto rows = [&](const void* cache, int64_t at, int64_t run, std::vector<float>& scratch) -> const float* {
+      if (!fp8) return static_cast<const float*>(cache) + at;
+      scratch.resize(static_cast<size_t>(run * row));
+      const uint8_t* codes = static_cast<const uint8_t*>(cache) + at;
+      for (int64_t i = 0; i < run * row; ++i) scratch[static_cast<size_t>(i)] = E4M3Decode(codes[i]);
+      return scratch.data();
+    };
     const int64_t heads = p.q_heads;
     const int64_t group = heads / c.kv_heads;
     for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
@@ -319,7 +339,7 @@ class CpuBackend final : public Backend {
         for (int64_t j = lo; j <= pos;) {
           const int64_t off = j % bs;
           const int64_t run = std::min(bs - off, pos + 1 - j);
-          const float* kb = ck + (int64_t{table[j / bs]} * bs + off) * row;
+          const float* kb = rows(c.k, (int64_t{table[j / bs]} * bs + off) * row, run, kv_rows_);
           for (int64_t r = 0; r < run; ++r) {
             const float* kr = kb + r * row;
             for (int64_t h = 0; h < heads; ++h) {
@@ -335,7 +355,7 @@ class CpuBackend final : public Backend {
         for (int64_t j = lo; j <= pos;) {
           const int64_t off = j % bs;
           const int64_t run = std::min(bs - off, pos + 1 - j);
-          const float* vb = cv + (int64_t{table[j / bs]} * bs + off) * row;
+          const float* vb = rows(c.v, (int64_t{table[j / bs]} * bs + off) * row, run, kv_rows_);
           for (int64_t r = 0; r < run; ++r) {
             const float* vr = vb + r * row;
             for (int64_t h = 0; h < heads; ++h) {
@@ -655,6 +675,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> combine_found_;
   // Per-call scratch, grown on demand (amortised: it reaches its final size on the first step).
   std::vector<float> cos_, sin_, scores_;
+  std::vector<float> kv_rows_;  // Attention over an FP8 cache: one block's rows decoded
   std::vector<float> head_widened_;  // HeadLinear: one head's bfloat16 matrix widened
   HostRowSampler row_sampler_;       // SampleRows: the engine Sampler's arithmetic and scratch
   // MoeRoute: one token's routing scratch, the batch's choices and GroupByExpert's fill counters.
