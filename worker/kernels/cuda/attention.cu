@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "worker/kernels/cuda/kv_cache.cuh"
 #include "worker/kernels/cuda/pdl.cuh"
 #include "worker/kernels/shared/attention_math.h"
 
@@ -26,10 +27,6 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-
-__device__ __forceinline__ float Widen(float x) { return x; }
-__device__ __forceinline__ float Widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float Widen(__half x) { return __half2float(x); }
 
 size_t SharedBytes(int heads, int64_t head_dim) {
   // q [heads, d], acc [warps, heads, d], states [warps, heads, 2], scales [heads, kMaxAttnSplits]
@@ -61,9 +58,10 @@ enum class KeyWalk {
 };
 
 // dots[hh] = q_s[hh] . kj for the block's heads, kj being one key row of the cache (head_dim
-// d <= kMaxD). The vector walk issues the row's 16-byte loads kBatch at a time, all of a batch before
-// its first product (a run-time loop over d would wait for each load in turn: head_dim 64 in bf16 is
-// one batch); the sums are in the same order either way.
+// d <= kMaxD; T a cache element type of kv_cache.cuh). The vector walk issues the row's 16-byte loads
+// kBatch at a time, all of a batch before its first product (a run-time loop over d would wait for
+// each load in turn: head_dim 64 in bf16 and 128 in fp8 are one batch); the sums are in the same
+// order either way. A load holds 16 / sizeof(T) elements: 4 f32, 8 bf16/f16, 16 fp8 codes.
 template <typename T, KeyWalk kWalk, int kMaxD>
 __device__ __forceinline__ void DotHeads(const T* __restrict__ kj, const float* q_s, int64_t d, int nh,
                                          float (&dots)[kMaxHeadsPerBlock]) {
@@ -120,12 +118,20 @@ __device__ __forceinline__ void DotHeads(const T* __restrict__ kj, const float* 
 // Blocks per multiprocessor asked of ptxas, which otherwise picks a register budget by its own
 // occupancy heuristics: the scalar chunked walk three (at most 168 registers; left to itself, ptxas
 // squeezed it into 128 and spilled in the key loop), the per-key walk four (128, as it had before
-// the split merge moved into this kernel). Check `-Xptxas -v` for spills after changing the kernel.
-template <KeyWalk kWalk>
-constexpr int kMinBlocksPerSm = kWalk == KeyWalk::kChunked ? 3 : kWalk == KeyWalk::kPerKey ? 4 : 1;
+// the split merge moved into this kernel). The vector walk over an FP8 cache three up to head_dim 128
+// (kDpl <= 4): left to itself, ptxas gave it 178 registers at head_dim 128 on sm_90 (two blocks per
+// multiprocessor where the bf16 walk, at 168, fits three); under the bound it takes 160 (sm_80: 168)
+// without spilling. At head_dim 256 the bound spills, so that walk keeps ptxas's choice (two blocks,
+// like the 16-bit ones), as do the other vector walks. Check `-Xptxas -v` for spills after changing
+// the kernel.
+template <typename T, KeyWalk kWalk, int kDpl>
+constexpr int kMinBlocksPerSm = kWalk == KeyWalk::kChunked ? 3
+                                : kWalk == KeyWalk::kPerKey ? 4
+                                : sizeof(T) == 1 && kDpl <= 4 ? 3
+                                                              : 1;
 
 template <typename T, KeyWalk kWalk, int kDpl>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kWalk>)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<T, kWalk, kDpl>)
     SplitAttentionKernel(const float* __restrict__ q, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
                          int64_t num_seqs, const int32_t* __restrict__ block_table, const T* __restrict__ cache_k,
                          const T* __restrict__ cache_v, Shape sh, float* __restrict__ partials,
@@ -357,7 +363,8 @@ void LaunchChunked(bool aligned, const AttentionParams& p, const Shape& sh, dim3
 }
 
 // The attention kernel for the cache's type and head_dim: chunked up to kMaxChunkedHeadDim (with
-// 16-byte key loads when every key row is 16-byte aligned), else one key at a time.
+// 16-byte key loads when every key row is 16-byte aligned: head_dim a multiple of 4 f32, 8 bf16/f16
+// or 16 fp8 elements), else one key at a time.
 template <typename T>
 void LaunchSplit(const AttentionParams& p, const Shape& sh, dim3 grid, size_t shared, float* partials,
                  unsigned int* counters, cudaStream_t stream) {
@@ -464,6 +471,8 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
       LaunchSplit<__half>(p, sh, grid, shared, part, count, stream);
       break;
     case DType::kF8E4M3:
+      LaunchSplit<E4M3>(p, sh, grid, shared, part, count, stream);
+      break;
     case DType::kQ8:
       return cudaErrorInvalidValue;
   }

@@ -15,7 +15,9 @@
 // device workspace the caller zeroes once (AttentionCounterCount); each launch leaves them at zero
 // again (the last arrival's atomicInc wraps the count), so back-to-back launches and CUDA-graph
 // replays need no reset. Splitting keeps all multiprocessors busy when a decode batch has few rows
-// and long contexts; nothing the size of the context is ever materialised.
+// and long contexts; nothing the size of the context is ever materialised. The cache's elements
+// (f32, bf16, f16, or FP8 e4m3 codes: kv_cache.cuh) are widened to f32 as they are read; key rows
+// of 16-byte multiples (head_dim a multiple of 4, 8 or 16 elements) take 16-byte loads.
 #ifndef SHARDSERVE_WORKER_KERNELS_CUDA_ATTENTION_CUH_
 #define SHARDSERVE_WORKER_KERNELS_CUDA_ATTENTION_CUH_
 
@@ -85,7 +87,8 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
 // materialised; the block's shared memory holds one 32-key tile and its rows' partial output.
 inline constexpr int64_t kMinMmaAttentionRows = 16;
 
-// Whether LaunchMmaAttention takes the op on a device of compute capability `compute_major`.
+// Whether LaunchMmaAttention takes the op on a device of compute capability `compute_major`. Only bf16
+// caches: f32, f16 and FP8 ones take LaunchAttention whatever their rows.
 bool MmaAttentionApplies(const AttentionParams& p, int compute_major);
 // Dynamic shared memory of its blocks for head_dim (64 or 128): 56 KiB and 96 KiB.
 size_t MmaAttentionSharedBytes(int64_t head_dim);

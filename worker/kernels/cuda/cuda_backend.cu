@@ -375,12 +375,16 @@ absl::Status CudaBackend::Synchronize() {
 
 bool CudaBackend::SupportsOp(Op op, DType dtype) const {
   switch (op) {
+    case Op::kKvWrite:
+    case Op::kAttention:
+      // kF8E4M3: an FP8 KV cache, e4m3 codes without a scale, encoded and decoded with the CPU
+      // backend's functions (kv_cache.cuh). Attention over it runs on the CUDA cores
+      // (MmaAttentionApplies takes bf16 caches only).
+      return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF8E4M3;
     case Op::kLinear:
       if (dtype == DType::kF8E4M3) return true;  // LinearFp8
       [[fallthrough]];
     case Op::kEmbedding:
-    case Op::kKvWrite:
-    case Op::kAttention:
       return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
     case Op::kRmsNorm:
     case Op::kAddRmsNorm:

@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "worker/kernels/cuda/kv_cache.cuh"
 #include "worker/kernels/cuda/pdl.cuh"
 #include "worker/kernels/cuda/row_norm.cuh"
 #include "worker/kernels/shared/attention_math.h"
@@ -253,22 +254,8 @@ __global__ void RopeKernel(const RopeArgs r, int64_t tokens) {
 
 
 // grid.y strides over sequences, grid.x over each sequence's rows; threads over a row's elements.
-// A cache element from f32: the value itself, or rounded to nearest even for 16-bit caches.
-template <typename T>
-__device__ __forceinline__ T ToCache(float x);
-template <>
-__device__ __forceinline__ float ToCache<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 ToCache<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half ToCache<__half>(float x) {
-  return __float2half_rn(x);
-}
-
+// T: a cache element type of kv_cache.cuh, each element stored with its ToCache (an FP8 cache: one
+// byte per thread, consecutive threads consecutive bytes, so a warp's stores still coalesce).
 template <typename T>
 __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seqs, int64_t num_seqs,
                               const int32_t* block_table, T* cache_k, T* cache_v, int64_t block_size, int64_t row) {
@@ -294,7 +281,7 @@ __global__ void KvWriteKernel(const float* k, const float* v, const AttnSeq* seq
 // block's), RopeKernel's block: the token's cos/sin table, then one thread per rotated pair of every
 // q and k head (RopePair, as RopeKernel), the thread that rotates a k pair also storing it in the
 // cache; then k's unrotated tail (rotary_dim < head_dim) and v are stored. The values are Rope's and
-// the cache addressing and rounding KvWriteKernel's.
+// the cache addressing and rounding (ToCache: an FP8 cache's encoding too) KvWriteKernel's.
 template <typename T>
 __global__ void RopeKvWriteKernel(const RopeArgs r, const float* v, const AttnSeq* seqs, int64_t num_seqs,
                                   const int32_t* block_table, T* cache_k, T* cache_v, int64_t block_size) {
@@ -514,6 +501,8 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
         LaunchRopeKvWriteTyped<__half>(p, grid, stream);
         break;
       case DType::kF8E4M3:
+        LaunchRopeKvWriteTyped<E4M3>(p, grid, stream);
+        break;
       case DType::kQ8:
         return cudaErrorInvalidValue;
     }
@@ -536,6 +525,10 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
                   p.cache.block_size, row);
       break;
     case DType::kF8E4M3:
+      pdl::Launch(KvWriteKernel<E4M3>, grid, RowThreads(row), 0, stream, p.k, p.v, p.paged.seqs, p.paged.num_seqs,
+                  p.paged.block_table, static_cast<E4M3*>(p.cache.k), static_cast<E4M3*>(p.cache.v),
+                  p.cache.block_size, row);
+      break;
     case DType::kQ8:
       return cudaErrorInvalidValue;
   }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,6 +50,44 @@ inline std::vector<int32_t> DistinctRows(int32_t n, size_t count, uint32_t seed)
   all.resize(count);
   return all;
 }
+
+// The sequences of a paged-cache batch (KvWrite, Attention) and their block table, on the host.
+struct PagedLayout {
+  std::vector<AttnSeq> seqs;
+  std::vector<int32_t> table;
+  int64_t tokens = 0;  // the batch's rows: the sum of the sequences' q_len
+};
+
+// One sequence of LayOutPaged: q_len new rows at positions [pos_begin, pos_begin + q_len).
+struct SeqSpec {
+  int32_t pos_begin = 0, q_len = 0;
+};
+
+// The batch of `specs` in row order (sequence i's rows follow sequence i - 1's), each sequence with
+// the table entries its positions need in blocks of `block_size`: the ids of DistinctRows(num_blocks,
+// num_blocks, seed) taken in order, wrapping around. Every block is distinct while the tables need
+// at most num_blocks entries; beyond that ids repeat, which only ops that merely read (Attention)
+// may be given.
+inline PagedLayout LayOutPaged(const std::vector<SeqSpec>& specs, int64_t block_size, int32_t num_blocks,
+                               uint32_t seed) {
+  const std::vector<int32_t> ids = DistinctRows(num_blocks, static_cast<size_t>(num_blocks), seed);
+  PagedLayout layout;
+  int32_t row = 0;
+  for (const SeqSpec& spec : specs) {
+    const int32_t blocks = static_cast<int32_t>((int64_t{spec.pos_begin} + spec.q_len + block_size - 1) / block_size);
+    layout.seqs.push_back({.q_begin = row, .q_len = spec.q_len, .pos_begin = spec.pos_begin,
+                           .table_begin = static_cast<int32_t>(layout.table.size()), .table_len = blocks});
+    for (int32_t b = 0; b < blocks; ++b) layout.table.push_back(ids[layout.table.size() % ids.size()]);
+    row += spec.q_len;
+  }
+  layout.tokens = row;
+  return layout;
+}
+
+// Prefill rows (the tensor-core attention's cases, for a bf16 cache): a 100-token prompt (two tiles
+// of 64 rows, the second partial), a 37-token chunk continuing a cached prefix of 50, and a 1-token
+// prompt, in one batch (138 rows).
+inline const std::vector<SeqSpec> kPrefillBatch = {{0, 100}, {50, 37}, {0, 1}};
 
 // Every element within rtol * max|want| (plus a tiny atol for all-zero references), and a normalised
 // mean squared error (test-backend-ops' nmse) far below that.
@@ -137,6 +176,26 @@ class CudaParityTest : public ::testing::Test {
     std::vector<T> host(m.n);
     EXPECT_TRUE(backend(side).CopyToHost(host.data(), m.at(side), m.n * sizeof(T)).ok());
     return host;
+  }
+
+  // A PagedLayout in both backends' memory, and as the ops' PagedSeqs (the host arrays are its own).
+  struct MirroredPaged {
+    PagedLayout host;
+    Mirrored<AttnSeq> seqs;
+    Mirrored<int32_t> table;
+    PagedSeqs at(int side) const {
+      return {.seqs = seqs.at(side), .host_seqs = host.seqs.data(), .num_seqs = static_cast<int64_t>(host.seqs.size()),
+              .block_table = table.at(side), .host_block_table = host.table.data(),
+              .table_entries = static_cast<int64_t>(host.table.size())};
+    }
+  };
+
+  MirroredPaged MirrorPaged(PagedLayout layout) {
+    MirroredPaged m;
+    m.seqs = Mirror(layout.seqs);
+    m.table = Mirror(layout.table);
+    m.host = std::move(layout);
+    return m;
   }
 
   // Runs `op(backend, side)` on both backends; each must succeed.

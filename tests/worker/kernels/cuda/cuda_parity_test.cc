@@ -500,27 +500,12 @@ TEST_P(CudaLongAttentionParityTest, SplitKeysMatchCpu) {
   const LongAttentionCase c = GetParam();
   constexpr int64_t kBlock = 16, kBlocks = 256;  // 4096 positions
   // Three decode rows (one token each) at positions 300, 1000 and 2047, and a 3-token chunk at 2500.
-  const std::vector<int64_t> ends = {301, 1001, 2048, 2503};
-  std::vector<AttnSeq> seqs;
-  std::vector<int32_t> table;
-  const std::vector<int32_t> shuffled = DistinctRows(kBlocks, kBlocks, 77);
-  size_t next = 0;
-  int32_t row = 0;
-  for (size_t i = 0; i < ends.size(); ++i) {
-    const int32_t q_len = i == 3 ? 3 : 1;
-    const int32_t blocks = static_cast<int32_t>((ends[i] + kBlock - 1) / kBlock);
-    seqs.push_back({.q_begin = row, .q_len = q_len, .pos_begin = static_cast<int32_t>(ends[i]) - q_len,
-                    .table_begin = static_cast<int32_t>(table.size()), .table_len = blocks});
-    for (int32_t b = 0; b < blocks; ++b) table.push_back(shuffled[next++ % shuffled.size()]);
-    row += q_len;
-  }
   // The tables need 367 blocks of the 256: later rows reuse ids, which attention (it only reads)
   // does not mind.
-  const int64_t tokens = row;
+  const auto paged = MirrorPaged(LayOutPaged({{300, 1}, {1000, 1}, {2047, 1}, {2500, 3}}, kBlock, kBlocks, 77));
+  const int64_t tokens = paged.host.tokens;
   const KvLayerView shape{.num_blocks = kBlocks, .block_size = kBlock, .kv_heads = c.kv_heads, .head_dim = c.head_dim};
   const int64_t cache_elems = kBlocks * kBlock * c.kv_heads * c.head_dim;
-  auto dseqs = Mirror(seqs);
-  auto dtable = Mirror(table);
   auto q = Mirror(RandomFloats(tokens * c.q_heads * c.head_dim, 60, -2.f, 2.f));
   auto ck = Mirror(RandomFloats(cache_elems, 61, -2.f, 2.f));
   auto cv = Mirror(RandomFloats(cache_elems, 62));
@@ -529,10 +514,7 @@ TEST_P(CudaLongAttentionParityTest, SplitKeysMatchCpu) {
     KvLayerView cache = shape;
     cache.k = ck.at(s);
     cache.v = cv.at(s);
-    const PagedSeqs paged{.seqs = dseqs.at(s), .host_seqs = seqs.data(), .num_seqs = static_cast<int64_t>(seqs.size()),
-                          .block_table = dtable.at(s), .host_block_table = table.data(),
-                          .table_entries = static_cast<int64_t>(table.size())};
-    return b.Attention({.q = q.at(s), .out = out.at(s), .paged = paged, .tokens = tokens, .q_heads = c.q_heads,
+    return b.Attention({.q = q.at(s), .out = out.at(s), .paged = paged.at(s), .tokens = tokens, .q_heads = c.q_heads,
                         .cache = cache, .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                         .sliding_window = c.sliding_window});
   });
@@ -567,15 +549,9 @@ class CudaPrefillAttentionParityTest : public CudaParityTest,
 TEST_P(CudaPrefillAttentionParityTest, MatchesCpu) {
   const PrefillAttentionCase c = GetParam();
   constexpr int64_t kBlock = 16, kBlocks = 16;
-  const std::vector<int32_t> ids = DistinctRows(kBlocks, kBlocks, 91);
-  // Tables: 7 blocks (112 positions), 6 (96) and 1.
-  const std::vector<int32_t> table(ids.begin(), ids.begin() + 14);
-  const std::vector<AttnSeq> seqs = {
-      {.q_begin = 0, .q_len = 100, .pos_begin = 0, .table_begin = 0, .table_len = 7},
-      {.q_begin = 100, .q_len = 37, .pos_begin = 50, .table_begin = 7, .table_len = 6},
-      {.q_begin = 137, .q_len = 1, .pos_begin = 0, .table_begin = 13, .table_len = 1},
-  };
-  const int64_t tokens = 138;
+  // Tables: 7 blocks (112 positions), 6 (96) and 1, distinct.
+  const auto paged = MirrorPaged(LayOutPaged(kPrefillBatch, kBlock, kBlocks, 91));
+  const int64_t tokens = paged.host.tokens;  // 138
   const KvLayerView shape{.num_blocks = kBlocks, .block_size = kBlock, .kv_heads = c.kv_heads, .head_dim = c.head_dim};
   const size_t cache_elems = static_cast<size_t>(kBlocks * kBlock * c.kv_heads * c.head_dim);
   const std::vector<uint16_t> k16 = Narrow(DType::kBF16, RandomFloats(cache_elems, 92, -2.f, 2.f));
@@ -584,8 +560,6 @@ TEST_P(CudaPrefillAttentionParityTest, MatchesCpu) {
   auto cv16 = Mirror(v16);
   auto ck = Mirror(Widen(DType::kBF16, k16));
   auto cv = Mirror(Widen(DType::kBF16, v16));
-  auto dseqs = Mirror(seqs);
-  auto dtable = Mirror(table);
   auto q = Mirror(RandomFloats(static_cast<size_t>(tokens * c.q_heads * c.head_dim), 94, -2.f, 2.f));
   auto out = Mirror(std::vector<float>(static_cast<size_t>(tokens * c.q_heads * c.head_dim)));
   RunBoth([&](Backend& b, int s) {
@@ -593,10 +567,7 @@ TEST_P(CudaPrefillAttentionParityTest, MatchesCpu) {
     cache.k = s == kRef ? static_cast<void*>(ck.at(s)) : static_cast<void*>(ck16.at(s));
     cache.v = s == kRef ? static_cast<void*>(cv.at(s)) : static_cast<void*>(cv16.at(s));
     cache.dtype = s == kRef ? DType::kF32 : DType::kBF16;
-    const PagedSeqs paged{.seqs = dseqs.at(s), .host_seqs = seqs.data(), .num_seqs = static_cast<int64_t>(seqs.size()),
-                          .block_table = dtable.at(s), .host_block_table = table.data(),
-                          .table_entries = static_cast<int64_t>(table.size())};
-    return b.Attention({.q = q.at(s), .out = out.at(s), .paged = paged, .tokens = tokens, .q_heads = c.q_heads,
+    return b.Attention({.q = q.at(s), .out = out.at(s), .paged = paged.at(s), .tokens = tokens, .q_heads = c.q_heads,
                         .cache = cache, .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                         .sliding_window = c.sliding_window, .chunk_size = c.chunk_size, .softcap = c.softcap});
   });
