@@ -43,6 +43,8 @@ struct Shape {
   float scale;
   float softcap;  // > 0: scores soft-capped (Gemma-2)
   int heads_per_block, head_blocks, splits;
+  int max_q_len;    // sequences with more new rows are another kernel's (AttentionPlan::max_q_len)
+  int slot_stride;  // AttentionPlan::slot_stride
 };
 
 __device__ __forceinline__ float WarpMax(float v) {
@@ -109,11 +111,12 @@ __device__ __forceinline__ void DotHeads(const T* __restrict__ kj, const float* 
 }
 
 // grid.x = kv head x head block x split, grid.y strides over a sequence's rows, grid.z over
-// sequences. partials: [tokens, q_heads, splits, head_dim + 2] (acc, then m and l), or null when
-// splits == 1 (then the output is written directly). counters: [tokens, q_heads] arrival counts,
-// zero on entry and on exit (null with partials), the one of a (row, kv head, head block) at its
-// first query head h0: the last split block of it to store its states merges all the splits into
-// the output (attention.cuh).
+// sequences (those with more than sh.max_q_len rows skipped). partials: [slots, q_heads, splits,
+// head_dim + 2] (acc, then m and l), or null when splits == 1 (then the output is written directly).
+// counters: [slots, q_heads] arrival counts, zero on entry and on exit (null with partials), the one
+// of a (row, kv head, head block) at its first query head h0: the last split block of it to store
+// its states merges all the splits into the output (attention.cuh). A row's slot is its token, or
+// with sh.slot_stride > 0 its sequence's index x slot_stride + its index in the sequence.
 // kDpl: head_dim elements per lane in the chunked walks (head_dim <= kDpl * kWarp).
 // Blocks per multiprocessor asked of ptxas, which otherwise picks a register budget by its own
 // occupancy heuristics: the scalar chunked walk three (at most 168 registers; left to itself, ptxas
@@ -158,9 +161,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<T, kWalk, kDpl>)
   float* my_acc = acc_s + warp * hpb * d;
   for (int64_t s = blockIdx.z; s < num_seqs; s += gridDim.z) {
     const AttnSeq seq = seqs[s];
+    // The tensor-core kernel's sequence (a prefill beside this launch's decode rows). The whole
+    // block skips it, as does every split block of its rows: their counters are never touched, so
+    // they stay at zero.
+    if (seq.q_len > sh.max_q_len) continue;
     const int32_t* table = block_table + seq.table_begin;
     for (int64_t i = blockIdx.y; i < seq.q_len; i += gridDim.y) {
       const int64_t t = seq.q_begin + i;
+      const int64_t slot = sh.slot_stride > 0 ? s * sh.slot_stride + i : t;
       const int64_t pos = seq.pos_begin + i;
       const int64_t lo = AttentionFirstKey(pos, sh.sliding_window, sh.chunk_size);
       long long kb = 0, ke = 0;
@@ -288,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<T, kWalk, kDpl>)
       // heads into the output. One code for both keeps the kernel's registers where they were
       // (a separate merge loop made ptxas spill in the key loops). State i of head hh: m at
       // ml[hh * ml_head + i * ml_src], l after it; its acc at acc[hh * acc_head + i * acc_src + e].
-      const int64_t part_row = (t * sh.q_heads + h0) * sh.splits * (d + 2);  // partials of head h0
+      const int64_t part_row = (slot * sh.q_heads + h0) * sh.splits * (d + 2);  // partials of head h0
       const float* ml = state_s;
       const float* accs = acc_s;
       // 32-bit offsets (head_dim <= ~2400, splits <= 32): 64-bit ones cost registers here.
@@ -329,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<T, kWalk, kDpl>)
         unsigned int arrived = 0;
         if (threadIdx.x == 0) {
           __threadfence();
-          arrived = atomicInc(counters + t * sh.q_heads + h0, sh.splits - 1u);
+          arrived = atomicInc(counters + slot * sh.q_heads + h0, sh.splits - 1u);
           __threadfence();  // acquire: the other splits' states, fenced before they counted in
         }
         if (!__syncthreads_or(threadIdx.x == 0 && arrived == sh.splits - 1u)) break;
@@ -386,21 +394,35 @@ void LaunchSplit(const AttentionParams& p, const Shape& sh, dim3 grid, size_t sh
 }
 
 
+// Rows of the partials and counters of a plan (AttentionPlan::slot_stride).
+size_t Slots(const AttentionParams& p, const AttentionPlan& plan) {
+  return plan.slot_stride > 0 ? static_cast<size_t>(p.paged.num_seqs) * static_cast<size_t>(plan.slot_stride)
+                              : static_cast<size_t>(p.tokens);
+}
+
 }  // namespace
 
-AttentionPlan PlanAttention(const AttentionParams& p, int multiprocessors) {
+AttentionPlan PlanAttention(const AttentionParams& p, int multiprocessors, int64_t max_q_len) {
   AttentionPlan plan;
+  plan.max_q_len = static_cast<int32_t>(max_q_len < kAnyQueryLen ? max_q_len : kAnyQueryLen);
   const int64_t group = p.q_heads / p.cache.kv_heads;
   int heads = static_cast<int>(group < kMaxHeadsPerBlock ? group : kMaxHeadsPerBlock);
   while (heads > 0 && SharedBytes(heads, p.cache.head_dim) > kSharedBytes) --heads;
   plan.heads_per_block = heads;
   if (heads == 0) return plan;
-  int64_t rows = 0, longest = 0;
+  // The rows this launch takes, the longest context among them and the most rows of one sequence.
+  int64_t rows = 0, longest = 0, most_rows = 0;
+  bool every_seq = true;
   for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
     const AttnSeq& seq = p.paged.host_seqs[s];
+    if (seq.q_len > plan.max_q_len) {
+      every_seq = false;
+      continue;
+    }
     rows += seq.q_len;
     const int64_t end = int64_t{seq.pos_begin} + seq.q_len;
     longest = end > longest ? end : longest;
+    most_rows = seq.q_len > most_rows ? seq.q_len : most_rows;
   }
   if (p.sliding_window > 0 && longest > p.sliding_window) longest = p.sliding_window;
   if (p.chunk_size > 0 && longest > p.chunk_size) longest = p.chunk_size;
@@ -415,7 +437,22 @@ AttentionPlan PlanAttention(const AttentionParams& p, int multiprocessors) {
   const int64_t by_keys = (longest + kKeysPerSplit - 1) / kKeysPerSplit;
   splits = splits < by_keys ? splits : by_keys;
   splits = splits < kMaxAttnSplits ? splits : kMaxAttnSplits;
-  const int64_t partial_rows = rows * p.q_heads;
+  // The slots the partials and counters are indexed by: the rows' tokens, all of the batch's when it
+  // takes every sequence. Taking only the short ones (decode rows beside a prefill), per-token slots
+  // would size the workspace, and cap the splits, by the prefill's tokens too: slots per sequence
+  // instead while they are no more than the tokens (as for decode rows of one token each beside a
+  // prefill), so the workspace never outgrows what a plan over the whole batch may use (what
+  // Reserve sizes).
+  int64_t slots = rows;
+  if (!every_seq) {
+    if (most_rows > 0 && p.paged.num_seqs * most_rows <= p.tokens) {
+      plan.slot_stride = static_cast<int>(most_rows);
+      slots = p.paged.num_seqs * most_rows;
+    } else {
+      slots = p.tokens;
+    }
+  }
+  const int64_t partial_rows = slots * p.q_heads;
   if (partial_rows > 0 && splits * partial_rows > kMaxAttnPartials) splits = kMaxAttnPartials / partial_rows;
   plan.splits = static_cast<int>(splits < 1 ? 1 : splits);
   return plan;
@@ -423,7 +460,7 @@ AttentionPlan PlanAttention(const AttentionParams& p, int multiprocessors) {
 
 size_t AttentionPartialFloats(const AttentionParams& p, const AttentionPlan& plan) {
   if (plan.splits <= 1) return 0;
-  return static_cast<size_t>(p.tokens) * static_cast<size_t>(p.q_heads) * static_cast<size_t>(plan.splits) *
+  return Slots(p, plan) * static_cast<size_t>(p.q_heads) * static_cast<size_t>(plan.splits) *
          static_cast<size_t>(p.cache.head_dim + 2);
 }
 
@@ -433,12 +470,17 @@ size_t MaxAttentionPartialFloats(int64_t max_head_dim) {
 
 size_t AttentionCounterCount(const AttentionParams& p, const AttentionPlan& plan) {
   if (plan.splits <= 1) return 0;
-  return static_cast<size_t>(p.tokens) * static_cast<size_t>(p.q_heads);
+  return Slots(p, plan) * static_cast<size_t>(p.q_heads);
 }
 
 cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* partials,
                             unsigned int* counters, cudaStream_t stream) {
-  const int64_t max_q_len = p.paged.MaxQueryLen();
+  // The most rows of a sequence this launch takes (grid.y).
+  int64_t max_q_len = 0;
+  for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
+    const int64_t q_len = p.paged.host_seqs[s].q_len;
+    if (q_len <= plan.max_q_len && q_len > max_q_len) max_q_len = q_len;
+  }
   if (max_q_len == 0 || p.q_heads == 0) return cudaSuccess;
   if (plan.splits > 1 && (partials == nullptr || counters == nullptr)) return cudaErrorInvalidValue;
   const int64_t group = p.q_heads / p.cache.kv_heads;
@@ -453,7 +495,9 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
                  .softcap = p.softcap,
                  .heads_per_block = plan.heads_per_block,
                  .head_blocks = head_blocks,
-                 .splits = plan.splits};
+                 .splits = plan.splits,
+                 .max_q_len = plan.max_q_len,
+                 .slot_stride = plan.slot_stride};
   // grid.x: kv heads x head blocks x splits, far below 2^31 - 1 for any model.
   const dim3 grid(static_cast<unsigned>(p.cache.kv_heads * head_blocks * plan.splits), GridFor(max_q_len),
                   GridFor(p.paged.num_seqs));

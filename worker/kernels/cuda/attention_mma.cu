@@ -48,8 +48,9 @@ __device__ __forceinline__ void SplitBf16(float x, Bf16* hi, Bf16* lo) {
 }
 
 // grid.x strides over a sequence's tiles of kRows query rows, grid.y = query head, grid.z strides
-// over sequences. Each warp owns 16 rows of the tile; lanes 2r and 2r + 1 keep row r's softmax
-// state (m, l) and each handle half of its keys and of its output columns.
+// over sequences, skipping those of fewer than kMinMmaAttentionRows rows. Each warp owns 16 rows of
+// the tile; lanes 2r and 2r + 1 keep row r's softmax state (m, l) and each handle half of its keys
+// and of its output columns.
 template <int kD>
 __global__ void __launch_bounds__(kThreads)
     MmaPrefillAttentionKernel(const float* __restrict__ q, float* __restrict__ out, const AttnSeq* __restrict__ seqs,
@@ -85,6 +86,9 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t s = blockIdx.z; s < num_seqs; s += gridDim.z) {
     const AttnSeq seq = seqs[s];
+    // A decode row (or a few): the split-K kernel's, launched beside this one (attention.cuh). The
+    // whole block skips it, before its first barrier.
+    if (seq.q_len < kMinMmaAttentionRows) continue;
     const int32_t* table = block_table + seq.table_begin;
     for (int64_t i0 = int64_t{blockIdx.x} * kRows; i0 < seq.q_len; i0 += int64_t{gridDim.x} * kRows) {
       const int64_t rows = seq.q_len - i0 < kRows ? seq.q_len - i0 : kRows;
@@ -197,8 +201,10 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
+// seqs, num_seqs: the sequences the grid spans (the batch's, from its first long one to its last).
 template <int kD>
-cudaError_t LaunchMma(const AttentionParams& p, int64_t max_q_len, cudaStream_t stream) {
+cudaError_t LaunchMma(const AttentionParams& p, const AttnSeq* seqs, int64_t num_seqs, int64_t max_q_len,
+                      cudaStream_t stream) {
   const size_t shared = MmaSharedBytes(kD);
   auto* kernel = MmaPrefillAttentionKernel<kD>;
   if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -213,10 +219,9 @@ cudaError_t LaunchMma(const AttentionParams& p, int64_t max_q_len, cudaStream_t 
                     .chunk_size = p.chunk_size,
                     .scale = p.scale,
                     .softcap = p.softcap};
-  const dim3 grid(GridFor((max_q_len + kRows - 1) / kRows), static_cast<unsigned>(p.q_heads),
-                  GridFor(p.paged.num_seqs));
-  if (cudaError_t err = pdl::Launch(kernel, grid, kThreads, shared, stream, p.q, p.out, p.paged.seqs,
-                                    p.paged.num_seqs, p.paged.block_table, static_cast<const Bf16*>(p.cache.k),
+  const dim3 grid(GridFor((max_q_len + kRows - 1) / kRows), static_cast<unsigned>(p.q_heads), GridFor(num_seqs));
+  if (cudaError_t err = pdl::Launch(kernel, grid, kThreads, shared, stream, p.q, p.out, seqs, num_seqs,
+                                    p.paged.block_table, static_cast<const Bf16*>(p.cache.k),
                                     static_cast<const Bf16*>(p.cache.v), sh);
       err != cudaSuccess) {
     return err;
@@ -238,13 +243,24 @@ bool MmaAttentionApplies(const AttentionParams& p, int compute_major) {
 size_t MmaAttentionSharedBytes(int64_t head_dim) { return MmaSharedBytes(static_cast<int>(head_dim)); }
 
 cudaError_t LaunchMmaAttention(const AttentionParams& p, cudaStream_t stream) {
+  // The sequences from the first of at least kMinMmaAttentionRows rows to the last: blocks of the
+  // decode rows around them would only return (a step's prefill chunks usually sit together, so
+  // the grid then has none of theirs).
+  int64_t first = -1, last = -1;
+  for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
+    if (p.paged.host_seqs[s].q_len < kMinMmaAttentionRows) continue;
+    if (first < 0) first = s;
+    last = s;
+  }
+  if (first < 0 || p.q_heads == 0) return cudaSuccess;
   const int64_t max_q_len = p.paged.MaxQueryLen();
-  if (max_q_len == 0 || p.q_heads == 0) return cudaSuccess;
+  const AttnSeq* seqs = p.paged.seqs + first;
+  const int64_t num_seqs = last - first + 1;
   switch (p.cache.head_dim) {
     case 64:
-      return LaunchMma<64>(p, max_q_len, stream);
+      return LaunchMma<64>(p, seqs, num_seqs, max_q_len, stream);
     case 128:
-      return LaunchMma<128>(p, max_q_len, stream);
+      return LaunchMma<128>(p, seqs, num_seqs, max_q_len, stream);
     default:
       return cudaErrorInvalidValue;
   }

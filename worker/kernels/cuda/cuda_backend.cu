@@ -137,8 +137,10 @@ class CudaBackend final : public Backend {
   void* stream_handle() const override { return stream_; }
   bool SupportsCapture() const override { return true; }
   absl::StatusOr<std::unique_ptr<OpGraph>> Capture(absl::FunctionRef<absl::Status()> record) override;
+  // The split-K kernel's splits, planned for the sequences it takes (all of them unless some go to
+  // the tensor cores beside it).
   int64_t AttentionShapeKey(const AttentionParams& p) const override {
-    return cuda::PlanAttention(p, multiprocessors_).splits;
+    return cuda::PlanAttention(p, multiprocessors_, DispatchAttention(p).split_max_q_len).splits;
   }
   // Launches a graph instantiated by Capture() when the scratch it recorded is still current.
   absl::Status Launch(cudaGraphExec_t exec, uint64_t scratch_generation);
@@ -180,6 +182,16 @@ class CudaBackend final : public Backend {
   absl::Status Check(cudaError_t err, absl::string_view call);
   absl::Status CheckBlas(cublasStatus_t st, absl::string_view call);
   absl::Status Fail(std::string message);
+  // How Attention(p) divides the batch's sequences (attention.cuh, "Dispatch"): with `mma`, those
+  // of at least kMinMmaAttentionRows rows on the tensor cores; with `split`, those of at most
+  // split_max_q_len rows on the split-K kernel (all of them without `mma`; with it, the shorter
+  // ones, when one has a row). Both: two launches on the stream, writing disjoint rows.
+  struct AttentionDispatch {
+    bool mma = false;
+    bool split = true;
+    int64_t split_max_q_len = cuda::kAnyQueryLen;
+  };
+  AttentionDispatch DispatchAttention(const AttentionParams& p) const;
   // Makes scratch_ at least `bytes` long (cudaMalloc after draining the stream, when it grows).
   absl::Status EnsureScratch(size_t bytes);
   // Makes attn_counters_ hold at least `count` counters, zeroed in stream order when it grows.
@@ -421,7 +433,9 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
   }
   // 16-bit GEMMs round their activations into the scratch: [tokens, in] of 2 bytes; MoE layers'
   // grouped experts every token's top_k rows: [tokens x top_k, in]. Split-K attention keeps its
-  // partial states there: [rows, q_heads, splits, head_dim + 2] floats, capped.
+  // partial states there: [slots, q_heads, splits, head_dim + 2] floats, capped, its slots never more
+  // than the step's tokens (also for the decode rows of a step whose prefill is on the tensor cores:
+  // PlanAttention).
   const int64_t gemm_rows =
       limits.moe_routing.num_experts > 0 && limits.moe_routing.top_k > 1 ? limits.max_tokens * limits.moe_routing.top_k
                                                                           : limits.max_tokens;
@@ -760,23 +774,39 @@ absl::Status CudaBackend::KvWrite(const KvWriteParams& p) {
   return Check(cuda::LaunchKvWrite(p, stream_), "KvWrite kernel launch");
 }
 
+CudaBackend::AttentionDispatch CudaBackend::DispatchAttention(const AttentionParams& p) const {
+  AttentionDispatch d;
+  if (!mma_attention_ || !cuda::MmaAttentionApplies(p, compute_major_)) return d;
+  d.mma = true;
+  const AttnSeq* seqs = p.paged.host_seqs;
+  d.split = std::any_of(seqs, seqs + p.paged.num_seqs,
+                        [](const AttnSeq& s) { return s.q_len > 0 && s.q_len < cuda::kMinMmaAttentionRows; });
+  if (d.split) d.split_max_q_len = cuda::kMinMmaAttentionRows - 1;
+  return d;
+}
+
 absl::Status CudaBackend::Attention(const AttentionParams& p) {
   RETURN_IF_ERROR(p.Validate());
-  // Prefill rows on tensor cores where they apply (attention.cuh).
-  if (mma_attention_ && cuda::MmaAttentionApplies(p, compute_major_)) {
-    RETURN_IF_ERROR(Enter());
-    return Check(cuda::LaunchMmaAttention(p, stream_), "MmaAttention kernel launch");
-  }
-  const cuda::AttentionPlan plan = cuda::PlanAttention(p, multiprocessors_);
-  if (plan.heads_per_block == 0 || !FitsInt({p.q_heads})) {
-    return absl::UnimplementedError(absl::StrCat(name_, ": Attention with head_dim ", p.cache.head_dim, " and ",
-                                                 p.q_heads, " query heads is not supported"));
+  // Prefill sequences on tensor cores where they apply, the others on the split-K kernel, which
+  // spreads a decode row's keys over the machine; a step mixing both (chunked prefill beside decode
+  // rows) launches both (attention.cuh, "Dispatch").
+  const AttentionDispatch d = DispatchAttention(p);
+  cuda::AttentionPlan plan;
+  if (d.split) {
+    plan = cuda::PlanAttention(p, multiprocessors_, d.split_max_q_len);
+    if (plan.heads_per_block == 0 || !FitsInt({p.q_heads})) {
+      return absl::UnimplementedError(absl::StrCat(name_, ": Attention with head_dim ", p.cache.head_dim, " and ",
+                                                   p.q_heads, " query heads is not supported"));
+    }
   }
   RETURN_IF_ERROR(Enter());
-  const size_t partial_floats = cuda::AttentionPartialFloats(p, plan);
+  // The split kernel's workspace first: growing it drains the stream, before either launch.
+  const size_t partial_floats = d.split ? cuda::AttentionPartialFloats(p, plan) : 0;
   RETURN_IF_ERROR(EnsureScratch(partial_floats * sizeof(float)));
-  const size_t counters = cuda::AttentionCounterCount(p, plan);
+  const size_t counters = d.split ? cuda::AttentionCounterCount(p, plan) : 0;
   RETURN_IF_ERROR(EnsureAttnCounters(counters));
+  if (d.mma) RETURN_IF_ERROR(Check(cuda::LaunchMmaAttention(p, stream_), "MmaAttention kernel launch"));
+  if (!d.split) return absl::OkStatus();
   return Check(cuda::LaunchAttention(p, plan, partial_floats > 0 ? scratch_.as<float>() : nullptr,
                                      counters > 0 ? attn_counters_.as<unsigned int>() : nullptr, stream_),
                "Attention kernel launch");
