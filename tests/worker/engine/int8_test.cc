@@ -32,8 +32,6 @@ namespace {
 
 using ::shardserve::testing::GoldenModel;
 using ::shardserve::testing::GreedyRequests;
-using ::shardserve::testing::LeadingAgreement;
-using ::shardserve::testing::LogitErrors;
 
 // Logits of int8 weights differ from float ones by the quantization of every weight (half a step
 // of its 64-weight block) and of every activation entering a projection: about 0.5% of a dot
@@ -59,13 +57,7 @@ constexpr double kRoutingFlipMeanRelError = 0.04;
 
 absl::StatusOr<std::unique_ptr<TpExecutor>> MakeExecutor(const std::string& dir, int ranks, Quantization q,
                                                          std::unique_ptr<Checkpoint>* ckpt) {
-  ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
-  ASSIGN_OR_RETURN(*ckpt, Checkpoint::Open(dir));
-  ExecutorOptions eo;
-  eo.cpu_ranks = ranks;
-  eo.model.max_step_tokens = 64;
-  eo.model.quantize = q;
-  return TpExecutor::Create(spec, **ckpt, eo);
+  return testing::LoadOnCpuRanks(dir, ranks, ModelOptions{.quantize = q}, ckpt);
 }
 
 class Int8GoldenTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
@@ -80,52 +72,20 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
   // checkpoints; the embedding and norms stay as they were). Int8PlannerTest checks the exact sum.
   const size_t f32_bytes = f32->WeightBytesPerRank()[0], int8_bytes = int8->WeightBytesPerRank()[0];
   EXPECT_LT(int8_bytes, f32_bytes) << name;
-  const size_t v = static_cast<size_t>(golden.cases[0].logits[0].size());
-  LogitErrors err;
-  int32_t seq = 0;
-  // Per case: whether the first generated token cannot flip, because the reference's top-1 leads
-  // its runner-up by more than twice the largest int8 error at the last prompt position.
-  std::vector<bool> first_token_safe;
-  for (const auto& c : golden.cases) {
-    StepSequence s{.block_ids = WholeContextBlocks(int8->options(), seq++), .pos_begin = 0, .tokens = c.prompt_ids,
-                   .all_logits = true};
-    ASSERT_OK_AND_ASSIGN(StepResult r, int8->Step({s}));
-    ASSERT_EQ(r.logits[0].size(), c.prompt_ids.size() * v);
-    for (size_t p = 0; p < c.prompt_ids.size(); ++p) err.Add(c.logits[p], r.logits[0].data() + p * v);
-    const std::vector<float>& ref = c.logits.back();
-    const float* got = r.logits[0].data() + (c.prompt_ids.size() - 1) * v;
-    std::vector<float> sorted = ref;
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-    double worst = 0;
-    for (size_t i = 0; i < v; ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]));
-    first_token_safe.push_back(sorted[0] - sorted[1] > 2 * worst);
-  }
-  ASSERT_OK_AND_ASSIGN(auto res, Generate(*int8, GreedyRequests(golden)));
-  size_t agree = 0, total = 0;
-  for (size_t i = 0; i < res.size(); ++i) {
-    agree += LeadingAgreement(res[i].tokens, golden.cases[i].greedy_ids);
-    total += golden.cases[i].greedy_ids.size();
-  }
+  ASSERT_OK_AND_ASSIGN(const testing::GoldenAccuracy a, testing::MeasureGolden(*int8, golden));
   std::printf("int8 %s tp%d: logits max err %.4f, mean err %.5f of max|logit| over %ld positions; greedy "
               "agreement %zu/%zu leading tokens; weights %zu -> %zu bytes per rank\n",
-              name.c_str(), ranks, err.max_rel, err.mean_rel(), static_cast<long>(err.positions), agree, total,
-              f32_bytes, int8_bytes);
+              name.c_str(), ranks, a.err.max_rel, a.err.mean_rel(), static_cast<long>(a.err.positions), a.agree,
+              a.total, f32_bytes, int8_bytes);
   const bool flips = name == "qwen2_moe" || name == "deepseek_v2_lite" || name == "deepseek_v2";
-  EXPECT_LE(err.max_rel, flips ? kRoutingFlipMaxRelError : kMaxRelError) << name;
-  EXPECT_LE(err.mean_rel(), flips ? kRoutingFlipMeanRelError : kMeanRelError) << name;
+  EXPECT_LE(a.err.max_rel, flips ? kRoutingFlipMaxRelError : kMaxRelError) << name;
+  EXPECT_LE(a.err.mean_rel(), flips ? kRoutingFlipMeanRelError : kMeanRelError) << name;
   // A first token whose margin exceeds twice the int8 error at that position cannot differ (36 of
   // the 54 cases here qualify); later tokens, and the other first ones, may diverge where a greedy
   // margin is below the error, and the agreement printed above says how far they go.
-  int safe_cases = 0;
-  for (size_t i = 0; i < res.size(); ++i) {
-    ASSERT_FALSE(res[i].tokens.empty());
-    if (first_token_safe[i]) {
-      EXPECT_EQ(res[i].tokens[0], golden.cases[i].greedy_ids[0]) << name << " case " << i;
-    }
-    safe_cases += first_token_safe[i] ? 1 : 0;
-  }
-  std::printf("int8 %s tp%d: %d of %zu first tokens checked (margin above twice the int8 error)\n", name.c_str(), ranks,
-              safe_cases, res.size());
+  const size_t safe_cases = testing::ExpectFirstTokens(a, golden, name);
+  std::printf("int8 %s tp%d: %zu of %zu first tokens checked (margin above twice the int8 error)\n", name.c_str(), ranks,
+              safe_cases, a.generated.size());
 }
 
 std::vector<std::tuple<std::string, int>> Cases() {
@@ -178,27 +138,13 @@ TEST(Int8Stories260KTest, GreedyTextAgreesWithTransformers) {
   ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadStories260K());
   std::unique_ptr<Checkpoint> ckpt;
   ASSERT_OK_AND_ASSIGN(auto int8, MakeExecutor(golden.dir, 1, Quantization::kInt8, &ckpt));
-  LogitErrors err;
-  for (const auto& c : golden.cases) {
-    ASSERT_OK_AND_ASSIGN(StepResult r, int8->Step({StepSequence{.block_ids = WholeContextBlocks(int8->options(), 0),
-                                                                .pos_begin = 0,
-                                                                .tokens = c.prompt_ids}}));
-    err.Add(c.last_logits, r.logits[0].data());
-  }
-  ASSERT_OK_AND_ASSIGN(auto res, Generate(*int8, GreedyRequests(golden)));
-  size_t agree = 0, total = 0;
-  for (size_t i = 0; i < res.size(); ++i) {
-    agree += LeadingAgreement(res[i].tokens, golden.cases[i].greedy_ids);
-    total += golden.cases[i].greedy_ids.size();
-  }
+  ASSERT_OK_AND_ASSIGN(const testing::GoldenAccuracy a, testing::MeasureGolden(*int8, golden));
   std::printf("int8 stories260K: last-prompt logits max err %.4f, mean err %.5f of max|logit|; greedy agreement "
               "%zu/%zu leading tokens\n",
-              err.max_rel, err.mean_rel(), agree, total);
-  EXPECT_LE(err.max_rel, kStoriesMaxRelError);
-  EXPECT_LE(err.mean_rel(), kStoriesMeanRelError);
-  for (size_t i = 0; i < res.size(); ++i) {
-    EXPECT_EQ(res[i].tokens[0], golden.cases[i].greedy_ids[0]) << "case " << i;
-  }
+              a.err.max_rel, a.err.mean_rel(), a.agree, a.total);
+  EXPECT_LE(a.err.max_rel, kStoriesMaxRelError);
+  EXPECT_LE(a.err.mean_rel(), kStoriesMeanRelError);
+  testing::ExpectFirstTokens(a, golden, "stories260K", /*all=*/true);
 }
 
 }  // namespace
