@@ -4,7 +4,8 @@
 #   bash tests/fuzz/run_fuzzers.sh [seconds] [build-dir]
 # FUZZ_SEED (default 1) seeds libFuzzer's mutations, so that CI's short runs walk the same inputs
 # each time (a gate that fails at random helps nobody); FUZZ_SEED=0 takes a random seed, for
-# longer exploring runs. An input that once crashed stays in tests/fuzz/regressions/.
+# longer exploring runs. FUZZ_CXX_FLAGS replaces RelWithDebInfo's optimization flags (CI passes
+# -O1 -g1, which builds faster). An input that once crashed stays in tests/fuzz/regressions/.
 set -euo pipefail
 seconds=${1:-30}
 build=${2:-build-fuzz}
@@ -12,6 +13,7 @@ seed=${FUZZ_SEED:-1}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="${FUZZ_CXX_FLAGS:--O2 -g -DNDEBUG}" \
   -DSHARDSERVE_CUDA=OFF -DSHARDSERVE_BENCH=OFF -DSHARDSERVE_FUZZ=ON -DSHARDSERVE_SANITIZE=fuzzer >/dev/null
 ninja -C "$build" safetensors_header_fuzzer model_spec_fuzzer structured_schema_fuzzer
 corpus=$(mktemp -d)
