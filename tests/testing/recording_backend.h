@@ -45,6 +45,8 @@ class RecordingBackend final : public kernels::Backend {
   // Linear of the weights dequantized by kernels/shared/fp8_math.h (the functions CUDA's FP8
   // kernels use): the loader's and engine's FP8 path of CUDA ranks (codes + scales kept) on the CPU.
   void EmulateFp8LinearForTest(bool on) { emulate_fp8_ = on; }
+  // SupportsOp(kKvWrite or kAttention, kF8E4M3) false: a backend without FP8 KV cache kernels.
+  void RefuseFp8KvCacheForTest(bool on) { refuse_fp8_kv_ = on; }
   int fp8_linears() const { return *fp8_linears_; }  // F8_E4M3 Linear calls run so far
   // Calls seen so far (run or recorded) of the fused forms the engine may use: a LinearGroup with
   // `gated` set, a KvWrite carrying `rope`; and of the separate Rope op. The default LinearGroup's
@@ -64,6 +66,9 @@ class RecordingBackend final : public kernels::Backend {
     if (op == kernels::Op::kGroupedLinear && emulate_grouped_) return inner_->SupportsOp(kernels::Op::kLinear, dtype);
     if (op == kernels::Op::kMoeCombine && emulate_combine_) return dtype == DType::kF32;
     if (op == kernels::Op::kLinear && dtype == DType::kF8E4M3 && emulate_fp8_) return true;
+    if ((op == kernels::Op::kKvWrite || op == kernels::Op::kAttention) && dtype == DType::kF8E4M3 && refuse_fp8_kv_) {
+      return false;
+    }
     return inner_->SupportsOp(op, dtype);
   }
   void* stream_handle() const override { return inner_->stream_handle(); }
@@ -122,6 +127,7 @@ class RecordingBackend final : public kernels::Backend {
   bool fail_recordings_ = false;
   bool emulate_grouped_ = false;
   bool emulate_fp8_ = false;
+  bool refuse_fp8_kv_ = false;
   std::shared_ptr<int> fp8_linears_ = std::make_shared<int>(0);
   int grouped_linears_ = 0;
   bool emulate_combine_ = false;

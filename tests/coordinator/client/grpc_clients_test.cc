@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "coordinator/client/grpc_replica_client.h"
 #include "coordinator/client/grpc_worker_client.h"
+#include "coordinator/client/proto_convert.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "tests/testing/status_matchers.h"
@@ -301,6 +302,70 @@ TEST_F(GrpcClientsTest, AssignSendsTheAssignment) {
   EXPECT_THAT(client.Assign(address_, a), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_blocks")));
   EXPECT_THAT(client.Assign("127.0.0.1:1", a),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("Worker.Assign to 127.0.0.1:1")));
+}
+
+// What a restarted coordinator reads back from a worker's registration (RegisterRequest.held) is
+// what it assigned, field for field; enum values it does not know are refused naming the field.
+TEST(AssignmentProtoTest, AnAssignmentRoundTripsAndUnknownEnumsNameTheField) {
+  const WorkerAssignment a{.assignment_id = "plan-3/r1/s0/w-4",
+                           .model_path = "/models/m",
+                           .replica = 1,
+                           .stage = 0,
+                           .num_stages = 2,
+                           .layer_begin = 0,
+                           .layer_end = 5,
+                           .device_kind = DeviceKind::kCuda,
+                           .devices = {2, 3},
+                           .kv_blocks = 77,
+                           .kv_block_size = 16,
+                           .max_seq_len = 2048,
+                           .max_step_tokens = 256,
+                           .next_address = "w-5:50051",
+                           .experts = {{.layer = 1, .ranks = {0, 1, -1}, .addresses = {"", "", "h:1"}}},
+                           .quantize = Quantization::kInt8,
+                           .kv_cache = KvCacheFormat::kFp8E4M3};
+  v1::Assignment p;
+  ToProto(a, &p);
+  EXPECT_EQ(p.kv_cache_dtype(), v1::KV_CACHE_DTYPE_FP8_E4M3);
+  EXPECT_EQ(p.quantize(), v1::WEIGHT_QUANTIZATION_INT8);
+  ASSERT_OK_AND_ASSIGN(WorkerAssignment back, FromProto(p));
+  EXPECT_EQ(back.assignment_id, a.assignment_id);
+  EXPECT_EQ(back.model_path, a.model_path);
+  EXPECT_EQ(back.replica, 1);
+  EXPECT_EQ(back.num_stages, 2);
+  EXPECT_EQ(back.layer_end, 5);
+  EXPECT_EQ(back.device_kind, DeviceKind::kCuda);
+  EXPECT_THAT(back.devices, ElementsAre(2, 3));
+  EXPECT_EQ(back.kv_blocks, 77);
+  EXPECT_EQ(back.kv_block_size, 16);
+  EXPECT_EQ(back.max_seq_len, 2048);
+  EXPECT_EQ(back.max_step_tokens, 256);
+  EXPECT_EQ(back.next_address, "w-5:50051");
+  ASSERT_EQ(back.experts.size(), 1u);
+  EXPECT_THAT(back.experts[0].ranks, ElementsAre(0, 1, -1));
+  EXPECT_THAT(back.experts[0].addresses, ElementsAre("", "", "h:1"));
+  EXPECT_EQ(back.quantize, Quantization::kInt8);
+  EXPECT_EQ(back.kv_cache, KvCacheFormat::kFp8E4M3);
+  // The default KV format goes out as AUTO and comes back as kAuto.
+  WorkerAssignment plain = a;
+  plain.kv_cache = KvCacheFormat::kAuto;
+  ToProto(plain, &p);
+  EXPECT_EQ(p.kv_cache_dtype(), v1::KV_CACHE_DTYPE_AUTO);
+  ASSERT_OK_AND_ASSIGN(back, FromProto(p));
+  EXPECT_EQ(back.kv_cache, KvCacheFormat::kAuto);
+
+  v1::Assignment bad = p;
+  bad.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(9));
+  EXPECT_THAT(FromProto(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_cache_dtype: unknown KV cache dtype 9")));
+  bad = p;
+  bad.set_quantize(static_cast<v1::WeightQuantization>(6));
+  EXPECT_THAT(FromProto(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("quantize: unknown weight quantization 6")));
+  bad = p;
+  bad.set_role(static_cast<v1::AssignmentRole>(7));
+  EXPECT_THAT(FromProto(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("role: unknown assignment role 7")));
+  bad = p;
+  bad.set_device_kind(static_cast<v1::DeviceKind>(8));
+  EXPECT_THAT(FromProto(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device_kind: unsupported device kind 8")));
 }
 
 }  // namespace

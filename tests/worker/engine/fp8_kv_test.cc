@@ -19,9 +19,11 @@
 #include "tests/testing/engine_fixtures.h"
 #include "tests/testing/golden.h"
 #include "tests/testing/logit_errors.h"
+#include "tests/testing/recording_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/executor.h"
 #include "worker/engine/generator.h"
+#include "worker/kernels/registry.h"
 
 namespace shardserve::engine {
 namespace {
@@ -109,6 +111,32 @@ TEST(Fp8KvStories260KTest, GreedyTextAgreesWithTransformers) {
   EXPECT_LE(a.err.max_rel, kStoriesMaxRelError);
   EXPECT_LE(a.err.mean_rel(), kStoriesMeanRelError);
   testing::ExpectFirstTokens(a, golden, "stories260K", /*all=*/true);
+}
+
+// A backend whose KvWrite or Attention does not take F8_E4M3: an FP8 cache is refused by name,
+// before any weight is loaded, where "auto" still loads.
+TEST(Fp8KvBackendTest, ABackendWithoutFp8KvCacheOpsIsRefusedByName) {
+  const std::string dir = "tests/golden/models/llama";
+  auto make = [](bool refuse) {
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu = kernels::CreateBackend({});
+    EXPECT_TRUE(cpu.ok()) << cpu.status();
+    auto rec = std::make_unique<testing::RecordingBackend>(*std::move(cpu));
+    rec->RefuseFp8KvCacheForTest(refuse);
+    return rec;
+  };
+  ASSERT_OK_AND_ASSIGN(const ModelSpec spec, LoadModelSpec(dir));
+  const std::unique_ptr<testing::RecordingBackend> refusing = make(true);
+  EXPECT_THAT(KvCacheDType(spec, *refusing, KvCacheFormat::kFp8E4M3),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("the recording-cpu backend's KvWrite and Attention do not take an "
+                                                     "FP8 cache")));
+  ASSERT_OK_AND_ASSIGN(const DType automatic, KvCacheDType(spec, *refusing, KvCacheFormat::kAuto));
+  EXPECT_EQ(automatic, DType::kF32);
+  ASSERT_OK_AND_ASSIGN(const DType fp8, KvCacheDType(spec, *make(false), KvCacheFormat::kFp8E4M3));
+  EXPECT_EQ(fp8, DType::kF8E4M3);
+  EXPECT_THAT(testing::LoadModel(dir, ModelOptions{.kv_cache = KvCacheFormat::kFp8E4M3}, make(true)).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("do not take an FP8 cache")));
+  EXPECT_TRUE(testing::LoadModel(dir, ModelOptions{}, make(true)).ok());
 }
 
 }  // namespace

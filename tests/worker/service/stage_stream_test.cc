@@ -491,6 +491,14 @@ TEST(WorkerAssignTest, InvalidAssignmentsNameTheField) {
   a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
   a.set_kv_block_size(0);
   EXPECT_THAT(w.Assign(a).message(), HasSubstr("kv_block_size must be >= 1, got 0"));
+  a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
+  a.set_quantize(static_cast<v1::WeightQuantization>(5));
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("quantize 5 is not a known WeightQuantization"));
+  a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
+  a.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(9));
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("kv_cache_dtype 9 is not a known KvCacheDtype"));
+  // Nothing was taken: the worker is still idle.
+  EXPECT_EQ(w.Status().state, v1::WORKER_STATE_IDLE);
 }
 
 TEST(WorkerAssignTest, AssignmentThatCannotLoadReportsFailedWithTheReason) {
@@ -504,6 +512,13 @@ TEST(WorkerAssignTest, AssignmentThatCannotLoadReportsFailedWithTheReason) {
   s = AwaitLoaded(w);
   EXPECT_EQ(s.state, v1::WORKER_STATE_FAILED);
   EXPECT_THAT(s.error, HasSubstr("do not end the model but next_address is \"\""));
+  // An FP8 KV cache for multi-head latent attention is refused at load, with the reason.
+  v1::Assignment mla = StageAssignment("tests/golden/models/deepseek_v2_lite", 0, 0, 3, 1, "");
+  mla.set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_E4M3);
+  ASSERT_TRUE(w.Assign(mla).ok());
+  s = AwaitLoaded(w);
+  EXPECT_EQ(s.state, v1::WORKER_STATE_FAILED);
+  EXPECT_THAT(s.error, HasSubstr("multi-head latent attention (kv_lora_rank > 0)"));
 }
 
 v1::Assignment ExpertHostAssignment(const std::string& model,
