@@ -626,8 +626,8 @@ TEST_F(CpuBackendTest, PagedKvWriteThenAttentionMatchesContiguousReference) {
 
 // An FP8 KV cache: KvWrite stores each value as common/tensor's FloatToE4M3 code (written
 // independently of the kernels' encoder) and touches no other byte; Attention over those codes
-// equals the f32 reference over the e4m3-rounded keys and values, with GQA, a sliding window and
-// a fused RoPE write; and the rounding is real (the f32 reference over the exact values differs).
+// equals the f32 reference over the e4m3-rounded keys and values, with GQA, a sliding window, a
+// later step that mixes a decode with a chunk, and a fused RoPE write; and the rounding is real (the f32 reference over the exact values differs).
 TEST_F(CpuBackendTest, Fp8KvWriteThenAttentionIsAttentionOverTheRoundedValues) {
   PagedFixture f({9, 5}, 23);
   const int64_t row = f.row(), q_heads = 4;
@@ -694,6 +694,21 @@ TEST_F(CpuBackendTest, Fp8KvWriteThenAttentionIsAttentionOverTheRoundedValues) {
     float worst = 0.0f;
     for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - unrounded[i]));
     EXPECT_GT(worst, 1e-3f) << "the cache must hold rounded values, window " << window;
+  }
+  // A later step over the same cache: sequence 0 decodes at its last position (one query: its rows
+  // are decoded block by block) beside sequence 1's chunk of two queries at positions 3 and 4 (a
+  // prefill: its rows decoded once for both).
+  const std::vector<AttnSeq> later = {
+      {.q_begin = 0, .q_len = 1, .pos_begin = 8, .table_begin = f.begin(0), .table_len = f.len(0)},
+      {.q_begin = 1, .q_len = 2, .pos_begin = 3, .table_begin = f.begin(1), .table_len = f.len(1)}};
+  const auto q_later = Random(static_cast<size_t>(3 * q_heads * f.d), 25);
+  for (int64_t window : {int64_t{0}, int64_t{4}}) {
+    std::vector<float> out(q_later.size());
+    ASSERT_TRUE(b_->Attention({.q = q_later.data(), .out = out.data(), .paged = f.paged(later), .tokens = 3,
+                               .q_heads = q_heads, .cache = fp8, .scale = 0.3f, .sliding_window = window})
+                    .ok());
+    ExpectClose(ReferenceAttention(rounded, later, q_later, q_heads, 0.3f, window), out, 1e-5f,
+                absl::StrCat("fp8 cache, later step, window ", window));
   }
 
   // RoPE fused with the write stores the codes of the rotated keys: those of Rope, then KvWrite.

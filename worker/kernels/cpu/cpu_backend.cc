@@ -307,26 +307,57 @@ class CpuBackend final : public Backend {
     const int64_t d = c.head_dim;
     const int64_t row = c.kv_heads * d;
     const int64_t bs = c.block_size;
-    // `run` cache rows from element `at` as f32: in place, or an FP8 cache's codes decoded into a
-    // scratch (the products are then those of an f32 cache holding the decoded values).
     const bool fp8 = c.dtype == DType::kF8E4M3;
-    auto rows = [&](const void* cache, int64_t at, int64_t run, std::vector<float>& scratch) -> const float* {
-      if (!fp8) return static_cast<const float*>(cache) + at;
-      scratch.resize(static_cast<size_t>(run * row));
-      const uint8_t* codes = static_cast<const uint8_t*>(cache) + at;
-      for (int64_t i = 0; i < run * row; ++i) scratch[static_cast<size_t>(i)] = E4M3Decode(codes[i]);
-      return scratch.data();
-    };
     const int64_t heads = p.q_heads;
     const int64_t group = heads / c.kv_heads;
+    // The first key a query at `pos` sees; never decreases as pos grows.
+    auto first_key = [&](int64_t pos) {
+      int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
+      if (p.chunk_size > 0) lo = std::max(lo, pos - pos % p.chunk_size);
+      return lo;
+    };
     for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
       const AttnSeq& q = p.paged.seqs[s];
       const int32_t* table = p.paged.block_table + q.table_begin;
+      // An FP8 cache is read as f32 decoded values (the products are then those of an f32 cache
+      // holding them). With several queries (a prefill), every key and value row they see, [base,
+      // last position], is decoded once into kv_rows_ (keys, then values), rather than again for
+      // every later query, while that takes at most kMaxDecodedKvBytes; otherwise (one query, or a
+      // longer context) each block's rows are decoded as they are read.
+      const int64_t base = first_key(q.pos_begin);
+      const int64_t seen = q.q_len > 0 ? q.pos_begin + q.q_len - base : 0;
+      const bool decode_all = fp8 && q.q_len > 1 && 2 * seen * row * int64_t{sizeof(float)} <= kMaxDecodedKvBytes;
+      if (decode_all) {
+        kv_rows_.resize(static_cast<size_t>(2 * seen * row));
+        for (int64_t j = base; j < base + seen;) {
+          const int64_t off = j % bs;
+          const int64_t run = std::min(bs - off, base + seen - j);
+          const int64_t at = (int64_t{table[j / bs]} * bs + off) * row;
+          float* kd = kv_rows_.data() + (j - base) * row;
+          float* vd = kd + seen * row;
+          const uint8_t* kc = static_cast<const uint8_t*>(c.k) + at;
+          const uint8_t* vc = static_cast<const uint8_t*>(c.v) + at;
+          for (int64_t e = 0; e < run * row; ++e) {
+            kd[e] = E4M3Decode(kc[e]);
+            vd[e] = E4M3Decode(vc[e]);
+          }
+          j += run;
+        }
+      }
+      // The K (or V) rows from position j on, `run` of them in one block, as f32: in place, or decoded.
+      auto rows = [&](bool values, int64_t j, int64_t run) -> const float* {
+        if (decode_all) return kv_rows_.data() + ((values ? seen : 0) + j - base) * row;
+        const int64_t at = (int64_t{table[j / bs]} * bs + j % bs) * row;
+        if (!fp8) return static_cast<const float*>(values ? c.v : c.k) + at;
+        kv_rows_.resize(static_cast<size_t>(run * row));
+        const uint8_t* codes = static_cast<const uint8_t*>(values ? c.v : c.k) + at;
+        for (int64_t e = 0; e < run * row; ++e) kv_rows_[static_cast<size_t>(e)] = E4M3Decode(codes[e]);
+        return kv_rows_.data();
+      };
       for (int64_t i = 0; i < q.q_len; ++i) {
         const int64_t t = q.q_begin + i;
         const int64_t pos = q.pos_begin + i;
-        int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
-        if (p.chunk_size > 0) lo = std::max(lo, pos - pos % p.chunk_size);
+        const int64_t lo = first_key(pos);
         const int64_t n = pos + 1 - lo;
         scores_.resize(std::max(scores_.size(), static_cast<size_t>(heads * n)));
         float* sc = scores_.data();  // [heads, n]
@@ -339,7 +370,7 @@ class CpuBackend final : public Backend {
         for (int64_t j = lo; j <= pos;) {
           const int64_t off = j % bs;
           const int64_t run = std::min(bs - off, pos + 1 - j);
-          const float* kb = rows(c.k, (int64_t{table[j / bs]} * bs + off) * row, run, kv_rows_);
+          const float* kb = rows(/*values=*/false, j, run);
           for (int64_t r = 0; r < run; ++r) {
             const float* kr = kb + r * row;
             for (int64_t h = 0; h < heads; ++h) {
@@ -355,7 +386,7 @@ class CpuBackend final : public Backend {
         for (int64_t j = lo; j <= pos;) {
           const int64_t off = j % bs;
           const int64_t run = std::min(bs - off, pos + 1 - j);
-          const float* vb = rows(c.v, (int64_t{table[j / bs]} * bs + off) * row, run, kv_rows_);
+          const float* vb = rows(/*values=*/true, j, run);
           for (int64_t r = 0; r < run; ++r) {
             const float* vr = vb + r * row;
             for (int64_t h = 0; h < heads; ++h) {
@@ -675,7 +706,9 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> combine_found_;
   // Per-call scratch, grown on demand (amortised: it reaches its final size on the first step).
   std::vector<float> cos_, sin_, scores_;
-  std::vector<float> kv_rows_;  // Attention over an FP8 cache: one block's rows decoded
+  // Attention over an FP8 cache: one sequence's key and value rows decoded, or one block's.
+  static constexpr int64_t kMaxDecodedKvBytes = int64_t{64} << 20;
+  std::vector<float> kv_rows_;
   std::vector<float> head_widened_;  // HeadLinear: one head's bfloat16 matrix widened
   HostRowSampler row_sampler_;       // SampleRows: the engine Sampler's arithmetic and scratch
   // MoeRoute: one token's routing scratch, the batch's choices and GroupByExpert's fill counters.
