@@ -4,8 +4,8 @@
 #   bash tests/fuzz/run_fuzzers.sh [seconds] [build-dir]
 # FUZZ_SEED (default 1) seeds libFuzzer's mutations, so that CI's short runs walk the same inputs
 # each time (a gate that fails at random helps nobody); FUZZ_SEED=0 takes a random seed, for
-# longer exploring runs. FUZZ_CXX_FLAGS replaces RelWithDebInfo's optimization flags (CI passes
-# -O1 -g1, which builds faster). An input that once crashed stays in tests/fuzz/regressions/.
+# longer exploring runs. FUZZ_CXX_FLAGS replaces RelWithDebInfo's optimization and debug flags (CI
+# passes -O2 -g1, which builds faster). An input that once crashed stays in tests/fuzz/regressions/.
 set -euo pipefail
 seconds=${1:-30}
 build=${2:-build-fuzz}
