@@ -15,6 +15,7 @@
 #include "common/status/macros.h"
 #include "worker/kernels/cpu/gemv.h"
 #include "worker/kernels/cpu/q8.h"
+#include "worker/kernels/shared/attention_math.h"
 #include "worker/kernels/shared/fp8_math.h"
 #include "worker/kernels/shared/moe_math.h"
 #include "worker/kernels/shared/row_math.h"
@@ -310,11 +311,12 @@ class CpuBackend final : public Backend {
     const bool fp8 = c.dtype == DType::kF8E4M3;
     const int64_t heads = p.q_heads;
     const int64_t group = heads / c.kv_heads;
-    // The first key a query at `pos` sees; never decreases as pos grows.
-    auto first_key = [&](int64_t pos) {
-      int64_t lo = p.sliding_window > 0 ? std::max<int64_t>(0, pos - p.sliding_window + 1) : 0;
-      if (p.chunk_size > 0) lo = std::max(lo, pos - pos % p.chunk_size);
-      return lo;
+    // The first key a query at `pos` sees (the CUDA kernels' function; never decreases as pos grows).
+    auto first_key = [&](int64_t pos) -> int64_t { return AttentionFirstKey(pos, p.sliding_window, p.chunk_size); };
+    // n values of an FP8 cache from element `at`, decoded into out.
+    auto decode = [&](const void* cache, int64_t at, int64_t n, float* out) {
+      const uint8_t* codes = static_cast<const uint8_t*>(cache) + at;
+      for (int64_t e = 0; e < n; ++e) out[e] = E4M3Decode(codes[e]);
     };
     for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
       const AttnSeq& q = p.paged.seqs[s];
@@ -333,14 +335,8 @@ class CpuBackend final : public Backend {
           const int64_t off = j % bs;
           const int64_t run = std::min(bs - off, base + seen - j);
           const int64_t at = (int64_t{table[j / bs]} * bs + off) * row;
-          float* kd = kv_rows_.data() + (j - base) * row;
-          float* vd = kd + seen * row;
-          const uint8_t* kc = static_cast<const uint8_t*>(c.k) + at;
-          const uint8_t* vc = static_cast<const uint8_t*>(c.v) + at;
-          for (int64_t e = 0; e < run * row; ++e) {
-            kd[e] = E4M3Decode(kc[e]);
-            vd[e] = E4M3Decode(vc[e]);
-          }
+          decode(c.k, at, run * row, kv_rows_.data() + (j - base) * row);
+          decode(c.v, at, run * row, kv_rows_.data() + (seen + j - base) * row);
           j += run;
         }
       }
@@ -350,8 +346,7 @@ class CpuBackend final : public Backend {
         const int64_t at = (int64_t{table[j / bs]} * bs + j % bs) * row;
         if (!fp8) return static_cast<const float*>(values ? c.v : c.k) + at;
         kv_rows_.resize(static_cast<size_t>(run * row));
-        const uint8_t* codes = static_cast<const uint8_t*>(values ? c.v : c.k) + at;
-        for (int64_t e = 0; e < run * row; ++e) kv_rows_[static_cast<size_t>(e)] = E4M3Decode(codes[e]);
+        decode(values ? c.v : c.k, at, run * row, kv_rows_.data());
         return kv_rows_.data();
       };
       for (int64_t i = 0; i < q.q_len; ++i) {
