@@ -408,7 +408,8 @@ struct PagedFixture {
 
   int64_t row() const { return kv_heads * d; }
 
-  PagedFixture(const std::vector<int64_t>& ctx_lens, uint32_t seed) {
+  PagedFixture(const std::vector<int64_t>& ctx_lens, uint32_t seed, int64_t head_dim = 8, int64_t heads = 2)
+      : kv_heads(heads), d(head_dim) {
     int64_t blocks = 0;
     for (int64_t len : ctx_lens) blocks += (len + block_size - 1) / block_size;
     num_blocks = blocks + 3;  // some blocks belong to nobody
@@ -744,6 +745,75 @@ TEST_F(CpuBackendTest, Fp8KvWriteThenAttentionIsAttentionOverTheRoundedValues) {
   EXPECT_EQ(k_fused, k_ref);
   EXPECT_EQ(v_fused, v_ref);
   EXPECT_NE(k_fused, k_codes);  // the rotation changed the keys
+}
+
+// A prefill or chunk (several queries of a sequence in one call) scores its keys in tiles across
+// keys; a decode step (one query) scores them one dot product at a time. The two must give the
+// same bits, or a sequence's tokens would depend on how its prompt was chunked: every query of a
+// prefill equals the same query run alone, for head sizes below, at and past the 16-wide partial
+// sums (with a tail), with GQA, sliding and chunked windows, soft-capping, and an FP8 cache.
+TEST_F(CpuBackendTest, APrefillIsBitIdenticalToItsQueriesRunOneAtATime) {
+  for (int64_t d : {int64_t{8}, int64_t{16}, int64_t{40}, int64_t{64}, int64_t{72}}) {
+    PagedFixture f({37, 21}, 31, d, 2);
+    const int64_t q_heads = 6;
+    std::vector<uint8_t> k_codes(f.k_cache.size()), v_codes(f.v_cache.size());
+    for (size_t i = 0; i < k_codes.size(); ++i) {
+      k_codes[i] = FloatToE4M3(2.0f * f.k_cache[i]);
+      v_codes[i] = FloatToE4M3(2.0f * f.v_cache[i]);
+    }
+    KvLayerView fp8 = f.view();
+    fp8.k = k_codes.data();
+    fp8.v = v_codes.data();
+    fp8.dtype = DType::kF8E4M3;
+    // Sequence 0's whole prompt; sequence 1's chunk of 13 queries after 8 cached positions.
+    const std::vector<AttnSeq> seqs = {
+        {.q_begin = 0, .q_len = 37, .pos_begin = 0, .table_begin = f.begin(0), .table_len = f.len(0)},
+        {.q_begin = 37, .q_len = 13, .pos_begin = 8, .table_begin = f.begin(1), .table_len = f.len(1)}};
+    const int64_t tokens = 50;
+    const auto q = Random(static_cast<size_t>(tokens * q_heads * d), 32);
+    struct Case {
+      int64_t window, chunk;
+      float softcap;
+      bool fp8;
+    };
+    for (const Case& c : {Case{0, 0, 0.f, false}, Case{5, 0, 0.f, false}, Case{0, 16, 0.f, false},
+                          Case{0, 0, 2.f, false}, Case{0, 0, 0.f, true}, Case{7, 0, 0.f, true}}) {
+      const std::string what = absl::StrCat("head_dim ", d, ", window ", c.window, ", chunk ", c.chunk,
+                                            ", softcap ", c.softcap, c.fp8 ? ", fp8 cache" : ", f32 cache");
+      const KvLayerView cache = c.fp8 ? fp8 : f.view();
+      AttentionParams prefill{.q = q.data(), .paged = f.paged(seqs), .tokens = tokens, .q_heads = q_heads,
+                              .cache = cache, .scale = 0.25f, .sliding_window = c.window,
+                              .chunk_size = c.chunk, .softcap = c.softcap};
+      std::vector<float> together(q.size());
+      prefill.out = together.data();
+      ASSERT_TRUE(b_->Attention(prefill).ok()) << what;
+      for (const AttnSeq& sq : seqs) {
+        for (int64_t i = 0; i < sq.q_len; ++i) {
+          const int64_t t = sq.q_begin + i;
+          const std::vector<AttnSeq> one = {{.q_begin = 0, .q_len = 1, .pos_begin = static_cast<int32_t>(sq.pos_begin + i),
+                                             .table_begin = sq.table_begin, .table_len = sq.table_len}};
+          std::vector<float> alone(static_cast<size_t>(q_heads * d));
+          AttentionParams step = prefill;
+          step.q = q.data() + t * q_heads * d;
+          step.out = alone.data();
+          step.paged = f.paged(one);
+          step.tokens = 1;
+          ASSERT_TRUE(b_->Attention(step).ok()) << what;
+          for (int64_t e = 0; e < q_heads * d; ++e) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(alone[static_cast<size_t>(e)]),
+                      std::bit_cast<uint32_t>(together[static_cast<size_t>(t * q_heads * d + e)]))
+                << what << ": token " << t << " element " << e << " (" << alone[static_cast<size_t>(e)] << " vs "
+                << together[static_cast<size_t>(t * q_heads * d + e)] << ")";
+          }
+        }
+      }
+      // And the prefill is attention: within float rounding of the double-precision reference.
+      if (!c.fp8) {
+        ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 0.25f, c.window, c.softcap, c.chunk), together, 1e-5f,
+                    what);
+      }
+    }
+  }
 }
 
 TEST_F(CpuBackendTest, PagedAttentionWithOneBlockPerSequenceEqualsSlotLayout) {

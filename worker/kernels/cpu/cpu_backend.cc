@@ -37,20 +37,71 @@ void FreeHost(void* p) { std::free(p); }
 // a . b in 16 interleaved partial sums folded pairwise: a fixed order (the same result wherever
 // the rows live) that the compiler turns into vector FMAs. A single running sum would be a chain
 // of dependent adds, ~4 cycles per element: at decode this made attention over a 100-token
-// context cost as much as reading the weights of an int8 layer.
+// context cost as much as reading the weights of an int8 layer. Every product is added by an
+// explicit fused multiply-add: left to itself, g++ fused some (the 16 sums, the tail's last
+// elements) and not others (the tail's first ones, multiplied as a vector, then added in order),
+// an order DotKeyTile could not reproduce.
 inline float Dot(const float* a, const float* b, int64_t n) {
   constexpr int kLanes = 16;
   float acc[kLanes] = {};
   int64_t e = 0;
   for (; e + kLanes <= n; e += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[e + j] * b[e + j];
+    for (int j = 0; j < kLanes; ++j) acc[j] = FusedMulAdd(acc[j], a[e + j], b[e + j]);
   }
   for (int w = kLanes / 2; w >= 1; w /= 2) {
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   }
   float s = acc[0];
-  for (; e < n; ++e) s += a[e] * b[e];
+  for (; e < n; ++e) s = FusedMulAdd(s, a[e], b[e]);
   return s;
+}
+
+// Dot(q, k_t, d) for the kKeyTile keys whose rows are the columns [0, kKeyTile) of kt, a [d, ld]
+// matrix (keys transposed: element e of key t at kt[e * ld + t]), into out. Every key's sum is
+// formed in Dot's order (the same 16 interleaved partial sums, folded the same way, then the
+// tail), so each result is bit-identical to Dot's; the vector lanes run across keys instead of
+// along the row, which keeps them busy at small head sizes (Dot of an 8-wide row is a chain of 8
+// dependent multiply-adds) and needs no reduction across lanes at any size. The upper 8 partial
+// sums are formed first, then the lower 8 (each pass's sums fit in registers), then the fold.
+constexpr int kKeyTile = 8;
+inline void DotKeyTile(const float* q, const float* kt, int64_t ld, int64_t d, float* out) {
+  constexpr int kLanes = 16, kHalf = kLanes / 2;
+  float s[kKeyTile] = {};
+  int64_t e = 0;
+  if (d >= kLanes) {
+    float hi[kHalf][kKeyTile] = {}, lo[kHalf][kKeyTile] = {};
+    const int64_t end = d / kLanes * kLanes;
+    for (int64_t b = 0; b < end; b += kLanes) {
+      for (int j = 0; j < kHalf; ++j) {
+        const float a = q[b + kHalf + j];
+        const float* k = kt + (b + kHalf + j) * ld;
+        for (int t = 0; t < kKeyTile; ++t) hi[j][t] = FusedMulAdd(hi[j][t], a, k[t]);
+      }
+    }
+    for (int64_t b = 0; b < end; b += kLanes) {
+      for (int j = 0; j < kHalf; ++j) {
+        const float a = q[b + j];
+        const float* k = kt + (b + j) * ld;
+        for (int t = 0; t < kKeyTile; ++t) lo[j][t] = FusedMulAdd(lo[j][t], a, k[t]);
+      }
+    }
+    for (int j = 0; j < kHalf; ++j) {
+      for (int t = 0; t < kKeyTile; ++t) lo[j][t] += hi[j][t];
+    }
+    for (int w = kHalf / 2; w >= 1; w /= 2) {
+      for (int j = 0; j < w; ++j) {
+        for (int t = 0; t < kKeyTile; ++t) lo[j][t] += lo[j + w][t];
+      }
+    }
+    for (int t = 0; t < kKeyTile; ++t) s[t] = lo[0][t];
+    e = end;
+  }
+  for (; e < d; ++e) {
+    const float a = q[e];
+    const float* k = kt + e * ld;
+    for (int t = 0; t < kKeyTile; ++t) s[t] = FusedMulAdd(s[t], a, k[t]);
+  }
+  for (int t = 0; t < kKeyTile; ++t) out[t] = s[t];
 }
 
 class CpuBackend final : public Backend {
@@ -349,20 +400,54 @@ class CpuBackend final : public Backend {
         decode(values ? c.v : c.k, at, run * row, kv_rows_.data());
         return kv_rows_.data();
       };
+      // With several queries, the keys they see are also transposed once per sequence into
+      // key_cols_, [kv_heads][d][ld] (ld = seen rounded up, plus a tile of zeros), and scored
+      // kKeyTile keys at a time by DotKeyTile: the same bits as Dot per key (so a prefill, its
+      // chunks and later decode steps agree exactly), several times faster at small head sizes.
+      const bool tiled = q.q_len > 1 && seen * row * int64_t{sizeof(float)} <= kMaxDecodedKvBytes;
+      const int64_t ld = (seen + 2 * kKeyTile - 1) / kKeyTile * kKeyTile;
+      if (tiled) {
+        key_cols_.resize(std::max(key_cols_.size(), static_cast<size_t>(row * ld)));
+        for (int64_t e = 0; e < row; ++e) std::fill_n(key_cols_.data() + e * ld + seen, ld - seen, 0.f);
+        for (int64_t j = base; j < base + seen;) {
+          const int64_t run = std::min(bs - j % bs, base + seen - j);
+          const float* kb = rows(/*values=*/false, j, run);
+          for (int64_t r = 0; r < run; ++r) {
+            const float* kr = kb + r * row;
+            float* col = key_cols_.data() + (j - base + r);
+            for (int64_t e = 0; e < row; ++e) col[e * ld] = kr[e];
+          }
+          j += run;
+        }
+      }
       for (int64_t i = 0; i < q.q_len; ++i) {
         const int64_t t = q.q_begin + i;
         const int64_t pos = q.pos_begin + i;
         const int64_t lo = first_key(pos);
         const int64_t n = pos + 1 - lo;
-        scores_.resize(std::max(scores_.size(), static_cast<size_t>(heads * n)));
+        scores_.resize(std::max(scores_.size(), static_cast<size_t>(heads * n + kKeyTile)));
         float* sc = scores_.data();  // [heads, n]
         const float* qt = p.q + t * heads * d;
         float* ot = p.out + t * heads * d;
-        // Keys [lo, pos] walked block by block (rows of one block are contiguous), every query head
-        // at each key, so that a block's lookup is paid once per key row rather than per head. Per
-        // (head, key) the dot product and, per head, the weighted sum over keys in ascending order
-        // are those of a contiguous cache: the results do not depend on the block layout.
-        for (int64_t j = lo; j <= pos;) {
+        if (tiled) {
+          // Per head, tiles of keys from lo on; the last tile's extra columns (later keys, or the
+          // zero padding) land past the head's n scores and are overwritten by the next head's.
+          for (int64_t h = 0; h < heads; ++h) {
+            const float* kt = key_cols_.data() + (h / group) * d * ld + (lo - base);
+            float* sh = sc + h * n;
+            for (int64_t k0 = 0; k0 < n; k0 += kKeyTile) DotKeyTile(qt + h * d, kt + k0, ld, d, sh + k0);
+            for (int64_t k = 0; k < n; ++k) {
+              const float score = sh[k] * p.scale;
+              sh[k] = p.softcap > 0.0f ? SoftCap(score, p.softcap) : score;
+            }
+          }
+        }
+        // Otherwise keys [lo, pos] walked block by block (rows of one block are contiguous), every
+        // query head at each key, so that a block's lookup is paid once per key row rather than per
+        // head. Per (head, key) the dot product and, per head, the weighted sum over keys in
+        // ascending order are those of a contiguous cache: the results do not depend on the block
+        // layout.
+        for (int64_t j = lo; j <= pos && !tiled;) {
           const int64_t off = j % bs;
           const int64_t run = std::min(bs - off, pos + 1 - j);
           const float* kb = rows(/*values=*/false, j, run);
@@ -704,6 +789,7 @@ class CpuBackend final : public Backend {
   // Attention over an FP8 cache: one sequence's key and value rows decoded, or one block's.
   static constexpr int64_t kMaxDecodedKvBytes = int64_t{64} << 20;
   std::vector<float> kv_rows_;
+  std::vector<float> key_cols_;  // Attention: a sequence's keys transposed for DotKeyTile
   std::vector<float> head_widened_;  // HeadLinear: one head's bfloat16 matrix widened
   HostRowSampler row_sampler_;       // SampleRows: the engine Sampler's arithmetic and scratch
   // MoeRoute: one token's routing scratch, the batch's choices and GroupByExpert's fill counters.
