@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/worker/kernels/random_values.h"
 #include "worker/kernels/cpu/gemv.h"
+#include "worker/kernels/cpu/softmax.h"
 #include "worker/kernels/registry.h"
 
 namespace shardserve::kernels {
@@ -747,15 +749,67 @@ TEST_F(CpuBackendTest, Fp8KvWriteThenAttentionIsAttentionOverTheRoundedValues) {
   EXPECT_NE(k_fused, k_codes);  // the rotation changed the keys
 }
 
+// The attention softmax's exponential: within 2 units in the last place of e^x over softmax's
+// inputs (x <= 0: 200,001 points from 0 to -87, and -2^p from p = -40 to 5), exactly 1 at 0, 0 far
+// below, NaN for NaN; and the softmax within float rounding of a double-precision one at lengths
+// around its 8-wide steps.
+TEST(CpuSoftmaxTest, ExpAndSoftmaxMatchDoublePrecision) {
+  double worst_ulps = 0.0;
+  float worst_x = 0.0f;
+  std::vector<float> xs;
+  for (int k = 0; k <= 200000; ++k) xs.push_back(-87.0f * static_cast<float>(k) / 200000.0f);
+  for (int p2 = -40; p2 <= 5; ++p2) {
+    for (float f : {1.0f, 1.37f, 1.99f}) xs.push_back(-std::ldexp(f, p2));
+  }
+  for (float x : xs) {
+    const float want = std::exp(x);
+    const double ulp = static_cast<double>(want - std::nextafter(want, 0.0f));  // the spacing below want
+    const double ulps = std::abs(static_cast<double>(cpu::ExpNonPositive(x)) - std::exp(static_cast<double>(x))) / ulp;
+    if (ulps > worst_ulps) {
+      worst_ulps = ulps;
+      worst_x = x;
+    }
+  }
+  EXPECT_LE(worst_ulps, 2.0) << "at x = " << worst_x;
+  EXPECT_EQ(cpu::ExpNonPositive(0.0f), 1.0f);
+  EXPECT_EQ(cpu::ExpNonPositive(-100.0f), 0.0f);
+  EXPECT_EQ(cpu::ExpNonPositive(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_TRUE(std::isnan(cpu::ExpNonPositive(std::numeric_limits<float>::quiet_NaN())));
+
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{17}, int64_t{253}}) {
+    std::vector<float> x = Random(static_cast<size_t>(n), 40 + static_cast<uint32_t>(n));
+    for (float& v : x) v *= 6.0f;
+    x[static_cast<size_t>(n / 2)] = -200.0f;  // a weight of (nearly) nothing
+    const std::vector<double> in(x.begin(), x.end());
+    double m = in.at(0);
+    for (double v : in) m = std::max(m, v);
+    double sum = 0.0;
+    for (double v : in) sum += std::exp(v - m);
+    cpu::SoftmaxInPlace(x.data(), n);
+    double got_sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t u = static_cast<size_t>(j);
+      // Relative error: float's x - max (relative 2^-24 of |x - max| in the exponent), 2 units in
+      // the last place from e^x, and a few from the sum and the division.
+      const double want = std::exp(in[u] - m) / sum;
+      // Below e^-87 (under float's smallest normal), 0.
+      EXPECT_NEAR(x[u], want, 6e-8 * (8.0 + std::abs(in[u] - m)) * want + 1e-37) << "n " << n << " element " << j;
+      got_sum += x[u];
+    }
+    EXPECT_NEAR(got_sum, 1.0, 1e-6) << "n " << n;
+  }
+}
+
 // A prefill or chunk (several queries of a sequence in one call) scores its keys in tiles across
 // keys; a decode step (one query) scores them one dot product at a time. The two must give the
 // same bits, or a sequence's tokens would depend on how its prompt was chunked: every query of a
 // prefill equals the same query run alone, for head sizes below, at and past the 16-wide partial
-// sums (with a tail), with GQA, sliding and chunked windows, soft-capping, and an FP8 cache.
+// sums (with a tail), 6 and 8 query heads (weighted sums 1 or 4 heads at a time, 8 elements at a
+// time and one by one), with GQA, sliding and chunked windows, soft-capping, and an FP8 cache.
 TEST_F(CpuBackendTest, APrefillIsBitIdenticalToItsQueriesRunOneAtATime) {
-  for (int64_t d : {int64_t{8}, int64_t{16}, int64_t{40}, int64_t{64}, int64_t{72}}) {
+  for (const auto& [d, q_heads] :
+       {std::pair<int64_t, int64_t>{8, 8}, {16, 6}, {20, 8}, {40, 6}, {64, 8}, {72, 6}, {128, 8}}) {
     PagedFixture f({37, 21}, 31, d, 2);
-    const int64_t q_heads = 6;
     std::vector<uint8_t> k_codes(f.k_cache.size()), v_codes(f.v_cache.size());
     for (size_t i = 0; i < k_codes.size(); ++i) {
       k_codes[i] = FloatToE4M3(2.0f * f.k_cache[i]);
@@ -778,7 +832,7 @@ TEST_F(CpuBackendTest, APrefillIsBitIdenticalToItsQueriesRunOneAtATime) {
     };
     for (const Case& c : {Case{0, 0, 0.f, false}, Case{5, 0, 0.f, false}, Case{0, 16, 0.f, false},
                           Case{0, 0, 2.f, false}, Case{0, 0, 0.f, true}, Case{7, 0, 0.f, true}}) {
-      const std::string what = absl::StrCat("head_dim ", d, ", window ", c.window, ", chunk ", c.chunk,
+      const std::string what = absl::StrCat("head_dim ", d, ", ", q_heads, " heads, window ", c.window, ", chunk ", c.chunk,
                                             ", softcap ", c.softcap, c.fp8 ? ", fp8 cache" : ", f32 cache");
       const KvLayerView cache = c.fp8 ? fp8 : f.view();
       AttentionParams prefill{.q = q.data(), .paged = f.paged(seqs), .tokens = tokens, .q_heads = q_heads,

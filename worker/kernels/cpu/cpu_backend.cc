@@ -1,6 +1,9 @@
 #include "worker/kernels/cpu/cpu_backend.h"
 
 #include <cblas.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include "common/status/macros.h"
 #include "worker/kernels/cpu/gemv.h"
 #include "worker/kernels/cpu/q8.h"
+#include "worker/kernels/cpu/softmax.h"
 #include "worker/kernels/shared/attention_math.h"
 #include "worker/kernels/shared/fp8_math.h"
 #include "worker/kernels/shared/moe_math.h"
@@ -66,6 +70,35 @@ inline float Dot(const float* a, const float* b, int64_t n) {
 constexpr int kKeyTile = 8;
 inline void DotKeyTile(const float* q, const float* kt, int64_t ld, int64_t d, float* out) {
   constexpr int kLanes = 16, kHalf = kLanes / 2;
+#if defined(__AVX2__) && defined(__FMA__)
+  // Spelled out: left to itself, g++ kept the partial sums in memory and loaded keys one by one.
+  static_assert(kKeyTile == 8);
+  __m256 s = _mm256_setzero_ps();
+  int64_t e = 0;
+  if (d >= kLanes) {
+    __m256 hi[kHalf], lo[kHalf];
+    for (int j = 0; j < kHalf; ++j) hi[j] = lo[j] = _mm256_setzero_ps();
+    const int64_t end = d / kLanes * kLanes;
+    for (int64_t b = 0; b < end; b += kLanes) {
+      for (int j = 0; j < kHalf; ++j) {
+        hi[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[b + kHalf + j]), _mm256_loadu_ps(kt + (b + kHalf + j) * ld), hi[j]);
+      }
+    }
+    for (int64_t b = 0; b < end; b += kLanes) {
+      for (int j = 0; j < kHalf; ++j) {
+        lo[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[b + j]), _mm256_loadu_ps(kt + (b + j) * ld), lo[j]);
+      }
+    }
+    for (int j = 0; j < kHalf; ++j) lo[j] = _mm256_add_ps(lo[j], hi[j]);
+    for (int w = kHalf / 2; w >= 1; w /= 2) {
+      for (int j = 0; j < w; ++j) lo[j] = _mm256_add_ps(lo[j], lo[j + w]);
+    }
+    s = lo[0];
+    e = end;
+  }
+  for (; e < d; ++e) s = _mm256_fmadd_ps(_mm256_set1_ps(q[e]), _mm256_loadu_ps(kt + e * ld), s);
+  _mm256_storeu_ps(out, s);
+#else
   float s[kKeyTile] = {};
   int64_t e = 0;
   if (d >= kLanes) {
@@ -102,6 +135,45 @@ inline void DotKeyTile(const float* q, const float* kt, int64_t ld, int64_t d, f
     for (int t = 0; t < kKeyTile; ++t) s[t] = FusedMulAdd(s[t], a, k[t]);
   }
   for (int t = 0; t < kKeyTile; ++t) out[t] = s[t];
+#endif
+}
+
+// out[g][0, kWidth) = sum over keys j in [0, n) of w[g][j] * rows[j][offs[g] + (0, kWidth)], for G
+// heads at once, each sum formed in ascending key order by fused multiply-adds from 0: the same
+// bits as the per-key accumulation of a decode step, with G * kWidth / 8 independent vector sums
+// held in registers instead of one row of partial sums per head in memory. kWidth: a multiple of 8.
+template <int G, int kWidth>
+inline void WeightedRowSum(const float* const* rows, int64_t n, const float* const* w, const int64_t* offs,
+                           float* const* out) {
+  static_assert(kWidth % 8 == 0);
+#if defined(__AVX2__) && defined(__FMA__)
+  // Spelled out: left to itself, g++ turned the loops around (elements outer, partial sums in
+  // memory) and did not vectorize them.
+  constexpr int kVecs = kWidth / 8;
+  __m256 acc[G][kVecs];
+  for (int g = 0; g < G; ++g) {
+    for (int v = 0; v < kVecs; ++v) acc[g][v] = _mm256_setzero_ps();
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float* r = rows[j];
+    for (int g = 0; g < G; ++g) {
+      const __m256 wj = _mm256_set1_ps(w[g][j]);
+      const float* x = r + offs[g];
+      for (int v = 0; v < kVecs; ++v) acc[g][v] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(x + 8 * v), acc[g][v]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(out[g] + 8 * v, acc[g][v]);
+  }
+#else
+  for (int g = 0; g < G; ++g) {
+    for (int t = 0; t < kWidth; ++t) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < n; ++j) acc = FusedMulAdd(acc, w[g][j], rows[j][offs[g] + t]);
+      out[g][t] = acc;
+    }
+  }
+#endif
 }
 
 class CpuBackend final : public Backend {
@@ -406,6 +478,18 @@ class CpuBackend final : public Backend {
       // chunks and later decode steps agree exactly), several times faster at small head sizes.
       const bool tiled = q.q_len > 1 && seen * row * int64_t{sizeof(float)} <= kMaxDecodedKvBytes;
       const int64_t ld = (seen + 2 * kKeyTile - 1) / kKeyTile * kKeyTile;
+      // A prefill's value rows, one pointer per key from base on, when they stay put for the whole
+      // call (an f32 cache, or an FP8 cache decoded once): its weighted sums then run per head.
+      const bool value_rows = tiled && (!fp8 || decode_all);
+      if (value_rows) {
+        value_rows_.resize(static_cast<size_t>(seen));
+        for (int64_t j = base; j < base + seen;) {
+          const int64_t run = std::min(bs - j % bs, base + seen - j);
+          const float* vb = rows(/*values=*/true, j, run);
+          for (int64_t r = 0; r < run; ++r) value_rows_[static_cast<size_t>(j - base + r)] = vb + r * row;
+          j += run;
+        }
+      }
       if (tiled) {
         key_cols_.resize(std::max(key_cols_.size(), static_cast<size_t>(row * ld)));
         for (int64_t e = 0; e < row; ++e) std::fill_n(key_cols_.data() + e * ld + seen, ld - seen, 0.f);
@@ -461,19 +545,56 @@ class CpuBackend final : public Backend {
           }
           j += run;
         }
-        for (int64_t h = 0; h < heads; ++h) SoftmaxRow(sc + h * n, static_cast<int>(n));
+        for (int64_t h = 0; h < heads; ++h) cpu::SoftmaxInPlace(sc + h * n, n);
+        if (value_rows) {
+          // Head sizes that are multiples of 64: a head at a time, 64 elements (8 vector sums) at a
+          // time, so that each key's row is read once per head. Others: 4 heads (or 1) at a time,
+          // 8 elements at a time (a small head's row is read once), the rest one by one.
+          const float* const* vr = value_rows_.data() + (lo - base);
+          const int64_t width = d % 64 == 0 ? 64 : 8;
+          const int64_t step = width == 8 && heads % 4 == 0 ? 4 : 1;
+          for (int64_t h0 = 0; h0 < heads; h0 += step) {
+            const float* w[4];
+            float* o[4];
+            int64_t offs[4];
+            for (int64_t g = 0; g < step; ++g) w[g] = sc + (h0 + g) * n;
+            int64_t e0 = 0;
+            for (; e0 + width <= d; e0 += width) {
+              for (int64_t g = 0; g < step; ++g) {
+                offs[g] = ((h0 + g) / group) * d + e0;
+                o[g] = ot + (h0 + g) * d + e0;
+              }
+              if (width == 64) {
+                WeightedRowSum<1, 64>(vr, n, w, offs, o);
+              } else if (step == 4) {
+                WeightedRowSum<4, 8>(vr, n, w, offs, o);
+              } else {
+                WeightedRowSum<1, 8>(vr, n, w, offs, o);
+              }
+            }
+            for (int64_t g = 0; g < step; ++g) {
+              const int64_t off = ((h0 + g) / group) * d;
+              for (int64_t e = e0; e < d; ++e) {
+                float acc = 0.f;
+                for (int64_t j = 0; j < n; ++j) acc = FusedMulAdd(acc, w[g][j], vr[j][off + e]);
+                ot[(h0 + g) * d + e] = acc;
+              }
+            }
+          }
+          continue;
+        }
         std::fill(ot, ot + heads * d, 0.f);
         for (int64_t j = lo; j <= pos;) {
           const int64_t off = j % bs;
           const int64_t run = std::min(bs - off, pos + 1 - j);
           const float* vb = rows(/*values=*/true, j, run);
           for (int64_t r = 0; r < run; ++r) {
-            const float* vr = vb + r * row;
+            const float* vrow = vb + r * row;
             for (int64_t h = 0; h < heads; ++h) {
-              const float* vj = vr + (h / group) * d;
+              const float* vj = vrow + (h / group) * d;
               const float w = sc[h * n + (j - lo + r)];
               float* oh = ot + h * d;
-              for (int64_t e = 0; e < d; ++e) oh[e] += w * vj[e];
+              for (int64_t e = 0; e < d; ++e) oh[e] = FusedMulAdd(oh[e], w, vj[e]);
             }
           }
           j += run;
@@ -790,6 +911,7 @@ class CpuBackend final : public Backend {
   static constexpr int64_t kMaxDecodedKvBytes = int64_t{64} << 20;
   std::vector<float> kv_rows_;
   std::vector<float> key_cols_;  // Attention: a sequence's keys transposed for DotKeyTile
+  std::vector<const float*> value_rows_;  // Attention: a sequence's value rows, one per key
   std::vector<float> head_widened_;  // HeadLinear: one head's bfloat16 matrix widened
   HostRowSampler row_sampler_;       // SampleRows: the engine Sampler's arithmetic and scratch
   // MoeRoute: one token's routing scratch, the batch's choices and GroupByExpert's fill counters.
