@@ -441,6 +441,14 @@ class CpuBackend final : public Backend {
       const uint8_t* codes = static_cast<const uint8_t*>(cache) + at;
       for (int64_t e = 0; e < n; ++e) out[e] = E4M3Decode(codes[e]);
     };
+    // fn(j, run) for the runs of positions [from, to) that each lie in one block (contiguous rows).
+    auto for_each_run = [&](int64_t from, int64_t to, auto&& fn) {
+      for (int64_t j = from; j < to;) {
+        const int64_t run = std::min(bs - j % bs, to - j);
+        fn(j, run);
+        j += run;
+      }
+    };
     for (int64_t s = 0; s < p.paged.num_seqs; ++s) {
       const AttnSeq& q = p.paged.seqs[s];
       const int32_t* table = p.paged.block_table + q.table_begin;
@@ -454,14 +462,11 @@ class CpuBackend final : public Backend {
       const bool decode_all = fp8 && q.q_len > 1 && 2 * seen * row * int64_t{sizeof(float)} <= kMaxDecodedKvBytes;
       if (decode_all) {
         kv_rows_.resize(static_cast<size_t>(2 * seen * row));
-        for (int64_t j = base; j < base + seen;) {
-          const int64_t off = j % bs;
-          const int64_t run = std::min(bs - off, base + seen - j);
-          const int64_t at = (int64_t{table[j / bs]} * bs + off) * row;
+        for_each_run(base, base + seen, [&](int64_t j, int64_t run) {
+          const int64_t at = (int64_t{table[j / bs]} * bs + j % bs) * row;
           decode(c.k, at, run * row, kv_rows_.data() + (j - base) * row);
           decode(c.v, at, run * row, kv_rows_.data() + (seen + j - base) * row);
-          j += run;
-        }
+        });
       }
       // The K (or V) rows from position j on, `run` of them in one block, as f32: in place, or decoded.
       auto rows = [&](bool values, int64_t j, int64_t run) -> const float* {
@@ -483,26 +488,22 @@ class CpuBackend final : public Backend {
       const bool value_rows = tiled && (!fp8 || decode_all);
       if (value_rows) {
         value_rows_.resize(static_cast<size_t>(seen));
-        for (int64_t j = base; j < base + seen;) {
-          const int64_t run = std::min(bs - j % bs, base + seen - j);
+        for_each_run(base, base + seen, [&](int64_t j, int64_t run) {
           const float* vb = rows(/*values=*/true, j, run);
           for (int64_t r = 0; r < run; ++r) value_rows_[static_cast<size_t>(j - base + r)] = vb + r * row;
-          j += run;
-        }
+        });
       }
       if (tiled) {
         key_cols_.resize(std::max(key_cols_.size(), static_cast<size_t>(row * ld)));
         for (int64_t e = 0; e < row; ++e) std::fill_n(key_cols_.data() + e * ld + seen, ld - seen, 0.f);
-        for (int64_t j = base; j < base + seen;) {
-          const int64_t run = std::min(bs - j % bs, base + seen - j);
+        for_each_run(base, base + seen, [&](int64_t j, int64_t run) {
           const float* kb = rows(/*values=*/false, j, run);
           for (int64_t r = 0; r < run; ++r) {
             const float* kr = kb + r * row;
             float* col = key_cols_.data() + (j - base + r);
             for (int64_t e = 0; e < row; ++e) col[e * ld] = kr[e];
           }
-          j += run;
-        }
+        });
       }
       for (int64_t i = 0; i < q.q_len; ++i) {
         const int64_t t = q.q_begin + i;
@@ -525,25 +526,23 @@ class CpuBackend final : public Backend {
               sh[k] = p.softcap > 0.0f ? SoftCap(score, p.softcap) : score;
             }
           }
-        }
-        // Otherwise keys [lo, pos] walked block by block (rows of one block are contiguous), every
-        // query head at each key, so that a block's lookup is paid once per key row rather than per
-        // head. Per (head, key) the dot product and, per head, the weighted sum over keys in
-        // ascending order are those of a contiguous cache: the results do not depend on the block
-        // layout.
-        for (int64_t j = lo; j <= pos && !tiled;) {
-          const int64_t off = j % bs;
-          const int64_t run = std::min(bs - off, pos + 1 - j);
-          const float* kb = rows(/*values=*/false, j, run);
-          for (int64_t r = 0; r < run; ++r) {
-            const float* kr = kb + r * row;
-            for (int64_t h = 0; h < heads; ++h) {
-              const float* qh = qt + h * d;
-              const float score = Dot(qh, kr + (h / group) * d, d) * p.scale;
-              sc[h * n + (j - lo + r)] = p.softcap > 0.0f ? SoftCap(score, p.softcap) : score;
+        } else {
+          // Keys [lo, pos] walked block by block (rows of one block are contiguous), every query
+          // head at each key, so that a block's lookup is paid once per key row rather than per
+          // head. Per (head, key) the dot product and, per head, the weighted sum over keys in
+          // ascending order are those of a contiguous cache: the results do not depend on the
+          // block layout.
+          for_each_run(lo, pos + 1, [&](int64_t j, int64_t run) {
+            const float* kb = rows(/*values=*/false, j, run);
+            for (int64_t r = 0; r < run; ++r) {
+              const float* kr = kb + r * row;
+              for (int64_t h = 0; h < heads; ++h) {
+                const float* qh = qt + h * d;
+                const float score = Dot(qh, kr + (h / group) * d, d) * p.scale;
+                sc[h * n + (j - lo + r)] = p.softcap > 0.0f ? SoftCap(score, p.softcap) : score;
+              }
             }
-          }
-          j += run;
+          });
         }
         for (int64_t h = 0; h < heads; ++h) cpu::SoftmaxInPlace(sc + h * n, n);
         if (value_rows) {
@@ -584,9 +583,7 @@ class CpuBackend final : public Backend {
           continue;
         }
         std::fill(ot, ot + heads * d, 0.f);
-        for (int64_t j = lo; j <= pos;) {
-          const int64_t off = j % bs;
-          const int64_t run = std::min(bs - off, pos + 1 - j);
+        for_each_run(lo, pos + 1, [&](int64_t j, int64_t run) {
           const float* vb = rows(/*values=*/true, j, run);
           for (int64_t r = 0; r < run; ++r) {
             const float* vrow = vb + r * row;
@@ -597,8 +594,7 @@ class CpuBackend final : public Backend {
               for (int64_t e = 0; e < d; ++e) oh[e] = FusedMulAdd(oh[e], w, vj[e]);
             }
           }
-          j += run;
-        }
+        });
       }
     }
     return absl::OkStatus();
