@@ -75,6 +75,9 @@ ABSL_FLAG(std::string, quantize, "none",
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "the coordinator's --kv_cache_dtype: auto, or fp8 / fp8_e4m3 (the workers keep the KV cache as float8 e4m3)");
 ABSL_FLAG(bool, step_deltas, true, "the coordinator's and workers' --step_deltas (steps sent as deltas on the stage streams)");
+ABSL_FLAG(int64_t, stage_inline_us, 1000,
+          "the workers' --stage_inline_us (a micro-batch whose stage's last step took at most this long runs on the "
+          "gRPC thread that read it; 0 = always the stage thread)");
 ABSL_FLAG(int64_t, kv_blocks, 0, "KV cache blocks per replica at most; 0 = what the KV budget holds");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
 ABSL_FLAG(std::string, http_listen, "",
@@ -343,7 +346,8 @@ int main(int argc, char** argv) {
                                             absl::StrCat("--node_name=local-", i),
                                             // Stopping stops every process: nothing to drain to.
                                             "--drain_timeout_s=0",
-                                            absl::StrCat("--step_deltas=", absl::GetFlag(FLAGS_step_deltas) ? "true" : "false")};
+                                            absl::StrCat("--step_deltas=", absl::GetFlag(FLAGS_step_deltas) ? "true" : "false"),
+                                            absl::StrCat("--stage_inline_us=", absl::GetFlag(FLAGS_stage_inline_us))};
     if (absl::GetFlag(FLAGS_metrics)) worker_argv.push_back("--metrics_listen=127.0.0.1:0");
     if (const std::string m = absl::GetFlag(FLAGS_memory_per_device); !m.empty()) {
       worker_argv.push_back("--memory_per_device=" + m);

@@ -49,6 +49,7 @@ ABSL_FLAG(bool, bf16, false, "generate the 100M model with BF16 weights (use ano
 ABSL_FLAG(int32_t, tokens, 64, "decode tokens to time");
 ABSL_FLAG(int32_t, stage_spin_us, 0, "how long an idle stage thread polls for the next micro-batch (WorkerOptions::stage_spin)");
 ABSL_FLAG(int32_t, stage_poll_us, 1000, "the longest an idle stage thread polls per wait for a micro-batch that is due (WorkerOptions::stage_poll)");
+ABSL_FLAG(int32_t, stage_inline_us, 1000, "a micro-batch whose stage's last step took at most this long runs on the gRPC thread that read it (WorkerOptions::stage_inline; 0 = always the stage thread)");
 ABSL_FLAG(int32_t, answer_poll_us, 1000, "the longest the replica client polls per wait for an answer that is due (GrpcReplicaClient answer_poll)");
 ABSL_FLAG(int32_t, answer_spin_us, 0, "how long the replica client polls for an answer (GrpcReplicaClient answer_spin)");
 ABSL_FLAG(bool, write_model_only, false, "write the 100M model into --scratch and exit (for serving_bench.py)");
@@ -374,14 +375,19 @@ int Run() {
     p = std::make_unique<Pipeline>();
     const std::chrono::microseconds stage_spin(absl::GetFlag(FLAGS_stage_spin_us));
     const std::chrono::microseconds stage_poll(absl::GetFlag(FLAGS_stage_poll_us));
-    p->w1 = std::make_unique<service::WorkerServer>(
-        service::WorkerOptions{.cpu_ranks = 1, .metrics = &p->m1, .stage_spin = stage_spin, .stage_poll = stage_poll});
+    const std::chrono::microseconds stage_inline(absl::GetFlag(FLAGS_stage_inline_us));
+    p->w1 = std::make_unique<service::WorkerServer>(service::WorkerOptions{.cpu_ranks = 1,
+                                                                           .metrics = &p->m1,
+                                                                           .stage_spin = stage_spin,
+                                                                           .stage_poll = stage_poll,
+                                                                           .stage_inline = stage_inline});
     p->w0 = std::make_unique<service::WorkerServer>(service::WorkerOptions{
         .cpu_ranks = 1,
         .metrics = &p->m0,
         .peer_credentials = tr.worker->InternalChannelCredentials(security::Role::kWorker),
         .stage_spin = stage_spin,
-        .stage_poll = stage_poll});
+        .stage_poll = stage_poll,
+        .stage_inline = stage_inline});
     int p1 = 0, p0 = 0;
     p->s1 = Serve(p->w1->worker_service(), p->w1->stage_service(), &p1, *tr.worker);
     p->s0 = Serve(p->w0->worker_service(), p->w0->stage_service(), &p0, *tr.worker);

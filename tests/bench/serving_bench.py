@@ -131,6 +131,10 @@ def main():
     ap.add_argument("--decode_steps_per_call", type=int, default=0,
                     help="with --one_stage: shardserve-local's --decode_steps_per_call (multi-step decoding: "
                          "decode steps the worker runs per call; 0 = auto, the cluster's default)")
+    ap.add_argument("--stage_inline_us", type=int, default=-1,
+                    help="with --one_stage: shardserve-local's --stage_inline_us (micro-batches whose stage's last "
+                         "step took at most this long run on the gRPC thread that read them; 0 = never; "
+                         "default: the cluster's)")
     ap.add_argument("--one_stage", action="store_true",
                     help="only one client through a 1-stage cluster vs the engine alone (default model stories260K)")
     ap.add_argument("--step_deltas", action="store_true",
@@ -263,7 +267,9 @@ def one_stage(args, model):
     with open(os.path.join(model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     cluster = LocalCluster(args.bin_dir, model, 1, "cpu:1",
-                           ["--max_seq_len=256", f"--decode_steps_per_call={args.decode_steps_per_call}"], timeout=300)
+                           ["--max_seq_len=256", f"--decode_steps_per_call={args.decode_steps_per_call}",
+                            *([f"--stage_inline_us={args.stage_inline_us}"] if args.stage_inline_us >= 0 else [])],
+                           timeout=300)
     try:
         bench(args.bin_dir, cluster.address, 1, 2, 8, seed=next_seed(), vocab=vocab)  # warm-up
         runs = []

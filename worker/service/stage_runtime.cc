@@ -35,6 +35,13 @@ uint64_t MicrosSince(std::chrono::steady_clock::time_point start) {
   return std::max<uint64_t>(1, static_cast<uint64_t>(us.count()));
 }
 
+// The tokens a micro-batch computes: its sequences' new tokens, times its decode steps.
+int64_t NewTokens(const v1::StepRequest& request) {
+  int64_t tokens = 0;
+  for (const v1::StepSequence& s : request.sequences()) tokens += std::max<int64_t>(s.num_tokens(), 1);
+  return tokens * std::max<int64_t>(request.decode_steps(), 1);
+}
+
 }  // namespace
 
 StageRuntime::StageRuntime(std::shared_ptr<engine::StepRunner> runner, StageConfig config)
@@ -60,8 +67,8 @@ void StageRuntime::Cancel() {
   if (link != nullptr) link->Close("was cancelled");
 }
 
-void StageRuntime::Run(const v1::StepRequest& request, Done done) {
-  absl::StatusOr<std::optional<v1::StepResponse>> r = RunOrForward(request, done);
+void StageRuntime::Run(const v1::StepRequest& request, Done done, Caller caller) {
+  absl::StatusOr<std::optional<v1::StepResponse>> r = RunOrForward(request, done, caller);
   if (!r.ok()) {
     // A structured line naming the requests (common/log/fields.h), so that one request can be
     // followed from the coordinator's log through every stage's. Failures of later stages are
@@ -88,8 +95,29 @@ void StageRuntime::Answer(const v1::StepRequest& request, v1::StepResponse respo
   done(std::move(response));
 }
 
+bool StageRuntime::MayRunOnReader(const v1::StepRequest& request, absl::Duration budget) {
+  if (remote_experts_ != nullptr) return false;  // its calls wait on gRPC
+  if (!is_last()) {
+    MutexLock lock(&mu_);
+    if (cancelled_ || link_ == nullptr || link_->closing()) return false;  // the link would be (re)opened
+  }
+  const int64_t last_ns = last_step_ns_.load(std::memory_order_relaxed);
+  const int64_t last_tokens = last_step_tokens_.load(std::memory_order_relaxed);
+  if (last_ns <= 0 || last_tokens <= 0) return false;
+  const int64_t tokens = NewTokens(request);
+  const double predicted_ns =
+      static_cast<double>(last_ns) * std::max(1.0, static_cast<double>(tokens) / static_cast<double>(last_tokens));
+  return predicted_ns <= absl::ToDoubleNanoseconds(budget);
+}
+
+void StageRuntime::RecordStep(int64_t tokens, std::chrono::steady_clock::duration elapsed) {
+  last_step_tokens_.store(std::max<int64_t>(tokens, 1), std::memory_order_relaxed);
+  last_step_ns_.store(std::max<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count(), 1),
+                      std::memory_order_relaxed);
+}
+
 absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const v1::StepRequest& request,
-                                                                           Done& done) {
+                                                                           Done& done, Caller caller) {
   const int64_t hidden = runner_->spec().hidden_size;
   ASSIGN_OR_RETURN(StageBatch batch, FromProto(request, hidden));
   std::vector<engine::StepSequence> steps;
@@ -112,6 +140,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   if (batch.decode_steps > 1) return RunDecodeSteps(batch, std::move(steps));
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.input()));
+  RecordStep(NewTokens(request), std::chrono::steady_clock::now() - start);
   VLOG(1) << "event=step stage=" << config_.stage << " step_id=" << request.step_id()
           << " sequences=" << request.sequences_size() << " request_ids=" << RequestIds(request) << " ms="
           << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -128,7 +157,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   if (!is_last()) {
     batch.hidden_in = {};
     batch.hidden = std::move(result.hidden);
-    Forward(batch.step_id, ToNextStage(batch, hidden), std::move(done));
+    Forward(batch.step_id, ToNextStage(batch, hidden), std::move(done), caller);
     return std::nullopt;
   }
   v1::StepResponse response;
@@ -199,6 +228,7 @@ absl::StatusOr<v1::StepResponse> StageRuntime::RunDecodeSteps(const StageBatch& 
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::vector<int32_t> ids,
                    engine::RunDecodeSteps(*runner_, std::move(steps), static_cast<int32_t>(batch.decode_steps), pick));
+  RecordStep(static_cast<int64_t>(batch.sequences.size()) * batch.decode_steps, std::chrono::steady_clock::now() - start);
   if (config_.metrics != nullptr) {
     // One observation per decode step (their mean time), as k single steps would make.
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -251,8 +281,19 @@ std::shared_ptr<rpc::StageStreamClient> StageRuntime::OpenLink() {
   return link;
 }
 
-void StageRuntime::Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done) {
-  std::shared_ptr<rpc::StageStreamClient> link = OpenLink();
+void StageRuntime::Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done, Caller caller) {
+  std::shared_ptr<rpc::StageStreamClient> link;
+  if (caller == Caller::kReader) {
+    MutexLock lock(&mu_);
+    link = link_;  // MayRunOnReader saw it open; if it closed since, Send refuses
+  } else {
+    link = OpenLink();
+  }
+  if (link == nullptr) {
+    done(ErrorResponse(step_id, absl::UnavailableError(absl::StrCat("no open stream to the next stage at ",
+                                                                    config_.next_address))));
+    return;
+  }
   rpc::StageStreamClient::Answer answer = [step_id, done](absl::StatusOr<v1::StepResponse> response) {
     done(response.ok() ? *std::move(response) : ErrorResponse(step_id, response.status()));
   };

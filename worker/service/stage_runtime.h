@@ -19,11 +19,20 @@
 // every micro-batch still waiting on it is answered with UNAVAILABLE naming the next stage, and the
 // next Run opens a new stream.
 //
-// Thread-safety: Run() is called from one thread (the worker's stage thread); `done` runs on that
-// thread or on a gRPC thread of the link, once per request; Cancel() from any thread.
+// Where Run() runs: on the worker's stage thread, or on the gRPC thread that read the micro-batch
+// when MayRunOnReader() says that is safe and short (WorkerOptions::stage_inline). There, nothing
+// may wait on gRPC: gRPC holds back the completions that a reaction starts until the reaction
+// returns. So such a run uses the open link as it is (a closing one fails the micro-batch with
+// UNAVAILABLE, as a link that breaks a moment later would) and never replaces it.
+//
+// Thread-safety: Run() is called by one thread at a time (the caller orders the calls, e.g. under
+// a lock); `done` runs on the calling thread or on a gRPC thread of the link, once per request;
+// MayRunOnReader() and Cancel() from any thread.
 #ifndef SHARDSERVE_WORKER_SERVICE_STAGE_RUNTIME_H_
 #define SHARDSERVE_WORKER_SERVICE_STAGE_RUNTIME_H_
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -32,6 +41,7 @@
 
 #include <grpcpp/security/credentials.h>
 
+#include "absl/time/time.h"
 #include "common/concurrency/mutex.h"
 #include "common/rpc/stage_stream_client.h"
 #include "worker/service/answer_routes.h"
@@ -75,9 +85,18 @@ class StageRuntime {
 
   using Done = std::function<void(v1::StepResponse)>;
 
+  // Which thread calls Run(): the stage thread, or the gRPC thread that read the micro-batch (then
+  // the run must not wait on gRPC; see above).
+  enum class Caller { kStageThread, kReader };
+
   // Never fails as a call: `done` gets exactly one response, and errors travel in its error_code /
   // error_message, so the coordinator can fail the batch's requests and the stream stays open.
-  void Run(const v1::StepRequest& request, Done done);
+  void Run(const v1::StepRequest& request, Done done, Caller caller = Caller::kStageThread);
+  // Whether `request` may run on the gRPC thread that read it: only when its run waits on nothing
+  // of gRPC's (no remote experts; the last stage, or the link to the next stage open), and only
+  // when this stage's last step says it takes at most `budget` (its time, scaled up, never down,
+  // by the new tokens of `request` against its own). False before the first step.
+  bool MayRunOnReader(const v1::StepRequest& request, absl::Duration budget);
   // Cancels the downstream stream (at shutdown): micro-batches waiting on it are answered with
   // UNAVAILABLE.
   void Cancel();
@@ -92,7 +111,8 @@ class StageRuntime {
   // The sampled tokens (last stage, with compute_us: its time from the start of its layers to the
   // answer), or nullopt when the batch was forwarded (its answer will come through the link);
   // errors as status.
-  absl::StatusOr<std::optional<v1::StepResponse>> RunOrForward(const v1::StepRequest& request, Done& done);
+  absl::StatusOr<std::optional<v1::StepResponse>> RunOrForward(const v1::StepRequest& request, Done& done,
+                                                              Caller caller);
   // The answer of a batch with decode_steps > 1 (stage.proto): the steps run by
   // engine::RunDecodeSteps, sampled as single steps would be. InvalidArgument unless this stage
   // embeds and samples.
@@ -102,7 +122,10 @@ class StageRuntime {
   // `response` to `done`.
   void Answer(const v1::StepRequest& request, v1::StepResponse response, Done& done);
   // Sends `messages` (one micro-batch) downstream; `done` gets the answer later.
-  void Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done);
+  // On the reader thread it sends on the open link as it is (see above).
+  void Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done, Caller caller);
+  // Remembers the last step's time and new tokens (what MayRunOnReader predicts from).
+  void RecordStep(int64_t tokens, std::chrono::steady_clock::duration elapsed);
   // The open link, opening one when there is none or the last one broke.
   std::shared_ptr<rpc::StageStreamClient> OpenLink();
 
@@ -110,7 +133,10 @@ class StageRuntime {
   std::shared_ptr<engine::StepRunner> runner_;
   const StageConfig config_;
   engine::Sampler sampler_;
-  std::shared_ptr<grpc::Channel> channel_;  // stage thread only
+  std::shared_ptr<grpc::Channel> channel_;  // by Run() only
+  // The last step's time and new tokens (0 before the first): MayRunOnReader's prediction.
+  std::atomic<int64_t> last_step_ns_{0};
+  std::atomic<int64_t> last_step_tokens_{0};
   Mutex mu_;
   // The current link (a closed one stays until the next OpenLink replaces it).
   std::shared_ptr<rpc::StageStreamClient> link_ ABSL_GUARDED_BY(mu_);

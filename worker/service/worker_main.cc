@@ -60,6 +60,9 @@ ABSL_FLAG(int64_t, stage_poll_us, 1000,
           "the longest the idle stage thread polls per wait for a micro-batch its recent waits say is due: it "
           "sleeps until shortly before, then polls, so that the micro-batch finds its core awake (at most a quarter "
           "of a typical wait; none for waits under 300 us; 0 = sleep at once), in [0, 100000]");
+ABSL_FLAG(int64_t, stage_inline_us, 1000,
+          "a micro-batch that the stage's last step says takes at most this long runs on the gRPC thread that read "
+          "it, without a hand-off to the stage thread, when the stage is idle (0 = always hand off), in [0, 100000]");
 ABSL_FLAG(bool, step_deltas, true,
           "stage streams carry step deltas (each step sends only what changed of a running sequence, against a "
           "table per stream) where both ends support them; false = every micro-batch in full, both ways");
@@ -135,6 +138,11 @@ int main(int argc, char** argv) {
     std::cerr << "shardserve-worker: --stage_poll_us must be in [0, 100000], got " << stage_poll_us << "\n";
     return 2;
   }
+  const int64_t stage_inline_us = absl::GetFlag(FLAGS_stage_inline_us);
+  if (stage_inline_us < 0 || stage_inline_us > 100000) {
+    std::cerr << "shardserve-worker: --stage_inline_us must be in [0, 100000], got " << stage_inline_us << "\n";
+    return 2;
+  }
   const double gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0)) {
     std::cerr << "shardserve-worker: --gpu_memory_utilization must be in (0, 1], got " << gpu_memory_utilization
@@ -187,6 +195,7 @@ int main(int argc, char** argv) {
                                 .peer_credentials = grpc_security->InternalChannelCredentials(security::Role::kWorker),
                                 .stage_spin = std::chrono::microseconds(stage_spin_us),
                                 .stage_poll = std::chrono::microseconds(stage_poll_us),
+                                .stage_inline = std::chrono::microseconds(stage_inline_us),
                                 .step_deltas = absl::GetFlag(FLAGS_step_deltas)});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -43,7 +43,18 @@ WorkerMetrics::WorkerMetrics()
                         .Name("shardserve_worker_assignment_load_seconds")
                         .Help("Time the current assignment took to load")
                         .Register(*registry_)
-                        .Add({})) {}
+                        .Add({})),
+      stage_runs_(prometheus::BuildCounter()
+                      .Name("shardserve_worker_stage_runs_total")
+                      .Help("Micro-batches run by this worker's stage, by thread: reader (the gRPC thread that read "
+                            "it, for short steps) or stage (handed to the stage thread)")
+                      .Register(*registry_)),
+      runs_on_reader_(stage_runs_.Add({{"thread", "reader"}})),
+      runs_on_stage_thread_(stage_runs_.Add({{"thread", "stage"}})) {}
+
+void WorkerMetrics::CountStageRun(bool on_reader) {
+  (on_reader ? runs_on_reader_ : runs_on_stage_thread_).Increment();
+}
 
 void WorkerMetrics::ObserveStep(int stage, bool prefill, double seconds, int64_t tokens) {
   std::pair<prometheus::Histogram*, prometheus::Counter*> children;

@@ -35,6 +35,9 @@ class WorkerMetrics final : public engine::StepObserver {
   // Stage-stream traffic. direction: "rx" or "tx"; peer: "upstream", "downstream", "coordinator" (the
   // last stage's direct answers on its return stream) or "expert-callers".
   void ObserveStream(const char* direction, const char* peer, size_t bytes);
+  // A micro-batch started on this worker's stage: on the gRPC thread that read it (`on_reader`,
+  // WorkerOptions::stage_inline) or on the stage thread.
+  void CountStageRun(bool on_reader);
   // After an assignment loaded.
   void SetLoaded(double load_seconds, const std::vector<size_t>& weight_bytes, const std::vector<size_t>& kv_bytes);
 
@@ -53,6 +56,9 @@ class WorkerMetrics final : public engine::StepObserver {
   prometheus::Family<prometheus::Gauge>& weight_bytes_;
   prometheus::Family<prometheus::Gauge>& kv_cache_bytes_;
   prometheus::Gauge& load_seconds_;
+  prometheus::Family<prometheus::Counter>& stage_runs_;
+  prometheus::Counter& runs_on_reader_;
+  prometheus::Counter& runs_on_stage_thread_;
 
   // The children already looked up, by label values (children live as long as their family).
   Mutex children_mu_;

@@ -794,14 +794,29 @@ void WorkerServer::Load(v1::Assignment a) {
 }
 
 void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done) {
+  std::shared_ptr<StageRuntime> here;  // set when the micro-batch runs on this thread
   {
     MutexLock lock(&mu_);
-    if (!stopping_ && jobs_.size() < options_.max_queued_steps) {
+    if (!stopping_ && !stage_busy_ && jobs_.empty() && runtime_ != nullptr &&
+        options_.stage_inline > std::chrono::microseconds::zero() &&
+        runtime_->MayRunOnReader(request, absl::FromChrono(options_.stage_inline))) {
+      stage_busy_ = true;
+      here = runtime_;
+    } else if (!stopping_ && jobs_.size() < options_.max_queued_steps) {
       jobs_.push_back(Job{std::move(request), std::move(done), absl::Now()});
       queued_jobs_.store(jobs_.size(), std::memory_order_release);
       jobs_cv_.Signal();
       return;
     }
+  }
+  if (here != nullptr) {
+    if (options_.metrics != nullptr) options_.metrics->CountStageRun(/*on_reader=*/true);
+    here->Run(request, std::move(done), StageRuntime::Caller::kReader);
+    MutexLock lock(&mu_);
+    stage_busy_ = false;
+    if (here != runtime_) retired_.push_back(std::move(here));
+    if (!jobs_.empty() || !retired_.empty()) jobs_cv_.Signal();
+    return;
   }
   const bool stopping = Stopping();
   done(ErrorResponse(request.step_id(), stopping ? absl::UnavailableError("worker is shutting down")
@@ -829,14 +844,19 @@ void WorkerServer::StageLoop() {
     // A fixed poll (--stage_spin_us): the next micro-batch of a short cycle comes a round trip
     // after the last answer.
     SpinFor(absl::FromChrono(options_.stage_spin), queued);
+    std::vector<std::shared_ptr<StageRuntime>> retired;  // dropped at the end of the turn, unlocked
     {
       MutexLock lock(&mu_);
-      while (!stopping_ && jobs_.empty()) jobs_cv_.Wait(&mu_);
-      if (jobs_.empty()) return;  // stopping, nothing left
+      while (!stopping_ && (jobs_.empty() || stage_busy_) && retired_.empty()) jobs_cv_.Wait(&mu_);
+      retired.swap(retired_);
+      if (jobs_.empty() && stopping_) return;  // nothing left
+      // Only runtimes to drop, or a reader thread is running a micro-batch: wait on.
+      if (jobs_.empty() || (stage_busy_ && !stopping_)) continue;
       job = std::move(jobs_.front());
       jobs_.pop_front();
       queued_jobs_.store(jobs_.size(), std::memory_order_release);
       if (!stopping_) runtime = runtime_;
+      if (runtime != nullptr) stage_busy_ = true;
     }
     if (idle) forecast.Record(job.enqueued - wait_start);
     if (runtime == nullptr && Stopping()) {
@@ -847,7 +867,10 @@ void WorkerServer::StageLoop() {
       job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("this worker has no stage loaded")));
       continue;
     }
+    if (options_.metrics != nullptr) options_.metrics->CountStageRun(/*on_reader=*/false);
     runtime->Run(job.request, std::move(job.done));
+    MutexLock lock(&mu_);
+    stage_busy_ = false;
   }
 }
 

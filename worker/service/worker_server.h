@@ -6,11 +6,13 @@
 // Stage.AnswerStream: the coordinator's return stream, where the last stage writes direct answers
 // (stage.proto; answer_routes.h).
 //
-// Threads: gRPC reactions only validate and enqueue. One stage thread runs micro-batches in
-// arrival order on the loaded StageRuntime (which owns the rank threads); it does not wait for
-// the next stage's answer, which the runtime's link reader relays (pipelining); one loader thread at a
-// time loads an assignment. The stage's job queue is bounded: a full queue answers the step with
-// RESOURCE_EXHAUSTED.
+// Threads: gRPC reactions validate and enqueue. One stage thread runs micro-batches in arrival
+// order on the loaded StageRuntime (which owns the rank threads); it does not wait for the next
+// stage's answer, which the runtime's link reader relays (pipelining). A short micro-batch that
+// finds the stage idle and nothing queued runs on the gRPC thread that read it instead
+// (WorkerOptions::stage_inline): one micro-batch runs at a time either way, in arrival order. One
+// loader thread at a time loads an assignment. The stage's job queue is bounded: a full queue
+// answers the step with RESOURCE_EXHAUSTED.
 #ifndef SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 #define SHARDSERVE_WORKER_SERVICE_WORKER_SERVER_H_
 
@@ -79,6 +81,12 @@ struct WorkerOptions {
   // finds the core awake, for a bounded share of the wait (at most a quarter; nothing for waits
   // under 300 us, where the core stays awake anyway). 0 = sleep at once.
   std::chrono::microseconds stage_poll{1000};
+  // A micro-batch that this stage's last step says takes at most this long runs on the gRPC thread
+  // that read it, when the stage is idle and nothing queued is ahead of it (--stage_inline_us;
+  // StageRuntime::MayRunOnReader says when else it may not): no hand-off to the stage thread, the
+  // one thread wake-up of a hop that a bare round trip does not pay. Longer ones go to the stage
+  // thread, so that no gRPC thread computes for long. 0 = every micro-batch goes to the stage thread.
+  std::chrono::microseconds stage_inline{1000};
   // Step deltas on the stage streams (common/rpc/step_delta.h, --step_deltas): announce to the
   // upstream hop that this worker decodes them, and code what the stage forwards downstream when
   // the next stage announces it. Off: every micro-batch travels in full, both ways.
@@ -156,8 +164,10 @@ class WorkerServer {
   // not host, INVALID_ARGUMENT for a malformed request.
   absl::Status ComputeExperts(const v1::ExpertRequest& request, v1::ExpertResponse* response);
 
-  // A micro-batch for the stage thread; `done` receives the response (on the stage thread, on the
-  // next-stage link's reader thread, or inline when the queue is full or the worker is stopping).
+  // A micro-batch for the stage: run on the calling thread when the stage is idle, nothing waits
+  // ahead of it and it is short (WorkerOptions::stage_inline), else queued for the stage thread.
+  // `done` receives the response (on the thread that ran it, on the next-stage link's reader
+  // thread, or inline when the queue is full or the worker is stopping).
   void Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done);
 
   // Queues an Expert.Compute call for the expert threads, which run ComputeExperts and then
@@ -205,6 +215,11 @@ class WorkerServer {
   // jobs_.size(), readable without mu_: what the idle stage thread polls before it sleeps.
   std::atomic<size_t> queued_jobs_{0};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A micro-batch is running (on the stage thread or on a reader thread): one at a time.
+  bool stage_busy_ ABSL_GUARDED_BY(mu_) = false;
+  // Runtimes replaced while a reader thread ran a micro-batch on them: their last reference is
+  // dropped on the stage thread (a runtime's end waits for its link, which a gRPC thread must not).
+  std::vector<std::shared_ptr<StageRuntime>> retired_ ABSL_GUARDED_BY(mu_);
   WorkerStatusSnapshot status_ ABSL_GUARDED_BY(mu_);
   mutable CondVar loaded_cv_;  // signalled when a load ends (status_ leaves LOADING)
   std::shared_ptr<StageRuntime> runtime_ ABSL_GUARDED_BY(mu_);  // replaced when a new assignment is loaded

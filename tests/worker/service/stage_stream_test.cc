@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/metrics/metrics_server.h"
+#include "prometheus/metric_family.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "tests/testing/golden.h"
@@ -473,6 +474,63 @@ TEST(StagePipeliningTest, MicroBatchesInFlightFailWhenTheNextStageGoesAway) {
     failed.push_back(r.step_id());
   }
   EXPECT_THAT(failed, ::testing::UnorderedElementsAre(1u, 2u));
+}
+
+// shardserve_worker_stage_runs_total{thread}: micro-batches run on the reading gRPC thread
+// ("reader") or the stage thread ("stage").
+double StageRuns(const WorkerMetrics& metrics, const std::string& thread) {
+  for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
+    if (f.name != "shardserve_worker_stage_runs_total") continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        if (l.name == "thread" && l.value == thread) return m.counter.value;
+      }
+    }
+  }
+  return -1;
+}
+
+// WorkerOptions::stage_inline: a micro-batch that the stage's last step says is short runs on the
+// gRPC thread that read it; the first (no step time yet) and those over the budget go to the stage
+// thread. Two stages, so that stage 0 forwards from the reader thread too; the greedy tokens are
+// transformers' whichever thread ran each step.
+TEST(StageInlineTest, ShortStepsRunOnTheThreadThatReadThemAndGiveTheSameTokens) {
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
+  const testing::GoldenCase& gc = golden.cases.back();  // the longest prompt
+  const size_t steps = gc.greedy_ids.size();
+  ASSERT_GE(steps, 3u);
+  for (const std::chrono::microseconds budget :
+       {std::chrono::microseconds(0), std::chrono::microseconds(1), std::chrono::microseconds(10'000'000)}) {
+    SCOPED_TRACE(absl::StrCat("stage_inline = ", budget.count(), " us"));
+    WorkerMetrics m0, m1;
+    RunningWorker w1 = StartWorker(WorkerOptions{.cpu_ranks = 1, .metrics = &m1, .stage_inline = budget});
+    RunningWorker w0 = StartWorker(WorkerOptions{.cpu_ranks = 2, .metrics = &m0, .stage_inline = budget});
+    ASSERT_TRUE(w1.server->Assign(StageAssignment(golden.dir, 1, 1, 2, 1, "")).ok());
+    ASSERT_TRUE(w0.server->Assign(StageAssignment(golden.dir, 0, 0, 1, 2, w1.address)).ok());
+    ASSERT_EQ(AwaitLoaded(*w1.server).state, v1::WORKER_STATE_READY) << w1.server->Status().error;
+    ASSERT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
+    auto stub = v1::Stage::NewStub(grpc::CreateChannel(w0.address, grpc::InsecureChannelCredentials()));
+    uint64_t step = 1;
+    EXPECT_EQ(GenerateThrough(*stub, gc, 0, &step), gc.greedy_ids);
+    for (const WorkerMetrics* m : {&m0, &m1}) {
+      const double on_reader = StageRuns(*m, "reader");
+      const double on_stage = StageRuns(*m, "stage");
+      EXPECT_EQ(on_reader + on_stage, static_cast<double>(steps));
+      if (budget.count() <= 1) {
+        EXPECT_EQ(on_reader, 0);  // off, or every step takes longer than 1 us
+      } else {
+        // The prefill has no step time yet (nor stage 0 a link), so it goes to the stage thread.
+        // Not all of the rest need run on the reader: a step may arrive after the stage thread
+        // answered the last one but before it marked the stage idle, and is then queued.
+        EXPECT_GE(on_stage, 1);
+        EXPECT_GE(on_reader, static_cast<double>(steps) / 2);
+      }
+    }
+    for (RunningWorker* w : {&w0, &w1}) {
+      w->server->Shutdown();
+      w->rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    }
+  }
 }
 
 TEST(WorkerAssignTest, InvalidAssignmentsNameTheField) {
