@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sourced by run.sh and profile.sh from inside the bundle: unpacks the bundle's libraries into
-# $WORK/lib and sets LD_LIBRARY_PATH to them plus the machine's CUDA runtime, cuBLAS and NCCL.
+# Sourced by run.sh, profile.sh and variants.sh from inside the bundle: unpacks the bundle's
+# binaries into it (once) and its libraries into $WORK/lib, and sets LD_LIBRARY_PATH to them plus the machine's CUDA runtime, cuBLAS and NCCL.
 # Needs BUNDLE (the bundle's folder) and say(); WORK (a scratch folder) is made, and removed at
 # exit, when the caller has not set it. Sets LIBDIR, LIB_PATH,
 # FOUND (library -> folder), NEEDED, COMPAT (which C++ runtime is used), MISSING (what ldd leaves
@@ -9,16 +9,28 @@ if [[ -z "${WORK:-}" ]]; then
   WORK="$(mktemp -d "${TMPDIR:-/tmp}/shardserve-gpu.XXXXXX")"
   trap 'rm -rf "$WORK"' EXIT
 fi
-# The bundle's own libraries come packed (bundle.sh compresses them to stay under the transfer
-# limit); unpack them next to the scratch files.
+unpack_xz() {  # ARCHIVE DIR
+  if command -v xz >/dev/null 2>&1; then
+    tar -xJf "$1" -C "$2"
+  else
+    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"
+  fi
+}
+# The binaries and test binaries come packed (bin.tar.xz: bin/ and tests/; bundle.sh compresses
+# them so that the bundle and the working tree it travels with stay under the transfer limit):
+# unpacked into the bundle once, where every script then finds them.
+if [[ -f "$BUNDLE/bin.tar.xz" && ! -e "$BUNDLE/bin/.unpacked" ]]; then
+  if unpack_xz "$BUNDLE/bin.tar.xz" "$BUNDLE"; then
+    touch "$BUNDLE/bin/.unpacked"
+  else
+    say "   could not unpack $BUNDLE/bin.tar.xz: the parts that need its binaries will fail"
+  fi
+fi
+# The bundle's own libraries come packed as well; unpacked next to the scratch files.
 LIBDIR="$WORK/lib"
 mkdir -p "$LIBDIR"
 if [[ -f "$BUNDLE/lib.tar.xz" ]]; then
-  if command -v xz >/dev/null 2>&1; then
-    tar -xJf "$BUNDLE/lib.tar.xz" -C "$LIBDIR"
-  else
-    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$BUNDLE/lib.tar.xz" "$LIBDIR"
-  fi
+  unpack_xz "$BUNDLE/lib.tar.xz" "$LIBDIR"
 elif [[ -d "$BUNDLE/lib" ]]; then
   LIBDIR="$BUNDLE/lib"
 fi

@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tarfile
 import tempfile
 import unittest
 
@@ -201,6 +202,15 @@ class RunShOnAFakeBundle(unittest.TestCase):
     """run.sh end to end without a GPU: stand-in binaries, the report written, GPU parts skipped."""
 
     def test_no_gpu_run(self):
+        self.run_fake_bundle(packed=False)
+
+    def test_no_gpu_run_of_a_packed_bundle(self):
+        """bundle.sh packs bin/ and tests/ into bin.tar.xz; env.sh unpacks them into the bundle."""
+        bundle = self.run_fake_bundle(packed=True)
+        self.assertTrue(os.access(os.path.join(bundle, "tests", "cuda_parity_test"), os.X_OK))
+        self.assertTrue(os.path.exists(os.path.join(bundle, "bin", ".unpacked")))
+
+    def run_fake_bundle(self, packed):
         if has_gpu():
             self.skipTest("this machine has a GPU; run the real bundle instead")
         d = tempfile.mkdtemp()
@@ -218,6 +228,12 @@ echo '{"testsuites": [{"name": "S", "testsuite": [{"name": "A", "status": "RUN",
         write(os.path.join(bundle, "tests", "cuda_parity_test"), fake_test, executable=True)
         write(os.path.join(bundle, "bin", "shardserve-bench-gpu"),
               "#!/bin/bash\necho '{\"skipped\": \"no CUDA device\"}'\n", executable=True)
+        if packed:
+            with tarfile.open(os.path.join(bundle, "bin.tar.xz"), "w:xz") as t:
+                for sub in ("bin", "tests"):
+                    t.add(os.path.join(bundle, sub), arcname=sub)
+            for sub in ("bin", "tests"):
+                shutil.rmtree(os.path.join(bundle, sub))
         report = os.path.join(d, "out", "gpu_report.json")
         env = dict(os.environ, PATH="/usr/bin:/bin")  # no nvidia-smi, no compute-sanitizer
         p = subprocess.run(["bash", os.path.join(bundle, "run.sh"), report], capture_output=True, text=True,
@@ -233,6 +249,7 @@ echo '{"testsuites": [{"name": "S", "testsuite": [{"name": "A", "status": "RUN",
         for name in ("memcheck", "racecheck", "cluster", "bench"):
             self.assertEqual(parts[name]["status"], "skipped", name)
         self.assertEqual(parts["env"]["gpus"], 0)
+        return bundle
 
 
 class Bench(unittest.TestCase):
