@@ -533,6 +533,53 @@ TEST(StageInlineTest, ShortStepsRunOnTheThreadThatReadThemAndGiveTheSameTokens) 
   }
 }
 
+// A stage that runs its micro-batches on the reading thread and whose next stage goes away: every
+// later micro-batch is still answered (UNAVAILABLE naming the next stage), none hangs, whichever
+// thread runs it (the reader while the dead link still looks open, the stage thread after).
+TEST(StageInlineTest, MicroBatchesAfterTheNextStageWentAwayAreAnswered) {
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
+  const auto budget = std::chrono::microseconds(10'000'000);
+  RunningWorker w1 = StartWorker(WorkerOptions{.cpu_ranks = 1, .stage_inline = budget});
+  WorkerMetrics m0;
+  RunningWorker w0 = StartWorker(WorkerOptions{.cpu_ranks = 1, .metrics = &m0, .stage_inline = budget});
+  ASSERT_TRUE(w1.server->Assign(StageAssignment(golden.dir, 1, 1, 2, 1, "")).ok());
+  ASSERT_TRUE(w0.server->Assign(StageAssignment(golden.dir, 0, 0, 1, 1, w1.address)).ok());
+  ASSERT_EQ(AwaitLoaded(*w1.server).state, v1::WORKER_STATE_READY) << w1.server->Status().error;
+  ASSERT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
+  auto stub = v1::Stage::NewStub(grpc::CreateChannel(w0.address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));  // a hang fails, not blocks
+  auto stream = stub->StepStream(&ctx);
+  const std::vector<int32_t>& prompt = golden.cases.back().prompt_ids;
+  uint64_t step = 1;
+  int pos = 0;
+  std::vector<int32_t> next = prompt;
+  for (int i = 0; i < 4; ++i, ++step) {  // the prefill, then decode steps on the reading thread
+    ASSERT_TRUE(stream->Write(Step(step, 0, pos, next, static_cast<uint64_t>(i))));
+    v1::StepResponse r;
+    ASSERT_TRUE(stream->Read(&r));
+    ASSERT_EQ(r.error_code(), 0) << r.error_message();
+    pos += static_cast<int>(next.size());
+    next = {r.token_ids(0)};
+  }
+  w1.server->Shutdown();
+  w1.rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  for (int i = 0; i < 3; ++i, ++step) {
+    ASSERT_TRUE(stream->Write(Step(step, 0, pos, next, static_cast<uint64_t>(4 + i))));
+    v1::StepResponse r;
+    ASSERT_TRUE(stream->Read(&r)) << "micro-batch " << step << " was never answered";
+    EXPECT_EQ(r.step_id(), step);
+    EXPECT_EQ(r.error_code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE)) << r.error_message();
+    EXPECT_THAT(r.error_message(), HasSubstr(w1.address));
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(StageRuns(m0, "reader") + StageRuns(m0, "stage"), 7);  // every micro-batch ran once
+  EXPECT_GE(StageRuns(m0, "reader"), 1);
+  w0.server->Shutdown();
+  w0.rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
 TEST(WorkerAssignTest, InvalidAssignmentsNameTheField) {
   WorkerServer w(WorkerOptions{.cpu_ranks = 1});
   v1::Assignment a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
