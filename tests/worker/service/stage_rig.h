@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -15,8 +17,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "prometheus/metric_family.h"
 #include "shardserve/v1/stage.pb.h"
 #include "worker/service/convert.h"
+#include "worker/service/worker_metrics.h"
 #include "worker/service/worker_server.h"
 
 namespace shardserve::service {
@@ -40,6 +44,24 @@ inline RunningWorker StartWorker(WorkerOptions options) {
   w.rpc = b.BuildAndStart();
   w.address = absl::StrCat("127.0.0.1:", port);
   return w;
+}
+
+// The value of counter `family` with (at least) the labels `labels` in a worker's registry;
+// nullopt when it has no such child.
+inline std::optional<double> CounterValue(const WorkerMetrics& metrics, const std::string& family,
+                                          const std::map<std::string, std::string>& labels) {
+  for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
+    if (f.name != family) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      size_t matched = 0;
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        const auto it = labels.find(l.name);
+        matched += it != labels.end() && it->second == l.value;
+      }
+      if (matched == labels.size()) return m.counter.value;
+    }
+  }
+  return std::nullopt;
 }
 
 inline RunningWorker StartWorker(int cpu_ranks, WorkerMetrics* metrics = nullptr) {

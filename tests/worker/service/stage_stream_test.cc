@@ -21,7 +21,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/metrics/metrics_server.h"
-#include "prometheus/metric_family.h"
 #include "common/model_spec/model_spec.h"
 #include "common/safetensors/safetensors.h"
 #include "tests/testing/golden.h"
@@ -479,16 +478,35 @@ TEST(StagePipeliningTest, MicroBatchesInFlightFailWhenTheNextStageGoesAway) {
 // shardserve_worker_stage_runs_total{thread}: micro-batches run on the reading gRPC thread
 // ("reader") or the stage thread ("stage").
 double StageRuns(const WorkerMetrics& metrics, const std::string& thread) {
-  for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
-    if (f.name != "shardserve_worker_stage_runs_total") continue;
-    for (const prometheus::ClientMetric& m : f.metric) {
-      for (const prometheus::ClientMetric::Label& l : m.label) {
-        if (l.name == "thread" && l.value == thread) return m.counter.value;
-      }
-    }
-  }
-  return -1;
+  return CounterValue(metrics, "shardserve_worker_stage_runs_total", {{"thread", thread}}).value_or(-1);
 }
+
+// Two stages of the golden Llama with WorkerOptions::stage_inline = `budget`: stage 0 = layer 0 on
+// `ranks0` ranks, stage 1 = layer 1 on 1 rank. Shut down when it goes.
+struct InlineStages {
+  InlineStages(const std::string& model, std::chrono::microseconds budget, int ranks0, WorkerMetrics* m0,
+               WorkerMetrics* m1) {
+    w1 = StartWorker(WorkerOptions{.cpu_ranks = 1, .metrics = m1, .stage_inline = budget});
+    w0 = StartWorker(WorkerOptions{.cpu_ranks = ranks0, .metrics = m0, .stage_inline = budget});
+    EXPECT_TRUE(w1.server->Assign(StageAssignment(model, 1, 1, 2, 1, "")).ok());
+    EXPECT_TRUE(w0.server->Assign(StageAssignment(model, 0, 0, 1, ranks0, w1.address)).ok());
+    for (RunningWorker* w : {&w1, &w0}) {
+      const WorkerStatusSnapshot st = AwaitLoaded(*w->server);
+      if (st.state != v1::WORKER_STATE_READY) error += absl::StrCat(w->address, ": ", st.error, "; ");
+    }
+    stub = v1::Stage::NewStub(grpc::CreateChannel(w0.address, grpc::InsecureChannelCredentials()));
+  }
+  ~InlineStages() {
+    for (RunningWorker* w : {&w0, &w1}) Stop(*w);
+  }
+  static void Stop(RunningWorker& w) {
+    if (w.server) w.server->Shutdown();
+    if (w.rpc) w.rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+  RunningWorker w0, w1;
+  std::string error;  // empty when both loaded
+  std::unique_ptr<v1::Stage::Stub> stub;
+};
 
 // WorkerOptions::stage_inline: a micro-batch that the stage's last step says is short runs on the
 // gRPC thread that read it; the first (no step time yet) and those over the budget go to the stage
@@ -503,15 +521,10 @@ TEST(StageInlineTest, ShortStepsRunOnTheThreadThatReadThemAndGiveTheSameTokens) 
        {std::chrono::microseconds(0), std::chrono::microseconds(1), std::chrono::microseconds(10'000'000)}) {
     SCOPED_TRACE(absl::StrCat("stage_inline = ", budget.count(), " us"));
     WorkerMetrics m0, m1;
-    RunningWorker w1 = StartWorker(WorkerOptions{.cpu_ranks = 1, .metrics = &m1, .stage_inline = budget});
-    RunningWorker w0 = StartWorker(WorkerOptions{.cpu_ranks = 2, .metrics = &m0, .stage_inline = budget});
-    ASSERT_TRUE(w1.server->Assign(StageAssignment(golden.dir, 1, 1, 2, 1, "")).ok());
-    ASSERT_TRUE(w0.server->Assign(StageAssignment(golden.dir, 0, 0, 1, 2, w1.address)).ok());
-    ASSERT_EQ(AwaitLoaded(*w1.server).state, v1::WORKER_STATE_READY) << w1.server->Status().error;
-    ASSERT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
-    auto stub = v1::Stage::NewStub(grpc::CreateChannel(w0.address, grpc::InsecureChannelCredentials()));
+    InlineStages stages(golden.dir, budget, /*ranks0=*/2, &m0, &m1);
+    ASSERT_EQ(stages.error, "");
     uint64_t step = 1;
-    EXPECT_EQ(GenerateThrough(*stub, gc, 0, &step), gc.greedy_ids);
+    EXPECT_EQ(GenerateThrough(*stages.stub, gc, 0, &step), gc.greedy_ids);
     for (const WorkerMetrics* m : {&m0, &m1}) {
       const double on_reader = StageRuns(*m, "reader");
       const double on_stage = StageRuns(*m, "stage");
@@ -526,10 +539,6 @@ TEST(StageInlineTest, ShortStepsRunOnTheThreadThatReadThemAndGiveTheSameTokens) 
         EXPECT_GE(on_reader, static_cast<double>(steps) / 2);
       }
     }
-    for (RunningWorker* w : {&w0, &w1}) {
-      w->server->Shutdown();
-      w->rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    }
   }
 }
 
@@ -538,18 +547,12 @@ TEST(StageInlineTest, ShortStepsRunOnTheThreadThatReadThemAndGiveTheSameTokens) 
 // thread runs it (the reader while the dead link still looks open, the stage thread after).
 TEST(StageInlineTest, MicroBatchesAfterTheNextStageWentAwayAreAnswered) {
   ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
-  const auto budget = std::chrono::microseconds(10'000'000);
-  RunningWorker w1 = StartWorker(WorkerOptions{.cpu_ranks = 1, .stage_inline = budget});
   WorkerMetrics m0;
-  RunningWorker w0 = StartWorker(WorkerOptions{.cpu_ranks = 1, .metrics = &m0, .stage_inline = budget});
-  ASSERT_TRUE(w1.server->Assign(StageAssignment(golden.dir, 1, 1, 2, 1, "")).ok());
-  ASSERT_TRUE(w0.server->Assign(StageAssignment(golden.dir, 0, 0, 1, 1, w1.address)).ok());
-  ASSERT_EQ(AwaitLoaded(*w1.server).state, v1::WORKER_STATE_READY) << w1.server->Status().error;
-  ASSERT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
-  auto stub = v1::Stage::NewStub(grpc::CreateChannel(w0.address, grpc::InsecureChannelCredentials()));
+  InlineStages stages(golden.dir, std::chrono::microseconds(10'000'000), /*ranks0=*/1, &m0, /*m1=*/nullptr);
+  ASSERT_EQ(stages.error, "");
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));  // a hang fails, not blocks
-  auto stream = stub->StepStream(&ctx);
+  auto stream = stages.stub->StepStream(&ctx);
   const std::vector<int32_t>& prompt = golden.cases.back().prompt_ids;
   uint64_t step = 1;
   int pos = 0;
@@ -562,22 +565,20 @@ TEST(StageInlineTest, MicroBatchesAfterTheNextStageWentAwayAreAnswered) {
     pos += static_cast<int>(next.size());
     next = {r.token_ids(0)};
   }
-  w1.server->Shutdown();
-  w1.rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  const std::string stage1 = stages.w1.address;
+  InlineStages::Stop(stages.w1);
   for (int i = 0; i < 3; ++i, ++step) {
     ASSERT_TRUE(stream->Write(Step(step, 0, pos, next, static_cast<uint64_t>(4 + i))));
     v1::StepResponse r;
     ASSERT_TRUE(stream->Read(&r)) << "micro-batch " << step << " was never answered";
     EXPECT_EQ(r.step_id(), step);
     EXPECT_EQ(r.error_code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE)) << r.error_message();
-    EXPECT_THAT(r.error_message(), HasSubstr(w1.address));
+    EXPECT_THAT(r.error_message(), HasSubstr(stage1));
   }
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(StageRuns(m0, "reader") + StageRuns(m0, "stage"), 7);  // every micro-batch ran once
   EXPECT_GE(StageRuns(m0, "reader"), 1);
-  w0.server->Shutdown();
-  w0.rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 TEST(WorkerAssignTest, InvalidAssignmentsNameTheField) {

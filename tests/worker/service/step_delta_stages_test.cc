@@ -29,15 +29,8 @@ constexpr int kBlocksPerSequence = 8;
 
 // A counter of a worker's registry: shardserve_worker_stream_bytes_total{direction, peer}.
 double StreamBytes(const WorkerMetrics& metrics, const std::string& direction, const std::string& peer) {
-  for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
-    if (f.name != "shardserve_worker_stream_bytes_total") continue;
-    for (const prometheus::ClientMetric& m : f.metric) {
-      std::map<std::string, std::string> labels;
-      for (const prometheus::ClientMetric::Label& l : m.label) labels[l.name] = l.value;
-      if (labels["direction"] == direction && labels["peer"] == peer) return m.counter.value;
-    }
-  }
-  return 0;
+  return CounterValue(metrics, "shardserve_worker_stream_bytes_total", {{"direction", direction}, {"peer", peer}})
+      .value_or(0);
 }
 
 struct Generation {
