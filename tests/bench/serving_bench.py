@@ -18,7 +18,8 @@ compute time, from the workers' shardserve_worker_step_seconds, over the wall ti
      tokens of their own, with prefix caching on and off: TTFT and throughput, and the prompt
      tokens served from the cache;
   4. with --one_stage (default model: stories260K): one client through a 1-stage cluster (one
-     1-rank worker) against the engine alone, both from the same run: the worker's own decode step
+     1-rank worker; --requests requests one after another per run, so that a run lasts ~1 s and
+     not the ~0.1 s whose figures scattered from 0.50 to 0.61) against the engine alone, both from the same run: the worker's own decode step
      time (its shardserve_worker_step_seconds, phase "decode") over the client's time per output
      token (1 / its tok/s; target: >= 0.6); the rest is the serving path's own cost, split with the
      exported metrics into the coordinator's round trip of a micro-batch beyond the worker's compute
@@ -276,8 +277,7 @@ def one_stage(args, model):
         for _ in range(args.repeats):
             s0, n0 = decode_steps(cluster.worker_metrics[0])
             c0, w0 = sums(cluster.coordinator_metrics, COORD), sums(cluster.worker_metrics[0], WORKER)
-            s = bench(args.bin_dir, cluster.address, 1, max(4, args.requests // 8), args.max_tokens, seed=next_seed(),
-                      vocab=vocab)
+            s = bench(args.bin_dir, cluster.address, 1, args.requests, args.max_tokens, seed=next_seed(), vocab=vocab)
             s1, n1 = decode_steps(cluster.worker_metrics[0])
             c1, w1 = sums(cluster.coordinator_metrics, COORD), sums(cluster.worker_metrics[0], WORKER)
             s["engine_step_s"] = (s1 - s0) / max(1.0, n1 - n0)
