@@ -13,7 +13,9 @@
 // mutual TLS on every link (certificates from a throw-away CA, as shardserve-local makes them);
 // it prints the TLS cost per hop and the TLS handshakes per decode step (zero: the streams are
 // long-lived).
-// Usage: shardserve-bench-pipeline [--model=DIR] [--tokens=64]   (default: the generated 100M model)
+// With --json the lines above go to stderr and stdout gets one JSON object of the same figures
+// (tests/gpu/hop.sh records it on a GPU machine's idle cores).
+// Usage: shardserve-bench-pipeline [--model=DIR] [--tokens=64] [--json]   (default: the generated 100M model)
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -36,6 +38,7 @@
 #include "common/safetensors/safetensors.h"
 #include "common/security/cert_authority.h"
 #include "common/security/grpc_security.h"
+#include "nlohmann/json.hpp"
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "tests/testing/random_model.h"
 #include "worker/engine/executor.h"
@@ -52,6 +55,7 @@ ABSL_FLAG(int32_t, stage_poll_us, 1000, "the longest an idle stage thread polls 
 ABSL_FLAG(int32_t, stage_inline_us, 1000, "a micro-batch whose stage's last step took at most this long runs on the gRPC thread that read it (WorkerOptions::stage_inline; 0 = always the stage thread)");
 ABSL_FLAG(int32_t, answer_poll_us, 1000, "the longest the replica client polls per wait for an answer that is due (GrpcReplicaClient answer_poll)");
 ABSL_FLAG(int32_t, answer_spin_us, 0, "how long the replica client polls for an answer (GrpcReplicaClient answer_spin)");
+ABSL_FLAG(bool, json, false, "print the figures as one JSON object on stdout (the readable lines go to stderr)");
 ABSL_FLAG(bool, write_model_only, false, "write the 100M model into --scratch and exit (for serving_bench.py)");
 
 namespace shardserve {
@@ -240,11 +244,12 @@ v1::Assignment Stage(const std::string& model, int stage, int begin, int end, co
 }
 
 int Run() {
+  FILE* const text = absl::GetFlag(FLAGS_json) ? stderr : stdout;
   std::string dir = absl::GetFlag(FLAGS_model);
   if (dir.empty()) {
     dir = absl::GetFlag(FLAGS_scratch);
     if (!std::filesystem::exists(dir + "/model.safetensors")) {
-      std::printf("writing the 100M model to %s ...\n", dir.c_str());
+      std::fprintf(text, "writing the 100M model to %s ...\n", dir.c_str());
       if (auto st = testing::WriteRandomLlama(dir, testing::HundredMModel(absl::GetFlag(FLAGS_bf16)), 1234); !st.ok()) return 1;
     }
     if (absl::GetFlag(FLAGS_write_model_only)) return 0;
@@ -510,35 +515,67 @@ int Run() {
   const double hop_tls_cost = Median(hop_diff);
   std::filesystem::remove_all(tls_dir);
 
-  std::printf("model %s, %lld layers, hidden %lld\n", dir.c_str(), static_cast<long long>(spec->num_layers),
+  std::fprintf(text, "model %s, %lld layers, hidden %lld\n", dir.c_str(), static_cast<long long>(spec->num_layers),
               static_cast<long long>(spec->hidden_size));
   for (int t = 0; t < 2; ++t) {
-    std::printf("[%s] bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n", transports[t].name,
+    std::fprintf(text, "[%s] bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n", transports[t].name,
                 rtt_decode[t] * 1e6, decode_bytes, rtt_prefill[t] * 1e6, prefill_bytes,
                 prefill_bytes / rtt_prefill[t] / 1e9);
-    std::printf("[%s] bare round trip answered from another thread: %.1f us (%zu B); after %.2f ms idle: %.1f us\n",
+    std::fprintf(text, "[%s] bare round trip answered from another thread: %.1f us (%zu B); after %.2f ms idle: %.1f us\n",
                 transports[t].name, rtt_handoff[t] * 1e6, decode_bytes, gap.count() * 1e3, rtt_idle[t] * 1e6);
-    std::printf("[%s] decode step: one process %.2f ms, 2 stages %.2f ms (their compute %.2f ms); per hop %.1f us = "
+    std::fprintf(text, "[%s] decode step: one process %.2f ms, 2 stages %.2f ms (their compute %.2f ms); per hop %.1f us = "
                 "%.2fx the bare round trip, %.2fx the one after idling; stage compute %.2f ms (median of %d rounds of %d "
                 "steps)\n",
                 transports[t].name, step_one * 1e3, step_pp[t] * 1e3, compute_pp[t] * 1e3, hop[t] * 1e6,
                 hop[t] / rtt_decode[t], hop[t] / rtt_idle[t], compute_pp[t] * 1e3 / 2, kRounds, tokens);
-    std::printf("[%s] decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", transports[t].name,
+    std::fprintf(text, "[%s] decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", transports[t].name,
                 1 / step_one, 1 / step_pp[t], step_one / step_pp[t]);
     const double hr = Median(pipes[t]->hop_relayed), hd = Median(pipes[t]->hop_direct);
-    std::printf("[%s] through the coordinator's replica client: decode step %.3f ms with answers relayed through "
+    std::fprintf(text, "[%s] through the coordinator's replica client: decode step %.3f ms with answers relayed through "
                 "stage 0 (per hop %.1f us = %.2fx the bare round trip), %.3f ms with the last stage answering directly "
                 "(per round trip of its 3 one-way trips %.1f us = %.2fx the bare round trip)\n",
                 transports[t].name, Median(pipes[t]->step_relayed) * 1e3, hr * 1e6, hr / rtt_decode[t],
                 Median(pipes[t]->step_direct) * 1e3, hd * 1e6, hd / rtt_decode[t]);
   }
-  std::printf("TLS handshakes per decode step once the links are up (both pipelines): %.3f\n", handshakes_per_step);
+  std::fprintf(text, "TLS handshakes per decode step once the links are up (both pipelines): %.3f\n", handshakes_per_step);
   // The hop includes the stage's own transport work; TLS adds record encryption both ways.
-  std::printf("mTLS cost: per hop %+.1f us (%+.1f%%; median of %d paired rounds), bare round trip %+.1f us (%+.1f%%), "
+  std::fprintf(text, "mTLS cost: per hop %+.1f us (%+.1f%%; median of %d paired rounds), bare round trip %+.1f us (%+.1f%%), "
               "prefill-sized round trip %+.1f%%, decode step %+.1f%%\n",
               hop_tls_cost * 1e6, 100 * hop_tls_cost / hop[0], kRounds, (rtt_decode[1] - rtt_decode[0]) * 1e6,
               100 * (rtt_decode[1] - rtt_decode[0]) / rtt_decode[0], 100 * (rtt_prefill[1] - rtt_prefill[0]) / rtt_prefill[0],
               100 * (step_pp[1] - step_pp[0]) / step_pp[0]);
+  if (absl::GetFlag(FLAGS_json)) {
+    // The same figures, times in µs or ms as named; ratios against the same run's round trips.
+    nlohmann::json doc{{"model", dir},
+                       {"layers", spec->num_layers},
+                       {"hidden", spec->hidden_size},
+                       {"cores", std::thread::hardware_concurrency()},
+                       {"tokens", tokens},
+                       {"rounds", kRounds},
+                       {"idle_gap_ms", gap.count() * 1e3},
+                       {"step_one_process_ms", step_one * 1e3},
+                       {"tls_handshakes_per_step", handshakes_per_step},
+                       {"mtls_hop_cost_us", hop_tls_cost * 1e6}};
+    for (int t = 0; t < 2; ++t) {
+      const double hr = Median(pipes[t]->hop_relayed), hd = Median(pipes[t]->hop_direct);
+      doc["transports"][transports[t].name] = {
+          {"round_trip_us", rtt_decode[t] * 1e6},
+          {"round_trip_after_idle_us", rtt_idle[t] * 1e6},
+          {"round_trip_other_thread_us", rtt_handoff[t] * 1e6},
+          {"prefill_round_trip_us", rtt_prefill[t] * 1e6},
+          {"step_pp2_ms", step_pp[t] * 1e3},
+          {"stage_compute_ms", compute_pp[t] * 1e3 / 2},
+          {"hop_us", hop[t] * 1e6},
+          {"hop_over_round_trip", hop[t] / rtt_decode[t]},
+          {"hop_over_round_trip_after_idle", hop[t] / rtt_idle[t]},
+          {"replica_client_step_relayed_ms", Median(pipes[t]->step_relayed) * 1e3},
+          {"replica_client_hop_relayed_us", hr * 1e6},
+          {"replica_client_hop_relayed_over_round_trip", hr / rtt_decode[t]},
+          {"replica_client_step_direct_ms", Median(pipes[t]->step_direct) * 1e3},
+          {"replica_client_direct_round_trip_us", hd * 1e6}};
+    }
+    std::printf("%s\n", doc.dump(2).c_str());
+  }
   return 0;
 }
 

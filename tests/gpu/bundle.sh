@@ -3,8 +3,8 @@
 # NVIDIA driver, CUDA and Python but none of our Debian libraries and no package registry:
 #   bash tests/gpu/bundle.sh [OUT_DIR]          (default OUT_DIR: gpu-bundle at the repository root)
 # OUT_DIR then holds:
-#   run.sh env.sh profile.sh variants.sh suite.py kernels.py README.md   the runner, its library setup, the profiler and helpers
-#   bin.tar.xz bin/ (the daemons and tools, shardserve-bench-gpu) and tests/ (every test binary
+#   run.sh env.sh profile.sh variants.sh hop.sh suite.py kernels.py README.md   the runner, its library setup, the profiler and helpers
+#   bin.tar.xz bin/ (the daemons and tools, shardserve-bench-gpu, shardserve-bench-pipeline) and tests/ (every test binary
 #              labelled gpu, found through ctest -L gpu), packed; env.sh unpacks them into the
 #              bundle on first use
 #   lib.tar.xz their shared libraries except glibc's and NVIDIA's (packed: OpenBLAS and ICU data
@@ -24,8 +24,9 @@ OUT="${1:-$ROOT/gpu-bundle}"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 JOBS="${JOBS:-2}"
 LIMIT_MIB=60
-BINS=(shardserve-worker shardserve-coordinator shardserve-local shardserve-run shardserve shardserve-bench-gpu)
-TARGETS=(gpu_tests gpu_bench shardserve_worker coordinator_main shardserve_local shardserve_run shardserve_cli)
+BINS=(shardserve-worker shardserve-coordinator shardserve-local shardserve-run shardserve shardserve-bench-gpu
+  shardserve-bench-pipeline)
+TARGETS=(gpu_tests gpu_bench pipeline_bench shardserve_worker coordinator_main shardserve_local shardserve_run shardserve_cli)
 
 echo "== configure and build ($BUILD)"
 mkdir -p "$BUILD"
@@ -57,7 +58,7 @@ for b in "${BINS[@]}"; do
 done
 for t in "${TESTS[@]}"; do cp "$t" "$OUT/tests/"; done
 strip --strip-unneeded "$OUT"/bin/* "$OUT"/tests/*
-cp "$ROOT"/tests/gpu/{run.sh,env.sh,profile.sh,variants.sh,suite.py,kernels.py,README.md} "$OUT/"
+cp "$ROOT"/tests/gpu/{run.sh,env.sh,profile.sh,variants.sh,hop.sh,suite.py,kernels.py,README.md} "$OUT/"
 chmod +x "$OUT"/{run.sh,profile.sh,variants.sh,suite.py,kernels.py}
 
 # Shared libraries: everything ldd resolves except the glibc family (the machine's own) and the

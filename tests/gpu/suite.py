@@ -104,9 +104,10 @@ def gtest_part(name, json_path, rc, seconds, log_path=None):
     return part
 
 
-def bench_part(json_path, rc, seconds):
-    """A part from shardserve-bench-gpu --json's stdout: its figures, or why there are none."""
-    part = {"name": "bench", "kind": "bench", "rc": rc, "seconds": round(seconds, 3)}
+def bench_part(json_path, rc, seconds, name="bench"):
+    """A part from a benchmark's --json stdout (shardserve-bench-gpu; shardserve-bench-pipeline for
+    hop.sh): its figures, or why there are none."""
+    part = {"name": name, "kind": "bench", "rc": rc, "seconds": round(seconds, 3)}
     doc = None
     try:
         with open(json_path) as f:
@@ -254,6 +255,7 @@ def main(argv=None):
     p.add_argument("--field", action="append", default=[], help="KEY=VALUE (VALUE parsed as JSON when it is)")
     p.add_argument("--out", required=True)
     b = sub.add_parser("bench")
+    b.add_argument("--name", default="bench")
     b.add_argument("--json-file", required=True)
     b.add_argument("--rc", type=int, required=True)
     b.add_argument("--seconds", type=float, default=0)
@@ -290,7 +292,7 @@ def main(argv=None):
         if a.rc is not None:
             part["rc"] = a.rc
     elif a.cmd == "bench":
-        part = bench_part(a.json_file, a.rc, a.seconds)
+        part = bench_part(a.json_file, a.rc, a.seconds, a.name)
     elif a.cmd == "cluster":
         part = cluster_part(os.path.abspath(a.bin), os.path.abspath(a.root), a.timeout, a.devices)
     else:

@@ -26,6 +26,7 @@ sys.path.insert(0, HERE)
 import suite  # noqa: E402
 
 BENCH = None
+PIPELINE_BENCH = None  # --pipeline_bench: the built shardserve-bench-pipeline, for hop.sh
 
 
 def has_gpu():
@@ -94,7 +95,7 @@ class KernelTimes(unittest.TestCase):
 
 class Scripts(unittest.TestCase):
     def test_bash_syntax(self):
-        for name in ("bundle.sh", "run.sh", "env.sh", "profile.sh"):
+        for name in ("bundle.sh", "run.sh", "env.sh", "profile.sh", "variants.sh", "hop.sh"):
             p = subprocess.run(["bash", "-n", os.path.join(HERE, name)], capture_output=True, text=True)
             self.assertEqual(p.returncode, 0, f"{name}: {p.stderr}")
 
@@ -252,6 +253,63 @@ echo '{"testsuites": [{"name": "S", "testsuite": [{"name": "A", "status": "RUN",
         return bundle
 
 
+class HopSh(unittest.TestCase):
+    """hop.sh from a fake bundle: the pipeline benchmark's JSON becomes the "hop" part."""
+
+    def bundle(self, bench_script=None):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        bundle = os.path.join(d, "bundle")
+        for sub in ("bin", "root", "shared/models"):
+            os.makedirs(os.path.join(bundle, sub))
+        for name in ("hop.sh", "env.sh", "suite.py"):
+            shutil.copy(os.path.join(HERE, name), bundle)
+        # What root/../shared/models/stories260K finds, as bundle.sh lays it out.
+        os.symlink(os.path.abspath(os.path.join(HERE, "..", "..", "..", "shared", "models", "stories260K")),
+                   os.path.join(bundle, "shared", "models", "stories260K"))
+        target = os.path.join(bundle, "bin", "shardserve-bench-pipeline")
+        if bench_script is None:
+            os.symlink(PIPELINE_BENCH, target)
+        else:
+            write(target, bench_script, executable=True)
+        return d, bundle
+
+    def run_hop(self, bundle, out, *flags):
+        env = dict(os.environ, PATH="/usr/bin:/bin")
+        return subprocess.run(["bash", os.path.join(bundle, "hop.sh"), out, *flags], capture_output=True, text=True,
+                              timeout=100, env=env)
+
+    def test_the_real_benchmark_on_stories260k(self):
+        if PIPELINE_BENCH is None:
+            self.skipTest("no shardserve-bench-pipeline given (--pipeline_bench)")
+        d, bundle = self.bundle()
+        out = os.path.join(d, "out")
+        p = self.run_hop(bundle, out, "--model=../shared/models/stories260K", "--tokens=4")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        with open(os.path.join(out, "hop.json")) as f:
+            part = json.load(f)
+        self.assertEqual((part["name"], part["status"]), ("hop", "passed"))
+        figures = part["figures"]
+        self.assertEqual(figures["model"], "../shared/models/stories260K")
+        self.assertEqual(figures["tokens"], 4)
+        for name in ("plaintext", "mTLS"):
+            t = figures["transports"][name]
+            self.assertGreater(t["round_trip_us"], 0)
+            self.assertAlmostEqual(t["hop_over_round_trip"], t["hop_us"] / t["round_trip_us"], places=6)
+            self.assertIn(f"[{name}] per hop {t['hop_us']:.1f} us", p.stdout)
+
+    def test_a_failing_benchmark_fails_with_its_log(self):
+        d, bundle = self.bundle("#!/bin/bash\necho 'cannot bind 127.0.0.1:0' >&2\nexit 3\n")
+        out = os.path.join(d, "out")
+        p = self.run_hop(bundle, out)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        with open(os.path.join(out, "hop.json")) as f:
+            part = json.load(f)
+        self.assertEqual(part["status"], "failed")
+        self.assertIn("cannot bind", part["log_tail"])
+        self.assertIn("hop: failed", p.stdout)
+
+
 class Bench(unittest.TestCase):
     def test_skips_cleanly_without_a_device(self):
         if BENCH is None:
@@ -269,6 +327,8 @@ class Bench(unittest.TestCase):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench")
+    ap.add_argument("--pipeline_bench")
     args, rest = ap.parse_known_args()
     BENCH = args.bench
+    PIPELINE_BENCH = args.pipeline_bench and os.path.abspath(args.pipeline_bench)
     unittest.main(argv=[sys.argv[0], *rest])
