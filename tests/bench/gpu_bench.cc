@@ -4,6 +4,8 @@
 //   prefill tok/s                        vs  the bf16 tensor-core GEMM rate on a prefill-shaped product
 //   all-reduce of one hidden state (8192 floats) over every GPU (NCCL), when there are >= 2
 //   host CPU time per decode step (CLOCK_PROCESS_CPUTIME_ID over the timed steps)
+//   a mixed step (--batch - 1 sequences decoding + a --mixed_prefill-token prompt chunk) against
+//                                        its two parts as steps of their own
 // The models are generated (tests/testing/random_model.h) into --scratch once: `llama`, a
 // 1.1B-parameter bf16 Llama (TinyLlama's shape); `moe`, a 1.08B-parameter bf16 Mixtral-style MoE
 // (12 layers, 8 experts of width 1408, top 2: 0.33B parameters used per token); and `llama_fp8`:
@@ -66,6 +68,9 @@ ABSL_FLAG(int32_t, tokens, 64, "decode steps to time at batch 1 (half as many at
 ABSL_FLAG(int32_t, batch, 32, "sequences per step of the batched decode");
 ABSL_FLAG(int32_t, prefill, 512, "prefill prompt length (tokens)");
 ABSL_FLAG(int32_t, context, 32, "prompt length of each sequence before the timed decode steps");
+ABSL_FLAG(int32_t, mixed_prefill, 256,
+          "prompt tokens of the mixed step's prefill chunk, beside --batch - 1 sequences decoding a token each "
+          "(0 = no mixed step)");
 ABSL_FLAG(bool, pdl, false,
           "launch the decode kernels with programmatic dependent launch (compute capability >= 9.0; "
           "worker/kernels/cuda/pdl.cuh)");
@@ -320,6 +325,44 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
   // Linear layers only (2 flops per weight a token multiplies with); attention adds a little more.
   const double prefill_tflops = prefill_tok_s * 2 * pc.active_matrices_per_token / 1e12;
 
+  // A mixed step, as continuous batching with chunked prefill makes them: sequences 1..batch-1
+  // decoding one token each (at position `context`) and a prompt chunk of `chunk` tokens for
+  // sequence 0 (from position 0), against the same two parts as steps of their own; each timed as
+  // the best of 3 after an untimed run (a decode-only step may be captured as a graph on its first).
+  json mixed = nullptr;
+  if (const int chunk = absl::GetFlag(FLAGS_mixed_prefill); chunk > 0 && batch >= 2) {
+    if (chunk > prefill || batch - 1 + chunk > model->options().max_step_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("--mixed_prefill=", chunk, " must be at most --prefill (", prefill,
+                                                     ") and leave room for ", batch - 1, " decode rows in a step of ",
+                                                     model->options().max_step_tokens, " tokens"));
+    }
+    const std::vector<engine::StepSequence> decoding(seqs.begin() + 1, seqs.end());
+    const engine::StepSequence chunk_seq{.block_ids = engine::WholeContextBlocks(model->options(), 0),
+                                         .pos_begin = 0,
+                                         .tokens = std::vector<int32_t>(prompt.begin(), prompt.begin() + chunk)};
+    auto best_of_3 = [&](const std::vector<engine::StepSequence>& step) -> absl::StatusOr<double> {
+      RETURN_IF_ERROR(model->Step(step).status());
+      double best = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        const double t0 = Now();
+        RETURN_IF_ERROR(model->Step(step).status());
+        best = std::min(best, Now() - t0);
+      }
+      return best;
+    };
+    std::vector<engine::StepSequence> both = decoding;
+    both.push_back(chunk_seq);
+    ASSIGN_OR_RETURN(const double decode_s, best_of_3(decoding));
+    ASSIGN_OR_RETURN(const double chunk_s, best_of_3({chunk_seq}));
+    ASSIGN_OR_RETURN(const double mixed_s, best_of_3(both));
+    mixed = json{{"decode_sequences", batch - 1},
+                 {"prefill_tokens", chunk},
+                 {"step_ms", mixed_s * 1e3},
+                 {"decode_alone_ms", decode_s * 1e3},
+                 {"prefill_alone_ms", chunk_s * 1e3},
+                 {"over_separate_steps", mixed_s / (decode_s + chunk_s)}};
+  }
+
   auto decode_json = [](const DecodeFigures& f, int b) {
     return json{{"batch", b},
                 {"tok_s", f.tok_s},
@@ -349,7 +392,8 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
           {{"prompt_tokens", prefill},
            {"tok_s", prefill_tok_s},
            {"linear_tflops", prefill_tflops},
-           {"fraction_of_bf16_gemm", prefill_tflops / gemm_tflops}}}};
+           {"fraction_of_bf16_gemm", prefill_tflops / gemm_tflops}}},
+         {"mixed_step", mixed}};
   if (spec.fp8.has_value()) {
     r["fp8_weight_block_size"] = {spec.fp8->block_rows, spec.fp8->block_cols};
     r["memory_model_weight_bytes"] = layout.predicted_bytes;  // equal to weight_bytes_held when FP8 is kept
@@ -524,6 +568,13 @@ int Run() {
       std::printf("  prefill %d tokens: %9.1f tok/s  %.2f TFLOP/s = %.3f of the bf16 GEMM rate\n",
                   p["prompt_tokens"].get<int>(), p["tok_s"].get<double>(), p["linear_tflops"].get<double>(),
                   p["fraction_of_bf16_gemm"].get<double>());
+      if (const json& x = r["mixed_step"]; !x.is_null()) {
+        std::printf("  mixed step (%d decoding + a %d-token chunk): %.2f ms against %.2f + %.2f ms as steps of "
+                    "their own = %.3f\n",
+                    x["decode_sequences"].get<int>(), x["prefill_tokens"].get<int>(), x["step_ms"].get<double>(),
+                    x["decode_alone_ms"].get<double>(), x["prefill_alone_ms"].get<double>(),
+                    x["over_separate_steps"].get<double>());
+      }
     }
   }
   if (as_json) std::printf("%s\n", report.dump(2).c_str());
