@@ -499,10 +499,15 @@ int Run() {
   const double handshakes_per_step =
       static_cast<double>(security::InternalClientHandshakes() - handshakes_before) / (6.0 * kRounds * tokens);
   double step_pp[2], hop[2], compute_pp[2];
+  double step_relayed[2], hop_relayed[2], step_direct[2], hop_direct[2];  // through the replica client
   for (int t = 0; t < 2; ++t) {
     step_pp[t] = Median(pipes[t]->step);
     hop[t] = Median(pipes[t]->hop);
     compute_pp[t] = Median(pipes[t]->compute);
+    step_relayed[t] = Median(pipes[t]->step_relayed);
+    hop_relayed[t] = Median(pipes[t]->hop_relayed);
+    step_direct[t] = Median(pipes[t]->step_direct);
+    hop_direct[t] = Median(pipes[t]->hop_direct);
     pipes[t]->relayed.reset();
     pipes[t]->direct.reset();
     pipes[t]->stream->WritesDone();
@@ -516,34 +521,41 @@ int Run() {
   std::filesystem::remove_all(tls_dir);
 
   std::fprintf(text, "model %s, %lld layers, hidden %lld\n", dir.c_str(), static_cast<long long>(spec->num_layers),
-              static_cast<long long>(spec->hidden_size));
+               static_cast<long long>(spec->hidden_size));
   for (int t = 0; t < 2; ++t) {
-    std::fprintf(text, "[%s] bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n", transports[t].name,
-                rtt_decode[t] * 1e6, decode_bytes, rtt_prefill[t] * 1e6, prefill_bytes,
-                prefill_bytes / rtt_prefill[t] / 1e9);
-    std::fprintf(text, "[%s] bare round trip answered from another thread: %.1f us (%zu B); after %.2f ms idle: %.1f us\n",
-                transports[t].name, rtt_handoff[t] * 1e6, decode_bytes, gap.count() * 1e3, rtt_idle[t] * 1e6);
-    std::fprintf(text, "[%s] decode step: one process %.2f ms, 2 stages %.2f ms (their compute %.2f ms); per hop %.1f us = "
-                "%.2fx the bare round trip, %.2fx the one after idling; stage compute %.2f ms (median of %d rounds of %d "
-                "steps)\n",
-                transports[t].name, step_one * 1e3, step_pp[t] * 1e3, compute_pp[t] * 1e3, hop[t] * 1e6,
-                hop[t] / rtt_decode[t], hop[t] / rtt_idle[t], compute_pp[t] * 1e3 / 2, kRounds, tokens);
+    std::fprintf(text, "[%s] bare gRPC bidi round trip: %.1f us (%zu B), %.1f us (%zu B) = %.2f GB/s\n",
+                 transports[t].name, rtt_decode[t] * 1e6, decode_bytes, rtt_prefill[t] * 1e6, prefill_bytes,
+                 prefill_bytes / rtt_prefill[t] / 1e9);
+    std::fprintf(text,
+                 "[%s] bare round trip answered from another thread: %.1f us (%zu B); after %.2f ms idle: %.1f us\n",
+                 transports[t].name, rtt_handoff[t] * 1e6, decode_bytes, gap.count() * 1e3, rtt_idle[t] * 1e6);
+    std::fprintf(
+        text,
+        "[%s] decode step: one process %.2f ms, 2 stages %.2f ms (their compute %.2f ms); per hop %.1f us = "
+        "%.2fx the bare round trip, %.2fx the one after idling; stage compute %.2f ms (median of %d rounds of %d "
+        "steps)\n",
+        transports[t].name, step_one * 1e3, step_pp[t] * 1e3, compute_pp[t] * 1e3, hop[t] * 1e6, hop[t] / rtt_decode[t],
+        hop[t] / rtt_idle[t], compute_pp[t] * 1e3 / 2, kRounds, tokens);
     std::fprintf(text, "[%s] decode tok/s: one process %.1f, PP=2 %.1f = %.2f of one process\n", transports[t].name,
-                1 / step_one, 1 / step_pp[t], step_one / step_pp[t]);
-    const double hr = Median(pipes[t]->hop_relayed), hd = Median(pipes[t]->hop_direct);
-    std::fprintf(text, "[%s] through the coordinator's replica client: decode step %.3f ms with answers relayed through "
-                "stage 0 (per hop %.1f us = %.2fx the bare round trip), %.3f ms with the last stage answering directly "
-                "(per round trip of its 3 one-way trips %.1f us = %.2fx the bare round trip)\n",
-                transports[t].name, Median(pipes[t]->step_relayed) * 1e3, hr * 1e6, hr / rtt_decode[t],
-                Median(pipes[t]->step_direct) * 1e3, hd * 1e6, hd / rtt_decode[t]);
+                 1 / step_one, 1 / step_pp[t], step_one / step_pp[t]);
+    const double hr = hop_relayed[t], hd = hop_direct[t];
+    std::fprintf(
+        text,
+        "[%s] through the coordinator's replica client: decode step %.3f ms with answers relayed through "
+        "stage 0 (per hop %.1f us = %.2fx the bare round trip), %.3f ms with the last stage answering directly "
+        "(per round trip of its 3 one-way trips %.1f us = %.2fx the bare round trip)\n",
+        transports[t].name, step_relayed[t] * 1e3, hr * 1e6, hr / rtt_decode[t],
+        step_direct[t] * 1e3, hd * 1e6, hd / rtt_decode[t]);
   }
-  std::fprintf(text, "TLS handshakes per decode step once the links are up (both pipelines): %.3f\n", handshakes_per_step);
+  std::fprintf(text, "TLS handshakes per decode step once the links are up (both pipelines): %.3f\n",
+               handshakes_per_step);
   // The hop includes the stage's own transport work; TLS adds record encryption both ways.
-  std::fprintf(text, "mTLS cost: per hop %+.1f us (%+.1f%%; median of %d paired rounds), bare round trip %+.1f us (%+.1f%%), "
-              "prefill-sized round trip %+.1f%%, decode step %+.1f%%\n",
-              hop_tls_cost * 1e6, 100 * hop_tls_cost / hop[0], kRounds, (rtt_decode[1] - rtt_decode[0]) * 1e6,
-              100 * (rtt_decode[1] - rtt_decode[0]) / rtt_decode[0], 100 * (rtt_prefill[1] - rtt_prefill[0]) / rtt_prefill[0],
-              100 * (step_pp[1] - step_pp[0]) / step_pp[0]);
+  std::fprintf(text,
+               "mTLS cost: per hop %+.1f us (%+.1f%%; median of %d paired rounds), bare round trip %+.1f us (%+.1f%%), "
+               "prefill-sized round trip %+.1f%%, decode step %+.1f%%\n",
+               hop_tls_cost * 1e6, 100 * hop_tls_cost / hop[0], kRounds, (rtt_decode[1] - rtt_decode[0]) * 1e6,
+               100 * (rtt_decode[1] - rtt_decode[0]) / rtt_decode[0],
+               100 * (rtt_prefill[1] - rtt_prefill[0]) / rtt_prefill[0], 100 * (step_pp[1] - step_pp[0]) / step_pp[0]);
   if (absl::GetFlag(FLAGS_json)) {
     // The same figures, times in µs or ms as named; ratios against the same run's round trips.
     nlohmann::json doc{{"model", dir},
@@ -557,22 +569,21 @@ int Run() {
                        {"tls_handshakes_per_step", handshakes_per_step},
                        {"mtls_hop_cost_us", hop_tls_cost * 1e6}};
     for (int t = 0; t < 2; ++t) {
-      const double hr = Median(pipes[t]->hop_relayed), hd = Median(pipes[t]->hop_direct);
-      doc["transports"][transports[t].name] = {
-          {"round_trip_us", rtt_decode[t] * 1e6},
-          {"round_trip_after_idle_us", rtt_idle[t] * 1e6},
-          {"round_trip_other_thread_us", rtt_handoff[t] * 1e6},
-          {"prefill_round_trip_us", rtt_prefill[t] * 1e6},
-          {"step_pp2_ms", step_pp[t] * 1e3},
-          {"stage_compute_ms", compute_pp[t] * 1e3 / 2},
-          {"hop_us", hop[t] * 1e6},
-          {"hop_over_round_trip", hop[t] / rtt_decode[t]},
-          {"hop_over_round_trip_after_idle", hop[t] / rtt_idle[t]},
-          {"replica_client_step_relayed_ms", Median(pipes[t]->step_relayed) * 1e3},
-          {"replica_client_hop_relayed_us", hr * 1e6},
-          {"replica_client_hop_relayed_over_round_trip", hr / rtt_decode[t]},
-          {"replica_client_step_direct_ms", Median(pipes[t]->step_direct) * 1e3},
-          {"replica_client_direct_round_trip_us", hd * 1e6}};
+      const double hr = hop_relayed[t], hd = hop_direct[t];
+      doc["transports"][transports[t].name] = {{"round_trip_us", rtt_decode[t] * 1e6},
+                                               {"round_trip_after_idle_us", rtt_idle[t] * 1e6},
+                                               {"round_trip_other_thread_us", rtt_handoff[t] * 1e6},
+                                               {"prefill_round_trip_us", rtt_prefill[t] * 1e6},
+                                               {"step_pp2_ms", step_pp[t] * 1e3},
+                                               {"stage_compute_ms", compute_pp[t] * 1e3 / 2},
+                                               {"hop_us", hop[t] * 1e6},
+                                               {"hop_over_round_trip", hop[t] / rtt_decode[t]},
+                                               {"hop_over_round_trip_after_idle", hop[t] / rtt_idle[t]},
+                                               {"replica_client_step_relayed_ms", step_relayed[t] * 1e3},
+                                               {"replica_client_hop_relayed_us", hr * 1e6},
+                                               {"replica_client_hop_relayed_over_round_trip", hr / rtt_decode[t]},
+                                               {"replica_client_step_direct_ms", step_direct[t] * 1e3},
+                                               {"replica_client_direct_round_trip_us", hd * 1e6}};
     }
     std::printf("%s\n", doc.dump(2).c_str());
   }
