@@ -229,6 +229,24 @@ struct DecodeFigures {
   int64_t graph_replays = 0;  // of the timed steps
 };
 
+// Tokens one step may hold: the longer of the prefill and the batched prompts.
+int64_t MaxStepTokens() {
+  return std::max<int64_t>(absl::GetFlag(FLAGS_prefill),
+                           int64_t{absl::GetFlag(FLAGS_batch)} * absl::GetFlag(FLAGS_context));
+}
+
+// --mixed_prefill's chunk must fit the prompt the benchmark writes (--prefill tokens) and a step
+// beside --batch - 1 decode rows. Checked before the device, so that a bad value fails anywhere.
+absl::Status CheckMixedPrefill() {
+  const int64_t chunk = absl::GetFlag(FLAGS_mixed_prefill), batch = absl::GetFlag(FLAGS_batch);
+  if (chunk < 0 || chunk > absl::GetFlag(FLAGS_prefill) || (chunk > 0 && batch - 1 + chunk > MaxStepTokens())) {
+    return absl::InvalidArgumentError(absl::StrCat("--mixed_prefill=", chunk, " must be in [0, --prefill (",
+                                                   absl::GetFlag(FLAGS_prefill), ")] and leave room for ", batch - 1,
+                                                   " decode rows in a step of ", MaxStepTokens(), " tokens"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir, double bw_gbps,
                                 double gemm_tflops) {
   ASSIGN_OR_RETURN(ModelSpec spec, LoadModelSpec(dir));
@@ -254,7 +272,7 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
   options.model = {.num_kv_blocks = batch * ((max_seq + 15) / 16),
                    .kv_block_size = 16,
                    .max_seq_len = max_seq,
-                   .max_step_tokens = std::max(prefill, batch * context)};
+                   .max_step_tokens = MaxStepTokens()};
   // After the aggregate above, which resets every other ModelOptions field.
   options.model.moe_device_offsets = absl::GetFlag(FLAGS_moe_device_offsets);
   ASSIGN_OR_RETURN(options.model.kv_cache, ParseKvCacheFormat(absl::GetFlag(FLAGS_kv_cache_dtype)));
@@ -331,11 +349,6 @@ absl::StatusOr<json> BenchModel(const std::string& name, const std::string& dir,
   // the best of 3 after an untimed run (a decode-only step may be captured as a graph on its first).
   json mixed = nullptr;
   if (const int chunk = absl::GetFlag(FLAGS_mixed_prefill); chunk > 0 && batch >= 2) {
-    if (chunk > prefill || batch - 1 + chunk > model->options().max_step_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("--mixed_prefill=", chunk, " must be at most --prefill (", prefill,
-                                                     ") and leave room for ", batch - 1, " decode rows in a step of ",
-                                                     model->options().max_step_tokens, " tokens"));
-    }
     const std::vector<engine::StepSequence> decoding(seqs.begin() + 1, seqs.end());
     const engine::StepSequence chunk_seq{.block_ids = engine::WholeContextBlocks(model->options(), 0),
                                          .pos_begin = 0,
@@ -479,6 +492,10 @@ int Run() {
                    name.c_str());
       return 1;
     }
+  }
+  if (absl::Status st = CheckMixedPrefill(); !st.ok()) {
+    std::fprintf(stderr, "shardserve-bench-gpu: %s\n", std::string(st.message()).c_str());
+    return 1;
   }
   if (absl::GetFlag(FLAGS_write_only)) return WriteOnly(as_json);
   if (!kernels::CudaCompiledIn() || kernels::CudaDeviceCount() < 1) {

@@ -324,6 +324,19 @@ class Bench(unittest.TestCase):
         self.assertIn("no CUDA device", p.stdout)
 
 
+class BenchFlags(unittest.TestCase):
+    def test_a_mixed_chunk_that_does_not_fit_is_refused_before_the_device(self):
+        if BENCH is None:
+            self.skipTest("no shardserve-bench-gpu in this build (CUDA off)")
+        for flags in (["--mixed_prefill=600"], ["--mixed_prefill=-1"], ["--batch=32", "--context=8", "--prefill=256",
+                                                                          "--mixed_prefill=256"]):
+            p = subprocess.run([BENCH, "--json", *flags], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 1, flags)
+            self.assertIn("--mixed_prefill=", p.stderr, flags)
+        p = subprocess.run([BENCH, "--json", "--mixed_prefill=0"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench")
