@@ -160,12 +160,22 @@ void StageStreamClient::OnReadDone(bool ok) {
 }
 
 void StageStreamClient::OnReadInitialMetadataDone(bool ok) {
-  if (!ok || !options_.step_deltas) return;
+  if (!ok) return;
   const auto& metadata = context_.GetServerInitialMetadata();
-  auto it = metadata.find(kStepDeltasKey);
-  if (it == metadata.end() || it->second != "1") return;
+  const auto announced = [&metadata](const char* key) {
+    auto it = metadata.find(key);
+    return it != metadata.end() && it->second == "1";
+  };
+  const bool deltas = options_.step_deltas && announced(kStepDeltasKey);
+  const bool overlapped = announced(kOverlappedDecodeKey);
   MutexLock lock(&mu_);
-  deltas_ = std::make_unique<StepDeltaEncoder>();
+  overlapped_decode_ = overlapped;
+  if (deltas) deltas_ = std::make_unique<StepDeltaEncoder>();
+}
+
+bool StageStreamClient::overlapped_decode() {
+  MutexLock lock(&mu_);
+  return overlapped_decode_;
 }
 
 void StageStreamClient::OnDone(const grpc::Status& status) {

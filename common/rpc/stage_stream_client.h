@@ -26,6 +26,9 @@
 // until then, and with a server that never announces it, messages go as given. The table lives
 // and dies with the call.
 //
+// Overlapped decode calls (stage.proto, StepSequence.from_previous): a server that takes them
+// announces kOverlappedDecodeKey in its initial metadata; overlapped_decode() says whether it did.
+//
 // Thread-safety: every method may be called from any thread.
 #ifndef SHARDSERVE_COMMON_RPC_STAGE_STREAM_CLIENT_H_
 #define SHARDSERVE_COMMON_RPC_STAGE_STREAM_CLIENT_H_
@@ -90,6 +93,8 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
 
   // Whether Send() would be refused: the stream is closing or has ended.
   bool closing();
+  // Whether the server announced kOverlappedDecodeKey (false until its initial metadata is read).
+  bool overlapped_decode();
   // Waits until gRPC has finished with the call; false when `timeout` passed first.
   bool WaitDone(absl::Duration timeout = absl::InfiniteDuration());
 
@@ -134,6 +139,7 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   std::shared_ptr<StageStreamClient> self_ ABSL_GUARDED_BY(mu_);  // alive until OnDone
   // The stream's step-delta coder: set once the server announced it decodes deltas.
   std::unique_ptr<StepDeltaEncoder> deltas_ ABSL_GUARDED_BY(mu_);
+  bool overlapped_decode_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace shardserve::rpc

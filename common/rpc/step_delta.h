@@ -41,6 +41,9 @@ namespace shardserve::rpc {
 // Initial-metadata key with which a StepStream server announces (value "1") that it decodes
 // step deltas; a client codes deltas only after reading it.
 inline constexpr char kStepDeltasKey[] = "shardserve-step-deltas";
+// Initial-metadata key with which a StepStream server announces (value "1") that it takes
+// overlapped decode calls (StepSequence.sample_key / from_previous, stage.proto).
+inline constexpr char kOverlappedDecodeKey[] = "shardserve-overlapped-decode";
 // Most sequences one stream's table may hold (stage.proto); a receiver refuses a message that
 // would exceed it, and a sender forgets the least recently sent sequences to stay within it.
 inline constexpr size_t kMaxStreamSequences = 4096;

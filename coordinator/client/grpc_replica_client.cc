@@ -111,6 +111,11 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::StepOverlapping(const StepInput& i
   return out;
 }
 
+bool GrpcReplicaClient::OverlapsDecodeCalls() const {
+  MutexLock lock(&mu_);
+  return stream_ != nullptr && !stream_->closing() && stream_->overlapped_decode();
+}
+
 absl::StatusOr<StepOutput> GrpcReplicaClient::SendAndWait(const StepInput& input,
                                                           absl::FunctionRef<void()> while_waiting) {
   std::shared_ptr<rpc::StageStreamClient> stream;

@@ -89,6 +89,8 @@ class GrpcReplicaClient final : public ReplicaClient {
   // Runs `while_waiting` once the micro-batch is written to the stream (or has failed to be), then
   // waits for the answer.
   absl::StatusOr<StepOutput> StepOverlapping(const StepInput& input, absl::FunctionRef<void()> while_waiting) override;
+  // True once the current stream's worker announced overlapped decode calls (rpc::kOverlappedDecodeKey).
+  bool OverlapsDecodeCalls() const override;
   void Shutdown() override;
 
  private:
@@ -99,7 +101,7 @@ class GrpcReplicaClient final : public ReplicaClient {
   const std::shared_ptr<grpc::Channel> last_channel_;  // null: no direct answers
   const Options options_;
 
-  Mutex mu_;
+  mutable Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   // The open stream (replaced by the next Step once it closes); shared with the Steps using it.
   std::shared_ptr<rpc::StageStreamClient> stream_ ABSL_GUARDED_BY(mu_);

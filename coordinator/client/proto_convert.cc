@@ -135,7 +135,9 @@ void ToProto(const StepInput& input, v1::StepRequest* out) {
     v1::StepSequence* s = out->add_sequences();
     s->mutable_block_ids()->Add(in.block_ids.begin(), in.block_ids.end());
     s->set_pos_begin(in.pos_begin);
-    s->set_num_tokens(static_cast<int32_t>(in.token_ids.size()));
+    s->set_num_tokens(static_cast<int32_t>(in.NumTokens()));
+    if (in.from_previous) s->set_from_previous(true);
+    if (input.remember_samples && in.sample && in.sequence_id != 0) s->set_sample_key(in.sequence_id);
     s->mutable_token_ids()->Add(in.token_ids.begin(), in.token_ids.end());
     s->set_sample(in.sample);
     if (in.sample) {

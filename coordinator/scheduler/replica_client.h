@@ -75,6 +75,13 @@ struct StepSequenceInput {
   // see shardserve.v1.StepSequence.allowed_token_mask); null = no constraint. Shared with the
   // constraint's cache: never modified.
   std::shared_ptr<const std::string> allowed_token_mask;
+  // Overlapped decode calls (StepInput::remember_samples): the one new token is the last the
+  // replica sampled for this sequence in the call it ran just before this one (token_ids empty;
+  // shardserve.v1.StepSequence.from_previous). A replica that did not sample it there fails the
+  // call with Unavailable.
+  bool from_previous = false;
+  // The new tokens: token_ids.size(), or 1 with from_previous.
+  int64_t NumTokens() const { return from_previous ? 1 : static_cast<int64_t>(token_ids.size()); }
 };
 
 struct StepInput {
@@ -84,6 +91,10 @@ struct StepInput {
   // for a batch of one-token decodes that all sample plainly, on a 1-stage replica (the scheduler
   // only asks when that holds); block_ids then cover pos_begin + k positions.
   int32_t decode_steps = 1;
+  // Overlapped decode calls: the replica remembers the last token it samples for each sequence
+  // (by sequence_id), for the from_previous sequences of the call after this one
+  // (shardserve.v1.StepSequence.sample_key). Only asked of a 1-stage replica.
+  bool remember_samples = false;
 };
 
 struct StepOutput {
@@ -118,9 +129,14 @@ struct StepOutput {
 //    so that the caller's work (the scheduler delivers the previous step's tokens) overlaps the
 //    step instead of waking another thread for it. The default runs it first, then Step().
 //  - Thread-safety: Step() may be called by several threads at once (pipelined micro-batches of
-//    different sequences; at most ReplicaOptions::pipeline_depth), and must then run them in the
-//    order they are called on each stage; Shutdown() may be called from any thread, at any time,
-//    more than once.
+//    different sequences; at most ReplicaOptions::pipeline_depth, or two overlapped decode calls),
+//    and must then run them in the order they are called on each stage; Shutdown() may be called
+//    from any thread, at any time, more than once.
+//  - Overlapped decode calls (StepInput::remember_samples, StepSequenceInput::from_previous) are
+//    only sent to an implementation whose OverlapsDecodeCalls() is true. It runs a call's
+//    `while_waiting` (StepOverlapping) only once the call is in its place in the replica's order
+//    (sent), so that the caller may let the next call go then, and it gives from_previous
+//    sequences the token it sampled for them in the call before.
 class ReplicaClient {
  public:
   virtual ~ReplicaClient() = default;
@@ -131,6 +147,9 @@ class ReplicaClient {
     while_waiting();
     return Step(input);
   }
+
+  // Whether this implementation takes overlapped decode calls (the contract above).
+  virtual bool OverlapsDecodeCalls() const { return false; }
 
   // Makes a Step in progress return promptly (Unavailable) and every later Step fail at once.
   virtual void Shutdown() = 0;

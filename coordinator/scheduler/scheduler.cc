@@ -50,7 +50,11 @@ struct Scheduler::Sequence {
   int32_t constraint_state = 0;  // with request.constraint: its state after the generated tokens
   bool cancelled = false;
   FinishReason cancel_reason = FinishReason::kCancelled;  // with cancelled
-  bool in_flight = false;
+  // The micro-batches in flight that it is in: 1, or 2 with an overlapped decode call.
+  int32_t in_flight = 0;
+  // Bumped whenever it leaves its replica's running set other than by ending (failover, park,
+  // preemption): an overlapped call built before then no longer applies to it.
+  uint32_t placement = 0;
   int failovers = 0;       // times moved to another replica after its own failed
   // Recovery (parked: replica == nullptr, in parked_): when it fails unless a replica takes it
   // (set when it parks, cleared when it makes progress), when it may be retried on a replica still
@@ -78,6 +82,11 @@ struct Scheduler::Batch {
   // which is not serving overhead, so multi-step decoding does not time it.
   uint64_t call = 0;
   bool overlapped = false;
+  // Overlapped decode calls: the call this one continues (0: none), each member's placement when
+  // it was built, and when its answer came back (kThreads).
+  uint64_t base_call = 0;
+  std::vector<uint32_t> placements;
+  absl::Time answered;
 };
 
 struct Scheduler::Replica {
@@ -98,6 +107,25 @@ struct Scheduler::Replica {
   int32_t micro_batches = 1;     // the split now (`depth` without a cost model)
   int32_t batches_in_flight = 0;  // built and not yet finished (or closed)
   uint64_t calls_started = 0;     // micro-batches built so far (Batch::call)
+  // Overlapped decode calls ("Overlapped decode calls" in scheduler.h): on for a 1-stage replica
+  // with one micro-batch at a time (it then runs one more step loop), with kThreads and the option.
+  // Its calls are sent and applied in the order they were built (calls_sent, calls_applied; the
+  // loops wait on `order`). `tail` is the last call built when it may be continued: a plain decode
+  // call still in flight, its decode steps and its members.
+  bool overlap = false;
+  struct Tail {
+    uint64_t call = 0;
+    int32_t steps = 1;
+    std::vector<SequenceId> members;
+    bool continued = false;  // a continuation was tried
+  };
+  std::optional<Tail> tail;
+  uint64_t calls_sent = 0;
+  uint64_t calls_applied = 0;
+  CondVar order;
+  // The last call answered and when (the tuner times an overlapped call from its base's answer).
+  uint64_t last_answered_call = 0;
+  absl::Time last_answered;
   bool stopping = false;
   bool draining = false;      // DrainReplica: no new work is routed here
   uint64_t steps = 0;         // micro-batches answered
@@ -223,13 +251,16 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   replicas_.emplace(replica, std::move(r));
   served_tokens_ = std::max(served_tokens_, options.kv_blocks * options.kv_block_size);
   UnparkLocked(/*all=*/true);  // a replica came (back): parked sequences need not wait for a retry
+  raw->overlap = options_.overlap_decode_calls && options_.step_driver == StepDriver::kThreads &&
+                 options.stages == 1 && options.pipeline_depth == 1;
   if (options_.step_driver == StepDriver::kThreads) {
-    for (int32_t t = 0; t < options.pipeline_depth; ++t) raw->threads.emplace_back([this, raw] { ReplicaLoop(raw); });
+    const int32_t loops = options.pipeline_depth + (raw->overlap ? 1 : 0);
+    for (int32_t t = 0; t < loops; ++t) raw->threads.emplace_back([this, raw] { ReplicaLoop(raw); });
   }
   LOG(INFO) << "scheduler: replica " << replica << " serving with " << options.kv_blocks << " KV blocks of "
             << options.kv_block_size << " tokens, at most " << options.max_slots << " sequences at once, "
             << options.pipeline_depth << " micro-batch(es) in flight, prefix caching "
-            << (options.prefix_caching ? "on" : "off");
+            << (options.prefix_caching ? "on" : "off") << (raw->overlap ? ", overlapped decode calls" : "");
   return absl::OkStatus();
 }
 
@@ -404,6 +435,7 @@ void Scheduler::EndLocked(Sequence& seq, SequenceEnd end, std::vector<Event>& ev
 }
 
 bool Scheduler::HasWorkLocked(const Replica& r) const {
+  if (CanContinueLocked(r)) return true;
   if (r.batches_in_flight >= r.micro_batches) return false;
   for (const Sequence* s : r.running) {
     if (!s->in_flight) return true;  // to step, or (cancelled) to end
@@ -449,6 +481,7 @@ bool Scheduler::GrowLocked(Replica& r, Sequence& seq, int64_t tokens) {
 }
 
 void Scheduler::RequeueLocked(Replica& from, Sequence& seq, Replica& to) {
+  ++seq.placement;
   if (seq.running) {
     from.pool->Release(seq.blocks);
     seq.blocks.clear();
@@ -483,6 +516,7 @@ bool Scheduler::FailOverLocked(Replica& from, Sequence& seq) {
 
 bool Scheduler::ParkLocked(Replica* from, Sequence& seq, const absl::Status& why) {
   if (options_.recovery_timeout <= absl::ZeroDuration() || shut_down_) return false;
+  ++seq.placement;
   if (from != nullptr && seq.running) {
     from->pool->Release(seq.blocks);
     seq.blocks.clear();
@@ -564,7 +598,12 @@ void Scheduler::RecoveryLoop() {
 
 void Scheduler::ReleaseLocked(const Batch& batch) {
   for (SequenceId id : batch.members) {
-    if (auto it = sequences_.find(id); it != sequences_.end()) it->second->in_flight = false;
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) continue;
+    Sequence& s = *it->second;
+    CHECK_GT(s.in_flight, 0);
+    // A sequence that moved while still in an overlapped call can be stepped by its new replica now.
+    if (--s.in_flight == 0 && s.replica != nullptr) s.replica->work.SignalAll();
   }
 }
 
@@ -714,7 +753,79 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
     in.sequence_id = s->id;
     batch.input.sequences.push_back(std::move(in));
     batch.members.push_back(s->id);
-    s->in_flight = true;
+    ++s->in_flight;
+    s->last_step = batch.input.step_id;
+    batch.placements.push_back(s->placement);
+  }
+  return batch;
+}
+
+bool Scheduler::PlainDecodeLocked(const Sequence& s) const {
+  const SequenceRequest& req = s.request;
+  return static_cast<int64_t>(s.context.size()) - s.consumed == 1 && !req.sampling.HasPenalties() &&
+         req.sampling.logit_bias.empty() && req.constraint == nullptr && !req.logprobs &&
+         !OwesPromptLogprobs(req, s.prompt_logprobs_next) && s.generated >= req.min_tokens;
+}
+
+bool Scheduler::CanContinueLocked(const Replica& r) const {
+  if (!r.overlap || !r.tail.has_value() || r.tail->continued || r.stopping) return false;
+  // Only the tail is in flight (so it is not answered yet), ...
+  if (r.batches_in_flight != 1 || r.calls_started != r.tail->call) return false;
+  // ... no sequence waits to join (the next call after the tail's answer takes it), and every
+  // running one is in the tail or about to end (none would wait behind the overlapped calls).
+  if (CanAdmitLocked(r)) return false;
+  for (const Sequence* s : r.running) {
+    if (!s->cancelled && !s->in_flight) return false;
+  }
+  return r.client != nullptr && r.client->OverlapsDecodeCalls();
+}
+
+Scheduler::Batch Scheduler::BuildContinuationLocked(Replica& r) {
+  Replica::Tail& tail = *r.tail;
+  tail.continued = true;  // one try per tail
+  Batch batch;
+  // The members that may still generate after the tail's tokens, and how many steps all may take.
+  std::vector<Sequence*> members;
+  int64_t k = r.decode_steps->steps();
+  for (SequenceId id : tail.members) {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) continue;
+    Sequence* s = it->second.get();
+    if (s->replica != &r || !s->running || s->cancelled || s->in_flight != 1) continue;
+    const int64_t left =
+        std::min<int64_t>(s->request.max_tokens - s->generated - tail.steps,
+                          options_.limits.max_seq_len - std::ssize(s->context) - tail.steps);
+    if (left <= 0) continue;  // the tail's tokens end it
+    k = std::min(k, left);
+    members.push_back(s);
+  }
+  if (members.empty()) return batch;
+  // Its new positions are [consumed + tail.steps, + k): blocks for them, without preempting anything.
+  int64_t need = 0;
+  for (const Sequence* s : members) {
+    need += std::max<int64_t>(0, BlocksFor(s->consumed + tail.steps + k, r.block_size) - std::ssize(s->blocks));
+  }
+  if (need > r.pool->available()) return batch;
+  batch.input.step_id = ++r.last_step_id;
+  batch.input.decode_steps = static_cast<int32_t>(k);
+  batch.input.remember_samples = true;
+  batch.base_call = tail.call;
+  for (Sequence* s : members) {
+    CHECK(GrowLocked(r, *s, s->consumed + tail.steps + k));
+    const SequenceRequest& req = s->request;
+    StepSequenceInput in;
+    in.block_ids = s->blocks;
+    in.pos_begin = s->consumed + tail.steps;
+    in.from_previous = true;
+    in.sample = true;
+    in.sampling = req.sampling;
+    in.sample_index = static_cast<uint64_t>(s->generated + tail.steps);
+    in.request_id = req.request_id;
+    in.sequence_id = s->id;
+    batch.input.sequences.push_back(std::move(in));
+    batch.members.push_back(s->id);
+    batch.placements.push_back(s->placement);
+    ++s->in_flight;
     s->last_step = batch.input.step_id;
   }
   return batch;
@@ -725,10 +836,7 @@ int32_t Scheduler::DecodeStepsLocked(Replica& r, absl::Span<Sequence* const> mem
   int64_t k = r.decode_steps->steps();
   for (const Sequence* s : members) {
     const SequenceRequest& req = s->request;
-    const bool plain = static_cast<int64_t>(s->context.size()) - s->consumed == 1 && !req.sampling.HasPenalties() &&
-                       req.sampling.logit_bias.empty() && req.constraint == nullptr && !req.logprobs &&
-                       !OwesPromptLogprobs(req, s->prompt_logprobs_next) && s->generated >= req.min_tokens;
-    if (!plain) return 1;
+    if (!PlainDecodeLocked(*s)) return 1;
     // The tokens it may still generate: the step ends it at max_tokens or a full context.
     k = std::min<int64_t>(k, std::min<int64_t>(req.max_tokens - s->generated,
                                                options_.limits.max_seq_len - std::ssize(s->context)));
@@ -778,8 +886,8 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
                       .duration = took,
                       .status = status};
     for (const StepSequenceInput& in : batch.input.sequences) {
-      const bool decode = in.sample && in.token_ids.size() == 1 && in.sample_index > 0;
-      (decode ? report.decode_tokens : report.prefill_tokens) += static_cast<int64_t>(in.token_ids.size()) * steps;
+      const bool decode = in.sample && in.NumTokens() == 1 && in.sample_index > 0;
+      (decode ? report.decode_tokens : report.prefill_tokens) += in.NumTokens() * steps;
     }
     options_.observer->OnStep(report);
   }
@@ -787,15 +895,24 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     // Multi-step decoding: time the calls of decode-only batches, those it can apply to.
     const bool decode_only =
         std::all_of(batch.input.sequences.begin(), batch.input.sequences.end(),
-                    [](const StepSequenceInput& in) { return in.sample && in.token_ids.size() == 1; });
+                    [](const StepSequenceInput& in) { return in.sample && in.NumTokens() == 1; });
     // Only calls that ran alone from build to answer (none in flight when it was built, none built
     // since).
     const bool alone = !batch.overlapped && r.calls_started == batch.call;
-    if (decode_only && alone) r.decode_steps->Observe(batch.lead + took, out->compute_time, steps);
+    if (decode_only && batch.base_call != 0) {
+      // An overlapped call ran right after its base: what the replica was not computing between
+      // their answers is the serving overhead it did not hide.
+      if (r.last_answered_call == batch.base_call) {
+        r.decode_steps->Observe(std::max(absl::ZeroDuration(), batch.answered - r.last_answered), out->compute_time,
+                                steps);
+      }
+    } else if (decode_only && alone) {
+      r.decode_steps->Observe(batch.lead + took, out->compute_time, steps);
+    }
   }
   if (!status.ok() && r.stopping) {
-    // Interrupted by RemoveReplica / Shutdown, which end these sequences with their own reason.
-    ReleaseLocked(batch);
+    // Interrupted by RemoveReplica / Shutdown, which end these sequences with their own reason
+    // (FinishLocked releases them).
     return;
   }
   if (!status.ok()) {
@@ -809,6 +926,19 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     const size_t sampled = k;  // its first entry of out->token_ids (and out->logprobs)
     if (status.ok() && in.sample) k += static_cast<size_t>(steps);
     auto it = sequences_.find(batch.members[b]);
+    if (batch.base_call != 0) {
+      // An overlapped call: its tokens count only for a sequence its base call left running here as
+      // it was (not ended, cancelled, moved or parked since).
+      if (it == sequences_.end()) continue;
+      const Sequence& c = *it->second;
+      if (c.placement != batch.placements[b] || c.replica != &r || !c.running || c.cancelled) continue;
+      if (status.ok() && (c.consumed != in.pos_begin || std::ssize(c.context) != int64_t{in.pos_begin} + 1)) {
+        LOG(ERROR) << "replica " << r.id << ": overlapped step " << batch.input.step_id << " continued sequence "
+                   << c.id << " at position " << in.pos_begin << " but its base left it at " << c.consumed
+                   << " of " << c.context.size() << "; its tokens are dropped";
+        continue;
+      }
+    }
     CHECK(it != sequences_.end()) << "a sequence in flight was ended by another thread";
     Sequence& s = *it->second;  // stays in flight until its events are delivered (ReleaseLocked)
     if (!status.ok()) {
@@ -823,7 +953,7 @@ void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr
     }
     s.recovery_deadline.reset();  // progress: a later break gives it a whole recovery_timeout again
     s.retries = 0;
-    s.consumed += static_cast<int32_t>(in.token_ids.size());
+    s.consumed += static_cast<int32_t>(in.NumTokens());
     r.pool->Commit(s.blocks, s.context, s.consumed, &s.cached_blocks);
     if (!in.prompt_logprob_targets.empty()) {
       Event e{.sink = s.sink};
@@ -920,17 +1050,37 @@ Scheduler::Batch Scheduler::NextBatchLocked(Replica& r, std::vector<Event>& even
   EndCancelledLocked(r, events);
   AdmitLocked(r);
   if (r.cost != nullptr) ChoosePipeliningLocked(r);
-  if (r.batches_in_flight >= r.micro_batches) return Batch{};  // the split dropped: wait for a batch
-  const size_t k = static_cast<size_t>(r.micro_batches);
-  const size_t share = (r.running.size() + k - 1) / k;
-  Batch batch = BuildBatchLocked(r, std::max<size_t>(share, 1));
+  Batch batch;
+  if (r.batches_in_flight < r.micro_batches) {
+    const size_t k = static_cast<size_t>(r.micro_batches);
+    const size_t share = (r.running.size() + k - 1) / k;
+    batch = BuildBatchLocked(r, std::max<size_t>(share, 1));
+  } else if (CanContinueLocked(r)) {
+    batch = BuildContinuationLocked(r);
+  } else {
+    return Batch{};  // the split dropped: wait for a batch
+  }
   if (!batch.input.sequences.empty()) {
     batch.overlapped = r.batches_in_flight > 0;
     batch.call = ++r.calls_started;
     ++r.batches_in_flight;
+    if (r.overlap) {
+      // The new tail: this call, when every member decodes plainly (a continuation's members do).
+      r.tail.reset();
+      bool plain = true;
+      for (size_t b = 0; b < batch.members.size() && plain; ++b) {
+        const StepSequenceInput& in = batch.input.sequences[b];
+        plain = in.sample && in.NumTokens() == 1 &&
+                (in.from_previous || PlainDecodeLocked(*sequences_.at(batch.members[b])));
+      }
+      if (plain) {
+        batch.input.remember_samples = true;
+        r.tail = Replica::Tail{.call = batch.call, .steps = std::max(batch.input.decode_steps, 1), .members = batch.members};
+      }
+    }
   }
-  // The split may have grown: another step loop may build the next micro-batch at once.
-  if (r.batches_in_flight < r.micro_batches) r.work.SignalAll();
+  // The split may have grown, or the call may be continued: another step loop may build at once.
+  if (r.batches_in_flight < r.micro_batches || CanContinueLocked(r)) r.work.SignalAll();
   return batch;
 }
 
@@ -939,9 +1089,12 @@ void Scheduler::FinishLocked(Replica& r, const Batch& batch, const absl::StatusO
   ApplyLocked(r, batch, out, took, events);
   ReleaseLocked(batch);
   --r.batches_in_flight;
+  if (r.tail.has_value() && r.tail->call == batch.call) r.tail.reset();  // answered: nothing to continue
+  r.last_answered_call = batch.call;
+  r.last_answered = batch.answered;
   EndCancelledLocked(r, events);
   // Another step loop of the replica may build now (the one finishing goes on by itself).
-  if (r.depth > 1) r.work.SignalAll();
+  if (r.depth > 1 || r.overlap) r.work.SignalAll();
 }
 
 void Scheduler::ReplicaLoop(Replica* r) {
@@ -962,7 +1115,14 @@ void Scheduler::ReplicaLoop(Replica* r) {
       std::vector<std::pair<std::shared_ptr<const TokenConstraint>, int32_t>> masks;
       {
         MutexLock lock(&mu_);
+        // Overlapped decode calls: answers are applied in the order the calls were built (an
+        // overlapped call's after its base's).
+        while (r->overlap && !r->stopping && r->calls_applied + 1 < batch.call) r->order.Wait(&mu_);
         FinishLocked(*r, batch, out, took, events);
+        if (r->overlap) {
+          r->calls_applied = std::max(r->calls_applied, batch.call);
+          r->order.SignalAll();
+        }
         for (const Event& e : events) {
           if (e.constraint != nullptr && !e.end.has_value()) masks.emplace_back(e.constraint, e.constraint_state);
         }
@@ -998,12 +1158,28 @@ void Scheduler::ReplicaLoop(Replica* r) {
       DeliverHere();
       continue;
     }
+    if (r->overlap) {
+      // Overlapped decode calls: calls are sent in the order they were built (an overlapped call
+      // after its base).
+      MutexLock lock(&mu_);
+      while (!r->stopping && r->calls_sent + 1 < batch.call) r->order.Wait(&mu_);
+    }
     const absl::Time step_start = clock_->Now();
     if (answered_at != absl::Time() && !slept) batch.lead = std::max(absl::ZeroDuration(), step_start - answered_at);
     slept = false;
     // The previous answer's sink calls are made here while this step runs: no other thread wakes.
-    out = r->client->StepOverlapping(batch.input, [this] { DeliverHere(); });
+    const uint64_t call = batch.call;
+    out = r->client->StepOverlapping(batch.input, [this, r, call] {
+      if (r->overlap) {
+        // Sent (the client's contract): the next call may go.
+        MutexLock lock(&mu_);
+        r->calls_sent = std::max(r->calls_sent, call);
+        r->order.SignalAll();
+      }
+      DeliverHere();
+    });
     answered_at = clock_->Now();
+    batch.answered = answered_at;
     took = std::max(absl::ZeroDuration(), answered_at - step_start);
     answered = true;
   }
@@ -1135,6 +1311,7 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
     r = it->second.get();
     r->stopping = true;
     r->work.SignalAll();
+    r->order.SignalAll();
   }
   LOG(WARNING) << "scheduler: removing replica " << replica << ": " << reason;
   if (r->client != nullptr) r->client->Shutdown();
@@ -1189,6 +1366,7 @@ void Scheduler::Shutdown(const absl::Status& reason) {
       if (r->stopping) continue;  // being removed by RemoveReplica, which joins it
       r->stopping = true;
       r->work.SignalAll();
+      r->order.SignalAll();
       stopping.push_back(r.get());
     }
   }
@@ -1245,6 +1423,11 @@ SchedulerStats Scheduler::Stats() const {
         r->stages == 1 ? r->decode_steps->Describe()
                        : absl::StrCat("1 (several decode steps per call need a 1-stage replica; this one has ",
                                       r->stages == 0 ? "unknown" : absl::StrCat(r->stages), " stages)");
+    if (r->overlap) {
+      absl::StrAppend(&rs.decode_steps_why, r->client->OverlapsDecodeCalls()
+                                                ? "; decode calls overlapped (the next is sent while one runs)"
+                                                : "; decode calls not overlapped (the worker does not announce them)");
+    }
     stats.running += rs.running;
     stats.waiting += rs.waiting;
     stats.replicas.push_back(rs);

@@ -84,6 +84,37 @@
 // OnTokens. A stop string the front end matches ends the sequence as with single steps, which may
 // be up to k tokens later; the front end returns no text past the stop string.
 //
+// ---- Overlapped decode calls (asynchronous scheduling) ----------------------------------------
+// A call's next micro-batch holds the tokens its answer samples, so a replica would idle for the
+// round trip and the scheduler's work between two calls. With SchedulerOptions::
+// overlap_decode_calls (default), on a replica with one stage and pipeline_depth 1 whose client
+// takes them (ReplicaClient::OverlapsDecodeCalls: a worker announces it), the scheduler sends the
+// NEXT call of a plain decode batch while the last one runs, and the replica takes each
+// sequence's token from its own last sample (StepSequenceInput::from_previous). The replica then
+// runs one more step loop, and:
+//  - a call is continuable when every member is a plain decode (as multi-step decoding needs) and
+//    it asks the replica to remember its samples (StepInput::remember_samples). It is the tail
+//    while it is the last call built and in flight;
+//  - a step loop builds the tail's continuation when only the tail is in flight, no waiting
+//    sequence can be admitted, and every running sequence is in the tail (none would wait behind
+//    the chain): the tail's members that are not cancelled and may still generate after the tail's
+//    tokens, at positions consumed + the tail's steps, sample_index past the tail's tokens, with k
+//    decode steps (the replica's choice, capped by what each may still generate) and the blocks for
+//    them, taken without preempting anything (when too few are free, no continuation). The
+//    continuation becomes the tail, so a steady decode keeps two calls in flight;
+//  - calls are sent and applied in the order they were built (the replica runs them in that
+//    order; each sequence is in at most two, the tail and its base);
+//  - a continuation's tokens are applied to a sequence only when its base left it running on the
+//    replica as it was: one that ended in the base (a stop id, max_tokens), was cancelled, failed
+//    over or parked since, gets nothing from it (its row was computed and is dropped). Blocks the
+//    continuation writes past the end of a sequence that ended are only written before any later
+//    call can use them (calls run in order), and never hold cached prefixes (only blocks filled with
+//    the sequence's own tokens are cached);
+//  - a stop string the front end matches can be two calls late instead of one;
+//  - the tuner ("Multi-step decoding") times a continuation from its base's answer to its own: what
+//    the replica did not spend computing between the two is the overhead the overlap left
+//    exposed, so k stays small where the overlap hides the round trip.
+//
 // ---- Recovery (one replica, no lost request) --------------------------------------------------
 // With recovery_timeout > 0, a sequence whose pipeline broke (an UNAVAILABLE step, or its replica
 // removed) and that no other replica can take is PARKED: it keeps its context and delivered
@@ -189,6 +220,10 @@ struct SchedulerOptions {
   // kAutoDecodeStepsPerCall: each replica chooses, in [1, kMaxAutoDecodeSteps], from what its
   // calls measure (decode_steps.h).
   int32_t decode_steps_per_call = kAutoDecodeStepsPerCall;
+  // Overlapped decode calls ("Overlapped decode calls" above): a 1-stage replica with
+  // pipeline_depth 1 whose client takes them gets the next call of a plain decode batch while the
+  // last one runs. Only with StepDriver::kThreads.
+  bool overlap_decode_calls = true;
   // InvalidArgument naming the field when a value is out of range.
   absl::Status Validate() const;
 };
@@ -342,7 +377,8 @@ class Scheduler {
   bool HasWorkLocked(const Replica& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With a cost model: chooses the split for the running set now (Replica::choice).
   void ChoosePipeliningLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Marks the batch's sequences that are still running as no longer in flight.
+  // Marks the batch's sequences that are still live as no longer in flight in it (waking the
+  // replica that now holds one that moved, when nothing else holds it).
   void ReleaseLocked(const Batch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndCancelledLocked(Replica& r, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdmitLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -361,6 +397,13 @@ class Scheduler {
   // of `events` and carries no constraint or logprobs) it joins that event instead of a new one.
   bool ApplyTokenLocked(Replica& r, Sequence& s, const StepSequenceInput& in, const StepOutput& out, size_t index,
                         bool coalesce, std::vector<Event>& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `s` (running, its next token given) may decode several steps in one call, or be
+  // continued by an overlapped call: it samples plainly and needs nothing computed per token.
+  bool PlainDecodeLocked(const Sequence& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Overlapped decode calls: whether the next build makes the continuation of the replica's call
+  // in flight (Replica::tail), and that continuation (empty when it cannot be made after all).
+  bool CanContinueLocked(const Replica& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Batch BuildContinuationLocked(Replica& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The decode steps to ask of the micro-batch of `members` (their one-step blocks already taken):
   // the replica's steps per call (fixed or auto) capped as "Multi-step decoding" above says,
   // having given the members the blocks for them; 1 when multi-step decoding does not apply or

@@ -82,6 +82,9 @@ struct CoordinatorOptions {
   // [0, 64]; 1 = one step per call; 0 = auto: each replica chooses from the serving overhead and
   // the compute per step it measures (coordinator/scheduler/decode_steps.h).
   int32_t decode_steps_per_call = 0;
+  // Overlapped decode calls on 1-stage replicas (SchedulerOptions::overlap_decode_calls): the next
+  // call of a plain decode batch goes while the last one runs.
+  bool overlap_decode_calls = true;
   int64_t max_queued = 1024;           // >= 0
   int32_t pipeline_depth = 0;          // micro-batches in flight per replica, >= 0; 0 = auto (ClusterOptions)
   bool prefix_caching = true;          // reuse cached KV blocks of identical prompt prefixes

@@ -59,6 +59,11 @@ ABSL_FLAG(int64_t, kv_blocks, 0,
           "KV cache blocks per replica at most (0 = what the KV budget holds); when full, the newest sequences "
           "are preempted and recomputed later");
 ABSL_FLAG(int32_t, max_step_tokens, 256, "tokens per micro-batch (prefill chunk budget)");
+ABSL_FLAG(bool, overlap_decode_calls, true,
+          "overlapped decode calls (asynchronous scheduling) on 1-stage replicas: the next call of a batch of plain "
+          "decodes is sent while the last one runs, and the worker feeds each sequence the token it sampled for it "
+          "there, so the worker does not idle for the round trip and the scheduler's work between two calls "
+          "(workers that do not announce it get ordinary calls)");
 ABSL_FLAG(int32_t, decode_steps_per_call, 0,
           "multi-step decoding, in [0, 64]: decode steps a 1-stage replica runs per call for a batch of "
           "plain decodes (no penalties, logit_bias, structured output, logprobs or active min_tokens), "
@@ -172,6 +177,7 @@ int main(int argc, char** argv) {
   options.max_kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   options.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
   options.decode_steps_per_call = absl::GetFlag(FLAGS_decode_steps_per_call);
+  options.overlap_decode_calls = absl::GetFlag(FLAGS_overlap_decode_calls);
   options.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
   options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);

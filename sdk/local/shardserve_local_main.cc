@@ -64,6 +64,9 @@ ABSL_FLAG(int32_t, decode_steps_per_call, 0,
           "the coordinator's --decode_steps_per_call: decode steps a 1-stage replica runs per call for plain "
           "decodes (multi-step decoding), in [0, 64]; 1 = one step per call; 0 = auto (chosen per replica from the "
           "serving overhead and the compute per step it measures)");
+ABSL_FLAG(bool, overlap_decode_calls, true,
+          "the coordinator's --overlap_decode_calls: on 1-stage replicas, send the next call of a batch of plain "
+          "decodes while the last one runs");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = auto (the coordinator's pipelining policy)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");
@@ -311,6 +314,7 @@ int main(int argc, char** argv) {
       absl::StrCat("--max_slots=", absl::GetFlag(FLAGS_max_slots)),
       absl::StrCat("--max_step_tokens=", absl::GetFlag(FLAGS_max_step_tokens)),
       absl::StrCat("--decode_steps_per_call=", absl::GetFlag(FLAGS_decode_steps_per_call)),
+      absl::StrCat("--overlap_decode_calls=", absl::GetFlag(FLAGS_overlap_decode_calls) ? "true" : "false"),
       absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth)),
       absl::StrCat("--kv_block_size=", absl::GetFlag(FLAGS_kv_block_size)),
       absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks)),

@@ -132,6 +132,9 @@ def main():
     ap.add_argument("--decode_steps_per_call", type=int, default=0,
                     help="with --one_stage: shardserve-local's --decode_steps_per_call (multi-step decoding: "
                          "decode steps the worker runs per call; 0 = auto, the cluster's default)")
+    ap.add_argument("--overlap_decode_calls", choices=["true", "false"], default="true",
+                    help="with --one_stage: shardserve-local's --overlap_decode_calls (the next call of a decode "
+                         "batch goes while the last one runs; the cluster's default is true)")
     ap.add_argument("--stage_inline_us", type=int, default=-1,
                     help="with --one_stage: shardserve-local's --stage_inline_us (micro-batches whose stage's last "
                          "step took at most this long run on the gRPC thread that read them; 0 = never; "
@@ -269,6 +272,7 @@ def one_stage(args, model):
         vocab = json.load(f)["vocab_size"]
     cluster = LocalCluster(args.bin_dir, model, 1, "cpu:1",
                            ["--max_seq_len=256", f"--decode_steps_per_call={args.decode_steps_per_call}",
+                            f"--overlap_decode_calls={args.overlap_decode_calls}",
                             *([f"--stage_inline_us={args.stage_inline_us}"] if args.stage_inline_us >= 0 else [])],
                            timeout=300)
     try:
@@ -300,7 +304,8 @@ def one_stage(args, model):
         cluster.stop()
     engine = s["engine_step_s"]
     print(f"1 client, 1 stage x 1 CPU rank, prompt 32 tokens, {args.max_tokens} output tokens, median of "
-          f"{args.repeats} runs, model {model}, --decode_steps_per_call={args.decode_steps_per_call}")
+          f"{args.repeats} runs, model {model}, --decode_steps_per_call={args.decode_steps_per_call}, "
+          f"--overlap_decode_calls={args.overlap_decode_calls}")
     print(f"{'':<34} {'tok/s':>10} {'TTFT p50':>10} {'TTFT p99':>10} {'ITL p50':>10} {'ITL p99':>10}   (ms)")
     row("1 client, 1 stage", s)
     served = 1 / s["output_tokens_per_s"]

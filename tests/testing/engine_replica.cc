@@ -1,5 +1,6 @@
 #include "tests/testing/engine_replica.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -82,32 +83,107 @@ bool EngineReplica::WaitForStepsForTest(int64_t n, absl::Duration timeout) const
 
 int64_t EngineReplica::kv_blocks() const { return runner_->options().num_kv_blocks; }
 
+bool EngineReplica::OverlapsDecodeCalls() const {
+  absl::MutexLock lock(&mu_);
+  return overlaps_;
+}
+
+void EngineReplica::SetOverlapsDecodeCallsForTest(bool on) {
+  absl::MutexLock lock(&mu_);
+  overlaps_ = on;
+}
+
 absl::StatusOr<coordinator::StepOutput> EngineReplica::Step(const coordinator::StepInput& input) {
+  return StepOverlapping(input, [] {});
+}
+
+absl::StatusOr<coordinator::StepOutput> EngineReplica::StepOverlapping(const coordinator::StepInput& input,
+                                                                       absl::FunctionRef<void()> while_waiting) {
   StepHook hook;
+  size_t turn = 0;
+  bool shut = false;
   {
     absl::MutexLock lock(&mu_);
-    if (shutdown_) return absl::UnavailableError("engine replica is shut down");
-    inputs_.push_back(input);
-    hook = hook_;
+    shut = shutdown_;
+    if (!shut) {
+      turn = inputs_.size();
+      inputs_.push_back(input);
+      hook = hook_;
+    }
   }
-  if (hook) RETURN_IF_ERROR(hook(input));
+  while_waiting();  // recorded: in its place in the order
+  if (shut) return absl::UnavailableError("engine replica is shut down");
+  // Steps run in the order they were recorded, one at a time; each takes its turn also when it
+  // fails before running, so that the later ones go on.
+  const auto in_turn = [&](const std::function<absl::StatusOr<coordinator::StepOutput>()>& body) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto my_turn = [this, turn]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_run_ == turn; };
+      mu_.Await(absl::Condition(&my_turn));
+    }
+    absl::StatusOr<coordinator::StepOutput> out = body();
+    absl::MutexLock lock(&mu_);
+    ++next_run_;
+    return out;
+  };
+  if (hook) {
+    if (absl::Status st = hook(input); !st.ok()) {
+      return in_turn([&]() -> absl::StatusOr<coordinator::StepOutput> { return st; });
+    }
+  }
+  absl::Status ready = absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
     auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_ || shutdown_; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(120))) {
-      return absl::DeadlineExceededError("engine replica: steps held for 120 s");
+      ready = absl::DeadlineExceededError("engine replica: steps held for 120 s");
+    } else if (shutdown_) {
+      ready = absl::UnavailableError("engine replica is shut down");
     }
-    if (shutdown_) return absl::UnavailableError("engine replica is shut down");
   }
-  absl::MutexLock run_lock(&run_mu_);  // pipelined Steps run one at a time, in call order
+  return in_turn([&]() -> absl::StatusOr<coordinator::StepOutput> {
+    if (!ready.ok()) return ready;
+    absl::MutexLock run_lock(&run_mu_);
+    return Run(input);
+  });
+}
+
+absl::StatusOr<coordinator::StepOutput> EngineReplica::Run(const coordinator::StepInput& input) {
+  // Overlapped decode calls: the samples of the step before are for this one only.
+  absl::flat_hash_map<uint64_t, int32_t> previous;
+  previous.swap(previous_samples_);
   std::vector<engine::StepSequence> batch;
   batch.reserve(input.sequences.size());
   for (const coordinator::StepSequenceInput& s : input.sequences) {
+    std::vector<int32_t> tokens = s.token_ids;
+    if (s.from_previous) {
+      auto it = previous.find(s.sequence_id);
+      if (it == previous.end()) {
+        return absl::UnavailableError(absl::StrCat("engine replica: sequence ", s.sequence_id,
+                                                   " continues a step that did not sample it"));
+      }
+      tokens = {it->second};
+    }
     batch.push_back(engine::StepSequence{.block_ids = s.block_ids,
                                          .pos_begin = s.pos_begin,
-                                         .tokens = s.token_ids,
+                                         .tokens = std::move(tokens),
                                          .all_logits = !s.prompt_logprob_targets.empty()});
   }
+  absl::StatusOr<coordinator::StepOutput> out = Compute(input, std::move(batch));
+  if (out.ok() && input.remember_samples) {
+    const size_t per_sequence = static_cast<size_t>(std::max(input.decode_steps, 1));
+    size_t k = 0;
+    for (const coordinator::StepSequenceInput& s : input.sequences) {
+      if (!s.sample) continue;
+      k += per_sequence;
+      previous_samples_[s.sequence_id] = out->token_ids[k - 1];
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<coordinator::StepOutput> EngineReplica::Compute(const coordinator::StepInput& input,
+                                                              std::vector<engine::StepSequence> batch) {
   if (input.decode_steps > 1) {
     // Multi-step decoding as a 1-stage worker runs it (engine::RunDecodeSteps), sampling plainly.
     const size_t vocab = static_cast<size_t>(runner_->spec().vocab_size);

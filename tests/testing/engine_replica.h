@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -26,6 +27,7 @@
 namespace shardserve::engine {
 class StepRunner;
 class Sampler;
+struct StepSequence;
 }  // namespace shardserve::engine
 
 namespace shardserve::testing {
@@ -49,6 +51,12 @@ class EngineReplica final : public coordinator::ReplicaClient {
   ~EngineReplica() override;
 
   absl::StatusOr<coordinator::StepOutput> Step(const coordinator::StepInput& input) override;
+  // Records the step (in call order, which is the order steps run in) before `while_waiting`.
+  absl::StatusOr<coordinator::StepOutput> StepOverlapping(const coordinator::StepInput& input,
+                                                          absl::FunctionRef<void()> while_waiting) override;
+  // Takes overlapped decode calls, as a worker does (the tokens of from_previous sequences are its
+  // own last samples for them); false after SetOverlapsDecodeCallsForTest(false).
+  bool OverlapsDecodeCalls() const override;
   void Shutdown() override;
 
   // Called on the stepping thread before each step runs (with no scheduler lock held): it may
@@ -70,9 +78,17 @@ class EngineReplica final : public coordinator::ReplicaClient {
   bool WaitForStepsForTest(int64_t n, absl::Duration timeout = absl::Seconds(60)) const;
   // The KV cache blocks every stage holds (kv_blocks resolved).
   int64_t kv_blocks() const;
+  void SetOverlapsDecodeCallsForTest(bool on);
 
  private:
   EngineReplica() = default;
+  // Runs a recorded step (its turn come, run_mu_ held).
+  absl::StatusOr<coordinator::StepOutput> Run(const coordinator::StepInput& input)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // The step's answer from the engine, its tokens given.
+  absl::StatusOr<coordinator::StepOutput> Compute(const coordinator::StepInput& input,
+                                                  std::vector<engine::StepSequence> batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
 
   std::unique_ptr<engine::StepRunner> runner_;
   std::unique_ptr<engine::Sampler> sampler_;  // used by the stepping thread only
@@ -83,6 +99,11 @@ class EngineReplica final : public coordinator::ReplicaClient {
   StepHook hook_ ABSL_GUARDED_BY(mu_);
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<coordinator::StepInput> inputs_ ABSL_GUARDED_BY(mu_);
+  bool overlaps_ ABSL_GUARDED_BY(mu_) = true;
+  // Steps run in the order they were recorded: step i (its index in inputs_) runs when next_run_ == i.
+  size_t next_run_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last id sampled per sequence id by the step that ran last (for from_previous).
+  absl::flat_hash_map<uint64_t, int32_t> previous_samples_ ABSL_GUARDED_BY(run_mu_);
 };
 
 }  // namespace shardserve::testing

@@ -57,7 +57,7 @@ absl::Status CheckMultiStep(const StageBatch& batch) {
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const StageSequence& s = batch.sequences[i];
     const char* why = nullptr;
-    if (s.step.tokens.size() != 1) {
+    if (s.step.tokens.size() != 1 && !s.from_previous) {
       why = "does not decode exactly one given token (token_ids)";
     } else if (!s.sample) {
       why = "does not sample";
@@ -92,6 +92,18 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
     if (!s.step.tokens.empty() && s.step.num_tokens != 0 && s.step.num_tokens != s.step.NumTokens()) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": num_tokens ", p.num_tokens(), " but ",
                                                      p.token_ids_size(), " token ids"));
+    }
+    s.sample_key = p.sample_key();
+    s.from_previous = p.from_previous();
+    if (s.from_previous) {
+      // The one new token is the stage's own last sample for the key (StageRuntime fills it in).
+      if (p.sample_key() == 0 || !p.token_ids().empty() || p.num_tokens() > 1 || !p.prompt_logprob_targets().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", i, ": from_previous needs a sample_key, no token_ids, num_tokens 0 or 1 and no "
+                         "prompt_logprob_targets (sample_key ", p.sample_key(), ", ", p.token_ids_size(),
+                         " token ids, num_tokens ", p.num_tokens(), ")"));
+      }
+      s.step.num_tokens = 1;
     }
     if (s.step.NumTokens() < 1) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": no tokens"));
     s.sample = p.sample();

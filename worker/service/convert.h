@@ -35,6 +35,11 @@ struct StageSequence {
   // StepSequence.key: the sequence's identity on the upstream stream (step deltas), which the stage
   // passes on as its key downstream; 0 = none.
   uint64_t key = 0;
+  // StepSequence.sample_key / from_previous (overlapped decode calls): the stage remembers its last
+  // sampled id under sample_key (0 = not), and, with from_previous, takes the one new token from
+  // what it remembered (step.tokens is then empty until the stage fills it in).
+  uint64_t sample_key = 0;
+  bool from_previous = false;
 };
 
 // Most decode steps one StepRequest may ask for (StepRequest.decode_steps).

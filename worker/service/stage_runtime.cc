@@ -120,6 +120,30 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
                                                                            Done& done, Caller caller) {
   const int64_t hidden = runner_->spec().hidden_size;
   ASSIGN_OR_RETURN(StageBatch batch, FromProto(request, hidden));
+  // Overlapped decode calls: what the micro-batch before this one sampled is for this one only (a
+  // failure below leaves nothing, so that a sequence continued past a failure is refused).
+  absl::flat_hash_map<uint64_t, int32_t> previous;
+  {
+    MutexLock lock(&mu_);
+    previous.swap(previous_samples_);
+  }
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    StageSequence& s = batch.sequences[i];
+    if (!s.from_previous) continue;
+    if (!is_last() || runner_->options().layer_begin != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": from_previous but stage ", config_.stage,
+                                                     " is not the only one of its pipeline (it must embed the token "
+                                                     "it sampled)"));
+    }
+    auto it = previous.find(s.sample_key);
+    if (it == previous.end()) {
+      return absl::UnavailableError(absl::StrCat("sequence ", i, " (request ", s.request_id, "): from_previous, but the "
+                                                 "micro-batch this stage ran before step ", batch.step_id,
+                                                 " sampled nothing under sample_key ", s.sample_key,
+                                                 " (it failed, or the sequence's last call ran elsewhere)"));
+    }
+    s.step.tokens = {it->second};
+  }
   std::vector<engine::StepSequence> steps;
   steps.reserve(batch.sequences.size());
   for (const StageSequence& s : batch.sequences) {
@@ -207,7 +231,23 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
     }
   }
   response.set_compute_us(MicrosSince(start));
+  RememberSamples(batch, response);
   return response;
+}
+
+void StageRuntime::RememberSamples(const StageBatch& batch, const v1::StepResponse& response) {
+  absl::flat_hash_map<uint64_t, int32_t> samples;
+  const size_t per_sequence = batch.decode_steps;
+  size_t k = 0;  // the sequence's first entry of token_ids
+  for (const StageSequence& s : batch.sequences) {
+    if (!s.sample) continue;
+    k += per_sequence;
+    if (s.sample_key != 0 && k <= static_cast<size_t>(response.token_ids_size())) {
+      samples[s.sample_key] = response.token_ids(static_cast<int>(k - 1));
+    }
+  }
+  MutexLock lock(&mu_);
+  previous_samples_ = std::move(samples);
 }
 
 absl::StatusOr<v1::StepResponse> StageRuntime::RunDecodeSteps(const StageBatch& batch,
@@ -241,6 +281,7 @@ absl::StatusOr<v1::StepResponse> StageRuntime::RunDecodeSteps(const StageBatch& 
   response.set_step_id(batch.step_id);
   response.mutable_token_ids()->Add(ids.begin(), ids.end());
   response.set_compute_us(MicrosSince(start));
+  RememberSamples(batch, response);
   return response;
 }
 

@@ -41,6 +41,7 @@
 
 #include <grpcpp/security/credentials.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "common/concurrency/mutex.h"
 #include "common/rpc/stage_stream_client.h"
@@ -124,6 +125,9 @@ class StageRuntime {
   // Sends `messages` (one micro-batch) downstream; `done` gets the answer later.
   // On the reader thread it sends on the open link as it is (see above).
   void Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done, Caller caller);
+  // From here on, what `response` (the answer to `batch`, this stage sampling) sampled under each
+  // sample_key is what the next micro-batch's from_previous sequences take.
+  void RememberSamples(const StageBatch& batch, const v1::StepResponse& response);
   // Remembers the last step's time and new tokens (what MayRunOnReader predicts from).
   void RecordStep(int64_t tokens, std::chrono::steady_clock::duration elapsed);
   // The open link, opening one when there is none or the last one broke.
@@ -141,6 +145,9 @@ class StageRuntime {
   // The current link (a closed one stays until the next OpenLink replaces it).
   std::shared_ptr<rpc::StageStreamClient> link_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // Overlapped decode calls (stage.proto, StepSequence.from_previous): the last id sampled per
+  // sample_key by the micro-batch that ran last (empty after one that failed or sampled under no key).
+  absl::flat_hash_map<uint64_t, int32_t> previous_samples_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardserve::service

@@ -87,8 +87,10 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     if (step_deltas) {
       // The sender may code its micro-batches against this stream's table (common/rpc/step_delta.h).
       ctx->AddInitialMetadata(rpc::kStepDeltasKey, "1");
-      StartSendInitialMetadata();
     }
+    // The stage remembers its samples for overlapped decode calls (StepSequence.from_previous).
+    ctx->AddInitialMetadata(rpc::kOverlappedDecodeKey, "1");
+    StartSendInitialMetadata();
     StartRead(&incoming_);
   }
 

@@ -379,7 +379,8 @@ TEST(StepDeltaDecoderTest, MalformedMessagesAreRefusedNamingTheField) {
 TEST(StepDeltaCoverageTest, EveryStepSequenceFieldHasAPlace) {
   const std::set<std::string> placed = {
       // sent every step
-      "pos_begin", "num_tokens", "token_ids", "sample", "sample_index", "prompt_logprob_targets",
+      "pos_begin", "num_tokens", "token_ids", "sample", "sample_index", "prompt_logprob_targets", "sample_key",
+      "from_previous",
       // coded on their own
       "block_ids", "penalty_token_ids", "penalty_token_counts", "allowed_token_mask",
       // the profile (StepSequenceProfile)

@@ -125,6 +125,7 @@ struct Setup {
   absl::Duration recovery_timeout = absl::ZeroDuration();  // SchedulerOptions::recovery_timeout
   int32_t decode_steps_per_call = 1;  // SchedulerOptions::decode_steps_per_call
   int32_t stages = 0;                 // ReplicaOptions::stages
+  bool overlap = true;                // SchedulerOptions::overlap_decode_calls
   // Wraps each replica's client (e.g. to observe its steps); identity when null.
   std::function<std::unique_ptr<ReplicaClient>(std::unique_ptr<ReplicaClient>)> wrap;
 };
@@ -169,6 +170,7 @@ absl::StatusOr<Harness> MakeHarness(const Setup& setup) {
   so.observer = setup.observer;
   so.recovery_timeout = setup.recovery_timeout;
   so.decode_steps_per_call = setup.decode_steps_per_call;
+  so.overlap_decode_calls = setup.overlap;
   h.scheduler = std::make_unique<Scheduler>(so);
   for (int r = 0; r < setup.replicas; ++r) {
     if (absl::Status st = AddEngineReplica(h, setup, r); !st.ok()) return st;
@@ -1256,7 +1258,7 @@ TEST_P(SchedulerMultiStepTest, TokensMatchTheEngineAlone) {
     for (const StepInput& in : h.replicas[0]->StepInputsForTest()) {
       if (in.decode_steps == 1) continue;
       for (const StepSequenceInput& seq : in.sequences) {
-        EXPECT_EQ(seq.token_ids.size(), 1u) << "a prefill chunk in a multi-step call " << in.step_id;
+        EXPECT_EQ(seq.NumTokens(), 1) << "a prefill chunk in a multi-step call " << in.step_id;
       }
     }
   }
@@ -1380,6 +1382,196 @@ TEST(SchedulerMultiStepTest, DecodeStepsPerCallIsValidated) {
 }
 
 }  // namespace multi_step
+
+namespace overlap {
+
+// The steps of `replica` that continued the one before (a from_previous sequence), checking each:
+// the step recorded just before it asked the replica to remember its samples and sampled every
+// sequence it continues, which it continues right after that step's positions and sample indices.
+int CheckOverlappedSteps(const EngineReplica& replica) {
+  const std::vector<StepInput> steps = replica.StepInputsForTest();
+  int overlapped = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const StepInput& in = steps[i];
+    bool any = false;
+    for (const StepSequenceInput& s : in.sequences) {
+      if (!s.from_previous) continue;
+      any = true;
+      EXPECT_TRUE(s.token_ids.empty()) << "step " << in.step_id;
+      EXPECT_TRUE(in.remember_samples) << "step " << in.step_id;
+      if (i == 0) {
+        ADD_FAILURE() << "the first step continues nothing";
+        continue;
+      }
+      const StepInput& before = steps[i - 1];
+      EXPECT_TRUE(before.remember_samples) << "step " << before.step_id << " before step " << in.step_id;
+      auto it = std::find_if(before.sequences.begin(), before.sequences.end(),
+                             [&s](const StepSequenceInput& b) { return b.sequence_id == s.sequence_id; });
+      if (it == before.sequences.end()) {
+        ADD_FAILURE() << "step " << in.step_id << " continues sequence " << s.sequence_id << " that step "
+                      << before.step_id << " did not have";
+        continue;
+      }
+      EXPECT_TRUE(it->sample);
+      EXPECT_EQ(s.pos_begin, it->pos_begin + it->NumTokens() - 1 + before.decode_steps) << "step " << in.step_id;
+      EXPECT_EQ(s.sample_index, it->sample_index + static_cast<uint64_t>(before.decode_steps)) << "step " << in.step_id;
+    }
+    overlapped += any ? 1 : 0;
+  }
+  return overlapped;
+}
+
+// The in-process replica answers a tiny model's step in microseconds, often before the other step
+// loop has built the continuation; a worker's answer takes a round trip. So a call that may be
+// continued (it remembers its samples) waits for the next call to arrive, up to 50 ms, before it
+// runs, as a slower replica would; then `also` (may be null) runs.
+EngineReplica::StepHook AsSlowAsAWorker(EngineReplica* replica, EngineReplica::StepHook also = nullptr) {
+  return [replica, also](const StepInput& in) {
+    if (in.remember_samples) {
+      replica->WaitForStepsForTest(replica->NumStepsForTest() + 1, absl::Milliseconds(50));
+    }
+    return also ? also(in) : absl::OkStatus();
+  };
+}
+
+class SchedulerOverlapTest : public ::testing::TestWithParam<int32_t> {};
+
+// Overlapped decode calls, with one decode step per call and several: greedy and seeded tokens,
+// stop ids and max_tokens reached inside a call whose continuation is already sent, are those of
+// the engine alone; every block comes back; and without the option (or the client's support, or
+// one stage) no call is overlapped.
+TEST_P(SchedulerOverlapTest, TokensMatchTheEngineAlone) {
+  for (const bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "seeded sampling" : "greedy");
+    std::vector<int32_t> eos;
+    {
+      ASSERT_OK_AND_ASSIGN(Harness probe, MakeHarness({}));
+      std::vector<SequenceRequest> requests = MakeRequests(8, probe.spec.vocab_size, sampled ? 41 : 43, sampled);
+      for (size_t i = 0; i < requests.size(); i += 2) requests[i].max_tokens += 20;
+      // A stop id some request generates in its middle (the reference tells where).
+      ASSERT_OK_AND_ASSIGN(auto free_run, Reference("llama", requests, {}));
+      for (const auto& r : free_run) {
+        if (r.tokens.size() >= 8) {
+          eos = {r.tokens[5]};
+          break;
+        }
+      }
+      ASSERT_FALSE(eos.empty());
+      for (const bool on : {true, false}) {
+        SCOPED_TRACE(on ? "overlapped" : "not overlapped");
+        ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 3,
+                                                     .max_step_tokens = 8,
+                                                     .eos = eos,
+                                                     .decode_steps_per_call = GetParam(),
+                                                     .stages = 1,
+                                                     .overlap = on}));
+        h.replicas[0]->SetStepHookForTest(AsSlowAsAWorker(h.replicas[0]));
+        RunAndCompare(*h.scheduler, "llama", requests, eos, h.replicas);
+        const int overlapped = CheckOverlappedSteps(*h.replicas[0]);
+        if (on) {
+          EXPECT_GT(overlapped, 0) << "no call continued the one before it";
+        } else {
+          EXPECT_EQ(overlapped, 0);
+        }
+        ExpectSoundBlockTables(*h.replicas[0], 16, 3);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, SchedulerOverlapTest, ::testing::Values(1, 4));
+
+TEST(SchedulerOverlapTest, OnlyWhereTheClientTakesThemAndTheReplicaHasOneStage) {
+  ASSERT_OK_AND_ASSIGN(Harness probe, MakeHarness({}));
+  std::vector<SequenceRequest> requests = MakeRequests(4, probe.spec.vocab_size, 47, false);
+  for (SequenceRequest& r : requests) r.max_tokens = 12;
+  for (const int32_t stages : {0, 2}) {
+    ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_step_tokens = 8, .stages = stages}));
+    h.replicas[0]->SetStepHookForTest(AsSlowAsAWorker(h.replicas[0]));
+    RunAndCompare(*h.scheduler, "llama", requests, {}, h.replicas);
+    EXPECT_EQ(CheckOverlappedSteps(*h.replicas[0]), 0) << stages << " stages";
+  }
+  // A client that does not take them (an older worker).
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_step_tokens = 8, .stages = 1}));
+  h.replicas[0]->SetOverlapsDecodeCallsForTest(false);
+  h.replicas[0]->SetStepHookForTest(AsSlowAsAWorker(h.replicas[0]));
+  RunAndCompare(*h.scheduler, "llama", requests, {}, h.replicas);
+  EXPECT_EQ(CheckOverlappedSteps(*h.replicas[0]), 0);
+  // Control: the same requests do overlap where it takes them.
+  ASSERT_OK_AND_ASSIGN(Harness on, MakeHarness({.max_step_tokens = 8, .stages = 1}));
+  on.replicas[0]->SetStepHookForTest(AsSlowAsAWorker(on.replicas[0]));
+  RunAndCompare(*on.scheduler, "llama", requests, {}, on.replicas);
+  EXPECT_GT(CheckOverlappedSteps(*on.replicas[0]), 0);
+}
+
+// A sequence cancelled while its overlapped call runs gets nothing from it (nor after): its tokens
+// are a prefix of its free run; the others are exact.
+TEST(SchedulerOverlapTest, ACancelDuringAnOverlappedCallDeliversNothingMore) {
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 2, .max_step_tokens = 8, .stages = 1}));
+  std::vector<SequenceRequest> requests = MakeRequests(2, h.spec.vocab_size, 53, false);
+  for (SequenceRequest& r : requests) {
+    r.max_tokens = 24;
+    r.ignore_eos = true;
+  }
+  ASSERT_OK_AND_ASSIGN(auto expected, Reference("llama", requests, {}));
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  std::atomic<SequenceId> victim{0};
+  std::atomic<bool> cancelled{false};
+  Scheduler* scheduler = h.scheduler.get();
+  h.replicas[0]->SetStepHookForTest(AsSlowAsAWorker(h.replicas[0], [&](const StepInput& in) {
+    for (const StepSequenceInput& s : in.sequences) {
+      if (s.from_previous && s.sequence_id == victim.load() && !cancelled.exchange(true)) {
+        scheduler->Cancel(s.sequence_id);
+      }
+    }
+    return absl::OkStatus();
+  }));
+  for (const SequenceRequest& r : requests) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_OK_AND_ASSIGN(SequenceId id, h.scheduler->Submit(r, sinks.back()));
+    if (sinks.size() == 1) victim = id;
+  }
+  for (auto& sink : sinks) ASSERT_TRUE(sink->Wait());
+  EXPECT_TRUE(cancelled.load()) << "no overlapped call carried the victim";
+  EXPECT_EQ(sinks[0]->end().reason, FinishReason::kCancelled);
+  const std::vector<int32_t> got = sinks[0]->tokens();
+  ASSERT_LT(got.size(), expected[0].tokens.size());
+  EXPECT_THAT(got, ElementsAreArray(expected[0].tokens.begin(), expected[0].tokens.begin() + got.size()));
+  EXPECT_THAT(sinks[1]->end().status, IsOk());
+  EXPECT_THAT(sinks[1]->tokens(), ElementsAreArray(expected[1].tokens));
+  EXPECT_EQ(h.scheduler->Stats().replicas[0].kv_blocks_used, 0);
+}
+
+// Replica 0's pipeline breaks once its calls overlap (a base and its continuation both fail, or a
+// continuation alone): its sequences fail over to replica 1 with exactly their tokens.
+TEST(SchedulerOverlapTest, ABrokenPipelineUnderOverlappedCallsFailsOverExactly) {
+  for (const int first_failing : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("from overlapped call ", first_failing));
+    PreemptionCounter counter;
+    ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.replicas = 2, .max_slots = 3, .max_step_tokens = 8,
+                                                 .observer = &counter, .stages = 1}));
+    // Fails every step from the first_failing-th overlapped call on: that call, and the
+    // continuation of it already built (a base and its continuation both failing); with 2, the
+    // first continuation's tokens are applied before the break.
+    auto seen = std::make_shared<std::atomic<int>>(0);
+    auto broken = std::make_shared<std::atomic<bool>>(false);
+    h.replicas[0]->SetStepHookForTest(AsSlowAsAWorker(h.replicas[0], [seen, broken, first_failing](const StepInput& in) {
+      const bool overlapped =
+          std::any_of(in.sequences.begin(), in.sequences.end(), [](const StepSequenceInput& s) { return s.from_previous; });
+      if (overlapped && ++*seen >= first_failing) broken->store(true);
+      return broken->load() ? absl::UnavailableError("the worker died") : absl::OkStatus();
+    }));
+    h.replicas[1]->SetStepHookForTest(AsSlowAsAWorker(h.replicas[1]));
+    std::vector<SequenceRequest> requests = MakeRequests(6, h.spec.vocab_size, 59, true);
+    for (SequenceRequest& r : requests) r.max_tokens += 16;
+    RunAndCompare(*h.scheduler, "llama", requests, {}, h.replicas);
+    EXPECT_TRUE(broken->load()) << "too few overlapped calls on replica 0";
+    EXPECT_GT(counter.failovers(), 0);
+    EXPECT_EQ(h.scheduler->Stats().replicas[1].kv_blocks_used, 0);
+  }
+}
+
+}  // namespace overlap
 
 }  // namespace
 }  // namespace shardserve::coordinator

@@ -1,8 +1,9 @@
 // Multi-step decoding (StepRequest.decode_steps) through a real 1-stage worker on 127.0.0.1 (port
 // 0): the coordinator's Scheduler driving it through GrpcReplicaClient (step deltas on) gives the
 // same tokens with 1, 4 and 8 decode steps per call — greedy ones equal to Hugging Face's, seeded
-// ones equal to one step per call — and a worker refuses decode_steps for a batch that cannot take
-// them, with INVALID_ARGUMENT naming the field.
+// ones equal to one step per call, with overlapped decode calls and without — and a worker refuses
+// decode_steps for a batch that cannot take them, with INVALID_ARGUMENT naming the field; an
+// overlapped call (from_previous) takes the token the call before sampled.
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -59,28 +61,41 @@ class Collect final : public coordinator::SequenceSink {
   absl::Notification done_;
 };
 
-// Passes steps on to `inner`, recording the most decode steps asked for, and counting the answers
-// whose compute time (StepResponse.compute_us) is missing or longer than the call.
+// Passes steps on to `inner`, recording the most decode steps asked for, counting the overlapped
+// calls (with a from_previous sequence) and the answers whose compute time
+// (StepResponse.compute_us) is missing or longer than the call.
 class StepsProbe final : public coordinator::ReplicaClient {
  public:
   StepsProbe(std::unique_ptr<coordinator::ReplicaClient> inner, std::atomic<int32_t>* most,
-             std::atomic<int32_t>* untimed)
-      : inner_(std::move(inner)), most_(most), untimed_(untimed) {}
+             std::atomic<int32_t>* untimed, std::atomic<int32_t>* overlapped)
+      : inner_(std::move(inner)), most_(most), untimed_(untimed), overlapped_(overlapped) {}
   absl::StatusOr<coordinator::StepOutput> Step(const coordinator::StepInput& input) override {
+    return StepOverlapping(input, [] {});
+  }
+  absl::StatusOr<coordinator::StepOutput> StepOverlapping(const coordinator::StepInput& input,
+                                                          absl::FunctionRef<void()> while_waiting) override {
     for (int32_t m = most_->load(); input.decode_steps > m && !most_->compare_exchange_weak(m, input.decode_steps);) {
     }
+    for (const coordinator::StepSequenceInput& s : input.sequences) {
+      if (s.from_previous) {
+        ++*overlapped_;
+        break;
+      }
+    }
     const absl::Time start = absl::Now();
-    absl::StatusOr<coordinator::StepOutput> out = inner_->Step(input);
+    absl::StatusOr<coordinator::StepOutput> out = inner_->StepOverlapping(input, while_waiting);
     const absl::Duration call = absl::Now() - start;
     if (out.ok() && (out->compute_time <= absl::ZeroDuration() || out->compute_time > call)) ++*untimed_;
     return out;
   }
+  bool OverlapsDecodeCalls() const override { return inner_->OverlapsDecodeCalls(); }
   void Shutdown() override { inner_->Shutdown(); }
 
  private:
   std::unique_ptr<coordinator::ReplicaClient> inner_;
   std::atomic<int32_t>* most_;
   std::atomic<int32_t>* untimed_;
+  std::atomic<int32_t>* overlapped_;
 };
 
 void StopWorker(RunningWorker& w) {
@@ -89,12 +104,15 @@ void StopWorker(RunningWorker& w) {
 }
 
 // Every golden case greedily and seeded (temperature 0.8), all at once, through a Scheduler with
-// `steps` decode steps per call (0 = auto) and a 1-stage worker; the tokens per request, in that
-// order. `most` gets the most decode steps a call asked for. Every answer must report the worker's
-// compute time, within the call's.
-std::vector<std::vector<int32_t>> Serve(const testing::GoldenModel& golden, int32_t steps, int32_t* most) {
+// `steps` decode steps per call (0 = auto), overlapped decode calls on or off, and a 1-stage
+// worker; the tokens per request, in that order. `most` gets the most decode steps a call asked
+// for, `overlapped` the calls that continued their previous one. Every answer must report the
+// worker's compute time, within the call's.
+std::vector<std::vector<int32_t>> Serve(const testing::GoldenModel& golden, int32_t steps, bool overlap, int32_t* most,
+                                        int32_t* overlapped) {
   std::atomic<int32_t> most_steps{0};
   std::atomic<int32_t> untimed{0};
+  std::atomic<int32_t> overlapped_calls{0};
   RunningWorker w = StartWorker(WorkerOptions{.cpu_ranks = 1, .step_deltas = true});
   EXPECT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
   EXPECT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
@@ -106,11 +124,12 @@ std::vector<std::vector<int32_t>> Serve(const testing::GoldenModel& golden, int3
     so.limits = {.vocab_size = spec.ok() ? spec->vocab_size : 1, .max_seq_len = 128};
     so.max_step_tokens = 64;
     so.decode_steps_per_call = steps;
+    so.overlap_decode_calls = overlap;
     coordinator::Scheduler scheduler(so);
     auto client = std::make_unique<coordinator::GrpcReplicaClient>(
         grpc::CreateChannel(w.address, grpc::InsecureChannelCredentials()),
         coordinator::GrpcReplicaClient::Options{.address = w.address, .step_deltas = true});
-    EXPECT_THAT(scheduler.AddReplica(0, std::make_unique<StepsProbe>(std::move(client), &most_steps, &untimed),
+    EXPECT_THAT(scheduler.AddReplica(0, std::make_unique<StepsProbe>(std::move(client), &most_steps, &untimed, &overlapped_calls),
                                      {.max_slots = 8, .kv_blocks = 32, .kv_block_size = 16, .stages = 1}),
                 testing::IsOk());
     std::vector<std::shared_ptr<Collect>> sinks;
@@ -137,6 +156,7 @@ std::vector<std::vector<int32_t>> Serve(const testing::GoldenModel& golden, int3
   }
   StopWorker(w);
   *most = most_steps.load();
+  *overlapped = overlapped_calls.load();
   EXPECT_EQ(untimed.load(), 0) << "answers without the worker's compute time, or with one longer than the call";
   return out;
 }
@@ -145,22 +165,41 @@ TEST(MultiStepWorkerTest, TheSchedulerGetsTheSameTokensWithSeveralDecodeStepsPer
   ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
   const size_t n = golden.cases.size();
   int32_t most = 0;
-  const std::vector<std::vector<int32_t>> one = Serve(golden, 1, &most);
+  int32_t overlapped = 0;
+  // One step per call, no overlapped calls: the reference for the seeded cases.
+  const std::vector<std::vector<int32_t>> one = Serve(golden, 1, /*overlap=*/false, &most, &overlapped);
   ASSERT_EQ(one.size(), 2 * n);
   EXPECT_EQ(most, 1);
+  EXPECT_EQ(overlapped, 0);
   for (size_t c = 0; c < n; ++c) EXPECT_EQ(one[c], golden.cases[c].greedy_ids) << "case " << c;
-  for (const int32_t steps : {4, 8}) {
-    const std::vector<std::vector<int32_t>> many = Serve(golden, steps, &most);
-    ASSERT_EQ(many.size(), 2 * n);
-    EXPECT_EQ(most, steps) << "no call ran " << steps << " decode steps";
-    for (size_t c = 0; c < n; ++c) {
-      EXPECT_EQ(many[c], golden.cases[c].greedy_ids) << steps << " steps, greedy case " << c;
-      EXPECT_EQ(many[n + c], one[n + c]) << steps << " steps, sampled case " << c;
+  // Then with overlapped calls (the default) as well, one step per call and several.
+  int32_t overlapped_runs = 0;
+  for (const int32_t steps : {1, 4, 8}) {
+    for (const bool overlap : {false, true}) {
+      if (steps == 1 && !overlap) continue;  // that is `one`
+      SCOPED_TRACE(absl::StrCat(steps, " steps per call, overlapped calls ", overlap ? "on" : "off"));
+      const std::vector<std::vector<int32_t>> many = Serve(golden, steps, overlap, &most, &overlapped);
+      ASSERT_EQ(many.size(), 2 * n);
+      EXPECT_EQ(most, steps) << "no call ran " << steps << " decode steps";
+      // (Whether a continuation is built before its base's answer comes depends on the threads'
+      // timing: counted over all the runs below.)
+      if (overlap) {
+        overlapped_runs += overlapped;
+      } else {
+        EXPECT_EQ(overlapped, 0);
+      }
+      for (size_t c = 0; c < n; ++c) {
+        EXPECT_EQ(many[c], golden.cases[c].greedy_ids) << "greedy case " << c;
+        EXPECT_EQ(many[n + c], one[n + c]) << "sampled case " << c;
+      }
+      EXPECT_NE(many[2 * n - 1], golden.cases[n - 1].greedy_ids) << "the seeded case should not be greedy";
     }
-    EXPECT_NE(many[2 * n - 1], golden.cases[n - 1].greedy_ids) << "the seeded case should not be greedy";
   }
   // Auto (the default): whatever it chooses, the same tokens.
-  const std::vector<std::vector<int32_t>> chosen = Serve(golden, coordinator::kAutoDecodeStepsPerCall, &most);
+  const std::vector<std::vector<int32_t>> chosen =
+      Serve(golden, coordinator::kAutoDecodeStepsPerCall, /*overlap=*/true, &most, &overlapped);
+  overlapped_runs += overlapped;
+  EXPECT_GT(overlapped_runs, 0) << "no call continued the one before it, in any run";
   ASSERT_EQ(chosen.size(), 2 * n);
   for (size_t c = 0; c < n; ++c) {
     EXPECT_EQ(chosen[c], golden.cases[c].greedy_ids) << "auto, greedy case " << c;
@@ -210,6 +249,60 @@ TEST(MultiStepWorkerTest, DecodeStepsMatchSingleStepsOnTheRawStream) {
   EXPECT_LE(absl::Microseconds(static_cast<int64_t>(rest.compute_us())), call);
   EXPECT_THAT(std::vector<int32_t>(rest.token_ids().begin(), rest.token_ids().end()),
               ::testing::ElementsAreArray(gc.greedy_ids.begin() + 1, gc.greedy_ids.begin() + 6));
+  StopWorker(w);
+}
+
+// Overlapped decode calls on the raw stream: a call whose sequence is from_previous decodes the
+// token the call before sampled under its sample_key (the golden tokens follow on), one that has
+// nothing to continue is refused with UNAVAILABLE, and a malformed one with INVALID_ARGUMENT.
+TEST(MultiStepWorkerTest, AnOverlappedCallTakesTheTokenTheCallBeforeSampled) {
+  ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
+  RunningWorker w = StartWorker(1);
+  ASSERT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
+  ASSERT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
+  const testing::GoldenCase& gc = golden.cases.back();
+  ASSERT_GE(gc.greedy_ids.size(), 6u);
+  const int prompt = static_cast<int>(gc.prompt_ids.size());
+  const auto from_previous = [](v1::StepRequest r, uint64_t key) {
+    v1::StepSequence* s = r.mutable_sequences(0);
+    s->clear_token_ids();
+    s->set_num_tokens(1);
+    s->set_sample_key(key);
+    s->set_from_previous(true);
+    return r;
+  };
+  const auto ids = [](const v1::StepResponse& r) { return std::vector<int32_t>(r.token_ids().begin(), r.token_ids().end()); };
+  // The prompt, remembered under key 7; then 3 steps from it; then 1 more step (the token the
+  // sender never saw is never sent).
+  v1::StepRequest prefill = Step(1, 0, 0, gc.prompt_ids, 0);
+  prefill.mutable_sequences(0)->set_sample_key(7);
+  const v1::StepResponse first = Ask(w.address, prefill);
+  ASSERT_EQ(first.error_code(), 0) << first.error_message();
+  EXPECT_THAT(ids(first), ::testing::ElementsAre(gc.greedy_ids[0]));
+  const v1::StepResponse three = Ask(w.address, from_previous(Decode(2, prompt, 0, 3), 7));
+  ASSERT_EQ(three.error_code(), 0) << three.error_message();
+  EXPECT_THAT(ids(three), ::testing::ElementsAreArray(gc.greedy_ids.begin() + 1, gc.greedy_ids.begin() + 4));
+  const v1::StepResponse one = Ask(w.address, from_previous(Decode(3, prompt + 3, 0, 1), 7));
+  ASSERT_EQ(one.error_code(), 0) << one.error_message();
+  EXPECT_THAT(ids(one), ::testing::ElementsAre(gc.greedy_ids[4]));
+  // Nothing sampled under key 8 by the call before; and then nothing at all (that call failed).
+  for (const uint64_t key : {8, 7}) {
+    const v1::StepResponse r = Ask(w.address, from_previous(Decode(4, prompt + 4, 0, 1), key));
+    EXPECT_EQ(r.error_code(), grpc::StatusCode::UNAVAILABLE) << "key " << key;
+    EXPECT_THAT(r.error_message(), HasSubstr("sample_key")) << "key " << key;
+  }
+  // Malformed: token ids as well, no key, several tokens.
+  std::vector<std::pair<std::string, v1::StepRequest>> bad;
+  bad.emplace_back("token ids too", from_previous(Decode(5, prompt, 0, 1), 7));
+  bad.back().second.mutable_sequences(0)->add_token_ids(3);
+  bad.emplace_back("no sample_key", from_previous(Decode(5, prompt, 0, 1), 0));
+  bad.emplace_back("two tokens", from_previous(Decode(5, prompt, 0, 1), 7));
+  bad.back().second.mutable_sequences(0)->set_num_tokens(2);
+  for (const auto& [what, request] : bad) {
+    const v1::StepResponse r = Ask(w.address, request);
+    EXPECT_EQ(r.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
+    EXPECT_THAT(r.error_message(), HasSubstr("from_previous")) << what;
+  }
   StopWorker(w);
 }
 
@@ -270,6 +363,14 @@ TEST(MultiStepWorkerTest, AStageOfALongerPipelineRefusesDecodeSteps) {
     EXPECT_EQ(r.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << address;
     EXPECT_THAT(r.error_message(), HasSubstr("decode_steps")) << address;
   }
+  // Nor does stage 0 take an overlapped call: it does not sample.
+  v1::StepRequest overlapped = Decode(1, 3, 0, 1);
+  overlapped.mutable_sequences(0)->clear_token_ids();
+  overlapped.mutable_sequences(0)->set_sample_key(7);
+  overlapped.mutable_sequences(0)->set_from_previous(true);
+  const v1::StepResponse r = Ask(w0.address, overlapped);
+  EXPECT_EQ(r.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.error_message(), HasSubstr("from_previous"));
   StopWorker(w0);
   StopWorker(w1);
 }
