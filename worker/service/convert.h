@@ -49,7 +49,7 @@ inline constexpr uint32_t kMaxDecodeSteps = 64;
 struct StageBatch {
   uint64_t step_id = 0;
   // StepRequest.decode_steps, >= 1 (0 is read as 1). FromProto checks that a batch with more than
-  // one is eligible as far as its sequences go (each decodes one given token and samples plainly,
+  // one is eligible as far as its sequences go (each decodes one given or from_previous token and samples plainly,
   // without logprobs); the stage checks that it both embeds and samples.
   uint32_t decode_steps = 1;
   // StepRequest.answer_route: the coordinator's return stream on the last stage (empty: none).
