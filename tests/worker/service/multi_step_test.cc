@@ -214,6 +214,14 @@ v1::StepRequest Decode(uint64_t id, int pos, int32_t token, uint32_t steps) {
   return r;
 }
 
+// A worker serving both layers of `golden` as the only stage of its pipeline.
+RunningWorker StartOneStageWorker(const testing::GoldenModel& golden) {
+  RunningWorker w = StartWorker(1);
+  EXPECT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
+  EXPECT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
+  return w;
+}
+
 // The answer to `request` on a new stream to `address`.
 v1::StepResponse Ask(const std::string& address, const v1::StepRequest& request) {
   auto stub = v1::Stage::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -229,9 +237,8 @@ v1::StepResponse Ask(const std::string& address, const v1::StepRequest& request)
 
 TEST(MultiStepWorkerTest, DecodeStepsMatchSingleStepsOnTheRawStream) {
   ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
-  RunningWorker w = StartWorker(1);
-  ASSERT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
-  ASSERT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
+  RunningWorker w = StartOneStageWorker(golden);
+  ASSERT_FALSE(HasFailure()) << "the worker did not load the model";
   const testing::GoldenCase& gc = golden.cases.back();
   ASSERT_GE(gc.greedy_ids.size(), 6u);
   // The prompt, then 5 steps in one request: the golden tokens 1..5.
@@ -257,9 +264,8 @@ TEST(MultiStepWorkerTest, DecodeStepsMatchSingleStepsOnTheRawStream) {
 // nothing to continue is refused with UNAVAILABLE, and a malformed one with INVALID_ARGUMENT.
 TEST(MultiStepWorkerTest, AnOverlappedCallTakesTheTokenTheCallBeforeSampled) {
   ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
-  RunningWorker w = StartWorker(1);
-  ASSERT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
-  ASSERT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
+  RunningWorker w = StartOneStageWorker(golden);
+  ASSERT_FALSE(HasFailure()) << "the worker did not load the model";
   const testing::GoldenCase& gc = golden.cases.back();
   ASSERT_GE(gc.greedy_ids.size(), 6u);
   const int prompt = static_cast<int>(gc.prompt_ids.size());
@@ -308,9 +314,8 @@ TEST(MultiStepWorkerTest, AnOverlappedCallTakesTheTokenTheCallBeforeSampled) {
 
 TEST(MultiStepWorkerTest, IneligibleBatchesAreRefusedNamingDecodeSteps) {
   ASSERT_OK_AND_ASSIGN(testing::GoldenModel golden, testing::LoadGoldenModel("llama"));
-  RunningWorker w = StartWorker(1);
-  ASSERT_TRUE(w.server->Assign(StageAssignment(golden.dir, 0, 0, 2, 1, "")).ok());
-  ASSERT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY) << w.server->Status().error;
+  RunningWorker w = StartOneStageWorker(golden);
+  ASSERT_FALSE(HasFailure()) << "the worker did not load the model";
   std::vector<std::pair<std::string, v1::StepRequest>> bad;
   bad.emplace_back("a prefill chunk", Step(1, 0, 0, {1, 2, 3}, 0));
   bad.back().second.set_decode_steps(4);
