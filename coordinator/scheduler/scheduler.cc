@@ -801,17 +801,12 @@ Scheduler::Batch Scheduler::BuildContinuationLocked(Replica& r) {
   }
   if (members.empty()) return batch;
   // Its new positions are [consumed + tail.steps, + k): blocks for them, without preempting anything.
-  int64_t need = 0;
-  for (const Sequence* s : members) {
-    need += std::max<int64_t>(0, BlocksFor(s->consumed + tail.steps + k, r.block_size) - std::ssize(s->blocks));
-  }
-  if (need > r.pool->available()) return batch;
+  if (!GrowAllLocked(r, members, tail.steps + k)) return batch;
   batch.input.step_id = ++r.last_step_id;
   batch.input.decode_steps = static_cast<int32_t>(k);
   batch.input.remember_samples = true;
   batch.base_call = tail.call;
   for (Sequence* s : members) {
-    CHECK(GrowLocked(r, *s, s->consumed + tail.steps + k));
     const SequenceRequest& req = s->request;
     StepSequenceInput in;
     in.block_ids = s->blocks;
@@ -843,13 +838,18 @@ int32_t Scheduler::DecodeStepsLocked(Replica& r, absl::Span<Sequence* const> mem
   }
   if (k <= 1) return 1;
   // Blocks for positions [consumed, consumed + k), without preempting anything.
+  if (!GrowAllLocked(r, members, k)) return 1;
+  return static_cast<int32_t>(k);
+}
+
+bool Scheduler::GrowAllLocked(Replica& r, absl::Span<Sequence* const> members, int64_t ahead) {
   int64_t need = 0;
   for (const Sequence* s : members) {
-    need += std::max<int64_t>(0, BlocksFor(s->consumed + k, r.block_size) - std::ssize(s->blocks));
+    need += std::max<int64_t>(0, BlocksFor(s->consumed + ahead, r.block_size) - std::ssize(s->blocks));
   }
-  if (need > r.pool->available()) return 1;
-  for (Sequence* s : members) CHECK(GrowLocked(r, *s, s->consumed + k));
-  return static_cast<int32_t>(k);
+  if (need > r.pool->available()) return false;
+  for (Sequence* s : members) CHECK(GrowLocked(r, *s, s->consumed + ahead));
+  return true;
 }
 
 void Scheduler::ApplyLocked(Replica& r, const Batch& batch, const absl::StatusOr<StepOutput>& out,

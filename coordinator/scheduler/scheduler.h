@@ -409,6 +409,10 @@ class Scheduler {
   // having given the members the blocks for them; 1 when multi-step decoding does not apply or
   // the blocks are not available.
   int32_t DecodeStepsLocked(Replica& r, absl::Span<Sequence* const> members) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives every member blocks up to `ahead` positions past its consumed tokens, when the free blocks
+  // hold all of them without preempting anything; false (nothing taken) otherwise.
+  bool GrowAllLocked(Replica& r, absl::Span<Sequence* const> members, int64_t ahead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `seq` blocks until they cover `tokens` positions; false (nothing taken) when too few are free.
   bool GrowLocked(Replica& r, Sequence& seq, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a running sequence's blocks and puts it back at the front of the waiting queue.
