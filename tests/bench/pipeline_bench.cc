@@ -40,6 +40,7 @@
 #include "common/security/grpc_security.h"
 #include "nlohmann/json.hpp"
 #include "shardserve/v1/stage.grpc.pb.h"
+#include "tests/testing/alloc_counter.h"
 #include "tests/testing/random_model.h"
 #include "worker/engine/executor.h"
 #include "worker/service/convert.h"
@@ -184,9 +185,11 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* a, grpc::Service* b, int* por
 }
 
 // Mean round trip (s) of `payload` bytes of hidden states on a bidi stream; with `gap`, each round
-// trip starts that long after the last (the gap itself is not timed).
+// trip starts that long after the last (the gap itself is not timed). `allocations`, if given, gets
+// the heap allocations per round trip of the whole process (both ends).
 double EchoRoundTrip(v1::Stage::Stub& stub, size_t payload, int iters,
-                     std::chrono::duration<double> gap = std::chrono::duration<double>(0)) {
+                     std::chrono::duration<double> gap = std::chrono::duration<double>(0),
+                     double* allocations = nullptr) {
   grpc::ClientContext ctx;
   auto stream = stub.StepStream(&ctx);
   v1::StepRequest req;
@@ -197,6 +200,7 @@ double EchoRoundTrip(v1::Stage::Stub& stub, size_t payload, int iters,
     stream->Read(&resp);
   }
   double busy = 0;
+  const uint64_t allocations_before = testing::ProcessAllocations();
   for (int i = 0; i < iters; ++i) {
     if (gap.count() > 0) std::this_thread::sleep_for(gap);
     const double t0 = Now();
@@ -206,6 +210,9 @@ double EchoRoundTrip(v1::Stage::Stub& stub, size_t payload, int iters,
     busy += Now() - t0;
   }
   const double dt = busy / iters;
+  if (allocations != nullptr) {
+    *allocations = static_cast<double>(testing::ProcessAllocations() - allocations_before) / iters;
+  }
   stream->WritesDone();
   (void)stream->Finish();
   return dt;
@@ -319,6 +326,7 @@ int Run() {
   // between its messages): the peer's threads have gone to sleep, as a stage's peers have.
   const auto gap = std::chrono::duration<double>(step_one / 2);
   double rtt_decode[2], rtt_prefill[2], rtt_handoff[2], rtt_idle[2];
+  double rtt_allocs[2];  // heap allocations per bare round trip (decode-sized, both ends)
   {
     EchoStage echo[2];
     HandOffEchoStage handoff[2];
@@ -334,10 +342,10 @@ int Run() {
       handoff_stub[t] = v1::Stage::NewStub(grpc::CreateChannel(
           absl::StrCat("127.0.0.1:", port), tr.client->InternalChannelCredentials(security::Role::kWorker)));
     }
-    std::vector<double> d[2], f[2], h[2], g[2];
+    std::vector<double> d[2], f[2], h[2], g[2], a[2];
     for (int r = 0; r < 5; ++r) {
       for (int t = 0; t < 2; ++t) {
-        d[t].push_back(EchoRoundTrip(*echo_stub[t], decode_bytes, 400));
+        d[t].push_back(EchoRoundTrip(*echo_stub[t], decode_bytes, 400, {}, &a[t].emplace_back()));
         f[t].push_back(EchoRoundTrip(*echo_stub[t], prefill_bytes, 40));
         h[t].push_back(EchoRoundTrip(*handoff_stub[t], decode_bytes, 400));
         const int idle_iters = std::max(4, static_cast<int>(0.05 / (gap.count() + 1e-4)));  // ~50 ms of gaps
@@ -349,6 +357,7 @@ int Run() {
       rtt_prefill[t] = Median(f[t]);
       rtt_handoff[t] = Median(h[t]);
       rtt_idle[t] = Median(g[t]);
+      rtt_allocs[t] = Median(a[t]);
     }
     for (auto& server : servers) server->Shutdown();
   }
@@ -372,6 +381,10 @@ int Run() {
     // stage 1 on its return stream (stage.proto).
     std::unique_ptr<coordinator::GrpcReplicaClient> relayed, direct;
     std::vector<double> step_relayed, hop_relayed, step_direct, hop_direct;
+    // Heap allocations per decode step in the whole process (the client and both stages; the
+    // bench's own stream, and the replica client relayed and direct).
+    double last_allocations = 0;
+    std::vector<double> allocs, allocs_relayed, allocs_direct;
   };
   std::unique_ptr<Pipeline> pipes[2];
   for (int t = 0; t < 2; ++t) {
@@ -426,13 +439,16 @@ int Run() {
       -> std::optional<std::pair<double, double>> {
     int32_t t = 1;
     double start = 0, c0 = 0;
+    uint64_t allocations = 0;
     for (int i = 0; i < tokens + 4; ++i) {
       if (i == 4) {
         start = Now();
         c0 = StepSeconds(p.m0) + StepSeconds(p.m1);
+        allocations = testing::ProcessAllocations();
       }
       if ((t = step(i, t)) < 0) return std::nullopt;
     }
+    p.last_allocations = static_cast<double>(testing::ProcessAllocations() - allocations) / tokens;
     return std::pair{(Now() - start) / tokens, (StepSeconds(p.m0) + StepSeconds(p.m1) - c0) / tokens};
   };
   // One round on the bench's own synchronous stream to stage 0.
@@ -449,6 +465,7 @@ int Run() {
     if (!r.has_value()) return false;
     p.step.push_back(r->first);
     p.compute.push_back(r->second);
+    p.allocs.push_back(p.last_allocations);
     // Two round trips per step (client -> stage 0 -> stage 1 and the answers back).
     p.hop.push_back((r->first - r->second) / 2.0);
     return true;
@@ -474,6 +491,7 @@ int Run() {
     });
     if (!r.has_value()) return false;
     (direct ? p.step_direct : p.step_relayed).push_back(r->first);
+    (direct ? p.allocs_direct : p.allocs_relayed).push_back(p.last_allocations);
     (direct ? p.hop_direct : p.hop_relayed).push_back((r->first - r->second) / (direct ? 1.5 : 2.0));
     return true;
   };
@@ -484,6 +502,7 @@ int Run() {
   for (auto& p : pipes) {
     p->step.clear(), p->hop.clear(), p->compute.clear();
     p->step_relayed.clear(), p->hop_relayed.clear(), p->step_direct.clear(), p->hop_direct.clear();
+    p->allocs.clear(), p->allocs_relayed.clear(), p->allocs_direct.clear();
   }
   const int64_t handshakes_before = security::InternalClientHandshakes();
   std::vector<double> hop_diff;
@@ -500,7 +519,11 @@ int Run() {
       static_cast<double>(security::InternalClientHandshakes() - handshakes_before) / (6.0 * kRounds * tokens);
   double step_pp[2], hop[2], compute_pp[2];
   double step_relayed[2], hop_relayed[2], step_direct[2], hop_direct[2];  // through the replica client
+  double allocs[2], allocs_relayed[2], allocs_direct[2];
   for (int t = 0; t < 2; ++t) {
+    allocs[t] = Median(pipes[t]->allocs);
+    allocs_relayed[t] = Median(pipes[t]->allocs_relayed);
+    allocs_direct[t] = Median(pipes[t]->allocs_direct);
     step_pp[t] = Median(pipes[t]->step);
     hop[t] = Median(pipes[t]->hop);
     compute_pp[t] = Median(pipes[t]->compute);
@@ -546,6 +569,14 @@ int Run() {
         "(per round trip of its 3 one-way trips %.1f us = %.2fx the bare round trip)\n",
         transports[t].name, step_relayed[t] * 1e3, hr * 1e6, hr / rtt_decode[t],
         step_direct[t] * 1e3, hd * 1e6, hd / rtt_decode[t]);
+    if (testing::AllocationsCounted()) {
+      std::fprintf(text,
+                   "[%s] heap allocations per decode step, whole process (client and both stages): %.1f on the "
+                   "bench's stream, %.1f through the replica client relayed, %.1f direct; a bare round trip makes "
+                   "%.1f (both ends), so a step's 2 round trips' worth of gRPC is %.1f\n",
+                   transports[t].name, allocs[t], allocs_relayed[t], allocs_direct[t], rtt_allocs[t],
+                   2 * rtt_allocs[t]);
+    }
   }
   std::fprintf(text, "TLS handshakes per decode step once the links are up (both pipelines): %.3f\n",
                handshakes_per_step);
@@ -584,6 +615,12 @@ int Run() {
                                                {"replica_client_hop_relayed_over_round_trip", hr / rtt_decode[t]},
                                                {"replica_client_step_direct_ms", step_direct[t] * 1e3},
                                                {"replica_client_direct_round_trip_us", hd * 1e6}};
+      if (testing::AllocationsCounted()) {
+        doc["transports"][transports[t].name]["allocations_per_step"] = allocs[t];
+        doc["transports"][transports[t].name]["allocations_per_round_trip"] = rtt_allocs[t];
+        doc["transports"][transports[t].name]["replica_client_allocations_per_step_relayed"] = allocs_relayed[t];
+        doc["transports"][transports[t].name]["replica_client_allocations_per_step_direct"] = allocs_direct[t];
+      }
     }
     std::printf("%s\n", doc.dump(2).c_str());
   }
