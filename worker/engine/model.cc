@@ -6,7 +6,6 @@
 #include <numbers>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
 #include "worker/comm/communicator.h"
@@ -58,6 +57,8 @@ struct Model::Workspace {
   };
   std::vector<HeldExperts> held;
   std::vector<int32_t> h_step_offsets;  // every local layer's offsets, read after a device-path step
+  // Validate's scratch: (block, sequence) of every block the step writes.
+  std::vector<std::pair<int32_t, int32_t>> h_written;
   // Remote experts (rank 0 of a stage with expert spill): the rows sent and the answers.
   DeviceBuffer remote_x;  // [max_step_tokens x top_k, hidden]
   // Multi-head latent attention: the query's compressed form, its nope and RoPE parts, the
@@ -498,11 +499,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
   return m;
 }
 
-absl::Status Model::Validate(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) const {
+absl::Status Model::Validate(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) {
   if (batch.empty()) return absl::InvalidArgumentError("empty step batch");
   int64_t total = 0;
   const int64_t bs = options_.kv_block_size;
-  absl::flat_hash_set<int32_t> written;  // blocks holding the step's new positions
+  // Blocks holding the step's new positions, with their sequence (a reused vector, not a set: the
+  // step allocates nothing here once it has seen its batch size).
+  std::vector<std::pair<int32_t, int32_t>>& written = ws_->h_written;
+  written.clear();
   for (size_t i = 0; i < batch.size(); ++i) {
     const StepSequence& s = batch[i];
     if (s.NumTokens() < 1) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": no tokens"));
@@ -526,10 +530,7 @@ absl::Status Model::Validate(const std::vector<StepSequence>& batch, absl::Span<
         return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": KV block ", id, " is outside [0, ",
                                                        options_.num_kv_blocks, ")"));
       }
-      if (j >= s.pos_begin / bs && !written.insert(id).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", i, ": KV block ", id, " is written twice in one step"));
-      }
+      if (j >= s.pos_begin / bs) written.emplace_back(id, static_cast<int32_t>(i));
     }
     for (int32_t id : s.tokens) {
       if (id < 0 || id >= spec_.vocab_size) {
@@ -538,6 +539,14 @@ absl::Status Model::Validate(const std::vector<StepSequence>& batch, absl::Span<
       }
     }
     total += s.NumTokens();
+  }
+  std::sort(written.begin(), written.end());
+  auto twice = std::adjacent_find(written.begin(), written.end(),
+                                  [](const auto& a, const auto& b) { return a.first == b.first; });
+  if (twice != written.end()) {
+    // The later of the two sequences (or the one that names the block twice).
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", std::next(twice)->second, ": KV block ", twice->first,
+                                                   " is written twice in one step"));
   }
   if (total > options_.max_step_tokens) {
     return absl::InvalidArgumentError(

@@ -88,7 +88,7 @@ class Model final : public StepRunner {
  private:
   struct Workspace;
   Model(const ModelSpec& spec, const ModelOptions& options, kernels::Backend* backend);
-  absl::Status Validate(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in) const;
+  absl::Status Validate(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in);
   // Step after validation.
   absl::StatusOr<StepResult> Run(const std::vector<StepSequence>& batch, absl::Span<const float> hidden_in);
   bool first_stage() const { return options_.layer_begin == 0; }

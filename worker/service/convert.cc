@@ -11,25 +11,25 @@
 namespace shardserve::service {
 namespace {
 
-engine::SamplingParams SamplingFromProto(const v1::StepSequence& p) {
-  engine::SamplingParams s;
-  s.temperature = p.sampling().temperature();
-  s.top_k = p.sampling().top_k();
-  s.top_p = p.sampling().top_p() == 0.0f ? 1.0f : p.sampling().top_p();
-  s.seed = p.sampling().seed();
-  s.min_p = p.sampling().min_p();
+// Fills `s` from `p`, reusing the capacity of its vectors and strings (FromProto runs every step).
+void SamplingFromProto(const v1::StepSequence& p, engine::SamplingParams* s) {
+  s->temperature = p.sampling().temperature();
+  s->top_k = p.sampling().top_k();
+  s->top_p = p.sampling().top_p() == 0.0f ? 1.0f : p.sampling().top_p();
+  s->seed = p.sampling().seed();
+  s->min_p = p.sampling().min_p();
   // Sorted by id: the map's iteration order is unspecified, the sum is not order-dependent, but a
   // fixed order keeps the forwarded message byte-identical.
-  for (const auto& [id, bias] : p.sampling().logit_bias()) s.logit_bias.emplace_back(id, bias);
-  std::sort(s.logit_bias.begin(), s.logit_bias.end());
-  s.suppress_ids.assign(p.suppress_token_ids().begin(), p.suppress_token_ids().end());
-  s.presence_penalty = p.sampling().presence_penalty();
-  s.frequency_penalty = p.sampling().frequency_penalty();
-  s.repetition_penalty = p.sampling().repetition_penalty() == 0.0f ? 1.0f : p.sampling().repetition_penalty();
-  s.history_ids.assign(p.penalty_token_ids().begin(), p.penalty_token_ids().end());
-  s.history_counts.assign(p.penalty_token_counts().begin(), p.penalty_token_counts().end());
-  s.allowed_token_mask = p.allowed_token_mask();
-  return s;
+  s->logit_bias.clear();
+  for (const auto& [id, bias] : p.sampling().logit_bias()) s->logit_bias.emplace_back(id, bias);
+  std::sort(s->logit_bias.begin(), s->logit_bias.end());
+  s->suppress_ids.assign(p.suppress_token_ids().begin(), p.suppress_token_ids().end());
+  s->presence_penalty = p.sampling().presence_penalty();
+  s->frequency_penalty = p.sampling().frequency_penalty();
+  s->repetition_penalty = p.sampling().repetition_penalty() == 0.0f ? 1.0f : p.sampling().repetition_penalty();
+  s->history_ids.assign(p.penalty_token_ids().begin(), p.penalty_token_ids().end());
+  s->history_counts.assign(p.penalty_token_counts().begin(), p.penalty_token_counts().end());
+  s->allowed_token_mask.assign(p.allowed_token_mask());
 }
 
 void SamplingToProto(const StageSequence& s, v1::StepSequence* p) {
@@ -79,16 +79,29 @@ absl::Status CheckMultiStep(const StageBatch& batch) {
 
 absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size) {
   StageBatch batch;
+  RETURN_IF_ERROR(FromProto(request, hidden_size, &batch));
+  return batch;
+}
+
+absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, StageBatch* out) {
+  StageBatch& batch = *out;
   batch.step_id = request.step_id();
-  batch.answer_route = request.answer_route();
+  batch.answer_route.assign(request.answer_route());
+  batch.hidden.clear();
+  batch.hidden_in = {};
+  // Resized, not rebuilt: the sequences keep their vectors' capacity from the last step.
+  batch.sequences.resize(static_cast<size_t>(request.sequences_size()));
   int64_t total = 0;
   for (int i = 0; i < request.sequences_size(); ++i) {
     const v1::StepSequence& p = request.sequences(i);
-    StageSequence s;
+    StageSequence& s = batch.sequences[static_cast<size_t>(i)];
     s.step.block_ids.assign(p.block_ids().begin(), p.block_ids().end());
     s.step.pos_begin = p.pos_begin();
     s.step.tokens.assign(p.token_ids().begin(), p.token_ids().end());
     s.step.num_tokens = p.num_tokens();
+    s.step.all_logits = false;
+    s.step.greedy = false;
+    s.step.sampling.reset();
     if (!s.step.tokens.empty() && s.step.num_tokens != 0 && s.step.num_tokens != s.step.NumTokens()) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": num_tokens ", p.num_tokens(), " but ",
                                                      p.token_ids_size(), " token ids"));
@@ -107,7 +120,7 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
     }
     if (s.step.NumTokens() < 1) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": no tokens"));
     s.sample = p.sample();
-    s.sampling = SamplingFromProto(p);
+    SamplingFromProto(p, &s.sampling);
     if (s.sample) RETURN_IF_ERROR(s.sampling.Validate());
     s.logprobs = p.logprobs();
     s.top_logprobs = p.top_logprobs();
@@ -116,7 +129,7 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
                                                      engine::kMaxTopLogprobs, "], got ", s.top_logprobs));
     }
     s.sample_index = p.sample_index();
-    s.request_id = p.request_id();
+    s.request_id.assign(p.request_id());
     s.key = p.key();
     s.prompt_logprob_targets.assign(p.prompt_logprob_targets().begin(), p.prompt_logprob_targets().end());
     if (!s.prompt_logprob_targets.empty() &&
@@ -128,7 +141,6 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
       if (t < -1) return absl::InvalidArgumentError(absl::StrCat("sequence ", i, ": prompt_logprob_targets has ", t));
     }
     total += s.step.NumTokens();
-    batch.sequences.push_back(std::move(s));
   }
   batch.decode_steps = std::max<uint32_t>(request.decode_steps(), 1);
   if (batch.decode_steps > kMaxDecodeSteps) {
@@ -160,7 +172,7 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
       std::memcpy(batch.hidden.data(), data, bytes);
     }
   }
-  return batch;
+  return absl::OkStatus();
 }
 
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {

@@ -73,6 +73,10 @@ struct StageBatch {
 // sampling params, or decode_steps above kMaxDecodeSteps or > 1 for a batch that is not eligible
 // (stage.proto).
 absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size);
+// The same into `batch`, which keeps the capacity of its vectors and strings from its last use (a
+// stage converts one micro-batch per step, so that its steady state allocates nothing here). Every
+// field of `batch` and of its sequences is set; on an error `batch` holds a partial conversion.
+absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, StageBatch* batch);
 
 // Builds the messages that carry `batch` to the next stage: sequences without token ids,
 // hidden states as F32 bytes [tokens, hidden_size], split into chunks of at most kMaxChunkBytes.

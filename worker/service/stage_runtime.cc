@@ -119,13 +119,15 @@ void StageRuntime::RecordStep(int64_t tokens, std::chrono::steady_clock::duratio
 absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const v1::StepRequest& request,
                                                                            Done& done, Caller caller) {
   const int64_t hidden = runner_->spec().hidden_size;
-  ASSIGN_OR_RETURN(StageBatch batch, FromProto(request, hidden));
+  StageBatch& batch = batch_;
+  RETURN_IF_ERROR(FromProto(request, hidden, &batch));
   // Overlapped decode calls: what the micro-batch before this one sampled is for this one only (a
   // failure below leaves nothing, so that a sequence continued past a failure is refused).
-  absl::flat_hash_map<uint64_t, int32_t> previous;
+  absl::flat_hash_map<uint64_t, int32_t>& previous = previous_;
   {
     MutexLock lock(&mu_);
     previous.swap(previous_samples_);
+    previous_samples_.clear();
   }
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     StageSequence& s = batch.sequences[i];
@@ -144,10 +146,11 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
     }
     s.step.tokens = {it->second};
   }
-  std::vector<engine::StepSequence> steps;
-  steps.reserve(batch.sequences.size());
-  for (const StageSequence& s : batch.sequences) {
-    steps.push_back(s.step);
+  std::vector<engine::StepSequence>& steps = steps_;
+  steps.resize(batch.sequences.size());
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const StageSequence& s = batch.sequences[i];
+    steps[i] = s.step;  // copy-assigned: the vectors keep their capacity
     // Greedy sequences get their id from the last stage's device, not a logits row.
     steps.back().greedy = is_last() && s.sample && s.sampling.IsGreedy() && !s.logprobs;
     // Plain sampling too, where the last stage's device can draw (the engine decides).
@@ -161,7 +164,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
     }
     steps.back().all_logits = is_last() && !s.prompt_logprob_targets.empty();
   }
-  if (batch.decode_steps > 1) return RunDecodeSteps(batch, std::move(steps));
+  if (batch.decode_steps > 1) return RunDecodeSteps(batch, steps);
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(engine::StepResult result, runner_->Step(steps, batch.input()));
   RecordStep(NewTokens(request), std::chrono::steady_clock::now() - start);
@@ -236,22 +239,21 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
 }
 
 void StageRuntime::RememberSamples(const StageBatch& batch, const v1::StepResponse& response) {
-  absl::flat_hash_map<uint64_t, int32_t> samples;
   const size_t per_sequence = batch.decode_steps;
   size_t k = 0;  // the sequence's first entry of token_ids
+  MutexLock lock(&mu_);
+  previous_samples_.clear();  // RunOrForward left it empty; a table this small keeps its capacity
   for (const StageSequence& s : batch.sequences) {
     if (!s.sample) continue;
     k += per_sequence;
     if (s.sample_key != 0 && k <= static_cast<size_t>(response.token_ids_size())) {
-      samples[s.sample_key] = response.token_ids(static_cast<int>(k - 1));
+      previous_samples_[s.sample_key] = response.token_ids(static_cast<int>(k - 1));
     }
   }
-  MutexLock lock(&mu_);
-  previous_samples_ = std::move(samples);
 }
 
 absl::StatusOr<v1::StepResponse> StageRuntime::RunDecodeSteps(const StageBatch& batch,
-                                                              std::vector<engine::StepSequence> steps) {
+                                                              const std::vector<engine::StepSequence>& steps) {
   if (!is_last() || runner_->options().layer_begin != 0) {
     return absl::InvalidArgumentError(absl::StrCat("decode_steps = ", batch.decode_steps, " but stage ", config_.stage,
                                                    " is not the only one of its pipeline (several decode steps per "
@@ -267,7 +269,7 @@ absl::StatusOr<v1::StepResponse> StageRuntime::RunDecodeSteps(const StageBatch& 
   };
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                   engine::RunDecodeSteps(*runner_, std::move(steps), static_cast<int32_t>(batch.decode_steps), pick));
+                   engine::RunDecodeSteps(*runner_, steps, static_cast<int32_t>(batch.decode_steps), pick));
   RecordStep(static_cast<int64_t>(batch.sequences.size()) * batch.decode_steps, std::chrono::steady_clock::now() - start);
   if (config_.metrics != nullptr) {
     // One observation per decode step (their mean time), as k single steps would make.

@@ -117,7 +117,7 @@ class StageRuntime {
   // The answer of a batch with decode_steps > 1 (stage.proto): the steps run by
   // engine::RunDecodeSteps, sampled as single steps would be. InvalidArgument unless this stage
   // embeds and samples.
-  absl::StatusOr<v1::StepResponse> RunDecodeSteps(const StageBatch& batch, std::vector<engine::StepSequence> steps);
+  absl::StatusOr<v1::StepResponse> RunDecodeSteps(const StageBatch& batch, const std::vector<engine::StepSequence>& steps);
   // Gives `response` (this stage's answer to `request`) to the coordinator's return stream when
   // the request names one and this is the last stage, and an acknowledgement to `done`; else gives
   // `response` to `done`.
@@ -138,6 +138,12 @@ class StageRuntime {
   const StageConfig config_;
   engine::Sampler sampler_;
   std::shared_ptr<grpc::Channel> channel_;  // by Run() only
+  // Run()'s working state, reused from step to step so that a steady decode allocates nothing for
+  // it: the micro-batch converted, the engine's view of its sequences, and the samples of the
+  // micro-batch before it (swapped with previous_samples_).
+  StageBatch batch_;
+  std::vector<engine::StepSequence> steps_;
+  absl::flat_hash_map<uint64_t, int32_t> previous_;
   // The last step's time and new tokens (0 before the first): MayRunOnReader's prediction.
   std::atomic<int64_t> last_step_ns_{0};
   std::atomic<int64_t> last_step_tokens_{0};
