@@ -223,24 +223,24 @@ std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden
   return out;
 }
 
-absl::StatusOr<bool> ChunkAssembler::Add(v1::StepRequest&& chunk) {
-  const uint32_t count = std::max<uint32_t>(chunk.chunk_count(), 1);
-  if (chunk.chunk_index() != expected_) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", chunk.step_id(), ": chunk ", chunk.chunk_index(),
+absl::StatusOr<bool> ChunkAssembler::Add(PooledStepRequest chunk) {
+  const uint32_t count = std::max<uint32_t>(chunk->chunk_count(), 1);
+  if (chunk->chunk_index() != expected_) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", chunk->step_id(), ": chunk ", chunk->chunk_index(),
                                                    " arrived, chunk ", expected_, " expected"));
   }
   if (expected_ == 0) {
     pending_ = std::move(chunk);
   } else {
-    if (chunk.step_id() != pending_.step_id() || count != pending_.chunk_count()) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk of step ", chunk.step_id(), " interleaved with step ",
-                                                     pending_.step_id()));
+    if (chunk->step_id() != pending_->step_id() || count != pending_->chunk_count()) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk of step ", chunk->step_id(), " interleaved with step ",
+                                                     pending_->step_id()));
     }
-    pending_.mutable_hidden()->mutable_data()->append(chunk.hidden().data());
+    pending_->mutable_hidden()->mutable_data()->append(chunk->hidden().data());
   }
-  if (pending_.hidden().data().size() > max_bytes_) {
+  if (pending_->hidden().data().size() > max_bytes_) {
     expected_ = 0;
-    return absl::InvalidArgumentError(absl::StrCat("step ", pending_.step_id(), ": hidden states exceed ",
+    return absl::InvalidArgumentError(absl::StrCat("step ", pending_->step_id(), ": hidden states exceed ",
                                                    max_bytes_, " bytes"));
   }
   ++expected_;

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/rpc/message_pool.h"
 #include "shardserve/v1/stage.pb.h"
 #include "worker/engine/sampling.h"
 #include "worker/engine/step_runner.h"
@@ -85,18 +86,22 @@ std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden
 // The answer that fails micro-batch `step_id` with `st` (the status's code and message).
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st);
 
+// A StepRequest as a stage reads it: on a pooled arena (common/rpc/message_pool.h).
+using PooledStepRequest = rpc::MessagePool<v1::StepRequest>::Lease;
+
 // Reassembles chunked StepRequests. Feed messages in order; Add() returns true when a request is
-// complete (then take it with Take()). InvalidArgument for out-of-order or inconsistent chunks or a
+// complete (then take it with Take()). A request's first chunk becomes the whole request (the later
+// chunks' bytes are appended to it). InvalidArgument for out-of-order or inconsistent chunks or a
 // total above `max_bytes`.
 class ChunkAssembler {
  public:
   explicit ChunkAssembler(size_t max_bytes) : max_bytes_(max_bytes) {}
-  absl::StatusOr<bool> Add(v1::StepRequest&& chunk);
-  v1::StepRequest Take() { return std::move(pending_); }
+  absl::StatusOr<bool> Add(PooledStepRequest chunk);
+  PooledStepRequest Take() { return std::move(pending_); }
 
  private:
   size_t max_bytes_;
-  v1::StepRequest pending_;
+  PooledStepRequest pending_;
   uint32_t expected_ = 0;  // next chunk index; 0 = between requests
 };
 

@@ -91,7 +91,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     // The stage remembers its samples for overlapped decode calls (StepSequence.from_previous).
     ctx->AddInitialMetadata(rpc::kOverlappedDecodeKey, "1");
     StartSendInitialMetadata();
-    StartRead(&incoming_);
+    ReadNext();
   }
 
   void OnReadDone(bool ok) override {
@@ -101,32 +101,32 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
       MaybeFinishLocked();
       return;
     }
-    const size_t bytes = incoming_.ByteSizeLong();
+    const size_t bytes = incoming_->ByteSizeLong();
     if (server_->metrics() != nullptr) server_->metrics()->ObserveStream("rx", "upstream", bytes);
-    if (dropping_step_.has_value() && incoming_.step_id() == *dropping_step_ && incoming_.chunk_index() != 0) {
+    if (dropping_step_.has_value() && incoming_->step_id() == *dropping_step_ && incoming_->chunk_index() != 0) {
       // The rest of a refused micro-batch: not kept.
-      incoming_.Clear();
-      StartRead(&incoming_);
+      incoming_->Clear();
+      ReadNext();
       return;
     }
     dropping_step_.reset();
-    if (incoming_.chunk_index() == 0) {
+    if (incoming_->chunk_index() == 0) {
       // Chunk 0 carries the sequences: decoded as soon as read, so that the table stays in step
       // with the sender's even when the micro-batch is refused below. (The budget is charged the
       // bytes read, not the decoded size.)
-      if (absl::Status st = deltas_.Decode(&incoming_); !st.ok()) {
+      if (absl::Status st = deltas_.Decode(incoming_.get()); !st.ok()) {
         // The two tables may disagree from here on: refuse the step and end the stream (the
         // sender's next step opens a fresh one, with empty tables).
         DropAssembly();
-        EndAfterRefusal(ErrorResponse(incoming_.step_id(), st));
+        EndAfterRefusal(ErrorResponse(incoming_->step_id(), st));
         return;
       }
     }
     budget_.Charge(bytes);
     assembling_bytes_ += bytes;
-    const uint64_t step_id = incoming_.step_id();
-    const uint32_t chunk_index = incoming_.chunk_index();
-    const uint32_t chunk_count = std::max<uint32_t>(incoming_.chunk_count(), 1);
+    const uint64_t step_id = incoming_->step_id();
+    const uint32_t chunk_index = incoming_->chunk_index();
+    const uint32_t chunk_count = std::max<uint32_t>(incoming_->chunk_count(), 1);
     if (chunk_index + 1 < chunk_count && budget_.used() > 2 * budget_.capacity()) {
       // A micro-batch this large does not fit beside what the worker holds: refuse it.
       const size_t used = budget_.used();
@@ -136,11 +136,11 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
                                          "the worker's stage streams hold ", used, " bytes, over twice their budget of ",
                                          budget_.capacity(), " bytes (--stream_buffer_bytes); micro-batch refused"))),
               /*from_job=*/false);
-      StartRead(&incoming_);
+      incoming_->Clear();
+      ReadNext();
       return;
     }
-    absl::StatusOr<bool> complete = assembler_.Add(std::move(incoming_));
-    incoming_.Clear();
+    absl::StatusOr<bool> complete = assembler_.Add(std::move(incoming_));  // ReadNext leases the next
     if (!complete.ok()) {
       DropAssembly();
       Deliver(ErrorResponse(0, complete.status()), /*from_job=*/false);
@@ -150,8 +150,8 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
         ++outstanding_jobs_;
       }
       const size_t job_bytes = std::exchange(assembling_bytes_, 0);
-      v1::StepRequest request = assembler_.Take();
-      const bool omit_ack = request.omit_ack() && !request.answer_route().empty();
+      PooledStepRequest request = assembler_.Take();
+      const bool omit_ack = request->omit_ack() && !request->answer_route().empty();
       // Released before the answer is delivered: once delivered, the stream may end and go.
       server_->Enqueue(std::move(request), [this, budget = &budget_, job_bytes, omit_ack](v1::StepResponse r) {
         budget->Release(job_bytes);
@@ -164,9 +164,9 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
     }
     if (assembling_bytes_ == 0) {
       // Between micro-batches: read on once the worker's streams are within their budget.
-      budget_.WhenRoom([this] { StartRead(&incoming_); });
+      budget_.WhenRoom([this] { ReadNext(); });
     } else {
-      StartRead(&incoming_);
+      ReadNext();
     }
   }
 
@@ -187,6 +187,13 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
 
  private:
   static constexpr size_t kMaxAssembledBytes = size_t{1} << 30;
+
+  // Starts the next read, into a message leased from the worker's pool unless the last one was
+  // kept (cleared) for it.
+  void ReadNext() {
+    if (!incoming_) incoming_ = server_->request_pool().Take();
+    StartRead(incoming_.get());
+  }
 
   // Forgets the micro-batch being reassembled and gives its bytes back.
   void DropAssembly() {
@@ -235,7 +242,7 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
   ChunkAssembler assembler_;
   size_t assembling_bytes_ = 0;           // charged for the micro-batch being reassembled
   std::optional<uint64_t> dropping_step_;  // a refused micro-batch whose chunks are still coming
-  v1::StepRequest incoming_;
+  PooledStepRequest incoming_;  // the read in progress (null between a handed-off message and ReadNext)
   rpc::StepDeltaDecoder deltas_;  // the stream's sequence table
   Mutex mu_;
   std::deque<v1::StepResponse> pending_ ABSL_GUARDED_BY(mu_);
@@ -795,13 +802,13 @@ void WorkerServer::Load(v1::Assignment a) {
   }
 }
 
-void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done) {
+void WorkerServer::Enqueue(PooledStepRequest request, std::function<void(v1::StepResponse)> done) {
   std::shared_ptr<StageRuntime> here;  // set when the micro-batch runs on this thread
   {
     MutexLock lock(&mu_);
     if (!stopping_ && !stage_busy_ && jobs_.empty() && runtime_ != nullptr &&
         options_.stage_inline > std::chrono::microseconds::zero() &&
-        runtime_->MayRunOnReader(request, absl::FromChrono(options_.stage_inline))) {
+        runtime_->MayRunOnReader(*request, absl::FromChrono(options_.stage_inline))) {
       stage_busy_ = true;
       here = runtime_;
     } else if (!stopping_ && jobs_.size() < options_.max_queued_steps) {
@@ -813,7 +820,7 @@ void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepR
   }
   if (here != nullptr) {
     if (options_.metrics != nullptr) options_.metrics->CountStageRun(/*on_reader=*/true);
-    here->Run(request, std::move(done), StageRuntime::Caller::kReader);
+    here->Run(*request, std::move(done), StageRuntime::Caller::kReader);
     MutexLock lock(&mu_);
     stage_busy_ = false;
     if (here != runtime_) retired_.push_back(std::move(here));
@@ -821,7 +828,7 @@ void WorkerServer::Enqueue(v1::StepRequest request, std::function<void(v1::StepR
     return;
   }
   const bool stopping = Stopping();
-  done(ErrorResponse(request.step_id(), stopping ? absl::UnavailableError("worker is shutting down")
+  done(ErrorResponse(request->step_id(), stopping ? absl::UnavailableError("worker is shutting down")
                                                  : absl::ResourceExhaustedError(absl::StrCat(
                                                        "stage queue full (", options_.max_queued_steps, " steps)"))));
 }
@@ -862,15 +869,15 @@ void WorkerServer::StageLoop() {
     }
     if (idle) forecast.Record(job.enqueued - wait_start);
     if (runtime == nullptr && Stopping()) {
-      job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("worker is shutting down")));
+      job.done(ErrorResponse(job.request->step_id(), absl::UnavailableError("worker is shutting down")));
       continue;
     }
     if (runtime == nullptr) {
-      job.done(ErrorResponse(job.request.step_id(), absl::UnavailableError("this worker has no stage loaded")));
+      job.done(ErrorResponse(job.request->step_id(), absl::UnavailableError("this worker has no stage loaded")));
       continue;
     }
     if (options_.metrics != nullptr) options_.metrics->CountStageRun(/*on_reader=*/false);
-    runtime->Run(job.request, std::move(job.done));
+    runtime->Run(*job.request, std::move(job.done));
     MutexLock lock(&mu_);
     stage_busy_ = false;
   }

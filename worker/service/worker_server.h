@@ -168,7 +168,10 @@ class WorkerServer {
   // ahead of it and it is short (WorkerOptions::stage_inline), else queued for the stage thread.
   // `done` receives the response (on the thread that ran it, on the next-stage link's reader
   // thread, or inline when the queue is full or the worker is stopping).
-  void Enqueue(v1::StepRequest request, std::function<void(v1::StepResponse)> done);
+  void Enqueue(PooledStepRequest request, std::function<void(v1::StepResponse)> done);
+  // Where the stage streams read their micro-batches into (pooled arenas: a steady decode parses
+  // without heap allocations, common/rpc/message_pool.h).
+  rpc::MessagePool<v1::StepRequest>& request_pool() { return *request_pool_; }
 
   // Queues an Expert.Compute call for the expert threads, which run ComputeExperts and then
   // `done` (inline instead: RESOURCE_EXHAUSTED when max_queued_steps calls wait, UNAVAILABLE when
@@ -181,7 +184,7 @@ class WorkerServer {
 
  private:
   struct Job {
-    v1::StepRequest request;
+    PooledStepRequest request;
     std::function<void(v1::StepResponse)> done;
     absl::Time enqueued;  // when it was queued (the stage thread's wait ended)
   };
@@ -204,6 +207,10 @@ class WorkerServer {
 
   const WorkerOptions options_;
   StreamBudget stream_budget_{options_.stream_buffer_bytes};
+  // First blocks of 16 KiB (a decode micro-batch of dozens of sequences); arenas for as many
+  // micro-batches as a few streams keep in flight wait for reuse.
+  const std::shared_ptr<rpc::MessagePool<v1::StepRequest>> request_pool_ =
+      rpc::MessagePool<v1::StepRequest>::Create(size_t{16} << 10, 16);
   AnswerRoutes answer_routes_;  // before the services and runtimes that use it
   std::unique_ptr<grpc::Service> worker_service_;
   std::unique_ptr<grpc::Service> stage_service_;

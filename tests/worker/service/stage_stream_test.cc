@@ -38,6 +38,15 @@ using ::shardserve::testing::IsOk;
 using ::shardserve::testing::StatusIs;
 using ::testing::HasSubstr;
 
+// `m` copied into a message of a pool, as a stage stream reads one.
+PooledStepRequest Pooled(const v1::StepRequest& m) {
+  static const auto& pool =
+      *new std::shared_ptr<rpc::MessagePool<v1::StepRequest>>(rpc::MessagePool<v1::StepRequest>::Create(1024, 4));
+  PooledStepRequest lease = pool->Take();
+  *lease = m;
+  return lease;
+}
+
 // A minimal HTTP/1.0 GET on 127.0.0.1 (no client library needed for one request).
 std::string HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -379,9 +388,9 @@ class HoldingStage final : public v1::Stage::Service {
     std::vector<uint64_t> ids;
     v1::StepRequest m;
     while (ids.size() < hold_ && stream->Read(&m)) {
-      absl::StatusOr<bool> complete = assembler.Add(std::move(m));
+      absl::StatusOr<bool> complete = assembler.Add(Pooled(m));
       if (!complete.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(complete.status().message()));
-      if (*complete) ids.push_back(assembler.Take().step_id());
+      if (*complete) ids.push_back(assembler.Take()->step_id());
       m.Clear();
     }
     if (close_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "holding stage went away");
@@ -719,7 +728,7 @@ TEST(ExpertServiceTest, AWorkerWithoutExpertsAndBadRequestsAreRefused) {
   // A stage step sent to an expert host is refused, not lost.
   absl::Notification answered;
   v1::StepResponse step;
-  w.server->Enqueue(v1::StepRequest(), [&](v1::StepResponse r) {
+  w.server->Enqueue(w.server->request_pool().Take(), [&](v1::StepResponse r) {
     step = std::move(r);
     answered.Notify();
   });
@@ -782,11 +791,12 @@ TEST(ConvertTest, LargeHiddenStatesAreChunkedAndReassembled) {
   for (const auto& m : msgs) EXPECT_LE(m.ByteSizeLong(), static_cast<size_t>(kMaxMessageBytes));
   ChunkAssembler assembler(size_t{1} << 30);
   for (size_t i = 0; i < msgs.size(); ++i) {
-    ASSERT_OK_AND_ASSIGN(bool done, assembler.Add(std::move(msgs[i])));
+    ASSERT_OK_AND_ASSIGN(bool done, assembler.Add(Pooled(msgs[i])));
     EXPECT_EQ(done, i + 1 == 3);
   }
   // The reassembled message stays alive: the batch reads its hidden states in place.
-  const v1::StepRequest whole = assembler.Take();
+  const PooledStepRequest pooled = assembler.Take();
+  const v1::StepRequest& whole = *pooled;
   ASSERT_OK_AND_ASSIGN(StageBatch back, FromProto(whole, hidden));
   EXPECT_EQ(back.step_id, 42u);
   EXPECT_EQ(back.sequences[0].step.NumTokens(), 1024);
@@ -802,11 +812,11 @@ TEST(ConvertTest, InconsistentChunksAndTensorsAreRejected) {
   v1::StepRequest c1;
   c1.set_chunk_index(1);
   c1.set_chunk_count(2);
-  EXPECT_THAT(assembler.Add(std::move(c1)).status().message(), HasSubstr("chunk 0 expected"));
+  EXPECT_THAT(assembler.Add(Pooled(c1)).status().message(), HasSubstr("chunk 0 expected"));
   v1::StepRequest big;
   big.set_chunk_count(1);
   big.mutable_hidden()->set_data(std::string(2000, 'x'));
-  EXPECT_THAT(assembler.Add(std::move(big)).status().message(), HasSubstr("exceed 1000 bytes"));
+  EXPECT_THAT(assembler.Add(Pooled(big)).status().message(), HasSubstr("exceed 1000 bytes"));
   v1::StepRequest wrong = Step(1, 0, 0, {1, 2}, 0);
   wrong.mutable_hidden()->set_dtype(v1::DTYPE_BF16);
   EXPECT_THAT(FromProto(wrong, 64).status().message(), HasSubstr("must be F32"));
