@@ -9,8 +9,8 @@
 // (the hidden states) still takes one: protobuf keeps the std::string object on the arena but its
 // characters on the heap.
 //
-// Take() leases a fresh, empty message; dropping the lease resets the arena (running the
-// destructors of what the message holds) and gives it back to the pool. An arena that outgrew its
+// Take() leases a fresh, empty message; dropping the lease gives the arena back to the pool, and the
+// next Take() resets it (running the destructors of what the last message held). An arena that outgrew its
 // first block comes back with a first block as large as it used (up to kMaxBlockBytes), so that
 // the next message of that size fits too. Leases may outlive the pool's owner (they keep the pool
 // alive) and move freely between threads; a message must not be moved out of its lease into a
@@ -87,7 +87,14 @@ class MessagePool : public std::enable_shared_from_this<MessagePool<M>> {
         idle_.pop_back();
       }
     }
-    if (slot == nullptr) slot = std::make_unique<Slot>(block_bytes_);
+    if (slot == nullptr) {
+      slot = std::make_unique<Slot>(block_bytes_);
+    } else {
+      // Reset here, not as the lease came back: protobuf gives an arena's first block to the thread
+      // that reset it last (another thread would allocate a block of its own), and the thread that
+      // takes a message is usually the one that fills it.
+      slot->arena.Reset();  // frees the blocks beyond the first, runs the last message's destructors
+    }
     slot->message = google::protobuf::Arena::CreateMessage<M>(&slot->arena);
     return Lease(this->shared_from_this(), std::move(slot));
   }
@@ -121,8 +128,6 @@ class MessagePool : public std::enable_shared_from_this<MessagePool<M>> {
     if (used > slot->block_bytes && slot->block_bytes < kMaxBlockBytes) {
       // It outgrew its first block: a new arena whose first block holds what this one used.
       slot = std::make_unique<Slot>(std::min(kMaxBlockBytes, 2 * used));
-    } else {
-      slot->arena.Reset();  // frees the blocks beyond the first, runs the message's destructors
     }
     MutexLock lock(&mu_);
     if (idle_.size() < max_idle_) idle_.push_back(std::move(slot));

@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/rpc/internal/call_end.h"
@@ -29,9 +30,12 @@ void StageStreamClient::Start() {
   StartCall();
 }
 
-absl::Status StageStreamClient::Send(uint64_t step_id, std::vector<v1::StepRequest> messages, Answer& answer) {
+absl::Status StageStreamClient::Send(uint64_t step_id, Messages messages, Answer& answer) {
   if (messages.empty()) return absl::InvalidArgumentError(absl::StrCat("step ", step_id, " has no messages"));
-  std::vector<size_t> sizes;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (!messages[i]) return absl::InvalidArgumentError(absl::StrCat("step ", step_id, " has an empty message lease"));
+  }
+  absl::InlinedVector<size_t, 4> sizes;  // for on_sent, called unlocked
   bool start = false;
   {
     MutexLock lock(&mu_);
@@ -43,12 +47,11 @@ absl::Status StageStreamClient::Send(uint64_t step_id, std::vector<v1::StepReque
                                                      options_.peer));
     }
     // Coded here, past every refusal and in queue order: the peer decodes in the order written.
-    if (deltas_ != nullptr) deltas_->Encode(&messages[0]);
+    if (deltas_ != nullptr) deltas_->Encode(messages[0].get());
     if (options_.on_sent) {
-      sizes.reserve(messages.size());
-      for (const v1::StepRequest& m : messages) sizes.push_back(m.ByteSizeLong());
+      for (size_t i = 0; i < messages.size(); ++i) sizes.push_back(messages[i]->ByteSizeLong());
     }
-    for (v1::StepRequest& m : messages) queue_.push_back(std::move(m));
+    for (size_t i = 0; i < messages.size(); ++i) queue_.push_back(std::move(messages[i]));
     if (!writing_) {
       writing_ = true;
       writing_msg_ = std::move(queue_.front());
@@ -59,7 +62,7 @@ absl::Status StageStreamClient::Send(uint64_t step_id, std::vector<v1::StepReque
   }
   for (size_t bytes : sizes) options_.on_sent(bytes);
   if (!start) return absl::OkStatus();
-  StartWrite(&writing_msg_);
+  StartWrite(writing_msg_.get());
   bool release = false;
   {
     MutexLock lock(&mu_);
@@ -128,7 +131,7 @@ void StageStreamClient::OnWriteDone(bool ok) {
     Stop("failed a write", /*cancel=*/false);  // the read fails too; OnDone brings the status
     return;
   }
-  StartWrite(&writing_msg_);  // from a reaction: the call cannot end meanwhile
+  StartWrite(writing_msg_.get());  // from a reaction: the call cannot end meanwhile
 }
 
 void StageStreamClient::OnReadDone(bool ok) {

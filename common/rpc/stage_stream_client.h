@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/concurrency/mutex.h"
+#include "common/rpc/message_pool.h"
 #include "common/rpc/step_delta.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 
@@ -57,6 +58,32 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
                                 public std::enable_shared_from_this<StageStreamClient> {
  public:
   using Answer = std::function<void(absl::StatusOr<v1::StepResponse>)>;
+  // One micro-batch's messages (usually one; more for chunked hidden states), each on a pooled
+  // arena (message_pool.h): the sender builds them there, and they go back to their pool once
+  // written, so that a steady stream allocates nothing for its messages.
+  using Message = MessagePool<v1::StepRequest>::Lease;
+  // A list of Messages that holds its first without a heap allocation.
+  class Messages {
+   public:
+    void push_back(Message m) {
+      if (size_ == 0) {
+        first_ = std::move(m);
+      } else {
+        rest_.push_back(std::move(m));
+      }
+      ++size_;
+    }
+    size_t size() const { return size_; }
+    bool empty() const { return size_ == 0; }
+    Message& operator[](size_t i) { return i == 0 ? first_ : rest_[i - 1]; }
+    const Message& operator[](size_t i) const { return i == 0 ? first_ : rest_[i - 1]; }
+    Message& back() { return (*this)[size_ - 1]; }
+
+   private:
+    Message first_;
+    std::vector<Message> rest_;
+    size_t size_ = 0;
+  };
 
   struct Options {
     // Names the peer at the start of every error message, e.g. "stage stream to 10.0.0.2:7100"
@@ -80,7 +107,7 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   // to `step_id`. On an error `answer` is not registered (nor called) and stays with the caller:
   // UNAVAILABLE when the stream is closing or closed, INVALID_ARGUMENT when `step_id` is already in
   // flight (a repeated id could otherwise take another batch's answer) or `messages` is empty.
-  absl::Status Send(uint64_t step_id, std::vector<v1::StepRequest> messages, Answer& answer);
+  absl::Status Send(uint64_t step_id, Messages messages, Answer& answer);
 
   // Removes the callback of `step_id` without running it (its answer came another way, e.g. on a
   // return stream); an answer to it that still comes is one to a step not in flight (see above).
@@ -119,7 +146,7 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   const std::unique_ptr<v1::Stage::Stub> stub_;
   grpc::ClientContext context_;
   v1::StepResponse read_;        // the read chain's buffer (StartRead -> OnReadDone -> StartRead)
-  v1::StepRequest writing_msg_;  // owned by whoever set writing_, read by gRPC until OnWriteDone
+  Message writing_msg_;  // owned by whoever set writing_, read by gRPC until OnWriteDone
 
   // gRPC rules followed: one write at a time (the rest wait in queue_); a write started outside a
   // reaction (Send) needs the hold taken in Start, which is released only once closing and when
@@ -128,7 +155,7 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   Mutex mu_;
   CondVar done_cv_;
   absl::flat_hash_map<uint64_t, Answer> waiting_ ABSL_GUARDED_BY(mu_);  // step_id -> its answer
-  std::deque<v1::StepRequest> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Message> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   int starting_ ABSL_GUARDED_BY(mu_) = 0;      // StartWrite calls outside reactions
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // no more sends

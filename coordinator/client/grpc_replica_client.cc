@@ -57,6 +57,7 @@ GrpcReplicaClient::GrpcReplicaClient(std::shared_ptr<grpc::Channel> channel, std
                                      Options options)
     : channel_(std::move(channel)),
       last_channel_(std::move(last_channel)),
+      message_pool_(rpc::MessagePool<v1::StepRequest>::Create(size_t{16} << 10, 8)),
       options_(std::move(options)),
       answer_forecast_({.max_poll = options_.answer_poll}) {}
 
@@ -141,8 +142,9 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::SendAndWait(const StepInput& input
     stream = stream_;
     answers = answers_;
   }
-  std::vector<v1::StepRequest> messages(1);
-  ToProto(input, &messages[0]);
+  rpc::StageStreamClient::Messages messages;
+  messages.push_back(message_pool_->Take());
+  ToProto(input, messages[0].get());
   auto slot = std::make_shared<AnswerSlot>();
   // Registered before the step is sent, so that its answer finds it.
   bool direct = false;
@@ -153,8 +155,8 @@ absl::StatusOr<StepOutput> GrpcReplicaClient::SendAndWait(const StepInput& input
     // Refused when the return stream has just ended: this step's answer then comes up stage 0's.
     direct = answers->Expect(input.step_id, direct_answer).ok();
     if (direct) {
-      messages[0].set_answer_route(answers->route());
-      messages[0].set_omit_ack(true);  // an acknowledgement would only cost stage 0 and us a message
+      messages[0]->set_answer_route(answers->route());
+      messages[0]->set_omit_ack(true);  // an acknowledgement would only cost stage 0 and us a message
     }
   }
   rpc::StageStreamClient::Answer answer = [slot](absl::StatusOr<v1::StepResponse> response) {

@@ -46,9 +46,15 @@ namespace grpc {
 class Channel;
 }  // namespace grpc
 
+namespace shardserve::v1 {
+class StepRequest;
+}  // namespace shardserve::v1
+
 namespace shardserve::rpc {
 class AnswerStreamClient;
 class StageStreamClient;
+template <typename M>
+class MessagePool;
 }  // namespace shardserve::rpc
 
 namespace shardserve::coordinator {
@@ -99,6 +105,9 @@ class GrpcReplicaClient final : public ReplicaClient {
 
   const std::shared_ptr<grpc::Channel> channel_;
   const std::shared_ptr<grpc::Channel> last_channel_;  // null: no direct answers
+  // Where each step's message is built (pooled arenas, common/rpc/message_pool.h): as many as a
+  // few steps in flight wait for reuse.
+  const std::shared_ptr<rpc::MessagePool<v1::StepRequest>> message_pool_;
   const Options options_;
 
   mutable Mutex mu_;

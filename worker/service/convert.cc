@@ -183,9 +183,14 @@ v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
   return failed;
 }
 
-std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden_size) {
-  v1::StepRequest first;
-  first.set_step_id(batch.step_id);
+rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, int64_t hidden_size,
+                                             rpc::MessagePool<v1::StepRequest>& pool) {
+  const char* bytes = reinterpret_cast<const char*>(batch.hidden.data());
+  const size_t size = batch.hidden.size() * sizeof(float);
+  const uint32_t chunks = static_cast<uint32_t>(std::max<size_t>(1, (size + kMaxChunkBytes - 1) / kMaxChunkBytes));
+  rpc::StageStreamClient::Messages out;
+  for (uint32_t c = 0; c < chunks; ++c) out.push_back(pool.Take());
+  v1::StepRequest& first = *out[0];
   first.set_answer_route(batch.answer_route);
   int64_t total = 0;
   for (const StageSequence& s : batch.sequences) {
@@ -205,20 +210,14 @@ std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden
   t->set_dtype(v1::DTYPE_F32);
   t->add_shape(total);
   t->add_shape(hidden_size);
-  const char* bytes = reinterpret_cast<const char*>(batch.hidden.data());
-  const size_t size = batch.hidden.size() * sizeof(float);
-  const uint32_t chunks = static_cast<uint32_t>(std::max<size_t>(1, (size + kMaxChunkBytes - 1) / kMaxChunkBytes));
-  std::vector<v1::StepRequest> out;
-  out.reserve(chunks);
   for (uint32_t c = 0; c < chunks; ++c) {
-    v1::StepRequest msg = c == 0 ? std::move(first) : v1::StepRequest();  // `first` is used once
+    v1::StepRequest& msg = *out[c];
     msg.set_step_id(batch.step_id);
     msg.set_chunk_index(c);
     msg.set_chunk_count(chunks);
     const size_t begin = static_cast<size_t>(c) * kMaxChunkBytes;
     const size_t end = std::min(size, begin + kMaxChunkBytes);
     msg.mutable_hidden()->set_data(bytes + begin, end - begin);
-    out.push_back(std::move(msg));
   }
   return out;
 }

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/rpc/message_pool.h"
+#include "common/rpc/stage_stream_client.h"
 #include "shardserve/v1/stage.pb.h"
 #include "worker/engine/sampling.h"
 #include "worker/engine/step_runner.h"
@@ -79,9 +80,11 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
 // field of `batch` and of its sequences is set; on an error `batch` holds a partial conversion.
 absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, StageBatch* batch);
 
-// Builds the messages that carry `batch` to the next stage: sequences without token ids,
-// hidden states as F32 bytes [tokens, hidden_size], split into chunks of at most kMaxChunkBytes.
-std::vector<v1::StepRequest> ToNextStage(const StageBatch& batch, int64_t hidden_size);
+// Builds the messages that carry `batch` to the next stage, on arenas of `pool`: sequences without
+// token ids, hidden states as F32 bytes [tokens, hidden_size], split into chunks of at most
+// kMaxChunkBytes.
+rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, int64_t hidden_size,
+                                             rpc::MessagePool<v1::StepRequest>& pool);
 
 // The answer that fails micro-batch `step_id` with `st` (the status's code and message).
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st);

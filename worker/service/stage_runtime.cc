@@ -184,7 +184,7 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   if (!is_last()) {
     batch.hidden_in = {};
     batch.hidden = std::move(result.hidden);
-    Forward(batch.step_id, ToNextStage(batch, hidden), std::move(done), caller);
+    Forward(batch.step_id, ToNextStage(batch, hidden, *message_pool_), std::move(done), caller);
     return std::nullopt;
   }
   v1::StepResponse response;
@@ -324,7 +324,7 @@ std::shared_ptr<rpc::StageStreamClient> StageRuntime::OpenLink() {
   return link;
 }
 
-void StageRuntime::Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done, Caller caller) {
+void StageRuntime::Forward(uint64_t step_id, rpc::StageStreamClient::Messages messages, Done done, Caller caller) {
   std::shared_ptr<rpc::StageStreamClient> link;
   if (caller == Caller::kReader) {
     MutexLock lock(&mu_);

@@ -124,7 +124,7 @@ class StageRuntime {
   void Answer(const v1::StepRequest& request, v1::StepResponse response, Done& done);
   // Sends `messages` (one micro-batch) downstream; `done` gets the answer later.
   // On the reader thread it sends on the open link as it is (see above).
-  void Forward(uint64_t step_id, std::vector<v1::StepRequest> messages, Done done, Caller caller);
+  void Forward(uint64_t step_id, rpc::StageStreamClient::Messages messages, Done done, Caller caller);
   // From here on, what `response` (the answer to `batch`, this stage sampling) sampled under each
   // sample_key is what the next micro-batch's from_previous sequences take.
   void RememberSamples(const StageBatch& batch, const v1::StepResponse& response);
@@ -144,6 +144,10 @@ class StageRuntime {
   StageBatch batch_;
   std::vector<engine::StepSequence> steps_;
   absl::flat_hash_map<uint64_t, int32_t> previous_;
+  // Where the messages to the next stage are built (as many as a few micro-batches in flight wait
+  // for reuse).
+  const std::shared_ptr<rpc::MessagePool<v1::StepRequest>> message_pool_ =
+      rpc::MessagePool<v1::StepRequest>::Create(size_t{16} << 10, 8);
   // The last step's time and new tokens (0 before the first): MayRunOnReader's prediction.
   std::atomic<int64_t> last_step_ns_{0};
   std::atomic<int64_t> last_step_tokens_{0};

@@ -56,6 +56,18 @@ v1::StepRequest Message(uint64_t step_id, int32_t token) {
   return m;
 }
 
+// One micro-batch of `messages`, each copied onto a pooled arena as a sender builds it.
+StageStreamClient::Messages Batch(std::initializer_list<v1::StepRequest> messages) {
+  static const auto& pool =
+      *new std::shared_ptr<MessagePool<v1::StepRequest>>(MessagePool<v1::StepRequest>::Create(1024, 8));
+  StageStreamClient::Messages batch;
+  for (const v1::StepRequest& m : messages) {
+    batch.push_back(pool->Take());
+    *batch.back() = m;
+  }
+  return batch;
+}
+
 v1::StepResponse Answer(uint64_t step_id, int32_t token) {
   v1::StepResponse r;
   r.set_step_id(step_id);
@@ -128,8 +140,7 @@ TEST_F(StageStreamClientTest, AnswersAreMatchedByStepIdInTheOrderThePeerGivesThe
   Answers answers;
   std::shared_ptr<StageStreamClient> client = Open();
   for (uint64_t step : {1, 2, 3}) {
-    std::vector<v1::StepRequest> messages{Message(step, 1)};
-    if (step == 2) messages.push_back(Message(step, 2));
+    StageStreamClient::Messages messages = step == 2 ? Batch({Message(step, 1), Message(step, 2)}) : Batch({Message(step, 1)});
     StageStreamClient::Answer answer = answers.For(step);
     ASSERT_THAT(client->Send(step, std::move(messages), answer), IsOk());
   }
@@ -158,12 +169,12 @@ TEST_F(StageStreamClientTest, RefusesARepeatedStepIdAndAnEmptyBatchAndKeepsTheAn
   Answers answers;
   std::shared_ptr<StageStreamClient> client = Open();
   StageStreamClient::Answer first = answers.For(7);
-  ASSERT_THAT(client->Send(7, {Message(7, 1)}, first), IsOk());
+  ASSERT_THAT(client->Send(7, Batch({Message(7, 1)}), first), IsOk());
   StageStreamClient::Answer again = answers.For(7);
-  EXPECT_THAT(client->Send(7, {Message(7, 2)}, again), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("already in flight")));
+  EXPECT_THAT(client->Send(7, Batch({Message(7, 2)}), again), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("already in flight")));
   EXPECT_NE(again, nullptr);  // still the caller's
   StageStreamClient::Answer empty = answers.For(8);
-  EXPECT_THAT(client->Send(8, {}, empty), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no messages")));
+  EXPECT_THAT(client->Send(8, StageStreamClient::Messages(), empty), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no messages")));
   EXPECT_NE(empty, nullptr);
   client->Close("test over");
   auto got = answers.Wait(1);
@@ -178,7 +189,7 @@ TEST_F(StageStreamClientTest, CloseFailsEveryAwaitedAnswerAndLaterSendsAreRefuse
   std::shared_ptr<StageStreamClient> client = Open();
   for (uint64_t step : {1, 2}) {
     StageStreamClient::Answer a = answers.For(step);
-    ASSERT_THAT(client->Send(step, {Message(step, 1)}, a), IsOk());
+    ASSERT_THAT(client->Send(step, Batch({Message(step, 1)}), a), IsOk());
   }
   client->Close("step 1 timed out");
   client->Close("a second reason is ignored");
@@ -190,7 +201,7 @@ TEST_F(StageStreamClientTest, CloseFailsEveryAwaitedAnswerAndLaterSendsAreRefuse
   }
   EXPECT_TRUE(client->closing());
   StageStreamClient::Answer late = answers.For(3);
-  EXPECT_THAT(client->Send(3, {Message(3, 1)}, late), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
+  EXPECT_THAT(client->Send(3, Batch({Message(3, 1)}), late), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed")));
   EXPECT_TRUE(client->WaitDone(kWait));
 }
 
@@ -205,10 +216,10 @@ TEST_F(StageStreamClientTest, APeerThatEndsTheStreamFailsWhatWaitsWithItsStatus)
   Answers answers;
   std::shared_ptr<StageStreamClient> client = Open({.peer = "next stage at somewhere"});
   StageStreamClient::Answer a1 = answers.For(1);
-  ASSERT_THAT(client->Send(1, {Message(1, 1)}, a1), IsOk());
+  ASSERT_THAT(client->Send(1, Batch({Message(1, 1)}), a1), IsOk());
   ASSERT_EQ(answers.Wait(1).size(), 1u);
   StageStreamClient::Answer a2 = answers.For(2);
-  ASSERT_THAT(client->Send(2, {Message(2, 1)}, a2), IsOk());
+  ASSERT_THAT(client->Send(2, Batch({Message(2, 1)}), a2), IsOk());
   auto got = answers.Wait(2);
   ASSERT_EQ(got.size(), 2u);
   EXPECT_THAT(got[0].second.status(), IsOk());
@@ -233,7 +244,7 @@ TEST_F(StageStreamClientTest, AnAnswerToAStepNotInFlightEndsTheStream) {
   Answers answers;
   std::shared_ptr<StageStreamClient> client = Open();
   StageStreamClient::Answer a = answers.For(1);
-  ASSERT_THAT(client->Send(1, {Message(1, 1)}, a), IsOk());
+  ASSERT_THAT(client->Send(1, Batch({Message(1, 1)}), a), IsOk());
   auto got = answers.Wait(1);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_THAT(got[0].second.status(),
@@ -263,8 +274,8 @@ TEST_F(StageStreamClientTest, CountsTheBytesOfEveryMessageAndAnswer) {
                                                           MutexLock lock(&mu);
                                                           received += b;
                                                         }});
-  std::vector<v1::StepRequest> messages{Message(4, 1), Message(4, 300000)};
-  const size_t want_sent = messages[0].ByteSizeLong() + messages[1].ByteSizeLong();
+  StageStreamClient::Messages messages = Batch({Message(4, 1), Message(4, 300000)});
+  const size_t want_sent = messages[0]->ByteSizeLong() + messages[1]->ByteSizeLong();
   StageStreamClient::Answer a = answers.For(4);
   ASSERT_THAT(client->Send(4, std::move(messages), a), IsOk());
   ASSERT_EQ(answers.Wait(1).size(), 1u);
@@ -284,7 +295,7 @@ TEST_F(StageStreamClientTest, DroppingEveryReferenceWhileAnswersAreAwaitedIsSafe
   {
     std::shared_ptr<StageStreamClient> client = Open();
     StageStreamClient::Answer a = answers.For(1);
-    ASSERT_THAT(client->Send(1, {Message(1, 1)}, a), IsOk());
+    ASSERT_THAT(client->Send(1, Batch({Message(1, 1)}), a), IsOk());
     client->Close("dropped");
   }
   auto got = answers.Wait(1);

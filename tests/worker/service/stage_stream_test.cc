@@ -786,12 +786,13 @@ TEST(ConvertTest, LargeHiddenStatesAreChunkedAndReassembled) {
   const int64_t hidden = 1100;  // 1024 x 1100 x 4 bytes = 4.3 MiB: three chunks
   batch.hidden.resize(1024 * hidden);
   for (size_t i = 0; i < batch.hidden.size(); ++i) batch.hidden[i] = static_cast<float>(i % 9973);
-  std::vector<v1::StepRequest> msgs = ToNextStage(batch, hidden);
+  const auto pool = rpc::MessagePool<v1::StepRequest>::Create(1024, 4);
+  rpc::StageStreamClient::Messages msgs = ToNextStage(batch, hidden, *pool);
   ASSERT_EQ(msgs.size(), 3u);
-  for (const auto& m : msgs) EXPECT_LE(m.ByteSizeLong(), static_cast<size_t>(kMaxMessageBytes));
+  for (size_t i = 0; i < msgs.size(); ++i) EXPECT_LE(msgs[i]->ByteSizeLong(), static_cast<size_t>(kMaxMessageBytes));
   ChunkAssembler assembler(size_t{1} << 30);
   for (size_t i = 0; i < msgs.size(); ++i) {
-    ASSERT_OK_AND_ASSIGN(bool done, assembler.Add(Pooled(msgs[i])));
+    ASSERT_OK_AND_ASSIGN(bool done, assembler.Add(Pooled(*msgs[i])));
     EXPECT_EQ(done, i + 1 == 3);
   }
   // The reassembled message stays alive: the batch reads its hidden states in place.
