@@ -152,10 +152,12 @@ class StepStreamReactor final : public grpc::ServerBidiReactor<v1::StepRequest, 
       const size_t job_bytes = std::exchange(assembling_bytes_, 0);
       PooledStepRequest request = assembler_.Take();
       const bool omit_ack = request->omit_ack() && !request->answer_route().empty();
-      // Released before the answer is delivered: once delivered, the stream may end and go.
-      server_->Enqueue(std::move(request), [this, budget = &budget_, job_bytes, omit_ack](v1::StepResponse r) {
-        budget->Release(job_bytes);
-        if (omit_ack && r.answered_direct()) {
+      // Bytes and flag in one word: a callback of two words is stored without a heap allocation.
+      const uint64_t job = (uint64_t{job_bytes} << 1) | (omit_ack ? 1u : 0u);
+      server_->Enqueue(std::move(request), [this, job](v1::StepResponse r) {
+        // Released before the answer is delivered: once delivered, the stream may end and go.
+        budget_.Release(static_cast<size_t>(job >> 1));
+        if ((job & 1) != 0 && r.answered_direct()) {
           Complete();  // the sender has the answer from the return stream
         } else {
           Deliver(std::move(r), /*from_job=*/true);
