@@ -42,12 +42,7 @@ class DirectAnswerTest : public ::testing::Test {
   // Stage 0 = layers [0, 1), stage 1 = layers [1, 2), one rank each.
   void SetUp() override {
     ASSERT_OK_AND_ASSIGN(golden_, testing::LoadGoldenModel("llama"));
-    w1_ = StartWorker(1);
-    w0_ = StartWorker(1);
-    ASSERT_TRUE(w1_.server->Assign(StageAssignment(golden_.dir, 1, 1, 2, 1, "")).ok());
-    ASSERT_TRUE(w0_.server->Assign(StageAssignment(golden_.dir, 0, 0, 1, 1, w1_.address)).ok());
-    ASSERT_EQ(AwaitLoaded(*w1_.server).state, v1::WORKER_STATE_READY) << w1_.server->Status().error;
-    ASSERT_EQ(AwaitLoaded(*w0_.server).state, v1::WORKER_STATE_READY) << w0_.server->Status().error;
+    ASSERT_NO_FATAL_FAILURE(StartTwoStages(golden_.dir, &w0_, &w1_));
     stub0_ = v1::Stage::NewStub(grpc::CreateChannel(w0_.address, grpc::InsecureChannelCredentials()));
     stub1_ = v1::Stage::NewStub(grpc::CreateChannel(w1_.address, grpc::InsecureChannelCredentials()));
     forward_ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));

@@ -4,6 +4,7 @@
 #define SHARDSERVE_TESTS_WORKER_SERVICE_STAGE_RIG_H_
 
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
@@ -87,6 +88,17 @@ inline v1::Assignment StageAssignment(const std::string& model, int stage, int l
 
 // Waits (at most 30 s) until the worker's load ends (READY or FAILED) and returns its status.
 inline WorkerStatusSnapshot AwaitLoaded(const WorkerServer& w) { return w.WaitLoaded(absl::Seconds(30)); }
+
+// Starts two one-rank workers serving `model` (2 layers) as a pipeline: *w0 layers [0, 1) forwarding
+// to *w1, layers [1, 2); returns once both are READY (a failed test otherwise).
+inline void StartTwoStages(const std::string& model, RunningWorker* w0, RunningWorker* w1) {
+  *w1 = StartWorker(1);
+  *w0 = StartWorker(1);
+  ASSERT_TRUE(w1->server->Assign(StageAssignment(model, 1, 1, 2, 1, "")).ok());
+  ASSERT_TRUE(w0->server->Assign(StageAssignment(model, 0, 0, 1, 1, w1->address)).ok());
+  ASSERT_EQ(AwaitLoaded(*w1->server).state, v1::WORKER_STATE_READY) << w1->server->Status().error;
+  ASSERT_EQ(AwaitLoaded(*w0->server).state, v1::WORKER_STATE_READY) << w0->server->Status().error;
+}
 
 // A one-sequence micro-batch that samples; sequence `seq` holds blocks [8 * seq, 8 * seq + 8): a whole context of 128 tokens.
 inline v1::StepRequest Step(uint64_t id, int seq, int pos, const std::vector<int32_t>& tokens, uint64_t sample_index) {

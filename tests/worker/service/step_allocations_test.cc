@@ -97,12 +97,7 @@ constexpr double kMaxTwoStageAllocations = 45;
 constexpr double kMaxOneStageAllocations = 18;
 
 TEST_F(StepAllocationsTest, ATwoStageDecodeStepAllocatesLittle) {
-  w1_ = StartWorker(1);
-  w0_ = StartWorker(1);
-  ASSERT_TRUE(w1_.server->Assign(StageAssignment(golden_.dir, 1, 1, 2, 1, "")).ok());
-  ASSERT_TRUE(w0_.server->Assign(StageAssignment(golden_.dir, 0, 0, 1, 1, w1_.address)).ok());
-  ASSERT_EQ(AwaitLoaded(*w1_.server).state, v1::WORKER_STATE_READY) << w1_.server->Status().error;
-  ASSERT_EQ(AwaitLoaded(*w0_.server).state, v1::WORKER_STATE_READY) << w0_.server->Status().error;
+  ASSERT_NO_FATAL_FAILURE(StartTwoStages(golden_.dir, &w0_, &w1_));
   const Decode d = DecodeGreedily(w0_.address, golden_.cases[0].prompt_ids, 64, 16);
   ExpectGolden(d.tokens);
   std::printf("2 stages: %.1f heap allocations per decode step (whole process)\n", d.allocations_per_step);
