@@ -150,19 +150,20 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
   steps.resize(batch.sequences.size());
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const StageSequence& s = batch.sequences[i];
-    steps[i] = s.step;  // copy-assigned: the vectors keep their capacity
+    engine::StepSequence& step = steps[i];
+    step = s.step;  // copy-assigned: the vectors keep their capacity
     // Greedy sequences get their id from the last stage's device, not a logits row.
-    steps.back().greedy = is_last() && s.sample && s.sampling.IsGreedy() && !s.logprobs;
+    step.greedy = is_last() && s.sample && s.sampling.IsGreedy() && !s.logprobs;
     // Plain sampling too, where the last stage's device can draw (the engine decides).
-    if (is_last() && s.sample && !s.logprobs && !steps.back().greedy && s.sampling.IsPlain()) {
-      steps.back().sampling = kernels::RowSamplingParams{.temperature = s.sampling.temperature,
-                                                         .top_k = s.sampling.top_k,
-                                                         .top_p = s.sampling.top_p,
-                                                         .min_p = s.sampling.min_p,
-                                                         .seed = s.sampling.seed,
-                                                         .step = s.sample_index};
+    if (is_last() && s.sample && !s.logprobs && !step.greedy && s.sampling.IsPlain()) {
+      step.sampling = kernels::RowSamplingParams{.temperature = s.sampling.temperature,
+                                                 .top_k = s.sampling.top_k,
+                                                 .top_p = s.sampling.top_p,
+                                                 .min_p = s.sampling.min_p,
+                                                 .seed = s.sampling.seed,
+                                                 .step = s.sample_index};
     }
-    steps.back().all_logits = is_last() && !s.prompt_logprob_targets.empty();
+    step.all_logits = is_last() && !s.prompt_logprob_targets.empty();
   }
   if (batch.decode_steps > 1) return RunDecodeSteps(batch, steps);
   const auto start = std::chrono::steady_clock::now();

@@ -333,6 +333,29 @@ TEST_F(StageStreamTest, LogprobsBiasAndSuppressionReachTheLastStage) {
     EXPECT_EQ(r.prompt_logprobs(k).top_ids_size(), 2);
     ++k;
   }
+  {
+    // The same rows with a second sequence after it in the micro-batch: the stage sets each
+    // sequence's own flags (all rows' logits for this one; the id drawn where the logits are for the
+    // other), so the prompt logprobs and both greedy ids come out as they do alone.
+    v1::StepRequest two = Step(10, 3, 0, gc.prompt_ids, 0);
+    v1::StepSequence* s = two.mutable_sequences(0);
+    for (size_t i = 0; i + 1 < gc.prompt_ids.size(); ++i) s->add_prompt_logprob_targets(i == 1 ? -1 : gc.prompt_ids[i + 1]);
+    s->add_prompt_logprob_targets(-1);
+    s->set_top_logprobs(2);
+    *two.add_sequences() = Step(10, 2, 0, gc.prompt_ids, 0).sequences(0);
+    ASSERT_TRUE(stream->Write(two));
+    v1::StepResponse both;
+    ASSERT_TRUE(stream->Read(&both));
+    ASSERT_EQ(both.error_code(), 0) << both.error_message();
+    ASSERT_EQ(both.token_ids_size(), 2);
+    EXPECT_EQ(both.token_ids(0), gc.greedy_ids[0]);
+    EXPECT_EQ(both.token_ids(1), gc.greedy_ids[0]);
+    ASSERT_EQ(both.prompt_logprobs_size(), r.prompt_logprobs_size());
+    for (int j = 0; j < r.prompt_logprobs_size(); ++j) {
+      EXPECT_NEAR(both.prompt_logprobs(j).logprob(), r.prompt_logprobs(j).logprob(), 1e-4);
+      EXPECT_EQ(both.prompt_logprobs(j).top_ids_size(), 2);
+    }
+  }
   r = run(8, 0, [&](v1::StepSequence* s) { s->add_prompt_logprob_targets(3); }, /*ok=*/false);
   EXPECT_THAT(r.error_message(), HasSubstr("1 prompt_logprob_targets for 5 tokens"));
   r = run(9, 3, [](v1::StepSequence* s) { s->set_top_logprobs(21); }, /*ok=*/false);
