@@ -30,15 +30,6 @@
 
 #include "common/concurrency/mutex.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#define SHARDSERVE_POOL_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
-#define SHARDSERVE_POOL_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
-#else
-#define SHARDSERVE_POOL_POISON(p, n) ((void)(p), (void)(n))
-#define SHARDSERVE_POOL_UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
-
 namespace shardserve::rpc {
 
 template <typename M>
@@ -99,7 +90,6 @@ class MessagePool : public std::enable_shared_from_this<MessagePool<M>> {
     if (slot == nullptr) {
       slot = std::make_unique<Slot>(block_bytes_);
     } else {
-      SHARDSERVE_POOL_UNPOISON(slot->block.get(), slot->block_bytes);
       // Reset here, not as the lease came back: protobuf gives an arena's first block to the thread
       // that reset it last (another thread would allocate a block of its own), and the thread that
       // takes a message is usually the one that fills it.
@@ -118,9 +108,6 @@ class MessagePool : public std::enable_shared_from_this<MessagePool<M>> {
  private:
   struct Slot {
     explicit Slot(size_t bytes) : block(new char[bytes]), block_bytes(bytes), arena(Options(block.get(), bytes)) {}
-    ~Slot() { SHARDSERVE_POOL_UNPOISON(block.get(), block_bytes); }  // before the arena, which reads it
-    Slot(const Slot&) = delete;
-    Slot& operator=(const Slot&) = delete;
     static google::protobuf::ArenaOptions Options(char* block, size_t bytes) {
       google::protobuf::ArenaOptions options;
       options.initial_block = block;
@@ -142,9 +129,6 @@ class MessagePool : public std::enable_shared_from_this<MessagePool<M>> {
       // It outgrew its first block: a new arena whose first block holds what this one used.
       slot = std::make_unique<Slot>(std::min(kMaxBlockBytes, 2 * used));
     }
-    // Under ASan, an idle arena's first block may not be touched: a message used after its lease
-    // went back is reported where it is used.
-    SHARDSERVE_POOL_POISON(slot->block.get(), slot->block_bytes);
     MutexLock lock(&mu_);
     if (idle_.size() < max_idle_) idle_.push_back(std::move(slot));
   }
