@@ -1,5 +1,6 @@
-// MessagePool: protobuf messages on arenas that are reused, for the messages a stage receives
-// every step, so that parsing one allocates nothing from the heap in the steady state.
+// MessagePool: protobuf messages on arenas that are reused, for the messages a stage stream
+// receives or sends every step, so that parsing or building one allocates nothing from the heap in
+// the steady state.
 //
 // A message parsed on the heap allocates every sub-message, repeated field and string of it (a
 // decode micro-batch of one sequence: about ten allocations), and frees them all when it goes. A
@@ -11,7 +12,7 @@
 //
 // Take() leases a fresh, empty message; dropping the lease gives the arena back to the pool, and the
 // next Take() resets it (running the destructors of what the last message held). An arena that outgrew its
-// first block comes back with a first block as large as it used (up to kMaxBlockBytes), so that
+// first block comes back with a first block twice what it used (up to kMaxBlockBytes), so that
 // the next message of that size fits too. Leases may outlive the pool's owner (they keep the pool
 // alive) and move freely between threads; a message must not be moved out of its lease into a
 // message elsewhere (protobuf would copy it).
@@ -125,8 +126,12 @@ class MessagePool : public std::enable_shared_from_this<MessagePool<M>> {
   void Return(std::unique_ptr<Slot> slot) {
     const size_t used = static_cast<size_t>(slot->arena.SpaceAllocated());
     slot->message = nullptr;
+    {
+      MutexLock lock(&mu_);
+      if (idle_.size() >= max_idle_) return;  // freed here, unlocked
+    }
     if (used > slot->block_bytes && slot->block_bytes < kMaxBlockBytes) {
-      // It outgrew its first block: a new arena whose first block holds what this one used.
+      // It outgrew its first block: a new arena whose first block holds twice what this one used.
       slot = std::make_unique<Slot>(std::min(kMaxBlockBytes, 2 * used));
     }
     MutexLock lock(&mu_);

@@ -175,6 +175,12 @@ TEST_F(StageStreamClientTest, RefusesARepeatedStepIdAndAnEmptyBatchAndKeepsTheAn
   EXPECT_NE(again, nullptr);  // still the caller's
   StageStreamClient::Answer empty = answers.For(8);
   EXPECT_THAT(client->Send(8, StageStreamClient::Messages(), empty), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no messages")));
+  StageStreamClient::Messages unleased;
+  unleased.push_back(StageStreamClient::Message());
+  StageStreamClient::Answer refused = answers.For(9);
+  EXPECT_THAT(client->Send(9, std::move(unleased), refused),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty message lease")));
+  EXPECT_NE(refused, nullptr);
   EXPECT_NE(empty, nullptr);
   client->Close("test over");
   auto got = answers.Wait(1);
