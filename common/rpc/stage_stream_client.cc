@@ -10,8 +10,69 @@
 
 namespace shardserve::rpc {
 
+namespace {
+
+// Stage.StepStream's method path, as the generated stub names it.
+const std::string& StepStreamMethod() {
+  static const std::string* const method =
+      new std::string(absl::StrCat("/", v1::Stage::service_full_name(), "/StepStream"));
+  return *method;
+}
+
+// Writes `v` as a base-128 varint at `out`; returns the bytes written (at most 10).
+size_t PutVarint(uint64_t v, uint8_t* out) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    out[n++] = static_cast<uint8_t>(v | 0x80);
+    v >>= 7;
+  }
+  out[n++] = static_cast<uint8_t>(v);
+  return n;
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+constexpr uint64_t LengthDelimitedTag(int field) { return (static_cast<uint64_t>(field) << 3) | 2; }
+
+}  // namespace
+
+grpc::ByteBuffer StageStreamClient::WireMessage(const v1::StepRequest& message, const grpc::Slice& hidden) {
+  const size_t size = message.ByteSizeLong();
+  grpc::Slice slices[3] = {grpc::Slice(size), grpc::Slice(), grpc::Slice()};
+  // A fresh slice of `size` bytes is ours to fill (gRPC's own serializer does the same).
+  message.SerializeWithCachedSizesToArray(const_cast<uint8_t*>(slices[0].begin()));
+  if (hidden.size() == 0) return grpc::ByteBuffer(slices, 1);
+  // hidden { data: <the slice> }: two tags and two lengths (at most 22 bytes, inline in a slice).
+  constexpr uint64_t kHiddenTag = LengthDelimitedTag(v1::StepRequest::kHiddenFieldNumber);
+  constexpr uint64_t kDataTag = LengthDelimitedTag(v1::Tensor::kDataFieldNumber);
+  const uint64_t data_bytes = hidden.size();
+  const uint64_t tensor_bytes = VarintSize(kDataTag) + VarintSize(data_bytes) + data_bytes;
+  uint8_t head[40];
+  size_t n = PutVarint(kHiddenTag, head);
+  n += PutVarint(tensor_bytes, head + n);
+  n += PutVarint(kDataTag, head + n);
+  n += PutVarint(data_bytes, head + n);
+  slices[1] = grpc::Slice(head, n);
+  slices[2] = hidden;
+  return grpc::ByteBuffer(slices, 3);
+}
+
+grpc::Slice StageStreamClient::OwningSlice(std::vector<float> values) {
+  if (values.empty()) return grpc::Slice();
+  auto* owned = new std::vector<float>(std::move(values));
+  return grpc::Slice(
+      owned->data(), owned->size() * sizeof(float), [](void* p) { delete static_cast<std::vector<float>*>(p); }, owned);
+}
+
 StageStreamClient::StageStreamClient(std::shared_ptr<grpc::Channel> channel, Options options)
-    : options_(std::move(options)), channel_(std::move(channel)), stub_(v1::Stage::NewStub(channel_)) {}
+    : options_(std::move(options)), channel_(std::move(channel)), stub_(channel_) {}
 
 std::shared_ptr<StageStreamClient> StageStreamClient::Open(std::shared_ptr<grpc::Channel> channel, Options options) {
   std::shared_ptr<StageStreamClient> client(new StageStreamClient(std::move(channel), std::move(options)));
@@ -24,7 +85,7 @@ void StageStreamClient::Start() {
     MutexLock lock(&mu_);
     self_ = shared_from_this();  // gRPC uses the reactor until OnDone
   }
-  stub_->async()->StepStream(&context_, this);
+  stub_.PrepareBidiStreamingCall(&context_, StepStreamMethod(), grpc::StubOptions(), this);
   AddHold();  // released by Stop, so that OnDone waits for writes started outside reactions
   StartRead(&read_);
   StartCall();
@@ -36,6 +97,7 @@ absl::Status StageStreamClient::Send(uint64_t step_id, Messages messages, Answer
     if (!messages[i]) return absl::InvalidArgumentError(absl::StrCat("step ", step_id, " has an empty message lease"));
   }
   absl::InlinedVector<size_t, 4> sizes;  // for on_sent, called unlocked
+  Messages::Entry first;                  // to write now, when no write is in flight
   bool start = false;
   {
     MutexLock lock(&mu_);
@@ -49,12 +111,15 @@ absl::Status StageStreamClient::Send(uint64_t step_id, Messages messages, Answer
     // Coded here, past every refusal and in queue order: the peer decodes in the order written.
     if (deltas_ != nullptr) deltas_->Encode(messages[0].get());
     if (options_.on_sent) {
-      for (size_t i = 0; i < messages.size(); ++i) sizes.push_back(messages[i]->ByteSizeLong());
+      // (The hidden slice's tags and lengths, a few bytes, are not counted.)
+      for (size_t i = 0; i < messages.size(); ++i) {
+        sizes.push_back(messages[i]->ByteSizeLong() + messages.hidden(i).size());
+      }
     }
-    for (size_t i = 0; i < messages.size(); ++i) queue_.push_back(std::move(messages[i]));
+    for (size_t i = 0; i < messages.size(); ++i) queue_.push_back(std::move(messages.entry(i)));
     if (!writing_) {
       writing_ = true;
-      writing_msg_ = std::move(queue_.front());
+      first = std::move(queue_.front());
       queue_.pop_front();
       ++starting_;
       start = true;
@@ -62,7 +127,7 @@ absl::Status StageStreamClient::Send(uint64_t step_id, Messages messages, Answer
   }
   for (size_t bytes : sizes) options_.on_sent(bytes);
   if (!start) return absl::OkStatus();
-  StartWrite(writing_msg_.get());
+  WriteNext(std::move(first));
   bool release = false;
   {
     MutexLock lock(&mu_);
@@ -71,6 +136,13 @@ absl::Status StageStreamClient::Send(uint64_t step_id, Messages messages, Answer
   }
   if (release) RemoveHold();
   return absl::OkStatus();
+}
+
+void StageStreamClient::WriteNext(Messages::Entry entry) {
+  // Outside the lock, by the one thread that holds the write (writing_); gRPC serializes it here.
+  writing_entry_ = std::move(entry);
+  writing_wire_ = WireRequest{.message = writing_entry_.message.get(), .hidden = &writing_entry_.hidden};
+  StartWrite(&writing_wire_);
 }
 
 bool StageStreamClient::Forget(uint64_t step_id) {
@@ -117,21 +189,26 @@ bool StageStreamClient::ReleaseHoldLocked() {
 }
 
 void StageStreamClient::OnWriteDone(bool ok) {
+  // Still this thread's (writing_ is set): the message goes back to its pool, and the hidden bytes
+  // once gRPC lets go of their slice; released before another Send may take the write.
+  writing_wire_ = WireRequest();
+  writing_entry_ = Messages::Entry();
+  Messages::Entry next;
   {
     MutexLock lock(&mu_);
     if (ok && !closing_ && !queue_.empty()) {
-      writing_msg_ = std::move(queue_.front());
+      next = std::move(queue_.front());
       queue_.pop_front();
     } else {
       writing_ = false;
-      if (ok) return;
     }
   }
   if (!ok) {
     Stop("failed a write", /*cancel=*/false);  // the read fails too; OnDone brings the status
     return;
   }
-  StartWrite(writing_msg_.get());  // from a reaction: the call cannot end meanwhile
+  if (!next.message) return;
+  WriteNext(std::move(next));  // from a reaction: the call cannot end meanwhile
 }
 
 void StageStreamClient::OnReadDone(bool ok) {
@@ -204,3 +281,22 @@ void StageStreamClient::OnDone(const grpc::Status& status) {
 }
 
 }  // namespace shardserve::rpc
+
+namespace grpc {
+
+Status SerializationTraits<shardserve::rpc::WireRequest, void>::Serialize(const shardserve::rpc::WireRequest& request,
+                                                                          ByteBuffer* buffer, bool* own_buffer) {
+  const Slice none;  // empty: no allocation
+  ByteBuffer bytes = shardserve::rpc::StageStreamClient::WireMessage(
+      *request.message, request.hidden != nullptr ? *request.hidden : none);
+  buffer->Swap(&bytes);
+  *own_buffer = true;
+  return Status::OK;
+}
+
+Status SerializationTraits<shardserve::rpc::WireRequest, void>::Deserialize(ByteBuffer* /*buffer*/,
+                                                                            shardserve::rpc::WireRequest* /*request*/) {
+  return Status(StatusCode::UNIMPLEMENTED, "a WireRequest is only written");
+}
+
+}  // namespace grpc

@@ -26,6 +26,10 @@
 // until then, and with a server that never announces it, messages go as given. The table lives
 // and dies with the call.
 //
+// Hidden states travel without copies of ours: a sender passes them as a slice beside each message
+// (Messages::push_back, OwningSlice), and the client writes the message's own bytes followed by
+// that slice (WireMessage), which gRPC hands to the socket as it is.
+//
 // Overlapped decode calls (stage.proto, StepSequence.from_previous): a server that takes them
 // announces kOverlappedDecodeKey in its initial metadata; overlapped_decode() says whether it did.
 //
@@ -41,7 +45,10 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -54,7 +61,31 @@
 
 namespace shardserve::rpc {
 
-class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, v1::StepResponse>,
+// What a StageStreamClient writes: a StepRequest and, optionally, the slice of its hidden.data
+// (StageStreamClient::WireMessage); gRPC serializes it through the SerializationTraits below.
+struct WireRequest {
+  const v1::StepRequest* message = nullptr;
+  const grpc::Slice* hidden = nullptr;  // null or empty: none
+};
+
+}  // namespace shardserve::rpc
+
+namespace grpc {
+
+// Serializes a WireRequest into the call's own buffer, without the copy a ByteBuffer message would
+// take (gRPC duplicates a ByteBuffer it is given to write).
+template <>
+class SerializationTraits<shardserve::rpc::WireRequest, void> {
+ public:
+  static Status Serialize(const shardserve::rpc::WireRequest& request, ByteBuffer* buffer, bool* own_buffer);
+  static Status Deserialize(ByteBuffer* buffer, shardserve::rpc::WireRequest* request);  // not supported
+};
+
+}  // namespace grpc
+
+namespace shardserve::rpc {
+
+class StageStreamClient final : public grpc::ClientBidiReactor<WireRequest, v1::StepResponse>,
                                 public std::enable_shared_from_this<StageStreamClient> {
  public:
   using Answer = std::function<void(absl::StatusOr<v1::StepResponse>)>;
@@ -62,28 +93,49 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   // arena (message_pool.h): the sender builds them there, and they go back to their pool once
   // written, so that a steady stream allocates nothing for its messages.
   using Message = MessagePool<v1::StepRequest>::Lease;
-  // A list of Messages that holds its first without a heap allocation.
+  // A list of Messages that holds its first without a heap allocation. Each message may carry its
+  // StepRequest.hidden.data as a slice beside it instead of inside it (see WireMessage): those
+  // bytes then go to the socket from where they are, never copied into the message or by
+  // serialization.
   class Messages {
    public:
-    void push_back(Message m) {
+    // `hidden`: the message's hidden-state bytes, which it must not hold itself (empty: none).
+    void push_back(Message m, grpc::Slice hidden = grpc::Slice()) {
       if (size_ == 0) {
-        first_ = std::move(m);
+        first_ = Entry{std::move(m), std::move(hidden)};
       } else {
-        rest_.push_back(std::move(m));
+        rest_.push_back(Entry{std::move(m), std::move(hidden)});
       }
       ++size_;
     }
     size_t size() const { return size_; }
     bool empty() const { return size_ == 0; }
-    Message& operator[](size_t i) { return i == 0 ? first_ : rest_[i - 1]; }
-    const Message& operator[](size_t i) const { return i == 0 ? first_ : rest_[i - 1]; }
+    Message& operator[](size_t i) { return entry(i).message; }
+    const Message& operator[](size_t i) const { return entry(i).message; }
     Message& back() { return (*this)[size_ - 1]; }
+    const grpc::Slice& hidden(size_t i) const { return entry(i).hidden; }
 
    private:
-    Message first_;
-    std::vector<Message> rest_;
+    friend class StageStreamClient;
+    struct Entry {
+      Message message;
+      grpc::Slice hidden;
+    };
+    Entry& entry(size_t i) { return i == 0 ? first_ : rest_[i - 1]; }
+    const Entry& entry(size_t i) const { return i == 0 ? first_ : rest_[i - 1]; }
+    Entry first_;
+    std::vector<Entry> rest_;
     size_t size_ = 0;
   };
+
+  // The bytes written for `message` with `hidden` as its StepRequest.hidden.data: the message's
+  // own serialization, then a second `hidden` field holding only `data`, whose bytes are `hidden`
+  // itself (a reference, not a copy). A parser merges the two occurrences of the field (protobuf's
+  // rule for a singular message field), so the receiver reads exactly the message with the data
+  // inside. `message` must not have hidden.data set when `hidden` is not empty.
+  static grpc::ByteBuffer WireMessage(const v1::StepRequest& message, const grpc::Slice& hidden);
+  // A slice over `values`' bytes that owns them until gRPC and every copy of the slice let go.
+  static grpc::Slice OwningSlice(std::vector<float> values);
 
   struct Options {
     // Names the peer at the start of every error message, e.g. "stage stream to 10.0.0.2:7100"
@@ -137,16 +189,21 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   // No more sends. With `cancel` the call is cancelled and awaited answers fail with `why`;
   // without (the peer ended the stream), they fail with the status OnDone brings.
   void Stop(const std::string& why, bool cancel);
+  // Starts the write of `entry` (kept in writing_entry_); by the thread that set writing_.
+  void WriteNext(Messages::Entry entry);
   // Whether the caller must call RemoveHold (once, after unlocking).
   bool ReleaseHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   // Declared before context_ (destroyed after it): the call refers to the channel until it ends.
   const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<v1::Stage::Stub> stub_;
+  // A generic stub, so that the client writes the bytes WireMessage builds (Stage.StepStream).
+  grpc::TemplatedGenericStub<WireRequest, v1::StepResponse> stub_;
   grpc::ClientContext context_;
   v1::StepResponse read_;        // the read chain's buffer (StartRead -> OnReadDone -> StartRead)
-  Message writing_msg_;  // owned by whoever set writing_, read by gRPC until OnWriteDone
+  // The write in flight: owned by whoever set writing_, read by gRPC until OnWriteDone.
+  Messages::Entry writing_entry_;
+  WireRequest writing_wire_;  // points into writing_entry_
 
   // gRPC rules followed: one write at a time (the rest wait in queue_); a write started outside a
   // reaction (Send) needs the hold taken in Start, which is released only once closing and when
@@ -155,7 +212,7 @@ class StageStreamClient final : public grpc::ClientBidiReactor<v1::StepRequest, 
   Mutex mu_;
   CondVar done_cv_;
   absl::flat_hash_map<uint64_t, Answer> waiting_ ABSL_GUARDED_BY(mu_);  // step_id -> its answer
-  std::deque<Message> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Messages::Entry> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   int starting_ ABSL_GUARDED_BY(mu_) = 0;      // StartWrite calls outside reactions
   bool closing_ ABSL_GUARDED_BY(mu_) = false;  // no more sends

@@ -183,13 +183,18 @@ v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
   return failed;
 }
 
-rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, int64_t hidden_size,
-                                             rpc::MessagePool<v1::StepRequest>& pool) {
-  const char* bytes = reinterpret_cast<const char*>(batch.hidden.data());
-  const size_t size = batch.hidden.size() * sizeof(float);
+rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, std::vector<float> hidden_states,
+                                             int64_t hidden_size, rpc::MessagePool<v1::StepRequest>& pool) {
+  const size_t size = hidden_states.size() * sizeof(float);
   const uint32_t chunks = static_cast<uint32_t>(std::max<size_t>(1, (size + kMaxChunkBytes - 1) / kMaxChunkBytes));
+  // One slice owns the bytes; each chunk's is a view of it (sharing its reference count).
+  const grpc::Slice all = rpc::StageStreamClient::OwningSlice(std::move(hidden_states));
   rpc::StageStreamClient::Messages out;
-  for (uint32_t c = 0; c < chunks; ++c) out.push_back(pool.Take());
+  for (uint32_t c = 0; c < chunks; ++c) {
+    const size_t begin = static_cast<size_t>(c) * kMaxChunkBytes;
+    const size_t end = std::min(size, begin + kMaxChunkBytes);
+    out.push_back(pool.Take(), begin < end ? all.sub(begin, end) : grpc::Slice());
+  }
   v1::StepRequest& first = *out[0];
   first.set_answer_route(batch.answer_route);
   int64_t total = 0;
@@ -215,9 +220,6 @@ rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, int64_t hi
     msg.set_step_id(batch.step_id);
     msg.set_chunk_index(c);
     msg.set_chunk_count(chunks);
-    const size_t begin = static_cast<size_t>(c) * kMaxChunkBytes;
-    const size_t end = std::min(size, begin + kMaxChunkBytes);
-    msg.mutable_hidden()->set_data(bytes + begin, end - begin);
   }
   return out;
 }

@@ -60,7 +60,7 @@ struct StageBatch {
   // Hidden states [total tokens, hidden] (empty for the first stage's input). FromProto reads the
   // request's in place when it can (`hidden_in`, a view of the request's bytes: valid while the
   // request lives, and not carried by copies of the batch) and copies them into `hidden` only when
-  // the bytes are not float-aligned; ToNextStage sends `hidden`.
+  // the bytes are not float-aligned.
   std::vector<float> hidden;
   absl::Span<const float> hidden_in;
   // The stage's input: `hidden_in` when set, else `hidden`.
@@ -80,11 +80,13 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
 // field of `batch` and of its sequences is set; on an error `batch` holds a partial conversion.
 absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, StageBatch* batch);
 
-// Builds the messages that carry `batch` to the next stage, on arenas of `pool`: sequences without
-// token ids, hidden states as F32 bytes [tokens, hidden_size], split into chunks of at most
-// kMaxChunkBytes.
-rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, int64_t hidden_size,
-                                             rpc::MessagePool<v1::StepRequest>& pool);
+// Builds the messages that carry `batch` and its output `hidden_states` ([tokens, hidden_size]) to
+// the next stage, on arenas of `pool`: sequences without token ids, and the hidden states as F32
+// bytes split into chunks of at most kMaxChunkBytes. The messages do not hold those bytes: each
+// carries its chunk as a slice of `hidden_states` beside it (Messages::hidden), which the stream
+// writes as the message's hidden.data without copying it (StageStreamClient::WireMessage).
+rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, std::vector<float> hidden_states,
+                                             int64_t hidden_size, rpc::MessagePool<v1::StepRequest>& pool);
 
 // The answer that fails micro-batch `step_id` with `st` (the status's code and message).
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st);

@@ -183,9 +183,8 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
                                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), tokens);
   }
   if (!is_last()) {
-    batch.hidden_in = {};
-    batch.hidden = std::move(result.hidden);
-    Forward(batch.step_id, ToNextStage(batch, hidden, *message_pool_), std::move(done), caller);
+    Forward(batch.step_id, ToNextStage(batch, std::move(result.hidden), hidden, *message_pool_), std::move(done),
+            caller);
     return std::nullopt;
   }
   v1::StepResponse response;

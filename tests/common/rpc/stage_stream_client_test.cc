@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/concurrency/mutex.h"
 #include "tests/testing/status_matchers.h"
 
@@ -307,6 +309,85 @@ TEST_F(StageStreamClientTest, DroppingEveryReferenceWhileAnswersAreAwaitedIsSafe
   auto got = answers.Wait(1);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_THAT(got[0].second.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("closed: dropped")));
+}
+
+// The bytes WireMessage writes parse as the message with the slice as its hidden.data: with and
+// without a tensor header in the message, for lengths whose varints take 1 to 4 bytes, and with no
+// slice at all.
+TEST(WireMessageTest, ParsesAsTheMessageWithTheSliceAsItsHiddenData) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{127}, size_t{128}, size_t{16383}, size_t{16384}, size_t{3} << 20}) {
+    for (bool header : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(n, " bytes, tensor header ", header));
+      v1::StepRequest m = Message(5, 9);
+      m.set_chunk_index(header ? 0 : 1);
+      m.set_chunk_count(2);
+      if (header) {
+        m.mutable_hidden()->set_dtype(v1::DTYPE_F32);
+        m.mutable_hidden()->add_shape(3);
+        m.mutable_hidden()->add_shape(7);
+      }
+      std::string bytes(n, '\0');
+      for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<char>((i * 131) % 251);
+      grpc::ByteBuffer wire = StageStreamClient::WireMessage(m, grpc::Slice(bytes));
+      v1::StepRequest parsed;
+      ASSERT_TRUE(grpc::SerializationTraits<v1::StepRequest>::Deserialize(&wire, &parsed).ok());
+      v1::StepRequest want = m;
+      if (n > 0) want.mutable_hidden()->set_data(bytes);
+      EXPECT_EQ(parsed.SerializeAsString(), want.SerializeAsString());
+      EXPECT_EQ(parsed.hidden().data(), bytes);
+      EXPECT_EQ(parsed.hidden().shape_size(), header ? 2 : 0);
+    }
+  }
+}
+
+TEST(WireMessageTest, AnOwningSliceKeepsTheVectorsBytesWhereTheyAre) {
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  const std::vector<float> want = values;
+  const float* where = values.data();
+  grpc::Slice all = StageStreamClient::OwningSlice(std::move(values));
+  ASSERT_EQ(all.size(), want.size() * sizeof(float));
+  EXPECT_EQ(reinterpret_cast<const float*>(all.begin()), where);  // not copied
+  grpc::Slice part = all.sub(400, 4000);
+  all = grpc::Slice();  // the view keeps the bytes alive
+  EXPECT_EQ(std::memcmp(part.begin(), reinterpret_cast<const char*>(want.data()) + 400, 3600), 0);
+  EXPECT_EQ(StageStreamClient::OwningSlice({}).size(), 0u);
+}
+
+TEST_F(StageStreamClientTest, HiddenSlicesArriveAsTheMessagesHiddenData) {
+  // Reads one micro-batch of two messages, each with hidden bytes beside it, and answers it.
+  std::vector<v1::StepRequest> seen;
+  Serve([&](grpc::ServerContext*, Stream* stream) {
+    v1::StepRequest m;
+    for (int i = 0; i < 2 && stream->Read(&m); ++i) seen.push_back(m);
+    stream->Write(Answer(6, 1));
+    while (stream->Read(&m)) {
+    }
+    return grpc::Status::OK;
+  });
+  std::vector<float> first(300000), second(77);
+  for (size_t i = 0; i < first.size(); ++i) first[i] = static_cast<float>(i);
+  for (size_t i = 0; i < second.size(); ++i) second[i] = -static_cast<float>(i);
+  const std::vector<float> first_copy = first, second_copy = second;
+  StageStreamClient::Messages messages = Batch({Message(6, 1), Message(6, 2)});
+  messages[0]->mutable_hidden()->set_dtype(v1::DTYPE_F32);
+  StageStreamClient::Messages with_hidden;
+  with_hidden.push_back(std::move(messages[0]), StageStreamClient::OwningSlice(std::move(first)));
+  with_hidden.push_back(std::move(messages[1]), StageStreamClient::OwningSlice(std::move(second)));
+  Answers answers;
+  std::shared_ptr<StageStreamClient> client = Open();
+  StageStreamClient::Answer a = answers.For(6);
+  ASSERT_THAT(client->Send(6, std::move(with_hidden), a), IsOk());
+  ASSERT_EQ(answers.Wait(1).size(), 1u);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].hidden().dtype(), v1::DTYPE_F32);
+  EXPECT_EQ(seen[0].hidden().data(),
+            std::string(reinterpret_cast<const char*>(first_copy.data()), first_copy.size() * sizeof(float)));
+  EXPECT_EQ(seen[1].hidden().data(),
+            std::string(reinterpret_cast<const char*>(second_copy.data()), second_copy.size() * sizeof(float)));
+  EXPECT_EQ(seen[1].sequences(0).token_ids(0), 2);
+  client->Close("test over");
+  EXPECT_TRUE(client->WaitDone(kWait));
 }
 
 }  // namespace

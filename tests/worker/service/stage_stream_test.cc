@@ -810,12 +810,22 @@ TEST(ConvertTest, LargeHiddenStatesAreChunkedAndReassembled) {
   batch.hidden.resize(1024 * hidden);
   for (size_t i = 0; i < batch.hidden.size(); ++i) batch.hidden[i] = static_cast<float>(i % 9973);
   const auto pool = rpc::MessagePool<v1::StepRequest>::Create(1024, 4);
-  rpc::StageStreamClient::Messages msgs = ToNextStage(batch, hidden, *pool);
+  std::vector<float> engine_output = batch.hidden;  // as the engine returns it, moved in
+  const char* const output_bytes = reinterpret_cast<const char*>(engine_output.data());
+  rpc::StageStreamClient::Messages msgs = ToNextStage(batch, std::move(engine_output), hidden, *pool);
   ASSERT_EQ(msgs.size(), 3u);
-  for (size_t i = 0; i < msgs.size(); ++i) EXPECT_LE(msgs[i]->ByteSizeLong(), static_cast<size_t>(kMaxMessageBytes));
   ChunkAssembler assembler(size_t{1} << 30);
   for (size_t i = 0; i < msgs.size(); ++i) {
-    ASSERT_OK_AND_ASSIGN(bool done, assembler.Add(Pooled(*msgs[i])));
+    // The bytes ride beside the message, not in it: slices of the engine's own output buffer.
+    EXPECT_TRUE(msgs[i]->hidden().data().empty());
+    EXPECT_EQ(msgs.hidden(i).size(), i < 2 ? kMaxChunkBytes : batch.hidden.size() * sizeof(float) - 2 * kMaxChunkBytes);
+    EXPECT_EQ(reinterpret_cast<const char*>(msgs.hidden(i).begin()), output_bytes + i * kMaxChunkBytes);
+    // What the stream writes, parsed as the next stage parses it.
+    grpc::ByteBuffer wire = rpc::StageStreamClient::WireMessage(*msgs[i], msgs.hidden(i));
+    EXPECT_LE(wire.Length(), static_cast<size_t>(kMaxMessageBytes));
+    v1::StepRequest parsed;
+    ASSERT_TRUE(grpc::SerializationTraits<v1::StepRequest>::Deserialize(&wire, &parsed).ok());
+    ASSERT_OK_AND_ASSIGN(bool done, assembler.Add(Pooled(parsed)));
     EXPECT_EQ(done, i + 1 == 3);
   }
   // The reassembled message stays alive: the batch reads its hidden states in place.
