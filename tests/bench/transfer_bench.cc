@@ -9,7 +9,8 @@
 //           buffer (StageStreamClient::WireMessage): no copy of ours, none by serialization.
 // Printed per micro-batch: the wall time from Send to its answer, and the CPU time of the whole
 // process (sender, gRPC and the receiving stage's parse; medians of --rounds rounds), with the
-// copy's rate (memcpy GB/s, measured here) for scale.
+// copy's rate (memcpy GB/s, measured here) for scale. --keep_heap_blocks (default true) sets the
+// allocator as shardserve-worker does (common/memory/malloc_tuning.h).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/concurrency/mutex.h"
+#include "common/memory/malloc_tuning.h"
 #include "common/rpc/message_pool.h"
 #include "common/rpc/stage_stream_client.h"
 #include "shardserve/v1/stage.grpc.pb.h"
@@ -35,6 +37,7 @@ ABSL_FLAG(int32_t, tokens, 2048, "tokens of the prefill chunk");
 ABSL_FLAG(int32_t, hidden, 4096, "hidden size (floats per token)");
 ABSL_FLAG(int32_t, iters, 20, "micro-batches per round and way");
 ABSL_FLAG(int32_t, rounds, 5, "rounds (the two ways take turns)");
+ABSL_FLAG(bool, keep_heap_blocks, true, "the allocator settings of shardserve-worker --keep_heap_blocks");
 
 namespace shardserve {
 namespace {
@@ -221,10 +224,11 @@ int Run() {
   }
   const double mib = static_cast<double>(bytes) / (1 << 20);
   std::printf("micro-batch of %lld tokens x %lld floats = %.1f MiB in %zu chunks of <= %zu MiB; memcpy %.1f GB/s "
-              "(one copy %.2f ms)\n",
+              "(one copy %.2f ms); large heap blocks kept: %s\n",
               static_cast<long long>(tokens), static_cast<long long>(hidden), mib,
               (bytes + service::kMaxChunkBytes - 1) / service::kMaxChunkBytes, service::kMaxChunkBytes >> 20,
-              static_cast<double>(bytes) / best / 1e9, best * 1e3);
+              static_cast<double>(bytes) / best / 1e9, best * 1e3,
+              absl::GetFlag(FLAGS_keep_heap_blocks) ? "yes" : "no");
   const char* names[2] = {"copied", "slices"};
   for (int way = 0; way < 2; ++way) {
     std::printf("%-7s Send to answer %.2f ms (%.2f GB/s), process CPU %.2f ms per micro-batch (medians of %d rounds "
@@ -242,6 +246,9 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_keep_heap_blocks) && !shardserve::KeepLargeBlocksInTheHeap()) {
+    std::fprintf(stderr, "--keep_heap_blocks: the allocator refused\n");
+  }
   return shardserve::Run();
 }
 

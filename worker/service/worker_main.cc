@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/concurrency/abseil_mutex.h"
+#include "common/memory/malloc_tuning.h"
 #include "common/flags/parse.h"
 #include "common/log/log.h"
 #include "common/metrics/metrics_server.h"
@@ -66,6 +67,10 @@ ABSL_FLAG(int64_t, stage_inline_us, 1000,
 ABSL_FLAG(bool, step_deltas, true,
           "stage streams carry step deltas (each step sends only what changed of a running sequence, against a "
           "table per stream) where both ends support them; false = every micro-batch in full, both ways");
+ABSL_FLAG(bool, keep_heap_blocks, true,
+          "keep blocks up to 32 MiB in the heap and up to 1 GiB of freed memory there for reuse (glibc's mallopt): "
+          "a prefill micro-batch's megabytes of hidden states then reuse warm pages instead of mapping fresh ones "
+          "every step; false = glibc's defaults");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "fraction of each CUDA device's memory this worker may fill (weights, workspace and the KV cache the "
           "planner sizes from what is left), in (0, 1]");
@@ -97,6 +102,9 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   using namespace shardserve;
+  if (absl::GetFlag(FLAGS_keep_heap_blocks) && !KeepLargeBlocksInTheHeap()) {
+    LOG(WARNING) << "--keep_heap_blocks: the allocator refused the settings; it keeps its defaults";
+  }
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   if (coordinator.empty()) {
     std::cerr << "shardserve-worker: --coordinator is required\n";
