@@ -68,9 +68,9 @@ ABSL_FLAG(bool, step_deltas, true,
           "stage streams carry step deltas (each step sends only what changed of a running sequence, against a "
           "table per stream) where both ends support them; false = every micro-batch in full, both ways");
 ABSL_FLAG(bool, keep_heap_blocks, true,
-          "keep blocks up to 32 MiB in the heap and up to 1 GiB of freed memory there for reuse (glibc's mallopt): "
-          "a prefill micro-batch's megabytes of hidden states then reuse warm pages instead of mapping fresh ones "
-          "every step; false = glibc's defaults");
+          "serve large blocks from the heap rather than mmap and keep up to 1 GiB of freed memory there for reuse "
+          "(glibc's mallopt): a prefill micro-batch's megabytes of hidden states then reuse warm pages instead of "
+          "mapping fresh ones every step; false = glibc's defaults");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "fraction of each CUDA device's memory this worker may fill (weights, workspace and the KV cache the "
           "planner sizes from what is left), in (0, 1]");
