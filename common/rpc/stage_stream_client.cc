@@ -97,7 +97,6 @@ absl::Status StageStreamClient::Send(uint64_t step_id, Messages messages, Answer
     if (!messages[i]) return absl::InvalidArgumentError(absl::StrCat("step ", step_id, " has an empty message lease"));
   }
   absl::InlinedVector<size_t, 4> sizes;  // for on_sent, called unlocked
-  Messages::Entry first;                  // to write now, when no write is in flight
   bool start = false;
   {
     MutexLock lock(&mu_);
@@ -119,15 +118,14 @@ absl::Status StageStreamClient::Send(uint64_t step_id, Messages messages, Answer
     for (size_t i = 0; i < messages.size(); ++i) queue_.push_back(std::move(messages.entry(i)));
     if (!writing_) {
       writing_ = true;
-      first = std::move(queue_.front());
-      queue_.pop_front();
+      TakeNextWriteLocked();
       ++starting_;
       start = true;
     }
   }
   for (size_t bytes : sizes) options_.on_sent(bytes);
   if (!start) return absl::OkStatus();
-  WriteNext(std::move(first));
+  StartWrite(&writing_wire_);  // gRPC serializes it here, on this thread
   bool release = false;
   {
     MutexLock lock(&mu_);
@@ -138,11 +136,10 @@ absl::Status StageStreamClient::Send(uint64_t step_id, Messages messages, Answer
   return absl::OkStatus();
 }
 
-void StageStreamClient::WriteNext(Messages::Entry entry) {
-  // Outside the lock, by the one thread that holds the write (writing_); gRPC serializes it here.
-  writing_entry_ = std::move(entry);
+void StageStreamClient::TakeNextWriteLocked() {
+  writing_entry_ = std::move(queue_.front());
+  queue_.pop_front();
   writing_wire_ = WireRequest{.message = writing_entry_.message.get(), .hidden = &writing_entry_.hidden};
-  StartWrite(&writing_wire_);
 }
 
 bool StageStreamClient::Forget(uint64_t step_id) {
@@ -189,16 +186,17 @@ bool StageStreamClient::ReleaseHoldLocked() {
 }
 
 void StageStreamClient::OnWriteDone(bool ok) {
-  // Still this thread's (writing_ is set): the message goes back to its pool, and the hidden bytes
-  // once gRPC lets go of their slice; released before another Send may take the write.
-  writing_wire_ = WireRequest();
-  writing_entry_ = Messages::Entry();
-  Messages::Entry next;
+  // The written message goes back to its pool, and the hidden bytes once gRPC lets go of their
+  // slice: after the lock (`written` is destroyed last).
+  Messages::Entry written;
+  bool next = false;
   {
     MutexLock lock(&mu_);
+    written = std::move(writing_entry_);
+    writing_wire_ = WireRequest();
     if (ok && !closing_ && !queue_.empty()) {
-      next = std::move(queue_.front());
-      queue_.pop_front();
+      TakeNextWriteLocked();
+      next = true;
     } else {
       writing_ = false;
     }
@@ -207,8 +205,7 @@ void StageStreamClient::OnWriteDone(bool ok) {
     Stop("failed a write", /*cancel=*/false);  // the read fails too; OnDone brings the status
     return;
   }
-  if (!next.message) return;
-  WriteNext(std::move(next));  // from a reaction: the call cannot end meanwhile
+  if (next) StartWrite(&writing_wire_);  // from a reaction: the call cannot end meanwhile
 }
 
 void StageStreamClient::OnReadDone(bool ok) {

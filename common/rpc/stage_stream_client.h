@@ -189,8 +189,8 @@ class StageStreamClient final : public grpc::ClientBidiReactor<WireRequest, v1::
   // No more sends. With `cancel` the call is cancelled and awaited answers fail with `why`;
   // without (the peer ended the stream), they fail with the status OnDone brings.
   void Stop(const std::string& why, bool cancel);
-  // Starts the write of `entry` (kept in writing_entry_); by the thread that set writing_.
-  void WriteNext(Messages::Entry entry);
+  // Moves the queue's first message into writing_entry_ (and writing_wire_) for StartWrite.
+  void TakeNextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the caller must call RemoveHold (once, after unlocking).
   bool ReleaseHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -201,7 +201,7 @@ class StageStreamClient final : public grpc::ClientBidiReactor<WireRequest, v1::
   grpc::TemplatedGenericStub<WireRequest, v1::StepResponse> stub_;
   grpc::ClientContext context_;
   v1::StepResponse read_;        // the read chain's buffer (StartRead -> OnReadDone -> StartRead)
-  // The write in flight: owned by whoever set writing_, read by gRPC until OnWriteDone.
+  // The write in flight: set under mu_ with writing_, read by gRPC from StartWrite to OnWriteDone.
   Messages::Entry writing_entry_;
   WireRequest writing_wire_;  // points into writing_entry_
 
