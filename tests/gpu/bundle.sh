@@ -4,7 +4,7 @@
 #   bash tests/gpu/bundle.sh [OUT_DIR]          (default OUT_DIR: gpu-bundle at the repository root)
 # OUT_DIR then holds:
 #   run.sh env.sh profile.sh variants.sh hop.sh suite.py kernels.py README.md   the runner, its library setup, the profiler and helpers
-#   bin.tar.xz bin/ (the daemons and tools, shardserve-bench-gpu, shardserve-bench-pipeline) and tests/ (every test binary
+#   bin.tar.xz bin/ (the daemons and tools, shardserve-bench-gpu, -pipeline, -transfer) and tests/ (every test binary
 #              labelled gpu, found through ctest -L gpu), packed; env.sh unpacks them into the
 #              bundle on first use
 #   lib.tar.xz their shared libraries except glibc's and NVIDIA's (packed: OpenBLAS and ICU data
@@ -25,8 +25,9 @@ BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 JOBS="${JOBS:-2}"
 LIMIT_MIB=60
 BINS=(shardserve-worker shardserve-coordinator shardserve-local shardserve-run shardserve shardserve-bench-gpu
-  shardserve-bench-pipeline)
-TARGETS=(gpu_tests gpu_bench pipeline_bench shardserve_worker coordinator_main shardserve_local shardserve_run shardserve_cli)
+  shardserve-bench-pipeline shardserve-bench-transfer)
+TARGETS=(gpu_tests gpu_bench pipeline_bench transfer_bench shardserve_worker coordinator_main shardserve_local
+  shardserve_run shardserve_cli)
 
 echo "== configure and build ($BUILD)"
 mkdir -p "$BUILD"

@@ -7,7 +7,10 @@
 # Default flags: --tokens=32 (the generated 100M model, written into a scratch folder first; pass
 # --model=../shared/models/stories260K for the small one). Writes OUT_DIR/hop.json (default OUT_DIR:
 # ${OUT:-.}): a report part whose "figures" are the benchmark's JSON, and prints the per-hop lines.
-# Needs no GPU. Limit: SHARDSERVE_HOP_TIMEOUT_S (default 240 s).
+# Needs no GPU. Limit: SHARDSERVE_HOP_TIMEOUT_S (default 240 s). Then, where the bundle has it,
+# shardserve-bench-transfer (a 32 MiB prefill micro-batch between two stages, copied vs slices, with
+# the worker's allocator settings and without) into OUT_DIR/transfer.txt, 60 s at most; it does not
+# change the part's status.
 set -u
 BUNDLE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 DEST="${1:-${OUT:-.}}"
@@ -39,3 +42,12 @@ for name, t in (f.get("transports") or {}).items():
 print(f"hop: {part['status']}" + (f" ({part['reason']})" if part.get("reason") else ""))
 sys.exit(0 if part["status"] == "passed" else 1)
 PY
+status=$?
+if [ -x "$BUNDLE/bin/shardserve-bench-transfer" ]; then
+  for keep in true false; do
+    timeout -k 5 30 "$BUNDLE/bin/shardserve-bench-transfer" --keep_heap_blocks=$keep >>"$DEST/transfer.txt" 2>&1 ||
+      echo "shardserve-bench-transfer --keep_heap_blocks=$keep failed" >>"$DEST/transfer.txt"
+  done
+  grep -E "^(micro-batch|copied|slices)" "$DEST/transfer.txt"
+fi
+exit $status
