@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include <google/protobuf/io/coded_stream.h>
+
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
@@ -19,26 +21,6 @@ const std::string& StepStreamMethod() {
   return *method;
 }
 
-// Writes `v` as a base-128 varint at `out`; returns the bytes written (at most 10).
-size_t PutVarint(uint64_t v, uint8_t* out) {
-  size_t n = 0;
-  while (v >= 0x80) {
-    out[n++] = static_cast<uint8_t>(v | 0x80);
-    v >>= 7;
-  }
-  out[n++] = static_cast<uint8_t>(v);
-  return n;
-}
-
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
 constexpr uint64_t LengthDelimitedTag(int field) { return (static_cast<uint64_t>(field) << 3) | 2; }
 
 }  // namespace
@@ -52,13 +34,15 @@ grpc::ByteBuffer StageStreamClient::WireMessage(const v1::StepRequest& message, 
   // hidden { data: <the slice> }: two tags and two lengths (at most 22 bytes, inline in a slice).
   constexpr uint64_t kHiddenTag = LengthDelimitedTag(v1::StepRequest::kHiddenFieldNumber);
   constexpr uint64_t kDataTag = LengthDelimitedTag(v1::Tensor::kDataFieldNumber);
+  using Coded = google::protobuf::io::CodedOutputStream;
   const uint64_t data_bytes = hidden.size();
-  const uint64_t tensor_bytes = VarintSize(kDataTag) + VarintSize(data_bytes) + data_bytes;
+  const uint64_t tensor_bytes = Coded::VarintSize64(kDataTag) + Coded::VarintSize64(data_bytes) + data_bytes;
   uint8_t head[40];
-  size_t n = PutVarint(kHiddenTag, head);
-  n += PutVarint(tensor_bytes, head + n);
-  n += PutVarint(kDataTag, head + n);
-  n += PutVarint(data_bytes, head + n);
+  uint8_t* end = Coded::WriteVarint64ToArray(kHiddenTag, head);
+  end = Coded::WriteVarint64ToArray(tensor_bytes, end);
+  end = Coded::WriteVarint64ToArray(kDataTag, end);
+  end = Coded::WriteVarint64ToArray(data_bytes, end);
+  const size_t n = static_cast<size_t>(end - head);
   slices[1] = grpc::Slice(head, n);
   slices[2] = hidden;
   return grpc::ByteBuffer(slices, 3);
