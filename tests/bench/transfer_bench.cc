@@ -2,11 +2,15 @@
 // prefill chunk sends them (megabytes per micro-batch), through the StageStreamClient every hop
 // uses, to an in-process stage that parses each message as a worker does and answers the last chunk.
 //
-// Two ways of building the micro-batch, taking turns in one run:
+// Three ways of building the micro-batch, taking turns in one run:
 //   copied: the bytes are copied into each message's hidden.data and then serialized by gRPC (how
 //           ToNextStage built its messages before they carried their bytes as slices);
 //   slices: ToNextStage's messages, whose bytes ride beside them as slices of the engine's output
-//           buffer (StageStreamClient::WireMessage): no copy of ours, none by serialization.
+//           buffer (StageStreamClient::WireMessage): no copy of ours, none by serialization;
+//   bf16:   the same with --hidden_wire_dtype=bf16: the sender rounds the states into a buffer of
+//           half the size, which its slices view, and the receiver widens them back.
+// The receiving stage converts each reassembled micro-batch as a worker does (service::FromProto:
+// F32 read in place, BF16 widened).
 // Printed per micro-batch: the wall time from Send to its answer, and the CPU time of the whole
 // process (sender, gRPC and the receiving stage's parse; medians of --rounds rounds), with the
 // copy's rate (memcpy GB/s, measured here) for scale. --keep_heap_blocks (default true) sets the
@@ -31,6 +35,7 @@
 #include "common/rpc/message_pool.h"
 #include "common/rpc/stage_stream_client.h"
 #include "shardserve/v1/stage.grpc.pb.h"
+#include "common/tensor/dtype.h"
 #include "worker/service/convert.h"
 
 ABSL_FLAG(int32_t, tokens, 2048, "tokens of the prefill chunk");
@@ -43,6 +48,7 @@ namespace shardserve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr int kWays = 3;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -63,7 +69,7 @@ double Median(std::vector<double> v) {
 class ReceivingStage final : public v1::Stage::CallbackService {
   class Reactor final : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse> {
    public:
-    Reactor() : assembler_(size_t{1} << 31) { ReadNext(); }
+    explicit Reactor(int64_t hidden) : hidden_(hidden), assembler_(size_t{1} << 31) { ReadNext(); }
     void OnReadDone(bool ok) override {
       if (!ok) {
         Finish(grpc::Status::OK);
@@ -80,7 +86,11 @@ class ReceivingStage final : public v1::Stage::CallbackService {
       }
       const service::PooledStepRequest whole = assembler_.Take();
       resp_.set_step_id(whole->step_id());
-      resp_.set_compute_us(whole->hidden().data().size());  // the bytes it got, for the check
+      if (absl::Status st = service::FromProto(*whole, hidden_, &batch_); !st.ok()) {
+        Finish(grpc::Status(grpc::StatusCode::INTERNAL, std::string(st.message())));
+        return;
+      }
+      resp_.set_compute_us(batch_.input().size());  // the floats it got, for the check
       StartWrite(&resp_);
     }
     void OnWriteDone(bool ok) override {
@@ -98,15 +108,21 @@ class ReceivingStage final : public v1::Stage::CallbackService {
       StartRead(reading_.get());
     }
     const std::shared_ptr<rpc::MessagePool<v1::StepRequest>> pool_ = rpc::MessagePool<v1::StepRequest>::Create(4096, 4);
+    const int64_t hidden_;
     service::ChunkAssembler assembler_;
+    service::StageBatch batch_;
     service::PooledStepRequest reading_;
     v1::StepResponse resp_;
   };
 
  public:
+  explicit ReceivingStage(int64_t hidden) : hidden_(hidden) {}
   grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* StepStream(grpc::CallbackServerContext*) override {
-    return new Reactor();
+    return new Reactor(hidden_);
   }
+
+ private:
+  const int64_t hidden_;
 };
 
 // The micro-batch as ToNextStage built it before: each chunk's bytes copied into its message.
@@ -137,7 +153,7 @@ int Run() {
     std::fprintf(stderr, "--tokens, --hidden, --iters and --rounds must be >= 1, tokens x hidden <= 2^29\n");
     return 1;
   }
-  ReceivingStage stage;
+  ReceivingStage stage(hidden);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -165,19 +181,21 @@ int Run() {
   uint64_t answered = 0;
   uint64_t step_id = 0;
   bool failed = false;
-  // One micro-batch: {wall s, process CPU s}, or {-1, -1} when it failed.
-  auto send = [&](bool slices) -> std::pair<double, double> {
+  // One micro-batch the way `way` (0 copied, 1 slices, 2 bf16): {wall s, process CPU s}, or {-1, -1}
+  // when it failed.
+  auto send = [&](int way) -> std::pair<double, double> {
     batch.step_id = ++step_id;
     std::vector<float> engine_output = output;  // as the engine hands it over (not timed)
     const double cpu0 = ProcessCpuSeconds();
     const Clock::time_point t0 = Clock::now();
     rpc::StageStreamClient::Messages messages =
-        slices ? service::ToNextStage(batch, std::move(engine_output), hidden, *pool)
-               : Copied(batch, engine_output, hidden, *pool);
+        way == 0 ? Copied(batch, engine_output, hidden, *pool)
+                 : service::ToNextStage(batch, std::move(engine_output), hidden, *pool,
+                                        way == 2 ? DType::kBF16 : DType::kF32);
     engine_output = std::vector<float>();  // freed in the timed part either way (by gRPC for slices)
     rpc::StageStreamClient::Answer answer = [&, id = batch.step_id](absl::StatusOr<v1::StepResponse> r) {
       MutexLock lock(&mu);
-      failed = failed || !r.ok() || r->compute_us() != bytes;
+      failed = failed || !r.ok() || r->compute_us() != output.size();
       if (!r.ok()) {
         std::fprintf(stderr, "step %llu: %s\n", static_cast<unsigned long long>(id), r.status().ToString().c_str());
       }
@@ -194,14 +212,16 @@ int Run() {
   };
   // Warm-up, then rounds.
   for (int i = 0; i < 3; ++i) {
-    if (send(false).first < 0 || send(true).first < 0) return 1;
+    for (int way = 0; way < kWays; ++way) {
+      if (send(way).first < 0) return 1;
+    }
   }
-  std::vector<double> wall[2], cpu[2];
+  std::vector<double> wall[kWays], cpu[kWays];
   for (int r = 0; r < rounds; ++r) {
-    for (int way = 0; way < 2; ++way) {
+    for (int way = 0; way < kWays; ++way) {
       double w = 0, c = 0;
       for (int i = 0; i < iters; ++i) {
-        const auto [wi, ci] = send(way == 1);
+        const auto [wi, ci] = send(way);
         if (wi < 0) return 1;
         w += wi;
         c += ci;
@@ -229,15 +249,17 @@ int Run() {
               (bytes + service::kMaxChunkBytes - 1) / service::kMaxChunkBytes, service::kMaxChunkBytes >> 20,
               static_cast<double>(bytes) / best / 1e9, best * 1e3,
               absl::GetFlag(FLAGS_keep_heap_blocks) ? "yes" : "no");
-  const char* names[2] = {"copied", "slices"};
-  for (int way = 0; way < 2; ++way) {
-    std::printf("%-7s Send to answer %.2f ms (%.2f GB/s), process CPU %.2f ms per micro-batch (medians of %d rounds "
-                "of %d)\n",
+  const char* names[kWays] = {"copied", "slices", "bf16"};
+  for (int way = 0; way < kWays; ++way) {
+    std::printf("%-7s Send to answer %.2f ms (%.2f GB/s of f32 states), process CPU %.2f ms per micro-batch (medians "
+                "of %d rounds of %d)\n",
                 names[way], Median(wall[way]) * 1e3, static_cast<double>(bytes) / Median(wall[way]) / 1e9,
                 Median(cpu[way]) * 1e3, rounds, iters);
   }
   std::printf("slices / copied: wall %.2f, CPU %.2f\n", Median(wall[1]) / Median(wall[0]),
               Median(cpu[1]) / Median(cpu[0]));
+  std::printf("bf16 / slices: wall %.2f, CPU %.2f\n", Median(wall[2]) / Median(wall[1]),
+              Median(cpu[2]) / Median(cpu[1]));
   return 0;
 }
 

@@ -196,6 +196,30 @@ class Layouts(unittest.TestCase):
         finally:
             self.assertEqual(c.stop(), 0)
 
+    def test_bf16_hops_keep_the_reference_tokens(self):
+        # --hidden_wire_dtype=bf16 reaches the workers: stage 0 sends 2 bytes per hidden value (its
+        # downstream stream bytes stay below the 4 per value that f32 states alone would take), and
+        # the trained stories260K still continues every reference prompt with the reference's tokens.
+        c = Cluster(STORIES, 2, "cpu:1", ["--pp=2", "--hidden_wire_dtype=bf16"])
+        try:
+            ref = json.load(open("tests/golden/stories260K_reference.json"))
+            rows = 0
+            for case in ref["cases"]:
+                n = len(case["greedy_ids"])
+                self.assertEqual(c.ids(case["prompt_ids"], n, "--ignore_eos"), case["greedy_ids"])
+                rows += len(case["prompt_ids"]) + n - 1
+            sent = 0.0
+            for url in c.metrics:
+                page = urllib.request.urlopen(url, timeout=10).read().decode()
+                for m in re.finditer(r'^shardserve_worker_stream_bytes_total\{([^}]*)\} (\S+)$', page, re.M):
+                    if 'direction="tx"' in m.group(1) and 'peer="downstream"' in m.group(1):
+                        sent += float(m.group(2))
+            hidden = 64
+            self.assertGreater(sent, 2 * hidden * rows)
+            self.assertLess(sent, 4 * hidden * rows)
+        finally:
+            self.assertEqual(c.stop(), 0)
+
     def test_two_replicas_and_stories(self):
         c = Cluster(STORIES, 2, "cpu:1", ["--replicas=2", "--pp=1"])
         try:

@@ -5,8 +5,11 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
+#include "common/tensor/dtype.h"
+#include "worker/kernels/cpu/gemv.h"
 
 namespace shardserve::service {
 namespace {
@@ -150,29 +153,45 @@ absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, Stag
   if (batch.decode_steps > 1) RETURN_IF_ERROR(CheckMultiStep(batch));
   if (request.has_hidden()) {
     const v1::Tensor& t = request.hidden();
-    if (t.dtype() != v1::DTYPE_F32) {
-      return absl::InvalidArgumentError(absl::StrCat("hidden states must be F32, got dtype ", t.dtype()));
+    if (t.dtype() != v1::DTYPE_F32 && t.dtype() != v1::DTYPE_BF16) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden states must be F32 or BF16, got dtype ", t.dtype()));
     }
     if (t.shape_size() != 2 || t.shape(0) != total || t.shape(1) != hidden_size) {
       return absl::InvalidArgumentError(absl::StrCat("hidden states must have shape [", total, ", ", hidden_size,
                                                      "] for this batch"));
     }
-    const size_t bytes = static_cast<size_t>(total * hidden_size) * sizeof(float);
+    const size_t count = static_cast<size_t>(total * hidden_size);
+    const bool bf16 = t.dtype() == v1::DTYPE_BF16;
+    const size_t bytes = count * (bf16 ? sizeof(uint16_t) : sizeof(float));
     if (t.data().size() != bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hidden states carry ", t.data().size(), " bytes; ", bytes, " expected"));
+      return absl::InvalidArgumentError(absl::StrCat("hidden states carry ", t.data().size(), " bytes; ", bytes,
+                                                     " expected for ", bf16 ? "BF16" : "F32"));
     }
     const char* data = t.data().data();
-    if (bytes > 0 && reinterpret_cast<uintptr_t>(data) % alignof(float) == 0) {
+    if (bf16) {
+      // Widened once, into the batch's own buffer (which keeps its capacity from the last step).
+      batch.hidden.resize(count);
+      if (reinterpret_cast<uintptr_t>(data) % alignof(uint16_t) == 0) {
+        kernels::cpu::WidenBf16(reinterpret_cast<const uint16_t*>(data), batch.hidden.data(),
+                                static_cast<int64_t>(count));
+      } else {
+        ConvertToFloat(DType::kBF16, data, count, batch.hidden.data());
+      }
+    } else if (bytes > 0 && reinterpret_cast<uintptr_t>(data) % alignof(float) == 0) {
       // Read in place: no copy of the activations beyond gRPC's into the parsed message.
-      batch.hidden_in =
-          absl::MakeConstSpan(reinterpret_cast<const float*>(data), static_cast<size_t>(total * hidden_size));
+      batch.hidden_in = absl::MakeConstSpan(reinterpret_cast<const float*>(data), count);
     } else {
-      batch.hidden.resize(static_cast<size_t>(total * hidden_size));
+      batch.hidden.resize(count);
       std::memcpy(batch.hidden.data(), data, bytes);
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<DType> ParseHiddenWireDtype(absl::string_view name) {
+  if (absl::EqualsIgnoreCase(name, "f32")) return DType::kF32;
+  if (absl::EqualsIgnoreCase(name, "bf16")) return DType::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is not a hidden-state wire dtype (f32 or bf16)"));
 }
 
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
@@ -184,11 +203,24 @@ v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
 }
 
 rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, std::vector<float> hidden_states,
-                                             int64_t hidden_size, rpc::MessagePool<v1::StepRequest>& pool) {
-  const size_t size = hidden_states.size() * sizeof(float);
+                                             int64_t hidden_size, rpc::MessagePool<v1::StepRequest>& pool,
+                                             DType wire_dtype) {
+  const bool bf16 = wire_dtype == DType::kBF16;
+  const size_t count = hidden_states.size();
+  const size_t size = count * (bf16 ? sizeof(uint16_t) : sizeof(float));
   const uint32_t chunks = static_cast<uint32_t>(std::max<size_t>(1, (size + kMaxChunkBytes - 1) / kMaxChunkBytes));
   // One slice owns the bytes; each chunk's is a view of it (sharing its reference count).
-  const grpc::Slice all = rpc::StageStreamClient::OwningSlice(std::move(hidden_states));
+  grpc::Slice all;
+  if (bf16 && size > 0) {
+    // A fresh slice of `size` bytes is ours to fill (as gRPC's serializer fills one); not zeroed.
+    // Its bytes come from malloc, aligned for uint16_t.
+    all = grpc::Slice(size);
+    kernels::cpu::NarrowToBf16(hidden_states.data(), reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(all.begin())),
+                               static_cast<int64_t>(count));
+    std::vector<float>().swap(hidden_states);  // the f32 states are not needed past this point
+  } else {
+    all = rpc::StageStreamClient::OwningSlice(std::move(hidden_states));
+  }
   rpc::StageStreamClient::Messages out;
   for (uint32_t c = 0; c < chunks; ++c) {
     const size_t begin = static_cast<size_t>(c) * kMaxChunkBytes;
@@ -212,7 +244,7 @@ rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, std::vecto
     total += s.step.NumTokens();
   }
   v1::Tensor* t = first.mutable_hidden();
-  t->set_dtype(v1::DTYPE_F32);
+  t->set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
   t->add_shape(total);
   t->add_shape(hidden_size);
   for (uint32_t c = 0; c < chunks; ++c) {

@@ -11,6 +11,7 @@
 #include "absl/types/span.h"
 #include "common/rpc/message_pool.h"
 #include "common/rpc/stage_stream_client.h"
+#include "common/tensor/dtype.h"
 #include "shardserve/v1/stage.pb.h"
 #include "worker/engine/sampling.h"
 #include "worker/engine/step_runner.h"
@@ -57,10 +58,10 @@ struct StageBatch {
   // StepRequest.answer_route: the coordinator's return stream on the last stage (empty: none).
   std::string answer_route;
   std::vector<StageSequence> sequences;
-  // Hidden states [total tokens, hidden] (empty for the first stage's input). FromProto reads the
-  // request's in place when it can (`hidden_in`, a view of the request's bytes: valid while the
+  // Hidden states [total tokens, hidden] (empty for the first stage's input). FromProto reads F32
+  // states in place when it can (`hidden_in`, a view of the request's bytes: valid while the
   // request lives, and not carried by copies of the batch) and copies them into `hidden` only when
-  // the bytes are not float-aligned.
+  // the bytes are not float-aligned; BF16 states are widened into `hidden`.
   std::vector<float> hidden;
   absl::Span<const float> hidden_in;
   // The stage's input: `hidden_in` when set, else `hidden`.
@@ -71,7 +72,7 @@ struct StageBatch {
 
 // Converts a complete (reassembled) request; the batch may view the request's hidden-state bytes
 // (StageBatch::hidden_in), so `request` must outlive its use. InvalidArgument naming the problem
-// for a bad dtype, a shape that disagrees with the sequences' token counts or `hidden_size`, bad
+// for a dtype other than F32 and BF16, a shape that disagrees with the sequences' token counts or `hidden_size`, bad
 // sampling params, or decode_steps above kMaxDecodeSteps or > 1 for a batch that is not eligible
 // (stage.proto).
 absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hidden_size);
@@ -81,12 +82,19 @@ absl::StatusOr<StageBatch> FromProto(const v1::StepRequest& request, int64_t hid
 absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, StageBatch* batch);
 
 // Builds the messages that carry `batch` and its output `hidden_states` ([tokens, hidden_size]) to
-// the next stage, on arenas of `pool`: sequences without token ids, and the hidden states as F32
-// bytes split into chunks of at most kMaxChunkBytes. The messages do not hold those bytes: each
-// carries its chunk as a slice of `hidden_states` beside it (Messages::hidden), which the stream
-// writes as the message's hidden.data without copying it (StageStreamClient::WireMessage).
+// the next stage, on arenas of `pool`: sequences without token ids, and the hidden states as
+// `wire_dtype` bytes (kF32, exact; or kBF16, rounded to nearest even: half the bytes) split into
+// chunks of at most kMaxChunkBytes. The messages do not hold those bytes: each carries its chunk
+// as a slice of one buffer beside it (Messages::hidden; for kF32 the buffer is `hidden_states`
+// itself), which the stream writes as the message's hidden.data without copying it
+// (StageStreamClient::WireMessage). Any wire_dtype other than kBF16 is sent as kF32.
 rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, std::vector<float> hidden_states,
-                                             int64_t hidden_size, rpc::MessagePool<v1::StepRequest>& pool);
+                                             int64_t hidden_size, rpc::MessagePool<v1::StepRequest>& pool,
+                                             DType wire_dtype = DType::kF32);
+
+// Parses --hidden_wire_dtype: "f32" or "bf16" (any case) as kF32 / kBF16; anything else is
+// InvalidArgument naming the value and the choices.
+absl::StatusOr<DType> ParseHiddenWireDtype(absl::string_view name);
 
 // The answer that fails micro-batch `step_id` with `st` (the status's code and message).
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st);

@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "common/concurrency/mutex.h"
 #include "common/rpc/stage_stream_client.h"
+#include "common/tensor/dtype.h"
 #include "worker/service/answer_routes.h"
 #include "worker/service/convert.h"
 #include "shardserve/v1/stage.grpc.pb.h"
@@ -72,6 +73,9 @@ struct StageConfig {
   // Code what this stage forwards as step deltas when the next stage accepts them
   // (common/rpc/step_delta.h); the sequences keep the keys their upstream stream gave them.
   bool step_deltas = false;
+  // How the hidden states this stage forwards travel (WorkerOptions::hidden_wire_dtype): kF32, or
+  // kBF16 (half the bytes, each value rounded to nearest even). The next stage reads either.
+  DType hidden_wire_dtype = DType::kF32;
 };
 
 class StageRuntime {

@@ -748,7 +748,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
                                                                          .remote_experts = std::move(remote),
                                                                          .peer_credentials = options_.peer_credentials,
                                                                          .answer_routes = &answer_routes_,
-                                                                         .step_deltas = options_.step_deltas});
+                                                                         .step_deltas = options_.step_deltas,
+                                                                         .hidden_wire_dtype = options_.hidden_wire_dtype});
 }
 
 void WorkerServer::Load(v1::Assignment a) {

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "common/concurrency/mutex.h"
 #include "common/security/grpc_security.h"
+#include "common/tensor/dtype.h"
 #include "shardserve/v1/control.grpc.pb.h"
 #include "shardserve/v1/expert.grpc.pb.h"
 #include "shardserve/v1/stage.grpc.pb.h"
@@ -91,6 +92,11 @@ struct WorkerOptions {
   // upstream hop that this worker decodes them, and code what the stage forwards downstream when
   // the next stage announces it. Off: every micro-batch travels in full, both ways.
   bool step_deltas = true;
+  // How this worker's stages send hidden states to the next stage (--hidden_wire_dtype): kF32
+  // (exact: a pipeline computes what one process does), or kBF16 (half the bytes per hop, each
+  // value rounded to bfloat16 once per hop, as a bf16 model's activations are anyway). A stage
+  // reads either, whatever it sends.
+  DType hidden_wire_dtype = DType::kF32;
 };
 
 // The free bytes a CUDA device with `total_bytes` and `free_bytes` offers when this worker may fill

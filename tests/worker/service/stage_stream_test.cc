@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <numeric>
 #include <set>
@@ -852,12 +853,77 @@ TEST(ConvertTest, InconsistentChunksAndTensorsAreRejected) {
   big.mutable_hidden()->set_data(std::string(2000, 'x'));
   EXPECT_THAT(assembler.Add(Pooled(big)).status().message(), HasSubstr("exceed 1000 bytes"));
   v1::StepRequest wrong = Step(1, 0, 0, {1, 2}, 0);
-  wrong.mutable_hidden()->set_dtype(v1::DTYPE_BF16);
-  EXPECT_THAT(FromProto(wrong, 64).status().message(), HasSubstr("must be F32"));
+  wrong.mutable_hidden()->set_dtype(v1::DTYPE_F16);
+  EXPECT_THAT(FromProto(wrong, 64).status().message(), HasSubstr("must be F32 or BF16, got dtype 2"));
   wrong.mutable_hidden()->set_dtype(v1::DTYPE_F32);
   wrong.mutable_hidden()->add_shape(2);
   wrong.mutable_hidden()->add_shape(63);
   EXPECT_THAT(FromProto(wrong, 64).status().message(), HasSubstr("shape [2, 64]"));
+  // BF16 states of the F32 size (or F32 states of the BF16 size) are refused by their byte count.
+  v1::StepRequest sized = Step(1, 0, 0, {1, 2}, 0);
+  sized.mutable_hidden()->add_shape(2);
+  sized.mutable_hidden()->add_shape(64);
+  sized.mutable_hidden()->set_dtype(v1::DTYPE_BF16);
+  sized.mutable_hidden()->set_data(std::string(2 * 64 * 4, '\0'));
+  EXPECT_THAT(FromProto(sized, 64).status().message(), HasSubstr("carry 512 bytes; 256 expected for BF16"));
+  sized.mutable_hidden()->set_dtype(v1::DTYPE_F32);
+  sized.mutable_hidden()->set_data(std::string(2 * 64 * 2, '\0'));
+  EXPECT_THAT(FromProto(sized, 64).status().message(), HasSubstr("carry 256 bytes; 512 expected for F32"));
+}
+
+TEST(ConvertTest, HiddenWireDtypeNamesParse) {
+  ASSERT_OK_AND_ASSIGN(DType f32, ParseHiddenWireDtype("f32"));
+  EXPECT_EQ(f32, DType::kF32);
+  ASSERT_OK_AND_ASSIGN(DType bf16, ParseHiddenWireDtype("BF16"));
+  EXPECT_EQ(bf16, DType::kBF16);
+  EXPECT_THAT(ParseHiddenWireDtype("fp8").status().message(),
+              HasSubstr("\"fp8\" is not a hidden-state wire dtype (f32 or bf16)"));
+}
+
+// BF16 on the wire: half the bytes, in chunks of the same size; the next stage widens each value
+// back to the float its bf16 stands for (round to nearest even; checked against known encodings
+// in dtype_test), including values that are not exact in bf16.
+TEST(ConvertTest, Bf16HiddenStatesTravelAsHalfTheBytesAndWidenOnArrival) {
+  StageBatch batch;
+  batch.step_id = 9;
+  StageSequence s;
+  s.step.block_ids = {2};
+  s.step.num_tokens = 1024;
+  batch.sequences.push_back(s);
+  const int64_t hidden = 1100;  // 1024 x 1100 x 2 bytes = 2.15 MiB: two chunks (three as F32)
+  std::vector<float> engine_output(1024 * hidden);
+  for (size_t i = 0; i < engine_output.size(); ++i) {
+    engine_output[i] = (static_cast<float>(i % 9973) - 4986.f) * 0.0137f;
+  }
+  const std::vector<float> sent = engine_output;
+  const auto pool = rpc::MessagePool<v1::StepRequest>::Create(1024, 4);
+  rpc::StageStreamClient::Messages msgs = ToNextStage(batch, std::move(engine_output), hidden, *pool, DType::kBF16);
+  ASSERT_EQ(msgs.size(), 2u);
+  EXPECT_EQ(msgs[0]->hidden().dtype(), v1::DTYPE_BF16);
+  EXPECT_EQ(msgs.hidden(0).size(), kMaxChunkBytes);
+  EXPECT_EQ(msgs.hidden(1).size(), sent.size() * 2 - kMaxChunkBytes);
+  ChunkAssembler assembler(size_t{1} << 30);
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    grpc::ByteBuffer wire = rpc::StageStreamClient::WireMessage(*msgs[i], msgs.hidden(i));
+    v1::StepRequest parsed;
+    ASSERT_TRUE(grpc::SerializationTraits<v1::StepRequest>::Deserialize(&wire, &parsed).ok());
+    ASSERT_OK_AND_ASSIGN(bool done, assembler.Add(Pooled(parsed)));
+    EXPECT_EQ(done, i + 1 == 2);
+  }
+  const PooledStepRequest pooled = assembler.Take();
+  StageBatch back;
+  back.hidden_in = absl::MakeConstSpan(sent);  // left over from a previous F32 step: must be reset
+  ASSERT_THAT(FromProto(*pooled, hidden, &back), IsOk());
+  EXPECT_EQ(back.hidden_in.data(), nullptr);
+  const absl::Span<const float> got = back.input();
+  ASSERT_EQ(got.size(), sent.size());
+  size_t inexact = 0;
+  for (size_t i = 0; i < sent.size(); ++i) {
+    ASSERT_EQ(got[i], BFloat16ToFloat(FloatToBFloat16(sent[i]))) << i;
+    ASSERT_LE(std::abs(got[i] - sent[i]), std::abs(sent[i]) * 0x1p-8f) << i;  // half an ulp of 8 bits
+    inexact += got[i] != sent[i];
+  }
+  EXPECT_GT(inexact, sent.size() / 2);  // the rounding happened
 }
 
 TEST(OfferedGpuBytesTest, KeepsBackTheUnusedFractionOfTheWholeDevice) {
@@ -868,6 +934,111 @@ TEST(OfferedGpuBytesTest, KeepsBackTheUnusedFractionOfTheWholeDevice) {
   EXPECT_EQ(OfferedGpuBytes(80 * gib, 60 * gib, 1.0), 60 * gib);
   // Already fuller than the fraction allows: nothing.
   EXPECT_EQ(OfferedGpuBytes(80 * gib, 4 * gib, 0.9), 0);
+}
+
+
+// What one pipeline of stories260K (trained; 5 layers as stages [0, 2) and [2, 5)) answers for
+// every reference case: the greedy ids, and the first token's top-20 logprobs.
+struct WireRun {
+  std::vector<std::vector<int32_t>> greedy;
+  std::vector<v1::TokenLogprobs> first;
+  double tx_bytes = 0;  // stage 0's downstream stream bytes
+  int64_t tokens = 0;   // hidden-state rows forwarded
+};
+
+WireRun RunStoriesPipeline(const testing::GoldenModel& model, DType wire) {
+  WireRun run;
+  WorkerMetrics metrics;
+  RunningWorker w1 = StartWorker(1);
+  RunningWorker w0 = StartWorker(WorkerOptions{.cpu_ranks = 1, .metrics = &metrics, .hidden_wire_dtype = wire});
+  EXPECT_TRUE(w1.server->Assign(StageAssignment(model.dir, 1, 2, 5, 1, "")).ok());
+  EXPECT_TRUE(w0.server->Assign(StageAssignment(model.dir, 0, 0, 2, 1, w1.address)).ok());
+  EXPECT_EQ(AwaitLoaded(*w1.server).state, v1::WORKER_STATE_READY) << w1.server->Status().error;
+  EXPECT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
+  auto stub = v1::Stage::NewStub(grpc::CreateChannel(w0.address, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    auto stream = stub->StepStream(&ctx);
+    uint64_t step = 1;
+    for (size_t c = 0; c < model.cases.size(); ++c) {
+      const testing::GoldenCase& gc = model.cases[c];
+      std::vector<int32_t> out, next = gc.prompt_ids;
+      int pos = 0;
+      for (size_t i = 0; i < gc.greedy_ids.size(); ++i, ++step) {
+        v1::StepRequest req = Step(step, static_cast<int>(c % 4), pos, next, i);
+        if (i == 0) {
+          req.mutable_sequences(0)->set_logprobs(true);
+          req.mutable_sequences(0)->set_top_logprobs(20);
+        }
+        if (!stream->Write(req)) break;
+        v1::StepResponse r;
+        if (!stream->Read(&r) || r.error_code() != 0 || r.token_ids_size() != 1) {
+          ADD_FAILURE() << "step " << step << ": " << r.error_message();
+          break;
+        }
+        if (i == 0 && r.logprobs_size() == 1) run.first.push_back(r.logprobs(0));
+        run.tokens += static_cast<int64_t>(next.size());
+        pos += static_cast<int>(next.size());
+        out.push_back(r.token_ids(0));
+        next = {r.token_ids(0)};
+      }
+      run.greedy.push_back(out);
+    }
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  run.tx_bytes = CounterValue(metrics, "shardserve_worker_stream_bytes_total",
+                              {{"direction", "tx"}, {"peer", "downstream"}})
+                     .value_or(0);
+  for (RunningWorker* w : {&w0, &w1}) {
+    w->server->Shutdown();
+    w->rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+  return run;
+}
+
+// --hidden_wire_dtype=bf16 against transformers' outputs for the trained stories260K: the greedy
+// continuations stay the reference's, and the first token's logprobs move by at most a bound
+// measured here (the f32 wire, the same pipeline, stays within the golden tests' 1e-3); the hop
+// carries 2 bytes per value fewer than the f32 wire does.
+TEST(HiddenWireDtypeTest, Bf16HopsKeepStories260KOnTransformersOutputs) {
+  ASSERT_OK_AND_ASSIGN(const testing::GoldenModel model, testing::LoadStories260K());
+  const WireRun f32 = RunStoriesPipeline(model, DType::kF32);
+  const WireRun bf16 = RunStoriesPipeline(model, DType::kBF16);
+  const int64_t hidden = 64;
+  ASSERT_EQ(f32.tokens, bf16.tokens);
+  // Stage 0 forwards every row; bf16 halves the hidden-state bytes (the rest of each message is
+  // the same, up to a varint byte or two per message).
+  const double saved = f32.tx_bytes - bf16.tx_bytes;
+  const double expected = 2.0 * static_cast<double>(hidden * f32.tokens);
+  EXPECT_GT(saved, 0.97 * expected) << f32.tx_bytes << " against " << bf16.tx_bytes;
+  EXPECT_LT(saved, 1.03 * expected) << f32.tx_bytes << " against " << bf16.tx_bytes;
+  ASSERT_EQ(f32.first.size(), model.cases.size());
+  ASSERT_EQ(bf16.first.size(), model.cases.size());
+  double worst[2] = {0, 0};
+  for (size_t c = 0; c < model.cases.size(); ++c) {
+    const testing::GoldenCase& gc = model.cases[c];
+    EXPECT_EQ(f32.greedy[c], gc.greedy_ids) << "f32, case " << c;
+    EXPECT_EQ(bf16.greedy[c], gc.greedy_ids) << "bf16, case " << c;
+    const std::vector<float>& ref = gc.last_logits;
+    const double mx = *std::max_element(ref.begin(), ref.end());
+    double z = 0;
+    for (float l : ref) z += std::exp(static_cast<double>(l) - mx);
+    const double log_z = mx + std::log(z);
+    for (int w = 0; w < 2; ++w) {
+      const v1::TokenLogprobs& got = (w == 0 ? f32 : bf16).first[c];
+      ASSERT_EQ(got.top_ids_size(), 20);
+      for (int i = 0; i < 20; ++i) {
+        const double want = ref[static_cast<size_t>(got.top_ids(i))] - log_z;
+        worst[w] = std::max(worst[w], std::abs(got.top_logprobs(i) - want));
+      }
+    }
+  }
+  EXPECT_LE(worst[0], 1e-3);
+  EXPECT_LE(worst[1], 5e-2);
+  std::printf("max |logprob - transformers'| over the first tokens' top 20: f32 wire %.2e, bf16 wire %.2e; "
+              "stage 0 sent %.0f bytes (f32) and %.0f (bf16) for %lld rows\n",
+              worst[0], worst[1], f32.tx_bytes, bf16.tx_bytes, static_cast<long long>(f32.tokens));
 }
 
 }  // namespace
