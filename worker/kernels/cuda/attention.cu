@@ -437,13 +437,13 @@ AttentionPlan PlanAttention(const AttentionParams& p, int multiprocessors, int64
   const int64_t by_keys = (longest + kKeysPerSplit - 1) / kKeysPerSplit;
   splits = splits < by_keys ? splits : by_keys;
   splits = splits < kMaxAttnSplits ? splits : kMaxAttnSplits;
-  // The slots the partials and counters are indexed by: the rows' tokens, all of the batch's when it
-  // takes every sequence. Taking only the short ones (decode rows beside a prefill), per-token slots
-  // would size the workspace, and cap the splits, by the prefill's tokens too: slots per sequence
-  // instead while they are no more than the tokens (as for decode rows of one token each beside a
-  // prefill), so the workspace never outgrows what a plan over the whole batch may use (what
-  // Reserve sizes).
-  int64_t slots = rows;
+  // The slots the partials and counters are indexed by: the batch's tokens when it takes every
+  // sequence (as Slots() counts them: a direct caller's rows may be fewer). Taking only the short
+  // ones (decode rows beside a prefill), per-token slots would size the workspace, and cap the
+  // splits, by the prefill's tokens too: slots per sequence instead while they are no more than the
+  // tokens (as for decode rows of one token each beside a prefill), so the workspace never outgrows
+  // what a plan over the whole batch may use (what Reserve sizes).
+  int64_t slots = p.tokens;
   if (!every_seq) {
     if (most_rows > 0 && p.paged.num_seqs * most_rows <= p.tokens) {
       plan.slot_stride = static_cast<int>(most_rows);
