@@ -6,6 +6,7 @@
 #   env        the library path (bundle's libs + the machine's CUDA/cuBLAS/NCCL) and ldd's verdict
 #   test:NAME  every gpu-labelled GoogleTest binary in tests/ (nccl_test skips itself below 2 GPUs)
 #   memcheck, racecheck   compute-sanitizer on cuda_parity_test (where compute-sanitizer exists)
+#   synccheck             the same on its attention cases
 #   cluster    shardserve-local: 2 workers on cuda:0 as 2 pipeline stages vs shardserve-run, greedy
 #   bench      shardserve-bench-gpu --json (decode/prefill vs measured bandwidth and GEMM rate)
 # Writes one JSON report (tests/gpu/README.md describes it) and exits 1 when a part failed or timed
@@ -95,7 +96,7 @@ for s in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer
   [[ -z "$SANITIZER" && -x "$s" ]] && SANITIZER="$s"
 done
 say "   ${SANITIZER:-compute-sanitizer not found (PATH, /usr/local/cuda/bin, /usr/local/cuda/compute-sanitizer)}"
-for tool in memcheck racecheck; do
+for tool in memcheck racecheck synccheck; do
   if [[ ! -x "$BUNDLE/tests/cuda_parity_test" ]]; then
     "${SUITE[@]}" part --name "$tool" --status skipped --reason "no cuda_parity_test in the bundle" --out "$PARTS/$tool.json"
   elif [[ -z "$SANITIZER" ]]; then
@@ -111,8 +112,15 @@ for tool in memcheck racecheck; do
     # --kernel-name filter is no way out: with it the sanitizer fails on a hardware exception.
     skip="CudaParityTest.AllocateZeroFillsAndReportsOutOfMemory:CudaParityTest.DeviceErrorMakesBackendUnhealthy"
     [[ "$tool" == racecheck ]] && skip+=":CudaParityTest.SampleRows*:Shapes/CudaFp8ParityTest.*"
-    run_gtest "$tool" "${SHARDSERVE_GPU_SANITIZER_S:-150}" "$SANITIZER" --tool "$tool" --error-exitcode 3 \
-      --print-limit 50 "$BUNDLE/tests/cuda_parity_test" --gtest_filter="-$skip"
+    # synccheck (barriers and warp-synchronous calls reached by part of a block or warp) on the
+    # attention kernels only, whose blocks skip sequences and return early by design (split-K
+    # decode, tensor-core prefill, mixed steps).
+    only=""
+    [[ "$tool" == synccheck ]] && only="*Attention*:*SplitDecode*"
+    limit_s="${SHARDSERVE_GPU_SANITIZER_S:-150}"
+    [[ "$tool" == synccheck ]] && limit_s="${SHARDSERVE_GPU_SYNCCHECK_S:-60}"
+    run_gtest "$tool" "$limit_s" "$SANITIZER" --tool "$tool" --error-exitcode 3 \
+      --print-limit 50 "$BUNDLE/tests/cuda_parity_test" --gtest_filter="$only-$skip"
   fi
 done
 

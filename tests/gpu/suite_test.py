@@ -247,7 +247,7 @@ echo '{"testsuites": [{"name": "S", "testsuite": [{"name": "A", "status": "RUN",
         parts = r["parts"]
         self.assertEqual(parts["test:cuda_parity_test"]["status"], "skipped")
         self.assertEqual(parts["test:cuda_parity_test"]["reason"], "no CUDA device")
-        for name in ("memcheck", "racecheck", "cluster", "bench"):
+        for name in ("memcheck", "racecheck", "synccheck", "cluster", "bench"):
             self.assertEqual(parts[name]["status"], "skipped", name)
         self.assertEqual(parts["env"]["gpus"], 0)
         return bundle
