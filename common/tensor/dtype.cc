@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -150,6 +154,55 @@ uint16_t FloatToHalf(float f) {
   return sign | static_cast<uint16_t>(m >> 13);
 }
 
+namespace {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SHARDSERVE_DTYPE_AVX2 1
+// Compiled for AVX2 whatever the target of the rest (-march stays the distribution's default
+// here), and called only where the CPU has it.
+bool HaveAvx2() {
+  static const bool have = __builtin_cpu_supports("avx2");
+  return have;
+}
+
+// FloatToBFloat16 of 8 floats, as 16-bit values in the low halves of 32-bit lanes.
+__attribute__((target("avx2"))) inline __m256i RoundToBf16x8(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  // NaN: |bits| > 0x7f800000, compared as signed 32-bit values (|bits| is never negative).
+  const __m256i nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+// The first count / 16 * 16 values; returns how many it converted.
+__attribute__((target("avx2"))) size_t NarrowBf16Avx2(const float* src, size_t count, unsigned char* dst) {
+  size_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    // packus packs within 128-bit lanes, [a0-3 b0-3 a4-7 b4-7]; the permute puts a before b. The
+    // values are below 2^16, so its unsigned saturation changes none.
+    const __m256i packed =
+        _mm256_packus_epi32(RoundToBf16x8(_mm256_loadu_ps(src + i)), RoundToBf16x8(_mm256_loadu_ps(src + i + 8)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), _mm256_permute4x64_epi64(packed, 0xd8));
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) size_t WidenBf16Avx2(const unsigned char* src, size_t count, float* dst) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+  }
+  return i;
+}
+#endif
+
+}  // namespace
+
 void ConvertToFloat(DType dtype, const void* src, size_t count, float* dst) {
   const auto* bytes = static_cast<const unsigned char*>(src);
   switch (dtype) {
@@ -163,18 +216,46 @@ void ConvertToFloat(DType dtype, const void* src, size_t count, float* dst) {
         dst[i] = HalfToFloat(h);
       }
       return;
-    case DType::kBF16:
-      for (size_t i = 0; i < count; ++i) {
+    case DType::kBF16: {
+      size_t i = 0;
+#if SHARDSERVE_DTYPE_AVX2
+      if (HaveAvx2()) i = WidenBf16Avx2(bytes, count, dst);
+#endif
+      for (; i < count; ++i) {
         uint16_t b;
         std::memcpy(&b, bytes + 2 * i, 2);
         dst[i] = BFloat16ToFloat(b);
       }
       return;
+    }
     case DType::kF8E4M3:
       for (size_t i = 0; i < count; ++i) dst[i] = E4M3ToFloat(bytes[i]);
       return;
     case DType::kQ8:
       return;  // a packed layout, not elements (see the header)
+  }
+}
+
+absl::Status ConvertFromFloat(DType dtype, const float* src, size_t count, void* dst) {
+  auto* out = static_cast<unsigned char*>(dst);
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, count * sizeof(float));
+      return absl::OkStatus();
+    case DType::kBF16: {
+      size_t i = 0;
+#if SHARDSERVE_DTYPE_AVX2
+      if (HaveAvx2()) i = NarrowBf16Avx2(src, count, out);
+#endif
+      for (; i < count; ++i) {
+        const uint16_t b = FloatToBFloat16(src[i]);
+        std::memcpy(out + 2 * i, &b, 2);
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot write ", DTypeName(dtype), " from float (only F32 and BF16)"));
   }
 }
 

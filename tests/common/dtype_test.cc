@@ -3,15 +3,19 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "tests/testing/status_matchers.h"
 
 namespace shardserve {
 namespace {
 
+using ::shardserve::testing::IsOk;
 using ::shardserve::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -54,6 +58,77 @@ TEST(DTypeTest, ConvertToFloatHandlesUnalignedInput) {
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[1], 2.0f);
   EXPECT_EQ(out[2], -1.0f);
+}
+
+uint16_t Bf16At(const unsigned char* bytes, size_t i) {
+  uint16_t v;
+  std::memcpy(&v, bytes + 2 * i, 2);
+  return v;
+}
+
+// ConvertFromFloat to BF16 against known encodings: ties (the low 16 bits exactly 0x8000) go to the
+// even neighbour, values past the largest finite bf16's half-way point overflow to inf, NaN stays
+// NaN (quieted), -0 keeps its sign, subnormals round like any other value. Each is placed at every
+// offset of the 16-value vector body and of the scalar tail, into an unaligned destination.
+TEST(DTypeTest, ConvertFromFloatRoundsToNearestEvenBFloat16) {
+  const std::vector<std::pair<uint32_t, uint16_t>> known = {
+      {0x3f800000u, 0x3f80}, {0x3f808000u, 0x3f80}, {0x3f818000u, 0x3f82}, {0x3f808001u, 0x3f81},
+      {0x3f807fffu, 0x3f80}, {0xbf808001u, 0xbf81}, {0x80000000u, 0x8000}, {0x7f7fffffu, 0x7f80},
+      {0x7f7f7fffu, 0x7f7f}, {0x7f800000u, 0x7f80}, {0xff800000u, 0xff80}, {0x7f800001u, 0x7fc0},
+      {0xffc00000u, 0xffc0}, {0x00018000u, 0x0002}, {0x00008000u, 0x0000}, {0xff7fffffu, 0xff80},
+  };
+  for (size_t offset = 0; offset < 20; ++offset) {
+    std::vector<float> in(offset + known.size(), 0.f);
+    for (size_t k = 0; k < known.size(); ++k) in[offset + k] = std::bit_cast<float>(known[k].first);
+    std::vector<unsigned char> out(2 * in.size() + 1, 0xab);
+    ASSERT_THAT(ConvertFromFloat(DType::kBF16, in.data(), in.size(), out.data() + 1), IsOk());
+    EXPECT_EQ(out[0], 0xab);
+    for (size_t k = 0; k < known.size(); ++k) {
+      ASSERT_EQ(Bf16At(out.data() + 1, offset + k), known[k].second)
+          << "offset " << offset << ", float bits 0x" << std::hex << known[k].first;
+      ASSERT_EQ(FloatToBFloat16(in[offset + k]), known[k].second) << "float bits 0x" << std::hex << known[k].first;
+    }
+  }
+}
+
+// Random bit patterns (NaNs and infinities among them) over every length up to 67: ConvertFromFloat
+// writes what the one-value encoder does and nothing past `count`, and ConvertToFloat reads back
+// exactly the float each bf16 stands for, from an unaligned source.
+TEST(DTypeTest, BFloat16ConversionsAgreeWithTheOneValueFunctionsOverEveryLength) {
+  std::vector<float> many(67);
+  uint32_t x = 12345;
+  for (float& f : many) {
+    x = x * 1664525u + 1013904223u;
+    f = std::bit_cast<float>(x);
+  }
+  for (size_t n = 0; n <= many.size(); ++n) {
+    std::vector<unsigned char> coded(2 * many.size() + 1, 0xab);
+    ASSERT_THAT(ConvertFromFloat(DType::kBF16, many.data(), n, coded.data() + 1), IsOk());
+    std::vector<float> back(many.size(), -7.f);
+    ConvertToFloat(DType::kBF16, coded.data() + 1, n, back.data());
+    for (size_t i = 0; i < many.size(); ++i) {
+      if (i >= n) {
+        ASSERT_EQ(coded[1 + 2 * i], 0xab) << "n " << n << " i " << i;
+        ASSERT_EQ(back[i], -7.f) << "n " << n << " i " << i;
+        continue;
+      }
+      const uint16_t want = FloatToBFloat16(many[i]);
+      ASSERT_EQ(Bf16At(coded.data() + 1, i), want) << "n " << n << " i " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), static_cast<uint32_t>(want) << 16) << "n " << n << " i " << i;
+    }
+  }
+}
+
+TEST(DTypeTest, ConvertFromFloatCopiesF32AndRefusesTheRest) {
+  const float in[3] = {1.5f, -2.0f, 3.25f};
+  float out[3] = {0, 0, 0};
+  ASSERT_THAT(ConvertFromFloat(DType::kF32, in, 3, out), IsOk());
+  EXPECT_EQ(out[0], 1.5f);
+  EXPECT_EQ(out[2], 3.25f);
+  unsigned char untouched[4] = {7, 7, 7, 7};
+  EXPECT_THAT(ConvertFromFloat(DType::kF16, in, 2, untouched),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cannot write F16 from float")));
+  EXPECT_EQ(untouched[0], 7);
 }
 
 TEST(DTypeTest, ParseNamesTheUnsupportedDtype) {

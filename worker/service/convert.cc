@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
 #include "common/tensor/dtype.h"
-#include "worker/kernels/cpu/gemv.h"
 
 namespace shardserve::service {
 namespace {
@@ -171,12 +170,7 @@ absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, Stag
     if (bf16) {
       // Widened once, into the batch's own buffer (which keeps its capacity from the last step).
       batch.hidden.resize(count);
-      if (reinterpret_cast<uintptr_t>(data) % alignof(uint16_t) == 0) {
-        kernels::cpu::WidenBf16(reinterpret_cast<const uint16_t*>(data), batch.hidden.data(),
-                                static_cast<int64_t>(count));
-      } else {
-        ConvertToFloat(DType::kBF16, data, count, batch.hidden.data());
-      }
+      ConvertToFloat(DType::kBF16, data, count, batch.hidden.data());
     } else if (bytes > 0 && reinterpret_cast<uintptr_t>(data) % alignof(float) == 0) {
       // Read in place: no copy of the activations beyond gRPC's into the parsed message.
       batch.hidden_in = absl::MakeConstSpan(reinterpret_cast<const float*>(data), count);
@@ -213,10 +207,9 @@ rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, std::vecto
   grpc::Slice all;
   if (bf16 && size > 0) {
     // A fresh slice of `size` bytes is ours to fill (as gRPC's serializer fills one); not zeroed.
-    // Its bytes come from malloc, aligned for uint16_t.
     all = grpc::Slice(size);
-    kernels::cpu::NarrowToBf16(hidden_states.data(), reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(all.begin())),
-                               static_cast<int64_t>(count));
+    // Cannot fail for kBF16.
+    ConvertFromFloat(DType::kBF16, hidden_states.data(), count, const_cast<uint8_t*>(all.begin())).IgnoreError();
     std::vector<float>().swap(hidden_states);  // the f32 states are not needed past this point
   } else {
     all = rpc::StageStreamClient::OwningSlice(std::move(hidden_states));

@@ -1,7 +1,5 @@
 #include "worker/kernels/cpu/gemv.h"
 
-#include "common/tensor/dtype.h"
-
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define SHARDSERVE_GEMV_AVX2 1
@@ -215,37 +213,6 @@ void WidenBf16(const uint16_t* src, float* dst, int64_t n) {
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Load8(src + i));
 #endif
   for (; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
-}
-
-namespace {
-
-#if SHARDSERVE_GEMV_AVX2
-// FloatToBFloat16 of 8 floats, as 8 16-bit values in the low halves of 32-bit lanes.
-inline __m256i RoundToBf16x8(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), odd), 16);
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
-  // NaN: |bits| > 0x7f800000 (as signed 32-bit values, |bits| is never negative).
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(rounded, quiet, nan);
-}
-#endif
-
-}  // namespace
-
-void NarrowToBf16(const float* src, uint16_t* dst, int64_t n) {
-  int64_t i = 0;
-#if SHARDSERVE_GEMV_AVX2
-  for (; i + 16 <= n; i += 16) {
-    // packus packs within 128-bit lanes: [a0-3 b0-3 a4-7 b4-7]; the permute puts a before b.
-    const __m256i packed = _mm256_packus_epi32(RoundToBf16x8(_mm256_loadu_ps(src + i)),
-                                               RoundToBf16x8(_mm256_loadu_ps(src + i + 8)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_permute4x64_epi64(packed, 0xd8));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = FloatToBFloat16(src[i]);
 }
 
 void BlockedLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,

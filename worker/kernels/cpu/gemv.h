@@ -65,9 +65,6 @@ inline float Bf16ToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<u
 
 // dst[i] = Bf16ToFloat(src[i]) for i in [0, n).
 void WidenBf16(const uint16_t* src, float* dst, int64_t n);
-// dst[i] = FloatToBFloat16(src[i]) (common/tensor/dtype.h: round to nearest even, NaN kept) for i
-// in [0, n); AVX2, 16 values at a time (hidden states bound for the next stage as bf16).
-void NarrowToBf16(const float* src, uint16_t* dst, int64_t n);
 
 void SmallBatchLinearBf16(const float* x, const uint16_t* w, const float* bias, float* y, int64_t tokens, int64_t in,
                           int64_t out, bool accumulate, int64_t row_begin, int64_t row_end);
