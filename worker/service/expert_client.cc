@@ -27,7 +27,7 @@ class PendingCalls final : public engine::RemoteExpertCall {
     int64_t rows = 0;
   };
 
-  PendingCalls(int64_t hidden, WorkerMetrics* metrics) : hidden_(hidden), metrics_(metrics) {}
+  PendingCalls(int64_t hidden, bool bf16, WorkerMetrics* metrics) : hidden_(hidden), bf16_(bf16), metrics_(metrics) {}
 
   ~PendingCalls() override {
     // The engine always waits; this guards against a caller that does not.
@@ -60,16 +60,20 @@ class PendingCalls final : public engine::RemoteExpertCall {
     absl::Status st = FromGrpcStatus(status);
     if (st.ok()) {
       const v1::Tensor& t = one.response.y();
-      const size_t bytes = static_cast<size_t>(one.rows * hidden_) * sizeof(float);
-      if (t.dtype() != v1::DTYPE_F32 || t.shape_size() != 2 || t.shape(0) != one.rows || t.shape(1) != hidden_ ||
+      // The host answers in the dtype it was sent.
+      const v1::DType want = bf16_ ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+      const size_t value_bytes = bf16_ ? 2 : sizeof(float);
+      const size_t bytes = static_cast<size_t>(one.rows * hidden_) * value_bytes;
+      if (t.dtype() != want || t.shape_size() != 2 || t.shape(0) != one.rows || t.shape(1) != hidden_ ||
           t.data().size() != bytes) {
-        st = absl::InternalError(absl::StrCat("the answer is not F32 [", one.rows, ", ", hidden_, "]"));
+        st = absl::InternalError(
+            absl::StrCat("the answer is not ", bf16_ ? "BF16" : "F32", " [", one.rows, ", ", hidden_, "]"));
       } else {
         const char* from = t.data().data();
         for (const auto& [to, rows] : one.segments) {
-          const size_t n = static_cast<size_t>(rows * hidden_) * sizeof(float);
-          std::memcpy(to, from, n);
-          from += n;
+          const size_t values = static_cast<size_t>(rows * hidden_);
+          ConvertToFloat(bf16_ ? DType::kBF16 : DType::kF32, from, values, to);
+          from += values * value_bytes;
         }
       }
     }
@@ -84,6 +88,7 @@ class PendingCalls final : public engine::RemoteExpertCall {
   }
 
   const int64_t hidden_;
+  const bool bf16_;  // the rows travel as BF16 both ways
   WorkerMetrics* const metrics_;
   std::vector<std::unique_ptr<One>> calls_;
   Mutex mu_;
@@ -97,13 +102,16 @@ class PendingCalls final : public engine::RemoteExpertCall {
 absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> GrpcRemoteExperts::Create(
     const std::map<int64_t, std::vector<std::string>>& addresses, int64_t hidden_size, std::string assignment_id,
     std::chrono::milliseconds deadline, WorkerMetrics* metrics, int64_t max_rows_per_call,
-    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials, DType wire_dtype) {
   if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   if (hidden_size < 1) return absl::InvalidArgumentError("hidden_size must be >= 1");
   std::unique_ptr<GrpcRemoteExperts> r(new GrpcRemoteExperts());
   r->hidden_ = hidden_size;
-  r->max_rows_ = max_rows_per_call > 0 ? max_rows_per_call
-                                       : std::max<int64_t>(1, static_cast<int64_t>(kMaxChunkBytes) / (hidden_size * 4));
+  r->bf16_ = wire_dtype == DType::kBF16;
+  const int64_t value_bytes = r->bf16_ ? 2 : 4;
+  r->max_rows_ = max_rows_per_call > 0
+                     ? max_rows_per_call
+                     : std::max<int64_t>(1, static_cast<int64_t>(kMaxChunkBytes) / (hidden_size * value_bytes));
   r->assignment_id_ = std::move(assignment_id);
   r->deadline_ = deadline;
   r->metrics_ = metrics;
@@ -133,7 +141,7 @@ absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> GrpcRemoteExperts::Create(
 std::unique_ptr<engine::RemoteExpertCall> GrpcRemoteExperts::Start(int64_t layer,
                                                                   absl::Span<const engine::ExpertRows> groups,
                                                                   absl::Span<const float> x, absl::Span<float> y) {
-  auto pending = std::make_unique<PendingCalls>(hidden_, metrics_);
+  auto pending = std::make_unique<PendingCalls>(hidden_, bf16_, metrics_);
   auto fail = [&](absl::Status st) {
     struct Failed final : engine::RemoteExpertCall {
       explicit Failed(absl::Status s) : st(std::move(s)) {}
@@ -162,7 +170,7 @@ std::unique_ptr<engine::RemoteExpertCall> GrpcRemoteExperts::Start(int64_t layer
         one->address = hosts_[static_cast<size_t>(host)].address;
         one->request.set_layer(static_cast<int32_t>(layer));
         one->request.set_assignment_id(assignment_id_);
-        one->request.mutable_x()->set_dtype(v1::DTYPE_F32);
+        one->request.mutable_x()->set_dtype(bf16_ ? v1::DTYPE_BF16 : v1::DTYPE_F32);
         to_send.emplace_back(host, one);
       }
       const int64_t n = std::min(left, max_rows_ - one->rows);
@@ -170,8 +178,16 @@ std::unique_ptr<engine::RemoteExpertCall> GrpcRemoteExperts::Start(int64_t layer
       eg->set_expert(g.expert);
       eg->set_rows(static_cast<int32_t>(n));
       // A request's rows need not be contiguous in x (groups of other hosts come between).
-      one->request.mutable_x()->mutable_data()->append(reinterpret_cast<const char*>(x.data() + row * hidden_),
-                                                        static_cast<size_t>(n * hidden_) * sizeof(float));
+      std::string* data = one->request.mutable_x()->mutable_data();
+      const size_t values = static_cast<size_t>(n * hidden_);
+      if (bf16_) {
+        const size_t at = data->size();
+        data->resize(at + 2 * values);
+        // Cannot fail for kBF16.
+        ConvertFromFloat(DType::kBF16, x.data() + row * hidden_, values, data->data() + at).IgnoreError();
+      } else {
+        data->append(reinterpret_cast<const char*>(x.data() + row * hidden_), values * sizeof(float));
+      }
       one->segments.emplace_back(y.data() + row * hidden_, n);
       row += n;
       left -= n;

@@ -15,6 +15,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
+#include "common/tensor/dtype.h"
 #include "shardserve/v1/expert.grpc.pb.h"
 #include "worker/engine/remote_experts.h"
 
@@ -27,16 +28,18 @@ class GrpcRemoteExperts final : public engine::RemoteExperts {
   // addresses[layer][e]: host:port of the worker computing expert e of MoE layer `layer`; empty
   // for local experts. InvalidArgument when no address is given at all. `max_rows_per_call`: 0 =
   // as many as fit in a message (kMaxChunkBytes); tests set it lower. `credentials`: of the
-  // channels to the hosts (null = plaintext).
+  // channels to the hosts (null = plaintext). `wire_dtype`: how the rows travel both ways
+  // (WorkerOptions::hidden_wire_dtype): kF32, or kBF16 (each value rounded to bfloat16 on the way
+  // out, and the host answers in the dtype it was sent).
   static absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> Create(
       const std::map<int64_t, std::vector<std::string>>& addresses, int64_t hidden_size, std::string assignment_id,
       std::chrono::milliseconds deadline, WorkerMetrics* metrics, int64_t max_rows_per_call = 0,
-      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr, DType wire_dtype = DType::kF32);
 
   std::unique_ptr<engine::RemoteExpertCall> Start(int64_t layer, absl::Span<const engine::ExpertRows> groups,
                                                   absl::Span<const float> x, absl::Span<float> y) override;
 
-  // Rows of `hidden_size` floats per request at most (so that a request stays under the message
+  // Rows of `hidden_size` values per request at most (so that a request stays under the message
   // size limit); exposed for tests.
   int64_t max_rows_per_call() const { return max_rows_; }
 
@@ -51,6 +54,7 @@ class GrpcRemoteExperts final : public engine::RemoteExperts {
   std::map<int64_t, std::vector<int>> host_of_;  // [layer][expert] -> index into hosts_, or -1
   int64_t hidden_ = 0;
   int64_t max_rows_ = 0;
+  bool bf16_ = false;  // the rows travel as BF16
   std::string assignment_id_;
   std::chrono::milliseconds deadline_{0};
   WorkerMetrics* metrics_ = nullptr;

@@ -72,9 +72,9 @@ ABSL_FLAG(bool, keep_heap_blocks, true,
           "(glibc's mallopt): a prefill micro-batch's megabytes of hidden states then reuse warm pages instead of "
           "mapping fresh ones every step; false = glibc's defaults");
 ABSL_FLAG(std::string, hidden_wire_dtype, "f32",
-          "how this worker's stages send hidden states to the next stage: f32 (exact: the pipeline computes what "
-          "one process does) or bf16 (half the bytes per hop, each value rounded to bfloat16 once per hop); a stage "
-          "reads either");
+          "how this worker's stages send hidden states to the next stage (and rows to the hosts of spilled experts): "
+          "f32 (exact: the pipeline computes what one process does) or bf16 (half the bytes per hop, each value "
+          "rounded to bfloat16 once per hop); a stage reads either");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "fraction of each CUDA device's memory this worker may fill (weights, workspace and the KV cache the "
           "planner sizes from what is left), in (0, 1]");

@@ -454,21 +454,30 @@ absl::Status WorkerServer::ComputeExperts(const v1::ExpertRequest& request, v1::
     groups.push_back({.expert = g.expert(), .rows = g.rows()});
     rows += g.rows();
   }
-  if (x.dtype() != v1::DTYPE_F32 || x.shape_size() != 2 || x.shape(0) != rows ||
-      x.data().size() != static_cast<size_t>(rows * std::max<int64_t>(x.shape(1), 0)) * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat("x must be F32 [", rows, " rows (the groups' sum), hidden] with ",
-                                                   "matching data"));
+  // The answer goes back in the dtype x came in (the caller's hidden_wire_dtype).
+  const bool bf16 = x.dtype() == v1::DTYPE_BF16;
+  const size_t value_bytes = bf16 ? 2 : sizeof(float);
+  if ((x.dtype() != v1::DTYPE_F32 && !bf16) || x.shape_size() != 2 || x.shape(0) != rows ||
+      x.data().size() != static_cast<size_t>(rows * std::max<int64_t>(x.shape(1), 0)) * value_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("x must be F32 or BF16 [", rows,
+                                                   " rows (the groups' sum), hidden] with matching data"));
   }
   std::vector<float> in(static_cast<size_t>(rows * x.shape(1)));
-  std::memcpy(in.data(), x.data().data(), x.data().size());
+  ConvertToFloat(bf16 ? DType::kBF16 : DType::kF32, x.data().data(), in.size(), in.data());
   std::vector<float> out(in.size());
   if (options_.metrics != nullptr) options_.metrics->ObserveStream("rx", "expert-callers", request.ByteSizeLong());
   RETURN_IF_ERROR(host->Compute(request.layer(), groups, in, absl::MakeSpan(out)));
   v1::Tensor* y = response->mutable_y();
-  y->set_dtype(v1::DTYPE_F32);
+  y->set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
   y->add_shape(x.shape(0));
   y->add_shape(x.shape(1));
-  y->set_data(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+  if (bf16) {
+    y->mutable_data()->resize(2 * out.size());
+    // Cannot fail for kBF16.
+    ConvertFromFloat(DType::kBF16, out.data(), out.size(), y->mutable_data()->data()).IgnoreError();
+  } else {
+    y->set_data(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+  }
   if (options_.metrics != nullptr) options_.metrics->ObserveStream("tx", "expert-callers", response->ByteSizeLong());
   return absl::OkStatus();
 }
@@ -723,7 +732,8 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
   if (any_remote) {
     ASSIGN_OR_RETURN(remote, GrpcRemoteExperts::Create(remote_addresses, spec.hidden_size, a.assignment_id(),
                                                        options_.expert_call_timeout, options_.metrics,
-                                                       /*max_rows_per_call=*/0, options_.peer_credentials));
+                                                       /*max_rows_per_call=*/0, options_.peer_credentials,
+                                                       options_.hidden_wire_dtype));
     eo.model.remote_experts = remote.get();
   }
   ASSIGN_OR_RETURN(auto executor, engine::TpExecutor::Create(spec, *ckpt, eo));

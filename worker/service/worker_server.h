@@ -92,9 +92,10 @@ struct WorkerOptions {
   // upstream hop that this worker decodes them, and code what the stage forwards downstream when
   // the next stage announces it. Off: every micro-batch travels in full, both ways.
   bool step_deltas = true;
-  // How this worker's stages send hidden states to the next stage (--hidden_wire_dtype): kF32
-  // (exact: a pipeline computes what one process does), or kBF16 (half the bytes per hop, each
-  // value rounded to bfloat16 once per hop, as a bf16 model's activations are anyway). A stage
+  // How this worker's stages send hidden states to the next stage, and rows to the hosts of their
+  // spilled experts (--hidden_wire_dtype): kF32 (exact: a pipeline computes what one process
+  // does), or kBF16 (half the bytes per hop, each value rounded to bfloat16 once per hop, as a
+  // bf16 model's activations are anyway; an expert host answers in the dtype it was sent). A stage
   // reads either, whatever it sends.
   DType hidden_wire_dtype = DType::kF32;
 };

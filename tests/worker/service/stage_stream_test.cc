@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -724,6 +725,45 @@ TEST(ExpertServiceTest, RemoteCallsGiveTheHostsAnswerAcrossSplitCalls) {
   EXPECT_THAT(st.message(), HasSubstr("expert host 127.0.0.1:1"));
 }
 
+// With the bf16 wire (--hidden_wire_dtype=bf16) the rows go out rounded to bfloat16 and the host
+// answers in bfloat16: what comes back is the reference's experts over the rounded rows, rounded
+// (within one bf16 step where the two computations' last f32 bits straddle a rounding boundary),
+// and every value is a bfloat16. Twice the rows fit in a call.
+TEST(ExpertServiceTest, Bf16CallsCarryRoundedRowsBothWays) {
+  const std::string dir = "tests/golden/models/qwen2_moe";
+  RunningWorker w = StartWorker(2);
+  ASSERT_TRUE(w.server->Assign(ExpertHostAssignment(dir, {{0, 1, 0}, {0, 3, 1}})).ok());
+  ASSERT_EQ(AwaitLoaded(*w.server).state, v1::WORKER_STATE_READY);
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
+  ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(dir));
+  ASSERT_OK_AND_ASSIGN(auto reference,
+                       engine::ExpertHost::Create(spec, *ckpt, {{0, 1, 0}, {0, 3, 0}}, kernels::DeviceKind::kCpu, 1));
+  std::vector<std::string> layer0(8, "");
+  for (int e : {1, 3}) layer0[static_cast<size_t>(e)] = w.address;
+  ASSERT_OK_AND_ASSIGN(auto f32, GrpcRemoteExperts::Create({{0, layer0}}, spec.hidden_size, "test-stage",
+                                                           std::chrono::seconds(10), nullptr));
+  ASSERT_OK_AND_ASSIGN(auto bf16, GrpcRemoteExperts::Create({{0, layer0}}, spec.hidden_size, "test-stage",
+                                                            std::chrono::seconds(10), nullptr, 0, nullptr,
+                                                            DType::kBF16));
+  EXPECT_EQ(bf16->max_rows_per_call(), 2 * f32->max_rows_per_call());
+  const int64_t h = spec.hidden_size;
+  const std::vector<engine::ExpertRows> groups{{1, 3}, {3, 2}};
+  std::vector<float> x(static_cast<size_t>(5 * h));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 37) % 101) / 50.0f - 1.0f;
+  std::vector<float> rounded(x.size());
+  for (size_t i = 0; i < x.size(); ++i) rounded[i] = BFloat16ToFloat(FloatToBFloat16(x[i]));
+  ASSERT_NE(rounded, x);  // the rows are not all bf16 values already
+  std::vector<float> got(x.size(), 0.f), want(x.size(), 0.f);
+  ASSERT_THAT(bf16->Start(0, groups, x, absl::MakeSpan(got))->Wait(), IsOk());
+  ASSERT_THAT(reference->Compute(0, groups, rounded, absl::MakeSpan(want)), IsOk());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]) & 0xffffu, 0u) << "value " << i << " is not a bfloat16";
+    const float w16 = BFloat16ToFloat(FloatToBFloat16(want[i]));
+    ASSERT_NEAR(got[i], w16, std::abs(w16) * 0x1p-7f + 1e-6f) << "value " << i;
+  }
+  EXPECT_NE(got[0], 0.f);
+}
+
 TEST(ExpertServiceTest, AWorkerWithoutExpertsAndBadRequestsAreRefused) {
   RunningWorker w = StartWorker(1);
   v1::ExpertRequest req;
@@ -741,7 +781,7 @@ TEST(ExpertServiceTest, AWorkerWithoutExpertsAndBadRequestsAreRefused) {
   req.mutable_x()->add_shape(64);
   req.mutable_x()->set_data(std::string(64 * 4, '\0'));
   EXPECT_THAT(w.server->ComputeExperts(req, &resp),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("x must be F32 [2 rows")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("x must be F32 or BF16 [2 rows")));
   g->set_rows(0);
   EXPECT_THAT(w.server->ComputeExperts(req, &resp),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rows must be >= 1")));
