@@ -152,7 +152,8 @@ absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, Stag
   if (batch.decode_steps > 1) RETURN_IF_ERROR(CheckMultiStep(batch));
   if (request.has_hidden()) {
     const v1::Tensor& t = request.hidden();
-    if (t.dtype() != v1::DTYPE_F32 && t.dtype() != v1::DTYPE_BF16) {
+    const std::optional<DType> dtype = FromWireDtype(t.dtype());
+    if (!dtype.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat("hidden states must be F32 or BF16, got dtype ", t.dtype()));
     }
     if (t.shape_size() != 2 || t.shape(0) != total || t.shape(1) != hidden_size) {
@@ -160,14 +161,13 @@ absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, Stag
                                                      "] for this batch"));
     }
     const size_t count = static_cast<size_t>(total * hidden_size);
-    const bool bf16 = t.dtype() == v1::DTYPE_BF16;
-    const size_t bytes = count * (bf16 ? sizeof(uint16_t) : sizeof(float));
+    const size_t bytes = count * DTypeSize(*dtype);
     if (t.data().size() != bytes) {
       return absl::InvalidArgumentError(absl::StrCat("hidden states carry ", t.data().size(), " bytes; ", bytes,
-                                                     " expected for ", bf16 ? "BF16" : "F32"));
+                                                     " expected for ", DTypeName(*dtype)));
     }
     const char* data = t.data().data();
-    if (bf16) {
+    if (*dtype == DType::kBF16) {
       // Widened once, into the batch's own buffer (which keeps its capacity from the last step).
       batch.hidden.resize(count);
       ConvertToFloat(DType::kBF16, data, count, batch.hidden.data());
@@ -180,6 +180,21 @@ absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, Stag
     }
   }
   return absl::OkStatus();
+}
+
+v1::DType ToWireDtype(DType dtype) { return dtype == DType::kBF16 ? v1::DTYPE_BF16 : v1::DTYPE_F32; }
+
+std::optional<DType> FromWireDtype(v1::DType dtype) {
+  if (dtype == v1::DTYPE_F32) return DType::kF32;
+  if (dtype == v1::DTYPE_BF16) return DType::kBF16;
+  return std::nullopt;
+}
+
+void AppendAs(DType dtype, absl::Span<const float> values, std::string* bytes) {
+  const size_t at = bytes->size();
+  bytes->resize(at + values.size() * DTypeSize(dtype));
+  // Cannot fail for kF32 and kBF16, the dtypes callers pass.
+  ConvertFromFloat(dtype, values.data(), values.size(), bytes->data() + at).IgnoreError();
 }
 
 absl::StatusOr<DType> ParseHiddenWireDtype(absl::string_view name) {
@@ -199,13 +214,13 @@ v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {
 rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, std::vector<float> hidden_states,
                                              int64_t hidden_size, rpc::MessagePool<v1::StepRequest>& pool,
                                              DType wire_dtype) {
-  const bool bf16 = wire_dtype == DType::kBF16;
+  const DType wire = wire_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   const size_t count = hidden_states.size();
-  const size_t size = count * (bf16 ? sizeof(uint16_t) : sizeof(float));
+  const size_t size = count * DTypeSize(wire);
   const uint32_t chunks = static_cast<uint32_t>(std::max<size_t>(1, (size + kMaxChunkBytes - 1) / kMaxChunkBytes));
   // One slice owns the bytes; each chunk's is a view of it (sharing its reference count).
   grpc::Slice all;
-  if (bf16 && size > 0) {
+  if (wire == DType::kBF16 && size > 0) {
     // A fresh slice of `size` bytes is ours to fill (as gRPC's serializer fills one); not zeroed.
     all = grpc::Slice(size);
     // Cannot fail for kBF16.
@@ -237,7 +252,7 @@ rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, std::vecto
     total += s.step.NumTokens();
   }
   v1::Tensor* t = first.mutable_hidden();
-  t->set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
+  t->set_dtype(ToWireDtype(wire));
   t->add_shape(total);
   t->add_shape(hidden_size);
   for (uint32_t c = 0; c < chunks; ++c) {

@@ -4,6 +4,7 @@
 #define SHARDSERVE_WORKER_SERVICE_CONVERT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,13 @@ absl::Status FromProto(const v1::StepRequest& request, int64_t hidden_size, Stag
 rpc::StageStreamClient::Messages ToNextStage(const StageBatch& batch, std::vector<float> hidden_states,
                                              int64_t hidden_size, rpc::MessagePool<v1::StepRequest>& pool,
                                              DType wire_dtype = DType::kF32);
+
+// The wire's dtype tag of hidden states kept as `dtype` (kBF16 -> DTYPE_BF16, else DTYPE_F32),
+// and the reverse for the tags a worker reads (F32, BF16; nullopt for any other).
+v1::DType ToWireDtype(DType dtype);
+std::optional<DType> FromWireDtype(v1::DType dtype);
+// Appends `values` to `bytes` as little-endian `dtype` elements (kF32 or kBF16).
+void AppendAs(DType dtype, absl::Span<const float> values, std::string* bytes);
 
 // Parses --hidden_wire_dtype: "f32" or "bf16" (any case) as kF32 / kBF16; anything else is
 // InvalidArgument naming the value and the choices.

@@ -27,7 +27,7 @@ class PendingCalls final : public engine::RemoteExpertCall {
     int64_t rows = 0;
   };
 
-  PendingCalls(int64_t hidden, bool bf16, WorkerMetrics* metrics) : hidden_(hidden), bf16_(bf16), metrics_(metrics) {}
+  PendingCalls(int64_t hidden, DType wire, WorkerMetrics* metrics) : hidden_(hidden), wire_(wire), metrics_(metrics) {}
 
   ~PendingCalls() override {
     // The engine always waits; this guards against a caller that does not.
@@ -61,19 +61,17 @@ class PendingCalls final : public engine::RemoteExpertCall {
     if (st.ok()) {
       const v1::Tensor& t = one.response.y();
       // The host answers in the dtype it was sent.
-      const v1::DType want = bf16_ ? v1::DTYPE_BF16 : v1::DTYPE_F32;
-      const size_t value_bytes = bf16_ ? 2 : sizeof(float);
-      const size_t bytes = static_cast<size_t>(one.rows * hidden_) * value_bytes;
-      if (t.dtype() != want || t.shape_size() != 2 || t.shape(0) != one.rows || t.shape(1) != hidden_ ||
+      const size_t bytes = static_cast<size_t>(one.rows * hidden_) * DTypeSize(wire_);
+      if (t.dtype() != ToWireDtype(wire_) || t.shape_size() != 2 || t.shape(0) != one.rows || t.shape(1) != hidden_ ||
           t.data().size() != bytes) {
         st = absl::InternalError(
-            absl::StrCat("the answer is not ", bf16_ ? "BF16" : "F32", " [", one.rows, ", ", hidden_, "]"));
+            absl::StrCat("the answer is not ", DTypeName(wire_), " [", one.rows, ", ", hidden_, "]"));
       } else {
         const char* from = t.data().data();
         for (const auto& [to, rows] : one.segments) {
           const size_t values = static_cast<size_t>(rows * hidden_);
-          ConvertToFloat(bf16_ ? DType::kBF16 : DType::kF32, from, values, to);
-          from += values * value_bytes;
+          ConvertToFloat(wire_, from, values, to);
+          from += values * DTypeSize(wire_);
         }
       }
     }
@@ -88,7 +86,7 @@ class PendingCalls final : public engine::RemoteExpertCall {
   }
 
   const int64_t hidden_;
-  const bool bf16_;  // the rows travel as BF16 both ways
+  const DType wire_;  // how the rows travel, both ways
   WorkerMetrics* const metrics_;
   std::vector<std::unique_ptr<One>> calls_;
   Mutex mu_;
@@ -107,8 +105,8 @@ absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> GrpcRemoteExperts::Create(
   if (hidden_size < 1) return absl::InvalidArgumentError("hidden_size must be >= 1");
   std::unique_ptr<GrpcRemoteExperts> r(new GrpcRemoteExperts());
   r->hidden_ = hidden_size;
-  r->bf16_ = wire_dtype == DType::kBF16;
-  const int64_t value_bytes = r->bf16_ ? 2 : 4;
+  r->wire_ = wire_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  const auto value_bytes = static_cast<int64_t>(DTypeSize(r->wire_));
   r->max_rows_ = max_rows_per_call > 0
                      ? max_rows_per_call
                      : std::max<int64_t>(1, static_cast<int64_t>(kMaxChunkBytes) / (hidden_size * value_bytes));
@@ -141,7 +139,7 @@ absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> GrpcRemoteExperts::Create(
 std::unique_ptr<engine::RemoteExpertCall> GrpcRemoteExperts::Start(int64_t layer,
                                                                   absl::Span<const engine::ExpertRows> groups,
                                                                   absl::Span<const float> x, absl::Span<float> y) {
-  auto pending = std::make_unique<PendingCalls>(hidden_, bf16_, metrics_);
+  auto pending = std::make_unique<PendingCalls>(hidden_, wire_, metrics_);
   auto fail = [&](absl::Status st) {
     struct Failed final : engine::RemoteExpertCall {
       explicit Failed(absl::Status s) : st(std::move(s)) {}
@@ -170,7 +168,7 @@ std::unique_ptr<engine::RemoteExpertCall> GrpcRemoteExperts::Start(int64_t layer
         one->address = hosts_[static_cast<size_t>(host)].address;
         one->request.set_layer(static_cast<int32_t>(layer));
         one->request.set_assignment_id(assignment_id_);
-        one->request.mutable_x()->set_dtype(bf16_ ? v1::DTYPE_BF16 : v1::DTYPE_F32);
+        one->request.mutable_x()->set_dtype(ToWireDtype(wire_));
         to_send.emplace_back(host, one);
       }
       const int64_t n = std::min(left, max_rows_ - one->rows);
@@ -178,16 +176,8 @@ std::unique_ptr<engine::RemoteExpertCall> GrpcRemoteExperts::Start(int64_t layer
       eg->set_expert(g.expert);
       eg->set_rows(static_cast<int32_t>(n));
       // A request's rows need not be contiguous in x (groups of other hosts come between).
-      std::string* data = one->request.mutable_x()->mutable_data();
-      const size_t values = static_cast<size_t>(n * hidden_);
-      if (bf16_) {
-        const size_t at = data->size();
-        data->resize(at + 2 * values);
-        // Cannot fail for kBF16.
-        ConvertFromFloat(DType::kBF16, x.data() + row * hidden_, values, data->data() + at).IgnoreError();
-      } else {
-        data->append(reinterpret_cast<const char*>(x.data() + row * hidden_), values * sizeof(float));
-      }
+      AppendAs(wire_, x.subspan(static_cast<size_t>(row * hidden_), static_cast<size_t>(n * hidden_)),
+               one->request.mutable_x()->mutable_data());
       one->segments.emplace_back(y.data() + row * hidden_, n);
       row += n;
       left -= n;

@@ -54,7 +54,7 @@ class GrpcRemoteExperts final : public engine::RemoteExperts {
   std::map<int64_t, std::vector<int>> host_of_;  // [layer][expert] -> index into hosts_, or -1
   int64_t hidden_ = 0;
   int64_t max_rows_ = 0;
-  bool bf16_ = false;  // the rows travel as BF16
+  DType wire_ = DType::kF32;  // how the rows travel, both ways (kF32 or kBF16)
   std::string assignment_id_;
   std::chrono::milliseconds deadline_{0};
   WorkerMetrics* metrics_ = nullptr;

@@ -183,8 +183,9 @@ absl::StatusOr<std::optional<v1::StepResponse>> StageRuntime::RunOrForward(const
                                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), tokens);
   }
   if (!is_last()) {
-    Forward(batch.step_id, ToNextStage(batch, std::move(result.hidden), hidden, *message_pool_, config_.hidden_wire_dtype), std::move(done),
-            caller);
+    Forward(batch.step_id,
+            ToNextStage(batch, std::move(result.hidden), hidden, *message_pool_, config_.hidden_wire_dtype),
+            std::move(done), caller);
     return std::nullopt;
   }
   v1::StepResponse response;

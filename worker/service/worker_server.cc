@@ -455,29 +455,22 @@ absl::Status WorkerServer::ComputeExperts(const v1::ExpertRequest& request, v1::
     rows += g.rows();
   }
   // The answer goes back in the dtype x came in (the caller's hidden_wire_dtype).
-  const bool bf16 = x.dtype() == v1::DTYPE_BF16;
-  const size_t value_bytes = bf16 ? 2 : sizeof(float);
-  if ((x.dtype() != v1::DTYPE_F32 && !bf16) || x.shape_size() != 2 || x.shape(0) != rows ||
-      x.data().size() != static_cast<size_t>(rows * std::max<int64_t>(x.shape(1), 0)) * value_bytes) {
+  const std::optional<DType> wire = FromWireDtype(x.dtype());
+  if (!wire.has_value() || x.shape_size() != 2 || x.shape(0) != rows ||
+      x.data().size() != static_cast<size_t>(rows * std::max<int64_t>(x.shape(1), 0)) * DTypeSize(*wire)) {
     return absl::InvalidArgumentError(absl::StrCat("x must be F32 or BF16 [", rows,
                                                    " rows (the groups' sum), hidden] with matching data"));
   }
   std::vector<float> in(static_cast<size_t>(rows * x.shape(1)));
-  ConvertToFloat(bf16 ? DType::kBF16 : DType::kF32, x.data().data(), in.size(), in.data());
+  ConvertToFloat(*wire, x.data().data(), in.size(), in.data());
   std::vector<float> out(in.size());
   if (options_.metrics != nullptr) options_.metrics->ObserveStream("rx", "expert-callers", request.ByteSizeLong());
   RETURN_IF_ERROR(host->Compute(request.layer(), groups, in, absl::MakeSpan(out)));
   v1::Tensor* y = response->mutable_y();
-  y->set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
+  y->set_dtype(ToWireDtype(*wire));
   y->add_shape(x.shape(0));
   y->add_shape(x.shape(1));
-  if (bf16) {
-    y->mutable_data()->resize(2 * out.size());
-    // Cannot fail for kBF16.
-    ConvertFromFloat(DType::kBF16, out.data(), out.size(), y->mutable_data()->data()).IgnoreError();
-  } else {
-    y->set_data(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
-  }
+  AppendAs(*wire, out, y->mutable_data());
   if (options_.metrics != nullptr) options_.metrics->ObserveStream("tx", "expert-callers", response->ByteSizeLong());
   return absl::OkStatus();
 }
@@ -751,15 +744,16 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
     options_.metrics->SetLoaded(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
                                 weight_bytes, executor->KvCacheBytesPerRank());
   }
-  return std::make_shared<StageRuntime>(std::move(executor), StageConfig{.assignment_id = a.assignment_id(),
-                                                                         .stage = a.stage(),
-                                                                         .next_address = a.next_address(),
-                                                                         .metrics = options_.metrics,
-                                                                         .remote_experts = std::move(remote),
-                                                                         .peer_credentials = options_.peer_credentials,
-                                                                         .answer_routes = &answer_routes_,
-                                                                         .step_deltas = options_.step_deltas,
-                                                                         .hidden_wire_dtype = options_.hidden_wire_dtype});
+  return std::make_shared<StageRuntime>(std::move(executor),
+                                        StageConfig{.assignment_id = a.assignment_id(),
+                                                    .stage = a.stage(),
+                                                    .next_address = a.next_address(),
+                                                    .metrics = options_.metrics,
+                                                    .remote_experts = std::move(remote),
+                                                    .peer_credentials = options_.peer_credentials,
+                                                    .answer_routes = &answer_routes_,
+                                                    .step_deltas = options_.step_deltas,
+                                                    .hidden_wire_dtype = options_.hidden_wire_dtype});
 }
 
 void WorkerServer::Load(v1::Assignment a) {
