@@ -60,8 +60,8 @@ class Prometheus:
         if binary is None:
             raise AssertionError("the `prometheus` server is not installed (Debian package prometheus; "
                                  ".ci/install_deps.sh installs it with the test packages)")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # Queries are evaluated at this Unix time once freeze() has set it, else at the server's now.
+        self.at = None
         # The same jobs and labels as deploy/prometheus/prometheus.yml, with the ports of this run.
         config = {
             "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": f"{SCRAPE_INTERVAL_S}s"},
@@ -77,22 +77,35 @@ class Prometheus:
         with open(path, "w") as f:
             json.dump(config, f)  # JSON is YAML
         self.log = open(os.path.join(workdir, "prometheus.log"), "w+")
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={path}", f"--storage.tsdb.path={os.path.join(workdir, 'data')}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+        # The port is free when picked, but another test running beside this one may take it before
+        # the server binds it: then the server exits at once and a new port is tried.
+        for attempt in range(5):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.proc = subprocess.Popen(
+                [binary, f"--config.file={path}", f"--storage.tsdb.path={os.path.join(workdir, f'data{attempt}')}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
+                stdout=self.log, stderr=subprocess.STDOUT)
+            if self._wait_ready():
+                return
+            if self.proc.poll() is None or "address already in use" not in self.tail():
+                break
+        self.stop()
+        raise AssertionError(f"prometheus did not become ready: {self.tail()}")
+
+    def _wait_ready(self):
+        """True once the server answers /-/ready; False when it exits or 30 s pass."""
         deadline = time.time() + 30
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"prometheus exited with {self.proc.returncode}: {self.tail()}")
+                return False
             try:
                 if "Ready" in get(f"{self.url}/-/ready", timeout=2):
-                    return
+                    return True
             except OSError:
                 pass
             time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"prometheus did not become ready: {self.tail()}")
+        return False
 
     def tail(self):
         self.log.flush()
@@ -106,8 +119,8 @@ class Prometheus:
         return body["data"]
 
     def query(self, expr):
-        """The instant vector of `expr` as {frozenset(labels): value}."""
-        data = self.api("query", query=expr)
+        """The instant vector of `expr` as {frozenset(labels): value}, at `self.at` when set."""
+        data = self.api("query", query=expr, **({} if self.at is None else {"time": f"{self.at:.3f}"}))
         if data["resultType"] != "vector":
             raise AssertionError(f"{expr}: {data['resultType']}, not a vector")
         return {frozenset(r["metric"].items()): float(r["value"][1]) for r in data["result"]}
@@ -130,6 +143,28 @@ class Prometheus:
                 return got
             time.sleep(0.25)
         return got
+
+    def freeze(self, after, timeout=30):
+        """Fixes the time every later query is evaluated at: a moment at which each target's latest
+        scrape began after `after` (a Unix time) and succeeded. A scrape that fails (it timed out on a
+        busy machine) marks every series of its target stale, and an instant query then finds none of
+        them until the next scrape; evaluated at a fixed moment, every assertion reads the same samples
+        whatever scrapes come later. The moment lies two intervals back, so the scrapes that began
+        before it have finished (each is bounded by the scrape timeout, one interval)."""
+        targets = 'up{job=~"shardserve-.*"}'
+        deadline = time.time() + timeout
+        while True:
+            self.at = time.time() - 2 * SCRAPE_INTERVAL_S
+            up = self.query(f"count({targets} == 1)")
+            first = self.query(f"min(timestamp({targets}))")
+            ok = (next(iter(up.values()), 0) == 3 and next(iter(first.values()), 0) > after)
+            if ok:
+                return
+            if time.time() > deadline:
+                self.at = None
+                raise AssertionError(f"no moment after {after:.3f} with every target scraped: up {up}, "
+                                     f"oldest latest scrape {first}; {self.api('targets')}")
+            time.sleep(0.25)
 
     def stop(self):
         if self.proc.poll() is None:
@@ -193,20 +228,29 @@ class Observability(unittest.TestCase):
             got = cls.prom.wait_for('count(up{job=~"shardserve-.*"} == 1)', 3)
             assert got == 3, f"targets up: {got}; {cls.prom.api('targets')}"
             cls.results = [None] * len(REQUESTS)
+            errors = []
 
             def send(i):
-                cls.results[i] = cls.cluster.generate(*REQUESTS[i])
+                try:
+                    cls.results[i] = cls.cluster.generate(*REQUESTS[i])
+                except Exception as e:  # reported below, with the others
+                    errors.append(f"request {i} {REQUESTS[i]}: {e}")
 
             threads = [threading.Thread(target=send, args=(i,)) for i in range(len(REQUESTS))]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
+            assert not errors, errors
             cls.bad_error = cls.cluster.generate(*BAD_REQUEST, expect_ok=False)
+            load_end = time.time()
             # Wait for a scrape that saw every request end.
-            cls.prom.wait_for("sum(shardserve_coordinator_requests_total)", float(len(REQUESTS) + 1))
+            want = float(len(REQUESTS) + 1)
+            got = cls.prom.wait_for("sum(shardserve_coordinator_requests_total)", want)
+            assert got == want, f"requests counted by the coordinator: {got}, sent {want}"
             # Rates in the dashboards need two samples after the load; a few more scrapes pass.
             time.sleep(3 * SCRAPE_INTERVAL_S)
+            cls.prom.freeze(after=load_end + SCRAPE_INTERVAL_S)
         except BaseException:
             cls.tearDownClass()
             raise
