@@ -764,6 +764,99 @@ TEST(ExpertServiceTest, Bf16CallsCarryRoundedRowsBothWays) {
   EXPECT_NE(got[0], 0.f);
 }
 
+// An expert host that answers each call with what `answer` makes of its request: the client must
+// refuse an answer of the wrong dtype, shape or size with an error naming the host, not read it.
+class FakeExpertHost final : public v1::Expert::Service {
+ public:
+  explicit FakeExpertHost(std::function<grpc::Status(const v1::ExpertRequest&, v1::ExpertResponse*)> answer)
+      : answer_(std::move(answer)) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  ~FakeExpertHost() override { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2)); }
+  const std::string& address() const { return address_; }
+
+  grpc::Status Compute(grpc::ServerContext*, const v1::ExpertRequest* req, v1::ExpertResponse* resp) override {
+    return answer_(*req, resp);
+  }
+
+ private:
+  std::function<grpc::Status(const v1::ExpertRequest&, v1::ExpertResponse*)> answer_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+TEST(ExpertServiceTest, AnswersOfTheWrongDtypeShapeOrSizeAreRefusedNamingTheHost) {
+  constexpr int64_t kHidden = 8;
+  // The request's rows echoed back as the answer, then spoiled by `spoil`.
+  auto echo = [](std::function<void(v1::Tensor&)> spoil) {
+    return [spoil](const v1::ExpertRequest& req, v1::ExpertResponse* resp) {
+      *resp->mutable_y() = req.x();
+      spoil(*resp->mutable_y());
+      return grpc::Status::OK;
+    };
+  };
+  const std::vector<float> x(static_cast<size_t>(3 * kHidden), 0.5f);
+  struct Case {
+    std::string name;
+    DType wire;
+    std::function<void(v1::Tensor&)> spoil;
+    std::string error;  // empty: the answer is good
+  };
+  const std::vector<Case> cases = {
+      {"bf16 echo", DType::kBF16, [](v1::Tensor&) {}, ""},
+      {"f32 echo", DType::kF32, [](v1::Tensor&) {}, ""},
+      {"f32 answer to bf16 rows", DType::kBF16,
+       [](v1::Tensor& t) {
+         t.set_dtype(v1::DTYPE_F32);
+         t.mutable_data()->append(t.data());  // even the bytes of an F32 [3, 8]
+       },
+       "the answer is not BF16 [3, 8]"},
+      {"bf16 answer to f32 rows", DType::kF32, [](v1::Tensor& t) { t.set_dtype(v1::DTYPE_BF16); },
+       "the answer is not F32 [3, 8]"},
+      {"a row short", DType::kF32, [](v1::Tensor& t) { t.set_shape(0, 2); }, "the answer is not F32 [3, 8]"},
+      {"one dimension", DType::kF32,
+       [](v1::Tensor& t) {
+         t.clear_shape();
+         t.add_shape(3 * kHidden);
+       },
+       "the answer is not F32 [3, 8]"},
+      {"a byte short", DType::kBF16, [](v1::Tensor& t) { t.mutable_data()->pop_back(); },
+       "the answer is not BF16 [3, 8]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    FakeExpertHost host(echo(c.spoil));
+    ASSERT_OK_AND_ASSIGN(auto remote, GrpcRemoteExperts::Create({{0, {host.address(), host.address()}}}, kHidden,
+                                                                "test-stage", std::chrono::seconds(10), nullptr, 0,
+                                                                nullptr, c.wire));
+    std::vector<float> y(x.size(), -1.f);
+    const absl::Status st = remote->Start(0, {{0, 2}, {1, 1}}, x, absl::MakeSpan(y))->Wait();
+    if (c.error.empty()) {
+      ASSERT_THAT(st, IsOk());
+      EXPECT_EQ(y, x);  // 0.5 is a bfloat16: the echo is exact both ways
+    } else {
+      EXPECT_THAT(st, StatusIs(absl::StatusCode::kInternal,
+                               HasSubstr(absl::StrCat("expert host ", host.address(), ": ", c.error))));
+      EXPECT_EQ(y, std::vector<float>(x.size(), -1.f));  // nothing of a refused answer is written
+    }
+  }
+  // The host's own error reaches the caller with its code, naming the host.
+  FakeExpertHost failing([](const v1::ExpertRequest&, v1::ExpertResponse*) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "out of expert memory");
+  });
+  ASSERT_OK_AND_ASSIGN(auto remote, GrpcRemoteExperts::Create({{0, {failing.address()}}}, kHidden, "test-stage",
+                                                              std::chrono::seconds(10), nullptr));
+  std::vector<float> y(static_cast<size_t>(kHidden));
+  EXPECT_THAT(remote->Start(0, {{0, 1}}, absl::MakeConstSpan(x).first(kHidden), absl::MakeSpan(y))->Wait(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr(absl::StrCat("expert host ", failing.address(), ": out of expert memory"))));
+}
+
 TEST(ExpertServiceTest, AWorkerWithoutExpertsAndBadRequestsAreRefused) {
   RunningWorker w = StartWorker(1);
   v1::ExpertRequest req;
