@@ -50,6 +50,8 @@ struct WorkerAssignment {
   std::vector<HostedExpert> hosted_experts;   // expert host: what it loads and serves
   Quantization quantize = Quantization::kNone;  // how to store the weight matrices
   KvCacheFormat kv_cache = KvCacheFormat::kAuto;  // how to keep the KV cache (stages)
+  // Stages: how the hidden states go to the next stage and to expert hosts: kF32 or kBF16.
+  DType hidden_wire_dtype = DType::kF32;
 };
 
 }  // namespace shardserve

@@ -9,6 +9,7 @@
 #endif
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardserve {
@@ -65,6 +66,12 @@ absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(absl::string_view name) {
   if (name == "fp8" || name == "fp8_e4m3") return KvCacheFormat::kFp8E4M3;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown KV cache dtype \"", name, "\" (choices: auto, fp8, fp8_e4m3)"));
+}
+
+absl::StatusOr<DType> ParseHiddenWireDtype(absl::string_view name) {
+  if (absl::EqualsIgnoreCase(name, "f32")) return DType::kF32;
+  if (absl::EqualsIgnoreCase(name, "bf16")) return DType::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is not a hidden-state wire dtype (f32 or bf16)"));
 }
 
 int64_t Q8MatrixBytes(int64_t rows, int64_t cols) {

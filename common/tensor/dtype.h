@@ -64,6 +64,9 @@ absl::string_view KvCacheFormatName(KvCacheFormat f);
 // Parses "auto" (or empty), "fp8" and "fp8_e4m3"; anything else is InvalidArgument naming the
 // value and the choices.
 absl::StatusOr<KvCacheFormat> ParseKvCacheFormat(absl::string_view name);
+// Parses --hidden_wire_dtype, how hidden states travel between pipeline stages: "f32" or "bf16"
+// (any case) as kF32 / kBF16; anything else is InvalidArgument naming the value and the choices.
+absl::StatusOr<DType> ParseHiddenWireDtype(absl::string_view name);
 // Bytes of a [rows, cols] matrix stored as kQ8: rows padded to panels of 16, each row to blocks of
 // 64 int8 weights, plus one f32 scale per block of every padded row (the scales start 64-byte
 // aligned). The CPU kernels' packed layout (worker/kernels/cpu/q8.h) has exactly this size; the

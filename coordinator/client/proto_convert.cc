@@ -59,6 +59,7 @@ void ToProto(const WorkerAssignment& a, v1::Assignment* out) {
   out->set_quantize(a.quantize == Quantization::kInt8 ? v1::WEIGHT_QUANTIZATION_INT8 : v1::WEIGHT_QUANTIZATION_NONE);
   out->set_kv_cache_dtype(a.kv_cache == KvCacheFormat::kFp8E4M3 ? v1::KV_CACHE_DTYPE_FP8_E4M3
                                                                  : v1::KV_CACHE_DTYPE_AUTO);
+  out->set_hidden_wire_dtype(a.hidden_wire_dtype == DType::kBF16 ? v1::DTYPE_BF16 : v1::DTYPE_F32);
   out->clear_experts();
   for (const LayerExpertPlacement& le : a.experts) {
     v1::LayerExperts* l = out->add_experts();
@@ -93,6 +94,17 @@ absl::StatusOr<WorkerAssignment> FromProto(const v1::Assignment& in) {
     case v1::KV_CACHE_DTYPE_FP8_E4M3: a.kv_cache = KvCacheFormat::kFp8E4M3; break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype: unknown KV cache dtype ", in.kv_cache_dtype()));
+  }
+  switch (in.hidden_wire_dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_F32: a.hidden_wire_dtype = DType::kF32; break;
+    case v1::DTYPE_BF16: a.hidden_wire_dtype = DType::kBF16; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hidden_wire_dtype: ",
+          v1::DType_IsValid(in.hidden_wire_dtype()) ? v1::DType_Name(in.hidden_wire_dtype())
+                                                    : absl::StrCat(in.hidden_wire_dtype()),
+          " is not F32 or BF16"));
   }
   absl::StatusOr<DeviceKind> kind = FromProto(in.device_kind());
   if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("device_", kind.status().message()));

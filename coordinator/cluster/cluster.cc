@@ -40,6 +40,10 @@ absl::Status ClusterOptions::Validate() const {
   if (kv_block_size < 1 || kv_block_size > 65536) {
     return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be in [1, 65536], got ", kv_block_size));
   }
+  if (hidden_wire_dtype != DType::kF32 && hidden_wire_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden_wire_dtype must be F32 or BF16, got ", DTypeName(hidden_wire_dtype)));
+  }
   if (max_kv_blocks < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_kv_blocks must be >= 0 (0 = no cap), got ", max_kv_blocks));
   }
@@ -224,8 +228,8 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
       a.max_seq_len = static_cast<int32_t>(plan->max_seq_len);
       a.max_step_tokens = options_.max_step_tokens;
       a.quantize = options_.policy.quantize;
-    a.kv_cache = options_.policy.kv_cache;
       a.kv_cache = options_.policy.kv_cache;
+      a.hidden_wire_dtype = options_.hidden_wire_dtype;
       // The planner's expert placement of the stage's MoE layers; remote experts name their host.
       for (const LayerExperts& le : p.experts) {
         if (le.layer < spec.layer_begin || le.layer >= spec.layer_end) continue;
@@ -294,6 +298,7 @@ void Cluster::PlanLocked(const std::vector<WorkerRecord>& workers) {
                     options_.max_kv_blocks > 0 ? absl::StrCat(", --kv_blocks ", options_.max_kv_blocks) : "",
                     ")\n");
   }
+  absl::StrAppend(&plan_text_, HiddenWireLineLocked());
   LOG(INFO) << "plan " << plan_number << " for " << key << ":\n" << plan_text_;
   plan_ = *std::move(plan);
 }
@@ -311,6 +316,11 @@ std::string AdoptionMismatch(const WorkerAssignment& a, const ClusterOptions& op
   }
   if (a.kv_block_size != options.kv_block_size) {
     return absl::StrCat("kv_block_size ", a.kv_block_size, " is not ", options.kv_block_size);
+  }
+  if (a.hidden_wire_dtype != options.hidden_wire_dtype) {
+    // Planned afresh: the new assignments keep the loaded weights (Worker.Assign).
+    return absl::StrCat("its hidden states travel as ", DTypeName(a.hidden_wire_dtype), ", not ",
+                        DTypeName(options.hidden_wire_dtype));
   }
   if (a.max_seq_len != options.policy.max_seq_len) {
     return absl::StrCat("max_seq_len ", a.max_seq_len, " is not ", options.policy.max_seq_len);
@@ -333,6 +343,16 @@ std::string AdoptionMismatch(const WorkerAssignment& a, const ClusterOptions& op
 }
 
 }  // namespace
+
+std::string Cluster::HiddenWireLineLocked() const {
+  const bool hops = !hosts_.empty() || std::any_of(replicas_.begin(), replicas_.end(),
+                                                   [](const ReplicaState& r) { return r.stages.size() > 1; });
+  if (!hops) return "";
+  const bool bf16 = options_.hidden_wire_dtype == DType::kBF16;
+  return absl::StrCat("hidden states between stages: ",
+                      bf16 ? "bf16 (half the bytes; each value rounded once per hop)" : "f32 (exact)",
+                      ", --hidden_wire_dtype\n");
+}
 
 bool Cluster::AdoptLocked(const std::vector<WorkerRecord>& workers) {
   // What the live workers serve, by the replica number they were told.
@@ -450,6 +470,7 @@ bool Cluster::AdoptLocked(const std::vector<WorkerRecord>& workers) {
     absl::StrAppend(&plan_text_, "expert host: worker ", w.worker_id, " at ", address, ", ",
                     w.registration.held->hosted_experts.size(), " experts\n");
   }
+  absl::StrAppend(&plan_text_, HiddenWireLineLocked());
   LOG(INFO) << "event=adopted plan=" << plan_number << " replicas=" << replicas_.size() << "\n" << plan_text_;
   plan_error_.clear();
   plan_ = Plan{};

@@ -121,6 +121,9 @@ struct ClusterOptions {
   int32_t pipeline_depth = 0;
   sim::PipelineProfiles pipelining = sim::DefaultPipelineProfiles();  // with pipeline_depth 0; valid
   bool prefix_caching = true;  // ReplicaOptions::prefix_caching
+  // How every stage sends hidden states to the next one and to expert hosts (--hidden_wire_dtype):
+  // kF32 or kBF16, in each stage's assignment.
+  DType hidden_wire_dtype = DType::kF32;
   int32_t kv_block_size = 16;  // tokens per KV cache block, in [1, 65536]
   // At most this many KV blocks per replica (0 = what the plan's KV budget holds); at least one
   // whole sequence (ceil(max_seq_len / kv_block_size) blocks) is always allocated.
@@ -230,6 +233,9 @@ class Cluster {
   // "Adoption" above: makes the plan from what the live workers hold when they hold complete
   // replicas this coordinator can serve; returns whether it did (else the planner plans).
   bool AdoptLocked(const std::vector<WorkerRecord>& workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The plan text's line on how hidden states travel (--hidden_wire_dtype); empty when nothing
+  // travels (every replica one stage, no expert host).
+  std::string HiddenWireLineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the stage cannot serve (empty when it is READY for its assignment).
   std::string StageProblem(const Stage& stage, const WorkerRecord* record, bool* settled) const;
   // Points `stage` at worker `w` (a restart of its worker, or a spare): a new assignment id, to

@@ -185,6 +185,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   co.max_step_tokens = options.max_step_tokens;
   co.pipeline_depth = options.pipeline_depth;
   co.prefix_caching = options.prefix_caching;
+  co.hidden_wire_dtype = options.hidden_wire_dtype;
   co.admit_while_recovering = options.recovery_timeout > absl::ZeroDuration();
   c->cluster_ = std::make_unique<Cluster>(co, c->spec_.get(), c->registry_.get(), c->scheduler_.get(),
                                           c->worker_client_.get(), std::move(factory), clock);

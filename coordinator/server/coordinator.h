@@ -94,6 +94,9 @@ struct CoordinatorOptions {
   // How workers keep the KV cache (--kv_cache_dtype): sent in every stage's assignment and counted
   // by the planner (kFp8E4M3: 1 byte per element).
   KvCacheFormat kv_cache = KvCacheFormat::kAuto;
+  // How stages send hidden states to the next one and to expert hosts (--hidden_wire_dtype; kF32
+  // or kBF16): sent in every stage's assignment.
+  DType hidden_wire_dtype = DType::kF32;
   // The model's name in the HTTP API (/v1/models, replies; requests may name it or model_path).
   // Empty: the model directory's last component.
   std::string served_model_name;

@@ -112,6 +112,10 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "how workers keep the KV cache: auto (the checkpoint's bf16/f16 on GPUs, f32 on CPU ranks) or fp8 / "
           "fp8_e4m3 (1 byte per element, no scale: values saturate at +-448; twice auto's tokens on GPUs, "
           "four times on CPU ranks); not for multi-head latent attention (DeepSeek)");
+ABSL_FLAG(std::string, hidden_wire_dtype, "f32",
+          "how the stages send hidden states to the next stage (and rows to the hosts of spilled experts): f32 "
+          "(exact: a pipeline computes what one process does) or bf16 (half the bytes per hop, each value rounded "
+          "to bfloat16 once per hop); a change is taken without reloading the weights");
 ABSL_FLAG(std::string, http_listen, "",
           "OpenAI-compatible HTTP API address HOST:PORT (port 0 picks a free port); empty = off");
 
@@ -220,6 +224,13 @@ int main(int argc, char** argv) {
     options.kv_cache = *kv;
   } else {
     std::cerr << "shardserve-coordinator: --kv_cache_dtype: " << kv.status().message() << "\n";
+    return 2;
+  }
+  if (absl::StatusOr<shardserve::DType> wire = shardserve::ParseHiddenWireDtype(absl::GetFlag(FLAGS_hidden_wire_dtype));
+      wire.ok()) {
+    options.hidden_wire_dtype = *wire;
+  } else {
+    std::cerr << "shardserve-coordinator: --hidden_wire_dtype: " << wire.status().message() << "\n";
     return 2;
   }
   const absl::Duration shutdown_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_timeout_ms));

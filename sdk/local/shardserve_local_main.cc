@@ -82,7 +82,7 @@ ABSL_FLAG(int64_t, stage_inline_us, 1000,
           "the workers' --stage_inline_us (a micro-batch whose stage's last step took at most this long runs on the "
           "gRPC thread that read it; 0 = always the stage thread)");
 ABSL_FLAG(std::string, hidden_wire_dtype, "f32",
-          "the workers' --hidden_wire_dtype: f32 (exact) or bf16 (half the bytes per pipeline hop, each value "
+          "the coordinator's --hidden_wire_dtype: f32 (exact) or bf16 (half the bytes per pipeline hop, each value "
           "rounded to bfloat16 once per hop)");
 ABSL_FLAG(int64_t, kv_blocks, 0, "KV cache blocks per replica at most; 0 = what the KV budget holds");
 ABSL_FLAG(int32_t, port, 0, "coordinator port; 0 = a free port");
@@ -324,6 +324,7 @@ int main(int argc, char** argv) {
       absl::StrCat("--prefix_caching=", absl::GetFlag(FLAGS_prefix_caching) ? "true" : "false"),
       "--quantize=" + absl::GetFlag(FLAGS_quantize),
       "--kv_cache_dtype=" + absl::GetFlag(FLAGS_kv_cache_dtype),
+      "--hidden_wire_dtype=" + absl::GetFlag(FLAGS_hidden_wire_dtype),
       absl::StrCat("--step_deltas=", absl::GetFlag(FLAGS_step_deltas) ? "true" : "false")};
   if (absl::GetFlag(FLAGS_tool_call_parser) != "auto") {
     coordinator_argv.push_back("--tool_call_parser=" + absl::GetFlag(FLAGS_tool_call_parser));
@@ -354,8 +355,7 @@ int main(int argc, char** argv) {
                                             // Stopping stops every process: nothing to drain to.
                                             "--drain_timeout_s=0",
                                             absl::StrCat("--step_deltas=", absl::GetFlag(FLAGS_step_deltas) ? "true" : "false"),
-                                            absl::StrCat("--stage_inline_us=", absl::GetFlag(FLAGS_stage_inline_us)),
-                                            "--hidden_wire_dtype=" + absl::GetFlag(FLAGS_hidden_wire_dtype)};
+                                            absl::StrCat("--stage_inline_us=", absl::GetFlag(FLAGS_stage_inline_us))};
     if (absl::GetFlag(FLAGS_metrics)) worker_argv.push_back("--metrics_listen=127.0.0.1:0");
     if (const std::string m = absl::GetFlag(FLAGS_memory_per_device); !m.empty()) {
       worker_argv.push_back("--memory_per_device=" + m);

@@ -156,6 +156,17 @@ TEST(DTypeTest, KvCacheFormatNamesRoundTrip) {
 }
 
 // e4m3fn values from the OCP FP8 specification's table: bias 7, no infinities, S.1111.111 NaN.
+TEST(DTypeTest, HiddenWireDtypeNamesParse) {
+  ASSERT_OK_AND_ASSIGN(DType f32, ParseHiddenWireDtype("f32"));
+  EXPECT_EQ(f32, DType::kF32);
+  ASSERT_OK_AND_ASSIGN(DType bf16, ParseHiddenWireDtype("BF16"));
+  EXPECT_EQ(bf16, DType::kBF16);
+  EXPECT_THAT(ParseHiddenWireDtype("fp8"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("\"fp8\" is not a hidden-state wire dtype (f32 or bf16)")));
+  EXPECT_FALSE(ParseHiddenWireDtype("").ok());
+}
+
 TEST(DTypeTest, E4M3KnownValues) {
   EXPECT_EQ(E4M3ToFloat(0x00), 0.0f);
   EXPECT_TRUE(std::signbit(E4M3ToFloat(0x80)));

@@ -449,7 +449,9 @@ def expectations(name, docs, fail):
         fail.check(coord["spec"]["template"]["spec"]["containers"][0]["image"].endswith("@sha256:" + "0123456789abcdef" * 4), "options: digest")
         fail.check(not any(d["kind"] == "Pod" for d in docs), "options: no test pod")
         fail.check(wargs["llm-worker"]["devices"] == "cuda:0,1", "options: --devices override")
-        fail.check(wargs["llm-worker"]["hidden_wire_dtype"] == "bf16", "options: --hidden_wire_dtype")
+        fail.check(cargs.get("hidden_wire_dtype") == "bf16", "options: the coordinator's --hidden_wire_dtype")
+        fail.check("hidden_wire_dtype" not in wargs["llm-worker"],
+                   "options: workers take the wire dtype from the coordinator")
         a = main["spec"]["template"]["spec"]["affinity"]
         fail.check("nodeAffinity" in a and "preferredDuringSchedulingIgnoredDuringExecution" in a["podAntiAffinity"], "options: user affinity + soft anti-affinity")
         fail.check(all(d["metadata"]["labels"].get("team") == "inference" for d in docs), "options: commonLabels everywhere")

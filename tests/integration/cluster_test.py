@@ -197,11 +197,13 @@ class Layouts(unittest.TestCase):
             self.assertEqual(c.stop(), 0)
 
     def test_bf16_hops_keep_the_reference_tokens(self):
-        # --hidden_wire_dtype=bf16 reaches the workers: stage 0 sends 2 bytes per hidden value (its
-        # downstream stream bytes stay below the 4 per value that f32 states alone would take), and
-        # the trained stories260K still continues every reference prompt with the reference's tokens.
+        # --hidden_wire_dtype=bf16 reaches the coordinator, and from it every stage: stage 0 sends 2
+        # bytes per hidden value (its downstream stream bytes stay below the 4 per value that f32
+        # states alone would take), the status's plan says so, and the trained stories260K still
+        # continues every reference prompt with the reference's tokens.
         c = Cluster(STORIES, 2, "cpu:1", ["--pp=2", "--hidden_wire_dtype=bf16"])
         try:
+            self.assertIn("hidden states between stages: bf16", c.status().stdout)
             ref = json.load(open("tests/golden/stories260K_reference.json"))
             rows = 0
             for case in ref["cases"]:

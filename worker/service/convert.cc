@@ -5,7 +5,6 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
 #include "common/tensor/dtype.h"
@@ -195,12 +194,6 @@ void AppendAs(DType dtype, absl::Span<const float> values, std::string* bytes) {
   bytes->resize(at + values.size() * DTypeSize(dtype));
   // Cannot fail for kF32 and kBF16, the dtypes callers pass.
   ConvertFromFloat(dtype, values.data(), values.size(), bytes->data() + at).IgnoreError();
-}
-
-absl::StatusOr<DType> ParseHiddenWireDtype(absl::string_view name) {
-  if (absl::EqualsIgnoreCase(name, "f32")) return DType::kF32;
-  if (absl::EqualsIgnoreCase(name, "bf16")) return DType::kBF16;
-  return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" is not a hidden-state wire dtype (f32 or bf16)"));
 }
 
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st) {

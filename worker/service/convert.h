@@ -100,10 +100,6 @@ std::optional<DType> FromWireDtype(v1::DType dtype);
 // Appends `values` to `bytes` as little-endian `dtype` elements (kF32 or kBF16).
 void AppendAs(DType dtype, absl::Span<const float> values, std::string* bytes);
 
-// Parses --hidden_wire_dtype: "f32" or "bf16" (any case) as kF32 / kBF16; anything else is
-// InvalidArgument naming the value and the choices.
-absl::StatusOr<DType> ParseHiddenWireDtype(absl::string_view name);
-
 // The answer that fails micro-batch `step_id` with `st` (the status's code and message).
 v1::StepResponse ErrorResponse(uint64_t step_id, const absl::Status& st);
 

@@ -105,11 +105,8 @@ absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> GrpcRemoteExperts::Create(
   if (hidden_size < 1) return absl::InvalidArgumentError("hidden_size must be >= 1");
   std::unique_ptr<GrpcRemoteExperts> r(new GrpcRemoteExperts());
   r->hidden_ = hidden_size;
-  r->wire_ = wire_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
-  const auto value_bytes = static_cast<int64_t>(DTypeSize(r->wire_));
-  r->max_rows_ = max_rows_per_call > 0
-                     ? max_rows_per_call
-                     : std::max<int64_t>(1, static_cast<int64_t>(kMaxChunkBytes) / (hidden_size * value_bytes));
+  r->set_wire_dtype(wire_dtype);
+  r->fixed_max_rows_ = std::max<int64_t>(max_rows_per_call, 0);
   r->assignment_id_ = std::move(assignment_id);
   r->deadline_ = deadline;
   r->metrics_ = metrics;
@@ -136,10 +133,23 @@ absl::StatusOr<std::unique_ptr<GrpcRemoteExperts>> GrpcRemoteExperts::Create(
   return r;
 }
 
+void GrpcRemoteExperts::set_wire_dtype(DType wire_dtype) {
+  wire_.store(wire_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32, std::memory_order_relaxed);
+}
+
+int64_t GrpcRemoteExperts::MaxRows(DType wire) const {
+  if (fixed_max_rows_ > 0) return fixed_max_rows_;
+  const auto value_bytes = static_cast<int64_t>(DTypeSize(wire));
+  return std::max<int64_t>(1, static_cast<int64_t>(kMaxChunkBytes) / (hidden_ * value_bytes));
+}
+
 std::unique_ptr<engine::RemoteExpertCall> GrpcRemoteExperts::Start(int64_t layer,
                                                                   absl::Span<const engine::ExpertRows> groups,
                                                                   absl::Span<const float> x, absl::Span<float> y) {
-  auto pending = std::make_unique<PendingCalls>(hidden_, wire_, metrics_);
+  // One dtype and row bound for all of this call's requests, whatever set_wire_dtype does meanwhile.
+  const DType wire = wire_.load(std::memory_order_relaxed);
+  const int64_t max_rows = MaxRows(wire);
+  auto pending = std::make_unique<PendingCalls>(hidden_, wire, metrics_);
   auto fail = [&](absl::Status st) {
     struct Failed final : engine::RemoteExpertCall {
       explicit Failed(absl::Status s) : st(std::move(s)) {}
@@ -149,7 +159,7 @@ std::unique_ptr<engine::RemoteExpertCall> GrpcRemoteExperts::Start(int64_t layer
     return std::make_unique<Failed>(std::move(st));
   };
   auto layer_hosts = host_of_.find(layer);
-  // Per host, the request being filled; a full one (max_rows_) is replaced by a new one.
+  // Per host, the request being filled; a full one (max_rows) is replaced by a new one.
   std::vector<PendingCalls::One*> open(hosts_.size(), nullptr);
   std::vector<std::pair<int, PendingCalls::One*>> to_send;
   int64_t row = 0;
@@ -163,20 +173,20 @@ std::unique_ptr<engine::RemoteExpertCall> GrpcRemoteExperts::Start(int64_t layer
     int64_t left = g.rows;
     while (left > 0) {
       PendingCalls::One*& one = open[static_cast<size_t>(host)];
-      if (one == nullptr || one->rows == max_rows_) {
+      if (one == nullptr || one->rows == max_rows) {
         one = &pending->Add();
         one->address = hosts_[static_cast<size_t>(host)].address;
         one->request.set_layer(static_cast<int32_t>(layer));
         one->request.set_assignment_id(assignment_id_);
-        one->request.mutable_x()->set_dtype(ToWireDtype(wire_));
+        one->request.mutable_x()->set_dtype(ToWireDtype(wire));
         to_send.emplace_back(host, one);
       }
-      const int64_t n = std::min(left, max_rows_ - one->rows);
+      const int64_t n = std::min(left, max_rows - one->rows);
       v1::ExpertGroup* eg = one->request.add_groups();
       eg->set_expert(g.expert);
       eg->set_rows(static_cast<int32_t>(n));
       // A request's rows need not be contiguous in x (groups of other hosts come between).
-      AppendAs(wire_, x.subspan(static_cast<size_t>(row * hidden_), static_cast<size_t>(n * hidden_)),
+      AppendAs(wire, x.subspan(static_cast<size_t>(row * hidden_), static_cast<size_t>(n * hidden_)),
                one->request.mutable_x()->mutable_data());
       one->segments.emplace_back(y.data() + row * hidden_, n);
       row += n;

@@ -48,6 +48,7 @@
 #include "common/tensor/dtype.h"
 #include "worker/service/answer_routes.h"
 #include "worker/service/convert.h"
+#include "worker/service/expert_client.h"
 #include "shardserve/v1/stage.grpc.pb.h"
 #include "worker/engine/remote_experts.h"
 #include "worker/engine/sampling.h"
@@ -64,7 +65,7 @@ struct StageConfig {
   WorkerMetrics* metrics = nullptr;  // optional, not owned; must outlive the runtime
   // What the runner calls for spilled experts, if anything; the runtime keeps it alive as long as
   // the runner.
-  std::shared_ptr<engine::RemoteExperts> remote_experts;
+  std::shared_ptr<GrpcRemoteExperts> remote_experts;
   // Credentials of the channel to the next stage (null = plaintext).
   std::shared_ptr<grpc::ChannelCredentials> peer_credentials;
   // The worker's open return streams (last stage: where direct answers go); optional, not owned,
@@ -73,7 +74,7 @@ struct StageConfig {
   // Code what this stage forwards as step deltas when the next stage accepts them
   // (common/rpc/step_delta.h); the sequences keep the keys their upstream stream gave them.
   bool step_deltas = false;
-  // How the hidden states this stage forwards travel (WorkerOptions::hidden_wire_dtype): kF32, or
+  // How the hidden states this stage forwards travel (Assignment.hidden_wire_dtype): kF32, or
   // kBF16 (half the bytes, each value rounded to nearest even). The next stage reads either.
   DType hidden_wire_dtype = DType::kF32;
 };

@@ -71,10 +71,6 @@ ABSL_FLAG(bool, keep_heap_blocks, true,
           "serve large blocks from the heap rather than mmap and keep up to 1 GiB of freed memory there for reuse "
           "(glibc's mallopt): a prefill micro-batch's megabytes of hidden states then reuse warm pages instead of "
           "mapping fresh ones every step; false = glibc's defaults");
-ABSL_FLAG(std::string, hidden_wire_dtype, "f32",
-          "how this worker's stages send hidden states to the next stage (and rows to the hosts of spilled experts): "
-          "f32 (exact: the pipeline computes what one process does) or bf16 (half the bytes per hop, each value "
-          "rounded to bfloat16 once per hop); a stage reads either");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "fraction of each CUDA device's memory this worker may fill (weights, workspace and the KV cache the "
           "planner sizes from what is left), in (0, 1]");
@@ -161,11 +157,6 @@ int main(int argc, char** argv) {
               << "\n";
     return 2;
   }
-  absl::StatusOr<DType> hidden_wire_dtype = service::ParseHiddenWireDtype(absl::GetFlag(FLAGS_hidden_wire_dtype));
-  if (!hidden_wire_dtype.ok()) {
-    std::cerr << "shardserve-worker: --hidden_wire_dtype: " << hidden_wire_dtype.status().message() << "\n";
-    return 2;
-  }
   std::string node = absl::GetFlag(FLAGS_node_name);
   if (node.empty()) {
     char host[256] = {};
@@ -213,8 +204,7 @@ int main(int argc, char** argv) {
                                 .stage_spin = std::chrono::microseconds(stage_spin_us),
                                 .stage_poll = std::chrono::microseconds(stage_poll_us),
                                 .stage_inline = std::chrono::microseconds(stage_inline_us),
-                                .step_deltas = absl::GetFlag(FLAGS_step_deltas),
-                                .hidden_wire_dtype = *hidden_wire_dtype});
+                                .step_deltas = absl::GetFlag(FLAGS_step_deltas)});
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   int port = 0;

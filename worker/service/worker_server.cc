@@ -597,6 +597,14 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_cache_dtype ", a.kv_cache_dtype(), " is not a known KvCacheDtype"));
   }
+  if (a.hidden_wire_dtype() != v1::DTYPE_UNSPECIFIED && a.hidden_wire_dtype() != v1::DTYPE_F32 &&
+      a.hidden_wire_dtype() != v1::DTYPE_BF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hidden_wire_dtype ",
+        v1::DType_IsValid(a.hidden_wire_dtype()) ? v1::DType_Name(a.hidden_wire_dtype())
+                                                 : absl::StrCat(a.hidden_wire_dtype()),
+        " is not F32 or BF16"));
+  }
   if (!host && a.kv_block_size() < 1) {
     return absl::InvalidArgumentError(absl::StrCat("kv_block_size must be >= 1, got ", a.kv_block_size()));
   }
@@ -619,6 +627,10 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
   return absl::OkStatus();
 }
 
+DType HiddenWireDtype(const v1::Assignment& a) {
+  return a.hidden_wire_dtype() == v1::DTYPE_BF16 ? DType::kBF16 : DType::kF32;
+}
+
 bool SameWeightsAndCache(const v1::Assignment& a, const v1::Assignment& b) {
   auto identity = [](v1::Assignment x) {
     x.clear_assignment_id();
@@ -626,6 +638,7 @@ bool SameWeightsAndCache(const v1::Assignment& a, const v1::Assignment& b) {
     x.clear_stage();
     x.clear_num_stages();
     x.clear_next_address();
+    x.clear_hidden_wire_dtype();
     return x;
   };
   return google::protobuf::util::MessageDifferencer::Equals(identity(a), identity(b));
@@ -633,7 +646,9 @@ bool SameWeightsAndCache(const v1::Assignment& a, const v1::Assignment& b) {
 
 absl::Status WorkerServer::KeepLoadedLocked(const v1::Assignment& a, std::shared_ptr<StageRuntime>* old) {
   const std::string was = status_.assignment_id;
-  if (runtime_ != nullptr && (a.next_address() != runtime_->config().next_address || a.stage() != runtime_->config().stage)) {
+  const DType wire = HiddenWireDtype(a);
+  if (runtime_ != nullptr && (a.next_address() != runtime_->config().next_address ||
+                              a.stage() != runtime_->config().stage || wire != runtime_->config().hidden_wire_dtype)) {
     const bool last = a.layer_end() == runtime_->runner().spec().num_layers;
     if (last != a.next_address().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("layers [", a.layer_begin(), ", ", a.layer_end(), ") ",
@@ -644,13 +659,18 @@ absl::Status WorkerServer::KeepLoadedLocked(const v1::Assignment& a, std::shared
     config.assignment_id = a.assignment_id();
     config.stage = a.stage();
     config.next_address = a.next_address();
+    config.hidden_wire_dtype = wire;
+    // Steps of the old runtime still in flight keep the dtype their calls started with.
+    if (config.remote_experts != nullptr) config.remote_experts->set_wire_dtype(wire);
     *old = std::exchange(runtime_, std::make_shared<StageRuntime>(runtime_->shared_runner(), std::move(config)));
   }
   status_.assignment_id = a.assignment_id();
   status_.assignment = a;
   LOG(INFO) << "assignment " << a.assignment_id() << " asks for the weights and KV cache of " << was
             << ", which are loaded: kept (not reloaded)"
-            << (*old != nullptr ? absl::StrCat("; next hop now \"", a.next_address(), "\"") : "");
+            << (*old != nullptr ? absl::StrCat("; next hop now \"", a.next_address(), "\", hidden states as ",
+                                               DTypeName(wire))
+                                : "");
   return absl::OkStatus();
 }
 
@@ -721,12 +741,12 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
     remote_addresses[le.layer()].assign(le.addresses().begin(), le.addresses().end());
     for (const std::string& address : le.addresses()) any_remote |= !address.empty();
   }
-  std::shared_ptr<engine::RemoteExperts> remote;
+  std::shared_ptr<GrpcRemoteExperts> remote;
   if (any_remote) {
     ASSIGN_OR_RETURN(remote, GrpcRemoteExperts::Create(remote_addresses, spec.hidden_size, a.assignment_id(),
                                                        options_.expert_call_timeout, options_.metrics,
                                                        /*max_rows_per_call=*/0, options_.peer_credentials,
-                                                       options_.hidden_wire_dtype));
+                                                       HiddenWireDtype(a)));
     eo.model.remote_experts = remote.get();
   }
   ASSIGN_OR_RETURN(auto executor, engine::TpExecutor::Create(spec, *ckpt, eo));
@@ -753,7 +773,7 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
                                                     .peer_credentials = options_.peer_credentials,
                                                     .answer_routes = &answer_routes_,
                                                     .step_deltas = options_.step_deltas,
-                                                    .hidden_wire_dtype = options_.hidden_wire_dtype});
+                                                    .hidden_wire_dtype = HiddenWireDtype(a)});
 }
 
 void WorkerServer::Load(v1::Assignment a) {

@@ -92,12 +92,6 @@ struct WorkerOptions {
   // upstream hop that this worker decodes them, and code what the stage forwards downstream when
   // the next stage announces it. Off: every micro-batch travels in full, both ways.
   bool step_deltas = true;
-  // How this worker's stages send hidden states to the next stage, and rows to the hosts of their
-  // spilled experts (--hidden_wire_dtype): kF32 (exact: a pipeline computes what one process
-  // does), or kBF16 (half the bytes per hop, each value rounded to bfloat16 once per hop, as a
-  // bf16 model's activations are anyway; an expert host answers in the dtype it was sent). A stage
-  // reads either, whatever it sends.
-  DType hidden_wire_dtype = DType::kF32;
 };
 
 // The free bytes a CUDA device with `total_bytes` and `free_bytes` offers when this worker may fill
@@ -116,9 +110,12 @@ struct WorkerStatusSnapshot {
 };
 
 // Whether `a` and `b` ask for the same loaded weights and KV cache: equal in everything but
-// assignment_id, replica, stage, num_stages and next_address (what a worker can change without
-// reloading).
+// assignment_id, replica, stage, num_stages, next_address and hidden_wire_dtype (what a worker can
+// change without reloading).
 bool SameWeightsAndCache(const v1::Assignment& a, const v1::Assignment& b);
+// How stage `a` sends its hidden states (Assignment.hidden_wire_dtype, validated by Assign): kBF16
+// or kF32 (also for UNSPECIFIED).
+DType HiddenWireDtype(const v1::Assignment& a);
 
 class WorkerServer {
  public:
@@ -147,10 +144,10 @@ class WorkerServer {
   // Validates and starts loading `assignment` in the background (replacing the current one once
   // loaded). When the worker is READY for an assignment with the same weights and KV cache
   // (SameWeightsAndCache), nothing is loaded: the loaded stage is kept under the new id (with a new
-  // link when the next hop changed) and the worker is READY for it on return; the KV cache keeps
-  // its contents, which the coordinator never reads before writing (it allocates block ids, and a
-  // step attends only to positions its sequence wrote). InvalidArgument naming the bad field;
-  // Aborted while an assignment loads.
+  // link when the next hop changed, and the new hidden_wire_dtype) and the worker is READY for it
+  // on return; the KV cache keeps its contents, which the coordinator never reads before writing
+  // (it allocates block ids, and a step attends only to positions its sequence wrote).
+  // InvalidArgument naming the bad field; Aborted while an assignment loads.
   absl::Status Assign(const v1::Assignment& assignment);
   // How many assignments were loaded from the checkpoint (kept ones are not counted). Thread-safe.
   int64_t weight_loads() const;

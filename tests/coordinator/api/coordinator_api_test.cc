@@ -1378,6 +1378,29 @@ TEST_F(CoordinatorRestartTest, AStageStillLoadingIsAdoptedAndServesOnceReady) {
   EXPECT_TRUE(Generate(IdsRequest({1, 2, 3}, 4)).status.ok());
 }
 
+// A coordinator with another --hidden_wire_dtype does not adopt the stages as they are: it plans
+// afresh and assigns every stage the same layers with the new dtype (which a worker takes without
+// reloading, WorkerServer::Assign); its plan says how hidden states travel.
+TEST_F(CoordinatorRestartTest, AnotherHiddenWireDtypeIsAssignedAfreshAndShownInThePlan) {
+  ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));
+  for (const WorkerAssignment& h : held_) EXPECT_EQ(h.hidden_wire_dtype, DType::kF32);
+  EXPECT_THAT(Status().plan(), HasSubstr("hidden states between stages: f32 (exact), --hidden_wire_dtype"));
+  RestartCoordinator({.pp = 2, .hidden_wire_dtype = DType::kBF16});
+  Register("node-a", "127.0.0.1:1", 1, int64_t{4} << 30, kA, held_[0]);
+  Register("node-b", "127.0.0.1:2", 1, int64_t{4} << 30, kB, held_[1]);
+  for (int i = 0; i < 2; ++i) {
+    std::optional<WorkerAssignment> a = workers_->WaitFor(absl::StrCat("127.0.0.1:", i + 1));
+    ASSERT_TRUE(a.has_value()) << "stage " << i << " was not assigned afresh";
+    EXPECT_EQ(a->hidden_wire_dtype, DType::kBF16);
+    EXPECT_EQ(a->layer_begin, held_[i].layer_begin);
+    EXPECT_EQ(a->layer_end, held_[i].layer_end);
+    EXPECT_EQ(a->kv_blocks, held_[i].kv_blocks);
+  }
+  const std::string plan = Status().plan();
+  EXPECT_THAT(plan, ::testing::Not(HasSubstr("adopted")));
+  EXPECT_THAT(plan, HasSubstr("hidden states between stages: bf16 (half the bytes; each value rounded once per hop)"));
+}
+
 // Half a replica is not adopted: one worker reports its stage, the other comes back idle.
 TEST_F(CoordinatorRestartTest, AnIncompleteReplicaIsNotAdopted) {
   ASSERT_NO_FATAL_FAILURE(BringUpTwoStages({.pp = 2}));

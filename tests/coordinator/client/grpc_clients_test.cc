@@ -323,10 +323,12 @@ TEST(AssignmentProtoTest, AnAssignmentRoundTripsAndUnknownEnumsNameTheField) {
                            .next_address = "w-5:50051",
                            .experts = {{.layer = 1, .ranks = {0, 1, -1}, .addresses = {"", "", "h:1"}}},
                            .quantize = Quantization::kInt8,
-                           .kv_cache = KvCacheFormat::kFp8E4M3};
+                           .kv_cache = KvCacheFormat::kFp8E4M3,
+                           .hidden_wire_dtype = DType::kBF16};
   v1::Assignment p;
   ToProto(a, &p);
   EXPECT_EQ(p.kv_cache_dtype(), v1::KV_CACHE_DTYPE_FP8_E4M3);
+  EXPECT_EQ(p.hidden_wire_dtype(), v1::DTYPE_BF16);
   EXPECT_EQ(p.quantize(), v1::WEIGHT_QUANTIZATION_INT8);
   ASSERT_OK_AND_ASSIGN(WorkerAssignment back, FromProto(p));
   EXPECT_EQ(back.assignment_id, a.assignment_id);
@@ -346,17 +348,33 @@ TEST(AssignmentProtoTest, AnAssignmentRoundTripsAndUnknownEnumsNameTheField) {
   EXPECT_THAT(back.experts[0].addresses, ElementsAre("", "", "h:1"));
   EXPECT_EQ(back.quantize, Quantization::kInt8);
   EXPECT_EQ(back.kv_cache, KvCacheFormat::kFp8E4M3);
-  // The default KV format goes out as AUTO and comes back as kAuto.
+  EXPECT_EQ(back.hidden_wire_dtype, DType::kBF16);
+  // The default KV format goes out as AUTO and comes back as kAuto; the default wire as F32.
   WorkerAssignment plain = a;
   plain.kv_cache = KvCacheFormat::kAuto;
+  plain.hidden_wire_dtype = DType::kF32;
   ToProto(plain, &p);
   EXPECT_EQ(p.kv_cache_dtype(), v1::KV_CACHE_DTYPE_AUTO);
+  EXPECT_EQ(p.hidden_wire_dtype(), v1::DTYPE_F32);
   ASSERT_OK_AND_ASSIGN(back, FromProto(p));
   EXPECT_EQ(back.kv_cache, KvCacheFormat::kAuto);
+  EXPECT_EQ(back.hidden_wire_dtype, DType::kF32);
+  // A worker of before the field reports none: F32, as it sent.
+  v1::Assignment unset = p;
+  unset.clear_hidden_wire_dtype();
+  ASSERT_OK_AND_ASSIGN(back, FromProto(unset));
+  EXPECT_EQ(back.hidden_wire_dtype, DType::kF32);
 
   v1::Assignment bad = p;
   bad.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(9));
   EXPECT_THAT(FromProto(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_cache_dtype: unknown KV cache dtype 9")));
+  bad = p;
+  bad.set_hidden_wire_dtype(v1::DTYPE_F16);
+  EXPECT_THAT(FromProto(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("hidden_wire_dtype: DTYPE_F16 is not F32 or BF16")));
+  bad.set_hidden_wire_dtype(static_cast<v1::DType>(11));
+  EXPECT_THAT(FromProto(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hidden_wire_dtype: 11 is not F32 or BF16")));
   bad = p;
   bad.set_quantize(static_cast<v1::WeightQuantization>(6));
   EXPECT_THAT(FromProto(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("quantize: unknown weight quantization 6")));

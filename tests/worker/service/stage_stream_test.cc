@@ -637,6 +637,12 @@ TEST(WorkerAssignTest, InvalidAssignmentsNameTheField) {
   a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
   a.set_kv_cache_dtype(static_cast<v1::KvCacheDtype>(9));
   EXPECT_THAT(w.Assign(a).message(), HasSubstr("kv_cache_dtype 9 is not a known KvCacheDtype"));
+  a = StageAssignment("tests/golden/models/llama", 0, 0, 2, 1, "");
+  a.set_hidden_wire_dtype(v1::DTYPE_F16);
+  EXPECT_THAT(w.Assign(a), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("hidden_wire_dtype DTYPE_F16 is not F32 or BF16")));
+  a.set_hidden_wire_dtype(static_cast<v1::DType>(12));
+  EXPECT_THAT(w.Assign(a).message(), HasSubstr("hidden_wire_dtype 12 is not F32 or BF16"));
   // Nothing was taken: the worker is still idle.
   EXPECT_EQ(w.Status().state, v1::WORKER_STATE_IDLE);
 }
@@ -725,7 +731,7 @@ TEST(ExpertServiceTest, RemoteCallsGiveTheHostsAnswerAcrossSplitCalls) {
   EXPECT_THAT(st.message(), HasSubstr("expert host 127.0.0.1:1"));
 }
 
-// With the bf16 wire (--hidden_wire_dtype=bf16) the rows go out rounded to bfloat16 and the host
+// With the bf16 wire (the coordinator's --hidden_wire_dtype=bf16) the rows go out rounded to bfloat16 and the host
 // answers in bfloat16: what comes back is the reference's experts over the rounded rows, rounded
 // (within one bf16 step where the two computations' last f32 bits straddle a rounding boundary),
 // and every value is a bfloat16. Twice the rows fit in a call.
@@ -1004,15 +1010,6 @@ TEST(ConvertTest, InconsistentChunksAndTensorsAreRejected) {
   EXPECT_THAT(FromProto(sized, 64).status().message(), HasSubstr("carry 256 bytes; 512 expected for F32"));
 }
 
-TEST(ConvertTest, HiddenWireDtypeNamesParse) {
-  ASSERT_OK_AND_ASSIGN(DType f32, ParseHiddenWireDtype("f32"));
-  EXPECT_EQ(f32, DType::kF32);
-  ASSERT_OK_AND_ASSIGN(DType bf16, ParseHiddenWireDtype("BF16"));
-  EXPECT_EQ(bf16, DType::kBF16);
-  EXPECT_THAT(ParseHiddenWireDtype("fp8").status().message(),
-              HasSubstr("\"fp8\" is not a hidden-state wire dtype (f32 or bf16)"));
-}
-
 // BF16 on the wire: half the bytes, in chunks of the same size; the next stage widens each value
 // back to the float its bf16 stands for (round to nearest even; checked against known encodings
 // in dtype_test), including values that are not exact in bf16.
@@ -1083,9 +1080,11 @@ WireRun RunStoriesPipeline(const testing::GoldenModel& model, DType wire) {
   WireRun run;
   WorkerMetrics metrics;
   RunningWorker w1 = StartWorker(1);
-  RunningWorker w0 = StartWorker(WorkerOptions{.cpu_ranks = 1, .metrics = &metrics, .hidden_wire_dtype = wire});
+  RunningWorker w0 = StartWorker(1, &metrics);
   EXPECT_TRUE(w1.server->Assign(StageAssignment(model.dir, 1, 2, 5, 1, "")).ok());
-  EXPECT_TRUE(w0.server->Assign(StageAssignment(model.dir, 0, 0, 2, 1, w1.address)).ok());
+  v1::Assignment first = StageAssignment(model.dir, 0, 0, 2, 1, w1.address);
+  first.set_hidden_wire_dtype(ToWireDtype(wire));
+  EXPECT_TRUE(w0.server->Assign(first).ok());
   EXPECT_EQ(AwaitLoaded(*w1.server).state, v1::WORKER_STATE_READY) << w1.server->Status().error;
   EXPECT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
   auto stub = v1::Stage::NewStub(grpc::CreateChannel(w0.address, grpc::InsecureChannelCredentials()));
@@ -1130,10 +1129,11 @@ WireRun RunStoriesPipeline(const testing::GoldenModel& model, DType wire) {
   return run;
 }
 
-// --hidden_wire_dtype=bf16 against transformers' outputs for the trained stories260K: the greedy
-// continuations stay the reference's, and the first token's logprobs move by at most a bound
-// measured here (the f32 wire, the same pipeline, stays within the golden tests' 1e-3); the hop
-// carries 2 bytes per value fewer than the f32 wire does.
+// Assignment.hidden_wire_dtype BF16 (the coordinator's --hidden_wire_dtype=bf16) against
+// transformers' outputs for the trained stories260K: the greedy continuations stay the
+// reference's, and the first token's logprobs move by at most a bound measured here (the f32
+// wire, the same pipeline, stays within the golden tests' 1e-3); the hop carries 2 bytes per value
+// fewer than the f32 wire does.
 TEST(HiddenWireDtypeTest, Bf16HopsKeepStories260KOnTransformersOutputs) {
   ASSERT_OK_AND_ASSIGN(const testing::GoldenModel model, testing::LoadStories260K());
   const WireRun f32 = RunStoriesPipeline(model, DType::kF32);
@@ -1172,6 +1172,67 @@ TEST(HiddenWireDtypeTest, Bf16HopsKeepStories260KOnTransformersOutputs) {
   std::printf("max |logprob - transformers'| over the first tokens' top 20: f32 wire %.2e, bf16 wire %.2e; "
               "stage 0 sent %.0f bytes (f32) and %.0f (bf16) for %lld rows\n",
               worst[0], worst[1], f32.tx_bytes, bf16.tx_bytes, static_cast<long long>(f32.tokens));
+}
+
+// An assignment that changes only hidden_wire_dtype keeps the stage loaded (no weight load) and
+// the next micro-batch travels in the new dtype: half the bytes of the same step before.
+TEST(HiddenWireDtypeTest, AChangeOfDtypeKeepsTheStageLoadedAndTakesEffect) {
+  ASSERT_OK_AND_ASSIGN(const testing::GoldenModel model, testing::LoadStories260K());
+  WorkerMetrics metrics;
+  RunningWorker w1 = StartWorker(1);
+  RunningWorker w0 = StartWorker(1, &metrics);
+  ASSERT_TRUE(w1.server->Assign(StageAssignment(model.dir, 1, 2, 5, 1, "")).ok());
+  v1::Assignment a = StageAssignment(model.dir, 0, 0, 2, 1, w1.address);
+  ASSERT_TRUE(w0.server->Assign(a).ok());
+  ASSERT_EQ(AwaitLoaded(*w1.server).state, v1::WORKER_STATE_READY) << w1.server->Status().error;
+  ASSERT_EQ(AwaitLoaded(*w0.server).state, v1::WORKER_STATE_READY) << w0.server->Status().error;
+  auto stub = v1::Stage::NewStub(grpc::CreateChannel(w0.address, grpc::InsecureChannelCredentials()));
+  const std::vector<int32_t> prompt = model.cases[0].prompt_ids;
+  // One prefill of the prompt through both stages (as a new sequence each time): its token, and
+  // the bytes stage 0 sent downstream for it.
+  auto prefill = [&](uint64_t step, int slot) -> std::pair<int32_t, double> {
+    const double before = CounterValue(metrics, "shardserve_worker_stream_bytes_total",
+                                       {{"direction", "tx"}, {"peer", "downstream"}})
+                              .value_or(0);
+    grpc::ClientContext ctx;
+    auto stream = stub->StepStream(&ctx);
+    v1::StepResponse r;
+    EXPECT_TRUE(stream->Write(Step(step, slot, 0, prompt, 0)));
+    EXPECT_TRUE(stream->Read(&r));
+    EXPECT_EQ(r.error_code(), 0) << r.error_message();
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+    const double after = CounterValue(metrics, "shardserve_worker_stream_bytes_total",
+                                      {{"direction", "tx"}, {"peer", "downstream"}})
+                             .value_or(0);
+    return {r.token_ids_size() == 1 ? r.token_ids(0) : -1, after - before};
+  };
+  const auto [f32_token, f32_bytes] = prefill(1, 0);
+  EXPECT_EQ(f32_token, model.cases[0].greedy_ids[0]);
+
+  a.set_assignment_id("test-0-bf16");
+  a.set_hidden_wire_dtype(v1::DTYPE_BF16);
+  ASSERT_THAT(w0.server->Assign(a), IsOk());
+  EXPECT_EQ(w0.server->Status().state, v1::WORKER_STATE_READY);  // at once: nothing to load
+  EXPECT_EQ(w0.server->Status().assignment_id, "test-0-bf16");
+  EXPECT_EQ(w0.server->weight_loads(), 1);
+  const auto [bf16_token, bf16_bytes] = prefill(2, 1);
+  EXPECT_EQ(bf16_token, model.cases[0].greedy_ids[0]);
+  const double saved = 2.0 * 64 * static_cast<double>(prompt.size());  // 2 bytes per value
+  EXPECT_NEAR(f32_bytes - bf16_bytes, saved, 0.03 * saved) << f32_bytes << " against " << bf16_bytes;
+
+  // Back to F32 (UNSPECIFIED means F32): the bytes of the first prefill again.
+  a.set_assignment_id("test-0-f32");
+  a.clear_hidden_wire_dtype();
+  ASSERT_THAT(w0.server->Assign(a), IsOk());
+  EXPECT_EQ(w0.server->weight_loads(), 1);
+  const auto [again_token, again_bytes] = prefill(3, 2);
+  EXPECT_EQ(again_token, model.cases[0].greedy_ids[0]);
+  EXPECT_NEAR(again_bytes, f32_bytes, 0.03 * saved);
+  for (RunningWorker* w : {&w0, &w1}) {
+    w->server->Shutdown();
+    w->rpc->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
 }
 
 }  // namespace
