@@ -660,7 +660,8 @@ absl::Status WorkerServer::KeepLoadedLocked(const v1::Assignment& a, std::shared
     config.stage = a.stage();
     config.next_address = a.next_address();
     config.hidden_wire_dtype = wire;
-    // Steps of the old runtime still in flight keep the dtype their calls started with.
+    // Expert calls already started keep their dtype; later ones take the new one, even those of a
+    // step of the old runtime still in flight (a host answers in the dtype it was sent).
     if (config.remote_experts != nullptr) config.remote_experts->set_wire_dtype(wire);
     *old = std::exchange(runtime_, std::make_shared<StageRuntime>(runtime_->shared_runner(), std::move(config)));
   }
