@@ -56,6 +56,9 @@ absl::Status CoordinatorOptions::Validate() const {
   }
   if (max_queued < 0) return bad("max_queued", max_queued, ">= 0");
   if (pipeline_depth < 0) return bad("pipeline_depth", pipeline_depth, ">= 0");
+  if (hidden_wire_dtype != DType::kF32 && hidden_wire_dtype != DType::kBF16) {
+    return bad("hidden_wire_dtype", DTypeName(hidden_wire_dtype), "f32 or bf16");
+  }
   if (heartbeat_interval <= absl::ZeroDuration()) {
     return bad("heartbeat_interval_ms", absl::FormatDuration(heartbeat_interval), "> 0");
   }

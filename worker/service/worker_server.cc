@@ -597,8 +597,7 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_cache_dtype ", a.kv_cache_dtype(), " is not a known KvCacheDtype"));
   }
-  if (a.hidden_wire_dtype() != v1::DTYPE_UNSPECIFIED && a.hidden_wire_dtype() != v1::DTYPE_F32 &&
-      a.hidden_wire_dtype() != v1::DTYPE_BF16) {
+  if (a.hidden_wire_dtype() != v1::DTYPE_UNSPECIFIED && !FromWireDtype(a.hidden_wire_dtype()).has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "hidden_wire_dtype ",
         v1::DType_IsValid(a.hidden_wire_dtype()) ? v1::DType_Name(a.hidden_wire_dtype())
@@ -628,7 +627,7 @@ absl::Status WorkerServer::Assign(const v1::Assignment& a) {
 }
 
 DType HiddenWireDtype(const v1::Assignment& a) {
-  return a.hidden_wire_dtype() == v1::DTYPE_BF16 ? DType::kBF16 : DType::kF32;
+  return FromWireDtype(a.hidden_wire_dtype()).value_or(DType::kF32);
 }
 
 bool SameWeightsAndCache(const v1::Assignment& a, const v1::Assignment& b) {

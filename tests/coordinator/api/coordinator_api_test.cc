@@ -1906,5 +1906,17 @@ TEST(CoordinatorStartTest, AnFp8KvCacheIsRefusedAtStartForMultiHeadLatentAttenti
   (*c)->Shutdown(absl::Seconds(5));
 }
 
+// A wire dtype other than F32 or BF16 (from a caller of the library; the flag's parser admits only
+// those) is refused when the coordinator starts, naming the option.
+TEST(CoordinatorStartTest, AHiddenWireDtypeOtherThanF32OrBf16IsRefused) {
+  CoordinatorOptions options;
+  options.listen = "127.0.0.1:0";
+  options.model_path = testing::Stories260KDir();
+  options.hidden_wire_dtype = DType::kF16;
+  EXPECT_THAT(Coordinator::Start(options, {}),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("--hidden_wire_dtype must be f32 or bf16, got F16")));
+}
+
 }  // namespace
 }  // namespace shardserve::coordinator

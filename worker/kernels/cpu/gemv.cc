@@ -1,5 +1,7 @@
 #include "worker/kernels/cpu/gemv.h"
 
+#include "common/tensor/dtype.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define SHARDSERVE_GEMV_AVX2 1
@@ -208,11 +210,7 @@ void BlockedLinearBf16(const float* x, const uint16_t* w, const float* bias, flo
 }
 
 void WidenBf16(const uint16_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#if SHARDSERVE_GEMV_AVX2
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Load8(src + i));
-#endif
-  for (; i < n; ++i) dst[i] = Bf16ToFloat(src[i]);
+  ConvertToFloat(DType::kBF16, src, static_cast<size_t>(n), dst);
 }
 
 void BlockedLinear(const float* x, const float* w, const float* bias, float* y, int64_t tokens, int64_t in,
