@@ -98,6 +98,8 @@ class HfStreamDecoder final : public StreamDecoder {
     return out;
   }
 
+  std::unique_ptr<StreamDecoder> Clone() const override { return std::make_unique<HfStreamDecoder>(*this); }
+
  private:
   const HfBpeTokenizer* tokenizer_;
   const bool skip_special_tokens_;

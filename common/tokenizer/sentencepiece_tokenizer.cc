@@ -122,6 +122,8 @@ class SpStreamDecoder final : public StreamDecoder {
     return out;
   }
 
+  std::unique_ptr<StreamDecoder> Clone() const override { return std::make_unique<SpStreamDecoder>(*this); }
+
  private:
   const SentencePieceTokenizer* tokenizer_;
   DecodeState state_;

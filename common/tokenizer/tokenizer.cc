@@ -10,6 +10,11 @@
 
 namespace shardserve {
 
+absl::Status StreamDecoder::Prime(absl::Span<const int32_t> context) {
+  for (int32_t id : context) RETURN_IF_ERROR(Next(id).status());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
@@ -62,6 +63,20 @@ class StreamDecoder {
   // Ends the sequence: returns the text still held back (an incomplete UTF-8 sequence at the end
   // becomes U+FFFD) and resets the decoder, so it can be used for a new sequence.
   virtual std::string Finish() = 0;
+
+  // A decoder in this one's state: what it returns for the next ids is what this one would. Lets
+  // a caller spell a token where it stands (a logprob's alternatives) without feeding it here.
+  virtual std::unique_ptr<StreamDecoder> Clone() const = 0;
+
+  // Feeds `context`, the ids before the text wanted (a prompt), and drops their text: the ids fed
+  // after it decode as the continuation they are. For valid UTF-8, the concatenation of what
+  // Next() and Finish() return after Prime(p) is Decode(p + ids) without its first
+  // Decode(p).size() bytes, which is how transformers' text-generation pipeline and vLLM cut a
+  // completion from its prompt; so a first generated word keeps the space that SentencePiece
+  // drops at the start of a text. Bytes of an incomplete character at the end of `context` stay
+  // held, and the ids that complete it return the whole character. InvalidArgument naming the id
+  // when one is outside the vocabulary (the ids before it have been fed).
+  absl::Status Prime(absl::Span<const int32_t> context);
 };
 
 class Tokenizer {

@@ -458,8 +458,13 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::Cal
   }
   SequenceRequest& seq = admitted->sequence;
   const Tokenizer* tokenizer = tokenizer_;
-  auto new_decoder = [tokenizer]() -> std::unique_ptr<StreamDecoder> {
-    return tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr;
+  // Each choice's text is decoded as the continuation of the prompt (StreamDecoder::Prime): a
+  // first word keeps its space.
+  auto new_decoder = [tokenizer, &seq]() -> std::unique_ptr<StreamDecoder> {
+    if (tokenizer == nullptr) return nullptr;
+    std::unique_ptr<StreamDecoder> decoder = tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true);
+    if (absl::Status st = decoder->Prime(seq.prompt); !st.ok()) VLOG(1) << "the prompt's text is not decoded: " << st;
+    return decoder;
   };
   auto stream = std::make_shared<GenerateStream>(reactor, seq.request_id, admitted->n, new_decoder, admitted->stop,
                                                  admitted->tool_calls);

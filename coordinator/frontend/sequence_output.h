@@ -38,6 +38,9 @@ class SequenceText {
 
   bool stopped() const { return matcher_.stopped(); }
   bool has_text() const { return decoder_ != nullptr; }
+  // The decoder in its state after the tokens added so far (null without a tokenizer): for
+  // spelling the next token and its alternatives where they stand (StreamDecoder::Clone).
+  const StreamDecoder* decoder() const { return decoder_.get(); }
 
  private:
   std::unique_ptr<StreamDecoder> decoder_;

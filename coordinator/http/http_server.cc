@@ -48,12 +48,18 @@ using Json = nlohmann::ordered_json;
 // decoder and stop-string matcher here, so the handler only sees text that is final.
 class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
  public:
-  // `tokenizer` (may be null) decodes the text and spells the tokens of logprobs entries.
-  HttpChoices(int n, const Tokenizer* tokenizer, const std::vector<std::string>& stops)
+  // `tokenizer` (may be null) decodes the text and spells the tokens of logprobs entries. Each
+  // choice's text is decoded as the continuation of `prompt` (StreamDecoder::Prime): a first word
+  // keeps its space.
+  HttpChoices(int n, const Tokenizer* tokenizer, absl::Span<const int32_t> prompt, const std::vector<std::string>& stops)
       : tokenizer_(tokenizer), num_choices_(static_cast<size_t>(n)) {
     for (int i = 0; i < n; ++i) {
-      choices_.emplace_back(tokenizer != nullptr ? tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true) : nullptr,
-                            stops);
+      std::unique_ptr<StreamDecoder> decoder;
+      if (tokenizer != nullptr) {
+        decoder = tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true);
+        if (absl::Status st = decoder->Prime(prompt); !st.ok()) VLOG(1) << "the prompt's text is not decoded: " << st;
+      }
+      choices_.emplace_back(std::move(decoder), stops);
     }
   }
 
@@ -80,7 +86,10 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
     echo_text_ = std::move(prompt_text);
     echo_prompt_ = std::move(prompt);
     if (with_logprobs && !echo_prompt_.empty()) {
-      echo_entries_.push_back(LogprobEntry{.token = Spell(echo_prompt_[0]), .has_logprob = false});
+      if (tokenizer_ != nullptr) echo_decoder_ = tokenizer_->NewStreamDecoder(/*skip_special_tokens=*/true);
+      auto [token, chars] = SpellAt(echo_decoder_.get(), echo_prompt_[0]);
+      echo_entries_.push_back(LogprobEntry{.token = std::move(token), .has_logprob = false, .text_chars = chars});
+      AdvanceEchoLocked();
     }
     if (!with_logprobs || echo_prompt_.size() <= 1) ReleaseEchoLocked();
   }
@@ -152,7 +161,8 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
     absl::MutexLock lock(&mu_);
     for (const TokenLogprobs& lp : logprobs) {
       if (echo_entries_.empty() || echo_entries_.size() >= echo_prompt_.size()) break;  // not asked, or all there
-      echo_entries_.push_back(Entry(echo_prompt_[echo_entries_.size()], lp));
+      echo_entries_.push_back(Entry(echo_decoder_.get(), echo_prompt_[echo_entries_.size()], lp));
+      AdvanceEchoLocked();
     }
     if (!echo_released_ && !echo_entries_.empty() && echo_entries_.size() == echo_prompt_.size()) ReleaseEchoLocked();
   }
@@ -168,7 +178,7 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
       }
       for (size_t i = 0; i < tokens.size(); ++i) {
         if (i < logprobs.size()) {
-          c.logprobs.push_back(Entry(tokens[i], logprobs[i]));
+          c.logprobs.push_back(Entry(c.sequence_text.decoder(), tokens[i], logprobs[i]));
           c.cumulative_logprob += logprobs[i].logprob;
         }
         if (c.sequence_text.has_text() && c.sequence_text.Add(tokens[i], &c.text)) {
@@ -221,12 +231,31 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
     }
     return absl::StrCat("token_id:", id);
   }
-  LogprobEntry Entry(int32_t id, const TokenLogprobs& lp) const {
-    LogprobEntry e{.token = Spell(id), .logprob = lp.logprob};
+  // `id` spelled where `at` stands (the decoder of the text before it; null: decoded alone), and
+  // the characters it adds to that text: see LogprobEntry.
+  std::pair<std::string, int64_t> SpellAt(const StreamDecoder* at, int32_t id) const {
+    if (at != nullptr) {
+      absl::StatusOr<std::string> text = at->Clone()->Next(id);
+      if (text.ok() && !text->empty()) {
+        int64_t chars = 0;
+        for (unsigned char b : *text) chars += (b & 0xC0) != 0x80 ? 1 : 0;  // lead bytes: one per character
+        return {*std::move(text), chars};
+      }
+    }
+    return {Spell(id), 0};
+  }
+  // The entry of token `id` where `at` stands, its alternatives spelled in the same place.
+  LogprobEntry Entry(const StreamDecoder* at, int32_t id, const TokenLogprobs& lp) const {
+    auto [token, chars] = SpellAt(at, id);
+    LogprobEntry e{.token = std::move(token), .logprob = lp.logprob, .text_chars = chars};
     for (size_t k = 0; k < lp.top_ids.size() && k < lp.top_logprobs.size(); ++k) {
-      e.top.emplace_back(Spell(lp.top_ids[k]), lp.top_logprobs[k]);
+      e.top.emplace_back(SpellAt(at, lp.top_ids[k]).first, lp.top_logprobs[k]);
     }
     return e;
+  }
+  // The echoed prompt's decoder takes the token just entered.
+  void AdvanceEchoLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (echo_decoder_ != nullptr) (void)echo_decoder_->Next(echo_prompt_[echo_entries_.size() - 1]);
   }
 
   const Tokenizer* const tokenizer_;
@@ -238,6 +267,7 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
   std::string echo_text_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> echo_prompt_ ABSL_GUARDED_BY(mu_);
   std::vector<LogprobEntry> echo_entries_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<StreamDecoder> echo_decoder_ ABSL_GUARDED_BY(mu_);  // the prompt's text up to echo_entries_
   bool echo_released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -547,7 +577,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   }
   const int64_t prompt_len = static_cast<int64_t>(seq.prompt.size());
   const ResponseMeta meta{.id = seq.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
-  auto choices = std::make_shared<HttpChoices>(generate, tokenizer, admitted->stop);
+  auto choices = std::make_shared<HttpChoices>(generate, tokenizer, seq.prompt, admitted->stop);
   if (echo) choices->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
   // Logged and counted like the gRPC front end's requests (coordinator/frontend/request_log.h).
   absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler, std::move(seq), choices->Sinks());
@@ -661,7 +691,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
             const std::vector<LogprobEntry>* lp = logprobs ? &u.logprobs : nullptr;
             const Json chunk = chat ? ChatChunk(meta, "", u.text, "", lp, index)
                                     : CompletionChunk(meta, u.text, "", lp, state->text_offset[u.index], index);
-            for (const LogprobEntry& e : u.logprobs) state->text_offset[u.index] += static_cast<int64_t>(e.token.size());
+            for (const LogprobEntry& e : u.logprobs) state->text_offset[u.index] += e.text_chars;
             if (!write(SseEvent(Dump(chunk)))) return false;
           }
           if (!u.end.has_value()) continue;

@@ -654,7 +654,7 @@ Json CompletionLogprobs(const std::vector<LogprobEntry>* entries, int64_t text_o
   for (const LogprobEntry& e : *entries) {
     tokens.push_back(e.token);
     offsets.push_back(text_offset);
-    text_offset += static_cast<int64_t>(e.token.size());
+    text_offset += e.text_chars;
     if (!e.has_logprob) {
       lps.push_back(nullptr);
       tops.push_back(nullptr);

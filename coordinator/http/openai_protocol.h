@@ -65,11 +65,18 @@ struct SamplingFields {
 };
 
 // One generated token's log-probabilities as the API reports them.
+// Tokens are spelled where they stand: the text each adds after the tokens before it (" there"
+// after "Once upon a time,", where decoding the token alone drops SentencePiece's leading space),
+// so that the entries' texts concatenate to the answer's. A token that adds no text of its own (a
+// special token, or one that only begins a character whose last byte comes later) is spelled
+// decoded alone ("</s>", U+FFFD) and adds no characters.
 struct LogprobEntry {
-  std::string token;  // the token's text, decoded alone
+  std::string token;
   double logprob = 0;
   bool has_logprob = true;  // false for an echoed prompt's first token (null in the JSON)
   std::vector<std::pair<std::string, double>> top;  // the most likely tokens, most likely first
+  // Characters (code points) the token adds to the text: completions' text_offset advances by it.
+  int64_t text_chars = 0;
 };
 
 struct CompletionRequest {
@@ -164,7 +171,7 @@ struct Usage {
 // finish_reason: "stop" or "length"; empty for none (JSON null). `logprobs`, when given, fills the
 // choice's "logprobs" (null otherwise): for completions {"tokens", "token_logprobs",
 // "top_logprobs" (one {token: logprob} object per token), "text_offset" (from `text_offset`, the
-// offset of the first token in the whole completion)}; for chat {"content": [{"token", "logprob",
+// offset of the first token in the whole completion, in characters as OpenAI counts them)}; for chat {"content": [{"token", "logprob",
 // "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
 nlohmann::ordered_json CompletionResponse(const ResponseMeta& meta, absl::string_view text,
                                           absl::string_view finish_reason, const Usage& usage,

@@ -233,6 +233,12 @@ print(json.dumps(r.choices[0].text))
             self.assertLessEqual(chosen, 0.0)
             self.assertLessEqual(max(top.values()), 0.0)
             self.assertGreaterEqual(max(top.values()), chosen - 1e-6)  # the most likely is at least as likely
+        # The entries after "<s>" (which adds no text) concatenate to the echoed text, and
+        # text_offset finds each in it.
+        self.assertEqual(lp["tokens"][0], "<s>")
+        self.assertEqual("".join(lp["tokens"][1:]), r["choices"][0]["text"])
+        for token, offset in zip(lp["tokens"][1:], lp["text_offset"][1:]):
+            self.assertEqual(r["choices"][0]["text"][offset:offset + len(token)], token, lp)
         # The generated tokens' entries are those of a request without echo.
         plain = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)["choices"][0]["logprobs"]
         self.assertEqual(lp["tokens"][prompt_tokens:], plain["tokens"])
@@ -326,8 +332,21 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
         self.assertEqual(len(lp["text_offset"]), 6)
         for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
             self.assertLessEqual(chosen, 0.0)
-            self.assertLessEqual(len(top), 3)
+            self.assertEqual(len(top), 3, top)  # spelled where they stand, no two alternatives alike
             self.assertAlmostEqual(max(top.values()), chosen, places=5)
+        # Tokens are spelled where they stand, as OpenAI's are: they concatenate to the text, and
+        # text_offset says where each starts in it (in characters). After "Once upon a time," the
+        # first word keeps its space in the text and in its token (" there", where the token decoded
+        # alone is "there"), and so do the alternatives.
+        r = self.completion(prompt=PROMPT + ",", max_tokens=8, temperature=0, logprobs=2)
+        text, lp = r["choices"][0]["text"], r["choices"][0]["logprobs"]
+        self.assertTrue(text.startswith(" "), text)
+        self.assertEqual("".join(lp["tokens"]), text)
+        for i, (token, offset) in enumerate(zip(lp["tokens"], lp["text_offset"])):
+            self.assertEqual(text[offset:offset + len(token)], token, (i, lp))
+        self.assertTrue(lp["tokens"][0].startswith(" "), lp["tokens"])
+        self.assertIn(lp["tokens"][0], lp["top_logprobs"][0])
+        self.assertNotIn("", [t for top in lp["top_logprobs"] for t in top])
         # Without asking: null.
         r = self.completion(prompt=PROMPT, max_tokens=2, temperature=0)
         self.assertIsNone(r["choices"][0]["logprobs"])

@@ -105,7 +105,12 @@ absl::Status Run() {
   }
   const bool as_text = !absl::GetFlag(FLAGS_print_ids) && tokenizer.ok();
   std::unique_ptr<StreamDecoder> decoder;
-  if (as_text) decoder = (*tokenizer)->NewStreamDecoder(/*skip_special_tokens=*/true);
+  if (as_text) {
+    // The text printed is the prompt's continuation: a first word keeps its space.
+    decoder = (*tokenizer)->NewStreamDecoder(/*skip_special_tokens=*/true);
+    // An id outside the tokenizer's vocabulary is the engine's to refuse, naming the token.
+    (void)decoder->Prime(req.prompt);
+  }
   absl::Status decode_status;
   auto on_token = [&](size_t, int32_t id) {
     if (!as_text || !decode_status.ok()) return;

@@ -12,6 +12,7 @@
 #include "common/tokenizer/sentencepiece_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/tokenizer_config.h"
+#include "common/tokenizer/utf8.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -148,6 +149,64 @@ TEST_P(TokenizerReferenceTest, IdsAndTextMatchHuggingFace) {
   }
   std::printf("[ reference ] %s: %d random id sequences decoded (%d streams compared)\n", set.name, decodes,
               stream_compared);
+}
+
+// A decoder primed with a prompt (StreamDecoder::Prime) streams the rest as transformers'
+// text-generation pipeline and vLLM cut a completion from its prompt: Decode(prompt + rest) less
+// the first Decode(prompt).size() bytes (Decode is checked against Hugging Face above). Every split
+// of every reference string whose decodes are valid UTF-8 is tried. A clone taken before each id
+// returns what the decoder then returns for it.
+TEST_P(TokenizerReferenceTest, APrimedDecoderContinuesThePromptAndAClonePredictsTheNextText) {
+  const ReferenceSet& set = GetParam();
+  if (!std::filesystem::exists(set.model_dir)) GTEST_SKIP() << set.model_dir << " is not available";
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded;
+  if (set.load_tokenizer_model) {
+    absl::StatusOr<TokenizerConfig> config = LoadTokenizerConfig(set.model_dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    loaded = LoadSentencePieceTokenizer(set.model_dir + "/tokenizer.model", *config);
+  } else {
+    loaded = LoadTokenizer(set.model_dir);
+  }
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Tokenizer& tok = **loaded;
+  const json ref = json::parse(ReadAll(set.reference), nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(ref.is_discarded()) << set.reference;
+  int splits = 0, kept_space = 0;
+  for (const json& c : ref["cases"]) {
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    for (size_t k = 1; k < ids.size(); ++k) {
+      const absl::Span<const int32_t> prompt = absl::MakeConstSpan(ids).subspan(0, k);
+      const absl::Span<const int32_t> rest = absl::MakeConstSpan(ids).subspan(k);
+      absl::StatusOr<std::string> head = tok.Decode(prompt, /*skip_special_tokens=*/true);
+      absl::StatusOr<std::string> whole = tok.Decode(ids, /*skip_special_tokens=*/true);
+      ASSERT_TRUE(head.ok() && whole.ok());
+      if (!ValidateUtf8(*head).ok() || head->find("\xEF\xBF\xBD") != std::string::npos) continue;  // ends mid-character
+      ASSERT_TRUE(whole->starts_with(*head)) << set.name << " split " << k;
+      SCOPED_TRACE(::testing::Message() << set.name << " \"" << *whole << "\" split after " << k << " ids");
+      std::unique_ptr<StreamDecoder> stream = tok.NewStreamDecoder(/*skip_special_tokens=*/true);
+      ASSERT_TRUE(stream->Prime(prompt).ok());
+      std::string text;
+      for (int32_t id : rest) {
+        const std::unique_ptr<StreamDecoder> clone = stream->Clone();
+        absl::StatusOr<std::string> predicted = clone->Next(id);
+        absl::StatusOr<std::string> piece = stream->Next(id);
+        ASSERT_TRUE(predicted.ok() && piece.ok());
+        EXPECT_EQ(*predicted, *piece);
+        text += *piece;
+      }
+      text += stream->Finish();
+      EXPECT_EQ(text, whole->substr(head->size()));
+      ++splits;
+      kept_space += !head->empty() && text.starts_with(' ') ? 1 : 0;
+    }
+  }
+  EXPECT_GE(splits, 100);
+  // SentencePiece-style vocabularies drop the space of a text's first word, so a continuation that
+  // starts with a word shows the rule at work.
+  if (!IsByteLevel(tok)) {
+    EXPECT_GT(kept_space, 0);
+  }
+  std::printf("[ reference ] %s: %d splits continued, %d starting with a kept space\n", set.name, splits, kept_space);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, TokenizerReferenceTest, ::testing::ValuesIn(ReferenceSets()),

@@ -30,6 +30,7 @@ class TableDecoder final : public StreamDecoder {
     return it->second;
   }
   std::string Finish() override { return std::exchange(held_, ""); }
+  std::unique_ptr<StreamDecoder> Clone() const override { return std::make_unique<TableDecoder>(*this); }
 
  private:
   inline static const std::map<int32_t, std::string> kPieces = {{1, "Once"}, {2, " upon"}, {3, " a"}, {4, " time"}};

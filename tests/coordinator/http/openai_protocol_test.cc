@@ -69,20 +69,24 @@ TEST(OpenAiProtocolTest, LogprobsRequestsAndTheirJson) {
   EXPECT_EQ(ch->fields.top_logprobs, 3);
 
   const ResponseMeta meta{.id = "x", .created = 1, .model = "m"};
-  const std::vector<LogprobEntry> entries = {{.token = "Hi", .logprob = -0.5, .top = {{"Hi", -0.5}, {"Ho", -1.5}}},
-                                             {.token = "!", .logprob = -2, .top = {{"?", -1}, {"!", -2}}}};
-  const auto comp = CompletionResponse(meta, "Hi!", "length", {}, &entries);
+  // text_offset advances by the characters each token adds to the text ("é" is 2 bytes, 1 character),
+  // not by its spelling (a special token adds none).
+  const std::vector<LogprobEntry> entries = {
+      {.token = "Hé", .logprob = -0.5, .top = {{"Hé", -0.5}, {"Ho", -1.5}}, .text_chars = 2},
+      {.token = "</s>", .logprob = -3, .top = {{"</s>", -3}}},
+      {.token = "!", .logprob = -2, .top = {{"?", -1}, {"!", -2}}, .text_chars = 1}};
+  const auto comp = CompletionResponse(meta, "Hé!", "length", {}, &entries);
   const auto& lp = comp["choices"][0]["logprobs"];
-  EXPECT_EQ(Dump(lp["tokens"]), R"(["Hi","!"])");
-  EXPECT_EQ(Dump(lp["token_logprobs"]), "[-0.5,-2.0]");
-  EXPECT_EQ(Dump(lp["top_logprobs"]), R"([{"Hi":-0.5,"Ho":-1.5},{"?":-1.0,"!":-2.0}])");
-  EXPECT_EQ(Dump(lp["text_offset"]), "[0,2]");
-  EXPECT_EQ(Dump(CompletionChunk(meta, "!", "", &entries, 7)["choices"][0]["logprobs"]["text_offset"]), "[7,9]");
-  const auto chat = ChatResponse(meta, "Hi!", "stop", {}, &entries);
+  EXPECT_EQ(Dump(lp["tokens"]), R"(["Hé","</s>","!"])");
+  EXPECT_EQ(Dump(lp["token_logprobs"]), "[-0.5,-3.0,-2.0]");
+  EXPECT_EQ(Dump(lp["top_logprobs"]), R"([{"Hé":-0.5,"Ho":-1.5},{"</s>":-3.0},{"?":-1.0,"!":-2.0}])");
+  EXPECT_EQ(Dump(lp["text_offset"]), "[0,2,2]");
+  EXPECT_EQ(Dump(CompletionChunk(meta, "!", "", &entries, 7)["choices"][0]["logprobs"]["text_offset"]), "[7,9,9]");
+  const auto chat = ChatResponse(meta, "Hé!", "stop", {}, &entries);
   const auto& content = chat["choices"][0]["logprobs"]["content"];
-  ASSERT_EQ(content.size(), 2u);
-  EXPECT_EQ(Dump(content[0]), R"({"token":"Hi","logprob":-0.5,"bytes":[72,105],"top_logprobs":[)"
-                              R"({"token":"Hi","logprob":-0.5,"bytes":[72,105]},{"token":"Ho","logprob":-1.5,"bytes":[72,111]}]})");
+  ASSERT_EQ(content.size(), 3u);
+  EXPECT_EQ(Dump(content[0]), R"({"token":"Hé","logprob":-0.5,"bytes":[72,195,169],"top_logprobs":[)"
+                              R"({"token":"Hé","logprob":-0.5,"bytes":[72,195,169]},{"token":"Ho","logprob":-1.5,"bytes":[72,111]}]})");
   // Not asked: null, as before.
   EXPECT_TRUE(ChatResponse(meta, "Hi!", "stop", {})["choices"][0]["logprobs"].is_null());
 }
