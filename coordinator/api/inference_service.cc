@@ -459,12 +459,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::Cal
   SequenceRequest& seq = admitted->sequence;
   const Tokenizer* tokenizer = tokenizer_;
   // Each choice's text is decoded as the continuation of the prompt (StreamDecoder::Prime): a
-  // first word keeps its space.
-  auto new_decoder = [tokenizer, &seq]() -> std::unique_ptr<StreamDecoder> {
-    if (tokenizer == nullptr) return nullptr;
-    std::unique_ptr<StreamDecoder> decoder = tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true);
-    if (absl::Status st = decoder->Prime(seq.prompt); !st.ok()) VLOG(1) << "the prompt's text is not decoded: " << st;
-    return decoder;
+  // first word keeps its space. Primed once (~20M ids/s), cloned for each choice.
+  std::unique_ptr<StreamDecoder> primed;
+  if (tokenizer != nullptr) {
+    primed = tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true);
+    if (absl::Status st = primed->Prime(seq.prompt); !st.ok()) VLOG(1) << "the prompt's text is not decoded: " << st;
+  }
+  auto new_decoder = [&primed]() -> std::unique_ptr<StreamDecoder> {
+    return primed != nullptr ? primed->Clone() : nullptr;
   };
   auto stream = std::make_shared<GenerateStream>(reactor, seq.request_id, admitted->n, new_decoder, admitted->stop,
                                                  admitted->tool_calls);
