@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -49,7 +50,8 @@ ABSL_FLAG(std::string, model, "", "model directory (config.json + safetensors [+
 ABSL_FLAG(int32_t, workers, 1, "worker processes");
 ABSL_FLAG(std::string, devices_per_worker, "cpu:1", "each worker's --devices (cpu:N, cuda:all, cuda:0,1)");
 ABSL_FLAG(std::string, memory_per_device, "",
-          "each worker's --memory_per_device: memory a device offers the planner at most (e.g. 2GiB; default: free "
+          "each worker's --memory_per_device: memory a device offers the planner at most (e.g. 2GiB; default: CPU "
+          "ranks get an equal share of the machine's available memory across all workers, CUDA devices their free "
           "memory)");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "each worker's --gpu_memory_utilization: fraction of each CUDA device's memory it may fill (workers that "
@@ -108,6 +110,26 @@ ABSL_FLAG(bool, public_tls, false,
 ABSL_FLAG(std::string, bin_dir, "", "where shardserve-coordinator and shardserve-worker are (default: next to this binary)");
 
 namespace {
+
+// The CPU ranks of --devices=cpu:N (0 for other devices or a malformed value, which the worker
+// refuses itself).
+int CpuRanks(const std::string& devices) {
+  int ranks = 0;
+  if (!devices.starts_with("cpu:") || !absl::SimpleAtoi(devices.substr(4), &ranks) || ranks < 1) return 0;
+  return ranks;
+}
+
+// MemAvailable from /proc/meminfo, in bytes; 0 when it cannot be read.
+int64_t AvailableMemory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
 
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
@@ -346,6 +368,16 @@ int main(int argc, char** argv) {
     coordinator_argv.push_back("--tls_dir=" + tls_root + "/coordinator");
     if (!public_tls) coordinator_argv.push_back("--public_plaintext");
   }
+  // CPU workers share this machine's memory, and each alone would offer its ranks all that is
+  // available (the planner would count it once per worker, and place more than fits): unless
+  // --memory_per_device says otherwise, every rank of every worker is offered an equal share.
+  std::string memory_per_device = absl::GetFlag(FLAGS_memory_per_device);
+  const int cpu_ranks = CpuRanks(absl::GetFlag(FLAGS_devices_per_worker));
+  if (memory_per_device.empty() && cpu_ranks > 0 && workers > 1) {
+    if (const int64_t available = AvailableMemory(); available > 0) {
+      memory_per_device = absl::StrCat(available / (int64_t{workers} * cpu_ranks));
+    }
+  }
   children.push_back({"coordinator", Spawn(coordinator_argv)});
   for (int i = 0; i < workers; ++i) {
     std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + control_address,
@@ -357,9 +389,7 @@ int main(int argc, char** argv) {
                                             absl::StrCat("--step_deltas=", absl::GetFlag(FLAGS_step_deltas) ? "true" : "false"),
                                             absl::StrCat("--stage_inline_us=", absl::GetFlag(FLAGS_stage_inline_us))};
     if (absl::GetFlag(FLAGS_metrics)) worker_argv.push_back("--metrics_listen=127.0.0.1:0");
-    if (const std::string m = absl::GetFlag(FLAGS_memory_per_device); !m.empty()) {
-      worker_argv.push_back("--memory_per_device=" + m);
-    }
+    if (!memory_per_device.empty()) worker_argv.push_back("--memory_per_device=" + memory_per_device);
     worker_argv.push_back(absl::StrCat("--gpu_memory_utilization=", absl::GetFlag(FLAGS_gpu_memory_utilization)));
     if (!insecure) worker_argv.push_back(absl::StrCat("--tls_dir=", tls_root, "/worker-", i));
     children.push_back({absl::StrCat("worker ", i), Spawn(worker_argv)});

@@ -103,6 +103,17 @@ class Layouts(unittest.TestCase):
             self.assertTrue(any('shardserve_worker_collective_seconds_count{op="all_reduce"' in p for p in pages))
             self.assertIn("layers [0, 1)", st.stdout)
             self.assertIn("layers [1, 2)", st.stdout)
+            # The two workers share this machine's memory: the plan's weights and KV cache over all
+            # their ranks fit in it (each worker alone would offer all that is available, and the plan
+            # would count the machine twice).
+            units = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+            rows = re.findall(r"^\s+\d+\s+w-\S+\s+\S+\s+\[\d+, \d+\)\s+\S+\s+\S+\s+(\d+)\s+\S+\s+"
+                              r"([\d.]+) ([KMGT]?B)\s+([\d.]+) ([KMGT]?B)\s", st.stdout, re.M)
+            self.assertEqual(len(rows), 2, st.stdout)
+            planned = sum(int(tp) * (float(w) * units[wu] + float(kv) * units[kvu]) for tp, w, wu, kv, kvu in rows)
+            with open("/proc/meminfo") as f:
+                total = next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemTotal:"))
+            self.assertLessEqual(planned, total, st.stdout)
         finally:
             self.assertEqual(c.stop(), 0)
 
