@@ -69,19 +69,20 @@ std::string Streamed(const Tokenizer& tok, const std::vector<int32_t>& ids, bool
 // Byte-level vocabularies spell the space byte as "Ġ".
 bool IsByteLevel(const Tokenizer& tok) { return tok.PieceToId("\xC4\xA0").has_value(); }
 
+// The set's tokenizer: its tokenizer.model when the set says so, else what LoadTokenizer picks.
+absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const ReferenceSet& set) {
+  if (!set.load_tokenizer_model) return LoadTokenizer(set.model_dir);
+  absl::StatusOr<TokenizerConfig> config = LoadTokenizerConfig(set.model_dir);
+  if (!config.ok()) return config.status();
+  return LoadSentencePieceTokenizer(set.model_dir + "/tokenizer.model", *config);
+}
+
 class TokenizerReferenceTest : public ::testing::TestWithParam<ReferenceSet> {};
 
 TEST_P(TokenizerReferenceTest, IdsAndTextMatchHuggingFace) {
   const ReferenceSet& set = GetParam();
   if (!std::filesystem::exists(set.model_dir)) GTEST_SKIP() << set.model_dir << " is not available";
-  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded;
-  if (set.load_tokenizer_model) {
-    absl::StatusOr<TokenizerConfig> config = LoadTokenizerConfig(set.model_dir);
-    ASSERT_TRUE(config.ok()) << config.status();
-    loaded = LoadSentencePieceTokenizer(set.model_dir + "/tokenizer.model", *config);
-  } else {
-    loaded = LoadTokenizer(set.model_dir);
-  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded = Load(set);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const Tokenizer& tok = **loaded;
   EXPECT_EQ(tok.kind(), set.kind);
@@ -159,14 +160,7 @@ TEST_P(TokenizerReferenceTest, IdsAndTextMatchHuggingFace) {
 TEST_P(TokenizerReferenceTest, APrimedDecoderContinuesThePromptAndAClonePredictsTheNextText) {
   const ReferenceSet& set = GetParam();
   if (!std::filesystem::exists(set.model_dir)) GTEST_SKIP() << set.model_dir << " is not available";
-  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded;
-  if (set.load_tokenizer_model) {
-    absl::StatusOr<TokenizerConfig> config = LoadTokenizerConfig(set.model_dir);
-    ASSERT_TRUE(config.ok()) << config.status();
-    loaded = LoadSentencePieceTokenizer(set.model_dir + "/tokenizer.model", *config);
-  } else {
-    loaded = LoadTokenizer(set.model_dir);
-  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded = Load(set);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const Tokenizer& tok = **loaded;
   const json ref = json::parse(ReadAll(set.reference), nullptr, /*allow_exceptions=*/false);
