@@ -10,9 +10,11 @@
 #include <optional>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,6 +45,30 @@ using frontend::ToolCallStreamer;
 
 using Json = nlohmann::ordered_json;
 
+// Rung whenever any choice of a request has news: one thread waits on it for news of several
+// HttpChoices (a completions request with several prompts has one per prompt). Thread-safe.
+class Bell {
+ public:
+  void Ring() {
+    absl::MutexLock lock(&mu_);
+    ++rings_;
+  }
+  uint64_t rings() {
+    absl::MutexLock lock(&mu_);
+    return rings_;
+  }
+  // Waits up to `timeout` for a ring after `seen` (a value of rings()).
+  void WaitPast(uint64_t seen, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto rung = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return rings_ != seen; };
+    mu_.AwaitWithTimeout(absl::Condition(&rung), timeout);
+  }
+
+ private:
+  absl::Mutex mu_;
+  uint64_t rings_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // One request's output queues, one per choice: the SequenceSinks the scheduler feeds (never
 // blocking) and the handler thread that drains them. Text goes through each choice's stream
 // decoder and stop-string matcher here, so the handler only sees text that is final.
@@ -51,8 +77,10 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
   // `tokenizer` (may be null) decodes the text and spells the tokens of logprobs entries. Each
   // choice's text is decoded as the continuation of `prompt` (StreamDecoder::Prime): a first word
   // keeps its space.
-  HttpChoices(int n, const Tokenizer* tokenizer, absl::Span<const int32_t> prompt, const std::vector<std::string>& stops)
-      : tokenizer_(tokenizer), num_choices_(static_cast<size_t>(n)) {
+  // `bell` (may be null) is rung after each piece of news.
+  HttpChoices(int n, const Tokenizer* tokenizer, absl::Span<const int32_t> prompt, const std::vector<std::string>& stops,
+              std::shared_ptr<Bell> bell = nullptr)
+      : tokenizer_(tokenizer), num_choices_(static_cast<size_t>(n)), bell_(std::move(bell)) {
     // Primed once (~20M ids/s), cloned for each choice.
     std::unique_ptr<StreamDecoder> primed;
     if (tokenizer != nullptr) {
@@ -61,6 +89,8 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
     }
     for (int i = 0; i < n; ++i) choices_.emplace_back(primed != nullptr ? primed->Clone() : nullptr, stops);
   }
+
+  size_t size() const { return num_choices_; }
 
   // One SequenceSink per choice, for ChoiceGroup::Submit.
   std::vector<std::shared_ptr<SequenceSink>> Sinks() {
@@ -145,11 +175,18 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
   class ChoiceSink final : public SequenceSink {
    public:
     ChoiceSink(std::shared_ptr<HttpChoices> choices, size_t index) : choices_(std::move(choices)), index_(index) {}
-    void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override { choices_->OnPromptLogprobs(logprobs); }
+    void OnPromptLogprobs(absl::Span<const TokenLogprobs> logprobs) override {
+      choices_->OnPromptLogprobs(logprobs);
+      choices_->Ring();
+    }
     void OnTokens(absl::Span<const int32_t> tokens, absl::Span<const TokenLogprobs> logprobs) override {
       choices_->OnTokens(index_, tokens, logprobs);
+      choices_->Ring();
     }
-    void OnEnd(const SequenceEnd& end) override { choices_->OnEnd(index_, end); }
+    void OnEnd(const SequenceEnd& end) override {
+      choices_->OnEnd(index_, end);
+      choices_->Ring();
+    }
 
    private:
     const std::shared_ptr<HttpChoices> choices_;
@@ -257,8 +294,13 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
     if (echo_decoder_ != nullptr) (void)echo_decoder_->Next(echo_prompt_[echo_entries_.size() - 1]);
   }
 
+  void Ring() {
+    if (bell_ != nullptr) bell_->Ring();
+  }
+
   const Tokenizer* const tokenizer_;
   const size_t num_choices_;  // choices_.size(), fixed at construction
+  const std::shared_ptr<Bell> bell_;
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size
   ChoiceCanceller canceller_;
@@ -290,6 +332,13 @@ void Reply(httplib::Response& res, const ApiError& error) {
 }
 
 void ReplyStatus(httplib::Response& res, const absl::Status& status) { Reply(res, ErrorFromStatus(status)); }
+
+// `st` with "prompt[p]: " before its message; its payloads (the field it names) kept.
+absl::Status NamingPrompt(const absl::Status& st, size_t p) {
+  absl::Status named(st.code(), absl::StrCat("prompt[", p, "]: ", st.message()));
+  st.ForEachPayload([&named](absl::string_view url, const absl::Cord& payload) { named.SetPayload(url, payload); });
+  return named;
+}
 
 ApiError TooLarge(size_t max_body) {
   return MakeError(413, "invalid_request_error", absl::StrCat("request body is larger than ", max_body, " bytes"),
@@ -499,11 +548,15 @@ bool HttpServer::Impl::ReadBody(const httplib::ContentReader& reader, httplib::R
 
 void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res, bool chat,
                                 std::shared_ptr<security::ApiKeys::Lease> lease) {
-  frontend::AdmissionRequest request;
+  // One entry per prompt: a chat has one; completions 1 to kMaxPrompts, each with its own choices.
+  struct Prompt {
+    std::variant<std::string, std::vector<int32_t>, frontend::ChatInput> input;
+    std::string echo_text;  // completions' echo: the prompt's text (of token ids: decoded once admitted)
+    bool ids = false;
+  };
+  std::vector<Prompt> prompts;
   SamplingFields fields;
-  bool echo = false;      // completions: the answer starts with the prompt
-  std::string echo_text;  // the prompt's text (of token ids: decoded once admitted)
-  bool ids_prompt = false;
+  bool echo = false;  // completions: the answer starts with the prompt
   if (chat) {
     absl::StatusOr<ChatRequest> parsed = ParseChatRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
@@ -518,21 +571,21 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
       in.turns.push_back({.role = std::move(m.role), .content = std::move(m.content), .name = std::move(m.name),
                           .tool_calls = std::move(m.tool_calls), .tool_call_id = std::move(m.tool_call_id)});
     }
-    request.prompt = std::move(in);
+    prompts.push_back({.input = std::move(in)});
   } else {
     absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
     fields = parsed->fields;
     if (absl::Status st = CheckModel(fields.model); !st.ok()) return Reject(res, st);
     echo = parsed->echo;
-    if (parsed->prompt_text.has_value()) {
-      if (echo) echo_text = *parsed->prompt_text;
-      request.prompt = *std::move(parsed->prompt_text);
-    } else {
-      ids_prompt = true;
-      std::vector<int32_t> ids;
-      for (int64_t id : parsed->prompt_ids) ids.push_back(ClampId(id));
-      request.prompt = std::move(ids);
+    for (CompletionPrompt& p : parsed->prompts) {
+      if (p.text.has_value()) {
+        prompts.push_back({.input = *p.text, .echo_text = echo ? *std::move(p.text) : std::string()});
+      } else {
+        std::vector<int32_t> ids;
+        for (int64_t id : p.ids) ids.push_back(ClampId(id));
+        prompts.push_back({.input = std::move(ids), .ids = true});
+      }
     }
   }
   // n choices; with best_of, that many are generated and the n most likely answered (their
@@ -544,6 +597,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   }
   const bool rank = generate > n;
   if (rank && fields.stream) return Reject(res, InvalidParam("best_of", "'best_of' > 'n' cannot be streamed"));
+  frontend::AdmissionRequest request;
   // OpenAI's defaults: 16 tokens for completions; chat runs to the end of the context.
   request.max_tokens = chat ? fields.max_tokens : fields.max_tokens.value_or(16);
   SequenceRequest& r = request.sequence;
@@ -566,33 +620,61 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   request.stop = fields.stop;
   request.n = generate;
   request.constraint = ConstraintOf(fields);
+  const ResponseMeta meta{.id = r.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
+  // Every prompt is admitted before any is submitted, so a bad one refuses the request as a whole.
   // Admit reports its own refusals.
-  absl::StatusOr<frontend::AdmittedRequest> admitted = admission->Admit(std::move(request), frontend::OpenAiFieldNames(chat));
-  if (!admitted.ok()) return ReplyStatus(res, admitted.status());
-  SequenceRequest& seq = admitted->sequence;
-  if (echo && ids_prompt && tokenizer != nullptr) {
-    absl::StatusOr<std::string> text = tokenizer->Decode(seq.prompt, /*skip_special_tokens=*/true);
-    if (text.ok()) echo_text = *std::move(text);
+  const size_t num_prompts = prompts.size();
+  std::vector<frontend::AdmittedRequest> admitted;
+  for (size_t p = 0; p < num_prompts; ++p) {
+    frontend::AdmissionRequest one = request;
+    one.prompt = std::move(prompts[p].input);
+    if (num_prompts > 1) one.sequence.request_id = absl::StrCat(meta.id, "-", p);
+    absl::StatusOr<frontend::AdmittedRequest> a = admission->Admit(std::move(one), frontend::OpenAiFieldNames(chat));
+    if (!a.ok()) return ReplyStatus(res, num_prompts > 1 ? NamingPrompt(a.status(), p) : a.status());
+    admitted.push_back(*std::move(a));
   }
-  const int64_t prompt_len = static_cast<int64_t>(seq.prompt.size());
-  const ResponseMeta meta{.id = seq.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
-  auto choices = std::make_shared<HttpChoices>(generate, tokenizer, seq.prompt, admitted->stop);
-  if (echo) choices->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
-  // Logged and counted like the gRPC front end's requests (coordinator/frontend/request_log.h).
-  absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler, std::move(seq), choices->Sinks());
-  if (!group.ok()) return ReplyStatus(res, group.status());
-  choices->Bind(*std::move(group));
-  // Usage over every generated choice; the cached prompt tokens are choice 0's.
-  auto usage_of = [prompt_len](const std::vector<SequenceEnd>& ends) {
-    Usage u{.prompt_tokens = prompt_len};
-    for (const SequenceEnd& e : ends) u.completion_tokens += e.completion_tokens;
-    if (!ends.empty()) u.cached_tokens = ends[0].cached_prompt_tokens;
+  // Choice k of prompt p is the answer's choice p * generate + k (p * n + k once ranked).
+  const auto bell = std::make_shared<Bell>();
+  std::vector<std::shared_ptr<HttpChoices>> choices;
+  auto cancel_all = [](const std::vector<std::shared_ptr<HttpChoices>>& all) {
+    for (const auto& c : all) c->Cancel();
+  };
+  int64_t prompt_tokens = 0;
+  for (size_t p = 0; p < num_prompts; ++p) {
+    SequenceRequest& seq = admitted[p].sequence;
+    std::string& echo_text = prompts[p].echo_text;
+    if (echo && prompts[p].ids && tokenizer != nullptr) {
+      absl::StatusOr<std::string> text = tokenizer->Decode(seq.prompt, /*skip_special_tokens=*/true);
+      if (text.ok()) echo_text = *std::move(text);
+    }
+    prompt_tokens += static_cast<int64_t>(seq.prompt.size());
+    auto c = std::make_shared<HttpChoices>(generate, tokenizer, seq.prompt, admitted[p].stop, bell);
+    if (echo) c->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
+    // Logged and counted like the gRPC front end's requests (coordinator/frontend/request_log.h).
+    absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler, std::move(seq), c->Sinks());
+    if (!group.ok()) {
+      cancel_all(choices);
+      return ReplyStatus(res, group.status());
+    }
+    c->Bind(*std::move(group));
+    choices.push_back(std::move(c));
+  }
+  // Usage over every generated choice (`ends`: every choice's end, by index, or null before it); a
+  // prompt's cached tokens are its first choice's.
+  auto usage_of = [prompt_tokens, generate](const std::vector<std::optional<SequenceEnd>>& ends) {
+    Usage u{.prompt_tokens = prompt_tokens};
+    for (size_t i = 0; i < ends.size(); ++i) {
+      if (!ends[i].has_value()) continue;
+      u.completion_tokens += ends[i]->completion_tokens;
+      if (i % static_cast<size_t>(generate) == 0) u.cached_tokens += ends[i]->cached_prompt_tokens;
+    }
     return u;
   };
 
   const bool logprobs = fields.logprobs;
-  const std::optional<ToolCallFormat> tool_format = admitted->tool_calls;  // set: answers are parsed for calls
+  const std::optional<ToolCallFormat> tool_format = admitted[0].tool_calls;  // set: answers are parsed for calls
   const bool parse_tools = tool_format.has_value();
+  const int total = generate * static_cast<int>(num_prompts);
   if (!fields.stream) {
     struct Answer {
       std::string text;
@@ -600,33 +682,40 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
       std::optional<SequenceEnd> end;
       double cumulative_logprob = 0;
     };
-    std::vector<Answer> answers(static_cast<size_t>(generate));
-    int ended = 0;
-    while (ended < generate) {
-      for (HttpChoices::Update& u : choices->Wait(absl::Seconds(1))) {
-        Answer& a = answers[u.index];
-        a.text += u.text;
-        a.entries.insert(a.entries.end(), std::make_move_iterator(u.logprobs.begin()),
-                         std::make_move_iterator(u.logprobs.end()));
-        a.cumulative_logprob = u.cumulative_logprob;
-        if (!u.end.has_value()) continue;
-        if (!u.end->status.ok()) {
-          choices->Cancel();  // the answer fails as a whole
-          return ReplyStatus(res, u.end->status);
+    std::vector<Answer> answers(static_cast<size_t>(total));
+    // The prompts generate together; their answers are collected one prompt after the other.
+    for (size_t p = 0; p < num_prompts; ++p) {
+      int ended = 0;
+      while (ended < generate) {
+        for (HttpChoices::Update& u : choices[p]->Wait(absl::Seconds(1))) {
+          Answer& a = answers[p * static_cast<size_t>(generate) + u.index];
+          a.text += u.text;
+          a.entries.insert(a.entries.end(), std::make_move_iterator(u.logprobs.begin()),
+                           std::make_move_iterator(u.logprobs.end()));
+          a.cumulative_logprob = u.cumulative_logprob;
+          if (!u.end.has_value()) continue;
+          if (!u.end->status.ok()) {
+            cancel_all(choices);  // the answer fails as a whole
+            return ReplyStatus(res, u.end->status);
+          }
+          a.end = u.end;
+          ++ended;
         }
-        a.end = u.end;
-        ++ended;
       }
     }
-    std::vector<SequenceEnd> ends;
-    for (const Answer& a : answers) ends.push_back(*a.end);
-    std::vector<size_t> order(answers.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    if (rank) {
-      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        return answers[a].cumulative_logprob > answers[b].cumulative_logprob;
-      });
-      order.resize(static_cast<size_t>(n));
+    std::vector<std::optional<SequenceEnd>> ends;
+    for (const Answer& a : answers) ends.push_back(a.end);
+    std::vector<size_t> order;
+    for (size_t p = 0; p < num_prompts; ++p) {
+      std::vector<size_t> mine(static_cast<size_t>(generate));
+      for (size_t k = 0; k < mine.size(); ++k) mine[k] = p * mine.size() + k;
+      if (rank) {
+        std::stable_sort(mine.begin(), mine.end(), [&](size_t a, size_t b) {
+          return answers[a].cumulative_logprob > answers[b].cumulative_logprob;
+        });
+        mine.resize(static_cast<size_t>(n));
+      }
+      order.insert(order.end(), mine.begin(), mine.end());
     }
     std::vector<ChoiceOutput> out;
     for (size_t i : order) {
@@ -647,34 +736,53 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   }
 
   // Streamed: the provider runs on this handler's thread until it calls sink.done() or a write
-  // fails; the releaser then runs (success = false when the client went away first).
+  // fails; the releaser then runs (success = false when the client went away first). Not ranked,
+  // so generate == n and a choice's index is p * n + k.
   struct StreamState {
     bool role_sent = false;
     bool done = false;
     std::vector<int64_t> text_offset;  // completions' logprobs: where each choice's next token's text starts
-    std::vector<SequenceEnd> ends;     // of the choices that have ended
+    std::vector<std::optional<SequenceEnd>> ends;  // by choice, once it has ended
+    int ended = 0;
     std::shared_ptr<security::ApiKeys::Lease> lease;  // released with the stream
     std::vector<ToolCallStreamer> tools;  // chat with tools parsed: one per choice
   };
   auto state = std::make_shared<StreamState>();
-  state->text_offset.assign(static_cast<size_t>(n), 0);
-  if (parse_tools) state->tools.assign(static_cast<size_t>(n), ToolCallStreamer(*tool_format));
+  state->text_offset.assign(static_cast<size_t>(total), 0);
+  state->ends.resize(static_cast<size_t>(total));
+  if (parse_tools) state->tools.assign(static_cast<size_t>(total), ToolCallStreamer(*tool_format));
   state->lease = std::move(lease);
   const absl::Duration keepalive = options.keepalive;
   const bool include_usage = fields.include_usage;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [choices, state, meta, chat, keepalive, include_usage, usage_of, logprobs, n](size_t /*offset*/,
-                                                                                     httplib::DataSink& sink) {
+      [choices, bell, state, meta, chat, keepalive, include_usage, usage_of, logprobs, total, cancel_all](
+          size_t /*offset*/, httplib::DataSink& sink) {
         auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
         if (chat && !state->role_sent) {
           state->role_sent = true;
-          for (int i = 0; i < n; ++i) {
+          for (int i = 0; i < total; ++i) {
             if (!write(SseEvent(Dump(ChatChunk(meta, "assistant", std::string(), "", nullptr, i))))) return false;
           }
         }
-        std::vector<HttpChoices::Update> updates = choices->Wait(keepalive);
+        // News of any prompt's choices, in index order; else a wait (up to keepalive) for the bell.
+        auto take = [&choices]() {
+          std::vector<HttpChoices::Update> all;
+          for (size_t p = 0; p < choices.size(); ++p) {
+            for (HttpChoices::Update& u : choices[p]->Wait(absl::ZeroDuration())) {
+              u.index += p * choices[p]->size();
+              all.push_back(std::move(u));
+            }
+          }
+          return all;
+        };
+        const uint64_t seen = bell->rings();
+        std::vector<HttpChoices::Update> updates = take();
+        if (updates.empty()) {
+          bell->WaitPast(seen, keepalive);
+          updates = take();
+        }
         for (HttpChoices::Update& u : updates) {
           const int index = static_cast<int>(u.index);
           // With tools, what may be a call is held back until the choice ends, then parsed.
@@ -697,7 +805,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
           if (!u.end->status.ok()) {
             // The answer fails as a whole: the error, then the end of the stream.
             if (!write(SseEvent(Dump(ErrorFromStatus(u.end->status).body)))) return false;
-            choices->Cancel();
+            cancel_all(choices);
             if (!write(SseDone())) return false;
             state->done = true;
             sink.done();
@@ -718,9 +826,10 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
           const Json last = chat ? ChatChunk(meta, "", std::nullopt, reason, nullptr, index)
                                  : CompletionChunk(meta, "", reason, nullptr, 0, index);
           if (!write(SseEvent(Dump(last)))) return false;
-          state->ends.push_back(*u.end);
+          state->ends[u.index] = *u.end;
+          ++state->ended;
         }
-        if (static_cast<int>(state->ends.size()) < n) {
+        if (state->ended < total) {
           // Nothing new: a comment line (ignored by SSE clients) finds out whether the client is still there.
           return !updates.empty() ? true : write(": keep-alive\n\n");
         }
@@ -733,8 +842,8 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
         sink.done();
         return true;
       },
-      [choices, state](bool /*success*/) {
-        if (!state->done) choices->Cancel();  // the client left (or the server stopped) mid-stream
+      [choices, state, cancel_all](bool /*success*/) {
+        if (!state->done) cancel_all(choices);  // the client left (or the server stopped) mid-stream
       });
 }
 

@@ -357,6 +357,60 @@ absl::Status InvalidParam(absl::string_view param, absl::string_view message) {
 
 std::string ParamOf(const absl::Status& status) { return RequestFieldOf(status); }
 
+// Token ids, `v` an array; `where` names it in messages ("prompt", "prompt[2]").
+absl::StatusOr<std::vector<int64_t>> PromptIds(const Json& v, const std::string& where) {
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < v.size(); ++i) {
+    absl::StatusOr<int64_t> id = GetInt(v[i], absl::StrCat(where, "[", i, "]"));
+    if (!id.ok()) return id.status();
+    ids.push_back(*id);
+  }
+  if (ids.empty()) return InvalidParam("prompt", absl::StrCat("'", where, "' is empty"));
+  return ids;
+}
+
+// "prompt": a string, token ids, or a list of either (every element of one kind).
+absl::StatusOr<std::vector<CompletionPrompt>> ParsePrompts(const Json& v) {
+  std::vector<CompletionPrompt> prompts;
+  if (v.is_string()) {
+    prompts.push_back({.text = v.get<std::string>()});
+  } else if (!v.is_array()) {
+    return WrongType("prompt", "a string, an array of token ids, or an array of either", v);
+  } else if (v.empty()) {
+    return InvalidParam("prompt", "'prompt' is empty");
+  } else if (!v[0].is_string() && !v[0].is_array()) {
+    absl::StatusOr<std::vector<int64_t>> ids = PromptIds(v, "prompt");
+    if (!ids.ok()) return ids.status();
+    prompts.push_back({.ids = *std::move(ids)});
+  } else {
+    if (v.size() > kMaxPrompts) {
+      return InvalidParam("prompt", absl::StrCat("'prompt' holds ", v.size(), " prompts; at most ", kMaxPrompts,
+                                                 " per request"));
+    }
+    const bool texts = v[0].is_string();
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string where = absl::StrCat("prompt[", i, "]");
+      if (texts ? !v[i].is_string() : !v[i].is_array()) {
+        return InvalidParam("prompt", absl::StrCat("'", where, "' must be ", texts ? "a string" : "an array of token ids",
+                                                   " as 'prompt[0]' is, got ", TypeName(v[i])));
+      }
+      if (texts) {
+        prompts.push_back({.text = v[i].get<std::string>()});
+      } else {
+        absl::StatusOr<std::vector<int64_t>> ids = PromptIds(v[i], where);
+        if (!ids.ok()) return ids.status();
+        prompts.push_back({.ids = *std::move(ids)});
+      }
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].text.has_value() && prompts[i].text->empty()) {
+      return InvalidParam("prompt", prompts.size() == 1 ? "'prompt' is empty" : absl::StrCat("'prompt[", i, "]' is empty"));
+    }
+  }
+  return prompts;
+}
+
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body) {
   absl::StatusOr<Json> j = ParseObject(body);
   if (!j.ok()) return j.status();
@@ -368,21 +422,9 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
     if (*shared) continue;
     if (key == "prompt") {
       has_prompt = true;
-      if (v.is_string()) {
-        r.prompt_text = v.get<std::string>();
-      } else if (v.is_array() && v.size() == 1 && v[0].is_string()) {
-        r.prompt_text = v[0].get<std::string>();
-      } else if (v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array())) {
-        return InvalidParam("prompt", "'prompt' must be one string or one array of token ids (one prompt per request)");
-      } else if (v.is_array()) {
-        for (size_t i = 0; i < v.size(); ++i) {
-          absl::StatusOr<int64_t> id = GetInt(v[i], absl::StrCat("prompt[", i, "]"));
-          if (!id.ok()) return id.status();
-          r.prompt_ids.push_back(*id);
-        }
-      } else {
-        return WrongType("prompt", "a string or an array of token ids", v);
-      }
+      absl::StatusOr<std::vector<CompletionPrompt>> prompts = ParsePrompts(v);
+      if (!prompts.ok()) return prompts.status();
+      r.prompts = *std::move(prompts);
     } else if (key == "echo") {
       if (v.is_null()) continue;
       absl::StatusOr<bool> b = GetBool(v, key);
@@ -404,9 +446,6 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
     }
   }
   if (!has_prompt) return InvalidParam("prompt", "'prompt' is required");
-  if (r.prompt_text.has_value() ? r.prompt_text->empty() : r.prompt_ids.empty()) {
-    return InvalidParam("prompt", "'prompt' is empty");
-  }
   return r;
 }
 

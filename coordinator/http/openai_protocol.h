@@ -79,11 +79,21 @@ struct LogprobEntry {
   int64_t text_chars = 0;
 };
 
+// One prompt of a completions request: exactly one is set, a text or token ids.
+struct CompletionPrompt {
+  std::optional<std::string> text;
+  std::vector<int64_t> ids;
+};
+
+// Prompts one completions request may carry (OpenAI's "prompt": a list of strings or of token-id
+// lists); each has its own n choices.
+inline constexpr size_t kMaxPrompts = 64;
+
 struct CompletionRequest {
   SamplingFields fields;
-  // Exactly one is set: a text prompt, or token ids (an array of integers).
-  std::optional<std::string> prompt_text;
-  std::vector<int64_t> prompt_ids;
+  // 1 to kMaxPrompts prompts: "prompt" as a string, an array of token ids, an array of strings or
+  // an array of token-id arrays. Choice k of prompt p is the answer's choice p * n + k.
+  std::vector<CompletionPrompt> prompts;
   // The answer's text starts with the prompt's (and its logprobs with the prompt tokens').
   bool echo = false;
 };

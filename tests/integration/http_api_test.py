@@ -310,6 +310,62 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(json.loads(p.stdout), [a["text"] for a in alone])
 
+    def test_several_prompts(self):
+        # "prompt" as a list (of strings or of token-id lists): choice k of prompt p is the answer's
+        # choice p * n + k, exactly the request of that prompt alone; usage sums over the prompts;
+        # streamed gives the same; best_of ranks within each prompt; echo starts each with its own.
+        prompts = [PROMPT, "The little dog", "Lily"]
+        base = dict(max_tokens=10, temperature=1.0, seed=7, ignore_eos=True, logprobs=1)
+        r = self.completion(prompt=prompts, n=2, **base)
+        alone = [self.completion(prompt=p, n=2, **base) for p in prompts]
+        self.assertEqual([c["index"] for c in r["choices"]], list(range(6)))
+        for p, a in enumerate(alone):
+            for k in range(2):
+                got, want = r["choices"][2 * p + k], a["choices"][k]
+                self.assertEqual(got["text"], want["text"], (p, k))
+                self.assertEqual(got["logprobs"]["tokens"], want["logprobs"]["tokens"], (p, k))
+        self.assertEqual(r["usage"]["prompt_tokens"], sum(a["usage"]["prompt_tokens"] for a in alone))
+        self.assertEqual(r["usage"]["completion_tokens"], 60)
+        ids = [[1, 403, 407, 261, 378], [1, 400]]
+        by_ids = self.completion(prompt=ids, n=1, **base)
+        self.assertEqual([c["text"] for c in by_ids["choices"]],
+                         [self.completion(prompt=p, n=1, **base)["choices"][0]["text"] for p in ids])
+        code, body = curl(self.url + "/v1/completions", data=json.dumps(
+            {"prompt": prompts, "n": 2, "stream": True, "stream_options": {"include_usage": True}, **base}))
+        self.assertEqual(code, 200, body)
+        texts, usage = {}, None
+        for e in sse_events(body):
+            if e == "[DONE]":
+                continue
+            chunk = json.loads(e)
+            usage = chunk.get("usage") or usage
+            for c in chunk["choices"]:
+                texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+        self.assertEqual([texts[i] for i in range(6)], [c["text"] for c in r["choices"]])
+        self.assertEqual(usage["completion_tokens"], 60)
+        best = self.completion(prompt=prompts[:2], n=1, best_of=2, **base)
+        self.assertEqual([c["text"] for c in best["choices"]],
+                         [self.completion(prompt=p, n=1, best_of=2, **base)["choices"][0]["text"] for p in prompts[:2]])
+        echoed = self.completion(prompt=prompts, echo=True, max_tokens=3, temperature=0)
+        for p, c in zip(prompts, echoed["choices"]):
+            self.assertTrue(c["text"].startswith(p), (p, c["text"]))
+        for prompt, message in [([], "'prompt' is empty"), (["a", [1]], "must be a string as 'prompt[0]' is"),
+                                (["a"] * 65, "at most 64"), ([[1], [1, 10**6]], "prompt[1]: ")]:
+            code, out = curl(self.url + "/v1/completions", data=json.dumps({"prompt": prompt}))
+            self.assertEqual(code, 400, out)
+            self.assertIn(message, json.loads(out)["error"]["message"])
+            self.assertEqual(json.loads(out)["error"]["param"], "prompt")
+        script = f"""
+import json, openai
+c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
+r = c.completions.create(model="stories260K", prompt={prompts!r}, max_tokens=10, temperature=1.0, n=2, seed=7,
+                         extra_body={{"ignore_eos": True}})
+print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]))
+"""
+        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout), [c["text"] for c in r["choices"]])
+
     def test_cli_n_choices_equal_the_http_choices(self):
         # `shardserve generate --n 2` (gRPC, the C++ SDK's GenerateChoices) prints each choice on its
         # line: the same texts as /v1/completions with n = 2 and the same seed.

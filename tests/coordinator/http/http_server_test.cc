@@ -5,8 +5,12 @@
 #include <httplib.h>
 
 #include <csignal>
+#include <map>
+#include <string>
 #include <thread>
 
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -92,7 +96,7 @@ class HttpServerTest : public ::testing::Test {
     script_text_ = " hello world, the end is near.";
     SchedulerOptions so;
     so.limits = {.vocab_size = tokenizer_->vocab_size(), .max_seq_len = 256};
-    so.max_queued = 0;  // a request that finds the only slot taken is refused (429)
+    so.max_queued = max_queued_;  // 0: a request that finds the only slot taken is refused (429)
     so.observer = &ends_;  // the scheduler's reports (request ends), apart from the front end's refusals
     so.decode_steps_per_call = decode_steps_per_call_;
     scheduler_ = std::make_unique<Scheduler>(so);
@@ -143,6 +147,7 @@ class HttpServerTest : public ::testing::Test {
   }
 
   int32_t decode_steps_per_call_ = 1;  // SchedulerOptions::decode_steps_per_call (set before SetUp)
+  int64_t max_queued_ = 0;             // SchedulerOptions::max_queued (set before SetUp)
   RejectionCounter rejections_;
   RejectionCounter ends_;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -164,6 +169,73 @@ TEST_F(HttpServerTest, CompletionTextUsageAndLength) {
   const std::string text = body["choices"][0]["text"];
   EXPECT_FALSE(text.empty());
   EXPECT_THAT(script_text_, HasSubstr(text.substr(1))) << text;  // the script's first tokens
+}
+
+// Sequences that find the only slot taken wait for it.
+class HttpServerQueueTest : public HttpServerTest {
+ protected:
+  HttpServerQueueTest() { max_queued_ = 16; }
+};
+
+TEST_F(HttpServerTest, APromptThatFindsTheQueueFullRefusesTheRequestAndCancelsTheOthers) {
+  // The first prompt takes the only slot; the second finds no room (max_queued 0): 429, and the
+  // first is cancelled rather than left running for nobody (its 200 tokens would take 4 s).
+  replica_->SetDelay(absl::Milliseconds(20));
+  auto [status, body] = Post("/v1/completions", R"({"prompt": [[1, 2], [3]], "max_tokens": 200})");
+  EXPECT_EQ(status, 429) << body;
+  EXPECT_TRUE(WaitIdle(1, absl::Seconds(2)));
+}
+
+TEST_F(HttpServerQueueTest, SeveralPromptsAnswerInPromptOrderEachWithItsChoices) {
+  // Three prompts of n = 2: choice k of prompt p is choice p * 2 + k; usage sums over them (the
+  // replica takes one sequence at a time, so they queue).
+  auto [status, body] = Post("/v1/completions", R"({"prompt": [[1, 2], [3], [4, 5, 6]], "max_tokens": 3, "n": 2})");
+  ASSERT_EQ(status, 200) << body;
+  ASSERT_EQ(body["choices"].size(), 6u) << body;
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(body["choices"][i]["index"], i);
+    EXPECT_EQ(body["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 6);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 18);
+  // Streamed, with text prompts: every choice's chunks, then its end, then the usage and [DONE].
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"prompt": ["hi", "ho"], "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}})";
+  req.set_header("Content-Type", "application/json");
+  std::string received;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    received.append(data, n);
+    return true;
+  };
+  httplib::Result s = client_->send(req);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->status, 200);
+  EXPECT_TRUE(received.ends_with("data: [DONE]\n\n")) << received;
+  std::map<int, std::string> texts;
+  std::map<int, int> ends;
+  for (absl::string_view event : absl::StrSplit(received, "\n\n", absl::SkipEmpty())) {
+    if (!absl::ConsumePrefix(&event, "data: ") || event == "[DONE]") continue;
+    const Json chunk = Json::parse(event);
+    if (chunk["choices"].empty()) {
+      EXPECT_EQ(chunk["usage"]["completion_tokens"], 8) << chunk;
+      continue;
+    }
+    const int index = chunk["choices"][0]["index"];
+    texts[index] += chunk["choices"][0]["text"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null()) ++ends[index];
+  }
+  EXPECT_EQ(ends, (std::map<int, int>{{0, 1}, {1, 1}})) << received;
+  EXPECT_EQ(texts[0], texts[1]);  // the replica plays the same script for each
+  // A bad prompt refuses the request as a whole, naming it; none of its prompts runs.
+  const int ended = 3 * 2 + 2;
+  auto [bad, error] = Post("/v1/completions", R"({"prompt": [[1], [1, 100000]]})");
+  EXPECT_EQ(bad, 400);
+  EXPECT_THAT(error["error"]["message"].get<std::string>(), HasSubstr("prompt[1]: ")) << error;
+  EXPECT_EQ(error["error"]["param"], "prompt") << error;
+  ASSERT_TRUE(WaitIdle(ended, absl::Seconds(10)));
+  EXPECT_EQ(scheduler_->Stats().waiting, 0);
 }
 
 TEST_F(HttpServerTest, StopStringTruncatesAndEndsWithStop) {

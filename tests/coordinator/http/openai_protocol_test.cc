@@ -35,7 +35,8 @@ TEST(OpenAiProtocolTest, CompletionWithEveryField) {
       "best_of": 1, "suffix": null, "logit_bias": {}})");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->fields.model, "m");
-  EXPECT_EQ(*r->prompt_text, "Once upon");
+  ASSERT_EQ(r->prompts.size(), 1u);
+  EXPECT_EQ(*r->prompts[0].text, "Once upon");
   EXPECT_EQ(*r->fields.max_tokens, 12);
   EXPECT_EQ(r->fields.temperature, 0);
   EXPECT_EQ(r->fields.top_p, 0.5);
@@ -164,13 +165,31 @@ TEST(OpenAiProtocolTest, VllmGuidedFields) {
 TEST(OpenAiProtocolTest, CompletionDefaults) {
   absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "stop": "x"})");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_FALSE(r->prompt_text.has_value());
-  EXPECT_THAT(r->prompt_ids, ElementsAre(1, 2, 3));
+  ASSERT_EQ(r->prompts.size(), 1u);
+  EXPECT_FALSE(r->prompts[0].text.has_value());
+  EXPECT_THAT(r->prompts[0].ids, ElementsAre(1, 2, 3));
   EXPECT_FALSE(r->fields.max_tokens.has_value());
   EXPECT_EQ(r->fields.temperature, 1.0);
   EXPECT_EQ(r->fields.top_p, 1.0);
   EXPECT_FALSE(r->fields.stream);
   EXPECT_THAT(r->fields.stop, ElementsAre("x"));
+}
+
+TEST(OpenAiProtocolTest, SeveralPromptsAsStringsOrTokenIdArrays) {
+  absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(R"({"prompt": ["Once", "upon a"]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_EQ(*r->prompts[0].text, "Once");
+  EXPECT_EQ(*r->prompts[1].text, "upon a");
+  r = ParseCompletionRequest(R"({"prompt": [[1, 2], [3]]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_THAT(r->prompts[0].ids, ElementsAre(1, 2));
+  EXPECT_THAT(r->prompts[1].ids, ElementsAre(3));
+  r = ParseCompletionRequest(R"({"prompt": ["only"]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompts.size(), 1u);
+  EXPECT_EQ(*r->prompts[0].text, "only");
 }
 
 TEST(OpenAiProtocolTest, MalformedJson) {
@@ -241,7 +260,7 @@ TEST(OpenAiProtocolTest, WrongTypes) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "temperature": "hot"})").status(), "must be a number",
                 "temperature");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stream": 1})").status(), "must be a boolean", "stream");
-  ExpectInvalid(ParseCompletionRequest(R"({"prompt": 5})").status(), "'prompt' must be a string or an array",
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": 5})").status(), "'prompt' must be a string, an array of token ids, or an array of either",
                 "prompt");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": [1, "a"]})").status(), "prompt[1]", "prompt[1]");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stop": [1]})").status(), "stop[0]", "stop[0]");
@@ -287,8 +306,21 @@ TEST(OpenAiProtocolTest, OutOfRangeAndUnsupportedValues) {
                 "frequency_penalty");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "repetition_penalty": 0})").status(),
                 "'repetition_penalty' must be in (0, 2]", "repetition_penalty");
-  ExpectInvalid(ParseCompletionRequest(R"({"prompt": ["a", "b"]})").status(), "one prompt per request", "prompt");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": ""})").status(), "'prompt' is empty", "prompt");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": []})").status(), "'prompt' is empty", "prompt");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": ["a", ""]})").status(), "'prompt[1]' is empty", "prompt");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": [[1], []]})").status(), "'prompt[1]' is empty", "prompt");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": ["a", [1]]})").status(),
+                "'prompt[1]' must be a string as 'prompt[0]' is, got an array", "prompt");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": [[1], "a"]})").status(),
+                "'prompt[1]' must be an array of token ids as 'prompt[0]' is, got a string", "prompt");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": [[1, "x"]]})").status(), "integer", "prompt[0][1]");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": [1, [2]]})").status(), "integer", "prompt[1]");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": {"a": 1}})").status(), "a string, an array of token ids",
+                "prompt");
+  std::string many = R"({"prompt": [)";
+  for (size_t i = 0; i <= kMaxPrompts; ++i) many += i == 0 ? R"("a")" : R"(, "a")";
+  ExpectInvalid(ParseCompletionRequest(many + "]}").status(), "at most 64 per request", "prompt");
   ExpectInvalid(ParseCompletionRequest(R"({"max_tokens": 3})").status(), "'prompt' is required", "prompt");
   ExpectInvalid(ParseChatRequest(R"({"messages": []})").status(), "'messages' is empty", "messages");
   ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "robot", "content": "a"}]})").status(), "robot",
