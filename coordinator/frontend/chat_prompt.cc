@@ -47,7 +47,8 @@ ChatPrompt::ChatPrompt(const Tokenizer* tokenizer, const std::string& model_dir)
 }
 
 absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& messages,
-                                                   const nlohmann::ordered_json& tools) const {
+                                                   const nlohmann::ordered_json& tools,
+                                                   bool add_generation_prompt) const {
   if (!template_.has_value()) return error_;
   if (absl::Status st = ValidateChatTurns(messages); !st.ok()) return st;
   nlohmann::ordered_json context;
@@ -76,15 +77,16 @@ absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& 
   if (!tools.is_null()) context["tools"] = tools;
   context["bos_token"] = bos_token_;
   context["eos_token"] = eos_token_;
-  context["add_generation_prompt"] = true;
+  context["add_generation_prompt"] = add_generation_prompt;
   absl::StatusOr<std::string> prompt = template_->Render(context);
   if (!prompt.ok()) return absl::InvalidArgumentError(prompt.status().message());
   return prompt;
 }
 
 absl::StatusOr<std::vector<int32_t>> ChatPrompt::Render(const std::vector<ChatTurn>& messages,
-                                                        const nlohmann::ordered_json& tools) const {
-  absl::StatusOr<std::string> prompt = RenderText(messages, tools);
+                                                        const nlohmann::ordered_json& tools,
+                                                        bool add_generation_prompt) const {
+  absl::StatusOr<std::string> prompt = RenderText(messages, tools, add_generation_prompt);
   if (!prompt.ok()) return prompt.status();
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(*prompt, /*add_special_tokens=*/false);
   if (!ids.ok()) return absl::InvalidArgumentError(ids.status().message());

@@ -44,12 +44,16 @@ class ChatPrompt {
 
   // The prompt's ids; InvalidArgument when chat cannot be served (why), when the messages are
   // invalid (ValidateChatTurns), or when the template refuses them (its raise_exception message).
-  // `tools` (an array of OpenAI tool objects, or null for none) is the template's `tools`.
+  // `tools` (an array of OpenAI tool objects, or null for none) is the template's `tools`;
+  // `add_generation_prompt` its flag of that name (true: the prompt ends where the assistant's
+  // answer starts).
   absl::StatusOr<std::vector<int32_t>> Render(const std::vector<ChatTurn>& messages,
-                                              const nlohmann::ordered_json& tools = nullptr) const;
+                                              const nlohmann::ordered_json& tools = nullptr,
+                                              bool add_generation_prompt = true) const;
   // The prompt's text (what Render tokenizes).
   absl::StatusOr<std::string> RenderText(const std::vector<ChatTurn>& messages,
-                                         const nlohmann::ordered_json& tools = nullptr) const;
+                                         const nlohmann::ordered_json& tools = nullptr,
+                                         bool add_generation_prompt = true) const;
 
   // The template's source ("" when there is none).
   const std::string& template_source() const { return template_source_; }

@@ -23,6 +23,7 @@
 #include "common/http/capped_body.h"
 #include "common/log/log.h"
 #include "coordinator/frontend/admission.h"
+#include "coordinator/frontend/chat_prompt.h"
 #include "coordinator/frontend/choices.h"
 #include "coordinator/frontend/request_log.h"
 #include "coordinator/frontend/sequence_output.h"
@@ -422,6 +423,7 @@ struct HttpServer::Impl {
   Scheduler* scheduler = nullptr;
   std::function<absl::Status()> ready;
   std::unique_ptr<frontend::Admission> admission;  // request -> the scheduler's request
+  std::unique_ptr<frontend::ChatPrompt> chat_prompt;  // /tokenize's messages
   std::atomic<uint64_t> next_id{1};
 
   // What the SSL_CTX's certificate callback reads (null without TLS); outlives the server.
@@ -484,11 +486,28 @@ void HttpServer::Impl::Tokenize(const std::string& body, httplib::Response& res)
   absl::StatusOr<TokenizeRequest> r = ParseTokenizeRequest(body);
   if (!r.ok()) return ReplyStatus(res, r.status());
   if (absl::Status st = CheckModel(r->model); !st.ok()) return ReplyStatus(res, st);
+  const char* const param = r->prompt.has_value() ? "prompt" : "messages";
   if (tokenizer == nullptr) {
-    return ReplyStatus(res, InvalidParam("prompt", absl::StrCat("the model ", options.model_path, " has no tokenizer")));
+    return ReplyStatus(res, InvalidParam(param, absl::StrCat("the model ", options.model_path, " has no tokenizer")));
   }
-  absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(r->prompt, r->add_special_tokens);
-  if (!ids.ok()) return ReplyStatus(res, InvalidParam("prompt", ids.status().message()));
+  absl::StatusOr<std::vector<int32_t>> ids;
+  if (r->prompt.has_value()) {
+    ids = tokenizer->Encode(*r->prompt, r->add_special_tokens.value_or(true));
+  } else {
+    // Rendered as a chat request's prompt is (frontend::ChatPrompt), the BOS being the template's.
+    std::vector<frontend::ChatTurn> turns;
+    for (ChatMessage& m : *r->messages) {
+      turns.push_back({.role = std::move(m.role), .content = std::move(m.content), .name = std::move(m.name),
+                       .tool_calls = std::move(m.tool_calls), .tool_call_id = std::move(m.tool_call_id)});
+    }
+    absl::StatusOr<std::string> text = chat_prompt->RenderText(turns, nullptr, r->add_generation_prompt);
+    if (text.ok()) {
+      ids = tokenizer->Encode(*text, r->add_special_tokens.value_or(false));
+    } else {
+      ids = text.status();
+    }
+  }
+  if (!ids.ok()) return ReplyStatus(res, InvalidParam(param, ids.status().message()));
   Json j;
   j["count"] = ids->size();
   j["max_model_len"] = scheduler->options().limits.max_seq_len;
@@ -984,6 +1003,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   impl->tokenizer = tokenizer;
   impl->scheduler = scheduler;
   impl->ready = std::move(ready);
+  impl->chat_prompt = std::make_unique<frontend::ChatPrompt>(tokenizer, impl->options.model_path);
   impl->admission = std::make_unique<frontend::Admission>(
       frontend::AdmissionOptions{.tokenizer = tokenizer,
                                  .model_path = impl->options.model_path,

@@ -449,11 +449,80 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   return r;
 }
 
+// "messages": OpenAI chat messages (text content only), each validated, naming what is wrong.
+absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const Json& v) {
+  if (!v.is_array()) return WrongType("messages", "an array of messages", v);
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = absl::StrCat("messages[", i, "]");
+    const Json& m = v[i];
+    if (!m.is_object()) return WrongType(at, "an object", m);
+    ChatMessage msg;
+    bool has_role = false, has_content = false;
+    for (const auto& [mk, mv] : m.items()) {
+      const std::string field = absl::StrCat(at, ".", mk);
+      if (mk == "role") {
+        if (!mv.is_string()) return WrongType(field, "a string", mv);
+        msg.role = mv.get<std::string>();
+        if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool" &&
+            msg.role != "developer") {
+          return InvalidParam(field, absl::StrCat("'", field, "' must be system, user, assistant, tool or developer, got '",
+                                                  msg.role, "'"));
+        }
+        has_role = true;
+      } else if (mk == "content") {
+        has_content = true;
+        if (mv.is_null()) continue;
+        if (mv.is_string()) {
+          msg.content = mv.get<std::string>();
+        } else if (mv.is_array()) {
+          for (size_t p = 0; p < mv.size(); ++p) {
+            const std::string part = absl::StrCat(field, "[", p, "]");
+            const Json& pv = mv[p];
+            if (!pv.is_object()) return WrongType(part, "an object", pv);
+            if (!pv.contains("type") || pv["type"] != "text" || !pv.contains("text") || !pv["text"].is_string() ||
+                pv.size() != 2) {
+              return InvalidParam(part, absl::StrCat("'", part, "' must be {\"type\": \"text\", \"text\": \"...\"} (only text is supported)"));
+            }
+            msg.content += pv["text"].get<std::string>();
+          }
+        } else {
+          return WrongType(field, "a string or an array of text parts", mv);
+        }
+      } else if (mk == "name") {
+        if (!mv.is_string()) return WrongType(field, "a string", mv);
+        msg.name = mv.get<std::string>();
+      } else if (mk == "tool_call_id") {
+        if (mv.is_null()) continue;
+        if (!mv.is_string()) return WrongType(field, "a string", mv);
+        msg.tool_call_id = mv.get<std::string>();
+      } else if (mk == "tool_calls") {
+        if (mv.is_null()) continue;
+        if (absl::Status st = ValidateToolCalls(mv, field); !st.ok()) return st;
+        if (!mv.empty()) msg.tool_calls = mv;
+      } else {
+        return InvalidParam(field, absl::StrCat("unknown field '", field, "'"));
+      }
+    }
+    if (!has_role) return InvalidParam(at + ".role", absl::StrCat("'", at, ".role' is required"));
+    // An assistant message that calls tools may leave its content out.
+    if (!has_content && msg.tool_calls.is_null()) {
+      return InvalidParam(at + ".content", absl::StrCat("'", at, ".content' is required"));
+    }
+    if (!msg.tool_calls.is_null() && msg.role != "assistant") {
+      return InvalidParam(at + ".tool_calls", absl::StrCat("'", at, ".tool_calls' is for assistant messages"));
+    }
+    messages.push_back(std::move(msg));
+  }
+  if (messages.empty()) return InvalidParam("messages", "'messages' is empty");
+  return messages;
+}
+
 absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
   absl::StatusOr<Json> j = ParseObject(body);
   if (!j.ok()) return j.status();
   TokenizeRequest r;
-  bool has_prompt = false;
+  bool has_generation_prompt = false;
   for (const auto& [key, v] : j->items()) {
     if (key == "model") {
       if (!v.is_string()) return WrongType(key, "a string", v);
@@ -461,16 +530,29 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
     } else if (key == "prompt") {
       if (!v.is_string()) return WrongType(key, "a string", v);
       r.prompt = v.get<std::string>();
-      has_prompt = true;
-    } else if (key == "add_special_tokens") {
+    } else if (key == "messages") {
+      absl::StatusOr<std::vector<ChatMessage>> messages = ParseMessages(v);
+      if (!messages.ok()) return messages.status();
+      r.messages = *std::move(messages);
+    } else if (key == "add_special_tokens" || key == "add_generation_prompt") {
       absl::StatusOr<bool> b = GetBool(v, key);
       if (!b.ok()) return b.status();
-      r.add_special_tokens = *b;
+      if (key == "add_special_tokens") {
+        r.add_special_tokens = *b;
+      } else {
+        r.add_generation_prompt = *b;
+        has_generation_prompt = true;
+      }
     } else {
       return UnknownField(key);
     }
   }
-  if (!has_prompt) return InvalidParam("prompt", "'prompt' is required");
+  if (r.prompt.has_value() == r.messages.has_value()) {
+    return InvalidParam(r.prompt.has_value() ? "messages" : "prompt", "exactly one of 'prompt' and 'messages' is required");
+  }
+  if (has_generation_prompt && r.prompt.has_value()) {
+    return InvalidParam("add_generation_prompt", "'add_generation_prompt' is for 'messages'");
+  }
   return r;
 }
 
@@ -511,68 +593,9 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
     if (*shared) continue;
     if (key == "messages") {
       has_messages = true;
-      if (!v.is_array()) return WrongType(key, "an array of messages", v);
-      for (size_t i = 0; i < v.size(); ++i) {
-        const std::string at = absl::StrCat("messages[", i, "]");
-        const Json& m = v[i];
-        if (!m.is_object()) return WrongType(at, "an object", m);
-        ChatMessage msg;
-        bool has_role = false, has_content = false;
-        for (const auto& [mk, mv] : m.items()) {
-          const std::string field = absl::StrCat(at, ".", mk);
-          if (mk == "role") {
-            if (!mv.is_string()) return WrongType(field, "a string", mv);
-            msg.role = mv.get<std::string>();
-            if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool" &&
-                msg.role != "developer") {
-              return InvalidParam(field, absl::StrCat("'", field, "' must be system, user, assistant, tool or developer, got '",
-                                                      msg.role, "'"));
-            }
-            has_role = true;
-          } else if (mk == "content") {
-            has_content = true;
-            if (mv.is_null()) continue;
-            if (mv.is_string()) {
-              msg.content = mv.get<std::string>();
-            } else if (mv.is_array()) {
-              for (size_t p = 0; p < mv.size(); ++p) {
-                const std::string part = absl::StrCat(field, "[", p, "]");
-                const Json& pv = mv[p];
-                if (!pv.is_object()) return WrongType(part, "an object", pv);
-                if (!pv.contains("type") || pv["type"] != "text" || !pv.contains("text") || !pv["text"].is_string() ||
-                    pv.size() != 2) {
-                  return InvalidParam(part, absl::StrCat("'", part, "' must be {\"type\": \"text\", \"text\": \"...\"} (only text is supported)"));
-                }
-                msg.content += pv["text"].get<std::string>();
-              }
-            } else {
-              return WrongType(field, "a string or an array of text parts", mv);
-            }
-          } else if (mk == "name") {
-            if (!mv.is_string()) return WrongType(field, "a string", mv);
-            msg.name = mv.get<std::string>();
-          } else if (mk == "tool_call_id") {
-            if (mv.is_null()) continue;
-            if (!mv.is_string()) return WrongType(field, "a string", mv);
-            msg.tool_call_id = mv.get<std::string>();
-          } else if (mk == "tool_calls") {
-            if (mv.is_null()) continue;
-            if (absl::Status st = ValidateToolCalls(mv, field); !st.ok()) return st;
-            if (!mv.empty()) msg.tool_calls = mv;
-          } else {
-            return InvalidParam(field, absl::StrCat("unknown field '", field, "'"));
-          }
-        }
-        if (!has_role) return InvalidParam(at + ".role", absl::StrCat("'", at, ".role' is required"));
-        // An assistant message that calls tools may leave its content out.
-        if (!has_content && msg.tool_calls.is_null()) {
-          return InvalidParam(at + ".content", absl::StrCat("'", at, ".content' is required"));
-        }
-        if (!msg.tool_calls.is_null() && msg.role != "assistant") {
-          return InvalidParam(at + ".tool_calls", absl::StrCat("'", at, ".tool_calls' is for assistant messages"));
-        }
-        r.messages.push_back(std::move(msg));
-      }
+      absl::StatusOr<std::vector<ChatMessage>> messages = ParseMessages(v);
+      if (!messages.ok()) return messages.status();
+      r.messages = *std::move(messages);
     } else if (key == "logprobs") {
       if (v.is_null()) continue;
       absl::StatusOr<bool> b = GetBool(v, key);

@@ -124,10 +124,14 @@ struct ChatRequest {
 };
 
 // vLLM's /tokenize and /detokenize bodies.
+// vLLM's /tokenize: a prompt, or chat messages rendered with the model's chat template.
 struct TokenizeRequest {
   std::string model;
-  std::string prompt;               // required
-  bool add_special_tokens = true;   // vLLM's default
+  std::optional<std::string> prompt;                 // exactly one of prompt and messages
+  std::optional<std::vector<ChatMessage>> messages;
+  // vLLM's defaults: true for a prompt; false for messages (the template writes the BOS itself).
+  std::optional<bool> add_special_tokens;
+  bool add_generation_prompt = true;  // messages: end where the assistant's answer starts
 };
 struct DetokenizeRequest {
   std::string model;

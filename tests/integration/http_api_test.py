@@ -114,8 +114,15 @@ class HttpApiTest(unittest.TestCase):
         code, body = curl(self.url + "/detokenize", data=json.dumps({"tokens": r["tokens"][1:]}))
         self.assertEqual(code, 200, body)
         self.assertEqual(json.loads(body)["prompt"], PROMPT)
+        # Messages need the model's chat template, which this one lacks.
+        code, body = curl(self.url + "/tokenize", data=json.dumps({"messages": [{"role": "user", "content": "Hi"}]}))
+        self.assertEqual(code, 400, body)
+        self.assertIn("chat_template", json.loads(body)["error"]["message"])
         for path, data, param in [("/tokenize", {}, "prompt"), ("/detokenize", {"tokens": [9999]}, "tokens"),
-                                  ("/tokenize", {"prompt": "a", "model": "gpt-9"}, "model")]:
+                                  ("/tokenize", {"prompt": "a", "model": "gpt-9"}, "model"),
+                                  ("/tokenize", {"prompt": "a", "messages": []}, "messages"),
+                                  ("/tokenize", {"messages": [{"role": "robot", "content": "a"}]}, "messages[0].role"),
+                                  ("/tokenize", {"prompt": "a", "add_generation_prompt": True}, "add_generation_prompt")]:
             code, body = curl(self.url + path, data=json.dumps(data))
             self.assertIn(code, (400, 404), body)
             self.assertEqual(json.loads(body)["error"]["param"], param, body)
@@ -517,6 +524,25 @@ class HttpChatTest(unittest.TestCase):
         self.assertEqual(code, 200, body)
         code, body = curl(self.url + "/v1/models/stories-copy")
         self.assertEqual(code, 404, body)
+
+    def test_tokenize_messages(self):
+        # vLLM's /tokenize of chat messages: the prompt a chat request with them computes (its
+        # prompt_tokens), which is the template's text tokenized as it stands (its BOS included).
+        messages = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"}]
+        code, body = curl(self.url + "/tokenize", data=json.dumps({"messages": messages}))
+        self.assertEqual(code, 200, body)
+        ids = json.loads(body)["tokens"]
+        code, body = curl(self.url + "/tokenize", data=json.dumps(
+            {"prompt": "<s>Be brief.\nUser: Hi\nAssistant:", "add_special_tokens": False}))
+        self.assertEqual(json.loads(body)["tokens"], ids)
+        self.assertEqual(ids[0], 1)
+        code, body = curl(self.url + "/v1/chat/completions", data=json.dumps({"messages": messages, "max_tokens": 1}))
+        self.assertEqual(code, 200, body)
+        self.assertEqual(json.loads(body)["usage"]["prompt_tokens"], len(ids))
+        code, body = curl(self.url + "/tokenize", data=json.dumps({"messages": messages, "add_generation_prompt": False}))
+        code2, plain = curl(self.url + "/tokenize", data=json.dumps(
+            {"prompt": "<s>Be brief.\nUser: Hi\n", "add_special_tokens": False}))
+        self.assertEqual(json.loads(body)["tokens"], json.loads(plain)["tokens"])
 
     def test_chat_logprobs(self):
         # Chat: "logprobs": true and "top_logprobs", streamed and not, give the same entries.

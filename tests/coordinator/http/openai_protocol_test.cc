@@ -192,6 +192,23 @@ TEST(OpenAiProtocolTest, SeveralPromptsAsStringsOrTokenIdArrays) {
   EXPECT_EQ(*r->prompts[0].text, "only");
 }
 
+TEST(OpenAiProtocolTest, TokenizeAPromptOrChatMessages) {
+  absl::StatusOr<TokenizeRequest> r = ParseTokenizeRequest(R"({"prompt": "a"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->prompt, "a");
+  EXPECT_FALSE(r->messages.has_value());
+  EXPECT_FALSE(r->add_special_tokens.has_value());  // vLLM's default for a prompt: true
+  r = ParseTokenizeRequest(R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages->size(), 1u);
+  EXPECT_EQ((*r->messages)[0].content, "hi");
+  EXPECT_FALSE(r->add_generation_prompt);
+  ExpectInvalid(ParseTokenizeRequest("{}").status(), "exactly one of 'prompt' and 'messages'", "prompt");
+  ExpectInvalid(ParseTokenizeRequest(R"({"prompt": "a", "messages": []})").status(), "exactly one", "messages");
+  ExpectInvalid(ParseTokenizeRequest(R"({"messages": [{"role": "user"}]})").status(), "content' is required",
+                "messages[0].content");
+}
+
 TEST(OpenAiProtocolTest, MalformedJson) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a",)").status(), "not valid JSON", "");
   ExpectInvalid(ParseCompletionRequest("").status(), "not valid JSON", "");
