@@ -204,7 +204,9 @@ TEST(OpenAiProtocolTest, TokenizeAPromptOrChatMessages) {
   EXPECT_EQ((*r->messages)[0].content, "hi");
   EXPECT_FALSE(r->add_generation_prompt);
   ExpectInvalid(ParseTokenizeRequest("{}").status(), "exactly one of 'prompt' and 'messages'", "prompt");
-  ExpectInvalid(ParseTokenizeRequest(R"({"prompt": "a", "messages": []})").status(), "exactly one", "messages");
+  ExpectInvalid(ParseTokenizeRequest(R"({"prompt": "a", "messages": [{"role": "user", "content": "b"}]})").status(),
+                "exactly one", "messages");
+  ExpectInvalid(ParseTokenizeRequest(R"({"messages": []})").status(), "'messages' is empty", "messages");
   ExpectInvalid(ParseTokenizeRequest(R"({"messages": [{"role": "user"}]})").status(), "content' is required",
                 "messages[0].content");
 }
