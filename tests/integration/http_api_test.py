@@ -88,6 +88,18 @@ class HttpApiTest(unittest.TestCase):
         self.assertEqual(code, 200, body)
         return json.loads(body)
 
+    def openai_texts(self, **create):
+        """The choices' texts, by index, of the openai package's completions.create(**create)."""
+        script = f"""
+import json, openai
+c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
+r = c.completions.create(model="stories260K", **json.loads({json.dumps(create)!r}))
+print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]))
+"""
+        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return json.loads(p.stdout)
+
     def test_models(self):
         code, body = curl(self.url + "/v1/models")
         self.assertEqual(code, 200, body)
@@ -306,16 +318,8 @@ print(json.dumps(r.choices[0].logprobs.token_logprobs))
             code, out = curl(self.url + "/v1/completions", data=json.dumps({"prompt": "a", **body}))
             self.assertEqual(code, 400, out)
             self.assertEqual(json.loads(out)["error"]["param"], param)
-        script = f"""
-import json, openai
-c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
-r = c.completions.create(model="stories260K", prompt={PROMPT!r}, max_tokens=12, temperature=1.0, n=3, seed=5,
-                         extra_body={{"ignore_eos": True}})
-print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]))
-"""
-        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=120)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual(json.loads(p.stdout), [a["text"] for a in alone])
+        self.assertEqual(self.openai_texts(prompt=PROMPT, max_tokens=12, temperature=1.0, n=3, seed=5,
+                                           extra_body={"ignore_eos": True}), [a["text"] for a in alone])
 
     def test_several_prompts(self):
         # "prompt" as a list (of strings or of token-id lists): choice k of prompt p is the answer's
@@ -362,16 +366,8 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
             self.assertEqual(code, 400, out)
             self.assertIn(message, json.loads(out)["error"]["message"])
             self.assertEqual(json.loads(out)["error"]["param"], "prompt")
-        script = f"""
-import json, openai
-c = openai.OpenAI(base_url={self.url + '/v1'!r}, api_key="unused", max_retries=0)
-r = c.completions.create(model="stories260K", prompt={prompts!r}, max_tokens=10, temperature=1.0, n=2, seed=7,
-                         extra_body={{"ignore_eos": True}})
-print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]))
-"""
-        p = subprocess.run([self.python, "-c", script], capture_output=True, text=True, timeout=120)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual(json.loads(p.stdout), [c["text"] for c in r["choices"]])
+        self.assertEqual(self.openai_texts(prompt=prompts, max_tokens=10, temperature=1.0, n=2, seed=7,
+                                           extra_body={"ignore_eos": True}), [c["text"] for c in r["choices"]])
 
     def test_cli_n_choices_equal_the_http_choices(self):
         # `shardserve generate --n 2` (gRPC, the C++ SDK's GenerateChoices) prints each choice on its

@@ -128,6 +128,22 @@ class HttpServerTest : public ::testing::Test {
     return {r->status, Json::parse(r->body, nullptr, false)};
   }
 
+  // POSTs `body` to /v1/completions and reads the answer as it streams: (result, what arrived).
+  std::pair<httplib::Result, std::string> PostStreamed(const std::string& body) {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    std::string received;
+    req.content_receiver = [&received](const char* data, size_t n, uint64_t, uint64_t) {
+      received.append(data, n);
+      return true;
+    };
+    httplib::Result r = client_->send(req);
+    return {std::move(r), std::move(received)};
+  }
+
   // Waits until the scheduler has ended `requests` requests in all and holds none.
   bool WaitIdle(int requests, absl::Duration timeout) {
     if (!ends_.WaitEnded(requests, timeout)) return false;
@@ -199,17 +215,8 @@ TEST_F(HttpServerQueueTest, SeveralPromptsAnswerInPromptOrderEachWithItsChoices)
   EXPECT_EQ(body["usage"]["prompt_tokens"], 6);
   EXPECT_EQ(body["usage"]["completion_tokens"], 18);
   // Streamed, with text prompts: every choice's chunks, then its end, then the usage and [DONE].
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = R"({"prompt": ["hi", "ho"], "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}})";
-  req.set_header("Content-Type", "application/json");
-  std::string received;
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    received.append(data, n);
-    return true;
-  };
-  httplib::Result s = client_->send(req);
+  auto [s, received] = PostStreamed(
+      R"({"prompt": ["hi", "ho"], "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}})");
   ASSERT_TRUE(s);
   EXPECT_EQ(s->status, 200);
   EXPECT_TRUE(received.ends_with("data: [DONE]\n\n")) << received;
@@ -273,23 +280,14 @@ TEST_F(HttpServerMultiStepTest, AStopStringInsideACallCountsNoTokenPastIt) {
 }
 
 TEST_F(HttpServerTest, StreamEndsWithDone) {
-  std::string received;
   httplib::Result r = client_->Post(
       "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}]})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);  // this model has no chat template
   EXPECT_THAT(r->body, HasSubstr("tokenizer_config.json"));
 
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = R"({"prompt": [1], "max_tokens": 6, "stream": true, "stream_options": {"include_usage": true}})";
-  req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    received.append(data, n);
-    return true;
-  };
-  httplib::Result s = client_->send(req);
+  auto [s, received] =
+      PostStreamed(R"({"prompt": [1], "max_tokens": 6, "stream": true, "stream_options": {"include_usage": true}})");
   ASSERT_TRUE(s);
   EXPECT_EQ(s->status, 200);
   EXPECT_EQ(s->get_header_value("Content-Type"), "text/event-stream");
