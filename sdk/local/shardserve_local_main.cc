@@ -43,6 +43,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/memory/host_memory.h"
 #include "common/security/cert_authority.h"
 #include "shardserve/client.h"
 
@@ -117,18 +118,6 @@ int CpuRanks(const std::string& devices) {
   int ranks = 0;
   if (!devices.starts_with("cpu:") || !absl::SimpleAtoi(devices.substr(4), &ranks) || ranks < 1) return 0;
   return ranks;
-}
-
-// MemAvailable from /proc/meminfo, in bytes; 0 when it cannot be read.
-int64_t AvailableMemory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  int64_t kb = 0;
-  while (in >> key >> kb) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
 }
 
 volatile std::sig_atomic_t g_stop = 0;
@@ -368,14 +357,15 @@ int main(int argc, char** argv) {
     coordinator_argv.push_back("--tls_dir=" + tls_root + "/coordinator");
     if (!public_tls) coordinator_argv.push_back("--public_plaintext");
   }
-  // CPU workers share this machine's memory, and each alone would offer its ranks all that is
-  // available (the planner would count it once per worker, and place more than fits): unless
-  // --memory_per_device says otherwise, every rank of every worker is offered an equal share.
+  // CPU workers share this machine's memory (its cgroup's, in a container), and each alone would
+  // offer its ranks all that is available (the planner would count it once per worker, and place
+  // more than fits): unless --memory_per_device says otherwise, every rank of every worker is
+  // offered an equal share.
   std::string memory_per_device = absl::GetFlag(FLAGS_memory_per_device);
   const int cpu_ranks = CpuRanks(absl::GetFlag(FLAGS_devices_per_worker));
   if (memory_per_device.empty() && cpu_ranks > 0 && workers > 1) {
-    if (const int64_t available = AvailableMemory(); available > 0) {
-      memory_per_device = absl::StrCat(available / (int64_t{workers} * cpu_ranks));
+    if (absl::StatusOr<shardserve::HostMemory> host = shardserve::QueryHostMemory(); host.ok() && host->free_bytes > 0) {
+      memory_per_device = absl::StrCat(host->free_bytes / (int64_t{workers} * cpu_ranks));
     }
   }
   children.push_back({"coordinator", Spawn(coordinator_argv)});

@@ -1,9 +1,9 @@
 #include "worker/kernels/registry.h"
 
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/memory/host_memory.h"
 #include "common/status/macros.h"
 #include "worker/kernels/cpu/cpu_backend.h"
 #if SHARDSERVE_HAVE_CUDA
@@ -26,15 +26,11 @@ absl::StatusOr<DeviceMemory> QueryDeviceMemory(DeviceKind kind, int device_index
   DeviceMemory m;
   switch (kind) {
     case DeviceKind::kCpu: {
-      std::ifstream in("/proc/meminfo");
-      std::string key;
-      int64_t kb = 0;
-      std::string unit;
-      while (in >> key >> kb >> unit) {
-        if (key == "MemTotal:") m.total_bytes = kb * 1024;
-        if (key == "MemAvailable:") m.free_bytes = kb * 1024;
-      }
-      if (m.total_bytes == 0) return absl::InternalError("cannot read MemTotal from /proc/meminfo");
+      // Capped by the process's cgroup limit (a container's): see common/memory/host_memory.h.
+      absl::StatusOr<HostMemory> host = QueryHostMemory();
+      if (!host.ok()) return host.status();
+      m.total_bytes = host->total_bytes;
+      m.free_bytes = host->free_bytes;
       return m;
     }
     case DeviceKind::kCuda: {
