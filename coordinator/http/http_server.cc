@@ -79,8 +79,8 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
   // choice's text is decoded as the continuation of `prompt` (StreamDecoder::Prime): a first word
   // keeps its space.
   // `bell` (may be null) is rung after each piece of news.
-  HttpChoices(int n, const Tokenizer* tokenizer, absl::Span<const int32_t> prompt, const std::vector<std::string>& stops,
-              std::shared_ptr<Bell> bell = nullptr)
+  HttpChoices(int n, const Tokenizer* tokenizer, absl::Span<const int32_t> prompt,
+              const std::vector<std::string>& stops, std::shared_ptr<Bell> bell = nullptr)
       : tokenizer_(tokenizer), num_choices_(static_cast<size_t>(n)), bell_(std::move(bell)) {
     // Primed once (~20M ids/s), cloned for each choice.
     std::unique_ptr<StreamDecoder> primed;

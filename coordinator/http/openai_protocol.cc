@@ -391,8 +391,9 @@ absl::StatusOr<std::vector<CompletionPrompt>> ParsePrompts(const Json& v) {
     for (size_t i = 0; i < v.size(); ++i) {
       const std::string where = absl::StrCat("prompt[", i, "]");
       if (texts ? !v[i].is_string() : !v[i].is_array()) {
-        return InvalidParam("prompt", absl::StrCat("'", where, "' must be ", texts ? "a string" : "an array of token ids",
-                                                   " as 'prompt[0]' is, got ", TypeName(v[i])));
+        const char* want = texts ? "a string" : "an array of token ids";
+        return InvalidParam("prompt",
+                            absl::StrCat("'", where, "' must be ", want, " as 'prompt[0]' is, got ", TypeName(v[i])));
       }
       if (texts) {
         prompts.push_back({.text = v[i].get<std::string>()});
@@ -405,7 +406,8 @@ absl::StatusOr<std::vector<CompletionPrompt>> ParsePrompts(const Json& v) {
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].text.has_value() && prompts[i].text->empty()) {
-      return InvalidParam("prompt", prompts.size() == 1 ? "'prompt' is empty" : absl::StrCat("'prompt[", i, "]' is empty"));
+      return InvalidParam("prompt",
+                          prompts.size() == 1 ? "'prompt' is empty" : absl::StrCat("'prompt[", i, "]' is empty"));
     }
   }
   return prompts;
@@ -548,7 +550,8 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
     }
   }
   if (r.prompt.has_value() == r.messages.has_value()) {
-    return InvalidParam(r.prompt.has_value() ? "messages" : "prompt", "exactly one of 'prompt' and 'messages' is required");
+    return InvalidParam(r.prompt.has_value() ? "messages" : "prompt",
+                        "exactly one of 'prompt' and 'messages' is required");
   }
   if (has_generation_prompt && r.prompt.has_value()) {
     return InvalidParam("add_generation_prompt", "'add_generation_prompt' is for 'messages'");

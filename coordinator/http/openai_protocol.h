@@ -185,7 +185,8 @@ struct Usage {
 // finish_reason: "stop" or "length"; empty for none (JSON null). `logprobs`, when given, fills the
 // choice's "logprobs" (null otherwise): for completions {"tokens", "token_logprobs",
 // "top_logprobs" (one {token: logprob} object per token), "text_offset" (from `text_offset`, the
-// offset of the first token in the whole completion, in characters as OpenAI counts them)}; for chat {"content": [{"token", "logprob",
+// offset of the first token in the whole completion; in characters, as OpenAI counts them)}; for
+// chat {"content": [{"token", "logprob",
 // "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
 nlohmann::ordered_json CompletionResponse(const ResponseMeta& meta, absl::string_view text,
                                           absl::string_view finish_reason, const Usage& usage,

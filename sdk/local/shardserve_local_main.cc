@@ -364,7 +364,8 @@ int main(int argc, char** argv) {
   std::string memory_per_device = absl::GetFlag(FLAGS_memory_per_device);
   const int cpu_ranks = CpuRanks(absl::GetFlag(FLAGS_devices_per_worker));
   if (memory_per_device.empty() && cpu_ranks > 0 && workers > 1) {
-    if (absl::StatusOr<shardserve::HostMemory> host = shardserve::QueryHostMemory(); host.ok() && host->free_bytes > 0) {
+    absl::StatusOr<shardserve::HostMemory> host = shardserve::QueryHostMemory();
+    if (host.ok() && host->free_bytes > 0) {
       memory_per_device = absl::StrCat(host->free_bytes / (int64_t{workers} * cpu_ranks));
     }
   }

@@ -87,7 +87,8 @@ TEST(OpenAiProtocolTest, LogprobsRequestsAndTheirJson) {
   const auto& content = chat["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), 3u);
   EXPECT_EQ(Dump(content[0]), R"({"token":"Hé","logprob":-0.5,"bytes":[72,195,169],"top_logprobs":[)"
-                              R"({"token":"Hé","logprob":-0.5,"bytes":[72,195,169]},{"token":"Ho","logprob":-1.5,"bytes":[72,111]}]})");
+                              R"({"token":"Hé","logprob":-0.5,"bytes":[72,195,169]},)"
+                              R"({"token":"Ho","logprob":-1.5,"bytes":[72,111]}]})");
   // Not asked: null, as before.
   EXPECT_TRUE(ChatResponse(meta, "Hi!", "stop", {})["choices"][0]["logprobs"].is_null());
 }
@@ -279,7 +280,8 @@ TEST(OpenAiProtocolTest, WrongTypes) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "temperature": "hot"})").status(), "must be a number",
                 "temperature");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stream": 1})").status(), "must be a boolean", "stream");
-  ExpectInvalid(ParseCompletionRequest(R"({"prompt": 5})").status(), "'prompt' must be a string, an array of token ids, or an array of either",
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": 5})").status(),
+                "'prompt' must be a string, an array of token ids, or an array of either",
                 "prompt");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": [1, "a"]})").status(), "prompt[1]", "prompt[1]");
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "stop": [1]})").status(), "stop[0]", "stop[0]");
