@@ -458,13 +458,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::Cal
   }
   SequenceRequest& seq = admitted->sequence;
   const Tokenizer* tokenizer = tokenizer_;
-  // Each choice's text is decoded as the continuation of the prompt (StreamDecoder::Prime): a
-  // first word keeps its space. Primed once (~20M ids/s), cloned for each choice.
-  std::unique_ptr<StreamDecoder> primed;
-  if (tokenizer != nullptr) {
-    primed = tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true);
-    if (absl::Status st = primed->Prime(seq.prompt); !st.ok()) VLOG(1) << "the prompt's text is not decoded: " << st;
-  }
+  // Each choice's text is decoded as the continuation of the prompt, one decoder cloned per choice.
+  const std::unique_ptr<StreamDecoder> primed = frontend::ContinuationDecoder(tokenizer, seq.prompt);
   auto new_decoder = [&primed]() -> std::unique_ptr<StreamDecoder> {
     return primed != nullptr ? primed->Clone() : nullptr;
   };

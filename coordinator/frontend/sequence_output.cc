@@ -32,6 +32,13 @@ bool SequenceText::Finish(std::string* out) {
   return false;
 }
 
+std::unique_ptr<StreamDecoder> ContinuationDecoder(const Tokenizer* tokenizer, absl::Span<const int32_t> prompt) {
+  if (tokenizer == nullptr) return nullptr;
+  std::unique_ptr<StreamDecoder> decoder = tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true);
+  if (absl::Status st = decoder->Prime(prompt); !st.ok()) VLOG(1) << "the prompt's text is not decoded: " << st;
+  return decoder;
+}
+
 void SequenceCanceller::Bind(SequenceId id) {
   bool cancel = false;
   FinishReason reason = FinishReason::kCancelled;

@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/frontend/stop_strings.h"
 #include "coordinator/scheduler/scheduler.h"
@@ -46,6 +47,12 @@ class SequenceText {
   std::unique_ptr<StreamDecoder> decoder_;
   StopStringMatcher matcher_;
 };
+
+// A decoder of the text that continues `prompt` (StreamDecoder::Prime: a first word keeps its
+// space), skipping special tokens; null without a tokenizer. A prompt id outside the vocabulary
+// (which admission refuses first) is logged at VLOG 1 and the ids before it stay fed. Choices of
+// one prompt clone it (StreamDecoder::Clone) rather than decode the prompt again.
+std::unique_ptr<StreamDecoder> ContinuationDecoder(const Tokenizer* tokenizer, absl::Span<const int32_t> prompt);
 
 // Cancels one sequence from any thread. Thread-safe.
 class SequenceCanceller {

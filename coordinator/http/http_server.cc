@@ -82,12 +82,7 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
   HttpChoices(int n, const Tokenizer* tokenizer, absl::Span<const int32_t> prompt,
               const std::vector<std::string>& stops, std::shared_ptr<Bell> bell = nullptr)
       : tokenizer_(tokenizer), num_choices_(static_cast<size_t>(n)), bell_(std::move(bell)) {
-    // Primed once (~20M ids/s), cloned for each choice.
-    std::unique_ptr<StreamDecoder> primed;
-    if (tokenizer != nullptr) {
-      primed = tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true);
-      if (absl::Status st = primed->Prime(prompt); !st.ok()) VLOG(1) << "the prompt's text is not decoded: " << st;
-    }
+    const std::unique_ptr<StreamDecoder> primed = frontend::ContinuationDecoder(tokenizer, prompt);
     for (int i = 0; i < n; ++i) choices_.emplace_back(primed != nullptr ? primed->Clone() : nullptr, stops);
   }
 
@@ -334,6 +329,16 @@ void Reply(httplib::Response& res, const ApiError& error) {
 
 void ReplyStatus(httplib::Response& res, const absl::Status& status) { Reply(res, ErrorFromStatus(status)); }
 
+// The parsed messages as the chat prompt's turns (moved out of `messages`).
+std::vector<frontend::ChatTurn> TakeTurns(std::vector<ChatMessage>& messages) {
+  std::vector<frontend::ChatTurn> turns;
+  for (ChatMessage& m : messages) {
+    turns.push_back({.role = std::move(m.role), .content = std::move(m.content), .name = std::move(m.name),
+                     .tool_calls = std::move(m.tool_calls), .tool_call_id = std::move(m.tool_call_id)});
+  }
+  return turns;
+}
+
 // `st` with "prompt[p]: " before its message; its payloads (the field it names) kept.
 absl::Status NamingPrompt(const absl::Status& st, size_t p) {
   absl::Status named(st.code(), absl::StrCat("prompt[", p, "]: ", st.message()));
@@ -495,12 +500,8 @@ void HttpServer::Impl::Tokenize(const std::string& body, httplib::Response& res)
     ids = tokenizer->Encode(*r->prompt, r->add_special_tokens.value_or(true));
   } else {
     // Rendered as a chat request's prompt is (frontend::ChatPrompt), the BOS being the template's.
-    std::vector<frontend::ChatTurn> turns;
-    for (ChatMessage& m : *r->messages) {
-      turns.push_back({.role = std::move(m.role), .content = std::move(m.content), .name = std::move(m.name),
-                       .tool_calls = std::move(m.tool_calls), .tool_call_id = std::move(m.tool_call_id)});
-    }
-    absl::StatusOr<std::string> text = chat_prompt->RenderText(turns, nullptr, r->add_generation_prompt);
+    absl::StatusOr<std::string> text = chat_prompt->RenderText(TakeTurns(*r->messages), nullptr,
+                                                               r->add_generation_prompt);
     if (text.ok()) {
       ids = tokenizer->Encode(*text, r->add_special_tokens.value_or(false));
     } else {
@@ -586,10 +587,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                            .tool_choice = parsed->tool_choice,
                            .tool_name = std::move(parsed->tool_name),
                            .parallel_tool_calls = parsed->parallel_tool_calls};
-    for (ChatMessage& m : parsed->messages) {
-      in.turns.push_back({.role = std::move(m.role), .content = std::move(m.content), .name = std::move(m.name),
-                          .tool_calls = std::move(m.tool_calls), .tool_call_id = std::move(m.tool_call_id)});
-    }
+    in.turns = TakeTurns(parsed->messages);
     prompts.push_back({.input = std::move(in)});
   } else {
     absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body);
