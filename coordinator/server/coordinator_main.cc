@@ -11,7 +11,11 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -20,6 +24,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/concurrency/abseil_mutex.h"
 #include "common/log/log.h"
@@ -116,6 +122,9 @@ ABSL_FLAG(std::string, hidden_wire_dtype, "f32",
           "how the stages send hidden states to the next stage (and rows to the hosts of spilled experts): f32 "
           "(exact: a pipeline computes what one process does) or bf16 (half the bytes per hop, each value rounded "
           "to bfloat16 once per hop); a change is taken without reloading the weights");
+ABSL_FLAG(std::string, address_file, "",
+          "once serving, write the addresses bound here, one \"api|control|metrics|http HOST:PORT\" line each "
+          "(written whole, by rename): how a launcher that passed port 0 learns them; empty = none");
 ABSL_FLAG(std::string, http_listen, "",
           "OpenAI-compatible HTTP API address HOST:PORT (port 0 picks a free port); empty = off");
 
@@ -142,6 +151,28 @@ ABSL_FLAG(int64_t, grpc_max_connection_age_ms, 0,
           "live on one connection)");
 ABSL_FLAG(int64_t, grpc_max_connection_age_grace_ms, 0,
           "gRPC servers: cancel calls still running this long after max_connection_age; 0 = never");
+
+namespace {
+
+// --address_file: the addresses bound, written to PATH.tmp and renamed, so that a reader sees the
+// whole file or none.
+absl::Status WriteAddressFile(const std::string& path, const shardserve::coordinator::Coordinator& c) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "api " << c.address() << "\ncontrol " << c.control_address() << "\n";
+    if (!c.metrics_address().empty()) out << "metrics " << c.metrics_address() << "\n";
+    if (!c.http_address().empty()) out << "http " << c.http_address() << "\n";
+    out.close();
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   shardserve::UseReleaseAbseilMutexes();  // gRPC locks absl::Mutexes on every message
@@ -248,6 +279,13 @@ int main(int argc, char** argv) {
   if (!coordinator.ok()) {
     std::cerr << "shardserve-coordinator: " << coordinator.status() << "\n";
     return 1;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_address_file); !path.empty()) {
+    if (absl::Status st = WriteAddressFile(path, **coordinator); !st.ok()) {
+      std::cerr << "shardserve-coordinator: --address_file: " << st.message() << "\n";
+      (*coordinator)->Shutdown(shutdown_timeout);
+      return 1;
+    }
   }
   int signal = 0;
   sigwait(&stop_signals, &signal);

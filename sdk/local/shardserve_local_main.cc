@@ -16,11 +16,8 @@
 // (and "http: http://HOST:PORT" with --http_listen), and
 // keeps running; SIGINT/SIGTERM stop every process. Exits non-zero (naming the cause) when
 // the cluster cannot become ready or a process dies.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +35,7 @@
 #include <vector>
 
 #include "common/flags/usage.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -122,23 +120,6 @@ int CpuRanks(const std::string& devices) {
 
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 struct Child {
   std::string name;
@@ -251,24 +232,16 @@ int main(int argc, char** argv) {
     std::error_code ec;
     bin_dir = std::filesystem::canonical("/proc/self/exe", ec).parent_path().string();
   }
-  int port = absl::GetFlag(FLAGS_port);
-  if (port == 0) port = FreePort();
-  if (port <= 0 || port > 65535) {
-    std::cerr << "shardserve-local: no usable coordinator port\n";
-    return 1;
-  }
-  const std::string address = absl::StrCat("127.0.0.1:", port);
-  int metrics_port = 0;
-  if (absl::GetFlag(FLAGS_metrics)) {
-    metrics_port = FreePort();
-    if (metrics_port <= 0) {
-      std::cerr << "shardserve-local: no free port for the coordinator's metrics\n";
-      return 1;
-    }
+  // Every listener of the coordinator binds its own port (port 0 picks a free one) and names it in
+  // --address_file: a port picked here and bound there later could be taken in between (by another
+  // process's outgoing connection, say).
+  const int port = absl::GetFlag(FLAGS_port);
+  if (port < 0 || port > 65535) {
+    std::cerr << "shardserve-local: --port must be in [0, 65535], got " << port << "\n";
+    return 2;
   }
   std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   if (!http_listen.empty()) {
-    // Port 0: pick the port here, so that the "http:" line can name it.
     const size_t colon = http_listen.rfind(':');
     int http_port = -1;
     if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(http_listen.substr(colon + 1), &http_port) ||
@@ -276,12 +249,6 @@ int main(int argc, char** argv) {
       std::cerr << "shardserve-local: --http_listen must be HOST:PORT, got \"" << http_listen << "\"\n";
       return 2;
     }
-    if (http_port == 0) http_port = FreePort();
-    if (http_port <= 0) {
-      std::cerr << "shardserve-local: no usable HTTP port\n";
-      return 1;
-    }
-    http_listen = absl::StrCat(http_listen.substr(0, colon), ":", http_port);
   }
   const bool insecure = absl::GetFlag(FLAGS_insecure);
   const bool public_tls = absl::GetFlag(FLAGS_public_tls);
@@ -289,39 +256,34 @@ int main(int argc, char** argv) {
     std::cerr << "shardserve-local: --public_tls needs TLS, which --insecure turns off\n";
     return 2;
   }
-  const int control_port = FreePort();
-  if (control_port <= 0) {
-    std::cerr << "shardserve-local: no free port for the coordinator's control plane\n";
+  // A private directory, removed at exit: the coordinator's --address_file and, with TLS, the
+  // certificates (under tls/).
+  char tmpl[] = "/tmp/shardserve-local-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    std::cerr << "shardserve-local: cannot create a private temporary directory: " << std::strerror(errno) << "\n";
     return 1;
-  }
-  const std::string control_address = absl::StrCat("127.0.0.1:", control_port);
-  std::string tls_root;  // removed at exit
-  if (!insecure) {
-    char tmpl[] = "/tmp/shardserve-local-tls-XXXXXX";
-    if (mkdtemp(tmpl) == nullptr) {
-      std::cerr << "shardserve-local: cannot create a directory for the certificates: " << std::strerror(errno) << "\n";
-      return 1;
-    }
-    tls_root = tmpl;
-    if (!MakeCertificates(tls_root, workers)) {
-      std::filesystem::remove_all(tls_root);
-      return 1;
-    }
   }
   struct RemoveDir {
     std::string dir;
     ~RemoveDir() {
       std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+      std::filesystem::remove_all(dir, ec);
     }
-  } remove_tls_root{tls_root};
+  } remove_run_dir{tmpl};
+  const std::string run_dir = tmpl;
+  const std::string address_file = run_dir + "/addresses";
+  std::string tls_root;
+  if (!insecure) {
+    tls_root = run_dir + "/tls";
+    if (!MakeCertificates(tls_root, workers)) return 1;
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
 
   std::vector<Child> children;
   std::vector<std::string> coordinator_argv = {
-      bin_dir + "/shardserve-coordinator", "--listen=" + address, "--control_listen=" + control_address,
-      "--model=" + model,
+      bin_dir + "/shardserve-coordinator", absl::StrCat("--listen=127.0.0.1:", port), "--control_listen=127.0.0.1:0",
+      "--address_file=" + address_file, "--model=" + model,
       absl::StrCat("--expected_workers=", workers), absl::StrCat("--tp=", absl::GetFlag(FLAGS_tp)),
       absl::StrCat("--pp=", absl::GetFlag(FLAGS_pp)), absl::StrCat("--replicas=", absl::GetFlag(FLAGS_replicas)),
       absl::StrCat("--max_seq_len=", absl::GetFlag(FLAGS_max_seq_len)),
@@ -343,7 +305,7 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
     coordinator_argv.push_back("--served_model_name=" + absl::GetFlag(FLAGS_served_model_name));
   }
-  if (metrics_port > 0) coordinator_argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
+  if (absl::GetFlag(FLAGS_metrics)) coordinator_argv.push_back("--metrics_listen=127.0.0.1:0");
   if (!http_listen.empty()) coordinator_argv.push_back("--http_listen=" + http_listen);
   for (std::string flag :
        {absl::StrCat("--http_max_connections=", absl::GetFlag(FLAGS_http_max_connections)),
@@ -370,6 +332,32 @@ int main(int argc, char** argv) {
     }
   }
   children.push_back({"coordinator", Spawn(coordinator_argv)});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_ready_timeout_s));
+  int status = 0;
+  // The coordinator's addresses: "api", "control" and, when served, "metrics" and "http".
+  absl::flat_hash_map<std::string, std::string> addresses;
+  while (!addresses.contains("control")) {
+    if (g_stop) {
+      StopAll(children);
+      return 0;
+    }
+    if (std::string dead = DeadChild(children, &status); !dead.empty()) {
+      std::cerr << "shardserve-local: " << dead << " exited (status " << status << ") before the cluster was ready\n";
+      StopAll(children);
+      return 1;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::cerr << "shardserve-local: the coordinator did not start serving within "
+                << absl::GetFlag(FLAGS_ready_timeout_s) << " s\n";
+      StopAll(children);
+      return 1;
+    }
+    std::ifstream in(address_file);
+    for (std::string name, value; in >> name >> value;) addresses[name] = value;
+    if (!addresses.contains("control")) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string address = addresses["api"];
+  const std::string control_address = addresses["control"];
   for (int i = 0; i < workers; ++i) {
     std::vector<std::string> worker_argv = {bin_dir + "/shardserve-worker", "--coordinator=" + control_address,
                                             "--listen=127.0.0.1:0",
@@ -405,10 +393,8 @@ int main(int argc, char** argv) {
     StopAll(children);
     return 1;
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_ready_timeout_s));
   std::string last_reason = "the coordinator did not answer";
   bool ready = false;
-  int status = 0;
   while (!g_stop && !ready) {
     if (std::string dead = DeadChild(children, &status); !dead.empty()) {
       std::cerr << "shardserve-local: " << dead << " exited (status " << status << ") before the cluster was ready\n";
@@ -438,15 +424,15 @@ int main(int argc, char** argv) {
   }
   if (ready) {
     std::cout << "ready: coordinator at " << address << std::endl;
-    if (!http_listen.empty()) std::cout << "http: http://" << http_listen << std::endl;
+    if (addresses.contains("http")) std::cout << "http: http://" << addresses["http"] << std::endl;
     if (public_tls) std::cout << "tls ca: " << tls_root << "/coordinator/ca.crt" << std::endl;
     if (auto info = (*client)->ClusterStatus(); info.ok()) {
       for (const auto& w : info->workers) {
         if (!w.metrics_address.empty()) std::cout << "metrics: http://" << w.metrics_address << "/metrics" << std::endl;
       }
     }
-    if (metrics_port > 0) {
-      std::cout << "coordinator metrics: http://127.0.0.1:" << metrics_port << "/metrics" << std::endl;
+    if (addresses.contains("metrics")) {
+      std::cout << "coordinator metrics: http://" << addresses["metrics"] << "/metrics" << std::endl;
     }
   }
   // Once serving, a worker that exits is only reported: the coordinator moves its sequences to the

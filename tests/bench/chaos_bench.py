@@ -28,22 +28,18 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_port  # noqa: E402
+
 STORIES = "../shared/models/stories260K"
 PROMPTS = [[1, 45, 371, 33], [1, 403, 29, 102, 11], [1, 9, 77], [1, 250, 251, 252, 253, 254],
            [1, 88], [1, 300, 17, 17, 4]]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

@@ -13,17 +13,14 @@ of two builds to compare them (the figures of README "Coordinator restarts" came
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_port  # noqa: E402
 
 
 def main():

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_port  # noqa: E402
 from local_cluster import LocalCluster  # noqa: E402
 
 BIN = None
@@ -39,12 +39,6 @@ SCRAPE_INTERVAL_S = 1
 REQUESTS = [([1, 17, 42], 6), ([1, 5], 4), ([1, 9, 9, 9, 30, 31], 8), ([1, 2, 3, 4], 5), ([1], 7), ([1, 60, 61], 3)]
 # Refused with INVALID_ARGUMENT (token 300 is outside the vocabulary).
 BAD_REQUEST = ([1, 300], 4)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url, timeout=10):

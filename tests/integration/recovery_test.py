@@ -16,7 +16,6 @@ where they finished before the kill cannot pass unnoticed.
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,18 +25,13 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_port  # noqa: E402
 from local_cluster import STORIES  # noqa: E402
 
 BIN = None
 TOKENS = 300
 CLIENTS = 6
 WAIT_S = 120  # bound on every wait; a run takes seconds
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prompts():

@@ -16,7 +16,6 @@ second worker).
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_port  # noqa: E402
 from local_cluster import STORIES  # noqa: E402
 from process_logs import ProcessLogs  # noqa: E402
 
@@ -33,12 +33,6 @@ MAX_TOKENS = 12
 RESUME_LIMIT_S = 30  # generous for a loaded 2-core CI machine; the aim is a few seconds
 # Seconds the coordinator stays down before each restart: 20 restarts over 1..30 s.
 DOWNTIMES = [1, 1, 2, 1, 3, 1, 15, 1, 1, 2, 1, 5, 1, 1, 30, 1, 2, 1, 8, 1]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class CoordinatorRestartTest(ProcessLogs, unittest.TestCase):

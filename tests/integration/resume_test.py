@@ -10,7 +10,6 @@ the new coordinator. The CLI's stream breaks with UNAVAILABLE; it resumes with t
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_port  # noqa: E402
 from local_cluster import STORIES  # noqa: E402
 from process_logs import ProcessLogs  # noqa: E402
 
@@ -26,12 +26,6 @@ PROMPT = [1, 45, 371, 33]
 MAX_TOKENS = 400  # the context is 512; long enough to be cut mid-way
 SAMPLING = ["--temperature=0.8", "--seed=5"]
 LIMIT_S = 45  # the whole test, on a loaded 2-core CI machine; a few seconds normally
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ResumeAcrossACoordinatorRestartTest(ProcessLogs, unittest.TestCase):

@@ -17,16 +17,11 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_port  # noqa: E402
 from local_cluster import STORIES  # noqa: E402
 
 BIN = None  # directory with shardserve-coordinator
 SLOW = 64
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_kib(pid):

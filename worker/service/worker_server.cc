@@ -750,6 +750,9 @@ absl::StatusOr<std::shared_ptr<StageRuntime>> WorkerServer::LoadStage(const v1::
     eo.model.remote_experts = remote.get();
   }
   ASSIGN_OR_RETURN(auto executor, engine::TpExecutor::Create(spec, *ckpt, eo));
+  // Now, not when the executor (which keeps the callback) goes: the final line's time and rate are
+  // the load's.
+  progress->Finish();
   // The coordinator planned with the memory model: say so when a rank holds other weight bytes
   // than it predicts (a checkpoint whose tensors do not all share config.json's dtype, say).
   const std::vector<size_t> weight_bytes = executor->WeightBytesPerRank();

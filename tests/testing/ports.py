@@ -1,0 +1,39 @@
+"""Ports for test processes that must be told theirs before they start (a coordinator restarted on
+the same address, a worker brought back on its port).
+
+A port the kernel hands out for `bind(0)` lies in its ephemeral range, where every outgoing
+connection on the machine also takes its local port: between this call and the server's own bind,
+any connection (another test's, or a worker's to its coordinator) may take it. So the port is drawn
+at random from below that range, where nothing connects from, and checked by binding it here.
+Where a process can bind port 0 itself and say which it got (shardserve-coordinator's
+--address_file, a worker's --listen=HOST:0), let it instead."""
+import random
+import socket
+
+
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port():
+    low, high = _ephemeral_range()
+    # Below the ephemeral range when there is room (Linux's default leaves 10000..32767), else above.
+    ranges = [r for r in ((10000, low - 1), (high + 1, 65535)) if r[1] - r[0] >= 1000]
+    if not ranges:
+        ranges = [(1024, 65535)]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        first, last = rng.choice(ranges)
+        port = rng.randint(first, last)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port outside the ephemeral range after 200 tries")
