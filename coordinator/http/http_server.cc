@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/http/capped_body.h"
+#include "common/http/client_connection.h"
 #include "common/log/log.h"
 #include "coordinator/frontend/admission.h"
 #include "coordinator/frontend/chat_prompt.h"
@@ -45,6 +46,9 @@ using frontend::ToolCallFormat;
 using frontend::ToolCallStreamer;
 
 using Json = nlohmann::ordered_json;
+
+// How often a request that is not streamed looks whether its client is still there.
+constexpr absl::Duration kClientLook = absl::Milliseconds(200);
 
 // Rung whenever any choice of a request has news: one thread waits on it for news of several
 // HttpChoices (a completions request with several prompts has one per prompt). Thread-safe.
@@ -449,8 +453,10 @@ struct HttpServer::Impl {
   void Detokenize(const std::string& body, httplib::Response& res);
   // `body`: the request's JSON. `lease`: the request's API-key admission (null without keys),
   // held until it ends.
+  // `client_gone`: whether the client has hung up (checked while a request that is not streamed
+  // runs: its sequences are then cancelled).
   void Generate(const std::string& body, httplib::Response& res, bool chat,
-                std::shared_ptr<security::ApiKeys::Lease> lease);
+                std::shared_ptr<security::ApiKeys::Lease> lease, const std::function<bool()>& client_gone);
   // Reads the request body under max_body_bytes into *body; false when it could not be read, the
   // error (413 over the cap, 400 for broken framing) answered and the connection to be closed.
   bool ReadBody(const httplib::ContentReader& reader, httplib::Response& res, std::string* body) const;
@@ -567,7 +573,8 @@ bool HttpServer::Impl::ReadBody(const httplib::ContentReader& reader, httplib::R
 }
 
 void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res, bool chat,
-                                std::shared_ptr<security::ApiKeys::Lease> lease) {
+                                std::shared_ptr<security::ApiKeys::Lease> lease,
+                                const std::function<bool()>& client_gone) {
   // One entry per prompt: a chat has one; completions 1 to kMaxPrompts, each with its own choices.
   struct Prompt {
     std::variant<std::string, std::vector<int32_t>, frontend::ChatInput> input;
@@ -700,11 +707,23 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
       double cumulative_logprob = 0;
     };
     std::vector<Answer> answers(static_cast<size_t>(total));
+    // Nobody reads the answer of a client that has hung up (a timeout of its own, say, after which
+    // it may well send the request again): its sequences are cancelled rather than run to the end.
+    absl::Time next_look = absl::Now() + kClientLook;
     // The prompts generate together; their answers are collected one prompt after the other.
     for (size_t p = 0; p < num_prompts; ++p) {
       int ended = 0;
       while (ended < generate) {
-        for (HttpChoices::Update& u : choices[p]->Wait(absl::Seconds(1))) {
+        if (absl::Now() >= next_look) {
+          if (client_gone()) {
+            cancel_all(choices);
+            LOG(INFO) << "request " << meta.id << ": the client hung up before the answer; cancelled";
+            ReplyAndClose(res, 499, "", "text/plain");  // nginx's "client closed request"; nobody reads it
+            return;
+          }
+          next_look = absl::Now() + kClientLook;
+        }
+        for (HttpChoices::Update& u : choices[p]->Wait(kClientLook)) {
           Answer& a = answers[p * static_cast<size_t>(generate) + u.index];
           a.text += u.text;
           a.entries.insert(a.entries.end(), std::make_move_iterator(u.logprobs.begin()),
@@ -896,7 +915,8 @@ void HttpServer::Impl::Routes() {
   // server read a body), then the body is read under max_body_bytes whatever its transfer
   // encoding. A request refused before its body is read closes its connection.
   using Lease = std::shared_ptr<security::ApiKeys::Lease>;
-  auto with_body = [this, admit](std::function<void(const std::string&, httplib::Response&, Lease)> handle) {
+  using Handle = std::function<void(const httplib::Request&, const std::string&, httplib::Response&, Lease)>;
+  auto with_body = [this, admit](Handle handle) {
     return [this, admit, handle = std::move(handle)](const httplib::Request& req, httplib::Response& res,
                                                      const httplib::ContentReader& reader) {
       std::optional<Lease> lease = admit(req, res);
@@ -905,21 +925,35 @@ void HttpServer::Impl::Routes() {
         return ReplyAndClose(res, res.status, std::move(refusal), "application/json");
       }
       std::string body;
-      if (ReadBody(reader, res, &body)) handle(body, res, *std::move(lease));
+      if (ReadBody(reader, res, &body)) handle(req, body, res, *std::move(lease));
     };
   };
-  server.Post("/tokenize", with_body([this](const std::string& body, httplib::Response& res, Lease) {
+  server.Post("/tokenize", with_body([this](const httplib::Request&, const std::string& body, httplib::Response& res,
+                                            Lease) {
     Tokenize(body, res);
   }));
-  server.Post("/detokenize", with_body([this](const std::string& body, httplib::Response& res, Lease) {
+  server.Post("/detokenize", with_body([this](const httplib::Request&, const std::string& body,
+                                              httplib::Response& res, Lease) {
     Detokenize(body, res);
   }));
-  server.Post("/v1/completions", with_body([this](const std::string& body, httplib::Response& res, Lease lease) {
-    Generate(body, res, /*chat=*/false, std::move(lease));
-  }));
-  server.Post("/v1/chat/completions", with_body([this](const std::string& body, httplib::Response& res, Lease lease) {
-    Generate(body, res, /*chat=*/true, std::move(lease));
-  }));
+  // The socket is looked up once, the first time a request is still running after kClientLook.
+  auto client_gone = [this](const httplib::Request& req) {
+    return [addr = req.remote_addr, remote_port = req.remote_port, local_port = port,
+            connection = std::optional<ClientConnection>(), looked = false]() mutable {
+      if (!looked) {
+        connection = ClientConnection::Find(addr, remote_port, local_port);
+        looked = true;
+      }
+      return connection.has_value() && connection->Gone();
+    };
+  };
+  for (const bool chat : {false, true}) {
+    server.Post(chat ? "/v1/chat/completions" : "/v1/completions",
+                with_body([this, chat, client_gone](const httplib::Request& req, const std::string& body,
+                                                    httplib::Response& res, Lease lease) {
+                  Generate(body, res, chat, std::move(lease), client_gone(req));
+                }));
+  }
   // Any other request with a body: 404 without reading it (cpp-httplib would read it whole).
   RefuseUnroutedBodies(server, [](const httplib::Request& req, httplib::Response& res) {
     Reply(res, MakeError(404, "invalid_request_error", absl::StrCat("unknown route: ", req.method, " ", req.path),

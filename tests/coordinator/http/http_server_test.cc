@@ -3,12 +3,16 @@
 #include "coordinator/http/http_server.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <map>
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -312,6 +316,34 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamCancelsTheSequence) {
   // The slot is free again.
   auto [status, body] = Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})");
   EXPECT_EQ(status, 200) << body;
+}
+
+// A client that gives up on an answer it did not ask to stream (a timeout of its own) frees its
+// sequence too: nobody would read the answer.
+TEST_F(HttpServerTest, ClientThatHangsUpBeforeAnUnstreamedAnswerCancelsTheSequence) {
+  replica_->SetDelay(absl::Milliseconds(10));  // 250 tokens: 2.5 s to the end
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body = R"({"prompt": [1], "max_tokens": 250, "ignore_eos": true})";
+  const std::string request = absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                           "application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  ASSERT_TRUE(replica_->WaitForStep(absl::Seconds(10)));
+  absl::SleepFor(absl::Milliseconds(300));
+  close(fd);
+  const absl::Time closed = absl::Now();
+  ASSERT_TRUE(WaitIdle(1, absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - closed, absl::Seconds(1.5)) << "the sequence ran on after the client left";
+  EXPECT_LT(replica_->steps(), 150) << "the sequence ran on after the client left";
+  // The slot is free again, and a client that stays gets its whole answer.
+  auto [status, reply] = Post("/v1/completions", R"({"prompt": [1], "max_tokens": 30, "ignore_eos": true})");
+  EXPECT_EQ(status, 200) << reply;
+  EXPECT_EQ(reply["usage"]["completion_tokens"], 30);
 }
 
 TEST_F(HttpServerTest, QueueFullIs429AndNotReadyIs503) {

@@ -1,0 +1,67 @@
+#include "common/http/client_connection.h"
+
+#include <dirent.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace shardserve {
+namespace {
+
+// `addr`'s numeric host and port, as cpp-httplib spells a request's remote address
+// (getnameinfo with NI_NUMERICHOST); false when it is not an internet address.
+bool HostAndPort(const sockaddr_storage& addr, socklen_t len, std::string* host, int* port) {
+  if (addr.ss_family == AF_INET) {
+    *port = ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    *port = ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
+  } else {
+    return false;
+  }
+  char buf[NI_MAXHOST];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) {
+    return false;
+  }
+  *host = buf;
+  return true;
+}
+
+}  // namespace
+
+std::optional<ClientConnection> ClientConnection::Find(const std::string& remote_addr, int remote_port,
+                                                       int local_port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return std::nullopt;
+  std::optional<ClientConnection> found;
+  while (const dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    // Not a socket, or not connected: getpeername fails.
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
+    std::string host;
+    int port = 0;
+    if (!HostAndPort(addr, len, &host, &port) || port != remote_port || host != remote_addr) continue;
+    len = sizeof(addr);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
+    if (!HostAndPort(addr, len, &host, &port) || port != local_port) continue;
+    found = ClientConnection(static_cast<int>(fd));
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+bool ClientConnection::Gone() const {
+  pollfd p{.fd = fd_, .events = POLLRDHUP, .revents = 0};
+  if (poll(&p, 1, 0) < 0) return false;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+}  // namespace shardserve
