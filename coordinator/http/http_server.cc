@@ -403,6 +403,239 @@ std::optional<frontend::ConstraintInput> ConstraintOf(const SamplingFields& fiel
   return frontend::ConstraintInput{std::move(spec), fields.format_param};
 }
 
+// A request's choices once submitted to the scheduler: what its answer, whole or streamed, is made
+// of. Choice k of prompt p is choice p * generate + k.
+struct Submitted {
+  ResponseMeta meta;
+  bool chat = false;
+  int n = 1;         // choices answered per prompt
+  int generate = 1;  // choices generated per prompt (best_of; n unless ranked)
+  bool logprobs = false;
+  std::optional<ToolCallFormat> tool_format;  // set: answers are parsed for tool calls
+  int64_t prompt_tokens = 0;                  // over every prompt
+  std::shared_ptr<Bell> bell;                 // rung by every prompt's choices
+  std::vector<std::shared_ptr<HttpChoices>> choices;  // one per prompt
+
+  int total() const { return generate * static_cast<int>(choices.size()); }
+  void CancelAll() const {
+    for (const auto& c : choices) c->Cancel();
+  }
+  // Usage over every generated choice (`ends`: every choice's end, by index, or null before it); a
+  // prompt's cached tokens are its first choice's.
+  Usage UsageOf(const std::vector<std::optional<SequenceEnd>>& ends) const {
+    Usage u{.prompt_tokens = prompt_tokens};
+    for (size_t i = 0; i < ends.size(); ++i) {
+      if (!ends[i].has_value()) continue;
+      u.completion_tokens += ends[i]->completion_tokens;
+      if (i % static_cast<size_t>(generate) == 0) u.cached_tokens += ends[i]->cached_prompt_tokens;
+    }
+    return u;
+  }
+};
+
+// Collects every choice, then answers them in one JSON body (ranked by best_of, tool calls parsed).
+void AnswerWhole(const Submitted& sub, httplib::Response& res, const std::function<bool()>& client_gone) {
+  const std::vector<std::shared_ptr<HttpChoices>>& choices = sub.choices;
+  const size_t num_prompts = choices.size();
+  const int generate = sub.generate;
+  const int n = sub.n;
+  const bool rank = generate > n;
+  const bool logprobs = sub.logprobs;
+  const ResponseMeta& meta = sub.meta;
+  const bool chat = sub.chat;
+  const std::optional<ToolCallFormat>& tool_format = sub.tool_format;
+  const bool parse_tools = tool_format.has_value();
+  const int total = sub.total();
+  struct Answer {
+    std::string text;
+    std::vector<LogprobEntry> entries;
+    std::optional<SequenceEnd> end;
+    double cumulative_logprob = 0;
+  };
+  std::vector<Answer> answers(static_cast<size_t>(total));
+  // Nobody reads the answer of a client that has hung up (a timeout of its own, say, after which
+  // it may well send the request again): its sequences are cancelled rather than run to the end.
+  absl::Time next_look = absl::Now() + kClientLook;
+  // The prompts generate together; their answers are collected one prompt after the other.
+  for (size_t p = 0; p < num_prompts; ++p) {
+    int ended = 0;
+    while (ended < generate) {
+      if (absl::Now() >= next_look) {
+        if (client_gone()) {
+          sub.CancelAll();
+          LOG(INFO) << "request " << meta.id << ": the client hung up before the answer; cancelled";
+          ReplyAndClose(res, 499, "", "text/plain");  // nginx's "client closed request"; nobody reads it
+          return;
+        }
+        next_look = absl::Now() + kClientLook;
+      }
+      for (HttpChoices::Update& u : choices[p]->Wait(kClientLook)) {
+        Answer& a = answers[p * static_cast<size_t>(generate) + u.index];
+        a.text += u.text;
+        a.entries.insert(a.entries.end(), std::make_move_iterator(u.logprobs.begin()),
+                         std::make_move_iterator(u.logprobs.end()));
+        a.cumulative_logprob = u.cumulative_logprob;
+        if (!u.end.has_value()) continue;
+        if (!u.end->status.ok()) {
+          sub.CancelAll();  // the answer fails as a whole
+          return ReplyStatus(res, u.end->status);
+        }
+        a.end = u.end;
+        ++ended;
+      }
+    }
+  }
+  std::vector<std::optional<SequenceEnd>> ends;
+  for (const Answer& a : answers) ends.push_back(a.end);
+  std::vector<size_t> order;
+  for (size_t p = 0; p < num_prompts; ++p) {
+    std::vector<size_t> mine(static_cast<size_t>(generate));
+    for (size_t k = 0; k < mine.size(); ++k) mine[k] = p * mine.size() + k;
+    if (rank) {
+      std::stable_sort(mine.begin(), mine.end(), [&](size_t a, size_t b) {
+        return answers[a].cumulative_logprob > answers[b].cumulative_logprob;
+      });
+      mine.resize(static_cast<size_t>(n));
+    }
+    order.insert(order.end(), mine.begin(), mine.end());
+  }
+  std::vector<ChoiceOutput> out;
+  for (size_t i : order) {
+    ChoiceOutput& o = out.emplace_back(ChoiceOutput{.text = answers[i].text,
+                                                    .finish_reason = FinishReasonText(answers[i].end->reason),
+                                                    .logprobs = logprobs ? &answers[i].entries : nullptr});
+    if (!parse_tools) continue;
+    ParsedOutput parsed = ParseToolCalls(*tool_format, o.text);
+    if (parsed.calls.empty()) continue;
+    o.text = std::move(parsed.content);
+    o.tool_calls = std::move(parsed.calls);
+    for (size_t k = 0; k < o.tool_calls.size(); ++k) o.tool_call_ids.push_back(ToolCallId(meta.id, out.size() - 1, k));
+    if (answers[i].end->reason == FinishReason::kStop) o.finish_reason = "tool_calls";
+  }
+  const Usage usage = sub.UsageOf(ends);
+  const Json reply = chat ? ChatResponse(meta, out, usage) : CompletionResponse(meta, out, usage);
+  res.set_content(Dump(reply), "application/json");
+}
+
+// Streams the choices as server-sent events, as they come.
+void AnswerStreamed(std::shared_ptr<const Submitted> sub, httplib::Response& res, absl::Duration keepalive,
+                    bool include_usage, std::shared_ptr<security::ApiKeys::Lease> lease) {
+  // The provider runs on this handler's thread until it calls sink.done() or a write
+  // fails; the releaser then runs (success = false when the client went away first). Not ranked,
+  // so generate == n and a choice's index is p * n + k.
+  struct StreamState {
+    bool role_sent = false;
+    bool done = false;
+    std::vector<int64_t> text_offset;  // completions' logprobs: where each choice's next token's text starts
+    std::vector<std::optional<SequenceEnd>> ends;  // by choice, once it has ended
+    int ended = 0;
+    std::shared_ptr<security::ApiKeys::Lease> lease;  // released with the stream
+    std::vector<ToolCallStreamer> tools;  // chat with tools parsed: one per choice
+  };
+  auto state = std::make_shared<StreamState>();
+  const size_t num_choices = static_cast<size_t>(sub->total());
+  state->text_offset.assign(num_choices, 0);
+  state->ends.resize(num_choices);
+  if (sub->tool_format.has_value()) state->tools.assign(num_choices, ToolCallStreamer(*sub->tool_format));
+  state->lease = std::move(lease);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [sub, state, keepalive, include_usage](size_t /*offset*/, httplib::DataSink& sink) {
+        const std::vector<std::shared_ptr<HttpChoices>>& choices = sub->choices;
+        const ResponseMeta& meta = sub->meta;
+        const bool chat = sub->chat;
+        const bool logprobs = sub->logprobs;
+        const int total = sub->total();
+        auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
+        if (chat && !state->role_sent) {
+          state->role_sent = true;
+          for (int i = 0; i < total; ++i) {
+            if (!write(SseEvent(Dump(ChatChunk(meta, "assistant", std::string(), "", nullptr, i))))) return false;
+          }
+        }
+        // News of any prompt's choices, in index order; else a wait (up to keepalive) for the bell.
+        auto take = [&choices]() {
+          std::vector<HttpChoices::Update> all;
+          for (size_t p = 0; p < choices.size(); ++p) {
+            for (HttpChoices::Update& u : choices[p]->Wait(absl::ZeroDuration())) {
+              u.index += p * choices[p]->size();
+              all.push_back(std::move(u));
+            }
+          }
+          return all;
+        };
+        const uint64_t seen = sub->bell->rings();
+        std::vector<HttpChoices::Update> updates = take();
+        if (updates.empty()) {
+          sub->bell->WaitPast(seen, keepalive);
+          updates = take();
+        }
+        for (HttpChoices::Update& u : updates) {
+          const int index = static_cast<int>(u.index);
+          // With tools, what may be a call is held back until the choice ends, then parsed.
+          ParsedOutput parsed;
+          if (!state->tools.empty()) {
+            u.text = state->tools[u.index].Add(u.text);
+            if (u.end.has_value() && u.end->status.ok()) {
+              parsed = state->tools[u.index].Finish();
+              u.text += parsed.content;
+            }
+          }
+          if (!u.text.empty() || (logprobs && !u.logprobs.empty())) {
+            const std::vector<LogprobEntry>* lp = logprobs ? &u.logprobs : nullptr;
+            const Json chunk = chat ? ChatChunk(meta, "", u.text, "", lp, index)
+                                    : CompletionChunk(meta, u.text, "", lp, state->text_offset[u.index], index);
+            for (const LogprobEntry& e : u.logprobs) state->text_offset[u.index] += e.text_chars;
+            if (!write(SseEvent(Dump(chunk)))) return false;
+          }
+          if (!u.end.has_value()) continue;
+          if (!u.end->status.ok()) {
+            // The answer fails as a whole: the error, then the end of the stream.
+            if (!write(SseEvent(Dump(ErrorFromStatus(u.end->status).body)))) return false;
+            sub->CancelAll();
+            if (!write(SseDone())) return false;
+            state->done = true;
+            sink.done();
+            return true;
+          }
+          // The calls: a delta with each one's id and name, then one with its arguments.
+          for (size_t k = 0; k < parsed.calls.size(); ++k) {
+            const std::string id = ToolCallId(meta.id, u.index, k);
+            const int call = static_cast<int>(k);
+            if (!write(SseEvent(Dump(ToolCallChunk(meta, index, call, &id, &parsed.calls[k].name, ""))))) return false;
+            if (!write(SseEvent(Dump(ToolCallChunk(meta, index, call, nullptr, nullptr, parsed.calls[k].arguments))))) {
+              return false;
+            }
+          }
+          const char* reason = !parsed.calls.empty() && u.end->reason == FinishReason::kStop
+                                   ? "tool_calls"
+                                   : FinishReasonText(u.end->reason);
+          const Json last = chat ? ChatChunk(meta, "", std::nullopt, reason, nullptr, index)
+                                 : CompletionChunk(meta, "", reason, nullptr, 0, index);
+          if (!write(SseEvent(Dump(last)))) return false;
+          state->ends[u.index] = *u.end;
+          ++state->ended;
+        }
+        if (state->ended < total) {
+          // Nothing new: a comment line (ignored by SSE clients) finds out whether the client is still there.
+          return !updates.empty() ? true : write(": keep-alive\n\n");
+        }
+        if (include_usage) {
+          const Json usage =
+              UsageChunk(meta, chat ? "chat.completion.chunk" : "text_completion", sub->UsageOf(state->ends));
+          if (!write(SseEvent(Dump(usage)))) return false;
+        }
+        if (!write(SseDone())) return false;
+        state->done = true;
+        sink.done();
+        return true;
+      },
+      [sub, state](bool /*success*/) {
+        if (!state->done) sub->CancelAll();  // the client left (or the server stopped) mid-stream
+      });
+}
+
 }  // namespace
 
 absl::Status HttpServerOptions::Validate() const {
@@ -658,12 +891,13 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
     admitted.push_back(*std::move(a));
   }
   // Choice k of prompt p is the answer's choice p * generate + k (p * n + k once ranked).
-  const auto bell = std::make_shared<Bell>();
-  std::vector<std::shared_ptr<HttpChoices>> choices;
-  auto cancel_all = [](const std::vector<std::shared_ptr<HttpChoices>>& all) {
-    for (const auto& c : all) c->Cancel();
-  };
-  int64_t prompt_tokens = 0;
+  Submitted sub{.meta = meta,
+                .chat = chat,
+                .n = n,
+                .generate = generate,
+                .logprobs = fields.logprobs,
+                .tool_format = admitted[0].tool_calls,
+                .bell = std::make_shared<Bell>()};
   for (size_t p = 0; p < num_prompts; ++p) {
     SequenceRequest& seq = admitted[p].sequence;
     std::string& echo_text = prompts[p].echo_text;
@@ -671,216 +905,21 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
       absl::StatusOr<std::string> text = tokenizer->Decode(seq.prompt, /*skip_special_tokens=*/true);
       if (text.ok()) echo_text = *std::move(text);
     }
-    prompt_tokens += static_cast<int64_t>(seq.prompt.size());
-    auto c = std::make_shared<HttpChoices>(generate, tokenizer, seq.prompt, admitted[p].stop, bell);
+    sub.prompt_tokens += static_cast<int64_t>(seq.prompt.size());
+    auto c = std::make_shared<HttpChoices>(generate, tokenizer, seq.prompt, admitted[p].stop, sub.bell);
     if (echo) c->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
     // Logged and counted like the gRPC front end's requests (coordinator/frontend/request_log.h).
     absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler, std::move(seq), c->Sinks());
     if (!group.ok()) {
-      cancel_all(choices);
+      sub.CancelAll();
       return ReplyStatus(res, group.status());
     }
     c->Bind(*std::move(group));
-    choices.push_back(std::move(c));
+    sub.choices.push_back(std::move(c));
   }
-  // Usage over every generated choice (`ends`: every choice's end, by index, or null before it); a
-  // prompt's cached tokens are its first choice's.
-  auto usage_of = [prompt_tokens, generate](const std::vector<std::optional<SequenceEnd>>& ends) {
-    Usage u{.prompt_tokens = prompt_tokens};
-    for (size_t i = 0; i < ends.size(); ++i) {
-      if (!ends[i].has_value()) continue;
-      u.completion_tokens += ends[i]->completion_tokens;
-      if (i % static_cast<size_t>(generate) == 0) u.cached_tokens += ends[i]->cached_prompt_tokens;
-    }
-    return u;
-  };
-
-  const bool logprobs = fields.logprobs;
-  const std::optional<ToolCallFormat> tool_format = admitted[0].tool_calls;  // set: answers are parsed for calls
-  const bool parse_tools = tool_format.has_value();
-  const int total = generate * static_cast<int>(num_prompts);
-  if (!fields.stream) {
-    struct Answer {
-      std::string text;
-      std::vector<LogprobEntry> entries;
-      std::optional<SequenceEnd> end;
-      double cumulative_logprob = 0;
-    };
-    std::vector<Answer> answers(static_cast<size_t>(total));
-    // Nobody reads the answer of a client that has hung up (a timeout of its own, say, after which
-    // it may well send the request again): its sequences are cancelled rather than run to the end.
-    absl::Time next_look = absl::Now() + kClientLook;
-    // The prompts generate together; their answers are collected one prompt after the other.
-    for (size_t p = 0; p < num_prompts; ++p) {
-      int ended = 0;
-      while (ended < generate) {
-        if (absl::Now() >= next_look) {
-          if (client_gone()) {
-            cancel_all(choices);
-            LOG(INFO) << "request " << meta.id << ": the client hung up before the answer; cancelled";
-            ReplyAndClose(res, 499, "", "text/plain");  // nginx's "client closed request"; nobody reads it
-            return;
-          }
-          next_look = absl::Now() + kClientLook;
-        }
-        for (HttpChoices::Update& u : choices[p]->Wait(kClientLook)) {
-          Answer& a = answers[p * static_cast<size_t>(generate) + u.index];
-          a.text += u.text;
-          a.entries.insert(a.entries.end(), std::make_move_iterator(u.logprobs.begin()),
-                           std::make_move_iterator(u.logprobs.end()));
-          a.cumulative_logprob = u.cumulative_logprob;
-          if (!u.end.has_value()) continue;
-          if (!u.end->status.ok()) {
-            cancel_all(choices);  // the answer fails as a whole
-            return ReplyStatus(res, u.end->status);
-          }
-          a.end = u.end;
-          ++ended;
-        }
-      }
-    }
-    std::vector<std::optional<SequenceEnd>> ends;
-    for (const Answer& a : answers) ends.push_back(a.end);
-    std::vector<size_t> order;
-    for (size_t p = 0; p < num_prompts; ++p) {
-      std::vector<size_t> mine(static_cast<size_t>(generate));
-      for (size_t k = 0; k < mine.size(); ++k) mine[k] = p * mine.size() + k;
-      if (rank) {
-        std::stable_sort(mine.begin(), mine.end(), [&](size_t a, size_t b) {
-          return answers[a].cumulative_logprob > answers[b].cumulative_logprob;
-        });
-        mine.resize(static_cast<size_t>(n));
-      }
-      order.insert(order.end(), mine.begin(), mine.end());
-    }
-    std::vector<ChoiceOutput> out;
-    for (size_t i : order) {
-      ChoiceOutput& o = out.emplace_back(ChoiceOutput{.text = answers[i].text,
-                                                      .finish_reason = FinishReasonText(answers[i].end->reason),
-                                                      .logprobs = logprobs ? &answers[i].entries : nullptr});
-      if (!parse_tools) continue;
-      ParsedOutput parsed = ParseToolCalls(*tool_format, o.text);
-      if (parsed.calls.empty()) continue;
-      o.text = std::move(parsed.content);
-      o.tool_calls = std::move(parsed.calls);
-      for (size_t k = 0; k < o.tool_calls.size(); ++k) o.tool_call_ids.push_back(ToolCallId(meta.id, out.size() - 1, k));
-      if (answers[i].end->reason == FinishReason::kStop) o.finish_reason = "tool_calls";
-    }
-    const Json reply = chat ? ChatResponse(meta, out, usage_of(ends)) : CompletionResponse(meta, out, usage_of(ends));
-    res.set_content(Dump(reply), "application/json");
-    return;
-  }
-
-  // Streamed: the provider runs on this handler's thread until it calls sink.done() or a write
-  // fails; the releaser then runs (success = false when the client went away first). Not ranked,
-  // so generate == n and a choice's index is p * n + k.
-  struct StreamState {
-    bool role_sent = false;
-    bool done = false;
-    std::vector<int64_t> text_offset;  // completions' logprobs: where each choice's next token's text starts
-    std::vector<std::optional<SequenceEnd>> ends;  // by choice, once it has ended
-    int ended = 0;
-    std::shared_ptr<security::ApiKeys::Lease> lease;  // released with the stream
-    std::vector<ToolCallStreamer> tools;  // chat with tools parsed: one per choice
-  };
-  auto state = std::make_shared<StreamState>();
-  state->text_offset.assign(static_cast<size_t>(total), 0);
-  state->ends.resize(static_cast<size_t>(total));
-  if (parse_tools) state->tools.assign(static_cast<size_t>(total), ToolCallStreamer(*tool_format));
-  state->lease = std::move(lease);
-  const absl::Duration keepalive = options.keepalive;
-  const bool include_usage = fields.include_usage;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [choices, bell, state, meta, chat, keepalive, include_usage, usage_of, logprobs, total, cancel_all](
-          size_t /*offset*/, httplib::DataSink& sink) {
-        auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
-        if (chat && !state->role_sent) {
-          state->role_sent = true;
-          for (int i = 0; i < total; ++i) {
-            if (!write(SseEvent(Dump(ChatChunk(meta, "assistant", std::string(), "", nullptr, i))))) return false;
-          }
-        }
-        // News of any prompt's choices, in index order; else a wait (up to keepalive) for the bell.
-        auto take = [&choices]() {
-          std::vector<HttpChoices::Update> all;
-          for (size_t p = 0; p < choices.size(); ++p) {
-            for (HttpChoices::Update& u : choices[p]->Wait(absl::ZeroDuration())) {
-              u.index += p * choices[p]->size();
-              all.push_back(std::move(u));
-            }
-          }
-          return all;
-        };
-        const uint64_t seen = bell->rings();
-        std::vector<HttpChoices::Update> updates = take();
-        if (updates.empty()) {
-          bell->WaitPast(seen, keepalive);
-          updates = take();
-        }
-        for (HttpChoices::Update& u : updates) {
-          const int index = static_cast<int>(u.index);
-          // With tools, what may be a call is held back until the choice ends, then parsed.
-          ParsedOutput parsed;
-          if (!state->tools.empty()) {
-            u.text = state->tools[u.index].Add(u.text);
-            if (u.end.has_value() && u.end->status.ok()) {
-              parsed = state->tools[u.index].Finish();
-              u.text += parsed.content;
-            }
-          }
-          if (!u.text.empty() || (logprobs && !u.logprobs.empty())) {
-            const std::vector<LogprobEntry>* lp = logprobs ? &u.logprobs : nullptr;
-            const Json chunk = chat ? ChatChunk(meta, "", u.text, "", lp, index)
-                                    : CompletionChunk(meta, u.text, "", lp, state->text_offset[u.index], index);
-            for (const LogprobEntry& e : u.logprobs) state->text_offset[u.index] += e.text_chars;
-            if (!write(SseEvent(Dump(chunk)))) return false;
-          }
-          if (!u.end.has_value()) continue;
-          if (!u.end->status.ok()) {
-            // The answer fails as a whole: the error, then the end of the stream.
-            if (!write(SseEvent(Dump(ErrorFromStatus(u.end->status).body)))) return false;
-            cancel_all(choices);
-            if (!write(SseDone())) return false;
-            state->done = true;
-            sink.done();
-            return true;
-          }
-          // The calls: a delta with each one's id and name, then one with its arguments.
-          for (size_t k = 0; k < parsed.calls.size(); ++k) {
-            const std::string id = ToolCallId(meta.id, u.index, k);
-            const int call = static_cast<int>(k);
-            if (!write(SseEvent(Dump(ToolCallChunk(meta, index, call, &id, &parsed.calls[k].name, ""))))) return false;
-            if (!write(SseEvent(Dump(ToolCallChunk(meta, index, call, nullptr, nullptr, parsed.calls[k].arguments))))) {
-              return false;
-            }
-          }
-          const char* reason = !parsed.calls.empty() && u.end->reason == FinishReason::kStop
-                                   ? "tool_calls"
-                                   : FinishReasonText(u.end->reason);
-          const Json last = chat ? ChatChunk(meta, "", std::nullopt, reason, nullptr, index)
-                                 : CompletionChunk(meta, "", reason, nullptr, 0, index);
-          if (!write(SseEvent(Dump(last)))) return false;
-          state->ends[u.index] = *u.end;
-          ++state->ended;
-        }
-        if (state->ended < total) {
-          // Nothing new: a comment line (ignored by SSE clients) finds out whether the client is still there.
-          return !updates.empty() ? true : write(": keep-alive\n\n");
-        }
-        if (include_usage) {
-          const Json usage = UsageChunk(meta, chat ? "chat.completion.chunk" : "text_completion", usage_of(state->ends));
-          if (!write(SseEvent(Dump(usage)))) return false;
-        }
-        if (!write(SseDone())) return false;
-        state->done = true;
-        sink.done();
-        return true;
-      },
-      [choices, state, cancel_all](bool /*success*/) {
-        if (!state->done) cancel_all(choices);  // the client left (or the server stopped) mid-stream
-      });
+  if (!fields.stream) return AnswerWhole(sub, res, client_gone);
+  AnswerStreamed(std::make_shared<const Submitted>(std::move(sub)), res, options.keepalive, fields.include_usage,
+                 std::move(lease));
 }
 
 void HttpServer::Impl::Routes() {
