@@ -68,11 +68,14 @@ void Progress::Finish() {
   absl::MutexLock lock(&mu_);
   if (finished_) return;
   finished_ = true;
+  // A plain line that already showed the whole (the last Update's) is not printed twice.
+  if (!tty_ && options_.total > 0 && printed_done_ >= options_.total) return;
   PrintLocked(/*final=*/true);
 }
 
 void Progress::PrintLocked(bool final) {
   const std::string line = Line(options_, done_, bytes_, absl::Now() - start_);
+  printed_done_ = done_;
   if (tty_) {
     // Rewrite the line in place: carriage return, the text, clear to the end of the line.
     std::fprintf(options_.out, "\r%s\033[K%s", line.c_str(), final ? "\n" : "");

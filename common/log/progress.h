@@ -52,6 +52,7 @@ class Progress {
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_print_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t printed_done_ ABSL_GUARDED_BY(mu_) = -1;  // `done` of the last line printed
 };
 
 }  // namespace shardserve

@@ -414,6 +414,10 @@ def expectations(name, docs, fail):
         coord_cert = certs.get("spiffe://shardserve/coordinator", {"spec": {}})
         fail.check({f"{RELEASE}-coordinator.{NAMESPACE}.svc.cluster.local", "llm.example.com"} <= set(coord_cert["spec"].get("dnsNames", [])),
                    "security: the coordinator's certificate names its Service and the extra DNS name")
+        worker_cert = certs.get("spiffe://shardserve/worker", {"spec": {}})
+        want = {f"*.{sts}.{NAMESPACE}.svc.cluster.local" for sts in workers}
+        fail.check(want and set(worker_cert["spec"].get("dnsNames", [])) == want,
+                   f"security: the workers' certificate names what each group's workers advertise ({want})")
         fail.check(cargs.get("api_keys_file") == "/etc/shardserve/api-keys/api_keys", "security: --api_keys_file from the Secret")
         fail.check(secret_volume(coord, "api-keys") == "shardserve-api-keys", "security: the API keys Secret is mounted")
         fail.check(not any(d["kind"] == "Pod" for d in docs), "security: no test pod (it would need an API key)")

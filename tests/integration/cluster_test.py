@@ -103,6 +103,9 @@ class Layouts(unittest.TestCase):
             self.assertTrue(any('shardserve_worker_collective_seconds_count{op="all_reduce"' in p for p in pages))
             self.assertIn("layers [0, 1)", st.stdout)
             self.assertIn("layers [1, 2)", st.stdout)
+            # Each server's certificate names the address its peers dial: no TLS server logged a
+            # server name that its certificate lacks.
+            self.assertNotIn("No match found for server name", c.log())
             # The two workers share this machine's memory: the plan's weights and KV cache over all
             # their ranks fit in it (each worker alone would offer all that is available, and the plan
             # would count the machine twice).

@@ -56,6 +56,10 @@ TEST(ProgressTest, TerminalsGetOneLineRewrittenOthersPlainLines) {
   EXPECT_EQ(std::count(plain.begin(), plain.end(), '\n'), 2);
   EXPECT_THAT(plain, HasSubstr("x  1/1000 u"));
   EXPECT_THAT(plain, HasSubstr("x  1000/1000 u"));
+  // One update that completes the whole: one line, not the same line again at the end.
+  const std::string whole = Printed(false, 1);
+  EXPECT_EQ(std::count(whole.begin(), whole.end(), '\n'), 1) << whole;
+  EXPECT_THAT(whole, HasSubstr("x  1/1 u"));
 }
 
 }  // namespace
