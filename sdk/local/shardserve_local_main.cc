@@ -179,6 +179,16 @@ bool MakeCertificates(const std::string& dir, int workers) {
   return true;
 }
 
+// "exited with code N" or "was killed by signal N (NAME)", from a waitpid status.
+std::string HowItEnded(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = strsignal(WTERMSIG(status));
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), name != nullptr ? absl::StrCat(" (", name, ")") : "");
+  }
+  return absl::StrCat("ended (wait status ", status, ")");
+}
+
 // Returns the name of a child that has exited (and reaps it), or empty.
 std::string DeadChild(std::vector<Child>& children, int* status) {
   for (Child& c : children) {
@@ -341,7 +351,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (std::string dead = DeadChild(children, &status); !dead.empty()) {
-      std::cerr << "shardserve-local: " << dead << " exited (status " << status << ") before the cluster was ready\n";
+      std::cerr << "shardserve-local: " << dead << " " << HowItEnded(status) << " before the cluster was ready\n";
       StopAll(children);
       return 1;
     }
@@ -396,7 +406,7 @@ int main(int argc, char** argv) {
   bool ready = false;
   while (!g_stop && !ready) {
     if (std::string dead = DeadChild(children, &status); !dead.empty()) {
-      std::cerr << "shardserve-local: " << dead << " exited (status " << status << ") before the cluster was ready\n";
+      std::cerr << "shardserve-local: " << dead << " " << HowItEnded(status) << " before the cluster was ready\n";
       StopAll(children);
       return 1;
     }
@@ -442,12 +452,12 @@ int main(int argc, char** argv) {
       const bool coordinator_gone = children.front().pid <= 0;
       const bool workers_gone = std::all_of(children.begin() + 1, children.end(), [](const Child& c) { return c.pid <= 0; });
       if (coordinator_gone || workers_gone) {
-        std::cerr << "shardserve-local: " << dead << " exited (status " << status << "); stopping the cluster\n";
+        std::cerr << "shardserve-local: " << dead << " " << HowItEnded(status) << "; stopping the cluster\n";
         StopAll(children);
         return 1;
       }
-      std::cerr << "shardserve-local: " << dead << " exited (status " << status
-                << "); the coordinator serves on with the workers left\n";
+      std::cerr << "shardserve-local: " << dead << " " << HowItEnded(status)
+                << "; the coordinator serves on with the workers left\n";
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
