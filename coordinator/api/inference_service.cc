@@ -46,12 +46,12 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
   // `tools`: the format in which tool calls are parsed from each choice's text (none: not parsed).
   GenerateStream(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor, std::string request_id, int n,
                  const std::function<std::unique_ptr<StreamDecoder>()>& new_decoder, const std::vector<std::string>& stops,
-                 std::optional<frontend::ToolCallFormat> tools)
+                 bool include_stop, std::optional<frontend::ToolCallFormat> tools)
       : reactor_(reactor),
         request_id_(std::move(request_id)),
         num_choices_(static_cast<size_t>(n)),
         tools_(tools) {
-    for (int i = 0; i < n; ++i) choices_.emplace_back(new_decoder(), stops);
+    for (int i = 0; i < n; ++i) choices_.emplace_back(new_decoder(), stops, include_stop);
   }
 
   // One SequenceSink per choice, for ChoiceGroup::Submit.
@@ -99,8 +99,8 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
 
  private:
   struct Choice {
-    Choice(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
-        : text(std::move(decoder), std::move(stops)) {}
+    Choice(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops, bool include_stop)
+        : text(std::move(decoder), std::move(stops), include_stop) {}
     SequenceText text;  // the decoder and the text stop strings
     v1::GenerateResponse pending;
     bool has_pending = false;
@@ -385,6 +385,8 @@ absl::StatusOr<frontend::AdmissionRequest> FromProto(const v1::GenerateRequest& 
   r.prompt_logprobs = request.prompt_logprobs();
   r.resumed.assign(request.resume().token_ids().begin(), request.resume().token_ids().end());
   a.stop.assign(request.stop().begin(), request.stop().end());
+  a.include_stop = request.include_stop_str_in_output();
+  a.skip_special_tokens = !request.keep_special_tokens();
   a.n = request.n() == 0 ? 1 : request.n();
   auto constrain = [&a](structured::ConstraintKind kind, const std::string& text, const char* field) {
     a.constraint.emplace();
@@ -459,12 +461,13 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::Cal
   SequenceRequest& seq = admitted->sequence;
   const Tokenizer* tokenizer = tokenizer_;
   // Each choice's text is decoded as the continuation of the prompt, one decoder cloned per choice.
-  const std::unique_ptr<StreamDecoder> primed = frontend::ContinuationDecoder(tokenizer, seq.prompt);
+  const std::unique_ptr<StreamDecoder> primed =
+      frontend::ContinuationDecoder(tokenizer, seq.prompt, admitted->skip_special_tokens);
   auto new_decoder = [&primed]() -> std::unique_ptr<StreamDecoder> {
     return primed != nullptr ? primed->Clone() : nullptr;
   };
   auto stream = std::make_shared<GenerateStream>(reactor, seq.request_id, admitted->n, new_decoder, admitted->stop,
-                                                 admitted->tool_calls);
+                                                 admitted->include_stop, admitted->tool_calls);
   reactor->set_stream(stream);
   if (!seq.resumed.empty()) {
     // Resume: the client has these tokens and their text. When they already end the request, the

@@ -160,6 +160,8 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
     }
   }
   out.stop = std::move(request.stop);
+  out.include_stop = request.include_stop;
+  out.skip_special_tokens = request.skip_special_tokens;
   if (request.n < 1 || request.n > kMaxChoices) {
     return Invalid(names.n, " must be in [1, ", kMaxChoices, "], got ", request.n);
   }

@@ -93,6 +93,10 @@ struct AdmissionRequest {
   // to set.
   SequenceRequest sequence;
   std::vector<std::string> stop;  // text stop strings
+  // How the answer's text is made (SequenceText, ContinuationDecoder): a matched stop string ends
+  // it (vLLM's include_stop_str_in_output); special tokens are left out (vLLM's skip_special_tokens).
+  bool include_stop = false;
+  bool skip_special_tokens = true;
   int n = 1;                      // choices, in [1, kMaxChoices]
   std::optional<ConstraintInput> constraint;
 };
@@ -103,6 +107,8 @@ struct AdmittedRequest {
   SequenceRequest sequence;       // valid (ValidateSequenceRequest); logit_bias sorted by token id
   int n = 1;
   std::vector<std::string> stop;  // valid (ValidateStopStrings)
+  bool include_stop = false;      // as AdmissionRequest's
+  bool skip_special_tokens = true;
   // Set for a chat whose answers are parsed for tool calls (tools and a tool choice other than
   // none): the format the model writes them in.
   std::optional<ToolCallFormat> tool_calls;

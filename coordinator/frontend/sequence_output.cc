@@ -6,8 +6,8 @@
 
 namespace shardserve::coordinator::frontend {
 
-SequenceText::SequenceText(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops)
-    : decoder_(std::move(decoder)), matcher_(std::move(stops)) {}
+SequenceText::SequenceText(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops, bool include_stop)
+    : decoder_(std::move(decoder)), matcher_(std::move(stops), include_stop) {}
 
 bool SequenceText::Add(int32_t id, std::string* out) {
   if (matcher_.stopped()) return true;
@@ -32,9 +32,10 @@ bool SequenceText::Finish(std::string* out) {
   return false;
 }
 
-std::unique_ptr<StreamDecoder> ContinuationDecoder(const Tokenizer* tokenizer, absl::Span<const int32_t> prompt) {
+std::unique_ptr<StreamDecoder> ContinuationDecoder(const Tokenizer* tokenizer, absl::Span<const int32_t> prompt,
+                                                   bool skip_special_tokens) {
   if (tokenizer == nullptr) return nullptr;
-  std::unique_ptr<StreamDecoder> decoder = tokenizer->NewStreamDecoder(/*skip_special_tokens=*/true);
+  std::unique_ptr<StreamDecoder> decoder = tokenizer->NewStreamDecoder(skip_special_tokens);
   if (absl::Status st = decoder->Prime(prompt); !st.ok()) VLOG(1) << "the prompt's text is not decoded: " << st;
   return decoder;
 }

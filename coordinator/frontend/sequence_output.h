@@ -21,12 +21,13 @@
 namespace shardserve::coordinator::frontend {
 
 // One sequence's text: token ids through the model's StreamDecoder (whole UTF-8 characters), then
-// through the request's StopStringMatcher (nothing from a stop string on is ever returned).
+// through the request's StopStringMatcher (nothing after a stop string is ever returned, nor the
+// stop string itself unless `include_stop`).
 // Not thread-safe: its owner serialises the calls.
 class SequenceText {
  public:
   // `decoder` may be null (the model has no tokenizer): no text, and no stop string can match.
-  SequenceText(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops);
+  SequenceText(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops, bool include_stop = false);
 
   // Appends to `*out` the text that became final with token `id` (a token without text, e.g. one
   // outside the vocabulary, adds nothing and is logged at VLOG 1). True once a stop string has
@@ -49,10 +50,13 @@ class SequenceText {
 };
 
 // A decoder of the text that continues `prompt` (StreamDecoder::Prime: a first word keeps its
-// space), skipping special tokens; null without a tokenizer. A prompt id outside the vocabulary
-// (which admission refuses first) is logged at VLOG 1 and the ids before it stay fed. Choices of
-// one prompt clone it (StreamDecoder::Clone) rather than decode the prompt again.
-std::unique_ptr<StreamDecoder> ContinuationDecoder(const Tokenizer* tokenizer, absl::Span<const int32_t> prompt);
+// space), skipping special tokens unless `skip_special_tokens` is false (then "</s>" and the like
+// are spelled out, as vLLM's skip_special_tokens=false does); null without a tokenizer. A prompt
+// id outside the vocabulary (which admission refuses first) is logged at VLOG 1 and the ids before
+// it stay fed. Choices of one prompt clone it (StreamDecoder::Clone) rather than decode the prompt
+// again.
+std::unique_ptr<StreamDecoder> ContinuationDecoder(const Tokenizer* tokenizer, absl::Span<const int32_t> prompt,
+                                                   bool skip_special_tokens = true);
 
 // Cancels one sequence from any thread. Thread-safe.
 class SequenceCanceller {

@@ -22,7 +22,7 @@ absl::Status ValidateStopStrings(const std::vector<std::string>& stops, absl::st
   return absl::OkStatus();
 }
 
-StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) {
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stops, bool include_stop) : include_stop_(include_stop) {
   for (std::string& s : stops) {
     if (!s.empty()) stops_.push_back(std::move(s));
   }
@@ -43,11 +43,18 @@ StopStringMatcher::Result StopStringMatcher::Feed(absl::string_view piece) {
   text.append(piece.data(), piece.size());
   // The earliest match wins (the text before it is what the client would have seen first).
   size_t match = std::string::npos;
-  for (const std::string& stop : stops_) match = std::min(match, text.find(stop));
+  size_t matched_size = 0;
+  for (const std::string& stop : stops_) {
+    const size_t at = text.find(stop);
+    if (at < match) {
+      match = at;
+      matched_size = stop.size();
+    }
+  }
   if (match != std::string::npos) {
     stopped_ = true;
     result.stopped = true;
-    result.text = text.substr(0, match);
+    result.text = text.substr(0, include_stop_ ? match + matched_size : match);
     return result;
   }
   // No match: hold back the longest tail that is a proper prefix of a stop string. Such a tail is

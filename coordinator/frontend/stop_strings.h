@@ -5,7 +5,9 @@
 // so far that is the beginning of some stop string (it may still become a match), and on a match
 // it returns the text before the match and reports the stop; the stop string itself and all text
 // after it are dropped (OpenAI's and vLLM's behaviour: the output never contains the stop
-// string). Finish() returns what is still held back when generation ends without a match.
+// string), unless the matcher includes stops (vLLM's include_stop_str_in_output): then the text
+// ends with the stop string. Finish() returns what is still held back when generation ends
+// without a match.
 //
 // For pieces that are whole UTF-8 characters (what a StreamDecoder returns) every returned piece
 // is whole characters too: a held-back tail always starts where a stop string starts.
@@ -34,12 +36,13 @@ absl::Status ValidateStopStrings(const std::vector<std::string>& stops, absl::st
 class StopStringMatcher {
  public:
   // `stops` should be valid (ValidateStopStrings); empty strings are ignored. With no stop strings
-  // Feed() returns every piece unchanged and never stops.
-  explicit StopStringMatcher(std::vector<std::string> stops);
+  // Feed() returns every piece unchanged and never stops. `include_stop`: a match's text ends with
+  // the stop string (the earliest match; of two at the same place, the one given first).
+  explicit StopStringMatcher(std::vector<std::string> stops, bool include_stop = false);
 
   struct Result {
     std::string text;      // safe to send now (possibly empty)
-    bool stopped = false;  // a stop string matched; `text` ends right before it
+    bool stopped = false;  // a stop string matched; `text` ends right before it (or with it)
   };
 
   // Appends `piece` to the text seen so far. After a match every further call returns an empty
@@ -55,6 +58,7 @@ class StopStringMatcher {
 
  private:
   std::vector<std::string> stops_;
+  bool include_stop_ = false;
   std::string held_;  // tail of the text that is a proper prefix of some stop string
   bool stopped_ = false;
 };

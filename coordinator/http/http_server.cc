@@ -80,14 +80,17 @@ class Bell {
 class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
  public:
   // `tokenizer` (may be null) decodes the text and spells the tokens of logprobs entries. Each
-  // choice's text is decoded as the continuation of `prompt` (StreamDecoder::Prime): a first word
-  // keeps its space.
+  // choice's text is decoded as the continuation of `admitted`'s prompt (StreamDecoder::Prime: a
+  // first word keeps its space), with its stop strings and text options.
   // `bell` (may be null) is rung after each piece of news.
-  HttpChoices(int n, const Tokenizer* tokenizer, absl::Span<const int32_t> prompt,
-              const std::vector<std::string>& stops, std::shared_ptr<Bell> bell = nullptr)
+  HttpChoices(int n, const Tokenizer* tokenizer, const frontend::AdmittedRequest& admitted,
+              std::shared_ptr<Bell> bell = nullptr)
       : tokenizer_(tokenizer), num_choices_(static_cast<size_t>(n)), bell_(std::move(bell)) {
-    const std::unique_ptr<StreamDecoder> primed = frontend::ContinuationDecoder(tokenizer, prompt);
-    for (int i = 0; i < n; ++i) choices_.emplace_back(primed != nullptr ? primed->Clone() : nullptr, stops);
+    const std::unique_ptr<StreamDecoder> primed =
+        frontend::ContinuationDecoder(tokenizer, admitted.sequence.prompt, admitted.skip_special_tokens);
+    for (int i = 0; i < n; ++i) {
+      choices_.emplace_back(primed != nullptr ? primed->Clone() : nullptr, admitted.stop, admitted.include_stop);
+    }
   }
 
   size_t size() const { return num_choices_; }
@@ -159,8 +162,8 @@ class HttpChoices final : public std::enable_shared_from_this<HttpChoices> {
 
  private:
   struct Choice {
-    Choice(std::unique_ptr<StreamDecoder> decoder, const std::vector<std::string>& stops)
-        : sequence_text(std::move(decoder), stops) {}
+    Choice(std::unique_ptr<StreamDecoder> decoder, const std::vector<std::string>& stops, bool include_stop)
+        : sequence_text(std::move(decoder), stops, include_stop) {}
     SequenceText sequence_text;  // no text when the model has no tokenizer
     std::string text;                    // final text not yet taken by Wait
     std::vector<LogprobEntry> logprobs;  // not yet taken by Wait
@@ -875,6 +878,8 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   r.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
   r.prompt_logprobs = echo && fields.logprobs;
   request.stop = fields.stop;
+  request.include_stop = fields.include_stop_str_in_output;
+  request.skip_special_tokens = fields.skip_special_tokens;
   request.n = generate;
   request.constraint = ConstraintOf(fields);
   const ResponseMeta meta{.id = r.request_id, .created = absl::ToUnixSeconds(absl::Now()), .model = options.model_id};
@@ -906,7 +911,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
       if (text.ok()) echo_text = *std::move(text);
     }
     sub.prompt_tokens += static_cast<int64_t>(seq.prompt.size());
-    auto c = std::make_shared<HttpChoices>(generate, tokenizer, seq.prompt, admitted[p].stop, sub.bell);
+    auto c = std::make_shared<HttpChoices>(generate, tokenizer, admitted[p], sub.bell);
     if (echo) c->Echo(std::move(echo_text), seq.prompt, fields.logprobs);
     // Logged and counted like the gRPC front end's requests (coordinator/frontend/request_log.h).
     absl::StatusOr<std::shared_ptr<ChoiceGroup>> group = ChoiceGroup::Submit(*scheduler, std::move(seq), c->Sinks());

@@ -202,11 +202,12 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
       if (!id.ok()) return id.status();
       f->stop_token_ids.push_back(*id);
     }
-  } else if (key == "ignore_eos") {
+  } else if (key == "ignore_eos" || key == "include_stop_str_in_output" || key == "skip_special_tokens") {
     if (v.is_null()) return true;
     absl::StatusOr<bool> b = GetBool(v, key);
     if (!b.ok()) return b.status();
-    f->ignore_eos = *b;
+    (key == "ignore_eos" ? f->ignore_eos : key == "skip_special_tokens" ? f->skip_special_tokens
+                                                                        : f->include_stop_str_in_output) = *b;
   } else if (key == "guided_json" || key == "guided_regex" || key == "guided_choice") {
     if (v.is_null()) return true;
     if (f->response_format != SamplingFields::ResponseFormat::kText) {
@@ -282,6 +283,26 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
     }
   } else if (key == "user") {
     if (!v.is_string() && !v.is_null()) return WrongType(key, "a string", v);
+  } else if (key == "store") {
+    // OpenAI keeps stored completions for its dashboard and evals; this server keeps none.
+    if (v.is_null()) return true;
+    absl::StatusOr<bool> b = GetBool(v, key);
+    if (!b.ok()) return b.status();
+    if (*b) return InvalidParam(key, "'store' must be false: this server does not store completions");
+  } else if (key == "metadata") {
+    // Tags of a stored completion (OpenAI: at most 16 string values); nothing is stored here.
+    if (v.is_null()) return true;
+    if (!v.is_object()) return WrongType(key, "an object of strings", v);
+    for (const auto& [k, x] : v.items()) {
+      if (!x.is_string()) return WrongType(absl::StrCat("metadata.", k), "a string", x);
+    }
+  } else if (key == "service_tier") {
+    if (v.is_null()) return true;
+    if (!v.is_string()) return WrongType(key, "a string", v);
+    if (v != "auto" && v != "default") {
+      return InvalidParam(key, absl::StrCat("'service_tier' must be \"auto\" or \"default\" (one tier here), got \"",
+                                            v.get<std::string>(), "\""));
+    }
   } else {
     return false;
   }

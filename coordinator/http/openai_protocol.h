@@ -43,6 +43,8 @@ struct SamplingFields {
   int64_t min_tokens = 0;             // >= 0
   std::vector<int64_t> stop_token_ids;
   bool ignore_eos = false;
+  bool include_stop_str_in_output = false;  // a matched stop string ends the text
+  bool skip_special_tokens = true;          // false: special tokens are spelled in the text
   // OpenAI's logit_bias: {"token id": bias in [-100, 100]}, ids checked against the vocabulary later.
   std::vector<std::pair<int64_t, double>> logit_bias;
   // Completions: "logprobs": N (0..20); chat: "logprobs": true with "top_logprobs": N (0..20).

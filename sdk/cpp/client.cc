@@ -235,6 +235,8 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   req.mutable_sampling()->set_repetition_penalty(o.repetition_penalty);
   req.set_prompt_logprobs(o.prompt_logprobs);
   for (const std::string& s : o.stop) req.add_stop(s);
+  req.set_include_stop_str_in_output(o.include_stop_str_in_output);
+  req.set_keep_special_tokens(!o.skip_special_tokens);
   if (!o.json_schema.empty()) req.set_json_schema(o.json_schema);
   if (o.json_object) req.set_json_object(true);
   if (!o.regex.empty()) req.set_regex(o.regex);

@@ -175,6 +175,29 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
         self.assertEqual(r["choices"][0]["finish_reason"], "stop")
         self.assertLess(r["usage"]["completion_tokens"], 40)
 
+    def test_text_options(self):
+        # vLLM's include_stop_str_in_output (the text ends with the stop string) and
+        # skip_special_tokens (false: special tokens are spelled), whole and streamed.
+        full = self.completion(prompt=PROMPT, max_tokens=24, temperature=0)["choices"][0]["text"]
+        stop = full[10:14]
+        r = self.completion(prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop], include_stop_str_in_output=True)
+        self.assertEqual(r["choices"][0]["text"], full[:full.index(stop) + len(stop)])
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        eos = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logit_bias": {"2": 100}}
+        self.assertEqual(self.completion(**eos)["choices"][0]["text"], "")
+        self.assertEqual(self.completion(**eos, skip_special_tokens=False)["choices"][0]["text"], "</s>" * 3)
+        code, body = curl(self.url + "/v1/completions", "-N",
+                          data=json.dumps({**eos, "skip_special_tokens": False, "stream": True}))
+        self.assertEqual(code, 200, body)
+        chunks = [json.loads(e) for e in sse_events(body)[:-1]]
+        self.assertEqual("".join(c["choices"][0]["text"] for c in chunks if c["choices"]), "</s>" * 3)
+        # OpenAI's stored-completion fields at their neutral values are accepted; store=true is not.
+        r = self.completion(prompt=PROMPT, max_tokens=2, store=False, metadata={"team": "a"}, service_tier="auto")
+        self.assertEqual(r["usage"]["completion_tokens"], 2)
+        code, body = curl(self.url + "/v1/completions", data=json.dumps({"prompt": PROMPT, "store": True}))
+        self.assertEqual(code, 400, body)
+        self.assertEqual(json.loads(body)["error"]["param"], "store")
+
     def test_sampling_extensions(self):
         # logit_bias -100 on the greedy first token changes it; stop_token_ids ends at a token,
         # and min_tokens holds that stop back; bad values are 400 naming the field.

@@ -115,6 +115,14 @@ class AgainstALocalCluster(unittest.TestCase):
         cut = self.client.generate(PROMPT, max_tokens=24, stop=[stop]).result()
         self.assertEqual(cut.text, full.text[:full.text.index(stop)])
         self.assertEqual(cut.finish_reason, "stop")
+        # include_stop_str_in_output: the text ends with the stop string instead.
+        kept = self.client.generate(PROMPT, max_tokens=24, stop=[stop], include_stop_str_in_output=True).result()
+        self.assertEqual(kept.text, full.text[:full.text.index(stop) + len(stop)])
+        self.assertEqual(kept.finish_reason, "stop")
+        # skip_special_tokens=False: EOS (forced by a logit bias, generated past by ignore_eos) is spelled.
+        eos = dict(max_tokens=3, ignore_eos=True, logit_bias={2: 100})
+        self.assertEqual(self.client.generate(PROMPT, **eos).result().text, "")
+        self.assertEqual(self.client.generate(PROMPT, skip_special_tokens=False, **eos).result().text, "</s>" * 3)
         with self.assertRaises(shardserve.ShardserveError) as e:
             self.client.generate([{"role": "user", "content": "Hi"}], max_tokens=4).result()
         self.assertIn("has no chat template", str(e.exception))

@@ -92,6 +92,25 @@ TEST(StopStringsTest, NothingAfterAMatch) {
   EXPECT_EQ(m.Finish(), "");
 }
 
+TEST(StopStringsTest, IncludingTheStopEndsTheTextWithIt) {
+  // Across pieces, with a possible prefix held back first.
+  StopStringMatcher m({"\n\nUser:"}, /*include_stop=*/true);
+  std::string out = m.Feed("Hi there.\n").text;
+  EXPECT_EQ(out, "Hi there.");
+  out += m.Feed("\nUs").text;
+  StopStringMatcher::Result r = m.Feed("er: next");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(out + r.text, "Hi there.\n\nUser:");
+  EXPECT_TRUE(m.Feed("more").text.empty());
+  // The earliest match; of two at the same place, the one given first.
+  StopStringMatcher earliest({"world", "lo"}, true);
+  EXPECT_EQ(earliest.Feed("hello world").text, "hello");
+  StopStringMatcher first({"ab", "abc"}, true);
+  EXPECT_EQ(first.Feed("xxabcd").text, "xxab");
+  StopStringMatcher longer({"abc", "ab"}, true);
+  EXPECT_EQ(longer.Feed("xxabcd").text, "xxabc");
+}
+
 TEST(StopStringsTest, Validation) {
   EXPECT_TRUE(ValidateStopStrings({"a", "bc"}, "stop").ok());
   EXPECT_TRUE(ValidateStopStrings({}, "stop").ok());

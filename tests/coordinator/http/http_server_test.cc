@@ -261,6 +261,27 @@ TEST_F(HttpServerTest, StopStringTruncatesAndEndsWithStop) {
   EXPECT_TRUE(WaitIdle(1, absl::Seconds(10)));
 }
 
+TEST_F(HttpServerTest, IncludeStopStrInOutputEndsTheTextWithTheStop) {
+  auto [status, body] = Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 100, "stop": ["end is"],
+                                                    "include_stop_str_in_output": true})");
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body["choices"][0]["text"], " hello world, the end is");
+  EXPECT_EQ(body["usage"]["completion_tokens"].get<int>(), TokensThrough("end is"));
+  // Streamed too: the chunks' texts end with it.
+  auto [s, received] = PostStreamed(R"({"prompt": "hi", "max_tokens": 100, "stop": ["end is"],
+                                        "include_stop_str_in_output": true, "stream": true})");
+  ASSERT_TRUE(s);
+  std::string text;
+  for (absl::string_view line : absl::StrSplit(received, '\n')) {
+    if (!absl::ConsumePrefix(&line, "data: ") || line == "[DONE]") continue;
+    const Json chunk = Json::parse(line);
+    text += chunk["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, " hello world, the end is");
+  EXPECT_TRUE(WaitIdle(2, absl::Seconds(10)));
+}
+
 // With several decode steps per call, the tokens after the one that completes a stop string come
 // in the same delivery: they are neither returned nor counted.
 class HttpServerMultiStepTest : public HttpServerTest {

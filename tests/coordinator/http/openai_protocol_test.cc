@@ -108,6 +108,42 @@ TEST(OpenAiProtocolTest, SamplingExtensions) {
   EXPECT_EQ(bias[3], 2.5);
 }
 
+TEST(OpenAiProtocolTest, TextOptionsAsVllmSpellsThem) {
+  absl::StatusOr<CompletionRequest> d = ParseCompletionRequest(R"({"prompt": "a"})");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->fields.include_stop_str_in_output);
+  EXPECT_TRUE(d->fields.skip_special_tokens);
+  absl::StatusOr<ChatRequest> r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}],
+      "stop": ["x"], "include_stop_str_in_output": true, "skip_special_tokens": false})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->fields.include_stop_str_in_output);
+  EXPECT_FALSE(r->fields.skip_special_tokens);
+  EXPECT_FALSE(r->fields.ignore_eos);
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "skip_special_tokens": "no"})").status(), "boolean",
+                "skip_special_tokens");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "include_stop_str_in_output": 1})").status(), "boolean",
+                "include_stop_str_in_output");
+}
+
+// OpenAI's fields about stored completions and service tiers, at their neutral values: accepted
+// (SDKs and frameworks send them), and refused where they ask for what this server does not do.
+TEST(OpenAiProtocolTest, StoreMetadataAndServiceTier) {
+  for (const char* body : {R"({"prompt": "a", "store": false, "metadata": {"team": "search"}, "service_tier": "auto"})",
+                           R"({"prompt": "a", "store": null, "metadata": null, "service_tier": "default"})"}) {
+    EXPECT_TRUE(ParseCompletionRequest(body).ok()) << body;
+  }
+  EXPECT_TRUE(ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "store": false,
+                                  "metadata": {}, "service_tier": "auto"})").ok());
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "store": true})").status(), "does not store", "store");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "store": "no"})").status(), "boolean", "store");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "metadata": {"n": 1}})").status(), "string",
+                "metadata.n");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "metadata": []})").status(), "object", "metadata");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "service_tier": "flex"})")
+                    .status(),
+                "\"auto\" or \"default\"", "service_tier");
+}
+
 TEST(OpenAiProtocolTest, ResponseFormat) {
   absl::StatusOr<ChatRequest> schema = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}],
       "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true, "description": "d",

@@ -165,8 +165,12 @@ struct GenerateOptions {
   float repetition_penalty = 1.0f;
   // Also report the prompt tokens' logprobs (GenerateDelta::prompt_logprobs), for scoring.
   bool prompt_logprobs = false;
-  // Text that ends generation (at most 16 strings; the text stops right before the first match).
+  // Text that ends generation (at most 16 strings; the text stops right before the first match,
+  // or with it when include_stop_str_in_output).
   std::vector<std::string> stop;
+  bool include_stop_str_in_output = false;
+  // False: the model's special tokens ("</s>", ...) are spelled in the text (vLLM's option).
+  bool skip_special_tokens = true;
   // Structured output (GenerateRequest.constraint), at most one: the text must match a JSON
   // Schema (as JSON text), be any JSON object, or match a regular expression.
   std::string json_schema;

@@ -110,10 +110,12 @@ class Client:
                  repetition_penalty: float = 1.0, prompt_logprobs: bool = False, stop: Sequence[str] = (),
                  json_schema=None, json_object: bool = False, regex: Optional[str] = None, n: int = 1,
                  tools: Optional[Sequence[Mapping]] = None, tool_choice=None, parallel_tool_calls: bool = True,
+                 include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
                  timeout: Optional[float] = None) -> GenerateStream:
         """Starts a generation from text (tokenized by the server), token ids (used as given), or chat
         messages ([{"role": "user", "content": "Hi"}], rendered with the model's chat template by the
-        server). `stop`: text that ends the generation (the text stops right before it). At most one of
+        server). `stop`: text that ends the generation (the text stops right before it, or with it when
+        include_stop_str_in_output); skip_special_tokens=False spells the model's special tokens in it. At most one of
         json_schema (a dict or its JSON text), json_object and regex constrains the output. n: that
         many independent choices (1..16, choice i sampled with seed + i); each delta names its choice
         (index), and the stream's results() gives every choice's answer (result(): the only one).
@@ -127,7 +129,9 @@ class Client:
                                        repetition_penalty=repetition_penalty, prompt_logprobs=prompt_logprobs,
                                        stop=stop, json_schema=json_schema, json_object=json_object, regex=regex,
                                        n=n, tools=tools, tool_choice=tool_choice,
-                                       parallel_tool_calls=parallel_tool_calls)
+                                       parallel_tool_calls=parallel_tool_calls,
+                                       include_stop_str_in_output=include_stop_str_in_output,
+                                       skip_special_tokens=skip_special_tokens)
         resume = _common.Resume(req, self._settings.retry, self._settings.call_timeout(timeout))
         return GenerateStream(
             lambda r, left: self._inference.Generate(r, timeout=left, metadata=self._settings.metadata), resume)
