@@ -341,6 +341,8 @@ absl::StatusOr<frontend::ChatInput> ChatFromProto(const v1::ChatMessages& chat) 
     return absl::InvalidArgumentError(absl::StrCat("prompt.chat.tool_choice: unknown value ", static_cast<int>(choice)));
   }
   in.parallel_tool_calls = !chat.single_tool_call();
+  in.continue_final_message = chat.continue_final_message();
+  in.add_generation_prompt = !chat.continue_final_message();
   return in;
 }
 

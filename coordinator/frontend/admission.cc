@@ -106,7 +106,8 @@ absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<Con
   if (forced && constraint.has_value()) {
     return Invalid(names.tool_choice, ": a required or named tool call cannot be combined with ", constraint->field);
   }
-  absl::StatusOr<std::vector<int32_t>> ids = chat_prompt_->Render(chat.turns, chat.tools);
+  absl::StatusOr<std::vector<int32_t>> ids =
+      chat_prompt_->Render(chat.turns, chat.tools, chat.add_generation_prompt, chat.continue_final_message);
   if (!ids.ok()) return InvalidBecause(names.chat, ids.status());
   sequence->prompt = *std::move(ids);
   if (!forced) return absl::OkStatus();

@@ -71,6 +71,10 @@ struct ChatInput {
   ToolChoice tool_choice = ToolChoice::kNone;
   std::string tool_name;  // with kNamed
   bool parallel_tool_calls = true;
+  // ChatPrompt::Render's flags: a new assistant turn is started (the default), or the final
+  // message is left open for the model to continue.
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
 };
 
 // A structured-output constraint the request asks for, and the request field that asked for it

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/log/log.h"
 
 namespace shardserve::coordinator::frontend {
@@ -46,11 +47,46 @@ ChatPrompt::ChatPrompt(const Tokenizer* tokenizer, const std::string& model_dir)
   if (!tokenizer->eos_ids().empty()) eos_token_ = tokenizer->IdToPiece(tokenizer->eos_ids()[0]).value_or("");
 }
 
+namespace {
+
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+absl::string_view Strip(absl::string_view s) {
+  while (!s.empty() && IsSpace(s.front())) s.remove_prefix(1);
+  while (!s.empty() && IsSpace(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// The rendered chat `text` cut right after the last place it writes `content` (the final
+// message's): with the content's trailing whitespace where the template kept it, without where it
+// trimmed it.
+absl::StatusOr<std::string> CutAfterFinalMessage(const std::string& text, absl::string_view content) {
+  const absl::string_view core = Strip(content);
+  if (core.empty()) {
+    return absl::InvalidArgumentError("continue_final_message needs a final message with content to continue");
+  }
+  const size_t at = text.rfind(core.data(), std::string::npos, core.size());
+  if (at == std::string::npos) {
+    return absl::InvalidArgumentError(
+        "continue_final_message: the chat template does not write the final message's content out as given, so "
+        "there is no place to continue it from");
+  }
+  absl::string_view rest = content;
+  while (!rest.empty() && IsSpace(rest.front())) rest.remove_prefix(1);  // the content from `core` on
+  const bool kept = absl::string_view(text).substr(at, rest.size()) == rest;
+  return text.substr(0, at + (kept ? rest.size() : core.size()));
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& messages,
                                                    const nlohmann::ordered_json& tools,
-                                                   bool add_generation_prompt) const {
+                                                   bool add_generation_prompt, bool continue_final_message) const {
   if (!template_.has_value()) return error_;
   if (absl::Status st = ValidateChatTurns(messages); !st.ok()) return st;
+  if (continue_final_message && add_generation_prompt) {
+    return absl::InvalidArgumentError("continue_final_message cannot be combined with add_generation_prompt");
+  }
   nlohmann::ordered_json context;
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ChatTurn& m : messages) {
@@ -80,13 +116,15 @@ absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& 
   context["add_generation_prompt"] = add_generation_prompt;
   absl::StatusOr<std::string> prompt = template_->Render(context);
   if (!prompt.ok()) return absl::InvalidArgumentError(prompt.status().message());
+  if (continue_final_message) return CutAfterFinalMessage(*prompt, messages.back().content);
   return prompt;
 }
 
 absl::StatusOr<std::vector<int32_t>> ChatPrompt::Render(const std::vector<ChatTurn>& messages,
                                                         const nlohmann::ordered_json& tools,
-                                                        bool add_generation_prompt) const {
-  absl::StatusOr<std::string> prompt = RenderText(messages, tools, add_generation_prompt);
+                                                        bool add_generation_prompt,
+                                                        bool continue_final_message) const {
+  absl::StatusOr<std::string> prompt = RenderText(messages, tools, add_generation_prompt, continue_final_message);
   if (!prompt.ok()) return prompt.status();
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(*prompt, /*add_special_tokens=*/false);
   if (!ids.ok()) return absl::InvalidArgumentError(ids.status().message());

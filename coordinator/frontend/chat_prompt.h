@@ -46,14 +46,19 @@ class ChatPrompt {
   // invalid (ValidateChatTurns), or when the template refuses them (its raise_exception message).
   // `tools` (an array of OpenAI tool objects, or null for none) is the template's `tools`;
   // `add_generation_prompt` its flag of that name (true: the prompt ends where the assistant's
-  // answer starts).
+  // answer starts). `continue_final_message` (with add_generation_prompt false) cuts the rendered
+  // text right after the final message's content, so that the model continues that message (as
+  // transformers' apply_chat_template(continue_final_message=True)); InvalidArgument when that
+  // content is empty or the template does not write it out.
   absl::StatusOr<std::vector<int32_t>> Render(const std::vector<ChatTurn>& messages,
                                               const nlohmann::ordered_json& tools = nullptr,
-                                              bool add_generation_prompt = true) const;
+                                              bool add_generation_prompt = true,
+                                              bool continue_final_message = false) const;
   // The prompt's text (what Render tokenizes).
   absl::StatusOr<std::string> RenderText(const std::vector<ChatTurn>& messages,
                                          const nlohmann::ordered_json& tools = nullptr,
-                                         bool add_generation_prompt = true) const;
+                                         bool add_generation_prompt = true,
+                                         bool continue_final_message = false) const;
 
   // The template's source ("" when there is none).
   const std::string& template_source() const { return template_source_; }

@@ -743,7 +743,7 @@ void HttpServer::Impl::Tokenize(const std::string& body, httplib::Response& res)
   } else {
     // Rendered as a chat request's prompt is (frontend::ChatPrompt), the BOS being the template's.
     absl::StatusOr<std::string> text = chat_prompt->RenderText(TakeTurns(*r->messages), nullptr,
-                                                               r->add_generation_prompt);
+                                                               r->add_generation_prompt, r->continue_final_message);
     if (text.ok()) {
       ids = tokenizer->Encode(*text, r->add_special_tokens.value_or(false));
     } else {
@@ -829,7 +829,9 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                            .functions = std::move(parsed->tool_functions),
                            .tool_choice = parsed->tool_choice,
                            .tool_name = std::move(parsed->tool_name),
-                           .parallel_tool_calls = parsed->parallel_tool_calls};
+                           .parallel_tool_calls = parsed->parallel_tool_calls,
+                           .add_generation_prompt = parsed->add_generation_prompt,
+                           .continue_final_message = parsed->continue_final_message};
     in.turns = TakeTurns(parsed->messages);
     prompts.push_back({.input = std::move(in)});
   } else {

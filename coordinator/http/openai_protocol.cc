@@ -557,14 +557,16 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
       absl::StatusOr<std::vector<ChatMessage>> messages = ParseMessages(v);
       if (!messages.ok()) return messages.status();
       r.messages = *std::move(messages);
-    } else if (key == "add_special_tokens" || key == "add_generation_prompt") {
+    } else if (key == "add_special_tokens" || key == "add_generation_prompt" || key == "continue_final_message") {
       absl::StatusOr<bool> b = GetBool(v, key);
       if (!b.ok()) return b.status();
       if (key == "add_special_tokens") {
         r.add_special_tokens = *b;
-      } else {
+      } else if (key == "add_generation_prompt") {
         r.add_generation_prompt = *b;
         has_generation_prompt = true;
+      } else {
+        r.continue_final_message = *b;
       }
     } else {
       return UnknownField(key);
@@ -576,6 +578,12 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
   }
   if (has_generation_prompt && r.prompt.has_value()) {
     return InvalidParam("add_generation_prompt", "'add_generation_prompt' is for 'messages'");
+  }
+  if (r.continue_final_message && r.prompt.has_value()) {
+    return InvalidParam("continue_final_message", "'continue_final_message' is for 'messages'");
+  }
+  if (r.continue_final_message && r.add_generation_prompt) {
+    return InvalidParam("continue_final_message", "'continue_final_message' needs 'add_generation_prompt': false");
   }
   return r;
 }
@@ -662,6 +670,11 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
       absl::StatusOr<bool> b = GetBool(v, key);
       if (!b.ok()) return b.status();
       r.parallel_tool_calls = *b;
+    } else if (key == "add_generation_prompt" || key == "continue_final_message") {
+      if (v.is_null()) continue;
+      absl::StatusOr<bool> b = GetBool(v, key);
+      if (!b.ok()) return b.status();
+      (key == "add_generation_prompt" ? r.add_generation_prompt : r.continue_final_message) = *b;
     } else if (key == "top_logprobs") {
       if (v.is_null()) continue;
       absl::StatusOr<int64_t> n = GetInt(v, key);
@@ -676,6 +689,11 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   }
   if (r.fields.top_logprobs > 0 && !r.fields.logprobs) {
     return InvalidParam("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  if (r.continue_final_message && r.add_generation_prompt) {
+    return InvalidParam("continue_final_message",
+                        "'continue_final_message' needs 'add_generation_prompt': false (the final message is "
+                        "continued, no new one is started)");
   }
   // The tool choice against the tools and the constraint: frontend::Admission.
   if (!has_tool_choice) r.tool_choice = r.tools.is_null() ? ToolChoice::kNone : ToolChoice::kAuto;

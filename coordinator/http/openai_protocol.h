@@ -123,6 +123,10 @@ struct ChatRequest {
   frontend::ToolChoice tool_choice = frontend::ToolChoice::kNone;
   std::string tool_name;
   bool parallel_tool_calls = true;
+  // vLLM's: end the prompt where the assistant's answer starts (the default), or leave the final
+  // message open for the model to continue ("prefill"; then add_generation_prompt must be false).
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
 };
 
 // vLLM's /tokenize and /detokenize bodies.
@@ -134,6 +138,7 @@ struct TokenizeRequest {
   // vLLM's defaults: true for a prompt; false for messages (the template writes the BOS itself).
   std::optional<bool> add_special_tokens;
   bool add_generation_prompt = true;  // messages: end where the assistant's answer starts
+  bool continue_final_message = false;  // messages: end right after the final message's content
 };
 struct DetokenizeRequest {
   std::string model;

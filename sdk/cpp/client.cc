@@ -211,6 +211,7 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
     }
     chat->set_tool_name(o.tool_name);
     chat->set_single_tool_call(o.tool_choice == ToolChoice::kRequired && !o.parallel_tool_calls);
+    chat->set_continue_final_message(o.continue_final_message);
   } else if (prompt.is_ids) {
     // An empty id list still selects the ids prompt, so the server names the empty prompt.
     req.mutable_token_ids()->mutable_ids()->Add(prompt.ids.begin(), prompt.ids.end());

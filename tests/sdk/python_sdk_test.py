@@ -346,9 +346,14 @@ class AgainstAFakeServer(unittest.TestCase):
             c.generate(chat, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}).result()
             sent = fake.requests[-1].chat
             self.assertEqual((sent.tool_choice, sent.tool_name), (inference_pb2.TOOL_CHOICE_FUNCTION, "get_weather"))
-            # Tools need a chat prompt; tool_choice must be one of OpenAI's forms.
+            self.assertFalse(sent.continue_final_message)
+            c.generate(chat, continue_final_message=True).result()
+            self.assertTrue(fake.requests[-1].chat.continue_final_message)
+            # Tools and continue_final_message need a chat prompt; tool_choice must be one of OpenAI's forms.
             with self.assertRaises(ValueError):
                 c.generate("hi", tools=tools)
+            with self.assertRaises(ValueError):
+                c.generate("hi", continue_final_message=True)
             with self.assertRaises(ValueError):
                 c.generate(chat, tools=tools, tool_choice="sometimes")
 

@@ -792,6 +792,22 @@ TEST_F(CoordinatorApiTest, ChatMessagesAreRenderedWithTheModelsTemplate) {
   EXPECT_EQ(r.text, ids.text);
   EXPECT_EQ(r.messages.back().usage().prompt_tokens(), static_cast<int32_t>(rendered.size()));
 
+  // continue_final_message: the prompt ends right after the final message's content (this template
+  // closes each message with "\n"), and no "Assistant:" follows.
+  add("assistant", "Once upon a time");
+  v1::GenerateRequest prefilled = chat;
+  prefilled.mutable_chat()->set_continue_final_message(true);
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<int32_t> open,
+      tokenizer->Encode("<s>System: Be brief.\nUser: Tell a story\nAssistant: Once upon a time", false));
+  const GenerateResult continued = Generate(prefilled);
+  ASSERT_TRUE(continued.status.ok()) << continued.status.error_message();
+  EXPECT_EQ(continued.messages.back().usage().prompt_tokens(), static_cast<int32_t>(open.size()));
+  const GenerateResult open_ids = Generate(IdsRequest(open, 12));
+  ASSERT_TRUE(open_ids.status.ok());
+  EXPECT_EQ(continued.ids, open_ids.ids);
+  chat.mutable_chat()->mutable_messages()->RemoveLast();
+
   v1::GenerateRequest bad = chat;
   bad.mutable_chat()->mutable_messages(1)->set_role("robot");
   EXPECT_THAT(Generate(bad).status.error_message(),

@@ -254,6 +254,56 @@ TEST_F(HttpToolsTest, PromptWithToolsCallsAndAnswersIsJinja2s) {
   EXPECT_NE(body2["usage"]["prompt_tokens"], expected->size());
 }
 
+// vLLM's continue_final_message: the prompt ends right after the final (assistant) message's
+// content, where with add_generation_prompt false alone the template closes that message.
+TEST_F(HttpToolsTest, ContinueFinalMessageLeavesTheAssistantsMessageOpen) {
+  Serve("x");
+  auto tokenize = [this](const Json& body) {
+    httplib::Result r = client_->Post("/tokenize", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, Json::parse(r->body, nullptr, false)) : std::make_pair(0, Json());
+  };
+  for (const std::string started : {"The weather in Paris is", "The weather in Paris is "}) {
+    SCOPED_TRACE(started);
+    const Json messages = Json::array({{{"role", "user"}, {"content", "Weather in Paris?"}},
+                                       {{"role", "assistant"}, {"content", started}}});
+    auto [closed_status, closed] = tokenize({{"messages", messages}, {"add_generation_prompt", false}});
+    ASSERT_EQ(closed_status, 200) << closed;
+    absl::StatusOr<std::string> closed_text = tokenizer_->Decode(closed["tokens"].get<std::vector<int32_t>>(), false);
+    ASSERT_TRUE(closed_text.ok());
+    const std::string end_of_turn = "<|im_end|>\n";
+    ASSERT_TRUE(closed_text->ends_with(started + end_of_turn)) << *closed_text;
+    auto [open_status, open] =
+        tokenize({{"messages", messages}, {"add_generation_prompt", false}, {"continue_final_message", true}});
+    ASSERT_EQ(open_status, 200) << open;
+    absl::StatusOr<std::vector<int32_t>> want =
+        tokenizer_->Encode(closed_text->substr(0, closed_text->size() - end_of_turn.size()), false);
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(open["tokens"].get<std::vector<int32_t>>(), *want);
+    // A chat request continues that prompt.
+    Json request = Request({{"messages", messages}, {"max_tokens", 2}, {"add_generation_prompt", false},
+                            {"continue_final_message", true}});
+    request.erase("tools");
+    auto [status, body] = Post(request);
+    ASSERT_EQ(status, 200) << body;
+    EXPECT_EQ(body["usage"]["prompt_tokens"], want->size());
+  }
+  // Refused, naming the field: with add_generation_prompt (true by default), with nothing to
+  // continue, and for a plain prompt.
+  const Json one = Json::array({{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", " "}}});
+  Json both = Request({{"messages", one}, {"continue_final_message", true}});
+  auto [both_status, both_body] = Post(both);
+  EXPECT_EQ(both_status, 400);
+  EXPECT_EQ(both_body["error"]["param"], "continue_final_message") << both_body;
+  Json empty = Request({{"messages", one}, {"continue_final_message", true}, {"add_generation_prompt", false}});
+  auto [empty_status, empty_body] = Post(empty);
+  EXPECT_EQ(empty_status, 400);
+  EXPECT_THAT(empty_body["error"]["message"].get<std::string>(), HasSubstr("a final message with content"));
+  auto [plain_status, plain] = tokenize({{"prompt", "Hi"}, {"continue_final_message", true}});
+  EXPECT_EQ(plain_status, 400);
+  EXPECT_EQ(plain["error"]["param"], "continue_final_message") << plain;
+}
+
 TEST_F(HttpToolsTest, BadToolRequestsAre400NamingTheField) {
   Serve("x");
   const struct {

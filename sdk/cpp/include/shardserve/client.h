@@ -183,6 +183,9 @@ struct GenerateOptions {
   ToolChoice tool_choice = ToolChoice::kDefault;
   std::string tool_name;             // with ToolChoice::kFunction
   bool parallel_tool_calls = true;   // with ToolChoice::kRequired: false = exactly one call
+  // A chat prompt whose final message the model continues (an assistant message holding the
+  // answer's start) instead of starting a new assistant turn.
+  bool continue_final_message = false;
   // Independent choices of the same prompt (OpenAI's n), in [1, 16]: choice i samples with seed + i.
   // Each delta names its choice (GenerateDelta::index); Generate needs n = 1, GenerateChoices
   // returns every choice.

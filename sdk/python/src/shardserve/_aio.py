@@ -102,7 +102,7 @@ class AsyncClient:
                  json_schema=None, json_object: bool = False, regex: Optional[str] = None, n: int = 1,
                  tools: Optional[Sequence[Mapping]] = None, tool_choice=None, parallel_tool_calls: bool = True,
                  include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
-                 timeout: Optional[float] = None) -> AsyncGenerateStream:
+                 continue_final_message: bool = False, timeout: Optional[float] = None) -> AsyncGenerateStream:
         """Starts a generation; see Client.generate."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
                                        ignore_eos, request_id, min_p, logit_bias, min_tokens, logprobs, top_logprobs,
@@ -112,7 +112,8 @@ class AsyncClient:
                                        n=n, tools=tools, tool_choice=tool_choice,
                                        parallel_tool_calls=parallel_tool_calls,
                                        include_stop_str_in_output=include_stop_str_in_output,
-                                       skip_special_tokens=skip_special_tokens)
+                                       skip_special_tokens=skip_special_tokens,
+                                       continue_final_message=continue_final_message)
         resume = _common.Resume(req, self._settings.retry, self._settings.call_timeout(timeout))
         return AsyncGenerateStream(
             lambda r, left: self._inference.Generate(r, timeout=left, metadata=self._settings.metadata), resume)

@@ -160,12 +160,15 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      stop: Sequence[str] = (), json_schema=None, json_object: bool = False,
                      regex: Optional[str] = None, n: int = 1, tools: Optional[Sequence[Mapping]] = None,
                      tool_choice=None, parallel_tool_calls: bool = True, include_stop_str_in_output: bool = False,
-                     skip_special_tokens: bool = True) -> inference_pb2.GenerateRequest:
+                     skip_special_tokens: bool = True,
+                     continue_final_message: bool = False) -> inference_pb2.GenerateRequest:
     if not 1 <= n <= 16:
         raise ValueError(f"n must be in [1, 16], got {n}")
     is_chat = not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
     if (tools is not None or tool_choice is not None) and not is_chat:
         raise ValueError("tools and tool_choice need a chat prompt (a list of messages)")
+    if continue_final_message and not is_chat:
+        raise ValueError("continue_final_message needs a chat prompt (a list of messages)")
     req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                                         ignore_eos=ignore_eos, request_id=request_id, min_tokens=min_tokens,
                                         logprobs=logprobs, top_logprobs=top_logprobs, n=n)
@@ -202,6 +205,7 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
             if m.get("tool_call_id") is not None:
                 msg.tool_call_id = str(m["tool_call_id"])
         _set_tools(req.chat, tools, tool_choice, parallel_tool_calls)
+        req.chat.continue_final_message = continue_final_message
     else:
         req.token_ids.ids.extend(prompt)
         req.token_ids.SetInParent()  # an empty id list is still an ids prompt; the server names it
