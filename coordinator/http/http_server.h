@@ -11,7 +11,8 @@
 // template and tokenized without adding special tokens, as transformers' apply_chat_template
 // does; every check, with errors naming the field as this API spells it; the cluster's readiness
 // last), and submitted to the Scheduler. Generated ids become text through the tokenizer's StreamDecoder and a
-// StopStringMatcher: a stop string ends the request with finish_reason "stop" (and cancels the
+// StopStringMatcher (the text ends before the stop string, or with it with
+// include_stop_str_in_output): a stop string ends the request with finish_reason "stop" (and cancels the
 // sequence in the scheduler); EOS or a stop id gives "stop"; max_tokens or the context gives
 // "length".
 //
@@ -24,7 +25,8 @@
 // Streams: one handler thread per streamed request, waiting on the request's own queue (the
 // scheduler's threads never block on a client). A client that disconnects mid-stream is noticed
 // at the next write (a keep-alive comment is written after `keepalive` without output), and its
-// sequence is cancelled. A non-streamed request runs to completion.
+// sequence is cancelled. A request that is not streamed looks at its connection's socket every
+// 200 ms (common/http/client_connection.h) and is cancelled once its client has hung up.
 //
 // Thread-safety: Start and Stop may be called from any thread; Stop is idempotent.
 #ifndef SHARDSERVE_COORDINATOR_HTTP_HTTP_SERVER_H_
