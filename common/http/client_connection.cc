@@ -12,22 +12,20 @@
 namespace shardserve {
 namespace {
 
-// `addr`'s numeric host and port, as cpp-httplib spells a request's remote address
-// (getnameinfo with NI_NUMERICHOST); false when it is not an internet address.
-bool HostAndPort(const sockaddr_storage& addr, socklen_t len, std::string* host, int* port) {
-  if (addr.ss_family == AF_INET) {
-    *port = ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
-  } else if (addr.ss_family == AF_INET6) {
-    *port = ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
-  } else {
-    return false;
-  }
+// `addr`'s port; -1 when it is not an internet address.
+int PortOf(const sockaddr_storage& addr) {
+  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
+  return -1;
+}
+
+// Whether `addr`'s numeric host is `host`, as cpp-httplib spells a request's remote address
+// (getnameinfo with NI_NUMERICHOST).
+bool HostIs(const sockaddr_storage& addr, socklen_t len, const std::string& host) {
   char buf[NI_MAXHOST];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) {
-    return false;
-  }
-  *host = buf;
-  return true;
+  return getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) ==
+             0 &&
+         host == buf;
 }
 
 }  // namespace
@@ -45,12 +43,12 @@ std::optional<ClientConnection> ClientConnection::Find(const std::string& remote
     socklen_t len = sizeof(addr);
     // Not a socket, or not connected: getpeername fails.
     if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
-    std::string host;
-    int port = 0;
-    if (!HostAndPort(addr, len, &host, &port) || port != remote_port || host != remote_addr) continue;
-    len = sizeof(addr);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&addr), &len) != 0) continue;
-    if (!HostAndPort(addr, len, &host, &port) || port != local_port) continue;
+    // The ports first: the host's spelling (getnameinfo) only for the few sockets they match.
+    if (PortOf(addr) != remote_port) continue;
+    sockaddr_storage local{};
+    socklen_t local_len = sizeof(local);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
+    if (PortOf(local) != local_port || !HostIs(addr, len, remote_addr)) continue;
     found = ClientConnection(static_cast<int>(fd));
     break;
   }
