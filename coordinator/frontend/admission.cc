@@ -33,6 +33,7 @@ const FieldNames& GrpcFieldNames() {
                                 .stop = "stop",
                                 .n = "n",
                                 .resume = "resume.token_ids",
+                                .truncate_prompt_tokens = "truncate_prompt_tokens",
                                 .sequence = {}};
   return names;
 }
@@ -46,6 +47,7 @@ const FieldNames& OpenAiFieldNames(bool chat) {
                       .stop = "stop",
                       .n = "n",
                       .resume = "resume",
+                      .truncate_prompt_tokens = "truncate_prompt_tokens",
                       .sequence = {.prompt = for_chat ? "messages" : "prompt",
                                    .prompt_ids = "prompt",
                                    .max_tokens = "max_tokens",
@@ -142,6 +144,18 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
     const ChatInput& chat = std::get<ChatInput>(request.prompt);
     if (absl::Status st = AdmitChat(chat, request.constraint, names, &r); !st.ok()) return st;
     if (!chat.tools.is_null() && chat.tool_choice != ToolChoice::kNone) out.tool_calls = tool_format_;
+  }
+  if (request.truncate_prompt_tokens.has_value()) {
+    const int64_t k = *request.truncate_prompt_tokens;
+    if (k == 0 || k < -1) {
+      return Invalid(names.truncate_prompt_tokens, " must be -1 (what fits the context) or >= 1, got ", k);
+    }
+    // -1: what the context leaves beside max_tokens (a larger max_tokens is refused below).
+    const int64_t keep = k > 0 ? k : options_.limits.max_seq_len - std::max<int64_t>(request.max_tokens.value_or(1), 1);
+    if (keep >= 1 && static_cast<int64_t>(r.prompt.size()) > keep) {
+      r.prompt.erase(r.prompt.begin(), r.prompt.end() - keep);
+      out.prompt_truncated = true;
+    }
   }
   if (request.constraint.has_value()) {
     const ConstraintInput& c = *request.constraint;

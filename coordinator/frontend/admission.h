@@ -49,6 +49,7 @@ struct FieldNames {
   absl::string_view stop;         // text stop strings; an entry is stop + "[i]"
   absl::string_view n;            // the number of choices
   absl::string_view resume;       // the resumed tokens
+  absl::string_view truncate_prompt_tokens;
   RequestFieldNames sequence;     // the fields ValidateSequenceRequest names
 };
 
@@ -91,6 +92,10 @@ struct AdmissionRequest {
   // Unset: the rest of the context after the prompt. Values beyond int32 are clamped to it (and
   // then refused as too large).
   std::optional<int64_t> max_tokens;
+  // vLLM's truncate_prompt_tokens: a longer prompt keeps only its last k tokens (k >= 1), or with
+  // -1 its last ones that fit the context beside max_tokens (beside one token when max_tokens is
+  // unset). Unset: the prompt as it is. Other values are refused.
+  std::optional<int64_t> truncate_prompt_tokens;
   // Taken as given: request_id, sampling (top_p and repetition_penalty already mapped from an
   // API's "unset"; logit_bias in any order), stop_token_ids, ignore_eos, min_tokens, logprobs,
   // top_logprobs, prompt_logprobs and resumed. Its prompt, max_tokens and constraint are Admit's
@@ -111,6 +116,7 @@ struct AdmittedRequest {
   SequenceRequest sequence;       // valid (ValidateSequenceRequest); logit_bias sorted by token id
   int n = 1;
   std::vector<std::string> stop;  // valid (ValidateStopStrings)
+  bool prompt_truncated = false;  // truncate_prompt_tokens dropped the prompt's first tokens
   bool include_stop = false;      // as AdmissionRequest's
   bool skip_special_tokens = true;
   // Set for a chat whose answers are parsed for tool calls (tools and a tool choice other than

@@ -881,6 +881,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   r.prompt_logprobs = echo && fields.logprobs;
   request.stop = fields.stop;
   request.include_stop = fields.include_stop_str_in_output;
+  request.truncate_prompt_tokens = fields.truncate_prompt_tokens;
   request.skip_special_tokens = fields.skip_special_tokens;
   request.n = generate;
   request.constraint = ConstraintOf(fields);
@@ -908,7 +909,9 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   for (size_t p = 0; p < num_prompts; ++p) {
     SequenceRequest& seq = admitted[p].sequence;
     std::string& echo_text = prompts[p].echo_text;
-    if (echo && prompts[p].ids && tokenizer != nullptr) {
+    // Echoed: the prompt as it was computed (decoded from its ids when it was given as ids, or cut
+    // by truncate_prompt_tokens).
+    if (echo && (prompts[p].ids || admitted[p].prompt_truncated) && tokenizer != nullptr) {
       absl::StatusOr<std::string> text = tokenizer->Decode(seq.prompt, /*skip_special_tokens=*/true);
       if (text.ok()) echo_text = *std::move(text);
     }

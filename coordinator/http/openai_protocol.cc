@@ -186,6 +186,15 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
     if (!p.ok()) return p.status();
     if (!(*p >= 0 && *p <= 1)) return InvalidParam(key, absl::StrCat("'min_p' must be in [0, 1], got ", *p));
     f->min_p = *p;
+  } else if (key == "truncate_prompt_tokens") {
+    if (v.is_null()) return true;
+    absl::StatusOr<int64_t> k = GetInt(v, key);
+    if (!k.ok()) return k.status();
+    if (*k == 0 || *k < -1) {
+      return InvalidParam(key, absl::StrCat("'truncate_prompt_tokens' must be -1 (what fits the context) or >= 1, got ",
+                                            *k));
+    }
+    f->truncate_prompt_tokens = *k;
   } else if (key == "min_tokens") {
     if (v.is_null()) return true;
     absl::StatusOr<int64_t> n = GetInt(v, key);

@@ -44,6 +44,7 @@ struct SamplingFields {
   std::vector<int64_t> stop_token_ids;
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;  // a matched stop string ends the text
+  std::optional<int64_t> truncate_prompt_tokens;  // -1 or >= 1 (frontend::AdmissionRequest's)
   bool skip_special_tokens = true;          // false: special tokens are spelled in the text
   // OpenAI's logit_bias: {"token id": bias in [-100, 100]}, ids checked against the vocabulary later.
   std::vector<std::pair<int64_t, double>> logit_bias;

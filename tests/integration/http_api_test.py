@@ -191,6 +191,13 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
         self.assertEqual(code, 200, body)
         chunks = [json.loads(e) for e in sse_events(body)[:-1]]
         self.assertEqual("".join(c["choices"][0]["text"] for c in chunks if c["choices"]), "</s>" * 3)
+        # truncate_prompt_tokens: the prompt's last tokens, echoed as computed.
+        code, body = curl(self.url + "/tokenize", data=json.dumps({"prompt": PROMPT}))
+        ids = json.loads(body)["tokens"]
+        r = self.completion(prompt=PROMPT, max_tokens=4, temperature=0, truncate_prompt_tokens=3, echo=True)
+        alone = self.completion(prompt=ids[-3:], max_tokens=4, temperature=0, echo=True)
+        self.assertEqual(r["usage"]["prompt_tokens"], 3)
+        self.assertEqual(r["choices"][0]["text"], alone["choices"][0]["text"])
         # OpenAI's stored-completion fields at their neutral values are accepted; store=true is not.
         r = self.completion(prompt=PROMPT, max_tokens=2, store=False, metadata={"team": "a"}, service_tier="auto")
         self.assertEqual(r["usage"]["completion_tokens"], 2)

@@ -123,6 +123,14 @@ class AgainstALocalCluster(unittest.TestCase):
         eos = dict(max_tokens=3, ignore_eos=True, logit_bias={2: 100})
         self.assertEqual(self.client.generate(PROMPT, **eos).result().text, "")
         self.assertEqual(self.client.generate(PROMPT, skip_special_tokens=False, **eos).result().text, "</s>" * 3)
+        # truncate_prompt_tokens: the prompt's last k tokens, which answer as those ids alone do.
+        ids = self.client.tokenize(PROMPT)
+        cut = self.client.generate(PROMPT, max_tokens=8, truncate_prompt_tokens=3).result()
+        self.assertEqual(cut.usage.prompt_tokens, 3)
+        self.assertEqual(cut.token_ids, self.client.generate(ids[-3:], max_tokens=8).result().token_ids)
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            self.client.generate(PROMPT, max_tokens=8, truncate_prompt_tokens=-2).result()
+        self.assertIn("truncate_prompt_tokens", str(e.exception))
         with self.assertRaises(shardserve.ShardserveError) as e:
             self.client.generate([{"role": "user", "content": "Hi"}], max_tokens=4).result()
         self.assertIn("has no chat template", str(e.exception))

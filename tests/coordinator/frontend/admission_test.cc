@@ -188,6 +188,50 @@ struct InvalidCase {
   const char* message;       // in both messages
 };
 
+// vLLM's truncate_prompt_tokens: the last k tokens of a longer prompt, of any kind; -1 the last
+// ones that fit beside max_tokens (or one token).
+TEST_F(AdmissionTest, TruncatePromptTokensKeepsThePromptsLastTokens) {
+  std::vector<int32_t> ids(100);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i + 10);
+  AdmissionRequest r;
+  r.prompt = ids;
+  r.max_tokens = 8;
+  r.truncate_prompt_tokens = 30;
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_EQ(a.sequence.prompt, std::vector<int32_t>(ids.end() - 30, ids.end()));
+  EXPECT_TRUE(a.prompt_truncated);
+  r.truncate_prompt_tokens = 100;  // not longer: as it is
+  ASSERT_OK_AND_ASSIGN(a, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_EQ(a.sequence.prompt, ids);
+  EXPECT_FALSE(a.prompt_truncated);
+  // -1: a prompt longer than the context keeps what fits beside max_tokens; without max_tokens,
+  // beside one token.
+  std::vector<int32_t> longer(kContext + 50, 7);
+  longer.back() = 9;
+  r.prompt = longer;
+  r.truncate_prompt_tokens = -1;
+  r.max_tokens = 48;
+  ASSERT_OK_AND_ASSIGN(a, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_EQ(a.sequence.prompt.size(), static_cast<size_t>(kContext - 48));
+  EXPECT_EQ(a.sequence.prompt.back(), 9);
+  EXPECT_EQ(a.sequence.max_tokens, 48);
+  r.max_tokens.reset();
+  ASSERT_OK_AND_ASSIGN(a, admission_->Admit(r, GrpcFieldNames()));
+  EXPECT_EQ(a.sequence.prompt.size(), static_cast<size_t>(kContext - 1));
+  EXPECT_EQ(a.sequence.max_tokens, 1);
+  // A text prompt and a chat prompt are cut after they are tokenized or rendered.
+  AdmissionRequest text = Text("Once upon a time there was a little girl");
+  text.truncate_prompt_tokens = 3;
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> whole, tokenizer_->Encode("Once upon a time there was a little girl", true));
+  ASSERT_OK_AND_ASSIGN(a, admission_->Admit(text, OpenAiFieldNames(false)));
+  EXPECT_EQ(a.sequence.prompt, std::vector<int32_t>(whole.end() - 3, whole.end()));
+  AdmissionRequest chat = Chat();
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest full, admission_->Admit(chat, OpenAiFieldNames(true)));
+  chat.truncate_prompt_tokens = 5;
+  ASSERT_OK_AND_ASSIGN(a, admission_->Admit(chat, OpenAiFieldNames(true)));
+  EXPECT_EQ(a.sequence.prompt, std::vector<int32_t>(full.sequence.prompt.end() - 5, full.sequence.prompt.end()));
+}
+
 TEST_F(AdmissionTest, InvalidRequestsNameTheFieldAsEachApiSpellsIt) {
   auto chat_of = [](AdmissionRequest& r) -> ChatInput& { return std::get<ChatInput>(r.prompt); };
   const InvalidCase cases[] = {
@@ -224,6 +268,10 @@ TEST_F(AdmissionTest, InvalidRequestsNameTheFieldAsEachApiSpellsIt) {
       {"max_tokens", [](AdmissionRequest& r) { r.max_tokens = int64_t{1} << 40; }, false, "max_tokens",
        "max_tokens", "exceeds the context"},
       {"n", [](AdmissionRequest& r) { r.n = 17; }, false, "n", "n", "must be in [1, 16], got 17"},
+      {"truncate 0", [](AdmissionRequest& r) { r.truncate_prompt_tokens = 0; }, false, "truncate_prompt_tokens",
+       "truncate_prompt_tokens", "must be -1 (what fits the context) or >= 1, got 0"},
+      {"truncate -2", [](AdmissionRequest& r) { r.truncate_prompt_tokens = -2; }, false, "truncate_prompt_tokens",
+       "truncate_prompt_tokens", "got -2"},
       {"stop", [](AdmissionRequest& r) { r.stop = {"x", ""}; }, false, "stop", "stop", "stop[1] is empty"},
       {"resume with n", [](AdmissionRequest& r) { r.sequence.resumed = {5}; r.n = 2; }, false, "resume.token_ids",
        "resume", "only a request with n = 1 can be resumed"},

@@ -171,6 +171,9 @@ struct GenerateOptions {
   bool include_stop_str_in_output = false;
   // False: the model's special tokens ("</s>", ...) are spelled in the text (vLLM's option).
   bool skip_special_tokens = true;
+  // A longer prompt keeps only its last k tokens (k >= 1), or with -1 its last ones that fit the
+  // context beside max_tokens; 0 = the prompt as it is (vLLM's truncate_prompt_tokens).
+  int32_t truncate_prompt_tokens = 0;
   // Structured output (GenerateRequest.constraint), at most one: the text must match a JSON
   // Schema (as JSON text), be any JSON object, or match a regular expression.
   std::string json_schema;

@@ -111,13 +111,15 @@ class Client:
                  json_schema=None, json_object: bool = False, regex: Optional[str] = None, n: int = 1,
                  tools: Optional[Sequence[Mapping]] = None, tool_choice=None, parallel_tool_calls: bool = True,
                  include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
-                 continue_final_message: bool = False, timeout: Optional[float] = None) -> GenerateStream:
+                 continue_final_message: bool = False, truncate_prompt_tokens: Optional[int] = None,
+                 timeout: Optional[float] = None) -> GenerateStream:
         """Starts a generation from text (tokenized by the server), token ids (used as given), or chat
         messages ([{"role": "user", "content": "Hi"}], rendered with the model's chat template by the
         server; continue_final_message=True: the model continues the final message instead of starting
         a new turn). `stop`: text that ends the generation (the text stops right before it, or with it
         when include_stop_str_in_output); skip_special_tokens=False spells the model's special tokens
-        in it. At most one of json_schema (a dict or its JSON text), json_object and regex constrains
+        in it. truncate_prompt_tokens=k keeps a longer prompt's last k tokens (-1: the last ones that
+        fit the context beside max_tokens). At most one of json_schema (a dict or its JSON text), json_object and regex constrains
         the output. n: that
         many independent choices (1..16, choice i sampled with seed + i); each delta names its choice
         (index), and the stream's results() gives every choice's answer (result(): the only one).
@@ -134,7 +136,8 @@ class Client:
                                        parallel_tool_calls=parallel_tool_calls,
                                        include_stop_str_in_output=include_stop_str_in_output,
                                        skip_special_tokens=skip_special_tokens,
-                                       continue_final_message=continue_final_message)
+                                       continue_final_message=continue_final_message,
+                                       truncate_prompt_tokens=truncate_prompt_tokens)
         resume = _common.Resume(req, self._settings.retry, self._settings.call_timeout(timeout))
         return GenerateStream(
             lambda r, left: self._inference.Generate(r, timeout=left, metadata=self._settings.metadata), resume)

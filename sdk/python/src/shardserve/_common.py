@@ -161,7 +161,8 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      regex: Optional[str] = None, n: int = 1, tools: Optional[Sequence[Mapping]] = None,
                      tool_choice=None, parallel_tool_calls: bool = True, include_stop_str_in_output: bool = False,
                      skip_special_tokens: bool = True,
-                     continue_final_message: bool = False) -> inference_pb2.GenerateRequest:
+                     continue_final_message: bool = False,
+                     truncate_prompt_tokens: Optional[int] = None) -> inference_pb2.GenerateRequest:
     if not 1 <= n <= 16:
         raise ValueError(f"n must be in [1, 16], got {n}")
     is_chat = not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
@@ -184,6 +185,8 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
     req.stop.extend(stop)
     req.include_stop_str_in_output = include_stop_str_in_output
     req.keep_special_tokens = not skip_special_tokens
+    if truncate_prompt_tokens is not None:
+        req.truncate_prompt_tokens = truncate_prompt_tokens
     req.sampling.presence_penalty = presence_penalty
     req.sampling.frequency_penalty = frequency_penalty
     req.sampling.repetition_penalty = repetition_penalty
