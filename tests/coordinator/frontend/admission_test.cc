@@ -222,7 +222,8 @@ TEST_F(AdmissionTest, TruncatePromptTokensKeepsThePromptsLastTokens) {
   // A text prompt and a chat prompt are cut after they are tokenized or rendered.
   AdmissionRequest text = Text("Once upon a time there was a little girl");
   text.truncate_prompt_tokens = 3;
-  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> whole, tokenizer_->Encode("Once upon a time there was a little girl", true));
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> whole,
+                       tokenizer_->Encode("Once upon a time there was a little girl", /*add_special_tokens=*/true));
   ASSERT_OK_AND_ASSIGN(a, admission_->Admit(text, OpenAiFieldNames(false)));
   EXPECT_EQ(a.sequence.prompt, std::vector<int32_t>(whole.end() - 3, whole.end()));
   AdmissionRequest chat = Chat();

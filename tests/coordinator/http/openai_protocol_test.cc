@@ -124,7 +124,8 @@ TEST(OpenAiProtocolTest, TextOptionsAsVllmSpellsThem) {
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "include_stop_str_in_output": 1})").status(), "boolean",
                 "include_stop_str_in_output");
   EXPECT_FALSE(d->fields.truncate_prompt_tokens.has_value());
-  EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "a", "truncate_prompt_tokens": 5})")->fields.truncate_prompt_tokens, 5);
+  EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "a", "truncate_prompt_tokens": 5})")->fields.truncate_prompt_tokens,
+            5);
   EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "a", "truncate_prompt_tokens": -1})")->fields.truncate_prompt_tokens,
             -1);
   ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "truncate_prompt_tokens": 0})").status(), "or >= 1, got 0",

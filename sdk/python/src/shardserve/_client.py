@@ -119,10 +119,10 @@ class Client:
         a new turn). `stop`: text that ends the generation (the text stops right before it, or with it
         when include_stop_str_in_output); skip_special_tokens=False spells the model's special tokens
         in it. truncate_prompt_tokens=k keeps a longer prompt's last k tokens (-1: the last ones that
-        fit the context beside max_tokens). At most one of json_schema (a dict or its JSON text), json_object and regex constrains
-        the output. n: that
-        many independent choices (1..16, choice i sampled with seed + i); each delta names its choice
-        (index), and the stream's results() gives every choice's answer (result(): the only one).
+        fit the context beside max_tokens). At most one of json_schema (a dict or its JSON text),
+        json_object and regex constrains the output. n: that many independent choices (1..16, choice i
+        sampled with seed + i); each delta names its choice (index), and the stream's results() gives
+        every choice's answer (result(): the only one).
         tools, tool_choice ("none", "auto", "required" or {"type": "function", "function": {"name":
         ...}}) and parallel_tool_calls as OpenAI's chat API has them (chat prompts only; messages may
         carry "tool_calls" and "tool_call_id"): the calls the model made come back as the result's
