@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,8 @@ using Json = nlohmann::ordered_json;
 
 // How often a request that is not streamed looks whether its client is still there.
 constexpr absl::Duration kClientLook = absl::Milliseconds(200);
+// The longest X-Request-Id taken as a request's name.
+constexpr size_t kMaxClientRequestId = 128;
 
 // Rung whenever any choice of a request has news: one thread waits on it for news of several
 // HttpChoices (a completions request with several prompts has one per prompt). Thread-safe.
@@ -690,9 +693,11 @@ struct HttpServer::Impl {
   // `body`: the request's JSON. `lease`: the request's API-key admission (null without keys),
   // held until it ends.
   // `client_gone`: whether the client has hung up (checked while a request that is not streamed
-  // runs: its sequences are then cancelled).
+  // runs: its sequences are then cancelled). `client_request_id`: the X-Request-Id header (empty
+  // when absent).
   void Generate(const std::string& body, httplib::Response& res, bool chat,
-                std::shared_ptr<security::ApiKeys::Lease> lease, const std::function<bool()>& client_gone);
+                std::shared_ptr<security::ApiKeys::Lease> lease, const std::function<bool()>& client_gone,
+                const std::string& client_request_id);
   // Reads the request body under max_body_bytes into *body; false when it could not be read, the
   // error (413 over the cap, 400 for broken framing) answered and the connection to be closed.
   bool ReadBody(const httplib::ContentReader& reader, httplib::Response& res, std::string* body) const;
@@ -810,7 +815,23 @@ bool HttpServer::Impl::ReadBody(const httplib::ContentReader& reader, httplib::R
 
 void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res, bool chat,
                                 std::shared_ptr<security::ApiKeys::Lease> lease,
-                                const std::function<bool()>& client_gone) {
+                                const std::function<bool()>& client_gone, const std::string& client_request_id) {
+  // A client's X-Request-Id names the request (its response's id is "cmpl-" or "chatcmpl-" and
+  // it; the request log's request_id too), so that a gateway's logs and ours meet; it is sent back
+  // in the reply's X-Request-Id. Characters that would need quoting in a log line are refused.
+  if (!client_request_id.empty()) {
+    const bool plain = client_request_id.size() <= kMaxClientRequestId &&
+                       std::all_of(client_request_id.begin(), client_request_id.end(), [](char c) {
+                         return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
+                                c == '.' || c == ':' || c == '/' || c == '+';
+                       });
+    if (!plain) {
+      return Reject(res, InvalidParam("X-Request-Id", absl::StrCat("the X-Request-Id header must be 1 to ",
+                                                                   kMaxClientRequestId,
+                                                                   " characters of A-Z a-z 0-9 - _ . : / +")));
+    }
+    res.set_header("X-Request-Id", client_request_id);
+  }
   // One entry per prompt: a chat has one; completions 1 to kMaxPrompts, each with its own choices.
   struct Prompt {
     std::variant<std::string, std::vector<int32_t>, frontend::ChatInput> input;
@@ -863,7 +884,9 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   // OpenAI's defaults: 16 tokens for completions; chat runs to the end of the context.
   request.max_tokens = chat ? fields.max_tokens : fields.max_tokens.value_or(16);
   SequenceRequest& r = request.sequence;
-  r.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", next_id.fetch_add(1));
+  r.request_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-",
+                              client_request_id.empty() ? absl::StrCat(next_id.fetch_add(1)) : client_request_id);
+  if (client_request_id.empty()) res.set_header("X-Request-Id", r.request_id);
   r.sampling = {.temperature = static_cast<float>(fields.temperature),
                 .top_k = static_cast<int32_t>(fields.top_k),
                 .top_p = static_cast<float>(fields.top_p),
@@ -1000,7 +1023,7 @@ void HttpServer::Impl::Routes() {
     server.Post(chat ? "/v1/chat/completions" : "/v1/completions",
                 with_body([this, chat, client_gone](const httplib::Request& req, const std::string& body,
                                                     httplib::Response& res, Lease lease) {
-                  Generate(body, res, chat, std::move(lease), client_gone(req));
+                  Generate(body, res, chat, std::move(lease), client_gone(req), req.get_header_value("X-Request-Id"));
                 }));
   }
   // Any other request with a body: 404 without reading it (cpp-httplib would read it whole).

@@ -261,6 +261,31 @@ TEST_F(HttpServerTest, StopStringTruncatesAndEndsWithStop) {
   EXPECT_TRUE(WaitIdle(1, absl::Seconds(10)));
 }
 
+// A client's X-Request-Id names the request (the response's id, the request log) and comes back
+// in the reply's header; without one, the header carries the id the server made.
+TEST_F(HttpServerTest, XRequestIdNamesTheRequest) {
+  httplib::Headers headers = {{"X-Request-Id", "gw-42:a/b"}};
+  httplib::Result r =
+      client_->Post("/v1/completions", headers, R"({"prompt": [1], "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["id"], "cmpl-gw-42:a/b");
+  EXPECT_EQ(r->get_header_value("X-Request-Id"), "gw-42:a/b");
+  r = client_->Post("/v1/completions", R"({"prompt": [1], "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(r);
+  const std::string id = Json::parse(r->body)["id"];
+  EXPECT_TRUE(id.starts_with("cmpl-")) << id;
+  EXPECT_EQ(r->get_header_value("X-Request-Id"), id);
+  for (const std::string& bad : {std::string("has space"), std::string("quote\""), std::string(129, 'x')}) {
+    r = client_->Post("/v1/completions", {{"X-Request-Id", bad}}, R"({"prompt": [1], "max_tokens": 2})",
+                      "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << bad;
+    EXPECT_EQ(Json::parse(r->body)["error"]["param"], "X-Request-Id") << r->body;
+  }
+  EXPECT_TRUE(WaitIdle(2, absl::Seconds(10)));
+}
+
 TEST_F(HttpServerTest, IncludeStopStrInOutputEndsTheTextWithTheStop) {
   auto [status, body] = Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 100, "stop": ["end is"],
                                                     "include_stop_str_in_output": true})");
