@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/log/log.h"
@@ -49,19 +50,11 @@ ChatPrompt::ChatPrompt(const Tokenizer* tokenizer, const std::string& model_dir)
 
 namespace {
 
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
-absl::string_view Strip(absl::string_view s) {
-  while (!s.empty() && IsSpace(s.front())) s.remove_prefix(1);
-  while (!s.empty() && IsSpace(s.back())) s.remove_suffix(1);
-  return s;
-}
-
 // The rendered chat `text` cut right after the last place it writes `content` (the final
 // message's): with the content's trailing whitespace where the template kept it, without where it
 // trimmed it.
 absl::StatusOr<std::string> CutAfterFinalMessage(const std::string& text, absl::string_view content) {
-  const absl::string_view core = Strip(content);
+  const absl::string_view core = absl::StripAsciiWhitespace(content);
   if (core.empty()) {
     return absl::InvalidArgumentError("continue_final_message needs a final message with content to continue");
   }
@@ -71,8 +64,7 @@ absl::StatusOr<std::string> CutAfterFinalMessage(const std::string& text, absl::
         "continue_final_message: the chat template does not write the final message's content out as given, so "
         "there is no place to continue it from");
   }
-  absl::string_view rest = content;
-  while (!rest.empty() && IsSpace(rest.front())) rest.remove_prefix(1);  // the content from `core` on
+  const absl::string_view rest = absl::StripLeadingAsciiWhitespace(content);  // the content from `core` on
   const bool kept = absl::string_view(text).substr(at, rest.size()) == rest;
   return text.substr(0, at + (kept ? rest.size() : core.size()));
 }

@@ -490,6 +490,16 @@ class Faults(unittest.TestCase):
         finally:
             c.stop()
 
+    def test_an_address_file_that_cannot_be_written_stops_the_coordinator(self):
+        # --address_file is how shardserve-local learns the ports: a coordinator that cannot write it
+        # says so and exits, rather than serving on ports nobody knows.
+        p = subprocess.run([os.path.join(BIN, "shardserve-coordinator"), "--listen=127.0.0.1:0",
+                            "--control_listen=127.0.0.1:0", f"--model={STORIES}",
+                            "--address_file=/nonexistent-dir/addresses"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("--address_file: cannot write /nonexistent-dir/addresses.tmp", p.stderr)
+
     def test_worker_that_cannot_load_is_reported(self):
         d = tempfile.mkdtemp()
         try:
