@@ -386,6 +386,7 @@ absl::StatusOr<frontend::AdmissionRequest> FromProto(const v1::GenerateRequest& 
   r.top_logprobs = request.top_logprobs();
   r.prompt_logprobs = request.prompt_logprobs();
   r.resumed.assign(request.resume().token_ids().begin(), request.resume().token_ids().end());
+  r.priority = request.priority();
   a.stop.assign(request.stop().begin(), request.stop().end());
   a.include_stop = request.include_stop_str_in_output();
   if (request.truncate_prompt_tokens() != 0) a.truncate_prompt_tokens = request.truncate_prompt_tokens();

@@ -902,6 +902,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   r.logprobs = fields.logprobs || rank;
   r.top_logprobs = static_cast<int32_t>(fields.top_logprobs);
   r.prompt_logprobs = echo && fields.logprobs;
+  r.priority = fields.priority;
   request.stop = fields.stop;
   request.include_stop = fields.include_stop_str_in_output;
   request.truncate_prompt_tokens = fields.truncate_prompt_tokens;

@@ -186,6 +186,14 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
     if (!p.ok()) return p.status();
     if (!(*p >= 0 && *p <= 1)) return InvalidParam(key, absl::StrCat("'min_p' must be in [0, 1], got ", *p));
     f->min_p = *p;
+  } else if (key == "priority") {
+    if (v.is_null()) return true;
+    absl::StatusOr<int64_t> p = GetInt(v, key);
+    if (!p.ok()) return p.status();
+    if (*p < std::numeric_limits<int32_t>::min() || *p > std::numeric_limits<int32_t>::max()) {
+      return InvalidParam(key, absl::StrCat("'priority' must fit in 32 bits, got ", *p));
+    }
+    f->priority = static_cast<int32_t>(*p);
   } else if (key == "truncate_prompt_tokens") {
     if (v.is_null()) return true;
     absl::StatusOr<int64_t> k = GetInt(v, key);

@@ -46,6 +46,7 @@ struct SamplingFields {
   bool include_stop_str_in_output = false;  // a matched stop string ends the text
   std::optional<int64_t> truncate_prompt_tokens;  // -1 or >= 1 (frontend::AdmissionRequest's)
   bool skip_special_tokens = true;          // false: special tokens are spelled in the text
+  int32_t priority = 0;                     // the scheduling rank (SequenceRequest::priority)
   // OpenAI's logit_bias: {"token id": bias in [-100, 100]}, ids checked against the vocabulary later.
   std::vector<std::pair<int64_t, double>> logit_bias;
   // Completions: "logprobs": N (0..20); chat: "logprobs": true with "top_logprobs": N (0..20).

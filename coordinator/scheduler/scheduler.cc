@@ -173,6 +173,16 @@ int64_t MaxCachedTokens(const SequenceRequest& r) {
 
 }  // namespace
 
+std::optional<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name) {
+  if (name == "fcfs") return SchedulingPolicy::kFcfs;
+  if (name == "priority") return SchedulingPolicy::kPriority;
+  return std::nullopt;
+}
+
+absl::string_view SchedulingPolicyName(SchedulingPolicy policy) {
+  return policy == SchedulingPolicy::kPriority ? "priority" : "fcfs";
+}
+
 absl::Status SchedulerOptions::Validate() const {
   if (limits.vocab_size < 1) return absl::InvalidArgumentError("vocab_size must be >= 1");
   if (limits.max_seq_len < 2) {
@@ -301,6 +311,12 @@ Scheduler::Replica* Scheduler::PickReplicaLocked(int64_t tokens, const Replica* 
 absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::shared_ptr<SequenceSink> sink) {
   if (sink == nullptr) return absl::InvalidArgumentError("sink is null");
   if (absl::Status st = ValidateSequenceRequest(request, options_.limits); !st.ok()) return st;
+  if (request.priority != 0 && options_.policy != SchedulingPolicy::kPriority) {
+    return InvalidRequestField("priority", absl::StrCat("priority is ", request.priority,
+                                                        ", but this coordinator serves requests first come, first "
+                                                        "served (--scheduling_policy=fcfs): leave priority at 0, or "
+                                                        "start it with --scheduling_policy=priority"));
+  }
   absl::StatusOr<ResumedState> resumed = ReplayResumed(request, options_.eos_token_ids, options_.limits);
   if (!resumed.ok()) return resumed.status();
   if (resumed->ended.has_value()) {
@@ -371,7 +387,7 @@ absl::StatusOr<SequenceId> Scheduler::SubmitImpl(SequenceRequest request, std::s
     CHECK(ParkLocked(nullptr, *raw, absl::UnavailableError("no replica is serving")));
     return raw->id;
   }
-  r->waiting.push_back(raw);
+  EnqueueLocked(*r, *raw, /*front=*/false);
   ++num_waiting_;
   // Admit it now when it fits, so that the queue limit counts only sequences that really wait.
   AdmitLocked(*r);
@@ -492,9 +508,32 @@ void Scheduler::RequeueLocked(Replica& from, Sequence& seq, Replica& to) {
   seq.consumed = 0;  // recomputed from its context (prompt + generated tokens) when admitted again
   seq.match_epoch.reset();
   seq.replica = &to;
-  to.waiting.push_front(&seq);
+  EnqueueLocked(to, seq, /*front=*/true);
   ++num_waiting_;
   to.work.SignalAll();
+}
+
+bool Scheduler::WaitsBefore(const Sequence& a, const Sequence& b) {
+  return std::pair(a.request.priority, a.id) < std::pair(b.request.priority, b.id);
+}
+
+bool Scheduler::RunsBefore(const Sequence& a, const Sequence& b) const {
+  if (options_.policy == SchedulingPolicy::kPriority && a.request.priority != b.request.priority) {
+    return a.request.priority < b.request.priority;
+  }
+  return a.admitted < b.admitted;
+}
+
+void Scheduler::EnqueueLocked(Replica& to, Sequence& seq, bool front) {
+  if (options_.policy == SchedulingPolicy::kPriority) {
+    auto at = std::find_if(to.waiting.begin(), to.waiting.end(),
+                           [&](const Sequence* other) { return WaitsBefore(seq, *other); });
+    to.waiting.insert(at, &seq);
+  } else if (front) {
+    to.waiting.push_front(&seq);
+  } else {
+    to.waiting.push_back(&seq);
+  }
 }
 
 void Scheduler::PreemptLocked(Replica& r, Sequence& seq) {
@@ -553,7 +592,7 @@ void Scheduler::UnparkLocked(bool all) {
     }
     it = std::make_reverse_iterator(parked_.erase(std::next(it).base()));
     seq.replica = to;
-    to->waiting.push_front(&seq);
+    EnqueueLocked(*to, seq, /*front=*/true);
     ++num_waiting_;
     to->work.SignalAll();
     LOG(INFO) << "event=unpark request_id=" << (seq.request.request_id.empty() ? "-" : seq.request.request_id)
@@ -655,6 +694,11 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
   // Least recently stepped first, so that a budget smaller than the decodes starves nobody.
   std::stable_sort(decodes.begin(), decodes.end(),
                    [](const Sequence* a, const Sequence* b) { return a->last_step < b->last_step; });
+  // Prefill chunks in admission order (r.running's), or by rank ("Priorities" above).
+  if (options_.policy == SchedulingPolicy::kPriority) {
+    std::stable_sort(prefills.begin(), prefills.end(),
+                     [this](const Sequence* a, const Sequence* b) { return RunsBefore(*a, *b); });
+  }
   // 1. The members and their new tokens, in batch order.
   struct Member {
     Sequence* seq;
@@ -673,24 +717,25 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
     members.push_back({s, n});
     left -= n;
   }
-  // 2. Blocks for their new tokens, oldest admission first. A victim is always the newest running
-  //    sequence not in flight (nor cancelled), so it is never a member already served here: it is
-  //    the member being served, a later member (dropped from the batch) or a sequence outside it.
+  // 2. Blocks for their new tokens, oldest admission first (best rank first with kPriority). A
+  //    victim is always the last of that order among the running sequences not in flight (nor
+  //    cancelled), so it is never a member already served here: it is the member being served, a
+  //    later member (dropped from the batch) or a sequence outside it.
   std::vector<Member*> by_age;
   for (Member& m : members) by_age.push_back(&m);
   std::sort(by_age.begin(), by_age.end(),
-            [](const Member* a, const Member* b) { return a->seq->admitted < b->seq->admitted; });
+            [this](const Member* a, const Member* b) { return RunsBefore(*a->seq, *b->seq); });
   for (Member* m : by_age) {
     if (m->dropped) continue;
     Sequence& s = *m->seq;
     while (!GrowLocked(r, s, s.consumed + m->n)) {
       Sequence* victim = nullptr;
+      // r.running is in admission order: with kFcfs the newest eligible one is the last of them.
       for (auto it = r.running.rbegin(); it != r.running.rend(); ++it) {
         // A cancelled one is about to end and free its blocks anyway (it is never in a batch).
-        if (!(*it)->in_flight && !(*it)->cancelled) {
-          victim = *it;
-          break;
-        }
+        if ((*it)->in_flight || (*it)->cancelled) continue;
+        if (victim == nullptr || RunsBefore(*victim, **it)) victim = *it;
+        if (options_.policy == SchedulingPolicy::kFcfs) break;
       }
       CHECK(victim != nullptr);  // `s` itself is running and not in flight
       for (Member& other : members) {
@@ -1341,7 +1386,7 @@ void Scheduler::RemoveReplica(int replica, const absl::Status& reason) {
         continue;
       }
       s->replica = to;
-      to->waiting.push_back(s);
+      EnqueueLocked(*to, *s, /*front=*/false);
       ++num_waiting_;
       to->work.SignalAll();
     }

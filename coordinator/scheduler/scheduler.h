@@ -144,6 +144,19 @@
 // too few; every request fits the cache alone (checked at Submit), so the oldest sequence always
 // finishes.
 //
+// ---- Priorities ----------------------------------------------------------------------------
+// With SchedulingPolicy::kPriority each sequence ranks by (SequenceRequest::priority, arrival):
+// a lower priority value is served first, and among equal values the earlier request. A replica's
+// waiting queue is kept in that order (a new request, a preempted or failed-over sequence and an
+// unparked one all take their place by rank rather than the back or the front), the prefill
+// chunks of a micro-batch are taken in rank order, members get their blocks in rank order, and a
+// preemption takes the lowest-ranked running sequence not in flight (the largest priority value,
+// then the latest admitted). So the best-ranked running sequence is only ever preempted by
+// itself, and always finishes. A waiting sequence never preempts a running one to be admitted:
+// a request of a better rank jumps the queue, and runs as soon as a slot and blocks are free.
+// With kFcfs (the default) everything is in arrival order, as the steps above say, and a request
+// whose priority is not 0 is refused (InvalidArgument naming "priority"), as vLLM does.
+//
 // ---- Admission and routing ----------------------------------------------------------------------
 // Submit validates the request (ValidateSequenceRequest), picks the least-loaded replica whose KV
 // cache can hold the whole sequence (fewest (running + waiting) / max_slots; ties: lowest replica
@@ -181,6 +194,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/concurrency/clock.h"
 #include "common/concurrency/mutex.h"
@@ -204,6 +218,17 @@ inline constexpr int32_t kMaxDecodeStepsPerCall = 64;
 // SchedulerOptions::decode_steps_per_call that lets each replica choose (decode_steps.h).
 inline constexpr int32_t kAutoDecodeStepsPerCall = 0;
 
+// How each replica orders its waiting sequences, its prefill chunks and its preemptions
+// ("Priorities" above).
+enum class SchedulingPolicy : uint8_t {
+  kFcfs,      // arrival order; every request's SequenceRequest::priority must be 0
+  kPriority,  // SequenceRequest::priority first (lower first), arrival order among equals
+};
+
+// "fcfs" / "priority"; nullopt for anything else.
+std::optional<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name);
+absl::string_view SchedulingPolicyName(SchedulingPolicy policy);
+
 struct SchedulerOptions {
   RequestLimits limits;               // vocab_size >= 1, max_seq_len >= 2
   int64_t max_step_tokens = 256;      // tokens per micro-batch over all sequences, >= 1
@@ -224,6 +249,7 @@ struct SchedulerOptions {
   // pipeline_depth 1 whose client takes them gets the next call of a plain decode batch while the
   // last one runs. Only with StepDriver::kThreads.
   bool overlap_decode_calls = true;
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;  // "Priorities" above
   // InvalidArgument naming the field when a value is out of range.
   absl::Status Validate() const;
 };
@@ -417,6 +443,14 @@ class Scheduler {
   bool GrowLocked(Replica& r, Sequence& seq, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a running sequence's blocks and puts it back at the front of the waiting queue.
   void PreemptLocked(Replica& r, Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `seq` (waiting, counted by the caller in num_waiting_) on `to`: with kFcfs at the front
+  // (`front`) or the back, with kPriority at its place by rank ("Priorities" above).
+  void EnqueueLocked(Replica& to, Sequence& seq, bool front) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether waiting `a` is admitted before waiting `b` under kPriority: (priority, arrival).
+  static bool WaitsBefore(const Sequence& a, const Sequence& b);
+  // Whether running `a` keeps its blocks before running `b` (is served first, preempted last):
+  // (priority, admission) under kPriority, admission under kFcfs.
+  bool RunsBefore(const Sequence& a, const Sequence& b) const;
   // Takes `seq` off `from` (giving back its blocks when it runs; a waiting one must already be out
   // of `from`'s queue) and puts it at the front of `to`'s waiting queue with nothing cached, to be
   // recomputed from its context. `to` may be `from` (a preemption).

@@ -52,6 +52,9 @@ struct SequenceRequest {
   // resumed.size()), and they are never delivered again. At most max_tokens of them; see
   // ReplayResumed.
   std::vector<int32_t> resumed;
+  // Scheduling rank under SchedulingPolicy::kPriority (scheduler.h "Priorities"): lower is served
+  // first. Must be 0 under kFcfs.
+  int32_t priority = 0;
 };
 
 // Mirrors shardserve.v1.FinishReason.

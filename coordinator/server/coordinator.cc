@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
   so.max_step_tokens = options.max_step_tokens;
   so.decode_steps_per_call = options.decode_steps_per_call;
   so.overlap_decode_calls = options.overlap_decode_calls;
+  so.policy = options.scheduling_policy;
   so.max_queued = options.max_queued;
   so.observer = c->metrics_.get();
   so.recovery_timeout = options.recovery_timeout;

@@ -85,6 +85,9 @@ struct CoordinatorOptions {
   // Overlapped decode calls on 1-stage replicas (SchedulerOptions::overlap_decode_calls): the next
   // call of a plain decode batch goes while the last one runs.
   bool overlap_decode_calls = true;
+  // How replicas order waiting requests and preemptions (SchedulerOptions::policy): fcfs refuses a
+  // request priority other than 0.
+  SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
   int64_t max_queued = 1024;           // >= 0
   int32_t pipeline_depth = 0;          // micro-batches in flight per replica, >= 0; 0 = auto (ClusterOptions)
   bool prefix_caching = true;          // reuse cached KV blocks of identical prompt prefixes

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,9 @@ ABSL_FLAG(bool, overlap_decode_calls, true,
           "decodes is sent while the last one runs, and the worker feeds each sequence the token it sampled for it "
           "there, so the worker does not idle for the round trip and the scheduler's work between two calls "
           "(workers that do not announce it get ordinary calls)");
+ABSL_FLAG(std::string, scheduling_policy, "fcfs",
+          "how each replica orders waiting requests and chooses whom to preempt: fcfs (arrival order; a request's "
+          "priority must be 0) or priority (a request's priority first, lower values first, then arrival order)");
 ABSL_FLAG(int32_t, decode_steps_per_call, 0,
           "multi-step decoding, in [0, 64]: decode steps a 1-stage replica runs per call for a batch of "
           "plain decodes (no penalties, logit_bias, structured output, logprobs or active min_tokens), "
@@ -213,6 +217,13 @@ int main(int argc, char** argv) {
   options.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
   options.decode_steps_per_call = absl::GetFlag(FLAGS_decode_steps_per_call);
   options.overlap_decode_calls = absl::GetFlag(FLAGS_overlap_decode_calls);
+  if (std::optional<SchedulingPolicy> policy = ParseSchedulingPolicy(absl::GetFlag(FLAGS_scheduling_policy))) {
+    options.scheduling_policy = *policy;
+  } else {
+    std::cerr << "shardserve-coordinator: --scheduling_policy must be fcfs or priority, got \""
+              << absl::GetFlag(FLAGS_scheduling_policy) << "\"\n";
+    return 2;
+  }
   options.max_queued = absl::GetFlag(FLAGS_max_queued);
   options.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
   options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);

@@ -59,6 +59,9 @@ ABSL_FLAG(double, frequency_penalty, 0.0,
           "subtracted from a token's logit once per time it was generated so far; [-2, 2]");
 ABSL_FLAG(double, repetition_penalty, 1.0,
           "divides the positive (multiplies the negative) logits of tokens in the prompt or generated; (0, 2]");
+ABSL_FLAG(int32_t, priority, 0,
+          "generate: the request's scheduling rank on a coordinator with --scheduling_policy=priority (lower "
+          "first); must be 0 otherwise");
 ABSL_FLAG(int32_t, timeout_s, 600, "deadline of each call, seconds");
 ABSL_FLAG(int32_t, max_resumes, 10,
           "generate: resumes in a row without a new token when the stream breaks with UNAVAILABLE after tokens "
@@ -181,6 +184,7 @@ absl::Status GenerateCommand() {
                     .frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty)),
                     .repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty)),
                     .n = absl::GetFlag(FLAGS_n)};
+  o.priority = absl::GetFlag(FLAGS_priority);
   auto client = Connect();
   if (!client.ok()) return client.status();
   const bool print_ids = absl::GetFlag(FLAGS_print_ids);

@@ -68,6 +68,9 @@ ABSL_FLAG(int32_t, decode_steps_per_call, 0,
 ABSL_FLAG(bool, overlap_decode_calls, true,
           "the coordinator's --overlap_decode_calls: on 1-stage replicas, send the next call of a batch of plain "
           "decodes while the last one runs");
+ABSL_FLAG(std::string, scheduling_policy, "fcfs",
+          "the coordinator's --scheduling_policy: fcfs (arrival order) or priority (requests' priority first, "
+          "lower first)");
 ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = auto (the coordinator's pipelining policy)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");
@@ -301,6 +304,7 @@ int main(int argc, char** argv) {
       absl::StrCat("--decode_steps_per_call=", absl::GetFlag(FLAGS_decode_steps_per_call)),
       absl::StrCat("--overlap_decode_calls=", absl::GetFlag(FLAGS_overlap_decode_calls) ? "true" : "false"),
       absl::StrCat("--pipeline_depth=", absl::GetFlag(FLAGS_pipeline_depth)),
+      "--scheduling_policy=" + absl::GetFlag(FLAGS_scheduling_policy),
       absl::StrCat("--kv_block_size=", absl::GetFlag(FLAGS_kv_block_size)),
       absl::StrCat("--kv_blocks=", absl::GetFlag(FLAGS_kv_blocks)),
       absl::StrCat("--prefix_caching=", absl::GetFlag(FLAGS_prefix_caching) ? "true" : "false"),

@@ -63,6 +63,23 @@ def decode_steps_and_calls(metrics_url):
     return steps, calls, page
 
 
+def ids_at_once(cluster, calls):
+    """The generated ids of every (prompt_ids, max_tokens, extra CLI args) of `calls`, each sent by
+    a client thread of its own, all at once."""
+    results = [None] * len(calls)
+
+    def client(i):
+        prompt, n, extra = calls[i]
+        results[i] = cluster.ids(prompt, n, *extra)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def both_replicas_running(cluster, timeout=60):
     """Waits (bounded) until both replicas of `cluster` run sequences."""
     deadline = time.time() + timeout
@@ -293,18 +310,33 @@ class Load(unittest.TestCase):
         c = Cluster(STORIES, 2, "cpu:1", ["--pp=2", "--max_seq_len=64", "--max_slots=8", "--max_step_tokens=16",
                                           "--kv_block_size=4", "--kv_blocks=20"])
         try:
-            results = [None] * 8
-
-            def client(i):
-                results[i] = c.ids(prompts[i], lengths[i], *extras[i])
-
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            results = ids_at_once(c, [(p, n, e) for p, n, e in zip(prompts, lengths, extras)])
             for i in range(8):
                 self.assertEqual(results[i], expected[i], f"client {i}")
+        finally:
+            c.stop()
+
+    def test_priority_policy_under_a_tiny_kv_cache_answers_exactly(self):
+        # --scheduling_policy=priority, one stage and 64 blocks of 4 tokens, which hold one of the
+        # requests (at most 206 tokens) but not two: 8 clients of three priorities (greedy and
+        # sampled) queue and preempt each other in rank order; every answer must still be the
+        # single-process one.
+        prompts = [[1] + [300 + (13 * i + j) % 200 for j in range(1 + i % 5)] for i in range(8)]
+        lengths = [160 + (i * 7) % 41 for i in range(8)]
+        sampled = ["--temperature", "0.8", "--top_p", "0.9", "--seed", "9"]
+        extras = [sampled if i % 2 else [] for i in range(8)]
+        expected = [run_alone(STORIES, p, n, *e) for p, n, e in zip(prompts, lengths, extras)]
+        c = Cluster(STORIES, 1, "cpu:1", ["--scheduling_policy=priority", "--max_seq_len=256", "--max_slots=8",
+                                          "--max_step_tokens=16", "--kv_block_size=4", "--kv_blocks=64"])
+        try:
+            results = ids_at_once(c, [(p, n, ["--priority", str(i % 3 - 1), *e])
+                                      for i, (p, n, e) in enumerate(zip(prompts, lengths, extras))])
+            for i in range(8):
+                self.assertEqual(results[i], expected[i], f"client {i}")
+            page = urllib.request.urlopen(c.coordinator_metrics, timeout=10).read().decode()
+            preempted = sum(float(l.split()[-1]) for l in page.splitlines()
+                            if l.startswith("shardserve_coordinator_preemptions_total{"))
+            self.assertGreater(preempted, 0, "the budget should have forced preemption")
         finally:
             c.stop()
 
@@ -480,6 +512,8 @@ class Faults(unittest.TestCase):
                 (["--prompt_ids", "1", "--top_p", "1.5"], "top_p"),
                 (["--prompt_ids", ",".join(["5"] * 128), "--max_tokens", "1"], "128"),
                 (["--prompt_ids", "1", "--max_tokens", "500"], "max_tokens"),
+                # The default --scheduling_policy=fcfs takes no priorities.
+                (["--prompt_ids", "1", "--max_tokens", "2", "--priority", "1"], "--scheduling_policy=priority"),
             ]:
                 p = c.generate(*args, check=False)
                 self.assertEqual(p.returncode, 1, args)

@@ -198,6 +198,12 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
         alone = self.completion(prompt=ids[-3:], max_tokens=4, temperature=0, echo=True)
         self.assertEqual(r["usage"]["prompt_tokens"], 3)
         self.assertEqual(r["choices"][0]["text"], alone["choices"][0]["text"])
+        # priority: this cluster schedules first come, first served, so only 0 is taken.
+        self.assertEqual(self.completion(prompt=PROMPT, max_tokens=2, priority=0)["usage"]["completion_tokens"], 2)
+        code, body = curl(self.url + "/v1/completions", data=json.dumps({"prompt": PROMPT, "priority": 2}))
+        self.assertEqual(code, 400, body)
+        self.assertEqual(json.loads(body)["error"]["param"], "priority")
+        self.assertIn("--scheduling_policy=priority", json.loads(body)["error"]["message"])
         # OpenAI's stored-completion fields at their neutral values are accepted; store=true is not.
         r = self.completion(prompt=PROMPT, max_tokens=2, store=False, metadata={"team": "a"}, service_tier="auto")
         self.assertEqual(r["usage"]["completion_tokens"], 2)

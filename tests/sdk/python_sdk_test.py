@@ -131,6 +131,11 @@ class AgainstALocalCluster(unittest.TestCase):
         with self.assertRaises(shardserve.ShardserveError) as e:
             self.client.generate(PROMPT, max_tokens=8, truncate_prompt_tokens=-2).result()
         self.assertIn("truncate_prompt_tokens", str(e.exception))
+        # priority: the test cluster schedules first come, first served, which takes only 0.
+        self.assertEqual(self.client.generate(PROMPT, max_tokens=2, priority=0).result().usage.completion_tokens, 2)
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            self.client.generate(PROMPT, max_tokens=2, priority=1).result()
+        self.assertIn("--scheduling_policy=priority", str(e.exception))
         with self.assertRaises(shardserve.ShardserveError) as e:
             self.client.generate([{"role": "user", "content": "Hi"}], max_tokens=4).result()
         self.assertIn("has no chat template", str(e.exception))

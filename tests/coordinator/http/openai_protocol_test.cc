@@ -133,6 +133,13 @@ TEST(OpenAiProtocolTest, TextOptionsAsVllmSpellsThem) {
   ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "truncate_prompt_tokens": 1.5})")
                     .status(),
                 "integer", "truncate_prompt_tokens");
+  EXPECT_EQ(d->fields.priority, 0);
+  EXPECT_EQ(ParseCompletionRequest(R"({"prompt": "a", "priority": -3})")->fields.priority, -3);
+  EXPECT_EQ(ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "priority": 7})")->fields.priority,
+            7);
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "priority": 1099511627776})").status(), "32 bits",
+                "priority");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "priority": "high"})").status(), "integer", "priority");
 }
 
 // OpenAI's fields about stored completions and service tiers, at their neutral values: accepted

@@ -126,6 +126,7 @@ struct Setup {
   int32_t decode_steps_per_call = 1;  // SchedulerOptions::decode_steps_per_call
   int32_t stages = 0;                 // ReplicaOptions::stages
   bool overlap = true;                // SchedulerOptions::overlap_decode_calls
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   // Wraps each replica's client (e.g. to observe its steps); identity when null.
   std::function<std::unique_ptr<ReplicaClient>(std::unique_ptr<ReplicaClient>)> wrap;
 };
@@ -171,6 +172,7 @@ absl::StatusOr<Harness> MakeHarness(const Setup& setup) {
   so.recovery_timeout = setup.recovery_timeout;
   so.decode_steps_per_call = setup.decode_steps_per_call;
   so.overlap_decode_calls = setup.overlap;
+  so.policy = setup.policy;
   h.scheduler = std::make_unique<Scheduler>(so);
   for (int r = 0; r < setup.replicas; ++r) {
     if (absl::Status st = AddEngineReplica(h, setup, r); !st.ok()) return st;
@@ -936,6 +938,22 @@ TEST(SchedulerKvTest, PreemptionUnderATinyKvBudgetKeepsEveryOutputIdentical) {
   }
   EXPECT_GT(recomputed, 0);
   EXPECT_LE(recomputed, counter.preempted());  // some were preempted before their first step
+}
+
+TEST(SchedulerKvTest, PriorityPreemptionUnderATinyKvBudgetKeepsEveryOutputIdentical) {
+  // The budget of the test above, with priorities: the waiting queue is ordered by them and the
+  // victims are the worst-ranked, so sequences are preempted and recomputed in other orders than
+  // with fcfs; every output must still be what the engine alone gives.
+  PreemptionCounter counter;
+  ASSERT_OK_AND_ASSIGN(Harness h, MakeHarness({.max_slots = 6, .max_step_tokens = 8, .kv_blocks = 11,
+                                               .kv_block_size = 4, .observer = &counter,
+                                               .policy = SchedulingPolicy::kPriority}));
+  std::vector<SequenceRequest> requests = MakeRequests(8, h.spec.vocab_size, 71, false);
+  for (const SequenceRequest& r : MakeRequests(8, h.spec.vocab_size, 72, true)) requests.push_back(r);
+  for (size_t i = 0; i < requests.size(); ++i) requests[i].priority = static_cast<int32_t>((i * 7) % 5) - 2;
+  RunAndCompare(*h.scheduler, "llama", requests, {}, h.replicas);
+  EXPECT_GT(counter.preempted(), 0) << "the budget should have forced preemption";
+  ExpectSoundBlockTables(*h.replicas[0], 4, 6);
 }
 
 // Records prompt logprobs (each before any token) and tokens.

@@ -174,6 +174,9 @@ struct GenerateOptions {
   // A longer prompt keeps only its last k tokens (k >= 1), or with -1 its last ones that fit the
   // context beside max_tokens; 0 = the prompt as it is (vLLM's truncate_prompt_tokens).
   int32_t truncate_prompt_tokens = 0;
+  // The scheduling rank on a coordinator with --scheduling_policy=priority: lower values are served
+  // first. Must be 0 under the default fcfs policy (vLLM's priority).
+  int32_t priority = 0;
   // Structured output (GenerateRequest.constraint), at most one: the text must match a JSON
   // Schema (as JSON text), be any JSON object, or match a regular expression.
   std::string json_schema;

@@ -162,7 +162,8 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      tool_choice=None, parallel_tool_calls: bool = True, include_stop_str_in_output: bool = False,
                      skip_special_tokens: bool = True,
                      continue_final_message: bool = False,
-                     truncate_prompt_tokens: Optional[int] = None) -> inference_pb2.GenerateRequest:
+                     truncate_prompt_tokens: Optional[int] = None,
+                     priority: int = 0) -> inference_pb2.GenerateRequest:
     if not 1 <= n <= 16:
         raise ValueError(f"n must be in [1, 16], got {n}")
     is_chat = not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
@@ -187,6 +188,7 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
     req.keep_special_tokens = not skip_special_tokens
     if truncate_prompt_tokens is not None:
         req.truncate_prompt_tokens = truncate_prompt_tokens
+    req.priority = priority
     req.sampling.presence_penalty = presence_penalty
     req.sampling.frequency_penalty = frequency_penalty
     req.sampling.repetition_penalty = repetition_penalty
