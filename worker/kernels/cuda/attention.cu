@@ -483,6 +483,7 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
   }
   if (max_q_len == 0 || p.q_heads == 0) return cudaSuccess;
   if (plan.splits > 1 && (partials == nullptr || counters == nullptr)) return cudaErrorInvalidValue;
+  if (plan.heads_per_block < 1) return cudaErrorInvalidValue;  // no head fits a block's shared memory
   const int64_t group = p.q_heads / p.cache.kv_heads;
   const int head_blocks = static_cast<int>((group + plan.heads_per_block - 1) / plan.heads_per_block);
   const Shape sh{.block_size = p.cache.block_size,

@@ -167,9 +167,16 @@ __global__ void __launch_bounds__(kThreads)
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         l = l * rescale + sum;
-        float* o_row = warp_o + (lane / 2) * kD + half * (kD / 2);
-#pragma unroll 8
-        for (int e = 0; e < kD / 2; ++e) o_row[e] *= rescale;
+        // The warp's 16 rows of o scaled by their rows' factors (both lanes of a pair hold the
+        // same), a row at a time with the lanes on consecutive floats: walked a row per lane pair,
+        // the 32 lanes' addresses would be kD / 2 floats apart, all in one shared-memory bank.
+#pragma unroll
+        for (int r = 0; r < kTile; ++r) {
+          const float row_rescale = __shfl_sync(0xffffffffu, rescale, 2 * r);
+          float* o_row = warp_o + r * kD;
+#pragma unroll
+          for (int e = lane; e < kD; e += kWarp) o_row[e] *= row_rescale;
+        }
         __syncwarp();
         // o += (p_hi + p_lo) . v over the step's keys.
 #pragma unroll
@@ -190,11 +197,15 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();  // every warp is done with the step's keys and values
       }
-      // A row's own key is always in its range, so l > 0.
-      if (row_ok) {
-        const float* o_row = warp_o + (lane / 2) * kD + half * (kD / 2);
-        float* dst = out + ((seq.q_begin + i0 + my_row) * sh.q_heads + h) * kD + half * (kD / 2);
-        for (int e = 0; e < kD / 2; ++e) dst[e] = o_row[e] / l;
+      // A row's own key is always in its range, so l > 0. Written a row at a time, as the
+      // rescale above (consecutive lanes on consecutive floats, coalesced stores).
+#pragma unroll
+      for (int r = 0; r < kTile; ++r) {
+        const float row_l = __shfl_sync(0xffffffffu, l, 2 * r);
+        if (warp * kTile + r >= rows) continue;  // the same for every lane
+        const float* o_row = warp_o + r * kD;
+        float* dst = out + ((seq.q_begin + i0 + warp * kTile + r) * sh.q_heads + h) * kD;
+        for (int e = lane; e < kD; e += kWarp) dst[e] = o_row[e] / row_l;
       }
     }
   }

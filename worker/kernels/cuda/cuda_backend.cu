@@ -196,8 +196,11 @@ class CudaBackend final : public Backend {
   absl::Status EnsureScratch(size_t bytes);
   // Makes attn_counters_ hold at least `count` counters, zeroed in stream order when it grows.
   absl::Status EnsureAttnCounters(size_t count);
-  // Makes `buffer` at least `bytes` long, draining the stream first when it grows.
-  absl::Status Grow(DeviceBuffer& buffer, size_t bytes);
+  // Makes `buffer` at least `bytes` long, draining the stream first when it grows. `recorded`:
+  // recorded graphs may hold its address, so a reallocation bumps scratch_generation_ (they then
+  // refuse to replay); only once the old buffer is sure to go, so that a growth refused inside a
+  // recording leaves the graphs recorded before it valid.
+  absl::Status Grow(DeviceBuffer& buffer, size_t bytes, bool recorded = true);
   // Linear with bf16/f16 weights: Group16 of one part.
   absl::Status Linear16(const LinearParams& p);
   // Products of one x with 16-bit weights of one type (see linear16.cuh for the two paths): one
@@ -234,20 +237,21 @@ class CudaBackend final : public Backend {
   // Backend-owned scratch for ops that need device memory beyond their Params (the activations
   // of a 16-bit GEMM, rounded; attention's split partials). Sized by Reserve(); grown by an op
   // called beyond it, which bumps scratch_generation_ (graphs that recorded the old one refuse to
-  // replay).
+  // replay), as does the growth of every buffer below but sample_workspace_.
   DeviceBuffer scratch_;
   uint64_t scratch_generation_ = 0;
   // Split-K attention's arrival counters (attention.cuh, AttentionCounterCount): zeroed once when
   // allocated, left at zero by every launch. Apart from scratch_, whose contents other ops
-  // overwrite. Sized by Reserve() (at most kMaxAttnCounters, 128 KiB); grown like scratch_ (which
-  // bumps scratch_generation_ too, as recorded graphs hold its address).
+  // overwrite. Sized by Reserve() (at most kMaxAttnCounters, 128 KiB); grown like scratch_.
   DeviceBuffer attn_counters_;
   // SampleRows' workspace (sorted rows and CUB's storage), grown on demand. Apart from scratch_ so
-  // that growing it never invalidates a recorded graph (sampling runs after the recorded layers).
+  // that growing it never invalidates a recorded graph (sampling runs after the recorded layers,
+  // so no graph holds its address).
   DeviceBuffer sample_workspace_;
   // MoeRoute's workspace (the choices, their sort and the tokens' routing scratch): sized by
-  // Reserve() for StepLimits::moe_routing, grown on demand outside recordings. Apart from scratch_
-  // so that growing it (for a larger prefill) never invalidates recorded graphs.
+  // Reserve() for StepLimits::moe_routing, so that no step grows it; a growth outside recordings
+  // (a step beyond Reserve's limits) invalidates the recorded graphs, whose routing nodes hold its
+  // address.
   DeviceBuffer moe_route_workspace_;
   // GroupedLinear (f32): the groups' A, B and C pointers on the device (cuBLAS reads them there;
   // written by a kernel in stream order, never copied from the host), and the host arrays of their
@@ -428,18 +432,15 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
 }
 
 absl::Status CudaBackend::Reserve(const StepLimits& limits) {
-  if (limits.max_tokens < 0 || limits.max_linear_in < 0) {
+  if (limits.max_tokens < 0 || limits.max_linear_in < 0 || limits.max_grouped_in < 0) {
     return absl::InvalidArgumentError(absl::StrCat(name_, ": negative step limits"));
   }
   // 16-bit GEMMs round their activations into the scratch: [tokens, in] of 2 bytes; MoE layers'
-  // grouped experts every token's top_k rows: [tokens x top_k, in]. Split-K attention keeps its
+  // grouped experts every token's top_k rows: [tokens x top_k, grouped in]. Split-K attention keeps its
   // partial states there: [slots, q_heads, splits, head_dim + 2] floats, capped, its slots never more
   // than the step's tokens (also for the decode rows of a step whose prefill is on the tensor cores:
   // PlanAttention).
-  const int64_t gemm_rows =
-      limits.moe_routing.num_experts > 0 && limits.moe_routing.top_k > 1 ? limits.max_tokens * limits.moe_routing.top_k
-                                                                          : limits.max_tokens;
-  const size_t cast_bytes = static_cast<size_t>(gemm_rows) * static_cast<size_t>(limits.max_linear_in) * 2;
+  const size_t cast_bytes = static_cast<size_t>(MaxProductActivations(limits)) * 2;
   size_t attn_floats = 0;
   if (limits.max_tokens > 0 && limits.max_q_heads > 0 && limits.max_head_dim > 0) {
     attn_floats = std::min(static_cast<size_t>(limits.max_tokens) * static_cast<size_t>(limits.max_q_heads) *
@@ -466,26 +467,23 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::EnsureScratch(size_t bytes) {
-  if (bytes <= scratch_.bytes()) return absl::OkStatus();
-  ++scratch_generation_;
-  return Grow(scratch_, bytes);
-}
+absl::Status CudaBackend::EnsureScratch(size_t bytes) { return Grow(scratch_, bytes); }
 
 absl::Status CudaBackend::EnsureAttnCounters(size_t count) {
   const size_t bytes = count * sizeof(unsigned int);
   if (bytes <= attn_counters_.bytes()) return absl::OkStatus();
-  ++scratch_generation_;
   RETURN_IF_ERROR(Grow(attn_counters_, bytes));
   // On our (non-blocking) stream, so that it precedes every launch that reads them.
   return Check(cudaMemsetAsync(attn_counters_.as<void>(), 0, attn_counters_.bytes(), stream_),
                "cudaMemsetAsync (attention counters)");
 }
 
-absl::Status CudaBackend::Grow(DeviceBuffer& buffer, size_t bytes) {
+absl::Status CudaBackend::Grow(DeviceBuffer& buffer, size_t bytes, bool recorded) {
   if (bytes <= buffer.bytes()) return absl::OkStatus();
-  // Queued ops may still read the old buffer: let them finish before it is freed.
+  // Queued ops may still read the old buffer: let them finish before it is freed. (Inside a
+  // recording this fails, and nothing changes.)
   RETURN_IF_ERROR(Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+  if (recorded) ++scratch_generation_;
   buffer = DeviceBuffer();
   ASSIGN_OR_RETURN(buffer, Allocate(bytes));
   return absl::OkStatus();
@@ -863,7 +861,7 @@ absl::Status CudaBackend::SampleRows(const SampleRowsParams& p) {
   }
   size_t bytes = 0;
   RETURN_IF_ERROR(Check(cuda::SampleRowsWorkspaceBytes(p, &bytes), "SampleRows workspace query"));
-  RETURN_IF_ERROR(Grow(sample_workspace_, bytes));
+  RETURN_IF_ERROR(Grow(sample_workspace_, bytes, /*recorded=*/false));
   return Check(cuda::LaunchSampleRows(p, sample_workspace_.as<void>(), bytes, stream_), "SampleRows launch");
 }
 

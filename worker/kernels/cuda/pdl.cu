@@ -9,10 +9,27 @@ namespace {
 // -1: no device noted yet; 0: off; 1: on.
 std::atomic<int> g_state{-1};
 
+// Compiled like every kernel of this library: its PTX version is the virtual architecture the
+// device runs our kernels from.
+__global__ void ArchProbeKernel() {}
+
+// Whether the code the device runs has Wait() and LaunchDependents() in it: they compile to nothing
+// below compute_90, and a build without compute_90 (e.g. CMAKE_CUDA_ARCHITECTURES=80) JIT-compiles
+// compute_80 PTX on an H100. Launching those kernels with the PDL attribute would let a successor
+// start without waiting for what its predecessor writes.
+bool KernelsWaitForPredecessors() {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, ArchProbeKernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; leave no error for the next call to report
+    return false;
+  }
+  return attributes.ptxVersion >= 90;
+}
+
 }  // namespace
 
 void NoteDevice(int major, bool wanted) {
-  if (major < 9) {
+  if (major < 9 || (wanted && !KernelsWaitForPredecessors())) {
     g_state.store(0);
     return;
   }
