@@ -78,6 +78,21 @@ TEST(SamplingMathTest, DrawFollowsTheCumulativeWeights) {
   EXPECT_EQ(Pick(kQuarters, 2, 1.0f, 0.0f, 1.0, 0.67), 1);
 }
 
+TEST(SamplingMathTest, ADrawPastTheEndTakesTheLastCandidateWithWeight) {
+  // `total` a little above the walk's own sum (summed in another order, as a device reduction
+  // does): a draw near 1 ends past the last cumulative boundary. The candidates after the first
+  // two weigh 0 (-inf logits, as a logit_bias of -100 or a constraint mask leaves them), so the
+  // draw takes the second, never one of probability 0.
+  const float sorted[] = {1.0f, 0.0f, -kInf, -kInf};
+  SortedLogitArray a{sorted};
+  const double total = (1.0 + std::exp(-1.0)) * (1.0 + 1e-12);
+  EXPECT_EQ(PickSortedCandidate(a, 4, total, 1.0f, 0.0f, 1.0, 1.0 - 0x1.0p-53), 1);
+  // A tiny temperature: every candidate but the first weighs 0.
+  const float close[] = {3.0f, 2.999f, 2.998f};
+  SortedLogitArray b{close};
+  EXPECT_EQ(PickSortedCandidate(b, 3, 1.0 + 1e-12, 1.0f, 0.0f, 1.0 / 1e-30, 1.0 - 0x1.0p-53), 0);
+}
+
 TEST(SamplingMathTest, TopPKeepsTheSmallestPrefixReachingIt) {
   // top_p 0.5: the first candidate alone reaches half the weight.
   EXPECT_EQ(Pick(kQuarters, 4, 0.5f, 0.0f, 1.0, 0.99), 0);

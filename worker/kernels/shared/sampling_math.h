@@ -62,7 +62,9 @@ SHARDSERVE_HD double CandidateWeight(float logit, double max_logit, double inv_t
 // Top-p keeps the smallest prefix whose weight reaches top_p * total (at least one candidate; off
 // at top_p = 1). Min-p then drops the candidates lighter than min_p times the first (a suffix;
 // off at 0). The draw takes the first candidate whose cumulative weight exceeds uniform times the
-// kept weight, or the last kept one when rounding leaves the draw past the end.
+// kept weight, or, when rounding leaves the draw past the end (`total` summed in another order
+// than the walk, as the CUDA kernel's block reduction does), the last kept one of non-zero weight:
+// never a candidate of probability 0 (a -inf logit, or one a tiny temperature leaves at 0).
 template <typename SortedLogits>
 SHARDSERVE_HD int64_t PickSortedCandidate(SortedLogits& sorted, int64_t count, double total, float top_p, float min_p,
                                           double inv_temperature, double uniform) {
@@ -95,12 +97,14 @@ SHARDSERVE_HD int64_t PickSortedCandidate(SortedLogits& sorted, int64_t count, d
   }
   const double u = uniform * total;
   double cum = 0.0;
+  int64_t last_weighted = 0;  // the first candidate always weighs 1
   for (int64_t i = 0; i < keep; ++i) {
     const double w = CandidateWeight(sorted(i), max_logit, inv_temperature);
     if (u < cum + w) return i;
     cum += w;
+    if (w > 0.0) last_weighted = i;
   }
-  return keep - 1;
+  return last_weighted;
 }
 
 // PickSortedCandidate's accessor over an array already sorted in descending order.
