@@ -103,6 +103,7 @@ absl::Status RecordingBackend::Embedding(const kernels::EmbeddingParams& p) {
   return RunOrRecord([this, p] { return inner_->Embedding(p); });
 }
 absl::Status RecordingBackend::Linear(const kernels::LinearParams& p) {
+  largest_product_ = std::max(largest_product_, p.tokens * p.in);
   if (!emulate_fp8_ || p.w.dtype != DType::kF8E4M3) return RunOrRecord([this, p] { return inner_->Linear(p); });
   if (absl::Status st = p.Validate(); !st.ok()) return st;
   // Dequantized when run (a replay reads the codes then), from host memory: the inner backend is
@@ -181,6 +182,7 @@ absl::Status RecordingBackend::MoeRoute(const kernels::MoeRouteParams& p) {
   return RunOrRecord([this, p] { return inner_->MoeRoute(p); });
 }
 absl::Status RecordingBackend::GroupedLinear(const kernels::GroupedLinearParams& p) {
+  largest_product_ = std::max(largest_product_, p.rows * p.in);  // CUDA rounds every row at once
   if (!emulate_grouped_) return inner_->GroupedLinear(p);
   if (absl::Status st = p.Validate(); !st.ok()) return st;
   ++grouped_linears_;

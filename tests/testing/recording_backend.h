@@ -59,6 +59,10 @@ class RecordingBackend final : public kernels::Backend {
   int ropes() const { return ropes_; }
   int recordings() const { return recordings_; }
   int replays() const { return *replays_; }
+  // The last Reserve's limits, and the most activation elements (rows x in) one Linear or
+  // GroupedLinear took so far: what kernels::MaxProductActivations of those limits must cover.
+  const kernels::StepLimits& reserved() const { return reserved_; }
+  int64_t largest_product() const { return largest_product_; }
 
   kernels::DeviceKind kind() const override { return inner_->kind(); }
   std::string name() const override { return "recording-" + inner_->name(); }
@@ -77,7 +81,10 @@ class RecordingBackend final : public kernels::Backend {
   // Emulates a launch shape that follows the context, as CUDA's key splits do: one key per 8
   // positions of the longest sequence.
   int64_t AttentionShapeKey(const kernels::AttentionParams& p) const override;
-  absl::Status Reserve(const kernels::StepLimits& limits) override { return inner_->Reserve(limits); }
+  absl::Status Reserve(const kernels::StepLimits& limits) override {
+    reserved_ = limits;
+    return inner_->Reserve(limits);
+  }
   // The inner backend's where GroupedLinear is emulated (the CPU's: the device-offsets form of
   // GroupedLinear and MoeCombine run on it, recorded like any op); else 0.
   int64_t MaxDeviceGroupRows(DType dtype) const override {
@@ -137,6 +144,8 @@ class RecordingBackend final : public kernels::Backend {
   int rms_norms_ = 0;
   int kv_writes_with_rope_ = 0;
   int ropes_ = 0;
+  kernels::StepLimits reserved_;
+  int64_t largest_product_ = 0;
   absl::Status recording_error_;
   std::vector<std::function<absl::Status()>> tape_;
   int recordings_ = 0;

@@ -473,9 +473,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     linear_in = std::max({linear_in, static_cast<size_t>(ml.q_lora_rank), lat});
   }
   // The widest Linear input is the hidden size, the attention output or an MLP's width (MLA: or
-  // the query's compressed width, or the latent; MoE: or an expert's).
+  // the query's compressed width, or the latent; MoE: or an expert's). An MoE layer's grouped
+  // products (top_k rows per token) take the hidden size (gate/up) or an expert's width (down).
+  const int64_t grouped_in = spec.IsMoe() ? std::max<int64_t>(spec.hidden_size, m->layout_.expert_ffn) : 0;
   RETURN_IF_ERROR(backend->Reserve({.max_tokens = options.max_step_tokens,
                                     .max_linear_in = static_cast<int64_t>(linear_in),
+                                    .max_grouped_in = grouped_in,
                                     .max_q_heads = m->layout_.q_heads,
                                     .max_head_dim = spec.head_dim,
                                     .max_context = options.max_seq_len,

@@ -1,5 +1,6 @@
 #include "worker/kernels/backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -63,6 +64,13 @@ absl::Status ValidateSeqs(absl::string_view op, const PagedSeqs& p, int64_t toke
 }
 
 }  // namespace
+
+int64_t MaxProductActivations(const StepLimits& limits) {
+  const int64_t dense = limits.max_tokens * limits.max_linear_in;
+  if (limits.moe_routing.num_experts == 0 || limits.moe_routing.top_k <= 1) return dense;
+  const int64_t grouped_in = limits.max_grouped_in > 0 ? limits.max_grouped_in : limits.max_linear_in;
+  return std::max(dense, limits.max_tokens * limits.moe_routing.top_k * grouped_in);
+}
 
 const char* OpName(Op op) {
   switch (op) {

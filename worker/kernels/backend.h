@@ -125,6 +125,10 @@ absl::Status UnsupportedWeights(absl::string_view backend_name, Op op, DType dty
 struct StepLimits {
   int64_t max_tokens = 0;       // rows of any op's activations
   int64_t max_linear_in = 0;    // the widest Linear input
+  // The widest input of an MoE layer's grouped expert products (the hidden size for gate/up, an
+  // expert's width for down), whose rows are max_tokens x top_k; 0 = max_linear_in. Dense and
+  // shared-expert products take max_tokens rows.
+  int64_t max_grouped_in = 0;
   int64_t max_q_heads = 0;      // query heads of Attention
   int64_t max_head_dim = 0;
   int64_t max_context = 0;      // the longest sequence Attention reads (positions)
@@ -133,6 +137,11 @@ struct StepLimits {
   // recording would wait on the stream and break the recording).
   MoeRouting moe_routing;
 };
+
+// The most activation elements one product of a step within `limits` takes: [max_tokens,
+// max_linear_in], or an MoE layer's grouped [max_tokens x top_k, max_grouped_in] (top_k > 1). What
+// a backend that rounds a product's activations to 16 bits holds at once (CUDA's scratch).
+int64_t MaxProductActivations(const StepLimits& limits);
 
 // out[t, :] = table[ids[t], :], widened to f32.
 struct EmbeddingParams {

@@ -147,6 +147,26 @@ TEST_P(GroupedExpertsTest, DevicePathRecordsDecodeStepsWithTheSameLogitsAndCount
 // One golden model per routing rule and expert layout: softmax top-k (Mixtral; Qwen2-MoE with its
 // gated shared expert), sigmoid input-weighted (Llama-4), grouped sigmoid with a bias and an
 // ungated shared expert (DeepSeek-V3), group-limited softmax (DeepSeek-V2).
+TEST_P(GroupedExpertsTest, ReserveHoldsTheLargestProductExactly) {
+  // A prefill of max_step_tokens tokens passes the largest products a step can to the backend:
+  // the reservation (kernels::MaxProductActivations of Reserve's limits: what CUDA keeps for the
+  // 16-bit rounding of a product's activations) must hold the largest of them, and no more.
+  ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(GetParam()));
+  ModelOptions options;
+  options.max_step_tokens = 8;
+  ASSERT_OK_AND_ASSIGN(Loaded grouped, Load(golden.dir, options, true));
+  std::vector<int32_t> prompt;
+  for (int32_t t = 0; t < 8; ++t) prompt.push_back(3 + 5 * t);
+  const std::vector<StepSequence> prefill = {
+      {.block_ids = WholeContextBlocks(grouped.model->options(), 0), .pos_begin = 0, .tokens = prompt}};
+  ASSERT_THAT(grouped.model->Step(prefill).status(), ::shardserve::testing::IsOk());
+  const auto& rec = static_cast<const RecordingBackend&>(*grouped.backend);
+  ASSERT_GT(rec.grouped_linears(), 0) << "the grouped path did not run";
+  EXPECT_EQ(rec.largest_product(), kernels::MaxProductActivations(rec.reserved()))
+      << "max_tokens " << rec.reserved().max_tokens << ", max_linear_in " << rec.reserved().max_linear_in
+      << ", max_grouped_in " << rec.reserved().max_grouped_in;
+}
+
 INSTANTIATE_TEST_SUITE_P(MoeArchitectures, GroupedExpertsTest,
                          ::testing::Values("mixtral", "qwen2_moe", "llama4", "deepseek_v3", "deepseek_v2"),
                          [](const auto& test_info) { return test_info.param; });

@@ -311,5 +311,24 @@ TEST(GroupedLinearValidateTest, NamesTheBadGroup) {
   EXPECT_THAT(alias.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("aliases")));
 }
 
+// What a step's products hold at once (CUDA reserves twice this many bytes for their 16-bit
+// rounding): an MoE model's grouped rows (tokens x top_k) take only the grouped products' inputs,
+// not the dense or shared-expert width. Qwen2-57B-A14B's shape at 8192 tokens: hidden 3584, expert
+// width 2560, shared expert 20480, top 8.
+TEST(MaxProductActivationsTest, GroupedRowsTakeTheGroupedInputsOnly) {
+  StepLimits limits{.max_tokens = 8192, .max_linear_in = 20480, .max_grouped_in = 3584};
+  EXPECT_EQ(MaxProductActivations(limits), int64_t{8192} * 20480);  // dense: no routing
+  limits.moe_routing = {.num_experts = 64, .top_k = 8};
+  EXPECT_EQ(MaxProductActivations(limits), int64_t{8192} * 8 * 3584);  // 470 MB of bf16, not 2.7 GB
+  limits.max_grouped_in = 0;  // not given: the widest Linear input
+  EXPECT_EQ(MaxProductActivations(limits), int64_t{8192} * 8 * 20480);
+  // The dense products dominate where the grouped rows are few.
+  limits = {.max_tokens = 16, .max_linear_in = 20480, .max_grouped_in = 64};
+  limits.moe_routing = {.num_experts = 4, .top_k = 2};
+  EXPECT_EQ(MaxProductActivations(limits), 16 * 20480);
+  limits.moe_routing.top_k = 1;  // one row per token: as a dense product
+  EXPECT_EQ(MaxProductActivations(limits), 16 * 20480);
+}
+
 }  // namespace
 }  // namespace shardserve::kernels
