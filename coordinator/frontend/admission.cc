@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/frontend/allowed_tokens.h"
 #include "coordinator/frontend/choices.h"
 #include "coordinator/frontend/request_log.h"
 #include "coordinator/frontend/stop_strings.h"
@@ -34,6 +35,7 @@ const FieldNames& GrpcFieldNames() {
                                 .n = "n",
                                 .resume = "resume.token_ids",
                                 .truncate_prompt_tokens = "truncate_prompt_tokens",
+                                .allowed_token_ids = "allowed_token_ids",
                                 .sequence = {}};
   return names;
 }
@@ -48,6 +50,7 @@ const FieldNames& OpenAiFieldNames(bool chat) {
                       .n = "n",
                       .resume = "resume",
                       .truncate_prompt_tokens = "truncate_prompt_tokens",
+                      .allowed_token_ids = "allowed_token_ids",
                       .sequence = {.prompt = for_chat ? "messages" : "prompt",
                                    .prompt_ids = "prompt",
                                    .max_tokens = "max_tokens",
@@ -126,6 +129,36 @@ absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<Con
   return absl::OkStatus();
 }
 
+absl::Status Admission::AdmitAllowedTokens(const AdmissionRequest& request, const FieldNames& names,
+                                           SequenceRequest* sequence) const {
+  const std::vector<int32_t>& ids = request.allowed_token_ids;
+  const absl::string_view field = names.allowed_token_ids;
+  if (sequence->constraint != nullptr) {
+    return Invalid(field, " cannot be combined with ",
+                   request.constraint.has_value() ? absl::string_view(request.constraint->field)
+                                                  : absl::string_view(names.tool_choice));
+  }
+  if (ids.size() > kMaxAllowedTokenIds) {
+    return Invalid(field, " holds ", ids.size(), " ids; at most ", kMaxAllowedTokenIds, " are taken");
+  }
+  const int64_t vocab = options_.limits.vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return Invalid(absl::StrCat(field, "[", i, "]"), " = ", ids[i], " is outside the vocabulary [0, ", vocab, ")");
+    }
+  }
+  // Until min_tokens, the stop ids (and the EOS ids unless ignore_eos) cannot be sampled: some
+  // allowed id must be neither.
+  if (sequence->min_tokens > 0 && std::all_of(ids.begin(), ids.end(), [&](int32_t id) {
+        return IsStopToken(*sequence, options_.eos_token_ids, id);
+      })) {
+    return Invalid(field, " holds only stop and EOS ids, which min_tokens = ", sequence->min_tokens,
+                   " keeps from being sampled");
+  }
+  sequence->constraint = AllowedTokens(ids, vocab);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const FieldNames& names) const {
   AdmittedRequest out;
   SequenceRequest& r = out.sequence;
@@ -165,6 +198,9 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
     absl::StatusOr<std::shared_ptr<const TokenConstraint>> compiled = options_.constraints->Compile(c.spec);
     if (!compiled.ok()) return InvalidBecause(c.field, compiled.status());
     r.constraint = *std::move(compiled);
+  }
+  if (!request.allowed_token_ids.empty()) {
+    if (absl::Status st = AdmitAllowedTokens(request, names, &r); !st.ok()) return st;
   }
   if (!request.stop.empty()) {
     if (options_.tokenizer == nullptr) {

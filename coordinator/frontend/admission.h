@@ -50,6 +50,7 @@ struct FieldNames {
   absl::string_view n;            // the number of choices
   absl::string_view resume;       // the resumed tokens
   absl::string_view truncate_prompt_tokens;
+  absl::string_view allowed_token_ids;  // an entry is allowed_token_ids + "[i]"
   RequestFieldNames sequence;     // the fields ValidateSequenceRequest names
 };
 
@@ -108,6 +109,9 @@ struct AdmissionRequest {
   bool skip_special_tokens = true;
   int n = 1;                      // choices, in [1, kMaxChoices]
   std::optional<ConstraintInput> constraint;
+  // vLLM's allowed_token_ids (empty = any token): every sampled token is one of them
+  // (allowed_tokens.h); not with a constraint or an enforced tool call.
+  std::vector<int32_t> allowed_token_ids;
 };
 
 // An admitted request: what the front end submits (ChoiceGroup::Submit) and how it reads the
@@ -173,6 +177,9 @@ class Admission {
   // (which cannot be combined with the request's own `constraint`).
   absl::Status AdmitChat(const ChatInput& chat, const std::optional<ConstraintInput>& constraint,
                          const FieldNames& names, SequenceRequest* sequence) const;
+  // request.allowed_token_ids (non-empty) checked and made sequence->constraint.
+  absl::Status AdmitAllowedTokens(const AdmissionRequest& request, const FieldNames& names,
+                                  SequenceRequest* sequence) const;
 
   const AdmissionOptions options_;
   const std::unique_ptr<ChatPrompt> chat_prompt_;

@@ -211,6 +211,17 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
       return InvalidParam(key, absl::StrCat("'min_tokens' must be >= 0, got ", *n));
     }
     f->min_tokens = *n;
+  } else if (key == "allowed_token_ids") {
+    if (v.is_null()) return true;
+    if (!v.is_array()) return WrongType(key, "an array of integers", v);
+    if (v.empty()) {
+      return InvalidParam(key, "'allowed_token_ids' must not be empty (leave it out to allow every token)");
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      absl::StatusOr<int64_t> id = GetInt(v[i], absl::StrCat("allowed_token_ids[", i, "]"));
+      if (!id.ok()) return id.status();
+      f->allowed_token_ids.push_back(*id);
+    }
   } else if (key == "stop_token_ids") {
     if (v.is_null()) return true;
     if (!v.is_array()) return WrongType(key, "an array of integers", v);

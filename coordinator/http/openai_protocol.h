@@ -42,6 +42,7 @@ struct SamplingFields {
   double repetition_penalty = 1.0;    // (0, 2] (vLLM's extension); 1 = off
   int64_t min_tokens = 0;             // >= 0
   std::vector<int64_t> stop_token_ids;
+  std::vector<int64_t> allowed_token_ids;  // non-empty when given; ids checked against the vocabulary later
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;  // a matched stop string ends the text
   std::optional<int64_t> truncate_prompt_tokens;  // -1 or >= 1 (frontend::AdmissionRequest's)

@@ -775,7 +775,7 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
       if (req.constraint != nullptr) in.allowed_token_mask = req.constraint->AllowedMask(s->constraint_state);
       if (s->generated < req.min_tokens) {
         in.suppress_token_ids = req.stop_token_ids;
-        if (!req.ignore_eos && req.constraint == nullptr) {
+        if (!req.ignore_eos && (req.constraint == nullptr || !req.constraint->DecidesEos())) {
           in.suppress_token_ids.insert(in.suppress_token_ids.end(), options_.eos_token_ids.begin(),
                                        options_.eos_token_ids.end());
         }

@@ -43,7 +43,8 @@ struct SequenceRequest {
   // Structured output (null = none): every sampled token is one the constraint allows in the
   // sequence's state (token_constraint.h); the EOS ids are allowed exactly where the output is
   // complete, and the sequence ends (kStop) when one is sampled, even with ignore_eos. While the
-  // constraint is set, min_tokens does not suppress the EOS ids (the constraint decides).
+  // constraint is set, min_tokens does not suppress the EOS ids (the constraint decides), unless
+  // it does not decide them (TokenConstraint::DecidesEos: allowed_token_ids).
   std::shared_ptr<const TokenConstraint> constraint;
   // Resume (shardserve.v1.GenerateRequest.resume): tokens this request generated in an earlier
   // attempt, already delivered to the client then. The sequence starts as if it had generated them

@@ -37,6 +37,13 @@ class TokenConstraint {
 
   // Whether generation must end in `state` (an EOS was taken).
   virtual bool IsFinished(int32_t state) const = 0;
+
+  // Whether the constraint decides where the EOS ids may come, as structured output does (exactly
+  // where the text is complete; sampling one then ends the sequence even with ignore_eos, and
+  // min_tokens does not suppress them). False for one that only restricts the tokens
+  // (allowed_token_ids): the EOS ids it allows stop the sequence as usual and min_tokens
+  // suppresses them, as without a constraint.
+  virtual bool DecidesEos() const { return true; }
 };
 
 }  // namespace shardserve::coordinator

@@ -231,6 +231,34 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
             self.assertEqual(code, 400, out)
             self.assertIn(param, json.loads(out)["error"]["message"])
 
+    def test_allowed_token_ids(self):
+        # Only EOS (id 2) allowed: it is sampled at once and stops the request, or, with ignore_eos,
+        # fills max_tokens (EOS is not spelled in the text).
+        r = self.completion(prompt=PROMPT, max_tokens=5, temperature=0, allowed_token_ids=[2])
+        self.assertEqual((r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]), ("stop", 1))
+        r = self.completion(prompt=PROMPT, max_tokens=5, temperature=0.9, seed=4, allowed_token_ids=[2],
+                            ignore_eos=True)
+        self.assertEqual((r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]), ("length", 5))
+        self.assertEqual(r["choices"][0]["text"], "")
+        # Two word pieces: the greedy text is made of them only, and differs from the free one.
+        free = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, ignore_eos=True)["choices"][0]["text"]
+        r = self.completion(prompt=PROMPT, max_tokens=6, temperature=0, ignore_eos=True, allowed_token_ids=[378, 403])
+        code, body = curl(self.url + "/detokenize", data=json.dumps({"tokens": [378, 403]}))
+        pieces = json.loads(body)["prompt"]
+        self.assertNotEqual(r["choices"][0]["text"], free)
+        self.assertTrue(set(r["choices"][0]["text"].replace(" ", "")) <= set(pieces.replace(" ", "")),
+                        (r["choices"][0]["text"], pieces))
+        for extra, param, message in [
+                ({"allowed_token_ids": []}, "allowed_token_ids", "must not be empty"),
+                ({"allowed_token_ids": [5, 9999]}, "allowed_token_ids[1]", "outside the vocabulary"),
+                ({"allowed_token_ids": [2], "min_tokens": 2}, "allowed_token_ids", "min_tokens"),
+                ({"allowed_token_ids": [5], "response_format": {"type": "json_object"}}, "allowed_token_ids",
+                 "response_format")]:
+            code, body = curl(self.url + "/v1/completions", data=json.dumps({"prompt": PROMPT, **extra}))
+            self.assertEqual(code, 400, body)
+            self.assertEqual(json.loads(body)["error"]["param"], param, body)
+            self.assertIn(message, json.loads(body)["error"]["message"], body)
+
     def test_penalties(self):
         # Through the cluster (gRPC CLI) the penalized greedy ids are those of the one-process
         # engine (shardserve-run) with the same penalties; through the openai package, the text is

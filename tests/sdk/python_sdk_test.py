@@ -131,6 +131,16 @@ class AgainstALocalCluster(unittest.TestCase):
         with self.assertRaises(shardserve.ShardserveError) as e:
             self.client.generate(PROMPT, max_tokens=8, truncate_prompt_tokens=-2).result()
         self.assertIn("truncate_prompt_tokens", str(e.exception))
+        # allowed_token_ids: every generated id is one of them, sampled or greedy.
+        allowed = [261, 378, 403, 407]
+        for seed in (0, 5):
+            ids = self.client.generate(PROMPT, max_tokens=12, ignore_eos=True, temperature=0.9 if seed else 0.0,
+                                       seed=seed, allowed_token_ids=allowed).result().token_ids
+            self.assertEqual(len(ids), 12)
+            self.assertTrue(set(ids) <= set(allowed), ids)
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            self.client.generate(PROMPT, max_tokens=2, allowed_token_ids=[1 << 20]).result()
+        self.assertIn("allowed_token_ids[0]", str(e.exception))
         # priority: the test cluster schedules first come, first served, which takes only 0.
         self.assertEqual(self.client.generate(PROMPT, max_tokens=2, priority=0).result().usage.completion_tokens, 2)
         with self.assertRaises(shardserve.ShardserveError) as e:

@@ -178,6 +178,35 @@ TEST_F(AdmissionTest, ConstraintIsCompiled) {
   EXPECT_NE(a.sequence.constraint, nullptr);
 }
 
+// vLLM's allowed_token_ids: a constraint of one state that allows exactly those ids, and leaves the
+// EOS ids to the usual stop rules (it does not decide them, so min_tokens still suppresses them).
+TEST_F(AdmissionTest, AllowedTokenIdsBecomeAConstraintThatLeavesEosToTheStopRules) {
+  AdmissionRequest r = Text();
+  r.allowed_token_ids = {5, 200, 5, eos_};
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission_->Admit(r, OpenAiFieldNames(false)));
+  const std::shared_ptr<const TokenConstraint>& c = a.sequence.constraint;
+  ASSERT_NE(c, nullptr);
+  EXPECT_FALSE(c->DecidesEos());
+  const int32_t start = c->StartState();
+  const std::string& mask = *c->AllowedMask(start);
+  ASSERT_EQ(static_cast<int64_t>(mask.size()), (tokenizer_->vocab_size() + 7) / 8);
+  std::vector<int32_t> allowed;
+  for (int32_t t = 0; t < tokenizer_->vocab_size(); ++t) {
+    if ((static_cast<unsigned char>(mask[t / 8]) >> (t % 8)) & 1u) allowed.push_back(t);
+  }
+  EXPECT_EQ(allowed, (std::vector<int32_t>{eos_, 5, 200}));
+  EXPECT_EQ(c->Advance(start, 200), start);
+  EXPECT_EQ(c->Advance(start, eos_), start);
+  EXPECT_FALSE(c->IsFinished(c->Advance(start, eos_)));
+  EXPECT_EQ(c->Advance(start, 6), -1);
+  EXPECT_EQ(c->Advance(start, -1), -1);
+  // Structured output's constraints decide the EOS ids.
+  AdmissionRequest s = Text();
+  s.constraint = Constraint(structured::ConstraintKind::kRegex, "[a-z]{3}", "regex");
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest b, admission_->Admit(s, GrpcFieldNames()));
+  EXPECT_TRUE(b.sequence.constraint->DecidesEos());
+}
+
 // One invalid request: how it is made, and the field each API names.
 struct InvalidCase {
   const char* what;
@@ -288,6 +317,27 @@ TEST_F(AdmissionTest, InvalidRequestsNameTheFieldAsEachApiSpellsIt) {
        true, "prompt.chat.tool_choice", "tool_choice", "no tool is named 'div'"},
       {"two tools of one name", [&](AdmissionRequest& r) { chat_of(r).functions[1].name = "get_weather"; }, true,
        "prompt.chat.tools[1]", "tools[1]", "two tools are named 'get_weather'"},
+      {"allowed id", [](AdmissionRequest& r) { r.allowed_token_ids = {5, 1 << 30}; }, false, "allowed_token_ids[1]",
+       "allowed_token_ids[1]", " = 1073741824 is outside the vocabulary"},
+      {"allowed with a constraint",
+       [](AdmissionRequest& r) {
+         r.allowed_token_ids = {5};
+         r.constraint = Constraint(structured::ConstraintKind::kJsonObject, "", "response_format");
+       },
+       false, "allowed_token_ids", "allowed_token_ids", "cannot be combined with response_format"},
+      {"allowed with a required tool call",
+       [&](AdmissionRequest& r) {
+         r.allowed_token_ids = {5};
+         chat_of(r).tool_choice = ToolChoice::kRequired;
+       },
+       true, "allowed_token_ids", "allowed_token_ids", "tool_choice"},
+      {"allowed stops under min_tokens",
+       [this](AdmissionRequest& r) {
+         r.allowed_token_ids = {eos_, 7};
+         r.sequence.stop_token_ids = {7};
+         r.sequence.min_tokens = 2;
+       },
+       false, "allowed_token_ids", "allowed_token_ids", "only stop and EOS ids, which min_tokens = 2"},
       {"required with a constraint",
        [&](AdmissionRequest& r) {
          chat_of(r).tool_choice = ToolChoice::kRequired;

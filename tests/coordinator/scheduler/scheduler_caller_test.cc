@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "coordinator/scheduler/scheduler.h"
@@ -107,6 +108,53 @@ TEST(SchedulerCallerTest, RemovingAReplicaFailsItsOpenMicroBatchesOver) {
   std::optional<StepInput> again = scheduler.BeginStep(1);  // recomputed on replica 1
   ASSERT_TRUE(again.has_value());
   EXPECT_EQ(again->sequences[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
+}
+
+// A constraint of one state allowing every token, that decides the EOS ids or not.
+class EveryToken final : public TokenConstraint {
+ public:
+  explicit EveryToken(bool decides_eos) : decides_eos_(decides_eos) {}
+  int32_t StartState() const override { return 0; }
+  std::shared_ptr<const std::string> AllowedMask(int32_t) const override { return mask_; }
+  int32_t Advance(int32_t, int32_t) const override { return 0; }
+  bool IsFinished(int32_t) const override { return false; }
+  bool DecidesEos() const override { return decides_eos_; }
+
+ private:
+  const bool decides_eos_;
+  std::shared_ptr<const std::string> mask_ = std::make_shared<const std::string>(13, '\xff');
+};
+
+TEST(SchedulerCallerTest, MinTokensSuppressesEosUnderAConstraintThatDoesNotDecideIt) {
+  testing::FakeClock clock;
+  SchedulerOptions options = CallerOptions(&clock);
+  options.eos_token_ids = {2};
+  Scheduler scheduler(options);
+  ASSERT_TRUE(scheduler.AddReplica(0, nullptr, {.max_slots = 4, .kv_blocks = 16}).ok());
+  for (const bool decides : {false, true}) {
+    SCOPED_TRACE(decides ? "structured output" : "allowed_token_ids");
+    SequenceRequest r{.prompt = {1, 2, 3}, .max_tokens = 4, .stop_token_ids = {9}, .min_tokens = 2};
+    r.constraint = std::make_shared<EveryToken>(decides);
+    auto sink = std::make_shared<RecordingSink>();
+    ASSERT_TRUE(scheduler.Submit(r, sink).ok());
+    std::optional<StepInput> in = scheduler.BeginStep(0);
+    ASSERT_TRUE(in.has_value());
+    ASSERT_EQ(in->sequences.size(), 1u);
+    EXPECT_NE(in->sequences[0].allowed_token_mask, nullptr);
+    // The stop ids always; the EOS ids only when the constraint leaves them to the stop rules.
+    const std::vector<int32_t> suppressed = decides ? std::vector<int32_t>{9} : std::vector<int32_t>{9, 2};
+    EXPECT_EQ(in->sequences[0].suppress_token_ids, suppressed);
+    scheduler.EndStep(0, in->step_id, Answer(*in, 5), absl::ZeroDuration());
+    // Past min_tokens an EOS stops the sequence either way.
+    for (int step = 0; step < 3 && !sink->end.has_value(); ++step) {
+      std::optional<StepInput> next = scheduler.BeginStep(0);
+      ASSERT_TRUE(next.has_value());
+      scheduler.EndStep(0, next->step_id, Answer(*next, step == 0 ? 5 : 2), absl::ZeroDuration());
+    }
+    ASSERT_TRUE(sink->end.has_value());
+    EXPECT_EQ(sink->end->reason, FinishReason::kStop);
+    EXPECT_EQ(sink->tokens, (std::vector<int32_t>{5, 5, 2}));
+  }
 }
 
 TEST(SchedulerCallerTest, ThreadDrivenSchedulersRefuseBeginStep) {

@@ -177,6 +177,9 @@ struct GenerateOptions {
   // The scheduling rank on a coordinator with --scheduling_policy=priority: lower values are served
   // first. Must be 0 under the default fcfs policy (vLLM's priority).
   int32_t priority = 0;
+  // Every generated token is one of these ids (empty = any token; vLLM's allowed_token_ids). Not
+  // with a structured-output constraint.
+  std::vector<int32_t> allowed_token_ids;
   // Structured output (GenerateRequest.constraint), at most one: the text must match a JSON
   // Schema (as JSON text), be any JSON object, or match a regular expression.
   std::string json_schema;

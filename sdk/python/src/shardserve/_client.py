@@ -112,7 +112,8 @@ class Client:
                  tools: Optional[Sequence[Mapping]] = None, tool_choice=None, parallel_tool_calls: bool = True,
                  include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
                  continue_final_message: bool = False, truncate_prompt_tokens: Optional[int] = None,
-                 priority: int = 0, timeout: Optional[float] = None) -> GenerateStream:
+                 priority: int = 0, allowed_token_ids: Sequence[int] = (),
+                 timeout: Optional[float] = None) -> GenerateStream:
         """Starts a generation from text (tokenized by the server), token ids (used as given), or chat
         messages ([{"role": "user", "content": "Hi"}], rendered with the model's chat template by the
         server; continue_final_message=True: the model continues the final message instead of starting
@@ -120,10 +121,12 @@ class Client:
         when include_stop_str_in_output); skip_special_tokens=False spells the model's special tokens
         in it. truncate_prompt_tokens=k keeps a longer prompt's last k tokens (-1: the last ones that
         fit the context beside max_tokens). priority: the scheduling rank on a coordinator started
-        with --scheduling_policy=priority (lower values first; must be 0 otherwise). At most one of
-        json_schema (a dict or its JSON text), json_object and regex constrains the output. n: that
-        many independent choices (1..16, choice i sampled with seed + i); each delta names its choice
-        (index), and the stream's results() gives every choice's answer (result(): the only one).
+        with --scheduling_policy=priority (lower values first; must be 0 otherwise).
+        allowed_token_ids: every generated token is one of these ids. At most one of json_schema (a
+        dict or its JSON text), json_object and regex constrains the output (and not with
+        allowed_token_ids). n: that many independent choices (1..16, choice i sampled with seed + i);
+        each delta names its choice (index), and the stream's results() gives every choice's answer
+        (result(): the only one).
         tools, tool_choice ("none", "auto", "required" or {"type": "function", "function": {"name":
         ...}}) and parallel_tool_calls as OpenAI's chat API has them (chat prompts only; messages may
         carry "tool_calls" and "tool_call_id"): the calls the model made come back as the result's
@@ -138,7 +141,8 @@ class Client:
                                        include_stop_str_in_output=include_stop_str_in_output,
                                        skip_special_tokens=skip_special_tokens,
                                        continue_final_message=continue_final_message,
-                                       truncate_prompt_tokens=truncate_prompt_tokens, priority=priority)
+                                       truncate_prompt_tokens=truncate_prompt_tokens, priority=priority,
+                                       allowed_token_ids=allowed_token_ids)
         resume = _common.Resume(req, self._settings.retry, self._settings.call_timeout(timeout))
         return GenerateStream(
             lambda r, left: self._inference.Generate(r, timeout=left, metadata=self._settings.metadata), resume)
