@@ -190,6 +190,11 @@ void ApplyServerLimits(const GrpcServerLimits& limits, grpc::ServerBuilder& buil
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(limits.keepalive_time));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(limits.keepalive_timeout));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A port another socket holds is refused. gRPC binds with SO_REUSEPORT by default, so a second
+  // server on a port in use (a coordinator started twice, or its API and control ports given the
+  // same number) would start without error and receive a share of the connections: workers
+  // registering on an API server get UNIMPLEMENTED, clients reach a stale process.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // The server's own keepalive pings are not limited by data frames (0 = any number).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,

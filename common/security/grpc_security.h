@@ -93,7 +93,8 @@ grpc::Status CheckPeerRole(const grpc::ServerContextBase& context, std::initiali
 grpc::Status CheckPeerRole(const grpc::AuthContext& auth, absl::Span<const Role> allowed);
 
 // Connection limits of a gRPC server (every shardserve gRPC port), so that dead, idle or abusive
-// clients cannot hold its connections forever. Zero turns a limit off.
+// clients cannot hold its connections forever. Zero turns a limit off. ApplyServerLimits also
+// turns SO_REUSEPORT off: a port in use fails the server's start instead of being shared.
 struct GrpcServerLimits {
   // The server pings a connection after this long without activity (GRPC_ARG_KEEPALIVE_TIME_MS,
   // also without calls) and closes it when the ping is not answered within keepalive_timeout

@@ -20,7 +20,12 @@ def _ephemeral_range():
         return 32768, 60999
 
 
+_handed_out = set()
+
+
 def free_port():
+    """A port nothing holds now, and not one this process was given before (the servers refuse a
+    port in use, so two listeners of one test must not be told the same one)."""
     low, high = _ephemeral_range()
     # Below the ephemeral range when there is room (Linux's default leaves 10000..32767), else above.
     ranges = [r for r in ((10000, low - 1), (high + 1, 65535)) if r[1] - r[0] >= 1000]
@@ -35,5 +40,8 @@ def free_port():
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        if port in _handed_out:
+            continue
+        _handed_out.add(port)
+        return port
     raise RuntimeError("no free port outside the ephemeral range after 200 tries")

@@ -56,6 +56,27 @@ bool LeavesReadyWhenIdle(absl::Duration max_connection_idle, std::chrono::millis
   return changed;
 }
 
+// A second server on a port in use fails to start (gRPC's default SO_REUSEPORT would let it share
+// the port and take a share of the connections).
+TEST(GrpcServerLimitsTest, APortInUseIsRefused) {
+  OkRegistry service;
+  grpc::ServerBuilder first;
+  int port = 0;
+  first.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  ApplyServerLimits({}, first);
+  first.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = first.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(port, 0);
+  grpc::ServerBuilder second;
+  second.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials());
+  ApplyServerLimits({}, second);
+  std::unique_ptr<grpc::Server> twin = second.BuildAndStart();
+  EXPECT_EQ(twin, nullptr);
+  EXPECT_TRUE(Call(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials())));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
 TEST(GrpcServerLimitsTest, IdleConnectionsAreClosedAfterMaxConnectionIdle) {
   EXPECT_TRUE(LeavesReadyWhenIdle(absl::Milliseconds(300), std::chrono::milliseconds(5000)));
 }
