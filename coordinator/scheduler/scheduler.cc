@@ -270,7 +270,8 @@ absl::Status Scheduler::AddReplica(int replica, std::unique_ptr<ReplicaClient> c
   LOG(INFO) << "scheduler: replica " << replica << " serving with " << options.kv_blocks << " KV blocks of "
             << options.kv_block_size << " tokens, at most " << options.max_slots << " sequences at once, "
             << options.pipeline_depth << " micro-batch(es) in flight, prefix caching "
-            << (options.prefix_caching ? "on" : "off") << (raw->overlap ? ", overlapped decode calls" : "");
+            << (options.prefix_caching ? "on" : "off") << (raw->overlap ? ", overlapped decode calls" : "")
+            << ", scheduling " << SchedulingPolicyName(options_.policy);
   return absl::OkStatus();
 }
 
@@ -730,12 +731,10 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
     Sequence& s = *m->seq;
     while (!GrowLocked(r, s, s.consumed + m->n)) {
       Sequence* victim = nullptr;
-      // r.running is in admission order: with kFcfs the newest eligible one is the last of them.
-      for (auto it = r.running.rbegin(); it != r.running.rend(); ++it) {
+      for (Sequence* other : r.running) {
         // A cancelled one is about to end and free its blocks anyway (it is never in a batch).
-        if ((*it)->in_flight || (*it)->cancelled) continue;
-        if (victim == nullptr || RunsBefore(*victim, **it)) victim = *it;
-        if (options_.policy == SchedulingPolicy::kFcfs) break;
+        if (other->in_flight || other->cancelled) continue;
+        if (victim == nullptr || RunsBefore(*victim, *other)) victim = other;
       }
       CHECK(victim != nullptr);  // `s` itself is running and not in flight
       for (Member& other : members) {

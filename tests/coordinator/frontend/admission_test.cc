@@ -4,6 +4,7 @@
 // it (the gRPC API's and the OpenAI API's tables), the field attached for the HTTP "param". The
 // model: the qwen2 test tokenizer with Qwen2.5-Instruct's chat template (hermes tool calls).
 #include "coordinator/frontend/admission.h"
+#include "coordinator/frontend/allowed_tokens.h"
 
 #include <functional>
 #include <memory>
@@ -319,6 +320,8 @@ TEST_F(AdmissionTest, InvalidRequestsNameTheFieldAsEachApiSpellsIt) {
        "prompt.chat.tools[1]", "tools[1]", "two tools are named 'get_weather'"},
       {"allowed id", [](AdmissionRequest& r) { r.allowed_token_ids = {5, 1 << 30}; }, false, "allowed_token_ids[1]",
        "allowed_token_ids[1]", " = 1073741824 is outside the vocabulary"},
+      {"allowed ids", [](AdmissionRequest& r) { r.allowed_token_ids.assign(kMaxAllowedTokenIds + 1, 5); }, false,
+       "allowed_token_ids", "allowed_token_ids", "at most 1048576 are taken"},
       {"allowed with a constraint",
        [](AdmissionRequest& r) {
          r.allowed_token_ids = {5};

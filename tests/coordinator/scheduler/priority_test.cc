@@ -11,6 +11,7 @@
 
 #include "coordinator/scheduler/scheduler.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/preemption_counter.h"
 
 namespace shardserve::coordinator {
 namespace {
@@ -105,18 +106,6 @@ TEST(SchedulingPolicyTest, FcfsAdmitsWaitingRequestsInArrivalOrder) {
   EXPECT_THAT(PrefillOrder(scheduler), ElementsAre(10, 20, 30, 40));
 }
 
-class PreemptionCount final : public SchedulerObserver {
- public:
-  void OnRejected(const absl::Status&) override {}
-  void OnInterTokenLatency(absl::Duration) override {}
-  void OnRequestEnd(const RequestReport&) override {}
-  void OnStep(const StepReport&) override {}
-  void OnPreempted(int) override { ++preempted; }
-  void OnFailover(int) override {}
-  void OnPrefixCacheLookup(int, int64_t, int64_t) override {}
-  int preempted = 0;
-};
-
 // Two sequences, the worse-ranked admitted first, on a KV cache of 6 blocks of 2 tokens: both
 // prefill their 3-token prompts (2 blocks each) and decode into a third block each; the next
 // block either needs is not there, so one of them is preempted. `low` is admitted first (priority
@@ -130,7 +119,7 @@ struct Contest {
 
 Contest RunContest(SchedulingPolicy policy) {
   testing::FakeClock clock;
-  PreemptionCount count;
+  ::shardserve::testing::PreemptionCounter count;
   SchedulerOptions options = Options(&clock, policy);
   options.observer = &count;
   Scheduler scheduler(options);
@@ -150,7 +139,7 @@ Contest RunContest(SchedulingPolicy policy) {
   }
   EXPECT_TRUE(low_sink->end.has_value() && low_sink->end->status.ok());
   EXPECT_TRUE(high_sink->end.has_value() && high_sink->end->status.ok());
-  c.preempted = count.preempted;
+  c.preempted = count.preempted();
   return c;
 }
 

@@ -25,6 +25,7 @@
 #include "common/safetensors/safetensors.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "tests/testing/engine_replica.h"
+#include "tests/testing/preemption_counter.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/engine/executor.h"
 #include "worker/engine/generator.h"
@@ -83,30 +84,7 @@ class CollectingSink final : public SequenceSink {
   absl::Notification done_;
 };
 
-// Counts preemptions; ignores the rest.
-class PreemptionCounter final : public SchedulerObserver {
- public:
-  void OnRejected(const absl::Status&) override {}
-  void OnInterTokenLatency(absl::Duration) override {}
-  void OnRequestEnd(const RequestReport&) override {}
-  void OnStep(const StepReport&) override {}
-  void OnPreempted(int) override { preempted_.fetch_add(1); }
-  void OnFailover(int) override { failovers_.fetch_add(1); }
-  int failovers() const { return failovers_.load(); }
-  void OnPrefixCacheLookup(int, int64_t context_tokens, int64_t cached_tokens) override {
-    looked_up_.fetch_add(context_tokens);
-    cached_.fetch_add(cached_tokens);
-  }
-  int preempted() const { return preempted_.load(); }
-  int64_t looked_up_tokens() const { return looked_up_.load(); }
-  int64_t cached_tokens() const { return cached_.load(); }
-
- private:
-  std::atomic<int> preempted_{0};
-  std::atomic<int> failovers_{0};
-  std::atomic<int64_t> looked_up_{0};
-  std::atomic<int64_t> cached_{0};
-};
+using ::shardserve::testing::PreemptionCounter;
 
 struct Setup {
   std::string model = "llama";
