@@ -391,6 +391,7 @@ absl::StatusOr<frontend::AdmissionRequest> FromProto(const v1::GenerateRequest& 
   a.include_stop = request.include_stop_str_in_output();
   if (request.truncate_prompt_tokens() != 0) a.truncate_prompt_tokens = request.truncate_prompt_tokens();
   a.allowed_token_ids.assign(request.allowed_token_ids().begin(), request.allowed_token_ids().end());
+  a.bad_words.assign(request.bad_words().begin(), request.bad_words().end());
   a.skip_special_tokens = !request.keep_special_tokens();
   a.n = request.n() == 0 ? 1 : request.n();
   auto constrain = [&a](structured::ConstraintKind kind, const std::string& text, const char* field) {

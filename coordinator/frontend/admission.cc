@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/frontend/allowed_tokens.h"
+#include "coordinator/frontend/bad_words.h"
 #include "coordinator/frontend/choices.h"
 #include "coordinator/frontend/request_log.h"
 #include "coordinator/frontend/stop_strings.h"
@@ -36,6 +37,7 @@ const FieldNames& GrpcFieldNames() {
                                 .resume = "resume.token_ids",
                                 .truncate_prompt_tokens = "truncate_prompt_tokens",
                                 .allowed_token_ids = "allowed_token_ids",
+                                .bad_words = "bad_words",
                                 .sequence = {}};
   return names;
 }
@@ -51,6 +53,7 @@ const FieldNames& OpenAiFieldNames(bool chat) {
                       .resume = "resume",
                       .truncate_prompt_tokens = "truncate_prompt_tokens",
                       .allowed_token_ids = "allowed_token_ids",
+                      .bad_words = "bad_words",
                       .sequence = {.prompt = for_chat ? "messages" : "prompt",
                                    .prompt_ids = "prompt",
                                    .max_tokens = "max_tokens",
@@ -64,7 +67,8 @@ const FieldNames& OpenAiFieldNames(bool chat) {
                                    .presence_penalty = "presence_penalty",
                                    .stop_token_ids = "stop_token_ids",
                                    .min_tokens = "min_tokens",
-                                   .top_logprobs = for_chat ? "top_logprobs" : "logprobs"}};
+                                   .top_logprobs = for_chat ? "top_logprobs" : "logprobs",
+                                   .bad_words = "bad_words"}};
   };
   static const FieldNames completions = make(false);
   static const FieldNames chat_names = make(true);
@@ -209,6 +213,15 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
     if (absl::Status st = ValidateStopStrings(request.stop, names.stop); !st.ok()) {
       return WithRequestField(st, names.stop);
     }
+  }
+  if (!request.bad_words.empty()) {
+    if (options_.tokenizer == nullptr) {
+      return Invalid(names.bad_words, ": the model has no tokenizer, so bad words cannot be spelled in tokens");
+    }
+    absl::StatusOr<std::vector<std::vector<int32_t>>> banned =
+        BadWordSequences(*options_.tokenizer, request.bad_words, names.bad_words);
+    if (!banned.ok()) return banned.status();
+    r.bad_words = *std::move(banned);
   }
   out.stop = std::move(request.stop);
   out.include_stop = request.include_stop;

@@ -7,8 +7,8 @@
 //   * tool calling: the tool choice checked against the tools, and for a required or named call
 //     the constraint that forces one (tool_calls.h);
 //   * structured output: the request's constraint compiled (structured/grammar.h);
-//   * text stop strings, the number of choices (n), the default max_tokens (the rest of the
-//     context), and every check of ValidateSequenceRequest;
+//   * text stop strings, bad words (tokenized, bad_words.h), the number of choices (n), the
+//     default max_tokens (the rest of the context), and every check of ValidateSequenceRequest;
 //   * resume: the tokens the client already has, replayed (ReplayResumed);
 //   * readiness: whether the cluster takes requests now (Cluster::AdmissionStatus), asked last,
 //     so that an invalid request is told what is wrong with it even while the cluster starts.
@@ -51,6 +51,7 @@ struct FieldNames {
   absl::string_view resume;       // the resumed tokens
   absl::string_view truncate_prompt_tokens;
   absl::string_view allowed_token_ids;  // an entry is allowed_token_ids + "[i]"
+  absl::string_view bad_words;          // an entry is bad_words + "[i]"
   RequestFieldNames sequence;     // the fields ValidateSequenceRequest names
 };
 
@@ -112,6 +113,8 @@ struct AdmissionRequest {
   // vLLM's allowed_token_ids (empty = any token): every sampled token is one of them
   // (allowed_tokens.h); not with a constraint or an enforced tool call.
   std::vector<int32_t> allowed_token_ids;
+  // vLLM's bad_words: text the output never holds (bad_words.h); needs a tokenizer.
+  std::vector<std::string> bad_words;
 };
 
 // An admitted request: what the front end submits (ChoiceGroup::Submit) and how it reads the
@@ -162,9 +165,9 @@ class Admission {
   // when the request is invalid: no tokenizer for a text prompt, stop strings or constraints; a
   // prompt the tokenizer or the chat template refuses; a tool choice without tools, naming a
   // function that is not among them, or forcing a call together with a constraint; two tools of
-  // one name; a constraint or tool schema the compiler refuses; invalid stop strings; n outside
-  // [1, kMaxChoices]; a resume with n > 1 or tokens ReplayResumed refuses; anything
-  // ValidateSequenceRequest refuses. Then `ready`'s error (Unavailable). Every refusal is logged
+  // one name; a constraint or tool schema the compiler refuses; invalid stop strings; bad words
+  // without a tokenizer or refused by BadWordSequences; n outside [1, kMaxChoices]; a resume with
+  // n > 1 or tokens ReplayResumed refuses; anything ValidateSequenceRequest refuses. Then `ready`'s error (Unavailable). Every refusal is logged
   // and reported to the observer (ReportRejected). Thread-safe.
   absl::StatusOr<AdmittedRequest> Admit(AdmissionRequest request, const FieldNames& names) const;
 

@@ -907,6 +907,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   request.include_stop = fields.include_stop_str_in_output;
   request.truncate_prompt_tokens = fields.truncate_prompt_tokens;
   for (int64_t id : fields.allowed_token_ids) request.allowed_token_ids.push_back(ClampId(id));
+  request.bad_words = fields.bad_words;
   request.skip_special_tokens = fields.skip_special_tokens;
   request.n = generate;
   request.constraint = ConstraintOf(fields);

@@ -127,6 +127,13 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, Sam
     } else {
       return WrongType(key, "a string or an array of strings", v);
     }
+  } else if (key == "bad_words") {
+    if (v.is_null()) return true;
+    if (!v.is_array()) return WrongType(key, "an array of strings", v);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_string()) return WrongType(absl::StrCat("bad_words[", i, "]"), "a string", v[i]);
+      f->bad_words.push_back(v[i].get<std::string>());
+    }
   } else if (key == "stream") {
     if (v.is_null()) return true;
     absl::StatusOr<bool> b = GetBool(v, key);

@@ -43,6 +43,7 @@ struct SamplingFields {
   int64_t min_tokens = 0;             // >= 0
   std::vector<int64_t> stop_token_ids;
   std::vector<int64_t> allowed_token_ids;  // non-empty when given; ids checked against the vocabulary later
+  std::vector<std::string> bad_words;      // vLLM's: checked and tokenized at admission
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;  // a matched stop string ends the text
   std::optional<int64_t> truncate_prompt_tokens;  // -1 or >= 1 (frontend::AdmissionRequest's)

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/sampling/token_history.h"
+#include "coordinator/scheduler/next_token.h"
 
 namespace shardserve::coordinator {
 
@@ -771,13 +772,12 @@ Scheduler::Batch Scheduler::BuildBatchLocked(Replica& r, size_t max_sequences) {
         in.penalty_token_ids = s->history.ids();
         in.penalty_token_counts = s->history.counts();
       }
-      if (req.constraint != nullptr) in.allowed_token_mask = req.constraint->AllowedMask(s->constraint_state);
-      if (s->generated < req.min_tokens) {
-        in.suppress_token_ids = req.stop_token_ids;
-        if (!req.ignore_eos && (req.constraint == nullptr || !req.constraint->DecidesEos())) {
-          in.suppress_token_ids.insert(in.suppress_token_ids.end(), options_.eos_token_ids.begin(),
-                                       options_.eos_token_ids.end());
-        }
+      if (req.constraint != nullptr || s->generated < req.min_tokens || !req.bad_words.empty()) {
+        const auto output = absl::MakeConstSpan(s->context).subspan(req.prompt.size());
+        NextTokenRules rules = NextTokenRulesOf(req, options_.eos_token_ids, options_.limits.vocab_size, output,
+                                                s->constraint_state);
+        in.suppress_token_ids = std::move(rules.suppress);
+        in.allowed_token_mask = std::move(rules.mask);
       }
     }
     if (OwesPromptLogprobs(s->request, s->prompt_logprobs_next)) {
@@ -808,7 +808,7 @@ bool Scheduler::PlainDecodeLocked(const Sequence& s) const {
   const SequenceRequest& req = s.request;
   return static_cast<int64_t>(s.context.size()) - s.consumed == 1 && !req.sampling.HasPenalties() &&
          req.sampling.logit_bias.empty() && req.constraint == nullptr && !req.logprobs &&
-         !OwesPromptLogprobs(req, s.prompt_logprobs_next) && s.generated >= req.min_tokens;
+         !OwesPromptLogprobs(req, s.prompt_logprobs_next) && s.generated >= req.min_tokens && req.bad_words.empty();
 }
 
 bool Scheduler::CanContinueLocked(const Replica& r) const {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/scheduler/next_token.h"
 
 namespace shardserve::coordinator {
 
@@ -103,6 +104,23 @@ absl::Status ValidateSequenceRequest(const SequenceRequest& r, const RequestLimi
   if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs) {
     return invalid(names.top_logprobs, " must be in [0, ", kMaxTopLogprobs, "], got ", r.top_logprobs);
   }
+  if (r.bad_words.size() > kMaxBadWordSequences) {
+    return invalid(names.bad_words, " makes ", r.bad_words.size(), " token sequences; at most ", kMaxBadWordSequences,
+                   " are taken");
+  }
+  for (size_t i = 0; i < r.bad_words.size(); ++i) {
+    const std::vector<int32_t>& word = r.bad_words[i];
+    if (word.empty() || word.size() > kMaxBadWordTokens) {
+      return invalid(names.bad_words, ": token sequence ", i, " has ", word.size(), " tokens; it must have 1 to ",
+                     kMaxBadWordTokens);
+    }
+    for (int32_t id : word) {
+      if (id < 0 || id >= limits.vocab_size) {
+        return invalid(names.bad_words, ": token sequence ", i, " holds ", id, ", outside the vocabulary [0, ",
+                       limits.vocab_size, ")");
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -125,6 +143,13 @@ absl::StatusOr<ResumedState> ReplayResumed(const SequenceRequest& r, absl::Span<
     if (token < 0 || token >= limits.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("resume.token_ids[", i, "] = ", token,
                                                      " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+    const NextTokenRules rules = NextTokenRulesOf(r, eos_token_ids, limits.vocab_size,
+                                                  absl::MakeConstSpan(tokens.data(), i), state.constraint_state);
+    if (std::binary_search(rules.suppress.begin(), rules.suppress.end(), token)) {
+      return absl::InvalidArgumentError(absl::StrCat("resume.token_ids[", i, "] = ", token,
+                                                     " could not have been generated there: min_tokens (", r.min_tokens,
+                                                     ") or bad_words forbid it after the tokens before it"));
     }
     bool stop = IsStopToken(r, eos_token_ids, token);
     if (r.constraint != nullptr) {

@@ -22,6 +22,9 @@ namespace shardserve::coordinator {
 
 inline constexpr size_t kMaxLogitBias = 1024;
 inline constexpr int32_t kMaxTopLogprobs = 20;
+// SequenceRequest::bad_words: at most this many token sequences, each of 1..kMaxBadWordTokens ids.
+inline constexpr size_t kMaxBadWordSequences = 512;
+inline constexpr size_t kMaxBadWordTokens = 64;
 
 struct SequenceRequest {
   std::string request_id;              // for logs and replies; may be empty
@@ -56,6 +59,12 @@ struct SequenceRequest {
   // Scheduling rank under SchedulingPolicy::kPriority (scheduler.h "Priorities"): lower is served
   // first. Must be 0 under kFcfs.
   int32_t priority = 0;
+  // vLLM's bad_words, as token sequences (the front end tokenizes each word, with and without a
+  // leading space; next_token.h): the output never ends with one of them. While it ends with all
+  // but the last token of one, that last token cannot be sampled; a one-token word's token never
+  // is. A step where these bans would leave no token to sample (beside min_tokens and the
+  // constraint) is sampled without them. Only the generated tokens count, not the prompt.
+  std::vector<std::vector<int32_t>> bad_words;
 };
 
 // Mirrors shardserve.v1.FinishReason.
@@ -122,6 +131,7 @@ struct RequestFieldNames {
   absl::string_view stop_token_ids = "stop_token_ids";  // an index follows
   absl::string_view min_tokens = "min_tokens";
   absl::string_view top_logprobs = "top_logprobs";
+  absl::string_view bad_words = "bad_words";
 };
 
 // An InvalidArgument error about request field `field` (as the caller's API spells it): `message`,
@@ -141,7 +151,8 @@ std::string RequestFieldOf(const absl::Status& status);
 // [0, 1]; repetition_penalty outside (0, 2] or frequency_penalty / presence_penalty outside
 // [-2, 2]; a logit_bias id is outside the vocabulary or its bias outside [-100, 100] (or more than
 // 1024 entries); a stop_token_ids entry is outside the vocabulary; min_tokens is outside [0,
-// max_tokens]; top_logprobs is outside [0, 20]. Pure.
+// max_tokens]; top_logprobs is outside [0, 20]; bad_words has more than kMaxBadWordSequences
+// sequences, one empty or longer than kMaxBadWordTokens, or an id outside the vocabulary. Pure.
 absl::Status ValidateSequenceRequest(const SequenceRequest& request, const RequestLimits& limits,
                                      const RequestFieldNames& names = RequestFieldNames());
 
@@ -162,8 +173,9 @@ struct ResumedState {
 // Replays `request.resumed` as the scheduler would have generated them. InvalidArgument naming
 // resume.token_ids[i] when token i is outside [0, vocab_size), when there are more than
 // max_tokens, when a token before the last would have ended the request (a stop id, an EOS id of
-// `eos_token_ids` without ignore_eos, or a token completing the constraint), or when the
-// constraint does not allow a token where it comes. Pure (the constraint's caches aside).
+// `eos_token_ids` without ignore_eos, or a token completing the constraint), or when a token
+// could not have been sampled where it comes (NextTokenRulesOf: min_tokens' suppression, a bad
+// word's ban, the constraint's mask). Pure (the constraint's caches aside).
 absl::StatusOr<ResumedState> ReplayResumed(const SequenceRequest& request, absl::Span<const int32_t> eos_token_ids,
                                            const RequestLimits& limits);
 

@@ -241,6 +241,7 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
   req.set_truncate_prompt_tokens(o.truncate_prompt_tokens);
   req.set_priority(o.priority);
   for (int32_t id : o.allowed_token_ids) req.add_allowed_token_ids(id);
+  for (const std::string& word : o.bad_words) req.add_bad_words(word);
   if (!o.json_schema.empty()) req.set_json_schema(o.json_schema);
   if (o.json_object) req.set_json_object(true);
   if (!o.regex.empty()) req.set_regex(o.regex);

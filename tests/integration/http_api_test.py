@@ -259,6 +259,23 @@ print(json.dumps([ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)])
             self.assertEqual(json.loads(body)["error"]["param"], param, body)
             self.assertIn(message, json.loads(body)["error"]["message"], body)
 
+    def test_bad_words(self):
+        # The greedy text's second word banned: the answer changes and drops it (each of its
+        # spellings is checked token by token in tests/sdk/python_sdk_test.py); bad values are 400s.
+        free = self.completion(prompt=PROMPT, max_tokens=16, temperature=0, ignore_eos=True)["choices"][0]["text"]
+        word = free.split()[1].strip(".,!?\"'")
+        r = self.completion(prompt=PROMPT, max_tokens=16, temperature=0, ignore_eos=True, bad_words=[word])
+        self.assertNotEqual(r["choices"][0]["text"], free)
+        self.assertNotIn(f" {word} ", r["choices"][0]["text"], (word, free))
+        for extra, param, message in [
+                ({"bad_words": "word"}, "bad_words", "an array of strings"),
+                ({"bad_words": ["ok", 5]}, "bad_words[1]", "a string"),
+                ({"bad_words": ["ok", " "]}, "bad_words[1]", "is empty")]:
+            code, body = curl(self.url + "/v1/completions", data=json.dumps({"prompt": PROMPT, **extra}))
+            self.assertEqual(code, 400, body)
+            self.assertEqual(json.loads(body)["error"]["param"], param, body)
+            self.assertIn(message, json.loads(body)["error"]["message"], body)
+
     def test_penalties(self):
         # Through the cluster (gRPC CLI) the penalized greedy ids are those of the one-process
         # engine (shardserve-run) with the same penalties; through the openai package, the text is

@@ -93,6 +93,47 @@ class AgainstALocalCluster(unittest.TestCase):
         self.assertGreaterEqual(len(held.token_ids), 3)
         self.assertNotEqual(held.token_ids[1], r.token_ids[1])
 
+    def test_bad_words(self):
+        # Each word of the greedy answer in turn, banned: its spellings (alone, and after a space
+        # where that has as many tokens and starts with another one) are never completed. The
+        # answer is the free one up to the token that would have completed the first, and that
+        # token is then the step's most likely one not banned (from the free run's top logprobs).
+        ids = self.client.tokenize(PROMPT, add_special_tokens=True)
+        free = self.client.generate(ids, max_tokens=24, ignore_eos=True, logprobs=True, top_logprobs=8).result()
+
+        def completes(tokens, spellings):  # the end of the first completed spelling, or None
+            for end in range(len(tokens)):
+                if any(len(s) <= end + 1 and tokens[end + 1 - len(s):end + 1] == s for s in spellings):
+                    return end
+            return None
+
+        tried = 0
+        for word in dict.fromkeys(w.strip(".,!?\"'") for w in free.text.split()):
+            if not word:
+                continue
+            alone, spaced = self.client.tokenize(word), self.client.tokenize(" " + word)
+            spellings = [alone] + ([spaced] if len(spaced) == len(alone) and spaced[0] != alone[0] else [])
+            end = completes(free.token_ids, spellings)
+            if end is None:
+                continue
+            tried += 1
+            banned = self.client.generate(ids, max_tokens=24, ignore_eos=True, bad_words=[word]).result()
+            self.assertIsNone(completes(banned.token_ids, spellings), (word, spellings, banned.token_ids))
+            self.assertEqual(banned.token_ids[:end], free.token_ids[:end], word)
+            out = free.token_ids[:end]
+            bans = {s[-1] for s in spellings if len(s) == 1 or out[len(out) - len(s) + 1:] == s[:-1]}
+            best = next(t for t in free.logprobs[end].top_ids if t not in bans)
+            self.assertEqual(banned.token_ids[end], best, word)
+            sampled = self.client.generate(ids, max_tokens=24, ignore_eos=True, temperature=1.0, seed=7,
+                                           bad_words=[word]).result()
+            self.assertIsNone(completes(sampled.token_ids, spellings), (word, sampled.token_ids))
+        self.assertGreaterEqual(tried, 3, free.text)
+        with self.assertRaises(shardserve.ShardserveError) as e:
+            self.client.generate(PROMPT, max_tokens=2, bad_words=["fine", "  "]).result()
+        self.assertIn("bad_words[1]", str(e.exception))
+        with self.assertRaises(TypeError):
+            self.client.generate(PROMPT, max_tokens=2, bad_words="word")
+
     def test_penalties_give_the_cli_ids(self):
         ids = self.client.tokenize(PROMPT, add_special_tokens=True)
         cli = self.cluster.cli("generate", "--prompt_ids", ",".join(map(str, ids)), "--max_tokens", "32",

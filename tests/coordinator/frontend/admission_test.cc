@@ -5,10 +5,12 @@
 // model: the qwen2 test tokenizer with Qwen2.5-Instruct's chat template (hermes tool calls).
 #include "coordinator/frontend/admission.h"
 #include "coordinator/frontend/allowed_tokens.h"
+#include "coordinator/frontend/bad_words.h"
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -220,6 +222,41 @@ struct InvalidCase {
 
 // vLLM's truncate_prompt_tokens: the last k tokens of a longer prompt, of any kind; -1 the last
 // ones that fit beside max_tokens (or one token).
+// vLLM's bad_words: each word (leading whitespace dropped) as the tokenizer spells it alone, and
+// after a space where that spelling has as many tokens and starts with another one. A byte-level
+// BPE tokenizer with merges spells "Lily" and " Lily" with one token each.
+TEST(BadWordSequencesTest, WordsAreBannedAsSpelledAloneAndAfterASpace) {
+  testing::TempDir dir;
+  dir.Write("tokenizer.json", testing::ReadFileOrEmpty("tests/golden/tokenizers/bytelevel_qwen2/tokenizer.json"));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(dir.path()));
+  auto encode = [&](std::string_view text) { return *tokenizer->Encode(text, /*add_special_tokens=*/false); };
+  const std::vector<int32_t> lily = encode("Lily");
+  const std::vector<int32_t> spaced_lily = encode(" Lily");
+  ASSERT_EQ(lily.size(), 1u);
+  ASSERT_EQ(spaced_lily.size(), 1u);
+  ASSERT_NE(lily, spaced_lily);
+  // " happy day" is two tokens of their own; "happy day" alone is spelled otherwise.
+  const std::vector<int32_t> day = encode("happy day");
+  const std::vector<int32_t> spaced_day = encode(" happy day");
+  ASSERT_EQ(spaced_day.size(), 2u);
+  std::vector<std::vector<int32_t>> expected = {lily, spaced_lily, day};
+  if (day.size() == spaced_day.size() && day.front() != spaced_day.front()) expected.push_back(spaced_day);
+  ASSERT_OK_AND_ASSIGN(std::vector<std::vector<int32_t>> banned,
+                       BadWordSequences(*tokenizer, std::vector<std::string>{"  Lily", "happy day"}, "bad_words"));
+  EXPECT_EQ(banned, expected);
+}
+
+// Admission tokenizes the request's bad words into its SequenceRequest.
+TEST_F(AdmissionTest, BadWordsBecomeTheSequencesTokenSequences) {
+  AdmissionRequest r = Text();
+  r.bad_words = {"ab", " cd"};
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission_->Admit(r, GrpcFieldNames()));
+  ASSERT_OK_AND_ASSIGN(std::vector<std::vector<int32_t>> expected,
+                       BadWordSequences(*tokenizer_, r.bad_words, "bad_words"));
+  EXPECT_EQ(a.sequence.bad_words, expected);
+  EXPECT_EQ(expected.size(), 2u);  // bytes only: " ab" is longer than "ab"
+}
+
 TEST_F(AdmissionTest, TruncatePromptTokensKeepsThePromptsLastTokens) {
   std::vector<int32_t> ids(100);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i + 10);
@@ -341,6 +378,14 @@ TEST_F(AdmissionTest, InvalidRequestsNameTheFieldAsEachApiSpellsIt) {
          r.sequence.min_tokens = 2;
        },
        false, "allowed_token_ids", "allowed_token_ids", "only stop and EOS ids, which min_tokens = 2"},
+      {"an empty bad word", [](AdmissionRequest& r) { r.bad_words = {"fine", " \t"}; }, false, "bad_words[1]",
+       "bad_words[1]", "is empty (or only whitespace)"},
+      {"a long bad word", [](AdmissionRequest& r) { r.bad_words = {std::string(kMaxBadWordBytes + 1, 'a')}; }, false,
+       "bad_words[0]", "bad_words[0]", "is 257 bytes long"},
+      {"too many bad words", [](AdmissionRequest& r) { r.bad_words.assign(kMaxBadWords + 1, "x"); }, false,
+       "bad_words", "bad_words", "holds 257 words; at most 256"},
+      {"a bad word of bad UTF-8", [](AdmissionRequest& r) { r.bad_words = {"ok", "\xff\xfe"}; }, false, "bad_words[1]",
+       "bad_words[1]", ": "},
       {"required with a constraint",
        [&](AdmissionRequest& r) {
          chat_of(r).tool_choice = ToolChoice::kRequired;
@@ -384,6 +429,11 @@ TEST_F(AdmissionTest, WithoutTokenizerOrCompilerTextStopStringsAndConstraintsAre
   constrained.constraint = Constraint(structured::ConstraintKind::kJsonObject, "", "json_object");
   EXPECT_THAT(bare->Admit(constrained, GrpcFieldNames()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("json_object: structured output needs")));
+  AdmissionRequest banned = ids;
+  banned.bad_words = {"x"};
+  st = bare->Admit(banned, OpenAiFieldNames(true)).status();
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad_words: the model has no tokenizer")));
+  EXPECT_EQ(RequestFieldOf(st), "bad_words");
 }
 
 TEST_F(AdmissionTest, ReadinessIsAskedLastOnlyForValidRequests) {

@@ -141,8 +141,9 @@ TEST(SchedulerCallerTest, MinTokensSuppressesEosUnderAConstraintThatDoesNotDecid
     ASSERT_TRUE(in.has_value());
     ASSERT_EQ(in->sequences.size(), 1u);
     EXPECT_NE(in->sequences[0].allowed_token_mask, nullptr);
-    // The stop ids always; the EOS ids only when the constraint leaves them to the stop rules.
-    const std::vector<int32_t> suppressed = decides ? std::vector<int32_t>{9} : std::vector<int32_t>{9, 2};
+    // The stop ids always; the EOS ids only when the constraint leaves them to the stop rules
+    // (ascending).
+    const std::vector<int32_t> suppressed = decides ? std::vector<int32_t>{9} : std::vector<int32_t>{2, 9};
     EXPECT_EQ(in->sequences[0].suppress_token_ids, suppressed);
     scheduler.EndStep(0, in->step_id, Answer(*in, 5), absl::ZeroDuration());
     // Past min_tokens an EOS stops the sequence either way.
@@ -155,6 +156,45 @@ TEST(SchedulerCallerTest, MinTokensSuppressesEosUnderAConstraintThatDoesNotDecid
     EXPECT_EQ(sink->end->reason, FinishReason::kStop);
     EXPECT_EQ(sink->tokens, (std::vector<int32_t>{5, 5, 2}));
   }
+}
+
+// Each step of a sequence with bad words carries the bans its output's tail calls for, and the
+// sequence never decodes several steps in one call (its next bans depend on each token).
+TEST(SchedulerCallerTest, EachStepCarriesTheBadWordBansOfItsOutputSoFar) {
+  testing::FakeClock clock;
+  SchedulerOptions o = CallerOptions(&clock);
+  o.eos_token_ids = {2};
+  o.decode_steps_per_call = 8;
+  Scheduler scheduler(o);
+  ASSERT_TRUE(scheduler.AddReplica(0, nullptr, {.max_slots = 4, .kv_blocks = 16, .stages = 1}).ok());
+  SequenceRequest r{.prompt = {1, 3}, .max_tokens = 4, .ignore_eos = true};
+  r.bad_words = {{3, 4}, {7}};
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(scheduler.Submit(r, sink).ok());
+  const std::vector<int32_t> answers = {3, 5, 3, 6};
+  const std::vector<std::vector<int32_t>> expected = {{7}, {4, 7}, {7}, {4, 7}};  // the prompt's 3 does not count
+  for (size_t step = 0; step < answers.size(); ++step) {
+    std::optional<StepInput> in = scheduler.BeginStep(0);
+    ASSERT_TRUE(in.has_value());
+    ASSERT_EQ(in->sequences.size(), 1u);
+    EXPECT_EQ(in->sequences[0].suppress_token_ids, expected[step]) << "step " << step;
+    EXPECT_LE(in->decode_steps, 1);
+    StepOutput out;
+    out.token_ids.push_back(answers[step]);
+    scheduler.EndStep(0, in->step_id, out, absl::ZeroDuration());
+  }
+  ASSERT_TRUE(sink->end.has_value());
+  EXPECT_EQ(sink->tokens, answers);
+  // Without bad words the same sequence decodes several steps per call.
+  r.bad_words.clear();
+  ASSERT_TRUE(scheduler.Submit(r, std::make_shared<RecordingSink>()).ok());
+  std::optional<StepInput> prefill = scheduler.BeginStep(0);
+  ASSERT_TRUE(prefill.has_value());
+  EXPECT_THAT(prefill->sequences[0].suppress_token_ids, ::testing::IsEmpty());
+  scheduler.EndStep(0, prefill->step_id, Answer(*prefill, 5), absl::ZeroDuration());
+  std::optional<StepInput> decode = scheduler.BeginStep(0);
+  ASSERT_TRUE(decode.has_value());
+  EXPECT_GT(decode->decode_steps, 1);
 }
 
 TEST(SchedulerCallerTest, ThreadDrivenSchedulersRefuseBeginStep) {

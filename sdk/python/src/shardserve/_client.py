@@ -112,7 +112,7 @@ class Client:
                  tools: Optional[Sequence[Mapping]] = None, tool_choice=None, parallel_tool_calls: bool = True,
                  include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
                  continue_final_message: bool = False, truncate_prompt_tokens: Optional[int] = None,
-                 priority: int = 0, allowed_token_ids: Sequence[int] = (),
+                 priority: int = 0, allowed_token_ids: Sequence[int] = (), bad_words: Sequence[str] = (),
                  timeout: Optional[float] = None) -> GenerateStream:
         """Starts a generation from text (tokenized by the server), token ids (used as given), or chat
         messages ([{"role": "user", "content": "Hi"}], rendered with the model's chat template by the
@@ -122,7 +122,8 @@ class Client:
         in it. truncate_prompt_tokens=k keeps a longer prompt's last k tokens (-1: the last ones that
         fit the context beside max_tokens). priority: the scheduling rank on a coordinator started
         with --scheduling_policy=priority (lower values first; must be 0 otherwise).
-        allowed_token_ids: every generated token is one of these ids. At most one of json_schema (a
+        allowed_token_ids: every generated token is one of these ids; bad_words: words the output never
+        holds. At most one of json_schema (a
         dict or its JSON text), json_object and regex constrains the output (and not with
         allowed_token_ids). n: that many independent choices (1..16, choice i sampled with seed + i);
         each delta names its choice (index), and the stream's results() gives every choice's answer
@@ -142,7 +143,7 @@ class Client:
                                        skip_special_tokens=skip_special_tokens,
                                        continue_final_message=continue_final_message,
                                        truncate_prompt_tokens=truncate_prompt_tokens, priority=priority,
-                                       allowed_token_ids=allowed_token_ids)
+                                       allowed_token_ids=allowed_token_ids, bad_words=bad_words)
         resume = _common.Resume(req, self._settings.retry, self._settings.call_timeout(timeout))
         return GenerateStream(
             lambda r, left: self._inference.Generate(r, timeout=left, metadata=self._settings.metadata), resume)

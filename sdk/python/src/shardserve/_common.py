@@ -163,7 +163,8 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      skip_special_tokens: bool = True,
                      continue_final_message: bool = False,
                      truncate_prompt_tokens: Optional[int] = None,
-                     priority: int = 0, allowed_token_ids: Sequence[int] = ()) -> inference_pb2.GenerateRequest:
+                     priority: int = 0, allowed_token_ids: Sequence[int] = (),
+                     bad_words: Sequence[str] = ()) -> inference_pb2.GenerateRequest:
     if not 1 <= n <= 16:
         raise ValueError(f"n must be in [1, 16], got {n}")
     is_chat = not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
@@ -190,6 +191,9 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
         req.truncate_prompt_tokens = truncate_prompt_tokens
     req.priority = priority
     req.allowed_token_ids.extend(int(t) for t in allowed_token_ids)
+    if isinstance(bad_words, str):
+        raise TypeError("bad_words must be a sequence of strings, not one string")
+    req.bad_words.extend(bad_words)
     req.sampling.presence_penalty = presence_penalty
     req.sampling.frequency_penalty = frequency_penalty
     req.sampling.repetition_penalty = repetition_penalty
