@@ -167,6 +167,7 @@ grpc::Status AdminService::DoGetClusterStatus(grpc::CallbackServerContext* ctx, 
   response->set_plan(view.plan);
   response->set_running_sequences(stats.running);
   response->set_waiting_sequences(stats.waiting);
+  response->set_scheduling_policy(std::string(SchedulingPolicyName(stats.policy)));
   for (const ReplicaStats& r : stats.replicas) {
     v1::ReplicaPipelining* p = response->add_pipelining();
     p->set_replica(r.replica);

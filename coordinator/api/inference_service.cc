@@ -340,6 +340,12 @@ absl::StatusOr<frontend::ChatInput> ChatFromProto(const v1::ChatMessages& chat) 
   } else {
     return absl::InvalidArgumentError(absl::StrCat("prompt.chat.tool_choice: unknown value ", static_cast<int>(choice)));
   }
+  if (!chat.template_kwargs().empty()) {
+    in.template_kwargs = nlohmann::ordered_json::parse(chat.template_kwargs(), nullptr, /*allow_exceptions=*/false);
+    if (!in.template_kwargs.is_object()) {
+      return absl::InvalidArgumentError("prompt.chat.template_kwargs: must be the JSON text of an object");
+    }
+  }
   in.parallel_tool_calls = !chat.single_tool_call();
   in.continue_final_message = chat.continue_final_message();
   in.add_generation_prompt = !chat.continue_final_message();

@@ -38,6 +38,7 @@ const FieldNames& GrpcFieldNames() {
                                 .truncate_prompt_tokens = "truncate_prompt_tokens",
                                 .allowed_token_ids = "allowed_token_ids",
                                 .bad_words = "bad_words",
+                                .chat_template_kwargs = "prompt.chat.template_kwargs",
                                 .sequence = {}};
   return names;
 }
@@ -54,6 +55,7 @@ const FieldNames& OpenAiFieldNames(bool chat) {
                       .truncate_prompt_tokens = "truncate_prompt_tokens",
                       .allowed_token_ids = "allowed_token_ids",
                       .bad_words = "bad_words",
+                      .chat_template_kwargs = "chat_template_kwargs",
                       .sequence = {.prompt = for_chat ? "messages" : "prompt",
                                    .prompt_ids = "prompt",
                                    .max_tokens = "max_tokens",
@@ -115,8 +117,14 @@ absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<Con
   if (forced && constraint.has_value()) {
     return Invalid(names.tool_choice, ": a required or named tool call cannot be combined with ", constraint->field);
   }
+  if (absl::Status st = ValidateTemplateKwargs(chat.template_kwargs); !st.ok()) {
+    return InvalidBecause(names.chat_template_kwargs, st);
+  }
   absl::StatusOr<std::vector<int32_t>> ids =
-      chat_prompt_->Render(chat.turns, chat.tools, chat.add_generation_prompt, chat.continue_final_message);
+      chat_prompt_->Render(chat.turns, {.tools = chat.tools,
+                                        .add_generation_prompt = chat.add_generation_prompt,
+                                        .continue_final_message = chat.continue_final_message,
+                                        .template_kwargs = chat.template_kwargs});
   if (!ids.ok()) return InvalidBecause(names.chat, ids.status());
   sequence->prompt = *std::move(ids);
   if (!forced) return absl::OkStatus();

@@ -52,6 +52,7 @@ struct FieldNames {
   absl::string_view truncate_prompt_tokens;
   absl::string_view allowed_token_ids;  // an entry is allowed_token_ids + "[i]"
   absl::string_view bad_words;          // an entry is bad_words + "[i]"
+  absl::string_view chat_template_kwargs;
   RequestFieldNames sequence;     // the fields ValidateSequenceRequest names
 };
 
@@ -78,6 +79,9 @@ struct ChatInput {
   // message is left open for the model to continue.
   bool add_generation_prompt = true;
   bool continue_final_message = false;
+  // vLLM's chat_template_kwargs: more template variables, a JSON object or null
+  // (ValidateTemplateKwargs).
+  nlohmann::ordered_json template_kwargs = nullptr;
 };
 
 // A structured-output constraint the request asks for, and the request field that asked for it

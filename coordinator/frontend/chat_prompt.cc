@@ -71,15 +71,34 @@ absl::StatusOr<std::string> CutAfterFinalMessage(const std::string& text, absl::
 
 }  // namespace
 
+absl::Status ValidateTemplateKwargs(const nlohmann::ordered_json& kwargs) {
+  if (kwargs.is_null()) return absl::OkStatus();
+  if (!kwargs.is_object()) return absl::InvalidArgumentError("must be a JSON object of template variables");
+  if (kwargs.size() > kMaxTemplateKwargs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sets ", kwargs.size(), " variables; at most ", kMaxTemplateKwargs, " are taken"));
+  }
+  for (const char* reserved : {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}) {
+    if (kwargs.contains(reserved)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", reserved, "' is set by the server from the request, not by the template's arguments"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& messages,
-                                                   const nlohmann::ordered_json& tools,
-                                                   bool add_generation_prompt, bool continue_final_message) const {
+                                                   const ChatRenderOptions& options) const {
   if (!template_.has_value()) return error_;
   if (absl::Status st = ValidateChatTurns(messages); !st.ok()) return st;
-  if (continue_final_message && add_generation_prompt) {
+  if (options.continue_final_message && options.add_generation_prompt) {
     return absl::InvalidArgumentError("continue_final_message cannot be combined with add_generation_prompt");
   }
-  nlohmann::ordered_json context;
+  if (absl::Status st = ValidateTemplateKwargs(options.template_kwargs); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("chat_template_kwargs: ", st.message()));
+  }
+  nlohmann::ordered_json context = options.template_kwargs.is_null() ? nlohmann::ordered_json::object()
+                                                                      : options.template_kwargs;
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ChatTurn& m : messages) {
     nlohmann::ordered_json msg;
@@ -102,21 +121,19 @@ absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& 
     list.push_back(std::move(msg));
   }
   context["messages"] = std::move(list);
-  if (!tools.is_null()) context["tools"] = tools;
+  if (!options.tools.is_null()) context["tools"] = options.tools;
   context["bos_token"] = bos_token_;
   context["eos_token"] = eos_token_;
-  context["add_generation_prompt"] = add_generation_prompt;
+  context["add_generation_prompt"] = options.add_generation_prompt;
   absl::StatusOr<std::string> prompt = template_->Render(context);
   if (!prompt.ok()) return absl::InvalidArgumentError(prompt.status().message());
-  if (continue_final_message) return CutAfterFinalMessage(*prompt, messages.back().content);
+  if (options.continue_final_message) return CutAfterFinalMessage(*prompt, messages.back().content);
   return prompt;
 }
 
 absl::StatusOr<std::vector<int32_t>> ChatPrompt::Render(const std::vector<ChatTurn>& messages,
-                                                        const nlohmann::ordered_json& tools,
-                                                        bool add_generation_prompt,
-                                                        bool continue_final_message) const {
-  absl::StatusOr<std::string> prompt = RenderText(messages, tools, add_generation_prompt, continue_final_message);
+                                                        const ChatRenderOptions& options) const {
+  absl::StatusOr<std::string> prompt = RenderText(messages, options);
   if (!prompt.ok()) return prompt.status();
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(*prompt, /*add_special_tokens=*/false);
   if (!ids.ok()) return absl::InvalidArgumentError(ids.status().message());

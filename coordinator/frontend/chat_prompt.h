@@ -35,6 +35,29 @@ struct ChatTurn {
 // for no messages at all.
 absl::Status ValidateChatTurns(const std::vector<ChatTurn>& messages);
 
+// How a chat is rendered, beside its messages.
+struct ChatRenderOptions {
+  // The template's `tools`: an array of OpenAI tool objects, or null for none.
+  nlohmann::ordered_json tools = nullptr;
+  // The template's flag of that name (true: the prompt ends where the assistant's answer starts).
+  bool add_generation_prompt = true;
+  // With add_generation_prompt false: the rendered text is cut right after the final message's
+  // content, so that the model continues that message (as transformers'
+  // apply_chat_template(continue_final_message=True)).
+  bool continue_final_message = false;
+  // vLLM's chat_template_kwargs: more variables for the template (e.g. Qwen3's enable_thinking),
+  // as a JSON object (null: none); see ValidateTemplateKwargs.
+  nlohmann::ordered_json template_kwargs = nullptr;
+};
+
+// Most variables one request's chat_template_kwargs may set.
+inline constexpr size_t kMaxTemplateKwargs = 64;
+
+// InvalidArgument (the message names no field: the caller adds its own) when `kwargs` is neither
+// null nor a JSON object, has more than kMaxTemplateKwargs entries, or sets a variable the server
+// sets from the request itself (messages, tools, add_generation_prompt, bos_token, eos_token).
+absl::Status ValidateTemplateKwargs(const nlohmann::ordered_json& kwargs);
+
 class ChatPrompt {
  public:
   // `tokenizer` (borrowed; may be null) of the model in `model_dir` (for messages). Never fails: a
@@ -43,22 +66,15 @@ class ChatPrompt {
   ChatPrompt(const Tokenizer* tokenizer, const std::string& model_dir);
 
   // The prompt's ids; InvalidArgument when chat cannot be served (why), when the messages are
-  // invalid (ValidateChatTurns), or when the template refuses them (its raise_exception message).
-  // `tools` (an array of OpenAI tool objects, or null for none) is the template's `tools`;
-  // `add_generation_prompt` its flag of that name (true: the prompt ends where the assistant's
-  // answer starts). `continue_final_message` (with add_generation_prompt false) cuts the rendered
-  // text right after the final message's content, so that the model continues that message (as
-  // transformers' apply_chat_template(continue_final_message=True)); InvalidArgument when that
-  // content is empty or the template does not write it out.
+  // invalid (ValidateChatTurns), when the template refuses them (its raise_exception message),
+  // when the options' template_kwargs are invalid (ValidateTemplateKwargs), or, with
+  // continue_final_message, when add_generation_prompt is set too, the final message's content is
+  // empty, or the template does not write it out.
   absl::StatusOr<std::vector<int32_t>> Render(const std::vector<ChatTurn>& messages,
-                                              const nlohmann::ordered_json& tools = nullptr,
-                                              bool add_generation_prompt = true,
-                                              bool continue_final_message = false) const;
+                                              const ChatRenderOptions& options = {}) const;
   // The prompt's text (what Render tokenizes).
   absl::StatusOr<std::string> RenderText(const std::vector<ChatTurn>& messages,
-                                         const nlohmann::ordered_json& tools = nullptr,
-                                         bool add_generation_prompt = true,
-                                         bool continue_final_message = false) const;
+                                         const ChatRenderOptions& options = {}) const;
 
   // The template's source ("" when there is none).
   const std::string& template_source() const { return template_source_; }

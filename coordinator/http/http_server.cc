@@ -747,8 +747,14 @@ void HttpServer::Impl::Tokenize(const std::string& body, httplib::Response& res)
     ids = tokenizer->Encode(*r->prompt, r->add_special_tokens.value_or(true));
   } else {
     // Rendered as a chat request's prompt is (frontend::ChatPrompt), the BOS being the template's.
-    absl::StatusOr<std::string> text = chat_prompt->RenderText(TakeTurns(*r->messages), nullptr,
-                                                               r->add_generation_prompt, r->continue_final_message);
+    if (absl::Status st = frontend::ValidateTemplateKwargs(r->chat_template_kwargs); !st.ok()) {
+      return ReplyStatus(res,
+                         InvalidParam("chat_template_kwargs", absl::StrCat("chat_template_kwargs: ", st.message())));
+    }
+    absl::StatusOr<std::string> text =
+        chat_prompt->RenderText(TakeTurns(*r->messages), {.add_generation_prompt = r->add_generation_prompt,
+                                                          .continue_final_message = r->continue_final_message,
+                                                          .template_kwargs = r->chat_template_kwargs});
     if (text.ok()) {
       ids = tokenizer->Encode(*text, r->add_special_tokens.value_or(false));
     } else {
@@ -852,7 +858,8 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                            .tool_name = std::move(parsed->tool_name),
                            .parallel_tool_calls = parsed->parallel_tool_calls,
                            .add_generation_prompt = parsed->add_generation_prompt,
-                           .continue_final_message = parsed->continue_final_message};
+                           .continue_final_message = parsed->continue_final_message,
+                           .template_kwargs = std::move(parsed->chat_template_kwargs)};
     in.turns = TakeTurns(parsed->messages);
     prompts.push_back({.input = std::move(in)});
   } else {

@@ -603,6 +603,10 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
       } else {
         r.continue_final_message = *b;
       }
+    } else if (key == "chat_template_kwargs") {
+      if (v.is_null()) continue;
+      if (!v.is_object()) return WrongType(key, "an object", v);
+      r.chat_template_kwargs = v;
     } else {
       return UnknownField(key);
     }
@@ -616,6 +620,9 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
   }
   if (r.continue_final_message && r.prompt.has_value()) {
     return InvalidParam("continue_final_message", "'continue_final_message' is for 'messages'");
+  }
+  if (!r.chat_template_kwargs.is_null() && r.prompt.has_value()) {
+    return InvalidParam("chat_template_kwargs", "'chat_template_kwargs' is for 'messages'");
   }
   if (r.continue_final_message && r.add_generation_prompt) {
     return InvalidParam("continue_final_message", "'continue_final_message' needs 'add_generation_prompt': false");
@@ -710,6 +717,10 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
       absl::StatusOr<bool> b = GetBool(v, key);
       if (!b.ok()) return b.status();
       (key == "add_generation_prompt" ? r.add_generation_prompt : r.continue_final_message) = *b;
+    } else if (key == "chat_template_kwargs") {
+      if (v.is_null()) continue;
+      if (!v.is_object()) return WrongType(key, "an object", v);
+      r.chat_template_kwargs = v;
     } else if (key == "top_logprobs") {
       if (v.is_null()) continue;
       absl::StatusOr<int64_t> n = GetInt(v, key);

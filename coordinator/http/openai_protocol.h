@@ -131,6 +131,9 @@ struct ChatRequest {
   // message open for the model to continue ("prefill"; then add_generation_prompt must be false).
   bool add_generation_prompt = true;
   bool continue_final_message = false;
+  // vLLM's chat_template_kwargs: more variables for the chat template (a JSON object; null when
+  // absent), checked at admission (frontend::ValidateTemplateKwargs).
+  nlohmann::ordered_json chat_template_kwargs;
 };
 
 // vLLM's /tokenize and /detokenize bodies.
@@ -143,6 +146,7 @@ struct TokenizeRequest {
   std::optional<bool> add_special_tokens;
   bool add_generation_prompt = true;  // messages: end where the assistant's answer starts
   bool continue_final_message = false;  // messages: end right after the final message's content
+  nlohmann::ordered_json chat_template_kwargs;  // messages: more template variables (null: none)
 };
 struct DetokenizeRequest {
   std::string model;

@@ -1447,6 +1447,7 @@ void Scheduler::Shutdown(const absl::Status& reason) {
 SchedulerStats Scheduler::Stats() const {
   MutexLock lock(&mu_);
   SchedulerStats stats;
+  stats.policy = options_.policy;
   for (const auto& [id, r] : replicas_) {
     ReplicaStats rs{.replica = id,
                     .max_slots = r->max_slots,

@@ -294,6 +294,7 @@ struct SchedulerStats {
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t recovering = 0;  // parked, waiting for a replica to recover ("Recovery" above)
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;  // SchedulerOptions::policy
   std::vector<ReplicaStats> replicas;  // by replica id
 };
 

@@ -235,6 +235,7 @@ absl::Status StatusCommand() {
             << info->waiting_sequences << " waiting\n";
   for (const std::string& line : info->pipelining) std::cout << "pipelining: " << line << "\n";
   for (const std::string& line : info->decode_steps) std::cout << "decode steps per call: " << line << "\n";
+  if (!info->scheduling_policy.empty()) std::cout << "scheduling: " << info->scheduling_policy << "\n";
   std::cout << "\n";
   std::vector<std::vector<std::string>> rows = {{"WORKER", "NODE", "ADDRESS", "STATE", "DEVICES", "ASSIGNMENT", "ERROR"}};
   for (const WorkerInfo& w : info->workers) {

@@ -212,6 +212,7 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
     chat->set_tool_name(o.tool_name);
     chat->set_single_tool_call(o.tool_choice == ToolChoice::kRequired && !o.parallel_tool_calls);
     chat->set_continue_final_message(o.continue_final_message);
+    chat->set_template_kwargs(o.chat_template_kwargs);
   } else if (prompt.is_ids) {
     // An empty id list still selects the ids prompt, so the server names the empty prompt.
     req.mutable_token_ids()->mutable_ids()->Add(prompt.ids.begin(), prompt.ids.end());
@@ -492,6 +493,7 @@ absl::StatusOr<ClusterInfo> GrpcClient::DoClusterStatus(const CallOptions& call)
   info.running_sequences = resp.running_sequences();
   info.waiting_sequences = resp.waiting_sequences();
   info.total_workers = resp.total_workers();
+  info.scheduling_policy = resp.scheduling_policy();
   for (const v1::ReplicaPipelining& p : resp.pipelining()) {
     info.pipelining.push_back(absl::StrCat("replica ", p.replica(), ": ", p.explanation()));
   }

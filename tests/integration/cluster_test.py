@@ -337,6 +337,7 @@ class Load(unittest.TestCase):
             preempted = sum(float(l.split()[-1]) for l in page.splitlines()
                             if l.startswith("shardserve_coordinator_preemptions_total{"))
             self.assertGreater(preempted, 0, "the budget should have forced preemption")
+            self.assertIn("scheduling: priority", c.cli("status").stdout.splitlines())
         finally:
             c.stop()
 

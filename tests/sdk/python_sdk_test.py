@@ -282,6 +282,8 @@ class AgainstALocalCluster(unittest.TestCase):
                          ["pipelining: " + line for line in status.pipelining])
         self.assertEqual([line for line in cli if line.startswith("decode steps per call: ")],
                          ["decode steps per call: " + line for line in status.decode_steps])
+        self.assertEqual(status.scheduling_policy, "fcfs")
+        self.assertIn("scheduling: fcfs", cli)
 
     def test_cancel_mid_stream(self):
         stream = self.client.generate(PROMPT, max_tokens=400, ignore_eos=True)
@@ -413,6 +415,11 @@ class AgainstAFakeServer(unittest.TestCase):
             self.assertFalse(sent.continue_final_message)
             c.generate(chat, continue_final_message=True).result()
             self.assertTrue(fake.requests[-1].chat.continue_final_message)
+            self.assertEqual(fake.requests[-1].chat.template_kwargs, "")
+            c.generate(chat, chat_template_kwargs={"enable_thinking": False}).result()
+            self.assertEqual(json.loads(fake.requests[-1].chat.template_kwargs), {"enable_thinking": False})
+            with self.assertRaises(ValueError):
+                c.generate("hi", chat_template_kwargs={"enable_thinking": False})
             # Tools and continue_final_message need a chat prompt; tool_choice must be one of OpenAI's forms.
             with self.assertRaises(ValueError):
                 c.generate("hi", tools=tools)

@@ -767,7 +767,8 @@ TEST_F(CoordinatorApiTest, ChatMessagesAreRenderedWithTheModelsTemplate) {
   nlohmann::json config = nlohmann::json::parse(
       testing::ReadFileOrEmpty(absl::StrCat(testing::Stories260KDir(), "/tokenizer_config.json")));
   config["chat_template"] =
-      "{{ bos_token }}{% for m in messages %}{{ m.role | capitalize }}: {{ m.content }}\n{% endfor %}"
+      "{{ bos_token }}{% if greeting is defined %}{{ greeting }}{% endif %}"
+      "{% for m in messages %}{{ m.role | capitalize }}: {{ m.content }}\n{% endfor %}"
       "{% if add_generation_prompt %}Assistant:{% endif %}";
   dir.Write("tokenizer_config.json", config.dump());
   StartCoordinator(dir.path(), 1);
@@ -814,6 +815,21 @@ TEST_F(CoordinatorApiTest, ChatMessagesAreRenderedWithTheModelsTemplate) {
               HasSubstr("prompt.chat: messages[1].role must be system, user, assistant, tool or developer, got 'robot'"));
   bad.mutable_chat()->clear_messages();
   EXPECT_THAT(Generate(bad).status.error_message(), HasSubstr("prompt.chat: messages is empty"));
+
+  // template_kwargs (vLLM's chat_template_kwargs): more variables for the template.
+  v1::GenerateRequest greeted = chat;
+  greeted.mutable_chat()->set_template_kwargs(R"({"greeting": "Hello. "})");
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> hello,
+                       tokenizer->Encode("<s>Hello. System: Be brief.\nUser: Tell a story\nAssistant:", false));
+  const GenerateResult g = Generate(greeted);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.messages.back().usage().prompt_tokens(), static_cast<int32_t>(hello.size()));
+  greeted.mutable_chat()->set_template_kwargs("[1]");
+  EXPECT_THAT(Generate(greeted).status.error_message(),
+              HasSubstr("prompt.chat.template_kwargs: must be the JSON text of an object"));
+  greeted.mutable_chat()->set_template_kwargs(R"({"eos_token": "x"})");
+  EXPECT_THAT(Generate(greeted).status.error_message(),
+              HasSubstr("prompt.chat.template_kwargs: 'eos_token' is set by the server"));
 }
 
 TEST_F(CoordinatorApiTest, ChatNeedsAChatTemplate) {
@@ -1030,6 +1046,7 @@ TEST_F(CoordinatorApiTest, ClusterStatusShowsWorkersAssignmentsAndThePlan) {
                                    "per rank (at most 256 sequences (max_slots auto) x max_seq_len 512)"));
   EXPECT_EQ(st.running_sequences(), 0);
   EXPECT_EQ(st.waiting_sequences(), 0);
+  EXPECT_EQ(st.scheduling_policy(), "fcfs");  // the default
   // One stage: nothing to pipeline.
   ASSERT_EQ(st.pipelining_size(), 1);
   EXPECT_EQ(st.pipelining(0).replica(), 0);

@@ -155,7 +155,8 @@ TEST_F(AdmissionTest, ChatIsRenderedWithItsToolsAndRequiredCallsAreConstrained) 
   AdmissionRequest r = Chat();
   ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission_->Admit(r, OpenAiFieldNames(/*chat=*/true)));
   const ChatInput& chat = std::get<ChatInput>(r.prompt);
-  ASSERT_OK_AND_ASSIGN(std::string text, ChatPrompt(tokenizer_.get(), dir_.path()).RenderText(chat.turns, chat.tools));
+  ASSERT_OK_AND_ASSIGN(std::string text,
+                       ChatPrompt(tokenizer_.get(), dir_.path()).RenderText(chat.turns, {.tools = chat.tools}));
   EXPECT_THAT(text, HasSubstr("get_weather"));  // the template lists the tools
   ASSERT_OK_AND_ASSIGN(std::vector<int32_t> want, tokenizer_->Encode(text, /*add_special_tokens=*/false));
   EXPECT_EQ(a.sequence.prompt, want);
@@ -378,6 +379,11 @@ TEST_F(AdmissionTest, InvalidRequestsNameTheFieldAsEachApiSpellsIt) {
          r.sequence.min_tokens = 2;
        },
        false, "allowed_token_ids", "allowed_token_ids", "only stop and EOS ids, which min_tokens = 2"},
+      {"a template variable the server sets",
+       [&](AdmissionRequest& r) { chat_of(r).template_kwargs = {{"tools", 1}}; }, true, "prompt.chat.template_kwargs",
+       "chat_template_kwargs", "'tools' is set by the server"},
+      {"template kwargs not an object", [&](AdmissionRequest& r) { chat_of(r).template_kwargs = Json::array(); }, true,
+       "prompt.chat.template_kwargs", "chat_template_kwargs", "must be a JSON object"},
       {"an empty bad word", [](AdmissionRequest& r) { r.bad_words = {"fine", " \t"}; }, false, "bad_words[1]",
        "bad_words[1]", "is empty (or only whitespace)"},
       {"a long bad word", [](AdmissionRequest& r) { r.bad_words = {std::string(kMaxBadWordBytes + 1, 'a')}; }, false,

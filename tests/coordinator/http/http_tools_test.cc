@@ -57,15 +57,18 @@ class HttpToolsTest : public ::testing::Test {
  protected:
   void SetUp() override { std::signal(SIGPIPE, SIG_IGN); }
 
-  // Serves a model whose output is `output` followed by kEnd (repeated).
-  void Serve(const std::string& output) {
+  // Serves a model whose output is `output` followed by kEnd (repeated), with Qwen2.5's chat
+  // template or `chat_template`.
+  void Serve(const std::string& output, const std::string& chat_template = "") {
     // One directory per process: ctest runs the tests of this file in parallel processes.
     dir_ = std::filesystem::path(::testing::TempDir()) / ("http_tools_model_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
     std::filesystem::copy_file("tests/golden/models/qwen2/tokenizer.json", dir_ / "tokenizer.json",
                                std::filesystem::copy_options::overwrite_existing);
     Json config;
-    config["chat_template"] = ReadFile("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja");
+    config["chat_template"] = chat_template.empty()
+                                  ? ReadFile("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja")
+                                  : chat_template;
     std::ofstream(dir_ / "tokenizer_config.json") << config.dump();
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir_.string());
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
@@ -302,6 +305,57 @@ TEST_F(HttpToolsTest, ContinueFinalMessageLeavesTheAssistantsMessageOpen) {
   auto [plain_status, plain] = tokenize({{"prompt", "Hi"}, {"continue_final_message", true}});
   EXPECT_EQ(plain_status, 400);
   EXPECT_EQ(plain["error"]["param"], "continue_final_message") << plain;
+}
+
+// vLLM's chat_template_kwargs: more variables for the template, here a switch in the manner of
+// Qwen3's enable_thinking (an empty thinking block when it is false), in /tokenize and in chat.
+TEST_F(HttpToolsTest, ChatTemplateKwargsReachTheTemplate) {
+  Serve("x",
+        "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+        "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+        "{% endif %}");
+  const Json messages = Json::array({{{"role", "user"}, {"content", "Hi"}}});
+  auto tokenize = [this](const Json& body) {
+    httplib::Result r = client_->Post("/tokenize", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, Json::parse(r->body, nullptr, false)) : std::make_pair(0, Json());
+  };
+  auto text_of = [this](const Json& body) {
+    return tokenizer_->Decode(body["tokens"].get<std::vector<int32_t>>(), false).value_or("?");
+  };
+  const std::string head = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+  auto [plain_status, plain] = tokenize({{"messages", messages}});
+  ASSERT_EQ(plain_status, 200) << plain;
+  EXPECT_EQ(text_of(plain), head);
+  auto [on_status, on] = tokenize({{"messages", messages}, {"chat_template_kwargs", {{"enable_thinking", true}}}});
+  ASSERT_EQ(on_status, 200) << on;
+  EXPECT_EQ(text_of(on), head);
+  auto [off_status, off] = tokenize({{"messages", messages}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  ASSERT_EQ(off_status, 200) << off;
+  EXPECT_EQ(text_of(off), head + "<think>\n\n</think>\n\n");
+  // A chat request renders its prompt the same way.
+  Json request =
+      Request({{"messages", messages}, {"max_tokens", 1}, {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  request.erase("tools");
+  auto [status, body] = Post(request);
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["usage"]["prompt_tokens"], off["count"]);
+  // Refused, naming the field: not an object, a variable the server sets, and for a plain prompt.
+  for (const Json& kwargs : {Json(5), Json({{"messages", Json::array()}}), Json({{"add_generation_prompt", false}})}) {
+    SCOPED_TRACE(kwargs.dump());
+    Json bad = Request({{"messages", messages}, {"chat_template_kwargs", kwargs}});
+    bad.erase("tools");
+    auto [bad_status, bad_body] = Post(bad);
+    EXPECT_EQ(bad_status, 400);
+    EXPECT_EQ(bad_body["error"]["param"], "chat_template_kwargs") << bad_body;
+    auto [tok_status, tok_body] = tokenize({{"messages", messages}, {"chat_template_kwargs", kwargs}});
+    EXPECT_EQ(tok_status, 400);
+    EXPECT_EQ(tok_body["error"]["param"], "chat_template_kwargs") << tok_body;
+  }
+  auto [prompt_status, prompt_body] = tokenize({{"prompt", "Hi"}, {"chat_template_kwargs", {{"a", 1}}}});
+  EXPECT_EQ(prompt_status, 400);
+  EXPECT_EQ(prompt_body["error"]["param"], "chat_template_kwargs") << prompt_body;
 }
 
 TEST_F(HttpToolsTest, BadToolRequestsAre400NamingTheField) {

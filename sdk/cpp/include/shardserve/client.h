@@ -197,6 +197,9 @@ struct GenerateOptions {
   // A chat prompt whose final message the model continues (an assistant message holding the
   // answer's start) instead of starting a new assistant turn.
   bool continue_final_message = false;
+  // A chat prompt's extra chat-template variables, as the JSON text of an object (vLLM's
+  // chat_template_kwargs, e.g. {"enable_thinking": false} for Qwen3); empty = none.
+  std::string chat_template_kwargs;
   // Independent choices of the same prompt (OpenAI's n), in [1, 16]: choice i samples with seed + i.
   // Each delta names its choice (GenerateDelta::index); Generate needs n = 1, GenerateChoices
   // returns every choice.
@@ -275,6 +278,9 @@ struct ClusterInfo {
   // Per serving replica: "replica R: <decode steps per worker call, and why>" (multi-step
   // decoding; empty from a coordinator that does not say).
   std::vector<std::string> decode_steps;
+  // The order waiting requests are admitted in: "fcfs" or "priority" (empty from a coordinator
+  // that does not say).
+  std::string scheduling_policy;
 };
 
 // A generation being streamed, read in pull style:

@@ -104,6 +104,7 @@ class AsyncClient:
                  include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
                  continue_final_message: bool = False, truncate_prompt_tokens: Optional[int] = None,
                  priority: int = 0, allowed_token_ids: Sequence[int] = (), bad_words: Sequence[str] = (),
+                 chat_template_kwargs: Optional[Mapping] = None,
                  timeout: Optional[float] = None) -> AsyncGenerateStream:
         """Starts a generation; see Client.generate."""
         req = _common.generate_request(prompt, max_tokens, temperature, top_k, top_p, seed, stop_token_ids,
@@ -117,7 +118,8 @@ class AsyncClient:
                                        skip_special_tokens=skip_special_tokens,
                                        continue_final_message=continue_final_message,
                                        truncate_prompt_tokens=truncate_prompt_tokens, priority=priority,
-                                       allowed_token_ids=allowed_token_ids, bad_words=bad_words)
+                                       allowed_token_ids=allowed_token_ids, bad_words=bad_words,
+                                       chat_template_kwargs=chat_template_kwargs)
         resume = _common.Resume(req, self._settings.retry, self._settings.call_timeout(timeout))
         return AsyncGenerateStream(
             lambda r, left: self._inference.Generate(r, timeout=left, metadata=self._settings.metadata), resume)

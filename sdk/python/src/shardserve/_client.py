@@ -113,10 +113,12 @@ class Client:
                  include_stop_str_in_output: bool = False, skip_special_tokens: bool = True,
                  continue_final_message: bool = False, truncate_prompt_tokens: Optional[int] = None,
                  priority: int = 0, allowed_token_ids: Sequence[int] = (), bad_words: Sequence[str] = (),
+                 chat_template_kwargs: Optional[Mapping] = None,
                  timeout: Optional[float] = None) -> GenerateStream:
         """Starts a generation from text (tokenized by the server), token ids (used as given), or chat
         messages ([{"role": "user", "content": "Hi"}], rendered with the model's chat template by the
-        server; continue_final_message=True: the model continues the final message instead of starting
+        server; chat_template_kwargs: more variables for the template, e.g. {"enable_thinking": False};
+        continue_final_message=True: the model continues the final message instead of starting
         a new turn). `stop`: text that ends the generation (the text stops right before it, or with it
         when include_stop_str_in_output); skip_special_tokens=False spells the model's special tokens
         in it. truncate_prompt_tokens=k keeps a longer prompt's last k tokens (-1: the last ones that
@@ -143,7 +145,8 @@ class Client:
                                        skip_special_tokens=skip_special_tokens,
                                        continue_final_message=continue_final_message,
                                        truncate_prompt_tokens=truncate_prompt_tokens, priority=priority,
-                                       allowed_token_ids=allowed_token_ids, bad_words=bad_words)
+                                       allowed_token_ids=allowed_token_ids, bad_words=bad_words,
+                                       chat_template_kwargs=chat_template_kwargs)
         resume = _common.Resume(req, self._settings.retry, self._settings.call_timeout(timeout))
         return GenerateStream(
             lambda r, left: self._inference.Generate(r, timeout=left, metadata=self._settings.metadata), resume)

@@ -164,7 +164,8 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                      continue_final_message: bool = False,
                      truncate_prompt_tokens: Optional[int] = None,
                      priority: int = 0, allowed_token_ids: Sequence[int] = (),
-                     bad_words: Sequence[str] = ()) -> inference_pb2.GenerateRequest:
+                     bad_words: Sequence[str] = (),
+                     chat_template_kwargs: Optional[Mapping] = None) -> inference_pb2.GenerateRequest:
     if not 1 <= n <= 16:
         raise ValueError(f"n must be in [1, 16], got {n}")
     is_chat = not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
@@ -172,6 +173,8 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
         raise ValueError("tools and tool_choice need a chat prompt (a list of messages)")
     if continue_final_message and not is_chat:
         raise ValueError("continue_final_message needs a chat prompt (a list of messages)")
+    if chat_template_kwargs is not None and not is_chat:
+        raise ValueError("chat_template_kwargs needs a chat prompt (a list of messages)")
     req = inference_pb2.GenerateRequest(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
                                         ignore_eos=ignore_eos, request_id=request_id, min_tokens=min_tokens,
                                         logprobs=logprobs, top_logprobs=top_logprobs, n=n)
@@ -216,6 +219,8 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                 msg.tool_call_id = str(m["tool_call_id"])
         _set_tools(req.chat, tools, tool_choice, parallel_tool_calls)
         req.chat.continue_final_message = continue_final_message
+        if chat_template_kwargs is not None:
+            req.chat.template_kwargs = json.dumps(dict(chat_template_kwargs))
     else:
         req.token_ids.ids.extend(prompt)
         req.token_ids.SetInParent()  # an empty id list is still an ids prompt; the server names it
@@ -335,4 +340,5 @@ def cluster_status(s: control_pb2.ClusterStatus) -> ClusterStatus:
     return ClusterStatus(ready=s.ready, reason=s.reason, model_path=s.model_path, plan=s.plan,
                          running_sequences=s.running_sequences, waiting_sequences=s.waiting_sequences, workers=workers,
                          pipelining=[f"replica {p.replica}: {p.explanation}" for p in s.pipelining],
-                         decode_steps=[f"replica {d.replica}: {d.explanation}" for d in s.decode_steps])
+                         decode_steps=[f"replica {d.replica}: {d.explanation}" for d in s.decode_steps],
+                         scheduling_policy=s.scheduling_policy)

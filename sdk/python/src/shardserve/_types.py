@@ -141,3 +141,6 @@ class ClusterStatus:
     # Per serving replica: "replica R: <decode steps per worker call, and why>" (multi-step decoding;
     # empty from a coordinator that does not say).
     decode_steps: List[str] = field(default_factory=list)
+    # The order waiting requests are admitted in: "fcfs" or "priority" (empty from a coordinator
+    # that does not say).
+    scheduling_policy: str = ""
