@@ -27,6 +27,7 @@
 #include "coordinator/frontend/admission.h"
 #include "coordinator/frontend/chat_prompt.h"
 #include "coordinator/frontend/choices.h"
+#include "coordinator/frontend/reasoning.h"
 #include "coordinator/frontend/request_log.h"
 #include "coordinator/frontend/sequence_output.h"
 #include "coordinator/frontend/tool_calls.h"
@@ -39,10 +40,15 @@ namespace {
 using frontend::ChoiceCanceller;
 using frontend::ChoiceGroup;
 using frontend::ParsedOutput;
+using frontend::ParseReasoningFormat;
 using frontend::ParseToolCallFormat;
 using frontend::ParseToolCalls;
+using frontend::ReasoningFormat;
+using frontend::ReasoningSplit;
+using frontend::ReasoningStreamer;
 using frontend::ReportRejected;
 using frontend::SequenceText;
+using frontend::SplitReasoning;
 using frontend::ToolCallFormat;
 using frontend::ToolCallStreamer;
 
@@ -418,6 +424,7 @@ struct Submitted {
   int generate = 1;  // choices generated per prompt (best_of; n unless ranked)
   bool logprobs = false;
   std::optional<ToolCallFormat> tool_format;  // set: answers are parsed for tool calls
+  std::optional<ReasoningFormat> reasoning;   // set: chat answers are split (before tools are parsed)
   int64_t prompt_tokens = 0;                  // over every prompt
   std::shared_ptr<Bell> bell;                 // rung by every prompt's choices
   std::vector<std::shared_ptr<HttpChoices>> choices;  // one per prompt
@@ -510,6 +517,11 @@ void AnswerWhole(const Submitted& sub, httplib::Response& res, const std::functi
     ChoiceOutput& o = out.emplace_back(ChoiceOutput{.text = answers[i].text,
                                                     .finish_reason = FinishReasonText(answers[i].end->reason),
                                                     .logprobs = logprobs ? &answers[i].entries : nullptr});
+    if (sub.reasoning.has_value()) {
+      ReasoningSplit split = SplitReasoning(*sub.reasoning, o.text);
+      o.reasoning = std::move(split.reasoning);
+      o.text = std::move(split.content);
+    }
     if (!parse_tools) continue;
     ParsedOutput parsed = ParseToolCalls(*tool_format, o.text);
     if (parsed.calls.empty()) continue;
@@ -537,12 +549,14 @@ void AnswerStreamed(std::shared_ptr<const Submitted> sub, httplib::Response& res
     int ended = 0;
     std::shared_ptr<security::ApiKeys::Lease> lease;  // released with the stream
     std::vector<ToolCallStreamer> tools;  // chat with tools parsed: one per choice
+    std::vector<ReasoningStreamer> reasoning;  // chat with reasoning split: one per choice
   };
   auto state = std::make_shared<StreamState>();
   const size_t num_choices = static_cast<size_t>(sub->total());
   state->text_offset.assign(num_choices, 0);
   state->ends.resize(num_choices);
   if (sub->tool_format.has_value()) state->tools.assign(num_choices, ToolCallStreamer(*sub->tool_format));
+  if (sub->reasoning.has_value()) state->reasoning.assign(num_choices, ReasoningStreamer(*sub->reasoning));
   state->lease = std::move(lease);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -579,6 +593,22 @@ void AnswerStreamed(std::shared_ptr<const Submitted> sub, httplib::Response& res
         }
         for (HttpChoices::Update& u : updates) {
           const int index = static_cast<int>(u.index);
+          // With reasoning split, the reasoning goes out as reasoning_content deltas and the rest
+          // goes on as the content.
+          if (!state->reasoning.empty()) {
+            ReasoningStreamer& splitter = state->reasoning[u.index];
+            ReasoningSplit split = splitter.Add(u.text);
+            if (u.end.has_value() && u.end->status.ok()) {
+              ReasoningSplit rest = splitter.Finish();
+              split.reasoning += rest.reasoning;
+              split.content += rest.content;
+            }
+            if (!split.reasoning.empty() &&
+                !write(SseEvent(Dump(ReasoningChunk(meta, split.reasoning, index))))) {
+              return false;
+            }
+            u.text = std::move(split.content);
+          }
           // With tools, what may be a call is held back until the choice ends, then parsed.
           ParsedOutput parsed;
           if (!state->tools.empty()) {
@@ -655,6 +685,11 @@ absl::Status HttpServerOptions::Validate() const {
   }
   if (max_body_bytes < 1024) return absl::InvalidArgumentError("http max_body_bytes must be at least 1024");
   if (keepalive <= absl::ZeroDuration()) return absl::InvalidArgumentError("http keepalive must be > 0");
+  if (!reasoning_parser.empty()) {
+    if (absl::Status st = ParseReasoningFormat(reasoning_parser).status(); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--reasoning_parser: ", st.message(), ", or nothing"));
+    }
+  }
   if (tool_call_parser != "auto") {
     if (absl::Status st = ParseToolCallFormat(tool_call_parser).status(); !st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--tool_call_parser: ", st.message(), ", or auto"));
@@ -938,6 +973,9 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                 .generate = generate,
                 .logprobs = fields.logprobs,
                 .tool_format = admitted[0].tool_calls,
+                .reasoning = chat && !options.reasoning_parser.empty()
+                                 ? std::optional<ReasoningFormat>(*ParseReasoningFormat(options.reasoning_parser))
+                                 : std::nullopt,
                 .bell = std::make_shared<Bell>()};
   for (size_t p = 0; p < num_prompts; ++p) {
     SequenceRequest& seq = admitted[p].sequence;

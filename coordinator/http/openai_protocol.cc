@@ -894,6 +894,9 @@ Json ChatResponse(const ResponseMeta& meta, const std::vector<ChoiceOutput>& cho
     message["role"] = "assistant";
     const ChoiceOutput& c = choices[i];
     message["content"] = c.tool_calls.empty() || !c.text.empty() ? Json(c.text) : Json(nullptr);
+    if (c.reasoning.has_value()) {
+      message["reasoning_content"] = c.reasoning->empty() ? Json(nullptr) : Json(*c.reasoning);
+    }
     if (!c.tool_calls.empty()) {
       Json calls = Json::array();
       for (size_t k = 0; k < c.tool_calls.size(); ++k) {
@@ -935,6 +938,17 @@ Json ChatChunk(const ResponseMeta& meta, absl::string_view role, const std::opti
   choice["delta"] = std::move(delta);
   choice["logprobs"] = ChatLogprobs(logprobs);
   choice["finish_reason"] = FinishReason(finish_reason);
+  j["choices"] = Json::array({std::move(choice)});
+  return j;
+}
+
+Json ReasoningChunk(const ResponseMeta& meta, absl::string_view reasoning, int index) {
+  Json j = Base(meta, "chat.completion.chunk");
+  Json choice;
+  choice["index"] = index;
+  choice["delta"] = {{"reasoning_content", std::string(reasoning)}};
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = nullptr;
   j["choices"] = Json::array({std::move(choice)});
   return j;
 }

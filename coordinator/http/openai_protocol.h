@@ -228,7 +228,13 @@ struct ChoiceOutput {
   // calls, an empty text is "content": null.
   std::vector<frontend::ParsedToolCall> tool_calls;
   std::vector<std::string> tool_call_ids;  // [tool_calls.size()]
+  // Chat with a reasoning parser: the reasoning split off `text` (message.reasoning_content, null
+  // when empty); unset without a parser (no such field).
+  std::optional<std::string> reasoning;
 };
+
+// A chat delta carrying reasoning (delta.reasoning_content), as vLLM streams it.
+nlohmann::ordered_json ReasoningChunk(const ResponseMeta& meta, absl::string_view reasoning, int index);
 
 // A chat delta carrying one tool call, as OpenAI streams them: the first (with_header) has the
 // call's index, id, type and name with empty arguments; later ones the index and an arguments

@@ -19,6 +19,7 @@
 #include "coordinator/client/grpc_replica_client.h"
 #include "coordinator/client/grpc_worker_client.h"
 #include "coordinator/http/http_server.h"
+#include "coordinator/frontend/reasoning.h"
 #include "coordinator/frontend/tool_calls.h"
 
 namespace shardserve::coordinator {
@@ -40,6 +41,10 @@ absl::Status CoordinatorOptions::Validate() const {
   if (tool_call_parser != "auto" && !frontend::ParseToolCallFormat(tool_call_parser).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--tool_call_parser must be auto, hermes or llama3_json, got \"",
                                                    tool_call_parser, "\""));
+  }
+  if (!reasoning_parser.empty() && !frontend::ParseReasoningFormat(reasoning_parser).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--reasoning_parser must be deepseek_r1, qwen3 or empty, got \"",
+                                                   reasoning_parser, "\""));
   }
   if (expected_workers < 1) return bad("expected_workers", expected_workers, ">= 1");
   if (tp < 0) return bad("tp", tp, ">= 0");
@@ -281,7 +286,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
          .api_keys = c->api_keys_.get(),
          .tls = public_tls ? options.tls : std::nullopt,
          .constraints = c->constraints_.get(),
-         .tool_call_parser = options.tool_call_parser},
+         .tool_call_parser = options.tool_call_parser,
+         .reasoning_parser = options.reasoning_parser},
         c->tokenizer_.get(), c->scheduler_.get(), [cluster = c->cluster_.get()] { return cluster->AdmissionStatus(); });
     if (!server.ok()) return server.status();
     c->http_ = *std::move(server);

@@ -106,6 +106,9 @@ struct CoordinatorOptions {
   // How the model writes tool calls in chat (--tool_call_parser): "hermes" (<tool_call> tags,
   // Qwen2.5), "llama3_json" (Llama 3.x), or "auto" (detected from the chat template).
   std::string tool_call_parser = "auto";
+  // A reasoning model's format (--reasoning_parser; coordinator/frontend/reasoning.h):
+  // "deepseek_r1" or "qwen3" splits chat answers into reasoning_content and content; "" = none.
+  std::string reasoning_parser;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   absl::Duration assign_timeout = absl::Seconds(10);  // deadline of Worker.Assign

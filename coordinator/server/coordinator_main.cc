@@ -115,6 +115,9 @@ ABSL_FLAG(std::string, served_model_name, "",
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "how the model writes tool calls in chat: hermes (<tool_call>{...}</tool_call>, Qwen2.5), llama3_json "
           "({\"name\": ..., \"parameters\": ...}, Llama 3.x), or auto (detected from the chat template)");
+ABSL_FLAG(std::string, reasoning_parser, "",
+          "a reasoning model's format: deepseek_r1 or qwen3 split each chat answer into the model's reasoning "
+          "(<think>...</think>, message.reasoning_content) and its content; empty = answers as they are");
 ABSL_FLAG(std::string, quantize, "none",
           "int8: workers store the linear projections and lm_head as block int8 (64 weights per scale) on "
           "backends that take it (CPU); none: the checkpoint's dtype");
@@ -239,6 +242,7 @@ int main(int argc, char** argv) {
   options.http_listen = absl::GetFlag(FLAGS_http_listen);
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
   options.tool_call_parser = absl::GetFlag(FLAGS_tool_call_parser);
+  options.reasoning_parser = absl::GetFlag(FLAGS_reasoning_parser);
   options.http_limits = {.max_threads = absl::GetFlag(FLAGS_http_max_connections),
                          .max_queued = absl::GetFlag(FLAGS_http_max_queued_connections),
                          .idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_http_idle_timeout_ms)),

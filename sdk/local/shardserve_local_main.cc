@@ -76,6 +76,7 @@ ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");
 ABSL_FLAG(std::string, served_model_name, "", "the coordinator's --served_model_name (the model's name in the HTTP API)");
 ABSL_FLAG(std::string, tool_call_parser, "auto", "the coordinator's --tool_call_parser (hermes, llama3_json or auto)");
+ABSL_FLAG(std::string, reasoning_parser, "", "the coordinator's --reasoning_parser (deepseek_r1, qwen3 or empty)");
 ABSL_FLAG(std::string, quantize, "none",
           "the coordinator's --quantize: int8 stores the workers' linear projections and lm_head as block int8 "
           "(CPU ranks); none: the checkpoint's dtype");
@@ -314,6 +315,9 @@ int main(int argc, char** argv) {
       absl::StrCat("--step_deltas=", absl::GetFlag(FLAGS_step_deltas) ? "true" : "false")};
   if (absl::GetFlag(FLAGS_tool_call_parser) != "auto") {
     coordinator_argv.push_back("--tool_call_parser=" + absl::GetFlag(FLAGS_tool_call_parser));
+  }
+  if (!absl::GetFlag(FLAGS_reasoning_parser).empty()) {
+    coordinator_argv.push_back("--reasoning_parser=" + absl::GetFlag(FLAGS_reasoning_parser));
   }
   if (!absl::GetFlag(FLAGS_served_model_name).empty()) {
     coordinator_argv.push_back("--served_model_name=" + absl::GetFlag(FLAGS_served_model_name));

@@ -81,8 +81,11 @@ class HttpToolsTest : public ::testing::Test {
     ASSERT_TRUE(scheduler_->AddReplica(0, std::make_unique<ScriptReplica>(*script), {.max_slots = 4, .kv_blocks = 1024})
                     .ok());
     absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
-        {.listen = "127.0.0.1:0", .model_id = "qwen", .model_path = dir_.string()}, tokenizer_.get(), scheduler_.get(),
-        [] { return absl::OkStatus(); });
+        {.listen = "127.0.0.1:0",
+         .model_id = "qwen",
+         .model_path = dir_.string(),
+         .reasoning_parser = reasoning_parser_},
+        tokenizer_.get(), scheduler_.get(), [] { return absl::OkStatus(); });
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
@@ -140,6 +143,7 @@ class HttpToolsTest : public ::testing::Test {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<HttpServer> server_;
   std::unique_ptr<httplib::Client> client_;
+  std::string reasoning_parser_;  // the server's, set before Serve
 };
 
 TEST_F(HttpToolsTest, AutoParsesTheCallIntoToolCalls) {
@@ -194,6 +198,52 @@ TEST_F(HttpToolsTest, StreamedCallComesAsDeltasWithIdNameThenArguments) {
   EXPECT_EQ(arguments, whole["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]);
   EXPECT_EQ(std::string(absl::StripAsciiWhitespace(content)), "Checking.");
   EXPECT_EQ(finish, "tool_calls");
+}
+
+// --reasoning_parser qwen3: the <think> block is message.reasoning_content (streamed as
+// reasoning_content deltas), the rest the content, and a call after the block is parsed as usual.
+TEST_F(HttpToolsTest, ReasoningIsSplitOffBeforeCallsAreParsed) {
+  reasoning_parser_ = "qwen3";
+  const std::string reasoning = "\nThe user wants Paris. I <b>should</b> call the tool.\n";
+  Serve("<think>" + reasoning + "</think>\n\nChecking.\n" + kCall);
+  auto [status, whole] = Post(Request(Json::object()));
+  ASSERT_EQ(status, 200) << whole;
+  const Json& message = whole["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], reasoning);
+  EXPECT_EQ(message["content"], "Checking.");  // the text around a call is trimmed
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << whole;
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+  std::string streamed_reasoning, content;
+  int calls = 0;
+  for (const Json& e : Stream(Request(Json::object()))) {
+    const Json& delta = e["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) {
+      EXPECT_TRUE(content.empty()) << "reasoning after content";
+      streamed_reasoning += delta["reasoning_content"].get<std::string>();
+    }
+    content += delta.value("content", "");
+    if (delta.contains("tool_calls") && delta["tool_calls"][0].contains("id")) ++calls;
+  }
+  EXPECT_EQ(streamed_reasoning, reasoning);
+  EXPECT_EQ(std::string(absl::StripAsciiWhitespace(content)), "Checking.");
+  EXPECT_EQ(calls, 1);
+  // Without the block, everything is content; reasoning_content is null.
+  auto [plain_status, plain] = Post(Request({{"tool_choice", "none"}, {"stop", Json::array({"<think>"})}}));
+  ASSERT_EQ(plain_status, 200) << plain;
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], "");
+  EXPECT_TRUE(plain["choices"][0]["message"]["reasoning_content"].is_null()) << plain;
+}
+
+TEST_F(HttpToolsTest, WithoutAReasoningParserThereIsNoReasoningContent) {
+  Serve("<think>x</think>y");
+  auto [status, body] = Post(Request({{"tool_choice", "none"}}));
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "<think>x</think>y");
+  EXPECT_FALSE(body["choices"][0]["message"].contains("reasoning_content"));
+  reasoning_parser_ = "r1";
+  EXPECT_FALSE(HttpServer::Start({.listen = "127.0.0.1:0", .reasoning_parser = reasoning_parser_}, nullptr,
+                                 scheduler_.get(), [] { return absl::OkStatus(); })
+                   .ok());
 }
 
 TEST_F(HttpToolsTest, ToolChoiceNoneLeavesTheTextAlone) {
