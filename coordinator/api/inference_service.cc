@@ -14,6 +14,7 @@
 #include "coordinator/api/api_auth.h"
 #include "common/status/grpc_status.h"
 #include "coordinator/frontend/admission.h"
+#include "coordinator/frontend/chat_prompt.h"
 #include "coordinator/frontend/choices.h"
 #include "coordinator/frontend/request_log.h"
 #include "coordinator/frontend/sequence_output.h"
@@ -339,6 +340,13 @@ absl::StatusOr<frontend::ChatInput> ChatFromProto(const v1::ChatMessages& chat) 
     in.tool_name = chat.tool_name();
   } else {
     return absl::InvalidArgumentError(absl::StrCat("prompt.chat.tool_choice: unknown value ", static_cast<int>(choice)));
+  }
+  for (const auto& [field, text] : {std::pair<const char*, const std::string*>{"tools", &chat.tools()},
+                                    {"template_kwargs", &chat.template_kwargs()}}) {
+    if (frontend::JsonNestingDepth(*text) > frontend::kMaxJsonDepth) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt.chat.", field, ": nests more than ",
+                                                     frontend::kMaxJsonDepth, " levels of arrays and objects"));
+    }
   }
   if (!chat.template_kwargs().empty()) {
     in.template_kwargs = nlohmann::ordered_json::parse(chat.template_kwargs(), nullptr, /*allow_exceptions=*/false);

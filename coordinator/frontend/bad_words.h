@@ -1,5 +1,6 @@
-// vLLM's bad_words: words a request's output must never contain, made the token sequences the
-// scheduler bans (SequenceRequest::bad_words, coordinator/scheduler/next_token.h).
+// vLLM's bad_words: words kept out of a request's output, made the token sequences the scheduler
+// bans (SequenceRequest::bad_words, coordinator/scheduler/next_token.h). Only these spellings are
+// banned: the same word spelled with other tokens can still come.
 //
 // A word (its leading whitespace dropped) is banned as the model's tokenizer spells it alone, and
 // as it spells it after a space when that spelling has as many tokens and starts with another one

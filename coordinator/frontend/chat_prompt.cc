@@ -1,5 +1,6 @@
 #include "coordinator/frontend/chat_prompt.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -70,6 +71,29 @@ absl::StatusOr<std::string> CutAfterFinalMessage(const std::string& text, absl::
 }
 
 }  // namespace
+
+size_t JsonNestingDepth(absl::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 absl::Status ValidateTemplateKwargs(const nlohmann::ordered_json& kwargs) {
   if (kwargs.is_null()) return absl::OkStatus();

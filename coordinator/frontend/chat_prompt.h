@@ -53,6 +53,12 @@ struct ChatRenderOptions {
 // Most variables one request's chat_template_kwargs may set.
 inline constexpr size_t kMaxTemplateKwargs = 64;
 
+// How deep JSON text nests its arrays and objects (brackets inside strings do not count), found
+// without recursion: the front ends refuse request JSON deeper than kMaxJsonDepth before parsing
+// it, since copying or rendering a parsed value recurses once per level.
+size_t JsonNestingDepth(absl::string_view text);
+inline constexpr size_t kMaxJsonDepth = 64;
+
 // InvalidArgument (the message names no field: the caller adds its own) when `kwargs` is neither
 // null nor a JSON object, has more than kMaxTemplateKwargs entries, or sets a variable the server
 // sets from the request itself (messages, tools, add_generation_prompt, bos_token, eos_token).

@@ -882,6 +882,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   std::vector<Prompt> prompts;
   SamplingFields fields;
   bool echo = false;  // completions: the answer starts with the prompt
+  bool continues = false;  // chat: continue_final_message
   if (chat) {
     absl::StatusOr<ChatRequest> parsed = ParseChatRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
@@ -896,6 +897,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                            .continue_final_message = parsed->continue_final_message,
                            .template_kwargs = std::move(parsed->chat_template_kwargs)};
     in.turns = TakeTurns(parsed->messages);
+    continues = parsed->continue_final_message;
     prompts.push_back({.input = std::move(in)});
   } else {
     absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body);
@@ -966,6 +968,13 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
     if (!a.ok()) return ReplyStatus(res, num_prompts > 1 ? NamingPrompt(a.status(), p) : a.status());
     admitted.push_back(*std::move(a));
   }
+  // The reasoning split, for chat answers the model writes freely: a constraint (structured output,
+  // allowed_token_ids, an enforced tool call) shapes the text from its first token, so it holds no
+  // reasoning block; a continued message may already be past one.
+  std::optional<ReasoningFormat> reasoning;
+  if (chat && !options.reasoning_parser.empty() && admitted[0].sequence.constraint == nullptr && !continues) {
+    reasoning = *ParseReasoningFormat(options.reasoning_parser);
+  }
   // Choice k of prompt p is the answer's choice p * generate + k (p * n + k once ranked).
   Submitted sub{.meta = meta,
                 .chat = chat,
@@ -973,9 +982,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                 .generate = generate,
                 .logprobs = fields.logprobs,
                 .tool_format = admitted[0].tool_calls,
-                .reasoning = chat && !options.reasoning_parser.empty()
-                                 ? std::optional<ReasoningFormat>(*ParseReasoningFormat(options.reasoning_parser))
-                                 : std::nullopt,
+                .reasoning = reasoning,
                 .bell = std::make_shared<Bell>()};
   for (size_t p = 0; p < num_prompts; ++p) {
     SequenceRequest& seq = admitted[p].sequence;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/frontend/chat_prompt.h"
 #include "coordinator/frontend/choices.h"
 #include "coordinator/scheduler/sequence.h"
 
@@ -40,6 +41,10 @@ absl::Status WrongType(absl::string_view field, absl::string_view want, const Js
 }
 
 absl::StatusOr<Json> ParseObject(absl::string_view body) {
+  if (const size_t depth = frontend::JsonNestingDepth(body); depth > frontend::kMaxJsonDepth) {
+    return InvalidParam("", absl::StrCat("request body nests ", depth, " levels of arrays and objects; at most ",
+                                         frontend::kMaxJsonDepth, " are taken"));
+  }
   Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // Parse again to learn where it broke (nlohmann reports it only through its exception).

@@ -144,12 +144,15 @@ absl::StatusOr<ResumedState> ReplayResumed(const SequenceRequest& r, absl::Span<
       return absl::InvalidArgumentError(absl::StrCat("resume.token_ids[", i, "] = ", token,
                                                      " is outside the vocabulary [0, ", limits.vocab_size, ")"));
     }
-    const NextTokenRules rules = NextTokenRulesOf(r, eos_token_ids, limits.vocab_size,
-                                                  absl::MakeConstSpan(tokens.data(), i), state.constraint_state);
-    if (std::binary_search(rules.suppress.begin(), rules.suppress.end(), token)) {
-      return absl::InvalidArgumentError(absl::StrCat("resume.token_ids[", i, "] = ", token,
-                                                     " could not have been generated there: min_tokens (", r.min_tokens,
-                                                     ") or bad_words forbid it after the tokens before it"));
+    // min_tokens' suppression and the bad words' bans (the constraint's mask is Advance's to check).
+    if (static_cast<int64_t>(i) < r.min_tokens || !r.bad_words.empty()) {
+      const NextTokenRules rules = NextTokenRulesOf(r, eos_token_ids, limits.vocab_size,
+                                                    absl::MakeConstSpan(tokens.data(), i), state.constraint_state);
+      if (std::binary_search(rules.suppress.begin(), rules.suppress.end(), token)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("resume.token_ids[", i, "] = ", token, " could not have been generated there: min_tokens (",
+                         r.min_tokens, ") or bad_words forbid it after the tokens before it"));
+      }
     }
     bool stop = IsStopToken(r, eos_token_ids, token);
     if (r.constraint != nullptr) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "absl/strings/ascii.h"
+#include "coordinator/frontend/chat_prompt.h"
 #include "coordinator/http/http_server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -234,6 +235,41 @@ TEST_F(HttpToolsTest, ReasoningIsSplitOffBeforeCallsAreParsed) {
   EXPECT_TRUE(plain["choices"][0]["message"]["reasoning_content"].is_null()) << plain;
 }
 
+// An answer shaped by a constraint (structured output, allowed_token_ids, an enforced call) holds
+// no reasoning block: with deepseek_r1 (whose answers start in the reasoning) it stays content, so
+// the call in it is still parsed, and the answer has no reasoning_content.
+TEST_F(HttpToolsTest, ConstrainedAnswersAreNotSplitForReasoning) {
+  reasoning_parser_ = "deepseek_r1";
+  Serve(kCall);
+  Json every = Json::array();
+  for (int32_t t = 0; t < tokenizer_->vocab_size(); ++t) every.push_back(t);
+  for (const bool streamed : {false, true}) {
+    SCOPED_TRACE(streamed ? "streamed" : "whole");
+    int calls = 0;
+    bool reasoning = false;
+    if (streamed) {
+      for (const Json& e : Stream(Request({{"allowed_token_ids", every}}))) {
+        const Json& delta = e["choices"][0]["delta"];
+        reasoning = reasoning || delta.contains("reasoning_content");
+        if (delta.contains("tool_calls") && delta["tool_calls"][0].contains("id")) ++calls;
+      }
+    } else {
+      auto [status, body] = Post(Request({{"allowed_token_ids", every}}));
+      ASSERT_EQ(status, 200) << body;
+      EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+      calls = static_cast<int>(body["choices"][0]["message"]["tool_calls"].size());
+      reasoning = body["choices"][0]["message"].contains("reasoning_content");
+    }
+    EXPECT_EQ(calls, 1);
+    EXPECT_FALSE(reasoning);
+  }
+  // A free answer is split: without </think>, deepseek_r1 takes all of it as reasoning.
+  auto [status, body] = Post(Request({{"tool_choice", "none"}}));
+  ASSERT_EQ(status, 200) << body;
+  EXPECT_EQ(body["choices"][0]["message"]["reasoning_content"], kCall);
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "");
+}
+
 TEST_F(HttpToolsTest, WithoutAReasoningParserThereIsNoReasoningContent) {
   Serve("<think>x</think>y");
   auto [status, body] = Post(Request({{"tool_choice", "none"}}));
@@ -403,6 +439,14 @@ TEST_F(HttpToolsTest, ChatTemplateKwargsReachTheTemplate) {
     EXPECT_EQ(tok_status, 400);
     EXPECT_EQ(tok_body["error"]["param"], "chat_template_kwargs") << tok_body;
   }
+  // Nesting is bounded before the body is parsed (brackets inside strings do not count).
+  EXPECT_EQ(frontend::JsonNestingDepth(R"({"a": "[[[{", "b": [[1], {"c": "]\"["}]})"), 3u);
+  const std::string deep = R"({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"a": )" +
+                           std::string(100, '[') + std::string(100, ']') + "}}";
+  httplib::Result deep_result = client_->Post("/v1/chat/completions", deep, "application/json");
+  ASSERT_TRUE(deep_result);
+  EXPECT_EQ(deep_result->status, 400);
+  EXPECT_NE(deep_result->body.find("nests 102 levels"), std::string::npos) << deep_result->body;
   auto [prompt_status, prompt_body] = tokenize({{"prompt", "Hi"}, {"chat_template_kwargs", {{"a", 1}}}});
   EXPECT_EQ(prompt_status, 400);
   EXPECT_EQ(prompt_body["error"]["param"], "chat_template_kwargs") << prompt_body;

@@ -180,7 +180,8 @@ struct GenerateOptions {
   // Every generated token is one of these ids (empty = any token; vLLM's allowed_token_ids). Not
   // with a structured-output constraint.
   std::vector<int32_t> allowed_token_ids;
-  // Words the output never holds (vLLM's bad_words; needs a model with a tokenizer).
+  // Words kept out of the output (vLLM's bad_words; needs a model with a tokenizer): their
+  // spellings alone and after a space are banned, token by token.
   std::vector<std::string> bad_words;
   // Structured output (GenerateRequest.constraint), at most one: the text must match a JSON
   // Schema (as JSON text), be any JSON object, or match a regular expression.

@@ -124,8 +124,8 @@ class Client:
         in it. truncate_prompt_tokens=k keeps a longer prompt's last k tokens (-1: the last ones that
         fit the context beside max_tokens). priority: the scheduling rank on a coordinator started
         with --scheduling_policy=priority (lower values first; must be 0 otherwise).
-        allowed_token_ids: every generated token is one of these ids; bad_words: words the output never
-        holds. At most one of json_schema (a
+        allowed_token_ids: every generated token is one of these ids; bad_words: words kept out of the
+        output (their spellings alone and after a space are banned). At most one of json_schema (a
         dict or its JSON text), json_object and regex constrains the output (and not with
         allowed_token_ids). n: that many independent choices (1..16, choice i sampled with seed + i);
         each delta names its choice (index), and the stream's results() gives every choice's answer
