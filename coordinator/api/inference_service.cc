@@ -16,6 +16,7 @@
 #include "coordinator/frontend/admission.h"
 #include "coordinator/frontend/chat_prompt.h"
 #include "coordinator/frontend/choices.h"
+#include "coordinator/frontend/reasoning.h"
 #include "coordinator/frontend/request_log.h"
 #include "coordinator/frontend/sequence_output.h"
 #include "coordinator/frontend/tool_calls.h"
@@ -44,15 +45,19 @@ v1::FinishReason ToProto(FinishReason reason) {
 // come before Finish).
 class GenerateStream final : public std::enable_shared_from_this<GenerateStream> {
  public:
-  // `tools`: the format in which tool calls are parsed from each choice's text (none: not parsed).
-  GenerateStream(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor, std::string request_id, int n,
-                 const std::function<std::unique_ptr<StreamDecoder>()>& new_decoder, const std::vector<std::string>& stops,
-                 bool include_stop, std::optional<frontend::ToolCallFormat> tools)
+  // `admitted` gives the choices (n), their text stop strings, the format in which tool calls are
+  // parsed from each choice's content (none: not parsed), and whether each choice's text is split
+  // into reasoning and content first (none: not split).
+  GenerateStream(grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor, const frontend::AdmittedRequest& admitted,
+                 const std::function<std::unique_ptr<StreamDecoder>()>& new_decoder)
       : reactor_(reactor),
-        request_id_(std::move(request_id)),
-        num_choices_(static_cast<size_t>(n)),
-        tools_(tools) {
-    for (int i = 0; i < n; ++i) choices_.emplace_back(new_decoder(), stops, include_stop);
+        request_id_(admitted.sequence.request_id),
+        num_choices_(static_cast<size_t>(admitted.n)),
+        tools_(admitted.tool_calls) {
+    for (int i = 0; i < admitted.n; ++i) {
+      Choice& c = choices_.emplace_back(new_decoder(), admitted.stop, admitted.include_stop);
+      if (admitted.reasoning.has_value()) c.reasoning.emplace(*admitted.reasoning);
+    }
   }
 
   // One SequenceSink per choice, for ChoiceGroup::Submit.
@@ -73,7 +78,8 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     for (int32_t token : tokens) {
       if (c.text.Add(token, &text)) break;
     }
-    if (tools_.has_value()) c.all_text += text;
+    v1::GenerateResponse sent;  // what the client had of it before the stream broke: dropped
+    AppendText(c, text, sent);
   }
   // Whether a stop string matched in the replayed tokens' text.
   bool ReplayStopped() {
@@ -103,11 +109,13 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     Choice(std::unique_ptr<StreamDecoder> decoder, std::vector<std::string> stops, bool include_stop)
         : text(std::move(decoder), std::move(stops), include_stop) {}
     SequenceText text;  // the decoder and the text stop strings
+    // With a reasoning split: the text's next part goes to pending.reasoning_text or pending.text.
+    std::optional<frontend::ReasoningStreamer> reasoning;
     v1::GenerateResponse pending;
     bool has_pending = false;
     bool ended = false;
     grpc::Status status;  // how it ended
-    std::string all_text;  // with tools_: the whole text, parsed for calls at the end
+    std::string all_text;  // with tools_: the whole content, parsed for calls at the end
     // Tokens delivered after the one that completed a stop string (several decode steps per call
     // deliver them together): not returned, and not counted in the usage.
     int32_t past_stop = 0;
@@ -135,6 +143,39 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     lp->mutable_top_logprobs()->Add(l.top_logprobs.begin(), l.top_logprobs.end());
   }
 
+  // The choice's next piece of text, into `out`'s reasoning_text or text (through the reasoning
+  // split, when there is one), and its content into all_text for the calls.
+  void AppendText(Choice& c, absl::string_view text, v1::GenerateResponse& out) const {
+    if (text.empty()) return;
+    if (!c.reasoning.has_value()) {
+      absl::StrAppend(out.mutable_text(), text);
+      if (tools_.has_value()) absl::StrAppend(&c.all_text, text);
+      return;
+    }
+    AppendSplit(c, c.reasoning->Add(text), out);
+  }
+  void AppendSplit(Choice& c, const frontend::ReasoningSplit& split, v1::GenerateResponse& out) const {
+    out.mutable_reasoning_text()->append(split.reasoning);
+    out.mutable_text()->append(split.content);
+    if (tools_.has_value()) c.all_text.append(split.content);
+  }
+  // The end of a choice's text: what the reasoning split held back, then the calls parsed from the
+  // whole content (FINISH_REASON_TOOL_CALLS when the choice stopped and made some).
+  void FinishText(Choice& c, size_t index) const {
+    if (c.reasoning.has_value()) AppendSplit(c, c.reasoning->Finish(), c.pending);
+    if (!tools_.has_value()) return;
+    const frontend::ParsedOutput parsed = frontend::ParseToolCalls(*tools_, c.all_text);
+    for (size_t k = 0; k < parsed.calls.size(); ++k) {
+      v1::ToolCall* call = c.pending.add_tool_calls();
+      call->set_id(absl::StrCat("call_", request_id_, "_", index, "_", k));
+      call->set_name(parsed.calls[k].name);
+      call->set_arguments(parsed.calls[k].arguments);
+    }
+    if (!parsed.calls.empty() && c.pending.finish_reason() == v1::FINISH_REASON_STOP) {
+      c.pending.set_finish_reason(v1::FINISH_REASON_TOOL_CALLS);
+    }
+  }
+
   void OnPromptLogprobs(size_t index, absl::Span<const TokenLogprobs> logprobs) {
     Action action;
     {
@@ -157,17 +198,17 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
         c.past_stop += static_cast<int32_t>(tokens.size());
         return;
       }
-      const size_t text_before = c.pending.text().size();
+      std::string text;
       for (size_t i = 0; i < tokens.size(); ++i) {
         c.pending.add_token_ids(tokens[i]);
         if (i < logprobs.size()) AddLogprobs(logprobs[i], c.pending.add_logprobs());
-        if (c.text.Add(tokens[i], c.pending.mutable_text())) {
+        if (c.text.Add(tokens[i], &text)) {
           stop_now = true;
           c.past_stop += static_cast<int32_t>(tokens.size() - i - 1);
           break;
         }
       }
-      if (tools_.has_value()) c.all_text.append(c.pending.text(), text_before);
+      AppendText(c, text, c.pending);
       c.has_pending = true;
       action = NextLocked();
     }
@@ -193,26 +234,16 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
       };
       if (c.text.stopped() && !broken_) {
         finish(FinishReason::kStop);  // cancelled because a stop string matched: a normal stop
+        FinishText(c, index);
       } else if (end.status.ok() && end.reason == FinishReason::kCancelled) {
         c.status = grpc::Status(grpc::StatusCode::CANCELLED, "the request was cancelled");
         c.has_pending = false;  // nobody is listening
       } else if (end.status.ok()) {
-        const size_t text_before = c.pending.text().size();
-        const bool stopped = c.text.Finish(c.pending.mutable_text());
+        std::string tail;
+        const bool stopped = c.text.Finish(&tail);
+        AppendText(c, tail, c.pending);
         finish(stopped ? FinishReason::kStop : end.reason);
-        if (tools_.has_value()) {
-          c.all_text.append(c.pending.text(), text_before);
-          const frontend::ParsedOutput parsed = frontend::ParseToolCalls(*tools_, c.all_text);
-          for (size_t k = 0; k < parsed.calls.size(); ++k) {
-            v1::ToolCall* call = c.pending.add_tool_calls();
-            call->set_id(absl::StrCat("call_", request_id_, "_", index, "_", k));
-            call->set_name(parsed.calls[k].name);
-            call->set_arguments(parsed.calls[k].arguments);
-          }
-          if (!parsed.calls.empty() && c.pending.finish_reason() == v1::FINISH_REASON_STOP) {
-            c.pending.set_finish_reason(v1::FINISH_REASON_TOOL_CALLS);
-          }
-        }
+        FinishText(c, index);
       } else {
         c.status = ToGrpcStatus(end.status);  // tokens already produced are still sent first
       }
@@ -300,6 +331,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
 // GenerateRequest.chat as admission takes it (the tools arrive as JSON text).
 absl::StatusOr<frontend::ChatInput> ChatFromProto(const v1::ChatMessages& chat) {
+  // JSON text nested too deeply is refused before it is parsed.
+  for (const auto& [field, text] : {std::pair<const char*, const std::string*>{"tools", &chat.tools()},
+                                    {"template_kwargs", &chat.template_kwargs()}}) {
+    if (frontend::JsonNestingDepth(*text) > frontend::kMaxJsonDepth) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt.chat.", field, ": nests more than ",
+                                                     frontend::kMaxJsonDepth, " levels of arrays and objects"));
+    }
+  }
   frontend::ChatInput in;
   for (const v1::ChatMessage& m : chat.messages()) {
     frontend::ChatTurn& turn = in.turns.emplace_back(frontend::ChatTurn{.role = m.role(), .content = m.content()});
@@ -340,13 +379,6 @@ absl::StatusOr<frontend::ChatInput> ChatFromProto(const v1::ChatMessages& chat) 
     in.tool_name = chat.tool_name();
   } else {
     return absl::InvalidArgumentError(absl::StrCat("prompt.chat.tool_choice: unknown value ", static_cast<int>(choice)));
-  }
-  for (const auto& [field, text] : {std::pair<const char*, const std::string*>{"tools", &chat.tools()},
-                                    {"template_kwargs", &chat.template_kwargs()}}) {
-    if (frontend::JsonNestingDepth(*text) > frontend::kMaxJsonDepth) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt.chat.", field, ": nests more than ",
-                                                     frontend::kMaxJsonDepth, " levels of arrays and objects"));
-    }
   }
   if (!chat.template_kwargs().empty()) {
     in.template_kwargs = nlohmann::ordered_json::parse(chat.template_kwargs(), nullptr, /*allow_exceptions=*/false);
@@ -434,7 +466,7 @@ absl::StatusOr<frontend::AdmissionRequest> FromProto(const v1::GenerateRequest& 
 }  // namespace
 
 InferenceService::InferenceService(InferenceServiceOptions options, const ModelSpec* spec, const Tokenizer* tokenizer,
-                                   Scheduler* scheduler, const Cluster* cluster)
+                                   Scheduler* scheduler, std::function<absl::Status()> ready)
     : options_(std::move(options)),
       spec_(spec),
       tokenizer_(tokenizer),
@@ -444,9 +476,10 @@ InferenceService::InferenceService(InferenceServiceOptions options, const ModelS
           .model_path = options_.model_path,
           .constraints = options_.constraints,
           .tool_call_parser = options_.tool_call_parser,
+          .reasoning = frontend::ReasoningFormatOf(options_.reasoning_parser),
           .limits = {.vocab_size = spec->vocab_size, .max_seq_len = options_.max_seq_len},
           .eos_token_ids = scheduler->options().eos_token_ids,
-          .ready = [cluster] { return cluster->AdmissionStatus(); },
+          .ready = std::move(ready),
           .observer = options_.observer})) {}
 
 InferenceService::~InferenceService() = default;
@@ -486,8 +519,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::Generate(grpc::Cal
   auto new_decoder = [&primed]() -> std::unique_ptr<StreamDecoder> {
     return primed != nullptr ? primed->Clone() : nullptr;
   };
-  auto stream = std::make_shared<GenerateStream>(reactor, seq.request_id, admitted->n, new_decoder, admitted->stop,
-                                                 admitted->include_stop, admitted->tool_calls);
+  auto stream = std::make_shared<GenerateStream>(reactor, *admitted, new_decoder);
   reactor->set_stream(stream);
   if (!seq.resumed.empty()) {
     // Resume: the client has these tokens and their text. When they already end the request, the

@@ -11,8 +11,10 @@
 // into at most one pending message per choice while a write is in flight; OnWriteDone starts the
 // next write, the choices taking turns. Text deltas come from the tokenizer's StreamDecoder, through a
 // StopStringMatcher for the request's text stop strings: a match truncates the text, cancels the
-// sequence in the scheduler and ends the call with FINISH_REASON_STOP. The last
-// message carries finish_reason and usage. A client that cancels, disconnects or passes its
+// sequence in the scheduler and ends the call with FINISH_REASON_STOP. With a reasoning parser,
+// a chat answer the model writes freely (AdmittedRequest::reasoning) is split as it streams into
+// reasoning_text and text (frontend::ReasoningStreamer), and tool calls are parsed from the
+// content alone. The last message carries finish_reason, usage and the parsed tool calls. A client that cancels, disconnects or passes its
 // deadline (OnCancel, or a failed write) cancels its sequence, which frees its slot; the call
 // finishes once the scheduler has ended the sequence. No reaction blocks.
 // A resume (GenerateRequest.resume, n = 1) keeps no state here: its tokens go through the
@@ -27,13 +29,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "common/model_spec/model_spec.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/security/api_keys.h"
-#include "coordinator/cluster/cluster.h"
 #include "coordinator/scheduler/scheduler.h"
 #include "coordinator/scheduler/scheduler_observer.h"
 #include "coordinator/structured/grammar.h"
@@ -58,6 +61,10 @@ struct InferenceServiceOptions {
   // How the model writes tool calls: "hermes", "llama3_json" or "auto" (from the chat template);
   // see coordinator/frontend/tool_calls.h. An unknown name is read as auto.
   std::string tool_call_parser = "auto";
+  // A reasoning model's format (--reasoning_parser: "deepseek_r1" or "qwen3";
+  // coordinator/frontend/reasoning.h): chat answers the model writes freely come back split into
+  // GenerateResponse.reasoning_text and text. "" (or an unknown name) leaves them whole.
+  std::string reasoning_parser;
 };
 
 // Raw (bytes) methods, parsed by the service: a request that is not a message is INVALID_ARGUMENT
@@ -68,9 +75,11 @@ using InferenceBase = v1::Inference::WithRawCallbackMethod_Generate<v1::Inferenc
 class InferenceService final : public InferenceBase {
  public:
   // Borrows everything; all must outlive the service (and every call it serves: shut the gRPC
-  // server down first). `tokenizer` may be null (the model has none).
+  // server down first). `tokenizer` may be null (the model has none). `ready` says whether the
+  // cluster takes requests (Cluster::AdmissionStatus: OK, or UNAVAILABLE with the reason); it is
+  // asked on gRPC threads, after a request is found valid.
   InferenceService(InferenceServiceOptions options, const ModelSpec* spec, const Tokenizer* tokenizer,
-                   Scheduler* scheduler, const Cluster* cluster);
+                   Scheduler* scheduler, std::function<absl::Status()> ready);
   ~InferenceService() override;
 
   using InferenceBase::Generate;
@@ -94,8 +103,8 @@ class InferenceService final : public InferenceBase {
   const ModelSpec* const spec_;
   const Tokenizer* const tokenizer_;
   Scheduler* const scheduler_;
-  // GenerateRequest -> the scheduler's request, once parsed (frontend/admission.h); asks `cluster`
-  // whether it takes requests.
+  // GenerateRequest -> the scheduler's request, once parsed (frontend/admission.h); asks `ready`
+  // whether the cluster takes requests.
   const std::unique_ptr<frontend::Admission> admission_;
   std::atomic<uint64_t> next_request_ = 1;  // for request ids the server makes
 };

@@ -117,14 +117,13 @@ absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<Con
   if (forced && constraint.has_value()) {
     return Invalid(names.tool_choice, ": a required or named tool call cannot be combined with ", constraint->field);
   }
-  if (absl::Status st = ValidateTemplateKwargs(chat.template_kwargs); !st.ok()) {
-    return InvalidBecause(names.chat_template_kwargs, st);
-  }
+  absl::StatusOr<TemplateKwargs> kwargs = TemplateKwargs::Parse(chat.template_kwargs);
+  if (!kwargs.ok()) return InvalidBecause(names.chat_template_kwargs, kwargs.status());
   absl::StatusOr<std::vector<int32_t>> ids =
       chat_prompt_->Render(chat.turns, {.tools = chat.tools,
                                         .add_generation_prompt = chat.add_generation_prompt,
                                         .continue_final_message = chat.continue_final_message,
-                                        .template_kwargs = chat.template_kwargs});
+                                        .template_kwargs = *std::move(kwargs)});
   if (!ids.ok()) return InvalidBecause(names.chat, ids.status());
   sequence->prompt = *std::move(ids);
   if (!forced) return absl::OkStatus();
@@ -247,6 +246,10 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
       std::clamp<int64_t>(max_tokens, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
   std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
   if (absl::Status st = ValidateSequenceRequest(r, options_.limits, names.sequence); !st.ok()) return st;
+  if (const auto* chat = std::get_if<ChatInput>(&request.prompt);
+      chat != nullptr && r.constraint == nullptr && !chat->continue_final_message) {
+    out.reasoning = options_.reasoning;
+  }
   if (options_.ready) {
     if (absl::Status st = options_.ready(); !st.ok()) return st;
   }

@@ -6,6 +6,8 @@
 //     messages rendered with the model's chat template (ChatPrompt) with the request's tools;
 //   * tool calling: the tool choice checked against the tools, and for a required or named call
 //     the constraint that forces one (tool_calls.h);
+//   * reasoning: whether a chat answer is split into the model's reasoning and its content
+//     (reasoning.h): only when the model writes it freely;
 //   * structured output: the request's constraint compiled (structured/grammar.h);
 //   * text stop strings, bad words (tokenized, bad_words.h), the number of choices (n), the
 //     default max_tokens (the rest of the context), and every check of ValidateSequenceRequest;
@@ -32,6 +34,7 @@
 #include "absl/strings/string_view.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/frontend/chat_prompt.h"
+#include "coordinator/frontend/reasoning.h"
 #include "coordinator/frontend/tool_calls.h"
 #include "coordinator/scheduler/scheduler_observer.h"
 #include "coordinator/scheduler/sequence.h"
@@ -79,8 +82,8 @@ struct ChatInput {
   // message is left open for the model to continue.
   bool add_generation_prompt = true;
   bool continue_final_message = false;
-  // vLLM's chat_template_kwargs: more template variables, a JSON object or null
-  // (ValidateTemplateKwargs).
+  // vLLM's chat_template_kwargs: more template variables, a JSON object or null; checked here
+  // (TemplateKwargs::Parse).
   nlohmann::ordered_json template_kwargs = nullptr;
 };
 
@@ -133,6 +136,11 @@ struct AdmittedRequest {
   // Set for a chat whose answers are parsed for tool calls (tools and a tool choice other than
   // none): the format the model writes them in.
   std::optional<ToolCallFormat> tool_calls;
+  // Set for a chat whose answers are split into reasoning and content (AdmissionOptions::reasoning):
+  // one the model writes freely. A constraint (structured output, allowed_token_ids, an enforced
+  // tool call) shapes the text from its first token, so it holds no reasoning block, and a
+  // continued message (continue_final_message) may already be past one: those are not split.
+  std::optional<ReasoningFormat> reasoning;
   // With resumed tokens that already end the request (ReplayResumed): how it ended. The front end
   // then answers at once and submits nothing.
   std::optional<FinishReason> resumed_end;
@@ -147,6 +155,8 @@ struct AdmissionOptions {
   // How the model writes tool calls: "hermes", "llama3_json", or anything else for "auto" (detected
   // from the chat template; tool_calls.h).
   std::string tool_call_parser = "auto";
+  // A reasoning model's format (--reasoning_parser); none: answers are not split.
+  std::optional<ReasoningFormat> reasoning;
   RequestLimits limits;                // the scheduler's
   std::vector<int32_t> eos_token_ids;  // the model's, for resumes (ReplayResumed)
   // OK when the cluster takes requests, else the reason (Unavailable); null: always ready.

@@ -95,8 +95,9 @@ size_t JsonNestingDepth(absl::string_view text) {
   return deepest;
 }
 
-absl::Status ValidateTemplateKwargs(const nlohmann::ordered_json& kwargs) {
-  if (kwargs.is_null()) return absl::OkStatus();
+absl::StatusOr<TemplateKwargs> TemplateKwargs::Parse(nlohmann::ordered_json kwargs) {
+  TemplateKwargs out;
+  if (kwargs.is_null()) return out;
   if (!kwargs.is_object()) return absl::InvalidArgumentError("must be a JSON object of template variables");
   if (kwargs.size() > kMaxTemplateKwargs) {
     return absl::InvalidArgumentError(
@@ -108,7 +109,8 @@ absl::Status ValidateTemplateKwargs(const nlohmann::ordered_json& kwargs) {
           absl::StrCat("'", reserved, "' is set by the server from the request, not by the template's arguments"));
     }
   }
-  return absl::OkStatus();
+  out.kwargs_ = std::move(kwargs);
+  return out;
 }
 
 absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& messages,
@@ -118,11 +120,8 @@ absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& 
   if (options.continue_final_message && options.add_generation_prompt) {
     return absl::InvalidArgumentError("continue_final_message cannot be combined with add_generation_prompt");
   }
-  if (absl::Status st = ValidateTemplateKwargs(options.template_kwargs); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("chat_template_kwargs: ", st.message()));
-  }
-  nlohmann::ordered_json context = options.template_kwargs.is_null() ? nlohmann::ordered_json::object()
-                                                                      : options.template_kwargs;
+  nlohmann::ordered_json context = options.template_kwargs.json().is_null() ? nlohmann::ordered_json::object()
+                                                                             : options.template_kwargs.json();
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const ChatTurn& m : messages) {
     nlohmann::ordered_json msg;

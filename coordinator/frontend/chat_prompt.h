@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/chat_template/jinja.h"
+#include "nlohmann/json.hpp"
 
 namespace shardserve::coordinator::frontend {
 
@@ -35,6 +36,27 @@ struct ChatTurn {
 // for no messages at all.
 absl::Status ValidateChatTurns(const std::vector<ChatTurn>& messages);
 
+// Most variables one request's chat_template_kwargs may set.
+inline constexpr size_t kMaxTemplateKwargs = 64;
+
+// vLLM's chat_template_kwargs, checked once where a request is taken in: a value of this type
+// holds no variable the server sets itself, so a ChatPrompt renders it as it stands.
+class TemplateKwargs {
+ public:
+  TemplateKwargs() = default;  // none
+
+  // InvalidArgument (the message names no field: the caller adds its own) when `kwargs` is neither
+  // null (none) nor a JSON object, has more than kMaxTemplateKwargs entries, or sets a variable the
+  // server sets from the request itself (messages, tools, add_generation_prompt, bos_token,
+  // eos_token).
+  static absl::StatusOr<TemplateKwargs> Parse(nlohmann::ordered_json kwargs);
+
+  const nlohmann::ordered_json& json() const { return kwargs_; }  // null, or an object
+
+ private:
+  nlohmann::ordered_json kwargs_ = nullptr;
+};
+
 // How a chat is rendered, beside its messages.
 struct ChatRenderOptions {
   // The template's `tools`: an array of OpenAI tool objects, or null for none.
@@ -45,13 +67,9 @@ struct ChatRenderOptions {
   // content, so that the model continues that message (as transformers'
   // apply_chat_template(continue_final_message=True)).
   bool continue_final_message = false;
-  // vLLM's chat_template_kwargs: more variables for the template (e.g. Qwen3's enable_thinking),
-  // as a JSON object (null: none); see ValidateTemplateKwargs.
-  nlohmann::ordered_json template_kwargs = nullptr;
+  // vLLM's chat_template_kwargs: more variables for the template (e.g. Qwen3's enable_thinking).
+  TemplateKwargs template_kwargs;
 };
-
-// Most variables one request's chat_template_kwargs may set.
-inline constexpr size_t kMaxTemplateKwargs = 64;
 
 // How deep JSON text nests its arrays and objects (brackets inside strings do not count), found
 // without recursion: the front ends refuse request JSON deeper than kMaxJsonDepth before parsing
@@ -59,10 +77,6 @@ inline constexpr size_t kMaxTemplateKwargs = 64;
 size_t JsonNestingDepth(absl::string_view text);
 inline constexpr size_t kMaxJsonDepth = 64;
 
-// InvalidArgument (the message names no field: the caller adds its own) when `kwargs` is neither
-// null nor a JSON object, has more than kMaxTemplateKwargs entries, or sets a variable the server
-// sets from the request itself (messages, tools, add_generation_prompt, bos_token, eos_token).
-absl::Status ValidateTemplateKwargs(const nlohmann::ordered_json& kwargs);
 
 class ChatPrompt {
  public:
@@ -73,7 +87,7 @@ class ChatPrompt {
 
   // The prompt's ids; InvalidArgument when chat cannot be served (why), when the messages are
   // invalid (ValidateChatTurns), when the template refuses them (its raise_exception message),
-  // when the options' template_kwargs are invalid (ValidateTemplateKwargs), or, with
+  // or, with
   // continue_final_message, when add_generation_prompt is set too, the final message's content is
   // empty, or the template does not write it out.
   absl::StatusOr<std::vector<int32_t>> Render(const std::vector<ChatTurn>& messages,

@@ -27,6 +27,12 @@ absl::StatusOr<ReasoningFormat> ParseReasoningFormat(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown reasoning parser \"", name, "\"; use deepseek_r1 or qwen3"));
 }
 
+std::optional<ReasoningFormat> ReasoningFormatOf(absl::string_view name) {
+  absl::StatusOr<ReasoningFormat> format = ParseReasoningFormat(name);
+  if (!format.ok()) return std::nullopt;
+  return *format;
+}
+
 void ReasoningStreamer::Drain(ReasoningSplit& out) {
   if (part_ == Part::kStart) {
     if (absl::StartsWith(held_, kStartTag)) {

@@ -14,6 +14,7 @@
 #ifndef SHARDSERVE_COORDINATOR_FRONTEND_REASONING_H_
 #define SHARDSERVE_COORDINATOR_FRONTEND_REASONING_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -25,6 +26,11 @@ enum class ReasoningFormat { kDeepSeekR1, kQwen3 };
 
 // "deepseek_r1" or "qwen3"; InvalidArgument naming the accepted ones otherwise.
 absl::StatusOr<ReasoningFormat> ParseReasoningFormat(absl::string_view name);
+
+// The format a --reasoning_parser value names, for a front end's options: none for "" (answers are
+// not split), and none for a name ParseReasoningFormat refuses (the options are validated with it
+// first).
+std::optional<ReasoningFormat> ReasoningFormatOf(absl::string_view name);
 
 struct ReasoningSplit {
   std::string reasoning;

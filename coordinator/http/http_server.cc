@@ -44,6 +44,7 @@ using frontend::ParseReasoningFormat;
 using frontend::ParseToolCallFormat;
 using frontend::ParseToolCalls;
 using frontend::ReasoningFormat;
+using frontend::ReasoningFormatOf;
 using frontend::ReasoningSplit;
 using frontend::ReasoningStreamer;
 using frontend::ReportRejected;
@@ -782,14 +783,15 @@ void HttpServer::Impl::Tokenize(const std::string& body, httplib::Response& res)
     ids = tokenizer->Encode(*r->prompt, r->add_special_tokens.value_or(true));
   } else {
     // Rendered as a chat request's prompt is (frontend::ChatPrompt), the BOS being the template's.
-    if (absl::Status st = frontend::ValidateTemplateKwargs(r->chat_template_kwargs); !st.ok()) {
-      return ReplyStatus(res,
-                         InvalidParam("chat_template_kwargs", absl::StrCat("chat_template_kwargs: ", st.message())));
+    absl::StatusOr<frontend::TemplateKwargs> kwargs = frontend::TemplateKwargs::Parse(r->chat_template_kwargs);
+    if (!kwargs.ok()) {
+      return ReplyStatus(
+          res, InvalidParam("chat_template_kwargs", absl::StrCat("chat_template_kwargs: ", kwargs.status().message())));
     }
     absl::StatusOr<std::string> text =
         chat_prompt->RenderText(TakeTurns(*r->messages), {.add_generation_prompt = r->add_generation_prompt,
                                                           .continue_final_message = r->continue_final_message,
-                                                          .template_kwargs = r->chat_template_kwargs});
+                                                          .template_kwargs = *std::move(kwargs)});
     if (text.ok()) {
       ids = tokenizer->Encode(*text, r->add_special_tokens.value_or(false));
     } else {
@@ -882,7 +884,6 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
   std::vector<Prompt> prompts;
   SamplingFields fields;
   bool echo = false;  // completions: the answer starts with the prompt
-  bool continues = false;  // chat: continue_final_message
   if (chat) {
     absl::StatusOr<ChatRequest> parsed = ParseChatRequest(body);
     if (!parsed.ok()) return Reject(res, parsed.status());
@@ -897,7 +898,6 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                            .continue_final_message = parsed->continue_final_message,
                            .template_kwargs = std::move(parsed->chat_template_kwargs)};
     in.turns = TakeTurns(parsed->messages);
-    continues = parsed->continue_final_message;
     prompts.push_back({.input = std::move(in)});
   } else {
     absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body);
@@ -968,13 +968,6 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
     if (!a.ok()) return ReplyStatus(res, num_prompts > 1 ? NamingPrompt(a.status(), p) : a.status());
     admitted.push_back(*std::move(a));
   }
-  // The reasoning split, for chat answers the model writes freely: a constraint (structured output,
-  // allowed_token_ids, an enforced tool call) shapes the text from its first token, so it holds no
-  // reasoning block; a continued message may already be past one.
-  std::optional<ReasoningFormat> reasoning;
-  if (chat && !options.reasoning_parser.empty() && admitted[0].sequence.constraint == nullptr && !continues) {
-    reasoning = *ParseReasoningFormat(options.reasoning_parser);
-  }
   // Choice k of prompt p is the answer's choice p * generate + k (p * n + k once ranked).
   Submitted sub{.meta = meta,
                 .chat = chat,
@@ -982,7 +975,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                 .generate = generate,
                 .logprobs = fields.logprobs,
                 .tool_format = admitted[0].tool_calls,
-                .reasoning = reasoning,
+                .reasoning = admitted[0].reasoning,  // chat answers the model writes freely
                 .bell = std::make_shared<Bell>()};
   for (size_t p = 0; p < num_prompts; ++p) {
     SequenceRequest& seq = admitted[p].sequence;
@@ -1168,6 +1161,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
                                  .model_path = impl->options.model_path,
                                  .constraints = impl->options.constraints,
                                  .tool_call_parser = impl->options.tool_call_parser,
+                                 .reasoning = ReasoningFormatOf(impl->options.reasoning_parser),
                                  .limits = scheduler->options().limits,
                                  .eos_token_ids = scheduler->options().eos_token_ids,
                                  .ready = impl->ready,

@@ -84,6 +84,12 @@ absl::StatusOr<bool> GetBool(const Json& v, absl::string_view field) {
   return v.get<bool>();
 }
 
+// chat_template_kwargs: an object, or null for none.
+absl::StatusOr<Json> GetTemplateKwargs(const Json& v, absl::string_view field) {
+  if (!v.is_null() && !v.is_object()) return WrongType(field, "an object", v);
+  return v;
+}
+
 // Handles a field both endpoints know. Returns false (with OK) when `key` is not one of them.
 absl::StatusOr<bool> ParseSharedField(const std::string& key, const Json& v, SamplingFields* f) {
   if (key == "model") {
@@ -609,9 +615,9 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
         r.continue_final_message = *b;
       }
     } else if (key == "chat_template_kwargs") {
-      if (v.is_null()) continue;
-      if (!v.is_object()) return WrongType(key, "an object", v);
-      r.chat_template_kwargs = v;
+      absl::StatusOr<Json> kwargs = GetTemplateKwargs(v, key);
+      if (!kwargs.ok()) return kwargs.status();
+      r.chat_template_kwargs = *std::move(kwargs);
     } else {
       return UnknownField(key);
     }
@@ -723,9 +729,9 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
       if (!b.ok()) return b.status();
       (key == "add_generation_prompt" ? r.add_generation_prompt : r.continue_final_message) = *b;
     } else if (key == "chat_template_kwargs") {
-      if (v.is_null()) continue;
-      if (!v.is_object()) return WrongType(key, "an object", v);
-      r.chat_template_kwargs = v;
+      absl::StatusOr<Json> kwargs = GetTemplateKwargs(v, key);
+      if (!kwargs.ok()) return kwargs.status();
+      r.chat_template_kwargs = *std::move(kwargs);
     } else if (key == "top_logprobs") {
       if (v.is_null()) continue;
       absl::StatusOr<int64_t> n = GetInt(v, key);

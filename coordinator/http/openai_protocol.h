@@ -132,7 +132,7 @@ struct ChatRequest {
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   // vLLM's chat_template_kwargs: more variables for the chat template (a JSON object; null when
-  // absent), checked at admission (frontend::ValidateTemplateKwargs).
+  // absent), checked at admission (frontend::TemplateKwargs::Parse).
   nlohmann::ordered_json chat_template_kwargs;
 };
 

@@ -206,8 +206,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const Coordinato
           .observer = c->metrics_.get(),
           .api_keys = c->api_keys_.get(),
           .constraints = c->constraints_.get(),
-          .tool_call_parser = options.tool_call_parser},
-      c->spec_.get(), c->tokenizer_.get(), c->scheduler_.get(), c->cluster_.get());
+          .tool_call_parser = options.tool_call_parser,
+          .reasoning_parser = options.reasoning_parser},
+      c->spec_.get(), c->tokenizer_.get(), c->scheduler_.get(),
+      [cluster = c->cluster_.get()] { return cluster->AdmissionStatus(); });
   c->registry_service_ = std::make_unique<RegistryService>(c->registry_.get(), c->cluster_.get());
   c->admin_ = std::make_unique<AdminService>(options.model_path, c->cluster_.get(), c->scheduler_.get(), clock,
                                              c->api_keys_.get());

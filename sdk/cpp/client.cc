@@ -160,6 +160,7 @@ GenerateDelta ToDelta(const v1::GenerateResponse& resp) {
   GenerateDelta d;
   d.token_ids.assign(resp.token_ids().begin(), resp.token_ids().end());
   d.text = resp.text();
+  d.reasoning_text = resp.reasoning_text();
   d.finished = resp.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
   d.finish_reason = d.finished ? ReasonName(resp.finish_reason()) : "";
   if (d.finished && d.finish_reason.empty()) d.finish_reason = "unknown";
@@ -594,6 +595,7 @@ absl::StatusOr<std::vector<GenerateResult>> Client::GenerateChoices(const Prompt
     GenerateResult& result = results[static_cast<size_t>(d.index)];
     result.token_ids.insert(result.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
     result.text += d.text;
+    result.reasoning_text += d.reasoning_text;
     result.logprobs.insert(result.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
     result.prompt_logprobs.insert(result.prompt_logprobs.end(), d.prompt_logprobs.begin(), d.prompt_logprobs.end());
     result.tool_calls.insert(result.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());

@@ -260,6 +260,26 @@ class Layouts(unittest.TestCase):
             for case in ref["cases"]:
                 self.assertEqual(c.ids(case["prompt_ids"], len(case["greedy_ids"])), case["greedy_ids"])
             self.assertEqual(c.status().stdout.count("ready"), 3)  # cluster + 2 workers
+            # --stop and --bad_words reach the server: the greedy story ends before the stop string,
+            # and a banned word of it is never written.
+            story_args = ["--prompt", "Once upon a time", "--max_tokens", "48"]
+            story = c.generate(*story_args).stdout
+            words = dict.fromkeys(w.strip(".,!?'\"") for w in story.split())
+            # Words of 3+ letters whose every " word" in the story is a whole word.
+            words = [w for w in words if len(w) > 2 and w.isalpha()
+                     and story.count(" " + w) == len(re.findall(" " + w + r"\b", story))][:4]
+            self.assertGreaterEqual(len(words), 2, story)
+            cut = c.generate(*story_args, "--stop", " " + words[0])
+            self.assertEqual(cut.stdout, story[:story.index(" " + words[0])] + "\n")
+            self.assertIn("finish_reason: stop", cut.stderr)
+            # A banned word changes the story where the model would have written it (when its tokens
+            # there are the word's own spelling), never before.
+            changed = 0
+            for w in words:
+                banned = c.generate(*story_args, "--bad_words", w).stdout
+                self.assertTrue(banned.startswith(story[:story.index(" " + w)]), (w, story, banned))
+                changed += banned != story
+            self.assertGreater(changed, 0, (words, story))
         finally:
             c.stop()
 

@@ -107,6 +107,28 @@ TEST(ClientTest, GenerateChoicesGathersEachChoice) {
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
+// With the server's reasoning parser, each message's reasoning_text comes out on its delta and
+// adds up, apart from the text, in the result.
+TEST(ClientTest, ReasoningTextAddsUpApartFromTheText) {
+  v1::GenerateResponse first = Tokens({10, 11}, "");
+  first.set_reasoning_text("Paris is in ");
+  v1::GenerateResponse second = Tokens({12, 13}, "It is");
+  second.set_reasoning_text("France.");
+  v1::GenerateResponse last = Last(v1::FINISH_REASON_STOP, 5, 5);
+  last.set_text(" sunny.");
+  FakeInferenceServer server(FakeScript{.responses = {first, second, last}});
+  auto client = MustConnect(server.address());
+  const std::vector<ChatMessage> chat = {{.role = "user", .content = "Weather in Paris?"}};
+  std::vector<std::string> reasoning;
+  std::unique_ptr<GenerateStream> stream = client->StartGenerate(Prompt::Chat(chat), {});
+  for (const GenerateDelta& d : *stream) reasoning.push_back(d.reasoning_text);
+  ASSERT_TRUE(stream->status().ok()) << stream->status();
+  EXPECT_THAT(reasoning, ElementsAre("Paris is in ", "France.", ""));
+  ASSERT_OK_AND_ASSIGN(GenerateResult r, client->Generate(Prompt::Chat(chat), {}));
+  EXPECT_EQ(r.reasoning_text, "Paris is in France.");
+  EXPECT_EQ(r.text, "It is sunny.");
+}
+
 // Tools go out with the chat (calls of earlier turns and the tool answers included); the calls the
 // server parsed come back on the last message.
 TEST(ClientTest, ToolsGoOutAndToolCallsComeBack) {

@@ -385,6 +385,19 @@ class AgainstAFakeServer(unittest.TestCase):
         self.addCleanup(server.stop, None)
         return f"127.0.0.1:{port}"
 
+    def test_reasoning_text_adds_up_apart_from_the_text(self):
+        first = tokens([10, 11], "")
+        first.reasoning_text = "Paris is in "
+        second = tokens([12, 13], "It is")
+        second.reasoning_text = "France."
+        fake = FakeInference(responses=[first, second, tokens([], " sunny.", common_pb2.FINISH_REASON_STOP)])
+        chat = [{"role": "user", "content": "Weather in Paris?"}]
+        with shardserve.Client(self.serve(fake), retry=FAST) as c:
+            self.assertEqual([d.reasoning_text for d in c.generate(chat)], ["Paris is in ", "France.", ""])
+            result = c.generate(chat).result()
+            self.assertEqual(result.reasoning_text, "Paris is in France.")
+            self.assertEqual(result.text, "It is sunny.")
+
     def test_tools_go_out_and_tool_calls_come_back(self):
         last = tokens([], "", common_pb2.FINISH_REASON_TOOL_CALLS)
         last.tool_calls.add(id="call-1", name="get_weather", arguments='{"city": "Oslo"}')

@@ -830,6 +830,19 @@ TEST_F(CoordinatorApiTest, ChatMessagesAreRenderedWithTheModelsTemplate) {
   greeted.mutable_chat()->set_template_kwargs(R"({"eos_token": "x"})");
   EXPECT_THAT(Generate(greeted).status.error_message(),
               HasSubstr("prompt.chat.template_kwargs: 'eos_token' is set by the server"));
+  // JSON text nested deeper than 64 levels is refused before it is parsed (copying and rendering a
+  // parsed value recurse once per level).
+  const std::string deep = std::string(65, '[') + std::string(65, ']');
+  greeted.mutable_chat()->set_template_kwargs(absl::StrCat(R"({"a": )", deep, "}"));
+  EXPECT_THAT(Generate(greeted).status.error_message(),
+              HasSubstr("prompt.chat.template_kwargs: nests more than 64 levels of arrays and objects"));
+  greeted.mutable_chat()->clear_template_kwargs();
+  greeted.mutable_chat()->set_tools(deep);
+  EXPECT_THAT(Generate(greeted).status.error_message(),
+              HasSubstr("prompt.chat.tools: nests more than 64 levels of arrays and objects"));
+  // 64 levels are taken as far as the depth goes (then refused for what they are).
+  greeted.mutable_chat()->set_tools(std::string(64, '[') + std::string(64, ']'));
+  EXPECT_THAT(Generate(greeted).status.error_message(), ::testing::Not(HasSubstr("nests more than")));
 }
 
 TEST_F(CoordinatorApiTest, ChatNeedsAChatTemplate) {

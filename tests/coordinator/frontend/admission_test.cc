@@ -390,6 +390,14 @@ TEST_F(AdmissionTest, InvalidRequestsNameTheFieldAsEachApiSpellsIt) {
        "bad_words[0]", "bad_words[0]", "is 257 bytes long"},
       {"too many bad words", [](AdmissionRequest& r) { r.bad_words.assign(kMaxBadWords + 1, "x"); }, false,
        "bad_words", "bad_words", "holds 257 words; at most 256"},
+      {"a bad word of many tokens",
+       [](AdmissionRequest& r) {
+         const std::string marks = "!#%&*+-/<=>?@^|~";
+         std::string word;  // 160 bytes of marks in varying pairs: far more than 64 tokens
+         for (size_t i = 0; i < 160; ++i) word += marks[(i * 7 + i / 16) % marks.size()];
+         r.bad_words = {"ok", word};
+       },
+       false, "bad_words[1]", "bad_words[1]", "tokens; it must be 1 to 64"},
       {"a bad word of bad UTF-8", [](AdmissionRequest& r) { r.bad_words = {"ok", "\xff\xfe"}; }, false, "bad_words[1]",
        "bad_words[1]", ": "},
       {"required with a constraint",

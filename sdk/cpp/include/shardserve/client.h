@@ -229,6 +229,9 @@ struct GenerateDelta {
   std::vector<TokenLogprob> prompt_logprobs;
   int32_t index = 0;  // the choice this delta belongs to (GenerateOptions::n)
   std::vector<ToolCall> tool_calls;  // on the choice's last delta: the calls parsed from its text
+  // With the server's --reasoning_parser, for chat answers: the new part of the model's reasoning
+  // (text then carries only the answer's content).
+  std::string reasoning_text;
 };
 
 // The whole answer of a generation.
@@ -244,6 +247,9 @@ struct GenerateResult {
   // With GenerateOptions::prompt_logprobs: prompt tokens 1, 2, ... (all before the first token).
   std::vector<TokenLogprob> prompt_logprobs;
   std::vector<ToolCall> tool_calls;  // with GenerateOptions::tools: the calls the model made
+  // With the server's --reasoning_parser, for chat answers: the model's reasoning (the inside of
+  // <think>...</think>); text is then the answer's content.
+  std::string reasoning_text;
 };
 
 struct ModelInfo {

@@ -264,7 +264,8 @@ def delta(resp: inference_pb2.GenerateResponse) -> GenerateDelta:
         prompt_logprobs=[TokenLogprob(lp.logprob, list(lp.top_ids), list(lp.top_logprobs))
                          for lp in resp.prompt_logprobs],
         index=resp.index,
-        tool_calls=[ToolCall(c.id, c.name, c.arguments) for c in resp.tool_calls])
+        tool_calls=[ToolCall(c.id, c.name, c.arguments) for c in resp.tool_calls],
+        reasoning_text=resp.reasoning_text)
 
 
 class Accumulator:
@@ -273,6 +274,7 @@ class Accumulator:
     def __init__(self) -> None:
         self.token_ids: List[int] = []
         self.text: List[str] = []
+        self.reasoning_text: List[str] = []
         self.last: Optional[GenerateDelta] = None
         self.request_id = ""
         self.logprobs: List[TokenLogprob] = []
@@ -285,6 +287,7 @@ class Accumulator:
         self.prompt_logprobs.extend(d.prompt_logprobs)
         self.tool_calls.extend(d.tool_calls)
         self.text.append(d.text)
+        self.reasoning_text.append(d.reasoning_text)
         self.request_id = d.request_id or self.request_id
         if d.finish_reason is not None:
             self.last = d
@@ -294,7 +297,8 @@ class Accumulator:
             raise ShardserveError(grpc.StatusCode.INTERNAL, "the server ended the generation without a finish reason")
         return GenerateResult(token_ids=self.token_ids, text="".join(self.text), finish_reason=self.last.finish_reason,
                               usage=self.last.usage, request_id=self.request_id, logprobs=self.logprobs,
-                              prompt_logprobs=self.prompt_logprobs, tool_calls=self.tool_calls)
+                              prompt_logprobs=self.prompt_logprobs, tool_calls=self.tool_calls,
+                              reasoning_text="".join(self.reasoning_text))
 
 
 class Choices:

@@ -87,6 +87,8 @@ class GenerateDelta:
     prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
     index: int = 0  # the choice (generate's n) this delta belongs to
     tool_calls: List[ToolCall] = field(default_factory=list)  # on the choice's last delta: its calls
+    # with the server's --reasoning_parser, for chat answers: the new reasoning (text is then content)
+    reasoning_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,9 @@ class GenerateResult:
     # with prompt_logprobs=True: prompt tokens 1, 2, ... (all before the first token)
     prompt_logprobs: List[TokenLogprob] = field(default_factory=list)
     tool_calls: List[ToolCall] = field(default_factory=list)  # with tools: the calls the model made
+    # with the server's --reasoning_parser, for chat answers: the model's reasoning (<think>...</think>
+    # without the tags); text is then the answer's content
+    reasoning_text: str = ""
 
 
 @dataclass(frozen=True)
