@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,33 +19,14 @@
 #include "coordinator/api/inference_service.h"
 #include "nlohmann/json.hpp"
 #include "shardserve/v1/inference.grpc.pb.h"
+#include "tests/testing/script_replica.h"
+#include "tests/testing/temp_dir.h"
 
 namespace shardserve::coordinator {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Samples script[sample_index % size] for every sequence.
-class ScriptReplica final : public ReplicaClient {
- public:
-  explicit ScriptReplica(std::vector<int32_t> script) : script_(std::move(script)) {}
-  absl::StatusOr<StepOutput> Step(const StepInput& input) override {
-    StepOutput out;
-    for (const StepSequenceInput& s : input.sequences) {
-      if (s.sample) out.token_ids.push_back(script_[s.sample_index % script_.size()]);
-    }
-    return out;
-  }
-  void Shutdown() override {}
-
- private:
-  const std::vector<int32_t> script_;
-};
+using ::shardserve::testing::ReadFileOrEmpty;
+using ::shardserve::testing::ScriptReplica;
 
 constexpr char kEnd[] = "@@END@@";  // ends each scripted answer (a stop string of every request)
 constexpr char kCall[] =
@@ -73,7 +53,7 @@ class InferenceReasoningTest : public ::testing::Test {
     std::filesystem::copy_file("tests/golden/models/qwen2/tokenizer.json", dir_ / "tokenizer.json",
                                std::filesystem::copy_options::overwrite_existing);
     nlohmann::json config;
-    config["chat_template"] = ReadFile("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja");
+    config["chat_template"] = ReadFileOrEmpty("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja");
     std::ofstream(dir_ / "tokenizer_config.json") << config.dump();
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir_.string());
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();

@@ -19,6 +19,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/script_replica.h"
+#include "tests/testing/temp_dir.h"
 
 namespace shardserve::coordinator::http {
 namespace {
@@ -26,29 +28,8 @@ namespace {
 using ::testing::HasSubstr;
 using Json = nlohmann::ordered_json;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Samples script[sample_index % size] for every sequence.
-class ScriptReplica final : public ReplicaClient {
- public:
-  explicit ScriptReplica(std::vector<int32_t> script) : script_(std::move(script)) {}
-  absl::StatusOr<StepOutput> Step(const StepInput& input) override {
-    StepOutput out;
-    for (const StepSequenceInput& s : input.sequences) {
-      if (s.sample) out.token_ids.push_back(script_[s.sample_index % script_.size()]);
-    }
-    return out;
-  }
-  void Shutdown() override {}
-
- private:
-  const std::vector<int32_t> script_;
-};
+using ::shardserve::testing::ReadFileOrEmpty;
+using ::shardserve::testing::ScriptReplica;
 
 constexpr char kEnd[] = "@@END@@";  // ends each scripted answer (a stop string of every request)
 constexpr char kCall[] =
@@ -68,7 +49,7 @@ class HttpToolsTest : public ::testing::Test {
                                std::filesystem::copy_options::overwrite_existing);
     Json config;
     config["chat_template"] = chat_template.empty()
-                                  ? ReadFile("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja")
+                                  ? ReadFileOrEmpty("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja")
                                   : chat_template;
     std::ofstream(dir_ / "tokenizer_config.json") << config.dump();
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir_.string());
