@@ -78,8 +78,13 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     for (int32_t token : tokens) {
       if (c.text.Add(token, &text)) break;
     }
-    v1::GenerateResponse sent;  // what the client had of it before the stream broke: dropped
-    AppendText(c, text, sent);
+    // Only the split's state and the content for the calls are kept: the client has both parts.
+    if (!c.reasoning.has_value()) {
+      if (tools_.has_value()) c.all_text.append(text);
+      return;
+    }
+    const frontend::ReasoningSplit split = c.reasoning->Add(text);
+    if (tools_.has_value()) c.all_text.append(split.content);
   }
   // Whether a stop string matched in the replayed tokens' text.
   bool ReplayStopped() {
@@ -116,6 +121,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
     bool ended = false;
     grpc::Status status;  // how it ended
     std::string all_text;  // with tools_: the whole content, parsed for calls at the end
+    std::string piece;     // with a reasoning split: one delivery's text, before the split
     // Tokens delivered after the one that completed a stop string (several decode steps per call
     // deliver them together): not returned, and not counted in the usage.
     int32_t past_stop = 0;
@@ -198,17 +204,25 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
         c.past_stop += static_cast<int32_t>(tokens.size());
         return;
       }
-      std::string text;
+      // Without a reasoning split the text is decoded straight into the pending message; with one,
+      // into the choice's scratch string first, which the split then divides.
+      std::string* text = c.reasoning.has_value() ? &c.piece : c.pending.mutable_text();
+      const size_t from = text->size();
       for (size_t i = 0; i < tokens.size(); ++i) {
         c.pending.add_token_ids(tokens[i]);
         if (i < logprobs.size()) AddLogprobs(logprobs[i], c.pending.add_logprobs());
-        if (c.text.Add(tokens[i], &text)) {
+        if (c.text.Add(tokens[i], text)) {
           stop_now = true;
           c.past_stop += static_cast<int32_t>(tokens.size() - i - 1);
           break;
         }
       }
-      AppendText(c, text, c.pending);
+      if (c.reasoning.has_value()) {
+        AppendSplit(c, c.reasoning->Add(c.piece), c.pending);
+        c.piece.clear();  // keeps its capacity for the next delivery
+      } else if (tools_.has_value()) {
+        c.all_text.append(*text, from);
+      }
       c.has_pending = true;
       action = NextLocked();
     }

@@ -14,9 +14,10 @@
 // sequence in the scheduler and ends the call with FINISH_REASON_STOP. With a reasoning parser,
 // a chat answer the model writes freely (AdmittedRequest::reasoning) is split as it streams into
 // reasoning_text and text (frontend::ReasoningStreamer), and tool calls are parsed from the
-// content alone. The last message carries finish_reason, usage and the parsed tool calls. A client that cancels, disconnects or passes its
-// deadline (OnCancel, or a failed write) cancels its sequence, which frees its slot; the call
-// finishes once the scheduler has ended the sequence. No reaction blocks.
+// content alone. The last message carries finish_reason, usage and the parsed tool calls. A
+// client that cancels, disconnects or passes its deadline (OnCancel, or a failed write) cancels
+// its sequence, which frees its slot; the call finishes once the scheduler has ended the
+// sequence. No reaction blocks.
 // A resume (GenerateRequest.resume, n = 1) keeps no state here: its tokens go through the
 // choice's text (decoder and stop strings) unsent, so that the text that follows is the unbroken
 // stream's, and to the scheduler as SequenceRequest::resumed; when they already end the request

@@ -11,11 +11,13 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "coordinator/api/inference_service.h"
 #include "nlohmann/json.hpp"
 #include "shardserve/v1/inference.grpc.pb.h"
@@ -73,8 +75,9 @@ class InferenceReasoningTest : public ::testing::Test {
     SchedulerOptions so;
     so.limits = {.vocab_size = tokenizer_->vocab_size(), .max_seq_len = 4096};
     scheduler_ = std::make_unique<Scheduler>(so);
-    ASSERT_TRUE(
-        scheduler_->AddReplica(0, std::make_unique<ScriptReplica>(script), {.max_slots = 4, .kv_blocks = 1024}).ok());
+    // A millisecond per step: the stream's writes keep up, so the answer arrives in pieces.
+    auto replica = std::make_unique<ScriptReplica>(script, absl::Milliseconds(1));
+    ASSERT_TRUE(scheduler_->AddReplica(0, std::move(replica), {.max_slots = 4, .kv_blocks = 1024}).ok());
     service_ = std::make_unique<InferenceService>(
         InferenceServiceOptions{.model_path = dir_.string(),
                                 .max_seq_len = 4096,
