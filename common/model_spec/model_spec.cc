@@ -97,6 +97,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Gemma2ForCausalLM") return Architecture::kGemma2;
   if (name == "Llama4ForCausalLM") return Architecture::kLlama4;
   if (name == "Gemma3ForCausalLM" || name == "Gemma3ForConditionalGeneration") return Architecture::kGemma3;
+  if (name == "GraniteForCausalLM") return Architecture::kGranite;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
@@ -653,6 +654,22 @@ absl::Status ParseGemma(const Fields& f, ModelSpec* s) {
   return absl::OkStatus();
 }
 
+// Granite: Llama's layer and names with four multipliers (transformers' GraniteConfig, each 1.0
+// when missing). They must be finite and positive: zero would erase a layer's output or divide
+// the logits by zero, and a negative one has no model behind it.
+absl::Status ParseGranite(const Fields& f, ModelSpec* s) {
+  const auto multiplier = [&](const char* key) -> absl::StatusOr<double> {
+    ASSIGN_OR_RETURN(double v, f.NumberOr(key, 1.0, 0.0, 1e6));
+    if (!(v > 0.0)) return f.Error(key, absl::StrCat("is ", v, "; it must be positive"));
+    return v;
+  };
+  ASSIGN_OR_RETURN(s->embedding_multiplier, multiplier("embedding_multiplier"));
+  ASSIGN_OR_RETURN(s->attention_multiplier, multiplier("attention_multiplier"));
+  ASSIGN_OR_RETURN(s->residual_multiplier, multiplier("residual_multiplier"));
+  ASSIGN_OR_RETURN(s->logits_scaling, multiplier("logits_scaling"));
+  return absl::OkStatus();
+}
+
 // A per-layer list of 0/1 integers (Llama-4's no_rope_layers: 1 = the layer uses RoPE).
 absl::StatusOr<std::vector<bool>> LayerFlags(const Fields& f, const char* key, int64_t num_layers) {
   const json& v = f.obj().at(key);
@@ -859,6 +876,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kGemma2: return "Gemma2ForCausalLM";
     case Architecture::kLlama4: return "Llama4ForCausalLM";
     case Architecture::kGemma3: return "Gemma3ForCausalLM";
+    case Architecture::kGranite: return "GraniteForCausalLM";
   }
   return "?";
 }
@@ -883,6 +901,7 @@ struct SatInt {
 }  // namespace
 
 double ModelSpec::AttentionScale() const {
+  if (attention_multiplier > 0.0) return attention_multiplier;
   if (query_pre_attn_scalar > 0.0) return 1.0 / std::sqrt(query_pre_attn_scalar);
   if (!IsMla()) return 1.0 / std::sqrt(static_cast<double>(head_dim));
   double scale = 1.0 / std::sqrt(static_cast<double>(mla.qk_head_dim()));
@@ -1057,10 +1076,12 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     }
   }
   switch (s.arch) {
-    case Architecture::kLlama: {
+    case Architecture::kLlama:
+    case Architecture::kGranite: {
       ASSIGN_OR_RETURN(s.qkv_bias, f.BoolOr("attention_bias", false));
       s.o_bias = s.qkv_bias;
       ASSIGN_OR_RETURN(s.mlp_bias, f.BoolOr("mlp_bias", false));
+      if (s.arch == Architecture::kGranite) RETURN_IF_ERROR(ParseGranite(f, &s));
       break;
     }
     case Architecture::kQwen2:

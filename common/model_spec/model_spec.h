@@ -27,6 +27,7 @@ enum class Architecture : uint8_t {
   kLlama4,
   kGemma3,
   kDeepseekV2,
+  kGranite,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -208,6 +209,15 @@ struct ModelSpec {
   double embedding_multiplier = 1.0;
   // Gemma-2: the softmax scale is query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 (0 = unset).
   double query_pre_attn_scalar = 0.0;
+  // Granite (transformers' GraniteConfig): attention_multiplier is the softmax scale itself
+  // (0 = unset); each layer's attention and MLP outputs are multiplied by residual_multiplier
+  // before they join the residual stream; the logits are divided by logits_scaling. 1 = none. The
+  // loader folds the last two into the weights: o_proj and down_proj (and their biases) scaled by
+  // residual_multiplier, the final norm's weight divided by logits_scaling (it feeds only lm_head).
+  // Granite's embedding_multiplier is embedding_multiplier above.
+  double attention_multiplier = 0.0;
+  double residual_multiplier = 1.0;
+  double logits_scaling = 1.0;
   // Soft-capping (0 = none): attention scores s -> c tanh(s / c) after scaling and before the
   // mask and softmax; final logits likewise with their own cap. Gemma-3 never caps attention
   // scores (transformers ignores its attn_logit_softcapping).
@@ -285,7 +295,7 @@ struct ModelSpec {
   // Whether layer `layer`'s queries are scaled by position (attn_temperature_tuning on NoPE layers).
   bool LayerTemperatureTuned(int64_t layer) const { return attn_floor_scale > 0.0 && !LayerUsesRope(layer); }
   // Softmax scale of attention scores: 1/sqrt(head_dim) (1/sqrt(query_pre_attn_scalar) when
-  // set), or for MLA 1/sqrt(qk_head_dim) times
+  // set, attention_multiplier when set), or for MLA 1/sqrt(qk_head_dim) times
   // mscale(factor, mscale_all_dim)^2 under yarn RoPE with mscale_all_dim set (DeepSeek-V2, V3).
   double AttentionScale() const;
   // KV cache values per token per layer on one of `tp` tensor-parallel ranks: K and V of the

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/golden.h"
 #include "tests/testing/status_matchers.h"
@@ -1314,6 +1315,85 @@ INSTANTIATE_TEST_SUITE_P(
         BadPhi3{"Yarn", [](json& c) { c["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}}; },
                 absl::StatusCode::kUnimplemented, "yarn"}),
     [](const auto& test_info) { return test_info.param.name; });
+
+// ibm-granite/granite-3.1-8b-instruct's config.json (its fields as released).
+json Granite31Config() {
+  return json::parse(R"({"architectures":["GraniteForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+    "attention_multiplier":0.0078125,"bos_token_id":0,"embedding_multiplier":12.0,"eos_token_id":0,
+    "hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":12800,
+    "logits_scaling":16.0,"max_position_embeddings":131072,"mlp_bias":false,"model_type":"granite",
+    "num_attention_heads":32,"num_hidden_layers":40,"num_key_value_heads":8,"pad_token_id":0,
+    "residual_multiplier":0.22,"rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000000.0,
+    "tie_word_embeddings":true,"torch_dtype":"bfloat16","transformers_version":"4.47.0","use_cache":true,
+    "vocab_size":49155})");
+}
+
+TEST(GraniteSpecTest, ReleasedConfigHasItsMultipliers) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(Granite31Config().dump(), "c.json"));
+  EXPECT_EQ(s.arch, Architecture::kGranite);
+  EXPECT_EQ(ArchitectureName(s.arch), "GraniteForCausalLM");
+  EXPECT_EQ(s.embedding_multiplier, 12.0);
+  EXPECT_EQ(s.attention_multiplier, 0.0078125);
+  EXPECT_EQ(s.residual_multiplier, 0.22);
+  EXPECT_EQ(s.logits_scaling, 16.0);
+  // The softmax scale is the multiplier itself (head_dim 128 would give 1/sqrt(128)).
+  EXPECT_EQ(s.head_dim, 128);
+  EXPECT_EQ(s.AttentionScale(), 0.0078125);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  EXPECT_FALSE(s.qkv_bias);
+  EXPECT_EQ(s.rope.theta, 1e7);
+  EXPECT_EQ(s.dtype, DType::kBF16);
+  // Llama's layer otherwise: no Gemma norms, no soft-caps.
+  EXPECT_FALSE(s.norm_plus_one);
+  EXPECT_FALSE(s.sandwich_norms);
+  EXPECT_EQ(s.final_logit_softcapping, 0.0);
+}
+
+TEST(GraniteSpecTest, MissingMultipliersAreOneAsInGraniteConfig) {
+  json c = Granite31Config();
+  for (const char* key : {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"}) {
+    c.erase(key);
+  }
+  c["attention_bias"] = true;
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.embedding_multiplier, 1.0);
+  EXPECT_EQ(s.AttentionScale(), 1.0);  // GraniteConfig's default, not 1/sqrt(head_dim)
+  EXPECT_EQ(s.residual_multiplier, 1.0);
+  EXPECT_EQ(s.logits_scaling, 1.0);
+  EXPECT_TRUE(s.qkv_bias);
+  EXPECT_TRUE(s.o_bias);
+  // A Llama config's multipliers stay unset whatever it says: they are Granite's fields.
+  json llama = LlamaConfig();
+  llama["residual_multiplier"] = 0.5;
+  llama["attention_multiplier"] = 0.5;
+  ASSERT_OK_AND_ASSIGN(ModelSpec l, ParseModelSpec(llama.dump(), "c.json"));
+  EXPECT_EQ(l.residual_multiplier, 1.0);
+  EXPECT_EQ(l.AttentionScale(), 1.0 / std::sqrt(16.0));
+}
+
+TEST(GraniteSpecTest, MultipliersMustBePositiveNumbers) {
+  for (const char* key : {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"}) {
+    for (const json& bad : {json(0.0), json(-0.5), json("12"), json(2e6)}) {
+      json c = Granite31Config();
+      c[key] = bad;
+      EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+                  StatusIs(absl::StatusCode::kInvalidArgument,
+                           ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(absl::StrCat("\"", key, "\"")))))
+          << key << " = " << bad.dump();
+    }
+  }
+}
+
+TEST(GraniteSpecTest, GoldenConfig) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/granite"));
+  EXPECT_EQ(s.arch, Architecture::kGranite);
+  EXPECT_EQ(s.embedding_multiplier, 4.0);
+  EXPECT_EQ(s.AttentionScale(), 0.1);
+  EXPECT_EQ(s.residual_multiplier, 0.5);
+  EXPECT_EQ(s.logits_scaling, 4.0);
+  EXPECT_FALSE(s.tie_word_embeddings);
+  EXPECT_TRUE(s.o_bias);
+}
 
 }  // namespace
 }  // namespace shardserve

@@ -60,6 +60,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GraniteConfig,
+    GraniteForCausalLM,
     Llama4Config,
     Llama4ForCausalLM,
     Llama4ForConditionalGeneration,
@@ -665,6 +667,32 @@ SPECS = [
                 "mscale": 1.0,
                 "mscale_all_dim": 0.8,
             },
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Granite: Llama's layer with four multipliers, none of them 1 (transformers' defaults): the
+    # embedding x 4, the softmax scale 0.1 instead of head_dim^-1/2 = 0.25, each layer's attention
+    # and MLP outputs x 0.5 before the residual add, the logits / 4. attention_bias (q, k, v and o:
+    # the o bias is scaled with its matrix). Untied, unlike the released models: tied, this tiny
+    # model repeats one or two tokens whatever the embedding's scale (50 seeds tried); ties are
+    # llama_tied_llama3rope_bias's, and the logits' multiplier does not depend on them.
+    dict(
+        name="granite",
+        model_cls=GraniteForCausalLM,
+        config_cls=GraniteConfig,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            attention_bias=True,
+            mlp_bias=False,
+            embedding_multiplier=4.0,
+            attention_multiplier=0.1,
+            residual_multiplier=0.5,
+            logits_scaling=4.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             tie_word_embeddings=False,
         ),
     ),

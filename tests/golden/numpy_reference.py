@@ -82,6 +82,11 @@ Semantics (transformers 5.23, eager attention):
     rope_parameters["sliding_attention"] / ["full_attention"] (or the legacy
     rope_local_base_freq, and rope_theta + rope_scaling), linear scaling
     dividing inv_freq by its factor.
+  * Granite: Llama's layer with four multipliers from the config (each 1 when
+    missing): x = embed * embedding_multiplier; scores scaled by
+    attention_multiplier (not head_dim^-0.5); per layer x += attn(...) *
+    residual_multiplier and x += mlp(...) * residual_multiplier; logits divided
+    by logits_scaling.
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -282,6 +287,7 @@ class Model:
         self.gemma = self.arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
         self.gemma3 = self.arch == "Gemma3ForCausalLM"
         self.llama4 = self.arch == "Llama4ForCausalLM"
+        self.granite = self.arch == "GraniteForCausalLM"
         if self.llama4:
             interval = c.get("no_rope_layer_interval", 4)
             self.rope_layers = c.get("no_rope_layers") or [int((l + 1) % interval != 0) for l in range(self.L)]
@@ -292,6 +298,8 @@ class Model:
                 step = c.get("interleave_moe_layer_step", 1)
                 self.moe_layers = list(range(step - 1, self.L, step))
         self.scale = (c.get("query_pre_attn_scalar", 256) if self.gemma else self.hd) ** -0.5
+        if self.granite:
+            self.scale = c.get("attention_multiplier", 1.0)
         self.rope_scale = 1.0
         if self.mla:
             self.hd = c["qk_rope_head_dim"]  # the RoPE width (transformers' head_dim)
@@ -613,6 +621,10 @@ class Model:
         x = self.w["model.embed_tokens.weight"][np.array(ids)]
         if self.gemma:
             x = x * float(np.float32(self.H**0.5))  # float32 checkpoints: the multiplier in float32
+        residual = 1.0
+        if self.granite:
+            x = x * self.cfg.get("embedding_multiplier", 1.0)
+            residual = self.cfg.get("residual_multiplier", 1.0)
         for l in range(self.L):
             p = f"model.layers.{l}"
             if self.gemma:
@@ -620,13 +632,15 @@ class Model:
                 x = x + self.rms(self.mlp(self.rms(x, p + ".pre_feedforward_layernorm"), l),
                                  p + ".post_feedforward_layernorm")
                 continue
-            x = x + self.attention(self.rms(x, p + ".input_layernorm"), l)
-            x = x + self.mlp(self.rms(x, p + ".post_attention_layernorm"), l)
+            x = x + self.attention(self.rms(x, p + ".input_layernorm"), l) * residual
+            x = x + self.mlp(self.rms(x, p + ".post_attention_layernorm"), l) * residual
         x = self.rms(x, "model.norm")
         head = self.w.get("lm_head.weight")
         if head is None:
             head = self.w["model.embed_tokens.weight"]
         logits = x @ head.T
+        if self.granite:
+            logits = logits / self.cfg.get("logits_scaling", 1.0)
         cap = self.cfg.get("final_logit_softcapping") if self.gemma else None
         return cap * np.tanh(logits / cap) if cap else logits
 

@@ -906,8 +906,9 @@ kernels::AttentionParams Model::AttentionFor(int64_t layer, int64_t tokens, cons
                     .kv_heads = layout_.kv_heads,
                     .head_dim = d,
                     .dtype = kv_dtype_},
-          .scale = spec_.query_pre_attn_scalar > 0.0 ? static_cast<float>(spec_.AttentionScale())
-                                                     : 1.0f / std::sqrt(static_cast<float>(d)),
+          .scale = spec_.query_pre_attn_scalar > 0.0 || spec_.attention_multiplier > 0.0
+                       ? static_cast<float>(spec_.AttentionScale())
+                       : 1.0f / std::sqrt(static_cast<float>(d)),
           .sliding_window = spec_.LayerSlidingWindow(layer),
           .chunk_size = spec_.LayerChunkSize(layer),
           .softcap = static_cast<float>(spec_.attn_logit_softcapping)};

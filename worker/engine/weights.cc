@@ -52,12 +52,16 @@ class Loader {
   }
   // Rows [row_begin, row_end) x columns [col_begin, col_end) of the F8_E4M3 matrix `name` as codes
   // and scales (lw->w, lw->scales, lw->fp8), followed by zero rows up to `rows` rows (the grid then
-  // covers the padding too, with scales 1). lw->in / out / dtype are the caller's.
+  // covers the padding too, with scales 1). The scales are multiplied by `scale` (a multiplier
+  // folded into the matrix). lw->in / out / dtype are the caller's.
   absl::Status UploadFp8(const std::string& name, const Shape& shape, int64_t row_begin, int64_t row_end,
-                         int64_t col_begin, int64_t col_end, int64_t rows, LinearWeight* lw) {
+                         int64_t col_begin, int64_t col_end, int64_t rows, LinearWeight* lw, float scale = 1.0f) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(Fp8Slice s,
                      ReadFp8Slice(ckpt_, spec_.fp8, name, shape, row_begin, row_end, col_begin, col_end));
+    if (scale != 1.0f) {
+      for (float& x : s.scales) x *= scale;
+    }
     const int64_t cols = s.cols;
     if (rows * cols == 0) return absl::OkStatus();
     s.codes.resize(static_cast<size_t>(rows * cols), 0);  // code 0 is +0
@@ -117,20 +121,29 @@ class Loader {
     bytes_ += t.bytes();
     return buf;
   }
+  // Multiplies `t` by `scale`, a multiplier folded into a weight (ModelSpec::residual_multiplier),
+  // before it is rounded to the dtype it is kept in.
+  static void ScaleHost(HostTensor& t, float scale) {
+    if (scale == 1.0f) return;
+    float* x = t.data();
+    for (int64_t i = 0; i < t.size(); ++i) x[i] *= scale;
+  }
   absl::StatusOr<kernels::DeviceBuffer> Full(const std::string& name, const Shape& shape,
-                                             DType dtype = DType::kF32) {
+                                             DType dtype = DType::kF32, float scale = 1.0f) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ReadWeight(ckpt_, spec_.fp8, name, shape));
+    ScaleHost(t, scale);
     return UploadAs(t, dtype);
   }
   // An RMSNorm weight, f32; as (1 + w) when ModelSpec::norm_plus_one (Gemma), added in f32 as
-  // transformers does.
-  absl::StatusOr<kernels::DeviceBuffer> Norm(const std::string& name, int64_t size) {
+  // transformers does; then times `scale` (1 / ModelSpec::logits_scaling for the final norm).
+  absl::StatusOr<kernels::DeviceBuffer> Norm(const std::string& name, int64_t size, float scale = 1.0f) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ReadWeight(ckpt_, spec_.fp8, name, {size}));
     if (spec_.norm_plus_one) {
       for (int64_t i = 0; i < size; ++i) t.data()[i] = 1.0f + t.data()[i];
     }
+    ScaleHost(t, scale);
     return Upload(t);
   }
   absl::StatusOr<kernels::DeviceBuffer> Rows(const std::string& name, const Shape& shape, int64_t begin,
@@ -140,9 +153,10 @@ class Loader {
     return UploadAs(t, dtype);
   }
   absl::StatusOr<kernels::DeviceBuffer> Cols(const std::string& name, const Shape& shape, int64_t begin,
-                                             int64_t end, DType dtype = DType::kF32) {
+                                             int64_t end, DType dtype = DType::kF32, float scale = 1.0f) {
     RETURN_IF_ERROR(CheckDType(name));
     ASSIGN_OR_RETURN(HostTensor t, ReadWeightCols(ckpt_, spec_.fp8, name, shape, begin, end));
+    ScaleHost(t, scale);
     return UploadAs(t, dtype);
   }
 
@@ -164,28 +178,32 @@ class Loader {
     return lw;
   }
   // Row-parallel linear (split by input columns [begin, end)); the bias is added once, on rank 0.
+  // Matrix and bias are multiplied by `scale` (ModelSpec::residual_multiplier for the products
+  // that end a layer's attention and MLP).
   absl::StatusOr<LinearWeight> RowParallel(const std::string& prefix, int64_t in, int64_t out, int64_t begin,
-                                           int64_t end, bool bias, bool bias_here) {
+                                           int64_t end, bool bias, bool bias_here, float scale = 1.0f) {
     LinearWeight lw;
     lw.in = end - begin;
     lw.out = out;
     lw.dtype = MatrixDType(prefix + ".weight");
     if (lw.dtype == DType::kF8E4M3) {
-      RETURN_IF_ERROR(UploadFp8(prefix + ".weight", {out, in}, 0, out, begin, end, out, &lw));
+      RETURN_IF_ERROR(UploadFp8(prefix + ".weight", {out, in}, 0, out, begin, end, out, &lw, scale));
     } else {
-      ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end, lw.dtype));
+      ASSIGN_OR_RETURN(lw.w, Cols(prefix + ".weight", {out, in}, begin, end, lw.dtype, scale));
     }
     if (bias && bias_here) {
-      ASSIGN_OR_RETURN(lw.b, Full(prefix + ".bias", {out}));
+      ASSIGN_OR_RETURN(lw.b, Full(prefix + ".bias", {out}, DType::kF32, scale));
     }
     return lw;
   }
+  // `down_scale`: RowParallel's scale of the down projection.
   absl::StatusOr<MlpWeights> Mlp(const std::string& prefix, const char* gate, const char* up, const char* down,
-                                 int64_t hidden, int64_t width, int64_t begin, int64_t end, bool bias, int rank) {
+                                 int64_t hidden, int64_t width, int64_t begin, int64_t end, bool bias, int rank,
+                                 float down_scale = 1.0f) {
     MlpWeights m;
     ASSIGN_OR_RETURN(m.gate, ColumnParallel(prefix + gate, hidden, width, begin, end, bias));
     ASSIGN_OR_RETURN(m.up, ColumnParallel(prefix + up, hidden, width, begin, end, bias));
-    ASSIGN_OR_RETURN(m.down, RowParallel(prefix + down, width, hidden, begin, end, bias, rank == 0));
+    ASSIGN_OR_RETURN(m.down, RowParallel(prefix + down, width, hidden, begin, end, bias, rank == 0, down_scale));
     return m;
   }
   // An MLP whose gate and up matrices are stored as one `<prefix>gate_up_proj` [2 x width, hidden]
@@ -552,6 +570,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
   const bool first = layer_begin == 0;
   const bool last = layer_end == spec.num_layers;
   const bool lm_head_is_embedding = spec.tie_word_embeddings && shard.size == 1;
+  // Granite's residual_multiplier, folded into o_proj and down_proj.
+  const float residual_scale = static_cast<float>(spec.residual_multiplier);
   const DecoderNames names = DecoderNamesOf(spec, ckpt);
   const std::string embed_name = names.root + "embed_tokens.weight";
   if (first || (last && lm_head_is_embedding)) {
@@ -562,7 +582,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     ASSIGN_OR_RETURN(mw.embedding, ld.Full(name, {spec.vocab_size, h}, mw.embedding_dtype));
   }
   if (last) {
-    ASSIGN_OR_RETURN(mw.final_norm, ld.Norm(names.root + "norm.weight", h));
+    ASSIGN_OR_RETURN(mw.final_norm,
+                     ld.Norm(names.root + "norm.weight", h, static_cast<float>(1.0 / spec.logits_scaling)));
     // lm_head: this rank's vocab rows, zero-padded to vocab_padded rows.
     const int64_t vb = std::min(layout.vocab_begin, spec.vocab_size);
     const int64_t ve = std::min(layout.vocab_begin + layout.vocab_padded, spec.vocab_size);
@@ -625,7 +646,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       ASSIGN_OR_RETURN(lw.k_norm, ld.Norm(p + "self_attn.k_norm.weight", d));
     }
     if (!spec.IsMla()) {
-      ASSIGN_OR_RETURN(lw.o, ld.RowParallel(p + "self_attn.o_proj", q_out, h, qb, qe, spec.o_bias, shard.rank == 0));
+      ASSIGN_OR_RETURN(lw.o, ld.RowParallel(p + "self_attn.o_proj", q_out, h, qb, qe, spec.o_bias, shard.rank == 0,
+                                            residual_scale));
     }
     lw.sparse = spec.IsSparseLayer(i);
     if (!lw.sparse) {
@@ -634,7 +656,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
         ASSIGN_OR_RETURN(lw.mlp, ld.FusedMlp(FfnPrefix(spec, names.root, i), h, spec.intermediate_size, fb, fb + layout.ffn, shard.rank));
       } else {
         ASSIGN_OR_RETURN(lw.mlp, ld.Mlp(FfnPrefix(spec, names.root, i), "gate_proj", "up_proj", "down_proj", h, spec.intermediate_size, fb,
-                                        fb + layout.ffn, spec.mlp_bias, shard.rank));
+                                        fb + layout.ffn, spec.mlp_bias, shard.rank, residual_scale));
       }
     } else {
       const std::string moe = FfnPrefix(spec, names.root, i);

@@ -186,7 +186,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            PipelineLayout{"phi3_longrope", {0, 1, 2}, 2, "phi3_longrope_pp2_tp2"},
                                            // Gemma-3: a sliding stage (local RoPE), then the full
                                            // layer (scaled global RoPE) and a sliding one.
-                                           PipelineLayout{"gemma3", {0, 1, 3}, 2, "gemma3_pp2_tp2"}),
+                                           PipelineLayout{"gemma3", {0, 1, 3}, 2, "gemma3_pp2_tp2"},
+                                           // Granite: the multipliers folded into each stage's
+                                           // weights (the o bias on rank 0 only), the logits'
+                                           // into the last stage's norm.
+                                           PipelineLayout{"granite", {0, 1, 2}, 2, "granite_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
