@@ -1316,7 +1316,8 @@ INSTANTIATE_TEST_SUITE_P(
                 absl::StatusCode::kUnimplemented, "yarn"}),
     [](const auto& test_info) { return test_info.param.name; });
 
-// ibm-granite/granite-3.1-8b-instruct's config.json (its fields as released).
+// A config in the shape of the released Granite-3.1 8B ones (GraniteForCausalLM; the four
+// multipliers at the values those configs carry).
 json Granite31Config() {
   return json::parse(R"({"architectures":["GraniteForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
     "attention_multiplier":0.0078125,"bos_token_id":0,"embedding_multiplier":12.0,"eos_token_id":0,
