@@ -98,13 +98,14 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Llama4ForCausalLM") return Architecture::kLlama4;
   if (name == "Gemma3ForCausalLM" || name == "Gemma3ForConditionalGeneration") return Architecture::kGemma3;
   if (name == "GraniteForCausalLM") return Architecture::kGranite;
+  if (name == "GraniteMoeForCausalLM") return Architecture::kGraniteMoe;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
       "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM, "
       "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
       "Gemma3ForConditionalGeneration's text part, "
-      "Llama4ForCausalLM, Llama4ForConditionalGeneration)"));
+      "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -260,12 +261,25 @@ absl::Status CheckFullAttentionLayers(const Fields& f, int64_t num_layers) {
 
 absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
   MoeSpec& moe = spec->moe;
-  if (spec->arch == Architecture::kMixtral) {
-    ASSIGN_OR_RETURN(moe.num_experts, f.Int("num_local_experts", 1, 4096));
-    ASSIGN_OR_RETURN(moe.top_k, f.Int("num_experts_per_tok", 1, moe.num_experts));
+  if (spec->arch == Architecture::kMixtral || spec->arch == Architecture::kGraniteMoe) {
+    // GraniteMoe: the softmax of the top_k router logits, which is Mixtral's softmax over all of
+    // them renormalised over the top_k; GraniteMoeConfig's defaults are 8 experts, 2 per token.
+    const bool granite = spec->arch == Architecture::kGraniteMoe;
+    if (granite) {
+      ASSIGN_OR_RETURN(moe.num_experts, f.IntOr("num_local_experts", 8, 1, 4096));
+      ASSIGN_OR_RETURN(moe.top_k, f.IntOr("num_experts_per_tok", 2, 1, moe.num_experts));
+      if (moe.top_k > moe.num_experts) {
+        return f.Error("num_experts_per_tok", absl::StrCat("is missing, and its default (2) exceeds num_local_experts (",
+                                                           moe.num_experts, ")"));
+      }
+    } else {
+      ASSIGN_OR_RETURN(moe.num_experts, f.Int("num_local_experts", 1, 4096));
+      ASSIGN_OR_RETURN(moe.top_k, f.Int("num_experts_per_tok", 1, moe.num_experts));
+    }
     moe.norm_topk_prob = true;
     moe.expert_intermediate_size = spec->intermediate_size;
     moe.sparse_layers.assign(static_cast<size_t>(spec->num_layers), true);
+    moe.stacked_experts = granite;
     return absl::OkStatus();
   }
   // Qwen2-MoE and Qwen3-MoE. transformers >= 5 writes Qwen3-MoE's `num_experts` as
@@ -877,6 +891,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kLlama4: return "Llama4ForCausalLM";
     case Architecture::kGemma3: return "Gemma3ForCausalLM";
     case Architecture::kGranite: return "GraniteForCausalLM";
+    case Architecture::kGraniteMoe: return "GraniteMoeForCausalLM";
   }
   return "?";
 }
@@ -1077,11 +1092,15 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   }
   switch (s.arch) {
     case Architecture::kLlama:
-    case Architecture::kGranite: {
+    case Architecture::kGranite:
+    case Architecture::kGraniteMoe: {
       ASSIGN_OR_RETURN(s.qkv_bias, f.BoolOr("attention_bias", false));
       s.o_bias = s.qkv_bias;
-      ASSIGN_OR_RETURN(s.mlp_bias, f.BoolOr("mlp_bias", false));
-      if (s.arch == Architecture::kGranite) RETURN_IF_ERROR(ParseGranite(f, &s));
+      // GraniteMoe's experts have no biases (GraniteMoeConfig has no mlp_bias).
+      if (s.arch != Architecture::kGraniteMoe) {
+        ASSIGN_OR_RETURN(s.mlp_bias, f.BoolOr("mlp_bias", false));
+      }
+      if (s.arch != Architecture::kLlama) RETURN_IF_ERROR(ParseGranite(f, &s));
       break;
     }
     case Architecture::kQwen2:
@@ -1148,7 +1167,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
         label, ": rope type \"yarn\" is supported for DeepseekV2ForCausalLM and DeepseekV3ForCausalLM only (on ", ArchitectureName(s.arch),
         " its attention factor would scale every head dim: not checked against transformers yet)"));
   }
-  if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe || s.arch == Architecture::kQwen3Moe) {
+  if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe || s.arch == Architecture::kQwen3Moe ||
+      s.arch == Architecture::kGraniteMoe) {
     RETURN_IF_ERROR(ParseMoe(f, &s));
   }
   if (f.Has("bos_token_id")) {

@@ -28,6 +28,7 @@ enum class Architecture : uint8_t {
   kGemma3,
   kDeepseekV2,
   kGranite,
+  kGraniteMoe,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -140,6 +141,11 @@ struct MoeSpec {
   // expert_intermediate_size, hidden], i.e. transposed against nn.Linear; the loader transposes
   // and slices them per rank.
   bool fused_experts = false;
+  // GraniteMoe's checkpoint layout: per layer `block_sparse_moe.input_linear` [experts, 2 x
+  // expert_intermediate_size, hidden] (gate rows first) and `block_sparse_moe.output_linear`
+  // [experts, hidden, expert_intermediate_size]: each expert's matrices as nn.Linear holds them,
+  // stacked. The router is `block_sparse_moe.router.layer`.
+  bool stacked_experts = false;
 };
 
 // An FP8 checkpoint: config.json's `quantization_config` with `quant_method: "fp8"`, as written by

@@ -1385,6 +1385,48 @@ TEST(GraniteSpecTest, MultipliersMustBePositiveNumbers) {
   }
 }
 
+// GraniteMoe: Granite's multipliers, Mixtral's routing, stacked experts; GraniteMoeConfig's
+// defaults for the expert counts.
+TEST(GraniteSpecTest, MoeConfigRoutesLikeMixtralOverStackedExperts) {
+  json c = Granite31Config();
+  c["architectures"] = {"GraniteMoeForCausalLM"};
+  c["intermediate_size"] = 512;
+  c["num_local_experts"] = 32;
+  c["num_experts_per_tok"] = 8;
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.arch, Architecture::kGraniteMoe);
+  EXPECT_EQ(ArchitectureName(s.arch), "GraniteMoeForCausalLM");
+  EXPECT_EQ(s.residual_multiplier, 0.22);
+  EXPECT_EQ(s.AttentionScale(), 0.0078125);
+  EXPECT_EQ(s.moe.num_experts, 32);
+  EXPECT_EQ(s.moe.top_k, 8);
+  EXPECT_EQ(s.moe.expert_intermediate_size, 512);
+  EXPECT_EQ(s.moe.scoring, MoeScoring::kSoftmax);
+  EXPECT_TRUE(s.moe.norm_topk_prob);  // the softmax of the top-k logits
+  EXPECT_TRUE(s.moe.stacked_experts);
+  EXPECT_FALSE(s.moe.fused_experts);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 0);
+  EXPECT_THAT(s.moe.sparse_layers, ::testing::Each(true));
+
+  c.erase("num_local_experts");
+  c.erase("num_experts_per_tok");
+  ASSERT_OK_AND_ASSIGN(ModelSpec d, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(d.moe.num_experts, 8);
+  EXPECT_EQ(d.moe.top_k, 2);
+
+  c["num_local_experts"] = 1;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr("\"num_experts_per_tok\" is missing"))));
+  c["num_experts_per_tok"] = 2;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"num_experts_per_tok\" is 2")));
+  c["num_local_experts"] = 4;
+  c["residual_multiplier"] = -1;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"residual_multiplier\"")));
+}
+
 TEST(GraniteSpecTest, GoldenConfig) {
   ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/granite"));
   EXPECT_EQ(s.arch, Architecture::kGranite);
@@ -1394,6 +1436,12 @@ TEST(GraniteSpecTest, GoldenConfig) {
   EXPECT_EQ(s.logits_scaling, 4.0);
   EXPECT_FALSE(s.tie_word_embeddings);
   EXPECT_TRUE(s.o_bias);
+  ASSERT_OK_AND_ASSIGN(ModelSpec moe, LoadModelSpec("tests/golden/models/granite_moe"));
+  EXPECT_EQ(moe.arch, Architecture::kGraniteMoe);
+  EXPECT_EQ(moe.residual_multiplier, 0.5);
+  EXPECT_EQ(moe.moe.num_experts, 8);
+  EXPECT_EQ(moe.moe.top_k, 2);
+  EXPECT_TRUE(moe.moe.stacked_experts);
 }
 
 }  // namespace

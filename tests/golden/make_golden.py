@@ -62,6 +62,8 @@ from transformers import (
     Gemma3TextConfig,
     GraniteConfig,
     GraniteForCausalLM,
+    GraniteMoeConfig,
+    GraniteMoeForCausalLM,
     Llama4Config,
     Llama4ForCausalLM,
     Llama4ForConditionalGeneration,
@@ -696,6 +698,31 @@ SPECS = [
             tie_word_embeddings=False,
         ),
     ),
+    # GraniteMoe: Granite's multipliers (the residual one also scales the expert outputs) around
+    # Mixtral-like routing (softmax of the top-2 router logits of 8 experts) over experts stored
+    # stacked: block_sparse_moe.input_linear [8, 2 x 16, 64], output_linear [8, 64, 16] and the
+    # router block_sparse_moe.router.layer, as the released checkpoints store them.
+    dict(
+        name="granite_moe",
+        model_cls=GraniteMoeForCausalLM,
+        config_cls=GraniteMoeConfig,
+        config=dict(
+            intermediate_size=16,  # per expert
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            attention_bias=False,
+            embedding_multiplier=4.0,
+            attention_multiplier=0.1,
+            residual_multiplier=0.5,
+            logits_scaling=4.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -724,8 +751,9 @@ def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0, norm_center=1.
                 value = STD_BIAS * noise
             elif "embed_tokens" in name:
                 value = std_embed * noise
-            elif name.endswith("mlp.gate.weight") or name.endswith("feed_forward.router.weight"):
-                # MoE router (Mixtral, Qwen2-MoE, Qwen3-MoE; Llama-4)
+            elif (name.endswith("mlp.gate.weight") or name.endswith("feed_forward.router.weight")
+                  or name.endswith("block_sparse_moe.router.weight")):
+                # MoE router (Mixtral, Qwen2-MoE, Qwen3-MoE; Llama-4; GraniteMoe)
                 value = STD_ROUTER * noise
             elif name.endswith("shared_expert_gate.weight"):
                 value = STD_SHARED_GATE * noise

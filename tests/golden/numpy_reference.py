@@ -86,7 +86,10 @@ Semantics (transformers 5.23, eager attention):
     missing): x = embed * embedding_multiplier; scores scaled by
     attention_multiplier (not head_dim^-0.5); per layer x += attn(...) *
     residual_multiplier and x += mlp(...) * residual_multiplier; logits divided
-    by logits_scaling.
+    by logits_scaling. GraniteMoe: the same around an MoE block whose token
+    weights are the softmax of its top num_experts_per_tok router logits
+    (block_sparse_moe.router.layer); expert e is input_linear[e] (gate rows,
+    then up rows) and output_linear[e] (down).
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -287,7 +290,7 @@ class Model:
         self.gemma = self.arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
         self.gemma3 = self.arch == "Gemma3ForCausalLM"
         self.llama4 = self.arch == "Llama4ForCausalLM"
-        self.granite = self.arch == "GraniteForCausalLM"
+        self.granite = self.arch in ("GraniteForCausalLM", "GraniteMoeForCausalLM")
         if self.llama4:
             interval = c.get("no_rope_layer_interval", 4)
             self.rope_layers = c.get("no_rope_layers") or [int((l + 1) % interval != 0) for l in range(self.L)]
@@ -574,6 +577,8 @@ class Model:
             return self.deepseek_moe(x, p + ".mlp")
         if self.llama4:
             return self.llama4_ffn(x, l)
+        if self.arch == "GraniteMoeForCausalLM":
+            return self.granite_moe(x, p + ".block_sparse_moe")
         m = p + ".mlp"
         if self.arch == "Phi3ForCausalLM":
             gu = self.w[m + ".gate_up_proj.weight"]
@@ -581,6 +586,22 @@ class Model:
             return self.swiglu(x, gu[:n], gu[n:], self.w[m + ".down_proj.weight"])
         return self.swiglu(x, self.w[m + ".gate_proj.weight"], self.w[m + ".up_proj.weight"],
                            self.w[m + ".down_proj.weight"])
+
+    def granite_moe(self, x, m):
+        # GraniteMoe: the softmax of each token's top-k router logits weights its experts; expert e
+        # is input_linear[e] = [gate; up] and output_linear[e] = down, as nn.Linear holds them.
+        gu, down = self.w[m + ".input_linear.weight"], self.w[m + ".output_linear.weight"]
+        width = down.shape[2]
+        logits = x @ self.w[m + ".router.layer.weight"].T
+        k = self.cfg.get("num_experts_per_tok", 2)
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            top = np.argsort(-logits[t], kind="stable")[:k]
+            wts = np.exp(logits[t, top] - logits[t, top].max())
+            wts = wts / wts.sum()
+            for e, wt in zip(top, wts):
+                out[t] += wt * self.swiglu(x[t : t + 1], gu[e, :width], gu[e, width:], down[e])[0]
+        return out
 
     def llama4_ffn(self, x, l):
         f = f"model.layers.{l}.feed_forward"

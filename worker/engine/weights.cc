@@ -284,9 +284,10 @@ class Loader {
   // `<prefix>experts.gate_up_proj` [experts, hidden, 2 x width] and `<prefix>experts.down_proj`
   // [experts, width, hidden], stored transposed against nn.Linear. This rank's gate and up rows
   // [begin, end) (gate columns [begin, end) and up columns width + [begin, end), transposed) and
-  // down columns [begin, end) (rows [begin, end) of down_proj[e], transposed).
+  // down columns [begin, end) (rows [begin, end) of down_proj[e], transposed); the down
+  // projection times `down_scale`.
   absl::StatusOr<MlpWeights> FusedExpert(const std::string& prefix, int64_t experts, int64_t e, int64_t hidden,
-                                         int64_t width, int64_t begin, int64_t end) {
+                                         int64_t width, int64_t begin, int64_t end, float down_scale) {
     const std::string gate_up = prefix + "experts.gate_up_proj";
     const std::string down = prefix + "experts.down_proj";
     RETURN_IF_ERROR(CheckDType(gate_up));
@@ -302,6 +303,35 @@ class Loader {
         d.data()[c * local + r] = dn.data()[(begin + r) * hidden + c];
       }
     }
+    ScaleHost(d, down_scale);
+    return UploadExpert(g, u, d, gate_up, down, hidden, local);
+  }
+  // The same from GraniteMoe's stacked layout (MoeSpec::stacked_experts): gate rows [begin, end)
+  // and up rows width + [begin, end) of input_linear[e], columns [begin, end) of output_linear[e].
+  absl::StatusOr<MlpWeights> StackedExpert(const std::string& prefix, int64_t experts, int64_t e, int64_t hidden,
+                                           int64_t width, int64_t begin, int64_t end, float down_scale) {
+    const std::string in = prefix + "input_linear.weight";
+    const std::string out = prefix + "output_linear.weight";
+    RETURN_IF_ERROR(CheckDType(in));
+    RETURN_IF_ERROR(CheckDType(out));
+    ASSIGN_OR_RETURN(HostTensor gu, ReadWeightRows(ckpt_, spec_.fp8, in, {experts, 2 * width, hidden}, e, e + 1));
+    ASSIGN_OR_RETURN(HostTensor dn, ReadWeightRows(ckpt_, spec_.fp8, out, {experts, hidden, width}, e, e + 1));
+    const int64_t local = end - begin;
+    HostTensor g({local, hidden}), u({local, hidden}), d({hidden, local});
+    const float* src = gu.data();
+    std::copy(src + begin * hidden, src + end * hidden, g.data());
+    std::copy(src + (width + begin) * hidden, src + (width + end) * hidden, u.data());
+    for (int64_t c = 0; c < hidden; ++c) {
+      std::copy(dn.data() + c * width + begin, dn.data() + c * width + end, d.data() + c * local);
+    }
+    ScaleHost(d, down_scale);
+    return UploadExpert(g, u, d, in, out, hidden, local);
+  }
+  // An expert's gate, up ([local, hidden]) and down ([hidden, local]) matrices, rearranged on the
+  // host from the checkpoint tensors `gate_up` and `down` (so FP8 ones are dequantized).
+  absl::StatusOr<MlpWeights> UploadExpert(const HostTensor& g, const HostTensor& u, const HostTensor& d,
+                                          const std::string& gate_up, const std::string& down, int64_t hidden,
+                                          int64_t local) {
     MlpWeights m;
     auto upload = [&](const HostTensor& t, const std::string& name, int64_t in, int64_t out,
                       LinearWeight* lw) -> absl::Status {
@@ -474,12 +504,15 @@ DecoderNames DecoderNamesOf(const ModelSpec& spec, const Checkpoint& ckpt) {
 }
 
 
-// The prefix of layer `layer`'s MLP or MoE block: "<root>layers.<layer>.mlp." (Mixtral's MoE:
-// block_sparse_moe., Llama-4: feed_forward.), under the decoder's root (DecoderNames).
+// The prefix of layer `layer`'s MLP or MoE block: "<root>layers.<layer>.mlp." (Mixtral's and
+// GraniteMoe's MoE: block_sparse_moe., Llama-4: feed_forward.), under the decoder's root
+// (DecoderNames).
 std::string FfnPrefix(const ModelSpec& spec, const std::string& root, int64_t layer) {
   const char* block = "mlp.";
   if (spec.arch == Architecture::kLlama4) block = "feed_forward.";
-  if (spec.arch == Architecture::kMixtral && spec.IsSparseLayer(layer)) block = "block_sparse_moe.";
+  if ((spec.arch == Architecture::kMixtral || spec.arch == Architecture::kGraniteMoe) && spec.IsSparseLayer(layer)) {
+    block = "block_sparse_moe.";
+  }
   return absl::StrCat(root, "layers.", layer, ".", block);
 }
 
@@ -488,21 +521,27 @@ std::string ExpertPrefix(const ModelSpec& spec, const std::string& root, int64_t
 }
 
 // Expert `e` of a layer: its columns [begin, end) of the expert MLP (all of them when whole); the
-// down projection's bias (none in supported MoE models) on `bias_rank`.
+// down projection's bias (none in supported MoE models) on `bias_rank`. The down projection is
+// scaled by the model's residual_multiplier (Granite), which scales the whole block's output.
 absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, const std::string& root, int64_t layer,
                                            int64_t e, int64_t begin,
                                            int64_t end, int bias_rank) {
+  const float down_scale = static_cast<float>(spec.residual_multiplier);
   if (spec.moe.fused_experts) {
     return ld.FusedExpert(FfnPrefix(spec, root, layer), spec.moe.num_experts, e, spec.hidden_size,
-                          spec.moe.expert_intermediate_size, begin, end);
+                          spec.moe.expert_intermediate_size, begin, end, down_scale);
+  }
+  if (spec.moe.stacked_experts) {
+    return ld.StackedExpert(FfnPrefix(spec, root, layer), spec.moe.num_experts, e, spec.hidden_size,
+                            spec.moe.expert_intermediate_size, begin, end, down_scale);
   }
   const std::string ep = ExpertPrefix(spec, root, layer, e);
   if (spec.arch == Architecture::kMixtral) {
     return ld.Mlp(ep, "w1", "w3", "w2", spec.hidden_size, spec.moe.expert_intermediate_size, begin, end, false,
-                  bias_rank);
+                  bias_rank, down_scale);
   }
   return ld.Mlp(ep, "gate_proj", "up_proj", "down_proj", spec.hidden_size, spec.moe.expert_intermediate_size, begin,
-                end, false, bias_rank);
+                end, false, bias_rank, down_scale);
 }
 
 }  // namespace
@@ -661,8 +700,10 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     } else {
       const std::string moe = FfnPrefix(spec, names.root, i);
       const int64_t e_count = spec.moe.num_experts;
-      // Llama-4 names its router `router`, the others `gate`.
-      const char* router = spec.arch == Architecture::kLlama4 ? "router.weight" : "gate.weight";
+      // Llama-4 names its router `router`, GraniteMoe `router.layer`, the others `gate`.
+      const char* router = spec.arch == Architecture::kLlama4       ? "router.weight"
+                           : spec.arch == Architecture::kGraniteMoe ? "router.layer.weight"
+                                                                    : "gate.weight";
       ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + router, {e_count, h}));
       lw.router.in = h;
       lw.router.out = e_count;
@@ -691,7 +732,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
             spec.moe.shared_expert_gate || spec.arch == Architecture::kLlama4 ? "shared_expert." : "shared_experts.";
         ASSIGN_OR_RETURN(lw.shared, ld.Mlp(moe + shared_name, "gate_proj", "up_proj", "down_proj", h,
                                            spec.moe.shared_expert_intermediate_size, sb, sb + layout.shared_ffn,
-                                           false, shard.rank));
+                                           false, shard.rank, residual_scale));
         if (spec.moe.shared_expert_gate) {
           ASSIGN_OR_RETURN(lw.shared_gate.w, ld.Full(moe + "shared_expert_gate.weight", {1, h}));
           lw.shared_gate.in = h;

@@ -8,7 +8,9 @@
 // rank reads its q rows, k rows and v rows (its gate rows and up rows) of the fused matrix.
 // Llama-4's fused experts (`experts.gate_up_proj` [experts, hidden, 2 x width], `experts.down_proj`
 // [experts, width, hidden], transposed against nn.Linear) become per-expert gate/up/down matrices
-// like the others (each rank transposes its slice of one expert at a time), and its interleaved
+// like the others (each rank transposes its slice of one expert at a time), as do GraniteMoe's
+// stacked ones (`input_linear` [experts, 2 x width, hidden], `output_linear` [experts, hidden,
+// width]); Llama-4's interleaved
 // RoPE pairs are reordered into rotate_half's halves in every head's q and k rows. Tensor names are
 // ModelSpec::weight_prefix + the usual names ("language_model." for Llama4ForConditionalGeneration). Each
 // rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
@@ -24,6 +26,8 @@
 // matrices of LinearWeight (the projections, experts and lm_head; not the router or the
 // shared-expert gate) are quantized per rank slice into kQ8 where the backend SupportsOp(kLinear,
 // kQ8), FP8 ones after dequantization.
+// Granite's residual_multiplier is folded into o_proj and every down projection (dense, expert,
+// shared), and 1 / logits_scaling into the final norm's weight.
 // Every tensor's dtype and shape are checked against the ModelSpec before use; a mismatch is an
 // InvalidArgument naming the file and tensor (FP8 scale errors: see common/fp8/fp8_weights.h).
 #ifndef SHARDSERVE_WORKER_ENGINE_WEIGHTS_H_

@@ -190,7 +190,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            // Granite: the multipliers folded into each stage's
                                            // weights (the o bias on rank 0 only), the logits'
                                            // into the last stage's norm.
-                                           PipelineLayout{"granite", {0, 1, 2}, 2, "granite_pp2_tp2"}),
+                                           PipelineLayout{"granite", {0, 1, 2}, 2, "granite_pp2_tp2"},
+                                           PipelineLayout{"granite_moe", {0, 1, 2}, 2, "granite_moe_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
