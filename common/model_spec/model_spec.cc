@@ -269,8 +269,8 @@ absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
       ASSIGN_OR_RETURN(moe.num_experts, f.IntOr("num_local_experts", 8, 1, 4096));
       ASSIGN_OR_RETURN(moe.top_k, f.IntOr("num_experts_per_tok", 2, 1, moe.num_experts));
       if (moe.top_k > moe.num_experts) {
-        return f.Error("num_experts_per_tok", absl::StrCat("is missing, and its default (2) exceeds num_local_experts (",
-                                                           moe.num_experts, ")"));
+        return f.Error("num_experts_per_tok",
+                       absl::StrCat("is missing, and its default (2) exceeds num_local_experts (", moe.num_experts, ")"));
       }
     } else {
       ASSIGN_OR_RETURN(moe.num_experts, f.Int("num_local_experts", 1, 4096));

@@ -1417,7 +1417,8 @@ TEST(GraniteSpecTest, MoeConfigRoutesLikeMixtralOverStackedExperts) {
   c["num_local_experts"] = 1;
   EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr("\"num_experts_per_tok\" is missing"))));
+                       ::testing::AllOf(HasSubstr("dir/config.json"),
+                                        HasSubstr("\"num_experts_per_tok\" is missing"))));
   c["num_experts_per_tok"] = 2;
   EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"num_experts_per_tok\" is 2")));
