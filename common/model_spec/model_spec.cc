@@ -99,13 +99,15 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Gemma3ForCausalLM" || name == "Gemma3ForConditionalGeneration") return Architecture::kGemma3;
   if (name == "GraniteForCausalLM") return Architecture::kGranite;
   if (name == "GraniteMoeForCausalLM") return Architecture::kGraniteMoe;
+  if (name == "SmolLM3ForCausalLM") return Architecture::kSmolLM3;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
       "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Phi3ForCausalLM, "
       "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
       "Gemma3ForConditionalGeneration's text part, "
-      "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM)"));
+      "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM, "
+      "SmolLM3ForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -125,9 +127,11 @@ absl::StatusOr<std::vector<float>> PositiveNumbers(const Fields& f, const char* 
   return out;
 }
 
-absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_positions, RopeSpec* rope) {
+// `default_theta`: the theta of a config without rope_theta (the config class's default_theta).
+absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_positions, RopeSpec* rope,
+                       double default_theta = 10000.0) {
   Fields top(doc, label);
-  ASSIGN_OR_RETURN(rope->theta, top.NumberOr("rope_theta", 10000.0, 1e-3, 1e12));
+  ASSIGN_OR_RETURN(rope->theta, top.NumberOr("rope_theta", default_theta, 1e-3, 1e12));
   // Top level in older configs; transformers >= 5 moves it into the rope parameters (which win).
   ASSIGN_OR_RETURN(rope->partial_rotary_factor, top.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
   const json* params = nullptr;
@@ -698,6 +702,56 @@ absl::StatusOr<std::vector<bool>> LayerFlags(const Fields& f, const char* key, i
   return flags;
 }
 
+// RoPE and NoPE layers (Llama-4, SmolLM3): no_rope_layers (1 = RoPE), or, when missing, null or
+// empty, every no_rope_layer_interval-th layer (default 4) is NoPE.
+absl::Status ParseNoRopeLayers(const Fields& f, ModelSpec* s) {
+  const json* listed = f.Has("no_rope_layers") ? &f.obj().at("no_rope_layers") : nullptr;
+  if (listed != nullptr && !(listed->is_array() && listed->empty())) {
+    ASSIGN_OR_RETURN(s->rope_layers, LayerFlags(f, "no_rope_layers", s->num_layers));
+  } else {
+    ASSIGN_OR_RETURN(int64_t interval, f.IntOr("no_rope_layer_interval", 4, 1, 4096));
+    for (int64_t l = 0; l < s->num_layers; ++l) s->rope_layers.push_back((l + 1) % interval != 0);
+  }
+  return absl::OkStatus();
+}
+
+// SmolLM3 (transformers' SmolLM3Config): Llama's layer whose NoPE layers skip RoPE; the
+// "sliding_attention" layers of layer_types (by default, with use_sliding_window and
+// sliding_window set, the NoPE layers) attend within sliding_window. attention_bias covers q, k, v
+// and o.
+absl::Status ParseSmolLM3(const Fields& f, ModelSpec* s) {
+  ASSIGN_OR_RETURN(s->qkv_bias, f.BoolOr("attention_bias", false));
+  s->o_bias = s->qkv_bias;
+  ASSIGN_OR_RETURN(s->mlp_bias, f.BoolOr("mlp_bias", false));
+  RETURN_IF_ERROR(ParseNoRopeLayers(f, s));
+  ASSIGN_OR_RETURN(bool use_sw, f.BoolOr("use_sliding_window", false));
+  const bool window_set = f.Has("sliding_window");  // present and not null
+  if (f.Has("layer_types")) {
+    ASSIGN_OR_RETURN(s->sliding_layers, LayerTypes(f, s->num_layers, "sliding_attention"));
+  } else {
+    for (int64_t l = 0; l < s->num_layers; ++l) {
+      s->sliding_layers.push_back(use_sw && window_set && !s->LayerUsesRope(l));
+    }
+  }
+  const bool any_sliding = std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) != s->sliding_layers.end();
+  if (any_sliding && !use_sw) {
+    // transformers masks such layers by the window in eager and SDPA attention but not in its
+    // flash-attention path: no one answer to match.
+    return f.Error("use_sliding_window", "is false but layer_types has \"sliding_attention\" layers");
+  }
+  if (any_sliding && !window_set) {
+    return f.Error("sliding_window", "is missing or null but layer_types has \"sliding_attention\" layers");
+  }
+  if (any_sliding) {
+    ASSIGN_OR_RETURN(s->sliding_window, f.Int("sliding_window", 1, kMaxPositions));
+  }
+  if (!any_sliding || s->sliding_window >= s->max_position_embeddings) {  // a window never reached
+    s->sliding_window = 0;
+    s->sliding_layers.clear();
+  }
+  return absl::OkStatus();
+}
+
 // Llama-4's text model (transformers' Llama4TextConfig, whose defaults apply to missing fields):
 // see ModelSpec's Llama-4 fields and MoeScoring::kSigmoidInput.
 absl::Status ParseLlama4(const Fields& f, ModelSpec* s) {
@@ -711,17 +765,8 @@ absl::Status ParseLlama4(const Fields& f, ModelSpec* s) {
         f.label(), ": rope type \"yarn\" is not supported for Llama-4 (supported: default, linear, llama3)"));
   }
   s->rope_interleaved = true;
-  // RoPE and NoPE layers: no_rope_layers (1 = RoPE), or, when missing or empty, every
-  // no_rope_layer_interval-th layer is NoPE.
   const int64_t n = s->num_layers;
-  const bool listed = f.Has("no_rope_layers") && !(f.obj().at("no_rope_layers").is_array() &&
-                                                   f.obj().at("no_rope_layers").empty());
-  if (listed) {
-    ASSIGN_OR_RETURN(s->rope_layers, LayerFlags(f, "no_rope_layers", n));
-  } else {
-    ASSIGN_OR_RETURN(int64_t interval, f.IntOr("no_rope_layer_interval", 4, 1, 4096));
-    for (int64_t l = 0; l < n; ++l) s->rope_layers.push_back((l + 1) % interval != 0);
-  }
+  RETURN_IF_ERROR(ParseNoRopeLayers(f, s));
   ASSIGN_OR_RETURN(s->qk_l2_norm, f.BoolOr("use_qk_norm", true));
   // transformers tests the field for truth; released configs write true or an integer.
   bool tuning = true;
@@ -892,6 +937,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kGemma3: return "Gemma3ForCausalLM";
     case Architecture::kGranite: return "GraniteForCausalLM";
     case Architecture::kGraniteMoe: return "GraniteMoeForCausalLM";
+    case Architecture::kSmolLM3: return "SmolLM3ForCausalLM";
   }
   return "?";
 }
@@ -1044,8 +1090,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   if (s.head_dim % 2 != 0) return f.Error("head_dim", absl::StrCat("is ", s.head_dim, "; RoPE needs an even size"));
   ASSIGN_OR_RETURN(s.max_position_embeddings, f.Int("max_position_embeddings", 1, kMaxPositions));
   ASSIGN_OR_RETURN(s.rms_norm_eps, f.NumberOr("rms_norm_eps", 1e-6, 0.0, 1.0));
-  // Gemma2Config ties them unless told otherwise.
-  ASSIGN_OR_RETURN(s.tie_word_embeddings, f.BoolOr("tie_word_embeddings", s.arch == Architecture::kGemma2));
+  // Gemma2Config and SmolLM3Config tie them unless told otherwise.
+  const bool tied_by_default = s.arch == Architecture::kGemma2 || s.arch == Architecture::kSmolLM3;
+  ASSIGN_OR_RETURN(s.tie_word_embeddings, f.BoolOr("tie_word_embeddings", tied_by_default));
   const bool gemma = s.arch == Architecture::kGemma2 || s.arch == Architecture::kGemma3;
   if (f.Has("hidden_act") && !gemma) {
     const json& act = doc.at("hidden_act");
@@ -1062,7 +1109,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       return absl::UnimplementedError(absl::StrCat(label, ": partial_rotary_factor != 1 is not supported for Gemma-3"));
     }
   } else {
-    RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope));
+    // SmolLM3Config's default_theta is 2e6.
+    RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope,
+                              s.arch == Architecture::kSmolLM3 ? 2e6 : 10000.0));
   }
   if (s.arch != Architecture::kPhi3) {
     if (s.rope.partial_rotary_factor != 1.0) {
@@ -1157,6 +1206,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
             label, ": field \"quantization_config\": quantized Llama-4 checkpoints are not supported"));
       }
       RETURN_IF_ERROR(ParseLlama4(f, &s));
+      break;
+    case Architecture::kSmolLM3:
+      RETURN_IF_ERROR(ParseSmolLM3(f, &s));
       break;
     case Architecture::kGemma2:
     case Architecture::kGemma3:

@@ -4,7 +4,8 @@
 // Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
 // Phi3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM
 // (and the text part of Gemma3ForConditionalGeneration), Llama4ForCausalLM (and the text model of
-// Llama4ForConditionalGeneration). Anything else — another architecture (Gemma-3n, ...),
+// Llama4ForConditionalGeneration), GraniteForCausalLM, GraniteMoeForCausalLM, SmolLM3ForCausalLM.
+// Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, a DeepSeek routing
 // variant we do not implement — is an error that names the field, never a silently wrong model.
@@ -29,6 +30,7 @@ enum class Architecture : uint8_t {
   kDeepseekV2,
   kGranite,
   kGraniteMoe,
+  kSmolLM3,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -253,7 +255,8 @@ struct ModelSpec {
   // Prepended to every checkpoint tensor name: "language_model." for the text model of
   // Llama4ForConditionalGeneration (whose config nests it in `text_config`), else empty.
   std::string weight_prefix;
-  // Llama-4. Per layer: false for a NoPE layer (no rotary embedding; `no_rope_layers` entry 0).
+  // Llama-4 and SmolLM3. Per layer: false for a NoPE layer (no rotary embedding; `no_rope_layers`
+  // entry 0).
   // Empty: every layer uses RoPE.
   std::vector<bool> rope_layers;
   // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each q and k head (Llama-4's

@@ -78,6 +78,8 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
     Qwen3Config,
@@ -721,6 +723,31 @@ SPECS = [
             logits_scaling=4.0,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             tie_word_embeddings=False,
+        ),
+    ),
+    # SmolLM3: Llama's layer where no_rope_layers' 0 entries skip RoPE (NoPE), with layer_types'
+    # sliding layers windowed under use_sliding_window. Four layers cover each pairing: RoPE and
+    # full, NoPE and sliding, RoPE and sliding, NoPE and full (the released 3B: every fourth layer
+    # NoPE, no window). attention_bias (q, k, v and o); tied, as SmolLM3Config defaults.
+    dict(
+        name="smollm3",
+        model_cls=SmolLM3ForCausalLM,
+        config_cls=SmolLM3Config,
+        std_embed=0.3,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            attention_bias=True,
+            pad_token_id=None,  # SmolLM3Config's 128004 is outside this vocabulary
+            no_rope_layers=[1, 0, 1, 0],
+            use_sliding_window=True,
+            sliding_window=8,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=True,
         ),
     ),
 ]

@@ -6,6 +6,7 @@ the reference.json files that make_golden.py records with transformers:
 
     python3 tests/golden/numpy_reference.py                 # every model under tests/golden/models
     python3 tests/golden/numpy_reference.py path/to/model   # one checkpoint directory
+    python3 tests/golden/numpy_reference.py --int8 [dirs]   # the error int8 weights would cause
 
 For each case it recomputes the prompt logits and the 32 greedy tokens (by
 re-running the whole sequence, no KV cache) and prints the largest logit
@@ -90,6 +91,9 @@ Semantics (transformers 5.23, eager attention):
     weights are the softmax of its top num_experts_per_tok router logits
     (block_sparse_moe.router.layer); expert e is input_linear[e] (gate rows,
     then up rows) and output_linear[e] (down).
+  * SmolLM3: Llama's layer; no RoPE on the layers whose no_rope_layers entry is
+    0 (default: every no_rope_layer_interval-th); sliding_window on the layers
+    whose layer_types entry is "sliding_attention".
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -291,6 +295,11 @@ class Model:
         self.gemma3 = self.arch == "Gemma3ForCausalLM"
         self.llama4 = self.arch == "Llama4ForCausalLM"
         self.granite = self.arch in ("GraniteForCausalLM", "GraniteMoeForCausalLM")
+        self.smollm3 = self.arch == "SmolLM3ForCausalLM"
+        self.rope_layers = [1] * self.L
+        if self.smollm3:
+            interval = c.get("no_rope_layer_interval", 4)
+            self.rope_layers = c.get("no_rope_layers") or [int((l + 1) % interval != 0) for l in range(self.L)]
         if self.llama4:
             interval = c.get("no_rope_layer_interval", 4)
             self.rope_layers = c.get("no_rope_layers") or [int((l + 1) % interval != 0) for l in range(self.L)]
@@ -334,7 +343,7 @@ class Model:
         sw = c.get("sliding_window")
         if self.arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
             self.windows = [sw] * self.L
-        elif self.gemma:  # layer_types given (make_golden's configs always have it)
+        elif self.gemma or self.smollm3:  # layer_types given (make_golden's configs always have it)
             self.windows = [sw if t == "sliding_attention" else None for t in c["layer_types"]]
         else:  # Qwen2 / Qwen2-MoE / Qwen3 / Qwen3-MoE: only with use_sliding_window, per layer_types
             types = c.get("layer_types") or ["full_attention"] * self.L
@@ -357,10 +366,16 @@ class Model:
             raise ValueError(f"Gemma-3 rope_type {kind} not implemented here")
         return inv
 
+    def mm(self, x, w):  # every projection's product (Int8Model rounds both sides)
+        return x @ w.T
+
     def lin(self, x, name):
-        y = x @ self.w[name + ".weight"].T
+        y = self.mm(x, self.w[name + ".weight"])
         b = self.w.get(name + ".bias")
         return y if b is None else y + b
+
+    def head(self, x, w):
+        return self.mm(x, w)
 
     def rms(self, x, name):
         w = self.w[name + ".weight"] + (1.0 if self.gemma else 0.0)
@@ -522,7 +537,7 @@ class Model:
                 q = q * temp[:, None, None]
             if self.chunk[l] is not None:
                 visible &= (j // self.chunk[l]) == (i // self.chunk[l])
-        else:
+        elif self.rope_layers[l]:  # SmolLM3's NoPE layers: no rotation
             q = self.rope(q, pos, self.layer_inv_freq[l])
             k = self.rope(k, pos, self.layer_inv_freq[l])
         if self.windows[l] is not None:
@@ -542,12 +557,12 @@ class Model:
         return self.lin(out.reshape(T, -1), p + ".o_proj")
 
     def swiglu(self, x, gate, up, down):
-        g = x @ gate.T
+        g = self.mm(x, gate)
         if self.gemma:  # gelu_pytorch_tanh
             act = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
         else:
             act = g / (1 + np.exp(-g))
-        return (act * (x @ up.T)) @ down.T
+        return self.mm(act * self.mm(x, up), down)
 
     def mlp(self, x, l):
         p = f"model.layers.{l}"
@@ -659,11 +674,53 @@ class Model:
         head = self.w.get("lm_head.weight")
         if head is None:
             head = self.w["model.embed_tokens.weight"]
-        logits = x @ head.T
+        logits = self.head(x, head)
         if self.granite:
             logits = logits / self.cfg.get("logits_scaling", 1.0)
         cap = self.cfg.get("final_logit_softcapping") if self.gemma else None
         return cap * np.tanh(logits / cap) if cap else logits
+
+
+def block_int8(a, block=64):
+    """a rounded as block int8 stores it: per row, each block of 64 values as round(v / s) * s with
+    s = max|v| / 127 (the engine's --quantize=int8 for weights and for the activations entering
+    each projection)."""
+    rows = a.reshape(-1, a.shape[-1])
+    out = np.empty_like(rows)
+    for b in range(0, rows.shape[1], block):
+        part = rows[:, b : b + block]
+        s = np.abs(part).max(-1, keepdims=True) / 127.0
+        s[s == 0] = 1.0
+        out[:, b : b + block] = np.round(part / s) * s
+    return out.reshape(a.shape)
+
+
+class Int8Model(Model):
+    """The same forward pass with the operands of every projection and of the lm_head (tied or
+    not) block-int8 rounded: an estimate, independent of the engine, of how far int8 weights move
+    a fixture's logits (its activation blocks follow the projection's input, not the engine's
+    kernel layout; routers and the attention products stay exact, as in the engine)."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.rounded = {}  # id(weight) -> (weight, its rounding)
+
+    def mm(self, x, w):
+        if id(w) not in self.rounded:
+            self.rounded[id(w)] = (w, block_int8(w))
+        return block_int8(x) @ self.rounded[id(w)][1].T
+
+
+def int8_error(d):
+    """Largest |logit_int8 - logit| / max|logit| over the prompt positions of reference.json."""
+    with open(os.path.join(d, "reference.json")) as f:
+        ref = json.load(f)
+    exact, rounded = Model(d), Int8Model(d)
+    worst = 0.0
+    for case in ref["cases"]:
+        a, b = exact.forward(list(case["prompt_ids"])), rounded.forward(list(case["prompt_ids"]))
+        worst = max(worst, float((np.abs(a - b).max(-1) / np.abs(a).max(-1)).max()))
+    print(f"{ref['model']:28s} int8 max |logit change| / max|logit| = {worst:.4f}")
 
 
 def check(d):
@@ -690,10 +747,16 @@ def check(d):
 
 
 def main():
-    dirs = sys.argv[1:]
+    args = sys.argv[1:]
+    int8 = "--int8" in args
+    dirs = [a for a in args if a != "--int8"]
     if not dirs:
         root = os.path.join(HERE, "models")
         dirs = [os.path.join(root, n) for n in sorted(os.listdir(root))]
+    if int8:
+        for d in dirs:
+            int8_error(d)
+        return
     ok = all([check(d) for d in dirs])
     sys.exit(0 if ok else 1)
 

@@ -54,6 +54,11 @@ constexpr double kStoriesMeanRelError = 0.01;
 // deepseek_v2's (31-34%, 14% without the flip; the engine: 32.8% max, 1.61% mean at two ranks).
 constexpr double kRoutingFlipMaxRelError = 0.6;
 constexpr double kRoutingFlipMeanRelError = 0.04;
+// smollm3 (four layers, tied small embeddings) is more sensitive to the rounding itself:
+// `numpy_reference.py --int8`, which rounds every projection's operands as block int8 without the
+// engine, moves its logits by 18.2% of max|logit| (and tracks the engine elsewhere: granite 1.76%
+// in both, mistral 8.4% against 10.9%); the engine: 18.4% at one rank, 15.4% at two.
+constexpr double kSmolLM3MaxRelError = 0.25;
 
 absl::StatusOr<std::unique_ptr<TpExecutor>> MakeExecutor(const std::string& dir, int ranks, Quantization q,
                                                          std::unique_ptr<Checkpoint>* ckpt) {
@@ -78,7 +83,10 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
               name.c_str(), ranks, a.err.max_rel, a.err.mean_rel(), static_cast<long>(a.err.positions), a.agree,
               a.total, f32_bytes, int8_bytes);
   const bool flips = name == "qwen2_moe" || name == "deepseek_v2_lite" || name == "deepseek_v2";
-  EXPECT_LE(a.err.max_rel, flips ? kRoutingFlipMaxRelError : kMaxRelError) << name;
+  EXPECT_LE(a.err.max_rel, flips               ? kRoutingFlipMaxRelError
+                           : name == "smollm3" ? kSmolLM3MaxRelError
+                                               : kMaxRelError)
+      << name;
   EXPECT_LE(a.err.mean_rel(), flips ? kRoutingFlipMeanRelError : kMeanRelError) << name;
   // A first token whose margin exceeds twice the int8 error at that position cannot differ (36 of
   // the 54 cases here qualify); later tokens, and the other first ones, may diverge where a greedy
@@ -108,7 +116,7 @@ TEST(Int8PlannerTest, PredictedWeightBytesAreTheBytesTheEngineHolds) {
   for (const std::string name :
        {"llama", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded", "qwen3", "qwen3_moe", "phi3", "deepseek_v3",
         "deepseek_v3_noqlora", "gemma2", "llama4", "llama4_multimodal", "gemma3", "deepseek_v2_lite", "deepseek_v2",
-        "granite", "granite_moe"}) {
+        "granite", "granite_moe", "smollm3"}) {
     ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(name));
     ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
     for (int ranks : {1, 2}) {

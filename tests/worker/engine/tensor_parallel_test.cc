@@ -191,7 +191,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            // weights (the o bias on rank 0 only), the logits'
                                            // into the last stage's norm.
                                            PipelineLayout{"granite", {0, 1, 2}, 2, "granite_pp2_tp2"},
-                                           PipelineLayout{"granite_moe", {0, 1, 2}, 2, "granite_moe_pp2_tp2"}),
+                                           PipelineLayout{"granite_moe", {0, 1, 2}, 2, "granite_moe_pp2_tp2"},
+                                           // SmolLM3: a RoPE and a NoPE sliding layer, then a RoPE
+                                           // sliding and a NoPE full one.
+                                           PipelineLayout{"smollm3", {0, 2, 4}, 2, "smollm3_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
