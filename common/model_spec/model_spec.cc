@@ -733,19 +733,20 @@ absl::Status ParseSmolLM3(const Fields& f, ModelSpec* s) {
       s->sliding_layers.push_back(use_sw && window_set && !s->LayerUsesRope(l));
     }
   }
-  const bool any_sliding = std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) != s->sliding_layers.end();
-  if (any_sliding && !use_sw) {
+  if (std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) == s->sliding_layers.end()) {
+    s->sliding_layers.clear();
+    return absl::OkStatus();
+  }
+  if (!use_sw) {
     // transformers masks such layers by the window in eager and SDPA attention but not in its
     // flash-attention path: no one answer to match.
     return f.Error("use_sliding_window", "is false but layer_types has \"sliding_attention\" layers");
   }
-  if (any_sliding && !window_set) {
+  if (!window_set) {
     return f.Error("sliding_window", "is missing or null but layer_types has \"sliding_attention\" layers");
   }
-  if (any_sliding) {
-    ASSIGN_OR_RETURN(s->sliding_window, f.Int("sliding_window", 1, kMaxPositions));
-  }
-  if (!any_sliding || s->sliding_window >= s->max_position_embeddings) {  // a window never reached
+  ASSIGN_OR_RETURN(s->sliding_window, f.Int("sliding_window", 1, kMaxPositions));
+  if (s->sliding_window >= s->max_position_embeddings) {  // a window never reached
     s->sliding_window = 0;
     s->sliding_layers.clear();
   }

@@ -256,8 +256,7 @@ struct ModelSpec {
   // Llama4ForConditionalGeneration (whose config nests it in `text_config`), else empty.
   std::string weight_prefix;
   // Llama-4 and SmolLM3. Per layer: false for a NoPE layer (no rotary embedding; `no_rope_layers`
-  // entry 0).
-  // Empty: every layer uses RoPE.
+  // entry 0). Empty: every layer uses RoPE.
   std::vector<bool> rope_layers;
   // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each q and k head (Llama-4's
   // complex form) instead of rotate_half's halves: the loader reorders the q and k rows of every

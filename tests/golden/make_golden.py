@@ -114,6 +114,14 @@ COMMON = dict(
     attention_dropout=0.0,
 )
 
+# The granite fixtures' multipliers, none of them 1 (transformers' default): see "granite" below.
+GRANITE_MULTIPLIERS = dict(
+    embedding_multiplier=4.0,
+    attention_multiplier=0.1,
+    residual_multiplier=0.5,
+    logits_scaling=4.0,
+)
+
 SPECS = [
     dict(
         name="llama",
@@ -692,10 +700,7 @@ SPECS = [
             rms_norm_eps=1e-5,
             attention_bias=True,
             mlp_bias=False,
-            embedding_multiplier=4.0,
-            attention_multiplier=0.1,
-            residual_multiplier=0.5,
-            logits_scaling=4.0,
+            **GRANITE_MULTIPLIERS,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             tie_word_embeddings=False,
         ),
@@ -717,10 +722,7 @@ SPECS = [
             num_local_experts=8,
             num_experts_per_tok=2,
             attention_bias=False,
-            embedding_multiplier=4.0,
-            attention_multiplier=0.1,
-            residual_multiplier=0.5,
-            logits_scaling=4.0,
+            **GRANITE_MULTIPLIERS,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             tie_word_embeddings=False,
         ),

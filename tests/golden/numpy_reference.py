@@ -296,13 +296,11 @@ class Model:
         self.llama4 = self.arch == "Llama4ForCausalLM"
         self.granite = self.arch in ("GraniteForCausalLM", "GraniteMoeForCausalLM")
         self.smollm3 = self.arch == "SmolLM3ForCausalLM"
-        self.rope_layers = [1] * self.L
-        if self.smollm3:
+        self.rope_layers = [1] * self.L  # Llama-4 and SmolLM3: 0 for a NoPE layer
+        if self.llama4 or self.smollm3:
             interval = c.get("no_rope_layer_interval", 4)
             self.rope_layers = c.get("no_rope_layers") or [int((l + 1) % interval != 0) for l in range(self.L)]
         if self.llama4:
-            interval = c.get("no_rope_layer_interval", 4)
-            self.rope_layers = c.get("no_rope_layers") or [int((l + 1) % interval != 0) for l in range(self.L)]
             types = c.get("layer_types") or ["chunked_attention" if r else "full_attention" for r in self.rope_layers]
             self.chunk = [c.get("attention_chunk_size", 8192) if t == "chunked_attention" else None for t in types]
             self.moe_layers = c.get("moe_layers")

@@ -10,8 +10,7 @@
 // [experts, width, hidden], transposed against nn.Linear) become per-expert gate/up/down matrices
 // like the others (each rank transposes its slice of one expert at a time), as do GraniteMoe's
 // stacked ones (`input_linear` [experts, 2 x width, hidden], `output_linear` [experts, hidden,
-// width]); Llama-4's interleaved
-// RoPE pairs are reordered into rotate_half's halves in every head's q and k rows. Tensor names are
+// width]). Llama-4's interleaved RoPE pairs are reordered into rotate_half's halves in every head's q and k rows. Tensor names are
 // ModelSpec::weight_prefix + the usual names ("language_model." for Llama4ForConditionalGeneration). Each
 // rank reads only its slice from the files (Checkpoint::ReadRows/ReadCols).
 // Matrices (and the embedding table) stored as bf16 or f16 keep their dtype on backends that
