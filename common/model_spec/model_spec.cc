@@ -99,6 +99,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Gemma3ForCausalLM" || name == "Gemma3ForConditionalGeneration") return Architecture::kGemma3;
   if (name == "GraniteForCausalLM") return Architecture::kGranite;
   if (name == "GraniteMoeForCausalLM") return Architecture::kGraniteMoe;
+  if (name == "GraniteMoeSharedForCausalLM") return Architecture::kGraniteMoeShared;
   if (name == "SmolLM3ForCausalLM") return Architecture::kSmolLM3;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
@@ -107,7 +108,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
       "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
       "Gemma3ForConditionalGeneration's text part, "
       "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM, "
-      "SmolLM3ForCausalLM)"));
+      "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -265,10 +266,15 @@ absl::Status CheckFullAttentionLayers(const Fields& f, int64_t num_layers) {
 
 absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
   MoeSpec& moe = spec->moe;
-  if (spec->arch == Architecture::kMixtral || spec->arch == Architecture::kGraniteMoe) {
+  if (spec->arch == Architecture::kMixtral || spec->IsGraniteMoe()) {
     // GraniteMoe: the softmax of the top_k router logits, which is Mixtral's softmax over all of
     // them renormalised over the top_k; GraniteMoeConfig's defaults are 8 experts, 2 per token.
-    const bool granite = spec->arch == Architecture::kGraniteMoe;
+    // GraniteMoeShared adds an ungated shared expert of shared_intermediate_size (0 = none, its
+    // config's default).
+    const bool granite = spec->IsGraniteMoe();
+    if (spec->arch == Architecture::kGraniteMoeShared) {
+      ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size, f.IntOr("shared_intermediate_size", 0, 0, kMaxDim));
+    }
     if (granite) {
       ASSIGN_OR_RETURN(moe.num_experts, f.IntOr("num_local_experts", 8, 1, 4096));
       ASSIGN_OR_RETURN(moe.top_k, f.IntOr("num_experts_per_tok", 2, 1, moe.num_experts));
@@ -939,6 +945,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kGranite: return "GraniteForCausalLM";
     case Architecture::kGraniteMoe: return "GraniteMoeForCausalLM";
     case Architecture::kSmolLM3: return "SmolLM3ForCausalLM";
+    case Architecture::kGraniteMoeShared: return "GraniteMoeSharedForCausalLM";
   }
   return "?";
 }
@@ -1143,11 +1150,12 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   switch (s.arch) {
     case Architecture::kLlama:
     case Architecture::kGranite:
-    case Architecture::kGraniteMoe: {
+    case Architecture::kGraniteMoe:
+    case Architecture::kGraniteMoeShared: {
       ASSIGN_OR_RETURN(s.qkv_bias, f.BoolOr("attention_bias", false));
       s.o_bias = s.qkv_bias;
       // GraniteMoe's experts have no biases (GraniteMoeConfig has no mlp_bias).
-      if (s.arch != Architecture::kGraniteMoe) {
+      if (!s.IsGraniteMoe()) {
         ASSIGN_OR_RETURN(s.mlp_bias, f.BoolOr("mlp_bias", false));
       }
       if (s.arch != Architecture::kLlama) RETURN_IF_ERROR(ParseGranite(f, &s));
@@ -1221,7 +1229,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
         " its attention factor would scale every head dim: not checked against transformers yet)"));
   }
   if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe || s.arch == Architecture::kQwen3Moe ||
-      s.arch == Architecture::kGraniteMoe) {
+      s.IsGraniteMoe()) {
     RETURN_IF_ERROR(ParseMoe(f, &s));
   }
   if (f.Has("bos_token_id")) {

@@ -4,7 +4,8 @@
 // Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
 // Phi3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM
 // (and the text part of Gemma3ForConditionalGeneration), Llama4ForCausalLM (and the text model of
-// Llama4ForConditionalGeneration), GraniteForCausalLM, GraniteMoeForCausalLM, SmolLM3ForCausalLM.
+// Llama4ForConditionalGeneration), GraniteForCausalLM, GraniteMoeForCausalLM,
+// GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM.
 // Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, a DeepSeek routing
@@ -31,6 +32,7 @@ enum class Architecture : uint8_t {
   kGranite,
   kGraniteMoe,
   kSmolLM3,
+  kGraniteMoeShared,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -131,8 +133,10 @@ struct MoeSpec {
   bool norm_topk_prob = true;
   int64_t expert_intermediate_size = 0;
   // Shared expert (0 = none): Qwen2-MoE's, with a sigmoid gate [1, hidden] when
-  // shared_expert_gate; DeepSeek-V3's n_shared_experts x moe_intermediate_size as one ungated MLP.
-  // Qwen3-MoE has none.
+  // shared_expert_gate; DeepSeek-V3's n_shared_experts x moe_intermediate_size as one ungated MLP;
+  // GraniteMoeShared's shared_intermediate_size, ungated, stored as `shared_mlp.input_linear`
+  // [2 x width, hidden] (gate rows first) and `shared_mlp.output_linear` [hidden, width] beside
+  // the MoE block. Qwen3-MoE has none.
   int64_t shared_expert_intermediate_size = 0;
   bool shared_expert_gate = false;
   // Per layer: true when the layer's MLP is a sparse MoE block (false: dense MLP of width
@@ -277,6 +281,8 @@ struct ModelSpec {
   double attn_temperature_scale = 0.0;
 
   bool IsMoe() const { return moe.num_experts > 0; }
+  // GraniteMoe's layer, with or without GraniteMoeShared's shared expert.
+  bool IsGraniteMoe() const { return arch == Architecture::kGraniteMoe || arch == Architecture::kGraniteMoeShared; }
   // The window of layer `layer`'s attention (0 = full attention).
   int64_t LayerSlidingWindow(int64_t layer) const {
     if (sliding_layers.empty()) return sliding_window;

@@ -74,7 +74,7 @@ absl::Status ValidateTensorParallelSize(const ModelSpec& spec, int tp) {
       return NotDivisible("the expert intermediate size", spec.moe.expert_intermediate_size, tp);
     }
     if (spec.moe.shared_expert_intermediate_size % tp != 0) {
-      return NotDivisible("shared_expert_intermediate_size", spec.moe.shared_expert_intermediate_size, tp);
+      return NotDivisible("the shared expert intermediate size", spec.moe.shared_expert_intermediate_size, tp);
     }
   }
   return absl::OkStatus();

@@ -1428,6 +1428,45 @@ TEST(GraniteSpecTest, MoeConfigRoutesLikeMixtralOverStackedExperts) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"residual_multiplier\"")));
 }
 
+// GraniteMoeShared: GraniteMoe plus an ungated shared expert of shared_intermediate_size (0, its
+// config's default, is none).
+TEST(GraniteSpecTest, MoeSharedConfigAddsAnUngatedSharedExpert) {
+  json c = Granite31Config();
+  c["architectures"] = {"GraniteMoeSharedForCausalLM"};
+  c["intermediate_size"] = 512;
+  c["num_local_experts"] = 32;
+  c["num_experts_per_tok"] = 8;
+  c["shared_intermediate_size"] = 1024;
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.arch, Architecture::kGraniteMoeShared);
+  EXPECT_TRUE(s.IsGraniteMoe());
+  EXPECT_EQ(ArchitectureName(s.arch), "GraniteMoeSharedForCausalLM");
+  EXPECT_EQ(s.residual_multiplier, 0.22);
+  EXPECT_EQ(s.moe.num_experts, 32);
+  EXPECT_EQ(s.moe.top_k, 8);
+  EXPECT_EQ(s.moe.expert_intermediate_size, 512);
+  EXPECT_TRUE(s.moe.stacked_experts);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 1024);
+  EXPECT_FALSE(s.moe.shared_expert_gate);
+  EXPECT_FALSE(s.mlp_bias);
+
+  c.erase("shared_intermediate_size");
+  ASSERT_OK_AND_ASSIGN(ModelSpec none, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(none.moe.shared_expert_intermediate_size, 0);
+  // The Qwen2-MoE field means nothing here.
+  c["shared_expert_intermediate_size"] = 64;
+  ASSERT_OK_AND_ASSIGN(none, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(none.moe.shared_expert_intermediate_size, 0);
+
+  c["shared_intermediate_size"] = -1;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr("\"shared_intermediate_size\""))));
+  c["shared_intermediate_size"] = "1024";
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"shared_intermediate_size\"")));
+}
+
 TEST(GraniteSpecTest, GoldenConfig) {
   ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/granite"));
   EXPECT_EQ(s.arch, Architecture::kGranite);
@@ -1443,6 +1482,11 @@ TEST(GraniteSpecTest, GoldenConfig) {
   EXPECT_EQ(moe.moe.num_experts, 8);
   EXPECT_EQ(moe.moe.top_k, 2);
   EXPECT_TRUE(moe.moe.stacked_experts);
+  ASSERT_OK_AND_ASSIGN(ModelSpec shared, LoadModelSpec("tests/golden/models/granite_moe_shared"));
+  EXPECT_EQ(shared.arch, Architecture::kGraniteMoeShared);
+  EXPECT_EQ(shared.moe.shared_expert_intermediate_size, 32);
+  EXPECT_EQ(shared.moe.expert_intermediate_size, 16);
+  EXPECT_EQ(shared.num_layers, 3);
 }
 
 // A config in the shape of the released SmolLM3-3B one: every fourth layer NoPE, no sliding

@@ -64,6 +64,8 @@ from transformers import (
     GraniteForCausalLM,
     GraniteMoeConfig,
     GraniteMoeForCausalLM,
+    GraniteMoeSharedConfig,
+    GraniteMoeSharedForCausalLM,
     Llama4Config,
     Llama4ForCausalLM,
     Llama4ForConditionalGeneration,
@@ -120,6 +122,21 @@ GRANITE_MULTIPLIERS = dict(
     attention_multiplier=0.1,
     residual_multiplier=0.5,
     logits_scaling=4.0,
+)
+
+# granite_moe's config, which granite_moe_shared extends.
+GRANITE_MOE = dict(
+    intermediate_size=16,  # per expert
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    attention_bias=False,
+    **GRANITE_MULTIPLIERS,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    tie_word_embeddings=False,
 )
 
 SPECS = [
@@ -713,19 +730,7 @@ SPECS = [
         name="granite_moe",
         model_cls=GraniteMoeForCausalLM,
         config_cls=GraniteMoeConfig,
-        config=dict(
-            intermediate_size=16,  # per expert
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rms_norm_eps=1e-6,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-            attention_bias=False,
-            **GRANITE_MULTIPLIERS,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            tie_word_embeddings=False,
-        ),
+        config=GRANITE_MOE,
     ),
     # SmolLM3: Llama's layer where no_rope_layers' 0 entries skip RoPE (NoPE), with layer_types'
     # sliding layers windowed under use_sliding_window. Four layers cover each pairing: RoPE and
@@ -751,6 +756,15 @@ SPECS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             tie_word_embeddings=True,
         ),
+    ),
+    # GraniteMoeShared: granite_moe's layer plus an ungated shared expert beside the routed ones,
+    # stored as shared_mlp.input_linear [2 x 32, 64] (gate rows first) and output_linear [64, 32];
+    # the residual multiplier scales the sum of both. Three layers, so that PP=2 splits it unevenly.
+    dict(
+        name="granite_moe_shared",
+        model_cls=GraniteMoeSharedForCausalLM,
+        config_cls=GraniteMoeSharedConfig,
+        config=dict(GRANITE_MOE, shared_intermediate_size=32, num_hidden_layers=3),
     ),
 ]
 

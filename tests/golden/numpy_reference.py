@@ -90,7 +90,9 @@ Semantics (transformers 5.23, eager attention):
     by logits_scaling. GraniteMoe: the same around an MoE block whose token
     weights are the softmax of its top num_experts_per_tok router logits
     (block_sparse_moe.router.layer); expert e is input_linear[e] (gate rows,
-    then up rows) and output_linear[e] (down).
+    then up rows) and output_linear[e] (down). GraniteMoeShared: GraniteMoe's
+    block plus an ungated shared expert, shared_mlp.input_linear (gate rows,
+    then up rows) and output_linear, added before the residual multiplier.
   * SmolLM3: Llama's layer; no RoPE on the layers whose no_rope_layers entry is
     0 (default: every no_rope_layer_interval-th); sliding_window on the layers
     whose layer_types entry is "sliding_attention".
@@ -294,7 +296,7 @@ class Model:
         self.gemma = self.arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
         self.gemma3 = self.arch == "Gemma3ForCausalLM"
         self.llama4 = self.arch == "Llama4ForCausalLM"
-        self.granite = self.arch in ("GraniteForCausalLM", "GraniteMoeForCausalLM")
+        self.granite = self.arch in ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
         self.smollm3 = self.arch == "SmolLM3ForCausalLM"
         self.rope_layers = [1] * self.L  # Llama-4 and SmolLM3: 0 for a NoPE layer
         if self.llama4 or self.smollm3:
@@ -592,6 +594,13 @@ class Model:
             return self.llama4_ffn(x, l)
         if self.arch == "GraniteMoeForCausalLM":
             return self.granite_moe(x, p + ".block_sparse_moe")
+        if self.arch == "GraniteMoeSharedForCausalLM":
+            y = self.granite_moe(x, p + ".block_sparse_moe")
+            if self.cfg.get("shared_intermediate_size", 0) == 0:
+                return y
+            gu, down = self.w[p + ".shared_mlp.input_linear.weight"], self.w[p + ".shared_mlp.output_linear.weight"]
+            n = gu.shape[0] // 2
+            return y + self.swiglu(x, gu[:n], gu[n:], down)
         m = p + ".mlp"
         if self.arch == "Phi3ForCausalLM":
             gu = self.w[m + ".gate_up_proj.weight"]

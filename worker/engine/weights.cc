@@ -206,15 +206,17 @@ class Loader {
     ASSIGN_OR_RETURN(m.down, RowParallel(prefix + down, width, hidden, begin, end, bias, rank == 0, down_scale));
     return m;
   }
-  // An MLP whose gate and up matrices are stored as one `<prefix>gate_up_proj` [2 x width, hidden]
-  // (gate rows first, Phi-3): this rank's gate rows [begin, end) and up rows width + [begin, end).
-  absl::StatusOr<MlpWeights> FusedMlp(const std::string& prefix, int64_t hidden, int64_t width, int64_t begin,
-                                      int64_t end, int rank) {
+  // An MLP whose gate and up matrices are stored as one `<prefix><gate_up>` [2 x width, hidden]
+  // (gate rows first: Phi-3's gate_up_proj, GraniteMoeShared's shared_mlp.input_linear): this rank's
+  // gate rows [begin, end) and up rows width + [begin, end).
+  absl::StatusOr<MlpWeights> FusedMlp(const std::string& prefix, const char* gate_up, const char* down,
+                                      int64_t hidden, int64_t width, int64_t begin, int64_t end, int rank,
+                                      float down_scale = 1.0f) {
     MlpWeights m;
-    const std::string fused = prefix + "gate_up_proj";
+    const std::string fused = prefix + gate_up;
     ASSIGN_OR_RETURN(m.gate, ColumnParallel(fused, hidden, 2 * width, begin, end, false));
     ASSIGN_OR_RETURN(m.up, ColumnParallel(fused, hidden, 2 * width, width + begin, width + end, false));
-    ASSIGN_OR_RETURN(m.down, RowParallel(prefix + "down_proj", width, hidden, begin, end, false, rank == 0));
+    ASSIGN_OR_RETURN(m.down, RowParallel(prefix + down, width, hidden, begin, end, false, rank == 0, down_scale));
     return m;
   }
   // A float tensor that may be stored as F32 whatever config.json's dtype (transformers keeps
@@ -510,7 +512,7 @@ DecoderNames DecoderNamesOf(const ModelSpec& spec, const Checkpoint& ckpt) {
 std::string FfnPrefix(const ModelSpec& spec, const std::string& root, int64_t layer) {
   const char* block = "mlp.";
   if (spec.arch == Architecture::kLlama4) block = "feed_forward.";
-  if ((spec.arch == Architecture::kMixtral || spec.arch == Architecture::kGraniteMoe) && spec.IsSparseLayer(layer)) {
+  if ((spec.arch == Architecture::kMixtral || spec.IsGraniteMoe()) && spec.IsSparseLayer(layer)) {
     block = "block_sparse_moe.";
   }
   return absl::StrCat(root, "layers.", layer, ".", block);
@@ -692,7 +694,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     if (!lw.sparse) {
       const int64_t fb = layout.ffn * shard.rank;
       if (spec.fused_gate_up) {
-        ASSIGN_OR_RETURN(lw.mlp, ld.FusedMlp(FfnPrefix(spec, names.root, i), h, spec.intermediate_size, fb, fb + layout.ffn, shard.rank));
+        ASSIGN_OR_RETURN(lw.mlp, ld.FusedMlp(FfnPrefix(spec, names.root, i), "gate_up_proj", "down_proj", h,
+                                             spec.intermediate_size, fb, fb + layout.ffn, shard.rank));
       } else {
         ASSIGN_OR_RETURN(lw.mlp, ld.Mlp(FfnPrefix(spec, names.root, i), "gate_proj", "up_proj", "down_proj", h, spec.intermediate_size, fb,
                                         fb + layout.ffn, spec.mlp_bias, shard.rank, residual_scale));
@@ -702,8 +705,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       const int64_t e_count = spec.moe.num_experts;
       // Llama-4 names its router `router`, GraniteMoe `router.layer`, the others `gate`.
       const char* router = spec.arch == Architecture::kLlama4       ? "router.weight"
-                           : spec.arch == Architecture::kGraniteMoe ? "router.layer.weight"
-                                                                    : "gate.weight";
+                           : spec.IsGraniteMoe() ? "router.layer.weight"
+                                                 : "gate.weight";
       ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + router, {e_count, h}));
       lw.router.in = h;
       lw.router.out = e_count;
@@ -726,13 +729,19 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       }
       if (layout.shared_ffn > 0) {
         const int64_t sb = layout.shared_ffn * shard.rank;
-        // Qwen2-MoE: `shared_expert` with a gate; DeepSeek-V3: `shared_experts`, no gate; Llama-4:
-        // `shared_expert`, no gate.
-        const char* shared_name =
-            spec.moe.shared_expert_gate || spec.arch == Architecture::kLlama4 ? "shared_expert." : "shared_experts.";
-        ASSIGN_OR_RETURN(lw.shared, ld.Mlp(moe + shared_name, "gate_proj", "up_proj", "down_proj", h,
-                                           spec.moe.shared_expert_intermediate_size, sb, sb + layout.shared_ffn,
-                                           false, shard.rank, residual_scale));
+        const int64_t width = spec.moe.shared_expert_intermediate_size;
+        if (spec.IsGraniteMoe()) {
+          // GraniteMoeShared: `shared_mlp` beside the MoE block, gate and up fused, no gate.
+          ASSIGN_OR_RETURN(lw.shared, ld.FusedMlp(p + "shared_mlp.", "input_linear", "output_linear", h, width, sb,
+                                                  sb + layout.shared_ffn, shard.rank, residual_scale));
+        } else {
+          // Qwen2-MoE: `shared_expert` with a gate; DeepSeek-V3: `shared_experts`, no gate; Llama-4:
+          // `shared_expert`, no gate.
+          const char* shared_name =
+              spec.moe.shared_expert_gate || spec.arch == Architecture::kLlama4 ? "shared_expert." : "shared_experts.";
+          ASSIGN_OR_RETURN(lw.shared, ld.Mlp(moe + shared_name, "gate_proj", "up_proj", "down_proj", h, width, sb,
+                                             sb + layout.shared_ffn, false, shard.rank, residual_scale));
+        }
         if (spec.moe.shared_expert_gate) {
           ASSIGN_OR_RETURN(lw.shared_gate.w, ld.Full(moe + "shared_expert_gate.weight", {1, h}));
           lw.shared_gate.in = h;

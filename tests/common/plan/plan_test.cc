@@ -83,7 +83,7 @@ TEST(ValidateTensorParallelSizeTest, ExpertWidths) {
   s.moe.expert_intermediate_size = 8;
   s.moe.shared_expert_intermediate_size = 10;
   EXPECT_THAT(ValidateTensorParallelSize(s, 4),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shared_expert_intermediate_size (10)")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shared expert intermediate size (10)")));
 }
 
 Plan TwoStagePlan() {

@@ -194,7 +194,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            PipelineLayout{"granite_moe", {0, 1, 2}, 2, "granite_moe_pp2_tp2"},
                                            // SmolLM3: a RoPE and a NoPE sliding layer, then a RoPE
                                            // sliding and a NoPE full one.
-                                           PipelineLayout{"smollm3", {0, 2, 4}, 2, "smollm3_pp2_tp2"}),
+                                           PipelineLayout{"smollm3", {0, 2, 4}, 2, "smollm3_pp2_tp2"},
+                                           // GraniteMoeShared: each stage's shared experts scaled
+                                           // with its routed ones.
+                                           PipelineLayout{"granite_moe_shared", {0, 2, 3}, 2,
+                                                          "granite_moe_shared_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
