@@ -100,6 +100,8 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "GraniteForCausalLM") return Architecture::kGranite;
   if (name == "GraniteMoeForCausalLM") return Architecture::kGraniteMoe;
   if (name == "GraniteMoeSharedForCausalLM") return Architecture::kGraniteMoeShared;
+  if (name == "GraniteSWAForCausalLM") return Architecture::kGraniteSWA;
+  if (name == "GraniteMoeSWAForCausalLM") return Architecture::kGraniteMoeSWA;
   if (name == "SmolLM3ForCausalLM") return Architecture::kSmolLM3;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
@@ -108,7 +110,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
       "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
       "Gemma3ForConditionalGeneration's text part, "
       "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM, "
-      "GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM)"));
+      "GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -272,7 +274,7 @@ absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
     // GraniteMoeShared adds an ungated shared expert of shared_intermediate_size (0 = none, its
     // config's default).
     const bool granite = spec->IsGraniteMoe();
-    if (spec->arch == Architecture::kGraniteMoeShared) {
+    if (spec->arch == Architecture::kGraniteMoeShared || spec->arch == Architecture::kGraniteMoeSWA) {
       ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size, f.IntOr("shared_intermediate_size", 0, 0, kMaxDim));
     }
     if (granite) {
@@ -721,6 +723,51 @@ absl::Status ParseNoRopeLayers(const Fields& f, ModelSpec* s) {
   return absl::OkStatus();
 }
 
+// GraniteSWA and GraniteMoeSWA (after ParseGranite): attention sinks on every layer; the
+// "sliding_attention" layers of layer_types (by default all but every fourth, from layer 0 on)
+// attend within sliding_window (default 128; null with sliding layers is refused, as transformers
+// has no window to give them); layer_rope_theta, when set, gives each layer its RoPE theta, 0 for
+// a NoPE layer.
+absl::Status ParseGraniteSWA(const Fields& f, ModelSpec* s) {
+  s->attention_sinks = true;
+  if (f.Has("layer_types")) {
+    ASSIGN_OR_RETURN(s->sliding_layers, LayerTypes(f, s->num_layers, "sliding_attention"));
+  } else {
+    for (int64_t l = 0; l < s->num_layers; ++l) s->sliding_layers.push_back(l % 4 != 0);
+  }
+  if (f.Has("layer_rope_theta")) {
+    const json& v = f.obj().at("layer_rope_theta");
+    if (!v.is_array() || static_cast<int64_t>(v.size()) != s->num_layers) {
+      return f.Error("layer_rope_theta", absl::StrCat("is not a list of ", s->num_layers, " numbers (one per layer)"));
+    }
+    for (const auto& e : v) {
+      if (!e.is_number() || !(e.get<double>() >= 0.0) || !(e.get<double>() <= 1e12)) {
+        return f.Error("layer_rope_theta", absl::StrCat("has ", e.dump(), "; each entry must be a number in [0, 1e12]"
+                                                                           " (0: no RoPE on that layer)"));
+      }
+      const double theta = e.get<double>();
+      if (theta > 0.0 && theta < 1e-3) {
+        return f.Error("layer_rope_theta", absl::StrCat("has ", e.dump(), "; a RoPE theta must be at least 1e-3"));
+      }
+      s->layer_rope_theta.push_back(theta);
+      s->rope_layers.push_back(theta > 0.0);
+    }
+  }
+  if (std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) == s->sliding_layers.end()) {
+    s->sliding_layers.clear();
+    return absl::OkStatus();
+  }
+  if (f.obj().contains("sliding_window") && !f.Has("sliding_window")) {
+    return f.Error("sliding_window", "is null but layer_types has \"sliding_attention\" layers");
+  }
+  ASSIGN_OR_RETURN(s->sliding_window, f.IntOr("sliding_window", 128, 1, kMaxPositions));
+  if (s->sliding_window >= s->max_position_embeddings) {  // a window never reached
+    s->sliding_window = 0;
+    s->sliding_layers.clear();
+  }
+  return absl::OkStatus();
+}
+
 // SmolLM3 (transformers' SmolLM3Config): Llama's layer whose NoPE layers skip RoPE; the
 // "sliding_attention" layers of layer_types (by default, with use_sliding_window and
 // sliding_window set, the NoPE layers) attend within sliding_window. attention_bias covers q, k, v
@@ -946,6 +993,8 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kGraniteMoe: return "GraniteMoeForCausalLM";
     case Architecture::kSmolLM3: return "SmolLM3ForCausalLM";
     case Architecture::kGraniteMoeShared: return "GraniteMoeSharedForCausalLM";
+    case Architecture::kGraniteSWA: return "GraniteSWAForCausalLM";
+    case Architecture::kGraniteMoeSWA: return "GraniteMoeSWAForCausalLM";
   }
   return "?";
 }
@@ -1013,6 +1062,7 @@ int64_t ModelSpec::AttentionParameters() const {
   if (o_bias) attn = attn + h;
   if (qk_norm) attn = attn + two * SatInt{head_dim};  // per-head q and k RMSNorm weights
   if (sandwich_norms) attn = attn + two * h;           // post-attention, post-feedforward norms
+  if (attention_sinks) attn = attn + SatInt{num_heads};
   return attn.v;
 }
 
@@ -1099,7 +1149,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   ASSIGN_OR_RETURN(s.max_position_embeddings, f.Int("max_position_embeddings", 1, kMaxPositions));
   ASSIGN_OR_RETURN(s.rms_norm_eps, f.NumberOr("rms_norm_eps", 1e-6, 0.0, 1.0));
   // Gemma2Config and SmolLM3Config tie them unless told otherwise.
-  const bool tied_by_default = s.arch == Architecture::kGemma2 || s.arch == Architecture::kSmolLM3;
+  const bool tied_by_default =
+      s.arch == Architecture::kGemma2 || s.arch == Architecture::kSmolLM3 || s.arch == Architecture::kGraniteSWA;
   ASSIGN_OR_RETURN(s.tie_word_embeddings, f.BoolOr("tie_word_embeddings", tied_by_default));
   const bool gemma = s.arch == Architecture::kGemma2 || s.arch == Architecture::kGemma3;
   if (f.Has("hidden_act") && !gemma) {
@@ -1151,7 +1202,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     case Architecture::kLlama:
     case Architecture::kGranite:
     case Architecture::kGraniteMoe:
-    case Architecture::kGraniteMoeShared: {
+    case Architecture::kGraniteMoeShared:
+    case Architecture::kGraniteSWA:
+    case Architecture::kGraniteMoeSWA: {
       ASSIGN_OR_RETURN(s.qkv_bias, f.BoolOr("attention_bias", false));
       s.o_bias = s.qkv_bias;
       // GraniteMoe's experts have no biases (GraniteMoeConfig has no mlp_bias).
@@ -1159,6 +1212,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
         ASSIGN_OR_RETURN(s.mlp_bias, f.BoolOr("mlp_bias", false));
       }
       if (s.arch != Architecture::kLlama) RETURN_IF_ERROR(ParseGranite(f, &s));
+      if (s.arch == Architecture::kGraniteSWA || s.arch == Architecture::kGraniteMoeSWA) {
+        RETURN_IF_ERROR(ParseGraniteSWA(f, &s));
+      }
       break;
     }
     case Architecture::kQwen2:

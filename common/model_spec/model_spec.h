@@ -5,7 +5,7 @@
 // Phi3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM
 // (and the text part of Gemma3ForConditionalGeneration), Llama4ForCausalLM (and the text model of
 // Llama4ForConditionalGeneration), GraniteForCausalLM, GraniteMoeForCausalLM,
-// GraniteMoeSharedForCausalLM, SmolLM3ForCausalLM.
+// GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM.
 // Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, a DeepSeek routing
@@ -33,6 +33,8 @@ enum class Architecture : uint8_t {
   kGraniteMoe,
   kSmolLM3,
   kGraniteMoeShared,
+  kGraniteSWA,
+  kGraniteMoeSWA,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -150,7 +152,9 @@ struct MoeSpec {
   // GraniteMoe's checkpoint layout: per layer `block_sparse_moe.input_linear` [experts, 2 x
   // expert_intermediate_size, hidden] (gate rows first) and `block_sparse_moe.output_linear`
   // [experts, hidden, expert_intermediate_size]: each expert's matrices as nn.Linear holds them,
-  // stacked. The router is `block_sparse_moe.router.layer`.
+  // stacked. The router is `block_sparse_moe.router.layer`. GraniteMoeSWA's checkpoints (written
+  // by transformers 5) name them `block_sparse_moe.experts.gate_up_proj`, `experts.down_proj` and
+  // `router`, with the same shapes.
   bool stacked_experts = false;
 };
 
@@ -259,9 +263,16 @@ struct ModelSpec {
   // Prepended to every checkpoint tensor name: "language_model." for the text model of
   // Llama4ForConditionalGeneration (whose config nests it in `text_config`), else empty.
   std::string weight_prefix;
-  // Llama-4 and SmolLM3. Per layer: false for a NoPE layer (no rotary embedding; `no_rope_layers`
-  // entry 0). Empty: every layer uses RoPE.
+  // Llama-4, SmolLM3 and GraniteSWA. Per layer: false for a NoPE layer (no rotary embedding;
+  // `no_rope_layers` entry 0, or `layer_rope_theta` entry 0). Empty: every layer uses RoPE.
   std::vector<bool> rope_layers;
+  // GraniteSWA's `layer_rope_theta`: per layer, the theta of its RoPE (`rope` otherwise: its type
+  // and scaling); 0 on NoPE layers. Empty: rope.theta (or sliding_rope's) everywhere.
+  std::vector<double> layer_rope_theta;
+  // GraniteSWA (GPT-OSS's s_aux): every layer holds `self_attn.sinks` [num_attention_heads], one
+  // learned logit per head that joins the softmax's denominator with no value, so that a head can
+  // attend to nothing: its output is scaled by sigmoid(logsumexp(scores) - sink).
+  bool attention_sinks = false;
   // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each q and k head (Llama-4's
   // complex form) instead of rotate_half's halves: the loader reorders the q and k rows of every
   // head into halves, which leaves q . k unchanged, so the Rope op applies.
@@ -281,8 +292,15 @@ struct ModelSpec {
   double attn_temperature_scale = 0.0;
 
   bool IsMoe() const { return moe.num_experts > 0; }
-  // GraniteMoe's layer, with or without GraniteMoeShared's shared expert.
-  bool IsGraniteMoe() const { return arch == Architecture::kGraniteMoe || arch == Architecture::kGraniteMoeShared; }
+  // GraniteMoe's layer, with or without GraniteMoeShared's shared expert (GraniteMoeSWA's too).
+  bool IsGraniteMoe() const {
+    return arch == Architecture::kGraniteMoe || arch == Architecture::kGraniteMoeShared ||
+           arch == Architecture::kGraniteMoeSWA;
+  }
+  // The theta of layer `layer`'s RoPE (meaningless on a NoPE layer).
+  double LayerRopeTheta(int64_t layer) const {
+    return layer_rope_theta.empty() ? LayerRope(layer).theta : layer_rope_theta[static_cast<size_t>(layer)];
+  }
   // The window of layer `layer`'s attention (0 = full attention).
   int64_t LayerSlidingWindow(int64_t layer) const {
     if (sliding_layers.empty()) return sliding_window;

@@ -49,6 +49,7 @@ void AttentionBytes(const ModelSpec& s, int tp, int rank, const WeightFormats& f
   if (s.sandwich_norms) b->f32 += 2 * h * kF32;  // Gemma-2's pre- and post-feedforward norms
   if (s.qk_norm) b->f32 += 2 * d * kF32;         // per-head q/k norm weights
   const int64_t heads = s.num_heads / tp;
+  if (s.attention_sinks) b->f32 += heads * kF32;  // the rank's heads' sink logits
   if (s.IsMla()) {
     const MlaSpec& m = s.mla;
     const int64_t in_q = m.q_lora_rank > 0 ? m.q_lora_rank : h;

@@ -1467,6 +1467,104 @@ TEST(GraniteSpecTest, MoeSharedConfigAddsAnUngatedSharedExpert) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"shared_intermediate_size\"")));
 }
 
+// GraniteSWA: Granite's multipliers; sinks on every layer; GraniteSWAConfig's defaults: every
+// fourth layer full from layer 0, the others sliding within 128, one theta, tied.
+TEST(GraniteSpecTest, SwaConfigDefaults) {
+  json c = Granite31Config();
+  c["architectures"] = {"GraniteSWAForCausalLM"};
+  c["num_hidden_layers"] = 6;
+  c.erase("tie_word_embeddings");
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.arch, Architecture::kGraniteSWA);
+  EXPECT_EQ(ArchitectureName(s.arch), "GraniteSWAForCausalLM");
+  EXPECT_TRUE(s.attention_sinks);
+  EXPECT_EQ(s.residual_multiplier, 0.22);
+  EXPECT_EQ(s.AttentionScale(), 0.0078125);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  EXPECT_EQ(s.sliding_window, 128);
+  EXPECT_THAT(s.sliding_layers, ::testing::ElementsAre(false, true, true, true, false, true));
+  EXPECT_TRUE(s.layer_rope_theta.empty());
+  EXPECT_TRUE(s.rope_layers.empty());
+  EXPECT_EQ(s.LayerRopeTheta(3), 1e7);
+  EXPECT_FALSE(s.IsMoe());
+  // The sinks are parameters: 32 per layer.
+  json plain = Granite31Config();
+  plain["num_hidden_layers"] = 6;
+  ASSERT_OK_AND_ASSIGN(ModelSpec g, ParseModelSpec(plain.dump(), "c.json"));
+  EXPECT_EQ(s.AttentionParameters(), g.AttentionParameters() + 32);
+}
+
+TEST(GraniteSpecTest, SwaLayerTypesWindowAndThetas) {
+  json c = Granite31Config();
+  c["architectures"] = {"GraniteSWAForCausalLM"};
+  c["num_hidden_layers"] = 4;
+  c["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "sliding_attention"};
+  c["sliding_window"] = 512;
+  c["layer_rope_theta"] = {1e4, 0, 5e5, 0.0};
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.sliding_window, 512);
+  EXPECT_THAT(s.sliding_layers, ::testing::ElementsAre(false, true, false, true));
+  EXPECT_THAT(s.rope_layers, ::testing::ElementsAre(true, false, true, false));
+  EXPECT_EQ(s.LayerRopeTheta(0), 1e4);
+  EXPECT_EQ(s.LayerRopeTheta(2), 5e5);
+  EXPECT_TRUE(s.tie_word_embeddings);  // the config's
+
+  // Only full layers: no window at all, whatever sliding_window says.
+  c["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention"};
+  c["sliding_window"] = nullptr;
+  ASSERT_OK_AND_ASSIGN(ModelSpec full, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_TRUE(full.sliding_layers.empty());
+  EXPECT_EQ(full.LayerSlidingWindow(1), 0);
+  // A window as long as the context is never reached.
+  c.erase("layer_types");
+  c["sliding_window"] = 131072;
+  ASSERT_OK_AND_ASSIGN(ModelSpec wide, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_TRUE(wide.sliding_layers.empty());
+
+  const auto refused = [&](const json& bad, absl::string_view field) {
+    EXPECT_THAT(ParseModelSpec(bad.dump(), "dir/config.json"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr(absl::StrCat("\"", field, "\"")))))
+        << bad.dump();
+  };
+  json bad = c;
+  bad["sliding_window"] = nullptr;  // sliding layers by default, and no window for them
+  refused(bad, "sliding_window");
+  bad = c;
+  bad["layer_rope_theta"] = {1e4, 0, 5e5};
+  refused(bad, "layer_rope_theta");
+  bad["layer_rope_theta"] = {1e4, 0, -5.0, 1e4};
+  refused(bad, "layer_rope_theta");
+  bad["layer_rope_theta"] = {1e4, 0, "1e4", 1e4};
+  refused(bad, "layer_rope_theta");
+  bad["layer_rope_theta"] = 1e4;
+  refused(bad, "layer_rope_theta");
+  bad = c;
+  bad["layer_types"] = {"full_attention", "chunked_attention", "full_attention", "full_attention"};
+  EXPECT_THAT(ParseModelSpec(bad.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("\"chunked_attention\"")));
+}
+
+// GraniteMoeSWA: GraniteMoeShared's MoE block under GraniteSWA's attention; untied by default.
+TEST(GraniteSpecTest, MoeSwaConfig) {
+  json c = Granite31Config();
+  c["architectures"] = {"GraniteMoeSWAForCausalLM"};
+  c["num_hidden_layers"] = 5;
+  c["intermediate_size"] = 512;
+  c["shared_intermediate_size"] = 1024;
+  c.erase("tie_word_embeddings");
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.arch, Architecture::kGraniteMoeSWA);
+  EXPECT_TRUE(s.IsGraniteMoe());
+  EXPECT_TRUE(s.attention_sinks);
+  EXPECT_FALSE(s.tie_word_embeddings);
+  EXPECT_EQ(s.moe.num_experts, 8);
+  EXPECT_EQ(s.moe.top_k, 2);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 1024);
+  EXPECT_TRUE(s.moe.stacked_experts);
+  EXPECT_THAT(s.sliding_layers, ::testing::ElementsAre(false, true, true, true, false));
+}
+
 TEST(GraniteSpecTest, GoldenConfig) {
   ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/granite"));
   EXPECT_EQ(s.arch, Architecture::kGranite);
@@ -1487,6 +1585,17 @@ TEST(GraniteSpecTest, GoldenConfig) {
   EXPECT_EQ(shared.moe.shared_expert_intermediate_size, 32);
   EXPECT_EQ(shared.moe.expert_intermediate_size, 16);
   EXPECT_EQ(shared.num_layers, 3);
+  ASSERT_OK_AND_ASSIGN(ModelSpec swa, LoadModelSpec("tests/golden/models/granite_swa"));
+  EXPECT_EQ(swa.arch, Architecture::kGraniteSWA);
+  EXPECT_TRUE(swa.attention_sinks);
+  EXPECT_EQ(swa.sliding_window, 4);
+  EXPECT_THAT(swa.sliding_layers, ::testing::ElementsAre(false, true, true, false));
+  EXPECT_THAT(swa.rope_layers, ::testing::ElementsAre(true, false, true, false));
+  EXPECT_EQ(swa.LayerRopeTheta(2), 100.0);
+  ASSERT_OK_AND_ASSIGN(ModelSpec moe_swa, LoadModelSpec("tests/golden/models/granite_moe_swa"));
+  EXPECT_EQ(moe_swa.arch, Architecture::kGraniteMoeSWA);
+  EXPECT_THAT(moe_swa.sliding_layers, ::testing::ElementsAre(false, true, true));
+  EXPECT_EQ(moe_swa.moe.shared_expert_intermediate_size, 32);
 }
 
 // A config in the shape of the released SmolLM3-3B one: every fourth layer NoPE, no sliding

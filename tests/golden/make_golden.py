@@ -66,6 +66,10 @@ from transformers import (
     GraniteMoeForCausalLM,
     GraniteMoeSharedConfig,
     GraniteMoeSharedForCausalLM,
+    GraniteMoeSWAConfig,
+    GraniteMoeSWAForCausalLM,
+    GraniteSWAConfig,
+    GraniteSWAForCausalLM,
     Llama4Config,
     Llama4ForCausalLM,
     Llama4ForConditionalGeneration,
@@ -766,6 +770,42 @@ SPECS = [
         config_cls=GraniteMoeSharedConfig,
         config=dict(GRANITE_MOE, shared_intermediate_size=32, num_hidden_layers=3),
     ),
+    # GraniteSWA: Granite's layer with a learned attention sink per head (self_attn.sinks, drawn
+    # with std 1 so that heads differ in how much they attend to nothing), windowed layer_types
+    # layers and a RoPE theta per layer (layer_rope_theta; 0 = NoPE). Four layers pair RoPE/NoPE
+    # with full/sliding, one RoPE layer with theta 100 (the global 1e4 would not tell them apart).
+    # Untied, as granite (the released configs tie).
+    dict(
+        name="granite_swa",
+        model_cls=GraniteSWAForCausalLM,
+        config_cls=GraniteSWAConfig,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            attention_bias=False,
+            mlp_bias=False,
+            **GRANITE_MULTIPLIERS,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            layer_rope_theta=[10000.0, 0, 100.0, 0],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    # GraniteMoeSWA: granite_moe_shared's MoE layer (with its shared expert) under GraniteSWA's
+    # attention; layer_types and layer_rope_theta left to the config's defaults (layer 0 full, the
+    # others sliding; every layer at the global theta), which its config.json then spells out.
+    # transformers 5 writes its experts and router under their new names (experts.gate_up_proj,
+    # experts.down_proj, router), having no older ones to convert back to.
+    dict(
+        name="granite_moe_swa",
+        model_cls=GraniteMoeSWAForCausalLM,
+        config_cls=GraniteMoeSWAConfig,
+        config=dict(GRANITE_MOE, shared_intermediate_size=32, num_hidden_layers=3, sliding_window=4),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -775,6 +815,7 @@ STD_BIAS = 0.2
 STD_NORM_NOISE = 0.1
 STD_ROUTER = 0.25
 STD_SHARED_GATE = 0.5
+STD_SINK = 1.0
 
 
 def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0, norm_center=1.0):
@@ -800,6 +841,8 @@ def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0, norm_center=1.
                 value = STD_ROUTER * noise
             elif name.endswith("shared_expert_gate.weight"):
                 value = STD_SHARED_GATE * noise
+            elif name.endswith("self_attn.sinks"):
+                value = STD_SINK * noise
             else:
                 value = STD_LINEAR * noise
             p.copy_(value.to(p.dtype))

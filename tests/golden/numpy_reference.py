@@ -93,6 +93,14 @@ Semantics (transformers 5.23, eager attention):
     then up rows) and output_linear[e] (down). GraniteMoeShared: GraniteMoe's
     block plus an ungated shared expert, shared_mlp.input_linear (gate rows,
     then up rows) and output_linear, added before the residual multiplier.
+  * GraniteSWA / GraniteMoeSWA: Granite's / GraniteMoeShared's layer; each
+    head's attention output times sigmoid(logsumexp(scores) - sinks[head])
+    (GraniteMoeSWA's experts named block_sparse_moe.experts.gate_up_proj and
+    down_proj, its router block_sparse_moe.router)
+    (self_attn.sinks); sliding_window (default 128) on the layers whose
+    layer_types entry is "sliding_attention" (default: all but every fourth,
+    from layer 0); layer_rope_theta gives each layer its RoPE theta, 0 = no
+    RoPE.
   * SmolLM3: Llama's layer; no RoPE on the layers whose no_rope_layers entry is
     0 (default: every no_rope_layer_interval-th); sliding_window on the layers
     whose layer_types entry is "sliding_attention".
@@ -296,7 +304,9 @@ class Model:
         self.gemma = self.arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
         self.gemma3 = self.arch == "Gemma3ForCausalLM"
         self.llama4 = self.arch == "Llama4ForCausalLM"
-        self.granite = self.arch in ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
+        self.swa = self.arch in ("GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM")
+        self.granite = self.swa or self.arch in ("GraniteForCausalLM", "GraniteMoeForCausalLM",
+                                                 "GraniteMoeSharedForCausalLM")
         self.smollm3 = self.arch == "SmolLM3ForCausalLM"
         self.rope_layers = [1] * self.L  # Llama-4 and SmolLM3: 0 for a NoPE layer
         if self.llama4 or self.smollm3:
@@ -339,12 +349,24 @@ class Model:
         self.layer_inv_freq = [inv] * self.L
         if self.gemma3:
             self.layer_inv_freq = [self.gemma3_inv_freq(t) for t in c["layer_types"]]
+        if self.swa and c.get("layer_rope_theta"):
+            if rp["rope_type"] != "default":
+                raise ValueError("layer_rope_theta with a scaled RoPE is not implemented here")
+            thetas = c["layer_rope_theta"]
+            self.rope_layers = [int(t != 0) for t in thetas]
+            self.layer_inv_freq = [1.0 / t ** (np.arange(0, self.rot, 2, dtype=np.float64) / self.rot) if t else None
+                                   for t in thetas]
         # sliding window per layer
         sw = c.get("sliding_window")
         if self.arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
             self.windows = [sw] * self.L
         elif self.gemma or self.smollm3:  # layer_types given (make_golden's configs always have it)
             self.windows = [sw if t == "sliding_attention" else None for t in c["layer_types"]]
+        elif self.swa:
+            types = c.get("layer_types") or ["full_attention" if l % 4 == 0 else "sliding_attention"
+                                             for l in range(self.L)]
+            self.windows = [(128 if "sliding_window" not in c else sw) if t == "sliding_attention" else None
+                            for t in types]
         else:  # Qwen2 / Qwen2-MoE / Qwen3 / Qwen3-MoE: only with use_sliding_window, per layer_types
             types = c.get("layer_types") or ["full_attention"] * self.L
             use = c.get("use_sliding_window", False)
@@ -551,9 +573,14 @@ class Model:
             if cap:
                 s = cap * np.tanh(s / cap)
             s = np.where(visible, s, -np.inf)
-            s = np.exp(s - s.max(-1, keepdims=True))
-            s /= s.sum(-1, keepdims=True)
+            top = s.max(-1, keepdims=True)
+            s = np.exp(s - top)
+            total = s.sum(-1, keepdims=True)
+            s /= total
             out[:, h, :] = s @ v[:, kv, :]
+            if self.swa:  # the sink: sigmoid(logsumexp(scores) - sink), as transformers' eager path
+                lse = (top + np.log(total))[:, 0]
+                out[:, h, :] *= (1.0 / (1.0 + np.exp(-(lse - self.w[p + ".sinks"][h]))))[:, None]
         return self.lin(out.reshape(T, -1), p + ".o_proj")
 
     def swiglu(self, x, gate, up, down):
@@ -594,7 +621,7 @@ class Model:
             return self.llama4_ffn(x, l)
         if self.arch == "GraniteMoeForCausalLM":
             return self.granite_moe(x, p + ".block_sparse_moe")
-        if self.arch == "GraniteMoeSharedForCausalLM":
+        if self.arch in ("GraniteMoeSharedForCausalLM", "GraniteMoeSWAForCausalLM"):
             y = self.granite_moe(x, p + ".block_sparse_moe")
             if self.cfg.get("shared_intermediate_size", 0) == 0:
                 return y
@@ -612,9 +639,14 @@ class Model:
     def granite_moe(self, x, m):
         # GraniteMoe: the softmax of each token's top-k router logits weights its experts; expert e
         # is input_linear[e] = [gate; up] and output_linear[e] = down, as nn.Linear holds them.
-        gu, down = self.w[m + ".input_linear.weight"], self.w[m + ".output_linear.weight"]
+        if self.swa:  # transformers 5's names (it keeps the older ones for GraniteMoe's checkpoints)
+            gu, down = self.w[m + ".experts.gate_up_proj"], self.w[m + ".experts.down_proj"]
+            router = self.w[m + ".router.weight"]
+        else:
+            gu, down = self.w[m + ".input_linear.weight"], self.w[m + ".output_linear.weight"]
+            router = self.w[m + ".router.layer.weight"]
         width = down.shape[2]
-        logits = x @ self.w[m + ".router.layer.weight"].T
+        logits = x @ router.T
         k = self.cfg.get("num_experts_per_tok", 2)
         out = np.zeros_like(x)
         for t in range(x.shape[0]):

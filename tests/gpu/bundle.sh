@@ -90,7 +90,7 @@ echo "   $(find "$LIBS" -name '*.so*' | wc -l) libraries, $(du -sm "$LIBS" | cut
 XZ_OPT="-6 -T$JOBS" nice -n 10 tar -cJf "$OUT/lib.tar.xz" -C "$LIBS" .
 
 # The test data, at the paths the tests open relative to the source root. With
-# SHARDSERVE_BUNDLE_LINK_GOLDEN=1 the golden models (12 MiB) are a relative link to the source
+# SHARDSERVE_BUNDLE_LINK_GOLDEN=1 the golden models (16 MiB) are a relative link to the source
 # tree's instead of a copy: for a bundle at the repository root that travels with the tree.
 if [[ "${SHARDSERVE_BUNDLE_LINK_GOLDEN:-0}" == 1 && "$OUT" == "$ROOT/gpu-bundle" ]]; then
   ln -s ../../../../tests/golden/models "$OUT/root/tests/golden/models"

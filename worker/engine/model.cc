@@ -40,6 +40,10 @@ struct Model::Workspace {
   // ModelSpec::sliding_rope (Gemma-3): the sliding layers' RoPE table and position scale.
   DeviceBuffer inv_freq_sliding;
   float position_scale_sliding = 1.0f;
+  // ModelSpec::layer_rope_theta (GraniteSWA): per model layer, its own table and position scale
+  // when its theta is not its RoPE's (an empty buffer otherwise).
+  std::vector<DeviceBuffer> inv_freq_layer;
+  std::vector<float> position_scale_layer;
   // Host staging.
   std::vector<int32_t> h_ids, h_pos, h_rows;
   std::vector<AttnSeq> h_seqs;
@@ -499,6 +503,20 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq_sliding, local.size() * f));
     RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq_sliding.as<void>(), local.data(), local.size() * f));
   }
+  if (!spec.layer_rope_theta.empty()) {
+    w.inv_freq_layer.resize(static_cast<size_t>(spec.num_layers));
+    w.position_scale_layer.assign(static_cast<size_t>(spec.num_layers), 1.0f);
+    for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
+      if (!spec.LayerUsesRope(l) || spec.LayerRopeTheta(l) == spec.LayerRope(l).theta) continue;
+      ModelSpec own = spec;  // InvFreq reads spec.rope
+      own.rope = spec.LayerRope(l);
+      own.rope.theta = spec.LayerRopeTheta(l);
+      const size_t i = static_cast<size_t>(l);
+      const std::vector<float> table = InvFreq(own, &w.position_scale_layer[i]);
+      RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq_layer[i], table.size() * f));
+      RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq_layer[i].as<void>(), table.data(), table.size() * f));
+    }
+  }
   return m;
 }
 
@@ -911,7 +929,8 @@ kernels::AttentionParams Model::AttentionFor(int64_t layer, int64_t tokens, cons
                        : 1.0f / std::sqrt(static_cast<float>(d)),
           .sliding_window = spec_.LayerSlidingWindow(layer),
           .chunk_size = spec_.LayerChunkSize(layer),
-          .softcap = static_cast<float>(spec_.attn_logit_softcapping)};
+          .softcap = static_cast<float>(spec_.attn_logit_softcapping),
+          .sinks = spec_.attention_sinks ? weights_.layers[local].sinks.as<float>() : nullptr};
 }
 
 namespace {
@@ -1071,12 +1090,19 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
 kernels::RopeParams Model::RopeFor(int64_t layer, int64_t tokens) const {
   const Workspace& w = *ws_;
   const bool longrope = spec_.rope.type == RopeType::kLongrope;
-  // Gemma-3: the sliding layers have their own table (ModelSpec::sliding_rope).
+  // Gemma-3: the sliding layers have their own table (ModelSpec::sliding_rope); GraniteSWA: the
+  // layers with their own theta (ModelSpec::layer_rope_theta).
   const bool sliding = spec_.UsesSlidingRope(layer);
+  const DeviceBuffer* table = sliding ? &w.inv_freq_sliding : &w.inv_freq;
+  float position_scale = sliding ? w.position_scale_sliding : w.position_scale;
+  if (const size_t l = static_cast<size_t>(layer); l < w.inv_freq_layer.size() && !w.inv_freq_layer[l].empty()) {
+    table = &w.inv_freq_layer[l];
+    position_scale = w.position_scale_layer[l];
+  }
   return {.q = w.q.as<float>(), .k = w.k.as<float>(), .positions = w.positions.as<int32_t>(),
-          .inv_freq = (sliding ? w.inv_freq_sliding : w.inv_freq).as<float>(), .tokens = tokens,
+          .inv_freq = table->as<float>(), .tokens = tokens,
           .q_heads = layout_.q_heads, .kv_heads = layout_.kv_heads, .head_dim = spec_.head_dim,
-          .position_scale = sliding ? w.position_scale_sliding : w.position_scale,
+          .position_scale = position_scale,
           .rotary_dim = spec_.RotaryDim(),
           .scale = longrope ? static_cast<float>(spec_.rope.attention_factor) : 1.0f};
 }

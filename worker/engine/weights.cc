@@ -310,10 +310,12 @@ class Loader {
   }
   // The same from GraniteMoe's stacked layout (MoeSpec::stacked_experts): gate rows [begin, end)
   // and up rows width + [begin, end) of input_linear[e], columns [begin, end) of output_linear[e].
-  absl::StatusOr<MlpWeights> StackedExpert(const std::string& prefix, int64_t experts, int64_t e, int64_t hidden,
-                                           int64_t width, int64_t begin, int64_t end, float down_scale) {
-    const std::string in = prefix + "input_linear.weight";
-    const std::string out = prefix + "output_linear.weight";
+  // `renamed`: transformers 5's names, experts.gate_up_proj and experts.down_proj (GraniteMoeSWA).
+  absl::StatusOr<MlpWeights> StackedExpert(const std::string& prefix, bool renamed, int64_t experts, int64_t e,
+                                           int64_t hidden, int64_t width, int64_t begin, int64_t end,
+                                           float down_scale) {
+    const std::string in = prefix + (renamed ? "experts.gate_up_proj" : "input_linear.weight");
+    const std::string out = prefix + (renamed ? "experts.down_proj" : "output_linear.weight");
     RETURN_IF_ERROR(CheckDType(in));
     RETURN_IF_ERROR(CheckDType(out));
     ASSIGN_OR_RETURN(HostTensor gu, ReadWeightRows(ckpt_, spec_.fp8, in, {experts, 2 * width, hidden}, e, e + 1));
@@ -534,8 +536,9 @@ absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, co
                           spec.moe.expert_intermediate_size, begin, end, down_scale);
   }
   if (spec.moe.stacked_experts) {
-    return ld.StackedExpert(FfnPrefix(spec, root, layer), spec.moe.num_experts, e, spec.hidden_size,
-                            spec.moe.expert_intermediate_size, begin, end, down_scale);
+    return ld.StackedExpert(FfnPrefix(spec, root, layer), spec.arch == Architecture::kGraniteMoeSWA,
+                            spec.moe.num_experts, e, spec.hidden_size, spec.moe.expert_intermediate_size, begin,
+                            end, down_scale);
   }
   const std::string ep = ExpertPrefix(spec, root, layer, e);
   if (spec.arch == Architecture::kMixtral) {
@@ -681,6 +684,10 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       ASSIGN_OR_RETURN(lw.k, ld.ColumnParallel(p + "self_attn.k_proj", h, kv_out, kb, ke, spec.qkv_bias));
       ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(p + "self_attn.v_proj", h, kv_out, kb, ke, spec.qkv_bias));
     }
+    if (spec.attention_sinks) {
+      ASSIGN_OR_RETURN(lw.sinks, ld.Rows(p + "self_attn.sinks", {spec.num_heads}, layout.q_head_begin,
+                                         layout.q_head_begin + layout.q_heads));
+    }
     if (spec.qk_norm) {
       // As (1 + w) for Gemma-3 (ModelSpec::norm_plus_one).
       ASSIGN_OR_RETURN(lw.q_norm, ld.Norm(p + "self_attn.q_norm.weight", d));
@@ -703,8 +710,10 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     } else {
       const std::string moe = FfnPrefix(spec, names.root, i);
       const int64_t e_count = spec.moe.num_experts;
-      // Llama-4 names its router `router`, GraniteMoe `router.layer`, the others `gate`.
-      const char* router = spec.arch == Architecture::kLlama4       ? "router.weight"
+      // Llama-4 and GraniteMoeSWA name their router `router`, the other GraniteMoe ones
+      // `router.layer`, the others `gate`.
+      const char* router = spec.arch == Architecture::kLlama4 || spec.arch == Architecture::kGraniteMoeSWA
+                               ? "router.weight"
                            : spec.IsGraniteMoe() ? "router.layer.weight"
                                                  : "gate.weight";
       ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + router, {e_count, h}));

@@ -107,6 +107,8 @@ struct LayerWeights {
   LinearWeight q, k, v, o;
   // ModelSpec::qk_norm: the per-head RMSNorm weights of q and k, [head_dim] each; else empty.
   kernels::DeviceBuffer q_norm, k_norm;
+  // ModelSpec::attention_sinks: this rank's heads' sink logits, [q_heads] f32; else empty.
+  kernels::DeviceBuffer sinks;
   bool sparse = false;
   MlpWeights mlp;                    // dense layers
   LinearWeight router;               // sparse: [experts, hidden]

@@ -438,6 +438,9 @@ struct AttentionParams {
   int64_t chunk_size = 0;        // 0 = none
   // > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma-2).
   float softcap = 0.0f;
+  // [q_heads] or null: each head's sink logit (ModelSpec::attention_sinks), one more term
+  // e^(sink - max) in the softmax's denominator (SinkMass).
+  const float* sinks = nullptr;
   absl::Status Validate() const;
 };
 

@@ -198,7 +198,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            // GraniteMoeShared: each stage's shared experts scaled
                                            // with its routed ones.
                                            PipelineLayout{"granite_moe_shared", {0, 2, 3}, 2,
-                                                          "granite_moe_shared_pp2_tp2"}),
+                                                          "granite_moe_shared_pp2_tp2"},
+                                           // GraniteSWA: each rank's heads with their sinks; a
+                                           // full RoPE and a sliding NoPE layer, then a sliding
+                                           // layer with its own theta and a full NoPE one.
+                                           PipelineLayout{"granite_swa", {0, 2, 4}, 2, "granite_swa_pp2_tp2"},
+                                           PipelineLayout{"granite_moe_swa", {0, 1, 3}, 2,
+                                                          "granite_moe_swa_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {

@@ -454,7 +454,7 @@ struct PagedFixture {
 // Naive double-precision attention over sequence s's contiguous K/V.
 std::vector<float> ReferenceAttention(const PagedFixture& f, const std::vector<AttnSeq>& seqs, const std::vector<float>& q,
                                       int64_t q_heads, float scale, int64_t window, double softcap = 0.0,
-                                      int64_t chunk = 0) {
+                                      int64_t chunk = 0, const float* sinks = nullptr) {
   const int64_t d = f.d, row = f.row();
   std::vector<float> ref(q.size());
   for (size_t si = 0; si < seqs.size(); ++si) {
@@ -481,6 +481,7 @@ std::vector<float> ReferenceAttention(const PagedFixture& f, const std::vector<A
         }
         double sum = 0;
         for (double& x : sc) sum += (x = std::exp(x - m));
+        if (sinks != nullptr) sum += std::exp(double{sinks[h]} - m);  // a logit with no value
         for (int64_t e = 0; e < d; ++e) {
           double acc = 0;
           for (size_t j = 0; j < keys.size(); ++j) {
@@ -492,6 +493,13 @@ std::vector<float> ReferenceAttention(const PagedFixture& f, const std::vector<A
     }
   }
   return ref;
+}
+
+// Two sequences of a PagedFixture({8, 10}, ...): one prefilling 5 tokens from position 3, one
+// decoding at position 9 (6 query tokens in all).
+std::vector<AttnSeq> PrefillAndDecode(const PagedFixture& f) {
+  return {{.q_begin = 0, .q_len = 5, .pos_begin = 3, .table_begin = f.begin(0), .table_len = f.len(0)},
+          {.q_begin = 5, .q_len = 1, .pos_begin = 9, .table_begin = f.begin(1), .table_len = f.len(1)}};
 }
 
 TEST_F(CpuBackendTest, PagedAttentionMatchesContiguousReferenceWithSlidingWindowAndGqa) {
@@ -519,9 +527,7 @@ TEST_F(CpuBackendTest, SoftCappedAttentionMatchesReference) {
   // past the cap 2, so the capped and uncapped results differ.
   PagedFixture f({8, 10}, 5);
   const int64_t q_heads = 4;
-  const std::vector<AttnSeq> seqs = {
-      {.q_begin = 0, .q_len = 5, .pos_begin = 3, .table_begin = f.begin(0), .table_len = f.len(0)},
-      {.q_begin = 5, .q_len = 1, .pos_begin = 9, .table_begin = f.begin(1), .table_len = f.len(1)}};
+  const std::vector<AttnSeq> seqs = PrefillAndDecode(f);
   const int64_t tokens = 6;
   const auto q = Random(static_cast<size_t>(tokens * q_heads * f.d), 9);
   for (int64_t window : {int64_t{0}, int64_t{4}}) {
@@ -538,14 +544,51 @@ TEST_F(CpuBackendTest, SoftCappedAttentionMatchesReference) {
   }
 }
 
+TEST_F(CpuBackendTest, AttentionSinksMatchReference) {
+  // GraniteSWA: one more logit per head in the softmax's denominator. Sinks around the scores'
+  // size (scale 0.35 on scores of a few units), one far above them (its head attends to almost
+  // nothing) and one far below (as if absent).
+  PagedFixture f({8, 10}, 5);
+  const int64_t q_heads = 4;
+  const std::vector<AttnSeq> seqs = PrefillAndDecode(f);
+  const int64_t tokens = 6;
+  const auto q = Random(static_cast<size_t>(tokens * q_heads * f.d), 10);
+  const std::vector<float> sinks = {0.5f, -1.0f, 30.0f, -100.0f};
+  for (int64_t window : {int64_t{0}, int64_t{4}}) {
+    std::vector<float> out(q.size());
+    ASSERT_TRUE(b_->Attention({.q = q.data(), .out = out.data(), .paged = f.paged(seqs), .tokens = tokens,
+                               .q_heads = q_heads, .cache = f.view(), .scale = 0.35f, .sliding_window = window,
+                               .sinks = sinks.data()})
+                    .ok());
+    const std::string what = absl::StrCat("window ", window);
+    ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 0.35f, window, 0.0, 0, sinks.data()), out, 1e-5f, what);
+    const std::vector<float> plain = ReferenceAttention(f, seqs, q, q_heads, 0.35f, window);
+    for (int64_t h = 0; h < q_heads; ++h) {
+      float diff = 0.f, size = 0.f;
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t e = 0; e < f.d; ++e) {
+          const size_t i = static_cast<size_t>((t * q_heads + h) * f.d + e);
+          diff = std::max(diff, std::fabs(out[i] - plain[i]));
+          size = std::max(size, std::fabs(out[i]));
+        }
+      }
+      if (h == 3) {
+        EXPECT_LT(diff, 1e-6f) << what << ": a sink far below the scores takes nothing";
+      } else if (h == 2) {
+        EXPECT_LT(size, 1e-6f) << what << ": a sink far above the scores takes everything";
+      } else {
+        EXPECT_GT(diff, 1e-2f) << what << ", head " << h << ": the sink does not change the result";
+      }
+    }
+  }
+}
+
 TEST_F(CpuBackendTest, ChunkedAttentionMatchesReference) {
   // Llama-4: keys only from the query's chunk. Chunks of 4: the prefill from position 3 crosses
   // from chunk 0 into chunk 1 (position 4 sees itself only), the decode at 9 sees 8 and 9.
   PagedFixture f({8, 10}, 5);
   const int64_t q_heads = 4;
-  const std::vector<AttnSeq> seqs = {
-      {.q_begin = 0, .q_len = 5, .pos_begin = 3, .table_begin = f.begin(0), .table_len = f.len(0)},
-      {.q_begin = 5, .q_len = 1, .pos_begin = 9, .table_begin = f.begin(1), .table_len = f.len(1)}};
+  const std::vector<AttnSeq> seqs = PrefillAndDecode(f);
   const int64_t tokens = 6;
   const auto q = Random(static_cast<size_t>(tokens * q_heads * f.d), 11);
   for (int64_t window : {int64_t{0}, int64_t{3}}) {
@@ -825,19 +868,24 @@ TEST_F(CpuBackendTest, APrefillIsBitIdenticalToItsQueriesRunOneAtATime) {
         {.q_begin = 37, .q_len = 13, .pos_begin = 8, .table_begin = f.begin(1), .table_len = f.len(1)}};
     const int64_t tokens = 50;
     const auto q = Random(static_cast<size_t>(tokens * q_heads * d), 32);
+    const auto sinks = Random(static_cast<size_t>(q_heads), 33);
     struct Case {
       int64_t window, chunk;
       float softcap;
       bool fp8;
+      bool sinks = false;
     };
     for (const Case& c : {Case{0, 0, 0.f, false}, Case{5, 0, 0.f, false}, Case{0, 16, 0.f, false},
-                          Case{0, 0, 2.f, false}, Case{0, 0, 0.f, true}, Case{7, 0, 0.f, true}}) {
+                          Case{0, 0, 2.f, false}, Case{0, 0, 0.f, true}, Case{7, 0, 0.f, true},
+                          Case{5, 0, 0.f, false, true}}) {
       const std::string what = absl::StrCat("head_dim ", d, ", ", q_heads, " heads, window ", c.window, ", chunk ", c.chunk,
-                                            ", softcap ", c.softcap, c.fp8 ? ", fp8 cache" : ", f32 cache");
+                                            ", softcap ", c.softcap, c.fp8 ? ", fp8 cache" : ", f32 cache",
+                                            c.sinks ? ", sinks" : "");
       const KvLayerView cache = c.fp8 ? fp8 : f.view();
       AttentionParams prefill{.q = q.data(), .paged = f.paged(seqs), .tokens = tokens, .q_heads = q_heads,
                               .cache = cache, .scale = 0.25f, .sliding_window = c.window,
-                              .chunk_size = c.chunk, .softcap = c.softcap};
+                              .chunk_size = c.chunk, .softcap = c.softcap,
+                              .sinks = c.sinks ? sinks.data() : nullptr};
       std::vector<float> together(q.size());
       prefill.out = together.data();
       ASSERT_TRUE(b_->Attention(prefill).ok()) << what;
@@ -863,8 +911,8 @@ TEST_F(CpuBackendTest, APrefillIsBitIdenticalToItsQueriesRunOneAtATime) {
       }
       // And the prefill is attention: within float rounding of the double-precision reference.
       if (!c.fp8) {
-        ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 0.25f, c.window, c.softcap, c.chunk), together, 1e-5f,
-                    what);
+        ExpectClose(ReferenceAttention(f, seqs, q, q_heads, 0.25f, c.window, c.softcap, c.chunk, prefill.sinks),
+                    together, 1e-5f, what);
       }
     }
   }

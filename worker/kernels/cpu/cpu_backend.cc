@@ -544,7 +544,7 @@ class CpuBackend final : public Backend {
             }
           });
         }
-        for (int64_t h = 0; h < heads; ++h) cpu::SoftmaxInPlace(sc + h * n, n);
+        for (int64_t h = 0; h < heads; ++h) cpu::SoftmaxInPlace(sc + h * n, n, p.sinks == nullptr ? nullptr : p.sinks + h);
         if (value_rows) {
           // Head sizes that are multiples of 64: a head at a time, 64 elements (8 vector sums) at a
           // time, so that each key's row is read once per head. Others: 4 heads (or 1) at a time,

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "worker/kernels/shared/attention_math.h"
+
 namespace shardserve::kernels::cpu {
 
 // e^x for x <= 0, within 2 units in the last place of the float nearest e^x, 0 below -87 (where
@@ -35,8 +37,9 @@ inline float ExpNonPositive(float in) {
   return in == in ? e : in;
 }
 
-// x[0, n) = softmax(x[0, n)) in place; n >= 1.
-inline void SoftmaxInPlace(float* x, int64_t n) {
+// x[0, n) = softmax(x[0, n)) in place; n >= 1. With `sink` (one logit, ModelSpec::attention_sinks),
+// the softmax of x and the sink, the sink's own weight left out.
+inline void SoftmaxInPlace(float* x, int64_t n, const float* sink = nullptr) {
   constexpr int kLanes = 8;
   float part[kLanes];
   for (int l = 0; l < kLanes; ++l) part[l] = x[0];
@@ -57,6 +60,7 @@ inline void SoftmaxInPlace(float* x, int64_t n) {
   }
   float sum = part[0];
   for (; i < n; ++i) sum += x[i];
+  sum += SinkMass(sink, 0, m);
   const float inv = 1.0f / sum;
   for (i = 0; i < n; ++i) x[i] *= inv;
 }

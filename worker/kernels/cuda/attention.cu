@@ -42,6 +42,7 @@ struct Shape {
   int64_t chunk_size;  // > 0: keys from pos - pos % chunk_size only (Llama-4)
   float scale;
   float softcap;  // > 0: scores soft-capped (Gemma-2)
+  const float* sinks;  // [q_heads] or null (AttentionParams::sinks)
   int heads_per_block, head_blocks, splits;
   int max_q_len;    // sequences with more new rows are another kernel's (AttentionPlan::max_q_len)
   int slot_stride;  // AttentionPlan::slot_stride
@@ -309,7 +310,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<T, kWalk, kDpl>)
           const int hh = static_cast<int>(threadIdx.x);
           float m_all = 0.f;
           l_s[hh] = MergeSoftmaxStates(ml + hh * ml_head, n, ml_src, scale_s + hh * kMaxAttnSplits, &m_all);
-          if (!to_out) {
+          if (to_out) {
+            l_s[hh] += SinkMass(sh.sinks, h0 + hh, m_all);  // once, on the merged state
+          } else {
             float* part = partials + part_row + (int64_t{hh} * sh.splits + split) * (d + 2);
             part[d] = m_all;
             part[d + 1] = l_s[hh];
@@ -494,6 +497,7 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
                  .chunk_size = p.chunk_size,
                  .scale = p.scale,
                  .softcap = p.softcap,
+                 .sinks = p.sinks,
                  .heads_per_block = plan.heads_per_block,
                  .head_blocks = head_blocks,
                  .splits = plan.splits,

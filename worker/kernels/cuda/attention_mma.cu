@@ -29,6 +29,7 @@ unsigned GridFor(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGri
 struct MmaShape {
   int64_t block_size, q_heads, kv_heads, sliding_window, chunk_size;
   float scale, softcap;
+  const float* sinks;  // [q_heads] or null (AttentionParams::sinks)
 };
 
 // Shared memory of one block, in this order (every part a multiple of 32 bytes, as the MMA loads
@@ -201,7 +202,8 @@ __global__ void __launch_bounds__(kThreads)
       // rescale above (consecutive lanes on consecutive floats, coalesced stores).
 #pragma unroll
       for (int r = 0; r < kTile; ++r) {
-        const float row_l = __shfl_sync(0xffffffffu, l, 2 * r);
+        const float row_m = __shfl_sync(0xffffffffu, m, 2 * r);
+        const float row_l = __shfl_sync(0xffffffffu, l, 2 * r) + SinkMass(sh.sinks, h, row_m);
         if (warp * kTile + r >= rows) continue;  // the same for every lane
         const float* o_row = warp_o + r * kD;
         float* dst = out + ((seq.q_begin + i0 + warp * kTile + r) * sh.q_heads + h) * kD;
@@ -229,7 +231,8 @@ cudaError_t LaunchMma(const AttentionParams& p, const AttnSeq* seqs, int64_t num
                     .sliding_window = p.sliding_window,
                     .chunk_size = p.chunk_size,
                     .scale = p.scale,
-                    .softcap = p.softcap};
+                    .softcap = p.softcap,
+                    .sinks = p.sinks};
   const dim3 grid(GridFor((max_q_len + kRows - 1) / kRows), static_cast<unsigned>(p.q_heads), GridFor(num_seqs));
   if (cudaError_t err = pdl::Launch(kernel, grid, kThreads, shared, stream, p.q, p.out, seqs, num_seqs,
                                     p.paged.block_table, static_cast<const Bf16*>(p.cache.k),

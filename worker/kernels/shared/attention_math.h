@@ -68,6 +68,13 @@ SHARDSERVE_HD float MergeAccElement(const float* acc, int n, int stride, const f
   return o;
 }
 
+// The softmax mass of head `head`'s attention sink (ModelSpec::attention_sinks) against a state
+// whose maximum score is m: e^(sink - m), added to the state's l before the output is divided by
+// it, so that the sink takes its share of the softmax and brings no value. 0 without sinks.
+SHARDSERVE_HD float SinkMass(const float* sinks, long long head, float m) {
+  return sinks != nullptr ? expf(sinks[head] - m) : 0.f;
+}
+
 // How the keys [lo, pos] of one query row are split: split `split` of `splits` covers
 // [*begin, *end) (possibly empty). Splits are contiguous and in order, of equal length but the
 // last.

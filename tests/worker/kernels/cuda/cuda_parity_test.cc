@@ -536,11 +536,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaLongAttentionParityTest,
 struct PrefillAttentionCase {
   int64_t q_heads, kv_heads, head_dim, sliding_window, chunk_size;
   float softcap;
+  bool sinks = false;  // a sink logit per head (GraniteSWA)
 };
 
 void PrintTo(const PrefillAttentionCase& c, std::ostream* os) {
   *os << "q" << c.q_heads << "_kv" << c.kv_heads << "_d" << c.head_dim << "_window" << c.sliding_window << "_chunk"
-      << c.chunk_size << "_softcap" << static_cast<int>(c.softcap);
+      << c.chunk_size << "_softcap" << static_cast<int>(c.softcap) << (c.sinks ? "_sinks" : "");
 }
 
 class CudaPrefillAttentionParityTest : public CudaParityTest,
@@ -562,6 +563,7 @@ TEST_P(CudaPrefillAttentionParityTest, MatchesCpu) {
   auto cv = Mirror(Widen(DType::kBF16, v16));
   auto q = Mirror(RandomFloats(static_cast<size_t>(tokens * c.q_heads * c.head_dim), 94, -2.f, 2.f));
   auto out = Mirror(std::vector<float>(static_cast<size_t>(tokens * c.q_heads * c.head_dim)));
+  auto sinks = Mirror(RandomFloats(static_cast<size_t>(c.q_heads), 95, -2.f, 2.f));
   RunBoth([&](Backend& b, int s) {
     KvLayerView cache = shape;
     cache.k = s == kRef ? static_cast<void*>(ck.at(s)) : static_cast<void*>(ck16.at(s));
@@ -569,7 +571,8 @@ TEST_P(CudaPrefillAttentionParityTest, MatchesCpu) {
     cache.dtype = s == kRef ? DType::kF32 : DType::kBF16;
     return b.Attention({.q = q.at(s), .out = out.at(s), .paged = paged.at(s), .tokens = tokens, .q_heads = c.q_heads,
                         .cache = cache, .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-                        .sliding_window = c.sliding_window, .chunk_size = c.chunk_size, .softcap = c.softcap});
+                        .sliding_window = c.sliding_window, .chunk_size = c.chunk_size, .softcap = c.softcap,
+                        .sinks = c.sinks ? sinks.at(s) : nullptr});
   });
   ExpectMirrorsClose(out);
 }
@@ -579,7 +582,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillAttentionParityTest,
                                            PrefillAttentionCase{16, 2, 128, 0, 0, 0.f},
                                            PrefillAttentionCase{4, 4, 64, 20, 0, 0.f},
                                            PrefillAttentionCase{8, 1, 128, 0, 32, 0.f},
-                                           PrefillAttentionCase{8, 2, 64, 24, 0, 5.f}),
+                                           PrefillAttentionCase{8, 2, 64, 24, 0, 5.f},
+                                           PrefillAttentionCase{8, 2, 64, 24, 0, 0.f, true},
+                                           PrefillAttentionCase{16, 2, 128, 0, 0, 0.f, true}),
                          CaseName<PrefillAttentionCase>);
 
 TEST_F(CudaParityTest, SiluMulInPlace) {
@@ -603,7 +608,8 @@ TEST_F(CudaParityTest, GeluTanhMulAndScaleWithSoftCap) {
   ExpectMirrorsClose(x);
 }
 
-// Gemma-2's soft-capped scores and Llama-4's chunked layers, each alone and with a window.
+// Gemma-2's soft-capped scores, Llama-4's chunked layers and GraniteSWA's sinks, each alone and
+// with a window.
 TEST_F(CudaParityTest, SoftCappedAndChunkedAttentionMatchesCpu) {
   const KvLayerView shape{.num_blocks = kNumBlocks, .block_size = kBlockSize, .kv_heads = 2, .head_dim = 64};
   const int64_t q_heads = 8;
@@ -614,20 +620,24 @@ TEST_F(CudaParityTest, SoftCappedAndChunkedAttentionMatchesCpu) {
   auto ck = Mirror(RandomFloats(cache_elems, 54, -2.f, 2.f));
   auto cv = Mirror(RandomFloats(cache_elems, 55));
   auto out = Mirror(std::vector<float>(kSeqTokens * q_heads * shape.head_dim));
+  auto sinks = Mirror(RandomFloats(q_heads, 56, -2.f, 2.f));
   struct Variant {
     float scale, softcap;
     int64_t chunk;
+    bool sinks;
   };
-  for (const Variant& v : {Variant{0.25f, 3.f, 0}, Variant{0.125f, 0.f, 4}}) {
+  for (const Variant& v : {Variant{0.25f, 3.f, 0, false}, Variant{0.125f, 0.f, 4, false}, Variant{0.25f, 0.f, 0, true}}) {
     for (int64_t window : {int64_t{0}, int64_t{5}}) {
-      SCOPED_TRACE(::testing::Message() << "softcap " << v.softcap << " chunk " << v.chunk << " window " << window);
+      SCOPED_TRACE(::testing::Message() << "softcap " << v.softcap << " chunk " << v.chunk << " window " << window
+                                        << (v.sinks ? " sinks" : ""));
       RunBoth([&](Backend& b, int s) {
         KvLayerView cache = shape;
         cache.k = ck.at(s);
         cache.v = cv.at(s);
         return b.Attention({.q = q.at(s), .out = out.at(s), .paged = Paged(seqs.at(s), table.at(s)),
                             .tokens = kSeqTokens, .q_heads = q_heads, .cache = cache, .scale = v.scale,
-                            .sliding_window = window, .chunk_size = v.chunk, .softcap = v.softcap});
+                            .sliding_window = window, .chunk_size = v.chunk, .softcap = v.softcap,
+                            .sinks = v.sinks ? sinks.at(s) : nullptr});
       });
       ExpectMirrorsClose(out);
     }
