@@ -1148,7 +1148,7 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   if (s.head_dim % 2 != 0) return f.Error("head_dim", absl::StrCat("is ", s.head_dim, "; RoPE needs an even size"));
   ASSIGN_OR_RETURN(s.max_position_embeddings, f.Int("max_position_embeddings", 1, kMaxPositions));
   ASSIGN_OR_RETURN(s.rms_norm_eps, f.NumberOr("rms_norm_eps", 1e-6, 0.0, 1.0));
-  // Gemma2Config and SmolLM3Config tie them unless told otherwise.
+  // Gemma2Config, SmolLM3Config and GraniteSWAConfig tie them unless told otherwise.
   const bool tied_by_default =
       s.arch == Architecture::kGemma2 || s.arch == Architecture::kSmolLM3 || s.arch == Architecture::kGraniteSWA;
   ASSIGN_OR_RETURN(s.tie_word_embeddings, f.BoolOr("tie_word_embeddings", tied_by_default));
