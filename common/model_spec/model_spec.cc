@@ -723,6 +723,21 @@ absl::Status ParseNoRopeLayers(const Fields& f, ModelSpec* s) {
   return absl::OkStatus();
 }
 
+// Whether any layer of sliding_layers slides; when none does, clears it (one window for all, or
+// none).
+bool KeepSlidingLayers(ModelSpec* s) {
+  if (std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) != s->sliding_layers.end()) return true;
+  s->sliding_layers.clear();
+  return false;
+}
+
+// A sliding window as long as the context is never reached: no window, and no sliding layers.
+void DropUnreachedWindow(ModelSpec* s) {
+  if (s->sliding_window < s->max_position_embeddings) return;
+  s->sliding_window = 0;
+  s->sliding_layers.clear();
+}
+
 // GraniteSWA and GraniteMoeSWA (after ParseGranite): attention sinks on every layer; the
 // "sliding_attention" layers of layer_types (by default all but every fourth, from layer 0 on)
 // attend within sliding_window (default 128; null with sliding layers is refused, as transformers
@@ -741,30 +756,22 @@ absl::Status ParseGraniteSWA(const Fields& f, ModelSpec* s) {
       return f.Error("layer_rope_theta", absl::StrCat("is not a list of ", s->num_layers, " numbers (one per layer)"));
     }
     for (const auto& e : v) {
-      if (!e.is_number() || !(e.get<double>() >= 0.0) || !(e.get<double>() <= 1e12)) {
-        return f.Error("layer_rope_theta", absl::StrCat("has ", e.dump(), "; each entry must be a number in [0, 1e12]"
-                                                                           " (0: no RoPE on that layer)"));
-      }
-      const double theta = e.get<double>();
-      if (theta > 0.0 && theta < 1e-3) {
-        return f.Error("layer_rope_theta", absl::StrCat("has ", e.dump(), "; a RoPE theta must be at least 1e-3"));
+      // rope_theta's range, or 0.
+      const double theta = e.is_number() ? e.get<double>() : -1.0;
+      if (theta != 0.0 && !(theta >= 1e-3 && theta <= 1e12)) {
+        return f.Error("layer_rope_theta", absl::StrCat("has ", e.dump(), "; each entry must be 0 (no RoPE on that "
+                                                                           "layer) or a theta in [1e-3, 1e12]"));
       }
       s->layer_rope_theta.push_back(theta);
       s->rope_layers.push_back(theta > 0.0);
     }
   }
-  if (std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) == s->sliding_layers.end()) {
-    s->sliding_layers.clear();
-    return absl::OkStatus();
-  }
+  if (!KeepSlidingLayers(s)) return absl::OkStatus();
   if (f.obj().contains("sliding_window") && !f.Has("sliding_window")) {
     return f.Error("sliding_window", "is null but layer_types has \"sliding_attention\" layers");
   }
   ASSIGN_OR_RETURN(s->sliding_window, f.IntOr("sliding_window", 128, 1, kMaxPositions));
-  if (s->sliding_window >= s->max_position_embeddings) {  // a window never reached
-    s->sliding_window = 0;
-    s->sliding_layers.clear();
-  }
+  DropUnreachedWindow(s);
   return absl::OkStatus();
 }
 
@@ -786,10 +793,7 @@ absl::Status ParseSmolLM3(const Fields& f, ModelSpec* s) {
       s->sliding_layers.push_back(use_sw && window_set && !s->LayerUsesRope(l));
     }
   }
-  if (std::find(s->sliding_layers.begin(), s->sliding_layers.end(), true) == s->sliding_layers.end()) {
-    s->sliding_layers.clear();
-    return absl::OkStatus();
-  }
+  if (!KeepSlidingLayers(s)) return absl::OkStatus();
   if (!use_sw) {
     // transformers masks such layers by the window in eager and SDPA attention but not in its
     // flash-attention path: no one answer to match.
@@ -799,10 +803,7 @@ absl::Status ParseSmolLM3(const Fields& f, ModelSpec* s) {
     return f.Error("sliding_window", "is missing or null but layer_types has \"sliding_attention\" layers");
   }
   ASSIGN_OR_RETURN(s->sliding_window, f.Int("sliding_window", 1, kMaxPositions));
-  if (s->sliding_window >= s->max_position_embeddings) {  // a window never reached
-    s->sliding_window = 0;
-    s->sliding_layers.clear();
-  }
+  DropUnreachedWindow(s);
   return absl::OkStatus();
 }
 
@@ -1250,13 +1251,13 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       s.fused_qkv = true;
       s.fused_gate_up = true;
       ASSIGN_OR_RETURN(s.sliding_window, f.IntOr("sliding_window", 0, 0, kMaxPositions));
-      if (s.sliding_window >= s.max_position_embeddings) s.sliding_window = 0;  // never reached
+      DropUnreachedWindow(&s);
       break;
     }
     case Architecture::kMistral:
     case Architecture::kMixtral: {
       ASSIGN_OR_RETURN(s.sliding_window, f.IntOr("sliding_window", 0, 0, kMaxPositions));
-      if (s.sliding_window >= s.max_position_embeddings) s.sliding_window = 0;  // never reached
+      DropUnreachedWindow(&s);
       break;
     }
     case Architecture::kDeepseekV2:

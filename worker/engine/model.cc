@@ -37,11 +37,9 @@ struct Model::Workspace {
   // whose routing weight scaled their input), and the query scale of each token on NoPE layers.
   DeviceBuffer ones, query_temp;
   float position_scale = 1.0f;
-  // ModelSpec::sliding_rope (Gemma-3): the sliding layers' RoPE table and position scale.
-  DeviceBuffer inv_freq_sliding;
-  float position_scale_sliding = 1.0f;
-  // ModelSpec::layer_rope_theta (GraniteSWA): per model layer, its own table and position scale
-  // when its theta is not its RoPE's (an empty buffer otherwise).
+  // Per model layer, its own RoPE table and position scale when it rotates with another RoPE than
+  // the model's (ModelSpec::sliding_rope, Gemma-3; ModelSpec::layer_rope_theta, GraniteSWA); an
+  // empty buffer otherwise.
   std::vector<DeviceBuffer> inv_freq_layer;
   std::vector<float> position_scale_layer;
   // Host staging.
@@ -496,18 +494,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, cons
     RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq_long, inv_long.size() * f));
     RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq_long.as<void>(), inv_long.data(), inv_long.size() * f));
   }
-  if (spec.sliding_rope.has_value()) {
-    ModelSpec sliding = spec;  // InvFreq reads spec.rope
-    sliding.rope = *spec.sliding_rope;
-    const std::vector<float> local = InvFreq(sliding, &w.position_scale_sliding);
-    RETURN_IF_ERROR(Alloc(*backend, &w.inv_freq_sliding, local.size() * f));
-    RETURN_IF_ERROR(backend->CopyToDevice(w.inv_freq_sliding.as<void>(), local.data(), local.size() * f));
-  }
-  if (!spec.layer_rope_theta.empty()) {
+  // Layers that rotate with another RoPE than the model's: Gemma-3's sliding layers
+  // (ModelSpec::sliding_rope), GraniteSWA's layers with their own theta (layer_rope_theta).
+  if (spec.sliding_rope.has_value() || !spec.layer_rope_theta.empty()) {
     w.inv_freq_layer.resize(static_cast<size_t>(spec.num_layers));
     w.position_scale_layer.assign(static_cast<size_t>(spec.num_layers), 1.0f);
     for (int64_t l = options.layer_begin; l < options.layer_end; ++l) {
-      if (!spec.LayerUsesRope(l) || spec.LayerRopeTheta(l) == spec.LayerRope(l).theta) continue;
+      if (!spec.LayerUsesRope(l) || (!spec.UsesSlidingRope(l) && spec.LayerRopeTheta(l) == spec.rope.theta)) continue;
       ModelSpec own = spec;  // InvFreq reads spec.rope
       own.rope = spec.LayerRope(l);
       own.rope.theta = spec.LayerRopeTheta(l);
@@ -1090,11 +1083,9 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
 kernels::RopeParams Model::RopeFor(int64_t layer, int64_t tokens) const {
   const Workspace& w = *ws_;
   const bool longrope = spec_.rope.type == RopeType::kLongrope;
-  // Gemma-3: the sliding layers have their own table (ModelSpec::sliding_rope); GraniteSWA: the
-  // layers with their own theta (ModelSpec::layer_rope_theta).
-  const bool sliding = spec_.UsesSlidingRope(layer);
-  const DeviceBuffer* table = sliding ? &w.inv_freq_sliding : &w.inv_freq;
-  float position_scale = sliding ? w.position_scale_sliding : w.position_scale;
+  // A layer with its own RoPE has its own table (Workspace::inv_freq_layer).
+  const DeviceBuffer* table = &w.inv_freq;
+  float position_scale = w.position_scale;
   if (const size_t l = static_cast<size_t>(layer); l < w.inv_freq_layer.size() && !w.inv_freq_layer[l].empty()) {
     table = &w.inv_freq_layer[l];
     position_scale = w.position_scale_layer[l];

@@ -520,6 +520,13 @@ std::string FfnPrefix(const ModelSpec& spec, const std::string& root, int64_t la
   return absl::StrCat(root, "layers.", layer, ".", block);
 }
 
+// The router's weight under the MoE block: Llama-4 and GraniteMoeSWA name it `router`, the other
+// GraniteMoe ones `router.layer`, the others `gate`.
+const char* RouterName(const ModelSpec& spec) {
+  if (spec.arch == Architecture::kLlama4 || spec.arch == Architecture::kGraniteMoeSWA) return "router.weight";
+  return spec.IsGraniteMoe() ? "router.layer.weight" : "gate.weight";
+}
+
 std::string ExpertPrefix(const ModelSpec& spec, const std::string& root, int64_t layer, int64_t expert) {
   return absl::StrCat(FfnPrefix(spec, root, layer), "experts.", expert, ".");
 }
@@ -710,13 +717,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     } else {
       const std::string moe = FfnPrefix(spec, names.root, i);
       const int64_t e_count = spec.moe.num_experts;
-      // Llama-4 and GraniteMoeSWA name their router `router`, the other GraniteMoe ones
-      // `router.layer`, the others `gate`.
-      const char* router = spec.arch == Architecture::kLlama4 || spec.arch == Architecture::kGraniteMoeSWA
-                               ? "router.weight"
-                           : spec.IsGraniteMoe() ? "router.layer.weight"
-                                                 : "gate.weight";
-      ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + router, {e_count, h}));
+      ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + RouterName(spec), {e_count, h}));
       lw.router.in = h;
       lw.router.out = e_count;
       if (spec.moe.scoring == MoeScoring::kSigmoidGrouped) {
