@@ -103,6 +103,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "GraniteSWAForCausalLM") return Architecture::kGraniteSWA;
   if (name == "GraniteMoeSWAForCausalLM") return Architecture::kGraniteMoeSWA;
   if (name == "SmolLM3ForCausalLM") return Architecture::kSmolLM3;
+  if (name == "GptOssForCausalLM") return Architecture::kGptOss;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
@@ -110,7 +111,8 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
       "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
       "Gemma3ForConditionalGeneration's text part, "
       "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM, "
-      "GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM)"));
+      "GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM, "
+      "GptOssForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -738,6 +740,25 @@ void DropUnreachedWindow(ModelSpec* s) {
   s->sliding_layers.clear();
 }
 
+// The sliding layers of GraniteSWA and GPT-OSS: the "sliding_attention" layers of layer_types, or
+// when it is missing every layer l but those with l % period == full_at; they attend within
+// sliding_window (default 128; null with sliding layers is refused, as transformers has no window
+// to give them).
+absl::Status ParseSlidingLayers(const Fields& f, int64_t period, int64_t full_at, ModelSpec* s) {
+  if (f.Has("layer_types")) {
+    ASSIGN_OR_RETURN(s->sliding_layers, LayerTypes(f, s->num_layers, "sliding_attention"));
+  } else {
+    for (int64_t l = 0; l < s->num_layers; ++l) s->sliding_layers.push_back(l % period != full_at);
+  }
+  if (!KeepSlidingLayers(s)) return absl::OkStatus();
+  if (f.obj().contains("sliding_window") && !f.Has("sliding_window")) {
+    return f.Error("sliding_window", "is null but layer_types has \"sliding_attention\" layers");
+  }
+  ASSIGN_OR_RETURN(s->sliding_window, f.IntOr("sliding_window", 128, 1, kMaxPositions));
+  DropUnreachedWindow(s);
+  return absl::OkStatus();
+}
+
 // GraniteSWA and GraniteMoeSWA (after ParseGranite): attention sinks on every layer; the
 // "sliding_attention" layers of layer_types (by default all but every fourth, from layer 0 on)
 // attend within sliding_window (default 128; null with sliding layers is refused, as transformers
@@ -745,11 +766,6 @@ void DropUnreachedWindow(ModelSpec* s) {
 // a NoPE layer.
 absl::Status ParseGraniteSWA(const Fields& f, ModelSpec* s) {
   s->attention_sinks = true;
-  if (f.Has("layer_types")) {
-    ASSIGN_OR_RETURN(s->sliding_layers, LayerTypes(f, s->num_layers, "sliding_attention"));
-  } else {
-    for (int64_t l = 0; l < s->num_layers; ++l) s->sliding_layers.push_back(l % 4 != 0);
-  }
   if (f.Has("layer_rope_theta")) {
     const json& v = f.obj().at("layer_rope_theta");
     if (!v.is_array() || static_cast<int64_t>(v.size()) != s->num_layers) {
@@ -766,13 +782,41 @@ absl::Status ParseGraniteSWA(const Fields& f, ModelSpec* s) {
       s->rope_layers.push_back(theta > 0.0);
     }
   }
-  if (!KeepSlidingLayers(s)) return absl::OkStatus();
-  if (f.obj().contains("sliding_window") && !f.Has("sliding_window")) {
-    return f.Error("sliding_window", "is null but layer_types has \"sliding_attention\" layers");
+  return ParseSlidingLayers(f, 4, 0, s);  // every fourth layer full, from layer 0
+}
+
+// GPT-OSS (transformers' GptOssConfig, whose defaults apply to missing fields): q/k/v and o
+// biases (attention_bias, default true) and sinks on every layer; the "sliding_attention" layers of
+// layer_types (by default the even ones, from layer 0) attend within sliding_window (default 128, null refused
+// as for GraniteSWA); every layer's MLP is a MoE block (MoeSpec::interleaved_experts) of
+// num_local_experts (default 128) experts, num_experts_per_tok (default 4) per token, chosen by the
+// router's biased logits and weighted by the softmax of the chosen logits (Mixtral's renormalised
+// softmax); the experts' activation is the clamped SwiGLU.
+absl::Status ParseGptOss(const Fields& f, ModelSpec* s) {
+  ASSIGN_OR_RETURN(s->qkv_bias, f.BoolOr("attention_bias", true));
+  s->o_bias = s->qkv_bias;
+  s->attention_sinks = true;
+  ASSIGN_OR_RETURN(double alpha, f.NumberOr("swiglu_alpha", 1.702, -1e6, 1e6));
+  ASSIGN_OR_RETURN(double limit, f.NumberOr("swiglu_limit", 7.0, -1e6, 1e6));
+  if (alpha != 1.702 || limit != 7.0) {
+    return absl::UnimplementedError(absl::StrCat(f.label(), ": swiglu_alpha ", alpha, " and swiglu_limit ", limit,
+                                                 "; only 1.702 and 7 (every released GPT-OSS) are supported"));
   }
-  ASSIGN_OR_RETURN(s->sliding_window, f.IntOr("sliding_window", 128, 1, kMaxPositions));
-  DropUnreachedWindow(s);
-  return absl::OkStatus();
+  s->activation = Activation::kClampedSwiglu;
+  MoeSpec& moe = s->moe;
+  ASSIGN_OR_RETURN(moe.num_experts, f.IntOr("num_local_experts", 128, 1, 4096));
+  ASSIGN_OR_RETURN(moe.top_k, f.IntOr("num_experts_per_tok", 4, 1, moe.num_experts));
+  if (moe.top_k > moe.num_experts) {
+    return f.Error("num_experts_per_tok",
+                   absl::StrCat("is missing, and its default (4) exceeds num_local_experts (", moe.num_experts, ")"));
+  }
+  moe.norm_topk_prob = true;
+  moe.expert_intermediate_size = s->intermediate_size;
+  moe.sparse_layers.assign(static_cast<size_t>(s->num_layers), true);
+  moe.interleaved_experts = true;
+  moe.router_bias = true;
+  moe.expert_bias = true;
+  return ParseSlidingLayers(f, 2, 1, s);  // the odd layers full
 }
 
 // SmolLM3 (transformers' SmolLM3Config): Llama's layer whose NoPE layers skip RoPE; the
@@ -914,7 +958,20 @@ absl::StatusOr<json> Llama4TextConfig(const json& doc, absl::string_view label) 
   return text;
 }
 
-// quantization_config: only fp8 (see Fp8Quantization). Unknown keys are ignored, as transformers
+// Appends the list of module names `key` of a quantization_config, when present.
+absl::Status ModuleNames(const Fields& f, const char* key, std::vector<std::string>* names) {
+  if (!f.Has(key)) return absl::OkStatus();
+  const json& list = f.obj().at(key);
+  if (!list.is_array()) return f.Error(key, "is not a list of module names");
+  for (const auto& m : list) {
+    if (!m.is_string()) return f.Error(key, "is not a list of module names");
+    names->push_back(m.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+// quantization_config: fp8 (see Fp8Quantization), or mxfp4 on GPT-OSS (Mxfp4Quantization).
+// Unknown keys are ignored, as transformers
 // does; every key we read is type-checked.
 absl::Status ParseQuantization(const json& doc, absl::string_view label, ModelSpec* spec) {
   Fields top(doc, label);
@@ -926,10 +983,16 @@ absl::Status ParseQuantization(const json& doc, absl::string_view label, ModelSp
   if (!f.Has("quant_method")) return f.Error("quant_method", "is missing");
   if (!q.at("quant_method").is_string()) return f.Error("quant_method", "is not a string");
   const std::string method = q.at("quant_method").get<std::string>();
+  if (method == "mxfp4" && spec->arch == Architecture::kGptOss) {
+    Mxfp4Quantization mxfp4;
+    RETURN_IF_ERROR(ModuleNames(f, "modules_to_not_convert", &mxfp4.modules_not_converted));
+    spec->mxfp4 = std::move(mxfp4);
+    return absl::OkStatus();
+  }
   if (method != "fp8") {
     return f.Error("quant_method", absl::StrCat("is \"", method,
                                                 "\"; only \"fp8\" (e4m3 weights with block or per-tensor "
-                                                "scales) is supported"));
+                                                "scales) is supported, and \"mxfp4\" on GptOssForCausalLM"));
   }
   Fp8Quantization fp8;
   if (f.Has("fmt")) {
@@ -953,13 +1016,7 @@ absl::Status ParseQuantization(const json& doc, absl::string_view label, ModelSp
     fp8.static_activations = a.get<std::string>() == "static";
   }
   for (const char* key : {"modules_to_not_convert", "ignored_layers"}) {
-    if (!f.Has(key)) continue;
-    const json& list = q.at(key);
-    if (!list.is_array()) return f.Error(key, "is not a list of module names");
-    for (const auto& m : list) {
-      if (!m.is_string()) return f.Error(key, "is not a list of module names");
-      fp8.modules_not_converted.push_back(m.get<std::string>());
-    }
+    RETURN_IF_ERROR(ModuleNames(f, key, &fp8.modules_not_converted));
   }
   spec->fp8 = std::move(fp8);
   return absl::OkStatus();
@@ -996,6 +1053,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kGraniteMoeShared: return "GraniteMoeSharedForCausalLM";
     case Architecture::kGraniteSWA: return "GraniteSWAForCausalLM";
     case Architecture::kGraniteMoeSWA: return "GraniteMoeSWAForCausalLM";
+    case Architecture::kGptOss: return "GptOssForCausalLM";
   }
   return "?";
 }
@@ -1076,8 +1134,12 @@ int64_t ModelSpec::NumParameters() const {
     total = total + attn;
     if (IsSparseLayer(l)) {
       total = total + SatInt{moe.num_experts} * (h + three * h * SatInt{moe.expert_intermediate_size});
-      // DeepSeek-V3's e_score_correction_bias: one value per expert.
-      if (moe.scoring == MoeScoring::kSigmoidGrouped) total = total + SatInt{moe.num_experts};
+      // DeepSeek-V3's e_score_correction_bias, GPT-OSS's router bias: one value per expert.
+      if (moe.scoring == MoeScoring::kSigmoidGrouped || moe.router_bias) total = total + SatInt{moe.num_experts};
+      // GPT-OSS's expert biases: gate, up and down.
+      if (moe.expert_bias) {
+        total = total + SatInt{moe.num_experts} * (two * SatInt{moe.expert_intermediate_size} + h);
+      }
       if (moe.shared_expert_intermediate_size > 0) {
         total = total + three * h * SatInt{moe.shared_expert_intermediate_size} +
                 (moe.shared_expert_gate ? h : SatInt{0});
@@ -1137,6 +1199,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     s.head_dim = 256;  // Gemma2Config's default, not hidden / heads
   } else if (s.arch == Architecture::kLlama4) {
     s.head_dim = 128;  // Llama4TextConfig's default, not hidden / heads
+  } else if (s.arch == Architecture::kGptOss) {
+    s.head_dim = 64;  // GptOssConfig's default, not hidden / heads
   } else if (s.arch == Architecture::kQwen3) {
     // transformers' Qwen3 defaults a missing head_dim to 128, not hidden / heads: no guessing.
     return f.Error("head_dim", "is missing (Qwen3 configs state it)");
@@ -1169,9 +1233,16 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       return absl::UnimplementedError(absl::StrCat(label, ": partial_rotary_factor != 1 is not supported for Gemma-3"));
     }
   } else {
-    // SmolLM3Config's default_theta is 2e6.
-    RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope,
-                              s.arch == Architecture::kSmolLM3 ? 2e6 : 10000.0));
+    if (s.arch == Architecture::kGptOss && !f.Has("rope_parameters") && !f.Has("rope_scaling")) {
+      // GptOssConfig's default RoPE.
+      doc["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                                {"truncate", false}, {"original_max_position_embeddings", 4096}};
+    }
+    // SmolLM3Config's default_theta is 2e6, GptOssConfig's 150000.
+    double default_theta = 10000.0;
+    if (s.arch == Architecture::kSmolLM3) default_theta = 2e6;
+    if (s.arch == Architecture::kGptOss) default_theta = 150000.0;
+    RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope, default_theta));
   }
   if (s.arch != Architecture::kPhi3) {
     if (s.rope.partial_rotary_factor != 1.0) {
@@ -1276,14 +1347,18 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     case Architecture::kSmolLM3:
       RETURN_IF_ERROR(ParseSmolLM3(f, &s));
       break;
+    case Architecture::kGptOss:
+      RETURN_IF_ERROR(ParseGptOss(f, &s));
+      break;
     case Architecture::kGemma2:
     case Architecture::kGemma3:
       break;  // after the dtype (the embedding multiplier is rounded to it)
   }
-  if (s.rope.type == RopeType::kYarn && s.arch != Architecture::kDeepseekV3 && s.arch != Architecture::kDeepseekV2) {
+  if (s.rope.type == RopeType::kYarn && s.arch != Architecture::kDeepseekV3 && s.arch != Architecture::kDeepseekV2 &&
+      s.arch != Architecture::kGptOss) {
     return absl::UnimplementedError(absl::StrCat(
-        label, ": rope type \"yarn\" is supported for DeepseekV2ForCausalLM and DeepseekV3ForCausalLM only (on ", ArchitectureName(s.arch),
-        " its attention factor would scale every head dim: not checked against transformers yet)"));
+        label, ": rope type \"yarn\" is supported for DeepseekV2ForCausalLM, DeepseekV3ForCausalLM and GptOssForCausalLM "
+        "only (not checked against transformers on ", ArchitectureName(s.arch), " yet)"));
   }
   if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe || s.arch == Architecture::kQwen3Moe ||
       s.IsGraniteMoe()) {

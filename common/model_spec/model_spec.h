@@ -5,7 +5,8 @@
 // Phi3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM
 // (and the text part of Gemma3ForConditionalGeneration), Llama4ForCausalLM (and the text model of
 // Llama4ForConditionalGeneration), GraniteForCausalLM, GraniteMoeForCausalLM,
-// GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM.
+// GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM,
+// GptOssForCausalLM (bf16/f32 experts, or MXFP4 ones dequantized at load).
 // Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, a DeepSeek routing
@@ -35,12 +36,16 @@ enum class Architecture : uint8_t {
   kGraniteMoeShared,
   kGraniteSWA,
   kGraniteMoeSWA,
+  kGptOss,
 };
 
 // The activation of the gated MLP: act(gate) * up.
 enum class Activation : uint8_t {
   kSilu,      // silu / swish
   kGeluTanh,  // gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  // GPT-OSS: min(gate, 7) sigmoid(1.702 min(gate, 7)) (clamp(up, -7, 7) + 1), swiglu_alpha 1.702 and
+  // swiglu_limit 7 (the only values supported; every released GPT-OSS uses them).
+  kClampedSwiglu,
 };
 
 absl::string_view ArchitectureName(Architecture arch);
@@ -49,7 +54,9 @@ enum class RopeType : uint8_t {
   kDefault,  // inv_freq_i = theta^(-2i/d)
   kLinear,   // positions divided by `factor`
   kLlama3,   // Llama 3.1 frequency-dependent scaling
-  kYarn,     // YaRN (DeepSeek-V2, V3): per-frequency blend of interpolation and extrapolation
+  // YaRN (DeepSeek-V2, V3, GPT-OSS): per-frequency blend of interpolation and extrapolation; cos
+  // and sin times attention_factor.
+  kYarn,
   // LongRoPE (Phi-3.5, Phi-4-mini; "su" in older configs): inv_freq_i = 1 / (f_i theta^(2i/d)) with
   // f = short_factor while a sequence is at most original_max_position_embeddings long, else
   // long_factor; cos and sin times attention_factor.
@@ -156,6 +163,27 @@ struct MoeSpec {
   // by transformers 5) name them `block_sparse_moe.experts.gate_up_proj`, `experts.down_proj` and
   // `router`, with the same shapes.
   bool stacked_experts = false;
+  // GPT-OSS's layout: per layer `mlp.experts.gate_up_proj` [experts, hidden, 2 x
+  // expert_intermediate_size] with gate and up in alternating columns (gate j at 2j, up j at 2j + 1),
+  // `experts.down_proj` [experts, expert_intermediate_size, hidden] (both transposed against
+  // nn.Linear), and their biases `experts.gate_up_proj_bias` [experts, 2 x width] (alternating too)
+  // and `experts.down_proj_bias` [experts, hidden]; the router `mlp.router` has a bias. In an MXFP4
+  // checkpoint (ModelSpec::mxfp4) the two matrices are `<name>_blocks` and `<name>_scales`, each
+  // expert [out, in] as nn.Linear holds it (common/fp8/mxfp4_weights.h). The routing weight of an
+  // expert multiplies its output, its down bias included.
+  bool interleaved_experts = false;
+  bool router_bias = false;
+  bool expert_bias = false;
+};
+
+// An MXFP4 checkpoint (config.json's `quantization_config` with `quant_method: "mxfp4"`, as GPT-OSS
+// is released): the MoE experts' matrices are stored as e2m1 codes with one e8m0 scale per 32
+// inputs (MoeSpec::interleaved_experts), everything else in the config's dtype. The loader
+// dequantizes the experts (exactly: every MXFP4 value is a bf16 value) and keeps them as it keeps
+// bf16 matrices (bf16 where the backend takes it, int8 with --quantize=int8).
+struct Mxfp4Quantization {
+  // `modules_to_not_convert`, as given; informational.
+  std::vector<std::string> modules_not_converted;
 };
 
 // An FP8 checkpoint: config.json's `quantization_config` with `quant_method: "fp8"`, as written by
@@ -256,6 +284,8 @@ struct ModelSpec {
   std::optional<DType> dtype;
   // Set for FP8 checkpoints (quantization_config with quant_method "fp8").
   std::optional<Fp8Quantization> fp8;
+  // Set for MXFP4 checkpoints (quant_method "mxfp4"; GPT-OSS only).
+  std::optional<Mxfp4Quantization> mxfp4;
   MoeSpec moe;
   // DeepSeek-V2 / V3 (kv_lora_rank > 0): multi-head latent attention. head_dim is then
   // qk_rope_head_dim (the RoPE width, as transformers sets it), num_kv_heads == num_heads.
@@ -269,7 +299,7 @@ struct ModelSpec {
   // GraniteSWA's `layer_rope_theta`: per layer, the theta of its RoPE (`rope` otherwise: its type
   // and scaling); 0 on NoPE layers. Empty: rope.theta (or sliding_rope's) everywhere.
   std::vector<double> layer_rope_theta;
-  // GraniteSWA (GPT-OSS's s_aux): every layer holds `self_attn.sinks` [num_attention_heads], one
+  // GraniteSWA and GPT-OSS (its s_aux): every layer holds `self_attn.sinks` [num_attention_heads], one
   // learned logit per head that joins the softmax's denominator with no value, so that a head can
   // attend to nothing: its output is scaled by sigmoid(logsumexp(scores) - sink).
   bool attention_sinks = false;
@@ -362,8 +392,11 @@ struct ModelSpec {
 // attention_bias, a quantization_config, layer_types other than "chunked_attention"/"full_attention",
 // chunked layers without an attention_chunk_size, a top-level
 // tie_word_embeddings true on Llama4ForConditionalGeneration, a rope type other than default,
-// linear and llama3). A `quantization_config` is InvalidArgument, naming
-// the field, unless it is fp8 as described at Fp8Quantization: another quant_method (gptq, awq,
+// linear and llama3; GPT-OSS with swiglu_alpha other than 1.702, swiglu_limit other than 7,
+// layer_types other than "sliding_attention"/"full_attention", a null sliding_window with sliding
+// layers). A `quantization_config` is InvalidArgument, naming
+// the field, unless it is fp8 as described at Fp8Quantization, or mxfp4 on GPT-OSS
+// (Mxfp4Quantization): another quant_method (gptq, awq,
 // bitsandbytes, compressed-tensors, fbgemm_fp8, ...), an `fmt` other than "e4m3" (e.g. "e5m2"), an
 // activation_scheme other than "dynamic"/"static", a weight_block_size that is not two positive
 // integers, or a modules_to_not_convert / ignored_layers that is not a list of strings. Pure.

@@ -172,7 +172,8 @@ LayerRankBytes LayerBytes(const ModelSpec& spec, int64_t layer, int tp, int rank
   }
   const MoeSpec& moe = spec.moe;
   b.f32 += moe.num_experts * h * kF32;  // router
-  if (moe.scoring == MoeScoring::kSigmoidGrouped) b.f32 += moe.num_experts * kF32;  // score-correction bias
+  // DeepSeek-V3's score-correction bias, GPT-OSS's router bias.
+  if (moe.scoring == MoeScoring::kSigmoidGrouped || moe.router_bias) b.f32 += moe.num_experts * kF32;
   const int64_t shared = moe.shared_expert_intermediate_size / tp;
   if (shared > 0) {
     b.matrices += MlpBytes(formats, h, shared, rank * shared);
@@ -180,11 +181,17 @@ LayerRankBytes LayerBytes(const ModelSpec& spec, int64_t layer, int tp, int rank
   }
   const int64_t width = expert_parallel ? moe.expert_intermediate_size : moe.expert_intermediate_size / tp;
   b.expert = MlpBytes(formats, h, width, expert_parallel ? 0 : rank * width);
+  // GPT-OSS's expert biases: gate and up of the local width; down on a whole expert's rank, or
+  // rank 0 of an expert split over the ranks.
+  if (moe.expert_bias) b.expert += (2 * width + (expert_parallel || rank == 0 ? h : 0)) * kF32;
   return b;
 }
 
 int64_t WholeExpertBytes(const ModelSpec& spec, const WeightFormats& formats) {
-  return spec.IsMoe() ? MlpBytes(formats, spec.hidden_size, spec.moe.expert_intermediate_size) : 0;
+  if (!spec.IsMoe()) return 0;
+  const int64_t width = spec.moe.expert_intermediate_size;
+  const int64_t biases = spec.moe.expert_bias ? (2 * width + spec.hidden_size) * kF32 : 0;
+  return MlpBytes(formats, spec.hidden_size, width) + biases;
 }
 
 EndBytes StageEndBytes(const ModelSpec& spec, bool has_embedding, bool has_lm_head, int tp,

@@ -21,6 +21,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kBF16: return 2;
     case DType::kF8E4M3: return 1;
     case DType::kQ8: return 1;
+    case DType::kU8: return 1;
   }
   return 0;
 }
@@ -32,6 +33,7 @@ absl::string_view DTypeName(DType dtype) {
     case DType::kBF16: return "BF16";
     case DType::kF8E4M3: return "F8_E4M3";
     case DType::kQ8: return "Q8";
+    case DType::kU8: return "U8";
   }
   return "?";
 }
@@ -41,8 +43,9 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
   if (name == "F8_E4M3") return DType::kF8E4M3;
+  if (name == "U8") return DType::kU8;
   return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, F16, BF16, F8_E4M3)"));
+      absl::StrCat("unsupported dtype \"", name, "\" (supported: F32, F16, BF16, F8_E4M3, U8)"));
 }
 
 absl::string_view QuantizationName(Quantization q) {
@@ -240,6 +243,9 @@ void ConvertToFloat(DType dtype, const void* src, size_t count, float* dst) {
       return;
     case DType::kQ8:
       return;  // a packed layout, not elements (see the header)
+    case DType::kU8:
+      for (size_t i = 0; i < count; ++i) dst[i] = static_cast<float>(bytes[i]);
+      return;
   }
 }
 

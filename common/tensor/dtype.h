@@ -22,13 +22,16 @@ enum class DType : uint8_t {
   // layout (worker/kernels/shared/q8_pack.h), made at load by --quantize=int8. DTypeSize is the
   // int8 payload (1); the per-block scales are extra (Q8PackedBytes).
   kQ8 = 5,
+  // Raw bytes (safetensors "U8"): an MXFP4 checkpoint's packed e2m1 pairs and e8m0 block scales
+  // (see common/model_spec's Mxfp4Quantization). Read as float, each byte becomes its value 0-255.
+  kU8 = 6,
 };
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
 // "F32", "F16", "BF16", "F8_E4M3": the spelling safetensors uses ("Q8" for kQ8).
 absl::string_view DTypeName(DType dtype);
-// Parses a safetensors dtype string: F32, F16, BF16, F8_E4M3. Any other dtype (I8, F64, F8_E5M2,
+// Parses a safetensors dtype string: F32, F16, BF16, F8_E4M3, U8. Any other dtype (I8, F64, F8_E5M2,
 // ...) is InvalidArgument naming it.
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 

@@ -70,6 +70,8 @@ from transformers import (
     GraniteMoeSWAForCausalLM,
     GraniteSWAConfig,
     GraniteSWAForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     Llama4Config,
     Llama4ForCausalLM,
     Llama4ForConditionalGeneration,
@@ -806,6 +808,35 @@ SPECS = [
         config_cls=GraniteMoeSWAConfig,
         config=dict(GRANITE_MOE, shared_intermediate_size=32, num_hidden_layers=3, sliding_window=4),
     ),
+    # GPT-OSS: q/k/v/o biases, sinks, sliding layers (the even ones by default), YaRN (GptOssConfig's
+    # default rope_parameters: factor 32 over 4096 positions, which at head_dim 16 blends frequencies
+    # 3 and 4 and interpolates 5 to 7, and scales cos and sin by 1.35), a biased router and biased
+    # experts with the clamped SwiGLU. The experts' gate/up weights are drawn large enough (std 0.6)
+    # that the clamps at +-7 bite. gpt_oss is saved as transformers saves it (experts.gate_up_proj
+    # [experts, hidden, 2 x width], gate and up in alternating columns); gpt_oss_mxfp4 as GPT-OSS is
+    # released: bf16, its experts' matrices MXFP4 (`_blocks` and `_scales`; see write_mxfp4), which
+    # transformers dequantizes when it loads them for the reference.
+    dict(
+        name="gpt_oss",
+        model_cls=GptOssForCausalLM,
+        config_cls=GptOssConfig,
+        config=dict(intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                    tie_word_embeddings=False),
+        std_overrides={"experts.gate_up_proj": 0.6},
+    ),
+    dict(
+        name="gpt_oss_mxfp4",
+        model_cls=GptOssForCausalLM,
+        config_cls=GptOssConfig,
+        config=dict(intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    tie_word_embeddings=False),
+        std_overrides={"experts.gate_up_proj": 0.6},
+        save_dtype=torch.bfloat16,
+        mxfp4=True,
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -818,7 +849,7 @@ STD_SHARED_GATE = 0.5
 STD_SINK = 1.0
 
 
-def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0, norm_center=1.0):
+def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0, norm_center=1.0, std_overrides=None):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         # DeepSeek-V3's e_score_correction_bias is a buffer (not a parameter): give it values so
@@ -829,15 +860,18 @@ def reinit_(model, seed, std_embed=STD_EMBED, score_bias_std=0.0, norm_center=1.
                     b.copy_(score_bias_std * torch.randn(b.shape, generator=gen, dtype=torch.float32))
         for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name.endswith("norm.weight"):
+            override = [std for suffix, std in (std_overrides or {}).items() if name.endswith(suffix)]
+            if override:
+                value = override[0] * noise
+            elif name.endswith("norm.weight"):
                 value = norm_center + STD_NORM_NOISE * noise
             elif name.endswith(".bias"):
                 value = STD_BIAS * noise
             elif "embed_tokens" in name:
                 value = std_embed * noise
             elif (name.endswith("mlp.gate.weight") or name.endswith("feed_forward.router.weight")
-                  or name.endswith("block_sparse_moe.router.weight")):
-                # MoE router (Mixtral, Qwen2-MoE, Qwen3-MoE; Llama-4; GraniteMoe)
+                  or name.endswith("block_sparse_moe.router.weight") or name.endswith("mlp.router.weight")):
+                # MoE router (Mixtral, Qwen2-MoE, Qwen3-MoE; Llama-4; GraniteMoe; GPT-OSS)
                 value = STD_ROUTER * noise
             elif name.endswith("shared_expert_gate.weight"):
                 value = STD_SHARED_GATE * noise
@@ -1030,7 +1064,9 @@ def build_and_save(spec, seed, out_dir):
         config = spec["config_cls"](**COMMON, **spec["config"])
     model = spec["model_cls"](config)
     reinit_(model, seed, spec.get("std_embed", STD_EMBED), spec.get("score_bias_std", 0.0),
-            spec.get("norm_center", 1.0))
+            spec.get("norm_center", 1.0), spec.get("std_overrides"))
+    if spec.get("mxfp4"):
+        mxfp4_round_experts_(model)
     save_dtype = spec.get("save_dtype", torch.float32)
     model = model.to(save_dtype)
     expected = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
@@ -1040,7 +1076,73 @@ def build_and_save(spec, seed, out_dir):
     if "max_shard_size" in spec:
         kwargs["max_shard_size"] = spec["max_shard_size"]
     model.save_pretrained(out_dir, safe_serialization=True, **kwargs)
+    if spec.get("mxfp4"):
+        write_mxfp4(out_dir)
     return expected
+
+
+# MXFP4 (GPT-OSS's release format): e2m1 codes (a sign bit over these magnitudes), two per byte
+# (the even element in the low nibble), and one e8m0 scale 2^(byte - 127) per 32 consecutive inputs.
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+MXFP4_EXPERT_TENSORS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def mxfp4_quantize(w):
+    """w [experts, out, in] (in % 32 == 0) -> (blocks u8 [experts, out, in/32, 16], scales u8
+    [experts, out, in/32], the dequantized values). Each block's scale is the smallest power of two
+    that brings its largest magnitude to 6 or below; each value rounds to the nearest magnitude."""
+    e, rows, cols = w.shape
+    g = w.reshape(e, rows, cols // 32, 32).astype(np.float64)
+    amax = np.abs(g).max(axis=-1)
+    exp = np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)).astype(np.int64)
+    exp = np.clip(exp, -127, 127)
+    x = g / np.exp2(exp)[..., None]
+    magnitude = np.abs(np.abs(x)[..., None] - E2M1).argmin(axis=-1)
+    codes = (magnitude + 8 * (x < 0)).astype(np.uint8)
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    values = np.where(codes >= 8, -1.0, 1.0) * E2M1[codes & 7] * np.exp2(exp)[..., None]
+    return blocks, (exp + 127).astype(np.uint8), values.reshape(e, rows, cols).astype(np.float32)
+
+
+@torch.no_grad()
+def mxfp4_round_experts_(model):
+    """Rounds every expert matrix to its MXFP4 value, so that the saved model is exactly what its
+    MXFP4 checkpoint holds."""
+    for name, p in model.named_parameters():
+        if name.endswith(MXFP4_EXPERT_TENSORS):
+            # Stored [experts, in, out]; quantized along `in` per output, as nn.Linear holds it.
+            w = p.detach().float().numpy().transpose(0, 2, 1)
+            p.copy_(torch.from_numpy(mxfp4_quantize(w)[2].transpose(0, 2, 1).copy()))
+
+
+def write_mxfp4(out_dir):
+    """Rewrites the checkpoint save_pretrained wrote in out_dir with its experts' matrices as MXFP4
+    `<name>_blocks` / `<name>_scales` and config.json's quantization_config as GPT-OSS's."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(MXFP4_EXPERT_TENSORS):
+            blocks, scales, values = mxfp4_quantize(t.float().numpy().transpose(0, 2, 1))
+            if not np.array_equal(values.transpose(0, 2, 1), t.float().numpy()):
+                raise RuntimeError(f"{name} is not exactly MXFP4")
+            out[name + "_blocks"] = torch.from_numpy(np.ascontiguousarray(blocks))
+            out[name + "_scales"] = torch.from_numpy(np.ascontiguousarray(scales))
+        else:
+            out[name] = t
+    save_file(out, path, metadata={"format": "pt"})
+    config_path = os.path.join(out_dir, "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["quantization_config"] = {
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                                   "lm_head"],
+        "quant_method": "mxfp4",
+    }
+    with open(config_path, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def load(spec, out_dir):

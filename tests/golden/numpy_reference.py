@@ -104,6 +104,15 @@ Semantics (transformers 5.23, eager attention):
   * SmolLM3: Llama's layer; no RoPE on the layers whose no_rope_layers entry is
     0 (default: every no_rope_layer_interval-th); sliding_window on the layers
     whose layer_types entry is "sliding_attention".
+  * GPT-OSS: Llama's layer with q/k/v/o biases and GraniteSWA's sinks; sliding_window
+    on the layers whose layer_types entry is "sliding_attention" (default: the even
+    ones); YaRN (yarn_inv_freq) with cos and sin times attention_factor on every head
+    dim. MoE block: router logits x . W^T + b, the top num_experts_per_tok, weights
+    the softmax of the chosen logits; expert e: gu = x . gate_up_proj[e] +
+    gate_up_proj_bias[e] (gate_up_proj [hidden, 2 x width], gate = gu[0::2], up =
+    gu[1::2]), g = min(gate, 7), u = clip(up, -7, 7), y = (g sigmoid(1.702 g) (u + 1))
+    . down_proj[e] + down_proj_bias[e], times its weight. MXFP4 checkpoints
+    (quant_method "mxfp4"): see dequantize_mxfp4.
   * tie_word_embeddings: logits = h . embed_tokens^T (no lm_head.weight stored).
   * FP8 checkpoints (quantization_config.quant_method "fp8"): a weight W stored
     F8_E4M3 (e4m3fn: bias 7, 3 mantissa bits, max 448, no infinities, codes
@@ -166,6 +175,8 @@ def read_safetensors(path, dtypes=None):
             arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
         elif dt == "F8_E4M3":
             arr = E4M3[np.frombuffer(raw, dtype=np.uint8)]
+        elif dt == "U8":
+            arr = np.frombuffer(raw, dtype=np.uint8)
         else:
             raise ValueError(f"unsupported dtype {dt}")
         out[name] = arr.reshape(info["shape"]).astype(np.float64)
@@ -205,6 +216,27 @@ def dequantize_fp8(cfg, w, dtypes):
         w[name] = x * scale
 
 
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def dequantize_mxfp4(cfg, w):
+    """Replaces each MXFP4 pair <name>_blocks [experts, out, in/32, 16] (two e2m1 codes a byte, the
+    even input in the low nibble) and <name>_scales [experts, out, in/32] (2^(byte - 127) for 32
+    inputs) of `w` by <name> as transformers holds it, [experts, in, out]."""
+    names = sorted(n[: -len("_blocks")] for n in w if n.endswith("_blocks"))
+    if not names:
+        return
+    if (cfg.get("quantization_config") or {}).get("quant_method") != "mxfp4":
+        raise ValueError("_blocks tensors but quantization_config is not mxfp4")
+    for name in names:
+        blocks = w.pop(name + "_blocks").astype(np.uint8)
+        scales = w.pop(name + "_scales").astype(np.int64)
+        codes = np.stack([blocks & 15, blocks >> 4], -1).reshape(*blocks.shape[:-1], 32)
+        values = E2M1[codes] * np.exp2(scales - 127)[..., None]
+        e, out = values.shape[:2]
+        w[name] = values.reshape(e, out, -1).transpose(0, 2, 1)
+
+
 def load_checkpoint(d):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
@@ -218,6 +250,7 @@ def load_checkpoint(d):
     else:
         w = read_safetensors(os.path.join(d, "model.safetensors"), dtypes)
     dequantize_fp8(cfg, w, dtypes)
+    dequantize_mxfp4(cfg, w)
     return cfg, w
 
 
@@ -308,6 +341,7 @@ class Model:
         self.granite = self.swa or self.arch in ("GraniteForCausalLM", "GraniteMoeForCausalLM",
                                                  "GraniteMoeSharedForCausalLM")
         self.smollm3 = self.arch == "SmolLM3ForCausalLM"
+        self.gpt_oss = self.arch == "GptOssForCausalLM"
         self.rope_layers = [1] * self.L  # Llama-4 and SmolLM3: 0 for a NoPE layer
         if self.llama4 or self.smollm3:
             interval = c.get("no_rope_layer_interval", 4)
@@ -342,6 +376,8 @@ class Model:
             inv = llama3_inv_freq(inv, rp)
         elif rp["rope_type"] == "yarn" and self.mla:
             inv, self.rope_scale = yarn_inv_freq(theta, self.hd, rp, c["max_position_embeddings"])
+        elif rp["rope_type"] == "yarn" and self.gpt_oss:
+            inv, self.cos_scale = yarn_inv_freq(theta, self.hd, rp, c["max_position_embeddings"])
         elif rp["rope_type"] != "default":
             raise ValueError(f"rope_type {rp['rope_type']} not implemented here")
         self.inv_freq = inv
@@ -362,8 +398,9 @@ class Model:
             self.windows = [sw] * self.L
         elif self.gemma or self.smollm3:  # layer_types given (make_golden's configs always have it)
             self.windows = [sw if t == "sliding_attention" else None for t in c["layer_types"]]
-        elif self.swa:
-            types = c.get("layer_types") or ["full_attention" if l % 4 == 0 else "sliding_attention"
+        elif self.swa or self.gpt_oss:
+            full = (lambda l: l % 2 == 1) if self.gpt_oss else (lambda l: l % 4 == 0)
+            types = c.get("layer_types") or ["full_attention" if full(l) else "sliding_attention"
                                              for l in range(self.L)]
             self.windows = [(128 if "sliding_window" not in c else sw) if t == "sliding_attention" else None
                             for t in types]
@@ -578,7 +615,7 @@ class Model:
             total = s.sum(-1, keepdims=True)
             s /= total
             out[:, h, :] = s @ v[:, kv, :]
-            if self.swa:  # the sink: sigmoid(logsumexp(scores) - sink), as transformers' eager path
+            if self.swa or self.gpt_oss:  # the sink: sigmoid(logsumexp(scores) - sink), as transformers' eager path
                 lse = (top + np.log(total))[:, 0]
                 out[:, h, :] *= (1.0 / (1.0 + np.exp(-(lse - self.w[p + ".sinks"][h]))))[:, None]
         return self.lin(out.reshape(T, -1), p + ".o_proj")
@@ -621,6 +658,8 @@ class Model:
             return self.llama4_ffn(x, l)
         if self.arch == "GraniteMoeForCausalLM":
             return self.granite_moe(x, p + ".block_sparse_moe")
+        if self.gpt_oss:
+            return self.gpt_oss_moe(x, p + ".mlp")
         if self.arch in ("GraniteMoeSharedForCausalLM", "GraniteMoeSWAForCausalLM"):
             y = self.granite_moe(x, p + ".block_sparse_moe")
             if self.cfg.get("shared_intermediate_size", 0) == 0:
@@ -655,6 +694,24 @@ class Model:
             wts = wts / wts.sum()
             for e, wt in zip(top, wts):
                 out[t] += wt * self.swiglu(x[t : t + 1], gu[e, :width], gu[e, width:], down[e])[0]
+        return out
+
+    def gpt_oss_moe(self, x, m):
+        gu, gub = self.w[m + ".experts.gate_up_proj"], self.w[m + ".experts.gate_up_proj_bias"]
+        down, db = self.w[m + ".experts.down_proj"], self.w[m + ".experts.down_proj_bias"]
+        logits = x @ self.w[m + ".router.weight"].T + self.w[m + ".router.bias"]  # never int8
+        k = self.cfg.get("num_experts_per_tok", 4)
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            top = np.argsort(-logits[t], kind="stable")[:k]
+            wts = np.exp(logits[t, top] - logits[t, top].max())
+            wts = wts / wts.sum()
+            for e, wt in zip(top, wts):
+                h = self.mm(x[t : t + 1], gu[e].T) + gub[e]
+                g = np.minimum(h[:, 0::2], 7.0)
+                u = np.clip(h[:, 1::2], -7.0, 7.0)
+                act = g / (1 + np.exp(-1.702 * g)) * (u + 1)
+                out[t] += wt * (self.mm(act, down[e].T) + db[e])[0]
         return out
 
     def llama4_ffn(self, x, l):

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/concurrency/mutex.h"
 #include "common/status/macros.h"
+#include "worker/engine/model.h"
 #include "worker/kernels/registry.h"
 
 namespace shardserve::engine {
@@ -101,7 +102,8 @@ absl::Status ExpertHost::Compute(int64_t layer, absl::Span<const ExpertRows> gro
     RETURN_IF_ERROR(linear(w.gate, d.x.as<float>(), d.gate.as<float>()));
     RETURN_IF_ERROR(linear(w.up, d.x.as<float>(), d.up.as<float>()));
     RETURN_IF_ERROR(
-        b.SiluMul({.gate = d.gate.as<float>(), .up = d.up.as<float>(), .out = d.gate.as<float>(), .n = n * ffn}));
+        b.SiluMul({.gate = d.gate.as<float>(), .up = d.up.as<float>(), .out = d.gate.as<float>(), .n = n * ffn,
+                   .act = GateActivationOf(spec_)}));
     RETURN_IF_ERROR(linear(w.down, d.gate.as<float>(), d.y.as<float>()));
     RETURN_IF_ERROR(b.CopyToHost(y.data() + row * h, d.y.as<float>(), bytes));
     row += n;

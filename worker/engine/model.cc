@@ -934,11 +934,16 @@ kernels::LinearGroupParams::Part GroupPart(const LinearWeight& lin, float* y) {
 }
 
 // The activation of the spec's gated MLPs, as SiluMul takes it.
-kernels::GateActivation GateActivationOf(const ModelSpec& spec) {
-  return spec.activation == Activation::kGeluTanh ? kernels::GateActivation::kGeluTanh : kernels::GateActivation::kSilu;
-}
-
 }  // namespace
+
+kernels::GateActivation GateActivationOf(const ModelSpec& spec) {
+  switch (spec.activation) {
+    case Activation::kSilu: return kernels::GateActivation::kSilu;
+    case Activation::kGeluTanh: return kernels::GateActivation::kGeluTanh;
+    case Activation::kClampedSwiglu: return kernels::GateActivation::kClampedSwiglu;
+  }
+  return kernels::GateActivation::kSilu;
+}
 
 absl::Status Model::Layer(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) {
   Workspace& w = *ws_;
@@ -1082,7 +1087,8 @@ absl::Status Model::GqaAttention(int64_t layer, const LayerWeights& lw, int64_t 
 
 kernels::RopeParams Model::RopeFor(int64_t layer, int64_t tokens) const {
   const Workspace& w = *ws_;
-  const bool longrope = spec_.rope.type == RopeType::kLongrope;
+  // LongRoPE's and YaRN's attention factor scales cos and sin.
+  const bool scaled = spec_.rope.type == RopeType::kLongrope || spec_.rope.type == RopeType::kYarn;
   // A layer with its own RoPE has its own table (Workspace::inv_freq_layer).
   const DeviceBuffer* table = &w.inv_freq;
   float position_scale = w.position_scale;
@@ -1095,7 +1101,7 @@ kernels::RopeParams Model::RopeFor(int64_t layer, int64_t tokens) const {
           .q_heads = layout_.q_heads, .kv_heads = layout_.kv_heads, .head_dim = spec_.head_dim,
           .position_scale = position_scale,
           .rotary_dim = spec_.RotaryDim(),
-          .scale = longrope ? static_cast<float>(spec_.rope.attention_factor) : 1.0f};
+          .scale = scaled ? static_cast<float>(spec_.rope.attention_factor) : 1.0f};
 }
 
 absl::Status Model::RopeQk(int64_t layer, int64_t tokens, const kernels::PagedSeqs& paged) {
@@ -1211,8 +1217,8 @@ absl::Status Model::Moe(const LayerWeights& lw, int64_t tokens, float* out) {
 
   // Route on the device: router logits [tokens, experts] -> each token's top-k experts and weights,
   // grouped by expert (rows of expert e are [offset[e], offset[e+1])); only the offsets come back.
-  RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.router.view(), .y = w.router.as<float>(), .tokens = tokens,
-                            .in = h, .out = e_count}));
+  RETURN_IF_ERROR(b.Linear({.x = normed, .w = lw.router.view(), .bias = lw.router.bias(), .y = w.router.as<float>(),
+                            .tokens = tokens, .in = h, .out = e_count}));
   const MoeSpec& ms = spec_.moe;
   std::vector<int32_t>& offset = w.h_moe_offsets;
   offset.resize(static_cast<size_t>(e_count + 1));

@@ -49,6 +49,9 @@ absl::StatusOr<DType> KvCacheDType(const ModelSpec& spec, const kernels::Backend
 WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend& backend, Quantization quantize,
                                   KvCacheFormat kv_cache = KvCacheFormat::kAuto);
 
+// The gated MLP activation of `spec`'s MLPs and experts, as the kernels name it.
+kernels::GateActivation GateActivationOf(const ModelSpec& spec);
+
 class Model final : public StepRunner {
  public:
   // Loads the rank's weights and allocates its KV cache and workspace on `backend`, which must

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fp8/fp8_weights.h"
+#include "common/fp8/mxfp4_weights.h"
 #include "common/status/macros.h"
 
 namespace shardserve::engine {
@@ -84,10 +85,12 @@ class Loader {
     return buf;
   }
   // The dtype matrix `name` is kept in on this backend for `op`: its stored bf16/f16 (bf16 for a
-  // dequantized F8_E4M3 matrix) where the backend takes it, else f32.
+  // dequantized F8_E4M3 or MXFP4 matrix) where the backend takes it, else f32.
   DType KeptDType(const std::string& name, kernels::Op op) {
     absl::StatusOr<const SafetensorsEntry*> e = ckpt_.Find(name);
-    return e.ok() ? KeptWeightDType(backend_, (*e)->dtype, op) : DType::kF32;
+    if (e.ok()) return KeptWeightDType(backend_, (*e)->dtype, op);
+    if (spec_.mxfp4.has_value() && ckpt_.Has(name + "_blocks")) return KeptWeightDType(backend_, DType::kBF16, op);
+    return DType::kF32;
   }
   // Uploads `t` as 16-bit patterns of `dtype` (exact for values read from a tensor of that dtype;
   // dequantized FP8 values are rounded to nearest even).
@@ -331,6 +334,63 @@ class Loader {
     ScaleHost(d, down_scale);
     return UploadExpert(g, u, d, in, out, hidden, local);
   }
+  // The same from GPT-OSS's layout (MoeSpec::interleaved_experts): gate rows 2 x [begin, end) and up
+  // rows 2 x [begin, end) + 1 of gate_up_proj[e] (transposed, or dequantized from MXFP4), with
+  // those entries of gate_up_proj_bias[e]; columns [begin, end) of down_proj[e], with
+  // down_proj_bias[e] when `down_bias_here`.
+  absl::StatusOr<MlpWeights> InterleavedExpert(const std::string& prefix, int64_t experts, int64_t e, int64_t hidden,
+                                               int64_t width, int64_t begin, int64_t end, bool down_bias_here) {
+    const std::string gate_up = prefix + "experts.gate_up_proj";
+    const std::string down = prefix + "experts.down_proj";
+    HostTensor gu, dn;  // [2 x width, hidden] and [hidden, width], as nn.Linear holds them
+    if (spec_.mxfp4.has_value()) {
+      ASSIGN_OR_RETURN(gu, ReadMxfp4Expert(ckpt_, gate_up, experts, 2 * width, hidden, e));
+      ASSIGN_OR_RETURN(dn, ReadMxfp4Expert(ckpt_, down, experts, hidden, width, e));
+    } else {
+      RETURN_IF_ERROR(CheckDType(gate_up));
+      RETURN_IF_ERROR(CheckDType(down));
+      ASSIGN_OR_RETURN(HostTensor gu_t, ReadWeightRows(ckpt_, spec_.fp8, gate_up, {experts, hidden, 2 * width}, e, e + 1));
+      ASSIGN_OR_RETURN(HostTensor dn_t, ReadWeightRows(ckpt_, spec_.fp8, down, {experts, width, hidden}, e, e + 1));
+      gu = Transposed(gu_t, hidden, 2 * width);
+      dn = Transposed(dn_t, width, hidden);
+    }
+    const int64_t local = end - begin;
+    HostTensor g({local, hidden}), u({local, hidden}), d({hidden, local});
+    for (int64_t r = 0; r < local; ++r) {
+      const float* gate_row = gu.data() + 2 * (begin + r) * hidden;
+      std::copy(gate_row, gate_row + hidden, g.data() + r * hidden);
+      std::copy(gate_row + hidden, gate_row + 2 * hidden, u.data() + r * hidden);
+    }
+    for (int64_t c = 0; c < hidden; ++c) {
+      std::copy(dn.data() + c * width + begin, dn.data() + c * width + end, d.data() + c * local);
+    }
+    ASSIGN_OR_RETURN(MlpWeights m, UploadExpert(g, u, d, gate_up, down, hidden, local));
+    const std::string gate_up_bias = gate_up + "_bias";
+    RETURN_IF_ERROR(CheckDType(gate_up_bias));
+    ASSIGN_OR_RETURN(HostTensor gub, ckpt_.ReadRows(gate_up_bias, {experts, 2 * width}, e, e + 1));
+    HostTensor gb({local}), ub({local});
+    for (int64_t r = 0; r < local; ++r) {
+      gb.data()[r] = gub.data()[2 * (begin + r)];
+      ub.data()[r] = gub.data()[2 * (begin + r) + 1];
+    }
+    ASSIGN_OR_RETURN(m.gate.b, Upload(gb));
+    ASSIGN_OR_RETURN(m.up.b, Upload(ub));
+    if (down_bias_here) {
+      const std::string down_bias = down + "_bias";
+      RETURN_IF_ERROR(CheckDType(down_bias));
+      ASSIGN_OR_RETURN(HostTensor db, ckpt_.ReadRows(down_bias, {experts, hidden}, e, e + 1));
+      ASSIGN_OR_RETURN(m.down.b, Upload(db));
+    }
+    return m;
+  }
+  // `t` [rows, cols] (any leading dims of size 1) transposed to [cols, rows].
+  static HostTensor Transposed(const HostTensor& t, int64_t rows, int64_t cols) {
+    HostTensor out({cols, rows});
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) out.data()[c * rows + r] = t.data()[r * cols + c];
+    }
+    return out;
+  }
   // An expert's gate, up ([local, hidden]) and down ([hidden, local]) matrices, rearranged on the
   // host from the checkpoint tensors `gate_up` and `down` (so FP8 ones are dequantized).
   absl::StatusOr<MlpWeights> UploadExpert(const HostTensor& g, const HostTensor& u, const HostTensor& d,
@@ -520,10 +580,13 @@ std::string FfnPrefix(const ModelSpec& spec, const std::string& root, int64_t la
   return absl::StrCat(root, "layers.", layer, ".", block);
 }
 
-// The router's weight under the MoE block: Llama-4 and GraniteMoeSWA name it `router`, the other
-// GraniteMoe ones `router.layer`, the others `gate`.
+// The router's weight under the MoE block: Llama-4, GraniteMoeSWA and GPT-OSS name it `router`, the
+// other GraniteMoe ones `router.layer`, the others `gate`.
 const char* RouterName(const ModelSpec& spec) {
-  if (spec.arch == Architecture::kLlama4 || spec.arch == Architecture::kGraniteMoeSWA) return "router.weight";
+  if (spec.arch == Architecture::kLlama4 || spec.arch == Architecture::kGraniteMoeSWA ||
+      spec.arch == Architecture::kGptOss) {
+    return "router.weight";
+  }
   return spec.IsGraniteMoe() ? "router.layer.weight" : "gate.weight";
 }
 
@@ -531,13 +594,17 @@ std::string ExpertPrefix(const ModelSpec& spec, const std::string& root, int64_t
   return absl::StrCat(FfnPrefix(spec, root, layer), "experts.", expert, ".");
 }
 
-// Expert `e` of a layer: its columns [begin, end) of the expert MLP (all of them when whole); the
-// down projection's bias (none in supported MoE models) on `bias_rank`. The down projection is
-// scaled by the model's residual_multiplier (Granite), which scales the whole block's output.
+// Expert `e` of a layer: its columns [begin, end) of the expert MLP (all of them when whole), with
+// the down projection's bias (GPT-OSS's) when `down_bias_here` (on one of the ranks that split an
+// expert). The down projection is scaled by the model's residual_multiplier (Granite), which
+// scales the whole block's output.
 absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, const std::string& root, int64_t layer,
-                                           int64_t e, int64_t begin,
-                                           int64_t end, int bias_rank) {
+                                           int64_t e, int64_t begin, int64_t end, bool down_bias_here) {
   const float down_scale = static_cast<float>(spec.residual_multiplier);
+  if (spec.moe.interleaved_experts) {
+    return ld.InterleavedExpert(FfnPrefix(spec, root, layer), spec.moe.num_experts, e, spec.hidden_size,
+                                spec.moe.expert_intermediate_size, begin, end, down_bias_here);
+  }
   if (spec.moe.fused_experts) {
     return ld.FusedExpert(FfnPrefix(spec, root, layer), spec.moe.num_experts, e, spec.hidden_size,
                           spec.moe.expert_intermediate_size, begin, end, down_scale);
@@ -548,12 +615,13 @@ absl::StatusOr<MlpWeights> LoadExpertSlice(Loader& ld, const ModelSpec& spec, co
                             end, down_scale);
   }
   const std::string ep = ExpertPrefix(spec, root, layer, e);
+  // No biases in these layouts (Mlp's rank only places a bias).
   if (spec.arch == Architecture::kMixtral) {
-    return ld.Mlp(ep, "w1", "w3", "w2", spec.hidden_size, spec.moe.expert_intermediate_size, begin, end, false,
-                  bias_rank, down_scale);
+    return ld.Mlp(ep, "w1", "w3", "w2", spec.hidden_size, spec.moe.expert_intermediate_size, begin, end, false, 0,
+                  down_scale);
   }
   return ld.Mlp(ep, "gate_proj", "up_proj", "down_proj", spec.hidden_size, spec.moe.expert_intermediate_size, begin,
-                end, false, bias_rank, down_scale);
+                end, false, 0, down_scale);
 }
 
 }  // namespace
@@ -600,7 +668,7 @@ absl::StatusOr<MlpWeights> LoadExpert(const ModelSpec& spec, int64_t layer, int6
   }
   Loader ld(ckpt, spec, backend, quantize);
   ASSIGN_OR_RETURN(MlpWeights m, LoadExpertSlice(ld, spec, DecoderNamesOf(spec, ckpt).root, layer, expert, 0,
-                                                 spec.moe.expert_intermediate_size, 0));
+                                                 spec.moe.expert_intermediate_size, /*down_bias_here=*/true));
   if (bytes != nullptr) *bytes += ld.bytes();
   return m;
 }
@@ -720,6 +788,9 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       ASSIGN_OR_RETURN(lw.router.w, ld.Full(moe + RouterName(spec), {e_count, h}));
       lw.router.in = h;
       lw.router.out = e_count;
+      if (spec.moe.router_bias) {
+        ASSIGN_OR_RETURN(lw.router.b, ld.Full(moe + "router.bias", {e_count}));
+      }
       if (spec.moe.scoring == MoeScoring::kSigmoidGrouped) {
         ASSIGN_OR_RETURN(lw.score_bias,
                          ld.FullF32OrConfigDType(moe + "gate.e_score_correction_bias", {e_count}, &lw.score_bias_host));
@@ -727,13 +798,14 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       // Expert parallel: whole local experts (slice [0, expert_ffn) = all of it). Otherwise every
       // expert is split tensor-parallel like a dense MLP.
       const int64_t eb = layout.expert_parallel ? 0 : layout.expert_ffn * shard.rank;
-      const int down_bias_rank = layout.expert_parallel ? shard.rank : 0;
+      // A whole expert's rank holds its down bias; of an expert split over the ranks, rank 0.
+      const bool down_bias_here = layout.expert_parallel || shard.rank == 0;
       lw.expert_owner = LayerExpertOwners(layout, e_count, layer_experts, i);
       for (int64_t e = 0; e < e_count; ++e) {
         lw.has_remote_experts |= lw.IsRemoteExpert(e);
         MlpWeights m;
         if (lw.IsLocalExpert(e, layout)) {
-          ASSIGN_OR_RETURN(m, LoadExpertSlice(ld, spec, names.root, i, e, eb, eb + layout.expert_ffn, down_bias_rank));
+          ASSIGN_OR_RETURN(m, LoadExpertSlice(ld, spec, names.root, i, e, eb, eb + layout.expert_ffn, down_bias_here));
         }
         lw.experts.push_back(std::move(m));
       }

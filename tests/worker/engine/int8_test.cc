@@ -52,6 +52,9 @@ constexpr double kStoriesMeanRelError = 0.01;
 // at one to three (token, layer) pairs of deepseek_v2_lite's prompts (logits move by 8-21% of
 // max|logit|; the engine: 17.3% max, 1.24% mean at one rank) and another group at one pair of
 // deepseek_v2's (31-34%, 14% without the flip; the engine: 32.8% max, 1.61% mean at two ranks).
+// The GPT-OSS fixtures too (4 and 8 experts, 2 per token): numpy_reference.py's int8 forward pass
+// takes another expert at 3 of gpt_oss's 68 (token, layer) pairs and 1 of gpt_oss_mxfp4's 51
+// (41% and 15% of max|logit|).
 constexpr double kRoutingFlipMaxRelError = 0.6;
 constexpr double kRoutingFlipMeanRelError = 0.04;
 // smollm3 (four layers, tied small embeddings) is more sensitive to the rounding itself:
@@ -82,7 +85,8 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
               "agreement %zu/%zu leading tokens; weights %zu -> %zu bytes per rank\n",
               name.c_str(), ranks, a.err.max_rel, a.err.mean_rel(), static_cast<long>(a.err.positions), a.agree,
               a.total, f32_bytes, int8_bytes);
-  const bool flips = name == "qwen2_moe" || name == "deepseek_v2_lite" || name == "deepseek_v2";
+  const bool flips = name == "qwen2_moe" || name == "deepseek_v2_lite" || name == "deepseek_v2" ||
+                     name == "gpt_oss" || name == "gpt_oss_mxfp4";
   double max_bound = flips ? kRoutingFlipMaxRelError : kMaxRelError;
   if (name == "smollm3") max_bound = kSmolLM3MaxRelError;
   EXPECT_LE(a.err.max_rel, max_bound) << name;
@@ -115,7 +119,8 @@ TEST(Int8PlannerTest, PredictedWeightBytesAreTheBytesTheEngineHolds) {
   for (const std::string name :
        {"llama", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded", "qwen3", "qwen3_moe", "phi3", "deepseek_v3",
         "deepseek_v3_noqlora", "gemma2", "llama4", "llama4_multimodal", "gemma3", "deepseek_v2_lite", "deepseek_v2",
-        "granite", "granite_moe", "smollm3", "granite_moe_shared", "granite_swa", "granite_moe_swa"}) {
+        "granite", "granite_moe", "smollm3", "granite_moe_shared", "granite_swa", "granite_moe_swa", "gpt_oss",
+        "gpt_oss_mxfp4"}) {
     ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(name));
     ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
     for (int ranks : {1, 2}) {

@@ -204,7 +204,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            // layer with its own theta and a full NoPE one.
                                            PipelineLayout{"granite_swa", {0, 2, 4}, 2, "granite_swa_pp2_tp2"},
                                            PipelineLayout{"granite_moe_swa", {0, 1, 3}, 2,
-                                                          "granite_moe_swa_pp2_tp2"}),
+                                                          "granite_moe_swa_pp2_tp2"},
+                                           // GPT-OSS: each rank's heads with their sinks and q/k/v
+                                           // biases (o's on rank 0), each expert split over the
+                                           // ranks with its down bias on rank 0; a sliding and a full
+                                           // layer per stage.
+                                           PipelineLayout{"gpt_oss", {0, 2, 4}, 2, "gpt_oss_pp2_tp2"},
+                                           PipelineLayout{"gpt_oss_mxfp4", {0, 1, 3}, 2,
+                                                          "gpt_oss_mxfp4_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {

@@ -292,6 +292,7 @@ class CpuBackend final : public Backend {
         return absl::OkStatus();
       case DType::kF16:
       case DType::kF8E4M3:
+      case DType::kU8:
         return UnsupportedWeights(name(), Op::kLinear, p.w.dtype);
     }
     const auto* w = static_cast<const float*>(p.w.data);
@@ -605,6 +606,8 @@ class CpuBackend final : public Backend {
     // The activation chosen once, outside the loop.
     if (p.act == GateActivation::kGeluTanh) {
       for (int64_t i = 0; i < p.n; ++i) p.out[i] = GatedProduct(GateActivation::kGeluTanh, p.gate[i], p.up[i]);
+    } else if (p.act == GateActivation::kClampedSwiglu) {
+      for (int64_t i = 0; i < p.n; ++i) p.out[i] = ClampedSwiglu(p.gate[i], p.up[i]);
     } else {
       for (int64_t i = 0; i < p.n; ++i) p.out[i] = GatedProduct(GateActivation::kSilu, p.gate[i], p.up[i]);
     }

@@ -523,6 +523,7 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
       LaunchSplit<E4M3>(p, sh, grid, shared, part, count, stream);
       break;
     case DType::kQ8:
+    case DType::kU8:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

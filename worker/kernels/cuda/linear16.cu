@@ -300,6 +300,7 @@ cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, 
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:
+    case DType::kU8:
       break;
   }
   return cudaErrorInvalidValue;
@@ -319,6 +320,7 @@ cudaError_t LaunchGatedGemv16(DType dtype, const float* x, const GatedGemv16Para
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:
+    case DType::kU8:
       break;
   }
   return cudaErrorInvalidValue;
@@ -338,6 +340,7 @@ cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cu
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:
+    case DType::kU8:
       break;
   }
   return cudaErrorInvalidValue;
@@ -359,6 +362,7 @@ cudaError_t LaunchEmbeddingTyped(DType dtype, const void* table, const int32_t* 
       break;
     case DType::kF8E4M3:
     case DType::kQ8:
+    case DType::kU8:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -182,6 +182,7 @@ cudaError_t GroupedGemv16Typed(DType dtype, const float* x, float* y, const Grou
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:
+    case DType::kU8:
       break;
   }
   return cudaErrorInvalidValue;

@@ -462,6 +462,7 @@ cudaError_t LaunchRmsNormTo16(DType dtype, const RmsNormParams& p, void* dst, cu
     case DType::kF32:
     case DType::kF8E4M3:
     case DType::kQ8:
+    case DType::kU8:
       break;
   }
   return cudaErrorInvalidValue;
@@ -504,6 +505,7 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
         LaunchRopeKvWriteTyped<E4M3>(p, grid, stream);
         break;
       case DType::kQ8:
+      case DType::kU8:
         return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
@@ -530,6 +532,7 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
                   p.cache.block_size, row);
       break;
     case DType::kQ8:
+    case DType::kU8:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -540,6 +543,9 @@ cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   if (p.act == GateActivation::kGeluTanh) {
     pdl::Launch(SiluMulKernel<GateActivation::kGeluTanh>, ElementGrid(p.n), kElementThreads, 0, stream, p.gate, p.up,
                 p.out, p.n);
+  } else if (p.act == GateActivation::kClampedSwiglu) {
+    pdl::Launch(SiluMulKernel<GateActivation::kClampedSwiglu>, ElementGrid(p.n), kElementThreads, 0, stream, p.gate,
+                p.up, p.out, p.n);
   } else {
     pdl::Launch(SiluMulKernel<GateActivation::kSilu>, ElementGrid(p.n), kElementThreads, 0, stream, p.gate, p.up, p.out,
                 p.n);

@@ -73,11 +73,25 @@ SHARDSERVE_HD float GeluTanh(float x) {
 enum class GateActivation : uint8_t {
   kSilu,      // x * sigmoid(x)
   kGeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's gelu(approximate="tanh")
+  // GPT-OSS's experts: with g = min(gate, 7) and u = clamp(up, -7, 7), g sigmoid(1.702 g) (u + 1).
+  // The up term is part of the activation here, so GatedProduct applies it.
+  kClampedSwiglu,
 };
+
+// GPT-OSS's clamped SwiGLU (transformers' GptOssExperts with swiglu_alpha 1.702 and swiglu_limit
+// 7): the clamps keep NaN, as torch.clamp does.
+inline constexpr float kSwigluAlpha = 1.702f;
+inline constexpr float kSwigluLimit = 7.0f;
+SHARDSERVE_HD float ClampedSwiglu(float gate, float up) {
+  const float g = gate > kSwigluLimit ? kSwigluLimit : gate;
+  const float u = up > kSwigluLimit ? kSwigluLimit : (up < -kSwigluLimit ? -kSwigluLimit : up);
+  return g * (1.0f / (1.0f + expf(-(g * kSwigluAlpha)))) * (u + 1.0f);
+}
 
 // act(gate) * up: one element of a gated MLP's product. The one formula of the SiluMul kernels and
 // of CUDA's gated GEMV, so that the fused and the separate ops give the same f32 values.
 SHARDSERVE_HD float GatedProduct(GateActivation act, float gate, float up) {
+  if (act == GateActivation::kClampedSwiglu) return ClampedSwiglu(gate, up);
   return (act == GateActivation::kGeluTanh ? GeluTanh(gate) : Silu(gate)) * up;
 }
 
