@@ -1717,3 +1717,180 @@ TEST(SmolLM3SpecTest, GoldenConfig) {
 
 }  // namespace
 }  // namespace shardserve
+
+namespace shardserve {
+namespace {
+
+// gpt-oss-20b's released config.json (24 layers, 32 experts, MXFP4 experts).
+json GptOss20bConfig() {
+  json c = {{"architectures", {"GptOssForCausalLM"}},
+            {"attention_bias", true},
+            {"attention_dropout", 0.0},
+            {"eos_token_id", 200002},
+            {"experts_per_token", 4},
+            {"head_dim", 64},
+            {"hidden_act", "silu"},
+            {"hidden_size", 2880},
+            {"initial_context_length", 4096},
+            {"initializer_range", 0.02},
+            {"intermediate_size", 2880},
+            {"max_position_embeddings", 131072},
+            {"model_type", "gpt_oss"},
+            {"num_attention_heads", 64},
+            {"num_experts_per_tok", 4},
+            {"num_hidden_layers", 24},
+            {"num_key_value_heads", 8},
+            {"num_local_experts", 32},
+            {"output_router_logits", false},
+            {"pad_token_id", 199999},
+            {"quantization_config",
+             {{"modules_to_not_convert",
+               {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}},
+              {"quant_method", "mxfp4"}}},
+            {"rms_norm_eps", 1e-05},
+            {"rope_scaling",
+             {{"beta_fast", 32.0},
+              {"beta_slow", 1.0},
+              {"factor", 32.0},
+              {"original_max_position_embeddings", 4096},
+              {"rope_type", "yarn"},
+              {"truncate", false}}},
+            {"rope_theta", 150000},
+            {"router_aux_loss_coef", 0.9},
+            {"sliding_window", 128},
+            {"swiglu_limit", 7.0},
+            {"tie_word_embeddings", false},
+            {"use_cache", true},
+            {"vocab_size", 201088}};
+  json types = json::array();
+  for (int l = 0; l < 24; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  c["layer_types"] = types;
+  return c;
+}
+
+TEST(GptOssSpecTest, Released20bConfig) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(GptOss20bConfig().dump(), "c.json"));
+  EXPECT_EQ(s.arch, Architecture::kGptOss);
+  EXPECT_EQ(ArchitectureName(s.arch), "GptOssForCausalLM");
+  EXPECT_EQ(s.head_dim, 64);
+  EXPECT_EQ(s.num_kv_heads, 8);
+  EXPECT_TRUE(s.qkv_bias);
+  EXPECT_TRUE(s.o_bias);
+  EXPECT_TRUE(s.attention_sinks);
+  EXPECT_EQ(s.activation, Activation::kClampedSwiglu);
+  EXPECT_EQ(s.sliding_window, 128);
+  ASSERT_EQ(s.sliding_layers.size(), 24u);
+  EXPECT_TRUE(s.sliding_layers[0]);
+  EXPECT_FALSE(s.sliding_layers[1]);
+  EXPECT_EQ(s.LayerSlidingWindow(22), 128);
+  EXPECT_EQ(s.LayerSlidingWindow(23), 0);
+  EXPECT_EQ(s.rope.type, RopeType::kYarn);
+  EXPECT_EQ(s.rope.theta, 150000.0);
+  EXPECT_EQ(s.rope.factor, 32.0);
+  EXPECT_EQ(s.rope.original_max_position_embeddings, 4096);
+  EXPECT_FALSE(s.rope.truncate);
+  EXPECT_DOUBLE_EQ(s.rope.attention_factor, 0.1 * std::log(32.0) + 1.0);
+  EXPECT_EQ(s.AttentionScale(), 0.125);  // head_dim^-1/2: YaRN scales cos and sin instead
+  EXPECT_EQ(s.moe.num_experts, 32);
+  EXPECT_EQ(s.moe.top_k, 4);
+  EXPECT_EQ(s.moe.expert_intermediate_size, 2880);
+  EXPECT_TRUE(s.moe.norm_topk_prob);
+  EXPECT_TRUE(s.moe.interleaved_experts);
+  EXPECT_TRUE(s.moe.router_bias);
+  EXPECT_TRUE(s.moe.expert_bias);
+  EXPECT_TRUE(s.IsSparseLayer(0) && s.IsSparseLayer(23));
+  ASSERT_TRUE(s.mxfp4.has_value());
+  EXPECT_EQ(s.mxfp4->modules_not_converted.size(), 4u);
+  EXPECT_FALSE(s.fp8.has_value());
+  EXPECT_THAT(s.eos_token_ids, ElementsAre(200002));
+  // The model card's 21B parameters.
+  EXPECT_GT(s.NumParameters(), int64_t{20'500'000'000});
+  EXPECT_LT(s.NumParameters(), int64_t{21'500'000'000});
+}
+
+// GptOssConfig's defaults: 128 experts, 4 per token, head_dim 64, YaRN x32 over 4096 positions at
+// theta 150000, the even layers sliding within 128, biases on.
+TEST(GptOssSpecTest, DefaultsFollowGptOssConfig) {
+  json c = {{"architectures", {"GptOssForCausalLM"}}, {"vocab_size", 1000}, {"hidden_size", 256},
+            {"intermediate_size", 128},               {"num_hidden_layers", 3}, {"num_attention_heads", 8},
+            {"num_key_value_heads", 2},               {"max_position_embeddings", 8192}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.head_dim, 64);
+  EXPECT_EQ(s.moe.num_experts, 128);
+  EXPECT_EQ(s.moe.top_k, 4);
+  EXPECT_EQ(s.rope.type, RopeType::kYarn);
+  EXPECT_EQ(s.rope.theta, 150000.0);
+  EXPECT_EQ(s.rope.factor, 32.0);
+  EXPECT_EQ(s.rope.original_max_position_embeddings, 4096);
+  EXPECT_FALSE(s.rope.truncate);
+  EXPECT_THAT(s.sliding_layers, ElementsAre(true, false, true));
+  EXPECT_EQ(s.sliding_window, 128);
+  EXPECT_TRUE(s.qkv_bias && s.o_bias);
+  EXPECT_FALSE(s.tie_word_embeddings);
+  EXPECT_FALSE(s.mxfp4.has_value());
+  // Without biases and sinks, the block is Mixtral's.
+  c["attention_bias"] = false;
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  c["num_local_experts"] = 4;
+  c["num_experts_per_tok"] = 2;
+  ASSERT_OK_AND_ASSIGN(ModelSpec plain, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_FALSE(plain.qkv_bias || plain.o_bias);
+  EXPECT_EQ(plain.rope.type, RopeType::kDefault);
+  // Parameters: the sinks, the router bias and the experts' biases on top of a Mixtral layer's.
+  const int64_t h = 256, experts = 4, width = 128, heads = 8;
+  const int64_t embeddings = 2 * 1000 * h + h;
+  const int64_t attention = h * heads * 64 * 2 + 2 * h * 2 * 64 + 2 * h + heads;
+  const int64_t moe = experts * (h + 3 * h * width) + experts + experts * (2 * width + h);
+  EXPECT_EQ(plain.NumParameters(), embeddings + 3 * (attention + moe));
+}
+
+TEST(GptOssSpecTest, RefusesWhatIsNotImplemented) {
+  json c = GptOss20bConfig();
+  c["swiglu_limit"] = 10.0;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("swiglu_limit 10")));
+  c = GptOss20bConfig();
+  c["swiglu_alpha"] = 1.5;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("swiglu_alpha 1.5")));
+  c = GptOss20bConfig();
+  c["sliding_window"] = nullptr;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "dir/config.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("dir/config.json"), HasSubstr("\"sliding_window\""))));
+  c = GptOss20bConfig();
+  c["layer_types"][3] = "chunked_attention";
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("\"chunked_attention\"")));
+  c = GptOss20bConfig();
+  c["quantization_config"]["modules_to_not_convert"] = "lm_head";
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"modules_to_not_convert\"")));
+  // MXFP4 is GPT-OSS's layout only; YaRN on rotate-half heads is checked for GPT-OSS (and MLA) only.
+  json llama = {{"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 100}, {"hidden_size", 64},
+                {"intermediate_size", 128},             {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                {"max_position_embeddings", 256},       {"quantization_config", {{"quant_method", "mxfp4"}}}};
+  EXPECT_THAT(ParseModelSpec(llama.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("\"quant_method\" is \"mxfp4\""), HasSubstr("GptOssForCausalLM"))));
+  llama.erase("quantization_config");
+  llama["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
+  EXPECT_THAT(ParseModelSpec(llama.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("rope type \"yarn\"")));
+}
+
+TEST(GptOssSpecTest, GoldenConfigs) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/gpt_oss"));
+  EXPECT_EQ(s.arch, Architecture::kGptOss);
+  EXPECT_THAT(s.sliding_layers, ElementsAre(true, false, true, false));
+  EXPECT_EQ(s.sliding_window, 4);
+  EXPECT_EQ(s.rope.type, RopeType::kYarn);
+  EXPECT_FALSE(s.mxfp4.has_value());
+  ASSERT_OK_AND_ASSIGN(ModelSpec q, LoadModelSpec("tests/golden/models/gpt_oss_mxfp4"));
+  EXPECT_TRUE(q.mxfp4.has_value());
+  EXPECT_EQ(q.dtype, DType::kBF16);
+  EXPECT_EQ(q.moe.num_experts, 4);
+}
+
+}  // namespace
+}  // namespace shardserve

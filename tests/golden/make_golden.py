@@ -823,17 +823,16 @@ SPECS = [
         config=dict(intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
                     tie_word_embeddings=False),
-        std_overrides={"experts.gate_up_proj": 0.6},
+        std_overrides={"experts.gate_up_proj": 0.45},
     ),
     dict(
         name="gpt_oss_mxfp4",
         model_cls=GptOssForCausalLM,
         config_cls=GptOssConfig,
         config=dict(intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                    head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=4,
+                    head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                     tie_word_embeddings=False),
-        std_overrides={"experts.gate_up_proj": 0.6},
         save_dtype=torch.bfloat16,
         mxfp4=True,
     ),
@@ -1181,7 +1180,7 @@ def generate_model(model_idx, spec):
                     continue
                 if rel_m <= GREEDY_REL_MARGIN or EOS in gen or len(set(gen)) < MIN_DISTINCT:
                     continue
-                if probe.active and probe.min_gap <= ROUTER_MARGIN:
+                if probe.active and probe.min_gap <= spec.get("router_margin", ROUTER_MARGIN):
                     continue
                 found = (prompt, logits, gen, abs_m, rel_m, probe.min_gap)
                 break

@@ -44,6 +44,11 @@ constexpr double kMaxRelError = 0.20;
 constexpr double kMeanRelError = 0.025;
 constexpr double kMoeMaxRelError = 0.6;
 constexpr double kMoeMeanRelError = 0.04;
+// gpt_oss's experts have gate/up weights drawn 2.25x the other fixtures' (so that the clamped
+// SwiGLU's limits bite), which makes its logits more sensitive to any rounding: 71.5% max, 4.1%
+// mean at 1 and 2 ranks (numpy_reference.py --int8 moves them by 17%, the engine's int8 likewise).
+constexpr double kGptOssMaxRelError = 0.8;
+constexpr double kGptOssMeanRelError = 0.05;
 constexpr double kStoriesMaxRelError = 0.12;
 constexpr double kStoriesMeanRelError = 0.02;
 
@@ -69,8 +74,12 @@ TEST_P(Fp8KvGoldenTest, LogitsNearTransformersAndTheCacheIsAQuarter) {
               name.c_str(), ranks, a.err.max_rel, a.err.mean_rel(), static_cast<long>(a.err.positions), a.agree,
               a.total, f32->KvCacheBytesPerRank()[0], fp8->KvCacheBytesPerRank()[0]);
   ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
-  EXPECT_LE(a.err.max_rel, spec.IsMoe() ? kMoeMaxRelError : kMaxRelError) << name;
-  EXPECT_LE(a.err.mean_rel(), spec.IsMoe() ? kMoeMeanRelError : kMeanRelError) << name;
+  const bool gpt_oss = name == "gpt_oss";
+  EXPECT_LE(a.err.max_rel, gpt_oss ? kGptOssMaxRelError : spec.IsMoe() ? kMoeMaxRelError : kMaxRelError) << name;
+  EXPECT_LE(a.err.mean_rel(), gpt_oss        ? kGptOssMeanRelError
+                              : spec.IsMoe() ? kMoeMeanRelError
+                                             : kMeanRelError)
+      << name;
   // The rounding is real: the logits are not the f32 cache's.
   EXPECT_GT(a.err.max_rel, 1e-5) << name;
   const size_t safe_cases = testing::ExpectFirstTokens(a, golden, name);
