@@ -634,6 +634,28 @@ TEST_F(CpuBackendTest, GeluTanhMulAndScaleWithSoftCap) {
   EXPECT_FALSE(b_->Scale({.x = nullptr, .n = 1}).ok());
 }
 
+// GPT-OSS's experts: min(gate, 7) sigmoid(1.702 min(gate, 7)) (clamp(up, -7, 7) + 1), against a
+// double-precision reference on both sides of each clamp; NaN stays NaN, as torch.clamp keeps it.
+TEST_F(CpuBackendTest, ClampedSwigluMul) {
+  const std::vector<float> gate = {-9.f, -3.f, -0.5f, 0.f, 0.75f, 6.5f, 7.f, 7.5f, 30.f, 2.f, 2.f, 2.f};
+  const std::vector<float> up = {1.f, -2.f, 0.5f, 3.f, -1.f, 6.9f, -7.f, 8.f, -30.f, 12.f, -12.f, -1.f};
+  std::vector<float> out(gate.size());
+  ASSERT_TRUE(b_->SiluMul({.gate = gate.data(), .up = up.data(), .out = out.data(),
+                           .n = static_cast<int64_t>(gate.size()), .act = GateActivation::kClampedSwiglu})
+                  .ok());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = std::min<double>(gate[i], 7.0);
+    const double u = std::clamp<double>(up[i], -7.0, 7.0);
+    EXPECT_NEAR(out[i], g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0), 2e-6 * std::max(1.0, std::fabs(g * (u + 1.0))))
+        << i;
+  }
+  EXPECT_EQ(out[11], 0.f);  // up = -1: the +1 cancels it
+  EXPECT_NEAR(out[8], 7.0 / (1.0 + std::exp(-1.702 * 7.0)) * -6.0, 1e-5);  // both clamps
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(GatedProduct(GateActivation::kClampedSwiglu, nan, 1.f)));
+  EXPECT_TRUE(std::isnan(GatedProduct(GateActivation::kClampedSwiglu, 1.f, nan)));
+}
+
 TEST_F(CpuBackendTest, PagedKvWriteThenAttentionMatchesContiguousReference) {
   // The cache starts with garbage; KvWrite fills each sequence's positions through its shuffled
   // table (a prefill across block boundaries and a decode at a block's first row), then attention

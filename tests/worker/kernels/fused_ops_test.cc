@@ -56,8 +56,10 @@ TEST_F(FusedOpsTest, GatedLinearGroupIsTwoLinearsThenSiluMulBitForBit) {
   // tokens 1..9 take the small-batch kernels, 40 the blocked or sgemm paths; odd `in` leave a tail
   // after every vector width.
   constexpr GateActivation kSilu = GateActivation::kSilu, kGelu = GateActivation::kGeluTanh;
+  constexpr GateActivation kClamped = GateActivation::kClampedSwiglu;
   const GatedCase cases[] = {
       {1, 17, 5, DType::kF32, false, kSilu},   {1, 96, 64, DType::kBF16, true, kSilu},
+      {1, 64, 32, DType::kBF16, true, kClamped}, {40, 97, 65, DType::kF32, true, kClamped},
       {2, 33, 7, DType::kBF16, false, kGelu},  {3, 131, 40, DType::kF32, true, kGelu},
       {8, 64, 33, DType::kBF16, true, kSilu},  {9, 75, 18, DType::kF32, false, kSilu},
       {40, 129, 70, DType::kF32, true, kSilu}, {40, 97, 65, DType::kBF16, true, kGelu},
@@ -65,7 +67,7 @@ TEST_F(FusedOpsTest, GatedLinearGroupIsTwoLinearsThenSiluMulBitForBit) {
   uint32_t seed = 100;
   for (const GatedCase& c : cases) {
     SCOPED_TRACE(absl::StrCat("tokens ", c.tokens, " in ", c.in, " out ", c.out, " ", DTypeName(c.dtype),
-                              c.bias ? " bias" : "", c.act == GateActivation::kSilu ? " silu" : " gelu_tanh"));
+                              c.bias ? " bias" : "", " act ", static_cast<int>(c.act)));
     const size_t w_elems = static_cast<size_t>(c.out * c.in);
     const std::vector<float> x = Random(static_cast<size_t>(c.tokens * c.in), ++seed, 2.0f);
     const std::vector<float> wg32 = Random(w_elems, ++seed), wu32 = Random(w_elems, ++seed);
@@ -103,12 +105,18 @@ TEST_F(FusedOpsTest, GatedLinearGroupIsTwoLinearsThenSiluMulBitForBit) {
     EXPECT_EQ(Bits(gate), Bits(gate_ref));
 
     // And the product is act(gate) * up, not merely what the separate ops happen to do: within f32
-    // rounding of a double-precision evaluation on the same pre-activations.
+    // rounding of a double-precision evaluation on the same pre-activations. (The clamped SwiGLU's
+    // up term is clamp(up, -7, 7) + 1.)
     for (size_t i = 0; i < y_elems; ++i) {
-      const double gv = gate_pre[i], uv = up_ref[i];
-      const double act = c.act == GateActivation::kSilu
-                             ? gv / (1.0 + std::exp(-gv))
-                             : 0.5 * gv * (1.0 + std::tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)));
+      double gv = gate_pre[i], uv = up_ref[i];
+      if (c.act == GateActivation::kClampedSwiglu) {
+        gv = std::min(gv, 7.0);
+        uv = std::clamp(uv, -7.0, 7.0) + 1.0;
+      }
+      const double act = c.act == GateActivation::kGeluTanh
+                             ? 0.5 * gv * (1.0 + std::tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)))
+                         : c.act == GateActivation::kClampedSwiglu ? gv / (1.0 + std::exp(-1.702 * gv))
+                                                                    : gv / (1.0 + std::exp(-gv));
       ASSERT_NEAR(gate[i], act * uv, 1e-5 * (1.0 + std::fabs(act * uv))) << i;
     }
   }

@@ -322,7 +322,7 @@ INSTANTIATE_TEST_SUITE_P(TokensAndLayouts, CudaFp8GroupParityTest,
 TEST_F(CudaFp8GroupTest, GatedGroupMatchesCpu) {
   const Fp8GroupLayout layout{"gated", 1008, {{700, 128, 128, 0, 0, false, false}, {700, 128, 128, 0, 0, false, false}}};
   for (int64_t tokens : {1, 3, 8}) {
-    for (GateActivation act : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+    for (GateActivation act : {GateActivation::kSilu, GateActivation::kGeluTanh, GateActivation::kClampedSwiglu}) {
       SCOPED_TRACE(::testing::Message() << tokens << " tokens, activation " << static_cast<int>(act));
       const Data d = Make(tokens, layout, 61);
       RunBoth([&](Backend& b, int s) {

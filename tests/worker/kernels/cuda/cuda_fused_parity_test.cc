@@ -40,7 +40,7 @@ struct GatedCase {
 
 void PrintTo(const GatedCase& c, std::ostream* os) {
   *os << DTypeName(c.dtype) << "_t" << c.tokens << "_in" << c.in << "_out" << c.out << (c.bias ? "_bias" : "")
-      << (c.act == GateActivation::kSilu ? "_silu" : "_gelu");
+      << (c.act == GateActivation::kSilu ? "_silu" : c.act == GateActivation::kGeluTanh ? "_gelu" : "_clamped");
 }
 
 std::string GatedName(const ::testing::TestParamInfo<GatedCase>& info) { return ::testing::PrintToString(info.param); }
@@ -97,6 +97,7 @@ TEST_P(CudaGatedLinearParityTest, MatchesCpuAndTheSeparateCudaOpsBitForBit) {
 // tokens 1, 2, 3 and 8 take the gated GEMV (its 1-, 2-, 4- and 8-row instantiations), 9 the GEMMs
 // and the SiluMul kernel; in = 264 the GEMV's 16-byte loads, in = 131 (odd) its scalar path.
 constexpr GateActivation kSilu = GateActivation::kSilu, kGelu = GateActivation::kGeluTanh;
+constexpr GateActivation kClamped = GateActivation::kClampedSwiglu;  // GPT-OSS's experts
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaGatedLinearParityTest,
                          ::testing::Values(GatedCase{DType::kBF16, 1, 264, 300, false, kSilu},
                                            GatedCase{DType::kF16, 1, 131, 65, true, kGelu},
@@ -107,7 +108,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaGatedLinearParityTest,
                                            GatedCase{DType::kBF16, 8, 264, 80, true, kSilu},
                                            GatedCase{DType::kF16, 8, 131, 257, true, kGelu},
                                            GatedCase{DType::kBF16, 9, 264, 80, true, kGelu},
-                                           GatedCase{DType::kF16, 9, 131, 33, false, kSilu}),
+                                           GatedCase{DType::kF16, 9, 131, 33, false, kSilu},
+                                           GatedCase{DType::kBF16, 1, 264, 96, true, kClamped},
+                                           GatedCase{DType::kBF16, 9, 264, 80, true, kClamped}),
                          GatedName);
 
 // ---- Normed LinearGroup --------------------------------------------------------------------------

@@ -608,6 +608,17 @@ TEST_F(CudaParityTest, GeluTanhMulAndScaleWithSoftCap) {
   ExpectMirrorsClose(x);
 }
 
+TEST_F(CudaParityTest, ClampedSwigluMul) {
+  const int64_t n = 1001;
+  auto gate = Mirror(RandomFloats(n, 65, -12.f, 12.f));  // past both clamps (+-7)
+  auto up = Mirror(RandomFloats(n, 66, -12.f, 12.f));
+  RunBoth([&](Backend& b, int s) {
+    return b.SiluMul({.gate = gate.at(s), .up = up.at(s), .out = gate.at(s), .n = n,
+                      .act = GateActivation::kClampedSwiglu});
+  });
+  ExpectMirrorsClose(gate);
+}
+
 // Gemma-2's soft-capped scores, Llama-4's chunked layers and GraniteSWA's sinks, each alone and
 // with a window.
 TEST_F(CudaParityTest, SoftCappedAndChunkedAttentionMatchesCpu) {
