@@ -149,7 +149,12 @@ INSTANTIATE_TEST_SUITE_P(
         // spilled rows are sent already weighted), a shared expert.
         SpillLayout{"llama4", 2, false, {{1, {R, 0, R, 1, 1, R, 0, R}}, {3, {0, R, R, R, 1, R, R, 0}}},
                     "llama4_tp2_both_layers"},
-        SpillLayout{"llama4_multimodal", 2, true, {{1, {0, R, R, 0}}}, "llama4_multimodal_tp2_split_experts"}),
+        SpillLayout{"llama4_multimodal", 2, true, {{1, {0, R, R, 0}}}, "llama4_multimodal_tp2_split_experts"},
+        // gpt_oss: 4 layers, 4 experts, top-2, biased experts with the clamped SwiGLU (the host
+        // applies both); gpt_oss_mxfp4: the host dequantizes its experts too, and split experts
+        // keep their down bias on rank 0.
+        SpillLayout{"gpt_oss", 2, false, {{0, {1, R, R, 0}}, {3, {R, 0, 1, R}}}, "gpt_oss_tp2_two_layers"},
+        SpillLayout{"gpt_oss_mxfp4", 2, true, {{1, {0, R, R, 0}}}, "gpt_oss_mxfp4_tp2_split_experts"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 // An expert host quantizes like the stages (--quantize reaches it in its assignment): int8 experts
