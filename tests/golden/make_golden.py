@@ -130,6 +130,18 @@ GRANITE_MULTIPLIERS = dict(
     logits_scaling=4.0,
 )
 
+# The GPT-OSS fixtures' config (4 experts x 32, 2 per token; GptOssConfig's default YaRN).
+GPT_OSS = dict(
+    intermediate_size=32,  # per expert
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    sliding_window=4,
+    tie_word_embeddings=False,
+)
+
 # granite_moe's config, which granite_moe_shared extends.
 GRANITE_MOE = dict(
     intermediate_size=16,  # per expert
@@ -811,28 +823,25 @@ SPECS = [
     # GPT-OSS: q/k/v/o biases, sinks, sliding layers (the even ones by default), YaRN (GptOssConfig's
     # default rope_parameters: factor 32 over 4096 positions, which at head_dim 16 blends frequencies
     # 3 and 4 and interpolates 5 to 7, and scales cos and sin by 1.35), a biased router and biased
-    # experts with the clamped SwiGLU. The experts' gate/up weights are drawn large enough (std 0.6)
-    # that the clamps at +-7 bite. gpt_oss is saved as transformers saves it (experts.gate_up_proj
-    # [experts, hidden, 2 x width], gate and up in alternating columns); gpt_oss_mxfp4 as GPT-OSS is
-    # released: bf16, its experts' matrices MXFP4 (`_blocks` and `_scales`; see write_mxfp4), which
-    # transformers dequantizes when it loads them for the reference.
+    # experts with the clamped SwiGLU. gpt_oss's expert gate/up weights are drawn large enough (std
+    # 0.45) that the clamps at +-7 bite; gpt_oss_mxfp4's at the default std (larger ones made its
+    # routing flip under any rounding). gpt_oss is saved as transformers saves it
+    # (experts.gate_up_proj [experts, hidden, 2 x width], gate and up in alternating columns);
+    # gpt_oss_mxfp4 as GPT-OSS is released: bf16, its experts' matrices MXFP4 (`_blocks` and
+    # `_scales`; see write_mxfp4), which transformers dequantizes when it loads them for the reference.
     dict(
         name="gpt_oss",
         model_cls=GptOssForCausalLM,
         config_cls=GptOssConfig,
-        config=dict(intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                    head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
-                    tie_word_embeddings=False),
+        config=dict(GPT_OSS, num_hidden_layers=4),
         std_overrides={"experts.gate_up_proj": 0.45},
     ),
     dict(
         name="gpt_oss_mxfp4",
         model_cls=GptOssForCausalLM,
         config_cls=GptOssConfig,
-        config=dict(intermediate_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                    head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
-                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                    tie_word_embeddings=False),
+        config=dict(GPT_OSS, num_hidden_layers=3,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
         save_dtype=torch.bfloat16,
         mxfp4=True,
     ),
@@ -1180,7 +1189,7 @@ def generate_model(model_idx, spec):
                     continue
                 if rel_m <= GREEDY_REL_MARGIN or EOS in gen or len(set(gen)) < MIN_DISTINCT:
                     continue
-                if probe.active and probe.min_gap <= spec.get("router_margin", ROUTER_MARGIN):
+                if probe.active and probe.min_gap <= ROUTER_MARGIN:
                     continue
                 found = (prompt, logits, gen, abs_m, rel_m, probe.min_gap)
                 break

@@ -311,6 +311,14 @@ def yarn_inv_freq(theta, dim, rp, max_pos):
     return (1 / (factor * pos_freqs)) * (1 - extra) + (1 / pos_freqs) * extra, af
 
 
+def top_k_softmax(logits, k):
+    """(expert, weight) of the k largest logits (ties: the lower index), weighted by the softmax of
+    those k: GraniteMoe's and GPT-OSS's routing, which is Mixtral's renormalised softmax."""
+    top = np.argsort(-logits, kind="stable")[:k]
+    wts = np.exp(logits[top] - logits[top].max())
+    return zip(top, wts / wts.sum())
+
+
 class Model:
     def __init__(self, d=None, cfg=None, w=None):
         """From checkpoint directory d, or from a config.json dict and float64 weights."""
@@ -689,10 +697,7 @@ class Model:
         k = self.cfg.get("num_experts_per_tok", 2)
         out = np.zeros_like(x)
         for t in range(x.shape[0]):
-            top = np.argsort(-logits[t], kind="stable")[:k]
-            wts = np.exp(logits[t, top] - logits[t, top].max())
-            wts = wts / wts.sum()
-            for e, wt in zip(top, wts):
+            for e, wt in top_k_softmax(logits[t], k):
                 out[t] += wt * self.swiglu(x[t : t + 1], gu[e, :width], gu[e, width:], down[e])[0]
         return out
 
@@ -703,10 +708,7 @@ class Model:
         k = self.cfg.get("num_experts_per_tok", 4)
         out = np.zeros_like(x)
         for t in range(x.shape[0]):
-            top = np.argsort(-logits[t], kind="stable")[:k]
-            wts = np.exp(logits[t, top] - logits[t, top].max())
-            wts = wts / wts.sum()
-            for e, wt in zip(top, wts):
+            for e, wt in top_k_softmax(logits[t], k):
                 h = self.mm(x[t : t + 1], gu[e].T) + gub[e]
                 g = np.minimum(h[:, 0::2], 7.0)
                 u = np.clip(h[:, 1::2], -7.0, 7.0)
