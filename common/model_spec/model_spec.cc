@@ -1354,11 +1354,13 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     case Architecture::kGemma3:
       break;  // after the dtype (the embedding multiplier is rounded to it)
   }
-  if (s.rope.type == RopeType::kYarn && s.arch != Architecture::kDeepseekV3 && s.arch != Architecture::kDeepseekV2 &&
-      s.arch != Architecture::kGptOss) {
-    return absl::UnimplementedError(absl::StrCat(
-        label, ": rope type \"yarn\" is supported for DeepseekV2ForCausalLM, DeepseekV3ForCausalLM and GptOssForCausalLM "
-        "only (not checked against transformers on ", ArchitectureName(s.arch), " yet)"));
+  // YaRN is checked against transformers on MLA (DeepSeek) and on rotate-half heads (GPT-OSS, Qwen3);
+  // the Llama-family rotary embedding is the same everywhere else, except under Phi-3's partial
+  // rotary factor and on Gemma-2, which stay refused. (Llama-4 and Gemma-3 refuse it themselves.)
+  if (s.rope.type == RopeType::kYarn && (s.arch == Architecture::kPhi3 || s.arch == Architecture::kGemma2)) {
+    return absl::UnimplementedError(absl::StrCat(label, ": rope type \"yarn\" is not supported for ",
+                                                 ArchitectureName(s.arch),
+                                                 " (not checked against transformers there yet)"));
   }
   if (s.arch == Architecture::kMixtral || s.arch == Architecture::kQwen2Moe || s.arch == Architecture::kQwen3Moe ||
       s.IsGraniteMoe()) {

@@ -54,8 +54,8 @@ enum class RopeType : uint8_t {
   kDefault,  // inv_freq_i = theta^(-2i/d)
   kLinear,   // positions divided by `factor`
   kLlama3,   // Llama 3.1 frequency-dependent scaling
-  // YaRN (DeepSeek-V2, V3, GPT-OSS): per-frequency blend of interpolation and extrapolation; cos
-  // and sin times attention_factor.
+  // YaRN (DeepSeek-V2, V3, GPT-OSS, and Llama-family rotate-half heads): per-frequency blend of
+  // interpolation and extrapolation; cos and sin times attention_factor (MLA: its RoPE part only).
   kYarn,
   // LongRoPE (Phi-3.5, Phi-4-mini; "su" in older configs): inv_freq_i = 1 / (f_i theta^(2i/d)) with
   // f = short_factor while a sequence is at most original_max_position_embeddings long, else
@@ -383,8 +383,8 @@ struct ModelSpec {
 // than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
 // num_key_value_heads != num_attention_heads; DeepSeek-V2 likewise, with scoring_func other than
 // "softmax", topk_method other than "greedy" / "group_limited_greedy", norm_topk_prob true
-// (transformers ignores it, DeepSeek's code renormalises), mlp_bias; yarn RoPE on other
-// architectures; Gemma-2 with a
+// (transformers ignores it, DeepSeek's code renormalises), mlp_bias; yarn RoPE on Phi-3 and
+// Gemma-2; Gemma-2 with a
 // hidden_activation other than gelu_pytorch_tanh, use_bidirectional_attention, layer_types other
 // than "sliding_attention"/"full_attention", a null sliding_window with sliding layers; Gemma-3
 // likewise, and with rope_parameters not keyed by layer type, or a Gemma3ForConditionalGeneration

@@ -217,8 +217,6 @@ INSTANTIATE_TEST_SUITE_P(
                   absl::StatusCode::kInvalidArgument, "does not divide"},
         BadConfig{"GeluActivation", [](json& c) { c["hidden_act"] = "gelu"; }, absl::StatusCode::kUnimplemented,
                   "hidden_act"},
-        BadConfig{"YarnRope", [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; },
-                  absl::StatusCode::kUnimplemented, "rope type \"yarn\""},
         BadConfig{"Llama3WithoutFactor", [](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}}; },
                   absl::StatusCode::kInvalidArgument, "\"factor\" is missing"},
         BadConfig{"EosOutOfVocab", [](json& c) { c["eos_token_id"] = 100; }, absl::StatusCode::kInvalidArgument,
@@ -1659,11 +1657,13 @@ TEST(SmolLM3SpecTest, NoPELayersFromTheListOrTheInterval) {
   ASSERT_OK_AND_ASSIGN(ModelSpec b, ParseModelSpec(c.dump(), "c.json"));
   EXPECT_TRUE(b.qkv_bias);
   EXPECT_TRUE(b.o_bias);
-  // YaRN, which the model card suggests for long contexts, is not checked against transformers on
-  // this attention yet: refused, naming it.
+  // YaRN, which the model card suggests for contexts past 64K: the rotary embedding is Llama's, as
+  // on the qwen3_yarn fixture.
   c["rope_scaling"] = json::parse(R"({"rope_type":"yarn","factor":2.0,"original_max_position_embeddings":65536})");
-  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
-              StatusIs(absl::StatusCode::kUnimplemented, ::testing::AllOf(HasSubstr("yarn"), HasSubstr("SmolLM3ForCausalLM"))));
+  ASSERT_OK_AND_ASSIGN(ModelSpec yarn, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(yarn.rope.type, RopeType::kYarn);
+  EXPECT_EQ(yarn.rope.original_max_position_embeddings, 65536);
+  EXPECT_DOUBLE_EQ(yarn.rope.attention_factor, 0.1 * std::log(2.0) + 1.0);
 }
 
 // use_sliding_window: the NoPE layers slide by default (when sliding_window is set), or the
@@ -1873,10 +1873,16 @@ TEST(GptOssSpecTest, RefusesWhatIsNotImplemented) {
   EXPECT_THAT(ParseModelSpec(llama.dump(), "c.json"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::AllOf(HasSubstr("\"quant_method\" is \"mxfp4\""), HasSubstr("GptOssForCausalLM"))));
+  // YaRN on Llama's rotate-half heads parses (qwen3_yarn checks it); Gemma-2 refuses it.
   llama.erase("quantization_config");
   llama["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec yarn, ParseModelSpec(llama.dump(), "c.json"));
+  EXPECT_EQ(yarn.rope.type, RopeType::kYarn);
+  EXPECT_TRUE(yarn.rope.truncate);  // the default, unlike GPT-OSS's
+  llama["architectures"] = {"Gemma2ForCausalLM"};
   EXPECT_THAT(ParseModelSpec(llama.dump(), "c.json"),
-              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("rope type \"yarn\"")));
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       ::testing::AllOf(HasSubstr("rope type \"yarn\""), HasSubstr("Gemma2ForCausalLM"))));
 }
 
 TEST(GptOssSpecTest, GoldenConfigs) {

@@ -845,6 +845,27 @@ SPECS = [
         save_dtype=torch.bfloat16,
         mxfp4=True,
     ),
+    # Qwen3 with YaRN rope_parameters, as Qwen3's model cards suggest for long contexts: factor 4
+    # over 16 original positions at theta 1e4 (frequencies 0 kept, 1 blended, 2-15 interpolated;
+    # cos and sin x 1.139).
+    dict(
+        name="qwen3_yarn",
+        model_cls=Qwen3ForCausalLM,
+        config_cls=Qwen3Config,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rms_norm_eps=1e-6,
+            attention_bias=False,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 16},
+            tie_word_embeddings=False,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).

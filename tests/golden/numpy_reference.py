@@ -384,8 +384,8 @@ class Model:
             inv = llama3_inv_freq(inv, rp)
         elif rp["rope_type"] == "yarn" and self.mla:
             inv, self.rope_scale = yarn_inv_freq(theta, self.hd, rp, c["max_position_embeddings"])
-        elif rp["rope_type"] == "yarn" and self.gpt_oss:
-            inv, self.cos_scale = yarn_inv_freq(theta, self.hd, rp, c["max_position_embeddings"])
+        elif rp["rope_type"] == "yarn":  # rotate-half heads: cos and sin times attention_factor
+            inv, self.cos_scale = yarn_inv_freq(theta, self.rot, rp, c["max_position_embeddings"])
         elif rp["rope_type"] != "default":
             raise ValueError(f"rope_type {rp['rope_type']} not implemented here")
         self.inv_freq = inv
