@@ -933,7 +933,6 @@ kernels::LinearGroupParams::Part GroupPart(const LinearWeight& lin, float* y) {
   return {.w = lin.view(), .bias = lin.bias(), .y = y, .out = lin.out};
 }
 
-// The activation of the spec's gated MLPs, as SiluMul takes it.
 }  // namespace
 
 kernels::GateActivation GateActivationOf(const ModelSpec& spec) {

@@ -111,7 +111,7 @@ struct LayerWeights {
   kernels::DeviceBuffer sinks;
   bool sparse = false;
   MlpWeights mlp;                    // dense layers
-  LinearWeight router;               // sparse: [experts, hidden]
+  LinearWeight router;               // sparse: [experts, hidden], with GPT-OSS's bias [experts]
   std::vector<MlpWeights> experts;   // sparse: one per expert; empty weights for non-local ones
   // Sparse: where each expert is computed, as ModelOptions::layer_experts (the layout's default
   // when the layer is not listed there): a rank, or kRemoteExpert.
