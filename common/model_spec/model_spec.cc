@@ -268,6 +268,18 @@ absl::Status CheckFullAttentionLayers(const Fields& f, int64_t num_layers) {
   return absl::OkStatus();
 }
 
+// num_local_experts and num_experts_per_tok, with a config class's defaults for missing ones (a
+// default top_k above the experts given is an error naming the field).
+absl::Status ParseExpertCounts(const Fields& f, int64_t default_experts, int64_t default_top_k, MoeSpec* moe) {
+  ASSIGN_OR_RETURN(moe->num_experts, f.IntOr("num_local_experts", default_experts, 1, 4096));
+  ASSIGN_OR_RETURN(moe->top_k, f.IntOr("num_experts_per_tok", default_top_k, 1, moe->num_experts));
+  if (moe->top_k > moe->num_experts) {
+    return f.Error("num_experts_per_tok", absl::StrCat("is missing, and its default (", default_top_k,
+                                                       ") exceeds num_local_experts (", moe->num_experts, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
   MoeSpec& moe = spec->moe;
   if (spec->arch == Architecture::kMixtral || spec->IsGraniteMoe()) {
@@ -280,12 +292,7 @@ absl::Status ParseMoe(const Fields& f, ModelSpec* spec) {
       ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size, f.IntOr("shared_intermediate_size", 0, 0, kMaxDim));
     }
     if (granite) {
-      ASSIGN_OR_RETURN(moe.num_experts, f.IntOr("num_local_experts", 8, 1, 4096));
-      ASSIGN_OR_RETURN(moe.top_k, f.IntOr("num_experts_per_tok", 2, 1, moe.num_experts));
-      if (moe.top_k > moe.num_experts) {
-        return f.Error("num_experts_per_tok",
-                       absl::StrCat("is missing, and its default (2) exceeds num_local_experts (", moe.num_experts, ")"));
-      }
+      RETURN_IF_ERROR(ParseExpertCounts(f, 8, 2, &moe));
     } else {
       ASSIGN_OR_RETURN(moe.num_experts, f.Int("num_local_experts", 1, 4096));
       ASSIGN_OR_RETURN(moe.top_k, f.Int("num_experts_per_tok", 1, moe.num_experts));
@@ -804,12 +811,7 @@ absl::Status ParseGptOss(const Fields& f, ModelSpec* s) {
   }
   s->activation = Activation::kClampedSwiglu;
   MoeSpec& moe = s->moe;
-  ASSIGN_OR_RETURN(moe.num_experts, f.IntOr("num_local_experts", 128, 1, 4096));
-  ASSIGN_OR_RETURN(moe.top_k, f.IntOr("num_experts_per_tok", 4, 1, moe.num_experts));
-  if (moe.top_k > moe.num_experts) {
-    return f.Error("num_experts_per_tok",
-                   absl::StrCat("is missing, and its default (4) exceeds num_local_experts (", moe.num_experts, ")"));
-  }
+  RETURN_IF_ERROR(ParseExpertCounts(f, 128, 4, &moe));
   moe.norm_topk_prob = true;
   moe.expert_intermediate_size = s->intermediate_size;
   moe.sparse_layers.assign(static_cast<size_t>(s->num_layers), true);

@@ -137,6 +137,15 @@ TEST(DTypeTest, ParseNamesTheUnsupportedDtype) {
   EXPECT_THAT(ParseDType("F8_E5M2"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("F8_E5M2")));
   // kQ8 is a kernel weight format, never a checkpoint's.
   EXPECT_THAT(ParseDType("Q8"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Q8")));
+  // MXFP4's blocks and scales: raw bytes, read as their values; other integer dtypes stay refused.
+  EXPECT_EQ(*ParseDType("U8"), DType::kU8);
+  EXPECT_EQ(DTypeName(DType::kU8), "U8");
+  EXPECT_EQ(DTypeSize(DType::kU8), 1u);
+  const unsigned char bytes[3] = {0, 127, 255};
+  float values[3];
+  ConvertToFloat(DType::kU8, bytes, 3, values);
+  EXPECT_THAT(values, ::testing::ElementsAre(0.f, 127.f, 255.f));
+  EXPECT_THAT(ParseDType("I8"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("I8")));
 }
 
 TEST(DTypeTest, QuantizationNamesRoundTrip) {

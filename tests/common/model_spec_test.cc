@@ -1862,6 +1862,20 @@ TEST(GptOssSpecTest, RefusesWhatIsNotImplemented) {
   c["layer_types"][3] = "chunked_attention";
   EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("\"chunked_attention\"")));
+  // A default top_k above the experts given (GptOssConfig's 4; GraniteMoeConfig's 2).
+  c = GptOss20bConfig();
+  c["num_local_experts"] = 2;
+  c.erase("num_experts_per_tok");
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("\"num_experts_per_tok\""),
+                                        HasSubstr("its default (4) exceeds num_local_experts (2)"))));
+  c["architectures"] = {"GraniteMoeForCausalLM"};
+  c["num_local_experts"] = 1;
+  c.erase("quantization_config");
+  c.erase("rope_scaling");
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("its default (2) exceeds num_local_experts (1)")));
   c = GptOss20bConfig();
   c["quantization_config"]["modules_to_not_convert"] = "lm_head";
   EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),

@@ -130,6 +130,20 @@ GRANITE_MULTIPLIERS = dict(
     logits_scaling=4.0,
 )
 
+# qwen3's config, which qwen3_yarn extends.
+QWEN3 = dict(
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,  # explicit, != hidden_size / num_attention_heads (16), as in Qwen3-0.6B
+    rms_norm_eps=1e-6,
+    attention_bias=False,
+    use_sliding_window=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    tie_word_embeddings=False,
+)
+
 # The GPT-OSS fixtures' config (4 experts x 32, 2 per token; GptOssConfig's default YaRN).
 GPT_OSS = dict(
     intermediate_size=32,  # per expert
@@ -294,18 +308,7 @@ SPECS = [
         name="qwen3",
         model_cls=Qwen3ForCausalLM,
         config_cls=Qwen3Config,
-        config=dict(
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,  # explicit, != hidden_size / num_attention_heads (16), as in Qwen3-0.6B
-            rms_norm_eps=1e-6,
-            attention_bias=False,
-            use_sliding_window=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-            tie_word_embeddings=False,
-        ),
+        config=QWEN3,
     ),
     dict(
         name="qwen3_moe",
@@ -852,19 +855,8 @@ SPECS = [
         name="qwen3_yarn",
         model_cls=Qwen3ForCausalLM,
         config_cls=Qwen3Config,
-        config=dict(
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            rms_norm_eps=1e-6,
-            attention_bias=False,
-            use_sliding_window=False,
-            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                             "original_max_position_embeddings": 16},
-            tie_word_embeddings=False,
-        ),
+        config=dict(QWEN3, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                            "original_max_position_embeddings": 16}),
     ),
 ]
 

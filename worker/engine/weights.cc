@@ -324,13 +324,11 @@ class Loader {
     ASSIGN_OR_RETURN(HostTensor gu, ReadWeightRows(ckpt_, spec_.fp8, in, {experts, 2 * width, hidden}, e, e + 1));
     ASSIGN_OR_RETURN(HostTensor dn, ReadWeightRows(ckpt_, spec_.fp8, out, {experts, hidden, width}, e, e + 1));
     const int64_t local = end - begin;
-    HostTensor g({local, hidden}), u({local, hidden}), d({hidden, local});
+    HostTensor g({local, hidden}), u({local, hidden});
     const float* src = gu.data();
     std::copy(src + begin * hidden, src + end * hidden, g.data());
     std::copy(src + (width + begin) * hidden, src + (width + end) * hidden, u.data());
-    for (int64_t c = 0; c < hidden; ++c) {
-      std::copy(dn.data() + c * width + begin, dn.data() + c * width + end, d.data() + c * local);
-    }
+    HostTensor d = ColumnSlice(dn, hidden, width, begin, end);
     ScaleHost(d, down_scale);
     return UploadExpert(g, u, d, in, out, hidden, local);
   }
@@ -355,15 +353,13 @@ class Loader {
       dn = Transposed(dn_t, width, hidden);
     }
     const int64_t local = end - begin;
-    HostTensor g({local, hidden}), u({local, hidden}), d({hidden, local});
+    HostTensor g({local, hidden}), u({local, hidden});
     for (int64_t r = 0; r < local; ++r) {
       const float* gate_row = gu.data() + 2 * (begin + r) * hidden;
       std::copy(gate_row, gate_row + hidden, g.data() + r * hidden);
       std::copy(gate_row + hidden, gate_row + 2 * hidden, u.data() + r * hidden);
     }
-    for (int64_t c = 0; c < hidden; ++c) {
-      std::copy(dn.data() + c * width + begin, dn.data() + c * width + end, d.data() + c * local);
-    }
+    const HostTensor d = ColumnSlice(dn, hidden, width, begin, end);
     ASSIGN_OR_RETURN(MlpWeights m, UploadExpert(g, u, d, gate_up, down, hidden, local));
     const std::string gate_up_bias = gate_up + "_bias";
     RETURN_IF_ERROR(CheckDType(gate_up_bias));
@@ -382,6 +378,14 @@ class Loader {
       ASSIGN_OR_RETURN(m.down.b, Upload(db));
     }
     return m;
+  }
+  // Columns [begin, end) of `t` [rows, cols] (any leading dims of size 1): [rows, end - begin].
+  static HostTensor ColumnSlice(const HostTensor& t, int64_t rows, int64_t cols, int64_t begin, int64_t end) {
+    HostTensor out({rows, end - begin});
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy(t.data() + r * cols + begin, t.data() + r * cols + end, out.data() + r * (end - begin));
+    }
+    return out;
   }
   // `t` [rows, cols] (any leading dims of size 1) transposed to [cols, rows].
   static HostTensor Transposed(const HostTensor& t, int64_t rows, int64_t cols) {

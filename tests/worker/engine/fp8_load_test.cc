@@ -90,9 +90,9 @@ TEST(Fp8LoadErrorsTest, BlockSizeThatDisagreesWithTheScalesNamesWeightAndScales)
                                  "weight_block_size [16, 32] needs [4, 2]")));
 }
 
-// Writes into `dir` a copy of the golden llama_fp8_block whose tensors `edit` changes.
-void WriteEditedCopy(const TempDir& dir, const std::function<void(std::vector<StoredTensor>&)>& edit) {
-  const std::string src = kFp8Dir;
+// Writes into `dir` a copy of the golden llama_fp8_block (or `src`) whose tensors `edit` changes.
+void WriteEditedCopy(const TempDir& dir, const std::function<void(std::vector<StoredTensor>&)>& edit,
+                     const std::string& src = kFp8Dir) {
   dir.Write("config.json", ReadFileOrEmpty(src + "/config.json"));
   auto tensors = testing::ReadSafetensorsFile(src + "/model.safetensors");
   ASSERT_TRUE(tensors.ok()) << tensors.status();
@@ -376,6 +376,40 @@ TEST(Fp8KeptGoldenTest, GreedyTokensAndLogitsMatchTheReference) {
     ASSERT_OK_AND_ASSIGN(auto res, Generate(*l.model, testing::GreedyRequests(golden)));
     for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].tokens, golden.cases[i].greedy_ids) << "case " << i;
     EXPECT_GT(static_cast<const testing::RecordingBackend&>(*l.backend).fp8_linears(), 0);
+  }
+}
+
+// ---------------------------------------------------------------- MXFP4 (GPT-OSS) load errors
+
+// A bad MXFP4 expert is named from the rank that reads it, and a missing expert bias by its name.
+TEST(Mxfp4LoadErrorsTest, CorruptScalesAndMissingBiasesAreNamed) {
+  const std::string src = "tests/golden/models/gpt_oss_mxfp4";
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(src));
+  {
+    // Expert 3 of layer 2, row 5, block 1: scale byte 255 (e8m0's NaN). Experts 2 and 3 are rank
+    // 1's of 2.
+    TempDir dir;
+    WriteEditedCopy(
+        dir,
+        [](std::vector<StoredTensor>& t) {
+          Find(t, "model.layers.2.mlp.experts.gate_up_proj_scales").bytes[(3 * 64 + 5) * 2 + 1] = '\xff';
+        },
+        src);
+    EXPECT_THAT(MakeExecutor(spec, dir.path(), 2),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("rank 1 of 2"),
+                               HasSubstr("\"model.layers.2.mlp.experts.gate_up_proj_scales\"[3, 5, 1] is 255 (NaN)"))));
+  }
+  {
+    TempDir dir;
+    WriteEditedCopy(
+        dir,
+        [](std::vector<StoredTensor>& t) {
+          std::erase_if(t, [](const StoredTensor& x) { return x.name == "model.layers.1.mlp.experts.down_proj_bias"; });
+        },
+        src);
+    EXPECT_THAT(MakeExecutor(spec, dir.path(), 1),
+                StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.layers.1.mlp.experts.down_proj_bias")));
   }
 }
 
