@@ -27,8 +27,14 @@ float E2M1ToFloat(uint8_t code) {
   return (code & 8) != 0 ? -m : m;
 }
 
-absl::StatusOr<HostTensor> ReadMxfp4Expert(const Checkpoint& ckpt, const std::string& name, int64_t experts,
-                                           int64_t rows, int64_t cols, int64_t expert) {
+float Mxfp4Matrix::At(int64_t r, int64_t c) const {
+  const uint8_t byte = codes[static_cast<size_t>(r * (cols / 2) + c / 2)];
+  const int scale_byte = scales[static_cast<size_t>(r * (cols / kBlock) + c / kBlock)];
+  return std::ldexp(E2M1ToFloat(static_cast<uint8_t>((c & 1) != 0 ? byte >> 4 : byte)), scale_byte - 127);
+}
+
+absl::StatusOr<Mxfp4Matrix> ReadMxfp4ExpertCodes(const Checkpoint& ckpt, const std::string& name, int64_t experts,
+                                                 int64_t rows, int64_t cols, int64_t expert) {
   if (cols % kBlock != 0) {
     return absl::InvalidArgumentError(absl::StrCat(ckpt.label(), ": MXFP4 matrix \"", name, "\" has ", cols,
                                                    " input features; MXFP4 needs a multiple of 32"));
@@ -42,22 +48,31 @@ absl::StatusOr<HostTensor> ReadMxfp4Expert(const Checkpoint& ckpt, const std::st
   ASSIGN_OR_RETURN(HostTensor blocks,
                    ckpt.ReadRows(blocks_name, {experts, rows, groups, kBlock / 2}, expert, expert + 1));
   ASSIGN_OR_RETURN(HostTensor scales, ckpt.ReadRows(scales_name, {experts, rows, groups}, expert, expert + 1));
-  HostTensor out({rows, cols});
+  Mxfp4Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.codes.resize(static_cast<size_t>(rows * cols / 2));
+  m.scales.resize(static_cast<size_t>(rows * groups));
+  for (size_t i = 0; i < m.codes.size(); ++i) m.codes[i] = static_cast<uint8_t>(blocks.data()[i]);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
-      const auto scale_byte = static_cast<int>(scales.data()[r * groups + g]);
+      const auto scale_byte = static_cast<uint8_t>(scales.data()[r * groups + g]);
       if (scale_byte == 255) {
         return absl::InvalidArgumentError(absl::StrCat(ckpt.label(), ": MXFP4 scale \"", scales_name, "\"[", expert,
                                                        ", ", r, ", ", g, "] is 255 (NaN)"));
       }
-      const float* src = blocks.data() + (r * groups + g) * (kBlock / 2);
-      float* dst = out.data() + r * cols + g * kBlock;
-      for (int64_t i = 0; i < kBlock / 2; ++i) {
-        const auto byte = static_cast<uint8_t>(src[i]);
-        dst[2 * i] = std::ldexp(E2M1ToFloat(byte), scale_byte - 127);
-        dst[2 * i + 1] = std::ldexp(E2M1ToFloat(static_cast<uint8_t>(byte >> 4)), scale_byte - 127);
-      }
+      m.scales[static_cast<size_t>(r * groups + g)] = scale_byte;
     }
+  }
+  return m;
+}
+
+absl::StatusOr<HostTensor> ReadMxfp4Expert(const Checkpoint& ckpt, const std::string& name, int64_t experts,
+                                           int64_t rows, int64_t cols, int64_t expert) {
+  ASSIGN_OR_RETURN(const Mxfp4Matrix m, ReadMxfp4ExpertCodes(ckpt, name, experts, rows, cols, expert));
+  HostTensor out({rows, cols});
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out.data()[r * cols + c] = m.At(r, c);
   }
   return out;
 }

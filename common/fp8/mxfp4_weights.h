@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/safetensors/safetensors.h"
@@ -30,8 +31,22 @@ namespace shardserve {
 // The value of the e2m1 code in the low 4 bits of `code` (the high bits are ignored).
 float E2M1ToFloat(uint8_t code);
 
-// Expert `expert` of the MXFP4 matrix `name` ([experts, rows, cols] once dequantized) as a
-// [rows, cols] f32 tensor.
+// One expert's MXFP4 matrix [rows, cols] as stored: rows x cols / 2 code bytes (row-major, two
+// codes per byte as above) and rows x cols / 32 scale bytes.
+struct Mxfp4Matrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> codes;
+  std::vector<uint8_t> scales;
+  // Element (r, c): its code's value times its block's scale.
+  float At(int64_t r, int64_t c) const;
+};
+
+// Expert `expert` of the MXFP4 matrix `name` ([experts, rows, cols] once dequantized) as stored,
+// validated as above (no scale byte is 255).
+absl::StatusOr<Mxfp4Matrix> ReadMxfp4ExpertCodes(const Checkpoint& ckpt, const std::string& name, int64_t experts,
+                                                 int64_t rows, int64_t cols, int64_t expert);
+
+// The same expert as a [rows, cols] f32 tensor.
 absl::StatusOr<HostTensor> ReadMxfp4Expert(const Checkpoint& ckpt, const std::string& name, int64_t experts,
                                            int64_t rows, int64_t cols, int64_t expert);
 

@@ -19,6 +19,16 @@ int64_t MlpBytes(const WeightFormats& f, int64_t hidden, int64_t width, int64_t 
   return 2 * ProjectionBytes(f, width, hidden, begin, 0) + ProjectionBytes(f, hidden, width, 0, begin);
 }
 
+// Bytes of one routed expert's gate/up/down of local width `width` starting at column `begin`:
+// MlpBytes, but MXFP4 matrices kept as such where their columns are whole scale blocks.
+int64_t ExpertMlpBytes(const WeightFormats& f, int64_t hidden, int64_t width, int64_t begin = 0) {
+  if (!f.mxfp4_experts) return MlpBytes(f, hidden, width, begin);
+  constexpr int64_t kBlock = 32;
+  const int64_t gate_up = 2 * Mxfp4MatrixBytes(width, hidden);
+  const bool whole_blocks = width % kBlock == 0 && begin % kBlock == 0;
+  return gate_up + (whole_blocks ? Mxfp4MatrixBytes(hidden, width) : ProjectionBytes(f, hidden, width, 0, begin));
+}
+
 // Bytes of a matrix whose rows the loader picks one by one (dequantized when FP8).
 int64_t PickedBytes(const WeightFormats& f, int64_t rows, int64_t cols) {
   return f.fp8 ? rows * cols * f.dequantized_bytes : ProjectionBytes(f, rows, cols);
@@ -111,6 +121,7 @@ WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization
     f.embedding_bytes = f.tied_embedding_bytes = narrow;
     f.head_linear_bytes = spec.fp8.has_value() ? 2 : narrow;
     f.kv_bytes = narrow;
+    f.mxfp4_experts = spec.mxfp4.has_value();
     return f;
   }
   // CPU: Linear and HeadLinear take f32 and bf16 (and kQ8), Embedding any float dtype, the KV
@@ -119,6 +130,7 @@ WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization
   f.matrix_bytes = spec.fp8.has_value() ? 2 : bf16_only;
   f.head_linear_bytes = f.matrix_bytes;
   f.int8 = quantize == Quantization::kInt8;
+  f.mxfp4_experts = spec.mxfp4.has_value();
   f.embedding_bytes = narrow;
   f.tied_embedding_bytes = bf16_only;  // the table must also be a Linear matrix
   f.kv_bytes = 4;
@@ -180,7 +192,7 @@ LayerRankBytes LayerBytes(const ModelSpec& spec, int64_t layer, int tp, int rank
     if (moe.shared_expert_gate) b.f32 += h * kF32;
   }
   const int64_t width = expert_parallel ? moe.expert_intermediate_size : moe.expert_intermediate_size / tp;
-  b.expert = MlpBytes(formats, h, width, expert_parallel ? 0 : rank * width);
+  b.expert = ExpertMlpBytes(formats, h, width, expert_parallel ? 0 : rank * width);
   // GPT-OSS's expert biases: gate and up of the local width; down on a whole expert's rank, or
   // rank 0 of an expert split over the ranks.
   if (moe.expert_bias) b.expert += (2 * width + (expert_parallel || rank == 0 ? h : 0)) * kF32;
@@ -191,7 +203,7 @@ int64_t WholeExpertBytes(const ModelSpec& spec, const WeightFormats& formats) {
   if (!spec.IsMoe()) return 0;
   const int64_t width = spec.moe.expert_intermediate_size;
   const int64_t biases = spec.moe.expert_bias ? (2 * width + spec.hidden_size) * kF32 : 0;
-  return MlpBytes(formats, spec.hidden_size, width) + biases;
+  return ExpertMlpBytes(formats, spec.hidden_size, width) + biases;
 }
 
 EndBytes StageEndBytes(const ModelSpec& spec, bool has_embedding, bool has_lm_head, int tp,

@@ -72,6 +72,11 @@ struct WeightFormats {
   bool fp8 = false;
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
   int64_t dequantized_bytes = 2;
+  // An MXFP4 checkpoint (ModelSpec::mxfp4) on a backend that keeps its experts as MXFP4 (int8 or
+  // not): each routed expert matrix at Mxfp4MatrixBytes (common/tensor/dtype.h) when its slice's
+  // columns are whole 32-column scale blocks (gate and up always; down when the rank's width and
+  // its first column are multiples of 32), else as any projection (matrix_bytes, or int8).
+  bool mxfp4_experts = false;
   bool operator==(const WeightFormats&) const = default;
 };
 
@@ -83,7 +88,8 @@ struct WeightFormats {
 // cache too (multi-head latent attention, which does not run on CUDA yet, is counted the same
 // way). FP8 matrices (ModelSpec::fp8) stay F8_E4M3 with their scales on CUDA (WeightFormats::fp8)
 // and are dequantized to bf16 on CPU ranks (and for CUDA's picked-row matrices). `quantize` =
-// kInt8 gives int8 matrices on CPU ranks only (CUDA does not take kQ8).
+// kInt8 gives int8 matrices on CPU ranks only (CUDA does not take kQ8). MXFP4 experts stay MXFP4 on
+// both backends, int8 or not (WeightFormats::mxfp4_experts).
 // The engine's own choice (worker/engine's EngineWeightFormats) is tested equal for CPU ranks.
 WeightFormats WorkerWeightFormats(const ModelSpec& spec, bool cuda, Quantization quantize);
 // The same with the KV cache `kv_cache` asks for: kFp8E4M3 gives kv_bytes = 1 (but for multi-head

@@ -22,6 +22,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kF8E4M3: return 1;
     case DType::kQ8: return 1;
     case DType::kU8: return 1;
+    case DType::kMxfp4: return 1;
   }
   return 0;
 }
@@ -34,6 +35,7 @@ absl::string_view DTypeName(DType dtype) {
     case DType::kF8E4M3: return "F8_E4M3";
     case DType::kQ8: return "Q8";
     case DType::kU8: return "U8";
+    case DType::kMxfp4: return "MXFP4";
   }
   return "?";
 }
@@ -83,6 +85,8 @@ int64_t Q8MatrixBytes(int64_t rows, int64_t cols) {
   const int64_t quants = padded_rows * blocks * 64;
   return (quants + 63) / 64 * 64 + padded_rows * blocks * 4;
 }
+
+int64_t Mxfp4MatrixBytes(int64_t rows, int64_t cols) { return rows * cols / 2 + rows * cols / 32; }
 
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -242,7 +246,8 @@ void ConvertToFloat(DType dtype, const void* src, size_t count, float* dst) {
       for (size_t i = 0; i < count; ++i) dst[i] = E4M3ToFloat(bytes[i]);
       return;
     case DType::kQ8:
-      return;  // a packed layout, not elements (see the header)
+    case DType::kMxfp4:
+      return;  // packed layouts, not elements (see the header)
     case DType::kU8:
       for (size_t i = 0; i < count; ++i) dst[i] = static_cast<float>(bytes[i]);
       return;

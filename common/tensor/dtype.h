@@ -25,11 +25,16 @@ enum class DType : uint8_t {
   // Raw bytes (safetensors "U8"): an MXFP4 checkpoint's packed e2m1 pairs and e8m0 block scales
   // (see common/model_spec's Mxfp4Quantization). Read as float, each byte becomes its value 0-255.
   kU8 = 6,
+  // Weights only, never in a checkpoint or on the wire: an MXFP4 checkpoint's matrix kept as it is
+  // stored, [rows, cols] as rows x cols / 2 bytes of e2m1 code pairs (the even column in the low
+  // nibble) plus rows x cols / 32 e8m0 scale bytes (WeightView::mxfp4_scales); cols a multiple of 32.
+  // DTypeSize is 1 (a byte holds two weights); Mxfp4MatrixBytes counts a matrix.
+  kMxfp4 = 7,
 };
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
-// "F32", "F16", "BF16", "F8_E4M3": the spelling safetensors uses ("Q8" for kQ8).
+// "F32", "F16", "BF16", "F8_E4M3": the spelling safetensors uses ("Q8" for kQ8, "MXFP4" for kMxfp4).
 absl::string_view DTypeName(DType dtype);
 // Parses a safetensors dtype string: F32, F16, BF16, F8_E4M3, U8. Any other dtype (I8, F64, F8_E5M2,
 // ...) is InvalidArgument naming it.
@@ -75,8 +80,11 @@ absl::StatusOr<DType> ParseHiddenWireDtype(absl::string_view name);
 // aligned). The CPU kernels' packed layout (worker/kernels/cpu/q8.h) has exactly this size; the
 // memory model (common/plan/memory_model.h) counts with it.
 int64_t Q8MatrixBytes(int64_t rows, int64_t cols);
+// Bytes of a [rows, cols] matrix kept as kMxfp4 (cols a multiple of 32): a half byte per weight
+// plus one scale byte per 32 weights, 17/32 of a byte per weight.
+int64_t Mxfp4MatrixBytes(int64_t rows, int64_t cols);
 
-// Converts `count` little-endian elements of `dtype` (not kQ8) at `src` to float. `src` need not
+// Converts `count` little-endian elements of `dtype` (not kQ8 or kMxfp4) at `src` to float. `src` need not
 // be aligned.
 void ConvertToFloat(DType dtype, const void* src, size_t count, float* dst);
 // The reverse for kF32 and kBF16 (FloatToBFloat16 of each value): writes `count` little-endian

@@ -6,8 +6,9 @@
 // are cold: each timed call reads a different copy from a pool larger than the last-level cache,
 // as a decode step does. Prints GFLOP/s (GF/s), the ratio of the f32 kernel the backend picks to
 // sgemm, the ratio of the bfloat16 pick to the f32 pick, the int8 (Q8) Linear and its ratio to the
-// f32 pick and, at 1 token, the weight bytes read per second (GB/s) of the three (Q8: its int8
-// bytes plus scales).
+// f32 pick, the MXFP4 Linear (gpt-oss's expert format) and its ratio to the bfloat16 pick and, at 1
+// token, the weight bytes read per second (GB/s) of the four (Q8 and MXFP4: their bytes plus
+// scales).
 // Usage: shardserve-bench-kernels [--pool_mb=512] [--reps=3] [--tokens=1,2,3,4,8,16,32,48,64,128,256]
 #include <cblas.h>
 
@@ -68,7 +69,8 @@ int main(int argc, char** argv) {
   for (const auto& s : absl::GetFlag(FLAGS_tokens)) token_counts.push_back(std::atoi(s.c_str()));
   const bool avx512 = HaveAvx512();
   // Llama-shaped products: attention projection, MLP up, MLP down, vocabulary head (100M model).
-  const int64_t shapes[][2] = {{768, 768}, {768, 2048}, {2048, 768}, {768, 32000}};
+  // And gpt-oss's expert gate/up product (2880 x 2 x 2880), whose weights are MXFP4 as released.
+  const int64_t shapes[][2] = {{768, 768}, {768, 2048}, {2048, 768}, {768, 32000}, {2880, 5760}};
   std::printf("AVX-512: %s. f32: small up to %ld tokens, blocked%s up to %ld, sgemm above. bf16: small up to %ld, "
               "blocked%s up to %ld, widened sgemm above. GF/s; small run up to 128 tokens, blocked up to %ld.\n",
               avx512 ? "yes" : "no (blocked512 not run)", static_cast<long>(SmallBatchMaxTokens()),
@@ -77,9 +79,9 @@ int main(int argc, char** argv) {
               static_cast<long>(BlockedMaxTokensBf16()),
               static_cast<long>(std::max(BlockedMaxTokens(), BlockedMaxTokensBf16())));
   std::printf("Q8: %s body.\n", HaveAvx512Vnni() ? "AVX-512 VNNI" : "AVX2");
-  std::printf("%-13s %6s | %6s %6s %6s %6s %6s %7s | %6s %6s %6s %6s %9s | %6s %7s | %s\n", "in x out", "tokens",
-              "small", "blk2", "blk512", "sgemm", "picked", "pk/sgemm", "small", "blk2", "blk512", "picked",
-              "bf16/f32", "q8", "q8/f32", "1-token GB/s f32 bf16 q8");
+  std::printf("%-13s %6s | %6s %6s %6s %6s %6s %7s | %6s %6s %6s %6s %9s | %6s %7s | %6s %8s | %s\n", "in x out",
+              "tokens", "small", "blk2", "blk512", "sgemm", "picked", "pk/sgemm", "small", "blk2", "blk512", "picked",
+              "bf16/f32", "q8", "q8/f32", "mxfp4", "mx4/bf16", "1-token GB/s f32 bf16 q8 mxfp4");
   for (const auto& shape : shapes) {
     const int64_t in = shape[0], out = shape[1];
     const size_t mat = static_cast<size_t>(in * out);
@@ -90,6 +92,13 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> weights8(copies8 * q8_bytes);
     PackQ8(weights.data(), out, in, weights8.data());
     for (size_t c = 1; c < copies8; ++c) std::copy_n(weights8.data(), q8_bytes, weights8.data() + c * q8_bytes);
+    // MXFP4 copies: code pairs [out, in / 2], then scale bytes [out, in / 32] (2^-7 .. 2^0).
+    const size_t mx_codes = static_cast<size_t>(out * in / 2), mx_bytes = mx_codes + static_cast<size_t>(out * in / 32);
+    const size_t copies4 = std::max<size_t>(1, pool_bytes / mx_bytes);
+    std::vector<uint8_t> weights4(copies4 * mx_bytes);
+    for (size_t i = 0; i < weights4.size(); ++i) {
+      weights4[i] = static_cast<uint8_t>(i % mx_bytes < mx_codes ? i % 251 : 120 + i % 8);
+    }
     for (int64_t m : token_counts) {
       std::vector<float> x(static_cast<size_t>(m * in), 0.01f), y(static_cast<size_t>(m * out));
       // Seconds per call, the best of the passes.
@@ -106,6 +115,7 @@ int main(int argc, char** argv) {
       auto gf = [&](auto&& f) { return flops / seconds(f, weights.data(), copies, mat) / 1e9; };
       auto gf16 = [&](auto&& f) { return flops / seconds(f, weights16.data(), copies16, mat) / 1e9; };
       auto gf8 = [&](auto&& f) { return flops / seconds(f, weights8.data(), copies8, q8_bytes) / 1e9; };
+      auto gf4 = [&](auto&& f) { return flops / seconds(f, weights4.data(), copies4, mx_bytes) / 1e9; };
       // The stream kernels are slow at large batches and never picked there.
       const bool run_small = m <= 128;
       const bool run_blocked = m <= std::max(BlockedMaxTokens(), BlockedMaxTokensBf16());
@@ -146,8 +156,13 @@ int main(int argc, char** argv) {
                               .y = y.data(), .tokens = m, .in = in, .out = out})
                   .ok();
       });
+      const double mx4 = gf4([&](const uint8_t* w) {
+        ok &= backend.Linear({.x = x.data(), .w = shardserve::kernels::WeightView::Mxfp4(w, w + mx_codes),
+                              .y = y.data(), .tokens = m, .in = in, .out = out})
+                  .ok();
+      });
       if (!ok) {
-        std::fprintf(stderr, "bf16 or Q8 Linear failed\n");
+        std::fprintf(stderr, "bf16, Q8 or MXFP4 Linear failed\n");
         return 1;
       }
       const double blocked = avx512 ? blocked512 : blocked2;
@@ -156,13 +171,15 @@ int main(int argc, char** argv) {
       if (m == 1) {
         // One token reads each weight once per 2 flops.
         gbs = Cell(picked / 2 * sizeof(float)) + " " + Cell(picked16 / 2 * sizeof(uint16_t)) + " " +
-              Cell(q8 / 2 * static_cast<double>(q8_bytes) / static_cast<double>(mat));
+              Cell(q8 / 2 * static_cast<double>(q8_bytes) / static_cast<double>(mat)) + " " +
+              Cell(mx4 / 2 * static_cast<double>(mx_bytes) / static_cast<double>(mat));
       }
-      std::printf("%5ld x %-5ld %6ld | %s %s %s %s %s %7.2fx | %s %s %s %s %8.2fx | %s %6.2fx | %s\n",
+      std::printf("%5ld x %-5ld %6ld | %s %s %s %s %s %7.2fx | %s %s %s %s %8.2fx | %s %6.2fx | %s %7.2fx | %s\n",
                   static_cast<long>(in), static_cast<long>(out), static_cast<long>(m), Cell(small).c_str(),
                   Cell(blocked2).c_str(), Cell(blocked512).c_str(), Cell(sgemm).c_str(), Cell(picked).c_str(),
                   picked / sgemm, Cell(small16).c_str(), Cell(blocked2_16).c_str(), Cell(blocked512_16).c_str(),
-                  Cell(picked16).c_str(), picked16 / picked, Cell(q8).c_str(), q8 / picked, gbs.c_str());
+                  Cell(picked16).c_str(), picked16 / picked, Cell(q8).c_str(), q8 / picked, Cell(mx4).c_str(),
+                  mx4 / picked16, gbs.c_str());
     }
   }
   return 0;

@@ -104,6 +104,12 @@ absl::Status RecordingBackend::Embedding(const kernels::EmbeddingParams& p) {
 }
 absl::Status RecordingBackend::Linear(const kernels::LinearParams& p) {
   largest_product_ = std::max(largest_product_, p.tokens * p.in);
+  if (p.w.dtype == DType::kMxfp4) {
+    return RunOrRecord([this, p] {
+      ++*mxfp4_linears_;
+      return inner_->Linear(p);
+    });
+  }
   if (!emulate_fp8_ || p.w.dtype != DType::kF8E4M3) return RunOrRecord([this, p] { return inner_->Linear(p); });
   if (absl::Status st = p.Validate(); !st.ok()) return st;
   // Dequantized when run (a replay reads the codes then), from host memory: the inner backend is

@@ -48,6 +48,9 @@ class RecordingBackend final : public kernels::Backend {
   // SupportsOp(kKvWrite or kAttention, kF8E4M3) false: a backend without FP8 KV cache kernels.
   void RefuseFp8KvCacheForTest(bool on) { refuse_fp8_kv_ = on; }
   int fp8_linears() const { return *fp8_linears_; }  // F8_E4M3 Linear calls run so far
+  // SupportsOp(kLinear, kMxfp4) false: a backend without MXFP4 kernels (the loader dequantizes).
+  void RefuseMxfp4ForTest(bool on) { refuse_mxfp4_ = on; }
+  int mxfp4_linears() const { return *mxfp4_linears_; }  // MXFP4 Linear calls run so far
   // Calls seen so far (run or recorded) of the fused forms the engine may use: a LinearGroup with
   // `gated` set, a KvWrite carrying `rope`; and of the separate Rope op. The default LinearGroup's
   // RmsNorm for a normed form counts as an RmsNorm too.
@@ -70,6 +73,7 @@ class RecordingBackend final : public kernels::Backend {
     if (op == kernels::Op::kGroupedLinear && emulate_grouped_) return inner_->SupportsOp(kernels::Op::kLinear, dtype);
     if (op == kernels::Op::kMoeCombine && emulate_combine_) return dtype == DType::kF32;
     if (op == kernels::Op::kLinear && dtype == DType::kF8E4M3 && emulate_fp8_) return true;
+    if (dtype == DType::kMxfp4 && refuse_mxfp4_) return false;
     if ((op == kernels::Op::kKvWrite || op == kernels::Op::kAttention) && dtype == DType::kF8E4M3 && refuse_fp8_kv_) {
       return false;
     }
@@ -136,6 +140,8 @@ class RecordingBackend final : public kernels::Backend {
   bool emulate_fp8_ = false;
   bool refuse_fp8_kv_ = false;
   std::shared_ptr<int> fp8_linears_ = std::make_shared<int>(0);
+  bool refuse_mxfp4_ = false;
+  std::shared_ptr<int> mxfp4_linears_ = std::make_shared<int>(0);
   int grouped_linears_ = 0;
   bool emulate_combine_ = false;
   int moe_combines_ = 0;

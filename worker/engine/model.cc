@@ -263,6 +263,7 @@ WeightFormats EngineWeightFormats(const ModelSpec& spec, const kernels::Backend&
     f.dequantized_bytes =
         static_cast<int64_t>(DTypeSize(KeptWeightDType(backend, DType::kBF16, kernels::Op::kLinear)));
   }
+  f.mxfp4_experts = spec.mxfp4.has_value() && backend.SupportsOp(kernels::Op::kLinear, DType::kMxfp4);
   f.head_linear_bytes = static_cast<int64_t>(DTypeSize(KeptWeightDType(backend, matrices, kernels::Op::kHeadLinear)));
   f.embedding_bytes = static_cast<int64_t>(DTypeSize(KeptEmbeddingDType(backend, stored, false)));
   f.tied_embedding_bytes = static_cast<int64_t>(DTypeSize(KeptEmbeddingDType(backend, stored, true)));

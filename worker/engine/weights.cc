@@ -8,6 +8,7 @@
 #include "common/fp8/fp8_weights.h"
 #include "common/fp8/mxfp4_weights.h"
 #include "common/status/macros.h"
+#include "worker/kernels/shared/mxfp4_math.h"
 
 namespace shardserve::engine {
 namespace {
@@ -340,27 +341,27 @@ class Loader {
                                                int64_t width, int64_t begin, int64_t end, bool down_bias_here) {
     const std::string gate_up = prefix + "experts.gate_up_proj";
     const std::string down = prefix + "experts.down_proj";
-    HostTensor gu, dn;  // [2 x width, hidden] and [hidden, width], as nn.Linear holds them
+    const int64_t local = end - begin;
+    MlpWeights m;
     if (spec_.mxfp4.has_value()) {
-      ASSIGN_OR_RETURN(gu, ReadMxfp4Expert(ckpt_, gate_up, experts, 2 * width, hidden, e));
-      ASSIGN_OR_RETURN(dn, ReadMxfp4Expert(ckpt_, down, experts, hidden, width, e));
+      ASSIGN_OR_RETURN(m, Mxfp4Expert(gate_up, down, experts, e, hidden, width, begin, end));
     } else {
       RETURN_IF_ERROR(CheckDType(gate_up));
       RETURN_IF_ERROR(CheckDType(down));
       ASSIGN_OR_RETURN(HostTensor gu_t, ReadWeightRows(ckpt_, spec_.fp8, gate_up, {experts, hidden, 2 * width}, e, e + 1));
       ASSIGN_OR_RETURN(HostTensor dn_t, ReadWeightRows(ckpt_, spec_.fp8, down, {experts, width, hidden}, e, e + 1));
-      gu = Transposed(gu_t, hidden, 2 * width);
-      dn = Transposed(dn_t, width, hidden);
+      // [2 x width, hidden] and [hidden, width], as nn.Linear holds them.
+      const HostTensor gu = Transposed(gu_t, hidden, 2 * width);
+      const HostTensor dn = Transposed(dn_t, width, hidden);
+      HostTensor g({local, hidden}), u({local, hidden});
+      for (int64_t r = 0; r < local; ++r) {
+        const float* gate_row = gu.data() + 2 * (begin + r) * hidden;
+        std::copy(gate_row, gate_row + hidden, g.data() + r * hidden);
+        std::copy(gate_row + hidden, gate_row + 2 * hidden, u.data() + r * hidden);
+      }
+      const HostTensor d = ColumnSlice(dn, hidden, width, begin, end);
+      ASSIGN_OR_RETURN(m, UploadExpert(g, u, d, gate_up, down, hidden, local));
     }
-    const int64_t local = end - begin;
-    HostTensor g({local, hidden}), u({local, hidden});
-    for (int64_t r = 0; r < local; ++r) {
-      const float* gate_row = gu.data() + 2 * (begin + r) * hidden;
-      std::copy(gate_row, gate_row + hidden, g.data() + r * hidden);
-      std::copy(gate_row + hidden, gate_row + 2 * hidden, u.data() + r * hidden);
-    }
-    const HostTensor d = ColumnSlice(dn, hidden, width, begin, end);
-    ASSIGN_OR_RETURN(MlpWeights m, UploadExpert(g, u, d, gate_up, down, hidden, local));
     const std::string gate_up_bias = gate_up + "_bias";
     RETURN_IF_ERROR(CheckDType(gate_up_bias));
     ASSIGN_OR_RETURN(HostTensor gub, ckpt_.ReadRows(gate_up_bias, {experts, 2 * width}, e, e + 1));
@@ -376,6 +377,77 @@ class Loader {
       RETURN_IF_ERROR(CheckDType(down_bias));
       ASSIGN_OR_RETURN(HostTensor db, ckpt_.ReadRows(down_bias, {experts, hidden}, e, e + 1));
       ASSIGN_OR_RETURN(m.down.b, Upload(db));
+    }
+    return m;
+  }
+  // Whether MXFP4 matrices stay MXFP4 on this backend, int8 asked or not (they are 4-bit already;
+  // int8 would take twice the bytes and round them again); else they are dequantized (and
+  // quantized to int8 when asked).
+  bool KeepsMxfp4() const { return backend_.SupportsOp(kernels::Op::kLinear, DType::kMxfp4); }
+  // InterleavedExpert's matrices from an MXFP4 checkpoint (without biases): gate rows 2 x [begin,
+  // end) and up rows 2 x [begin, end) + 1 of gate_up_proj[e], columns [begin, end) of down_proj[e].
+  // Kept as MXFP4 where KeepsMxfp4(): the gate and up rows as their bytes, the down columns too when
+  // they are whole scale blocks (begin and end multiples of 32), else dequantized like the others.
+  absl::StatusOr<MlpWeights> Mxfp4Expert(const std::string& gate_up, const std::string& down, int64_t experts,
+                                         int64_t e, int64_t hidden, int64_t width, int64_t begin, int64_t end) {
+    ASSIGN_OR_RETURN(const Mxfp4Matrix gu, ReadMxfp4ExpertCodes(ckpt_, gate_up, experts, 2 * width, hidden, e));
+    ASSIGN_OR_RETURN(const Mxfp4Matrix dn, ReadMxfp4ExpertCodes(ckpt_, down, experts, hidden, width, e));
+    const bool keep = KeepsMxfp4();
+    const bool keep_down = keep && begin % kernels::kMxfp4Block == 0 && end % kernels::kMxfp4Block == 0;
+    // Rows `rows` of `src`, columns [col_begin, col_end) (whole scale blocks), as a kept matrix.
+    auto upload_kept = [&](const Mxfp4Matrix& src, const std::vector<int64_t>& rows, int64_t col_begin,
+                           int64_t col_end, LinearWeight* lw) -> absl::Status {
+      const int64_t cols = col_end - col_begin;
+      lw->dtype = DType::kMxfp4;
+      lw->in = cols;
+      lw->out = static_cast<int64_t>(rows.size());
+      std::vector<uint8_t> codes, scales;
+      codes.reserve(static_cast<size_t>(lw->out * cols / 2));
+      scales.reserve(static_cast<size_t>(lw->out * cols / kernels::kMxfp4Block));
+      for (const int64_t r : rows) {
+        const uint8_t* code_row = src.codes.data() + r * (src.cols / 2);
+        const uint8_t* scale_row = src.scales.data() + r * (src.cols / kernels::kMxfp4Block);
+        codes.insert(codes.end(), code_row + col_begin / 2, code_row + col_end / 2);
+        scales.insert(scales.end(), scale_row + col_begin / kernels::kMxfp4Block,
+                      scale_row + col_end / kernels::kMxfp4Block);
+      }
+      if (codes.empty()) return absl::OkStatus();
+      ASSIGN_OR_RETURN(lw->w, UploadBytes(codes.data(), codes.size()));
+      ASSIGN_OR_RETURN(lw->scales, UploadBytes(scales.data(), scales.size()));
+      return absl::OkStatus();
+    };
+    // The same rows and columns dequantized, in the dtype a dequantized MXFP4 matrix is kept in.
+    auto upload_decoded = [&](const Mxfp4Matrix& src, const std::vector<int64_t>& rows, int64_t col_begin,
+                              int64_t col_end, const std::string& name, LinearWeight* lw) -> absl::Status {
+      const int64_t cols = col_end - col_begin;
+      HostTensor t({static_cast<int64_t>(rows.size()), cols});
+      for (size_t i = 0; i < rows.size(); ++i) {
+        for (int64_t c = 0; c < cols; ++c) t.data()[static_cast<int64_t>(i) * cols + c] = src.At(rows[i], col_begin + c);
+      }
+      lw->dtype = DequantizedMatrixDType(name);
+      lw->in = cols;
+      lw->out = static_cast<int64_t>(rows.size());
+      ASSIGN_OR_RETURN(lw->w, UploadAs(t, lw->dtype));
+      return absl::OkStatus();
+    };
+    std::vector<int64_t> gate_rows, up_rows, down_rows;
+    for (int64_t r = begin; r < end; ++r) {
+      gate_rows.push_back(2 * r);
+      up_rows.push_back(2 * r + 1);
+    }
+    for (int64_t r = 0; r < hidden; ++r) down_rows.push_back(r);
+    MlpWeights m;
+    if (keep) {
+      RETURN_IF_ERROR(upload_kept(gu, gate_rows, 0, hidden, &m.gate));
+      RETURN_IF_ERROR(upload_kept(gu, up_rows, 0, hidden, &m.up));
+    } else {
+      RETURN_IF_ERROR(upload_decoded(gu, gate_rows, 0, hidden, gate_up, &m.gate));
+      RETURN_IF_ERROR(upload_decoded(gu, up_rows, 0, hidden, gate_up, &m.up));
+    }
+    if (keep_down) {
+      RETURN_IF_ERROR(upload_kept(dn, down_rows, begin, end, &m.down));
+    } else {
+      RETURN_IF_ERROR(upload_decoded(dn, down_rows, begin, end, down, &m.down));
     }
     return m;
   }

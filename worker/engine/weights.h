@@ -25,6 +25,11 @@
 // matrices of LinearWeight (the projections, experts and lm_head; not the router or the
 // shared-expert gate) are quantized per rank slice into kQ8 where the backend SupportsOp(kLinear,
 // kQ8), FP8 ones after dequantization.
+// An MXFP4 checkpoint's experts (GPT-OSS, ModelSpec::mxfp4) stay MXFP4 (DType::kMxfp4: their code
+// bytes and scale bytes as stored, 17/32 of a byte per weight) where the backend SupportsOp(kLinear,
+// kMxfp4), with or without int8 (which then quantizes the other matrices): the gate and up rows of the rank's slice, and the down
+// projection's columns when the slice is whole 32-column scale blocks (else the down projection is
+// dequantized). Elsewhere they are dequantized, as FP8 ones are.
 // Granite's residual_multiplier is folded into o_proj and every down projection (dense, expert,
 // shared), and 1 / logits_scaling into the final norm's weight.
 // Every tensor's dtype and shape are checked against the ModelSpec before use; a mismatch is an
@@ -80,11 +85,13 @@ struct LinearWeight {
   kernels::DeviceBuffer b;  // [out] f32, or empty
   int64_t in = 0, out = 0;
   DType dtype = DType::kF32;
-  // kF8E4M3 only: the scale blocks (f32) and their layout; fp8.scales is set by view().
+  // kF8E4M3: the scale blocks (f32) and their layout; fp8.scales is set by view(). kMxfp4: the
+  // e8m0 scale bytes [out, in / 32].
   kernels::DeviceBuffer scales;
   kernels::Fp8ScaleGrid fp8;
   // For kernels::LinearParams::w.
   kernels::WeightView view() const {
+    if (dtype == DType::kMxfp4) return kernels::WeightView::Mxfp4(w.as<uint8_t>(), scales.as<uint8_t>());
     if (dtype != DType::kF8E4M3) return {dtype, w.as<void>()};
     kernels::Fp8ScaleGrid grid = fp8;
     grid.scales = scales.as<float>();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status/macros.h"
+#include "worker/kernels/shared/mxfp4_math.h"
 
 namespace shardserve::kernels {
 namespace {
@@ -308,6 +309,12 @@ absl::Status LinearParams::Validate() const {
   if (w.dtype == DType::kF8E4M3 && !w.fp8.Valid(in)) {
     return Invalid("Linear", "F8_E4M3 weights without a valid scale grid (null scales, a block size <= 0, an offset "
                              "outside the first block or too few grid columns)");
+  }
+  if (w.dtype == DType::kMxfp4) {
+    if (w.mxfp4_scales == nullptr) return Invalid("Linear", "MXFP4 weights without scales");
+    if (in % kMxfp4Block != 0) {
+      return Invalid("Linear", absl::StrCat("MXFP4 weights need an input width that is a multiple of 32, got ", in));
+    }
   }
   if (static_cast<const void*>(x) == static_cast<const void*>(y)) return Invalid("Linear", "y aliases x");
   return absl::OkStatus();

@@ -86,6 +86,9 @@ struct WeightView {
   const void* data = nullptr;  // elements of `dtype` (bf16/f16: their 16-bit patterns; F8_E4M3: codes)
   // kF8E4M3 only: element (r, c) is E4M3Decode(code) x Fp8ScaleAt(fp8, r, c) (shared/fp8_math.h).
   Fp8ScaleGrid fp8;
+  // kMxfp4 only: the e8m0 scale bytes [out, in / 32] beside `data`'s code pairs [out, in / 2];
+  // element (r, c) is Mxfp4At (shared/mxfp4_math.h).
+  const uint8_t* mxfp4_scales = nullptr;
   WeightView() = default;
   WeightView(const float* f32) : data(f32) {}  // NOLINT(google-explicit-constructor)
   WeightView(DType type, const void* p) : dtype(type), data(p) {}
@@ -94,6 +97,11 @@ struct WeightView {
   static WeightView F8E4M3(const uint8_t* codes, const Fp8ScaleGrid& scales) {
     WeightView v(DType::kF8E4M3, codes);
     v.fp8 = scales;
+    return v;
+  }
+  static WeightView Mxfp4(const uint8_t* codes, const uint8_t* scales) {
+    WeightView v(DType::kMxfp4, codes);
+    v.mxfp4_scales = scales;
     return v;
   }
 };

@@ -85,3 +85,47 @@ TEST(RankMemoryTest, TwoRanksHoldOneRankPlusTheReplicatedTensors) {
 
 }  // namespace
 }  // namespace shardserve
+
+namespace shardserve {
+namespace {
+
+// MXFP4 experts kept as stored: gpt-oss-20b's expert shape (hidden 2880, width 2880 = 90 scale
+// blocks) at 17/32 of a byte per weight, whole (tp 1, expert parallel) or split in two (1440
+// columns, 45 whole blocks); split in four, a rank's 720 down columns are no whole blocks, so its
+// down projection is dequantized (bf16) while gate and up stay MXFP4. Without mxfp4_experts, every
+// matrix at matrix_bytes.
+TEST(RankMemoryTest, Mxfp4ExpertsAtSeventeenThirtySecondsOfAByte) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec("tests/golden/models/gpt_oss_mxfp4"));
+  ASSERT_TRUE(spec.mxfp4.has_value());
+  spec.hidden_size = 2880;
+  spec.moe.expert_intermediate_size = 2880;
+  const int64_t h = 2880;
+  const int64_t biases_whole = (2 * 2880 + h) * 4;
+  const WeightFormats cpu = WorkerWeightFormats(spec, /*cuda=*/false, Quantization::kNone);
+  const WeightFormats gpu = WorkerWeightFormats(spec, /*cuda=*/true, Quantization::kNone);
+  const WeightFormats int8 = WorkerWeightFormats(spec, /*cuda=*/false, Quantization::kInt8);
+  EXPECT_TRUE(cpu.mxfp4_experts);
+  EXPECT_TRUE(gpu.mxfp4_experts);
+  EXPECT_TRUE(int8.mxfp4_experts);  // int8 leaves 4-bit experts as they are
+  const int64_t whole = 3 * (h * 2880 / 2 + h * 2880 / 32);
+  EXPECT_EQ(whole, 3 * h * 2880 * 17 / 32);
+  for (const WeightFormats& f : {cpu, gpu, int8}) {
+    EXPECT_EQ(LayerBytes(spec, 0, 1, 0, false, f).expert, whole + biases_whole);
+    EXPECT_EQ(LayerBytes(spec, 0, 2, 1, true, f).expert, whole + biases_whole);  // expert parallel: whole
+    EXPECT_EQ(WholeExpertBytes(spec, f), whole + biases_whole);
+    // Split in two: rank 1's columns [1440, 2880); its gate and up biases, no down bias.
+    EXPECT_EQ(LayerBytes(spec, 0, 2, 1, false, f).expert, whole / 2 + 2 * 1440 * 4);
+  }
+  // Split in four: gate and up [720, 2880] MXFP4, down [2880, 720] as any projection.
+  const int64_t gate_up = 2 * (720 * h / 2 + 720 * h / 32);
+  EXPECT_EQ(LayerBytes(spec, 0, 4, 2, false, cpu).expert, gate_up + h * 720 * 2 + 2 * 720 * 4);
+  EXPECT_EQ(LayerBytes(spec, 0, 4, 2, false, int8).expert, gate_up + Q8MatrixBytes(h, 720) + 2 * 720 * 4);
+  // The whole of gpt-oss-20b's experts: 24 layers x 32, about 10.2 GB (38.2 GB as bf16).
+  EXPECT_NEAR(24.0 * 32 * whole / 1e9, 10.15, 0.01);
+  WeightFormats dequantized = cpu;
+  dequantized.mxfp4_experts = false;
+  EXPECT_EQ(WholeExpertBytes(spec, dequantized), 3 * h * 2880 * 2 + biases_whole);
+}
+
+}  // namespace
+}  // namespace shardserve

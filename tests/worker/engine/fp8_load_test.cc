@@ -379,6 +379,49 @@ TEST(Fp8KeptGoldenTest, GreedyTokensAndLogitsMatchTheReference) {
   }
 }
 
+// ---------------------------------------------------------------- MXFP4 (GPT-OSS)
+
+std::unique_ptr<kernels::Backend> Mxfp4Backend(bool keep) {
+  auto cpu = kernels::CreateBackend({});
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  auto rec = std::make_unique<testing::RecordingBackend>(std::move(*cpu));
+  rec->RefuseMxfp4ForTest(!keep);
+  return rec;
+}
+
+// Where the backend takes MXFP4, the experts stay as stored: 17/32 of a byte per weight instead of
+// bf16's 2 (gpt_oss_mxfp4: 3 layers x 4 experts of gate, up [32, 64] and down [64, 32]), the
+// memory model predicts it, Linear runs on them, and the logits are the dequantized model's
+// within f32 summation order (the same weights), with the same greedy tokens.
+TEST(Mxfp4KeptTest, ExpertsStayMxfp4AndComputeTheDequantizedModel) {
+  const std::string dir = "tests/golden/models/gpt_oss_mxfp4";
+  ASSERT_OK_AND_ASSIGN(testing::LoadedModel kept, testing::LoadModel(dir, {}, Mxfp4Backend(true)));
+  ASSERT_OK_AND_ASSIGN(testing::LoadedModel decoded, testing::LoadModel(dir, {}, Mxfp4Backend(false)));
+  EXPECT_TRUE(EngineWeightFormats(kept.spec, *kept.backend, Quantization::kNone).mxfp4_experts);
+  EXPECT_FALSE(EngineWeightFormats(decoded.spec, *decoded.backend, Quantization::kNone).mxfp4_experts);
+  EXPECT_EQ(kept.model->weight_bytes(), static_cast<size_t>(kept.model->memory().Weights()));
+  EXPECT_EQ(decoded.model->weight_bytes(), static_cast<size_t>(decoded.model->memory().Weights()));
+  const int64_t per_expert_bf16 = 3 * 32 * 64 * 2;
+  const int64_t per_expert_mxfp4 = 2 * Mxfp4MatrixBytes(32, 64) + Mxfp4MatrixBytes(64, 32);
+  EXPECT_EQ(per_expert_mxfp4, 3 * (32 * 64 / 2 + 32 * 64 / 32));
+  EXPECT_EQ(decoded.model->weight_bytes() - kept.model->weight_bytes(),
+            static_cast<size_t>(3 * 4 * (per_expert_bf16 - per_expert_mxfp4)));
+
+  const std::vector<int32_t> prompt = {1, 77, 12, 200, 31, 9, 140};
+  const StepSequence s{.block_ids = WholeContextBlocks(kept.model->options(), 0), .tokens = prompt, .all_logits = true};
+  ASSERT_OK_AND_ASSIGN(StepResult a, kept.model->Step({s}));
+  ASSERT_OK_AND_ASSIGN(StepResult b, decoded.model->Step({s}));
+  ASSERT_EQ(a.logits[0].size(), b.logits[0].size());
+  float max_logit = 0;
+  for (float v : b.logits[0]) max_logit = std::max(max_logit, std::abs(v));
+  for (size_t i = 0; i < a.logits[0].size(); ++i) ASSERT_NEAR(a.logits[0][i], b.logits[0][i], 1e-4f * max_logit) << i;
+  EXPECT_GT(static_cast<const testing::RecordingBackend&>(*kept.backend).mxfp4_linears(), 0);
+  EXPECT_EQ(static_cast<const testing::RecordingBackend&>(*decoded.backend).mxfp4_linears(), 0);
+  ASSERT_OK_AND_ASSIGN(auto ga, Generate(*kept.model, {{.prompt = prompt, .max_tokens = 12}}));
+  ASSERT_OK_AND_ASSIGN(auto gb, Generate(*decoded.model, {{.prompt = prompt, .max_tokens = 12}}));
+  EXPECT_EQ(ga[0].tokens, gb[0].tokens);
+}
+
 // ---------------------------------------------------------------- MXFP4 (GPT-OSS) load errors
 
 // A bad MXFP4 expert is named from the rank that reads it, and a missing expert bias by its name.

@@ -285,7 +285,8 @@ TEST(CudaMemoryTest, PredictedBytesAreAllocatedBytesOnTheDevice) {
   for (const std::string& dir : {std::string("tests/golden/models/llama"), std::string("tests/golden/models/mixtral"),
                                 std::string("tests/golden/models/llama_bf16_sharded"),
                                 std::string("tests/golden/models/llama_fp8_block"),
-                                std::string("tests/golden/models/llama_fp8_tensor"), f16_dir.path()}) {
+                                std::string("tests/golden/models/llama_fp8_tensor"),
+                                std::string("tests/golden/models/gpt_oss_mxfp4"), f16_dir.path()}) {
     SCOPED_TRACE(dir);
     ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(dir));
     ASSERT_OK_AND_ASSIGN(auto ckpt, Checkpoint::Open(dir));

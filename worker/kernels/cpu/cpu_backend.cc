@@ -17,6 +17,7 @@
 #include "common/tensor/dtype.h"
 #include "common/status/macros.h"
 #include "worker/kernels/cpu/gemv.h"
+#include "worker/kernels/cpu/mxfp4.h"
 #include "worker/kernels/cpu/q8.h"
 #include "worker/kernels/cpu/softmax.h"
 #include "worker/kernels/shared/attention_math.h"
@@ -184,9 +185,9 @@ class CpuBackend final : public Backend {
   bool SupportsOp(Op op, DType dtype) const override {
     switch (op) {
       case Op::kEmbedding:
-        return dtype != DType::kQ8;  // rows are widened on the fly
+        return dtype != DType::kQ8 && dtype != DType::kMxfp4;  // rows are widened on the fly
       case Op::kLinear:
-        return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kQ8;
+        return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kQ8 || dtype == DType::kMxfp4;
       case Op::kKvWrite:
       case Op::kAttention:
         // f32, or float8 e4m3 codes (an FP8 KV cache, KvCacheFormat::kFp8E4M3).
@@ -290,6 +291,8 @@ class CpuBackend final : public Backend {
       case DType::kQ8:
         cpu::Q8Linear(p.x, static_cast<const uint8_t*>(p.w.data), p.bias, p.y, p.tokens, p.in, p.out, p.accumulate);
         return absl::OkStatus();
+      case DType::kMxfp4:
+        return LinearMxfp4(p);
       case DType::kF16:
       case DType::kF8E4M3:
       case DType::kU8:
@@ -310,6 +313,39 @@ class CpuBackend final : public Backend {
                 static_cast<int>(p.in), 1.0f, p.x, static_cast<int>(p.in), w, static_cast<int>(p.in), beta, p.y,
                 static_cast<int>(p.out));
     if (p.bias != nullptr) AddBias(p);
+    return absl::OkStatus();
+  }
+
+  // MXFP4 weights: decode steps decode them in registers (cpu/mxfp4.h); larger batches widen
+  // blocks of rows to f32 in the bounded scratch and run the f32 kernels on them.
+  absl::Status LinearMxfp4(const LinearParams& p) {
+    const auto* codes = static_cast<const uint8_t*>(p.w.data);
+    if (p.tokens <= cpu::kMxfp4FusedMaxTokens || p.in == 0) {
+      for (int64_t t = 0; t < p.tokens; t += cpu::kMxfp4FusedMaxTokens) {
+        const int64_t n = std::min(cpu::kMxfp4FusedMaxTokens, p.tokens - t);
+        cpu::Mxfp4SmallBatchLinear(p.x + t * p.in, codes, p.w.mxfp4_scales, p.bias, p.y + t * p.out, n, p.in, p.out,
+                                   p.accumulate, 0, p.out);
+      }
+      return absl::OkStatus();
+    }
+    const int64_t rows = std::min(p.out, std::max<int64_t>(16, kWidenFloats / p.in));
+    widened_.resize(static_cast<size_t>(rows * p.in));
+    const bool blocked = p.tokens <= cpu::BlockedMaxTokens() && blas_threads_ == 1;
+    const float beta = p.accumulate ? 1.0f : 0.0f;
+    for (int64_t o = 0; o < p.out; o += rows) {
+      const int64_t n = std::min(rows, p.out - o);
+      cpu::Mxfp4DequantizeRows(codes, p.w.mxfp4_scales, p.in, o, o + n, widened_.data());
+      if (blocked) {
+        // Rows [0, n) of the widened block are rows [o, o + n) of y (stride p.out) and the bias.
+        cpu::BlockedLinear(p.x, widened_.data(), p.bias != nullptr ? p.bias + o : nullptr, p.y + o, p.tokens, p.in,
+                           p.out, p.accumulate, 0, n);
+        continue;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.tokens), static_cast<int>(n),
+                  static_cast<int>(p.in), 1.0f, p.x, static_cast<int>(p.in), widened_.data(), static_cast<int>(p.in),
+                  beta, p.y + o, static_cast<int>(p.out));
+    }
+    if (!blocked && p.bias != nullptr) AddBias(p);
     return absl::OkStatus();
   }
 

@@ -524,6 +524,7 @@ cudaError_t LaunchAttention(const AttentionParams& p, const AttentionPlan& plan,
       break;
     case DType::kQ8:
     case DType::kU8:
+    case DType::kMxfp4:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

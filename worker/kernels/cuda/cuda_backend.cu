@@ -26,6 +26,7 @@
 #include "worker/kernels/cuda/linear16.cuh"
 #include "worker/kernels/cuda/moe_grouped.cuh"
 #include "worker/kernels/cuda/linear_fp8.cuh"
+#include "worker/kernels/cuda/linear_mxfp4.cuh"
 #include "worker/kernels/cuda/moe_route.cuh"
 #include "worker/kernels/cuda/ops.cuh"
 #include "worker/kernels/cuda/pdl.cuh"
@@ -42,7 +43,7 @@ size_t BlasWorkspaceBytes(int compute_major) { return (compute_major >= 9 ? 32u 
 // (tests/gpu/README.md): 4, 8 and cuBLAS on rounded activations decode alike.
 constexpr int kGemvLoads = 8;
 
-// Weights of an FP8 GEMM dequantized to bf16 at a time (16 MiB of scratch): the GEMM runs chunk of
+// Weights of an FP8 or MXFP4 GEMM dequantized to bf16 at a time (16 MiB of scratch): the GEMM runs chunk of
 // rows after chunk of rows, so a large matrix (an lm_head) never needs a bf16 copy of itself.
 constexpr int64_t kFp8ChunkElements = int64_t{8} << 20;
 // The fewest rows a chunk may have when it uses the scratch as it is (fewer: the scratch grows).
@@ -222,6 +223,19 @@ class CudaBackend final : public Backend {
   // else chunks of rows dequantized to bf16 into the scratch (after x rounded to bf16) and
   // multiplied on the tensor cores. tokens > 0, in > 0, out > 0.
   absl::Status LinearFp8(const LinearParams& p);
+  // Linear with MXFP4 weights (linear_mxfp4.cuh): the decoding GEMV for decode-sized batches, else
+  // the chunked GEMM of DequantizedGemm.
+  absl::Status LinearMxfp4(const LinearParams& p);
+  // Names of DequantizedGemm's calls, for errors.
+  struct DequantizedCalls {
+    const char* launch;
+    const char* gemm;
+  };
+  // y = x . w^T (+ bias) over rows of w that `dequantize(r0, r1, dst)` writes as bf16 into dst
+  // ([r1 - r0, in]), chunk after chunk in the scratch, beside x rounded to bf16.
+  absl::Status DequantizedGemm(const LinearParams& p,
+                               absl::FunctionRef<cudaError_t(int64_t, int64_t, uint16_t*)> dequantize,
+                               DequantizedCalls what);
 
   // Constant after construction / Init().
   const int device_;
@@ -398,7 +412,7 @@ bool CudaBackend::SupportsOp(Op op, DType dtype) const {
       // (MmaAttentionApplies takes bf16 caches only).
       return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF8E4M3;
     case Op::kLinear:
-      if (dtype == DType::kF8E4M3) return true;  // LinearFp8
+      if (dtype == DType::kF8E4M3 || dtype == DType::kMxfp4) return true;  // LinearFp8, LinearMxfp4
       [[fallthrough]];
     case Op::kEmbedding:
       return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
@@ -562,6 +576,7 @@ absl::Status CudaBackend::Linear(const LinearParams& p) {
   RETURN_IF_ERROR(Enter());
   if (p.tokens == 0 || p.out == 0) return absl::OkStatus();
   if (p.w.dtype == DType::kF8E4M3 && p.in > 0) return LinearFp8(p);
+  if (p.w.dtype == DType::kMxfp4 && p.in > 0) return LinearMxfp4(p);
   if (p.w.dtype != DType::kF32 && p.in > 0) return Linear16(p);
   if (p.in == 0) {
     // An empty product (cuBLAS rejects lda = 0): y = bias, or y += bias.
@@ -665,6 +680,32 @@ absl::Status CudaBackend::LinearFp8(const LinearParams& p) {
     return Check(cuda::LaunchGemvFp8(p.x, GemvFp8GroupOf(one), p.tokens, p.in, multiprocessors_, stream_),
                  "GemvFp8 kernel launch");
   }
+  return DequantizedGemm(
+      p,
+      [&](int64_t r0, int64_t r1, uint16_t* dst) {
+        return cuda::LaunchDequantizeFp8Rows(codes, p.w.fp8, p.in, r0, r1, dst, stream_);
+      },
+      {"DequantizeFp8Rows kernel launch", "cublasGemmEx (FP8 dequantized)"});
+}
+
+absl::Status CudaBackend::LinearMxfp4(const LinearParams& p) {
+  const auto* codes = static_cast<const uint8_t*>(p.w.data);
+  if (p.tokens <= cuda::kGemvMxfp4MaxTokens) {
+    return Check(cuda::LaunchGemvMxfp4(p.x, codes, p.w.mxfp4_scales, p.bias, p.y, p.tokens, p.in, p.out, p.accumulate,
+                                       multiprocessors_, stream_),
+                 "GemvMxfp4 kernel launch");
+  }
+  return DequantizedGemm(
+      p,
+      [&](int64_t r0, int64_t r1, uint16_t* dst) {
+        return cuda::LaunchDequantizeMxfp4Rows(codes, p.w.mxfp4_scales, p.in, r0, r1, dst, stream_);
+      },
+      {"DequantizeMxfp4Rows kernel launch", "cublasGemmEx (MXFP4 dequantized)"});
+}
+
+absl::Status CudaBackend::DequantizedGemm(const LinearParams& p,
+                                          absl::FunctionRef<cudaError_t(int64_t, int64_t, uint16_t*)> dequantize,
+                                          DequantizedCalls what) {
   // The scratch: x as bf16 [tokens, in], then one chunk of dequantized rows [chunk_rows, in].
   constexpr size_t kAlign = 256;
   const size_t x_bytes = (static_cast<size_t>(p.tokens * p.in) * 2 + kAlign - 1) / kAlign * kAlign;
@@ -689,13 +730,12 @@ absl::Status CudaBackend::LinearFp8(const LinearParams& p) {
   const int tokens = static_cast<int>(p.tokens), in = static_cast<int>(p.in), out = static_cast<int>(p.out);
   for (int64_t r0 = 0; r0 < p.out; r0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, p.out - r0);
-    RETURN_IF_ERROR(Check(cuda::LaunchDequantizeFp8Rows(codes, p.w.fp8, p.in, r0, r0 + rows, w16, stream_),
-                          "DequantizeFp8Rows kernel launch"));
+    RETURN_IF_ERROR(Check(dequantize(r0, r0 + rows, w16), what.launch));
     // Linear's layout for rows [r0, r0 + rows) of w: y^T[r0 .., tokens] with y's leading dimension.
     RETURN_IF_ERROR(CheckBlas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), tokens, in, &alpha,
                                            w16, CUDA_R_16BF, in, base, CUDA_R_16BF, in, &beta, p.y + r0, CUDA_R_32F,
                                            out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                              "cublasGemmEx (FP8 dequantized)"));
+                              what.gemm));
   }
   if (p.bias == nullptr) return absl::OkStatus();
   return Check(cuda::LaunchBiasAdd(p.bias, p.y, p.tokens, p.out, stream_), "Linear bias kernel launch");

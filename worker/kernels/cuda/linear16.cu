@@ -301,6 +301,7 @@ cudaError_t LaunchGemv16(DType dtype, const float* x, const Gemv16Group& group, 
     case DType::kF8E4M3:
     case DType::kQ8:
     case DType::kU8:
+    case DType::kMxfp4:
       break;
   }
   return cudaErrorInvalidValue;
@@ -321,6 +322,7 @@ cudaError_t LaunchGatedGemv16(DType dtype, const float* x, const GatedGemv16Para
     case DType::kF8E4M3:
     case DType::kQ8:
     case DType::kU8:
+    case DType::kMxfp4:
       break;
   }
   return cudaErrorInvalidValue;
@@ -341,6 +343,7 @@ cudaError_t LaunchCastTo16(DType dtype, const float* x, void* dst, int64_t n, cu
     case DType::kF8E4M3:
     case DType::kQ8:
     case DType::kU8:
+    case DType::kMxfp4:
       break;
   }
   return cudaErrorInvalidValue;
@@ -363,6 +366,7 @@ cudaError_t LaunchEmbeddingTyped(DType dtype, const void* table, const int32_t* 
     case DType::kF8E4M3:
     case DType::kQ8:
     case DType::kU8:
+    case DType::kMxfp4:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

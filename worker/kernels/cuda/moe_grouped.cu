@@ -183,6 +183,7 @@ cudaError_t GroupedGemv16Typed(DType dtype, const float* x, float* y, const Grou
     case DType::kF8E4M3:
     case DType::kQ8:
     case DType::kU8:
+    case DType::kMxfp4:
       break;
   }
   return cudaErrorInvalidValue;

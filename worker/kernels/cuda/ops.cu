@@ -463,6 +463,7 @@ cudaError_t LaunchRmsNormTo16(DType dtype, const RmsNormParams& p, void* dst, cu
     case DType::kF8E4M3:
     case DType::kQ8:
     case DType::kU8:
+    case DType::kMxfp4:
       break;
   }
   return cudaErrorInvalidValue;
@@ -506,6 +507,7 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
         break;
       case DType::kQ8:
       case DType::kU8:
+      case DType::kMxfp4:
         return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
@@ -533,6 +535,7 @@ cudaError_t LaunchKvWrite(const KvWriteParams& p, cudaStream_t stream) {
       break;
     case DType::kQ8:
     case DType::kU8:
+    case DType::kMxfp4:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
