@@ -42,11 +42,16 @@ inline void DecodeBlock(const uint8_t* bytes, uint8_t scale_byte, __m256 (&w)[4]
   w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(second, 8))), half_scale);
 }
 
-// One row against T tokens: two accumulators per token (alternate blocks) hide the FMA latency.
+// One row against T tokens. Independent accumulators per token hide the FMA latency: four (one
+// per 8 columns of a block) for up to 2 tokens, two for 3 and 4 (which the 16 ymm registers hold
+// beside the block's weights).
 template <int T>
 inline void Row(const uint8_t* codes, const uint8_t* scales, const float* x, int64_t in, float (&sums)[T]) {
-  __m256 acc[T][2];
-  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  constexpr int kAcc = T <= 2 ? 4 : 2;
+  __m256 acc[T][kAcc];
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < kAcc; ++i) acc[t][i] = _mm256_setzero_ps();
+  }
   const int64_t blocks = in / kMxfp4Block;
   for (int64_t b = 0; b < blocks; ++b) {
     __m256 w[4];
@@ -54,15 +59,14 @@ inline void Row(const uint8_t* codes, const uint8_t* scales, const float* x, int
     const int64_t c = b * kMxfp4Block;
     for (int t = 0; t < T; ++t) {
       const float* xt = x + t * in + c;
-      __m256 a = acc[t][b & 1];
-      a = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xt), a);
-      a = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), a);
-      a = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), a);
-      a = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), a);
-      acc[t][b & 1] = a;
+      for (int i = 0; i < 4; ++i) acc[t][i % kAcc] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xt + 8 * i), acc[t][i % kAcc]);
     }
   }
-  for (int t = 0; t < T; ++t) sums[t] = HorizontalSum(_mm256_add_ps(acc[t][0], acc[t][1]));
+  for (int t = 0; t < T; ++t) {
+    __m256 total = acc[t][0];
+    for (int i = 1; i < kAcc; ++i) total = _mm256_add_ps(total, acc[t][i]);
+    sums[t] = HorizontalSum(total);
+  }
 }
 #else
 // Portable: each block decoded by the shared math into 32 floats, then 8 partial sums per token.
