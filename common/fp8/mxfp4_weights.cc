@@ -44,24 +44,23 @@ absl::StatusOr<Mxfp4Matrix> ReadMxfp4ExpertCodes(const Checkpoint& ckpt, const s
   RETURN_IF_ERROR(CheckU8(ckpt, blocks_name));
   RETURN_IF_ERROR(CheckU8(ckpt, scales_name));
   const int64_t groups = cols / kBlock;
-  // Read as f32, each byte is its value 0-255 (exact).
-  ASSIGN_OR_RETURN(HostTensor blocks,
-                   ckpt.ReadRows(blocks_name, {experts, rows, groups, kBlock / 2}, expert, expert + 1));
-  ASSIGN_OR_RETURN(HostTensor scales, ckpt.ReadRows(scales_name, {experts, rows, groups}, expert, expert + 1));
+  // The stored bytes, copied as they are (U8: one byte per element).
+  ASSIGN_OR_RETURN(const absl::Span<const uint8_t> blocks,
+                   ckpt.RowBytes(blocks_name, {experts, rows, groups, kBlock / 2}, expert, expert + 1));
+  ASSIGN_OR_RETURN(const absl::Span<const uint8_t> scales,
+                   ckpt.RowBytes(scales_name, {experts, rows, groups}, expert, expert + 1));
   Mxfp4Matrix m;
   m.rows = rows;
   m.cols = cols;
-  m.codes.resize(static_cast<size_t>(rows * cols / 2));
-  m.scales.resize(static_cast<size_t>(rows * groups));
-  for (size_t i = 0; i < m.codes.size(); ++i) m.codes[i] = static_cast<uint8_t>(blocks.data()[i]);
+  m.codes.assign(blocks.begin(), blocks.end());
+  m.scales.assign(scales.begin(), scales.end());
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
-      const auto scale_byte = static_cast<uint8_t>(scales.data()[r * groups + g]);
+      const uint8_t scale_byte = m.scales[static_cast<size_t>(r * groups + g)];
       if (scale_byte == 255) {
         return absl::InvalidArgumentError(absl::StrCat(ckpt.label(), ": MXFP4 scale \"", scales_name, "\"[", expert,
                                                        ", ", r, ", ", g, "] is 255 (NaN)"));
       }
-      m.scales[static_cast<size_t>(r * groups + g)] = scale_byte;
     }
   }
   return m;

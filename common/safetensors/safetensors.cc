@@ -316,6 +316,20 @@ absl::StatusOr<HostTensor> Checkpoint::ReadRows(absl::string_view name, const Sh
   return t;
 }
 
+absl::StatusOr<absl::Span<const uint8_t>> Checkpoint::RowBytes(absl::string_view name, const Shape& expected_shape,
+                                                               int64_t row_begin, int64_t row_end) const {
+  ASSIGN_OR_RETURN(Located loc, Locate(name, expected_shape));
+  const Shape& shape = loc.entry->shape;
+  if (shape.empty() || row_begin < 0 || row_end < row_begin || row_end > shape[0]) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" ", ShapeToString(shape),
+                                                   ": row range [", row_begin, ", ", row_end, ") is out of bounds"));
+  }
+  const size_t row_bytes =
+      static_cast<size_t>(NumElements(shape) / std::max<int64_t>(shape[0], 1)) * DTypeSize(loc.entry->dtype);
+  return absl::Span<const uint8_t>(loc.file->data + loc.entry->begin + static_cast<size_t>(row_begin) * row_bytes,
+                                   static_cast<size_t>(row_end - row_begin) * row_bytes);
+}
+
 absl::StatusOr<HostTensor> Checkpoint::ReadCols(absl::string_view name, const Shape& expected_shape,
                                                 int64_t col_begin, int64_t col_end) const {
   ASSIGN_OR_RETURN(Located loc, Locate(name, expected_shape));

@@ -22,6 +22,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/tensor/dtype.h"
 #include "common/tensor/tensor.h"
 
@@ -78,6 +79,11 @@ class Checkpoint {
   // Columns [col_begin, col_end) of a 2-D tensor (input features of a weight [out, in]).
   absl::StatusOr<HostTensor> ReadCols(absl::string_view name, const Shape& expected_shape,
                                       int64_t col_begin, int64_t col_end) const;
+  // The stored bytes of rows [row_begin, row_end) (as ReadRows), unconverted: little-endian
+  // elements of the tensor's dtype, a view of the mapped file valid while the checkpoint lives. For
+  // tensors read as raw bytes (an MXFP4 checkpoint's U8 blocks and scales).
+  absl::StatusOr<absl::Span<const uint8_t>> RowBytes(absl::string_view name, const Shape& expected_shape,
+                                                     int64_t row_begin, int64_t row_end) const;
 
   // Where the checkpoint was opened from, for messages.
   const std::string& label() const { return label_; }

@@ -2,6 +2,7 @@
 // measured in the same run:
 //   decode  tok/s  vs  read-bandwidth roofline = bandwidth / weight bytes read per token
 //   prefill tok/s  vs  the sgemm rate (GFLOP/s) on a prefill-shaped product
+// A MoE model's roofline counts the experts a token reads (num_experts_per_tok of each layer's).
 // Each model runs with every --quantize choice (default: none and int8), whose rooflines count the
 // bytes actually held (int8 plus scales), and the int8/none ratios of decode and prefill are
 // printed per rank count.
@@ -25,6 +26,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/model_spec/model_spec.h"
+#include "common/plan/memory_model.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/macros.h"
 #include "tests/testing/random_model.h"
@@ -141,16 +143,23 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, Quantizatio
                    .kv_block_size = 16,
                    .max_step_tokens = std::max(prefill, 1),
                    .quantize = quantize};
+  const double load0 = Now();
   ASSIGN_OR_RETURN(auto model, engine::TpExecutor::Create(spec, *ckpt, options));
+  const double load_s = Now() - load0;
   const std::vector<int32_t> blocks = engine::WholeContextBlocks(model->options(), 0);
   // The CPU backend keeps the embedding in the checkpoint's dtype (never quantized).
   const int64_t emb_bytes =
       spec.vocab_size * spec.hidden_size * (spec.dtype.has_value() ? static_cast<int64_t>(DTypeSize(*spec.dtype)) : 4);
   // Decode reads every weight once per token except the embedding table (one row per rank),
   // unless the lm_head is the embedding itself.
-  double held = 0;
+  // A MoE layer reads num_experts_per_tok of its routed experts per token, not all of them.
+  double held = 0, experts_held = 0;
   for (size_t b : model->WeightBytesPerRank()) held += static_cast<double>(b);
-  const double weight_read = held - (spec.tie_word_embeddings ? 0.0 : static_cast<double>(emb_bytes) * ranks);
+  for (const RankMemory& m : model->MemoryPerRank()) experts_held += static_cast<double>(m.experts);
+  const double unread_experts =
+      spec.IsMoe() ? experts_held * (1.0 - static_cast<double>(spec.moe.top_k) / spec.moe.num_experts) : 0.0;
+  const double weight_read =
+      held - unread_experts - (spec.tie_word_embeddings ? 0.0 : static_cast<double>(emb_bytes) * ranks);
 
   // Decode: one sequence, greedy, after a 1-token prompt; time the steps after a short warm-up.
   std::vector<int32_t> ctx = {1};
@@ -184,9 +193,17 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, Quantizatio
     RETURN_IF_ERROR(model->Step({engine::StepSequence{.block_ids = blocks, .pos_begin = 0, .tokens = prompt}}).status());
     prefill_best = std::max(prefill_best, prefill / (Now() - p0));
   }
-  // Two flops per multiplied weight: every parameter but the embedding's lookup (and the norms).
+  // Two flops per multiplied weight: every parameter but the embedding's lookup (and the norms),
+  // and in MoE layers only the experts a token is routed to.
+  int64_t unrouted = 0;
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (spec.IsSparseLayer(l)) {
+      unrouted += (spec.moe.num_experts - spec.moe.top_k) * 3 * spec.hidden_size * spec.moe.expert_intermediate_size;
+    }
+  }
   const double flops_per_token =
-      2.0 * static_cast<double>(spec.NumParameters() - (spec.tie_word_embeddings ? 0 : spec.vocab_size * spec.hidden_size));
+      2.0 * static_cast<double>(spec.NumParameters() - unrouted -
+                                (spec.tie_word_embeddings ? 0 : spec.vocab_size * spec.hidden_size));
   const double prefill_gflops = prefill_best * flops_per_token / 1e9;
 
   // Batched decode: B sequences at context ~32, one new token each per step.
@@ -218,9 +235,10 @@ absl::StatusOr<BenchResult> Bench(const std::string& dir, int ranks, Quantizatio
     batched.emplace_back(b, b * steps / (Now() - b0));
   }
 
-  std::printf("\nmodel %s on %d CPU rank(s), quantize=%s: %.1fM parameters, %.1f MB weights read per decoded token\n",
+  std::printf("\nmodel %s on %d CPU rank(s), quantize=%s: %.1fM parameters, %.1f MB weights held (loaded in %.2f s), "
+              "%.1f MB read per decoded token\n",
               dir.c_str(), ranks, std::string(QuantizationName(quantize)).c_str(), spec.NumParameters() / 1e6,
-              weight_read / 1e6);
+              held / 1e6, load_s, weight_read / 1e6);
   std::printf("  decode : %8.1f tok/s   roofline %8.1f tok/s   fraction of roofline %.3f\n", tok_s, roofline,
               tok_s / roofline);
   std::printf("  prefill: %8.1f tok/s   (%d-token prompt) %.1f GFLOP/s = %.3f of sgemm %.1f GFLOP/s\n", prefill_best,

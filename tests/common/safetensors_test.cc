@@ -60,6 +60,16 @@ TEST(SafetensorsTest, ReadsWholeTensorsRowsAndColumns) {
   ASSERT_OK_AND_ASSIGN(HostTensor b, ckpt->Read("b", {2}));
   EXPECT_EQ(b.data()[0], 1.f);
   EXPECT_EQ(b.data()[1], -2.f);
+  // The stored bytes of rows, unconverted: the bf16 patterns of b[1], the f32 bytes of m's row 2.
+  ASSERT_OK_AND_ASSIGN(absl::Span<const uint8_t> b1, ckpt->RowBytes("b", {2}, 1, 2));
+  EXPECT_THAT(std::vector<uint8_t>(b1.begin(), b1.end()), ElementsAre(0x00, 0xc0));
+  ASSERT_OK_AND_ASSIGN(absl::Span<const uint8_t> m2, ckpt->RowBytes("m", {3, 4}, 2, 3));
+  ASSERT_EQ(m2.size(), 16u);
+  float row2[4];
+  std::memcpy(row2, m2.data(), sizeof(row2));
+  EXPECT_THAT(row2, ElementsAre(8, 9, 10, 11));
+  ASSERT_OK_AND_ASSIGN(absl::Span<const uint8_t> none, ckpt->RowBytes("m", {3, 4}, 3, 3));
+  EXPECT_TRUE(none.empty());
 }
 
 TEST(SafetensorsTest, ShapeMismatchAndBadRangesNameTheTensor) {
@@ -69,6 +79,8 @@ TEST(SafetensorsTest, ShapeMismatchAndBadRangesNameTheTensor) {
   EXPECT_THAT(ckpt->Read("m", {4, 3}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"m\" has shape [3, 4] but the model config implies [4, 3]")));
   EXPECT_THAT(ckpt->ReadRows("m", {3, 4}, 2, 4), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of bounds")));
+  EXPECT_THAT(ckpt->RowBytes("m", {3, 4}, 2, 4), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of bounds")));
+  EXPECT_THAT(ckpt->RowBytes("m", {4, 3}, 0, 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[4, 3]")));
   EXPECT_THAT(ckpt->ReadCols("b", {2}, 0, 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2-D")));
   EXPECT_THAT(ckpt->Read("nope", {1}), StatusIs(absl::StatusCode::kNotFound, HasSubstr("\"nope\" not found")));
 }
