@@ -300,19 +300,12 @@ absl::StatusOr<HostTensor> Checkpoint::Read(absl::string_view name, const Shape&
 
 absl::StatusOr<HostTensor> Checkpoint::ReadRows(absl::string_view name, const Shape& expected_shape,
                                                 int64_t row_begin, int64_t row_end) const {
-  ASSIGN_OR_RETURN(Located loc, Locate(name, expected_shape));
-  const Shape& shape = loc.entry->shape;
-  if (shape.empty() || row_begin < 0 || row_end < row_begin || row_end > shape[0]) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" ", ShapeToString(shape),
-                                                   ": row range [", row_begin, ", ", row_end, ") is out of bounds"));
-  }
-  Shape out_shape = shape;
+  ASSIGN_OR_RETURN(const absl::Span<const uint8_t> bytes, RowBytes(name, expected_shape, row_begin, row_end));
+  ASSIGN_OR_RETURN(const SafetensorsEntry* e, Find(name));
+  Shape out_shape = e->shape;
   out_shape[0] = row_end - row_begin;
-  const int64_t row_elems = NumElements(shape) / std::max<int64_t>(shape[0], 1);
   HostTensor t(out_shape);
-  const size_t esize = DTypeSize(loc.entry->dtype);
-  ConvertToFloat(loc.entry->dtype, loc.file->data + loc.entry->begin + row_begin * row_elems * esize,
-                 static_cast<size_t>(t.size()), t.data());
+  ConvertToFloat(e->dtype, bytes.data(), static_cast<size_t>(t.size()), t.data());
   return t;
 }
 

@@ -436,19 +436,15 @@ class Loader {
       up_rows.push_back(2 * r + 1);
     }
     for (int64_t r = 0; r < hidden; ++r) down_rows.push_back(r);
+    auto upload = [&](bool kept, const Mxfp4Matrix& src, const std::vector<int64_t>& rows, int64_t col_begin,
+                      int64_t col_end, const std::string& name, LinearWeight* lw) {
+      return kept ? upload_kept(src, rows, col_begin, col_end, lw)
+                  : upload_decoded(src, rows, col_begin, col_end, name, lw);
+    };
     MlpWeights m;
-    if (keep) {
-      RETURN_IF_ERROR(upload_kept(gu, gate_rows, 0, hidden, &m.gate));
-      RETURN_IF_ERROR(upload_kept(gu, up_rows, 0, hidden, &m.up));
-    } else {
-      RETURN_IF_ERROR(upload_decoded(gu, gate_rows, 0, hidden, gate_up, &m.gate));
-      RETURN_IF_ERROR(upload_decoded(gu, up_rows, 0, hidden, gate_up, &m.up));
-    }
-    if (keep_down) {
-      RETURN_IF_ERROR(upload_kept(dn, down_rows, begin, end, &m.down));
-    } else {
-      RETURN_IF_ERROR(upload_decoded(dn, down_rows, begin, end, down, &m.down));
-    }
+    RETURN_IF_ERROR(upload(keep, gu, gate_rows, 0, hidden, gate_up, &m.gate));
+    RETURN_IF_ERROR(upload(keep, gu, up_rows, 0, hidden, gate_up, &m.up));
+    RETURN_IF_ERROR(upload(keep_down, dn, down_rows, begin, end, down, &m.down));
     return m;
   }
   // Columns [begin, end) of `t` [rows, cols] (any leading dims of size 1): [rows, end - begin].
