@@ -5,13 +5,19 @@
 //   * text, {{ expressions }}, {% statements %}, {# comments #}, whitespace control ({%- -%},
 //     {{- -}}), and the environment transformers uses: trim_blocks and lstrip_blocks on.
 //   * statements: if / elif / else, for (with tuple unpacking, an `if` filter, `else`, and `loop`:
-//     index, index0, revindex, revindex0, first, last, length, previtem, nextitem), set (a name,
-//     a namespace attribute `ns.x`, or a tuple), generation blocks (rendered as plain content).
+//     index, index0, revindex, revindex0, first, last, length, previtem, nextitem), break and
+//     continue (the loopcontrols extension transformers enables), set (a name, a namespace
+//     attribute `ns.x`, or a tuple; or a block: {% set x %}...{% endset %}), macros (parameters
+//     with defaults, keyword arguments, `varargs` and `kwargs`, recursion up to kMaxMacroDepth
+//     calls deep; a macro sees its arguments, the variables of the template's top level and those
+//     around its definition, as in Jinja2), generation blocks (rendered as plain content).
 //   * expressions: literals (strings, integers, floats, true/false/none in either case, lists,
 //     dicts, tuples), names, `.attr`, `[key]`, slices `[a:b:c]`, calls, filters `x | f(...)`,
 //     tests `x is [not] t(...)`, `not`, `and`, `or`, `a if c else b`, comparisons, `in`, `not in`,
 //     + - * / // % ** and ~ (string concatenation).
-//   * globals: raise_exception(msg) (rendering fails with msg), namespace(...), range(...).
+//   * globals: raise_exception(msg) (rendering fails with msg), namespace(...), range(...),
+//     strftime_now(format) (the render's time, formatted by C's strftime, as transformers'
+//     datetime.now().strftime does).
 //   * filters: trim, length/count, tojson (transformers' variant: json.dumps, non-ASCII kept,
 //     indent=), upper, lower, capitalize, title, default/d, join, first, last, string, int, float,
 //     list, replace, items, reverse, safe, selectattr/rejectattr (with a test), map(attribute=),
@@ -20,9 +26,8 @@
 //     iterable, sequence, true, false, equalto/eq/==, ne, odd, even, divisibleby, in.
 //   * methods: str.strip/lstrip/rstrip/split/startswith/endswith/upper/lower/replace/title,
 //     dict.items/keys/values/get.
-// Not supported (a parse or render error naming it, never a crash): macros, call blocks, include,
-// extends, import, filter blocks, block-set ({% set x %}...{% endset %}), break/continue (the
-// loopcontrols extension transformers enables), strftime_now.
+// Not supported (a parse or render error naming it, never a crash): call blocks (and so `caller`),
+// include, extends, import, filter blocks, filters on a block set.
 //
 // Values print as Python does (True, None, ['a', 1], 1.0). Undefined names and missing keys are
 // Jinja's default Undefined: they print as "", are false, and only `is defined` tells them apart.
@@ -36,11 +41,15 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
 namespace shardserve::jinja {
 
 struct Program;  // the parsed template (internal)
+
+// The deepest macro calls may nest (a recursive macro over a JSON schema nests once per level).
+inline constexpr int kMaxMacroDepth = 64;
 
 class JinjaTemplate {
  public:
@@ -49,8 +58,11 @@ class JinjaTemplate {
 
   // Renders with the variables of `context` (a JSON object; its values become template values:
   // objects are dicts, arrays are lists). InvalidArgument for errors while rendering (with the line
-  // number), and for raise_exception (with its message). Output is capped at 4 MiB.
+  // number), and for raise_exception (with its message). Output is capped at 4 MiB. strftime_now
+  // gives the current time in the local time zone.
   absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context) const;
+  // As above, with strftime_now giving `now` in `zone`.
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context, absl::Time now, absl::TimeZone zone) const;
 
  private:
   explicit JinjaTemplate(std::shared_ptr<const Program> program) : program_(std::move(program)) {}

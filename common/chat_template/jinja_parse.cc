@@ -294,6 +294,15 @@ class Parser {
         st = ParseFor(body, kw.line);
       } else if (kw.text == "set") {
         st = ParseSet(body, kw.line);
+      } else if (kw.text == "macro") {
+        st = ParseMacro(body, kw.line);
+      } else if (kw.text == "break" || kw.text == "continue") {
+        if (loop_depth_ == 0) return SyntaxError(kw.line, absl::StrCat("'", kw.text, "' outside a loop"));
+        auto n = std::make_unique<Node>();
+        n->kind = kw.text == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
+        n->line = kw.line;
+        body->push_back(std::move(n));
+        st = ExpectBlockEnd();
       } else if (kw.text == "generation") {
         // transformers' assistant-mask marker: its content renders as usual.
         st = ExpectBlockEnd();
@@ -355,7 +364,10 @@ class Parser {
     if (absl::Status st = ExpectBlockEnd(); !st.ok()) return st;
     n->bodies.emplace_back();
     std::string end;
-    if (absl::Status st = ParseBody(&n->bodies.back(), {"else", "endfor"}, &end); !st.ok()) return st;
+    ++loop_depth_;
+    absl::Status body_status = ParseBody(&n->bodies.back(), {"else", "endfor"}, &end);
+    --loop_depth_;
+    if (!body_status.ok()) return body_status;
     if (end == "else") {
       if (absl::Status st = ExpectBlockEnd(); !st.ok()) return st;
       n->bodies.emplace_back();
@@ -383,7 +395,17 @@ class Parser {
         n->targets.push_back(Next().text);
       }
     }
-    if (Peek().type == Type::kBlockEnd) return SyntaxError(line, "block assignments ({% set x %}...) are not supported");
+    if (Peek().type == Type::kBlockEnd) {  // {% set x %}...{% endset %}
+      if (n->targets.size() != 1) return SyntaxError(line, "a block assignment sets one name");
+      Next();
+      n->bodies.emplace_back();
+      std::string end;
+      if (absl::Status st = ParseBody(&n->bodies.back(), {"endset"}, &end); !st.ok()) return st;
+      if (absl::Status st = ExpectBlockEnd(); !st.ok()) return st;
+      body->push_back(std::move(n));
+      return absl::OkStatus();
+    }
+    if (IsOp("|")) return SyntaxError(line, "filters on a block assignment are not supported");
     if (absl::Status st = Expect("="); !st.ok()) return st;
     absl::StatusOr<ExprPtr> value = ParseTupleOrExpression();
     if (!value.ok()) return value.status();
@@ -391,6 +413,80 @@ class Parser {
     if (absl::Status st = ExpectBlockEnd(); !st.ok()) return st;
     body->push_back(std::move(n));
     return absl::OkStatus();
+  }
+
+  // {% macro name(a, b=default, ...) %}body{% endmacro %}
+  absl::Status ParseMacro(Body* body, int line) {
+    auto n = std::make_unique<Node>();
+    n->kind = Node::Kind::kMacro;
+    n->line = line;
+    if (Peek().type != Type::kName) return SyntaxError(Peek().line, "expected the macro's name");
+    n->text = Next().text;
+    if (absl::Status st = Expect("("); !st.ok()) return st;
+    while (!IsOp(")")) {
+      if (Peek().type != Type::kName) return SyntaxError(Peek().line, "expected a parameter name");
+      const std::string param = Next().text;
+      for (const std::string& earlier : n->targets) {
+        if (earlier == param) return SyntaxError(line, absl::StrCat("macro '", n->text, "' repeats parameter '", param, "'"));
+      }
+      n->targets.push_back(param);
+      ExprPtr dflt;
+      if (IsOp("=")) {
+        Next();
+        absl::StatusOr<ExprPtr> v = ParseExpression();
+        if (!v.ok()) return v.status();
+        dflt = *std::move(v);
+      } else if (!n->defaults.empty() && n->defaults.back() != nullptr) {
+        return SyntaxError(line, absl::StrCat("macro '", n->text, "': parameter '", param,
+                                              "' without a default follows one with a default"));
+      }
+      n->defaults.push_back(std::move(dflt));
+      if (!IsOp(",")) break;
+      Next();
+    }
+    if (absl::Status st = Expect(")"); !st.ok()) return st;
+    if (absl::Status st = ExpectBlockEnd(); !st.ok()) return st;
+    n->bodies.emplace_back();
+    const int loops = loop_depth_;
+    loop_depth_ = 0;  // a loop around the definition is not a loop around the body
+    std::string end;
+    absl::Status st = ParseBody(&n->bodies.back(), {"endmacro"}, &end);
+    loop_depth_ = loops;
+    if (!st.ok()) return st;
+    if (absl::Status e = ExpectBlockEnd(); !e.ok()) return e;
+    n->takes_varargs = Reads(n->bodies[0], "varargs");
+    n->takes_kwargs = Reads(n->bodies[0], "kwargs");
+    body->push_back(std::move(n));
+    return absl::OkStatus();
+  }
+
+  // Whether any expression in `body` names the variable `name`.
+  static bool Reads(const Body& body, absl::string_view name) {
+    for (const auto& node : body) {
+      if (Reads(node->expr.get(), name) || Reads(node->filter.get(), name)) return true;
+      for (const ExprPtr& c : node->conditions) {
+        if (Reads(c.get(), name)) return true;
+      }
+      for (const ExprPtr& d : node->defaults) {
+        if (Reads(d.get(), name)) return true;
+      }
+      for (const Body& b : node->bodies) {
+        if (Reads(b, name)) return true;
+      }
+    }
+    return false;
+  }
+  static bool Reads(const Expr* e, absl::string_view name) {
+    if (e == nullptr) return false;
+    if (e->kind == Expr::Kind::kName && e->name == name) return true;
+    if (Reads(e->a.get(), name) || Reads(e->b.get(), name) || Reads(e->c.get(), name)) return true;
+    for (const ExprPtr& item : e->items) {
+      if (Reads(item.get(), name)) return true;
+    }
+    for (const auto& [unused, v] : e->kwargs) {
+      if (Reads(v.get(), name)) return true;
+    }
+    return false;
   }
 
   ExprPtr Make(Expr::Kind kind, int line) {
@@ -788,6 +884,7 @@ class Parser {
   std::vector<Token> t_;
   size_t i_ = 0;
   int depth_ = 0;
+  int loop_depth_ = 0;  // for-loop bodies around the tag being parsed (within the current macro)
 };
 
 }  // namespace
@@ -805,7 +902,12 @@ absl::StatusOr<JinjaTemplate> JinjaTemplate::Parse(absl::string_view source) {
 }
 
 absl::StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& context) const {
-  return RenderProgram(*program_, context);
+  return RenderProgram(*program_, context, absl::Now(), absl::LocalTimeZone());
+}
+
+absl::StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& context, absl::Time now,
+                                                  absl::TimeZone zone) const {
+  return RenderProgram(*program_, context, now, zone);
 }
 
 }  // namespace shardserve::jinja

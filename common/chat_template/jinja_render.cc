@@ -97,16 +97,19 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b, int line) {
 
 class Renderer {
  public:
-  explicit Renderer(const nlohmann::ordered_json& context) {
+  Renderer(const nlohmann::ordered_json& context, absl::Time now, absl::TimeZone zone) : now_(now), zone_(zone) {
     scopes_.emplace_back();
     if (context.is_object()) {
       for (const auto& [k, v] : context.items()) scopes_.back()[k] = FromJson(v);
     }
   }
 
+  // Runs `body`'s nodes in order; stops early (without error) after a break or continue, which
+  // flow_ then carries to the loop around it.
   absl::Status Render(const Body& body) {
     for (const auto& node : body) {
       if (absl::Status st = Exec(*node); !st.ok()) return st;
+      if (flow_ != Flow::kNormal) break;
     }
     return absl::OkStatus();
   }
@@ -115,6 +118,17 @@ class Renderer {
 
  private:
   using Scope = std::map<std::string, Value, std::less<>>;
+  enum class Flow { kNormal, kBreak, kContinue };
+
+  // Renders `body` into a string of its own (a macro's result, a block assignment).
+  absl::StatusOr<std::string> Capture(const Body& body) {
+    std::string saved;
+    saved.swap(out_);
+    absl::Status st = Render(body);
+    saved.swap(out_);
+    if (!st.ok()) return st;
+    return saved;
+  }
 
   absl::Status Emit(int line, absl::string_view s) {
     if (out_.size() + s.size() > kMaxOutputBytes) return Error(line, "output exceeds 4 MiB");
@@ -122,12 +136,16 @@ class Renderer {
     return absl::OkStatus();
   }
 
+  // Looks in the scopes from the innermost down to frame_base_ (inside a macro: its closure), then
+  // in the top level, then among the globals.
   Value Lookup(absl::string_view name) const {
-    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
-      auto found = it->find(name);
-      if (found != it->end()) return found->second;
+    for (size_t i = scopes_.size(); i-- > frame_base_;) {
+      auto found = scopes_[i].find(name);
+      if (found != scopes_[i].end()) return found->second;
     }
-    if (name == "raise_exception" || name == "namespace" || name == "range" || name == "dict") {
+    if (auto found = scopes_[0].find(name); found != scopes_[0].end()) return found->second;
+    if (name == "raise_exception" || name == "namespace" || name == "range" || name == "dict" ||
+        name == "strftime_now") {
       return Value::Function(std::string(name));
     }
     return Value();
@@ -153,8 +171,29 @@ class Renderer {
         return absl::OkStatus();
       }
       case Node::Kind::kFor: return ExecFor(n);
+      case Node::Kind::kBreak: flow_ = Flow::kBreak; return absl::OkStatus();
+      case Node::Kind::kContinue: flow_ = Flow::kContinue; return absl::OkStatus();
+      case Node::Kind::kMacro: {
+        // Jinja2 closes a macro over the variables around its definition (a loop's, say); those of
+        // the top level it reads when called.
+        Value closure = Value::NewDict();
+        for (size_t i = frame_base_; i < scopes_.size(); ++i) {
+          for (const auto& [k, v] : scopes_[i]) closure.Set(k, v);
+        }
+        Value macro = Value::Function(n.text, std::make_shared<Value>(std::move(closure)));
+        macro.macro = &n;
+        scopes_.back()[n.text] = std::move(macro);
+        return absl::OkStatus();
+      }
       case Node::Kind::kSet: {
-        absl::StatusOr<Value> v = Eval(*n.expr);
+        absl::StatusOr<Value> v;
+        if (n.expr == nullptr) {
+          absl::StatusOr<std::string> text = Capture(n.bodies[0]);
+          if (!text.ok()) return text.status();
+          v = Value::Str(*std::move(text));
+        } else {
+          v = Eval(*n.expr);
+        }
         if (!v.ok()) return v.status();
         if (!n.attribute.empty()) {
           Value target = Lookup(n.targets[0]);
@@ -226,6 +265,8 @@ class Renderer {
       scopes_.back()["loop"] = loop;
       st = Bind(n, items[static_cast<size_t>(i)]);
       if (st.ok()) st = Render(n.bodies[0]);
+      const Flow flow = std::exchange(flow_, Flow::kNormal);
+      if (flow == Flow::kBreak) break;
     }
     scopes_.pop_back();
     if (st.ok() && items.empty() && n.bodies.size() > 1) st = Render(n.bodies[1]);
@@ -405,7 +446,14 @@ class Renderer {
     }
     absl::StatusOr<std::vector<Value>> args = EvalArgs(e);
     if (!args.ok()) return args.status();
+    if (fn->macro != nullptr) return CallMacro(e, *fn, *std::move(args));
     const std::string& name = fn->s;
+    if (name == "strftime_now") {
+      if (args->size() != 1 || (*args)[0].kind != Value::Kind::kString) {
+        return Error(e.line, "strftime_now() takes one format string");
+      }
+      return StrftimeNow(e.line, (*args)[0].s);
+    }
     if (name == "raise_exception") {
       return absl::InvalidArgumentError(
           absl::StrCat("chat template error: ", args->empty() ? "" : ToString((*args)[0])));
@@ -442,6 +490,90 @@ class Renderer {
       return Value::NewList(std::move(items));
     }
     return CallMethod(e, *fn->self, name, *args);
+  }
+
+  // Binds a call's arguments to the macro's parameters (Jinja2's rules: positional, then by name;
+  // a parameter given neither is its default or Undefined; extra ones only where the body reads
+  // varargs or kwargs), then renders its body in a frame that sees its closure and the top level.
+  absl::StatusOr<Value> CallMacro(const Expr& e, const Value& fn, std::vector<Value> args) {
+    const Node& m = *fn.macro;
+    if (macro_depth_ >= kMaxMacroDepth) {
+      return Error(e.line, absl::StrCat("macro calls nested more than ", kMaxMacroDepth, " deep (in '", m.text, "')"));
+    }
+    const size_t params = m.targets.size();
+    if (args.size() > params && !m.takes_varargs) {
+      return Error(e.line, absl::StrCat("macro '", m.text, "' takes not more than ", params, " argument(s)"));
+    }
+    Scope locals;
+    std::vector<bool> given(params, false);
+    Value varargs = Value::NewList();
+    varargs.is_tuple = true;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (i < params) {
+        locals[m.targets[i]] = std::move(args[i]);
+        given[i] = true;
+      } else {
+        varargs.list->push_back(std::move(args[i]));
+      }
+    }
+    Value kwargs = Value::NewDict();
+    for (const auto& [key, expr] : e.kwargs) {
+      absl::StatusOr<Value> v = Eval(*expr);
+      if (!v.ok()) return v.status();
+      auto param = std::find(m.targets.begin(), m.targets.end(), key);
+      if (param != m.targets.end()) {
+        const size_t i = static_cast<size_t>(param - m.targets.begin());
+        if (given[i]) {
+          return Error(e.line, absl::StrCat("macro '", m.text, "' takes no keyword argument '", key,
+                                            "' (it is given by position)"));
+        }
+        locals[key] = *std::move(v);
+        given[i] = true;
+      } else if (m.takes_kwargs) {
+        kwargs.Set(key, *std::move(v));
+      } else {
+        return Error(e.line, absl::StrCat("macro '", m.text, "' takes no keyword argument '", key, "'"));
+      }
+    }
+    if (m.takes_varargs) locals["varargs"] = std::move(varargs);
+    if (m.takes_kwargs) locals["kwargs"] = std::move(kwargs);
+
+    // The macro's frame: its closure, then its locals; the caller's scopes are out of sight.
+    const size_t saved_base = frame_base_;
+    const size_t saved_size = scopes_.size();
+    scopes_.emplace_back();
+    if (fn.self != nullptr && fn.self->kind == Value::Kind::kDict) {
+      for (const auto& [k, v] : *fn.self->dict) scopes_.back()[k] = v;
+    }
+    frame_base_ = saved_size;
+    scopes_.push_back(std::move(locals));
+    ++macro_depth_;
+    absl::Status st;
+    // Defaults are evaluated at the call, in order, and may read the parameters before them.
+    for (size_t i = 0; i < params && st.ok(); ++i) {
+      if (given[i]) continue;
+      if (m.defaults[i] == nullptr) {
+        scopes_.back()[m.targets[i]] = Value();
+        continue;
+      }
+      absl::StatusOr<Value> v = Eval(*m.defaults[i]);
+      if (v.ok()) scopes_.back()[m.targets[i]] = *std::move(v);
+      else st = v.status();
+    }
+    absl::StatusOr<std::string> text = st.ok() ? Capture(m.bodies[0]) : absl::StatusOr<std::string>(st);
+    --macro_depth_;
+    scopes_.resize(saved_size);
+    frame_base_ = saved_base;
+    flow_ = Flow::kNormal;
+    if (!text.ok()) return text.status();
+    return Value::Str(*std::move(text));
+  }
+
+  // Python's datetime.now().strftime(format) over the render's time (absl::FormatTime hands the
+  // standard conversions to C's strftime, as CPython does).
+  absl::StatusOr<Value> StrftimeNow(int line, const std::string& format) {
+    if (format.size() > 256) return Error(line, "strftime_now() format longer than 256 bytes");
+    return Value::Str(absl::FormatTime(format, now_, zone_));
   }
 
   absl::StatusOr<Value> CallMethod(const Expr& e, const Value& self, const std::string& name,
@@ -817,13 +949,21 @@ class Renderer {
   }
 
   std::vector<Scope> scopes_;
+  // Lookup's innermost scopes stop here before the top level: 1 outside macros, the closure's
+  // index inside one.
+  size_t frame_base_ = 1;
+  int macro_depth_ = 0;
+  Flow flow_ = Flow::kNormal;
+  absl::Time now_;
+  absl::TimeZone zone_;
   std::string out_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::string> RenderProgram(const Program& program, const nlohmann::ordered_json& context) {
-  Renderer r(context);
+absl::StatusOr<std::string> RenderProgram(const Program& program, const nlohmann::ordered_json& context,
+                                          absl::Time now, absl::TimeZone zone) {
+  Renderer r(context, now, zone);
   if (absl::Status st = r.Render(program.body); !st.ok()) return st;
   return std::move(r.out());
 }

@@ -10,9 +10,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/chat_template/jinja.h"
 
 namespace shardserve::jinja {
+
+struct Node;
 
 // A template value, with Python's semantics. Lists and dicts are shared by reference, as in
 // Python (a namespace is a dict whose attributes may be assigned).
@@ -30,7 +33,8 @@ struct Value {
   std::shared_ptr<Dict> dict;        // kDict
   bool is_namespace = false;         // kDict made by namespace(): attributes may be set
   bool is_tuple = false;             // kList written as a tuple: prints as (a, b)
-  std::shared_ptr<Value> self;       // kFunction: the object of a bound method, else null
+  std::shared_ptr<Value> self;       // kFunction: the object of a bound method, or a macro's closure
+  const Node* macro = nullptr;       // kFunction: a macro's definition (it outlives every render)
 
   static Value None() { Value v; v.kind = Kind::kNone; return v; }
   static Value Bool(bool x) { Value v; v.kind = Kind::kBool; v.b = x; return v; }
@@ -100,7 +104,7 @@ struct Node;
 using Body = std::vector<std::unique_ptr<Node>>;
 
 struct Node {
-  enum class Kind { kText, kOutput, kIf, kFor, kSet };
+  enum class Kind { kText, kOutput, kIf, kFor, kSet, kMacro, kBreak, kContinue };
   Kind kind = Kind::kText;
   int line = 0;
   std::string text;                 // kText
@@ -109,10 +113,16 @@ struct Node {
   std::vector<ExprPtr> conditions;
   std::vector<Body> bodies;
   // kFor: loop variables; filter (may be null); bodies[0] the body, bodies[1] (optional) the else.
-  // kSet: targets (one name, a tuple of names, or "ns" + attribute in `attribute`).
+  // kSet: targets (one name, a tuple of names, or "ns" + attribute in `attribute`); a block set
+  // ({% set x %}...{% endset %}) has no expr and its content in bodies[0].
+  // kMacro: its name in `text`, its parameters in targets, their defaults (null: none) in
+  // `defaults`, its body in bodies[0].
   std::vector<std::string> targets;
   std::string attribute;
   ExprPtr filter;
+  std::vector<ExprPtr> defaults;
+  bool takes_varargs = false;  // kMacro: the body reads `varargs` (extra positional arguments)
+  bool takes_kwargs = false;   // kMacro: the body reads `kwargs` (extra keyword arguments)
 };
 
 struct Program {
@@ -121,8 +131,9 @@ struct Program {
 
 // Parser (jinja_parse.cc).
 absl::StatusOr<std::shared_ptr<const Program>> ParseProgram(absl::string_view source);
-// Renderer (jinja_render.cc).
-absl::StatusOr<std::string> RenderProgram(const Program& program, const nlohmann::ordered_json& context);
+// Renderer (jinja_render.cc). strftime_now formats `now` in `zone`.
+absl::StatusOr<std::string> RenderProgram(const Program& program, const nlohmann::ordered_json& context,
+                                          absl::Time now, absl::TimeZone zone);
 
 }  // namespace shardserve::jinja
 

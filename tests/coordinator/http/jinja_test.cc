@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -24,12 +26,14 @@ nlohmann::ordered_json LoadGolden() {
 
 TEST(JinjaTest, MatchesJinja2OnEveryRecordedCase) {
   const nlohmann::ordered_json golden = LoadGolden();
-  ASSERT_GE(golden["cases"].size(), 30u);
+  ASSERT_GE(golden["cases"].size(), 60u);
+  // strftime_now's time in the recording (UTC).
+  const absl::Time now = absl::FromUnixSeconds(golden["now"].get<int64_t>());
   for (const auto& c : golden["cases"]) {
     SCOPED_TRACE(c["name"].get<std::string>());
     absl::StatusOr<JinjaTemplate> t = JinjaTemplate::Parse(c["template"].get<std::string>());
     ASSERT_TRUE(t.ok()) << t.status();
-    absl::StatusOr<std::string> out = t->Render(c["context"]);
+    absl::StatusOr<std::string> out = t->Render(c["context"], now, absl::UTCTimeZone());
     if (c.contains("error")) {
       ASSERT_FALSE(out.ok()) << "rendered: " << *out;
       EXPECT_THAT(out.status().message(), HasSubstr(c["error"].get<std::string>()));
@@ -75,17 +79,79 @@ TEST(JinjaTest, CoversTheModelToolCallingTemplates) {
   }
 }
 
+// Macros, loop controls, block assignments and strftime_now, each in at least one recorded case
+// (the cases' output is checked above).
+TEST(JinjaTest, CoversMacrosLoopControlsAndTheHarmonyStyle) {
+  const nlohmann::ordered_json golden = LoadGolden();
+  int macros = 0, macro_errors = 0, harmony = 0;
+  bool loop_controls = false, block_set = false, strftime = false;
+  for (const auto& c : golden["cases"]) {
+    const std::string name = c["name"];
+    const std::string tmpl = c["template"];
+    if (tmpl.find("{% macro") != std::string::npos || tmpl.find("{%- macro") != std::string::npos) {
+      ++macros;
+      macro_errors += c.contains("error");
+    }
+    loop_controls |= tmpl.find("{% break %}") != std::string::npos && tmpl.find("{% continue %}") != std::string::npos;
+    block_set |= tmpl.find("{% endset %}") != std::string::npos;
+    strftime |= tmpl.find("strftime_now(") != std::string::npos && c.contains("output");
+    harmony += name.rfind("harmony_style", 0) == 0 && c.contains("output");
+  }
+  EXPECT_GE(macros, 15);
+  EXPECT_GE(macro_errors, 3);
+  EXPECT_TRUE(loop_controls);
+  EXPECT_TRUE(block_set);
+  EXPECT_TRUE(strftime);
+  EXPECT_GE(harmony, 4);
+}
+
+TEST(JinjaTest, StrftimeNowFormatsTheRenderTimeInItsZone) {
+  absl::StatusOr<JinjaTemplate> t = JinjaTemplate::Parse("{{ strftime_now('%Y-%m-%d %H:%M') }}");
+  ASSERT_TRUE(t.ok());
+  const absl::Time now = absl::FromUnixSeconds(1796634303);  // 2026-12-07 09:05:03 UTC
+  EXPECT_EQ(*t->Render(nlohmann::ordered_json::object(), now, absl::UTCTimeZone()), "2026-12-07 09:05");
+  EXPECT_EQ(*t->Render(nlohmann::ordered_json::object(), now, absl::FixedTimeZone(15 * 3600)), "2026-12-08 00:05");
+  // Without a time, the current one: today's date in the local zone, as the template sees it.
+  absl::StatusOr<JinjaTemplate> date = JinjaTemplate::Parse("{{ strftime_now('%Y-%m-%d') }}");
+  ASSERT_TRUE(date.ok());
+  const absl::Time before = absl::Now();
+  const std::string today = *date->Render(nlohmann::ordered_json::object());
+  const absl::Time after = absl::Now();
+  EXPECT_TRUE(today == absl::FormatTime("%Y-%m-%d", before, absl::LocalTimeZone()) ||
+              today == absl::FormatTime("%Y-%m-%d", after, absl::LocalTimeZone()))
+      << today;
+}
+
+TEST(JinjaTest, RunawayMacroRecursionIsAnError) {
+  absl::StatusOr<JinjaTemplate> t = JinjaTemplate::Parse("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<std::string> out = t->Render(nlohmann::ordered_json::object());
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(), HasSubstr("nested more than 64 deep"));
+  // Recursion as deep as the limit renders.
+  absl::StatusOr<JinjaTemplate> deep = JinjaTemplate::Parse(
+      "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}bottom{% endif %}{% endmacro %}{{ f(depth) }}");
+  ASSERT_TRUE(deep.ok());
+  EXPECT_EQ(*deep->Render({{"depth", kMaxMacroDepth - 1}}), "bottom");
+  EXPECT_FALSE(deep->Render({{"depth", kMaxMacroDepth}}).ok());
+}
+
 TEST(JinjaTest, UnsupportedTagIsAnErrorWithTheLine) {
-  absl::StatusOr<JinjaTemplate> t = JinjaTemplate::Parse("a\n{% macro m() %}x{% endmacro %}");
+  absl::StatusOr<JinjaTemplate> t =
+      JinjaTemplate::Parse("a\n{% macro m() %}{{ caller() }}{% endmacro %}\n{% call m() %}x{% endcall %}");
   ASSERT_FALSE(t.ok());
-  EXPECT_THAT(t.status().message(), HasSubstr("line 2"));
-  EXPECT_THAT(t.status().message(), HasSubstr("macro"));
+  EXPECT_THAT(t.status().message(), HasSubstr("line 3"));
+  EXPECT_THAT(t.status().message(), HasSubstr("call"));
 }
 
 TEST(JinjaTest, SyntaxErrorsAreErrorsNotCrashes) {
   for (const char* bad : {"{{ x ", "{% if x %}no end", "{{ 'unterminated }}", "{% for %}{% endfor %}", "{{ (1, }}",
                           "{{ x | }}", "{{ x[ }}", "{% set %}", "{# open", "{{ 1 $ 2 }}", "{% endif %}",
-                          "{{ [1, 2 }}", "{{ {'a' 1} }}"}) {
+                          "{{ [1, 2 }}", "{{ {'a' 1} }}", "{% break %}", "{% if x %}{% continue %}{% endif %}",
+                          "{% for x in y %}{% macro m() %}{% break %}{% endmacro %}{% endfor %}",
+                          "{% macro m(a=1, b) %}{% endmacro %}", "{% macro m(a, a) %}{% endmacro %}",
+                          "{% macro m( %}{% endmacro %}", "{% macro %}{% endmacro %}", "{% macro m() %}no end",
+                          "{% set x %}no end", "{% set a, b %}x{% endset %}", "{% set x | trim %}x{% endset %}"}) {
     SCOPED_TRACE(bad);
     EXPECT_FALSE(JinjaTemplate::Parse(bad).ok());
   }
@@ -94,7 +160,9 @@ TEST(JinjaTest, SyntaxErrorsAreErrorsNotCrashes) {
 TEST(JinjaTest, RuntimeErrorsAreErrors) {
   for (const char* bad : {"{{ 1 / 0 }}", "{{ 1 // 0 }}", "{{ 'a' - 1 }}", "{{ x() }}", "{{ 1 < 'a' }}",
                           "{% for x in 3 %}{% endfor %}", "{{ 9223372036854775807 + 1 }}", "{{ x | nofilter }}",
-                          "{{ range(10000000) | length }}", "{% set n.a = 1 %}"}) {
+                          "{{ range(10000000) | length }}", "{% set n.a = 1 %}", "{{ strftime_now() }}",
+                          "{{ strftime_now(1) }}", "{% macro m() %}{{ 1 / 0 }}{% endmacro %}{{ m() }}",
+                          "{% macro m(a=1 / 0) %}{% endmacro %}{{ m() }}"}) {
     SCOPED_TRACE(bad);
     absl::StatusOr<JinjaTemplate> t = JinjaTemplate::Parse(bad);
     ASSERT_TRUE(t.ok()) << t.status();

@@ -7,6 +7,7 @@ coordinator/http/jinja.h and compares; it needs no Python.
 
     python3 -m venv /tmp/jv && /tmp/jv/bin/pip install jinja2 && /tmp/jv/bin/python tests/coordinator/http/make_jinja_golden.py
 """
+import datetime
 import json
 import os
 
@@ -75,6 +76,77 @@ NAMESPACE = """{%- set ns = namespace(system='', count=0, last_role=none) -%}
 [{{ ns.count }} turns, last {{ ns.last_role }}]
 {%- if add_generation_prompt and ns.last_role != 'assistant' %} ASSISTANT:{% endif %}"""
 
+# A template in the style of the harmony format (channels, a system header with the date and a
+# reasoning effort, tools as a TypeScript-like namespace written by recursive macros, calls sent
+# "to=functions.NAME"), as GPT-OSS models use.
+HARMONY = """{#- Types of a JSON Schema, the way a TypeScript reader would write them. -#}
+{%- macro ts_type(schema, depth=0) -%}
+    {%- if schema.enum is defined -%}
+        {{- '"' ~ schema.enum | join('" | "') ~ '"' -}}
+    {%- elif schema.type == "array" -%}
+        {%- if schema['items'] is defined -%}{{- ts_type(schema['items'], depth + 1) ~ "[]" -}}{%- else -%}unknown[]{%- endif -%}
+    {%- elif schema.type == "object" and schema.properties -%}
+        {{- "{ " -}}
+        {%- for key, sub in schema.properties.items() -%}
+            {{- key -}}{%- if key not in (schema.required or []) -%}?{%- endif -%}: {{ ts_type(sub, depth + 1) }}
+            {%- if not loop.last %}; {% endif -%}
+        {%- endfor -%}
+        {{- " }" -}}
+    {%- elif schema.type in ["integer", "number"] -%}number
+    {%- elif schema.type is string -%}{{ schema.type }}
+    {%- else -%}unknown
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro tool_namespace(name, tools) -%}
+namespace {{ name }} {
+{% for t in tools %}
+{%- set f = t.function %}
+/* {{ f.description | default("no description", true) }} */
+type {{ f.name }} = (
+    {%- if f.parameters and f.parameters.properties -%}
+        args: {{ ts_type(f.parameters) }}
+    {%- endif -%}
+) => unknown;
+{% endfor %}
+} // {{ name }}
+{%- endmacro -%}
+{%- macro header() -%}
+    {%- if effort is not defined %}{% set effort = "medium" %}{% endif -%}
+Model: {{ identity | default("an assistant") }}
+Today: {{ strftime_now("%Y-%m-%d") }}
+Effort: {{ effort }}
+{%- if tools %}
+
+Tool calls go to the commentary channel.{% endif %}
+{%- endmacro -%}
+<|start|>system<|message|>{{ header() }}<|end|>
+{%- if messages[0].role in ["system", "developer"] %}
+    {%- set first = messages[0].content %}{% set rest = messages[1:] %}
+{%- else %}
+    {%- set first = "" %}{% set rest = messages %}
+{%- endif %}
+{%- if first or tools %}<|start|>developer<|message|>
+    {%- if first %}{{ first }}{% endif %}
+    {%- if tools %}{% if first %}
+
+{% endif %}{{ tool_namespace("functions", tools) }}{% endif %}<|end|>
+{%- endif %}
+{%- set last = namespace(call=none) %}
+{%- for m in rest %}
+    {%- if m.role == "assistant" and m.tool_calls %}
+        {%- set call = m.tool_calls[0].function %}
+        {%- if m.content %}<|start|>assistant<|channel|>analysis<|message|>{{ m.content }}<|end|>{% endif -%}
+        <|start|>assistant to=functions.{{ call.name }}<|channel|>commentary json<|message|>{{ call.arguments | tojson }}<|call|>
+        {%- set last.call = call.name %}
+    {%- elif m.role == "assistant" %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>
+    {%- elif m.role == "tool" %}
+        {%- if last.call is none %}{{ raise_exception("a tool message needs an assistant call before it") }}{% endif -%}
+        <|start|>functions.{{ last.call }} to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>
+    {%- else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}"""
+
 MESSAGES = [
     {"role": "system", "content": "  Be brief.  "},
     {"role": "user", "content": "Hello, who are you?"},
@@ -82,6 +154,7 @@ MESSAGES = [
     {"role": "user", "content": "Say \"hi\" and 'bye'\nplease"},
 ]
 NO_SYSTEM = MESSAGES[1:]
+NOW = 1796634303  # strftime_now's time (Unix seconds; UTC): a Monday
 BASE = {"bos_token": "<s>", "eos_token": "</s>"}
 
 
@@ -134,7 +207,19 @@ PARALLEL_TURNS = [
     {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
     {"role": "tool", "content": "14:05", "tool_call_id": "call_2"},
 ]
+# A tool whose arguments nest objects and arrays (the harmony-style template writes its type by
+# recursion).
+NESTED_TOOL = {"type": "function", "function": {
+    "name": "plan_trip", "description": "",
+    "parameters": {"type": "object", "properties": {
+        "stops": {"type": "array", "items": {"type": "object", "properties": {
+            "city": {"type": "string"}, "nights": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["museum", "beach"]}}},
+            "required": ["city"]}},
+        "budget": {"type": "number"}, "notes": {}},
+        "required": ["stops"]}}}
 LLAMA_BASE = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+HARMONY_BASE = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"}
 QWEN_BASE = {"bos_token": "", "eos_token": "<|im_end|>"}
 
 
@@ -180,6 +265,37 @@ CASES = [
     ("string_escapes", "{{ 'tab\\there' }}|{{ \"dq 'in' \" }}|{{ 'line\\nbreak' }}", {}),
     ("undefined_behaviour", "[{{ missing }}][{{ d.missing }}][{{ d['missing'] }}][{{ missing | length }}][{{ missing is defined }}]", {"d": {}}),
     ("is_test_precedence", "{{ not x is defined }} {{ x is defined and x > 0 }}", {"x": 3}),
+    ("macro_arguments", "{% macro m(a, b=a ~ '!', c=none) %}[{{ a }}|{{ b }}|{{ c }}]{% endmacro %}"
+     "{{ m(1) }}{{ m(1, 2) }}{{ m(b=3, a=4) }}{{ m() }}{{ m('x', c=[1]) }}", {}),
+    ("macro_too_many_arguments", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}", {}),
+    ("macro_unknown_keyword", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(z=2) }}", {}),
+    ("macro_repeated_argument", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, a=2) }}", {}),
+    ("macro_varargs_kwargs", "{% macro m(a) %}{{ a }} {{ varargs }} {{ kwargs }}{% endmacro %}{{ m(1, 2, 'x', z=3) }}|{{ m(0) }}", {}),
+    ("macro_recursion", "{% macro count(n) %}{% if n > 0 %}{{ n }},{{ count(n - 1) }}{% endif %}{% endmacro %}{{ count(5) }}", {}),
+    ("macro_scoping",
+     "{% set top = 'early' %}{% macro show(a) %}{{ a }}/{{ top }}/{{ ctx }}/{{ loop is defined }}/{{ i }}"
+     "{% set top = 'inner' %}/{{ top }}{% endmacro %}{% set top = 'late' %}"
+     "{% for i in [7] %}{{ show(i) }}{% endfor %}|{{ top }}", {"ctx": "C"}),
+    ("macro_defaults_from_context",
+     "{% macro m() %}{% if effort is not defined %}{% set effort = 'low' %}{% endif %}{{ effort }}{% endmacro %}{{ m() }}",
+     {"effort": "high"}),
+    ("macro_defaults_without_context",
+     "{% macro m() %}{% if effort is not defined %}{% set effort = 'low' %}{% endif %}{{ effort }}{% endmacro %}{{ m() }}", {}),
+    ("macro_mutates_namespace",
+     "{% set ns = namespace(n=1) %}{% macro bump(k) %}{% set ns.n = ns.n + k %}{% endmacro %}{{ bump(2) }}{{ bump(3) }}{{ ns.n }}", {}),
+    ("macro_closure_in_loop", "{% for i in ['a', 'b'] %}{% macro m() %}<{{ i }}>{% endmacro %}{{ m() }}{% endfor %}", {}),
+    ("macro_whitespace_and_filters",
+     "{% macro m(x) -%}\n   {{ x }}  \n{%- endmacro %}\n[{{ m(1) }}][{{ m(' a ') | trim }}][{{ m('abc') | length }}][{{ m(2) ~ m(3) }}]", {}),
+    ("macro_loops_inside", "{% macro m(xs) %}{% for x in xs %}{{ loop.index }}{{ x }}{% endfor %}{% endmacro %}"
+     "{% for y in [1] %}{{ m(['a', 'b']) }}{{ loop.index }}{{ y }}{% endfor %}", {}),
+    ("loop_controls",
+     "{% for x in range(10) %}{% if x % 2 == 0 %}{% continue %}{% endif %}{% if x > 6 %}{% break %}{% endif %}{{ x }}{% endfor %}|"
+     "{% for a in [1, 2] %}{% for b in [1, 2, 3] %}{% if b == 2 %}{% break %}{% endif %}{{ a }}{{ b }} {% endfor %}{% endfor %}|"
+     "{% for x in [1, 2] %}{{ x }}{% break %}never{% endfor %}", {}),
+    ("block_set", "{% set greeting %}Hi {{ name | upper }}!{% endset %}[{{ greeting }}][{{ greeting | length }}]"
+     "{% for i in [1] %}{% set inner %}{{ i }}{% endset %}{{ inner }}{% endfor %}", {"name": "ann"}),
+    ("strftime_now", "{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%A %H:%M:%S') }}|"
+     "{{ strftime_now is defined }}", {}),
     # The model templates: plain chat, tools offered, a call and its answer, several calls.
     ("llama3.1_plain", LLAMA31, model_ctx(LLAMA_BASE, MESSAGES)),
     ("llama3.1_tools", LLAMA31, model_ctx(LLAMA_BASE, [{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS)),
@@ -195,6 +311,13 @@ CASES = [
     ("qwen2.5_tool_call_and_answer", QWEN25, model_ctx(QWEN_BASE, TOOL_TURNS, tools=TOOLS)),
     ("qwen2.5_parallel_calls", QWEN25, model_ctx(QWEN_BASE, PARALLEL_TURNS, tools=TOOLS)),
     ("qwen2.5_calls_without_tools", QWEN25, model_ctx(QWEN_BASE, PARALLEL_TURNS)),
+    ("harmony_style_plain", HARMONY, model_ctx(HARMONY_BASE, MESSAGES)),
+    ("harmony_style_effort", HARMONY, model_ctx(HARMONY_BASE, NO_SYSTEM, effort="high", identity="a test model")),
+    ("harmony_style_tools", HARMONY, model_ctx(HARMONY_BASE, [{"role": "user", "content": "Weather in Paris?"}],
+                                               tools=TOOLS + [NESTED_TOOL])),
+    ("harmony_style_call_and_answer", HARMONY, model_ctx(HARMONY_BASE, TOOL_TURNS, tools=TOOLS)),
+    ("harmony_style_tool_without_call", HARMONY,
+     model_ctx(HARMONY_BASE, [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}])),
 ]
 
 
@@ -210,6 +333,10 @@ def main():
 
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    # transformers' strftime_now is datetime.now().strftime; here "now" is fixed (NOW, in UTC), and
+    # the C++ test renders at the same time.
+    now = datetime.datetime.fromtimestamp(NOW, tz=datetime.timezone.utc)
+    env.globals["strftime_now"] = lambda fmt: now.strftime(fmt)
 
     # transformers handles {% generation %} with an extension; a plain one that renders the body
     # stands in for it here.
@@ -231,12 +358,12 @@ def main():
         case = {"name": name, "template": template, "context": context}
         try:
             case["output"] = env.from_string(template).render(**context)
-        except jinja2.exceptions.TemplateError as e:
+        except (jinja2.exceptions.TemplateError, TypeError) as e:  # TypeError: a macro's arguments
             case["error"] = str(e)
         out.append(case)
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jinja_golden.json")
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"generator": "make_jinja_golden.py", "jinja2": jinja2.__version__, "cases": out}, f,
+        json.dump({"generator": "make_jinja_golden.py", "jinja2": jinja2.__version__, "now": NOW, "cases": out}, f,
                   ensure_ascii=False, indent=1)
         f.write("\n")
     print(f"wrote {len(out)} cases to {path}")
