@@ -8,6 +8,7 @@
 #include "coordinator/frontend/allowed_tokens.h"
 #include "coordinator/frontend/bad_words.h"
 #include "coordinator/frontend/choices.h"
+#include "coordinator/frontend/harmony.h"
 #include "coordinator/frontend/request_log.h"
 #include "coordinator/frontend/stop_strings.h"
 
@@ -82,6 +83,13 @@ Admission::Admission(AdmissionOptions options)
       chat_prompt_(std::make_unique<ChatPrompt>(options_.tokenizer, options_.model_path)) {
   absl::StatusOr<ToolCallFormat> format = ParseToolCallFormat(options_.tool_call_parser);
   tool_format_ = format.ok() ? *format : DetectToolCallFormat(chat_prompt_->template_source());
+  reasoning_ = options_.reasoning;
+  if (!reasoning_.has_value() && harmony::UsesHarmony(chat_prompt_->template_source())) {
+    reasoning_ = ReasoningFormat::kHarmony;
+  }
+  if (reasoning_ == ReasoningFormat::kHarmony && options_.tokenizer != nullptr) {
+    harmony_call_id_ = options_.tokenizer->PieceToId(std::string_view(harmony::kCall.data(), harmony::kCall.size()));
+  }
 }
 
 Admission::~Admission() = default;
@@ -113,6 +121,10 @@ absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<Con
                      [&](const ToolFunction& f) { return f.name == chat.tool_name; })) {
       return Invalid(names.tool_choice, ": no tool is named '", chat.tool_name, "' in ", names.tools);
     }
+  }
+  if (forced && tool_format_ == ToolCallFormat::kHarmony) {
+    return Invalid(names.tool_choice, ": a required or named tool call cannot be enforced in GPT-OSS's harmony "
+                   "format (the call follows the model's reasoning); use \"auto\"");
   }
   if (forced && constraint.has_value()) {
     return Invalid(names.tool_choice, ": a required or named tool call cannot be combined with ", constraint->field);
@@ -245,11 +257,18 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
   r.max_tokens = static_cast<int32_t>(
       std::clamp<int64_t>(max_tokens, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
   std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end());
-  if (absl::Status st = ValidateSequenceRequest(r, options_.limits, names.sequence); !st.ok()) return st;
   if (const auto* chat = std::get_if<ChatInput>(&request.prompt);
       chat != nullptr && r.constraint == nullptr && !chat->continue_final_message) {
-    out.reasoning = options_.reasoning;
+    out.reasoning = reasoning_;
   }
+  if (out.reasoning == ReasoningFormat::kHarmony) {
+    out.skip_special_tokens = false;  // the split reads the markup, and drops it
+    if (harmony_call_id_.has_value() &&
+        std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), *harmony_call_id_) == r.stop_token_ids.end()) {
+      r.stop_token_ids.push_back(*harmony_call_id_);  // a call ends the answer; the client runs it
+    }
+  }
+  if (absl::Status st = ValidateSequenceRequest(r, options_.limits, names.sequence); !st.ok()) return st;
   if (options_.ready) {
     if (absl::Status st = options_.ready(); !st.ok()) return st;
   }

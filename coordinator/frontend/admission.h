@@ -140,6 +140,8 @@ struct AdmittedRequest {
   // one the model writes freely. A constraint (structured output, allowed_token_ids, an enforced
   // tool call) shapes the text from its first token, so it holds no reasoning block, and a
   // continued message (continue_final_message) may already be past one: those are not split.
+  // With kHarmony the answer is decoded with its special tokens (skip_special_tokens false: the
+  // split reads them and drops them), and the model's <|call|> is a stop id.
   std::optional<ReasoningFormat> reasoning;
   // With resumed tokens that already end the request (ReplayResumed): how it ended. The front end
   // then answers at once and submits nothing.
@@ -155,7 +157,9 @@ struct AdmissionOptions {
   // How the model writes tool calls: "hermes", "llama3_json", or anything else for "auto" (detected
   // from the chat template; tool_calls.h).
   std::string tool_call_parser = "auto";
-  // A reasoning model's format (--reasoning_parser); none: answers are not split.
+  // A reasoning model's format (--reasoning_parser); none: answers are not split, except for a
+  // model whose chat template writes GPT-OSS's harmony format (harmony::UsesHarmony): its channels
+  // are always read (kHarmony), since its raw answer is markup.
   std::optional<ReasoningFormat> reasoning;
   RequestLimits limits;                // the scheduler's
   std::vector<int32_t> eos_token_ids;  // the model's, for resumes (ReplayResumed)
@@ -187,6 +191,8 @@ class Admission {
 
   // How the model writes tool calls (the option, or detected from the chat template).
   ToolCallFormat tool_format() const { return tool_format_; }
+  // How chat answers are split (the option, or kHarmony for a harmony template); none: not split.
+  std::optional<ReasoningFormat> reasoning() const { return reasoning_; }
 
  private:
   absl::StatusOr<AdmittedRequest> Check(AdmissionRequest request, const FieldNames& names) const;
@@ -201,6 +207,8 @@ class Admission {
   const AdmissionOptions options_;
   const std::unique_ptr<ChatPrompt> chat_prompt_;
   ToolCallFormat tool_format_ = ToolCallFormat::kHermes;
+  std::optional<ReasoningFormat> reasoning_;
+  std::optional<int32_t> harmony_call_id_;  // with kHarmony: the tokenizer's <|call|>, if it has one
 };
 
 }  // namespace shardserve::coordinator::frontend

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/frontend/harmony.h"
 
 namespace shardserve::coordinator::frontend {
 namespace {
@@ -109,6 +110,38 @@ ParsedOutput ParseHermes(absl::string_view text) {
   return out;
 }
 
+// Calls as harmony::CallText writes them, anywhere in the text; the text between them is content.
+ParsedOutput ParseHarmony(absl::string_view text) {
+  const size_t first = text.find(harmony::kCallPrefix);
+  if (first == absl::string_view::npos) return Plain(text);
+  ParsedOutput out;
+  std::string content(absl::StripAsciiWhitespace(text.substr(0, first)));
+  size_t pos = first;
+  while (pos != absl::string_view::npos) {
+    const size_t name_at = pos + harmony::kCallPrefix.size();
+    const size_t channel = text.find(harmony::kChannel, name_at);
+    const size_t message = channel == absl::string_view::npos ? channel : text.find(harmony::kMessage, channel);
+    if (message == absl::string_view::npos) return Plain(text);
+    const size_t args_at = message + harmony::kMessage.size();
+    const size_t end = text.find(harmony::kCall, args_at);
+    if (end == absl::string_view::npos) return Plain(text);
+    const std::string name(text.substr(name_at, channel - name_at));
+    const absl::string_view args = absl::StripAsciiWhitespace(text.substr(args_at, end - args_at));
+    Json parsed = Json::parse(args.begin(), args.end(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_string()) parsed = Json::parse(parsed.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (!ValidName(name) || !parsed.is_object()) return Plain(text);
+    out.calls.push_back(
+        ParsedToolCall{.name = name, .arguments = parsed.dump(-1, ' ', false, Json::error_handler_t::replace)});
+    const size_t next = end + harmony::kCall.size();
+    pos = text.find(harmony::kCallPrefix, next);
+    const absl::string_view between = absl::StripAsciiWhitespace(
+        text.substr(next, pos == absl::string_view::npos ? absl::string_view::npos : pos - next));
+    if (!between.empty()) absl::StrAppend(&content, content.empty() ? "" : "\n", between);
+  }
+  out.content = std::move(content);
+  return out;
+}
+
 ParsedOutput ParseLlama3(absl::string_view text) {
   absl::string_view t = absl::StripLeadingAsciiWhitespace(text);
   if (absl::StartsWith(t, kPythonTag)) t = absl::StripLeadingAsciiWhitespace(t.substr(kPythonTag.size()));
@@ -146,6 +179,7 @@ size_t PartialTagSuffix(absl::string_view text, absl::string_view tag) {
 absl::StatusOr<ToolCallFormat> ParseToolCallFormat(absl::string_view name) {
   if (name == "hermes" || name == "qwen") return ToolCallFormat::kHermes;
   if (name == "llama3_json" || name == "llama") return ToolCallFormat::kLlama3Json;
+  if (name == "openai" || name == "harmony") return ToolCallFormat::kHarmony;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown tool call format \"", name, "\": use hermes (Qwen2.5, Hermes) or llama3_json (Llama 3.x)"));
 }
@@ -154,11 +188,13 @@ absl::string_view ToolCallFormatName(ToolCallFormat format) {
   switch (format) {
     case ToolCallFormat::kHermes: return "hermes";
     case ToolCallFormat::kLlama3Json: return "llama3_json";
+    case ToolCallFormat::kHarmony: return "openai";
   }
   return "";
 }
 
 ToolCallFormat DetectToolCallFormat(absl::string_view chat_template) {
+  if (harmony::UsesHarmony(chat_template)) return ToolCallFormat::kHarmony;
   if (absl::StrContains(chat_template, kCallOpen)) return ToolCallFormat::kHermes;
   if (absl::StrContains(chat_template, "\"parameters\"") || absl::StrContains(chat_template, kPythonTag)) {
     return ToolCallFormat::kLlama3Json;
@@ -209,6 +245,11 @@ absl::StatusOr<ToolFunction> ParseToolDefinition(const Json& tool, const std::st
 absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vector<ToolFunction>& tools,
                                           const std::optional<std::string>& named, bool parallel,
                                           const structured::JsonRegexOptions& options) {
+  if (format == ToolCallFormat::kHarmony) {
+    return absl::InvalidArgumentError(
+        "a required or named tool call cannot be enforced in GPT-OSS's harmony format (the call follows the "
+        "model's reasoning); use tool_choice \"auto\"");
+  }
   const char* args_key = format == ToolCallFormat::kHermes ? "arguments" : "parameters";
   std::vector<std::string> objects;
   for (const ToolFunction& t : tools) {
@@ -237,6 +278,7 @@ ParsedOutput ParseToolCalls(ToolCallFormat format, absl::string_view text) {
   switch (format) {
     case ToolCallFormat::kHermes: return ParseHermes(text);
     case ToolCallFormat::kLlama3Json: return ParseLlama3(text);
+    case ToolCallFormat::kHarmony: return ParseHarmony(text);
   }
   return Plain(text);
 }
@@ -247,9 +289,11 @@ std::string ToolCallStreamer::Add(absl::string_view text) {
     return "";
   }
   switch (format_) {
-    case ToolCallFormat::kHermes: {
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kHarmony: {
+      const absl::string_view open = format_ == ToolCallFormat::kHermes ? kCallOpen : harmony::kCallPrefix;
       absl::StrAppend(&held_, text);
-      const size_t at = absl::string_view(held_).find(kCallOpen);
+      const size_t at = absl::string_view(held_).find(open);
       std::string out;
       if (at != std::string::npos) {
         out = held_.substr(0, at);
@@ -257,7 +301,7 @@ std::string ToolCallStreamer::Add(absl::string_view text) {
         in_call_ = true;
         return out;
       }
-      const size_t keep = PartialTagSuffix(held_, kCallOpen);
+      const size_t keep = PartialTagSuffix(held_, open);
       out = held_.substr(0, held_.size() - keep);
       held_.erase(0, held_.size() - keep);
       return out;

@@ -2,7 +2,7 @@
 // constraint that forces such a call (tool_choice "required" or a named function), and the parser
 // that turns generated text back into OpenAI's message.tool_calls.
 //
-// Two output formats are known:
+// Three output formats are known:
 //   * kHermes (Qwen2.5, Hermes, ...): each call is
 //       <tool_call>
 //       {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -11,6 +11,10 @@
 //   * kLlama3Json (Llama-3.1/3.2 Instruct): the whole answer is one JSON object
 //       {"name": "get_weather", "parameters": {"city": "Paris"}}
 //     optionally after "<|python_tag|>"; several calls are separated by ";".
+//   * kHarmony (GPT-OSS): calls are harmony messages to functions.NAME, which the gpt_oss reasoning
+//     split (reasoning.h) hands on in the content as harmony::CallText writes them:
+//       <|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>
+//     A required or named call cannot be enforced in this format (ToolCallRegex refuses it).
 // The format comes from --tool_call_parser, or is detected from the chat template's text
 // (DetectToolCallFormat).
 //
@@ -32,14 +36,16 @@
 
 namespace shardserve::coordinator::frontend {
 
-enum class ToolCallFormat { kHermes, kLlama3Json };
+enum class ToolCallFormat { kHermes, kLlama3Json, kHarmony };
 
-// "hermes" (also "qwen") or "llama3_json" (also "llama"); InvalidArgument naming the choices.
+// "hermes" (also "qwen"), "llama3_json" (also "llama") or "openai" (vLLM's name for GPT-OSS's;
+// also "harmony"); InvalidArgument naming the choices.
 absl::StatusOr<ToolCallFormat> ParseToolCallFormat(absl::string_view name);
 absl::string_view ToolCallFormatName(ToolCallFormat format);
 
-// The format a chat template teaches its model: kHermes when the template mentions <tool_call>,
-// kLlama3Json when it asks for {"name": ..., "parameters": ...} (Llama 3.x), kHermes otherwise.
+// The format a chat template teaches its model: kHarmony for a harmony template
+// (harmony::UsesHarmony), kHermes when the template mentions <tool_call>, kLlama3Json when it asks
+// for {"name": ..., "parameters": ...} (Llama 3.x), kHermes otherwise.
 ToolCallFormat DetectToolCallFormat(absl::string_view chat_template);
 
 // One function of a request's `tools`.
@@ -66,7 +72,8 @@ inline constexpr int kMaxParallelCalls = 8;
 // The regex (ByteDfa syntax) of output that is only tool calls in `format`: a call to `named` (when
 // set, and exactly one call), or else to any of `tools` (one call, or 1..kMaxParallelCalls with
 // `parallel` in kHermes; kLlama3Json calls one tool at a time). Arguments are compact JSON valid against each tool's parameters schema, with the
-// limits of `options`. InvalidArgument naming the tool whose schema is unsupported.
+// limits of `options`. InvalidArgument naming the tool whose schema is unsupported, and for
+// kHarmony (its calls come after the model's reasoning, which no regex of ours shapes).
 absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vector<ToolFunction>& tools,
                                           const std::optional<std::string>& named, bool parallel,
                                           const structured::JsonRegexOptions& options = {});

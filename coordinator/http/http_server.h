@@ -79,8 +79,9 @@ struct HttpServerOptions {
   // How the model writes tool calls (coordinator/frontend/tool_calls.h): "hermes", "llama3_json", or
   // "auto" (detected from the chat template).
   std::string tool_call_parser = "auto";
-  // A reasoning model's format (coordinator/frontend/reasoning.h): "deepseek_r1" or "qwen3" splits
-  // each chat answer into message.reasoning_content and message.content; "" leaves it whole.
+  // A reasoning model's format (coordinator/frontend/reasoning.h): "deepseek_r1", "qwen3" or
+  // "gpt_oss" splits each chat answer into message.reasoning_content and message.content; "" leaves
+  // it whole, except for a harmony chat template (GPT-OSS), whose channels are always read.
   std::string reasoning_parser;
   // InvalidArgument naming the option when out of range.
   absl::Status Validate() const;

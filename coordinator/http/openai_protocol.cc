@@ -672,6 +672,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   ChatRequest r;
   bool has_messages = false;
   bool has_tool_choice = false;
+  Json reasoning_effort;  // null: not given
   for (const auto& [key, v] : j->items()) {
     absl::StatusOr<bool> shared = ParseSharedField(key, v, &r.fields);
     if (!shared.ok()) return shared.status();
@@ -732,6 +733,12 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
       absl::StatusOr<Json> kwargs = GetTemplateKwargs(v, key);
       if (!kwargs.ok()) return kwargs.status();
       r.chat_template_kwargs = *std::move(kwargs);
+    } else if (key == "reasoning_effort") {
+      if (v.is_null()) continue;
+      if (!v.is_string() || (v != "low" && v != "medium" && v != "high")) {
+        return InvalidParam(key, absl::StrCat("'reasoning_effort' must be \"low\", \"medium\" or \"high\", got ", v.dump()));
+      }
+      reasoning_effort = v;
     } else if (key == "top_logprobs") {
       if (v.is_null()) continue;
       absl::StatusOr<int64_t> n = GetInt(v, key);
@@ -751,6 +758,15 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
     return InvalidParam("continue_final_message",
                         "'continue_final_message' needs 'add_generation_prompt': false (the final message is "
                         "continued, no new one is started)");
+  }
+  // OpenAI's reasoning_effort is the chat template's variable of that name (GPT-OSS's template
+  // writes it into the system message).
+  if (!reasoning_effort.is_null()) {
+    if (r.chat_template_kwargs.is_null()) r.chat_template_kwargs = Json::object();
+    if (r.chat_template_kwargs.contains("reasoning_effort")) {
+      return InvalidParam("reasoning_effort", "'reasoning_effort' is set twice: also in 'chat_template_kwargs'");
+    }
+    r.chat_template_kwargs["reasoning_effort"] = reasoning_effort;
   }
   // The tool choice against the tools and the constraint: frontend::Admission.
   if (!has_tool_choice) r.tool_choice = r.tools.is_null() ? ToolChoice::kNone : ToolChoice::kAuto;

@@ -104,10 +104,12 @@ struct CoordinatorOptions {
   // Empty: the model directory's last component.
   std::string served_model_name;
   // How the model writes tool calls in chat (--tool_call_parser): "hermes" (<tool_call> tags,
-  // Qwen2.5), "llama3_json" (Llama 3.x), or "auto" (detected from the chat template).
+  // Qwen2.5), "llama3_json" (Llama 3.x), "openai" (GPT-OSS's harmony), or "auto" (detected from
+  // the chat template).
   std::string tool_call_parser = "auto";
   // A reasoning model's format (--reasoning_parser; coordinator/frontend/reasoning.h):
-  // "deepseek_r1" or "qwen3" splits chat answers into reasoning_content and content; "" = none.
+  // "deepseek_r1", "qwen3" or "gpt_oss" splits chat answers into reasoning_content and content;
+  // "" = none, except for a harmony chat template (GPT-OSS), whose channels are always read.
   std::string reasoning_parser;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);

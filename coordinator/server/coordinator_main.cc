@@ -114,10 +114,13 @@ ABSL_FLAG(std::string, served_model_name, "",
           "the model's name in the HTTP API (/v1/models and replies); empty = the model directory's last component");
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "how the model writes tool calls in chat: hermes (<tool_call>{...}</tool_call>, Qwen2.5), llama3_json "
-          "({\"name\": ..., \"parameters\": ...}, Llama 3.x), or auto (detected from the chat template)");
+          "({\"name\": ..., \"parameters\": ...}, Llama 3.x), openai (harmony messages to functions.NAME, GPT-OSS), "
+          "or auto (detected from the chat template)");
 ABSL_FLAG(std::string, reasoning_parser, "",
           "a reasoning model's format: deepseek_r1 or qwen3 split each chat answer into the model's reasoning "
-          "(<think>...</think>, message.reasoning_content) and its content; empty = answers as they are");
+          "(<think>...</think>, message.reasoning_content) and its content, gpt_oss reads GPT-OSS's harmony "
+          "channels (analysis: reasoning; final: content); empty = answers as they are, except that a harmony "
+          "chat template's channels are always read");
 ABSL_FLAG(std::string, quantize, "none",
           "int8: workers store the linear projections and lm_head as block int8 (64 weights per scale) on "
           "backends that take it (CPU); none: the checkpoint's dtype");

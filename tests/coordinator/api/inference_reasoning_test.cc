@@ -21,6 +21,8 @@
 #include "coordinator/api/inference_service.h"
 #include "nlohmann/json.hpp"
 #include "shardserve/v1/inference.grpc.pb.h"
+#include "coordinator/frontend/harmony.h"
+#include "tests/testing/harmony_model.h"
 #include "tests/testing/script_replica.h"
 #include "tests/testing/temp_dir.h"
 
@@ -49,13 +51,19 @@ class InferenceReasoningTest : public ::testing::Test {
  protected:
   // Serves a model whose output is the tokens of `parts`, each encoded on its own, then kEnd
   // (repeated), with Qwen2.5's chat template and the reasoning parser `parser` ("" = none).
-  void Serve(const std::vector<std::string>& parts, const std::string& parser) {
+  // With `harmony`: the harmony test tokenizer and chat template instead (tests/testing/harmony_model.h).
+  void Serve(const std::vector<std::string>& parts, const std::string& parser, bool harmony = false) {
     dir_ = std::filesystem::path(::testing::TempDir()) / ("inference_reasoning_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
-    std::filesystem::copy_file("tests/golden/models/qwen2/tokenizer.json", dir_ / "tokenizer.json",
-                               std::filesystem::copy_options::overwrite_existing);
+    if (harmony) {
+      std::ofstream(dir_ / "tokenizer.json") << testing::HarmonyTokenizerJson();
+    } else {
+      std::filesystem::copy_file("tests/golden/models/qwen2/tokenizer.json", dir_ / "tokenizer.json",
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
     nlohmann::json config;
-    config["chat_template"] = ReadFileOrEmpty("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja");
+    config["chat_template"] = harmony ? testing::HarmonyChatTemplate()
+                                      : ReadFileOrEmpty("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja");
     std::ofstream(dir_ / "tokenizer_config.json") << config.dump();
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir_.string());
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
@@ -162,6 +170,30 @@ TEST_F(InferenceReasoningTest, TheThinkBlockIsReasoningTextAndCallsComeFromTheCo
   EXPECT_EQ(plain.text, std::string("\n\nChecking.\n") + kCall);
   EXPECT_EQ(plain.messages.back().tool_calls_size(), 0);
   EXPECT_EQ(plain.messages.back().finish_reason(), v1::FINISH_REASON_STOP);
+}
+
+// GPT-OSS's harmony format, with no parser named (the template is harmony): the analysis channel
+// is reasoning_text, streamed as it comes; the call to functions.get_weather ends the answer at its
+// <|call|> and is parsed from the content, which holds it as the split hands it on.
+TEST_F(InferenceReasoningTest, HarmonyChannelsAreReasoningTextAndCalls) {
+  Serve({"<|channel|>analysis<|message|>The user wants Paris; a long thought.<|end|>",
+         "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+         "{\"city\":\"Paris\"}<|call|>",
+         "never sent"},
+        "", /*harmony=*/true);
+  const Answer a = Generate(Request());
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  EXPECT_EQ(a.reasoning, "The user wants Paris; a long thought.");
+  EXPECT_EQ(a.text, frontend::harmony::CallText("get_weather", "{\"city\":\"Paris\"}"));
+  EXPECT_FALSE(a.reasoning_after_text);
+  EXPECT_GT(a.messages.size(), 2u);  // streamed in pieces, not at the end
+  const v1::GenerateResponse& last = a.messages.back();
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_TOOL_CALLS);
+  ASSERT_EQ(last.tool_calls_size(), 1);
+  EXPECT_EQ(last.tool_calls(0).name(), "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(last.tool_calls(0).arguments()), nlohmann::json({{"city", "Paris"}}));
+  // The tokens end with <|call|>, a stop id of harmony chats.
+  EXPECT_EQ(a.tokens, static_cast<int>(part_ends_[1].size()));
 }
 
 // Without a parser, the text is as the model wrote it; the call is parsed from all of it.

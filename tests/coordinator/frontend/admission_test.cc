@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/harmony_model.h"
 #include "tests/testing/rejection_counter.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -141,6 +142,68 @@ TEST_F(AdmissionTest, TextRequestBecomesTheSequenceRequest) {
   EXPECT_FALSE(a.tool_calls.has_value());
   EXPECT_FALSE(a.resumed_end.has_value());
   EXPECT_EQ(observer_.total(), 0);
+}
+
+// A model whose chat template writes GPT-OSS's harmony format: its chat answers are always split
+// by their channels (whatever --reasoning_parser says when it says nothing), decoded with the
+// special tokens the split reads, and end at the model's <|call|>; an enforced call is refused.
+TEST_F(AdmissionTest, HarmonyChatsReadTheirChannelsAndStopAtACall) {
+  testing::TempDir dir;
+  dir.Write("tokenizer.json", testing::HarmonyTokenizerJson());
+  Json config;
+  config["chat_template"] = testing::HarmonyChatTemplate();
+  ASSERT_FALSE(config["chat_template"].get<std::string>().empty());
+  dir.Write("tokenizer_config.json", config.dump());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(dir.path()));
+  ASSERT_EQ(tokenizer->PieceToId("<|call|>"), testing::kHarmonyCallId);
+  structured::ConstraintCompiler compiler(structured::VocabularyFromTokenizer(*tokenizer, tokenizer->vocab_size()));
+  auto make = [&](std::optional<ReasoningFormat> reasoning) {
+    return std::make_unique<Admission>(AdmissionOptions{
+        .tokenizer = tokenizer.get(),
+        .model_path = dir.path(),
+        .constraints = &compiler,
+        .reasoning = reasoning,
+        .limits = {.vocab_size = tokenizer->vocab_size(), .max_seq_len = kContext}});
+  };
+  std::unique_ptr<Admission> admission = make(std::nullopt);
+  EXPECT_EQ(admission->reasoning(), ReasoningFormat::kHarmony);
+  EXPECT_EQ(admission->tool_format(), ToolCallFormat::kHarmony);
+
+  AdmissionRequest r = Chat();
+  r.sequence.stop_token_ids = {7};
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission->Admit(r, OpenAiFieldNames(/*chat=*/true)));
+  EXPECT_EQ(a.reasoning, ReasoningFormat::kHarmony);
+  EXPECT_EQ(a.tool_calls, ToolCallFormat::kHarmony);
+  EXPECT_FALSE(a.skip_special_tokens);
+  EXPECT_EQ(a.sequence.stop_token_ids, (std::vector<int32_t>{7, testing::kHarmonyCallId}));
+  // The prompt ends where the answer's header starts: "<|start|>assistant".
+  ASSERT_OK_AND_ASSIGN(std::vector<int32_t> tail, tokenizer->Encode("<|start|>assistant", false));
+  ASSERT_GE(a.sequence.prompt.size(), tail.size());
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), a.sequence.prompt.end() - static_cast<ptrdiff_t>(tail.size())));
+  EXPECT_EQ(tail.front(), 256);  // <|start|> is one special token
+
+  // Structured output shapes the answer from its first token: nothing to split, nothing added.
+  AdmissionRequest shaped = Chat();
+  shaped.constraint = Constraint(structured::ConstraintKind::kJsonSchema, R"({"type": "object"})", "response_format");
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest b, admission->Admit(shaped, OpenAiFieldNames(/*chat=*/true)));
+  EXPECT_FALSE(b.reasoning.has_value());
+  EXPECT_TRUE(b.skip_special_tokens);
+  EXPECT_TRUE(b.sequence.stop_token_ids.empty());
+  // A completion is not a chat.
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest c, admission->Admit(Text(), OpenAiFieldNames(/*chat=*/false)));
+  EXPECT_FALSE(c.reasoning.has_value());
+  EXPECT_TRUE(c.sequence.stop_token_ids.empty());
+
+  // An enforced call: refused, naming tool_choice.
+  std::get<ChatInput>(r.prompt).tool_choice = ToolChoice::kRequired;
+  EXPECT_THAT(admission->Admit(r, OpenAiFieldNames(/*chat=*/true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tool_choice: a required or named tool call "
+                                                                    "cannot be enforced in GPT-OSS's harmony format")));
+
+  // An explicit --reasoning_parser stands.
+  EXPECT_EQ(make(ReasoningFormat::kQwen3)->reasoning(), ReasoningFormat::kQwen3);
+  // Other templates are not split unless asked.
+  EXPECT_FALSE(admission_->reasoning().has_value());
 }
 
 TEST_F(AdmissionTest, TokenIdsAreUsedAsGivenAndMaxTokensDefaultsToTheRestOfTheContext) {

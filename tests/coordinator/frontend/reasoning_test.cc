@@ -1,4 +1,4 @@
-// Reasoning split (reasoning.h): the two formats on whole texts, and the same split however the
+// Reasoning split (reasoning.h): the three formats on whole texts, and the same split however the
 // text is cut into pieces, tags included.
 #include "coordinator/frontend/reasoning.h"
 
@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "coordinator/frontend/harmony.h"
 
 namespace shardserve::coordinator::frontend {
 namespace {
@@ -76,7 +78,130 @@ TEST(ReasoningTest, OnlyATagsBeginningIsHeldBack) {
 TEST(ReasoningTest, FormatsAreNamedAsVllmNamesThem) {
   EXPECT_EQ(*ParseReasoningFormat("deepseek_r1"), ReasoningFormat::kDeepSeekR1);
   EXPECT_EQ(*ParseReasoningFormat("qwen3"), ReasoningFormat::kQwen3);
+  EXPECT_EQ(*ParseReasoningFormat("gpt_oss"), ReasoningFormat::kHarmony);
+  EXPECT_EQ(*ParseReasoningFormat("openai_gptoss"), ReasoningFormat::kHarmony);
   EXPECT_FALSE(ParseReasoningFormat("r1").ok());
+  EXPECT_NE(ParseReasoningFormat("r1").status().message().find("gpt_oss"), std::string::npos);
+}
+
+// GPT-OSS's harmony answers, as they arrive decoded with their special tokens spelled (the prompt
+// ended with "<|start|>assistant").
+constexpr char kHarmonyAnswer[] =
+    "<|channel|>analysis<|message|>The user greets. Ünï ✓<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Hello! <b>there</b><|return|>";
+constexpr char kHarmonyCall[] =
+    "<|channel|>analysis<|message|>Need the weather.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    "{\"city\":\"Paris\"}<|call|>";
+
+TEST(ReasoningTest, HarmonyAnalysisIsReasoningAndFinalIsContent) {
+  const ReasoningFormat f = ReasoningFormat::kHarmony;
+  using P = std::pair<std::string, std::string>;
+  EXPECT_EQ(Split(f, kHarmonyAnswer), P("The user greets. Ünï ✓", "Hello! <b>there</b>"));
+  // Without the end tokens (they stop the answer and may not be decoded), the same.
+  EXPECT_EQ(Split(f, "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>b"),
+            P("a", "b"));
+  // A final answer without reasoning, and a preamble on commentary before it, each on its line.
+  EXPECT_EQ(Split(f, "<|channel|>final<|message|>Only this."), P("", "Only this."));
+  EXPECT_EQ(Split(f, "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>final<|message|>Done."),
+            P("", "Checking.\nDone."));
+  // Two analysis messages: two lines of reasoning.
+  EXPECT_EQ(Split(f, "<|channel|>analysis<|message|>one<|end|><|start|>assistant<|channel|>analysis<|message|>two<|end|>"),
+            P("one\ntwo", ""));
+}
+
+TEST(ReasoningTest, HarmonyCallsGoToTheContentForTheToolParser) {
+  const ReasoningFormat f = ReasoningFormat::kHarmony;
+  using P = std::pair<std::string, std::string>;
+  EXPECT_EQ(Split(f, kHarmonyCall),
+            P("Need the weather.", harmony::CallText("get_weather", "{\"city\":\"Paris\"}")));
+  EXPECT_EQ(harmony::CallText("get_weather", "{}"),
+            "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{}<|call|>");
+  // The recipient before the channel (as the chat template writes calls), and no <|call|> text.
+  EXPECT_EQ(Split(f, "<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.get_time"
+                     "<|channel|>commentary json<|message|>{}"),
+            P("x", harmony::CallText("get_time", "{}")));
+  // A call first thing in the answer (the header continues the prompt's "<|start|>assistant").
+  EXPECT_EQ(Split(f, " to=functions.f<|channel|>commentary json<|message|>{\"a\":1}<|call|>"),
+            P("", harmony::CallText("f", "{\"a\":1}")));
+  // A built-in tool's call (browser, python) is the model's own business: reasoning.
+  EXPECT_EQ(Split(f, "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis to=browser.search "
+                     "code<|message|>{\"query\":\"x\"}<|call|>"),
+            P("a\n{\"query\":\"x\"}", ""));
+}
+
+TEST(ReasoningTest, HarmonyOddAnswers) {
+  const ReasoningFormat f = ReasoningFormat::kHarmony;
+  using P = std::pair<std::string, std::string>;
+  // Not harmony at all (a constraint shaped it, or the model ignored the format): content as it is.
+  EXPECT_EQ(Split(f, "Plain <|end|> text"), P("", "Plain <|end|> text"));
+  EXPECT_EQ(Split(f, "{\"json\": true}"), P("", "{\"json\": true}"));
+  // A header that never ends within kMaxHarmonyHeaderBytes is not one.
+  const std::string long_header = "<|channel|>" + std::string(300, 'x') + "<|message|>hi";
+  EXPECT_EQ(Split(f, long_header), P("", long_header));
+  // Cut off inside a header, or right after one: nothing to tell.
+  EXPECT_EQ(Split(f, "<|channel|>analy"), P("", ""));
+  EXPECT_EQ(Split(f, "<|channel|>analysis<|message|>"), P("", ""));
+  EXPECT_EQ(Split(f, ""), P("", ""));
+  // Between messages: special tokens and blanks are dropped, other text is kept as content (a line
+  // of its own).
+  EXPECT_EQ(Split(f, "<|channel|>final<|message|>a<|end|> <|endoftext|>junk<|start|>assistant<|channel|>final<|message|>b"),
+            P("", "a\njunk\nb"));
+  // A message that starts without ending the last one.
+  EXPECT_EQ(Split(f, "<|channel|>analysis<|message|>a<|start|>assistant<|channel|>final<|message|>b"), P("a", "b"));
+  // Text that looks like a tag but is not one stays.
+  EXPECT_EQ(Split(f, "<|channel|>final<|message|>a <|en b"), P("", "a <|en b"));
+}
+
+TEST(ReasoningTest, HarmonyPiecesGiveTheSameSplitAsTheWholeText) {
+  const std::vector<std::string> texts = {kHarmonyAnswer, kHarmonyCall, "Plain text ✓",
+                                          "<|channel|>final<|message|>a<|end|> <|endoftext|>junk<|start|>assistant"
+                                          "<|channel|>final<|message|>b <|en",
+                                          " to=functions.f<|channel|>commentary json<|message|>{}<|call|>"};
+  for (const std::string& text : texts) {
+    const ReasoningSplit whole = SplitReasoning(ReasoningFormat::kHarmony, text);
+    for (size_t step = 1; step <= 13; step += 3) {
+      SCOPED_TRACE(text + " in pieces of " + std::to_string(step));
+      ReasoningStreamer streamer(ReasoningFormat::kHarmony);
+      ReasoningSplit got;
+      for (size_t at = 0; at < text.size(); at += step) {
+        ReasoningSplit part = streamer.Add(text.substr(at, step));
+        got.reasoning += part.reasoning;
+        got.content += part.content;
+      }
+      ReasoningSplit rest = streamer.Finish();
+      EXPECT_EQ(got.reasoning + rest.reasoning, whole.reasoning);
+      EXPECT_EQ(got.content + rest.content, whole.content);
+    }
+  }
+}
+
+TEST(ReasoningTest, HarmonyReasoningStreamsAsItComes) {
+  ReasoningStreamer streamer(ReasoningFormat::kHarmony);
+  EXPECT_EQ(streamer.Add("<|channel|>analysis<|mess").reasoning, "");  // a header is held whole
+  EXPECT_EQ(streamer.Add("age|>Thinking").reasoning, "Thinking");
+  EXPECT_EQ(streamer.Add(" more<|e").reasoning, " more");  // may be <|end|>
+  ReasoningSplit s = streamer.Add("nd|><|start|>assistant<|channel|>final<|message|>Hi");
+  EXPECT_EQ(s.reasoning, "");
+  EXPECT_EQ(s.content, "Hi");
+  // A call is held until it ends.
+  s = streamer.Add("<|end|><|start|>assistant<|channel|>commentary to=functions.f<|message|>{\"a\"");
+  EXPECT_EQ(s.content, "");
+  s = streamer.Finish();
+  EXPECT_EQ(s.content, harmony::CallText("f", "{\"a\""));
+}
+
+TEST(ReasoningTest, HarmonyTemplatesAreRecognised) {
+  EXPECT_TRUE(harmony::UsesHarmony("{{ '<|start|>assistant<|channel|>final<|message|>' + m.content }}"));
+  EXPECT_FALSE(harmony::UsesHarmony("<|im_start|>{{ m.role }}<|message|>"));
+  EXPECT_FALSE(harmony::UsesHarmony(""));
+  const harmony::Header h = harmony::ParseHeader("assistant<|channel|>commentary to=functions.get_weather <|constrain|>json");
+  EXPECT_EQ(h.channel, "commentary");
+  EXPECT_EQ(h.recipient, "functions.get_weather");
+  const harmony::Header before = harmony::ParseHeader("assistant to=functions.x<|channel|>commentary json");
+  EXPECT_EQ(before.channel, "commentary");
+  EXPECT_EQ(before.recipient, "functions.x");
+  EXPECT_EQ(harmony::ParseHeader("<|channel|>final").recipient, "");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "coordinator/frontend/harmony.h"
 #include "coordinator/structured/byte_dfa.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -92,11 +93,16 @@ TEST(ToolCallsTest, MalformedTextIsPlainContent) {
 TEST(ToolCallsTest, ArbitraryBytesNeverCrash) {
   // Prefixes of well-formed output, and bytes flipped in it: always a result, never a crash.
   const std::string good = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": \"a\\\"b\", \"n\": [1, {\"x\": null}]}}\n</tool_call>";
-  for (ToolCallFormat format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json}) {
-    for (size_t n = 0; n <= good.size(); ++n) (void)ParseToolCalls(format, good.substr(0, n));
-    for (size_t i = 0; i < good.size(); ++i) {
-      for (char c : {'{', '}', '"', '\\', '[', ']', '\0', '\xff'}) {
-        std::string bad = good;
+  const std::string harmony_good = harmony::CallText("f", "{\"s\": \"a\\\"b\", \"n\": [1, {\"x\": null}]}");
+  for (ToolCallFormat format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kHarmony}) {
+    const std::string& text = format == ToolCallFormat::kHarmony ? harmony_good : good;
+    ASSERT_EQ(ParseToolCalls(format, format == ToolCallFormat::kLlama3Json ? text.substr(12, text.size() - 25) : text)
+                  .calls.size(),
+              1u);
+    for (size_t n = 0; n <= text.size(); ++n) (void)ParseToolCalls(format, text.substr(0, n));
+    for (size_t i = 0; i < text.size(); ++i) {
+      for (char c : {'{', '}', '"', '\\', '[', ']', '<', '|', '\0', '\xff'}) {
+        std::string bad = text;
         bad[i] = c;
         (void)ParseToolCalls(format, bad);
       }
@@ -149,6 +155,39 @@ TEST(ToolCallsTest, StreamerHoldsBackOnlyWhatMayBeACall) {
   EXPECT_EQ(llama.Add("  "), "");
   EXPECT_EQ(llama.Add("Hi"), "  Hi");
   EXPECT_EQ(llama.Add(" {x}"), " {x}");
+}
+
+// Harmony calls, as the gpt_oss reasoning split hands them on (harmony::CallText).
+TEST(ToolCallsTest, HarmonyCallsAndContent) {
+  const std::string call = harmony::CallText("get_weather", "{\"city\":\"Paris\",\"n\":[1, 2]}");
+  ParsedOutput out = ParseToolCalls(ToolCallFormat::kHarmony, "Checking.\n" + call + "\n" +
+                                                                   harmony::CallText("get_time", " {} ") + "\nDone.");
+  ASSERT_EQ(out.calls.size(), 2u);
+  EXPECT_EQ(out.calls[0].name, "get_weather");
+  EXPECT_EQ(out.calls[0].arguments, "{\"city\":\"Paris\",\"n\":[1,2]}");
+  EXPECT_EQ(out.calls[1].name, "get_time");
+  EXPECT_EQ(out.calls[1].arguments, "{}");
+  EXPECT_EQ(out.content, "Checking.\nDone.");
+  // Arguments written as the JSON text of an object.
+  out = ParseToolCalls(ToolCallFormat::kHarmony, harmony::CallText("f", "\"{\\\"a\\\": 1}\""));
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].arguments, "{\"a\":1}");
+  // Malformed: arguments that are not an object (a call cut off by max_tokens), a bad name, no end.
+  for (const std::string& bad : {harmony::CallText("f", "{\"a\":"), harmony::CallText("f", "[1]"),
+                                 harmony::CallText("bad name", "{}"), call.substr(0, call.size() - 3)}) {
+    SCOPED_TRACE(bad);
+    out = ParseToolCalls(ToolCallFormat::kHarmony, "x " + bad);
+    EXPECT_TRUE(out.calls.empty());
+    EXPECT_EQ(out.content, "x " + bad);
+  }
+  EXPECT_EQ(ParseToolCalls(ToolCallFormat::kHarmony, "no calls <|start|>").content, "no calls <|start|>");
+  ExpectStreamerAgrees(ToolCallFormat::kHarmony, "Sure. " + call);
+  ExpectStreamerAgrees(ToolCallFormat::kHarmony, "a <|start|>assistant to=nothing");
+  ExpectStreamerAgrees(ToolCallFormat::kHarmony, harmony::CallText("f", "{\"a\":"));
+  // A required or named call cannot be enforced in harmony.
+  absl::StatusOr<std::string> regex = ToolCallRegex(ToolCallFormat::kHarmony, {}, std::nullopt, false);
+  ASSERT_FALSE(regex.ok());
+  EXPECT_THAT(regex.status().message(), HasSubstr("harmony"));
 }
 
 std::vector<ToolFunction> WeatherTools() {
@@ -250,6 +289,10 @@ TEST(ToolCallsTest, FormatFromTheModelTemplatesAndByName) {
   EXPECT_EQ(DetectToolCallFormat("{{ messages }}"), ToolCallFormat::kHermes);
   EXPECT_EQ(*ParseToolCallFormat("llama3_json"), ToolCallFormat::kLlama3Json);
   EXPECT_EQ(*ParseToolCallFormat("hermes"), ToolCallFormat::kHermes);
+  EXPECT_EQ(*ParseToolCallFormat("openai"), ToolCallFormat::kHarmony);
+  EXPECT_EQ(ToolCallFormatName(ToolCallFormat::kHarmony), "openai");
+  EXPECT_EQ(DetectToolCallFormat("{{ '<|start|>' + m.role + '<|channel|>final<|message|>' + m.content }}"),
+            ToolCallFormat::kHarmony);
   EXPECT_FALSE(ParseToolCallFormat("mistral").ok());
 }
 

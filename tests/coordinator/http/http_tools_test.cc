@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/harmony_model.h"
 #include "tests/testing/script_replica.h"
 #include "tests/testing/temp_dir.h"
 
@@ -40,13 +41,17 @@ class HttpToolsTest : public ::testing::Test {
   void SetUp() override { std::signal(SIGPIPE, SIG_IGN); }
 
   // Serves a model whose output is `output` followed by kEnd (repeated), with Qwen2.5's chat
-  // template or `chat_template`.
-  void Serve(const std::string& output, const std::string& chat_template = "") {
+  // template or `chat_template`, and the qwen2 test tokenizer or `tokenizer_json`.
+  void Serve(const std::string& output, const std::string& chat_template = "", const std::string& tokenizer_json = "") {
     // One directory per process: ctest runs the tests of this file in parallel processes.
     dir_ = std::filesystem::path(::testing::TempDir()) / ("http_tools_model_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
-    std::filesystem::copy_file("tests/golden/models/qwen2/tokenizer.json", dir_ / "tokenizer.json",
-                               std::filesystem::copy_options::overwrite_existing);
+    if (tokenizer_json.empty()) {
+      std::filesystem::copy_file("tests/golden/models/qwen2/tokenizer.json", dir_ / "tokenizer.json",
+                                 std::filesystem::copy_options::overwrite_existing);
+    } else {
+      std::ofstream(dir_ / "tokenizer.json") << tokenizer_json;
+    }
     Json config;
     config["chat_template"] = chat_template.empty()
                                   ? ReadFileOrEmpty("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja")
@@ -261,6 +266,77 @@ TEST_F(HttpToolsTest, WithoutAReasoningParserThereIsNoReasoningContent) {
   EXPECT_FALSE(HttpServer::Start({.listen = "127.0.0.1:0", .reasoning_parser = reasoning_parser_}, nullptr,
                                  scheduler_.get(), [] { return absl::OkStatus(); })
                    .ok());
+}
+
+// GPT-OSS's harmony format (a harmony chat template; no --reasoning_parser needed): the analysis
+// channel is message.reasoning_content, the final channel the content, a message to
+// functions.NAME a tool call (its <|call|> ends the answer), and no markup reaches the client.
+TEST_F(HttpToolsTest, HarmonyChannelsBecomeReasoningContentAndCalls) {
+  const std::string call =
+      "<|channel|>analysis<|message|>The user wants Paris.<|end|><|start|>assistant<|channel|>commentary "
+      "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"celsius\"}<|call|>"
+      "never reached";
+  Serve(call, testing::HarmonyChatTemplate(), testing::HarmonyTokenizerJson());
+  auto [status, whole] = Post(Request(Json::object()));
+  ASSERT_EQ(status, 200) << whole;
+  const Json& message = whole["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "The user wants Paris.");
+  EXPECT_TRUE(message["content"].is_null()) << whole;
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << whole;
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(message["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            Json::parse(R"({"city": "Paris", "unit": "celsius"})"));
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
+  std::string reasoning, content, name;
+  for (const Json& e : Stream(Request(Json::object()))) {
+    const Json& delta = e["choices"][0]["delta"];
+    reasoning += delta.value("reasoning_content", "");
+    content += delta.value("content", "");
+    if (delta.contains("tool_calls") && delta["tool_calls"][0].contains("id")) {
+      name = delta["tool_calls"][0]["function"]["name"];
+    }
+  }
+  EXPECT_EQ(reasoning, "The user wants Paris.");
+  EXPECT_EQ(std::string(absl::StripAsciiWhitespace(content)), "");
+  EXPECT_EQ(name, "get_weather");
+  // An enforced call cannot be: 400 naming tool_choice.
+  auto [forced_status, forced] = Post(Request({{"tool_choice", "required"}}));
+  EXPECT_EQ(forced_status, 400) << forced;
+  EXPECT_EQ(forced["error"]["param"], "tool_choice") << forced;
+}
+
+TEST_F(HttpToolsTest, HarmonyFinalAnswerIsTheContent) {
+  Serve("<|channel|>analysis<|message|>Easy: <b>sunny</b>.<|end|><|start|>assistant<|channel|>final<|message|>"
+        "It is sunny, 21 °C.<|return|>",
+        testing::HarmonyChatTemplate(), testing::HarmonyTokenizerJson());
+  for (const Json& extra : {Json::object(), Json{{"tool_choice", "none"}}, Json{{"skip_special_tokens", true}}}) {
+    SCOPED_TRACE(extra.dump());
+    auto [status, whole] = Post(Request(extra));
+    ASSERT_EQ(status, 200) << whole;
+    EXPECT_EQ(whole["choices"][0]["message"]["reasoning_content"], "Easy: <b>sunny</b>.");
+    EXPECT_EQ(whole["choices"][0]["message"]["content"], "It is sunny, 21 °C.");
+    EXPECT_FALSE(whole["choices"][0]["message"].contains("tool_calls"));
+    EXPECT_EQ(whole["choices"][0]["finish_reason"], "stop");
+  }
+  std::string reasoning, content;
+  for (const Json& e : Stream(Request(Json::object()))) {
+    const Json& delta = e["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) {
+      EXPECT_TRUE(content.empty()) << "reasoning after content";
+      reasoning += delta["reasoning_content"].get<std::string>();
+    }
+    content += delta.value("content", "");
+  }
+  EXPECT_EQ(reasoning, "Easy: <b>sunny</b>.");
+  EXPECT_EQ(content, "It is sunny, 21 °C.");
+  // A completion of the same model is its raw text, special tokens left out as usual.
+  httplib::Result r = client_->Post("/v1/completions",
+                                    Json{{"prompt", "Hi"}, {"max_tokens", 400}, {"stop", Json::array({kEnd})}}.dump(),
+                                    "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["choices"][0]["text"],
+            "analysisEasy: <b>sunny</b>.assistantfinalIt is sunny, 21 °C.");
 }
 
 TEST_F(HttpToolsTest, ToolChoiceNoneLeavesTheTextAlone) {

@@ -144,6 +144,33 @@ TEST(OpenAiProtocolTest, TextOptionsAsVllmSpellsThem) {
 
 // OpenAI's fields about stored completions and service tiers, at their neutral values: accepted
 // (SDKs and frameworks send them), and refused where they ask for what this server does not do.
+// OpenAI's reasoning_effort reaches the chat template as its variable of that name.
+TEST(OpenAiProtocolTest, ReasoningEffortIsATemplateVariable) {
+  absl::StatusOr<ChatRequest> r =
+      ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "high"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->chat_template_kwargs, nlohmann::ordered_json::parse(R"({"reasoning_effort": "high"})"));
+  r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "low",
+                           "chat_template_kwargs": {"x": 1}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->chat_template_kwargs, nlohmann::ordered_json::parse(R"({"x": 1, "reasoning_effort": "low"})"));
+  r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": null})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->chat_template_kwargs.is_null());
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "max"})")
+                    .status(),
+                "\"low\", \"medium\" or \"high\", got \"max\"", "reasoning_effort");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": 2})")
+                    .status(),
+                "got 2", "reasoning_effort");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "low",
+                                     "chat_template_kwargs": {"reasoning_effort": "high"}})")
+                    .status(),
+                "set twice", "reasoning_effort");
+  ExpectInvalid(ParseCompletionRequest(R"({"prompt": "a", "reasoning_effort": "low"})").status(), "reasoning_effort",
+                "reasoning_effort");
+}
+
 TEST(OpenAiProtocolTest, StoreMetadataAndServiceTier) {
   for (const char* body : {R"({"prompt": "a", "store": false, "metadata": {"team": "search"}, "service_tier": "auto"})",
                            R"({"prompt": "a", "store": null, "metadata": null, "service_tier": "default"})"}) {
