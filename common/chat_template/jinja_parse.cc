@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/chat_template/internal/jinja_ast.h"
@@ -287,6 +288,10 @@ class Parser {
       }
       Next();
       Next();
+      // A statement's body is parsed (and rendered) by recursion: blocks nest at most kMaxBlockDepth deep.
+      ++block_depth_;
+      const absl::Cleanup unnest = [this] { --block_depth_; };
+      if (block_depth_ > kMaxBlockDepth) return SyntaxError(kw.line, "blocks nested too deeply");
       absl::Status st;
       if (kw.text == "if") {
         st = ParseIf(body, kw.line);
@@ -509,13 +514,14 @@ class Parser {
       if (!e.ok()) return e.status();
       t->items.push_back(*std::move(e));
     }
-    return t;
+    return Sealed(std::move(t));
   }
 
   absl::StatusOr<ExprPtr> ParseExpression() { return ParseOr(/*allow_condition=*/true); }
 
   absl::StatusOr<ExprPtr> ParseOr(bool allow_condition) {
-    if (++depth_ > 200) return SyntaxError(Peek().line, "expression nested too deeply");
+    const Nesting nesting(this);
+    if (depth_ > kMaxExprDepth) return SyntaxError(Peek().line, "expression nested too deeply");
     absl::StatusOr<ExprPtr> left = ParseAnd();
     while (left.ok() && IsName("or")) {
       const int line = Next().line;
@@ -536,17 +542,43 @@ class Parser {
         if (!other.ok()) return other.status();
         c->c = *std::move(other);
       }
-      left = std::move(c);
+      left = Sealed(std::move(c));
     }
-    --depth_;
     return left;
   }
 
-  ExprPtr Binary(absl::string_view op, ExprPtr a, ExprPtr b, int line) {
+  absl::StatusOr<ExprPtr> Binary(absl::string_view op, ExprPtr a, ExprPtr b, int line) {
     ExprPtr e = Make(Expr::Kind::kBinary, line);
     e->name = std::string(op);
     e->a = std::move(a);
     e->b = std::move(b);
+    return Sealed(std::move(e));
+  }
+
+  // The parser's recursion (one per nested expression, unary operator or block): it stops at
+  // kMaxExprDepth, before the stack could.
+  struct Nesting {
+    explicit Nesting(Parser* p) : parser(p) { ++parser->depth_; }
+    ~Nesting() { --parser->depth_; }
+    Nesting(const Nesting&) = delete;
+    Nesting& operator=(const Nesting&) = delete;
+    Parser* parser;
+  };
+
+  // `e` with its depth set from its children's: an error past kMaxExprDepth. Chains the parser
+  // builds by iteration (a + b + c, x | f | g, a.b.c, f(x)(y)) nest as deep as they are long, and
+  // rendering and freeing them recurse that deep.
+  absl::StatusOr<ExprPtr> Sealed(ExprPtr e) {
+    int deepest = 0;
+    for (const Expr* child : {e->a.get(), e->b.get(), e->c.get()}) {
+      if (child != nullptr) deepest = std::max(deepest, child->depth);
+    }
+    for (const ExprPtr& item : e->items) {
+      if (item != nullptr) deepest = std::max(deepest, item->depth);
+    }
+    for (const auto& [unused, v] : e->kwargs) deepest = std::max(deepest, v->depth);
+    e->depth = deepest + 1;
+    if (e->depth > kMaxExprDepth) return SyntaxError(e->line, "expression nested too deeply");
     return e;
   }
 
@@ -563,13 +595,15 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseNot() {
     if (IsName("not")) {
+      const Nesting nesting(this);
+      if (depth_ > kMaxExprDepth) return SyntaxError(Peek().line, "expression nested too deeply");
       const int line = Next().line;
       absl::StatusOr<ExprPtr> inner = ParseNot();
       if (!inner.ok()) return inner.status();
       ExprPtr e = Make(Expr::Kind::kUnary, line);
       e->name = "not";
       e->a = *std::move(inner);
-      return e;
+      return Sealed(std::move(e));
     }
     return ParseCompare();
   }
@@ -647,13 +681,17 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseUnary() {
     if (IsOp("-") || IsOp("+")) {
+      const Nesting nesting(this);
+      if (depth_ > kMaxExprDepth) return SyntaxError(Peek().line, "expression nested too deeply");
       const Token& op = Next();
       absl::StatusOr<ExprPtr> inner = ParseUnary();
       if (!inner.ok()) return inner.status();
       ExprPtr e = Make(Expr::Kind::kUnary, op.line);
       e->name = op.text;
       e->a = *std::move(inner);
-      return ParseFiltersAndTests(std::move(e));
+      absl::StatusOr<ExprPtr> sealed = Sealed(std::move(e));
+      if (!sealed.ok()) return sealed.status();
+      return ParseFiltersAndTests(*std::move(sealed));
     }
     absl::StatusOr<ExprPtr> primary = ParsePrimary();
     if (!primary.ok()) return primary.status();
@@ -693,7 +731,9 @@ class Parser {
         ExprPtr g = Make(Expr::Kind::kGetAttr, line);
         g->name = Next().text;
         g->a = std::move(e);
-        e = std::move(g);
+        absl::StatusOr<ExprPtr> sealed = Sealed(std::move(g));
+        if (!sealed.ok()) return sealed.status();
+        e = *std::move(sealed);
       } else if (IsOp("[")) {
         const int line = Next().line;
         ExprPtr parts[3];
@@ -715,18 +755,24 @@ class Parser {
           ExprPtr g = Make(Expr::Kind::kGetItem, line);
           g->a = std::move(e);
           g->b = std::move(parts[0]);
-          e = std::move(g);
+          absl::StatusOr<ExprPtr> sealed = Sealed(std::move(g));
+          if (!sealed.ok()) return sealed.status();
+          e = *std::move(sealed);
         } else {
           ExprPtr s = Make(Expr::Kind::kSlice, line);
           s->a = std::move(e);
           for (ExprPtr& p : parts) s->items.push_back(std::move(p));
-          e = std::move(s);
+          absl::StatusOr<ExprPtr> sealed = Sealed(std::move(s));
+          if (!sealed.ok()) return sealed.status();
+          e = *std::move(sealed);
         }
       } else if (IsOp("(")) {
         ExprPtr call = Make(Expr::Kind::kCall, Peek().line);
         call->a = std::move(e);
         if (absl::Status st = ParseArgs(call.get()); !st.ok()) return st;
-        e = std::move(call);
+        absl::StatusOr<ExprPtr> sealed = Sealed(std::move(call));
+        if (!sealed.ok()) return sealed.status();
+        e = *std::move(sealed);
       } else {
         return e;
       }
@@ -744,7 +790,9 @@ class Parser {
         if (IsOp("(")) {
           if (absl::Status st = ParseArgs(f.get()); !st.ok()) return st;
         }
-        e = std::move(f);
+        absl::StatusOr<ExprPtr> sealed = Sealed(std::move(f));
+        if (!sealed.ok()) return sealed.status();
+        e = *std::move(sealed);
       } else if (IsName("is")) {
         const int line = Next().line;
         ExprPtr t = Make(Expr::Kind::kTest, line);
@@ -767,7 +815,9 @@ class Parser {
           if (!arg.ok()) return arg.status();
           t->items.push_back(*std::move(arg));
         }
-        e = std::move(t);
+        absl::StatusOr<ExprPtr> sealed = Sealed(std::move(t));
+        if (!sealed.ok()) return sealed.status();
+        e = *std::move(sealed);
       } else {
         return e;
       }
@@ -839,7 +889,7 @@ class Parser {
             t->items.push_back(*std::move(v));
           }
           if (absl::Status st = Expect(")"); !st.ok()) return st;
-          return t;
+          return Sealed(std::move(t));
         }
         if (tok.text == "[") {
           ExprPtr l = Make(Expr::Kind::kList, Next().line);
@@ -851,7 +901,7 @@ class Parser {
             Next();
           }
           if (absl::Status st = Expect("]"); !st.ok()) return st;
-          return l;
+          return Sealed(std::move(l));
         }
         if (tok.text == "{") {
           ExprPtr d = Make(Expr::Kind::kDict, Next().line);
@@ -867,7 +917,7 @@ class Parser {
             Next();
           }
           if (absl::Status st = Expect("}"); !st.ok()) return st;
-          return d;
+          return Sealed(std::move(d));
         }
         break;
       }
@@ -885,6 +935,7 @@ class Parser {
   size_t i_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;  // for-loop bodies around the tag being parsed (within the current macro)
+  int block_depth_ = 0;  // statements around the tag being parsed
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -19,6 +20,13 @@ namespace {
 
 constexpr size_t kMaxOutputBytes = 4 << 20;
 constexpr int64_t kMaxRange = 1 << 20;
+// Rendering is bounded in work (statements run and expressions evaluated: a template that loops a
+// million times a million times ends with an error, not never) and in depth (the statements and
+// expressions being evaluated at once, across nested macro calls: the recursion stops well before
+// the stack does).
+constexpr int64_t kMaxSteps = 20'000'000;
+constexpr int64_t kStepsPerIteration = 10;
+constexpr int kMaxRenderDepth = 512;
 
 absl::Status Error(int line, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("chat template line ", line, ": ", what));
@@ -151,69 +159,89 @@ class Renderer {
     return Value();
   }
 
+  // Counts one step of work and one level of depth (undone by the returned cleanup); an error past
+  // kMaxSteps or kMaxRenderDepth.
+  absl::Status Enter(int line) {
+    ++depth_;
+    if (++steps_ > kMaxSteps) return Error(line, "the template does too much work (over 20 million steps)");
+    if (depth_ > kMaxRenderDepth) return Error(line, "the template nests too deeply (macro calls within macro calls)");
+    return absl::OkStatus();
+  }
+
+  // Like Eval: a dispatcher, with each statement kind out of line.
   absl::Status Exec(const Node& n) {
+    const absl::Cleanup leave = [this] { --depth_; };
+    if (absl::Status st = Enter(n.line); !st.ok()) return st;
     switch (n.kind) {
       case Node::Kind::kText: return Emit(n.line, n.text);
-      case Node::Kind::kOutput: {
-        absl::StatusOr<Value> v = Eval(*n.expr);
-        if (!v.ok()) return v.status();
-        return Emit(n.line, ToString(*v));
-      }
-      case Node::Kind::kIf: {
-        for (size_t i = 0; i < n.bodies.size(); ++i) {
-          if (i < n.conditions.size()) {
-            absl::StatusOr<Value> c = Eval(*n.conditions[i]);
-            if (!c.ok()) return c.status();
-            if (!Truthy(*c)) continue;
-          }
-          return Render(n.bodies[i]);
-        }
-        return absl::OkStatus();
-      }
+      case Node::Kind::kOutput: return ExecOutput(n);
+      case Node::Kind::kIf: return ExecIf(n);
       case Node::Kind::kFor: return ExecFor(n);
       case Node::Kind::kBreak: flow_ = Flow::kBreak; return absl::OkStatus();
       case Node::Kind::kContinue: flow_ = Flow::kContinue; return absl::OkStatus();
-      case Node::Kind::kMacro: {
-        // Jinja2 closes a macro over the variables around its definition (a loop's, say); those of
-        // the top level it reads when called.
-        Value closure = Value::NewDict();
-        for (size_t i = frame_base_; i < scopes_.size(); ++i) {
-          for (const auto& [k, v] : scopes_[i]) closure.Set(k, v);
-        }
-        Value macro = Value::Function(n.text, std::make_shared<Value>(std::move(closure)));
-        macro.macro = &n;
-        scopes_.back()[n.text] = std::move(macro);
-        return absl::OkStatus();
-      }
-      case Node::Kind::kSet: {
-        absl::StatusOr<Value> v;
-        if (n.expr == nullptr) {
-          absl::StatusOr<std::string> text = Capture(n.bodies[0]);
-          if (!text.ok()) return text.status();
-          v = Value::Str(*std::move(text));
-        } else {
-          v = Eval(*n.expr);
-        }
-        if (!v.ok()) return v.status();
-        if (!n.attribute.empty()) {
-          Value target = Lookup(n.targets[0]);
-          if (target.kind != Value::Kind::kDict || !target.is_namespace) {
-            return Error(n.line, absl::StrCat("cannot set an attribute of '", n.targets[0], "' (not a namespace)"));
-          }
-          target.Set(n.attribute, *std::move(v));
-          return absl::OkStatus();
-        }
-        if (n.targets.size() == 1) {
-          scopes_.back()[n.targets[0]] = *std::move(v);
-          return absl::OkStatus();
-        }
-        absl::StatusOr<Value::List> items = Iterate(*v, n.line);
-        if (!items.ok()) return items.status();
-        if (items->size() != n.targets.size()) return Error(n.line, "wrong number of values to unpack");
-        for (size_t i = 0; i < n.targets.size(); ++i) scopes_.back()[n.targets[i]] = (*items)[i];
-        return absl::OkStatus();
-      }
+      case Node::Kind::kMacro: return DefineMacro(n);
+      case Node::Kind::kSet: return ExecSet(n);
     }
+    return absl::OkStatus();
+  }
+
+  [[gnu::noinline]] absl::Status ExecOutput(const Node& n) {
+    absl::StatusOr<Value> v = Eval(*n.expr);
+    if (!v.ok()) return v.status();
+    return Emit(n.line, ToString(*v));
+  }
+
+  [[gnu::noinline]] absl::Status ExecIf(const Node& n) {
+    for (size_t i = 0; i < n.bodies.size(); ++i) {
+      if (i < n.conditions.size()) {
+        absl::StatusOr<Value> c = Eval(*n.conditions[i]);
+        if (!c.ok()) return c.status();
+        if (!Truthy(*c)) continue;
+      }
+      return Render(n.bodies[i]);
+    }
+    return absl::OkStatus();
+  }
+
+  // Jinja2 closes a macro over the variables around its definition (a loop's, say); those of the
+  // top level it reads when called.
+  [[gnu::noinline]] absl::Status DefineMacro(const Node& n) {
+    Value closure = Value::NewDict();
+    for (size_t i = frame_base_; i < scopes_.size(); ++i) {
+      for (const auto& [k, v] : scopes_[i]) closure.Set(k, v);
+    }
+    Value macro = Value::Function(n.text, std::make_shared<Value>(std::move(closure)));
+    macro.macro = &n;
+    scopes_.back()[n.text] = std::move(macro);
+    return absl::OkStatus();
+  }
+
+  [[gnu::noinline]] absl::Status ExecSet(const Node& n) {
+    absl::StatusOr<Value> v;
+    if (n.expr == nullptr) {
+      absl::StatusOr<std::string> text = Capture(n.bodies[0]);
+      if (!text.ok()) return text.status();
+      v = Value::Str(*std::move(text));
+    } else {
+      v = Eval(*n.expr);
+    }
+    if (!v.ok()) return v.status();
+    if (!n.attribute.empty()) {
+      Value target = Lookup(n.targets[0]);
+      if (target.kind != Value::Kind::kDict || !target.is_namespace) {
+        return Error(n.line, absl::StrCat("cannot set an attribute of '", n.targets[0], "' (not a namespace)"));
+      }
+      target.Set(n.attribute, *std::move(v));
+      return absl::OkStatus();
+    }
+    if (n.targets.size() == 1) {
+      scopes_.back()[n.targets[0]] = *std::move(v);
+      return absl::OkStatus();
+    }
+    absl::StatusOr<Value::List> items = Iterate(*v, n.line);
+    if (!items.ok()) return items.status();
+    if (items->size() != n.targets.size()) return Error(n.line, "wrong number of values to unpack");
+    for (size_t i = 0; i < n.targets.size(); ++i) scopes_.back()[n.targets[i]] = (*items)[i];
     return absl::OkStatus();
   }
 
@@ -231,7 +259,7 @@ class Renderer {
     return absl::OkStatus();
   }
 
-  absl::Status ExecFor(const Node& n) {
+  [[gnu::noinline]] absl::Status ExecFor(const Node& n) {
     absl::StatusOr<Value> iterable = Eval(*n.expr);
     if (!iterable.ok()) return iterable.status();
     absl::StatusOr<Value::List> all = Iterate(*iterable, n.line);
@@ -251,6 +279,12 @@ class Renderer {
     absl::Status st;
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len && st.ok(); ++i) {
+      // An iteration is work even with an empty body (and its `loop` costs about ten steps).
+      steps_ += kStepsPerIteration;
+      if (steps_ > kMaxSteps) {
+        st = Error(n.line, "the template does too much work (over 20 million steps)");
+        break;
+      }
       scopes_.back().clear();
       Value loop = Value::NewDict();
       loop.Set("index", Value::Int(i + 1));
@@ -273,74 +307,88 @@ class Renderer {
     return st;
   }
 
+  // A thin dispatcher: each kind is evaluated by a function of its own, kept out of line so that a
+  // level of nesting costs only the frames of the kinds on its path (under ASan an inlined
+  // everything-frame took 22 KB).
   absl::StatusOr<Value> Eval(const Expr& e) {
+    const absl::Cleanup leave = [this] { --depth_; };
+    if (absl::Status st = Enter(e.line); !st.ok()) return st;
     switch (e.kind) {
       case Expr::Kind::kLiteral: return e.value;
       case Expr::Kind::kName: return Lookup(e.name);
       case Expr::Kind::kList:
-      case Expr::Kind::kTuple: {
-        Value::List items;
-        for (const auto& item : e.items) {
-          absl::StatusOr<Value> v = Eval(*item);
-          if (!v.ok()) return v.status();
-          items.push_back(*std::move(v));
-        }
-        Value list = Value::NewList(std::move(items));
-        list.is_tuple = e.kind == Expr::Kind::kTuple;
-        return list;
-      }
-      case Expr::Kind::kDict: {
-        Value d = Value::NewDict();
-        for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
-          absl::StatusOr<Value> k = Eval(*e.items[i]);
-          if (!k.ok()) return k.status();
-          absl::StatusOr<Value> v = Eval(*e.items[i + 1]);
-          if (!v.ok()) return v.status();
-          if (k->kind != Value::Kind::kString) return Error(e.line, "dict keys must be strings");
-          d.Set(k->s, *std::move(v));
-        }
-        return d;
-      }
-      case Expr::Kind::kGetAttr: {
-        absl::StatusOr<Value> obj = Eval(*e.a);
-        if (!obj.ok()) return obj.status();
-        return GetAttr(*obj, e.name);
-      }
-      case Expr::Kind::kGetItem: {
-        absl::StatusOr<Value> obj = Eval(*e.a);
-        if (!obj.ok()) return obj.status();
-        absl::StatusOr<Value> key = Eval(*e.b);
-        if (!key.ok()) return key.status();
-        return GetItem(*obj, *key);
-      }
+      case Expr::Kind::kTuple: return EvalSequence(e);
+      case Expr::Kind::kDict: return EvalDict(e);
+      case Expr::Kind::kGetAttr:
+      case Expr::Kind::kGetItem: return EvalSubscript(e);
       case Expr::Kind::kSlice: return EvalSlice(e);
       case Expr::Kind::kCall: return EvalCall(e);
       case Expr::Kind::kFilter: return EvalFilter(e);
-      case Expr::Kind::kTest: {
-        absl::StatusOr<bool> r = EvalTest(e);
-        if (!r.ok()) return r.status();
-        return Value::Bool(*r != e.negated);
-      }
-      case Expr::Kind::kUnary: {
-        absl::StatusOr<Value> v = Eval(*e.a);
-        if (!v.ok()) return v.status();
-        if (e.name == "not") return Value::Bool(!Truthy(*v));
-        if (!v->is_number()) return Error(e.line, absl::StrCat("bad operand for unary ", e.name, ": ", TypeName(*v)));
-        if (e.name == "+") return *v;
-        if (v->kind == Value::Kind::kFloat) return Value::Float(-v->f);
-        if (AsInt(*v) == INT64_MIN) return Error(e.line, "integer overflow");
-        return Value::Int(-AsInt(*v));
-      }
+      case Expr::Kind::kTest: return EvalTestValue(e);
+      case Expr::Kind::kUnary: return EvalUnary(e);
       case Expr::Kind::kBinary: return EvalBinary(e);
-      case Expr::Kind::kCondition: {
-        absl::StatusOr<Value> c = Eval(*e.b);
-        if (!c.ok()) return c.status();
-        if (Truthy(*c)) return Eval(*e.a);
-        if (e.c == nullptr) return Value();
-        return Eval(*e.c);
-      }
+      case Expr::Kind::kCondition: return EvalCondition(e);
     }
     return Value();
+  }
+
+  [[gnu::noinline]] absl::StatusOr<Value> EvalSequence(const Expr& e) {
+    Value::List items;
+    for (const auto& item : e.items) {
+      absl::StatusOr<Value> v = Eval(*item);
+      if (!v.ok()) return v.status();
+      items.push_back(*std::move(v));
+    }
+    Value list = Value::NewList(std::move(items));
+    list.is_tuple = e.kind == Expr::Kind::kTuple;
+    return list;
+  }
+
+  [[gnu::noinline]] absl::StatusOr<Value> EvalDict(const Expr& e) {
+    Value d = Value::NewDict();
+    for (size_t i = 0; i + 1 < e.items.size(); i += 2) {
+      absl::StatusOr<Value> k = Eval(*e.items[i]);
+      if (!k.ok()) return k.status();
+      absl::StatusOr<Value> v = Eval(*e.items[i + 1]);
+      if (!v.ok()) return v.status();
+      if (k->kind != Value::Kind::kString) return Error(e.line, "dict keys must be strings");
+      d.Set(k->s, *std::move(v));
+    }
+    return d;
+  }
+
+  [[gnu::noinline]] absl::StatusOr<Value> EvalSubscript(const Expr& e) {
+    absl::StatusOr<Value> obj = Eval(*e.a);
+    if (!obj.ok()) return obj.status();
+    if (e.kind == Expr::Kind::kGetAttr) return GetAttr(*obj, e.name);
+    absl::StatusOr<Value> key = Eval(*e.b);
+    if (!key.ok()) return key.status();
+    return GetItem(*obj, *key);
+  }
+
+  [[gnu::noinline]] absl::StatusOr<Value> EvalTestValue(const Expr& e) {
+    absl::StatusOr<bool> r = EvalTest(e);
+    if (!r.ok()) return r.status();
+    return Value::Bool(*r != e.negated);
+  }
+
+  [[gnu::noinline]] absl::StatusOr<Value> EvalUnary(const Expr& e) {
+    absl::StatusOr<Value> v = Eval(*e.a);
+    if (!v.ok()) return v.status();
+    if (e.name == "not") return Value::Bool(!Truthy(*v));
+    if (!v->is_number()) return Error(e.line, absl::StrCat("bad operand for unary ", e.name, ": ", TypeName(*v)));
+    if (e.name == "+") return *v;
+    if (v->kind == Value::Kind::kFloat) return Value::Float(-v->f);
+    if (AsInt(*v) == INT64_MIN) return Error(e.line, "integer overflow");
+    return Value::Int(-AsInt(*v));
+  }
+
+  [[gnu::noinline]] absl::StatusOr<Value> EvalCondition(const Expr& e) {
+    absl::StatusOr<Value> c = Eval(*e.b);
+    if (!c.ok()) return c.status();
+    if (Truthy(*c)) return Eval(*e.a);
+    if (e.c == nullptr) return Value();
+    return Eval(*e.c);
   }
 
   absl::StatusOr<Value> GetAttr(const Value& obj, const std::string& name) {
@@ -381,7 +429,7 @@ class Renderer {
     return Value();
   }
 
-  absl::StatusOr<Value> EvalSlice(const Expr& e) {
+  [[gnu::noinline]] absl::StatusOr<Value> EvalSlice(const Expr& e) {
     absl::StatusOr<Value> obj = Eval(*e.a);
     if (!obj.ok()) return obj.status();
     std::optional<int64_t> bounds[3];
@@ -437,7 +485,7 @@ class Renderer {
     return Value();
   }
 
-  absl::StatusOr<Value> EvalCall(const Expr& e) {
+  [[gnu::noinline]] absl::StatusOr<Value> EvalCall(const Expr& e) {
     absl::StatusOr<Value> fn = Eval(*e.a);
     if (!fn.ok()) return fn.status();
     if (fn->kind != Value::Kind::kFunction) {
@@ -495,7 +543,7 @@ class Renderer {
   // Binds a call's arguments to the macro's parameters (Jinja2's rules: positional, then by name;
   // a parameter given neither is its default or Undefined; extra ones only where the body reads
   // varargs or kwargs), then renders its body in a frame that sees its closure and the top level.
-  absl::StatusOr<Value> CallMacro(const Expr& e, const Value& fn, std::vector<Value> args) {
+  [[gnu::noinline]] absl::StatusOr<Value> CallMacro(const Expr& e, const Value& fn, std::vector<Value> args) {
     const Node& m = *fn.macro;
     if (macro_depth_ >= kMaxMacroDepth) {
       return Error(e.line, absl::StrCat("macro calls nested more than ", kMaxMacroDepth, " deep (in '", m.text, "')"));
@@ -646,7 +694,7 @@ class Renderer {
     return out;
   }
 
-  absl::StatusOr<Value> EvalFilter(const Expr& e) {
+  [[gnu::noinline]] absl::StatusOr<Value> EvalFilter(const Expr& e) {
     absl::StatusOr<Value> in = Eval(*e.a);
     if (!in.ok()) return in.status();
     absl::StatusOr<std::vector<Value>> args = EvalArgs(e);
@@ -801,7 +849,7 @@ class Renderer {
     return Value::NewList(std::move(out));
   }
 
-  absl::StatusOr<bool> EvalTest(const Expr& e) {
+  [[gnu::noinline]] absl::StatusOr<bool> EvalTest(const Expr& e) {
     absl::StatusOr<Value> v = Eval(*e.a);
     if (!v.ok()) return v.status();
     absl::StatusOr<std::vector<Value>> args = EvalArgs(e);
@@ -862,7 +910,7 @@ class Renderer {
     return Error(line, absl::StrCat("'in' needs a string, list or dict on the right, not a ", TypeName(container)));
   }
 
-  absl::StatusOr<Value> EvalBinary(const Expr& e) {
+  [[gnu::noinline]] absl::StatusOr<Value> EvalBinary(const Expr& e) {
     const std::string& op = e.name;
     absl::StatusOr<Value> a = Eval(*e.a);
     if (!a.ok()) return a.status();
@@ -953,6 +1001,8 @@ class Renderer {
   // index inside one.
   size_t frame_base_ = 1;
   int macro_depth_ = 0;
+  int depth_ = 0;      // Exec and Eval calls under way
+  int64_t steps_ = 0;  // Exec and Eval calls so far
   Flow flow_ = Flow::kNormal;
   absl::Time now_;
   absl::TimeZone zone_;

@@ -15,10 +15,10 @@ cd "$root"
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="${FUZZ_CXX_FLAGS:--O2 -g -DNDEBUG}" \
   -DSHARDSERVE_CUDA=OFF -DSHARDSERVE_BENCH=OFF -DSHARDSERVE_FUZZ=ON -DSHARDSERVE_SANITIZE=fuzzer >/dev/null
-ninja -C "$build" safetensors_header_fuzzer model_spec_fuzzer structured_schema_fuzzer
+ninja -C "$build" safetensors_header_fuzzer model_spec_fuzzer structured_schema_fuzzer chat_template_fuzzer
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-mkdir -p "$corpus/safetensors" "$corpus/config" "$corpus/schema"
+mkdir -p "$corpus/safetensors" "$corpus/config" "$corpus/schema" "$corpus/template"
 python3 - "$corpus/safetensors" <<'PY'
 import glob, os, struct, sys
 out = sys.argv[1]
@@ -44,6 +44,14 @@ for i, s in enumerate(re.findall(r'R"\((.*?)\)"', text)):
 for i, s in enumerate([r"\d{4}-\d{2}-\d{2}", r"(yes|no), because [a-z ]{1,30}\.", r"[^\s.]+@[a-z]+\.(com|org)"]):
     open(os.path.join(out, f"regex{i}"), "wb").write(b"\x01" + s.encode())
 PY
+# Chat templates: every one the Jinja tests record (model templates, the harmony style, each feature).
+python3 - "$corpus/template" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+cases = json.load(open("tests/coordinator/http/jinja_golden.json", encoding="utf-8"))["cases"]
+for i, t in enumerate(sorted({c["template"] for c in cases})):
+    open(os.path.join(out, f"template{i}"), "wb").write(t.encode())
+PY
 # Inputs that once crashed a fuzzer run first, as part of the corpus.
 cp tests/fuzz/regressions/structured_schema/* "$corpus/schema/"
 # Any sanitizer report ends the run with a non-zero status (the libraries are also built with
@@ -53,4 +61,5 @@ export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1
 "$build/tests/fuzz/safetensors_header_fuzzer" -seed="$seed" -max_total_time="$seconds" -max_len=65536 "$corpus/safetensors"
 "$build/tests/fuzz/model_spec_fuzzer" -seed="$seed" -max_total_time="$seconds" -max_len=16384 "$corpus/config"
 "$build/tests/fuzz/structured_schema_fuzzer" -seed="$seed" -max_total_time="$seconds" -max_len=4096 -timeout=10 "$corpus/schema"
+"$build/tests/fuzz/chat_template_fuzzer" -seed="$seed" -max_total_time="$seconds" -max_len=8192 -timeout=10 "$corpus/template"
 echo "fuzzers: no crash in ${seconds}s each"

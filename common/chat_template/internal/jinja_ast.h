@@ -73,6 +73,12 @@ bool Equal(const Value& a, const Value& b);
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
+// The deepest an expression tree may be (nested operators, filters, attributes, brackets): the
+// parser refuses deeper ones, so evaluating and freeing a tree recurse at most this deep.
+inline constexpr int kMaxExprDepth = 128;
+// The deepest blocks (if, for, macro, set) may nest.
+inline constexpr int kMaxBlockDepth = 64;
+
 struct Expr {
   enum class Kind {
     kLiteral,   // value
@@ -92,6 +98,7 @@ struct Expr {
   };
   Kind kind = Kind::kLiteral;
   int line = 0;
+  int depth = 1;  // 1 + its deepest child's
   Value value;
   std::string name;  // kName, kGetAttr, kFilter, kTest; the operator for kUnary/kBinary
   bool negated = false;

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -134,6 +135,62 @@ TEST(JinjaTest, RunawayMacroRecursionIsAnError) {
   ASSERT_TRUE(deep.ok());
   EXPECT_EQ(*deep->Render({{"depth", kMaxMacroDepth - 1}}), "bottom");
   EXPECT_FALSE(deep->Render({{"depth", kMaxMacroDepth}}).ok());
+}
+
+// Templates nested deeper than the parser takes are syntax errors, never a stack overflow: long
+// chains (which nest as deep as they are long), unary operators, brackets and blocks.
+TEST(JinjaTest, DeepNestingIsRefused) {
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  const std::vector<std::string> deep = {
+      "{{ x" + repeat(" | trim", 5000) + " }}",
+      "{{ 1" + repeat(" + 1", 5000) + " }}",
+      "{{ x" + repeat(".a", 5000) + " }}",
+      "{{ x" + repeat("[0]", 5000) + " }}",
+      "{{ f" + repeat("()", 5000) + " }}",
+      "{{ " + repeat("not ", 100000) + "x }}",
+      "{{ " + repeat("-", 100000) + "1 }}",
+      "{{ " + repeat("[", 100000) + repeat("]", 100000) + " }}",
+      "{{ " + repeat("(", 100000) + "1" + repeat(")", 100000) + " }}",
+      "{{ " + repeat("{'a': ", 100000) + "1" + repeat("}", 100000) + " }}",
+      repeat("{% if x %}", 5000) + repeat("{% endif %}", 5000),
+      repeat("{% for x in y %}", 5000) + repeat("{% endfor %}", 5000),
+      repeat("{% macro m() %}", 5000) + repeat("{% endmacro %}", 5000),
+  };
+  for (const std::string& t : deep) {
+    SCOPED_TRACE(t.substr(0, 40));
+    absl::StatusOr<JinjaTemplate> parsed = JinjaTemplate::Parse(t);
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_THAT(parsed.status().message(), HasSubstr("too deeply"));
+  }
+  // Within the limits, the same constructs parse and render.
+  absl::StatusOr<JinjaTemplate> ok = JinjaTemplate::Parse("{{ 1" + repeat(" + 1", 100) + " }}" +
+                                                          repeat("{% if true %}", 50) + "y" + repeat("{% endif %}", 50));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok->Render(nlohmann::ordered_json::object()), "101y");
+}
+
+// Rendering is bounded: deep expressions inside recursive macros stop with an error before the
+// stack runs out, and loops that would run for hours stop after a bounded amount of work.
+TEST(JinjaTest, RenderingIsBoundedInDepthAndWork) {
+  std::string nested = "f(n + 1)";
+  for (int i = 0; i < 120; ++i) nested = "[" + nested + "]";
+  absl::StatusOr<JinjaTemplate> deep =
+      JinjaTemplate::Parse("{% macro f(n) %}{{ " + nested + " }}{% endmacro %}{{ f(0) }}");
+  ASSERT_TRUE(deep.ok()) << deep.status();
+  absl::StatusOr<std::string> out = deep->Render(nlohmann::ordered_json::object());
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(), HasSubstr("nests too deeply"));
+
+  absl::StatusOr<JinjaTemplate> busy = JinjaTemplate::Parse(
+      "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}never");
+  ASSERT_TRUE(busy.ok());
+  out = busy->Render(nlohmann::ordered_json::object());
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(), HasSubstr("too much work"));
 }
 
 TEST(JinjaTest, UnsupportedTagIsAnErrorWithTheLine) {
