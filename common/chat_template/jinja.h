@@ -29,6 +29,10 @@
 // Not supported (a parse or render error naming it, never a crash): call blocks (and so `caller`),
 // include, extends, import, filter blocks, filters on a block set.
 //
+// Rendering is bounded: expressions nest at most 128 deep and blocks 64 (deeper is a parse
+// error); evaluation at most 512 levels deep across macro calls; kMaxRenderSteps of work; strings
+// of 4 MiB and lists of a million items; the output 4 MiB. Past a bound, an error naming it.
+//
 // Values print as Python does (True, None, ['a', 1], 1.0). Undefined names and missing keys are
 // Jinja's default Undefined: they print as "", are false, and only `is defined` tells them apart.
 //
@@ -50,6 +54,10 @@ struct Program;  // the parsed template (internal)
 
 // The deepest macro calls may nest (a recursive macro over a JSON schema nests once per level).
 inline constexpr int kMaxMacroDepth = 64;
+// The most work a render does by default: statements run and expressions evaluated, a loop
+// iteration counting ten (a chat template takes a few thousand; a template that loops a million
+// times a million times ends with an error after about a second).
+inline constexpr int64_t kMaxRenderSteps = 20'000'000;
 
 class JinjaTemplate {
  public:
@@ -61,8 +69,9 @@ class JinjaTemplate {
   // number), and for raise_exception (with its message). Output is capped at 4 MiB. strftime_now
   // gives the current time in the local time zone.
   absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context) const;
-  // As above, with strftime_now giving `now` in `zone`.
-  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context, absl::Time now, absl::TimeZone zone) const;
+  // As above, with strftime_now giving `now` in `zone`, and at most `max_steps` steps of work.
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context, absl::Time now, absl::TimeZone zone,
+                                     int64_t max_steps = kMaxRenderSteps) const;
 
  private:
   explicit JinjaTemplate(std::shared_ptr<const Program> program) : program_(std::move(program)) {}

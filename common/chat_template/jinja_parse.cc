@@ -953,12 +953,12 @@ absl::StatusOr<JinjaTemplate> JinjaTemplate::Parse(absl::string_view source) {
 }
 
 absl::StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& context) const {
-  return RenderProgram(*program_, context, absl::Now(), absl::LocalTimeZone());
+  return RenderProgram(*program_, context, absl::Now(), absl::LocalTimeZone(), kMaxRenderSteps);
 }
 
 absl::StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& context, absl::Time now,
-                                                  absl::TimeZone zone) const {
-  return RenderProgram(*program_, context, now, zone);
+                                                  absl::TimeZone zone, int64_t max_steps) const {
+  return RenderProgram(*program_, context, now, zone, max_steps);
 }
 
 }  // namespace shardserve::jinja

@@ -18,13 +18,12 @@
 namespace shardserve::jinja {
 namespace {
 
-constexpr size_t kMaxOutputBytes = 4 << 20;
+constexpr size_t kMaxOutputBytes = kMaxStringBytes;
 constexpr int64_t kMaxRange = 1 << 20;
-// Rendering is bounded in work (statements run and expressions evaluated: a template that loops a
-// million times a million times ends with an error, not never) and in depth (the statements and
-// expressions being evaluated at once, across nested macro calls: the recursion stops well before
-// the stack does).
-constexpr int64_t kMaxSteps = 20'000'000;
+// Rendering is bounded in work (statements run and expressions evaluated, up to RenderProgram's
+// max_steps: a template that loops a million times a million times ends with an error, not never)
+// and in depth (the statements and expressions being evaluated at once, across nested macro calls:
+// the recursion stops well before the stack does).
 constexpr int64_t kStepsPerIteration = 10;
 constexpr int kMaxRenderDepth = 512;
 
@@ -80,6 +79,9 @@ absl::StatusOr<Value::List> Iterate(const Value& v, int line) {
       return keys;
     }
     case Value::Kind::kString: {
+      size_t count = 0;  // characters: bytes that do not continue one
+      for (char c : v.s) count += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+      if (count > kMaxListItems) return Error(line, "a string of over a million characters taken apart");
       Value::List chars;
       for (std::string& c : Chars(v.s)) chars.push_back(Value::Str(std::move(c)));
       return chars;
@@ -105,7 +107,16 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b, int line) {
 
 class Renderer {
  public:
-  Renderer(const nlohmann::ordered_json& context, absl::Time now, absl::TimeZone zone) : now_(now), zone_(zone) {
+  // Namespaces are the only values that change after they are made, so the only ones that can hold
+  // themselves (set ns.me = ns): emptied when the render ends, they free what they hold.
+  ~Renderer() {
+    for (const std::shared_ptr<Value::Dict>& ns : namespaces_) ns->clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
+
+  Renderer(const nlohmann::ordered_json& context, absl::Time now, absl::TimeZone zone, int64_t max_steps)
+      : now_(now), zone_(zone), max_steps_(max_steps) {
     scopes_.emplace_back();
     if (context.is_object()) {
       for (const auto& [k, v] : context.items()) scopes_.back()[k] = FromJson(v);
@@ -160,15 +171,19 @@ class Renderer {
   }
 
   // Counts one step of work and one level of depth (undone by the returned cleanup); an error past
-  // kMaxSteps or kMaxRenderDepth.
+  // max_steps_ or kMaxRenderDepth.
   absl::Status Enter(int line) {
     ++depth_;
-    if (++steps_ > kMaxSteps) return Error(line, "the template does too much work (over 20 million steps)");
+    if (++steps_ > max_steps_) return TooMuchWork(line);
     if (depth_ > kMaxRenderDepth) return Error(line, "the template nests too deeply (macro calls within macro calls)");
     return absl::OkStatus();
   }
 
   // Like Eval: a dispatcher, with each statement kind out of line.
+  absl::Status TooMuchWork(int line) const {
+    return Error(line, absl::StrCat("the template does too much work (over ", max_steps_, " steps)"));
+  }
+
   absl::Status Exec(const Node& n) {
     const absl::Cleanup leave = [this] { --depth_; };
     if (absl::Status st = Enter(n.line); !st.ok()) return st;
@@ -281,8 +296,8 @@ class Renderer {
     for (int64_t i = 0; i < len && st.ok(); ++i) {
       // An iteration is work even with an empty body (and its `loop` costs about ten steps).
       steps_ += kStepsPerIteration;
-      if (steps_ > kMaxSteps) {
-        st = Error(n.line, "the template does too much work (over 20 million steps)");
+      if (steps_ > max_steps_) {
+        st = TooMuchWork(n.line);
         break;
       }
       scopes_.back().clear();
@@ -307,12 +322,25 @@ class Renderer {
     return st;
   }
 
-  // A thin dispatcher: each kind is evaluated by a function of its own, kept out of line so that a
-  // level of nesting costs only the frames of the kinds on its path (under ASan an inlined
-  // everything-frame took 22 KB).
+  // Every value a render makes is bounded: strings to kMaxStringBytes, lists to kMaxListItems
+  // (growing one by doubling, as a loop may, ends in an error, not in all the memory).
   absl::StatusOr<Value> Eval(const Expr& e) {
     const absl::Cleanup leave = [this] { --depth_; };
     if (absl::Status st = Enter(e.line); !st.ok()) return st;
+    absl::StatusOr<Value> v = Dispatch(e);
+    if (v.ok() && v->kind == Value::Kind::kString && v->s.size() > kMaxStringBytes) {
+      return Error(e.line, "a string over 4 MiB");
+    }
+    if (v.ok() && v->kind == Value::Kind::kList && v->list->size() > kMaxListItems) {
+      return Error(e.line, "a list of over a million items");
+    }
+    return v;
+  }
+
+  // A thin dispatcher: each kind is evaluated by a function of its own, kept out of line so that a
+  // level of nesting costs only the frames of the kinds on its path (under ASan an inlined
+  // everything-frame took 22 KB).
+  absl::StatusOr<Value> Dispatch(const Expr& e) {
     switch (e.kind) {
       case Expr::Kind::kLiteral: return e.value;
       case Expr::Kind::kName: return Lookup(e.name);
@@ -509,6 +537,7 @@ class Renderer {
     if (name == "namespace" || name == "dict") {
       Value ns = Value::NewDict();
       ns.is_namespace = name == "namespace";
+      if (ns.is_namespace) namespaces_.push_back(ns.dict);
       for (const auto& [k, v] : e.kwargs) {
         absl::StatusOr<Value> val = Eval(*v);
         if (!val.ok()) return val.status();
@@ -664,7 +693,7 @@ class Renderer {
     if (name == "str.replace") {
       std::optional<std::string> from = str_arg(0), to = str_arg(1);
       if (!from.has_value() || !to.has_value()) return Error(e.line, "replace() needs two strings");
-      return Value::Str(absl::StrReplaceAll(s, {{*from, *to}}));
+      return Replace(e.line, s, *from, *to);
     }
     if (name == "str.split") {
       Value::List parts;
@@ -678,6 +707,16 @@ class Renderer {
       return Value::NewList(std::move(parts));
     }
     return Error(e.line, absl::StrCat("unknown function ", name));
+  }
+
+  // str.replace, refused when the result would be over kMaxStringBytes.
+  static absl::StatusOr<Value> Replace(int line, const std::string& s, const std::string& from, const std::string& to) {
+    if (!from.empty() && to.size() > from.size()) {
+      size_t count = 0;
+      for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + from.size())) ++count;
+      if (s.size() + count * (to.size() - from.size()) > kMaxStringBytes) return Error(line, "replace makes a string over 4 MiB");
+    }
+    return Value::Str(absl::StrReplaceAll(s, {{from, to}}));
   }
 
   static std::string Title(const std::string& s, bool every_word) {
@@ -738,7 +777,12 @@ class Renderer {
       if (!items.ok()) return items.status();
       const std::string sep = !args->empty() ? ToString((*args)[0]) : "";
       std::vector<std::string> parts;
-      for (const Value& x : *items) parts.push_back(ToString(x));
+      size_t bytes = 0;
+      for (const Value& x : *items) {
+        parts.push_back(ToString(x));
+        bytes += parts.back().size() + sep.size();
+        if (bytes > kMaxStringBytes) return Error(e.line, "join makes a string over 4 MiB");
+      }
       return Value::Str(absl::StrJoin(parts, sep));
     }
     if (f == "first" || f == "last") {
@@ -795,7 +839,7 @@ class Renderer {
     }
     if (f == "replace") {
       if (args->size() < 2) return Error(e.line, "replace needs two arguments");
-      return Value::Str(absl::StrReplaceAll(ToString(v), {{ToString((*args)[0]), ToString((*args)[1])}}));
+      return Replace(e.line, ToString(v), ToString((*args)[0]), ToString((*args)[1]));
     }
     if (f == "selectattr" || f == "rejectattr" || f == "map" || f == "sort") {
       return FilterSequence(e, v, *args);
@@ -937,6 +981,7 @@ class Renderer {
     if (op == "+") {
       if (a->kind == Value::Kind::kString && b->kind == Value::Kind::kString) return Value::Str(a->s + b->s);
       if (a->kind == Value::Kind::kList && b->kind == Value::Kind::kList) {
+        if (a->list->size() + b->list->size() > kMaxListItems) return Error(e.line, "a list of over a million items");
         Value::List items = *a->list;
         items.insert(items.end(), b->list->begin(), b->list->end());
         return Value::NewList(std::move(items));
@@ -1002,18 +1047,20 @@ class Renderer {
   size_t frame_base_ = 1;
   int macro_depth_ = 0;
   int depth_ = 0;      // Exec and Eval calls under way
-  int64_t steps_ = 0;  // Exec and Eval calls so far
+  int64_t steps_ = 0;  // Exec and Eval calls so far, and kStepsPerIteration per loop iteration
   Flow flow_ = Flow::kNormal;
   absl::Time now_;
   absl::TimeZone zone_;
+  int64_t max_steps_;
+  std::vector<std::shared_ptr<Value::Dict>> namespaces_;  // every namespace() made
   std::string out_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::string> RenderProgram(const Program& program, const nlohmann::ordered_json& context,
-                                          absl::Time now, absl::TimeZone zone) {
-  Renderer r(context, now, zone);
+                                          absl::Time now, absl::TimeZone zone, int64_t max_steps) {
+  Renderer r(context, now, zone, max_steps);
   if (absl::Status st = r.Render(program.body); !st.ok()) return st;
   return std::move(r.out());
 }

@@ -53,6 +53,9 @@ void JsonString(const std::string& s, std::string* out) {
 }
 
 void Json(const Value& v, int indent, int level, std::string* out) {
+  // A namespace may hold itself, and anything may be too large: past kMaxValueDepth levels, or
+  // once the text is over kMaxStringBytes (the caller refuses it), nothing more is written.
+  if (level > kMaxValueDepth || out->size() > kMaxStringBytes) return;
   auto newline = [&](int lvl) {
     if (indent < 0) return;
     out->push_back('\n');
@@ -172,7 +175,66 @@ std::string ToString(const Value& v) {
   return "";
 }
 
+namespace {
+
+void AppendRepr(const Value& v, int depth, std::string* out);
+
+}  // namespace
+
 std::string Repr(const Value& v) {
+  std::string out;
+  AppendRepr(v, 0, &out);
+  return out;
+}
+
+namespace {
+
+// Python's repr, written into `out`: a value nested past kMaxValueDepth levels (a namespace that
+// holds itself, say) is written "[...]", as Python writes a list that holds itself, and nothing
+// more is written once `out` is over kMaxStringBytes (the caller refuses it).
+void AppendRepr(const Value& v, int depth, std::string* out) {
+  if (out->size() > kMaxStringBytes) return;
+  if (depth > kMaxValueDepth) {
+    out->append("[...]");
+    return;
+  }
+  switch (v.kind) {
+    case Value::Kind::kList: {
+      out->append(v.is_tuple ? "(" : "[");
+      for (size_t i = 0; i < v.list->size() && out->size() <= kMaxStringBytes; ++i) {
+        if (i > 0) out->append(", ");
+        AppendRepr((*v.list)[i], depth + 1, out);
+      }
+      out->append(!v.is_tuple ? "]" : v.list->size() == 1 ? ",)" : ")");
+      return;
+    }
+    case Value::Kind::kDict: {
+      if (v.is_namespace) {
+        out->append("<Namespace>");
+        return;
+      }
+      out->push_back('{');
+      for (size_t i = 0; i < v.dict->size() && out->size() <= kMaxStringBytes; ++i) {
+        if (i > 0) out->append(", ");
+        absl::StrAppend(out, StrRepr((*v.dict)[i].first), ": ");
+        AppendRepr((*v.dict)[i].second, depth + 1, out);
+      }
+      out->push_back('}');
+      return;
+    }
+    case Value::Kind::kUndefined:
+    case Value::Kind::kNone:
+    case Value::Kind::kBool:
+    case Value::Kind::kInt:
+    case Value::Kind::kFloat:
+    case Value::Kind::kString:
+    case Value::Kind::kFunction: out->append(ScalarRepr(v)); return;
+  }
+}
+
+}  // namespace
+
+std::string ScalarRepr(const Value& v) {
   switch (v.kind) {
     case Value::Kind::kUndefined: return "";
     case Value::Kind::kNone: return "None";
@@ -180,20 +242,8 @@ std::string Repr(const Value& v) {
     case Value::Kind::kInt: return absl::StrCat(v.i);
     case Value::Kind::kFloat: return FloatRepr(v.f);
     case Value::Kind::kString: return StrRepr(v.s);
-    case Value::Kind::kList: {
-      std::string out = v.is_tuple ? "(" : "[";
-      for (size_t i = 0; i < v.list->size(); ++i) absl::StrAppend(&out, i > 0 ? ", " : "", Repr((*v.list)[i]));
-      if (v.is_tuple) return out + (v.list->size() == 1 ? ",)" : ")");
-      return out + "]";
-    }
-    case Value::Kind::kDict: {
-      if (v.is_namespace) return "<Namespace>";
-      std::string out = "{";
-      for (size_t i = 0; i < v.dict->size(); ++i) {
-        absl::StrAppend(&out, i > 0 ? ", " : "", StrRepr((*v.dict)[i].first), ": ", Repr((*v.dict)[i].second));
-      }
-      return out + "}";
-    }
+    case Value::Kind::kList:
+    case Value::Kind::kDict: return Repr(v);
     case Value::Kind::kFunction: return absl::StrCat("<function ", v.s, ">");
   }
   return "";
@@ -233,7 +283,11 @@ Value FromJson(const nlohmann::ordered_json& j) {
   return Value::None();
 }
 
-bool Equal(const Value& a, const Value& b) {
+bool Equal(const Value& a, const Value& b) { return Equal(a, b, 0); }
+
+bool Equal(const Value& a, const Value& b, int depth) {
+  // Past kMaxValueDepth (a namespace that holds itself): equal when they are the same object.
+  if (depth > kMaxValueDepth) return a.kind == b.kind && a.list == b.list && a.dict == b.dict;
   if (a.is_number() && b.is_number()) {
     if (a.kind == Value::Kind::kFloat || b.kind == Value::Kind::kFloat) {
       const double x = a.kind == Value::Kind::kFloat ? a.f : static_cast<double>(a.kind == Value::Kind::kBool ? a.b : a.i);
@@ -252,7 +306,7 @@ bool Equal(const Value& a, const Value& b) {
     case Value::Kind::kList: {
       if (a.list->size() != b.list->size()) return false;
       for (size_t i = 0; i < a.list->size(); ++i) {
-        if (!Equal((*a.list)[i], (*b.list)[i])) return false;
+        if (!Equal((*a.list)[i], (*b.list)[i], depth + 1)) return false;
       }
       return true;
     }
@@ -260,7 +314,7 @@ bool Equal(const Value& a, const Value& b) {
       if (a.dict->size() != b.dict->size()) return false;
       for (const auto& [k, v] : *a.dict) {
         const Value* o = b.Find(k);
-        if (o == nullptr || !Equal(v, *o)) return false;
+        if (o == nullptr || !Equal(v, *o, depth + 1)) return false;
       }
       return true;
     }

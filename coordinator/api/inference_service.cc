@@ -358,6 +358,7 @@ absl::StatusOr<frontend::ChatInput> ChatFromProto(const v1::ChatMessages& chat) 
     frontend::ChatTurn& turn = in.turns.emplace_back(frontend::ChatTurn{.role = m.role(), .content = m.content()});
     if (!m.name().empty()) turn.name = m.name();
     if (!m.tool_call_id().empty()) turn.tool_call_id = m.tool_call_id();
+    if (!m.reasoning_content().empty()) turn.reasoning = m.reasoning_content();
     for (const v1::ToolCall& call : m.tool_calls()) {
       nlohmann::ordered_json c;
       c["id"] = call.id();

@@ -18,6 +18,10 @@ absl::Status ValidateChatTurns(const std::vector<ChatTurn>& messages) {
       return absl::InvalidArgumentError(absl::StrCat("messages[", i, "].role must be system, user, assistant, tool or developer, got '",
                                                      role, "'"));
     }
+    if (messages[i].reasoning.has_value() && role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].reasoning_content: only an assistant message carries reasoning"));
+    }
   }
   return absl::OkStatus();
 }
@@ -141,6 +145,10 @@ absl::StatusOr<std::string> ChatPrompt::RenderText(const std::vector<ChatTurn>& 
       msg["tool_calls"] = std::move(calls);
     }
     if (m.tool_call_id.has_value()) msg["tool_call_id"] = *m.tool_call_id;
+    if (m.reasoning.has_value()) {
+      msg["reasoning_content"] = *m.reasoning;
+      msg["thinking"] = *m.reasoning;
+    }
     list.push_back(std::move(msg));
   }
   context["messages"] = std::move(list);

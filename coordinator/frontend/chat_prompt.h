@@ -30,10 +30,14 @@ struct ChatTurn {
   // templates of Llama 3.1 and Qwen2.5 expect), as given otherwise.
   nlohmann::ordered_json tool_calls;
   std::optional<std::string> tool_call_id;  // a tool turn's call
+  // An assistant turn's reasoning, as a reasoning parser gave it (message.reasoning_content): the
+  // template sees it as `reasoning_content` (Qwen3's templates read that) and as `thinking`
+  // (GPT-OSS's: it keeps a call's reasoning in the conversation until a final answer follows).
+  std::optional<std::string> reasoning;
 };
 
-// InvalidArgument naming the message ("messages[1].role") for a role outside the five above, or
-// for no messages at all.
+// InvalidArgument naming the message ("messages[1].role") for a role outside the five above, for
+// reasoning on another role than assistant, or for no messages at all.
 absl::Status ValidateChatTurns(const std::vector<ChatTurn>& messages);
 
 // Most variables one request's chat_template_kwargs may set.

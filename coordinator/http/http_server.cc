@@ -351,7 +351,8 @@ std::vector<frontend::ChatTurn> TakeTurns(std::vector<ChatMessage>& messages) {
   std::vector<frontend::ChatTurn> turns;
   for (ChatMessage& m : messages) {
     turns.push_back({.role = std::move(m.role), .content = std::move(m.content), .name = std::move(m.name),
-                     .tool_calls = std::move(m.tool_calls), .tool_call_id = std::move(m.tool_call_id)});
+                     .tool_calls = std::move(m.tool_calls), .tool_call_id = std::move(m.tool_call_id),
+                     .reasoning = std::move(m.reasoning)});
   }
   return turns;
 }

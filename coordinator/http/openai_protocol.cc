@@ -569,6 +569,17 @@ absl::StatusOr<std::vector<ChatMessage>> ParseMessages(const Json& v) {
         if (mv.is_null()) continue;
         if (absl::Status st = ValidateToolCalls(mv, field); !st.ok()) return st;
         if (!mv.empty()) msg.tool_calls = mv;
+      } else if (mk == "reasoning_content" || mk == "reasoning") {
+        if (mv.is_null()) continue;
+        if (!mv.is_string()) return WrongType(field, "a string", mv);
+        msg.reasoning = mv.get<std::string>();
+      } else if (mk == "refusal" || mk == "annotations") {
+        // What OpenAI's clients send back of an answer they were given: no meaning to a prompt.
+        if (!mv.is_null() && !mv.is_string() && !mv.is_array()) return WrongType(field, "a string or an array", mv);
+      } else if (mk == "audio" || mk == "function_call") {
+        if (!mv.is_null()) {
+          return InvalidParam(field, absl::StrCat("'", field, "' is not supported (", mk == "audio" ? "no audio" : "use tool_calls", ")"));
+        }
       } else {
         return InvalidParam(field, absl::StrCat("unknown field '", field, "'"));
       }

@@ -112,6 +112,9 @@ struct ChatMessage {
   // (JSON text)}}], validated; null when absent.
   nlohmann::ordered_json tool_calls;
   std::optional<std::string> tool_call_id;  // a tool message's answer to this call
+  // An assistant message's reasoning_content (also read as vLLM's "reasoning"), as this server
+  // returned it: given back to the chat template (frontend::ChatTurn::reasoning).
+  std::optional<std::string> reasoning;
 };
 
 struct ChatRequest {

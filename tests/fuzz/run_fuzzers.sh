@@ -54,6 +54,7 @@ for i, t in enumerate(sorted({c["template"] for c in cases})):
 PY
 # Inputs that once crashed a fuzzer run first, as part of the corpus.
 cp tests/fuzz/regressions/structured_schema/* "$corpus/schema/"
+cp tests/fuzz/regressions/chat_template/* "$corpus/template/"
 # Any sanitizer report ends the run with a non-zero status (the libraries are also built with
 # -fno-sanitize-recover=all; these make sure of it at run time).
 export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1

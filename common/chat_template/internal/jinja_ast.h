@@ -60,15 +60,28 @@ struct Value {
   void Set(const std::string& key, Value value);
 };
 
+// The largest string (and the output) a render makes, the longest list, and how deeply the text
+// and comparison functions below follow nested values.
+inline constexpr size_t kMaxStringBytes = 4 << 20;
+inline constexpr size_t kMaxListItems = 1 << 20;
+inline constexpr int kMaxValueDepth = 128;
+
 bool Truthy(const Value& v);
 // Python's str(): strings as they are, True/None, 1.0, ['a', 1], {'k': 'v'}; Undefined is "".
+// Lists and dicts are written only up to a little over kMaxStringBytes (the caller refuses longer
+// text), and "[...]" past kMaxValueDepth levels.
 std::string ToString(const Value& v);
-// Python's repr() (strings quoted).
+// Python's repr() (strings quoted), bounded as ToString.
 std::string Repr(const Value& v);
-// json.dumps(v, ensure_ascii=False, indent=indent (< 0: none), sort_keys=false).
+// Repr of a value that is neither a list nor a dict.
+std::string ScalarRepr(const Value& v);
+// json.dumps(v, ensure_ascii=False, indent=indent (< 0: none), sort_keys=false), bounded as
+// ToString (nothing is written past kMaxValueDepth levels).
 std::string ToJson(const Value& v, int indent);
 Value FromJson(const nlohmann::ordered_json& j);
+// Python's ==; past kMaxValueDepth levels, whether they are the same list or dict.
 bool Equal(const Value& a, const Value& b);
+bool Equal(const Value& a, const Value& b, int depth);
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
@@ -138,9 +151,9 @@ struct Program {
 
 // Parser (jinja_parse.cc).
 absl::StatusOr<std::shared_ptr<const Program>> ParseProgram(absl::string_view source);
-// Renderer (jinja_render.cc). strftime_now formats `now` in `zone`.
+// Renderer (jinja_render.cc): JinjaTemplate::Render's.
 absl::StatusOr<std::string> RenderProgram(const Program& program, const nlohmann::ordered_json& context,
-                                          absl::Time now, absl::TimeZone zone);
+                                          absl::Time now, absl::TimeZone zone, int64_t max_steps);
 
 }  // namespace shardserve::jinja
 

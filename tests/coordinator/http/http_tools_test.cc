@@ -339,6 +339,32 @@ TEST_F(HttpToolsTest, HarmonyFinalAnswerIsTheContent) {
             "analysisEasy: <b>sunny</b>.assistantfinalIt is sunny, 21 °C.");
 }
 
+// A conversation carries on as OpenAI's clients carry it: the assistant message the server returned
+// (reasoning_content, content null, tool_calls, refusal null) comes back with the tool's answer;
+// the template sees the reasoning as `reasoning_content` and `thinking`. Only an assistant message
+// has reasoning.
+TEST_F(HttpToolsTest, ReasoningSentBackReachesTheTemplate) {
+  Serve("x", "{% for m in messages %}[{{ m.role }}|{{ m.thinking }}|{{ m.reasoning_content }}|{{ m.content }}]{% endfor %}");
+  const Json messages = Json::parse(R"([{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "reasoning_content": "Need a call.", "refusal": null,
+       "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])");
+  httplib::Result r = client_->Post("/tokenize", Json{{"messages", messages}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  absl::StatusOr<std::string> text =
+      tokenizer_->Decode(Json::parse(r->body)["tokens"].get<std::vector<int32_t>>(), false);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "[user|||Weather?][assistant|Need a call.|Need a call.|][tool|||sunny]");
+  auto [status, body] = Post(Request({{"messages", messages}, {"tool_choice", "none"}}));
+  EXPECT_EQ(status, 200) << body;
+  Json bad = messages;
+  bad[0]["reasoning_content"] = "users do not reason here";
+  auto [bad_status, bad_body] = Post(Request({{"messages", bad}}));
+  EXPECT_EQ(bad_status, 400);
+  EXPECT_THAT(bad_body["error"]["message"].get<std::string>(), HasSubstr("only an assistant message carries reasoning"));
+}
+
 TEST_F(HttpToolsTest, ToolChoiceNoneLeavesTheTextAlone) {
   Serve(kCall);
   auto [status, body] = Post(Request({{"tool_choice", "none"}}));

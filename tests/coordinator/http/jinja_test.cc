@@ -137,6 +137,33 @@ TEST(JinjaTest, RunawayMacroRecursionIsAnError) {
   EXPECT_FALSE(deep->Render({{"depth", kMaxMacroDepth}}).ok());
 }
 
+// Values a render makes are bounded: strings and lists that double in a loop end in an error (not
+// in all the memory), and a namespace that holds itself is written and compared without end.
+TEST(JinjaTest, ValuesAreBoundedInSize) {
+  const std::pair<std::string, std::string> too_large[] = {
+      {"{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "4 MiB"},
+      {"{% set ns = namespace(s='x\"') %}{% for i in range(64) %}{% set ns.s = (ns.s, 1) ~ '' %}{% endfor %}", "4 MiB"},
+      {"{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+       "a list of over a million items"},
+      {"{{ ('a' * 1000000) | replace('a', 'aaaaa') }}", "replace makes a string over 4 MiB"},
+      {"{{ ('a' * 1000000).replace('a', 'aaaaa') }}", "replace makes a string over 4 MiB"},
+      {"{% set big = 'a' * 3000000 %}{{ [big, big] | join }}", "join makes a string over 4 MiB"},
+      {"{{ ('ab' * 1000000) | list | length }}", "over a million characters"},
+  };
+  for (const auto& [source, error] : too_large) {
+    SCOPED_TRACE(source);
+    absl::StatusOr<JinjaTemplate> t = JinjaTemplate::Parse(source);
+    ASSERT_TRUE(t.ok()) << t.status();
+    absl::StatusOr<std::string> out = t->Render(nlohmann::ordered_json::object());
+    ASSERT_FALSE(out.ok());
+    EXPECT_THAT(out.status().message(), HasSubstr(error));
+  }
+  absl::StatusOr<JinjaTemplate> self = JinjaTemplate::Parse(
+      "{% set ns = namespace(n=1) %}{% set ns.me = ns %}{{ ns.me == ns }} {{ [ns] }} {{ (ns | tojson) | length > 100 }}");
+  ASSERT_TRUE(self.ok()) << self.status();
+  EXPECT_EQ(*self->Render(nlohmann::ordered_json::object()), "True [<Namespace>] True");
+}
+
 // Templates nested deeper than the parser takes are syntax errors, never a stack overflow: long
 // chains (which nest as deep as they are long), unary operators, brackets and blocks.
 TEST(JinjaTest, DeepNestingIsRefused) {
@@ -185,12 +212,22 @@ TEST(JinjaTest, RenderingIsBoundedInDepthAndWork) {
   ASSERT_FALSE(out.ok());
   EXPECT_THAT(out.status().message(), HasSubstr("nests too deeply"));
 
-  absl::StatusOr<JinjaTemplate> busy = JinjaTemplate::Parse(
-      "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}never");
+  // A loop of a million loops of a million: stopped by the work budget (a small one here, to keep
+  // the test quick under the sanitizers; a server's is kMaxRenderSteps).
+  absl::StatusOr<JinjaTemplate> busy =
+      JinjaTemplate::Parse("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}never");
   ASSERT_TRUE(busy.ok());
-  out = busy->Render(nlohmann::ordered_json::object());
+  out = busy->Render(nlohmann::ordered_json::object(), absl::UnixEpoch(), absl::UTCTimeZone(), /*max_steps=*/100'000);
   ASSERT_FALSE(out.ok());
-  EXPECT_THAT(out.status().message(), HasSubstr("too much work"));
+  EXPECT_THAT(out.status().message(), HasSubstr("too much work (over 100000 steps)"));
+  // A server's budget takes what a chat template does many times over: 10,000 iterations of a
+  // few statements each.
+  absl::StatusOr<JinjaTemplate> fine = JinjaTemplate::Parse(
+      "{% set ns = namespace(n=0) %}{% for i in range(10000) %}{% if i is even %}{% set ns.n = ns.n + 1 %}"
+      "{% endif %}{% endfor %}{{ ns.n }}");
+  ASSERT_TRUE(fine.ok());
+  EXPECT_EQ(*fine->Render(nlohmann::ordered_json::object()), "5000");
+  static_assert(kMaxRenderSteps >= 10'000'000);
 }
 
 TEST(JinjaTest, UnsupportedTagIsAnErrorWithTheLine) {

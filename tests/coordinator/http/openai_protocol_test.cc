@@ -144,6 +144,33 @@ TEST(OpenAiProtocolTest, TextOptionsAsVllmSpellsThem) {
 
 // OpenAI's fields about stored completions and service tiers, at their neutral values: accepted
 // (SDKs and frameworks send them), and refused where they ask for what this server does not do.
+// An assistant message as OpenAI's clients send back the one they were given: its reasoning is kept
+// for the template, refusal and annotations are ignored, audio and function_call refused.
+TEST(OpenAiProtocolTest, AnswersSentBackAsMessages) {
+  absl::StatusOr<ChatRequest> r = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"},
+      {"role": "assistant", "content": null, "reasoning_content": "Think.", "refusal": null, "annotations": [],
+       "audio": null, "function_call": null,
+       "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+      {"role": "assistant", "content": "ok", "reasoning": "vLLM's name"},
+      {"role": "assistant", "content": "x", "reasoning_content": null, "refusal": "no"}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 4u);
+  EXPECT_EQ(r->messages[1].reasoning, "Think.");
+  EXPECT_EQ(r->messages[2].reasoning, "vLLM's name");
+  EXPECT_FALSE(r->messages[3].reasoning.has_value());
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "assistant", "content": "a", "reasoning_content": 1}]})")
+                    .status(),
+                "a string", "messages[0].reasoning_content");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "assistant", "content": "a", "audio": {"id": "x"}}]})")
+                    .status(),
+                "not supported", "messages[0].audio");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "assistant", "content": "a", "function_call": {"name": "f"}}]})")
+                    .status(),
+                "use tool_calls", "messages[0].function_call");
+  ExpectInvalid(ParseChatRequest(R"({"messages": [{"role": "assistant", "content": "a", "refusal": 3}]})").status(),
+                "a string or an array", "messages[0].refusal");
+}
+
 // OpenAI's reasoning_effort reaches the chat template as its variable of that name.
 TEST(OpenAiProtocolTest, ReasoningEffortIsATemplateVariable) {
   absl::StatusOr<ChatRequest> r =
