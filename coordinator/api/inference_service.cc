@@ -56,7 +56,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
         tools_(admitted.tool_calls) {
     for (int i = 0; i < admitted.n; ++i) {
       Choice& c = choices_.emplace_back(new_decoder(), admitted.stop, admitted.include_stop);
-      if (admitted.reasoning.has_value()) c.reasoning.emplace(*admitted.reasoning);
+      if (admitted.reasoning.has_value()) c.reasoning.emplace(*admitted.reasoning, admitted.harmony_opened);
     }
   }
 

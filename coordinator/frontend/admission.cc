@@ -84,7 +84,8 @@ Admission::Admission(AdmissionOptions options)
   absl::StatusOr<ToolCallFormat> format = ParseToolCallFormat(options_.tool_call_parser);
   tool_format_ = format.ok() ? *format : DetectToolCallFormat(chat_prompt_->template_source());
   reasoning_ = options_.reasoning;
-  if (!reasoning_.has_value() && harmony::UsesHarmony(chat_prompt_->template_source())) {
+  harmony_template_ = harmony::UsesHarmony(chat_prompt_->template_source());
+  if (!reasoning_.has_value() && harmony_template_) {
     reasoning_ = ReasoningFormat::kHarmony;
   }
   if (reasoning_ == ReasoningFormat::kHarmony && options_.tokenizer != nullptr) {
@@ -101,8 +102,8 @@ absl::StatusOr<AdmittedRequest> Admission::Admit(AdmissionRequest request, const
 }
 
 absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<ConstraintInput>& constraint,
-                                  const FieldNames& names,
-                                  SequenceRequest* sequence) const {
+                                  const FieldNames& names, SequenceRequest* sequence,
+                                  std::string* harmony_opened) const {
   if (chat.tool_choice != ToolChoice::kNone && chat.tools.is_null()) {
     return Invalid(names.tool_choice, ": needs ", names.tools);
   }
@@ -122,9 +123,17 @@ absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<Con
       return Invalid(names.tool_choice, ": no tool is named '", chat.tool_name, "' in ", names.tools);
     }
   }
-  if (forced && tool_format_ == ToolCallFormat::kHarmony) {
-    return Invalid(names.tool_choice, ": a required or named tool call cannot be enforced in GPT-OSS's harmony "
-                   "format (the call follows the model's reasoning); use \"auto\"");
+  // In harmony, a shaped answer goes in a message the prompt opens (AdmittedRequest::harmony_opened):
+  // structured output in the final channel, a named call in a commentary message to its function.
+  const bool harmony = reasoning_ == ReasoningFormat::kHarmony && harmony_template_ && tool_format_ == ToolCallFormat::kHarmony &&
+                       chat.add_generation_prompt && !chat.continue_final_message;
+  if (chat.tool_choice == ToolChoice::kRequired && tool_format_ == ToolCallFormat::kHarmony) {
+    return Invalid(names.tool_choice, ": \"required\" cannot be enforced in GPT-OSS's harmony format (the model "
+                   "names the function after its reasoning); name one function, or use \"auto\"");
+  }
+  if (chat.tool_choice == ToolChoice::kNamed && tool_format_ == ToolCallFormat::kHarmony && !harmony) {
+    return Invalid(names.tool_choice, ": a named tool call is enforced in the harmony format only where the prompt "
+                   "opens a new assistant message (add_generation_prompt, not continue_final_message)");
   }
   if (forced && constraint.has_value()) {
     return Invalid(names.tool_choice, ": a required or named tool call cannot be combined with ", constraint->field);
@@ -138,12 +147,23 @@ absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<Con
                                         .template_kwargs = *std::move(kwargs)});
   if (!ids.ok()) return InvalidBecause(names.chat, ids.status());
   sequence->prompt = *std::move(ids);
+  if (harmony && (forced || constraint.has_value())) {
+    *harmony_opened = forced ? absl::StrCat(harmony::kChannel, "commentary to=functions.", *named, " <|constrain|>json")
+                             : absl::StrCat(harmony::kChannel, "final");
+    absl::StatusOr<std::vector<int32_t>> opened =
+        options_.tokenizer->Encode(absl::StrCat(*harmony_opened, harmony::kMessage), /*add_special_tokens=*/false);
+    if (!opened.ok()) return InvalidBecause(names.chat, opened.status());
+    sequence->prompt.insert(sequence->prompt.end(), opened->begin(), opened->end());
+  }
   if (!forced) return absl::OkStatus();
   // A required or named call: the answer is constrained to calls.
   if (options_.constraints == nullptr) {
     return Invalid(names.tool_choice, ": enforcing tool calls needs a model with a tokenizer");
   }
-  absl::StatusOr<std::string> regex = ToolCallRegex(tool_format_, chat.functions, named, chat.parallel_tool_calls);
+  absl::StatusOr<std::string> regex =
+      tool_format_ == ToolCallFormat::kHarmony
+          ? HarmonyArgumentsRegex(chat.functions, *named)
+          : ToolCallRegex(tool_format_, chat.functions, named, chat.parallel_tool_calls);
   if (!regex.ok()) return InvalidBecause(names.tools, regex.status());
   absl::StatusOr<std::shared_ptr<const TokenConstraint>> c =
       options_.constraints->Compile({structured::ConstraintKind::kRegex, *regex});
@@ -198,7 +218,7 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
     r.prompt = std::move(*ids);  // checked against the vocabulary by ValidateSequenceRequest
   } else {
     const ChatInput& chat = std::get<ChatInput>(request.prompt);
-    if (absl::Status st = AdmitChat(chat, request.constraint, names, &r); !st.ok()) return st;
+    if (absl::Status st = AdmitChat(chat, request.constraint, names, &r, &out.harmony_opened); !st.ok()) return st;
     if (!chat.tools.is_null() && chat.tool_choice != ToolChoice::kNone) out.tool_calls = tool_format_;
   }
   if (request.truncate_prompt_tokens.has_value()) {
@@ -261,6 +281,7 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
       chat != nullptr && r.constraint == nullptr && !chat->continue_final_message) {
     out.reasoning = reasoning_;
   }
+  if (!out.harmony_opened.empty()) out.reasoning = ReasoningFormat::kHarmony;  // shaped inside the opened message
   if (out.reasoning == ReasoningFormat::kHarmony) {
     out.skip_special_tokens = false;  // the split reads the markup, and drops it
     if (harmony_call_id_.has_value() &&

@@ -143,6 +143,11 @@ struct AdmittedRequest {
   // With kHarmony the answer is decoded with its special tokens (skip_special_tokens false: the
   // split reads them and drops them), and the model's <|call|> is a stop id.
   std::optional<ReasoningFormat> reasoning;
+  // With kHarmony: the header of the message the prompt opened, empty when it opened none. A
+  // harmony chat with structured output has its prompt open the final channel
+  // ("<|channel|>final"), and one with a named tool choice a call of that function, so that the
+  // constraint shapes only that message's text; the answer is split from inside it.
+  std::string harmony_opened;
   // With resumed tokens that already end the request (ReplayResumed): how it ended. The front end
   // then answers at once and submits nothing.
   std::optional<FinishReason> resumed_end;
@@ -198,8 +203,9 @@ class Admission {
   absl::StatusOr<AdmittedRequest> Check(AdmissionRequest request, const FieldNames& names) const;
   // Renders `chat` into `*sequence`'s prompt and, for a required or named call, its constraint
   // (which cannot be combined with the request's own `constraint`).
+  // `*harmony_opened`: the header of the message a harmony prompt was made to open (else empty).
   absl::Status AdmitChat(const ChatInput& chat, const std::optional<ConstraintInput>& constraint,
-                         const FieldNames& names, SequenceRequest* sequence) const;
+                         const FieldNames& names, SequenceRequest* sequence, std::string* harmony_opened) const;
   // request.allowed_token_ids (non-empty) checked and made sequence->constraint.
   absl::Status AdmitAllowedTokens(const AdmissionRequest& request, const FieldNames& names,
                                   SequenceRequest* sequence) const;
@@ -208,6 +214,7 @@ class Admission {
   const std::unique_ptr<ChatPrompt> chat_prompt_;
   ToolCallFormat tool_format_ = ToolCallFormat::kHermes;
   std::optional<ReasoningFormat> reasoning_;
+  bool harmony_template_ = false;  // the chat template writes the harmony format
   std::optional<int32_t> harmony_call_id_;  // with kHarmony: the tokenizer's <|call|>, if it has one
 };
 

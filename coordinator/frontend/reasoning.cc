@@ -64,6 +64,14 @@ void ReasoningStreamer::Drain(ReasoningSplit& out) {
   held_.clear();
 }
 
+ReasoningStreamer::ReasoningStreamer(ReasoningFormat format, absl::string_view opened_header) : format_(format) {
+  if (format_ == ReasoningFormat::kHarmony && !opened_header.empty()) {
+    OpenHarmonyMessage(opened_header);
+    harmony_ = Harmony::kBody;
+    first_header_ = false;
+  }
+}
+
 // The longest tail of `text` that may still become one of harmony's special tokens.
 size_t PartialHarmonyTail(absl::string_view text) {
   size_t keep = 0;
@@ -239,8 +247,8 @@ ReasoningSplit ReasoningStreamer::Finish() {
   return out;
 }
 
-ReasoningSplit SplitReasoning(ReasoningFormat format, absl::string_view text) {
-  ReasoningStreamer streamer(format);
+ReasoningSplit SplitReasoning(ReasoningFormat format, absl::string_view text, absl::string_view opened_header) {
+  ReasoningStreamer streamer(format, opened_header);
   ReasoningSplit out = streamer.Add(text);
   ReasoningSplit rest = streamer.Finish();
   out.reasoning += rest.reasoning;

@@ -52,7 +52,10 @@ struct ReasoningSplit {
 // ends.
 class ReasoningStreamer {
  public:
-  explicit ReasoningStreamer(ReasoningFormat format) : format_(format) {}
+  // `opened_header` (gpt_oss only): the prompt already opened a message with this header and its
+  // <|message|> ("<|channel|>final" for structured output, a commentary header to one function
+  // for a named tool choice), so the text starts in that message's body.
+  explicit ReasoningStreamer(ReasoningFormat format, absl::string_view opened_header = "");
 
   ReasoningSplit Add(absl::string_view text);
   ReasoningSplit Finish();
@@ -88,7 +91,7 @@ class ReasoningStreamer {
 };
 
 // The split of a whole text (Add, then Finish).
-ReasoningSplit SplitReasoning(ReasoningFormat format, absl::string_view text);
+ReasoningSplit SplitReasoning(ReasoningFormat format, absl::string_view text, absl::string_view opened_header = "");
 
 }  // namespace shardserve::coordinator::frontend
 

@@ -247,8 +247,8 @@ absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vect
                                           const structured::JsonRegexOptions& options) {
   if (format == ToolCallFormat::kHarmony) {
     return absl::InvalidArgumentError(
-        "a required or named tool call cannot be enforced in GPT-OSS's harmony format (the call follows the "
-        "model's reasoning); use tool_choice \"auto\"");
+        "calls in GPT-OSS's harmony format are enforced one named function at a time (HarmonyArgumentsRegex): "
+        "the model names the function after its reasoning");
   }
   const char* args_key = format == ToolCallFormat::kHermes ? "arguments" : "parameters";
   std::vector<std::string> objects;
@@ -272,6 +272,20 @@ absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vect
                                         structured::RegexLiteral(absl::StrCat("\n", kCallClose)));
   if (!parallel || named.has_value()) return call;
   return absl::StrCat(call, "(?:\\n", call, "){0,", kMaxParallelCalls - 1, "}");
+}
+
+absl::StatusOr<std::string> HarmonyArgumentsRegex(const std::vector<ToolFunction>& tools, const std::string& named,
+                                                  const structured::JsonRegexOptions& options) {
+  for (const ToolFunction& t : tools) {
+    if (t.name != named) continue;
+    absl::StatusOr<std::string> args = structured::JsonSchemaRegex(t.parameters.dump(), options);
+    if (!args.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the parameters of tool '", t.name, "' cannot be enforced: ", args.status().message()));
+    }
+    return args;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no tool is named '", named, "'"));
 }
 
 ParsedOutput ParseToolCalls(ToolCallFormat format, absl::string_view text) {

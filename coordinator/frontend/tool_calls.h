@@ -78,6 +78,12 @@ absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vect
                                           const std::optional<std::string>& named, bool parallel,
                                           const structured::JsonRegexOptions& options = {});
 
+// kHarmony's named call: the regex of its arguments alone (compact JSON valid against the function's
+// parameters schema), which the prompt's opened message to that function holds. InvalidArgument
+// as ToolCallRegex's.
+absl::StatusOr<std::string> HarmonyArgumentsRegex(const std::vector<ToolFunction>& tools, const std::string& named,
+                                                  const structured::JsonRegexOptions& options = {});
+
 struct ParsedToolCall {
   std::string name;
   std::string arguments;  // the arguments object as compact JSON text

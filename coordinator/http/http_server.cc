@@ -427,6 +427,7 @@ struct Submitted {
   bool logprobs = false;
   std::optional<ToolCallFormat> tool_format;  // set: answers are parsed for tool calls
   std::optional<ReasoningFormat> reasoning;   // set: chat answers are split (before tools are parsed)
+  std::string harmony_opened;                 // the harmony message the prompt opened (AdmittedRequest's)
   int64_t prompt_tokens = 0;                  // over every prompt
   std::shared_ptr<Bell> bell;                 // rung by every prompt's choices
   std::vector<std::shared_ptr<HttpChoices>> choices;  // one per prompt
@@ -520,7 +521,7 @@ void AnswerWhole(const Submitted& sub, httplib::Response& res, const std::functi
                                                     .finish_reason = FinishReasonText(answers[i].end->reason),
                                                     .logprobs = logprobs ? &answers[i].entries : nullptr});
     if (sub.reasoning.has_value()) {
-      ReasoningSplit split = SplitReasoning(*sub.reasoning, o.text);
+      ReasoningSplit split = SplitReasoning(*sub.reasoning, o.text, sub.harmony_opened);
       o.reasoning = std::move(split.reasoning);
       o.text = std::move(split.content);
     }
@@ -558,7 +559,9 @@ void AnswerStreamed(std::shared_ptr<const Submitted> sub, httplib::Response& res
   state->text_offset.assign(num_choices, 0);
   state->ends.resize(num_choices);
   if (sub->tool_format.has_value()) state->tools.assign(num_choices, ToolCallStreamer(*sub->tool_format));
-  if (sub->reasoning.has_value()) state->reasoning.assign(num_choices, ReasoningStreamer(*sub->reasoning));
+  if (sub->reasoning.has_value()) {
+    state->reasoning.assign(num_choices, ReasoningStreamer(*sub->reasoning, sub->harmony_opened));
+  }
   state->lease = std::move(lease);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -977,6 +980,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                 .logprobs = fields.logprobs,
                 .tool_format = admitted[0].tool_calls,
                 .reasoning = admitted[0].reasoning,  // chat answers the model writes freely
+                .harmony_opened = admitted[0].harmony_opened,
                 .bell = std::make_shared<Bell>()};
   for (size_t p = 0; p < num_prompts; ++p) {
     SequenceRequest& seq = admitted[p].sequence;

@@ -201,6 +201,7 @@ v1::GenerateRequest ToRequest(const Prompt& prompt, const GenerateOptions& o) {
         call->set_arguments(c.arguments);
       }
       out->set_tool_call_id(m.tool_call_id);
+      out->set_reasoning_content(m.reasoning_content);
     }
     chat->set_tools(o.tools);
     switch (o.tool_choice) {

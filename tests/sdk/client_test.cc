@@ -143,7 +143,9 @@ TEST(ClientTest, ToolsGoOutAndToolCallsComeBack) {
       R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
   std::vector<ChatMessage> chat = {
       {.role = "user", .content = "Weather in Bergen, then Oslo?"},
-      {.role = "assistant", .tool_calls = {{.id = "call-0", .name = "get_weather", .arguments = R"({"city": "Bergen"})"}}},
+      {.role = "assistant",
+       .tool_calls = {{.id = "call-0", .name = "get_weather", .arguments = R"({"city": "Bergen"})"}},
+       .reasoning_content = "Bergen first."},
       {.role = "tool", .content = "rain", .tool_call_id = "call-0"}};
   ASSERT_OK_AND_ASSIGN(GenerateResult r,
                        client->Generate(Prompt::Chat(chat), {.tools = tools, .tool_choice = ToolChoice::kRequired,
@@ -164,6 +166,7 @@ TEST(ClientTest, ToolsGoOutAndToolCallsComeBack) {
   EXPECT_EQ(sent.chat().messages(1).tool_calls(0).id(), "call-0");
   EXPECT_EQ(sent.chat().messages(1).tool_calls(0).arguments(), R"({"city": "Bergen"})");
   EXPECT_EQ(sent.chat().messages(2).tool_call_id(), "call-0");
+  EXPECT_EQ(sent.chat().messages(1).reasoning_content(), "Bergen first.");
 
   // A named function; without tools the chat carries none and the choice stays unspecified.
   ASSERT_TRUE(client->Generate(Prompt::Chat(chat), {.tools = tools, .tool_choice = ToolChoice::kFunction,

@@ -404,7 +404,7 @@ class AgainstAFakeServer(unittest.TestCase):
         fake = FakeInference(responses=[tokens([10, 11], "<tool_call>"), last])
         tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
         chat = [{"role": "user", "content": "Weather in Bergen, then Oslo?"},
-                {"role": "assistant", "content": None,
+                {"role": "assistant", "content": None, "reasoning_content": "Bergen first.",
                  "tool_calls": [{"id": "call-0", "type": "function",
                                  "function": {"name": "get_weather", "arguments": {"city": "Bergen"}}}]},
                 {"role": "tool", "content": "rain", "tool_call_id": "call-0"}]
@@ -422,6 +422,8 @@ class AgainstAFakeServer(unittest.TestCase):
                              ("call-0", "get_weather"))
             self.assertEqual(json.loads(sent.messages[1].tool_calls[0].arguments), {"city": "Bergen"})
             self.assertEqual(sent.messages[2].tool_call_id, "call-0")
+            self.assertEqual(sent.messages[1].reasoning_content, "Bergen first.")
+            self.assertEqual(sent.messages[0].reasoning_content, "")
             c.generate(chat, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}).result()
             sent = fake.requests[-1].chat
             self.assertEqual((sent.tool_choice, sent.tool_name), (inference_pb2.TOOL_CHOICE_FUNCTION, "get_weather"))

@@ -182,23 +182,42 @@ TEST_F(AdmissionTest, HarmonyChatsReadTheirChannelsAndStopAtACall) {
   EXPECT_TRUE(std::equal(tail.begin(), tail.end(), a.sequence.prompt.end() - static_cast<ptrdiff_t>(tail.size())));
   EXPECT_EQ(tail.front(), 256);  // <|start|> is one special token
 
-  // Structured output shapes the answer from its first token: nothing to split, nothing added.
+  EXPECT_EQ(a.harmony_opened, "");
+  auto ends_with = [&](const std::vector<int32_t>& prompt, const std::string& text) {
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text, false);
+    return ids.ok() && prompt.size() >= ids->size() &&
+           std::equal(ids->begin(), ids->end(), prompt.end() - static_cast<ptrdiff_t>(ids->size()));
+  };
+  // Structured output: the prompt opens the final channel, and the constraint shapes its text.
   AdmissionRequest shaped = Chat();
   shaped.constraint = Constraint(structured::ConstraintKind::kJsonSchema, R"({"type": "object"})", "response_format");
   ASSERT_OK_AND_ASSIGN(AdmittedRequest b, admission->Admit(shaped, OpenAiFieldNames(/*chat=*/true)));
-  EXPECT_FALSE(b.reasoning.has_value());
-  EXPECT_TRUE(b.skip_special_tokens);
-  EXPECT_TRUE(b.sequence.stop_token_ids.empty());
+  EXPECT_EQ(b.reasoning, ReasoningFormat::kHarmony);
+  EXPECT_EQ(b.harmony_opened, "<|channel|>final");
+  EXPECT_NE(b.sequence.constraint, nullptr);
+  EXPECT_TRUE(ends_with(b.sequence.prompt, "<|start|>assistant<|channel|>final<|message|>"));
+  EXPECT_EQ(b.sequence.prompt.size(), a.sequence.prompt.size() + 7);  // <|channel|>, five bytes of "final", <|message|>
+  // A named tool: the prompt opens a call of it, and its arguments are the constraint.
+  AdmissionRequest named = Chat();
+  std::get<ChatInput>(named.prompt).tool_choice = ToolChoice::kNamed;
+  std::get<ChatInput>(named.prompt).tool_name = "get_time";
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest n, admission->Admit(named, OpenAiFieldNames(/*chat=*/true)));
+  EXPECT_EQ(n.reasoning, ReasoningFormat::kHarmony);
+  EXPECT_EQ(n.tool_calls, ToolCallFormat::kHarmony);
+  EXPECT_EQ(n.harmony_opened, "<|channel|>commentary to=functions.get_time <|constrain|>json");
+  EXPECT_NE(n.sequence.constraint, nullptr);
+  EXPECT_TRUE(ends_with(n.sequence.prompt, "<|start|>assistant<|channel|>commentary to=functions.get_time "
+                                           "<|constrain|>json<|message|>"));
   // A completion is not a chat.
   ASSERT_OK_AND_ASSIGN(AdmittedRequest c, admission->Admit(Text(), OpenAiFieldNames(/*chat=*/false)));
   EXPECT_FALSE(c.reasoning.has_value());
   EXPECT_TRUE(c.sequence.stop_token_ids.empty());
 
-  // An enforced call: refused, naming tool_choice.
+  // "required" (any function) cannot be enforced: refused, naming tool_choice.
   std::get<ChatInput>(r.prompt).tool_choice = ToolChoice::kRequired;
   EXPECT_THAT(admission->Admit(r, OpenAiFieldNames(/*chat=*/true)).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tool_choice: a required or named tool call "
-                                                                    "cannot be enforced in GPT-OSS's harmony format")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tool_choice: \"required\" cannot be enforced in GPT-OSS's harmony format")));
 
   // An explicit --reasoning_parser stands.
   EXPECT_EQ(make(ReasoningFormat::kQwen3)->reasoning(), ReasoningFormat::kQwen3);

@@ -191,6 +191,23 @@ TEST(ReasoningTest, HarmonyReasoningStreamsAsItComes) {
   EXPECT_EQ(s.content, harmony::CallText("f", "{\"a\""));
 }
 
+// A message the prompt opened (structured output's final channel, a named call): the text starts
+// in its body.
+TEST(ReasoningTest, HarmonyTextInAMessageThePromptOpened) {
+  const ReasoningFormat f = ReasoningFormat::kHarmony;
+  ReasoningSplit s = SplitReasoning(f, "{\"a\":1}", "<|channel|>final");
+  EXPECT_EQ(s.content, "{\"a\":1}");
+  EXPECT_EQ(s.reasoning, "");
+  s = SplitReasoning(f, "{\"a\":1}<|call|>", "<|channel|>commentary to=functions.f <|constrain|>json");
+  EXPECT_EQ(s.content, harmony::CallText("f", "{\"a\":1}"));
+  ReasoningStreamer streamer(f, "<|channel|>commentary to=functions.f <|constrain|>json");
+  EXPECT_EQ(streamer.Add("{\"a\"").content, "");
+  EXPECT_EQ(streamer.Add(":2}").content, "");
+  EXPECT_EQ(streamer.Finish().content, harmony::CallText("f", "{\"a\":2}"));
+  // Other formats ignore it.
+  EXPECT_EQ(SplitReasoning(ReasoningFormat::kQwen3, "x", "<|channel|>final").content, "x");
+}
+
 TEST(ReasoningTest, HarmonyTemplatesAreRecognised) {
   EXPECT_TRUE(harmony::UsesHarmony("{{ '<|start|>assistant<|channel|>final<|message|>' + m.content }}"));
   EXPECT_FALSE(harmony::UsesHarmony("<|im_start|>{{ m.role }}<|message|>"));

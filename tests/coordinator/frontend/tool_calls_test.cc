@@ -184,7 +184,7 @@ TEST(ToolCallsTest, HarmonyCallsAndContent) {
   ExpectStreamerAgrees(ToolCallFormat::kHarmony, "Sure. " + call);
   ExpectStreamerAgrees(ToolCallFormat::kHarmony, "a <|start|>assistant to=nothing");
   ExpectStreamerAgrees(ToolCallFormat::kHarmony, harmony::CallText("f", "{\"a\":"));
-  // A required or named call cannot be enforced in harmony.
+  // Harmony enforces one named call by its arguments alone (the prompt opens the call).
   absl::StatusOr<std::string> regex = ToolCallRegex(ToolCallFormat::kHarmony, {}, std::nullopt, false);
   ASSERT_FALSE(regex.ok());
   EXPECT_THAT(regex.status().message(), HasSubstr("harmony"));
@@ -279,6 +279,18 @@ TEST(ToolCallsTest, BadToolDefinitionsNameTheField) {
     ASSERT_FALSE(f.ok());
     EXPECT_THAT(f.status().message(), HasSubstr(c.field));
   }
+}
+
+// Harmony's named call: its arguments alone, valid against the tool's schema.
+TEST(ToolCallsTest, HarmonyNamedCallIsItsArguments) {
+  absl::StatusOr<std::string> args = HarmonyArgumentsRegex(WeatherTools(), "get_weather");
+  ASSERT_TRUE(args.ok()) << args.status();
+  absl::StatusOr<structured::ByteDfa> dfa = structured::ByteDfa::Compile(*args);
+  ASSERT_TRUE(dfa.ok()) << dfa.status();
+  EXPECT_TRUE(dfa->FullMatch(R"({"city":"Paris","unit":"celsius"})"));
+  EXPECT_FALSE(dfa->FullMatch(R"({"city":"Paris"})"));  // unit is required
+  EXPECT_FALSE(dfa->FullMatch(R"({"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}})"));
+  EXPECT_FALSE(HarmonyArgumentsRegex(WeatherTools(), "nope").ok());
 }
 
 TEST(ToolCallsTest, FormatFromTheModelTemplatesAndByName) {

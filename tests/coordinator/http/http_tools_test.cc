@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "coordinator/frontend/chat_prompt.h"
 #include "coordinator/http/http_server.h"
+#include "coordinator/structured/grammar.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -56,10 +57,14 @@ class HttpToolsTest : public ::testing::Test {
     config["chat_template"] = chat_template.empty()
                                   ? ReadFileOrEmpty("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja")
                                   : chat_template;
+    // The harmony tokenizer's answers end at <|return|> (where a constraint lets them end).
+    if (!tokenizer_json.empty()) config["eos_token"] = "<|return|>";
     std::ofstream(dir_ / "tokenizer_config.json") << config.dump();
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir_.string());
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = *std::move(tokenizer);
+    compiler_ = std::make_unique<structured::ConstraintCompiler>(
+        structured::VocabularyFromTokenizer(*tokenizer_, tokenizer_->vocab_size()));
     absl::StatusOr<std::vector<int32_t>> script = tokenizer_->Encode(output + kEnd, false);
     ASSERT_TRUE(script.ok()) << script.status();
     SchedulerOptions so;
@@ -71,6 +76,7 @@ class HttpToolsTest : public ::testing::Test {
         {.listen = "127.0.0.1:0",
          .model_id = "qwen",
          .model_path = dir_.string(),
+         .constraints = compiler_.get(),
          .reasoning_parser = reasoning_parser_},
         tokenizer_.get(), scheduler_.get(), [] { return absl::OkStatus(); });
     ASSERT_TRUE(server.ok()) << server.status();
@@ -127,6 +133,7 @@ class HttpToolsTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<structured::ConstraintCompiler> compiler_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<HttpServer> server_;
   std::unique_ptr<httplib::Client> client_;
@@ -299,10 +306,54 @@ TEST_F(HttpToolsTest, HarmonyChannelsBecomeReasoningContentAndCalls) {
   EXPECT_EQ(reasoning, "The user wants Paris.");
   EXPECT_EQ(std::string(absl::StripAsciiWhitespace(content)), "");
   EXPECT_EQ(name, "get_weather");
-  // An enforced call cannot be: 400 naming tool_choice.
-  auto [forced_status, forced] = Post(Request({{"tool_choice", "required"}}));
-  EXPECT_EQ(forced_status, 400) << forced;
-  EXPECT_EQ(forced["error"]["param"], "tool_choice") << forced;
+}
+
+// A shaped answer in harmony goes in the message the prompt opens for it: a named tool choice opens
+// a call of that function (the constraint shapes its arguments alone), structured output the final
+// channel; "required" (any function) cannot be enforced.
+TEST_F(HttpToolsTest, HarmonyShapedAnswersGoInTheMessageThePromptOpens) {
+  const std::string args = R"({"city":"Paris","unit":"celsius"})";
+  Serve(args + "<|return|>", testing::HarmonyChatTemplate(), testing::HarmonyTokenizerJson());
+  auto [auto_status, free] = Post(Request({{"max_tokens", 1}}));
+  ASSERT_EQ(auto_status, 200) << free;
+  const Json named_choice = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  auto [status, named] = Post(Request({{"tool_choice", named_choice}}));
+  ASSERT_EQ(status, 200) << named;
+  const Json& message = named["choices"][0]["message"];
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << named;
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(message["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json::parse(args));
+  EXPECT_TRUE(message["content"].is_null()) << named;
+  EXPECT_EQ(named["choices"][0]["finish_reason"], "tool_calls");
+  // The prompt is the free one and the opened call's header.
+  absl::StatusOr<std::vector<int32_t>> opened =
+      tokenizer_->Encode("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>", false);
+  ASSERT_TRUE(opened.ok());
+  EXPECT_EQ(named["usage"]["prompt_tokens"].get<size_t>(), free["usage"]["prompt_tokens"].get<size_t>() + opened->size());
+  // Streamed, the same call.
+  std::string name, streamed_args;
+  for (const Json& e : Stream(Request({{"tool_choice", named_choice}}))) {
+    const Json& delta = e["choices"][0]["delta"];
+    if (!delta.contains("tool_calls")) continue;
+    if (delta["tool_calls"][0].contains("id")) name = delta["tool_calls"][0]["function"]["name"];
+    else streamed_args += delta["tool_calls"][0]["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(Json::parse(streamed_args), Json::parse(args));
+
+  // Structured output: the final channel, so the JSON is the content.
+  auto [shaped_status, shaped] = Post(Request({{"tool_choice", "none"}, {"response_format", {{"type", "json_object"}}}}));
+  ASSERT_EQ(shaped_status, 200) << shaped;
+  EXPECT_EQ(Json::parse(shaped["choices"][0]["message"]["content"].get<std::string>()), Json::parse(args));
+  EXPECT_FALSE(shaped["choices"][0]["message"].contains("tool_calls"));
+  absl::StatusOr<std::vector<int32_t>> final_header = tokenizer_->Encode("<|channel|>final<|message|>", false);
+  ASSERT_TRUE(final_header.ok());
+  EXPECT_EQ(shaped["usage"]["prompt_tokens"].get<size_t>(),
+            free["usage"]["prompt_tokens"].get<size_t>() + final_header->size());
+
+  auto [required_status, required] = Post(Request({{"tool_choice", "required"}}));
+  EXPECT_EQ(required_status, 400) << required;
+  EXPECT_EQ(required["error"]["param"], "tool_choice") << required;
 }
 
 TEST_F(HttpToolsTest, HarmonyFinalAnswerIsTheContent) {

@@ -122,6 +122,8 @@ struct ChatMessage {
   std::string name;  // optional
   std::vector<ToolCall> tool_calls;  // an assistant message's calls (given back to the model)
   std::string tool_call_id;          // a tool message: the call it answers (optional)
+  // An assistant message's reasoning (a result's reasoning_text, given back; optional).
+  std::string reasoning_content;
 };
 
 // Whether and how the model calls the request's tools (GenerateOptions::tools).

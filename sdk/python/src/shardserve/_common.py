@@ -217,6 +217,11 @@ def generate_request(prompt: Prompt, max_tokens: int, temperature: float, top_k:
                                    arguments=args if isinstance(args, str) else json.dumps(args))
             if m.get("tool_call_id") is not None:
                 msg.tool_call_id = str(m["tool_call_id"])
+            # An answer given back as a message keeps its reasoning (a result's reasoning_text, or
+            # OpenAI-shaped reasoning_content).
+            reasoning = m.get("reasoning_content", m.get("reasoning"))
+            if reasoning is not None:
+                msg.reasoning_content = str(reasoning)
         _set_tools(req.chat, tools, tool_choice, parallel_tool_calls)
         req.chat.continue_final_message = continue_final_message
         if chat_template_kwargs is not None:
