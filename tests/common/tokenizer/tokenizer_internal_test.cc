@@ -1,6 +1,9 @@
 // Pipeline stages of the tokenizer.json implementation, checked against outputs of the
 // `tokenizers` library (0.23) recorded by hand.
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/tokenizer/internal/byte_level.h"
@@ -65,6 +68,28 @@ TEST(TokenizerRegexTest, LookAheadAndUnicodeClasses) {
                             &m)
                   .ok());  // U+180E is not \s for Oniguruma
   EXPECT_THAT(m, ElementsAre(std::pair<size_t, size_t>{0, 1}, std::pair<size_t, size_t>{4, 5}));
+}
+
+// GPT-OSS's pre-tokenizer pattern (o200k's: Unicode letter categories, case changes, contractions
+// in either case) splits as Python's `regex` module splits it (o200k_splits.json, recorded by
+// make_o200k_splits.py).
+TEST(TokenizerRegexTest, GptOssPatternSplitsAsPythonRegexDoes) {
+  std::ifstream in("tests/common/tokenizer/o200k_splits.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const Json golden = Json::parse(ss.str());
+  absl::StatusOr<std::unique_ptr<Regex>> re = Regex::Compile(golden["pattern"].get<std::string>());
+  ASSERT_TRUE(re.ok()) << re.status();
+  ASSERT_GE(golden["cases"].size(), 15u);
+  for (const Json& c : golden["cases"]) {
+    const std::string text = c["text"];
+    SCOPED_TRACE(text);
+    std::vector<std::pair<size_t, size_t>> matches;
+    ASSERT_TRUE((*re)->FindAll(text, &matches).ok());
+    std::vector<std::string> splits;
+    for (const auto& [b, e] : matches) splits.push_back(text.substr(b, e - b));
+    EXPECT_EQ(splits, c["splits"].get<std::vector<std::string>>());
+  }
 }
 
 TEST(TokenizerRegexTest, BadPatternIsAnError) {

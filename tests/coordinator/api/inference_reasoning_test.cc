@@ -145,6 +145,16 @@ class InferenceReasoningTest : public ::testing::Test {
   std::unique_ptr<v1::Inference::Stub> stub_;
 };
 
+// The answer's last message ends it with one call: get_weather for Paris.
+void ExpectTheWeatherCallEnds(const Answer& a) {
+  ASSERT_FALSE(a.messages.empty());
+  const v1::GenerateResponse& last = a.messages.back();
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_TOOL_CALLS);
+  ASSERT_EQ(last.tool_calls_size(), 1);
+  EXPECT_EQ(last.tool_calls(0).name(), "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(last.tool_calls(0).arguments()), nlohmann::json({{"city", "Paris"}}));
+}
+
 const std::string kReasoning = "\nThe user wants Paris. A <tool_call> would help; I <b>should</b> call it.\n";
 
 // qwen3: the <think> block is reasoning_text, streamed before any text; the call after it is
@@ -157,11 +167,7 @@ TEST_F(InferenceReasoningTest, TheThinkBlockIsReasoningTextAndCallsComeFromTheCo
   EXPECT_EQ(a.text, std::string("\n\nChecking.\n") + kCall);
   EXPECT_FALSE(a.reasoning_after_text);
   EXPECT_GT(a.messages.size(), 2u);  // streamed in pieces, not at the end
-  const v1::GenerateResponse& last = a.messages.back();
-  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_TOOL_CALLS);
-  ASSERT_EQ(last.tool_calls_size(), 1);
-  EXPECT_EQ(last.tool_calls(0).name(), "get_weather");
-  EXPECT_EQ(nlohmann::json::parse(last.tool_calls(0).arguments()), nlohmann::json({{"city", "Paris"}}));
+  ExpectTheWeatherCallEnds(a);
 
   // Without tools, the same split; no calls are parsed.
   const Answer plain = Generate(Request(/*tools=*/false));
@@ -187,11 +193,7 @@ TEST_F(InferenceReasoningTest, HarmonyChannelsAreReasoningTextAndCalls) {
   EXPECT_EQ(a.text, frontend::harmony::CallText("get_weather", "{\"city\":\"Paris\"}"));
   EXPECT_FALSE(a.reasoning_after_text);
   EXPECT_GT(a.messages.size(), 2u);  // streamed in pieces, not at the end
-  const v1::GenerateResponse& last = a.messages.back();
-  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_TOOL_CALLS);
-  ASSERT_EQ(last.tool_calls_size(), 1);
-  EXPECT_EQ(last.tool_calls(0).name(), "get_weather");
-  EXPECT_EQ(nlohmann::json::parse(last.tool_calls(0).arguments()), nlohmann::json({{"city", "Paris"}}));
+  ExpectTheWeatherCallEnds(a);
   // The tokens end with <|call|>, a stop id of harmony chats.
   EXPECT_EQ(a.tokens, static_cast<int>(part_ends_[1].size()));
 }

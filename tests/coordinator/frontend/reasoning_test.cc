@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,26 +42,29 @@ TEST(ReasoningTest, Qwen3ReasonsOnlyAfterAnOpeningTag) {
   EXPECT_EQ(Split(f, "<thi"), P("", "<thi"));
 }
 
+// `text` streamed in pieces of each of `steps` bytes splits as the whole text does.
+void ExpectPiecesAgree(ReasoningFormat f, const std::string& text, std::initializer_list<size_t> steps) {
+  const ReasoningSplit whole = SplitReasoning(f, text);
+  for (size_t step : steps) {
+    SCOPED_TRACE(text + " in pieces of " + std::to_string(step));
+    ReasoningStreamer streamer(f);
+    ReasoningSplit got;
+    for (size_t at = 0; at < text.size(); at += step) {
+      ReasoningSplit part = streamer.Add(text.substr(at, step));
+      got.reasoning += part.reasoning;
+      got.content += part.content;
+    }
+    ReasoningSplit rest = streamer.Finish();
+    EXPECT_EQ(got.reasoning + rest.reasoning, whole.reasoning);
+    EXPECT_EQ(got.content + rest.content, whole.content);
+  }
+}
+
 TEST(ReasoningTest, PiecesGiveTheSameSplitAsTheWholeText) {
   const std::vector<std::string> texts = {"<think>Ünïcödé ✓ reasoning</think>\n\nThe answer: <b>42</b> </think>",
                                           "no tags at all, ✓", "<think></think>", "a<</think>>b", "</th</think>x"};
   for (const ReasoningFormat f : {ReasoningFormat::kDeepSeekR1, ReasoningFormat::kQwen3}) {
-    for (const std::string& text : texts) {
-      const ReasoningSplit whole = SplitReasoning(f, text);
-      for (size_t step = 1; step <= 4; ++step) {
-        SCOPED_TRACE(text + " in pieces of " + std::to_string(step));
-        ReasoningStreamer streamer(f);
-        ReasoningSplit got;
-        for (size_t at = 0; at < text.size(); at += step) {
-          ReasoningSplit part = streamer.Add(text.substr(at, step));
-          got.reasoning += part.reasoning;
-          got.content += part.content;
-        }
-        ReasoningSplit rest = streamer.Finish();
-        EXPECT_EQ(got.reasoning + rest.reasoning, whole.reasoning);
-        EXPECT_EQ(got.content + rest.content, whole.content);
-      }
-    }
+    for (const std::string& text : texts) ExpectPiecesAgree(f, text, {1, 2, 3, 4});
   }
 }
 
@@ -158,22 +162,7 @@ TEST(ReasoningTest, HarmonyPiecesGiveTheSameSplitAsTheWholeText) {
                                           "<|channel|>final<|message|>a<|end|> <|endoftext|>junk<|start|>assistant"
                                           "<|channel|>final<|message|>b <|en",
                                           " to=functions.f<|channel|>commentary json<|message|>{}<|call|>"};
-  for (const std::string& text : texts) {
-    const ReasoningSplit whole = SplitReasoning(ReasoningFormat::kHarmony, text);
-    for (size_t step = 1; step <= 13; step += 3) {
-      SCOPED_TRACE(text + " in pieces of " + std::to_string(step));
-      ReasoningStreamer streamer(ReasoningFormat::kHarmony);
-      ReasoningSplit got;
-      for (size_t at = 0; at < text.size(); at += step) {
-        ReasoningSplit part = streamer.Add(text.substr(at, step));
-        got.reasoning += part.reasoning;
-        got.content += part.content;
-      }
-      ReasoningSplit rest = streamer.Finish();
-      EXPECT_EQ(got.reasoning + rest.reasoning, whole.reasoning);
-      EXPECT_EQ(got.content + rest.content, whole.content);
-    }
-  }
+  for (const std::string& text : texts) ExpectPiecesAgree(ReasoningFormat::kHarmony, text, {1, 4, 7, 10, 13});
 }
 
 TEST(ReasoningTest, HarmonyReasoningStreamsAsItComes) {
