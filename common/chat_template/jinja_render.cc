@@ -174,16 +174,21 @@ class Renderer {
   // max_steps_ or kMaxRenderDepth.
   absl::Status Enter(int line) {
     ++depth_;
-    if (++steps_ > max_steps_) return TooMuchWork(line);
+    if (absl::Status st = Spend(1, line); !st.ok()) return st;
     if (depth_ > kMaxRenderDepth) return Error(line, "the template nests too deeply (macro calls within macro calls)");
     return absl::OkStatus();
   }
 
-  // Like Eval: a dispatcher, with each statement kind out of line.
-  absl::Status TooMuchWork(int line) const {
-    return Error(line, absl::StrCat("the template does too much work (over ", max_steps_, " steps)"));
+  // Counts `steps` of work; an error past max_steps_.
+  absl::Status Spend(int64_t steps, int line) {
+    steps_ += steps;
+    if (steps_ > max_steps_) {
+      return Error(line, absl::StrCat("the template does too much work (over ", max_steps_, " steps)"));
+    }
+    return absl::OkStatus();
   }
 
+  // Like Eval: a dispatcher, with each statement kind out of line.
   absl::Status Exec(const Node& n) {
     const absl::Cleanup leave = [this] { --depth_; };
     if (absl::Status st = Enter(n.line); !st.ok()) return st;
@@ -295,11 +300,8 @@ class Renderer {
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len && st.ok(); ++i) {
       // An iteration is work even with an empty body (and its `loop` costs about ten steps).
-      steps_ += kStepsPerIteration;
-      if (steps_ > max_steps_) {
-        st = TooMuchWork(n.line);
-        break;
-      }
+      st = Spend(kStepsPerIteration, n.line);
+      if (!st.ok()) break;
       scopes_.back().clear();
       Value loop = Value::NewDict();
       loop.Set("index", Value::Int(i + 1));

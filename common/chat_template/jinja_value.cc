@@ -177,18 +177,6 @@ std::string ToString(const Value& v) {
 
 namespace {
 
-void AppendRepr(const Value& v, int depth, std::string* out);
-
-}  // namespace
-
-std::string Repr(const Value& v) {
-  std::string out;
-  AppendRepr(v, 0, &out);
-  return out;
-}
-
-namespace {
-
 // Python's repr, written into `out`: a value nested past kMaxValueDepth levels (a namespace that
 // holds itself, say) is written "[...]", as Python writes a list that holds itself, and nothing
 // more is written once `out` is over kMaxStringBytes (the caller refuses it).
@@ -222,31 +210,22 @@ void AppendRepr(const Value& v, int depth, std::string* out) {
       out->push_back('}');
       return;
     }
-    case Value::Kind::kUndefined:
-    case Value::Kind::kNone:
-    case Value::Kind::kBool:
-    case Value::Kind::kInt:
-    case Value::Kind::kFloat:
-    case Value::Kind::kString:
-    case Value::Kind::kFunction: out->append(ScalarRepr(v)); return;
+    case Value::Kind::kUndefined: return;
+    case Value::Kind::kNone: out->append("None"); return;
+    case Value::Kind::kBool: out->append(v.b ? "True" : "False"); return;
+    case Value::Kind::kInt: absl::StrAppend(out, v.i); return;
+    case Value::Kind::kFloat: out->append(FloatRepr(v.f)); return;
+    case Value::Kind::kString: out->append(StrRepr(v.s)); return;
+    case Value::Kind::kFunction: absl::StrAppend(out, "<function ", v.s, ">"); return;
   }
 }
 
 }  // namespace
 
-std::string ScalarRepr(const Value& v) {
-  switch (v.kind) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.b ? "True" : "False";
-    case Value::Kind::kInt: return absl::StrCat(v.i);
-    case Value::Kind::kFloat: return FloatRepr(v.f);
-    case Value::Kind::kString: return StrRepr(v.s);
-    case Value::Kind::kList:
-    case Value::Kind::kDict: return Repr(v);
-    case Value::Kind::kFunction: return absl::StrCat("<function ", v.s, ">");
-  }
-  return "";
+std::string Repr(const Value& v) {
+  std::string out;
+  AppendRepr(v, 0, &out);
+  return out;
 }
 
 std::string ToJson(const Value& v, int indent) {

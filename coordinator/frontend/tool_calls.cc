@@ -55,25 +55,25 @@ size_t ObjectEnd(absl::string_view text, size_t begin) {
   return absl::string_view::npos;
 }
 
-// {"name": ..., "arguments" | "parameters": {...}} (the arguments may also be the JSON text of an
-// object, as some models write them). nullopt for anything else.
+// A call's arguments as compact JSON text: an object, or the JSON text of one (as some models write
+// them); nullopt for anything else.
+std::optional<std::string> ArgumentsText(Json args) {
+  if (args.is_string()) args = Json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+  if (!args.is_object()) return std::nullopt;
+  return args.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// {"name": ..., "arguments" | "parameters": {...}} (ArgumentsText). nullopt for anything else.
 std::optional<ParsedToolCall> CallFromJson(absl::string_view text) {
   const Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   const char* key = j.contains("arguments") ? "arguments" : j.contains("parameters") ? "parameters" : nullptr;
-  Json args = Json::object();
-  if (key != nullptr) {
-    args = j[key];
-    if (args.is_string()) {
-      const std::string s = args.get<std::string>();
-      args = Json::parse(s, nullptr, /*allow_exceptions=*/false);
-    }
-    if (!args.is_object()) return std::nullopt;
-  }
+  std::optional<std::string> args = ArgumentsText(key != nullptr ? j[key] : Json::object());
+  if (!args.has_value()) return std::nullopt;
   ParsedToolCall call;
   call.name = j["name"].get<std::string>();
   if (call.name.empty()) return std::nullopt;
-  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  call.arguments = *std::move(args);
   return call;
 }
 
@@ -126,12 +126,11 @@ ParsedOutput ParseHarmony(absl::string_view text) {
     const size_t end = text.find(harmony::kCall, args_at);
     if (end == absl::string_view::npos) return Plain(text);
     const std::string name(text.substr(name_at, channel - name_at));
-    const absl::string_view args = absl::StripAsciiWhitespace(text.substr(args_at, end - args_at));
-    Json parsed = Json::parse(args.begin(), args.end(), nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_string()) parsed = Json::parse(parsed.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-    if (!ValidName(name) || !parsed.is_object()) return Plain(text);
-    out.calls.push_back(
-        ParsedToolCall{.name = name, .arguments = parsed.dump(-1, ' ', false, Json::error_handler_t::replace)});
+    const absl::string_view args_json = absl::StripAsciiWhitespace(text.substr(args_at, end - args_at));
+    std::optional<std::string> args =
+        ArgumentsText(Json::parse(args_json.begin(), args_json.end(), nullptr, /*allow_exceptions=*/false));
+    if (!ValidName(name) || !args.has_value()) return Plain(text);
+    out.calls.push_back(ParsedToolCall{.name = name, .arguments = *std::move(args)});
     const size_t next = end + harmony::kCall.size();
     pos = text.find(harmony::kCallPrefix, next);
     const absl::string_view between = absl::StripAsciiWhitespace(
@@ -164,6 +163,16 @@ ParsedOutput ParseLlama3(absl::string_view text) {
     if (t[pos] != '{') return Plain(text);
   }
   return out;
+}
+
+// The regex of a call's arguments to `tool`: compact JSON valid against its parameters schema.
+absl::StatusOr<std::string> ArgumentsRegex(const ToolFunction& tool, const structured::JsonRegexOptions& options) {
+  absl::StatusOr<std::string> args = structured::JsonSchemaRegex(tool.parameters.dump(), options);
+  if (!args.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the parameters of tool '", tool.name, "' cannot be enforced: ", args.status().message()));
+  }
+  return args;
 }
 
 // The longest suffix of `text` that is a proper prefix of `tag`.
@@ -254,11 +263,8 @@ absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vect
   std::vector<std::string> objects;
   for (const ToolFunction& t : tools) {
     if (named.has_value() && t.name != *named) continue;
-    absl::StatusOr<std::string> args = structured::JsonSchemaRegex(t.parameters.dump(), options);
-    if (!args.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the parameters of tool '", t.name, "' cannot be enforced: ", args.status().message()));
-    }
+    absl::StatusOr<std::string> args = ArgumentsRegex(t, options);
+    if (!args.ok()) return args.status();
     objects.push_back(absl::StrCat(structured::RegexLiteral(absl::StrCat("{\"name\":\"", t.name, "\",\"", args_key, "\":")),
                                    *args, "\\}"));
   }
@@ -277,13 +283,7 @@ absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vect
 absl::StatusOr<std::string> HarmonyArgumentsRegex(const std::vector<ToolFunction>& tools, const std::string& named,
                                                   const structured::JsonRegexOptions& options) {
   for (const ToolFunction& t : tools) {
-    if (t.name != named) continue;
-    absl::StatusOr<std::string> args = structured::JsonSchemaRegex(t.parameters.dump(), options);
-    if (!args.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the parameters of tool '", t.name, "' cannot be enforced: ", args.status().message()));
-    }
-    return args;
+    if (t.name == named) return ArgumentsRegex(t, options);
   }
   return absl::InvalidArgumentError(absl::StrCat("no tool is named '", named, "'"));
 }

@@ -73,8 +73,6 @@ bool Truthy(const Value& v);
 std::string ToString(const Value& v);
 // Python's repr() (strings quoted), bounded as ToString.
 std::string Repr(const Value& v);
-// Repr of a value that is neither a list nor a dict.
-std::string ScalarRepr(const Value& v);
 // json.dumps(v, ensure_ascii=False, indent=indent (< 0: none), sort_keys=false), bounded as
 // ToString (nothing is written past kMaxValueDepth levels).
 std::string ToJson(const Value& v, int indent);

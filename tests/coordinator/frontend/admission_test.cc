@@ -213,6 +213,16 @@ TEST_F(AdmissionTest, HarmonyChatsReadTheirChannelsAndStopAtACall) {
   EXPECT_FALSE(c.reasoning.has_value());
   EXPECT_TRUE(c.sequence.stop_token_ids.empty());
 
+  // A named call where the prompt opens no new message (continue_final_message): refused.
+  AdmissionRequest continued = named;
+  ChatInput& continued_chat = std::get<ChatInput>(continued.prompt);
+  continued_chat.turns.push_back({.role = "assistant", .content = "{\"zone\": "});
+  continued_chat.add_generation_prompt = false;
+  continued_chat.continue_final_message = true;
+  EXPECT_THAT(admission->Admit(continued, OpenAiFieldNames(/*chat=*/true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tool_choice: a named tool call is enforced in the harmony format only where the "
+                                 "prompt opens a new assistant message")));
   // "required" (any function) cannot be enforced: refused, naming tool_choice.
   std::get<ChatInput>(r.prompt).tool_choice = ToolChoice::kRequired;
   EXPECT_THAT(admission->Admit(r, OpenAiFieldNames(/*chat=*/true)).status(),
