@@ -104,6 +104,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "GraniteMoeSWAForCausalLM") return Architecture::kGraniteMoeSWA;
   if (name == "SmolLM3ForCausalLM") return Architecture::kSmolLM3;
   if (name == "GptOssForCausalLM") return Architecture::kGptOss;
+  if (name == "Glm4MoeForCausalLM") return Architecture::kGlm4Moe;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
@@ -112,7 +113,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
       "Gemma3ForConditionalGeneration's text part, "
       "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM, "
       "GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM, "
-      "GptOssForCausalLM)"));
+      "GptOssForCausalLM, Glm4MoeForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -132,13 +133,15 @@ absl::StatusOr<std::vector<float>> PositiveNumbers(const Fields& f, const char* 
   return out;
 }
 
-// `default_theta`: the theta of a config without rope_theta (the config class's default_theta).
+// `default_theta`: the theta of a config without rope_theta (the config class's default_theta);
+// `default_partial`: its partial_rotary_factor when neither the top level nor the rope parameters
+// state one (Glm4MoeConfig's is 0.5).
 absl::Status ParseRope(const json& doc, absl::string_view label, int64_t max_positions, RopeSpec* rope,
-                       double default_theta = 10000.0) {
+                       double default_theta = 10000.0, double default_partial = 1.0) {
   Fields top(doc, label);
   ASSIGN_OR_RETURN(rope->theta, top.NumberOr("rope_theta", default_theta, 1e-3, 1e12));
   // Top level in older configs; transformers >= 5 moves it into the rope parameters (which win).
-  ASSIGN_OR_RETURN(rope->partial_rotary_factor, top.NumberOr("partial_rotary_factor", 1.0, 0.0, 1.0));
+  ASSIGN_OR_RETURN(rope->partial_rotary_factor, top.NumberOr("partial_rotary_factor", default_partial, 0.0, 1.0));
   const json* params = nullptr;
   std::string field = "rope_scaling";
   if (top.Has("rope_parameters")) {
@@ -474,15 +477,23 @@ absl::Status ParseDeepseekV2(const Fields& f, ModelSpec* s) {
   return ParseDeepseekSparseLayers(f, 0, s);
 }
 
-// DeepSeek-V3: multi-head latent attention and its MoE (see MlaSpec, MoeScoring). Missing
-// optional fields take transformers' DeepseekV3Config defaults; the attention sizes, the expert
-// counts and q_lora_rank (whose default, 1536, no small model has) must be stated.
-absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
-  RETURN_IF_ERROR(ParseMla(f, Architecture::kDeepseekV3, s));
+// The defaults of a sigmoid-grouped router's fields (MoeScoring::kSigmoidGrouped): its config
+// class's.
+struct SigmoidGroupedDefaults {
+  int64_t n_group;
+  int64_t topk_group;
+  double routed_scaling_factor;
+  int64_t first_k_dense_replace;
+};
+
+// DeepSeek-V3's MoE block, which GLM-4.5 shares: routed and shared experts, sigmoid scores chosen
+// with e_score_correction_bias within the topk_group best of n_group groups, dense layers before
+// first_k_dense_replace.
+absl::Status ParseSigmoidGroupedMoe(const Fields& f, const SigmoidGroupedDefaults& d, ModelSpec* s) {
   MoeSpec& moe = s->moe;
   moe.scoring = MoeScoring::kSigmoidGrouped;
   RETURN_IF_ERROR(ParseDeepseekExperts(f, 1, &moe));
-  ASSIGN_OR_RETURN(moe.n_group, f.IntOr("n_group", 8, 1, moe.num_experts));
+  ASSIGN_OR_RETURN(moe.n_group, f.IntOr("n_group", d.n_group, 1, moe.num_experts));
   if (moe.num_experts % moe.n_group != 0) {
     return f.Error("n_group", absl::StrCat("(", moe.n_group, ") does not divide n_routed_experts (", moe.num_experts,
                                            ")"));
@@ -492,8 +503,8 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
     return f.Error("n_group", absl::StrCat("(", moe.n_group, ") leaves ", per_group,
                                            " expert per group; a group's score is the sum of its two best"));
   }
-  ASSIGN_OR_RETURN(moe.topk_group, f.IntOr("topk_group", 4, 1, moe.n_group));
-  if (moe.topk_group > moe.n_group) {  // only the default (4) can be: a stated value is range-checked
+  ASSIGN_OR_RETURN(moe.topk_group, f.IntOr("topk_group", d.topk_group, 1, moe.n_group));
+  if (moe.topk_group > moe.n_group) {  // only the default can be: a stated value is range-checked
     return f.Error("topk_group", absl::StrCat("is missing, and its default (", moe.topk_group,
                                               ") exceeds n_group (", moe.n_group, ")"));
   }
@@ -502,13 +513,36 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
                                                        " experts of topk_group (", moe.topk_group, ") groups"));
   }
   ASSIGN_OR_RETURN(moe.norm_topk_prob, f.BoolOr("norm_topk_prob", true));
-  ASSIGN_OR_RETURN(moe.routed_scaling_factor, f.NumberOr("routed_scaling_factor", 2.5, 1e-6, 1e6));
+  ASSIGN_OR_RETURN(moe.routed_scaling_factor,
+                   f.NumberOr("routed_scaling_factor", d.routed_scaling_factor, 1e-6, 1e6));
+  return ParseDeepseekSparseLayers(f, d.first_k_dense_replace, s);
+}
+
+// DeepSeek-V3: multi-head latent attention and its MoE (see MlaSpec, MoeScoring). Missing
+// optional fields take transformers' DeepseekV3Config defaults; the attention sizes, the expert
+// counts and q_lora_rank (whose default, 1536, no small model has) must be stated.
+absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
+  RETURN_IF_ERROR(ParseMla(f, Architecture::kDeepseekV3, s));
   // Fields the released configs carry for DeepSeek's own code; transformers implements exactly
   // these values (and ignores the fields).
   RETURN_IF_ERROR(ExpectString(f, "scoring_func", "sigmoid", "sigmoid scores"));
   RETURN_IF_ERROR(ExpectString(f, "topk_method", "noaux_tc",
                                "grouped top-k on scores plus e_score_correction_bias"));
-  return ParseDeepseekSparseLayers(f, 3, s);
+  return ParseSigmoidGroupedMoe(
+      f, {.n_group = 8, .topk_group = 4, .routed_scaling_factor = 2.5, .first_k_dense_replace = 3}, s);
+}
+
+// GLM-4.5 (Glm4MoeForCausalLM: GLM-4.5, GLM-4.5-Air, GLM-4.6): Llama-style grouped-query
+// attention with biases on q, k and v only (`attention_bias`), per-head q/k RMSNorms before RoPE
+// when `use_qk_norm`, RoPE on the first half of each head (partial_rotary_factor, default 0.5), and
+// DeepSeek-V3's MoE block. Missing fields take Glm4MoeConfig's defaults (one group, scaling 1,
+// one dense layer, one shared expert); the expert counts and sizes must be stated.
+absl::Status ParseGlm4Moe(const Fields& f, ModelSpec* s) {
+  ASSIGN_OR_RETURN(s->qkv_bias, f.BoolOr("attention_bias", false));
+  s->o_bias = false;
+  ASSIGN_OR_RETURN(s->qk_norm, f.BoolOr("use_qk_norm", false));
+  return ParseSigmoidGroupedMoe(
+      f, {.n_group = 1, .topk_group = 1, .routed_scaling_factor = 1.0, .first_k_dense_replace = 1}, s);
 }
 
 // `layer_types` of `num_layers` entries, each `local` (a windowed or chunked layer: true) or
@@ -1056,6 +1090,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kGraniteSWA: return "GraniteSWAForCausalLM";
     case Architecture::kGraniteMoeSWA: return "GraniteMoeSWAForCausalLM";
     case Architecture::kGptOss: return "GptOssForCausalLM";
+    case Architecture::kGlm4Moe: return "Glm4MoeForCausalLM";
   }
   return "?";
 }
@@ -1240,21 +1275,25 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       doc["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
                                 {"truncate", false}, {"original_max_position_embeddings", 4096}};
     }
-    // SmolLM3Config's default_theta is 2e6, GptOssConfig's 150000.
+    // SmolLM3Config's default_theta is 2e6, GptOssConfig's 150000; Glm4MoeConfig rotates half of
+    // each head unless told otherwise.
     double default_theta = 10000.0;
     if (s.arch == Architecture::kSmolLM3) default_theta = 2e6;
     if (s.arch == Architecture::kGptOss) default_theta = 150000.0;
-    RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope, default_theta));
+    const double default_partial = s.arch == Architecture::kGlm4Moe ? 0.5 : 1.0;
+    RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope, default_theta, default_partial));
   }
-  if (s.arch != Architecture::kPhi3) {
+  const bool partial_rotary = s.arch == Architecture::kPhi3 || s.arch == Architecture::kGlm4Moe;
+  if (s.rope.type == RopeType::kLongrope && s.arch != Architecture::kPhi3) {
+    return absl::UnimplementedError(
+        absl::StrCat(label, ": rope type \"longrope\" is supported for Phi3ForCausalLM only"));
+  }
+  if (!partial_rotary) {
     if (s.rope.partial_rotary_factor != 1.0) {
       return absl::UnimplementedError(absl::StrCat(label, ": field \"partial_rotary_factor\" is ",
                                                    s.rope.partial_rotary_factor, "; below 1 it is supported for ",
-                                                   "Phi3ForCausalLM only (RoPE over the whole head elsewhere)"));
-    }
-    if (s.rope.type == RopeType::kLongrope) {
-      return absl::UnimplementedError(
-          absl::StrCat(label, ": rope type \"longrope\" is supported for Phi3ForCausalLM only"));
+                                                   "Phi3ForCausalLM and Glm4MoeForCausalLM only (RoPE over the "
+                                                   "whole head elsewhere)"));
     }
   } else {
     const int64_t rot = s.RotaryDim();
@@ -1352,14 +1391,18 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     case Architecture::kGptOss:
       RETURN_IF_ERROR(ParseGptOss(f, &s));
       break;
+    case Architecture::kGlm4Moe:
+      RETURN_IF_ERROR(ParseGlm4Moe(f, &s));
+      break;
     case Architecture::kGemma2:
     case Architecture::kGemma3:
       break;  // after the dtype (the embedding multiplier is rounded to it)
   }
   // YaRN is checked against transformers on MLA (DeepSeek) and on rotate-half heads (GPT-OSS, Qwen3);
-  // the Llama-family rotary embedding is the same everywhere else, except under Phi-3's partial
-  // rotary factor and on Gemma-2, which stay refused. (Llama-4 and Gemma-3 refuse it themselves.)
-  if (s.rope.type == RopeType::kYarn && (s.arch == Architecture::kPhi3 || s.arch == Architecture::kGemma2)) {
+  // the Llama-family rotary embedding is the same everywhere else, except under Phi-3's and
+  // GLM-4.5's partial rotary factors and on Gemma-2, which stay refused. (Llama-4 and Gemma-3 refuse it themselves.)
+  if (s.rope.type == RopeType::kYarn &&
+      (s.arch == Architecture::kPhi3 || s.arch == Architecture::kGemma2 || s.arch == Architecture::kGlm4Moe)) {
     return absl::UnimplementedError(absl::StrCat(label, ": rope type \"yarn\" is not supported for ",
                                                  ArchitectureName(s.arch),
                                                  " (not checked against transformers there yet)"));

@@ -6,10 +6,10 @@
 // (and the text part of Gemma3ForConditionalGeneration), Llama4ForCausalLM (and the text model of
 // Llama4ForConditionalGeneration), GraniteForCausalLM, GraniteMoeForCausalLM,
 // GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM,
-// GptOssForCausalLM (bf16/f32 experts, or MXFP4 ones dequantized at load).
+// GptOssForCausalLM (bf16/f32 experts, or MXFP4 ones dequantized at load), Glm4MoeForCausalLM.
 // Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
-// (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, a DeepSeek routing
+// (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3 and GLM-4.5, a DeepSeek routing
 // variant we do not implement — is an error that names the field, never a silently wrong model.
 #ifndef SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 #define SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
@@ -37,6 +37,7 @@ enum class Architecture : uint8_t {
   kGraniteSWA,
   kGraniteMoeSWA,
   kGptOss,
+  kGlm4Moe,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -87,8 +88,8 @@ struct RopeSpec {
   // when the sequence's length at the end of the step exceeds original_max_position_embeddings;
   // cached keys keep the rotation they were written with.
   std::vector<float> short_factor, long_factor;
-  // Phi-3: only the first int(head_dim x partial_rotary_factor) elements of each q and k head
-  // rotate; the rest pass through.
+  // Phi-3 and GLM-4.5: only the first int(head_dim x partial_rotary_factor) elements of each q and
+  // k head rotate (rotate_half over those); the rest pass through.
   double partial_rotary_factor = 1.0;
 };
 
@@ -113,7 +114,7 @@ struct MlaSpec {
 // How a MoE router turns its logits into expert choices and weights.
 enum class MoeScoring : uint8_t {
   kSoftmax,  // Mixtral, Qwen: softmax over the experts, the top_k probabilities
-  // DeepSeek-V3 ("noaux_tc"): sigmoid scores; experts are chosen by score + the checkpoint's
+  // DeepSeek-V3 ("noaux_tc") and GLM-4.5: sigmoid scores; experts are chosen by score + the checkpoint's
   // e_score_correction_bias within the topk_group best of n_group groups (a group's score: the
   // sum of its two best biased scores); the weights are the chosen unbiased scores,
   // renormalised when norm_topk_prob, times routed_scaling_factor.
@@ -142,7 +143,8 @@ struct MoeSpec {
   bool norm_topk_prob = true;
   int64_t expert_intermediate_size = 0;
   // Shared expert (0 = none): Qwen2-MoE's, with a sigmoid gate [1, hidden] when
-  // shared_expert_gate; DeepSeek-V3's n_shared_experts x moe_intermediate_size as one ungated MLP;
+  // shared_expert_gate; DeepSeek-V3's (and GLM-4.5's) n_shared_experts x moe_intermediate_size as one
+  // ungated MLP;
   // GraniteMoeShared's shared_intermediate_size, ungated, stored as `shared_mlp.input_linear`
   // [2 x width, hidden] (gate rows first) and `shared_mlp.output_linear` [hidden, width] beside
   // the MoE block. Qwen3-MoE has none.
@@ -229,7 +231,7 @@ struct ModelSpec {
   bool qkv_bias = false;  // Qwen2 always; Llama with attention_bias
   bool o_bias = false;    // Llama with attention_bias
   bool mlp_bias = false;  // Llama with mlp_bias
-  // Qwen3 / Qwen3-MoE: q and k are RMS-normalised per head (weights `self_attn.q_norm` and
+  // Qwen3 / Qwen3-MoE (and GLM-4.5 with use_qk_norm): q and k are RMS-normalised per head (weights `self_attn.q_norm` and
   // `self_attn.k_norm`, [head_dim] each, eps rms_norm_eps) after their projections, before RoPE.
   bool qk_norm = false;
   // Phi-3: the checkpoint stores q/k/v as one `self_attn.qkv_proj` [(heads + 2 kv_heads) x
@@ -383,8 +385,8 @@ struct ModelSpec {
 // than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
 // num_key_value_heads != num_attention_heads; DeepSeek-V2 likewise, with scoring_func other than
 // "softmax", topk_method other than "greedy" / "group_limited_greedy", norm_topk_prob true
-// (transformers ignores it, DeepSeek's code renormalises), mlp_bias; yarn RoPE on Phi-3 and
-// Gemma-2; Gemma-2 with a
+// (transformers ignores it, DeepSeek's code renormalises), mlp_bias; GLM-4.5 with DeepSeek-V3's
+// routing limits; yarn RoPE on Phi-3, Gemma-2 and GLM-4.5; Gemma-2 with a
 // hidden_activation other than gelu_pytorch_tanh, use_bidirectional_attention, layer_types other
 // than "sliding_attention"/"full_attention", a null sliding_window with sliding layers; Gemma-3
 // likewise, and with rope_parameters not keyed by layer type, or a Gemma3ForConditionalGeneration

@@ -1912,5 +1912,131 @@ TEST(GptOssSpecTest, GoldenConfigs) {
   EXPECT_EQ(q.moe.num_experts, 4);
 }
 
+
+// GLM-4.5's shape (tests/sim/models/glm-4.5-355b: the layer counts and widths of its technical
+// report in Glm4MoeConfig's fields): 3 dense layers then 89 MoE ones, 96 heads of 128 over 8 KV
+// heads, RoPE on half of each head, q/k norms, 160 experts (8 per token) plus a shared one.
+TEST(Glm4MoeSpecTest, Glm45Config) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/sim/models/glm-4.5-355b"));
+  EXPECT_EQ(s.arch, Architecture::kGlm4Moe);
+  EXPECT_EQ(ArchitectureName(s.arch), "Glm4MoeForCausalLM");
+  EXPECT_EQ(s.head_dim, 128);  // stated: hidden / heads would be 53
+  EXPECT_EQ(s.num_kv_heads, 8);
+  EXPECT_EQ(s.RotaryDim(), 64);
+  EXPECT_EQ(s.rope.type, RopeType::kDefault);
+  EXPECT_EQ(s.rope.theta, 1e6);
+  EXPECT_TRUE(s.qkv_bias);
+  EXPECT_FALSE(s.o_bias);
+  EXPECT_TRUE(s.qk_norm);
+  EXPECT_EQ(s.moe.scoring, MoeScoring::kSigmoidGrouped);
+  EXPECT_EQ(s.moe.num_experts, 160);
+  EXPECT_EQ(s.moe.top_k, 8);
+  EXPECT_EQ(s.moe.n_group, 1);
+  EXPECT_EQ(s.moe.topk_group, 1);
+  EXPECT_TRUE(s.moe.norm_topk_prob);
+  EXPECT_EQ(s.moe.routed_scaling_factor, 2.5);
+  EXPECT_EQ(s.moe.expert_intermediate_size, 1536);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 1536);
+  EXPECT_FALSE(s.moe.shared_expert_gate);
+  EXPECT_FALSE(s.IsSparseLayer(2));
+  EXPECT_TRUE(s.IsSparseLayer(3) && s.IsSparseLayer(91));
+  EXPECT_EQ(s.dtype, DType::kBF16);
+  EXPECT_THAT(s.eos_token_ids, ElementsAre(151329, 151336, 151338));
+  // The model card's 355B parameters, less the multi-token-prediction layer, which is not served.
+  EXPECT_GT(s.NumParameters(), int64_t{348'000'000'000});
+  EXPECT_LT(s.NumParameters(), int64_t{356'000'000'000});
+}
+
+// Glm4MoeConfig's defaults: half of each head rotates, one expert group, scaling 1, layer 0 dense,
+// one shared expert, no biases, no q/k norms; head_dim hidden / heads.
+TEST(Glm4MoeSpecTest, DefaultsFollowGlm4MoeConfig) {
+  json c = {{"architectures", {"Glm4MoeForCausalLM"}}, {"vocab_size", 1000},       {"hidden_size", 256},
+            {"intermediate_size", 512},                {"num_hidden_layers", 3},   {"num_attention_heads", 8},
+            {"num_key_value_heads", 2},                {"max_position_embeddings", 4096},
+            {"moe_intermediate_size", 64},             {"n_routed_experts", 16},   {"num_experts_per_tok", 4}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.head_dim, 32);
+  EXPECT_EQ(s.rope.partial_rotary_factor, 0.5);
+  EXPECT_EQ(s.RotaryDim(), 16);
+  EXPECT_FALSE(s.qkv_bias || s.o_bias || s.qk_norm);
+  EXPECT_EQ(s.moe.n_group, 1);
+  EXPECT_EQ(s.moe.topk_group, 1);
+  EXPECT_EQ(s.moe.routed_scaling_factor, 1.0);
+  EXPECT_TRUE(s.moe.norm_topk_prob);
+  EXPECT_THAT(s.moe.sparse_layers, ElementsAre(false, true, true));
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 64);
+  EXPECT_FALSE(s.tie_word_embeddings);
+  // The factor may sit in rope_parameters (transformers 5) and win over the top level.
+  c["partial_rotary_factor"] = 0.25;
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 1.0}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec whole, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(whole.RotaryDim(), 32);
+  c.erase("rope_parameters");
+  ASSERT_OK_AND_ASSIGN(ModelSpec quarter, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(quarter.RotaryDim(), 8);
+  // Without shared experts the MoE block holds the routed ones only.
+  c["n_shared_experts"] = 0;
+  ASSERT_OK_AND_ASSIGN(ModelSpec unshared, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(unshared.moe.shared_expert_intermediate_size, 0);
+  EXPECT_LT(unshared.NumParameters(), quarter.NumParameters());
+}
+
+TEST(Glm4MoeSpecTest, RefusesWhatIsNotImplemented) {
+  auto glm = [] {
+    json c = {{"architectures", {"Glm4MoeForCausalLM"}}, {"vocab_size", 1000},       {"hidden_size", 256},
+              {"intermediate_size", 512},                {"num_hidden_layers", 3},   {"num_attention_heads", 8},
+              {"max_position_embeddings", 4096},         {"moe_intermediate_size", 64},
+              {"n_routed_experts", 16},                  {"num_experts_per_tok", 4}};
+    return c;
+  };
+  json c = glm();
+  c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 1024}};
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       ::testing::AllOf(HasSubstr("rope type \"yarn\""), HasSubstr("Glm4MoeForCausalLM"))));
+  c = glm();
+  c["n_group"] = 3;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"n_group\" (3) does not divide")));
+  c = glm();
+  c["num_experts_per_tok"] = 17;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"num_experts_per_tok\"")));
+  c = glm();
+  c.erase("moe_intermediate_size");
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"moe_intermediate_size\"")));
+  c = glm();
+  c["partial_rotary_factor"] = 0.03;  // 0 of 32 elements
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"partial_rotary_factor\"")));
+  c = glm();
+  c["first_k_dense_replace"] = 4;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"first_k_dense_replace\"")));
+  // The other Llama-family models still rotate whole heads.
+  c = glm();
+  c["architectures"] = {"Qwen3MoeForCausalLM"};
+  c["head_dim"] = 32;
+  c["num_experts"] = 16;
+  c["partial_rotary_factor"] = 0.5;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       ::testing::AllOf(HasSubstr("\"partial_rotary_factor\" is 0.5"),
+                                        HasSubstr("Glm4MoeForCausalLM"))));
+}
+
+TEST(Glm4MoeSpecTest, GoldenConfig) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, LoadModelSpec("tests/golden/models/glm4_moe"));
+  EXPECT_EQ(s.arch, Architecture::kGlm4Moe);
+  EXPECT_EQ(s.head_dim, 32);
+  EXPECT_EQ(s.RotaryDim(), 16);
+  EXPECT_TRUE(s.qkv_bias && s.qk_norm);
+  EXPECT_FALSE(s.o_bias);
+  EXPECT_THAT(s.moe.sparse_layers, ElementsAre(false, true, true));
+  EXPECT_EQ(s.moe.routed_scaling_factor, 2.5);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 16);
+}
+
 }  // namespace
 }  // namespace shardserve

@@ -70,6 +70,8 @@ from transformers import (
     GraniteMoeSWAForCausalLM,
     GraniteSWAConfig,
     GraniteSWAForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     Llama4Config,
@@ -858,6 +860,41 @@ SPECS = [
         config=dict(QWEN3, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                             "original_max_position_embeddings": 16}),
     ),
+    # GLM-4.5 (Glm4MoeForCausalLM): grouped-query attention with q/k/v biases (no o bias), per-head
+    # q/k RMSNorms before RoPE (use_qk_norm, as GLM-4.5 and 4.6), RoPE on the first half of each
+    # head (partial_rotary_factor 0.5: 16 of head_dim 32, which is not hidden / heads), layer 0
+    # dense, layers 1-2 DeepSeek-V3's MoE (sigmoid scores chosen with a nonzero
+    # e_score_correction_bias, top-2 renormalised, routed_scaling_factor 2.5 as GLM-4.5, one shared
+    # expert); one expert group, as every released GLM-4.5.
+    dict(
+        name="glm4_moe",
+        model_cls=Glm4MoeForCausalLM,
+        config_cls=Glm4MoeConfig,
+        score_bias_std=0.05,
+        config=dict(
+            intermediate_size=96,  # dense MLP of the first_k_dense_replace layers
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            partial_rotary_factor=0.5,
+            attention_bias=True,
+            use_qk_norm=True,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            first_k_dense_replace=1,
+            rms_norm_eps=1e-5,
+            num_mtp_layers=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+            tie_word_embeddings=False,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -950,7 +987,7 @@ class RouterProbe:
             if type(mod).__name__.endswith("TopKRouter"):
                 self.top_k = mod.top_k
                 self.handles.append(mod.register_forward_hook(self._hook))
-            elif type(mod).__name__ == "DeepseekV3TopkRouter":
+            elif type(mod).__name__ in ("DeepseekV3TopkRouter", "Glm4MoeTopkRouter"):
                 self.handles.append(mod.register_forward_hook(self._deepseek_hook))
             elif type(mod).__name__ == "DeepseekV2TopkRouter":
                 self.handles.append(mod.register_forward_hook(self._deepseek_v2_hook))

@@ -104,6 +104,12 @@ Semantics (transformers 5.23, eager attention):
   * SmolLM3: Llama's layer; no RoPE on the layers whose no_rope_layers entry is
     0 (default: every no_rope_layer_interval-th); sliding_window on the layers
     whose layer_types entry is "sliding_attention".
+  * GLM-4.5 (Glm4MoeForCausalLM): q/k/v biases (attention_bias; never on o);
+    with use_qk_norm, Qwen3's per-head q_norm / k_norm before RoPE; RoPE (rotate_half)
+    on the first int(head_dim * partial_rotary_factor) elements of each head
+    (default factor 0.5), as Phi-3's; layers from first_k_dense_replace (default 1)
+    are DeepSeek-V3's MoE block (sigmoid scores, e_score_correction_bias, groups)
+    with Glm4MoeConfig's defaults: n_group 1, topk_group 1, routed_scaling_factor 1.
   * GPT-OSS: Llama's layer with q/k/v/o biases and GraniteSWA's sinks; sliding_window
     on the layers whose layer_types entry is "sliding_attention" (default: the even
     ones); YaRN (yarn_inv_freq) with cos and sin times attention_factor on every head
@@ -339,7 +345,9 @@ class Model:
         self.eps = c["rms_norm_eps"]
         self.L = c["num_hidden_layers"]
         rp, theta = rope_params(c)
-        self.rot = int(self.hd * rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)))
+        self.glm4_moe = self.arch == "Glm4MoeForCausalLM"
+        default_partial = 0.5 if self.glm4_moe else 1.0
+        self.rot = int(self.hd * rp.get("partial_rotary_factor", c.get("partial_rotary_factor", default_partial)))
         self.mla = self.arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
         self.deepseek_v2 = self.arch == "DeepseekV2ForCausalLM"
         self.gemma = self.arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
@@ -526,7 +534,8 @@ class Model:
         c = self.cfg
         if self.deepseek_v2:
             return self.deepseek_v2_moe(x, m)
-        n_exp, k, ng, kg = c["n_routed_experts"], c["num_experts_per_tok"], c["n_group"], c["topk_group"]
+        n_exp, k = c["n_routed_experts"], c["num_experts_per_tok"]
+        ng, kg = c.get("n_group", 1 if self.glm4_moe else 8), c.get("topk_group", 1 if self.glm4_moe else 4)
         s_all = 1 / (1 + np.exp(-(x @ self.w[m + ".gate.weight"].T)))
         biased_all = s_all + self.w[m + ".gate.e_score_correction_bias"]
         out = np.zeros_like(x)
@@ -542,7 +551,7 @@ class Model:
             wts = s_all[t, top]
             if c.get("norm_topk_prob", True):
                 wts = wts / (wts.sum() + 1e-20)
-            wts = wts * c.get("routed_scaling_factor", 2.5)
+            wts = wts * c.get("routed_scaling_factor", 1.0 if self.glm4_moe else 2.5)
             for e, wt in zip(top, wts):
                 ep = m + f".experts.{e}"
                 out[t] += wt * self.swiglu(x[t : t + 1], self.w[ep + ".gate_proj.weight"],
@@ -586,7 +595,8 @@ class Model:
         q = q.reshape(T, self.nh, self.hd)
         k = k.reshape(T, self.nkv, self.hd)
         v = v.reshape(T, self.nkv, self.hd)
-        if self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"):
+        qk_norm = self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
+        if qk_norm or (self.glm4_moe and self.cfg.get("use_qk_norm", False)):
             q = self.rms(q, p + ".q_norm")  # per head: the mean runs over head_dim
             k = self.rms(k, p + ".k_norm")
         i = np.arange(T)[:, None]
@@ -660,7 +670,7 @@ class Model:
             return self.moe(x, m + ".gate.weight", n_exp, c["num_experts_per_tok"], c["norm_topk_prob"],
                             lambda e: (m + f".experts.{e}.gate_proj.weight", m + f".experts.{e}.up_proj.weight",
                                        m + f".experts.{e}.down_proj.weight"))
-        if self.mla and (p + ".mlp.gate.weight") in self.w:
+        if (self.mla or self.glm4_moe) and (p + ".mlp.gate.weight") in self.w:
             return self.deepseek_moe(x, p + ".mlp")
         if self.llama4:
             return self.llama4_ffn(x, l)

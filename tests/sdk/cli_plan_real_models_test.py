@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`shardserve plan` on the config.json of real large models (no weights): the MoE models
-(DeepSeek-V3 and V2-Lite, Qwen3, Llama-4) and Gemma-3 27B (a multimodal config served as its
+(DeepSeek-V3 and V2-Lite, Qwen3, Llama-4, GLM-4.5) and Gemma-3 27B (a multimodal config served as its
 language model). The placement on 8-GPU nodes and the KV capacity from each architecture's real
 per-token KV size.
 
@@ -19,6 +19,7 @@ MAVERICK = "tests/sim/models/llama4-maverick-400b"
 SCOUT = "tests/sim/models/llama4-scout-109b"
 GEMMA3 = "tests/sim/models/gemma-3-27b-it"
 DEEPSEEK_V2_LITE = "tests/sim/models/deepseek-v2-lite"
+GLM45 = "tests/sim/models/glm-4.5-355b"
 TWO_NODES = "a=cuda:8x80GiB,b=cuda:8x80GiB"
 
 
@@ -119,6 +120,7 @@ def main():
         assert "text_config: field \"layer_types\" has \"sliding_attention\"" in p.stderr, p.stderr
     check_gemma3()
     check_deepseek_v2_lite()
+    check_glm45()
     print("ok")
 
 
@@ -186,6 +188,44 @@ def check_deepseek_v2_lite():
                 json.dump(dict(config, **{field: value}), f)
             p = run("--model", d, "--workers", one_node, ok=False)
             assert "UNIMPLEMENTED" in p.stderr and f"field \"{field}\" is" in p.stderr, p.stderr
+
+
+def check_glm45():
+    # GLM-4.5 (Glm4MoeForCausalLM, bf16, 92 layers: 3 dense (12288), 89 MoE with 160 experts of 1536
+    # and a shared one; 96 heads and 8 KV heads of 128): 706 GB of weights, more than one 8 x 80 GiB
+    # node, so two tp=8 stages, one per node, every expert local. One KV head per rank: 2 x 128
+    # values x 2 bytes per token and layer; the full 131072-token context fits.
+    p = run("--model", GLM45, "--workers", "a=cuda:8x80GiB", ok=False)
+    assert "RESOURCE_EXHAUSTED" in p.stderr and "705.7 GB weights" in p.stderr, p.stderr
+    text = run("--model", GLM45, "--workers", TWO_NODES).stdout
+    assert text.startswith("plan: 1 replica x 2 stages, max_seq_len 131072"), text
+    j = json.loads(run("--model", GLM45, "--workers", TWO_NODES, "--json").stdout)
+    chosen = check_stages(j, 2 * 128 * 2)
+    assert not chosen["expert_spill"] and chosen["pp"] == 2, chosen
+    assert all(s["kv_tokens"] >= 131072 and s["tp"] == 8 for s in j["plan"]["replicas"][0]["stages"]), j["plan"]
+    # One 8 x 141 GiB node (H200) holds it in one stage. Per rank: the f32 norms (q/k norms included),
+    # q/k/v biases, router and score-correction bias whole; its 12 heads' q and o, its KV head's k and
+    # v; an eighth of the dense MLPs and of the shared expert; 20 of the 160 experts; the whole
+    # embedding and an eighth of lm_head's rows.
+    j = json.loads(run("--model", GLM45, "--workers", "a=cuda:8x141GiB", "--json").stdout)
+    check_stages(j, 2 * 128 * 2)
+    h, tp, vocab, q, kv = 5120, 8, 151552, 12 * 128, 128
+    attn = (2 * h + 2 * 128) * 4 + (2 * q * h + 2 * kv * h) * 2 + (q + 2 * kv) * 4
+    dense = 3 * h * (12288 // tp) * 2
+    sparse = 160 * (h + 1) * 4 + 3 * h * (1536 // tp) * 2 + (160 // tp) * 3 * h * 1536 * 2
+    weights = 92 * attn + 3 * dense + 89 * sparse + vocab * h * 2 + vocab // tp * h * 2 + h * 4
+    (stage,) = j["plan"]["replicas"][0]["stages"]
+    assert (stage["tp"], stage["layer_begin"], stage["layer_end"]) == (8, 0, 92), stage
+    assert stage["weight_bytes_per_rank"] == weights, (stage, weights)
+    # Its RoPE rotates half of each head; YaRN there is not checked against transformers: refused.
+    with open(os.path.join(GLM45, "config.json")) as f:
+        config = json.load(f)
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 65536}
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f)
+        p = run("--model", d, "--workers", TWO_NODES, ok=False)
+        assert "UNIMPLEMENTED" in p.stderr and "rope type \"yarn\"" in p.stderr, p.stderr
 
 
 if __name__ == "__main__":

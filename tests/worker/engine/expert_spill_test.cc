@@ -168,7 +168,10 @@ INSTANTIATE_TEST_SUITE_P(
         // applies both); gpt_oss_mxfp4: the host keeps its experts MXFP4 too, and split experts
         // keep their down bias on rank 0.
         SpillLayout{"gpt_oss", 2, false, {{0, {1, R, R, 0}}, {3, {R, 0, 1, R}}}, "gpt_oss_tp2_two_layers"},
-        SpillLayout{"gpt_oss_mxfp4", 2, true, {{1, {0, R, R, 0}}}, "gpt_oss_mxfp4_tp2_split_experts"}),
+        SpillLayout{"gpt_oss_mxfp4", 2, true, {{1, {0, R, R, 0}}}, "gpt_oss_mxfp4_tp2_split_experts"},
+        // glm4_moe: DeepSeek-V3's routing in one group, 8 experts, top-2, a shared expert.
+        SpillLayout{"glm4_moe", 2, false, {{1, {0, R, 1, R, R, 0, R, 1}}, {2, {R, R, 0, 1, R, R, 0, R}}},
+                    "glm4_moe_tp2_both_layers"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 // An expert host quantizes like the stages (--quantize reaches it in its assignment): int8 experts

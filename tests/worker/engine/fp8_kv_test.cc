@@ -49,6 +49,13 @@ constexpr double kMoeMeanRelError = 0.04;
 // mean at 1 and 2 ranks (numpy_reference.py --int8 moves them by 17%, the engine's int8 likewise).
 constexpr double kGptOssMaxRelError = 0.8;
 constexpr double kGptOssMeanRelError = 0.05;
+// glm4_moe's router margins go down to 1.2e-3 and its q/k norms keep every cached key near unit
+// size, so the rounding moves some tokens to other experts: 69.0% max, 3.9% mean at 1 and 2 ranks.
+// transformers' own forward pass with K (after RoPE) and V cast to float8_e4m3fn moves them by the
+// same 69.0% (measured with a patched apply_rotary_pos_emb): the error is the fixture's, not the
+// engine's.
+constexpr double kGlm4MoeMaxRelError = 0.75;
+constexpr double kGlm4MoeMeanRelError = 0.05;
 constexpr double kStoriesMaxRelError = 0.12;
 constexpr double kStoriesMeanRelError = 0.02;
 
@@ -74,12 +81,17 @@ TEST_P(Fp8KvGoldenTest, LogitsNearTransformersAndTheCacheIsAQuarter) {
               name.c_str(), ranks, a.err.max_rel, a.err.mean_rel(), static_cast<long>(a.err.positions), a.agree,
               a.total, f32->KvCacheBytesPerRank()[0], fp8->KvCacheBytesPerRank()[0]);
   ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
-  const bool gpt_oss = name == "gpt_oss";
-  EXPECT_LE(a.err.max_rel, gpt_oss ? kGptOssMaxRelError : spec.IsMoe() ? kMoeMaxRelError : kMaxRelError) << name;
-  EXPECT_LE(a.err.mean_rel(), gpt_oss        ? kGptOssMeanRelError
-                              : spec.IsMoe() ? kMoeMeanRelError
-                                             : kMeanRelError)
-      << name;
+  double max_bound = spec.IsMoe() ? kMoeMaxRelError : kMaxRelError;
+  double mean_bound = spec.IsMoe() ? kMoeMeanRelError : kMeanRelError;
+  if (name == "gpt_oss") {
+    max_bound = kGptOssMaxRelError;
+    mean_bound = kGptOssMeanRelError;
+  } else if (name == "glm4_moe") {
+    max_bound = kGlm4MoeMaxRelError;
+    mean_bound = kGlm4MoeMeanRelError;
+  }
+  EXPECT_LE(a.err.max_rel, max_bound) << name;
+  EXPECT_LE(a.err.mean_rel(), mean_bound) << name;
   // The rounding is real: the logits are not the f32 cache's.
   EXPECT_GT(a.err.max_rel, 1e-5) << name;
   const size_t safe_cases = testing::ExpectFirstTokens(a, golden, name);

@@ -56,7 +56,8 @@ constexpr double kStoriesMeanRelError = 0.01;
 // int8 forward pass moves their logits by 17% and 18% of max|logit| (another expert at 1 of
 // gpt_oss_mxfp4's 51 (token, layer) pairs, none of gpt_oss's 68); the engine: 24.6% max, 2.0% mean
 // (gpt_oss, two ranks), 17.9% and 0.99% (gpt_oss_mxfp4, one rank, whose MXFP4 experts stay MXFP4:
-// only its attention and lm_head are int8).
+// only its attention and lm_head are int8). glm4_moe likewise: numpy_reference.py's int8 forward
+// pass moves its logits by 29.8% of max|logit|; the engine: 29.8% at one rank, 3.8% at two.
 constexpr double kRoutingFlipMaxRelError = 0.6;
 constexpr double kRoutingFlipMeanRelError = 0.04;
 // smollm3 (four layers, tied small embeddings) is more sensitive to the rounding itself:
@@ -88,7 +89,7 @@ TEST_P(Int8GoldenTest, LogitsNearTransformersAndGreedyTokensReported) {
               name.c_str(), ranks, a.err.max_rel, a.err.mean_rel(), static_cast<long>(a.err.positions), a.agree,
               a.total, f32_bytes, int8_bytes);
   const bool flips = name == "qwen2_moe" || name == "deepseek_v2_lite" || name == "deepseek_v2" ||
-                     name == "gpt_oss" || name == "gpt_oss_mxfp4";
+                     name == "gpt_oss" || name == "gpt_oss_mxfp4" || name == "glm4_moe";
   double max_bound = flips ? kRoutingFlipMaxRelError : kMaxRelError;
   if (name == "smollm3") max_bound = kSmolLM3MaxRelError;
   EXPECT_LE(a.err.max_rel, max_bound) << name;
@@ -122,7 +123,7 @@ TEST(Int8PlannerTest, PredictedWeightBytesAreTheBytesTheEngineHolds) {
        {"llama", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded", "qwen3", "qwen3_moe", "phi3", "deepseek_v3",
         "deepseek_v3_noqlora", "gemma2", "llama4", "llama4_multimodal", "gemma3", "deepseek_v2_lite", "deepseek_v2",
         "granite", "granite_moe", "smollm3", "granite_moe_shared", "granite_swa", "granite_moe_swa", "gpt_oss",
-        "gpt_oss_mxfp4", "qwen3_yarn"}) {
+        "gpt_oss_mxfp4", "qwen3_yarn", "glm4_moe"}) {
     ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(name));
     ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
     for (int ranks : {1, 2}) {

@@ -211,7 +211,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            // layer per stage.
                                            PipelineLayout{"gpt_oss", {0, 2, 4}, 2, "gpt_oss_pp2_tp2"},
                                            PipelineLayout{"gpt_oss_mxfp4", {0, 1, 3}, 2,
-                                                          "gpt_oss_mxfp4_pp2_tp2"}),
+                                                          "gpt_oss_mxfp4_pp2_tp2"},
+                                           // GLM-4.5: the dense layer and a MoE one (each rank's
+                                           // heads with their q/k norms and half-rotated RoPE),
+                                           // then a MoE one.
+                                           PipelineLayout{"glm4_moe", {0, 2, 3}, 2, "glm4_moe_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
