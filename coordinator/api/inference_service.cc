@@ -53,7 +53,8 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
       : reactor_(reactor),
         request_id_(admitted.sequence.request_id),
         num_choices_(static_cast<size_t>(admitted.n)),
-        tools_(admitted.tool_calls) {
+        tools_(admitted.tool_calls),
+        tool_functions_(admitted.tools) {
     for (int i = 0; i < admitted.n; ++i) {
       Choice& c = choices_.emplace_back(new_decoder(), admitted.stop, admitted.include_stop);
       if (admitted.reasoning.has_value()) c.reasoning.emplace(*admitted.reasoning, admitted.harmony_opened);
@@ -170,7 +171,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
   void FinishText(Choice& c, size_t index) const {
     if (c.reasoning.has_value()) AppendSplit(c, c.reasoning->Finish(), c.pending);
     if (!tools_.has_value()) return;
-    const frontend::ParsedOutput parsed = frontend::ParseToolCalls(*tools_, c.all_text);
+    const frontend::ParsedOutput parsed = frontend::ParseToolCalls(*tools_, c.all_text, tool_functions_);
     for (size_t k = 0; k < parsed.calls.size(); ++k) {
       v1::ToolCall* call = c.pending.add_tool_calls();
       call->set_id(absl::StrCat("call_", request_id_, "_", index, "_", k));
@@ -316,6 +317,7 @@ class GenerateStream final : public std::enable_shared_from_this<GenerateStream>
   const std::string request_id_;
   const size_t num_choices_;  // choices_.size(), fixed at construction
   const std::optional<frontend::ToolCallFormat> tools_;
+  const std::vector<frontend::ToolFunction> tool_functions_;  // the request's tools (kGlm45's argument types)
 
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);  // fixed size

@@ -59,7 +59,7 @@ struct InferenceServiceOptions {
   // Compiles GenerateRequest.constraint (borrowed, may be null: structured output is then refused
   // with INVALID_ARGUMENT; must outlive the service).
   structured::ConstraintCompiler* constraints = nullptr;
-  // How the model writes tool calls: "hermes", "llama3_json", "openai" or "auto" (from the chat template);
+  // How the model writes tool calls: "hermes", "llama3_json", "openai", "glm45" or "auto" (from the chat template);
   // see coordinator/frontend/tool_calls.h. An unknown name is read as auto.
   std::string tool_call_parser = "auto";
   // A reasoning model's format (--reasoning_parser: "deepseek_r1", "qwen3" or "gpt_oss";

@@ -131,6 +131,11 @@ absl::Status Admission::AdmitChat(const ChatInput& chat, const std::optional<Con
     return Invalid(names.tool_choice, ": \"required\" cannot be enforced in GPT-OSS's harmony format (the model "
                    "names the function after its reasoning); name one function, or use \"auto\"");
   }
+  if ((chat.tool_choice == ToolChoice::kRequired || chat.tool_choice == ToolChoice::kNamed) &&
+      tool_format_ == ToolCallFormat::kGlm45) {
+    return Invalid(names.tool_choice, ": calls in GLM-4.5's format (<arg_key>/<arg_value> pairs) cannot be "
+                   "enforced; use \"auto\" (the model chooses) or \"none\"");
+  }
   if (chat.tool_choice == ToolChoice::kNamed && tool_format_ == ToolCallFormat::kHarmony && !harmony) {
     return Invalid(names.tool_choice, ": a named tool call is enforced in the harmony format only where the prompt "
                    "opens a new assistant message (add_generation_prompt, not continue_final_message)");
@@ -219,7 +224,10 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
   } else {
     const ChatInput& chat = std::get<ChatInput>(request.prompt);
     if (absl::Status st = AdmitChat(chat, request.constraint, names, &r, &out.harmony_opened); !st.ok()) return st;
-    if (!chat.tools.is_null() && chat.tool_choice != ToolChoice::kNone) out.tool_calls = tool_format_;
+    if (!chat.tools.is_null() && chat.tool_choice != ToolChoice::kNone) {
+      out.tool_calls = tool_format_;
+      out.tools = chat.functions;
+    }
   }
   if (request.truncate_prompt_tokens.has_value()) {
     const int64_t k = *request.truncate_prompt_tokens;
@@ -289,6 +297,9 @@ absl::StatusOr<AdmittedRequest> Admission::Check(AdmissionRequest request, const
       r.stop_token_ids.push_back(*harmony_call_id_);  // a call ends the answer; the client runs it
     }
   }
+  // GLM-4.5's call tags may be special tokens of its tokenizer: the parser must see them (as vLLM's
+  // glm45 parser asks of its requests).
+  if (out.tool_calls == ToolCallFormat::kGlm45) out.skip_special_tokens = false;
   if (absl::Status st = ValidateSequenceRequest(r, options_.limits, names.sequence); !st.ok()) return st;
   if (options_.ready) {
     if (absl::Status st = options_.ready(); !st.ok()) return st;

@@ -136,6 +136,8 @@ struct AdmittedRequest {
   // Set for a chat whose answers are parsed for tool calls (tools and a tool choice other than
   // none): the format the model writes them in.
   std::optional<ToolCallFormat> tool_calls;
+  // With tool_calls: the request's tools, which type the arguments of kGlm45's calls.
+  std::vector<ToolFunction> tools;
   // Set for a chat whose answers are split into reasoning and content (AdmissionOptions::reasoning):
   // one the model writes freely. A constraint (structured output, allowed_token_ids, an enforced
   // tool call) shapes the text from its first token, so it holds no reasoning block, and a
@@ -159,7 +161,7 @@ struct AdmissionOptions {
   // Compiles constraints (borrowed, may be null: constraints and enforced tool calls are then
   // refused).
   structured::ConstraintCompiler* constraints = nullptr;
-  // How the model writes tool calls: "hermes", "llama3_json", or anything else for "auto" (detected
+  // How the model writes tool calls: "hermes", "llama3_json", "openai", "glm45", or anything else for "auto" (detected
   // from the chat template; tool_calls.h).
   std::string tool_call_parser = "auto";
   // A reasoning model's format (--reasoning_parser); none: answers are not split, except for a

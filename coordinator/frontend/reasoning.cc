@@ -25,10 +25,10 @@ size_t PartialTagTail(absl::string_view text, absl::string_view tag) {
 
 absl::StatusOr<ReasoningFormat> ParseReasoningFormat(absl::string_view name) {
   if (name == "deepseek_r1") return ReasoningFormat::kDeepSeekR1;
-  if (name == "qwen3") return ReasoningFormat::kQwen3;
+  if (name == "qwen3" || name == "glm45") return ReasoningFormat::kQwen3;
   if (name == "gpt_oss" || name == "openai_gptoss" || name == "harmony") return ReasoningFormat::kHarmony;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown reasoning parser \"", name, "\"; use deepseek_r1, qwen3 or gpt_oss"));
+      absl::StrCat("unknown reasoning parser \"", name, "\"; use deepseek_r1, qwen3 (also glm45) or gpt_oss"));
 }
 
 std::optional<ReasoningFormat> ReasoningFormatOf(absl::string_view name) {
@@ -39,10 +39,12 @@ std::optional<ReasoningFormat> ReasoningFormatOf(absl::string_view name) {
 
 void ReasoningStreamer::Drain(ReasoningSplit& out) {
   if (part_ == Part::kStart) {
-    if (absl::StartsWith(held_, kStartTag)) {
-      held_.erase(0, kStartTag.size());
+    // Whitespace may come before the tag (GLM-4.5 writes "\n<think>" after its assistant tag).
+    const absl::string_view t = absl::StripLeadingAsciiWhitespace(held_);
+    if (absl::StartsWith(t, kStartTag)) {
+      held_.erase(0, held_.size() - t.size() + kStartTag.size());
       part_ = Part::kReasoning;
-    } else if (absl::StartsWith(kStartTag, held_)) {
+    } else if (absl::StartsWith(kStartTag, t)) {
       return;  // may still be the opening tag
     } else {
       part_ = format_ == ReasoningFormat::kDeepSeekR1 ? Part::kReasoning : Part::kContent;

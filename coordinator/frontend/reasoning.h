@@ -6,9 +6,11 @@
 //   * deepseek_r1: the answer starts in the reasoning (DeepSeek-R1's chat template opens the
 //     <think> block in the prompt; a <think> the model writes first is dropped) and leaves it at
 //     the first </think>. Without one, the whole text is reasoning.
-//   * qwen3: the answer is reasoning only when it starts with <think> (Qwen3 thinks unless its
-//     template's enable_thinking is false), up to the first </think>; else all of it is content.
-//     In both, the text after </think> is content as it stands.
+//   * qwen3 (also glm45, vLLM's name for GLM-4.5's): the answer is reasoning only when it starts
+//     with <think> (Qwen3 and GLM-4.5 think unless their template's enable_thinking is false), up
+//     to the first </think>; else all of it is content.
+//     In both, whitespace before a leading <think> goes with the tag, and the text after </think>
+//     is content as it stands.
 //   * gpt_oss: GPT-OSS's harmony messages (harmony.h), read from text decoded with its special
 //     tokens spelled. The analysis channel, and calls to other recipients than the client's
 //     functions (GPT-OSS's built-in browser and python tools), are reasoning; the final channel and
@@ -31,7 +33,7 @@ namespace shardserve::coordinator::frontend {
 
 enum class ReasoningFormat { kDeepSeekR1, kQwen3, kHarmony };
 
-// "deepseek_r1", "qwen3", or "gpt_oss" (also vLLM's "openai_gptoss", and "harmony");
+// "deepseek_r1", "qwen3" (also "glm45"), or "gpt_oss" (also vLLM's "openai_gptoss", and "harmony");
 // InvalidArgument naming the accepted ones otherwise.
 absl::StatusOr<ReasoningFormat> ParseReasoningFormat(absl::string_view name);
 

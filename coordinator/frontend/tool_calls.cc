@@ -1,6 +1,7 @@
 #include "coordinator/frontend/tool_calls.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -18,6 +19,10 @@ using Json = nlohmann::ordered_json;
 constexpr absl::string_view kCallOpen = "<tool_call>";
 constexpr absl::string_view kCallClose = "</tool_call>";
 constexpr absl::string_view kPythonTag = "<|python_tag|>";
+constexpr absl::string_view kArgKeyOpen = "<arg_key>";
+constexpr absl::string_view kArgKeyClose = "</arg_key>";
+constexpr absl::string_view kArgValueOpen = "<arg_value>";
+constexpr absl::string_view kArgValueClose = "</arg_value>";
 
 bool ValidName(absl::string_view name) {
   if (name.empty() || name.size() > 64) return false;
@@ -79,7 +84,11 @@ std::optional<ParsedToolCall> CallFromJson(absl::string_view text) {
 
 ParsedOutput Plain(absl::string_view text) { return ParsedOutput{.content = std::string(text), .calls = {}}; }
 
-ParsedOutput ParseHermes(absl::string_view text) {
+// Calls between <tool_call> and </tool_call> (the last one may be unterminated: the model stopped
+// right after it), each parsed by `call_of`; the text around them is content. Plain content when
+// any call does not parse.
+ParsedOutput ParseTagged(absl::string_view text,
+                         const std::function<std::optional<ParsedToolCall>(absl::string_view)>& call_of) {
   const size_t first = text.find(kCallOpen);
   if (first == absl::string_view::npos) return Plain(text);
   ParsedOutput out;
@@ -98,7 +107,7 @@ ParsedOutput ParseHermes(absl::string_view text) {
       inner = text.substr(body, close - body);
       next = close + kCallClose.size();
     }
-    std::optional<ParsedToolCall> call = CallFromJson(absl::StripAsciiWhitespace(inner));
+    std::optional<ParsedToolCall> call = call_of(inner);
     if (!call.has_value()) return Plain(text);
     out.calls.push_back(*std::move(call));
     pos = text.find(kCallOpen, next);
@@ -108,6 +117,72 @@ ParsedOutput ParseHermes(absl::string_view text) {
   const absl::string_view after = absl::StripAsciiWhitespace(rest_content);
   out.content = absl::StrCat(before, !before.empty() && !after.empty() ? "\n" : "", after);
   return out;
+}
+
+ParsedOutput ParseHermes(absl::string_view text) {
+  return ParseTagged(text, [](absl::string_view inner) { return CallFromJson(absl::StripAsciiWhitespace(inner)); });
+}
+
+// Whether GLM-4.5 writes the values of `property` (a JSON Schema) as they are: a string type (or
+// a type list with "string"), or no type and an enum of strings.
+bool WrittenAsString(const Json& property) {
+  if (!property.is_object()) return false;
+  if (property.contains("type")) {
+    const Json& type = property["type"];
+    if (type.is_string()) return type == "string";
+    if (type.is_array()) return std::find(type.begin(), type.end(), Json("string")) != type.end();
+    return false;
+  }
+  if (!property.contains("enum") || !property["enum"].is_array() || property["enum"].empty()) return false;
+  return std::all_of(property["enum"].begin(), property["enum"].end(), [](const Json& v) { return v.is_string(); });
+}
+
+// One argument's value as GLM-4.5 writes it: the text itself for a string property of `tool`'s
+// schema, else JSON (the text itself when it is not JSON).
+Json Glm45Value(const ToolFunction* tool, const std::string& key, absl::string_view raw) {
+  if (tool != nullptr && tool->parameters.contains("properties") && tool->parameters["properties"].is_object() &&
+      tool->parameters["properties"].contains(key) && WrittenAsString(tool->parameters["properties"][key])) {
+    return Json(std::string(raw));
+  }
+  const absl::string_view t = absl::StripAsciiWhitespace(raw);
+  Json value = Json::parse(t.begin(), t.end(), nullptr, /*allow_exceptions=*/false);
+  return value.is_discarded() ? Json(std::string(raw)) : value;
+}
+
+// The inside of a GLM-4.5 call: the name, then <arg_key>/<arg_value> pairs with nothing but
+// whitespace around them. nullopt for anything else.
+std::optional<ParsedToolCall> Glm45Call(absl::string_view inner, const std::vector<ToolFunction>& tools) {
+  size_t key_at = inner.find(kArgKeyOpen);
+  const std::string name(absl::StripAsciiWhitespace(inner.substr(0, key_at)));
+  if (!ValidName(name)) return std::nullopt;
+  const ToolFunction* tool = nullptr;
+  for (const ToolFunction& t : tools) {
+    if (t.name == name) tool = &t;
+  }
+  auto blank = [&](size_t from, size_t to) {
+    return absl::StripAsciiWhitespace(inner.substr(from, to - from)).empty();
+  };
+  Json args = Json::object();
+  while (key_at != absl::string_view::npos) {
+    const size_t key_end = inner.find(kArgKeyClose, key_at);
+    if (key_end == absl::string_view::npos) return std::nullopt;
+    const size_t key_begin = key_at + kArgKeyOpen.size();
+    const std::string key(absl::StripAsciiWhitespace(inner.substr(key_begin, key_end - key_begin)));
+    const size_t value_at = inner.find(kArgValueOpen, key_end);
+    if (key.empty() || value_at == absl::string_view::npos || !blank(key_end + kArgKeyClose.size(), value_at)) {
+      return std::nullopt;
+    }
+    const size_t value_begin = value_at + kArgValueOpen.size();
+    const size_t value_end = inner.find(kArgValueClose, value_begin);
+    if (value_end == absl::string_view::npos) return std::nullopt;
+    args[key] = Glm45Value(tool, key, inner.substr(value_begin, value_end - value_begin));
+    const size_t after = value_end + kArgValueClose.size();
+    key_at = inner.find(kArgKeyOpen, after);
+    if (!blank(after, key_at == absl::string_view::npos ? inner.size() : key_at)) return std::nullopt;
+  }
+  std::optional<std::string> text = ArgumentsText(std::move(args));
+  if (!text.has_value()) return std::nullopt;
+  return ParsedToolCall{.name = name, .arguments = *std::move(text)};
 }
 
 // Calls as harmony::CallText writes them, anywhere in the text; the text between them is content.
@@ -189,8 +264,10 @@ absl::StatusOr<ToolCallFormat> ParseToolCallFormat(absl::string_view name) {
   if (name == "hermes" || name == "qwen") return ToolCallFormat::kHermes;
   if (name == "llama3_json" || name == "llama") return ToolCallFormat::kLlama3Json;
   if (name == "openai" || name == "harmony") return ToolCallFormat::kHarmony;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown tool call format \"", name, "\": use hermes (Qwen2.5, Hermes) or llama3_json (Llama 3.x)"));
+  if (name == "glm45" || name == "glm4_moe") return ToolCallFormat::kGlm45;
+  return absl::InvalidArgumentError(absl::StrCat("unknown tool call format \"", name,
+                                                 "\": use hermes (Qwen2.5, Hermes), llama3_json (Llama 3.x), "
+                                                 "openai (GPT-OSS) or glm45 (GLM-4.5)"));
 }
 
 absl::string_view ToolCallFormatName(ToolCallFormat format) {
@@ -198,12 +275,14 @@ absl::string_view ToolCallFormatName(ToolCallFormat format) {
     case ToolCallFormat::kHermes: return "hermes";
     case ToolCallFormat::kLlama3Json: return "llama3_json";
     case ToolCallFormat::kHarmony: return "openai";
+    case ToolCallFormat::kGlm45: return "glm45";
   }
   return "";
 }
 
 ToolCallFormat DetectToolCallFormat(absl::string_view chat_template) {
   if (harmony::UsesHarmony(chat_template)) return ToolCallFormat::kHarmony;
+  if (absl::StrContains(chat_template, kArgKeyOpen)) return ToolCallFormat::kGlm45;
   if (absl::StrContains(chat_template, kCallOpen)) return ToolCallFormat::kHermes;
   if (absl::StrContains(chat_template, "\"parameters\"") || absl::StrContains(chat_template, kPythonTag)) {
     return ToolCallFormat::kLlama3Json;
@@ -259,6 +338,10 @@ absl::StatusOr<std::string> ToolCallRegex(ToolCallFormat format, const std::vect
         "calls in GPT-OSS's harmony format are enforced one named function at a time (HarmonyArgumentsRegex): "
         "the model names the function after its reasoning");
   }
+  if (format == ToolCallFormat::kGlm45) {
+    return absl::InvalidArgumentError(
+        "calls in GLM-4.5's format (<arg_key>/<arg_value> pairs) cannot be enforced; use tool_choice \"auto\"");
+  }
   const char* args_key = format == ToolCallFormat::kHermes ? "arguments" : "parameters";
   std::vector<std::string> objects;
   for (const ToolFunction& t : tools) {
@@ -288,11 +371,13 @@ absl::StatusOr<std::string> HarmonyArgumentsRegex(const std::vector<ToolFunction
   return absl::InvalidArgumentError(absl::StrCat("no tool is named '", named, "'"));
 }
 
-ParsedOutput ParseToolCalls(ToolCallFormat format, absl::string_view text) {
+ParsedOutput ParseToolCalls(ToolCallFormat format, absl::string_view text, const std::vector<ToolFunction>& tools) {
   switch (format) {
     case ToolCallFormat::kHermes: return ParseHermes(text);
     case ToolCallFormat::kLlama3Json: return ParseLlama3(text);
     case ToolCallFormat::kHarmony: return ParseHarmony(text);
+    case ToolCallFormat::kGlm45:
+      return ParseTagged(text, [&](absl::string_view inner) { return Glm45Call(inner, tools); });
   }
   return Plain(text);
 }
@@ -304,8 +389,9 @@ std::string ToolCallStreamer::Add(absl::string_view text) {
   }
   switch (format_) {
     case ToolCallFormat::kHermes:
+    case ToolCallFormat::kGlm45:
     case ToolCallFormat::kHarmony: {
-      const absl::string_view open = format_ == ToolCallFormat::kHermes ? kCallOpen : harmony::kCallPrefix;
+      const absl::string_view open = format_ == ToolCallFormat::kHarmony ? harmony::kCallPrefix : kCallOpen;
       absl::StrAppend(&held_, text);
       const size_t at = absl::string_view(held_).find(open);
       std::string out;
@@ -340,7 +426,7 @@ std::string ToolCallStreamer::Add(absl::string_view text) {
 ParsedOutput ToolCallStreamer::Finish() {
   std::string held = std::exchange(held_, std::string());
   if (!in_call_) return Plain(held);
-  return ParseToolCalls(format_, held);
+  return ParseToolCalls(format_, held, tools_);
 }
 
 }  // namespace shardserve::coordinator::frontend

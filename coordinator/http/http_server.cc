@@ -426,6 +426,7 @@ struct Submitted {
   int generate = 1;  // choices generated per prompt (best_of; n unless ranked)
   bool logprobs = false;
   std::optional<ToolCallFormat> tool_format;  // set: answers are parsed for tool calls
+  std::vector<frontend::ToolFunction> tools;  // with tool_format: the request's (AdmittedRequest's)
   std::optional<ReasoningFormat> reasoning;   // set: chat answers are split (before tools are parsed)
   std::string harmony_opened;                 // the harmony message the prompt opened (AdmittedRequest's)
   int64_t prompt_tokens = 0;                  // over every prompt
@@ -526,7 +527,7 @@ void AnswerWhole(const Submitted& sub, httplib::Response& res, const std::functi
       o.text = std::move(split.content);
     }
     if (!parse_tools) continue;
-    ParsedOutput parsed = ParseToolCalls(*tool_format, o.text);
+    ParsedOutput parsed = ParseToolCalls(*tool_format, o.text, sub.tools);
     if (parsed.calls.empty()) continue;
     o.text = std::move(parsed.content);
     o.tool_calls = std::move(parsed.calls);
@@ -558,7 +559,9 @@ void AnswerStreamed(std::shared_ptr<const Submitted> sub, httplib::Response& res
   const size_t num_choices = static_cast<size_t>(sub->total());
   state->text_offset.assign(num_choices, 0);
   state->ends.resize(num_choices);
-  if (sub->tool_format.has_value()) state->tools.assign(num_choices, ToolCallStreamer(*sub->tool_format));
+  if (sub->tool_format.has_value()) {
+    state->tools.assign(num_choices, ToolCallStreamer(*sub->tool_format, sub->tools));
+  }
   if (sub->reasoning.has_value()) {
     state->reasoning.assign(num_choices, ReasoningStreamer(*sub->reasoning, sub->harmony_opened));
   }
@@ -979,6 +982,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                 .generate = generate,
                 .logprobs = fields.logprobs,
                 .tool_format = admitted[0].tool_calls,
+                .tools = admitted[0].tools,
                 .reasoning = admitted[0].reasoning,  // chat answers the model writes freely
                 .harmony_opened = admitted[0].harmony_opened,
                 .bell = std::make_shared<Bell>()};

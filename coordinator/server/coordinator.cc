@@ -39,11 +39,11 @@ absl::Status CoordinatorOptions::Validate() const {
   }
   if (model_path.empty()) return absl::InvalidArgumentError("--model is required");
   if (tool_call_parser != "auto" && !frontend::ParseToolCallFormat(tool_call_parser).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--tool_call_parser must be auto, hermes, llama3_json or openai, got \"",
+    return absl::InvalidArgumentError(absl::StrCat("--tool_call_parser must be auto, hermes, llama3_json, openai or glm45, got \"",
                                                    tool_call_parser, "\""));
   }
   if (!reasoning_parser.empty() && !frontend::ParseReasoningFormat(reasoning_parser).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--reasoning_parser must be deepseek_r1, qwen3, gpt_oss or empty, got \"",
+    return absl::InvalidArgumentError(absl::StrCat("--reasoning_parser must be deepseek_r1, qwen3, glm45, gpt_oss or empty, got \"",
                                                    reasoning_parser, "\""));
   }
   if (expected_workers < 1) return bad("expected_workers", expected_workers, ">= 1");

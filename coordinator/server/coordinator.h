@@ -104,8 +104,8 @@ struct CoordinatorOptions {
   // Empty: the model directory's last component.
   std::string served_model_name;
   // How the model writes tool calls in chat (--tool_call_parser): "hermes" (<tool_call> tags,
-  // Qwen2.5), "llama3_json" (Llama 3.x), "openai" (GPT-OSS's harmony), or "auto" (detected from
-  // the chat template).
+  // Qwen2.5), "llama3_json" (Llama 3.x), "openai" (GPT-OSS's harmony), "glm45" (GLM-4.5's
+  // <arg_key>/<arg_value> calls), or "auto" (detected from the chat template).
   std::string tool_call_parser = "auto";
   // A reasoning model's format (--reasoning_parser; coordinator/frontend/reasoning.h):
   // "deepseek_r1", "qwen3" or "gpt_oss" splits chat answers into reasoning_content and content;

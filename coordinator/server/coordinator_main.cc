@@ -115,9 +115,9 @@ ABSL_FLAG(std::string, served_model_name, "",
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "how the model writes tool calls in chat: hermes (<tool_call>{...}</tool_call>, Qwen2.5), llama3_json "
           "({\"name\": ..., \"parameters\": ...}, Llama 3.x), openai (harmony messages to functions.NAME, GPT-OSS), "
-          "or auto (detected from the chat template)");
+          "glm45 (<tool_call>NAME <arg_key>/<arg_value> pairs, GLM-4.5), or auto (detected from the chat template)");
 ABSL_FLAG(std::string, reasoning_parser, "",
-          "a reasoning model's format: deepseek_r1 or qwen3 split each chat answer into the model's reasoning "
+          "a reasoning model's format: deepseek_r1 or qwen3 (also glm45) split each chat answer into the model's reasoning "
           "(<think>...</think>, message.reasoning_content) and its content, gpt_oss reads GPT-OSS's harmony "
           "channels (analysis: reasoning; final: content); empty = answers as they are, except that a harmony "
           "chat template's channels are always read");

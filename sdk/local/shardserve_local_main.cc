@@ -75,7 +75,7 @@ ABSL_FLAG(int32_t, pipeline_depth, 0, "micro-batches in flight per replica; 0 = 
 ABSL_FLAG(int32_t, kv_block_size, 16, "tokens per KV cache block");
 ABSL_FLAG(bool, prefix_caching, true, "reuse cached KV blocks of identical prompt prefixes");
 ABSL_FLAG(std::string, served_model_name, "", "the coordinator's --served_model_name (the model's name in the HTTP API)");
-ABSL_FLAG(std::string, tool_call_parser, "auto", "the coordinator's --tool_call_parser (hermes, llama3_json, openai or auto)");
+ABSL_FLAG(std::string, tool_call_parser, "auto", "the coordinator's --tool_call_parser (hermes, llama3_json, openai, glm45 or auto)");
 ABSL_FLAG(std::string, reasoning_parser, "", "the coordinator's --reasoning_parser (deepseek_r1, qwen3, gpt_oss or empty)");
 ABSL_FLAG(std::string, quantize, "none",
           "the coordinator's --quantize: int8 stores the workers' linear projections and lm_head as block int8 "

@@ -52,7 +52,9 @@ class InferenceReasoningTest : public ::testing::Test {
   // Serves a model whose output is the tokens of `parts`, each encoded on its own, then kEnd
   // (repeated), with Qwen2.5's chat template and the reasoning parser `parser` ("" = none).
   // With `harmony`: the harmony test tokenizer and chat template instead (tests/testing/harmony_model.h).
-  void Serve(const std::vector<std::string>& parts, const std::string& parser, bool harmony = false) {
+  // `chat_template` replaces Qwen2.5's when given.
+  void Serve(const std::vector<std::string>& parts, const std::string& parser, bool harmony = false,
+             const std::string& chat_template = "") {
     dir_ = std::filesystem::path(::testing::TempDir()) / ("inference_reasoning_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
     if (harmony) {
@@ -63,7 +65,9 @@ class InferenceReasoningTest : public ::testing::Test {
     }
     nlohmann::json config;
     config["chat_template"] = harmony ? testing::HarmonyChatTemplate()
-                                      : ReadFileOrEmpty("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja");
+                              : !chat_template.empty()
+                                  ? chat_template
+                                  : ReadFileOrEmpty("tests/coordinator/http/chat_templates/qwen2.5_instruct.jinja");
     std::ofstream(dir_ / "tokenizer_config.json") << config.dump();
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir_.string());
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
@@ -199,6 +203,26 @@ TEST_F(InferenceReasoningTest, HarmonyChannelsAreReasoningTextAndCalls) {
 }
 
 // Without a parser, the text is as the model wrote it; the call is parsed from all of it.
+// GLM-4.5 (--reasoning_parser glm45; a template that teaches its call format): the <think> block
+// after the newline is reasoning_text, and the tagged call is parsed with its arguments typed by the
+// request's tools (city is a string: "1984" stays one).
+TEST_F(InferenceReasoningTest, Glm45ThinkBlockAndTaggedCall) {
+  Serve({"\n<think>Paris, surely.</think>\n",
+         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>1984</arg_value>\n</tool_call>"},
+        "glm45", /*harmony=*/false,
+        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{% endfor %}<|assistant|>"
+        "{% if tools %}<tool_call>{name}\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>{% endif %}");
+  const Answer a = Generate(Request());
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  EXPECT_EQ(a.reasoning, "Paris, surely.");
+  EXPECT_FALSE(a.reasoning_after_text);
+  const v1::GenerateResponse& last = a.messages.back();
+  ASSERT_EQ(last.tool_calls_size(), 1);
+  EXPECT_EQ(last.tool_calls(0).name(), "get_weather");
+  EXPECT_EQ(last.tool_calls(0).arguments(), R"({"city":"1984"})");
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_TOOL_CALLS);
+}
+
 TEST_F(InferenceReasoningTest, WithoutAParserTheTextIsWhole) {
   Serve({"<think>x</think>" + std::string(kCall)}, "");
   const Answer a = Generate(Request());

@@ -147,6 +147,46 @@ TEST_F(AdmissionTest, TextRequestBecomesTheSequenceRequest) {
 // A model whose chat template writes GPT-OSS's harmony format: its chat answers are always split
 // by their channels (whatever --reasoning_parser says when it says nothing), decoded with the
 // special tokens the split reads, and end at the model's <|call|>; an enforced call is refused.
+// A template that teaches GLM-4.5's call format: its chats with tools are parsed as glm45 calls
+// (typed by the request's tools), decoded with special tokens (its call tags may be special
+// tokens), and an enforced call is refused, naming tool_choice.
+TEST_F(AdmissionTest, Glm45ChatsKeepTheirCallTagsAndTypeTheirArguments) {
+  testing::TempDir dir;
+  dir.Write("tokenizer.json", testing::ReadFileOrEmpty("tests/golden/models/qwen2/tokenizer.json"));
+  Json config;
+  config["chat_template"] =
+      "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}{% endfor %}<|assistant|>"
+      "{% if tools %}<tool_call>{name}\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>{% endif %}";
+  dir.Write("tokenizer_config.json", config.dump());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(dir.path()));
+  structured::ConstraintCompiler compiler(structured::VocabularyFromTokenizer(*tokenizer, tokenizer->vocab_size()));
+  Admission admission(AdmissionOptions{.tokenizer = tokenizer.get(),
+                                       .model_path = dir.path(),
+                                       .constraints = &compiler,
+                                       .limits = {.vocab_size = tokenizer->vocab_size(), .max_seq_len = kContext}});
+  EXPECT_EQ(admission.tool_format(), ToolCallFormat::kGlm45);
+  AdmissionRequest r = Chat();
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest a, admission.Admit(r, OpenAiFieldNames(/*chat=*/true)));
+  EXPECT_EQ(a.tool_calls, ToolCallFormat::kGlm45);
+  EXPECT_FALSE(a.skip_special_tokens);
+  ASSERT_EQ(a.tools.size(), std::get<ChatInput>(r.prompt).functions.size());
+  EXPECT_EQ(a.tools[0].name, std::get<ChatInput>(r.prompt).functions[0].name);
+  // Without tools the answer is decoded as asked.
+  AdmissionRequest plain = Chat();
+  std::get<ChatInput>(plain.prompt).tools = Json();
+  std::get<ChatInput>(plain.prompt).functions.clear();
+  std::get<ChatInput>(plain.prompt).tool_choice = ToolChoice::kNone;
+  ASSERT_OK_AND_ASSIGN(AdmittedRequest p, admission.Admit(plain, OpenAiFieldNames(/*chat=*/true)));
+  EXPECT_FALSE(p.tool_calls.has_value());
+  EXPECT_TRUE(p.skip_special_tokens);
+  EXPECT_TRUE(p.tools.empty());
+  AdmissionRequest required = Chat();
+  std::get<ChatInput>(required.prompt).tool_choice = ToolChoice::kRequired;
+  EXPECT_THAT(admission.Admit(required, OpenAiFieldNames(/*chat=*/true)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("tool_choice"), HasSubstr("GLM-4.5"))));
+}
+
 TEST_F(AdmissionTest, HarmonyChatsReadTheirChannelsAndStopAtACall) {
   testing::TempDir dir;
   dir.Write("tokenizer.json", testing::HarmonyTokenizerJson());

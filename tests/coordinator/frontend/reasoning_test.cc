@@ -40,6 +40,11 @@ TEST(ReasoningTest, Qwen3ReasonsOnlyAfterAnOpeningTag) {
   EXPECT_EQ(Split(f, "Just 42 </think> no"), P("", "Just 42 </think> no"));
   EXPECT_EQ(Split(f, "<think>cut off"), P("cut off", ""));
   EXPECT_EQ(Split(f, "<thi"), P("", "<thi"));
+  // Whitespace before the tag goes with it (GLM-4.5 answers "\n<think>..."); before other text it
+  // is content.
+  EXPECT_EQ(Split(f, "\n<think>Paris.</think>\nIt rains."), P("Paris.", "\nIt rains."));
+  EXPECT_EQ(Split(f, " \n 42"), P("", " \n 42"));
+  EXPECT_EQ(Split(f, "\n\n"), P("", "\n\n"));
 }
 
 // `text` streamed in pieces of each of `steps` bytes splits as the whole text does.
@@ -62,7 +67,8 @@ void ExpectPiecesAgree(ReasoningFormat f, const std::string& text, std::initiali
 
 TEST(ReasoningTest, PiecesGiveTheSameSplitAsTheWholeText) {
   const std::vector<std::string> texts = {"<think>Ünïcödé ✓ reasoning</think>\n\nThe answer: <b>42</b> </think>",
-                                          "no tags at all, ✓", "<think></think>", "a<</think>>b", "</th</think>x"};
+                                          "no tags at all, ✓", "<think></think>", "a<</think>>b", "</th</think>x",
+                                          "\n <think>a</think>b", " \n<thin"};
   for (const ReasoningFormat f : {ReasoningFormat::kDeepSeekR1, ReasoningFormat::kQwen3}) {
     for (const std::string& text : texts) ExpectPiecesAgree(f, text, {1, 2, 3, 4});
   }
@@ -82,6 +88,7 @@ TEST(ReasoningTest, OnlyATagsBeginningIsHeldBack) {
 TEST(ReasoningTest, FormatsAreNamedAsVllmNamesThem) {
   EXPECT_EQ(*ParseReasoningFormat("deepseek_r1"), ReasoningFormat::kDeepSeekR1);
   EXPECT_EQ(*ParseReasoningFormat("qwen3"), ReasoningFormat::kQwen3);
+  EXPECT_EQ(*ParseReasoningFormat("glm45"), ReasoningFormat::kQwen3);  // GLM-4.5 thinks as Qwen3 does
   EXPECT_EQ(*ParseReasoningFormat("gpt_oss"), ReasoningFormat::kHarmony);
   EXPECT_EQ(*ParseReasoningFormat("openai_gptoss"), ReasoningFormat::kHarmony);
   EXPECT_FALSE(ParseReasoningFormat("r1").ok());

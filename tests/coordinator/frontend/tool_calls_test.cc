@@ -94,8 +94,14 @@ TEST(ToolCallsTest, ArbitraryBytesNeverCrash) {
   // Prefixes of well-formed output, and bytes flipped in it: always a result, never a crash.
   const std::string good = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": \"a\\\"b\", \"n\": [1, {\"x\": null}]}}\n</tool_call>";
   const std::string harmony_good = harmony::CallText("f", "{\"s\": \"a\\\"b\", \"n\": [1, {\"x\": null}]}");
-  for (ToolCallFormat format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kHarmony}) {
-    const std::string& text = format == ToolCallFormat::kHarmony ? harmony_good : good;
+  const std::string glm_good =
+      "<tool_call>f\n<arg_key>s</arg_key>\n<arg_value>a\"b</arg_value>\n<arg_key>n</arg_key>\n"
+      "<arg_value>[1, {\"x\": null}]</arg_value>\n</tool_call>";
+  for (ToolCallFormat format :
+       {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kHarmony, ToolCallFormat::kGlm45}) {
+    const std::string& text = format == ToolCallFormat::kHarmony ? harmony_good
+                              : format == ToolCallFormat::kGlm45 ? glm_good
+                                                                 : good;
     ASSERT_EQ(ParseToolCalls(format, format == ToolCallFormat::kLlama3Json ? text.substr(12, text.size() - 25) : text)
                   .calls.size(),
               1u);
@@ -112,11 +118,11 @@ TEST(ToolCallsTest, ArbitraryBytesNeverCrash) {
 
 // The streamer, fed `text` in pieces split at every pair of points: its content plus its final
 // parse must equal the whole-text parse (content may keep the blanks before the calls).
-void ExpectStreamerAgrees(ToolCallFormat format, const std::string& text) {
-  const ParsedOutput whole = ParseToolCalls(format, text);
+void ExpectStreamerAgrees(ToolCallFormat format, const std::string& text, const std::vector<ToolFunction>& tools = {}) {
+  const ParsedOutput whole = ParseToolCalls(format, text, tools);
   for (size_t a = 0; a <= text.size(); ++a) {
     for (size_t b = a; b <= text.size(); b += 3) {
-      ToolCallStreamer s(format);
+      ToolCallStreamer s(format, tools);
       std::string content = s.Add(text.substr(0, a));
       content += s.Add(text.substr(a, b - a));
       content += s.Add(text.substr(b));
@@ -205,6 +211,61 @@ std::vector<ToolFunction> WeatherTools() {
     if (f.ok()) out.push_back(*f);
   }
   return out;
+}
+
+// GLM-4.5's calls: one <arg_key>/<arg_value> pair per argument, strings as they are and other
+// values as JSON, told apart by the tool's parameters schema.
+TEST(ToolCallsTest, Glm45CallsAndContent) {
+  const std::vector<ToolFunction> tools = WeatherTools();
+  ParsedOutput out = ParseToolCalls(ToolCallFormat::kGlm45,
+                                    "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+                                    "<arg_value>1984</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n"
+                                    "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n"
+                                    "<tool_call>get_time\n</tool_call>",
+                                    tools);
+  ASSERT_EQ(out.calls.size(), 2u);
+  EXPECT_EQ(out.calls[0].name, "get_weather");
+  // city is a string property: "1984" stays a string; days is an integer.
+  EXPECT_EQ(out.calls[0].arguments, R"({"city":"1984","unit":"celsius","days":3})");
+  EXPECT_EQ(out.calls[1].name, "get_time");
+  EXPECT_EQ(out.calls[1].arguments, "{}");
+  EXPECT_EQ(out.content, "Let me check.");
+  // A string is kept as written, newlines, quotes and JSON-looking text included; a property
+  // without a schema is JSON when it parses as JSON, else text.
+  out = ParseToolCalls(ToolCallFormat::kGlm45,
+                       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value> {\"a\": 1}\nSaint \"X\"\n"
+                       "</arg_value><arg_key>extra</arg_key><arg_value>[1, 2]</arg_value>\n<arg_key>note</arg_key>\n"
+                       "<arg_value>plain words</arg_value></tool_call>",
+                       tools);
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(Json::parse(out.calls[0].arguments),
+            Json::parse(R"({"city": " {\"a\": 1}\nSaint \"X\"\n", "extra": [1, 2], "note": "plain words"})"));
+  // Without the request's tools (or for a tool it does not name), values are JSON where they parse.
+  out = ParseToolCalls(ToolCallFormat::kGlm45,
+                       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>1984</arg_value>\n</tool_call>");
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].arguments, R"({"city":1984})");
+  // Malformed: a bad name, a key without its value, text between the pairs, an unterminated value,
+  // an empty key.
+  for (const std::string bad :
+       {"<tool_call>bad name\n</tool_call>", "<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>",
+        "<tool_call>f\n<arg_key>a</arg_key>x<arg_value>1</arg_value></tool_call>",
+        "<tool_call>f\n<arg_key>a</arg_key><arg_value>1</arg_value> and <arg_key>b</arg_key><arg_value>2</arg_value>",
+        "<tool_call>f\n<arg_key>a</arg_key><arg_value>1</tool_call>",
+        "<tool_call>f\n<arg_key> </arg_key><arg_value>1</arg_value></tool_call>"}) {
+    SCOPED_TRACE(bad);
+    out = ParseToolCalls(ToolCallFormat::kGlm45, "x " + bad, tools);
+    EXPECT_TRUE(out.calls.empty());
+    EXPECT_EQ(out.content, "x " + bad);
+  }
+  ExpectStreamerAgrees(ToolCallFormat::kGlm45,
+                       "Sure. <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>42</arg_value>\n</tool_call>",
+                       tools);
+  ExpectStreamerAgrees(ToolCallFormat::kGlm45, "a <arg_key> but <tool_ no call", tools);
+  // Calls in this format are not enforced: tool_choice required or named is refused.
+  absl::StatusOr<std::string> regex = ToolCallRegex(ToolCallFormat::kGlm45, tools, std::nullopt, false);
+  ASSERT_FALSE(regex.ok());
+  EXPECT_THAT(regex.status().message(), HasSubstr("GLM-4.5"));
 }
 
 TEST(ToolCallsTest, ConstraintRegexMatchesOnlyCallsThatParse) {
@@ -305,6 +366,12 @@ TEST(ToolCallsTest, FormatFromTheModelTemplatesAndByName) {
   EXPECT_EQ(ToolCallFormatName(ToolCallFormat::kHarmony), "openai");
   EXPECT_EQ(DetectToolCallFormat("{{ '<|start|>' + m.role + '<|channel|>final<|message|>' + m.content }}"),
             ToolCallFormat::kHarmony);
+  EXPECT_EQ(*ParseToolCallFormat("glm45"), ToolCallFormat::kGlm45);
+  EXPECT_EQ(*ParseToolCallFormat("glm4_moe"), ToolCallFormat::kGlm45);
+  EXPECT_EQ(ToolCallFormatName(ToolCallFormat::kGlm45), "glm45");
+  // GLM-4.5's template teaches both tags; <arg_key> decides.
+  EXPECT_EQ(DetectToolCallFormat("<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>"),
+            ToolCallFormat::kGlm45);
   EXPECT_FALSE(ParseToolCallFormat("mistral").ok());
 }
 

@@ -586,6 +586,58 @@ TEST_F(HttpToolsTest, ChatTemplateKwargsReachTheTemplate) {
   EXPECT_EQ(prompt_body["error"]["param"], "chat_template_kwargs") << prompt_body;
 }
 
+// A GLM-4.5-style chat template of our own: it teaches GLM-4.5's call format (so "glm45" calls are
+// detected) and writes the tools, the turns and GLM-4.5's role tags.
+constexpr char kGlm45Template[] =
+    "[gMASK]<sop>{% if tools %}<|system|>\n# Tools\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n"
+    "{% endfor %}</tools>\nCall a function as:\n<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n"
+    "<arg_value>{arg-value-1}</arg_value>\n</tool_call>{% endif %}{% for m in messages %}<|{{ m.role }}|>\n"
+    "{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
+constexpr char kGlm45Answer[] =
+    "\n<think>Paris it is.</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>1984</arg_value>\n"
+    "<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n</tool_call>";
+
+// GLM-4.5 (--reasoning_parser glm45; its call format detected from the template): the <think>
+// block after the newline is the reasoning, the call's arguments are typed by the tool's schema
+// (the string "1984" stays a string), whole and streamed; an enforced call is refused, naming
+// tool_choice.
+TEST_F(HttpToolsTest, Glm45ReasoningAndTaggedCalls) {
+  reasoning_parser_ = "glm45";
+  Serve(kGlm45Answer, kGlm45Template);
+  auto [status, whole] = Post(Request(Json::object()));
+  ASSERT_EQ(status, 200) << whole;
+  const Json& choice = whole["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["reasoning_content"], "Paris it is.");
+  EXPECT_TRUE(choice["message"]["content"].is_null()) << whole;
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << whole;
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"1984","unit":"celsius"})");
+  std::string reasoning, arguments, name;
+  for (const Json& e : Stream(Request(Json::object()))) {
+    const Json& delta = e["choices"][0]["delta"];
+    reasoning += delta.value("reasoning_content", "");
+    EXPECT_EQ(std::string(absl::StripAsciiWhitespace(delta.value("content", ""))), "") << e;
+    if (!delta.contains("tool_calls")) continue;
+    const Json& call = delta["tool_calls"][0];
+    if (call.contains("id")) name = call["function"]["name"];
+    arguments += call["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "Paris it is.");
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(arguments, R"({"city":"1984","unit":"celsius"})");
+  for (const Json& choice_field : {Json("required"), Json{{"type", "function"}, {"function", {{"name", "get_time"}}}}}) {
+    auto [refused, body] = Post(Request({{"tool_choice", choice_field}}));
+    EXPECT_EQ(refused, 400) << body;
+    EXPECT_EQ(body["error"]["param"], "tool_choice") << body;
+    EXPECT_THAT(body["error"]["message"].get<std::string>(), HasSubstr("GLM-4.5")) << body;
+  }
+  // tool_choice none: the call stays text.
+  auto [none_status, none] = Post(Request({{"tool_choice", "none"}}));
+  ASSERT_EQ(none_status, 200) << none;
+  EXPECT_THAT(none["choices"][0]["message"]["content"].get<std::string>(), HasSubstr("<arg_key>city</arg_key>"));
+}
+
 TEST_F(HttpToolsTest, BadToolRequestsAre400NamingTheField) {
   Serve("x");
   const struct {
