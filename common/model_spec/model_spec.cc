@@ -105,6 +105,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "SmolLM3ForCausalLM") return Architecture::kSmolLM3;
   if (name == "GptOssForCausalLM") return Architecture::kGptOss;
   if (name == "Glm4MoeForCausalLM") return Architecture::kGlm4Moe;
+  if (name == "Glm4MoeLiteForCausalLM") return Architecture::kGlm4MoeLite;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
@@ -113,7 +114,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
       "Gemma3ForConditionalGeneration's text part, "
       "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM, "
       "GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM, "
-      "GptOssForCausalLM, Glm4MoeForCausalLM)"));
+      "GptOssForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -355,10 +356,13 @@ absl::Status ExpectString(const Fields& f, const char* key, absl::string_view ex
   return absl::OkStatus();
 }
 
-// DeepSeek-V2 and V3: multi-head latent attention (see MlaSpec). `arch` names the model in
-// errors; V2 always rotates interleaved pairs (its config has no rope_interleave switch).
+// DeepSeek-V2 and V3, and GLM-4.7-Flash (V3's attention): multi-head latent attention (see
+// MlaSpec). `arch` names the model in errors; V2 always rotates interleaved pairs (its config has
+// no rope_interleave switch).
 absl::Status ParseMla(const Fields& f, Architecture arch, ModelSpec* s) {
-  const absl::string_view name = arch == Architecture::kDeepseekV2 ? "DeepSeek-V2" : "DeepSeek-V3";
+  const absl::string_view name = arch == Architecture::kDeepseekV2   ? "DeepSeek-V2"
+                                 : arch == Architecture::kGlm4MoeLite ? "GLM-4.7-Flash"
+                                                                      : "DeepSeek-V3";
   MlaSpec& mla = s->mla;
   if (!f.obj().contains("q_lora_rank")) return f.Error("q_lora_rank", "is missing (null for no query compression)");
   ASSIGN_OR_RETURN(mla.q_lora_rank, f.IntOr("q_lora_rank", 0, 1, kMaxDim));
@@ -370,7 +374,7 @@ absl::Status ParseMla(const Fields& f, Architecture arch, ModelSpec* s) {
   }
   ASSIGN_OR_RETURN(mla.v_head_dim, f.Int("v_head_dim", 1, 65536));
   mla.rope_interleave = true;
-  if (arch == Architecture::kDeepseekV3) {
+  if (arch != Architecture::kDeepseekV2) {
     ASSIGN_OR_RETURN(mla.rope_interleave, f.BoolOr("rope_interleave", true));
   }
   // transformers sets head_dim to the RoPE width whatever config.json says.
@@ -486,10 +490,10 @@ struct SigmoidGroupedDefaults {
   int64_t first_k_dense_replace;
 };
 
-// DeepSeek-V3's MoE block, which GLM-4.5 shares: routed and shared experts, sigmoid scores chosen
-// with e_score_correction_bias within the topk_group best of n_group groups, dense layers before
-// first_k_dense_replace.
-absl::Status ParseSigmoidGroupedMoe(const Fields& f, const SigmoidGroupedDefaults& d, ModelSpec* s) {
+// DeepSeek-V3's MoE routing, which GLM-4.5 and GLM-4.7-Flash share: routed and shared experts,
+// sigmoid scores chosen with e_score_correction_bias within the topk_group best of n_group groups.
+// The sparse layers are the caller's.
+absl::Status ParseSigmoidGroupedRouting(const Fields& f, const SigmoidGroupedDefaults& d, ModelSpec* s) {
   MoeSpec& moe = s->moe;
   moe.scoring = MoeScoring::kSigmoidGrouped;
   RETURN_IF_ERROR(ParseDeepseekExperts(f, 1, &moe));
@@ -515,6 +519,12 @@ absl::Status ParseSigmoidGroupedMoe(const Fields& f, const SigmoidGroupedDefault
   ASSIGN_OR_RETURN(moe.norm_topk_prob, f.BoolOr("norm_topk_prob", true));
   ASSIGN_OR_RETURN(moe.routed_scaling_factor,
                    f.NumberOr("routed_scaling_factor", d.routed_scaling_factor, 1e-6, 1e6));
+  return absl::OkStatus();
+}
+
+// DeepSeek-V3's MoE block: its routing, dense layers before first_k_dense_replace.
+absl::Status ParseSigmoidGroupedMoe(const Fields& f, const SigmoidGroupedDefaults& d, ModelSpec* s) {
+  RETURN_IF_ERROR(ParseSigmoidGroupedRouting(f, d, s));
   return ParseDeepseekSparseLayers(f, d.first_k_dense_replace, s);
 }
 
@@ -543,6 +553,33 @@ absl::Status ParseGlm4Moe(const Fields& f, ModelSpec* s) {
   ASSIGN_OR_RETURN(s->qk_norm, f.BoolOr("use_qk_norm", false));
   return ParseSigmoidGroupedMoe(
       f, {.n_group = 1, .topk_group = 1, .routed_scaling_factor = 1.0, .first_k_dense_replace = 1}, s);
+}
+
+// GLM-4.7-Flash (Glm4MoeLiteForCausalLM): DeepSeek-V3's multi-head latent attention and GLM-4.5's
+// MoE block, whose layers `mlp_layer_types` lists ("dense" / "sparse"; by default layer 0 dense,
+// the others sparse: transformers ignores first_k_dense_replace here). Missing routing fields take
+// Glm4MoeLiteConfig's defaults (one group, scaling 1.8); the attention sizes and expert counts must
+// be stated.
+absl::Status ParseGlm4MoeLite(const Fields& f, ModelSpec* s) {
+  RETURN_IF_ERROR(ParseMla(f, Architecture::kGlm4MoeLite, s));
+  RETURN_IF_ERROR(ParseSigmoidGroupedRouting(
+      f, {.n_group = 1, .topk_group = 1, .routed_scaling_factor = 1.8, .first_k_dense_replace = 1}, s));
+  std::vector<bool>& sparse = s->moe.sparse_layers;
+  sparse.assign(static_cast<size_t>(s->num_layers), true);
+  sparse[0] = false;
+  if (!f.Has("mlp_layer_types")) return absl::OkStatus();
+  const json& v = f.obj().at("mlp_layer_types");
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != s->num_layers) {
+    return f.Error("mlp_layer_types", absl::StrCat("is not a list of ", s->num_layers, " layer types"));
+  }
+  for (size_t l = 0; l < v.size(); ++l) {
+    if (v[l] != "dense" && v[l] != "sparse") {
+      return f.Error("mlp_layer_types", absl::StrCat("has ", v[l].dump(), " at layer ", l,
+                                                     "; each entry is \"dense\" or \"sparse\""));
+    }
+    sparse[l] = v[l] == "sparse";
+  }
+  return absl::OkStatus();
 }
 
 // `layer_types` of `num_layers` entries, each `local` (a windowed or chunked layer: true) or
@@ -1091,6 +1128,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kGraniteMoeSWA: return "GraniteMoeSWAForCausalLM";
     case Architecture::kGptOss: return "GptOssForCausalLM";
     case Architecture::kGlm4Moe: return "Glm4MoeForCausalLM";
+    case Architecture::kGlm4MoeLite: return "Glm4MoeLiteForCausalLM";
   }
   return "?";
 }
@@ -1228,7 +1266,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     return f.Error("num_key_value_heads", absl::StrCat("(", s.num_kv_heads, ") does not divide num_attention_heads (",
                                                        s.num_heads, ")"));
   }
-  if (s.arch == Architecture::kDeepseekV2 || s.arch == Architecture::kDeepseekV3) {
+  if (s.arch == Architecture::kDeepseekV2 || s.arch == Architecture::kDeepseekV3 ||
+      s.arch == Architecture::kGlm4MoeLite) {
     s.head_dim = 2;  // qk_rope_head_dim, set by ParseMla (config.json's head_dim is derived)
   } else if (f.Has("head_dim")) {
     ASSIGN_OR_RETURN(s.head_dim, f.Int("head_dim", 2, 65536));
@@ -1393,6 +1432,9 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       break;
     case Architecture::kGlm4Moe:
       RETURN_IF_ERROR(ParseGlm4Moe(f, &s));
+      break;
+    case Architecture::kGlm4MoeLite:
+      RETURN_IF_ERROR(ParseGlm4MoeLite(f, &s));
       break;
     case Architecture::kGemma2:
     case Architecture::kGemma3:

@@ -6,7 +6,8 @@
 // (and the text part of Gemma3ForConditionalGeneration), Llama4ForCausalLM (and the text model of
 // Llama4ForConditionalGeneration), GraniteForCausalLM, GraniteMoeForCausalLM,
 // GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM,
-// GptOssForCausalLM (bf16/f32 experts, or MXFP4 ones dequantized at load), Glm4MoeForCausalLM.
+// GptOssForCausalLM (bf16/f32 experts, or MXFP4 ones dequantized at load), Glm4MoeForCausalLM,
+// Glm4MoeLiteForCausalLM.
 // Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3 and GLM-4.5, a DeepSeek routing
@@ -38,6 +39,7 @@ enum class Architecture : uint8_t {
   kGraniteMoeSWA,
   kGptOss,
   kGlm4Moe,
+  kGlm4MoeLite,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -93,7 +95,7 @@ struct RopeSpec {
   double partial_rotary_factor = 1.0;
 };
 
-// Multi-head latent attention (DeepSeek-V2 and V3). Per token: q = q_b(RmsNorm(q_a(x))) (or q_proj(x)
+// Multi-head latent attention (DeepSeek-V2 and V3, GLM-4.7-Flash). Per token: q = q_b(RmsNorm(q_a(x))) (or q_proj(x)
 // when q_lora_rank is 0), per head [qk_nope_head_dim | qk_rope_head_dim]; the key/value latent
 // c = RmsNorm(kv_a(x)[:kv_lora_rank]) and one RoPE key shared by every head,
 // kv_a(x)[kv_lora_rank:]; per head, k_nope and v are kv_b's rows applied to c. The KV cache holds
@@ -289,7 +291,7 @@ struct ModelSpec {
   // Set for MXFP4 checkpoints (quant_method "mxfp4"; GPT-OSS only).
   std::optional<Mxfp4Quantization> mxfp4;
   MoeSpec moe;
-  // DeepSeek-V2 / V3 (kv_lora_rank > 0): multi-head latent attention. head_dim is then
+  // DeepSeek-V2 / V3 and GLM-4.7-Flash (kv_lora_rank > 0): multi-head latent attention. head_dim is then
   // qk_rope_head_dim (the RoPE width, as transformers sets it), num_kv_heads == num_heads.
   MlaSpec mla;
   // Prepended to every checkpoint tensor name: "language_model." for the text model of

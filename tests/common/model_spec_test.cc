@@ -2038,5 +2038,59 @@ TEST(Glm4MoeSpecTest, GoldenConfig) {
   EXPECT_EQ(s.moe.shared_expert_intermediate_size, 16);
 }
 
+
+// GLM-4.7-Flash: DeepSeek-V3's attention with GLM-4.5's routing; its sparse layers are
+// mlp_layer_types' (by default all but layer 0), whatever first_k_dense_replace says.
+TEST(Glm4MoeLiteSpecTest, GoldenConfigAndDefaults) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec g, LoadModelSpec("tests/golden/models/glm4_moe_lite"));
+  EXPECT_EQ(g.arch, Architecture::kGlm4MoeLite);
+  EXPECT_EQ(ArchitectureName(g.arch), "Glm4MoeLiteForCausalLM");
+  EXPECT_TRUE(g.IsMla());
+  EXPECT_EQ(g.head_dim, 8);  // the RoPE width, as for DeepSeek
+  EXPECT_EQ(g.mla.q_lora_rank, 32);
+  EXPECT_TRUE(g.mla.rope_interleave);
+  EXPECT_THAT(g.moe.sparse_layers, ElementsAre(true, false, true));
+  EXPECT_EQ(g.moe.scoring, MoeScoring::kSigmoidGrouped);
+  EXPECT_EQ(g.moe.routed_scaling_factor, 1.8);
+  EXPECT_EQ(g.moe.shared_expert_intermediate_size, 16);
+  json c = {{"architectures", {"Glm4MoeLiteForCausalLM"}},
+            {"vocab_size", 1000},
+            {"hidden_size", 256},
+            {"intermediate_size", 512},
+            {"num_hidden_layers", 4},
+            {"num_attention_heads", 4},
+            {"max_position_embeddings", 4096},
+            {"q_lora_rank", 64},
+            {"kv_lora_rank", 32},
+            {"qk_nope_head_dim", 16},
+            {"qk_rope_head_dim", 8},
+            {"v_head_dim", 16},
+            {"moe_intermediate_size", 64},
+            {"n_routed_experts", 16},
+            {"num_experts_per_tok", 4},
+            {"first_k_dense_replace", 3}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_THAT(s.moe.sparse_layers, ElementsAre(false, true, true, true));
+  EXPECT_EQ(s.moe.routed_scaling_factor, 1.8);
+  EXPECT_EQ(s.moe.n_group, 1);
+  EXPECT_TRUE(s.moe.norm_topk_prob);
+  EXPECT_EQ(s.moe.shared_expert_intermediate_size, 64);
+  c["mlp_layer_types"] = {"dense", "sparse", "dense"};
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("\"mlp_layer_types\""), HasSubstr("list of 4 layer types"))));
+  c["mlp_layer_types"] = {"dense", "sparse", "moe", "sparse"};
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has \"moe\" at layer 2")));
+  c.erase("mlp_layer_types");
+  c["attention_bias"] = true;
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("GLM-4.7-Flash attention without biases")));
+  c.erase("attention_bias");
+  c.erase("q_lora_rank");
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"q_lora_rank\"")));
+}
+
 }  // namespace
 }  // namespace shardserve

@@ -72,6 +72,8 @@ from transformers import (
     GraniteSWAForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    Glm4MoeLiteConfig,
+    Glm4MoeLiteForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     Llama4Config,
@@ -895,6 +897,41 @@ SPECS = [
             tie_word_embeddings=False,
         ),
     ),
+    # GLM-4.7-Flash (Glm4MoeLiteForCausalLM): DeepSeek-V3's multi-head latent attention (q compressed,
+    # RoPE interleaved) under GLM-4.5's MoE block (one group, a nonzero e_score_correction_bias,
+    # renormalised top-2, routed_scaling_factor 1.8 as its config's default, one shared expert);
+    # the sparse layers from mlp_layer_types, here not the default (layer 0 dense): sparse, dense,
+    # sparse.
+    dict(
+        name="glm4_moe_lite",
+        model_cls=Glm4MoeLiteForCausalLM,
+        config_cls=Glm4MoeLiteConfig,
+        score_bias_std=0.05,
+        config=dict(
+            intermediate_size=96,  # dense MLP
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=1.8,
+            norm_topk_prob=True,
+            mlp_layer_types=["sparse", "dense", "sparse"],
+            rms_norm_eps=1e-5,
+            rope_interleave=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
 ]
 
 # Standard deviations of the re-initialisation (see module docstring).
@@ -987,7 +1024,7 @@ class RouterProbe:
             if type(mod).__name__.endswith("TopKRouter"):
                 self.top_k = mod.top_k
                 self.handles.append(mod.register_forward_hook(self._hook))
-            elif type(mod).__name__ in ("DeepseekV3TopkRouter", "Glm4MoeTopkRouter"):
+            elif type(mod).__name__ in ("DeepseekV3TopkRouter", "Glm4MoeTopkRouter", "Glm4MoeLiteTopkRouter"):
                 self.handles.append(mod.register_forward_hook(self._deepseek_hook))
             elif type(mod).__name__ == "DeepseekV2TopkRouter":
                 self.handles.append(mod.register_forward_hook(self._deepseek_v2_hook))

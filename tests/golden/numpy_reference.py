@@ -110,6 +110,9 @@ Semantics (transformers 5.23, eager attention):
     (default factor 0.5), as Phi-3's; layers from first_k_dense_replace (default 1)
     are DeepSeek-V3's MoE block (sigmoid scores, e_score_correction_bias, groups)
     with Glm4MoeConfig's defaults: n_group 1, topk_group 1, routed_scaling_factor 1.
+  * GLM-4.7-Flash (Glm4MoeLiteForCausalLM): DeepSeek-V3's attention (MLA, above) and
+    GLM-4.5's MoE block on the layers whose mlp_layer_types entry is "sparse" (the
+    checkpoint has a router there), routed_scaling_factor 1.8 by default.
   * GPT-OSS: Llama's layer with q/k/v/o biases and GraniteSWA's sinks; sliding_window
     on the layers whose layer_types entry is "sliding_attention" (default: the even
     ones); YaRN (yarn_inv_freq) with cos and sin times attention_factor on every head
@@ -348,7 +351,8 @@ class Model:
         self.glm4_moe = self.arch == "Glm4MoeForCausalLM"
         default_partial = 0.5 if self.glm4_moe else 1.0
         self.rot = int(self.hd * rp.get("partial_rotary_factor", c.get("partial_rotary_factor", default_partial)))
-        self.mla = self.arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+        self.mla = self.arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
+        self.glm4_moe_lite = self.arch == "Glm4MoeLiteForCausalLM"
         self.deepseek_v2 = self.arch == "DeepseekV2ForCausalLM"
         self.gemma = self.arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
         self.gemma3 = self.arch == "Gemma3ForCausalLM"
@@ -535,7 +539,9 @@ class Model:
         if self.deepseek_v2:
             return self.deepseek_v2_moe(x, m)
         n_exp, k = c["n_routed_experts"], c["num_experts_per_tok"]
-        ng, kg = c.get("n_group", 1 if self.glm4_moe else 8), c.get("topk_group", 1 if self.glm4_moe else 4)
+        glm = self.glm4_moe or self.glm4_moe_lite
+        ng, kg = c.get("n_group", 1 if glm else 8), c.get("topk_group", 1 if glm else 4)
+        scaling = c.get("routed_scaling_factor", 1.8 if self.glm4_moe_lite else 1.0 if self.glm4_moe else 2.5)
         s_all = 1 / (1 + np.exp(-(x @ self.w[m + ".gate.weight"].T)))
         biased_all = s_all + self.w[m + ".gate.e_score_correction_bias"]
         out = np.zeros_like(x)
@@ -551,7 +557,7 @@ class Model:
             wts = s_all[t, top]
             if c.get("norm_topk_prob", True):
                 wts = wts / (wts.sum() + 1e-20)
-            wts = wts * c.get("routed_scaling_factor", 1.0 if self.glm4_moe else 2.5)
+            wts = wts * scaling
             for e, wt in zip(top, wts):
                 ep = m + f".experts.{e}"
                 out[t] += wt * self.swiglu(x[t : t + 1], self.w[ep + ".gate_proj.weight"],

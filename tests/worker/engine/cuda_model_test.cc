@@ -123,7 +123,8 @@ INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaGoldenTest, ::testing::ValuesIn(C
 TEST(CudaMlaTest, MultiHeadLatentAttentionIsRefusedWithAClearError) {
   if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   for (const auto& [model, arch] : {std::pair<std::string, std::string>{"deepseek_v3", "DeepseekV3ForCausalLM"},
-                                    {"deepseek_v2", "DeepseekV2ForCausalLM"}}) {
+                                    {"deepseek_v2", "DeepseekV2ForCausalLM"},
+                                    {"glm4_moe_lite", "Glm4MoeLiteForCausalLM"}}) {
     absl::StatusOr<Loaded> l = LoadOnCuda("tests/golden/models/" + model, {});
     ASSERT_FALSE(l.ok()) << model;
     EXPECT_EQ(l.status().code(), absl::StatusCode::kUnimplemented) << model;

@@ -171,7 +171,9 @@ INSTANTIATE_TEST_SUITE_P(
         SpillLayout{"gpt_oss_mxfp4", 2, true, {{1, {0, R, R, 0}}}, "gpt_oss_mxfp4_tp2_split_experts"},
         // glm4_moe: DeepSeek-V3's routing in one group, 8 experts, top-2, a shared expert.
         SpillLayout{"glm4_moe", 2, false, {{1, {0, R, 1, R, R, 0, R, 1}}, {2, {R, R, 0, 1, R, R, 0, R}}},
-                    "glm4_moe_tp2_both_layers"}),
+                    "glm4_moe_tp2_both_layers"},
+        // glm4_moe_lite: MLA, then the same routing on layers 0 and 2 (mlp_layer_types).
+        SpillLayout{"glm4_moe_lite", 2, true, {{0, {0, R, R, 0, R, 0, R, R}}}, "glm4_moe_lite_tp2_split_experts"}),
     [](const auto& test_info) { return test_info.param.name; });
 
 // An expert host quantizes like the stages (--quantize reaches it in its assignment): int8 experts

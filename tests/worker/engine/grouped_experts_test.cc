@@ -168,7 +168,8 @@ TEST_P(GroupedExpertsTest, ReserveHoldsTheLargestProductExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MoeArchitectures, GroupedExpertsTest,
-                         ::testing::Values("mixtral", "qwen2_moe", "llama4", "deepseek_v3", "deepseek_v2"),
+                         ::testing::Values("mixtral", "qwen2_moe", "llama4", "deepseek_v3", "deepseek_v2", "glm4_moe",
+                                           "glm4_moe_lite"),
                          [](const auto& test_info) { return test_info.param; });
 
 TEST(GroupedExpertsCpuTest, TheCpuBackendKeepsThePerExpertLoop) {

@@ -215,7 +215,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            // GLM-4.5: the dense layer and a MoE one (each rank's
                                            // heads with their q/k norms and half-rotated RoPE),
                                            // then a MoE one.
-                                           PipelineLayout{"glm4_moe", {0, 2, 3}, 2, "glm4_moe_pp2_tp2"}),
+                                           PipelineLayout{"glm4_moe", {0, 2, 3}, 2, "glm4_moe_pp2_tp2"},
+                                           // GLM-4.7-Flash: a MoE layer (MLA), then the dense
+                                           // layer and a MoE one.
+                                           PipelineLayout{"glm4_moe_lite", {0, 1, 3}, 2, "glm4_moe_lite_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {

@@ -22,7 +22,7 @@ def run(*args):
 class GreedyIds(unittest.TestCase):
     def test_golden_models_match_transformers(self):
         for name in ["llama", "mixtral", "qwen2_moe", "llama_bf16_sharded", "llama_fp8_block", "llama_fp8_tensor",
-                     "deepseek_v3", "deepseek_v3_noqlora", "deepseek_v2_lite", "deepseek_v2"]:
+                     "deepseek_v3", "deepseek_v3_noqlora", "deepseek_v2_lite", "deepseek_v2", "glm4_moe", "glm4_moe_lite"]:
             ref = load_json(f"tests/golden/models/{name}/reference.json")
             case = ref["cases"][2]
             code, out, err = run("--model", f"tests/golden/models/{name}",
