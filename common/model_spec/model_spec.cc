@@ -106,6 +106,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "GptOssForCausalLM") return Architecture::kGptOss;
   if (name == "Glm4MoeForCausalLM") return Architecture::kGlm4Moe;
   if (name == "Glm4MoeLiteForCausalLM") return Architecture::kGlm4MoeLite;
+  if (name == "SeedOssForCausalLM") return Architecture::kSeedOss;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
@@ -114,7 +115,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
       "Gemma3ForConditionalGeneration's text part, "
       "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM, "
       "GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM, "
-      "GptOssForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM)"));
+      "GptOssForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, SeedOssForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -1129,6 +1130,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kGptOss: return "GptOssForCausalLM";
     case Architecture::kGlm4Moe: return "Glm4MoeForCausalLM";
     case Architecture::kGlm4MoeLite: return "Glm4MoeLiteForCausalLM";
+    case Architecture::kSeedOss: return "SeedOssForCausalLM";
   }
   return "?";
 }
@@ -1277,6 +1279,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     s.head_dim = 128;  // Llama4TextConfig's default, not hidden / heads
   } else if (s.arch == Architecture::kGptOss) {
     s.head_dim = 64;  // GptOssConfig's default, not hidden / heads
+  } else if (s.arch == Architecture::kSeedOss) {
+    s.head_dim = 128;  // SeedOssConfig's default, not hidden / heads
   } else if (s.arch == Architecture::kQwen3) {
     // transformers' Qwen3 defaults a missing head_dim to 128, not hidden / heads: no guessing.
     return f.Error("head_dim", "is missing (Qwen3 configs state it)");
@@ -1436,6 +1440,14 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     case Architecture::kGlm4MoeLite:
       RETURN_IF_ERROR(ParseGlm4MoeLite(f, &s));
       break;
+    case Architecture::kSeedOss: {
+      // Seed-OSS (ByteDance's Seed-OSS-36B): Llama's layer with q/k/v biases (attention_bias,
+      // default true) apart from o's (attention_out_bias, default false); dropout is training-only.
+      ASSIGN_OR_RETURN(s.qkv_bias, f.BoolOr("attention_bias", true));
+      ASSIGN_OR_RETURN(s.o_bias, f.BoolOr("attention_out_bias", false));
+      ASSIGN_OR_RETURN(s.mlp_bias, f.BoolOr("mlp_bias", false));
+      break;
+    }
     case Architecture::kGemma2:
     case Architecture::kGemma3:
       break;  // after the dtype (the embedding multiplier is rounded to it)

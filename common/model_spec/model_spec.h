@@ -7,7 +7,7 @@
 // Llama4ForConditionalGeneration), GraniteForCausalLM, GraniteMoeForCausalLM,
 // GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM,
 // GptOssForCausalLM (bf16/f32 experts, or MXFP4 ones dequantized at load), Glm4MoeForCausalLM,
-// Glm4MoeLiteForCausalLM.
+// Glm4MoeLiteForCausalLM, SeedOssForCausalLM.
 // Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3 and GLM-4.5, a DeepSeek routing
@@ -40,6 +40,7 @@ enum class Architecture : uint8_t {
   kGptOss,
   kGlm4Moe,
   kGlm4MoeLite,
+  kSeedOss,
 };
 
 // The activation of the gated MLP: act(gate) * up.

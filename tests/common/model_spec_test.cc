@@ -2092,5 +2092,34 @@ TEST(Glm4MoeLiteSpecTest, GoldenConfigAndDefaults) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"q_lora_rank\"")));
 }
 
+
+// Seed-OSS: Llama's layer; q/k/v biases by default, o's only with attention_out_bias; head_dim
+// 128 unless stated.
+TEST(SeedOssSpecTest, DefaultsFollowSeedOssConfig) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec g, LoadModelSpec("tests/golden/models/seed_oss"));
+  EXPECT_EQ(g.arch, Architecture::kSeedOss);
+  EXPECT_EQ(ArchitectureName(g.arch), "SeedOssForCausalLM");
+  EXPECT_EQ(g.head_dim, 32);
+  EXPECT_TRUE(g.qkv_bias);
+  EXPECT_FALSE(g.o_bias || g.mlp_bias);
+  EXPECT_EQ(g.rope.theta, 1e7);
+  json c = {{"architectures", {"SeedOssForCausalLM"}}, {"vocab_size", 1000},     {"hidden_size", 256},
+            {"intermediate_size", 512},                {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+            {"max_position_embeddings", 4096}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.head_dim, 128);  // SeedOssConfig's, not hidden / heads (64)
+  EXPECT_TRUE(s.qkv_bias);
+  EXPECT_FALSE(s.o_bias);
+  c["attention_bias"] = false;
+  c["attention_out_bias"] = true;
+  c["mlp_bias"] = true;
+  ASSERT_OK_AND_ASSIGN(ModelSpec o, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_FALSE(o.qkv_bias);
+  EXPECT_TRUE(o.o_bias && o.mlp_bias);
+  c["attention_out_bias"] = "yes";
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"attention_out_bias\"")));
+}
+
 }  // namespace
 }  // namespace shardserve

@@ -95,6 +95,8 @@ from transformers import (
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
     Qwen3Config,
+    SeedOssConfig,
+    SeedOssForCausalLM,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
@@ -929,6 +931,27 @@ SPECS = [
             rms_norm_eps=1e-5,
             rope_interleave=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    # Seed-OSS (ByteDance's Seed-OSS-36B): Llama's layer with q/k/v biases but none on o
+    # (attention_out_bias false, its default), head_dim 32 (not hidden / heads), its config's
+    # training-only residual dropout left at 0.1.
+    dict(
+        name="seed_oss",
+        model_cls=SeedOssForCausalLM,
+        config_cls=SeedOssConfig,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            attention_bias=True,
+            attention_out_bias=False,
+            mlp_bias=False,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0},
             tie_word_embeddings=False,
         ),
     ),
