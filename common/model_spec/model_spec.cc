@@ -107,6 +107,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
   if (name == "Glm4MoeForCausalLM") return Architecture::kGlm4Moe;
   if (name == "Glm4MoeLiteForCausalLM") return Architecture::kGlm4MoeLite;
   if (name == "SeedOssForCausalLM") return Architecture::kSeedOss;
+  if (name == "Glm4ForCausalLM") return Architecture::kGlm4;
   return absl::UnimplementedError(absl::StrCat(
       label, ": architecture \"", name,
       "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
@@ -115,7 +116,7 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& doc, absl::string_vie
       "Gemma3ForConditionalGeneration's text part, "
       "Llama4ForCausalLM, Llama4ForConditionalGeneration, GraniteForCausalLM, GraniteMoeForCausalLM, "
       "GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM, "
-      "GptOssForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, SeedOssForCausalLM)"));
+      "GptOssForCausalLM, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM, SeedOssForCausalLM, Glm4ForCausalLM)"));
 }
 
 // RoPE parameters: transformers >= 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older
@@ -1131,6 +1132,7 @@ absl::string_view ArchitectureName(Architecture arch) {
     case Architecture::kGlm4Moe: return "Glm4MoeForCausalLM";
     case Architecture::kGlm4MoeLite: return "Glm4MoeLiteForCausalLM";
     case Architecture::kSeedOss: return "SeedOssForCausalLM";
+    case Architecture::kGlm4: return "Glm4ForCausalLM";
   }
   return "?";
 }
@@ -1279,8 +1281,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     s.head_dim = 128;  // Llama4TextConfig's default, not hidden / heads
   } else if (s.arch == Architecture::kGptOss) {
     s.head_dim = 64;  // GptOssConfig's default, not hidden / heads
-  } else if (s.arch == Architecture::kSeedOss) {
-    s.head_dim = 128;  // SeedOssConfig's default, not hidden / heads
+  } else if (s.arch == Architecture::kSeedOss || s.arch == Architecture::kGlm4) {
+    s.head_dim = 128;  // SeedOssConfig's and Glm4Config's default, not hidden / heads
   } else if (s.arch == Architecture::kQwen3) {
     // transformers' Qwen3 defaults a missing head_dim to 128, not hidden / heads: no guessing.
     return f.Error("head_dim", "is missing (Qwen3 configs state it)");
@@ -1323,10 +1325,11 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     double default_theta = 10000.0;
     if (s.arch == Architecture::kSmolLM3) default_theta = 2e6;
     if (s.arch == Architecture::kGptOss) default_theta = 150000.0;
-    const double default_partial = s.arch == Architecture::kGlm4Moe ? 0.5 : 1.0;
+    const double default_partial = s.arch == Architecture::kGlm4Moe || s.arch == Architecture::kGlm4 ? 0.5 : 1.0;
     RETURN_IF_ERROR(ParseRope(doc, label, s.max_position_embeddings, &s.rope, default_theta, default_partial));
   }
-  const bool partial_rotary = s.arch == Architecture::kPhi3 || s.arch == Architecture::kGlm4Moe;
+  const bool partial_rotary =
+      s.arch == Architecture::kPhi3 || s.arch == Architecture::kGlm4Moe || s.arch == Architecture::kGlm4;
   if (s.rope.type == RopeType::kLongrope && s.arch != Architecture::kPhi3) {
     return absl::UnimplementedError(
         absl::StrCat(label, ": rope type \"longrope\" is supported for Phi3ForCausalLM only"));
@@ -1335,8 +1338,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     if (s.rope.partial_rotary_factor != 1.0) {
       return absl::UnimplementedError(absl::StrCat(label, ": field \"partial_rotary_factor\" is ",
                                                    s.rope.partial_rotary_factor, "; below 1 it is supported for ",
-                                                   "Phi3ForCausalLM and Glm4MoeForCausalLM only (RoPE over the "
-                                                   "whole head elsewhere)"));
+                                                   "Phi3ForCausalLM, Glm4ForCausalLM and Glm4MoeForCausalLM only "
+                                                   "(RoPE over the whole head elsewhere)"));
     }
   } else {
     const int64_t rot = s.RotaryDim();
@@ -1440,6 +1443,17 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
     case Architecture::kGlm4MoeLite:
       RETURN_IF_ERROR(ParseGlm4MoeLite(f, &s));
       break;
+    case Architecture::kGlm4: {
+      // GLM-4 (Glm4ForCausalLM: GLM-4-9B/32B-0414, GLM-Z1): q/k/v biases (attention_bias, default
+      // true), none on o; gate and up fused as Phi-3's; Gemma-2's four norms per layer (other
+      // names); RoPE on interleaved pairs of each head's first half.
+      ASSIGN_OR_RETURN(s.qkv_bias, f.BoolOr("attention_bias", true));
+      s.o_bias = false;
+      s.fused_gate_up = true;
+      s.sandwich_norms = true;
+      s.rope_interleaved = true;
+      break;
+    }
     case Architecture::kSeedOss: {
       // Seed-OSS (ByteDance's Seed-OSS-36B): Llama's layer with q/k/v biases (attention_bias,
       // default true) apart from o's (attention_out_bias, default false); dropout is training-only.
@@ -1456,7 +1470,8 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
   // the Llama-family rotary embedding is the same everywhere else, except under Phi-3's and
   // GLM-4.5's partial rotary factors and on Gemma-2, which stay refused. (Llama-4 and Gemma-3 refuse it themselves.)
   if (s.rope.type == RopeType::kYarn &&
-      (s.arch == Architecture::kPhi3 || s.arch == Architecture::kGemma2 || s.arch == Architecture::kGlm4Moe)) {
+      (s.arch == Architecture::kPhi3 || s.arch == Architecture::kGemma2 || s.arch == Architecture::kGlm4Moe ||
+       s.arch == Architecture::kGlm4)) {
     return absl::UnimplementedError(absl::StrCat(label, ": rope type \"yarn\" is not supported for ",
                                                  ArchitectureName(s.arch),
                                                  " (not checked against transformers there yet)"));

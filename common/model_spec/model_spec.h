@@ -7,7 +7,7 @@
 // Llama4ForConditionalGeneration), GraniteForCausalLM, GraniteMoeForCausalLM,
 // GraniteMoeSharedForCausalLM, GraniteSWAForCausalLM, GraniteMoeSWAForCausalLM, SmolLM3ForCausalLM,
 // GptOssForCausalLM (bf16/f32 experts, or MXFP4 ones dequantized at load), Glm4MoeForCausalLM,
-// Glm4MoeLiteForCausalLM, SeedOssForCausalLM.
+// Glm4MoeLiteForCausalLM, SeedOssForCausalLM, Glm4ForCausalLM.
 // Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
 // (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3 and GLM-4.5, a DeepSeek routing
@@ -41,6 +41,7 @@ enum class Architecture : uint8_t {
   kGlm4Moe,
   kGlm4MoeLite,
   kSeedOss,
+  kGlm4,
 };
 
 // The activation of the gated MLP: act(gate) * up.
@@ -91,8 +92,9 @@ struct RopeSpec {
   // when the sequence's length at the end of the step exceeds original_max_position_embeddings;
   // cached keys keep the rotation they were written with.
   std::vector<float> short_factor, long_factor;
-  // Phi-3 and GLM-4.5: only the first int(head_dim x partial_rotary_factor) elements of each q and
-  // k head rotate (rotate_half over those); the rest pass through.
+  // Phi-3, GLM-4 and GLM-4.5: only the first int(head_dim x partial_rotary_factor) elements of each
+  // q and k head rotate (rotate_half over those, or interleaved pairs with rope_interleaved); the
+  // rest pass through.
   double partial_rotary_factor = 1.0;
 };
 
@@ -250,7 +252,9 @@ struct ModelSpec {
   Activation activation = Activation::kSilu;
   // Gemma-2: every RMSNorm scales by (1 + weight) (applied to the weights at load), and each
   // layer has four norms: input -> attention -> post_attention_layernorm -> + residual ->
-  // pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm -> + residual.
+  // pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm -> + residual. GLM-4 has the
+  // same four, named post_self_attn_layernorm, post_attention_layernorm (the MLP's input) and
+  // post_mlp_layernorm, without the + 1.
   bool norm_plus_one = false;
   bool sandwich_norms = false;
   // The embedding rows are multiplied by this (Gemma-2: sqrt(hidden_size), as a float32 rounded
@@ -309,8 +313,9 @@ struct ModelSpec {
   // attend to nothing: its output is scaled by sigmoid(logsumexp(scores) - sink).
   bool attention_sinks = false;
   // RoPE rotates interleaved pairs (x0, x1), (x2, x3), ... of each q and k head (Llama-4's
-  // complex form) instead of rotate_half's halves: the loader reorders the q and k rows of every
-  // head into halves, which leaves q . k unchanged, so the Rope op applies.
+  // complex form; GLM-4's over its rotated part) instead of rotate_half's halves: the loader
+  // reorders the q and k rows (and biases) of every head's rotated part into halves, which leaves
+  // q . k unchanged, so the Rope op applies.
   bool rope_interleaved = false;
   // Llama-4 use_qk_norm: on RoPE layers, every q and k head is divided by its root mean square
   // (eps rms_norm_eps, no weight) after RoPE.

@@ -2121,5 +2121,33 @@ TEST(SeedOssSpecTest, DefaultsFollowSeedOssConfig) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"attention_out_bias\"")));
 }
 
+
+// GLM-4 (dense): Gemma-2's four norms under other names, gate/up fused, interleaved RoPE over half
+// of each head; Glm4Config's defaults (head_dim 128, q/k/v biases, factor 0.5) for missing fields.
+TEST(Glm4SpecTest, GoldenConfigAndDefaults) {
+  ASSERT_OK_AND_ASSIGN(ModelSpec g, LoadModelSpec("tests/golden/models/glm4"));
+  EXPECT_EQ(g.arch, Architecture::kGlm4);
+  EXPECT_EQ(ArchitectureName(g.arch), "Glm4ForCausalLM");
+  EXPECT_EQ(g.RotaryDim(), 16);
+  EXPECT_TRUE(g.rope_interleaved && g.sandwich_norms && g.fused_gate_up && g.qkv_bias);
+  EXPECT_FALSE(g.o_bias || g.norm_plus_one || g.qk_norm);
+  json c = {{"architectures", {"Glm4ForCausalLM"}}, {"vocab_size", 1000},     {"hidden_size", 256},
+            {"intermediate_size", 512},             {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},             {"max_position_embeddings", 4096}};
+  ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_EQ(s.head_dim, 128);
+  EXPECT_EQ(s.RotaryDim(), 64);
+  EXPECT_TRUE(s.qkv_bias);
+  c["attention_bias"] = false;
+  c["partial_rotary_factor"] = 1.0;
+  ASSERT_OK_AND_ASSIGN(ModelSpec whole, ParseModelSpec(c.dump(), "c.json"));
+  EXPECT_FALSE(whole.qkv_bias);
+  EXPECT_EQ(whole.RotaryDim(), 128);
+  c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+  EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       ::testing::AllOf(HasSubstr("rope type \"yarn\""), HasSubstr("Glm4ForCausalLM"))));
+}
+
 }  // namespace
 }  // namespace shardserve

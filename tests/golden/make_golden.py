@@ -70,6 +70,8 @@ from transformers import (
     GraniteMoeSWAForCausalLM,
     GraniteSWAConfig,
     GraniteSWAForCausalLM,
+    Glm4Config,
+    Glm4ForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
     Glm4MoeLiteConfig,
@@ -952,6 +954,28 @@ SPECS = [
             mlp_bias=False,
             rms_norm_eps=1e-6,
             rope_parameters={"rope_type": "default", "rope_theta": 10000000.0},
+            tie_word_embeddings=False,
+        ),
+    ),
+    # GLM-4 (Glm4ForCausalLM: GLM-4-9B/32B-0414, GLM-Z1): q/k/v biases (no o bias), RoPE on
+    # interleaved pairs of each head's first half (16 of head_dim 32, not hidden / heads), gate and
+    # up fused in one gate_up_proj, four norms per layer (post_self_attn_layernorm on the attention's
+    # output, post_attention_layernorm before the MLP, post_mlp_layernorm after it).
+    dict(
+        name="glm4",
+        model_cls=Glm4ForCausalLM,
+        config_cls=Glm4Config,
+        config=dict(
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            partial_rotary_factor=0.5,
+            attention_bias=True,
+            rms_norm_eps=1e-5,
+            pad_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
             tie_word_embeddings=False,
         ),
     ),

@@ -110,6 +110,11 @@ Semantics (transformers 5.23, eager attention):
     (default factor 0.5), as Phi-3's; layers from first_k_dense_replace (default 1)
     are DeepSeek-V3's MoE block (sigmoid scores, e_score_correction_bias, groups)
     with Glm4MoeConfig's defaults: n_group 1, topk_group 1, routed_scaling_factor 1.
+  * GLM-4 (Glm4ForCausalLM): q/k/v biases (none on o); RoPE on interleaved pairs
+    (x0, x1), (x2, x3), ... of each head's first int(head_dim * partial_rotary_factor)
+    elements (default factor 0.5), the rest passing through; per layer x +=
+    post_self_attn_layernorm(attn(input_layernorm(x))) then x +=
+    post_mlp_layernorm(mlp(post_attention_layernorm(x))); gate_up_proj is gate then up.
   * GLM-4.7-Flash (Glm4MoeLiteForCausalLM): DeepSeek-V3's attention (MLA, above) and
     GLM-4.5's MoE block on the layers whose mlp_layer_types entry is "sparse" (the
     checkpoint has a router there), routed_scaling_factor 1.8 by default.
@@ -349,7 +354,8 @@ class Model:
         self.L = c["num_hidden_layers"]
         rp, theta = rope_params(c)
         self.glm4_moe = self.arch == "Glm4MoeForCausalLM"
-        default_partial = 0.5 if self.glm4_moe else 1.0
+        self.glm4 = self.arch == "Glm4ForCausalLM"
+        default_partial = 0.5 if self.glm4_moe or self.glm4 else 1.0
         self.rot = int(self.hd * rp.get("partial_rotary_factor", c.get("partial_rotary_factor", default_partial)))
         self.mla = self.arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
         self.glm4_moe_lite = self.arch == "Glm4MoeLiteForCausalLM"
@@ -620,6 +626,10 @@ class Model:
                 q = q * temp[:, None, None]
             if self.chunk[l] is not None:
                 visible &= (j // self.chunk[l]) == (i // self.chunk[l])
+        elif self.glm4:  # interleaved pairs over the rotated part
+            r = self.rot
+            q = np.concatenate([self.rope_pairs(q[..., :r], pos), q[..., r:]], -1)
+            k = np.concatenate([self.rope_pairs(k[..., :r], pos), k[..., r:]], -1)
         elif self.rope_layers[l]:  # SmolLM3's NoPE layers: no rotation
             q = self.rope(q, pos, self.layer_inv_freq[l])
             k = self.rope(k, pos, self.layer_inv_freq[l])
@@ -692,7 +702,7 @@ class Model:
             n = gu.shape[0] // 2
             return y + self.swiglu(x, gu[:n], gu[n:], down)
         m = p + ".mlp"
-        if self.arch == "Phi3ForCausalLM":
+        if self.arch in ("Phi3ForCausalLM", "Glm4ForCausalLM"):
             gu = self.w[m + ".gate_up_proj.weight"]
             n = gu.shape[0] // 2
             return self.swiglu(x, gu[:n], gu[n:], self.w[m + ".down_proj.weight"])
@@ -781,6 +791,10 @@ class Model:
                 x = x + self.rms(self.attention(self.rms(x, p + ".input_layernorm"), l), p + ".post_attention_layernorm")
                 x = x + self.rms(self.mlp(self.rms(x, p + ".pre_feedforward_layernorm"), l),
                                  p + ".post_feedforward_layernorm")
+                continue
+            if self.glm4:
+                x = x + self.rms(self.attention(self.rms(x, p + ".input_layernorm"), l), p + ".post_self_attn_layernorm")
+                x = x + self.rms(self.mlp(self.rms(x, p + ".post_attention_layernorm"), l), p + ".post_mlp_layernorm")
                 continue
             x = x + self.attention(self.rms(x, p + ".input_layernorm"), l) * residual
             x = x + self.mlp(self.rms(x, p + ".post_attention_layernorm"), l) * residual

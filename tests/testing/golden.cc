@@ -52,7 +52,7 @@ std::vector<std::string> GoldenModelNames() {
           "deepseek_v3",     "deepseek_v3_noqlora",        "gemma2",           "llama4",
           "llama4_multimodal", "phi3_partial_rotary", "phi3_longrope", "gemma3",
           "deepseek_v2_lite", "deepseek_v2", "granite", "granite_moe", "smollm3",
-          "granite_moe_shared", "granite_swa", "granite_moe_swa", "gpt_oss", "gpt_oss_mxfp4", "qwen3_yarn", "glm4_moe", "glm4_moe_lite", "seed_oss"};
+          "granite_moe_shared", "granite_swa", "granite_moe_swa", "gpt_oss", "gpt_oss_mxfp4", "qwen3_yarn", "glm4_moe", "glm4_moe_lite", "seed_oss", "glm4"};
 }
 
 absl::StatusOr<GoldenModel> LoadGoldenModel(const std::string& name) {

@@ -253,6 +253,16 @@ class Loader {
     ASSIGN_OR_RETURN(lw.w, UploadAs(picked, lw.dtype));
     return lw;
   }
+  // The entries `rows` (indices into [0, size)) of a vector of `size` floats, in that order, as f32
+  // (a bias picked as PickedRows picks its matrix's rows).
+  absl::StatusOr<kernels::DeviceBuffer> PickedValues(const std::string& name, int64_t size,
+                                                     const std::vector<int64_t>& rows) {
+    RETURN_IF_ERROR(CheckDType(name));
+    ASSIGN_OR_RETURN(HostTensor t, ReadWeight(ckpt_, spec_.fp8, name, {size}));
+    HostTensor picked({static_cast<int64_t>(rows.size())});
+    for (size_t i = 0; i < rows.size(); ++i) picked.data()[i] = t.data()[rows[i]];
+    return Upload(picked);
+  }
   // kv_b_proj [heads x (nope + v), latent] of heads [head_begin, head_end), per head for HeadLinear:
   // the key rows transposed ([heads, latent, nope]) and the value rows ([heads, v, latent]), in the
   // dtype the backend's HeadLinear takes.
@@ -581,6 +591,14 @@ std::vector<int64_t> RopeRowOrder(int64_t dim, bool interleaved) {
   return order;
 }
 
+// The rows of a head of `dim` whose first `rotary` rotate in interleaved pairs, reordered into
+// rotate_half's halves there; the rest in place.
+std::vector<int64_t> InterleavedHeadRowOrder(int64_t dim, int64_t rotary) {
+  std::vector<int64_t> order = RopeRowOrder(rotary, true);
+  for (int64_t i = rotary; i < dim; ++i) order.push_back(i);
+  return order;
+}
+
 // Multi-head latent attention weights of one layer (see LayerWeights).
 absl::Status LoadMla(Loader& ld, const ModelSpec& spec, const ShardLayout& layout, TpShard shard, const std::string& p,
                      LayerWeights* lw) {
@@ -797,10 +815,17 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
     LayerWeights lw;
     lw.layer = i;
     ASSIGN_OR_RETURN(lw.input_norm, ld.Norm(p + "input_layernorm.weight", h));
-    ASSIGN_OR_RETURN(lw.post_norm, ld.Norm(p + "post_attention_layernorm.weight", h));
-    if (spec.sandwich_norms) {
-      ASSIGN_OR_RETURN(lw.pre_ffn_norm, ld.Norm(p + "pre_feedforward_layernorm.weight", h));
-      ASSIGN_OR_RETURN(lw.post_ffn_norm, ld.Norm(p + "post_feedforward_layernorm.weight", h));
+    if (spec.arch == Architecture::kGlm4) {
+      // GLM-4's names for Gemma-2's three other norms: after the attention, before and after the MLP.
+      ASSIGN_OR_RETURN(lw.post_norm, ld.Norm(p + "post_self_attn_layernorm.weight", h));
+      ASSIGN_OR_RETURN(lw.pre_ffn_norm, ld.Norm(p + "post_attention_layernorm.weight", h));
+      ASSIGN_OR_RETURN(lw.post_ffn_norm, ld.Norm(p + "post_mlp_layernorm.weight", h));
+    } else {
+      ASSIGN_OR_RETURN(lw.post_norm, ld.Norm(p + "post_attention_layernorm.weight", h));
+      if (spec.sandwich_norms) {
+        ASSIGN_OR_RETURN(lw.pre_ffn_norm, ld.Norm(p + "pre_feedforward_layernorm.weight", h));
+        ASSIGN_OR_RETURN(lw.post_ffn_norm, ld.Norm(p + "post_feedforward_layernorm.weight", h));
+      }
     }
     const int64_t qb = layout.q_head_begin * d, qe = qb + layout.q_heads * d;
     const int64_t kb = layout.kv_head_begin * d, ke = kb + layout.kv_heads * d;
@@ -814,8 +839,9 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       ASSIGN_OR_RETURN(lw.k, ld.ColumnParallel(fused, h, rows, q_out + kb, q_out + ke, spec.qkv_bias));
       ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(fused, h, rows, q_out + kv_out + kb, q_out + kv_out + ke, spec.qkv_bias));
     } else if (spec.rope_interleaved) {
-      // Every head's rows reordered from interleaved pairs to rotate_half's halves (no biases).
-      const std::vector<int64_t> order = RopeRowOrder(d, true);
+      // Every head's rotated rows (and their biases) reordered from interleaved pairs to
+      // rotate_half's halves.
+      const std::vector<int64_t> order = InterleavedHeadRowOrder(d, spec.RotaryDim());
       std::vector<int64_t> q_rows, k_rows;
       for (int64_t g = layout.q_head_begin; g < layout.q_head_begin + layout.q_heads; ++g) {
         for (int64_t r : order) q_rows.push_back(g * d + r);
@@ -825,7 +851,11 @@ absl::StatusOr<ModelWeights> LoadWeights(const ModelSpec& spec, const ShardLayou
       }
       ASSIGN_OR_RETURN(lw.q, ld.PickedRows(p + "self_attn.q_proj.weight", {q_out, h}, q_rows));
       ASSIGN_OR_RETURN(lw.k, ld.PickedRows(p + "self_attn.k_proj.weight", {kv_out, h}, k_rows));
-      ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(p + "self_attn.v_proj", h, kv_out, kb, ke, false));
+      if (spec.qkv_bias) {
+        ASSIGN_OR_RETURN(lw.q.b, ld.PickedValues(p + "self_attn.q_proj.bias", q_out, q_rows));
+        ASSIGN_OR_RETURN(lw.k.b, ld.PickedValues(p + "self_attn.k_proj.bias", kv_out, k_rows));
+      }
+      ASSIGN_OR_RETURN(lw.v, ld.ColumnParallel(p + "self_attn.v_proj", h, kv_out, kb, ke, spec.qkv_bias));
     } else {
       ASSIGN_OR_RETURN(lw.q, ld.ColumnParallel(p + "self_attn.q_proj", h, q_out, qb, qe, spec.qkv_bias));
       ASSIGN_OR_RETURN(lw.k, ld.ColumnParallel(p + "self_attn.k_proj", h, kv_out, kb, ke, spec.qkv_bias));

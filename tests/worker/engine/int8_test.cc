@@ -123,7 +123,7 @@ TEST(Int8PlannerTest, PredictedWeightBytesAreTheBytesTheEngineHolds) {
        {"llama", "qwen2", "mixtral", "qwen2_moe", "llama_bf16_sharded", "qwen3", "qwen3_moe", "phi3", "deepseek_v3",
         "deepseek_v3_noqlora", "gemma2", "llama4", "llama4_multimodal", "gemma3", "deepseek_v2_lite", "deepseek_v2",
         "granite", "granite_moe", "smollm3", "granite_moe_shared", "granite_swa", "granite_moe_swa", "gpt_oss",
-        "gpt_oss_mxfp4", "qwen3_yarn", "glm4_moe", "glm4_moe_lite", "seed_oss"}) {
+        "gpt_oss_mxfp4", "qwen3_yarn", "glm4_moe", "glm4_moe_lite", "seed_oss", "glm4"}) {
     ASSERT_OK_AND_ASSIGN(GoldenModel golden, testing::LoadGoldenModel(name));
     ASSERT_OK_AND_ASSIGN(ModelSpec spec, LoadModelSpec(golden.dir));
     for (int ranks : {1, 2}) {

@@ -220,7 +220,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
                                            // layer and a MoE one.
                                            PipelineLayout{"glm4_moe_lite", {0, 1, 3}, 2, "glm4_moe_lite_pp2_tp2"},
                                            // Seed-OSS: each rank's q/k/v biases, no o bias.
-                                           PipelineLayout{"seed_oss", {0, 1, 2}, 2, "seed_oss_pp2_tp2"}),
+                                           PipelineLayout{"seed_oss", {0, 1, 2}, 2, "seed_oss_pp2_tp2"},
+                                           // GLM-4: each rank's heads with their rotated rows and
+                                           // biases reordered, four norms per layer.
+                                           PipelineLayout{"glm4", {0, 1, 2}, 2, "glm4_pp2_tp2"}),
                          [](const auto& test_info) { return test_info.param.name; });
 
 TEST(PipelineErrorsTest, StagesMustCoverTheLayersInOrder) {
