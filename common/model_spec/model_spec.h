@@ -10,7 +10,7 @@
 // Glm4MoeLiteForCausalLM, SeedOssForCausalLM, Glm4ForCausalLM.
 // Anything else — another architecture (Gemma-3n, ...),
 // an activation other than SiLU (GELU-tanh for Gemma), an unsupported RoPE scaling type
-// (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3 and GLM-4.5, a DeepSeek routing
+// (longrope outside Phi-3), a partial rotary factor below 1 outside Phi-3, GLM-4 and GLM-4.5, a DeepSeek routing
 // variant we do not implement — is an error that names the field, never a silently wrong model.
 #ifndef SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
 #define SHARDSERVE_COMMON_MODEL_SPEC_MODEL_SPEC_H_
@@ -386,15 +386,15 @@ struct ModelSpec {
 
 // Parses config.json text. InvalidArgument naming `label` and the offending field for malformed or
 // inconsistent values; Unimplemented for well-formed but unsupported models (architecture,
-// activation, rope type, partial_rotary_factor < 1 or longrope outside Phi-3 (and, on Phi-3, a
-// rotary dimension that is odd or below 2, or longrope factors that are not rotary_dim / 2 positive
-// numbers), Qwen2/Qwen3 sliding windows or layer_types
+// activation, rope type, partial_rotary_factor < 1 outside Phi-3, GLM-4 and GLM-4.5, longrope
+// outside Phi-3 (and there, a rotary dimension that is odd or below 2, or longrope factors that
+// are not rotary_dim / 2 positive numbers), Qwen2/Qwen3 sliding windows or layer_types
 // other than "full_attention", DeepSeek-V3 values outside what is implemented: scoring_func other
 // than "sigmoid", topk_method other than "noaux_tc", moe_layer_freq other than 1, attention_bias,
 // num_key_value_heads != num_attention_heads; DeepSeek-V2 likewise, with scoring_func other than
 // "softmax", topk_method other than "greedy" / "group_limited_greedy", norm_topk_prob true
-// (transformers ignores it, DeepSeek's code renormalises), mlp_bias; GLM-4.5 with DeepSeek-V3's
-// routing limits; yarn RoPE on Phi-3, Gemma-2 and GLM-4.5; Gemma-2 with a
+// (transformers ignores it, DeepSeek's code renormalises), mlp_bias; GLM-4.7-Flash's attention as
+// DeepSeek-V3's; yarn RoPE on Phi-3, Gemma-2, GLM-4 and GLM-4.5; Gemma-2 with a
 // hidden_activation other than gelu_pytorch_tanh, use_bidirectional_attention, layer_types other
 // than "sliding_attention"/"full_attention", a null sliding_window with sliding layers; Gemma-3
 // likewise, and with rope_parameters not keyed by layer type, or a Gemma3ForConditionalGeneration
