@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/flags/parse.h"
+#include "nlohmann/json.hpp"
 
 namespace shardserve::cli {
 
@@ -67,6 +68,26 @@ absl::StatusOr<std::vector<FaultSpec>> ParseFaults(absl::string_view text) {
     faults.push_back(std::move(f));
   }
   return faults;
+}
+
+absl::StatusOr<std::vector<std::string>> ParseTextList(absl::string_view value, absl::string_view flag,
+                                                       PlainText plain) {
+  std::vector<std::string> out;
+  if (value.empty()) return out;
+  if (value.front() != '[') {
+    if (plain == PlainText::kOne) return std::vector<std::string>{std::string(value)};
+    for (absl::string_view entry : absl::StrSplit(value, ',', absl::SkipEmpty())) out.emplace_back(entry);
+    return out;
+  }
+  const nlohmann::json list = nlohmann::json::parse(value.begin(), value.end(), nullptr, /*allow_exceptions=*/false);
+  const std::string hint = absl::StrCat(flag, " starts with '[' but is not a JSON list of non-empty strings (e.g. ",
+                                        R"(["\n\n", "a, b"]))");
+  if (!list.is_array()) return absl::InvalidArgumentError(hint);
+  for (const nlohmann::json& e : list) {
+    if (!e.is_string() || e.get<std::string>().empty()) return absl::InvalidArgumentError(absl::StrCat(hint, ": ", e.dump()));
+    out.push_back(e.get<std::string>());
+  }
+  return out;
 }
 
 }  // namespace shardserve::cli

@@ -1,5 +1,5 @@
-// Parsing of `shardserve plan --workers`, separate from main so tests cover it. Token ids and byte
-// sizes are parsed by common/flags.
+// Parsing of `shardserve plan --workers` and of generate's text lists, separate from main so tests
+// cover them. Token ids and byte sizes are parsed by common/flags.
 #ifndef SHARDSERVE_SDK_CLI_CLI_PARSE_H_
 #define SHARDSERVE_SDK_CLI_CLI_PARSE_H_
 
@@ -26,6 +26,17 @@ struct FaultSpec {
 
 // `shardserve simulate --fail`: comma-separated WORKER@SECONDS entries (seconds >= 0).
 absl::StatusOr<std::vector<FaultSpec>> ParseFaults(absl::string_view text);
+
+// How a plain (not JSON) text list flag splits: `--stop` is one string, `--bad_words` a
+// comma-separated list.
+enum class PlainText { kOne, kCommaSeparated };
+
+// A text list flag (generate's --stop and --bad_words): a JSON list of non-empty strings when the
+// value starts with '[' (so that an entry may hold commas, or be a whole line: '["\n\n", "a, b"]'),
+// else `plain`'s reading of it; empty = none. InvalidArgument naming `flag` for a '[' value that is
+// not such a list.
+absl::StatusOr<std::vector<std::string>> ParseTextList(absl::string_view value, absl::string_view flag,
+                                                       PlainText plain);
 
 }  // namespace shardserve::cli
 

@@ -63,10 +63,11 @@ ABSL_FLAG(int32_t, priority, 0,
           "generate: the request's scheduling rank on a coordinator with --scheduling_policy=priority (lower "
           "first); must be 0 otherwise");
 ABSL_FLAG(std::string, stop, "",
-          "generate: a text stop string: the output ends before it (needs a model with a tokenizer); empty = none");
-ABSL_FLAG(std::vector<std::string>, bad_words, {},
+          "generate: a text stop string: the output ends before it (needs a model with a tokenizer); several, or "
+          "one starting with '[', as a JSON list of strings: --stop='[\"\\n\\n\", \"END\"]'; empty = none");
+ABSL_FLAG(std::string, bad_words, "",
           "generate: comma-separated words the output never holds (vLLM's bad_words; needs a model with a "
-          "tokenizer)");
+          "tokenizer); words with commas as a JSON list of strings: --bad_words='[\"a, b\", \"c\"]'");
 ABSL_FLAG(int32_t, timeout_s, 600, "deadline of each call, seconds");
 ABSL_FLAG(int32_t, max_resumes, 10,
           "generate: resumes in a row without a new token when the stream breaks with UNAVAILABLE after tokens "
@@ -190,8 +191,14 @@ absl::Status GenerateCommand() {
                     .repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty)),
                     .n = absl::GetFlag(FLAGS_n)};
   o.priority = absl::GetFlag(FLAGS_priority);
-  if (const std::string stop = absl::GetFlag(FLAGS_stop); !stop.empty()) o.stop = {stop};
-  o.bad_words = absl::GetFlag(FLAGS_bad_words);
+  absl::StatusOr<std::vector<std::string>> stop =
+      cli::ParseTextList(absl::GetFlag(FLAGS_stop), "--stop", cli::PlainText::kOne);
+  if (!stop.ok()) return stop.status();
+  o.stop = *std::move(stop);
+  absl::StatusOr<std::vector<std::string>> bad_words =
+      cli::ParseTextList(absl::GetFlag(FLAGS_bad_words), "--bad_words", cli::PlainText::kCommaSeparated);
+  if (!bad_words.ok()) return bad_words.status();
+  o.bad_words = *std::move(bad_words);
   auto client = Connect();
   if (!client.ok()) return client.status();
   const bool print_ids = absl::GetFlag(FLAGS_print_ids);

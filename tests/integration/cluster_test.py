@@ -272,6 +272,10 @@ class Layouts(unittest.TestCase):
             cut = c.generate(*story_args, "--stop", " " + words[0])
             self.assertEqual(cut.stdout, story[:story.index(" " + words[0])] + "\n")
             self.assertIn("finish_reason: stop", cut.stderr)
+            # Several stop strings as a JSON list: the story ends before the first one it reaches.
+            both = [" " + words[1], " " + words[0]]
+            cut_both = c.generate(*story_args, "--stop", json.dumps(both))
+            self.assertEqual(cut_both.stdout, story[:min(story.index(s) for s in both)] + "\n")
             # A banned word changes the story where the model would have written it (when its tokens
             # there are the word's own spelling), never before.
             changed = 0

@@ -52,5 +52,22 @@ TEST(CliParseTest, FaultsAreWorkerAtSeconds) {
   EXPECT_THAT(ParseFaults("b@-1"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("WORKER@SECONDS")));
 }
 
+TEST(CliParseTest, TextListsArePlainOrJson) {
+  ASSERT_OK_AND_ASSIGN(auto none, ParseTextList("", "--stop", PlainText::kOne));
+  EXPECT_TRUE(none.empty());
+  ASSERT_OK_AND_ASSIGN(auto one, ParseTextList("a, b", "--stop", PlainText::kOne));
+  EXPECT_THAT(one, ::testing::ElementsAre("a, b"));
+  ASSERT_OK_AND_ASSIGN(auto split, ParseTextList("x,,y z", "--bad_words", PlainText::kCommaSeparated));
+  EXPECT_THAT(split, ::testing::ElementsAre("x", "y z"));
+  ASSERT_OK_AND_ASSIGN(auto json, ParseTextList(R"(["\n\n", "a, b", "[x]"])", "--bad_words", PlainText::kCommaSeparated));
+  EXPECT_THAT(json, ::testing::ElementsAre("\n\n", "a, b", "[x]"));
+  for (const char* bad : {"[x]", R"(["a", 1])", R"(["a", ""])", R"([["a"]])", "[\"a\""}) {
+    EXPECT_THAT(ParseTextList(bad, "--stop", PlainText::kOne),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(HasSubstr("--stop"), HasSubstr("JSON list of non-empty strings"))))
+        << bad;
+  }
+}
+
 }  // namespace
 }  // namespace shardserve::cli
