@@ -489,7 +489,6 @@ struct SigmoidGroupedDefaults {
   int64_t n_group;
   int64_t topk_group;
   double routed_scaling_factor;
-  int64_t first_k_dense_replace;
 };
 
 // DeepSeek-V3's MoE routing, which GLM-4.5 and GLM-4.7-Flash share: routed and shared experts,
@@ -524,12 +523,6 @@ absl::Status ParseSigmoidGroupedRouting(const Fields& f, const SigmoidGroupedDef
   return absl::OkStatus();
 }
 
-// DeepSeek-V3's MoE block: its routing, dense layers before first_k_dense_replace.
-absl::Status ParseSigmoidGroupedMoe(const Fields& f, const SigmoidGroupedDefaults& d, ModelSpec* s) {
-  RETURN_IF_ERROR(ParseSigmoidGroupedRouting(f, d, s));
-  return ParseDeepseekSparseLayers(f, d.first_k_dense_replace, s);
-}
-
 // DeepSeek-V3: multi-head latent attention and its MoE (see MlaSpec, MoeScoring). Missing
 // optional fields take transformers' DeepseekV3Config defaults; the attention sizes, the expert
 // counts and q_lora_rank (whose default, 1536, no small model has) must be stated.
@@ -540,8 +533,8 @@ absl::Status ParseDeepseekV3(const Fields& f, ModelSpec* s) {
   RETURN_IF_ERROR(ExpectString(f, "scoring_func", "sigmoid", "sigmoid scores"));
   RETURN_IF_ERROR(ExpectString(f, "topk_method", "noaux_tc",
                                "grouped top-k on scores plus e_score_correction_bias"));
-  return ParseSigmoidGroupedMoe(
-      f, {.n_group = 8, .topk_group = 4, .routed_scaling_factor = 2.5, .first_k_dense_replace = 3}, s);
+  RETURN_IF_ERROR(ParseSigmoidGroupedRouting(f, {.n_group = 8, .topk_group = 4, .routed_scaling_factor = 2.5}, s));
+  return ParseDeepseekSparseLayers(f, 3, s);
 }
 
 // GLM-4.5 (Glm4MoeForCausalLM: GLM-4.5, GLM-4.5-Air, GLM-4.6): Llama-style grouped-query
@@ -553,8 +546,8 @@ absl::Status ParseGlm4Moe(const Fields& f, ModelSpec* s) {
   ASSIGN_OR_RETURN(s->qkv_bias, f.BoolOr("attention_bias", false));
   s->o_bias = false;
   ASSIGN_OR_RETURN(s->qk_norm, f.BoolOr("use_qk_norm", false));
-  return ParseSigmoidGroupedMoe(
-      f, {.n_group = 1, .topk_group = 1, .routed_scaling_factor = 1.0, .first_k_dense_replace = 1}, s);
+  RETURN_IF_ERROR(ParseSigmoidGroupedRouting(f, {.n_group = 1, .topk_group = 1, .routed_scaling_factor = 1.0}, s));
+  return ParseDeepseekSparseLayers(f, 1, s);
 }
 
 // GLM-4.7-Flash (Glm4MoeLiteForCausalLM): DeepSeek-V3's multi-head latent attention and GLM-4.5's
@@ -564,8 +557,7 @@ absl::Status ParseGlm4Moe(const Fields& f, ModelSpec* s) {
 // be stated.
 absl::Status ParseGlm4MoeLite(const Fields& f, ModelSpec* s) {
   RETURN_IF_ERROR(ParseMla(f, Architecture::kGlm4MoeLite, s));
-  RETURN_IF_ERROR(ParseSigmoidGroupedRouting(
-      f, {.n_group = 1, .topk_group = 1, .routed_scaling_factor = 1.8, .first_k_dense_replace = 1}, s));
+  RETURN_IF_ERROR(ParseSigmoidGroupedRouting(f, {.n_group = 1, .topk_group = 1, .routed_scaling_factor = 1.8}, s));
   std::vector<bool>& sparse = s->moe.sparse_layers;
   sparse.assign(static_cast<size_t>(s->num_layers), true);
   sparse[0] = false;
@@ -1467,11 +1459,10 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view config_json, absl::st
       break;  // after the dtype (the embedding multiplier is rounded to it)
   }
   // YaRN is checked against transformers on MLA (DeepSeek) and on rotate-half heads (GPT-OSS, Qwen3);
-  // the Llama-family rotary embedding is the same everywhere else, except under Phi-3's and
-  // GLM-4.5's partial rotary factors and on Gemma-2, which stay refused. (Llama-4 and Gemma-3 refuse it themselves.)
-  if (s.rope.type == RopeType::kYarn &&
-      (s.arch == Architecture::kPhi3 || s.arch == Architecture::kGemma2 || s.arch == Architecture::kGlm4Moe ||
-       s.arch == Architecture::kGlm4)) {
+  // the Llama-family rotary embedding is the same everywhere else, except on the architectures with
+  // a partial rotary factor (Phi-3, GLM-4, GLM-4.5) and on Gemma-2, which stay refused. (Llama-4
+  // and Gemma-3 refuse it themselves.)
+  if (s.rope.type == RopeType::kYarn && (partial_rotary || s.arch == Architecture::kGemma2)) {
     return absl::UnimplementedError(absl::StrCat(label, ": rope type \"yarn\" is not supported for ",
                                                  ArchitectureName(s.arch),
                                                  " (not checked against transformers there yet)"));

@@ -982,7 +982,7 @@ void HttpServer::Impl::Generate(const std::string& body, httplib::Response& res,
                 .generate = generate,
                 .logprobs = fields.logprobs,
                 .tool_format = admitted[0].tool_calls,
-                .tools = admitted[0].tools,
+                .tools = std::move(admitted[0].tools),
                 .reasoning = admitted[0].reasoning,  // chat answers the model writes freely
                 .harmony_opened = admitted[0].harmony_opened,
                 .bell = std::make_shared<Bell>()};

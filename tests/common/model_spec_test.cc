@@ -1947,13 +1947,18 @@ TEST(Glm4MoeSpecTest, Glm45Config) {
   EXPECT_LT(s.NumParameters(), int64_t{356'000'000'000});
 }
 
+// A small GLM-4.5 config with only the fields Glm4MoeConfig has no default for.
+json Glm4MoeMinimalConfig() {
+  return {{"architectures", {"Glm4MoeForCausalLM"}}, {"vocab_size", 1000},       {"hidden_size", 256},
+          {"intermediate_size", 512},                {"num_hidden_layers", 3},   {"num_attention_heads", 8},
+          {"num_key_value_heads", 2},                {"max_position_embeddings", 4096},
+          {"moe_intermediate_size", 64},             {"n_routed_experts", 16},   {"num_experts_per_tok", 4}};
+}
+
 // Glm4MoeConfig's defaults: half of each head rotates, one expert group, scaling 1, layer 0 dense,
 // one shared expert, no biases, no q/k norms; head_dim hidden / heads.
 TEST(Glm4MoeSpecTest, DefaultsFollowGlm4MoeConfig) {
-  json c = {{"architectures", {"Glm4MoeForCausalLM"}}, {"vocab_size", 1000},       {"hidden_size", 256},
-            {"intermediate_size", 512},                {"num_hidden_layers", 3},   {"num_attention_heads", 8},
-            {"num_key_value_heads", 2},                {"max_position_embeddings", 4096},
-            {"moe_intermediate_size", 64},             {"n_routed_experts", 16},   {"num_experts_per_tok", 4}};
+  json c = Glm4MoeMinimalConfig();
   ASSERT_OK_AND_ASSIGN(ModelSpec s, ParseModelSpec(c.dump(), "c.json"));
   EXPECT_EQ(s.head_dim, 32);
   EXPECT_EQ(s.rope.partial_rotary_factor, 0.5);
@@ -1982,13 +1987,7 @@ TEST(Glm4MoeSpecTest, DefaultsFollowGlm4MoeConfig) {
 }
 
 TEST(Glm4MoeSpecTest, RefusesWhatIsNotImplemented) {
-  auto glm = [] {
-    json c = {{"architectures", {"Glm4MoeForCausalLM"}}, {"vocab_size", 1000},       {"hidden_size", 256},
-              {"intermediate_size", 512},                {"num_hidden_layers", 3},   {"num_attention_heads", 8},
-              {"max_position_embeddings", 4096},         {"moe_intermediate_size", 64},
-              {"n_routed_experts", 16},                  {"num_experts_per_tok", 4}};
-    return c;
-  };
+  const auto glm = Glm4MoeMinimalConfig;
   json c = glm();
   c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 1024}};
   EXPECT_THAT(ParseModelSpec(c.dump(), "c.json"),

@@ -164,6 +164,24 @@ GPT_OSS = dict(
     tie_word_embeddings=False,
 )
 
+# The MLA + MoE shape that deepseek_v3 and glm4_moe_lite share: 3 layers, 4 heads of multi-head
+# latent attention (q compressed to 32, a latent of 32, nope 16 + rope 8, v 16), a dense MLP of 96
+# and 8 routed experts of 16, 2 per token.
+MLA_MOE = dict(
+    intermediate_size=96,  # the dense MLP
+    moe_intermediate_size=16,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=32,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+)
+
 # granite_moe's config, which granite_moe_shared extends.
 GRANITE_MOE = dict(
     intermediate_size=16,  # per expert
@@ -370,18 +388,7 @@ SPECS = [
         config_cls=DeepseekV3Config,
         score_bias_std=0.05,
         config=dict(
-            intermediate_size=96,  # dense MLP of the first_k_dense_replace layers
-            moe_intermediate_size=16,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            q_lora_rank=32,
-            kv_lora_rank=32,
-            qk_nope_head_dim=16,
-            qk_rope_head_dim=8,
-            v_head_dim=16,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
+            **MLA_MOE,
             n_group=4,
             topk_group=2,
             n_shared_experts=1,
@@ -912,18 +919,7 @@ SPECS = [
         config_cls=Glm4MoeLiteConfig,
         score_bias_std=0.05,
         config=dict(
-            intermediate_size=96,  # dense MLP
-            moe_intermediate_size=16,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            q_lora_rank=32,
-            kv_lora_rank=32,
-            qk_nope_head_dim=16,
-            qk_rope_head_dim=8,
-            v_head_dim=16,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
+            **MLA_MOE,
             n_group=1,
             topk_group=1,
             n_shared_experts=1,

@@ -240,6 +240,20 @@ TEST(ToolCallsTest, Glm45CallsAndContent) {
   ASSERT_EQ(out.calls.size(), 1u);
   EXPECT_EQ(Json::parse(out.calls[0].arguments),
             Json::parse(R"({"city": " {\"a\": 1}\nSaint \"X\"\n", "extra": [1, 2], "note": "plain words"})"));
+  // A type list with "string", or an enum of strings without a type, is written as text too; a type
+  // list without "string" is JSON.
+  const Json typed = Json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {
+      "type": "object", "properties": {"a": {"type": ["string", "null"]}, "b": {"enum": ["1", "2"]},
+      "c": {"type": ["integer", "null"]}, "d": {"enum": ["x", 2]}}}}}])");
+  absl::StatusOr<ToolFunction> f = ParseToolDefinition(typed[0], "tools[0]");
+  ASSERT_TRUE(f.ok()) << f.status();
+  out = ParseToolCalls(ToolCallFormat::kGlm45,
+                       "<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>b</arg_key>"
+                       "<arg_value>2</arg_value><arg_key>c</arg_key><arg_value>3</arg_value><arg_key>d</arg_key>"
+                       "<arg_value>2</arg_value></tool_call>",
+                       {*f});
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].arguments, R"({"a":"1","b":"2","c":3,"d":2})");
   // Without the request's tools (or for a tool it does not name), values are JSON where they parse.
   out = ParseToolCalls(ToolCallFormat::kGlm45,
                        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>1984</arg_value>\n</tool_call>");
